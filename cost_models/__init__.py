@@ -1,0 +1,1 @@
+"""Memory, compute, communication and pipeline cost models."""

@@ -1,0 +1,1 @@
+"""Apply a parallel plan on torch.distributed."""

@@ -1,0 +1,1 @@
+"""The model IR: tracing, layers, strategies, plans and cluster specs (plain data)."""

@@ -1,0 +1,152 @@
+"""The layer IR: what a model is, layer by layer, as plain frozen data.
+
+A `LayerGraph` is an ordered list of `Layer`s (topological order of the traced graph) plus
+the edges between them. Everything downstream (cost models, search, executors) reads
+only this; nothing here knows about costs or strategies.
+
+All byte and FLOP figures are for ONE micro-batch of the shape the graph was measured
+with (`LayerGraph.micro_batch`, `LayerGraph.seq_len`) in `LayerGraph.dtype`; cost models
+scale them linearly with the micro-batch size.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+
+class TPStyle(str, enum.Enum):
+    """How a Linear/Embedding splits under Megatron-style tensor parallelism."""
+
+    COLWISE = "colwise"  # output features split (q/k/v, MLP up/gate); no comm in forward
+    ROWWISE = "rowwise"  # input features split (attention out, MLP down); all-reduce after
+    VOCAB = "vocab"  # embedding table split over the vocabulary; all-reduce after lookup
+    HEAD = "head"  # output projection over the vocabulary (loss-parallel)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class TPCandidate:
+    """One module a TP degree would split. `module` is relative to the layer's module."""
+
+    module: str
+    style: TPStyle
+    params: int
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.style}"
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """One schedulable unit: a repeated block, an embedding, a final norm, a head.
+
+    Activation figures (bytes, one micro-batch, measured under meta tensors):
+      saved_activation_bytes   all tensors autograd keeps for backward (deduplicated by
+                               storage, parameters excluded): the "no parallelism" figure.
+      saved_tp_sharded_bytes   the part Megatron TP splits t ways (tensors saved between a
+                               column-parallel and the next row-parallel module).
+      saved_attention_bytes    the part that is attention scores (softmax, its dropout
+                               mask and output: Korthikanti's 5·a·s²·b); selective
+                               recomputation drops it.
+      input_bytes              tensors entering the layer (what full checkpointing keeps).
+      output_bytes             tensors leaving the layer (the pipeline boundary).
+    """
+
+    name: str  # module path, e.g. "blocks.17"; "" only for root-level glue
+    kind: str  # module class name, e.g. "GPTBlock"
+    index: int
+    params: int  # parameters first used by this layer (tied weights counted once)
+    param_bytes: int
+    tp_params: int  # parameters that tensor parallelism divides
+    flops_fwd: int
+    flops_bwd: int
+    saved_activation_bytes: int
+    saved_tp_sharded_bytes: int
+    saved_attention_bytes: int
+    input_bytes: int
+    output_bytes: int
+    structural_hash: str  # identical blocks share it and are measured once
+    param_names: tuple[str, ...] = ()  # fully qualified parameter names owned by this layer
+    tp_candidates: tuple[TPCandidate, ...] = ()
+    tp_divisors: tuple[tuple[str, int], ...] = ()  # ("heads", 96): a TP degree must divide each
+
+    def __str__(self) -> str:
+        return f"{self.name}({self.kind})"
+
+    def tp_degree_allowed(self, tp: int) -> bool:
+        """A TP degree is legal if the layer splits at all and it divides every constraint."""
+        if tp == 1:
+            return True
+        if not self.tp_candidates:
+            return False
+        return all(value % tp == 0 for _, value in self.tp_divisors)
+
+    def tp_violation(self, tp: int) -> str | None:
+        """Why `tp` is illegal for this layer, or None."""
+        if tp == 1:
+            return None
+        if not self.tp_candidates:
+            return f"layer {self.name} has no tensor-parallel modules; use tp=1 for it"
+        for what, value in self.tp_divisors:
+            if value % tp:
+                return f"layer {self.name}: tp={tp} does not divide {what}={value}"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class LayerGraph:
+    """The whole model as ordered layers plus the edges that cross between them."""
+
+    model: str
+    trace_method: str  # "fx" or "export"
+    dtype: str  # dtype activations were measured in: "float32", "bfloat16", ...
+    micro_batch: int
+    seq_len: int | None
+    layers: tuple[Layer, ...]
+    edges: tuple[tuple[int, int, int], ...]  # (src layer, dst layer, bytes)
+    num_params: int
+    fingerprint: str  # hash of the layer IR; plans name it
+    cut_points: tuple[int, ...] = ()  # i: a pipeline may cut between layer i and i+1
+    unique_layers_measured: int = 0
+    _graph: nx.DiGraph | None = field(default=None, compare=False, hash=False, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __str__(self) -> str:
+        return f"LayerGraph({self.model}, {len(self.layers)} layers, {self.num_params:,} params)"
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        """A networkx DiGraph of layer indices, edges weighted by bytes crossing."""
+        if self._graph is not None:
+            return self._graph
+        g = nx.DiGraph()
+        g.add_nodes_from(range(len(self.layers)))
+        for src, dst, nbytes in self.edges:
+            g.add_edge(src, dst, bytes=nbytes)
+        return g
+
+    def layer(self, name: str) -> Layer:
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        known = ", ".join(l.name for l in self.layers[:8])
+        raise KeyError(f"no layer named {name!r} in {self.model} (layers: {known}, ...)")
+
+    def crossing_bytes(self, cut: int) -> int:
+        """Bytes flowing from layers [0..cut] to layers [cut+1..]: a pipeline boundary."""
+        return sum(b for s, d, b in self.edges if s <= cut < d)
+
+    @property
+    def flops_fwd(self) -> int:
+        return sum(l.flops_fwd for l in self.layers)
+
+    @property
+    def flops_bwd(self) -> int:
+        return sum(l.flops_bwd for l in self.layers)

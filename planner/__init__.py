@@ -1,0 +1,1 @@
+"""Automatic parallelism planner for PyTorch."""
