@@ -1,0 +1,55 @@
+"""The `planner` command: parse, call into the packages, print. No logic lives here.
+
+Bad input raises `PlannerError`; it is printed as one line `planner: error: ...` with exit
+status 2 (a traceback only with --debug).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from ir.errors import PlannerError
+from planner import commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="planner",
+        description="Automatic parallelism planner for PyTorch: inspect, profile, estimate, plan.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"planner.commands.{info.name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except PlannerError as exc:
+        if args.debug:
+            raise
+        print(f"planner: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("planner: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # an internal bug: say so briefly, full trace with --debug
+        if args.debug:
+            raise
+        print(f"planner: internal error: {type(exc).__name__}: {exc} (rerun with --debug "
+              "for the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
