@@ -53,6 +53,9 @@ class Layer:
       saved_attention_bytes    the part that is attention scores (softmax, its dropout
                                mask and output: Korthikanti's 5·a·s²·b); selective
                                recomputation drops it.
+      saved_dropout_mask_bytes the part that is dropout masks, as measured (CPU/meta keep
+                               them in the activation dtype; CUDA's fused dropout keeps
+                               1 byte per element: see `saved_bytes_on`).
       input_bytes              tensors entering the layer (what full checkpointing keeps).
       output_bytes             tensors leaving the layer (the pipeline boundary).
     """
@@ -68,6 +71,7 @@ class Layer:
     saved_activation_bytes: int
     saved_tp_sharded_bytes: int
     saved_attention_bytes: int
+    saved_dropout_mask_bytes: int
     input_bytes: int
     output_bytes: int
     structural_hash: str  # identical blocks share it and are measured once
@@ -77,6 +81,14 @@ class Layer:
 
     def __str__(self) -> str:
         return f"{self.name}({self.kind})"
+
+    def saved_bytes_on(self, device_type: str, dtype_bytes: int) -> int:
+        """Saved-activation bytes on `device_type` ("cuda" prices dropout masks at 1 byte
+        per element, as the fused CUDA dropout kernel stores a bool mask)."""
+        if device_type != "cuda" or dtype_bytes <= 1:
+            return self.saved_activation_bytes
+        masks = self.saved_dropout_mask_bytes
+        return self.saved_activation_bytes - masks + masks // dtype_bytes
 
     def tp_degree_allowed(self, tp: int) -> bool:
         """A TP degree is legal if the layer splits at all and it divides every constraint."""

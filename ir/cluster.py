@@ -1,0 +1,282 @@
+"""What the hardware is: a cluster spec as plain frozen data, saved as JSON.
+
+A `ClusterSpec` names the device, how many there are (nodes x devices per node), how much
+memory each has, its peak FLOP/s per dtype, and the links between devices. Units are in
+the field names: `*_bytes` are bytes, `*_gbps` are 10^9 BYTES per second (not bits),
+`*_latency_s` and `alpha_s` are seconds, `*_flop_per_s` are FLOP per second.
+
+Link bandwidths are what the alpha-beta model divides by: the achievable per-device
+"bus bandwidth" of a collective (nccl-tests' busbw), not the datasheet's bidirectional
+total. Measured fits from `planner profile-cluster`, when present, take precedence.
+
+The spec is data only: JSON in and out (schema "planner.cluster/v1"), never pickle.
+
+    >>> spec = ClusterSpec.load("spec.json")          # doctest: +SKIP
+    >>> spec.with_nodes(num_nodes=4).world_size        # doctest: +SKIP
+    32
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ir.errors import PlannerError
+
+CLUSTER_SCHEMA = "planner.cluster/v1"
+
+# The collectives a fit can describe, and where the group lives.
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+SCOPES = ("intra_node", "inter_node")
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveFit:
+    """A measured alpha-beta fit of one collective: t = steps(n)*alpha_s + volume(n, S)/bytes_per_s.
+
+    `steps` and `volume` are the same algorithm factors the communication model uses
+    (e.g. ring all-reduce: 2(n-1) steps, 2(n-1)/n*S bytes per rank), so a fit slots in
+    for the spec's generic latency and bandwidth.
+    """
+
+    collective: str
+    scope: str
+    alpha_s: float
+    bytes_per_s: float
+    measured_ranks: int = 0  # group size the fit was measured with (0: unknown)
+
+    def __post_init__(self) -> None:
+        if self.collective not in COLLECTIVES:
+            raise PlannerError(f"collective fit: unknown collective {self.collective!r}; "
+                               f"use one of {', '.join(COLLECTIVES)}")
+        if self.scope not in SCOPES:
+            raise PlannerError(f"collective fit {self.collective}: scope must be one of "
+                               f"{', '.join(SCOPES)}, got {self.scope!r}")
+        if not (math.isfinite(self.alpha_s) and self.alpha_s >= 0):
+            raise PlannerError(f"collective fit {self.collective}: alpha_s must be a finite "
+                               f"number >= 0, got {self.alpha_s!r}")
+        if not (math.isfinite(self.bytes_per_s) and self.bytes_per_s > 0):
+            raise PlannerError(f"collective fit {self.collective}: bytes_per_s must be > 0, "
+                               f"got {self.bytes_per_s!r}")
+
+    def __str__(self) -> str:
+        return (f"{self.collective}@{self.scope}: a={self.alpha_s * 1e6:.1f}us "
+                f"B={self.bytes_per_s / 1e9:.2f}GB/s")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    """Nodes, devices, memory, peak FLOP/s and links of one (homogeneous) cluster."""
+
+    name: str
+    device: str  # device model, e.g. "H100-SXM5-80GB" or "cpu"
+    num_nodes: int
+    devices_per_node: int
+    device_memory_bytes: int  # memory of ONE device
+    peak_flops_by_dtype: tuple[tuple[str, float], ...]  # (("bfloat16", 9.89e14), ...), dense
+    hbm_gbps: float  # device memory bandwidth, 10^9 bytes/s
+    intra_node_gbps: float  # achievable per-device bus bandwidth inside a node, 10^9 bytes/s
+    inter_node_gbps: float  # achievable per-device bus bandwidth across nodes, 10^9 bytes/s
+    intra_node_latency_s: float  # alpha: per-step latency of a collective inside a node
+    inter_node_latency_s: float  # alpha across nodes
+    runtime_overhead_bytes: int  # per-device memory the runtime takes (context, comm buffers)
+    matmul_efficiency: float | None = None  # best measured fraction of peak on large GEMMs
+    collective_fits: tuple[CollectiveFit, ...] = ()
+    notes: str = ""  # provenance: datasheet, measured on which host, ...
+
+    def __post_init__(self) -> None:
+        _check_text("name", self.name)
+        _check_text("device", self.device)
+        for field in ("num_nodes", "devices_per_node", "device_memory_bytes"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PlannerError(f"cluster {self.name}: {field} must be a positive "
+                                   f"integer, got {value!r}")
+        if isinstance(self.runtime_overhead_bytes, bool) or not isinstance(
+                self.runtime_overhead_bytes, int) or self.runtime_overhead_bytes < 0:
+            raise PlannerError(f"cluster {self.name}: runtime_overhead_bytes must be an "
+                               f"integer >= 0, got {self.runtime_overhead_bytes!r}")
+        for field in ("hbm_gbps", "intra_node_gbps", "inter_node_gbps"):
+            _check_positive(self.name, field, getattr(self, field))
+        for field in ("intra_node_latency_s", "inter_node_latency_s"):
+            value = getattr(self, field)
+            if not _is_number(value) or value < 0:
+                raise PlannerError(f"cluster {self.name}: {field} must be a number >= 0, "
+                                   f"got {value!r}")
+        if not self.peak_flops_by_dtype:
+            raise PlannerError(f"cluster {self.name}: peak_flops_by_dtype is empty; give at "
+                               "least one dtype, e.g. {\"float32\": 1.95e13}")
+        for dtype, flops in self.peak_flops_by_dtype:
+            _check_text("peak_flops_by_dtype key", dtype)
+            _check_positive(self.name, f"peak_flops_by_dtype[{dtype}]", flops)
+        if self.matmul_efficiency is not None and not (
+                _is_number(self.matmul_efficiency) and 0 < self.matmul_efficiency <= 1):
+            raise PlannerError(f"cluster {self.name}: matmul_efficiency must be in (0, 1], "
+                               f"got {self.matmul_efficiency!r}")
+        if self.runtime_overhead_bytes >= self.device_memory_bytes:
+            raise PlannerError(f"cluster {self.name}: runtime_overhead_bytes "
+                               f"({self.runtime_overhead_bytes}) must be below "
+                               f"device_memory_bytes ({self.device_memory_bytes})")
+
+    # ---- queries -------------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.devices_per_node
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s for a dtype name ("bfloat16", "float32", ...)."""
+        for name, flops in self.peak_flops_by_dtype:
+            if name == dtype:
+                return flops
+        known = ", ".join(name for name, _ in self.peak_flops_by_dtype)
+        raise PlannerError(f"cluster {self.name} has no peak FLOP/s for {dtype}; it knows "
+                           f"{known}: pick a precision it supports or add the dtype to the spec")
+
+    def collective_fit(self, collective: str, scope: str) -> CollectiveFit | None:
+        """The measured fit for a collective in a scope, if the spec carries one."""
+        for fit in self.collective_fits:
+            if fit.collective == collective and fit.scope == scope:
+                return fit
+        return None
+
+    def with_nodes(self, num_nodes: int | None = None,
+                   devices_per_node: int | None = None) -> ClusterSpec:
+        """The same hardware with a different node count or devices per node."""
+        changes: dict[str, Any] = {}
+        if num_nodes is not None:
+            changes["num_nodes"] = num_nodes
+        if devices_per_node is not None:
+            changes["devices_per_node"] = devices_per_node
+        return dataclasses.replace(self, **changes) if changes else self
+
+    def __str__(self) -> str:
+        return (f"{self.name}: {self.num_nodes}x{self.devices_per_node} {self.device}, "
+                f"{self.device_memory_bytes / 2**30:.1f} GiB each")
+
+    # ---- JSON ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"schema": CLUSTER_SCHEMA}
+        for f in dataclasses.fields(self):
+            out[f.name] = getattr(self, f.name)
+        out["peak_flops_by_dtype"] = dict(self.peak_flops_by_dtype)
+        out["collective_fits"] = [
+            {f.name: getattr(fit, f.name) for f in dataclasses.fields(fit)}
+            for fit in self.collective_fits]
+        return out
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<dict>") -> ClusterSpec:
+        """Build and validate a spec; every error names `source` and the bad field."""
+        if not isinstance(data, dict):
+            raise PlannerError(f"{source}: a cluster spec must be a JSON object, "
+                               f"got {type(data).__name__}")
+        data = dict(data)
+        schema = data.pop("schema", CLUSTER_SCHEMA)
+        if schema != CLUSTER_SCHEMA:
+            raise PlannerError(f"{source}: schema {schema!r} is not {CLUSTER_SCHEMA!r}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise PlannerError(f"{source}: unknown field {unknown[0]!r}; known fields: "
+                               f"{', '.join(fields)}")
+        required = [name for name, f in fields.items()
+                    if f.default is dataclasses.MISSING and name not in data]
+        if required:
+            raise PlannerError(f"{source}: missing field {required[0]!r}")
+        try:
+            flops = data["peak_flops_by_dtype"]
+            if not isinstance(flops, dict):
+                raise PlannerError("field 'peak_flops_by_dtype' must be an object "
+                                   "{dtype: flop_per_s}")
+            data["peak_flops_by_dtype"] = tuple(sorted(
+                (str(k), _number(f"peak_flops_by_dtype[{k}]", v)) for k, v in flops.items()))
+            fits = data.get("collective_fits", [])
+            if not isinstance(fits, list):
+                raise PlannerError("field 'collective_fits' must be a list")
+            parsed = []
+            for i, fit in enumerate(fits):
+                if not isinstance(fit, dict):
+                    raise PlannerError(f"collective_fits[{i}] must be an object")
+                try:
+                    parsed.append(CollectiveFit(**fit))
+                except TypeError as exc:
+                    raise PlannerError(f"collective_fits[{i}]: {exc}") from None
+            data["collective_fits"] = tuple(parsed)
+            for name in ("hbm_gbps", "intra_node_gbps", "inter_node_gbps",
+                         "intra_node_latency_s", "inter_node_latency_s"):
+                data[name] = _number(name, data[name])
+            for name in ("num_nodes", "devices_per_node", "device_memory_bytes",
+                         "runtime_overhead_bytes"):
+                value = data[name]
+                if isinstance(value, float) and value.is_integer():
+                    data[name] = int(value)  # JSON writers may print 8.0e10 for an integer
+            if data.get("matmul_efficiency") is not None:
+                data["matmul_efficiency"] = _number("matmul_efficiency",
+                                                    data["matmul_efficiency"])
+            return cls(**data)
+        except PlannerError as exc:
+            raise PlannerError(f"{source}: {exc}") from None
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "<json>") -> ClusterSpec:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlannerError(f"{source}: not valid JSON ({exc.msg} at line {exc.lineno})") \
+                from None
+        return cls.from_dict(data, source)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ClusterSpec:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise PlannerError(f"cannot read cluster spec {path}: {exc.strerror}") from None
+        return cls.from_json(text, source=str(path))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write atomically: a temporary file in the same folder, then os.replace."""
+        path = Path(path)
+        directory = path.parent if str(path.parent) else Path(".")
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(self.to_json())
+                fh.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _number(field: str, value: Any) -> float:
+    if not _is_number(value):
+        raise PlannerError(f"field {field!r} must be a number, got {value!r}")
+    return float(value)
+
+
+def _check_positive(name: str, field: str, value: Any) -> None:
+    if not _is_number(value) or value <= 0:
+        raise PlannerError(f"cluster {name}: {field} must be a number > 0, got {value!r}")
+
+
+def _check_text(field: str, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise PlannerError(f"cluster spec: {field} must be a non-empty string, got {value!r}")
