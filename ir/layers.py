@@ -4,7 +4,7 @@ A *layer* is a module the planner schedules as a unit:
   - every element of a *block stack* (a ModuleList/ModuleDict/Sequential of >= 2 children
     of one class, e.g. `blocks.17`, `model.layers.17`, `encoder.block.3`);
   - every other child module on the path down to the stacks (embeddings, final norm,
-    head), as a layer of its own.
+    head), as a layer of its own, if it has parameters.
 Nodes outside every layer module (root-level glue: reshapes, masks, the loss) join the
 layer of their first user, or, with no user inside a layer, the latest layer feeding them.
 Layers are ordered by a topological sort of the layer DAG (first appearance breaks ties);
@@ -105,7 +105,12 @@ class LayerNodes:
 def group_nodes(gm: fx.GraphModule, root: nn.Module, module_prefix: str = "",
                 state_of: dict[str, str] | None = None) -> list[LayerNodes]:
     """Partition the graph's compute nodes into ordered layers."""
-    layer_paths = layer_module_paths(root)
+    candidates = layer_module_paths(root)
+    # Parameter-free modules (dropout, rotary tables, pooling) are glue, not layers: they
+    # are often called at several places and would tie distant layers into one.
+    layer_paths = [p for p in candidates
+                   if any(True for _ in (root.get_submodule(p) if p else root).parameters())]
+    layer_paths = layer_paths or candidates
     nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
     owner: dict[fx.Node, str] = {}
     for n in nodes:
@@ -114,24 +119,39 @@ def group_nodes(gm: fx.GraphModule, root: nn.Module, module_prefix: str = "",
             o = None  # a root-level node, when the root is not itself the only layer
         if o is not None:
             owner[n] = o
-    order = _position(gm)
+    # Layers rank by where their own modules first run; glue follows that order.
+    rank: dict[str, int] = {}
+    for n in nodes:
+        if n in owner:
+            rank.setdefault(owner[n], len(rank))
+    by_rank = lambda m: rank[owner[m]]  # noqa: E731
 
     def adopt_from_users() -> None:  # walk backwards so chains of glue resolve
         for n in reversed(nodes):
             users = [u for u in n.users if u in owner]
             if n not in owner and users:
-                owner[n] = owner[min(users, key=order)]
+                owner[n] = owner[min(users, key=by_rank)]
 
-    # Glue joins its first user's layer; glue nobody in a layer uses (the loss) joins the
-    # latest layer feeding it; glue fed by graph inputs alone then follows its users.
+    # Glue joins its earliest user's layer; glue nobody in a layer uses (the loss) joins
+    # the latest layer feeding it; glue fed by graph inputs alone then follows its users;
+    # what is left (asserts, shape checks) joins the nearest layer in graph order.
     adopt_from_users()
     for n in nodes:
         feeders = [a for a in n.all_input_nodes if a in owner]
         if n not in owner and feeders:
-            owner[n] = owner[max(feeders, key=order)]
+            owner[n] = owner[max(feeders, key=by_rank)]
     adopt_from_users()
+    last = None
     for n in nodes:
-        owner.setdefault(n, layer_paths[0])
+        if n in owner:
+            last = owner[n]
+        elif last is not None:
+            owner[n] = last
+    for n in reversed(nodes):
+        if n in owner:
+            last = owner[n]
+        else:
+            owner[n] = last if last is not None else (layer_paths[0] if layer_paths else "")
     return _order_layers(nodes, owner, root)
 
 

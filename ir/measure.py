@@ -97,25 +97,28 @@ class _Runner(fx.Interpreter):
 
 
 def _make_state(traced: Traced, dtype: torch.dtype, factory: TensorFactory,
-                ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """FQN -> stand-in tensor for every parameter and buffer; and alias -> canonical FQN."""
+                only: set[str] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """FQN -> stand-in tensor for every parameter and buffer (or those in `only`); and
+    alias -> canonical FQN."""
     root = traced.root
     canon = _canonical_param_names(root)
     aliases: dict[str, str] = {}
     state: dict[str, torch.Tensor] = {}
     for name, p in root.named_parameters(remove_duplicate=False):
         aliases[name] = canon[id(p)]
-        if canon[id(p)] == name:
+        if canon[id(p)] == name and (only is None or name in only):
             t = factory(p.shape, dtype if _float(p.dtype) else p.dtype, "param")
             state[name] = t.requires_grad_(_float(t.dtype))
     for name, b in root.named_buffers():
+        if only is not None and name not in only:
+            continue
         bdtype = dtype if _float(b.dtype) else b.dtype
         if b.device.type == "meta" or factory is not meta_factory:
             state[name] = factory(b.shape, bdtype, "buffer")
         else:
             state[name] = b.detach().to(device="meta", dtype=bdtype)
     for name, c in traced.graph_module.meta.get("export_constants", {}).items():
-        if isinstance(c, torch.Tensor):
+        if isinstance(c, torch.Tensor) and (only is None or name in only):
             state[name] = factory(c.shape, dtype if _float(c.dtype) else c.dtype, "const")
     return state, aliases
 
@@ -309,8 +312,10 @@ class GraphMeasurer:
         names = list(user_values)
         for n in placeholders:
             if self._is_state(n):
-                env[n] = state[self.aliases.get(self.traced.state_names[n.name],
-                                                 self.traced.state_names[n.name])]
+                fqn = self.traced.state_names[n.name]
+                fqn = self.aliases.get(fqn, fqn)
+                if fqn in state:  # a partial state holds only one layer's tensors
+                    env[n] = state[fqn]
         for i, n in enumerate(user):
             if self.traced.method == "fx":
                 key = n.target
@@ -324,6 +329,10 @@ class GraphMeasurer:
 
     def state_params_used(self, index: int) -> list[str]:
         """Canonical FQNs of parameters the layer's nodes read, in first-use order."""
+        return [n for n in self.state_used(index) if n in self.aliases]
+
+    def state_used(self, index: int) -> list[str]:
+        """FQNs of parameters (canonical) and buffers the layer's nodes read."""
         info = self.infos[index]
         root = self.traced.root
         names: list[str] = []
@@ -333,14 +342,15 @@ class GraphMeasurer:
                 module = self.traced.submodule(n.target)
                 prefix = f"{n.target}." if n.target else ""
                 found = [prefix + k for k, _ in module.named_parameters(remove_duplicate=False)]
+                found += [prefix + k for k, _ in module.named_buffers(remove_duplicate=False)]
             elif n.op == "get_attr":
                 found = [str(n.target)]
             for a in n.all_input_nodes:
                 if self._is_state(a):
                     found.append(self.traced.state_names[a.name])
             for f in found:
-                c = self.aliases.get(f)
-                if c is not None and c not in names:
+                c = self.aliases.get(f, f)
+                if c not in names:
                     names.append(c)
         return names
 
@@ -402,8 +412,8 @@ class GraphMeasurer:
         """Forward + backward of one layer on fresh inputs; FLOPs, saved bytes, seconds."""
         info = self.infos[index]
         state = self.state
-        if factory is not meta_factory:
-            state, _ = _make_state(self.traced, self.dtype, factory)
+        if factory is not meta_factory:  # materialise this layer's state only
+            state, _ = _make_state(self.traced, self.dtype, factory, set(self.state_used(index)))
         score_keys = {(self.values[n].numel(), self.values[n].shape[-1]) for n in info.nodes.nodes
                       if "softmax" in str(n.target).lower()
                       and isinstance(self.values.get(n), torch.Tensor) and self.values[n].dim()}
@@ -512,7 +522,7 @@ def _grad_carrying(measurer: GraphMeasurer) -> set[fx.Node]:
 
 def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: torch.dtype,
                            progress: Callable[[int, int, str], None] | None = None,
-                           ) -> tuple[LayerGraph, GraphMeasurer]:
+                           seq_len: int | None = -1) -> tuple[LayerGraph, GraphMeasurer]:
     measurer = GraphMeasurer(traced, inputs, target, dtype)
     root = traced.root
     vocab = largest_vocab(root)
@@ -559,7 +569,8 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
         run = runs[shash]
         pnames = tuple(param_names_by_layer[i])
         params = sum(canon_params[p].numel() for p in pnames)
-        pbytes = sum(canon_params[p].numel() * canon_params[p].element_size() for p in pnames)
+        pbytes = sum(canon_params[p].numel() * _measured_itemsize(canon_params[p], dtype)
+                     for p in pnames)
         owned_ids = {id(canon_params[p]) for p in pnames}
         tp_params = 0
         for c in candidates:
@@ -585,7 +596,7 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             tp_candidates=candidates, tp_divisors=divisors))
     edges, cuts = _edges_and_cuts(measurer)
     num_params = sum(p.numel() for p in root.parameters())
-    seq_len = _seq_len(inputs)
+    seq_len = _seq_len(inputs) if seq_len == -1 else seq_len
     micro_batch = _batch_size(inputs)
     fingerprint = _fingerprint(name, layers, dtype, micro_batch, seq_len, traced.method)
     graph = LayerGraph(model=name, trace_method=traced.method, dtype=str(dtype).replace("torch.", ""),
@@ -598,13 +609,19 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
 def build_layer_graph(model: nn.Module, inputs: dict[str, torch.Tensor],
                       target: torch.Tensor | None = None, loss_fn: LossFn | None = None, *,
                       name: str | None = None, dtype: torch.dtype = torch.float32,
-                      force_trace: str | None = None,
+                      force_trace: str | None = None, seq_len: int | None = -1,
                       progress: Callable[[int, int, str], None] | None = None) -> LayerGraph:
-    """Trace `model` and measure it into a LayerGraph (all on the meta device)."""
-    traced = trace(model, inputs, target, loss_fn, force=force_trace)
+    """Trace `model` and measure it into a LayerGraph (all on the meta device).
+    `seq_len` is recorded as given; -1 guesses it (dim 1 of the first integer input)."""
+    traced = trace(model, inputs, target, loss_fn, force=force_trace, dtype=dtype)
     graph, _ = layer_graph_from_trace(traced, inputs, target, name=name or type(model).__name__,
-                                      dtype=dtype, progress=progress)
+                                      dtype=dtype, progress=progress, seq_len=seq_len)
     return graph
+
+
+def _measured_itemsize(t: torch.Tensor, dtype: torch.dtype) -> int:
+    """Bytes per element of a parameter in the measurement dtype (integers keep theirs)."""
+    return torch.empty((), dtype=dtype).element_size() if _float(t.dtype) else t.element_size()
 
 
 def _stack_parents(root: nn.Module) -> set[str]:

@@ -26,8 +26,6 @@ _ROWWISE = {"o", "o_proj", "out_proj", "c_proj", "wo", "w2", "fc2", "down_proj",
 _HEAD_NAMES = {"num_heads", "n_head", "n_heads", "num_attention_heads", "nhead", "n_heads_q"}
 _KV_HEAD_NAMES = {"num_key_value_heads", "n_kv_heads", "kv_heads", "num_kv_heads",
                   "n_kv_head", "num_key_value_groups_heads"}
-# An embedding at least this large is a vocabulary (positions and token types are smaller).
-VOCAB_MIN_ROWS = 1000
 
 
 def _linear_dims(module: nn.Module) -> tuple[int, int] | None:
@@ -88,6 +86,8 @@ def tp_analysis(layer_module: nn.Module, *, in_block: bool, vocab_rows: int | No
     """The TP candidates of one layer and the numbers a TP degree must divide."""
     candidates: list[TPCandidate] = []
     divisors: dict[str, int] = {}
+    if in_block and isinstance(layer_module, (nn.Embedding, nn.EmbeddingBag)):
+        in_block = False  # a stack of embedding tables (DLRM): each table is vocab-parallel
     if in_block:
         for path, sub in layer_module.named_modules():
             dims = _linear_dims(sub)
@@ -106,7 +106,7 @@ def tp_analysis(layer_module: nn.Module, *, in_block: bool, vocab_rows: int | No
         divisors.update(_head_counts(layer_module))
     else:
         for path, sub in layer_module.named_modules():
-            if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and sub.num_embeddings >= VOCAB_MIN_ROWS:
+            if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and sub.num_embeddings == vocab_rows:
                 candidates.append(TPCandidate(path, TPStyle.VOCAB, sub.weight.numel()))
                 divisors[f"{path}.vocab"] = sub.num_embeddings
             dims = _linear_dims(sub)
@@ -117,6 +117,6 @@ def tp_analysis(layer_module: nn.Module, *, in_block: bool, vocab_rows: int | No
 
 
 def largest_vocab(root: nn.Module) -> int | None:
-    rows = [m.num_embeddings for m in root.modules()
-            if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.num_embeddings >= VOCAB_MIN_ROWS]
+    """Rows of the largest embedding: the vocabulary (positions and token types are smaller)."""
+    rows = [m.num_embeddings for m in root.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
     return max(rows) if rows else None

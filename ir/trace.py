@@ -17,6 +17,7 @@ module computes it.
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -126,7 +127,29 @@ def _trace_fx(model: nn.Module, inputs: dict[str, torch.Tensor], has_target: boo
     return gm
 
 
-def _trace_export(model: nn.Module, inputs: dict[str, torch.Tensor], target, loss_fn):
+def meta_copy(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+    """A copy of `model` on the meta device (floating state cast to `dtype`), made without
+    copying any data: deepcopy's memo maps every parameter and buffer to its stand-in."""
+    memo: dict[int, object] = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) in memo:
+            continue
+        to = dtype if (dtype is not None and t.dtype.is_floating_point) else t.dtype
+        stand_in = torch.empty(t.shape, dtype=to, device="meta")
+        if isinstance(t, nn.Parameter):
+            stand_in = nn.Parameter(stand_in, requires_grad=t.requires_grad)
+        memo[id(t)] = stand_in
+    return copy.deepcopy(model, memo)
+
+
+def _trace_export(model: nn.Module, inputs: dict[str, torch.Tensor], target, loss_fn, dtype):
+    # Export specialises the graph on dtypes (asserts, casts back to the input dtype), so
+    # it traces a meta copy already in the measurement dtype.
+    model = meta_copy(model, dtype)
+    inputs = {k: v.detach().to(device="meta", dtype=dtype if (dtype and v.is_floating_point())
+                                else v.dtype) for k, v in inputs.items()}
+    if target is not None:
+        target = target.detach().to(device="meta")
     names = tuple(inputs)
     wrapper = WithLoss(model, names, loss_fn if target is not None else None)
     args = tuple(inputs.values()) + ((target,) if target is not None else ())
@@ -145,14 +168,16 @@ def _trace_export(model: nn.Module, inputs: dict[str, torch.Tensor], target, los
     for fqn, value in ep.constants.items():
         constants[re.sub(r"^model\.", "", fqn)] = value
     gm.meta["export_constants"] = constants
-    return gm, state_names, tuple(user_inputs)
+    return gm, state_names, tuple(user_inputs), model
 
 
 def trace(model: nn.Module, inputs: dict[str, torch.Tensor], target: torch.Tensor | None = None,
-          loss_fn: LossFn | None = None, *, force: str | None = None) -> Traced:
+          loss_fn: LossFn | None = None, *, force: str | None = None,
+          dtype: torch.dtype | None = None) -> Traced:
     """Trace `model(**inputs)` (then `loss_fn(output, target)`) into one graph.
 
-    `force="fx"` or `"export"` skips the other method. Raises PlannerError (one line that
+    `force="fx"` or `"export"` skips the other method. `dtype` is the dtype the graph will
+    be run in (export specialises on it; fx graphs are dtype-agnostic). Raises PlannerError (one line that
     names the failing module or op and what to do) when neither works.
     """
     if force not in (None, "fx", "export"):
@@ -169,7 +194,7 @@ def trace(model: nn.Module, inputs: dict[str, torch.Tensor], target: torch.Tenso
                 raise PlannerError(f"torch.fx could not trace {type(model).__name__}: "
                                    f"{fx_error}") from exc
     try:
-        gm, state_names, user_inputs = _trace_export(model, inputs, target, loss_fn)
+        gm, state_names, user_inputs, root = _trace_export(model, inputs, target, loss_fn, dtype)
     except Exception as exc:
         where = _failing_location(exc)
         raise PlannerError(
@@ -177,7 +202,7 @@ def trace(model: nn.Module, inputs: dict[str, torch.Tensor], target: torch.Tenso
             f"torch.export failed{where} ({_one_line(exc)}); make forward() free of "
             "data-dependent Python control flow (no .item()/if on tensor values) or pass "
             "a traceable wrapper") from exc
-    return Traced(gm, "export", model, user_inputs, "model.", state_names, fx_error)
+    return Traced(gm, "export", root, user_inputs, "model.", state_names, fx_error)
 
 
 def _failing_location(exc: BaseException) -> str:

@@ -1,0 +1,103 @@
+"""Measured per-layer profiles: run each unique layer for real and time it.
+
+`planner profile` writes the result as JSON (schema "planner.profile/v1"); the compute
+model reads it back and prefers its seconds over the analytic FLOP-rate estimate.
+
+    {"schema": "planner.profile/v1", "model": str, "fingerprint": str, "device": "cpu",
+     "device_name": str, "dtype": "float32", "micro_batch": int, "seq_len": int|null,
+     "layers": [{"name", "structural_hash", "micro_batch", "forward_seconds",
+                 "backward_seconds", "saved_activation_bytes", "flops_fwd", "flops_bwd"}]}
+
+Only the layer being measured is materialised (parameters and inputs drawn at random in
+the profile dtype), so a model far larger than the device still profiles layer by layer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from typing import Callable
+
+import torch
+
+from ir.errors import PlannerError
+from ir.measure import GraphMeasurer, layer_graph_from_trace, real_factory
+from ir.trace import trace
+
+PROFILE_SCHEMA = "planner.profile/v1"
+DEFAULT_WARMUP = 2  # first runs pay for allocator growth and kernel selection
+DEFAULT_REPEATS = 5  # the median of five is robust to one noisy run
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return platform.processor() or platform.machine()
+
+
+def profile_layers(module, inputs, target, loss_fn, *, name: str, device: str = "cpu",
+                   dtype: torch.dtype = torch.float32, warmup: int = DEFAULT_WARMUP,
+                   repeats: int = DEFAULT_REPEATS,
+                   progress: Callable[[int, int, str], None] | None = None) -> dict:
+    """Time forward and backward of every unique layer on `device`; the profile document."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise PlannerError("--device cuda: no CUDA device is available here; use --device cpu")
+    if repeats < 1 or warmup < 0:
+        raise PlannerError(f"--repeats must be >= 1 and --warmup >= 0 (got {repeats}, {warmup})")
+    traced = trace(module, inputs, target, loss_fn, dtype=dtype)
+    graph, measurer = layer_graph_from_trace(traced, inputs, target, name=name, dtype=dtype)
+    factory = real_factory(device)
+    layers, seen = [], {}
+    for i, layer in enumerate(graph.layers):
+        if progress:
+            progress(i, len(graph.layers), layer.name)
+        if layer.structural_hash in seen:
+            continue
+        col, row = measurer.tp_modules(i, layer.tp_candidates)
+        run = measurer.run_layer(i, col, row, factory=factory, device=device,
+                                 repeats=repeats, warmup=warmup)
+        seen[layer.structural_hash] = True
+        layers.append({
+            "name": layer.name, "structural_hash": layer.structural_hash,
+            "micro_batch": graph.micro_batch, "forward_seconds": run.forward_seconds,
+            "backward_seconds": run.backward_seconds,
+            "saved_activation_bytes": run.saved_bytes,
+            "flops_fwd": run.flops_fwd, "flops_bwd": run.flops_bwd,
+        })
+    return {"schema": PROFILE_SCHEMA, "model": graph.model, "fingerprint": graph.fingerprint,
+            "device": device.split(":")[0], "device_name": device_name(device),
+            "dtype": graph.dtype, "micro_batch": graph.micro_batch, "seq_len": graph.seq_len,
+            "layers": layers}
+
+
+def save_profile(profile: dict, path: str) -> None:
+    """Write atomically: a half-written file never replaces a good one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".profile-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(profile, f, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def load_profile(path: str) -> dict:
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise PlannerError(f"profile {path!r} does not exist; write one with `planner profile`") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PlannerError(f"profile {path!r} is not valid JSON ({exc}); re-run `planner profile`") from None
+    if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
+        raise PlannerError(f"profile {path!r}: schema is {doc.get('schema') if isinstance(doc, dict) else None!r}, "
+                           f"expected {PROFILE_SCHEMA!r}")
+    for i, layer in enumerate(doc.get("layers", [])):
+        for key in ("structural_hash", "forward_seconds", "backward_seconds", "micro_batch"):
+            if key not in layer:
+                raise PlannerError(f"profile {path!r}: layers[{i}] has no {key!r}")
+    return doc
