@@ -17,7 +17,10 @@ module computes it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -153,7 +156,8 @@ def _trace_export(model: nn.Module, inputs: dict[str, torch.Tensor], target, los
     names = tuple(inputs)
     wrapper = WithLoss(model, names, loss_fn if target is not None else None)
     args = tuple(inputs.values()) + ((target,) if target is not None else ())
-    ep = torch.export.export(wrapper, args, strict=False)
+    with _quiet_logging():  # a failed export logs the whole graph; our error says enough
+        ep = torch.export.export(wrapper, args, strict=False)
     gm = ep.graph_module  # the ATen graph; parameters and buffers are lifted placeholders
     state_names: dict[str, str] = {}
     user_inputs: list[str] = []
@@ -203,6 +207,18 @@ def trace(model: nn.Module, inputs: dict[str, torch.Tensor], target: torch.Tenso
             "data-dependent Python control flow (no .item()/if on tensor values) or pass "
             "a traceable wrapper") from exc
     return Traced(gm, "export", root, user_inputs, "model.", state_names, fx_error)
+
+
+@contextlib.contextmanager
+def _quiet_logging():
+    """Silence export's logging and its graph dump on stderr (it prints on failure)."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logging.disable(previous)
 
 
 def _failing_location(exc: BaseException) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -95,6 +96,8 @@ def load_model(spec: str, micro_batch: int = 1, seq_len: int | None = None,
 
 def _load_factory(spec: str, micro_batch: int, seq_len: int | None, device: str) -> LoadedModel:
     module_name, attr = spec.split(":", 1)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: the user's project is importable
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:

@@ -1,0 +1,192 @@
+"""The layer IR: parameter counts, FLOPs, activation bytes, grouping, cut points, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ir.errors import PlannerError
+from ir.layer import TPStyle
+from ir.measure import build_layer_graph
+from planner.models import load_layer_graph, load_model
+
+TINY_PRESETS = ["gpt-tiny", "llama-tiny", "bert-tiny", "t5-tiny", "mlp-small", "cnn-small",
+                "dlrm-small"]
+HF_CONFIGS = {name: f"tests/data/hf/{name}/config.json" for name in ("gpt2", "llama", "bert", "t5")}
+
+
+def _true_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())  # parameters() dedups tied weights
+
+
+@pytest.mark.parametrize("spec", TINY_PRESETS + ["gpt3-175b", "llama3-8b"])
+def test_zoo_parameter_counts_are_exact(spec):
+    loaded = load_model(spec)
+    graph = load_layer_graph(spec)
+    assert graph.num_params == _true_params(loaded.module)
+    assert sum(layer.params for layer in graph.layers) == graph.num_params
+    assert graph.trace_method == "fx"
+
+
+def test_gpt3_175b_parameter_count_matches_megatron():
+    graph = load_layer_graph("gpt3-175b")
+    assert abs(graph.num_params - 174.6e9) / 174.6e9 < 0.005
+    assert graph.unique_layers_measured == 4  # embedding, one block (for 96), norm, head
+    assert sum(1 for l in graph.layers if l.kind == "Block") == 96
+
+
+@pytest.mark.parametrize("name", sorted(HF_CONFIGS))
+def test_hugging_face_models_trace_with_export_and_count_exactly(name):
+    spec = f"hf:{HF_CONFIGS[name]}"
+    loaded = load_model(spec, seq_len=16)
+    graph = load_layer_graph(spec, seq_len=16)
+    assert graph.trace_method == "export"  # transformers 5 models defeat torch.fx
+    assert graph.num_params == _true_params(loaded.module)
+    assert sum(layer.params for layer in graph.layers) == graph.num_params
+    blocks = [l for l in graph.layers if l.kind in ("GPT2Block", "LlamaDecoderLayer",
+                                                    "BertLayer", "T5Block")]
+    assert len(blocks) >= 2
+    for block in blocks:  # every transformer block splits Megatron-style
+        styles = {c.style for c in block.tp_candidates}
+        assert styles == {TPStyle.COLWISE, TPStyle.ROWWISE}, block.name
+
+
+# A GPT block at a size where every term is visible: s=128, b=2, h=256, a=8.
+S, B, H, A = 128, 2, 256, 8
+GPT_SPEC = f"gpt:layers=2,hidden={H},heads={A},vocab=512,seq={S}"
+
+
+@pytest.fixture(scope="module")
+def gpt_block():
+    graph = load_layer_graph(GPT_SPEC, micro_batch=B, dtype=torch.bfloat16)
+    return graph.layer("blocks.1")
+
+
+def test_gpt_block_flops_match_megatron(gpt_block):
+    expected = 24 * B * S * H**2 + 4 * B * S**2 * H  # Narayanan et al. 2021, matmuls only
+    assert abs(gpt_block.flops_fwd - expected) / expected < 0.01
+    assert abs(gpt_block.flops_bwd - 2 * expected) / (2 * expected) < 0.01
+
+
+def test_gpt_block_saved_bytes_match_korthikanti(gpt_block):
+    """Korthikanti et al. 2022, Table 2: s·b·h·(34 + 5·a·s/h) bytes, 16-bit, dropout on.
+
+    What autograd saves in the zoo block, per s·b·h (bf16, 2 bytes each unless said):
+      ln1 input 2; q/k/v input 2 (one storage, saved by three linears); Q and K^T copies
+      made by the batched matmul 2 + 2; softmax output 2·a·s/h; attention dropout mask;
+      dropout output 2·a·s/h (saved by att @ v); V copy 2; proj input 2; residual dropout
+      mask; ln2 input 2; fc1 input 2; GELU input 8; fc2 input 8; MLP dropout mask.
+    That is Korthikanti's 34·s·b·h + 5·a·s²·b once the three dropout masks cost one byte
+    per element, as CUDA's fused dropout stores them (`saved_bytes_on("cuda", 2)`).
+    Two small extras Korthikanti leaves out: the causal mask (s² bools) and LayerNorm's
+    mean and rstd (fp32, 2 LayerNorms x 2 x s·b x 4 bytes).
+    On CPU/meta the unfused dropout keeps its masks in bf16: one more byte per element.
+    """
+    sbh = S * B * H
+    korthikanti = sbh * (34 + 5 * A * S / H)
+    extras = S * S + 2 * 2 * S * B * 4
+    assert gpt_block.saved_bytes_on("cuda", 2) == korthikanti + extras
+    assert abs(gpt_block.saved_bytes_on("cuda", 2) - korthikanti) / korthikanti < 0.05
+    masks_bf16 = 2 * (A * S * S * B + 2 * sbh)  # attention mask + two residual masks
+    assert gpt_block.saved_dropout_mask_bytes == masks_bf16
+    assert gpt_block.saved_activation_bytes == korthikanti + extras + masks_bf16 // 2
+
+
+def test_gpt_block_tp_sharded_and_attention_parts(gpt_block):
+    """Korthikanti Table 2, TP row: s·b·h·(10 + 24/t + 5·a·s/(h·t)): 24·sbh + 5·a·s²·b is
+    split by t (the causal mask, created inside the region, is counted with it), 10·sbh is
+    not; selective recompute drops the 5·a·s²·b scores (softmax out, mask, dropout out)."""
+    sbh = S * B * H
+    mask_bf16_extra = A * S * S * B  # attention dropout mask: 2 bytes on CPU, 1 in the formula
+    assert gpt_block.saved_tp_sharded_bytes == 24 * sbh + 5 * A * S * S * B + S * S + mask_bf16_extra
+    assert gpt_block.saved_attention_bytes == 5 * A * S * S * B + mask_bf16_extra
+    assert gpt_block.input_bytes == sbh * 2 == gpt_block.output_bytes  # full recompute: 2·s·b·h
+
+
+def test_fx_and_export_agree():
+    loaded = load_model("gpt-tiny")
+    args = (loaded.module, loaded.inputs, loaded.target, loaded.loss_fn)
+    fx_graph = build_layer_graph(*args, name="g", force_trace="fx")
+    ex_graph = build_layer_graph(*args, name="g", force_trace="export")
+    assert fx_graph.trace_method == "fx" and ex_graph.trace_method == "export"
+    assert [l.name for l in fx_graph.layers] == [l.name for l in ex_graph.layers]
+    for a, b in zip(fx_graph.layers, ex_graph.layers):
+        assert (a.params, a.flops_fwd, a.flops_bwd, a.saved_activation_bytes, a.output_bytes) == \
+               (b.params, b.flops_fwd, b.flops_bwd, b.saved_activation_bytes, b.output_bytes), a.name
+
+
+def test_layers_tp_candidates_and_divisors():
+    graph = load_layer_graph("llama-tiny")
+    names = [l.name for l in graph.layers]
+    assert names == ["embed", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "norm", "head"]
+    block = graph.layer("blocks.0")
+    divisors = dict(block.tp_divisors)
+    assert divisors["heads"] == 8 and divisors["kv_heads"] == 4
+    assert block.tp_degree_allowed(4) and not block.tp_degree_allowed(8)
+    assert "kv_heads=4" in block.tp_violation(8)
+    assert graph.layer("embed").tp_candidates[0].style is TPStyle.VOCAB
+    assert graph.layer("head").tp_candidates[0].style is TPStyle.HEAD
+    assert not graph.layer("norm").tp_degree_allowed(2)
+    # tied GPT head: the weight belongs to the embedding, so the head owns nothing
+    gpt = load_layer_graph("gpt-tiny")
+    assert gpt.layer("head").params == 0 and gpt.layer("head").tp_params == 0
+
+
+def test_cut_points_follow_single_tensor_boundaries():
+    gpt = load_layer_graph("gpt-tiny")
+    assert gpt.cut_points == tuple(range(len(gpt.layers) - 1))
+    t5 = load_layer_graph("t5-tiny")
+    names = [l.name for l in t5.layers]
+    dec0 = names.index("decoder_blocks.0")
+    # Inside the decoder both the encoder output and the decoder state cross a cut.
+    assert dec0 - 1 not in t5.cut_points and dec0 not in t5.cut_points
+    assert names.index("encoder_norm") in t5.cut_points  # only the encoder output crosses
+    assert t5.graph.number_of_nodes() == len(t5.layers)
+    enc_out = names.index("encoder_norm")
+    assert any(s == enc_out and d > dec0 for s, d, _ in t5.edges)  # the skip edge
+
+
+def test_structural_hash_dedups_identical_blocks():
+    graph = load_layer_graph("gpt:layers=12,hidden=64,heads=4,vocab=128,seq=16")
+    hashes = {l.structural_hash for l in graph.layers if l.kind == "Block"}
+    assert len(hashes) == 1 and graph.unique_layers_measured == 4
+
+
+def test_fingerprint_changes_with_shape():
+    a = load_layer_graph("gpt-tiny")
+    assert a.fingerprint == load_layer_graph("gpt-tiny").fingerprint
+    assert a.fingerprint != load_layer_graph("gpt-tiny", micro_batch=2).fingerprint
+
+
+class DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if y.sum().item() > 0:  # data-dependent control flow defeats both tracers
+            return y * 2
+        return y
+
+
+def test_untraceable_model_gives_one_line_error():
+    x = torch.randn(2, 4)
+    with pytest.raises(PlannerError) as info:
+        build_layer_graph(DataDependent(), {"x": x}, name="dd")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "DataDependent" in message and "data-dependent" in message
+
+
+def test_unknown_preset_lists_known_ones():
+    with pytest.raises(PlannerError) as info:
+        load_model("gpt-huge")
+    assert "gpt3-175b" in str(info.value) and "llama3-8b" in str(info.value)
+
+
+def test_bad_override_names_the_field():
+    with pytest.raises(PlannerError) as info:
+        load_model("gpt:layerz=2")
+    assert "layerz" in str(info.value) and "layers" in str(info.value)
