@@ -7,7 +7,10 @@ apply. This module is also the one place that writes and reads the plan JSON
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
 
 from ir.errors import PlannerError
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision, Schedule, Stage
@@ -23,9 +26,12 @@ KNOWN_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
 class ParallelPlan:
     """Everything needed to price or run one training iteration.
 
-    Invariants (checked in __post_init__): stages are contiguous and cover every layer
-    once; every layer in a stage uses all of that stage's devices (tp * dp == devices);
-    global_batch == micro_batch * num_microbatches * dp of every layer.
+    Invariants (checked in __post_init__): stages are contiguous, cover every layer once
+    and have equal device counts; every layer uses all of its stage's devices
+    (tp * dp == devices). Layer i sees `layer_micro_batch(i)` = global_batch /
+    (num_microbatches * dp_i) samples per micro-batch per replica, which must be whole;
+    `micro_batch` is that figure for the layer with the largest dp (Megatron's
+    micro-batch size for a uniform plan).
     """
 
     stages: tuple[Stage, ...]
@@ -53,20 +59,38 @@ class ParallelPlan:
         if expected != len(self.layer_strategies):
             raise PlannerError(f"stages cover {expected} layers but the plan has "
                                f"{len(self.layer_strategies)} layer strategies")
+        if len({stage.devices for stage in self.stages}) != 1:
+            counts = ", ".join(str(stage.devices) for stage in self.stages)
+            raise PlannerError(f"pipeline stages must have equal device counts (got {counts}) "
+                               "so that stage boundaries pair ranks one to one")
         for i, stage in enumerate(self.stages):
             for j in range(stage.first_layer, stage.last_layer + 1):
                 s = self.layer_strategies[j]
                 if s.devices != stage.devices:
                     raise PlannerError(f"layer {j}: tp={s.tp} x dp={s.dp} = {s.devices} but "
                                        f"stage {i} has {stage.devices} devices")
-                if self.micro_batch * self.num_microbatches * s.dp != self.global_batch:
+                if self.global_batch % (self.num_microbatches * s.dp):
                     raise PlannerError(
-                        f"layer {j}: micro_batch {self.micro_batch} x num_microbatches "
-                        f"{self.num_microbatches} x dp {s.dp} != global batch {self.global_batch}")
+                        f"layer {j}: global batch {self.global_batch} does not split into "
+                        f"{self.num_microbatches} micro-batches x dp {s.dp}; use a global batch "
+                        f"that is a multiple of {self.num_microbatches * s.dp}")
+        max_dp = max(s.dp for s in self.layer_strategies)
+        if self.micro_batch * self.num_microbatches * max_dp != self.global_batch:
+            raise PlannerError(
+                f"micro_batch {self.micro_batch} x num_microbatches {self.num_microbatches} x "
+                f"dp {max_dp} != global batch {self.global_batch}")
         if self.virtual_stages < 1:
             raise PlannerError("virtual_stages must be >= 1")
+        if len(self.stages) % self.virtual_stages:
+            raise PlannerError(f"{len(self.stages)} stages do not split into "
+                               f"{self.virtual_stages} virtual stages per pipeline rank")
         if self.schedule is not Schedule.INTERLEAVED and self.virtual_stages != 1:
             raise PlannerError(f"virtual_stages={self.virtual_stages} needs the interleaved schedule")
+
+    def layer_micro_batch(self, layer_index: int) -> int:
+        """Samples per micro-batch per data-parallel replica of one layer."""
+        dp = self.layer_strategies[layer_index].dp
+        return self.global_batch // (self.num_microbatches * dp)
 
     @property
     def pp(self) -> int:
@@ -75,7 +99,13 @@ class ParallelPlan:
 
     @property
     def world_size(self) -> int:
-        return sum(s.devices for s in self.stages[: self.pp])
+        return self.pp * self.stages[0].devices
+
+    def stage_ranks(self, stage_index: int) -> tuple[int, ...]:
+        """Global ranks of a stage: pipeline rank (stage % pp) times the stage's devices."""
+        devices = self.stages[stage_index].devices
+        first = (stage_index % self.pp) * devices
+        return tuple(range(first, first + devices))
 
     def stage_of(self, layer_index: int) -> int:
         for i, stage in enumerate(self.stages):
@@ -120,3 +150,234 @@ def uniform_plan(num_layers: int, *, tp: int = 1, dp: int = 1, pp: int = 1, zero
                         global_batch=global_batch, micro_batch=micro_batch,
                         num_microbatches=per_replica // micro_batch, schedule=schedule,
                         precision=precision, optimizer=optimizer, virtual_stages=virtual_stages)
+
+
+# --------------------------------------------------------------------------- mesh layout
+
+
+@dataclass(frozen=True, slots=True)
+class LayerGroups:
+    """Process groups of one layer: TP groups are consecutive ranks (TP innermost)."""
+
+    tp_groups: tuple[tuple[int, ...], ...]
+    dp_groups: tuple[tuple[int, ...], ...]
+
+
+def layer_groups(plan: ParallelPlan, layer_index: int) -> LayerGroups:
+    stage = plan.stage_of(layer_index)
+    ranks = plan.stage_ranks(stage)
+    tp = plan.layer_strategies[layer_index].tp
+    tp_groups = tuple(ranks[i:i + tp] for i in range(0, len(ranks), tp))
+    dp_groups = tuple(ranks[j::tp] for j in range(tp))
+    return LayerGroups(tp_groups, dp_groups)
+
+
+def pipeline_groups(plan: ParallelPlan) -> tuple[tuple[int, ...], ...]:
+    """Ranks that exchange activations: the i-th rank of every pipeline rank's stage."""
+    devices = plan.stages[0].devices
+    return tuple(tuple(p * devices + i for p in range(plan.pp)) for i in range(devices))
+
+
+# ------------------------------------------------------------------------ the JSON file
+
+
+@dataclass(frozen=True)
+class PlanDocument:
+    """A plan file: the plan plus what it was made for and what it predicts.
+
+    `cluster`, `predicted` and `search` stay plain JSON objects here: `ir` does not know
+    the cost models. `layer_names` pins the plan to the model's layers by name.
+    """
+
+    plan: ParallelPlan
+    model_name: str
+    fingerprint: str
+    layer_names: tuple[str, ...]
+    cluster: dict
+    predicted: dict = field(default_factory=dict)
+    search: dict = field(default_factory=dict)
+
+    def check_model(self, graph) -> None:
+        """Raise unless the plan was made for this layer graph (by fingerprint)."""
+        if graph.fingerprint != self.fingerprint:
+            raise PlannerError(
+                f"plan is for {self.model_name} (fingerprint {self.fingerprint}) but the model "
+                f"is {graph.model} (fingerprint {graph.fingerprint}): re-plan with "
+                f"`planner plan {graph.model} ...` or pass the plan's model and batch shape")
+
+    def check_world_size(self, world_size: int) -> None:
+        if world_size != self.plan.world_size:
+            raise PlannerError(f"plan needs {self.plan.world_size} processes but the job has "
+                               f"{world_size}: launch with --nproc-per-node/--nnodes to match, "
+                               "or re-plan for this world size")
+
+
+def plan_to_dict(doc: PlanDocument) -> dict:
+    plan = doc.plan
+    layers = []
+    for i, (name, s) in enumerate(zip(doc.layer_names, plan.layer_strategies)):
+        groups = layer_groups(plan, i)
+        layers.append({"index": i, "name": name, "stage": plan.stage_of(i), "tp": s.tp,
+                       "dp": s.dp, "dp_mode": s.dp_mode.value,
+                       "sequence_parallel": s.sequence_parallel,
+                       "checkpoint": s.checkpoint.value,
+                       "tp_groups": [list(g) for g in groups.tp_groups],
+                       "dp_groups": [list(g) for g in groups.dp_groups]})
+    return {
+        "schema": PLAN_SCHEMA,
+        "model": {"name": doc.model_name, "fingerprint": doc.fingerprint,
+                  "num_layers": len(doc.layer_names)},
+        "cluster": doc.cluster,
+        "world_size": plan.world_size,
+        "global_batch": plan.global_batch,
+        "micro_batch": plan.micro_batch,
+        "num_microbatches": plan.num_microbatches,
+        "schedule": plan.schedule.value,
+        "precision": plan.precision.value,
+        "optimizer": plan.optimizer,
+        "virtual_stages": plan.virtual_stages,
+        "stages": [{"stage": i, "first_layer": st.first_layer, "last_layer": st.last_layer,
+                    "first_layer_name": doc.layer_names[st.first_layer],
+                    "last_layer_name": doc.layer_names[st.last_layer],
+                    "devices": st.devices, "ranks": list(plan.stage_ranks(i))}
+                   for i, st in enumerate(plan.stages)],
+        "pipeline_groups": [list(g) for g in pipeline_groups(plan)],
+        "layers": layers,
+        "predicted": doc.predicted,
+        "search": doc.search,
+    }
+
+
+def plan_to_json(doc: PlanDocument) -> str:
+    return json.dumps(plan_to_dict(doc), indent=2)
+
+
+def save_plan(doc: PlanDocument, path: str | os.PathLike) -> None:
+    """Write atomically (temp file + rename): a failure never leaves a half-written plan."""
+    text = plan_to_json(doc)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".plan-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class _Reader:
+    """Typed access to a JSON object that names the file and key path in every error."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, where: str, what: str):
+        raise PlannerError(f"{self.source}: {where}: {what}")
+
+    def get(self, obj: dict, key: str, kind, where: str):
+        path = f"{where}.{key}" if where else key
+        if not isinstance(obj, dict) or key not in obj:
+            self.fail(path, "missing")
+        value = obj[key]
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            self.fail(path, f"expected an integer, got {value!r}")
+        if kind is not int and not isinstance(value, kind):
+            self.fail(path, f"expected {getattr(kind, '__name__', kind)}, got {type(value).__name__}")
+        return value
+
+    def enum(self, obj: dict, key: str, enum_type, where: str):
+        value = self.get(obj, key, str, where)
+        try:
+            return enum_type(value)
+        except ValueError:
+            allowed = ", ".join(e.value for e in enum_type)
+            self.fail(f"{where}.{key}" if where else key, f"{value!r} is not one of {allowed}")
+
+
+def plan_from_dict(data: object, source: str = "<plan>") -> PlanDocument:
+    """Validate a plan JSON object and build the PlanDocument; errors name the key."""
+    r = _Reader(source)
+    if not isinstance(data, dict):
+        r.fail("top level", f"expected a JSON object, got {type(data).__name__}")
+    schema = data.get("schema")
+    if schema != PLAN_SCHEMA:
+        r.fail("schema", f"unknown schema version {schema!r}; this planner reads "
+                         f"{PLAN_SCHEMA!r} (re-plan with this version)")
+    model = r.get(data, "model", dict, "")
+    name = r.get(model, "name", str, "model")
+    fingerprint = r.get(model, "fingerprint", str, "model")
+    stages_raw = r.get(data, "stages", list, "")
+    layers_raw = r.get(data, "layers", list, "")
+    if not stages_raw or not layers_raw:
+        r.fail("stages" if not stages_raw else "layers", "must not be empty")
+    stages = []
+    for i, st in enumerate(stages_raw):
+        where = f"stages[{i}]"
+        first = r.get(st, "first_layer", int, where)
+        last = r.get(st, "last_layer", int, where)
+        devices = r.get(st, "devices", int, where)
+        try:
+            stages.append(Stage(first, last, devices))
+        except ValueError as exc:
+            r.fail(where, str(exc))
+    strategies, names = [], []
+    for i, layer in enumerate(layers_raw):
+        where = f"layers[{i}]"
+        names.append(r.get(layer, "name", str, where))
+        try:
+            strategies.append(LayerStrategy(
+                tp=r.get(layer, "tp", int, where), dp=r.get(layer, "dp", int, where),
+                dp_mode=r.enum(layer, "dp_mode", DPMode, where),
+                sequence_parallel=r.get(layer, "sequence_parallel", bool, where),
+                checkpoint=r.enum(layer, "checkpoint", Checkpoint, where)))
+        except ValueError as exc:
+            r.fail(where, str(exc))
+    num_layers = r.get(model, "num_layers", int, "model")
+    if num_layers != len(names):
+        r.fail("layers", f"{len(names)} entries but model.num_layers is {num_layers}")
+    try:
+        plan = ParallelPlan(
+            stages=tuple(stages), layer_strategies=tuple(strategies),
+            global_batch=r.get(data, "global_batch", int, ""),
+            micro_batch=r.get(data, "micro_batch", int, ""),
+            num_microbatches=r.get(data, "num_microbatches", int, ""),
+            schedule=r.enum(data, "schedule", Schedule, ""),
+            precision=r.enum(data, "precision", Precision, ""),
+            optimizer=r.get(data, "optimizer", str, ""),
+            virtual_stages=r.get(data, "virtual_stages", int, ""))
+    except PlannerError as exc:
+        r.fail("plan", str(exc))
+    world = r.get(data, "world_size", int, "")
+    if world != plan.world_size:
+        r.fail("world_size", f"{world} but the stages use {plan.world_size} devices")
+    cluster = r.get(data, "cluster", dict, "")
+    predicted = data.get("predicted", {})
+    search = data.get("search", {})
+    if not isinstance(predicted, dict) or not isinstance(search, dict):
+        r.fail("predicted" if not isinstance(predicted, dict) else "search", "expected an object")
+    return PlanDocument(plan, name, fingerprint, tuple(names), cluster, predicted, search)
+
+
+def load_plan(path: str | os.PathLike) -> PlanDocument:
+    """Read and validate a plan file (JSON only: plans are data, never code)."""
+    source = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise PlannerError(f"plan file {source!r} does not exist; write one with "
+                           "`planner plan MODEL --out FILE`") from None
+    except IsADirectoryError:
+        raise PlannerError(f"plan file {source!r} is a directory") from None
+    except UnicodeDecodeError:
+        raise PlannerError(f"plan file {source!r} is not UTF-8 text (plans are JSON)") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        ends_early = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
+        what = "truncated" if ends_early else "malformed"
+        raise PlannerError(f"plan file {source!r} is {what} JSON (line {exc.lineno}, column "
+                           f"{exc.colno}: {exc.msg}); re-create it with `planner plan`") from None
+    return plan_from_dict(data, source)

@@ -1,0 +1,131 @@
+"""Plan JSON 'planner.plan/v1': round trip, mesh layout, and every kind of bad file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ir.errors import PlannerError
+from ir.plan import (PlanDocument, layer_groups, load_plan, pipeline_groups, plan_from_dict,
+                     plan_to_dict, save_plan, uniform_plan)
+from ir.strategy import Checkpoint, DPMode, LayerStrategy, Schedule
+
+NAMES = tuple(f"l{i}" for i in range(6))
+
+
+def _doc(**kw) -> PlanDocument:
+    plan = uniform_plan(6, tp=2, dp=2, pp=2, zero=3, checkpoint=Checkpoint.FULL, micro_batch=2,
+                        global_batch=16, **kw)
+    return PlanDocument(plan, "gpt-tiny", "abc123", NAMES, {"name": "local"},
+                        {"iteration_seconds": 1.5}, {"seconds": 0.1})
+
+
+def test_round_trip(tmp_path):
+    doc = _doc()
+    path = tmp_path / "plan.json"
+    save_plan(doc, path)
+    back = load_plan(path)
+    assert back == doc
+    assert plan_to_dict(back) == plan_to_dict(doc)
+
+
+def test_mesh_layout_tp_innermost():
+    plan = _doc().plan
+    assert plan.world_size == 8 and plan.stage_ranks(1) == (4, 5, 6, 7)
+    groups = layer_groups(plan, 4)  # a stage-1 layer: tp=2, dp=2 over ranks 4..7
+    assert groups.tp_groups == ((4, 5), (6, 7))
+    assert groups.dp_groups == ((4, 6), (5, 7))
+    assert pipeline_groups(plan) == ((0, 4), (1, 5), (2, 6), (3, 7))
+
+
+def test_interleaved_stage_ranks():
+    plan = uniform_plan(8, pp=2, virtual_stages=2, schedule=Schedule.INTERLEAVED,
+                        micro_batch=1, global_batch=4)
+    assert len(plan.stages) == 4 and plan.pp == 2 and plan.world_size == 2
+    assert [plan.stage_ranks(i) for i in range(4)] == [(0,), (1,), (0,), (1,)]
+
+
+def _dumped(tmp_path, mutate) -> str:
+    data = plan_to_dict(_doc())
+    mutate(data)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+BAD_FILES = [
+    ("unknown schema", lambda d: d.update(schema="planner.plan/v9"), "unknown schema version"),
+    ("missing key", lambda d: d.pop("micro_batch"), "micro_batch: missing"),
+    ("wrong type", lambda d: d["layers"][2].update(tp="two"), "layers[2].tp: expected an integer"),
+    ("bad enum", lambda d: d["layers"][0].update(dp_mode="zero4"), "layers[0].dp_mode: 'zero4' is not one of"),
+    ("world size", lambda d: d.update(world_size=16), "world_size: 16 but the stages use 8"),
+    ("layer count", lambda d: d["layers"].pop(), "5 entries but model.num_layers is 6"),
+    ("batch", lambda d: d.update(global_batch=10), "global batch 10"),
+    ("devices", lambda d: d["layers"][0].update(dp=1), "tp=2 x dp=1 = 2 but stage 0 has 4"),
+]
+
+
+@pytest.mark.parametrize("name,mutate,message", BAD_FILES, ids=[b[0] for b in BAD_FILES])
+def test_bad_plan_files_name_the_problem(tmp_path, name, mutate, message):
+    path = _dumped(tmp_path, mutate)
+    with pytest.raises(PlannerError) as info:
+        load_plan(path)
+    assert message in str(info.value) and path in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_truncated_malformed_and_missing_files(tmp_path):
+    good = json.dumps(plan_to_dict(_doc()))
+    truncated = tmp_path / "t.json"
+    truncated.write_text(good[: len(good) // 2])
+    with pytest.raises(PlannerError, match="truncated JSON"):
+        load_plan(truncated)
+    malformed = tmp_path / "m.json"
+    malformed.write_text("{'schema': 1}")
+    with pytest.raises(PlannerError, match="malformed JSON"):
+        load_plan(malformed)
+    with pytest.raises(PlannerError, match="does not exist"):
+        load_plan(tmp_path / "nope.json")
+    with pytest.raises(PlannerError, match="expected a JSON object"):
+        plan_from_dict([1, 2], "x.json")
+
+
+def test_fingerprint_and_world_size_checks():
+    doc = _doc()
+
+    class Graph:
+        fingerprint, model = "other", "llama-tiny"
+
+    with pytest.raises(PlannerError, match="fingerprint abc123"):
+        doc.check_model(Graph())
+    with pytest.raises(PlannerError, match="plan needs 8 processes but the job has 4"):
+        doc.check_world_size(4)
+
+
+def test_failed_save_keeps_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "plan.json"
+    path.write_text("precious")
+    import ir.plan as plan_module
+
+    def broken(doc):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(plan_module, "plan_to_json", broken)
+    with pytest.raises(RuntimeError):
+        save_plan(_doc(), path)
+    assert path.read_text() == "precious"
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+def test_plan_invariants():
+    s = LayerStrategy(tp=2, dp=2, dp_mode=DPMode.ZERO1)
+    assert str(s) == "tp2·dp2·z1"
+    with pytest.raises(ValueError, match="sequence_parallel needs tp > 1"):
+        LayerStrategy(sequence_parallel=True)
+    with pytest.raises(PlannerError, match="equal device counts"):
+        from ir.plan import ParallelPlan
+        from ir.strategy import Stage
+        ParallelPlan(stages=(Stage(0, 0, 2), Stage(1, 1, 1)),
+                     layer_strategies=(LayerStrategy(dp=2), LayerStrategy()),
+                     global_batch=2, micro_batch=1, num_microbatches=1)
