@@ -1,0 +1,120 @@
+"""Activation memory of one layer for one micro-batch, under TP, SP and checkpointing.
+
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models", section 4) split a block's saved activations into the part tensor parallelism
+shards (between a column- and the next row-parallel Linear: 24 of the 34 s*b*h, plus the
+attention scores 5*a*s^2*b), the part it leaves replicated (layer norms, dropout masks
+and residual inputs: 10 s*b*h), and the attention scores selective recomputation drops.
+The IR measures those three figures for every layer; this module only applies them:
+
+| strategy                   | bytes kept per micro-batch                         |
+|----------------------------|----------------------------------------------------|
+| none                       | saved                                              |
+| TP t                       | (saved - sharded) + sharded / t                    |
+| TP t + SP                  | saved / t                                          |
+| + selective recompute      | the same with attention bytes removed              |
+| full recompute             | input (/ t with SP)                                |
+
+A fully checkpointed layer rebuilds its activations in backward: `recompute_bytes` is
+that working set, held for one layer at a time. `layer_activation_bytes` is plain
+arithmetic, elementwise on numpy arrays as well.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ir.layer import Layer, TPStyle
+from ir.strategy import Checkpoint, LayerStrategy
+
+from cost_models.common import StepConfig, dtype_bytes
+
+# Score-shaped tensors attention saves when dropout follows softmax: the softmax output,
+# the dropout mask and the dropout output (Korthikanti et al. 2022, sec. 4.1).
+SCORE_TENSORS_WITH_DROPOUT = 3
+# Logits-sized tensors alive at the start of a loss head's backward (see layer_activations).
+LOSS_BACKWARD_LOGITS_COPIES = 2
+
+
+@dataclass(frozen=True, slots=True)
+class LayerActivations:
+    """Bytes for ONE micro-batch on one rank."""
+
+    kept_bytes: float  # held from the layer's forward until its backward
+    recompute_bytes: float  # rebuilt in backward when fully checkpointed (else 0)
+    grad_flow_bytes: float  # gradients entering and leaving the layer during its backward
+
+
+def activation_bytes(saved, tp_sharded, attention, input_bytes, tp, sequence_parallel,
+                     selective, full):
+    """Kept and recompute bytes of one layer (Korthikanti et al. 2022, Table 2).
+
+    `saved`, `tp_sharded`, `attention`, `input_bytes` are the IR's figures already scaled to
+    the micro-batch and dtype; the booleans select the row of the table above.
+    Returns (kept_bytes, recompute_bytes).
+    """
+    dropped = attention * selective  # selective recompute: attention scores not kept
+    # Korthikanti eq. 2 (TP): 10 sbh replicated + (24 sbh + 5 a s^2 b) / t sharded;
+    # eq. 3/4 (TP + SP): everything / t because the replicated part is sequence-split.
+    resident = _tp_split(saved - dropped, tp_sharded - dropped, tp, sequence_parallel)
+    # Full recomputation keeps only the layer input (2 sbh, or 2 sbh / t with SP) ...
+    kept = (input_bytes / tp ** sequence_parallel) * full + resident * (1 - full)
+    # ... and rebuilds the whole un-checkpointed set, one layer at a time, in backward.
+    rebuilt = _tp_split(saved, tp_sharded, tp, sequence_parallel) * full
+    return kept, rebuilt
+
+
+def _tp_split(saved, sharded, tp, sequence_parallel):
+    """saved bytes under TP (sharded part / t) or TP + SP (all / t)."""
+    tp_only = saved - sharded + sharded / tp
+    return (saved / tp) * sequence_parallel + tp_only * (1 - sequence_parallel)
+
+
+def scaled_saved_bytes(layer: Layer, config: StepConfig) -> tuple[float, float, float]:
+    """(saved, TP-sharded, attention) bytes for the config's micro-batch, dtype and device.
+
+    Dropout masks scale by `mask_scale` (1 byte per element on CUDA), the rest by
+    `activation_scale`. The IR gives the masks' total; we place an attention-shaped
+    mask inside the attention (and TP-sharded) bytes as one of the three equal
+    score-shaped tensors dropout-after-softmax saves (softmax output, mask, dropout
+    output: Korthikanti et al. 2022's 2 + 1 + 2 bytes per a*s^2*b), the rest of the
+    masks (after attention output and MLP) in the replicated part.
+    """
+    masks = layer.saved_dropout_mask_bytes
+    attention_masks = min(masks, layer.saved_attention_bytes / SCORE_TENSORS_WITH_DROPOUT)
+    act, mask = config.activation_scale, config.mask_scale
+    saved = (layer.saved_activation_bytes - masks) * act + masks * mask
+    sharded = (layer.saved_tp_sharded_bytes - attention_masks) * act + attention_masks * mask
+    attention = (layer.saved_attention_bytes - attention_masks) * act + attention_masks * mask
+    return saved, sharded, attention
+
+
+def logits_bytes(layer: Layer, config: StepConfig) -> float:
+    """Bytes of a vocabulary head's logits, b*s*V elements (0 for other layers).
+
+    V is the head's "vocab" TP divisor; b and s are the micro-batch and the IR's sequence."""
+    if not config.seq_len or not any(c.style is TPStyle.HEAD for c in layer.tp_candidates):
+        return 0.0
+    vocab = max((v for what, v in layer.tp_divisors if what.endswith("vocab")), default=0)
+    return (config.graph_micro_batch * config.seq_len * vocab * dtype_bytes(config.graph_dtype)
+            * config.activation_scale)
+
+
+def layer_activations(layer: Layer, strategy: LayerStrategy,
+                      config: StepConfig) -> LayerActivations:
+    """Activation bytes of `layer` for one micro-batch of `config.micro_batch` samples."""
+    scale = config.activation_scale
+    tp = strategy.tp if layer.tp_candidates else 1
+    sp = strategy.sequence_parallel and tp > 1
+    saved, sharded, attention = scaled_saved_bytes(layer, config)
+    kept, recompute = activation_bytes(
+        saved, sharded, attention, layer.input_bytes * scale, tp, sp,
+        strategy.checkpoint is Checkpoint.SELECTIVE, strategy.checkpoint is Checkpoint.FULL)
+    # Backward holds the gradient of the layer's output and produces its input's gradient.
+    grad_flow = (layer.output_bytes + layer.input_bytes) * scale / (tp if sp else 1)
+    # A head that computes the loss starts backward from the gradient of the
+    # log-probabilities and produces the logits' gradient beside it: two logits-sized
+    # tensors (vocabulary-parallel under TP). Measured in bench/bench_memory.py.
+    grad_flow = max(grad_flow, LOSS_BACKWARD_LOGITS_COPIES * logits_bytes(layer, config) / tp)
+    return LayerActivations(kept_bytes=kept, recompute_bytes=recompute,
+                            grad_flow_bytes=grad_flow)

@@ -1,0 +1,231 @@
+"""Cluster presets from datasheets, the measured `local` machine, and `get_cluster`.
+
+Presets are 8 GPUs per node on NVLink/NVSwitch with one InfiniBand NIC per GPU
+(DGX/HGX layout). Link fields hold achievable bus bandwidth (what the alpha-beta model
+divides by): the datasheet's one-direction figure times a measured achievable fraction.
+Every number below is a named constant with its source.
+
+    >>> get_cluster("h100-80g", nodes=4).world_size
+    32
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from pathlib import Path
+
+from ir.cluster import ClusterSpec
+from ir.errors import PlannerError
+
+GiB = 2**30
+MiB = 2**20
+
+GPUS_PER_NODE = 8  # DGX A100 / DGX H100 / HGX H200 nodes
+
+# Device memory: the total CUDA reports (nvidia-smi "MiB" column) for each SKU.
+A100_40G_MEMORY_BYTES = 40_960 * MiB
+A100_80G_MEMORY_BYTES = 81_920 * MiB
+H100_80G_MEMORY_BYTES = 81_559 * MiB
+H200_MEMORY_BYTES = 143_771 * MiB
+
+# Dense peak FLOP/s (NVIDIA A100 and H100 datasheets; H200 shares H100's SM array).
+# float32 is plain FP32 (PyTorch's default matmul, TF32 off); tf32 is listed separately.
+A100_PEAK_FLOPS = (("bfloat16", 312e12), ("float16", 312e12), ("float32", 19.5e12),
+                   ("tf32", 156e12))
+H100_PEAK_FLOPS = (("bfloat16", 989e12), ("float16", 989e12), ("float32", 67e12),
+                   ("tf32", 494.5e12))
+
+# HBM bandwidth, GB/s (datasheets, REFERENCES.md devices table).
+A100_40G_HBM_GBPS = 1_600.0
+A100_80G_HBM_GBPS = 2_000.0
+H100_HBM_GBPS = 3_350.0
+H200_HBM_GBPS = 4_800.0
+
+# NVLink per GPU, GB/s, both directions together (datasheets): one direction is half.
+A100_NVLINK_BIDIR_GBPS = 600.0
+H100_NVLINK_BIDIR_GBPS = 900.0
+# Achievable all-reduce busbw inside an 8xA100 node is 200-230 GB/s (REFERENCES.md,
+# nccl-tests) against 300 GB/s one-way: take the midpoint, 215/300.
+NVLINK_BUSBW_FRACTION = 215.0 / 300.0
+# InfiniBand per GPU: one NIC each, HDR 200 Gb/s (A100 nodes), NDR 400 Gb/s (H100/H200).
+A100_NIC_GBPS = 200 / 8
+H100_NIC_GBPS = 400 / 8
+# Measured across DGX-A100 nodes: ~190 GB/s busbw over 8x200 Gb/s = 200 GB/s (REFERENCES.md).
+IB_BUSBW_FRACTION = 190.0 / 200.0
+
+# Per-step latency alpha of NCCL collectives; typical order of magnitude of nccl-tests'
+# small-message times divided by ring steps. Calibrate with `planner profile-cluster`.
+NVLINK_LATENCY_S = 3e-6
+IB_LATENCY_S = 8e-6
+
+# Memory a GPU process spends before any tensor: CUDA context and kernels (~0.5-1 GiB
+# with PyTorch's kernels loaded), cuBLAS workspaces, NCCL communicator buffers and the
+# caching allocator's slack. A planning margin, not a measurement.
+GPU_RUNTIME_OVERHEAD_BYTES = 2 * GiB
+
+# Best measured fraction of dense bf16 peak on large GEMMs: an 8192^3 bf16 matmul ran at
+# ~795 of 989 TFLOP/s on H100 and H200 (REFERENCES.md). A100 assumed the same fraction.
+HOPPER_MATMUL_EFFICIENCY = 795.0 / 989.0
+AMPERE_MATMUL_EFFICIENCY = HOPPER_MATMUL_EFFICIENCY
+
+# ---- the local machine (CPU processes talking gloo over loopback) -------------------------
+# Guesses for gloo over localhost until `planner profile-cluster` measures them.
+LOCAL_GLOO_GBPS = 2.0
+LOCAL_GLOO_LATENCY_S = 50e-6
+# Resident memory of a Python process before any model tensor: measured here ~220 MiB RSS
+# after `import torch`, ~370 MiB once the first matmul kernels and thread pools are up.
+LOCAL_RUNTIME_OVERHEAD_BYTES = 384 * MiB
+# Matmul and copy sizes for the quick measurement (big enough to reach steady state on a
+# couple of cores, small enough to take well under a second).
+LOCAL_MATMUL_DIM = 768
+LOCAL_MATMUL_REPEATS = 3
+LOCAL_COPY_BYTES = 64 * MiB
+
+
+def _gpu_preset(name: str, device: str, memory_bytes: int, peak, hbm_gbps: float,
+                nvlink_bidir_gbps: float, nic_gbps: float, efficiency: float) -> ClusterSpec:
+    return ClusterSpec(
+        name=name, device=device, num_nodes=1, devices_per_node=GPUS_PER_NODE,
+        device_memory_bytes=memory_bytes, peak_flops_by_dtype=tuple(sorted(peak)),
+        hbm_gbps=hbm_gbps,
+        intra_node_gbps=nvlink_bidir_gbps / 2 * NVLINK_BUSBW_FRACTION,
+        inter_node_gbps=nic_gbps * IB_BUSBW_FRACTION,
+        intra_node_latency_s=NVLINK_LATENCY_S, inter_node_latency_s=IB_LATENCY_S,
+        runtime_overhead_bytes=GPU_RUNTIME_OVERHEAD_BYTES, matmul_efficiency=efficiency,
+        notes="datasheet preset (cost_models/clusters.py)")
+
+
+def _a100_40g() -> ClusterSpec:
+    return _gpu_preset("a100-40g", "A100-SXM4-40GB", A100_40G_MEMORY_BYTES, A100_PEAK_FLOPS,
+                       A100_40G_HBM_GBPS, A100_NVLINK_BIDIR_GBPS, A100_NIC_GBPS,
+                       AMPERE_MATMUL_EFFICIENCY)
+
+
+def _a100_80g() -> ClusterSpec:
+    return _gpu_preset("a100-80g", "A100-SXM4-80GB", A100_80G_MEMORY_BYTES, A100_PEAK_FLOPS,
+                       A100_80G_HBM_GBPS, A100_NVLINK_BIDIR_GBPS, A100_NIC_GBPS,
+                       AMPERE_MATMUL_EFFICIENCY)
+
+
+def _h100_80g() -> ClusterSpec:
+    return _gpu_preset("h100-80g", "H100-SXM5-80GB", H100_80G_MEMORY_BYTES, H100_PEAK_FLOPS,
+                       H100_HBM_GBPS, H100_NVLINK_BIDIR_GBPS, H100_NIC_GBPS,
+                       HOPPER_MATMUL_EFFICIENCY)
+
+
+def _h200() -> ClusterSpec:
+    return _gpu_preset("h200", "H200-SXM-141GB", H200_MEMORY_BYTES, H100_PEAK_FLOPS,
+                       H200_HBM_GBPS, H100_NVLINK_BIDIR_GBPS, H100_NIC_GBPS,
+                       HOPPER_MATMUL_EFFICIENCY)
+
+
+def _local() -> ClusterSpec:
+    flops = measure_matmul_flops()
+    return ClusterSpec(
+        name="local", device="cpu", num_nodes=1, devices_per_node=1,
+        device_memory_bytes=total_memory_bytes(), peak_flops_by_dtype=flops,
+        hbm_gbps=measure_copy_gbps(), intra_node_gbps=LOCAL_GLOO_GBPS,
+        inter_node_gbps=LOCAL_GLOO_GBPS, intra_node_latency_s=LOCAL_GLOO_LATENCY_S,
+        inter_node_latency_s=LOCAL_GLOO_LATENCY_S,
+        runtime_overhead_bytes=LOCAL_RUNTIME_OVERHEAD_BYTES, matmul_efficiency=1.0,
+        notes="this machine: matmul FLOP/s and copy bandwidth measured, links guessed "
+              "(run `planner profile-cluster` to measure them)")
+
+
+PRESETS = {
+    "a100-40g": _a100_40g,
+    "a100-80g": _a100_80g,
+    "h100-80g": _h100_80g,
+    "h200": _h200,
+    "local": _local,
+}
+
+
+def preset_names() -> tuple[str, ...]:
+    return tuple(PRESETS)
+
+
+def get_cluster(name_or_path: str | os.PathLike, nodes: int | None = None,
+                gpus_per_node: int | None = None) -> ClusterSpec:
+    """A preset by name or a spec JSON file by path, resized to `nodes` x `gpus_per_node`.
+
+    On `local`, devices are processes sharing this machine's memory, so each gets
+    total / gpus_per_node.
+    """
+    key = str(name_or_path)
+    if nodes is not None and nodes < 1:
+        raise PlannerError(f"--nodes must be >= 1, got {nodes}")
+    if gpus_per_node is not None and gpus_per_node < 1:
+        raise PlannerError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
+    if key in PRESETS:
+        spec = PRESETS[key]()
+        if key == "local" and gpus_per_node is not None:
+            spec = _share_memory(spec, gpus_per_node)
+    elif key.endswith(".json") or Path(key).is_file():
+        spec = ClusterSpec.load(key)
+    else:
+        raise PlannerError(f"unknown cluster {key!r}: use a preset ({', '.join(PRESETS)}) "
+                           "or a spec JSON file (planner profile-cluster --out spec.json)")
+    return spec.with_nodes(num_nodes=nodes, devices_per_node=gpus_per_node)
+
+
+def _share_memory(spec: ClusterSpec, processes: int) -> ClusterSpec:
+    import dataclasses
+
+    per_process = spec.device_memory_bytes // processes
+    return dataclasses.replace(spec, device_memory_bytes=max(per_process,
+                                                             spec.runtime_overhead_bytes + 1))
+
+
+# ---- measurements of this machine (cached in memory only, never on disk) --------------
+
+
+def total_memory_bytes() -> int:
+    """Physical memory of this machine from /proc/meminfo (MemTotal), else sysconf."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024  # the file counts KiB
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@functools.lru_cache(maxsize=1)
+def measure_matmul_flops(dim: int = LOCAL_MATMUL_DIM,
+                         repeats: int = LOCAL_MATMUL_REPEATS) -> tuple[tuple[str, float], ...]:
+    """Best-of-`repeats` FLOP/s of a dim^3 matmul on this CPU, float32 and bfloat16."""
+    import torch
+
+    out = []
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.randn(dim, dim).to(dtype)
+        b = torch.randn(dim, dim).to(dtype)
+        torch.mm(a, b)  # warm-up: thread pool, kernel selection
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - start)
+        # A dim x dim by dim x dim product is 2*dim^3 FLOPs (one multiply, one add each).
+        out.append((str(dtype).removeprefix("torch."), 2 * dim**3 / max(best, 1e-9)))
+    return tuple(sorted(out))
+
+
+@functools.lru_cache(maxsize=1)
+def measure_copy_gbps(nbytes: int = LOCAL_COPY_BYTES) -> float:
+    """Memory bandwidth of a large tensor copy, counting bytes read plus bytes written."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * nbytes / max(best, 1e-9) / 1e9

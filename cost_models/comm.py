@@ -1,0 +1,222 @@
+"""Communication time: alpha-beta collectives, group placement, and per-layer TP/DP/PP traffic.
+
+Collectives (Thakur et al. 2005; Patarasuk & Yuan 2009; REFERENCES.md), S bytes, n ranks,
+alpha per step, B bytes/s per rank:
+  ring all-reduce        2(n-1)*alpha + 2(n-1)/n * S/B
+  tree all-reduce        2*log2(n)*alpha + 2*S/B          (pipelined double binary tree)
+  all-gather / reduce-scatter / all-to-all   (n-1)*alpha + (n-1)/n * S/B
+  send/recv              alpha + S/B
+All-reduce takes the cheaper of ring and tree for the size, as NCCL's tuner does.
+S is the full (unsharded) tensor for all-gather and reduce-scatter.
+
+Placement: ranks are numbered TP innermost, then DP, then PP (Megatron-LM's default
+order), so a TP group is `tp` consecutive ranks (stride 1), a DP group has stride `tp`,
+and pipeline neighbours are one stage's device count apart. A group spans nodes when
+size * stride > devices_per_node; then each node contributes k = devices_per_node /
+stride members (at least 1), each with its own NIC, and NCCL runs k rings in parallel:
+bandwidth min(intra, k * inter). Measured fits from `planner profile-cluster` replace a
+scope's alpha and bandwidth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ir.cluster import ClusterSpec
+from ir.layer import Layer, TPStyle
+from ir.strategy import Checkpoint, DPMode, LayerStrategy
+
+from cost_models.common import GB, StepConfig
+from cost_models.model_states import BytesPerParam, tp_local_params
+
+# Modules whose output Megatron TP all-reduces in forward (and whose matching
+# column-parallel input all-reduces its gradient in backward): Shoeybi et al. 2019, sec. 3.
+TP_REDUCING_STYLES = (TPStyle.ROWWISE, TPStyle.VOCAB)
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """What a group of ranks sees: per-step latency and per-rank bus bandwidth."""
+
+    alpha_s: float
+    bytes_per_s: float
+    spans_nodes: bool
+
+
+def group_link(cluster: ClusterSpec, size: int, stride: int,
+               collective: str = "all_reduce") -> Link:
+    """Latency and bandwidth of a group of `size` ranks `stride` apart (see module doc)."""
+    spans = size > 1 and size * stride > cluster.devices_per_node
+    fit = cluster.collective_fit(collective, "inter_node" if spans else "intra_node")
+    if fit is not None:
+        return Link(fit.alpha_s, fit.bytes_per_s, spans)
+    if not spans:
+        return Link(cluster.intra_node_latency_s, cluster.intra_node_gbps * GB, False)
+    per_node = max(1, min(size, cluster.devices_per_node // stride))
+    bandwidth = min(cluster.intra_node_gbps, per_node * cluster.inter_node_gbps) * GB
+    return Link(cluster.inter_node_latency_s, bandwidth, True)
+
+
+# ---- collectives ------------------------------------------------------------------------
+
+
+def ring_all_reduce_s(nbytes, n, link: Link):
+    """Ring all-reduce: 2(n-1)*alpha + 2(n-1)/n * S/B (Patarasuk & Yuan 2009)."""
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) * link.alpha_s + 2 * (n - 1) / n * nbytes / link.bytes_per_s
+
+
+def tree_all_reduce_s(nbytes, n, link: Link):
+    """Double binary tree all-reduce: 2*log2(n)*alpha + 2*S/B (NCCL 2.4, pipelined)."""
+    if n <= 1:
+        return 0.0
+    return 2 * math.log2(n) * link.alpha_s + 2 * nbytes / link.bytes_per_s
+
+
+def all_reduce_s(nbytes, n, link: Link):
+    """The cheaper of ring and tree for this size, as NCCL's tuner picks."""
+    return min(ring_all_reduce_s(nbytes, n, link), tree_all_reduce_s(nbytes, n, link))
+
+
+def all_gather_s(nbytes, n, link: Link):
+    """All-gather of an S-byte result: (n-1)*alpha + (n-1)/n * S/B (ring)."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) * link.alpha_s + (n - 1) / n * nbytes / link.bytes_per_s
+
+
+def reduce_scatter_s(nbytes, n, link: Link):
+    """Reduce-scatter of an S-byte input: (n-1)*alpha + (n-1)/n * S/B (ring)."""
+    return all_gather_s(nbytes, n, link)
+
+
+def all_to_all_s(nbytes, n, link: Link):
+    """All-to-all of S bytes per rank: (n-1)*alpha + (n-1)/n * S/B (pairwise exchange)."""
+    return all_gather_s(nbytes, n, link)
+
+
+def send_recv_s(nbytes, link: Link):
+    """Point-to-point: alpha + S/B."""
+    return link.alpha_s + nbytes / link.bytes_per_s
+
+
+def collective_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride: int = 1):
+    """Time of a named collective over a group placed with `stride` (fits respected)."""
+    link = group_link(cluster, n, stride, collective)
+    if collective == "all_reduce":
+        if cluster.collective_fit("all_reduce", "inter_node" if link.spans_nodes
+                                  else "intra_node") is not None:
+            return ring_all_reduce_s(nbytes, n, link)  # the fit was made in ring form
+        return all_reduce_s(nbytes, n, link)
+    if collective == "send_recv":
+        return send_recv_s(nbytes, link) if n > 1 else 0.0
+    return {"all_gather": all_gather_s, "reduce_scatter": reduce_scatter_s,
+            "all_to_all": all_to_all_s}[collective](nbytes, n, link)
+
+
+# ---- per-layer traffic --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LayerComm:
+    """Seconds of communication one layer causes on one rank."""
+
+    tp_forward_s: float  # per micro-batch, blocking
+    tp_backward_s: float  # per micro-batch, blocking (recomputed forward's share included)
+    dp_forward_s: float  # per micro-batch: ZeRO-3 parameter all-gather before forward
+    dp_backward_s: float  # per micro-batch: ZeRO-3 re-gather + ZeRO-2/3 reduce-scatter
+    dp_step_s: float  # once per iteration: gradient all-reduce / ZeRO-1/2 syncs
+
+
+def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
+              config: StepConfig) -> tuple[float, float]:
+    """Megatron TP: one all-reduce per row-parallel (or vocab) module in forward and one in
+    backward (Shoeybi et al. 2019: 2 + 2 per transformer block); with sequence parallelism
+    each becomes an all-gather plus a reduce-scatter (Korthikanti et al. 2022, sec. 4.2.2).
+    Returns (forward_s, backward_s) for one micro-batch."""
+    tp = strategy.tp
+    if tp == 1 or not layer.tp_candidates:
+        return 0.0, 0.0
+    reducing = sum(1 for c in layer.tp_candidates if c.style in TP_REDUCING_STYLES)
+    heads = sum(1 for c in layer.tp_candidates if c.style is TPStyle.HEAD)
+    activation = layer.output_bytes * config.activation_scale  # b*s*h in the compute dtype
+    if strategy.sequence_parallel:
+        ag = collective_s("all_gather", activation, tp, cluster)
+        rs = collective_s("reduce_scatter", activation, tp, cluster)
+        forward = reducing * (ag + rs)
+        backward = reducing * (ag + rs)
+    else:
+        ar = collective_s("all_reduce", activation, tp, cluster)
+        forward = reducing * ar
+        backward = reducing * ar
+    # A vocabulary-parallel head reduces its input's gradient in backward (loss-parallel
+    # forward exchanges only per-token max/sum, which we neglect).
+    backward += heads * collective_s("all_reduce", layer.input_bytes * config.activation_scale,
+                                     tp, cluster)
+    if strategy.checkpoint is Checkpoint.FULL:
+        backward += forward  # the recomputed forward repeats its all-reduces
+    return forward, backward
+
+
+def dp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
+              per_param: BytesPerParam) -> tuple[float, float, float]:
+    """Data-parallel traffic of one layer (ZeRO, Rajbhandari et al. 2019, sec. 7):
+    replicate: all-reduce gradients once per step (2 psi);
+    ZeRO-1: reduce-scatter gradients + all-gather updated parameters per step (2 psi);
+    ZeRO-2: reduce-scatter gradients every micro-batch + all-gather parameters per step;
+    ZeRO-3: all-gather parameters in forward and again in backward, reduce-scatter
+    gradients, every micro-batch (3 psi).
+    Returns (forward_s per micro-batch, backward_s per micro-batch, step_s per iteration)."""
+    dp = strategy.dp
+    if dp == 1:
+        return 0.0, 0.0, 0.0
+    local = tp_local_params(layer.params, layer.tp_params, strategy.tp)
+    param_bytes = local * per_param.params
+    grad_bytes = local * per_param.grads
+    stride = strategy.tp
+    mode = strategy.dp_mode
+    if mode is DPMode.REPLICATE:
+        return 0.0, 0.0, collective_s("all_reduce", grad_bytes, dp, cluster, stride)
+    rs = collective_s("reduce_scatter", grad_bytes, dp, cluster, stride)
+    ag = collective_s("all_gather", param_bytes, dp, cluster, stride)
+    if mode is DPMode.ZERO1:
+        return 0.0, 0.0, rs + ag
+    if mode is DPMode.ZERO2:
+        return 0.0, rs, ag
+    return ag, ag + rs, 0.0
+
+
+def layer_comm(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
+               config: StepConfig, per_param: BytesPerParam) -> LayerComm:
+    tp_f, tp_b = tp_comm_s(layer, strategy, cluster, config)
+    dp_f, dp_b, dp_step = dp_comm_s(layer, strategy, cluster, per_param)
+    return LayerComm(tp_f, tp_b, dp_f, dp_b, dp_step)
+
+
+def p2p_s(nbytes: float, cluster: ClusterSpec, stage_devices: int) -> float:
+    """Pipeline send of a boundary tensor to the next stage, `stage_devices` ranks away."""
+    if nbytes <= 0:
+        return 0.0
+    return collective_s("send_recv", nbytes, 2, cluster, stride=stage_devices)
+
+
+def tp_transition_s(boundary_bytes: float, tp_from: int, tp_to: int, sp_from: bool,
+                    sp_to: bool, cluster: ClusterSpec) -> float:
+    """Forward re-layout of an activation between adjacent layers with different TP/SP
+    layouts (Galvatron's transformation cost, Miao et al. 2022); backward costs the same.
+
+    `boundary_bytes` is one replica's micro-batch activation. A sequence-sharded source
+    is all-gathered over its TP group first. Growing TP from a to b merges the samples
+    of b/a former data-parallel replicas: an all-gather over b/a ranks `a` apart.
+    Shrinking TP, or entering sequence parallelism, is a local slice: free.
+    """
+    seconds = 0.0
+    if sp_from and tp_from > 1:
+        seconds += collective_s("all_gather", boundary_bytes, tp_from, cluster)
+    if tp_to > tp_from:
+        merge = tp_to // tp_from
+        seconds += collective_s("all_gather", boundary_bytes * merge, merge, cluster,
+                                stride=tp_from)
+    return seconds

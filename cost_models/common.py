@@ -1,0 +1,87 @@
+"""Small shared pieces of the cost models: units, dtype sizes, and the per-plan step config.
+
+`StepConfig` holds what is the same for every layer of one plan (micro-batch, precision,
+optimizer, the shape the layer IR was measured with), so per-layer cost functions take
+`(layer, strategy, cluster, config)` and stay pure and cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ir.errors import PlannerError
+from ir.layer import LayerGraph
+from ir.plan import KNOWN_OPTIMIZERS, ParallelPlan
+from ir.strategy import Precision
+
+GiB = 2**30
+MiB = 2**20
+GB = 1e9  # the `*_gbps` fields count 10^9 bytes per second
+
+# Element sizes of the dtypes the IR may be measured in.
+DTYPE_BYTES = {"float64": 8, "float32": 4, "tf32": 4, "bfloat16": 2, "float16": 2,
+               "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def dtype_bytes(name: str) -> int:
+    try:
+        return DTYPE_BYTES[name.removeprefix("torch.")]
+    except KeyError:
+        raise PlannerError(f"unknown dtype {name!r}; known: {', '.join(DTYPE_BYTES)}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class StepConfig:
+    """Plan-wide settings a per-layer cost needs, plus the IR's measurement shape.
+
+    The IR's byte and FLOP figures are for `graph_micro_batch` samples in `graph_dtype`;
+    `activation_scale` converts activation bytes to one micro-batch of `micro_batch`
+    samples in the precision's compute dtype (linear in both); `mask_scale` does the same
+    for dropout masks, which the IR measured in its dtype and CUDA keeps as bytes.
+    """
+
+    micro_batch: int
+    graph_micro_batch: int
+    graph_dtype: str
+    precision: Precision = Precision.BF16_MIXED
+    optimizer: str = "adamw"
+    seq_len: int | None = None  # the IR's sequence length (attention recompute needs it)
+    # Where it runs: "cuda" keeps dropout masks at 1 byte per element (fused kernel);
+    # "cpu" keeps them in the activation dtype, as the IR measured them.
+    device_type: str = "cuda"
+
+    def __post_init__(self) -> None:
+        if self.micro_batch < 1 or self.graph_micro_batch < 1:
+            raise PlannerError(f"micro-batch sizes must be >= 1, got {self.micro_batch} "
+                               f"(plan) and {self.graph_micro_batch} (layer IR)")
+        if self.optimizer not in KNOWN_OPTIMIZERS:
+            raise PlannerError(f"unknown optimizer {self.optimizer!r}; use one of "
+                               f"{', '.join(KNOWN_OPTIMIZERS)}")
+
+    @property
+    def batch_scale(self) -> float:
+        """FLOPs and activations grow linearly with the micro-batch."""
+        return self.micro_batch / self.graph_micro_batch
+
+    @property
+    def dtype_scale(self) -> float:
+        return self.precision.compute_bytes / dtype_bytes(self.graph_dtype)
+
+    @property
+    def activation_scale(self) -> float:
+        return self.batch_scale * self.dtype_scale
+
+    @property
+    def mask_scale(self) -> float:
+        if self.device_type == "cuda":
+            return self.batch_scale / dtype_bytes(self.graph_dtype)  # 1 byte per element
+        return self.activation_scale
+
+    @classmethod
+    def from_plan(cls, graph: LayerGraph, plan: ParallelPlan,
+                  device: str = "cuda") -> StepConfig:
+        """`device` is the cluster's device name ("cpu" or a GPU model)."""
+        return cls(micro_batch=plan.micro_batch, graph_micro_batch=graph.micro_batch,
+                   graph_dtype=graph.dtype, precision=plan.precision,
+                   optimizer=plan.optimizer, seq_len=graph.seq_len,
+                   device_type="cpu" if device.lower() == "cpu" else "cuda")

@@ -1,0 +1,239 @@
+"""Compute time of one layer for one micro-batch: analytic roofline or a measured profile.
+
+Analytic: time = max(FLOPs / (peak x efficiency(GEMM size)), bytes moved / memory bandwidth),
+the roofline of Williams et al. 2009 with a GEMM-size-dependent efficiency. The "GEMM
+size" of a layer is the edge n of the square matmul with the same arithmetic intensity:
+a bf16 n^3 product does 2n^3 FLOPs on 3n^2 elements, so n = 3 * e * (FLOPs / bytes) / 2
+for e-byte elements. Efficiency saturates as n / (n + n_half) up to the device's best
+measured fraction of peak.
+
+Measured: `planner profile MODEL --out profile.json` times each unique layer on a device;
+a profile whose device matches the cluster's overrides the analytic figure (scaled
+linearly to the micro-batch). Either way tensor parallelism divides the TP-able share
+and checkpointing adds recomputation:
+  full      one more forward in backward (Chen et al. 2016; Korthikanti et al. 2022)
+  selective the attention core again: 4*b*s^2*h FLOPs (Narayanan et al. 2021, eq. 2 term)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ir.cluster import ClusterSpec
+from ir.errors import PlannerError
+from ir.layer import Layer
+from ir.strategy import Checkpoint, LayerStrategy
+
+from cost_models.common import GB, StepConfig, dtype_bytes
+
+# n_half per device kind: the square-GEMM edge at which a matmul reaches half of its best
+# throughput. Chosen so an 8192^3 product lands at ~97% of the best measured rate on
+# Hopper (REFERENCES.md: ~795 of 989 TFLOP/s) and small GEMMs fall off as cuBLAS
+# benchmarks show (n = 256 runs at roughly half rate); CPUs saturate much earlier.
+GEMM_HALF_EFFICIENCY_DIM = {"A100": 192.0, "H100": 256.0, "H200": 256.0, "cpu": 24.0}
+DEFAULT_GEMM_HALF_EFFICIENCY_DIM = 256.0
+# Best fraction of peak when the spec does not carry a measured `matmul_efficiency`.
+DEFAULT_MATMUL_EFFICIENCY = 0.8
+# Backward reads and writes about twice what forward does (activation and weight grads).
+BACKWARD_BYTES_FACTOR = 2.0
+# FLOPs of attention's two batched matmuls per layer forward: 4*b*s^2*h (Narayanan et al. 2021).
+ATTENTION_CORE_FLOPS_COEFF = 4
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCompute:
+    """Seconds for ONE micro-batch on one rank."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float  # forward work redone during backward (checkpointing), else 0
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s + self.recompute_s
+
+
+def device_kind(device: str) -> str:
+    """"H100-SXM5-80GB" -> "H100"; anything CPU-like -> "cpu"."""
+    upper = device.upper()
+    for kind in GEMM_HALF_EFFICIENCY_DIM:
+        if kind != "cpu" and kind in upper:
+            return kind
+    return "cpu" if "CPU" in upper or "X86" in upper or "ARM" in upper else device
+
+
+def gemm_efficiency(dim, device: str, max_efficiency: float | None = None):
+    """Fraction of peak a GEMM of edge `dim` reaches: best * n / (n + n_half) (saturation fit)."""
+    n_half = GEMM_HALF_EFFICIENCY_DIM.get(device_kind(device), DEFAULT_GEMM_HALF_EFFICIENCY_DIM)
+    best = DEFAULT_MATMUL_EFFICIENCY if max_efficiency is None else max_efficiency
+    return best * dim / (dim + n_half)
+
+
+def roofline_seconds(flops, nbytes, element_bytes, peak_flops, hbm_bytes_per_s, device,
+                     max_efficiency):
+    """max(compute-bound, memory-bound) time (Williams et al. 2009), efficiency by GEMM size."""
+    intensity = flops / max(nbytes, 1.0)
+    dim = 1.5 * element_bytes * intensity  # square-GEMM edge with this FLOP/byte ratio
+    efficiency = gemm_efficiency(dim, device, max_efficiency)
+    compute_s = flops / (peak_flops * max(efficiency, 1e-6))
+    memory_s = nbytes / hbm_bytes_per_s
+    return max(compute_s, memory_s)
+
+
+def tp_compute_fraction(layer: Layer, strategy: LayerStrategy) -> float:
+    """Share of the layer's work one TP rank does.
+
+    Megatron TP splits every matmul of a TP-able module, attention by heads included; we
+    take the TP-able share of the work as the TP-able share of the parameters. With
+    sequence parallelism the rest (norms, dropout) is split over the sequence as well.
+    """
+    tp = strategy.tp
+    if tp == 1 or not layer.tp_candidates:
+        return 1.0
+    if strategy.sequence_parallel:
+        return 1.0 / tp
+    share = layer.tp_params / layer.params if layer.params else 1.0
+    return 1.0 - share + share / tp
+
+
+def hidden_size(layer: Layer, config: StepConfig) -> float:
+    """h from the boundary tensor: output_bytes = b * s * h * element bytes (one tensor)."""
+    if not config.seq_len:
+        return 0.0
+    return layer.output_bytes / (config.graph_micro_batch * config.seq_len
+                                 * dtype_bytes(config.graph_dtype))
+
+
+def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
+                  config: StepConfig, profile: ComputeProfile | None = None) -> LayerCompute:
+    """Forward, backward and recompute seconds of one layer for one micro-batch."""
+    share = tp_compute_fraction(layer, strategy)
+    measured = profile.lookup(layer) if profile is not None else None
+    if measured is not None:
+        scale = config.micro_batch / measured.micro_batch * share
+        forward_s = measured.forward_seconds * scale
+        backward_s = measured.backward_seconds * scale
+    else:
+        forward_s, backward_s = _analytic_seconds(layer, cluster, config, share)
+    if strategy.checkpoint is Checkpoint.FULL:
+        recompute_s = forward_s
+    elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.saved_attention_bytes:
+        recompute_s = _attention_recompute_seconds(layer, cluster, config, share)
+    else:
+        recompute_s = 0.0
+    return LayerCompute(forward_s, backward_s, recompute_s)
+
+
+def _analytic_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,
+                      share: float) -> tuple[float, float]:
+    dtype = config.precision.compute_dtype
+    element = config.precision.compute_bytes
+    peak = cluster.peak_flops(dtype)
+    hbm = cluster.hbm_gbps * GB
+    # Bytes a forward touches: weights, the input, the output and what it saves.
+    act = (layer.input_bytes + layer.output_bytes + layer.saved_activation_bytes) \
+        * config.activation_scale
+    nbytes = (layer.params * element + act) * share
+    fwd_flops = layer.flops_fwd * config.batch_scale * share
+    bwd_flops = layer.flops_bwd * config.batch_scale * share
+    forward_s = roofline_seconds(fwd_flops, nbytes, element, peak, hbm, cluster.device,
+                                 cluster.matmul_efficiency)
+    backward_s = roofline_seconds(bwd_flops, nbytes * BACKWARD_BYTES_FACTOR, element, peak,
+                                  hbm, cluster.device, cluster.matmul_efficiency)
+    return forward_s, backward_s
+
+
+def _attention_recompute_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,
+                                 share: float) -> float:
+    """Selective recompute redoes QK^T, softmax, dropout and attention x V."""
+    s = config.seq_len or 0
+    flops = ATTENTION_CORE_FLOPS_COEFF * config.micro_batch * s * s * \
+        hidden_size(layer, config) * share
+    nbytes = layer.saved_attention_bytes * config.activation_scale * share
+    return roofline_seconds(flops, nbytes, config.precision.compute_bytes,
+                            cluster.peak_flops(config.precision.compute_dtype),
+                            cluster.hbm_gbps * GB, cluster.device, cluster.matmul_efficiency)
+
+
+# ---- measured profiles ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProfiledLayer:
+    name: str
+    structural_hash: str
+    forward_seconds: float
+    backward_seconds: float
+    micro_batch: int
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeProfile:
+    """Measured layer times from `planner profile` (keyed by structural hash, then name)."""
+
+    device: str  # device type the profile ran on: "cpu" or "cuda"
+    layers: tuple[ProfiledLayer, ...]
+    device_name: str = ""  # e.g. "NVIDIA H100 80GB HBM3", or the CPU's name
+    dtype: str = ""  # dtype the layers ran in
+
+    def lookup(self, layer: Layer) -> ProfiledLayer | None:
+        for entry in self.layers:
+            if entry.structural_hash and entry.structural_hash == layer.structural_hash:
+                return entry
+        for entry in self.layers:
+            if entry.name == layer.name:
+                return entry
+        return None
+
+    def check_matches(self, cluster: ClusterSpec, compute_dtype: str) -> None:
+        """A profile only stands in for the analytic model on the device and dtype it measured."""
+        mine = device_kind(self.device_name or self.device)
+        if self.device.lower() == "cpu":
+            mine = "cpu"
+        theirs = device_kind(cluster.device)
+        if mine != theirs:
+            raise PlannerError(f"the profile was measured on {self.device_name or self.device} "
+                               f"but cluster {cluster.name} is {cluster.device}: profile on "
+                               "the target device or drop --profile")
+        if self.dtype and self.dtype != compute_dtype:
+            raise PlannerError(f"the profile ran in {self.dtype} but the plan computes in "
+                               f"{compute_dtype}: profile with the matching --dtype or change "
+                               "--precision")
+
+    @classmethod
+    def from_dict(cls, data, source: str = "<profile>") -> ComputeProfile:
+        if not isinstance(data, dict) or not isinstance(data.get("layers"), list):
+            raise PlannerError(f"{source}: a profile needs {{\"device\": str, \"layers\": [...]}}")
+        entries = []
+        for i, item in enumerate(data["layers"]):
+            try:
+                entries.append(ProfiledLayer(
+                    name=str(item["name"]), structural_hash=str(item.get("structural_hash", "")),
+                    forward_seconds=float(item["forward_seconds"]),
+                    backward_seconds=float(item["backward_seconds"]),
+                    micro_batch=int(item.get("micro_batch", 1))))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise PlannerError(f"{source}: layers[{i}] is missing or has a bad field "
+                                   f"({exc}); each needs name, structural_hash, "
+                                   "forward_seconds, backward_seconds, micro_batch") from None
+            if entries[-1].micro_batch < 1 or entries[-1].forward_seconds < 0:
+                raise PlannerError(f"{source}: layers[{i}] has a non-positive micro_batch "
+                                   "or negative time")
+        return cls(device=str(data.get("device", "")), layers=tuple(entries),
+                   device_name=str(data.get("device_name", "")),
+                   dtype=str(data.get("dtype", "")))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ComputeProfile:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except OSError as exc:
+            raise PlannerError(f"cannot read profile {path}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise PlannerError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") \
+                from None
+        return cls.from_dict(data, str(path))

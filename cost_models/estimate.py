@@ -1,0 +1,207 @@
+"""One training iteration of a plan: time breakdown, throughput, MFU and per-rank memory.
+
+    estimate(graph, plan, cluster) -> Estimate
+
+Per pipeline rank r and micro-batch (compute.py, comm.py):
+  F_r = sum over its layers of forward compute + TP comm + exposed ZeRO-3 gather
+        + send of its output to the next stage
+  B_r = backward compute + recompute + TP comm + exposed ZeRO-2/3 traffic
+        + send of its input gradient to the previous stage
+Data-parallel traffic overlaps the compute it runs beside with efficiency
+DP_OVERLAP_EFFICIENCY; what it cannot hide is exposed. The pipeline (pipeline.py) turns
+F and B into the iteration; the once-per-step gradient sync adds what the last
+backward could not hide. The breakdown is the critical rank's:
+
+  iteration = m*(compute + tp_comm + pp_comm + exposed per-micro-batch dp) + bubble
+              + exposed per-step dp
+
+so compute + tp_comm + dp_comm + pp_comm + bubble == iteration_seconds exactly.
+MFU counts model FLOPs only, forward + backward without recomputation (Narayanan et
+al. 2021 and Chowdhery et al. 2022: recompute is not useful work).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ir.cluster import ClusterSpec
+from ir.errors import PlannerError
+from ir.layer import LayerGraph
+from ir.plan import ParallelPlan
+from ir.strategy import Schedule
+
+from cost_models.comm import layer_comm, p2p_s
+from cost_models.common import StepConfig
+from cost_models.compute import ComputeProfile, layer_compute
+from cost_models.memory import MemoryEstimate, check_plan_matches, plan_memory, rank_layers
+from cost_models.model_states import bytes_per_param
+from cost_models.pipeline import PipelineTime, pipeline_time
+
+# Share of a compute window that overlapped data-parallel communication can hide. PyTorch
+# DDP (Li et al. 2020) and FSDP overlap bucketed collectives with backward/forward; the
+# communication kernels take SMs and memory bandwidth, and the first bucket only starts
+# once the last layers' gradients exist, so not all of it hides. An assumption to calibrate.
+DP_OVERLAP_EFFICIENCY = 0.8
+
+
+@dataclass(frozen=True, slots=True)
+class StageTime:
+    """Seconds of one pipeline rank for one micro-batch (dp_step_s: once per iteration)."""
+
+    rank: int
+    compute_forward_s: float
+    compute_backward_s: float  # recomputation included
+    recompute_s: float
+    tp_forward_s: float
+    tp_backward_s: float
+    dp_forward_s: float  # exposed
+    dp_backward_s: float  # exposed
+    pp_forward_s: float
+    pp_backward_s: float
+    dp_step_s: float  # exposed, once per iteration
+
+    @property
+    def forward_s(self) -> float:
+        return self.compute_forward_s + self.tp_forward_s + self.dp_forward_s + self.pp_forward_s
+
+    @property
+    def backward_s(self) -> float:
+        return (self.compute_backward_s + self.tp_backward_s + self.dp_backward_s
+                + self.pp_backward_s)
+
+
+@dataclass(frozen=True, slots=True)
+class TimeBreakdown:
+    compute: float
+    tp_comm: float
+    dp_comm: float
+    pp_comm: float
+    bubble: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.tp_comm + self.dp_comm + self.pp_comm + self.bubble
+
+    def to_json(self) -> dict[str, float]:
+        return {"compute": self.compute, "tp_comm": self.tp_comm, "dp_comm": self.dp_comm,
+                "pp_comm": self.pp_comm, "bubble": self.bubble}
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    model: str
+    cluster: str
+    plan: str  # str(plan), for people
+    world_size: int
+    global_batch: int
+    iteration_seconds: float
+    samples_per_second: float
+    tflops_per_device: float
+    mfu: float
+    time: TimeBreakdown
+    memory: MemoryEstimate
+    stage_times: tuple[StageTime, ...]
+    pipeline: PipelineTime
+
+    def to_json(self) -> dict:
+        """The `planner estimate --json` contract (issue 3), plus a few extra keys."""
+        return {"model": self.model, "cluster": self.cluster, "plan": self.plan,
+                "world_size": self.world_size, "global_batch": self.global_batch,
+                "iteration_seconds": self.iteration_seconds,
+                "samples_per_second": self.samples_per_second,
+                "tflops_per_device": self.tflops_per_device, "mfu": self.mfu,
+                "time": self.time.to_json(),
+                "bubble_fraction": self.pipeline.bubble_fraction,
+                "critical_stage": self.pipeline.critical_rank,
+                "memory": self.memory.to_json()}
+
+
+def exposed(comm_s: float, window_s: float) -> float:
+    """Communication left over after hiding behind `window_s` of compute."""
+    return max(0.0, comm_s - DP_OVERLAP_EFFICIENCY * window_s)
+
+
+def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank: int,
+               indices: list[int], config: StepConfig,
+               profile: ComputeProfile | None = None) -> StageTime:
+    """Per-micro-batch seconds of pipeline rank `rank`, holding layers `indices`."""
+    per_param = bytes_per_param(config.precision, config.optimizer)
+    fwd = bwd = rec = tp_f = tp_b = dp_f = dp_b = dp_step = 0.0
+    for j in indices:
+        layer, strategy = graph.layers[j], plan.layer_strategies[j]
+        c = layer_compute(layer, strategy, cluster, config, profile)
+        m = layer_comm(layer, strategy, cluster, config, per_param)
+        fwd += c.forward_s
+        bwd += c.backward_s + c.recompute_s
+        rec += c.recompute_s
+        tp_f += m.tp_forward_s
+        tp_b += m.tp_backward_s
+        dp_f += m.dp_forward_s
+        dp_b += m.dp_backward_s
+        dp_step += m.dp_step_s
+    pp_f = pp_b = 0.0
+    last_stage = len(plan.stages) - 1
+    for i in range(rank, len(plan.stages), plan.pp):
+        stage = plan.stages[i]
+        if i < last_stage:  # forward: send this chunk's output on
+            pp_f += p2p_s(_boundary_bytes(graph, plan, stage.last_layer, config), cluster,
+                          stage.devices)
+        if i > 0:  # backward: send the gradient of this chunk's input back
+            pp_b += p2p_s(_boundary_bytes(graph, plan, stage.first_layer - 1, config),
+                          cluster, stage.devices)
+    return StageTime(rank=rank, compute_forward_s=fwd, compute_backward_s=bwd,
+                     recompute_s=rec, tp_forward_s=tp_f, tp_backward_s=tp_b,
+                     dp_forward_s=exposed(dp_f, fwd), dp_backward_s=exposed(dp_b, bwd),
+                     pp_forward_s=pp_f, pp_backward_s=pp_b,
+                     dp_step_s=exposed(dp_step, bwd))
+
+
+def _boundary_bytes(graph: LayerGraph, plan: ParallelPlan, cut: int,
+                    config: StepConfig) -> float:
+    """Bytes one micro-batch sends across the cut after layer `cut` (sequence-sharded
+    under SP, so each rank sends its 1/t share: Korthikanti et al. 2022 sec. 4.2.2)."""
+    nbytes = graph.crossing_bytes(cut) * config.activation_scale
+    strategy = plan.layer_strategies[cut]
+    if strategy.sequence_parallel and graph.layers[cut].tp_candidates:
+        nbytes /= strategy.tp
+    return nbytes
+
+
+def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
+             profile: ComputeProfile | None = None) -> Estimate:
+    """Time and memory of one iteration of `plan` on `cluster` (see the module docstring)."""
+    check_plan_matches(graph, plan, cluster)
+    if plan.schedule is Schedule.INTERLEAVED and plan.virtual_stages > 1 \
+            and plan.num_microbatches % plan.pp:
+        raise PlannerError(f"the interleaved schedule needs the number of micro-batches "
+                           f"({plan.num_microbatches}) to be a multiple of pp ({plan.pp}): "
+                           "change --global-batch or --micro-batch")
+    if profile is not None:
+        profile.check_matches(cluster, plan.precision.compute_dtype)
+    config = StepConfig.from_plan(graph, plan, cluster.device)
+    m = plan.num_microbatches
+    stages = tuple(stage_time(graph, plan, cluster, r, idx, config, profile)
+                   for r, idx in enumerate(rank_layers(plan)))
+    pipe = pipeline_time([s.forward_s for s in stages], [s.backward_s for s in stages], m,
+                         plan.schedule, plan.virtual_stages)
+    step_sync = max(s.dp_step_s for s in stages)
+    iteration = pipe.iteration_s + step_sync
+    crit = stages[pipe.critical_rank]
+    breakdown = TimeBreakdown(
+        compute=m * (crit.compute_forward_s + crit.compute_backward_s),
+        tp_comm=m * (crit.tp_forward_s + crit.tp_backward_s),
+        dp_comm=m * (crit.dp_forward_s + crit.dp_backward_s) + step_sync,
+        pp_comm=m * (crit.pp_forward_s + crit.pp_backward_s),
+        bubble=pipe.bubble_s)
+    # Model FLOPs: the IR's forward + backward per sample, times the global batch.
+    model_flops = (graph.flops_fwd + graph.flops_bwd) / graph.micro_batch * plan.global_batch
+    world = plan.world_size
+    flops_per_device = model_flops / world / iteration if iteration > 0 else 0.0
+    peak = cluster.peak_flops(plan.precision.compute_dtype)
+    return Estimate(
+        model=graph.model, cluster=cluster.name, plan=str(plan), world_size=world,
+        global_batch=plan.global_batch, iteration_seconds=iteration,
+        samples_per_second=plan.global_batch / iteration if iteration > 0 else 0.0,
+        tflops_per_device=flops_per_device / 1e12, mfu=flops_per_device / peak,
+        time=breakdown, memory=plan_memory(graph, plan, cluster, config),
+        stage_times=stages, pipeline=pipe)

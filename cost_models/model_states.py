@@ -1,0 +1,118 @@
+"""Model states per rank: parameters, gradients and optimizer states, under TP and ZeRO.
+
+Bytes per parameter follow ZeRO (Rajbhandari et al. 2019, section 3.1): mixed-precision
+Adam keeps 2 bytes of 16-bit weights, 2 of 16-bit gradients and K = 12 of optimizer
+state (fp32 master weights, momentum, variance). Tensor parallelism divides only the
+parameters the IR marks TP-able; ZeRO stage z shards optimizer states (z >= 1), gradients
+(z >= 2) and parameters (z >= 3) over the layer's data-parallel group.
+
+`model_state_bytes` is plain arithmetic: every argument may be a numpy array (one entry
+per candidate strategy) and the result is then an array too, for the search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ir.errors import PlannerError
+from ir.layer import Layer
+from ir.strategy import LayerStrategy, Precision
+
+# Bytes one element takes.
+FP32_BYTES = 4
+HALF_BYTES = 2  # bf16 / fp16
+
+# Optimizer moments kept per parameter (PyTorch: AdamW exp_avg + exp_avg_sq, SGD momentum buffer).
+OPTIMIZER_MOMENTS = {"adamw": 2, "adam": 2, "sgd-momentum": 1, "sgd": 0}
+
+
+@dataclass(frozen=True, slots=True)
+class BytesPerParam:
+    """What one parameter costs in each kind of model state."""
+
+    params: float  # weights the forward computes with
+    grads: float
+    optimizer: float  # fp32 master copy (mixed precision only) + moments
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+
+def bytes_per_param(precision: Precision, optimizer: str) -> BytesPerParam:
+    """ZeRO's accounting: mixed Adam 2 + 2 + 12 (K = 12), fp32 Adam 4 + 4 + 8, SGD accordingly."""
+    try:
+        moments = OPTIMIZER_MOMENTS[optimizer]
+    except KeyError:
+        raise PlannerError(f"unknown optimizer {optimizer!r}; use one of "
+                           f"{', '.join(OPTIMIZER_MOMENTS)}") from None
+    if precision is Precision.FP32:
+        # fp32 training: the weights are the master copy, no extra fp32 copy.
+        return BytesPerParam(FP32_BYTES, FP32_BYTES, moments * FP32_BYTES)
+    # ZeRO section 3.1: fp16/bf16 params and grads, fp32 master + fp32 moments (K = 4 + 4m).
+    return BytesPerParam(HALF_BYTES, HALF_BYTES, FP32_BYTES + moments * FP32_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStates:
+    """Model-state bytes one rank holds for one layer (or a sum of layers)."""
+
+    params: float
+    grads: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    def __add__(self, other: ModelStates) -> ModelStates:
+        return ModelStates(self.params + other.params, self.grads + other.grads,
+                           self.optimizer + other.optimizer)
+
+
+def tp_local_params(params, tp_params, tp):
+    """Parameters one TP rank holds: TP divides only the TP-able ones (Megatron-LM)."""
+    return params - tp_params + tp_params / tp
+
+
+def model_state_bytes(params, tp_params, tp, dp, zero_stage,
+                      per_param: BytesPerParam) -> ModelStates:
+    """Per-rank bytes of parameters, gradients and optimizer states.
+
+    ZeRO (Rajbhandari et al. 2019, Figure 1): stage >= 1 divides optimizer states by
+    Nd, >= 2 also gradients, 3 also parameters. Works elementwise on numpy arrays.
+    """
+    local = tp_local_params(params, tp_params, tp)
+    # dp ** (condition) is dp where the stage shards that state and 1 where it does not.
+    opt_shards = dp ** (zero_stage >= 1)
+    grad_shards = dp ** (zero_stage >= 2)
+    param_shards = dp ** (zero_stage >= 3)
+    return ModelStates(params=local * per_param.params / param_shards,
+                       grads=local * per_param.grads / grad_shards,
+                       optimizer=local * per_param.optimizer / opt_shards)
+
+
+def layer_model_states(layer: Layer, strategy: LayerStrategy,
+                       per_param: BytesPerParam) -> ModelStates:
+    """Model states of one layer on one rank under its strategy."""
+    return model_state_bytes(layer.params, layer.tp_params, strategy.tp, strategy.dp,
+                             strategy.dp_mode.stage, per_param)
+
+
+def gathered_param_bytes(layer: Layer, strategy: LayerStrategy,
+                         per_param: BytesPerParam) -> float:
+    """Bytes of one layer's parameters all-gathered over DP (a ZeRO-3/FSDP unit), TP-local."""
+    return tp_local_params(layer.params, layer.tp_params, strategy.tp) * per_param.params
+
+
+def largest_param_tensor(layer: Layer) -> int:
+    """Elements in the layer's largest parameter tensor, as far as the IR tells.
+
+    The IR lists the TP-able modules with their parameter counts (one weight matrix or
+    embedding table each); elsewhere the whole layer is the bound.
+    """
+    if layer.tp_candidates:
+        biggest = max(c.params for c in layer.tp_candidates)
+        rest = layer.params - sum(c.params for c in layer.tp_candidates)
+        return max(biggest, rest)
+    return layer.params
