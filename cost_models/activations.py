@@ -104,8 +104,10 @@ def layer_activations(layer: Layer, strategy: LayerStrategy,
                       config: StepConfig) -> LayerActivations:
     """Activation bytes of `layer` for one micro-batch of `config.micro_batch` samples."""
     scale = config.activation_scale
-    tp = strategy.tp if layer.tp_candidates else 1
-    sp = strategy.sequence_parallel and tp > 1
+    # Sequence parallelism splits every layer over the sequence, TP-able or not (Megatron
+    # runs layer norms and dropout sequence-parallel); TP alone splits only TP-able ones.
+    sp = strategy.sequence_parallel and strategy.tp > 1
+    tp = strategy.tp if layer.tp_candidates or sp else 1
     saved, sharded, attention = scaled_saved_bytes(layer, config)
     kept, recompute = activation_bytes(
         saved, sharded, attention, layer.input_bytes * scale, tp, sp,

@@ -7,6 +7,7 @@ optimizer, the shape the layer IR was measured with), so per-layer cost function
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ir.errors import PlannerError
@@ -80,8 +81,23 @@ class StepConfig:
     @classmethod
     def from_plan(cls, graph: LayerGraph, plan: ParallelPlan,
                   device: str = "cuda") -> StepConfig:
-        """`device` is the cluster's device name ("cpu" or a GPU model)."""
+        """The plan's settings with its `micro_batch` (the largest-dp layers' figure).
+        `device` is the cluster's device name ("cpu" or a GPU model)."""
         return cls(micro_batch=plan.micro_batch, graph_micro_batch=graph.micro_batch,
                    graph_dtype=graph.dtype, precision=plan.precision,
                    optimizer=plan.optimizer, seq_len=graph.seq_len,
                    device_type="cpu" if device.lower() == "cpu" else "cuda")
+
+
+def layer_configs(graph: LayerGraph, plan: ParallelPlan, device: str) -> list[StepConfig]:
+    """One StepConfig per layer: layers with a smaller DP degree see a larger micro-batch
+    (global_batch / (num_microbatches * dp), `ParallelPlan.layer_micro_batch`)."""
+    base = StepConfig.from_plan(graph, plan, device)
+    by_batch = {base.micro_batch: base}
+    out = []
+    for j in range(len(plan.layer_strategies)):
+        b = plan.layer_micro_batch(j)
+        if b not in by_batch:
+            by_batch[b] = dataclasses.replace(base, micro_batch=b)
+        out.append(by_batch[b])
+    return out

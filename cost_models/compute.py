@@ -91,10 +91,10 @@ def tp_compute_fraction(layer: Layer, strategy: LayerStrategy) -> float:
     sequence parallelism the rest (norms, dropout) is split over the sequence as well.
     """
     tp = strategy.tp
-    if tp == 1 or not layer.tp_candidates:
-        return 1.0
-    if strategy.sequence_parallel:
+    if tp > 1 and strategy.sequence_parallel:
         return 1.0 / tp
+    if tp == 1 or not layer.tp_candidates:
+        return 1.0  # a layer without TP-able modules runs replicated in its TP group
     share = layer.tp_params / layer.params if layer.params else 1.0
     return 1.0 - share + share / tp
 

@@ -22,6 +22,7 @@ al. 2021 and Chowdhery et al. 2022: recompute is not useful work).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ir.cluster import ClusterSpec
@@ -30,8 +31,8 @@ from ir.layer import LayerGraph
 from ir.plan import ParallelPlan
 from ir.strategy import Schedule
 
-from cost_models.comm import layer_comm, p2p_s
-from cost_models.common import StepConfig
+from cost_models.comm import layer_comm, p2p_s, tp_transition_s
+from cost_models.common import StepConfig, layer_configs
 from cost_models.compute import ComputeProfile, layer_compute
 from cost_models.memory import MemoryEstimate, check_plan_matches, plan_memory, rank_layers
 from cost_models.model_states import bytes_per_param
@@ -122,13 +123,13 @@ def exposed(comm_s: float, window_s: float) -> float:
 
 
 def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank: int,
-               indices: list[int], config: StepConfig,
+               indices: list[int], configs: Sequence[StepConfig],
                profile: ComputeProfile | None = None) -> StageTime:
     """Per-micro-batch seconds of pipeline rank `rank`, holding layers `indices`."""
-    per_param = bytes_per_param(config.precision, config.optimizer)
+    per_param = bytes_per_param(configs[0].precision, configs[0].optimizer)
     fwd = bwd = rec = tp_f = tp_b = dp_f = dp_b = dp_step = 0.0
     for j in indices:
-        layer, strategy = graph.layers[j], plan.layer_strategies[j]
+        layer, strategy, config = graph.layers[j], plan.layer_strategies[j], configs[j]
         c = layer_compute(layer, strategy, cluster, config, profile)
         m = layer_comm(layer, strategy, cluster, config, per_param)
         fwd += c.forward_s
@@ -139,21 +140,38 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
         dp_f += m.dp_forward_s
         dp_b += m.dp_backward_s
         dp_step += m.dp_step_s
+        # A layout change to the next layer (other TP degree or SP): forward and backward.
+        if j + 1 < len(graph.layers) and plan.stage_of(j + 1) == plan.stage_of(j):
+            relayout = _relayout_s(graph, plan, cluster, j, config)
+            tp_f += relayout
+            tp_b += relayout
     pp_f = pp_b = 0.0
     last_stage = len(plan.stages) - 1
     for i in range(rank, len(plan.stages), plan.pp):
         stage = plan.stages[i]
         if i < last_stage:  # forward: send this chunk's output on
-            pp_f += p2p_s(_boundary_bytes(graph, plan, stage.last_layer, config), cluster,
+            cut = stage.last_layer
+            pp_f += p2p_s(_boundary_bytes(graph, plan, cut, configs[cut]), cluster,
                           stage.devices)
         if i > 0:  # backward: send the gradient of this chunk's input back
-            pp_b += p2p_s(_boundary_bytes(graph, plan, stage.first_layer - 1, config),
-                          cluster, stage.devices)
+            cut = stage.first_layer - 1
+            pp_b += p2p_s(_boundary_bytes(graph, plan, cut, configs[cut]), cluster,
+                          stage.devices)
     return StageTime(rank=rank, compute_forward_s=fwd, compute_backward_s=bwd,
                      recompute_s=rec, tp_forward_s=tp_f, tp_backward_s=tp_b,
                      dp_forward_s=exposed(dp_f, fwd), dp_backward_s=exposed(dp_b, bwd),
                      pp_forward_s=pp_f, pp_backward_s=pp_b,
                      dp_step_s=exposed(dp_step, bwd))
+
+
+def _relayout_s(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, j: int,
+                config: StepConfig) -> float:
+    a, b = plan.layer_strategies[j], plan.layer_strategies[j + 1]
+    if a.tp == b.tp and a.sequence_parallel == b.sequence_parallel:
+        return 0.0
+    nbytes = graph.crossing_bytes(j) * config.activation_scale
+    return tp_transition_s(nbytes, a.tp, b.tp, a.sequence_parallel, b.sequence_parallel,
+                           cluster)
 
 
 def _boundary_bytes(graph: LayerGraph, plan: ParallelPlan, cut: int,
@@ -162,7 +180,7 @@ def _boundary_bytes(graph: LayerGraph, plan: ParallelPlan, cut: int,
     under SP, so each rank sends its 1/t share: Korthikanti et al. 2022 sec. 4.2.2)."""
     nbytes = graph.crossing_bytes(cut) * config.activation_scale
     strategy = plan.layer_strategies[cut]
-    if strategy.sequence_parallel and graph.layers[cut].tp_candidates:
+    if strategy.sequence_parallel:
         nbytes /= strategy.tp
     return nbytes
 
@@ -178,9 +196,9 @@ def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
                            "change --global-batch or --micro-batch")
     if profile is not None:
         profile.check_matches(cluster, plan.precision.compute_dtype)
-    config = StepConfig.from_plan(graph, plan, cluster.device)
+    configs = layer_configs(graph, plan, cluster.device)
     m = plan.num_microbatches
-    stages = tuple(stage_time(graph, plan, cluster, r, idx, config, profile)
+    stages = tuple(stage_time(graph, plan, cluster, r, idx, configs, profile)
                    for r, idx in enumerate(rank_layers(plan)))
     pipe = pipeline_time([s.forward_s for s in stages], [s.backward_s for s in stages], m,
                          plan.schedule, plan.virtual_stages)
@@ -203,5 +221,5 @@ def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
         global_batch=plan.global_batch, iteration_seconds=iteration,
         samples_per_second=plan.global_batch / iteration if iteration > 0 else 0.0,
         tflops_per_device=flops_per_device / 1e12, mfu=flops_per_device / peak,
-        time=breakdown, memory=plan_memory(graph, plan, cluster, config),
+        time=breakdown, memory=plan_memory(graph, plan, cluster, configs),
         stage_times=stages, pipeline=pipe)

@@ -36,7 +36,7 @@ from ir.plan import ParallelPlan
 from ir.strategy import Checkpoint, DPMode, LayerStrategy
 
 from cost_models.activations import LayerActivations, layer_activations
-from cost_models.common import GiB, MiB, StepConfig
+from cost_models.common import GiB, MiB, StepConfig, layer_configs
 from cost_models.model_states import (FP32_BYTES, OPTIMIZER_MOMENTS, BytesPerParam,
                                       ModelStates, bytes_per_param, gathered_param_bytes,
                                       largest_param_tensor, layer_model_states,
@@ -66,6 +66,7 @@ class LayerMemory:
     unsharded_grad_bytes: float  # ZeRO-2/3: the layer's gradient before reduce-scatter
     largest_tensor_params: float  # for the single-tensor optimizer's temporaries
     dp_replicated_grads: float  # gradient bytes reduced through DDP buckets
+    fp32_moment_bytes: float  # one fp32 copy of the rank's optimizer-sharded parameters
 
 
 def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
@@ -82,10 +83,11 @@ def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
     unsharded_grads = local * per_param.grads \
         if sharded and mode in (DPMode.ZERO2, DPMode.ZERO3) else 0.0
     bucketed = states.grads if sharded and mode in (DPMode.REPLICATE, DPMode.ZERO1) else 0.0
+    moment = states.optimizer * FP32_BYTES / per_param.optimizer if per_param.optimizer else 0.0
     return LayerMemory(states=states, activations=layer_activations(layer, strategy, config),
                        gather_unit_bytes=gather, unsharded_grad_bytes=unsharded_grads,
                        largest_tensor_params=largest_param_tensor(layer) / strategy.tp,
-                       dp_replicated_grads=bucketed)
+                       dp_replicated_grads=bucketed, fp32_moment_bytes=moment)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +122,7 @@ def optimizer_step_temp_bytes(layers: Sequence[LayerMemory], optimizer: str,
     if OPTIMIZER_MOMENTS.get(optimizer, 0) < 2:
         return 0.0  # SGD (with or without momentum, no weight decay) updates in place
     if foreach:
-        moment = sum(l.states.optimizer for l in layers) / (
-            1 + OPTIMIZER_MOMENTS[optimizer])  # one fp32 moment-sized buffer (approx.)
-        return ADAM_FOREACH_TEMPORARIES * moment
+        return ADAM_FOREACH_TEMPORARIES * sum(l.fp32_moment_bytes for l in layers)
     biggest = max((l.largest_tensor_params for l in layers), default=0.0)
     return ADAM_SINGLE_TENSOR_TEMPORARIES * biggest * FP32_BYTES
 
@@ -224,9 +224,12 @@ def check_plan_matches(graph: LayerGraph, plan: ParallelPlan,
         raise PlannerError(f"the plan has {len(plan.layer_strategies)} layer strategies but "
                            f"{graph.model} has {len(graph.layers)} layers: plan for this model")
     for layer, strategy in zip(graph.layers, plan.layer_strategies):
-        problem = layer.tp_violation(strategy.tp)
+        # A layer with no TP-able module runs replicated inside its TP group (Megatron's
+        # layer norms); only a TP degree that a TP-able layer cannot split is an error.
+        problem = layer.tp_violation(strategy.tp) if layer.tp_candidates else None
         if problem:
-            raise PlannerError(problem)
+            legal = [t for t in (1, 2, 4, 8, 16, 32, 64) if layer.tp_degree_allowed(t)]
+            raise PlannerError(f"{problem}: use a TP degree in {legal}")
     if cluster is not None and plan.world_size > cluster.world_size:
         raise PlannerError(f"the plan needs {plan.world_size} devices but cluster "
                            f"{cluster.name} has {cluster.world_size} "
@@ -235,17 +238,18 @@ def check_plan_matches(graph: LayerGraph, plan: ParallelPlan,
 
 
 def plan_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
-                config: StepConfig | None = None) -> MemoryEstimate:
+                configs: Sequence[StepConfig] | None = None) -> MemoryEstimate:
     """Peak memory per pipeline rank of `plan` for `graph` on `cluster`."""
     check_plan_matches(graph, plan, cluster)
-    config = config or StepConfig.from_plan(graph, plan, cluster.device)
+    configs = configs or layer_configs(graph, plan, cluster.device)
+    config = configs[0]
     per_param = bytes_per_param(config.precision, config.optimizer)
     foreach = device_uses_foreach(cluster.device)
     stages = []
     for rank, indices in enumerate(rank_layers(plan)):
-        layers = [layer_memory(graph.layers[j], plan.layer_strategies[j], config, per_param)
+        layers = [layer_memory(graph.layers[j], plan.layer_strategies[j], configs[j], per_param)
                   for j in indices]
-        shared = shared_checkpoint_inputs(graph, plan, indices, config)
+        shared = shared_checkpoint_inputs(graph, plan, indices, configs)
         layers = [_without_shared(mem, shared.get(j, 0.0)) for mem, j in zip(layers, indices)]
         in_flight = microbatches_in_flight(plan.schedule, plan.pp, rank,
                                            plan.num_microbatches, plan.virtual_stages)
@@ -257,7 +261,7 @@ def plan_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
 
 
 def shared_checkpoint_inputs(graph: LayerGraph, plan: ParallelPlan, indices: list[int],
-                             config: StepConfig) -> dict[int, float]:
+                             configs: Sequence[StepConfig]) -> dict[int, float]:
     """Input bytes a fully checkpointed layer need not keep because an earlier
     checkpointed layer on the same rank already keeps the same tensor: one layer feeding
     several (T5's encoder output and position bias reach every decoder block). Read off
@@ -277,8 +281,8 @@ def shared_checkpoint_inputs(graph: LayerGraph, plan: ParallelPlan, indices: lis
                 duplicate += min(nbytes, kept_from[src])
             kept_from[src] = max(kept_from.get(src, 0), nbytes)
         if duplicate:
-            sp = strategy.sequence_parallel and graph.layers[j].tp_candidates
-            out[j] = duplicate * config.activation_scale / (strategy.tp if sp else 1)
+            sp = strategy.sequence_parallel
+            out[j] = duplicate * configs[j].activation_scale / (strategy.tp if sp else 1)
     return out
 
 

@@ -1,0 +1,266 @@
+"""Measure this machine's collectives and matmuls and write a cluster spec from them.
+
+`profile_cluster(nproc, backend)` spawns `nproc` processes (torch.multiprocessing, a free
+localhost port), times all-reduce, all-gather, reduce-scatter, all-to-all and send/recv
+over message sizes from 1 KiB up to `max_bytes` (x4 per step), and fits for each
+collective the alpha-beta model the communication model uses (comm.py):
+
+    t(S) = steps(n) * alpha + volume(n, S) / B
+    all-reduce: steps 2(n-1), volume 2(n-1)/n * S   (ring form)
+    all-gather, reduce-scatter, all-to-all: steps n-1, volume (n-1)/n * S
+    send/recv: steps 1, volume S                    (one way, from a ping-pong)
+
+by least squares over the sizes (alpha >= 0, B > 0). S is the full tensor: the output of
+an all-gather, the input of a reduce-scatter. All processes run on this host, so the
+fits are intra-node; the spec reuses them for inter-node until a multi-node profile
+exists. Matmul FLOP/s and copy bandwidth are measured too, and the result is a spec
+`planner estimate --cluster spec.json` accepts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import socket
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ir.cluster import COLLECTIVES, ClusterSpec, CollectiveFit
+from ir.errors import PlannerError
+
+from cost_models.clusters import (GPU_RUNTIME_OVERHEAD_BYTES, LOCAL_RUNTIME_OVERHEAD_BYTES,
+                                  measure_copy_gbps, measure_matmul_flops, total_memory_bytes)
+
+KiB = 2**10
+MiB = 2**20
+DEFAULT_MIN_BYTES = 1 * KiB
+# 256 MiB is the issue's top size; on a 2-core machine gloo moves ~1 GB/s, so 64 MiB keeps
+# a 2-process run near 10 s. Pass --max-bytes 256M for the full sweep.
+DEFAULT_MAX_BYTES = 64 * MiB
+SIZE_FACTOR = 4  # sizes grow x4: 1K, 4K, ..., 64M
+WARMUP = 1  # first call of a size pays for buffer allocation and connection setup
+REPEATS = 3  # median of three
+PROCESS_GROUP_TIMEOUT_S = 120
+FLOAT_BYTES = 4  # messages are float32 tensors
+
+
+def message_sizes(min_bytes: int = DEFAULT_MIN_BYTES, max_bytes: int = DEFAULT_MAX_BYTES,
+                  factor: int = SIZE_FACTOR) -> list[int]:
+    if min_bytes < FLOAT_BYTES or max_bytes < min_bytes:
+        raise PlannerError(f"message sizes must satisfy 4 <= min ({min_bytes}) <= max "
+                           f"({max_bytes}) bytes")
+    sizes, size = [], min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+def algorithm_factors(collective: str, n: int) -> tuple[float, float]:
+    """(latency steps, bytes moved per byte of S) of the ring algorithms in comm.py."""
+    if collective == "all_reduce":
+        return 2 * (n - 1), 2 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return n - 1, (n - 1) / n
+    if collective == "send_recv":
+        return 1, 1.0
+    raise PlannerError(f"unknown collective {collective!r}; use one of {', '.join(COLLECTIVES)}")
+
+
+def fit_alpha_beta(collective: str, n: int, sizes: list[int],
+                   seconds: list[float]) -> tuple[float, float]:
+    """Least-squares alpha (s) and bandwidth (bytes/s) of t = steps*alpha + volume*S/B."""
+    steps, per_byte = algorithm_factors(collective, n)
+    x = np.array([[steps, per_byte * s] for s in sizes], dtype=float)
+    y = np.array(seconds, dtype=float)
+    # Relative error matters at every size: weight each row by 1/t.
+    w = 1.0 / np.maximum(y, 1e-9)
+    (alpha, inv_bw), *_ = np.linalg.lstsq(x * w[:, None], y * w, rcond=None)
+    if inv_bw <= 0:  # latency-bound everywhere: bandwidth from the largest message alone
+        inv_bw = max(y[-1] - steps * max(alpha, 0.0), 1e-12) / (per_byte * sizes[-1])
+    if alpha < 0:  # bandwidth-bound everywhere: refit the slope through the origin
+        alpha = 0.0
+        inv_bw = float(np.dot(x[:, 1] * w, y * w) / np.dot(x[:, 1] * w, x[:, 1] * w))
+    return float(alpha), float(1.0 / inv_bw)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
+            queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world,
+                            timeout=datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S))
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    results: dict[str, list[float]] = {c: [] for c in COLLECTIVES}
+    try:
+        for size in sizes:
+            numel = max(world, size // FLOAT_BYTES) // world * world  # divisible by n
+            full = torch.ones(numel, device=device)
+            shard = torch.ones(numel // world, device=device)
+            out = torch.empty(numel, device=device)
+            ops: dict[str, Callable[[], object]] = {
+                "all_reduce": lambda: dist.all_reduce(full),
+                "all_gather": lambda: all_gather(out, shard),
+                "reduce_scatter": lambda: reduce_scatter(shard, full),
+                "all_to_all": lambda: dist.all_to_all_single(out, full),
+                "send_recv": lambda: _ping_pong(dist, rank, full),
+            }
+            for name, op in ops.items():
+                times = []
+                for i in range(WARMUP + REPEATS):
+                    dist.barrier()
+                    sync()
+                    start = time.perf_counter()
+                    op()
+                    sync()
+                    elapsed = time.perf_counter() - start
+                    if i >= WARMUP:
+                        times.append(elapsed / 2 if name == "send_recv" else elapsed)
+                results[name].append(statistics.median(times))
+            del full, shard, out
+        if rank == 0:
+            queue.put(results)
+    finally:
+        dist.destroy_process_group()
+
+
+def _ping_pong(dist, rank: int, tensor) -> None:
+    """Rank 0 sends to rank 1 and gets it back: twice the one-way time."""
+    if rank == 0:
+        dist.send(tensor, 1)
+        dist.recv(tensor, 1)
+    elif rank == 1:
+        dist.recv(tensor, 0)
+        dist.send(tensor, 0)
+
+
+def measure_collectives(nproc: int, backend: str, sizes: list[int]) -> dict[str, list[float]]:
+    """Median seconds per collective and size, measured on `nproc` spawned processes."""
+    import torch.multiprocessing as mp
+
+    if nproc < 2:
+        raise PlannerError(f"--nproc must be >= 2 to measure collectives, got {nproc}")
+    if backend not in ("gloo", "nccl"):
+        raise PlannerError(f"--backend must be gloo or nccl, got {backend!r}")
+    if backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise PlannerError("--backend nccl needs CUDA devices; none is visible here "
+                               "(use --backend gloo)")
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = _free_port()
+    try:
+        mp.start_processes(_worker, args=(nproc, port, backend, sizes, queue), nprocs=nproc,
+                           join=True, start_method="spawn")
+    except Exception as exc:  # a worker failed: one line, the cause
+        raise PlannerError(f"profile-cluster: a worker process failed: "
+                           f"{str(exc).strip().splitlines()[-1]}") from None
+    if queue.empty():
+        raise PlannerError("profile-cluster: rank 0 returned no measurements")
+    return queue.get()
+
+
+def _device_info(backend: str, nproc: int) -> tuple[str, int, tuple, float, int]:
+    """(device name, memory per device, peak FLOP/s, memory GB/s, runtime overhead)."""
+    if backend == "nccl":
+        import torch
+
+        props = torch.cuda.get_device_properties(0)
+        return (props.name, int(props.total_memory), _cuda_matmul_flops(),
+                _cuda_copy_gbps(), GPU_RUNTIME_OVERHEAD_BYTES)
+    return ("cpu", total_memory_bytes() // nproc, measure_matmul_flops(),
+            measure_copy_gbps(), LOCAL_RUNTIME_OVERHEAD_BYTES)
+
+
+# The matmul edge and copy size on a GPU: REFERENCES.md's 8192^3 product and a 1 GiB copy.
+CUDA_MATMUL_DIM = 8192
+CUDA_COPY_BYTES = 1 << 30
+
+
+def _cuda_matmul_flops() -> tuple[tuple[str, float], ...]:
+    import torch
+
+    out = []
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        a = torch.randn(CUDA_MATMUL_DIM, CUDA_MATMUL_DIM, device="cuda", dtype=dtype)
+        b = torch.randn_like(a)
+        torch.mm(a, b)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(REPEATS):
+            torch.mm(a, b)
+        torch.cuda.synchronize()
+        seconds = (time.perf_counter() - start) / REPEATS
+        out.append((str(dtype).removeprefix("torch."), 2 * CUDA_MATMUL_DIM**3 / seconds))
+    return tuple(sorted(out))
+
+
+def _cuda_copy_gbps() -> float:
+    import torch
+
+    src = torch.empty(CUDA_COPY_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(REPEATS):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    return 2 * CUDA_COPY_BYTES * REPEATS / (time.perf_counter() - start) / 1e9
+
+
+def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_MAX_BYTES,
+                    min_bytes: int = DEFAULT_MIN_BYTES, name: str = "local-profiled"
+                    ) -> tuple[ClusterSpec, dict]:
+    """Measure and fit; returns the spec and the raw table {collective: [(bytes, s), ...]}."""
+    sizes = message_sizes(min_bytes, max_bytes)
+    if len(sizes) < 2:
+        raise PlannerError(f"need at least two message sizes to fit alpha and beta; "
+                           f"raise --max-bytes above {min_bytes * SIZE_FACTOR}")
+    measured = measure_collectives(nproc, backend, sizes)
+    fits = []
+    for collective in COLLECTIVES:
+        alpha, bandwidth = fit_alpha_beta(collective, nproc, sizes, measured[collective])
+        fits.append(CollectiveFit(collective, "intra_node", alpha, bandwidth, nproc))
+    device, memory, flops, copy_gbps, overhead = _device_info(backend, nproc)
+    all_reduce = fits[0]
+    spec = ClusterSpec(
+        name=name, device=device, num_nodes=1, devices_per_node=nproc,
+        device_memory_bytes=memory, peak_flops_by_dtype=flops, hbm_gbps=copy_gbps,
+        intra_node_gbps=all_reduce.bytes_per_s / 1e9,
+        inter_node_gbps=all_reduce.bytes_per_s / 1e9,
+        intra_node_latency_s=all_reduce.alpha_s, inter_node_latency_s=all_reduce.alpha_s,
+        runtime_overhead_bytes=overhead, matmul_efficiency=1.0,
+        collective_fits=tuple(fits) + tuple(
+            CollectiveFit(f.collective, "inter_node", f.alpha_s, f.bytes_per_s, nproc)
+            for f in fits),
+        notes=(f"measured by planner profile-cluster --nproc {nproc} --backend {backend} on "
+               f"{platform.node() or 'this host'} ({platform.machine()}, {os.cpu_count()} "
+               f"CPUs), sizes {sizes[0]}..{sizes[-1]} bytes; inter-node figures copy the "
+               "intra-node fits (single host)"))
+    raw = {c: list(zip(sizes, measured[c])) for c in COLLECTIVES}
+    return spec, raw

@@ -1,0 +1,66 @@
+"""`planner profile-cluster --nproc N [--backend gloo|nccl] [--out spec.json]`: measure
+collectives and matmuls here and write a cluster spec.
+
+    planner profile-cluster --nproc 2 --out spec.json
+    planner estimate gpt-tiny --cluster spec.json --dp 2
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from cost_models.profile_cluster import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, profile_cluster
+from ir.errors import PlannerError
+from planner.fmt import human_bytes, table
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+    """'64M' -> 67108864; plain integers are bytes."""
+    raw = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = raw[-1:] if raw[-1:] in _UNITS else ""
+    try:
+        return int(float(raw[:-1] if unit else raw) * _UNITS[unit])
+    except ValueError:
+        raise PlannerError(f"cannot read {text!r} as a size; use e.g. 4096, 64K, 256M") from None
+
+
+def register(sub) -> None:
+    p = sub.add_parser("profile-cluster", help="measure collectives and matmuls, write a spec",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--nproc", type=int, required=True, help="processes to spawn (>= 2)")
+    p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    p.add_argument("--min-bytes", default=str(DEFAULT_MIN_BYTES), help="smallest message (1K)")
+    p.add_argument("--max-bytes", default="64M",
+                   help=f"largest message ({human_bytes(DEFAULT_MAX_BYTES)}; 256M for the "
+                        "full sweep)")
+    p.add_argument("--name", default="local-profiled", help="cluster name in the spec")
+    p.add_argument("--out", default=None, help="write the spec JSON here")
+    p.add_argument("--json", action="store_true", help="print the spec JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    print(f"profiling {args.nproc} processes on {args.backend} ...", file=sys.stderr)
+    spec, raw = profile_cluster(args.nproc, args.backend, max_bytes=parse_bytes(args.max_bytes),
+                                min_bytes=parse_bytes(args.min_bytes), name=args.name)
+    if args.out:
+        spec.save(args.out)
+    if args.json:
+        print(spec.to_json())
+        return 0
+    rows = []
+    for fit in spec.collective_fits:
+        if fit.scope != "intra_node":
+            continue
+        largest = raw[fit.collective][-1]
+        rows.append([fit.collective, f"{fit.alpha_s * 1e6:.1f}", f"{fit.bytes_per_s / 1e9:.3f}",
+                     human_bytes(largest[0]), f"{largest[1] * 1e3:.2f}"])
+    print(table(["collective", "alpha us", "GB/s", "largest", "ms"], rows))
+    flops = ", ".join(f"{d} {f / 1e9:.1f} GFLOP/s" for d, f in spec.peak_flops_by_dtype)
+    print(f"matmul: {flops}; memory copy {spec.hbm_gbps:.1f} GB/s")
+    if args.out:
+        print(f"spec written to {args.out} (use: planner estimate MODEL --cluster {args.out})")
+    return 0

@@ -1,0 +1,116 @@
+"""`planner estimate`, `planner memory` and `planner profile-cluster` end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ir.cluster import ClusterSpec
+from planner.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_estimate_json_contract(capsys):
+    code, out, _ = run(capsys, "estimate", "gpt-tiny", "--cluster", "h100-80g", "--tp", "2",
+                       "--pp", "2", "--micro-batch", "2", "--global-batch", "16", "--json")
+    assert code == 0
+    d = json.loads(out)
+    for key, kind in [("iteration_seconds", float), ("samples_per_second", float),
+                      ("tflops_per_device", float), ("mfu", float)]:
+        assert isinstance(d[key], kind)
+    assert set(d["time"]) >= {"compute", "tp_comm", "dp_comm", "pp_comm", "bubble"}
+    mem = d["memory"]
+    assert isinstance(mem["peak_bytes"], int) and isinstance(mem["device_bytes"], int)
+    assert mem["fits"] is True and len(mem["stages"]) == 2
+    stage = mem["stages"][0]
+    assert isinstance(stage["stage"], int) and isinstance(stage["peak_bytes"], int)
+    assert set(stage["breakdown"]) == {"params", "grads", "optimizer", "activations",
+                                       "buffers", "overhead"}
+    assert sum(stage["breakdown"].values()) == stage["peak_bytes"]
+    assert d["world_size"] == 8  # dp defaults to world / (tp * pp) = 2
+    assert sum(d["time"].values()) == pytest.approx(d["iteration_seconds"])
+
+
+def test_estimate_table_and_local_default_precision(capsys):
+    code, out, _ = run(capsys, "estimate", "gpt-tiny")
+    assert code == 0
+    assert "fp32" in out.splitlines()[0]  # local: CPU, fp32 by default
+    assert "iteration" in out and "MFU" in out and "fits:" in out
+
+
+def test_memory_json_chart_and_does_not_fit(capsys, tmp_path):
+    chart = tmp_path / "memory.png"
+    code, out, _ = run(capsys, "memory", "gpt3-175b", "--cluster", "a100-80g", "--tp", "8",
+                       "--chart", str(chart))
+    assert code == 0 and chart.stat().st_size > 1000
+    assert "does not fit: needs " in out and "GiB of 80.0 GiB on stage 0" in out
+    assert "--pp 8 --nodes 8" in out  # what would make it fit
+    code, out, _ = run(capsys, "memory", "gpt-tiny", "--cluster", "a100-80g", "--json")
+    d = json.loads(out)
+    assert set(d) >= {"peak_bytes", "device_bytes", "fits", "stages"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["estimate", "gpt-tiny", "--cluster", "h100"], "unknown cluster 'h100'"),
+    (["estimate", "gpt-tiny", "--tp", "3"], "--tp 3 x --pp 1 = 3 does not divide"),
+    (["estimate", "gpt-tiny", "--cluster", "h100-80g", "--tp", "8"],
+     "does not divide heads=4: use a TP degree in [1, 2, 4]"),
+    (["estimate", "gpt-tiny", "--cluster", "h100-80g", "--dp", "16"], "add --nodes"),
+    (["estimate", "gpt-tiny", "--cluster", "h100-80g", "--sequence-parallel"],
+     "--sequence-parallel needs --tp > 1"),
+    (["estimate", "gpt-tiny", "--cluster", "h100-80g", "--global-batch", "12"],
+     "--global-batch 12 is not a multiple of --dp 8"),
+    (["estimate", "gpt-tiny", "--cluster", "h100-80g", "--micro-batch", "0"],
+     "--micro-batch must be >= 1"),
+    (["estimate", "gpt-tiny", "--schedule", "interleaved"], "needs --pp > 1"),
+    (["estimate", "gpt-tiny", "--plan", "missing.json"], "does not exist"),
+    (["estimate", "--plan", "missing.json", "--tp", "2"], "--tp cannot be combined with --plan"),
+    (["estimate"], "name a MODEL"),
+    (["estimate", "nosuchmodel"], "unknown model"),
+    (["memory", "gpt-tiny", "--cluster", "missing.json"], "cannot read cluster spec"),
+])
+def test_cli_errors_are_one_line(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2, (out, err)
+    assert err.startswith("planner: error: ") and message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_plan_file_is_priced(capsys, tmp_path):
+    from cost_models.clusters import get_cluster
+    from ir.plan import PlanDocument, save_plan, uniform_plan
+    from planner.models import load_layer_graph
+
+    graph = load_layer_graph("gpt-tiny")
+    cluster = get_cluster("h100-80g")
+    plan = uniform_plan(len(graph.layers), tp=2, dp=4, zero=3, global_batch=8)
+    doc = PlanDocument(plan, graph.model, graph.fingerprint, tuple(l.name for l in graph.layers),
+                       cluster.to_dict())
+    path = tmp_path / "plan.json"
+    save_plan(doc, path)
+    code, out, err = run(capsys, "estimate", "--plan", str(path), "--json")
+    assert code == 0, err
+    assert json.loads(out)["world_size"] == 8
+
+
+def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path):
+    spec_path = tmp_path / "spec.json"
+    code, out, err = run(capsys, "profile-cluster", "--nproc", "2", "--max-bytes", "64K",
+                         "--out", str(spec_path))
+    assert code == 0, err
+    spec = ClusterSpec.load(spec_path)
+    assert spec.world_size == 2 and spec.device == "cpu"
+    assert {f.collective for f in spec.collective_fits} == {
+        "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
+    assert all(f.bytes_per_s > 0 and f.alpha_s >= 0 for f in spec.collective_fits)
+    code, out, err = run(capsys, "estimate", "gpt-tiny", "--cluster", str(spec_path),
+                         "--micro-batch", "2", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["world_size"] == 2 and d["time"]["dp_comm"] > 0

@@ -1,0 +1,108 @@
+"""Cluster specs: presets, JSON round trip, validation, and the measured profile-cluster."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from cost_models.clusters import get_cluster, preset_names
+from cost_models.profile_cluster import fit_alpha_beta, message_sizes
+from ir.cluster import ClusterSpec, CollectiveFit
+from ir.errors import PlannerError
+
+
+def test_presets_carry_datasheet_numbers():
+    a100 = get_cluster("a100-80g")
+    assert (a100.num_nodes, a100.devices_per_node, a100.world_size) == (1, 8, 8)
+    assert a100.peak_flops("bfloat16") == 312e12
+    assert a100.device_memory_bytes == 80 * 2**30
+    assert 200 <= a100.intra_node_gbps <= 230  # REFERENCES: all-reduce busbw in a node
+    assert get_cluster("a100-40g").device_memory_bytes == 40 * 2**30
+    h100 = get_cluster("h100-80g", nodes=4)
+    assert h100.world_size == 32 and h100.peak_flops("bfloat16") == 989e12
+    assert get_cluster("h200").device_memory_bytes > 140e9
+    assert get_cluster("h200").hbm_gbps == 4800
+    with pytest.raises(PlannerError, match="no peak FLOP/s for float8"):
+        h100.peak_flops("float8")
+
+
+def test_local_preset_is_measured():
+    local = get_cluster("local")
+    assert local.device == "cpu" and local.world_size == 1
+    assert local.peak_flops("float32") > 1e9
+    assert local.device_memory_bytes > 2**30
+    two = get_cluster("local", gpus_per_node=2)
+    assert two.world_size == 2
+    assert two.device_memory_bytes == local.device_memory_bytes // 2
+
+
+def test_unknown_preset_lists_the_known_ones():
+    with pytest.raises(PlannerError) as err:
+        get_cluster("h100")
+    for name in preset_names():
+        assert name in str(err.value)
+    with pytest.raises(PlannerError, match="--nodes must be >= 1"):
+        get_cluster("h200", nodes=0)
+
+
+def test_json_round_trip_and_atomic_save(tmp_path):
+    spec = dataclasses.replace(
+        get_cluster("h100-80g", nodes=2),
+        collective_fits=(CollectiveFit("all_reduce", "intra_node", 1e-5, 2e11, 8),))
+    path = tmp_path / "spec.json"
+    spec.save(path)
+    assert ClusterSpec.load(path) == spec
+    assert os.listdir(tmp_path) == ["spec.json"]  # no temporary left behind
+    data = json.loads(path.read_text())
+    assert data["schema"] == "planner.cluster/v1"
+    assert data["peak_flops_by_dtype"]["bfloat16"] == 989e12
+    assert get_cluster(str(path), nodes=4).world_size == 32
+    hash(spec)  # frozen and hashable
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"devices_per_node": 0}, "devices_per_node must be a positive integer"),
+    ({"intra_node_gbps": "fast"}, "'intra_node_gbps' must be a number"),
+    ({"peak_flops_by_dtype": {}}, "peak_flops_by_dtype is empty"),
+    ({"matmul_efficiency": 1.5}, "matmul_efficiency must be in"),
+    ({"colour": "blue"}, "unknown field 'colour'"),
+    ({"collective_fits": [{"collective": "broadcast", "scope": "intra_node",
+                           "alpha_s": 0, "bytes_per_s": 1}]}, "unknown collective"),
+])
+def test_bad_specs_name_the_field_and_file(tmp_path, edit, message):
+    data = get_cluster("a100-80g").to_dict()
+    data.update(edit)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlannerError) as err:
+        ClusterSpec.load(path)
+    assert str(path) in str(err.value) and message in str(err.value)
+
+
+def test_missing_field_and_bad_json(tmp_path):
+    data = get_cluster("a100-80g").to_dict()
+    del data["hbm_gbps"]
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlannerError, match="missing field 'hbm_gbps'"):
+        ClusterSpec.load(path)
+    path.write_text("{not json")
+    with pytest.raises(PlannerError, match="not valid JSON"):
+        ClusterSpec.load(path)
+    with pytest.raises(PlannerError, match="cannot read cluster spec"):
+        ClusterSpec.load(tmp_path / "absent.json")
+
+
+def test_alpha_beta_fit_recovers_a_known_line():
+    sizes = message_sizes(1024, 64 << 20)
+    assert sizes[0] == 1024 and sizes[-1] == 64 << 20 and len(sizes) == 9
+    n, alpha, bandwidth = 4, 20e-6, 3e9
+    times = [2 * (n - 1) * alpha + 2 * (n - 1) / n * s / bandwidth for s in sizes]
+    got_alpha, got_bw = fit_alpha_beta("all_reduce", n, sizes, times)
+    assert got_alpha == pytest.approx(alpha, rel=1e-6)
+    assert got_bw == pytest.approx(bandwidth, rel=1e-6)
+    with pytest.raises(PlannerError):
+        message_sizes(1024, 512)

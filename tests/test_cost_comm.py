@@ -1,0 +1,140 @@
+"""Communication model: alpha-beta collectives, placement, per-layer TP/DP/PP traffic."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from cost_models.clusters import get_cluster
+from cost_models.comm import (Link, all_gather_s, all_reduce_s, all_to_all_s, collective_s,
+                              dp_comm_s, group_link, reduce_scatter_s, ring_all_reduce_s,
+                              send_recv_s, tp_comm_s, tp_transition_s, tree_all_reduce_s)
+from cost_models.common import GB, StepConfig
+from cost_models.model_states import bytes_per_param
+from cost_models.synthetic import gpt_layer_graph
+from ir.cluster import CollectiveFit
+from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
+
+LINK = Link(alpha_s=5e-6, bytes_per_s=100e9, spans_nodes=False)
+
+
+def test_ring_all_reduce_formula():
+    n, size = 8, 1 << 30
+    expected = 2 * (n - 1) * 5e-6 + 2 * (n - 1) / n * size / 100e9
+    assert ring_all_reduce_s(size, n, LINK) == pytest.approx(expected)
+
+
+def test_gather_scatter_all_to_all_and_p2p_formulas():
+    n, size = 16, 256 << 20
+    expected = (n - 1) * 5e-6 + (n - 1) / n * size / 100e9
+    assert all_gather_s(size, n, LINK) == pytest.approx(expected)
+    assert reduce_scatter_s(size, n, LINK) == pytest.approx(expected)
+    assert all_to_all_s(size, n, LINK) == pytest.approx(expected)
+    assert send_recv_s(size, LINK) == pytest.approx(5e-6 + size / 100e9)
+    # Reduce-scatter + all-gather move what a ring all-reduce moves.
+    assert reduce_scatter_s(size, n, LINK) + all_gather_s(size, n, LINK) == \
+        pytest.approx(ring_all_reduce_s(size, n, LINK))
+
+
+def test_all_reduce_takes_tree_for_small_and_ring_for_large_messages():
+    n = 64
+    small, large = 4096, 1 << 30
+    assert tree_all_reduce_s(small, n, LINK) < ring_all_reduce_s(small, n, LINK)
+    assert all_reduce_s(small, n, LINK) == tree_all_reduce_s(small, n, LINK)
+    assert tree_all_reduce_s(small, n, LINK) == pytest.approx(
+        2 * math.log2(n) * 5e-6 + 2 * small / 100e9)
+    # Ring wins once its smaller bandwidth term outweighs its extra latency steps:
+    # S > B * n * alpha * ((n - 1) - log2 n), 16 MB at n = 8 here.
+    assert all_reduce_s(large, 8, LINK) == ring_all_reduce_s(large, 8, LINK)
+    assert all_reduce_s(8 << 20, 8, LINK) == tree_all_reduce_s(8 << 20, 8, LINK)
+    assert all_reduce_s(large, 1, LINK) == 0.0
+
+
+def test_group_placement_inside_and_across_nodes():
+    cluster = get_cluster("a100-80g", nodes=4)
+    inside = group_link(cluster, 8, 1)
+    assert not inside.spans_nodes and inside.bytes_per_s == cluster.intra_node_gbps * GB
+    # DP group with TP = 8 innermost: one member per node, one NIC each.
+    strided = group_link(cluster, 4, 8)
+    assert strided.spans_nodes
+    assert strided.bytes_per_s == pytest.approx(cluster.inter_node_gbps * GB)
+    assert strided.alpha_s == cluster.inter_node_latency_s
+    # All 32 ranks: 8 members per node drive 8 NICs (~190 GB/s across DGX-A100 nodes).
+    wide = group_link(cluster, 32, 1)
+    assert wide.bytes_per_s / GB == pytest.approx(190, rel=0.01)
+    # TP = 2: 4 members per node.
+    assert group_link(cluster, 16, 2).bytes_per_s == pytest.approx(
+        4 * cluster.inter_node_gbps * GB)
+
+
+def test_measured_fits_replace_the_spec_figures():
+    cluster = dataclasses.replace(
+        get_cluster("a100-80g"),
+        collective_fits=(CollectiveFit("all_reduce", "intra_node", 1e-3, 1e9),))
+    size = 1e8
+    assert collective_s("all_reduce", size, 8, cluster) == pytest.approx(
+        2 * 7 * 1e-3 + 2 * 7 / 8 * size / 1e9)
+    # Other collectives keep the spec's link.
+    plain = get_cluster("a100-80g")
+    assert collective_s("all_gather", size, 8, cluster) == collective_s("all_gather", size, 8,
+                                                                        plain)
+
+
+@pytest.fixture()
+def block_and_config():
+    graph = gpt_layer_graph(layers=1, hidden=4096, heads=32, vocab=1024, seq=2048)
+    config = StepConfig(micro_batch=1, graph_micro_batch=1, graph_dtype="bfloat16",
+                        seq_len=2048)
+    return graph.layers[1], config
+
+
+def test_megatron_tp_two_all_reduces_each_way(block_and_config):
+    block, config = block_and_config
+    cluster = get_cluster("h100-80g")
+    sbh2 = 2048 * 4096 * 2  # one b*s*h activation in bf16
+    ar = collective_s("all_reduce", sbh2, 8, cluster)
+    fwd, bwd = tp_comm_s(block, LayerStrategy(tp=8), cluster, config)
+    assert fwd == pytest.approx(2 * ar) and bwd == pytest.approx(2 * ar)
+    # Sequence parallel: all-gather + reduce-scatter in place of each all-reduce.
+    fwd_sp, bwd_sp = tp_comm_s(block, LayerStrategy(tp=8, sequence_parallel=True), cluster,
+                               config)
+    ag = collective_s("all_gather", sbh2, 8, cluster)
+    rs = collective_s("reduce_scatter", sbh2, 8, cluster)
+    assert fwd_sp == pytest.approx(2 * (ag + rs)) and bwd_sp == pytest.approx(2 * (ag + rs))
+    # Full recompute repeats the forward's all-reduces in backward.
+    _, bwd_ckpt = tp_comm_s(block, LayerStrategy(tp=8, checkpoint=Checkpoint.FULL), cluster,
+                            config)
+    assert bwd_ckpt == pytest.approx(4 * ar)
+    assert tp_comm_s(block, LayerStrategy(), cluster, config) == (0.0, 0.0)
+
+
+def test_zero_traffic_volumes(block_and_config):
+    block, _ = block_and_config
+    cluster = get_cluster("h100-80g")
+    per_param = bytes_per_param(Precision.BF16_MIXED, "adamw")
+    psi = block.params * 2  # bytes of bf16 parameters (= bf16 gradients)
+    ar = collective_s("all_reduce", psi, 8, cluster)
+    ag = collective_s("all_gather", psi, 8, cluster)
+    rs = collective_s("reduce_scatter", psi, 8, cluster)
+
+    def comm(mode):
+        return dp_comm_s(block, LayerStrategy(dp=8, dp_mode=mode), cluster, per_param)
+
+    assert comm(DPMode.REPLICATE) == (0.0, 0.0, pytest.approx(ar))  # 2 psi per step
+    assert comm(DPMode.ZERO1)[2] == pytest.approx(rs + ag)  # 2 psi per step
+    assert comm(DPMode.ZERO2) == (0.0, pytest.approx(rs), pytest.approx(ag))
+    fwd, bwd, step = comm(DPMode.ZERO3)  # 3 psi per micro-batch
+    assert (fwd, bwd, step) == (pytest.approx(ag), pytest.approx(ag + rs), 0.0)
+
+
+def test_tp_transition_costs():
+    cluster = get_cluster("h100-80g")
+    size = 1 << 24
+    assert tp_transition_s(size, 4, 4, False, False, cluster) == 0.0
+    assert tp_transition_s(size, 4, 2, False, False, cluster) == 0.0  # a local slice
+    assert tp_transition_s(size, 2, 8, False, False, cluster) == pytest.approx(
+        collective_s("all_gather", 4 * size, 4, cluster, stride=2))
+    assert tp_transition_s(size, 4, 4, True, False, cluster) == pytest.approx(
+        collective_s("all_gather", size, 4, cluster))

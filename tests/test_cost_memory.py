@@ -1,0 +1,224 @@
+"""Memory model: ZeRO model states, Korthikanti activations, schedules, measured peaks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from cost_models.activations import layer_activations
+from cost_models.clusters import get_cluster
+from cost_models.common import StepConfig
+from cost_models.memory import layer_memory, plan_memory
+from cost_models.memory_tracker import LiveTensorTracker, measure_training_peak
+from cost_models.model_states import bytes_per_param, model_state_bytes
+from cost_models.pipeline import microbatches_in_flight
+from cost_models.synthetic import gpt_layer_graph, korthikanti_block_bytes
+from ir.errors import PlannerError
+from ir.plan import ParallelPlan, uniform_plan
+from ir.strategy import Checkpoint, LayerStrategy, Precision, Schedule, Stage
+
+GB = 1e9
+TOLERANCE = 0.02  # issue 3: within 2% of the published figures
+
+
+# ---- ZeRO (Rajbhandari et al. 2019, Figure 1: 7.5B parameters, Nd = 64) -------------------
+
+@pytest.mark.parametrize("stage, expected_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.88)])
+def test_zero_model_states_match_the_paper(stage, expected_gb):
+    per_param = bytes_per_param(Precision.BF16_MIXED, "adamw")
+    assert (per_param.params, per_param.grads, per_param.optimizer) == (2, 2, 12)  # K = 12
+    states = model_state_bytes(7.5e9, 0, 1, 64, stage, per_param)
+    assert states.total / GB == pytest.approx(expected_gb, rel=TOLERANCE)
+
+
+def test_zero_through_a_plan_on_a_synthetic_model():
+    # One big layer of 7.5B parameters, dp = 64: the plan-level report shows the same split.
+    graph = gpt_layer_graph(layers=1, hidden=64, heads=4, vocab=128, seq=16)
+    big = dataclasses.replace(graph.layers[1], params=7_500_000_000, tp_params=0)
+    graph = dataclasses.replace(graph, layers=(graph.layers[0], big, graph.layers[2]))
+    cluster = get_cluster("a100-80g", nodes=8)
+    for stage, expected in [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.88)]:
+        plan = uniform_plan(3, dp=64, zero=stage, global_batch=64)
+        mem = plan_memory(graph, plan, cluster).stages[0]
+        states = layer_memory(big, plan.layer_strategies[1],
+                              StepConfig.from_plan(graph, plan)).states
+        assert states.total / GB == pytest.approx(expected, rel=TOLERANCE)
+        assert mem.params + mem.optimizer >= states.params + states.optimizer - 1e6
+
+
+def test_optimizer_and_precision_bytes():
+    assert bytes_per_param(Precision.FP32, "adamw").total == 16  # 4 + 4 + 8, no master copy
+    assert bytes_per_param(Precision.FP32, "sgd").total == 8
+    assert bytes_per_param(Precision.FP32, "sgd-momentum").total == 12
+    assert bytes_per_param(Precision.BF16_MIXED, "sgd").total == 8  # 2 + 2 + fp32 master
+    assert bytes_per_param(Precision.FP16_MIXED, "sgd-momentum").total == 12
+    with pytest.raises(PlannerError, match="unknown optimizer"):
+        bytes_per_param(Precision.FP32, "lion")
+
+
+def test_model_state_kernel_is_vectorised():
+    per_param = bytes_per_param(Precision.BF16_MIXED, "adamw")
+    stages = np.array([0, 1, 2, 3])
+    tps = np.array([1, 2, 4, 8])
+    got = model_state_bytes(1e9, 8e8, tps, 8, stages, per_param)
+    for i in range(4):
+        one = model_state_bytes(1e9, 8e8, int(tps[i]), 8, int(stages[i]), per_param)
+        assert got.total[i] == pytest.approx(one.total)
+
+
+def test_tp_divides_only_tp_params():
+    per_param = bytes_per_param(Precision.BF16_MIXED, "adamw")
+    states = model_state_bytes(1000, 800, 4, 1, 0, per_param)
+    assert states.total == pytest.approx((200 + 800 / 4) * 16)
+
+
+# ---- Korthikanti et al. 2022, activations per transformer layer -----------------------------
+
+def korthikanti(s, b, h, a, t, sp, ckpt):
+    sbh = s * b * h
+    if ckpt == "full":
+        return 2 * sbh / (t if sp else 1)
+    if ckpt == "selective":
+        return 34 * sbh / t if sp else sbh * (10 + 24 / t)
+    if sp:
+        return sbh * (34 / t + 5 * a * s / (h * t))
+    return sbh * (10 + 24 / t + 5 * a * s / (h * t))
+
+
+CASES = [(1, False, "none"), (2, False, "none"), (8, False, "none"), (8, True, "none"),
+         (4, False, "selective"), (4, True, "selective"), (1, False, "full"),
+         (4, True, "full")]
+
+
+@pytest.mark.parametrize("t, sp, ckpt", CASES)
+def test_korthikanti_synthetic_block(t, sp, ckpt):
+    s, b, h, a = 2048, 1, 12288, 96
+    graph = gpt_layer_graph(layers=1, hidden=h, heads=a, vocab=51200, seq=s, micro_batch=b)
+    block = graph.layers[1]
+    config = StepConfig(micro_batch=b, graph_micro_batch=b, graph_dtype="bfloat16",
+                        seq_len=s, device_type="cuda")
+    got = layer_activations(block, LayerStrategy(tp=t, sequence_parallel=sp,
+                                                 checkpoint=Checkpoint(ckpt)), config)
+    assert got.kept_bytes == pytest.approx(korthikanti(s, b, h, a, t, sp, ckpt), rel=TOLERANCE)
+
+
+@pytest.fixture(scope="module")
+def zoo_gpt_block():
+    from planner.models import load_layer_graph
+
+    s, b, h, a = 128, 2, 256, 8
+    graph = load_layer_graph(f"gpt:layers=2,hidden={h},heads={a},vocab=512,seq={s}",
+                             micro_batch=b, dtype=torch.bfloat16)
+    return graph, graph.layers[1], (s, b, h, a)
+
+
+@pytest.mark.parametrize("t, sp, ckpt", CASES)
+def test_korthikanti_traced_zoo_gpt(zoo_gpt_block, t, sp, ckpt):
+    """The traced zoo GPT block (bf16, dropout on) priced for CUDA (1-byte masks)."""
+    graph, block, (s, b, h, a) = zoo_gpt_block
+    assert block.kind == "Block"
+    config = StepConfig(micro_batch=b, graph_micro_batch=graph.micro_batch,
+                        graph_dtype=graph.dtype, seq_len=graph.seq_len, device_type="cuda")
+    got = layer_activations(block, LayerStrategy(tp=t, sequence_parallel=sp,
+                                                 checkpoint=Checkpoint(ckpt)), config)
+    assert got.kept_bytes == pytest.approx(korthikanti(s, b, h, a, t, sp, ckpt), rel=TOLERANCE)
+
+
+def test_activations_scale_with_micro_batch_and_dtype():
+    graph = gpt_layer_graph(layers=1, hidden=64, heads=4, vocab=128, seq=32, micro_batch=2)
+    block = graph.layers[1]
+    base = StepConfig(micro_batch=2, graph_micro_batch=2, graph_dtype="bfloat16",
+                      precision=Precision.BF16_MIXED, seq_len=32, device_type="cpu")
+    one = layer_activations(block, LayerStrategy(), base).kept_bytes
+    assert one == block.saved_activation_bytes  # CPU keeps masks as measured
+    four = layer_activations(block, LayerStrategy(), dataclasses.replace(base, micro_batch=8))
+    assert four.kept_bytes == pytest.approx(4 * one)
+    fp32 = dataclasses.replace(base, precision=Precision.FP32)
+    assert layer_activations(block, LayerStrategy(), fp32).kept_bytes == pytest.approx(2 * one)
+    assert korthikanti_block_bytes(32, 2, 64, 4) < one  # CUDA's 1-byte masks are smaller
+
+
+# ---- schedules -----------------------------------------------------------------------------
+
+def test_microbatches_in_flight():
+    assert [microbatches_in_flight(Schedule.ONE_F_ONE_B, 4, r, 8) for r in range(4)] == \
+        [4, 3, 2, 1]
+    assert microbatches_in_flight(Schedule.ONE_F_ONE_B, 4, 0, 2) == 2  # fewer than p
+    assert microbatches_in_flight(Schedule.GPIPE, 4, 3, 8) == 8
+    # Korthikanti sec. 4.2.3: rank 0 of the interleaved schedule holds p(1 + (p-1)/(p v)).
+    p, v = 4, 2
+    assert microbatches_in_flight(Schedule.INTERLEAVED, p, 0, 16, v) == \
+        pytest.approx(p * (1 + (p - 1) / (p * v)))
+
+
+def test_pipeline_stage_memory_follows_1f1b():
+    graph = gpt_layer_graph(layers=8, hidden=1024, heads=16, vocab=1024, seq=1024)
+    cluster = get_cluster("h100-80g")
+    plan = uniform_plan(len(graph.layers), pp=4, dp=2, micro_batch=1, global_batch=16,
+                        stage_boundaries=(3, 5, 7))
+    mem = plan_memory(graph, plan, cluster)
+    acts = [s.activations for s in mem.stages]
+    block = korthikanti_block_bytes(1024, 1, 1024, 16)  # CUDA: 1-byte dropout masks
+    # Stages 1 and 2 hold two blocks each; 1F1B keeps 3 and 2 micro-batches in flight.
+    assert acts[1] / acts[2] == pytest.approx(3 / 2, rel=0.01)
+    assert acts[1] == pytest.approx(3 * 2 * block, rel=0.05)
+    gpipe = plan_memory(graph, dataclasses.replace(plan, schedule=Schedule.GPIPE), cluster)
+    assert gpipe.stages[2].activations == pytest.approx(8 * acts[2] / 2, rel=0.01)
+
+
+def test_breakdown_sums_to_peak_and_fit_message():
+    graph = gpt_layer_graph(layers=4, hidden=4096, heads=32, vocab=32000, seq=4096)
+    cluster = get_cluster("a100-40g")
+    mem = plan_memory(graph, uniform_plan(6, micro_batch=4, global_batch=4), cluster)
+    for s in mem.stages:
+        assert sum(s.breakdown().values()) == s.peak_bytes
+    assert not mem.fits
+    assert mem.shortfall().startswith("does not fit: needs ")
+    assert "GiB of 40.0 GiB on stage 0" in mem.shortfall()
+
+
+def test_plan_for_another_model_is_rejected():
+    graph = gpt_layer_graph(layers=2, hidden=64, heads=4, vocab=128, seq=16)
+    with pytest.raises(PlannerError, match="layer strategies"):
+        plan_memory(graph, uniform_plan(7), get_cluster("h100-80g"))
+    with pytest.raises(PlannerError, match="does not divide heads=4"):
+        plan_memory(graph, uniform_plan(4, tp=8), get_cluster("h100-80g"))
+
+
+# ---- the yardstick: live tensor bytes of real training steps --------------------------------
+
+def test_tracker_counts_storages_once_and_frees_them():
+    with LiveTensorTracker() as mem:
+        a = torch.zeros(1000)  # 4000 bytes
+        view = a.view(10, 100)
+        b = a + 1
+        assert mem.live_bytes == 8000
+        del b
+        assert mem.live_bytes == 4000
+        del a, view
+        assert mem.live_bytes == 0
+    assert mem.peak_bytes == 8000
+
+
+def test_predicted_peak_matches_measured_training_step():
+    """gpt-tiny, fp32, AdamW, one real CPU training step: prediction within 5%."""
+    from planner.models import load_layer_graph, load_model
+
+    spec, b = "gpt-tiny", 4
+    graph = load_layer_graph(spec, micro_batch=b, dtype=torch.float32)
+
+    def build():
+        m = load_model(spec, micro_batch=b, device="cpu", seed=0)
+        return m.module, m.inputs, m.target, m.loss_fn
+
+    measured = measure_training_peak(build, steps=2).peak_bytes
+    n = len(graph.layers)
+    plan = ParallelPlan(stages=(Stage(0, n - 1, 1),), layer_strategies=(LayerStrategy(),) * n,
+                        global_batch=b, micro_batch=b, num_microbatches=1,
+                        precision=Precision.FP32, optimizer="adamw")
+    stage = plan_memory(graph, plan, get_cluster("local")).stages[0]
+    predicted = stage.peak_bytes - stage.overhead
+    assert predicted == pytest.approx(measured, rel=0.05)
