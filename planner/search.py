@@ -1,0 +1,652 @@
+"""Search per-layer strategies and pipeline stages: Galvatron's dynamic program, exact.
+
+For one outer candidate (p pipeline ranks of D = world/p devices, a schedule, m
+micro-batches; `search_space.outer_candidates`) we solve
+
+    minimise    Pipe(T_0, ..., T_{p-1})
+    over        contiguous stages (cut only at the IR's cut points) and a strategy s_i
+                per layer (`search_space.layer_strategies`)
+    subject to  sum_{i in stage r} mem_r(i, s_i) <= U_r    and   transient(i, s_i) <= cap
+
+where, per layer and micro-batch (priced once per unique layer by `_price`):
+    t(i, s)      compute forward + backward + recompute (cost_models.compute), TP
+                 collectives and exposed ZeRO traffic (cost_models.comm), plus the
+                 exposed per-iteration gradient sync divided by m
+    mem_r(i, s)  params + grads + optimizer states + k_r x kept activations, k_r the
+                 micro-batches in flight on rank r (cost_models.pipeline)
+    x(j, a, b)   forward + backward re-layout between layers j and j+1 when their
+                 (TP, SP) layouts a, b differ (cost_models.comm.tp_transition_s)
+    transient    one layer's recompute working set, gradient flow, ZeRO-3 gathered units
+                 and unsharded gradients: the max-type buffers of cost_models.memory,
+                 bounded by `cap` (a few caps are tried, `_transient_caps`)
+    U_r          (device memory - runtime overhead - DP buckets - cap) in buckets
+and T_r = sum of t and x over the stage + the p2p sends at its edges (`_stage_cost`).
+Pipe is 1F1B's sum_r T_r + (m-1) max_r T_r (cost_models.pipeline.pipeline_time).
+
+Inner recurrence, one stage, memory in buckets (`_extend`):
+    C[i][c][u] = min over s with layout(s) = c of
+                 min_{c'} ( C[i-1][c'][u - mem(i, s)] + x(i-1, c', c) ) + t(i, s)
+    C[first][c][u] = min { t(first, s) : layout(s) = c, mem(first, s) <= u }
+so C[i][c][u] is the least time of the stage's first layers up to i, ending in layout c,
+within u buckets. T*(a, b, r) = min_c C[b][c][U_r] + p2p.
+
+Outer recurrence, the stage partition (`_partition`), exact:
+    F[r][b] = Pareto set over (sum, max) of F[r-1][a-1] (+) T*(a, b, r),  a-1 a cut point
+    answer  = min over F[p-1][L-1] of  sum + (m-1) max.
+
+A stage's table is cached by the run of (structural hash, boundary bytes) it covers, so
+96 identical blocks cost one table per length, not one per position. Interleaved 1F1B
+(v chunks per rank) uses stages of equal compute with the inner program per chunk.
+
+Every candidate's optimum is then priced by the full model (`cost_models.estimate`),
+which decides; the uniform baselines are priced the same way, so the chosen plan is
+never worse than any uniform plan in the space.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cost_models.comm import layer_comm, p2p_s, tp_transition_s
+from cost_models.common import StepConfig
+from cost_models.compute import ComputeProfile, layer_compute
+from cost_models.estimate import Estimate, estimate, exposed
+from cost_models.memory import (DP_BUCKET_BYTES, DP_BUCKETS_IN_FLIGHT, ZERO3_UNITS_IN_FLIGHT,
+                                layer_memory)
+from cost_models.model_states import bytes_per_param
+from cost_models.pipeline import microbatches_in_flight
+from ir.cluster import ClusterSpec
+from ir.errors import PlannerError
+from ir.layer import LayerGraph
+from ir.plan import ParallelPlan
+from ir.strategy import Schedule, Stage
+from planner.search_space import (OuterCandidate, SearchOptions, layer_strategies,
+                                  model_tp_degrees, outer_candidates)
+
+INF = math.inf
+
+
+@dataclass
+class LayerTable:
+    """One layer's legal strategies under one outer candidate, priced (arrays over s)."""
+
+    strategies: list
+    time_s: np.ndarray  # per micro-batch, see t(i, s)
+    state_bytes: np.ndarray  # params + grads + optimizer states
+    kept_bytes: np.ndarray  # activations kept per micro-batch
+    transient_bytes: np.ndarray
+    layout: np.ndarray  # index into the candidate's layouts (tp, sp)
+    micro_batch: np.ndarray  # samples per replica per micro-batch
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """The optimum of one outer candidate: a plan, its DP objective and its estimate."""
+
+    outer: OuterCandidate
+    plan: ParallelPlan
+    objective_s: float
+    estimate: Estimate
+
+
+@dataclass
+class SearchResult:
+    best: Candidate | None
+    candidates: list[Candidate]  # feasible ones, best first
+    stats: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------- pricing a layer
+
+
+def _price(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, options: SearchOptions,
+           global_batch: int, profile, cache: dict) -> tuple[list[LayerTable], list[tuple]]:
+    """Price every layer's strategies; identical layers share one table."""
+    stage_devices = cluster.world_size // cand.pp
+    samples = global_batch // cand.num_microbatches
+    per_param = bytes_per_param(options.precision, options.optimizer)
+    sequence_model = graph.seq_len is not None
+    layouts: dict[tuple, int] = {}
+    tables = []
+    degrees_key = ("tp-degrees", stage_devices)
+    if degrees_key not in cache:
+        cache[degrees_key] = model_tp_degrees(graph, stage_devices, options.max_tp)
+    for layer in graph.layers:
+        key = (layer.structural_hash, layer.params, stage_devices, samples, cand.num_microbatches)
+        if key not in cache:
+            strategies = layer_strategies(layer, stage_devices, samples, options, sequence_model,
+                                          cache[degrees_key])
+            rows = []
+            for s in strategies:
+                config = _config(graph, options, cluster, samples // s.dp)
+                c = layer_compute(layer, s, cluster, config, profile)
+                comm = layer_comm(layer, s, cluster, config, per_param)
+                mem = layer_memory(layer, s, config, per_param)
+                fwd, bwd = c.forward_s, c.backward_s + c.recompute_s
+                t = (fwd + bwd + comm.tp_forward_s + comm.tp_backward_s
+                     + exposed(comm.dp_forward_s, fwd) + exposed(comm.dp_backward_s, bwd)
+                     + exposed(comm.dp_step_s, bwd) / cand.num_microbatches)
+                states = mem.states.params + mem.states.grads + mem.states.optimizer
+                transient = (mem.activations.recompute_bytes + mem.activations.grad_flow_bytes
+                             + ZERO3_UNITS_IN_FLIGHT * mem.gather_unit_bytes
+                             + mem.unsharded_grad_bytes)
+                rows.append((t, states, mem.activations.kept_bytes, transient, samples // s.dp))
+            rows = np.array(rows, dtype=float).reshape(-1, 5)
+            keep = _undominated(strategies, rows)
+            cache[key] = ([strategies[i] for i in keep], rows[keep])
+        strategies, rows = cache[key]
+        layout = np.array([layouts.setdefault((s.tp, s.sequence_parallel), len(layouts))
+                           for s in strategies], dtype=np.int64)
+        tables.append(LayerTable(strategies, rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3],
+                                 layout, rows[:, 4]))
+    order = sorted(layouts, key=layouts.get)
+    return tables, order
+
+
+def _undominated(strategies: list, rows: np.ndarray) -> list[int]:
+    """Drop a strategy when another of the same (TP, SP) layout is no worse on time, state,
+    kept and transient bytes (and better on one): swapping it in never hurts, so the
+    optimum is unchanged."""
+    keep = []
+    costs = rows[:, :4]
+    for i, s in enumerate(strategies):
+        dominated = False
+        for j, o in enumerate(strategies):
+            if j == i or (o.tp, o.sequence_parallel) != (s.tp, s.sequence_parallel):
+                continue
+            if np.all(costs[j] <= costs[i]) and (np.any(costs[j] < costs[i]) or j < i):
+                dominated = True
+                break
+        if not dominated:
+            keep.append(i)
+    return keep
+
+
+def _config(graph: LayerGraph, options: SearchOptions, cluster: ClusterSpec,
+            micro_batch: int) -> StepConfig:
+    return StepConfig(micro_batch=max(1, micro_batch), graph_micro_batch=graph.micro_batch,
+                      graph_dtype=graph.dtype, precision=options.precision,
+                      optimizer=options.optimizer, seq_len=graph.seq_len,
+                      device_type="cpu" if cluster.device.lower() == "cpu" else "cuda")
+
+
+def _crossing_bytes(graph: LayerGraph, cache: dict) -> list[float]:
+    """Bytes crossing the cut after each layer (one pass over the edges)."""
+    if "crossing" not in cache:
+        diff = np.zeros(len(graph.layers) + 1)
+        for src, dst, nbytes in graph.edges:
+            diff[src] += nbytes
+            diff[dst] -= nbytes
+        cache["crossing"] = [float(x) for x in np.cumsum(diff)[:-1]]
+    return cache["crossing"]
+
+
+def _transitions(graph: LayerGraph, cluster: ClusterSpec, options: SearchOptions,
+                 layouts: list[tuple], micro_batch: int, cache: dict,
+                 crossing: list[float]) -> list[np.ndarray]:
+    """x(j, a, b) for every j: the re-layout after layer j, forward plus backward."""
+    out = []
+    scale = _config(graph, options, cluster, micro_batch).activation_scale
+    for j in range(len(graph.layers)):
+        nbytes = crossing[j] * scale
+        key = (nbytes, tuple(layouts))
+        if key not in cache:
+            n = len(layouts)
+            x = np.zeros((n, n))
+            for a, (tp_a, sp_a) in enumerate(layouts):
+                for b, (tp_b, sp_b) in enumerate(layouts):
+                    if (tp_a, sp_a) != (tp_b, sp_b):
+                        x[a, b] = 2 * tp_transition_s(nbytes, tp_a, tp_b, sp_a, sp_b, cluster)
+            cache[key] = x
+        out.append(cache[key])
+    return out
+
+
+# ------------------------------------------------------------ the inner program
+
+
+@dataclass
+class _Node:
+    """C[b] for one stage prefix: values (layouts x buckets) and back-pointers."""
+
+    value: np.ndarray
+    back_s: np.ndarray | None  # strategy index chosen at the last layer
+    back_c: np.ndarray | None  # layout of the previous layer
+    parent: "_Node | None"
+    mem_units: np.ndarray  # the last layer's bucket cost per strategy
+
+
+def _extend(parent: _Node | None, table: LayerTable, x_in: np.ndarray | None, k: float,
+            bucket_bytes: float, cap: float, n_layouts: int, units: int) -> _Node:
+    """One step of the inner recurrence (module docstring)."""
+    mem = np.ceil((table.state_bytes + k * table.kept_bytes) / bucket_bytes - 1e-9)
+    mem = np.where(table.transient_bytes <= cap, mem, units + 1).astype(np.int64)
+    value = np.full((n_layouts, units + 1), INF)
+    back_s = np.full((n_layouts, units + 1), -1, dtype=np.int32)
+    back_c = np.full((n_layouts, units + 1), -1, dtype=np.int16)
+    if parent is None:
+        entry = np.zeros((n_layouts, units + 1))
+        entry_from = np.full((n_layouts, units + 1), -1, dtype=np.int16)
+    else:  # min over the previous layout c' of C[i-1][c'][u] + x(c', c)
+        both = parent.value[:, None, :] + x_in[:, :, None]
+        entry_from = both.argmin(axis=0).astype(np.int16)
+        entry = np.take_along_axis(both, entry_from[None].astype(np.int64), axis=0)[0]
+    u = np.arange(units + 1)
+    for c in np.unique(table.layout):
+        idx = np.flatnonzero((table.layout == c) & (mem <= units))
+        if idx.size == 0:
+            continue
+        src = u[None, :] - mem[idx][:, None]  # (strategies, buckets): bucket before this layer
+        ok = src >= 0
+        src = np.where(ok, src, 0)
+        vals = np.where(ok, entry[c][src] + table.time_s[idx][:, None], INF)
+        pick = vals.argmin(axis=0)
+        value[c] = vals[pick, u]
+        finite = np.isfinite(value[c])
+        back_s[c] = np.where(finite, idx[pick], -1)
+        back_c[c] = np.where(finite, entry_from[c][src[pick, u]], -1)
+    return _Node(value, back_s, back_c, parent, mem)
+
+
+def _walk_back(node: _Node, tables: list[LayerTable], first: int, last: int, layout: int,
+               u: int) -> list:
+    """The strategies of layers first..last that reach `node`'s value at (layout, u)."""
+    chosen = []
+    for i in range(last, first - 1, -1):
+        s = int(node.back_s[layout, u])
+        chosen.append(tables[i].strategies[s])
+        prev_layout = int(node.back_c[layout, u])
+        u -= int(node.mem_units[s])
+        layout, node = prev_layout, node.parent
+    return chosen[::-1]
+
+
+class _StageSolver:
+    """T*(a, b, r): the inner program over layers a..b for a rank with k in flight.
+
+    A node is interned by (its parent node, the next layer's content), so ranges with the
+    same run of layers share one table wherever they sit in the model."""
+
+    def __init__(self, graph, tables, transitions, n_layouts, units, bucket_bytes, cap,
+                 crossing: list[float]):
+        self.graph, self.tables, self.transitions = graph, tables, transitions
+        self.n_layouts, self.units, self.bucket, self.cap = n_layouts, units, bucket_bytes, cap
+        self.by_range: dict[tuple, _Node] = {}
+        self.by_content: dict[tuple, _Node] = {}
+        self.best_cache: dict[tuple, tuple[float, int]] = {}
+        self.extensions = 0
+        # A layer's content inside a stage: its hash and the bytes crossing into it.
+        self.elems = [(l.structural_hash, crossing[i - 1] if i else 0.0)
+                      for i, l in enumerate(graph.layers)]
+
+    def node(self, a: int, b: int, k: float) -> _Node:
+        node = self.by_range.get((a, b, k))
+        if node is not None:
+            return node
+        parent = self.node(a, b - 1, k) if b > a else None
+        content = (k, id(parent), self.elems[b] if parent is not None else self.elems[b][0])
+        node = self.by_content.get(content)
+        if node is None:
+            x_in = self.transitions[b - 1] if parent is not None else None
+            node = _extend(parent, self.tables[b], x_in, k, self.bucket, self.cap,
+                           self.n_layouts, self.units)
+            self.by_content[content] = node
+            self.extensions += 1
+        self.by_range[(a, b, k)] = node
+        return node
+
+    def best(self, a: int, b: int, k: float) -> tuple[float, int]:
+        key = (a, b, k)
+        hit = self.best_cache.get(key)
+        if hit is None:
+            column = self.node(a, b, k).value[:, self.units]
+            c = int(column.argmin())
+            hit = self.best_cache[key] = (float(column[c]), c)
+        return hit
+
+
+# ------------------------------------------------------------ the partition program
+
+
+def _edge_costs(crossing: list[float], cluster, stage_devices, scale) -> list[float]:
+    """p2p seconds of sending the activation after layer j (and its gradient back)."""
+    return [p2p_s(nbytes * scale, cluster, stage_devices) for nbytes in crossing]
+
+
+def _stage_edges_s(edges: list[float], a: int, b: int) -> float:
+    """A stage sends its output forward (not the last) and its input's gradient back."""
+    return (edges[b] if b < len(edges) - 1 else 0.0) + (edges[a - 1] if a > 0 else 0.0)
+
+
+def _partition(graph, solver: _StageSolver, cand: OuterCandidate, ks: list[float],
+               edge_cost) -> tuple[float, list[tuple[int, int, int]]] | None:
+    """Exact stage partition minimising sum T + (m-1) max T (module docstring).
+
+    A front entry is (sum, max, previous entry, first layer, last layer, layout)."""
+    n, p, m = len(graph.layers), cand.pp, cand.num_microbatches
+    cut_set = set(graph.cut_points)
+    ends = [b for b in range(n) if b in cut_set or b == n - 1]
+    starts = [0] + [c + 1 for c in graph.cut_points]
+    front: dict[int, list] = {}
+    for b in ends:
+        t, c = solver.best(0, b, ks[0])
+        t += edge_cost(0, b)
+        if t < INF:
+            front[b] = [(t, t, None, 0, b, c)]
+    for r in range(1, p):
+        new: dict[int, list] = {}
+        for b in ends:
+            if b > n - 1 - (p - 1 - r):
+                continue  # the later ranks need a layer each
+            options = []
+            for a in starts:
+                if a > b:
+                    break
+                if a < r or (a - 1) not in front:
+                    continue
+                t, c = solver.best(a, b, ks[r])
+                if t == INF:
+                    continue
+                t += edge_cost(a, b)
+                options.extend((e[0] + t, max(e[1], t), e, a, b, c) for e in front[a - 1])
+            if options:
+                new[b] = _pareto(options)
+        front = new
+    final = front.get(n - 1)
+    if not final:
+        return None
+    entry = min(final, key=lambda e: e[0] + (m - 1) * e[1])
+    objective = entry[0] + (m - 1) * entry[1]
+    stages = []
+    while entry is not None:
+        stages.append((entry[3], entry[4], entry[5]))
+        entry = entry[2]
+    return objective, stages[::-1]
+
+
+def _pareto(options: list) -> list:
+    """Keep entries no other beats on both sum and max."""
+    options.sort(key=lambda e: (e[0], e[1]))
+    out, best_max = [], INF
+    for e in options:
+        if e[1] < best_max:
+            out.append(e)
+            best_max = e[1]
+    return out
+
+
+# ------------------------------------------------------------------ one candidate
+
+
+def _transient_caps(tables: list[LayerTable], levels: int) -> list[float]:
+    """Caps on the max-type transient buffers: every plan needs at least the largest of
+    the layers' smallest transients; try up to `levels` values from there to the top."""
+    floor = max(float(t.transient_bytes.min()) for t in tables)
+    values = sorted({float(v) for t in tables for v in t.transient_bytes if v >= floor})
+    if len(values) <= levels:
+        return values
+    return sorted({values[round(i * (len(values) - 1) / (levels - 1))] for i in range(levels)})
+
+
+def _restrict(tables: list[LayerTable], keep) -> list[LayerTable] | None:
+    out = []
+    for t in tables:
+        idx = [i for i, s in enumerate(t.strategies) if keep(s)]
+        if not idx:
+            return None
+        ix = np.array(idx)
+        out.append(LayerTable([t.strategies[i] for i in idx], t.time_s[ix], t.state_bytes[ix],
+                              t.kept_bytes[ix], t.transient_bytes[ix], t.layout[ix],
+                              t.micro_batch[ix]))
+    return out
+
+
+def _even_chunks(graph: LayerGraph, tables: list[LayerTable], chunks: int) -> list[tuple[int, int]] | None:
+    """Contiguous chunks of about equal fastest compute, cut only at cut points."""
+    weight = np.array([float(t.time_s.min()) for t in tables])
+    total = weight.sum()
+    cuts, acc, chosen = sorted(graph.cut_points), np.cumsum(weight), []
+    for k in range(1, chunks):
+        target = total * k / chunks
+        options = [c for c in cuts if (not chosen or c > chosen[-1])]
+        if not options:
+            return None
+        chosen.append(min(options, key=lambda c: abs(acc[c] - target)))
+    bounds = [0] + [c + 1 for c in chosen] + [len(tables)]
+    pieces = [(bounds[i], bounds[i + 1] - 1) for i in range(chunks)]
+    return pieces if all(a <= b for a, b in pieces) else None
+
+
+def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: SearchOptions,
+           global_batch: int, trans_cache: dict, stats: dict):
+    """Best (objective, plan) of one outer candidate over the transient caps, or None."""
+    world = cluster.world_size
+    stage_devices = world // cand.pp
+    samples = global_batch // cand.num_microbatches
+    budget = ((options.memory_budget_bytes or cluster.device_memory_bytes)
+              - cluster.runtime_overhead_bytes - DP_BUCKETS_IN_FLIGHT * DP_BUCKET_BYTES)
+    scale_batch = max(1, samples // stage_devices)
+    crossing = _crossing_bytes(graph, trans_cache)
+    transitions = _transitions(graph, cluster, options, layouts, scale_batch, trans_cache, crossing)
+    scale = _config(graph, options, cluster, scale_batch).activation_scale
+    edges = _edge_costs(crossing, cluster, stage_devices, scale)
+    edge = lambda a, b: _stage_edges_s(edges, a, b)  # noqa: E731
+    units = options.memory_buckets
+    best = None
+    for cap in _transient_caps(tables, options.transient_levels):
+        usable = budget - cap
+        if usable <= 0:
+            continue
+        v = cand.virtual_stages
+        solver = _StageSolver(graph, tables, transitions, len(layouts), units, usable / units / v,
+                              cap, crossing)
+        if v > 1:
+            found = _interleaved(graph, solver, cand, edge)
+        else:
+            ks = [microbatches_in_flight(cand.schedule, cand.pp, r, cand.num_microbatches)
+                  for r in range(cand.pp)]
+            found = _partition(graph, solver, cand, ks, edge)
+            if found:
+                objective, ranges = found
+                found = objective, [(a, b, c, ks[r]) for r, (a, b, c) in enumerate(ranges)]
+        stats["dp_extensions"] = stats.get("dp_extensions", 0) + solver.extensions
+        if not found or (best is not None and found[0] >= best[0]):
+            continue
+        objective, ranges = found
+        strategies = []
+        for a, b, c, k in ranges:
+            strategies += _walk_back(solver.node(a, b, k), tables, a, b, c, units)
+        max_dp = max(s.dp for s in strategies)
+        plan = ParallelPlan(
+            stages=tuple(Stage(a, b, stage_devices) for a, b, _, _ in ranges),
+            layer_strategies=tuple(strategies), global_batch=global_batch,
+            micro_batch=global_batch // (cand.num_microbatches * max_dp),
+            num_microbatches=cand.num_microbatches, schedule=cand.schedule,
+            precision=options.precision, optimizer=options.optimizer, virtual_stages=v)
+        best = (objective, plan)
+    return best
+
+
+def _interleaved(graph, solver: _StageSolver, cand: OuterCandidate, edge):
+    """v chunks per rank at equal compute; each chunk gets 1/v of the rank's memory."""
+    p, v, m = cand.pp, cand.virtual_stages, cand.num_microbatches
+    pieces = _even_chunks(graph, solver.tables, p * v)
+    if pieces is None:
+        return None
+    per_rank = [0.0] * p
+    ranges = []
+    for i, (a, b) in enumerate(pieces):
+        r = i % p
+        k = microbatches_in_flight(Schedule.INTERLEAVED, p, r, m, v)
+        t, c = solver.best(a, b, k)
+        if t == INF:
+            return None
+        per_rank[r] += t + edge(a, b)
+        ranges.append((a, b, c, k))
+    worst = max(per_rank)
+    return m * worst + (sum(per_rank) - worst) / v, ranges  # pipeline.pipeline_time
+
+
+# ------------------------------------------------------------------------ search
+
+# Outer candidates whose lower bound exceeds the k-th best objective by this factor are
+# skipped. 1.0 is exact within the DP; a little more keeps near-ties that the full cost
+# model (which decides) may rank differently.
+LOWER_BOUND_SLACK = 1.05
+
+
+def _lower_bound(cand: OuterCandidate, tables: list[LayerTable]) -> float:
+    """No plan of this candidate beats it: every rank's time is at least the average of
+    the layers' fastest times, so sum T + (m-1) max T >= S (1 + (m-1)/p)."""
+    fastest = sum(float(t.time_s.min()) for t in tables)
+    p, m, v = cand.pp, cand.num_microbatches, cand.virtual_stages
+    if v > 1:
+        return m * fastest / p  # m max T + ... >= m S / p
+    return fastest * (1 + (m - 1) / p)
+
+
+
+def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
+           options: SearchOptions = SearchOptions(), profile: ComputeProfile | None = None,
+           ) -> SearchResult:
+    """The fastest plans that fit, best first (see the module docstring)."""
+    if global_batch < 1:
+        raise PlannerError(f"--global-batch must be >= 1, got {global_batch}")
+    start = time.perf_counter()
+    world = cluster.world_size
+    if options.max_tp is None and options.tp is None:
+        # TP across nodes is never worth its all-reduces on these links (Narayanan et al.
+        # 2021, sec. 3.3); --max-tp lifts the limit.
+        options = dataclasses.replace(options, max_tp=cluster.devices_per_node)
+    outers = outer_candidates(graph, world, global_batch, options)
+    price_cache: dict = {}
+    trans_cache: dict = {}
+    stats: dict = {"outer_candidates": len(outers), "outer_searched": 0, "timed_out": False}
+    found = []
+    priced = []
+    for cand in outers:
+        tables, layouts = _price(graph, cluster, cand, options, global_batch, profile, price_cache)
+        if any(not t.strategies for t in tables):
+            continue  # some layer has no legal strategy here (e.g. dp does not divide)
+        priced.append((_lower_bound(cand, tables), cand, tables, layouts))
+    priced.sort(key=lambda item: item[0])
+    keep_best = max(options.top_k, 1)
+    for bound, cand, tables, layouts in priced:
+        if options.time_limit_s is not None and time.perf_counter() - start > options.time_limit_s:
+            stats["timed_out"] = True
+            break
+        objectives = sorted(f[0] for f in found)
+        if len(objectives) >= keep_best and bound >= objectives[keep_best - 1] * LOWER_BOUND_SLACK:
+            stats["outer_pruned"] = stats.get("outer_pruned", 0) + 1
+            continue  # cannot beat the plans already found
+        stats["outer_searched"] += 1
+        stats["strategies_per_layer_max"] = max(stats.get("strategies_per_layer_max", 0),
+                                                max(len(t.strategies) for t in tables))
+        groups = [tables]
+        if options.uniform:
+            keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint)
+                    for t in tables for s in t.strategies}
+            groups = [g for key in sorted(keys, key=str)
+                      if (g := _restrict(tables, lambda s, key=key: (s.tp, s.dp_mode, s.sequence_parallel,
+                                                                   s.checkpoint) == key))]
+        for group in groups:
+            result = _solve(graph, cluster, cand, group, layouts, options, global_batch,
+                            trans_cache, stats)
+            if result is not None:
+                found.append((result[0], cand, result[1]))
+    found.sort(key=lambda f: f[0])
+    candidates, seen = [], set()
+    for objective, cand, plan in found:
+        if plan in seen:
+            continue
+        seen.add(plan)
+        est = estimate(graph, plan, cluster, profile)
+        if est.memory.fits and (options.memory_budget_bytes is None
+                                or est.memory.peak_bytes <= options.memory_budget_bytes):
+            candidates.append(Candidate(cand, plan, objective, est))
+        if len(candidates) >= max(options.top_k, 1) + 7:
+            break  # priced enough of the DP's best to re-rank by the full model
+    candidates.sort(key=lambda c: c.estimate.iteration_seconds)
+    stats["search_seconds"] = time.perf_counter() - start
+    stats["feasible_candidates"] = len(found)
+    return SearchResult(candidates[0] if candidates else None, candidates, stats)
+
+
+# ------------------------------------------------------------------- baselines
+
+
+BASELINES = {
+    "DDP": dict(tp=1, pp=1, zero=0, no_checkpoint=True),
+    "ZeRO-3 (FSDP)": dict(tp=1, pp=1, zero=3),
+    "Megatron TPxPPxDP": dict(zero=0),
+}
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str
+    candidate: Candidate | None
+    needs_bytes: int | None  # least peak memory of this family when nothing fits
+
+
+def baselines(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
+              options: SearchOptions, profile=None) -> list[Baseline]:
+    """The best uniform plan of each classic family, or what it would need."""
+    out = []
+    for name, pins in BASELINES.items():
+        pinned = {k: v for k, v in pins.items() if v is not None}
+        base = SearchOptions(precision=options.precision, optimizer=options.optimizer,
+                             memory_budget_bytes=options.memory_budget_bytes, uniform=True,
+                             memory_buckets=options.memory_buckets, **pinned)
+        try:
+            result = search(graph, cluster, global_batch, base, profile)
+        except PlannerError:
+            out.append(Baseline(name, None, None))
+            continue
+        needs = None if result.best else least_memory(graph, cluster, global_batch, base, profile)[0]
+        out.append(Baseline(name, result.best, needs))
+    return out
+
+
+def least_memory(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
+                 options: SearchOptions, profile=None) -> tuple[int | None, ParallelPlan | None]:
+    """Peak bytes of the most memory-frugal uniform plan the options allow."""
+    from ir.strategy import Checkpoint, DPMode, LayerStrategy
+
+    best: tuple[int | None, ParallelPlan | None] = (None, None)
+    for cand in outer_candidates(graph, cluster.world_size, global_batch, options):
+        tables, _ = _price(graph, cluster, cand, options, global_batch, profile, {})
+        if any(not t.strategies for t in tables):
+            continue
+        # per layer: the strategy with the least state + kept bytes that the others share
+        keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint)
+                for s in tables[0].strategies}
+        for key in keys:
+            group = _restrict(tables, lambda s, key=key: (s.tp, s.dp_mode, s.sequence_parallel,
+                                                         s.checkpoint) == key)
+            if group is None:
+                continue
+            strategies = [g.strategies[0] for g in group]
+            stages = _even_chunks(graph, group, cand.pp * cand.virtual_stages)
+            if stages is None:
+                continue
+            max_dp = max(s.dp for s in strategies)
+            try:
+                plan = ParallelPlan(
+                    stages=tuple(Stage(a, b, cluster.world_size // cand.pp) for a, b in stages),
+                    layer_strategies=tuple(strategies), global_batch=global_batch,
+                    micro_batch=global_batch // (cand.num_microbatches * max_dp),
+                    num_microbatches=cand.num_microbatches, schedule=cand.schedule,
+                    precision=options.precision, optimizer=options.optimizer,
+                    virtual_stages=cand.virtual_stages)
+            except PlannerError:
+                continue
+            peak = estimate(graph, plan, cluster, profile).memory.peak_bytes
+            if best[0] is None or peak < best[0]:
+                best = (peak, plan)
+    return best
