@@ -34,6 +34,7 @@ from cost_models.common import StepConfig, dtype_bytes
 SCORE_TENSORS_WITH_DROPOUT = 3
 # Logits-sized tensors alive at the start of a loss head's backward (see layer_activations).
 LOSS_BACKWARD_LOGITS_COPIES = 2
+FP32_BYTES = 4  # the loss runs in fp32 under mixed precision
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +101,26 @@ def logits_bytes(layer: Layer, config: StepConfig) -> float:
             * config.activation_scale)
 
 
+def _loss_head(logits, saved, sharded, kept, recompute, tp, sp, full, config):
+    """Adjust a vocabulary head's figures for its logits-sized log-probabilities.
+
+    Loss-parallel TP (Megatron's vocab-parallel cross-entropy) keeps them split over the
+    vocabulary, so whatever part of them the IR left replicated is divided by t here (SP
+    already divided everything). Mixed precision computes the loss in fp32
+    (torch.autocast's fp32 op list; Megatron upcasts the logits), so they take 4 bytes
+    per element, not 2. Returns (kept, recompute, logits bytes as the loss holds them).
+    """
+    log_probs = min(logits, saved)
+    if tp > 1 and not sp:
+        unsplit = min(log_probs, max(saved - sharded, 0.0)) * (1 - 1 / tp)
+        kept, recompute = (kept, recompute - unsplit) if full else (kept - unsplit, recompute)
+    upcast = FP32_BYTES / config.precision.compute_bytes
+    if upcast > 1:
+        extra = log_probs * (upcast - 1) / tp
+        kept, recompute = (kept, recompute + extra) if full else (kept + extra, recompute)
+    return kept, recompute, logits * upcast
+
+
 def layer_activations(layer: Layer, strategy: LayerStrategy,
                       config: StepConfig) -> LayerActivations:
     """Activation bytes of `layer` for one micro-batch of `config.micro_batch` samples."""
@@ -114,9 +135,13 @@ def layer_activations(layer: Layer, strategy: LayerStrategy,
         strategy.checkpoint is Checkpoint.SELECTIVE, strategy.checkpoint is Checkpoint.FULL)
     # Backward holds the gradient of the layer's output and produces its input's gradient.
     grad_flow = (layer.output_bytes + layer.input_bytes) * scale / (tp if sp else 1)
-    # A head that computes the loss starts backward from the gradient of the
-    # log-probabilities and produces the logits' gradient beside it: two logits-sized
-    # tensors (vocabulary-parallel under TP). Measured in bench/bench_memory.py.
-    grad_flow = max(grad_flow, LOSS_BACKWARD_LOGITS_COPIES * logits_bytes(layer, config) / tp)
+    logits = logits_bytes(layer, config)
+    if logits:
+        kept, recompute, logits = _loss_head(logits, saved, sharded, kept, recompute, tp, sp,
+                                             strategy.checkpoint is Checkpoint.FULL, config)
+        # The loss head starts backward from the gradient of the log-probabilities and
+        # produces the logits' gradient beside it: two logits-sized tensors (measured in
+        # bench/bench_memory.py), vocabulary-parallel under TP.
+        grad_flow = max(grad_flow, LOSS_BACKWARD_LOGITS_COPIES * logits / tp)
     return LayerActivations(kept_bytes=kept, recompute_bytes=recompute,
                             grad_flow_bytes=grad_flow)

@@ -41,6 +41,8 @@ DEFAULT_MATMUL_EFFICIENCY = 0.8
 BACKWARD_BYTES_FACTOR = 2.0
 # FLOPs of attention's two batched matmuls per layer forward: 4*b*s^2*h (Narayanan et al. 2021).
 ATTENTION_CORE_FLOPS_COEFF = 4
+# A square n^3 GEMM does 2n^3 FLOPs on 3n^2 elements of e bytes: n = (3/2) * e * FLOPs/byte.
+SQUARE_GEMM_EDGE_PER_INTENSITY = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +78,7 @@ def roofline_seconds(flops, nbytes, element_bytes, peak_flops, hbm_bytes_per_s, 
                      max_efficiency):
     """max(compute-bound, memory-bound) time (Williams et al. 2009), efficiency by GEMM size."""
     intensity = flops / max(nbytes, 1.0)
-    dim = 1.5 * element_bytes * intensity  # square-GEMM edge with this FLOP/byte ratio
+    dim = SQUARE_GEMM_EDGE_PER_INTENSITY * element_bytes * intensity  # equivalent GEMM edge
     efficiency = gemm_efficiency(dim, device, max_efficiency)
     compute_s = flops / (peak_flops * max(efficiency, 1e-6))
     memory_s = nbytes / hbm_bytes_per_s

@@ -45,6 +45,7 @@ SIZE_FACTOR = 4  # sizes grow x4: 1K, 4K, ..., 64M
 WARMUP = 1  # first call of a size pays for buffer allocation and connection setup
 REPEATS = 3  # median of three
 PROCESS_GROUP_TIMEOUT_S = 120
+PORT_ATTEMPTS = 3  # fresh localhost ports to try if one is taken between probe and bind
 FLOAT_BYTES = 4  # messages are float32 tensors
 
 
@@ -172,13 +173,18 @@ def measure_collectives(nproc: int, backend: str, sizes: list[int]) -> dict[str,
                                "(use --backend gloo)")
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    port = _free_port()
-    try:
-        mp.start_processes(_worker, args=(nproc, port, backend, sizes, queue), nprocs=nproc,
-                           join=True, start_method="spawn")
-    except Exception as exc:  # a worker failed: one line, the cause
-        raise PlannerError(f"profile-cluster: a worker process failed: "
-                           f"{str(exc).strip().splitlines()[-1]}") from None
+    for attempt in range(PORT_ATTEMPTS):
+        # Another process may take the free port before rank 0 binds it: try a new one.
+        port = _free_port()
+        try:
+            mp.start_processes(_worker, args=(nproc, port, backend, sizes, queue),
+                               nprocs=nproc, join=True, start_method="spawn")
+            break
+        except Exception as exc:  # a worker failed: one line, the cause
+            cause = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+            if "address already in use" in str(exc).lower() and attempt + 1 < PORT_ATTEMPTS:
+                continue
+            raise PlannerError(f"profile-cluster: a worker process failed: {cause}") from None
     if queue.empty():
         raise PlannerError("profile-cluster: rank 0 returned no measurements")
     return queue.get()

@@ -222,3 +222,22 @@ def test_predicted_peak_matches_measured_training_step():
     stage = plan_memory(graph, plan, get_cluster("local")).stages[0]
     predicted = stage.peak_bytes - stage.overhead
     assert predicted == pytest.approx(measured, rel=0.05)
+
+
+def test_loss_head_logits_are_fp32_and_vocab_parallel():
+    """The head's log-probabilities: fp32 under mixed precision, split over TP (loss-parallel)."""
+    s, b, v, h = 1024, 1, 32000, 1024
+    graph = gpt_layer_graph(layers=1, hidden=h, heads=16, vocab=v, seq=s, micro_batch=b)
+    head = graph.layers[-1]
+    config = StepConfig(micro_batch=b, graph_micro_batch=b, graph_dtype="bfloat16",
+                        precision=Precision.BF16_MIXED, seq_len=s)
+    logits16 = s * b * v * 2
+    plain = layer_activations(head, LayerStrategy(), config)
+    assert plain.kept_bytes == pytest.approx(head.saved_activation_bytes + logits16)
+    assert plain.grad_flow_bytes == pytest.approx(2 * 2 * logits16)  # two fp32 copies
+    tp4 = layer_activations(head, LayerStrategy(tp=4), config)
+    assert tp4.kept_bytes == pytest.approx(head.saved_activation_bytes - logits16
+                                           + 2 * logits16 / 4)
+    fp32 = layer_activations(head, LayerStrategy(),
+                             dataclasses.replace(config, precision=Precision.FP32))
+    assert fp32.kept_bytes == pytest.approx(2 * head.saved_activation_bytes)

@@ -86,10 +86,16 @@ def _graph(spec: str, micro_batch: int, seq_len: int | None, precision: Precisio
            ) -> LayerGraph:
     import torch
 
+    from planner.fmt import Progress
     from planner.models import load_layer_graph
 
     dtype = getattr(torch, precision.compute_dtype)
-    return load_layer_graph(spec, micro_batch=micro_batch, seq_len=seq_len, dtype=dtype)
+    progress = Progress(f"tracing {spec}")
+    try:
+        return load_layer_graph(spec, micro_batch=micro_batch, seq_len=seq_len, dtype=dtype,
+                                progress=progress)
+    finally:
+        progress.close()
 
 
 def _positive(name: str, value: int | None) -> None:
