@@ -133,6 +133,9 @@ def layer_activations(layer: Layer, strategy: LayerStrategy,
     kept, recompute = activation_bytes(
         saved, sharded, attention, layer.input_bytes * scale, tp, sp,
         strategy.checkpoint is Checkpoint.SELECTIVE, strategy.checkpoint is Checkpoint.FULL)
+    if strategy.checkpoint is Checkpoint.FULL:
+        # The rebuilt set includes the saved inputs, which the checkpoint already keeps.
+        recompute = max(0.0, recompute - layer.saved_input_bytes * scale / (tp if sp else 1))
     # Backward holds the gradient of the layer's output and produces its input's gradient.
     grad_flow = (layer.output_bytes + layer.input_bytes) * scale / (tp if sp else 1)
     logits = logits_bytes(layer, config)

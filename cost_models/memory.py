@@ -250,6 +250,8 @@ def plan_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
         layers = [layer_memory(graph.layers[j], plan.layer_strategies[j], configs[j], per_param)
                   for j in indices]
         shared = shared_checkpoint_inputs(graph, plan, indices, configs)
+        for j, nbytes in shared_boundary_saves(graph, plan, indices, configs).items():
+            shared[j] = shared.get(j, 0.0) + nbytes
         layers = [_without_shared(mem, shared.get(j, 0.0)) for mem, j in zip(layers, indices)]
         in_flight = microbatches_in_flight(plan.schedule, plan.pp, rank,
                                            plan.num_microbatches, plan.virtual_stages)
@@ -283,6 +285,30 @@ def shared_checkpoint_inputs(graph: LayerGraph, plan: ParallelPlan, indices: lis
         if duplicate:
             sp = strategy.sequence_parallel
             out[j] = duplicate * configs[j].activation_scale / (strategy.tp if sp else 1)
+    return out
+
+
+def shared_boundary_saves(graph: LayerGraph, plan: ParallelPlan, indices: list[int],
+                          configs: Sequence[StepConfig]) -> dict[int, float]:
+    """Bytes layer j need not count because layer j-1 on the same rank already saves the
+    same boundary tensor (a ReLU output that the next conv saves as its input, or keeps
+    as its checkpointed input). Read off the IR's saved_output_bytes / saved_input_bytes /
+    input_bytes; only where layer j-1 keeps its saved tensors (is not fully checkpointed)
+    and both share one layout."""
+    on_rank = set(indices)
+    out: dict[int, float] = {}
+    for j in indices:
+        if j - 1 not in on_rank:
+            continue
+        a, b = plan.layer_strategies[j - 1], plan.layer_strategies[j]
+        if a.checkpoint is Checkpoint.FULL or (a.tp, a.sequence_parallel) != (
+                b.tp, b.sequence_parallel):
+            continue
+        kept_input = graph.layers[j].input_bytes if b.checkpoint is Checkpoint.FULL \
+            else graph.layers[j].saved_input_bytes
+        overlap = min(graph.layers[j - 1].saved_output_bytes, kept_input)
+        if overlap:
+            out[j] = overlap * configs[j].activation_scale / (b.tp if b.sequence_parallel else 1)
     return out
 
 

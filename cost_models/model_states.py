@@ -109,8 +109,11 @@ def largest_param_tensor(layer: Layer) -> int:
     """Elements in the layer's largest parameter tensor, as far as the IR tells.
 
     The IR lists the TP-able modules with their parameter counts (one weight matrix or
-    embedding table each); elsewhere the whole layer is the bound.
+    embedding table each); elsewhere the whole layer is the bound. The IR's
+    `max_param_numel` (when recorded) is exact.
     """
+    if layer.max_param_numel:
+        return layer.max_param_numel
     if layer.tp_candidates:
         biggest = max(c.params for c in layer.tp_candidates)
         rest = layer.params - sum(c.params for c in layer.tp_candidates)

@@ -78,6 +78,11 @@ class Layer:
     param_names: tuple[str, ...] = ()  # fully qualified parameter names owned by this layer
     tp_candidates: tuple[TPCandidate, ...] = ()
     tp_divisors: tuple[tuple[str, int], ...] = ()  # ("heads", 96): a TP degree must divide each
+    # Saved tensors that are the layer's own inputs / outputs: a boundary tensor saved by
+    # both neighbours (a ReLU output the next conv saves as input) is held once.
+    saved_input_bytes: int = 0
+    saved_output_bytes: int = 0
+    max_param_numel: int = 0  # largest single parameter (single-tensor optimizer temporaries)
 
     def __str__(self) -> str:
         return f"{self.name}({self.kind})"
@@ -91,19 +96,12 @@ class Layer:
         return self.saved_activation_bytes - masks + masks // dtype_bytes
 
     def tp_degree_allowed(self, tp: int) -> bool:
-        """A TP degree is legal if the layer splits at all and it divides every constraint."""
-        if tp == 1:
-            return True
-        if not self.tp_candidates:
-            return False
+        """A TP degree is legal if it divides every constraint. A layer with nothing to
+        split runs replicated inside its TP group (Megatron's layer norms)."""
         return all(value % tp == 0 for _, value in self.tp_divisors)
 
     def tp_violation(self, tp: int) -> str | None:
         """Why `tp` is illegal for this layer, or None."""
-        if tp == 1:
-            return None
-        if not self.tp_candidates:
-            return f"layer {self.name} has no tensor-parallel modules; use tp=1 for it"
         for what, value in self.tp_divisors:
             if value % tp:
                 return f"layer {self.name}: tp={tp} does not divide {what}={value}"

@@ -155,7 +155,7 @@ class _SavedTensorLog:
     def __init__(self, exclude_keys: set, score_keys: set):
         self.exclude = exclude_keys
         self.score_keys = score_keys
-        self.seen: set = set()
+        self.seen: dict = {}  # storage key -> bytes
         self.total = self.sharded = self.scores = self.dropout_masks = 0
         self.tp_sharded_now = False
         self.in_dropout_now = False
@@ -163,8 +163,8 @@ class _SavedTensorLog:
     def pack(self, t: torch.Tensor):
         key = _storage_key(t)
         if key not in self.exclude and key not in self.seen:
-            self.seen.add(key)
             nbytes = _storage_bytes(t)
+            self.seen[key] = nbytes
             self.total += nbytes
             if self.tp_sharded_now:
                 self.sharded += nbytes
@@ -215,6 +215,8 @@ class LayerRun:
     saved_tp_sharded_bytes: int
     saved_attention_bytes: int
     saved_dropout_mask_bytes: int
+    saved_input_bytes: int
+    saved_output_bytes: int
     forward_seconds: float = 0.0
     backward_seconds: float = 0.0
 
@@ -438,6 +440,10 @@ class GraphMeasurer:
                     runner.env[n] = runner.run_node(n)
             sync()
             mid = time.perf_counter()
+            in_keys = {_storage_key(t) for a in info.inputs for t in _tensor_leaves(env.get(a))}
+            out_keys = {_storage_key(t) for o in info.outputs for t in _tensor_leaves(runner.env[o])}
+            saved_in = sum(b for k, b in log.seen.items() if k in in_keys)
+            saved_out = sum(b for k, b in log.seen.items() if k in out_keys)
             outs = [t for o in info.outputs for t in _tensor_leaves(runner.env[o])
                     if t.requires_grad and t.grad_fn is not None]
             if not outs and index == len(self.infos) - 1:
@@ -452,7 +458,7 @@ class GraphMeasurer:
                 fwd_times.append(mid - start)
                 bwd_times.append(end - mid)
             result = (int(fwd_counter.get_total_flops()), int(bwd_counter.get_total_flops()),
-                      log.total, log.sharded, log.scores, log.dropout_masks)
+                      log.total, log.sharded, log.scores, log.dropout_masks, saved_in, saved_out)
             del runner, env, outs
         return LayerRun(*result, _median(fwd_times), _median(bwd_times))
 
@@ -593,7 +599,9 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             saved_attention_bytes=run.saved_attention_bytes,
             saved_dropout_mask_bytes=run.saved_dropout_mask_bytes, input_bytes=in_bytes,
             output_bytes=out_bytes, structural_hash=shash, param_names=pnames,
-            tp_candidates=candidates, tp_divisors=divisors))
+            tp_candidates=candidates, tp_divisors=divisors,
+            saved_input_bytes=run.saved_input_bytes, saved_output_bytes=run.saved_output_bytes,
+            max_param_numel=max((canon_params[p].numel() for p in pnames), default=0)))
     edges, cuts = _edges_and_cuts(measurer)
     num_params = sum(p.numel() for p in root.parameters())
     seq_len = _seq_len(inputs) if seq_len == -1 else seq_len

@@ -102,6 +102,17 @@ def test_gpt_block_tp_sharded_and_attention_parts(gpt_block):
     assert gpt_block.saved_tp_sharded_bytes == 24 * sbh + 5 * A * S * S * B + S * S + mask_bf16_extra
     assert gpt_block.saved_attention_bytes == 5 * A * S * S * B + mask_bf16_extra
     assert gpt_block.input_bytes == sbh * 2 == gpt_block.output_bytes  # full recompute: 2·s·b·h
+    assert gpt_block.saved_input_bytes == sbh * 2  # ln1 saves the block input
+    assert gpt_block.saved_output_bytes == 0  # the residual sum is saved by nobody
+
+
+def test_boundary_tensors_saved_on_both_sides_are_recorded():
+    """A CNN block ends in a ReLU that saves its output; the next conv saves the same
+    tensor as its input. Both layers record it, so a cost model can count it once."""
+    graph = load_layer_graph("cnn-small", dtype=torch.float32)
+    first, second = graph.layer("blocks.0"), graph.layer("blocks.1")
+    assert first.saved_output_bytes > 0
+    assert first.saved_output_bytes == second.saved_input_bytes
 
 
 def test_fx_and_export_agree():
@@ -127,7 +138,7 @@ def test_layers_tp_candidates_and_divisors():
     assert "kv_heads=4" in block.tp_violation(8)
     assert graph.layer("embed").tp_candidates[0].style is TPStyle.VOCAB
     assert graph.layer("head").tp_candidates[0].style is TPStyle.HEAD
-    assert not graph.layer("norm").tp_degree_allowed(2)
+    assert graph.layer("norm").tp_degree_allowed(2)  # nothing to split: replicated in the group
     # tied GPT head: the weight belongs to the embedding, so the head owns nothing
     gpt = load_layer_graph("gpt-tiny")
     assert gpt.layer("head").params == 0 and gpt.layer("head").tp_params == 0
