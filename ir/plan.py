@@ -196,6 +196,10 @@ class PlanDocument:
     cluster: dict
     predicted: dict = field(default_factory=dict)
     search: dict = field(default_factory=dict)
+    # The shape the model's layer IR was measured with (to rebuild the same graph).
+    graph_micro_batch: int = 1
+    graph_dtype: str = "bfloat16"
+    seq_len: int | None = None
 
     def check_model(self, graph) -> None:
         """Raise unless the plan was made for this layer graph (by fingerprint)."""
@@ -226,7 +230,8 @@ def plan_to_dict(doc: PlanDocument) -> dict:
     return {
         "schema": PLAN_SCHEMA,
         "model": {"name": doc.model_name, "fingerprint": doc.fingerprint,
-                  "num_layers": len(doc.layer_names)},
+                  "num_layers": len(doc.layer_names), "graph_micro_batch": doc.graph_micro_batch,
+                  "graph_dtype": doc.graph_dtype, "seq_len": doc.seq_len},
         "cluster": doc.cluster,
         "world_size": plan.world_size,
         "global_batch": plan.global_batch,
@@ -357,7 +362,13 @@ def plan_from_dict(data: object, source: str = "<plan>") -> PlanDocument:
     search = data.get("search", {})
     if not isinstance(predicted, dict) or not isinstance(search, dict):
         r.fail("predicted" if not isinstance(predicted, dict) else "search", "expected an object")
-    return PlanDocument(plan, name, fingerprint, tuple(names), cluster, predicted, search)
+    graph_micro_batch = r.get(model, "graph_micro_batch", int, "model")
+    graph_dtype = r.get(model, "graph_dtype", str, "model")
+    seq_len = model.get("seq_len")
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int)):
+        r.fail("model.seq_len", f"expected an integer or null, got {seq_len!r}")
+    return PlanDocument(plan, name, fingerprint, tuple(names), cluster, predicted, search,
+                        graph_micro_batch, graph_dtype, seq_len)
 
 
 def load_plan(path: str | os.PathLike) -> PlanDocument:

@@ -189,6 +189,17 @@ def model_seq_len(loaded: LoadedModel, seq_len: int | None) -> int | None:
     return int(ids.shape[1]) if ids is not None and ids.dim() >= 2 else seq_len
 
 
+def graph_for_plan(doc, spec: str | None = None) -> LayerGraph:
+    """The layer IR a plan file was made for, rebuilt from the shape it records, and
+    checked against its fingerprint."""
+    dtype = getattr(torch, doc.graph_dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise PlannerError(f"plan records an unknown IR dtype {doc.graph_dtype!r}")
+    graph = load_layer_graph(spec or doc.model_name, doc.graph_micro_batch, doc.seq_len, dtype)
+    doc.check_model(graph)
+    return graph
+
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 

@@ -494,21 +494,42 @@ def _interleaved(graph, solver: _StageSolver, cand: OuterCandidate, edge):
 
 # ------------------------------------------------------------------------ search
 
-# Outer candidates whose lower bound exceeds the k-th best objective by this factor are
-# skipped. 1.0 is exact within the DP; a little more keeps near-ties that the full cost
-# model (which decides) may rank differently.
-LOWER_BOUND_SLACK = 1.05
+# Outer candidates whose lower bound reaches the k-th best objective times this are
+# skipped: 1.0 loses nothing the dynamic program could find.
+LOWER_BOUND_SLACK = 1.0
 
 
-def _lower_bound(cand: OuterCandidate, tables: list[LayerTable]) -> float:
-    """No plan of this candidate beats it: every rank's time is at least the average of
-    the layers' fastest times, so sum T + (m-1) max T >= S (1 + (m-1)/p)."""
-    fastest = sum(float(t.time_s.min()) for t in tables)
+def _lower_bound(cand: OuterCandidate, tables: list[LayerTable], budget_bytes: float) -> float:
+    """No plan of this candidate beats it.
+
+    Every rank's time is at least the average, so sum T + (m-1) max T >= f * sum_i t_i
+    with f = 1 + (m-1)/p (interleaved: m/p). And every rank keeps at least one micro-batch
+    in flight within its budget, so sum_i (state_i + kept_i) <= p * budget: for any
+    lambda >= 0 (Lagrangian relaxation)
+        sum_i t_i >= sum_i min_s (t_is + lambda * mem_is) - lambda * p * budget.
+    The best lambda of a log-spaced grid gives the bound. Also, some rank holds at least
+    ceil(L / p) layers over its chunks (pigeonhole), so max T is at least the sum of
+    that many of the smallest fastest layer times."""
     p, m, v = cand.pp, cand.num_microbatches, cand.virtual_stages
-    if v > 1:
-        return m * fastest / p  # m max T + ... >= m S / p
-    return fastest * (1 + (m - 1) / p)
-
+    fastest_each = sorted(float(t.time_s.min()) for t in tables)
+    pigeon = sum(fastest_each[: -(-len(tables) // p)])
+    unique: dict[int, tuple[LayerTable, int]] = {}
+    for t in tables:
+        table, count = unique.get(id(t), (t, 0))
+        unique[id(t)] = (table, count + 1)
+    fastest = sum(count * float(t.time_s.min()) for t, count in unique.values())
+    capacity = p * budget_bytes
+    if capacity <= 0:
+        return INF
+    best = fastest
+    scale = fastest / capacity
+    for lam in scale * np.logspace(-2, 3, 26):
+        relaxed = sum(count * float((t.time_s + lam * (t.state_bytes + t.kept_bytes)).min())
+                      for t, count in unique.values()) - lam * capacity
+        best = max(best, relaxed)
+    if v > 1:  # m max T + (sum T - max T)/v
+        return max(m * best / p, m * pigeon)
+    return best + (m - 1) * max(best / p, pigeon)
 
 
 def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
@@ -533,8 +554,12 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         tables, layouts = _price(graph, cluster, cand, options, global_batch, profile, price_cache)
         if any(not t.strategies for t in tables):
             continue  # some layer has no legal strategy here (e.g. dp does not divide)
-        priced.append((_lower_bound(cand, tables), cand, tables, layouts))
-    priced.sort(key=lambda item: item[0])
+        budget = ((options.memory_budget_bytes or cluster.device_memory_bytes)
+                  - cluster.runtime_overhead_bytes - DP_BUCKETS_IN_FLIGHT * DP_BUCKET_BYTES
+                  - max(float(t.transient_bytes.min()) for t in tables))
+        priced.append((_lower_bound(cand, tables, budget), cand, tables, layouts))
+    # Single-stage candidates first (cheap, often good): an early incumbent prunes more.
+    priced.sort(key=lambda item: (item[1].pp > 1, item[0]))
     keep_best = max(options.top_k, 1)
     for bound, cand, tables, layouts in priced:
         if options.time_limit_s is not None and time.perf_counter() - start > options.time_limit_s:

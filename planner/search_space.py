@@ -45,7 +45,7 @@ class SearchOptions:
     no_pp: bool = False
     no_checkpoint: bool = False
     memory_budget_bytes: int | None = None  # default: the device's memory
-    memory_buckets: int = 256  # memory resolution of the dynamic program
+    memory_buckets: int = 128  # memory resolution of the dynamic program
     transient_levels: int = 3  # caps tried for the max-type transient buffers
     time_limit_s: float | None = None
     top_k: int = 1

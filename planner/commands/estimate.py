@@ -25,6 +25,7 @@ from ir.layer import LayerGraph
 from ir.plan import ParallelPlan, load_plan, uniform_plan
 from ir.strategy import Checkpoint, Precision, Schedule
 from planner import report
+from planner.models import graph_for_plan
 
 # Model chunks per pipeline rank when --schedule interleaved is given without --virtual-stages.
 DEFAULT_VIRTUAL_STAGES = 2
@@ -193,16 +194,7 @@ def _from_plan_file(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec]:
             raise PlannerError(f"{exc}; pass --cluster to price the plan on a known cluster") \
                 from None
         cluster = cluster.with_nodes(args.nodes, args.gpus_per_node)
-    spec = args.model or doc.model_name
-    # The plan names the IR by fingerprint, which includes the micro-batch and dtype it was
-    # measured with: try the likely ones.
-    graph = None
-    for micro_batch, precision in ((plan.micro_batch, plan.precision), (1, plan.precision),
-                                   (1, Precision.BF16_MIXED)):
-        graph = _graph(spec, micro_batch, args.seq_len, precision)
-        if graph.fingerprint == doc.fingerprint:
-            break
-    doc.check_model(graph)
+    graph = graph_for_plan(doc, args.model)
     return graph, plan, cluster
 
 

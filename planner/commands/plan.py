@@ -1,0 +1,184 @@
+"""`planner plan MODEL --cluster ... --global-batch B`: search the fastest plan that fits.
+
+    planner plan gpt3-175b --cluster a100-80g --nodes 128 --global-batch 1536 --out plan.json
+    planner plan llama3-70b --cluster h100-80g --nodes 8 --global-batch 512 --top 5
+    planner plan gpt-tiny --cluster local --gpus-per-node 4 --global-batch 8 --tp 2 --pp 2
+
+Strategy flags pin that dimension; --uniform makes every layer use one strategy.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from cost_models.clusters import preset_names
+from ir.errors import PlannerError
+from ir.plan import PlanDocument, plan_to_dict, save_plan
+from ir.strategy import Checkpoint, Precision, Schedule
+from planner.commands.estimate import default_precision, load_cluster
+from planner.fmt import Progress, human_bytes, table
+from planner.models import load_layer_graph
+from planner.plan_report import predicted_lines, stage_memory_table, strategy_table, summary_line
+from planner.search import baselines, least_memory, search
+from planner.search_space import SearchOptions
+
+GiB = 2**30
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="search the fastest parallel plan that fits",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("--cluster", default=None,
+                   help=f"preset ({', '.join(preset_names())}) or spec JSON (default local)")
+    p.add_argument("--nodes", type=int, default=None)
+    p.add_argument("--gpus-per-node", type=int, default=None)
+    p.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
+    p.add_argument("--seq-len", type=int, default=None)
+    p.add_argument("--memory-budget", type=float, default=None, metavar="GiB",
+                   help="per-device budget (default: the device's memory)")
+    p.add_argument("--out", default=None, help="write the plan JSON here")
+    p.add_argument("--json", action="store_true", help="print the plan JSON")
+    p.add_argument("--top", type=int, default=1, metavar="K", help="list the K best plans")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="stop searching new pipeline configurations after S seconds")
+    p.add_argument("--no-baselines", action="store_true", help="skip the uniform baselines")
+    g = p.add_argument_group("restrictions and pins")
+    g.add_argument("--uniform", action="store_true", help="one strategy for every layer")
+    g.add_argument("--max-tp", type=int, default=None,
+                   help="largest TP degree (default: devices per node)")
+    g.add_argument("--no-pp", action="store_true", help="no pipeline parallelism")
+    g.add_argument("--no-checkpoint", action="store_true", help="no activation checkpointing")
+    g.add_argument("--dp", type=int, default=None)
+    g.add_argument("--tp", type=int, default=None)
+    g.add_argument("--pp", type=int, default=None)
+    g.add_argument("--zero", type=int, default=None, choices=[0, 1, 2, 3])
+    g.add_argument("--checkpoint", default=None, choices=[c.value for c in Checkpoint])
+    g.add_argument("--sequence-parallel", action="store_true", default=None)
+    g.add_argument("--schedule", default=None, choices=[s.value for s in Schedule])
+    g.add_argument("--micro-batch", type=int, default=None)
+    g.add_argument("--precision", default=None, choices=[x.value for x in Precision])
+    g.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd", "sgd-momentum"])
+    p.set_defaults(func=run)
+
+
+def options_from_args(args, precision: Precision) -> SearchOptions:
+    if args.top < 1:
+        raise PlannerError(f"--top must be >= 1, got {args.top}")
+    if args.memory_budget is not None and args.memory_budget <= 0:
+        raise PlannerError(f"--memory-budget must be > 0 GiB, got {args.memory_budget}")
+    return SearchOptions(
+        tp=args.tp, dp=args.dp, pp=args.pp, zero=args.zero,
+        checkpoint=Checkpoint(args.checkpoint) if args.checkpoint else None,
+        sequence_parallel=args.sequence_parallel,
+        schedule=Schedule(args.schedule) if args.schedule else None,
+        micro_batch=args.micro_batch, precision=precision, optimizer=args.optimizer,
+        uniform=args.uniform, max_tp=args.max_tp, no_pp=args.no_pp,
+        no_checkpoint=args.no_checkpoint,
+        memory_budget_bytes=int(args.memory_budget * GiB) if args.memory_budget else None,
+        time_limit_s=args.time_limit, top_k=args.top)
+
+
+def make_document(graph, cluster, candidate, stats: dict, extra: dict | None = None) -> PlanDocument:
+    return PlanDocument(
+        plan=candidate.plan, model_name=graph.model, fingerprint=graph.fingerprint,
+        layer_names=tuple(l.name for l in graph.layers), cluster=cluster.to_dict(),
+        predicted=candidate.estimate.to_json(),
+        search={**{k: v for k, v in stats.items()}, **(extra or {})},
+        graph_micro_batch=graph.micro_batch, graph_dtype=graph.dtype, seq_len=graph.seq_len)
+
+
+def run(args) -> int:
+    cluster = load_cluster(args)
+    precision = Precision(args.precision) if args.precision else default_precision(cluster)
+    options = options_from_args(args, precision)
+    if args.global_batch < 1:
+        raise PlannerError(f"--global-batch must be >= 1, got {args.global_batch}")
+    progress = Progress(f"tracing {args.model}")
+    graph = load_layer_graph(args.model, 1, args.seq_len,
+                             getattr(torch, precision.compute_dtype), progress=progress)
+    progress.close()
+    result = search(graph, cluster, args.global_batch, options)
+    if result.best is None:
+        raise PlannerError(nothing_fits(graph, cluster, args, options))
+    base = [] if args.no_baselines else baselines(graph, cluster, args.global_batch, options)
+    summary = {b.name: ({"plan": str(b.candidate.plan),
+                         "iteration_seconds": b.candidate.estimate.iteration_seconds}
+                        if b.candidate else {"fits": False, "needs_bytes": b.needs_bytes})
+               for b in base}
+    doc = make_document(graph, cluster, result.best, result.stats, {"baselines": summary})
+    if args.out:
+        save_plan(doc, args.out)
+    if args.json:
+        print(json.dumps(plan_to_dict(doc), indent=2))
+        return 0
+    print(summary_line(doc))
+    print()
+    print(strategy_table(doc))
+    print()
+    print(predicted_lines(doc.predicted))
+    print(stage_memory_table(doc.predicted))
+    if args.top > 1:
+        print()
+        print(top_table(result.candidates[: args.top]))
+    if base:
+        print()
+        print(baseline_table(result.best, base, cluster))
+    stats = result.stats
+    print(f"\nsearched {stats['outer_searched']} of {stats['outer_candidates']} pipeline "
+          f"configurations ({stats.get('outer_pruned', 0)} pruned by bound) in "
+          f"{stats['search_seconds']:.2f} s" + (" (time limit hit)" if stats["timed_out"] else "")
+          + (f"; wrote {args.out}" if args.out else ""))
+    return 0
+
+
+def top_table(candidates) -> str:
+    rows = [[i + 1, str(c.outer), f"{c.estimate.iteration_seconds:.4g}",
+             f"{c.estimate.samples_per_second:,.1f}", f"{100 * c.estimate.mfu:.1f}%",
+             human_bytes(c.estimate.memory.peak_bytes),
+             "/".join(sorted({str(s) for s in c.plan.layer_strategies}))[:60]]
+            for i, c in enumerate(candidates)]
+    return table(["#", "pipeline", "iter s", "samples/s", "MFU", "peak", "strategies"], rows,
+                 right={0, 2, 3, 4, 5})
+
+
+def baseline_table(best, base, cluster) -> str:
+    device = cluster.device_memory_bytes
+    rows = [["chosen (per-layer)", f"{best.estimate.iteration_seconds:.4g}",
+             f"{best.estimate.samples_per_second:,.1f}", f"{100 * best.estimate.mfu:.1f}%",
+             human_bytes(best.estimate.memory.peak_bytes), str(best.plan)[:70]]]
+    for b in base:
+        if b.candidate is not None:
+            e = b.candidate.estimate
+            rows.append([b.name, f"{e.iteration_seconds:.4g}", f"{e.samples_per_second:,.1f}",
+                         f"{100 * e.mfu:.1f}%", human_bytes(e.memory.peak_bytes),
+                         str(b.candidate.plan)[:70]])
+        else:
+            needs = (f"needs {b.needs_bytes / GiB:.1f} GiB of {device / GiB:.1f} GiB"
+                     if b.needs_bytes else "no legal configuration")
+            rows.append([b.name, "-", "-", "-", "-", f"does not fit: {needs}"])
+    return table(["plan", "iter s", "samples/s", "MFU", "peak", "details"], rows,
+                 right={1, 2, 3, 4})
+
+
+def nothing_fits(graph, cluster, args, options: SearchOptions) -> str:
+    """The smallest memory any plan would need and the knob that would help most."""
+    import dataclasses
+
+    frugal = dataclasses.replace(options, memory_budget_bytes=None, top_k=1)
+    needs, _ = least_memory(graph, cluster, args.global_batch, frugal)
+    budget = options.memory_budget_bytes or cluster.device_memory_bytes
+    head = f"no plan fits {budget / GiB:.1f} GiB per device"
+    if needs is not None:
+        head += f"; the most frugal plan needs {needs / GiB:.1f} GiB"
+    hints = []
+    if options.no_checkpoint or options.checkpoint is Checkpoint.NONE:
+        hints.append("allow activation checkpointing (drop --no-checkpoint)")
+    if any(v is not None for v in (options.tp, options.dp, options.pp, options.zero,
+                                   options.micro_batch)) or options.uniform or options.no_pp:
+        hints.append("remove pins (--tp/--dp/--pp/--zero/--micro-batch/--uniform/--no-pp)")
+    hints.append(f"more devices (--nodes {cluster.num_nodes * 2})")
+    hints.append("a smaller --global-batch or --seq-len")
+    return head + "; try: " + ", ".join(hints)

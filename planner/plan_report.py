@@ -1,0 +1,60 @@
+"""Tables for plans: the strategy per layer group, the top-K list, the baselines."""
+
+from __future__ import annotations
+
+from ir.plan import PlanDocument
+from planner.fmt import human_bytes, table
+
+
+def strategy_rows(doc: PlanDocument) -> list[list[object]]:
+    """Consecutive layers of one stage with one strategy share a row."""
+    plan, names = doc.plan, doc.layer_names
+    rows, i = [], 0
+    while i < len(names):
+        j = i
+        while (j + 1 < len(names) and plan.layer_strategies[j + 1] == plan.layer_strategies[i]
+               and plan.stage_of(j + 1) == plan.stage_of(i)):
+            j += 1
+        s = plan.layer_strategies[i]
+        span = names[i] if i == j else f"{names[i]} .. {names[j]}"
+        rows.append([f"{i}" if i == j else f"{i}-{j}", span, plan.stage_of(i), s.tp, s.dp,
+                     s.dp_mode.stage, "yes" if s.sequence_parallel else "-", s.checkpoint.value])
+        i = j + 1
+    return rows
+
+
+def strategy_table(doc: PlanDocument) -> str:
+    headers = ["layers", "names", "stage", "tp", "dp", "zero", "sp", "checkpoint"]
+    return table(headers, strategy_rows(doc), right={2, 3, 4, 5})
+
+
+def summary_line(doc: PlanDocument) -> str:
+    p = doc.plan
+    stages = ", ".join(f"{doc.layer_names[s.first_layer]}..{doc.layer_names[s.last_layer]}"
+                       for s in p.stages)
+    v = f" x {p.virtual_stages} chunks" if p.virtual_stages > 1 else ""
+    return (f"{doc.model_name}: {p.world_size} devices, pp {p.pp}{v}, {p.schedule}, "
+            f"{p.num_microbatches} micro-batches of {p.micro_batch}, global batch "
+            f"{p.global_batch}, {p.precision}; stages: {stages}")
+
+
+def predicted_lines(predicted: dict) -> str:
+    if not predicted:
+        return "no prediction recorded"
+    mem = predicted.get("memory", {})
+    return (f"predicted: {predicted['iteration_seconds']:.4g} s per iteration, "
+            f"{predicted['samples_per_second']:,.2f} samples/s, "
+            f"{predicted['tflops_per_device']:,.1f} TFLOP/s per device, MFU "
+            f"{100 * predicted['mfu']:.1f}%; peak {human_bytes(mem.get('peak_bytes', 0))} of "
+            f"{human_bytes(mem.get('device_bytes', 0))}")
+
+
+def stage_memory_table(predicted: dict) -> str:
+    rows = []
+    for s in predicted.get("memory", {}).get("stages", []):
+        b = s["breakdown"]
+        rows.append([s["stage"], *(human_bytes(b[k]) for k in
+                                   ("params", "grads", "optimizer", "activations", "buffers",
+                                    "overhead")), human_bytes(s["peak_bytes"])])
+    return table(["stage", "params", "grads", "optimizer", "activations", "buffers",
+                  "overhead", "peak"], rows, right=set(range(1, 8)))
