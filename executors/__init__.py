@@ -1,1 +1,26 @@
-"""Apply a parallel plan on torch.distributed."""
+"""Apply a parallel plan on torch.distributed.
+
+    from executors import apply, init_distributed
+    init_distributed()                                  # torchrun env, or one process
+    pm = apply(model, plan, graph, loss_fn=loss_fn)     # every rank, same model and seed
+    for inputs, target in global_batches:               # the GLOBAL batch on every rank
+        loss = pm.train_step(inputs, target)
+
+Modules, one idea each: `mesh` (degrees, DeviceMeshes), `layout` (activation layouts and
+re-layouts), `tensor_parallel`, `checkpointing`, `data_parallel`, `pipeline`, `tied`
+(shared weights), `optimizer` (ZeRO-1), `data` (per-rank batch shards), `validate`
+(rejections), `runtime` (ParallelModel, train_step), `state` (full parameters), `apply`
+(the composition, in one documented order).
+"""
+
+from executors.apply import apply, default_device, init_distributed
+from executors.data import global_batch_indices, local_rows, shard_batch
+from executors.layout import Layout
+from executors.mesh import MeshAxis, ParallelDims
+from executors.runtime import ParallelModel
+from executors.state import full_state_dict
+from executors.validate import check_plan
+
+__all__ = ["apply", "check_plan", "default_device", "init_distributed", "full_state_dict",
+           "global_batch_indices", "local_rows", "shard_batch", "Layout", "MeshAxis",
+           "ParallelDims", "ParallelModel"]

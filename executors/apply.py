@@ -1,0 +1,175 @@
+"""`apply(model, plan, graph, loss_fn=...)`: run a ParallelPlan on torch.distributed.
+
+Call it on every rank inside an initialised process group (torchrun, or spawned ranks),
+with the same model built from the same seed on every rank. The composition order is
+fixed (torchtitan's: TP -> AC -> FSDP, embeddings/blocks/head one unit each, root last):
+
+    0. check_plan          reject what cannot run (PlannerError), before any collective
+    1. Meshes              one (pp, dp, tp) DeviceMesh per TP degree, TP innermost
+    2. untie               each layer its own copy of shared weights (`executors.tied`)
+    3. build_stage_module  this rank's pipeline stage(s), pruned from the model
+    per stage module, per layer in order:
+    4. apply_tp            DTensor TP / SP styles on the layer's TP mesh
+    5. re-layouts          hooks where neighbouring layers lay activations out differently
+    6. apply_ac            activation checkpointing of the layer
+    7. apply_dp            fully_shard / replicate on the layer's DP mesh; then the root
+    then:
+    8. TiedGradients       sum the gradients of tied copies (needs the final parameters)
+    9. build_optimizer     one optimizer; ZeRO-1 layers shard its state
+   10. build_schedule      PipelineStage(s) and the plan's schedule (pp > 1)
+
+    >>> pm = apply(model, plan, graph, loss_fn=loss_fn)
+    >>> loss = pm.train_step({"input_ids": ids}, labels)   # the GLOBAL batch on every rank
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from executors.checkpointing import apply_ac
+from executors.data_parallel import apply_dp, apply_dp_root
+from executors.layout import add_input_relayout, add_output_relayout
+from executors.mesh import Meshes
+from executors.optimizer import build_optimizer, optimizer_for
+from executors.pipeline import build_schedule, build_stage_module, rank_stages, stage_layers
+from executors.runtime import ParallelModel
+from executors.tensor_parallel import apply_tp
+from executors.tied import TiedGradients, find_tie_groups, untie
+from executors.validate import check_plan, layer_layout
+from ir.errors import PlannerError
+from ir.layer import LayerGraph
+from ir.plan import ParallelPlan
+from ir.strategy import DPMode
+
+
+def default_device() -> torch.device:
+    """cuda:LOCAL_RANK under NCCL, else CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl" and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def _layer_module(stage_module: nn.Module, name: str) -> nn.Module:
+    return stage_module.get_submodule(name) if name else stage_module
+
+
+def _parallelize_stage(module: nn.Module, layers: list[int], plan: ParallelPlan,
+                       graph: LayerGraph, meshes: Meshes, incoming, is_last: bool,
+                       zero1: list) -> None:
+    """Steps 4-7 for one stage module holding `layers` (in order)."""
+    strategies = plan.layer_strategies
+    # 4. tensor / sequence parallel
+    for j in layers:
+        apply_tp(_layer_module(module, graph.layers[j].name), graph.layers[j], strategies[j],
+                 meshes.tp_mesh(strategies[j].tp))
+    # 5. re-layouts: each layer converts its input from the layout of the one before it
+    for j in layers:
+        layout = layer_layout(plan, graph, j)
+        if incoming != layout:
+            add_input_relayout(_layer_module(module, graph.layers[j].name), incoming, layout,
+                               meshes)
+        incoming = layout
+    if is_last and incoming.seq_sharded:  # the loss sees whole sequences
+        add_output_relayout(_layer_module(module, graph.layers[layers[-1]].name), incoming,
+                            incoming.full_sequence, meshes)
+    # 6. activation checkpointing
+    for j in layers:
+        apply_ac(_layer_module(module, graph.layers[j].name), strategies[j].checkpoint)
+    # 7. data parallel: each layer, then the stage module as the root unit
+    root_mesh = None
+    for j in layers:
+        s = strategies[j]
+        layer_module = _layer_module(module, graph.layers[j].name)
+        mesh = meshes.dp_mesh(s.tp)
+        if apply_dp(layer_module, s, mesh, plan.precision) is not None:
+            root_mesh = root_mesh or mesh
+            if s.dp_mode is DPMode.ZERO1 and s.dp > 1:
+                zero1.append((list(layer_module.parameters()), mesh.get_group()))
+    if root_mesh is not None:
+        apply_dp_root(module, root_mesh, plan.precision)
+
+
+def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: Callable,
+          device: torch.device | str | None = None,
+          optimizer: type[torch.optim.Optimizer] | None = None,
+          optimizer_kwargs: dict[str, Any] | None = None,
+          example_inputs: dict | None = None) -> ParallelModel:
+    """Shard `model` as `plan` says on this rank; see the module docstring for the order.
+
+    optimizer / optimizer_kwargs default to `plan.optimizer` with torch's defaults.
+    example_inputs (optional) lets the pipeline check that inputs can go positionally.
+    """
+    if not dist.is_initialized():
+        raise PlannerError("executors.apply needs an initialised process group: run under "
+                           "torchrun, or call executors.init_distributed() first")
+    world_size = dist.get_world_size()
+    # 0. reject before any collective
+    dims = check_plan(model, plan, graph, world_size, example_inputs)
+    device = torch.device(device) if device is not None else default_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # 1. meshes
+    meshes = Meshes(dims, device.type)
+    model.to(device)
+    # 2. shared weights
+    ties = find_tie_groups(model, graph)
+    untie(model, ties)
+    # 3. pipeline stages held by this rank
+    if plan.pp == 1:
+        stage_ids: list[int | None] = [None]
+        layer_sets = [list(range(len(graph.layers)))]
+    else:
+        stage_ids = list(rank_stages(plan, meshes.pp_rank))
+        layer_sets = [stage_layers(plan, s) for s in stage_ids]
+    modules = [build_stage_module(model, graph, layers, make_copy=len(stage_ids) > 1)
+               if plan.pp > 1 else model for layers in layer_sets]
+    # 4-7. per stage module
+    zero1: list = []
+    for stage, module, layers in zip(stage_ids, modules, layer_sets):
+        first = layers[0]
+        if first == 0:
+            incoming = layer_layout(plan, graph, 0).full_sequence  # the data layout
+        else:
+            incoming = layer_layout(plan, graph, first - 1)  # what the previous stage sent
+        _parallelize_stage(module, layers, plan, graph, meshes, incoming,
+                           is_last=layers[-1] == len(graph.layers) - 1, zero1=zero1)
+    # 8. tied copies
+    layer_stage = [plan.stage_of(j) for j in range(len(graph.layers))]
+    by_layer = {j: module for module, layers in zip(modules, layer_sets) for j in layers}
+    tied = TiedGradients(ties, layer_stage, plan.pp, dims.stage_devices, by_layer)
+    # 9. optimizer
+    cls, kwargs = optimizer_for(plan.optimizer)
+    if optimizer is not None:
+        cls, kwargs = optimizer, {}
+    kwargs.update(optimizer_kwargs or {})
+    params = list({id(p): p for m in modules for p in m.parameters()}.values())
+    opt = build_optimizer(params, zero1, cls, kwargs)
+    pm = ParallelModel(
+        plan=plan, module=modules[0] if len(modules) == 1 else nn.ModuleList(modules),
+        stage_modules=list(zip(stage_ids, modules)), optimizer=opt, loss_fn=loss_fn,
+        meshes=meshes, device=device, input_layout=layer_layout(plan, graph, 0).full_sequence,
+        output_layout=layer_layout(plan, graph, len(graph.layers) - 1).full_sequence,
+        tied=tied)
+    # 10. pipeline schedule
+    if plan.pp > 1:
+        pm.schedule, pm.pipeline_stages = build_schedule(
+            plan, list(zip(stage_ids, modules)), device, meshes.pp_group(), pm._scaled_loss)
+    return pm
+
+
+def init_distributed(backend: str | None = None) -> None:
+    """Initialise the default process group: from torchrun's environment when present
+    (nccl with GPUs, else gloo), else a single-process group (world size 1)."""
+    if dist.is_initialized():
+        return
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)

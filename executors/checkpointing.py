@@ -1,0 +1,67 @@
+"""Activation checkpointing of one layer (`Checkpoint.FULL` / `Checkpoint.SELECTIVE`).
+
+The layer's `forward` is replaced on the instance by one that runs the original under
+non-reentrant `torch.utils.checkpoint.checkpoint`. Unlike `checkpoint_wrapper`, this keeps
+every parameter's fully qualified name (plans, the layer IR and state dicts keep
+matching), and hooks registered on the module (layout re-layouts, FSDP's all-gather) stay
+outside the recomputed region; FSDP2's pre-backward hook re-gathers parameters before the
+recomputation needs them.
+
+    FULL       keep only the layer's inputs; recompute the whole layer in backward.
+    SELECTIVE  op-level selective checkpointing: keep the outputs of the linear layers'
+               matrix multiplies (and of collectives, which would otherwise be repeated),
+               recompute everything else — attention scores, softmax, masks, activations,
+               norms. This is Korthikanti et al. 2022's selective recomputation (the
+               attention core, 5·a·s²·b bytes, is recomputed) widened to the cheap
+               pointwise ops, as torchtitan's op-level SAC does.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
+                                    create_selective_checkpoint_contexts)
+
+from ir.strategy import Checkpoint
+
+
+def _saved_ops() -> frozenset:
+    """Ops whose outputs selective checkpointing keeps: linear-layer GEMMs and collectives."""
+    ops = [torch.ops.aten.mm.default, torch.ops.aten.addmm.default]
+    funcol = getattr(torch.ops, "_c10d_functional", None)
+    for name in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "wait_tensor"):
+        op = getattr(funcol, name, None) if funcol is not None else None
+        if op is not None:
+            ops.append(op.default)
+    return frozenset(ops)
+
+
+def _selective_policy(saved: frozenset):
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def apply_ac(module: nn.Module, mode: Checkpoint) -> None:
+    """Checkpoint `module`'s forward in place (a no-op for `Checkpoint.NONE`)."""
+    if mode is Checkpoint.NONE:
+        return
+    inner = module.forward
+    if mode is Checkpoint.FULL:
+        context_fn = None
+    else:
+        saved = _saved_ops()
+        context_fn = functools.partial(create_selective_checkpoint_contexts,
+                                       _selective_policy(saved))
+
+    @functools.wraps(inner)
+    def forward(*args, **kwargs):
+        if context_fn is None:
+            return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+        return checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+
+    module.forward = forward

@@ -1,0 +1,90 @@
+"""Data parallelism of one layer on its 1-D data-parallel submesh, by `DPMode`.
+
+    ZERO3      fully_shard(reshard_after_forward=True): parameters, gradients and
+               optimizer states sharded; parameters all-gathered in forward and again in
+               backward.
+    ZERO2      fully_shard(reshard_after_forward=False): the same shards, but parameters
+               stay gathered from forward to backward (one all-gather per step).
+    ZERO1      replicate(): parameters and gradients replicated, gradients all-reduced;
+               the optimizer states are sharded by `executors.optimizer.ShardedOptimizer`
+               (each rank updates the parameters it owns and broadcasts them).
+    REPLICATE  replicate(): DDP — gradients all-reduced.
+
+`replicate` is the FSDP2-based composable `replicate` (torch.distributed._composable.
+replicate_with_fsdp), so every layer — whatever its mode — is one FSDP2 unit with its own
+mesh and its own gradient reduction right after its backward; modes mix freely across
+layers. The stage module is then wrapped as the root unit (it owns no parameters itself),
+which gives one lazy initialisation and lets `torch.distributed.pipelining` switch
+gradient sync off for all but the last micro-batch.
+
+Gradients are SUMMED over the data-parallel group (divide factor 1): the executor seeds
+backward with loss / (last layer's dp × micro-batches), so every layer — whatever its own
+dp — ends with the gradient of the mean loss over the global batch. Reductions use only
+ReduceOp.SUM (gloo has neither AVG nor PREMUL_SUM).
+
+Mixed precision (`Precision.BF16_MIXED`): MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32) on every unit: bf16 compute and all-gathers, fp32 gradient reduction,
+fp32 sharded parameters and optimizer states. Under mixed precision a layer with dp=1 is
+wrapped too (on a 1-rank mesh) so that it computes in bf16 like the rest.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from ir.strategy import DPMode, LayerStrategy, Precision
+
+
+def mp_policy(precision: Precision) -> MixedPrecisionPolicy:
+    if precision is Precision.FP32:
+        return MixedPrecisionPolicy()
+    dtype = getattr(torch, precision.compute_dtype)
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def needs_dp_unit(module: nn.Module, strategy: LayerStrategy, precision: Precision) -> bool:
+    has_params = any(True for _ in module.parameters())
+    return has_params and (strategy.dp > 1 or precision is not Precision.FP32)
+
+
+def _sum_reduction(unit: FSDPModule, mesh: DeviceMesh) -> None:
+    unit.set_gradient_divide_factor(1.0)
+    if dist.get_backend(mesh.get_group()) == "gloo":
+        unit.set_force_sum_reduction_for_comms(True)
+
+
+def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
+             precision: Precision) -> FSDPModule | None:
+    """Make `module` (one layer) a data-parallel unit on the 1-D mesh `mesh`."""
+    if not needs_dp_unit(module, strategy, precision):
+        return None
+    policy = mp_policy(precision)
+    if strategy.dp_mode in (DPMode.ZERO2, DPMode.ZERO3):
+        unit = fully_shard(module, mesh=mesh, mp_policy=policy,
+                           reshard_after_forward=strategy.dp_mode is DPMode.ZERO3)
+    else:
+        unit = replicate(module, mesh=mesh, mp_policy=policy)
+    _sum_reduction(unit, mesh)
+    return unit
+
+
+def apply_dp_root(stage_module: nn.Module, mesh: DeviceMesh, precision: Precision) -> None:
+    """Wrap the stage module as the root unit (after every layer that needs one is a unit).
+    It owns no parameters: those of layers without a unit (dp=1) stay plain."""
+    managed = {id(p) for m in stage_module.modules() if isinstance(m, FSDPModule)
+               for p in m.parameters()}
+    ignored = {p for p in stage_module.parameters() if id(p) not in managed}
+    unit = fully_shard(stage_module, mesh=mesh, mp_policy=mp_policy(precision),
+                       reshard_after_forward=False, ignored_params=ignored)
+    _sum_reduction(unit, mesh)
+
+
+def set_gradient_sync(stage_module: nn.Module, enabled: bool) -> None:
+    """Gradient accumulation without communication on all but the last micro-batch."""
+    if isinstance(stage_module, FSDPModule):
+        stage_module.set_requires_gradient_sync(enabled)

@@ -1,0 +1,137 @@
+"""`ParallelModel`: the applied plan on this rank, and its training step.
+
+`train_step(inputs, target)` takes the GLOBAL batch on every rank and
+
+  1. keeps this rank's rows (`executors.data`): the inputs in the first layer's layout,
+     the target in the last layer's;
+  2. runs forward and backward over `num_microbatches` micro-batches — a plain loop with
+     gradient sync only on the last micro-batch when pp = 1, the pipelining schedule
+     otherwise — with each micro-batch's loss divided by (last layer's dp x
+     num_microbatches), so the data-parallel SUM of gradients is the gradient of the mean
+     loss over the global batch;
+  3. sums the gradients of tied copies, steps the optimizer, zeroes the gradients;
+  4. returns the global-batch mean loss (one all-reduce of a scalar), the same on every rank.
+
+The model's output goes through `ir.trace.model_output_tensor` (a HF ModelOutput's
+`.logits`) before `loss_fn(output, target)`, as in the layer IR.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from executors.data import shard_batch, split_microbatches
+from executors.data_parallel import set_gradient_sync
+from executors.layout import Layout
+from executors.mesh import Meshes
+from executors.pipeline import positional_inputs
+from executors.tied import TiedGradients
+from ir.plan import ParallelPlan
+from ir.trace import model_output_tensor
+
+
+@dataclass
+class ParallelModel:
+    """What `executors.apply` returns on each rank."""
+
+    plan: ParallelPlan
+    module: nn.Module  # the model (pp=1), this rank's stage module, or a ModuleList of them
+    stage_modules: list[tuple[int | None, nn.Module]]  # (stage index or None when pp=1, module)
+    optimizer: Any
+    loss_fn: Callable
+    meshes: Meshes
+    device: torch.device
+    input_layout: Layout  # layer 0's layout: how the inputs are sharded
+    output_layout: Layout  # the last layer's layout (full sequence): how the target is sharded
+    tied: TiedGradients
+    schedule: Any = None  # torch.distributed.pipelining schedule when pp > 1
+    pipeline_stages: list = field(default_factory=list)
+    steps: int = 0
+
+    # ------------------------------------------------------------------ data
+
+    def _shard(self, inputs: dict, target, layout: Layout):
+        coordinate = self.meshes.dims.coordinate(self.meshes.rank, layout.tp)
+        return shard_batch(inputs, target, global_batch=self.plan.global_batch,
+                           num_microbatches=self.plan.num_microbatches, dp=layout.dp,
+                           dp_index=coordinate.dp_index)
+
+    def local_batch(self, inputs: dict, target) -> tuple[dict, Any]:
+        """This rank's rows: inputs in the input layout, target in the output layout."""
+        inputs = {k: _to(v, self.device) for k, v in inputs.items()}
+        target = _to(target, self.device)
+        local_inputs, _ = self._shard(inputs, None, self.input_layout)
+        _, local_target = self._shard({}, target, self.output_layout)
+        return local_inputs, local_target
+
+    @property
+    def _loss_scale(self) -> int:
+        return self.output_layout.dp * self.plan.num_microbatches
+
+    def _scaled_loss(self, output, target) -> torch.Tensor:
+        return self.loss_fn(model_output_tensor(output), target) / self._loss_scale
+
+    # ------------------------------------------------------------------ step
+
+    def forward_backward(self, inputs: dict, target) -> torch.Tensor:
+        """Forward and backward on the global batch; this rank's share of the loss."""
+        local_inputs, local_target = self.local_batch(inputs, target)
+        if self.schedule is None:
+            return self._accumulate(local_inputs, local_target)
+        return self._pipeline(local_inputs, local_target)
+
+    def _accumulate(self, inputs: dict, target) -> torch.Tensor:
+        n = self.plan.num_microbatches
+        rows = self.plan.global_batch // self.input_layout.dp
+        target_rows = self.plan.global_batch // self.output_layout.dp
+        chunks = {k: split_microbatches(v, n, rows) for k, v in inputs.items()}
+        targets = split_microbatches(target, n, target_rows)
+        total = torch.zeros((), device=self.device)
+        for m in range(n):
+            set_gradient_sync(self.module, m == n - 1)
+            output = self.module(**{k: v[m] for k, v in chunks.items()})
+            loss = self._scaled_loss(output, targets[m])
+            loss.backward()
+            total += loss.detach().float()
+        return total
+
+    def _pipeline(self, inputs: dict, target) -> torch.Tensor:
+        first = any(stage.is_first for stage in self.pipeline_stages)
+        last = any(stage.is_last for stage in self.pipeline_stages)
+        args = positional_inputs(self.stage_modules[0][1], inputs) if first else ()
+        losses: list[torch.Tensor] = []
+        kwargs = {"target": target, "losses": losses} if last else {}
+        self.schedule.step(*args, return_outputs=False, **kwargs)
+        total = torch.zeros((), device=self.device)
+        for loss in losses:
+            total += loss.detach().float()
+        return total
+
+    def _reporting(self) -> bool:
+        """Ranks whose loss counts once: last stage, first TP rank of the last layer."""
+        coordinate = self.meshes.dims.coordinate(self.meshes.rank, self.output_layout.tp)
+        last_pp_rank = (len(self.plan.stages) - 1) % self.plan.pp
+        return coordinate.pp_rank == last_pp_rank and coordinate.tp_index == 0
+
+    def global_loss(self, local_loss: torch.Tensor) -> float:
+        value = local_loss if self._reporting() else torch.zeros_like(local_loss)
+        dist.all_reduce(value)
+        return float(value)
+
+    def train_step(self, inputs: dict, target) -> float:
+        """One optimizer step on the GLOBAL batch; returns its mean loss."""
+        local_loss = self.forward_backward(inputs, target)
+        self.tied.sync()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        return self.global_loss(local_loss)
+
+
+def _to(value, device: torch.device):
+    return value.to(device) if isinstance(value, torch.Tensor) else value

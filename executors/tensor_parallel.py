@@ -1,0 +1,164 @@
+"""Tensor and sequence parallelism of one layer with DTensor parallel styles (Megatron).
+
+Per TP candidate of the layer IR (`Layer.tp_candidates`, paths relative to the layer):
+
+    colwise  ColwiseParallel()                          q/k/v, MLP up/gate: split outputs
+    rowwise  RowwiseParallel()                          attention out, MLP down: all-reduce
+             RowwiseParallel(output_layouts=Shard(1))   ... reduce-scatter under SP
+    vocab    RowwiseParallel() on the embedding         table split over the vocabulary
+    head     ColwiseParallel(output_layouts=Replicate()) the "gathered head": logits are
+             all-gathered over the vocabulary so any user `loss_fn` sees the full
+             (B, T, V) logits. (A loss-parallel head would keep them sharded and needs the
+             loss inside `loss_parallel()`; it is not used because the loss function is
+             the user's and pipelining calls it on plain tensors.)
+
+Sequence parallelism (Korthikanti et al. 2022) keeps the residual stream split along the
+sequence (tensor dim 1) between the TP regions: the layer's norms run under
+`SequenceParallel` (their weight gradients are all-reduced by DTensor), the parent module
+of the column-parallel linears (the attention or MLP module) gets its input all-gathered
+along the sequence as a Replicate DTensor (reduce-scatter in backward), and the
+row-parallel linears reduce-scatter their output. The layer's input is split and its
+output gathered by `executors.layout` only where the neighbouring layer is not SP.
+
+Attention modules must infer their local head count from the projections' output
+(`view(B, T, -1, head_dim)`), as the zoo and Hugging Face models do. A layer whose TP
+degree > 1 has no TP candidates (a norm, a position embedding) runs replicated: every rank
+of its TP group computes it on the same rows. `tp_problem` lists what cannot run.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+
+from executors.layout import SEQ_DIM, map_main_input
+from ir.layer import Layer, TPStyle
+from ir.strategy import LayerStrategy
+
+# Leaf names of linears that hold several projections side by side ([q | k | v],
+# [gate | up]); splitting them column-wise would hand a rank parts of different heads.
+FUSED_PROJECTIONS = frozenset({"qkv", "c_attn", "wqkv", "query_key_value", "qkv_proj",
+                               "gate_up_proj", "in_proj"})
+
+
+def _norm_modules(layer: Layer, module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Modules of the layer that own parameters directly but are not TP candidates."""
+    candidates = [c.module for c in layer.tp_candidates]
+    out = []
+    for path, sub in module.named_modules():
+        if not any(True for _ in sub.parameters(recurse=False)):
+            continue
+        if any(path == c or path.startswith(c + ".") or c == "" for c in candidates):
+            continue
+        out.append((path, sub))
+    return out
+
+
+def _parents(paths: list[str]) -> list[str]:
+    return sorted({p.rsplit(".", 1)[0] if "." in p else "" for p in paths})
+
+
+def uses_sequence_parallel(layer: Layer, strategy: LayerStrategy) -> bool:
+    """SP applies to blocks (column- and row-parallel linears). An embedding or head layer
+    with sequence_parallel set runs on the full sequence: its vocab-parallel lookup and
+    gathered logits need every position on every TP rank."""
+    blocky = any(c.style in (TPStyle.COLWISE, TPStyle.ROWWISE) for c in layer.tp_candidates)
+    return strategy.sequence_parallel and strategy.tp > 1 and blocky
+
+
+def tp_problem(layer: Layer, module: nn.Module, strategy: LayerStrategy,
+               seq_len: int | None) -> str | None:
+    """Why this layer cannot run with its TP degree / SP, or None."""
+    tp = strategy.tp
+    if tp == 1 or not layer.tp_candidates:
+        return None
+    problem = layer.tp_violation(tp)
+    if problem:
+        return problem
+    for cand in layer.tp_candidates:
+        sub = module.get_submodule(cand.module) if cand.module else module
+        leaf = cand.module.rsplit(".", 1)[-1]
+        want = nn.Embedding if cand.style is TPStyle.VOCAB else nn.Linear
+        if not isinstance(sub, want):
+            return (f"layer {layer.name}: {cand.module or '(the layer)'} is a "
+                    f"{type(sub).__name__}; DTensor {cand.style} parallelism here splits "
+                    f"{want.__name__} only; use tp=1 for this layer")
+        if leaf in FUSED_PROJECTIONS and cand.style is TPStyle.COLWISE:
+            return (f"layer {layer.name}: {cand.module} is a fused projection; a column "
+                    f"split would mix heads across ranks; use tp=1 for this layer")
+    if uses_sequence_parallel(layer, strategy):
+        if seq_len is None or seq_len % tp:
+            return (f"layer {layer.name}: sequence parallel needs the sequence length "
+                    f"({seq_len}) divisible by tp={tp}")
+        for path, sub in _norm_modules(layer, module):
+            if "norm" not in type(sub).__name__.lower():
+                return (f"layer {layer.name}: sequence parallel runs every non-TP module "
+                        f"on a sequence chunk, but {path} ({type(sub).__name__}) is not a "
+                        "normalization; turn sequence_parallel off for this layer")
+        colwise = [c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE]
+        if "" in _parents(colwise):
+            return (f"layer {layer.name}: sequence parallel gathers the input of the module "
+                    "holding the column-parallel linears, which here is the layer itself; "
+                    "turn sequence_parallel off for this layer")
+    return None
+
+
+def layer_tp_plan(layer: Layer, module: nn.Module, strategy: LayerStrategy,
+                  ) -> dict[str, ParallelStyle]:
+    """module path (relative to the layer) -> DTensor parallel style."""
+    sp = uses_sequence_parallel(layer, strategy)
+    plan: dict[str, ParallelStyle] = {}
+    for cand in layer.tp_candidates:
+        if cand.style is TPStyle.COLWISE:
+            plan[cand.module] = ColwiseParallel()
+        elif cand.style is TPStyle.ROWWISE:
+            plan[cand.module] = RowwiseParallel(
+                output_layouts=Shard(SEQ_DIM) if sp else Replicate())
+        elif cand.style is TPStyle.VOCAB:
+            plan[cand.module] = RowwiseParallel(input_layouts=Replicate(),
+                                                output_layouts=Replicate())
+        elif cand.style is TPStyle.HEAD:
+            plan[cand.module] = ColwiseParallel(output_layouts=Replicate())
+    if sp:
+        for path, _ in _norm_modules(layer, module):
+            plan[path] = SequenceParallel(sequence_dim=SEQ_DIM, use_local_output=True)
+    return plan
+
+
+def _gather_sequence_hook(mesh: DeviceMesh):
+    """Pre-hook: local sequence chunk -> full-sequence Replicate DTensor (reduce-scatter
+    of the gradient in backward), so attention sees every position."""
+
+    def to_full(x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, DTensor):
+            return x.redistribute(mesh, (Replicate(),))
+        return DTensor.from_local(x, mesh, (Shard(SEQ_DIM),), run_check=False).redistribute(
+            mesh, (Replicate(),))
+
+    def hook(_module, args, kwargs):
+        return map_main_input(args, kwargs, to_full)
+
+    return hook
+
+
+def apply_tp(module: nn.Module, layer: Layer, strategy: LayerStrategy, mesh: DeviceMesh) -> None:
+    """Split `module` (the layer) over the 1-D TP mesh `mesh`, in place."""
+    if strategy.tp == 1 or not layer.tp_candidates:
+        return
+    plan = layer_tp_plan(layer, module, strategy)
+    whole = plan.pop("", None)  # a candidate that is the layer itself (an embedding, a head)
+    if whole is not None:
+        parallelize_module(module, mesh, whole, src_data_rank=None)
+    if plan:
+        # src_data_rank=None: every rank built the same weights, so each keeps its shard
+        # without a scatter from rank 0.
+        parallelize_module(module, mesh, plan, src_data_rank=None)
+    if uses_sequence_parallel(layer, strategy):
+        colwise = [c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE]
+        for parent in _parents(colwise):
+            module.get_submodule(parent).register_forward_pre_hook(
+                _gather_sequence_hook(mesh), with_kwargs=True)

@@ -1,0 +1,133 @@
+"""Everything the executor cannot run is rejected here, before any process group work.
+
+`check_plan` raises `PlannerError` naming the layer (or stage) and the fix; it only reads
+the model, the plan and the layer IR, so every rank reaches the same verdict.
+
+What the executor supports, beyond the plan's own invariants:
+  - every pipeline stage has the same number of devices (ranks pair up across stages);
+  - a layer's TP degree divides its stage's devices; TP and SP as `tensor_parallel`
+    allows (`tp_problem`); a layer with tp > 1 and no TP modules runs replicated;
+  - the global micro-batch (global_batch / num_microbatches) divides by every layer's dp;
+  - consecutive layers (also across a stage boundary) have TP degrees that divide one
+    another; where the data-parallel degree changes, the consuming layer must take a
+    single tensor input produced only by the layer before it (its batch is re-split);
+  - pipelines: a model cut torchtitan style (`pipeline.pruning_problem`), stage
+    boundaries at the layer IR's cut points, a schedule pipelining can run;
+  - fp32 or bf16-mixed precision (fp16 would need loss scaling);
+  - every parameter belongs to some layer.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from torch import nn
+
+from executors.layout import Layout
+from executors.mesh import ParallelDims
+from executors.pipeline import positional_inputs, pruning_problem, schedule_problem
+from executors.tensor_parallel import tp_problem, uses_sequence_parallel
+from executors.tied import owning_layer
+from ir.errors import PlannerError
+from ir.layer import LayerGraph
+from ir.plan import ParallelPlan
+from ir.strategy import Precision
+
+
+def layer_layout(plan: ParallelPlan, graph: LayerGraph, j: int) -> Layout:
+    """How layer j's activations are spread over its stage's ranks."""
+    s = plan.layer_strategies[j]
+    devices = plan.stages[plan.stage_of(j)].devices
+    return Layout(devices // s.tp, s.tp, uses_sequence_parallel(graph.layers[j], s))
+
+
+def parallel_dims(plan: ParallelPlan, world_size: int) -> ParallelDims:
+    if len(plan.stages) % plan.virtual_stages:
+        raise PlannerError(f"{len(plan.stages)} stages do not split into virtual_stages="
+                           f"{plan.virtual_stages} chunks per pipeline rank")
+    devices = {s.devices for s in plan.stages}
+    if len(devices) > 1:
+        listing = ", ".join(f"stage {i}: {s.devices}" for i, s in enumerate(plan.stages))
+        raise PlannerError(f"the executor pairs ranks across pipeline stages, so every stage "
+                           f"needs the same number of devices ({listing})")
+    tps = tuple(sorted({s.tp for s in plan.layer_strategies}))
+    return ParallelDims(world_size=world_size, pp=plan.pp, stage_devices=devices.pop(),
+                        tp_degrees=tps)
+
+
+def _single_input(module: nn.Module) -> bool:
+    params = list(inspect.signature(module.forward).parameters.values())
+    return len(params) == 1 and params[0].kind in (params[0].POSITIONAL_ONLY,
+                                                   params[0].POSITIONAL_OR_KEYWORD)
+
+
+def _module(model: nn.Module, name: str) -> nn.Module:
+    try:
+        return model.get_submodule(name) if name else model
+    except AttributeError:
+        raise PlannerError(f"layer {name!r} of the layer IR is not a module of this model; "
+                           "trace the model the plan was made for") from None
+
+
+def _check_layout_changes(model: nn.Module, plan: ParallelPlan, graph: LayerGraph) -> None:
+    producers: dict[int, set[int]] = {}
+    for src, dst, _ in graph.edges:
+        producers.setdefault(dst, set()).add(src)
+    for j in range(1, len(graph.layers)):
+        a, b = layer_layout(plan, graph, j - 1), layer_layout(plan, graph, j)
+        name = graph.layers[j].name
+        if a.tp == b.tp:
+            continue
+        if max(a.tp, b.tp) % min(a.tp, b.tp):
+            raise PlannerError(f"layer {name}: TP degree {b.tp} after {a.tp} (layer "
+                               f"{graph.layers[j - 1].name}); neighbouring TP degrees must "
+                               "divide one another")
+        if not _single_input(_module(model, name)) or not producers.get(j, set()) <= {j - 1}:
+            raise PlannerError(
+                f"layer {name}: its data-parallel degree changes from {a.dp} to {b.dp} (tp "
+                f"{a.tp} -> {b.tp}), which re-splits the batch of its input; that needs a layer "
+                "taking one tensor produced only by the layer before it; give both layers "
+                "the same tp")
+
+
+def check_plan(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, world_size: int,
+               example_inputs: dict | None = None) -> ParallelDims:
+    """Reject what cannot run; return the run's degrees."""
+    if plan.precision is Precision.FP16_MIXED:
+        raise PlannerError("fp16-mixed needs loss scaling, which the executor does not do; "
+                           "use bf16-mixed or fp32")
+    if len(plan.layer_strategies) != len(graph.layers):
+        raise PlannerError(f"the plan has {len(plan.layer_strategies)} layer strategies but "
+                           f"{graph.model} has {len(graph.layers)} layers: plan for this model")
+    dims = parallel_dims(plan, world_size)
+    micro = plan.global_batch // plan.num_microbatches
+    if plan.global_batch % plan.num_microbatches:
+        raise PlannerError(f"global batch {plan.global_batch} is not divisible by "
+                           f"num_microbatches {plan.num_microbatches}")
+    for layer, s in zip(graph.layers, plan.layer_strategies):
+        module = _module(model, layer.name)
+        if micro % s.dp:
+            raise PlannerError(f"layer {layer.name}: a global micro-batch of {micro} samples "
+                               f"does not split over dp={s.dp}")
+        problem = tp_problem(layer, module, s, graph.seq_len)
+        if problem:
+            raise PlannerError(problem)
+    _check_layout_changes(model, plan, graph)
+    for fqn, _ in model.named_parameters(remove_duplicate=False):
+        if owning_layer(fqn, graph) is None:
+            raise PlannerError(f"parameter {fqn} belongs to no layer of the layer IR, so no "
+                               "strategy says how to run it; re-trace the model")
+    if plan.pp > 1:
+        problem = pruning_problem(model, graph) or schedule_problem(plan)
+        if problem:
+            raise PlannerError(problem)
+        for stage in plan.stages[:-1]:
+            if graph.cut_points and stage.last_layer not in graph.cut_points:
+                raise PlannerError(f"a pipeline cannot cut after layer "
+                                   f"{graph.layers[stage.last_layer].name}: other tensors "
+                                   f"cross there; cut at one of layers {list(graph.cut_points)}")
+        if example_inputs is not None and positional_inputs(model, example_inputs) is None:
+            raise PlannerError(f"pipelining passes the inputs positionally, but "
+                               f"{sorted(example_inputs)} are not the first parameters of "
+                               f"{type(model).__name__}.forward")
+    return dims

@@ -1,0 +1,59 @@
+"""Spawn gloo process groups on free localhost ports and collect each rank's result.
+
+    results = spawn(worker, 4, payload, timeout_s=120)   # worker(rank, world_size, payload)
+
+`worker` must be importable by module and name (a module-level function). Each rank runs
+with one intra-op thread (the ranks share the machine's cores), its result is saved with
+`torch.save` and returned to the caller in rank order. An exception on any rank fails
+the call with that rank's traceback; ranks still running at the deadline are killed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, fn: Callable, world_size: int, port: int, out_dir: str,
+               payload: Any) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=120))
+    try:
+        result = fn(rank, world_size, payload)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn: Callable, world_size: int, payload: Any = None, *, timeout_s: float = 300) -> list:
+    """Run `fn(rank, world_size, payload)` on `world_size` gloo ranks; their results."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        context = mp.start_processes(_rank_main, args=(fn, world_size, free_port(), out_dir,
+                                                       payload),
+                                     nprocs=world_size, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        while not context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    if process.is_alive():
+                        process.kill()
+                raise TimeoutError(f"{world_size} ranks of {fn.__name__} ran past {timeout_s} s")
+        return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
+                for r in range(world_size)]
