@@ -38,7 +38,7 @@ from executors.mesh import Meshes
 from executors.optimizer import build_optimizer, optimizer_for
 from executors.pipeline import build_schedule, build_stage_module, rank_stages, stage_layers
 from executors.runtime import ParallelModel
-from executors.tensor_parallel import apply_tp
+from executors.tensor_parallel import apply_tp, is_loss_parallel_head
 from executors.tied import TiedGradients, find_tie_groups, untie
 from executors.validate import check_plan, layer_layout
 from ir.errors import PlannerError
@@ -60,13 +60,14 @@ def _layer_module(stage_module: nn.Module, name: str) -> nn.Module:
 
 def _parallelize_stage(module: nn.Module, layers: list[int], plan: ParallelPlan,
                        graph: LayerGraph, meshes: Meshes, incoming, is_last: bool,
-                       zero1: list) -> None:
+                       zero1: list, loss_parallel: bool) -> None:
     """Steps 4-7 for one stage module holding `layers` (in order)."""
     strategies = plan.layer_strategies
     # 4. tensor / sequence parallel
     for j in layers:
         apply_tp(_layer_module(module, graph.layers[j].name), graph.layers[j], strategies[j],
-                 meshes.tp_mesh(strategies[j].tp))
+                 meshes.tp_mesh(strategies[j].tp),
+                 loss_parallel=loss_parallel and j == len(graph.layers) - 1)
     # 5. re-layouts: each layer converts its input from the layout of the one before it
     for j in layers:
         layout = layer_layout(plan, graph, j)
@@ -98,11 +99,14 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
           device: torch.device | str | None = None,
           optimizer: type[torch.optim.Optimizer] | None = None,
           optimizer_kwargs: dict[str, Any] | None = None,
-          example_inputs: dict | None = None) -> ParallelModel:
+          example_inputs: dict | None = None, loss_parallel: bool = True) -> ParallelModel:
     """Shard `model` as `plan` says on this rank; see the module docstring for the order.
 
     optimizer / optimizer_kwargs default to `plan.optimizer` with torch's defaults.
     example_inputs (optional) lets the pipeline check that inputs can go positionally.
+    loss_parallel: when the last layer is a TP-split head, keep its logits split and run
+    `loss_fn` under `torch.distributed.tensor.parallel.loss_parallel()` (cross-entropy
+    losses); False gathers the logits for any loss function.
     """
     if not dist.is_initialized():
         raise PlannerError("executors.apply needs an initialised process group: run under "
@@ -129,6 +133,9 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     modules = [build_stage_module(model, graph, layers, make_copy=len(stage_ids) > 1)
                if plan.pp > 1 else model for layers in layer_sets]
     # 4-7. per stage module
+    last = len(graph.layers) - 1
+    loss_parallel = loss_parallel and is_loss_parallel_head(
+        graph.layers[last], plan.layer_strategies[last], is_last=True)
     zero1: list = []
     for stage, module, layers in zip(stage_ids, modules, layer_sets):
         first = layers[0]
@@ -137,7 +144,8 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
         else:
             incoming = layer_layout(plan, graph, first - 1)  # what the previous stage sent
         _parallelize_stage(module, layers, plan, graph, meshes, incoming,
-                           is_last=layers[-1] == len(graph.layers) - 1, zero1=zero1)
+                           is_last=layers[-1] == last, zero1=zero1,
+                           loss_parallel=loss_parallel)
     # 8. tied copies
     layer_stage = [plan.stage_of(j) for j in range(len(graph.layers))]
     by_layer = {j: module for module, layers in zip(modules, layer_sets) for j in layers}
@@ -153,8 +161,8 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
         plan=plan, module=modules[0] if len(modules) == 1 else nn.ModuleList(modules),
         stage_modules=list(zip(stage_ids, modules)), optimizer=opt, loss_fn=loss_fn,
         meshes=meshes, device=device, input_layout=layer_layout(plan, graph, 0).full_sequence,
-        output_layout=layer_layout(plan, graph, len(graph.layers) - 1).full_sequence,
-        tied=tied)
+        output_layout=layer_layout(plan, graph, last).full_sequence, tied=tied,
+        loss_parallel=loss_parallel)
     # 10. pipeline schedule
     if plan.pp > 1:
         pm.schedule, pm.pipeline_stages = build_schedule(

@@ -21,9 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel as vocab_parallel_loss
 
 from executors.data import shard_batch, split_microbatches
 from executors.data_parallel import set_gradient_sync
@@ -49,6 +53,7 @@ class ParallelModel:
     input_layout: Layout  # layer 0's layout: how the inputs are sharded
     output_layout: Layout  # the last layer's layout (full sequence): how the target is sharded
     tied: TiedGradients
+    loss_parallel: bool = False  # the last layer's logits stay vocab-split (a DTensor)
     schedule: Any = None  # torch.distributed.pipelining schedule when pp > 1
     pipeline_stages: list = field(default_factory=list)
     steps: int = 0
@@ -81,9 +86,11 @@ class ParallelModel:
     def forward_backward(self, inputs: dict, target) -> torch.Tensor:
         """Forward and backward on the global batch; this rank's share of the loss."""
         local_inputs, local_target = self.local_batch(inputs, target)
-        if self.schedule is None:
-            return self._accumulate(local_inputs, local_target)
-        return self._pipeline(local_inputs, local_target)
+        context = vocab_parallel_loss() if self.loss_parallel else contextlib.nullcontext()
+        with context:  # forward AND backward of a vocab-parallel loss run inside it
+            if self.schedule is None:
+                return self._accumulate(local_inputs, local_target)
+            return self._pipeline(local_inputs, local_target)
 
     def _accumulate(self, inputs: dict, target) -> torch.Tensor:
         n = self.plan.num_microbatches
@@ -97,7 +104,7 @@ class ParallelModel:
             output = self.module(**{k: v[m] for k, v in chunks.items()})
             loss = self._scaled_loss(output, targets[m])
             loss.backward()
-            total += loss.detach().float()
+            total += _value(loss)
         return total
 
     def _pipeline(self, inputs: dict, target) -> torch.Tensor:
@@ -109,7 +116,7 @@ class ParallelModel:
         self.schedule.step(*args, return_outputs=False, **kwargs)
         total = torch.zeros((), device=self.device)
         for loss in losses:
-            total += loss.detach().float()
+            total += _value(loss)
         return total
 
     def _reporting(self) -> bool:
@@ -131,6 +138,12 @@ class ParallelModel:
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         return self.global_loss(local_loss)
+
+
+def _value(loss: torch.Tensor) -> torch.Tensor:
+    """A detached fp32 scalar (a loss-parallel loss is a replicated DTensor)."""
+    loss = loss.detach()
+    return (loss.to_local() if isinstance(loss, DTensor) else loss).float()
 
 
 def _to(value, device: torch.device):

@@ -6,11 +6,14 @@ Per TP candidate of the layer IR (`Layer.tp_candidates`, paths relative to the l
     rowwise  RowwiseParallel()                          attention out, MLP down: all-reduce
              RowwiseParallel(output_layouts=Shard(1))   ... reduce-scatter under SP
     vocab    RowwiseParallel() on the embedding         table split over the vocabulary
-    head     ColwiseParallel(output_layouts=Replicate()) the "gathered head": logits are
-             all-gathered over the vocabulary so any user `loss_fn` sees the full
-             (B, T, V) logits. (A loss-parallel head would keep them sharded and needs the
-             loss inside `loss_parallel()`; it is not used because the loss function is
-             the user's and pipelining calls it on plain tensors.)
+    head     the model's last layer: ColwiseParallel(output_layouts=Shard(-1),
+             use_local_output=False): the logits stay split over the vocabulary as a
+             DTensor and the loss runs under `loss_parallel()` (a vocab-parallel
+             cross-entropy: no rank holds the full (B, T, V) logits). This needs a
+             cross-entropy loss (`F.cross_entropy`, any ignore_index, no label
+             smoothing); `apply(..., loss_parallel=False)` gathers the logits instead
+             (ColwiseParallel(output_layouts=Replicate())) for any other loss, as it
+             does for a head that is not the last layer.
 
 Sequence parallelism (Korthikanti et al. 2022) keeps the residual stream split along the
 sequence (tensor dim 1) between the TP regions: the layer's norms run under
@@ -108,7 +111,7 @@ def tp_problem(layer: Layer, module: nn.Module, strategy: LayerStrategy,
 
 
 def layer_tp_plan(layer: Layer, module: nn.Module, strategy: LayerStrategy,
-                  ) -> dict[str, ParallelStyle]:
+                  loss_parallel: bool = False) -> dict[str, ParallelStyle]:
     """module path (relative to the layer) -> DTensor parallel style."""
     sp = uses_sequence_parallel(layer, strategy)
     plan: dict[str, ParallelStyle] = {}
@@ -121,6 +124,8 @@ def layer_tp_plan(layer: Layer, module: nn.Module, strategy: LayerStrategy,
         elif cand.style is TPStyle.VOCAB:
             plan[cand.module] = RowwiseParallel(input_layouts=Replicate(),
                                                 output_layouts=Replicate())
+        elif cand.style is TPStyle.HEAD and loss_parallel:
+            plan[cand.module] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
         elif cand.style is TPStyle.HEAD:
             plan[cand.module] = ColwiseParallel(output_layouts=Replicate())
     if sp:
@@ -145,11 +150,19 @@ def _gather_sequence_hook(mesh: DeviceMesh):
     return hook
 
 
-def apply_tp(module: nn.Module, layer: Layer, strategy: LayerStrategy, mesh: DeviceMesh) -> None:
-    """Split `module` (the layer) over the 1-D TP mesh `mesh`, in place."""
+def is_loss_parallel_head(layer: Layer, strategy: LayerStrategy, is_last: bool) -> bool:
+    """A vocab-split head whose logits go straight to the loss."""
+    return (is_last and strategy.tp > 1
+            and any(c.style is TPStyle.HEAD for c in layer.tp_candidates))
+
+
+def apply_tp(module: nn.Module, layer: Layer, strategy: LayerStrategy, mesh: DeviceMesh,
+             loss_parallel: bool = False) -> None:
+    """Split `module` (the layer) over the 1-D TP mesh `mesh`, in place. `loss_parallel`:
+    this is the last layer's head and the loss runs under `loss_parallel()`."""
     if strategy.tp == 1 or not layer.tp_candidates:
         return
-    plan = layer_tp_plan(layer, module, strategy)
+    plan = layer_tp_plan(layer, module, strategy, loss_parallel)
     whole = plan.pop("", None)  # a candidate that is the layer itself (an embedding, a head)
     if whole is not None:
         parallelize_module(module, mesh, whole, src_data_rank=None)

@@ -112,21 +112,13 @@ def reference(spec: str) -> tuple[list[float], dict[str, torch.Tensor]]:
 def per_layer_plan(stages: tuple[Stage, ...], strategies: tuple[LayerStrategy, ...],
                    num_microbatches: int = 1, schedule: Schedule = Schedule.ONE_F_ONE_B,
                    virtual_stages: int = 1) -> ParallelPlan:
-    """A plan with per-layer strategies. Where layers of one stage differ in dp, today's
-    ParallelPlan invariant (one micro_batch for every layer's dp) rejects it, so the plan
-    is built without that check; the executor reads only global_batch / num_microbatches."""
+    """A plan with per-layer strategies (layers of one stage may differ in dp)."""
     dp = max(s.dp for s in strategies)
-    fields = dict(stages=stages, layer_strategies=strategies, global_batch=GLOBAL_BATCH,
-                  micro_batch=GLOBAL_BATCH // (num_microbatches * dp),
-                  num_microbatches=num_microbatches, schedule=schedule,
-                  precision=Precision.FP32, optimizer="adamw", virtual_stages=virtual_stages)
-    try:
-        return ParallelPlan(**fields)
-    except PlannerError:
-        plan = object.__new__(ParallelPlan)
-        for key, value in fields.items():
-            object.__setattr__(plan, key, value)
-        return plan
+    return ParallelPlan(stages=stages, layer_strategies=strategies, global_batch=GLOBAL_BATCH,
+                        micro_batch=GLOBAL_BATCH // (num_microbatches * dp),
+                        num_microbatches=num_microbatches, schedule=schedule,
+                        precision=Precision.FP32, optimizer="adamw",
+                        virtual_stages=virtual_stages)
 
 
 def uniform(**kw) -> Callable[[LayerGraph], ParallelPlan]:
