@@ -99,14 +99,17 @@ class SearchResult:
     best: Candidate | None
     candidates: list[Candidate]  # feasible ones, best first
     stats: dict = field(default_factory=dict)
+    baselines: list = field(default_factory=list)  # Baseline per classic uniform family
 
 
 # ----------------------------------------------------------------- pricing a layer
 
 
 def _price(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, options: SearchOptions,
-           global_batch: int, profile, cache: dict) -> tuple[list[LayerTable], list[tuple]]:
-    """Price every layer's strategies; identical layers share one table."""
+           global_batch: int, profile, cache: dict, prune: bool = True,
+           ) -> tuple[list[LayerTable], list[tuple]]:
+    """Price every layer's strategies; identical layers share one table. `prune=False`
+    keeps dominated strategies (for the brute-force oracle in the tests)."""
     stage_devices = cluster.world_size // cand.pp
     samples = global_batch // cand.num_microbatches
     per_param = bytes_per_param(options.precision, options.optimizer)
@@ -117,7 +120,8 @@ def _price(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, option
     if degrees_key not in cache:
         cache[degrees_key] = model_tp_degrees(graph, stage_devices, options.max_tp)
     for layer in graph.layers:
-        key = (layer.structural_hash, layer.params, stage_devices, samples, cand.num_microbatches)
+        key = (layer.structural_hash, layer.params, stage_devices, samples, cand.num_microbatches,
+               prune)
         if key not in cache:
             strategies = layer_strategies(layer, stage_devices, samples, options, sequence_model,
                                           cache[degrees_key])
@@ -137,7 +141,7 @@ def _price(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, option
                              + mem.unsharded_grad_bytes)
                 rows.append((t, states, mem.activations.kept_bytes, transient, samples // s.dp))
             rows = np.array(rows, dtype=float).reshape(-1, 5)
-            keep = _undominated(strategies, rows)
+            keep = _undominated(strategies, rows) if prune else list(range(len(strategies)))
             cache[key] = ([strategies[i] for i in keep], rows[keep])
         strategies, rows = cache[key]
         layout = np.array([layouts.setdefault((s.tp, s.sequence_parallel), len(layouts))
@@ -534,8 +538,9 @@ def _lower_bound(cand: OuterCandidate, tables: list[LayerTable], budget_bytes: f
 
 def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
            options: SearchOptions = SearchOptions(), profile: ComputeProfile | None = None,
-           ) -> SearchResult:
-    """The fastest plans that fit, best first (see the module docstring)."""
+           with_baselines: bool = True) -> SearchResult:
+    """The fastest plans that fit, best first (see the module docstring). Unless the
+    search is uniform itself, the classic uniform baselines join the final ranking."""
     if global_batch < 1:
         raise PlannerError(f"--global-batch must be >= 1, got {global_batch}")
     start = time.perf_counter()
@@ -596,10 +601,15 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
             candidates.append(Candidate(cand, plan, objective, est))
         if len(candidates) >= max(options.top_k, 1) + 7:
             break  # priced enough of the DP's best to re-rank by the full model
+    base = []
+    if with_baselines and not options.uniform:
+        base = baselines(graph, cluster, global_batch, options, profile)
+        candidates += [b.candidate for b in base
+                       if b.candidate is not None and b.candidate.plan not in seen]
     candidates.sort(key=lambda c: c.estimate.iteration_seconds)
     stats["search_seconds"] = time.perf_counter() - start
     stats["feasible_candidates"] = len(found)
-    return SearchResult(candidates[0] if candidates else None, candidates, stats)
+    return SearchResult(candidates[0] if candidates else None, candidates, stats, base)
 
 
 # ------------------------------------------------------------------- baselines
@@ -617,19 +627,22 @@ class Baseline:
     name: str
     candidate: Candidate | None
     needs_bytes: int | None  # least peak memory of this family when nothing fits
+    excluded_by: str | None = None  # the user's pin this family contradicts
 
 
 def baselines(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
               options: SearchOptions, profile=None) -> list[Baseline]:
-    """The best uniform plan of each classic family, or what it would need."""
+    """The best uniform plan of each classic family (within the user's pins), or what it
+    would need."""
     out = []
     for name, pins in BASELINES.items():
-        pinned = {k: v for k, v in pins.items() if v is not None}
-        base = SearchOptions(precision=options.precision, optimizer=options.optimizer,
-                             memory_budget_bytes=options.memory_budget_bytes, uniform=True,
-                             memory_buckets=options.memory_buckets, **pinned)
+        clash = [k for k, v in pins.items() if getattr(options, k) not in (None, False, v)]
+        if clash:
+            out.append(Baseline(name, None, None, excluded_by=f"--{clash[0].replace('_', '-')}"))
+            continue
+        base = dataclasses.replace(options, uniform=True, top_k=1, time_limit_s=None, **pins)
         try:
-            result = search(graph, cluster, global_batch, base, profile)
+            result = search(graph, cluster, global_batch, base, profile, with_baselines=False)
         except PlannerError:
             out.append(Baseline(name, None, None))
             continue

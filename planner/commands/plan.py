@@ -21,7 +21,7 @@ from planner.commands.estimate import default_precision, load_cluster
 from planner.fmt import Progress, human_bytes, table
 from planner.models import load_layer_graph
 from planner.plan_report import predicted_lines, stage_memory_table, strategy_table, summary_line
-from planner.search import baselines, least_memory, search
+from planner.search import least_memory, search
 from planner.search_space import SearchOptions
 
 GiB = 2**30
@@ -100,13 +100,15 @@ def run(args) -> int:
     graph = load_layer_graph(args.model, 1, args.seq_len,
                              getattr(torch, precision.compute_dtype), progress=progress)
     progress.close()
-    result = search(graph, cluster, args.global_batch, options)
+    result = search(graph, cluster, args.global_batch, options,
+                    with_baselines=not args.no_baselines)
     if result.best is None:
         raise PlannerError(nothing_fits(graph, cluster, args, options))
-    base = [] if args.no_baselines else baselines(graph, cluster, args.global_batch, options)
+    base = result.baselines
     summary = {b.name: ({"plan": str(b.candidate.plan),
                          "iteration_seconds": b.candidate.estimate.iteration_seconds}
-                        if b.candidate else {"fits": False, "needs_bytes": b.needs_bytes})
+                        if b.candidate else {"fits": False, "needs_bytes": b.needs_bytes,
+                                             "excluded_by": b.excluded_by})
                for b in base}
     doc = make_document(graph, cluster, result.best, result.stats, {"baselines": summary})
     if args.out:
@@ -155,10 +157,12 @@ def baseline_table(best, base, cluster) -> str:
             rows.append([b.name, f"{e.iteration_seconds:.4g}", f"{e.samples_per_second:,.1f}",
                          f"{100 * e.mfu:.1f}%", human_bytes(e.memory.peak_bytes),
                          str(b.candidate.plan)[:70]])
+        elif b.excluded_by:
+            rows.append([b.name, "-", "-", "-", "-", f"excluded by {b.excluded_by}"])
         else:
-            needs = (f"needs {b.needs_bytes / GiB:.1f} GiB of {device / GiB:.1f} GiB"
+            needs = (f"does not fit: needs {b.needs_bytes / GiB:.1f} GiB of {device / GiB:.1f} GiB"
                      if b.needs_bytes else "no legal configuration")
-            rows.append([b.name, "-", "-", "-", "-", f"does not fit: {needs}"])
+            rows.append([b.name, "-", "-", "-", "-", needs])
     return table(["plan", "iter s", "samples/s", "MFU", "peak", "details"], rows,
                  right={1, 2, 3, 4})
 
