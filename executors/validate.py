@@ -82,7 +82,7 @@ def _check_layout_changes(model: nn.Module, plan: ParallelPlan, graph: LayerGrap
             raise PlannerError(f"layer {name}: TP degree {b.tp} after {a.tp} (layer "
                                f"{graph.layers[j - 1].name}); neighbouring TP degrees must "
                                "divide one another")
-        if not _single_input(_module(model, name)) or not producers.get(j, set()) <= {j - 1}:
+        if not _single_input(_module(model, name)) or producers.get(j, set()) != {j - 1}:
             raise PlannerError(
                 f"layer {name}: its data-parallel degree changes from {a.dp} to {b.dp} (tp "
                 f"{a.tp} -> {b.tp}), which re-splits the batch of its input; that needs a layer "

@@ -165,6 +165,22 @@ def mixed_tp_pp(graph: LayerGraph) -> ParallelPlan:
                           tuple(first + second), num_microbatches=2)
 
 
+def planned(world: int, index: int = 0, **pins) -> Callable[[LayerGraph], ParallelPlan]:
+    """The index-th distinct plan `planner.search` picks for the local cluster of `world`
+    processes (fp32), optionally with pins (tp=2, pp=2, ...)."""
+    def make(graph: LayerGraph) -> ParallelPlan:
+        from cost_models.clusters import get_cluster
+        from planner.search import search
+        from planner.search_space import SearchOptions
+
+        options = SearchOptions(precision=Precision.FP32, top_k=index + 1, **pins)
+        result = search(graph, get_cluster("local", gpus_per_node=world), GLOBAL_BATCH, options)
+        distinct = list(dict.fromkeys(c.plan for c in result.candidates))
+        assert len(distinct) > index, f"search found {len(distinct)} plans, wanted #{index}"
+        return distinct[index]
+    return make
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -201,6 +217,15 @@ CASES = [
          uniform(dp=2, tp=2, pp=2, virtual_stages=2, sequence_parallel=True, zero=1,
                  micro_batch=2, schedule=I)),
     Case("mixed-tp-pp", 8, GPT, mixed_tp_pp),
+    # plans `planner plan --cluster local` picks (per-layer mixes of all of the above)
+    # (the local cluster's speed is measured, so the exact plans may vary between runs)
+    Case("planned-best", 2, GPT, planned(2)),
+    Case("planned-2nd", 2, LLAMA, planned(2, index=1)),
+    Case("planned-best", 4, GPT, planned(4)),
+    Case("planned-2nd", 4, LLAMA, planned(4, index=1)),
+    Case("planned-pp2", 4, GPT, planned(4, pp=2)),
+    Case("planned-best", 8, LLAMA, planned(8)),
+    Case("planned-2nd", 8, GPT, planned(8, index=1)),
 ]
 
 

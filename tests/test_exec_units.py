@@ -1,0 +1,202 @@
+"""Executor logic that needs no process group: rejections, data shards, ownership, pruning."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+from executors.data import global_batch_indices, local_rows, shard_batch, split_microbatches
+from executors.layout import Layout, map_main_input, map_main_output
+from executors.mesh import MeshAxis, ParallelDims
+from executors.optimizer import owners_by_size
+from executors.pipeline import build_stage_module, positional_inputs, rank_stages
+from executors.tied import find_tie_groups, untie
+from executors.validate import check_plan, layer_layout
+from ir.errors import PlannerError
+from ir.plan import ParallelPlan, uniform_plan
+from ir.strategy import LayerStrategy, Precision, Schedule, Stage
+from planner.models import load_layer_graph, load_model
+
+GPT = "gpt:layers=4,hidden=64,heads=4,vocab=128,seq=32,dropout=0"
+HF_GPT2 = "hf:tests/data/hf/gpt2/config.json"
+
+
+@functools.lru_cache(maxsize=None)
+def graph_of(spec: str):
+    return load_layer_graph(spec, micro_batch=2, seq_len=32, dtype=torch.float32)
+
+
+def model_of(spec: str) -> nn.Module:
+    return load_model(spec, micro_batch=1, seq_len=32, device="cpu", seed=0).module
+
+
+def plan(spec: str = GPT, **kw) -> ParallelPlan:
+    kw.setdefault("global_batch", 8)
+    kw.setdefault("precision", Precision.FP32)
+    return uniform_plan(len(graph_of(spec).layers), **kw)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def test_local_rows_cover_every_sample_once_per_step():
+    rows = [local_rows(8, 2, 4, c).tolist() for c in range(4)]
+    assert rows == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert sorted(sum(rows, [])) == list(range(8))
+    # a coarser layout's block is the concatenation of the finer layout's blocks
+    coarse = local_rows(8, 2, 2, 1).tolist()
+    assert coarse == [2, 3, 6, 7] and coarse == sorted(rows[2] + rows[3])
+
+
+def test_shard_batch_keeps_non_batch_tensors_whole():
+    ids, positions = torch.arange(16).view(8, 2), torch.arange(2).view(1, 2)
+    local, target = shard_batch({"input_ids": ids, "position_ids": positions}, ids[:, 0],
+                                global_batch=8, num_microbatches=1, dp=2, dp_index=1)
+    assert local["input_ids"].tolist() == ids[4:].tolist()
+    assert local["position_ids"] is positions and target.tolist() == [8, 10, 12, 14]
+    assert len(split_microbatches(local["input_ids"], 2, 4)) == 2
+    assert split_microbatches(positions, 2, 4) == [positions, positions]
+
+
+def test_global_batches_are_the_same_on_every_rank_and_cover_the_epoch():
+    a = list(global_batch_indices(10, 4, epoch=1, seed=3))
+    b = list(global_batch_indices(10, 4, epoch=1, seed=3))
+    assert [x.tolist() for x in a] == [x.tolist() for x in b] and len(a) == 2
+    assert len(set(torch.cat(a).tolist())) == 8
+    with pytest.raises(PlannerError, match="not divisible"):
+        local_rows(6, 2, 2, 0)
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+def test_layout_str_and_main_input_mapping():
+    assert str(Layout(2, 2, True)) == "dp2·tp2·seq" and Layout(2, 2, True).full_sequence == Layout(2, 2)
+    x, mask = torch.ones(2), torch.zeros(2)
+    args, kwargs = map_main_input((3, x), {"mask": mask}, lambda t: t * 2)
+    assert args[1].tolist() == [2.0, 2.0] and kwargs["mask"] is mask
+    args, kwargs = map_main_input((), {"mask": mask, "hidden_states": x}, lambda t: t * 3)
+    assert kwargs["hidden_states"].tolist() == [3.0, 3.0] and kwargs["mask"] is mask
+    out = map_main_output((x, "aux"), lambda t: t + 1)
+    assert out[0].tolist() == [2.0, 2.0] and out[1] == "aux"
+
+
+def test_layer_layouts_follow_tp_and_sequence_parallel():
+    p = plan(tp=2, dp=2, sequence_parallel=True)
+    graph = graph_of(GPT)
+    assert layer_layout(p, graph, 1) == Layout(2, 2, True)  # a block: SP
+    assert layer_layout(p, graph, 0) == Layout(2, 2, False)  # the embedding: full sequence
+    assert layer_layout(p, graph, 5) == Layout(2, 2, False)  # the norm: nothing to split
+
+
+def test_parallel_dims_name_every_factor():
+    dims = ParallelDims(world_size=8, pp=2, stage_devices=4, tp_degrees=(1, 2))
+    c = dims.coordinate(6, 2)
+    assert (c.pp_rank, c.dp_index, c.tp_index) == (1, 1, 0) and dims.dp(2) == 2
+    assert str(MeshAxis.TP) == "tp"
+    with pytest.raises(PlannerError, match="pp=2 x stage_devices=4 = 8 ranks but the process group has 6"):
+        ParallelDims(world_size=6, pp=2, stage_devices=4, tp_degrees=(1,))
+
+
+# ----------------------------------------------------------------------------- rejections
+
+
+def test_check_plan_accepts_the_supported_plans():
+    model, graph = model_of(GPT), graph_of(GPT)
+    for p in (plan(dp=4, zero=3), plan(tp=2, dp=2, sequence_parallel=True),
+              plan(pp=2, tp=2, micro_batch=2), plan(pp=2, virtual_stages=2, micro_batch=2,
+                                                    schedule=Schedule.INTERLEAVED)):
+        check_plan(model, p, graph, p.world_size, {"input_ids": torch.zeros(8, 32).long()})
+
+
+@pytest.mark.parametrize("make, world, match", [
+    (lambda: plan(dp=2), 4, "launch 2 processes"),
+    (lambda: plan(tp=8), 8, r"tp=8 does not divide heads=4"),
+    (lambda: plan(pp=2, micro_batch=8, global_batch=8), 2, "1F1B needs num_microbatches >= stages"),
+    (lambda: plan(pp=2, virtual_stages=2, micro_batch=2, global_batch=10,
+                  schedule=Schedule.INTERLEAVED), 2,
+     "interleaved 1F1B needs num_microbatches"),
+])
+def test_check_plan_rejects_before_running(make, world, match):
+    p = make()
+    with pytest.raises(PlannerError, match=match):
+        check_plan(model_of(GPT), p, graph_of(GPT), world)
+
+
+def test_fp16_is_rejected_with_the_fix():
+    p = plan(precision=Precision.FP16_MIXED)
+    with pytest.raises(PlannerError, match="use bf16-mixed or fp32"):
+        check_plan(model_of(GPT), p, graph_of(GPT), 1)
+
+
+def test_fused_conv1d_attention_cannot_be_split():
+    p = plan(HF_GPT2, tp=2)
+    with pytest.raises(PlannerError, match=r"layer transformer\.h\.0: attn\.c_attn is a Conv1D"):
+        check_plan(model_of(HF_GPT2), p, graph_of(HF_GPT2), 2)
+
+
+def test_hf_gpt2_cannot_be_pipelined():
+    p = plan(HF_GPT2, pp=2, micro_batch=2)
+    with pytest.raises(PlannerError, match="use pp=1 for this model"):
+        check_plan(model_of(HF_GPT2), p, graph_of(HF_GPT2), 2)
+
+
+def test_changing_dp_needs_single_input_layers():
+    graph = graph_of(HF_GPT2)
+    n = len(graph.layers)
+    # the position embedding's input is (1, T) position ids from glue, not a batch
+    strategies = [LayerStrategy(tp=1, dp=2), LayerStrategy(tp=2, dp=1)] + \
+        [LayerStrategy(tp=1, dp=2)] * (n - 2)
+    p = ParallelPlan(stages=(Stage(0, n - 1, 2),), layer_strategies=tuple(strategies),
+                     global_batch=8, micro_batch=4, num_microbatches=1,
+                     precision=Precision.FP32)
+    with pytest.raises(PlannerError, match=r"layer transformer\.wpe: its data-parallel degree "
+                                           r"changes from 2 to 1"):
+        check_plan(model_of(HF_GPT2), p, graph, 2)
+
+
+def test_sequence_parallel_needs_a_divisible_sequence():
+    graph = load_layer_graph(GPT, micro_batch=1, seq_len=30, dtype=torch.float32)
+    p = uniform_plan(len(graph.layers), tp=4, sequence_parallel=True, global_batch=4,
+                     precision=Precision.FP32)
+    with pytest.raises(PlannerError, match=r"layer blocks\.0: sequence parallel needs the "
+                                           r"sequence length \(30\) divisible by tp=4"):
+        check_plan(model_of(GPT), p, graph, 4)
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def test_zero1_owners_balance_sizes():
+    params = [nn.Parameter(torch.zeros(n)) for n in (100, 10, 60, 50)]
+    owners = owners_by_size(params, 2)
+    load = [sum(p.numel() for p, o in zip(params, owners) if o == r) for r in range(2)]
+    assert owners == [0, 0, 1, 1] and load == [110, 110]
+
+
+def test_stage_modules_keep_names_and_drop_the_rest():
+    graph, p = graph_of(GPT), plan(pp=2, virtual_stages=2, micro_batch=2,
+                                   schedule=Schedule.INTERLEAVED)
+    assert rank_stages(p, 0) == [0, 2] and rank_stages(p, 1) == [1, 3]
+    layers = list(range(p.stages[1].first_layer, p.stages[1].last_layer + 1))
+    stage = build_stage_module(model_of(GPT), graph, layers, make_copy=True)
+    names = {n.split(".")[0] + ("." + n.split(".")[1] if n.startswith("blocks") else "")
+             for n, _ in stage.named_parameters()}
+    assert names == {graph.layers[j].name for j in layers}
+    assert stage.embed is None and stage.head is None
+    hidden = torch.randn(2, 32, 64)
+    assert stage(hidden).shape == (2, 32, 64)  # takes and returns hidden states
+    assert positional_inputs(stage, {"input_ids": hidden})[0] is hidden
+
+
+def test_untie_gives_the_head_its_own_copy():
+    model, graph = model_of(GPT), graph_of(GPT)
+    groups = find_tie_groups(model, graph)
+    assert [(g.layers, g.names) for g in groups] == [((0, 6), (("embed.tok.weight",),
+                                                               ("head.weight",)))]
+    untie(model, groups)
+    assert model.head.weight is not model.embed.tok.weight
+    assert torch.equal(model.head.weight, model.embed.tok.weight)
