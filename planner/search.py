@@ -216,45 +216,59 @@ def _transitions(graph: LayerGraph, cluster: ClusterSpec, options: SearchOptions
 
 @dataclass
 class _Node:
-    """C[b] for one stage prefix: values (layouts x buckets) and back-pointers."""
+    """C[b] for one stage prefix (layouts x buckets). Choices are recovered on the walk
+    back (`_walk_back`), which only final plans need, so no back-pointers are stored."""
 
     value: np.ndarray
-    back_s: np.ndarray | None  # strategy index chosen at the last layer
-    back_c: np.ndarray | None  # layout of the previous layer
     parent: "_Node | None"
-    mem_units: np.ndarray  # the last layer's bucket cost per strategy
+    table: LayerTable
+    x_in: np.ndarray | None  # x(b-1, c', c) into this layer
+    step: "_Step"
 
 
-def _extend(parent: _Node | None, table: LayerTable, x_in: np.ndarray | None, k: float,
-            bucket_bytes: float, cap: float, n_layouts: int, units: int) -> _Node:
-    """One step of the inner recurrence (module docstring)."""
-    mem = np.ceil((table.state_bytes + k * table.kept_bytes) / bucket_bytes - 1e-9)
-    mem = np.where(table.transient_bytes <= cap, mem, units + 1).astype(np.int64)
+@dataclass
+class _Step:
+    """A layer table's per-(k, bucket, cap) index arrays, grouped by layout."""
+
+    mem: np.ndarray  # buckets per strategy (units + 1 when over the cap)
+    order: np.ndarray  # strategies sorted by layout, those that fit at all
+    layouts: np.ndarray  # layout of each group
+    starts: np.ndarray  # first row of each group in `order`
+    src: np.ndarray  # (rows, units+1): bucket before this layer, clipped
+    valid: np.ndarray  # (rows, units+1): src was >= 0
+    time: np.ndarray  # (rows, 1)
+
+
+def _step(table: LayerTable, k: float, bucket_bytes: float, cap: float, units: int,
+          cache: dict) -> _Step:
+    key = (id(table), k)
+    step = cache.get(key)
+    if step is None:
+        mem = np.ceil((table.state_bytes + k * table.kept_bytes) / bucket_bytes - 1e-9)
+        mem = np.where(table.transient_bytes <= cap, mem, units + 1).astype(np.int64)
+        fits = np.flatnonzero(mem <= units)
+        order = fits[np.argsort(table.layout[fits], kind="stable")]
+        layouts, starts = np.unique(table.layout[order], return_index=True)
+        src = np.arange(units + 1)[None, :] - mem[order][:, None]
+        step = _Step(mem, order, layouts, starts, np.maximum(src, 0), src >= 0,
+                     table.time_s[order][:, None])
+        cache[key] = step
+    return step
+
+
+def _extend(parent: _Node | None, table: LayerTable, x_in: np.ndarray | None, step: _Step,
+            n_layouts: int, units: int) -> _Node:
+    """One step of the inner recurrence (module docstring), all strategies at once."""
     value = np.full((n_layouts, units + 1), INF)
-    back_s = np.full((n_layouts, units + 1), -1, dtype=np.int32)
-    back_c = np.full((n_layouts, units + 1), -1, dtype=np.int16)
-    if parent is None:
-        entry = np.zeros((n_layouts, units + 1))
-        entry_from = np.full((n_layouts, units + 1), -1, dtype=np.int16)
-    else:  # min over the previous layout c' of C[i-1][c'][u] + x(c', c)
-        both = parent.value[:, None, :] + x_in[:, :, None]
-        entry_from = both.argmin(axis=0).astype(np.int16)
-        entry = np.take_along_axis(both, entry_from[None].astype(np.int64), axis=0)[0]
-    u = np.arange(units + 1)
-    for c in np.unique(table.layout):
-        idx = np.flatnonzero((table.layout == c) & (mem <= units))
-        if idx.size == 0:
-            continue
-        src = u[None, :] - mem[idx][:, None]  # (strategies, buckets): bucket before this layer
-        ok = src >= 0
-        src = np.where(ok, src, 0)
-        vals = np.where(ok, entry[c][src] + table.time_s[idx][:, None], INF)
-        pick = vals.argmin(axis=0)
-        value[c] = vals[pick, u]
-        finite = np.isfinite(value[c])
-        back_s[c] = np.where(finite, idx[pick], -1)
-        back_c[c] = np.where(finite, entry_from[c][src[pick, u]], -1)
-    return _Node(value, back_s, back_c, parent, mem)
+    if step.order.size:
+        if parent is None:
+            entry = np.zeros((n_layouts, units + 1))
+        else:  # min over the previous layout c' of C[i-1][c'][u] + x(c', c)
+            entry = (parent.value[:, None, :] + x_in[:, :, None]).min(axis=0)
+        rows = table.layout[step.order]
+        vals = np.where(step.valid, entry[rows[:, None], step.src] + step.time, INF)
+        value[step.layouts] = np.minimum.reduceat(vals, step.starts, axis=0)
+    return _Node(value, parent, table, x_in, step)
 
 
 def _walk_back(node: _Node, tables: list[LayerTable], first: int, last: int, layout: int,
@@ -262,11 +276,22 @@ def _walk_back(node: _Node, tables: list[LayerTable], first: int, last: int, lay
     """The strategies of layers first..last that reach `node`'s value at (layout, u)."""
     chosen = []
     for i in range(last, first - 1, -1):
-        s = int(node.back_s[layout, u])
-        chosen.append(tables[i].strategies[s])
-        prev_layout = int(node.back_c[layout, u])
-        u -= int(node.mem_units[s])
-        layout, node = prev_layout, node.parent
+        table, step, parent = node.table, node.step, node.parent
+        if parent is None:
+            entry_c = np.zeros(u + 1)
+            from_layout = np.full(u + 1, -1)
+        else:
+            both = parent.value + node.x_in[:, layout][:, None]  # (c', buckets)
+            from_layout = both.argmin(axis=0)
+            entry_c = both.min(axis=0)
+        best_s, best_v = -1, INF
+        for s in np.flatnonzero((table.layout == layout) & (step.mem <= u)):
+            v = entry_c[u - step.mem[s]] + table.time_s[s]
+            if v < best_v:
+                best_s, best_v = int(s), v
+        chosen.append(table.strategies[best_s])
+        prev_u = u - int(step.mem[best_s])
+        layout, u, node = int(from_layout[prev_u]), prev_u, parent
     return chosen[::-1]
 
 
@@ -283,6 +308,7 @@ class _StageSolver:
         self.by_range: dict[tuple, _Node] = {}
         self.by_content: dict[tuple, _Node] = {}
         self.best_cache: dict[tuple, tuple[float, int]] = {}
+        self.step_cache: dict[tuple, _Step] = {}
         self.extensions = 0
         # A layer's content inside a stage: its hash and the bytes crossing into it.
         self.elems = [(l.structural_hash, crossing[i - 1] if i else 0.0)
@@ -297,8 +323,8 @@ class _StageSolver:
         node = self.by_content.get(content)
         if node is None:
             x_in = self.transitions[b - 1] if parent is not None else None
-            node = _extend(parent, self.tables[b], x_in, k, self.bucket, self.cap,
-                           self.n_layouts, self.units)
+            step = _step(self.tables[b], k, self.bucket, self.cap, self.units, self.step_cache)
+            node = _extend(parent, self.tables[b], x_in, step, self.n_layouts, self.units)
             self.by_content[content] = node
             self.extensions += 1
         self.by_range[(a, b, k)] = node
@@ -331,36 +357,47 @@ def _partition(graph, solver: _StageSolver, cand: OuterCandidate, ks: list[float
                edge_cost) -> tuple[float, list[tuple[int, int, int]]] | None:
     """Exact stage partition minimising sum T + (m-1) max T (module docstring).
 
-    A front entry is (sum, max, previous entry, first layer, last layer, layout)."""
+    A front entry is (sum, max, previous entry, first layer, last layer, layout).
+    Memory only grows as a stage gets longer, so once a..b does not fit, no longer stage
+    from a does either; the last rank must end at the last layer."""
     n, p, m = len(graph.layers), cand.pp, cand.num_microbatches
     cut_set = set(graph.cut_points)
     ends = [b for b in range(n) if b in cut_set or b == n - 1]
     starts = [0] + [c + 1 for c in graph.cut_points]
+
+    def stages_from(a: int, r: int):
+        """(b, t, layout) for the stages rank r could run starting at layer a."""
+        if r == p - 1:
+            t, c = solver.best(a, n - 1, ks[r])
+            if t < INF:
+                yield n - 1, t + edge_cost(a, n - 1), c
+            return
+        last_end = n - 1 - (p - 1 - r)  # the later ranks need a layer each
+        for b in ends:
+            if b < a:
+                continue
+            if b > last_end:
+                break
+            t, c = solver.best(a, b, ks[r])
+            if t == INF:
+                break
+            yield b, t + edge_cost(a, b), c
+
     front: dict[int, list] = {}
-    for b in ends:
-        t, c = solver.best(0, b, ks[0])
-        t += edge_cost(0, b)
-        if t < INF:
-            front[b] = [(t, t, None, 0, b, c)]
+    for b, t, c in stages_from(0, 0):
+        front[b] = [(t, t, None, 0, b, c)]
     for r in range(1, p):
         new: dict[int, list] = {}
-        for b in ends:
-            if b > n - 1 - (p - 1 - r):
-                continue  # the later ranks need a layer each
-            options = []
-            for a in starts:
-                if a > b:
-                    break
-                if a < r or (a - 1) not in front:
-                    continue
-                t, c = solver.best(a, b, ks[r])
-                if t == INF:
-                    continue
-                t += edge_cost(a, b)
-                options.extend((e[0] + t, max(e[1], t), e, a, b, c) for e in front[a - 1])
-            if options:
-                new[b] = _pareto(options)
-        front = new
+        for a in starts:
+            if a < r or (a - 1) not in front:
+                continue
+            previous = front[a - 1]
+            for b, t, c in stages_from(a, r):
+                new.setdefault(b, []).extend(
+                    (e[0] + t, max(e[1], t), e, a, b, c) for e in previous)
+        front = {b: _pareto(options) for b, options in new.items()}
+        if not front:
+            return None
     final = front.get(n - 1)
     if not final:
         return None
