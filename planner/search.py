@@ -665,6 +665,7 @@ class Baseline:
     candidate: Candidate | None
     needs_bytes: int | None  # least peak memory of this family when nothing fits
     excluded_by: str | None = None  # the user's pin this family contradicts
+    reason: str | None = None  # why the family has no legal configuration at all
 
 
 def baselines(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
@@ -680,8 +681,8 @@ def baselines(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         base = dataclasses.replace(options, uniform=True, top_k=1, time_limit_s=None, **pins)
         try:
             result = search(graph, cluster, global_batch, base, profile, with_baselines=False)
-        except PlannerError:
-            out.append(Baseline(name, None, None))
+        except PlannerError as exc:
+            out.append(Baseline(name, None, None, reason=str(exc)))
             continue
         needs = None if result.best else least_memory(graph, cluster, global_batch, base, profile)[0]
         out.append(Baseline(name, result.best, needs))

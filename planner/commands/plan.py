@@ -108,7 +108,7 @@ def run(args) -> int:
     summary = {b.name: ({"plan": str(b.candidate.plan),
                          "iteration_seconds": b.candidate.estimate.iteration_seconds}
                         if b.candidate else {"fits": False, "needs_bytes": b.needs_bytes,
-                                             "excluded_by": b.excluded_by})
+                                             "excluded_by": b.excluded_by, "reason": b.reason})
                for b in base}
     doc = make_document(graph, cluster, result.best, result.stats, {"baselines": summary})
     if args.out:
@@ -161,7 +161,7 @@ def baseline_table(best, base, cluster) -> str:
             rows.append([b.name, "-", "-", "-", "-", f"excluded by {b.excluded_by}"])
         else:
             needs = (f"does not fit: needs {b.needs_bytes / GiB:.1f} GiB of {device / GiB:.1f} GiB"
-                     if b.needs_bytes else "no legal configuration")
+                     if b.needs_bytes else f"not possible: {b.reason or 'no legal configuration'}")
             rows.append([b.name, "-", "-", "-", "-", needs])
     return table(["plan", "iter s", "samples/s", "MFU", "peak", "details"], rows,
                  right={1, 2, 3, 4})
