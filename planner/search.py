@@ -601,6 +601,14 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
                   - max(float(t.transient_bytes.min()) for t in tables))
         priced.append((_lower_bound(cand, tables, budget), cand, tables, layouts))
     # Single-stage candidates first (cheap, often good): an early incumbent prunes more.
+    if not priced:
+        tp = options.tp or options.max_tp or 1
+        pp = options.pp or 1
+        raise PlannerError(
+            f"no legal configuration: global batch {global_batch} does not split into "
+            f"micro-batches over the data-parallel replicas ({world} devices / tp {tp} / pp "
+            f"{pp} = dp {max(1, world // (tp * pp))}); use a global batch that is a multiple "
+            "of the data-parallel degree, or allow more tensor/pipeline parallelism")
     priced.sort(key=lambda item: (item[1].pp > 1, item[0]))
     keep_best = max(options.top_k, 1)
     for bound, cand, tables, layouts in priced:

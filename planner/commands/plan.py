@@ -161,7 +161,7 @@ def baseline_table(best, base, cluster) -> str:
             rows.append([b.name, "-", "-", "-", "-", f"excluded by {b.excluded_by}"])
         else:
             needs = (f"does not fit: needs {b.needs_bytes / GiB:.1f} GiB of {device / GiB:.1f} GiB"
-                     if b.needs_bytes else f"not possible: {b.reason or 'no legal configuration'}")
+                     if b.needs_bytes else f"not possible: {(b.reason or 'no legal configuration').split(';')[0]}")
             rows.append([b.name, "-", "-", "-", "-", needs])
     return table(["plan", "iter s", "samples/s", "MFU", "peak", "details"], rows,
                  right={1, 2, 3, 4})
