@@ -1,9 +1,18 @@
-"""Tables for plans: the strategy per layer group, the top-K list, the baselines."""
+"""Plans for people and files: the plan document of a search result, and its tables."""
 
 from __future__ import annotations
 
 from ir.plan import PlanDocument
 from planner.fmt import human_bytes, table
+
+
+def plan_document(graph, cluster, candidate, stats: dict, extra: dict | None = None) -> PlanDocument:
+    """The plan file's content for a searched candidate (see ir/plan.py)."""
+    return PlanDocument(
+        plan=candidate.plan, model_name=graph.model, fingerprint=graph.fingerprint,
+        layer_names=tuple(l.name for l in graph.layers), cluster=cluster.to_dict(),
+        predicted=candidate.estimate.to_json(), search={**stats, **(extra or {})},
+        graph_micro_batch=graph.micro_batch, graph_dtype=graph.dtype, seq_len=graph.seq_len)
 
 
 def strategy_rows(doc: PlanDocument) -> list[list[object]]:

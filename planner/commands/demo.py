@@ -15,10 +15,10 @@ import torch
 from cost_models.clusters import get_cluster
 from planner import report
 from planner.commands.inspect import _grouped_rows
-from planner.commands.plan import baseline_table, make_document
+from planner.commands.plan import baseline_table
 from planner.fmt import human_bytes, human_count, table
 from planner.models import load_layer_graph
-from planner.plan_report import strategy_table, summary_line
+from planner.plan_report import plan_document, strategy_table, summary_line
 from planner.search import search
 from planner.search_space import SearchOptions
 
@@ -56,7 +56,7 @@ def run(args) -> int:
     if result.best is None:
         print("no plan fits")
         return 1
-    doc = make_document(graph, cluster, result.best, result.stats)
+    doc = plan_document(graph, cluster, result.best, result.stats)
     print(summary_line(doc))
     print(strategy_table(doc))
     print()

@@ -15,12 +15,13 @@ import torch
 
 from cost_models.clusters import preset_names
 from ir.errors import PlannerError
-from ir.plan import PlanDocument, plan_to_dict, save_plan
+from ir.plan import plan_to_dict, save_plan
 from ir.strategy import Checkpoint, Precision, Schedule
 from planner.commands.estimate import default_precision, load_cluster
 from planner.fmt import Progress, human_bytes, table
 from planner.models import load_layer_graph
-from planner.plan_report import predicted_lines, stage_memory_table, strategy_table, summary_line
+from planner.plan_report import (plan_document, predicted_lines, stage_memory_table,
+                                  strategy_table, summary_line)
 from planner.search import least_memory, search
 from planner.search_space import SearchOptions
 
@@ -81,15 +82,6 @@ def options_from_args(args, precision: Precision) -> SearchOptions:
         time_limit_s=args.time_limit, top_k=args.top)
 
 
-def make_document(graph, cluster, candidate, stats: dict, extra: dict | None = None) -> PlanDocument:
-    return PlanDocument(
-        plan=candidate.plan, model_name=graph.model, fingerprint=graph.fingerprint,
-        layer_names=tuple(l.name for l in graph.layers), cluster=cluster.to_dict(),
-        predicted=candidate.estimate.to_json(),
-        search={**{k: v for k, v in stats.items()}, **(extra or {})},
-        graph_micro_batch=graph.micro_batch, graph_dtype=graph.dtype, seq_len=graph.seq_len)
-
-
 def run(args) -> int:
     cluster = load_cluster(args)
     precision = Precision(args.precision) if args.precision else default_precision(cluster)
@@ -110,7 +102,7 @@ def run(args) -> int:
                         if b.candidate else {"fits": False, "needs_bytes": b.needs_bytes,
                                              "excluded_by": b.excluded_by, "reason": b.reason})
                for b in base}
-    doc = make_document(graph, cluster, result.best, result.stats, {"baselines": summary})
+    doc = plan_document(graph, cluster, result.best, result.stats, {"baselines": summary})
     if args.out:
         save_plan(doc, args.out)
     if args.json:

@@ -1,0 +1,175 @@
+"""One call: trace, plan, shard — `auto_parallel(model, example_batch, ...)`.
+
+    import torch, torch.nn.functional as F
+    from planner import auto_parallel
+
+    pm = auto_parallel(model, ({"input_ids": ids}, labels), loss_fn=lm_loss,
+                       optimizer=torch.optim.AdamW, cluster="local", global_batch=32)
+    for inputs, target in global_batches:        # the GLOBAL batch, the same on every rank
+        loss = pm.train_step((inputs, target))   # each rank keeps its own share
+
+Run it under `torchrun` (or in one plain process: world size 1). Every rank builds the
+same model from the same seed and calls `auto_parallel` with the same arguments. Rank 0
+searches the plan and broadcasts it as plan JSON (data, never pickle), so every rank
+runs the same plan even where measured cluster speeds differ. Pass `plan=` (a path, a
+PlanDocument or a ParallelPlan) to skip the search.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from cost_models.clusters import get_cluster
+from executors import ParallelModel, apply, default_device, init_distributed
+from ir.cluster import ClusterSpec
+from ir.errors import PlannerError
+from ir.layer import LayerGraph
+from ir.measure import build_layer_graph
+from ir.plan import ParallelPlan, PlanDocument, load_plan, plan_from_dict, plan_to_json
+from ir.strategy import Precision
+from planner.plan_report import plan_document
+from planner.search import search
+from planner.search_space import SearchOptions
+
+
+@dataclass
+class AutoParallel:
+    """What `auto_parallel` returns: the plan and the sharded model, ready to train."""
+
+    plan: ParallelPlan
+    document: PlanDocument
+    graph: LayerGraph
+    parallel: ParallelModel
+    input_names: tuple[str, ...] = ()  # forward()'s parameters, to name a bare tensor input
+
+    @property
+    def module(self) -> nn.Module:
+        return self.parallel.module
+
+    @property
+    def optimizer(self):
+        return self.parallel.optimizer
+
+    def train_step(self, batch) -> float:
+        """One optimizer step on a GLOBAL batch `(inputs, target)`; returns its mean loss."""
+        inputs, target = _split_batch(batch, self.input_names)
+        return self.parallel.train_step(inputs, target)
+
+
+def _split_batch(batch, input_names: tuple[str, ...]) -> tuple[dict, Any]:
+    """(inputs dict, target) from `(inputs, target)`; a bare tensor input is named after
+    forward()'s first parameter."""
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        raise PlannerError("a batch is (inputs, target): inputs a dict of forward() "
+                           "arguments or one tensor, target the loss target")
+    inputs, target = batch
+    if isinstance(inputs, torch.Tensor):
+        if not input_names:
+            raise PlannerError("cannot name a bare tensor input: pass inputs as a dict")
+        inputs = {input_names[0]: inputs}
+    if not isinstance(inputs, dict):
+        raise PlannerError(f"batch inputs must be a dict or a tensor, got {type(inputs).__name__}")
+    return inputs, target
+
+
+def _cluster_for(cluster: str | ClusterSpec, world: int) -> ClusterSpec:
+    """The cluster spec sized to this job's world size."""
+    spec = cluster if isinstance(cluster, ClusterSpec) else get_cluster(cluster)
+    if spec.world_size == world:
+        return spec
+    if world <= spec.devices_per_node or spec.device.lower() == "cpu":
+        return get_cluster(cluster, nodes=1, gpus_per_node=world) if isinstance(cluster, str) \
+            else spec.with_nodes(1, world)
+    if world % spec.devices_per_node:
+        raise PlannerError(f"world size {world} is not a whole number of {spec.name} nodes of "
+                           f"{spec.devices_per_node} devices")
+    return spec.with_nodes(world // spec.devices_per_node)
+
+
+def _broadcast_text(text: str | None, device: torch.device) -> str:
+    """Rank 0's text on every rank, as UTF-8 bytes in a tensor (no pickle)."""
+    payload = torch.zeros(1, dtype=torch.int64, device=device)
+    if dist.get_rank() == 0:
+        data = torch.tensor(list(text.encode("utf-8")), dtype=torch.uint8, device=device)
+        payload[0] = data.numel()
+    dist.broadcast(payload, src=0)
+    if dist.get_rank() != 0:
+        data = torch.empty(int(payload[0]), dtype=torch.uint8, device=device)
+    dist.broadcast(data, src=0)
+    return bytes(data.cpu().tolist()).decode("utf-8")
+
+
+def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
+                  optimizer: type[torch.optim.Optimizer] = torch.optim.AdamW,
+                  optimizer_kwargs: dict | None = None, cluster: str | ClusterSpec = "local",
+                  global_batch: int | None = None, plan: str | PlanDocument | ParallelPlan | None = None,
+                  precision: Precision | str | None = None,
+                  options: SearchOptions | None = None) -> AutoParallel:
+    """Trace `model`, plan it for this job (or take `plan`), and shard it on every rank.
+
+    `example_batch` is `(inputs, target)` with the micro-batch shape the plan is made
+    for (the model IR is measured at that size); `global_batch` defaults to its rows.
+    """
+    init_distributed()
+    world = dist.get_world_size()
+    input_names = tuple(inspect.signature(model.forward).parameters)
+    inputs, target = _split_batch(example_batch, input_names)
+    rows = next(iter(inputs.values())).shape[0]
+    global_batch = global_batch or rows * world
+    spec = _cluster_for(cluster, world)
+    if precision is None:
+        precision = Precision.FP32 if spec.device.lower() == "cpu" else Precision.BF16_MIXED
+    precision = Precision(precision)
+    graph = build_layer_graph(model, inputs, target, loss_fn, name=type(model).__name__,
+                              dtype=getattr(torch, precision.compute_dtype))
+    device = default_device()
+    if plan is not None:
+        doc = _given_plan(plan, graph, spec)
+    else:
+        text = None
+        if dist.get_rank() == 0:
+            try:
+                opts = options or SearchOptions(
+                    precision=precision, optimizer=_optimizer_name(optimizer, optimizer_kwargs))
+                result = search(graph, spec, global_batch, opts)
+                text = (plan_to_json(plan_document(graph, spec, result.best, result.stats))
+                        if result.best else json.dumps({"error": "no plan fits "
+                                                        f"{spec.device_memory_bytes / 2**30:.1f} GiB per device"}))
+            except PlannerError as exc:
+                text = json.dumps({"error": str(exc)})
+        data = json.loads(_broadcast_text(text, device))
+        if "error" in data:
+            raise PlannerError(f"auto_parallel could not plan {type(model).__name__}: {data['error']}")
+        doc = plan_from_dict(data, "<plan from rank 0>")
+    doc.check_world_size(world)
+    parallel = apply(model, doc.plan, graph, loss_fn=loss_fn, device=device, optimizer=optimizer,
+                     optimizer_kwargs=optimizer_kwargs, example_inputs=inputs)
+    return AutoParallel(doc.plan, doc, graph, parallel, input_names)
+
+
+def _optimizer_name(optimizer, kwargs: dict | None) -> str:
+    """The memory model's name for the optimizer's states (AdamW's when unknown)."""
+    name = getattr(optimizer, "__name__", "").lower()
+    if name in ("adamw", "adam"):
+        return name
+    if name == "sgd":
+        return "sgd-momentum" if (kwargs or {}).get("momentum", 0) else "sgd"
+    return "adamw"
+
+
+def _given_plan(plan, graph: LayerGraph, spec: ClusterSpec) -> PlanDocument:
+    if isinstance(plan, ParallelPlan):
+        return PlanDocument(plan, graph.model, graph.fingerprint,
+                            tuple(l.name for l in graph.layers), spec.to_dict(),
+                            graph_micro_batch=graph.micro_batch, graph_dtype=graph.dtype,
+                            seq_len=graph.seq_len)
+    doc = load_plan(plan) if not isinstance(plan, PlanDocument) else plan
+    doc.check_model(graph)
+    return doc
