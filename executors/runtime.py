@@ -10,7 +10,8 @@
      num_microbatches), so the data-parallel SUM of gradients is the gradient of the mean
      loss over the global batch;
   3. sums the gradients of tied copies, steps the optimizer, zeroes the gradients;
-  4. returns the global-batch mean loss (one all-reduce of a scalar), the same on every rank.
+  4. returns the global-batch mean loss, the same on every rank (one all-reduce of a
+     scalar, started before the optimizer step so that it runs alongside it).
 
 The model's output goes through `ir.trace.model_output_tensor` (a HF ModelOutput's
 `.logits`) before `loss_fn(output, target)`, as in the layer IR.
@@ -125,19 +126,21 @@ class ParallelModel:
         last_pp_rank = (len(self.plan.stages) - 1) % self.plan.pp
         return coordinate.pp_rank == last_pp_rank and coordinate.tp_index == 0
 
-    def global_loss(self, local_loss: torch.Tensor) -> float:
+    def _start_loss_sum(self, local_loss: torch.Tensor):
+        """All-reduce the global mean loss in the background (it overlaps the optimizer)."""
         value = local_loss if self._reporting() else torch.zeros_like(local_loss)
-        dist.all_reduce(value)
-        return float(value)
+        return value, dist.all_reduce(value, async_op=True)
 
     def train_step(self, inputs: dict, target) -> float:
         """One optimizer step on the GLOBAL batch; returns its mean loss."""
         local_loss = self.forward_backward(inputs, target)
+        value, work = self._start_loss_sum(local_loss)
         self.tied.sync()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
-        return self.global_loss(local_loss)
+        work.wait()
+        return float(value)
 
 
 def _value(loss: torch.Tensor) -> torch.Tensor:
