@@ -15,8 +15,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+# Trace, plan and dry-run GPT-3 175B on 1024 A100s; then plan and train a small GPT
+# for real on 4 local processes (gloo), printing its losses.
 demo: $(STAMP)
 	$(VENV)/bin/planner demo
+	@echo
+	@echo "== 4. Plan and train gpt-tiny for real on 4 local processes (torchrun, gloo)"
+	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node 4 examples/train_gpt.py --steps 10
 
 test: $(STAMP)
 	$(PY) -m pytest -q
