@@ -95,8 +95,11 @@ def make_plan(args, graph, world: int, precision: Precision) -> ParallelPlan:
                 raise SystemExit("no plan fits; try `planner plan` for the diagnosis")
             return result.best.plan
     tp, pp = args.tp or 1, args.pp or 1
-    return uniform_plan(len(graph.layers), tp=tp, pp=pp, dp=world // (tp * pp),
-                        zero=args.zero or 0, micro_batch=args.micro_batch or 1,
+    dp = world // (tp * pp)
+    # one micro-batch without a pipeline; 2 x pp of them to keep a pipeline busy
+    micro_batch = args.micro_batch or max(1, args.global_batch // (dp * (2 * pp if pp > 1 else 1)))
+    return uniform_plan(len(graph.layers), tp=tp, pp=pp, dp=dp,
+                        zero=args.zero or 0, micro_batch=micro_batch,
                         global_batch=args.global_batch,
                         checkpoint=Checkpoint(args.checkpoint or "none"),
                         sequence_parallel=bool(args.sequence_parallel),
