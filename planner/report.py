@@ -68,7 +68,7 @@ def memory_chart(memory: MemoryEstimate, path: str, title: str) -> None:
     except ImportError:
         raise PlannerError("--chart needs matplotlib: pip install 'planner[chart]'") from None
     stages = [s.stage for s in memory.stages]
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.5 * len(stages) + 2), 4.5))
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.5 * len(stages) + 4), 4.5))
     bottom = [0.0] * len(stages)
     for part, colour in zip(MEMORY_PARTS, PART_COLOURS):
         values = [s.breakdown()[part] / GiB for s in memory.stages]
@@ -79,7 +79,9 @@ def memory_chart(memory: MemoryEstimate, path: str, title: str) -> None:
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel("GiB per device")
     ax.set_xticks(stages)
-    ax.set_title(title)
+    import textwrap
+
+    ax.set_title("\n".join(textwrap.wrap(title, 60)), fontsize=9)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     try:
