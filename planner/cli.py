@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -43,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("planner: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `planner ... | head`: the reader left; that is not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except Exception as exc:  # an internal bug: say so briefly, full trace with --debug
         if args.debug:
             raise
