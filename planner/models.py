@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from planner import zoo
+from planner.zoo._common import lm_loss
 
 
 @dataclass
@@ -36,11 +36,6 @@ class LoadedModel:
     loss_fn: Callable[[Any, torch.Tensor], torch.Tensor]
     family: str  # zoo family, "hf" or "factory"
     config: Any = None
-
-
-def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy over (batch * seq, vocab)."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
 def parse_overrides(text: str, spec: str) -> dict[str, str]:

@@ -10,6 +10,7 @@ from ir.errors import PlannerError
 from ir.layer import TPStyle
 from ir.measure import build_layer_graph
 from planner.models import load_layer_graph, load_model
+from tests.factories import DataDependent
 
 TINY_PRESETS = ["gpt-tiny", "llama-tiny", "bert-tiny", "t5-tiny", "mlp-small", "cnn-small",
                 "dlrm-small"]
@@ -168,18 +169,6 @@ def test_fingerprint_changes_with_shape():
     a = load_layer_graph("gpt-tiny")
     assert a.fingerprint == load_layer_graph("gpt-tiny").fingerprint
     assert a.fingerprint != load_layer_graph("gpt-tiny", micro_batch=2).fingerprint
-
-
-class DataDependent(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-
-    def forward(self, x):
-        y = self.fc(x)
-        if y.sum().item() > 0:  # data-dependent control flow defeats both tracers
-            return y * 2
-        return y
 
 
 def test_untraceable_model_gives_one_line_error():
