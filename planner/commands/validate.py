@@ -1,0 +1,70 @@
+"""`planner validate plan.json --nproc N [--steps K] [--json] [--calibrate --out spec.json]`.
+
+Runs the plan on N local ranks (gloo on CPU, NCCL on GPUs) and prints predicted vs
+measured peak memory per rank and median iteration time, and whether the losses equal a
+single-process run. Make CPU plans for this machine with
+`planner plan MODEL --cluster local --gpus-per-node N --out plan.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from ir.errors import PlannerError
+from ir.plan import load_plan
+from planner.fmt import table
+
+
+def register(sub) -> None:
+    p = sub.add_parser("validate", help="run a plan here and compare it with its prediction",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("plan", metavar="PLAN.json")
+    p.add_argument("--nproc", type=int, required=True, help="processes to run (the plan's world size)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps after warm-up (5)")
+    p.add_argument("--cluster", default=None,
+                   help="re-estimate on this preset or spec JSON instead of the plan's prediction")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--calibrate", action="store_true",
+                   help="fit the cluster spec's matmul efficiency to the measured time")
+    p.add_argument("--out", default=None, help="where --calibrate writes the spec JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from planner.validate import validate_plan, write_calibrated
+
+    if args.calibrate and not args.out:
+        raise PlannerError("--calibrate needs --out SPEC.json (where the calibrated spec goes)")
+    if args.out and not args.calibrate:
+        raise PlannerError("--out is where --calibrate writes: add --calibrate")
+    if args.nproc < 1:
+        raise PlannerError(f"--nproc must be >= 1, got {args.nproc}")
+    if args.out and os.path.isdir(args.out):
+        raise PlannerError(f"--out {args.out} is a folder: give a file name such as spec.json")
+    doc = load_plan(args.plan)
+    progress = None if args.json else (lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
+    result = validate_plan(args.plan, args.nproc, steps=args.steps, cluster=args.cluster,
+                           progress=progress)
+    fitted = write_calibrated(doc, result, args.out, args.cluster) if args.calibrate else None
+    if args.json:
+        out = result.to_json()
+        if fitted is not None:
+            out["calibrated"] = {"out": args.out, "matmul_efficiency": fitted.matmul_efficiency}
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{result.model}: {result.plan} on {result.nproc} {result.backend} ranks "
+          f"(prediction: {result.prediction_source})")
+    rows = [[r.rank, r.predicted_peak_bytes, r.measured_peak_bytes, f"{100 * r.error:+.1f}%"]
+            for r in result.ranks]
+    print(table(["rank", "predicted peak B", "measured peak B", "error"], rows,
+                right={0, 1, 2, 3}))
+    print(f"iteration: predicted {result.predicted_iteration_seconds:.4g} s, measured "
+          f"{result.measured_iteration_seconds:.4g} s (median of {len(result.step_seconds)}), "
+          f"error {100 * result.time_error:+.1f}%")
+    print(f"loss matches the single-process reference: "
+          f"{'yes' if result.loss_matches_reference else 'NO'}")
+    if fitted is not None:
+        print(f"wrote {args.out}: matmul_efficiency {fitted.matmul_efficiency:.4g}")
+    return 0
