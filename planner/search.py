@@ -435,15 +435,20 @@ def _transient_caps(tables: list[LayerTable], levels: int) -> list[float]:
 
 
 def _restrict(tables: list[LayerTable], keep) -> list[LayerTable] | None:
+    """Tables with only the strategies `keep` accepts; identical layers keep sharing one."""
+    done: dict[int, LayerTable | None] = {}
     out = []
     for t in tables:
-        idx = [i for i, s in enumerate(t.strategies) if keep(s)]
-        if not idx:
+        if id(t) not in done:
+            idx = [i for i, s in enumerate(t.strategies) if keep(s)]
+            ix = np.array(idx, dtype=np.int64)
+            done[id(t)] = LayerTable([t.strategies[i] for i in idx], t.time_s[ix],
+                                     t.state_bytes[ix], t.kept_bytes[ix],
+                                     t.transient_bytes[ix], t.layout[ix],
+                                     t.micro_batch[ix]) if idx else None
+        if done[id(t)] is None:
             return None
-        ix = np.array(idx)
-        out.append(LayerTable([t.strategies[i] for i in idx], t.time_s[ix], t.state_bytes[ix],
-                              t.kept_bytes[ix], t.transient_bytes[ix], t.layout[ix],
-                              t.micro_batch[ix]))
+        out.append(done[id(t)])
     return out
 
 
@@ -562,12 +567,16 @@ def _lower_bound(cand: OuterCandidate, tables: list[LayerTable], budget_bytes: f
     capacity = p * budget_bytes
     if capacity <= 0:
         return INF
-    best = fastest
-    scale = fastest / capacity
-    for lam in scale * np.logspace(-2, 3, 26):
-        relaxed = sum(count * float((t.time_s + lam * (t.state_bytes + t.kept_bytes)).min())
-                      for t, count in unique.values()) - lam * capacity
-        best = max(best, relaxed)
+    # Provably infeasible: a layer that fits nowhere, or more memory than all ranks have.
+    least = [float((t.state_bytes + t.kept_bytes).min()) for t in tables]
+    if max(least) > budget_bytes * v or sum(least) > capacity:
+        return INF
+    lams = (fastest / capacity) * np.logspace(-2, 3, 26)
+    relaxed = -lams * capacity
+    for t, count in unique.values():
+        mem = t.state_bytes + t.kept_bytes
+        relaxed = relaxed + count * (t.time_s[:, None] + mem[:, None] * lams[None, :]).min(axis=0)
+    best = max(fastest, float(relaxed.max()))
     if v > 1:  # m max T + (sum T - max T)/v
         return max(m * best / p, m * pigeon)
     return best + (m - 1) * max(best / p, pigeon)
@@ -592,6 +601,7 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
     stats: dict = {"outer_candidates": len(outers), "outer_searched": 0, "timed_out": False}
     found = []
     priced = []
+    budget_of: dict[OuterCandidate, float] = {}
     for cand in outers:
         tables, layouts = _price(graph, cluster, cand, options, global_batch, profile, price_cache)
         if any(not t.strategies for t in tables):
@@ -599,6 +609,7 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         budget = ((options.memory_budget_bytes or cluster.device_memory_bytes)
                   - cluster.runtime_overhead_bytes - DP_BUCKETS_IN_FLIGHT * DP_BUCKET_BYTES
                   - max(float(t.transient_bytes.min()) for t in tables))
+        budget_of[cand] = budget
         priced.append((_lower_bound(cand, tables, budget), cand, tables, layouts))
     # Single-stage candidates first (cheap, often good): an early incumbent prunes more.
     if not priced:
@@ -616,20 +627,29 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
             stats["timed_out"] = True
             break
         objectives = sorted(f[0] for f in found)
-        if len(objectives) >= keep_best and bound >= objectives[keep_best - 1] * LOWER_BOUND_SLACK:
+        if bound == INF or (len(objectives) >= keep_best
+                            and bound >= objectives[keep_best - 1] * LOWER_BOUND_SLACK):
             stats["outer_pruned"] = stats.get("outer_pruned", 0) + 1
-            continue  # cannot beat the plans already found
+            continue  # cannot fit, or cannot beat the plans already found
         stats["outer_searched"] += 1
         stats["strategies_per_layer_max"] = max(stats.get("strategies_per_layer_max", 0),
                                                 max(len(t.strategies) for t in tables))
-        groups = [tables]
         if options.uniform:
             keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint)
                     for t in tables for s in t.strategies}
             groups = [g for key in sorted(keys, key=str)
                       if (g := _restrict(tables, lambda s, key=key: (s.tp, s.dp_mode, s.sequence_parallel,
                                                                    s.checkpoint) == key))]
-        for group in groups:
+            # Each uniform strategy is its own small problem: bound it too, best first.
+            groups = sorted(((_lower_bound(cand, g, budget_of[cand]), g) for g in groups),
+                            key=lambda item: item[0])
+        else:
+            groups = [(bound, tables)]
+        for group_bound, group in groups:
+            objectives = sorted(f[0] for f in found)
+            if group_bound == INF or (len(objectives) >= keep_best and
+                                      group_bound >= objectives[keep_best - 1] * LOWER_BOUND_SLACK):
+                continue
             result = _solve(graph, cluster, cand, group, layouts, options, global_batch,
                             trans_cache, stats)
             if result is not None:
