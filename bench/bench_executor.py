@@ -5,8 +5,9 @@ For each configuration, 4 gloo ranks train a GPT (untied head, dropout 0) with
   - "by hand":   the same DeviceMesh, DTensor styles, fully_shard / replicate units,
                  pipelining schedule and AdamW written out torchtitan style, each rank
                  slicing its rows itself;
-timed in alternating rounds (executor, by hand, executor, ...) so machine load hits both
-alike; the figure is the median step time over all timed steps. Target: ratio <= 1.05.
+timed step by step in alternation (executor, by hand, executor, ...; the order flips every
+round) so that machine load hits both alike; the figure is the median step time over all
+timed steps. Target: ratio <= 1.05.
 
     .venv/bin/python bench/bench_executor.py [--steps 20] [--rounds 3] [--configs fsdp-tp ...]
 
@@ -151,13 +152,13 @@ def rank_main(rank: int, port: int, configs: list[str], steps: int, rounds: int,
         times: dict[str, list[float]] = {k: [] for k in runners}
         for run in runners.values():  # warm up: lazy init, shape inference
             run(), run()
-        for _ in range(rounds):
-            for key, run in runners.items():
-                for _ in range(steps):
-                    dist.barrier()
-                    start = time.perf_counter()
-                    run()
-                    times[key].append(time.perf_counter() - start)
+        for i in range(rounds * steps):  # alternate step by step; flip the order each round
+            order = list(runners) if (i // steps) % 2 == 0 else list(reversed(runners))
+            for key in order:
+                dist.barrier()
+                start = time.perf_counter()
+                runners[key]()
+                times[key].append(time.perf_counter() - start)
         results[name] = {k: statistics.median(v) for k, v in times.items()}
         results[name]["plan"] = str(plan)
     if rank == 0:
@@ -175,7 +176,7 @@ def free_port() -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round and side")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     args = parser.parse_args()
     results_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")

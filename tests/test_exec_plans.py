@@ -129,14 +129,14 @@ def uniform(**kw) -> Callable[[LayerGraph], ParallelPlan]:
 
 
 def mixed_zero(graph: LayerGraph) -> ParallelPlan:
-    """dp=4, every layer its own ZeRO stage and checkpointing."""
+    """dp=4, every layer its own ZeRO stage and checkpointing; 2 accumulated micro-batches."""
     modes = [DPMode.ZERO3, DPMode.ZERO1, DPMode.ZERO2, DPMode.ZERO3, DPMode.REPLICATE,
              DPMode.ZERO2, DPMode.ZERO1]
     ckpt = [Checkpoint.NONE, Checkpoint.FULL, Checkpoint.SELECTIVE, Checkpoint.NONE,
             Checkpoint.FULL, Checkpoint.NONE, Checkpoint.NONE]
     strategies = tuple(LayerStrategy(dp=4, dp_mode=modes[j % 7], checkpoint=ckpt[j % 7])
                        for j in range(len(graph.layers)))
-    return per_layer_plan((Stage(0, len(graph.layers) - 1, 4),), strategies)
+    return per_layer_plan((Stage(0, len(graph.layers) - 1, 4),), strategies, num_microbatches=2)
 
 
 def mixed_tp(graph: LayerGraph) -> ParallelPlan:
@@ -193,8 +193,8 @@ I, G1, ONE = Schedule.INTERLEAVED, Schedule.GPIPE, Schedule.ONE_F_ONE_B
 CASES = [
     Case("single-accum", 1, GPT, uniform(micro_batch=2)),
     Case("single-ckpt", 1, LLAMA, uniform(checkpoint=Checkpoint.FULL)),
-    Case("ddp", 2, GPT, uniform(dp=2)),
-    Case("zero1", 2, GPT, uniform(dp=2, zero=1)),
+    Case("ddp-accum", 2, GPT, uniform(dp=2, micro_batch=2)),
+    Case("zero1-accum", 2, GPT, uniform(dp=2, zero=1, micro_batch=1)),
     Case("zero2", 2, GPT, uniform(dp=2, zero=2)),
     Case("zero3", 2, GPT, uniform(dp=2, zero=3, micro_batch=2)),
     Case("tp", 2, GPT, uniform(tp=2)),
