@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -61,6 +62,29 @@ class AutoParallel:
         """One optimizer step on a GLOBAL batch `(inputs, target)`; returns its mean loss."""
         inputs, target = _split_batch(batch, self.input_names)
         return self.parallel.train_step(inputs, target)
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps taken (restored by `resume`): the position in the data."""
+        return self.parallel.steps
+
+    def save(self, directory: str, step: int | None = None, keep: int | None = None) -> str:
+        """Checkpoint model, optimizer, RNG and step into `directory/step-N/` on every rank
+        (atomic; `executors.checkpoint`); returns the folder."""
+        from executors.checkpoint import save_checkpoint
+
+        return save_checkpoint(self.parallel, directory, step, keep)
+
+    def resume(self, path: str) -> int:
+        """Load the newest complete checkpoint under `path` (or the folder `path` itself),
+        saved under any plan or world size; returns its step, 0 when there is none."""
+        from executors.checkpoint import MARKER, latest_checkpoint, load_checkpoint
+
+        if os.path.isfile(os.path.join(path, MARKER)) or os.path.basename(
+                os.path.normpath(path)).startswith("step-"):
+            return load_checkpoint(self.parallel, path)
+        latest = latest_checkpoint(path)
+        return load_checkpoint(self.parallel, latest) if latest else 0
 
 
 def _split_batch(batch, input_names: tuple[str, ...]) -> tuple[dict, Any]:
