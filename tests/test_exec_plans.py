@@ -208,6 +208,8 @@ CASES = [
     Case("dp-tp", 4, LLAMA, uniform(dp=2, tp=2, zero=3)),
     Case("dp-pp", 4, GPT, uniform(dp=2, pp=2, zero=2, micro_batch=2, schedule=ONE)),
     Case("tp-pp", 4, GPT, uniform(tp=2, pp=2, sequence_parallel=True, micro_batch=4)),
+    Case("dp-pp-interleaved-zero3", 4, LLAMA,
+         uniform(dp=2, pp=2, virtual_stages=2, zero=3, micro_batch=1, schedule=I)),
     Case("mixed-zero-ckpt", 4, GPT, mixed_zero),
     Case("mixed-tp", 4, LLAMA, mixed_tp),
     Case("hf-gpt2-zero1", 4, HF_GPT2, uniform(dp=4, zero=1)),
