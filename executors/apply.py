@@ -101,6 +101,8 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
           optimizer_kwargs: dict[str, Any] | None = None,
           example_inputs: dict | None = None, loss_parallel: bool = True) -> ParallelModel:
     """Shard `model` as `plan` says on this rank; see the module docstring for the order.
+    `model` is changed in place (moved to `device`, pruned to this rank's stage, its
+    modules replaced by DTensor / FSDP versions); use `ParallelModel.module` afterwards.
 
     optimizer / optimizer_kwargs default to `plan.optimizer` with torch's defaults.
     example_inputs (optional) lets the pipeline check that inputs can go positionally.
@@ -137,7 +139,7 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     loss_parallel = loss_parallel and is_loss_parallel_head(
         graph.layers[last], plan.layer_strategies[last], is_last=True)
     zero1: list = []
-    for stage, module, layers in zip(stage_ids, modules, layer_sets):
+    for module, layers in zip(modules, layer_sets):
         first = layers[0]
         if first == 0:
             incoming = layer_layout(plan, graph, 0).full_sequence  # the data layout
