@@ -1,0 +1,138 @@
+"""Train with checkpoints every K steps and pick up from the newest one after a failure.
+
+Under torchrun's elastic agent a dead rank makes the agent stop the others and start
+every rank again (up to --max-restarts times); each start resumes from the newest
+complete checkpoint — under whatever plan and world size this start has:
+
+    torchrun --standalone --nproc-per-node 2 --max-restarts 1 \\
+        examples/train_resumable.py --ckpt-dir ckpt --save-every 3 --steps 8
+    # fault drill: rank 1 kills itself (SIGKILL) at step 5 of the first attempt
+    torchrun --standalone --nproc-per-node 2 --max-restarts 1 \\
+        examples/train_resumable.py --ckpt-dir ckpt --save-every 3 --steps 8 --kill-at-step 5
+
+The global batch of step k is drawn from seed 1000 + k on every rank, so the step count
+in the checkpoint is the data position. Rank 0 appends one JSON line per step to
+--losses-out: {"attempt": TORCHELASTIC_RESTART_COUNT, "step": k, "loss": ...}.
+Bad input (a partial or corrupted checkpoint, a plan that does not fit the job) is one
+line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ir.errors import PlannerError  # noqa: E402
+from ir.plan import uniform_plan  # noqa: E402
+from ir.strategy import Precision  # noqa: E402
+from planner.api import auto_parallel  # noqa: E402
+from planner.models import load_layer_graph, load_model  # noqa: E402
+
+SEED = 1234  # model weights, the same on every rank and every attempt
+BATCH_SEED = 1000  # global batch k: seed BATCH_SEED + k
+# AdamW with eps 1e-4 (tests/test_exec_plans.py: keeps plans within 1e-5 of one process)
+OPTIMIZER_KWARGS = {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-4}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="gpt:layers=4,hidden=64,heads=4,vocab=128,seq=32,dropout=0")
+    p.add_argument("--seq-len", type=int, default=32)
+    p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
+    p.add_argument("--ckpt-dir", required=True, help="folder of step-N checkpoints")
+    p.add_argument("--save-every", type=int, default=3, help="checkpoint every K steps")
+    p.add_argument("--resume", default=None,
+                   help="a checkpoint folder to start from (default: newest in --ckpt-dir)")
+    p.add_argument("--kill-at-step", type=int, default=None,
+                   help="fault drill: --kill-rank SIGKILLs itself before this step, first attempt only")
+    p.add_argument("--kill-rank", type=int, default=1)
+    p.add_argument("--losses-out", default=None, help="rank 0 appends JSON lines here")
+    return p.parse_args(argv)
+
+
+def global_batch(spec: str, rows: int, seq_len: int, step: int):
+    loaded = load_model(spec, micro_batch=rows, seq_len=seq_len, device="cpu",
+                        seed=BATCH_SEED + step)
+    return loaded.inputs, loaded.target
+
+
+def init_attempt_group(attempt: int) -> None:
+    """The default gloo group, its store keys namespaced by the restart attempt.
+
+    torchrun's workers share the agent's TCPStore across restarts, and the keys a gloo
+    group publishes its rank addresses under do not change between attempts: a restarted
+    rank could read the address of a rank that died (seen here: `connectFullMesh ...
+    Connection refused` to the dead rank's port, about one restart in three). A
+    PrefixStore per attempt keeps each attempt's keys apart."""
+    from executors import init_distributed
+
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        init_distributed()
+        return
+    from datetime import timedelta
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False, timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"planner/attempt{attempt}", store),
+                            rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]))
+
+
+def train(args) -> None:
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    init_attempt_group(attempt)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    loaded = load_model(args.model, micro_batch=1, seq_len=args.seq_len, device="cpu", seed=SEED)
+    layers = len(load_layer_graph(args.model, 1, args.seq_len, torch.float32).layers)
+    if world % (args.tp * args.pp):
+        raise PlannerError(f"--tp {args.tp} x --pp {args.pp} does not divide the world size "
+                           f"{world}: launch a multiple of {args.tp * args.pp} processes")
+    dp = world // (args.tp * args.pp)
+    plan = uniform_plan(layers, tp=args.tp, pp=args.pp, dp=dp, zero=args.zero,
+                        micro_batch=args.global_batch // (dp * args.pp),
+                        global_batch=args.global_batch, precision=Precision.FP32)
+    example = global_batch(args.model, 1, args.seq_len, 0)
+    ap = auto_parallel(loaded.module, example, loss_fn=loaded.loss_fn,
+                       optimizer=torch.optim.AdamW, optimizer_kwargs=OPTIMIZER_KWARGS,
+                       plan=plan, precision=Precision.FP32, global_batch=args.global_batch)
+    start = ap.resume(args.resume or args.ckpt_dir)
+    if rank == 0:
+        print(f"attempt {attempt}: {world} ranks, {plan}, starting at step {start}", flush=True)
+    for step in range(start, args.steps):
+        if (args.kill_at_step == step and attempt == 0 and rank == args.kill_rank):
+            print(f"rank {rank}: fault drill, killing myself before step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        loss = ap.train_step(global_batch(args.model, args.global_batch, args.seq_len, step))
+        if rank == 0 and args.losses_out:
+            with open(args.losses_out, "a") as fh:
+                fh.write(json.dumps({"attempt": attempt, "step": step, "loss": loss}) + "\n")
+        if (step + 1) % args.save_every == 0:
+            ap.save(args.ckpt_dir)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        train(args)
+    except PlannerError as exc:
+        print(f"train_resumable: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
