@@ -11,7 +11,8 @@
      loss over the global batch;
   3. sums the gradients of tied copies, steps the optimizer, zeroes the gradients;
   4. returns the global-batch mean loss, the same on every rank (one all-reduce of a
-     scalar, started before the optimizer step so that it runs alongside it).
+     scalar, started as soon as the loss is known — before the last backward without a
+     pipeline, before the optimizer step with one — so that it runs alongside them).
 
 The model's output goes through `ir.trace.model_output_tensor` (a HF ModelOutput's
 `.logits`) before `loss_fn(output, target)`, as in the layer IR.
@@ -86,27 +87,36 @@ class ParallelModel:
 
     def forward_backward(self, inputs: dict, target) -> torch.Tensor:
         """Forward and backward on the global batch; this rank's share of the loss."""
+        return self._forward_backward(inputs, target, reduce_early=False)[0]
+
+    def _forward_backward(self, inputs: dict, target, reduce_early: bool):
+        """(local loss, pending global-loss all-reduce or None). With `reduce_early` and
+        no pipeline, the all-reduce starts once the last forward is done, so it runs
+        alongside the last backward."""
         local_inputs, local_target = self.local_batch(inputs, target)
         context = vocab_parallel_loss() if self.loss_parallel else contextlib.nullcontext()
         with context:  # forward AND backward of a vocab-parallel loss run inside it
             if self.schedule is None:
-                return self._accumulate(local_inputs, local_target)
-            return self._pipeline(local_inputs, local_target)
+                return self._accumulate(local_inputs, local_target, reduce_early)
+            return self._pipeline(local_inputs, local_target), None
 
-    def _accumulate(self, inputs: dict, target) -> torch.Tensor:
+    def _accumulate(self, inputs: dict, target, reduce_early: bool):
         n = self.plan.num_microbatches
         rows = self.plan.global_batch // self.input_layout.dp
         target_rows = self.plan.global_batch // self.output_layout.dp
         chunks = {k: split_microbatches(v, n, rows) for k, v in inputs.items()}
         targets = split_microbatches(target, n, target_rows)
         total = torch.zeros((), device=self.device)
+        pending = None
         for m in range(n):
             set_gradient_sync(self.module, m == n - 1)
             output = self.module(**{k: v[m] for k, v in chunks.items()})
             loss = self._scaled_loss(output, targets[m])
-            loss.backward()
             total += _value(loss)
-        return total
+            if reduce_early and m == n - 1:
+                pending = self._start_loss_sum(total)
+            loss.backward()
+        return total, pending
 
     def _pipeline(self, inputs: dict, target) -> torch.Tensor:
         first = any(stage.is_first for stage in self.pipeline_stages)
@@ -127,14 +137,14 @@ class ParallelModel:
         return coordinate.pp_rank == last_pp_rank and coordinate.tp_index == 0
 
     def _start_loss_sum(self, local_loss: torch.Tensor):
-        """All-reduce the global mean loss in the background (it overlaps the optimizer)."""
-        value = local_loss if self._reporting() else torch.zeros_like(local_loss)
+        """All-reduce the global mean loss in the background."""
+        value = local_loss.clone() if self._reporting() else torch.zeros_like(local_loss)
         return value, dist.all_reduce(value, async_op=True)
 
     def train_step(self, inputs: dict, target) -> float:
         """One optimizer step on the GLOBAL batch; returns its mean loss."""
-        local_loss = self.forward_backward(inputs, target)
-        value, work = self._start_loss_sum(local_loss)
+        local_loss, pending = self._forward_backward(inputs, target, reduce_early=True)
+        value, work = pending or self._start_loss_sum(local_loss)
         self.tied.sync()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
