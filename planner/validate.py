@@ -46,6 +46,7 @@ import torch.distributed as dist
 
 from cost_models.clusters import get_cluster
 from cost_models.estimate import estimate
+from cost_models.memory import check_plan_matches
 from cost_models.memory_tracker import LiveTensorTracker
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
@@ -355,8 +356,6 @@ def losses_match(got: list[float], want: list[float]) -> bool:
 def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
                   cluster: str | ClusterSpec | None = None, progress=None) -> ValidationResult:
     """Run `plan` on `nproc` local ranks; predicted vs measured memory and time."""
-    from planner.models import graph_for_plan
-
     say = progress or (lambda _msg: None)
     doc = load_plan(plan) if not isinstance(plan, PlanDocument) else plan
     path = plan if isinstance(plan, str) else "<plan>"
@@ -371,7 +370,8 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
     if cluster is not None:
         spec = cluster if isinstance(cluster, ClusterSpec) else get_cluster(cluster)
     say(f"tracing {doc.model_name} (micro-batch {doc.graph_micro_batch}, {doc.graph_dtype})")
-    graph = graph_for_plan(doc)
+    graph = plan_graph(doc, path)
+    check_plan_matches(graph, doc.plan)  # TP degrees that do not divide: before any rank starts
     peaks, seconds, breakdown, source = predicted_figures(doc, graph, spec)
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= nproc
     backend = "nccl" if use_cuda else "gloo"
@@ -401,6 +401,25 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
         loss_matches_reference=losses_match(check, want), losses=tuple(losses),
         reference_losses=tuple(want), step_seconds=tuple(per_step),
         predicted_time=breakdown, prediction_source=source)
+
+
+def plan_graph(doc: PlanDocument, path: str = "<plan>"):
+    """The layer IR of the plan's model at the plan's shape; a plan made for another
+    model (or an older version of this one) is refused, naming both fingerprints."""
+    from planner.models import load_layer_graph
+
+    dtype = getattr(torch, doc.graph_dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise PlannerError(f"plan {path} records an unknown IR dtype {doc.graph_dtype!r}; "
+                           "re-create it with `planner plan`")
+    graph = load_layer_graph(doc.model_name, doc.graph_micro_batch, doc.seq_len, dtype)
+    if graph.fingerprint != doc.fingerprint:
+        raise PlannerError(
+            f"plan {path} was made for another model (fingerprint {doc.fingerprint}); "
+            f"{doc.model_name} traces to fingerprint {graph.fingerprint} now: re-plan with "
+            f"`planner plan {doc.model_name} --cluster local --gpus-per-node "
+            f"{doc.plan.world_size} --global-batch {doc.plan.global_batch} --out FILE`")
+    return graph
 
 
 # ------------------------------------------------------------------------ calibration
@@ -444,13 +463,11 @@ def calibrate(doc: PlanDocument, graph, spec: ClusterSpec, measured_s: float) ->
 def write_calibrated(doc: PlanDocument, result: ValidationResult, out: str,
                      cluster: str | ClusterSpec | None = None) -> ClusterSpec:
     """Fit and save atomically (`ClusterSpec.save`); nothing is written when fitting fails."""
-    from planner.models import graph_for_plan
-
     if cluster is None:
         spec = ClusterSpec.from_dict(doc.cluster, "plan cluster")
     else:
         spec = cluster if isinstance(cluster, ClusterSpec) else get_cluster(cluster)
-    fitted = calibrate(doc, graph_for_plan(doc), spec, result.measured_iteration_seconds)
+    fitted = calibrate(doc, plan_graph(doc), spec, result.measured_iteration_seconds)
     directory = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(directory):
         raise PlannerError(f"cannot write {out}: folder {directory} does not exist")
