@@ -1,0 +1,97 @@
+"""`planner validate`: the JSON contract on a real 2-rank run, and calibration.
+
+The spawned test runs the CLI in this process (the ranks are spawned by validate itself)
+on a gpt-tiny DDP plan for 2 local ranks and checks the issue-6 contract, that the
+losses match a single-process run, and the per-rank peak memory against the plan's
+prediction (5%). Calibration is checked without processes: the fitted spec's estimate
+meets the given time, and an impossible fit writes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from cost_models.clusters import get_cluster
+from cost_models.estimate import estimate
+from ir.cluster import ClusterSpec
+from ir.errors import PlannerError
+from ir.plan import load_plan
+from planner.cli import main
+from planner.validate import calibrate, losses_match, plan_graph, write_calibrated
+
+MEMORY_TARGET = 0.05
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("validate") / "plan.json"
+    assert main(["plan", "gpt-tiny", "--cluster", "local", "--gpus-per-node", "2",
+                 "--global-batch", "8", "--dp", "2", "--out", str(path)]) == 0
+    return path
+
+
+@pytest.mark.multiprocess
+def test_validate_json_contract_memory_and_loss(plan_file, tmp_path, capsys):
+    spec = tmp_path / "spec.json"
+    capsys.readouterr()
+    assert main(["validate", str(plan_file), "--nproc", "2", "--steps", "3", "--json",
+                 "--calibrate", "--out", str(spec)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert isinstance(out["ranks"], list) and [r["rank"] for r in out["ranks"]] == [0, 1]
+    for r in out["ranks"]:
+        assert isinstance(r["predicted_peak_bytes"], int) and r["predicted_peak_bytes"] > 0
+        assert isinstance(r["measured_peak_bytes"], int) and r["measured_peak_bytes"] > 0
+        error = abs(r["predicted_peak_bytes"] - r["measured_peak_bytes"]) / r["measured_peak_bytes"]
+        assert error <= MEMORY_TARGET, r
+    assert isinstance(out["predicted_iteration_seconds"], float)
+    assert isinstance(out["measured_iteration_seconds"], float)
+    assert out["measured_iteration_seconds"] > 0
+    assert out["loss_matches_reference"] is True
+    fitted = ClusterSpec.load(spec)
+    assert 0 < fitted.matmul_efficiency <= 1
+    assert fitted.notes.endswith(f"measured {out['measured_iteration_seconds']:.4g} s per iteration")
+
+
+def test_calibrate_meets_the_measured_time(plan_file):
+    doc = load_plan(plan_file)
+    graph = plan_graph(doc)
+    spec = ClusterSpec.from_dict(doc.cluster)
+    fastest = estimate(graph, doc.plan, spec).iteration_seconds
+    fitted = calibrate(doc, graph, spec, 5 * fastest)
+    assert fitted.matmul_efficiency < spec.matmul_efficiency
+    got = estimate(graph, doc.plan, fitted).iteration_seconds
+    assert got == pytest.approx(5 * fastest, rel=1e-3)
+
+
+def test_impossible_calibration_writes_nothing(plan_file, tmp_path):
+    doc = load_plan(plan_file)
+    out = tmp_path / "spec.json"
+    out.write_text("keep\n")
+
+    @dataclasses.dataclass
+    class Fake:
+        measured_iteration_seconds: float
+
+    with pytest.raises(PlannerError, match="faster than the estimate at full matmul efficiency"):
+        write_calibrated(doc, Fake(1e-9), str(out))
+    assert out.read_text() == "keep\n"
+    assert not [n for n in os.listdir(tmp_path) if n != "spec.json"]
+
+
+def test_losses_match_is_relative():
+    assert losses_match([1.0, 2.0], [1.0 + 5e-6, 2.0])
+    assert not losses_match([1.0, 2.0], [1.0 + 5e-5, 2.0])
+    assert not losses_match([float("nan")], [1.0])
+    assert not losses_match([1.0], [1.0, 2.0])
+
+
+def test_validate_refuses_a_local_cluster_of_the_wrong_size(plan_file):
+    with pytest.raises(PlannerError, match="needs 2 processes but --nproc is 1"):
+        from planner.validate import validate_plan
+
+        validate_plan(str(plan_file), 1)
+    assert get_cluster("local", gpus_per_node=2).world_size == 2
