@@ -9,8 +9,9 @@
 Modules, one idea each: `mesh` (degrees, DeviceMeshes), `layout` (activation layouts and
 re-layouts), `tensor_parallel`, `checkpointing`, `data_parallel`, `pipeline`, `tied`
 (shared weights), `optimizer` (ZeRO-1), `data` (per-rank batch shards), `validate`
-(rejections), `runtime` (ParallelModel, train_step), `state` (full parameters), `apply`
-(the composition, in one documented order).
+(rejections), `runtime` (ParallelModel, train_step), `state` (full parameters),
+`checkpoint` (DCP save / resume under any plan), `apply` (the composition, in one
+documented order).
 """
 
 from executors.apply import apply, default_device, init_distributed
