@@ -1,0 +1,118 @@
+"""Predicted vs measured per-rank peak memory and iteration time of executed plans.
+
+Each case plans a zoo tiny model for `local` with N processes (`planner plan --cluster
+local --gpus-per-node N`, strategy pinned by flags), then `planner validate` runs it on N
+spawned gloo ranks: per-rank peak live tensor bytes (LiveTensorTracker) against the
+plan's prediction without the runtime overhead, and the median step time against the
+predicted iteration time. Targets (issue 6): memory within 5% on every rank, time
+within 25%.
+
+    .venv/bin/python bench/bench_validate.py [--steps 5] [--cases gpt-ddp2,llama-tp2]
+
+Prints a table and writes bench/results/validate.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from planner.cli import main as planner_main  # noqa: E402
+from planner.fmt import table  # noqa: E402
+from planner.validate import validate_plan  # noqa: E402
+
+MEMORY_TARGET = 0.05
+TIME_TARGET = 0.25
+GLOBAL_BATCH = 8
+# name -> (model, ranks, `planner plan` pins)
+CASES = {
+    "gpt-1rank": ("gpt-tiny", 1, ["--uniform"]),
+    "gpt-ddp2": ("gpt-tiny", 2, ["--uniform", "--dp", "2", "--zero", "0"]),
+    "gpt-zero3x2": ("gpt-tiny", 2, ["--uniform", "--dp", "2", "--zero", "3"]),
+    "gpt-tp2-dp2-sp": ("gpt-tiny", 4, ["--uniform", "--tp", "2", "--sequence-parallel"]),
+    "gpt-pp2-dp2-zero1": ("gpt-tiny", 4, ["--uniform", "--pp", "2", "--zero", "1"]),
+    "gpt-tp2-pp2-dp2": ("gpt-tiny", 8, ["--uniform", "--tp", "2", "--pp", "2"]),
+    "llama-tp2": ("llama-tiny", 2, ["--uniform", "--tp", "2"]),
+    "llama-zero2x4-ckpt": ("llama-tiny", 4, ["--uniform", "--dp", "4", "--zero", "2",
+                                             "--checkpoint", "full"]),
+    "llama-tp4-dp2": ("llama-tiny", 8, ["--uniform", "--tp", "4"]),
+    "bert-ddp2": ("bert-tiny", 2, ["--uniform", "--dp", "2", "--zero", "0"]),
+    "t5-zero3x2": ("t5-tiny", 2, ["--uniform", "--dp", "2", "--zero", "3"]),
+    "mlp-ddp4": ("mlp-small", 4, ["--uniform", "--dp", "4", "--zero", "0"]),
+}
+
+
+def run_case(name: str, steps: int, folder: str) -> dict:
+    model, ranks, pins = CASES[name]
+    path = os.path.join(folder, f"{name}.json")
+    with contextlib.redirect_stdout(io.StringIO()):
+        status = planner_main(["plan", model, "--cluster", "local", "--gpus-per-node", str(ranks),
+                               "--global-batch", str(GLOBAL_BATCH), *pins, "--out", path])
+    if status:
+        raise SystemExit(f"{name}: planner plan failed with status {status}")
+    start = time.perf_counter()
+    result = validate_plan(path, ranks, steps=steps)
+    out = result.to_json()
+    out.update(case=name, wall_seconds=time.perf_counter() - start,
+               worst_memory_error=max((r.error for r in result.ranks), key=abs),
+               time_error=result.time_error)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
+                                                      "validate.json"))
+    args = parser.parse_args(argv)
+    results, rows = [], []
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.cases.split(","):
+            r = run_case(name, args.steps, folder)
+            results.append(r)
+            mem_ok = abs(r["worst_memory_error"]) <= MEMORY_TARGET
+            time_ok = abs(r["time_error"]) <= TIME_TARGET
+            measured = [x["measured_peak_bytes"] for x in r["ranks"]]
+            predicted = [x["predicted_peak_bytes"] for x in r["ranks"]]
+            rows.append([name, r["nproc"], r["plan"].replace("plan(", "").rstrip(")"),
+                         f"{min(predicted) / 2**20:.2f}-{max(predicted) / 2**20:.2f}",
+                         f"{min(measured) / 2**20:.2f}-{max(measured) / 2**20:.2f}",
+                         f"{100 * r['worst_memory_error']:+.1f}%", "yes" if mem_ok else "NO",
+                         f"{1e3 * r['predicted_iteration_seconds']:.1f}",
+                         f"{1e3 * r['measured_iteration_seconds']:.1f}",
+                         f"{100 * r['time_error']:+.0f}%", "yes" if time_ok else "NO",
+                         "yes" if r["loss_matches_reference"] else "NO"])
+            print(f"... {name}: done in {r['wall_seconds']:.0f} s", file=sys.stderr, flush=True)
+    print(f"planner validate: predicted vs measured, {GLOBAL_BATCH} samples per step, fp32 "
+          f"AdamW, gloo on this machine (targets: memory {MEMORY_TARGET:.0%} per rank, time "
+          f"{TIME_TARGET:.0%})")
+    print(table(["case", "ranks", "plan", "pred MiB", "meas MiB", "worst mem err", "mem ok",
+                 "pred ms", "meas ms", "time err", "time ok", "loss = ref"], rows,
+                right={1, 3, 4, 5, 7, 8, 9}))
+    mem_within = sum(abs(r["worst_memory_error"]) <= MEMORY_TARGET for r in results)
+    time_within = sum(abs(r["time_error"]) <= TIME_TARGET for r in results)
+    print(f"memory within {MEMORY_TARGET:.0%} on every rank: {mem_within} of {len(results)}; "
+          f"time within {TIME_TARGET:.0%}: {time_within} of {len(results)}")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump({"bench": "validate", "torch": torch.__version__, "host": platform.node(),
+                   "cpus": os.cpu_count(), "memory_target": MEMORY_TARGET,
+                   "time_target": TIME_TARGET, "cases": results}, fh, indent=2)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
