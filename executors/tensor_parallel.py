@@ -41,11 +41,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, R
 from executors.layout import SEQ_DIM, map_main_input
 from ir.layer import Layer, TPStyle
 from ir.strategy import LayerStrategy
-
-# Leaf names of linears that hold several projections side by side ([q | k | v],
-# [gate | up]); splitting them column-wise would hand a rank parts of different heads.
-FUSED_PROJECTIONS = frozenset({"qkv", "c_attn", "wqkv", "query_key_value", "qkv_proj",
-                               "gate_up_proj", "in_proj"})
+from ir.tp import FUSED_PROJECTIONS  # [q | k | v], [gate | up]: never split column-wise
 
 
 def _norm_modules(layer: Layer, module: nn.Module) -> list[tuple[str, nn.Module]]:

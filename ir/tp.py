@@ -9,6 +9,11 @@ and a block counts as tensor-parallel only if it has both column- and row-parall
 modules — otherwise splitting it would need an extra collective we do not model.
 
 A TP degree must divide the head counts, every split feature dimension and the vocab.
+
+Fused projections (one Linear producing q, k and v, or gate and up) are left out: a
+plain column split would hand each rank a slice of q, k and v together, mixing heads, and
+splitting them right needs a weight re-layout the executors do not do. HF GPT-2's Conv1D
+(weight stored in x out) is left out for the same reason. Such blocks run replicated.
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ from torch import nn
 
 from ir.layer import TPCandidate, TPStyle
 
-_COLWISE = {"q", "k", "v", "qkv", "q_proj", "k_proj", "v_proj", "query", "key", "value",
-            "c_attn", "wqkv", "query_key_value", "in_proj", "wq", "wk", "wv", "gate_proj",
-            "up_proj", "w1", "w3", "fc1", "c_fc", "wi", "wi_0", "wi_1", "fc_in",
-            "dense_h_to_4h", "gate", "up", "w_gate", "w_up", "qkv_proj", "gate_up_proj"}
+_COLWISE = {"q", "k", "v", "q_proj", "k_proj", "v_proj", "query", "key", "value", "wq", "wk",
+            "wv", "gate_proj", "up_proj", "w1", "w3", "fc1", "c_fc", "wi", "wi_0", "wi_1",
+            "fc_in", "dense_h_to_4h", "gate", "up", "w_gate", "w_up"}
+# Projections that pack several column-parallel outputs into one weight (see above).
+FUSED_PROJECTIONS = frozenset({"qkv", "c_attn", "wqkv", "query_key_value", "qkv_proj",
+                               "gate_up_proj", "in_proj"})
 _ROWWISE = {"o", "o_proj", "out_proj", "c_proj", "wo", "w2", "fc2", "down_proj", "fc_out",
             "dense_4h_to_h", "down", "proj", "w_down", "out"}
 _HEAD_NAMES = {"num_heads", "n_head", "n_heads", "num_attention_heads", "nhead", "n_heads_q"}
@@ -29,12 +36,9 @@ _KV_HEAD_NAMES = {"num_key_value_heads", "n_kv_heads", "kv_heads", "num_kv_heads
 
 
 def _linear_dims(module: nn.Module) -> tuple[int, int] | None:
-    """(in_features, out_features) of a Linear or a HF GPT-2 style Conv1D (weight in×out)."""
+    """(in_features, out_features) of an nn.Linear (other projections are not split)."""
     if isinstance(module, nn.Linear):
         return module.in_features, module.out_features
-    if type(module).__name__ == "Conv1D" and getattr(module, "weight", None) is not None:
-        n_in, n_out = module.weight.shape
-        return int(n_in), int(n_out)
     return None
 
 
@@ -47,6 +51,8 @@ def _style_by_name(path: str) -> TPStyle | None:
             return TPStyle.COLWISE
         if parent == "output":
             return TPStyle.ROWWISE
+        return None
+    if leaf in FUSED_PROJECTIONS:
         return None
     if leaf in _COLWISE:
         return TPStyle.COLWISE
