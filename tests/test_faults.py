@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -32,6 +33,21 @@ pytestmark = [pytest.mark.multiprocess]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS, SAVE_EVERY, KILL_AT = 8, 3, 5
 RTOL = 1e-5
+
+
+def run_in_own_group(cmd: list[str], timeout_s: float = 180) -> subprocess.CompletedProcess:
+    """Run torchrun in its own process group; on timeout kill the whole group (agent and
+    workers), so a hung rendezvous leaves no stray ranks behind."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"torchrun ran past {timeout_s} s:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def uninterrupted_losses(args) -> list[float]:
@@ -54,11 +70,9 @@ def test_killed_rank_resumes_from_last_checkpoint_with_the_same_losses(tmp_path)
     argv = ["--ckpt-dir", str(ckpt), "--steps", str(STEPS), "--save-every", str(SAVE_EVERY),
             "--kill-at-step", str(KILL_AT), "--kill-rank", "1", "--losses-out", str(losses_file)]
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "--max-restarts",
-                           "1", "--monitor-interval", "0.2",
-                           os.path.join(ROOT, "examples", "train_resumable.py"), *argv],
-                          cwd=ROOT, capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = run_in_own_group([torchrun, "--standalone", "--nproc-per-node", "2",
+                             "--max-restarts", "1", "--monitor-interval", "0.2",
+                             os.path.join(ROOT, "examples", "train_resumable.py"), *argv])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "fault drill, killing myself before step 5" in proc.stdout
     rows = [json.loads(line) for line in losses_file.read_text().splitlines()]

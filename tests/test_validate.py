@@ -30,7 +30,8 @@ MEMORY_TARGET = 0.05
 def plan_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("validate") / "plan.json"
     assert main(["plan", "gpt-tiny", "--cluster", "local", "--gpus-per-node", "2",
-                 "--global-batch", "8", "--dp", "2", "--out", str(path)]) == 0
+                 "--global-batch", "8", "--uniform", "--dp", "2", "--zero", "0",
+                 "--out", str(path)]) == 0
     return path
 
 
