@@ -150,8 +150,26 @@ def predicted_figures(doc: PlanDocument, graph, cluster: ClusterSpec | None
 
 
 class _ShardTracker(LiveTensorTracker):
-    """The tracker, counting a DTensor by its local shard (its wrapper has no storage and
-    the shard is made inside DTensor's dispatch, below this mode)."""
+    """The tracker, with two things the dispatcher does not show it:
+
+    - a DTensor is counted by its local shard (its wrapper has no storage and the shard
+      is made inside DTensor's dispatch, below this mode);
+    - FSDP2 frees and re-allocates each unsharded parameter by resizing its storage
+      (`UntypedStorage.resize_`, not an ATen op): without a look after each resize the
+      tracker would keep every gathered parameter live after its unit resharded, and
+      over-count ZeRO-2/3 and FSDP2 `replicate` by up to the full parameter size.
+    """
+
+    def __enter__(self):
+        self._patched = _watch_fsdp_storage(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            for module, name, original in self._patched:
+                setattr(module, name, original)
 
     def _see(self, t: torch.Tensor) -> None:
         from torch.distributed.tensor import DTensor
@@ -159,6 +177,29 @@ class _ShardTracker(LiveTensorTracker):
         if isinstance(t, DTensor):
             t = t._local_tensor
         super()._see(t)
+
+
+def _watch_fsdp_storage(tracker: LiveTensorTracker) -> list:
+    """Wrap FSDP2's alloc_storage / free_storage (where its modules look them up) so the
+    tracker re-reads the storage size after each resize; returns what to restore."""
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    except ImportError:
+        return []
+    patched = []
+    for module in (_fsdp_param, _fsdp_param_group):
+        for name in ("alloc_storage", "free_storage"):
+            original = getattr(module, name, None)
+            if original is None:
+                continue
+
+            def wrapped(tensor, _original=original):
+                _original(tensor)
+                tracker._see(tensor)
+
+            setattr(module, name, wrapped)
+            patched.append((module, name, original))
+    return patched
 
 
 def _zero_dropout(module: torch.nn.Module) -> bool:
