@@ -354,12 +354,14 @@ def _stage_edges_s(edges: list[float], a: int, b: int) -> float:
 
 
 def _partition(graph, solver: _StageSolver, cand: OuterCandidate, ks: list[float],
-               edge_cost) -> tuple[float, list[tuple[int, int, int]]] | None:
+               edge_cost, incumbent: float = INF) -> tuple[float, list[tuple[int, int, int]]] | None:
     """Exact stage partition minimising sum T + (m-1) max T (module docstring).
 
     A front entry is (sum, max, previous entry, first layer, last layer, layout).
-    Memory only grows as a stage gets longer, so once a..b does not fit, no longer stage
-    from a does either; the last rank must end at the last layer."""
+    Memory and time only grow as a stage gets longer, so once a..b does not fit, or
+    (m-1) T alone reaches `incumbent` (an objective already found elsewhere), no longer
+    stage from a helps; partial partitions whose objective reaches it are dropped too.
+    The last rank must end at the last layer."""
     n, p, m = len(graph.layers), cand.pp, cand.num_microbatches
     cut_set = set(graph.cut_points)
     ends = [b for b in range(n) if b in cut_set or b == n - 1]
@@ -369,7 +371,7 @@ def _partition(graph, solver: _StageSolver, cand: OuterCandidate, ks: list[float
         """(b, t, layout) for the stages rank r could run starting at layer a."""
         if r == p - 1:
             t, c = solver.best(a, n - 1, ks[r])
-            if t < INF:
+            if t < INF and (m - 1) * t < incumbent:
                 yield n - 1, t + edge_cost(a, n - 1), c
             return
         last_end = n - 1 - (p - 1 - r)  # the later ranks need a layer each
@@ -379,7 +381,7 @@ def _partition(graph, solver: _StageSolver, cand: OuterCandidate, ks: list[float
             if b > last_end:
                 break
             t, c = solver.best(a, b, ks[r])
-            if t == INF:
+            if t == INF or (m - 1) * t >= incumbent:
                 break
             yield b, t + edge_cost(a, b), c
 
@@ -395,7 +397,8 @@ def _partition(graph, solver: _StageSolver, cand: OuterCandidate, ks: list[float
             for b, t, c in stages_from(a, r):
                 new.setdefault(b, []).extend(
                     (e[0] + t, max(e[1], t), e, a, b, c) for e in previous)
-        front = {b: _pareto(options) for b, options in new.items()}
+        front = {b: kept for b, options in new.items()
+                 if (kept := [e for e in _pareto(options) if e[0] + (m - 1) * e[1] < incumbent])}
         if not front:
             return None
     final = front.get(n - 1)
@@ -469,7 +472,7 @@ def _even_chunks(graph: LayerGraph, tables: list[LayerTable], chunks: int) -> li
 
 
 def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: SearchOptions,
-           global_batch: int, trans_cache: dict, stats: dict):
+           global_batch: int, trans_cache: dict, stats: dict, incumbent: float = INF):
     """Best (objective, plan) of one outer candidate over the transient caps, or None."""
     world = cluster.world_size
     stage_devices = world // cand.pp
@@ -496,7 +499,8 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
         else:
             ks = [microbatches_in_flight(cand.schedule, cand.pp, r, cand.num_microbatches)
                   for r in range(cand.pp)]
-            found = _partition(graph, solver, cand, ks, edge)
+            bar = incumbent if best is None else min(incumbent, best[0])
+            found = _partition(graph, solver, cand, ks, edge, bar)
             if found:
                 objective, ranges = found
                 found = objective, [(a, b, c, ks[r]) for r, (a, b, c) in enumerate(ranges)]
@@ -650,8 +654,9 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
             if group_bound == INF or (len(objectives) >= keep_best and
                                       group_bound >= objectives[keep_best - 1] * LOWER_BOUND_SLACK):
                 continue
+            incumbent = objectives[keep_best - 1] if len(objectives) >= keep_best else INF
             result = _solve(graph, cluster, cand, group, layouts, options, global_batch,
-                            trans_cache, stats)
+                            trans_cache, stats, incumbent * LOWER_BOUND_SLACK)
             if result is not None:
                 found.append((result[0], cand, result[1]))
     found.sort(key=lambda f: f[0])
