@@ -204,10 +204,15 @@ class PlanDocument:
     def check_model(self, graph) -> None:
         """Raise unless the plan was made for this layer graph (by fingerprint)."""
         if graph.fingerprint != self.fingerprint:
+            shape = (f"micro-batch {self.graph_micro_batch}, sequence {self.seq_len}, "
+                     f"{self.graph_dtype}")
+            what = ("another model" if graph.model != self.model_name
+                    else "the same name but different layers or shapes")
             raise PlannerError(
-                f"plan is for {self.model_name} (fingerprint {self.fingerprint}) but the model "
-                f"is {graph.model} (fingerprint {graph.fingerprint}): re-plan with "
-                f"`planner plan {graph.model} ...` or pass the plan's model and batch shape")
+                f"plan was made for {self.model_name} measured at {shape} (fingerprint "
+                f"{self.fingerprint}) but this is {graph.model}, {what} (fingerprint "
+                f"{graph.fingerprint}): re-plan with `planner plan {graph.model} ...`, or "
+                "build the model and example batch the plan was made for")
 
     def check_world_size(self, world_size: int) -> None:
         if world_size != self.plan.world_size:

@@ -81,7 +81,8 @@ TABLE = [
     Bad("impossible-memory-budget", ("plan", "gpt-tiny", "--cluster", "local", "--gpus-per-node",
                                      "2", "--global-batch", "8", "--memory-budget", "0.2",
                                      "--out", "{d}/out.json"),
-        r"planner: error: no plan fits 0.2 GiB per device; the most frugal plan needs 0.4 GiB; "
+        r"planner: error: no plan fits 204.80 MiB per device; the most frugal plan needs "
+        r"[0-9.]+ MiB; "
         r"try: more devices \(--nodes 2\), a smaller --global-batch or --seq-len"),
     Bad("unknown-model-preset", ("plan", "gpt-5", "--cluster", "local", "--global-batch", "8",
                                  "--out", "{d}/out.json"),

@@ -166,9 +166,9 @@ def nothing_fits(graph, cluster, args, options: SearchOptions) -> str:
     frugal = dataclasses.replace(options, memory_budget_bytes=None, top_k=1)
     needs, _ = least_memory(graph, cluster, args.global_batch, frugal)
     budget = options.memory_budget_bytes or cluster.device_memory_bytes
-    head = f"no plan fits {budget / GiB:.1f} GiB per device"
+    head = f"no plan fits {human_bytes(budget)} per device"
     if needs is not None:
-        head += f"; the most frugal plan needs {needs / GiB:.1f} GiB"
+        head += f"; the most frugal plan needs {human_bytes(needs)}"
     hints = []
     if options.no_checkpoint or options.checkpoint is Checkpoint.NONE:
         hints.append("allow activation checkpointing (drop --no-checkpoint)")
