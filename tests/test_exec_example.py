@@ -36,7 +36,6 @@ def test_one_process_searches_a_plan_and_learns():
 
 
 @pytest.mark.timeout(160)
-@pytest.mark.skipif(not os.path.exists(TORCHRUN), reason="torchrun not installed next to python")
 def test_torchrun_two_processes_with_a_uniform_tp_plan():
     out = run([TORCHRUN, "--standalone", "--nproc-per-node", "2", SCRIPT, "--steps", "5",
                "--uniform", "--tp", "2", "--sequence-parallel"])
