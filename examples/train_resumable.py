@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from executors import init_distributed  # noqa: E402
 from ir.errors import PlannerError  # noqa: E402
 from ir.plan import uniform_plan  # noqa: E402
 from ir.strategy import Precision  # noqa: E402
@@ -68,31 +69,9 @@ def global_batch(spec: str, rows: int, seq_len: int, step: int):
     return loaded.inputs, loaded.target
 
 
-def init_attempt_group(attempt: int) -> None:
-    """The default gloo group, its store keys namespaced by the restart attempt.
-
-    torchrun's workers share the agent's TCPStore across restarts, and the keys a gloo
-    group publishes its rank addresses under do not change between attempts: a restarted
-    rank could read the address of a rank that died (seen here: `connectFullMesh ...
-    Connection refused` to the dead rank's port, about one restart in three). A
-    PrefixStore per attempt keeps each attempt's keys apart."""
-    from executors import init_distributed
-
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        init_distributed()
-        return
-    from datetime import timedelta
-
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          is_master=False, timeout=timedelta(seconds=120))
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"planner/attempt{attempt}", store),
-                            rank=int(os.environ["RANK"]),
-                            world_size=int(os.environ["WORLD_SIZE"]))
-
-
 def train(args) -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    init_attempt_group(attempt)
+    init_distributed()  # namespaces store keys per restart attempt (see its docstring)
     rank, world = dist.get_rank(), dist.get_world_size()
     loaded = load_model(args.model, micro_batch=1, seq_len=args.seq_len, device="cpu", seed=SEED)
     layers = len(load_layer_graph(args.model, 1, args.seq_len, torch.float32).layers)

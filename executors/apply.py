@@ -174,12 +174,26 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
 
 def init_distributed(backend: str | None = None) -> None:
     """Initialise the default process group: from torchrun's environment when present
-    (nccl with GPUs, else gloo), else a single-process group (world size 1)."""
+    (nccl with GPUs, else gloo), else a single-process group (world size 1).
+
+    Under torchrun's agent store the keys are namespaced by TORCHELASTIC_RESTART_COUNT:
+    the store outlives a failed attempt, and a restarted rank could otherwise read a dead
+    rank's published address (`connectFullMesh ... Connection refused`)."""
     if dist.is_initialized():
         return
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        dist.init_process_group(backend)
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            from datetime import timedelta
+
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                  is_master=False, timeout=timedelta(seconds=300))
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            dist.init_process_group(backend, store=dist.PrefixStore(f"planner/attempt{attempt}", store),
+                                    rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]))
+        else:
+            dist.init_process_group(backend)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
