@@ -102,8 +102,7 @@ class LayerNodes:
     nodes: tuple[fx.Node, ...]
 
 
-def group_nodes(gm: fx.GraphModule, root: nn.Module, module_prefix: str = "",
-                state_of: dict[str, str] | None = None) -> list[LayerNodes]:
+def group_nodes(gm: fx.GraphModule, root: nn.Module, module_prefix: str = "") -> list[LayerNodes]:
     """Partition the graph's compute nodes into ordered layers."""
     candidates = layer_module_paths(root)
     # Parameter-free modules (dropout, rotary tables, pooling) are glue, not layers: they

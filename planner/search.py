@@ -81,7 +81,6 @@ class LayerTable:
     kept_bytes: np.ndarray  # activations kept per micro-batch
     transient_bytes: np.ndarray
     layout: np.ndarray  # index into the candidate's layouts (tp, sp)
-    micro_batch: np.ndarray  # samples per replica per micro-batch
 
 
 @dataclass(frozen=True)
@@ -139,15 +138,15 @@ def _price(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, option
                 transient = (mem.activations.recompute_bytes + mem.activations.grad_flow_bytes
                              + ZERO3_UNITS_IN_FLIGHT * mem.gather_unit_bytes
                              + mem.unsharded_grad_bytes)
-                rows.append((t, states, mem.activations.kept_bytes, transient, samples // s.dp))
-            rows = np.array(rows, dtype=float).reshape(-1, 5)
+                rows.append((t, states, mem.activations.kept_bytes, transient))
+            rows = np.array(rows, dtype=float).reshape(-1, 4)
             keep = _undominated(strategies, rows) if prune else list(range(len(strategies)))
             cache[key] = ([strategies[i] for i in keep], rows[keep])
         strategies, rows = cache[key]
         layout = np.array([layouts.setdefault((s.tp, s.sequence_parallel), len(layouts))
                            for s in strategies], dtype=np.int64)
         tables.append(LayerTable(strategies, rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3],
-                                 layout, rows[:, 4]))
+                                 layout))
     order = sorted(layouts, key=layouts.get)
     return tables, order
 
@@ -447,8 +446,7 @@ def _restrict(tables: list[LayerTable], keep) -> list[LayerTable] | None:
             ix = np.array(idx, dtype=np.int64)
             done[id(t)] = LayerTable([t.strategies[i] for i in idx], t.time_s[ix],
                                      t.state_bytes[ix], t.kept_bytes[ix],
-                                     t.transient_bytes[ix], t.layout[ix],
-                                     t.micro_batch[ix]) if idx else None
+                                     t.transient_bytes[ix], t.layout[ix]) if idx else None
         if done[id(t)] is None:
             return None
         out.append(done[id(t)])
@@ -511,15 +509,23 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
         strategies = []
         for a, b, c, k in ranges:
             strategies += _walk_back(solver.node(a, b, k), tables, a, b, c, units)
-        max_dp = max(s.dp for s in strategies)
-        plan = ParallelPlan(
-            stages=tuple(Stage(a, b, stage_devices) for a, b, _, _ in ranges),
-            layer_strategies=tuple(strategies), global_batch=global_batch,
-            micro_batch=global_batch // (cand.num_microbatches * max_dp),
-            num_microbatches=cand.num_microbatches, schedule=cand.schedule,
-            precision=options.precision, optimizer=options.optimizer, virtual_stages=v)
+        plan = _plan(cand, [(a, b) for a, b, _, _ in ranges], strategies, stage_devices,
+                     global_batch, options)
         best = (objective, plan)
     return best
+
+
+def _plan(cand: OuterCandidate, ranges: list[tuple[int, int]], strategies: list,
+          stage_devices: int, global_batch: int, options: SearchOptions) -> ParallelPlan:
+    """The ParallelPlan of per-layer strategies over stage layer ranges."""
+    max_dp = max(s.dp for s in strategies)
+    return ParallelPlan(
+        stages=tuple(Stage(a, b, stage_devices) for a, b in ranges),
+        layer_strategies=tuple(strategies), global_batch=global_batch,
+        micro_batch=global_batch // (cand.num_microbatches * max_dp),
+        num_microbatches=cand.num_microbatches, schedule=cand.schedule,
+        precision=options.precision, optimizer=options.optimizer,
+        virtual_stages=cand.virtual_stages)
 
 
 def _interleaved(graph, solver: _StageSolver, cand: OuterCandidate, edge):
@@ -744,15 +750,9 @@ def least_memory(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
             stages = _even_chunks(graph, group, cand.pp * cand.virtual_stages)
             if stages is None:
                 continue
-            max_dp = max(s.dp for s in strategies)
             try:
-                plan = ParallelPlan(
-                    stages=tuple(Stage(a, b, cluster.world_size // cand.pp) for a, b in stages),
-                    layer_strategies=tuple(strategies), global_batch=global_batch,
-                    micro_batch=global_batch // (cand.num_microbatches * max_dp),
-                    num_microbatches=cand.num_microbatches, schedule=cand.schedule,
-                    precision=options.precision, optimizer=options.optimizer,
-                    virtual_stages=cand.virtual_stages)
+                plan = _plan(cand, stages, strategies, cluster.world_size // cand.pp,
+                             global_batch, options)
             except PlannerError:
                 continue
             peak = estimate(graph, plan, cluster, profile).memory.peak_bytes
