@@ -83,6 +83,10 @@ class Layer:
     saved_input_bytes: int = 0
     saved_output_bytes: int = 0
     max_param_numel: int = 0  # largest single parameter (single-tensor optimizer temporaries)
+    # ATen ops one forward / backward dispatches (views included): host overhead scales
+    # with them, and on small layers it is most of the time.
+    ops_fwd: int = 0
+    ops_bwd: int = 0
 
     def __str__(self) -> str:
         return f"{self.name}({self.kind})"

@@ -26,6 +26,7 @@ import torch.fx as fx
 from torch import nn
 from torch.func import functional_call
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from ir.layer import Layer, LayerGraph, TPStyle
@@ -217,8 +218,23 @@ class LayerRun:
     saved_dropout_mask_bytes: int
     saved_input_bytes: int
     saved_output_bytes: int
+    ops_fwd: int = 0
+    ops_bwd: int = 0
     forward_seconds: float = 0.0
     backward_seconds: float = 0.0
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts ATen ops dispatched (views and copies included): each costs a framework
+    dispatch on the host, which is what small layers spend their time on."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
 def _tensor_leaves(value) -> list[torch.Tensor]:
@@ -431,9 +447,11 @@ class GraphMeasurer:
             log = _SavedTensorLog(param_keys, score_keys)
             region = _TPRegion(colwise, rowwise)
             fwd_counter, bwd_counter = FlopCounterMode(display=False), FlopCounterMode(display=False)
+            fwd_ops, bwd_ops = _OpCounter(), _OpCounter()
             sync()
             start = time.perf_counter()
-            with torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack), fwd_counter:
+            with torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack), fwd_counter, \
+                    fwd_ops:
                 for n in info.nodes.nodes:
                     log.tp_sharded_now = region.enter(info.module_paths[n])
                     log.in_dropout_now = n in dropout_nodes
@@ -449,7 +467,7 @@ class GraphMeasurer:
             if not outs and index == len(self.infos) - 1:
                 outs = [t for t in _tensor_leaves(runner.env[info.nodes.nodes[-1]])
                         if t.requires_grad and t.grad_fn is not None]
-            with bwd_counter:
+            with bwd_counter, bwd_ops:
                 if outs:
                     torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
             sync()
@@ -458,7 +476,8 @@ class GraphMeasurer:
                 fwd_times.append(mid - start)
                 bwd_times.append(end - mid)
             result = (int(fwd_counter.get_total_flops()), int(bwd_counter.get_total_flops()),
-                      log.total, log.sharded, log.scores, log.dropout_masks, saved_in, saved_out)
+                      log.total, log.sharded, log.scores, log.dropout_masks, saved_in, saved_out,
+                      fwd_ops.count, bwd_ops.count)
             del runner, env, outs
         return LayerRun(*result, _median(fwd_times), _median(bwd_times))
 
@@ -601,7 +620,8 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             output_bytes=out_bytes, structural_hash=shash, param_names=pnames,
             tp_candidates=candidates, tp_divisors=divisors,
             saved_input_bytes=run.saved_input_bytes, saved_output_bytes=run.saved_output_bytes,
-            max_param_numel=max((canon_params[p].numel() for p in pnames), default=0)))
+            max_param_numel=max((canon_params[p].numel() for p in pnames), default=0),
+            ops_fwd=run.ops_fwd, ops_bwd=run.ops_bwd))
     edges, cuts = _edges_and_cuts(measurer)
     num_params = sum(p.numel() for p in root.parameters())
     seq_len = _seq_len(inputs) if seq_len == -1 else seq_len
