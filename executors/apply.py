@@ -37,7 +37,7 @@ from executors.layout import add_input_relayout, add_output_relayout
 from executors.mesh import Meshes
 from executors.optimizer import build_optimizer, optimizer_for
 from executors.pipeline import build_schedule, build_stage_module, rank_stages, stage_layers
-from executors.runtime import ParallelModel
+from executors.runtime import ParallelModel, loss_weight as default_loss_weight
 from executors.tensor_parallel import apply_tp, is_loss_parallel_head
 from executors.tied import TiedGradients, find_tie_groups, untie
 from executors.validate import check_plan, layer_layout
@@ -99,7 +99,8 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
           device: torch.device | str | None = None,
           optimizer: type[torch.optim.Optimizer] | None = None,
           optimizer_kwargs: dict[str, Any] | None = None,
-          example_inputs: dict | None = None, loss_parallel: bool = True) -> ParallelModel:
+          example_inputs: dict | None = None, loss_parallel: bool = True,
+          loss_weight: Callable | None = None) -> ParallelModel:
     """Shard `model` as `plan` says on this rank; see the module docstring for the order.
     `model` is changed in place (moved to `device`, pruned to this rank's stage, its
     modules replaced by DTensor / FSDP versions); use `ParallelModel.module` afterwards.
@@ -109,6 +110,9 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     loss_parallel: when the last layer is a TP-split head, keep its logits split and run
     `loss_fn` under `torch.distributed.tensor.parallel.loss_parallel()` (cross-entropy
     losses); False gathers the logits for any loss function.
+    loss_weight: target -> how many elements `loss_fn` averages over (default
+    `executors.runtime.loss_weight`: integer targets count entries != -100, others all
+    elements); each micro-batch's loss is weighted by its share of the global count.
     """
     if not dist.is_initialized():
         raise PlannerError("executors.apply needs an initialised process group: run under "
@@ -164,11 +168,11 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
         stage_modules=list(zip(stage_ids, modules)), optimizer=opt, loss_fn=loss_fn,
         meshes=meshes, device=device, input_layout=layer_layout(plan, graph, 0).full_sequence,
         output_layout=layer_layout(plan, graph, last).full_sequence, tied=tied,
-        loss_parallel=loss_parallel)
+        loss_parallel=loss_parallel, loss_weight_fn=loss_weight or default_loss_weight)
     # 10. pipeline schedule
     if plan.pp > 1:
         pm.schedule, pm.pipeline_stages = build_schedule(
-            plan, list(zip(stage_ids, modules)), device, meshes.pp_group(), pm._scaled_loss)
+            plan, list(zip(stage_ids, modules)), device, meshes.pp_group(), pm._weighted_loss)
     return pm
 
 

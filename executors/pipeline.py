@@ -15,9 +15,11 @@ schedule runs `num_microbatches` micro-batches per step:
     1f1b         Schedule1F1B             one forward, one backward (needs micro-batches >= stages)
     interleaved  ScheduleInterleaved1F1B  1F1B over virtual stages (Narayanan et al. 2021)
 
-The loss runs on the last stage, already divided by (data-parallel replicas x
-micro-batches) so that summed gradients equal those of the global-batch mean
-(`scale_grads=False`: the schedule does not rescale them again).
+The loss runs on the last stage, already weighted by the share of the global batch's
+counted targets that its micro-batch holds (`executors.runtime`: the schedule hands the
+loss each micro-batch's target, so the count comes from it) so that summed gradients
+equal those of the global-batch mean (`scale_grads=False`: the schedule does not rescale
+them again).
 """
 
 from __future__ import annotations

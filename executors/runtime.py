@@ -6,9 +6,8 @@
      the target in the last layer's;
   2. runs forward and backward over `num_microbatches` micro-batches — a plain loop with
      gradient sync only on the last micro-batch when pp = 1, the pipelining schedule
-     otherwise — with each micro-batch's loss divided by (last layer's dp x
-     num_microbatches), so the data-parallel SUM of gradients is the gradient of the mean
-     loss over the global batch;
+     otherwise — with each micro-batch's loss weighted so that the data-parallel SUM of
+     gradients is the gradient of the mean loss over the global batch (below);
   3. sums the gradients of tied copies, steps the optimizer, zeroes the gradients;
   4. returns the global-batch mean loss, the same on every rank (one all-reduce of a
      scalar, started as soon as the loss is known — before the last backward without a
@@ -16,6 +15,20 @@
 
 The model's output goes through `ir.trace.model_output_tensor` (a HF ModelOutput's
 `.logits`) before `loss_fn(output, target)`, as in the layer IR.
+
+Loss weights. A mean loss averages over the targets it counts, and the micro-batches of
+one step need not count the same number: cross-entropy skips targets equal to
+`ignore_index` (-100), e.g. the ~85% unmasked positions of BERT's MLM labels. Micro-batch
+m's mean loss is therefore weighted by count(m) / count(global batch), where `count` is
+`loss_weight(target)` (or the `loss_weight` given to `apply`): then the sum over all
+micro-batches of all replicas is exactly the single-device mean over the global batch.
+Every rank holds the global batch, so the global count needs no communication, and the
+counts stay on the device (no host sync). A micro-batch that counts nothing (all its
+targets ignored; its cross-entropy is nan) contributes exactly zero loss and zero
+gradient. A global batch that counts nothing gives what single-device training gives:
+a nan loss and zero gradients (the optimizer still steps). A target that is not a tensor
+with the global batch along dim 0 is not sharded; each micro-batch then weighs
+1 / (dp x num_microbatches).
 """
 
 from __future__ import annotations
@@ -40,6 +53,21 @@ from executors.tied import TiedGradients
 from ir.plan import ParallelPlan
 from ir.trace import model_output_tensor
 
+IGNORE_INDEX = -100  # the target value torch's cross_entropy / nll_loss skip by default
+
+
+def loss_weight(target: torch.Tensor) -> torch.Tensor:
+    """How many elements a mean loss over `target` averages: for integer targets (class
+    indices) the entries != IGNORE_INDEX, for any other target (regression values,
+    probabilities) all of its elements. A 0-dim tensor on the target's device.
+
+    Pass another count as `apply(..., loss_weight=fn)` for a loss that averages
+    differently, e.g. `lambda t: t.shape[0]` for a mean over rows of per-row means; it
+    must add up over rows (the global batch's count is the sum of its micro-batches')."""
+    if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
+        return torch.tensor(target.numel(), device=target.device)
+    return (target != IGNORE_INDEX).sum()
+
 
 @dataclass
 class ParallelModel:
@@ -56,9 +84,12 @@ class ParallelModel:
     output_layout: Layout  # the last layer's layout (full sequence): how the target is sharded
     tied: TiedGradients
     loss_parallel: bool = False  # the last layer's logits stay vocab-split (a DTensor)
+    loss_weight_fn: Callable = loss_weight  # target -> the count its mean loss averages over
     schedule: Any = None  # torch.distributed.pipelining schedule when pp > 1
     pipeline_stages: list = field(default_factory=list)
     steps: int = 0
+    # this step's count of the global target (None: not sharded by rows, uniform weights)
+    _global_count: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     # ------------------------------------------------------------------ data
 
@@ -76,12 +107,22 @@ class ParallelModel:
         _, local_target = self._shard({}, target, self.output_layout)
         return local_inputs, local_target
 
-    @property
-    def _loss_scale(self) -> int:
-        return self.output_layout.dp * self.plan.num_microbatches
+    def _count_global(self, target) -> None:
+        """Set this step's global count (None: the target is not sharded by rows)."""
+        batched = (isinstance(target, torch.Tensor) and target.dim() > 0
+                   and target.shape[0] == self.plan.global_batch)
+        self._global_count = (torch.as_tensor(self.loss_weight_fn(target), device=self.device)
+                              if batched else None)
 
-    def _scaled_loss(self, output, target) -> torch.Tensor:
-        return self.loss_fn(model_output_tensor(output), target) / self._loss_scale
+    def _weighted_loss(self, output, target) -> torch.Tensor:
+        """Micro-batch loss x count(target) / count(global batch) (module docstring); the
+        pipeline schedule calls it on the last stage with each micro-batch's target."""
+        loss = self.loss_fn(model_output_tensor(output), target)
+        if self._global_count is None:
+            return loss / (self.output_layout.dp * self.plan.num_microbatches)
+        count = torch.as_tensor(self.loss_weight_fn(target), device=self.device)
+        # where, not a product: an all-ignored micro-batch's nan must give 0 and grad 0
+        return torch.where(count > 0, loss, 0.0) * (count / self._global_count)
 
     # ------------------------------------------------------------------ step
 
@@ -93,6 +134,8 @@ class ParallelModel:
         """(local loss, pending global-loss all-reduce or None). With `reduce_early` and
         no pipeline, the all-reduce starts once the last forward is done, so it runs
         alongside the last backward."""
+        target = _to(target, self.device)
+        self._count_global(target)
         local_inputs, local_target = self.local_batch(inputs, target)
         context = vocab_parallel_loss() if self.loss_parallel else contextlib.nullcontext()
         with context:  # forward AND backward of a vocab-parallel loss run inside it
@@ -111,7 +154,7 @@ class ParallelModel:
         for m in range(n):
             set_gradient_sync(self.module, m == n - 1)
             output = self.module(**{k: v[m] for k, v in chunks.items()})
-            loss = self._scaled_loss(output, targets[m])
+            loss = self._weighted_loss(output, targets[m])
             total += _value(loss)
             if reduce_early and m == n - 1:
                 pending = self._start_loss_sum(total)

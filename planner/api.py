@@ -135,11 +135,14 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
                   optimizer_kwargs: dict | None = None, cluster: str | ClusterSpec = "local",
                   global_batch: int | None = None, plan: str | PlanDocument | ParallelPlan | None = None,
                   precision: Precision | str | None = None,
-                  options: SearchOptions | None = None) -> AutoParallel:
+                  options: SearchOptions | None = None,
+                  loss_weight: Callable | None = None) -> AutoParallel:
     """Trace `model`, plan it for this job (or take `plan`), and shard it on every rank.
 
     `example_batch` is `(inputs, target)` with the micro-batch shape the plan is made
     for (the model IR is measured at that size); `global_batch` defaults to its rows.
+    `loss_weight` (target -> how many elements `loss_fn` averages over) weights each
+    micro-batch's loss; see `executors.apply` (default: targets != -100, or all elements).
     """
     init_distributed()
     world = dist.get_world_size()
@@ -174,7 +177,8 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
         doc = plan_from_dict(data, "<plan from rank 0>")
     doc.check_world_size(world)
     parallel = apply(model, doc.plan, graph, loss_fn=loss_fn, device=device, optimizer=optimizer,
-                     optimizer_kwargs=optimizer_kwargs, example_inputs=inputs)
+                     optimizer_kwargs=optimizer_kwargs, example_inputs=inputs,
+                     loss_weight=loss_weight)
     return AutoParallel(doc.plan, doc, graph, parallel, input_names)
 
 
