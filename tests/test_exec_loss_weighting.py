@@ -32,7 +32,6 @@ from ir.plan import ParallelPlan, uniform_plan
 from ir.strategy import Precision, Schedule
 from ir.trace import model_output_tensor
 from planner.models import load_layer_graph, load_model
-from planner.zoo.bert import Bert
 
 from dist_utils import spawn
 
@@ -74,18 +73,8 @@ CASES = [
 # ----------------------------------------------------------------------------- data
 
 
-class StageableBert(Bert):
-    """The zoo's Bert with `token_type_ids` optional: a later pipeline stage receives only
-    the hidden state (the zoo's forward requires both, so its pp=2 plans cannot run)."""
-
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None):
-        return super().forward(input_ids, token_type_ids)
-
-
 def build_model(spec: str) -> tuple[nn.Module, object]:
     loaded = load_model(spec, micro_batch=1, seq_len=SEQ[spec], device="cpu", seed=SEED)
-    if isinstance(loaded.module, Bert):
-        loaded.module.__class__ = StageableBert  # same parameters, same forward
     return loaded.module, loaded.loss_fn
 
 

@@ -129,7 +129,12 @@ class Bert(nn.Module):
         self.head = MLMHead(c)
         self.head.decoder.weight = self.embed.word.weight
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        # A later pipeline stage gets only the hidden state: token types are optional there
+        # (and default to segment 0 on the first stage, as in BERT).
+        if self.embed is not None and token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
         h = self.embed(input_ids, token_type_ids) if self.embed is not None else input_ids
         for block in self.blocks.values():
             h = block(h)  # (B, T, h)
