@@ -1,11 +1,13 @@
 """Predicted vs measured per-rank peak memory and iteration time of executed plans.
 
-Each case plans a zoo tiny model for `local` with N processes (`planner plan --cluster
-local --gpus-per-node N`, strategy pinned by flags), then `planner validate` runs it on N
-spawned gloo ranks: per-rank peak live tensor bytes (LiveTensorTracker) against the
-plan's prediction without the runtime overhead, and the median step time against the
-predicted iteration time. Targets (issue 6): memory within 5% on every rank, time
-within 25%.
+The closed loop on this machine: `planner profile-cluster --nproc N` measures a cluster
+spec for each process count N the cases use (collectives, one-thread matmul and copy
+rates, per-op framework overhead, DTensor and data-parallel-unit overheads); each case
+plans a zoo tiny model on that spec (`planner plan --cluster spec.json`, strategy
+pinned by flags), then `planner validate` runs it on N spawned gloo ranks: per-rank peak
+live tensor bytes (LiveTensorTracker) against the plan's prediction without the runtime
+overhead, and the median step time against the predicted iteration time. Targets
+(issue 6): memory within 5% on every rank, time within 25%.
 
     .venv/bin/python bench/bench_validate.py [--steps 5] [--cases gpt-ddp2,llama-tp2]
 
@@ -28,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from cost_models.profile_cluster import profile_cluster  # noqa: E402
 from planner.cli import main as planner_main  # noqa: E402
 from planner.fmt import table  # noqa: E402
 from planner.validate import validate_plan  # noqa: E402
@@ -35,6 +38,8 @@ from planner.validate import validate_plan  # noqa: E402
 MEMORY_TARGET = 0.05
 TIME_TARGET = 0.25
 GLOBAL_BATCH = 8
+# Largest message profile-cluster times: the tiny models' biggest collective is < 1 MiB.
+PROFILE_MAX_BYTES = 1 << 20
 # name -> (model, ranks, `planner plan` pins)
 CASES = {
     "gpt-1rank": ("gpt-tiny", 1, ["--uniform"]),
@@ -53,11 +58,29 @@ CASES = {
 }
 
 
-def run_case(name: str, steps: int, folder: str) -> dict:
+def profile_specs(process_counts: set[int], folder: str) -> dict[int, str]:
+    """A measured spec per process count; one process reuses the two-process spec (its
+    compute and overhead figures; it has no collectives)."""
+    specs = {}
+    for n in sorted({max(2, n) for n in process_counts}):
+        path = os.path.join(folder, f"spec{n}.json")
+        spec, _ = profile_cluster(n, "gloo", max_bytes=PROFILE_MAX_BYTES, name=f"local-{n}")
+        spec.save(path)
+        print(f"... profiled {n} processes: op {spec.op_overhead_s * 1e6:.1f} us, DTensor "
+              f"+{spec.dtensor_op_overhead_s * 1e6:.1f} us, DP unit "
+              f"{ {k: round(v * 1e3, 2) for k, v in spec.dp_unit_overhead_s} } ms, "
+              f"all-reduce alpha {spec.intra_node_latency_s * 1e6:.0f} us",
+              file=sys.stderr, flush=True)
+        specs[n] = path
+    specs[1] = specs.get(2) or next(iter(specs.values()))
+    return specs
+
+
+def run_case(name: str, steps: int, folder: str, spec: str) -> dict:
     model, ranks, pins = CASES[name]
     path = os.path.join(folder, f"{name}.json")
     with contextlib.redirect_stdout(io.StringIO()):
-        status = planner_main(["plan", model, "--cluster", "local", "--gpus-per-node", str(ranks),
+        status = planner_main(["plan", model, "--cluster", spec, "--gpus-per-node", str(ranks),
                                "--global-batch", str(GLOBAL_BATCH), *pins, "--out", path])
     if status:
         raise SystemExit(f"{name}: planner plan failed with status {status}")
@@ -78,10 +101,15 @@ def main(argv: list[str] | None = None) -> int:
                                                       "validate.json"))
     args = parser.parse_args(argv)
     results, rows, failed = [], [], []
+    names = args.cases.split(",")
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        parser.error(f"unknown case {unknown[0]!r}; known: {', '.join(CASES)}")
     with tempfile.TemporaryDirectory() as folder:
-        for name in args.cases.split(","):
+        specs = profile_specs({CASES[n][1] for n in names}, folder)
+        for name in names:
             try:
-                r = run_case(name, args.steps, folder)
+                r = run_case(name, args.steps, folder, specs[CASES[name][1]])
             except (SystemExit, Exception) as exc:  # one failed case does not stop the rest
                 print(f"... {name}: FAILED ({exc})", file=sys.stderr, flush=True)
                 failed.append({"case": name, "error": str(exc)})

@@ -78,10 +78,21 @@ LOCAL_GLOO_LATENCY_S = 50e-6
 # after `import torch`, ~370 MiB once the first matmul kernels and thread pools are up.
 LOCAL_RUNTIME_OVERHEAD_BYTES = 384 * MiB
 # Matmul and copy sizes for the quick measurement (big enough to reach steady state on a
-# couple of cores, small enough to take well under a second).
-LOCAL_MATMUL_DIM = 768
+# core, small enough to take well under a second).
+LOCAL_MATMUL_DIM = 512
 LOCAL_MATMUL_REPEATS = 3
 LOCAL_COPY_BYTES = 64 * MiB
+# Each local process runs one intra-op thread (planner validate, the tests, the examples):
+# on a shared machine extra OpenMP threads spin at barriers instead of working.
+LOCAL_THREADS_PER_PROCESS = 1
+# Per-op framework overhead: a tiny MLP block (Linear, LayerNorm, GELU, Linear) forward and
+# backward, timed over OP_OVERHEAD_REPEATS runs and divided by the ATen ops it dispatches.
+OP_OVERHEAD_WIDTH = 8
+OP_OVERHEAD_REPEATS = 200
+# Extra per op on (replicated) DTensors over plain tensors, measured the same way by
+# `planner profile-cluster` (it needs a process group); this is that figure on the 2-core
+# development machine (torch 2.13, CPU), used by the `local` preset until one is measured.
+LOCAL_DTENSOR_OP_OVERHEAD_S = 60e-6
 
 
 def _gpu_preset(name: str, device: str, memory_bytes: int, peak, hbm_gbps: float,
@@ -130,8 +141,11 @@ def _local() -> ClusterSpec:
         inter_node_gbps=LOCAL_GLOO_GBPS, intra_node_latency_s=LOCAL_GLOO_LATENCY_S,
         inter_node_latency_s=LOCAL_GLOO_LATENCY_S,
         runtime_overhead_bytes=LOCAL_RUNTIME_OVERHEAD_BYTES, matmul_efficiency=1.0,
-        notes="this machine: matmul FLOP/s and copy bandwidth measured, links guessed "
-              "(run `planner profile-cluster` to measure them)")
+        op_overhead_s=measure_op_overhead_s(),
+        dtensor_op_overhead_s=LOCAL_DTENSOR_OP_OVERHEAD_S, host_cores=host_cores(),
+        notes="this machine, one thread per process: matmul FLOP/s, copy bandwidth and "
+              "per-op overhead measured; links and DTensor overhead guessed (run "
+              "`planner profile-cluster` to measure them)")
 
 
 PRESETS = {
@@ -194,10 +208,38 @@ def total_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def host_cores() -> int:
+    """Cores this process may run on (the affinity mask, else the CPU count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class _one_thread:
+    """Measure as a local process runs: LOCAL_THREADS_PER_PROCESS intra-op threads."""
+
+    def __enter__(self):
+        import torch
+
+        self.before = torch.get_num_threads()
+        torch.set_num_threads(LOCAL_THREADS_PER_PROCESS)
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.set_num_threads(self.before)
+
+
 @functools.lru_cache(maxsize=1)
 def measure_matmul_flops(dim: int = LOCAL_MATMUL_DIM,
                          repeats: int = LOCAL_MATMUL_REPEATS) -> tuple[tuple[str, float], ...]:
-    """Best-of-`repeats` FLOP/s of a dim^3 matmul on this CPU, float32 and bfloat16."""
+    """Best-of-`repeats` FLOP/s of a dim^3 matmul on one thread, float32 and bfloat16."""
+    with _one_thread():
+        return _matmul_flops(dim, repeats)
+
+
+def _matmul_flops(dim: int, repeats: int) -> tuple[tuple[str, float], ...]:
     import torch
 
     out = []
@@ -217,7 +259,12 @@ def measure_matmul_flops(dim: int = LOCAL_MATMUL_DIM,
 
 @functools.lru_cache(maxsize=1)
 def measure_copy_gbps(nbytes: int = LOCAL_COPY_BYTES) -> float:
-    """Memory bandwidth of a large tensor copy, counting bytes read plus bytes written."""
+    """Memory bandwidth of a large tensor copy on one thread, bytes read plus written."""
+    with _one_thread():
+        return _copy_gbps(nbytes)
+
+
+def _copy_gbps(nbytes: int) -> float:
     import torch
 
     src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
@@ -229,3 +276,38 @@ def measure_copy_gbps(nbytes: int = LOCAL_COPY_BYTES) -> float:
         dst.copy_(src)
         best = min(best, time.perf_counter() - start)
     return 2 * nbytes / max(best, 1e-9) / 1e9
+
+
+def _overhead_block(width: int = OP_OVERHEAD_WIDTH):
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(width, width), nn.LayerNorm(width), nn.GELU(),
+                         nn.Linear(width, width))
+
+
+def seconds_per_op(block, x, repeats: int = OP_OVERHEAD_REPEATS) -> float:
+    """Median-of-3 seconds per dispatched ATen op of `block(x).sum()` forward + backward
+    (tensors this small cost nothing to compute: what remains is framework overhead)."""
+    from ir.measure import count_ops
+
+    def run():
+        block(x).sum().backward()
+
+    run()  # warm-up: autograd graph caches, DTensor sharding-propagation caches
+    ops = count_ops(run)
+    rounds = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            run()
+        rounds.append((time.perf_counter() - start) / repeats)
+    return sorted(rounds)[1] / max(ops, 1)
+
+
+@functools.lru_cache(maxsize=1)
+def measure_op_overhead_s() -> float:
+    """Host seconds per eager ATen op on one thread (see `seconds_per_op`)."""
+    import torch
+
+    with _one_thread():
+        return seconds_per_op(_overhead_block(), torch.randn(2, OP_OVERHEAD_WIDTH))

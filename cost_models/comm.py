@@ -132,14 +132,19 @@ class LayerComm:
 
 def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
               config: StepConfig) -> tuple[float, float]:
-    """Megatron TP: one all-reduce per row-parallel (or vocab) module in forward and one in
-    backward (Shoeybi et al. 2019: 2 + 2 per transformer block); with sequence parallelism
-    each becomes an all-gather plus a reduce-scatter (Korthikanti et al. 2022, sec. 4.2.2).
-    Returns (forward_s, backward_s) for one micro-batch."""
+    """TP collectives of one layer as the executor issues them (DTensor, torchtitan-style
+    plans). Forward: one all-reduce per row-parallel (or vocab) module (Shoeybi et al.
+    2019). Backward: one all-reduce per column-parallel module's input gradient: DTensor
+    reduces q, k and v (gate and up) separately where Megatron fuses them into the block's
+    one. With sequence parallelism each forward all-reduce becomes an all-gather plus a
+    reduce-scatter and so does the backward of each module group, which gathers its
+    input once (Korthikanti et al. 2022, sec. 4.2.2). Returns (forward_s, backward_s)
+    for one micro-batch."""
     tp = strategy.tp
     if tp == 1 or not layer.tp_candidates:
         return 0.0, 0.0
     reducing = sum(1 for c in layer.tp_candidates if c.style in TP_REDUCING_STYLES)
+    colwise = sum(1 for c in layer.tp_candidates if c.style is TPStyle.COLWISE)
     heads = sum(1 for c in layer.tp_candidates if c.style is TPStyle.HEAD)
     activation = layer.output_bytes * config.activation_scale  # b*s*h in the compute dtype
     if strategy.sequence_parallel:
@@ -150,7 +155,7 @@ def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     else:
         ar = collective_s("all_reduce", activation, tp, cluster)
         forward = reducing * ar
-        backward = reducing * ar
+        backward = colwise * ar
     # A vocabulary-parallel head reduces its input's gradient in backward (loss-parallel
     # forward exchanges only per-token max/sum, which we neglect).
     backward += heads * collective_s("all_reduce", layer.input_bytes * config.activation_scale,

@@ -7,6 +7,15 @@ a bf16 n^3 product does 2n^3 FLOPs on 3n^2 elements, so n = 3 * e * (FLOPs / byt
 for e-byte elements. Efficiency saturates as n / (n + n_half) up to the device's best
 measured fraction of peak.
 
+Host overhead: every dispatched ATen op costs the framework `op_overhead_s` on the host,
+plus `dtensor_op_overhead_s` when it runs on DTensors (tensor-parallel layers). On CPU
+processes this adds to the op's work; on GPUs kernels queue asynchronously, so a layer
+takes max(device time, host time) (the "overhead-bound" regime of small layers). CPU
+processes sharing fewer cores stretch by `ClusterSpec.host_share`.
+
+Optimizer step: `OPTIMIZER_OPS_PER_TENSOR` ops per local parameter tensor (torch's
+single-tensor loop, the CPU default) plus the bytes it streams (model_states' figures).
+
 Measured: `planner profile MODEL --out profile.json` times each unique layer on a device;
 a profile whose device matches the cluster's overrides the analytic figure (scaled
 linearly to the micro-batch). Either way tensor parallelism divides the TP-able share
@@ -18,6 +27,7 @@ and checkpointing adds recomputation:
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +35,10 @@ from pathlib import Path
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import Layer
-from ir.strategy import Checkpoint, LayerStrategy
+from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
 
 from cost_models.common import GB, StepConfig, dtype_bytes
+from cost_models.model_states import tp_local_params
 
 # n_half per device kind: the square-GEMM edge at which a matmul reaches half of its best
 # throughput. Chosen so an 8192^3 product lands at ~97% of the best measured rate on
@@ -45,6 +56,14 @@ ATTENTION_CORE_FLOPS_COEFF = 4
 SQUARE_GEMM_EDGE_PER_INTENSITY = 1.5
 
 
+# ATen ops one optimizer step dispatches per parameter tensor, steady state, counted on
+# torch 2.13's single-tensor implementations with a dispatch-mode counter (step + zero_grad).
+OPTIMIZER_OPS_PER_TENSOR = {"adamw": 10, "adam": 9, "sgd": 2, "sgd-momentum": 3}
+# Bytes an Adam step streams per fp32 element: reads param, grad, m, v; writes param, m, v.
+ADAM_STEP_BYTES_PER_ELEMENT = 7 * 4
+SGD_STEP_BYTES_PER_ELEMENT = 4 * 4  # reads param, grad, buffer; writes param (or buffer)
+
+
 @dataclass(frozen=True, slots=True)
 class LayerCompute:
     """Seconds for ONE micro-batch on one rank."""
@@ -52,6 +71,7 @@ class LayerCompute:
     forward_s: float
     backward_s: float
     recompute_s: float  # forward work redone during backward (checkpointing), else 0
+    optimizer_s: float = 0.0  # the layer's share of the optimizer step: once per ITERATION
 
     @property
     def total_s(self) -> float:
@@ -109,24 +129,77 @@ def hidden_size(layer: Layer, config: StepConfig) -> float:
                                  * dtype_bytes(config.graph_dtype))
 
 
+def runs_on_dtensors(layer: Layer, strategy: LayerStrategy) -> bool:
+    """Tensor parallelism computes on DTensors (sharded weights, sequence-sharded norms)."""
+    return strategy.tp > 1 and (bool(layer.tp_candidates) or strategy.sequence_parallel)
+
+
+def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool) -> float:
+    """Framework seconds per dispatched op."""
+    return cluster.op_overhead_s + (cluster.dtensor_op_overhead_s if on_dtensors else 0.0)
+
+
+def with_host(device_s: float, host_s: float, cluster: ClusterSpec) -> float:
+    """CPU processes do both in turn (and share cores); GPUs overlap them."""
+    if cluster.host_bound:
+        return (device_s + host_s) * cluster.host_share
+    return max(device_s, host_s)
+
+
+def dp_unit_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
+                    config: StepConfig) -> float:
+    """Host time of the layer's data-parallel unit per micro-batch: the executor wraps a
+    layer with parameters in one when dp > 1 or under mixed precision."""
+    if not layer.param_names or (strategy.dp == 1 and config.precision is Precision.FP32):
+        return 0.0
+    return cluster.dp_unit_overhead(strategy.dp_mode.value)
+
+
 def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
                   config: StepConfig, profile: ComputeProfile | None = None) -> LayerCompute:
     """Forward, backward and recompute seconds of one layer for one micro-batch."""
     share = tp_compute_fraction(layer, strategy)
     measured = profile.lookup(layer) if profile is not None else None
-    if measured is not None:
+    op_s = host_op_seconds(cluster, runs_on_dtensors(layer, strategy))
+    if measured is not None:  # a measured layer already paid the plain per-op overhead
         scale = config.micro_batch / measured.micro_batch * share
+        op_s -= cluster.op_overhead_s
         forward_s = measured.forward_seconds * scale
         backward_s = measured.backward_seconds * scale
     else:
         forward_s, backward_s = _analytic_seconds(layer, cluster, config, share)
+    unit_s = dp_unit_seconds(layer, strategy, cluster, config) / 2  # half in each pass
+    forward_s = with_host(forward_s, layer.ops_fwd * op_s + unit_s, cluster)
+    backward_s = with_host(backward_s, layer.ops_bwd * op_s + unit_s, cluster)
     if strategy.checkpoint is Checkpoint.FULL:
         recompute_s = forward_s
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.saved_attention_bytes:
         recompute_s = _attention_recompute_seconds(layer, cluster, config, share)
     else:
         recompute_s = 0.0
-    return LayerCompute(forward_s, backward_s, recompute_s)
+    return LayerCompute(forward_s, backward_s, recompute_s,
+                        optimizer_step_seconds(layer, strategy, cluster, config))
+
+
+def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
+                           config: StepConfig) -> float:
+    """One optimizer step over the layer's parameters on one rank: per-op host overhead
+    plus the bytes the update streams. ZeRO-2/3 step every tensor's shard; ZeRO-1 steps
+    the whole tensors this rank owns (about 1/dp of them)."""
+    tensors = len(layer.param_names)
+    if tensors == 0:
+        return 0.0
+    local_params = tp_local_params(layer.params, layer.tp_params, strategy.tp)
+    if strategy.dp_mode is not DPMode.REPLICATE:
+        local_params /= strategy.dp
+    if strategy.dp_mode is DPMode.ZERO1:
+        tensors = math.ceil(tensors / strategy.dp)
+    on_dtensors = strategy.dp > 1 or strategy.tp > 1 or config.precision is not Precision.FP32
+    ops = OPTIMIZER_OPS_PER_TENSOR[config.optimizer] * tensors
+    per_element = ADAM_STEP_BYTES_PER_ELEMENT if config.optimizer.startswith("adam") \
+        else SGD_STEP_BYTES_PER_ELEMENT
+    stream_s = local_params * per_element / (cluster.hbm_gbps * GB)
+    return with_host(stream_s, ops * host_op_seconds(cluster, on_dtensors), cluster)
 
 
 def _analytic_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,

@@ -13,9 +13,10 @@ F and B into the iteration; the once-per-step gradient sync adds what the last
 backward could not hide. The breakdown is the critical rank's:
 
   iteration = m*(compute + tp_comm + pp_comm + exposed per-micro-batch dp) + bubble
-              + exposed per-step dp
+              + exposed per-step dp + optimizer step
 
-so compute + tp_comm + dp_comm + pp_comm + bubble == iteration_seconds exactly.
+so compute + tp_comm + dp_comm + pp_comm + bubble + optimizer == iteration_seconds
+exactly (the per-step terms are those of the rank that finishes last).
 MFU counts model FLOPs only, forward + backward without recomputation (Narayanan et
 al. 2021 and Chowdhery et al. 2022: recompute is not useful work).
 """
@@ -60,6 +61,7 @@ class StageTime:
     pp_forward_s: float
     pp_backward_s: float
     dp_step_s: float  # exposed, once per iteration
+    optimizer_s: float = 0.0  # the optimizer step, once per iteration
 
     @property
     def forward_s(self) -> float:
@@ -78,14 +80,16 @@ class TimeBreakdown:
     dp_comm: float
     pp_comm: float
     bubble: float
+    optimizer: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.compute + self.tp_comm + self.dp_comm + self.pp_comm + self.bubble
+        return (self.compute + self.tp_comm + self.dp_comm + self.pp_comm + self.bubble
+                + self.optimizer)
 
     def to_json(self) -> dict[str, float]:
         return {"compute": self.compute, "tp_comm": self.tp_comm, "dp_comm": self.dp_comm,
-                "pp_comm": self.pp_comm, "bubble": self.bubble}
+                "pp_comm": self.pp_comm, "bubble": self.bubble, "optimizer": self.optimizer}
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +131,7 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                profile: ComputeProfile | None = None) -> StageTime:
     """Per-micro-batch seconds of pipeline rank `rank`, holding layers `indices`."""
     per_param = bytes_per_param(configs[0].precision, configs[0].optimizer)
-    fwd = bwd = rec = tp_f = tp_b = dp_f = dp_b = dp_step = 0.0
+    fwd = bwd = rec = tp_f = tp_b = dp_f = dp_b = dp_step = opt = 0.0
     for j in indices:
         layer, strategy, config = graph.layers[j], plan.layer_strategies[j], configs[j]
         c = layer_compute(layer, strategy, cluster, config, profile)
@@ -135,6 +139,7 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
         fwd += c.forward_s
         bwd += c.backward_s + c.recompute_s
         rec += c.recompute_s
+        opt += c.optimizer_s
         tp_f += m.tp_forward_s
         tp_b += m.tp_backward_s
         dp_f += m.dp_forward_s
@@ -161,7 +166,7 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                      recompute_s=rec, tp_forward_s=tp_f, tp_backward_s=tp_b,
                      dp_forward_s=exposed(dp_f, fwd), dp_backward_s=exposed(dp_b, bwd),
                      pp_forward_s=pp_f, pp_backward_s=pp_b,
-                     dp_step_s=exposed(dp_step, bwd))
+                     dp_step_s=exposed(dp_step, bwd), optimizer_s=opt)
 
 
 def _relayout_s(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, j: int,
@@ -202,15 +207,17 @@ def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
                    for r, idx in enumerate(rank_layers(plan)))
     pipe = pipeline_time([s.forward_s for s in stages], [s.backward_s for s in stages], m,
                          plan.schedule, plan.virtual_stages)
-    step_sync = max(s.dp_step_s for s in stages)
-    iteration = pipe.iteration_s + step_sync
+    # After its last backward each rank syncs what is left and steps its optimizer.
+    finish = max(stages, key=lambda s: s.dp_step_s + s.optimizer_s)
+    step_sync = finish.dp_step_s
+    iteration = pipe.iteration_s + step_sync + finish.optimizer_s
     crit = stages[pipe.critical_rank]
     breakdown = TimeBreakdown(
         compute=m * (crit.compute_forward_s + crit.compute_backward_s),
         tp_comm=m * (crit.tp_forward_s + crit.tp_backward_s),
         dp_comm=m * (crit.dp_forward_s + crit.dp_backward_s) + step_sync,
         pp_comm=m * (crit.pp_forward_s + crit.pp_backward_s),
-        bubble=pipe.bubble_s)
+        bubble=pipe.bubble_s, optimizer=finish.optimizer_s)
     # Model FLOPs: the IR's forward + backward per sample, times the global batch.
     model_flops = (graph.flops_fwd + graph.flops_bwd) / graph.micro_batch * plan.global_batch
     world = plan.world_size

@@ -26,6 +26,7 @@ import socket
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,8 @@ from ir.cluster import COLLECTIVES, ClusterSpec, CollectiveFit
 from ir.errors import PlannerError
 
 from cost_models.clusters import (GPU_RUNTIME_OVERHEAD_BYTES, LOCAL_RUNTIME_OVERHEAD_BYTES,
-                                  measure_copy_gbps, measure_matmul_flops, total_memory_bytes)
+                                  host_cores, measure_copy_gbps, measure_matmul_flops,
+                                  measure_op_overhead_s, total_memory_bytes)
 
 KiB = 2**10
 MiB = 2**20
@@ -114,7 +116,7 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    results: dict[str, list[float]] = {c: [] for c in COLLECTIVES}
+    results: dict[str, Any] = {c: [] for c in COLLECTIVES}
     try:
         for size in sizes:
             numel = max(world, size // FLOAT_BYTES) // world * world  # divisible by n
@@ -141,10 +143,94 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
                         times.append(elapsed / 2 if name == "send_recv" else elapsed)
                 results[name].append(statistics.median(times))
             del full, shard, out
+        if device.type == "cpu":  # framework overhead of DTensor ops, on rank 0 alone
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh("cpu", (world,))
+            results["dtensor_op_overhead_s"] = \
+                _dtensor_op_overhead_s(device, mesh) if rank == 0 else 0.0
+            dist.barrier()
+            results["dp_unit_seconds"] = _dp_unit_seconds(mesh)
         if rank == 0:
             queue.put(results)
     finally:
         dist.destroy_process_group()
+
+
+def _dtensor_op_overhead_s(device, mesh) -> float:
+    """Extra seconds per op on replicated DTensors over plain tensors: the same tiny
+    block, once plain and once with DTensor parameters and input (no communication)."""
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate
+
+    from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block, \
+        seconds_per_op
+
+    def replicated(t):  # from_local: no broadcast, so rank 0 can run alone
+        return DTensor.from_local(t, mesh, [Replicate()], run_check=False)
+
+    with _one_thread():
+        x = torch.randn(2, OP_OVERHEAD_WIDTH, device=device)
+        plain = seconds_per_op(_overhead_block().to(device), x)
+        block = _overhead_block().to(device)
+        for module in block.modules():
+            for name, param in list(module.named_parameters(recurse=False)):
+                setattr(module, name, torch.nn.Parameter(replicated(param.detach())))
+        on_dtensors = seconds_per_op(block, replicated(x))
+    return max(on_dtensors - plain, 0.0)
+
+
+# Data-parallel units timed: a stack of DP_UNITS tiny blocks, each its own unit.
+DP_UNITS = 8
+DP_UNIT_STEPS = 20  # after DP_UNIT_WARMUP steps; the median
+DP_UNIT_WARMUP = 3
+
+
+def _dp_unit_seconds(mesh) -> dict[str, float]:
+    """Seconds per unit per forward+backward that wrapping each block as a DP unit adds
+    over the plain stack, by mode, all ranks running together (collectives included)."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed.fsdp import fully_shard
+
+    from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
+
+    def wrap(mode: str) -> nn.Module:
+        stack = nn.Sequential(*[_overhead_block() for _ in range(DP_UNITS)])
+        if mode == "plain":
+            return stack
+        for block in [*stack, stack]:  # each block, then the root (as the executor does)
+            if mode == "replicate":
+                replicate(block, mesh=mesh)
+            else:
+                fully_shard(block, mesh=mesh, reshard_after_forward=mode == "zero3")
+        return stack
+
+    def median_step(model: nn.Module) -> float:
+        x = torch.randn(2, OP_OVERHEAD_WIDTH)
+        times = []
+        for i in range(DP_UNIT_WARMUP + DP_UNIT_STEPS):
+            dist.barrier()
+            start = time.perf_counter()
+            model(x).sum().backward()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[DP_UNIT_WARMUP:])
+
+    with _one_thread():
+        plain = median_step(wrap("plain"))
+        return {mode: max(median_step(wrap(mode)) - plain, 0.0) / DP_UNITS
+                for mode in ("replicate", "zero2", "zero3")}
+
+
+def dp_unit_overhead(measured: dict[str, float], share: float) -> tuple[tuple[str, float], ...]:
+    """Per-unit overhead by DP mode, per process share of a core. It keeps the latency of
+    the unit's own tiny collectives: on CPU processes that latency is paid in turn with
+    the hooks around it, not hidden behind compute."""
+    out = {mode: seconds / share for mode, seconds in measured.items()}
+    out["zero1"] = out["replicate"]  # ZeRO-1 is replicate + a sharded optimizer
+    return tuple(sorted(out.items()))
 
 
 def _ping_pong(dist, rank: int, tensor) -> None:
@@ -225,6 +311,19 @@ def _cuda_matmul_flops() -> tuple[tuple[str, float], ...]:
     return tuple(sorted(out))
 
 
+def _cuda_op_overhead_s() -> float:
+    """Seconds per op of tiny CUDA work: the host's dispatch-and-launch rate (or the
+    kernels' own floor, whichever is slower: the launch queue fills up)."""
+    import torch
+
+    from cost_models.clusters import OP_OVERHEAD_WIDTH, _overhead_block, seconds_per_op
+
+    x = torch.randn(2, OP_OVERHEAD_WIDTH, device="cuda")
+    seconds = seconds_per_op(_overhead_block().cuda(), x)
+    torch.cuda.synchronize()
+    return seconds
+
+
 def _cuda_copy_gbps() -> float:
     import torch
 
@@ -253,6 +352,13 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
         alpha, bandwidth = fit_alpha_beta(collective, nproc, sizes, measured[collective])
         fits.append(CollectiveFit(collective, "intra_node", alpha, bandwidth, nproc))
     device, memory, flops, copy_gbps, overhead = _device_info(backend, nproc)
+    cpu = backend == "gloo"
+    share = max(1.0, nproc / host_cores())  # the N processes took turns on the cores
+    host = dict(op_overhead_s=measure_op_overhead_s(),
+                dtensor_op_overhead_s=float(measured.get("dtensor_op_overhead_s", 0.0)),
+                host_cores=host_cores(),
+                dp_unit_overhead_s=dp_unit_overhead(measured["dp_unit_seconds"], share)
+                ) if cpu else dict(op_overhead_s=_cuda_op_overhead_s())
     all_reduce = fits[0]
     spec = ClusterSpec(
         name=name, device=device, num_nodes=1, devices_per_node=nproc,
@@ -260,7 +366,7 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
         intra_node_gbps=all_reduce.bytes_per_s / 1e9,
         inter_node_gbps=all_reduce.bytes_per_s / 1e9,
         intra_node_latency_s=all_reduce.alpha_s, inter_node_latency_s=all_reduce.alpha_s,
-        runtime_overhead_bytes=overhead, matmul_efficiency=1.0,
+        runtime_overhead_bytes=overhead, matmul_efficiency=1.0, **host,
         collective_fits=tuple(fits) + tuple(
             CollectiveFit(f.collective, "inter_node", f.alpha_s, f.bytes_per_s, nproc)
             for f in fits),

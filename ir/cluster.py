@@ -88,6 +88,15 @@ class ClusterSpec:
     runtime_overhead_bytes: int  # per-device memory the runtime takes (context, comm buffers)
     matmul_efficiency: float | None = None  # best measured fraction of peak on large GEMMs
     collective_fits: tuple[CollectiveFit, ...] = ()
+    # Host (framework) seconds per dispatched ATen op, and the extra per op on a DTensor.
+    # On CPUs they add to the op's work; on GPUs they overlap it (kernels queue ahead).
+    op_overhead_s: float = 0.0
+    dtensor_op_overhead_s: float = 0.0
+    host_cores: int = 0  # cores the CPU "devices" of one node share; 0: devices are not CPUs
+    # Host seconds one data-parallel unit (an FSDP2 / replicate module) adds per
+    # micro-batch beyond its collectives' alpha-beta time, by DP mode ("zero3": ...): its
+    # hooks, shard copies and waits. Measured by `planner profile-cluster` on CPUs.
+    dp_unit_overhead_s: tuple[tuple[str, float], ...] = ()
     notes: str = ""  # provenance: datasheet, measured on which host, ...
 
     def __post_init__(self) -> None:
@@ -104,7 +113,8 @@ class ClusterSpec:
                                f"integer >= 0, got {self.runtime_overhead_bytes!r}")
         for field in ("hbm_gbps", "intra_node_gbps", "inter_node_gbps"):
             _check_positive(self.name, field, getattr(self, field))
-        for field in ("intra_node_latency_s", "inter_node_latency_s"):
+        for field in ("intra_node_latency_s", "inter_node_latency_s", "op_overhead_s",
+                      "dtensor_op_overhead_s"):
             value = getattr(self, field)
             if not _is_number(value) or value < 0:
                 raise PlannerError(f"cluster {self.name}: {field} must be a number >= 0, "
@@ -112,9 +122,17 @@ class ClusterSpec:
         if not self.peak_flops_by_dtype:
             raise PlannerError(f"cluster {self.name}: peak_flops_by_dtype is empty; give at "
                                "least one dtype, e.g. {\"float32\": 1.95e13}")
+        for mode, seconds in self.dp_unit_overhead_s:
+            if not _is_number(seconds) or seconds < 0:
+                raise PlannerError(f"cluster {self.name}: dp_unit_overhead_s[{mode}] must be "
+                                   f"a number >= 0, got {seconds!r}")
         for dtype, flops in self.peak_flops_by_dtype:
             _check_text("peak_flops_by_dtype key", dtype)
             _check_positive(self.name, f"peak_flops_by_dtype[{dtype}]", flops)
+        if isinstance(self.host_cores, bool) or not isinstance(self.host_cores, int) \
+                or self.host_cores < 0:
+            raise PlannerError(f"cluster {self.name}: host_cores must be an integer >= 0, "
+                               f"got {self.host_cores!r}")
         if self.matmul_efficiency is not None and not (
                 _is_number(self.matmul_efficiency) and 0 < self.matmul_efficiency <= 1):
             raise PlannerError(f"cluster {self.name}: matmul_efficiency must be in (0, 1], "
@@ -138,6 +156,24 @@ class ClusterSpec:
         known = ", ".join(name for name, _ in self.peak_flops_by_dtype)
         raise PlannerError(f"cluster {self.name} has no peak FLOP/s for {dtype}; it knows "
                            f"{known}: pick a precision it supports or add the dtype to the spec")
+
+    @property
+    def host_bound(self) -> bool:
+        """Devices are CPU processes: framework overhead adds to compute instead of hiding
+        behind asynchronously queued kernels."""
+        return self.host_cores > 0 or self.device.lower() == "cpu"
+
+    @property
+    def host_share(self) -> float:
+        """How many devices of a node share one core (>= 1): CPU processes on fewer cores
+        than processes take turns, so their busy time stretches by this factor."""
+        if self.host_cores <= 0:
+            return 1.0
+        return max(1.0, self.devices_per_node / self.host_cores)
+
+    def dp_unit_overhead(self, mode: str) -> float:
+        """Seconds per micro-batch one DP unit in `mode` adds (0 when not measured)."""
+        return dict(self.dp_unit_overhead_s).get(mode, 0.0)
 
     def collective_fit(self, collective: str, scope: str) -> CollectiveFit | None:
         """The measured fit for a collective in a scope, if the spec carries one."""
@@ -167,6 +203,7 @@ class ClusterSpec:
         for f in dataclasses.fields(self):
             out[f.name] = getattr(self, f.name)
         out["peak_flops_by_dtype"] = dict(self.peak_flops_by_dtype)
+        out["dp_unit_overhead_s"] = dict(self.dp_unit_overhead_s)
         out["collective_fits"] = [
             {f.name: getattr(fit, f.name) for f in dataclasses.fields(fit)}
             for fit in self.collective_fits]
@@ -201,6 +238,11 @@ class ClusterSpec:
                                    "{dtype: flop_per_s}")
             data["peak_flops_by_dtype"] = tuple(sorted(
                 (str(k), _number(f"peak_flops_by_dtype[{k}]", v)) for k, v in flops.items()))
+            units = data.get("dp_unit_overhead_s", {})
+            if not isinstance(units, dict):
+                raise PlannerError("field 'dp_unit_overhead_s' must be an object {mode: seconds}")
+            data["dp_unit_overhead_s"] = tuple(sorted(
+                (str(k), _number(f"dp_unit_overhead_s[{k}]", v)) for k, v in units.items()))
             fits = data.get("collective_fits", [])
             if not isinstance(fits, list):
                 raise PlannerError("field 'collective_fits' must be a list")
@@ -214,11 +256,13 @@ class ClusterSpec:
                     raise PlannerError(f"collective_fits[{i}]: {exc}") from None
             data["collective_fits"] = tuple(parsed)
             for name in ("hbm_gbps", "intra_node_gbps", "inter_node_gbps",
-                         "intra_node_latency_s", "inter_node_latency_s"):
-                data[name] = _number(name, data[name])
+                         "intra_node_latency_s", "inter_node_latency_s", "op_overhead_s",
+                         "dtensor_op_overhead_s"):
+                if name in data:
+                    data[name] = _number(name, data[name])
             for name in ("num_nodes", "devices_per_node", "device_memory_bytes",
-                         "runtime_overhead_bytes"):
-                value = data[name]
+                         "runtime_overhead_bytes", "host_cores"):
+                value = data.get(name)
                 if isinstance(value, float) and value.is_integer():
                     data[name] = int(value)  # JSON writers may print 8.0e10 for an integer
             if data.get("matmul_efficiency") is not None:

@@ -237,6 +237,14 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def count_ops(fn: Callable[[], object]) -> int:
+    """ATen ops `fn()` dispatches (the same count the layer IR records)."""
+    counter = _OpCounter()
+    with counter:
+        fn()
+    return counter.count
+
+
 def _tensor_leaves(value) -> list[torch.Tensor]:
     out = []
     if isinstance(value, torch.Tensor):

@@ -23,7 +23,7 @@ def time_table(est: Estimate) -> str:
     rows = [[name, f"{seconds:.4g}", f"{100 * seconds / total:.1f}%"]
             for name, seconds in (("compute", t.compute), ("tp comm", t.tp_comm),
                                   ("dp comm", t.dp_comm), ("pp comm", t.pp_comm),
-                                  ("bubble", t.bubble))]
+                                  ("bubble", t.bubble), ("optimizer", t.optimizer))]
     rows.append(["iteration", f"{est.iteration_seconds:.4g}", "100.0%"])
     return table(["time", "seconds", "share"], rows, right={1, 2})
 

@@ -11,7 +11,7 @@ micro-batches; `search_space.outer_candidates`) we solve
 where, per layer and micro-batch (priced once per unique layer by `_price`):
     t(i, s)      compute forward + backward + recompute (cost_models.compute), TP
                  collectives and exposed ZeRO traffic (cost_models.comm), plus the
-                 exposed per-iteration gradient sync divided by m
+                 exposed per-iteration gradient sync and optimizer step divided by m
     mem_r(i, s)  params + grads + optimizer states + k_r x kept activations, k_r the
                  micro-batches in flight on rank r (cost_models.pipeline)
     x(j, a, b)   forward + backward re-layout between layers j and j+1 when their
@@ -133,7 +133,7 @@ def _price(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, option
                 fwd, bwd = c.forward_s, c.backward_s + c.recompute_s
                 t = (fwd + bwd + comm.tp_forward_s + comm.tp_backward_s
                      + exposed(comm.dp_forward_s, fwd) + exposed(comm.dp_backward_s, bwd)
-                     + exposed(comm.dp_step_s, bwd) / cand.num_microbatches)
+                     + (exposed(comm.dp_step_s, bwd) + c.optimizer_s) / cand.num_microbatches)
                 states = mem.states.params + mem.states.grads + mem.states.optimizer
                 transient = (mem.activations.recompute_bytes + mem.activations.grad_flow_bytes
                              + ZERO3_UNITS_IN_FLIGHT * mem.gather_unit_bytes

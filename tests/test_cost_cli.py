@@ -6,7 +6,13 @@ import json
 
 import pytest
 
+import torch
+
+from cost_models.estimate import estimate
 from ir.cluster import ClusterSpec
+from ir.plan import uniform_plan
+from ir.strategy import Precision
+from planner.models import load_layer_graph
 from planner.cli import main
 
 
@@ -109,8 +115,19 @@ def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path):
     assert {f.collective for f in spec.collective_fits} == {
         "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
     assert all(f.bytes_per_s > 0 and f.alpha_s >= 0 for f in spec.collective_fits)
+    # Host figures a CPU spec measures: per-op and DTensor overhead, DP units, cores.
+    assert spec.op_overhead_s > 0 and spec.dtensor_op_overhead_s > 0 and spec.host_cores >= 1
+    assert {mode for mode, _ in spec.dp_unit_overhead_s} == {"replicate", "zero1", "zero2",
+                                                             "zero3"}
+    assert all(seconds > 0 for _, seconds in spec.dp_unit_overhead_s)
     code, out, err = run(capsys, "estimate", "gpt-tiny", "--cluster", str(spec_path),
                          "--micro-batch", "2", "--json")
     assert code == 0, err
     d = json.loads(out)
-    assert d["world_size"] == 2 and d["time"]["dp_comm"] > 0
+    assert d["world_size"] == 2 and d["time"]["optimizer"] > 0
+    # DDP on two processes: the DP units' host overhead is in the compute time.
+    single = ClusterSpec.from_dict({**spec.to_dict(), "dp_unit_overhead_s": {}})
+    graph = load_layer_graph("gpt-tiny", micro_batch=2, dtype=torch.float32)
+    plan = uniform_plan(len(graph.layers), global_batch=4, dp=2, precision=Precision.FP32)
+    with_units = estimate(graph, plan, spec).time.compute
+    assert with_units > estimate(graph, plan, single).time.compute

@@ -58,7 +58,7 @@ def test_estimate_breakdown_sums_and_mfu_is_plausible(gpt3):
     assert est.tflops_per_device == pytest.approx(est.mfu * 312, rel=1e-9)
     assert est.memory.fits
     d = est.to_json()
-    assert set(d["time"]) == {"compute", "tp_comm", "dp_comm", "pp_comm", "bubble"}
+    assert set(d["time"]) == {"compute", "tp_comm", "dp_comm", "pp_comm", "bubble", "optimizer"}
     assert set(d["memory"]["stages"][0]["breakdown"]) == {
         "params", "grads", "optimizer", "activations", "buffers", "overhead"}
 
