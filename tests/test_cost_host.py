@@ -1,0 +1,159 @@
+"""Host-side time: per-op framework overhead, DP-unit overhead, the optimizer step and
+CPU processes sharing cores (cost_models.compute), and the spec fields that carry them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from cost_models.clusters import get_cluster, measure_op_overhead_s
+from cost_models.common import StepConfig
+from cost_models.compute import (OPTIMIZER_OPS_PER_TENSOR, dp_unit_seconds, layer_compute,
+                                 optimizer_step_seconds, runs_on_dtensors)
+from cost_models.estimate import estimate
+from ir.cluster import ClusterSpec
+from ir.errors import PlannerError
+from ir.measure import count_ops
+from ir.plan import uniform_plan
+from ir.strategy import DPMode, LayerStrategy, Precision
+from planner.models import load_layer_graph
+
+US = 1e-6
+
+
+def cpu_spec(**changes) -> ClusterSpec:
+    base = ClusterSpec(
+        name="cpu-test", device="cpu", num_nodes=1, devices_per_node=2,
+        device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
+        intra_node_gbps=1.0, inter_node_gbps=1.0, intra_node_latency_s=1e-4,
+        inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
+        op_overhead_s=5 * US, dtensor_op_overhead_s=15 * US, host_cores=2,
+        dp_unit_overhead_s=(("replicate", 1e-3), ("zero1", 1e-3), ("zero2", 2e-3),
+                            ("zero3", 3e-3)))
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return load_layer_graph("gpt-tiny", micro_batch=2, dtype=torch.float32)
+
+
+def config(graph, optimizer="adamw") -> StepConfig:
+    return StepConfig(micro_batch=2, graph_micro_batch=2, graph_dtype="float32",
+                      precision=Precision.FP32, optimizer=optimizer, seq_len=graph.seq_len,
+                      device_type="cpu")
+
+
+def test_ir_counts_ops_per_layer(graph):
+    block = graph.layers[1]
+    assert block.ops_fwd > 20 and block.ops_bwd > block.ops_fwd  # backward dispatches more
+    assert all(a.ops_fwd == b.ops_fwd for a, b in zip(graph.layers[1:4], graph.layers[2:5]))
+    linear = torch.nn.Linear(4, 4)
+    assert count_ops(lambda: linear(torch.randn(2, 4))) >= 1
+
+
+def test_host_overhead_adds_on_cpu_and_overlaps_on_gpu(graph):
+    block, strategy = graph.layers[1], LayerStrategy()
+    cfg = config(graph)
+    quiet = layer_compute(block, strategy, cpu_spec(op_overhead_s=0.0), cfg)
+    busy = layer_compute(block, strategy, cpu_spec(), cfg)
+    assert busy.forward_s == pytest.approx(quiet.forward_s + block.ops_fwd * 5 * US)
+    assert busy.backward_s == pytest.approx(quiet.backward_s + block.ops_bwd * 5 * US)
+    # A GPU queues kernels: a layer takes the larger of device and host time.
+    gpu = dataclasses.replace(cpu_spec(), device="H100-SXM5-80GB", host_cores=0,
+                              op_overhead_s=1.0)
+    assert not gpu.host_bound
+    assert layer_compute(block, strategy, gpu, cfg).forward_s == pytest.approx(block.ops_fwd)
+
+
+def test_processes_sharing_cores_stretch_busy_time(graph):
+    block, cfg = graph.layers[1], config(graph)
+    two = layer_compute(block, LayerStrategy(), cpu_spec(devices_per_node=2), cfg)
+    eight = layer_compute(block, LayerStrategy(), cpu_spec(devices_per_node=8), cfg)
+    assert cpu_spec(devices_per_node=8).host_share == 4.0
+    assert eight.forward_s == pytest.approx(4 * two.forward_s)
+
+
+def test_dtensor_overhead_only_under_tensor_parallelism(graph):
+    block, cfg = graph.layers[1], config(graph)
+    assert not runs_on_dtensors(block, LayerStrategy(dp=2))
+    assert runs_on_dtensors(block, LayerStrategy(tp=2))
+    plain = layer_compute(block, LayerStrategy(tp=2), cpu_spec(dtensor_op_overhead_s=0.0), cfg)
+    tp = layer_compute(block, LayerStrategy(tp=2), cpu_spec(), cfg)
+    assert tp.forward_s - plain.forward_s == pytest.approx(block.ops_fwd * 15 * US)
+
+
+def test_dp_units_cost_their_mode_per_micro_batch(graph):
+    block, cfg, spec = graph.layers[1], config(graph), cpu_spec()
+    assert dp_unit_seconds(block, LayerStrategy(), spec, cfg) == 0.0  # not wrapped
+    for mode, seconds in (("replicate", 1e-3), ("zero3", 3e-3)):
+        strategy = LayerStrategy(dp=2, dp_mode=DPMode(mode))
+        assert dp_unit_seconds(block, strategy, spec, cfg) == seconds
+    norm_free = dataclasses.replace(block, param_names=())
+    assert dp_unit_seconds(norm_free, LayerStrategy(dp=2), spec, cfg) == 0.0
+
+
+def test_optimizer_step_counts_tensors_and_bytes(graph):
+    block, cfg = graph.layers[1], config(graph)
+    spec = cpu_spec(hbm_gbps=1e9)  # streaming is free: only per-op host time remains
+    tensors = len(block.param_names)
+    plain = optimizer_step_seconds(block, LayerStrategy(), spec, cfg)
+    assert plain == pytest.approx(OPTIMIZER_OPS_PER_TENSOR["adamw"] * tensors * 5 * US)
+    fsdp = optimizer_step_seconds(block, LayerStrategy(dp=2, dp_mode=DPMode.ZERO3), spec, cfg)
+    assert fsdp == pytest.approx(OPTIMIZER_OPS_PER_TENSOR["adamw"] * tensors * 20 * US)
+    zero1 = optimizer_step_seconds(block, LayerStrategy(dp=2, dp_mode=DPMode.ZERO1), spec, cfg)
+    assert zero1 == pytest.approx(fsdp * ((tensors + 1) // 2) / tensors)
+    sgd = optimizer_step_seconds(block, LayerStrategy(), spec, config(graph, "sgd"))
+    assert sgd < plain
+
+
+def test_optimizer_ops_per_tensor_match_torch():
+    for name, cls, kwargs in (("adamw", torch.optim.AdamW, {}), ("adam", torch.optim.Adam, {}),
+                              ("sgd-momentum", torch.optim.SGD, {"momentum": 0.9})):
+        params = [torch.nn.Parameter(torch.randn(4)) for _ in range(6)]
+        opt = cls(params, lr=1e-3, **kwargs)
+        for p in params:
+            p.grad = torch.randn(4)
+        opt.step()  # the first step creates the state
+
+        def step():
+            for p in params:
+                p.grad = torch.randn(4)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        ops = count_ops(step) - count_ops(lambda: [torch.randn(4) for _ in params])
+        assert ops / len(params) == pytest.approx(OPTIMIZER_OPS_PER_TENSOR[name], abs=1)
+
+
+def test_iteration_is_the_sum_of_its_breakdown(graph):
+    spec = cpu_spec()
+    plan = uniform_plan(len(graph.layers), dp=2, zero=3, global_batch=4,
+                        precision=Precision.FP32)
+    est = estimate(graph, plan, spec)
+    assert est.time.optimizer > 0
+    assert est.time.total == pytest.approx(est.iteration_seconds)
+
+
+def test_new_spec_fields_round_trip_and_default():
+    spec = cpu_spec()
+    again = ClusterSpec.from_json(spec.to_json())
+    assert again == spec and again.dp_unit_overhead("zero2") == 2e-3
+    old = spec.to_dict()
+    for key in ("op_overhead_s", "dtensor_op_overhead_s", "host_cores", "dp_unit_overhead_s"):
+        del old[key]
+    legacy = ClusterSpec.from_dict(old)  # specs written before these fields still load
+    assert legacy.op_overhead_s == 0.0 and legacy.dp_unit_overhead("zero3") == 0.0
+    with pytest.raises(PlannerError, match="host_cores must be an integer >= 0"):
+        ClusterSpec.from_dict({**spec.to_dict(), "host_cores": -1})
+    with pytest.raises(PlannerError, match=r"'dp_unit_overhead_s\[zero3\]' must be a number"):
+        ClusterSpec.from_dict({**spec.to_dict(), "dp_unit_overhead_s": {"zero3": "slow"}})
+
+
+def test_local_preset_measures_one_thread_op_overhead():
+    local = get_cluster("local", gpus_per_node=4)
+    assert local.host_cores >= 1 and local.host_bound
+    assert 0 < local.op_overhead_s == measure_op_overhead_s() < 1e-3
+    assert local.host_share == max(1.0, 4 / local.host_cores)
