@@ -8,7 +8,8 @@ Per pipeline rank r and micro-batch (compute.py, comm.py):
   B_r = backward compute + recompute + TP comm + exposed ZeRO-2/3 traffic
         + send of its input gradient to the previous stage
 Data-parallel traffic overlaps the compute it runs beside with efficiency
-DP_OVERLAP_EFFICIENCY; what it cannot hide is exposed. The pipeline (pipeline.py) turns
+DP_OVERLAP_EFFICIENCY (or the spec's fitted `dp_overlap_efficiency`); what it cannot
+hide is exposed. The pipeline (pipeline.py) turns
 F and B into the iteration; the once-per-step gradient sync adds what the last
 backward could not hide. The breakdown is the critical rank's:
 
@@ -121,9 +122,16 @@ class Estimate:
                 "memory": self.memory.to_json()}
 
 
-def exposed(comm_s: float, window_s: float) -> float:
+def overlap_efficiency(cluster: ClusterSpec) -> float:
+    """The spec's fitted DP overlap efficiency, else the default assumption."""
+    if cluster.dp_overlap_efficiency is None:
+        return DP_OVERLAP_EFFICIENCY
+    return cluster.dp_overlap_efficiency
+
+
+def exposed(comm_s: float, window_s: float, efficiency: float = DP_OVERLAP_EFFICIENCY) -> float:
     """Communication left over after hiding behind `window_s` of compute."""
-    return max(0.0, comm_s - DP_OVERLAP_EFFICIENCY * window_s)
+    return max(0.0, comm_s - efficiency * window_s)
 
 
 def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank: int,
@@ -151,6 +159,7 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
             tp_f += relayout
             tp_b += relayout
     pp_f = pp_b = 0.0
+    overlap = overlap_efficiency(cluster)
     last_stage = len(plan.stages) - 1
     for i in range(rank, len(plan.stages), plan.pp):
         stage = plan.stages[i]
@@ -164,9 +173,10 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                           stage.devices)
     return StageTime(rank=rank, compute_forward_s=fwd, compute_backward_s=bwd,
                      recompute_s=rec, tp_forward_s=tp_f, tp_backward_s=tp_b,
-                     dp_forward_s=exposed(dp_f, fwd), dp_backward_s=exposed(dp_b, bwd),
+                     dp_forward_s=exposed(dp_f, fwd, overlap),
+                     dp_backward_s=exposed(dp_b, bwd, overlap),
                      pp_forward_s=pp_f, pp_backward_s=pp_b,
-                     dp_step_s=exposed(dp_step, bwd), optimizer_s=opt)
+                     dp_step_s=exposed(dp_step, bwd, overlap), optimizer_s=opt)
 
 
 def _relayout_s(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, j: int,

@@ -97,6 +97,9 @@ class ClusterSpec:
     # micro-batch beyond its collectives' alpha-beta time, by DP mode ("zero3": ...): its
     # hooks, shard copies and waits. Measured by `planner profile-cluster` on CPUs.
     dp_unit_overhead_s: tuple[tuple[str, float], ...] = ()
+    # Share of a compute window that overlapped data-parallel traffic can hide; None takes
+    # cost_models.estimate.DP_OVERLAP_EFFICIENCY. `planner validate --calibrate` fits it.
+    dp_overlap_efficiency: float | None = None
     notes: str = ""  # provenance: datasheet, measured on which host, ...
 
     def __post_init__(self) -> None:
@@ -133,6 +136,10 @@ class ClusterSpec:
                 or self.host_cores < 0:
             raise PlannerError(f"cluster {self.name}: host_cores must be an integer >= 0, "
                                f"got {self.host_cores!r}")
+        if self.dp_overlap_efficiency is not None and not (
+                _is_number(self.dp_overlap_efficiency) and 0 <= self.dp_overlap_efficiency <= 1):
+            raise PlannerError(f"cluster {self.name}: dp_overlap_efficiency must be in [0, 1], "
+                               f"got {self.dp_overlap_efficiency!r}")
         if self.matmul_efficiency is not None and not (
                 _is_number(self.matmul_efficiency) and 0 < self.matmul_efficiency <= 1):
             raise PlannerError(f"cluster {self.name}: matmul_efficiency must be in (0, 1], "
@@ -265,6 +272,9 @@ class ClusterSpec:
                 value = data.get(name)
                 if isinstance(value, float) and value.is_integer():
                     data[name] = int(value)  # JSON writers may print 8.0e10 for an integer
+            if data.get("dp_overlap_efficiency") is not None:
+                data["dp_overlap_efficiency"] = _number("dp_overlap_efficiency",
+                                                        data["dp_overlap_efficiency"])
             if data.get("matmul_efficiency") is not None:
                 data["matmul_efficiency"] = _number("matmul_efficiency",
                                                     data["matmul_efficiency"])

@@ -55,7 +55,7 @@ import numpy as np
 from cost_models.comm import layer_comm, p2p_s, tp_transition_s
 from cost_models.common import StepConfig
 from cost_models.compute import ComputeProfile, layer_compute
-from cost_models.estimate import Estimate, estimate, exposed
+from cost_models.estimate import Estimate, estimate, exposed, overlap_efficiency
 from cost_models.memory import (DP_BUCKET_BYTES, DP_BUCKETS_IN_FLIGHT, ZERO3_UNITS_IN_FLIGHT,
                                 layer_memory)
 from cost_models.model_states import bytes_per_param
@@ -112,6 +112,7 @@ def _price(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, option
     stage_devices = cluster.world_size // cand.pp
     samples = global_batch // cand.num_microbatches
     per_param = bytes_per_param(options.precision, options.optimizer)
+    overlap = overlap_efficiency(cluster)
     sequence_model = graph.seq_len is not None
     layouts: dict[tuple, int] = {}
     tables = []
@@ -132,8 +133,10 @@ def _price(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, option
                 mem = layer_memory(layer, s, config, per_param)
                 fwd, bwd = c.forward_s, c.backward_s + c.recompute_s
                 t = (fwd + bwd + comm.tp_forward_s + comm.tp_backward_s
-                     + exposed(comm.dp_forward_s, fwd) + exposed(comm.dp_backward_s, bwd)
-                     + (exposed(comm.dp_step_s, bwd) + c.optimizer_s) / cand.num_microbatches)
+                     + exposed(comm.dp_forward_s, fwd, overlap)
+                     + exposed(comm.dp_backward_s, bwd, overlap)
+                     + (exposed(comm.dp_step_s, bwd, overlap) + c.optimizer_s)
+                     / cand.num_microbatches)
                 states = mem.states.params + mem.states.grads + mem.states.optimizer
                 transient = (mem.activations.recompute_bytes + mem.activations.grad_flow_bytes
                              + ZERO3_UNITS_IN_FLIGHT * mem.gather_unit_bytes
