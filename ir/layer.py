@@ -63,7 +63,7 @@ class Layer:
     name: str  # module path, e.g. "blocks.17"; "" only for root-level glue
     kind: str  # module class name, e.g. "GPTBlock"
     index: int
-    params: int  # parameters first used by this layer (tied weights counted once)
+    params: int  # parameters first used by this layer (tied weights counted once: tied_params)
     param_bytes: int
     tp_params: int  # parameters that tensor parallelism divides
     flops_fwd: int
@@ -82,11 +82,19 @@ class Layer:
     # both neighbours (a ReLU output the next conv saves as input) is held once.
     saved_input_bytes: int = 0
     saved_output_bytes: int = 0
-    max_param_numel: int = 0  # largest single parameter (single-tensor optimizer temporaries)
+    max_param_numel: int = 0  # largest parameter it holds, tied copies included (optimizer temporaries)
     # ATen ops one forward / backward dispatches (views included): host overhead scales
     # with them, and on small layers it is most of the time.
     ops_fwd: int = 0
     ops_bwd: int = 0
+    # Weights this layer shares with an earlier layer (a tied embedding / LM head): counted
+    # in that layer's `params`, but the executor gives this layer its own copy
+    # (`executors.tied.untie`), with its own gradient and optimizer state. Names are this
+    # layer's fully qualified names of the shared tensors; `tied_tp_params` is the part
+    # TP divides (the copy sits in one of this layer's TP candidates).
+    tied_params: int = 0
+    tied_tp_params: int = 0
+    tied_param_names: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.name}({self.kind})"

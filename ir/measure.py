@@ -579,6 +579,8 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             param_names_by_layer[best].append(pname)
             owned.add(pname)
 
+    tied_by_layer = _tied_copies(root, layer_names, param_names_by_layer)
+
     runs: dict[str, LayerRun] = {}
     layers: list[Layer] = []
     stacks = _stack_parents(root)
@@ -605,14 +607,18 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
         pbytes = sum(canon_params[p].numel() * _measured_itemsize(canon_params[p], dtype)
                      for p in pnames)
         owned_ids = {id(canon_params[p]) for p in pnames}
-        tp_params = 0
+        tied = tied_by_layer[i]  # this layer's name -> the shared tensor
+        tied_ids = {id(t) for t in tied.values()}
+        tp_params = tied_tp = 0
         for c in candidates:
             sub = module.get_submodule(c.module) if c.module else module
             w, b = getattr(sub, "weight", None), getattr(sub, "bias", None)
-            if w is not None and id(w) in owned_ids:
-                tp_params += w.numel()
-            if c.style is TPStyle.COLWISE and b is not None and id(b) in owned_ids:
-                tp_params += b.numel()
+            for t in (w, b) if c.style is TPStyle.COLWISE else (w,):
+                if t is not None and id(t) in owned_ids:
+                    tp_params += t.numel()
+                elif t is not None and id(t) in tied_ids:
+                    tied_tp += t.numel()
+        tied_params = sum(t.numel() for t in {id(t): t for t in tied.values()}.values())
         in_bytes = sum(_nbytes(measurer.values.get(a, measurer.user_values.get(str(a.target))))
                        for a in info.inputs)
         out_bytes = sum(_nbytes(measurer.values[o]) for o in info.outputs
@@ -628,8 +634,10 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             output_bytes=out_bytes, structural_hash=shash, param_names=pnames,
             tp_candidates=candidates, tp_divisors=divisors,
             saved_input_bytes=run.saved_input_bytes, saved_output_bytes=run.saved_output_bytes,
-            max_param_numel=max((canon_params[p].numel() for p in pnames), default=0),
-            ops_fwd=run.ops_fwd, ops_bwd=run.ops_bwd))
+            max_param_numel=max([canon_params[p].numel() for p in pnames]
+                                + [t.numel() for t in tied.values()], default=0),
+            ops_fwd=run.ops_fwd, ops_bwd=run.ops_bwd, tied_params=tied_params,
+            tied_tp_params=tied_tp, tied_param_names=tuple(tied)))
     edges, cuts = _edges_and_cuts(measurer)
     num_params = sum(p.numel() for p in root.parameters())
     seq_len = _seq_len(inputs) if seq_len == -1 else seq_len
@@ -640,6 +648,35 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
                        edges=tuple(edges), num_params=num_params, fingerprint=fingerprint,
                        cut_points=tuple(cuts), unique_layers_measured=len(runs))
     return graph, measurer
+
+
+def _tied_copies(root: nn.Module, layer_names: list[str],
+                 owned: list[list[str]]) -> list[dict[str, torch.Tensor]]:
+    """Per layer, {its parameter name: tensor} for tensors it holds a copy of but another
+    layer owns. A layer holds every parameter registered under its module path (the
+    longest layer name that prefixes the parameter's name; "" is the root), as
+    `executors.tied` decides; `executors.tied.untie` then gives each holder its own copy,
+    and the owner (`owned`, first use) counts the original."""
+    owner = {p: i for i, names in enumerate(owned) for p in names}
+    canon = _canonical_param_names(root)
+    out: list[dict[str, torch.Tensor]] = [{} for _ in layer_names]
+    holders: dict[int, dict[int, str]] = {}  # tensor id -> {holding layer: first name there}
+    for fqn, p in root.named_parameters(remove_duplicate=False):
+        best, best_len = None, -1
+        for i, name in enumerate(layer_names):
+            if (name == "" or fqn == name or fqn.startswith(name + ".")) and len(name) > best_len:
+                best, best_len = i, len(name)
+        if best is not None:
+            holders.setdefault(id(p), {}).setdefault(best, fqn)
+    tensors = {id(p): p for p in root.parameters()}
+    for pid, by_layer in holders.items():
+        if len(by_layer) < 2:
+            continue
+        first_user = owner.get(canon[pid])
+        for i, fqn in by_layer.items():
+            if i != first_user:
+                out[i][fqn] = tensors[pid]
+    return out
 
 
 def build_layer_graph(model: nn.Module, inputs: dict[str, torch.Tensor],
