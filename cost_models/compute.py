@@ -150,7 +150,8 @@ def dp_unit_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
                     config: StepConfig) -> float:
     """Host time of the layer's data-parallel unit per micro-batch: the executor wraps a
     layer with parameters in one when dp > 1 or under mixed precision."""
-    if not layer.param_names or (strategy.dp == 1 and config.precision is Precision.FP32):
+    if not (layer.param_names or layer.tied_param_names) or \
+            (strategy.dp == 1 and config.precision is Precision.FP32):
         return 0.0
     return cluster.dp_unit_overhead(strategy.dp_mode.value)
 
@@ -186,10 +187,11 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
     """One optimizer step over the layer's parameters on one rank: per-op host overhead
     plus the bytes the update streams. ZeRO-2/3 step every tensor's shard; ZeRO-1 steps
     the whole tensors this rank owns (about 1/dp of them)."""
-    tensors = len(layer.param_names)
+    tensors = len(layer.param_names) + len(layer.tied_param_names)  # tied copies step too
     if tensors == 0:
         return 0.0
-    local_params = tp_local_params(layer.params, layer.tp_params, strategy.tp)
+    local_params = tp_local_params(layer.params + layer.tied_params,
+                                   layer.tp_params + layer.tied_tp_params, strategy.tp)
     if strategy.dp_mode is not DPMode.REPLICATE:
         local_params /= strategy.dp
     if strategy.dp_mode is DPMode.ZERO1:
