@@ -16,6 +16,7 @@ graphs), so a 175B-parameter model measures in seconds on a laptop.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from dataclasses import dataclass
@@ -237,6 +238,12 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@contextlib.contextmanager
+def _both(first, second):
+    with first, second:
+        yield
+
+
 def count_ops(fn: Callable[[], object]) -> int:
     """ATen ops `fn()` dispatches (the same count the layer IR records)."""
     counter = _OpCounter()
@@ -448,7 +455,12 @@ class GraphMeasurer:
         sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
         fwd_times, bwd_times = [], []
         result = None
-        for rep in range(warmup + repeats):
+        # Run 0 measures (FLOP and op counters, saved-tensor hooks); timed runs go without
+        # them: the instrumentation costs a Python call per op, more than a small op itself.
+        timed_runs = warmup + repeats if repeats > 1 or warmup or factory is not meta_factory \
+            else 0
+        for rep in range(1 + timed_runs):
+            measuring = rep == 0
             env = self._fresh_inputs(info, state, factory)
             runner = self._runner(state)
             runner.env = env
@@ -456,36 +468,43 @@ class GraphMeasurer:
             region = _TPRegion(colwise, rowwise)
             fwd_counter, bwd_counter = FlopCounterMode(display=False), FlopCounterMode(display=False)
             fwd_ops, bwd_ops = _OpCounter(), _OpCounter()
+            fwd_context = contextlib.ExitStack()
+            if measuring:
+                for context in (torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack),
+                                fwd_counter, fwd_ops):
+                    fwd_context.enter_context(context)
             sync()
             start = time.perf_counter()
-            with torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack), fwd_counter, \
-                    fwd_ops:
+            with fwd_context:
                 for n in info.nodes.nodes:
-                    log.tp_sharded_now = region.enter(info.module_paths[n])
-                    log.in_dropout_now = n in dropout_nodes
+                    if measuring:
+                        log.tp_sharded_now = region.enter(info.module_paths[n])
+                        log.in_dropout_now = n in dropout_nodes
                     runner.env[n] = runner.run_node(n)
             sync()
             mid = time.perf_counter()
-            in_keys = {_storage_key(t) for a in info.inputs for t in _tensor_leaves(env.get(a))}
-            out_keys = {_storage_key(t) for o in info.outputs for t in _tensor_leaves(runner.env[o])}
-            saved_in = sum(b for k, b in log.seen.items() if k in in_keys)
-            saved_out = sum(b for k, b in log.seen.items() if k in out_keys)
             outs = [t for o in info.outputs for t in _tensor_leaves(runner.env[o])
                     if t.requires_grad and t.grad_fn is not None]
             if not outs and index == len(self.infos) - 1:
                 outs = [t for t in _tensor_leaves(runner.env[info.nodes.nodes[-1]])
                         if t.requires_grad and t.grad_fn is not None]
-            with bwd_counter, bwd_ops:
+            with (contextlib.ExitStack() if not measuring else _both(bwd_counter, bwd_ops)):
                 if outs:
                     torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
             sync()
             end = time.perf_counter()
-            if rep >= warmup:
+            if measuring:
+                in_keys = {_storage_key(t) for a in info.inputs for t in _tensor_leaves(env.get(a))}
+                out_keys = {_storage_key(t) for o in info.outputs
+                            for t in _tensor_leaves(runner.env[o])}
+                saved_in = sum(b for k, b in log.seen.items() if k in in_keys)
+                saved_out = sum(b for k, b in log.seen.items() if k in out_keys)
+                result = (int(fwd_counter.get_total_flops()), int(bwd_counter.get_total_flops()),
+                          log.total, log.sharded, log.scores, log.dropout_masks, saved_in,
+                          saved_out, fwd_ops.count, bwd_ops.count)
+            elif rep > warmup:
                 fwd_times.append(mid - start)
                 bwd_times.append(end - mid)
-            result = (int(fwd_counter.get_total_flops()), int(bwd_counter.get_total_flops()),
-                      log.total, log.sharded, log.scores, log.dropout_masks, saved_in, saved_out,
-                      fwd_ops.count, bwd_ops.count)
             del runner, env, outs
         return LayerRun(*result, _median(fwd_times), _median(bwd_times))
 

@@ -120,8 +120,11 @@ def _trace_fx(model: nn.Module, inputs: dict[str, torch.Tensor], has_target: boo
         # The loss is a submodule of the graph module so that any callable (a lambda
         # too) survives fx code generation.
         gm.add_submodule(LOSS_MODULE, _LossModule(loss_fn))
+        # After inputs with defaults the target needs one too (Python's argument order).
+        defaults = any(n.args for n in placeholders)
         with graph.inserting_after(placeholders[-1]):
-            target_node = graph.placeholder(TARGET_INPUT)
+            target_node = graph.placeholder(TARGET_INPUT, default_value=None) if defaults \
+                else graph.placeholder(TARGET_INPUT)
         with graph.inserting_before(output_node):
             loss_node = graph.call_module(LOSS_MODULE, (out_arg, target_node))
         output_node.args = (loss_node,)
