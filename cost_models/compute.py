@@ -169,9 +169,10 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         backward_s = measured.backward_seconds * scale
     else:
         forward_s, backward_s = _analytic_seconds(layer, cluster, config, share)
+    # The DP unit's figure was measured with all the node's processes running: no sharing.
     unit_s = dp_unit_seconds(layer, strategy, cluster, config) / 2  # half in each pass
-    forward_s = with_host(forward_s, layer.ops_fwd * op_s + unit_s, cluster)
-    backward_s = with_host(backward_s, layer.ops_bwd * op_s + unit_s, cluster)
+    forward_s = with_host(forward_s, layer.ops_fwd * op_s, cluster) + unit_s
+    backward_s = with_host(backward_s, layer.ops_bwd * op_s, cluster) + unit_s
     if strategy.checkpoint is Checkpoint.FULL:
         recompute_s = forward_s
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.saved_attention_bytes:

@@ -224,11 +224,12 @@ def _dp_unit_seconds(mesh) -> dict[str, float]:
                 for mode in ("replicate", "zero2", "zero3")}
 
 
-def dp_unit_overhead(measured: dict[str, float], share: float) -> tuple[tuple[str, float], ...]:
-    """Per-unit overhead by DP mode, per process share of a core. It keeps the latency of
-    the unit's own tiny collectives: on CPU processes that latency is paid in turn with
-    the hooks around it, not hidden behind compute."""
-    out = {mode: seconds / share for mode, seconds in measured.items()}
+def dp_unit_overhead(measured: dict[str, float]) -> tuple[tuple[str, float], ...]:
+    """Per-unit overhead by DP mode, as measured with all N processes running (so it holds
+    their sharing of the cores; the compute model does not stretch it again). It keeps
+    the latency of the unit's own tiny collectives: on CPU processes that latency is paid
+    in turn with the hooks around it, not hidden behind compute."""
+    out = dict(measured)
     out["zero1"] = out["replicate"]  # ZeRO-1 is replicate + a sharded optimizer
     return tuple(sorted(out.items()))
 
@@ -353,11 +354,10 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
         fits.append(CollectiveFit(collective, "intra_node", alpha, bandwidth, nproc))
     device, memory, flops, copy_gbps, overhead = _device_info(backend, nproc)
     cpu = backend == "gloo"
-    share = max(1.0, nproc / host_cores())  # the N processes took turns on the cores
     host = dict(op_overhead_s=measure_op_overhead_s(),
                 dtensor_op_overhead_s=float(measured.get("dtensor_op_overhead_s", 0.0)),
                 host_cores=host_cores(),
-                dp_unit_overhead_s=dp_unit_overhead(measured["dp_unit_seconds"], share)
+                dp_unit_overhead_s=dp_unit_overhead(measured["dp_unit_seconds"])
                 ) if cpu else dict(op_overhead_s=_cuda_op_overhead_s())
     all_reduce = fits[0]
     spec = ClusterSpec(

@@ -93,9 +93,10 @@ class ClusterSpec:
     op_overhead_s: float = 0.0
     dtensor_op_overhead_s: float = 0.0
     host_cores: int = 0  # cores the CPU "devices" of one node share; 0: devices are not CPUs
-    # Host seconds one data-parallel unit (an FSDP2 / replicate module) adds per
-    # micro-batch beyond its collectives' alpha-beta time, by DP mode ("zero3": ...): its
-    # hooks, shard copies and waits. Measured by `planner profile-cluster` on CPUs.
+    # Seconds one data-parallel unit (an FSDP2 / replicate module) adds per micro-batch
+    # on CPU processes, by DP mode ("zero3": ...): hooks, shard copies and its tiny
+    # collectives' waits, measured by `planner profile-cluster` with the node's processes
+    # running together.
     dp_unit_overhead_s: tuple[tuple[str, float], ...] = ()
     # Share of a compute window that overlapped data-parallel traffic can hide; None takes
     # cost_models.estimate.DP_OVERLAP_EFFICIENCY. `planner validate --calibrate` fits it.
