@@ -7,9 +7,10 @@
 NCCL when every rank gets a GPU). Every rank builds the plan's model from the same seed,
 applies the plan with `executors.apply` and trains on the same global batches:
 
-  1. memory: the model is built and sharded inside a `LiveTensorTracker` (CPU; on GPUs
-     the CUDA allocator's peak), one warm-up step runs (optimizer states appear), the
-     peak is reset and MEMORY_STEPS steps are measured;
+  1. memory: the model is built and sharded inside a `LiveTensorTracker` (CPU: DTensors
+     count by their local shard, FSDP2's storage resizes are followed; on GPUs the CUDA
+     allocator's peak), one warm-up step runs (optimizer states appear), the peak is
+     reset and MEMORY_STEPS steps are measured;
   2. time: outside the tracker (it adds a Python call per ATen op), TIME_WARMUP_STEPS
      more steps, then `steps` timed ones; a step ends when the slowest rank ends, the
      figure is the median over steps;
@@ -77,6 +78,7 @@ class RankResult:
     rank: int
     predicted_peak_bytes: int
     measured_peak_bytes: int
+    peak_tensors: tuple[str, ...] = ()  # largest storages live at the peak (memory_detail)
 
     @property
     def error(self) -> float:
@@ -108,8 +110,9 @@ class ValidationResult:
     def to_json(self) -> dict:
         """The `planner validate --json` contract (issue 6), plus a few extra keys."""
         return {"ranks": [{"rank": r.rank, "predicted_peak_bytes": r.predicted_peak_bytes,
-                           "measured_peak_bytes": r.measured_peak_bytes,
-                           "error": r.error} for r in self.ranks],
+                           "measured_peak_bytes": r.measured_peak_bytes, "error": r.error,
+                           **({"peak_tensors": list(r.peak_tensors)} if r.peak_tensors
+                              else {})} for r in self.ranks],
                 "predicted_iteration_seconds": self.predicted_iteration_seconds,
                 "measured_iteration_seconds": self.measured_iteration_seconds,
                 "loss_matches_reference": self.loss_matches_reference,
@@ -147,59 +150,6 @@ def predicted_figures(doc: PlanDocument, graph, cluster: ClusterSpec | None
 
 
 # ------------------------------------------------------------------------ one rank
-
-
-class _ShardTracker(LiveTensorTracker):
-    """The tracker, with two things the dispatcher does not show it:
-
-    - a DTensor is counted by its local shard (its wrapper has no storage and the shard
-      is made inside DTensor's dispatch, below this mode);
-    - FSDP2 frees and re-allocates each unsharded parameter by resizing its storage
-      (`UntypedStorage.resize_`, not an ATen op): without a look after each resize the
-      tracker would keep every gathered parameter live after its unit resharded, and
-      over-count ZeRO-2/3 and FSDP2 `replicate` by up to the full parameter size.
-    """
-
-    def __enter__(self):
-        self._patched = _watch_fsdp_storage(self)
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        try:
-            return super().__exit__(*exc)
-        finally:
-            for module, name, original in self._patched:
-                setattr(module, name, original)
-
-    def _see(self, t: torch.Tensor) -> None:
-        from torch.distributed.tensor import DTensor
-
-        if isinstance(t, DTensor):
-            t = t._local_tensor
-        super()._see(t)
-
-
-def _watch_fsdp_storage(tracker: LiveTensorTracker) -> list:
-    """Wrap FSDP2's alloc_storage / free_storage (where its modules look them up) so the
-    tracker re-reads the storage size after each resize; returns what to restore."""
-    try:
-        from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
-    except ImportError:
-        return []
-    patched = []
-    for module in (_fsdp_param, _fsdp_param_group):
-        for name in ("alloc_storage", "free_storage"):
-            original = getattr(module, name, None)
-            if original is None:
-                continue
-
-            def wrapped(tensor, _original=original):
-                _original(tensor)
-                tracker._see(tensor)
-
-            setattr(module, name, wrapped)
-            patched.append((module, name, original))
-    return patched
 
 
 def _zero_dropout(module: torch.nn.Module) -> bool:
@@ -268,7 +218,7 @@ def _rank_worker(payload: dict) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
         pm = _build(payload, device, payload["zero_dropout"])
-    tracker = _ShardTracker() if not cuda else None
+    tracker = LiveTensorTracker(record=bool(payload.get("memory_detail"))) if not cuda else None
     context = tracker if tracker is not None else _Null()
     with context:
         if not cuda:
@@ -284,6 +234,8 @@ def _rank_worker(payload: dict) -> dict:
         for _ in range(measured):
             losses.append(step(pm, k)); k += 1
     peak = torch.cuda.max_memory_allocated(device) if cuda else tracker.peak_bytes
+    detail = [str(s) for s in tracker.live_at_peak(payload["memory_detail"])] \
+        if tracker is not None and payload.get("memory_detail") else []
     del tracker
     for _ in range(TIME_WARMUP_STEPS):
         losses.append(step(pm, k)); k += 1
@@ -300,7 +252,49 @@ def _rank_worker(payload: dict) -> dict:
         pm = _build(payload, device, zero_dropout=True)
         check_losses = [step(pm, j) for j in range(payload["check_steps"])]
     return {"peak_bytes": int(peak), "losses": losses, "step_seconds": step_s,
-            "check_losses": check_losses or losses}
+            "check_losses": check_losses or losses, "peak_tensors": detail}
+
+
+def measure_one_process(spec: str, plan, graph, *, steps: int = 1 + MEMORY_STEPS,
+                        seed: int = SEED) -> LiveTensorTracker:
+    """Peak live tensor bytes of a one-device `plan` run by the executor in this process
+    (a one-rank gloo group is made when none exists): the model is built and applied
+    inside the tracker, the first step allocates the optimizer states, the peak is taken
+    over the steps after it. `peak_by_phase` tells forward, backward and optimizer
+    apart (module hooks mark the model's forward; the optimizer step is wrapped)."""
+    from executors import apply, init_distributed
+    from planner.models import load_model
+
+    if plan.world_size != 1:
+        raise PlannerError(f"measure_one_process runs one device; the plan needs "
+                           f"{plan.world_size}: use validate_plan")
+    owned = not dist.is_initialized()
+    if owned:
+        init_distributed("gloo")
+    try:
+        with LiveTensorTracker() as mem:
+            loaded = load_model(spec, micro_batch=plan.global_batch, seq_len=graph.seq_len,
+                                device="cpu", seed=seed)
+            pm = apply(loaded.module, plan, graph, loss_fn=loaded.loss_fn,
+                       device=torch.device("cpu"), example_inputs=loaded.inputs)
+            pm.module.register_forward_pre_hook(lambda *_: mem.set_phase("forward"))
+            pm.module.register_forward_hook(lambda *_: mem.set_phase("backward"))
+            step = pm.optimizer.step
+
+            def optimizer_step(*args, **kwargs):
+                mem.set_phase("optimizer")
+                return step(*args, **kwargs)
+
+            pm.optimizer.step = optimizer_step
+            for k in range(steps):
+                if k == 1:
+                    mem.reset_peak()
+                pm.train_step(loaded.inputs, loaded.target)
+            mem.set_phase(None)
+        return mem
+    finally:
+        if owned:
+            dist.destroy_process_group()
 
 
 class _Null:
@@ -401,8 +395,11 @@ def losses_match(got: list[float], want: list[float]) -> bool:
 
 
 def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
-                  cluster: str | ClusterSpec | None = None, progress=None) -> ValidationResult:
-    """Run `plan` on `nproc` local ranks; predicted vs measured memory and time."""
+                  cluster: str | ClusterSpec | None = None, progress=None,
+                  memory_detail: int = 0) -> ValidationResult:
+    """Run `plan` on `nproc` local ranks; predicted vs measured memory and time.
+    `memory_detail` > 0 lists that many of the largest storages live at each rank's
+    measured peak (CPU tracker only)."""
     say = progress or (lambda _msg: None)
     doc = load_plan(plan) if not isinstance(plan, PlanDocument) else plan
     path = plan if isinstance(plan, str) else "<plan>"
@@ -431,7 +428,7 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
                "model": doc.model_name, "seq_len": doc.seq_len, "batches": batches,
                "memory_steps": MEMORY_STEPS, "steps": steps, "backend": backend,
                "zero_dropout": False, "check_steps": check_steps,
-               "threads": RANK_THREADS}
+               "threads": RANK_THREADS, "memory_detail": memory_detail}
     say(f"running {total_steps} steps on {nproc} {backend} ranks")
     results = spawn_ranks(payload, nproc)
     losses = results[0]["losses"]
@@ -439,7 +436,8 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
     say("single-process reference")
     want = reference_losses(doc.model_name, doc.seq_len, doc.plan.optimizer, batches, len(check))
     per_step = [max(r["step_seconds"][i] for r in results) for i in range(steps)]
-    ranks = tuple(RankResult(r, peaks[r], results[r]["peak_bytes"]) for r in range(nproc))
+    ranks = tuple(RankResult(r, peaks[r], results[r]["peak_bytes"],
+                             tuple(results[r].get("peak_tensors", ()))) for r in range(nproc))
     return ValidationResult(
         plan=str(doc.plan), model=doc.model_name, nproc=nproc, backend=backend, ranks=ranks,
         predicted_iteration_seconds=float(seconds),
