@@ -3,10 +3,12 @@
 For each model: trace the layer IR (meta, fp32) and predict the per-rank peak with
 `cost_models.memory.plan_memory` on the `local` cluster (one process, fp32, AdamW, one
 micro-batch), minus the fixed runtime overhead; then build the same model on the CPU
-and run real steps (zero_grad(set_to_none) -> forward -> loss -> backward -> AdamW step)
-under `LiveTensorTracker`, which counts every tensor storage from birth to death. The
-peak is taken after the first step (optimizer states exist). "full" checkpoints every
-block (`torch.utils.checkpoint`, non-reentrant) and the plan marks the same layers FULL.
+and run the same one-device plan with the executor (`planner.validate.
+measure_one_process`: executors.apply, then train_step: forward -> loss -> backward ->
+tied-copy gradient sum -> AdamW step -> zero_grad(set_to_none)) under
+`LiveTensorTracker`, which counts every tensor storage from birth to death. The peak is
+taken after the first step (optimizer states exist). "full" checkpoints every block (the
+executor's `apply_ac`: torch.utils.checkpoint, non-reentrant), as the plan marks them.
 
     .venv/bin/python bench/bench_memory.py [--micro-batch 8] [--models gpt-tiny,...]
 
@@ -29,11 +31,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cost_models.clusters import get_cluster  # noqa: E402
 from cost_models.memory import plan_memory  # noqa: E402
-from cost_models.memory_tracker import measure_training_peak  # noqa: E402
 from ir.plan import ParallelPlan  # noqa: E402
 from ir.strategy import Checkpoint, LayerStrategy, Precision, Stage  # noqa: E402
 from planner.fmt import table  # noqa: E402
-from planner.models import load_layer_graph, load_model  # noqa: E402
+from planner.models import load_layer_graph  # noqa: E402
+from planner.validate import measure_one_process  # noqa: E402
 
 MODELS = ("gpt-tiny", "llama-tiny", "bert-tiny", "t5-tiny", "mlp-small", "cnn-small",
           "dlrm-small")
@@ -54,12 +56,8 @@ def run_case(spec: str, micro_batch: int, checkpoint: bool) -> dict:
     stage = plan_memory(graph, plan, get_cluster("local")).stages[0]
     predicted = stage.peak_bytes - stage.overhead  # the tracker sees tensors, not the runtime
 
-    def build():
-        m = load_model(spec, micro_batch=micro_batch, device="cpu", seed=0)
-        return m.module, m.inputs, m.target, m.loss_fn
-
     start = time.perf_counter()
-    mem = measure_training_peak(build, steps=STEPS, checkpoint=blocks)
+    mem = measure_one_process(spec, plan, graph, steps=STEPS, seed=0)
     seconds = time.perf_counter() - start
     measured = mem.peak_bytes
     measured_phase = max(mem.peak_by_phase, key=mem.peak_by_phase.get)

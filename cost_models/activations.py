@@ -16,8 +16,14 @@ The IR measures those three figures for every layer; this module only applies th
 | full recompute             | input (/ t with SP)                                |
 
 A fully checkpointed layer rebuilds its activations in backward: `recompute_bytes` is
-that working set, held for one layer at a time. `layer_activation_bytes` is plain
+that working set, held for one layer at a time. `activation_bytes` is plain
 arithmetic, elementwise on numpy arrays as well.
+
+Where the executor departs from Megatron, `layer_activations` follows the executor:
+sequence parallelism applies only to layers with column/row-parallel linears
+(`sequence_parallel_applies`), and DTensor keeps the all-gathered, full-sequence input
+of each module holding column-parallel linears for their backward, where Megatron keeps
+its sequence shard and gathers again in backward (`sp_gathered_input_bytes`).
 """
 
 from __future__ import annotations
@@ -121,18 +127,43 @@ def _loss_head(logits, saved, sharded, kept, recompute, tp, sp, full, config):
     return kept, recompute, logits * upcast
 
 
+def sequence_parallel_applies(layer: Layer, strategy: LayerStrategy) -> bool:
+    """Whether the executor runs `layer` sequence-parallel: only a layer with column- or
+    row-parallel linears (executors.tensor_parallel.uses_sequence_parallel); embeddings
+    and heads need every position, and a layer without TP candidates (a final norm)
+    runs on the full sequence."""
+    return strategy.sequence_parallel and strategy.tp > 1 and any(
+        c.style in (TPStyle.COLWISE, TPStyle.ROWWISE) for c in layer.tp_candidates)
+
+
+def sp_gathered_input_bytes(layer: Layer, config: StepConfig) -> float:
+    """Full-sequence bytes of the inputs DTensor all-gathers under SP, one per module
+    holding column-parallel linears (the executor's `_gather_sequence_hook` on the
+    attention and MLP modules; the linears save the gathered Replicate tensor for their
+    weight gradients). Each is a residual-stream tensor, the layer's output shape:
+    Korthikanti et al. 2022's QKV and first-MLP-linear inputs (2sbh each)."""
+    colwise = [c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE]
+    parents = {m.rsplit(".", 1)[0] if "." in m else "" for m in colwise}
+    return len(parents) * layer.output_bytes * config.activation_scale
+
+
 def layer_activations(layer: Layer, strategy: LayerStrategy,
                       config: StepConfig) -> LayerActivations:
     """Activation bytes of `layer` for one micro-batch of `config.micro_batch` samples."""
     scale = config.activation_scale
-    # Sequence parallelism splits every layer over the sequence, TP-able or not (Megatron
-    # runs layer norms and dropout sequence-parallel); TP alone splits only TP-able ones.
-    sp = strategy.sequence_parallel and strategy.tp > 1
-    tp = strategy.tp if layer.tp_candidates or sp else 1
+    # Sequence parallelism splits a block over the sequence, TP-able parts or not
+    # (layer norms and dropout run sequence-parallel); TP alone splits only TP-able ones.
+    sp = sequence_parallel_applies(layer, strategy)
+    tp = strategy.tp if layer.tp_candidates else 1
     saved, sharded, attention = scaled_saved_bytes(layer, config)
+    full = strategy.checkpoint is Checkpoint.FULL
     kept, recompute = activation_bytes(
         saved, sharded, attention, layer.input_bytes * scale, tp, sp,
-        strategy.checkpoint is Checkpoint.SELECTIVE, strategy.checkpoint is Checkpoint.FULL)
+        strategy.checkpoint is Checkpoint.SELECTIVE, full)
+    if sp:
+        # The gathered inputs are kept whole, not as the 1/t shard Megatron keeps.
+        gathered = sp_gathered_input_bytes(layer, config) * (1 - 1 / tp)
+        kept, recompute = (kept, recompute + gathered) if full else (kept + gathered, recompute)
     if strategy.checkpoint is Checkpoint.FULL:
         # The rebuilt set includes the saved inputs, which the checkpoint already keeps.
         recompute = max(0.0, recompute - layer.saved_input_bytes * scale / (tp if sp else 1))

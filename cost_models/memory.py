@@ -1,26 +1,32 @@
-"""Per-rank peak memory of a plan: model states + activations in flight + buffers + overhead.
+"""Per-rank peak memory of a plan: one training step walked pass by pass, as the executor runs it.
 
-For each pipeline rank we add up its layers (all the model chunks it holds):
+For each pipeline rank we take its model chunks (`rank_layers`) and the order of its
+forward and backward passes (`pipeline_ops.rank_ops`: torch.distributed.pipelining's
+schedules, or the plain loop without a pipeline), and keep a running sum of what is
+alive, taking its maximum:
 
-  params, grads, optimizer   model_states.py (ZeRO accounting, TP divides TP-able params)
-  activations                activations.py per micro-batch x micro-batches in flight
-                             (pipeline.py: GPipe m, 1F1B p - r, interleaved)
-  buffers                    transient: one checkpointed layer's recompute working set,
-                             the gradients flowing through the layer in backward, ZeRO-3
-                             gathered units, gradient-reduction buckets, optimizer-step
-                             temporaries
-  overhead                   the cluster's fixed per-device runtime memory
+  held all step     stored weights, stored gradients (once reduced), optimizer moments
+                    (model_states.layer_held_states), pipeline receive buffers
+  per micro-batch   kept activations (activations.py) from a layer's forward to its
+                    backward; the stage output the pipeline caches (the model output
+                    the runtime keeps without one)
+  FSDP2 units       each data-parallel layer's gathered working copy: from its forward
+                    to its backward (replicate, ZeRO-2), only during its forward and
+                    backward (ZeRO-3, with the next unit prefetched in backward); its
+                    unreduced gradient, then the reduce-scatter input and output (the
+                    input is kept until the next unit reduces, FSDP2's one retained
+                    buffer). Gradient accumulation keeps unreduced gradients until the
+                    last micro-batch; a pipeline keeps working copies and unreduced
+                    gradients of all micro-batches and reduces at the end of the step
+  transients        one layer's backward at a time: the gradients entering and leaving
+                    it, its recomputed activations (checkpointing), the gradient it makes
+  after backward    the tied-copy gradient sum, the optimizer step's temporaries, the
+                    ZeRO-1 broadcast buffers
 
-and take the peak over the phases of a step. With gradient accumulation (m > 1) the
-gradients of earlier micro-batches stay while later ones run forward, so the peak is the
-plain sum of everything. With one micro-batch (m = 1) gradients are born as
-activations die (PyTorch frees them at zero_grad(set_to_none=True)), so we walk the
-backward pass layer by layer:
-
-  live(k) = params + optimizer + sum_{j<=k} kept_j + sum_{j>=k} grads_j + transient_k
-
-and also check the optimizer step (params + grads + optimizer + its temporaries).
-The breakdown reported is the one at the peak, so its parts sum to `peak_bytes`.
+The breakdown reported is the one at the peak, so its parts sum to `peak_bytes`: params
+(stored + gathered weights), grads (stored + unreduced), optimizer (moments),
+activations (kept + cached outputs), buffers (everything transient and the pipeline's
+receive buffers), overhead (the cluster's fixed per-device runtime memory).
 """
 
 from __future__ import annotations
@@ -31,63 +37,99 @@ from dataclasses import dataclass
 
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
-from ir.layer import Layer, LayerGraph
+from ir.layer import Layer, LayerGraph, TPStyle
 from ir.plan import ParallelPlan
-from ir.strategy import Checkpoint, DPMode, LayerStrategy
+from ir.strategy import Checkpoint, LayerStrategy
 
-from cost_models.activations import LayerActivations, layer_activations
+from cost_models.activations import (LayerActivations, layer_activations, logits_bytes,
+                                     sequence_parallel_applies)
 from cost_models.common import GiB, MiB, StepConfig, layer_configs
 from cost_models.model_states import (FP32_BYTES, OPTIMIZER_MOMENTS, BytesPerParam,
-                                      ModelStates, bytes_per_param, gathered_param_bytes,
-                                      largest_param_tensor, layer_model_states,
-                                      tp_local_params)
-from cost_models.pipeline import microbatches_in_flight
+                                      ModelStates, bytes_per_param, has_dp_unit,
+                                      held_bytes_per_param, held_local_params,
+                                      largest_param_tensor, layer_held_states)
+from cost_models.pipeline_ops import PassOp, rank_ops
 
-# torch DDP's default bucket_cap_mb: gradients are reduced in buckets of this size.
+# torch DDP's default bucket_cap_mb. The executor's data parallelism is FSDP2 (no DDP
+# buckets: its reduction buffers are priced per unit here); planner.search still keeps
+# this much of the budget in reserve.
 DP_BUCKET_BYTES = 25 * MiB
-# One bucket being filled by backward while the previous one is on the wire.
 DP_BUCKETS_IN_FLIGHT = 2
-# FSDP/ZeRO-3 holds the unit it computes plus the prefetched next one (forward_prefetch).
+# FSDP2 backward: the unit computing plus the next one, prefetched in its pre-backward
+# hook (FSDPParamGroup._backward_prefetch). Forward prefetches nothing by default.
 ZERO3_UNITS_IN_FLIGHT = 2
 # PyTorch's single-tensor Adam (the CPU default) makes two parameter-sized temporaries
 # (sqrt(v), then / bias correction) for one tensor at a time; the foreach path (GPU
 # default) makes one moment-sized temporary for all tensors at once.
 ADAM_SINGLE_TENSOR_TEMPORARIES = 2
 ADAM_FOREACH_TEMPORARIES = 1
+# executors.tied.TiedGradients.sync: `sum(full gradients)` holds the running sum and the
+# new one while adding the next full gradient.
+TIED_SUM_TEMPORARIES = 2
+# executors.optimizer.ShardedOptimizer.step: `flat = torch.cat(...)` for one owner's
+# broadcast is built while the previous owner's flat buffer is still referenced.
+ZERO1_BROADCAST_BUFFERS = 2
 
 
 @dataclass(frozen=True, slots=True)
 class LayerMemory:
-    """Everything the stage combiner needs from one layer (one rank, one micro-batch)."""
+    """Everything the step walk needs from one layer (one rank, one micro-batch)."""
 
-    states: ModelStates
+    states: ModelStates  # held all step: stored weights, stored gradients, moments
     activations: LayerActivations
-    gather_unit_bytes: float  # ZeRO-3: the layer's parameters gathered over DP (else 0)
-    unsharded_grad_bytes: float  # ZeRO-2/3: the layer's gradient before reduce-scatter
-    largest_tensor_params: float  # for the single-tensor optimizer's temporaries
-    dp_replicated_grads: float  # gradient bytes reduced through DDP buckets
-    fp32_moment_bytes: float  # one fp32 copy of the rank's optimizer-sharded parameters
+    gather_unit_bytes: float  # ZeRO-3: the working copy, gathered for each use (else 0)
+    unsharded_grad_bytes: float  # a DP unit's gradient before its reduction (else 0)
+    largest_tensor_params: float  # elements of its largest local tensor (Adam temporaries)
+    fp32_moment_bytes: float  # one fp32 copy of the rank's moment-sharded parameters
+    working_param_bytes: float = 0.0  # a DP unit's gathered copy (0: no unit)
+    reduce_bytes: float = 0.0  # a DP unit's reduce-scatter input; unreduced accumulation
+    tied_grad_bytes: float = 0.0  # full gradient of its tied copies (TiedGradients.sync)
+    zero1_share_bytes: float = 0.0  # ZeRO-1: one owner's share of its weights (broadcast)
+    reshard_after_forward: bool = False  # ZeRO-3 frees the working copy after forward
+
+    @property
+    def has_unit(self) -> bool:
+        return self.working_param_bytes > 0
 
 
 def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
                  per_param: BytesPerParam | None = None) -> LayerMemory:
-    """Cheap per-(layer, strategy) memory figures; combine them with `combine_stage`."""
-    if per_param is None:
-        per_param = bytes_per_param(config.precision, config.optimizer)
-    states = layer_model_states(layer, strategy, per_param)
-    sharded = strategy.dp > 1
-    mode = strategy.dp_mode
-    gather = gathered_param_bytes(layer, strategy, per_param) \
-        if sharded and mode is DPMode.ZERO3 else 0.0
-    local = tp_local_params(layer.params, layer.tp_params, strategy.tp)
-    unsharded_grads = local * per_param.grads \
-        if sharded and mode in (DPMode.ZERO2, DPMode.ZERO3) else 0.0
-    bucketed = states.grads if sharded and mode in (DPMode.REPLICATE, DPMode.ZERO1) else 0.0
-    moment = states.optimizer * FP32_BYTES / per_param.optimizer if per_param.optimizer else 0.0
-    return LayerMemory(states=states, activations=layer_activations(layer, strategy, config),
-                       gather_unit_bytes=gather, unsharded_grad_bytes=unsharded_grads,
-                       largest_tensor_params=largest_param_tensor(layer) / strategy.tp,
-                       dp_replicated_grads=bucketed, fp32_moment_bytes=moment)
+    """Cheap per-(layer, strategy) memory figures; `plan_memory` walks them through a step.
+    (`per_param` is accepted for the search's calls; the executor's own bytes per
+    parameter, `held_bytes_per_param`, are what it holds.)"""
+    held = held_bytes_per_param(config.precision, config.optimizer)
+    states = layer_held_states(layer, strategy, config.precision, held)
+    local = held_local_params(layer, strategy)
+    stage = strategy.dp_mode.stage if strategy.dp > 1 else 0
+    unit = has_dp_unit(layer, strategy, config.precision)
+    working = local * held.working if unit else 0.0
+    # FSDP2 shards every parameter on dim 0, so ZeRO-2/3 also divide the largest tensor.
+    tensor_shards = strategy.tp * (strategy.dp if stage >= 2 else 1)
+    moment_shards = strategy.dp if stage >= 1 else 1
+    tied_full = layer.tied_params * held.grads
+    return LayerMemory(
+        states=states, activations=layer_activations(layer, strategy, config),
+        gather_unit_bytes=working if stage == 3 else 0.0,
+        unsharded_grad_bytes=local * held.unsharded_grads if unit else 0.0,
+        largest_tensor_params=largest_param_tensor(layer) / tensor_shards,
+        fp32_moment_bytes=local * FP32_BYTES / moment_shards if held.moments else 0.0,
+        working_param_bytes=working, reduce_bytes=local * held.reduce if unit else 0.0,
+        tied_grad_bytes=tied_full,
+        # owners are assigned whole tensors, largest first: a share is at least the
+        # largest tensor and at least 1/dp of the layer
+        zero1_share_bytes=(max(local / strategy.dp, largest_param_tensor(layer) / strategy.tp)
+                           * held.weights if stage == 1 else 0.0),
+        reshard_after_forward=stage == 3 and unit)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkMemory:
+    """One model chunk (pipeline stage) on a rank: its layers in order, plus what the
+    runtime holds around them."""
+
+    layers: tuple[LayerMemory, ...]
+    held_output_bytes: float = 0.0  # per micro-batch, from its forward to its backward
+    persistent_bytes: float = 0.0  # allocated once: pipeline receive buffers
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +144,7 @@ class StageMemory:
     buffers: int
     overhead: int
     peak_bytes: int
-    phase: str  # when the peak happens: "forward", "backward" or "optimizer"
+    phase: str  # when the peak happens: "forward", "backward", "reduce" or "optimizer"
     microbatches_in_flight: float
 
     def breakdown(self) -> dict[str, int]:
@@ -127,49 +169,155 @@ def optimizer_step_temp_bytes(layers: Sequence[LayerMemory], optimizer: str,
     return ADAM_SINGLE_TENSOR_TEMPORARIES * biggest * FP32_BYTES
 
 
-def combine_stage(layers: Sequence[LayerMemory], *, stage: int, in_flight: float,
-                  num_microbatches: int, overhead_bytes: int, optimizer: str,
-                  foreach: bool) -> StageMemory:
-    """Peak memory of one pipeline rank from its layers' figures (execution order)."""
-    params = sum(l.states.params for l in layers)
-    grads = sum(l.states.grads for l in layers)
-    opt = sum(l.states.optimizer for l in layers)
-    kept = sum(l.activations.kept_bytes for l in layers)
-    # Buffers alive for a whole phase, wherever the peak is.
-    zero3 = ZERO3_UNITS_IN_FLIGHT * max((l.gather_unit_bytes for l in layers), default=0.0)
-    reduce_unit = max((l.unsharded_grad_bytes for l in layers), default=0.0)
-    buckets = min(DP_BUCKETS_IN_FLIGHT * DP_BUCKET_BYTES,
-                  sum(l.dp_replicated_grads for l in layers))
-    # Optimizer step: all states plus the step's temporaries.
-    step_temp = optimizer_step_temp_bytes(layers, optimizer, foreach)
-    candidates = [(params + grads + opt + step_temp + overhead_bytes, "optimizer",
-                   grads, 0.0, step_temp)]
-    # End of forward: all kept activations, no gradients yet unless accumulated.
-    accumulated = grads if num_microbatches > 1 else 0.0
-    fwd_buffers = zero3
-    candidates.append((params + opt + accumulated + in_flight * kept + fwd_buffers
-                       + overhead_bytes, "forward", accumulated, in_flight * kept,
-                       fwd_buffers))
-    # Backward, layer by layer from the last.
-    before = kept * in_flight  # activations of all micro-batches in flight
-    grads_done = accumulated
-    for l in reversed(layers):
-        if num_microbatches == 1:
-            grads_done += l.states.grads
-        acts = l.activations
-        # Recomputed activations (checkpointing), gradients entering/leaving the layer,
-        # gathered ZeRO-3 units, the unsharded gradient before its reduce-scatter, buckets.
-        transient = acts.recompute_bytes + acts.grad_flow_bytes + zero3 + reduce_unit + buckets
-        candidates.append((params + opt + grads_done + before + transient + overhead_bytes,
-                           "backward", grads_done, before, transient))
-        before -= acts.kept_bytes
-    peak, phase, g, a, buf = max(candidates, key=lambda c: c[0])
-    return StageMemory(stage=stage, params=round(params), grads=round(g),
-                       optimizer=round(opt), activations=round(a), buffers=round(buf),
-                       overhead=overhead_bytes,
-                       peak_bytes=round(params) + round(g) + round(opt) + round(a)
-                       + round(buf) + overhead_bytes,
-                       phase=phase, microbatches_in_flight=in_flight)
+# ---- one rank's step ---------------------------------------------------------------------
+
+
+class _Walk:
+    """The running sum of live bytes on one rank, and its maximum with the breakdown."""
+
+    def __init__(self, chunks: Sequence[ChunkMemory], overhead_bytes: int):
+        layers = [l for c in chunks for l in c.layers]
+        self.weights = sum(l.states.params for l in layers)
+        self.moments = sum(l.states.optimizer for l in layers)
+        self.persistent = sum(c.persistent_bytes for c in chunks)
+        self.overhead = overhead_bytes
+        self.copies: dict[tuple[int, int], float] = {}  # (chunk, layer) -> gathered bytes
+        self.grads: dict[tuple[int, int], float] = {}  # stored or accumulated gradients
+        self.acts: dict[tuple[int, int], float] = {}  # (chunk, micro-batch) -> kept
+        self.held: dict[tuple[int, int], float] = {}  # (chunk, micro-batch) -> output
+        self.retained_reduce = 0.0  # FSDP2's retained reduce-scatter input
+        self.best: tuple | None = None
+
+    def look(self, phase: str, *, grads: float = 0.0, weights: float = 0.0,
+             buffers: float = 0.0) -> None:
+        """Record the live total now, with extra transient grads / weights / buffers."""
+        parts = (self.weights + sum(self.copies.values()) + weights,
+                 sum(self.grads.values()) + grads, self.moments,
+                 sum(self.acts.values()) + sum(self.held.values()),
+                 self.persistent + self.retained_reduce + buffers)
+        total = sum(parts)
+        if self.best is None or total > self.best[0]:
+            in_flight = sum(1 for v in self.acts.values() if v > 0)
+            self.best = (total, phase, parts, in_flight)
+
+
+def walk_rank(chunks: Sequence[ChunkMemory], ops: Sequence[PassOp], *, stage: int,
+              num_microbatches: int, pipelined: bool, overhead_bytes: int, optimizer: str,
+              foreach: bool) -> StageMemory:
+    """Peak memory of one pipeline rank over one step (see the module docstring).
+
+    `pipelined`: torch.distributed.pipelining runs the passes; FSDP2 units then keep
+    their working copies and unreduced gradients until the chunk's last backward
+    (PipelineStage.backward_maybe_with_nosync), then reduce (perform_reduce_grad).
+    Otherwise the executor's loop reduces in the last micro-batch's backward and the
+    units reshard after every backward (FSDP2's defaults)."""
+    w = _Walk(chunks, overhead_bytes)
+    last = num_microbatches - 1
+    w.look("optimizer")  # between steps: nothing but the held states
+    for op in ops:
+        chunk = chunks[op.chunk]
+        key = (op.chunk, op.microbatch)
+        if op.forward:
+            w.acts[key] = 0.0
+            for li, l in enumerate(chunk.layers):
+                if l.has_unit:
+                    w.copies[(op.chunk, li)] = l.working_param_bytes  # all-gather
+                w.acts[key] += l.activations.kept_bytes
+                w.look("forward")
+                if l.reshard_after_forward:
+                    w.copies.pop((op.chunk, li), None)
+            w.held[key] = chunk.held_output_bytes
+            w.look("forward")
+            if not pipelined:  # the runtime's `output` now names this micro-batch's output
+                w.held.pop((op.chunk, op.microbatch - 1), None)
+            continue
+        for li in reversed(range(len(chunk.layers))):
+            _backward_layer(w, chunk, op, li, reduce=not pipelined and op.microbatch == last,
+                            pipelined=pipelined)
+        if pipelined:  # the stage's cached output goes with its backward
+            w.held.pop(key, None)
+        w.acts.pop(key, None)
+        if pipelined and op.microbatch == last:
+            _reduce_chunk(w, chunk, op.chunk)
+    if not pipelined:
+        w.held.clear()  # the runtime's `output` goes with the forward-backward call
+    w.retained_reduce = 0.0  # released by FSDP2's root post-backward callback
+    # After backward: the tied gradient sum, then the optimizer step.
+    layers = [l for c in chunks for l in c.layers]
+    tied = TIED_SUM_TEMPORARIES * max((l.tied_grad_bytes for l in layers), default=0.0)
+    w.look("optimizer", buffers=tied)
+    step = optimizer_step_temp_bytes(layers, optimizer, foreach)
+    w.look("optimizer", buffers=step)
+    zero1 = ZERO1_BROADCAST_BUFFERS * max((l.zero1_share_bytes for l in layers), default=0.0)
+    w.look("optimizer", buffers=zero1)
+    total, phase, (params, grads, opt, acts, bufs), in_flight = w.best
+    parts = [round(params), round(grads), round(opt), round(acts), round(bufs)]
+    return StageMemory(stage=stage, params=parts[0], grads=parts[1], optimizer=parts[2],
+                       activations=parts[3], buffers=parts[4], overhead=overhead_bytes,
+                       peak_bytes=sum(parts) + overhead_bytes, phase=phase,
+                       microbatches_in_flight=in_flight / max(len(chunks), 1))
+
+
+def _backward_layer(w: _Walk, chunk: ChunkMemory, op: PassOp, li: int, *, reduce: bool,
+                    pipelined: bool) -> None:
+    """One layer's backward, then its FSDP2 post-backward (reduce or accumulate).
+
+    The IR does not say in which order a layer's backward frees its saved tensors and
+    makes its gradient, so we bound it by both at once: all its activations (and the
+    recomputed ones), its whole new gradient and the gradients flowing through it
+    (measured peaks fall between this and the start of the layer's backward)."""
+    l = chunk.layers[li]
+    key = (op.chunk, li)
+    acts = l.activations
+    prefetch = 0.0
+    if l.has_unit:
+        w.copies[key] = l.working_param_bytes  # ZeRO-3 gathers again (no-op otherwise)
+        if l.reshard_after_forward:  # the next unit in backward order, prefetched
+            earlier = [p for p in range(li) if chunk.layers[p].has_unit]
+            if earlier and (op.chunk, earlier[-1]) not in w.copies:
+                prefetch = chunk.layers[earlier[-1]].working_param_bytes
+        new_grad = l.unsharded_grad_bytes
+    else:
+        # AccumulateGrad keeps the first gradient and adds later ones from a temporary.
+        new_grad = l.states.grads
+        if key in w.grads:
+            w.grads[key] = l.states.grads
+    w.look("backward", grads=new_grad,
+           buffers=acts.recompute_bytes + acts.grad_flow_bytes + prefetch)
+    w.acts[(op.chunk, op.microbatch)] -= acts.kept_bytes
+    if not l.has_unit:
+        w.grads[key] = l.states.grads
+        return
+    if not pipelined:
+        w.copies.pop(key, None)  # reshard after backward
+    if not reduce:
+        w.grads[key] = l.reduce_bytes  # kept unreduced, in the reduce dtype
+        return
+    _reduce_unit(w, l, key, incoming=acts.grad_flow_bytes,
+                 unreduced=w.grads.pop(key, 0.0) or l.unsharded_grad_bytes)
+
+
+def _reduce_unit(w: _Walk, l: LayerMemory, key: tuple[int, int], incoming: float,
+                 unreduced: float) -> None:
+    """FSDP2 post-backward reduction of one unit: the previous unit's retained input is
+    released, this unit's reduce-scatter input and output exist beside its unreduced
+    gradient, then the output is the stored gradient and the input is retained."""
+    w.retained_reduce = 0.0
+    w.look("backward" if incoming else "reduce", grads=unreduced + l.states.grads,
+           buffers=l.reduce_bytes + incoming)
+    w.grads[key] = l.states.grads
+    w.retained_reduce = l.reduce_bytes
+
+
+def _reduce_chunk(w: _Walk, chunk: ChunkMemory, index: int) -> None:
+    """A pipeline chunk's reduction after its last backward, unit by unit in forward order."""
+    for li, l in enumerate(chunk.layers):
+        if not l.has_unit:
+            continue
+        key = (index, li)
+        w.copies.pop(key, None)
+        _reduce_unit(w, l, key, incoming=0.0, unreduced=w.grads.pop(key, 0.0))
+    w.retained_reduce = 0.0  # the stage's root post-backward callback releases it
 
 
 # ---- a whole plan -----------------------------------------------------------------------
@@ -210,10 +358,14 @@ class MemoryEstimate:
 def rank_layers(plan: ParallelPlan) -> list[list[int]]:
     """Layer indices each pipeline rank holds, in execution order (rank r holds stages
     r, r + p, r + 2p, ... under interleaving)."""
-    pp = plan.pp
-    out: list[list[int]] = [[] for _ in range(pp)]
+    return [[j for c in chunks for j in c] for chunks in rank_chunks(plan)]
+
+
+def rank_chunks(plan: ParallelPlan) -> list[list[list[int]]]:
+    """Per pipeline rank, the layer indices of each stage it holds (its model chunks)."""
+    out: list[list[list[int]]] = [[] for _ in range(plan.pp)]
     for i, stage in enumerate(plan.stages):
-        out[i % pp].extend(range(stage.first_layer, stage.last_layer + 1))
+        out[i % plan.pp].append(list(range(stage.first_layer, stage.last_layer + 1)))
     return out
 
 
@@ -245,21 +397,82 @@ def plan_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
     config = configs[0]
     per_param = bytes_per_param(config.precision, config.optimizer)
     foreach = device_uses_foreach(cluster.device)
+    pipelined = plan.pp > 1
     stages = []
-    for rank, indices in enumerate(rank_layers(plan)):
-        layers = [layer_memory(graph.layers[j], plan.layer_strategies[j], configs[j], per_param)
-                  for j in indices]
+    for rank, chunk_indices in enumerate(rank_chunks(plan)):
+        indices = [j for c in chunk_indices for j in c]
         shared = shared_checkpoint_inputs(graph, plan, indices, configs)
         for j, nbytes in shared_boundary_saves(graph, plan, indices, configs).items():
             shared[j] = shared.get(j, 0.0) + nbytes
-        layers = [_without_shared(mem, shared.get(j, 0.0)) for mem, j in zip(layers, indices)]
-        in_flight = microbatches_in_flight(plan.schedule, plan.pp, rank,
-                                           plan.num_microbatches, plan.virtual_stages)
-        stages.append(combine_stage(layers, stage=rank, in_flight=in_flight,
-                                    num_microbatches=plan.num_microbatches,
-                                    overhead_bytes=cluster.runtime_overhead_bytes,
-                                    optimizer=config.optimizer, foreach=foreach))
+        chunks = []
+        for c in chunk_indices:
+            held, persistent, recv_shared = _pipeline_buffers(graph, plan, c, configs)
+            if recv_shared:
+                shared[c[0]] = shared.get(c[0], 0.0) + recv_shared
+            mems = tuple(_without_shared(layer_memory(graph.layers[j], plan.layer_strategies[j],
+                                                      configs[j], per_param),
+                                         shared.get(j, 0.0)) for j in c)
+            chunks.append(ChunkMemory(mems, held, persistent))
+        ops = rank_ops(plan.schedule, plan.pp, rank, plan.num_microbatches,
+                       len(chunk_indices))
+        stages.append(walk_rank(chunks, ops, stage=rank,
+                                num_microbatches=plan.num_microbatches, pipelined=pipelined,
+                                overhead_bytes=cluster.runtime_overhead_bytes,
+                                optimizer=config.optimizer, foreach=foreach))
     return MemoryEstimate(tuple(stages), cluster.device_memory_bytes)
+
+
+def _pipeline_buffers(graph: LayerGraph, plan: ParallelPlan, chunk: list[int],
+                      configs: Sequence[StepConfig]) -> tuple[float, float, float]:
+    """(output held per micro-batch, persistent receive buffers, bytes of the receive
+    buffer the chunk's first layer keeps as its own input) for one chunk.
+
+    torch.distributed.pipelining (stage.py): a non-first stage allocates one activation
+    receive buffer per micro-batch and a non-last stage one gradient receive buffer per
+    micro-batch, once; `fwd_cache` keeps each micro-batch's stage output until its
+    backward. Without a pipeline the runtime keeps the model output until the next
+    forward returns (`executors.runtime`). The last stage's output is the logits
+    (vocabulary-split under loss-parallel TP)."""
+    first, last = chunk[0], chunk[-1]
+    m = plan.num_microbatches
+    final = last == len(graph.layers) - 1
+    if final:
+        head, strategy = graph.layers[last], plan.layer_strategies[last]
+        split = strategy.tp if strategy.tp > 1 and any(
+            c.style is TPStyle.HEAD for c in head.tp_candidates) else 1
+        held = logits_bytes(head, configs[last]) / split
+    else:
+        held = _boundary(graph, plan, last, configs)
+        saved_out = graph.layers[last].saved_output_bytes * configs[last].activation_scale
+        held -= min(held, saved_out / _sp_split(graph, plan, last))
+    if plan.pp == 1:
+        return held, 0.0, 0.0
+    persistent = 0.0
+    recv_shared = 0.0
+    if first > 0:
+        recv = _boundary(graph, plan, first - 1, configs)
+        persistent += m * recv
+        layer, strategy = graph.layers[first], plan.layer_strategies[first]
+        kept_input = layer.input_bytes if strategy.checkpoint is Checkpoint.FULL \
+            else layer.saved_input_bytes
+        recv_shared = min(recv, kept_input * configs[first].activation_scale
+                          / _sp_split(graph, plan, first))
+    if not final:
+        persistent += m * _boundary(graph, plan, last, configs)
+    return held, persistent, recv_shared
+
+
+def _boundary(graph: LayerGraph, plan: ParallelPlan, cut: int,
+              configs: Sequence[StepConfig]) -> float:
+    """Bytes of one micro-batch crossing after layer `cut`, as this rank holds them
+    (sequence-split under SP, as cost_models.estimate sends them)."""
+    return graph.crossing_bytes(cut) * configs[cut].activation_scale / _sp_split(graph, plan, cut)
+
+
+def _sp_split(graph: LayerGraph, plan: ParallelPlan, j: int) -> int:
+    """t where layer j's activations are sequence-split (executors.validate.layer_layout)."""
+    strategy = plan.layer_strategies[j]
+    return strategy.tp if sequence_parallel_applies(graph.layers[j], strategy) else 1
 
 
 def shared_checkpoint_inputs(graph: LayerGraph, plan: ParallelPlan, indices: list[int],
@@ -283,8 +496,7 @@ def shared_checkpoint_inputs(graph: LayerGraph, plan: ParallelPlan, indices: lis
                 duplicate += min(nbytes, kept_from[src])
             kept_from[src] = max(kept_from.get(src, 0), nbytes)
         if duplicate:
-            sp = strategy.sequence_parallel
-            out[j] = duplicate * configs[j].activation_scale / (strategy.tp if sp else 1)
+            out[j] = duplicate * configs[j].activation_scale / _sp_split(graph, plan, j)
     return out
 
 
@@ -301,14 +513,14 @@ def shared_boundary_saves(graph: LayerGraph, plan: ParallelPlan, indices: list[i
         if j - 1 not in on_rank:
             continue
         a, b = plan.layer_strategies[j - 1], plan.layer_strategies[j]
-        if a.checkpoint is Checkpoint.FULL or (a.tp, a.sequence_parallel) != (
-                b.tp, b.sequence_parallel):
+        if a.checkpoint is Checkpoint.FULL or (a.tp, _sp_split(graph, plan, j - 1)) != (
+                b.tp, _sp_split(graph, plan, j)):
             continue
         kept_input = graph.layers[j].input_bytes if b.checkpoint is Checkpoint.FULL \
             else graph.layers[j].saved_input_bytes
         overlap = min(graph.layers[j - 1].saved_output_bytes, kept_input)
         if overlap:
-            out[j] = overlap * configs[j].activation_scale / (b.tp if b.sequence_parallel else 1)
+            out[j] = overlap * configs[j].activation_scale / _sp_split(graph, plan, j)
     return out
 
 

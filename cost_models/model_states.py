@@ -8,6 +8,17 @@ parameters the IR marks TP-able; ZeRO stage z shards optimizer states (z >= 1), 
 
 `model_state_bytes` is plain arithmetic: every argument may be a numpy array (one entry
 per candidate strategy) and the result is then an array too, for the search.
+
+What the executor holds (`held_bytes_per_param`, `layer_held_states`) differs from the
+paper's accounting in where bytes live, not in kind. Each data-parallel layer is one
+FSDP2 unit (`executors.data_parallel`: `fully_shard` for ZeRO-2/3, the FSDP2-based
+`replicate` for DDP and ZeRO-1): the unit stores the model's own fp32 parameter (sharded
+over DP for ZeRO-2/3, whole for `replicate`), which is also the master copy under mixed
+precision (MixedPrecisionPolicy casts to the compute dtype when it gathers); the
+gathered compute-dtype copy is a separate, transient tensor (memory.py times its life);
+gradients are reduced and stored in fp32 (reduce_dtype); ZeRO-1 shards only the
+optimizer moments (`executors.optimizer.ShardedOptimizer`). A tied weight's copy
+(`Layer.tied_params`, `executors.tied.untie`) is one more parameter of its layer.
 """
 
 from __future__ import annotations
@@ -99,6 +110,54 @@ def layer_model_states(layer: Layer, strategy: LayerStrategy,
                              strategy.dp_mode.stage, per_param)
 
 
+@dataclass(frozen=True, slots=True)
+class HeldBytesPerParam:
+    """Bytes per parameter the executor keeps, by role (torch FSDP2 MixedPrecisionPolicy:
+    sharded parameters keep their dtype, `param_dtype` for the gathered copy and the
+    gradient autograd computes, `reduce_dtype` for the reduction and the stored gradient)."""
+
+    weights: float  # the stored parameter (fp32: the model is built in fp32)
+    working: float  # the gathered compute-dtype copy of a DP unit, while it is gathered
+    grads: float  # the stored gradient (a DP unit's reduced gradient)
+    unsharded_grads: float  # autograd's gradient of the working copy, before reduction
+    reduce: float  # a DP unit's reduction buffers and gradients accumulated unreduced
+    moments: float  # optimizer moments
+
+
+def held_bytes_per_param(precision: Precision, optimizer: str) -> HeldBytesPerParam:
+    """What the executor holds per parameter (module docstring): fp32 weights, gradients
+    and moments, plus the compute-dtype working copy and gradient of a DP unit."""
+    moments = bytes_per_param(Precision.FP32, optimizer).optimizer  # fp32 moments
+    compute = FP32_BYTES if precision is Precision.FP32 else HALF_BYTES
+    return HeldBytesPerParam(weights=FP32_BYTES, working=compute, grads=FP32_BYTES,
+                             unsharded_grads=compute, reduce=FP32_BYTES, moments=moments)
+
+
+def has_dp_unit(layer: Layer, strategy: LayerStrategy, precision: Precision) -> bool:
+    """Whether the executor makes the layer an FSDP2 unit (`executors.data_parallel.
+    needs_dp_unit`: it holds parameters and runs data parallel or in mixed precision)."""
+    return layer.params + layer.tied_params > 0 and (
+        strategy.dp > 1 or precision is not Precision.FP32)
+
+
+def held_local_params(layer: Layer, strategy: LayerStrategy) -> float:
+    """Parameters one TP rank of the layer holds, its tied copies included."""
+    return tp_local_params(layer.params + layer.tied_params,
+                           layer.tp_params + layer.tied_tp_params, strategy.tp)
+
+
+def layer_held_states(layer: Layer, strategy: LayerStrategy, precision: Precision,
+                      held: HeldBytesPerParam) -> ModelStates:
+    """Bytes the executor keeps for the whole step (module docstring): stored weights and
+    gradients sharded over DP by ZeRO-2/3 (`fully_shard`), moments by ZeRO >= 1."""
+    local = held_local_params(layer, strategy)
+    stage = strategy.dp_mode.stage if strategy.dp > 1 else 0
+    shards = strategy.dp if stage >= 2 else 1
+    moment_shards = strategy.dp if stage >= 1 else 1
+    return ModelStates(params=local * held.weights / shards, grads=local * held.grads / shards,
+                       optimizer=local * held.moments / moment_shards)
+
+
 def gathered_param_bytes(layer: Layer, strategy: LayerStrategy,
                          per_param: BytesPerParam) -> float:
     """Bytes of one layer's parameters all-gathered over DP (a ZeRO-3/FSDP unit), TP-local."""
@@ -117,5 +176,5 @@ def largest_param_tensor(layer: Layer) -> int:
     if layer.tp_candidates:
         biggest = max(c.params for c in layer.tp_candidates)
         rest = layer.params - sum(c.params for c in layer.tp_candidates)
-        return max(biggest, rest)
-    return layer.params
+        return max(biggest, rest, layer.tied_params)
+    return max(layer.params, layer.tied_params)

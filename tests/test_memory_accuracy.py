@@ -1,5 +1,5 @@
 """The memory model against what the executor really holds: tied copies, FSDP2 units,
-pipeline schedules, sequence parallelism, and the tracker that measures them."""
+pipeline schedules (the tracker that measures them: test_memory_tracker.py)."""
 
 from __future__ import annotations
 
@@ -36,3 +36,89 @@ def test_ir_records_the_tied_copies_the_executor_makes(spec, copies):
         assert layer.max_param_numel >= size
     # the owner still counts the parameter once: the IR's total is the model's
     assert sum(l.params for l in graph.layers) == graph.num_params
+
+
+# ---- pipeline pass orders are torch.distributed.pipelining's --------------------------------
+
+def test_pass_orders_match_torch_pipelining():
+    from types import SimpleNamespace
+
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
+
+    from cost_models.pipeline_ops import rank_ops
+    from ir.strategy import Schedule
+
+    for p, v, m in [(2, 2, 2), (2, 2, 4), (4, 2, 8), (3, 3, 6), (4, 2, 4)]:
+        rounds = max(1, m // p)
+        fake = SimpleNamespace(n_local_stages=v, microbatches_per_round=m // rounds,
+                               pp_group_size=p, _n_microbatches=m)
+        for r in range(p):
+            torch_ops = ScheduleInterleaved1F1B._calculate_single_rank_operations(fake, r)
+            want = [(a.computation_type == _ComputationType.FORWARD, (a.stage_index - r) // p,
+                     a.microbatch_index) for a in torch_ops if a is not None]
+            got = [(o.forward, o.chunk, o.microbatch)
+                   for o in rank_ops(Schedule.INTERLEAVED, p, r, m, v)]
+            assert got == want, (p, v, m, r)
+    # 1F1B: the first rank runs p warm-up forwards (Schedule1F1B), the last one
+    ops = [str(o) for o in rank_ops(Schedule.ONE_F_ONE_B, 2, 0, 4)]
+    assert ops == ["F0.0", "F0.1", "B0.0", "F0.2", "B0.1", "F0.3", "B0.2", "B0.3"]
+    assert [str(o) for o in rank_ops(Schedule.ONE_F_ONE_B, 2, 1, 2)] == \
+        ["F0.0", "B0.0", "F0.1", "B0.1"]
+    # no pipeline: the executor's loop, forward then backward per micro-batch
+    assert [str(o) for o in rank_ops(Schedule.ONE_F_ONE_B, 1, 0, 2)] == \
+        ["F0.0", "B0.0", "F0.1", "B0.1"]
+
+
+# ---- FSDP2 units in the step walk -------------------------------------------------------------
+
+def _unit(kept=100.0, weights=10.0, zero3=False):
+    """A hand-made layer: a DP unit whose stored shard, gathered copy, gradient and
+    reduce-scatter input are all `weights` bytes (dp = 1 sizes keep the sums plain)."""
+    from cost_models.activations import LayerActivations
+    from cost_models.memory import LayerMemory
+    from cost_models.model_states import ModelStates
+
+    return LayerMemory(states=ModelStates(weights, weights, 2 * weights),
+                       activations=LayerActivations(kept, 0.0, 0.0),
+                       gather_unit_bytes=weights if zero3 else 0.0,
+                       unsharded_grad_bytes=weights, largest_tensor_params=0.0,
+                       fp32_moment_bytes=0.0, working_param_bytes=weights,
+                       reduce_bytes=weights, reshard_after_forward=zero3)
+
+
+def _walk(layers, *, m=1, pp=1, rank=0):
+    from cost_models.memory import ChunkMemory, walk_rank
+    from cost_models.pipeline_ops import rank_ops
+    from ir.strategy import Schedule
+
+    ops = rank_ops(Schedule.ONE_F_ONE_B, pp, rank, m)
+    return walk_rank([ChunkMemory(tuple(layers))], ops, stage=rank, num_microbatches=m,
+                     pipelined=pp > 1, overhead_bytes=0, optimizer="sgd", foreach=False)
+
+
+def test_walk_holds_replicate_copies_until_each_layer_backward():
+    # forward gathers both copies; the last layer's backward starts with everything:
+    # stored 20 + copies 20, its new gradient 10, moments 40, activations 200
+    peak = _walk([_unit(), _unit()])
+    assert (peak.params, peak.grads, peak.optimizer, peak.activations) == (40, 10, 40, 200)
+    assert peak.peak_bytes == 290 and peak.phase == "backward"
+
+
+def test_walk_gathers_zero3_units_per_use():
+    # ZeRO-3 frees each copy after forward and gathers it again in backward, with the
+    # next unit prefetched (a buffer): the peak holds one copy, not two
+    peak = _walk([_unit(zero3=True), _unit(zero3=True)])
+    assert peak.params == 20 + 10 and peak.buffers == 10 and peak.peak_bytes == 290
+
+
+def test_walk_accumulates_unreduced_gradients_and_reduces_last():
+    # two micro-batches, no pipeline: the first backward keeps its unreduced gradient
+    # (FSDP2 no-sync), the second reduces; copies are gathered again for micro-batch 2
+    one, two = _walk([_unit(), _unit()]), _walk([_unit(), _unit()], m=2)
+    assert two.peak_bytes == one.peak_bytes + 20  # both layers' unreduced gradients
+    # a pipeline keeps the copies through all micro-batches and reduces at the end
+    piped = _walk([_unit(), _unit()], m=2, pp=2, rank=0)
+    assert piped.microbatches_in_flight == 2
+    assert piped.peak_bytes == 40 + 10 + 40 + 400  # both micro-batches in flight
+
+
