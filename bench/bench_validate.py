@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from cost_models.profile_cluster import profile_cluster  # noqa: E402
+from ir.errors import PlannerError  # noqa: E402
 from planner.cli import main as planner_main  # noqa: E402
 from planner.fmt import table  # noqa: E402
 from planner.validate import validate_plan  # noqa: E402
@@ -66,7 +67,11 @@ def profile_specs(process_counts: set[int], folder: str) -> dict[int, str]:
     specs = {}
     for n in sorted({max(2, n) for n in process_counts}):
         path = os.path.join(folder, f"spec{n}.json")
-        spec, _ = profile_cluster(n, "gloo", max_bytes=PROFILE_MAX_BYTES, name=f"local-{n}")
+        try:
+            spec, _ = profile_cluster(n, "gloo", max_bytes=PROFILE_MAX_BYTES, name=f"local-{n}")
+        except PlannerError as exc:  # a worker can die on a busy machine: one more try
+            print(f"... profiling {n} processes failed ({exc}); retrying", file=sys.stderr)
+            spec, _ = profile_cluster(n, "gloo", max_bytes=PROFILE_MAX_BYTES, name=f"local-{n}")
         spec.save(path)
         print(f"... profiled {n} processes: op {spec.op_overhead_s * 1e6:.1f} us, DTensor "
               f"+{spec.dtensor_op_overhead_s * 1e6:.1f} us, DP unit "

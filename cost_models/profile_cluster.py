@@ -153,6 +153,7 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
             results["dp_unit_seconds"] = _dp_unit_seconds(mesh)
         if rank == 0:
             queue.put(results)
+        dist.barrier()  # nobody tears down gloo while a peer still uses it
     finally:
         dist.destroy_process_group()
 
