@@ -45,9 +45,9 @@ from cost_models.activations import (LayerActivations, layer_activations, logits
                                      sequence_parallel_applies)
 from cost_models.common import GiB, MiB, StepConfig, layer_configs
 from cost_models.model_states import (FP32_BYTES, OPTIMIZER_MOMENTS, BytesPerParam,
-                                      ModelStates, bytes_per_param, has_dp_unit,
-                                      held_bytes_per_param, held_local_params,
-                                      largest_param_tensor, layer_held_states)
+                                      ModelStates, has_dp_unit, held_bytes_per_param,
+                                      held_local_params, largest_param_tensor,
+                                      layer_held_states, moment_shares)
 from cost_models.pipeline_ops import PassOp, rank_ops
 
 # torch DDP's default bucket_cap_mb. The executor's data parallelism is FSDP2 (no DDP
@@ -86,6 +86,9 @@ class LayerMemory:
     tied_grad_bytes: float = 0.0  # full gradient of its tied copies (TiedGradients.sync)
     zero1_share_bytes: float = 0.0  # ZeRO-1: one owner's share of its weights (broadcast)
     reshard_after_forward: bool = False  # ZeRO-3 frees the working copy after forward
+    # ZeRO-1: moment bytes of each DP rank (whole tensors per owner); `states` holds the
+    # most loaded one's. Empty: every rank of the group holds `states.optimizer`.
+    moment_shares: tuple[float, ...] = ()
 
     @property
     def has_unit(self) -> bool:
@@ -98,28 +101,28 @@ def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
     (`per_param` is accepted for the search's calls; the executor's own bytes per
     parameter, `held_bytes_per_param`, are what it holds.)"""
     held = held_bytes_per_param(config.precision, config.optimizer)
-    states = layer_held_states(layer, strategy, config.precision, held)
+    states = layer_held_states(layer, strategy, held)
     local = held_local_params(layer, strategy)
-    stage = strategy.dp_mode.stage if strategy.dp > 1 else 0
+    stage = strategy.dp_mode.stage  # with dp = 1 every division below is by 1
     unit = has_dp_unit(layer, strategy, config.precision)
     working = local * held.working if unit else 0.0
     # FSDP2 shards every parameter on dim 0, so ZeRO-2/3 also divide the largest tensor.
     tensor_shards = strategy.tp * (strategy.dp if stage >= 2 else 1)
-    moment_shards = strategy.dp if stage >= 1 else 1
+    shares = moment_shares(layer, strategy)
+    moments = max(shares)
     tied_full = layer.tied_params * held.grads
     return LayerMemory(
         states=states, activations=layer_activations(layer, strategy, config),
         gather_unit_bytes=working if stage == 3 else 0.0,
         unsharded_grad_bytes=local * held.unsharded_grads if unit else 0.0,
         largest_tensor_params=largest_param_tensor(layer) / tensor_shards,
-        fp32_moment_bytes=local * FP32_BYTES / moment_shards if held.moments else 0.0,
+        fp32_moment_bytes=moments * FP32_BYTES if held.moments else 0.0,
         working_param_bytes=working, reduce_bytes=local * held.reduce if unit else 0.0,
         tied_grad_bytes=tied_full,
-        # owners are assigned whole tensors, largest first: a share is at least the
-        # largest tensor and at least 1/dp of the layer
-        zero1_share_bytes=(max(local / strategy.dp, largest_param_tensor(layer) / strategy.tp)
-                           * held.weights if stage == 1 else 0.0),
-        reshard_after_forward=stage == 3 and unit)
+        # the most loaded owner's parameters, broadcast as one flat buffer
+        zero1_share_bytes=moments * held.weights if stage == 1 and strategy.dp > 1 else 0.0,
+        reshard_after_forward=stage == 3 and unit,
+        moment_shares=tuple(x * held.moments for x in shares) if len(shares) > 1 else ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +149,9 @@ class StageMemory:
     peak_bytes: int
     phase: str  # when the peak happens: "forward", "backward", "reduce" or "optimizer"
     microbatches_in_flight: float
+    # Peak of each device of the pipeline rank (TP innermost, then DP), where they differ:
+    # ZeRO-1 gives whole tensors' moments to each owner. `peak_bytes` is the largest.
+    device_peak_bytes: tuple[int, ...] = ()
 
     def breakdown(self) -> dict[str, int]:
         return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer,
@@ -153,9 +159,12 @@ class StageMemory:
                 "overhead": self.overhead}
 
     def to_json(self) -> dict:
-        return {"stage": self.stage, "peak_bytes": self.peak_bytes,
-                "breakdown": self.breakdown(), "phase": self.phase,
-                "microbatches_in_flight": self.microbatches_in_flight}
+        out = {"stage": self.stage, "peak_bytes": self.peak_bytes,
+               "breakdown": self.breakdown(), "phase": self.phase,
+               "microbatches_in_flight": self.microbatches_in_flight}
+        if self.device_peak_bytes:
+            out["device_peak_bytes"] = list(self.device_peak_bytes)
+        return out
 
 
 def optimizer_step_temp_bytes(layers: Sequence[LayerMemory], optimizer: str,
@@ -395,7 +404,6 @@ def plan_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
     check_plan_matches(graph, plan, cluster)
     configs = configs or layer_configs(graph, plan, cluster.device)
     config = configs[0]
-    per_param = bytes_per_param(config.precision, config.optimizer)
     foreach = device_uses_foreach(cluster.device)
     pipelined = plan.pp > 1
     stages = []
@@ -410,16 +418,57 @@ def plan_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
             if recv_shared:
                 shared[c[0]] = shared.get(c[0], 0.0) + recv_shared
             mems = tuple(_without_shared(layer_memory(graph.layers[j], plan.layer_strategies[j],
-                                                      configs[j], per_param),
-                                         shared.get(j, 0.0)) for j in c)
+                                                      configs[j]), shared.get(j, 0.0))
+                         for j in c)
             chunks.append(ChunkMemory(mems, held, persistent))
         ops = rank_ops(plan.schedule, plan.pp, rank, plan.num_microbatches,
                        len(chunk_indices))
-        stages.append(walk_rank(chunks, ops, stage=rank,
-                                num_microbatches=plan.num_microbatches, pipelined=pipelined,
-                                overhead_bytes=cluster.runtime_overhead_bytes,
-                                optimizer=config.optimizer, foreach=foreach))
+        chunks, device_moments = _most_loaded_device(chunks, indices, plan)
+        stage = walk_rank(chunks, ops, stage=rank, num_microbatches=plan.num_microbatches,
+                          pipelined=pipelined, overhead_bytes=cluster.runtime_overhead_bytes,
+                          optimizer=config.optimizer, foreach=foreach)
+        if device_moments:
+            worst = max(device_moments)
+            stage = dataclasses.replace(stage, device_peak_bytes=tuple(
+                stage.peak_bytes - round(worst - m) for m in device_moments))
+        stages.append(stage)
     return MemoryEstimate(tuple(stages), cluster.device_memory_bytes)
+
+
+def _most_loaded_device(chunks: list[ChunkMemory], indices: list[int], plan: ParallelPlan
+                        ) -> tuple[list[ChunkMemory], list[float]]:
+    """ZeRO-1 layers hold different moments on different DP ranks: the chunks as the most
+    loaded device of the pipeline rank holds them, and every device's moment bytes
+    ([] when all devices hold the same). Device i of a stage is DP rank i // tp of a
+    layer with TP degree tp (executors.mesh: TP innermost)."""
+    mems = [l for c in chunks for l in c.layers]
+    if not any(l.moment_shares for l in mems):
+        return chunks, []
+    devices = plan.stages[plan.stage_of(indices[0])].devices
+
+    def held(l: LayerMemory, j: int, i: int) -> float:
+        if not l.moment_shares:
+            return l.states.optimizer
+        return l.moment_shares[i // plan.layer_strategies[j].tp]
+
+    moments = [sum(held(l, j, i) for l, j in zip(mems, indices)) for i in range(devices)]
+    worst = max(range(devices), key=moments.__getitem__)
+
+    def on_worst(l: LayerMemory, j: int) -> LayerMemory:
+        if not l.moment_shares:
+            return l
+        share = held(l, j, worst)
+        return dataclasses.replace(l, states=dataclasses.replace(l.states, optimizer=share),
+                                   fp32_moment_bytes=l.fp32_moment_bytes
+                                   * share / l.states.optimizer)
+
+    out, k = [], 0
+    for c in chunks:
+        n = len(c.layers)
+        out.append(dataclasses.replace(c, layers=tuple(
+            on_worst(l, j) for l, j in zip(c.layers, indices[k:k + n]))))
+        k += n
+    return out, moments
 
 
 def _pipeline_buffers(graph: LayerGraph, plan: ParallelPlan, chunk: list[int],

@@ -103,13 +103,6 @@ def model_state_bytes(params, tp_params, tp, dp, zero_stage,
                        optimizer=local * per_param.optimizer / opt_shards)
 
 
-def layer_model_states(layer: Layer, strategy: LayerStrategy,
-                       per_param: BytesPerParam) -> ModelStates:
-    """Model states of one layer on one rank under its strategy."""
-    return model_state_bytes(layer.params, layer.tp_params, strategy.tp, strategy.dp,
-                             strategy.dp_mode.stage, per_param)
-
-
 @dataclass(frozen=True, slots=True)
 class HeldBytesPerParam:
     """Bytes per parameter the executor keeps, by role (torch FSDP2 MixedPrecisionPolicy:
@@ -146,22 +139,50 @@ def held_local_params(layer: Layer, strategy: LayerStrategy) -> float:
                            layer.tp_params + layer.tied_tp_params, strategy.tp)
 
 
-def layer_held_states(layer: Layer, strategy: LayerStrategy, precision: Precision,
+def layer_held_states(layer: Layer, strategy: LayerStrategy,
                       held: HeldBytesPerParam) -> ModelStates:
     """Bytes the executor keeps for the whole step (module docstring): stored weights and
-    gradients sharded over DP by ZeRO-2/3 (`fully_shard`), moments by ZeRO >= 1."""
+    gradients sharded over DP by ZeRO-2/3 (`fully_shard`, every tensor split evenly),
+    moments too, or by ZeRO-1 whole tensors per rank (here the most loaded rank's)."""
     local = held_local_params(layer, strategy)
-    stage = strategy.dp_mode.stage if strategy.dp > 1 else 0
+    stage = strategy.dp_mode.stage
     shards = strategy.dp if stage >= 2 else 1
-    moment_shards = strategy.dp if stage >= 1 else 1
     return ModelStates(params=local * held.weights / shards, grads=local * held.grads / shards,
-                       optimizer=local * held.moments / moment_shards)
+                       optimizer=moment_params(layer, strategy) * held.moments)
 
 
-def gathered_param_bytes(layer: Layer, strategy: LayerStrategy,
-                         per_param: BytesPerParam) -> float:
-    """Bytes of one layer's parameters all-gathered over DP (a ZeRO-3/FSDP unit), TP-local."""
-    return tp_local_params(layer.params, layer.tp_params, strategy.tp) * per_param.params
+def moment_params(layer: Layer, strategy: LayerStrategy) -> float:
+    """Parameters whose optimizer moments one rank keeps (the most loaded under ZeRO-1)."""
+    return max(moment_shares(layer, strategy))
+
+
+def moment_shares(layer: Layer, strategy: LayerStrategy) -> list[float]:
+    """Parameters whose moments each rank of the layer's DP group keeps: whole tensors
+    per owner under ZeRO-1 (`zero1_shares`), an even 1/dp under ZeRO-2/3 (FSDP2 splits
+    every tensor), all of them otherwise (one entry then: every rank alike)."""
+    stage = strategy.dp_mode.stage
+    if stage == 1 and strategy.dp > 1:
+        return zero1_shares(local_param_tensors(layer, strategy.tp), strategy.dp)
+    return [held_local_params(layer, strategy) / (strategy.dp if stage >= 2 else 1)]
+
+
+def local_param_tensors(layer: Layer, tp: int) -> list[float]:
+    """Elements of each parameter tensor one TP rank holds, as far as the IR tells: one
+    per TP candidate (its weight, TP-split; a bias rides with it) and the rest of the
+    layer's parameters (norms, biases) as one unsplit tensor."""
+    sizes = [c.params / tp for c in layer.tp_candidates]
+    rest = layer.params + layer.tied_params - sum(c.params for c in layer.tp_candidates)
+    return sizes + [rest] if rest > 0 else sizes
+
+
+def zero1_shares(sizes: list[float], dp: int) -> list[float]:
+    """Elements of each data-parallel rank's share of one ZeRO-1 layer group: the
+    executor gives each tensor to one rank, largest first onto the least loaded, ties to
+    the lower rank (executors.optimizer.owners_by_size)."""
+    load = [0.0] * dp
+    for size in sorted(sizes, reverse=True):
+        load[min(range(dp), key=lambda r: (load[r], r))] += size
+    return load
 
 
 def largest_param_tensor(layer: Layer) -> int:

@@ -135,18 +135,22 @@ def predicted_figures(doc: PlanDocument, graph, cluster: ClusterSpec | None
     predicted = doc.predicted
     stages = predicted.get("memory", {}).get("stages") if isinstance(predicted, dict) else None
     if cluster is None and stages and "iteration_seconds" in predicted:
-        per_pp_rank = [int(s["peak_bytes"]) - int(s["breakdown"].get("overhead", 0))
-                       for s in stages]
+        stage_json = stages
         seconds, breakdown, source = float(predicted["iteration_seconds"]), \
             dict(predicted.get("time", {})), "plan"
     else:
         spec = cluster or ClusterSpec.from_dict(doc.cluster, "plan cluster")
         est = estimate(graph, doc.plan, spec)
-        per_pp_rank = [s.peak_bytes - s.overhead for s in est.memory.stages]
+        stage_json = [s.to_json() for s in est.memory.stages]
         seconds, breakdown, source = est.iteration_seconds, est.time.to_json(), spec.name
     devices = doc.plan.stages[0].devices  # ranks per pipeline rank (TP x DP)
-    return ([per_pp_rank[r // devices] for r in range(doc.plan.world_size)], seconds,
-            breakdown, source)
+    peaks = []
+    for r in range(doc.plan.world_size):
+        s = stage_json[r // devices]
+        per_device = s.get("device_peak_bytes")  # ZeRO-1 owners differ by DP rank
+        peak = int(per_device[r % devices]) if per_device else int(s["peak_bytes"])
+        peaks.append(peak - int(s["breakdown"].get("overhead", 0)))
+    return peaks, seconds, breakdown, source
 
 
 # ------------------------------------------------------------------------ one rank

@@ -16,6 +16,7 @@ from cost_models.model_states import bytes_per_param, model_state_bytes
 from cost_models.pipeline import microbatches_in_flight
 from cost_models.synthetic import gpt_layer_graph, korthikanti_block_bytes
 from ir.errors import PlannerError
+from ir.layer import TPCandidate, TPStyle
 from ir.plan import ParallelPlan, uniform_plan
 from ir.strategy import Checkpoint, LayerStrategy, Precision, Schedule, Stage
 
@@ -42,7 +43,9 @@ def test_zero_through_a_plan_on_a_synthetic_model():
     weights and gradients whole (only moments are sharded): 4 + 4 + 8 / Nd bytes."""
     graph = gpt_layer_graph(layers=1, hidden=64, heads=4, vocab=128, seq=16)
     psi = 7_500_000_000
-    big = dataclasses.replace(graph.layers[1], params=psi, tp_params=0)
+    # 64 equal weight matrices, so ZeRO-1's whole-tensor owners split the moments evenly
+    tensors = tuple(TPCandidate(f"w{i}", TPStyle.COLWISE, psi // 64) for i in range(64))
+    big = dataclasses.replace(graph.layers[1], params=psi, tp_params=0, tp_candidates=tensors)
     graph = dataclasses.replace(graph, layers=(graph.layers[0], big, graph.layers[2]))
     cluster = get_cluster("a100-80g", nodes=8)
     for stage, paper in [(0, 120.0), (1, None), (2, 16.6), (3, 1.88)]:
