@@ -36,6 +36,7 @@ from planner.cli import main as planner_main  # noqa: E402
 from planner.fmt import table  # noqa: E402
 from planner.validate import validate_plan  # noqa: E402
 
+SPECS: dict[int, dict] = {}  # the measured specs, written into the JSON
 MEMORY_TARGET = 0.05
 TIME_TARGET = 0.25
 GLOBAL_BATCH = 8
@@ -75,10 +76,12 @@ def profile_specs(process_counts: set[int], folder: str) -> dict[int, str]:
         spec.save(path)
         print(f"... profiled {n} processes: op {spec.op_overhead_s * 1e6:.1f} us, DTensor "
               f"+{spec.dtensor_op_overhead_s * 1e6:.1f} us, DP unit "
-              f"{ {k: round(v * 1e3, 2) for k, v in spec.dp_unit_overhead_s} } ms, "
+              f"{ {k: round(v * 1e3, 2) for k, v in spec.dp_unit_overhead_s} } ms, TP module "
+              f"{spec.tp_module_overhead_s * 1e3:.2f} ms, "
               f"all-reduce alpha {spec.intra_node_latency_s * 1e6:.0f} us",
               file=sys.stderr, flush=True)
         specs[n] = path
+        SPECS[n] = spec.to_dict()
     specs[1] = specs.get(2) or next(iter(specs.values()))
     return specs
 
@@ -150,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out, "w") as fh:
         json.dump({"bench": "validate", "torch": torch.__version__, "host": platform.node(),
                    "cpus": os.cpu_count(), "memory_target": MEMORY_TARGET,
-                   "time_target": TIME_TARGET, "cases": results, "failed": failed}, fh, indent=2)
+                   "time_target": TIME_TARGET, "specs": SPECS, "cases": results,
+                   "failed": failed}, fh, indent=2)
     print(f"wrote {args.out}")
     return 0
 

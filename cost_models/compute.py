@@ -130,8 +130,18 @@ def hidden_size(layer: Layer, config: StepConfig) -> float:
 
 
 def runs_on_dtensors(layer: Layer, strategy: LayerStrategy) -> bool:
-    """Tensor parallelism computes on DTensors (sharded weights, sequence-sharded norms)."""
-    return strategy.tp > 1 and (bool(layer.tp_candidates) or strategy.sequence_parallel)
+    """Sequence parallelism runs the whole layer on DTensors (sequence-sharded norms,
+    dropouts, residual adds); plain TP only its sharded modules, which
+    `tp_module_seconds` prices."""
+    return strategy.tp > 1 and strategy.sequence_parallel
+
+
+def tp_module_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec) -> float:
+    """Host time of the layer's tensor-parallel modules per micro-batch (measured per
+    module with the node's processes running together: not stretched again)."""
+    if strategy.tp == 1:
+        return 0.0
+    return len(layer.tp_candidates) * cluster.tp_module_overhead_s
 
 
 def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool) -> float:
@@ -169,8 +179,10 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         backward_s = measured.backward_seconds * scale
     else:
         forward_s, backward_s = _analytic_seconds(layer, cluster, config, share)
-    # The DP unit's figure was measured with all the node's processes running: no sharing.
-    unit_s = dp_unit_seconds(layer, strategy, cluster, config) / 2  # half in each pass
+    # DP-unit and TP-module figures were measured with the node's processes running
+    # together: not stretched by the core share again.
+    unit_s = (dp_unit_seconds(layer, strategy, cluster, config)
+              + tp_module_seconds(layer, strategy, cluster)) / 2  # half in each pass
     forward_s = with_host(forward_s, layer.ops_fwd * op_s, cluster) + unit_s
     backward_s = with_host(backward_s, layer.ops_bwd * op_s, cluster) + unit_s
     if strategy.checkpoint is Checkpoint.FULL:

@@ -151,6 +151,7 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
                 _dtensor_op_overhead_s(device, mesh) if rank == 0 else 0.0
             dist.barrier()
             results["dp_unit_seconds"] = _dp_unit_seconds(mesh)
+            results["tp_module_seconds"] = _tp_module_seconds(mesh)
         if rank == 0:
             queue.put(results)
         dist.barrier()  # nobody tears down gloo while a peer still uses it
@@ -185,6 +186,7 @@ def _dtensor_op_overhead_s(device, mesh) -> float:
 DP_UNITS = 8
 DP_UNIT_STEPS = 20  # after DP_UNIT_WARMUP steps; the median
 DP_UNIT_WARMUP = 3
+OP_OVERHEAD_WIDTH_TP = 8  # TP measurement width per rank (the width must split evenly)
 
 
 def _dp_unit_seconds(mesh) -> dict[str, float]:
@@ -223,6 +225,54 @@ def _dp_unit_seconds(mesh) -> dict[str, float]:
         plain = median_step(wrap("plain"))
         return {mode: max(median_step(wrap(mode)) - plain, 0.0) / DP_UNITS
                 for mode in ("replicate", "zero2", "zero3")}
+
+
+TP_BLOCKS = 4  # column-parallel + row-parallel pairs in the TP measurement
+
+
+def _tp_module_seconds(mesh) -> float:
+    """Seconds per tensor-parallel module per forward+backward that sharding adds over
+    the plain stack: DTensor dispatch, re-layouts and the module's collective waits, all
+    ranks running together as one TP group."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    from cost_models.clusters import _one_thread
+
+    width = OP_OVERHEAD_WIDTH_TP * mesh.size()
+
+    def stack(parallel: bool) -> nn.Module:
+        blocks = nn.Sequential(*[nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                               nn.Linear(4 * width, width))
+                                 for _ in range(TP_BLOCKS)])
+        if parallel:
+            for block in blocks:
+                parallelize_module(block, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        return blocks
+
+    def median_step(model: nn.Module) -> float:
+        x = torch.randn(2, width)
+        times = []
+        for _ in range(DP_UNIT_WARMUP + DP_UNIT_STEPS):
+            dist.barrier()
+            start = time.perf_counter()
+            model(x).sum().backward()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[DP_UNIT_WARMUP:])
+
+    with _one_thread():
+        plain = median_step(stack(False))
+        return max(median_step(stack(True)) - plain, 0.0) / (2 * TP_BLOCKS)
+
+
+def tp_module_overhead(measured_s: float, all_reduce: CollectiveFit, n: int) -> float:
+    """Per-module TP overhead less the latency the comm model already prices: each
+    module has one all-reduce (row-parallel output in forward, column-parallel input
+    gradient in backward), ring latency 2(n-1) alpha."""
+    return max(measured_s - 2 * (n - 1) * all_reduce.alpha_s, 0.0)
 
 
 def dp_unit_overhead(measured: dict[str, float]) -> tuple[tuple[str, float], ...]:
@@ -358,7 +408,9 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
     host = dict(op_overhead_s=measure_op_overhead_s(),
                 dtensor_op_overhead_s=float(measured.get("dtensor_op_overhead_s", 0.0)),
                 host_cores=host_cores(),
-                dp_unit_overhead_s=dp_unit_overhead(measured["dp_unit_seconds"])
+                dp_unit_overhead_s=dp_unit_overhead(measured["dp_unit_seconds"]),
+                tp_module_overhead_s=tp_module_overhead(measured["tp_module_seconds"], fits[0],
+                                                        nproc),
                 ) if cpu else dict(op_overhead_s=_cuda_op_overhead_s())
     all_reduce = fits[0]
     spec = ClusterSpec(

@@ -98,6 +98,10 @@ class ClusterSpec:
     # collectives' waits, measured by `planner profile-cluster` with the node's processes
     # running together.
     dp_unit_overhead_s: tuple[tuple[str, float], ...] = ()
+    # Seconds a tensor-parallel module (column- or row-parallel Linear) adds per
+    # micro-batch on CPU processes beyond the latency the comm model prices: DTensor
+    # dispatch, re-layouts and collective waits, measured by `planner profile-cluster`.
+    tp_module_overhead_s: float = 0.0
     # Share of a compute window that overlapped data-parallel traffic can hide; None takes
     # cost_models.estimate.DP_OVERLAP_EFFICIENCY. `planner validate --calibrate` fits it.
     dp_overlap_efficiency: float | None = None
@@ -118,7 +122,7 @@ class ClusterSpec:
         for field in ("hbm_gbps", "intra_node_gbps", "inter_node_gbps"):
             _check_positive(self.name, field, getattr(self, field))
         for field in ("intra_node_latency_s", "inter_node_latency_s", "op_overhead_s",
-                      "dtensor_op_overhead_s"):
+                      "dtensor_op_overhead_s", "tp_module_overhead_s"):
             value = getattr(self, field)
             if not _is_number(value) or value < 0:
                 raise PlannerError(f"cluster {self.name}: {field} must be a number >= 0, "
@@ -265,7 +269,7 @@ class ClusterSpec:
             data["collective_fits"] = tuple(parsed)
             for name in ("hbm_gbps", "intra_node_gbps", "inter_node_gbps",
                          "intra_node_latency_s", "inter_node_latency_s", "op_overhead_s",
-                         "dtensor_op_overhead_s"):
+                         "dtensor_op_overhead_s", "tp_module_overhead_s"):
                 if name in data:
                     data[name] = _number(name, data[name])
             for name in ("num_nodes", "devices_per_node", "device_memory_bytes",

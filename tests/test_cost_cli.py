@@ -120,6 +120,7 @@ def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path):
     assert {mode for mode, _ in spec.dp_unit_overhead_s} == {"replicate", "zero1", "zero2",
                                                              "zero3"}
     assert all(seconds > 0 for _, seconds in spec.dp_unit_overhead_s)
+    assert spec.tp_module_overhead_s >= 0
     code, out, err = run(capsys, "estimate", "gpt-tiny", "--cluster", str(spec_path),
                          "--micro-batch", "2", "--json")
     assert code == 0, err

@@ -11,7 +11,7 @@ import torch
 from cost_models.clusters import get_cluster, measure_op_overhead_s
 from cost_models.common import StepConfig
 from cost_models.compute import (OPTIMIZER_OPS_PER_TENSOR, dp_unit_seconds, layer_compute,
-                                 optimizer_step_seconds, runs_on_dtensors)
+                                 optimizer_step_seconds, runs_on_dtensors, tp_module_seconds)
 from cost_models.estimate import estimate
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
@@ -76,13 +76,24 @@ def test_processes_sharing_cores_stretch_busy_time(graph):
     assert eight.forward_s == pytest.approx(4 * two.forward_s)
 
 
-def test_dtensor_overhead_only_under_tensor_parallelism(graph):
+def test_tensor_parallel_host_costs(graph):
     block, cfg = graph.layers[1], config(graph)
     assert not runs_on_dtensors(block, LayerStrategy(dp=2))
-    assert runs_on_dtensors(block, LayerStrategy(tp=2))
-    plain = layer_compute(block, LayerStrategy(tp=2), cpu_spec(dtensor_op_overhead_s=0.0), cfg)
-    tp = layer_compute(block, LayerStrategy(tp=2), cpu_spec(), cfg)
-    assert tp.forward_s - plain.forward_s == pytest.approx(block.ops_fwd * 15 * US)
+    assert not runs_on_dtensors(block, LayerStrategy(tp=2))  # only its modules: priced apart
+    assert runs_on_dtensors(block, LayerStrategy(tp=2, sequence_parallel=True))
+    # Every TP module pays the measured per-module overhead, half in each pass.
+    spec = cpu_spec(tp_module_overhead_s=1e-3)
+    plain = layer_compute(block, LayerStrategy(tp=2), cpu_spec(), cfg)
+    tp = layer_compute(block, LayerStrategy(tp=2), spec, cfg)
+    modules = len(block.tp_candidates)
+    assert modules == 6  # q, k, v, proj, fc1, fc2
+    assert tp.forward_s - plain.forward_s == pytest.approx(modules * 1e-3 / 2)
+    assert tp_module_seconds(block, LayerStrategy(), spec) == 0.0
+    # Sequence parallelism runs the rest of the layer on DTensors too.
+    sp = layer_compute(block, LayerStrategy(tp=2, sequence_parallel=True), cpu_spec(), cfg)
+    no_dtensor = layer_compute(block, LayerStrategy(tp=2, sequence_parallel=True),
+                               cpu_spec(dtensor_op_overhead_s=0.0), cfg)
+    assert sp.forward_s - no_dtensor.forward_s == pytest.approx(block.ops_fwd * 15 * US)
 
 
 def test_dp_units_cost_their_mode_per_micro_batch(graph):
@@ -142,7 +153,8 @@ def test_new_spec_fields_round_trip_and_default():
     again = ClusterSpec.from_json(spec.to_json())
     assert again == spec and again.dp_unit_overhead("zero2") == 2e-3
     old = spec.to_dict()
-    for key in ("op_overhead_s", "dtensor_op_overhead_s", "host_cores", "dp_unit_overhead_s"):
+    for key in ("op_overhead_s", "dtensor_op_overhead_s", "host_cores", "dp_unit_overhead_s",
+                "tp_module_overhead_s"):
         del old[key]
     legacy = ClusterSpec.from_dict(old)  # specs written before these fields still load
     assert legacy.op_overhead_s == 0.0 and legacy.dp_unit_overhead("zero3") == 0.0
