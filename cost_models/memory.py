@@ -125,6 +125,19 @@ def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
         moment_shares=tuple(x * held.moments for x in shares) if len(shares) > 1 else ())
 
 
+def held_through_step(mem: LayerMemory, *, num_microbatches: int, pipelined: bool) -> float:
+    """Bytes a DP unit holds beyond `states` from its first forward to its last backward,
+    for callers that add layers up instead of walking the step (planner.search): its
+    working copy (a ZeRO-3 unit only under a pipeline, which stops resharding after
+    backward) and, with gradient accumulation or a pipeline, its unreduced gradient,
+    which FSDP2 keeps whole while gradient sync is off (`set_requires_gradient_sync`)."""
+    if not mem.has_unit:
+        return 0.0
+    copy = mem.working_param_bytes if pipelined or not mem.reshard_after_forward else 0.0
+    unreduced = mem.reduce_bytes if pipelined or num_microbatches > 1 else 0.0
+    return copy + unreduced
+
+
 @dataclass(frozen=True, slots=True)
 class ChunkMemory:
     """One model chunk (pipeline stage) on a rank: its layers in order, plus what the

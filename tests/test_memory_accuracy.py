@@ -144,3 +144,13 @@ def test_zero1_moments_follow_the_executors_owners():
     assert stage.peak_bytes == max(first, second)
     # single-tensor layers (the head's tied copy, the norm's pair lumped) go to DP rank 0
     assert first > second
+
+
+def test_held_through_step_is_what_the_walk_keeps():
+    from cost_models.memory import held_through_step
+
+    replicate, zero3 = _unit(), _unit(zero3=True)
+    assert held_through_step(replicate, num_microbatches=1, pipelined=False) == 10  # copy
+    assert held_through_step(zero3, num_microbatches=1, pipelined=False) == 0
+    assert held_through_step(zero3, num_microbatches=4, pipelined=False) == 10  # unreduced
+    assert held_through_step(zero3, num_microbatches=4, pipelined=True) == 20
