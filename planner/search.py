@@ -57,7 +57,7 @@ from cost_models.common import StepConfig
 from cost_models.compute import ComputeProfile, layer_compute
 from cost_models.estimate import Estimate, estimate, exposed, overlap_efficiency
 from cost_models.memory import (DP_BUCKET_BYTES, DP_BUCKETS_IN_FLIGHT, ZERO3_UNITS_IN_FLIGHT,
-                                layer_memory)
+                                held_through_step, layer_memory, plan_memory)
 from cost_models.model_states import bytes_per_param
 from cost_models.pipeline import microbatches_in_flight
 from ir.cluster import ClusterSpec
@@ -137,7 +137,10 @@ def _price(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, option
                      + exposed(comm.dp_backward_s, bwd, overlap)
                      + (exposed(comm.dp_step_s, bwd, overlap) + c.optimizer_s)
                      / cand.num_microbatches)
-                states = mem.states.params + mem.states.grads + mem.states.optimizer
+                # The DP unit's working copy and unreduced gradient held across the step.
+                states = (mem.states.params + mem.states.grads + mem.states.optimizer
+                          + held_through_step(mem, num_microbatches=cand.num_microbatches,
+                                              pipelined=cand.pp > 1))
                 transient = (mem.activations.recompute_bytes + mem.activations.grad_flow_bytes
                              + ZERO3_UNITS_IN_FLIGHT * mem.gather_unit_bytes
                              + mem.unsharded_grad_bytes)
@@ -472,14 +475,44 @@ def _even_chunks(graph: LayerGraph, tables: list[LayerTable], chunks: int) -> li
     return pieces if all(a <= b for a, b in pieces) else None
 
 
+# Re-solves of one candidate with a lowered budget when the full memory model rejects the
+# DP's plan (each round lowers it by the excess it saw).
+FIT_ROUNDS = 4
+
+
+def _solve_fitting(graph, cluster, cand, tables, layouts, options, global_batch, trans_cache,
+                   stats, incumbent, profile):
+    """`_solve`, then the full memory model on its plan: the DP adds layers up while the
+    full model walks the step (pipeline schedules, FSDP2 buffers in flight), so where the
+    DP's plan does not fit, solve again with the budget lowered by the excess, at most
+    FIT_ROUNDS times. A plan the full model rejects is never returned as the candidate's."""
+    shrink = 0.0
+    limit = options.memory_budget_bytes or cluster.device_memory_bytes
+    for _ in range(FIT_ROUNDS):
+        result = _solve(graph, cluster, cand, tables, layouts, options, global_batch,
+                        trans_cache, stats, incumbent, shrink)
+        if result is None:
+            return None
+        memory = plan_memory(graph, result[1], cluster)
+        peak = memory.peak_bytes
+        if memory.fits and peak <= limit:
+            return result
+        stats["refits"] = stats.get("refits", 0) + 1
+        shrink += peak - limit
+    return None
+
+
 def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: SearchOptions,
-           global_batch: int, trans_cache: dict, stats: dict, incumbent: float = INF):
-    """Best (objective, plan) of one outer candidate over the transient caps, or None."""
+           global_batch: int, trans_cache: dict, stats: dict, incumbent: float = INF,
+           shrink_bytes: float = 0.0):
+    """Best (objective, plan) of one outer candidate over the transient caps, or None.
+    `shrink_bytes` lowers the memory budget (see `_solve_fitting`)."""
     world = cluster.world_size
     stage_devices = world // cand.pp
     samples = global_batch // cand.num_microbatches
     budget = ((options.memory_budget_bytes or cluster.device_memory_bytes)
-              - cluster.runtime_overhead_bytes - DP_BUCKETS_IN_FLIGHT * DP_BUCKET_BYTES)
+              - cluster.runtime_overhead_bytes - DP_BUCKETS_IN_FLIGHT * DP_BUCKET_BYTES
+              - shrink_bytes)
     scale_batch = max(1, samples // stage_devices)
     crossing = _crossing_bytes(graph, trans_cache)
     transitions = _transitions(graph, cluster, options, layouts, scale_batch, trans_cache, crossing)
@@ -664,8 +697,8 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
                                       group_bound >= objectives[keep_best - 1] * LOWER_BOUND_SLACK):
                 continue
             incumbent = objectives[keep_best - 1] if len(objectives) >= keep_best else INF
-            result = _solve(graph, cluster, cand, group, layouts, options, global_batch,
-                            trans_cache, stats, incumbent * LOWER_BOUND_SLACK)
+            result = _solve_fitting(graph, cluster, cand, group, layouts, options, global_batch,
+                                    trans_cache, stats, incumbent * LOWER_BOUND_SLACK, profile)
             if result is not None:
                 found.append((result[0], cand, result[1]))
     found.sort(key=lambda f: f[0])

@@ -119,8 +119,10 @@ def folder(tmp_path_factory):
     from planner.cli import main
 
     good = d / "good.json"
+    # Pinned (DDP, one stage, one micro-batch): the broken variants edit this shape.
     assert main(["plan", "gpt-tiny", "--cluster", "local", "--gpus-per-node", "2",
-                 "--global-batch", "8", "--out", str(good)]) == 0
+                 "--global-batch", "8", "--uniform", "--dp", "2", "--pp", "1", "--micro-batch",
+                 "4", "--out", str(good)]) == 0
     text = good.read_text()
     data = json.loads(text)
     (d / "malformed.json").write_text('{"schema": "planner.plan/v1", "model": [1,2}\n')
