@@ -24,8 +24,9 @@ short run with dropout 0 checks the losses.
 The prediction is the plan file's `predicted` block (made when the plan was searched),
 or a fresh `cost_models.estimate` on `cluster` when one is given (e.g. a calibrated spec).
 Memory is compared without the spec's fixed `runtime_overhead_bytes`: the tracker and the
-allocator see tensors, not the process. `calibrate` refits the spec's
-`matmul_efficiency` so the estimate meets the measured time.
+allocator see tensors, not the process. `calibrate` refits the spec so the estimate
+meets the measured time: the framework-overhead figures on CPU processes, the
+`matmul_efficiency` on GPUs.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ SPAWN_TIMEOUT_S = 600.0
 RANK_THREADS = 1
 # Bounds of the fitted matmul efficiency (ClusterSpec accepts (0, 1]).
 MIN_EFFICIENCY, MAX_EFFICIENCY = 1e-4, 1.0
+# Bounds of the fitted framework-overhead scale on CPU processes.
+MIN_HOST_SCALE, MAX_HOST_SCALE = 1e-3, 1e3
 
 
 @dataclass(frozen=True)
@@ -474,37 +477,55 @@ def plan_graph(doc: PlanDocument, path: str = "<plan>"):
 
 
 def calibrate(doc: PlanDocument, graph, spec: ClusterSpec, measured_s: float) -> ClusterSpec:
-    """`spec` with `matmul_efficiency` refitted so `estimate` gives `measured_s` for this
-    plan (bisection on a log scale: the estimate falls as the efficiency rises)."""
+    """`spec` refitted so `estimate` gives `measured_s` for this plan, by bisection on a log
+    scale of the one knob that dominates the spec's time: on CPU processes the framework
+    overhead (op, DTensor, DP-unit and TP-module figures scaled together), on GPUs the
+    matmul efficiency."""
     if not (measured_s > 0 and math.isfinite(measured_s)):
         raise PlannerError(f"cannot calibrate on a measured time of {measured_s!r} s")
+    if spec.host_bound:
+        knob, low, high = "framework overhead scale", MIN_HOST_SCALE, MAX_HOST_SCALE
 
-    def predicted(efficiency: float) -> float:
-        return estimate(graph, doc.plan, dataclasses.replace(
-            spec, matmul_efficiency=efficiency)).iteration_seconds
+        def fitted(scale: float) -> ClusterSpec:
+            return dataclasses.replace(
+                spec, op_overhead_s=spec.op_overhead_s * scale,
+                dtensor_op_overhead_s=spec.dtensor_op_overhead_s * scale,
+                tp_module_overhead_s=spec.tp_module_overhead_s * scale,
+                dp_unit_overhead_s=tuple((m, s * scale) for m, s in spec.dp_unit_overhead_s))
+    else:
+        knob, low, high = "matmul_efficiency", MIN_EFFICIENCY, MAX_EFFICIENCY
 
-    fastest, slowest = predicted(MAX_EFFICIENCY), predicted(MIN_EFFICIENCY)
+        def fitted(efficiency: float) -> ClusterSpec:
+            return dataclasses.replace(spec, matmul_efficiency=efficiency)
+
+    def predicted(value: float) -> float:
+        return estimate(graph, doc.plan, fitted(value)).iteration_seconds
+
+    # The estimate rises with the overhead scale and falls with the efficiency.
+    fast_end, slow_end = (low, high) if spec.host_bound else (high, low)
+    fastest, slowest = predicted(fast_end), predicted(slow_end)
     if measured_s < fastest:
         raise PlannerError(
-            f"measured {measured_s:.4g} s is faster than the estimate at full matmul "
-            f"efficiency ({fastest:.4g} s): re-measure the peak FLOP/s (`planner "
+            f"measured {measured_s:.4g} s is faster than the estimate with {knob} "
+            f"{fast_end:g} ({fastest:.4g} s): re-measure the peak FLOP/s (`planner "
             "profile-cluster`) instead of calibrating")
     if measured_s > slowest:
         raise PlannerError(
-            f"measured {measured_s:.4g} s is slower than the estimate at matmul efficiency "
-            f"{MIN_EFFICIENCY} ({slowest:.4g} s): the time is not compute, so no efficiency "
-            "explains it; check the links with `planner profile-cluster`")
-    lo, hi = math.log(MIN_EFFICIENCY), math.log(MAX_EFFICIENCY)
+            f"measured {measured_s:.4g} s is slower than the estimate with {knob} "
+            f"{slow_end:g} ({slowest:.4g} s): no {knob} explains it; check the links with "
+            "`planner profile-cluster`")
+    lo, hi = math.log(low), math.log(high)
     for _ in range(60):
         mid = (lo + hi) / 2
-        if predicted(math.exp(mid)) > measured_s:
-            lo = mid
-        else:
+        too_slow = predicted(math.exp(mid)) > measured_s
+        if too_slow == spec.host_bound:
             hi = mid
-    efficiency = math.exp((lo + hi) / 2)
-    note = (f"matmul_efficiency {efficiency:.4g} calibrated by `planner validate` on "
-            f"{doc.model_name} ({doc.plan}): measured {measured_s:.4g} s per iteration")
-    return dataclasses.replace(spec, matmul_efficiency=efficiency,
+        else:
+            lo = mid
+    value = math.exp((lo + hi) / 2)
+    note = (f"{knob} {value:.4g} calibrated by `planner validate` on {doc.model_name} "
+            f"({doc.plan}): measured {measured_s:.4g} s per iteration")
+    return dataclasses.replace(fitted(value),
                                notes=(spec.notes + "; " if spec.notes else "") + note)
 
 

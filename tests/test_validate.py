@@ -53,7 +53,7 @@ def test_validate_json_contract_memory_and_loss(plan_file, tmp_path, capsys):
     assert out["measured_iteration_seconds"] > 0
     assert out["loss_matches_reference"] is True
     fitted = ClusterSpec.load(spec)
-    assert 0 < fitted.matmul_efficiency <= 1
+    assert fitted.op_overhead_s > 0  # CPU processes: the framework overhead is refitted
     assert fitted.notes.endswith(f"measured {out['measured_iteration_seconds']:.4g} s per iteration")
 
 
@@ -63,9 +63,18 @@ def test_calibrate_meets_the_measured_time(plan_file):
     spec = ClusterSpec.from_dict(doc.cluster)
     fastest = estimate(graph, doc.plan, spec).iteration_seconds
     fitted = calibrate(doc, graph, spec, 5 * fastest)
-    assert fitted.matmul_efficiency < spec.matmul_efficiency
+    assert fitted.op_overhead_s > spec.op_overhead_s
+    assert fitted.matmul_efficiency == spec.matmul_efficiency
     got = estimate(graph, doc.plan, fitted).iteration_seconds
     assert got == pytest.approx(5 * fastest, rel=1e-3)
+    # On GPUs the matmul efficiency is the knob.
+    gpu = dataclasses.replace(spec, device="H100-SXM5-80GB", host_cores=0, op_overhead_s=0.0,
+                              dp_unit_overhead_s=(), tp_module_overhead_s=0.0)
+    fastest = estimate(graph, doc.plan, gpu).iteration_seconds
+    fitted = calibrate(doc, graph, gpu, 3 * fastest)
+    assert fitted.matmul_efficiency < gpu.matmul_efficiency
+    assert estimate(graph, doc.plan, fitted).iteration_seconds == pytest.approx(3 * fastest,
+                                                                                rel=1e-3)
 
 
 def test_impossible_calibration_writes_nothing(plan_file, tmp_path):
@@ -77,7 +86,8 @@ def test_impossible_calibration_writes_nothing(plan_file, tmp_path):
     class Fake:
         measured_iteration_seconds: float
 
-    with pytest.raises(PlannerError, match="faster than the estimate at full matmul efficiency"):
+    with pytest.raises(PlannerError, match="faster than the estimate with framework overhead "
+                                           "scale 0.001"):
         write_calibrated(doc, Fake(1e-9), str(out))
     assert out.read_text() == "keep\n"
     assert not [n for n in os.listdir(tmp_path) if n != "spec.json"]

@@ -27,7 +27,8 @@ def register(sub) -> None:
                    help="re-estimate on this preset or spec JSON instead of the plan's prediction")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--calibrate", action="store_true",
-                   help="fit the cluster spec's matmul efficiency to the measured time")
+                   help="fit the cluster spec to the measured time (framework overhead on CPU "
+                        "processes, matmul efficiency on GPUs)")
     p.add_argument("--out", default=None, help="where --calibrate writes the spec JSON")
     p.set_defaults(func=run)
 
@@ -51,7 +52,9 @@ def run(args) -> int:
     if args.json:
         out = result.to_json()
         if fitted is not None:
-            out["calibrated"] = {"out": args.out, "matmul_efficiency": fitted.matmul_efficiency}
+            out["calibrated"] = {"out": args.out, "matmul_efficiency": fitted.matmul_efficiency,
+                                 "op_overhead_s": fitted.op_overhead_s,
+                                 "note": fitted.notes.rsplit("; ", 1)[-1]}
         print(json.dumps(out, indent=2))
         return 0
     print(f"{result.model}: {result.plan} on {result.nproc} {result.backend} ranks "
@@ -66,5 +69,5 @@ def run(args) -> int:
     print(f"loss matches the single-process reference: "
           f"{'yes' if result.loss_matches_reference else 'NO'}")
     if fitted is not None:
-        print(f"wrote {args.out}: matmul_efficiency {fitted.matmul_efficiency:.4g}")
+        print(f"wrote {args.out}: {fitted.notes.rsplit('; ', 1)[-1]}")
     return 0
