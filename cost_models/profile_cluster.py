@@ -193,7 +193,6 @@ def _dp_unit_seconds(mesh) -> dict[str, float]:
     """Seconds per unit per forward+backward that wrapping each block as a DP unit adds
     over the plain stack, by mode, all ranks running together (collectives included)."""
     import torch
-    import torch.distributed as dist
     from torch import nn
     from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.fsdp import fully_shard
@@ -211,20 +210,24 @@ def _dp_unit_seconds(mesh) -> dict[str, float]:
                 fully_shard(block, mesh=mesh, reshard_after_forward=mode == "zero3")
         return stack
 
-    def median_step(model: nn.Module) -> float:
-        x = torch.randn(2, OP_OVERHEAD_WIDTH)
-        times = []
-        for i in range(DP_UNIT_WARMUP + DP_UNIT_STEPS):
-            dist.barrier()
-            start = time.perf_counter()
-            model(x).sum().backward()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times[DP_UNIT_WARMUP:])
-
+    x = torch.randn(2, OP_OVERHEAD_WIDTH)
     with _one_thread():
-        plain = median_step(wrap("plain"))
-        return {mode: max(median_step(wrap(mode)) - plain, 0.0) / DP_UNITS
+        plain = _median_step_s(wrap("plain"), x)
+        return {mode: max(_median_step_s(wrap(mode), x) - plain, 0.0) / DP_UNITS
                 for mode in ("replicate", "zero2", "zero3")}
+
+
+def _median_step_s(model, x) -> float:
+    """Median seconds of `model(x).sum().backward()`, every rank starting together."""
+    import torch.distributed as dist
+
+    times = []
+    for _ in range(DP_UNIT_WARMUP + DP_UNIT_STEPS):
+        dist.barrier()
+        start = time.perf_counter()
+        model(x).sum().backward()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[DP_UNIT_WARMUP:])
 
 
 TP_BLOCKS = 4  # column-parallel + row-parallel pairs in the TP measurement
@@ -235,7 +238,6 @@ def _tp_module_seconds(mesh) -> float:
     the plain stack: DTensor dispatch, re-layouts and the module's collective waits, all
     ranks running together as one TP group."""
     import torch
-    import torch.distributed as dist
     from torch import nn
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
@@ -253,19 +255,10 @@ def _tp_module_seconds(mesh) -> float:
                 parallelize_module(block, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
         return blocks
 
-    def median_step(model: nn.Module) -> float:
-        x = torch.randn(2, width)
-        times = []
-        for _ in range(DP_UNIT_WARMUP + DP_UNIT_STEPS):
-            dist.barrier()
-            start = time.perf_counter()
-            model(x).sum().backward()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times[DP_UNIT_WARMUP:])
-
+    x = torch.randn(2, width)
     with _one_thread():
-        plain = median_step(stack(False))
-        return max(median_step(stack(True)) - plain, 0.0) / (2 * TP_BLOCKS)
+        plain = _median_step_s(stack(False), x)
+        return max(_median_step_s(stack(True), x) - plain, 0.0) / (2 * TP_BLOCKS)
 
 
 def tp_module_overhead(measured_s: float, all_reduce: CollectiveFit, n: int) -> float:
