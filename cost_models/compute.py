@@ -163,7 +163,7 @@ def dp_unit_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     if not (layer.param_names or layer.tied_param_names) or \
             (strategy.dp == 1 and config.precision is Precision.FP32):
         return 0.0
-    return cluster.dp_unit_overhead(strategy.dp_mode.value)
+    return cluster.dp_unit_overhead(strategy.dp_mode.value, strategy.dp)
 
 
 def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,

@@ -150,7 +150,11 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
             results["dtensor_op_overhead_s"] = \
                 _dtensor_op_overhead_s(device, mesh) if rank == 0 else 0.0
             dist.barrier()
-            results["dp_unit_seconds"] = _dp_unit_seconds(mesh)
+            results["dp_unit_seconds"] = {world: _dp_unit_seconds(mesh)}
+            for size in _smaller_group_sizes(world):  # all groups of that size at once
+                grid = init_device_mesh("cpu", (world // size, size),
+                                        mesh_dim_names=("across", "group"))
+                results["dp_unit_seconds"][size] = _dp_unit_seconds(grid["group"])
             results["tp_module_seconds"] = _tp_module_seconds(mesh)
         if rank == 0:
             queue.put(results)
@@ -187,6 +191,11 @@ DP_UNITS = 8
 DP_UNIT_STEPS = 20  # after DP_UNIT_WARMUP steps; the median
 DP_UNIT_WARMUP = 3
 OP_OVERHEAD_WIDTH_TP = 8  # TP measurement width per rank (the width must split evenly)
+
+
+def _smaller_group_sizes(world: int) -> list[int]:
+    """Powers of two from 2 below `world` that divide it: the DP group sizes plans use."""
+    return [2**k for k in range(1, world.bit_length()) if 2**k < world and world % 2**k == 0]
 
 
 def _dp_unit_seconds(mesh) -> dict[str, float]:
@@ -268,13 +277,20 @@ def tp_module_overhead(measured_s: float, all_reduce: CollectiveFit, n: int) -> 
     return max(measured_s - 2 * (n - 1) * all_reduce.alpha_s, 0.0)
 
 
-def dp_unit_overhead(measured: dict[str, float]) -> tuple[tuple[str, float], ...]:
-    """Per-unit overhead by DP mode, as measured with all N processes running (so it holds
-    their sharing of the cores; the compute model does not stretch it again). It keeps
-    the latency of the unit's own tiny collectives: on CPU processes that latency is paid
-    in turn with the hooks around it, not hidden behind compute."""
-    out = dict(measured)
-    out["zero1"] = out["replicate"]  # ZeRO-1 is replicate + a sharded optimizer
+def dp_unit_overhead(measured: dict[int, dict[str, float]]) -> tuple[tuple[str, float], ...]:
+    """Per-unit overhead by DP mode and group size ("zero3@2": groups of 2), as measured
+    with all N processes running in groups of that size (so it holds their sharing of
+    the cores; the compute model does not stretch it again); the bare mode is the
+    whole-node group. It keeps the latency of the unit's own tiny collectives: on CPU
+    processes that latency is paid in turn with the hooks around it."""
+    world = max(measured)
+    out = {}
+    for size, by_mode in measured.items():
+        by_mode = {**by_mode, "zero1": by_mode["replicate"]}  # ZeRO-1 is replicate + ...
+        for mode, seconds in by_mode.items():
+            out[f"{mode}@{size}"] = seconds
+            if size == world:
+                out[mode] = seconds
     return tuple(sorted(out.items()))
 
 

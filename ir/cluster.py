@@ -183,9 +183,12 @@ class ClusterSpec:
             return 1.0
         return max(1.0, self.devices_per_node / self.host_cores)
 
-    def dp_unit_overhead(self, mode: str) -> float:
-        """Seconds per micro-batch one DP unit in `mode` adds (0 when not measured)."""
-        return dict(self.dp_unit_overhead_s).get(mode, 0.0)
+    def dp_unit_overhead(self, mode: str, group_size: int | None = None) -> float:
+        """Seconds per micro-batch one DP unit in `mode` adds for a DP group of
+        `group_size` ("mode@size" when measured, else the whole-node figure; 0 when not
+        measured)."""
+        figures = dict(self.dp_unit_overhead_s)
+        return figures.get(f"{mode}@{group_size}", figures.get(mode, 0.0))
 
     def collective_fit(self, collective: str, scope: str) -> CollectiveFit | None:
         """The measured fit for a collective in a scope, if the spec carries one."""

@@ -117,8 +117,9 @@ def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path):
     assert all(f.bytes_per_s > 0 and f.alpha_s >= 0 for f in spec.collective_fits)
     # Host figures a CPU spec measures: per-op and DTensor overhead, DP units, cores.
     assert spec.op_overhead_s > 0 and spec.dtensor_op_overhead_s > 0 and spec.host_cores >= 1
-    assert {mode for mode, _ in spec.dp_unit_overhead_s} == {"replicate", "zero1", "zero2",
-                                                             "zero3"}
+    assert {mode for mode, _ in spec.dp_unit_overhead_s} == {
+        "replicate", "zero1", "zero2", "zero3", "replicate@2", "zero1@2", "zero2@2", "zero3@2"}
+    assert spec.dp_unit_overhead("zero3", 2) == spec.dp_unit_overhead("zero3")  # 2 = node
     assert all(seconds > 0 for _, seconds in spec.dp_unit_overhead_s)
     assert spec.tp_module_overhead_s >= 0
     code, out, err = run(capsys, "estimate", "gpt-tiny", "--cluster", str(spec_path),

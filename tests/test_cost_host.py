@@ -102,6 +102,11 @@ def test_dp_units_cost_their_mode_per_micro_batch(graph):
     for mode, seconds in (("replicate", 1e-3), ("zero3", 3e-3)):
         strategy = LayerStrategy(dp=2, dp_mode=DPMode(mode))
         assert dp_unit_seconds(block, strategy, spec, cfg) == seconds
+    by_size = cpu_spec(dp_unit_overhead_s=(("zero3", 3e-3), ("zero3@2", 1e-3)))
+    assert dp_unit_seconds(block, LayerStrategy(dp=2, dp_mode=DPMode.ZERO3), by_size, cfg) \
+        == 1e-3  # the plan's DP group size when measured
+    assert dp_unit_seconds(block, LayerStrategy(dp=4, dp_mode=DPMode.ZERO3), by_size, cfg) \
+        == 3e-3  # else the whole-node figure
     norm_free = dataclasses.replace(block, param_names=())
     assert dp_unit_seconds(norm_free, LayerStrategy(dp=2), spec, cfg) == 0.0
 
