@@ -57,3 +57,20 @@ def spawn(fn: Callable, world_size: int, payload: Any = None, *, timeout_s: floa
                 raise TimeoutError(f"{world_size} ranks of {fn.__name__} ran past {timeout_s} s")
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
                 for r in range(world_size)]
+
+
+def train_one_device(model: torch.nn.Module, loss_fn: Callable, batches,
+                     optimizer_kwargs: dict) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The reference: AdamW on one process over `batches` of (inputs, target); each step's
+    loss and the final parameters."""
+    from ir.trace import model_output_tensor
+
+    opt = torch.optim.AdamW(model.parameters(), **optimizer_kwargs)
+    losses = []
+    for inputs, target in batches:
+        opt.zero_grad()
+        loss = loss_fn(model_output_tensor(model(**inputs)), target)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -30,10 +30,9 @@ from executors.runtime import IGNORE_INDEX, loss_weight
 from ir.layer import LayerGraph
 from ir.plan import ParallelPlan, uniform_plan
 from ir.strategy import Precision, Schedule
-from ir.trace import model_output_tensor
 from planner.models import load_layer_graph, load_model
 
-from dist_utils import spawn
+from dist_utils import spawn, train_one_device
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -110,15 +109,7 @@ def batches_of(spec: str, kind: str) -> list:
 def reference(spec: str, kind: str) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Single-process training on the global batches: losses and final parameters."""
     model, loss_fn = build_model(spec)
-    opt = torch.optim.AdamW(model.parameters(), **OPTIMIZER_KWARGS)
-    losses = []
-    for inputs, target in batches_of(spec, kind):
-        opt.zero_grad()
-        loss = loss_fn(model_output_tensor(model(**inputs)), target)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+    return train_one_device(model, loss_fn, batches_of(spec, kind), OPTIMIZER_KWARGS)
 
 
 # ----------------------------------------------------------------------------- ranks

@@ -26,10 +26,9 @@ from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.plan import ParallelPlan, uniform_plan
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision, Schedule, Stage
-from ir.trace import model_output_tensor
 from planner.models import load_layer_graph, load_model
 
-from dist_utils import spawn
+from dist_utils import spawn, train_one_device
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -95,15 +94,7 @@ def optimizer_kwargs() -> dict:
 def reference(spec: str) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Single-process training on the global batches: losses and final parameters."""
     model, loss_fn = build_model(spec)
-    opt = torch.optim.AdamW(model.parameters(), **optimizer_kwargs())
-    losses = []
-    for inputs, target in batches_of(spec):
-        opt.zero_grad()
-        loss = loss_fn(model_output_tensor(model(**inputs)), target)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+    return train_one_device(model, loss_fn, batches_of(spec), optimizer_kwargs())
 
 
 # ----------------------------------------------------------------------------- plans
