@@ -238,10 +238,13 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@contextlib.contextmanager
-def _both(first, second):
-    with first, second:
-        yield
+def _entered_if(condition: bool, *contexts) -> contextlib.ExitStack:
+    """An ExitStack holding `contexts` when `condition`, else empty."""
+    stack = contextlib.ExitStack()
+    if condition:
+        for context in contexts:
+            stack.enter_context(context)
+    return stack
 
 
 def count_ops(fn: Callable[[], object]) -> int:
@@ -468,14 +471,11 @@ class GraphMeasurer:
             region = _TPRegion(colwise, rowwise)
             fwd_counter, bwd_counter = FlopCounterMode(display=False), FlopCounterMode(display=False)
             fwd_ops, bwd_ops = _OpCounter(), _OpCounter()
-            fwd_context = contextlib.ExitStack()
-            if measuring:
-                for context in (torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack),
-                                fwd_counter, fwd_ops):
-                    fwd_context.enter_context(context)
             sync()
             start = time.perf_counter()
-            with fwd_context:
+            with _entered_if(measuring,
+                             torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack),
+                             fwd_counter, fwd_ops):
                 for n in info.nodes.nodes:
                     if measuring:
                         log.tp_sharded_now = region.enter(info.module_paths[n])
@@ -488,7 +488,7 @@ class GraphMeasurer:
             if not outs and index == len(self.infos) - 1:
                 outs = [t for t in _tensor_leaves(runner.env[info.nodes.nodes[-1]])
                         if t.requires_grad and t.grad_fn is not None]
-            with (contextlib.ExitStack() if not measuring else _both(bwd_counter, bwd_ops)):
+            with _entered_if(measuring, bwd_counter, bwd_ops):
                 if outs:
                     torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
             sync()
