@@ -15,7 +15,8 @@ and pipeline neighbours are one stage's device count apart. A group spans nodes 
 size * stride > devices_per_node; then each node contributes k = devices_per_node /
 stride members (at least 1), each with its own NIC, and NCCL runs k rings in parallel:
 bandwidth min(intra, k * inter). Measured fits from `planner profile-cluster` replace a
-scope's alpha and bandwidth.
+scope's alpha and bandwidth; a fit measured with groups of the same size wins (a pair of
+ranks inside a busy node is not an eighth of an 8-rank ring).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def group_link(cluster: ClusterSpec, size: int, stride: int,
                collective: str = "all_reduce") -> Link:
     """Latency and bandwidth of a group of `size` ranks `stride` apart (see module doc)."""
     spans = size > 1 and size * stride > cluster.devices_per_node
-    fit = cluster.collective_fit(collective, "inter_node" if spans else "intra_node")
+    fit = cluster.collective_fit(collective, "inter_node" if spans else "intra_node", size)
     if fit is not None:
         return Link(fit.alpha_s, fit.bytes_per_s, spans)
     if not spans:
@@ -107,7 +108,7 @@ def collective_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride: 
     link = group_link(cluster, n, stride, collective)
     if collective == "all_reduce":
         if cluster.collective_fit("all_reduce", "inter_node" if link.spans_nodes
-                                  else "intra_node") is not None:
+                                  else "intra_node", n) is not None:
             return ring_all_reduce_s(nbytes, n, link)  # the fit was made in ring form
         return all_reduce_s(nbytes, n, link)
     if collective == "send_recv":

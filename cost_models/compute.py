@@ -138,10 +138,11 @@ def runs_on_dtensors(layer: Layer, strategy: LayerStrategy) -> bool:
 
 def tp_module_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec) -> float:
     """Host time of the layer's tensor-parallel modules per micro-batch (measured per
-    module with the node's processes running together: not stretched again)."""
+    module with the node's processes running together in groups of this TP degree: not
+    stretched again)."""
     if strategy.tp == 1:
         return 0.0
-    return len(layer.tp_candidates) * cluster.tp_module_overhead_s
+    return len(layer.tp_candidates) * cluster.tp_module_overhead(strategy.tp)
 
 
 def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool) -> float:
@@ -159,11 +160,14 @@ def with_host(device_s: float, host_s: float, cluster: ClusterSpec) -> float:
 def dp_unit_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
                     config: StepConfig) -> float:
     """Host time of the layer's data-parallel unit per micro-batch: the executor wraps a
-    layer with parameters in one when dp > 1 or under mixed precision."""
-    if not (layer.param_names or layer.tied_param_names) or \
-            (strategy.dp == 1 and config.precision is Precision.FP32):
+    layer with parameters in one when dp > 1 or under mixed precision. A unit costs a
+    fixed amount plus an amount per parameter tensor (profile-cluster fits both)."""
+    tensors = len(layer.param_names) + len(layer.tied_param_names)
+    if not tensors or (strategy.dp == 1 and config.precision is Precision.FP32):
         return 0.0
-    return cluster.dp_unit_overhead(strategy.dp_mode.value, strategy.dp)
+    mode = strategy.dp_mode.value
+    return (cluster.dp_unit_overhead(mode, strategy.dp)
+            + tensors * cluster.dp_tensor_overhead(mode, strategy.dp))
 
 
 def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,

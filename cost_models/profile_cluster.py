@@ -11,7 +11,10 @@ collective the alpha-beta model the communication model uses (comm.py):
     send/recv: steps 1, volume S                    (one way, from a ping-pong)
 
 by least squares over the sizes (alpha >= 0, B > 0). S is the full tensor: the output of
-an all-gather, the input of a reduce-scatter. All processes run on this host, so the
+an all-gather, the input of a reduce-scatter. The sweep runs once over all N processes
+and once per smaller power-of-two group size g with every group of g running at once
+(TP and DP groups inside a node): a fit records its group size (`measured_ranks`) and
+the comm model takes the one that matches. All processes run on this host, so the
 fits are intra-node; the spec reuses them for inter-node until a multi-node profile
 exists. Matmul FLOP/s and copy bandwidth are measured too, and the result is a spec
 `planner estimate --cluster spec.json` accepts.
@@ -101,6 +104,7 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
             queue) -> None:
     import torch
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
 
     device = torch.device("cpu")
     if backend == "nccl":
@@ -109,58 +113,73 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world,
                             timeout=datetime.timedelta(seconds=PROCESS_GROUP_TIMEOUT_S))
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    results: dict[str, Any] = {c: [] for c in COLLECTIVES}
+    results: dict[str, Any] = {}
     try:
-        for size in sizes:
-            numel = max(world, size // FLOAT_BYTES) // world * world  # divisible by n
-            full = torch.ones(numel, device=device)
-            shard = torch.ones(numel // world, device=device)
-            out = torch.empty(numel, device=device)
-            ops: dict[str, Callable[[], object]] = {
-                "all_reduce": lambda: dist.all_reduce(full),
-                "all_gather": lambda: all_gather(out, shard),
-                "reduce_scatter": lambda: reduce_scatter(shard, full),
-                "all_to_all": lambda: dist.all_to_all_single(out, full),
-                "send_recv": lambda: _ping_pong(dist, rank, full),
-            }
-            for name, op in ops.items():
-                times = []
-                for i in range(WARMUP + REPEATS):
-                    dist.barrier()
-                    sync()
-                    start = time.perf_counter()
-                    op()
-                    sync()
-                    elapsed = time.perf_counter() - start
-                    if i >= WARMUP:
-                        times.append(elapsed / 2 if name == "send_recv" else elapsed)
-                results[name].append(statistics.median(times))
-            del full, shard, out
+        results.update(_sweep(dist, rank, world, None, sizes, device, sync))
+        groups = {}  # smaller groups, every group of a size running at once
+        for size in _smaller_group_sizes(world):
+            groups[size] = init_device_mesh(device.type, (world // size, size),
+                                            mesh_dim_names=("across", "group"))["group"]
+            results[f"group{size}"] = _sweep(dist, rank, size, groups[size].get_group(),
+                                             sizes, device, sync)
         if device.type == "cpu":  # framework overhead of DTensor ops, on rank 0 alone
-            from torch.distributed.device_mesh import init_device_mesh
-
             mesh = init_device_mesh("cpu", (world,))
             results["dtensor_op_overhead_s"] = \
                 _dtensor_op_overhead_s(device, mesh) if rank == 0 else 0.0
             dist.barrier()
             results["dp_unit_seconds"] = {world: _dp_unit_seconds(mesh)}
-            for size in _smaller_group_sizes(world):  # all groups of that size at once
-                grid = init_device_mesh("cpu", (world // size, size),
-                                        mesh_dim_names=("across", "group"))
-                results["dp_unit_seconds"][size] = _dp_unit_seconds(grid["group"])
-            results["tp_module_seconds"] = _tp_module_seconds(mesh)
+            results["tp_module_seconds"] = {world: _tp_module_seconds(mesh)}
+            for size, group in groups.items():
+                results["dp_unit_seconds"][size] = _dp_unit_seconds(group)
+                results["tp_module_seconds"][size] = _tp_module_seconds(group)
         if rank == 0:
             queue.put(results)
         dist.barrier()  # nobody tears down gloo while a peer still uses it
     finally:
         dist.destroy_process_group()
+
+
+def _sweep(dist, rank: int, n: int, group, sizes: list[int], device,
+           sync) -> dict[str, list[float]]:
+    """Median seconds of each collective per message size over `group` (None: the whole
+    world; else this rank's group of `n`, every group running at once)."""
+    import torch
+
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    results: dict[str, list[float]] = {}
+    for size in sizes:
+        numel = max(n, size // FLOAT_BYTES) // n * n  # divisible by n
+        full = torch.ones(numel, device=device)
+        shard = torch.ones(numel // n, device=device)
+        out = torch.empty(numel, device=device)
+        ops: dict[str, Callable[[], object]] = {
+            "all_reduce": lambda: dist.all_reduce(full, group=group),
+            "all_gather": lambda: all_gather(out, shard, group=group),
+            "reduce_scatter": lambda: reduce_scatter(shard, full, group=group),
+            "all_to_all": lambda: dist.all_to_all_single(out, full, group=group),
+        }
+        if group is None:  # point-to-point does not depend on the group size
+            ops["send_recv"] = lambda: _ping_pong(dist, rank, full)
+        for name, op in ops.items():
+            times = []
+            for i in range(WARMUP + REPEATS):
+                dist.barrier()
+                sync()
+                start = time.perf_counter()
+                op()
+                sync()
+                elapsed = time.perf_counter() - start
+                if i >= WARMUP:
+                    times.append(elapsed / 2 if name == "send_recv" else elapsed)
+            results.setdefault(name, []).append(statistics.median(times))
+        del full, shard, out
+    return results
 
 
 def _dtensor_op_overhead_s(device, mesh) -> float:
@@ -188,6 +207,7 @@ def _dtensor_op_overhead_s(device, mesh) -> float:
 
 # Data-parallel units timed: a stack of DP_UNITS tiny blocks, each its own unit.
 DP_UNITS = 8
+DP_UNIT_BLOCKS = (1, 4)  # probe blocks per unit: units of 6 and 24 parameter tensors
 DP_UNIT_STEPS = 20  # after DP_UNIT_WARMUP steps; the median
 DP_UNIT_WARMUP = 3
 OP_OVERHEAD_WIDTH_TP = 8  # TP measurement width per rank (the width must split evenly)
@@ -198,9 +218,10 @@ def _smaller_group_sizes(world: int) -> list[int]:
     return [2**k for k in range(1, world.bit_length()) if 2**k < world and world % 2**k == 0]
 
 
-def _dp_unit_seconds(mesh) -> dict[str, float]:
-    """Seconds per unit per forward+backward that wrapping each block as a DP unit adds
-    over the plain stack, by mode, all ranks running together (collectives included)."""
+def _dp_unit_seconds(mesh) -> dict[str, dict[int, float]]:
+    """Seconds per unit per forward+backward that wrapping adds over the plain stack, by
+    mode and by the unit's parameter tensor count (units of DP_UNIT_BLOCKS probe blocks),
+    all ranks running together (collectives included)."""
     import torch
     from torch import nn
     from torch.distributed._composable.replicate_with_fsdp import replicate
@@ -208,35 +229,48 @@ def _dp_unit_seconds(mesh) -> dict[str, float]:
 
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
 
-    def wrap(mode: str) -> nn.Module:
-        stack = nn.Sequential(*[_overhead_block() for _ in range(DP_UNITS)])
+    def wrap(mode: str, blocks: int) -> nn.Module:
+        stack = nn.Sequential(*[nn.Sequential(*[_overhead_block() for _ in range(blocks)])
+                                for _ in range(DP_UNITS)])
         if mode == "plain":
             return stack
-        for block in [*stack, stack]:  # each block, then the root (as the executor does)
+        for unit in [*stack, stack]:  # each unit, then the root (as the executor does)
             if mode == "replicate":
-                replicate(block, mesh=mesh)
+                replicate(unit, mesh=mesh)
             else:
-                fully_shard(block, mesh=mesh, reshard_after_forward=mode == "zero3")
+                fully_shard(unit, mesh=mesh, reshard_after_forward=mode == "zero3")
         return stack
 
     x = torch.randn(2, OP_OVERHEAD_WIDTH)
+    out: dict[str, dict[int, float]] = {}
     with _one_thread():
-        plain = _median_step_s(wrap("plain"), x)
-        return {mode: max(_median_step_s(wrap(mode), x) - plain, 0.0) / DP_UNITS
-                for mode in ("replicate", "zero2", "zero3")}
+        for blocks in DP_UNIT_BLOCKS:
+            plain = wrap("plain", blocks)
+            tensors = len(list(plain[0].parameters()))
+            for mode in ("replicate", "zero2", "zero3"):
+                added = _added_step_s(plain, wrap(mode, blocks), x)
+                out.setdefault(mode, {})[tensors] = max(added, 0.0) / DP_UNITS
+    return out
 
 
-def _median_step_s(model, x) -> float:
-    """Median seconds of `model(x).sum().backward()`, every rank starting together."""
+def _added_step_s(plain, wrapped, x) -> float:
+    """Median over steps of how much longer `wrapped(x).sum().backward()` takes than the
+    same on `plain`, the two run alternately (a slow spell of a shared machine hits both
+    halves of a pair) with every rank starting each run together."""
     import torch.distributed as dist
 
-    times = []
-    for _ in range(DP_UNIT_WARMUP + DP_UNIT_STEPS):
+    def timed(model) -> float:
         dist.barrier()
         start = time.perf_counter()
         model(x).sum().backward()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[DP_UNIT_WARMUP:])
+        return time.perf_counter() - start
+
+    added = []
+    for step in range(DP_UNIT_WARMUP + DP_UNIT_STEPS):
+        pair = timed(wrapped) - timed(plain)
+        if step >= DP_UNIT_WARMUP:
+            added.append(pair)
+    return statistics.median(added)
 
 
 TP_BLOCKS = 4  # column-parallel + row-parallel pairs in the TP measurement
@@ -266,32 +300,44 @@ def _tp_module_seconds(mesh) -> float:
 
     x = torch.randn(2, width)
     with _one_thread():
-        plain = _median_step_s(stack(False), x)
-        return max(_median_step_s(stack(True), x) - plain, 0.0) / (2 * TP_BLOCKS)
+        return max(_added_step_s(stack(False), stack(True), x), 0.0) / (2 * TP_BLOCKS)
 
 
-def tp_module_overhead(measured_s: float, all_reduce: CollectiveFit, n: int) -> float:
-    """Per-module TP overhead less the latency the comm model already prices: each
-    module has one all-reduce (row-parallel output in forward, column-parallel input
-    gradient in backward), ring latency 2(n-1) alpha."""
-    return max(measured_s - 2 * (n - 1) * all_reduce.alpha_s, 0.0)
+def tp_module_overhead(measured: dict[int, float],
+                       all_reduce: dict[int, CollectiveFit]) -> tuple[tuple[int, float], ...]:
+    """Per-module TP overhead by group size, less what the comm model already prices:
+    each module has one all-reduce of the probe's (2, width) activation (row-parallel
+    output in forward, column-parallel input gradient in backward), priced with the fit
+    measured at that group size."""
+    out = []
+    for size, seconds in sorted(measured.items()):
+        fit = all_reduce[size]
+        nbytes = 2 * OP_OVERHEAD_WIDTH_TP * size * FLOAT_BYTES
+        priced = 2 * (size - 1) * (fit.alpha_s + nbytes / size / fit.bytes_per_s)
+        out.append((size, max(seconds - priced, 0.0)))
+    return tuple(out)
 
 
-def dp_unit_overhead(measured: dict[int, dict[str, float]]) -> tuple[tuple[str, float], ...]:
-    """Per-unit overhead by DP mode and group size ("zero3@2": groups of 2), as measured
-    with all N processes running in groups of that size (so it holds their sharing of
-    the cores; the compute model does not stretch it again); the bare mode is the
-    whole-node group. It keeps the latency of the unit's own tiny collectives: on CPU
-    processes that latency is paid in turn with the hooks around it."""
+def dp_unit_overhead(measured: dict[int, dict[str, dict[int, float]]]
+                     ) -> tuple[tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]]:
+    """(per-unit, per-tensor) overhead by DP mode and group size ("zero3@2": groups of
+    2): the line through the two unit sizes measured, as measured with all N processes
+    running in groups of that size (so it holds their sharing of the cores; the compute
+    model does not stretch it again); the bare mode is the whole-node group. It keeps
+    the latency of the unit's own tiny collectives: on CPU processes that latency is
+    paid in turn with the hooks around it."""
     world = max(measured)
-    out = {}
+    per_unit, per_tensor = {}, {}
     for size, by_mode in measured.items():
         by_mode = {**by_mode, "zero1": by_mode["replicate"]}  # ZeRO-1 is replicate + ...
-        for mode, seconds in by_mode.items():
-            out[f"{mode}@{size}"] = seconds
-            if size == world:
-                out[mode] = seconds
-    return tuple(sorted(out.items()))
+        for mode, by_tensors in by_mode.items():
+            (few, few_s), (many, many_s) = sorted(by_tensors.items())
+            slope = max((many_s - few_s) / (many - few), 0.0)
+            fixed = max(few_s - slope * few, 0.0)
+            keys = [f"{mode}@{size}"] + ([mode] if size == world else [])
+            for key in keys:
+                per_unit[key], per_tensor[key] = fixed, slope
+    return tuple(sorted(per_unit.items())), tuple(sorted(per_tensor.items()))
 
 
 def _ping_pong(dist, rank: int, tensor) -> None:
@@ -402,39 +448,47 @@ def _cuda_copy_gbps() -> float:
 def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_MAX_BYTES,
                     min_bytes: int = DEFAULT_MIN_BYTES, name: str = "local-profiled"
                     ) -> tuple[ClusterSpec, dict]:
-    """Measure and fit; returns the spec and the raw table {collective: [(bytes, s), ...]}."""
+    """Measure and fit; returns the spec and the raw table {collective: [(bytes, s), ...]}
+    ("all_reduce@2": the same in groups of 2)."""
     sizes = message_sizes(min_bytes, max_bytes)
     if len(sizes) < 2:
         raise PlannerError(f"need at least two message sizes to fit alpha and beta; "
                            f"raise --max-bytes above {min_bytes * SIZE_FACTOR}")
     measured = measure_collectives(nproc, backend, sizes)
-    fits = []
-    for collective in COLLECTIVES:
-        alpha, bandwidth = fit_alpha_beta(collective, nproc, sizes, measured[collective])
-        fits.append(CollectiveFit(collective, "intra_node", alpha, bandwidth, nproc))
+    by_size = {nproc: measured, **{g: measured[f"group{g}"] for g in _smaller_group_sizes(nproc)}}
+    fits = []  # the whole node's first (the comm model's fallback), then smaller groups
+    for size, table in by_size.items():
+        for collective in COLLECTIVES:
+            if collective in table:
+                alpha, bandwidth = fit_alpha_beta(collective, size, sizes, table[collective])
+                fits.append(CollectiveFit(collective, "intra_node", alpha, bandwidth, size))
+    all_reduce = {f.measured_ranks: f for f in fits if f.collective == "all_reduce"}
     device, memory, flops, copy_gbps, overhead = _device_info(backend, nproc)
     cpu = backend == "gloo"
     host = dict(op_overhead_s=measure_op_overhead_s(),
                 dtensor_op_overhead_s=float(measured.get("dtensor_op_overhead_s", 0.0)),
                 host_cores=host_cores(),
-                dp_unit_overhead_s=dp_unit_overhead(measured["dp_unit_seconds"]),
-                tp_module_overhead_s=tp_module_overhead(measured["tp_module_seconds"], fits[0],
-                                                        nproc),
+                **dict(zip(("dp_unit_overhead_s", "dp_tensor_overhead_s"),
+                           dp_unit_overhead(measured["dp_unit_seconds"]))),
+                tp_module_overhead_s=tp_module_overhead(measured["tp_module_seconds"],
+                                                        all_reduce),
                 ) if cpu else dict(op_overhead_s=_cuda_op_overhead_s())
-    all_reduce = fits[0]
+    node = all_reduce[nproc]
     spec = ClusterSpec(
         name=name, device=device, num_nodes=1, devices_per_node=nproc,
         device_memory_bytes=memory, peak_flops_by_dtype=flops, hbm_gbps=copy_gbps,
-        intra_node_gbps=all_reduce.bytes_per_s / 1e9,
-        inter_node_gbps=all_reduce.bytes_per_s / 1e9,
-        intra_node_latency_s=all_reduce.alpha_s, inter_node_latency_s=all_reduce.alpha_s,
+        intra_node_gbps=node.bytes_per_s / 1e9, inter_node_gbps=node.bytes_per_s / 1e9,
+        intra_node_latency_s=node.alpha_s, inter_node_latency_s=node.alpha_s,
         runtime_overhead_bytes=overhead, matmul_efficiency=1.0, **host,
         collective_fits=tuple(fits) + tuple(
-            CollectiveFit(f.collective, "inter_node", f.alpha_s, f.bytes_per_s, nproc)
+            CollectiveFit(f.collective, "inter_node", f.alpha_s, f.bytes_per_s, f.measured_ranks)
             for f in fits),
         notes=(f"measured by planner profile-cluster --nproc {nproc} --backend {backend} on "
                f"{platform.node() or 'this host'} ({platform.machine()}, {os.cpu_count()} "
                f"CPUs), sizes {sizes[0]}..{sizes[-1]} bytes; inter-node figures copy the "
                "intra-node fits (single host)"))
     raw = {c: list(zip(sizes, measured[c])) for c in COLLECTIVES}
+    for size in _smaller_group_sizes(nproc):  # "all_reduce@2": groups of 2, all at once
+        raw.update({f"{c}@{size}": list(zip(sizes, seconds))
+                    for c, seconds in measured[f"group{size}"].items()})
     return spec, raw

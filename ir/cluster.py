@@ -98,10 +98,16 @@ class ClusterSpec:
     # collectives' waits, measured by `planner profile-cluster` with the node's processes
     # running together.
     dp_unit_overhead_s: tuple[tuple[str, float], ...] = ()
+    # ... plus this much per parameter tensor the unit holds (FSDP2 copies, views and
+    # reduces tensor by tensor), by the same keys; the two come from one fit over units
+    # of two sizes.
+    dp_tensor_overhead_s: tuple[tuple[str, float], ...] = ()
     # Seconds a tensor-parallel module (column- or row-parallel Linear) adds per
-    # micro-batch on CPU processes beyond the latency the comm model prices: DTensor
-    # dispatch, re-layouts and collective waits, measured by `planner profile-cluster`.
-    tp_module_overhead_s: float = 0.0
+    # micro-batch on CPU processes beyond what the comm model prices, by TP group size
+    # ((2, s), (4, s), ...): DTensor dispatch, re-layouts and collective waits, measured
+    # by `planner profile-cluster` with the node's processes in groups of that size.
+    # JSON: {"2": s, "4": s}; a bare number (older specs) is the whole node's figure.
+    tp_module_overhead_s: tuple[tuple[int, float], ...] = ()
     # Share of a compute window that overlapped data-parallel traffic can hide; None takes
     # cost_models.estimate.DP_OVERLAP_EFFICIENCY. `planner validate --calibrate` fits it.
     dp_overlap_efficiency: float | None = None
@@ -122,7 +128,7 @@ class ClusterSpec:
         for field in ("hbm_gbps", "intra_node_gbps", "inter_node_gbps"):
             _check_positive(self.name, field, getattr(self, field))
         for field in ("intra_node_latency_s", "inter_node_latency_s", "op_overhead_s",
-                      "dtensor_op_overhead_s", "tp_module_overhead_s"):
+                      "dtensor_op_overhead_s"):
             value = getattr(self, field)
             if not _is_number(value) or value < 0:
                 raise PlannerError(f"cluster {self.name}: {field} must be a number >= 0, "
@@ -130,10 +136,16 @@ class ClusterSpec:
         if not self.peak_flops_by_dtype:
             raise PlannerError(f"cluster {self.name}: peak_flops_by_dtype is empty; give at "
                                "least one dtype, e.g. {\"float32\": 1.95e13}")
-        for mode, seconds in self.dp_unit_overhead_s:
-            if not _is_number(seconds) or seconds < 0:
-                raise PlannerError(f"cluster {self.name}: dp_unit_overhead_s[{mode}] must be "
-                                   f"a number >= 0, got {seconds!r}")
+        for field in ("dp_unit_overhead_s", "dp_tensor_overhead_s"):
+            for mode, seconds in getattr(self, field):
+                if not _is_number(seconds) or seconds < 0:
+                    raise PlannerError(f"cluster {self.name}: {field}[{mode}] must be a "
+                                       f"number >= 0, got {seconds!r}")
+        for size, seconds in self.tp_module_overhead_s:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1 \
+                    or not _is_number(seconds) or seconds < 0:
+                raise PlannerError(f"cluster {self.name}: tp_module_overhead_s[{size}] must "
+                                   f"map a group size >= 1 to seconds >= 0, got {seconds!r}")
         for dtype, flops in self.peak_flops_by_dtype:
             _check_text("peak_flops_by_dtype key", dtype)
             _check_positive(self.name, f"peak_flops_by_dtype[{dtype}]", flops)
@@ -187,15 +199,31 @@ class ClusterSpec:
         """Seconds per micro-batch one DP unit in `mode` adds for a DP group of
         `group_size` ("mode@size" when measured, else the whole-node figure; 0 when not
         measured)."""
-        figures = dict(self.dp_unit_overhead_s)
-        return figures.get(f"{mode}@{group_size}", figures.get(mode, 0.0))
+        return _by_mode(self.dp_unit_overhead_s, mode, group_size)
 
-    def collective_fit(self, collective: str, scope: str) -> CollectiveFit | None:
-        """The measured fit for a collective in a scope, if the spec carries one."""
-        for fit in self.collective_fits:
-            if fit.collective == collective and fit.scope == scope:
+    def dp_tensor_overhead(self, mode: str, group_size: int | None = None) -> float:
+        """Seconds per micro-batch each parameter tensor of a DP unit adds (same keys)."""
+        return _by_mode(self.dp_tensor_overhead_s, mode, group_size)
+
+    def tp_module_overhead(self, group_size: int) -> float:
+        """Seconds per micro-batch one TP module adds in a TP group of `group_size`: the
+        figure measured with that size, else the nearest measured size (0 when none)."""
+        figures = dict(self.tp_module_overhead_s)
+        if not figures:
+            return 0.0
+        if group_size in figures:
+            return figures[group_size]
+        return figures[min(figures, key=lambda size: (abs(math.log2(size / group_size)), size))]
+
+    def collective_fit(self, collective: str, scope: str,
+                       group_size: int | None = None) -> CollectiveFit | None:
+        """The measured fit for a collective in a scope, if the spec carries one: the one
+        measured with groups of `group_size` when there is one, else the widest group's."""
+        fits = [f for f in self.collective_fits if f.collective == collective and f.scope == scope]
+        for fit in fits:
+            if group_size is not None and fit.measured_ranks == group_size:
                 return fit
-        return None
+        return max(fits, key=lambda f: f.measured_ranks, default=None)
 
     def with_nodes(self, num_nodes: int | None = None,
                    devices_per_node: int | None = None) -> ClusterSpec:
@@ -219,6 +247,8 @@ class ClusterSpec:
             out[f.name] = getattr(self, f.name)
         out["peak_flops_by_dtype"] = dict(self.peak_flops_by_dtype)
         out["dp_unit_overhead_s"] = dict(self.dp_unit_overhead_s)
+        out["dp_tensor_overhead_s"] = dict(self.dp_tensor_overhead_s)
+        out["tp_module_overhead_s"] = {str(size): s for size, s in self.tp_module_overhead_s}
         out["collective_fits"] = [
             {f.name: getattr(fit, f.name) for f in dataclasses.fields(fit)}
             for fit in self.collective_fits]
@@ -253,11 +283,14 @@ class ClusterSpec:
                                    "{dtype: flop_per_s}")
             data["peak_flops_by_dtype"] = tuple(sorted(
                 (str(k), _number(f"peak_flops_by_dtype[{k}]", v)) for k, v in flops.items()))
-            units = data.get("dp_unit_overhead_s", {})
-            if not isinstance(units, dict):
-                raise PlannerError("field 'dp_unit_overhead_s' must be an object {mode: seconds}")
-            data["dp_unit_overhead_s"] = tuple(sorted(
-                (str(k), _number(f"dp_unit_overhead_s[{k}]", v)) for k, v in units.items()))
+            for field in ("dp_unit_overhead_s", "dp_tensor_overhead_s"):
+                units = data.get(field, {})
+                if not isinstance(units, dict):
+                    raise PlannerError(f"field {field!r} must be an object {{mode: seconds}}")
+                data[field] = tuple(sorted(
+                    (str(k), _number(f"{field}[{k}]", v)) for k, v in units.items()))
+            data["tp_module_overhead_s"] = _tp_module_figures(
+                data.get("tp_module_overhead_s", {}), data.get("devices_per_node"))
             fits = data.get("collective_fits", [])
             if not isinstance(fits, list):
                 raise PlannerError("field 'collective_fits' must be a list")
@@ -272,7 +305,7 @@ class ClusterSpec:
             data["collective_fits"] = tuple(parsed)
             for name in ("hbm_gbps", "intra_node_gbps", "inter_node_gbps",
                          "intra_node_latency_s", "inter_node_latency_s", "op_overhead_s",
-                         "dtensor_op_overhead_s", "tp_module_overhead_s"):
+                         "dtensor_op_overhead_s"):
                 if name in data:
                     data[name] = _number(name, data[name])
             for name in ("num_nodes", "devices_per_node", "device_memory_bytes",
@@ -342,3 +375,33 @@ def _check_positive(name: str, field: str, value: Any) -> None:
 def _check_text(field: str, value: Any) -> None:
     if not isinstance(value, str) or not value:
         raise PlannerError(f"cluster spec: {field} must be a non-empty string, got {value!r}")
+
+
+def _by_mode(figures: tuple[tuple[str, float], ...], mode: str, group_size: int | None) -> float:
+    """"mode@size" when measured for that DP group size, else the bare mode (the whole
+    node's figure), else 0."""
+    table = dict(figures)
+    return table.get(f"{mode}@{group_size}", table.get(mode, 0.0))
+
+
+def _tp_module_figures(value: Any, devices_per_node: Any) -> tuple[tuple[int, float], ...]:
+    """JSON {"2": s, "4": s} -> ((2, s), (4, s)); a bare number (specs written before the
+    per-group-size probe) was measured with the whole node as one TP group."""
+    if _is_number(value):
+        if not value:
+            return ()
+        if isinstance(devices_per_node, bool) or not isinstance(devices_per_node, (int, float)):
+            raise PlannerError("field 'tp_module_overhead_s' as a number needs devices_per_node")
+        return ((int(devices_per_node), float(value)),)
+    if not isinstance(value, dict):
+        raise PlannerError("field 'tp_module_overhead_s' must be an object "
+                           "{tp_group_size: seconds}, e.g. {\"2\": 0.003}")
+    figures = []
+    for key, seconds in value.items():
+        try:
+            size = int(key)
+        except (TypeError, ValueError):
+            raise PlannerError(f"field 'tp_module_overhead_s': key {key!r} is not a TP group "
+                               "size (an integer such as \"2\")") from None
+        figures.append((size, _number(f"tp_module_overhead_s[{key}]", seconds)))
+    return tuple(sorted(figures))

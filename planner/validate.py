@@ -476,6 +476,17 @@ def plan_graph(doc: PlanDocument, path: str = "<plan>"):
 # ------------------------------------------------------------------------ calibration
 
 
+def scale_host_overheads(spec: ClusterSpec, scale: float) -> ClusterSpec:
+    """`spec` with every framework-overhead figure (op, DTensor, DP unit and tensor, TP
+    module) times `scale`: CPU processes that run `scale` times slower on the host."""
+    return dataclasses.replace(
+        spec, op_overhead_s=spec.op_overhead_s * scale,
+        dtensor_op_overhead_s=spec.dtensor_op_overhead_s * scale,
+        tp_module_overhead_s=tuple((g, s * scale) for g, s in spec.tp_module_overhead_s),
+        dp_unit_overhead_s=tuple((m, s * scale) for m, s in spec.dp_unit_overhead_s),
+        dp_tensor_overhead_s=tuple((m, s * scale) for m, s in spec.dp_tensor_overhead_s))
+
+
 def calibrate(doc: PlanDocument, graph, spec: ClusterSpec, measured_s: float) -> ClusterSpec:
     """`spec` refitted so `estimate` gives `measured_s` for this plan, by bisection on a log
     scale of the one knob that dominates the spec's time: on CPU processes the framework
@@ -487,11 +498,7 @@ def calibrate(doc: PlanDocument, graph, spec: ClusterSpec, measured_s: float) ->
         knob, low, high = "framework overhead scale", MIN_HOST_SCALE, MAX_HOST_SCALE
 
         def fitted(scale: float) -> ClusterSpec:
-            return dataclasses.replace(
-                spec, op_overhead_s=spec.op_overhead_s * scale,
-                dtensor_op_overhead_s=spec.dtensor_op_overhead_s * scale,
-                tp_module_overhead_s=spec.tp_module_overhead_s * scale,
-                dp_unit_overhead_s=tuple((m, s * scale) for m, s in spec.dp_unit_overhead_s))
+            return scale_host_overheads(spec, scale)
     else:
         knob, low, high = "matmul_efficiency", MIN_EFFICIENCY, MAX_EFFICIENCY
 

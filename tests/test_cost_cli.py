@@ -120,8 +120,12 @@ def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path):
     assert {mode for mode, _ in spec.dp_unit_overhead_s} == {
         "replicate", "zero1", "zero2", "zero3", "replicate@2", "zero1@2", "zero2@2", "zero3@2"}
     assert spec.dp_unit_overhead("zero3", 2) == spec.dp_unit_overhead("zero3")  # 2 = node
-    assert all(seconds > 0 for _, seconds in spec.dp_unit_overhead_s)
-    assert spec.tp_module_overhead_s >= 0
+    assert all(seconds >= 0 for _, seconds in spec.dp_unit_overhead_s)
+    assert {mode for mode, _ in spec.dp_tensor_overhead_s} == {
+        mode for mode, _ in spec.dp_unit_overhead_s}
+    assert sum(s for _, s in spec.dp_unit_overhead_s + spec.dp_tensor_overhead_s) > 0
+    assert [size for size, _ in spec.tp_module_overhead_s] == [2]
+    assert all(seconds >= 0 for _, seconds in spec.tp_module_overhead_s)
     code, out, err = run(capsys, "estimate", "gpt-tiny", "--cluster", str(spec_path),
                          "--micro-batch", "2", "--json")
     assert code == 0, err

@@ -9,7 +9,10 @@ import os
 import pytest
 
 from cost_models.clusters import get_cluster, preset_names
-from cost_models.profile_cluster import fit_alpha_beta, message_sizes
+from cost_models.profile_cluster import (OP_OVERHEAD_WIDTH_TP, _smaller_group_sizes,
+                                         dp_unit_overhead, fit_alpha_beta, message_sizes,
+                                         tp_module_overhead)
+from ir.cluster import CollectiveFit
 from ir.cluster import ClusterSpec, CollectiveFit
 from ir.errors import PlannerError
 
@@ -106,3 +109,35 @@ def test_alpha_beta_fit_recovers_a_known_line():
     assert got_bw == pytest.approx(bandwidth, rel=1e-6)
     with pytest.raises(PlannerError):
         message_sizes(1024, 512)
+
+
+def test_probe_group_sizes_are_the_powers_of_two_below_the_node():
+    assert _smaller_group_sizes(2) == [] and _smaller_group_sizes(8) == [2, 4]
+    assert _smaller_group_sizes(6) == [2]
+
+
+def test_dp_unit_figures_split_per_unit_and_per_tensor():
+    ms = 1e-3
+    measured = {4: {"replicate": {6: 2.0 * ms, 24: 3.8 * ms}, "zero2": {6: 3 * ms, 24: 3 * ms},
+                    "zero3": {6: 4 * ms, 24: 2 * ms}},
+                2: {"replicate": {6: 1.0 * ms, 24: 1.9 * ms}, "zero2": {6: ms, 24: ms},
+                    "zero3": {6: ms, 24: 10 * ms}}}
+    per_unit, per_tensor = map(dict, dp_unit_overhead(measured))
+    # The line through (6, 2.0 ms) and (24, 3.8 ms): 0.1 ms a tensor, 1.4 ms a unit.
+    assert per_tensor["replicate@4"] == pytest.approx(0.1 * ms)
+    assert per_unit["replicate@4"] == pytest.approx(1.4 * ms)
+    assert per_unit["replicate"] == per_unit["replicate@4"]  # bare: the whole node
+    assert per_unit["zero1@2"] == per_unit["replicate@2"]  # ZeRO-1 runs replicate units
+    # A noisy probe that falls with size gives no per-tensor cost, not a negative one;
+    # one that rises steeply gives no negative fixed cost.
+    assert per_tensor["zero3@4"] == 0 and per_unit["zero3@4"] == pytest.approx(4 * ms)
+    assert per_unit["zero3@2"] == 0 and per_tensor["zero3@2"] == pytest.approx(0.5 * ms)
+
+
+def test_tp_module_figures_leave_out_the_priced_all_reduce():
+    fits = {2: CollectiveFit("all_reduce", "intra_node", 1e-4, 1e9, 2),
+            4: CollectiveFit("all_reduce", "intra_node", 1e-3, 1e9, 4)}
+    got = dict(tp_module_overhead({2: 2e-3, 4: 3e-3}, fits))
+    nbytes = 2 * OP_OVERHEAD_WIDTH_TP * 2 * 4  # the probe's (2, width) fp32 activation
+    assert got[2] == pytest.approx(2e-3 - 2 * (1e-4 + nbytes / 2 / 1e9))
+    assert got[4] == 0.0  # the comm model already prices more than was measured

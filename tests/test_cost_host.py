@@ -81,13 +81,14 @@ def test_tensor_parallel_host_costs(graph):
     assert not runs_on_dtensors(block, LayerStrategy(dp=2))
     assert not runs_on_dtensors(block, LayerStrategy(tp=2))  # only its modules: priced apart
     assert runs_on_dtensors(block, LayerStrategy(tp=2, sequence_parallel=True))
-    # Every TP module pays the measured per-module overhead, half in each pass.
-    spec = cpu_spec(tp_module_overhead_s=1e-3)
+    # Every TP module pays its TP degree's measured per-module overhead, half in each pass.
+    spec = cpu_spec(tp_module_overhead_s=((2, 1e-3), (4, 3e-3)))
     plain = layer_compute(block, LayerStrategy(tp=2), cpu_spec(), cfg)
     tp = layer_compute(block, LayerStrategy(tp=2), spec, cfg)
     modules = len(block.tp_candidates)
     assert modules == 6  # q, k, v, proj, fc1, fc2
     assert tp.forward_s - plain.forward_s == pytest.approx(modules * 1e-3 / 2)
+    assert tp_module_seconds(block, LayerStrategy(tp=4), spec) == pytest.approx(modules * 3e-3)
     assert tp_module_seconds(block, LayerStrategy(), spec) == 0.0
     # Sequence parallelism runs the rest of the layer on DTensors too.
     sp = layer_compute(block, LayerStrategy(tp=2, sequence_parallel=True), cpu_spec(), cfg)
@@ -107,6 +108,12 @@ def test_dp_units_cost_their_mode_per_micro_batch(graph):
         == 1e-3  # the plan's DP group size when measured
     assert dp_unit_seconds(block, LayerStrategy(dp=4, dp_mode=DPMode.ZERO3), by_size, cfg) \
         == 3e-3  # else the whole-node figure
+    # Each parameter tensor of the unit adds its own share (the GPT block has 16).
+    per_tensor = cpu_spec(dp_tensor_overhead_s=(("zero3@2", 1e-4),))
+    assert len(block.param_names) == 16
+    assert dp_unit_seconds(block, LayerStrategy(dp=2, dp_mode=DPMode.ZERO3), per_tensor, cfg) \
+        == pytest.approx(3e-3 + 16 * 1e-4)
+    assert ClusterSpec.from_json(per_tensor.to_json()) == per_tensor
     norm_free = dataclasses.replace(block, param_names=())
     assert dp_unit_seconds(norm_free, LayerStrategy(dp=2), spec, cfg) == 0.0
 
@@ -167,6 +174,38 @@ def test_new_spec_fields_round_trip_and_default():
         ClusterSpec.from_dict({**spec.to_dict(), "host_cores": -1})
     with pytest.raises(PlannerError, match=r"'dp_unit_overhead_s\[zero3\]' must be a number"):
         ClusterSpec.from_dict({**spec.to_dict(), "dp_unit_overhead_s": {"zero3": "slow"}})
+
+
+def test_tp_module_overhead_by_group_size():
+    spec = cpu_spec(devices_per_node=8, tp_module_overhead_s=((2, 1e-3), (8, 5e-3)))
+    assert spec.tp_module_overhead(2) == 1e-3 and spec.tp_module_overhead(8) == 5e-3
+    assert spec.tp_module_overhead(4) == 1e-3  # nearest measured size (ties: the smaller)
+    assert spec.tp_module_overhead(16) == 5e-3
+    assert cpu_spec().tp_module_overhead(2) == 0.0  # not measured
+    assert ClusterSpec.from_json(spec.to_json()) == spec
+    assert spec.to_dict()["tp_module_overhead_s"] == {"2": 1e-3, "8": 5e-3}
+    # Specs written before the per-size probe carry one number: the whole node's figure.
+    legacy = ClusterSpec.from_dict({**spec.to_dict(), "tp_module_overhead_s": 2e-3})
+    assert legacy.tp_module_overhead_s == ((8, 2e-3),)
+    with pytest.raises(PlannerError, match="key 'two' is not a TP group size"):
+        ClusterSpec.from_dict({**spec.to_dict(), "tp_module_overhead_s": {"two": 1e-3}})
+    with pytest.raises(PlannerError, match=r"tp_module_overhead_s\[2\] must map"):
+        cpu_spec(tp_module_overhead_s=((2, -1.0),))
+
+
+def test_collective_fit_of_the_group_size_wins():
+    from cost_models.comm import collective_s
+    from ir.cluster import CollectiveFit
+
+    node = CollectiveFit("all_reduce", "intra_node", 1e-3, 1e8, measured_ranks=8)
+    pair = CollectiveFit("all_reduce", "intra_node", 1e-4, 1e9, measured_ranks=2)
+    spec = cpu_spec(devices_per_node=8, collective_fits=(node, pair))
+    assert spec.collective_fit("all_reduce", "intra_node", 2) is pair
+    assert spec.collective_fit("all_reduce", "intra_node", 4) is node  # the widest group's
+    assert spec.collective_fit("all_reduce", "intra_node") is node
+    # A pair inside the node: 2 steps of the pair's alpha, not of the 8-rank ring's.
+    assert collective_s("all_reduce", 0, 2, spec) == pytest.approx(2 * 1e-4)
+    assert collective_s("all_reduce", 0, 8, spec) == pytest.approx(14 * 1e-3)
 
 
 def test_local_preset_measures_one_thread_op_overhead():

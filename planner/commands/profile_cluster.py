@@ -55,12 +55,22 @@ def run(args) -> int:
     for fit in spec.collective_fits:
         if fit.scope != "intra_node":
             continue
-        largest = raw[fit.collective][-1]
-        rows.append([fit.collective, f"{fit.alpha_s * 1e6:.1f}", f"{fit.bytes_per_s / 1e9:.3f}",
-                     human_bytes(largest[0]), f"{largest[1] * 1e3:.2f}"])
-    print(table(["collective", "alpha us", "GB/s", "largest", "ms"], rows))
+        whole = fit.measured_ranks == args.nproc
+        largest = raw[fit.collective if whole else f"{fit.collective}@{fit.measured_ranks}"][-1]
+        rows.append([fit.collective, fit.measured_ranks, f"{fit.alpha_s * 1e6:.1f}",
+                     f"{fit.bytes_per_s / 1e9:.3f}", human_bytes(largest[0]),
+                     f"{largest[1] * 1e3:.2f}"])
+    print(table(["collective", "group", "alpha us", "GB/s", "largest", "ms"], rows,
+                right={1, 2, 3, 5}))
     flops = ", ".join(f"{d} {f / 1e9:.1f} GFLOP/s" for d, f in spec.peak_flops_by_dtype)
     print(f"matmul: {flops}; memory copy {spec.hbm_gbps:.1f} GB/s")
+    if spec.host_bound:  # the framework-overhead figures CPU processes pay
+        units = ", ".join(f"{key} {seconds * 1e3:.2f}+{dict(spec.dp_tensor_overhead_s)[key] * 1e3:.3f}"
+                          f"/tensor ms" for key, seconds in spec.dp_unit_overhead_s if "@" in key)
+        tp = ", ".join(f"tp{size} {seconds * 1e3:.2f} ms" for size, seconds in
+                       spec.tp_module_overhead_s)
+        print(f"per op {spec.op_overhead_s * 1e6:.1f} us (+{spec.dtensor_op_overhead_s * 1e6:.1f} "
+              f"us on DTensors); DP unit: {units}; TP module: {tp or 'not measured'}")
     if args.out:
         print(f"spec written to {args.out} (use: planner estimate MODEL --cluster {args.out})")
     return 0
