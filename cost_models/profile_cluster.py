@@ -39,6 +39,7 @@ from ir.errors import PlannerError
 from cost_models.clusters import (GPU_RUNTIME_OVERHEAD_BYTES, LOCAL_RUNTIME_OVERHEAD_BYTES,
                                   host_cores, measure_copy_gbps, measure_matmul_flops,
                                   measure_op_overhead_s, total_memory_bytes)
+from cost_models.comm import Link, ring_all_reduce_s
 
 KiB = 2**10
 MiB = 2**20
@@ -205,7 +206,7 @@ def _dtensor_op_overhead_s(device, mesh) -> float:
     return max(on_dtensors - plain, 0.0)
 
 
-# Data-parallel units timed: a stack of DP_UNITS tiny blocks, each its own unit.
+# Data-parallel units timed: a stack of DP_UNITS units of DP_UNIT_BLOCKS tiny blocks each.
 DP_UNITS = 8
 DP_UNIT_BLOCKS = (1, 4)  # probe blocks per unit: units of 6 and 24 parameter tensors
 DP_UNIT_STEPS = 20  # after DP_UNIT_WARMUP steps; the median
@@ -312,8 +313,8 @@ def tp_module_overhead(measured: dict[int, float],
     out = []
     for size, seconds in sorted(measured.items()):
         fit = all_reduce[size]
-        nbytes = 2 * OP_OVERHEAD_WIDTH_TP * size * FLOAT_BYTES
-        priced = 2 * (size - 1) * (fit.alpha_s + nbytes / size / fit.bytes_per_s)
+        priced = ring_all_reduce_s(2 * OP_OVERHEAD_WIDTH_TP * size * FLOAT_BYTES, size,
+                                   Link(fit.alpha_s, fit.bytes_per_s, spans_nodes=False))
         out.append((size, max(seconds - priced, 0.0)))
     return tuple(out)
 
