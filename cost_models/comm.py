@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ir.cluster import ClusterSpec
 from ir.layer import Layer, TPStyle
-from ir.strategy import Checkpoint, DPMode, LayerStrategy
+from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
 
 from cost_models.common import GB, StepConfig
 from cost_models.model_states import BytesPerParam, tp_local_params
@@ -129,6 +129,7 @@ class LayerComm:
     dp_forward_s: float  # per micro-batch: ZeRO-3 parameter all-gather before forward
     dp_backward_s: float  # per micro-batch: ZeRO-3 re-gather + ZeRO-2/3 reduce-scatter
     dp_step_s: float  # once per iteration: gradient all-reduce / ZeRO-1/2 syncs
+    tp_step_s: float = 0.0  # once per iteration, blocking: SP's partial gradients (sp_grad_sync_s)
 
 
 def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
@@ -198,7 +199,32 @@ def layer_comm(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
                config: StepConfig, per_param: BytesPerParam) -> LayerComm:
     tp_f, tp_b = tp_comm_s(layer, strategy, cluster, config)
     dp_f, dp_b, dp_step = dp_comm_s(layer, strategy, cluster, per_param)
-    return LayerComm(tp_f, tp_b, dp_f, dp_b, dp_step)
+    return LayerComm(tp_f, tp_b, dp_f, dp_b, dp_step,
+                     sp_grad_sync_s(layer, strategy, cluster, config, per_param))
+
+
+def replicated_tensors(layer: Layer) -> int:
+    """Parameter tensors outside the layer's TP modules (norm weights and biases): every
+    rank of a TP group holds them whole."""
+    prefix = f"{layer.name}." if layer.name else ""
+    modules = tuple(f"{prefix}{c.module}." for c in layer.tp_candidates)
+    return sum(1 for name in layer.param_names if not name.startswith(modules))
+
+
+def sp_grad_sync_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
+                   config: StepConfig, per_param: BytesPerParam) -> float:
+    """Once per iteration: under sequence parallelism each TP rank's gradient of a
+    replicated parameter (a norm weight) covers its own sequence shard only, so the TP
+    group all-reduces them (Korthikanti et al. 2022, sec. 4.2.2). The executor buckets
+    them into one all-reduce after backward; inside a DP unit FSDP2 reduces them one
+    tensor at a time in its post-backward."""
+    tensors = replicated_tensors(layer)
+    if strategy.tp == 1 or not strategy.sequence_parallel or not tensors:
+        return 0.0
+    grad_bytes = max(layer.params - layer.tp_params, 0) * per_param.grads
+    if strategy.dp > 1 or config.precision is not Precision.FP32:  # wrapped in a DP unit
+        return tensors * collective_s("all_reduce", grad_bytes / tensors, strategy.tp, cluster)
+    return collective_s("all_reduce", grad_bytes, strategy.tp, cluster)
 
 
 def p2p_s(nbytes: float, cluster: ClusterSpec, stage_devices: int) -> float:

@@ -13,8 +13,9 @@ processes this adds to the op's work; on GPUs kernels queue asynchronously, so a
 takes max(device time, host time) (the "overhead-bound" regime of small layers). CPU
 processes sharing fewer cores stretch by `ClusterSpec.host_share`.
 
-Optimizer step: `OPTIMIZER_OPS_PER_TENSOR` ops per local parameter tensor (torch's
-single-tensor loop, the CPU default) plus the bytes it streams (model_states' figures).
+Optimizer step: the host seconds per local parameter tensor profile-cluster measured for
+this optimizer on plain or DTensor parameters (else `OPTIMIZER_OPS_PER_TENSOR` ops of
+torch's single-tensor loop at the per-op overhead) plus the bytes it streams.
 
 Measured: `planner profile MODEL --out profile.json` times each unique layer on a device;
 a profile whose device matches the cluster's overrides the analytic figure (scaled
@@ -201,7 +202,7 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
 
 def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
                            config: StepConfig) -> float:
-    """One optimizer step over the layer's parameters on one rank: per-op host overhead
+    """One optimizer step over the layer's parameters on one rank: host time per tensor
     plus the bytes the update streams. ZeRO-2/3 step every tensor's shard; ZeRO-1 steps
     the whole tensors this rank owns (about 1/dp of them)."""
     tensors = len(layer.param_names) + len(layer.tied_param_names)  # tied copies step too
@@ -218,6 +219,9 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
     per_element = ADAM_STEP_BYTES_PER_ELEMENT if config.optimizer.startswith("adam") \
         else SGD_STEP_BYTES_PER_ELEMENT
     stream_s = local_params * per_element / (cluster.hbm_gbps * GB)
+    per_tensor_s = cluster.optimizer_tensor_overhead(config.optimizer, on_dtensors)
+    if per_tensor_s is not None:  # measured with the node's processes: not stretched again
+        return with_host(stream_s, 0.0, cluster) + tensors * per_tensor_s
     return with_host(stream_s, ops * host_op_seconds(cluster, on_dtensors), cluster)
 
 

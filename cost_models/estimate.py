@@ -14,7 +14,7 @@ F and B into the iteration; the once-per-step gradient sync adds what the last
 backward could not hide. The breakdown is the critical rank's:
 
   iteration = m*(compute + tp_comm + pp_comm + exposed per-micro-batch dp) + bubble
-              + exposed per-step dp + optimizer step
+              + per-step SP gradient sync + exposed per-step dp + optimizer step
 
 so compute + tp_comm + dp_comm + pp_comm + bubble + optimizer == iteration_seconds
 exactly (the per-step terms are those of the rank that finishes last).
@@ -63,6 +63,7 @@ class StageTime:
     pp_backward_s: float
     dp_step_s: float  # exposed, once per iteration
     optimizer_s: float = 0.0  # the optimizer step, once per iteration
+    tp_step_s: float = 0.0  # SP's partial-gradient all-reduce, once per iteration, blocking
 
     @property
     def forward_s(self) -> float:
@@ -139,7 +140,7 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                profile: ComputeProfile | None = None) -> StageTime:
     """Per-micro-batch seconds of pipeline rank `rank`, holding layers `indices`."""
     per_param = bytes_per_param(configs[0].precision, configs[0].optimizer)
-    fwd = bwd = rec = tp_f = tp_b = dp_f = dp_b = dp_step = opt = 0.0
+    fwd = bwd = rec = tp_f = tp_b = dp_f = dp_b = dp_step = tp_step = opt = 0.0
     for j in indices:
         layer, strategy, config = graph.layers[j], plan.layer_strategies[j], configs[j]
         c = layer_compute(layer, strategy, cluster, config, profile)
@@ -153,6 +154,7 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
         dp_f += m.dp_forward_s
         dp_b += m.dp_backward_s
         dp_step += m.dp_step_s
+        tp_step += m.tp_step_s
         # A layout change to the next layer (other TP degree or SP): forward and backward.
         if j + 1 < len(graph.layers) and plan.stage_of(j + 1) == plan.stage_of(j):
             relayout = _relayout_s(graph, plan, cluster, j, config)
@@ -176,7 +178,8 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                      dp_forward_s=exposed(dp_f, fwd, overlap),
                      dp_backward_s=exposed(dp_b, bwd, overlap),
                      pp_forward_s=pp_f, pp_backward_s=pp_b,
-                     dp_step_s=exposed(dp_step, bwd, overlap), optimizer_s=opt)
+                     dp_step_s=exposed(dp_step, bwd, overlap), optimizer_s=opt,
+                     tp_step_s=tp_step)
 
 
 def _relayout_s(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, j: int,
@@ -218,13 +221,13 @@ def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
     pipe = pipeline_time([s.forward_s for s in stages], [s.backward_s for s in stages], m,
                          plan.schedule, plan.virtual_stages)
     # After its last backward each rank syncs what is left and steps its optimizer.
-    finish = max(stages, key=lambda s: s.dp_step_s + s.optimizer_s)
+    finish = max(stages, key=lambda s: s.tp_step_s + s.dp_step_s + s.optimizer_s)
     step_sync = finish.dp_step_s
-    iteration = pipe.iteration_s + step_sync + finish.optimizer_s
+    iteration = pipe.iteration_s + finish.tp_step_s + step_sync + finish.optimizer_s
     crit = stages[pipe.critical_rank]
     breakdown = TimeBreakdown(
         compute=m * (crit.compute_forward_s + crit.compute_backward_s),
-        tp_comm=m * (crit.tp_forward_s + crit.tp_backward_s),
+        tp_comm=m * (crit.tp_forward_s + crit.tp_backward_s) + finish.tp_step_s,
         dp_comm=m * (crit.dp_forward_s + crit.dp_backward_s) + step_sync,
         pp_comm=m * (crit.pp_forward_s + crit.pp_backward_s),
         bubble=pipe.bubble_s, optimizer=finish.optimizer_s)

@@ -133,6 +133,7 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
             results["dtensor_op_overhead_s"] = \
                 _dtensor_op_overhead_s(device, mesh) if rank == 0 else 0.0
             dist.barrier()
+            results["optimizer_tensor_seconds"] = _optimizer_tensor_seconds(mesh)
             results["dp_unit_seconds"] = {world: _dp_unit_seconds(mesh)}
             results["tp_module_seconds"] = {world: _tp_module_seconds(mesh)}
             for size, group in groups.items():
@@ -204,6 +205,54 @@ def _dtensor_op_overhead_s(device, mesh) -> float:
                 setattr(module, name, torch.nn.Parameter(replicated(param.detach())))
         on_dtensors = seconds_per_op(block, replicated(x))
     return max(on_dtensors - plain, 0.0)
+
+
+# Optimizer steps timed: OPTIMIZER_PROBE_TENSORS tensors small enough that the host's
+# per-tensor work dominates (the bytes streamed are priced apart), sharded on DTensors
+# by rows as FSDP2 shards them (the row count divides every group size up to 16).
+OPTIMIZER_PROBE_TENSORS = 32
+OPTIMIZER_PROBE_SHAPE = (16, 16)
+OPTIMIZER_PROBE_STEPS = 12  # after OPTIMIZER_PROBE_WARMUP steps (state allocation); the median
+OPTIMIZER_PROBE_WARMUP = 3
+
+
+def _optimizer_tensor_seconds(mesh) -> dict[str, float]:
+    """Host seconds per parameter tensor of one optimizer step + zero_grad, for every
+    optimizer a plan names, on plain tensors ("adamw") and on row-sharded DTensors
+    ("adamw@dtensor"), all ranks stepping together (their sharing of the cores
+    included). The executor's optimizers run torch's per-tensor loop on DTensors."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from ir.plan import OPTIMIZERS
+    from cost_models.clusters import _one_thread
+
+    def timed_step(optimizer, params) -> float:
+        for p in params:
+            p.grad = torch.ones_like(p)
+        dist.barrier()
+        start = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    out = {}
+    with _one_thread():
+        for name, (cls, kwargs) in OPTIMIZERS.items():
+            for on_dtensors in (False, True):
+                params = []
+                for _ in range(OPTIMIZER_PROBE_TENSORS):
+                    t = torch.randn(OPTIMIZER_PROBE_SHAPE)
+                    if on_dtensors:
+                        t = distribute_tensor(t, mesh, [Shard(0)])
+                    params.append(torch.nn.Parameter(t))
+                optimizer = cls(params, **kwargs)
+                times = [timed_step(optimizer, params) for _ in range(
+                    OPTIMIZER_PROBE_WARMUP + OPTIMIZER_PROBE_STEPS)][OPTIMIZER_PROBE_WARMUP:]
+                key = f"{name}@dtensor" if on_dtensors else name
+                out[key] = statistics.median(times) / OPTIMIZER_PROBE_TENSORS
+    return out
 
 
 # Data-parallel units timed: a stack of DP_UNITS units of DP_UNIT_BLOCKS tiny blocks each.
@@ -473,6 +522,8 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
                            dp_unit_overhead(measured["dp_unit_seconds"]))),
                 tp_module_overhead_s=tp_module_overhead(measured["tp_module_seconds"],
                                                         all_reduce),
+                optimizer_tensor_overhead_s=tuple(sorted(
+                    measured["optimizer_tensor_seconds"].items())),
                 ) if cpu else dict(op_overhead_s=_cuda_op_overhead_s())
     node = all_reduce[nproc]
     spec = ClusterSpec(

@@ -24,6 +24,8 @@ KORTHIKANTI_ATTENTION_COEFF = 5  # 5*a*s^2*b: scores, softmax output, dropout ma
 # Of the 34: 24 lie between a column- and the next row-parallel Linear (sharded by TP),
 # 10 are layer-norm inputs, dropout masks and residual inputs (replicated); sec. 4.2.1.
 KORTHIKANTI_TP_SHARDED_SBH_COEFF = 24
+# A block's modules with parameters (a weight and a bias each): 12h^2 + 13h in all.
+BLOCK_MODULES = ("ln1", "attn.qkv", "attn.proj", "ln2", "mlp.fc1", "mlp.fc2")
 INPUT_ID_BYTES = 8  # int64 token ids
 TWO_BYTES = 2  # bf16 activations
 
@@ -56,7 +58,7 @@ def gpt_layer_graph(layers: int, hidden: int, heads: int, vocab: int, seq: int,
         saved_attention_bytes=0, saved_dropout_mask_bytes=0,
         input_bytes=s * b * INPUT_ID_BYTES, output_bytes=act,
         structural_hash="embed", tp_candidates=(TPCandidate("wte", TPStyle.VOCAB, v * h),),
-        tp_divisors=(("vocab", v),))]
+        tp_divisors=(("vocab", v),), param_names=("embed.wte.weight", "embed.wpe.weight"))]
     for i in range(layers):
         out.append(Layer(
             name=f"blocks.{i}", kind="GPTBlock", index=i + 1, params=block_params,
@@ -70,7 +72,9 @@ def gpt_layer_graph(layers: int, hidden: int, heads: int, vocab: int, seq: int,
             saved_dropout_mask_bytes=TWO_BYTES * (attention_mask + residual_masks),
             input_bytes=act, output_bytes=act,
             structural_hash=block_hash, tp_candidates=cands,
-            tp_divisors=(("heads", a), ("hidden", h))))
+            tp_divisors=(("heads", a), ("hidden", h)),
+            param_names=tuple(f"blocks.{i}.{module}.{kind}" for module in BLOCK_MODULES
+                              for kind in ("weight", "bias"))))
     logits = s * b * v * TWO_BYTES
     out.append(Layer(
         name="head", kind="Head", index=layers + 1, params=v * h + 2 * h,
@@ -80,7 +84,8 @@ def gpt_layer_graph(layers: int, hidden: int, heads: int, vocab: int, seq: int,
         saved_attention_bytes=0, saved_dropout_mask_bytes=0, input_bytes=act,
         output_bytes=logits,
         structural_hash="head", tp_candidates=(TPCandidate("lm_head", TPStyle.HEAD, v * h),),
-        tp_divisors=(("vocab", v),)))
+        tp_divisors=(("vocab", v),),
+        param_names=("head.norm.weight", "head.norm.bias", "head.lm_head.weight")))
     n = len(out)
     edges = tuple((i, i + 1, out[i].output_bytes) for i in range(n - 1))
     num_params = sum(l.params for l in out)

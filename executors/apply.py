@@ -35,7 +35,7 @@ from executors.checkpointing import apply_ac
 from executors.data_parallel import apply_dp, apply_dp_root
 from executors.layout import add_input_relayout, add_output_relayout
 from executors.mesh import Meshes
-from executors.optimizer import build_optimizer, optimizer_for
+from executors.optimizer import build_optimizer
 from executors.pipeline import build_schedule, build_stage_module, rank_stages, stage_layers
 from executors.runtime import ParallelModel, loss_weight as default_loss_weight
 from executors.tensor_parallel import apply_tp, is_loss_parallel_head
@@ -43,7 +43,7 @@ from executors.tied import TiedGradients, find_tie_groups, untie
 from executors.validate import check_plan, layer_layout
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
-from ir.plan import ParallelPlan
+from ir.plan import ParallelPlan, optimizer_for
 from ir.strategy import DPMode
 
 

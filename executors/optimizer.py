@@ -20,24 +20,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ir.errors import PlannerError
-
-# plan.optimizer name -> (class, default kwargs)
-OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
-    "adamw": (torch.optim.AdamW, {}),
-    "adam": (torch.optim.Adam, {}),
-    "sgd": (torch.optim.SGD, {"lr": 1e-3}),
-    "sgd-momentum": (torch.optim.SGD, {"lr": 1e-3, "momentum": 0.9}),
-}
-
-
-def optimizer_for(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
-    try:
-        cls, kwargs = OPTIMIZERS[name]
-    except KeyError:
-        raise PlannerError(f"unknown optimizer {name!r}; use one of {', '.join(OPTIMIZERS)}") from None
-    return cls, dict(kwargs)
-
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The tensor this rank stores for `t` (a DTensor's local shard, aliased: writes to it

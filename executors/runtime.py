@@ -49,6 +49,7 @@ from executors.data_parallel import set_gradient_sync
 from executors.layout import Layout
 from executors.mesh import Meshes
 from executors.pipeline import positional_inputs
+from executors.tensor_parallel import reduce_partial_grads
 from executors.tied import TiedGradients
 from ir.plan import ParallelPlan
 from ir.trace import model_output_tensor
@@ -140,8 +141,11 @@ class ParallelModel:
         context = vocab_parallel_loss() if self.loss_parallel else contextlib.nullcontext()
         with context:  # forward AND backward of a vocab-parallel loss run inside it
             if self.schedule is None:
-                return self._accumulate(local_inputs, local_target, reduce_early)
-            return self._pipeline(local_inputs, local_target), None
+                out = self._accumulate(local_inputs, local_target, reduce_early)
+            else:
+                out = self._pipeline(local_inputs, local_target), None
+        reduce_partial_grads(self.module.parameters())
+        return out
 
     def _accumulate(self, inputs: dict, target, reduce_early: bool):
         n = self.plan.num_microbatches

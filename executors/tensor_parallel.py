@@ -17,7 +17,8 @@ Per TP candidate of the layer IR (`Layer.tp_candidates`, paths relative to the l
 
 Sequence parallelism (Korthikanti et al. 2022) keeps the residual stream split along the
 sequence (tensor dim 1) between the TP regions: the layer's norms run under
-`SequenceParallel` (their weight gradients are all-reduced by DTensor), the parent module
+`SequenceParallel` (their weight gradients come out Partial: `reduce_partial_grads`
+all-reduces them once per step), the parent module
 of the column-parallel linears (the attention or MLP module) gets its input all-gathered
 along the sequence as a Replicate DTensor (reduce-scatter in backward), and the
 row-parallel linears reduce-scatter their output. The layer's input is split and its
@@ -31,7 +32,10 @@ of its TP group computes it on the same rows. `tp_problem` lists what cannot run
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -144,6 +148,46 @@ def _gather_sequence_hook(mesh: DeviceMesh):
         return map_main_input(args, kwargs, to_full)
 
     return hook
+
+
+# Partial reductions one bucketed all-reduce does (sum, then / group size for avg); a
+# gradient Partial under another op is left to DTensor.
+_BUCKETED_REDUCE_OPS = ("sum", "avg")
+
+
+@torch.no_grad()
+def reduce_partial_grads(params: Iterable[nn.Parameter]) -> None:
+    """Give every Partial gradient (the weights of SequenceParallel norms, replicated
+    biases under SP) its parameter's placements, with one all-reduce per mesh, dtype and
+    Partial dimensions. Left Partial, each optimizer op on it redistributes again: one
+    all-reduce per op per tensor (AdamW: four), which on gloo costs more than the step."""
+    buckets: dict[tuple, list[nn.Parameter]] = {}
+    for p in params:
+        grad = p.grad
+        if not isinstance(grad, DTensor):
+            continue
+        partial = tuple((i, pl.reduce_op) for i, pl in enumerate(grad.placements)
+                        if pl.is_partial())
+        if partial and all(op in _BUCKETED_REDUCE_OPS for _, op in partial):
+            key = (id(grad.device_mesh), grad.dtype, partial)
+            buckets.setdefault(key, []).append(p)
+    for (_, _, partial), bucket in buckets.items():
+        mesh = bucket[0].grad.device_mesh
+        shards = [p.grad.to_local() for p in bucket]
+        flat = torch.cat([t.reshape(-1) for t in shards])
+        for dim, op in partial:
+            dist.all_reduce(flat, group=mesh.get_group(dim))
+            if op == "avg":
+                flat /= mesh.size(dim)
+        reduced = {dim for dim, _ in partial}
+        for p, shard, chunk in zip(bucket, shards, flat.split([t.numel() for t in shards])):
+            grad = p.grad
+            placements = [Replicate() if i in reduced else pl
+                          for i, pl in enumerate(grad.placements)]
+            full = DTensor.from_local(chunk.view_as(shard), mesh, placements, run_check=False,
+                                      shape=grad.shape, stride=grad.stride())
+            p.grad = full if tuple(placements) == tuple(p.placements) else \
+                full.redistribute(mesh, p.placements)
 
 
 def is_loss_parallel_head(layer: Layer, strategy: LayerStrategy, is_last: bool) -> bool:

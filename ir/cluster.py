@@ -102,6 +102,10 @@ class ClusterSpec:
     # reduces tensor by tensor), by the same keys; the two come from one fit over units
     # of two sizes.
     dp_tensor_overhead_s: tuple[tuple[str, float], ...] = ()
+    # Host seconds one optimizer step (step + zero_grad) spends per parameter tensor on
+    # CPU processes, by optimizer ("adamw") and on DTensor parameters ("adamw@dtensor"),
+    # measured by `planner profile-cluster` with the node's processes running together.
+    optimizer_tensor_overhead_s: tuple[tuple[str, float], ...] = ()
     # Seconds a tensor-parallel module (column- or row-parallel Linear) adds per
     # micro-batch on CPU processes beyond what the comm model prices, by TP group size
     # ((2, s), (4, s), ...): DTensor dispatch, re-layouts and collective waits, measured
@@ -136,7 +140,7 @@ class ClusterSpec:
         if not self.peak_flops_by_dtype:
             raise PlannerError(f"cluster {self.name}: peak_flops_by_dtype is empty; give at "
                                "least one dtype, e.g. {\"float32\": 1.95e13}")
-        for field in ("dp_unit_overhead_s", "dp_tensor_overhead_s"):
+        for field in ("dp_unit_overhead_s", "dp_tensor_overhead_s", "optimizer_tensor_overhead_s"):
             for mode, seconds in getattr(self, field):
                 if not _is_number(seconds) or seconds < 0:
                     raise PlannerError(f"cluster {self.name}: {field}[{mode}] must be a "
@@ -205,6 +209,12 @@ class ClusterSpec:
         """Seconds per micro-batch each parameter tensor of a DP unit adds (same keys)."""
         return _by_mode(self.dp_tensor_overhead_s, mode, group_size)
 
+    def optimizer_tensor_overhead(self, optimizer: str, on_dtensors: bool) -> float | None:
+        """Measured host seconds per parameter tensor of one optimizer step, on plain or
+        DTensor parameters; None when the spec has no such figure."""
+        key = f"{optimizer}@dtensor" if on_dtensors else optimizer
+        return dict(self.optimizer_tensor_overhead_s).get(key)
+
     def tp_module_overhead(self, group_size: int) -> float:
         """Seconds per micro-batch one TP module adds in a TP group of `group_size`: the
         figure measured with that size, else the nearest measured size (0 when none)."""
@@ -248,6 +258,7 @@ class ClusterSpec:
         out["peak_flops_by_dtype"] = dict(self.peak_flops_by_dtype)
         out["dp_unit_overhead_s"] = dict(self.dp_unit_overhead_s)
         out["dp_tensor_overhead_s"] = dict(self.dp_tensor_overhead_s)
+        out["optimizer_tensor_overhead_s"] = dict(self.optimizer_tensor_overhead_s)
         out["tp_module_overhead_s"] = {str(size): s for size, s in self.tp_module_overhead_s}
         out["collective_fits"] = [
             {f.name: getattr(fit, f.name) for f in dataclasses.fields(fit)}
@@ -283,10 +294,11 @@ class ClusterSpec:
                                    "{dtype: flop_per_s}")
             data["peak_flops_by_dtype"] = tuple(sorted(
                 (str(k), _number(f"peak_flops_by_dtype[{k}]", v)) for k, v in flops.items()))
-            for field in ("dp_unit_overhead_s", "dp_tensor_overhead_s"):
+            for field in ("dp_unit_overhead_s", "dp_tensor_overhead_s",
+                          "optimizer_tensor_overhead_s"):
                 units = data.get(field, {})
                 if not isinstance(units, dict):
-                    raise PlannerError(f"field {field!r} must be an object {{mode: seconds}}")
+                    raise PlannerError(f"field {field!r} must be an object {{key: seconds}}")
                 data[field] = tuple(sorted(
                     (str(k), _number(f"{field}[{k}]", v)) for k, v in units.items()))
             data["tp_module_overhead_s"] = _tp_module_figures(

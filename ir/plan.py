@@ -11,6 +11,9 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass, field
+from typing import Any
+
+import torch
 
 from ir.errors import PlannerError
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision, Schedule, Stage
@@ -18,8 +21,24 @@ from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision, Schedule, 
 PLAN_SCHEMA = "planner.plan/v1"
 
 
-# Optimizer names the memory model knows.
-KNOWN_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
+# plan.optimizer name -> (torch class, default kwargs): what the executor builds and
+# profile-cluster times.
+OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
+    "adamw": (torch.optim.AdamW, {}),
+    "adam": (torch.optim.Adam, {}),
+    "sgd": (torch.optim.SGD, {"lr": 1e-3}),
+    "sgd-momentum": (torch.optim.SGD, {"lr": 1e-3, "momentum": 0.9}),
+}
+KNOWN_OPTIMIZERS = tuple(OPTIMIZERS)
+
+
+def optimizer_for(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    try:
+        cls, kwargs = OPTIMIZERS[name]
+    except KeyError:
+        raise PlannerError(f"unknown optimizer {name!r}; use one of {', '.join(OPTIMIZERS)}") \
+            from None
+    return cls, dict(kwargs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -135,8 +135,8 @@ def _price(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, option
                 t = (fwd + bwd + comm.tp_forward_s + comm.tp_backward_s
                      + exposed(comm.dp_forward_s, fwd, overlap)
                      + exposed(comm.dp_backward_s, bwd, overlap)
-                     + (exposed(comm.dp_step_s, bwd, overlap) + c.optimizer_s)
-                     / cand.num_microbatches)
+                     + (comm.tp_step_s + exposed(comm.dp_step_s, bwd, overlap)
+                        + c.optimizer_s) / cand.num_microbatches)
                 # The DP unit's working copy and unreduced gradient held across the step.
                 states = (mem.states.params + mem.states.grads + mem.states.optimizer
                           + held_through_step(mem, num_microbatches=cand.num_microbatches,

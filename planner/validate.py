@@ -373,7 +373,7 @@ def spawn_ranks(payload: dict, nproc: int, timeout_s: float = SPAWN_TIMEOUT_S) -
 def reference_losses(spec: str, seq_len: int | None, optimizer: str, batches: list,
                      steps: int) -> list[float]:
     """Single-process training (dropout 0) on the same global batches: each step's loss."""
-    from executors.optimizer import optimizer_for
+    from ir.plan import optimizer_for
     from ir.trace import model_output_tensor
     from planner.models import load_model
 
@@ -478,13 +478,16 @@ def plan_graph(doc: PlanDocument, path: str = "<plan>"):
 
 def scale_host_overheads(spec: ClusterSpec, scale: float) -> ClusterSpec:
     """`spec` with every framework-overhead figure (op, DTensor, DP unit and tensor, TP
-    module) times `scale`: CPU processes that run `scale` times slower on the host."""
+    module, optimizer per tensor) times `scale`: CPU processes that run `scale` times
+    slower on the host."""
     return dataclasses.replace(
         spec, op_overhead_s=spec.op_overhead_s * scale,
         dtensor_op_overhead_s=spec.dtensor_op_overhead_s * scale,
         tp_module_overhead_s=tuple((g, s * scale) for g, s in spec.tp_module_overhead_s),
         dp_unit_overhead_s=tuple((m, s * scale) for m, s in spec.dp_unit_overhead_s),
-        dp_tensor_overhead_s=tuple((m, s * scale) for m, s in spec.dp_tensor_overhead_s))
+        dp_tensor_overhead_s=tuple((m, s * scale) for m, s in spec.dp_tensor_overhead_s),
+        optimizer_tensor_overhead_s=tuple((k, s * scale)
+                                          for k, s in spec.optimizer_tensor_overhead_s))
 
 
 def calibrate(doc: PlanDocument, graph, spec: ClusterSpec, measured_s: float) -> ClusterSpec:

@@ -126,6 +126,13 @@ def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path):
     assert sum(s for _, s in spec.dp_unit_overhead_s + spec.dp_tensor_overhead_s) > 0
     assert [size for size, _ in spec.tp_module_overhead_s] == [2]
     assert all(seconds >= 0 for _, seconds in spec.tp_module_overhead_s)
+    # The optimizer step per tensor, every optimizer, plain and on DTensors; the DTensor
+    # loop dispatches through DTensor on every op, so it costs more.
+    assert {key for key, _ in spec.optimizer_tensor_overhead_s} == {
+        f"{name}{kind}" for name in ("adamw", "adam", "sgd", "sgd-momentum")
+        for kind in ("", "@dtensor")}
+    assert spec.optimizer_tensor_overhead("adamw", on_dtensors=True) > \
+        spec.optimizer_tensor_overhead("adamw", on_dtensors=False) > 0
     code, out, err = run(capsys, "estimate", "gpt-tiny", "--cluster", str(spec_path),
                          "--micro-batch", "2", "--json")
     assert code == 0, err

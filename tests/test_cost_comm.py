@@ -9,8 +9,9 @@ import pytest
 
 from cost_models.clusters import get_cluster
 from cost_models.comm import (Link, all_gather_s, all_reduce_s, all_to_all_s, collective_s,
-                              dp_comm_s, group_link, reduce_scatter_s, ring_all_reduce_s,
-                              send_recv_s, tp_comm_s, tp_transition_s, tree_all_reduce_s)
+                              dp_comm_s, group_link, reduce_scatter_s, replicated_tensors,
+                              ring_all_reduce_s, send_recv_s, sp_grad_sync_s, tp_comm_s,
+                              tp_transition_s, tree_all_reduce_s)
 from cost_models.common import GB, StepConfig
 from cost_models.model_states import bytes_per_param
 from cost_models.synthetic import gpt_layer_graph
@@ -108,6 +109,25 @@ def test_megatron_tp_two_all_reduces_each_way(block_and_config):
                             config)
     assert bwd_ckpt == pytest.approx(4 * ar)
     assert tp_comm_s(block, LayerStrategy(), cluster, config) == (0.0, 0.0)
+
+
+def test_sequence_parallel_reduces_replicated_gradients_once_per_step(block_and_config):
+    block, config = block_and_config
+    cluster = get_cluster("h100-80g")
+    per_param = bytes_per_param(Precision.FP32, "adamw")
+    assert replicated_tensors(block) == 4  # ln1 and ln2 weight and bias
+    grad_bytes = (block.params - block.tp_params) * per_param.grads
+    fp32 = dataclasses.replace(config, precision=Precision.FP32)
+    sp = LayerStrategy(tp=8, sequence_parallel=True)
+    # Not wrapped: the executor's one bucketed all-reduce.
+    assert sp_grad_sync_s(block, sp, cluster, fp32, per_param) == \
+        pytest.approx(collective_s("all_reduce", grad_bytes, 8, cluster))
+    # Inside a DP unit FSDP2 reduces tensor by tensor.
+    in_unit = dataclasses.replace(sp, dp=2)
+    assert sp_grad_sync_s(block, in_unit, cluster, fp32, per_param) == \
+        pytest.approx(4 * collective_s("all_reduce", grad_bytes / 4, 8, cluster))
+    # Without SP the replicated parameters see the whole sequence: nothing to reduce.
+    assert sp_grad_sync_s(block, LayerStrategy(tp=8), cluster, fp32, per_param) == 0.0
 
 
 def test_zero_traffic_volumes(block_and_config):

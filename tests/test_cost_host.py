@@ -132,6 +132,27 @@ def test_optimizer_step_counts_tensors_and_bytes(graph):
     assert sgd < plain
 
 
+def test_optimizer_step_takes_the_measured_per_tensor_figure(graph):
+    block, cfg = graph.layers[1], config(graph)
+    tensors = len(block.param_names)
+    # 4 processes on 2 cores: the per-op fallback stretches by 2, the measured figure
+    # (timed with the node's processes stepping together) does not.
+    spec = cpu_spec(hbm_gbps=1e9, devices_per_node=4,
+                    optimizer_tensor_overhead_s=(("adamw", 70 * US), ("adamw@dtensor", 300 * US)))
+    assert optimizer_step_seconds(block, LayerStrategy(), spec, cfg) == \
+        pytest.approx(tensors * 70 * US)
+    fsdp = LayerStrategy(dp=2, dp_mode=DPMode.ZERO3)
+    assert optimizer_step_seconds(block, fsdp, spec, cfg) == pytest.approx(tensors * 300 * US)
+    # An optimizer the spec did not measure falls back to ops x per-op overhead.
+    assert optimizer_step_seconds(block, LayerStrategy(), spec, config(graph, "sgd")) == \
+        pytest.approx(2 * OPTIMIZER_OPS_PER_TENSOR["sgd"] * tensors * 5 * US)
+    assert spec.optimizer_tensor_overhead("sgd", on_dtensors=False) is None
+    assert ClusterSpec.from_json(spec.to_json()) == spec
+    with pytest.raises(PlannerError,
+                       match=r"optimizer_tensor_overhead_s\[adamw\] must be a number >= 0"):
+        ClusterSpec.from_dict({**spec.to_dict(), "optimizer_tensor_overhead_s": {"adamw": -1}})
+
+
 def test_optimizer_ops_per_tensor_match_torch():
     for name, cls, kwargs in (("adamw", torch.optim.AdamW, {}), ("adam", torch.optim.Adam, {}),
                               ("sgd-momentum", torch.optim.SGD, {"momentum": 0.9})):
@@ -157,6 +178,12 @@ def test_iteration_is_the_sum_of_its_breakdown(graph):
                         precision=Precision.FP32)
     est = estimate(graph, plan, spec)
     assert est.time.optimizer > 0
+    assert est.time.total == pytest.approx(est.iteration_seconds)
+    # Sequence parallelism's once-per-step gradient all-reduce counts as TP traffic.
+    sp = uniform_plan(len(graph.layers), tp=2, sequence_parallel=True, global_batch=4,
+                      precision=Precision.FP32)
+    est = estimate(graph, sp, spec)
+    assert est.stage_times[0].tp_step_s > 0
     assert est.time.total == pytest.approx(est.iteration_seconds)
 
 

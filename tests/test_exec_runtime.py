@@ -108,3 +108,46 @@ def reject_worker(rank: int, world_size: int, _) -> str:
 def test_every_rank_rejects_a_plan_for_another_world_size():
     messages = spawn(reject_worker, 2, timeout_s=50)
     assert len(set(messages)) == 1 and "launch 4 processes" in messages[0], messages
+
+
+def partial_grads_worker(rank: int, world_size: int, _) -> dict:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    from executors.tensor_parallel import reduce_partial_grads
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    scale = float(rank + 1)  # rank r's partial sum: (r + 1) x the base
+    norm = torch.nn.Parameter(distribute_tensor(torch.ones(3, 4), mesh, [Replicate()]))
+    norm.grad = DTensor.from_local(scale * torch.ones(3, 4), mesh, [Partial()])
+    bias = torch.nn.Parameter(distribute_tensor(torch.zeros(5), mesh, [Replicate()]))
+    bias.grad = DTensor.from_local(scale * torch.ones(5), mesh, [Partial("avg")])
+    sharded = torch.nn.Parameter(distribute_tensor(torch.zeros(4, 2), mesh, [Shard(0)]))
+    sharded.grad = DTensor.from_local(scale * torch.arange(8.0).view(4, 2), mesh, [Partial()])
+    plain = torch.nn.Parameter(torch.zeros(2))
+    plain.grad = torch.full((2,), scale)
+    calls = []
+    all_reduce = dist.all_reduce
+    dist.all_reduce = lambda *a, **k: calls.append(1) or all_reduce(*a, **k)
+    try:
+        reduce_partial_grads([norm, bias, sharded, plain])
+    finally:
+        dist.all_reduce = all_reduce
+    return {"placements": [str(p.grad.placements) for p in (norm, bias, sharded)],
+            "norm": norm.grad.to_local(), "bias": bias.grad.to_local(),
+            "sharded": sharded.grad.full_tensor(), "plain": plain.grad, "all_reduces": len(calls)}
+
+
+@pytest.mark.timeout(60)
+def test_partial_gradients_are_reduced_once_in_buckets():
+    """SequenceParallel leaves norm-weight gradients Partial; one all-reduce per bucket
+    (mesh, dtype, reduce op) gives them their parameter's placements, with sum and avg
+    reductions exact, and leaves plain gradients alone."""
+    for rank, got in enumerate(spawn(partial_grads_worker, 2, timeout_s=50)):
+        assert got["placements"] == ["(Replicate(),)", "(Replicate(),)", "(Shard(dim=0),)"]
+        assert torch.equal(got["norm"], torch.full((3, 4), 3.0))  # 1 + 2
+        assert torch.equal(got["bias"], torch.full((5,), 1.5))  # (1 + 2) / 2
+        assert torch.equal(got["sharded"], 3 * torch.arange(8.0).view(4, 2))
+        assert torch.equal(got["plain"], torch.full((2,), rank + 1.0))
+        assert got["all_reduces"] == 2  # sum bucket (norm + sharded) and avg bucket

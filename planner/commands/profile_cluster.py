@@ -69,8 +69,11 @@ def run(args) -> int:
                           f"/tensor ms" for key, seconds in spec.dp_unit_overhead_s if "@" in key)
         tp = ", ".join(f"tp{size} {seconds * 1e3:.2f} ms" for size, seconds in
                        spec.tp_module_overhead_s)
+        optimizer = ", ".join(f"{key} {seconds * 1e6:.0f}"
+                              for key, seconds in spec.optimizer_tensor_overhead_s)
         print(f"per op {spec.op_overhead_s * 1e6:.1f} us (+{spec.dtensor_op_overhead_s * 1e6:.1f} "
-              f"us on DTensors); DP unit: {units}; TP module: {tp or 'not measured'}")
+              f"us on DTensors); DP unit: {units}; TP module: {tp or 'not measured'}; "
+              f"optimizer step per tensor (us): {optimizer or 'not measured'}")
     if args.out:
         print(f"spec written to {args.out} (use: planner estimate MODEL --cluster {args.out})")
     return 0
