@@ -81,6 +81,18 @@ def _full_grad(param: torch.Tensor) -> torch.Tensor:
     return grad.full_tensor() if isinstance(grad, DTensor) else grad
 
 
+def _one_layout(params: list[torch.Tensor]) -> bool:
+    """Every copy's gradient is a DTensor sharded the same way on the same mesh: the
+    sum of the copies is the sum of the local shards."""
+    grads = [p.grad for p in params]
+    if not all(isinstance(g, DTensor) for g in grads):
+        return False
+    first = grads[0]
+    return all(g.device_mesh == first.device_mesh and g.placements == first.placements
+               and g.shape == first.shape and not any(pl.is_partial() for pl in g.placements)
+               for g in grads)
+
+
 def local_device(t: torch.Tensor) -> torch.device:
     return t.to_local().device if isinstance(t, DTensor) else t.device
 
@@ -128,6 +140,12 @@ class TiedGradients:
             if not uses:
                 continue
             params = [module.get_parameter(names[0]) for module, names in uses]
+            if cross is None and _one_layout(params):  # sum the local shards: no gather
+                shards = [p.grad.to_local() for p in params]
+                total = sum(shards)
+                for shard in shards:
+                    shard.copy_(total)
+                continue
             total = sum(_full_grad(p) for p in params)
             if cross is not None:
                 dist.all_reduce(total, group=cross)
