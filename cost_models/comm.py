@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 from ir.cluster import ClusterSpec
 from ir.layer import Layer, TPStyle
-from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
+from ir.strategy import Checkpoint, DPMode, LayerStrategy
 
 from cost_models.common import GB, StepConfig
-from cost_models.model_states import BytesPerParam, tp_local_params
+from cost_models.model_states import BytesPerParam, has_dp_unit, tp_local_params
 
 # Modules whose output Megatron TP all-reduces in forward (and whose matching
 # column-parallel input all-reduces its gradient in backward): Shoeybi et al. 2019, sec. 3.
@@ -222,7 +222,7 @@ def sp_grad_sync_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     if strategy.tp == 1 or not strategy.sequence_parallel or not tensors:
         return 0.0
     grad_bytes = max(layer.params - layer.tp_params, 0) * per_param.grads
-    if strategy.dp > 1 or config.precision is not Precision.FP32:  # wrapped in a DP unit
+    if has_dp_unit(layer, strategy, config.precision):
         return tensors * collective_s("all_reduce", grad_bytes / tensors, strategy.tp, cluster)
     return collective_s("all_reduce", grad_bytes, strategy.tp, cluster)
 

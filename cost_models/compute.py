@@ -39,7 +39,7 @@ from ir.layer import Layer
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
 
 from cost_models.common import GB, StepConfig, dtype_bytes
-from cost_models.model_states import tp_local_params
+from cost_models.model_states import has_dp_unit, tp_local_params
 
 # n_half per device kind: the square-GEMM edge at which a matmul reaches half of its best
 # throughput. Chosen so an 8192^3 product lands at ~97% of the best measured rate on
@@ -164,7 +164,7 @@ def dp_unit_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     layer with parameters in one when dp > 1 or under mixed precision. A unit costs a
     fixed amount plus an amount per parameter tensor (profile-cluster fits both)."""
     tensors = len(layer.param_names) + len(layer.tied_param_names)
-    if not tensors or (strategy.dp == 1 and config.precision is Precision.FP32):
+    if not tensors or not has_dp_unit(layer, strategy, config.precision):
         return 0.0
     mode = strategy.dp_mode.value
     return (cluster.dp_unit_overhead(mode, strategy.dp)

@@ -22,7 +22,7 @@ from cost_models.estimate import estimate
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
-from ir.plan import ParallelPlan, load_plan, uniform_plan
+from ir.plan import KNOWN_OPTIMIZERS, ParallelPlan, load_plan, uniform_plan
 from ir.strategy import Checkpoint, Precision, Schedule
 from planner import report
 from planner.models import graph_for_plan
@@ -63,7 +63,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=None, help="sequence length (model default)")
     p.add_argument("--precision", default=None, choices=[x.value for x in Precision],
                    help="bf16-mixed on GPU clusters, fp32 on local")
-    p.add_argument("--optimizer", default=None, choices=["adamw", "sgd"],
+    p.add_argument("--optimizer", default=None, choices=KNOWN_OPTIMIZERS,
                    help="optimizer whose states count (adamw)")
     p.add_argument("--plan", default=None, help="price this plan file instead of the flags")
     p.add_argument("--profile", default=None,

@@ -15,7 +15,7 @@ import torch
 
 from cost_models.clusters import preset_names
 from ir.errors import PlannerError
-from ir.plan import plan_to_dict, save_plan
+from ir.plan import KNOWN_OPTIMIZERS, plan_to_dict, save_plan
 from ir.strategy import Checkpoint, Precision, Schedule
 from planner.commands.estimate import default_precision, load_cluster
 from planner.fmt import Progress, human_bytes, table
@@ -61,7 +61,7 @@ def register(sub) -> None:
     g.add_argument("--schedule", default=None, choices=[s.value for s in Schedule])
     g.add_argument("--micro-batch", type=int, default=None)
     g.add_argument("--precision", default=None, choices=[x.value for x in Precision])
-    g.add_argument("--optimizer", default="adamw", choices=["adamw", "adam", "sgd", "sgd-momentum"])
+    g.add_argument("--optimizer", default="adamw", choices=KNOWN_OPTIMIZERS)
     p.set_defaults(func=run)
 
 
