@@ -8,8 +8,8 @@ Per pipeline rank r and micro-batch (compute.py, comm.py):
   B_r = backward compute + recompute + TP comm + exposed ZeRO-2/3 traffic
         + send of its input gradient to the previous stage
 Data-parallel traffic overlaps the compute it runs beside with efficiency
-DP_OVERLAP_EFFICIENCY (or the spec's fitted `dp_overlap_efficiency`); what it cannot
-hide is exposed. The pipeline (pipeline.py) turns
+`overlap_efficiency(cluster)` (GPUs DP_OVERLAP_EFFICIENCY; CPU processes only what idle
+cores can take; or the spec's `dp_overlap_efficiency`); what it cannot hide is exposed. The pipeline (pipeline.py) turns
 F and B into the iteration; the once-per-step gradient sync adds what the last
 backward could not hide. The breakdown is the critical rank's:
 
@@ -124,10 +124,17 @@ class Estimate:
 
 
 def overlap_efficiency(cluster: ClusterSpec) -> float:
-    """The spec's fitted DP overlap efficiency, else the default assumption."""
-    if cluster.dp_overlap_efficiency is None:
-        return DP_OVERLAP_EFFICIENCY
-    return cluster.dp_overlap_efficiency
+    """The spec's fitted DP overlap efficiency, else the default assumption: on GPUs
+    DP_OVERLAP_EFFICIENCY; on CPU processes at most the share of the node's cores no
+    process runs on. A CPU collective's copies and reductions (gloo's worker thread,
+    loopback TCP) need a core: with a process on every core nothing hides them (measured
+    on gpt-tiny dp2 on 2 cores: backward + step = plain + DP units + all of the DP
+    traffic)."""
+    if cluster.dp_overlap_efficiency is not None:
+        return cluster.dp_overlap_efficiency
+    if cluster.host_bound:
+        return min(DP_OVERLAP_EFFICIENCY, cluster.idle_core_share)
+    return DP_OVERLAP_EFFICIENCY
 
 
 def exposed(comm_s: float, window_s: float, efficiency: float = DP_OVERLAP_EFFICIENCY) -> float:

@@ -50,6 +50,12 @@ DEFAULT_MAX_BYTES = 64 * MiB
 SIZE_FACTOR = 4  # sizes grow x4: 1K, 4K, ..., 64M
 WARMUP = 1  # first call of a size pays for buffer allocation and connection setup
 REPEATS = 3  # median of three
+# A collective is timed as the mean of a burst of back-to-back calls, as training issues
+# them: on CPU processes a call waits for its peers' scheduling and has a long tail, so a
+# lone call right after a barrier measured 1/3-1/2 of the in-training time (gloo, 2 cores).
+BURST_CALLS = 10
+BURST_BYTES = 4 * MiB  # fewer calls for large messages: one burst moves at most this
+BURSTS = 5  # the median burst
 PROCESS_GROUP_TIMEOUT_S = 120
 PORT_ATTEMPTS = 3  # fresh localhost ports to try if one is taken between probe and bind
 FLOAT_BYTES = 4  # messages are float32 tensors
@@ -148,8 +154,9 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
 
 def _sweep(dist, rank: int, n: int, group, sizes: list[int], device,
            sync) -> dict[str, list[float]]:
-    """Median seconds of each collective per message size over `group` (None: the whole
-    world; else this rank's group of `n`, every group running at once)."""
+    """Seconds per call of each collective per message size over `group` (None: the whole
+    world; else this rank's group of `n`, every group running at once): the median over
+    BURSTS bursts of the burst's mean."""
     import torch
 
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -168,17 +175,20 @@ def _sweep(dist, rank: int, n: int, group, sizes: list[int], device,
         }
         if group is None:  # point-to-point does not depend on the group size
             ops["send_recv"] = lambda: _ping_pong(dist, rank, full)
+        calls = max(1, min(BURST_CALLS, BURST_BYTES // size))
         for name, op in ops.items():
+            for _ in range(WARMUP):
+                op()
             times = []
-            for i in range(WARMUP + REPEATS):
+            for _ in range(BURSTS):
                 dist.barrier()
                 sync()
                 start = time.perf_counter()
-                op()
+                for _ in range(calls):
+                    op()
                 sync()
-                elapsed = time.perf_counter() - start
-                if i >= WARMUP:
-                    times.append(elapsed / 2 if name == "send_recv" else elapsed)
+                elapsed = (time.perf_counter() - start) / calls
+                times.append(elapsed / 2 if name == "send_recv" else elapsed)
             results.setdefault(name, []).append(statistics.median(times))
         del full, shard, out
     return results

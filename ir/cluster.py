@@ -113,7 +113,8 @@ class ClusterSpec:
     # JSON: {"2": s, "4": s}; a bare number (older specs) is the whole node's figure.
     tp_module_overhead_s: tuple[tuple[int, float], ...] = ()
     # Share of a compute window that overlapped data-parallel traffic can hide; None takes
-    # cost_models.estimate.DP_OVERLAP_EFFICIENCY. `planner validate --calibrate` fits it.
+    # the default of cost_models.estimate.overlap_efficiency (GPUs 0.8, CPU processes the
+    # idle cores' share). A figure measured elsewhere may be set here.
     dp_overlap_efficiency: float | None = None
     notes: str = ""  # provenance: datasheet, measured on which host, ...
 
@@ -198,6 +199,14 @@ class ClusterSpec:
         if self.host_cores <= 0:
             return 1.0
         return max(1.0, self.devices_per_node / self.host_cores)
+
+    @property
+    def idle_core_share(self) -> float:
+        """Share of a node's cores no process runs on (0 with a process on every core, or
+        when the core count is unknown)."""
+        if self.host_cores <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.devices_per_node / self.host_cores)
 
     def dp_unit_overhead(self, mode: str, group_size: int | None = None) -> float:
         """Seconds per micro-batch one DP unit in `mode` adds for a DP group of

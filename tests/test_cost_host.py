@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from cost_models.clusters import get_cluster, measure_op_overhead_s
-from cost_models.common import StepConfig
+from cost_models.comm import layer_comm
+from cost_models.common import StepConfig, layer_configs
 from cost_models.compute import (OPTIMIZER_OPS_PER_TENSOR, dp_unit_seconds, layer_compute,
                                  optimizer_step_seconds, runs_on_dtensors, tp_module_seconds)
-from cost_models.estimate import estimate
+from cost_models.estimate import DP_OVERLAP_EFFICIENCY, estimate, overlap_efficiency
+from cost_models.model_states import bytes_per_param
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.measure import count_ops
@@ -74,6 +76,27 @@ def test_processes_sharing_cores_stretch_busy_time(graph):
     eight = layer_compute(block, LayerStrategy(), cpu_spec(devices_per_node=8), cfg)
     assert cpu_spec(devices_per_node=8).host_share == 4.0
     assert eight.forward_s == pytest.approx(4 * two.forward_s)
+
+
+def test_cpu_processes_hide_dp_traffic_only_on_idle_cores(graph):
+    # A process on every core: gloo's copies and reductions take a core from compute.
+    assert overlap_efficiency(cpu_spec(devices_per_node=2, host_cores=2)) == 0.0
+    assert overlap_efficiency(cpu_spec(devices_per_node=8, host_cores=2)) == 0.0
+    assert overlap_efficiency(cpu_spec(devices_per_node=1, host_cores=4)) == \
+        pytest.approx(min(DP_OVERLAP_EFFICIENCY, 0.75))
+    assert overlap_efficiency(cpu_spec(host_cores=0)) == 0.0  # core count unknown
+    gpu = dataclasses.replace(cpu_spec(), device="H100-SXM5-80GB", host_cores=0)
+    assert overlap_efficiency(gpu) == DP_OVERLAP_EFFICIENCY
+    assert overlap_efficiency(cpu_spec(dp_overlap_efficiency=0.5)) == 0.5  # the spec's wins
+    # dp2 on 2 cores: all of the DP traffic is exposed.
+    plan = uniform_plan(len(graph.layers), dp=2, zero=0, global_batch=4,
+                        precision=Precision.FP32)
+    stage = estimate(graph, plan, cpu_spec()).stage_times[0]
+    traffic = sum(layer_comm(layer, strategy, cpu_spec(), cfg,
+                             bytes_per_param(Precision.FP32, "adamw")).dp_step_s
+                  for layer, strategy, cfg in zip(graph.layers, plan.layer_strategies,
+                                                  layer_configs(graph, plan, "cpu")))
+    assert stage.dp_step_s == pytest.approx(traffic) and traffic > 0
 
 
 def test_tensor_parallel_host_costs(graph):
