@@ -103,8 +103,17 @@ def send_recv_s(nbytes, link: Link):
     return link.alpha_s + nbytes / link.bytes_per_s
 
 
+def broadcast_s(nbytes, n, link: Link):
+    """Binomial-tree broadcast: ceil(log2 n) * (alpha + S/B) (Thakur et al. 2005, sec. 4.1)."""
+    if n <= 1:
+        return 0.0
+    return math.ceil(math.log2(n)) * send_recv_s(nbytes, link)
+
+
 def collective_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride: int = 1):
     """Time of a named collective over a group placed with `stride` (fits respected)."""
+    if collective == "broadcast":  # rounds of point-to-point sends: the send/recv link
+        return broadcast_s(nbytes, n, group_link(cluster, n, stride, "send_recv"))
     link = group_link(cluster, n, stride, collective)
     if collective == "all_reduce":
         if cluster.collective_fit("all_reduce", "inter_node" if link.spans_nodes
@@ -128,8 +137,10 @@ class LayerComm:
     tp_backward_s: float  # per micro-batch, blocking (recomputed forward's share included)
     dp_forward_s: float  # per micro-batch: ZeRO-3 parameter all-gather before forward
     dp_backward_s: float  # per micro-batch: ZeRO-3 re-gather + ZeRO-2/3 reduce-scatter
-    dp_step_s: float  # once per iteration: gradient all-reduce / ZeRO-1/2 syncs
+    dp_step_s: float  # once per iteration: gradient all-reduce / reduce-scatter, ZeRO-2 gather
     tp_step_s: float = 0.0  # once per iteration, blocking: SP's partial gradients (sp_grad_sync_s)
+    # once per iteration, blocking, after the optimizer step: ZeRO-1 parameter broadcasts
+    dp_after_step_s: float = 0.0
 
 
 def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
@@ -168,39 +179,50 @@ def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
 
 
 def dp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
-              per_param: BytesPerParam) -> tuple[float, float, float]:
-    """Data-parallel traffic of one layer (ZeRO, Rajbhandari et al. 2019, sec. 7):
-    replicate: all-reduce gradients once per step (2 psi);
-    ZeRO-1: reduce-scatter gradients + all-gather updated parameters per step (2 psi);
-    ZeRO-2: reduce-scatter gradients every micro-batch + all-gather parameters per step;
-    ZeRO-3: all-gather parameters in forward and again in backward, reduce-scatter
-    gradients, every micro-batch (3 psi).
-    Returns (forward_s per micro-batch, backward_s per micro-batch, step_s per iteration)."""
+              per_param: BytesPerParam) -> tuple[float, float, float, float]:
+    """Data-parallel traffic of one layer as the executor issues it (volumes: ZeRO,
+    Rajbhandari et al. 2019, sec. 7). Micro-batches accumulate without a gradient sync
+    (`set_gradient_sync`), so gradients are reduced once per iteration, in the last
+    backward:
+    replicate: all-reduce gradients (2 psi);
+    ZeRO-1: the same all-reduce, then after the optimizer step each owner broadcasts the
+    parameters it updated, one broadcast per owner (`ShardedOptimizer.step`; 1 psi);
+    ZeRO-2: reduce-scatter gradients + all-gather parameters once per iteration (2 psi);
+    ZeRO-3: all-gather parameters before every forward and again every backward, and
+    reduce-scatter gradients once per iteration.
+    Returns (forward_s per micro-batch, backward_s per micro-batch, step_s per iteration,
+    after_step_s per iteration, blocking)."""
     dp = strategy.dp
     if dp == 1:
-        return 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
     local = tp_local_params(layer.params, layer.tp_params, strategy.tp)
     param_bytes = local * per_param.params
     grad_bytes = local * per_param.grads
     stride = strategy.tp
     mode = strategy.dp_mode
-    if mode is DPMode.REPLICATE:
-        return 0.0, 0.0, collective_s("all_reduce", grad_bytes, dp, cluster, stride)
+    if mode in (DPMode.REPLICATE, DPMode.ZERO1):
+        all_reduce = collective_s("all_reduce", grad_bytes, dp, cluster, stride)
+        if mode is DPMode.REPLICATE:
+            return 0.0, 0.0, all_reduce, 0.0
+        tensors = len(layer.param_names) + len(layer.tied_param_names)
+        owners = min(dp, tensors) if tensors else dp  # owners split the bytes between them
+        broadcasts = owners * collective_s("broadcast", param_bytes / owners, dp, cluster,
+                                           stride)
+        return 0.0, 0.0, all_reduce, broadcasts
     rs = collective_s("reduce_scatter", grad_bytes, dp, cluster, stride)
     ag = collective_s("all_gather", param_bytes, dp, cluster, stride)
-    if mode is DPMode.ZERO1:
-        return 0.0, 0.0, rs + ag
     if mode is DPMode.ZERO2:
-        return 0.0, rs, ag
-    return ag, ag + rs, 0.0
+        return 0.0, 0.0, rs + ag, 0.0
+    return ag, ag, rs, 0.0
 
 
 def layer_comm(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
                config: StepConfig, per_param: BytesPerParam) -> LayerComm:
     tp_f, tp_b = tp_comm_s(layer, strategy, cluster, config)
-    dp_f, dp_b, dp_step = dp_comm_s(layer, strategy, cluster, per_param)
+    dp_f, dp_b, dp_step, dp_after_step = dp_comm_s(layer, strategy, cluster, per_param)
     return LayerComm(tp_f, tp_b, dp_f, dp_b, dp_step,
-                     sp_grad_sync_s(layer, strategy, cluster, config, per_param))
+                     sp_grad_sync_s(layer, strategy, cluster, config, per_param),
+                     dp_after_step)
 
 
 def replicated_tensors(layer: Layer) -> int:

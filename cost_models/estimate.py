@@ -9,12 +9,14 @@ Per pipeline rank r and micro-batch (compute.py, comm.py):
         + send of its input gradient to the previous stage
 Data-parallel traffic overlaps the compute it runs beside with efficiency
 `overlap_efficiency(cluster)` (GPUs DP_OVERLAP_EFFICIENCY; CPU processes only what idle
-cores can take; or the spec's `dp_overlap_efficiency`); what it cannot hide is exposed. The pipeline (pipeline.py) turns
-F and B into the iteration; the once-per-step gradient sync adds what the last
-backward could not hide. The breakdown is the critical rank's:
+cores can take; or the spec's `dp_overlap_efficiency`); what it cannot hide is exposed.
+The pipeline (pipeline.py) turns F and B into the iteration; the once-per-step gradient
+sync adds what the last backward could not hide, and ZeRO-1's parameter broadcasts follow
+the optimizer step. The breakdown is the critical rank's:
 
   iteration = m*(compute + tp_comm + pp_comm + exposed per-micro-batch dp) + bubble
               + per-step SP gradient sync + exposed per-step dp + optimizer step
+              + ZeRO-1 broadcasts
 
 so compute + tp_comm + dp_comm + pp_comm + bubble + optimizer == iteration_seconds
 exactly (the per-step terms are those of the rank that finishes last).
@@ -64,6 +66,7 @@ class StageTime:
     dp_step_s: float  # exposed, once per iteration
     optimizer_s: float = 0.0  # the optimizer step, once per iteration
     tp_step_s: float = 0.0  # SP's partial-gradient all-reduce, once per iteration, blocking
+    dp_after_step_s: float = 0.0  # ZeRO-1 broadcasts after the optimizer step, blocking
 
     @property
     def forward_s(self) -> float:
@@ -147,7 +150,7 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                profile: ComputeProfile | None = None) -> StageTime:
     """Per-micro-batch seconds of pipeline rank `rank`, holding layers `indices`."""
     per_param = bytes_per_param(configs[0].precision, configs[0].optimizer)
-    fwd = bwd = rec = tp_f = tp_b = dp_f = dp_b = dp_step = tp_step = opt = 0.0
+    fwd = bwd = rec = tp_f = tp_b = dp_f = dp_b = dp_step = tp_step = after_step = opt = 0.0
     for j in indices:
         layer, strategy, config = graph.layers[j], plan.layer_strategies[j], configs[j]
         c = layer_compute(layer, strategy, cluster, config, profile)
@@ -162,6 +165,7 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
         dp_b += m.dp_backward_s
         dp_step += m.dp_step_s
         tp_step += m.tp_step_s
+        after_step += m.dp_after_step_s
         # A layout change to the next layer (other TP degree or SP): forward and backward.
         if j + 1 < len(graph.layers) and plan.stage_of(j + 1) == plan.stage_of(j):
             relayout = _relayout_s(graph, plan, cluster, j, config)
@@ -186,7 +190,7 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                      dp_backward_s=exposed(dp_b, bwd, overlap),
                      pp_forward_s=pp_f, pp_backward_s=pp_b,
                      dp_step_s=exposed(dp_step, bwd, overlap), optimizer_s=opt,
-                     tp_step_s=tp_step)
+                     tp_step_s=tp_step, dp_after_step_s=after_step)
 
 
 def _relayout_s(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, j: int,
@@ -228,8 +232,9 @@ def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
     pipe = pipeline_time([s.forward_s for s in stages], [s.backward_s for s in stages], m,
                          plan.schedule, plan.virtual_stages)
     # After its last backward each rank syncs what is left and steps its optimizer.
-    finish = max(stages, key=lambda s: s.tp_step_s + s.dp_step_s + s.optimizer_s)
-    step_sync = finish.dp_step_s
+    finish = max(stages, key=lambda s: (s.tp_step_s + s.dp_step_s + s.optimizer_s
+                                        + s.dp_after_step_s))
+    step_sync = finish.dp_step_s + finish.dp_after_step_s
     iteration = pipe.iteration_s + finish.tp_step_s + step_sync + finish.optimizer_s
     crit = stages[pipe.critical_rank]
     breakdown = TimeBreakdown(

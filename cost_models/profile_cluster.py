@@ -39,7 +39,7 @@ from ir.errors import PlannerError
 from cost_models.clusters import (GPU_RUNTIME_OVERHEAD_BYTES, LOCAL_RUNTIME_OVERHEAD_BYTES,
                                   host_cores, measure_copy_gbps, measure_matmul_flops,
                                   measure_op_overhead_s, total_memory_bytes)
-from cost_models.comm import Link, ring_all_reduce_s
+from cost_models.comm import Link, all_gather_s, reduce_scatter_s, ring_all_reduce_s
 
 KiB = 2**10
 MiB = 2**20
@@ -378,25 +378,55 @@ def tp_module_overhead(measured: dict[int, float],
     return tuple(out)
 
 
-def dp_unit_overhead(measured: dict[int, dict[str, dict[int, float]]]
+# Collectives one probe unit issues per forward+backward as (collective, passes): FSDP2
+# reshards after backward and the probe steps no optimizer, so every forward gathers.
+DP_PROBE_TRAFFIC = {
+    "replicate": (("all_reduce", 1),),
+    "zero2": (("all_gather", 1), ("reduce_scatter", 1)),
+    "zero3": (("all_gather", 2), ("reduce_scatter", 1)),
+}
+
+
+def dp_probe_traffic_s(mode: str, tensors: int, size: int,
+                       fits: dict[tuple[str, int], CollectiveFit]) -> float:
+    """What the comm model charges for one probe unit's collectives (a unit of `tensors`
+    parameter tensors of DP_UNIT_BLOCKS-sized probe blocks) in groups of `size`, priced
+    with the fits measured at that size."""
+    from cost_models.clusters import _overhead_block
+
+    block = list(_overhead_block().parameters())
+    nbytes = tensors / len(block) * sum(p.numel() for p in block) * FLOAT_BYTES
+    price = {"all_reduce": ring_all_reduce_s, "all_gather": all_gather_s,
+             "reduce_scatter": reduce_scatter_s}
+    seconds = 0.0
+    for collective, passes in DP_PROBE_TRAFFIC[mode]:
+        fit = fits[collective, size]
+        seconds += passes * price[collective](nbytes, size,
+                                              Link(fit.alpha_s, fit.bytes_per_s, False))
+    return seconds
+
+
+def dp_unit_overhead(measured: dict[int, dict[str, dict[int, float]]],
+                     fits: dict[tuple[str, int], CollectiveFit]
                      ) -> tuple[tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]]:
     """(per-unit, per-tensor) overhead by DP mode and group size ("zero3@2": groups of
     2): the line through the two unit sizes measured, as measured with all N processes
     running in groups of that size (so it holds their sharing of the cores; the compute
-    model does not stretch it again); the bare mode is the whole-node group. It keeps
-    the latency of the unit's own tiny collectives: on CPU processes that latency is
-    paid in turn with the hooks around it."""
+    model does not stretch it again), less what the comm model prices for the unit's own
+    collectives (`dp_probe_traffic_s`: it charges them again for the real layer); the
+    bare mode is the whole-node group."""
     world = max(measured)
     per_unit, per_tensor = {}, {}
     for size, by_mode in measured.items():
-        by_mode = {**by_mode, "zero1": by_mode["replicate"]}  # ZeRO-1 is replicate + ...
         for mode, by_tensors in by_mode.items():
-            (few, few_s), (many, many_s) = sorted(by_tensors.items())
+            (few, few_s), (many, many_s) = sorted(
+                (tensors, max(seconds - dp_probe_traffic_s(mode, tensors, size, fits), 0.0))
+                for tensors, seconds in by_tensors.items())
             slope = max((many_s - few_s) / (many - few), 0.0)
             fixed = max(few_s - slope * few, 0.0)
-            keys = [f"{mode}@{size}"] + ([mode] if size == world else [])
-            for key in keys:
-                per_unit[key], per_tensor[key] = fixed, slope
+            for name in (mode, "zero1") if mode == "replicate" else (mode,):
+                for key in [f"{name}@{size}"] + ([name] if size == world else []):
+                    per_unit[key], per_tensor[key] = fixed, slope  # ZeRO-1 runs replicate
     return tuple(sorted(per_unit.items())), tuple(sorted(per_tensor.items()))
 
 
@@ -523,13 +553,14 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
                 alpha, bandwidth = fit_alpha_beta(collective, size, sizes, table[collective])
                 fits.append(CollectiveFit(collective, "intra_node", alpha, bandwidth, size))
     all_reduce = {f.measured_ranks: f for f in fits if f.collective == "all_reduce"}
+    by_group = {(f.collective, f.measured_ranks): f for f in fits}
     device, memory, flops, copy_gbps, overhead = _device_info(backend, nproc)
     cpu = backend == "gloo"
     host = dict(op_overhead_s=measure_op_overhead_s(),
                 dtensor_op_overhead_s=float(measured.get("dtensor_op_overhead_s", 0.0)),
                 host_cores=host_cores(),
                 **dict(zip(("dp_unit_overhead_s", "dp_tensor_overhead_s"),
-                           dp_unit_overhead(measured["dp_unit_seconds"]))),
+                           dp_unit_overhead(measured["dp_unit_seconds"], by_group))),
                 tp_module_overhead_s=tp_module_overhead(measured["tp_module_seconds"],
                                                         all_reduce),
                 optimizer_tensor_overhead_s=tuple(sorted(

@@ -136,7 +136,7 @@ def _price(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, option
                      + exposed(comm.dp_forward_s, fwd, overlap)
                      + exposed(comm.dp_backward_s, bwd, overlap)
                      + (comm.tp_step_s + exposed(comm.dp_step_s, bwd, overlap)
-                        + c.optimizer_s) / cand.num_microbatches)
+                        + comm.dp_after_step_s + c.optimizer_s) / cand.num_microbatches)
                 # The DP unit's working copy and unreduced gradient held across the step.
                 states = (mem.states.params + mem.states.grads + mem.states.optimizer
                           + held_through_step(mem, num_microbatches=cand.num_microbatches,

@@ -10,10 +10,9 @@ import pytest
 
 from cost_models.clusters import get_cluster, preset_names
 from cost_models.profile_cluster import (OP_OVERHEAD_WIDTH_TP, _smaller_group_sizes,
-                                         dp_unit_overhead, fit_alpha_beta, message_sizes,
-                                         tp_module_overhead)
-from ir.cluster import CollectiveFit
-from ir.cluster import ClusterSpec, CollectiveFit
+                                         dp_probe_traffic_s, dp_unit_overhead, fit_alpha_beta,
+                                         message_sizes, tp_module_overhead)
+from ir.cluster import COLLECTIVES, ClusterSpec, CollectiveFit
 from ir.errors import PlannerError
 
 
@@ -122,7 +121,9 @@ def test_dp_unit_figures_split_per_unit_and_per_tensor():
                     "zero3": {6: 4 * ms, 24: 2 * ms}},
                 2: {"replicate": {6: 1.0 * ms, 24: 1.9 * ms}, "zero2": {6: ms, 24: ms},
                     "zero3": {6: ms, 24: 10 * ms}}}
-    per_unit, per_tensor = map(dict, dp_unit_overhead(measured))
+    free = {(c, n): CollectiveFit(c, "intra_node", 0.0, 1e18, n)
+            for c in COLLECTIVES for n in (2, 4)}  # collectives that cost nothing
+    per_unit, per_tensor = map(dict, dp_unit_overhead(measured, free))
     # The line through (6, 2.0 ms) and (24, 3.8 ms): 0.1 ms a tensor, 1.4 ms a unit.
     assert per_tensor["replicate@4"] == pytest.approx(0.1 * ms)
     assert per_unit["replicate@4"] == pytest.approx(1.4 * ms)
@@ -132,6 +133,23 @@ def test_dp_unit_figures_split_per_unit_and_per_tensor():
     # one that rises steeply gives no negative fixed cost.
     assert per_tensor["zero3@4"] == 0 and per_unit["zero3@4"] == pytest.approx(4 * ms)
     assert per_unit["zero3@2"] == 0 and per_tensor["zero3@2"] == pytest.approx(0.5 * ms)
+
+
+def test_dp_unit_figures_leave_out_the_priced_collectives():
+    ms = 1e-3
+    measured = {2: {"replicate": {6: 2.0 * ms, 24: 3.8 * ms}, "zero2": {6: 3 * ms, 24: 4 * ms},
+                    "zero3": {6: 4 * ms, 24: 5 * ms}}}
+    fits = {(c, 2): CollectiveFit(c, "intra_node", 0.1 * ms, 1e18, 2) for c in COLLECTIVES}
+    per_unit, per_tensor = map(dict, dp_unit_overhead(measured, fits))
+    # Latency-bound probe messages: an all-reduce of 2 ranks is 2 alpha, a gather or
+    # reduce-scatter 1 alpha; the unit's figure keeps only the rest.
+    assert dp_probe_traffic_s("replicate", 6, 2, fits) == pytest.approx(0.2 * ms)
+    assert dp_probe_traffic_s("zero3", 24, 2, fits) == pytest.approx(0.3 * ms)
+    assert per_unit["replicate@2"] == pytest.approx(1.4 * ms - 0.2 * ms)
+    assert per_tensor["replicate@2"] == pytest.approx(0.1 * ms)
+    assert per_unit["zero2@2"] + 6 * per_tensor["zero2@2"] == pytest.approx(3 * ms - 0.2 * ms)
+    assert per_unit["zero3@2"] + 6 * per_tensor["zero3@2"] == pytest.approx(4 * ms - 0.3 * ms)
+    assert per_unit["zero1"] == per_unit["replicate"]
 
 
 def test_tp_module_figures_leave_out_the_priced_all_reduce():

@@ -208,6 +208,13 @@ def test_iteration_is_the_sum_of_its_breakdown(graph):
     est = estimate(graph, sp, spec)
     assert est.stage_times[0].tp_step_s > 0
     assert est.time.total == pytest.approx(est.iteration_seconds)
+    # ZeRO-1's broadcasts after the optimizer step count as DP traffic, fully exposed.
+    zero1 = uniform_plan(len(graph.layers), dp=2, zero=1, global_batch=4,
+                         precision=Precision.FP32)
+    est = estimate(graph, zero1, spec)
+    assert est.stage_times[0].dp_after_step_s > 0
+    assert est.time.dp_comm >= est.stage_times[0].dp_after_step_s
+    assert est.time.total == pytest.approx(est.iteration_seconds)
 
 
 def test_new_spec_fields_round_trip_and_default():
