@@ -143,8 +143,10 @@ def _local() -> ClusterSpec:
         runtime_overhead_bytes=LOCAL_RUNTIME_OVERHEAD_BYTES, matmul_efficiency=1.0,
         op_overhead_s=measure_op_overhead_s(),
         dtensor_op_overhead_s=LOCAL_DTENSOR_OP_OVERHEAD_S, host_cores=host_cores(),
-        notes="this machine, one thread per process: matmul FLOP/s, copy bandwidth and "
-              "per-op overhead measured; links and DTensor overhead guessed (run "
+        random_element_s=measure_random_element_s(),
+        notes="this machine, one thread per process: matmul FLOP/s, copy bandwidth, "
+              "per-op overhead and random draws measured; links and DTensor overhead "
+              "guessed (run "
               "`planner profile-cluster` to measure them)")
 
 
@@ -302,6 +304,26 @@ def seconds_per_op(block, x, repeats: int = OP_OVERHEAD_REPEATS) -> float:
             run()
         rounds.append((time.perf_counter() - start) / repeats)
     return sorted(rounds)[1] / max(ops, 1)
+
+
+RANDOM_PROBE_ELEMENTS = 1 << 20  # large enough that the op's dispatch cost is noise
+
+
+@functools.lru_cache(maxsize=1)
+def measure_random_element_s() -> float:
+    """Seconds per element of a dropout-mask draw (`bernoulli_`) on one thread: the
+    median of 5."""
+    import torch
+
+    mask = torch.empty(RANDOM_PROBE_ELEMENTS)
+    with _one_thread():
+        mask.bernoulli_(0.5)  # warm-up
+        rounds = []
+        for _ in range(5):
+            start = time.perf_counter()
+            mask.bernoulli_(0.5)
+            rounds.append(time.perf_counter() - start)
+    return sorted(rounds)[2] / RANDOM_PROBE_ELEMENTS
 
 
 @functools.lru_cache(maxsize=1)

@@ -5,7 +5,9 @@ the roofline of Williams et al. 2009 with a GEMM-size-dependent efficiency. The 
 size" of a layer is the edge n of the square matmul with the same arithmetic intensity:
 a bf16 n^3 product does 2n^3 FLOPs on 3n^2 elements, so n = 3 * e * (FLOPs / bytes) / 2
 for e-byte elements. Efficiency saturates as n / (n + n_half) up to the device's best
-measured fraction of peak.
+measured fraction of peak. Dropout-mask draws add elements x `random_element_s` (a
+CPU thread's per-element cost of `bernoulli_`, measured; 0 on GPUs, where they are
+memory-bound like the rest).
 
 Host overhead: every dispatched ATen op costs the framework `op_overhead_s` on the host,
 plus `dtensor_op_overhead_s` when it runs on DTensors (tensor-parallel layers). On CPU
@@ -184,6 +186,7 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         backward_s = measured.backward_seconds * scale
     else:
         forward_s, backward_s = _analytic_seconds(layer, cluster, config, share)
+        forward_s += random_draw_seconds(layer, strategy, cluster, config)
     # DP-unit and TP-module figures were measured with the node's processes running
     # together: not stretched by the core share again.
     unit_s = (dp_unit_seconds(layer, strategy, cluster, config)
@@ -223,6 +226,19 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
     if per_tensor_s is not None:  # measured with the node's processes: not stretched again
         return with_host(stream_s, 0.0, cluster) + tensors * per_tensor_s
     return with_host(stream_s, ops * host_op_seconds(cluster, on_dtensors), cluster)
+
+
+def random_draw_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
+                        config: StepConfig) -> float:
+    """Forward seconds drawing dropout masks: elements times the measured per-element
+    figure (a CPU thread spends ~10x longer per element than on a memory-bound op, which
+    the roofline misses). TP ranks draw their head shard inside the TP-sharded region and,
+    under sequence parallelism, their sequence shard of the rest."""
+    sharded = layer.random_tp_sharded_elements_fwd
+    rest = layer.random_elements_fwd - sharded
+    elements = sharded / strategy.tp + rest / (strategy.tp if strategy.sequence_parallel
+                                               else 1)
+    return elements * config.batch_scale * cluster.random_element_s
 
 
 def _analytic_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,

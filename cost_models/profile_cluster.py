@@ -38,7 +38,8 @@ from ir.errors import PlannerError
 
 from cost_models.clusters import (GPU_RUNTIME_OVERHEAD_BYTES, LOCAL_RUNTIME_OVERHEAD_BYTES,
                                   host_cores, measure_copy_gbps, measure_matmul_flops,
-                                  measure_op_overhead_s, total_memory_bytes)
+                                  measure_op_overhead_s, measure_random_element_s,
+                                  total_memory_bytes)
 from cost_models.comm import Link, all_gather_s, reduce_scatter_s, ring_all_reduce_s
 
 KiB = 2**10
@@ -557,6 +558,7 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
     device, memory, flops, copy_gbps, overhead = _device_info(backend, nproc)
     cpu = backend == "gloo"
     host = dict(op_overhead_s=measure_op_overhead_s(),
+                random_element_s=measure_random_element_s(),
                 dtensor_op_overhead_s=float(measured.get("dtensor_op_overhead_s", 0.0)),
                 host_cores=host_cores(),
                 **dict(zip(("dp_unit_overhead_s", "dp_tensor_overhead_s"),

@@ -92,6 +92,9 @@ class ClusterSpec:
     # On CPUs they add to the op's work; on GPUs they overlap it (kernels queue ahead).
     op_overhead_s: float = 0.0
     dtensor_op_overhead_s: float = 0.0
+    # Device seconds per element a random-number op draws (dropout masks) on one CPU
+    # thread; 0 where unmeasured (GPUs: memory-bound, priced by bytes).
+    random_element_s: float = 0.0
     host_cores: int = 0  # cores the CPU "devices" of one node share; 0: devices are not CPUs
     # Seconds one data-parallel unit (an FSDP2 / replicate module) adds per micro-batch
     # on CPU processes, by DP mode ("zero3": ...): hooks, shard copies and its tiny
@@ -133,7 +136,7 @@ class ClusterSpec:
         for field in ("hbm_gbps", "intra_node_gbps", "inter_node_gbps"):
             _check_positive(self.name, field, getattr(self, field))
         for field in ("intra_node_latency_s", "inter_node_latency_s", "op_overhead_s",
-                      "dtensor_op_overhead_s"):
+                      "dtensor_op_overhead_s", "random_element_s"):
             value = getattr(self, field)
             if not _is_number(value) or value < 0:
                 raise PlannerError(f"cluster {self.name}: {field} must be a number >= 0, "
@@ -326,7 +329,7 @@ class ClusterSpec:
             data["collective_fits"] = tuple(parsed)
             for name in ("hbm_gbps", "intra_node_gbps", "inter_node_gbps",
                          "intra_node_latency_s", "inter_node_latency_s", "op_overhead_s",
-                         "dtensor_op_overhead_s"):
+                         "dtensor_op_overhead_s", "random_element_s"):
                 if name in data:
                     data[name] = _number(name, data[name])
             for name in ("num_nodes", "devices_per_node", "device_memory_bytes",

@@ -87,6 +87,10 @@ class Layer:
     # with them, and on small layers it is most of the time.
     ops_fwd: int = 0
     ops_bwd: int = 0
+    # Elements one forward draws at random (dropout masks), and the part drawn where TP
+    # shards the activations (between a column- and a row-parallel module).
+    random_elements_fwd: int = 0
+    random_tp_sharded_elements_fwd: int = 0
     # Weights this layer shares with an earlier layer (a tied embedding / LM head): counted
     # in that layer's `params`, but the executor gives this layer its own copy
     # (`executors.tied.untie`), with its own gradient and optimizer state. Names are this

@@ -221,21 +221,41 @@ class LayerRun:
     saved_output_bytes: int
     ops_fwd: int = 0
     ops_bwd: int = 0
+    random_elements_fwd: int = 0
+    random_tp_sharded_elements_fwd: int = 0
     forward_seconds: float = 0.0
     backward_seconds: float = 0.0
 
 
+# ATen ops that draw random numbers (dropout masks): a CPU thread spends ~10x longer per
+# element on them than a memory-bound op moving the same bytes, so the compute model
+# prices their elements apart (`ClusterSpec.random_element_s`).
+RANDOM_OPS = frozenset({"bernoulli", "bernoulli_", "native_dropout", "rand", "rand_like",
+                        "uniform_", "normal_", "randn", "randn_like"})
+
+
 class _OpCounter(TorchDispatchMode):
     """Counts ATen ops dispatched (views and copies included): each costs a framework
-    dispatch on the host, which is what small layers spend their time on."""
+    dispatch on the host, which is what small layers spend their time on. Also counts
+    the elements random-number ops draw, and how many of them fall where tensor
+    parallelism shards the activations (`tp_sharded_now`, set by the layer run)."""
 
     def __init__(self):
         super().__init__()
         self.count = 0
+        self.random_elements = 0
+        self.random_tp_sharded_elements = 0
+        self.tp_sharded_now = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ in RANDOM_OPS:
+            drawn = next((t.numel() for t in _tensor_leaves(out)), 0)
+            self.random_elements += drawn
+            if self.tp_sharded_now:
+                self.random_tp_sharded_elements += drawn
+        return out
 
 
 def _entered_if(condition: bool, *contexts) -> contextlib.ExitStack:
@@ -479,6 +499,7 @@ class GraphMeasurer:
                 for n in info.nodes.nodes:
                     if measuring:
                         log.tp_sharded_now = region.enter(info.module_paths[n])
+                        fwd_ops.tp_sharded_now = log.tp_sharded_now
                         log.in_dropout_now = n in dropout_nodes
                     runner.env[n] = runner.run_node(n)
             sync()
@@ -501,7 +522,8 @@ class GraphMeasurer:
                 saved_out = sum(b for k, b in log.seen.items() if k in out_keys)
                 result = (int(fwd_counter.get_total_flops()), int(bwd_counter.get_total_flops()),
                           log.total, log.sharded, log.scores, log.dropout_masks, saved_in,
-                          saved_out, fwd_ops.count, bwd_ops.count)
+                          saved_out, fwd_ops.count, bwd_ops.count, fwd_ops.random_elements,
+                          fwd_ops.random_tp_sharded_elements)
             elif rep > warmup:
                 fwd_times.append(mid - start)
                 bwd_times.append(end - mid)
@@ -655,7 +677,10 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             saved_input_bytes=run.saved_input_bytes, saved_output_bytes=run.saved_output_bytes,
             max_param_numel=max([canon_params[p].numel() for p in pnames]
                                 + [t.numel() for t in tied.values()], default=0),
-            ops_fwd=run.ops_fwd, ops_bwd=run.ops_bwd, tied_params=tied_params,
+            ops_fwd=run.ops_fwd, ops_bwd=run.ops_bwd,
+            random_elements_fwd=run.random_elements_fwd,
+            random_tp_sharded_elements_fwd=run.random_tp_sharded_elements_fwd,
+            tied_params=tied_params,
             tied_tp_params=tied_tp, tied_param_names=tuple(tied)))
     edges, cuts = _edges_and_cuts(measurer)
     num_params = sum(p.numel() for p in root.parameters())

@@ -8,11 +8,12 @@ import dataclasses
 import pytest
 import torch
 
-from cost_models.clusters import get_cluster, measure_op_overhead_s
+from cost_models.clusters import get_cluster, measure_op_overhead_s, measure_random_element_s
 from cost_models.comm import layer_comm
 from cost_models.common import StepConfig, layer_configs
 from cost_models.compute import (OPTIMIZER_OPS_PER_TENSOR, dp_unit_seconds, layer_compute,
-                                 optimizer_step_seconds, runs_on_dtensors, tp_module_seconds)
+                                 optimizer_step_seconds, random_draw_seconds,
+                                 runs_on_dtensors, tp_module_seconds)
 from cost_models.estimate import DP_OVERLAP_EFFICIENCY, estimate, overlap_efficiency
 from cost_models.model_states import bytes_per_param
 from ir.cluster import ClusterSpec
@@ -97,6 +98,32 @@ def test_cpu_processes_hide_dp_traffic_only_on_idle_cores(graph):
                   for layer, strategy, cfg in zip(graph.layers, plan.layer_strategies,
                                                   layer_configs(graph, plan, "cpu")))
     assert stage.dp_step_s == pytest.approx(traffic) and traffic > 0
+
+
+def test_dropout_draws_are_counted_and_priced(graph):
+    b, s, h, heads = 2, 32, 64, 4  # gpt-tiny at micro-batch 2
+    block = graph.layers[1]
+    assert block.random_tp_sharded_elements_fwd == b * heads * s * s  # attention dropout
+    assert block.random_elements_fwd - block.random_tp_sharded_elements_fwd == 2 * b * s * h
+    assert graph.layers[0].random_elements_fwd == b * s * h  # the embedding's dropout
+    llama = load_layer_graph("llama-tiny", micro_batch=2, dtype=torch.float32)
+    assert all(layer.random_elements_fwd == 0 for layer in llama.layers)  # no dropout
+    per_element, cfg = 1e-8, config(graph)
+    spec = cpu_spec(random_element_s=per_element)
+    plain = layer_compute(block, LayerStrategy(), cpu_spec(), cfg)
+    drawn = layer_compute(block, LayerStrategy(), spec, cfg)
+    attention, residual = b * heads * s * s, 2 * b * s * h
+    assert drawn.forward_s == pytest.approx(plain.forward_s + (attention + residual) * per_element)
+    assert drawn.backward_s == plain.backward_s  # backward multiplies by the saved mask
+    # TP ranks draw their head shard of the attention mask; SP shards the rest too.
+    assert random_draw_seconds(block, LayerStrategy(tp=2), spec, cfg) == \
+        pytest.approx((attention / 2 + residual) * per_element)
+    assert random_draw_seconds(block, LayerStrategy(tp=2, sequence_parallel=True), spec,
+                               cfg) == pytest.approx((attention + residual) / 2 * per_element)
+    assert 0 < measure_random_element_s() < 1e-6
+    assert ClusterSpec.from_json(spec.to_json()).random_element_s == per_element
+    with pytest.raises(PlannerError, match="random_element_s must be a number >= 0"):
+        ClusterSpec.from_dict({**spec.to_dict(), "random_element_s": -1})
 
 
 def test_tensor_parallel_host_costs(graph):

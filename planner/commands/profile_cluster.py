@@ -72,7 +72,8 @@ def run(args) -> int:
         optimizer = ", ".join(f"{key} {seconds * 1e6:.0f}"
                               for key, seconds in spec.optimizer_tensor_overhead_s)
         print(f"per op {spec.op_overhead_s * 1e6:.1f} us (+{spec.dtensor_op_overhead_s * 1e6:.1f} "
-              f"us on DTensors); DP unit: {units}; TP module: {tp or 'not measured'}; "
+              f"us on DTensors); random draw {spec.random_element_s * 1e9:.1f} ns/element; "
+              f"DP unit: {units}; TP module: {tp or 'not measured'}; "
               f"optimizer step per tensor (us): {optimizer or 'not measured'}")
     if args.out:
         print(f"spec written to {args.out} (use: planner estimate MODEL --cluster {args.out})")
