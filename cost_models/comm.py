@@ -5,6 +5,7 @@ alpha per step, B bytes/s per rank:
   ring all-reduce        2(n-1)*alpha + 2(n-1)/n * S/B
   tree all-reduce        2*log2(n)*alpha + 2*S/B          (pipelined double binary tree)
   all-gather / reduce-scatter / all-to-all   (n-1)*alpha + (n-1)/n * S/B
+  broadcast              ceil(log2 n) * (alpha + S/B)     (binomial tree)
   send/recv              alpha + S/B
 All-reduce takes the cheaper of ring and tree for the size, as NCCL's tuner does.
 S is the full (unsharded) tensor for all-gather and reduce-scatter.
@@ -112,9 +113,9 @@ def broadcast_s(nbytes, n, link: Link):
 
 def collective_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride: int = 1):
     """Time of a named collective over a group placed with `stride` (fits respected)."""
-    if collective == "broadcast":  # rounds of point-to-point sends: the send/recv link
-        return broadcast_s(nbytes, n, group_link(cluster, n, stride, "send_recv"))
     link = group_link(cluster, n, stride, collective)
+    if collective == "broadcast":
+        return broadcast_s(nbytes, n, link)
     if collective == "all_reduce":
         if cluster.collective_fit("all_reduce", "inter_node" if link.spans_nodes
                                   else "intra_node", n) is not None:

@@ -23,6 +23,7 @@ exists. Matmul FLOP/s and copy bandwidth are measured too, and the result is a s
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import platform
 import socket
@@ -80,6 +81,9 @@ def algorithm_factors(collective: str, n: int) -> tuple[float, float]:
         return 2 * (n - 1), 2 * (n - 1) / n
     if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return n - 1, (n - 1) / n
+    if collective == "broadcast":  # binomial tree (comm.broadcast_s)
+        rounds = math.ceil(math.log2(n)) if n > 1 else 0
+        return rounds, float(rounds)
     if collective == "send_recv":
         return 1, 1.0
     raise PlannerError(f"unknown collective {collective!r}; use one of {', '.join(COLLECTIVES)}")
@@ -163,6 +167,7 @@ def _sweep(dist, rank: int, n: int, group, sizes: list[int], device,
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     results: dict[str, list[float]] = {}
+    root = 0 if group is None else dist.get_global_rank(group, 0)  # the broadcast's source
     for size in sizes:
         numel = max(n, size // FLOAT_BYTES) // n * n  # divisible by n
         full = torch.ones(numel, device=device)
@@ -173,6 +178,7 @@ def _sweep(dist, rank: int, n: int, group, sizes: list[int], device,
             "all_gather": lambda: all_gather(out, shard, group=group),
             "reduce_scatter": lambda: reduce_scatter(shard, full, group=group),
             "all_to_all": lambda: dist.all_to_all_single(out, full, group=group),
+            "broadcast": lambda: dist.broadcast(full, src=root, group=group),
         }
         if group is None:  # point-to-point does not depend on the group size
             ops["send_recv"] = lambda: _ping_pong(dist, rank, full)

@@ -32,7 +32,8 @@ from ir.errors import PlannerError
 CLUSTER_SCHEMA = "planner.cluster/v1"
 
 # The collectives a fit can describe, and where the group lives.
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+               "send_recv")
 SCOPES = ("intra_node", "inter_node")
 
 

@@ -113,7 +113,7 @@ def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path):
     spec = ClusterSpec.load(spec_path)
     assert spec.world_size == 2 and spec.device == "cpu"
     assert {f.collective for f in spec.collective_fits} == {
-        "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"}
+        "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"}
     assert all(f.bytes_per_s > 0 and f.alpha_s >= 0 for f in spec.collective_fits)
     # Host figures a CPU spec measures: per-op and DTensor overhead, DP units, cores.
     assert spec.op_overhead_s > 0 and spec.dtensor_op_overhead_s > 0 and spec.host_cores >= 1

@@ -12,6 +12,7 @@ from cost_models.clusters import get_cluster, preset_names
 from cost_models.profile_cluster import (OP_OVERHEAD_WIDTH_TP, _smaller_group_sizes,
                                          dp_probe_traffic_s, dp_unit_overhead, fit_alpha_beta,
                                          message_sizes, tp_module_overhead)
+from cost_models.comm import Link, broadcast_s
 from ir.cluster import COLLECTIVES, ClusterSpec, CollectiveFit
 from ir.errors import PlannerError
 
@@ -71,7 +72,7 @@ def test_json_round_trip_and_atomic_save(tmp_path):
     ({"peak_flops_by_dtype": {}}, "peak_flops_by_dtype is empty"),
     ({"matmul_efficiency": 1.5}, "matmul_efficiency must be in"),
     ({"colour": "blue"}, "unknown field 'colour'"),
-    ({"collective_fits": [{"collective": "broadcast", "scope": "intra_node",
+    ({"collective_fits": [{"collective": "gossip", "scope": "intra_node",
                            "alpha_s": 0, "bytes_per_s": 1}]}, "unknown collective"),
 ])
 def test_bad_specs_name_the_field_and_file(tmp_path, edit, message):
@@ -106,6 +107,9 @@ def test_alpha_beta_fit_recovers_a_known_line():
     got_alpha, got_bw = fit_alpha_beta("all_reduce", n, sizes, times)
     assert got_alpha == pytest.approx(alpha, rel=1e-6)
     assert got_bw == pytest.approx(bandwidth, rel=1e-6)
+    # A broadcast's fit is in the binomial-tree form comm.broadcast_s prices.
+    times = [broadcast_s(s, n, Link(alpha, bandwidth, False)) for s in sizes]
+    assert fit_alpha_beta("broadcast", n, sizes, times) == pytest.approx((alpha, bandwidth))
     with pytest.raises(PlannerError):
         message_sizes(1024, 512)
 

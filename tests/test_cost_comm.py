@@ -8,10 +8,10 @@ import math
 import pytest
 
 from cost_models.clusters import get_cluster
-from cost_models.comm import (Link, all_gather_s, all_reduce_s, all_to_all_s, collective_s,
-                              dp_comm_s, group_link, reduce_scatter_s, replicated_tensors,
-                              ring_all_reduce_s, send_recv_s, sp_grad_sync_s, tp_comm_s,
-                              tp_transition_s, tree_all_reduce_s)
+from cost_models.comm import (Link, all_gather_s, all_reduce_s, all_to_all_s, broadcast_s,
+                              collective_s, dp_comm_s, group_link, reduce_scatter_s,
+                              replicated_tensors, ring_all_reduce_s, send_recv_s,
+                              sp_grad_sync_s, tp_comm_s, tp_transition_s, tree_all_reduce_s)
 from cost_models.common import GB, StepConfig
 from cost_models.model_states import bytes_per_param
 from cost_models.synthetic import gpt_layer_graph
@@ -34,6 +34,8 @@ def test_gather_scatter_all_to_all_and_p2p_formulas():
     assert reduce_scatter_s(size, n, LINK) == pytest.approx(expected)
     assert all_to_all_s(size, n, LINK) == pytest.approx(expected)
     assert send_recv_s(size, LINK) == pytest.approx(5e-6 + size / 100e9)
+    assert broadcast_s(size, n, LINK) == pytest.approx(4 * (5e-6 + size / 100e9))  # log2 16
+    assert broadcast_s(size, 1, LINK) == 0.0
     # Reduce-scatter + all-gather move what a ring all-reduce moves.
     assert reduce_scatter_s(size, n, LINK) + all_gather_s(size, n, LINK) == \
         pytest.approx(ring_all_reduce_s(size, n, LINK))
@@ -145,8 +147,8 @@ def test_zero_traffic_volumes(block_and_config):
     # Gradients are reduced once per iteration (micro-batches accumulate without sync).
     assert comm(DPMode.REPLICATE) == (0.0, 0.0, pytest.approx(ar), 0.0)  # 2 psi per step
     # ZeRO-1 as the executor runs it: the all-reduce, then after the optimizer step one
-    # tree broadcast per owner (8 owners of 1/8 each) on the point-to-point link.
-    link = group_link(cluster, 8, 1, "send_recv")
+    # tree broadcast per owner (8 owners of 1/8 each).
+    link = group_link(cluster, 8, 1, "broadcast")
     owner_broadcast = 3 * (link.alpha_s + psi / 8 / link.bytes_per_s)  # log2(8) rounds
     assert comm(DPMode.ZERO1) == (0.0, 0.0, pytest.approx(ar),
                                   pytest.approx(8 * owner_broadcast))
