@@ -137,7 +137,7 @@ class LayerComm:
     tp_forward_s: float  # per micro-batch, blocking
     tp_backward_s: float  # per micro-batch, blocking (recomputed forward's share included)
     dp_forward_s: float  # per micro-batch: ZeRO-3 parameter all-gather before forward
-    dp_backward_s: float  # per micro-batch: ZeRO-3 re-gather + ZeRO-2/3 reduce-scatter
+    dp_backward_s: float  # per micro-batch: ZeRO-3 re-gather
     dp_step_s: float  # once per iteration: gradient all-reduce / reduce-scatter, ZeRO-2 gather
     tp_step_s: float = 0.0  # once per iteration, blocking: SP's partial gradients (sp_grad_sync_s)
     # once per iteration, blocking, after the optimizer step: ZeRO-1 parameter broadcasts
