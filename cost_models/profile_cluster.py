@@ -370,15 +370,15 @@ def _tp_module_seconds(mesh) -> float:
         return max(_added_step_s(stack(False), stack(True), x), 0.0) / (2 * TP_BLOCKS)
 
 
-def tp_module_overhead(measured: dict[int, float],
-                       all_reduce: dict[int, CollectiveFit]) -> tuple[tuple[int, float], ...]:
+def tp_module_overhead(measured: dict[int, float], fits: dict[tuple[str, int], CollectiveFit]
+                       ) -> tuple[tuple[int, float], ...]:
     """Per-module TP overhead by group size, less what the comm model already prices:
     each module has one all-reduce of the probe's (2, width) activation (row-parallel
     output in forward, column-parallel input gradient in backward), priced with the fit
     measured at that group size."""
     out = []
     for size, seconds in sorted(measured.items()):
-        fit = all_reduce[size]
+        fit = fits["all_reduce", size]
         priced = ring_all_reduce_s(2 * OP_OVERHEAD_WIDTH_TP * size * FLOAT_BYTES, size,
                                    Link(fit.alpha_s, fit.bytes_per_s, spans_nodes=False))
         out.append((size, max(seconds - priced, 0.0)))
@@ -389,6 +389,7 @@ def tp_module_overhead(measured: dict[int, float],
 # reshards after backward and the probe steps no optimizer, so every forward gathers.
 DP_PROBE_TRAFFIC = {
     "replicate": (("all_reduce", 1),),
+    "zero1": (("all_reduce", 1),),  # ZeRO-1 runs replicate units (the probe has no step)
     "zero2": (("all_gather", 1), ("reduce_scatter", 1)),
     "zero3": (("all_gather", 2), ("reduce_scatter", 1)),
 }
@@ -425,15 +426,15 @@ def dp_unit_overhead(measured: dict[int, dict[str, dict[int, float]]],
     world = max(measured)
     per_unit, per_tensor = {}, {}
     for size, by_mode in measured.items():
+        by_mode = {**by_mode, "zero1": by_mode["replicate"]}  # ZeRO-1 is replicate + ...
         for mode, by_tensors in by_mode.items():
             (few, few_s), (many, many_s) = sorted(
                 (tensors, max(seconds - dp_probe_traffic_s(mode, tensors, size, fits), 0.0))
                 for tensors, seconds in by_tensors.items())
             slope = max((many_s - few_s) / (many - few), 0.0)
             fixed = max(few_s - slope * few, 0.0)
-            for name in (mode, "zero1") if mode == "replicate" else (mode,):
-                for key in [f"{name}@{size}"] + ([name] if size == world else []):
-                    per_unit[key], per_tensor[key] = fixed, slope  # ZeRO-1 runs replicate
+            for key in [f"{mode}@{size}"] + ([mode] if size == world else []):
+                per_unit[key], per_tensor[key] = fixed, slope
     return tuple(sorted(per_unit.items())), tuple(sorted(per_tensor.items()))
 
 
@@ -559,7 +560,6 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
             if collective in table:
                 alpha, bandwidth = fit_alpha_beta(collective, size, sizes, table[collective])
                 fits.append(CollectiveFit(collective, "intra_node", alpha, bandwidth, size))
-    all_reduce = {f.measured_ranks: f for f in fits if f.collective == "all_reduce"}
     by_group = {(f.collective, f.measured_ranks): f for f in fits}
     device, memory, flops, copy_gbps, overhead = _device_info(backend, nproc)
     cpu = backend == "gloo"
@@ -570,11 +570,11 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
                 **dict(zip(("dp_unit_overhead_s", "dp_tensor_overhead_s"),
                            dp_unit_overhead(measured["dp_unit_seconds"], by_group))),
                 tp_module_overhead_s=tp_module_overhead(measured["tp_module_seconds"],
-                                                        all_reduce),
+                                                        by_group),
                 optimizer_tensor_overhead_s=tuple(sorted(
                     measured["optimizer_tensor_seconds"].items())),
                 ) if cpu else dict(op_overhead_s=_cuda_op_overhead_s())
-    node = all_reduce[nproc]
+    node = by_group["all_reduce", nproc]
     spec = ClusterSpec(
         name=name, device=device, num_nodes=1, devices_per_node=nproc,
         device_memory_bytes=memory, peak_flops_by_dtype=flops, hbm_gbps=copy_gbps,

@@ -157,8 +157,8 @@ def test_dp_unit_figures_leave_out_the_priced_collectives():
 
 
 def test_tp_module_figures_leave_out_the_priced_all_reduce():
-    fits = {2: CollectiveFit("all_reduce", "intra_node", 1e-4, 1e9, 2),
-            4: CollectiveFit("all_reduce", "intra_node", 1e-3, 1e9, 4)}
+    fits = {("all_reduce", 2): CollectiveFit("all_reduce", "intra_node", 1e-4, 1e9, 2),
+            ("all_reduce", 4): CollectiveFit("all_reduce", "intra_node", 1e-3, 1e9, 4)}
     got = dict(tp_module_overhead({2: 2e-3, 4: 3e-3}, fits))
     nbytes = 2 * OP_OVERHEAD_WIDTH_TP * 2 * 4  # the probe's (2, width) fp32 activation
     assert got[2] == pytest.approx(2e-3 - 2 * (1e-4 + nbytes / 2 / 1e9))
