@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -89,6 +90,9 @@ LOCAL_THREADS_PER_PROCESS = 1
 # backward, timed over OP_OVERHEAD_REPEATS runs and divided by the ATen ops it dispatches.
 OP_OVERHEAD_WIDTH = 8
 OP_OVERHEAD_REPEATS = 200
+# The median round of this many: a median of 3 moved 6.3-11.4 us between calls a second
+# apart on the shared 2-core machine (sub-second slow spells).
+OP_OVERHEAD_ROUNDS = 9
 # Extra per op on (replicated) DTensors over plain tensors, measured the same way by
 # `planner profile-cluster` (it needs a process group); this is that figure on the 2-core
 # development machine (torch 2.13, CPU), used by the `local` preset until one is measured.
@@ -288,7 +292,7 @@ def _overhead_block(width: int = OP_OVERHEAD_WIDTH):
 
 
 def seconds_per_op(block, x, repeats: int = OP_OVERHEAD_REPEATS) -> float:
-    """Median-of-3 seconds per dispatched ATen op of `block(x).sum()` forward + backward
+    """Median-round seconds per dispatched ATen op of `block(x).sum()` forward + backward
     (tensors this small cost nothing to compute: what remains is framework overhead)."""
     from ir.measure import count_ops
 
@@ -298,12 +302,12 @@ def seconds_per_op(block, x, repeats: int = OP_OVERHEAD_REPEATS) -> float:
     run()  # warm-up: autograd graph caches, DTensor sharding-propagation caches
     ops = count_ops(run)
     rounds = []
-    for _ in range(3):
+    for _ in range(OP_OVERHEAD_ROUNDS):
         start = time.perf_counter()
         for _ in range(repeats):
             run()
         rounds.append((time.perf_counter() - start) / repeats)
-    return sorted(rounds)[1] / max(ops, 1)
+    return statistics.median(rounds) / max(ops, 1)
 
 
 RANDOM_PROBE_ELEMENTS = 1 << 20  # large enough that the op's dispatch cost is noise
@@ -323,7 +327,7 @@ def measure_random_element_s() -> float:
             start = time.perf_counter()
             mask.bernoulli_(0.5)
             rounds.append(time.perf_counter() - start)
-    return sorted(rounds)[2] / RANDOM_PROBE_ELEMENTS
+    return statistics.median(rounds) / RANDOM_PROBE_ELEMENTS
 
 
 @functools.lru_cache(maxsize=1)
