@@ -311,19 +311,20 @@ def seconds_per_op(block, x, repeats: int = OP_OVERHEAD_REPEATS) -> float:
 
 
 RANDOM_PROBE_ELEMENTS = 1 << 20  # large enough that the op's dispatch cost is noise
+RANDOM_PROBE_ROUNDS = 5  # the median draw
 
 
 @functools.lru_cache(maxsize=1)
 def measure_random_element_s() -> float:
     """Seconds per element of a dropout-mask draw (`bernoulli_`) on one thread: the
-    median of 5."""
+    median of RANDOM_PROBE_ROUNDS draws."""
     import torch
 
     mask = torch.empty(RANDOM_PROBE_ELEMENTS)
     with _one_thread():
         mask.bernoulli_(0.5)  # warm-up
         rounds = []
-        for _ in range(5):
+        for _ in range(RANDOM_PROBE_ROUNDS):
             start = time.perf_counter()
             mask.bernoulli_(0.5)
             rounds.append(time.perf_counter() - start)
