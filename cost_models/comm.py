@@ -35,6 +35,9 @@ from cost_models.model_states import BytesPerParam, has_dp_unit, tp_local_params
 # Modules whose output Megatron TP all-reduces in forward (and whose matching
 # column-parallel input all-reduces its gradient in backward): Shoeybi et al. 2019, sec. 3.
 TP_REDUCING_STYLES = (TPStyle.ROWWISE, TPStyle.VOCAB)
+# torch's loss_parallel cross-entropy: all-reduces of the per-token max, the sum of
+# exponentials and the target logit (torch.distributed.tensor.parallel.loss_parallel).
+LOSS_PARALLEL_ALL_REDUCES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +130,17 @@ def collective_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride: 
             "all_to_all": all_to_all_s}[collective](nbytes, n, link)
 
 
+def blocking_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride: int = 1):
+    """A call the rank waits on before it can go on (TP collectives, pipeline
+    send/recv, ZeRO-1's broadcasts): the collective plus the wait profile-cluster
+    measured for it on CPU processes that compute between calls (`blocking_wait_s`;
+    0 on GPUs and unmeasured specs)."""
+    if n <= 1:
+        return 0.0
+    return collective_s(collective, nbytes, n, cluster, stride) + \
+        cluster.blocking_wait(collective, n)
+
+
 # ---- per-layer traffic --------------------------------------------------------------------
 
 
@@ -162,18 +176,19 @@ def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     heads = sum(1 for c in layer.tp_candidates if c.style is TPStyle.HEAD)
     activation = layer.output_bytes * config.activation_scale  # b*s*h in the compute dtype
     if strategy.sequence_parallel:
-        ag = collective_s("all_gather", activation, tp, cluster)
-        rs = collective_s("reduce_scatter", activation, tp, cluster)
+        ag = blocking_s("all_gather", activation, tp, cluster)
+        rs = blocking_s("reduce_scatter", activation, tp, cluster)
         forward = reducing * (ag + rs)
         backward = reducing * (ag + rs)
     else:
-        ar = collective_s("all_reduce", activation, tp, cluster)
+        ar = blocking_s("all_reduce", activation, tp, cluster)
         forward = reducing * ar
         backward = colwise * ar
-    # A vocabulary-parallel head reduces its input's gradient in backward (loss-parallel
-    # forward exchanges only per-token max/sum, which we neglect).
-    backward += heads * collective_s("all_reduce", layer.input_bytes * config.activation_scale,
-                                     tp, cluster)
+    # A vocabulary-parallel head reduces its input's gradient in backward; its loss-parallel
+    # cross-entropy all-reduces per-token scalars in forward (latency-bound: no bytes).
+    forward += heads * LOSS_PARALLEL_ALL_REDUCES * blocking_s("all_reduce", 0, tp, cluster)
+    backward += heads * blocking_s("all_reduce", layer.input_bytes * config.activation_scale,
+                                   tp, cluster)
     if strategy.checkpoint is Checkpoint.FULL:
         backward += forward  # the recomputed forward repeats its all-reduces
     return forward, backward
@@ -207,8 +222,8 @@ def dp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
             return 0.0, 0.0, all_reduce, 0.0
         tensors = len(layer.param_names) + len(layer.tied_param_names)
         owners = min(dp, tensors) if tensors else dp  # owners split the bytes between them
-        broadcasts = owners * collective_s("broadcast", param_bytes / owners, dp, cluster,
-                                           stride)
+        broadcasts = owners * blocking_s("broadcast", param_bytes / owners, dp, cluster,
+                                         stride)
         return 0.0, 0.0, all_reduce, broadcasts
     rs = collective_s("reduce_scatter", grad_bytes, dp, cluster, stride)
     ag = collective_s("all_gather", param_bytes, dp, cluster, stride)
@@ -246,15 +261,15 @@ def sp_grad_sync_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         return 0.0
     grad_bytes = max(layer.params - layer.tp_params, 0) * per_param.grads
     if has_dp_unit(layer, strategy, config.precision):
-        return tensors * collective_s("all_reduce", grad_bytes / tensors, strategy.tp, cluster)
-    return collective_s("all_reduce", grad_bytes, strategy.tp, cluster)
+        return tensors * blocking_s("all_reduce", grad_bytes / tensors, strategy.tp, cluster)
+    return blocking_s("all_reduce", grad_bytes, strategy.tp, cluster)
 
 
 def p2p_s(nbytes: float, cluster: ClusterSpec, stage_devices: int) -> float:
     """Pipeline send of a boundary tensor to the next stage, `stage_devices` ranks away."""
     if nbytes <= 0:
         return 0.0
-    return collective_s("send_recv", nbytes, 2, cluster, stride=stage_devices)
+    return blocking_s("send_recv", nbytes, 2, cluster, stride=stage_devices)
 
 
 def tp_transition_s(boundary_bytes: float, tp_from: int, tp_to: int, sp_from: bool,
@@ -269,9 +284,9 @@ def tp_transition_s(boundary_bytes: float, tp_from: int, tp_to: int, sp_from: bo
     """
     seconds = 0.0
     if sp_from and tp_from > 1:
-        seconds += collective_s("all_gather", boundary_bytes, tp_from, cluster)
+        seconds += blocking_s("all_gather", boundary_bytes, tp_from, cluster)
     if tp_to > tp_from:
         merge = tp_to // tp_from
-        seconds += collective_s("all_gather", boundary_bytes * merge, merge, cluster,
-                                stride=tp_from)
+        seconds += blocking_s("all_gather", boundary_bytes * merge, merge, cluster,
+                              stride=tp_from)
     return seconds

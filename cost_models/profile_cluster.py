@@ -16,8 +16,10 @@ and once per smaller power-of-two group size g with every group of g running at 
 (TP and DP groups inside a node): a fit records its group size (`measured_ranks`) and
 the comm model takes the one that matches. All processes run on this host, so the
 fits are intra-node; the spec reuses them for inter-node until a multi-node profile
-exists. Matmul FLOP/s and copy bandwidth are measured too, and the result is a spec
-`planner estimate --cluster spec.json` accepts.
+exists. Matmul FLOP/s and copy bandwidth are measured too, and on CPU processes the
+framework's host costs and the wait of a blocking call whose peers compute between
+calls (`_blocking_seconds`); the result is a spec `planner estimate --cluster spec.json`
+accepts.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from cost_models.clusters import (GPU_RUNTIME_OVERHEAD_BYTES, LOCAL_RUNTIME_OVER
                                   host_cores, measure_copy_gbps, measure_matmul_flops,
                                   measure_op_overhead_s, measure_random_element_s,
                                   total_memory_bytes)
-from cost_models.comm import Link, all_gather_s, reduce_scatter_s, ring_all_reduce_s
+from cost_models.comm import (Link, all_gather_s, broadcast_s, reduce_scatter_s,
+                              ring_all_reduce_s, send_recv_s)
 
 KiB = 2**10
 MiB = 2**20
@@ -150,6 +153,10 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
             for size, group in groups.items():
                 results["dp_unit_seconds"][size] = _dp_unit_seconds(group)
                 results["tp_module_seconds"][size] = _tp_module_seconds(group)
+            results["blocking_seconds"] = {world: _blocking_seconds(dist, rank, None)}
+            for size, group in groups.items():
+                results["blocking_seconds"][size] = _blocking_seconds(dist, rank,
+                                                                      group.get_group())
         if rank == 0:
             queue.put(results)
         dist.barrier()  # nobody tears down gloo while a peer still uses it
@@ -385,6 +392,101 @@ def tp_module_overhead(measured: dict[int, float], fits: dict[tuple[str, int], C
     return tuple(out)
 
 
+# How comm.py prices each fitted collective (all-reduce fits are made in ring form).
+_PRICE = {"all_reduce": ring_all_reduce_s, "all_gather": all_gather_s,
+          "reduce_scatter": reduce_scatter_s, "broadcast": broadcast_s}
+
+# The blocking-wait probe: every process computes BLOCKING_PROBE_COMPUTE_S (wall time,
+# all processes busy, about the gap between a TP layer's collectives on CPU) and then
+# makes one call of BLOCKING_PROBE_BYTES; the call's cost is the loop's time per
+# iteration less that of the same loop without calls, the median of BLOCKING_PROBE_ROUNDS
+# alternating pairs (one pair read 1.1-3.6 ms for a 2-rank all-reduce on 4 processes).
+BLOCKING_PROBE_BYTES = 32 * KiB
+BLOCKING_PROBE_COMPUTE_S = 2e-3
+BLOCKING_PROBE_CALLS = 16  # calls per timed loop
+BLOCKING_PROBE_ROUNDS = 7
+BLOCKING_PROBE_MATMUL = 64  # edge of the square matmul the compute repeats
+
+
+def _blocking_seconds(dist, rank: int, group) -> dict[str, float]:
+    """Seconds per blocking call of each collective over `group` (None: the whole world,
+    plus send/recv between rank pairs 2k, 2k+1) when every process computes between
+    calls: wire time and the wait for peers that are late or off their core."""
+    import torch
+
+    from cost_models.clusters import _one_thread
+
+    n = dist.get_world_size(group)
+    numel = BLOCKING_PROBE_BYTES // FLOAT_BYTES // n * n
+    full, shard, out = torch.ones(numel), torch.ones(numel // n), torch.empty(numel)
+    root = 0 if group is None else dist.get_global_rank(group, 0)
+    ops: dict[str, Callable[[], object]] = {
+        "all_reduce": lambda: dist.all_reduce(full, group=group),
+        "all_gather": lambda: dist.all_gather_into_tensor(out, shard, group=group),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full, group=group),
+        "broadcast": lambda: dist.broadcast(full, src=root, group=group),
+    }
+    world = dist.get_world_size()
+    if group is None and world % 2 == 0:  # pipeline neighbours: a pair exchanges a message
+        ops["send_recv"] = lambda: _exchange(dist, rank, full)
+    a = torch.randn(BLOCKING_PROBE_MATMUL, BLOCKING_PROBE_MATMUL)
+
+    def compute(reps: int) -> None:
+        for _ in range(reps):
+            torch.mm(a, a)
+
+    def loop(reps: int, op) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(BLOCKING_PROBE_CALLS):
+            compute(reps)
+            if op is not None:
+                op()
+        return (time.perf_counter() - start) / BLOCKING_PROBE_CALLS
+
+    with _one_thread():
+        compute(BLOCKING_PROBE_CALLS)  # warm-up
+        reps = 200
+        per_rep = torch.tensor([loop(reps, None) / reps])  # every process busy at once
+        dist.all_reduce(per_rep)
+        reps = max(1, round(BLOCKING_PROBE_COMPUTE_S / (per_rep.item() / world)))
+        seconds = {}
+        for name, op in ops.items():
+            op()
+            added = [-loop(reps, None) + loop(reps, op) for _ in range(BLOCKING_PROBE_ROUNDS)]
+            seconds[name] = max(statistics.median(added), 0.0)
+            if name == "send_recv":
+                seconds[name] /= 2  # two one-way messages per call
+    return seconds
+
+
+def _exchange(dist, rank: int, tensor) -> None:
+    """Ranks 2k and 2k+1 swap a message: even sends first, odd receives first."""
+    peer = rank + 1 if rank % 2 == 0 else rank - 1
+    if rank % 2 == 0:
+        dist.send(tensor, peer)
+        dist.recv(tensor, peer)
+    else:
+        dist.recv(tensor, peer)
+        dist.send(tensor, peer)
+
+
+def blocking_wait(measured: dict[int, dict[str, float]],
+                  fits: dict[tuple[str, int], CollectiveFit]) -> tuple[tuple[str, float], ...]:
+    """Per collective and group size ("all_reduce@2"), what a blocking call of the probe's
+    message took beyond the comm model's price for it (the fit at that group size)."""
+    waits = {}
+    for size, by_collective in measured.items():
+        for collective, seconds in by_collective.items():
+            group = 2 if collective == "send_recv" else size
+            fit = fits[collective, size]
+            link = Link(fit.alpha_s, fit.bytes_per_s, spans_nodes=False)
+            priced = send_recv_s(BLOCKING_PROBE_BYTES, link) if collective == "send_recv" \
+                else _PRICE[collective](BLOCKING_PROBE_BYTES, size, link)
+            waits[f"{collective}@{group}"] = max(seconds - priced, 0.0)
+    return tuple(sorted(waits.items()))
+
+
 # Collectives one probe unit issues per forward+backward as (collective, passes): FSDP2
 # reshards after backward and the probe steps no optimizer, so every forward gathers.
 DP_PROBE_TRAFFIC = {
@@ -404,13 +506,11 @@ def dp_probe_traffic_s(mode: str, tensors: int, size: int,
 
     block = list(_overhead_block().parameters())
     nbytes = tensors / len(block) * sum(p.numel() for p in block) * FLOAT_BYTES
-    price = {"all_reduce": ring_all_reduce_s, "all_gather": all_gather_s,
-             "reduce_scatter": reduce_scatter_s}
     seconds = 0.0
     for collective, passes in DP_PROBE_TRAFFIC[mode]:
         fit = fits[collective, size]
-        seconds += passes * price[collective](nbytes, size,
-                                              Link(fit.alpha_s, fit.bytes_per_s, False))
+        seconds += passes * _PRICE[collective](nbytes, size,
+                                               Link(fit.alpha_s, fit.bytes_per_s, False))
     return seconds
 
 
@@ -571,6 +671,7 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
                            dp_unit_overhead(measured["dp_unit_seconds"], by_group))),
                 tp_module_overhead_s=tp_module_overhead(measured["tp_module_seconds"],
                                                         by_group),
+                blocking_wait_s=blocking_wait(measured["blocking_seconds"], by_group),
                 optimizer_tensor_overhead_s=tuple(sorted(
                     measured["optimizer_tensor_seconds"].items())),
                 ) if cpu else dict(op_overhead_s=_cuda_op_overhead_s())

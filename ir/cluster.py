@@ -116,6 +116,11 @@ class ClusterSpec:
     # by `planner profile-cluster` with the node's processes in groups of that size.
     # JSON: {"2": s, "4": s}; a bare number (older specs) is the whole node's figure.
     tp_module_overhead_s: tuple[tuple[int, float], ...] = ()
+    # Seconds a blocking collective call waits beyond its fitted time on CPU processes
+    # whose peers compute between calls, by collective and group size ("all_reduce@2"):
+    # the peer is late or descheduled, and a woken process waits for its core. Measured
+    # by `planner profile-cluster` with every process computing between small calls.
+    blocking_wait_s: tuple[tuple[str, float], ...] = ()
     # Share of a compute window that overlapped data-parallel traffic can hide; None takes
     # the default of cost_models.estimate.overlap_efficiency (GPUs 0.8, CPU processes the
     # idle cores' share). A figure measured elsewhere may be set here.
@@ -145,11 +150,18 @@ class ClusterSpec:
         if not self.peak_flops_by_dtype:
             raise PlannerError(f"cluster {self.name}: peak_flops_by_dtype is empty; give at "
                                "least one dtype, e.g. {\"float32\": 1.95e13}")
-        for field in ("dp_unit_overhead_s", "dp_tensor_overhead_s", "optimizer_tensor_overhead_s"):
+        for field in ("dp_unit_overhead_s", "dp_tensor_overhead_s", "optimizer_tensor_overhead_s",
+                      "blocking_wait_s"):
             for mode, seconds in getattr(self, field):
                 if not _is_number(seconds) or seconds < 0:
                     raise PlannerError(f"cluster {self.name}: {field}[{mode}] must be a "
                                        f"number >= 0, got {seconds!r}")
+        for key, _ in self.blocking_wait_s:
+            collective, _, size = key.partition("@")
+            if collective not in COLLECTIVES or not size.isdigit() or int(size) < 2:
+                raise PlannerError(f"cluster {self.name}: blocking_wait_s key {key!r} must be "
+                                   "COLLECTIVE@GROUP_SIZE, e.g. \"all_reduce@2\" (collectives: "
+                                   f"{', '.join(COLLECTIVES)})")
         for size, seconds in self.tp_module_overhead_s:
             if isinstance(size, bool) or not isinstance(size, int) or size < 1 \
                     or not _is_number(seconds) or seconds < 0:
@@ -238,6 +250,11 @@ class ClusterSpec:
             return figures[group_size]
         return figures[min(figures, key=lambda size: (abs(math.log2(size / group_size)), size))]
 
+    def blocking_wait(self, collective: str, group_size: int) -> float:
+        """Seconds a blocking `collective` call in a group of `group_size` waits beyond its
+        fitted time (0 when not measured for that size)."""
+        return dict(self.blocking_wait_s).get(f"{collective}@{group_size}", 0.0)
+
     def collective_fit(self, collective: str, scope: str,
                        group_size: int | None = None) -> CollectiveFit | None:
         """The measured fit for a collective in a scope, if the spec carries one: the one
@@ -273,6 +290,7 @@ class ClusterSpec:
         out["dp_tensor_overhead_s"] = dict(self.dp_tensor_overhead_s)
         out["optimizer_tensor_overhead_s"] = dict(self.optimizer_tensor_overhead_s)
         out["tp_module_overhead_s"] = {str(size): s for size, s in self.tp_module_overhead_s}
+        out["blocking_wait_s"] = dict(self.blocking_wait_s)
         out["collective_fits"] = [
             {f.name: getattr(fit, f.name) for f in dataclasses.fields(fit)}
             for fit in self.collective_fits]
@@ -308,7 +326,7 @@ class ClusterSpec:
             data["peak_flops_by_dtype"] = tuple(sorted(
                 (str(k), _number(f"peak_flops_by_dtype[{k}]", v)) for k, v in flops.items()))
             for field in ("dp_unit_overhead_s", "dp_tensor_overhead_s",
-                          "optimizer_tensor_overhead_s"):
+                          "optimizer_tensor_overhead_s", "blocking_wait_s"):
                 units = data.get(field, {})
                 if not isinstance(units, dict):
                     raise PlannerError(f"field {field!r} must be an object {{key: seconds}}")

@@ -9,10 +9,11 @@ import os
 import pytest
 
 from cost_models.clusters import get_cluster, preset_names
-from cost_models.profile_cluster import (OP_OVERHEAD_WIDTH_TP, _smaller_group_sizes,
+from cost_models.profile_cluster import (BLOCKING_PROBE_BYTES, OP_OVERHEAD_WIDTH_TP,
+                                         _smaller_group_sizes, blocking_wait,
                                          dp_probe_traffic_s, dp_unit_overhead, fit_alpha_beta,
                                          message_sizes, tp_module_overhead)
-from cost_models.comm import Link, broadcast_s
+from cost_models.comm import Link, all_gather_s, broadcast_s, send_recv_s
 from ir.cluster import COLLECTIVES, ClusterSpec, CollectiveFit
 from ir.errors import PlannerError
 
@@ -74,6 +75,8 @@ def test_json_round_trip_and_atomic_save(tmp_path):
     ({"colour": "blue"}, "unknown field 'colour'"),
     ({"collective_fits": [{"collective": "gossip", "scope": "intra_node",
                            "alpha_s": 0, "bytes_per_s": 1}]}, "unknown collective"),
+    ({"blocking_wait_s": {"allreduce@2": 1e-3}}, "blocking_wait_s key 'allreduce@2' must be"),
+    ({"blocking_wait_s": {"all_reduce@2": -1.0}}, "blocking_wait_s[all_reduce@2] must be"),
 ])
 def test_bad_specs_name_the_field_and_file(tmp_path, edit, message):
     data = get_cluster("a100-80g").to_dict()
@@ -163,3 +166,25 @@ def test_tp_module_figures_leave_out_the_priced_all_reduce():
     nbytes = 2 * OP_OVERHEAD_WIDTH_TP * 2 * 4  # the probe's (2, width) fp32 activation
     assert got[2] == pytest.approx(2e-3 - 2 * (1e-4 + nbytes / 2 / 1e9))
     assert got[4] == 0.0  # the comm model already prices more than was measured
+
+
+def test_blocking_wait_leaves_out_the_priced_call():
+    ms = 1e-3
+    fits = {(c, n): CollectiveFit(c, "intra_node", 0.1 * ms, 1e9, n)
+            for c in COLLECTIVES for n in (2, 4)}
+    measured = {4: {"all_gather": 2.0 * ms, "send_recv": 1.0 * ms, "broadcast": 0.0},
+                2: {"all_gather": 1.0 * ms}}
+    got = dict(blocking_wait(measured, fits))
+    link = Link(0.1 * ms, 1e9, False)
+    # What the probe call took beyond the fitted price of its message at that group size.
+    assert got["all_gather@4"] == pytest.approx(2 * ms - all_gather_s(BLOCKING_PROBE_BYTES, 4,
+                                                                       link))
+    assert got["all_gather@2"] == pytest.approx(ms - all_gather_s(BLOCKING_PROBE_BYTES, 2,
+                                                                   link))
+    # Send/recv is between a pair whatever the world; a call faster than its price waits 0.
+    assert got["send_recv@2"] == pytest.approx(ms - send_recv_s(BLOCKING_PROBE_BYTES, link))
+    assert got["broadcast@4"] == 0.0
+    spec = dataclasses.replace(get_cluster("local"), blocking_wait_s=tuple(sorted(got.items())))
+    assert ClusterSpec.from_json(spec.to_json()) == spec
+    assert spec.blocking_wait("all_gather", 4) == got["all_gather@4"]
+    assert spec.blocking_wait("all_gather", 8) == 0.0  # not measured at that size

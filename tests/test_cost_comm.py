@@ -11,7 +11,8 @@ from cost_models.clusters import get_cluster
 from cost_models.comm import (Link, all_gather_s, all_reduce_s, all_to_all_s, broadcast_s,
                               collective_s, dp_comm_s, group_link, reduce_scatter_s,
                               replicated_tensors, ring_all_reduce_s, send_recv_s,
-                              sp_grad_sync_s, tp_comm_s, tp_transition_s, tree_all_reduce_s)
+                              p2p_s, sp_grad_sync_s, tp_comm_s, tp_transition_s,
+                              tree_all_reduce_s)
 from cost_models.common import GB, StepConfig
 from cost_models.model_states import bytes_per_param
 from cost_models.synthetic import gpt_layer_graph
@@ -167,3 +168,43 @@ def test_tp_transition_costs():
         collective_s("all_gather", 4 * size, 4, cluster, stride=2))
     assert tp_transition_s(size, 4, 4, True, False, cluster) == pytest.approx(
         collective_s("all_gather", size, 4, cluster))
+
+
+def test_blocking_calls_add_the_measured_wait(block_and_config):
+    block, config = block_and_config
+    h100 = get_cluster("h100-80g")
+    ms = 1e-3
+    waits = (("all_reduce@2", 1 * ms), ("all_gather@2", 2 * ms), ("reduce_scatter@2", 3 * ms),
+             ("broadcast@2", 4 * ms), ("send_recv@2", 5 * ms))
+    slow = dataclasses.replace(h100, blocking_wait_s=waits)
+    # Each TP collective the layer waits on pays the wait once per call.
+    fwd, bwd = tp_comm_s(block, LayerStrategy(tp=2), h100, config)
+    fwd_w, bwd_w = tp_comm_s(block, LayerStrategy(tp=2), slow, config)
+    assert fwd_w - fwd == pytest.approx(2 * ms) and bwd_w - bwd == pytest.approx(2 * ms)
+    sp = LayerStrategy(tp=2, sequence_parallel=True)
+    assert tp_comm_s(block, sp, slow, config)[0] - tp_comm_s(block, sp, h100, config)[0] == \
+        pytest.approx(2 * (2 + 3) * ms)
+    assert p2p_s(1e6, slow, 8) - p2p_s(1e6, h100, 8) == pytest.approx(5 * ms)
+    # ZeRO-1's owners broadcast one after another; the gradient all-reduce is not a
+    # blocking call (it overlaps backward) and pays no wait.
+    per_param = bytes_per_param(Precision.BF16_MIXED, "adamw")
+    zero1 = LayerStrategy(dp=2, dp_mode=DPMode.ZERO1)
+    *_, step, after = dp_comm_s(block, zero1, slow, per_param)
+    *_, step0, after0 = dp_comm_s(block, zero1, h100, per_param)
+    owners = min(2, len(block.param_names))
+    assert step == step0 and after - after0 == pytest.approx(owners * 4 * ms)
+    # Unmeasured sizes, and GPUs' presets, wait nothing extra.
+    assert tp_comm_s(block, LayerStrategy(tp=4), slow, config) == \
+        tp_comm_s(block, LayerStrategy(tp=4), h100, config)
+
+
+def test_vocab_parallel_head_reduces_its_loss_scalars():
+    graph = gpt_layer_graph(layers=1, hidden=4096, heads=32, vocab=1024, seq=2048)
+    head = graph.layers[-1]
+    config = StepConfig(micro_batch=1, graph_micro_batch=1, graph_dtype="bfloat16",
+                        seq_len=2048)
+    cluster = get_cluster("h100-80g")
+    fwd, bwd = tp_comm_s(head, LayerStrategy(tp=8), cluster, config)
+    # loss_parallel's max, sum-of-exp and target-logit all-reduces: latency only.
+    assert fwd == pytest.approx(3 * collective_s("all_reduce", 0, 8, cluster)) and fwd > 0
+    assert bwd == pytest.approx(collective_s("all_reduce", head.input_bytes, 8, cluster))
