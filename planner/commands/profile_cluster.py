@@ -75,6 +75,8 @@ def run(args) -> int:
               f"us on DTensors); random draw {spec.random_element_s * 1e9:.1f} ns/element; "
               f"DP unit: {units}; TP module: {tp or 'not measured'}; "
               f"optimizer step per tensor (us): {optimizer or 'not measured'}")
+        waits = ", ".join(f"{key} {seconds * 1e3:.2f}" for key, seconds in spec.blocking_wait_s)
+        print(f"blocking-call wait between computing processes (ms): {waits or 'not measured'}")
     if args.out:
         print(f"spec written to {args.out} (use: planner estimate MODEL --cluster {args.out})")
     return 0
