@@ -46,7 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cost_models.clusters import get_cluster
+from cost_models.clusters import get_cluster, measure_op_overhead_s
 from cost_models.estimate import estimate
 from cost_models.memory import check_plan_matches
 from cost_models.memory_tracker import LiveTensorTracker
@@ -104,6 +104,9 @@ class ValidationResult:
     checked_losses: tuple[float, ...] = ()  # the losses compared (the dropout-free run's)
     predicted_time: dict = field(default_factory=dict)
     prediction_source: str = "plan"
+    # This machine's per-op overhead just before the run over the spec's (>1: slower than
+    # when profiled); None where not comparable (GPUs, specs without the figure).
+    machine_slowdown: float | None = None
 
     @property
     def time_error(self) -> float:
@@ -125,7 +128,8 @@ class ValidationResult:
                 "predicted_time": self.predicted_time, "losses": list(self.losses),
                 "reference_losses": list(self.reference_losses),
                 "checked_losses": list(self.checked_losses),
-                "step_seconds": list(self.step_seconds)}
+                "step_seconds": list(self.step_seconds),
+                "machine_slowdown": self.machine_slowdown}
 
 
 # ------------------------------------------------------------------------ prediction
@@ -154,6 +158,16 @@ def predicted_figures(doc: PlanDocument, graph, cluster: ClusterSpec | None
         peak = int(per_device[r % devices]) if per_device else int(s["peak_bytes"])
         peaks.append(peak - int(s["breakdown"].get("overhead", 0)))
     return peaks, seconds, breakdown, source
+
+
+def machine_slowdown(spec: ClusterSpec) -> float | None:
+    """How much slower than when `spec` was profiled this host runs now, by the per-op
+    framework overhead (the probe profile-cluster takes, read afresh); None on GPUs or
+    when the spec has no such figure. On a shared machine this moves 20-50% within
+    minutes: a time error of the same size is drift, not the model."""
+    if not spec.host_bound or spec.op_overhead_s <= 0 or torch.cuda.is_available():
+        return None
+    return measure_op_overhead_s.__wrapped__() / spec.op_overhead_s  # uncached reading
 
 
 # ------------------------------------------------------------------------ one rank
@@ -424,6 +438,7 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
     graph = plan_graph(doc, path)
     check_plan_matches(graph, doc.plan)  # TP degrees that do not divide: before any rank starts
     peaks, seconds, breakdown, source = predicted_figures(doc, graph, spec)
+    slowdown = machine_slowdown(spec or ClusterSpec.from_dict(doc.cluster, "plan cluster"))
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= nproc
     backend = "nccl" if use_cuda else "gloo"
     total_steps = 1 + MEMORY_STEPS + TIME_WARMUP_STEPS + steps
@@ -451,7 +466,7 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
         measured_iteration_seconds=statistics.median(per_step),
         loss_matches_reference=losses_match(check, want), losses=tuple(losses),
         reference_losses=tuple(want), step_seconds=tuple(per_step), checked_losses=tuple(check),
-        predicted_time=breakdown, prediction_source=source)
+        predicted_time=breakdown, prediction_source=source, machine_slowdown=slowdown)
 
 
 def plan_graph(doc: PlanDocument, path: str = "<plan>"):

@@ -52,6 +52,8 @@ def test_validate_json_contract_memory_and_loss(plan_file, tmp_path, capsys):
     assert isinstance(out["measured_iteration_seconds"], float)
     assert out["measured_iteration_seconds"] > 0
     assert out["loss_matches_reference"] is True
+    # The machine's per-op speed now against the spec's profile (CPU processes).
+    assert isinstance(out["machine_slowdown"], float) and out["machine_slowdown"] > 0
     fitted = ClusterSpec.load(spec)
     assert fitted.op_overhead_s > 0  # CPU processes: the framework overhead is refitted
     assert fitted.notes.endswith(f"measured {out['measured_iteration_seconds']:.4g} s per iteration")
@@ -106,3 +108,14 @@ def test_validate_refuses_a_local_cluster_of_the_wrong_size(plan_file):
 
         validate_plan(str(plan_file), 1)
     assert get_cluster("local", gpus_per_node=2).world_size == 2
+
+
+def test_machine_drift_is_named_when_it_explains_the_error():
+    from planner.commands.validate import drift_line
+
+    assert drift_line(None, -0.4) is None  # GPUs: no reading
+    assert "re-profile" in drift_line(1.5, -0.3)  # slower machine, measured above predicted
+    assert "re-profile" in drift_line(0.6, +0.3)  # faster machine, measured below predicted
+    assert "re-profile" not in drift_line(0.6, -0.3)  # drift the other way: no excuse
+    assert "re-profile" not in drift_line(1.1, -0.3)  # within the target's size
+    assert drift_line(1.1, 0.0).startswith("before the run, ops took x1.10")

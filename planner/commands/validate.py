@@ -16,6 +16,10 @@ from ir.errors import PlannerError
 from ir.plan import load_plan
 from planner.fmt import table
 
+# A machine-speed reading beyond this factor either way (against the spec's profile) is
+# drift the size of the time target itself: say so when it points the error's way.
+DRIFT_WARNING = 1.25
+
 
 def register(sub) -> None:
     p = sub.add_parser("validate", help="run a plan here and compare it with its prediction",
@@ -68,6 +72,20 @@ def run(args) -> int:
           f"error {100 * result.time_error:+.1f}%")
     print(f"loss matches the single-process reference: "
           f"{'yes' if result.loss_matches_reference else 'NO'}")
+    drift = drift_line(result.machine_slowdown, result.time_error)
+    if drift:
+        print(drift)
     if fitted is not None:
         print(f"wrote {args.out}: {fitted.notes.rsplit('; ', 1)[-1]}")
     return 0
+
+
+def drift_line(slowdown: float | None, time_error: float) -> str | None:
+    """The machine-speed reading for people, with advice when it explains the error."""
+    if slowdown is None:
+        return None
+    slower, faster = slowdown > DRIFT_WARNING, slowdown < 1 / DRIFT_WARNING
+    explains = (slower and time_error < 0) or (faster and time_error > 0)
+    advice = ": part of the time error is the machine; re-profile (planner profile-cluster)" \
+        if explains else ""
+    return f"before the run, ops took x{slowdown:.2f} the time this spec was profiled at{advice}"
