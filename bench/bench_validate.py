@@ -13,10 +13,9 @@ overhead, and the median step time against the predicted iteration time. Targets
 
 Every case is validated `--rounds` times round-robin and its measured time is the median
 of the rounds' medians: on a shared 2-core machine the same run moves 20-50% between
-minutes, and one round samples one moment. Before each round the bench reads the
-machine's speed again (per-op overhead, one-thread matmul) and prints it against the
-profile's: a case that misses while the machine runs 1.4x slower than when it was
-profiled is machine drift, not a model error.
+minutes, and one round samples one moment. Each run also reads the machine's per-op
+speed against the profile's (`machine_slowdown`): a case that misses while the machine
+runs 1.4x slower than when it was profiled is machine drift, not a model error.
 
 Prints a table and writes bench/results/validate.json.
 """
@@ -38,7 +37,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from cost_models.clusters import measure_matmul_flops, measure_op_overhead_s  # noqa: E402
 from cost_models.profile_cluster import profile_cluster  # noqa: E402
 from ir.errors import PlannerError  # noqa: E402
 from planner.cli import main as planner_main  # noqa: E402
@@ -98,20 +96,6 @@ def profile_specs(process_counts: set[int], folder: str) -> dict[int, str]:
     return specs
 
 
-def machine_speed() -> dict[str, float]:
-    """This machine's speed now, as profile-cluster reads it: per-op framework overhead
-    (seconds) and one-thread float32 matmul FLOP/s."""
-    # The uncached probes: the cached ones return the reading taken at profiling.
-    return {"op_overhead_s": measure_op_overhead_s.__wrapped__(),
-            "matmul_float32_flops": dict(measure_matmul_flops.__wrapped__())["float32"]}
-
-
-def slowdown(now: dict[str, float], profiled: dict[str, float]) -> dict[str, float]:
-    """How much slower than at profiling the machine runs now, per reading (>1: slower)."""
-    return {"op_overhead": now["op_overhead_s"] / profiled["op_overhead_s"],
-            "matmul": profiled["matmul_float32_flops"] / now["matmul_float32_flops"]}
-
-
 def plan_case(name: str, folder: str, spec: str) -> str:
     model, ranks, pins = CASES[name]
     path = os.path.join(folder, f"{name}.json")
@@ -140,6 +124,7 @@ def merge_rounds(runs: list[dict]) -> dict:
     measured = statistics.median(r["measured_iteration_seconds"] for r in runs)
     out.update(measured_iteration_seconds=measured,
                round_seconds=[r["measured_iteration_seconds"] for r in runs],
+               machine_slowdown_by_round=[r["machine_slowdown"] for r in runs],
                time_error=out["predicted_iteration_seconds"] / measured - 1,
                loss_matches_reference=all(r["loss_matches_reference"] for r in runs),
                wall_seconds=sum(r["wall_seconds"] for r in runs))
@@ -162,10 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown case {unknown[0]!r}; known: {', '.join(CASES)}")
     with tempfile.TemporaryDirectory() as folder:
         specs = profile_specs({CASES[n][1] for n in names}, folder)
-        paths, runs, speeds = {}, {}, []
-        first = SPECS[min(SPECS)]  # the profiles share one reading (cached in this process)
-        profiled = {"op_overhead_s": first["op_overhead_s"],
-                    "matmul_float32_flops": first["peak_flops_by_dtype"]["float32"]}
+        paths, runs = {}, {}
         for name in names:
             try:
                 paths[name] = plan_case(name, folder, specs[CASES[name][1]])
@@ -173,10 +155,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"... {name}: FAILED to plan ({exc})", file=sys.stderr, flush=True)
                 failed.append({"case": name, "error": str(exc)})
         for round_index in range(args.rounds):  # round-robin: each case at several moments
-            speeds.append(slowdown(machine_speed(), profiled))
-            print(f"... round {round_index + 1}: the machine runs x{speeds[-1]['op_overhead']:.2f} "
-                  f"slower per op and x{speeds[-1]['matmul']:.2f} per matmul than when profiled",
-                  file=sys.stderr, flush=True)
             for name in paths:
                 if any(f["case"] == name for f in failed):
                     continue
@@ -188,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 runs.setdefault(name, []).append(r)
                 print(f"... round {round_index + 1}: {name} "
-                      f"{1e3 * r['measured_iteration_seconds']:.1f} ms in {r['wall_seconds']:.0f} s",
+                      f"{1e3 * r['measured_iteration_seconds']:.1f} ms in {r['wall_seconds']:.0f} s"
+                      f" (ops at x{r['machine_slowdown']:.2f} the profile's time)",
                       file=sys.stderr, flush=True)
         for name, case_runs in runs.items():
             if any(f["case"] == name for f in failed):
@@ -220,15 +199,16 @@ def main(argv: list[str] | None = None) -> int:
           f"time within {TIME_TARGET:.0%}: {time_within} of {len(results)} (median of "
           f"{args.rounds} rounds)"
           + (f"; failed: {', '.join(f['case'] for f in failed)}" if failed else ""))
-    if speeds:
-        print("machine slowdown against the profile, per round (per op / matmul): "
-              + ", ".join(f"x{s['op_overhead']:.2f}/x{s['matmul']:.2f}" for s in speeds))
+    if results:  # each round's median over its cases
+        by_round = [statistics.median(r["machine_slowdown_by_round"][k] for r in results)
+                    for k in range(len(results[0]["machine_slowdown_by_round"]))]
+        print("ops ran at x" + ", x".join(f"{x:.2f}" for x in by_round) + " the profile's "
+              "per-op time (median per round; above 1: the machine was slower than profiled)")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump({"bench": "validate", "torch": torch.__version__, "host": platform.node(),
                    "cpus": os.cpu_count(), "memory_target": MEMORY_TARGET,
                    "time_target": TIME_TARGET, "specs": SPECS, "cases": results,
-                   "machine_slowdown_by_round": speeds,
                    "failed": failed}, fh, indent=2)
     print(f"wrote {args.out}")
     return 0
