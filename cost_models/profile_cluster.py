@@ -164,29 +164,36 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
         dist.destroy_process_group()
 
 
+def _collective_calls(dist, group, n: int, nbytes: int, device
+                      ) -> tuple[dict[str, Callable[[], object]], Any]:
+    """One call of each group collective on a message of ~`nbytes` over `group` (None:
+    the whole world), and the full-size tensor they share."""
+    import torch
+
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    root = 0 if group is None else dist.get_global_rank(group, 0)  # the broadcast's source
+    numel = max(n, nbytes // FLOAT_BYTES) // n * n  # divisible by n
+    full = torch.ones(numel, device=device)
+    shard = torch.ones(numel // n, device=device)
+    out = torch.empty(numel, device=device)
+    return {
+        "all_reduce": lambda: dist.all_reduce(full, group=group),
+        "all_gather": lambda: all_gather(out, shard, group=group),
+        "reduce_scatter": lambda: reduce_scatter(shard, full, group=group),
+        "all_to_all": lambda: dist.all_to_all_single(out, full, group=group),
+        "broadcast": lambda: dist.broadcast(full, src=root, group=group),
+    }, full
+
+
 def _sweep(dist, rank: int, n: int, group, sizes: list[int], device,
            sync) -> dict[str, list[float]]:
     """Seconds per call of each collective per message size over `group` (None: the whole
     world; else this rank's group of `n`, every group running at once): the median over
     BURSTS bursts of the burst's mean."""
-    import torch
-
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     results: dict[str, list[float]] = {}
-    root = 0 if group is None else dist.get_global_rank(group, 0)  # the broadcast's source
     for size in sizes:
-        numel = max(n, size // FLOAT_BYTES) // n * n  # divisible by n
-        full = torch.ones(numel, device=device)
-        shard = torch.ones(numel // n, device=device)
-        out = torch.empty(numel, device=device)
-        ops: dict[str, Callable[[], object]] = {
-            "all_reduce": lambda: dist.all_reduce(full, group=group),
-            "all_gather": lambda: all_gather(out, shard, group=group),
-            "reduce_scatter": lambda: reduce_scatter(shard, full, group=group),
-            "all_to_all": lambda: dist.all_to_all_single(out, full, group=group),
-            "broadcast": lambda: dist.broadcast(full, src=root, group=group),
-        }
+        ops, full = _collective_calls(dist, group, n, size, device)
         if group is None:  # point-to-point does not depend on the group size
             ops["send_recv"] = lambda: _ping_pong(dist, rank, full)
         calls = max(1, min(BURST_CALLS, BURST_BYTES // size))
@@ -204,7 +211,7 @@ def _sweep(dist, rank: int, n: int, group, sizes: list[int], device,
                 elapsed = (time.perf_counter() - start) / calls
                 times.append(elapsed / 2 if name == "send_recv" else elapsed)
             results.setdefault(name, []).append(statistics.median(times))
-        del full, shard, out
+        del ops, full
     return results
 
 
@@ -394,7 +401,8 @@ def tp_module_overhead(measured: dict[int, float], fits: dict[tuple[str, int], C
 
 # How comm.py prices each fitted collective (all-reduce fits are made in ring form).
 _PRICE = {"all_reduce": ring_all_reduce_s, "all_gather": all_gather_s,
-          "reduce_scatter": reduce_scatter_s, "broadcast": broadcast_s}
+          "reduce_scatter": reduce_scatter_s, "broadcast": broadcast_s,
+          "send_recv": lambda nbytes, _n, link: send_recv_s(nbytes, link)}
 
 # The blocking-wait probe: every process computes BLOCKING_PROBE_COMPUTE_S (wall time,
 # all processes busy, about the gap between a TP layer's collectives on CPU) and then
@@ -417,15 +425,8 @@ def _blocking_seconds(dist, rank: int, group) -> dict[str, float]:
     from cost_models.clusters import _one_thread
 
     n = dist.get_world_size(group)
-    numel = BLOCKING_PROBE_BYTES // FLOAT_BYTES // n * n
-    full, shard, out = torch.ones(numel), torch.ones(numel // n), torch.empty(numel)
-    root = 0 if group is None else dist.get_global_rank(group, 0)
-    ops: dict[str, Callable[[], object]] = {
-        "all_reduce": lambda: dist.all_reduce(full, group=group),
-        "all_gather": lambda: dist.all_gather_into_tensor(out, shard, group=group),
-        "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full, group=group),
-        "broadcast": lambda: dist.broadcast(full, src=root, group=group),
-    }
+    ops, full = _collective_calls(dist, group, n, BLOCKING_PROBE_BYTES, torch.device("cpu"))
+    del ops["all_to_all"]  # nothing the model prices blocks on one
     world = dist.get_world_size()
     if group is None and world % 2 == 0:  # pipeline neighbours: a pair exchanges a message
         ops["send_recv"] = lambda: _exchange(dist, rank, full)
@@ -481,8 +482,7 @@ def blocking_wait(measured: dict[int, dict[str, float]],
             group = 2 if collective == "send_recv" else size
             fit = fits[collective, size]
             link = Link(fit.alpha_s, fit.bytes_per_s, spans_nodes=False)
-            priced = send_recv_s(BLOCKING_PROBE_BYTES, link) if collective == "send_recv" \
-                else _PRICE[collective](BLOCKING_PROBE_BYTES, size, link)
+            priced = _PRICE[collective](BLOCKING_PROBE_BYTES, group, link)
             waits[f"{collective}@{group}"] = max(seconds - priced, 0.0)
     return tuple(sorted(waits.items()))
 
@@ -540,12 +540,8 @@ def dp_unit_overhead(measured: dict[int, dict[str, dict[int, float]]],
 
 def _ping_pong(dist, rank: int, tensor) -> None:
     """Rank 0 sends to rank 1 and gets it back: twice the one-way time."""
-    if rank == 0:
-        dist.send(tensor, 1)
-        dist.recv(tensor, 1)
-    elif rank == 1:
-        dist.recv(tensor, 0)
-        dist.send(tensor, 0)
+    if rank < 2:
+        _exchange(dist, rank, tensor)
 
 
 def measure_collectives(nproc: int, backend: str, sizes: list[int]) -> dict[str, list[float]]:
