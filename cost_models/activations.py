@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ir.layer import Layer, TPStyle
+from ir.legality import sequence_parallel_applies
 from ir.strategy import Checkpoint, LayerStrategy
 
 from cost_models.common import StepConfig, dtype_bytes
@@ -125,15 +126,6 @@ def _loss_head(logits, saved, sharded, kept, recompute, tp, sp, full, config):
         extra = log_probs * (upcast - 1) / tp
         kept, recompute = (kept, recompute + extra) if full else (kept + extra, recompute)
     return kept, recompute, logits * upcast
-
-
-def sequence_parallel_applies(layer: Layer, strategy: LayerStrategy) -> bool:
-    """Whether the executor runs `layer` sequence-parallel: only a layer with column- or
-    row-parallel linears (executors.tensor_parallel.uses_sequence_parallel); embeddings
-    and heads need every position, and a layer without TP candidates (a final norm)
-    runs on the full sequence."""
-    return strategy.sequence_parallel and strategy.tp > 1 and any(
-        c.style in (TPStyle.COLWISE, TPStyle.ROWWISE) for c in layer.tp_candidates)
 
 
 def sp_gathered_input_bytes(layer: Layer, config: StepConfig) -> float:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from ir.cluster import ClusterSpec
 from ir.layer import Layer, TPStyle
+from ir.legality import sequence_parallel_applies
 from ir.strategy import Checkpoint, DPMode, LayerStrategy
 
 from cost_models.common import GB, StepConfig
@@ -175,7 +176,7 @@ def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     colwise = sum(1 for c in layer.tp_candidates if c.style is TPStyle.COLWISE)
     heads = sum(1 for c in layer.tp_candidates if c.style is TPStyle.HEAD)
     activation = layer.output_bytes * config.activation_scale  # b*s*h in the compute dtype
-    if strategy.sequence_parallel:
+    if sequence_parallel_applies(layer, strategy):
         ag = blocking_s("all_gather", activation, tp, cluster)
         rs = blocking_s("reduce_scatter", activation, tp, cluster)
         forward = reducing * (ag + rs)
@@ -257,7 +258,7 @@ def sp_grad_sync_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     them into one all-reduce after backward; inside a DP unit FSDP2 reduces them one
     tensor at a time in its post-backward."""
     tensors = replicated_tensors(layer)
-    if strategy.tp == 1 or not strategy.sequence_parallel or not tensors:
+    if not sequence_parallel_applies(layer, strategy) or not tensors:
         return 0.0
     grad_bytes = max(layer.params - layer.tp_params, 0) * per_param.grads
     if has_dp_unit(layer, strategy, config.precision):

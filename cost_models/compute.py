@@ -38,6 +38,7 @@ from pathlib import Path
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import Layer
+from ir.legality import sequence_parallel_applies
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
 
 from cost_models.common import GB, StepConfig, dtype_bytes
@@ -116,7 +117,7 @@ def tp_compute_fraction(layer: Layer, strategy: LayerStrategy) -> float:
     sequence parallelism the rest (norms, dropout) is split over the sequence as well.
     """
     tp = strategy.tp
-    if tp > 1 and strategy.sequence_parallel:
+    if sequence_parallel_applies(layer, strategy):
         return 1.0 / tp
     if tp == 1 or not layer.tp_candidates:
         return 1.0  # a layer without TP-able modules runs replicated in its TP group
@@ -136,7 +137,7 @@ def runs_on_dtensors(layer: Layer, strategy: LayerStrategy) -> bool:
     """Sequence parallelism runs the whole layer on DTensors (sequence-sharded norms,
     dropouts, residual adds); plain TP only its sharded modules, which
     `tp_module_seconds` prices."""
-    return strategy.tp > 1 and strategy.sequence_parallel
+    return sequence_parallel_applies(layer, strategy)
 
 
 def tp_module_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec) -> float:
@@ -236,7 +237,7 @@ def random_draw_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterS
     under sequence parallelism, their sequence shard of the rest."""
     sharded = layer.random_tp_sharded_elements_fwd
     rest = layer.random_elements_fwd - sharded
-    elements = sharded / strategy.tp + rest / (strategy.tp if strategy.sequence_parallel
+    elements = sharded / strategy.tp + rest / (strategy.tp if sequence_parallel_applies(layer, strategy)
                                                else 1)
     return elements * config.batch_scale * cluster.random_element_s
 

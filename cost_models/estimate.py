@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
+from ir.legality import sequence_parallel_applies
 from ir.plan import ParallelPlan
 from ir.strategy import Schedule
 
@@ -196,11 +197,12 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
 def _relayout_s(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, j: int,
                 config: StepConfig) -> float:
     a, b = plan.layer_strategies[j], plan.layer_strategies[j + 1]
-    if a.tp == b.tp and a.sequence_parallel == b.sequence_parallel:
+    sp_a = sequence_parallel_applies(graph.layers[j], a)
+    sp_b = sequence_parallel_applies(graph.layers[j + 1], b)
+    if a.tp == b.tp and sp_a == sp_b:
         return 0.0
     nbytes = graph.crossing_bytes(j) * config.activation_scale
-    return tp_transition_s(nbytes, a.tp, b.tp, a.sequence_parallel, b.sequence_parallel,
-                           cluster)
+    return tp_transition_s(nbytes, a.tp, b.tp, sp_a, sp_b, cluster)
 
 
 def _boundary_bytes(graph: LayerGraph, plan: ParallelPlan, cut: int,
@@ -209,7 +211,7 @@ def _boundary_bytes(graph: LayerGraph, plan: ParallelPlan, cut: int,
     under SP, so each rank sends its 1/t share: Korthikanti et al. 2022 sec. 4.2.2)."""
     nbytes = graph.crossing_bytes(cut) * config.activation_scale
     strategy = plan.layer_strategies[cut]
-    if strategy.sequence_parallel:
+    if sequence_parallel_applies(graph.layers[cut], strategy):
         nbytes /= strategy.tp
     return nbytes
 

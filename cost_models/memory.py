@@ -38,11 +38,11 @@ from dataclasses import dataclass
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import Layer, LayerGraph, TPStyle
+from ir.legality import sequence_parallel_applies
 from ir.plan import ParallelPlan
 from ir.strategy import Checkpoint, LayerStrategy
 
-from cost_models.activations import (LayerActivations, layer_activations, logits_bytes,
-                                     sequence_parallel_applies)
+from cost_models.activations import LayerActivations, layer_activations, logits_bytes
 from cost_models.common import GiB, MiB, StepConfig, layer_configs
 from cost_models.model_states import (FP32_BYTES, OPTIMIZER_MOMENTS, BytesPerParam,
                                       ModelStates, has_dp_unit, held_bytes_per_param,

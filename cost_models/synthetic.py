@@ -72,7 +72,7 @@ def gpt_layer_graph(layers: int, hidden: int, heads: int, vocab: int, seq: int,
             saved_dropout_mask_bytes=TWO_BYTES * (attention_mask + residual_masks),
             input_bytes=act, output_bytes=act,
             structural_hash=block_hash, tp_candidates=cands,
-            tp_divisors=(("heads", a), ("hidden", h)),
+            tp_divisors=(("heads", a), ("hidden", h)), sequence_parallel_ok=True,
             param_names=tuple(f"blocks.{i}.{module}.{kind}" for module in BLOCK_MODULES
                               for kind in ("weight", "bias"))))
     logits = s * b * v * TWO_BYTES

@@ -44,6 +44,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, R
 
 from executors.layout import SEQ_DIM, map_main_input
 from ir.layer import Layer, TPStyle
+from ir.legality import is_tp_block, sequence_parallel_applies, sequence_parallel_problem
 from ir.strategy import LayerStrategy
 from ir.tp import FUSED_PROJECTIONS  # [q | k | v], [gate | up]: never split column-wise
 
@@ -66,11 +67,9 @@ def _parents(paths: list[str]) -> list[str]:
 
 
 def uses_sequence_parallel(layer: Layer, strategy: LayerStrategy) -> bool:
-    """SP applies to blocks (column- and row-parallel linears). An embedding or head layer
-    with sequence_parallel set runs on the full sequence: its vocab-parallel lookup and
-    gathered logits need every position on every TP rank."""
-    blocky = any(c.style in (TPStyle.COLWISE, TPStyle.ROWWISE) for c in layer.tp_candidates)
-    return strategy.sequence_parallel and strategy.tp > 1 and blocky
+    """SP runs on this layer (`ir.legality.sequence_parallel_applies`: a TP block whose
+    non-TP modules are norms); on an embedding, head or norm the flag changes nothing."""
+    return sequence_parallel_applies(layer, strategy)
 
 
 def tp_problem(layer: Layer, module: nn.Module, strategy: LayerStrategy,
@@ -93,20 +92,13 @@ def tp_problem(layer: Layer, module: nn.Module, strategy: LayerStrategy,
         if leaf in FUSED_PROJECTIONS and cand.style is TPStyle.COLWISE:
             return (f"layer {layer.name}: {cand.module} is a fused projection; a column "
                     f"split would mix heads across ranks; use tp=1 for this layer")
-    if uses_sequence_parallel(layer, strategy):
+    if strategy.sequence_parallel and is_tp_block(layer.tp_candidates):
+        problem = sequence_parallel_problem(layer.name, module, layer.tp_candidates)
+        if problem:
+            return problem
         if seq_len is None or seq_len % tp:
             return (f"layer {layer.name}: sequence parallel needs the sequence length "
                     f"({seq_len}) divisible by tp={tp}")
-        for path, sub in _norm_modules(layer, module):
-            if "norm" not in type(sub).__name__.lower():
-                return (f"layer {layer.name}: sequence parallel runs every non-TP module "
-                        f"on a sequence chunk, but {path} ({type(sub).__name__}) is not a "
-                        "normalization; turn sequence_parallel off for this layer")
-        colwise = [c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE]
-        if "" in _parents(colwise):
-            return (f"layer {layer.name}: sequence parallel gathers the input of the module "
-                    "holding the column-parallel linears, which here is the layer itself; "
-                    "turn sequence_parallel off for this layer")
     return None
 
 

@@ -8,9 +8,8 @@ What the executor supports, beyond the plan's own invariants:
   - a layer's TP degree divides its stage's devices; TP and SP as `tensor_parallel`
     allows (`tp_problem`); a layer with tp > 1 and no TP modules runs replicated;
   - the global micro-batch (global_batch / num_microbatches) divides by every layer's dp;
-  - consecutive layers (also across a stage boundary) have TP degrees that divide one
-    another; where the data-parallel degree changes, the consuming layer must take a
-    single tensor input produced only by the layer before it (its batch is re-split);
+  - consecutive layers (also across a stage boundary) change TP degree only as
+    `ir.legality.layout_change_problem` allows (the search obeys the same rule);
   - pipelines: a model cut torchtitan style (`pipeline.pruning_problem`), stage
     boundaries at the layer IR's cut points, a schedule pipelining can run;
   - fp32 or bf16-mixed precision (fp16 would need loss scaling);
@@ -18,8 +17,6 @@ What the executor supports, beyond the plan's own invariants:
 """
 
 from __future__ import annotations
-
-import inspect
 
 from torch import nn
 
@@ -30,6 +27,7 @@ from executors.tensor_parallel import tp_problem, uses_sequence_parallel
 from executors.tied import owning_layer
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
+from ir.legality import layout_change_problem
 from ir.plan import ParallelPlan
 from ir.strategy import Precision
 
@@ -55,39 +53,12 @@ def parallel_dims(plan: ParallelPlan, world_size: int) -> ParallelDims:
                         tp_degrees=tps)
 
 
-def _single_input(module: nn.Module) -> bool:
-    params = list(inspect.signature(module.forward).parameters.values())
-    return len(params) == 1 and params[0].kind in (params[0].POSITIONAL_ONLY,
-                                                   params[0].POSITIONAL_OR_KEYWORD)
-
-
 def _module(model: nn.Module, name: str) -> nn.Module:
     try:
         return model.get_submodule(name) if name else model
     except AttributeError:
         raise PlannerError(f"layer {name!r} of the layer IR is not a module of this model; "
                            "trace the model the plan was made for") from None
-
-
-def _check_layout_changes(model: nn.Module, plan: ParallelPlan, graph: LayerGraph) -> None:
-    producers: dict[int, set[int]] = {}
-    for src, dst, _ in graph.edges:
-        producers.setdefault(dst, set()).add(src)
-    for j in range(1, len(graph.layers)):
-        a, b = layer_layout(plan, graph, j - 1), layer_layout(plan, graph, j)
-        name = graph.layers[j].name
-        if a.tp == b.tp:
-            continue
-        if max(a.tp, b.tp) % min(a.tp, b.tp):
-            raise PlannerError(f"layer {name}: TP degree {b.tp} after {a.tp} (layer "
-                               f"{graph.layers[j - 1].name}); neighbouring TP degrees must "
-                               "divide one another")
-        if not _single_input(_module(model, name)) or producers.get(j, set()) != {j - 1}:
-            raise PlannerError(
-                f"layer {name}: its data-parallel degree changes from {a.dp} to {b.dp} (tp "
-                f"{a.tp} -> {b.tp}), which re-splits the batch of its input; that needs a layer "
-                "taking one tensor produced only by the layer before it; give both layers "
-                "the same tp")
 
 
 def check_plan(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, world_size: int,
@@ -112,7 +83,11 @@ def check_plan(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, world_si
         problem = tp_problem(layer, module, s, graph.seq_len)
         if problem:
             raise PlannerError(problem)
-    _check_layout_changes(model, plan, graph)
+    for j in range(1, len(graph.layers)):
+        problem = layout_change_problem(graph, j, plan.layer_strategies[j - 1].tp,
+                                        plan.layer_strategies[j].tp)
+        if problem:
+            raise PlannerError(problem)
     for fqn, _ in model.named_parameters(remove_duplicate=False):
         if owning_layer(fqn, graph) is None:
             raise PlannerError(f"parameter {fqn} belongs to no layer of the layer IR, so no "

@@ -99,6 +99,11 @@ class Layer:
     tied_params: int = 0
     tied_tp_params: int = 0
     tied_param_names: tuple[str, ...] = ()
+    # Legality facts read from the module at trace time (`ir.legality`): the layer's only
+    # input is one tensor made by the layer before it (its batch can be re-split when the
+    # data-parallel degree changes), and sequence parallelism can run it.
+    chain_input: bool = True
+    sequence_parallel_ok: bool = False
 
     def __str__(self) -> str:
         return f"{self.name}({self.kind})"

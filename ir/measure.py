@@ -33,6 +33,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ir.layer import Layer, LayerGraph, TPStyle
 from ir.layers import LayerNodes, group_nodes
 from ir.trace import TARGET_INPUT, LossFn, Traced, trace
+from ir.legality import sequence_parallel_problem, takes_one_positional_input
 from ir.tp import largest_vocab, tp_analysis
 
 TensorFactory = Callable[[torch.Size, torch.dtype, str], torch.Tensor]
@@ -349,6 +350,14 @@ class GraphMeasurer:
     def _is_state(self, node: fx.Node) -> bool:
         return node.op == "placeholder" and node.name in self.traced.state_names
 
+    def target_placeholder(self) -> fx.Node | None:
+        """The loss target's placeholder (user placeholders follow `user_values`' order)."""
+        if TARGET_INPUT not in self.user_values:
+            return None
+        user = [n for n in self.traced.graph_module.graph.nodes
+                if n.op == "placeholder" and not self._is_state(n)]
+        return user[list(self.user_values).index(TARGET_INPUT)]
+
     def _user_values(self, inputs, target, meta: bool):
         values = {}
         for name, t in inputs.items():
@@ -636,6 +645,7 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
         candidates, divisors = ((), ())
         if module is not None:
             candidates, divisors = tp_analysis(module, in_block=in_block, vocab_rows=vocab)
+        sp_ok = module is not None and sequence_parallel_problem(lname, module, candidates) is None
         shash = measurer.structural_hash(i)
         if progress:
             progress(i, n_layers, lname)
@@ -681,7 +691,8 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             random_elements_fwd=run.random_elements_fwd,
             random_tp_sharded_elements_fwd=run.random_tp_sharded_elements_fwd,
             tied_params=tied_params,
-            tied_tp_params=tied_tp, tied_param_names=tuple(tied)))
+            tied_tp_params=tied_tp, tied_param_names=tuple(tied),
+            chain_input=_chain_input(measurer, i, module), sequence_parallel_ok=sp_ok))
     edges, cuts = _edges_and_cuts(measurer)
     num_params = sum(p.numel() for p in root.parameters())
     seq_len = _seq_len(inputs) if seq_len == -1 else seq_len
@@ -692,6 +703,17 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
                        edges=tuple(edges), num_params=num_params, fingerprint=fingerprint,
                        cut_points=tuple(cuts), unique_layers_measured=len(runs))
     return graph, measurer
+
+
+def _chain_input(m: GraphMeasurer, i: int, module: nn.Module | None) -> bool:
+    """Layer i's only outside input is one tensor owned by layer i-1, and its forward takes
+    just that (`ir.legality.layout_change_problem`)."""
+    if i == 0 or module is None or not takes_one_positional_input(module):
+        return False
+    # the loss target feeds the loss, which joined the last layer but runs outside it
+    target = m.target_placeholder()
+    outside = [a for a in m.infos[i].inputs if a is not target]
+    return len(outside) == 1 and m.owner.get(outside[0]) == i - 1
 
 
 def _tied_copies(root: nn.Module, layer_names: list[str],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ir.layer import LayerGraph
+from ir.legality import sequence_parallel_applies
 from ir.plan import PlanDocument
 from planner.fmt import human_bytes, table
 
@@ -15,26 +17,47 @@ def plan_document(graph, cluster, candidate, stats: dict, extra: dict | None = N
         graph_micro_batch=graph.micro_batch, graph_dtype=graph.dtype, seq_len=graph.seq_len)
 
 
-def strategy_rows(doc: PlanDocument) -> list[list[object]]:
-    """Consecutive layers of one stage with one strategy share a row."""
+# Marks a TP degree on a layer with nothing to shard (a norm, a position embedding): its
+# TP group computes it replicated, matching its neighbours' layout.
+REPLICATED_MARK = "*"
+
+
+def strategy_rows(doc: PlanDocument, graph: LayerGraph | None = None) -> list[list[object]]:
+    """Consecutive layers of one stage with one strategy share a row. With the layer IR,
+    the tp and sp columns say what really runs sharded."""
     plan, names = doc.plan, doc.layer_names
+
+    def cells(j: int) -> tuple[str, str]:
+        s = plan.layer_strategies[j]
+        if graph is None:
+            return str(s.tp), "yes" if s.sequence_parallel else "-"
+        layer = graph.layers[j]
+        tp = f"{s.tp}{REPLICATED_MARK}" if s.tp > 1 and not layer.tp_candidates else str(s.tp)
+        return tp, "yes" if sequence_parallel_applies(layer, s) else "-"
+
     rows, i = [], 0
     while i < len(names):
         j = i
         while (j + 1 < len(names) and plan.layer_strategies[j + 1] == plan.layer_strategies[i]
-               and plan.stage_of(j + 1) == plan.stage_of(i)):
+               and plan.stage_of(j + 1) == plan.stage_of(i) and cells(j + 1) == cells(i)):
             j += 1
         s = plan.layer_strategies[i]
         span = names[i] if i == j else f"{names[i]} .. {names[j]}"
-        rows.append([f"{i}" if i == j else f"{i}-{j}", span, plan.stage_of(i), s.tp, s.dp,
-                     s.dp_mode.stage, "yes" if s.sequence_parallel else "-", s.checkpoint.value])
+        tp, sp = cells(i)
+        rows.append([f"{i}" if i == j else f"{i}-{j}", span, plan.stage_of(i), tp, s.dp,
+                     s.dp_mode.stage, sp, s.checkpoint.value])
         i = j + 1
     return rows
 
 
-def strategy_table(doc: PlanDocument) -> str:
+def strategy_table(doc: PlanDocument, graph: LayerGraph | None = None) -> str:
     headers = ["layers", "names", "stage", "tp", "dp", "zero", "sp", "checkpoint"]
-    return table(headers, strategy_rows(doc), right={2, 3, 4, 5})
+    rows = strategy_rows(doc, graph)
+    text = table(headers, rows, right={2, 3, 4, 5})
+    if any(str(r[3]).endswith(REPLICATED_MARK) for r in rows):
+        text += (f"\n{REPLICATED_MARK} nothing to shard: the layer runs replicated in its TP "
+                 "group (same layout as its neighbours)")
+    return text
 
 
 def summary_line(doc: PlanDocument) -> str:

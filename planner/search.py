@@ -63,6 +63,7 @@ from cost_models.pipeline import microbatches_in_flight
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
+from ir.legality import linked_runs
 from ir.plan import ParallelPlan
 from ir.strategy import Schedule, Stage
 from planner.search_space import (OuterCandidate, SearchOptions, layer_strategies,
@@ -113,7 +114,6 @@ def _price(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, option
     samples = global_batch // cand.num_microbatches
     per_param = bytes_per_param(options.precision, options.optimizer)
     overlap = overlap_efficiency(cluster)
-    sequence_model = graph.seq_len is not None
     layouts: dict[tuple, int] = {}
     tables = []
     degrees_key = ("tp-degrees", stage_devices)
@@ -123,7 +123,7 @@ def _price(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, option
         key = (layer.structural_hash, layer.params, stage_devices, samples, cand.num_microbatches,
                prune)
         if key not in cache:
-            strategies = layer_strategies(layer, stage_devices, samples, options, sequence_model,
+            strategies = layer_strategies(layer, stage_devices, samples, options, graph.seq_len,
                                           cache[degrees_key])
             rows = []
             for s in strategies:
@@ -201,15 +201,20 @@ def _transitions(graph: LayerGraph, cluster: ClusterSpec, options: SearchOptions
     """x(j, a, b) for every j: the re-layout after layer j, forward plus backward."""
     out = []
     scale = _config(graph, options, cluster, micro_batch).activation_scale
-    for j in range(len(graph.layers)):
+    n_layers = len(graph.layers)
+    for j in range(n_layers):
         nbytes = crossing[j] * scale
-        key = (nbytes, tuple(layouts))
+        # A TP change into a layer the executor cannot re-split is infinitely expensive.
+        chain = j + 1 >= n_layers or graph.layers[j + 1].chain_input
+        key = (nbytes, tuple(layouts), chain)
         if key not in cache:
             n = len(layouts)
             x = np.zeros((n, n))
             for a, (tp_a, sp_a) in enumerate(layouts):
                 for b, (tp_b, sp_b) in enumerate(layouts):
-                    if (tp_a, sp_a) != (tp_b, sp_b):
+                    if tp_a != tp_b and (not chain or max(tp_a, tp_b) % min(tp_a, tp_b)):
+                        x[a, b] = INF  # ir.legality.layout_change_problem
+                    elif (tp_a, sp_a) != (tp_b, sp_b):
                         x[a, b] = 2 * tp_transition_s(nbytes, tp_a, tp_b, sp_a, sp_b, cluster)
             cache[key] = x
         out.append(cache[key])
@@ -459,6 +464,36 @@ def _restrict(tables: list[LayerTable], keep) -> list[LayerTable] | None:
     return out
 
 
+def _pipeline_tp_groups(graph: LayerGraph, cand: OuterCandidate,
+                        tables: list[LayerTable]) -> list[list[LayerTable]] | None:
+    """Tables per TP degree when a stage boundary may split a linked run (layers that
+    must share one TP degree, `ir.legality.linked_runs`): the stage program sees no
+    layout across stages, so such a candidate is solved once per degree. None: no need."""
+    if cand.pp == 1:
+        return None
+    cuts = graph.cut_points
+    pinned = {i for a, b in linked_runs(graph) if any(a <= c < b for c in cuts)
+              for i in range(a, b + 1)}
+    if not pinned:
+        return None
+    out = []
+    for tp in sorted({s.tp for i in pinned for s in tables[i].strategies}):
+        done: dict[int, LayerTable | None] = {}
+        group = []
+        for i, t in enumerate(tables):
+            if i not in pinned:
+                group.append(t)
+                continue
+            if id(t) not in done:
+                done[id(t)] = _restrict([t], lambda s, tp=tp: s.tp == tp)
+            if done[id(t)] is None:
+                break
+            group.append(done[id(t)][0])
+        else:
+            out.append(group)
+    return out
+
+
 def _even_chunks(graph: LayerGraph, tables: list[LayerTable], chunks: int) -> list[tuple[int, int]] | None:
     """Contiguous chunks of about equal fastest compute, cut only at cut points."""
     weight = np.array([float(t.time_s.min()) for t in tables])
@@ -688,6 +723,9 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
                                                                    s.checkpoint) == key))]
             # Each uniform strategy is its own small problem: bound it too, best first.
             groups = sorted(((_lower_bound(cand, g, budget_of[cand]), g) for g in groups),
+                            key=lambda item: item[0])
+        elif (per_degree := _pipeline_tp_groups(graph, cand, tables)) is not None:
+            groups = sorted(((_lower_bound(cand, g, budget_of[cand]), g) for g in per_degree),
                             key=lambda item: item[0])
         else:
             groups = [(bound, tables)]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ir.errors import PlannerError
 from ir.layer import Layer, LayerGraph
+from ir.legality import pipeline_problem
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision, Schedule
 
 # Micro-batch counts tried per pipeline degree: enough to shrink the bubble (p-1)/m, few
@@ -91,11 +92,14 @@ def powers_of_two_dividing(n: int, limit: int | None = None) -> list[int]:
 def outer_candidates(graph: LayerGraph, world: int, global_batch: int,
                      options: SearchOptions) -> list[OuterCandidate]:
     segments = len(graph.cut_points) + 1  # most stages the cut points allow
+    cannot_cut = pipeline_problem(graph)
     if options.pp is not None:
         if world % options.pp:
             raise PlannerError(f"--pp {options.pp} does not divide the {world} devices")
+        if options.pp > 1 and cannot_cut:
+            raise PlannerError(f"--pp {options.pp}: {cannot_cut}")
         pps = [options.pp]
-    elif options.no_pp:
+    elif options.no_pp or cannot_cut:
         pps = [1]
     else:
         pps = [p for p in powers_of_two_dividing(world) if p <= segments]
@@ -162,9 +166,11 @@ def model_tp_degrees(graph: LayerGraph, stage_devices: int, max_tp: int | None) 
 
 
 def layer_strategies(layer: Layer, stage_devices: int, samples_per_microbatch: int,
-                     options: SearchOptions, sequence_model: bool,
+                     options: SearchOptions, seq_len: int | None,
                      model_degrees: set[int] | None = None) -> list[LayerStrategy]:
-    """Every legal strategy of one layer on a stage of `stage_devices` devices."""
+    """Every legal strategy of one layer on a stage of `stage_devices` devices. Sequence
+    parallelism is offered only where it changes how the layer runs
+    (`ir.legality.sequence_parallel_applies`) and the sequence splits over tp."""
     out = []
     for tp in powers_of_two_dividing(stage_devices, options.max_tp):
         if options.tp is not None and tp != options.tp:
@@ -183,11 +189,13 @@ def layer_strategies(layer: Layer, stage_devices: int, samples_per_microbatch: i
         modes = [DPMode.REPLICATE] if dp == 1 else list(DPMode)
         if options.zero is not None:
             modes = [DPMode.from_stage(options.zero)] if dp > 1 or options.zero == 0 else []
-        sps = [False]
-        if tp > 1 and sequence_model:  # SP shards the non-TP parts (norms) by sequence
-            sps = [False, True]
+        sp_runs = (tp > 1 and layer.sequence_parallel_ok and seq_len is not None
+                   and seq_len % tp == 0)
+        sps = [False, True] if sp_runs else [False]
         if options.sequence_parallel is not None:
-            sps = [options.sequence_parallel] if (tp > 1 or not options.sequence_parallel) else []
+            if options.sequence_parallel and tp == 1:
+                continue  # --sequence-parallel asks for tensor parallelism everywhere
+            sps = [options.sequence_parallel and sp_runs]
         ckpts = [Checkpoint.NONE, Checkpoint.FULL]
         if options.no_checkpoint:
             ckpts = [Checkpoint.NONE]

@@ -156,7 +156,7 @@ def test_changing_dp_needs_single_input_layers():
                      global_batch=8, micro_batch=4, num_microbatches=1,
                      precision=Precision.FP32)
     with pytest.raises(PlannerError, match=r"layer transformer\.wpe: its data-parallel degree "
-                                           r"changes from 2 to 1"):
+                                           r"would change \(tp 1 -> 2\)"):
         check_plan(model_of(HF_GPT2), p, graph, 2)
 
 

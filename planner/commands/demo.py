@@ -58,7 +58,7 @@ def run(args) -> int:
         return 1
     doc = plan_document(graph, cluster, result.best, result.stats)
     print(summary_line(doc))
-    print(strategy_table(doc))
+    print(strategy_table(doc, graph))
     print()
     print(baseline_table(result.best, result.baselines, cluster))
     print(f"searched {result.stats['outer_searched']} of {result.stats['outer_candidates']} "

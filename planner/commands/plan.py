@@ -110,7 +110,7 @@ def run(args) -> int:
         return 0
     print(summary_line(doc))
     print()
-    print(strategy_table(doc))
+    print(strategy_table(doc, graph))
     print()
     print(predicted_lines(doc.predicted))
     print(stage_memory_table(doc.predicted))

@@ -1,0 +1,122 @@
+"""What the executor can run, decided from the layer IR: the one legality contract.
+
+The search (`planner.search_space`, `planner.search`) offers only what these functions
+allow, and the executor (`executors.validate.check_plan`) rejects by the same functions
+(plus checks against the live module, for plans written by hand). Facts that need the
+module (its forward signature, which modules are norms) are read once at trace time
+(`ir.measure`) and stored on the `Layer`:
+
+    Layer.chain_input            its only input is one tensor from the layer before it
+    Layer.sequence_parallel_ok   SP can run it (`sequence_parallel_problem` says why not)
+
+    sequence_parallel_applies(layer, strategy)   does SP change how the layer runs
+    layout_change_problem(graph, j, tp_a, tp_b)  can layer j follow TP tp_a with tp_b
+    linked_runs(graph)                           runs of layers that share one TP degree
+    pipeline_problem(graph)                      can the model be cut into stages at all
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from torch import nn
+
+from ir.layer import Layer, LayerGraph, TPCandidate, TPStyle
+from ir.strategy import LayerStrategy
+
+_BLOCK_STYLES = (TPStyle.COLWISE, TPStyle.ROWWISE)
+
+
+def is_tp_block(candidates: tuple[TPCandidate, ...]) -> bool:
+    """A layer with column- or row-parallel linears (not an embedding or a head)."""
+    return any(c.style in _BLOCK_STYLES for c in candidates)
+
+
+def _inside(path: str, prefix: str) -> bool:
+    return prefix == "" or path == prefix or path.startswith(prefix + ".")
+
+
+def sequence_parallel_problem(name: str, module: nn.Module,
+                              candidates: tuple[TPCandidate, ...]) -> str | None:
+    """Why sequence parallelism (Korthikanti et al. 2022) cannot run this layer, or None.
+    SP runs every module that is not a TP candidate on a sequence chunk, so those must be
+    norms; and it gathers the sequence at the input of the module holding the
+    column-parallel linears, which must not be the layer itself."""
+    if not is_tp_block(candidates):
+        return (f"layer {name}: sequence parallelism needs column- and row-parallel linears; "
+                "an embedding, head or norm runs on the full sequence")
+    paths = [c.module for c in candidates]
+    for path, sub in module.named_modules():
+        if not any(True for _ in sub.parameters(recurse=False)):
+            continue
+        if any(_inside(path, p) for p in paths):
+            continue
+        if "norm" not in type(sub).__name__.lower():
+            return (f"layer {name}: sequence parallel runs every non-TP module on a sequence "
+                    f"chunk, but {path} ({type(sub).__name__}) is not a normalization; turn "
+                    "sequence_parallel off for this layer")
+    colwise = [c.module for c in candidates if c.style is TPStyle.COLWISE]
+    if any("." not in p for p in colwise):
+        return (f"layer {name}: sequence parallel gathers the input of the module holding the "
+                "column-parallel linears, which here is the layer itself; turn "
+                "sequence_parallel off for this layer")
+    return None
+
+
+def sequence_parallel_applies(layer: Layer, strategy: LayerStrategy) -> bool:
+    """Whether `strategy` runs `layer` sequence-parallel. On a layer SP cannot run (an
+    embedding, a head, a final norm) the flag changes nothing, and the search never sets it."""
+    return strategy.sequence_parallel and strategy.tp > 1 and layer.sequence_parallel_ok
+
+
+def takes_one_positional_input(module: nn.Module) -> bool:
+    """forward(x): the executor re-splits a layer's batch at its one input."""
+    params = list(inspect.signature(module.forward).parameters.values())
+    return len(params) == 1 and params[0].kind in (params[0].POSITIONAL_ONLY,
+                                                   params[0].POSITIONAL_OR_KEYWORD)
+
+
+def layout_change_problem(graph: LayerGraph, j: int, tp_before: int, tp_after: int) -> str | None:
+    """Why layer j (TP degree tp_after) cannot follow layer j-1 (tp_before), or None.
+
+    In a stage of D devices a layer of TP degree t runs D/t data-parallel replicas, so a
+    TP change re-splits the batch (`executors.layout.relayout`). The executor does that on
+    the layer's one input; a layer that also takes masks, position embeddings or model
+    inputs would see those in the old split, so its degree must equal its neighbour's."""
+    if tp_before == tp_after:
+        return None
+    name, prev = graph.layers[j].name, graph.layers[j - 1].name
+    if max(tp_before, tp_after) % min(tp_before, tp_after):
+        return (f"layer {name}: TP degree {tp_after} after {tp_before} (layer {prev}); "
+                "neighbouring TP degrees must divide one another")
+    if not graph.layers[j].chain_input:
+        return (f"layer {name}: its data-parallel degree would change (tp {tp_before} -> "
+                f"{tp_after}), which re-splits the batch of its input; that needs a layer taking "
+                f"one tensor produced only by {prev}; give both layers the same tp")
+    return None
+
+
+def linked_runs(graph: LayerGraph) -> list[tuple[int, int]]:
+    """Maximal runs [a, b] of >= 2 layers where each layer after the first is not a chain
+    input: every layer of a run must have the same TP degree (`layout_change_problem`)."""
+    runs, start = [], 0
+    for j in range(1, len(graph.layers) + 1):
+        if j == len(graph.layers) or graph.layers[j].chain_input:
+            if j - 1 > start:
+                runs.append((start, j - 1))
+            start = j
+    return runs
+
+
+def pipeline_problem(graph: LayerGraph) -> str | None:
+    """Why the model cannot be cut into pipeline stages at all, or None. A stage replaces
+    the layer modules outside it (`executors.pipeline`), so every layer must be one module."""
+    if not graph.cut_points:
+        return f"{graph.model} has no place where a pipeline can cut (one tensor crossing)"
+    for layer in graph.layers:
+        if not layer.name:
+            return "a pipeline cannot cut root-level glue layers"
+        if "+" in layer.name:
+            return (f"layer {layer.name}: modules called at several places are merged into one "
+                    "layer, which a pipeline stage cannot hold apart; use pp=1 for this model")
+    return None
