@@ -40,7 +40,7 @@ from ir.errors import PlannerError
 from ir.layer import Layer, LayerGraph, TPStyle
 from ir.legality import sequence_parallel_applies
 from ir.plan import ParallelPlan
-from ir.strategy import Checkpoint, LayerStrategy
+from ir.strategy import Checkpoint, LayerStrategy, Schedule
 
 from cost_models.activations import LayerActivations, layer_activations, logits_bytes
 from cost_models.common import GiB, MiB, StepConfig, layer_configs
@@ -411,6 +411,24 @@ def check_plan_matches(graph: LayerGraph, plan: ParallelPlan,
                            "--nodes or lower --dp/--tp/--pp")
 
 
+# Steady-state rounds walked beyond one pass of the pipeline: after warm-up every 1F1B
+# round (and every accumulation round without a pipeline) holds the same tensors, so the
+# peak of m micro-batches is the peak of a few (tests/test_cost_memory.py checks it).
+STEADY_ROUNDS_WALKED = 2
+
+
+def walked_microbatches(plan: ParallelPlan) -> int:
+    """Micro-batches `walk_rank` needs to see the peak of all `plan.num_microbatches`:
+    warm-up, STEADY_ROUNDS_WALKED steady rounds and cool-down, rounded up to a multiple
+    of pp (the interleaved schedule runs micro-batches in groups of pp). GPipe holds all
+    m micro-batches' activations at once, so it is walked whole."""
+    if plan.schedule is Schedule.GPIPE and plan.pp > 1:
+        return plan.num_microbatches
+    cap = len(plan.stages) + plan.pp * STEADY_ROUNDS_WALKED
+    cap = -(-cap // plan.pp) * plan.pp
+    return min(plan.num_microbatches, cap)
+
+
 def plan_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
                 configs: Sequence[StepConfig] | None = None) -> MemoryEstimate:
     """Peak memory per pipeline rank of `plan` for `graph` on `cluster`."""
@@ -434,10 +452,10 @@ def plan_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
                                                       configs[j]), shared.get(j, 0.0))
                          for j in c)
             chunks.append(ChunkMemory(mems, held, persistent))
-        ops = rank_ops(plan.schedule, plan.pp, rank, plan.num_microbatches,
-                       len(chunk_indices))
+        walked = walked_microbatches(plan)
+        ops = rank_ops(plan.schedule, plan.pp, rank, walked, len(chunk_indices))
         chunks, device_moments = _most_loaded_device(chunks, indices, plan)
-        stage = walk_rank(chunks, ops, stage=rank, num_microbatches=plan.num_microbatches,
+        stage = walk_rank(chunks, ops, stage=rank, num_microbatches=walked,
                           pipelined=pipelined, overhead_bytes=cluster.runtime_overhead_bytes,
                           optimizer=config.optimizer, foreach=foreach)
         if device_moments:

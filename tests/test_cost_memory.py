@@ -19,6 +19,9 @@ from ir.errors import PlannerError
 from ir.layer import TPCandidate, TPStyle
 from ir.plan import ParallelPlan, uniform_plan
 from ir.strategy import Checkpoint, LayerStrategy, Precision, Schedule, Stage
+from planner.models import load_layer_graph
+from planner.search import search
+from planner.search_space import SearchOptions
 
 GB = 1e9
 TOLERANCE = 0.02  # issue 3: within 2% of the published figures
@@ -248,3 +251,26 @@ def test_loss_head_logits_are_fp32_and_vocab_parallel():
     fp32 = layer_activations(head, LayerStrategy(),
                              dataclasses.replace(config, precision=Precision.FP32))
     assert fp32.kept_bytes == pytest.approx(2 * head.saved_activation_bytes)
+
+
+@pytest.mark.parametrize("pp,schedule", [(1, Schedule.ONE_F_ONE_B), (2, Schedule.ONE_F_ONE_B),
+                                         (4, Schedule.ONE_F_ONE_B), (2, Schedule.INTERLEAVED)])
+def test_walking_a_few_microbatches_finds_the_peak_of_all(pp, schedule, monkeypatch):
+    """The walk stops after warm-up and STEADY_ROUNDS_WALKED steady rounds: the peak of
+    every rank equals the walk over all micro-batches (a global batch of 1e9 would
+    otherwise walk 1e9 micro-batches)."""
+    from cost_models import memory as memory_model
+
+    graph = load_layer_graph("llama-tiny", micro_batch=1, dtype=torch.bfloat16)
+    cluster = get_cluster("a100-80g", nodes=2)
+    result = search(graph, cluster, 512, SearchOptions(pp=pp, schedule=schedule, micro_batch=1,
+                                                       top_k=3))
+    assert result.candidates
+    for cand in result.candidates[:3]:
+        assert cand.plan.num_microbatches > memory_model.walked_microbatches(cand.plan)
+        fast = memory_model.plan_memory(graph, cand.plan, cluster)
+        with monkeypatch.context() as patch:
+            patch.setattr(memory_model, "walked_microbatches", lambda plan: plan.num_microbatches)
+            full = memory_model.plan_memory(graph, cand.plan, cluster)
+        assert [(s.peak_bytes, s.phase) for s in fast.stages] == \
+               [(s.peak_bytes, s.phase) for s in full.stages], str(cand.plan)
