@@ -829,7 +829,7 @@ def least_memory(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
                              global_batch, options)
             except PlannerError:
                 continue
-            peak = estimate(graph, plan, cluster, profile).memory.peak_bytes
+            peak = plan_memory(graph, plan, cluster).peak_bytes
             if best[0] is None or peak < best[0]:
                 best = (peak, plan)
     return best
