@@ -15,12 +15,14 @@ where, per layer and micro-batch (priced once per unique layer by `_price`):
     mem_r(i, s)  params + grads + optimizer states + k_r x kept activations, k_r the
                  micro-batches in flight on rank r (cost_models.pipeline)
     x(j, a, b)   forward + backward re-layout between layers j and j+1 when their
-                 (TP, SP) layouts a, b differ (cost_models.comm.tp_transition_s)
+                 (TP, SP) layouts a, b differ (cost_models.comm.tp_transition_s, in
+                 `_transitions`); infinite where the executor cannot re-split layer
+                 j+1's input (`ir.legality.layout_change_problem`)
     transient    one layer's recompute working set, gradient flow, ZeRO-3 gathered units
                  and unsharded gradients: the max-type buffers of cost_models.memory,
-                 bounded by `cap` (a few caps are tried, `_transient_caps`)
+                 bounded by cap (a few caps are tried, `_transient_caps`)
     U_r          (device memory - runtime overhead - DP buckets - cap) in buckets
-and T_r = sum of t and x over the stage + the p2p sends at its edges (`_stage_cost`).
+and T_r = sum of t and x over the stage + the p2p sends at its edges (`_stage_edges_s`).
 Pipe is 1F1B's sum_r T_r + (m-1) max_r T_r (cost_models.pipeline.pipeline_time).
 
 Inner recurrence, one stage, memory in buckets (`_extend`):
@@ -36,11 +38,14 @@ Outer recurrence, the stage partition (`_partition`), exact:
 
 A stage's table is cached by the run of (structural hash, boundary bytes) it covers, so
 96 identical blocks cost one table per length, not one per position. Interleaved 1F1B
-(v chunks per rank) uses stages of equal compute with the inner program per chunk.
+(v chunks per rank) uses stages of equal compute with the inner program per chunk
+(`_interleaved`). Layers that must share one TP degree (`ir.legality.linked_runs`) and
+that a stage boundary may split are solved once per degree (`_pipeline_tp_groups`): the
+outer program does not carry layouts across stages.
 
 Every candidate's optimum is then priced by the full model (`cost_models.estimate`),
-which decides; the uniform baselines are priced the same way, so the chosen plan is
-never worse than any uniform plan in the space.
+which decides; the uniform baselines (`planner.baselines`) are priced the same way, so
+the chosen plan is never worse than any uniform plan in the space.
 """
 
 from __future__ import annotations
@@ -753,6 +758,8 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
             break  # priced enough of the DP's best to re-rank by the full model
     base = []
     if with_baselines and not options.uniform:
+        from planner.baselines import baselines  # they search too: imported at call time
+
         base = baselines(graph, cluster, global_batch, options, profile)
         candidates += [b.candidate for b in base
                        if b.candidate is not None and b.candidate.plan not in seen]
@@ -760,76 +767,3 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
     stats["search_seconds"] = time.perf_counter() - start
     stats["feasible_candidates"] = len(found)
     return SearchResult(candidates[0] if candidates else None, candidates, stats, base)
-
-
-# ------------------------------------------------------------------- baselines
-
-
-BASELINES = {
-    "DDP": dict(tp=1, pp=1, zero=0, no_checkpoint=True),
-    "ZeRO-3 (FSDP)": dict(tp=1, pp=1, zero=3),
-    "Megatron TPxPPxDP": dict(zero=0),
-}
-
-
-@dataclass(frozen=True)
-class Baseline:
-    name: str
-    candidate: Candidate | None
-    needs_bytes: int | None  # least peak memory of this family when nothing fits
-    excluded_by: str | None = None  # the user's pin this family contradicts
-    reason: str | None = None  # why the family has no legal configuration at all
-
-
-def baselines(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
-              options: SearchOptions, profile=None) -> list[Baseline]:
-    """The best uniform plan of each classic family (within the user's pins), or what it
-    would need."""
-    out = []
-    for name, pins in BASELINES.items():
-        clash = [k for k, v in pins.items() if getattr(options, k) not in (None, False, v)]
-        if clash:
-            out.append(Baseline(name, None, None, excluded_by=f"--{clash[0].replace('_', '-')}"))
-            continue
-        base = dataclasses.replace(options, uniform=True, top_k=1, time_limit_s=None, **pins)
-        try:
-            result = search(graph, cluster, global_batch, base, profile, with_baselines=False)
-        except PlannerError as exc:
-            out.append(Baseline(name, None, None, reason=str(exc)))
-            continue
-        needs = None if result.best else least_memory(graph, cluster, global_batch, base, profile)[0]
-        out.append(Baseline(name, result.best, needs))
-    return out
-
-
-def least_memory(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
-                 options: SearchOptions, profile=None) -> tuple[int | None, ParallelPlan | None]:
-    """Peak bytes of the most memory-frugal uniform plan the options allow."""
-    from ir.strategy import Checkpoint, DPMode, LayerStrategy
-
-    best: tuple[int | None, ParallelPlan | None] = (None, None)
-    for cand in outer_candidates(graph, cluster.world_size, global_batch, options):
-        tables, _ = _price(graph, cluster, cand, options, global_batch, profile, {})
-        if any(not t.strategies for t in tables):
-            continue
-        # per layer: the strategy with the least state + kept bytes that the others share
-        keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint)
-                for s in tables[0].strategies}
-        for key in keys:
-            group = _restrict(tables, lambda s, key=key: (s.tp, s.dp_mode, s.sequence_parallel,
-                                                         s.checkpoint) == key)
-            if group is None:
-                continue
-            strategies = [g.strategies[0] for g in group]
-            stages = _even_chunks(graph, group, cand.pp * cand.virtual_stages)
-            if stages is None:
-                continue
-            try:
-                plan = _plan(cand, stages, strategies, cluster.world_size // cand.pp,
-                             global_batch, options)
-            except PlannerError:
-                continue
-            peak = plan_memory(graph, plan, cluster).peak_bytes
-            if best[0] is None or peak < best[0]:
-                best = (peak, plan)
-    return best

@@ -10,14 +10,16 @@ import subprocess
 import sys
 
 import numpy as np
+import torch
 import pytest
 
 from cost_models.clusters import get_cluster
 from cost_models.synthetic import gpt_layer_graph
 from ir.errors import PlannerError
 from ir.plan import load_plan
-from ir.strategy import Precision, Schedule
+from ir.strategy import Checkpoint, Precision, Schedule
 from planner import search as S
+from planner.models import load_layer_graph
 from planner.search_space import SearchOptions, outer_candidates
 from cost_models.pipeline import microbatches_in_flight
 
@@ -220,3 +222,52 @@ def test_bad_plan_input_is_one_line_and_writes_nothing(tmp_path, args, message):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], r.stderr
     assert not out.exists()
+
+
+def _resolves(dotted: str) -> bool:
+    """`name` (an attribute of planner.search) or a dotted module path plus attributes."""
+    import importlib
+
+    import planner.search as module
+
+    parts = dotted.split(".")
+    if len(parts) == 1:
+        return hasattr(module, dotted)
+    for cut in range(len(parts), 0, -1):
+        try:
+            target = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(target, attr):
+                return False
+            target = getattr(target, attr)
+        return True
+    return False
+
+
+def test_the_docstring_names_only_what_exists():
+    """The search's module docstring writes the recurrences out and names the function
+    behind each term; every `name` it cites must exist (it once cited `_stage_cost`)."""
+    import re
+
+    import planner.search as module
+
+    cited = set(re.findall(r"`([A-Za-z_][\w.]*)`", module.__doc__))
+    assert {"_extend", "_partition", "_transitions", "_pipeline_tp_groups"} <= cited
+    missing = [n for n in sorted(cited) if not (_resolves(n) or _resolves(f"planner.{n}"))]
+    assert not missing, f"planner/search.py's docstring names what does not exist: {missing}"
+    assert not _resolves("_stage_cost")  # the check can fail
+
+
+def test_a_pinned_checkpoint_excludes_the_ddp_baseline():
+    """DDP runs without checkpointing: `--checkpoint full` excludes it instead of failing
+    the whole search ("--no-checkpoint contradicts --checkpoint full")."""
+    from planner.baselines import baselines
+
+    graph = load_layer_graph("gpt-tiny", micro_batch=1, dtype=torch.bfloat16)
+    cluster = get_cluster("a100-80g")
+    found = {b.name: b for b in baselines(graph, cluster, 16,
+                                          SearchOptions(checkpoint=Checkpoint.FULL))}
+    assert found["DDP"].excluded_by == "--checkpoint"
+    assert found["ZeRO-3 (FSDP)"].candidate is not None

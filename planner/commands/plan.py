@@ -22,7 +22,8 @@ from planner.fmt import Progress, human_bytes, table
 from planner.models import load_layer_graph
 from planner.plan_report import (plan_document, predicted_lines, stage_memory_table,
                                   strategy_table, summary_line)
-from planner.search import least_memory, search
+from planner.baselines import least_memory
+from planner.search import search
 from planner.search_space import SearchOptions
 
 GiB = 2**30

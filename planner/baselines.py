@@ -1,0 +1,87 @@
+"""The classic uniform baselines a searched plan is ranked against: DDP, ZeRO-3 (FSDP)
+and the best Megatron TP x PP x DP grid point, each the best uniform plan of its family
+within the user's pins, or, where none fits, the least memory that family needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from cost_models.memory import plan_memory
+from ir.cluster import ClusterSpec
+from ir.errors import PlannerError
+from ir.layer import LayerGraph
+from ir.plan import ParallelPlan
+from ir.strategy import Checkpoint
+from planner.search import Candidate, _even_chunks, _plan, _price, _restrict, search
+from planner.search_space import SearchOptions, outer_candidates
+
+BASELINES = {
+    "DDP": dict(tp=1, pp=1, zero=0, no_checkpoint=True),
+    "ZeRO-3 (FSDP)": dict(tp=1, pp=1, zero=3),
+    "Megatron TPxPPxDP": dict(zero=0),
+}
+
+
+@dataclass(frozen=True)
+class Baseline:
+    name: str
+    candidate: Candidate | None
+    needs_bytes: int | None  # least peak memory of this family when nothing fits
+    excluded_by: str | None = None  # the user's pin this family contradicts
+    reason: str | None = None  # why the family has no legal configuration at all
+
+
+def baselines(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
+              options: SearchOptions, profile=None) -> list[Baseline]:
+    """The best uniform plan of each classic family (within the user's pins), or what it
+    would need."""
+    out = []
+    for name, pins in BASELINES.items():
+        clash = [k for k, v in pins.items() if getattr(options, k) not in (None, False, v)]
+        if pins.get("no_checkpoint") and options.checkpoint not in (None, Checkpoint.NONE):
+            clash.append("checkpoint")  # DDP runs without checkpointing
+        if clash:
+            out.append(Baseline(name, None, None, excluded_by=f"--{clash[0].replace('_', '-')}"))
+            continue
+        base = dataclasses.replace(options, uniform=True, top_k=1, time_limit_s=None, **pins)
+        try:
+            result = search(graph, cluster, global_batch, base, profile, with_baselines=False)
+        except PlannerError as exc:
+            out.append(Baseline(name, None, None, reason=str(exc)))
+            continue
+        needs = None if result.best else least_memory(graph, cluster, global_batch, base, profile)[0]
+        out.append(Baseline(name, result.best, needs))
+    return out
+
+
+def least_memory(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
+                 options: SearchOptions, profile=None) -> tuple[int | None, ParallelPlan | None]:
+    """Peak bytes of the most memory-frugal uniform plan the options allow."""
+    best: tuple[int | None, ParallelPlan | None] = (None, None)
+    for cand in outer_candidates(graph, cluster.world_size, global_batch, options):
+        tables, _ = _price(graph, cluster, cand, options, global_batch, profile, {})
+        if any(not t.strategies for t in tables):
+            continue
+        # per layer: the strategy with the least state + kept bytes that the others share
+        keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint)
+                for s in tables[0].strategies}
+        for key in keys:
+            group = _restrict(tables, lambda s, key=key: (s.tp, s.dp_mode, s.sequence_parallel,
+                                                         s.checkpoint) == key)
+            if group is None:
+                continue
+            strategies = [g.strategies[0] for g in group]
+            stages = _even_chunks(graph, group, cand.pp * cand.virtual_stages)
+            if stages is None:
+                continue
+            try:
+                plan = _plan(cand, stages, strategies, cluster.world_size // cand.pp,
+                             global_batch, options)
+            except PlannerError:
+                continue
+            peak = plan_memory(graph, plan, cluster).peak_bytes
+            if best[0] is None or peak < best[0]:
+                best = (peak, plan)
+    return best
