@@ -29,6 +29,7 @@ preset's, or the local gloo guesses: run `planner profile-cluster` for them).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import math
@@ -54,8 +55,9 @@ GiB = 2**30
 # Llama-3-8B MLP (h 4096, ffn 14336), and skinny m (decode-like, small micro-batches).
 _BLOCK = [(8192, 3 * h, h) for h in (4096, 8192)] + [(8192, h, h) for h in (4096, 8192)] \
     + [(8192, 4 * h, h) for h in (4096, 8192)] + [(8192, h, 4 * h) for h in (4096, 8192)]
-CUDA_GEMM_SHAPES = ([(d, d, d) for d in (256, 512, 1024, 2048, 4096, 8192)] + _BLOCK
-                    + [(8192, 14336, 4096)] + [(m, 8192, 8192) for m in (1, 16, 128, 1024)])
+CUDA_GEMM_SHAPES = list(dict.fromkeys(  # in order, each shape once (8192^3 is in both lists)
+    [(d, d, d) for d in (256, 512, 1024, 2048, 4096, 8192)] + _BLOCK
+    + [(8192, 14336, 4096)] + [(m, 8192, 8192) for m in (1, 16, 128, 1024)]))
 # float32 is IEEE FP32 (matmul precision "highest"); tf32 is the same call at "high".
 CUDA_GEMM_DTYPES = ("bfloat16", "float16", "float32", "tf32")
 # CPU (one thread): sizes the zoo's tiny models use. float16 left out: torch 2.13's CPU
@@ -88,6 +90,16 @@ MIN_BATCHES = 3
 ROTATE_BYTES = {"cuda": 256 * MiB, "cpu": 64 * MiB}
 MAX_ROTATE_SETS = 64
 LAUNCH_PROBE_CALLS = 512  # tiny adds per launch-overhead batch
+# Before the GPU grid, PREHEAT_S of back-to-back PREHEAT_DIM^3 bf16 products (REFERENCES.md's
+# shape) in PREHEAT_WINDOW_S windows: the first window is the boost rate, the last the
+# settled one. On the H100 here a grid without it measured 8192^3 at 795 TFLOP/s early and
+# 707 some seconds later (2026-11-24): the grid must see one state, the one training sees.
+PREHEAT_DIM = 8192
+PREHEAT_S = 10.0
+PREHEAT_WINDOW_S = 0.5
+# Memory bandwidth of the spec: the best streaming kernel (copy or add) moving at least
+# this much, well past the caches (H100 L2 50 MB; this CPU's L3 32 MiB).
+HBM_MIN_MOVED_BYTES = {"cuda": 256 * MiB, "cpu": 32 * MiB}
 
 _TORCH_DTYPES = {"float32": "float32", "tf32": "float32", "bfloat16": "bfloat16",
                  "float16": "float16"}
@@ -282,7 +294,7 @@ def probe_sdpa(device: str, shapes, dtype: str, progress=None) -> list[SdpaPoint
             try:
                 with warnings.catch_warnings():  # a backend that cannot run says why, loudly
                     warnings.simplefilter("ignore")
-                    with sdpa_kernel(backend) if backend is not None else _nothing():
+                    with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
                         forward_s = seconds_per_call(lambda i: forward(), device)
                         total_s = seconds_per_call(lambda i: step(), device)
             except RuntimeError as exc:  # "No available kernel": not for this device/shape
@@ -301,12 +313,25 @@ def probe_sdpa(device: str, shapes, dtype: str, progress=None) -> list[SdpaPoint
     return points
 
 
-class _nothing:
-    def __enter__(self):
-        return None
+def probe_sustained_gemm(device: str, dim: int = PREHEAT_DIM, seconds: float = PREHEAT_S,
+                         progress=None) -> tuple[float, float]:
+    """(first-window, last-window) FLOP/s of back-to-back dim^3 bf16 products (2 dim^3
+    FLOPs each), run for `seconds`; leaves the device in its settled state."""
+    import torch
 
-    def __exit__(self, *exc):
-        return False
+    a, b = (_random((dim, dim), "bfloat16", device) for _ in range(2))
+    c = torch.empty_like(a)
+    one_s = seconds_per_call(lambda i: torch.mm(a, b, out=c), device)
+    calls = max(1, round(PREHEAT_WINDOW_S / one_s))
+    rates, spent_s = [], 0.0
+    while spent_s < seconds:
+        window_s = _batch_seconds(lambda: [torch.mm(a, b, out=c) for _ in range(calls)], device)
+        rates.append(2.0 * dim**3 * calls / window_s)
+        spent_s += window_s
+    if progress:
+        progress(f"preheat {dim}^3 bf16, TFLOP/s per {PREHEAT_WINDOW_S} s window: "
+                 + " ".join(f"{r / 1e12:.0f}" for r in rates))
+    return rates[0], rates[-1]
 
 
 def probe_launch(device: str) -> tuple[float, float]:
@@ -368,11 +393,14 @@ def measure(device: str, quick: bool = False, progress=None) -> KernelCalibratio
     check_device(device)
     cpu = device == "cpu"
     gemm_shapes = CPU_GEMM_SHAPES if cpu else QUICK_CUDA_GEMM_SHAPES if quick else CUDA_GEMM_SHAPES
-    with clusters._one_thread() if cpu else _nothing():
+    with clusters._one_thread() if cpu else contextlib.nullcontext():
         dtypes = supported_gemm_dtypes(device, CPU_GEMM_DTYPES if cpu else CUDA_GEMM_DTYPES)
         host_s, device_s = probe_launch(device)
         if progress:
             progress(f"launch: host {host_s * 1e6:.2f} us/op, device {device_s * 1e6:.2f} us/kernel")
+        burst, sustained = (0.0, 0.0) if cpu or "bfloat16" not in dtypes else \
+            probe_sustained_gemm(device, seconds=PREHEAT_S / 5 if quick else PREHEAT_S,
+                                 progress=progress)
         gemm = probe_gemm(device, gemm_shapes, dtypes, progress)
         memory_dtype = "float32" if cpu else "bfloat16"
         sizes = CPU_MEMORY_BYTES if cpu else CUDA_MEMORY_BYTES[:2] if quick else CUDA_MEMORY_BYTES
@@ -384,15 +412,20 @@ def measure(device: str, quick: bool = False, progress=None) -> KernelCalibratio
     cuda = f", CUDA {torch.version.cuda}" if not cpu else ", 1 thread"
     return KernelCalibration(measured_on=f"{name}, torch {torch.__version__}{cuda}, {stamp}",
                              gemm=tuple(gemm), memory_kernels=tuple(memory), sdpa=tuple(sdpa),
-                             launch_host_s=host_s, launch_device_s=device_s)
+                             launch_host_s=host_s, launch_device_s=device_s,
+                             burst_gemm_flop_per_s=burst, sustained_gemm_flop_per_s=sustained)
 
 
 def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> ClusterSpec:
     """A cluster spec for this device with the measured tables and figures in it."""
     import torch
 
-    copies = [p for p in cal.memory_kernels if p.kernel == "copy"]
-    hbm_gbps = max(copies, key=lambda p: p.nbytes).gbps
+    streams = [p for p in cal.memory_kernels if p.kernel in ("copy", "add")
+               and p.nbytes >= HBM_MIN_MOVED_BYTES[device]]
+    if not streams:
+        raise PlannerError(f"profile-device: no copy moved {HBM_MIN_MOVED_BYTES[device]} bytes "
+                           "or more; the memory bandwidth needs one")
+    hbm_gbps = max(p.gbps for p in streams)
     best = {}
     for p in cal.gemm:
         best[p.dtype] = max(best.get(p.dtype, 0.0), p.flop_per_s)

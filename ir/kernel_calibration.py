@@ -27,6 +27,9 @@ MEMORY_KERNELS = ("copy", "add", "gelu", "sum", "softmax", "layer_norm")
 # SDPA backends as torch.nn.attention.SDPBackend names them, lower case, plus "default"
 # (whatever torch's dispatcher picks with no backend forced).
 SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "math", "default")
+# The calibration's single figures (numbers >= 0; 0 where not measured).
+_SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
+            "sustained_gemm_flop_per_s")
 
 
 def _is_number(value: Any) -> bool:
@@ -128,6 +131,11 @@ class KernelCalibration:
     # Device seconds per tiny kernel replayed back to back from a CUDA graph (the GPU's own
     # floor per kernel); 0 where not measured (CPUs).
     launch_device_s: float = 0.0
+    # A large bf16 GEMM run back to back before the grid: its rate over the first and the
+    # last window (a GPU boosts, then settles under its power and thermal limits; the
+    # grid is measured in the settled state). 0 where not measured (CPUs).
+    burst_gemm_flop_per_s: float = 0.0
+    sustained_gemm_flop_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)
@@ -137,7 +145,7 @@ class KernelCalibration:
                 if not isinstance(item, kind):
                     raise PlannerError(f"kernel calibration: {field} holds a "
                                        f"{type(item).__name__}, not a {kind.__name__}")
-        for field in ("launch_host_s", "launch_device_s"):
+        for field in _SCALARS:
             value = getattr(self, field)
             if not _is_number(value) or value < 0:
                 raise PlannerError(f"kernel calibration: {field} must be a number >= 0, "
@@ -173,9 +181,10 @@ class KernelCalibration:
         def rows(items) -> list[dict[str, Any]]:
             return [{f.name: getattr(i, f.name) for f in dataclasses.fields(i)} for i in items]
 
-        return {"measured_on": self.measured_on, "launch_host_s": self.launch_host_s,
-                "launch_device_s": self.launch_device_s, "gemm": rows(self.gemm),
-                "memory_kernels": rows(self.memory_kernels), "sdpa": rows(self.sdpa)}
+        return {"measured_on": self.measured_on,
+                **{field: getattr(self, field) for field in _SCALARS},
+                "gemm": rows(self.gemm), "memory_kernels": rows(self.memory_kernels),
+                "sdpa": rows(self.sdpa)}
 
     @classmethod
     def from_dict(cls, data: Any) -> KernelCalibration:
@@ -195,7 +204,7 @@ class KernelCalibration:
             tables[field] = tuple(_row(kind, f"kernel_calibration.{field}[{i}]", item)
                                   for i, item in enumerate(items))
         scalars = {}
-        for field in ("launch_host_s", "launch_device_s"):
+        for field in _SCALARS:
             value = data.get(field, 0.0)
             if not _is_number(value):
                 raise PlannerError(f"kernel_calibration.{field} must be a number, got {value!r}")
