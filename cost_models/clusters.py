@@ -124,10 +124,25 @@ def _a100_80g() -> ClusterSpec:
                        AMPERE_MATMUL_EFFICIENCY)
 
 
+# Kernel tables `planner profile-device --device cuda` measured on one H100 80GB HBM3
+# (torch 2.11, CUDA 13.0, 2026-11-24): GEMMs by shape, memory-bound kernels, SDPA, launches.
+H100_CALIBRATION_PATH = Path(__file__).parent / "calibration" / "h100-80g.json"
+
+
 def _h100_80g() -> ClusterSpec:
-    return _gpu_preset("h100-80g", "H100-SXM5-80GB", H100_80G_MEMORY_BYTES, H100_PEAK_FLOPS,
+    import dataclasses
+
+    spec = _gpu_preset("h100-80g", "H100-SXM5-80GB", H100_80G_MEMORY_BYTES, H100_PEAK_FLOPS,
                        H100_HBM_GBPS, H100_NVLINK_BIDIR_GBPS, H100_NIC_GBPS,
                        HOPPER_MATMUL_EFFICIENCY)
+    return dataclasses.replace(spec, kernel_calibration=_measured_tables(H100_CALIBRATION_PATH))
+
+
+@functools.lru_cache(maxsize=None)
+def _measured_tables(path: Path):
+    """The kernel tables of a committed profile-device spec (only the tables: the preset's
+    other figures stay the datasheet's)."""
+    return ClusterSpec.load(path).kernel_calibration
 
 
 def _h200() -> ClusterSpec:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ir.errors import PlannerError
+from ir.kernel_calibration import KernelCalibration
 
 CLUSTER_SCHEMA = "planner.cluster/v1"
 
@@ -125,6 +126,9 @@ class ClusterSpec:
     # the default of cost_models.estimate.overlap_efficiency (GPUs 0.8, CPU processes the
     # idle cores' share). A figure measured elsewhere may be set here.
     dp_overlap_efficiency: float | None = None
+    # Kernel tables `planner profile-device` measured (GEMM by shape, memory-bound kernels,
+    # SDPA backends, launch overhead); None when the spec carries none.
+    kernel_calibration: KernelCalibration | None = None
     notes: str = ""  # provenance: datasheet, measured on which host, ...
 
     def __post_init__(self) -> None:
@@ -182,6 +186,10 @@ class ClusterSpec:
                 _is_number(self.matmul_efficiency) and 0 < self.matmul_efficiency <= 1):
             raise PlannerError(f"cluster {self.name}: matmul_efficiency must be in (0, 1], "
                                f"got {self.matmul_efficiency!r}")
+        if self.kernel_calibration is not None and not isinstance(self.kernel_calibration,
+                                                                  KernelCalibration):
+            raise PlannerError(f"cluster {self.name}: kernel_calibration must be a "
+                               f"KernelCalibration, got {type(self.kernel_calibration).__name__}")
         if self.runtime_overhead_bytes >= self.device_memory_bytes:
             raise PlannerError(f"cluster {self.name}: runtime_overhead_bytes "
                                f"({self.runtime_overhead_bytes}) must be below "
@@ -294,6 +302,10 @@ class ClusterSpec:
         out["collective_fits"] = [
             {f.name: getattr(fit, f.name) for f in dataclasses.fields(fit)}
             for fit in self.collective_fits]
+        if self.kernel_calibration is None:
+            del out["kernel_calibration"]  # specs without tables read as before
+        else:
+            out["kernel_calibration"] = self.kernel_calibration.to_dict()
         return out
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -359,6 +371,9 @@ class ClusterSpec:
             if data.get("dp_overlap_efficiency") is not None:
                 data["dp_overlap_efficiency"] = _number("dp_overlap_efficiency",
                                                         data["dp_overlap_efficiency"])
+            if data.get("kernel_calibration") is not None:
+                data["kernel_calibration"] = KernelCalibration.from_dict(
+                    data["kernel_calibration"])
             if data.get("matmul_efficiency") is not None:
                 data["matmul_efficiency"] = _number("matmul_efficiency",
                                                     data["matmul_efficiency"])

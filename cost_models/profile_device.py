@@ -1,0 +1,497 @@
+"""Measure one device's kernels and write a cluster spec carrying the tables.
+
+`profile_device("cuda")` (or "cpu", same code) times, on whatever device it runs on:
+
+  GEMM         torch.mm over a grid of (m, n, k) shapes per dtype: 2mnk FLOPs / seconds
+  memory       copy, add, gelu, sum, softmax, layer_norm over a few sizes: bytes read plus
+               written (each input once, each output once) / seconds
+  SDPA         each torch.nn.attention.SDPBackend that runs on a few attention shapes,
+               forward and backward, plus the dispatcher's own choice ("default")
+  launch       host seconds to dispatch one tiny eager op; on CUDA also the device's
+               seconds per tiny kernel replayed from a CUDA graph (no host in the loop)
+
+Timing (METHOD.md of the device kit; Williams et al. 2009 for the two ceilings): warm up,
+then the median over batches of back-to-back calls, each batch at least
+`MIN_BATCH_S` long. On CUDA a batch is a captured CUDA graph replayed between two events,
+so GEMM and memory-kernel figures are device time without launch gaps (SDPA runs eager:
+its backward goes through autograd). Inputs are random, never zeros, and rotate over
+enough buffer sets (`ROTATE_BYTES`) that small shapes are not served from cache. CPU
+probes run on one thread, as the planner's local processes do.
+
+The spec: device memory and measured copy bandwidth; peak FLOP/s from the datasheet
+presets for a known GPU (with `matmul_efficiency` = best measured bf16 / peak), else the
+best measured rate per dtype (efficiency 1); links are not measured here (the matching
+preset's, or the local gloo guesses: run `planner profile-cluster` for them).
+
+    spec, cal = profile_device("cpu", quick=True)            # doctest: +SKIP
+    gemm_efficiency(spec, 512, 512, 512, "float32")           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import math
+import platform
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+
+from ir.cluster import ClusterSpec
+from ir.errors import PlannerError
+from ir.kernel_calibration import GemmPoint, KernelCalibration, MemoryKernelPoint, SdpaPoint
+
+from cost_models import clusters
+from cost_models.compute import gemm_efficiency as analytic_gemm_efficiency
+
+MiB = 2**20
+GiB = 2**30
+
+# ---- grids ------------------------------------------------------------------------------
+# GPU GEMMs: squares 256..8192 (where efficiency saturates), the four matmuls of a GPT
+# block (QKV, attention out, MLP up, MLP down) at 8192 tokens for h = 4096 and 8192, a
+# Llama-3-8B MLP (h 4096, ffn 14336), and skinny m (decode-like, small micro-batches).
+_BLOCK = [(8192, 3 * h, h) for h in (4096, 8192)] + [(8192, h, h) for h in (4096, 8192)] \
+    + [(8192, 4 * h, h) for h in (4096, 8192)] + [(8192, h, 4 * h) for h in (4096, 8192)]
+CUDA_GEMM_SHAPES = list(dict.fromkeys(  # in order, each shape once (8192^3 is in both lists)
+    [(d, d, d) for d in (256, 512, 1024, 2048, 4096, 8192)] + _BLOCK
+    + [(8192, 14336, 4096)] + [(m, 8192, 8192) for m in (1, 16, 128, 1024)]))
+# float32 is IEEE FP32 (matmul precision "highest"); tf32 is the same call at "high".
+CUDA_GEMM_DTYPES = ("bfloat16", "float16", "float32", "tf32")
+# CPU (one thread): sizes the zoo's tiny models use. float16 left out: torch 2.13's CPU
+# matmul has no fast fp16 path (measured here: 2.7 GFLOP/s against 464 for bf16 at 512^3).
+CPU_GEMM_SHAPES = [(d, d, d) for d in (64, 128, 256, 512)] + [(256, 768, 256), (256, 256, 1024),
+                                                             (1, 512, 512), (16, 512, 512)]
+CPU_GEMM_DTYPES = ("float32", "bfloat16")
+# Memory-bound kernels: bytes of the main tensor (GPU: from L2-sized to HBM-sized; the
+# H100's L2 is 50 MB, KINDS.md), rows of `ROW_ELEMENTS` for the row-wise kernels.
+CUDA_MEMORY_BYTES = (1 * MiB, 16 * MiB, 256 * MiB, 1 * GiB)
+CPU_MEMORY_BYTES = (256 * 2**10, 4 * MiB, 16 * MiB)
+ROW_ELEMENTS = 4096  # a hidden size: layer_norm and sum reduce rows this long; softmax too
+# SDPA shapes (batch, heads, seq_len, head_dim), causal as GPT trains.
+CUDA_SDPA_SHAPES = ((8, 16, 1024, 64), (4, 32, 2048, 128), (1, 32, 8192, 128))
+CPU_SDPA_SHAPES = ((2, 4, 128, 32), (1, 8, 256, 64))
+CUDA_SDPA_DTYPE = "bfloat16"
+CPU_SDPA_DTYPE = "float32"
+# --quick on a GPU: a smoke run of the same code in seconds.
+QUICK_CUDA_GEMM_SHAPES = [(1024, 1024, 1024), (4096, 4096, 4096), (16, 4096, 4096)]
+
+# ---- timing -----------------------------------------------------------------------------
+WARMUP_CALLS = 3  # first calls pay for kernel selection, workspaces, autograd caches
+MIN_BATCH_S = 2e-3  # a timed batch lasts at least this: event/timer resolution is ~us
+MAX_CALLS_PER_BATCH = 512  # a CUDA graph of this many small kernels still captures fast
+BATCHES = 7  # the median of seven batches
+MAX_POINT_S = 0.5  # stop adding batches to one point after this long (at least 3 run)
+MIN_BATCHES = 3
+# Buffer sets rotate until this many bytes are in flight: > 5x the H100's 50 MB L2 and
+# > 2x this CPU's 32 MiB L3, so no repeated call finds its inputs in cache.
+ROTATE_BYTES = {"cuda": 256 * MiB, "cpu": 64 * MiB}
+MAX_ROTATE_SETS = 64
+LAUNCH_PROBE_CALLS = 512  # tiny adds per launch-overhead batch
+# Before the GPU grid, PREHEAT_S of back-to-back PREHEAT_DIM^3 bf16 products (REFERENCES.md's
+# shape) in PREHEAT_WINDOW_S windows: the first window is the boost rate, the last the
+# settled one. On the H100 here a grid without it measured 8192^3 at 795 TFLOP/s early and
+# 707 some seconds later (2026-11-24): the grid must see one state, the one training sees.
+PREHEAT_DIM = 8192
+PREHEAT_S = 10.0
+PREHEAT_WINDOW_S = 0.5
+# Memory bandwidth of the spec: the best streaming kernel (copy or add) moving at least
+# this much, well past the caches (H100 L2 50 MB; this CPU's L3 32 MiB).
+HBM_MIN_MOVED_BYTES = {"cuda": 256 * MiB, "cpu": 32 * MiB}
+
+_TORCH_DTYPES = {"float32": "float32", "tf32": "float32", "bfloat16": "bfloat16",
+                 "float16": "float16"}
+
+
+# ---- the timer --------------------------------------------------------------------------
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _batch_seconds(run_batch: Callable[[], None], device: str) -> float:
+    """Seconds of one batch: device events on CUDA, the host clock after a sync elsewhere."""
+    import torch
+
+    if device == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run_batch()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
+    begin = time.perf_counter()
+    run_batch()
+    return time.perf_counter() - begin
+
+
+def seconds_per_call(fn: Callable[[int], object], device: str, graph: bool = False) -> float:
+    """Median seconds of one `fn(i)` (i counts calls, for rotating buffers), measured in
+    batches of back-to-back calls; `graph` replays each batch from a CUDA graph."""
+    import torch
+
+    for i in range(WARMUP_CALLS):
+        fn(i)
+    _sync(device)
+    one_s = _batch_seconds(lambda: fn(0), device)
+    calls = max(1, min(MAX_CALLS_PER_BATCH, math.ceil(MIN_BATCH_S / max(one_s, 1e-9))))
+
+    def eager() -> None:
+        for i in range(calls):
+            fn(i)
+
+    run_batch = eager
+    if graph and device == "cuda":
+        stream = torch.cuda.Stream()  # warm up on a side stream before capture (CUDA graphs doc)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            eager()
+        torch.cuda.current_stream().wait_stream(stream)
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            eager()
+        run_batch = cuda_graph.replay
+        run_batch()
+    rounds, spent_s = [], 0.0
+    while len(rounds) < BATCHES and (len(rounds) < MIN_BATCHES or spent_s < MAX_POINT_S):
+        rounds.append(_batch_seconds(run_batch, device) / calls)
+        spent_s += rounds[-1] * calls
+    return statistics.median(rounds)
+
+
+def _rotation_sets(device: str, set_bytes: int) -> int:
+    return max(1, min(MAX_ROTATE_SETS, math.ceil(ROTATE_BYTES[device] / max(set_bytes, 1))))
+
+
+def _random(shape, dtype_name: str, device: str):
+    import torch
+
+    dtype = getattr(torch, _TORCH_DTYPES[dtype_name])
+    return torch.empty(shape, dtype=dtype, device=device).uniform_(-1.0, 1.0)
+
+
+# ---- probes -----------------------------------------------------------------------------
+
+def supported_gemm_dtypes(device: str, candidates) -> tuple[str, ...]:
+    """The dtypes whose matmul runs here (one tiny product each)."""
+    import torch
+
+    out = []
+    for name in candidates:
+        try:
+            a = _random((8, 8), name, device)
+            torch.mm(a, a)
+            _sync(device)
+        except (RuntimeError, TypeError):
+            continue
+        out.append(name)
+    return tuple(out)
+
+
+def probe_gemm(device: str, shapes, dtypes, progress=None) -> list[GemmPoint]:
+    """FLOP/s of (m x k) @ (k x n) per shape and dtype: 2mnk / seconds (a multiply and an
+    add per term of each output element)."""
+    import torch
+
+    points = []
+    precision = torch.get_float32_matmul_precision()
+    try:
+        for dtype in dtypes:
+            torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
+            for m, n, k in shapes:
+                element_bytes = torch.finfo(getattr(torch, _TORCH_DTYPES[dtype])).bits // 8
+                sets = _rotation_sets(device, (m * k + k * n + m * n) * element_bytes)
+                a = [_random((m, k), dtype, device) for _ in range(sets)]
+                b = [_random((k, n), dtype, device) for _ in range(sets)]
+                c = [torch.empty((m, n), dtype=a[0].dtype, device=device) for _ in range(sets)]
+                seconds = seconds_per_call(
+                    lambda i: torch.mm(a[i % sets], b[i % sets], out=c[i % sets]),
+                    device, graph=True)
+                points.append(GemmPoint(m, n, k, dtype, 2.0 * m * n * k / seconds))
+                if progress:
+                    progress(f"gemm {points[-1]}")
+                del a, b, c
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    return points
+
+
+def _memory_kernel(name: str, x, y, out):
+    """One call of a memory-bound kernel and the bytes it must move: each input read once,
+    each output written once."""
+    import torch
+    import torch.nn.functional as F
+
+    rows = x.numel() // ROW_ELEMENTS
+    e = x.element_size()
+    if name == "copy":
+        return lambda: out.copy_(x), 2 * x.numel() * e
+    if name == "add":
+        return lambda: torch.add(x, y, out=out), 3 * x.numel() * e
+    if name == "gelu":
+        return lambda: F.gelu(x), 2 * x.numel() * e
+    if name == "sum":  # reduce rows of ROW_ELEMENTS: read everything, write one per row
+        return lambda: x.view(rows, ROW_ELEMENTS).sum(dim=-1), (x.numel() + rows) * e
+    if name == "softmax":
+        return lambda: torch.softmax(x.view(rows, ROW_ELEMENTS), dim=-1), 2 * x.numel() * e
+    if name == "layer_norm":
+        return (lambda: F.layer_norm(x.view(rows, ROW_ELEMENTS), (ROW_ELEMENTS,)),
+                2 * x.numel() * e)
+    raise PlannerError(f"unknown memory kernel {name!r}")
+
+
+def probe_memory(device: str, sizes, dtype: str, progress=None) -> list[MemoryKernelPoint]:
+    """GB/s of each memory-bound kernel by tensor size (bytes read plus written)."""
+    from ir.kernel_calibration import MEMORY_KERNELS
+
+    points = []
+    element_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    for nbytes in sizes:
+        numel = max(ROW_ELEMENTS, nbytes // element_bytes // ROW_ELEMENTS * ROW_ELEMENTS)
+        sets = _rotation_sets(device, 3 * numel * element_bytes)
+        xs = [_random(numel, dtype, device) for _ in range(sets)]
+        ys = [_random(numel, dtype, device) for _ in range(sets)]
+        outs = [_random(numel, dtype, device) for _ in range(sets)]
+        for name in MEMORY_KERNELS:
+            calls = [_memory_kernel(name, xs[s], ys[s], outs[s]) for s in range(sets)]
+            seconds = seconds_per_call(lambda i: calls[i % sets][0](), device, graph=True)
+            moved = calls[0][1]
+            points.append(MemoryKernelPoint(name, dtype, moved, moved / seconds / 1e9))
+            if progress:
+                progress(f"{name} {moved / MiB:.1f} MiB: {points[-1].gbps:.1f} GB/s")
+        del xs, ys, outs
+    return points
+
+
+def probe_sdpa(device: str, shapes, dtype: str, progress=None) -> list[SdpaPoint]:
+    """Forward and backward seconds of causal SDPA per backend that runs on each shape."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"flash_attention": SDPBackend.FLASH_ATTENTION,
+                "efficient_attention": SDPBackend.EFFICIENT_ATTENTION,
+                "cudnn_attention": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH,
+                "default": None}
+    points = []
+    for batch, heads, seq_len, head_dim in shapes:
+        q, k, v = (_random((batch, heads, seq_len, head_dim), dtype, device).requires_grad_()
+                   for _ in range(3))
+        grad = _random((batch, heads, seq_len, head_dim), dtype, device)
+
+        def forward():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        def step():
+            forward().backward(grad)
+
+        for name, backend in backends.items():
+            try:
+                with warnings.catch_warnings():  # a backend that cannot run says why, loudly
+                    warnings.simplefilter("ignore")
+                    with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+                        forward_s = seconds_per_call(lambda i: forward(), device)
+                        total_s = seconds_per_call(lambda i: step(), device)
+            except RuntimeError as exc:  # "No available kernel": not for this device/shape
+                if progress:
+                    progress(f"sdpa {name} {batch}x{heads}x{seq_len}x{head_dim}: "
+                             f"unavailable ({str(exc).splitlines()[0][:60]})")
+                continue
+            finally:
+                q.grad = k.grad = v.grad = None
+            points.append(SdpaPoint(name, dtype, batch, heads, seq_len, head_dim, True,
+                                    forward_s, max(total_s - forward_s, 1e-9)))
+            if progress:
+                progress(f"sdpa {name} {batch}x{heads}x{seq_len}x{head_dim}: "
+                         f"fwd {forward_s * 1e3:.3f} ms, bwd {points[-1].backward_s * 1e3:.3f} ms")
+        del q, k, v, grad
+    return points
+
+
+def probe_sustained_gemm(device: str, dim: int = PREHEAT_DIM, seconds: float = PREHEAT_S,
+                         progress=None) -> tuple[float, float]:
+    """(first-window, last-window) FLOP/s of back-to-back dim^3 bf16 products (2 dim^3
+    FLOPs each), run for `seconds`; leaves the device in its settled state."""
+    import torch
+
+    a, b = (_random((dim, dim), "bfloat16", device) for _ in range(2))
+    c = torch.empty_like(a)
+    one_s = seconds_per_call(lambda i: torch.mm(a, b, out=c), device)
+    calls = max(1, round(PREHEAT_WINDOW_S / one_s))
+    rates, spent_s = [], 0.0
+    while spent_s < seconds:
+        window_s = _batch_seconds(lambda: [torch.mm(a, b, out=c) for _ in range(calls)], device)
+        rates.append(2.0 * dim**3 * calls / window_s)
+        spent_s += window_s
+    if progress:
+        progress(f"preheat {dim}^3 bf16, TFLOP/s per {PREHEAT_WINDOW_S} s window: "
+                 + " ".join(f"{r / 1e12:.0f}" for r in rates))
+    return rates[0], rates[-1]
+
+
+def probe_launch(device: str) -> tuple[float, float]:
+    """(host seconds per tiny eager op, device seconds per tiny kernel from a CUDA graph;
+    0 on CPU)."""
+    import torch
+
+    x = torch.ones(1, device=device)
+    out = torch.empty_like(x)
+    calls = LAUNCH_PROBE_CALLS
+
+    def host_batch() -> None:
+        for _ in range(calls):
+            torch.add(x, 1.0, out=out)
+        _sync(device)  # the host clock stops when the last kernel has run
+
+    host_batch()
+    rounds = []
+    for _ in range(BATCHES):
+        begin = time.perf_counter()
+        host_batch()
+        rounds.append((time.perf_counter() - begin) / calls)
+    host_s = statistics.median(rounds)
+    device_s = 0.0
+    if device == "cuda":
+        device_s = seconds_per_call(lambda i: torch.add(x, 1.0, out=out), device, graph=True)
+    return host_s, device_s
+
+
+# ---- the spec ---------------------------------------------------------------------------
+
+def check_device(device: str) -> None:
+    import torch
+
+    if device not in ("cpu", "cuda"):
+        raise PlannerError(f"--device must be cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise PlannerError(f"--device cuda: no CUDA device is visible (torch {torch.__version__}"
+                           f"{', built without CUDA' if torch.version.cuda is None else ''}); "
+                           "use --device cpu")
+
+
+def _preset_for(device_name: str, memory_bytes: int) -> str | None:
+    """The datasheet preset of a known GPU ("NVIDIA H100 80GB HBM3" -> "h100-80g")."""
+    upper = device_name.upper()
+    if "H200" in upper:
+        return "h200"
+    if "H100" in upper:
+        return "h100-80g"
+    if "A100" in upper:
+        return "a100-80g" if memory_bytes > 48 * GiB else "a100-40g"
+    return None
+
+
+def measure(device: str, quick: bool = False, progress=None) -> KernelCalibration:
+    """All probes on `device`; CPU on one thread (as local processes run)."""
+    import torch
+
+    check_device(device)
+    cpu = device == "cpu"
+    gemm_shapes = CPU_GEMM_SHAPES if cpu else QUICK_CUDA_GEMM_SHAPES if quick else CUDA_GEMM_SHAPES
+    with clusters._one_thread() if cpu else contextlib.nullcontext():
+        dtypes = supported_gemm_dtypes(device, CPU_GEMM_DTYPES if cpu else CUDA_GEMM_DTYPES)
+        host_s, device_s = probe_launch(device)
+        if progress:
+            progress(f"launch: host {host_s * 1e6:.2f} us/op, device {device_s * 1e6:.2f} us/kernel")
+        burst, sustained = (0.0, 0.0) if cpu or "bfloat16" not in dtypes else \
+            probe_sustained_gemm(device, seconds=PREHEAT_S / 5 if quick else PREHEAT_S,
+                                 progress=progress)
+        gemm = probe_gemm(device, gemm_shapes, dtypes, progress)
+        memory_dtype = "float32" if cpu else "bfloat16"
+        sizes = CPU_MEMORY_BYTES if cpu else CUDA_MEMORY_BYTES[:2] if quick else CUDA_MEMORY_BYTES
+        memory = probe_memory(device, sizes, memory_dtype, progress)
+        sdpa_shapes = CPU_SDPA_SHAPES if cpu else CUDA_SDPA_SHAPES[:1] if quick else CUDA_SDPA_SHAPES
+        sdpa = probe_sdpa(device, sdpa_shapes, CPU_SDPA_DTYPE if cpu else CUDA_SDPA_DTYPE, progress)
+    name = (platform.processor() or platform.machine()) if cpu else torch.cuda.get_device_name()
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    cuda = f", CUDA {torch.version.cuda}" if not cpu else ", 1 thread"
+    return KernelCalibration(measured_on=f"{name}, torch {torch.__version__}{cuda}, {stamp}",
+                             gemm=tuple(gemm), memory_kernels=tuple(memory), sdpa=tuple(sdpa),
+                             launch_host_s=host_s, launch_device_s=device_s,
+                             burst_gemm_flop_per_s=burst, sustained_gemm_flop_per_s=sustained)
+
+
+def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> ClusterSpec:
+    """A cluster spec for this device with the measured tables and figures in it."""
+    import torch
+
+    streams = [p for p in cal.memory_kernels if p.kernel in ("copy", "add")
+               and p.nbytes >= HBM_MIN_MOVED_BYTES[device]]
+    if not streams:
+        raise PlannerError(f"profile-device: no copy moved {HBM_MIN_MOVED_BYTES[device]} bytes "
+                           "or more; the memory bandwidth needs one")
+    hbm_gbps = max(p.gbps for p in streams)
+    best = {}
+    for p in cal.gemm:
+        best[p.dtype] = max(best.get(p.dtype, 0.0), p.flop_per_s)
+    if device == "cpu":
+        return ClusterSpec(
+            name=name, device="cpu", num_nodes=1, devices_per_node=1,
+            device_memory_bytes=clusters.total_memory_bytes(),
+            peak_flops_by_dtype=tuple(sorted(best.items())), hbm_gbps=hbm_gbps,
+            intra_node_gbps=clusters.LOCAL_GLOO_GBPS, inter_node_gbps=clusters.LOCAL_GLOO_GBPS,
+            intra_node_latency_s=clusters.LOCAL_GLOO_LATENCY_S,
+            inter_node_latency_s=clusters.LOCAL_GLOO_LATENCY_S,
+            runtime_overhead_bytes=clusters.LOCAL_RUNTIME_OVERHEAD_BYTES, matmul_efficiency=1.0,
+            op_overhead_s=clusters.measure_op_overhead_s(),
+            dtensor_op_overhead_s=clusters.LOCAL_DTENSOR_OP_OVERHEAD_S,
+            random_element_s=clusters.measure_random_element_s(),
+            host_cores=clusters.host_cores(), kernel_calibration=cal,
+            notes=f"planner profile-device --device cpu: {cal.measured_on}; peak FLOP/s = best "
+                  "measured GEMM per dtype; links and DTensor overhead guessed (run "
+                  "`planner profile-cluster` to measure them)")
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    preset = _preset_for(props.name, props.total_memory)
+    base = clusters.get_cluster(preset or "h100-80g")
+    if preset is not None:  # datasheet peaks; efficiency = best measured / peak
+        peak = base.peak_flops_by_dtype
+        reference = "bfloat16" if "bfloat16" in best else next(iter(best))
+        efficiency = min(1.0, best[reference] / base.peak_flops(reference))
+    else:
+        peak, efficiency = tuple(sorted(best.items())), 1.0
+    op_overhead_s = clusters.seconds_per_op(clusters._overhead_block().to("cuda"),
+                                            torch.randn(2, clusters.OP_OVERHEAD_WIDTH,
+                                                        device="cuda"))
+    return dataclasses.replace(
+        base, name=name, device=props.name, devices_per_node=torch.cuda.device_count(),
+        device_memory_bytes=props.total_memory, peak_flops_by_dtype=peak, hbm_gbps=hbm_gbps,
+        matmul_efficiency=efficiency, op_overhead_s=op_overhead_s, kernel_calibration=cal,
+        notes=f"planner profile-device --device cuda: {cal.measured_on}; peak FLOP/s "
+              f"{'from the ' + preset + ' datasheet preset' if preset else '= best measured'}; "
+              f"links not measured (the {base.name} preset's: run `planner profile-cluster`)")
+
+
+def profile_device(device: str, quick: bool = False, name: str | None = None,
+                   progress=None) -> tuple[ClusterSpec, KernelCalibration]:
+    """Measure `device` and return (spec, the tables in it)."""
+    cal = measure(device, quick=quick, progress=progress)
+    return spec_from_calibration(device, cal, name or f"{device}-profiled"), cal
+
+
+# ---- reading the table back -------------------------------------------------------------
+
+def gemm_efficiency(spec: ClusterSpec, m: int, n: int, k: int, dtype: str) -> float:
+    """Fraction of `spec.peak_flops(dtype)` an (m x k) @ (k x n) GEMM reaches.
+
+    Measured: the nearest GEMM of that dtype in the spec's table (log-shape distance,
+    `KernelCalibration.nearest_gemm`), its FLOP/s over the peak, at most 1. Analytic
+    default: compute.gemm_efficiency at the edge of the square GEMM of equal arithmetic
+    intensity, 2mnk / (mk + kn + mn) elements = 2e/3 for an e^3 product, so
+    e = 3mnk / (mk + kn + mn) (the same equivalence compute.py uses for whole layers).
+    """
+    for size in (m, n, k):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise PlannerError(f"gemm_efficiency: m, n, k must be positive integers, "
+                               f"got {(m, n, k)}")
+    peak = spec.peak_flops(dtype)
+    cal = spec.kernel_calibration
+    point = cal.nearest_gemm(m, n, k, dtype) if cal is not None else None
+    if point is not None:
+        return min(1.0, point.flop_per_s / peak)
+    edge = 3.0 * m * n * k / (m * k + k * n + m * n)
+    return analytic_gemm_efficiency(edge, spec.device, spec.matmul_efficiency)

@@ -1,0 +1,231 @@
+"""Measured kernel tables of one device, as plain frozen data inside a cluster spec.
+
+`planner profile-device` fills a `KernelCalibration`: GEMM throughput by (m, n, k, dtype),
+bandwidth of memory-bound kernels (copy, elementwise, reductions, softmax, layer norm) by
+size, the scaled-dot-product-attention backends that ran and their times, and the launch
+overhead of a kernel. It travels in a cluster spec JSON (`ClusterSpec.kernel_calibration`)
+and is data only: numbers and short names, validated on load.
+
+Units are in the field names: `flop_per_s` FLOP per second, `gbps` 10^9 BYTES per second
+(bytes read plus bytes written), `*_s` seconds, `*_bytes` bytes.
+
+    >>> GemmPoint(m=4096, n=4096, k=4096, dtype="bfloat16", flop_per_s=7.0e14)
+    GemmPoint(m=4096, n=4096, k=4096, dtype='bfloat16', flop_per_s=700000000000000.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ir.errors import PlannerError
+
+# Memory-bound kernels a calibration can describe (what profile-device times).
+MEMORY_KERNELS = ("copy", "add", "gelu", "sum", "softmax", "layer_norm")
+# SDPA backends as torch.nn.attention.SDPBackend names them, lower case, plus "default"
+# (whatever torch's dispatcher picks with no backend forced).
+SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "math", "default")
+# The calibration's single figures (numbers >= 0; 0 where not measured).
+_SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
+            "sustained_gemm_flop_per_s")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _positive_int(where: str, field: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlannerError(f"{where}: {field} must be a positive integer, got {value!r}")
+
+
+def _positive(where: str, field: str, value: Any) -> None:
+    if not _is_number(value) or value <= 0:
+        raise PlannerError(f"{where}: {field} must be a number > 0, got {value!r}")
+
+
+def _text(where: str, field: str, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise PlannerError(f"{where}: {field} must be a non-empty string, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class GemmPoint:
+    """One measured matmul: (m x k) @ (k x n) in `dtype` ran at `flop_per_s` (2mnk FLOPs)."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str
+    flop_per_s: float
+
+    def __post_init__(self) -> None:
+        where = f"gemm {self.m}x{self.n}x{self.k}"
+        for field in ("m", "n", "k"):
+            _positive_int(where, field, getattr(self, field))
+        _text(where, "dtype", self.dtype)
+        _positive(where, "flop_per_s", self.flop_per_s)
+
+    def __str__(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}@{self.dtype}: {self.flop_per_s / 1e12:.3g} TFLOP/s"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryKernelPoint:
+    """One memory-bound kernel over `nbytes` (read + written) at `gbps`."""
+
+    kernel: str
+    dtype: str
+    nbytes: int
+    gbps: float
+
+    def __post_init__(self) -> None:
+        where = f"memory kernel {self.kernel!r}"
+        if self.kernel not in MEMORY_KERNELS:
+            raise PlannerError(f"{where}: unknown kernel; use one of {', '.join(MEMORY_KERNELS)}")
+        _text(where, "dtype", self.dtype)
+        _positive_int(where, "nbytes", self.nbytes)
+        _positive(where, "gbps", self.gbps)
+
+
+@dataclass(frozen=True, slots=True)
+class SdpaPoint:
+    """One SDPA backend on one shape (batch, heads, seq_len, head_dim): seconds forward and
+    backward (backward: a forward-plus-backward run less the forward)."""
+
+    backend: str
+    dtype: str
+    batch: int
+    heads: int
+    seq_len: int
+    head_dim: int
+    causal: bool
+    forward_s: float
+    backward_s: float
+
+    def __post_init__(self) -> None:
+        where = f"sdpa {self.backend!r}"
+        if self.backend not in SDPA_BACKENDS:
+            raise PlannerError(f"{where}: unknown backend; use one of {', '.join(SDPA_BACKENDS)}")
+        _text(where, "dtype", self.dtype)
+        for field in ("batch", "heads", "seq_len", "head_dim"):
+            _positive_int(where, field, getattr(self, field))
+        if not isinstance(self.causal, bool):
+            raise PlannerError(f"{where}: causal must be true or false, got {self.causal!r}")
+        _positive(where, "forward_s", self.forward_s)
+        _positive(where, "backward_s", self.backward_s)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelCalibration:
+    """What `planner profile-device` measured on one device."""
+
+    measured_on: str  # device name, torch version, date
+    gemm: tuple[GemmPoint, ...] = ()
+    memory_kernels: tuple[MemoryKernelPoint, ...] = ()
+    sdpa: tuple[SdpaPoint, ...] = ()
+    # Host seconds to dispatch one tiny eager op (the launch cost the framework pays).
+    launch_host_s: float = 0.0
+    # Device seconds per tiny kernel replayed back to back from a CUDA graph (the GPU's own
+    # floor per kernel); 0 where not measured (CPUs).
+    launch_device_s: float = 0.0
+    # A large bf16 GEMM run back to back before the grid: its rate over the first and the
+    # last window (a GPU boosts, then settles under its power and thermal limits; the
+    # grid is measured in the settled state). 0 where not measured (CPUs).
+    burst_gemm_flop_per_s: float = 0.0
+    sustained_gemm_flop_per_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _text("kernel calibration", "measured_on", self.measured_on)
+        for field, kind in (("gemm", GemmPoint), ("memory_kernels", MemoryKernelPoint),
+                            ("sdpa", SdpaPoint)):
+            for item in getattr(self, field):
+                if not isinstance(item, kind):
+                    raise PlannerError(f"kernel calibration: {field} holds a "
+                                       f"{type(item).__name__}, not a {kind.__name__}")
+        for field in _SCALARS:
+            value = getattr(self, field)
+            if not _is_number(value) or value < 0:
+                raise PlannerError(f"kernel calibration: {field} must be a number >= 0, "
+                                   f"got {value!r}")
+
+    # ---- queries -------------------------------------------------------------------------
+
+    @property
+    def sdpa_backends(self) -> tuple[str, ...]:
+        """Backends that ran on at least one shape ("default" left out)."""
+        return tuple(sorted({p.backend for p in self.sdpa if p.backend != "default"}))
+
+    def best_gemm(self, dtype: str) -> GemmPoint | None:
+        """The fastest measured GEMM of a dtype."""
+        return max((p for p in self.gemm if p.dtype == dtype), key=lambda p: p.flop_per_s,
+                   default=None)
+
+    def nearest_gemm(self, m: int, n: int, k: int, dtype: str) -> GemmPoint | None:
+        """The measured GEMM of this dtype closest in shape: least squared distance of
+        (log2 m, log2 n, log2 k), so 2x off in one dimension counts as much anywhere."""
+        points = [p for p in self.gemm if p.dtype == dtype]
+        if not points or min(m, n, k) <= 0:
+            return None
+
+        def distance(p: GemmPoint) -> float:
+            return sum(math.log2(a / b) ** 2 for a, b in ((m, p.m), (n, p.n), (k, p.k)))
+
+        return min(points, key=distance)
+
+    # ---- JSON ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        def rows(items) -> list[dict[str, Any]]:
+            return [{f.name: getattr(i, f.name) for f in dataclasses.fields(i)} for i in items]
+
+        return {"measured_on": self.measured_on,
+                **{field: getattr(self, field) for field in _SCALARS},
+                "gemm": rows(self.gemm), "memory_kernels": rows(self.memory_kernels),
+                "sdpa": rows(self.sdpa)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> KernelCalibration:
+        if not isinstance(data, dict):
+            raise PlannerError("field 'kernel_calibration' must be an object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise PlannerError(f"kernel_calibration: unknown field {unknown[0]!r}; known "
+                               f"fields: {', '.join(sorted(known))}")
+        tables = {}
+        for field, kind in (("gemm", GemmPoint), ("memory_kernels", MemoryKernelPoint),
+                            ("sdpa", SdpaPoint)):
+            items = data.get(field, [])
+            if not isinstance(items, list):
+                raise PlannerError(f"kernel_calibration.{field} must be a list")
+            tables[field] = tuple(_row(kind, f"kernel_calibration.{field}[{i}]", item)
+                                  for i, item in enumerate(items))
+        scalars = {}
+        for field in _SCALARS:
+            value = data.get(field, 0.0)
+            if not _is_number(value):
+                raise PlannerError(f"kernel_calibration.{field} must be a number, got {value!r}")
+            scalars[field] = float(value)
+        return cls(measured_on=data.get("measured_on", ""), **tables, **scalars)
+
+
+def _row(kind, where: str, item: Any):
+    """One table row from JSON: exact field names, integers where the type says int."""
+    if not isinstance(item, dict):
+        raise PlannerError(f"{where} must be an object")
+    item = dict(item)
+    for f in dataclasses.fields(kind):
+        value = item.get(f.name)
+        if f.type == "float" and _is_number(value):
+            item[f.name] = float(value)
+        elif f.type == "int" and isinstance(value, float) and value.is_integer():
+            item[f.name] = int(value)
+    try:
+        return kind(**item)
+    except TypeError as exc:
+        raise PlannerError(f"{where}: {exc}") from None
+    except PlannerError as exc:
+        raise PlannerError(f"{where}: {exc}") from None

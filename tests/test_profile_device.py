@@ -1,0 +1,175 @@
+"""`planner profile-device`: a CPU run writes a spec the other commands accept, the kernel
+tables round-trip through JSON and reject bad data, `gemm_efficiency` reads them back,
+and the h100-80g preset carries the committed H100 measurement."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import torch
+
+from cost_models import profile_device as pd
+from cost_models.clusters import get_cluster
+from cost_models.compute import gemm_efficiency as analytic_gemm_efficiency
+from ir.cluster import ClusterSpec
+from ir.errors import PlannerError
+from ir.kernel_calibration import MEMORY_KERNELS, GemmPoint, KernelCalibration
+from planner.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def cpu_spec_path(tmp_path_factory):
+    """One real CPU profile (the small grid, one thread) for the whole module."""
+    path = tmp_path_factory.mktemp("profile") / "spec.json"
+    started = time.perf_counter()
+    assert main(["profile-device", "--device", "cpu", "--out", str(path)]) == 0
+    assert time.perf_counter() - started < 60  # well under a minute even on a busy 2-core box
+    return path
+
+
+def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
+    spec = ClusterSpec.load(cpu_spec_path)
+    cal = spec.kernel_calibration
+    assert spec.device == "cpu" and spec.host_bound and spec.matmul_efficiency == 1.0
+    # Every grid shape once per CPU dtype, at a plausible rate for one core (0.1 GFLOP/s to
+    # 10 TFLOP/s: a unit slip of 1e3 either way lands outside).
+    shapes = {(p.m, p.n, p.k) for p in cal.gemm}
+    assert shapes == set(pd.CPU_GEMM_SHAPES)
+    assert {p.dtype for p in cal.gemm} == set(pd.CPU_GEMM_DTYPES)
+    assert all(1e8 < p.flop_per_s < 1e13 for p in cal.gemm)
+    # Peak per dtype is the best measured rate of that dtype.
+    for dtype, peak in spec.peak_flops_by_dtype:
+        assert peak == cal.best_gemm(dtype).flop_per_s
+    # Each memory-bound kernel at each size; bandwidth from the best large copy or add.
+    assert {(p.kernel, p.nbytes >= 1) for p in cal.memory_kernels} == {
+        (k, True) for k in MEMORY_KERNELS}
+    assert len(cal.memory_kernels) == len(MEMORY_KERNELS) * len(pd.CPU_MEMORY_BYTES)
+    streams = [p.gbps for p in cal.memory_kernels if p.kernel in ("copy", "add")
+               and p.nbytes >= pd.HBM_MIN_MOVED_BYTES["cpu"]]
+    assert spec.hbm_gbps == max(streams) and 0.1 < spec.hbm_gbps < 1e4
+    # SDPA: the math path runs everywhere, and so does the dispatcher's own choice.
+    assert {"math", "default"} <= {p.backend for p in cal.sdpa}
+    assert all(p.forward_s > 0 and p.backward_s > 0 for p in cal.sdpa)
+    assert 1e-8 < cal.launch_host_s < 1e-3 and cal.launch_device_s == 0.0
+    assert cal.sustained_gemm_flop_per_s == 0.0  # no preheat on CPUs
+
+
+def test_estimate_plan_accept_the_profiled_spec(capsys, cpu_spec_path):
+    code, out, err = run(capsys, "estimate", "gpt-tiny", "--cluster", str(cpu_spec_path),
+                         "--json")
+    assert code == 0, err
+    assert json.loads(out)["iteration_seconds"] > 0
+    code, out, err = run(capsys, "plan", "gpt-tiny", "--cluster", str(cpu_spec_path),
+                         "--global-batch", "4", "--json")
+    assert code == 0, err
+
+
+def test_spec_round_trips_through_json(cpu_spec_path, tmp_path):
+    spec = ClusterSpec.load(cpu_spec_path)
+    assert ClusterSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    copy = tmp_path / "copy.json"
+    spec.save(copy)
+    assert ClusterSpec.load(copy) == spec
+    hash(spec)  # still frozen and hashable with the tables inside
+    # A spec without tables writes no key for them (older readers see what they saw).
+    assert "kernel_calibration" not in get_cluster("a100-80g").to_dict()
+
+
+def _with_calibration(edit):
+    data = get_cluster("h100-80g").to_dict()
+    edit(data["kernel_calibration"])
+    return data
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["gemm"][0].update(flop_per_s=-1.0), "flop_per_s must be a number > 0"),
+    (lambda c: c["gemm"][0].update(m=0), "m must be a positive integer"),
+    (lambda c: c["gemm"][0].update(extra=1), "unexpected keyword argument 'extra'"),
+    (lambda c: c["memory_kernels"][0].update(kernel="memset"), "unknown kernel"),
+    (lambda c: c["sdpa"][0].update(backend="fast"), "unknown backend"),
+    (lambda c: c["sdpa"][0].update(causal="yes"), "causal must be true or false"),
+    (lambda c: c.update(gemm={"m": 1}), "kernel_calibration.gemm must be a list"),
+    (lambda c: c.update(launch_host_s=-1e-6), "launch_host_s must be a number >= 0"),
+    (lambda c: c.update(colour="blue"), "unknown field 'colour'"),
+])
+def test_bad_tables_name_the_field_and_file(tmp_path, edit, message):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(_with_calibration(edit)))
+    with pytest.raises(PlannerError) as err:
+        ClusterSpec.load(path)
+    assert str(path) in str(err.value) and message in str(err.value)
+
+
+def test_bad_spec_is_one_line_and_exit_2_from_the_cli(capsys, tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(_with_calibration(lambda c: c["gemm"][0].update(dtype=""))))
+    code, _, err = run(capsys, "estimate", "gpt-tiny", "--cluster", str(path))
+    assert code == 2 and err.count("\n") == 1 and "dtype must be a non-empty string" in err
+
+
+def test_bad_cli_input(capsys, tmp_path, monkeypatch):
+    with pytest.raises(SystemExit) as exc:  # argparse: not a device we measure
+        main(["profile-device", "--device", "tpu"])
+    assert exc.value.code == 2
+    capsys.readouterr()
+    code, _, err = run(capsys, "profile-device", "--device", "cpu", "--out", str(tmp_path))
+    assert code == 2 and "is a folder" in err
+    code, _, err = run(capsys, "profile-device", "--device", "cpu", "--out",
+                       str(tmp_path / "missing" / "spec.json"))
+    assert code == 2 and "does not exist" in err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU-only host
+    code, _, err = run(capsys, "profile-device", "--device", "cuda")
+    assert code == 2 and "no CUDA device is visible" in err and err.count("\n") == 1
+
+
+def test_gemm_efficiency_reads_the_nearest_measured_shape():
+    cal = KernelCalibration(measured_on="test", gemm=(
+        GemmPoint(1024, 1024, 1024, "bfloat16", 1e14),
+        GemmPoint(16, 8192, 8192, "bfloat16", 1e13),
+        GemmPoint(8192, 8192, 8192, "bfloat16", 4e14)))  # above peak: capped at 1
+    spec = ClusterSpec.from_dict({**get_cluster("a100-80g").to_dict(),
+                                  "kernel_calibration": cal.to_dict()})
+    peak = spec.peak_flops("bfloat16")
+    assert pd.gemm_efficiency(spec, 1024, 1024, 1024, "bfloat16") == 1e14 / peak
+    assert pd.gemm_efficiency(spec, 1200, 900, 1024, "bfloat16") == 1e14 / peak
+    assert pd.gemm_efficiency(spec, 8, 8192, 8192, "bfloat16") == 1e13 / peak
+    assert pd.gemm_efficiency(spec, 8192, 8192, 8192, "bfloat16") == 1.0
+    # No float32 table: the analytic default at the square GEMM of equal intensity; a
+    # square n^3 product is its own equivalent (edge 3n^3 / 3n^2 = n).
+    assert pd.gemm_efficiency(spec, 512, 512, 512, "float32") == pytest.approx(
+        analytic_gemm_efficiency(512, spec.device, spec.matmul_efficiency))
+    edge = 3 * 16 * 4096 * 4096 / (16 * 4096 + 4096 * 4096 + 16 * 4096)
+    assert pd.gemm_efficiency(spec, 16, 4096, 4096, "float32") == pytest.approx(
+        analytic_gemm_efficiency(edge, spec.device, spec.matmul_efficiency))
+    with pytest.raises(PlannerError, match="positive integers"):
+        pd.gemm_efficiency(spec, 0, 4, 4, "bfloat16")
+    with pytest.raises(PlannerError, match="no peak FLOP/s for int8"):
+        pd.gemm_efficiency(spec, 4, 4, 4, "int8")
+
+
+def test_h100_preset_carries_the_committed_measurement():
+    spec = get_cluster("h100-80g")
+    cal = spec.kernel_calibration
+    assert "H100" in cal.measured_on
+    best = cal.best_gemm("bfloat16")
+    # REFERENCES.md: ~790-800 TFLOP/s measured on an 8192^3 bf16 product on one H100.
+    assert 700e12 < best.flop_per_s < spec.peak_flops("bfloat16")
+    assert {"flash_attention", "math"} <= set(cal.sdpa_backends)
+    assert 0 < cal.launch_device_s < cal.launch_host_s
+    assert 0 < cal.sustained_gemm_flop_per_s <= cal.burst_gemm_flop_per_s * 1.05
+    # The preset's own figures stay the datasheet's; only the tables were added.
+    assert spec.hbm_gbps == 3350.0 and spec.op_overhead_s == 0.0
+
+
+def test_seconds_per_call_times_a_known_wait():
+    seconds = pd.seconds_per_call(lambda i: time.sleep(0.002), "cpu")
+    assert 0.002 <= seconds < 0.05
