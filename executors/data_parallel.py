@@ -26,6 +26,10 @@ Mixed precision (`Precision.BF16_MIXED`): MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=fp32) on every unit: bf16 compute and all-gathers, fp32 gradient reduction,
 fp32 sharded parameters and optimizer states. Under mixed precision a layer with dp=1 is
 wrapped too (on a 1-rank mesh) so that it computes in bf16 like the rest.
+
+BatchNorm in a layer with dp > 1 normalises with the statistics of the whole global
+micro-batch across the layer's data-parallel group (`executors.sync_batchnorm`), as on
+one device.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from executors.sync_batchnorm import sync_batch_norms
 from ir.strategy import DPMode, LayerStrategy, Precision
 
 
@@ -60,7 +65,10 @@ def _sum_reduction(unit: FSDPModule, mesh: DeviceMesh) -> None:
 
 def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
              precision: Precision) -> FSDPModule | None:
-    """Make `module` (one layer) a data-parallel unit on the 1-D mesh `mesh`."""
+    """Make `module` (one layer) a data-parallel unit on the 1-D mesh `mesh`; its
+    BatchNorms normalise over the whole micro-batch of the mesh (`sync_batchnorm`)."""
+    if strategy.dp > 1:
+        sync_batch_norms(module, mesh.get_group())
     if not needs_dp_unit(module, strategy, precision):
         return None
     policy = mp_policy(precision)
