@@ -41,7 +41,8 @@ from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from executors.sync_batchnorm import sync_batch_norms
+from executors.sync_batchnorm import batchnorm_problem, sync_batch_norms
+from ir.errors import PlannerError
 from ir.strategy import DPMode, LayerStrategy, Precision
 
 
@@ -67,6 +68,9 @@ def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
              precision: Precision) -> FSDPModule | None:
     """Make `module` (one layer) a data-parallel unit on the 1-D mesh `mesh`; its
     BatchNorms normalise over the whole micro-batch of the mesh (`sync_batchnorm`)."""
+    problem = batchnorm_problem(module, strategy)  # the same verdict on every rank
+    if problem:
+        raise PlannerError(problem)
     if strategy.dp > 1:
         sync_batch_norms(module, mesh.get_group())
     if not needs_dp_unit(module, strategy, precision):

@@ -21,6 +21,10 @@ data-parallel unit sums like any other. The running statistics are updated as to
 BatchNorm does (momentum, or a cumulative average when momentum is None; the unbiased
 variance of the global micro-batch), identically on every rank. In eval mode (running
 statistics) nothing is exchanged.
+
+Activation checkpointing re-runs a layer's forward in backward, so a BatchNorm in it
+would update its running statistics twice per micro-batch (num_batches_tracked too), at
+any dp: `batchnorm_problem` refuses that.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from ir.strategy import Checkpoint, LayerStrategy
 
 MIN_STATS_DTYPE = torch.float32  # sums of a bf16 micro-batch lose digits; torch's CPU BN uses fp32
 
@@ -88,6 +94,21 @@ def _synced_forward(bn: _BatchNorm, x: torch.Tensor) -> torch.Tensor:
             bn.running_var.mul_(1 - factor).add_(unbiased.to(bn.running_var.dtype),
                                                  alpha=factor)
     return y.to(x.dtype)
+
+
+def batchnorm_problem(module: nn.Module, strategy: LayerStrategy, layer_name: str = "") -> str | None:
+    """Why this layer's BatchNorms cannot run under its strategy, or None. `layer_name`
+    makes the message name the module by its full path."""
+    if strategy.checkpoint is Checkpoint.NONE:
+        return None
+    for name, sub in module.named_modules():
+        if isinstance(sub, _BatchNorm) and sub.track_running_stats:
+            path = ".".join(n for n in (layer_name, name) if n)
+            where = path or f"({type(sub).__name__}, the layer itself)"
+            return (f"BatchNorm {where}: activation checkpointing ({strategy.checkpoint}) "
+                    "would update its running statistics twice per step; use checkpoint "
+                    "none for its layer")
+    return None
 
 
 def sync_batch_norms(module: nn.Module, group) -> list[str]:
