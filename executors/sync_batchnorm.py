@@ -2,7 +2,7 @@
 
 Under data parallelism each rank holds 1/dp of every global micro-batch
 (`executors.data`), so a plain BatchNorm would normalise with its own slice's statistics
-and train differently from one device. `sync_batch_norms(layer_module, group)` makes every
+and train differently from one device. `prepare_batch_norms(layer_module, group, checkpoint)` makes every
 BatchNorm in a layer with dp > 1 normalise with the statistics of the global micro-batch
 across the layer's data-parallel group — what one device computes on that micro-batch.
 
@@ -22,9 +22,11 @@ BatchNorm does (momentum, or a cumulative average when momentum is None; the unb
 variance of the global micro-batch), identically on every rank. In eval mode (running
 statistics) nothing is exchanged.
 
-Activation checkpointing re-runs a layer's forward in backward, so a BatchNorm in it
-would update its running statistics twice per micro-batch (num_batches_tracked too), at
-any dp: `batchnorm_problem` refuses that.
+Activation checkpointing re-runs a layer's forward in backward, where torch's BatchNorm
+would update its running statistics (and num_batches_tracked) a second time, at any dp.
+In a checkpointed layer every BatchNorm therefore recomputes with the batch statistics
+only and leaves the running ones alone (a forward run by the autograd engine, i.e. with
+a current graph task, is a recomputation).
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ import types
 import torch
 import torch.distributed as dist
 from torch import nn
+import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ir.strategy import Checkpoint, LayerStrategy
+from executors.checkpointing import apply_ac
+from ir.strategy import Checkpoint
 
 MIN_STATS_DTYPE = torch.float32  # sums of a bf16 micro-batch lose digits; torch's CPU BN uses fp32
 
@@ -66,12 +70,28 @@ def _average_factor(bn: _BatchNorm) -> float:
     return 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
 
 
-def _synced_forward(bn: _BatchNorm, x: torch.Tensor) -> torch.Tensor:
+def _recomputing() -> bool:
+    """Inside backward: activation checkpointing re-running a forward."""
+    return torch._C._current_graph_task_id() != -1  # -1: no backward running on this thread
+
+
+def _forward(bn: _BatchNorm, x: torch.Tensor) -> torch.Tensor:
     uses_batch = bn.training or bn.running_mean is None
     if not uses_batch:  # eval: the running statistics, the same on every rank
         return type(bn).forward(bn, x)
-    bn._check_input_dim(x)
     group = bn._planner_dp_group
+    if group is None:  # dp = 1: torch's own, without a second update when recomputing
+        if not _recomputing():
+            return type(bn).forward(bn, x)
+        bn._check_input_dim(x)
+        # the same op as the first forward, as checkpointing requires (same saved tensors;
+        # selective checkpointing replays op by op); its update lands in scratch tensors
+        return F.batch_norm(x, *bn._planner_scratch, bn.weight, bn.bias, True, 0.0, bn.eps)
+    return _synced(bn, x, group)
+
+
+def _synced(bn: _BatchNorm, x: torch.Tensor, group) -> torch.Tensor:
+    bn._check_input_dim(x)
     channels = x.shape[1]
     dims = [0] + list(range(2, x.dim()))  # every dim but the channels'
     shape = [1, channels] + [1] * (x.dim() - 2)  # (1, C, 1, ...) broadcasts over x
@@ -86,7 +106,7 @@ def _synced_forward(bn: _BatchNorm, x: torch.Tensor) -> torch.Tensor:
     y = centred * torch.rsqrt(var + bn.eps).view(shape)
     if bn.affine:
         y = y * bn.weight.to(dtype).view(shape) + bn.bias.to(dtype).view(shape)
-    if bn.training and bn.track_running_stats:
+    if bn.training and bn.track_running_stats and not _recomputing():
         with torch.no_grad():
             factor = _average_factor(bn)
             unbiased = var * (total / (total - 1).clamp(min=1))
@@ -96,28 +116,18 @@ def _synced_forward(bn: _BatchNorm, x: torch.Tensor) -> torch.Tensor:
     return y.to(x.dtype)
 
 
-def batchnorm_problem(module: nn.Module, strategy: LayerStrategy, layer_name: str = "") -> str | None:
-    """Why this layer's BatchNorms cannot run under its strategy, or None. `layer_name`
-    makes the message name the module by its full path."""
-    if strategy.checkpoint is Checkpoint.NONE:
-        return None
-    for name, sub in module.named_modules():
-        if isinstance(sub, _BatchNorm) and sub.track_running_stats:
-            path = ".".join(n for n in (layer_name, name) if n)
-            where = path or f"({type(sub).__name__}, the layer itself)"
-            return (f"BatchNorm {where}: activation checkpointing ({strategy.checkpoint}) "
-                    "would update its running statistics twice per step; use checkpoint "
-                    "none for its layer")
-    return None
-
-
-def sync_batch_norms(module: nn.Module, group) -> list[str]:
-    """Make every BatchNorm in `module` (itself included) normalise over `group`; their
-    names. The modules stay where they are (a layer may itself be a BatchNorm)."""
+def prepare_batch_norms(module: nn.Module, group, checkpoint: Checkpoint) -> list[str]:
+    """Make every BatchNorm in layer `module` (itself included) normalise over `group`
+    (None: its own batch) and update its running statistics once when `checkpoint`
+    recomputes it; their names. The modules stay where they are."""
     names = []
     for name, sub in module.named_modules():
         if isinstance(sub, _BatchNorm) and not hasattr(sub, "_planner_dp_group"):
             sub._planner_dp_group = group
-            sub.forward = types.MethodType(_synced_forward, sub)
+            sub._planner_scratch = tuple(None if t is None else torch.zeros_like(t)
+                                         for t in (sub.running_mean, sub.running_var))
+            sub.forward = types.MethodType(_forward, sub)
+            if sub is module:  # the layer is the BatchNorm: checkpoint the new forward
+                apply_ac(sub, checkpoint)
             names.append(name)
     return names
