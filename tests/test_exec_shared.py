@@ -310,3 +310,37 @@ def test_checkpointed_batchnorm_updates_its_statistics_once(mode: Checkpoint):
         assert torch.equal(a, b), name  # num_batches_tracked 1, running stats once
     for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters()):
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-12, atol=1e-14, msg=name)
+
+
+class ReadsTheTable(nn.Module):
+    """Reads an embedding table it does not register (a plain Python reference)."""
+
+    def __init__(self, table: nn.Embedding):
+        super().__init__()
+        self._table = [table]  # a list: not a submodule
+        self.scale = nn.Parameter(torch.ones(table.embedding_dim))  # makes it a layer
+
+    def forward(self, ids):
+        return nn.functional.embedding(ids, self._table[0].weight) * self.scale  # (B, S, width)
+
+
+class OutsideRead(nn.Module):
+    def __init__(self, vocab: int = 10, width: int = 4):
+        super().__init__()
+        self.shared = nn.Embedding(vocab, width)
+        self.encoder = ReadsTheTable(self.shared)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.shared.weight  # tied: the head holds the table too
+
+    def forward(self, ids):
+        return self.head(self.encoder(ids))
+
+
+def test_layer_reading_an_alias_from_outside_its_module_is_refused():
+    model = OutsideRead()
+    ids = torch.randint(0, 10, (2, 3))
+    graph = build_layer_graph(model, {"ids": ids}, ids, lambda out, t: out.sum())
+    plan = uniform_plan(len(graph.layers), dp=2, global_batch=2, precision=Precision.FP32)
+    with pytest.raises(PlannerError, match=r"^layer encoder reads parameter shared.weight "
+                                           r"from outside its module"):
+        check_plan(model, plan, graph, world_size=2)
