@@ -26,6 +26,11 @@ Mixed precision (`Precision.BF16_MIXED`): MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=fp32) on every unit: bf16 compute and all-gathers, fp32 gradient reduction,
 fp32 sharded parameters and optimizer states. Under mixed precision a layer with dp=1 is
 wrapped too (on a 1-rank mesh) so that it computes in bf16 like the rest.
+
+BatchNorm in a layer with dp > 1 normalises with the statistics of the whole global
+micro-batch across the layer's data-parallel group, as on one device; in a checkpointed
+layer it updates its running statistics once, not again when recomputed
+(`executors.sync_batchnorm`).
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from ir.strategy import DPMode, LayerStrategy, Precision
+from executors.sync_batchnorm import prepare_batch_norms
+from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
 
 
 def mp_policy(precision: Precision) -> MixedPrecisionPolicy:
@@ -60,7 +66,12 @@ def _sum_reduction(unit: FSDPModule, mesh: DeviceMesh) -> None:
 
 def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
              precision: Precision) -> FSDPModule | None:
-    """Make `module` (one layer) a data-parallel unit on the 1-D mesh `mesh`."""
+    """Make `module` (one layer) a data-parallel unit on the 1-D mesh `mesh`; its
+    BatchNorms normalise over the whole micro-batch of the mesh (`sync_batchnorm`; after
+    `apply_ac`, which a BatchNorm layer's new forward is checkpointed with again)."""
+    if strategy.dp > 1 or strategy.checkpoint is not Checkpoint.NONE:
+        prepare_batch_norms(module, mesh.get_group() if strategy.dp > 1 else None,
+                            strategy.checkpoint)
     if not needs_dp_unit(module, strategy, precision):
         return None
     policy = mp_policy(precision)

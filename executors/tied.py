@@ -10,6 +10,14 @@ A copy's gradient may be sharded any way (TP shard, FSDP shard, both); the sum i
 on full tensors: `full_tensor()` inside the holding stage, then an all-reduce between the
 pipeline ranks that hold copies (one small group per position in the stage, like
 Megatron's embedding group), then each copy keeps its own shard of the sum.
+
+A name outside every layer may alias a layer's parameter (T5's and BART's `shared.weight`
+is the Parameter of `encoder.embed_tokens.weight`, of `decoder.embed_tokens.weight` and of
+`lm_head.weight`; forward never reads it through `shared`). Such an ALIAS stays a name of
+the owner's parameter: `point_aliases` re-registers it on the final (TP / FSDP) parameter
+of the first layer holding the weight, so the model has no stale extra tensor, the
+optimizer one state per copy, and checkpoints and `full_state_dict` the usual names
+(`named_parameters` lists the alias, first registered, in place of the owner's name).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ class TieGroup:
 
     layers: tuple[int, ...]  # ascending; layers[0] keeps the original tensor
     names: tuple[tuple[str, ...], ...]  # per layer, the fully qualified names it uses
+    aliases: tuple[str, ...] = ()  # names of the tensor outside every layer
 
 
 def owning_layer(fqn: str, graph: LayerGraph) -> int | None:
@@ -49,14 +58,39 @@ def find_tie_groups(model: nn.Module, graph: LayerGraph) -> list[TieGroup]:
     groups = []
     for names in by_tensor.values():
         per_layer: dict[int, list[str]] = {}
+        aliases = []
         for fqn in names:
             layer = owning_layer(fqn, graph)
-            if layer is not None:
+            if layer is None:
+                aliases.append(fqn)
+            else:
                 per_layer.setdefault(layer, []).append(fqn)
-        if len(per_layer) > 1:
+        if per_layer and (len(per_layer) > 1 or aliases):
             layers = tuple(sorted(per_layer))
-            groups.append(TieGroup(layers, tuple(tuple(per_layer[j]) for j in layers)))
+            groups.append(TieGroup(layers, tuple(tuple(per_layer[j]) for j in layers),
+                                   tuple(aliases)))
     return groups
+
+
+def alias_problem(model: nn.Module, graph: LayerGraph) -> str | None:
+    """Why a parameter name outside every layer cannot run, or None. Such a name is fine
+    when it aliases a tensor some layer holds and no layer reads the tensor through it
+    (the layer IR then names the layer's own path, `ir.measure`)."""
+    held = {id(p) for fqn, p in model.named_parameters(remove_duplicate=False)
+            if owning_layer(fqn, graph) is not None}
+    read = {name: layer.name for layer in graph.layers
+            for name in layer.param_names + layer.tied_param_names}
+    for fqn, param in model.named_parameters(remove_duplicate=False):
+        if owning_layer(fqn, graph) is not None:
+            continue
+        if id(param) not in held:
+            return (f"parameter {fqn} belongs to no layer of the layer IR, so no strategy "
+                    "says how to run it; re-trace the model")
+        if fqn in read:
+            return (f"layer {read[fqn]} reads parameter {fqn} from outside its module, so "
+                    "its strategy cannot shard it; register the weight inside that layer's "
+                    "module")
+    return None
 
 
 def _set_param(model: nn.Module, fqn: str, param: nn.Parameter) -> None:
@@ -72,6 +106,25 @@ def untie(model: nn.Module, groups: list[TieGroup]) -> None:
             copy = nn.Parameter(original.detach().clone(), requires_grad=original.requires_grad)
             for fqn in names:
                 _set_param(model, fqn, copy)
+
+
+def point_aliases(groups: list[TieGroup], modules_by_layer: dict[int, nn.Module]) -> None:
+    """Re-register every alias on the final parameter of the first layer of this rank's
+    stage module that holds the weight (a stage without one drops the alias), once TP and
+    FSDP have replaced the layers' parameters."""
+    for group in groups:
+        stage_modules = {id(m): m for m in modules_by_layer.values()}.values()
+        for stage_module in stage_modules:
+            local = [names for j, names in zip(group.layers, group.names)
+                     if modules_by_layer.get(j) is stage_module]
+            target = stage_module.get_parameter(local[0][0]) if local else None
+            for fqn in group.aliases:
+                path, _, attr = fqn.rpartition(".")
+                try:
+                    holder = stage_module.get_submodule(path) if path else stage_module
+                except AttributeError:  # pruned from this pipeline stage
+                    continue
+                holder.register_parameter(attr, target)
 
 
 def _full_grad(param: torch.Tensor) -> torch.Tensor:
@@ -121,7 +174,10 @@ class TiedGradients:
         self.rank = dist.get_rank()
         self._groups: list[tuple[list[tuple[nn.Module, tuple[str, ...]]], object]] = []
         local = self.rank % stage_devices
+        point_aliases(groups, modules_by_layer)  # the layers' parameters are final now
         for group in groups:
+            if len(group.layers) == 1:  # an alias only: nothing to sum
+                continue
             holders = sorted({layer_stage[j] % pp for j in group.layers})
             cross = None
             if len(holders) > 1:  # one group per position in the stage; all ranks create all

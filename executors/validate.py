@@ -13,7 +13,7 @@ What the executor supports, beyond the plan's own invariants:
   - pipelines: a model cut torchtitan style (`pipeline.pruning_problem`), stage
     boundaries at the layer IR's cut points, a schedule pipelining can run;
   - fp32 or bf16-mixed precision (fp16 would need loss scaling);
-  - every parameter belongs to some layer.
+  - every parameter belongs to some layer (or aliases one a layer holds, `executors.tied`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from executors.layout import Layout
 from executors.mesh import ParallelDims
 from executors.pipeline import positional_inputs, pruning_problem, schedule_problem
 from executors.tensor_parallel import tp_problem, uses_sequence_parallel
-from executors.tied import owning_layer
+from executors.tied import alias_problem
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.legality import layout_change_problem
@@ -88,10 +88,9 @@ def check_plan(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, world_si
                                         plan.layer_strategies[j].tp)
         if problem:
             raise PlannerError(problem)
-    for fqn, _ in model.named_parameters(remove_duplicate=False):
-        if owning_layer(fqn, graph) is None:
-            raise PlannerError(f"parameter {fqn} belongs to no layer of the layer IR, so no "
-                               "strategy says how to run it; re-trace the model")
+    problem = alias_problem(model, graph)  # every parameter belongs to some layer
+    if problem:
+        raise PlannerError(problem)
     if plan.pp > 1:
         problem = pruning_problem(model, graph) or schedule_problem(plan)
         if problem:

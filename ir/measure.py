@@ -630,6 +630,7 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             owned.add(pname)
 
     tied_by_layer = _tied_copies(root, layer_names, param_names_by_layer)
+    local_names = _names_in_layers(root, layer_names, param_names_by_layer)
 
     runs: dict[str, LayerRun] = {}
     layers: list[Layer] = []
@@ -682,7 +683,7 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             saved_activation_bytes=run.saved_bytes, saved_tp_sharded_bytes=run.saved_tp_sharded_bytes,
             saved_attention_bytes=run.saved_attention_bytes,
             saved_dropout_mask_bytes=run.saved_dropout_mask_bytes, input_bytes=in_bytes,
-            output_bytes=out_bytes, structural_hash=shash, param_names=pnames,
+            output_bytes=out_bytes, structural_hash=shash, param_names=local_names[i],
             tp_candidates=candidates, tp_divisors=divisors,
             saved_input_bytes=run.saved_input_bytes, saved_output_bytes=run.saved_output_bytes,
             max_param_numel=max([canon_params[p].numel() for p in pnames]
@@ -714,6 +715,26 @@ def _chain_input(m: GraphMeasurer, i: int, module: nn.Module | None) -> bool:
     target = m.target_placeholder()
     outside = [a for a in m.infos[i].inputs if a is not target]
     return len(outside) == 1 and m.owner.get(outside[0]) == i - 1
+
+
+def _names_in_layers(root: nn.Module, layer_names: list[str],
+                     owned: list[list[str]]) -> list[tuple[str, ...]]:
+    """Per layer, its owned parameters named under its own module path where the tensor
+    has such a name (T5's `shared.weight` is `encoder.embed_tokens.weight` in layer
+    encoder.embed_tokens): the name its strategy shards it by."""
+    names_of: dict[int, list[str]] = {}
+    for fqn, p in root.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(fqn)
+    canon = dict(root.named_parameters())
+    out = []
+    for lname, names in zip(layer_names, owned):
+        paths = [part + "." for part in lname.split("+")] if lname else [""]
+        local = []
+        for name in names:
+            inside = [n for n in names_of[id(canon[name])] if n.startswith(tuple(paths))]
+            local.append(name if name in inside or not inside else inside[0])
+        out.append(tuple(local))
+    return out
 
 
 def _tied_copies(root: nn.Module, layer_names: list[str],

@@ -45,3 +45,55 @@ def data_dependent(micro_batch=1, seq_len=None, device="meta"):
     with torch.device(device):
         model = DataDependent()
     return model, _batch(micro_batch, device), None, None
+
+
+class BasicBlock(nn.Module):
+    """He et al. 2016's basic block, downsampling by `stride` (conv + BN on the shortcut)."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.shortcut = nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
+                                      nn.BatchNorm2d(out_channels))
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))  # (B, C_out, H / stride, W / stride)
+        return F.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
+
+
+NECK_MOMENTUM = 0.3  # not torch's 0.1: the running statistics follow the module's own
+
+
+class ResNetBN(nn.Module):
+    """A small ResNet whose BatchNorms vary: one is a layer by itself (stem_bn), one is 1-D
+    with its own momentum (neck_bn). (momentum=None cannot be measured on the meta device:
+    torch's BatchNorm reads num_batches_tracked as a Python float.)"""
+
+    def __init__(self, channels: int = 8, num_classes: int = 10):
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, 3, padding=1, bias=False)
+        self.stem_bn = nn.BatchNorm2d(channels)
+        self.block = BasicBlock(channels, 2 * channels, stride=2)
+        self.neck_bn = nn.BatchNorm1d(2 * channels, momentum=NECK_MOMENTUM)
+        self.head = nn.Linear(2 * channels, num_classes)
+
+    def forward(self, images):
+        x = F.relu(self.stem_bn(self.stem(images)))  # (B, C, H, W)
+        x = self.block(x).mean(dim=(2, 3))  # (B, 2C): global average pooling
+        return self.head(self.neck_bn(x))  # (B, classes)
+
+
+RESNET_IMAGE_SIZE = 8  # pixels per side: small enough for 2 CPU cores, large enough to downsample
+
+
+def resnet_bn(micro_batch=1, seq_len=None, device="meta", seed=0):
+    with torch.device(device):
+        model = ResNetBN()
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randn(micro_batch, 3, RESNET_IMAGE_SIZE, RESNET_IMAGE_SIZE,
+                         generator=generator).to(device) * 2 + 1  # mean 1, std 2: BN matters
+    target = torch.randint(0, 10, (micro_batch,), generator=generator).to(device)
+    return model, {"images": images}, target, F.cross_entropy
