@@ -119,8 +119,17 @@ def _main_leaf(value) -> torch.Tensor | None:
     return next((x for x in tree_flatten(value)[0] if isinstance(x, torch.Tensor)), None)
 
 
-def _structure(value) -> OutputStructure:
+# Non-tensor output leaves a stand-in can return as recorded (plain values, not objects
+# that could hold the fake run's tensors, like a Hugging Face cache).
+PLAIN_LEAVES = (type(None), bool, int, float, str, torch.dtype, torch.device)
+
+
+def _structure(name: str, value) -> OutputStructure:
     leaves, spec = tree_flatten(value)
+    odd = next((x for x in leaves if not isinstance(x, (torch.Tensor, *PLAIN_LEAVES))), None)
+    if odd is not None:
+        raise PlannerError(f"layer {name} returns a {type(odd).__name__}, which other "
+                           "pipeline stages cannot stand in for; use pp=1 for this model")
     metas = tuple(LeafMeta(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x
                   for x in leaves)
     main = next((i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)), None)
@@ -159,7 +168,8 @@ def schedule_problem(plan: ParallelPlan) -> str | None:
             return (f"interleaved 1F1B needs num_microbatches ({n}) to be a multiple of "
                     f"max(1, num_microbatches // pp) = {rounds}; use a multiple of pp={pp}")
     if plan.schedule is not Schedule.INTERLEAVED and stages != pp:
-        return f"{plan.schedule} runs one stage per pipeline rank, the plan has {stages} for pp={pp}"
+        return (f"{plan.schedule} runs one stage per pipeline rank, the plan has {stages} "
+                f"for pp={pp}")
     return None
 
 
@@ -326,7 +336,8 @@ class StageAnalysis:
             dtype = ANALYSIS_DTYPE if t.dtype.is_floating_point else t.dtype
             with self.mode:
                 fake = torch.empty(t.shape, dtype=dtype, device=t.device)
-            memo[id(t)] = nn.Parameter(fake, t.requires_grad) if isinstance(t, nn.Parameter) else fake
+            is_param = isinstance(t, nn.Parameter)
+            memo[id(t)] = nn.Parameter(fake, t.requires_grad) if is_param else fake
         self._tensors = dict(memo)
         self.model = copy.deepcopy(model, memo)  # fake parameters: no data copied
         self._done: dict[tuple, dict[str, OutputStructure]] = {}
@@ -353,13 +364,15 @@ class StageAnalysis:
         seen: dict[str, list[OutputStructure]] = {}
 
         def hook(name, module, args, output):
-            seen.setdefault(name, []).append(_structure(output))
+            seen.setdefault(name, []).append(_structure(name, output))
 
         handles = [self.model.get_submodule(layer.name).register_forward_hook(
             lambda m, a, o, name=layer.name: hook(name, m, a, o)) for layer in self.graph.layers]
         try:
             with self.mode, torch.no_grad():
                 self.model(**inputs)
+        except PlannerError:
+            raise
         except Exception as exc:
             raise PlannerError(f"a pipeline records each layer's output under fake tensors, "
                                f"and {self.model_name} cannot run there ({_one_line(exc)}); "

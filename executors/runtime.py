@@ -6,8 +6,9 @@
      the target in the last layer's;
   2. runs forward and backward over `num_microbatches` micro-batches — a plain loop with
      gradient sync only on the last micro-batch when pp = 1, the pipelining schedule
-     otherwise (every stage gets the inputs as keywords: `executors.pipeline`) — with each micro-batch's loss weighted so that the data-parallel SUM of
-     gradients is the gradient of the mean loss over the global batch (below);
+     otherwise (every stage gets the inputs as keywords: `executors.pipeline`) — with
+     each micro-batch's loss weighted so that the data-parallel SUM of gradients is the
+     gradient of the mean loss over the global batch (below);
   3. sums the gradients of tied copies, steps the optimizer, zeroes the gradients;
   4. returns the global-batch mean loss, the same on every rank (one all-reduce of a
      scalar, started as soon as the loss is known — before the last backward without a
@@ -81,7 +82,9 @@ class ParallelModel:
     loss_fn: Callable
     meshes: Meshes
     device: torch.device
-    input_layout: Layout  # how the inputs are sharded: layer 0's (pp > 1: this rank's stages' first layer's)
+    # how the inputs are sharded: layer 0's layout (pp > 1: that of this rank's stages'
+    # first layers, whose glue runs from the inputs)
+    input_layout: Layout
     output_layout: Layout  # the last layer's layout (full sequence): how the target is sharded
     tied: TiedGradients
     loss_parallel: bool = False  # the last layer's logits stay vocab-split (a DTensor)

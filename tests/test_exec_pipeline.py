@@ -25,7 +25,7 @@ from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.measure import build_layer_graph
 from ir.plan import ParallelPlan, uniform_plan
-from ir.strategy import Precision, Schedule
+from ir.strategy import Checkpoint, Precision, Schedule
 from planner.models import load_model
 
 from dist_utils import spawn, train_one_device
@@ -164,6 +164,8 @@ CASES = [
     Case("user-factory", 2, USER, pipeline(boundary=1, micro_batch=2, schedule=ONE)),
     Case("llama-dp-pp-interleaved", 4, hf("llama"),
          pipeline(dp=2, virtual_stages=2, zero=3, micro_batch=1, schedule=I)),
+    Case("llama-tp-sp-pp-ckpt", 4, hf("llama"),
+         pipeline(tp=2, sequence_parallel=True, checkpoint=Checkpoint.FULL, micro_batch=2)),
 ]
 
 

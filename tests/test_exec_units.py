@@ -226,10 +226,15 @@ def _two_stages(model: nn.Module, graph, boundary: int, inputs: dict) -> list[nn
     return stages
 
 
-@pytest.mark.parametrize("spec, boundary", [(HF_GPT2, 3), (HF_T5, 3), (HF_T5, 4)])
+@pytest.mark.parametrize("spec, boundary", [
+    (HF_GPT2, 3), (HF_T5, 3), (HF_T5, 4), ("hf:tests/data/hf/gemma/config.json", 1),
+    ("hf:tests/data/hf/qwen2/config.json", 2), ("hf:tests/data/hf/mixtral/config.json", 2),
+    ("hf:tests/data/hf/bart/config.json", 5)])
 def test_hf_stage_modules_compose_to_the_model(spec, boundary):
     """T5: after encoder.block.1 the boundary is a (hidden, position_bias) tuple whose
-    bias is stood in by zeros; after the encoder the decoder reads the received tensor."""
+    bias is stood in by zeros; after the encoder the decoder reads the received tensor.
+    Gemma scales the embedding in glue; Qwen2's glue reads each decoder layer's
+    `attention_type` (the stand-in answers); Mixtral's experts run under fake tensors."""
     loaded = load_model(spec, micro_batch=2, seq_len=32, device="cpu", seed=0)
     model, inputs = loaded.module.eval(), loaded.inputs  # eval: no dropout
     first, second = _two_stages(model, graph_of(spec), boundary, inputs)
