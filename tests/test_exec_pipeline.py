@@ -12,7 +12,7 @@ match its losses and final parameters (fp32, rtol 1e-5).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import pytest
@@ -147,19 +147,20 @@ class Case:
     world: int
     model: str
     plan: Callable[[LayerGraph], ParallelPlan]
-    marks: tuple = field(default=())
 
 
 G, ONE, I = Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED
-SHARED = pytest.mark.xfail(strict=True, reason="T5/BART's top-level `shared` embedding "
-                           "belongs to no layer in check_plan (a colleague's fix)")
+# check_plan refuses T5/BART's top-level `shared` embedding (its parameter belongs to no
+# layer) until the layer ownership of tied aliases is fixed; their pipelines are verified
+# once it is, and any other error fails
+SHARED_PENDING = "shared.weight belongs to no layer"
 CASES = [
     Case("zoo-gpt", 2, GPT, pipeline(micro_batch=2, schedule=G)),
     Case("llama", 2, hf("llama"), pipeline(micro_batch=2, schedule=ONE)),
     Case("gpt2-tied", 2, hf("gpt2"), pipeline(micro_batch=2, schedule=G)),  # wte | lm_head
     Case("bert", 2, hf("bert"), pipeline(micro_batch=2, schedule=ONE)),
-    Case("t5", 2, hf("t5"), pipeline(micro_batch=2, schedule=G), (SHARED,)),
-    Case("bart", 2, hf("bart"), pipeline(boundary=5, micro_batch=2, schedule=ONE), (SHARED,)),
+    Case("t5", 2, hf("t5"), pipeline(micro_batch=2, schedule=G)),
+    Case("bart", 2, hf("bart"), pipeline(boundary=5, micro_batch=2, schedule=ONE)),
     Case("mixtral", 2, hf("mixtral"), pipeline(micro_batch=2, schedule=G)),
     Case("user-factory", 2, USER, pipeline(boundary=1, micro_batch=2, schedule=ONE)),
     Case("llama-dp-pp-interleaved", 4, hf("llama"),
@@ -196,10 +197,11 @@ def results_for(world: int) -> dict:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", [pytest.param(c, marks=c.marks) for c in CASES],
-                         ids=[f"{c.world}r-{c.name}" for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.world}r-{c.name}" for c in CASES])
 def test_pipeline_matches_single_device(case: Case):
     got = results_for(case.world)[case.name]
+    if case.name in ("t5", "bart") and SHARED_PENDING in got.get("error", ""):
+        pytest.xfail(got["error"])
     assert "error" not in got, got.get("error")
     ref_losses, ref_state = reference(case.model)
     torch.testing.assert_close(torch.tensor(got["losses"], dtype=torch.float64),
