@@ -7,7 +7,8 @@ fixed (torchtitan's: TP -> AC -> FSDP, embeddings/blocks/head one unit each, roo
     0. check_plan          reject what cannot run (PlannerError), before any collective
     1. Meshes              one (pp, dp, tp) DeviceMesh per TP degree, TP innermost
     2. untie               each layer its own copy of shared weights (`executors.tied`)
-    3. build_stage_module  this rank's pipeline stage(s), pruned from the model
+    3. build_stage_module  this rank's pipeline stage(s): the model, other stages' layers
+                           stood in for (`executors.pipeline`)
     per stage module, per layer in order:
     4. apply_tp            DTensor TP / SP styles on the layer's TP mesh
     5. re-layouts          hooks where neighbouring layers lay activations out differently
@@ -36,7 +37,8 @@ from executors.data_parallel import apply_dp, apply_dp_root
 from executors.layout import add_input_relayout, add_output_relayout
 from executors.mesh import Meshes
 from executors.optimizer import build_optimizer
-from executors.pipeline import build_schedule, build_stage_module, rank_stages, stage_layers
+from executors.pipeline import (StageAnalysis, build_schedule, build_stage_module, rank_stages,
+                                stage_layers)
 from executors.runtime import ParallelModel, loss_weight as default_loss_weight
 from executors.tensor_parallel import apply_tp, is_loss_parallel_head
 from executors.tied import TiedGradients, find_tie_groups, untie
@@ -106,7 +108,7 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     modules replaced by DTensor / FSDP versions); use `ParallelModel.module` afterwards.
 
     optimizer / optimizer_kwargs default to `plan.optimizer` with torch's defaults.
-    example_inputs (optional) lets the pipeline check that inputs can go positionally.
+    example_inputs (optional) lets check_plan run the pipeline's stage checks at once.
     loss_parallel: when the last layer is a TP-split head, keep its logits split and run
     `loss_fn` under `torch.distributed.tensor.parallel.loss_parallel()` (cross-entropy
     losses); False gathers the logits for any loss function.
@@ -130,14 +132,17 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     ties = find_tie_groups(model, graph)
     untie(model, ties)
     # 3. pipeline stages held by this rank
+    analysis = None
     if plan.pp == 1:
         stage_ids: list[int | None] = [None]
         layer_sets = [list(range(len(graph.layers)))]
+        modules = [model]
     else:
         stage_ids = list(rank_stages(plan, meshes.pp_rank))
         layer_sets = [stage_layers(plan, s) for s in stage_ids]
-    modules = [build_stage_module(model, graph, layers, make_copy=len(stage_ids) > 1)
-               if plan.pp > 1 else model for layers in layer_sets]
+        analysis = StageAnalysis(model, graph, plan)  # a fake copy, before any stand-in
+        modules = [build_stage_module(model, graph, plan, s, make_copy=len(stage_ids) > 1,
+                                      analysis=analysis) for s in stage_ids]
     # 4-7. per stage module
     last = len(graph.layers) - 1
     loss_parallel = loss_parallel and is_loss_parallel_head(
@@ -173,6 +178,10 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     if plan.pp > 1:
         pm.schedule, pm.pipeline_stages = build_schedule(
             plan, list(zip(stage_ids, modules)), device, meshes.pp_group(), pm._weighted_loss)
+        pm.pipeline_analysis = analysis
+        # every stage runs the glue from the inputs, laid out as its first layer's (one
+        # layout per rank: check_plan)
+        pm.input_layout = layer_layout(plan, graph, layer_sets[0][0]).full_sequence
     return pm
 
 

@@ -6,8 +6,9 @@
      the target in the last layer's;
   2. runs forward and backward over `num_microbatches` micro-batches — a plain loop with
      gradient sync only on the last micro-batch when pp = 1, the pipelining schedule
-     otherwise — with each micro-batch's loss weighted so that the data-parallel SUM of
-     gradients is the gradient of the mean loss over the global batch (below);
+     otherwise (every stage gets the inputs as keywords: `executors.pipeline`) — with
+     each micro-batch's loss weighted so that the data-parallel SUM of gradients is the
+     gradient of the mean loss over the global batch (below);
   3. sums the gradients of tied copies, steps the optimizer, zeroes the gradients;
   4. returns the global-batch mean loss, the same on every rank (one all-reduce of a
      scalar, started as soon as the loss is known — before the last backward without a
@@ -48,7 +49,7 @@ from executors.data import shard_batch, split_microbatches
 from executors.data_parallel import set_gradient_sync
 from executors.layout import Layout
 from executors.mesh import Meshes
-from executors.pipeline import positional_inputs
+from executors.pipeline import StageAnalysis, stage_inputs
 from executors.tensor_parallel import reduce_partial_grads
 from executors.tied import TiedGradients
 from ir.plan import ParallelPlan
@@ -81,13 +82,16 @@ class ParallelModel:
     loss_fn: Callable
     meshes: Meshes
     device: torch.device
-    input_layout: Layout  # layer 0's layout: how the inputs are sharded
+    # how the inputs are sharded: layer 0's layout (pp > 1: that of this rank's stages'
+    # first layers, whose glue runs from the inputs)
+    input_layout: Layout
     output_layout: Layout  # the last layer's layout (full sequence): how the target is sharded
     tied: TiedGradients
     loss_parallel: bool = False  # the last layer's logits stay vocab-split (a DTensor)
     loss_weight_fn: Callable = loss_weight  # target -> the count its mean loss averages over
     schedule: Any = None  # torch.distributed.pipelining schedule when pp > 1
     pipeline_stages: list = field(default_factory=list)
+    pipeline_analysis: StageAnalysis | None = None  # checks and records stages per input shape
     steps: int = 0
     # this step's count of the global target (None: not sharded by rows, uniform weights)
     _global_count: torch.Tensor | None = field(default=None, init=False, repr=False)
@@ -166,12 +170,18 @@ class ParallelModel:
         return total, pending
 
     def _pipeline(self, inputs: dict, target) -> torch.Tensor:
-        first = any(stage.is_first for stage in self.pipeline_stages)
+        """Every pipeline rank passes the model inputs (in its stages' input layout) as
+        keywords; the last stage also the target. The stages are checked under fake
+        tensors first, on every rank alike, so a stage that cannot run fails here, before
+        any rank waits on another."""
+        n = self.plan.num_microbatches
+        rows = self.plan.global_batch // self.input_layout.dp
+        self.pipeline_analysis.prepare(
+            {k: split_microbatches(v, n, rows)[0] for k, v in inputs.items()})
         last = any(stage.is_last for stage in self.pipeline_stages)
-        args = positional_inputs(self.stage_modules[0][1], inputs) if first else ()
         losses: list[torch.Tensor] = []
         kwargs = {"target": target, "losses": losses} if last else {}
-        self.schedule.step(*args, return_outputs=False, **kwargs)
+        self.schedule.step(return_outputs=False, **kwargs, **stage_inputs(inputs, rows))
         total = torch.zeros((), device=self.device)
         for loss in losses:
             total += _value(loss)

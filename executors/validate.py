@@ -10,8 +10,11 @@ What the executor supports, beyond the plan's own invariants:
   - the global micro-batch (global_batch / num_microbatches) divides by every layer's dp;
   - consecutive layers (also across a stage boundary) change TP degree only as
     `ir.legality.layout_change_problem` allows (the search obeys the same rule);
-  - pipelines: a model cut torchtitan style (`pipeline.pruning_problem`), stage
-    boundaries at the layer IR's cut points, a schedule pipelining can run;
+  - pipelines: stage boundaries at the layer IR's cut points, no root-level or merged
+    layers (`pipeline.cut_problem`), a schedule pipelining can run, the stages of one
+    pipeline rank reading their inputs in one layout; with example inputs, every stage
+    also runs under fake tensors with the other stages stood in for
+    (`pipeline.StageAnalysis`);
   - fp32 or bf16-mixed precision (fp16 would need loss scaling);
   - every parameter belongs to some layer (or aliases one a layer holds, `executors.tied`).
 """
@@ -22,7 +25,7 @@ from torch import nn
 
 from executors.layout import Layout
 from executors.mesh import ParallelDims
-from executors.pipeline import positional_inputs, pruning_problem, schedule_problem
+from executors.pipeline import StageAnalysis, cut_problem, rank_stages, schedule_problem
 from executors.tensor_parallel import tp_problem, uses_sequence_parallel
 from executors.tied import alias_problem
 from ir.errors import PlannerError
@@ -92,16 +95,22 @@ def check_plan(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, world_si
     if problem:
         raise PlannerError(problem)
     if plan.pp > 1:
-        problem = pruning_problem(model, graph) or schedule_problem(plan)
-        if problem:
-            raise PlannerError(problem)
-        for stage in plan.stages[:-1]:
-            if graph.cut_points and stage.last_layer not in graph.cut_points:
-                raise PlannerError(f"a pipeline cannot cut after layer "
-                                   f"{graph.layers[stage.last_layer].name}: other tensors "
-                                   f"cross there; cut at one of layers {list(graph.cut_points)}")
-        if example_inputs is not None and positional_inputs(model, example_inputs) is None:
-            raise PlannerError(f"pipelining passes the inputs positionally, but "
-                               f"{sorted(example_inputs)} are not the first parameters of "
-                               f"{type(model).__name__}.forward")
+        _check_pipeline(model, plan, graph, example_inputs)
     return dims
+
+
+def _check_pipeline(model: nn.Module, plan: ParallelPlan, graph: LayerGraph,
+                    example_inputs: dict | None) -> None:
+    problem = cut_problem(graph, plan) or schedule_problem(plan)
+    if problem:
+        raise PlannerError(problem)
+    for pp_rank in range(plan.pp):  # a rank's stages share the inputs it is given
+        stages = rank_stages(plan, pp_rank)
+        layouts = [layer_layout(plan, graph, plan.stages[s].first_layer).full_sequence
+                   for s in stages]
+        if len(set(layouts)) > 1:
+            raise PlannerError(f"pipeline stages {stages} run on the same ranks but their "
+                               f"first layers lay the batch out differently "
+                               f"({', '.join(map(str, layouts))}); give them the same tp")
+    if example_inputs is not None:
+        StageAnalysis(model, graph, plan).prepare(example_inputs)

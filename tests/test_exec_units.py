@@ -1,4 +1,4 @@
-"""Executor logic that needs no process group: rejections, data shards, ownership, pruning."""
+"""Executor logic that needs no process group: rejections, data shards, ownership, stages."""
 
 from __future__ import annotations
 
@@ -12,16 +12,20 @@ from executors.data import global_batch_indices, local_rows, shard_batch, split_
 from executors.layout import Layout, map_main_input, map_main_output
 from executors.mesh import MeshAxis, ParallelDims
 from executors.optimizer import owners_by_size
-from executors.pipeline import build_stage_module, positional_inputs, rank_stages
+from executors.pipeline import (StageAnalysis, build_stage_module, finish_stage_module,
+                                rank_stages)
 from executors.tied import find_tie_groups, untie
 from executors.validate import check_plan, layer_layout
 from ir.errors import PlannerError
+from ir.measure import build_layer_graph
 from ir.plan import ParallelPlan, uniform_plan
 from ir.strategy import LayerStrategy, Precision, Schedule, Stage
+from ir.trace import model_output_tensor
 from planner.models import load_layer_graph, load_model
 
 GPT = "gpt:layers=4,hidden=64,heads=4,vocab=128,seq=32,dropout=0"
 HF_GPT2 = "hf:tests/data/hf/gpt2/config.json"
+HF_T5 = "hf:tests/data/hf/t5/config.json"
 
 
 @functools.lru_cache(maxsize=None)
@@ -140,10 +144,27 @@ def test_fused_conv1d_attention_is_not_a_tp_candidate():
     check_plan(model_of(HF_GPT2), plan(HF_GPT2, tp=2), graph, 2)  # legal: no rejection
 
 
-def test_hf_gpt2_cannot_be_pipelined():
-    p = plan(HF_GPT2, pp=2, micro_batch=2)
-    with pytest.raises(PlannerError, match="use pp=1 for this model"):
-        check_plan(model_of(HF_GPT2), p, graph_of(HF_GPT2), 2)
+def test_hf_gpt2_pipeline_is_accepted_but_not_a_cut_between_its_embeddings():
+    model, graph = model_of(HF_GPT2), graph_of(HF_GPT2)
+    ids = {"input_ids": torch.zeros(8, 32, dtype=torch.long)}
+    check_plan(model, plan(HF_GPT2, pp=2, micro_batch=2), graph, 2, ids)  # runs the stages
+    # wte and wpe are summed in glue: after wpe both outputs would cross
+    p = plan(HF_GPT2, pp=2, micro_batch=2, stage_boundaries=(2,))
+    with pytest.raises(PlannerError, match=r"cannot cut after layer transformer\.wpe: other "
+                                           r"tensors cross there; cut at one of layers \[0, 2"):
+        check_plan(model, p, graph, 2)
+
+
+def test_interleaved_stages_of_one_rank_share_the_input_layout():
+    graph = graph_of(GPT)
+    strategies = [LayerStrategy(tp=2, dp=1)] * 3 + [LayerStrategy(tp=1, dp=2)] * 4
+    p = ParallelPlan(stages=(Stage(0, 1, 2), Stage(2, 2, 2), Stage(3, 4, 2), Stage(5, 6, 2)),
+                     layer_strategies=tuple(strategies), global_batch=8, micro_batch=1,
+                     num_microbatches=4, schedule=Schedule.INTERLEAVED, virtual_stages=2,
+                     precision=Precision.FP32)
+    with pytest.raises(PlannerError, match=r"pipeline stages \[0, 2\] run on the same ranks "
+                                           r"but their first layers lay the batch out"):
+        check_plan(model_of(GPT), p, graph, 4)
 
 
 def test_changing_dp_needs_single_input_layers():
@@ -183,15 +204,95 @@ def test_stage_modules_keep_names_and_drop_the_rest():
     graph, p = graph_of(GPT), plan(pp=2, virtual_stages=2, micro_batch=2,
                                    schedule=Schedule.INTERLEAVED)
     assert rank_stages(p, 0) == [0, 2] and rank_stages(p, 1) == [1, 3]
-    layers = list(range(p.stages[1].first_layer, p.stages[1].last_layer + 1))
-    stage = build_stage_module(model_of(GPT), graph, layers, make_copy=True)
-    names = {n.split(".")[0] + ("." + n.split(".")[1] if n.startswith("blocks") else "")
-             for n, _ in stage.named_parameters()}
-    assert names == {graph.layers[j].name for j in layers}
-    assert stage.embed is None and stage.head is None
-    hidden = torch.randn(2, 32, 64)
-    assert stage(hidden).shape == (2, 32, 64)  # takes and returns hidden states
-    assert positional_inputs(stage, {"input_ids": hidden})[0] is hidden
+    model = model_of(GPT)
+    stage = build_stage_module(model, graph, p, 1, make_copy=True, analysis=None)
+    layers = range(p.stages[1].first_layer, p.stages[1].last_layer + 1)
+    owners = {graph.layers[j].name for j in layers}
+    names = {n for n, _ in stage.named_parameters()}
+    assert names == {n for n, _ in model.named_parameters() if n.rpartition(".")[0] in owners
+                     or any(n.startswith(o + ".") for o in owners)}
+    assert type(stage.embed).__name__ == "StandIn" and not list(stage.embed.parameters())
+
+
+def _two_stages(model: nn.Module, graph, boundary: int, inputs: dict) -> list[nn.Module]:
+    p = uniform_plan(len(graph.layers), pp=2, global_batch=2, precision=Precision.FP32,
+                     stage_boundaries=(boundary,))
+    analysis = StageAnalysis(model, graph, p)
+    analysis.prepare(inputs)
+    stages = [build_stage_module(model, graph, p, s, make_copy=True, analysis=analysis)
+              for s in (0, 1)]
+    for stage in stages:
+        finish_stage_module(stage)
+    return stages
+
+
+@pytest.mark.parametrize("spec, boundary", [
+    (HF_GPT2, 3), (HF_T5, 3), (HF_T5, 4), ("hf:tests/data/hf/gemma/config.json", 1),
+    ("hf:tests/data/hf/qwen2/config.json", 2), ("hf:tests/data/hf/mixtral/config.json", 2),
+    ("hf:tests/data/hf/bart/config.json", 5)])
+def test_hf_stage_modules_compose_to_the_model(spec, boundary):
+    """T5: after encoder.block.1 the boundary is a (hidden, position_bias) tuple whose
+    bias is stood in by zeros; after the encoder the decoder reads the received tensor.
+    Gemma scales the embedding in glue; Qwen2's glue reads each decoder layer's
+    `attention_type` (the stand-in answers); Mixtral's experts run under fake tensors."""
+    loaded = load_model(spec, micro_batch=2, seq_len=32, device="cpu", seed=0)
+    model, inputs = loaded.module.eval(), loaded.inputs  # eval: no dropout
+    first, second = _two_stages(model, graph_of(spec), boundary, inputs)
+    with torch.no_grad():
+        hidden = first(**inputs)
+        assert torch.equal(second(hidden, **inputs), model_output_tensor(model(**inputs)))
+    assert not any(n.startswith("transformer.h.0.") for n, _ in second.named_parameters())
+
+
+class _Twice(nn.Module):
+    """One block module called twice per forward: no stage can stand in for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.block, self.head = nn.Embedding(8, 4), nn.Linear(4, 4), nn.Linear(4, 8)
+
+    def forward(self, ids):
+        return self.head(self.block(self.block(self.embed(ids))))
+
+
+class _AuxFirst(nn.Module):
+    """Blocks return (aux, hidden): what crosses a cut is not their main (first) output."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.zeros((), device=x.device), self.fc(x)
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(8, 4), nn.Linear(4, 8)
+        self.blocks = nn.ModuleList([self.Block(), self.Block()])
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)[1]
+        return self.head(x)
+
+
+@pytest.mark.parametrize("make, match", [
+    (_Twice, r"layer block runs 2 times in one forward"),
+    (_AuxFirst, r"pipeline stage 1 \(layers blocks\.1\.\.head\) uses an output of layer "
+                r"blocks\.0 other than what crosses its cut"),
+])
+def test_stages_that_cannot_run_are_rejected_before_any_step(make, match):
+    model, inputs = make(), {"ids": torch.zeros(2, 3, dtype=torch.long)}
+    graph = build_layer_graph(model, inputs, name=make.__name__)
+    boundary = 2 if len(graph.layers) > 3 else 1
+    if boundary - 1 not in graph.cut_points:  # the IR allows the cut; only running shows it
+        pytest.fail(f"the layer IR does not offer the cut: {graph.cut_points}")
+    p = uniform_plan(len(graph.layers), pp=2, global_batch=2, precision=Precision.FP32,
+                     stage_boundaries=(boundary,))
+    with pytest.raises(PlannerError, match=match):
+        check_plan(model, p, graph, 2, inputs)
 
 
 def test_untie_gives_the_head_its_own_copy():
