@@ -686,7 +686,7 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
     num_params = sum(p.numel() for p in root.parameters())
     seq_len = _seq_len(inputs) if seq_len == -1 else seq_len
     micro_batch = _batch_size(inputs)
-    fingerprint = _fingerprint(name, layers, dtype, micro_batch, seq_len, traced.method)
+    fingerprint = _fingerprint(layers, dtype, micro_batch, seq_len)
     graph = LayerGraph(model=name, trace_method=traced.method, dtype=str(dtype).replace("torch.", ""),
                        micro_batch=micro_batch, seq_len=seq_len, layers=tuple(layers),
                        edges=tuple(edges), num_params=num_params, fingerprint=fingerprint,
@@ -785,10 +785,26 @@ def _batch_size(inputs: dict[str, torch.Tensor]) -> int:
     return 1
 
 
-def _fingerprint(name, layers, dtype, micro_batch, seq_len, method) -> str:
+# Hex digits of a per-layer digest: 32 bits tell a plan's layers apart; plans carry one each.
+LAYER_DIGEST_HEX = 8
+
+
+def layer_digest(layer: Layer) -> str:
+    """What pins a plan to one layer: its name, module class, parameters (names, count,
+    bytes in the IR dtype, largest tensor, tied copies) and TP structure (split modules,
+    head counts). Not its ops, FLOPs or saved bytes: those change with the loss function
+    and the attention backend, which a plan does not depend on."""
+    key = (layer.name, layer.kind, layer.param_names, layer.params, layer.param_bytes,
+           layer.max_param_numel, layer.tied_param_names, layer.tp_divisors,
+           tuple((c.module, c.style.value, c.params) for c in layer.tp_candidates))
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:LAYER_DIGEST_HEX]
+
+
+def _fingerprint(layers, dtype, micro_batch, seq_len) -> str:
+    """The layer digests at the traced shape (IR dtype, micro-batch, sequence): not the
+    model's display name, its example values or its loss (see `layer_digest`)."""
     h = hashlib.sha256()
     h.update(repr((str(dtype), micro_batch, seq_len)).encode())
     for l in layers:
-        h.update(repr((l.name, l.kind, l.params, l.structural_hash)).encode())
+        h.update(layer_digest(l).encode())
     return h.hexdigest()[:16]
-

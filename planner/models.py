@@ -324,9 +324,21 @@ def graph_for_plan(doc, spec: str | None = None) -> LayerGraph:
     dtype = getattr(torch, doc.graph_dtype, None)
     if not isinstance(dtype, torch.dtype):
         raise PlannerError(f"plan records an unknown IR dtype {doc.graph_dtype!r}")
-    graph = load_layer_graph(spec or doc.model_name, doc.graph_micro_batch, doc.seq_len, dtype)
+    graph = load_layer_graph(spec or plan_model_spec(doc), doc.graph_micro_batch, doc.seq_len,
+                             dtype)
     doc.check_model(graph)
     return graph
+
+
+def plan_model_spec(doc) -> str:
+    """The MODEL argument a plan records (its name in plans written before specs were)."""
+    if doc.model_spec:
+        return doc.model_spec
+    if doc.model_name.startswith("hf:") or doc.search.get("made_by") == "auto_parallel":
+        raise PlannerError(f"the plan for {doc.model_name} records no model spec to rebuild it "
+                           "from: pass MODEL (e.g. hf:path/config.json) or re-plan with "
+                           "`planner plan MODEL --out FILE`")
+    return doc.model_name
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
