@@ -32,6 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ir.layer import Layer, LayerGraph, TPStyle
 from ir.layers import LayerNodes, group_nodes
+from ir.plan import layer_digest
 from ir.trace import TARGET_INPUT, LossFn, Traced, trace
 from ir.tp import largest_vocab, tp_analysis
 
@@ -783,21 +784,6 @@ def _batch_size(inputs: dict[str, torch.Tensor]) -> int:
         if t.dim() >= 1:
             return int(t.shape[0])
     return 1
-
-
-# Hex digits of a per-layer digest: 32 bits tell a plan's layers apart; plans carry one each.
-LAYER_DIGEST_HEX = 8
-
-
-def layer_digest(layer: Layer) -> str:
-    """What pins a plan to one layer: its name, module class, parameters (names, count,
-    bytes in the IR dtype, largest tensor, tied copies) and TP structure (split modules,
-    head counts). Not its ops, FLOPs or saved bytes: those change with the loss function
-    and the attention backend, which a plan does not depend on."""
-    key = (layer.name, layer.kind, layer.param_names, layer.params, layer.param_bytes,
-           layer.max_param_numel, layer.tied_param_names, layer.tp_divisors,
-           tuple((c.module, c.style.value, c.params) for c in layer.tp_candidates))
-    return hashlib.sha256(repr(key).encode()).hexdigest()[:LAYER_DIGEST_HEX]
 
 
 def _fingerprint(layers, dtype, micro_batch, seq_len) -> str:

@@ -7,6 +7,7 @@ apply. This module is also the one place that writes and reads the plan JSON
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -200,6 +201,21 @@ def pipeline_groups(plan: ParallelPlan) -> tuple[tuple[int, ...], ...]:
 # ------------------------------------------------------------------------ the JSON file
 
 
+# Hex digits of a per-layer digest: 32 bits tell a plan's layers apart; plans carry one each.
+LAYER_DIGEST_HEX = 8
+
+
+def layer_digest(layer) -> str:
+    """What pins a plan to one layer: its name, module class, parameters (names, count,
+    bytes in the IR dtype, largest tensor, tied copies) and TP structure (split modules,
+    head counts). Not its ops, FLOPs or saved bytes: those change with the loss function
+    and the attention backend, which a plan does not depend on."""
+    key = (layer.name, layer.kind, layer.param_names, layer.params, layer.param_bytes,
+           layer.max_param_numel, layer.tied_param_names, layer.tp_divisors,
+           tuple((c.module, c.style.value, c.params) for c in layer.tp_candidates))
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:LAYER_DIGEST_HEX]
+
+
 @dataclass(frozen=True)
 class PlanDocument:
     """A plan file: the plan plus what it was made for and what it predicts.
@@ -222,7 +238,7 @@ class PlanDocument:
     # The MODEL argument that rebuilds the model (`planner validate`/`estimate --plan`),
     # kept as data; None for a Python model given to auto_parallel.
     model_spec: str | None = None
-    # Per layer: `ir.measure.layer_digest` and parameter count, to name the first layer
+    # Per layer: `layer_digest` and parameter count, to name the first layer
     # a model differs in (empty in plans written before they were recorded).
     layer_digests: tuple[str, ...] = ()
     layer_params: tuple[int, ...] = ()
@@ -246,8 +262,6 @@ class PlanDocument:
     def model_difference(self, graph) -> str | None:
         """How `graph` differs from the model the plan was made for, first layer first;
         None where its layers and traced shape agree with what the plan records."""
-        from ir.measure import layer_digest
-
         mine, theirs = self.layer_names, tuple(l.name for l in graph.layers)
         for i in range(max(len(mine), len(theirs))):
             if i >= len(theirs):
@@ -283,8 +297,6 @@ class PlanDocument:
 
 def model_identity(graph) -> dict:
     """PlanDocument fields that pin a plan to `graph`'s layers (see `check_model`)."""
-    from ir.measure import layer_digest
-
     return {"fingerprint": graph.fingerprint, "layer_names": tuple(l.name for l in graph.layers),
             "layer_digests": tuple(layer_digest(l) for l in graph.layers),
             "layer_params": tuple(l.params for l in graph.layers),
