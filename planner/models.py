@@ -173,6 +173,11 @@ def _hf_head_class(path: str, model_type: str, raw: dict):
         if not isinstance(cls, type):
             raise PlannerError(f"hf config {path!r}: architectures[0] {name!r} is not a class "
                                f"of transformers {transformers.__version__}; {instead}")
+        config_class = getattr(cls, "config_class", None)
+        if config_class is not None and getattr(config_class, "model_type", model_type) != model_type:
+            raise PlannerError(f"hf config {path!r}: architectures[0] {name!r} is a "
+                               f"{config_class.model_type!r} model but model_type is "
+                               f"{model_type!r}; {instead}")
         task = _hf_task_of_class(name)
         if task is None:
             raise PlannerError(f"hf config {path!r}: architectures[0] {name!r} has no loss "
@@ -217,6 +222,9 @@ def _load_hf(path: str, micro_batch: int, seq_len: int | None, device: str,
     model_type, raw, config = _read_hf_config(path)
     cls, task = _hf_head_class(path, model_type, raw)
     config.use_cache = False  # export cannot trace the KV cache
+    if task == "sequence-classification" and getattr(config, "pad_token_id", None) is None:
+        raise PlannerError(f"hf config {path!r}: {cls.__name__} finds each sample's last token "
+                           "by its pad_token_id, which the config lacks; add \"pad_token_id\": 0")
     if seed is not None:
         torch.manual_seed(seed)
     try:

@@ -230,3 +230,19 @@ def test_hf_default_heads_and_bad_heads(tmp_path):
     with pytest.raises(PlannerError, match=r"'WhisperForCausalLMz' is not a class of "
                                            r"transformers .*; use 'WhisperForConditionalGeneration'"):
         load_model(f"hf:{config}")
+
+
+def test_hf_head_of_another_model_type_or_unbatchable_is_one_line(tmp_path):
+    config = tmp_path / "config.json"
+    llama = '{"model_type": "llama", "vocab_size": 64, "hidden_size": 32, ' \
+            '"intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, '
+    config.write_text(llama + '"architectures": ["GPT2LMHeadModel"]}')
+    with pytest.raises(PlannerError, match=r"'GPT2LMHeadModel' is a 'gpt2' model but model_type "
+                                           r"is 'llama'; use 'LlamaForCausalLM'"):
+        load_model(f"hf:{config}")
+    config.write_text(llama + '"architectures": ["LlamaForSequenceClassification"]}')
+    with pytest.raises(PlannerError, match=r"lacks; add \"pad_token_id\": 0"):
+        load_model(f"hf:{config}")
+    config.write_text(llama + '"pad_token_id": 0, "architectures": ["LlamaForSequenceClassification"]}')
+    loaded = load_model(f"hf:{config}", micro_batch=3, seq_len=8)
+    assert tuple(loaded.target.shape) == (3,) and set(loaded.inputs) == {"input_ids"}
