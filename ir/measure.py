@@ -32,6 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ir.layer import Layer, LayerGraph, TPStyle
 from ir.layers import LayerNodes, group_nodes
+from ir.plan import layer_digest
 from ir.trace import TARGET_INPUT, LossFn, Traced, trace
 from ir.legality import sequence_parallel_problem, takes_one_positional_input
 from ir.tp import largest_vocab, tp_analysis
@@ -698,7 +699,7 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
     num_params = sum(p.numel() for p in root.parameters())
     seq_len = _seq_len(inputs) if seq_len == -1 else seq_len
     micro_batch = _batch_size(inputs)
-    fingerprint = _fingerprint(name, layers, dtype, micro_batch, seq_len, traced.method)
+    fingerprint = _fingerprint(layers, dtype, micro_batch, seq_len)
     graph = LayerGraph(model=name, trace_method=traced.method, dtype=str(dtype).replace("torch.", ""),
                        micro_batch=micro_batch, seq_len=seq_len, layers=tuple(layers),
                        edges=tuple(edges), num_params=num_params, fingerprint=fingerprint,
@@ -828,10 +829,11 @@ def _batch_size(inputs: dict[str, torch.Tensor]) -> int:
     return 1
 
 
-def _fingerprint(name, layers, dtype, micro_batch, seq_len, method) -> str:
+def _fingerprint(layers, dtype, micro_batch, seq_len) -> str:
+    """The layer digests at the traced shape (IR dtype, micro-batch, sequence): not the
+    model's display name, its example values or its loss (see `layer_digest`)."""
     h = hashlib.sha256()
     h.update(repr((str(dtype), micro_batch, seq_len)).encode())
     for l in layers:
-        h.update(repr((l.name, l.kind, l.params, l.structural_hash)).encode())
+        h.update(layer_digest(l).encode())
     return h.hexdigest()[:16]
-

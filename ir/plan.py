@@ -7,6 +7,7 @@ apply. This module is also the one place that writes and reads the plan JSON
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -200,6 +201,21 @@ def pipeline_groups(plan: ParallelPlan) -> tuple[tuple[int, ...], ...]:
 # ------------------------------------------------------------------------ the JSON file
 
 
+# Hex digits of a per-layer digest: 32 bits tell a plan's layers apart; plans carry one each.
+LAYER_DIGEST_HEX = 8
+
+
+def layer_digest(layer) -> str:
+    """What pins a plan to one layer: its name, module class, parameters (names, count,
+    bytes in the IR dtype, largest tensor, tied copies) and TP structure (split modules,
+    head counts). Not its ops, FLOPs or saved bytes: those change with the loss function
+    and the attention backend, which a plan does not depend on."""
+    key = (layer.name, layer.kind, layer.param_names, layer.params, layer.param_bytes,
+           layer.max_param_numel, layer.tied_param_names, layer.tp_divisors,
+           tuple((c.module, c.style.value, c.params) for c in layer.tp_candidates))
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:LAYER_DIGEST_HEX]
+
+
 @dataclass(frozen=True)
 class PlanDocument:
     """A plan file: the plan plus what it was made for and what it predicts.
@@ -219,19 +235,58 @@ class PlanDocument:
     graph_micro_batch: int = 1
     graph_dtype: str = "bfloat16"
     seq_len: int | None = None
+    # The MODEL argument that rebuilds the model (`planner validate`/`estimate --plan`),
+    # kept as data; None for a Python model given to auto_parallel.
+    model_spec: str | None = None
+    # Per layer: `layer_digest` and parameter count, to name the first layer
+    # a model differs in (empty in plans written before they were recorded).
+    layer_digests: tuple[str, ...] = ()
+    layer_params: tuple[int, ...] = ()
 
     def check_model(self, graph) -> None:
-        """Raise unless the plan was made for this layer graph (by fingerprint)."""
+        """Raise unless the plan was made for this layer graph (by fingerprint), naming
+        the first layer (or the shape) that differs."""
         if graph.fingerprint != self.fingerprint:
-            shape = (f"micro-batch {self.graph_micro_batch}, sequence {self.seq_len}, "
-                     f"{self.graph_dtype}")
-            what = ("another model" if graph.model != self.model_name
-                    else "the same name but different layers or shapes")
             raise PlannerError(
-                f"plan was made for {self.model_name} measured at {shape} (fingerprint "
-                f"{self.fingerprint}) but this is {graph.model}, {what} (fingerprint "
-                f"{graph.fingerprint}): re-plan with `planner plan {graph.model} ...`, or "
-                "build the model and example batch the plan was made for")
+                f"plan was made for {self.model_name} (fingerprint {self.fingerprint}) but "
+                f"this model, {graph.model} (fingerprint {graph.fingerprint}), "
+                f"{self.model_difference(graph) or self._unnamed_difference()}")
+
+    def _unnamed_difference(self) -> str:
+        if not self.layer_digests:
+            return ("differs in layers or shapes that this plan cannot name (it records no "
+                    "per-layer digests): re-plan")
+        return ("matches the plan layer by layer at the same shape, so the plan's fingerprint "
+                "is from another planner version or was edited: re-plan")
+
+    def model_difference(self, graph) -> str | None:
+        """How `graph` differs from the model the plan was made for, first layer first;
+        None where its layers and traced shape agree with what the plan records."""
+        mine, theirs = self.layer_names, tuple(l.name for l in graph.layers)
+        for i in range(max(len(mine), len(theirs))):
+            if i >= len(theirs):
+                return (f"ends after {len(theirs)} layers; the plan has {len(mine)} (layer {i} "
+                        f"is {mine[i]!r})")
+            if i >= len(mine):
+                return (f"has {len(theirs)} layers, the plan {len(mine)}: layer {i} "
+                        f"{theirs[i]!r} is not in the plan")
+            layer = graph.layers[i]
+            if mine[i] != theirs[i]:
+                return f"differs first at layer {i}: {theirs[i]!r} here, {mine[i]!r} in the plan"
+            if self.layer_params and self.layer_params[i] != layer.params:
+                return (f"differs first at layer {i} ({theirs[i]}, {layer.kind}): "
+                        f"{layer.params:,} parameters here, {self.layer_params[i]:,} in the plan")
+            if self.layer_digests and self.layer_digests[i] != layer_digest(layer):
+                return (f"differs first at layer {i} ({theirs[i]}, {layer.kind}): same "
+                        "parameter count but other parameter names, shapes or dtypes, tied "
+                        "weights or head counts")
+        here = (graph.micro_batch, graph.seq_len, graph.dtype)
+        made = (self.graph_micro_batch, self.seq_len, self.graph_dtype)
+        if here != made:
+            return ("has the plan's layers but was traced at micro-batch {}, sequence {}, {} "
+                    "and the plan at micro-batch {}, sequence {}, {}: give an example batch "
+                    "of that shape (and precision)".format(*here, *made))
+        return None
 
     def check_world_size(self, world_size: int) -> None:
         if world_size != self.plan.world_size:
@@ -240,12 +295,23 @@ class PlanDocument:
                                "or re-plan for this world size")
 
 
+def model_identity(graph) -> dict:
+    """PlanDocument fields that pin a plan to `graph`'s layers (see `check_model`)."""
+    return {"fingerprint": graph.fingerprint, "layer_names": tuple(l.name for l in graph.layers),
+            "layer_digests": tuple(layer_digest(l) for l in graph.layers),
+            "layer_params": tuple(l.params for l in graph.layers),
+            "graph_micro_batch": graph.micro_batch, "graph_dtype": graph.dtype,
+            "seq_len": graph.seq_len}
+
+
 def plan_to_dict(doc: PlanDocument) -> dict:
     plan = doc.plan
     layers = []
     for i, (name, s) in enumerate(zip(doc.layer_names, plan.layer_strategies)):
         groups = layer_groups(plan, i)
-        layers.append({"index": i, "name": name, "stage": plan.stage_of(i), "tp": s.tp,
+        identity = ({"params": doc.layer_params[i], "digest": doc.layer_digests[i]}
+                    if doc.layer_digests else {})
+        layers.append({"index": i, "name": name, **identity, "stage": plan.stage_of(i), "tp": s.tp,
                        "dp": s.dp, "dp_mode": s.dp_mode.value,
                        "sequence_parallel": s.sequence_parallel,
                        "checkpoint": s.checkpoint.value,
@@ -253,7 +319,7 @@ def plan_to_dict(doc: PlanDocument) -> dict:
                        "dp_groups": [list(g) for g in groups.dp_groups]})
     return {
         "schema": PLAN_SCHEMA,
-        "model": {"name": doc.model_name, "fingerprint": doc.fingerprint,
+        "model": {"name": doc.model_name, "spec": doc.model_spec, "fingerprint": doc.fingerprint,
                   "num_layers": len(doc.layer_names), "graph_micro_batch": doc.graph_micro_batch,
                   "graph_dtype": doc.graph_dtype, "seq_len": doc.seq_len},
         "cluster": doc.cluster,
@@ -351,10 +417,13 @@ def plan_from_dict(data: object, source: str = "<plan>") -> PlanDocument:
             stages.append(Stage(first, last, devices))
         except ValueError as exc:
             r.fail(where, str(exc))
-    strategies, names = [], []
+    strategies, names, digests, params = [], [], [], []
     for i, layer in enumerate(layers_raw):
         where = f"layers[{i}]"
         names.append(r.get(layer, "name", str, where))
+        if isinstance(layer, dict) and "digest" in layer:
+            digests.append(r.get(layer, "digest", str, where))
+            params.append(r.get(layer, "params", int, where))
         try:
             strategies.append(LayerStrategy(
                 tp=r.get(layer, "tp", int, where), dp=r.get(layer, "dp", int, where),
@@ -391,8 +460,14 @@ def plan_from_dict(data: object, source: str = "<plan>") -> PlanDocument:
     seq_len = model.get("seq_len")
     if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int)):
         r.fail("model.seq_len", f"expected an integer or null, got {seq_len!r}")
+    if digests and len(digests) != len(names):
+        r.fail("layers", f"{len(digests)} of {len(names)} layers have a digest: all or none")
+    spec = model.get("spec")
+    if spec is not None and not isinstance(spec, str):
+        r.fail("model.spec", f"expected a MODEL string or null, got {spec!r}")
     return PlanDocument(plan, name, fingerprint, tuple(names), cluster, predicted, search,
-                        graph_micro_batch, graph_dtype, seq_len)
+                        graph_micro_batch, graph_dtype, seq_len, spec, tuple(digests),
+                        tuple(params))
 
 
 def load_plan(path: str | os.PathLike) -> PlanDocument:

@@ -33,7 +33,8 @@ from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.measure import build_layer_graph
-from ir.plan import ParallelPlan, PlanDocument, load_plan, plan_from_dict, plan_to_json
+from ir.plan import (ParallelPlan, PlanDocument, load_plan, model_identity, plan_from_dict,
+                     plan_to_json)
 from ir.strategy import Precision
 from planner.plan_report import plan_document
 from planner.search import search
@@ -166,7 +167,9 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
                 opts = options or SearchOptions(
                     precision=precision, optimizer=_optimizer_name(optimizer, optimizer_kwargs))
                 result = search(graph, spec, global_batch, opts)
-                text = (plan_to_json(plan_document(graph, spec, result.best, result.stats))
+                # made_by: the plan names no MODEL spec, a Python model made it
+                text = (plan_to_json(plan_document(graph, spec, result.best, result.stats,
+                                                   {"made_by": "auto_parallel"}))
                         if result.best else json.dumps({"error": "no plan fits "
                                                         f"{spec.device_memory_bytes / 2**30:.1f} GiB per device"}))
             except PlannerError as exc:
@@ -194,10 +197,7 @@ def _optimizer_name(optimizer, kwargs: dict | None) -> str:
 
 def _given_plan(plan, graph: LayerGraph, spec: ClusterSpec) -> PlanDocument:
     if isinstance(plan, ParallelPlan):
-        return PlanDocument(plan, graph.model, graph.fingerprint,
-                            tuple(l.name for l in graph.layers), spec.to_dict(),
-                            graph_micro_batch=graph.micro_batch, graph_dtype=graph.dtype,
-                            seq_len=graph.seq_len)
+        return PlanDocument(plan, graph.model, cluster=spec.to_dict(), **model_identity(graph))
     doc = load_plan(plan) if not isinstance(plan, PlanDocument) else plan
     doc.check_model(graph)
     return doc

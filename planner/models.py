@@ -6,7 +6,10 @@ MODEL is one of
   - a factory:                     `package.module:factory` — called as
                                    `factory(micro_batch=, seq_len=, device=)` and returning
                                    `(module, inputs: dict, target, loss_fn)`
-  - a Hugging Face config:         `hf:path/to/config.json` (random init, no download)
+  - a Hugging Face config:         `hf:path/to/config.json` (random init, no download); the
+                                   head is the config's `architectures[0]`, else the model
+                                   type's default (seq2seq, masked or causal LM, image
+                                   classification); inputs and loss follow the head's task
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ir.errors import PlannerError
@@ -73,7 +77,7 @@ def load_model(spec: str, micro_batch: int = 1, seq_len: int | None = None,
         return _load_hf(spec[3:], micro_batch, seq_len, device, seed)
     head = spec.split(":", 1)[0]
     if ":" in spec and head not in zoo.FAMILIES and "." in head:
-        return _load_factory(spec, micro_batch, seq_len, device)
+        return _load_factory(spec, micro_batch, seq_len, device, seed)
     family, config, name = resolve_config(spec)
     fam = zoo.FAMILIES[family]
     if seed is not None:
@@ -89,7 +93,8 @@ def load_model(spec: str, micro_batch: int = 1, seq_len: int | None = None,
     return LoadedModel(name, module, inputs, target, fam.loss_fn, family, config)
 
 
-def _load_factory(spec: str, micro_batch: int, seq_len: int | None, device: str) -> LoadedModel:
+def _load_factory(spec: str, micro_batch: int, seq_len: int | None, device: str,
+                  seed: int | None) -> LoadedModel:
     module_name, attr = spec.split(":", 1)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` does: the user's project is importable
@@ -98,6 +103,8 @@ def _load_factory(spec: str, micro_batch: int, seq_len: int | None, device: str)
     except (ImportError, AttributeError) as exc:
         raise PlannerError(f"model {spec!r}: cannot import {attr!r} from {module_name!r} "
                            f"({exc}); check the module is on PYTHONPATH") from None
+    if seed is not None:
+        torch.manual_seed(seed)  # the factory's init and draws repeat on every rank
     result = factory(micro_batch=micro_batch, seq_len=seq_len, device=device)
     if not (isinstance(result, tuple) and len(result) == 4 and isinstance(result[0], nn.Module)):
         raise PlannerError(f"model {spec!r}: the factory must return (module, inputs, target, "
@@ -106,13 +113,85 @@ def _load_factory(spec: str, micro_batch: int, seq_len: int | None, device: str)
     return LoadedModel(spec, module, dict(inputs), target, loss_fn, "factory")
 
 
-# Which transformers auto class builds a trainable model for each kind of config.
-_HF_SEQ2SEQ_TYPES = {"t5", "mt5", "bart", "mbart", "pegasus", "marian", "umt5"}
-_HF_MASKED_TYPES = {"bert", "roberta", "distilbert", "albert", "electra", "deberta", "deberta-v2"}
+# Heads planner can train, by the transformers auto-mapping that lists the class: the task
+# decides the example inputs and the loss. Order matters for the default (no
+# "architectures" in the config): the first mapping that knows the model type wins, so
+# encoder-decoders get their seq2seq head (Whisper not WhisperForCausalLM) and encoders
+# their masked-LM head (BERT not BertLMHeadModel).
+_HF_TASKS = (
+    ("seq2seq-lm", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    ("speech-seq2seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
+    ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    ("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    ("image-classification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+    ("sequence-classification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+)
+# Sequence length of the example token ids when --seq-len is not given (capped by the
+# model's positions): long enough to exercise attention, small enough to trace fast.
+HF_DEFAULT_SEQ_LEN = 128
+# Positions assumed for a config that states none (BERT's classic limit).
+HF_FALLBACK_POSITIONS = 512
 
 
-def _load_hf(path: str, micro_batch: int, seq_len: int | None, device: str,
-             seed: int | None) -> LoadedModel:
+def _hf_mappings() -> list[tuple[str, dict[str, str]]]:
+    from transformers.models.auto import modeling_auto
+
+    return [(task, getattr(modeling_auto, attr)) for task, attr in _HF_TASKS]
+
+
+def _hf_task_of_class(class_name: str) -> str | None:
+    for task, mapping in _hf_mappings():
+        for value in mapping.values():
+            if class_name in ((value,) if isinstance(value, str) else value):
+                return task
+    return None
+
+
+def _default_head(model_type: str) -> tuple[str, str] | None:
+    """(class name, task) of the first trainable head transformers maps `model_type` to."""
+    for task, mapping in _hf_mappings():
+        if model_type in mapping:
+            return mapping[model_type], task
+    return None
+
+
+def _hf_head_class(path: str, model_type: str, raw: dict):
+    """(model class, task): the config's `architectures[0]`, else the default head."""
+    import transformers
+
+    archs = raw.get("architectures")
+    default = _default_head(model_type)
+    supported = ", ".join(task for task, _ in _HF_TASKS)
+    instead = (f"use {default[0]!r} (the default for {model_type!r})" if default
+               else f"name a head class for {supported}")
+    if archs:
+        if not (isinstance(archs, list) and archs and isinstance(archs[0], str)):
+            raise PlannerError(f"hf config {path!r}: 'architectures' must be a list of class "
+                               f"names (e.g. [\"LlamaForCausalLM\"]), got {archs!r}")
+        name = archs[0]
+        cls = getattr(transformers, name, None)
+        if not isinstance(cls, type):
+            raise PlannerError(f"hf config {path!r}: architectures[0] {name!r} is not a class "
+                               f"of transformers {transformers.__version__}; {instead}")
+        config_class = getattr(cls, "config_class", None)
+        if config_class is not None and getattr(config_class, "model_type", model_type) != model_type:
+            raise PlannerError(f"hf config {path!r}: architectures[0] {name!r} is a "
+                               f"{config_class.model_type!r} model but model_type is "
+                               f"{model_type!r}; {instead}")
+        task = _hf_task_of_class(name)
+        if task is None:
+            raise PlannerError(f"hf config {path!r}: architectures[0] {name!r} has no loss "
+                               f"planner can train ({supported}); {instead}")
+        return cls, task
+    if default is None:
+        raise PlannerError(f"hf config {path!r}: transformers has no trainable head for "
+                           f"model_type {model_type!r} ({supported}); add \"architectures\": "
+                           "[\"<HeadClass>\"]")
+    return getattr(transformers, default[0]), default[1]
+
+
+def _read_hf_config(path: str):
+    """(model_type, raw dict, transformers config) of a config.json, errors naming the file."""
     try:
         import transformers
     except ImportError:
@@ -125,42 +204,105 @@ def _load_hf(path: str, micro_batch: int, seq_len: int | None, device: str,
         raise PlannerError(f"hf config {path!r} does not exist") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise PlannerError(f"hf config {path!r} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise PlannerError(f"hf config {path!r} must be a JSON object")
     model_type = raw.get("model_type")
     if not model_type:
         raise PlannerError(f"hf config {path!r} has no 'model_type' (e.g. \"gpt2\", \"llama\")")
     fields = {k: v for k, v in raw.items() if k != "model_type"}
     try:
         config = transformers.AutoConfig.for_model(model_type, **fields)
-    except (ValueError, KeyError) as exc:
-        raise PlannerError(f"hf config {path!r}: {exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PlannerError(f"hf config {path!r}: {str(exc).splitlines()[0][:200]}") from None
+    return model_type, raw, config
+
+
+def _load_hf(path: str, micro_batch: int, seq_len: int | None, device: str,
+             seed: int | None) -> LoadedModel:
+    model_type, raw, config = _read_hf_config(path)
+    cls, task = _hf_head_class(path, model_type, raw)
     config.use_cache = False  # export cannot trace the KV cache
-    if model_type in _HF_SEQ2SEQ_TYPES:
-        auto = transformers.AutoModelForSeq2SeqLM
-    elif model_type in _HF_MASKED_TYPES:
-        auto = transformers.AutoModelForMaskedLM
-    else:
-        auto = transformers.AutoModelForCausalLM
+    if task == "sequence-classification" and getattr(config, "pad_token_id", None) is None:
+        raise PlannerError(f"hf config {path!r}: {cls.__name__} finds each sample's last token "
+                           "by its pad_token_id, which the config lacks; add \"pad_token_id\": 0")
     if seed is not None:
         torch.manual_seed(seed)
-    with torch.device(device):
-        module = auto.from_config(config, attn_implementation="eager")
-    vocab = int(config.vocab_size)
-    max_pos = (getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-               or 512)
-    seq = seq_len or min(int(max_pos), 128)
-    if seq > int(max_pos):
-        raise PlannerError(f"--seq-len {seq} exceeds the model's {max_pos} positions")
+    try:
+        with torch.device(device):
+            module = cls._from_config(config, attn_implementation="eager")
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise PlannerError(f"hf config {path!r}: transformers cannot build {cls.__name__} from "
+                           f"it: {str(exc).splitlines()[0][:200]}") from None
     gen = torch.Generator().manual_seed(seed if seed is not None else 0)
+    inputs, target, loss_fn = _hf_example(task, config, micro_batch, seq_len, device, gen, path,
+                                          _position_offset(module))
+    folder = os.path.basename(os.path.dirname(os.path.abspath(path))) or path
+    return LoadedModel(f"hf:{folder}:{cls.__name__}", module, inputs, target, loss_fn, "hf",
+                       config)
+
+
+def _on(t: torch.Tensor, device: str) -> torch.Tensor:
+    """`t` (drawn on CPU, so values do not depend on the device) moved to `device`."""
+    return torch.empty_like(t, device="meta") if device == "meta" else t.to(device)
+
+
+def _positions(config, *names: str) -> int:
+    for n in names:
+        value = getattr(config, n, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return HF_FALLBACK_POSITIONS
+
+
+def _position_offset(module: nn.Module) -> int:
+    """Positions a model reserves before the first token: RoBERTa-style position embeddings
+    number tokens from padding_idx + 1, so they hold that many fewer tokens."""
+    for name, m in module.named_modules():
+        if name.endswith("position_embeddings") and isinstance(m, nn.Embedding) \
+                and m.padding_idx is not None:
+            return m.padding_idx + 1
+    return 0
+
+
+def _hf_example(task: str, config, micro_batch: int, seq_len: int | None, device: str, gen,
+                path: str, position_offset: int = 0):
+    """(inputs, target, loss_fn) of one micro-batch for a head of `task`."""
+    if task == "image-classification":
+        size = config.image_size
+        h, w = (size, size) if isinstance(size, int) else tuple(size)
+        pixels = torch.randn(micro_batch, config.num_channels, h, w, generator=gen)  # (B, C, H, W)
+        labels = torch.randint(0, config.num_labels, (micro_batch,), generator=gen)  # (B,)
+        return {"pixel_values": _on(pixels, device)}, _on(labels, device), classification_loss
+    if task == "speech-seq2seq":
+        # Whisper's encoder takes exactly 2 x max_source_positions frames (its conv stride).
+        frames = 2 * config.max_source_positions
+        feats = torch.randn(micro_batch, config.num_mel_bins, frames, generator=gen)  # (B, mel, F)
+        max_pos = _positions(config, "max_target_positions")
+    else:
+        max_pos = _positions(config, "n_positions", "max_position_embeddings") - position_offset
+    seq = seq_len or min(max_pos, HF_DEFAULT_SEQ_LEN)
+    if seq > max_pos:
+        raise PlannerError(f"hf config {path!r}: --seq-len {seq} exceeds the model's {max_pos} "
+                           "positions")
+    vocab = int(config.vocab_size)
 
     def ids():
-        t = torch.randint(0, vocab, (micro_batch, seq), generator=gen)
-        return t.to(device) if device != "meta" else torch.empty_like(t, device="meta")
+        return _on(torch.randint(0, vocab, (micro_batch, seq), generator=gen), device)  # (B, T)
 
+    if task == "speech-seq2seq":
+        return {"input_features": _on(feats, device), "decoder_input_ids": ids()}, ids(), lm_loss
     inputs = {"input_ids": ids()}
-    if model_type in _HF_SEQ2SEQ_TYPES:
+    if task == "seq2seq-lm":
         inputs["decoder_input_ids"] = ids()
-    name = f"hf:{os.path.basename(os.path.dirname(os.path.abspath(path))) or path}:{model_type}"
-    return LoadedModel(name, module, inputs, ids(), lm_loss, "hf", config)
+    if task == "sequence-classification":
+        labels = torch.randint(0, config.num_labels, (micro_batch,), generator=gen)  # (B,)
+        return inputs, _on(labels, device), classification_loss
+    return inputs, ids(), lm_loss
+
+
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy of one label per sample: logits (B, classes), labels (B,)."""
+    return F.cross_entropy(logits, labels)
 
 
 def load_layer_graph(spec: str, micro_batch: int = 1, seq_len: int | None = None,
@@ -180,7 +322,7 @@ def model_seq_len(loaded: LoadedModel, seq_len: int | None) -> int | None:
     if loaded.family in zoo.FAMILIES:
         family_len = zoo.FAMILIES[loaded.family].seq_len(loaded.config)
         return None if family_len is None else (seq_len or family_len)
-    ids = loaded.inputs.get("input_ids")
+    ids = loaded.inputs.get("input_ids", loaded.inputs.get("decoder_input_ids"))
     return int(ids.shape[1]) if ids is not None and ids.dim() >= 2 else seq_len
 
 
@@ -190,9 +332,21 @@ def graph_for_plan(doc, spec: str | None = None) -> LayerGraph:
     dtype = getattr(torch, doc.graph_dtype, None)
     if not isinstance(dtype, torch.dtype):
         raise PlannerError(f"plan records an unknown IR dtype {doc.graph_dtype!r}")
-    graph = load_layer_graph(spec or doc.model_name, doc.graph_micro_batch, doc.seq_len, dtype)
+    graph = load_layer_graph(spec or plan_model_spec(doc), doc.graph_micro_batch, doc.seq_len,
+                             dtype)
     doc.check_model(graph)
     return graph
+
+
+def plan_model_spec(doc) -> str:
+    """The MODEL argument a plan records (its name in plans written before specs were)."""
+    if doc.model_spec:
+        return doc.model_spec
+    if doc.model_name.startswith("hf:") or doc.search.get("made_by") == "auto_parallel":
+        raise PlannerError(f"the plan for {doc.model_name} records no model spec to rebuild it "
+                           "from: pass MODEL (e.g. hf:path/config.json) or re-plan with "
+                           "`planner plan MODEL --out FILE`")
+    return doc.model_name
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

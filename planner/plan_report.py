@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from ir.layer import LayerGraph
 from ir.legality import sequence_parallel_applies
-from ir.plan import PlanDocument
+from ir.plan import PlanDocument, model_identity
 from planner.fmt import human_bytes, table
 
 
-def plan_document(graph, cluster, candidate, stats: dict, extra: dict | None = None) -> PlanDocument:
-    """The plan file's content for a searched candidate (see ir/plan.py)."""
+def plan_document(graph, cluster, candidate, stats: dict, extra: dict | None = None,
+                  model_spec: str | None = None) -> PlanDocument:
+    """The plan file's content for a searched candidate (see ir/plan.py); `model_spec` is
+    the MODEL argument that rebuilds the model (None for a Python model)."""
     return PlanDocument(
-        plan=candidate.plan, model_name=graph.model, fingerprint=graph.fingerprint,
-        layer_names=tuple(l.name for l in graph.layers), cluster=cluster.to_dict(),
+        plan=candidate.plan, model_name=graph.model, cluster=cluster.to_dict(),
         predicted=candidate.estimate.to_json(), search={**stats, **(extra or {})},
-        graph_micro_batch=graph.micro_batch, graph_dtype=graph.dtype, seq_len=graph.seq_len)
+        model_spec=model_spec, **model_identity(graph))
 
 
 # Marks a TP degree on a layer with nothing to shard (a norm, a position embedding): its

@@ -422,14 +422,17 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
     `memory_detail` > 0 lists that many of the largest storages live at each rank's
     measured peak (CPU tracker only)."""
     say = progress or (lambda _msg: None)
+    from planner.models import plan_model_spec
+
     doc = load_plan(plan) if not isinstance(plan, PlanDocument) else plan
     path = plan if isinstance(plan, str) else "<plan>"
+    model = plan_model_spec(doc)  # the MODEL argument that rebuilds it
     if steps < 1:
         raise PlannerError(f"--steps must be >= 1, got {steps}")
     if nproc != doc.plan.world_size:
         raise PlannerError(f"plan {path} needs {doc.plan.world_size} processes but --nproc is "
                            f"{nproc}: pass --nproc {doc.plan.world_size}, or re-plan with "
-                           f"`planner plan {doc.model_name} --cluster local --gpus-per-node "
+                           f"`planner plan {model} --cluster local --gpus-per-node "
                            f"{nproc}`")
     spec = None
     if cluster is not None:
@@ -442,12 +445,12 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= nproc
     backend = "nccl" if use_cuda else "gloo"
     total_steps = 1 + MEMORY_STEPS + TIME_WARMUP_STEPS + steps
-    dropout = has_dropout(doc.model_name, 1, doc.seq_len)
+    dropout = has_dropout(model, 1, doc.seq_len)
     check_steps = min(total_steps, 3) if dropout else 0
-    batches = global_batches(doc.model_name, doc.plan.global_batch, doc.seq_len,
+    batches = global_batches(model, doc.plan.global_batch, doc.seq_len,
                              max(total_steps, check_steps))
     payload = {"plan_json": plan_to_json(doc), "plan_path": path, "graph": graph,
-               "model": doc.model_name, "seq_len": doc.seq_len, "batches": batches,
+               "model": model, "seq_len": doc.seq_len, "batches": batches,
                "memory_steps": MEMORY_STEPS, "steps": steps, "backend": backend,
                "zero_dropout": False, "check_steps": check_steps,
                "threads": RANK_THREADS, "memory_detail": memory_detail}
@@ -456,7 +459,7 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
     losses = results[0]["losses"]
     check = results[0]["check_losses"]
     say("single-process reference")
-    want = reference_losses(doc.model_name, doc.seq_len, doc.plan.optimizer, batches, len(check))
+    want = reference_losses(model, doc.seq_len, doc.plan.optimizer, batches, len(check))
     per_step = [max(r["step_seconds"][i] for r in results) for i in range(steps)]
     ranks = tuple(RankResult(r, peaks[r], results[r]["peak_bytes"],
                              tuple(results[r].get("peak_tensors", ()))) for r in range(nproc))
@@ -472,19 +475,22 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
 def plan_graph(doc: PlanDocument, path: str = "<plan>"):
     """The layer IR of the plan's model at the plan's shape; a plan made for another
     model (or an older version of this one) is refused, naming both fingerprints."""
-    from planner.models import load_layer_graph
+    from planner.models import load_layer_graph, plan_model_spec
 
     dtype = getattr(torch, doc.graph_dtype, None)
     if not isinstance(dtype, torch.dtype):
         raise PlannerError(f"plan {path} records an unknown IR dtype {doc.graph_dtype!r}; "
                            "re-create it with `planner plan`")
-    graph = load_layer_graph(doc.model_name, doc.graph_micro_batch, doc.seq_len, dtype)
+    model = plan_model_spec(doc)
+    graph = load_layer_graph(model, doc.graph_micro_batch, doc.seq_len, dtype)
     if graph.fingerprint != doc.fingerprint:
+        difference = doc.model_difference(graph)
         raise PlannerError(
             f"plan {path} was made for another model (fingerprint {doc.fingerprint}); "
-            f"{doc.model_name} traces to fingerprint {graph.fingerprint} now: re-plan with "
-            f"`planner plan {doc.model_name} --cluster local --gpus-per-node "
-            f"{doc.plan.world_size} --global-batch {doc.plan.global_batch} --out FILE`")
+            f"{model} traces to fingerprint {graph.fingerprint} now: re-plan with "
+            f"`planner plan {model} --cluster local --gpus-per-node "
+            f"{doc.plan.world_size} --global-batch {doc.plan.global_batch} --out FILE`"
+            + (f" (it {difference})" if difference else ""))
     return graph
 
 

@@ -193,3 +193,56 @@ def test_bad_override_names_the_field():
     with pytest.raises(PlannerError) as info:
         load_model("gpt:layerz=2")
     assert "layerz" in str(info.value) and "layers" in str(info.value)
+
+
+# Vision and speech configs name their head in "architectures"; the example inputs follow it.
+HF_HEADS = [("vit", "ViTForImageClassification", {"pixel_values": (2, 3, 32, 32)}, (2,)),
+            ("whisper", "WhisperForConditionalGeneration",
+             {"input_features": (2, 16, 64), "decoder_input_ids": (2, 64)}, (2, 64))]
+
+
+@pytest.mark.parametrize("arch,head,input_shapes,target_shape", HF_HEADS)
+def test_hf_builds_the_configs_head_with_its_inputs(arch, head, input_shapes, target_shape):
+    spec = f"hf:tests/data/hf/{arch}/config.json"
+    loaded = load_model(spec, micro_batch=2)
+    assert type(loaded.module).__name__ == head and loaded.name == f"hf:{arch}:{head}"
+    assert {k: tuple(v.shape) for k, v in loaded.inputs.items()} == input_shapes
+    assert tuple(loaded.target.shape) == target_shape and not loaded.target.is_floating_point()
+    graph = load_layer_graph(spec, micro_batch=2)
+    assert graph.model == loaded.name and graph.trace_method == "export"
+    assert graph.num_params == _true_params(loaded.module)
+
+
+def test_hf_default_heads_and_bad_heads(tmp_path):
+    assert type(load_model("hf:tests/data/hf/bert/config.json").module).__name__ == "BertForMaskedLM"
+    assert type(load_model("hf:tests/data/hf/t5/config.json").module).__name__ == \
+        "T5ForConditionalGeneration"
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "whisper"}')  # not WhisperForCausalLM: it has an encoder
+    assert type(load_model(f"hf:{config}").module).__name__ == "WhisperForConditionalGeneration"
+    config.write_text('{"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 1, '
+                      '"num_attention_heads": 2, "intermediate_size": 32, "image_size": 16, '
+                      '"patch_size": 8, "architectures": ["ViTModel"]}')
+    with pytest.raises(PlannerError, match=r"architectures\[0\] 'ViTModel' has no loss planner "
+                                           r"can train .*; use 'ViTForImageClassification'"):
+        load_model(f"hf:{config}")
+    config.write_text('{"model_type": "whisper", "architectures": ["WhisperForCausalLMz"]}')
+    with pytest.raises(PlannerError, match=r"'WhisperForCausalLMz' is not a class of "
+                                           r"transformers .*; use 'WhisperForConditionalGeneration'"):
+        load_model(f"hf:{config}")
+
+
+def test_hf_head_of_another_model_type_or_unbatchable_is_one_line(tmp_path):
+    config = tmp_path / "config.json"
+    llama = '{"model_type": "llama", "vocab_size": 64, "hidden_size": 32, ' \
+            '"intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, '
+    config.write_text(llama + '"architectures": ["GPT2LMHeadModel"]}')
+    with pytest.raises(PlannerError, match=r"'GPT2LMHeadModel' is a 'gpt2' model but model_type "
+                                           r"is 'llama'; use 'LlamaForCausalLM'"):
+        load_model(f"hf:{config}")
+    config.write_text(llama + '"architectures": ["LlamaForSequenceClassification"]}')
+    with pytest.raises(PlannerError, match=r"lacks; add \"pad_token_id\": 0"):
+        load_model(f"hf:{config}")
+    config.write_text(llama + '"pad_token_id": 0, "architectures": ["LlamaForSequenceClassification"]}')
+    loaded = load_model(f"hf:{config}", micro_batch=3, seq_len=8)
+    assert tuple(loaded.target.shape) == (3,) and set(loaded.inputs) == {"input_ids"}

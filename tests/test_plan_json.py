@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from ir.errors import PlannerError
-from ir.plan import (PlanDocument, layer_groups, load_plan, pipeline_groups, plan_from_dict,
-                     plan_to_dict, save_plan, uniform_plan)
+from ir.plan import (PlanDocument, layer_groups, load_plan, model_identity, pipeline_groups,
+                     plan_from_dict, plan_to_dict, save_plan, uniform_plan)
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Schedule
+from planner.models import load_layer_graph
 
 NAMES = tuple(f"l{i}" for i in range(6))
 
@@ -91,16 +93,66 @@ def test_truncated_malformed_and_missing_files(tmp_path):
         plan_from_dict([1, 2], "x.json")
 
 
-def test_fingerprint_and_world_size_checks():
-    doc = _doc()
+SMALL_GPT = "gpt:layers=2,hidden=32,heads=2,vocab=64,seq=8"
 
-    class Graph:
-        fingerprint, model = "other", "llama-tiny"
 
-    with pytest.raises(PlannerError, match="fingerprint abc123"):
-        doc.check_model(Graph())
+def _doc_for(graph, spec=None) -> PlanDocument:
+    plan = uniform_plan(len(graph.layers), dp=2, micro_batch=graph.micro_batch)
+    return PlanDocument(plan, graph.model, cluster={"name": "local"}, model_spec=spec,
+                        **model_identity(graph))
+
+
+def test_plan_records_spec_and_layer_digests(tmp_path):
+    graph = load_layer_graph(SMALL_GPT)
+    doc = _doc_for(graph, SMALL_GPT)
+    save_plan(doc, tmp_path / "p.json")
+    back = load_plan(tmp_path / "p.json")
+    assert back == doc and back.model_spec == SMALL_GPT
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["model"]["spec"] == SMALL_GPT
+    assert [l["params"] for l in data["layers"]] == [l.params for l in graph.layers]
+    assert len({l["digest"] for l in data["layers"]}) >= 3  # embedding, block, head differ
+    back.check_model(graph)  # the same model passes
+
+
+def test_fingerprint_mismatch_names_the_first_layer_that_differs():
+    doc = _doc_for(load_layer_graph(SMALL_GPT))
+    wider_mlp = load_layer_graph(SMALL_GPT.replace("layers=2", "layers=2,ffn=64"))
+    with pytest.raises(PlannerError) as info:
+        doc.check_model(wider_mlp)
+    first_block = next(l for l in wider_mlp.layers if l.kind == "Block")
+    message = str(info.value)
+    assert f"differs first at layer {first_block.index} ({first_block.name}, Block)" in message
+    assert f"{first_block.params:,} parameters here" in message and "\n" not in message
+    more_heads = load_layer_graph(SMALL_GPT.replace("heads=2", "heads=4"))  # same parameters
+    with pytest.raises(PlannerError, match=r"differs first at layer 1 \(blocks.0, Block\): same "
+                                           r"parameter count but other .* head counts"):
+        doc.check_model(more_heads)
+    deeper = load_layer_graph(SMALL_GPT.replace("layers=2", "layers=3"))
+    with pytest.raises(PlannerError, match=r"differs first at layer 3: 'blocks.2' here"):
+        doc.check_model(deeper)
+    with pytest.raises(PlannerError, match=r"traced at micro-batch 2, sequence 8, bfloat16 and "
+                                           r"the plan at micro-batch 1, sequence 8, bfloat16"):
+        doc.check_model(load_layer_graph(SMALL_GPT, micro_batch=2))
+
+
+def test_edited_fingerprint_and_world_size_checks():
+    graph = load_layer_graph(SMALL_GPT)
+    doc = dataclasses.replace(_doc_for(graph), fingerprint="abc123")
+    with pytest.raises(PlannerError, match="fingerprint abc123.*matches the plan layer by layer"):
+        doc.check_model(graph)
+    legacy = dataclasses.replace(doc, layer_digests=(), layer_params=())
+    with pytest.raises(PlannerError, match="records no per-layer digests"):
+        legacy.check_model(graph)
     with pytest.raises(PlannerError, match="plan needs 8 processes but the job has 4"):
-        doc.check_world_size(4)
+        _doc().check_world_size(4)
+
+
+def test_digests_are_all_or_none():
+    data = plan_to_dict(_doc_for(load_layer_graph(SMALL_GPT)))
+    del data["layers"][1]["digest"]
+    with pytest.raises(PlannerError, match="layers: 4 of 5 layers have a digest: all or none"):
+        plan_from_dict(data, "p.json")
 
 
 def test_failed_save_keeps_the_old_file(tmp_path, monkeypatch):

@@ -103,7 +103,8 @@ def run(args) -> int:
                         if b.candidate else {"fits": False, "needs_bytes": b.needs_bytes,
                                              "excluded_by": b.excluded_by, "reason": b.reason})
                for b in base}
-    doc = plan_document(graph, cluster, result.best, result.stats, {"baselines": summary})
+    doc = plan_document(graph, cluster, result.best, result.stats, {"baselines": summary},
+                        model_spec=args.model)
     if args.out:
         save_plan(doc, args.out)
     if args.json:
