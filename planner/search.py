@@ -566,26 +566,33 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
         if usable <= 0:
             continue
         v = cand.virtual_stages
-        solver = _StageSolver(graph, tables, transitions, len(layouts), units, usable / units / v,
-                              cap, crossing)
+        made: list[_StageSolver] = []
+
+        def make_solver(stage_tables: list[LayerTable]) -> _StageSolver:
+            made.append(_StageSolver(graph, stage_tables, transitions, len(layouts), units,
+                                     usable / units / v, cap, crossing))
+            return made[-1]
+
         if v > 1:
-            found = _interleaved(graph, solver, cand, edge)
+            found = _interleaved(graph, tables, make_solver, cand, edge)
         else:
+            solver = make_solver(tables)
             ks = [microbatches_in_flight(cand.schedule, cand.pp, r, cand.num_microbatches)
                   for r in range(cand.pp)]
             bar = incumbent if best is None else min(incumbent, best[0])
             found = _partition(graph, solver, cand, ks, edge, bar)
             if found:
                 objective, ranges = found
-                found = objective, [(a, b, c, ks[r]) for r, (a, b, c) in enumerate(ranges)]
-        stats["dp_extensions"] = stats.get("dp_extensions", 0) + solver.extensions
+                found = objective, [(a, b, c, ks[r], solver)
+                                    for r, (a, b, c) in enumerate(ranges)]
+        stats["dp_extensions"] = stats.get("dp_extensions", 0) + sum(s.extensions for s in made)
         if not found or (best is not None and found[0] >= best[0]):
             continue
         objective, ranges = found
         strategies = []
-        for a, b, c, k in ranges:
+        for a, b, c, k, solver in ranges:
             strategies += _walk_back(solver.node(a, b, k), tables, a, b, c, units)
-        plan = _plan(cand, [(a, b) for a, b, _, _ in ranges], strategies, stage_devices,
+        plan = _plan(cand, [(a, b) for a, b, *_ in ranges], strategies, stage_devices,
                      global_batch, options)
         best = (objective, plan)
     return best
@@ -604,22 +611,40 @@ def _plan(cand: OuterCandidate, ranges: list[tuple[int, int]], strategies: list,
         virtual_stages=cand.virtual_stages)
 
 
-def _interleaved(graph, solver: _StageSolver, cand: OuterCandidate, edge):
-    """v chunks per rank at equal compute; each chunk gets 1/v of the rank's memory."""
+def _interleaved(graph, tables: list[LayerTable], make_solver, cand: OuterCandidate, edge):
+    """v chunks per rank at equal compute; each chunk gets 1/v of the rank's memory.
+
+    The chunks of one rank read the model inputs in one layout (`executors.pipeline`), so
+    their first layers share one TP degree: each rank takes the degree that makes its
+    chunks fastest (ranks are independent, so that also minimises the max and the sum)."""
     p, v, m = cand.pp, cand.virtual_stages, cand.num_microbatches
-    pieces = _even_chunks(graph, solver.tables, p * v)
+    pieces = _even_chunks(graph, tables, p * v)
     if pieces is None:
         return None
-    per_rank = [0.0] * p
-    ranges = []
-    for i, (a, b) in enumerate(pieces):
-        r = i % p
-        k = microbatches_in_flight(Schedule.INTERLEAVED, p, r, m, v)
-        t, c = solver.best(a, b, k)
-        if t == INF:
-            return None
-        per_rank[r] += t + edge(a, b)
-        ranges.append((a, b, c, k))
+    firsts = {a for a, _ in pieces}
+    per_rank = [INF] * p
+    ranges: list = [None] * len(pieces)
+    for tp in sorted({s.tp for a in firsts for s in tables[a].strategies}):
+        pinned = {a: _restrict([tables[a]], lambda s, tp=tp: s.tp == tp) for a in firsts}
+        solver = make_solver([pinned[i][0] if pinned.get(i) else t
+                              for i, t in enumerate(tables)])
+        for r in range(p):
+            total, chosen = 0.0, []
+            for i in range(r, len(pieces), p):
+                a, b = pieces[i]
+                k = microbatches_in_flight(Schedule.INTERLEAVED, p, r, m, v)
+                t, c = solver.best(a, b, k) if pinned[a] else (INF, -1)
+                if t == INF:
+                    total = INF
+                    break
+                total += t + edge(a, b)
+                chosen.append((i, (a, b, c, k, solver)))
+            if total < per_rank[r]:
+                per_rank[r] = total
+                for i, entry in chosen:
+                    ranges[i] = entry
+    if INF in per_rank:
+        return None
     worst = max(per_rank)
     return m * worst + (sum(per_rank) - worst) / v, ranges  # pipeline.pipeline_time
 
