@@ -50,6 +50,7 @@ pytestmark = [pytest.mark.multiprocess]
 T5 = "hf:tests/data/hf/t5/config.json"
 BART = "hf:tests/data/hf/bart/config.json"
 RESNET = "factories:resnet_bn"  # tests/factories.py: BatchNorm as a layer, in blocks, 1-D
+RESNET_SYNC = "resnet_bn with torch SyncBatchNorm"  # the same with nn.SyncBatchNorm
 CNN = "cnn-small"  # the zoo's ResNet-like CNN
 SEQ_LEN = 16  # tokens: the tiny configs' shapes, kept short for 2 CPU cores
 GLOBAL_BATCH = 8
@@ -77,6 +78,9 @@ def zero_dropout(model: nn.Module) -> nn.Module:
 
 def build(spec: str, micro_batch: int, seed: int, dtype: torch.dtype = torch.float32):
     """(model, inputs, target, loss_fn) on the CPU in `dtype`, every rank the same."""
+    if spec == RESNET_SYNC:  # the user's own torch SyncBatchNorms (they refuse CPU tensors)
+        model, inputs, target, loss_fn = build(RESNET, micro_batch, seed, dtype)
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model), inputs, target, loss_fn
     if spec == RESNET:
         torch.manual_seed(seed)
         model, inputs, target, loss_fn = factories.resnet_bn(micro_batch=micro_batch,
@@ -92,7 +96,7 @@ def build(spec: str, micro_batch: int, seed: int, dtype: torch.dtype = torch.flo
 
 @functools.lru_cache(maxsize=None)
 def graph_of(spec: str) -> LayerGraph:
-    if spec == RESNET:
+    if spec in (RESNET, RESNET_SYNC):
         model, inputs, target, loss_fn = factories.resnet_bn(micro_batch=2, device="meta")
         return build_layer_graph(model, inputs, target, loss_fn, name="resnet_bn")
     return load_layer_graph(spec, micro_batch=2, seq_len=SEQ_LEN, dtype=torch.float32)
@@ -171,6 +175,10 @@ CASES = [
          resume_plan=uniform(dp=2, zero=3, **WHOLE)),
     Case("resnet-ddp", RESNET, uniform(dp=2, **WHOLE), dtype=BN_DTYPE),
     Case("resnet-zero3-accum", RESNET, uniform(dp=2, zero=3, micro_batch=2), dtype=BN_DTYPE),
+    Case("resnet-syncbn-ddp", RESNET_SYNC, uniform(dp=2, **WHOLE), dtype=BN_DTYPE),
+    # dp = 1 (the convolutions have no TP split: replicated): SyncBatchNorm runs locally
+    Case("resnet-syncbn-tp", RESNET_SYNC, uniform(tp=2, micro_batch=GLOBAL_BATCH),
+         dtype=BN_DTYPE),
     Case("cnn-small-zero2", CNN, uniform(dp=2, zero=2, **WHOLE), dtype=BN_DTYPE),
     # recomputed BatchNorms (a layer of its own, in a block, 1-D) update their statistics once
     Case("resnet-ckpt", RESNET, uniform(dp=2, checkpoint=Checkpoint.FULL, **WHOLE),
