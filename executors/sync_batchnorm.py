@@ -2,9 +2,10 @@
 
 Under data parallelism each rank holds 1/dp of every global micro-batch
 (`executors.data`), so a plain BatchNorm would normalise with its own slice's statistics
-and train differently from one device. `prepare_batch_norms(layer_module, group, checkpoint)` makes every
-BatchNorm in a layer with dp > 1 normalise with the statistics of the global micro-batch
-across the layer's data-parallel group — what one device computes on that micro-batch.
+and train differently from one device. `prepare_batch_norms(layer, group, checkpoint)`
+makes every BatchNorm in a layer with dp > 1 normalise with the statistics of the global
+micro-batch across the layer's data-parallel group — what one device computes on it. A
+user's torch SyncBatchNorm is handled the same way at any dp.
 
 torch.nn.SyncBatchNorm would do this, but its forward refuses CPU tensors ("expected
 input tensor to be on GPU") and its kernels (batch_norm_gather_stats...) are CUDA ones,
