@@ -43,7 +43,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from executors.sync_batchnorm import prepare_batch_norms
-from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
+from ir.strategy import DPMode, LayerStrategy, Precision
 
 
 def mp_policy(precision: Precision) -> MixedPrecisionPolicy:
@@ -69,9 +69,8 @@ def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
     """Make `module` (one layer) a data-parallel unit on the 1-D mesh `mesh`; its
     BatchNorms normalise over the whole micro-batch of the mesh (`sync_batchnorm`; after
     `apply_ac`, which a BatchNorm layer's new forward is checkpointed with again)."""
-    if strategy.dp > 1 or strategy.checkpoint is not Checkpoint.NONE:
-        prepare_batch_norms(module, mesh.get_group() if strategy.dp > 1 else None,
-                            strategy.checkpoint)
+    prepare_batch_norms(module, mesh.get_group() if strategy.dp > 1 else None,
+                        strategy.checkpoint)
     if not needs_dp_unit(module, strategy, precision):
         return None
     policy = mp_policy(precision)

@@ -2,9 +2,10 @@
 
 Under data parallelism each rank holds 1/dp of every global micro-batch
 (`executors.data`), so a plain BatchNorm would normalise with its own slice's statistics
-and train differently from one device. `prepare_batch_norms(layer_module, group, checkpoint)` makes every
-BatchNorm in a layer with dp > 1 normalise with the statistics of the global micro-batch
-across the layer's data-parallel group — what one device computes on that micro-batch.
+and train differently from one device. `prepare_batch_norms(layer, group, checkpoint)`
+makes every BatchNorm in a layer with dp > 1 normalise with the statistics of the global
+micro-batch across the layer's data-parallel group — what one device computes on it. A
+user's torch SyncBatchNorm is handled the same way at any dp.
 
 torch.nn.SyncBatchNorm would do this, but its forward refuses CPU tensors ("expected
 input tensor to be on GPU") and its kernels (batch_norm_gather_stats...) are CUDA ones,
@@ -78,11 +79,11 @@ def _recomputing() -> bool:
 def _forward(bn: _BatchNorm, x: torch.Tensor) -> torch.Tensor:
     uses_batch = bn.training or bn.running_mean is None
     if not uses_batch:  # eval: the running statistics, the same on every rank
-        return type(bn).forward(bn, x)
+        return _BatchNorm.forward(bn, x)  # torch's, also for a SyncBatchNorm
     group = bn._planner_dp_group
     if group is None:  # dp = 1: torch's own, without a second update when recomputing
         if not _recomputing():
-            return type(bn).forward(bn, x)
+            return _BatchNorm.forward(bn, x)  # torch's, also for a SyncBatchNorm
         bn._check_input_dim(x)
         # the same op as the first forward, as checkpointing requires (same saved tensors;
         # selective checkpointing replays op by op); its update lands in scratch tensors
@@ -118,11 +119,16 @@ def _synced(bn: _BatchNorm, x: torch.Tensor, group) -> torch.Tensor:
 
 def prepare_batch_norms(module: nn.Module, group, checkpoint: Checkpoint) -> list[str]:
     """Make every BatchNorm in layer `module` (itself included) normalise over `group`
-    (None: its own batch) and update its running statistics once when `checkpoint`
-    recomputes it; their names. The modules stay where they are."""
+    (None: the rank's own batch, dp = 1) and update its running statistics once when
+    `checkpoint` recomputes it; the names of those changed (a plain BatchNorm with neither
+    stays as it is). The modules stay where they are."""
     names = []
     for name, sub in module.named_modules():
-        if isinstance(sub, _BatchNorm) and not hasattr(sub, "_planner_dp_group"):
+        # a torch SyncBatchNorm is replaced at any dp: it would sync over the whole world
+        # (TP and pipeline ranks too), and refuses CPU tensors
+        plain = (group is None and checkpoint is Checkpoint.NONE
+                 and not isinstance(sub, nn.SyncBatchNorm))
+        if isinstance(sub, _BatchNorm) and not plain and not hasattr(sub, "_planner_dp_group"):
             sub._planner_dp_group = group
             sub._planner_scratch = tuple(None if t is None else torch.zeros_like(t)
                                          for t in (sub.running_mean, sub.running_var))

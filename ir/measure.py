@@ -32,6 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ir.layer import Layer, LayerGraph, TPStyle
 from ir.layers import LayerNodes, group_nodes
+from ir.ownership import names_in_layers
 from ir.plan import layer_digest
 from ir.trace import TARGET_INPUT, LossFn, Traced, trace
 from ir.legality import sequence_parallel_problem, takes_one_positional_input
@@ -631,7 +632,7 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             owned.add(pname)
 
     tied_by_layer = _tied_copies(root, layer_names, param_names_by_layer)
-    local_names = _names_in_layers(root, layer_names, param_names_by_layer)
+    local_names = names_in_layers(root, layer_names, param_names_by_layer)
 
     runs: dict[str, LayerRun] = {}
     layers: list[Layer] = []
@@ -717,25 +718,6 @@ def _chain_input(m: GraphMeasurer, i: int, module: nn.Module | None) -> bool:
     outside = [a for a in m.infos[i].inputs if a is not target]
     return len(outside) == 1 and m.owner.get(outside[0]) == i - 1
 
-
-def _names_in_layers(root: nn.Module, layer_names: list[str],
-                     owned: list[list[str]]) -> list[tuple[str, ...]]:
-    """Per layer, its owned parameters named under its own module path where the tensor
-    has such a name (T5's `shared.weight` is `encoder.embed_tokens.weight` in layer
-    encoder.embed_tokens): the name its strategy shards it by."""
-    names_of: dict[int, list[str]] = {}
-    for fqn, p in root.named_parameters(remove_duplicate=False):
-        names_of.setdefault(id(p), []).append(fqn)
-    canon = dict(root.named_parameters())
-    out = []
-    for lname, names in zip(layer_names, owned):
-        paths = [part + "." for part in lname.split("+")] if lname else [""]
-        local = []
-        for name in names:
-            inside = [n for n in names_of[id(canon[name])] if n.startswith(tuple(paths))]
-            local.append(name if name in inside or not inside else inside[0])
-        out.append(tuple(local))
-    return out
 
 
 def _tied_copies(root: nn.Module, layer_names: list[str],

@@ -5,15 +5,19 @@ and decoder's `embed_tokens.weight` and `lm_head.weight`. The layer IR gives it 
 first layer using it under that layer's own name; the other holders get tied copies
 (`executors.tied`) whose gradients are summed; `shared.weight`, in no layer, stays a name
 of the owner's parameter (no stale tensor, no extra optimizer state, checkpoints keep it).
+DDP, ZeRO-1/3 and a checkpoint resumed under another plan are checked; TP is not: T5's
+relative position bias and BART's final_logits_bias do not run under DTensor TP yet
+(tensor-parallel work on real attention code), pipelines cannot cut these models.
 
 BatchNorm: in a layer with dp > 1 it normalises over the whole global micro-batch across
-the layer's data-parallel group (`executors.sync_batchnorm`), so a ResNet under DP 2 (and
-ZeRO-3 with two accumulated micro-batches) equals one device: losses, parameters and the
-running statistics. One device is run with the same micro-batches as the plan: a
-BatchNorm normalises per micro-batch there too.
+the layer's data-parallel group (`executors.sync_batchnorm`), so a ResNet under DP 2 (also
+ZeRO-3 with two accumulated micro-batches, activation checkpointing, a user's torch
+SyncBatchNorm) equals one device: losses, parameters and the running statistics. One
+device runs the same micro-batches as the plan: a BatchNorm normalises per micro-batch
+there too. These models train in fp64 (BN_DTYPE says why).
 
 All world-size-2 entries run in ONE spawned gloo group; tolerances as in
-tests/test_exec_plans.py (fp32, AdamW, 3 steps).
+tests/test_exec_plans.py (AdamW, 3 steps).
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ from torch import nn
 
 from executors import apply, full_state_dict
 from executors.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from executors.runtime import loss_weight
 from executors.checkpointing import apply_ac
+from executors.runtime import loss_weight
 from executors.sync_batchnorm import prepare_batch_norms
 from executors.validate import check_plan
 from ir.errors import PlannerError
@@ -50,6 +54,7 @@ pytestmark = [pytest.mark.multiprocess]
 T5 = "hf:tests/data/hf/t5/config.json"
 BART = "hf:tests/data/hf/bart/config.json"
 RESNET = "factories:resnet_bn"  # tests/factories.py: BatchNorm as a layer, in blocks, 1-D
+RESNET_SYNC = "resnet_bn with torch SyncBatchNorm"  # the same with nn.SyncBatchNorm
 CNN = "cnn-small"  # the zoo's ResNet-like CNN
 SEQ_LEN = 16  # tokens: the tiny configs' shapes, kept short for 2 CPU cores
 GLOBAL_BATCH = 8
@@ -77,6 +82,9 @@ def zero_dropout(model: nn.Module) -> nn.Module:
 
 def build(spec: str, micro_batch: int, seed: int, dtype: torch.dtype = torch.float32):
     """(model, inputs, target, loss_fn) on the CPU in `dtype`, every rank the same."""
+    if spec == RESNET_SYNC:  # the user's own torch SyncBatchNorms (they refuse CPU tensors)
+        model, inputs, target, loss_fn = build(RESNET, micro_batch, seed, dtype)
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model), inputs, target, loss_fn
     if spec == RESNET:
         torch.manual_seed(seed)
         model, inputs, target, loss_fn = factories.resnet_bn(micro_batch=micro_batch,
@@ -92,7 +100,7 @@ def build(spec: str, micro_batch: int, seed: int, dtype: torch.dtype = torch.flo
 
 @functools.lru_cache(maxsize=None)
 def graph_of(spec: str) -> LayerGraph:
-    if spec == RESNET:
+    if spec in (RESNET, RESNET_SYNC):
         model, inputs, target, loss_fn = factories.resnet_bn(micro_batch=2, device="meta")
         return build_layer_graph(model, inputs, target, loss_fn, name="resnet_bn")
     return load_layer_graph(spec, micro_batch=2, seq_len=SEQ_LEN, dtype=torch.float32)
@@ -163,6 +171,7 @@ WHOLE = {"micro_batch": GLOBAL_BATCH // 2}  # dp=2: one micro-batch per step
 CASES = [
     Case("t5-ddp", T5, uniform(dp=2, **WHOLE)),
     Case("t5-zero3-accum", T5, uniform(dp=2, zero=3, micro_batch=2)),
+    Case("t5-zero1", T5, uniform(dp=2, zero=1, **WHOLE)),
     Case("bart-ddp", BART, uniform(dp=2, **WHOLE)),
     Case("bart-zero3", BART, uniform(dp=2, zero=3, **WHOLE)),
     # the alias and the copies keep their names through a checkpoint, across plans
@@ -170,6 +179,10 @@ CASES = [
          resume_plan=uniform(dp=2, zero=3, **WHOLE)),
     Case("resnet-ddp", RESNET, uniform(dp=2, **WHOLE), dtype=BN_DTYPE),
     Case("resnet-zero3-accum", RESNET, uniform(dp=2, zero=3, micro_batch=2), dtype=BN_DTYPE),
+    Case("resnet-syncbn-ddp", RESNET_SYNC, uniform(dp=2, **WHOLE), dtype=BN_DTYPE),
+    # dp = 1 (the convolutions have no TP split: replicated): SyncBatchNorm runs locally
+    Case("resnet-syncbn-tp", RESNET_SYNC, uniform(tp=2, micro_batch=GLOBAL_BATCH),
+         dtype=BN_DTYPE),
     Case("cnn-small-zero2", CNN, uniform(dp=2, zero=2, **WHOLE), dtype=BN_DTYPE),
     # recomputed BatchNorms (a layer of its own, in a block, 1-D) update their statistics once
     Case("resnet-ckpt", RESNET, uniform(dp=2, checkpoint=Checkpoint.FULL, **WHOLE),
@@ -206,12 +219,13 @@ def run_cases(rank: int, world_size: int, payload: list[tuple]) -> dict:
                 pm = _apply(spec, resume_plan, graph, dtype)
                 load_checkpoint(pm, latest_checkpoint(folder))
                 losses += [pm.train_step(inputs, target) for inputs, target in batches[stop:]]
-            opt_ids = [id(p) for p in _optimizer_params(pm)]
+            names = {id(p): n for n, p in pm.module.named_parameters()}
             results[name] = {
                 "losses": losses, "state": full_state_dict(pm),
                 "buffers": {n: b.detach().clone() for n, b in pm.module.named_buffers()},
-                "optimizer_params": len(opt_ids), "distinct_optimizer_params": len(set(opt_ids)),
-                "model_params": len(list(pm.module.parameters()))}
+                "optimized": [names.get(id(p), "<not in the model>")
+                              for p in _optimizer_params(pm)],
+                "model_params": sorted(names.values())}
         except PlannerError as exc:  # the same verdict on every rank: no collective hangs
             results[name] = {"error": str(exc)}
     return results
@@ -233,6 +247,8 @@ def results(tmp_path_factory) -> list[dict]:
 def test_plan_matches_single_device(case: Case, results):
     plan = case.plan(graph_of(case.model))
     ref = reference(case.model, plan.num_microbatches, case.dtype)
+    optimized = {n for got in results for n in got[case.name].get("optimized", [])}
+    assert optimized == set(results[0][case.name].get("model_params", ()))  # every tensor
     for rank, got in enumerate(results):
         got = got[case.name]
         assert "error" not in got, got.get("error")
@@ -244,8 +260,10 @@ def test_plan_matches_single_device(case: Case, results):
         for name, value in got["state"].items():  # tied copies equal the shared weight
             assert name in ref["params"], f"{name} is not a parameter of the model"
             assert_params_match(name, value.double(), ref["params"][name].double())
-        # one optimizer state per tensor the executor holds: the alias adds none
-        assert got["optimizer_params"] == got["distinct_optimizer_params"] == got["model_params"]
+        # one optimizer state per tensor the executor holds (ZeRO-1: over the ranks); the
+        # alias adds none
+        assert len(set(got["optimized"])) == len(got["optimized"]), got["optimized"]
+        assert set(got["optimized"]) <= set(got["model_params"])
         assert set(got["buffers"]) == set(ref["buffers"])
         for name, expected in ref["buffers"].items():  # BatchNorm's running statistics
             if expected.is_floating_point():
@@ -344,3 +362,22 @@ def test_layer_reading_an_alias_from_outside_its_module_is_refused():
     with pytest.raises(PlannerError, match=r"^layer encoder reads parameter shared.weight "
                                            r"from outside its module"):
         check_plan(model, plan, graph, world_size=2)
+
+
+MEMORY_RTOL = 0.05  # issue 3's target for the memory model against a measured step
+
+
+@pytest.mark.parametrize("spec", [T5, BART])
+def test_memory_model_holds_the_shared_embedding_as_the_executor_does(spec: str):
+    """One device, fp32: the owner's table and the two tied copies the executor makes are
+    predicted (the alias shared.weight adds nothing) within MEMORY_RTOL of real steps."""
+    from cost_models.clusters import get_cluster
+    from cost_models.memory import plan_memory
+    from planner.validate import measure_one_process
+
+    batch = 4
+    graph = load_layer_graph(spec, micro_batch=batch, seq_len=SEQ_LEN, dtype=torch.float32)
+    plan = uniform_plan(len(graph.layers), micro_batch=batch, precision=Precision.FP32)
+    measured = measure_one_process(spec, plan, graph, steps=2).peak_bytes
+    stage = plan_memory(graph, plan, get_cluster("local")).stages[0]
+    assert stage.peak_bytes - stage.overhead == pytest.approx(measured, rel=MEMORY_RTOL)
