@@ -150,6 +150,9 @@ class Case:
 
 
 G, ONE, I = Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED
+# a tied copy on another stage (name in the run -> the reference's name): it must end
+# equal to the shared weight, as the tied-gradient sum keeps the copies equal
+TIED_COPIES = {hf("gpt2"): {"lm_head.weight": "transformer.wte.weight"}}
 # check_plan refuses T5/BART's top-level `shared` embedding (its parameter belongs to no
 # layer) until the layer ownership of tied aliases is fixed; their pipelines are verified
 # once it is, and any other error fails
@@ -210,3 +213,5 @@ def test_pipeline_matches_single_device(case: Case):
     for name, expected in ref_state.items():
         assert name in got["state"], f"{name} missing from the executed model"
         assert_params_match(name, got["state"][name], expected)
+    for name, shared in TIED_COPIES.get(case.model, {}).items():
+        assert_params_match(name, got["state"][name], ref_state[shared])
