@@ -150,6 +150,9 @@ class Case:
 
 
 G, ONE, I = Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED
+# a tied copy on another stage (name in the run -> the reference's name): it must end
+# equal to the shared weight, as the tied-gradient sum keeps the copies equal
+TIED_COPIES = {hf("gpt2"): {"lm_head.weight": "transformer.wte.weight"}}
 CASES = [
     Case("zoo-gpt", 2, GPT, pipeline(micro_batch=2, schedule=G)),
     Case("llama", 2, hf("llama"), pipeline(micro_batch=2, schedule=ONE)),
@@ -204,3 +207,5 @@ def test_pipeline_matches_single_device(case: Case):
     for name, expected in ref_state.items():
         assert name in got["state"], f"{name} missing from the executed model"
         assert_params_match(name, got["state"][name], expected)
+    for name, shared in TIED_COPIES.get(case.model, {}).items():
+        assert_params_match(name, got["state"][name], ref_state[shared])

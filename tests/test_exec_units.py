@@ -12,8 +12,8 @@ from executors.data import global_batch_indices, local_rows, shard_batch, split_
 from executors.layout import Layout, map_main_input, map_main_output
 from executors.mesh import MeshAxis, ParallelDims
 from executors.optimizer import owners_by_size
-from executors.pipeline import (StageAnalysis, build_stage_module, finish_stage_module,
-                                rank_stages)
+from executors.pipeline import (StageAnalysis, build_stage_module, cut_problem,
+                                finish_stage_module, rank_stages)
 from executors.tied import find_tie_groups, untie
 from executors.validate import check_plan, layer_layout
 from ir.errors import PlannerError
@@ -255,6 +255,17 @@ class _Twice(nn.Module):
         return self.head(self.block(self.block(self.embed(ids))))
 
 
+class _Cycle(nn.Module):
+    """Module a runs before and after b: the layer IR merges them into layer "a+b"."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.c(self.a(self.b(self.a(x))))
+
+
 class _AuxFirst(nn.Module):
     """Blocks return (aux, hidden): what crosses a cut is not their main (first) output."""
 
@@ -303,3 +314,10 @@ def test_untie_gives_the_head_its_own_copy():
     untie(model, groups)
     assert model.head.weight is not model.embed.tok.weight
     assert torch.equal(model.head.weight, model.embed.tok.weight)
+
+
+def test_merged_layers_cannot_be_cut():
+    graph = build_layer_graph(_Cycle(), {"x": torch.zeros(2, 4)}, name="cycle")
+    assert [layer.name for layer in graph.layers] == ["a+b", "c"] and graph.cut_points == (0,)
+    p = uniform_plan(2, pp=2, global_batch=2, precision=Precision.FP32)
+    assert cut_problem(graph, p).startswith("layer a+b: merged layers")
