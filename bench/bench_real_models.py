@@ -57,6 +57,8 @@ def main() -> int:
     os.makedirs("bench/results", exist_ok=True)
     with open("bench/results/real_models.json", "w") as f:
         json.dump({"seconds": seconds, "missed_targets": missed,
+                   "targets": {target: [o.case.key for o in bad] for target, bad
+                               in real_models.target_failures(outcomes).items()},
                    "runs": [o.to_dict() for o in outcomes]}, f, indent=2)
     return 1 if missed else 0
 
