@@ -304,8 +304,9 @@ def classify(case: Case, results: list[dict], seconds: float = 0.0) -> Outcome:
         return Outcome(case, CRASH, f"{when}, {r['stage']}, rank {rank}: {r['error']}",
                        seconds, plan, r.get("trace", ""))
     cmp = results[0]["compare"]
-    step, worst = max(enumerate(cmp["loss_rel"]), key=lambda s: s[1])
-    if worst > RTOL:
+    off = [(step, rel) for step, rel in enumerate(cmp["loss_rel"]) if not rel <= RTOL]  # NaN too
+    if off:
+        step, worst = max(off, key=lambda s: s[1] if s[1] == s[1] else float("inf"))
         return Outcome(case, MISMATCH, f"loss rel diff {worst:.1e} at step {step + 1}",
                        seconds, plan)
     if cmp["missing"]:
@@ -355,7 +356,7 @@ def _stopped(case: Case, logs: list[dict], index: int, dead: list, since: float,
     return Outcome(case, HANG, f"no result within {limit_s:.0f} s ({where})", seconds)
 
 
-def run_group(world: int, work: list, progress=None, case_fn=run_case,
+def run_group(world: int, work: list, progress=lambda outcome: None, case_fn=run_case,
               limits: Limits = Limits()) -> dict[int, Outcome]:
     """Run `case_fn` on `work` [(index, case, reference)] on `world` spawned ranks; a group
     that dies or stalls is killed and a new one takes the remaining cases. (`case_fn` is
@@ -369,8 +370,7 @@ def run_group(world: int, work: list, progress=None, case_fn=run_case,
 
     def record(index: int, outcome: Outcome) -> None:
         outcomes[index] = outcome
-        if progress:
-            progress(outcome)
+        progress(outcome)
 
     pending = list(work)
     context = multiprocessing.get_context("spawn")
@@ -414,7 +414,7 @@ def run_group(world: int, work: list, progress=None, case_fn=run_case,
 # ----------------------------------------------------------------------------- the matrix
 
 
-def run_matrix(selected: list[Case], progress=None) -> list[Outcome]:
+def run_matrix(selected: list[Case], progress=lambda outcome: None) -> list[Outcome]:
     """Every case's outcome, in the order given. References run here, once per arch."""
     refs: dict[str, dict] = {}
     failed: dict[str, str] = {}
@@ -433,8 +433,7 @@ def run_matrix(selected: list[Case], progress=None) -> list[Outcome]:
     outcomes = {i: Outcome(c, CRASH, failed[c.arch]) for i, c in enumerate(selected)
                 if c.arch in failed}
     for outcome in outcomes.values():
-        if progress:
-            progress(outcome)
+        progress(outcome)
     for world in sorted({c.world for c in selected}):
         work = [(i, c, refs[c.arch]) for i, c in enumerate(selected)
                 if c.world == world and c.arch in refs]

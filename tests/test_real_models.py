@@ -77,6 +77,7 @@ TIMEOUT = "RuntimeError: [gloo] Timed out waiting 60000ms for recv operation to 
 @pytest.mark.parametrize("results, status, words", [
     ([ok(), {"state": "ok", "stage": "gather"}], PASS, ""),
     ([ok(loss_rel=2 * rm.RTOL), {"state": "ok", "stage": "gather"}], MISMATCH, "step 2"),
+    ([ok(loss_rel=float("nan")), {"state": "ok", "stage": "gather"}], MISMATCH, "nan at step 2"),
     ([ok(param_ok=False), {"state": "ok", "stage": "gather"}], MISMATCH, "param w"),
     ([ok(missing=["lm_head.weight"]), {"state": "ok", "stage": "gather"}], MISMATCH,
      "lm_head.weight"),
