@@ -15,14 +15,12 @@ same seed. Every case gets one outcome:
     CRASH        any other exception, before or during training (type, first line)
     HANG         no result within CASE_LIMIT_S, or only collective time-outs
 
-Isolation: all cases of one world size run in ONE spawned group of processes (spawning
-is the expensive part on 2 cores). Each case gets its own default process group (a
-fresh prefix of one long-lived TCPStore), destroyed after the case, so the DeviceMesh
-sub-groups that auto_parallel creates never leak into the next case and a collective
-left half-done by a failing rank cannot desynchronise it. Ranks agree that a case is
-over through the store (not gloo), and each rank logs its progress to a file; the
-parent kills a group that died or stalled, marks that case, and restarts a group for
-the remaining cases.
+Isolation: all cases of one world size run in ONE spawned group (spawning is the
+expensive part on 2 cores), each case in its own default process group (a fresh prefix
+of one TCPStore) destroyed after it: the DeviceMesh sub-groups auto_parallel makes never
+reach the next case, nor does a collective a failing rank left half-done. Ranks agree a
+case is over through the store, not gloo, and log progress to files; the parent kills a
+group that died or stalled, marks that case and restarts a group for the rest.
 """
 
 from __future__ import annotations
@@ -31,6 +29,8 @@ import gc
 import json
 import multiprocessing
 import os
+import shutil
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -64,9 +64,12 @@ OPTIMIZER_KWARGS = {"lr": LR, "weight_decay": 0.1, "eps": EPS}  # 0.1: a typical
 
 GLOO_TIMEOUT_S = 60  # a collective one rank never joins fails after this (a hang -> error)
 CASE_LIMIT_S = 240  # a case with no result after this is a HANG; covers one gloo timeout
-# A rank waits this many case limits in the store for its peers to finish a case: the
-# parent's case limit decides first; this only keeps an orphaned rank from waiting forever.
-STORE_WAIT_FACTOR = 2
+# A group whose ranks have not started the next case after this is stalled (HANG): room
+# for spawning and importing torch and transformers on a loaded 2-core machine.
+START_LIMIT_S = 180
+# A rank waits this long in the store for its peers to finish a case: the parent's limits
+# decide first; this only keeps a rank orphaned by a killed parent from waiting forever.
+STORE_WAIT_S = 2 * CASE_LIMIT_S
 POLL_S = 0.5  # how often the parent reads the ranks' progress files
 # Substrings of the errors a rank sees when a PEER failed (it waited in a collective that
 # the peer never joined, or the peer closed its connections): secondary, not the cause.
@@ -81,12 +84,9 @@ class Limits:
     gloo_timeout_s: float = GLOO_TIMEOUT_S
     case_limit_s: float = CASE_LIMIT_S
 
-    @property
-    def store_wait_s(self) -> float:
-        return STORE_WAIT_FACTOR * self.case_limit_s
 
-
-PASS, REJECTED, MISMATCH, CRASH, HANG = "PASS", "REJECTED", "MISMATCH", "CRASH", "HANG"
+STATUSES = PASS, REJECTED, MISMATCH, CRASH, HANG = ("PASS", "REJECTED", "MISMATCH", "CRASH",
+                                                    "HANG")
 BEFORE_TRAINING = ("not started", "load", "plan")  # stages before the first optimizer step
 
 
@@ -188,10 +188,8 @@ def compare(losses: list[float], state: dict, ref: dict) -> dict:
     loss_rel = [abs(g - r) / max(abs(r), 1e-12) for g, r in zip(losses, ref["losses"])]
     worst = {"name": "", "rel": 0.0, "abs": 0.0, "ok": True}
     missing = [names[0] for names in ref["aliases"] if not any(n in state for n in names)]
-    for name, expected in ref["state"].items():
-        got = state.get(name)
-        if got is None:
-            continue
+    for name in [n for n in ref["state"] if n in state]:
+        got, expected = state[name], ref["state"][name]
         norm = float(expected.double().norm())
         if got.shape != expected.shape:  # a shard where the whole tensor belongs
             error_norm = biggest = float("inf")
@@ -255,7 +253,7 @@ def rank_main(rank: int, world: int, port: int, log_dir: str, work: list, case_f
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0,
-                          timeout=timedelta(seconds=limits.store_wait_s))
+                          timeout=timedelta(seconds=STORE_WAIT_S))
     with open(os.path.join(log_dir, f"rank{rank}.jsonl"), "a") as out:
         for index, case, ref in work:
             def log(event, **fields):
@@ -271,7 +269,7 @@ def rank_main(rank: int, world: int, port: int, log_dir: str, work: list, case_f
             # Every rank has left the case's collectives before anyone tears gloo down.
             store.set(f"done/{index}/{rank}", "1")
             store.wait([f"done/{index}/{r}" for r in range(world)],
-                       timedelta(seconds=limits.store_wait_s))
+                       timedelta(seconds=STORE_WAIT_S))
             log("done", **result)
             dist.destroy_process_group()
             gc.collect()
@@ -286,37 +284,38 @@ def _peer_fault(error: str) -> bool:
 
 def classify(case: Case, results: list[dict], seconds: float = 0.0) -> Outcome:
     """One outcome from every rank's result of a case."""
-    plan = next((r.get("plan", "") for r in results if r.get("plan")), "")
+    plan = next((r["plan"] for r in results if r.get("plan")), "")
+
+    def outcome(status: str, reason: str = "", trace: str = "") -> Outcome:
+        return Outcome(case, status, reason, seconds, plan, trace)
+
     failed = [(rank, r) for rank, r in enumerate(results) if r["state"] != "ok"]
     if failed:
         if all(r["state"] == "rejected" for r in results):
             return Outcome(case, REJECTED, results[0]["error"], seconds)
-        causes = [(rank, r) for rank, r in failed if not _peer_fault(r["error"])] or failed
-        rank, r = causes[0]
+        causes = [(rank, r) for rank, r in failed if not _peer_fault(r["error"])]
+        rank, r = (causes or failed)[0]
         when = "before training" if r["stage"] in BEFORE_TRAINING else "during training"
-        if all(_peer_fault(f["error"]) for _, f in failed):
-            return Outcome(case, HANG, f"collectives timed out at {r['stage']} ({when}): "
-                                       f"{r['error']}", seconds, plan)
+        if not causes:
+            return outcome(HANG, f"collectives timed out at {r['stage']} ({when}): {r['error']}")
         if r["state"] == "rejected":
             ranks = [k for k, f in failed if f["state"] == "rejected"]
-            return Outcome(case, CRASH, f"rejected on ranks {ranks} only ({when}): "
-                                        f"{r['error']}", seconds, plan)
-        return Outcome(case, CRASH, f"{when}, {r['stage']}, rank {rank}: {r['error']}",
-                       seconds, plan, r.get("trace", ""))
+            return outcome(CRASH, f"rejected on ranks {ranks} only ({when}): {r['error']}")
+        return outcome(CRASH, f"{when}, {r['stage']}, rank {rank}: {r['error']}",
+                       r.get("trace", ""))
     cmp = results[0]["compare"]
     off = [(step, rel) for step, rel in enumerate(cmp["loss_rel"]) if not rel <= RTOL]  # NaN too
     if off:
         step, worst = max(off, key=lambda s: s[1] if s[1] == s[1] else float("inf"))
-        return Outcome(case, MISMATCH, f"loss rel diff {worst:.1e} at step {step + 1}",
-                       seconds, plan)
+        return outcome(MISMATCH, f"loss rel diff {worst:.1e} at step {step + 1}")
     if cmp["missing"]:
-        return Outcome(case, MISMATCH, f"{len(cmp['missing'])} parameters missing, e.g. "
-                                       f"{cmp['missing'][0]}", seconds, plan)
+        return outcome(MISMATCH, f"{len(cmp['missing'])} parameters missing, e.g. "
+                                 f"{cmp['missing'][0]}")
     param = cmp["param"]
     if not param["ok"]:
-        return Outcome(case, MISMATCH, f"param {param['name']}: rel diff {param['rel']:.1e}, "
-                                       f"max abs {param['abs']:.1e}", seconds, plan)
-    return Outcome(case, PASS, "", seconds, plan)
+        return outcome(MISMATCH, f"param {param['name']}: rel diff {param['rel']:.1e}, "
+                                 f"max abs {param['abs']:.1e}")
+    return outcome(PASS)
 
 
 # ----------------------------------------------------------------------------- groups
@@ -361,9 +360,6 @@ def run_group(world: int, work: list, progress=lambda outcome: None, case_fn=run
     """Run `case_fn` on `work` [(index, case, reference)] on `world` spawned ranks; a group
     that dies or stalls is killed and a new one takes the remaining cases. (`case_fn` is
     a module-level function(case, reference, rank, log) -> result dict; see run_case.)"""
-    import shutil
-    import tempfile
-
     from dist_utils import free_port
 
     outcomes: dict[int, Outcome] = {}
@@ -396,13 +392,18 @@ def run_group(world: int, work: list, progress=lambda outcome: None, case_fn=run
                 since = max(log[index]["done_t"] for log in logs)
             remaining = [w for w in pending if w[0] not in outcomes]
             dead = [(r, p.exitcode) for r, p in enumerate(procs) if not p.is_alive()]
-            if remaining and (dead or time.time() - since > limits.case_limit_s):
+            if not remaining:
+                break
+            index, case, _ = remaining[0]
+            # The case's clock starts when its first rank starts it.
+            starts = [log[index]["start"] for log in logs if "start" in log.get(index, {})]
+            limit = limits.case_limit_s if starts else START_LIMIT_S
+            started = min(starts, default=since)
+            if dead or time.time() - started > limit:
                 for p in procs:
                     p.kill()  # a no-op on a process that has exited
-                index, case, _ = remaining[0]
-                record(index, _stopped(case, logs, index, dead, since, limits.case_limit_s))
+                record(index, _stopped(case, logs, index, dead, started, limit))
                 remaining = remaining[1:]
-            if not remaining or dead or time.time() - since > limits.case_limit_s:
                 break
         for p in procs:
             p.join()
@@ -479,8 +480,7 @@ def format_grid(outcomes: list[Outcome]) -> str:
     for arch in archs:
         lines.append(f"{arch:<{width}}  " + "  ".join(
             f"{cell.get((arch, m, w), '-'):<10}" for m, w in columns))
-    counts = {s: sum(o.status == s for o in outcomes) for s in (PASS, REJECTED, MISMATCH,
-                                                                 CRASH, HANG)}
+    counts = {s: sum(o.status == s for o in outcomes) for s in STATUSES}
     lines.append(", ".join(f"{n} {s}" for s, n in counts.items()) + f" of {len(outcomes)} runs")
     return "\n".join(lines)
 

@@ -107,7 +107,7 @@ def test_zero_dropout_leaves_no_random_op():
 # Injected faults on 2 ranks, short limits: each case must get its outcome and the next
 # case must still run, in a fresh process group (no groups left from the last case).
 
-FAULT_LIMITS = Limits(gloo_timeout_s=3, case_limit_s=15)
+FAULT_LIMITS = Limits(gloo_timeout_s=5, case_limit_s=12)  # short: faults show fast
 
 
 def fault_case(case: Case, ref, rank: int, log) -> dict:
@@ -141,4 +141,4 @@ def test_group_survives_faults():
         (o.case.arch, o.status, o.reason) for o in outcomes.values()]
     assert "rank 1: ValueError: injected on rank 1" in outcomes[1].reason
     assert "process died (exit code 3)" in outcomes[3].reason
-    assert "no result within 15 s" in outcomes[5].reason
+    assert "no result within 12 s" in outcomes[5].reason
