@@ -3,8 +3,8 @@
 The subset `make test` runs (bench/bench_real_models.py runs all 140 cases): every
 architecture in auto mode on 2 ranks, plus one representative of each other mode and
 world size. Each target of the issue is one test, whose failure shows the cases that
-miss it and the whole grid. The harness itself is tested first, with injected faults:
-a rank that raises alone, a rank that dies, a case that hangs.
+miss it and the whole grid. The harness is tested before, with injected faults: a rank
+that raises alone, a rank that dies, a case that hangs.
 """
 
 from __future__ import annotations
@@ -30,30 +30,6 @@ REPRESENTATIVES = [Case("opt", "tp2", 2), Case("gpt2", "pp2", 2), Case("llama", 
                    Case("llama", "tp2xpp2", 4)]
 SUBSET = rm.cases(modes=("auto",), worlds=(2,)) + REPRESENTATIVES
 TARGETS = list(rm.target_failures([]))
-
-
-_RUN: dict = {}  # the subset's outcomes, or the harness error: run once for all targets
-
-
-def subset_outcomes() -> tuple:
-    if "result" not in _RUN:
-        try:
-            _RUN["result"] = tuple(rm.run_matrix(SUBSET))
-        except Exception as exc:
-            _RUN["result"] = exc
-    if isinstance(_RUN["result"], Exception):
-        raise _RUN["result"]
-    return _RUN["result"]
-
-
-@pytest.mark.timeout(480)
-@pytest.mark.parametrize("target", TARGETS)
-def test_issue_14_target(target: str):
-    outcomes = list(subset_outcomes())
-    bad = rm.target_failures(outcomes)[target]
-    if bad:  # the table, not pytest's repr of the outcomes
-        pytest.fail(f"{target}: missed by {len(bad)} of {len(outcomes)} runs\n"
-                    f"{rm.format_cases(bad)}\n\n{rm.format_grid(outcomes)}", pytrace=False)
 
 
 # ----------------------------------------------------------------------------- classify
@@ -142,3 +118,30 @@ def test_group_survives_faults():
     assert "rank 1: ValueError: injected on rank 1" in outcomes[1].reason
     assert "process died (exit code 3)" in outcomes[3].reason
     assert "no result within 12 s" in outcomes[5].reason
+
+
+# ----------------------------------------------------------------------------- issue 14
+
+
+_RUN: dict = {}  # the subset's outcomes, or the harness error: run once for all targets
+
+
+def subset_outcomes() -> tuple:
+    if "result" not in _RUN:
+        try:
+            _RUN["result"] = tuple(rm.run_matrix(SUBSET))
+        except Exception as exc:
+            _RUN["result"] = exc
+    if isinstance(_RUN["result"], Exception):
+        raise _RUN["result"]
+    return _RUN["result"]
+
+
+@pytest.mark.timeout(480)
+@pytest.mark.parametrize("target", TARGETS)
+def test_issue_14_target(target: str):
+    outcomes = list(subset_outcomes())
+    bad = rm.target_failures(outcomes)[target]
+    if bad:  # the table, not pytest's repr of the outcomes
+        pytest.fail(f"{target}: missed by {len(bad)} of {len(outcomes)} runs\n"
+                    f"{rm.format_cases(bad)}\n\n{rm.format_grid(outcomes)}", pytrace=False)
