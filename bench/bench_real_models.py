@@ -1,0 +1,67 @@
+"""Issue 14's acceptance matrix: 20 Hugging Face architectures through `auto_parallel`.
+
+Every architecture in tests/data/hf (tiny config, random init, fp32, dropout 0) on 2 and
+4 gloo ranks in four modes: auto (the planner chooses), tp2, pp2 and tp2xpp2 (4 ranks).
+Each run trains 3 AdamW steps and must equal single-process training within 1e-5, or be
+rejected by auto_parallel before its first step (tests/real_models.py has the details).
+
+Targets: no MISMATCH, no CRASH, no HANG; at least 90% PASS; every architecture passes
+auto. The exit status is 1 when one is missed.
+
+    .venv/bin/python bench/bench_real_models.py [--arch llama,opt] [--mode auto,tp2] [--ranks 2]
+
+Prints a table and writes bench/results/real_models.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+import real_models  # noqa: E402  (tests/ is not a package)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", help="comma-separated architectures (default: all 20)")
+    parser.add_argument("--mode", help=f"comma-separated modes of {', '.join(real_models.MODES)}")
+    parser.add_argument("--ranks", help="comma-separated world sizes (default: 2,4)")
+    args = parser.parse_args()
+    archs = args.arch.split(",") if args.arch else real_models.ARCHS
+    modes = args.mode.split(",") if args.mode else tuple(real_models.MODES)
+    worlds = tuple(int(w) for w in args.ranks.split(",")) if args.ranks else (2, 4)
+    unknown = ([a for a in archs if a not in real_models.ARCHS]
+               + [m for m in modes if m not in real_models.MODES])
+    if unknown:
+        parser.error(f"unknown architecture or mode: {', '.join(unknown)}")
+    selected = real_models.cases(archs, modes, worlds)
+    start = time.monotonic()
+    done = []
+
+    def progress(outcome):
+        done.append(outcome)
+        print(f"[{len(done):>3}/{len(selected)} {time.monotonic() - start:6.0f} s] "
+              f"{outcome.case.key:<28} {outcome.status}", file=sys.stderr, flush=True)
+
+    outcomes = real_models.run_matrix(selected, progress)
+    seconds = time.monotonic() - start
+    print(real_models.format_table(outcomes))
+    missed = real_models.missed_targets(outcomes)
+    print(f"\n{len(outcomes)} runs in {seconds:.0f} s")
+    print("targets met" if not missed else "targets missed:\n  " + "\n  ".join(missed))
+    os.makedirs("bench/results", exist_ok=True)
+    with open("bench/results/real_models.json", "w") as f:
+        json.dump({"seconds": seconds, "missed_targets": missed,
+                   "targets": {target: [o.case.key for o in bad] for target, bad
+                               in real_models.target_failures(outcomes).items()},
+                   "runs": [o.to_dict() for o in outcomes]}, f, indent=2)
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
