@@ -162,7 +162,7 @@ def check_sizes(path: str, marker: dict, hint: str) -> None:
         if os.path.basename(name) != name or name in ("", ".", ".."):
             raise PlannerError(f"checkpoint {path} is corrupted ({MARKER} lists {name!r}, "
                                f"not a file name in the folder); {hint}")
-        if not os.path.isfile(file_path) or os.path.islink(file_path):
+        if not os.path.isfile(file_path):
             raise PlannerError(f"checkpoint {path} is corrupted (file {name} is missing); {hint}")
         actual = os.path.getsize(file_path)
         if actual != entry["bytes"]:
@@ -177,7 +177,10 @@ def verify_files(path: str, marker: dict, names, hint: str) -> str | None:
         expected = marker["files"][name]["sha256"]
         if expected is None:  # a v1 marker: nothing to compare with
             continue
-        size, found = file_digest(os.path.join(path, name))
+        try:
+            size, found = file_digest(os.path.join(path, name))
+        except OSError as exc:
+            return f"checkpoint {path}: cannot read file {name} ({exc.strerror}); {hint}"
         if found != expected:
             return (f"checkpoint {path} is corrupted (file {name}: {size} bytes as saved, "
                     f"but SHA-256 {found[:16]}... where the save recorded {expected[:16]}...); "
@@ -258,8 +261,11 @@ def read_metadata(path: str, marker: dict, hint: str) -> dcp_metadata.Metadata:
     if entry is None:
         raise PlannerError(f"checkpoint {path} is corrupted ({MARKER} does not list "
                            f"{METADATA}); {hint}")
-    with open(os.path.join(path, METADATA), "rb") as fh:
-        data = fh.read(entry["bytes"] + 1)
+    try:
+        with open(os.path.join(path, METADATA), "rb") as fh:
+            data = fh.read(entry["bytes"] + 1)
+    except OSError as exc:
+        raise PlannerError(f"{where} cannot be read ({exc.strerror}); {hint}") from None
     found = hashlib.sha256(data).hexdigest()
     if len(data) != entry["bytes"] or entry["sha256"] not in (None, found):
         raise PlannerError(f"checkpoint {path} is corrupted (file {METADATA}: {len(data)} bytes "
