@@ -80,7 +80,8 @@ def _render(body: dict) -> bytes:
     return (json.dumps(body, indent=2, sort_keys=True) + "\n").encode()
 
 
-def render_marker(step: int, world_size: int, plan: str, files: dict[str, tuple[int, str]]) -> bytes:
+def render_marker(step: int, world_size: int, plan: str,
+                  files: dict[str, tuple[int, str]]) -> bytes:
     """COMPLETE.json's bytes: the step, the files' sizes and digests, and a digest of the
     rest of the marker itself (a flipped byte in the marker is named as such)."""
     body = {"schema": CHECKPOINT_SCHEMA, "step": step, "world_size": world_size, "plan": plan,
