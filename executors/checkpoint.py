@@ -19,32 +19,41 @@ zero-initialised optimizer states in ITS layout — and DCP copies each saved ch
 whatever shard of the new layout covers it: resharding on load, so a checkpoint from
 4 ranks with TP x FSDP resumes on 2 ranks with ZeRO-1, or under a pipeline.
 
-Atomic saves: the ranks write into `.tmp-step-N/`; after every rank has finished, rank 0
-writes `COMPLETE.json` (schema, step, world size, the size of every file) and renames
-the folder to `step-N/`. A save interrupted at any point leaves no `step-N/` (or leaves
-the previous one), and `latest_checkpoint` only returns folders with the marker. Loading
-re-checks the marker and the file sizes, so a truncated or partial checkpoint is a
-one-line `PlannerError`, never a half-loaded model.
+Atomic saves: the ranks write into `.tmp-step-N/`, hash the files they wrote, and rank 0
+writes `COMPLETE.json` (schema, step, world size, each file's size and SHA-256, the
+marker's own digest; `executors.checkpoint_files`) and renames the folder to `step-N/`.
+A save interrupted at any point leaves no `step-N/` (or leaves the previous one), and
+`latest_checkpoint` only returns folders with the marker; a save that fails (a full
+disk) says so in one line and removes its temporary folder. Loading checks the marker,
+every file's size and digest and reads `.metadata` without running its pickle BEFORE
+anything is loaded, so a damaged, partial or foreign checkpoint is a one-line
+`PlannerError` naming the file, never a half-loaded model. The ranks agree on every such
+error (`_agree`), so they fail together instead of leaving a peer in a collective.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
+import warnings
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.api import CheckpointException
 
+from executors.checkpoint_files import (LEGACY_SCHEMA, MARKER, METADATA, VettedReader,
+                                        check_sizes, disk_error_message, file_digest,
+                                        os_error_in, probe_write, read_marker, read_metadata,
+                                        render_marker, verify_files, write_file)
 from executors.runtime import ParallelModel
 from ir.errors import PlannerError
 
-CHECKPOINT_SCHEMA = "planner.checkpoint/v1"
-MARKER = "COMPLETE.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
+RANK_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")  # DCP's data file of rank r (FileSystemWriter)
+PROBE_BYTES = 1 << 20  # a failed write that lost its errno is retried with 1 MiB to learn why
+EXAMPLE_NAMES = 3  # parameter names quoted when a checkpoint and a model disagree
 
 
 def step_dir(directory: str, step: int) -> str:
@@ -98,6 +107,33 @@ def state_dict_for_save(pm: ParallelModel, step: int) -> dict[str, torch.Tensor]
     return state
 
 
+# ------------------------------------------------------------------ ranks agree
+
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _gather(obj) -> list:
+    """Every rank's `obj`, in rank order (a collective; [obj] without a process group)."""
+    rank, world = _rank_world()
+    if world == 1:
+        return [obj]
+    out: list = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _agree(error: str | None) -> None:
+    """Raise the first rank's error on every rank (a collective), so no rank is left
+    waiting in the next collective for a peer that failed."""
+    errors = [e for e in _gather(error) if e]
+    if errors:
+        raise PlannerError(errors[0])
+
+
 # ------------------------------------------------------------------ save
 
 
@@ -106,40 +142,107 @@ def save_checkpoint(pm: ParallelModel, directory: str, step: int | None = None,
     """Save on every rank (a collective); returns the checkpoint folder `step-N/`.
 
     step defaults to the optimizer steps taken (`pm.steps`). keep: how many complete
-    checkpoints to leave in `directory` (older ones are removed), None for all."""
+    checkpoints to leave in `directory` (older ones are removed), None for all. A save
+    that fails (e.g. a full disk) raises one PlannerError on every rank naming the folder
+    and the free space, removes its temporary folder and leaves earlier checkpoints."""
     step = pm.steps if step is None else step
     final = step_dir(directory, step)
     tmp = os.path.join(directory, f".tmp-step-{step:08d}")
-    rank = dist.get_rank()
+    rank, world = _rank_world()
+    state = state_dict_for_save(pm, step)
+    local_bytes = sum(_local(t).numel() * _local(t).element_size() for t in state.values())
+    error = None
     if rank == 0:
-        os.makedirs(directory, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)  # a save interrupted earlier
-        os.makedirs(tmp)
-    dist.barrier()
-    dcp.save(state_dict_for_save(pm, step), checkpoint_id=tmp)
-    dist.barrier()  # every rank's files are closed
+        try:
+            os.makedirs(directory, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # a save interrupted earlier
+            os.makedirs(tmp)
+        except OSError as exc:
+            error = disk_error_message(exc, tmp, None, exc.strerror or str(exc))
+    gathered = _gather((error, local_bytes))
+    _agree(next((e for e, _ in gathered if e), None))
+    needed_bytes = sum(b for _, b in gathered)
+    failure = None
+    try:
+        dcp.save(state, checkpoint_id=tmp)
+    except (CheckpointException, Exception) as exc:  # DCP raises the former on every rank
+        failure = exc
+    _finish_failed_save(failure, tmp, needed_bytes)
+    digests = {}
+    try:  # each rank hashes the files it wrote, while they are in its page cache
+        for name in sorted(os.listdir(tmp)):
+            if _hasher(name, world) == rank:
+                digests[name] = file_digest(os.path.join(tmp, name))
+    except OSError as exc:
+        error = f"cannot read back {tmp} ({exc.strerror}); save again"
+    gathered = _gather((error, digests))
+    _agree(next((e for e, _ in gathered if e), None))
+    error = None
     if rank == 0:
-        files = {name: os.path.getsize(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))}
-        marker = {"schema": CHECKPOINT_SCHEMA, "step": step,
-                  "world_size": dist.get_world_size(), "plan": str(pm.plan), "files": files}
-        with open(os.path.join(tmp, MARKER), "w") as fh:
-            json.dump(marker, fh, indent=2)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if os.path.exists(final):  # the same step saved again (a resumed run): swap
-            old = os.path.join(directory, f".old-step-{step:08d}")
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        _fsync_dir(directory)
-        if keep is not None:
-            for old_step in complete_steps(directory)[:-keep]:
-                shutil.rmtree(step_dir(directory, old_step), ignore_errors=True)
-    dist.barrier()
+        files = {name: d for _, part in gathered for name, d in part.items()}
+        try:
+            write_file(os.path.join(tmp, MARKER),
+                       render_marker(step, world, str(pm.plan), files))
+            _swap_in(tmp, final, directory, step)
+            if keep is not None:
+                for old_step in complete_steps(directory)[:-keep]:
+                    shutil.rmtree(step_dir(directory, old_step), ignore_errors=True)
+        except OSError as exc:
+            error = disk_error_message(exc, tmp, needed_bytes, exc.strerror or str(exc))
+            shutil.rmtree(tmp, ignore_errors=True)
+    _agree(error)
     return final
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _hasher(name: str, world: int) -> int:
+    """The rank that hashes file `name`: DCP's `__<r>_<i>.distcp` by rank r, the rest by 0."""
+    match = RANK_FILE.match(name)
+    return int(match.group(1)) if match and int(match.group(1)) < world else 0
+
+
+def _finish_failed_save(failure: BaseException | None, tmp: str, needed_bytes: int) -> None:
+    """When any rank's dcp.save failed: rank 0 finds why (an errno any rank saw, else a
+    probe write), removes `tmp`, and every rank raises the same one-line PlannerError."""
+    rank, _ = _rank_world()
+    os_error = os_error_in(failure) if failure is not None else None
+    report = None
+    if failure is not None:
+        text = str(failure).strip().splitlines()
+        report = (os_error.errno if os_error else None,
+                  os_error.strerror if os_error else None, text[-1][:200] if text else "")
+    reports = [r for r in _gather(report) if r]
+    if not reports:
+        return
+    error = None
+    if rank == 0:
+        errno_seen = next(((no, msg) for no, msg, _ in reports if no), None)
+        cause = OSError(*errno_seen) if errno_seen else probe_write(tmp, PROBE_BYTES)
+        shutil.rmtree(tmp, ignore_errors=True)
+        error = disk_error_message(cause, tmp, needed_bytes, reports[0][2])
+    _agree(error)
+
+
+def _swap_in(tmp: str, final: str, directory: str, step: int) -> None:
+    """Rename `tmp` to `final`; the same step saved again (a resumed run) replaces the old
+    folder and keeps its mode and its files' modes."""
+    if os.path.exists(final):
+        os.chmod(tmp, os.stat(final).st_mode & 0o7777)
+        for name in os.listdir(tmp):
+            old = os.path.join(final, name)
+            if os.path.isfile(old):
+                os.chmod(os.path.join(tmp, name), os.stat(old).st_mode & 0o7777)
+        old = os.path.join(directory, f".old-step-{step:08d}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(directory)
 
 
 def _fsync_dir(path: str) -> None:
@@ -176,41 +279,37 @@ def latest_checkpoint(directory: str) -> str | None:
     return step_dir(directory, steps[-1]) if steps else None
 
 
-def check_checkpoint(path: str) -> dict:
-    """The marker of a complete, intact checkpoint folder; PlannerError otherwise."""
+def _hint(path: str) -> str:
+    """What to do about a bad checkpoint `path`: the newest other complete one beside it."""
+    parent = os.path.dirname(os.path.normpath(path)) or "."
+    others = [step_dir(parent, s) for s in complete_steps(parent)
+              if os.path.abspath(step_dir(parent, s)) != os.path.abspath(path)]
+    if others:
+        return f"delete {path} and resume from {others[-1]}"
+    return f"delete {path} and start over (no other complete checkpoint beside it)"
+
+
+def _marker_and_sizes(path: str) -> tuple[dict, str]:
     if not os.path.isdir(path):
         raise PlannerError(f"checkpoint {path} does not exist; pass a folder written by "
                            "save_checkpoint (e.g. ckpt/step-00000100)")
-    marker_path = os.path.join(path, MARKER)
-    parent = os.path.dirname(os.path.abspath(path))
-    earlier = latest_checkpoint(parent)
-    hint = (f"resume from {earlier}" if earlier and os.path.abspath(earlier) != os.path.abspath(path)
-            else "resume from an earlier checkpoint or start over")
-    if not os.path.isfile(marker_path):
+    hint = _hint(path)
+    if not os.path.isfile(os.path.join(path, MARKER)):
         raise PlannerError(f"checkpoint {path} is partial (no {MARKER}: its save was "
                            f"interrupted); {hint}")
-    try:
-        with open(marker_path) as fh:
-            marker = json.load(fh)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlannerError(f"checkpoint {path} is corrupted ({MARKER} is not valid JSON: "
-                           f"{exc}); {hint}") from None
-    if not isinstance(marker, dict) or marker.get("schema") != CHECKPOINT_SCHEMA:
-        found = marker.get("schema") if isinstance(marker, dict) else None
-        raise PlannerError(f"checkpoint {path} has schema {found!r}, not {CHECKPOINT_SCHEMA!r}; "
-                           "save it again with this version")
-    files = marker.get("files")
-    if not isinstance(files, dict) or not isinstance(marker.get("step"), int):
-        raise PlannerError(f"checkpoint {path} is corrupted ({MARKER} lacks 'files' or "
-                           f"'step'); {hint}")
-    for name, size in files.items():
-        file_path = os.path.join(path, name)
-        if not os.path.isfile(file_path):
-            raise PlannerError(f"checkpoint {path} is corrupted (file {name} is missing); {hint}")
-        actual = os.path.getsize(file_path)
-        if actual != size:
-            raise PlannerError(f"checkpoint {path} is corrupted (file {name} has {actual} bytes, "
-                               f"the save wrote {size}); {hint}")
+    marker = read_marker(path, hint)
+    check_sizes(path, marker, hint)
+    return marker, hint
+
+
+def check_checkpoint(path: str) -> dict:
+    """The marker of a complete, intact checkpoint folder (every file's size and SHA-256
+    checked, `.metadata` read restrictedly); PlannerError naming the damaged file."""
+    marker, hint = _marker_and_sizes(path)
+    problem = verify_files(path, marker, sorted(marker["files"]), hint)
+    if problem:
+        raise PlannerError(problem)
+    read_metadata(path, marker, hint)
     return marker
 
 
@@ -219,35 +318,36 @@ def check_checkpoint(path: str) -> dict:
 
 def load_checkpoint(pm: ParallelModel, path: str) -> int:
     """Load `path` into `pm` (any plan and world size of the same model) on every rank;
-    returns the step it was saved at and sets `pm.steps` to it."""
-    marker = check_checkpoint(path)
-    try:
-        metadata = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-    except Exception as exc:  # a damaged .metadata (pickle) file
-        raise PlannerError(f"checkpoint {path} is corrupted (cannot read its metadata: "
-                           f"{type(exc).__name__}); resume from an earlier checkpoint") from None
+    returns the step it was saved at and sets `pm.steps` to it. Nothing is loaded until
+    every file's size and digest and the metadata have been checked."""
+    rank, world = _rank_world()
+    marker, hint = _marker_and_sizes(path)
+    data_files = sorted(n for n in marker["files"] if n != METADATA)
+    _agree(verify_files(path, marker, data_files[rank::world], hint))  # hashing shared
+    vetted = read_metadata(path, marker, hint)  # the bytes hashed are the bytes read
+    metadata = vetted.state_dict_metadata
+    if marker["schema"] == LEGACY_SCHEMA and rank == 0:
+        warnings.warn(f"checkpoint {path} predates file digests ({LEGACY_SCHEMA}): its sizes "
+                      "are checked, its contents cannot be; the next save records digests",
+                      stacklevel=2)
     params = _named_parameters(pm)
+    _check_model(path, metadata, {n: tuple(p.shape) for n, p in params.items()})
     names = {id(p): n for n, p in params.items()}
-    state: dict[str, torch.Tensor] = {}
-    for name, param in params.items():
-        key = f"model/{name}"
-        _check_entry(path, metadata, key, tuple(param.shape))
-        state[key] = param.detach()
+    state: dict[str, torch.Tensor] = {f"model/{n}": p.detach() for n, p in params.items()}
     inner = _inner_optimizer(pm)
     optim: dict[int, dict[str, torch.Tensor]] = {}
     for p in _optimizer_params(pm):
         prefix = f"optim/{names[id(p)]}/"
-        entries = {k[len(prefix):]: m for k, m in metadata.items() if k.startswith(prefix)}
         slots = {}
-        for key, meta in entries.items():
-            if not isinstance(meta, TensorStorageMetadata):
+        for key, meta in metadata.items():
+            if not key.startswith(prefix):
                 continue
             size = tuple(meta.size)
             if size == tuple(p.shape):  # a per-element state: this rank's layout of p
-                slots[key] = torch.zeros_like(p.detach(), dtype=meta.properties.dtype)
+                slots[key[len(prefix):]] = torch.zeros_like(p.detach(), dtype=meta.properties.dtype)
             else:  # a scalar such as AdamW's step
-                slots[key] = torch.zeros(size, dtype=meta.properties.dtype)
-            state[prefix + key] = slots[key]
+                slots[key[len(prefix):]] = torch.zeros(size, dtype=meta.properties.dtype)
+            state[key] = slots[key[len(prefix):]]
         if slots:
             optim[id(p)] = slots
     rng_keys = [k for k in _rng_state() if k in metadata]
@@ -255,11 +355,11 @@ def load_checkpoint(pm: ParallelModel, path: str) -> int:
         state[key] = torch.zeros(tuple(metadata[key].size), dtype=metadata[key].properties.dtype)
     state["meta/step"] = torch.zeros((), dtype=torch.int64)
     try:
-        dcp.load(state, checkpoint_id=path)
-    except Exception as exc:
+        dcp.load(state, storage_reader=VettedReader(path, vetted))
+    except (CheckpointException, Exception) as exc:  # DCP raises the former on every rank
+        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
         raise PlannerError(f"checkpoint {path} could not be loaded ({type(exc).__name__}: "
-                           f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}); "
-                           "it may be corrupted: resume from an earlier checkpoint") from None
+                           f"{lines[-1][:200] if lines else ''}); {hint}") from None
     if inner is not None:
         by_id = {id(p): p for p in _optimizer_params(pm)}
         for pid, slots in optim.items():
@@ -272,19 +372,32 @@ def load_checkpoint(pm: ParallelModel, path: str) -> int:
     step = int(state["meta/step"])
     if step != marker["step"]:
         raise PlannerError(f"checkpoint {path} is corrupted (its data says step {step}, its "
-                           f"marker {marker['step']}); resume from an earlier checkpoint")
+                           f"marker {marker['step']}); {hint}")
     pm.steps = step
     return step
 
 
-def _check_entry(path: str, metadata: dict, key: str, shape: tuple[int, ...]) -> None:
-    meta = metadata.get(key)
-    name = key.split("/", 1)[1]
-    if meta is None:
-        raise PlannerError(f"checkpoint {path} has no parameter {name!r}: it was saved from "
-                           "another model; resume with the model it was saved from")
-    if not isinstance(meta, TensorStorageMetadata) or tuple(meta.size) != shape:
-        saved = list(meta.size) if isinstance(meta, TensorStorageMetadata) else "not a tensor"
-        raise PlannerError(f"checkpoint {path}: parameter {name!r} is {saved} in the checkpoint "
-                           f"but {list(shape)} in the model: resume with the model it was "
-                           "saved from")
+def _check_model(path: str, metadata: dict, shapes: dict[str, tuple[int, ...]]) -> None:
+    """The checkpoint holds exactly the model's parameters with the model's shapes (a
+    collective: a pipeline rank holds only its stage's, so the ranks pool their names)."""
+    problem = None
+    for name, shape in shapes.items():
+        meta = metadata.get(f"model/{name}")
+        if meta is None:
+            problem = (f"checkpoint {path} has no parameter {name!r}: it was saved from "
+                       "another model; resume with the model it was saved from")
+        elif tuple(meta.size) != shape:
+            problem = (f"checkpoint {path}: parameter {name!r} is {list(meta.size)} in the "
+                       f"checkpoint but {list(shape)} in the model: it was saved from another "
+                       "model; resume with the model it was saved from")
+        if problem:
+            break
+    gathered = _gather((problem, sorted(shapes)))
+    _agree(next((p for p, _ in gathered if p), None))
+    known = {n for _, names in gathered for n in names}
+    extra = sorted(k[len("model/"):] for k in metadata
+                   if k.startswith("model/") and k[len("model/"):] not in known)
+    if extra:
+        raise PlannerError(f"checkpoint {path} holds {len(extra)} parameters this model lacks "
+                           f"(e.g. {', '.join(map(repr, extra[:EXAMPLE_NAMES]))}): it was saved "
+                           "from another model; resume with the model it was saved from")

@@ -25,6 +25,7 @@ import torch
 from executors import apply
 from executors.checkpoint import (MARKER, check_checkpoint, complete_steps, latest_checkpoint,
                                   save_checkpoint, load_checkpoint, step_dir)
+from executors.checkpoint_files import file_digest
 from ir.errors import PlannerError
 from ir.plan import uniform_plan
 from ir.strategy import Precision
@@ -130,6 +131,10 @@ def test_save_is_complete_and_resume_same_plan_gives_identical_losses(first_run)
     assert not [n for n in os.listdir(a) if n.startswith(".tmp")]
     marker = check_checkpoint(step_dir(a, 3))
     assert marker["step"] == 3 and marker["world_size"] == 4
+    folder = step_dir(a, 3)
+    assert sorted(marker["files"]) == sorted(n for n in os.listdir(folder) if n != MARKER)
+    for name, entry in marker["files"].items():  # the digest of every file, as saved
+        assert (entry["bytes"], entry["sha256"]) == file_digest(os.path.join(folder, name))
     ref = reference()
     assert close(out[0]["losses"], ref[:3]), (out[0]["losses"], ref[:3])
     for r in out:
