@@ -345,8 +345,10 @@ class StageAnalysis:
     def _fake(self, value):
         if not isinstance(value, torch.Tensor):
             return value
+        # float inputs (pixel values, audio features) meet ANALYSIS_DTYPE weights
+        dtype = ANALYSIS_DTYPE if value.is_floating_point() else value.dtype
         with self.mode:
-            return torch.empty(value.shape, dtype=value.dtype, device=value.device)
+            return torch.empty(value.shape, dtype=dtype, device=value.device)
 
     def prepare(self, inputs: dict) -> dict[str, OutputStructure]:
         """Output structures for one micro-batch of `inputs`; rejects (PlannerError) a

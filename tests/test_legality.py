@@ -47,7 +47,10 @@ def _graph(spec: str, dtype: torch.dtype):
 
 @pytest.mark.parametrize("spec", MODELS)
 def test_top_plans_pass_the_executor_check(spec):
-    model = load_model(spec, device="meta").module  # check_plan only reads the module
+    # as auto_parallel calls it: with example inputs, so pipelines are also checked by
+    # running every stage under fake tensors (`executors.pipeline.StageAnalysis`)
+    loaded = load_model(spec, micro_batch=1, device="cpu", seed=0)
+    model, inputs = loaded.module, loaded.inputs
     rejected = []
     for preset, nodes, per_node, global_batch in CLUSTERS:
         cluster = _cluster(preset, nodes, per_node)
@@ -58,7 +61,7 @@ def test_top_plans_pass_the_executor_check(spec):
         assert result.candidates, f"{spec} on {cluster.name}: no plan"
         for cand in result.candidates[:TOP_K]:
             try:
-                check_plan(model, cand.plan, graph, cluster.world_size)
+                check_plan(model, cand.plan, graph, cluster.world_size, inputs)
             except PlannerError as exc:
                 rejected.append(f"{cluster.name} x{cluster.world_size} {cand.plan}: {exc}")
     assert not rejected, "plans the executor rejects:\n" + "\n".join(rejected)
