@@ -75,8 +75,7 @@ def load_model(spec: str, micro_batch: int = 1, seq_len: int | None = None,
         raise PlannerError(f"--micro-batch must be >= 1, got {micro_batch}")
     if spec.startswith("hf:"):
         return _load_hf(spec[3:], micro_batch, seq_len, device, seed)
-    head = spec.split(":", 1)[0]
-    if ":" in spec and head not in zoo.FAMILIES and "." in head:
+    if is_factory_spec(spec):
         return _load_factory(spec, micro_batch, seq_len, device, seed)
     family, config, name = resolve_config(spec)
     fam = zoo.FAMILIES[family]
@@ -91,6 +90,12 @@ def load_model(spec: str, micro_batch: int = 1, seq_len: int | None = None,
     except ValueError as exc:
         raise PlannerError(f"model {spec!r}: {exc}") from None
     return LoadedModel(name, module, inputs, target, fam.loss_fn, family, config)
+
+
+def is_factory_spec(spec: str) -> bool:
+    """`package.module:function`: code, which only a MODEL the user types may name."""
+    head = spec.split(":", 1)[0]
+    return ":" in spec and not spec.startswith("hf:") and head not in zoo.FAMILIES and "." in head
 
 
 def _load_factory(spec: str, micro_batch: int, seq_len: int | None, device: str,
@@ -332,14 +337,23 @@ def graph_for_plan(doc, spec: str | None = None) -> LayerGraph:
     dtype = getattr(torch, doc.graph_dtype, None)
     if not isinstance(dtype, torch.dtype):
         raise PlannerError(f"plan records an unknown IR dtype {doc.graph_dtype!r}")
-    graph = load_layer_graph(spec or plan_model_spec(doc), doc.graph_micro_batch, doc.seq_len,
+    graph = load_layer_graph(plan_model_spec(doc, spec), doc.graph_micro_batch, doc.seq_len,
                              dtype)
     doc.check_model(graph)
     return graph
 
 
-def plan_model_spec(doc) -> str:
-    """The MODEL argument a plan records (its name in plans written before specs were)."""
+def plan_model_spec(doc, given: str | None = None) -> str:
+    """The MODEL that rebuilds a plan's model: `given` (typed by the user), else the spec
+    the plan records (its name in plans written before specs were). A plan is data: a
+    factory it names is never imported unless the user passes it as MODEL."""
+    if given:
+        return given
+    recorded = doc.model_spec or doc.model_name
+    if is_factory_spec(recorded):
+        raise PlannerError(f"the plan names the factory {recorded!r}, which is code, and a plan "
+                           "file never runs code: pass the factory yourself as the model "
+                           f"(--model {recorded}) if you trust it")
     if doc.model_spec:
         return doc.model_spec
     if doc.model_name.startswith("hf:") or doc.search.get("made_by") == "auto_parallel":

@@ -417,16 +417,17 @@ def losses_match(got: list[float], want: list[float]) -> bool:
 
 def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
                   cluster: str | ClusterSpec | None = None, progress=None,
-                  memory_detail: int = 0) -> ValidationResult:
+                  memory_detail: int = 0, model_spec: str | None = None) -> ValidationResult:
     """Run `plan` on `nproc` local ranks; predicted vs measured memory and time.
     `memory_detail` > 0 lists that many of the largest storages live at each rank's
-    measured peak (CPU tracker only)."""
+    measured peak (CPU tracker only). `model_spec`: the MODEL the user typed (needed for
+    a factory: a plan file never imports one)."""
     say = progress or (lambda _msg: None)
     from planner.models import plan_model_spec
 
     doc = load_plan(plan) if not isinstance(plan, PlanDocument) else plan
     path = plan if isinstance(plan, str) else "<plan>"
-    model = plan_model_spec(doc)  # the MODEL argument that rebuilds it
+    model = plan_model_spec(doc, model_spec)  # the MODEL argument that rebuilds it
     if steps < 1:
         raise PlannerError(f"--steps must be >= 1, got {steps}")
     if nproc != doc.plan.world_size:
@@ -438,7 +439,7 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
     if cluster is not None:
         spec = cluster if isinstance(cluster, ClusterSpec) else get_cluster(cluster)
     say(f"tracing {doc.model_name} (micro-batch {doc.graph_micro_batch}, {doc.graph_dtype})")
-    graph = plan_graph(doc, path)
+    graph = plan_graph(doc, path, model_spec)
     check_plan_matches(graph, doc.plan)  # TP degrees that do not divide: before any rank starts
     peaks, seconds, breakdown, source = predicted_figures(doc, graph, spec)
     slowdown = machine_slowdown(spec or ClusterSpec.from_dict(doc.cluster, "plan cluster"))
@@ -472,7 +473,7 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
         predicted_time=breakdown, prediction_source=source, machine_slowdown=slowdown)
 
 
-def plan_graph(doc: PlanDocument, path: str = "<plan>"):
+def plan_graph(doc: PlanDocument, path: str = "<plan>", model_spec: str | None = None):
     """The layer IR of the plan's model at the plan's shape; a plan made for another
     model (or an older version of this one) is refused, naming both fingerprints."""
     from planner.models import load_layer_graph, plan_model_spec
@@ -481,7 +482,7 @@ def plan_graph(doc: PlanDocument, path: str = "<plan>"):
     if not isinstance(dtype, torch.dtype):
         raise PlannerError(f"plan {path} records an unknown IR dtype {doc.graph_dtype!r}; "
                            "re-create it with `planner plan`")
-    model = plan_model_spec(doc)
+    model = plan_model_spec(doc, model_spec)
     graph = load_layer_graph(model, doc.graph_micro_batch, doc.seq_len, dtype)
     if graph.fingerprint != doc.fingerprint:
         difference = doc.model_difference(graph)
@@ -561,13 +562,15 @@ def calibrate(doc: PlanDocument, graph, spec: ClusterSpec, measured_s: float) ->
 
 
 def write_calibrated(doc: PlanDocument, result: ValidationResult, out: str,
-                     cluster: str | ClusterSpec | None = None) -> ClusterSpec:
+                     cluster: str | ClusterSpec | None = None,
+                     model_spec: str | None = None) -> ClusterSpec:
     """Fit and save atomically (`ClusterSpec.save`); nothing is written when fitting fails."""
     if cluster is None:
         spec = ClusterSpec.from_dict(doc.cluster, "plan cluster")
     else:
         spec = cluster if isinstance(cluster, ClusterSpec) else get_cluster(cluster)
-    fitted = calibrate(doc, plan_graph(doc), spec, result.measured_iteration_seconds)
+    fitted = calibrate(doc, plan_graph(doc, model_spec=model_spec), spec,
+                       result.measured_iteration_seconds)
     directory = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(directory):
         raise PlannerError(f"cannot write {out}: folder {directory} does not exist")

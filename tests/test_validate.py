@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -21,6 +23,7 @@ from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.plan import load_plan
 from planner.cli import main
+from planner.models import is_factory_spec
 from planner.validate import calibrate, losses_match, plan_graph, write_calibrated
 
 MEMORY_TARGET = 0.05
@@ -130,15 +133,51 @@ REBUILT_SPECS = ["hf:tests/data/hf/llama/config.json", "tests.factories:two_laye
 @pytest.mark.parametrize("model", REBUILT_SPECS)
 def test_validate_rebuilds_hf_and_factory_plans_from_the_recorded_spec(model, tmp_path, capsys):
     path = str(tmp_path / "plan.json")
-    # DDP pinned: the search may propose mixed TP/DP plans the executor still refuses.
+    # DDP pinned: the quickest plan to validate
     assert main(["plan", model, "--cluster", "local", "--gpus-per-node", "2", "--global-batch",
                  "4", "--seq-len", "16", "--dp", "2", "--no-pp", "--out", path]) == 0
     assert load_plan(path).model_spec == model
     capsys.readouterr()
-    assert main(["estimate", "--plan", path]) == 0  # no MODEL argument: the plan names it
+    factory = is_factory_spec(model)
+    if factory:  # a plan is data: the factory it names is code the user must pass
+        assert main(["estimate", "--plan", path]) == 2
+        assert "which is code, and a plan file never runs code" in capsys.readouterr().err
+    given = ["--model", model] if factory else []
+    assert main(["estimate", *given[1:], "--plan", path]) == 0  # hf: the plan names it
     assert capsys.readouterr().out.startswith(load_plan(path).model_name + " on local")
-    assert main(["validate", path, "--nproc", "2", "--steps", "1"]) == 0
+    assert main(["validate", path, "--nproc", "2", "--steps", "1", *given]) == 0
     assert "loss matches the single-process reference: yes" in capsys.readouterr().out
+
+
+SENTINEL_FACTORY = """
+import pathlib
+pathlib.Path(__file__).with_name("IMPORTED").write_text("the plan ran code")
+
+def build(micro_batch=1, seq_len=None, device="meta"):
+    raise AssertionError("never called")
+"""
+
+
+@pytest.mark.parametrize("command", [["estimate", "--plan", "plan.json"],
+                                     ["validate", "plan.json", "--nproc", "1"]])
+def test_a_plan_naming_a_factory_never_imports_it(command, plan_file, tmp_path):
+    """Issue 16: `model.spec` in a plan is data. A plan naming `pocpkg.payload:build`,
+    read in the folder that holds `pocpkg/payload.py` (the current directory is
+    importable for typed factories), must not import it."""
+    package = tmp_path / "pocpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "payload.py").write_text(SENTINEL_FACTORY)
+    raw = json.loads(open(plan_file).read())
+    raw["model"]["spec"] = raw["model"]["name"] = "pocpkg.payload:build"
+    (tmp_path / "plan.json").write_text(json.dumps(raw))
+    result = subprocess.run([sys.executable, "-m", "planner.cli", *command], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert result.returncode == 2, result.stderr
+    assert not (package / "IMPORTED").exists(), "the plan file imported its factory"
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pocpkg.payload:build" in lines[0] and "--model" in lines[0]
 
 
 def test_a_plan_without_a_spec_names_what_to_pass(plan_file):

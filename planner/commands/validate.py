@@ -26,6 +26,9 @@ def register(sub) -> None:
                        description=__doc__.split("\n\n")[0])
     p.add_argument("plan", metavar="PLAN.json")
     p.add_argument("--nproc", type=int, required=True, help="processes to run (the plan's world size)")
+    p.add_argument("--model", default=None, metavar="MODEL",
+                   help="rebuild the model from this MODEL instead of the spec the plan "
+                        "records (a factory package.module:function must be given here)")
     p.add_argument("--steps", type=int, default=5, help="timed steps after warm-up (5)")
     p.add_argument("--cluster", default=None,
                    help="re-estimate on this preset or spec JSON instead of the plan's prediction")
@@ -48,11 +51,15 @@ def run(args) -> int:
         raise PlannerError(f"--nproc must be >= 1, got {args.nproc}")
     if args.out and os.path.isdir(args.out):
         raise PlannerError(f"--out {args.out} is a folder: give a file name such as spec.json")
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise PlannerError(f"--out {args.out}: folder {os.path.dirname(os.path.abspath(args.out))} "
+                           "does not exist; create it first (checked before the run)")
     doc = load_plan(args.plan)
     progress = None if args.json else (lambda msg: print(f"... {msg}", file=sys.stderr, flush=True))
     result = validate_plan(args.plan, args.nproc, steps=args.steps, cluster=args.cluster,
-                           progress=progress)
-    fitted = write_calibrated(doc, result, args.out, args.cluster) if args.calibrate else None
+                           progress=progress, model_spec=args.model)
+    fitted = (write_calibrated(doc, result, args.out, args.cluster, args.model)
+              if args.calibrate else None)
     if args.json:
         out = result.to_json()
         if fitted is not None:
