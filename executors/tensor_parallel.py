@@ -24,14 +24,20 @@ along the sequence as a Replicate DTensor (reduce-scatter in backward), and the
 row-parallel linears reduce-scatter their output. The layer's input is split and its
 output gathered by `executors.layout` only where the neighbouring layer is not SP.
 
-Attention modules must infer their local head count from the projections' output
-(`view(B, T, -1, head_dim)`), as the zoo and Hugging Face models do. A layer whose TP
-degree > 1 has no TP candidates (a norm, a position embedding) runs replicated: every rank
-of its TP group computes it on the same rows. `tp_problem` lists what cannot run.
+After the split, each attention module holding column-parallel projections gets its
+LOCAL head counts and head-concatenated sizes (`num_heads`, `embed_dim`, ...; a config it
+reads them from is replaced by the module's own copy), since attention code reshapes with
+them (OPT, BART, Whisper: `view(B, T, self.num_heads, head_dim)`); other layers keep the
+global counts. Parameter-owning modules inside a split parent (Qwen3's per-head q_norm)
+see only their rank's heads: their weights stay replicated and their gradients are summed
+over the TP group (a Partial gradient, reduced by `reduce_partial_grads`). A layer whose
+TP degree > 1 has no TP candidates (a norm, a position embedding) runs replicated: every
+rank of its TP group computes it on the same rows. `tp_problem` lists what cannot run.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 
 import torch
@@ -45,7 +51,14 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, R
 from executors.layout import SEQ_DIM, map_main_input
 from ir.layer import Layer, TPStyle
 from ir.strategy import LayerStrategy
-from ir.tp import FUSED_PROJECTIONS  # [q | k | v], [gate | up]: never split column-wise
+from ir.tp import HEAD_ATTRS, KV_HEAD_ATTRS, head_counts
+
+# Head-concatenated sizes attention code reshapes with next to its head counts (OPT/BART
+# embed_dim, BERT all_head_size, GPT-2/Falcon split_size and hidden_size).
+_LOCAL_SIZE_ATTRS = ("embed_dim", "all_head_size", "split_size", "hidden_size", "inner_dim")
+# Tensor dim a replicated in-region module's input is declared split along: any dim but the
+# one it normalises works, as the declaration only makes its weight gradient Partial.
+_REGION_SPLIT_DIM = 0
 
 
 def _norm_modules(layer: Layer, module: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -84,15 +97,11 @@ def tp_problem(layer: Layer, module: nn.Module, strategy: LayerStrategy,
         return problem
     for cand in layer.tp_candidates:
         sub = module.get_submodule(cand.module) if cand.module else module
-        leaf = cand.module.rsplit(".", 1)[-1]
         want = nn.Embedding if cand.style is TPStyle.VOCAB else nn.Linear
         if not isinstance(sub, want):
             return (f"layer {layer.name}: {cand.module or '(the layer)'} is a "
                     f"{type(sub).__name__}; DTensor {cand.style} parallelism here splits "
                     f"{want.__name__} only; use tp=1 for this layer")
-        if leaf in FUSED_PROJECTIONS and cand.style is TPStyle.COLWISE:
-            return (f"layer {layer.name}: {cand.module} is a fused projection; a column "
-                    f"split would mix heads across ranks; use tp=1 for this layer")
     if uses_sequence_parallel(layer, strategy):
         if seq_len is None or seq_len % tp:
             return (f"layer {layer.name}: sequence parallel needs the sequence length "
@@ -131,7 +140,39 @@ def layer_tp_plan(layer: Layer, module: nn.Module, strategy: LayerStrategy,
     if sp:
         for path, _ in _norm_modules(layer, module):
             plan[path] = SequenceParallel(sequence_dim=SEQ_DIM, use_local_output=True)
+    else:  # replicated weights that see only this rank's heads: sum their gradients
+        split = _parents([c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE])
+        for path, _ in _norm_modules(layer, module):
+            if any(path.startswith(p + ".") for p in split if p):
+                plan[path] = SequenceParallel(sequence_dim=_REGION_SPLIT_DIM,
+                                              use_local_output=True)
     return plan
+
+
+def _local(value, tp: int):
+    """value // tp for a positive int count divisible by tp, else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0 and value % tp == 0:
+        return value // tp
+    return None
+
+
+def localize_heads(attention: nn.Module, tp: int) -> None:
+    """Give a split attention module its local head counts and sizes, on the instance: its
+    own attributes, and a copy of its config (the shared config stays global)."""
+    for name in HEAD_ATTRS + KV_HEAD_ATTRS + _LOCAL_SIZE_ATTRS:
+        local = _local(vars(attention).get(name), tp)
+        if local is not None:
+            setattr(attention, name, local)
+    config = getattr(attention, "config", None)
+    if config is None or isinstance(config, nn.Module):
+        return
+    counts = {k: _local(getattr(config, k, None), tp) for k in HEAD_ATTRS + KV_HEAD_ATTRS}
+    counts = {k: v for k, v in counts.items() if v is not None}
+    if counts:
+        own = copy.copy(config)
+        for key, value in counts.items():
+            setattr(own, key, value)
+        attention.config = own
 
 
 def _gather_sequence_hook(mesh: DeviceMesh):
@@ -210,8 +251,11 @@ def apply_tp(module: nn.Module, layer: Layer, strategy: LayerStrategy, mesh: Dev
         # src_data_rank=None: every rank built the same weights, so each keeps its shard
         # without a scatter from rank 0.
         parallelize_module(module, mesh, plan, src_data_rank=None)
+    colwise = [c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE]
+    for parent in _parents(colwise):
+        if parent and head_counts(module.get_submodule(parent)):  # an attention module
+            localize_heads(module.get_submodule(parent), strategy.tp)
     if uses_sequence_parallel(layer, strategy):
-        colwise = [c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE]
         for parent in _parents(colwise):
             module.get_submodule(parent).register_forward_pre_hook(
                 _gather_sequence_hook(mesh), with_kwargs=True)
