@@ -149,6 +149,17 @@ def layer_tp_plan(layer: Layer, module: nn.Module, strategy: LayerStrategy,
     return plan
 
 
+def _own_output(_module, _args, output):
+    """Forward hook: a row-parallel output as a tensor of its own. DTensor hands back a
+    view made inside an autograd Function, and code that adds into it in place (Falcon's
+    `mlp_output += attention_output`) is refused by autograd; one copy per row-parallel
+    module (2 per block, one activation each) avoids that."""
+    if isinstance(output, torch.Tensor) and not isinstance(output, DTensor) \
+            and output._base is not None:
+        return output.clone()
+    return output
+
+
 def _local(value, tp: int):
     """value // tp for a positive int count divisible by tp, else None."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0 and value % tp == 0:
@@ -251,6 +262,9 @@ def apply_tp(module: nn.Module, layer: Layer, strategy: LayerStrategy, mesh: Dev
         # src_data_rank=None: every rank built the same weights, so each keeps its shard
         # without a scatter from rank 0.
         parallelize_module(module, mesh, plan, src_data_rank=None)
+    for cand in layer.tp_candidates:
+        if cand.style is TPStyle.ROWWISE:
+            module.get_submodule(cand.module).register_forward_hook(_own_output)
     colwise = [c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE]
     for parent in _parents(colwise):
         if parent and head_counts(module.get_submodule(parent)):  # an attention module
