@@ -16,9 +16,9 @@ Where they come from, in order:
      would leave its input unsplit.
 A block counts as tensor-parallel only if it keeps both column- and row-parallel modules.
 
-A TP degree must divide each split feature dimension, the vocab and, per split
-attention module, its query and key/value head counts (named by that module, so a
-refused degree says which module has too few heads).
+A TP degree must divide each split feature dimension, the vocab and the query and
+key/value head counts of each split attention module ("heads", "kv_heads"; a second
+attention module with other counts adds "<its path>.heads").
 
 Fused projections whose rows are [q | k | v] or [gate | up] (GPT-2's Conv1D c_attn,
 Phi-3's qkv_proj / gate_up_proj, multi-query Falcon's query_key_value) are not offered:
@@ -37,7 +37,7 @@ from ir.layer import TPCandidate, TPStyle
 
 _COLWISE = {"q", "k", "v", "q_proj", "k_proj", "v_proj", "query", "key", "value", "wq", "wk",
             "wv", "gate_proj", "up_proj", "w1", "w3", "fc1", "c_fc", "wi", "wi_0", "wi_1",
-            "fc_in", "dense_h_to_4h", "up", "w_gate", "w_up"}
+            "fc_in", "dense_h_to_4h", "gate", "up", "w_gate", "w_up"}
 # Projections that pack several column-parallel outputs into one weight (see above).
 FUSED_PROJECTIONS = frozenset({"qkv", "c_attn", "wqkv", "query_key_value", "qkv_proj",
                                "gate_up_proj", "in_proj"})
@@ -183,7 +183,8 @@ def tp_analysis(layer_module: nn.Module, *, in_block: bool, vocab_rows: int | No
                 n_out if style is TPStyle.COLWISE else n_in)
         for parent in sorted({_parent(c.module) for c in candidates}):
             for kind, value in head_counts(layer_module.get_submodule(parent)).items():
-                divisors[f"{parent}.{kind}" if parent else kind] = value
+                if divisors.setdefault(kind, value) != value:  # a second, different count
+                    divisors[f"{parent}.{kind}"] = value
     else:
         for path, sub in layer_module.named_modules():
             if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and sub.num_embeddings == vocab_rows:

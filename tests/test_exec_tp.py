@@ -64,7 +64,7 @@ CASES = [
     Case("opt-global-heads", "opt", refused=f"layer {BROKEN_LAYER}: its tensor-parallel "
          "run (tp=2) fails", break_heads="global"),
     Case("llama", "llama"),
-    Case("gemma", "gemma", refused="does not divide self_attn.kv_heads=1"),
+    Case("gemma", "gemma", refused="tp=2 does not divide kv_heads=1"),
     Case("qwen3", "qwen3"),
     Case("qwen3-sp", "qwen3", sequence_parallel=True),
     Case("gpt2", "gpt2"),  # fused Conv1D c_attn: blocks replicated, embedding/head split
