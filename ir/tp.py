@@ -14,7 +14,9 @@ Where they come from, in order:
      a parent module holding a projection that no name explains (a fused q|k|v, a Conv1D,
      MLA's low-rank q_a_proj) is left whole, since splitting only its output projection
      would leave its input unsplit.
-A block counts as tensor-parallel only if it keeps both column- and row-parallel modules.
+Either way, an attention module that takes a per-head bias from outside (T5's
+position_bias, ALiBi) or holds a head-sized table (T5's relative_attention_bias) is left
+whole: that bias has a row per global head. A block counts as tensor-parallel only if it keeps both column- and row-parallel modules.
 
 A TP degree must divide each split feature dimension, the vocab and the query and
 key/value head counts of each split attention module ("heads", "kv_heads"; a second
@@ -30,6 +32,7 @@ query_key_value is offered (its own plan says colwise): its rows are per-head
 from __future__ import annotations
 
 import fnmatch
+import inspect
 
 from torch import nn
 
@@ -47,6 +50,10 @@ _ROWWISE = {"o", "o_proj", "out_proj", "c_proj", "wo", "w2", "fc2", "down_proj",
 # instance's own, else its config's); the executor sets the local counts on the instance.
 HEAD_ATTRS = ("num_heads", "n_head", "n_heads", "num_attention_heads", "nhead", "n_heads_q")
 KV_HEAD_ATTRS = ("num_key_value_heads", "n_kv_heads", "kv_heads", "num_kv_heads", "n_kv_head")
+# forward() parameters that bring an additive attention bias computed outside the module
+# with one row per GLOBAL head (T5's position_bias, ALiBi): its heads cannot be split.
+_HEAD_BIAS_ARGS = frozenset({"bias", "position_bias", "alibi", "attn_bias",
+                             "relative_position_bias"})
 # Hugging Face plan styles that are a plain DTensor Colwise/Rowwise split of an nn.Linear.
 _HF_STYLES = {"colwise": TPStyle.COLWISE, "rowwise": TPStyle.ROWWISE}
 # Hugging Face plan styles that keep a module whole (replicated) and need nothing split.
@@ -97,6 +104,30 @@ def model_tp_plan(layer_module: nn.Module) -> dict[str, str] | None:
         if isinstance(plan, dict) and plan:
             return plan
     return None
+
+
+def _takes_head_bias(module: nn.Module) -> bool:
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return bool(_HEAD_BIAS_ARGS & set(params))
+
+
+def _whole_parents(layer_module: nn.Module, parents: set[str]) -> set[str]:
+    """Parents that must stay whole although their projections are explained: they hold
+    a parameter module that is neither a projection nor a norm (T5's relative-position
+    table, sized by the global head count), or take a per-head bias from outside."""
+    whole = set()
+    for parent in parents:
+        module = layer_module.get_submodule(parent) if parent else layer_module
+        if parent and _takes_head_bias(module):
+            whole.add(parent)
+        for _, child in module.named_children():
+            owns = any(True for _ in child.parameters(recurse=False))
+            if owns and not _is_projection(child) and "norm" not in type(child).__name__.lower():
+                whole.add(parent)
+    return whole
 
 
 def _styles_from_plan(layer_module: nn.Module, plan: dict[str, str]) -> dict[str, TPStyle]:
@@ -171,6 +202,8 @@ def tp_analysis(layer_module: nn.Module, *, in_block: bool, vocab_rows: int | No
         plan = model_tp_plan(layer_module)
         styles = (_styles_from_plan(layer_module, plan) if plan is not None
                   else _styles_by_name(layer_module))
+        whole = _whole_parents(layer_module, {_parent(p) for p in styles})
+        styles = {p: s for p, s in styles.items() if _parent(p) not in whole}
         if set(styles.values()) != {TPStyle.COLWISE, TPStyle.ROWWISE}:
             return (), ()
         for path, sub in layer_module.named_modules():
