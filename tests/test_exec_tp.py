@@ -22,7 +22,7 @@ from ir.errors import PlannerError
 from ir.plan import uniform_plan
 from ir.strategy import Precision
 from planner.models import load_layer_graph, load_model
-from test_exec_plans import assert_params_match, optimizer_kwargs, zero_dropout
+from test_exec_plans import assert_params_match, optimizer_kwargs
 
 from dist_utils import spawn, train_one_device
 
@@ -75,6 +75,18 @@ CASES = [
     Case("mixtral", "mixtral"),  # attention split; routed experts replicated
     Case("deepseek_v3", "deepseek_v3"),  # MLA attention whole; dense/shared MLP split
 ]
+
+
+def zero_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """No dropout anywhere: nn.Dropout modules and the float rates HF code passes to
+    F.dropout (BART, Whisper: `self.dropout`, `self.activation_dropout`, layerdrop)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in vars(module).items():
+            if ("dropout" in name or "layerdrop" in name) and isinstance(value, float):
+                setattr(module, name, 0.0)
+    return model
 
 
 def build(arch: str):
