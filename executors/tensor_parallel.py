@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
@@ -140,13 +140,43 @@ def layer_tp_plan(layer: Layer, module: nn.Module, strategy: LayerStrategy,
     if sp:
         for path, _ in _norm_modules(layer, module):
             plan[path] = SequenceParallel(sequence_dim=SEQ_DIM, use_local_output=True)
-    else:  # replicated weights that see only this rank's heads: sum their gradients
+    else:  # replicated weights inside a split attention / MLP: sum their gradients
         split = _parents([c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE])
-        for path, _ in _norm_modules(layer, module):
-            if any(path.startswith(p + ".") for p in split if p):
+        for path, sub in _norm_modules(layer, module):
+            if not any(path.startswith(p + ".") for p in split if p):
+                continue
+            if isinstance(sub, nn.Linear):  # MQA's one key/value head, fed the whole input
+                plan[path] = SharedProjection()
+            else:  # a per-head norm (Qwen3 q_norm) fed this rank's heads
                 plan[path] = SequenceParallel(sequence_dim=_REGION_SPLIT_DIM,
                                               use_local_output=True)
     return plan
+
+
+class SharedProjection(ParallelStyle):
+    """A projection kept whole on every rank of a split attention (multi-query attention's
+    one key/value head). Its input is the replicated hidden state; each rank's query heads
+    use its output, so the output's gradient is a partial sum: declared Partial, it makes
+    the weight gradient Partial (summed by `reduce_partial_grads`) and the input gradient
+    all-reduced where the input entered as Replicate."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def replicate_params(_name, mod, mesh):
+            for name, param in list(mod.named_parameters(recurse=False)):
+                mod.register_parameter(name, nn.Parameter(
+                    DTensor.from_local(param, mesh, [Replicate()], run_check=False)))
+
+        def replicated_input(_mod, inputs, mesh):
+            x = inputs[0]
+            if not isinstance(x, DTensor):
+                x = DTensor.from_local(x, mesh, (Replicate(),), run_check=False)
+            return (x, *inputs[1:])
+
+        def partial_grad_output(_mod, output, _mesh):
+            return output.to_local(grad_placements=(Partial(),))
+
+        return distribute_module(module, device_mesh, replicate_params, replicated_input,
+                                 partial_grad_output)
 
 
 def _own_output(_module, _args, output):
@@ -170,20 +200,24 @@ def _local(value, tp: int):
 def localize_heads(attention: nn.Module, tp: int) -> None:
     """Give a split attention module its local head counts and sizes, on the instance: its
     own attributes, and a copy of its config (the shared config stays global)."""
+    kv_split = any(_local(vars(attention).get(k), tp) for k in KV_HEAD_ATTRS)
+    config = getattr(attention, "config", None)
+    if config is not None and not isinstance(config, nn.Module):
+        counts = {k: _local(getattr(config, k, None), tp) for k in HEAD_ATTRS + KV_HEAD_ATTRS}
+        counts = {k: v for k, v in counts.items() if v is not None}
+        kv_split = kv_split or any(k in counts for k in KV_HEAD_ATTRS)
+        if counts:
+            own = copy.copy(config)
+            for key, value in counts.items():
+                setattr(own, key, value)
+            attention.config = own
     for name in HEAD_ATTRS + KV_HEAD_ATTRS + _LOCAL_SIZE_ATTRS:
         local = _local(vars(attention).get(name), tp)
         if local is not None:
             setattr(attention, name, local)
-    config = getattr(attention, "config", None)
-    if config is None or isinstance(config, nn.Module):
-        return
-    counts = {k: _local(getattr(config, k, None), tp) for k in HEAD_ATTRS + KV_HEAD_ATTRS}
-    counts = {k: v for k, v in counts.items() if v is not None}
-    if counts:
-        own = copy.copy(config)
-        for key, value in counts.items():
-            setattr(own, key, value)
-        attention.config = own
+    groups = _local(vars(attention).get("num_key_value_groups"), tp)
+    if groups is not None and not kv_split:  # whole KV heads: fewer query heads per KV head
+        attention.num_key_value_groups = groups
 
 
 def _gather_sequence_hook(mesh: DeviceMesh):

@@ -14,7 +14,9 @@ Where they come from, in order:
      a parent module holding a projection that no name explains (a fused q|k|v, a Conv1D,
      MLA's low-rank q_a_proj) is left whole, since splitting only its output projection
      would leave its input unsplit.
-Either way, an attention module that takes a per-head bias from outside (T5's
+Under multi-query attention (one key/value head: Gemma-2B) the key and value projections
+are not split: each rank keeps them whole and the TP degree need only divide the query
+heads. Either way, an attention module that takes a per-head bias from outside (T5's
 position_bias, ALiBi) or holds a head-sized table (T5's relative_attention_bias) is left
 whole: that bias has a row per global head. A block counts as tensor-parallel only if it keeps both column- and row-parallel modules.
 
@@ -46,6 +48,8 @@ FUSED_PROJECTIONS = frozenset({"qkv", "c_attn", "wqkv", "query_key_value", "qkv_
                                "gate_up_proj", "in_proj"})
 _ROWWISE = {"o", "o_proj", "out_proj", "c_proj", "wo", "w2", "fc2", "down_proj", "fc_out",
             "dense_4h_to_h", "down", "proj", "w_down", "out"}
+# Key / value projections, kept whole under multi-query attention (one KV head).
+_KV_NAMES = {"k_proj", "v_proj", "key", "value", "k", "v", "wk", "wv"}
 # Attributes holding an attention module's query / key-value head counts (the module
 # instance's own, else its config's); the executor sets the local counts on the instance.
 HEAD_ATTRS = ("num_heads", "n_head", "n_heads", "num_attention_heads", "nhead", "n_heads_q")
@@ -130,6 +134,17 @@ def _whole_parents(layer_module: nn.Module, parents: set[str]) -> set[str]:
     return whole
 
 
+def _multi_query_parents(layer_module: nn.Module, styles: dict[str, TPStyle]) -> set[str]:
+    """Attention modules with ONE key/value head (multi-query, Gemma-2B): their key and
+    value projections stay whole on every rank (`KEY_VALUE_NAMES`), the query heads split."""
+    out = set()
+    for parent in {_parent(p) for p, s in styles.items() if s is TPStyle.COLWISE}:
+        counts = head_counts(layer_module.get_submodule(parent)) if parent else {}
+        if counts.get("kv_heads") == 1 and counts.get("heads", 1) > 1:
+            out.add(parent)
+    return out
+
+
 def _styles_from_plan(layer_module: nn.Module, plan: dict[str, str]) -> dict[str, TPStyle]:
     """path -> style from a model plan; keys are relative to the base model, e.g.
     "layers.*.self_attn.q_proj": the part after the layer index is the path in a layer."""
@@ -204,6 +219,9 @@ def tp_analysis(layer_module: nn.Module, *, in_block: bool, vocab_rows: int | No
                   else _styles_by_name(layer_module))
         whole = _whole_parents(layer_module, {_parent(p) for p in styles})
         styles = {p: s for p, s in styles.items() if _parent(p) not in whole}
+        shared_kv = _multi_query_parents(layer_module, styles)
+        styles = {p: s for p, s in styles.items()
+                  if not (_parent(p) in shared_kv and p.rsplit(".", 1)[-1] in _KV_NAMES)}
         if set(styles.values()) != {TPStyle.COLWISE, TPStyle.ROWWISE}:
             return (), ()
         for path, sub in layer_module.named_modules():
@@ -216,6 +234,8 @@ def tp_analysis(layer_module: nn.Module, *, in_block: bool, vocab_rows: int | No
                 n_out if style is TPStyle.COLWISE else n_in)
         for parent in sorted({_parent(c.module) for c in candidates}):
             for kind, value in head_counts(layer_module.get_submodule(parent)).items():
+                if kind == "kv_heads" and parent in shared_kv:
+                    continue  # one key/value head, whole on every rank
                 if divisors.setdefault(kind, value) != value:  # a second, different count
                     divisors[f"{parent}.{kind}"] = value
     else:

@@ -64,7 +64,9 @@ CASES = [
     Case("opt-global-heads", "opt", refused=f"layer {BROKEN_LAYER}: its tensor-parallel "
          "run (tp=2) fails", break_heads="global"),
     Case("llama", "llama"),
-    Case("gemma", "gemma", refused="tp=2 does not divide kv_heads=1"),
+    Case("gemma", "gemma"),  # one KV head: k/v whole on both ranks, gradients summed
+    Case("gemma-sp", "gemma", sequence_parallel=True,
+         refused="self_attn.k_proj (Linear) is not a normalization"),
     Case("qwen3", "qwen3"),
     Case("qwen3-sp", "qwen3", sequence_parallel=True),
     Case("gpt2", "gpt2"),  # fused Conv1D c_attn: blocks replicated, embedding/head split
