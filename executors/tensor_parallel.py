@@ -30,7 +30,8 @@ reads them from is replaced by the module's own copy), since attention code resh
 them (OPT, BART, Whisper: `view(B, T, self.num_heads, head_dim)`); other layers keep the
 global counts. Parameter-owning modules inside a split parent (Qwen3's per-head q_norm)
 see only their rank's heads: their weights stay replicated and their gradients are summed
-over the TP group (a Partial gradient, reduced by `reduce_partial_grads`). A layer whose
+over the TP group (a Partial gradient, reduced by `reduce_partial_grads`); so are the
+key/value projections multi-query attention keeps whole (`SharedProjection`). A layer whose
 TP degree > 1 has no TP candidates (a norm, a position embedding) runs replicated: every
 rank of its TP group computes it on the same rows. `tp_problem` lists what cannot run.
 """
@@ -107,7 +108,8 @@ def tp_problem(layer: Layer, module: nn.Module, strategy: LayerStrategy,
             return (f"layer {layer.name}: sequence parallel needs the sequence length "
                     f"({seq_len}) divisible by tp={tp}")
         for path, sub in _norm_modules(layer, module):
-            if "norm" not in type(sub).__name__.lower():
+            if "norm" not in type(sub).__name__.lower() and not _shared_projection(
+                    layer, path, sub):
                 return (f"layer {layer.name}: sequence parallel runs every non-TP module "
                         f"on a sequence chunk, but {path} ({type(sub).__name__}) is not a "
                         "normalization; turn sequence_parallel off for this layer")
@@ -137,20 +139,26 @@ def layer_tp_plan(layer: Layer, module: nn.Module, strategy: LayerStrategy,
             plan[cand.module] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
         elif cand.style is TPStyle.HEAD:
             plan[cand.module] = ColwiseParallel(output_layouts=Replicate())
-    if sp:
-        for path, _ in _norm_modules(layer, module):
+    for path, sub in _norm_modules(layer, module):
+        if _shared_projection(layer, path, sub):  # MQA's one key/value head
+            plan[path] = SharedProjection()
+        elif sp:  # norms run on the sequence chunk
             plan[path] = SequenceParallel(sequence_dim=SEQ_DIM, use_local_output=True)
-    else:  # replicated weights inside a split attention / MLP: sum their gradients
-        split = _parents([c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE])
-        for path, sub in _norm_modules(layer, module):
-            if not any(path.startswith(p + ".") for p in split if p):
-                continue
-            if isinstance(sub, nn.Linear):  # MQA's one key/value head, fed the whole input
-                plan[path] = SharedProjection()
-            else:  # a per-head norm (Qwen3 q_norm) fed this rank's heads
-                plan[path] = SequenceParallel(sequence_dim=_REGION_SPLIT_DIM,
-                                              use_local_output=True)
+        elif _in_split_parent(layer, path):  # a per-head norm (Qwen3 q_norm), this rank's heads
+            plan[path] = SequenceParallel(sequence_dim=_REGION_SPLIT_DIM, use_local_output=True)
     return plan
+
+
+def _in_split_parent(layer: Layer, path: str) -> bool:
+    """`path` sits inside a module whose column-parallel projections are split (not the
+    layer itself): it sees this rank's heads / features only."""
+    split = _parents([c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE])
+    return any(path.startswith(p + ".") for p in split if p)
+
+
+def _shared_projection(layer: Layer, path: str, sub: nn.Module) -> bool:
+    """A Linear left whole inside a split attention: multi-query attention's key/value."""
+    return isinstance(sub, nn.Linear) and _in_split_parent(layer, path)
 
 
 class SharedProjection(ParallelStyle):
