@@ -26,8 +26,6 @@ from test_exec_plans import assert_params_match, optimizer_kwargs
 
 from dist_utils import spawn, train_one_device
 
-pytestmark = [pytest.mark.multiprocess]
-
 # the module, not the `apply` function `executors` re-exports under the same name
 apply_module = importlib.import_module("executors.apply")
 
@@ -53,6 +51,8 @@ class Case:
     # BROKEN_LAYER's attention after the split: "global" gets the global head count back
     # (it then fails to run), "merge" runs its local heads as one (silently wrong)
     break_heads: str | None = None
+    self_check: bool = True
+    differs: bool = False  # the run must NOT match one device (a broken, unchecked split)
 
 
 CASES = [
@@ -61,6 +61,9 @@ CASES = [
          refused="sequence parallel gathers the input of the module holding"),
     Case("opt-merged-heads", "opt", refused=f"layer {BROKEN_LAYER}: its tensor-parallel "
          "run (tp=2) differs from the unsplit layer by up to", break_heads="merge"),
+    # the same break without the self-check trains silently wrong: what the check is for
+    Case("opt-merged-heads-unchecked", "opt", break_heads="merge", self_check=False,
+         differs=True),
     Case("opt-global-heads", "opt", refused=f"layer {BROKEN_LAYER}: its tensor-parallel "
          "run (tp=2) fails", break_heads="global"),
     Case("llama", "llama"),
@@ -138,7 +141,8 @@ def run_cases(rank: int, world_size: int, payload: list) -> dict:
                                  if case.break_heads else real_apply_tp)
         try:
             pm = apply(model, plan, graph, loss_fn=loss_fn, optimizer=torch.optim.AdamW,
-                       optimizer_kwargs=optimizer_kwargs(), example_inputs=batches[0][0])
+                       optimizer_kwargs=optimizer_kwargs(), example_inputs=batches[0][0],
+                       tp_self_check=case.self_check)
         except PlannerError as exc:  # every rank reaches the same verdict: no hang
             results[case.name] = {"error": str(exc)}
             continue
@@ -162,6 +166,7 @@ def results() -> dict:
     return spawn(run_cases, TP, payload, timeout_s=240)[0]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_tp_matches_one_device_or_is_refused(case: Case):
@@ -173,9 +178,47 @@ def test_tp_matches_one_device_or_is_refused(case: Case):
         return
     assert "error" not in got, got.get("error")
     ref_losses, ref_state = reference(case.arch)
+    if case.differs:
+        worst = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref_losses))
+        assert worst > RTOL, f"{case.name} matched one device; the break did nothing"
+        return
     torch.testing.assert_close(torch.tensor(got["losses"], dtype=torch.float64),
                                torch.tensor(ref_losses, dtype=torch.float64),
                                rtol=RTOL, atol=0.0, msg=lambda m: f"losses: {m}")
     for name, expected in ref_state.items():
         assert name in got["state"], f"{name} missing from the executed model"
         assert_params_match(name, got["state"][name], expected)
+
+
+# ----------------------------------------------------------------------------- candidates
+
+
+def candidates(arch: str, layer: str) -> set[str]:
+    return {str(c) for c in graph_of(arch).layer(layer).tp_candidates}
+
+
+def test_candidates_follow_what_really_splits():
+    """The IR offers only splits the executor runs right (pure logic, no ranks)."""
+    # the model's own plan: MLA attention (q_a_proj, kv_b_proj, ...) is not in it
+    assert candidates("deepseek_v3", "model.layers.0") == {
+        "mlp.gate_proj:colwise", "mlp.up_proj:colwise", "mlp.down_proj:rowwise"}
+    # packed MoE experts and the router stay whole; the attention splits
+    assert candidates("mixtral", "model.layers.0") == {
+        "self_attn.q_proj:colwise", "self_attn.k_proj:colwise", "self_attn.v_proj:colwise",
+        "self_attn.o_proj:rowwise"}
+    # fused [q|k|v] / [gate|up] projections: no split at all
+    assert candidates("phi3", "model.layers.0") == set()
+    assert candidates("gpt2", "transformer.h.0") == set()
+    # multi-query Falcon: the attention (fused q|k|v, one KV head) stays whole
+    assert candidates("falcon", "transformer.h.0") == {
+        "mlp.dense_h_to_4h:colwise", "mlp.dense_4h_to_h:rowwise"}
+    # GPT-NeoX's query_key_value is per-head [q_h k_h v_h]: its own plan splits it
+    assert "attention.query_key_value:colwise" in candidates("gpt_neox", "gpt_neox.layers.0")
+    # one KV head: k/v whole (not candidates), the degree divides the query heads only
+    gemma = graph_of("gemma").layer("model.layers.0")
+    assert "self_attn.k_proj:colwise" not in {str(c) for c in gemma.tp_candidates}
+    assert "kv_heads" not in dict(gemma.tp_divisors)
+    assert gemma.tp_degree_allowed(4) and "heads=4" in gemma.tp_violation(8)
+    # T5: the attention takes a position bias with a row per global head
+    assert candidates("t5", "encoder.block.1") == {
+        "layer.1.DenseReluDense.wi:colwise", "layer.1.DenseReluDense.wo:rowwise"}
