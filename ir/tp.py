@@ -145,6 +145,20 @@ def _multi_query_parents(layer_module: nn.Module, styles: dict[str, TPStyle]) ->
     return out
 
 
+def _unsplit_projections(layer_module: nn.Module, styles: dict[str, TPStyle],
+                         shared_kv: set[str]) -> set[str]:
+    """Split parents that would still hold a projection left whole (one the model's plan
+    does not list): only multi-query key/value may stay whole inside a split attention."""
+    out = set()
+    for parent in {_parent(p) for p in styles if _parent(p)}:
+        for name, child in layer_module.get_submodule(parent).named_children():
+            path = f"{parent}.{name}"
+            kv = parent in shared_kv and name in _KV_NAMES
+            if _is_projection(child) and path not in styles and not kv:
+                out.add(parent)
+    return out
+
+
 def _styles_from_plan(layer_module: nn.Module, plan: dict[str, str]) -> dict[str, TPStyle]:
     """path -> style from a model plan; keys are relative to the base model, e.g.
     "layers.*.self_attn.q_proj": the part after the layer index is the path in a layer."""
@@ -222,6 +236,8 @@ def tp_analysis(layer_module: nn.Module, *, in_block: bool, vocab_rows: int | No
         shared_kv = _multi_query_parents(layer_module, styles)
         styles = {p: s for p, s in styles.items()
                   if not (_parent(p) in shared_kv and p.rsplit(".", 1)[-1] in _KV_NAMES)}
+        whole = _unsplit_projections(layer_module, styles, shared_kv)
+        styles = {p: s for p, s in styles.items() if _parent(p) not in whole}
         if set(styles.values()) != {TPStyle.COLWISE, TPStyle.ROWWISE}:
             return (), ()
         for path, sub in layer_module.named_modules():
