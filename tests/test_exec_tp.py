@@ -1,6 +1,7 @@
 """Tensor parallelism on real Hugging Face attention code (tiny configs, random init).
 
-Each entry splits a model with TP 2 over 2 gloo ranks (one spawn runs them all) and must
+Each entry splits a model with TP 2 over 2 gloo ranks, or 4 with a data-parallel pair
+(one spawn per world size runs all its entries), and must
 either equal single-device training over STEPS AdamW steps (fp32, the tolerances of
 `test_exec_plans`), or be refused before the first step with a one-line PlannerError
 whose text the entry names. One entry breaks a split on purpose (after `apply_tp`, one
@@ -52,6 +53,8 @@ class Case:
     # (it then fails to run), "merge" runs its local heads as one (silently wrong)
     break_heads: str | None = None
     self_check: bool = True
+    dp: int = 1  # > 1: 2·dp ranks, each TP pair a data-parallel replica (ZeRO stage `zero`)
+    zero: int = 0
     differs: bool = False  # the run must NOT match one device (a broken, unchecked split)
 
 
@@ -76,6 +79,10 @@ CASES = [
     Case("gpt_neox", "gpt_neox"),
     Case("falcon", "falcon"),  # multi-query fused query_key_value: MLP split only
     Case("whisper", "whisper"),
+    # TP inside FSDP / DDP replicas: replicated k/v, per-head norms, in-place adds
+    Case("gemma-dp2-zero3", "gemma", dp=2, zero=3),
+    Case("qwen3-sp-dp2-zero2", "qwen3", sequence_parallel=True, dp=2, zero=2),
+    Case("falcon-dp2", "falcon", dp=2),
     Case("mixtral", "mixtral"),  # attention split; routed experts replicated
     Case("mixtral-sp", "mixtral", sequence_parallel=True,  # the router would see a chunk
          refused="but mlp.gate (MixtralTopKRouter) is not a normalization"),
@@ -155,22 +162,24 @@ def run_cases(rank: int, world_size: int, payload: list) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def results() -> dict:
+def results(world: int) -> dict:
     payload = []
     for case in CASES:
+        if TP * case.dp != world:
+            continue
         graph = graph_of(case.arch)
         plan = uniform_plan(len(graph.layers), global_batch=GLOBAL_BATCH,
-                            precision=Precision.FP32, tp=TP,
+                            precision=Precision.FP32, tp=TP, dp=case.dp, zero=case.zero,
                             sequence_parallel=case.sequence_parallel)
         payload.append((case, plan, graph, batches_of(case.arch)))
-    return spawn(run_cases, TP, payload, timeout_s=240)[0]
+    return spawn(run_cases, world, payload, timeout_s=240)[0]
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_tp_matches_one_device_or_is_refused(case: Case):
-    got = results()[case.name]
+    got = results(TP * case.dp)[case.name]
     if case.refused is not None:
         assert "error" in got, f"{case.name} ran; it should be refused ({case.refused})"
         assert case.refused in got["error"], got["error"]
