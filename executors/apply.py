@@ -8,9 +8,11 @@ fixed (torchtitan's: TP -> AC -> FSDP, embeddings/blocks/head one unit each, roo
     1. Meshes              one (pp, dp, tp) DeviceMesh per TP degree, TP innermost
     2. untie               each layer its own copy of shared weights (`executors.tied`)
     3. build_stage_module  this rank's pipeline stage(s): the model, other stages' layers
-                           stood in for (`executors.pipeline`)
+                           stood in for (`executors.pipeline`); TPSelfCheck.record runs
+                           the whole model once before (`executors.tp_check`)
     per stage module, per layer in order:
-    4. apply_tp            DTensor TP / SP styles on the layer's TP mesh
+    4. apply_tp            DTensor TP / SP styles on the layer's TP mesh; then the
+                           self-check runs each split layer against its record
     5. re-layouts          hooks where neighbouring layers lay activations out differently
     6. apply_ac            activation checkpointing of the layer
     7. apply_dp            fully_shard / replicate on the layer's DP mesh; then the root
@@ -41,6 +43,7 @@ from executors.pipeline import (StageAnalysis, build_schedule, build_stage_modul
                                 stage_layers)
 from executors.runtime import ParallelModel, loss_weight as default_loss_weight
 from executors.tensor_parallel import apply_tp, is_loss_parallel_head
+from executors.tp_check import TPSelfCheck
 from executors.tied import TiedGradients, find_tie_groups, untie
 from executors.validate import check_plan, layer_layout
 from ir.errors import PlannerError
@@ -62,7 +65,7 @@ def _layer_module(stage_module: nn.Module, name: str) -> nn.Module:
 
 def _parallelize_stage(module: nn.Module, layers: list[int], plan: ParallelPlan,
                        graph: LayerGraph, meshes: Meshes, incoming, is_last: bool,
-                       zero1: list, loss_parallel: bool) -> None:
+                       zero1: list, loss_parallel: bool, tp_check: TPSelfCheck) -> None:
     """Steps 4-7 for one stage module holding `layers` (in order)."""
     strategies = plan.layer_strategies
     # 4. tensor / sequence parallel
@@ -70,6 +73,7 @@ def _parallelize_stage(module: nn.Module, layers: list[int], plan: ParallelPlan,
         apply_tp(_layer_module(module, graph.layers[j].name), graph.layers[j], strategies[j],
                  meshes.tp_mesh(strategies[j].tp),
                  loss_parallel=loss_parallel and j == len(graph.layers) - 1)
+    tp_check.check(module, layers, plan, graph, meshes, _layer_module)
     # 5. re-layouts: each layer converts its input from the layout of the one before it
     for j in layers:
         layout = layer_layout(plan, graph, j)
@@ -102,7 +106,7 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
           optimizer: type[torch.optim.Optimizer] | None = None,
           optimizer_kwargs: dict[str, Any] | None = None,
           example_inputs: dict | None = None, loss_parallel: bool = True,
-          loss_weight: Callable | None = None) -> ParallelModel:
+          loss_weight: Callable | None = None, tp_self_check: bool = True) -> ParallelModel:
     """Shard `model` as `plan` says on this rank; see the module docstring for the order.
     `model` is changed in place (moved to `device`, pruned to this rank's stage, its
     modules replaced by DTensor / FSDP versions); use `ParallelModel.module` afterwards.
@@ -115,6 +119,8 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     loss_weight: target -> how many elements `loss_fn` averages over (default
     `executors.runtime.loss_weight`: integer targets count entries != -100, others all
     elements); each micro-batch's loss is weighted by its share of the global count.
+    tp_self_check: run each tensor-parallel layer once split and unsplit on the first
+    rows of `example_inputs` and refuse a split that differs (`executors.tp_check`).
     """
     if not dist.is_initialized():
         raise PlannerError("executors.apply needs an initialised process group: run under "
@@ -131,15 +137,19 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     # 2. shared weights
     ties = find_tie_groups(model, graph)
     untie(model, ties)
-    # 3. pipeline stages held by this rank
+    # 3. pipeline stages held by this rank; the TP self-check records the whole model first
     analysis = None
     if plan.pp == 1:
         stage_ids: list[int | None] = [None]
         layer_sets = [list(range(len(graph.layers)))]
-        modules = [model]
     else:
         stage_ids = list(rank_stages(plan, meshes.pp_rank))
         layer_sets = [stage_layers(plan, s) for s in stage_ids]
+    tp_check = TPSelfCheck.record(model, plan, graph, example_inputs, len(layer_sets),
+                                  enabled=tp_self_check)
+    if plan.pp == 1:
+        modules = [model]
+    else:
         analysis = StageAnalysis(model, graph, plan)  # a fake copy, before any stand-in
         modules = [build_stage_module(model, graph, plan, s, make_copy=len(stage_ids) > 1,
                                       analysis=analysis) for s in stage_ids]
@@ -156,7 +166,7 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
             incoming = layer_layout(plan, graph, first - 1)  # what the previous stage sent
         _parallelize_stage(module, layers, plan, graph, meshes, incoming,
                            is_last=layers[-1] == last, zero1=zero1,
-                           loss_parallel=loss_parallel)
+                           loss_parallel=loss_parallel, tp_check=tp_check)
     # 8. tied copies
     layer_stage = [plan.stage_of(j) for j in range(len(graph.layers))]
     by_layer = {j: module for module, layers in zip(modules, layer_sets) for j in layers}

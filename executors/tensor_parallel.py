@@ -24,21 +24,28 @@ along the sequence as a Replicate DTensor (reduce-scatter in backward), and the
 row-parallel linears reduce-scatter their output. The layer's input is split and its
 output gathered by `executors.layout` only where the neighbouring layer is not SP.
 
-Attention modules must infer their local head count from the projections' output
-(`view(B, T, -1, head_dim)`), as the zoo and Hugging Face models do. A layer whose TP
-degree > 1 has no TP candidates (a norm, a position embedding) runs replicated: every rank
-of its TP group computes it on the same rows. `tp_problem` lists what cannot run.
+After the split, each attention module holding column-parallel projections gets its
+LOCAL head counts and head-concatenated sizes (`num_heads`, `embed_dim`, ...; a config it
+reads them from is replaced by the module's own copy), since attention code reshapes with
+them (OPT, BART, Whisper: `view(B, T, self.num_heads, head_dim)`); other layers keep the
+global counts. Parameter-owning modules inside a split parent (Qwen3's per-head q_norm)
+see only their rank's heads: their weights stay replicated and their gradients are summed
+over the TP group (a Partial gradient, reduced by `reduce_partial_grads`); so are the
+key/value projections multi-query attention keeps whole (`SharedProjection`). A layer whose
+TP degree > 1 has no TP candidates (a norm, a position embedding) runs replicated: every
+rank of its TP group computes it on the same rows. `tp_problem` lists what cannot run.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
@@ -46,7 +53,14 @@ from executors.layout import SEQ_DIM, map_main_input
 from ir.layer import Layer, TPStyle
 from ir.legality import is_tp_block, sequence_parallel_applies, sequence_parallel_problem
 from ir.strategy import LayerStrategy
-from ir.tp import FUSED_PROJECTIONS  # [q | k | v], [gate | up]: never split column-wise
+from ir.tp import HEAD_ATTRS, KV_HEAD_ATTRS, head_counts
+
+# Head-concatenated sizes attention code reshapes with next to its head counts (OPT/BART
+# embed_dim, BERT all_head_size, GPT-2/Falcon split_size and hidden_size).
+_LOCAL_SIZE_ATTRS = ("embed_dim", "all_head_size", "split_size", "hidden_size", "inner_dim")
+# Tensor dim a replicated in-region module's input is declared split along: any dim but the
+# one it normalises works, as the declaration only makes its weight gradient Partial.
+_REGION_SPLIT_DIM = 0
 
 
 def _norm_modules(layer: Layer, module: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -83,15 +97,11 @@ def tp_problem(layer: Layer, module: nn.Module, strategy: LayerStrategy,
         return problem
     for cand in layer.tp_candidates:
         sub = module.get_submodule(cand.module) if cand.module else module
-        leaf = cand.module.rsplit(".", 1)[-1]
         want = nn.Embedding if cand.style is TPStyle.VOCAB else nn.Linear
         if not isinstance(sub, want):
             return (f"layer {layer.name}: {cand.module or '(the layer)'} is a "
                     f"{type(sub).__name__}; DTensor {cand.style} parallelism here splits "
                     f"{want.__name__} only; use tp=1 for this layer")
-        if leaf in FUSED_PROJECTIONS and cand.style is TPStyle.COLWISE:
-            return (f"layer {layer.name}: {cand.module} is a fused projection; a column "
-                    f"split would mix heads across ranks; use tp=1 for this layer")
     if strategy.sequence_parallel and is_tp_block(layer.tp_candidates):
         problem = sequence_parallel_problem(layer.name, module, layer.tp_candidates)
         if problem:
@@ -120,10 +130,93 @@ def layer_tp_plan(layer: Layer, module: nn.Module, strategy: LayerStrategy,
             plan[cand.module] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
         elif cand.style is TPStyle.HEAD:
             plan[cand.module] = ColwiseParallel(output_layouts=Replicate())
-    if sp:
-        for path, _ in _norm_modules(layer, module):
+    for path, sub in _norm_modules(layer, module):
+        if _shared_projection(layer, path, sub):  # MQA's one key/value head
+            plan[path] = SharedProjection()
+        elif sp:  # norms run on the sequence chunk
             plan[path] = SequenceParallel(sequence_dim=SEQ_DIM, use_local_output=True)
+        elif _in_split_parent(layer, path):  # a per-head norm (Qwen3 q_norm), this rank's heads
+            plan[path] = SequenceParallel(sequence_dim=_REGION_SPLIT_DIM, use_local_output=True)
     return plan
+
+
+def _in_split_parent(layer: Layer, path: str) -> bool:
+    """`path` sits inside a module whose column-parallel projections are split (not the
+    layer itself): it sees this rank's heads / features only."""
+    split = _parents([c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE])
+    return any(path.startswith(p + ".") for p in split if p)
+
+
+def _shared_projection(layer: Layer, path: str, sub: nn.Module) -> bool:
+    """A Linear left whole inside a split attention: multi-query attention's key/value."""
+    return isinstance(sub, nn.Linear) and _in_split_parent(layer, path)
+
+
+class SharedProjection(ParallelStyle):
+    """A projection kept whole on every rank of a split attention (multi-query attention's
+    one key/value head). Its input is the replicated hidden state; each rank's query heads
+    use its output, so the output's gradient is a partial sum: declared Partial, it makes
+    the weight gradient Partial (summed by `reduce_partial_grads`) and the input gradient
+    all-reduced where the input entered as Replicate."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def replicate_params(_name, mod, mesh):
+            for name, param in list(mod.named_parameters(recurse=False)):
+                mod.register_parameter(name, nn.Parameter(
+                    DTensor.from_local(param, mesh, [Replicate()], run_check=False)))
+
+        def replicated_input(_mod, inputs, mesh):
+            x = inputs[0]
+            if not isinstance(x, DTensor):
+                x = DTensor.from_local(x, mesh, (Replicate(),), run_check=False)
+            return (x, *inputs[1:])
+
+        def partial_grad_output(_mod, output, _mesh):
+            return output.to_local(grad_placements=(Partial(),))
+
+        return distribute_module(module, device_mesh, replicate_params, replicated_input,
+                                 partial_grad_output)
+
+
+def _own_output(_module, _args, output):
+    """Forward hook: a row-parallel output as a tensor of its own. DTensor hands back a
+    view made inside an autograd Function, and code that adds into it in place (Falcon's
+    `mlp_output += attention_output`) is refused by autograd; one copy per row-parallel
+    module (2 per block, one activation each) avoids that."""
+    if isinstance(output, torch.Tensor) and not isinstance(output, DTensor) \
+            and output._base is not None:
+        return output.clone()
+    return output
+
+
+def _local(value, tp: int):
+    """value // tp for a positive int count divisible by tp, else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0 and value % tp == 0:
+        return value // tp
+    return None
+
+
+def localize_heads(attention: nn.Module, tp: int) -> None:
+    """Give a split attention module its local head counts and sizes, on the instance: its
+    own attributes, and a copy of its config (the shared config stays global)."""
+    kv_split = any(_local(vars(attention).get(k), tp) for k in KV_HEAD_ATTRS)
+    config = getattr(attention, "config", None)
+    if config is not None and not isinstance(config, nn.Module):
+        counts = {k: _local(getattr(config, k, None), tp) for k in HEAD_ATTRS + KV_HEAD_ATTRS}
+        counts = {k: v for k, v in counts.items() if v is not None}
+        kv_split = kv_split or any(k in counts for k in KV_HEAD_ATTRS)
+        if counts:
+            own = copy.copy(config)
+            for key, value in counts.items():
+                setattr(own, key, value)
+            attention.config = own
+    for name in HEAD_ATTRS + KV_HEAD_ATTRS + _LOCAL_SIZE_ATTRS:
+        local = _local(vars(attention).get(name), tp)
+        if local is not None:
+            setattr(attention, name, local)
+    groups = _local(vars(attention).get("num_key_value_groups"), tp)
+    if groups is not None and not kv_split:  # whole KV heads: fewer query heads per KV head
+        attention.num_key_value_groups = groups
 
 
 def _gather_sequence_hook(mesh: DeviceMesh):
@@ -202,8 +295,14 @@ def apply_tp(module: nn.Module, layer: Layer, strategy: LayerStrategy, mesh: Dev
         # src_data_rank=None: every rank built the same weights, so each keeps its shard
         # without a scatter from rank 0.
         parallelize_module(module, mesh, plan, src_data_rank=None)
+    for cand in layer.tp_candidates:
+        if cand.style is TPStyle.ROWWISE:
+            module.get_submodule(cand.module).register_forward_hook(_own_output)
+    colwise = [c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE]
+    for parent in _parents(colwise):
+        if parent and head_counts(module.get_submodule(parent)):  # an attention module
+            localize_heads(module.get_submodule(parent), strategy.tp)
     if uses_sequence_parallel(layer, strategy):
-        colwise = [c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE]
         for parent in _parents(colwise):
             module.get_submodule(parent).register_forward_pre_hook(
                 _gather_sequence_hook(mesh), with_kwargs=True)

@@ -46,12 +46,18 @@ def sequence_parallel_problem(name: str, module: nn.Module,
         return (f"layer {name}: sequence parallelism needs column- and row-parallel linears; "
                 "an embedding, head or norm runs on the full sequence")
     paths = [c.module for c in candidates]
+    split_parents = {c.module.rsplit(".", 1)[0] for c in candidates
+                     if c.style is TPStyle.COLWISE and "." in c.module}
     for path, sub in module.named_modules():
         if not any(True for _ in sub.parameters(recurse=False)):
             continue
         if any(_inside(path, p) for p in paths):
             continue
-        if "norm" not in type(sub).__name__.lower():
+        # a Linear left whole inside a split attention (multi-query key/value) takes the
+        # gathered input like its split siblings
+        shared = isinstance(sub, nn.Linear) and any(path.startswith(p + ".")
+                                                    for p in split_parents)
+        if "norm" not in type(sub).__name__.lower() and not shared:
             return (f"layer {name}: sequence parallel runs every non-TP module on a sequence "
                     f"chunk, but {path} ({type(sub).__name__}) is not a normalization; turn "
                     "sequence_parallel off for this layer")

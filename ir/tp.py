@@ -3,20 +3,38 @@
 Inside a block, the linears that open a parallel region (attention q/k/v, MLP up/gate)
 are column-parallel and the ones that close it (attention out, MLP down) are
 row-parallel; a large embedding is vocab-parallel and a vocabulary-sized output
-projection outside the blocks is the (loss-parallel) head. Modules are recognised by the
-names the common model families use (GPT-2/Megatron, Llama, BERT, T5, OPT/GPT-J/NeoX),
-and a block counts as tensor-parallel only if it has both column- and row-parallel
-modules — otherwise splitting it would need an extra collective we do not model.
+projection outside the blocks is the (loss-parallel) head.
 
-A TP degree must divide the head counts, every split feature dimension and the vocab.
+Where they come from, in order:
+  1. the model's own plan: Hugging Face configs carry `base_model_tp_plan`
+     ({"layers.*.self_attn.q_proj": "colwise", ...}); only its plain "colwise" and
+     "rowwise" entries on nn.Linear are taken, and a parent module (an attention, an MLP)
+     with any other entry (packed / gathered / MoE experts) is left whole;
+  2. else the names the common families use (GPT-2/Megatron, Llama, BERT, T5, OPT, BART):
+     a parent module holding a projection that no name explains (a fused q|k|v, a Conv1D,
+     MLA's low-rank q_a_proj) is left whole, since splitting only its output projection
+     would leave its input unsplit.
+Under multi-query attention (one key/value head: Gemma-2B) the key and value projections
+are not split: each rank keeps them whole and the TP degree need only divide the query
+heads. Either way, an attention module that takes a per-head bias from outside (T5's
+position_bias, ALiBi) or holds a head-sized table (T5's relative_attention_bias) is left
+whole: that bias has a row per global head. A block counts as tensor-parallel only if it keeps both column- and row-parallel modules.
 
-Fused projections (one Linear producing q, k and v, or gate and up) are left out: a
-plain column split would hand each rank a slice of q, k and v together, mixing heads, and
-splitting them right needs a weight re-layout the executors do not do. HF GPT-2's Conv1D
-(weight stored in x out) is left out for the same reason. Such blocks run replicated.
+A TP degree must divide each split feature dimension, the vocab and the query and
+key/value head counts of each split attention module ("heads", "kv_heads"; a second
+attention module with other counts adds "<its path>.heads").
+
+Fused projections whose rows are [q | k | v] or [gate | up] (GPT-2's Conv1D c_attn,
+Phi-3's qkv_proj / gate_up_proj, multi-query Falcon's query_key_value) are not offered:
+a row split would hand a rank a slice of q, k and v together. GPT-NeoX's
+query_key_value is offered (its own plan says colwise): its rows are per-head
+[q_h k_h v_h] groups, so a row split keeps whole heads.
 """
 
 from __future__ import annotations
+
+import fnmatch
+import inspect
 
 from torch import nn
 
@@ -30,9 +48,20 @@ FUSED_PROJECTIONS = frozenset({"qkv", "c_attn", "wqkv", "query_key_value", "qkv_
                                "gate_up_proj", "in_proj"})
 _ROWWISE = {"o", "o_proj", "out_proj", "c_proj", "wo", "w2", "fc2", "down_proj", "fc_out",
             "dense_4h_to_h", "down", "proj", "w_down", "out"}
-_HEAD_NAMES = {"num_heads", "n_head", "n_heads", "num_attention_heads", "nhead", "n_heads_q"}
-_KV_HEAD_NAMES = {"num_key_value_heads", "n_kv_heads", "kv_heads", "num_kv_heads",
-                  "n_kv_head", "num_key_value_groups_heads"}
+# Key / value projections, kept whole under multi-query attention (one KV head).
+_KV_NAMES = {"k_proj", "v_proj", "key", "value", "k", "v", "wk", "wv"}
+# Attributes holding an attention module's query / key-value head counts (the module
+# instance's own, else its config's); the executor sets the local counts on the instance.
+HEAD_ATTRS = ("num_heads", "n_head", "n_heads", "num_attention_heads", "nhead", "n_heads_q")
+KV_HEAD_ATTRS = ("num_key_value_heads", "n_kv_heads", "kv_heads", "num_kv_heads", "n_kv_head")
+# forward() parameters that bring an additive attention bias computed outside the module
+# with one row per GLOBAL head (T5's position_bias, ALiBi): its heads cannot be split.
+_HEAD_BIAS_ARGS = frozenset({"bias", "position_bias", "alibi", "attn_bias",
+                             "relative_position_bias"})
+# Hugging Face plan styles that are a plain DTensor Colwise/Rowwise split of an nn.Linear.
+_HF_STYLES = {"colwise": TPStyle.COLWISE, "rowwise": TPStyle.ROWWISE}
+# Hugging Face plan styles that keep a module whole (replicated) and need nothing split.
+_HF_WHOLE = {"replicated_with_grad_allreduce", "replicate", "sequence_parallel"}
 
 
 def _linear_dims(module: nn.Module) -> tuple[int, int] | None:
@@ -40,6 +69,15 @@ def _linear_dims(module: nn.Module) -> tuple[int, int] | None:
     if isinstance(module, nn.Linear):
         return module.in_features, module.out_features
     return None
+
+
+def _is_projection(module: nn.Module) -> bool:
+    """A weight-matrix module: an nn.Linear or a transposed one (HF GPT-2's Conv1D)."""
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def _parent(path: str) -> str:
+    return path.rsplit(".", 1)[0] if "." in path else ""
 
 
 def _style_by_name(path: str) -> TPStyle | None:
@@ -61,6 +99,101 @@ def _style_by_name(path: str) -> TPStyle | None:
     return None
 
 
+def model_tp_plan(layer_module: nn.Module) -> dict[str, str] | None:
+    """The Hugging Face `base_model_tp_plan` of the model this layer belongs to, if any
+    (found on the config its attention / MLP modules hold)."""
+    for sub in layer_module.modules():
+        config = getattr(sub, "config", None)
+        plan = getattr(config, "base_model_tp_plan", None) if config is not None else None
+        if isinstance(plan, dict) and plan:
+            return plan
+    return None
+
+
+def _takes_head_bias(module: nn.Module) -> bool:
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return bool(_HEAD_BIAS_ARGS & set(params))
+
+
+def _whole_parents(layer_module: nn.Module, parents: set[str]) -> set[str]:
+    """Parents that must stay whole although their projections are explained: they hold
+    a parameter module that is neither a projection nor a norm (T5's relative-position
+    table, sized by the global head count), or take a per-head bias from outside."""
+    whole = set()
+    for parent in parents:
+        module = layer_module.get_submodule(parent) if parent else layer_module
+        if parent and _takes_head_bias(module):
+            whole.add(parent)
+        for _, child in module.named_children():
+            owns = any(True for _ in child.parameters(recurse=False))
+            if owns and not _is_projection(child) and "norm" not in type(child).__name__.lower():
+                whole.add(parent)
+    return whole
+
+
+def _multi_query_parents(layer_module: nn.Module, styles: dict[str, TPStyle]) -> set[str]:
+    """Attention modules with ONE key/value head (multi-query, Gemma-2B): their key and
+    value projections stay whole on every rank (`KEY_VALUE_NAMES`), the query heads split."""
+    out = set()
+    for parent in {_parent(p) for p, s in styles.items() if s is TPStyle.COLWISE}:
+        counts = head_counts(layer_module.get_submodule(parent)) if parent else {}
+        if counts.get("kv_heads") == 1 and counts.get("heads", 1) > 1:
+            out.add(parent)
+    return out
+
+
+def _unsplit_projections(layer_module: nn.Module, styles: dict[str, TPStyle],
+                         shared_kv: set[str]) -> set[str]:
+    """Split parents that would still hold a projection left whole (one the model's plan
+    does not list): only multi-query key/value may stay whole inside a split attention."""
+    out = set()
+    for parent in {_parent(p) for p in styles if _parent(p)}:
+        for name, child in layer_module.get_submodule(parent).named_children():
+            path = f"{parent}.{name}"
+            kv = parent in shared_kv and name in _KV_NAMES
+            if _is_projection(child) and path not in styles and not kv:
+                out.add(parent)
+    return out
+
+
+def _styles_from_plan(layer_module: nn.Module, plan: dict[str, str]) -> dict[str, TPStyle]:
+    """path -> style from a model plan; keys are relative to the base model, e.g.
+    "layers.*.self_attn.q_proj": the part after the layer index is the path in a layer."""
+    styles: dict[str, TPStyle] = {}
+    whole: set[str] = set()  # parents with an entry we cannot run as a plain split
+    names = [p for p, _ in layer_module.named_modules() if p]
+    for key, value in plan.items():
+        if ".*." not in key:
+            continue
+        pattern = key.split(".*.", 1)[1]
+        for path in fnmatch.filter(names, pattern):
+            sub = layer_module.get_submodule(path)
+            style = _HF_STYLES.get(value)
+            if style is not None and isinstance(sub, nn.Linear):
+                styles[path] = style
+            elif value not in _HF_WHOLE:
+                whole.update({_parent(path), path})
+    return {p: s for p, s in styles.items()
+            if _parent(p) not in whole and not any(p.startswith(w + ".") for w in whole if w)}
+
+
+def _styles_by_name(layer_module: nn.Module) -> dict[str, TPStyle]:
+    styles: dict[str, TPStyle] = {}
+    unexplained: set[str] = set()  # parents holding a projection no name explains
+    for path, sub in layer_module.named_modules():
+        if not path or not _is_projection(sub):
+            continue
+        style = _style_by_name(path) if isinstance(sub, nn.Linear) else None
+        if style is None:
+            unexplained.add(_parent(path))
+        else:
+            styles[path] = style
+    return {p: s for p, s in styles.items() if _parent(p) not in unexplained}
+
+
 def _params(module: nn.Module, style: TPStyle) -> int:
     weight = getattr(module, "weight", None)
     bias = getattr(module, "bias", None)
@@ -70,21 +203,21 @@ def _params(module: nn.Module, style: TPStyle) -> int:
     return n
 
 
-def _head_counts(module: nn.Module) -> list[tuple[str, int]]:
+def head_counts(attention: nn.Module) -> dict[str, int]:
+    """{"heads": n, "kv_heads": m} of an attention module (instance attributes first,
+    then its config's); {} for a module that is not one."""
     found: dict[str, int] = {}
-    for sub in module.modules():
-        sources = [vars(sub)]
-        config = getattr(sub, "config", None)
-        if config is not None and not isinstance(config, nn.Module):
-            sources.append(getattr(config, "__dict__", {}))
-        for source in sources:
-            for key, value in source.items():
+    sources = [vars(attention)]
+    config = getattr(attention, "config", None)
+    if config is not None and "attention" in type(attention).__name__.lower():
+        sources.append({k: getattr(config, k, None) for k in HEAD_ATTRS + KV_HEAD_ATTRS})
+    for source in sources:
+        for kind, keys in (("heads", HEAD_ATTRS), ("kv_heads", KV_HEAD_ATTRS)):
+            for key in keys:
+                value = source.get(key)
                 if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                    if key in _HEAD_NAMES:
-                        found.setdefault("heads", value)
-                    elif key in _KV_HEAD_NAMES:
-                        found.setdefault("kv_heads", value)
-    return sorted(found.items())
+                    found.setdefault(kind, value)
+    return found
 
 
 def tp_analysis(layer_module: nn.Module, *, in_block: bool, vocab_rows: int | None,
@@ -95,21 +228,32 @@ def tp_analysis(layer_module: nn.Module, *, in_block: bool, vocab_rows: int | No
     if in_block and isinstance(layer_module, (nn.Embedding, nn.EmbeddingBag)):
         in_block = False  # a stack of embedding tables (DLRM): each table is vocab-parallel
     if in_block:
+        plan = model_tp_plan(layer_module)
+        styles = (_styles_from_plan(layer_module, plan) if plan is not None
+                  else _styles_by_name(layer_module))
+        whole = _whole_parents(layer_module, {_parent(p) for p in styles})
+        styles = {p: s for p, s in styles.items() if _parent(p) not in whole}
+        shared_kv = _multi_query_parents(layer_module, styles)
+        styles = {p: s for p, s in styles.items()
+                  if not (_parent(p) in shared_kv and p.rsplit(".", 1)[-1] in _KV_NAMES)}
+        whole = _unsplit_projections(layer_module, styles, shared_kv)
+        styles = {p: s for p, s in styles.items() if _parent(p) not in whole}
+        if set(styles.values()) != {TPStyle.COLWISE, TPStyle.ROWWISE}:
+            return (), ()
         for path, sub in layer_module.named_modules():
-            dims = _linear_dims(sub)
-            if dims is None:
-                continue
-            style = _style_by_name(path)
+            style = styles.get(path)
             if style is None:
                 continue
             candidates.append(TPCandidate(path, style, _params(sub, style)))
-            n_in, n_out = dims
+            n_in, n_out = _linear_dims(sub)
             divisors[f"{path}.out" if style is TPStyle.COLWISE else f"{path}.in"] = (
                 n_out if style is TPStyle.COLWISE else n_in)
-        styles = {c.style for c in candidates}
-        if styles != {TPStyle.COLWISE, TPStyle.ROWWISE}:
-            return (), ()
-        divisors.update(_head_counts(layer_module))
+        for parent in sorted({_parent(c.module) for c in candidates}):
+            for kind, value in head_counts(layer_module.get_submodule(parent)).items():
+                if kind == "kv_heads" and parent in shared_kv:
+                    continue  # one key/value head, whole on every rank
+                if divisors.setdefault(kind, value) != value:  # a second, different count
+                    divisors[f"{parent}.{kind}"] = value
     else:
         for path, sub in layer_module.named_modules():
             if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and sub.num_embeddings == vocab_rows:

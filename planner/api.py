@@ -137,13 +137,15 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
                   global_batch: int | None = None, plan: str | PlanDocument | ParallelPlan | None = None,
                   precision: Precision | str | None = None,
                   options: SearchOptions | None = None,
-                  loss_weight: Callable | None = None) -> AutoParallel:
+                  loss_weight: Callable | None = None, tp_self_check: bool = True) -> AutoParallel:
     """Trace `model`, plan it for this job (or take `plan`), and shard it on every rank.
 
     `example_batch` is `(inputs, target)` with the micro-batch shape the plan is made
     for (the model IR is measured at that size); `global_batch` defaults to its rows.
     `loss_weight` (target -> how many elements `loss_fn` averages over) weights each
     micro-batch's loss; see `executors.apply` (default: targets != -100, or all elements).
+    `tp_self_check=False` skips checking tensor-parallel layers against their unsplit
+    selves at set-up (`executors.tp_check`).
     """
     init_distributed()
     world = dist.get_world_size()
@@ -181,7 +183,7 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
     doc.check_world_size(world)
     parallel = apply(model, doc.plan, graph, loss_fn=loss_fn, device=device, optimizer=optimizer,
                      optimizer_kwargs=optimizer_kwargs, example_inputs=inputs,
-                     loss_weight=loss_weight)
+                     loss_weight=loss_weight, tp_self_check=tp_self_check)
     return AutoParallel(doc.plan, doc, graph, parallel, input_names)
 
 

@@ -1,0 +1,225 @@
+"""Check every tensor-parallel layer against its unsharded self before the first step.
+
+A split can run and still be wrong: attention code that reshapes with a global head
+count after its projections were split (OPT's `self.num_heads`) mixes heads silently.
+So, on every rank (same model, same seed, same example inputs):
+
+    record   before anything is pruned or split, the whole model runs once on the first
+             CHECK_ROWS rows of the example inputs (eval mode, no grad); forward hooks
+             keep each tensor-parallel layer's (args, kwargs, output);
+    check    right after `apply_tp`, each such layer runs on its recorded inputs (under
+             sequence parallelism its main input is this rank's sequence chunk) and its
+             main output (gathered where split) is compared with the recorded one.
+
+The largest differences are all-reduced over the world, so every rank raises the same
+`PlannerError` naming the first layer off by more than the dtype's tolerance. Rank 0
+prints the check's cost once. `apply(..., tp_self_check=False)` turns it off; it is
+skipped (and says so) without example inputs, on a meta model, or above MAX_CHECK_PARAMS.
+
+    >>> check = TPSelfCheck.record(model, plan, graph, example_inputs, stages=1)
+    >>> apply_tp(...); check.check(stage_module, layers, plan, graph, meshes)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.utils._pytree import tree_flatten, tree_map
+
+from executors.layout import SEQ_DIM, map_main_input
+from executors.mesh import Meshes
+from executors.tensor_parallel import uses_sequence_parallel
+from ir.errors import PlannerError
+from ir.layer import LayerGraph
+from ir.plan import ParallelPlan
+
+CHECK_ROWS = 1  # one sample shows a wrong split as well as many, at the least cost
+# The record runs the whole model forward once on every rank: ~2·params·tokens FLOPs,
+# seconds on a GPU up to this size; larger models skip the check rather than stall set-up.
+MAX_CHECK_PARAMS = 2_000_000_000
+# Allowed |split - whole| per unit of the output's largest magnitude: TP reassociates the
+# sums over the split features (fp32: ~1e-6 relative; bf16: ~1e-2), a wrong split is O(1).
+RELATIVE_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 5e-2,
+                      torch.float16: 1e-2}
+ABSOLUTE_TOLERANCE = 1e-6  # outputs that are ~0 everywhere (a zero-initialised projection)
+
+
+@dataclass
+class _Record:
+    args: tuple
+    kwargs: dict
+    output: torch.Tensor | None = None
+
+
+def _detached(tree: Any) -> Any:
+    return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, tree)
+
+
+def _main_tensor(output: Any) -> torch.Tensor | None:
+    leaves, _ = tree_flatten(output)
+    return next((t for t in leaves if isinstance(t, torch.Tensor)), None)
+
+
+def _first_rows(inputs: dict, rows: int) -> dict:
+    sizes = {v.shape[0] for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim()}
+    batch = max(sizes) if sizes else 0
+    return {k: v[:rows] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == batch
+            else v for k, v in inputs.items()}
+
+
+def _checked_layers(plan: ParallelPlan, graph: LayerGraph) -> list[int]:
+    return [j for j, (layer, s) in enumerate(zip(graph.layers, plan.layer_strategies))
+            if s.tp > 1 and layer.tp_candidates]
+
+
+class TPSelfCheck:
+    """Recorded unsharded layer runs, checked per stage module after `apply_tp`."""
+
+    def __init__(self, records: dict[int, _Record], stages: int, seconds: float,
+                 skipped: str | None):
+        self.records = records
+        self.pending_stages = stages  # stage modules of this rank still to check
+        self.seconds = seconds
+        self.skipped = skipped  # why no check runs, or None
+        self.worst = 0.0
+        self.failures: dict[int, str] = {}  # layer -> why its split run raised, this rank
+
+    @classmethod
+    def record(cls, model: nn.Module, plan: ParallelPlan, graph: LayerGraph,
+               example_inputs: dict | None, stages: int, enabled: bool = True) -> "TPSelfCheck":
+        """Run the whole, unsplit `model` once and keep each TP layer's inputs and output."""
+        layers = _checked_layers(plan, graph)
+        if not enabled or not layers:
+            return cls({}, stages, 0.0, "off" if layers else None)
+        params = sum(p.numel() for p in model.parameters())
+        if example_inputs is None:
+            return cls({}, stages, 0.0, "apply() got no example_inputs to run the layers on")
+        if any(p.is_meta for p in model.parameters()):
+            return cls({}, stages, 0.0, "the model is on the meta device")
+        if params > MAX_CHECK_PARAMS:
+            return cls({}, stages, 0.0, f"{params:,} parameters > MAX_CHECK_PARAMS")
+        start = time.perf_counter()
+        records: dict[int, _Record] = {}
+        handles = []
+        for j in layers:
+            module = model.get_submodule(graph.layers[j].name)
+
+            def pre(_m, args, kwargs, j=j):
+                if j not in records:
+                    records[j] = _Record(_detached(args), _detached(kwargs))
+
+            def post(_m, _args, _kwargs, output, j=j):
+                if records[j].output is None:
+                    records[j].output = _detached(_main_tensor(output))
+
+            handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+            handles.append(module.register_forward_hook(post, with_kwargs=True))
+        device = next(model.parameters()).device
+        inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v
+                  for k, v in _first_rows(example_inputs, CHECK_ROWS).items()}
+        modes = {m: m.training for m in model.modules()}
+        try:
+            model.eval()  # no dropout: the split run must see the same function
+            with torch.no_grad():
+                model(**inputs)
+        finally:
+            for h in handles:
+                h.remove()
+            for m, mode in modes.items():
+                m.training = mode
+        return cls(records, stages, time.perf_counter() - start, None)
+
+    def _difference(self, module: nn.Module, j: int, plan: ParallelPlan, graph: LayerGraph,
+                    meshes: Meshes) -> tuple[float, float]:
+        """(largest |split - whole|, allowed) for layer j, run split on its recorded inputs."""
+        layer, s = graph.layers[j], plan.layer_strategies[j]
+        rec = self.records[j]
+        args, kwargs = _detached(rec.args), _detached(rec.kwargs)
+        sp = uses_sequence_parallel(layer, s)
+        group = meshes.tp_group(s.tp)
+        if sp:
+            rank = dist.get_rank(group)
+            args, kwargs = map_main_input(
+                args, kwargs, lambda x: x.chunk(s.tp, dim=SEQ_DIM)[rank].contiguous())
+        modes = {m: m.training for m in module.modules()}
+        try:
+            module.eval()
+            with torch.no_grad():
+                out = _main_tensor(module(*args, **kwargs))
+        except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+            # the same code fails alike on every rank of the group: report, do not crash
+            self.failures[j] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            return float("inf"), 0.0
+        finally:
+            for m, mode in modes.items():
+                m.training = mode
+        if isinstance(out, DTensor):
+            out = out.full_tensor()
+        if sp:
+            parts = [torch.empty_like(out) for _ in range(s.tp)]
+            dist.all_gather(parts, out.contiguous(), group=group)
+            out = torch.cat(parts, dim=SEQ_DIM)
+        ref = rec.output
+        if out is None or ref is None or out.shape != ref.shape:
+            return float("inf"), 0.0
+        tol = RELATIVE_TOLERANCE.get(ref.dtype, RELATIVE_TOLERANCE[torch.float32])
+        allowed = tol * ref.abs().max().item() + ABSOLUTE_TOLERANCE
+        return (out.double() - ref.double()).abs().max().item(), allowed
+
+    def check(self, module: nn.Module, layers: list[int], plan: ParallelPlan,
+              graph: LayerGraph, meshes: Meshes, layer_module) -> None:
+        """Compare this stage module's split layers with their records; raise
+        PlannerError (on every rank alike) naming the first layer that differs."""
+        if self.skipped is not None or not _checked_layers(plan, graph):
+            self._report(plan, graph)
+            return
+        start = time.perf_counter()
+        n = len(graph.layers)
+        found = torch.zeros(2, n, dtype=torch.float64)  # [difference, allowed] per layer
+        for j in layers:
+            if j in self.records:
+                diff, allowed = self._difference(layer_module(module, graph.layers[j].name),
+                                                 j, plan, graph, meshes)
+                found[0, j], found[1, j] = diff, allowed
+        device = next((p.device for p in module.parameters()), torch.device("cpu"))
+        found = found.to(device)
+        dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        found = found.cpu()
+        self.seconds += time.perf_counter() - start
+        for j in range(n):
+            diff, allowed = found[0, j].item(), found[1, j].item()
+            if diff == float("inf"):
+                why = self.failures.get(j, "it fails on another rank")
+                raise PlannerError(
+                    f"layer {graph.layers[j].name}: its tensor-parallel run (tp="
+                    f"{plan.layer_strategies[j].tp}) fails on the input the unsplit layer "
+                    f"ran on ({why}); a module of it reshapes with global sizes; run it "
+                    "with tp=1")
+            if diff > allowed:
+                raise PlannerError(
+                    f"layer {graph.layers[j].name}: its tensor-parallel run (tp="
+                    f"{plan.layer_strategies[j].tp}) differs from the unsplit layer by up to "
+                    f"{diff:.3g} (allowed {allowed:.1g}) on the same input; a module of it "
+                    "reshapes with global sizes or splits wrongly; run it with tp=1")
+            self.worst = max(self.worst, diff if allowed else 0.0)
+        self._report(plan, graph)
+
+    def _report(self, plan: ParallelPlan, graph: LayerGraph) -> None:
+        self.pending_stages -= 1
+        if self.pending_stages or not dist.is_initialized() or dist.get_rank() != 0:
+            return
+        count = len(_checked_layers(plan, graph))
+        if self.skipped == "off" or count == 0:
+            return
+        if self.skipped is not None:
+            print(f"tp self-check skipped: {self.skipped}", flush=True)
+        else:
+            print(f"tp self-check: {count} tensor-parallel layer(s) match their unsplit "
+                  f"selves (largest difference {self.worst:.1e}) in {self.seconds:.2f} s",
+                  flush=True)

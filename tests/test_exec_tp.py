@@ -1,0 +1,233 @@
+"""Tensor parallelism on real Hugging Face attention code (tiny configs, random init).
+
+Each entry splits a model with TP 2 over 2 gloo ranks, or 4 with a data-parallel pair
+(one spawn per world size runs all its entries), and must
+either equal single-device training over STEPS AdamW steps (fp32, the tolerances of
+`test_exec_plans`), or be refused before the first step with a one-line PlannerError
+whose text the entry names. One entry breaks a split on purpose (after `apply_tp`, one
+attention module gets its global head count back, as OPT's code had it) and the
+self-check must name that layer.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from executors import apply, full_state_dict
+from ir.errors import PlannerError
+from ir.plan import uniform_plan
+from ir.strategy import Precision
+from planner.models import load_layer_graph, load_model
+from test_exec_plans import assert_params_match, optimizer_kwargs
+
+from dist_utils import spawn, train_one_device
+
+# the module, not the `apply` function `executors` re-exports under the same name
+apply_module = importlib.import_module("executors.apply")
+
+SEQ = 16  # tokens per sample: divisible by the TP degree (sequence parallelism)
+GLOBAL_BATCH = 8
+STEPS = 3
+SEED = 1234
+RTOL = 1e-5  # as test_exec_plans: losses within RTOL, parameters by its norm rule
+TP = 2
+BROKEN_LAYER = "model.decoder.layers.1"  # the OPT block whose attention the test breaks
+
+
+def spec(arch: str) -> str:
+    return f"hf:tests/data/hf/{arch}/config.json"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    arch: str
+    sequence_parallel: bool = False
+    refused: str | None = None  # text the one-line PlannerError must hold; None: must match
+    # BROKEN_LAYER's attention after the split: "global" gets the global head count back
+    # (it then fails to run), "merge" runs its local heads as one (silently wrong)
+    break_heads: str | None = None
+    self_check: bool = True
+    dp: int = 1  # > 1: 2·dp ranks, each TP pair a data-parallel replica (ZeRO stage `zero`)
+    zero: int = 0
+    differs: bool = False  # the run must NOT match one device (a broken, unchecked split)
+
+
+CASES = [
+    Case("opt", "opt"),
+    Case("opt-sp", "opt", sequence_parallel=True,  # fc1 sits in the block itself
+         refused="sequence parallel gathers the input of the module holding"),
+    Case("opt-merged-heads", "opt", refused=f"layer {BROKEN_LAYER}: its tensor-parallel "
+         "run (tp=2) differs from the unsplit layer by up to", break_heads="merge"),
+    # the same break without the self-check trains silently wrong: what the check is for
+    Case("opt-merged-heads-unchecked", "opt", break_heads="merge", self_check=False,
+         differs=True),
+    Case("opt-global-heads", "opt", refused=f"layer {BROKEN_LAYER}: its tensor-parallel "
+         "run (tp=2) fails", break_heads="global"),
+    Case("llama", "llama"),
+    Case("gemma", "gemma"),  # one KV head: k/v whole on both ranks, gradients summed
+    Case("gemma-sp", "gemma", sequence_parallel=True),
+    Case("qwen3", "qwen3"),
+    Case("qwen3-sp", "qwen3", sequence_parallel=True),
+    Case("gpt2", "gpt2"),  # fused Conv1D c_attn: blocks replicated, embedding/head split
+    Case("phi3", "phi3"),  # fused qkv_proj / gate_up_proj: blocks replicated
+    Case("gpt_neox", "gpt_neox"),
+    Case("falcon", "falcon"),  # multi-query fused query_key_value: MLP split only
+    Case("whisper", "whisper"),
+    # TP inside FSDP / DDP replicas: replicated k/v, per-head norms, in-place adds
+    Case("gemma-dp2-zero3", "gemma", dp=2, zero=3),
+    Case("qwen3-sp-dp2-zero2", "qwen3", sequence_parallel=True, dp=2, zero=2),
+    Case("falcon-dp2", "falcon", dp=2),
+    Case("mixtral", "mixtral"),  # attention split; routed experts replicated
+    Case("mixtral-sp", "mixtral", sequence_parallel=True,  # the router would see a chunk
+         refused="but mlp.gate (MixtralTopKRouter) is not a normalization"),
+    Case("deepseek_v3", "deepseek_v3"),  # MLA attention whole; dense/shared MLP split
+]
+
+
+def zero_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """No dropout anywhere: nn.Dropout modules and the float rates HF code passes to
+    F.dropout (BART, Whisper: `self.dropout`, `self.activation_dropout`, layerdrop)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in vars(module).items():
+            if ("dropout" in name or "layerdrop" in name) and isinstance(value, float):
+                setattr(module, name, 0.0)
+    return model
+
+
+def build(arch: str):
+    loaded = load_model(spec(arch), micro_batch=1, seq_len=SEQ, device="cpu", seed=SEED)
+    return zero_dropout(loaded.module), loaded.loss_fn
+
+
+@functools.lru_cache(maxsize=None)
+def graph_of(arch: str):
+    return load_layer_graph(spec(arch), micro_batch=2, seq_len=SEQ, dtype=torch.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def batches_of(arch: str) -> list:
+    return [(l.inputs, l.target) for l in
+            (load_model(spec(arch), micro_batch=GLOBAL_BATCH, seq_len=SEQ, device="cpu",
+                        seed=1000 + step) for step in range(STEPS))]
+
+
+@functools.lru_cache(maxsize=None)
+def reference(arch: str):
+    model, loss_fn = build(arch)
+    return train_one_device(model, loss_fn, batches_of(arch), optimizer_kwargs())
+
+
+def _break_one_attention(real_apply_tp, how: str):
+    """apply_tp, then break BROKEN_LAYER's attention's head count (see Case)."""
+    def broken(module, layer, strategy, mesh, loss_parallel=False):
+        real_apply_tp(module, layer, strategy, mesh, loss_parallel=loss_parallel)
+        if layer.name == BROKEN_LAYER:
+            attention = module.self_attn
+            if how == "global":
+                attention.num_heads *= strategy.tp
+            else:  # one head of twice the size: same shapes, other numbers
+                attention.head_dim *= attention.num_heads
+                attention.num_heads = 1
+    return broken
+
+
+def run_cases(rank: int, world_size: int, payload: list) -> dict:
+    results = {}
+    real_apply_tp = apply_module.apply_tp
+    for case, plan, graph, batches in payload:
+        model, loss_fn = build(case.arch)
+        apply_module.apply_tp = (_break_one_attention(real_apply_tp, case.break_heads)
+                                 if case.break_heads else real_apply_tp)
+        try:
+            pm = apply(model, plan, graph, loss_fn=loss_fn, optimizer=torch.optim.AdamW,
+                       optimizer_kwargs=optimizer_kwargs(), example_inputs=batches[0][0],
+                       tp_self_check=case.self_check)
+        except PlannerError as exc:  # every rank reaches the same verdict: no hang
+            results[case.name] = {"error": str(exc)}
+            continue
+        finally:
+            apply_module.apply_tp = real_apply_tp
+        losses = [pm.train_step(inputs, target) for inputs, target in batches]
+        state = full_state_dict(pm)  # collective: every rank gathers, rank 0 reports
+        results[case.name] = {"losses": losses, "state": state if rank == 0 else None}
+    return results
+
+
+@functools.lru_cache(maxsize=None)
+def results(world: int) -> dict:
+    payload = []
+    for case in CASES:
+        if TP * case.dp != world:
+            continue
+        graph = graph_of(case.arch)
+        plan = uniform_plan(len(graph.layers), global_batch=GLOBAL_BATCH,
+                            precision=Precision.FP32, tp=TP, dp=case.dp, zero=case.zero,
+                            sequence_parallel=case.sequence_parallel)
+        payload.append((case, plan, graph, batches_of(case.arch)))
+    return spawn(run_cases, world, payload, timeout_s=240)[0]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_tp_matches_one_device_or_is_refused(case: Case):
+    got = results(TP * case.dp)[case.name]
+    if case.refused is not None:
+        assert "error" in got, f"{case.name} ran; it should be refused ({case.refused})"
+        assert case.refused in got["error"], got["error"]
+        assert "\n" not in got["error"], f"not one line: {got['error']!r}"
+        return
+    assert "error" not in got, got.get("error")
+    ref_losses, ref_state = reference(case.arch)
+    if case.differs:
+        worst = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref_losses))
+        assert worst > RTOL, f"{case.name} matched one device; the break did nothing"
+        return
+    torch.testing.assert_close(torch.tensor(got["losses"], dtype=torch.float64),
+                               torch.tensor(ref_losses, dtype=torch.float64),
+                               rtol=RTOL, atol=0.0, msg=lambda m: f"losses: {m}")
+    for name, expected in ref_state.items():
+        assert name in got["state"], f"{name} missing from the executed model"
+        assert_params_match(name, got["state"][name], expected)
+
+
+# ----------------------------------------------------------------------------- candidates
+
+
+def candidates(arch: str, layer: str) -> set[str]:
+    return {str(c) for c in graph_of(arch).layer(layer).tp_candidates}
+
+
+def test_candidates_follow_what_really_splits():
+    """The IR offers only splits the executor runs right (pure logic, no ranks)."""
+    # the model's own plan: MLA attention (q_a_proj, kv_b_proj, ...) is not in it
+    assert candidates("deepseek_v3", "model.layers.0") == {
+        "mlp.gate_proj:colwise", "mlp.up_proj:colwise", "mlp.down_proj:rowwise"}
+    # packed MoE experts and the router stay whole; the attention splits
+    assert candidates("mixtral", "model.layers.0") == {
+        "self_attn.q_proj:colwise", "self_attn.k_proj:colwise", "self_attn.v_proj:colwise",
+        "self_attn.o_proj:rowwise"}
+    # fused [q|k|v] / [gate|up] projections: no split at all
+    assert candidates("phi3", "model.layers.0") == set()
+    assert candidates("gpt2", "transformer.h.0") == set()
+    # multi-query Falcon: the attention (fused q|k|v, one KV head) stays whole
+    assert candidates("falcon", "transformer.h.0") == {
+        "mlp.dense_h_to_4h:colwise", "mlp.dense_4h_to_h:rowwise"}
+    # GPT-NeoX's query_key_value is per-head [q_h k_h v_h]: its own plan splits it
+    assert "attention.query_key_value:colwise" in candidates("gpt_neox", "gpt_neox.layers.0")
+    # one KV head: k/v whole (not candidates), the degree divides the query heads only
+    gemma = graph_of("gemma").layer("model.layers.0")
+    assert "self_attn.k_proj:colwise" not in {str(c) for c in gemma.tp_candidates}
+    assert "kv_heads" not in dict(gemma.tp_divisors)
+    assert gemma.tp_degree_allowed(4) and "heads=4" in gemma.tp_violation(8)
+    # T5: the attention takes a position bias with a row per global head
+    assert candidates("t5", "encoder.block.1") == {
+        "layer.1.DenseReluDense.wi:colwise", "layer.1.DenseReluDense.wo:rowwise"}
