@@ -80,12 +80,6 @@ def _parents(paths: list[str]) -> list[str]:
     return sorted({p.rsplit(".", 1)[0] if "." in p else "" for p in paths})
 
 
-def uses_sequence_parallel(layer: Layer, strategy: LayerStrategy) -> bool:
-    """SP runs on this layer (`ir.legality.sequence_parallel_applies`: a TP block whose
-    non-TP modules are norms); on an embedding, head or norm the flag changes nothing."""
-    return sequence_parallel_applies(layer, strategy)
-
-
 def tp_problem(layer: Layer, module: nn.Module, strategy: LayerStrategy,
                seq_len: int | None) -> str | None:
     """Why this layer cannot run with its TP degree / SP, or None."""
@@ -115,7 +109,7 @@ def tp_problem(layer: Layer, module: nn.Module, strategy: LayerStrategy,
 def layer_tp_plan(layer: Layer, module: nn.Module, strategy: LayerStrategy,
                   loss_parallel: bool = False) -> dict[str, ParallelStyle]:
     """module path (relative to the layer) -> DTensor parallel style."""
-    sp = uses_sequence_parallel(layer, strategy)
+    sp = sequence_parallel_applies(layer, strategy)
     plan: dict[str, ParallelStyle] = {}
     for cand in layer.tp_candidates:
         if cand.style is TPStyle.COLWISE:
@@ -302,7 +296,7 @@ def apply_tp(module: nn.Module, layer: Layer, strategy: LayerStrategy, mesh: Dev
     for parent in _parents(colwise):
         if parent and head_counts(module.get_submodule(parent)):  # an attention module
             localize_heads(module.get_submodule(parent), strategy.tp)
-    if uses_sequence_parallel(layer, strategy):
+    if sequence_parallel_applies(layer, strategy):
         for parent in _parents(colwise):
             module.get_submodule(parent).register_forward_pre_hook(
                 _gather_sequence_hook(mesh), with_kwargs=True)

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from executors.layout import SEQ_DIM, map_main_input
 from executors.mesh import Meshes
-from executors.tensor_parallel import uses_sequence_parallel
+from ir.legality import sequence_parallel_applies
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.plan import ParallelPlan
@@ -141,7 +141,7 @@ class TPSelfCheck:
         layer, s = graph.layers[j], plan.layer_strategies[j]
         rec = self.records[j]
         args, kwargs = _detached(rec.args), _detached(rec.kwargs)
-        sp = uses_sequence_parallel(layer, s)
+        sp = sequence_parallel_applies(layer, s)
         group = meshes.tp_group(s.tp)
         if sp:
             rank = dist.get_rank(group)

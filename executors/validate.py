@@ -26,11 +26,11 @@ from torch import nn
 from executors.layout import Layout
 from executors.mesh import ParallelDims
 from executors.pipeline import StageAnalysis, cut_problem, rank_stages, schedule_problem
-from executors.tensor_parallel import tp_problem, uses_sequence_parallel
+from executors.tensor_parallel import tp_problem
 from executors.tied import alias_problem
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
-from ir.legality import layout_change_problem
+from ir.legality import layout_change_problem, sequence_parallel_applies
 from ir.plan import ParallelPlan
 from ir.strategy import Precision
 
@@ -39,7 +39,7 @@ def layer_layout(plan: ParallelPlan, graph: LayerGraph, j: int) -> Layout:
     """How layer j's activations are spread over its stage's ranks."""
     s = plan.layer_strategies[j]
     devices = plan.stages[plan.stage_of(j)].devices
-    return Layout(devices // s.tp, s.tp, uses_sequence_parallel(graph.layers[j], s))
+    return Layout(devices // s.tp, s.tp, sequence_parallel_applies(graph.layers[j], s))
 
 
 def parallel_dims(plan: ParallelPlan, world_size: int) -> ParallelDims:
