@@ -256,7 +256,9 @@ def tp_analysis(layer_module: nn.Module, *, in_block: bool, vocab_rows: int | No
                     divisors[f"{parent}.{kind}"] = value
     else:
         for path, sub in layer_module.named_modules():
-            if isinstance(sub, (nn.Embedding, nn.EmbeddingBag)) and sub.num_embeddings == vocab_rows:
+            # DTensor's RowwiseParallel splits nn.Embedding; an EmbeddingBag (a
+            # recommendation model's table) is not offered until its sharding runs
+            if isinstance(sub, nn.Embedding) and sub.num_embeddings == vocab_rows:
                 candidates.append(TPCandidate(path, TPStyle.VOCAB, sub.weight.numel()))
                 divisors[f"{path}.vocab"] = sub.num_embeddings
             dims = _linear_dims(sub)
