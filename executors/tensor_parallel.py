@@ -52,7 +52,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, R
 from executors.layout import SEQ_DIM, map_main_input
 from ir.layer import Layer, TPStyle
 from ir.strategy import LayerStrategy
-from ir.tp import HEAD_ATTRS, KV_HEAD_ATTRS, head_counts
+from ir.tp import HEAD_ATTRS, KV_HEAD_ATTRS, head_counts, sequence_parallel_problem
 
 # Head-concatenated sizes attention code reshapes with next to its head counts (OPT/BART
 # embed_dim, BERT all_head_size, GPT-2/Falcon split_size and hidden_size).
@@ -107,17 +107,7 @@ def tp_problem(layer: Layer, module: nn.Module, strategy: LayerStrategy,
         if seq_len is None or seq_len % tp:
             return (f"layer {layer.name}: sequence parallel needs the sequence length "
                     f"({seq_len}) divisible by tp={tp}")
-        for path, sub in _norm_modules(layer, module):
-            if "norm" not in type(sub).__name__.lower() and not _shared_projection(
-                    layer, path, sub):
-                return (f"layer {layer.name}: sequence parallel runs every non-TP module "
-                        f"on a sequence chunk, but {path} ({type(sub).__name__}) is not a "
-                        "normalization; turn sequence_parallel off for this layer")
-        colwise = [c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE]
-        if "" in _parents(colwise):
-            return (f"layer {layer.name}: sequence parallel gathers the input of the module "
-                    "holding the column-parallel linears, which here is the layer itself; "
-                    "turn sequence_parallel off for this layer")
+        return sequence_parallel_problem(layer.name, module, layer.tp_candidates)
     return None
 
 

@@ -266,6 +266,34 @@ def tp_analysis(layer_module: nn.Module, *, in_block: bool, vocab_rows: int | No
     return tuple(candidates), tuple(sorted(divisors.items()))
 
 
+def sequence_parallel_problem(layer_name: str, layer_module: nn.Module,
+                              candidates: tuple[TPCandidate, ...]) -> str | None:
+    """Why this block cannot run sequence parallel (whatever its TP degree), or None.
+    Under SP every module outside the split projections runs on a sequence chunk, so it
+    must be a norm (or a whole multi-query key/value projection inside a split attention,
+    which takes the gathered input); and the column-parallel projections' parent, whose
+    input is gathered, must not be the layer itself. The executor refuses these
+    (`executors.tensor_parallel.tp_problem`); the search should not offer them."""
+    names = [c.module for c in candidates]
+    split = {_parent(c.module) for c in candidates if c.style is TPStyle.COLWISE}
+    for path, sub in layer_module.named_modules():
+        if not any(True for _ in sub.parameters(recurse=False)):
+            continue
+        if any(path == c or path.startswith(c + ".") or c == "" for c in names):
+            continue
+        in_split = any(path.startswith(p + ".") for p in split if p)
+        if "norm" not in type(sub).__name__.lower() and not (
+                isinstance(sub, nn.Linear) and in_split):
+            return (f"layer {layer_name}: sequence parallel runs every non-TP module on a "
+                    f"sequence chunk, but {path} ({type(sub).__name__}) is not a "
+                    "normalization; turn sequence_parallel off for this layer")
+    if "" in split:
+        return (f"layer {layer_name}: sequence parallel gathers the input of the module "
+                "holding the column-parallel linears, which here is the layer itself; "
+                "turn sequence_parallel off for this layer")
+    return None
+
+
 def largest_vocab(root: nn.Module) -> int | None:
     """Rows of the largest embedding: the vocabulary (positions and token types are smaller)."""
     rows = [m.num_embeddings for m in root.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
