@@ -155,7 +155,11 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
                                       analysis=analysis) for s in stage_ids]
     # 4-7. per stage module
     last = len(graph.layers) - 1
-    loss_parallel = loss_parallel and is_loss_parallel_head(
+    # Split logits go straight to the loss, unless the model's own forward still adds a
+    # tensor of its own to them (BART's final_logits_bias): then they are gathered.
+    root_tensors = any(True for _ in model.parameters(recurse=False)) or any(
+        True for _ in model.buffers(recurse=False))
+    loss_parallel = loss_parallel and not root_tensors and is_loss_parallel_head(
         graph.layers[last], plan.layer_strategies[last], is_last=True)
     zero1: list = []
     for module, layers in zip(modules, layer_sets):

@@ -275,6 +275,29 @@ def is_loss_parallel_head(layer: Layer, strategy: LayerStrategy, is_last: bool) 
             and any(c.style is TPStyle.HEAD for c in layer.tp_candidates))
 
 
+def _aliased_names(module: nn.Module) -> list[tuple[int, list[str]]]:
+    """(tensor id, its names) for every parameter the layer holds under several names
+    (BERT's `cls.predictions.bias` is `cls.predictions.decoder.bias`)."""
+    names: dict[int, list[str]] = {}
+    for fqn, param in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(fqn)
+    return [(pid, fqns) for pid, fqns in names.items() if len(fqns) > 1]
+
+
+def _retie(module: nn.Module, aliases: list[tuple[int, list[str]]]) -> None:
+    """parallelize_module replaces a parameter under the one name it splits; the layer's
+    other names of that tensor would keep the unsplit original, never trained. Point
+    them at the split parameter."""
+    for pid, fqns in aliases:
+        current = [module.get_parameter(f) for f in fqns]
+        replaced = [p for p in current if id(p) != pid]
+        if not replaced:
+            continue
+        for fqn in fqns:
+            path, _, attr = fqn.rpartition(".")
+            (module.get_submodule(path) if path else module).register_parameter(attr, replaced[0])
+
+
 def apply_tp(module: nn.Module, layer: Layer, strategy: LayerStrategy, mesh: DeviceMesh,
              loss_parallel: bool = False) -> None:
     """Split `module` (the layer) over the 1-D TP mesh `mesh`, in place. `loss_parallel`:
@@ -282,6 +305,7 @@ def apply_tp(module: nn.Module, layer: Layer, strategy: LayerStrategy, mesh: Dev
     if strategy.tp == 1 or not layer.tp_candidates:
         return
     plan = layer_tp_plan(layer, module, strategy, loss_parallel)
+    aliases = _aliased_names(module)
     whole = plan.pop("", None)  # a candidate that is the layer itself (an embedding, a head)
     if whole is not None:
         parallelize_module(module, mesh, whole, src_data_rank=None)
@@ -289,6 +313,7 @@ def apply_tp(module: nn.Module, layer: Layer, strategy: LayerStrategy, mesh: Dev
         # src_data_rank=None: every rank built the same weights, so each keeps its shard
         # without a scatter from rank 0.
         parallelize_module(module, mesh, plan, src_data_rank=None)
+    _retie(module, aliases)
     for cand in layer.tp_candidates:
         if cand.style is TPStyle.ROWWISE:
             module.get_submodule(cand.module).register_forward_hook(_own_output)

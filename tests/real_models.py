@@ -60,6 +60,11 @@ LR = 1e-2  # large enough that three steps move every parameter visibly
 EPS = 1e-4
 RTOL = 1e-5
 ATOL = 5e-6
+# One element may move further: AdamW moves it by up to lr / eps per unit of gradient
+# noise, and a gradient element summed from large cancelling terms (T5: unscaled
+# attention, a tied head) carries ~2e-7 of reassociation noise under TP:
+# lr / eps * 2e-7 = 2e-5. The whole tensor must still be within RTOL in norm.
+ELEMENT_ATOL = LR / EPS * 2e-7
 OPTIMIZER_KWARGS = {"lr": LR, "weight_decay": 0.1, "eps": EPS}  # 0.1: a typical LM decay
 
 GLOO_TIMEOUT_S = 60  # a collective one rank never joins fails after this (a hang -> error)
@@ -194,7 +199,7 @@ def compare(losses: list[float], state: dict, ref: dict) -> dict:
         else:
             error = got.double() - expected.double()
             error_norm, biggest = float(error.norm()), float(error.abs().max())
-        ok = error_norm <= RTOL * norm + ATOL and biggest <= ATOL
+        ok = error_norm <= RTOL * norm + ATOL and biggest <= ELEMENT_ATOL
         rel = error_norm / max(norm, 1e-12)
         if (not ok, rel) > (not worst["ok"], worst["rel"]):
             worst = {"name": name, "rel": rel, "abs": biggest, "ok": ok}
