@@ -78,3 +78,18 @@ def train_one_device(model: torch.nn.Module, loss_fn: Callable, batches,
         opt.step()
         losses.append(loss.item())
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def zero_dropout(module: torch.nn.Module, config=None) -> torch.nn.Module:
+    """Dropout 0 everywhere: nn.Dropout modules, the float rates HF layers pass to
+    F.dropout (attention_dropout, activation_dropout, layerdrop) and the config they
+    read at forward time."""
+    configs = [c for c in (config, getattr(module, "config", None)) if c is not None]
+    configs += [v for c in configs for v in vars(c).values() if hasattr(v, "to_dict")]
+    for holder in list(module.modules()) + configs:  # sub-configs: encoder, text, vision
+        if isinstance(holder, torch.nn.Dropout):
+            holder.p = 0.0
+        for name, value in list(vars(holder).items()):
+            if "drop" in name and isinstance(value, float):
+                setattr(holder, name, 0.0)
+    return module

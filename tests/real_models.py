@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
-from torch import nn
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "gpt2", "gpt_neox",
          "falcon", "opt", "bert", "roberta", "t5", "bart", "vit", "whisper", "mixtral",
@@ -126,23 +125,9 @@ def cases(archs=ARCHS, modes=tuple(MODES), worlds=(2, 4)) -> list[Case]:
 # ----------------------------------------------------------------------------- models
 
 
-def zero_dropout(module: nn.Module, config=None) -> nn.Module:
-    """Dropout 0 everywhere: nn.Dropout modules, the float rates HF layers pass to
-    F.dropout (attention_dropout, activation_dropout, layerdrop) and the config they
-    read at forward time."""
-    configs = [c for c in (config, getattr(module, "config", None)) if c is not None]
-    configs += [v for c in configs for v in vars(c).values() if hasattr(v, "to_dict")]
-    for holder in list(module.modules()) + configs:  # sub-configs: encoder, text, vision
-        if isinstance(holder, nn.Dropout):
-            holder.p = 0.0
-        for name, value in list(vars(holder).items()):
-            if "drop" in name and isinstance(value, float):
-                setattr(holder, name, 0.0)
-    return module
-
-
 def build(arch: str, rows: int = EXAMPLE_ROWS, seed: int = SEED):
     """(module with dropout 0, inputs, target, loss_fn) built from `seed` on the CPU."""
+    from dist_utils import zero_dropout
     from planner.models import load_model
 
     loaded = load_model(f"hf:{os.path.join(CONFIG_DIR, arch, 'config.json')}",

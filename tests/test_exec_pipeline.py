@@ -20,16 +20,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from executors import apply, full_state_dict
-from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.measure import build_layer_graph
 from ir.plan import ParallelPlan, uniform_plan
 from ir.strategy import Checkpoint, Precision, Schedule
 from planner.models import load_model
 
-from dist_utils import spawn, train_one_device
-from test_exec_plans import RTOL, assert_params_match, optimizer_kwargs
+from dist_utils import spawn, train_one_device, zero_dropout
+from test_exec_plans import (assert_matches_reference, assert_params_match, optimizer_kwargs,
+                             run_cases)
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -80,16 +79,6 @@ def user_batch(rows: int, seed: int) -> tuple[dict, torch.Tensor]:
                                                                       generator=g)
 
 
-def zero_dropout(model: nn.Module) -> nn.Module:
-    """Equivalence needs no dropout: HF configs default to 0.1, and BART/T5 keep it as
-    float attributes for functional dropout as well as in nn.Dropout modules."""
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
-        for name, value in list(vars(module).items()):
-            if "dropout" in name and isinstance(value, float):
-                setattr(module, name, 0.0)
-    return model
 
 
 def build_model(spec: str):
@@ -172,26 +161,11 @@ CASES = [
 # ----------------------------------------------------------------------------- ranks
 
 
-def run_cases(rank: int, world_size: int, payload: list[tuple]) -> dict:
-    results = {}
-    for name, spec, plan, graph, batches in payload:
-        model, loss_fn = build_model(spec)
-        try:
-            pm = apply(model, plan, graph, loss_fn=loss_fn, optimizer=torch.optim.AdamW,
-                       optimizer_kwargs=optimizer_kwargs())
-            losses = [pm.train_step(inputs, target) for inputs, target in batches]
-            state = full_state_dict(pm)
-            results[name] = {"losses": losses, "state": state if rank == 0 else None}
-        except PlannerError as exc:  # the same verdict on every rank: no collective hangs
-            results[name] = {"error": str(exc)}
-    return results
-
-
 @functools.lru_cache(maxsize=None)
 def results_for(world: int) -> dict:
     cases = [c for c in CASES if c.world == world]
     payload = [(c.name, c.model, c.plan(graph_of(c.model)), graph_of(c.model),
-                batches_of(c.model)) for c in cases]
+                batches_of(c.model), build_model) for c in cases]
     return spawn(run_cases, world, payload, timeout_s=240)[0]
 
 
@@ -199,13 +173,7 @@ def results_for(world: int) -> dict:
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.world}r-{c.name}" for c in CASES])
 def test_pipeline_matches_single_device(case: Case):
     got = results_for(case.world)[case.name]
-    assert "error" not in got, got.get("error")
     ref_losses, ref_state = reference(case.model)
-    torch.testing.assert_close(torch.tensor(got["losses"], dtype=torch.float64),
-                               torch.tensor(ref_losses, dtype=torch.float64),
-                               rtol=RTOL, atol=0.0, msg=lambda m: f"losses: {m}")
-    for name, expected in ref_state.items():
-        assert name in got["state"], f"{name} missing from the executed model"
-        assert_params_match(name, got["state"][name], expected)
+    assert_matches_reference(got, ref_losses, ref_state)
     for name, shared in TIED_COPIES.get(case.model, {}).items():
         assert_params_match(name, got["state"][name], ref_state[shared])

@@ -28,7 +28,7 @@ from ir.plan import ParallelPlan, uniform_plan
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision, Schedule, Stage
 from planner.models import load_layer_graph, load_model
 
-from dist_utils import spawn, train_one_device
+from dist_utils import spawn, train_one_device, zero_dropout
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -58,12 +58,6 @@ ATOL = 5e-6
 # ----------------------------------------------------------------------------- models
 
 
-def zero_dropout(model: nn.Module) -> nn.Module:
-    """HF configs default to dropout 0.1; equivalence needs none."""
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
-    return model
 
 
 def build_model(spec: str):
@@ -226,10 +220,11 @@ CASES = [
 
 
 def run_cases(rank: int, world_size: int, payload: list[tuple]) -> dict:
-    """On every rank: apply and train each entry; rank 0 returns losses and parameters."""
+    """On every rank: apply and train each entry; rank 0 returns losses and parameters.
+    An entry may end with its own model builder (a module-level function)."""
     results = {}
-    for name, spec, plan, graph, batches in payload:
-        model, loss_fn = build_model(spec)
+    for name, spec, plan, graph, batches, *builder in payload:
+        model, loss_fn = (builder[0] if builder else build_model)(spec)
         try:
             pm = apply(model, plan, graph, loss_fn=loss_fn, optimizer=torch.optim.AdamW,
                        optimizer_kwargs=optimizer_kwargs())
@@ -252,9 +247,12 @@ def results_for(world: int) -> dict:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.world}r-{c.name}" for c in CASES])
 def test_plan_matches_single_device(case: Case):
-    got = results_for(case.world)[case.name]
+    assert_matches_reference(results_for(case.world)[case.name], *reference(case.model))
+
+
+def assert_matches_reference(got: dict, ref_losses: list[float], ref_state: dict) -> None:
+    """A run's losses (RTOL) and every reference parameter (`assert_params_match`)."""
     assert "error" not in got, got.get("error")
-    ref_losses, ref_state = reference(case.model)
     torch.testing.assert_close(torch.tensor(got["losses"], dtype=torch.float64),
                                torch.tensor(ref_losses, dtype=torch.float64),
                                rtol=RTOL, atol=0.0, msg=lambda m: f"losses: {m}")

@@ -46,7 +46,7 @@ from ir.trace import model_output_tensor
 from planner.models import load_layer_graph, load_model
 
 import factories
-from dist_utils import spawn
+from dist_utils import spawn, zero_dropout
 from test_exec_plans import ATOL, EPS, RTOL, assert_params_match
 
 pytestmark = [pytest.mark.multiprocess]
@@ -67,17 +67,6 @@ RESUME_AFTER = 2  # the checkpoint case saves after this many steps and resumes 
 # ----------------------------------------------------------------------------- models
 
 
-def zero_dropout(model: nn.Module) -> nn.Module:
-    """Dropout 0 everywhere: nn.Dropout modules, and the float rates T5's and BART's
-    attention and layers keep as attributes (`self.dropout = config.dropout_rate`, passed
-    to the attention function; BART's activation_dropout and layerdrop)."""
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
-        for attr, value in list(vars(module).items()):
-            if ("dropout" in attr or attr == "layerdrop") and isinstance(value, float):
-                setattr(module, attr, 0.0)
-    return model
 
 
 def build(spec: str, micro_batch: int, seed: int, dtype: torch.dtype = torch.float32):

@@ -23,9 +23,9 @@ from ir.errors import PlannerError
 from ir.plan import uniform_plan
 from ir.strategy import Precision
 from planner.models import load_layer_graph, load_model
-from test_exec_plans import assert_params_match, optimizer_kwargs
+from test_exec_plans import assert_matches_reference, optimizer_kwargs
 
-from dist_utils import spawn, train_one_device
+from dist_utils import spawn, train_one_device, zero_dropout
 
 # the module, not the `apply` function `executors` re-exports under the same name
 apply_module = importlib.import_module("executors.apply")
@@ -90,16 +90,6 @@ CASES = [
 ]
 
 
-def zero_dropout(model: torch.nn.Module) -> torch.nn.Module:
-    """No dropout anywhere: nn.Dropout modules and the float rates HF code passes to
-    F.dropout (BART, Whisper: `self.dropout`, `self.activation_dropout`, layerdrop)."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        for name, value in vars(module).items():
-            if ("dropout" in name or "layerdrop" in name) and isinstance(value, float):
-                setattr(module, name, 0.0)
-    return model
 
 
 def build(arch: str):
@@ -191,12 +181,7 @@ def test_tp_matches_one_device_or_is_refused(case: Case):
         worst = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], ref_losses))
         assert worst > RTOL, f"{case.name} matched one device; the break did nothing"
         return
-    torch.testing.assert_close(torch.tensor(got["losses"], dtype=torch.float64),
-                               torch.tensor(ref_losses, dtype=torch.float64),
-                               rtol=RTOL, atol=0.0, msg=lambda m: f"losses: {m}")
-    for name, expected in ref_state.items():
-        assert name in got["state"], f"{name} missing from the executed model"
-        assert_params_match(name, got["state"][name], expected)
+    assert_matches_reference(got, ref_losses, ref_state)
 
 
 # ----------------------------------------------------------------------------- candidates
