@@ -9,7 +9,8 @@ One process:
 Four CPU processes (gloo); on a GPU box the same line runs NCCL on 4 GPUs:
     torchrun --nproc-per-node 4 examples/train_hf.py
     torchrun --nproc-per-node 4 examples/train_hf.py --config tests/data/hf/qwen2/config.json
-With a plan written beforehand by `planner plan hf:CONFIG --global-batch 8 --out p.json`:
+With a plan written beforehand by `planner plan hf:CONFIG --global-batch 8 --seq-len 32
+--out p.json` (the plan pins the shape it was made for):
     torchrun --nproc-per-node 2 examples/train_hf.py --plan p.json
 """
 
