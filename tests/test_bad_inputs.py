@@ -99,15 +99,17 @@ TABLE = [
         r"traceable wrapper"),
     Bad("partial-checkpoint", ("--ckpt-dir", "{d}/ckpt", "--resume", "{d}/ckpt/step-00000006"),
         r"train_resumable: error: checkpoint {d}/ckpt/step-00000006 is partial \(no "
-        r"COMPLETE.json: its save was interrupted\); resume from {d}/ckpt/step-00000003",
+        r"COMPLETE.json: its save was interrupted\); delete {d}/ckpt/step-00000006 and "
+        r"resume from {d}/ckpt/step-00000003",
         program=tuple(RESUMABLE)),
     Bad("corrupted-checkpoint", ("--ckpt-dir", "{d}/ckpt", "--resume", "{d}/ckpt/step-00000003"),
         r"train_resumable: error: checkpoint {d}/ckpt/step-00000003 is corrupted \(file "
-        r"__0_0.distcp has 10 bytes, the save wrote 4096\); resume from an earlier checkpoint "
-        r"or start over", program=tuple(RESUMABLE)),
+        r"__0_0.distcp has 10 bytes, the save wrote 4096\); delete {d}/ckpt/step-00000003 "
+        r"and start over \(no other complete checkpoint beside it\)", program=tuple(RESUMABLE)),
     Bad("corrupted-checkpoint-marker", ("--ckpt-dir", "{d}/bad", "--resume", "{d}/bad/step-00000009"),
         r"train_resumable: error: checkpoint {d}/bad/step-00000009 is corrupted \(COMPLETE.json "
-        r"is not valid JSON: .*\); resume from an earlier checkpoint or start over",
+        r"is not valid JSON: .*\); delete {d}/bad/step-00000009 and start over \(no other "
+        r"complete checkpoint beside it\)",
         program=tuple(RESUMABLE)),
 ]
 
