@@ -83,8 +83,8 @@ def train_one_device(model: torch.nn.Module, loss_fn: Callable, batches,
 def zero_dropout(module: torch.nn.Module, config=None) -> torch.nn.Module:
     """Dropout 0 everywhere: nn.Dropout modules, the float rates HF layers pass to
     F.dropout (attention_dropout, activation_dropout, layerdrop) and the config they
-    read at forward time."""
-    configs = [c for c in (config, getattr(module, "config", None)) if c is not None]
+    read at forward time (a zoo model's frozen config sets its dropout at build time)."""
+    configs = [c for c in (config, getattr(module, "config", None)) if hasattr(c, "to_dict")]
     configs += [v for c in configs for v in vars(c).values() if hasattr(v, "to_dict")]
     for holder in list(module.modules()) + configs:  # sub-configs: encoder, text, vision
         if isinstance(holder, torch.nn.Dropout):
