@@ -26,16 +26,18 @@ fixed (torchtitan's: TP -> AC -> FSDP, embeddings/blocks/head one unit each, roo
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from executors.agreement import agree_on_plan
 from executors.checkpointing import apply_ac
 from executors.data_parallel import apply_dp, apply_dp_root
 from executors.layout import add_input_relayout, add_output_relayout
-from executors.mesh import Meshes
+from executors.mesh import Meshes, pg_timeout_s
 from executors.optimizer import build_optimizer
 from executors.pipeline import (StageAnalysis, build_schedule, build_stage_module, rank_stages,
                                 stage_layers)
@@ -119,6 +121,8 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     if not dist.is_initialized():
         raise PlannerError("executors.apply needs an initialised process group: run under "
                            "torchrun, or call executors.init_distributed() first")
+    # every rank runs the same plan, or all fail together naming the ranks (no hang)
+    agree_on_plan(plan, graph, torch.device(device) if device is not None else default_device())
     world_size = dist.get_world_size()
     # 0. reject before any collective
     dims = check_plan(model, plan, graph, world_size, example_inputs)
@@ -185,28 +189,32 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     return pm
 
 
-def init_distributed(backend: str | None = None) -> None:
+def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> None:
     """Initialise the default process group: from torchrun's environment when present
     (nccl with GPUs, else gloo), else a single-process group (world size 1).
+
+    timeout_s: how long a collective (and the store) may wait before it fails; default
+    PLANNER_PG_TIMEOUT_S or `executors.mesh.PG_TIMEOUT_S`. The executor's meshes give
+    their sub-groups the same timeout (`executors.mesh`).
 
     Under torchrun's agent store the keys are namespaced by TORCHELASTIC_RESTART_COUNT:
     the store outlives a failed attempt, and a restarted rank could otherwise read a dead
     rank's published address (`connectFullMesh ... Connection refused`)."""
     if dist.is_initialized():
         return
+    timeout = timedelta(seconds=pg_timeout_s(timeout_s))
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            from datetime import timedelta
-
             store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                  is_master=False, timeout=timedelta(seconds=300))
+                                  is_master=False, timeout=timeout)
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             dist.init_process_group(backend, store=dist.PrefixStore(f"planner/attempt{attempt}", store),
                                     rank=int(os.environ["RANK"]),
-                                    world_size=int(os.environ["WORLD_SIZE"]))
+                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
         else:
-            dist.init_process_group(backend)
+            dist.init_process_group(backend, timeout=timeout)
     else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout)
