@@ -137,15 +137,20 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
                   global_batch: int | None = None, plan: str | PlanDocument | ParallelPlan | None = None,
                   precision: Precision | str | None = None,
                   options: SearchOptions | None = None,
-                  loss_weight: Callable | None = None) -> AutoParallel:
+                  loss_weight: Callable | None = None, timeout_s: float | None = None,
+                  stall_limit_s: float | None = None) -> AutoParallel:
     """Trace `model`, plan it for this job (or take `plan`), and shard it on every rank.
 
     `example_batch` is `(inputs, target)` with the micro-batch shape the plan is made
     for (the model IR is measured at that size); `global_batch` defaults to its rows.
     `loss_weight` (target -> how many elements `loss_fn` averages over) weights each
     micro-batch's loss; see `executors.apply` (default: targets != -100, or all elements).
+    `timeout_s`: the process-group timeout when this call creates the group
+    (`executors.init_distributed`); `stall_limit_s`: how long a rank may stop making
+    progress before the job exits (`executors.watchdog`); both default to their
+    PLANNER_PG_TIMEOUT_S / PLANNER_STALL_LIMIT_S environment variables.
     """
-    init_distributed()
+    init_distributed(timeout_s=timeout_s)
     world = dist.get_world_size()
     input_names = tuple(inspect.signature(model.forward).parameters)
     inputs, target = _split_batch(example_batch, input_names)
@@ -182,6 +187,7 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
     parallel = apply(model, doc.plan, graph, loss_fn=loss_fn, device=device, optimizer=optimizer,
                      optimizer_kwargs=optimizer_kwargs, example_inputs=inputs,
                      loss_weight=loss_weight)
+    parallel.stall_limit_s = stall_limit_s
     return AutoParallel(doc.plan, doc, graph, parallel, input_names)
 
 

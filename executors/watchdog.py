@@ -1,0 +1,244 @@
+"""A rank that stops making progress is reported within a bounded time, not after the
+process-group timeout: `ensure_watchdog(limit_s)` from `ParallelModel.train_step`.
+
+Every rank runs one background thread. Each tick (limit / CHECKS_PER_LIMIT) it publishes
+this rank's heartbeat to the process group's store, `planner/heartbeat/<rank>`:
+
+    {"rank": 1, "seq": 17, "count": 5, "step": 5, "in_step": false, "done": false}
+
+(`seq` counts ticks, `count` the train steps this process finished, `step` the model's
+step counter, shown in messages) and reads every peer's. The step hooks only set two
+attributes: no collective, no store call, nothing a step would notice. Durations are
+measured on the observer's monotonic clock from when it saw a value change, so hosts'
+clocks need not agree. A peer is watched once it has finished a step (set-up may be
+slow), until it says `done` (its process group was destroyed, or it exited). It stalls:
+
+  A. frozen: its `seq` has not changed for longer than the limit (SIGSTOP, a hung host,
+     a dead process) — "rank 1 stopped responding ... after its step 5";
+  B. holding the others up: it has sat between steps after step k for longer than the
+     limit while another rank has waited inside step k+1 for longer than the limit.
+
+Then this rank prints one line naming the stalled rank and its last step to stderr and
+leaves with STALL_EXIT_CODE (os._exit: the main thread is blocked in a collective), so
+the launcher (torchrun, `planner validate`) tears the job down. A rank whose own thread
+was stopped (its tick came late by more than the limit) forgets what it saw instead of
+blaming its peers. The limit: `stall_limit_s`, else PLANNER_STALL_LIMIT_S, else
+STALL_LIMIT_S; a step, or what a rank does alone between steps, must fit in it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from executors.mesh import seconds_setting
+
+# Default stall limit: above a large model's step or checkpoint save (minutes), below
+# the process-group timeout (executors.mesh.PG_TIMEOUT_S) so the watchdog speaks first.
+STALL_LIMIT_S = 300.0
+STALL_LIMIT_ENV = "PLANNER_STALL_LIMIT_S"
+# Ticks per stall limit: a stall is reported within limit x (1 + 1/CHECKS_PER_LIMIT).
+CHECKS_PER_LIMIT = 5
+# Exit status of a rank that reports a stall: not 1 (a Python error) nor 2 (bad input).
+STALL_EXIT_CODE = 3
+KEY_PREFIX = "planner/heartbeat/"
+# Seconds to wait for the thread at exit (one store round trip; it must not delay exit).
+STOP_WAIT_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    rank: int
+    seq: int  # ticks published: a frozen rank's stops changing
+    count: int  # train steps this process finished (what the rules compare)
+    step: int  # the model's step counter (what messages show)
+    in_step: bool
+    done: bool = False
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self)).encode("utf-8")
+
+    @staticmethod
+    def from_bytes(data: bytes) -> Heartbeat:
+        return Heartbeat(**json.loads(data))
+
+
+class PeerView:
+    """What one rank has seen of every rank's heartbeats, and the stall rules (pure logic:
+    `observe` heartbeats at a time, ask `stalled` at a time)."""
+
+    def __init__(self, me: int, limit_s: float):
+        self.me = me
+        self.limit_s = limit_s
+        self.beats: dict[int, Heartbeat] = {}
+        self.seq_since: dict[int, float] = {}  # when each rank's seq last changed
+        self.state_since: dict[int, float] = {}  # when its (count, in_step) last changed
+
+    def observe(self, beats: dict[int, Heartbeat], now: float) -> None:
+        for rank, beat in beats.items():
+            old = self.beats.get(rank)
+            if old is None or old.seq != beat.seq:
+                self.seq_since[rank] = now
+            if old is None or (old.count, old.in_step) != (beat.count, beat.in_step):
+                self.state_since[rank] = now
+            self.beats[rank] = beat
+
+    def forget_times(self, now: float) -> None:
+        """This rank was stopped itself: what it measured meanwhile proves nothing."""
+        for rank in self.beats:
+            self.seq_since[rank] = self.state_since[rank] = now
+
+    def stalled(self, now: float) -> str | None:
+        """A description of the first stalled peer, or None."""
+        watched = {r: b for r, b in self.beats.items() if b.count >= 1 and not b.done}
+        for rank, beat in sorted(watched.items()):
+            if rank == self.me:
+                continue
+            silent = now - self.seq_since[rank]
+            if silent > self.limit_s:
+                return (f"rank {rank} stopped responding (no heartbeat for {silent:.0f} s, "
+                        f"its last finished step is {beat.step})")
+            idle = now - self.state_since[rank]
+            if beat.in_step or idle <= self.limit_s:
+                continue
+            waiting = sorted(r for r, b in watched.items()
+                             if b.in_step and b.count == beat.count
+                             and now - self.state_since[r] > self.limit_s)
+            if waiting:
+                return (f"rank {rank} has not started the step after its step {beat.step} for "
+                        f"{idle:.0f} s while rank{'s' if len(waiting) > 1 else ''} "
+                        f"{','.join(map(str, waiting))} wait{'' if len(waiting) > 1 else 's'} "
+                        "in it")
+        return None
+
+
+class Watchdog:
+    """This process's heartbeat thread (module docstring). `step_started` /
+    `step_finished` are the hooks; `stop` ends it and tells the peers (also at exit)."""
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, limit_s: float):
+        self.rank, self.world_size, self.limit_s = rank, world_size, limit_s
+        self.interval_s = limit_s / CHECKS_PER_LIMIT
+        # a connection of its own, so a frozen store host times out here after the limit
+        # and does not block the process group's own store calls
+        self.store = store.clone()
+        self.store.set_timeout(timedelta(seconds=limit_s))
+        self.count = self.step = 0
+        self.in_step = False
+        self.seq = 0
+        self.view = PeerView(rank, limit_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="planner-watchdog", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)
+
+    # -------------------------------------------------------------- step hooks
+
+    def step_started(self) -> None:
+        self.in_step = True
+
+    def step_finished(self, step: int) -> None:
+        self.count, self.step, self.in_step = self.count + 1, step, False
+
+    # -------------------------------------------------------------- thread
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        """End the thread and publish `done` (best effort: the store may be gone)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(STOP_WAIT_S)
+        try:
+            self._publish(done=True)
+        except Exception:  # noqa: BLE001 - the job is ending; peers that still run know
+            pass
+
+    def _beat(self, done: bool = False) -> Heartbeat:
+        return Heartbeat(self.rank, self.seq, self.count, self.step, self.in_step, done)
+
+    def _publish(self, done: bool = False) -> None:
+        self.seq += 1
+        self.store.set(f"{KEY_PREFIX}{self.rank}", self._beat(done).to_bytes())
+
+    def _read_peers(self) -> dict[int, Heartbeat]:
+        keys = [f"{KEY_PREFIX}{r}" for r in range(self.world_size) if r != self.rank]
+        present = keys if self.store.check(keys) else [k for k in keys if self.store.check([k])]
+        values = self.store.multi_get(present) if present else []
+        return {int(k[len(KEY_PREFIX):]): Heartbeat.from_bytes(bytes(v))
+                for k, v in zip(present, values)}
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(self.interval_s):
+            if not dist.is_initialized():  # the job ended its process group: done
+                self._finish()
+                return
+            try:
+                self._publish()
+                beats = self._read_peers()
+            except Exception as exc:  # noqa: BLE001 - a store error is classified below
+                if self._stop.is_set() or not dist.is_initialized():
+                    return
+                if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
+                    return  # the store's host exited: its launcher reports that exit
+                self._fail(f"the process group's store did not answer for {self.limit_s:g} s "
+                           "(its host, rank 0 unless torchrun's agent holds it, stopped "
+                           "responding)")
+                return
+            now = time.monotonic()
+            if now - last > self.limit_s + self.interval_s:
+                self.view.forget_times(now)  # this process was stopped, not its peers
+            last = now
+            beats[self.rank] = self._beat()
+            self.view.observe(beats, now)
+            found = self.view.stalled(now)
+            if found:
+                self._fail(found)
+                return
+
+    def _finish(self) -> None:
+        """`stop` from the thread itself (it cannot join itself)."""
+        self._stop.set()
+        try:
+            self._publish(done=True)
+        except Exception:  # noqa: BLE001 - best effort, as in stop()
+            pass
+
+    def _fail(self, what: str) -> None:
+        print(f"planner watchdog on rank {self.rank}: {what}; the job exits now instead of "
+              f"waiting for the process-group timeout (stall limit {self.limit_s:g} s: "
+              f"stall_limit_s or {STALL_LIMIT_ENV})", file=sys.stderr, flush=True)
+        os._exit(STALL_EXIT_CODE)
+
+
+_current: Watchdog | None = None
+_current_group = None  # the default process group the watchdog belongs to
+
+
+def ensure_watchdog(stall_limit_s: float | None = None) -> Watchdog | None:
+    """This process's watchdog for the current default process group, started on the
+    first call (None with one rank: nobody to wait for)."""
+    global _current, _current_group
+    if dist.get_world_size() == 1:
+        return None
+    group = dist.group.WORLD
+    if _current is not None and _current_group is group and _current.alive:
+        return _current
+    if _current is not None:
+        _current.stop()
+    limit = seconds_setting(stall_limit_s, "stall_limit_s", STALL_LIMIT_ENV, STALL_LIMIT_S)
+    store = dist.distributed_c10d._get_default_store()  # the group's own rendezvous store
+    _current, _current_group = Watchdog(store, dist.get_rank(), dist.get_world_size(), limit), group
+    return _current
