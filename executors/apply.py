@@ -45,6 +45,7 @@ from executors.runtime import ParallelModel, loss_weight as default_loss_weight
 from executors.tensor_parallel import apply_tp, is_loss_parallel_head
 from executors.tied import TiedGradients, find_tie_groups, untie
 from executors.validate import check_plan, layer_layout
+from executors.watchdog import die_with_parent
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.plan import ParallelPlan, optimizer_for
@@ -199,13 +200,16 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
 
     Under torchrun's agent store the keys are namespaced by TORCHELASTIC_RESTART_COUNT:
     the store outlives a failed attempt, and a restarted rank could otherwise read a dead
-    rank's published address (`connectFullMesh ... Connection refused`)."""
+    rank's published address (`connectFullMesh ... Connection refused`). A torchrun
+    worker dies with its agent (`executors.watchdog.die_with_parent`)."""
     if dist.is_initialized():
         return
     timeout = timedelta(seconds=pg_timeout_s(timeout_s))
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        if "TORCHELASTIC_RUN_ID" in os.environ:
+            die_with_parent()  # torchrun's workers lead their own sessions: no orphans
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                                   is_master=False, timeout=timeout)

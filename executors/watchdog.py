@@ -14,7 +14,8 @@ clocks need not agree. A peer is watched once it has finished a step (set-up may
 slow), until it says `done` (its process group was destroyed, or it exited). It stalls:
 
   A. frozen: its `seq` has not changed for longer than the limit (SIGSTOP, a hung host,
-     a dead process) — "rank 1 stopped responding ... after its step 5";
+     a dead process) — "rank 1 stopped responding (...; it last reported 5 steps done)" — or
+     it has published nothing for longer than the limit since this rank's first step;
   B. holding the others up: it has sat between steps after step k for longer than the
      limit while another rank has waited inside step k+1 for longer than the limit.
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -50,6 +52,7 @@ CHECKS_PER_LIMIT = 5
 # Exit status of a rank that reports a stall: not 1 (a Python error) nor 2 (bad input).
 STALL_EXIT_CODE = 3
 KEY_PREFIX = "planner/heartbeat/"
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): a signal for when the parent dies
 # Seconds to wait for the thread at exit (one store round trip; it must not delay exit).
 STOP_WAIT_S = 2.0
 
@@ -75,12 +78,12 @@ class PeerView:
     """What one rank has seen of every rank's heartbeats, and the stall rules (pure logic:
     `observe` heartbeats at a time, ask `stalled` at a time)."""
 
-    def __init__(self, me: int, limit_s: float):
-        self.me = me
-        self.limit_s = limit_s
+    def __init__(self, me: int, world_size: int, limit_s: float):
+        self.me, self.world_size, self.limit_s = me, world_size, limit_s
         self.beats: dict[int, Heartbeat] = {}
         self.seq_since: dict[int, float] = {}  # when each rank's seq last changed
         self.state_since: dict[int, float] = {}  # when its (count, in_step) last changed
+        self.armed_since: float | None = None  # when this rank had finished its first step
 
     def observe(self, beats: dict[int, Heartbeat], now: float) -> None:
         for rank, beat in beats.items():
@@ -90,22 +93,32 @@ class PeerView:
             if old is None or (old.count, old.in_step) != (beat.count, beat.in_step):
                 self.state_since[rank] = now
             self.beats[rank] = beat
+        if self.armed_since is None and self.me in beats and beats[self.me].count >= 1:
+            self.armed_since = now
 
     def forget_times(self, now: float) -> None:
         """This rank was stopped itself: what it measured meanwhile proves nothing."""
         for rank in self.beats:
             self.seq_since[rank] = self.state_since[rank] = now
+        if self.armed_since is not None:
+            self.armed_since = now
 
     def stalled(self, now: float) -> str | None:
         """A description of the first stalled peer, or None."""
+        if self.armed_since is not None and now - self.armed_since > self.limit_s:
+            # steps are collective: once this rank finished one, every rank had started it
+            for rank in range(self.world_size):
+                if rank not in self.beats:
+                    return (f"rank {rank} stopped responding (no heartbeat in "
+                            f"{now - self.armed_since:.0f} s since this rank's first step)")
         watched = {r: b for r, b in self.beats.items() if b.count >= 1 and not b.done}
         for rank, beat in sorted(watched.items()):
             if rank == self.me:
                 continue
             silent = now - self.seq_since[rank]
             if silent > self.limit_s:
-                return (f"rank {rank} stopped responding (no heartbeat for {silent:.0f} s, "
-                        f"its last finished step is {beat.step})")
+                return (f"rank {rank} stopped responding (no heartbeat for {silent:.0f} s; "
+                        f"it last reported {beat.step} steps done)")
             idle = now - self.state_since[rank]
             if beat.in_step or idle <= self.limit_s:
                 continue
@@ -113,10 +126,10 @@ class PeerView:
                              if b.in_step and b.count == beat.count
                              and now - self.state_since[r] > self.limit_s)
             if waiting:
-                return (f"rank {rank} has not started the step after its step {beat.step} for "
-                        f"{idle:.0f} s while rank{'s' if len(waiting) > 1 else ''} "
+                return (f"rank {rank} has not started a step for {idle:.0f} s after finishing "
+                        f"{beat.step} steps while rank{'s' if len(waiting) > 1 else ''} "
                         f"{','.join(map(str, waiting))} wait{'' if len(waiting) > 1 else 's'} "
-                        "in it")
+                        "in the next one")
         return None
 
 
@@ -134,8 +147,9 @@ class Watchdog:
         self.count = self.step = 0
         self.in_step = False
         self.seq = 0
-        self.view = PeerView(rank, limit_s)
+        self.view = PeerView(rank, world_size, limit_s)
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set: publish now (the first step, or stop)
         self._thread = threading.Thread(target=self._run, name="planner-watchdog", daemon=True)
         self._thread.start()
         atexit.register(self.stop)
@@ -147,6 +161,8 @@ class Watchdog:
 
     def step_finished(self, step: int) -> None:
         self.count, self.step, self.in_step = self.count + 1, step, False
+        if self.count == 1:  # peers watch a rank from its first step: tell them now
+            self._wake.set()
 
     # -------------------------------------------------------------- thread
 
@@ -159,6 +175,7 @@ class Watchdog:
         if self._stop.is_set():
             return
         self._stop.set()
+        self._wake.set()
         self._thread.join(STOP_WAIT_S)
         try:
             self._publish(done=True)
@@ -181,7 +198,11 @@ class Watchdog:
 
     def _run(self) -> None:
         last = time.monotonic()
-        while not self._stop.wait(self.interval_s):
+        while True:
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             if not dist.is_initialized():  # the job ended its process group: done
                 self._finish()
                 return
@@ -242,3 +263,18 @@ def ensure_watchdog(stall_limit_s: float | None = None) -> Watchdog | None:
     store = dist.distributed_c10d._get_default_store()  # the group's own rendezvous store
     _current, _current_group = Watchdog(store, dist.get_rank(), dist.get_world_size(), limit), group
     return _current
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent (torchrun's agent, `planner validate`) dies,
+    so that no orphaned rank waits on in a collective. Linux only (prctl)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG, SIGKILL) failed")
+    if os.getppid() != parent:  # it died before prctl: no signal will come
+        os._exit(1)
