@@ -23,7 +23,8 @@ Then this rank prints one line naming the stalled rank and its last step to stde
 leaves with STALL_EXIT_CODE (os._exit: the main thread is blocked in a collective), so
 the launcher (torchrun, `planner validate`) tears the job down. A rank whose own thread
 was stopped (its tick came late by more than the limit) forgets what it saw instead of
-blaming its peers. The limit: `stall_limit_s`, else PLANNER_STALL_LIMIT_S, else
+blaming its peers. A store host that stops answering (rank 0 under env://) is named as
+well. The limit: `stall_limit_s`, else PLANNER_STALL_LIMIT_S, else
 STALL_LIMIT_S; a step, or what a rank does alone between steps, must fit in it.
 """
 
@@ -139,9 +140,9 @@ class Watchdog:
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, limit_s: float):
         self.rank, self.world_size, self.limit_s = rank, world_size, limit_s
+        self.group = dist.group.WORLD  # the default process group it watches
         self.interval_s = limit_s / CHECKS_PER_LIMIT
-        # a connection of its own, so a frozen store host times out here after the limit
-        # and does not block the process group's own store calls
+        # a connection of its own: a frozen store host blocks this one, not the group's
         self.store = store.clone()
         self.store.set_timeout(timedelta(seconds=limit_s))
         self.count = self.step = 0
@@ -177,6 +178,8 @@ class Watchdog:
         self._stop.set()
         self._wake.set()
         self._thread.join(STOP_WAIT_S)
+        if not self._group_alive():  # the thread says done when it sees the group go
+            return
         try:
             self._publish(done=True)
         except Exception:  # noqa: BLE001 - the job is ending; peers that still run know
@@ -196,6 +199,28 @@ class Watchdog:
         return {int(k[len(KEY_PREFIX):]): Heartbeat.from_bytes(bytes(v))
                 for k, v in zip(present, values)}
 
+    def _exchange(self) -> dict[int, Heartbeat]:
+        """Publish this rank's heartbeat and read the peers'; TimeoutError when the store
+        does not answer within the limit (its host is frozen: a TCPStore call to a
+        stopped host blocks for ever, whatever the store's own timeout)."""
+        result: dict = {}
+
+        def work() -> None:
+            try:
+                self._publish()
+                result["beats"] = self._read_peers()
+            except Exception as exc:  # noqa: BLE001 - handed to the caller
+                result["error"] = exc
+
+        worker = threading.Thread(target=work, name="planner-watchdog-store", daemon=True)
+        worker.start()
+        worker.join(self.limit_s)
+        if worker.is_alive():
+            raise TimeoutError
+        if "error" in result:
+            raise result["error"]
+        return result["beats"]
+
     def _run(self) -> None:
         last = time.monotonic()
         while True:
@@ -203,21 +228,17 @@ class Watchdog:
             self._wake.clear()
             if self._stop.is_set():
                 return
-            if not dist.is_initialized():  # the job ended its process group: done
+            if not self._group_alive():  # the job ended its process group: done
                 self._finish()
                 return
             try:
-                self._publish()
-                beats = self._read_peers()
-            except Exception as exc:  # noqa: BLE001 - a store error is classified below
-                if self._stop.is_set() or not dist.is_initialized():
-                    return
-                if "timeout" not in str(exc).lower() and "timed out" not in str(exc).lower():
-                    return  # the store's host exited: its launcher reports that exit
-                self._fail(f"the process group's store did not answer for {self.limit_s:g} s "
-                           "(its host, rank 0 unless torchrun's agent holds it, stopped "
-                           "responding)")
+                beats = self._exchange()
+            except TimeoutError:
+                self._fail(f"{_store_host()}, which holds the process group's store, stopped "
+                           f"responding (the store did not answer for {self.limit_s:g} s)")
                 return
+            except Exception:  # noqa: BLE001 - the store's host exited (its launcher reports
+                return  # that exit) or the job is ending
             now = time.monotonic()
             if now - last > self.limit_s + self.interval_s:
                 self.view.forget_times(now)  # this process was stopped, not its peers
@@ -228,6 +249,11 @@ class Watchdog:
             if found:
                 self._fail(found)
                 return
+
+    def _group_alive(self) -> bool:
+        """The process group this watchdog was made for is still the default one (a
+        process may destroy it and make another: tests, validate's dropout re-run)."""
+        return dist.is_initialized() and dist.group.WORLD is self.group
 
     def _finish(self) -> None:
         """`stop` from the thread itself (it cannot join itself)."""
@@ -245,23 +271,28 @@ class Watchdog:
 
 
 _current: Watchdog | None = None
-_current_group = None  # the default process group the watchdog belongs to
+
+
+def _store_host() -> str:
+    """Who holds the default group's store: torchrun's agent (init_distributed under
+    torchrun) or rank 0 (torch's env:// and tcp:// rendezvous)."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return "torchrun's agent" if agent else "rank 0"
 
 
 def ensure_watchdog(stall_limit_s: float | None = None) -> Watchdog | None:
     """This process's watchdog for the current default process group, started on the
     first call (None with one rank: nobody to wait for)."""
-    global _current, _current_group
+    global _current
     if dist.get_world_size() == 1:
         return None
-    group = dist.group.WORLD
-    if _current is not None and _current_group is group and _current.alive:
+    if _current is not None and _current.alive and _current._group_alive():
         return _current
     if _current is not None:
         _current.stop()
     limit = seconds_setting(stall_limit_s, "stall_limit_s", STALL_LIMIT_ENV, STALL_LIMIT_S)
     store = dist.distributed_c10d._get_default_store()  # the group's own rendezvous store
-    _current, _current_group = Watchdog(store, dist.get_rank(), dist.get_world_size(), limit), group
+    _current = Watchdog(store, dist.get_rank(), dist.get_world_size(), limit)
     return _current
 
 

@@ -337,3 +337,39 @@ def test_mesh_sub_groups_get_the_default_groups_timeout(tmp_path):
     for rank in range(2):
         timeouts = json.loads((tmp_path / f"{rank}.json").read_text())
         assert set(timeouts.values()) == {42.0}, (rank, timeouts)
+
+
+def test_a_frozen_store_host_is_named(tmp_path):
+    """Under env:// rank 0 holds the store; frozen, it blocks every store call for ever.
+    The watchdog gives up on the store after the limit and names rank 0."""
+    code = textwrap.dedent(f"""
+        import os, signal, subprocess, sys, time
+        from datetime import timedelta
+        sys.path.insert(0, {ROOT!r})
+        import torch.distributed as dist
+        from executors.watchdog import Watchdog
+        host = subprocess.Popen([sys.executable, "-c", "import sys, time; "
+            "from executors.watchdog import die_with_parent; die_with_parent(); "
+            "import torch.distributed as d; from datetime import timedelta; "
+            "s = d.TCPStore('127.0.0.1', 0, is_master=True, timeout=timedelta(seconds=60)); "
+            "print(s.port, flush=True); time.sleep(120)"], stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True)  # it dies with us, frozen or not
+        port = int(host.stdout.readline())
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        watchdog = Watchdog(store, rank=1, world_size=2, limit_s=1.0)
+        time.sleep(1.5)  # a few heartbeats get through
+        os.kill(host.pid, signal.SIGSTOP)
+        time.sleep(20)
+        os.kill(host.pid, signal.SIGKILL)
+        print("the watchdog never fired")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                           "PYTHONPATH": ROOT})
+    assert proc.returncode == 3, proc.stdout + proc.stderr[-2000:]
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("planner watchdog")]
+    assert lines == ["planner watchdog on rank 1: rank 0, which holds the process group's "
+                     "store, stopped responding (the store did not answer for 1 s); the job "
+                     "exits now instead of waiting for the process-group timeout (stall limit "
+                     "1 s: stall_limit_s or PLANNER_STALL_LIMIT_S)"], proc.stderr[-2000:]
