@@ -49,6 +49,13 @@ BATCH_SEED = 1000  # global batch k: seed BATCH_SEED + k
 OPTIMIZER_KWARGS = {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-4}
 
 
+def _rank_stage(text: str) -> tuple[int, int]:
+    rank, _, stage = text.partition(":")
+    if not (rank.isdigit() and stage in ("0", "1", "2", "3")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not RANK:STAGE, e.g. 1:3")
+    return int(rank), int(stage)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="gpt:layers=4,hidden=64,heads=4,vocab=128,seq=32,dropout=0")
@@ -67,7 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kill-rank", type=int, default=1)
     p.add_argument("--stop-at-step", type=int, default=None,
                    help="fault drill: --kill-rank SIGSTOPs itself (freezes) before this step")
-    p.add_argument("--zero-on-rank", default=None, metavar="RANK:STAGE",
+    p.add_argument("--zero-on-rank", default=None, metavar="RANK:STAGE", type=_rank_stage,
                    help="fault drill: this rank plans with this ZeRO stage, unlike the others")
     p.add_argument("--pg-timeout-s", type=float, default=None,
                    help="process-group timeout (default PLANNER_PG_TIMEOUT_S or 600)")
@@ -91,7 +98,7 @@ def train(args) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     zero = args.zero
     if args.zero_on_rank:
-        drill_rank, drill_zero = (int(v) for v in args.zero_on_rank.split(":"))
+        drill_rank, drill_zero = args.zero_on_rank
         zero = drill_zero if rank == drill_rank else zero
     loaded = load_model(args.model, micro_batch=1, seq_len=args.seq_len, device="cpu", seed=SEED)
     layers = len(load_layer_graph(args.model, 1, args.seq_len, torch.float32).layers)
