@@ -9,6 +9,12 @@ complete checkpoint — under whatever plan and world size this start has:
     # fault drill: rank 1 kills itself (SIGKILL) at step 5 of the first attempt
     torchrun --standalone --nproc-per-node 2 --max-restarts 1 \\
         examples/train_resumable.py --ckpt-dir ckpt --save-every 3 --steps 8 --kill-at-step 5
+    # hang drills: rank 1 freezes at step 3 (the watchdog ends the job after 10 s), or
+    # runs ZeRO-3 while rank 0 runs DDP (both ranks fail at once, naming the two plans)
+    torchrun --standalone --nproc-per-node 2 examples/train_resumable.py --ckpt-dir ckpt \\
+        --stop-at-step 3 --stall-limit-s 10
+    torchrun --standalone --nproc-per-node 2 examples/train_resumable.py --ckpt-dir ckpt \\
+        --zero-on-rank 1:3
 
 The global batch of step k is drawn from seed 1000 + k on every rank, so the step count
 in the checkpoint is the data position. Rank 0 appends one JSON line per step to
@@ -43,6 +49,13 @@ BATCH_SEED = 1000  # global batch k: seed BATCH_SEED + k
 OPTIMIZER_KWARGS = {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-4}
 
 
+def _rank_stage(text: str) -> tuple[int, int]:
+    rank, _, stage = text.partition(":")
+    if not (rank.isdigit() and stage in ("0", "1", "2", "3")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not RANK:STAGE, e.g. 1:3")
+    return int(rank), int(stage)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="gpt:layers=4,hidden=64,heads=4,vocab=128,seq=32,dropout=0")
@@ -59,6 +72,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kill-at-step", type=int, default=None,
                    help="fault drill: --kill-rank SIGKILLs itself before this step, first attempt only")
     p.add_argument("--kill-rank", type=int, default=1)
+    p.add_argument("--stop-at-step", type=int, default=None,
+                   help="fault drill: --kill-rank SIGSTOPs itself (freezes) before this step")
+    p.add_argument("--zero-on-rank", default=None, metavar="RANK:STAGE", type=_rank_stage,
+                   help="fault drill: this rank plans with this ZeRO stage, unlike the others")
+    p.add_argument("--pg-timeout-s", type=float, default=None,
+                   help="process-group timeout (default PLANNER_PG_TIMEOUT_S or 600)")
+    p.add_argument("--stall-limit-s", type=float, default=None,
+                   help="seconds a rank may stop making progress (default "
+                        "PLANNER_STALL_LIMIT_S or 300)")
     p.add_argument("--losses-out", default=None, help="rank 0 appends JSON lines here")
     return p.parse_args(argv)
 
@@ -71,21 +93,27 @@ def global_batch(spec: str, rows: int, seq_len: int, step: int):
 
 def train(args) -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    init_distributed()  # namespaces store keys per restart attempt (see its docstring)
+    # namespaces store keys per restart attempt (see its docstring)
+    init_distributed(timeout_s=args.pg_timeout_s)
     rank, world = dist.get_rank(), dist.get_world_size()
+    zero = args.zero
+    if args.zero_on_rank:
+        drill_rank, drill_zero = args.zero_on_rank
+        zero = drill_zero if rank == drill_rank else zero
     loaded = load_model(args.model, micro_batch=1, seq_len=args.seq_len, device="cpu", seed=SEED)
     layers = len(load_layer_graph(args.model, 1, args.seq_len, torch.float32).layers)
     if world % (args.tp * args.pp):
         raise PlannerError(f"--tp {args.tp} x --pp {args.pp} does not divide the world size "
                            f"{world}: launch a multiple of {args.tp * args.pp} processes")
     dp = world // (args.tp * args.pp)
-    plan = uniform_plan(layers, tp=args.tp, pp=args.pp, dp=dp, zero=args.zero,
+    plan = uniform_plan(layers, tp=args.tp, pp=args.pp, dp=dp, zero=zero,
                         micro_batch=args.global_batch // (dp * args.pp),
                         global_batch=args.global_batch, precision=Precision.FP32)
     example = global_batch(args.model, 1, args.seq_len, 0)
     ap = auto_parallel(loaded.module, example, loss_fn=loaded.loss_fn,
                        optimizer=torch.optim.AdamW, optimizer_kwargs=OPTIMIZER_KWARGS,
-                       plan=plan, precision=Precision.FP32, global_batch=args.global_batch)
+                       plan=plan, precision=Precision.FP32, global_batch=args.global_batch,
+                       stall_limit_s=args.stall_limit_s)
     start = ap.resume(args.resume or args.ckpt_dir)
     if rank == 0:
         print(f"attempt {attempt}: {world} ranks, {plan}, starting at step {start}", flush=True)
@@ -93,6 +121,9 @@ def train(args) -> None:
         if (args.kill_at_step == step and attempt == 0 and rank == args.kill_rank):
             print(f"rank {rank}: fault drill, killing myself before step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if args.stop_at_step == step and rank == args.kill_rank:
+            print(f"rank {rank}: fault drill, freezing (SIGSTOP) before step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
         loss = ap.train_step(global_batch(args.model, args.global_batch, args.seq_len, step))
         if rank == 0 and args.losses_out:
             with open(args.losses_out, "a") as fh:

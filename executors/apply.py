@@ -4,7 +4,8 @@ Call it on every rank inside an initialised process group (torchrun, or spawned 
 with the same model built from the same seed on every rank. The composition order is
 fixed (torchtitan's: TP -> AC -> FSDP, embeddings/blocks/head one unit each, root last):
 
-    0. check_plan          reject what cannot run (PlannerError), before any collective
+    0. agree_on_plan       every rank holds the same plan (a digest all-gather), then
+       check_plan          reject what cannot run (PlannerError), before any other collective
     1. Meshes              one (pp, dp, tp) DeviceMesh per TP degree, TP innermost
     2. untie               each layer its own copy of shared weights (`executors.tied`)
     3. build_stage_module  this rank's pipeline stage(s): the model, other stages' layers
@@ -28,16 +29,18 @@ fixed (torchtitan's: TP -> AC -> FSDP, embeddings/blocks/head one unit each, roo
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from executors.agreement import agree_on_plan
 from executors.checkpointing import apply_ac
 from executors.data_parallel import apply_dp, apply_dp_root
 from executors.layout import add_input_relayout, add_output_relayout
-from executors.mesh import Meshes
+from executors.mesh import Meshes, pg_timeout_s
 from executors.optimizer import build_optimizer
 from executors.pipeline import (StageAnalysis, build_schedule, build_stage_module, rank_stages,
                                 stage_layers)
@@ -46,6 +49,7 @@ from executors.tensor_parallel import apply_tp, is_loss_parallel_head
 from executors.tp_check import TPSelfCheck
 from executors.tied import TiedGradients, find_tie_groups, untie
 from executors.validate import check_plan, layer_layout
+from executors.watchdog import die_with_parent
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.plan import ParallelPlan, optimizer_for
@@ -125,6 +129,8 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     if not dist.is_initialized():
         raise PlannerError("executors.apply needs an initialised process group: run under "
                            "torchrun, or call executors.init_distributed() first")
+    # every rank runs the same plan, or all fail together naming the ranks (no hang)
+    agree_on_plan(plan, graph, torch.device(device) if device is not None else default_device())
     world_size = dist.get_world_size()
     # 0. reject before any collective
     dims = check_plan(model, plan, graph, world_size, example_inputs)
@@ -199,28 +205,35 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     return pm
 
 
-def init_distributed(backend: str | None = None) -> None:
+def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> None:
     """Initialise the default process group: from torchrun's environment when present
     (nccl with GPUs, else gloo), else a single-process group (world size 1).
 
+    timeout_s: how long a collective (and the store) may wait before it fails; default
+    PLANNER_PG_TIMEOUT_S or `executors.mesh.PG_TIMEOUT_S`. The executor's meshes give
+    their sub-groups the same timeout (`executors.mesh`).
+
     Under torchrun's agent store the keys are namespaced by TORCHELASTIC_RESTART_COUNT:
     the store outlives a failed attempt, and a restarted rank could otherwise read a dead
-    rank's published address (`connectFullMesh ... Connection refused`)."""
+    rank's published address (`connectFullMesh ... Connection refused`). A torchrun
+    worker dies with its agent (`executors.watchdog.die_with_parent`)."""
     if dist.is_initialized():
         return
+    timeout = timedelta(seconds=pg_timeout_s(timeout_s))
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        if "TORCHELASTIC_RUN_ID" in os.environ:
+            die_with_parent()  # torchrun's workers lead their own sessions: no orphans
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            from datetime import timedelta
-
             store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                  is_master=False, timeout=timedelta(seconds=300))
+                                  is_master=False, timeout=timeout)
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             dist.init_process_group(backend, store=dist.PrefixStore(f"planner/attempt{attempt}", store),
                                     rank=int(os.environ["RANK"]),
-                                    world_size=int(os.environ["WORLD_SIZE"]))
+                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
         else:
-            dist.init_process_group(backend)
+            dist.init_process_group(backend, timeout=timeout)
     else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout)

@@ -16,18 +16,74 @@ and FSDP2 concatenates them for 2-D (FSDP + TP) sharding because they share a ro
     >>> dims = ParallelDims(world_size=8, pp=2, stage_devices=4, tp_degrees=(1, 2))
     >>> dims.coordinate(rank=6, tp=2)
     Coordinate(pp_rank=1, dp_index=1, tp_index=0)
+
+Timeouts. torch gives a group made by `new_group` (every mesh axis that is not the whole
+world) torch's own default of 30 minutes, not the default group's timeout; so each mesh
+passes the default group's timeout to its sub-groups explicitly (`group_options`).
+`init_distributed` sets that timeout: `pg_timeout_s`, or PLANNER_PG_TIMEOUT_S.
 """
 
 from __future__ import annotations
 
 import enum
+import math
+import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from ir.errors import PlannerError
+
+# Seconds a collective may wait before it fails: long enough for a slow first step or
+# checkpoint (minutes), far below torch's 30 minutes of silence.
+PG_TIMEOUT_S = 600.0
+PG_TIMEOUT_ENV = "PLANNER_PG_TIMEOUT_S"
+
+
+def seconds_setting(value: float | None, name: str, env: str, default: float) -> float:
+    """`value` (the argument `name`), else the environment variable `env`, else
+    `default`; a finite number of seconds > 0, else PlannerError naming where it came from."""
+    if value is None:
+        source, value = (f"{env}={os.environ[env]!r}", os.environ[env]) if env in os.environ \
+            else (name, default)
+    else:
+        source = f"{name}={value!r}"
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise PlannerError(f"{source} is not a positive number of seconds: pass {name} or set "
+                           f"{env}, e.g. {default:g}")
+    return seconds
+
+
+def pg_timeout_s(timeout_s: float | None = None) -> float:
+    """The process-group timeout: `timeout_s`, else PLANNER_PG_TIMEOUT_S, else PG_TIMEOUT_S."""
+    return seconds_setting(timeout_s, "timeout_s", PG_TIMEOUT_ENV, PG_TIMEOUT_S)
+
+
+def group_timeout(group: dist.ProcessGroup, device_type: str) -> timedelta:
+    """The timeout `group` was made with (its backend for `device_type` keeps it)."""
+    return group._get_backend(torch.device(device_type)).options._timeout
+
+
+def group_options(device_type: str, timeout: timedelta):
+    """Backend options that carry `timeout` to DeviceMesh's sub-groups (DeviceMesh reads
+    `_timeout` from them; torch's own default otherwise)."""
+    backend = dist.get_backend()
+    if "nccl" in backend and device_type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+    elif "gloo" in backend:
+        options = dist.ProcessGroupGloo._Options()
+    else:
+        raise PlannerError(f"process-group backend {backend!r} on {device_type}: the executor "
+                           "sets sub-group timeouts for gloo and nccl only; use one of them")
+    options._timeout = timeout
+    return options
 
 
 class MeshAxis(str, enum.Enum):
@@ -89,9 +145,13 @@ class Meshes:
         self.rank = dist.get_rank()
         self._world: dict[int, DeviceMesh] = {}
         names = (MeshAxis.PP.value, MeshAxis.DP.value, MeshAxis.TP.value)
+        # sub-groups wait as long as the default group (module docstring: Timeouts)
+        self.timeout = group_timeout(dist.group.WORLD, device_type)
+        override = ((None, group_options(device_type, self.timeout)),) * len(names)
         for tp in dims.tp_degrees:  # same order on every rank: group creation is collective
             ranks = torch.arange(dims.world_size).view(dims.pp, dims.dp(tp), tp)
-            self._world[tp] = DeviceMesh(device_type, ranks, mesh_dim_names=names)
+            self._world[tp] = DeviceMesh(device_type, ranks, mesh_dim_names=names,
+                                         backend_override=override)
 
     def world(self, tp: int) -> DeviceMesh:
         return self._world[tp]

@@ -52,6 +52,7 @@ from executors.mesh import Meshes
 from executors.pipeline import StageAnalysis, stage_inputs
 from executors.tensor_parallel import reduce_partial_grads
 from executors.tied import TiedGradients
+from executors.watchdog import ensure_watchdog
 from ir.plan import ParallelPlan
 from ir.trace import model_output_tensor
 
@@ -93,6 +94,9 @@ class ParallelModel:
     pipeline_stages: list = field(default_factory=list)
     pipeline_analysis: StageAnalysis | None = None  # checks and records stages per input shape
     steps: int = 0
+    # seconds a rank may stop making progress before the job exits (executors.watchdog);
+    # None: PLANNER_STALL_LIMIT_S or its default
+    stall_limit_s: float | None = None
     # this step's count of the global target (None: not sharded by rows, uniform weights)
     _global_count: torch.Tensor | None = field(default=None, init=False, repr=False)
 
@@ -200,6 +204,9 @@ class ParallelModel:
 
     def train_step(self, inputs: dict, target) -> float:
         """One optimizer step on the GLOBAL batch; returns its mean loss."""
+        watchdog = ensure_watchdog(self.stall_limit_s)  # heartbeat: no collective, no I/O
+        if watchdog is not None:
+            watchdog.step_started()
         local_loss, pending = self._forward_backward(inputs, target, reduce_early=True)
         value, work = pending or self._start_loss_sum(local_loss)
         self.tied.sync()
@@ -207,6 +214,8 @@ class ParallelModel:
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         work.wait()
+        if watchdog is not None:
+            watchdog.step_finished(self.steps)
         return float(value)
 
 

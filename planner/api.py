@@ -137,7 +137,9 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
                   global_batch: int | None = None, plan: str | PlanDocument | ParallelPlan | None = None,
                   precision: Precision | str | None = None,
                   options: SearchOptions | None = None,
-                  loss_weight: Callable | None = None, tp_self_check: bool = True) -> AutoParallel:
+                  loss_weight: Callable | None = None, tp_self_check: bool = True,
+                  timeout_s: float | None = None,
+                  stall_limit_s: float | None = None) -> AutoParallel:
     """Trace `model`, plan it for this job (or take `plan`), and shard it on every rank.
 
     `example_batch` is `(inputs, target)` with the micro-batch shape the plan is made
@@ -146,8 +148,12 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
     micro-batch's loss; see `executors.apply` (default: targets != -100, or all elements).
     `tp_self_check=False` skips checking tensor-parallel layers against their unsplit
     selves at set-up (`executors.tp_check`).
+    `timeout_s`: the process-group timeout when this call creates the group
+    (`executors.init_distributed`); `stall_limit_s`: how long a rank may stop making
+    progress before the job exits (`executors.watchdog`); both default to their
+    PLANNER_PG_TIMEOUT_S / PLANNER_STALL_LIMIT_S environment variables.
     """
-    init_distributed()
+    init_distributed(timeout_s=timeout_s)
     world = dist.get_world_size()
     input_names = tuple(inspect.signature(model.forward).parameters)
     inputs, target = _split_batch(example_batch, input_names)
@@ -184,6 +190,7 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
     parallel = apply(model, doc.plan, graph, loss_fn=loss_fn, device=device, optimizer=optimizer,
                      optimizer_kwargs=optimizer_kwargs, example_inputs=inputs,
                      loss_weight=loss_weight, tp_self_check=tp_self_check)
+    parallel.stall_limit_s = stall_limit_s
     return AutoParallel(doc.plan, doc, graph, parallel, input_names)
 
 

@@ -66,6 +66,9 @@ LOSS_ATOL = 1e-7
 ADAM_EPS = 1e-4
 LEARNING_RATE = 1e-3
 SPAWN_TIMEOUT_S = 600.0
+# Seconds the other ranks get to exit after one fails, before SIGTERM and again before
+# SIGKILL (torch's default is 30: a frozen rank ignores SIGTERM until SIGKILL).
+REAP_GRACE_S = 5.0
 # Intra-op threads per rank. One, as the tests' ranks use: on this shared 2-core machine
 # a 1-rank run with 2 OpenMP threads measured 0.6-1.9 s per gpt-tiny step (threads spin
 # at barriers while the other core is taken) against ~0.03 s with one.
@@ -326,7 +329,13 @@ class _Null:
         return False
 
 
-def _rank_main(rank: int, world_size: int, port: int, out_dir: str, payload: dict) -> None:
+def _rank_main(rank: int, world_size: int, port: int, out_dir: str, payload: dict,
+               parent_pid: int) -> None:
+    from executors.watchdog import die_with_parent
+
+    if os.getppid() != parent_pid:  # spawn_ranks' process is already gone
+        os._exit(1)
+    die_with_parent()  # and if it dies later, so do we
     backend = payload["backend"]
     torch.set_num_threads(payload["threads"])
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -355,11 +364,12 @@ def spawn_ranks(payload: dict, nproc: int, timeout_s: float = SPAWN_TIMEOUT_S) -
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="planner-validate-") as out_dir:
-        context = mp.start_processes(_rank_main, args=(nproc, _free_port(), out_dir, payload),
-                                     nprocs=nproc, join=False, start_method="spawn")
+        context = mp.start_processes(
+            _rank_main, args=(nproc, _free_port(), out_dir, payload, os.getpid()),
+            nprocs=nproc, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         try:
-            while not context.join(timeout=1.0):
+            while not context.join(timeout=1.0, grace_period=REAP_GRACE_S):
                 if time.monotonic() > deadline:
                     raise PlannerError(f"validation ran past {timeout_s:.0f} s on {nproc} ranks: "
                                        "lower --steps or validate a smaller model")
@@ -370,10 +380,12 @@ def spawn_ranks(payload: dict, nproc: int, timeout_s: float = SPAWN_TIMEOUT_S) -
         except mp.ProcessExitedException as exc:
             raise PlannerError(f"a rank died while running the plan (exit code "
                                f"{exc.exit_code}); rerun with --debug") from exc
-        finally:
+        finally:  # on any way out: no rank left running, none left a zombie
             for process in context.processes:
                 if process.is_alive():
                     process.kill()
+            for process in context.processes:
+                process.join()
         results = []
         for r in range(nproc):
             with open(os.path.join(out_dir, f"rank{r}.json")) as fh:
