@@ -343,8 +343,10 @@ def _rank_main(rank: int, world_size: int, port: int, out_dir: str, payload: dic
                       LOCAL_WORLD_SIZE=str(world_size))
     if backend == "nccl":
         torch.cuda.set_device(rank)
+    from executors.mesh import pg_timeout_s
+
     dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=300))
+                            timeout=timedelta(seconds=pg_timeout_s()))
     try:
         result = _rank_worker(payload)
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:

@@ -126,8 +126,10 @@ def test_ranks_given_different_plans_fail_at_once_naming_both(tmp_path):
                                   "--zero-on-rank", "1:3"], {"PLANNER_PG_TIMEOUT_S": "300"},
                                  DISAGREE_BOUND_S)
     errors = [l for l in proc.stderr.splitlines() if l.startswith("train_resumable: error:")]
-    assert proc.returncode != 0 and len(errors) == 2, proc.stderr[-3000:]
-    assert errors[0] == errors[1]  # every rank says the same
+    # torchrun stops the other worker once one has failed, so the slower rank may be
+    # stopped before it prints; whoever prints says the same
+    assert proc.returncode != 0 and errors, proc.stderr[-3000:]
+    assert len(set(errors)) == 1
     assert "ranks disagree on the plan: rank 0 runs plan(" in errors[0]
     assert "tp1·dp2) and rank 1 runs plan(" in errors[0] and "tp1·dp2·z3)" in errors[0]
     assert "layers[0].dp_mode: replicate vs zero3" in errors[0]
