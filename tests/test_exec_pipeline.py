@@ -12,7 +12,6 @@ match its losses and final parameters (fp32, rtol 1e-5).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Callable
 
 import pytest
@@ -27,8 +26,8 @@ from ir.strategy import Checkpoint, Precision, Schedule
 from planner.models import load_model
 
 from dist_utils import spawn, train_one_device, zero_dropout
-from test_exec_plans import (assert_matches_reference, assert_params_match, optimizer_kwargs,
-                             run_cases)
+from test_exec_plans import (Case, assert_matches_reference, assert_params_match,
+                             optimizer_kwargs, run_cases)
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -128,14 +127,6 @@ def pipeline(boundary: int | None = None, **kw) -> Callable[[LayerGraph], Parall
         return uniform_plan(len(graph.layers), global_batch=GLOBAL_BATCH,
                             precision=Precision.FP32, stage_boundaries=bounds, **kw)
     return make
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    world: int
-    model: str
-    plan: Callable[[LayerGraph], ParallelPlan]
 
 
 G, ONE, I = Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED
