@@ -87,12 +87,13 @@ def flip_byte(path: str) -> None:
         fh.write(bytes([value ^ 0xFF]))
 
 
-def craft_metadata(folder: str, sentinel: str) -> None:
-    """Replace `.metadata` with the real metadata carrying a Sentinel, and rewrite the
-    marker with digests of the new file (what an attacker with write access can do)."""
+def rewrite_metadata(folder: str, change) -> None:
+    """`change` the folder's DCP metadata, then rewrite the marker with digests of the new
+    file (what an attacker with write access can do). The metadata is this test's own
+    checkpoint, so loading it with pickle is trusted here."""
     with open(os.path.join(folder, METADATA), "rb") as fh:
-        metadata = pickle.load(fh)  # our own checkpoint, written by this test: trusted
-    metadata.planner_data = {"payload": Sentinel(sentinel)}
+        metadata = pickle.load(fh)
+    change(metadata)
     with open(os.path.join(folder, METADATA), "wb") as fh:
         pickle.dump(metadata, fh)
     with open(os.path.join(folder, MARKER)) as fh:
@@ -100,6 +101,15 @@ def craft_metadata(folder: str, sentinel: str) -> None:
     files = {n: file_digest(os.path.join(folder, n)) for n in marker["files"]}
     with open(os.path.join(folder, MARKER), "wb") as fh:
         fh.write(render_marker(marker["step"], marker["world_size"], marker["plan"], files))
+
+
+def craft_metadata(folder: str, sentinel: str) -> None:
+    """The real metadata carrying a Sentinel, under a re-digested marker."""
+
+    def plant(metadata):
+        metadata.planner_data = {"payload": Sentinel(sentinel)}
+
+    rewrite_metadata(folder, plant)
 
 
 @contextmanager
@@ -329,17 +339,10 @@ def test_bytes_entries_and_foreign_file_paths_are_refused(run, tmp_path):
     """Metadata built only from admitted classes can still point DCP at a pickle it would
     load with weights_only=False (a bytes entry) or at a file outside the checkpoint."""
     folder = _copy(run, tmp_path)
-    with open(os.path.join(folder, METADATA), "rb") as fh:
-        metadata = pickle.load(fh)  # written by this test's run: trusted
-    info = next(iter(metadata.storage_data.values()))
-    info.relative_path = "../../../etc/passwd"
-    with open(os.path.join(folder, METADATA), "wb") as fh:
-        pickle.dump(metadata, fh)
-    with open(os.path.join(folder, MARKER)) as fh:
-        marker = json.load(fh)
-    files = {n: file_digest(os.path.join(folder, n)) for n in marker["files"]}
-    with open(os.path.join(folder, MARKER), "wb") as fh:
-        fh.write(render_marker(2, 2, marker["plan"], files))
+    def escape(metadata):
+        next(iter(metadata.storage_data.values())).relative_path = "../../../etc/passwd"
+
+    rewrite_metadata(folder, escape)
     with pytest.raises(PlannerError, match=r"points at '\.\./\.\./\.\./etc/passwd', not a "
                                            "data file of it"):
         check_checkpoint(folder)

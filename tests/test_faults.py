@@ -35,12 +35,13 @@ STEPS, SAVE_EVERY, KILL_AT = 8, 3, 5
 RTOL = 1e-5
 
 
-def run_in_own_group(cmd: list[str], timeout_s: float = 180) -> subprocess.CompletedProcess:
+def run_in_own_group(cmd: list[str], timeout_s: float = 180,
+                     env: dict | None = None) -> subprocess.CompletedProcess:
     """Run torchrun in its own process group; on timeout kill the whole group (agent and
     workers), so a hung rendezvous leaves no stray ranks behind."""
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -89,19 +89,12 @@ def assert_none_left(marker: str, wait_s: float = 10.0) -> None:
 def run_job(argv: list[str], env: dict, bound_s: float):
     """torchrun on 2 ranks in a session of its own: (result, seconds). Past `bound_s` the
     session is killed (the workers die with the agent) and the test fails."""
+    from test_faults import run_in_own_group
+
     cmd = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "--monitor-interval", "0.2",
            SCRIPT, *argv]
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **env})
-    try:
-        out, err = proc.communicate(timeout=bound_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"torchrun ran past {bound_s} s:\n{err[-3000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), time.monotonic() - start
+    return run_in_own_group(cmd, bound_s, env), time.monotonic() - start
 
 
 # ------------------------------------------------------------------ whole jobs
