@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ir.errors import PlannerError
@@ -173,6 +173,22 @@ class InitRecord(TorchDispatchMode):
         self.ops.append(op)
         return out
 
+    def record_opaque(self, fn, tensor: torch.Tensor, args: tuple, kwargs: dict,
+                      generator: torch.Generator | None, draws: bool) -> None:
+        """Record `fn(tensor, *args, **kwargs)`, an init function that skips meta
+        tensors (its result depends on the values it draws): replayed whole on CPU."""
+        ref = self._input_ref(tensor)
+        op = _Op(lambda t: fn(t, *args, generator=generator, **kwargs) if draws
+                 else fn(t, *args, **kwargs), (ref,), {}, (None,),
+                 frozenset({ref.storage}), frozenset({ref.storage}))
+        if draws:
+            op.generator = generator or torch.default_generator
+            op.rng_state = op.generator.get_state()
+            with _disable_current_modes():  # its CPU ops are not the build's
+                self._advance(op)
+        self.writers.setdefault(ref.storage, []).append(len(self.ops))
+        self.ops.append(op)
+
     def _advance(self, op: _Op) -> None:
         """Run a random op on scratch CPU tensors: its generator moves as on CPU."""
         def scratch(x):
@@ -245,11 +261,52 @@ class InitRecord(TorchDispatchMode):
             self._storage_ids[_key(t)] not in self.foreign
 
 
+# torch.nn.init functions that return at once on a meta tensor (rejection sampling, QR,
+# scatter by index: their ops depend on drawn values): (name, draws random numbers).
+OPAQUE_INITS = (("_no_grad_trunc_normal_", True), ("orthogonal_", True), ("sparse_", True),
+                ("dirac_", False))
+
+
+@contextlib.contextmanager
+def _opaque_inits(record: InitRecord) -> Iterator[None]:
+    """Route torch.nn.init's meta-skipping functions into `record` (as whole calls);
+    also in transformers' table of torch's init functions, which holds its own references."""
+    import sys
+
+    import torch.nn.init as init
+
+    tables = [init.__dict__]
+    hf = sys.modules.get("transformers.initialization")
+    if hf is not None and isinstance(getattr(hf, "TORCH_INIT_FUNCTIONS", None), dict):
+        tables.append(hf.TORCH_INIT_FUNCTIONS)
+    saved = []
+    for name, draws in OPAQUE_INITS:
+        original = init.__dict__[name]
+
+        def wrapper(tensor, *args, _fn=original, _draws=draws, generator=None, **kwargs):
+            if not tensor.is_meta:
+                return (_fn(tensor, *args, generator=generator, **kwargs) if _draws
+                        else _fn(tensor, *args, **kwargs))
+            record.record_opaque(_fn, tensor, args, kwargs, generator, _draws)
+            return tensor
+
+        for table in tables:
+            for key, value in list(table.items()):
+                if value is original:
+                    saved.append((table, key, value))
+                    table[key] = wrapper
+    try:
+        yield
+    finally:
+        for table, key, value in reversed(saved):
+            table[key] = value
+
+
 @contextlib.contextmanager
 def meta_init() -> Iterator[InitRecord]:
     """Build on the meta device and record how (see the module docstring)."""
     record = InitRecord()
-    with record:
+    with record, _opaque_inits(record):
         yield record
     _RECORDS.append(record)
 
