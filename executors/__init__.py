@@ -10,7 +10,8 @@ Modules, one idea each: `mesh` (degrees, DeviceMeshes), `layout` (activation lay
 re-layouts), `tensor_parallel`, `checkpointing`, `data_parallel`, `pipeline`, `tied`
 (shared weights), `optimizer` (ZeRO-1), `data` (per-rank batch shards), `validate`
 (rejections), `runtime` (ParallelModel, train_step), `state` (full parameters),
-`checkpoint` (DCP save / resume under any plan), `apply` (the composition, in one
+`checkpoint` (DCP save / resume under any plan), `meta_record` and `materialize` (a
+meta-device build, each rank materializing its shards), `apply` (the composition, in one
 documented order).
 """
 
@@ -18,10 +19,11 @@ from executors.apply import apply, default_device, init_distributed
 from executors.data import global_batch_indices, local_rows, shard_batch
 from executors.layout import Layout
 from executors.mesh import MeshAxis, ParallelDims
+from executors.meta_record import meta_init
 from executors.runtime import ParallelModel
 from executors.state import full_state_dict
 from executors.validate import check_plan
 
 __all__ = ["apply", "check_plan", "default_device", "init_distributed", "full_state_dict",
-           "global_batch_indices", "local_rows", "shard_batch", "Layout", "MeshAxis",
+           "global_batch_indices", "local_rows", "meta_init", "shard_batch", "Layout", "MeshAxis",
            "ParallelDims", "ParallelModel"]

@@ -221,7 +221,8 @@ class InitRecord(TorchDispatchMode):
         return sorted(needed)
 
     def replay(self, targets: list[Ref]) -> list[torch.Tensor]:
-        """The final CPU values of `targets` (fresh tensors, the CPU build's values)."""
+        """The final CPU values of `targets` (the CPU build's values; views of storages
+        no one else holds)."""
         storages: dict[int, torch.UntypedStorage] = {}
 
         def view(ref: Ref) -> torch.Tensor:
@@ -251,7 +252,7 @@ class InitRecord(TorchDispatchMode):
                                                f"CPU but {(ref.size, ref.stride, ref.offset)}"
                                                " on meta; this build cannot be replayed")
                         storages[ref.storage] = leaf.untyped_storage()
-            return [view(r).clone() for r in targets]
+            return [view(r) for r in targets]  # each keeps only its own storage alive
         finally:  # the live generators stay where the build left them
             for k, g in generators.items():
                 g.set_state(saved[k])
@@ -312,13 +313,12 @@ def meta_init() -> Iterator[InitRecord]:
 
 
 def record_of(model: torch.nn.Module) -> InitRecord | None:
-    """The record of the meta build `model` comes from, or None (not built under
-    `meta_init`)."""
+    """The record of the meta build `model` comes from (the one knowing most of its
+    tensors; the caller names any it does not know), or None."""
     tensors = [t for t in list(model.parameters()) + list(model.buffers()) if t.is_meta]
-    for record in reversed(_RECORDS):
-        if tensors and all(record.knows(t) for t in tensors):
-            return record
-    return None
+    known = [(sum(record.knows(t) for t in tensors), i) for i, record in enumerate(_RECORDS)]
+    count, best = max(known, default=(0, -1))
+    return _RECORDS[best] if count else None
 
 
 def forget(record: InitRecord) -> None:
