@@ -1,0 +1,194 @@
+"""Set-up never holds the whole model: a ~1.3B GPT built on the meta device trains on 4
+gloo ranks through `auto_parallel`, each rank materializing only its shards (issue 15).
+
+Per run (plan x optimizer), every rank:
+  1. caps its data segment (RLIMIT_DATA) at what it holds at start plus the target, so a
+     rank that materializes too much dies with MemoryError instead of exhausting the host;
+  2. builds the model under `executors.meta_init()` (no memory; random draws advance the
+     generator as a CPU build would) and calls `auto_parallel(..., plan=...)`: trace on
+     meta, shard on meta, materialize one layer at a time (`executors.materialize`);
+  3. reads VmHWM (peak RSS) after set-up, resets it (/proc/self/clear_refs 5), trains
+     STEPS steps on the global batch and reads VmHWM again: the step's own peak.
+
+Target (issue 15's acceptance): every rank's peak RSS, set-up included, below
+0.6 x the model's fp32 bytes + 1 GiB for SGD. AdamW adds 8 bytes per parameter of
+optimizer state: its set-up must meet the same target, its step is reported. The exit
+status is 1 when a checked peak misses (or a rank fails).
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_meta_build.py            # ~1.3B, 4 runs
+    .venv/bin/python bench/bench_meta_build.py --spec gpt:layers=2,hidden=256,heads=4,vocab=1024,seq=128
+
+Prints a table and writes bench/results/bench_meta_build.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import resource
+import socket
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ir.plan import uniform_plan  # noqa: E402
+from ir.strategy import Precision  # noqa: E402
+from planner import zoo  # noqa: E402
+from planner.fmt import table  # noqa: E402
+from planner.models import load_layer_graph, resolve_config  # noqa: E402
+
+SPEC = "gpt:layers=24,hidden=2048,heads=16,vocab=50304,seq=128"  # 1.31B parameters
+WORLD = 4
+STEPS = 2
+GLOBAL_BATCH = 4  # one sequence per data-parallel rank under ZeRO-3 over 4
+SEQ_LEN = 128
+GiB = 2**30
+TARGET_FRACTION = 0.6  # issue 15: peak RSS < 0.6 x full model bytes + 1 GiB
+PLANS = {"zero3": dict(dp=4, zero=3), "tp2-zero3": dict(tp=2, dp=2, zero=3)}
+OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 1e-3}), "adamw": (torch.optim.AdamW, {"lr": 1e-4})}
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        return int(re.search(rf"{field}:\s+(\d+) kB", fh.read()).group(1)) * 1024
+
+
+def _cap_data(limit_bytes: int) -> None:
+    """Let the data segment grow by at most `limit_bytes` beyond what it is now."""
+    cap = _status_bytes("VmData") + limit_bytes
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+
+
+def rank_main(rank: int, port: int, out_dir: str, job: dict) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    from executors import meta_init
+    from planner import auto_parallel
+
+    rss_start = _status_bytes("VmRSS")
+    _cap_data(job["cap_bytes"])
+    family, config, _ = resolve_config(job["spec"])
+    fam = zoo.FAMILIES[family]
+    gen = torch.Generator().manual_seed(1)
+    inputs, target = fam.example_inputs(config, GLOBAL_BATCH, SEQ_LEN, device="cpu",
+                                        generator=gen)
+    start = time.perf_counter()
+    with meta_init():
+        torch.manual_seed(0)
+        model = fam.build(config)
+    plan = uniform_plan(job["layers"], global_batch=GLOBAL_BATCH, precision=Precision.FP32,
+                        optimizer=job["optimizer"], **PLANS[job["plan"]])
+    rows = GLOBAL_BATCH // plan.layer_strategies[0].dp
+    example = ({k: v[:rows] for k, v in inputs.items()}, target[:rows])
+    cls, kwargs = OPTIMIZERS[job["optimizer"]]
+    pm = auto_parallel(model, example, loss_fn=fam.loss_fn, optimizer=cls,
+                       optimizer_kwargs=kwargs, plan=plan)
+    setup_s = time.perf_counter() - start
+    setup_peak = _status_bytes("VmHWM")
+    share = sum((p.to_local() if hasattr(p, "to_local") else p).numel() * p.element_size()
+                for p in pm.module.parameters())
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # VmHWM := VmRSS: from here on it is the steps' peak
+    start = time.perf_counter()
+    losses = [pm.train_step((inputs, target)) for _ in range(STEPS)]
+    step_s = (time.perf_counter() - start) / STEPS
+    result = {"rank": rank, "rss_start_bytes": rss_start, "setup_peak_bytes": setup_peak,
+              "step_peak_bytes": _status_bytes("VmHWM"), "share_bytes": share,
+              "setup_seconds": setup_s, "step_seconds": step_s, "losses": losses}
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
+        json.dump(result, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run(job: dict, timeout_s: float) -> list[dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out_dir:
+        ctx = mp.start_processes(rank_main, args=(port, out_dir, job), nprocs=WORLD,
+                                 join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                raise TimeoutError(f"{job['plan']}/{job['optimizer']} ran past {timeout_s} s")
+        results = []
+        for r in range(WORLD):
+            with open(os.path.join(out_dir, f"rank{r}.json")) as fh:
+                results.append(json.load(fh))
+        return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spec", default=SPEC)
+    parser.add_argument("--plans", default=",".join(PLANS))
+    parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
+    parser.add_argument("--timeout", type=float, default=1200)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
+                                                      "bench_meta_build.json"))
+    args = parser.parse_args(argv)
+    graph = load_layer_graph(args.spec, micro_batch=1, seq_len=SEQ_LEN, dtype=torch.float32)
+    full_bytes = sum(l.param_bytes for l in graph.layers)
+    params = full_bytes // 4
+    target = int(TARGET_FRACTION * full_bytes + GiB)
+    print(f"{args.spec}: {params / 1e9:.2f}B parameters, {full_bytes / GiB:.2f} GiB fp32; "
+          f"target peak RSS per rank {target / GiB:.2f} GiB; {WORLD} gloo ranks, "
+          f"{STEPS} steps, global batch {GLOBAL_BATCH} x {SEQ_LEN}")
+    runs, rows, failed = [], [], False
+    for plan in args.plans.split(","):
+        for opt in args.optimizers.split(","):
+            # AdamW's step holds 8 more bytes per local parameter: its cap allows them
+            extra = (2 * full_bytes // WORLD if opt == "adamw" else 0) + GiB // 2  # slack: VmData >= RSS
+            job = {"spec": args.spec, "plan": plan, "optimizer": opt,
+                   "layers": len(graph.layers), "cap_bytes": target + extra}
+            try:
+                ranks = run(job, args.timeout)
+            except Exception as exc:  # a rank over its cap dies: that is a miss
+                print(f"{plan}/{opt}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
+                runs.append({**job, "error": str(exc)[:2000]})
+                failed = True
+                continue
+            for r in ranks:
+                ok_setup = r["setup_peak_bytes"] <= target
+                ok_step = r["step_peak_bytes"] <= target or opt != "sgd"
+                failed |= not (ok_setup and ok_step)
+                rows.append([plan, opt, r["rank"], f"{full_bytes / GiB:.2f}",
+                             f"{r['share_bytes'] / GiB:.2f}",
+                             f"{r['setup_peak_bytes'] / GiB:.2f}",
+                             f"{r['step_peak_bytes'] / GiB:.2f}", f"{target / GiB:.2f}",
+                             f"{r['setup_seconds']:.0f}", f"{r['step_seconds']:.0f}",
+                             "yes" if ok_setup and ok_step else "NO"])
+            runs.append({**job, "ranks": ranks})
+    print(table(["plan", "optim", "rank", "model GiB", "share GiB", "set-up peak GiB",
+                 "step peak GiB", "target GiB", "set-up s", "step s", "within"], rows,
+                right=set(range(2, 10))))
+    print("peak = VmHWM (resident set); the step's peak is measured after resetting it; "
+          "share = this rank's parameter bytes (TP and FSDP shards, untied head copy); "
+          "AdamW's step is reported, not checked (its states alone are 8 B/param)")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump({"bench": "meta_build", "torch": torch.__version__, "host": platform.node(),
+                   "spec": args.spec, "params": params, "full_bytes": full_bytes,
+                   "target_bytes": target, "world": WORLD, "steps": STEPS, "runs": runs},
+                  fh, indent=2)
+    print(f"wrote {args.out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
