@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 
-from executors import apply, meta_init
+from executors import apply, full_state_dict, meta_init
 from executors.materialize import capture
 from executors.meta_record import record_of
 from ir.errors import PlannerError
@@ -113,11 +113,27 @@ def run_empty(spec: str, plan, graph) -> dict:
             "params": sorted(n for n, _ in pm.module.named_parameters())}
 
 
+def run_auto_parallel(spec: str, plan, batches) -> dict:
+    """`planner.auto_parallel` on a meta model: traces it on meta, then `apply`."""
+    from planner import auto_parallel
+
+    model, loss_fn = build_meta(spec)
+    inputs, target = batches[0]
+    rows = plan.micro_batch
+    pm = auto_parallel(model, ({k: v[:rows] for k, v in inputs.items()}, target[:rows]),
+                       loss_fn=loss_fn, optimizer=torch.optim.AdamW,
+                       optimizer_kwargs=optimizer_kwargs(), plan=plan)
+    losses = [pm.train_step(batch) for batch in batches]
+    return {"losses": losses, "state": full_state_dict(pm.parallel)}
+
+
 def run_meta_cases(rank: int, world_size: int, payload) -> dict:
-    cases, empty = payload
+    cases, extra = payload
     results = run_cases(rank, world_size, cases)
-    if empty is not None:
+    if extra is not None:
+        empty, auto = extra
         results["init-empty"] = run_empty(*empty)
+        results["auto-parallel"] = run_auto_parallel(*auto)
     return results
 
 
@@ -133,8 +149,12 @@ def results_for(world: int) -> dict:
     cases = [c for c in CASES if c.world == world and c.name in SHAPES[world]]
     payload = [(c.name, c.model, c.plan(graph_of(c.model)), graph_of(c.model),
                 batches_of(c.model), build_meta) for c in cases]
-    return spawn(run_meta_cases, world, (payload, empty_case() if world == 2 else None),
-                 timeout_s=300)[0]
+    extra = None
+    if world == 2:
+        auto = (GPT, uniform_plan(len(graph_of(GPT).layers), global_batch=8, dp=2, zero=3,
+                                  precision=Precision.FP32), batches_of(GPT))
+        extra = (empty_case(), auto)
+    return spawn(run_meta_cases, world, (payload, extra), timeout_s=300)[0]
 
 
 SHAPE_CASES = [c for c in CASES if c.name in SHAPES.get(c.world, ())]
@@ -145,6 +165,12 @@ SHAPE_CASES = [c for c in CASES if c.name in SHAPES.get(c.world, ())]
 @pytest.mark.parametrize("case", SHAPE_CASES, ids=[f"{c.world}r-{c.name}" for c in SHAPE_CASES])
 def test_meta_built_plan_matches_cpu_single_device(case):
     assert_matches_reference(results_for(case.world)[case.name], *reference(case.model))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_auto_parallel_takes_a_meta_model():
+    assert_matches_reference(results_for(2)["auto-parallel"], *reference(GPT))
 
 
 @pytest.mark.multiprocess
