@@ -2,10 +2,11 @@
 gloo ranks through `auto_parallel`, each rank materializing only its shards (issue 15).
 
 Per run (plan x optimizer), every rank:
-  1. caps its data segment (RLIMIT_DATA) at what it holds at start plus the target plus
-     0.25 GiB (the data segment runs a little ahead of the resident set), so a rank that
-     needs more fails an allocation instead of exhausting this shared host (a step that
-     does reports the peak it reached, marked "cap hit", and the run ends there);
+  1. caps its resident set at the target + 0.5 GiB (a thread reads VmRSS every 10 ms:
+     Linux ignores RLIMIT_RSS; RLIMIT_DATA, 1 GiB above that, is the backstop), so a
+     rank that needs more ends the run, saying in which phase and at what size, instead
+     of exhausting this shared host (an allocation the backstop refuses in the step is
+     reported the same way, marked "cap hit");
   2. builds the model under `executors.meta_init()` (no memory; random draws advance the
      generator as a CPU build would) and calls `auto_parallel(..., plan=...)`: trace on
      meta, shard on meta, materialize one layer at a time (`executors.materialize`);
@@ -37,6 +38,7 @@ import resource
 import socket
 import sys
 import tempfile
+import threading
 import time
 
 import torch
@@ -76,6 +78,21 @@ def _cap_data(limit_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
 
 
+def _guard_rss(cap_bytes: int, phase: list, out_path: str) -> None:
+    """Linux ignores RLIMIT_RSS: a thread reads the resident set every 10 ms and ends the
+    rank once it passes `cap_bytes`, writing how far it got (its peers are then ended)."""
+    def watch():
+        while True:
+            rss = _status_bytes("VmRSS")
+            if rss > cap_bytes:
+                with open(out_path, "w") as fh:
+                    json.dump({"over_cap": phase[0], "rss_bytes": rss, "setup_peak_bytes":
+                               phase[1], "peak_bytes": _status_bytes("VmHWM")}, fh)
+                os._exit(3)
+            time.sleep(0.01)
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def rank_main(rank: int, port: int, out_dir: str, job: dict) -> None:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -85,7 +102,9 @@ def rank_main(rank: int, port: int, out_dir: str, job: dict) -> None:
     from planner import auto_parallel
 
     rss_start = _status_bytes("VmRSS")
-    _cap_data(job["cap_bytes"])
+    _cap_data(job["cap_bytes"] + GiB)  # a backstop behind the resident-set guard
+    phase = ["set-up", None]  # the phase, and the set-up's peak once known
+    _guard_rss(job["cap_bytes"], phase, os.path.join(out_dir, f"rank{rank}.json"))
     family, config, _ = resolve_config(job["spec"])
     fam = zoo.FAMILIES[family]
     gen = torch.Generator().manual_seed(1)
@@ -108,6 +127,7 @@ def rank_main(rank: int, port: int, out_dir: str, job: dict) -> None:
                 for p in pm.module.parameters())
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")  # VmHWM := VmRSS: from here on it is the steps' peak
+    phase[:] = ["step", setup_peak]
     start = time.perf_counter()
     losses, step_error = [], None
     try:
@@ -140,9 +160,16 @@ def run(job: dict, timeout_s: float) -> list[dict]:
                                  join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         files = [os.path.join(out_dir, f"rank{r}.json") for r in range(WORLD)]
-        while not ctx.join(timeout=1.0):
-            failed = [f for f in files if os.path.exists(f) and '"step_error": null' not in
-                      open(f).read()]
+        while True:
+            try:
+                if ctx.join(timeout=1.0):
+                    break
+                failed = [f for f in files if os.path.exists(f)
+                          and '"step_error": null' not in open(f).read()]
+            except mp.ProcessExitedException:
+                if not any(os.path.exists(f) and "over_cap" in open(f).read() for f in files):
+                    raise
+                failed = True  # a rank over its cap wrote its sizes and left
             if failed or time.monotonic() > deadline:
                 # a rank over its cap wrote its peak and left: its peers wait in a
                 # collective for it, so end them
@@ -156,7 +183,14 @@ def run(job: dict, timeout_s: float) -> list[dict]:
         for r, path in enumerate(files):
             if os.path.exists(path):
                 with open(path) as fh:
-                    results.append(json.load(fh))
+                    results.append({"rank": r, **json.load(fh)})
+        over = [r for r in results if "over_cap" in r]
+        if over:
+            raise MemoryError("; ".join(
+                f"rank {r['rank']} passed its cap in the {r['over_cap']} (resident "
+                f"{r['rss_bytes'] / GiB:.2f} GiB"
+                + (f"; set-up peak {r['setup_peak_bytes'] / GiB:.2f} GiB"
+                   if r["setup_peak_bytes"] else "") + ")" for r in over))
         return results
 
 
@@ -189,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         for plan in args.plans.split(","):
             job = {"spec": spec, "plan": plan, "optimizer": opt, "layers": layers,
                    "full_bytes": full_bytes, "target_bytes": target,
-                   "cap_bytes": target + states + GiB // 4}  # VmData > RSS: a little slack
+                   "cap_bytes": target + states + GiB // 2}
             try:
                 ranks = run(job, args.timeout)
             except Exception as exc:  # a rank over its cap dies: that is a miss
