@@ -97,8 +97,26 @@ class ParallelModel:
     # seconds a rank may stop making progress before the job exits (executors.watchdog);
     # None: PLANNER_STALL_LIMIT_S or its default
     stall_limit_s: float | None = None
+    # parameter name -> `executors.shard_slices.LayoutTransform` where the executor stores a
+    # parameter's rows in another order than the model's (fused-projection TP); readers and
+    # writers of full tensors map through it (absent: identity)
+    layout_transforms: dict[str, Any] = field(default_factory=dict)
     # this step's count of the global target (None: not sharded by rows, uniform weights)
     _global_count: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    # ------------------------------------------------------------------ weights
+
+    def load_pretrained(self, path: str):
+        """Fill the weights from a Hugging Face safetensors folder or a DCP checkpoint, each
+        rank reading only its slices (a collective; `executors.pretrained`)."""
+        from executors.pretrained import load_pretrained  # it imports this module
+        return load_pretrained(self, path)
+
+    def export_pretrained(self, directory: str, **options) -> str:
+        """Write a Hugging Face safetensors folder, each rank its own tensors, nothing
+        gathered on one rank (a collective; `executors.pretrained_export`)."""
+        from executors.pretrained_export import export_pretrained
+        return export_pretrained(self, directory, **options)
 
     # ------------------------------------------------------------------ data
 
