@@ -40,15 +40,19 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed.checkpoint as dcp
-from safetensors import safe_open
 from torch import nn
 
-from executors.checkpoint import (_agree, _check_model, _gather, _marker_and_sizes,
+from executors.checkpoint import (STEP_DIR, _agree, _check_model, _gather, _marker_and_sizes,
                                   _named_parameters, _rank_world, latest_checkpoint)
 from executors.checkpoint_files import MARKER, METADATA, VettedReader, read_metadata, verify_files
 from executors.runtime import ParallelModel
 from executors.shard_slices import local_tensor, shard_pieces
 from ir.errors import PlannerError
+
+try:
+    from safetensors import safe_open
+except ImportError:  # optional (`pip install planner[pretrained]`): only reading needs it
+    safe_open = None
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -70,8 +74,9 @@ def load_pretrained(pm: ParallelModel, path: str) -> LoadReport:
     """Fill `pm`'s parameters from the checkpoint folder `path` (a collective)."""
     if os.path.isfile(os.path.join(path, INDEX)) or os.path.isfile(os.path.join(path, SINGLE)):
         return _load_safetensors(pm, path)
-    if os.path.isfile(os.path.join(path, MARKER)):
-        return _load_dcp(pm, path)
+    if STEP_DIR.match(os.path.basename(os.path.normpath(path))) or os.path.isfile(
+            os.path.join(path, MARKER)):
+        return _load_dcp(pm, path)  # a partial step-N folder gets load_checkpoint's message
     latest = latest_checkpoint(path) if os.path.isdir(path) else None
     if latest is not None:
         return _load_dcp(pm, latest)
@@ -204,6 +209,9 @@ def _plan_reads(pm: ParallelModel, folder: SafetensorsFolder, names: HFNames):
 
 
 def _load_safetensors(pm: ParallelModel, path: str) -> LoadReport:
+    if safe_open is None:
+        raise PlannerError(f"loading {path} needs the safetensors package: "
+                           "pip install safetensors")
     names = HFNames.of(pm.stage_modules[0][1])
     reads, problem = [], None
     try:

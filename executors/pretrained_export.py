@@ -141,17 +141,23 @@ class StreamingFile:
             self.fh.close()
 
 
+def _written_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """`dtype` for floating-point tensors; integer and bool buffers keep theirs."""
+    return dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
+
+
 @torch.no_grad()
 def export_pretrained(pm: ParallelModel, directory: str,
                       max_shard_bytes: int = DEFAULT_SHARD_BYTES,
                       dtype: torch.dtype | None = None) -> str:
     """Write `pm`'s weights to `directory` as a Hugging Face folder (a collective; module
-    docstring). dtype: write in this dtype (default each tensor's own). Returns it."""
+    docstring). dtype: write floating-point tensors in this dtype (default: their own);
+    max_shard_bytes: start a new file before one would exceed it. Returns `directory`."""
     rank, world = _rank_world()
     module = pm.stage_modules[0][1]
     names = HFNames.of(module)
     targets = local_targets(pm)
-    held = _gather([Entry(n, tuple(t.shape), dtype or t.dtype) for n, t, _ in targets])
+    held = _gather([Entry(n, tuple(t.shape), _written_dtype(t, dtype)) for n, t, _ in targets])
     files = plan_files(held, names, max_shard_bytes)
     file_of = {e.name: name for (_, entries), name in zip(files, file_names(len(files)))
                for e in entries}
@@ -175,7 +181,7 @@ def export_pretrained(pm: ParallelModel, directory: str,
         if out is not None and name in out.pending:
             full = to_checkpoint_layout(full, pm.layout_transforms.get(name))
             try:
-                out.write(name, full.to(dtype or tensor.dtype))
+                out.write(name, full.to(_written_dtype(tensor, dtype)))
             except OSError as exc:
                 error = error or (f"cannot write {out.path} ({exc.strerror}); free space "
                                   "or choose another directory")

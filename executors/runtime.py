@@ -112,11 +112,12 @@ class ParallelModel:
         from executors.pretrained import load_pretrained  # it imports this module
         return load_pretrained(self, path)
 
-    def export_pretrained(self, directory: str, **options) -> str:
+    def export_pretrained(self, directory: str, max_shard_bytes: int | None = None,
+                          dtype: torch.dtype | None = None) -> str:
         """Write a Hugging Face safetensors folder, each rank its own tensors, nothing
         gathered on one rank (a collective; `executors.pretrained_export`)."""
-        from executors.pretrained_export import export_pretrained
-        return export_pretrained(self, directory, **options)
+        from executors.pretrained_export import DEFAULT_SHARD_BYTES, export_pretrained
+        return export_pretrained(self, directory, max_shard_bytes or DEFAULT_SHARD_BYTES, dtype)
 
     # ------------------------------------------------------------------ data
 

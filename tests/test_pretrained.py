@@ -6,10 +6,11 @@ several safetensors files. On 2 and 4 gloo ranks each plan is applied to a model
 from ANOTHER seed, loads the checkpoint and trains 3 AdamW steps, which must equal
 single-process training of the saved model (losses 1e-5 relative, parameters as in
 tests/test_exec_plans.py). Every rank's reads are counted through a wrapped `safe_open`:
-each reads exactly the bytes of its own shards. Exports from TP 2 x PP 2 load back
-through `from_pretrained` to identical weights; a DCP checkpoint saved under TP 2 loads
-into ZeRO-3; a fused-projection layout transform maps both ways on real shards; a
-missing, mis-shaped or extra tensor is one line naming it.
+each reads exactly the bytes of its own shards. Exports from TP 2 x PP 2 (fp32 in
+several files per rank, bf16 in one per rank) load back through `from_pretrained` to
+identical weights; a DCP checkpoint saved under TP 2 loads into ZeRO-3; a fused-
+projection layout transform maps both ways on real shards; a missing, mis-shaped or
+extra tensor is one line naming it.
 """
 
 from __future__ import annotations
@@ -202,6 +203,8 @@ def run_plans(rank: int, world_size: int, payload: dict) -> dict:
         if plan_name == "tp2xpp2":
             out["export"] = pm.export_pretrained(os.path.join(scratch, f"export-{arch}"),
                                                  max_shard_bytes=EXPORT_SHARD_BYTES)
+        if key == "llama/tp2xpp2":  # default max_shard_bytes, bf16
+            pm.export_pretrained(os.path.join(scratch, "export-llama-bf16"), dtype=torch.bfloat16)
         results[key] = out
     return results
 
@@ -277,6 +280,20 @@ def test_export_round_trips_through_from_pretrained(arch):
     assert sorted(got) == sorted(trained), sorted(set(got) ^ set(trained))
     for name, value in trained.items():
         assert torch.equal(got[name].detach(), value), name
+
+
+@pytest.mark.multiprocess
+def test_export_in_bf16_writes_one_file_per_rank():
+    """Below max_shard_bytes every rank writes one file of the tensors it owns."""
+    from transformers import AutoModelForCausalLM
+
+    ranks, scratch = results_for(4)
+    out = os.path.join(scratch, "export-llama-bf16")
+    assert sorted(n for n in os.listdir(out) if n.endswith(".safetensors")) == [
+        f"model-{k:05d}-of-00004.safetensors" for k in range(1, 5)]
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
+    for name, value in ranks[0]["llama/tp2xpp2"]["state"].items():
+        assert torch.equal(loaded.get_parameter(name).detach(), value.to(torch.bfloat16)), name
 
 
 @pytest.mark.multiprocess
