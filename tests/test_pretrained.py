@@ -60,6 +60,8 @@ def folder() -> str:
     for arch in ("llama", "gpt2"):
         model = rm.build(arch, seed=CKPT_SEED)[0]
         model.save_pretrained(os.path.join(root, arch), max_shard_size=SHARD_BYTES)
+    # the hub's `gpt2` layout: a bare GPT2Model, names without "transformer.", no head
+    model.transformer.save_pretrained(os.path.join(root, "gpt2-bare"))
     state = {k: v.clone() for k, v in
              rm.build("llama", seed=CKPT_SEED)[0].state_dict().items()}
     broken = {"missing": {k: v for k, v in state.items() if k != "model.norm.weight"},
@@ -200,6 +202,10 @@ def run_plans(rank: int, world_size: int, payload: dict) -> dict:
             out["dcp_report"] = pm.load_pretrained(dcp_dir)  # the folder of step-N folders
             loaded = full_state_dict(pm)
             out["dcp_state"] = loaded if rank == 0 else None
+        if key == "gpt2/pp2":  # the head's stage finds lm_head.weight as "wte.weight"
+            pm.load_pretrained(os.path.join(root, "gpt2-bare"))
+            loaded = full_state_dict(pm)
+            out["bare_state"] = loaded if rank == 0 else None
         if plan_name == "tp2xpp2":
             out["export"] = pm.export_pretrained(os.path.join(scratch, f"export-{arch}"),
                                                  max_shard_bytes=EXPORT_SHARD_BYTES)
@@ -306,6 +312,19 @@ def test_dcp_checkpoint_loads_into_another_plan():
     assert got["dcp_report"].format == "dcp"
     for name, value in saved.items():
         assert torch.equal(got["dcp_state"][name], value), name
+
+
+@pytest.mark.multiprocess
+def test_bare_base_model_checkpoint_loads():
+    """A checkpoint of GPT2Model (no `transformer.` prefix, no lm_head) fills every copy
+    of GPT2LMHeadModel's tied embedding, on both pipeline stages."""
+    ranks, _ = results_for(2)
+    saved = _checkpoint_tensors(os.path.join(folder(), "gpt2"))
+    got = ranks[0]["gpt2/pp2"]["bare_state"]
+    assert sorted(got) == sorted([*saved, "lm_head.weight"])
+    for name, value in saved.items():
+        assert torch.equal(got[name], value), name
+    assert torch.equal(got["lm_head.weight"], saved["transformer.wte.weight"])
 
 
 @pytest.mark.multiprocess
