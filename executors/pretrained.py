@@ -14,13 +14,13 @@ are touched), and copies it into the local tensor. No rank builds a full tensor 
 not hold, nor opens a file none of its tensors is in.
 
 Names: a parameter is looked up under its own name, then — for the executor's untied
-copies (`executors.tied`) and Hugging Face's tied weights (GPT-2's `lm_head.weight` is
-stored once, as `transformer.wte.weight`) — under the name it is tied to
-(`all_tied_weights_keys`), each with and without the model's `base_model_prefix` (the
-hub's `gpt2` checkpoint is a bare `GPT2Model`: `h.0.attn.c_attn.weight`). Before anything
-is read, every rank checks its names and shapes and the ranks pool the names they used:
-a missing, mis-shaped or unused (extra) tensor is one `PlannerError` on every rank naming
-the tensor and the file. Dtypes convert on copy (a bf16 checkpoint fills fp32 weights).
+copies (`executors.tied`) of Hugging Face's tied weights — under the other names of its
+weight (`all_tied_weights_keys`: `save_pretrained` stores GPT-2's `lm_head.weight` as
+`transformer.wte.weight`, safetensors' `save_model` the other way round), each with and
+without the model's `base_model_prefix` (the hub's `gpt2` checkpoint is a bare
+`GPT2Model`: `h.0.attn.c_attn.weight`). Before anything is read, every rank checks its
+names and shapes and the ranks pool the names they used: a missing, mis-shaped or unused
+(extra) tensor is one `PlannerError` on every rank naming the tensor and the file. Dtypes convert on copy (a bf16 checkpoint fills fp32 weights).
 
 A DCP folder written by `executors.checkpoint.save_checkpoint` (or the folder holding
 its `step-N/` folders: the latest) loads its weights only, verified as `load_checkpoint`
@@ -115,7 +115,7 @@ def persistent_buffers(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
 class HFNames:
     """A Hugging Face model's naming conventions (empty for any other module)."""
 
-    tied: dict  # tied parameter name -> the name it is stored under
+    tied: dict  # tied parameter name -> the name it is stored under (GPT-2's lm_head.weight)
     prefix: str  # base_model_prefix ("transformer", "model"), or ""
     ignore: tuple[str, ...]  # regexes of checkpoint tensors the model ignores on load
 
@@ -126,10 +126,17 @@ class HFNames:
         return cls(dict(tied) if isinstance(tied, dict) else {},
                    getattr(module, "base_model_prefix", "") or "", tuple(ignore))
 
+    def same_weight(self, name: str) -> list[str]:
+        """`name`, then every other name of its tied weight: a file may keep any one of
+        them (save_pretrained the source, safetensors' save_model the first target)."""
+        source = self.tied.get(name, name)
+        return list(dict.fromkeys([name, source] + sorted(
+            t for t, s in self.tied.items() if s == source)))
+
     def candidates(self, name: str) -> list[str]:
         """Checkpoint names `name` may be stored under, in order of preference."""
         out = []
-        for base in [name] + ([self.tied[name]] if name in self.tied else []):
+        for base in self.same_weight(name):
             out.append(base)
             if self.prefix and base.startswith(self.prefix + "."):
                 out.append(base[len(self.prefix) + 1:])  # a bare base-model checkpoint

@@ -24,7 +24,7 @@ import tempfile
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save_file, save_model
 
 import real_models as rm
 from dist_utils import spawn, train_one_device
@@ -62,6 +62,9 @@ def folder() -> str:
         model.save_pretrained(os.path.join(root, arch), max_shard_size=SHARD_BYTES)
     # the hub's `gpt2` layout: a bare GPT2Model, names without "transformer.", no head
     model.transformer.save_pretrained(os.path.join(root, "gpt2-bare"))
+    # safetensors' own writer keeps the tied weight as lm_head.weight, not wte
+    os.makedirs(os.path.join(root, "gpt2-save-model"))
+    save_model(model, os.path.join(root, "gpt2-save-model", "model.safetensors"))
     state = {k: v.clone() for k, v in
              rm.build("llama", seed=CKPT_SEED)[0].state_dict().items()}
     broken = {"missing": {k: v for k, v in state.items() if k != "model.norm.weight"},
@@ -206,6 +209,10 @@ def run_plans(rank: int, world_size: int, payload: dict) -> dict:
             pm.load_pretrained(os.path.join(root, "gpt2-bare"))
             loaded = full_state_dict(pm)
             out["bare_state"] = loaded if rank == 0 else None
+        if key == "gpt2/zero3":  # the embedding's copy is found as "lm_head.weight"
+            pm.load_pretrained(os.path.join(root, "gpt2-save-model"))
+            loaded = full_state_dict(pm)
+            out["save_model_state"] = loaded if rank == 0 else None
         if plan_name == "tp2xpp2":
             out["export"] = pm.export_pretrained(os.path.join(scratch, f"export-{arch}"),
                                                  max_shard_bytes=EXPORT_SHARD_BYTES)
@@ -328,6 +335,16 @@ def test_bare_base_model_checkpoint_loads():
 
 
 @pytest.mark.multiprocess
+def test_tied_weight_stored_under_the_head_name_loads():
+    ranks, _ = results_for(2)
+    saved = _checkpoint_tensors(os.path.join(folder(), "gpt2"))
+    got = ranks[0]["gpt2/zero3"]["save_model_state"]
+    for name, value in saved.items():
+        assert torch.equal(got[name], value), name
+    assert torch.equal(got["lm_head.weight"], saved["transformer.wte.weight"])
+
+
+@pytest.mark.multiprocess
 def test_layout_transform_maps_both_ways():
     ranks, _ = results_for(2)
     for rank, result in enumerate(ranks):
@@ -376,6 +393,14 @@ def test_streaming_file_is_a_safetensors_file(tmp_path):
     assert set(got) == set(tensors)
     for name, value in tensors.items():
         assert got[name].dtype == value.dtype and torch.equal(got[name], value), name
+
+
+def test_checkpoint_names_of_a_parameter():
+    names = HFNames({"lm_head.weight": "transformer.wte.weight"}, "transformer", ())
+    assert names.candidates("lm_head.weight") == [
+        "lm_head.weight", "transformer.lm_head.weight", "transformer.wte.weight", "wte.weight"]
+    assert names.candidates("transformer.wte.weight") == [
+        "transformer.wte.weight", "wte.weight", "lm_head.weight", "transformer.lm_head.weight"]
 
 
 def test_export_spreads_tensors_over_holders():
