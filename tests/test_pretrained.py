@@ -45,6 +45,13 @@ PLANS = {"zero3": uniform(dp=2, zero=3), "tp2": uniform(tp=2),
 CASES = {2: [("llama", "tp2"), ("llama", "zero3"), ("llama", "pp2"), ("gpt2", "zero3"),
              ("gpt2", "tp2"), ("gpt2", "pp2")],
          4: [("llama", "tp2xpp2"), ("gpt2", "tp2xpp2"), ("llama", "dp2-tp2-zero3")]}
+# The most of the checkpoint's bytes one rank may read: its 1/world share plus the tensors
+# it holds whole (norms; GPT-2's blocks, which TP leaves replicated) and, for GPT-2, both
+# halves of the tied embedding (its embedding and its head copy each read their shard).
+MAX_SHARE = {("llama", "tp2"): 0.55, ("llama", "zero3"): 0.55, ("llama", "pp2"): 0.55,
+             ("gpt2", "zero3"): 0.6, ("gpt2", "tp2"): 1.0, ("gpt2", "pp2"): 0.6,
+             ("llama", "tp2xpp2"): 0.3, ("gpt2", "tp2xpp2"): 0.55,
+             ("llama", "dp2-tp2-zero3"): 0.3}
 Q_PROJ = "model.layers.0.self_attn.q_proj.weight"  # 64 rows, stands in for a fused qkv
 Q_SECTIONS = (32, 16, 16)
 
@@ -264,8 +271,7 @@ def test_each_rank_reads_its_share(world, arch, plan):
     for rank, result in enumerate(ranks):
         got = result[f"{arch}/{plan}"]
         assert got["bytes_read"] == got["local_bytes"] == got["report"].bytes_read, (rank, got)
-        if plan in ("zero3", "tp2xpp2", "dp2-tp2-zero3", "pp2"):
-            assert got["bytes_read"] < 0.6 * total, (rank, got["bytes_read"], total)
+        assert got["bytes_read"] <= MAX_SHARE[arch, plan] * total, (rank, got["bytes_read"])
         print(f"{world}r {arch} {plan} rank {rank}: read {got['bytes_read']} of {total} bytes "
               f"({got['bytes_read'] / total:.0%}), {len(got['files'])} files")
 
