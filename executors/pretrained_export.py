@@ -31,6 +31,7 @@ import glob
 import json
 import os
 import struct
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -116,7 +117,8 @@ def file_names(count: int) -> list[str]:
 
 class StreamingFile:
     """A safetensors file written one tensor at a time: the header (all offsets, from the
-    shapes) first, then each tensor's bytes in the header's order."""
+    shapes) first, then each tensor's bytes in the header's order. Opened on the first
+    write, closed after the last."""
 
     def __init__(self, path: str, entries: list[Entry]):
         header: dict = {}
@@ -128,15 +130,21 @@ class StreamingFile:
         header["__metadata__"] = {"format": "pt"}
         blob = json.dumps(header, separators=(",", ":")).encode()
         blob += b" " * (-len(blob) % HEADER_ALIGN_BYTES)
-        self.path, self.pending = path, [e.name for e in entries]
-        self.fh = open(path, "wb")
-        self.fh.write(struct.pack("<Q", len(blob)) + blob)  # u64 little-endian header size
+        self.header = struct.pack("<Q", len(blob)) + blob  # u64 little-endian header size
+        self.path, self.pending = path, deque(e.name for e in entries)
+        self.fh = None
+
+    def expects(self, name: str) -> bool:
+        return bool(self.pending) and self.pending[0] == name
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
-        assert self.pending and self.pending[0] == name, f"{self.path}: {name} out of order"
-        self.pending.pop(0)
+        assert self.expects(name), f"{self.path}: {name} out of order"
+        if self.fh is None:
+            self.fh = open(self.path, "wb")
+            self.fh.write(self.header)
         data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
         self.fh.write(data.numpy().data)
+        self.pending.popleft()
         if not self.pending:
             self.fh.close()
 
@@ -178,7 +186,7 @@ def export_pretrained(pm: ParallelModel, directory: str,
         # every holder of a DTensor joins its all-gather; only the owner keeps the result
         full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor.detach()
         out = mine.get(file_of[name])
-        if out is not None and name in out.pending:
+        if out is not None and out.expects(name):  # not a second stage copy's turn
             full = to_checkpoint_layout(full, pm.layout_transforms.get(name))
             try:
                 out.write(name, full.to(_written_dtype(tensor, dtype)))
