@@ -31,25 +31,35 @@ from dist_utils import spawn, train_one_device
 from executors.pretrained_export import Entry, StreamingFile, plan_files
 from executors.pretrained import HFNames
 from executors.shard_slices import FusedSections, shard_pieces, to_checkpoint_layout
-from ir.strategy import Schedule
-from test_exec_plans import assert_matches_reference, uniform
+from ir.strategy import LayerStrategy, Schedule, Stage
+from test_exec_plans import assert_matches_reference, per_layer_plan, uniform
 
 CKPT_SEED = 77  # the pretrained weights; the ranks build from rm.SEED, then load
 SHARD_BYTES = "40KB"  # save_pretrained's max_shard_size: 7-14 files for these models
 EXPORT_SHARD_BYTES = 64 << 10  # export_pretrained's: several files per rank
 ONE = Schedule.ONE_F_ONE_B
+def gpt2_interleaved(graph):
+    """Each rank holds two stage modules (stages 0 and 2, 1 and 3), cut where GPT-2 may be
+    cut (not between its two embeddings): wte | wpe h.0 | h.1 | ln_f lm_head."""
+    stages = tuple(Stage(a, b, 1) for a, b in ((0, 0), (1, 2), (3, 3), (4, 5)))
+    return per_layer_plan(stages, (LayerStrategy(),) * len(graph.layers), num_microbatches=4,
+                          schedule=Schedule.INTERLEAVED, virtual_stages=2)
+
+
 PLANS = {"zero3": uniform(dp=2, zero=3), "tp2": uniform(tp=2),
          "pp2": uniform(pp=2, micro_batch=2, schedule=ONE),
          "dp2-tp2-zero3": uniform(dp=2, tp=2, zero=3),
-         "tp2xpp2": uniform(tp=2, pp=2, micro_batch=2, schedule=ONE)}
+         "tp2xpp2": uniform(tp=2, pp=2, micro_batch=2, schedule=ONE),
+         "pp2-interleaved": gpt2_interleaved}
 CASES = {2: [("llama", "tp2"), ("llama", "zero3"), ("llama", "pp2"), ("gpt2", "zero3"),
-             ("gpt2", "tp2"), ("gpt2", "pp2")],
+             ("gpt2", "tp2"), ("gpt2", "pp2"), ("gpt2", "pp2-interleaved")],
          4: [("llama", "tp2xpp2"), ("gpt2", "tp2xpp2"), ("llama", "dp2-tp2-zero3")]}
 # The most of the checkpoint's bytes one rank may read: its 1/world share plus the tensors
 # it holds whole (norms; GPT-2's blocks, which TP leaves replicated) and, for GPT-2, both
 # halves of the tied embedding (its embedding and its head copy each read their shard).
 MAX_SHARE = {("llama", "tp2"): 0.55, ("llama", "zero3"): 0.55, ("llama", "pp2"): 0.55,
              ("gpt2", "zero3"): 0.6, ("gpt2", "tp2"): 1.0, ("gpt2", "pp2"): 0.6,
+             ("gpt2", "pp2-interleaved"): 0.6,
              ("llama", "tp2xpp2"): 0.3, ("gpt2", "tp2xpp2"): 0.55,
              ("llama", "dp2-tp2-zero3"): 0.3}
 Q_PROJ = "model.layers.0.self_attn.q_proj.weight"  # 64 rows, stands in for a fused qkv
@@ -220,7 +230,7 @@ def run_plans(rank: int, world_size: int, payload: dict) -> dict:
             pm.load_pretrained(os.path.join(root, "gpt2-save-model"))
             loaded = full_state_dict(pm)
             out["save_model_state"] = loaded if rank == 0 else None
-        if plan_name == "tp2xpp2":
+        if plan_name in ("tp2xpp2", "pp2-interleaved"):
             out["export"] = pm.export_pretrained(os.path.join(scratch, f"export-{arch}"),
                                                  max_shard_bytes=EXPORT_SHARD_BYTES)
         if key == "llama/tp2xpp2":  # default max_shard_bytes, bf16
@@ -284,16 +294,19 @@ def _checkpoint_tensors(path: str) -> dict[str, torch.Tensor]:
     return out
 
 
+EXPORTS = [(4, "llama", "tp2xpp2"), (4, "gpt2", "tp2xpp2"), (2, "gpt2", "pp2-interleaved")]
+
+
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_export_round_trips_through_from_pretrained(arch):
+@pytest.mark.parametrize("world, arch, plan", EXPORTS, ids=[f"{w}r-{a}-{p}" for w, a, p in EXPORTS])
+def test_export_round_trips_through_from_pretrained(world, arch, plan):
     from transformers import AutoModelForCausalLM
 
-    ranks, scratch = results_for(4)
+    ranks, scratch = results_for(world)
     out = os.path.join(scratch, f"export-{arch}")
     files = [n for n in os.listdir(out) if n.endswith(".safetensors")]
-    assert len(files) >= 4 and os.path.isfile(os.path.join(out, "model.safetensors.index.json"))
-    trained = ranks[0][f"{arch}/tp2xpp2"]["state"]
+    assert len(files) >= world and os.path.isfile(os.path.join(out, "model.safetensors.index.json"))
+    trained = ranks[0][f"{arch}/{plan}"]["state"]
     loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     got = dict(loaded.named_parameters(remove_duplicate=False))
     assert sorted(got) == sorted(trained), sorted(set(got) ^ set(trained))
