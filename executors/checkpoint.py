@@ -11,6 +11,8 @@ What is saved, one flat DCP state dict per rank (every rank writes its own shard
   optim/<fqn>/<key>        the optimizer state of the parameters this rank updates
                            (AdamW's step, exp_avg, exp_avg_sq; ZeRO-1 owners only)
   rng/cpu/rank<r>          each rank's CPU (and CUDA) generator state
+  scaler/<key>             fp16-mixed: the loss scale and its growth count
+                           (`executors.loss_scaling`)
   meta/step                the optimizer steps taken: the data position (global batch k
                            is the k-th of the run, `executors.data`)
 
@@ -103,6 +105,8 @@ def state_dict_for_save(pm: ParallelModel, step: int) -> dict[str, torch.Tensor]
                 value = torch.tensor(value)
             state[f"optim/{names[id(p)]}/{key}"] = value
     state.update(_rng_state())
+    if pm.loss_scaler is not None:
+        state.update({f"scaler/{k}": v for k, v in pm.loss_scaler.state_dict().items()})
     state["meta/step"] = torch.tensor(step, dtype=torch.int64)
     return state
 
@@ -353,6 +357,10 @@ def load_checkpoint(pm: ParallelModel, path: str) -> int:
     rng_keys = [k for k in _rng_state() if k in metadata]
     for key in rng_keys:
         state[key] = torch.zeros(tuple(metadata[key].size), dtype=metadata[key].properties.dtype)
+    scaler_keys = [k for k in metadata if k.startswith("scaler/")]
+    if pm.loss_scaler is not None:
+        for key in scaler_keys:
+            state[key] = torch.zeros(tuple(metadata[key].size), dtype=metadata[key].properties.dtype)
     state["meta/step"] = torch.zeros((), dtype=torch.int64)
     try:
         dcp.load(state, storage_reader=VettedReader(path, vetted))
@@ -369,6 +377,8 @@ def load_checkpoint(pm: ParallelModel, path: str) -> int:
             torch.set_rng_state(state[key])
         elif key.startswith("rng/cuda/"):
             torch.cuda.set_rng_state(state[key])
+    if pm.loss_scaler is not None and scaler_keys:  # else (from fp32/bf16) start afresh
+        pm.loss_scaler.load_state_dict({k[len("scaler/"):]: state[k] for k in scaler_keys})
     step = int(state["meta/step"])
     if step != marker["step"]:
         raise PlannerError(f"checkpoint {path} is corrupted (its data says step {step}, its "

@@ -130,12 +130,6 @@ def test_check_plan_rejects_before_running(make, world, match):
         check_plan(model_of(GPT), p, graph_of(GPT), world)
 
 
-def test_fp16_is_rejected_with_the_fix():
-    p = plan(precision=Precision.FP16_MIXED)
-    with pytest.raises(PlannerError, match="use bf16-mixed or fp32"):
-        check_plan(model_of(GPT), p, graph_of(GPT), 1)
-
-
 def test_fused_conv1d_attention_is_not_a_tp_candidate():
     """GPT-2's fused c_attn (a Conv1D) is never offered for TP (ir/tp.py), so its blocks
     have nothing to split and a tp=2 plan runs them replicated inside the TP group."""
