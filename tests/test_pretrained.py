@@ -15,6 +15,7 @@ extra tensor is one line naming it.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
@@ -69,19 +70,27 @@ Q_SECTIONS = (32, 16, 16)
 # ----------------------------------------------------------------------------- set-up
 
 
+def scratch_dir(prefix: str) -> str:
+    """A temporary folder removed when the test session ends."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 @functools.lru_cache(maxsize=None)
 def folder() -> str:
     """The checkpoints, built once per session: <arch>/ from save_pretrained, and single-
     file broken copies of Llama's: missing/, misshaped/, extra/."""
-    root = tempfile.mkdtemp(prefix="pretrained-")
+    root = scratch_dir("pretrained-")
     for arch in ("llama", "gpt2"):
         model = rm.build(arch, seed=CKPT_SEED)[0]
         model.save_pretrained(os.path.join(root, arch), max_shard_size=SHARD_BYTES)
+    gpt2 = rm.build("gpt2", seed=CKPT_SEED)[0]
     # the hub's `gpt2` layout: a bare GPT2Model, names without "transformer.", no head
-    model.transformer.save_pretrained(os.path.join(root, "gpt2-bare"))
+    gpt2.transformer.save_pretrained(os.path.join(root, "gpt2-bare"))
     # safetensors' own writer keeps the tied weight as lm_head.weight, not wte
     os.makedirs(os.path.join(root, "gpt2-save-model"))
-    save_model(model, os.path.join(root, "gpt2-save-model", "model.safetensors"))
+    save_model(gpt2, os.path.join(root, "gpt2-save-model", "model.safetensors"))
     state = {k: v.clone() for k, v in
              rm.build("llama", seed=CKPT_SEED)[0].state_dict().items()}
     broken = {"missing": {k: v for k, v in state.items() if k != "model.norm.weight"},
@@ -241,7 +250,7 @@ def run_plans(rank: int, world_size: int, payload: dict) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def results_for(world: int) -> tuple[list[dict], str]:
-    scratch = tempfile.mkdtemp(prefix=f"pretrained-{world}r-")
+    scratch = scratch_dir(f"pretrained-{world}r-")
     cases = [(arch, name, PLANS[name](graph_of(arch)), graph_of(arch), rm.global_batches(arch))
              for arch, name in CASES[world]]
     payload = {"root": folder(), "scratch": scratch, "cases": cases}
