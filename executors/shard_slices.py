@@ -10,8 +10,9 @@ A parameter is a plain tensor (the whole tensor) or a DTensor sharded over a 1-D
 mesh (`Shard`, FSDP2's `_StridedShard` under TP, `Replicate`). Per tensor dim the local
 tensor's positions map to global indices: DTensor's own shard arithmetic
 (`torch.distributed.tensor._utils._get_shard_size_and_offsets`, what DCP's
-`compute_local_shape_and_global_offset` is built on — that helper returns only the FIRST
-offset, which is wrong for a strided shard) gives the explicit index list of each dim.
+`compute_local_shape_and_global_offset` is built on; that helper returns only the first
+offset, which cannot describe a `_StridedShard` whose rows are not contiguous) gives the
+explicit index list of each dim.
 
 A layout transform then maps the STORED global index of one dim (the order the executor
 keeps the rows in) to the CHECKPOINT index: identity by default; fused-projection TP
