@@ -212,7 +212,6 @@ def _chain_input(m: GraphMeasurer, i: int, module: nn.Module | None) -> bool:
 def _grad_carrying(measurer: GraphMeasurer) -> set[fx.Node]:
     """Nodes whose value depends on a parameter (they carry gradients across cuts)."""
     out: set[fx.Node] = set()
-    root = measurer.traced.root
     for n in measurer.traced.graph_module.graph.nodes:
         if n.op == "placeholder":
             name = measurer.traced.state_names.get(n.name)
