@@ -41,7 +41,7 @@ from cost_models.profile_cluster import profile_cluster  # noqa: E402
 from ir.errors import PlannerError  # noqa: E402
 from planner.cli import main as planner_main  # noqa: E402
 from planner.fmt import table  # noqa: E402
-from planner.validate import validate_plan  # noqa: E402
+from planner.trial.run import validate_plan  # noqa: E402
 
 SPECS: dict[int, dict] = {}  # the measured specs, written into the JSON
 MEMORY_TARGET = 0.05

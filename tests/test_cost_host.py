@@ -18,7 +18,7 @@ from cost_models.estimate import DP_OVERLAP_EFFICIENCY, estimate, overlap_effici
 from cost_models.model_states import bytes_per_param
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
-from ir.measure import count_ops
+from ir.op_count import count_ops
 from ir.plan import uniform_plan
 from ir.strategy import DPMode, LayerStrategy, Precision
 from planner.models import load_layer_graph

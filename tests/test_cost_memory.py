@@ -220,7 +220,7 @@ def test_predicted_peak_matches_measured_training_step(spec):
     """One device, fp32, AdamW, real CPU steps run by the executor (tied weights untied,
     as it does: t5-tiny holds three copies of its embedding): prediction within 5%."""
     from planner.models import load_layer_graph
-    from planner.validate import measure_one_process
+    from planner.trial.rank import measure_one_process
 
     b = 4
     graph = load_layer_graph(spec, micro_batch=b, dtype=torch.float32)

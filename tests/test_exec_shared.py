@@ -362,7 +362,7 @@ def test_memory_model_holds_the_shared_embedding_as_the_executor_does(spec: str)
     predicted (the alias shared.weight adds nothing) within MEMORY_RTOL of real steps."""
     from cost_models.clusters import get_cluster
     from cost_models.memory import plan_memory
-    from planner.validate import measure_one_process
+    from planner.trial.rank import measure_one_process
 
     batch = 4
     graph = load_layer_graph(spec, micro_batch=batch, seq_len=SEQ_LEN, dtype=torch.float32)
