@@ -23,8 +23,8 @@ from cost_models.estimate import estimate
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
-from ir.safe_json import read_json
 from ir.plan import KNOWN_OPTIMIZERS, ParallelPlan, load_plan, uniform_plan
+from ir.safe_json import read_json
 from ir.strategy import Checkpoint, Precision, Schedule
 from planner import report
 from planner.arg_types import MAX_DEVICES, MAX_SAMPLES, MAX_SEQ_LEN, count

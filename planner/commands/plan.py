@@ -90,8 +90,10 @@ def run(args) -> int:
     cluster = load_cluster(args)
     precision = Precision(args.precision) if args.precision else default_precision(cluster)
     options = options_from_args(args, precision)
-    if args.global_batch < 1:
-        raise PlannerError(f"--global-batch must be >= 1, got {args.global_batch}")
+    if args.micro_batch is not None and args.global_batch % args.micro_batch:
+        raise PlannerError(f"--micro-batch {args.micro_batch} does not divide --global-batch "
+                           f"{args.global_batch}: use a micro-batch that divides it, or drop "
+                           "--micro-batch to let the search choose")
     progress = Progress(f"tracing {args.model}")
     graph = load_layer_graph(args.model, 1, args.seq_len,
                              getattr(torch, precision.compute_dtype), progress=progress)
@@ -99,7 +101,7 @@ def run(args) -> int:
     result = search(graph, cluster, args.global_batch, options,
                     with_baselines=not args.no_baselines)
     if result.best is None:
-        raise PlannerError(nothing_fits(graph, cluster, args, options))
+        raise PlannerError(nothing_fits(graph, cluster, args, options, result.stats))
     base = result.baselines
     summary = {b.name: ({"plan": str(b.candidate.plan),
                          "iteration_seconds": b.candidate.estimate.iteration_seconds}
@@ -164,14 +166,30 @@ def baseline_table(best, base, cluster) -> str:
                  right={1, 2, 3, 4})
 
 
-def nothing_fits(graph, cluster, args, options: SearchOptions) -> str:
-    """The smallest memory any plan would need and the knob that would help most."""
+def nothing_fits(graph, cluster, args, options: SearchOptions, stats: dict | None = None
+                 ) -> str:
+    """Why no plan came out, without contradicting itself: the smallest memory any plan
+    would need and the knob that would help most."""
     import dataclasses
 
+    from cost_models.memory import DP_BUCKET_BYTES, DP_BUCKETS_IN_FLIGHT
+
+    budget = options.memory_budget_bytes or cluster.device_memory_bytes
+    if stats and stats.get("timed_out"):
+        return (f"no plan found within --time-limit {options.time_limit_s:g} s (searched "
+                f"{stats.get('outer_searched', 0)} of {stats.get('outer_candidates', 0)} "
+                "pipeline configurations); raise --time-limit or pin degrees (--tp/--pp)")
     frugal = dataclasses.replace(options, memory_budget_bytes=None, top_k=1)
     needs, _ = least_memory(graph, cluster, args.global_batch, frugal)
-    budget = options.memory_budget_bytes or cluster.device_memory_bytes
     head = f"no plan fits {human_bytes(budget)} per device"
+    reserved = cluster.runtime_overhead_bytes + DP_BUCKETS_IN_FLIGHT * DP_BUCKET_BYTES
+    if needs is not None and needs <= budget:
+        # The full estimate fits, but the search sets a flat reserve aside first.
+        return (f"{head}: the search sets {human_bytes(reserved)} aside per device before any "
+                f"layer (runtime {human_bytes(cluster.runtime_overhead_bytes)} + "
+                f"data-parallel buckets in flight), more than the "
+                f"{human_bytes(needs)} the most frugal plan's full estimate peaks at; give "
+                f"--memory-budget (GiB) well above {reserved / GiB:.2f}")
     if needs is not None:
         head += f"; the most frugal plan needs {human_bytes(needs)}"
     hints = []
