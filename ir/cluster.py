@@ -328,7 +328,8 @@ class ClusterSpec:
         data = dict(data)
         schema = data.pop("schema", CLUSTER_SCHEMA)
         if schema != CLUSTER_SCHEMA:
-            raise PlannerError(f"{source}: schema {schema!r} is not {CLUSTER_SCHEMA!r}")
+            raise PlannerError(f"{source}: schema {schema!r} is not {CLUSTER_SCHEMA!r}; "
+                               f"{SPEC_FIX}")
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - set(fields))
         if unknown:
@@ -337,7 +338,8 @@ class ClusterSpec:
         required = [name for name, f in fields.items()
                     if f.default is dataclasses.MISSING and name not in data]
         if required:
-            raise PlannerError(f"{source}: missing field {required[0]!r}")
+            raise PlannerError(f"{source}: missing field {required[0]!r}; add it, or "
+                               f"{SPEC_FIX}")
         try:
             flops = data["peak_flops_by_dtype"]
             if not isinstance(flops, dict):
@@ -372,8 +374,8 @@ class ClusterSpec:
                 try:
                     parsed.append(CollectiveFit(**fit))
                 except TypeError as exc:
-                    raise PlannerError(f"collective_fits[{i}]: {exc}; each fit has "
-                                       "collective, scope, alpha_s, bytes_per_s, "
+                    raise PlannerError(f"collective_fits[{i}]: {exc}; give each fit only "
+                                       "collective, scope, alpha_s, bytes_per_s and "
                                        "measured_ranks") from None
             data["collective_fits"] = tuple(parsed)
             for name in ("hbm_gbps", "intra_node_gbps", "inter_node_gbps",
@@ -461,6 +463,6 @@ def _tp_module_figures(value: Any, devices_per_node: Any) -> tuple[tuple[int, fl
             size = int(key)
         except (TypeError, ValueError):
             raise PlannerError(f"field 'tp_module_overhead_s': key {key!r} is not a TP group "
-                               "size (an integer such as \"2\")") from None
+                               "size; use an integer such as \"2\"") from None
         figures.append((size, _number(f"tp_module_overhead_s[{key}]", seconds)))
     return tuple(sorted(figures))

@@ -253,6 +253,12 @@ class PlanDocument:
                 f"plan was made for {self.model_name} (fingerprint {self.fingerprint}) but "
                 f"this model, {graph.model} (fingerprint {graph.fingerprint}), "
                 f"{self.model_difference(graph) or self._unnamed_difference()}")
+        if self.layer_names != tuple(l.name for l in graph.layers):
+            # Same model, but the file's layer names were edited: the plan would be
+            # applied to layers it does not name.
+            raise PlannerError(
+                f"plan for {self.model_name} names its layers differently from the model: "
+                f"it {self.model_difference(graph)}; the file was edited: re-plan")
 
     def _unnamed_difference(self) -> str:
         if not self.layer_digests:

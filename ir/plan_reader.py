@@ -80,7 +80,8 @@ class _Reader:
             return enum_type(value)
         except ValueError:
             allowed = ", ".join(e.value for e in enum_type)
-            self.fail(f"{where}.{key}" if where else key, f"{value!r} is not one of {allowed}")
+            self.fail(f"{where}.{key}" if where else key,
+                      f"{_shown(value)} is not one of {allowed}: use one of them")
 
     def agrees(self, obj: dict, key: str, where: str, expected, why: str) -> None:
         """An optional key the file states twice must equal what follows from the rest."""
@@ -129,7 +130,8 @@ def plan_from_dict(data: object, source: str = "<plan>") -> PlanDocument:
         r.fail("stages" if not stages_raw else "layers", f"must not be empty; {FIX}")
     num_layers = r.get(model, "num_layers", int, "model", 1)
     if num_layers != len(layers_raw):
-        r.fail("layers", f"{len(layers_raw)} entries but model.num_layers is {num_layers}")
+        r.fail("layers", f"{len(layers_raw)} entries but model.num_layers is {num_layers}; "
+                         f"{FIX}")
     stages = []
     for i, st in enumerate(stages_raw):
         where = f"stages[{i}]"
@@ -171,7 +173,7 @@ def plan_from_dict(data: object, source: str = "<plan>") -> PlanDocument:
     except PlannerError as exc:
         if str(exc).startswith(f"{source}: "):
             raise
-        r.fail("plan", str(exc))
+        r.fail("plan", f"{exc}; {FIX}")
     world = r.get(data, "world_size", int, "", 1, MAX_DEVICES)
     if world != plan.world_size:
         r.fail("world_size", f"{world} but the stages use {plan.world_size} devices")

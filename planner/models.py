@@ -46,8 +46,8 @@ def parse_overrides(text: str, spec: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in item:
-            raise PlannerError(f"model {spec!r}: override {item!r} is not key=value "
-                               "(e.g. gpt:layers=24,hidden=1024)")
+            raise PlannerError(f"model {spec!r}: override {item!r} is not key=value; write "
+                               "e.g. gpt:layers=24,hidden=1024")
         key, value = item.split("=", 1)
         key = key.strip()
         if key in out:
@@ -61,6 +61,10 @@ def resolve_config(spec: str) -> tuple[str, Any, str]:
     """(family, config, display name) for a preset or `family:overrides` spec."""
     if ":" in spec:
         family, rest = spec.split(":", 1)
+        if family not in zoo.FAMILIES:
+            raise PlannerError(f"model {spec!r}: unknown model family {family!r}; use one of "
+                               f"{', '.join(zoo.FAMILIES)}, or package.module:function for a "
+                               "factory")
         overrides = parse_overrides(rest, spec)
         try:
             config = zoo.make_config(family, overrides)
@@ -71,7 +75,8 @@ def resolve_config(spec: str) -> tuple[str, Any, str]:
     try:
         family, config = zoo.preset_config(spec)
     except (ValueError, KeyError) as exc:
-        raise PlannerError(f"unknown model {spec!r}: {exc}") from None
+        raise PlannerError(f"unknown model {spec!r}: {exc}; use a preset, family:key=value, "
+                           "package.module:function or hf:config.json") from None
     return family, config, spec
 
 
@@ -159,7 +164,7 @@ def _load_factory(spec: str, micro_batch: int, seq_len: int | None, device: str,
     return LoadedModel(spec, module, dict(inputs), target, loss_fn, "factory")
 
 
-FACTORY_SIGNATURE = ("a factory is a function(micro_batch=, seq_len=, device=) returning "
+FACTORY_SIGNATURE = ("name a function(micro_batch=, seq_len=, device=) that returns "
                      "(module, inputs, target, loss_fn)")
 
 
@@ -275,7 +280,8 @@ def _read_hf_config(path: str):
         raise PlannerError(f"hf config {path!r}: model_type must be a string such as \"gpt2\", "
                            f"got {model_type!r:.60}")
     if not model_type:
-        raise PlannerError(f"hf config {path!r} has no 'model_type' (e.g. \"gpt2\", \"llama\")")
+        raise PlannerError(f"hf config {path!r} has no 'model_type': add one (e.g. \"gpt2\", "
+                           "\"llama\")")
     fields = {k: v for k, v in raw.items() if k != "model_type"}
     try:
         config = transformers.AutoConfig.for_model(model_type, **fields)

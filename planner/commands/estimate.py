@@ -163,6 +163,7 @@ def load_inputs(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, ComputePro
     _positive("nodes", args.nodes)
     _positive("gpus-per-node", args.gpus_per_node)
     _positive("seq-len", args.seq_len)
+    profile = read_profile(args.profile) if args.profile else None  # cheap: before tracing
     if args.plan:
         given = [f"--{f.replace('_', '-')}" for f in STRATEGY_FLAGS
                  if getattr(args, f, None) is not None]
@@ -177,7 +178,6 @@ def load_inputs(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, ComputePro
         precision = Precision(args.precision) if args.precision else default_precision(cluster)
         graph = _graph(args.model, args.micro_batch or 1, args.seq_len, precision)
         plan = plan_from_flags(args, len(graph.layers), cluster)
-    profile = read_profile(args.profile) if args.profile else None
     return graph, plan, cluster, profile
 
 
