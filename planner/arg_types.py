@@ -47,11 +47,11 @@ def count(low: int = 1, high: int = MAX_SAMPLES, example: int = 8):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number such as {example}, got "
                                              f"{_shown(text)}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be between {low:,} and {high:,}, got "
-                                             f"{value:,}" if len(str(value)) < 30 else
-                                             f"must be between {low:,} and {high:,}, got a "
-                                             f"{len(str(value))}-digit number")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        if value > high:
+            shown = f"{value:,}" if len(str(value)) < 30 else f"a {len(str(value))}-digit number"
+            raise argparse.ArgumentTypeError(f"must be <= {high:,}, got {shown}")
         return value
     parse.__name__ = "whole number"
     return parse

@@ -22,6 +22,10 @@ class Parser(argparse.ArgumentParser):
     """argparse whose usage errors are one line, like every other bad input."""
 
     def error(self, message: str):
+        # "argument --top: must be >= 1, got 0" reads as "--top must be >= 1, got 0"
+        flag, _, rest = message.partition(": ")
+        if flag.startswith("argument -") and rest.startswith("must "):
+            message = f"{flag.removeprefix('argument ').split('/')[0]} {rest}"
         self.exit(2, f"planner: error: {one_line(message)} (see `{self.prog} --help`)\n")
 
 
@@ -42,7 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error (printed) or --help: a status, as below
+        return exc.code if isinstance(exc.code, int) else 0
     try:
         return int(args.func(args) or 0)
     except PlannerError as exc:
