@@ -266,3 +266,25 @@ def test_a_billion_sample_batch_plans_within_the_time_limit():
     assert result.code in (0, 2), result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) <= 1
     assert result.seconds < 10, f"took {result.seconds:.1f} s"
+
+
+def test_a_full_disk_names_the_path_and_keeps_the_old_plan(tmp_path, monkeypatch):
+    import errno
+
+    import ir.output_file
+
+    out = tmp_path / "out.json"
+    out.write_text(SENTINEL)
+    os.chmod(out, 0o644)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ir.output_file.os, "fsync", full)
+    result = run_cli([*GOOD_PLAN, "--out", str(out)])
+    line = check_contract(result, rf"cannot write plan {re.escape(str(out))}: No space left on "
+                                  r"device, \d+ MB free; the previous file \(if any\) is unchanged",
+                          {}, {})
+    assert line.startswith("planner: error: ")
+    assert out.read_text() == SENTINEL and stat.S_IMODE(os.stat(out).st_mode) == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]  # no temporary file left

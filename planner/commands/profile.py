@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from cost_models.layer_profile import DEFAULT_REPEATS, DEFAULT_WARMUP, profile_layers, save_profile
+from cost_models.layer_profile import DEFAULT_REPEATS, DEFAULT_WARMUP, profile_layers
+from ir.output_file import write_text_atomic
 from ir.errors import PlannerError
 from planner.arg_types import MAX_SAMPLES, MAX_SEQ_LEN, check_out, count, device
 from planner.fmt import Progress, human_bytes, table
@@ -41,8 +42,8 @@ def run(args) -> int:
                          name=loaded.name, device=args.device, dtype=parse_dtype(args.dtype),
                          warmup=args.warmup, repeats=args.repeats, progress=progress)
     progress.close()
-    if args.out:
-        save_profile(doc, args.out)
+    if args.out:  # atomic, keeping an old file's mode
+        write_text_atomic(args.out, json.dumps(doc, indent=2) + "\n", "profile")
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
