@@ -36,8 +36,10 @@ MAX_DEPTH = 64
 # 2**63 has 19 digits: no count, byte size or rank in these files needs more.
 MAX_INT_DIGITS = 19
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_BRACKETS = re.compile(r"[\[\]{}]")
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)  # a backslash and the byte it escapes
+_STRING = re.compile(rb'"[^"]*"')  # after escapes are gone, a string ends at the next quote
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
+_LEVEL = bytes.maketrans(b"[{]}", b"(())")
 
 
 class _Refused(ValueError):
@@ -101,13 +103,21 @@ def _kind(mode: int) -> str:
     return "special file"
 
 
-def _nesting_depth(text: str) -> int:
-    """Deepest bracket nesting outside string literals (no recursion, linear time)."""
-    depth = deepest = 0
-    for bracket in _BRACKETS.findall(_STRING.sub("", text)):
-        depth += 1 if bracket in "[{" else -1
-        deepest = max(deepest, depth)
-    return deepest
+def _nests_deeper_than(text: str, limit: int) -> bool:
+    """Whether brackets outside string literals nest deeper than `limit`, in C-speed
+    passes (no recursion, linear time per pass): drop escape pairs, keep only quotes and
+    brackets, drop strings, then peel innermost `[]`/`{}` pairs a level per pass."""
+    skeleton = _ESCAPE.sub(b"", text.encode("utf-8", "surrogatepass")).translate(
+        None, _NOT_STRUCTURE)
+    brackets = _STRING.sub(b"", skeleton).replace(b'"', b"").translate(_LEVEL)
+    for _ in range(limit):
+        peeled = brackets.replace(b"()", b"")
+        if len(peeled) == len(brackets):
+            break  # no pair left: what remains is unbalanced, not deep
+        brackets = peeled
+    # Pairs left after `limit` peels, or more unclosed openers than that (a deep and
+    # truncated file), are deeper than `limit`.
+    return b"()" in brackets or brackets.count(b"(") > limit
 
 
 def _constant(name: str):
@@ -140,10 +150,9 @@ def _object(pairs: list[tuple[str, object]]) -> dict:
 def parse_json(text: str, source: str, what: str, fix: str) -> object:
     """Parse `text` under the same bounds as `read_json` (depth, finite numbers, no
     repeated keys); errors name `what` `source` and end with `fix`."""
-    depth = _nesting_depth(text)
-    if depth > MAX_DEPTH:
-        raise PlannerError(f"{what} {source!r} nests {depth} levels deep, over the {MAX_DEPTH} "
-                           f"a JSON data file may have; {fix}")
+    if _nests_deeper_than(text, MAX_DEPTH):
+        raise PlannerError(f"{what} {source!r} nests more than {MAX_DEPTH} levels deep, more "
+                           f"than a JSON data file may have; {fix}")
     try:
         return json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=_int,
                           object_pairs_hook=_object)

@@ -288,3 +288,11 @@ def test_a_full_disk_names_the_path_and_keeps_the_old_plan(tmp_path, monkeypatch
     assert line.startswith("planner: error: ")
     assert out.read_text() == SENTINEL and stat.S_IMODE(os.stat(out).st_mode) == 0o644
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]  # no temporary file left
+
+
+def test_brackets_and_escaped_quotes_inside_strings_do_not_count_as_nesting(base, tmp_path):
+    def name(p):
+        p["model"]["name"] = '\\"' + "[" * 200 + '\\"{' * 100 + "\\"
+    _write(str(tmp_path), "plan.json", edited("plan", name)(base))
+    result = run_cli(["show", str(tmp_path / "plan.json")])
+    assert result.code == 0, result.stderr
