@@ -264,12 +264,8 @@ def _hf_head_class(path: str, model_type: str, raw: dict):
 
 
 def _read_hf_config(path: str):
-    """(model_type, raw dict, transformers config) of a config.json, errors naming the file."""
-    try:
-        import transformers
-    except ImportError:
-        raise PlannerError("hf: models need the transformers package: pip install "
-                           "'planner[dev]' (or transformers)") from None
+    """(model_type, raw dict, transformers config) of a config.json, errors naming the
+    file; the file is checked before transformers (seconds to import) is."""
     fix = "give a transformers config.json (an object with \"model_type\")"
     raw = read_json(path, "hf config", fix, max_bytes=HF_CONFIG_MAX_BYTES)
     if not isinstance(raw, dict):
@@ -282,6 +278,11 @@ def _read_hf_config(path: str):
     if not model_type:
         raise PlannerError(f"hf config {path!r} has no 'model_type': add one (e.g. \"gpt2\", "
                            "\"llama\")")
+    try:
+        import transformers
+    except ImportError:
+        raise PlannerError("hf: models need the transformers package: pip install "
+                           "'planner[dev]' (or transformers)") from None
     fields = {k: v for k, v in raw.items() if k != "model_type"}
     try:
         config = transformers.AutoConfig.for_model(model_type, **fields)
@@ -405,7 +406,8 @@ def graph_for_plan(doc, spec: str | None = None) -> LayerGraph:
     checked against its fingerprint."""
     dtype = getattr(torch, doc.graph_dtype, None)
     if not isinstance(dtype, torch.dtype):
-        raise PlannerError(f"plan records an unknown IR dtype {doc.graph_dtype!r}")
+        raise PlannerError(f"plan records an unknown IR dtype {doc.graph_dtype!r:.40} (model."
+                           "graph_dtype); re-plan with `planner plan MODEL --out FILE`")
     graph = load_layer_graph(plan_model_spec(doc, spec), doc.graph_micro_batch, doc.seq_len,
                              dtype)
     doc.check_model(graph)

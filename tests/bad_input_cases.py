@@ -278,6 +278,12 @@ PLAN_FILES = [
     Bad("plan-factory-spec", EST_PLAN, r"the plan names the factory 'tests\.factories:gpt_like', "
         r"which is code, and a plan file never runs code: pass the factory yourself",
         plan(put("model.spec", "tests.factories:gpt_like"))),
+    Bad("plan-unknown-graph-dtype", EST_PLAN, r"plan records an unknown IR dtype 'float128' "
+        r"\(model\.graph_dtype\); re-plan", plan(put("model.graph_dtype", "float128"))),
+    Bad("plan-spec-hf-etc", EST_PLAN, r"hf config '/etc' is a folder, not a file",
+        plan(put("model.spec", "hf:/etc"))),
+    Bad("plan-spec-huge-model", EST_PLAN, r"model 'gpt:hidden=1e9': hidden=1e9 is out of range",
+        plan(put("model.spec", "gpt:hidden=1e9"))),
     Bad("plan-cluster-invalid-for-estimate", EST_PLAN, P + r"cluster: .*intra_node_gbps must be a "
         r"number > 0, got -1.*; pass --cluster", plan(put("cluster.intra_node_gbps", -1))),
 ]
