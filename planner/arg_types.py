@@ -57,6 +57,12 @@ def count(low: int = 1, high: int = MAX_SAMPLES, example: int = 8):
     return parse
 
 
+# The common ones: a device count or degree, a sample count, a sequence length.
+n_devices = count(1, MAX_DEVICES)
+n_samples = count(1, MAX_SAMPLES)
+n_tokens = count(1, MAX_SEQ_LEN, 2048)
+
+
 def _finite(text: str) -> float:
     try:
         value = float(text.strip())

@@ -27,7 +27,7 @@ from ir.plan import KNOWN_OPTIMIZERS, ParallelPlan, load_plan, uniform_plan
 from ir.safe_json import read_json
 from ir.strategy import Checkpoint, Precision, Schedule
 from planner import report
-from planner.arg_types import MAX_DEVICES, MAX_SAMPLES, MAX_SEQ_LEN, count
+from planner.arg_types import count, n_devices, n_samples, n_tokens
 from planner.models import graph_for_plan
 
 # Model chunks per pipeline rank when --schedule interleaved is given without --virtual-stages.
@@ -43,27 +43,29 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="preset, family:overrides, package.module:factory or hf:config.json")
     p.add_argument("--cluster", default=None,
                    help=f"preset ({', '.join(preset_names())}) or spec JSON (default local)")
-    p.add_argument("--nodes", type=count(1, MAX_DEVICES), default=None, help="number of nodes (preset's: 1)")
-    p.add_argument("--gpus-per-node", type=count(1, MAX_DEVICES), default=None,
+    p.add_argument("--nodes", type=n_devices, default=None, help="number of nodes (preset's: 1)")
+    p.add_argument("--gpus-per-node", type=n_devices, default=None,
                    help="devices per node (preset's: 8 on GPU presets, 1 on local)")
-    p.add_argument("--dp", type=count(1, MAX_DEVICES), default=None, help="data-parallel degree (world/(tp*pp))")
-    p.add_argument("--tp", type=count(1, MAX_DEVICES), default=None, help="tensor-parallel degree (1)")
-    p.add_argument("--pp", type=count(1, MAX_DEVICES), default=None, help="pipeline-parallel degree (1)")
+    p.add_argument("--dp", type=n_devices, default=None,
+                   help="data-parallel degree (world/(tp*pp))")
+    p.add_argument("--tp", type=n_devices, default=None, help="tensor-parallel degree (1)")
+    p.add_argument("--pp", type=n_devices, default=None, help="pipeline-parallel degree (1)")
     p.add_argument("--zero", type=int, default=None, choices=[0, 1, 2, 3],
                    help="ZeRO stage of the data-parallel group (0)")
     p.add_argument("--checkpoint", default=None, choices=[c.value for c in Checkpoint],
                    help="activation checkpointing (none)")
     p.add_argument("--sequence-parallel", action="store_true", default=None,
                    help="Megatron sequence parallelism (needs --tp > 1)")
-    p.add_argument("--micro-batch", type=count(1, MAX_SAMPLES), default=None, help="samples per micro-batch (1)")
-    p.add_argument("--global-batch", type=count(1, MAX_SAMPLES), default=None,
+    p.add_argument("--micro-batch", type=n_samples, default=None,
+                   help="samples per micro-batch (1)")
+    p.add_argument("--global-batch", type=n_samples, default=None,
                    help="samples per step (micro-batch x dp x pp)")
     p.add_argument("--schedule", default=None, choices=[s.value for s in Schedule],
                    help="pipeline schedule (1f1b)")
     p.add_argument("--virtual-stages", type=count(1, 1024, 2), default=None,
                    help=f"model chunks per pipeline rank, interleaved only "
                         f"({DEFAULT_VIRTUAL_STAGES})")
-    p.add_argument("--seq-len", type=count(1, MAX_SEQ_LEN, 2048), default=None, help="sequence length (model default)")
+    p.add_argument("--seq-len", type=n_tokens, default=None, help="sequence length (model default)")
     p.add_argument("--precision", default=None, choices=[x.value for x in Precision],
                    help="bf16-mixed on GPU clusters, fp32 on local")
     p.add_argument("--optimizer", default=None, choices=KNOWN_OPTIMIZERS,

@@ -18,7 +18,7 @@ from ir.errors import PlannerError
 from ir.plan import KNOWN_OPTIMIZERS, plan_to_dict, save_plan
 from ir.strategy import Checkpoint, Precision, Schedule
 from planner.commands.estimate import default_precision, load_cluster
-from planner.arg_types import (MAX_DEVICES, MAX_SAMPLES, MAX_SEQ_LEN, check_out, count, gib,
+from planner.arg_types import check_out, count, gib, n_devices, n_samples, n_tokens, seconds
                                 seconds)
 from planner.fmt import Progress, human_bytes, table
 from planner.models import load_layer_graph
@@ -37,32 +37,34 @@ def register(sub) -> None:
     p.add_argument("model", metavar="MODEL")
     p.add_argument("--cluster", default=None,
                    help=f"preset ({', '.join(preset_names())}) or spec JSON (default local)")
-    p.add_argument("--nodes", type=count(1, MAX_DEVICES), default=None)
-    p.add_argument("--gpus-per-node", type=count(1, MAX_DEVICES), default=None)
-    p.add_argument("--global-batch", type=count(1, MAX_SAMPLES), required=True, help="samples per optimizer step")
-    p.add_argument("--seq-len", type=count(1, MAX_SEQ_LEN, 2048), default=None)
+    p.add_argument("--nodes", type=n_devices, default=None)
+    p.add_argument("--gpus-per-node", type=n_devices, default=None)
+    p.add_argument("--global-batch", type=n_samples, required=True,
+                   help="samples per optimizer step")
+    p.add_argument("--seq-len", type=n_tokens, default=None)
     p.add_argument("--memory-budget", type=gib(), default=None, metavar="GiB",
                    help="per-device budget (default: the device's memory)")
     p.add_argument("--out", default=None, help="write the plan JSON here")
     p.add_argument("--json", action="store_true", help="print the plan JSON")
-    p.add_argument("--top", type=count(1, 1000, 5), default=1, metavar="K", help="list the K best plans")
+    p.add_argument("--top", type=count(1, 1000, 5), default=1, metavar="K",
+                   help="list the K best plans")
     p.add_argument("--time-limit", type=seconds(), default=None, metavar="S",
                    help="stop searching new pipeline configurations after S seconds")
     p.add_argument("--no-baselines", action="store_true", help="skip the uniform baselines")
     g = p.add_argument_group("restrictions and pins")
     g.add_argument("--uniform", action="store_true", help="one strategy for every layer")
-    g.add_argument("--max-tp", type=count(1, MAX_DEVICES), default=None,
+    g.add_argument("--max-tp", type=n_devices, default=None,
                    help="largest TP degree (default: devices per node)")
     g.add_argument("--no-pp", action="store_true", help="no pipeline parallelism")
     g.add_argument("--no-checkpoint", action="store_true", help="no activation checkpointing")
-    g.add_argument("--dp", type=count(1, MAX_DEVICES), default=None)
-    g.add_argument("--tp", type=count(1, MAX_DEVICES), default=None)
-    g.add_argument("--pp", type=count(1, MAX_DEVICES), default=None)
+    g.add_argument("--dp", type=n_devices, default=None)
+    g.add_argument("--tp", type=n_devices, default=None)
+    g.add_argument("--pp", type=n_devices, default=None)
     g.add_argument("--zero", type=int, default=None, choices=[0, 1, 2, 3])
     g.add_argument("--checkpoint", default=None, choices=[c.value for c in Checkpoint])
     g.add_argument("--sequence-parallel", action="store_true", default=None)
     g.add_argument("--schedule", default=None, choices=[s.value for s in Schedule])
-    g.add_argument("--micro-batch", type=count(1, MAX_SAMPLES), default=None)
+    g.add_argument("--micro-batch", type=n_samples, default=None)
     g.add_argument("--precision", default=None, choices=[x.value for x in Precision])
     g.add_argument("--optimizer", default="adamw", choices=KNOWN_OPTIMIZERS)
     p.set_defaults(func=run)

@@ -7,7 +7,7 @@ import json
 from cost_models.layer_profile import DEFAULT_REPEATS, DEFAULT_WARMUP, profile_layers
 from ir.output_file import write_text_atomic
 from ir.errors import PlannerError
-from planner.arg_types import MAX_SAMPLES, MAX_SEQ_LEN, check_out, count, device
+from planner.arg_types import check_out, count, device, n_samples, n_tokens
 from planner.fmt import Progress, human_bytes, table
 from planner.models import load_model, parse_dtype
 
@@ -19,8 +19,8 @@ def register(sub) -> None:
                                    "record seconds and saved-activation bytes.")
     p.add_argument("model", metavar="MODEL")
     p.add_argument("--device", default="cpu", type=device, help="cpu or cuda[:N] (cpu)")
-    p.add_argument("--micro-batch", type=count(1, MAX_SAMPLES), default=1)
-    p.add_argument("--seq-len", type=count(1, MAX_SEQ_LEN, 2048), default=None)
+    p.add_argument("--micro-batch", type=n_samples, default=1)
+    p.add_argument("--seq-len", type=n_tokens, default=None)
     p.add_argument("--dtype", default="fp32", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--warmup", type=count(0, 10**6, 3), default=DEFAULT_WARMUP)
     p.add_argument("--repeats", type=count(1, 10**6, 10), default=DEFAULT_REPEATS)

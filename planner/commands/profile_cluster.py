@@ -22,9 +22,11 @@ MIN_MESSAGE_BYTES = 4
 def register(sub) -> None:
     p = sub.add_parser("profile-cluster", help="measure collectives and matmuls, write a spec",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--nproc", type=count(2, 1024, 2), required=True, help="processes to spawn (>= 2)")
+    p.add_argument("--nproc", type=count(2, 1024, 2), required=True,
+                   help="processes to spawn (>= 2)")
     p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
-    p.add_argument("--min-bytes", default=DEFAULT_MIN_BYTES, type=byte_size, help="smallest message (1K)")
+    p.add_argument("--min-bytes", default=DEFAULT_MIN_BYTES, type=byte_size,
+                   help="smallest message (1K)")
     p.add_argument("--max-bytes", default=DEFAULT_MAX_BYTES, type=byte_size,
                    help=f"largest message ({human_bytes(DEFAULT_MAX_BYTES)}; 256M for the "
                         "full sweep)")
