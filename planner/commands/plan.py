@@ -17,8 +17,8 @@ from cost_models.clusters import preset_names
 from ir.errors import PlannerError
 from ir.plan import KNOWN_OPTIMIZERS, plan_to_dict, save_plan
 from ir.strategy import Checkpoint, Precision, Schedule
-from planner.commands.estimate import default_precision, load_cluster
 from planner.arg_types import check_out, count, gib, n_devices, n_samples, n_tokens, seconds
+from planner.commands.estimate import default_precision, load_cluster
 from planner.fmt import Progress, human_bytes, table
 from planner.models import load_layer_graph
 from planner.plan_report import (plan_document, predicted_lines, stage_memory_table,
