@@ -155,7 +155,7 @@ class LayerComm:
     dp_backward_s: float  # per micro-batch: ZeRO-3 re-gather
     dp_step_s: float  # once per iteration: gradient all-reduce / reduce-scatter, ZeRO-2 gather
     tp_step_s: float = 0.0  # once per iteration, blocking: SP's partial gradients (sp_grad_sync_s)
-    # once per iteration, blocking, after the optimizer step: ZeRO-1 parameter broadcasts
+    # once per iteration, blocking, after the optimizer step: ZeRO-1 parameter all-gathers
     dp_after_step_s: float = 0.0
 
 
