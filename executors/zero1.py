@@ -137,9 +137,14 @@ def cast_to_working_dtype(module: nn.Module, group: dist.ProcessGroup,
     with torch.no_grad():
         for x in pieces:
             master[x.offset:x.offset + x.numel].copy_(locals_[x.index].reshape(-1)[x.lo:x.hi])
-        for p in module.parameters():
-            if p.is_floating_point() and p.dtype != dtype:
-                p.data = p.data.to(dtype)
+        cast: dict[int, nn.Parameter] = {}  # a parameter registered twice stays one
+        for sub in module.modules():  # new Parameters: `p.data =` keeps a DTensor's local dtype
+            for name, p in list(sub._parameters.items()):
+                if p is not None and p.is_floating_point() and p.dtype != dtype:
+                    if id(p) not in cast:
+                        cast[id(p)] = nn.Parameter(p.detach().to(dtype),
+                                                   requires_grad=p.requires_grad)
+                    sub._parameters[name] = cast[id(p)]
     module.__dict__[MASTER_ATTR] = master
 
 
