@@ -84,8 +84,9 @@ class LayerMemory:
     zero1_share_bytes: float = 0.0  # ZeRO-1: its all-gather's send and receive buffers
     zero1_master_grad_bytes: float = 0.0  # ZeRO-1: fp32 gradient shard during the step
     reshard_after_forward: bool = False  # ZeRO-3 frees the working copy after forward
-    # ZeRO-1: moment bytes of each DP rank (whole tensors per owner); `states` holds the
-    # most loaded one's. Empty: every rank of the group holds `states.optimizer`.
+    # Moment bytes of each DP rank where they differ; `states` holds the most loaded
+    # one's. Empty: every rank of the group holds `states.optimizer` (ZeRO-1's flat
+    # shards are even, `model_states.moment_shares`).
     moment_shares: tuple[float, ...] = ()
 
     @property
