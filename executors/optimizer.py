@@ -46,9 +46,11 @@ class ShardedOptimizer:
         return self.inner.param_groups if self.inner is not None else []
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, grad_multiplier: float = 1.0) -> None:
+        """grad_multiplier: applied to ZeRO-1's fp32 copies of 16-bit gradients (fp16
+        loss scaling's unscale, `executors.loss_scaling`)."""
         for g in self.groups:
-            g.attach_grads()
+            g.attach_grads(grad_multiplier)
         if self.inner is not None:
             self.inner.step()
         for g in self.groups:

@@ -180,8 +180,9 @@ class FlatShardGroup:
         else:  # fp32: the parameters are their own master copy
             self.opt_params = [locals_[x.index].detach().view(-1)[x.lo:x.hi] for x in self.pieces]
 
-    def attach_grads(self) -> None:
-        """Give each piece its part of the (all-reduced) gradient, in fp32."""
+    def attach_grads(self, multiplier: float = 1.0) -> None:
+        """Give each piece its part of the (all-reduced) gradient, in fp32; the copies of
+        16-bit gradients are multiplied by `multiplier` (fp16's unscale, in fp32)."""
         grads = [local_tensor(p.grad) if p.grad is not None else None for p in self.params]
         buf = None
         if self.master is not None and self.pieces:
@@ -195,6 +196,8 @@ class FlatShardGroup:
             else:
                 t.grad = buf[x.offset:x.offset + x.numel]
                 t.grad.copy_(g.reshape(-1)[x.lo:x.hi])
+                if multiplier != 1.0:
+                    t.grad.mul_(multiplier)
 
     def release_grads(self) -> None:
         for t in self.opt_params:
