@@ -29,6 +29,7 @@ import torch
 
 from executors import apply, full_state_dict
 from executors.checkpoint import load_checkpoint, save_checkpoint
+from executors.fused import FusedSplit
 from executors.state import load_full_state_dict
 from ir.errors import PlannerError
 from ir.tp import head_counts
@@ -105,6 +106,8 @@ CASES = [
     Case("gpt2", "gpt2", split=GPT2_SPLIT, attention="transformer.h.0.attn", checkpoint=True),
     Case("phi3", "phi3", split=PHI3_SPLIT, attention="model.layers.0.self_attn"),
     Case("phi3-sp", "phi3", sequence_parallel=True),
+    # grouped-query: q = 4 heads, k = v = 2 heads of 16 packed in one qkv_proj
+    Case("phi3-gqa", "phi3_gqa", split=PHI3_SPLIT, attention="model.layers.0.self_attn"),
     Case("qwen3-sp-broken-relayout", "qwen3", sequence_parallel=True, break_relayout=True,
          refused="layer model.layers.0: its input re-layout dp1·tp2 -> dp1·tp2·seq differs "
                  "from the unsplit activation by up to"),
@@ -296,6 +299,16 @@ def test_fused_checkpoint_resumes_under_another_plan(case: Case):
 # ----------------------------------------------------------------------------- candidates
 
 
+def test_fused_rank_major_order_and_its_inverse():
+    """Rank r's contiguous shard is its piece of every packed projection, in order."""
+    split = FusedSplit(parts=(4, 2, 2), tp=2, dims=(("weight", 0),))
+    rows = torch.arange(8.0)  # model order [q0 q1 q2 q3 | k0 k1 | v0 v1]
+    assert split.to_rank_major(rows, 0).tolist() == [0, 1, 4, 6, 2, 3, 5, 7]
+    conv1d = torch.arange(24.0).view(3, 8)  # a Conv1D weight: output features on dim 1
+    assert torch.equal(split.to_model_order(split.to_rank_major(conv1d, 1), 1), conv1d)
+    assert split.to_rank_major(conv1d, 1)[:, :4].tolist() == conv1d[:, [0, 1, 4, 6]].tolist()
+
+
 def candidates(arch: str, layer: str) -> set[str]:
     return {str(c) for c in graph_of(arch).layer(layer).tp_candidates}
 
@@ -313,6 +326,7 @@ def test_candidates_follow_what_really_splits():
     assert candidates("phi3", "model.layers.0") == {
         "self_attn.qkv_proj:colwise[64|64|64]", "self_attn.o_proj:rowwise",
         "mlp.gate_up_proj:colwise[128|128]", "mlp.down_proj:rowwise"}
+    assert "self_attn.qkv_proj:colwise[64|32|32]" in candidates("phi3_gqa", "model.layers.0")
     assert candidates("gpt2", "transformer.h.0") == {  # Conv1D modules
         "attn.c_attn:colwise[64|64|64]", "attn.c_proj:rowwise", "mlp.c_fc:colwise",
         "mlp.c_proj:rowwise"}
