@@ -14,7 +14,8 @@ fixed (torchtitan's: TP -> AC -> FSDP, embeddings/blocks/head one unit each, roo
     per stage module, per layer in order:
     4. apply_tp            DTensor TP / SP styles on the layer's TP mesh; then the
                            self-check runs each split layer against its record
-    5. re-layouts          hooks where neighbouring layers lay activations out differently
+    5. re-layouts          hooks where neighbouring layers lay activations out differently;
+                           the self-check runs each once against the unsplit activation
     6. apply_ac            activation checkpointing of the layer
     7. apply_dp            fully_shard / replicate on the layer's DP mesh; then the root
     then:

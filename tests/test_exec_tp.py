@@ -119,6 +119,7 @@ CASES = [
     Case("qwen3-sp-dp2-zero2", "qwen3", sequence_parallel=True, dp=2, zero=2),
     Case("falcon-dp2", "falcon", dp=2),
     Case("gpt2-sp-dp2-zero3", "gpt2", sequence_parallel=True, dp=2, zero=3),
+    Case("phi3-dp2-zero3", "phi3", dp=2, zero=3),  # FSDP2 shards the rank-major rows again
     Case("mixtral", "mixtral"),  # attention split; routed experts replicated
     Case("mixtral-sp", "mixtral", sequence_parallel=True,  # the router would see a chunk
          refused="but mlp.gate (MixtralTopKRouter) is not a normalization"),
