@@ -9,7 +9,10 @@ So, on every rank (same model, same seed, same example inputs):
              keep each tensor-parallel layer's (args, kwargs, output);
     check    right after `apply_tp`, each such layer runs on its recorded inputs (under
              sequence parallelism its main input is this rank's sequence chunk) and its
-             main output (gathered where split) is compared with the recorded one.
+             main output (gathered where split) is compared with the recorded one; a
+             fused projection split per part (`executors.fused`) must also gather back,
+             in the model's order, to its recorded unsplit weights exactly: what full
+             state dicts and checkpoints rely on.
 
 The largest differences are all-reduced over the world, so every rank raises the same
 `PlannerError` naming the first layer off by more than the dtype's tolerance. Rank 0
@@ -40,6 +43,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_flatten, tree_map
 
 from executors import layout as layouts
+from executors.fused import FUSED_ATTR, full_in_model_order
 from executors.layout import BATCH_DIM, SEQ_DIM, Layout, map_main_input
 from executors.mesh import Meshes
 from executors.validate import layer_layout
@@ -66,6 +70,37 @@ class _Record:
     args: tuple
     kwargs: dict
     output: torch.Tensor | None = None
+    fused: dict[str, torch.Tensor] | None = None  # fused parameter (in the layer) -> whole
+
+
+def _fused_weights(layer_module: nn.Module, layer) -> dict[str, torch.Tensor]:
+    """The layer's fused per-part parameters, whole and in the model's order (a copy)."""
+    out = {}
+    for cand in layer.tp_candidates:
+        if cand.fused:
+            for name, param in layer_module.get_submodule(cand.module).named_parameters(
+                    recurse=False):
+                out[f"{cand.module}.{name}"] = param.detach().clone()
+    return out
+
+
+def _fused_round_trip(layer_module: nn.Module, whole: dict[str, torch.Tensor]) -> tuple[float, str]:
+    """(largest difference, which parameter) between the split fused parameters gathered
+    back in the model's order and their unsplit records (collective over the TP mesh)."""
+    worst, where = 0.0, ""
+    for path, expected in whole.items():
+        module_path, name = path.rsplit(".", 1)
+        sub = layer_module.get_submodule(module_path)
+        split = getattr(sub, FUSED_ATTR, None)
+        dim = dict(split.dims).get(name) if split is not None else None
+        if dim is None:
+            return float("inf"), path
+        got = full_in_model_order(getattr(sub, name), split, dim)
+        diff = (got.double() - expected.to(got.device).double()).abs().max().item() \
+            if got.shape == expected.shape else float("inf")
+        if diff > worst:
+            worst, where = diff, path
+    return worst, where
 
 
 def _detached(tree: Any) -> Any:
@@ -125,6 +160,7 @@ class TPSelfCheck:
             return cls({}, stages, 0.0, f"{params:,} parameters > MAX_CHECK_PARAMS")
         start = time.perf_counter()
         records: dict[int, _Record] = {}
+        fused: dict[int, dict[str, torch.Tensor]] = {}
         handles = []
         for j in layers:
             module = model.get_submodule(graph.layers[j].name)
@@ -137,6 +173,7 @@ class TPSelfCheck:
                 if records[j].output is None:
                     records[j].output = _detached(_main_tensor(output))
 
+            fused[j] = _fused_weights(module, graph.layers[j])
             handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
             handles.append(module.register_forward_hook(post, with_kwargs=True))
         device = next(model.parameters()).device
@@ -152,6 +189,8 @@ class TPSelfCheck:
                 h.remove()
             for m, mode in modes.items():
                 m.training = mode
+        for j, rec in records.items():
+            rec.fused = fused[j]
         return cls(records, stages, time.perf_counter() - start, None)
 
     def _difference(self, module: nn.Module, j: int, plan: ParallelPlan, graph: LayerGraph,
@@ -200,11 +239,16 @@ class TPSelfCheck:
             return
         start = time.perf_counter()
         n = len(graph.layers)
-        found = torch.zeros(2, n, dtype=torch.float64)  # [difference, allowed] per layer
+        # [difference, allowed, fused weights gathered back - unsplit] per layer
+        found = torch.zeros(3, n, dtype=torch.float64)
+        fused_where: dict[int, str] = {}
         for j in layers:
             if j in self.records:
-                diff, allowed = self._difference(layer_module(module, graph.layers[j].name),
-                                                 j, plan, graph, meshes)
+                split_module = layer_module(module, graph.layers[j].name)
+                # collectives first, in the same order on every rank of the TP group
+                found[2, j], fused_where[j] = _fused_round_trip(split_module,
+                                                                 self.records[j].fused or {})
+                diff, allowed = self._difference(split_module, j, plan, graph, meshes)
                 found[0, j], found[1, j] = diff, allowed
         device = next((p.device for p in module.parameters()), torch.device("cpu"))
         found = found.to(device)
@@ -213,6 +257,12 @@ class TPSelfCheck:
         self.seconds += time.perf_counter() - start
         for j in range(n):
             diff, allowed = found[0, j].item(), found[1, j].item()
+            if found[2, j].item() > 0:  # data movement only: exact
+                raise PlannerError(
+                    f"layer {graph.layers[j].name}: its fused {fused_where.get(j, 'projection')} "
+                    f"gathers back off its unsplit weights by up to {found[2, j].item():.3g}; "
+                    "state dicts and checkpoints would hold them in another order; run it "
+                    "with tp=1")
             if diff == float("inf"):
                 why = self.failures.get(j, "it fails on another rank")
                 raise PlannerError(

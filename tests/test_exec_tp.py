@@ -7,7 +7,8 @@ either equal single-device training over STEPS AdamW steps (fp32, the tolerances
 whose text the entry names. One entry breaks a split on purpose (after `apply_tp`, one
 attention module gets its global head count back, as OPT's code had it) and the
 self-check must name that layer; another breaks the re-layout between the embedding
-and the first sequence-parallel block, and the self-check must name that block.
+and the first sequence-parallel block, and one makes gathering a fused projection forget
+its reorder: the self-check must name that block each time.
 
 Fused projections (GPT-2's Conv1D c_attn, Phi-3's qkv_proj and gate_up_proj) must really
 split: rank 0's shard right after `apply` is, for each packed projection, its first half
@@ -71,6 +72,7 @@ class Case:
     zero: int = 0
     differs: bool = False  # the run must NOT match one device (a broken, unchecked split)
     break_relayout: bool = False  # every re-layout returns its hidden features reversed
+    break_fused_order: bool = False  # gathering a fused projection forgets the reorder
     # (parameter, its split dim): must be split TP ways, rank 0 holding the first half of
     # each packed projection; `attention`: its head count must be the local one
     split: tuple[tuple[str, int], ...] = ()
@@ -108,6 +110,9 @@ CASES = [
     Case("phi3-sp", "phi3", sequence_parallel=True),
     # grouped-query: q = 4 heads, k = v = 2 heads of 16 packed in one qkv_proj
     Case("phi3-gqa", "phi3_gqa", split=PHI3_SPLIT, attention="model.layers.0.self_attn"),
+    Case("gpt2-broken-fused-order", "gpt2", break_fused_order=True,
+         refused="layer transformer.h.0: its fused attn.c_attn.weight gathers back off its "
+                 "unsplit weights by up to"),
     Case("qwen3-sp-broken-relayout", "qwen3", sequence_parallel=True, break_relayout=True,
          refused="layer model.layers.0: its input re-layout dp1·tp2 -> dp1·tp2·seq differs "
                  "from the unsplit activation by up to"),
@@ -196,11 +201,14 @@ def _resume_under_ddp(pm, case: Case, graph, batches, folder: str) -> dict:
 def run_cases(rank: int, world_size: int, payload: list) -> dict:
     results = {}
     real_apply_tp, real_relayout = apply_module.apply_tp, layout_module.relayout
+    real_model_order = FusedSplit.to_model_order
     for case, plan, graph, batches, folder in payload:
         apply_module.apply_tp = (_break_one_attention(real_apply_tp, case.break_heads)
                                  if case.break_heads else real_apply_tp)
         if case.break_relayout:
             layout_module.relayout = _reversed_features(real_relayout)
+        if case.break_fused_order:
+            FusedSplit.to_model_order = lambda self, tensor, dim: tensor
         try:
             pm = _apply(case, plan, graph, batches)
         except PlannerError as exc:  # every rank reaches the same verdict: no hang
@@ -208,6 +216,7 @@ def run_cases(rank: int, world_size: int, payload: list) -> dict:
             continue
         finally:
             apply_module.apply_tp, layout_module.relayout = real_apply_tp, real_relayout
+            FusedSplit.to_model_order = real_model_order
         params = dict(pm.module.named_parameters())
         local = {name: params[name].to_local().clone() for name, _ in case.split}
         heads = head_counts(pm.module.get_submodule(case.attention)) if case.attention else {}
