@@ -7,9 +7,10 @@
         loss = pm.train_step(inputs, target)
 
 Modules, one idea each: `mesh` (degrees, DeviceMeshes), `layout` (activation layouts and
-re-layouts), `tensor_parallel`, `checkpointing`, `data_parallel`, `pipeline`, `tied`
+re-layouts), `tensor_parallel`, `fused` (fused projections' per-rank row order),
+`tp_check` (the set-up self-check), `checkpointing`, `data_parallel`, `pipeline`, `tied`
 (shared weights), `optimizer` (ZeRO-1), `data` (per-rank batch shards), `validate`
-(rejections), `runtime` (ParallelModel, train_step), `state` (full parameters),
+(rejections), `runtime` (ParallelModel, train_step), `state` (full parameters, both ways),
 `checkpoint` (DCP save / resume under any plan), `apply` (the composition, in one
 documented order).
 """
@@ -19,9 +20,10 @@ from executors.data import global_batch_indices, local_rows, shard_batch
 from executors.layout import Layout
 from executors.mesh import MeshAxis, ParallelDims
 from executors.runtime import ParallelModel
-from executors.state import full_state_dict
+from executors.state import full_state_dict, load_full_state_dict
 from executors.validate import check_plan
 
 __all__ = ["apply", "check_plan", "default_device", "init_distributed", "full_state_dict",
+           "load_full_state_dict",
            "global_batch_indices", "local_rows", "shard_batch", "Layout", "MeshAxis",
            "ParallelDims", "ParallelModel"]
