@@ -19,6 +19,11 @@ What is saved, one flat DCP state dict per rank (every rank writes its own shard
   meta/step                the optimizer steps taken: the data position (global batch k
                            is the k-th of the run, `executors.data`)
 
+A fused projection split per part (`executors.fused`) holds its rows rank-major; it and
+its per-element optimizer states are saved whole in the model's order (gathered over
+their mesh: every rank passes the same tensor and DCP writes it once) and reordered into
+this rank's shard on load, so the checkpoint is in the model's layout for every plan.
+
 Loading builds the same dict from the model being resumed — its parameters and
 zero-initialised optimizer states in ITS layout — and DCP copies each saved chunk into
 whatever shard of the new layout covers it: resharding on load, so a checkpoint from
@@ -52,6 +57,7 @@ from executors.checkpoint_files import (LEGACY_SCHEMA, MARKER, METADATA, VettedR
                                         check_sizes, disk_error_message, file_digest,
                                         os_error_in, probe_write, read_marker, read_metadata,
                                         render_marker, verify_files, write_file)
+from executors.fused import FusedSplit, full_in_model_order, fused_parameters, load_model_order
 from executors.runtime import ParallelModel
 from executors.optimizer_state import checkpoint_state, load_targets
 from ir.errors import PlannerError
@@ -85,11 +91,26 @@ def _rng_state() -> dict[str, torch.Tensor]:
     return out
 
 
+def _fused(pm: ParallelModel) -> dict[str, tuple[FusedSplit, int]]:
+    return fused_parameters(module for _, module in pm.stage_modules)
+
+
+def _as_saved(tensor: torch.Tensor, like: torch.Tensor,
+              fused: tuple[FusedSplit, int] | None) -> torch.Tensor:
+    """What is saved for `tensor` (a parameter `like`, or a state of its shape)."""
+    if fused is not None and tuple(tensor.shape) == tuple(like.shape):
+        return full_in_model_order(tensor, *fused)
+    return tensor.detach()
+
+
 def state_dict_for_save(pm: ParallelModel, step: int) -> dict[str, torch.Tensor]:
     params = _named_parameters(pm)
     names = {id(p): n for n, p in params.items()}
-    state: dict[str, torch.Tensor] = {f"model/{n}": p.detach() for n, p in params.items()}
-    state.update(checkpoint_state(pm.optimizer, names))  # ZeRO-1: the fp32 master as model/
+    fused = _fused(pm)
+    state: dict[str, torch.Tensor] = {f"model/{n}": _as_saved(p, p, fused.get(n))
+                                      for n, p in params.items()}
+    # ZeRO-1: the fp32 master as model/; fused parameters' states in the model's order
+    state.update(checkpoint_state(pm.optimizer, names, fused))
     state.update(_rng_state())
     if pm.loss_scaler is not None:
         state.update({f"scaler/{k}": v for k, v in pm.loss_scaler.state_dict().items()})
@@ -323,8 +344,20 @@ def load_checkpoint(pm: ParallelModel, path: str) -> int:
     params = _named_parameters(pm)
     _check_model(path, metadata, {n: tuple(p.shape) for n, p in params.items()})
     names = {id(p): n for n, p in params.items()}
-    state: dict[str, torch.Tensor] = {f"model/{n}": p.detach() for n, p in params.items()}
-    optim, install_optim = load_targets(pm.optimizer, names, metadata)
+    fused = _fused(pm)
+    # fused: a whole buffer in the model's order, reordered into the shard after loading
+    whole: list[tuple[torch.Tensor, torch.Tensor, tuple[FusedSplit, int]]] = []
+
+    def target(tensor: torch.Tensor, name: str) -> torch.Tensor:
+        if name not in fused:
+            return tensor
+        buffer = torch.zeros(tuple(tensor.shape), dtype=tensor.dtype)
+        whole.append((tensor, buffer, fused[name]))
+        return buffer
+
+    state: dict[str, torch.Tensor] = {f"model/{n}": target(p.detach(), n)
+                                      for n, p in params.items()}
+    optim, install_optim = load_targets(pm.optimizer, names, metadata, fused)
     state.update(optim)
     rng_keys = [k for k in _rng_state() if k in metadata]
     for key in rng_keys:
@@ -340,6 +373,8 @@ def load_checkpoint(pm: ParallelModel, path: str) -> int:
         lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
         raise PlannerError(f"checkpoint {path} could not be loaded ({type(exc).__name__}: "
                            f"{lines[-1][:200] if lines else ''}); {hint}") from None
+    for tensor, buffer, (split, dim) in whole:
+        load_model_order(tensor, buffer, split, dim)
     install_optim()
     for key in rng_keys:
         if key.startswith("rng/cpu/"):

@@ -14,6 +14,10 @@ DCP writes and reads the rectangles in place. Under mixed precision the piece of
 fp32 master weights is saved as `model/<fqn>` instead of the 16-bit parameter (its
 rounding), so a resume is bit-identical and a plan keeping fp32 weights loads the
 master.
+
+A fused projection's parameter (`executors.fused`) is held rank-major; its states are
+saved whole in the model's order like the parameter itself, so under ZeRO-1 its pieces
+are first all-gathered over the data-parallel group (`_whole_in_model_order`).
 """
 
 from __future__ import annotations
@@ -22,14 +26,18 @@ import math
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex,
                                                    TensorProperties)
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from executors.fused import FusedSplit, full_in_model_order, load_model_order
 from executors.optimizer import ShardedOptimizer
-from executors.zero1 import flat_range_boxes, local_tensor
+from executors.zero1 import FlatShardGroup, flat_range_boxes, local_tensor
+
+Fused = dict[str, tuple[FusedSplit, int]]  # fqn -> fused split and its dim (`executors.fused`)
 
 
 class PieceTensor(torch.Tensor):
@@ -118,40 +126,101 @@ def _as_tensor(value) -> torch.Tensor:
     return value if isinstance(value, torch.Tensor) else torch.tensor(value)
 
 
-def checkpoint_state(opt, names: dict[int, str]) -> dict[str, torch.Tensor]:
+def _elementwise(value, like: torch.Tensor) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape == like.shape
+
+
+@torch.no_grad()
+def _whole_in_model_order(g: FlatShardGroup, index: int, pieces: dict[int, torch.Tensor],
+                          fused: tuple[FusedSplit, int]) -> torch.Tensor:
+    """Parameter `index` of ZeRO-1 group `g`, or a state of its shape, whole and in the
+    model's order, from every rank's pieces (pieces: piece position -> its values). A
+    collective over the group (and the TP mesh): every rank calls it alike."""
+    p = g.params[index]
+    dtype = next(iter(pieces.values())).dtype if pieces else torch.float32
+    send = torch.zeros(g.shard, dtype=dtype)
+    for k, x in enumerate(g.pieces):
+        if k in pieces:
+            send[x.offset:x.offset + x.numel].copy_(pieces[k])
+    flat = torch.empty(g.shard * g.dp, dtype=dtype)
+    dist.all_gather_into_tensor(flat, send, group=g.group)
+    start = sum(g.numels[:index])
+    local = flat[start:start + g.numels[index]].view(local_tensor(p).shape).clone()
+    if isinstance(p, DTensor):
+        local = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False)
+    return full_in_model_order(local, *fused)
+
+
+def checkpoint_state(opt, names: dict[int, str], fused: Fused | None = None
+                     ) -> dict[str, torch.Tensor]:
     """What this rank saves of the optimizer: `optim/<fqn>/<key>` per parameter and, for
     mixed-precision ZeRO-1, `model/<fqn>` as the fp32 master (overriding the 16-bit copy).
-    names: id(model parameter) -> its fqn."""
+    names: id(model parameter) -> its fqn; fused: states of these saved in model order."""
     inner = _inner(opt)
     out: dict[str, torch.Tensor] = {}
+    fused = fused or {}
     if inner is None:
         return out
     for p in _plain_params(opt):
+        fqn = names[id(p)]
         for key, value in (inner.state.get(p) or {}).items():
-            out[f"optim/{names[id(p)]}/{key}"] = _as_tensor(value)
+            out[f"optim/{fqn}/{key}"] = (full_in_model_order(value, *fused[fqn])
+                                         if fqn in fused and _elementwise(value, p)
+                                         else _as_tensor(value))
+    for g in _groups(opt):  # fused parameters under ZeRO-1: gathered whole
+        mine = dict(zip(range(len(g.pieces)), g.opt_params))
+        for index, p in enumerate(g.params):
+            fqn = names[id(p)]
+            if fqn not in fused:
+                continue
+            own = {k: t for k, t in mine.items() if g.pieces[k].index == index}
+            if g.master is not None:
+                out[f"model/{fqn}"] = _whole_in_model_order(g, index, own, fused[fqn])
+            for key in _state_keys(inner, g):
+                values = {k: inner.state[t][key] for k, t in own.items()}
+                out[f"optim/{fqn}/{key}"] = _whole_in_model_order(g, index, values, fused[fqn])
     for fqn, p, x, t, g in _pieces(opt, names):
+        if fqn in fused:
+            continue
         if g.master is not None:  # every rank: no 16-bit copy beside the master's pieces
             out[f"model/{fqn}"] = _master(p, x, t)
         if x is None:
             continue
         for key, value in (inner.state.get(t) or {}).items():
-            elementwise = isinstance(value, torch.Tensor) and value.dim() and value.shape == t.shape
-            out[f"optim/{fqn}/{key}"] = (PieceTensor(p, value, x.lo, x.hi) if elementwise
-                                         else _as_tensor(value))
+            out[f"optim/{fqn}/{key}"] = (PieceTensor(p, value, x.lo, x.hi)
+                                         if _elementwise(value, t) else _as_tensor(value))
     return out
 
 
-def load_targets(opt, names: dict[int, str], metadata: dict
+def _state_keys(inner, g: FlatShardGroup) -> list[str]:
+    """The element-wise state keys of a ZeRO-1 group's pieces (the same on every rank:
+    they stepped alike), sorted so every rank gathers them in one order."""
+    for t in g.opt_params:
+        state = inner.state.get(t) or {}
+        return sorted(k for k, v in state.items() if _elementwise(v, t))
+    return []
+
+
+def load_targets(opt, names: dict[int, str], metadata: dict, fused: Fused | None = None
                  ) -> tuple[dict[str, torch.Tensor], Callable[[], None]]:
     """Tensors DCP fills on load (zeros in this rank's layout, keyed as `checkpoint_state`
     keys them; metadata: the checkpoint's `state_dict_metadata`) and a function that
     installs them in the optimizer once loaded (ZeRO-1: then all-gathers the parameters
-    from the loaded master weights)."""
+    from the loaded master weights). fused: states of these are read whole in model
+    order and cut into this rank's shard or piece afterwards."""
     inner = _inner(opt)
     targets: dict[str, torch.Tensor] = {}
+    fused = fused or {}
     if inner is None:
         return targets, lambda: None
     slots: list[tuple[torch.Tensor, dict[str, torch.Tensor]]] = []
+    cut: list[tuple[torch.Tensor, torch.Tensor, tuple[FusedSplit, int], Callable]] = []
+
+    def whole(shaped_like: torch.Tensor, dtype, fqn: str, into: torch.Tensor, piece=None):
+        """A model-order buffer DCP fills; `into` gets this rank's shard (or piece) of it."""
+        buffer = torch.zeros(tuple(shaped_like.shape), dtype=dtype)
+        cut.append((buffer, into, fused[fqn], piece))
+        return buffer
 
     def add(t: torch.Tensor, fqn: str, shape: tuple, make_elementwise) -> None:
         prefix, mine = f"optim/{fqn}/", {}
@@ -169,20 +238,34 @@ def load_targets(opt, names: dict[int, str], metadata: dict
     for p in _plain_params(opt):
         def plain(dtype, p=p):
             value = torch.zeros_like(p.detach(), dtype=dtype)
-            return value, value
+            fqn = names[id(p)]
+            return value, (whole(p, dtype, fqn, value) if fqn in fused else value)
         add(p, names[id(p)], tuple(p.shape), plain)
     for fqn, p, x, t, g in _pieces(opt, names):
         if g.master is not None:  # the fp32 master, read straight into its shard
-            targets[f"model/{fqn}"] = _master(p, x, t)
+            targets[f"model/{fqn}"] = (whole(p, g.master.dtype, fqn, t, (p, x)) if fqn in fused
+                                       else _master(p, x, t))
         if x is None:
             continue
 
-        def piece(dtype, p=p, x=x, t=t):
+        def piece(dtype, p=p, x=x, t=t, fqn=fqn):
             value = torch.zeros(x.numel, dtype=dtype, device=t.device)
+            if fqn in fused:
+                return value, whole(p, dtype, fqn, value, (p, x))
             return value, PieceTensor(p, value, x.lo, x.hi)
         add(t, fqn, tuple(p.shape), piece)
 
     def install() -> None:
+        for buffer, into, (split, dim), piece in cut:
+            if piece is None:  # a state with its parameter's layout
+                load_model_order(into, buffer, split, dim)
+                continue
+            p, x = piece  # a ZeRO-1 piece: this rank's shard of p, then the piece's range
+            if x is None:  # this rank holds none of p
+                continue
+            shard = torch.zeros_like(p.detach(), dtype=buffer.dtype)
+            load_model_order(shard, buffer, split, dim)
+            into.copy_(local_tensor(shard).reshape(-1)[x.lo:x.hi])
         for t, state in slots:
             inner.state[t] = state
         for g in _groups(opt):

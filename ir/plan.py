@@ -214,7 +214,8 @@ def layer_digest(layer) -> str:
     and the attention backend, which a plan does not depend on."""
     key = (layer.name, layer.kind, layer.param_names, layer.params, layer.param_bytes,
            layer.max_param_numel, layer.tied_param_names, layer.tp_divisors,
-           tuple((c.module, c.style.value, c.params) for c in layer.tp_candidates))
+           tuple((c.module, c.style.value, c.params) + ((c.fused,) if c.fused else ())
+                 for c in layer.tp_candidates))
     return hashlib.sha256(repr(key).encode()).hexdigest()[:LAYER_DIGEST_HEX]
 
 

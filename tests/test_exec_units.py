@@ -129,12 +129,17 @@ def test_check_plan_rejects_before_running(make, world, match):
         check_plan(model_of(GPT), p, graph_of(GPT), world)
 
 
-def test_fused_conv1d_attention_is_not_a_tp_candidate():
-    """GPT-2's fused c_attn (a Conv1D) is never offered for TP (ir/tp.py), so its blocks
-    have nothing to split and a tp=2 plan runs them replicated inside the TP group."""
+def test_fused_conv1d_attention_splits_per_part():
+    """GPT-2's fused c_attn (a Conv1D, [q | k | v]) is a column-parallel candidate split per
+    packed projection (ir/tp.py), and a tp=2 plan of its blocks passes the executor check;
+    a degree that does not divide the heads is refused naming the layer."""
     graph = graph_of(HF_GPT2)
-    assert not graph.layer("transformer.h.0").tp_candidates
+    block = graph.layer("transformer.h.0")
+    fused = {c.module: c.fused for c in block.tp_candidates}
+    assert fused["attn.c_attn"] == (64, 64, 64) and fused["mlp.c_fc"] == ()
     check_plan(model_of(HF_GPT2), plan(HF_GPT2, tp=2), graph, 2)  # legal: no rejection
+    with pytest.raises(PlannerError, match=r"layer transformer\.h\.0: tp=8 does not divide"):
+        check_plan(model_of(HF_GPT2), plan(HF_GPT2, tp=8), graph, 8)
 
 
 def test_hf_gpt2_pipeline_is_accepted_but_not_a_cut_between_its_embeddings():
