@@ -16,9 +16,10 @@ what it holds and fills it one layer at a time (FSDP2 / torchtitan's meta-device
                  LOCAL tensors (TP shards, FSDP shards, replicas; other stages' layers are
                  stand-ins and allocate nothing); then, per layer of the layer IR in order
                  (and last the tensors outside every layer), the record replays that
-                 layer's tensors whole on CPU, each rank copies in its slice (the DTensor's
-                 placements, `distribute_tensor(src_data_rank=None)`: no communication),
-                 and the whole copy is freed.
+                 layer's tensors whole on CPU, each rank copies in its slice
+                 (`executors.fused.load_shard`: by the DTensor's placements, with no
+                 communication; a fused projection reordered rank-major first), and the
+                 whole copy is freed.
 
 Peak host memory during set-up is therefore this rank's tensors plus one layer's whole
 tensors (plus whatever that layer's replay reads: usually nothing else). Every rank
@@ -40,8 +41,7 @@ from typing import Iterable
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
-
+from executors.fused import fused_parameters, load_model_order, load_shard
 from executors.meta_record import InitRecord, Ref, forget, record_of
 from executors.tied import owning_layer
 from ir.errors import PlannerError
@@ -106,15 +106,6 @@ def capture(model: nn.Module, init: str) -> MetaSource | None:
     return MetaSource(init, record, values)
 
 
-def _local_slice(t: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
-    """What this rank stores of `full` for the parallelised tensor `t`."""
-    if isinstance(t, DTensor):
-        # every rank has `full`: each keeps its slice, nothing is sent
-        full = distribute_tensor(full.to(t.device), t.device_mesh, t.placements,
-                                 src_data_rank=None).to_local()
-    return full
-
-
 @torch.no_grad()
 def materialize(modules: list[nn.Module], source: MetaSource, graph: LayerGraph,
                 device: torch.device) -> None:
@@ -122,6 +113,7 @@ def materialize(modules: list[nn.Module], source: MetaSource, graph: LayerGraph,
     time (see the module docstring). `modules` are this rank's parallelised stage modules."""
     for module in modules:
         module.to_empty(device=device)
+    fused = fused_parameters(modules)
     groups: dict[int | None, dict[int, tuple[str, torch.Tensor]]] = {}
     for module in modules:
         named = list(module.named_parameters(remove_duplicate=False)) + list(
@@ -142,13 +134,13 @@ def materialize(modules: list[nn.Module], source: MetaSource, graph: LayerGraph,
             if value is None:
                 continue
             whole = full[value] if isinstance(value, Ref) else value
-            local = _local_slice(t, whole)
-            target = t.to_local() if isinstance(t, DTensor) else t
-            if local.shape != target.shape:
-                raise PlannerError(f"tensor {fqn}: this rank holds {tuple(target.shape)} but "
-                                   f"its slice of the built {tuple(whole.shape)} is "
-                                   f"{tuple(local.shape)}")
-            target.copy_(local)
+            if tuple(t.shape) != tuple(whole.shape):  # copy_ would broadcast silently
+                raise PlannerError(f"tensor {fqn}: the parallelised model holds a "
+                                   f"{list(t.shape)} tensor, the build made {list(whole.shape)}")
+            if fqn in fused:  # stored rank-major (`executors.fused`), built in model order
+                load_model_order(t, whole, *fused[fqn])
+            else:
+                load_shard(t, whole)  # this rank's slice, no communication
         del full  # one layer's whole tensors at a time
     if source.record is not None:
         forget(source.record)
