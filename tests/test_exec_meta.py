@@ -25,8 +25,9 @@ from ir.strategy import Precision
 from planner.models import load_model
 
 from dist_utils import spawn, zero_dropout
-from test_exec_plans import (CASES, GPT, HF_LLAMA, LLAMA, SEED, SEQ, assert_matches_reference,
-                             batches_of, graph_of, optimizer_kwargs, reference, run_cases)
+from test_exec_plans import (CASES, GPT, HF_GPT2, HF_LLAMA, LLAMA, SEED, SEQ, Case,
+                             assert_matches_reference, batches_of, graph_of, optimizer_kwargs,
+                             reference, run_cases, uniform)
 
 # One case per plan shape of test_exec_plans (its searched "planned-*" entries mix these
 # same shapes). `make test` runs DEFAULT (~60 s of spawned groups on 2 cores); set
@@ -146,7 +147,8 @@ def empty_case() -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def results_for(world: int) -> dict:
-    cases = [c for c in CASES if c.world == world and c.name in SHAPES[world]]
+    cases = [c for c in CASES + [FUSED] if c.world == world and c.name in SHAPES[world]
+             or c is FUSED and world == FUSED.world]
     payload = [(c.name, c.model, c.plan(graph_of(c.model)), graph_of(c.model),
                 batches_of(c.model), build_meta) for c in cases]
     extra = None
@@ -157,7 +159,10 @@ def results_for(world: int) -> dict:
     return spawn(run_meta_cases, world, (payload, extra), timeout_s=300)[0]
 
 
-SHAPE_CASES = [c for c in CASES if c.name in SHAPES.get(c.world, ())]
+# GPT-2's fused c_attn split by TP: stored rank-major (`executors.fused`), built in
+# model order; materialize must reorder (test_exec_plans runs GPT-2 without TP)
+FUSED = Case("hf-gpt2-tp-fused", 2, HF_GPT2, uniform(tp=2))
+SHAPE_CASES = [c for c in CASES if c.name in SHAPES.get(c.world, ())] + [FUSED]
 
 
 @pytest.mark.multiprocess
