@@ -42,7 +42,7 @@ from typing import Iterable
 import torch
 from torch import nn
 from executors.fused import fused_parameters, load_model_order, load_shard
-from executors.meta_record import InitRecord, Ref, forget, record_of
+from executors.meta_record import InitRecord, Ref, forget, record_of, release_freed_memory
 from executors.tied import owning_layer
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
@@ -141,6 +141,7 @@ def materialize(modules: list[nn.Module], source: MetaSource, graph: LayerGraph,
                 load_model_order(t, whole, *fused[fqn])
             else:
                 load_shard(t, whole)  # this rank's slice, no communication
-        del full  # one layer's whole tensors at a time
+        full = whole = None  # one layer's whole tensors at a time
+        release_freed_memory()
     if source.record is not None:
         forget(source.record)

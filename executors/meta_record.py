@@ -31,6 +31,7 @@ whose CPU result has another layout than its meta result, a generator not on the
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -65,6 +66,24 @@ class _Op:
     writes: frozenset[int]
     generator: torch.Generator | None = None  # random ops: the generator and its state
     rng_state: torch.Tensor | None = None
+
+
+def _load_trim():
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        return None
+
+
+_MALLOC_TRIM = _load_trim()
+
+
+def release_freed_memory() -> None:
+    """Hand freed heap memory back to the OS. glibc keeps freed blocks below its mmap
+    threshold (up to 32 MiB) in the heap: drawing a 1.3B model's scratch tensors one by
+    one otherwise left ~2.5 GiB resident that nothing used."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def _key(t: torch.Tensor) -> int:
@@ -197,6 +216,7 @@ class InitRecord(TorchDispatchMode):
             return torch.device("cpu") if x == META else x
         with torch.no_grad():
             op.func(*tree_map(scratch, op.args), **tree_map(scratch, op.kwargs))
+        release_freed_memory()
 
     # ------------------------------------------------------------------ replay
 
