@@ -365,6 +365,8 @@ def capacity_bytes(cluster: ClusterSpec, dense: DenseCost) -> float:
 def allreduce_exposed_s(grad_bytes: float, dense: DenseCost, cluster: ClusterSpec) -> float:
     """DDP all-reduce of the dense and replicated-table gradients, one bucketed collective
     (comm.collective_s), hidden behind the dense backward as cost_models.estimate does."""
+    if grad_bytes <= 0:
+        return 0.0  # nothing data-parallel: no all-reduce at all
     total = collective_s("all_reduce", grad_bytes, cluster.world_size, cluster)
     return exposed(total, dense.backward_s, overlap_efficiency(cluster))
 

@@ -212,7 +212,7 @@ def lower_bound(problem: _Problem) -> float:
     latency = 3 * problem.link.seconds(0.0)  # three all-to-all phases
     # exposed(ar(D + R)) >= ar(D) + slope R - hidden, and >= exposed(ar(D))
     average = max(sums.values()) + latency + min(0.0, dense_ar - hidden)
-    sharded = max(average, largest + latency + dense_only)
+    sharded = max(average, largest + dense_only)  # f of the piece already has its latency
     everything_replicated = [next(o for o in opts if o.sharding is TableSharding.REPLICATED)
                              for opts in problem.options]
     loads, replicated = problem.loads(everything_replicated, [o.fixed_ranks for o in everything_replicated])
@@ -469,16 +469,30 @@ def greedy(problem: _Problem) -> Solution | None:
          part, summed), over the default GPU sharding types (data-parallel, table-wise,
          row-wise, table-row-wise, column-wise);
       2. options are placed in descending perf, each shard on the device with the lowest
-         accumulated perf that still has the storage for it (ties: the lowest rank).
+         accumulated perf that still has the storage for it (ties: the lowest rank);
+      3. when a table finds no device with room, the proposer moves that table to its
+         next-best option and partitions again.
     Device perf is additive here as in TorchRec; the result is then priced with the
     full (non-additive) cost model like every other plan."""
     n = problem.n
-    picks = []
-    for opts in problem.options:
-        feasible = [o for o in opts if all(problem.fits(p + o.common) for p in o.pieces or (o.common,))]
-        if not feasible:
+    ranked = [sorted((o for o in opts if all(problem.fits(p + o.common) for p in o.pieces or (o.common,))),
+                     key=lambda o: (problem.perf(o), o.sharding.value)) for opts in problem.options]
+    if not all(ranked):
+        return None
+    index = [0] * len(ranked)
+    while True:  # a proposal that cannot be partitioned moves its failing table to its next option
+        picks = [options[i] for options, i in zip(ranked, index)]
+        ranks, failed = _greedy_partition(problem, picks)
+        if failed is None:
+            return problem.solution(picks, ranks)
+        index[failed] += 1
+        if index[failed] == len(ranked[failed]):
             return None
-        picks.append(min(feasible, key=lambda o: (problem.perf(o), o.sharding.value)))
+
+
+def _greedy_partition(problem: _Problem, picks: list[Option]):
+    """GreedyPerfPartitioner: ([ranks per table], None), or (None, the table that did not fit)."""
+    n = problem.n
     device_perf = [0.0] * n
     memory = [0.0] * n
     ranks: list[tuple[int, ...]] = [()] * len(picks)
@@ -486,6 +500,8 @@ def greedy(problem: _Problem) -> Solution | None:
         for r in range(n):
             device_perf[r] += problem.f(opt.common)
             memory[r] += opt.common.memory_bytes
+    if max(memory) > problem.capacity:
+        return None, max(range(len(picks)), key=lambda t: picks[t].common.memory_bytes)
     order = sorted(range(len(picks)), key=lambda t: -sum(problem.f(p) for p in picks[t].pieces))
     for t in order:
         opt = picks[t]
@@ -493,6 +509,8 @@ def greedy(problem: _Problem) -> Solution | None:
             for r, piece in zip(opt.fixed_ranks, opt.pieces):
                 device_perf[r] += problem.f(piece)
                 memory[r] += piece.memory_bytes
+            if any(memory[r] > problem.capacity for r in opt.fixed_ranks):
+                return None, t
             ranks[t] = opt.fixed_ranks
             continue
         chosen = []
@@ -500,13 +518,13 @@ def greedy(problem: _Problem) -> Solution | None:
             candidates = [r for r in range(n) if r not in chosen
                           and memory[r] + piece.memory_bytes <= problem.capacity]
             if not candidates:
-                return None
+                return None, t
             r = min(candidates, key=lambda r: (device_perf[r], r))
             chosen.append(r)
             device_perf[r] += problem.f(piece)
             memory[r] += piece.memory_bytes
         ranks[t] = tuple(chosen)
-    return problem.solution(picks, ranks)
+    return ranks, None
 
 
 # ---- entry point ------------------------------------------------------------------------
