@@ -28,22 +28,17 @@ seeds the search too, so the result is never worse than it. The printed gap is a
 
 from __future__ import annotations
 
-import itertools
 import time
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
-from cost_models.comm import collective_s
-from cost_models.embedding import (ZERO, AllToAllLink, DenseCost, EmbeddingConfig, PlacementCost, RankLoad,
-                                   all_to_all_rank_s, allreduce_exposed_s, capacity_bytes,
-                                   cost_of_loads, placement_loads, rank_time)
-from cost_models.estimate import overlap_efficiency
+from cost_models.embedding import ZERO, DenseCost, EmbeddingConfig, RankLoad
 from ir.cluster import ClusterSpec
-from ir.embedding_tables import EmbeddingTable, TablePlacement, TableSharding
+from ir.embedding_tables import EmbeddingTable, TableSharding
 from ir.errors import PlannerError
+from planner.table_greedy import greedy
+from planner.table_problem import (Option, PlacementProblem, Solution, TablePlan,
+                                   lower_bound)
 
-# Fewest columns a column-wise shard keeps: 32 fp32 = one 128-byte memory transaction
-# per row, below which gathers stop streaming full lines.
-MIN_SHARD_COLUMNS = 32
 # Instances up to this many tables x ranks are solved exactly (branch and bound).
 EXACT_MAX_TABLES = 8
 EXACT_MAX_RANKS = 4
@@ -52,200 +47,10 @@ EXACT_MAX_RANKS = 4
 HEURISTIC_TIME_LIMIT_S = 1.5
 
 
-@dataclass(frozen=True)
-class Option:
-    """One way to shard table `table`: `common` on every rank, `pieces` on `fixed_ranks`
-    (in order) or, when those are None, on any distinct ranks."""
-
-    table: int
-    sharding: TableSharding
-    common: RankLoad
-    pieces: tuple[RankLoad, ...]
-    fixed_ranks: tuple[int, ...] | None
-    replicated_bytes: float
-
-    def placement(self, name: str, ranks: tuple[int, ...], world: int) -> TablePlacement:
-        if self.sharding is TableSharding.REPLICATED:
-            ranks = tuple(range(world))
-        return TablePlacement(name, self.sharding, ranks)
-
-
-def table_options(index: int, table: EmbeddingTable, cluster: ClusterSpec,
-                  config: EmbeddingConfig) -> list[Option]:
-    """Every sharding the planner considers for one table."""
-    n, G = cluster.world_size, cluster.devices_per_node
-    kinds: list[tuple[TableSharding, tuple[int, ...], bool]] = [
-        (TableSharding.REPLICATED, tuple(range(n)), True),
-        (TableSharding.TABLE_WISE, (0,), False)]
-    k = 2
-    while k <= n and table.dim % k == 0 and table.dim // k >= MIN_SHARD_COLUMNS:
-        kinds.append((TableSharding.COLUMN_WISE, tuple(range(k)), False))
-        k *= 2
-    if n > 1:
-        kinds.append((TableSharding.ROW_RANGE, tuple(range(n)), True))
-        kinds.append((TableSharding.ROW_HASH, tuple(range(n)), True))
-    if cluster.num_nodes > 1 and G > 1:
-        for node in range(cluster.num_nodes):
-            kinds.append((TableSharding.TABLE_ROW_WISE, tuple(range(node * G, node * G + G)), True))
-    out = []
-    for sharding, ranks, fixed in kinds:
-        if sharding.splits_rows and table.rows < len(ranks):
-            continue
-        p = TablePlacement(table.name, sharding, ranks)
-        common, owned = placement_loads(table, p, cluster, config)
-        out.append(Option(index, sharding, common, tuple(load for _, load in owned),
-                          ranks if fixed else None,
-                          table.param_bytes if sharding is TableSharding.REPLICATED else 0.0))
-    return out
-
-
-@dataclass
-class Solution:
-    choice: list[Option]
-    ranks: list[tuple[int, ...]]  # where each table's pieces went
-    cost: PlacementCost
-
-
-@dataclass
-class TablePlan:
-    tables: list[EmbeddingTable]
-    placements: list[TablePlacement]
-    cost: PlacementCost
-    greedy_placements: list[TablePlacement]
-    greedy_cost: PlacementCost
-    lower_bound_s: float  # no placement can have a smaller step
-    method: str  # "exact" or "heuristic"
-    plan_s: float  # seconds the planning took
-
-    @property
-    def gap(self) -> float:
-        return self.cost.step_s / self.lower_bound_s - 1
-
-
-class _Problem:
-    """Options, cluster and dense part: what the searches share."""
-
-    def __init__(self, tables, cluster: ClusterSpec, config: EmbeddingConfig, dense: DenseCost):
-        self.tables, self.cluster, self.config, self.dense = tables, cluster, config, dense
-        self.n = cluster.world_size
-        self.capacity = capacity_bytes(cluster, dense)
-        self.link = AllToAllLink.of(cluster)
-        self._allreduce: dict[float, float] = {}
-        self.options = [table_options(i, t, cluster, config) for i, t in enumerate(tables)]
-
-    def f(self, load: RankLoad) -> float:
-        return rank_time(load, self.cluster, self.link).total_s
-
-    def perf(self, o: Option) -> float:
-        """Seconds an option costs summed over ranks (TorchRec's per-option perf): every
-        rank's share, each piece, and for a replicated table its gradient all-reduce on
-        every rank."""
-        allreduce = collective_s("all_reduce", o.replicated_bytes, self.n, self.cluster) \
-            if o.replicated_bytes else 0.0
-        return self.n * (self.f(o.common) + allreduce) + sum(self.f(p) for p in o.pieces)
-
-    def allreduce(self, replicated: float) -> float:
-        if replicated not in self._allreduce:
-            self._allreduce[replicated] = allreduce_exposed_s(
-                self.dense.grad_bytes + replicated, self.dense, self.cluster)
-        return self._allreduce[replicated]
-
-    def step(self, loads: list[RankLoad], replicated: float) -> float:
-        return self.dense.compute_s + max(self.f(x) for x in loads) + self.allreduce(replicated)
-
-    def fits(self, load: RankLoad) -> bool:
-        return load.memory_bytes <= self.capacity
-
-    def solution(self, choice: list[Option], ranks: list[tuple[int, ...]]) -> Solution:
-        loads, replicated = self.loads(choice, ranks)
-        return Solution(list(choice), list(ranks),
-                        cost_of_loads(loads, replicated, self.cluster, self.dense))
-
-    def loads(self, choice, ranks) -> tuple[list[RankLoad], float]:
-        loads = [ZERO] * self.n
-        for opt, where in zip(choice, ranks):
-            loads = [x + opt.common for x in loads]
-            for r, piece in zip(where, opt.pieces):
-                loads[r] = loads[r] + piece
-        return loads, sum(o.replicated_bytes for o in choice)
-
-    def placements(self, sol: Solution) -> list[TablePlacement]:
-        return [opt.placement(self.tables[opt.table].name, where, self.n)
-                for opt, where in zip(sol.choice, sol.ranks)]
-
-
-# ---- bounds -------------------------------------------------------------------------------
-
-
-def lower_bound(problem: _Problem) -> float:
-    """No placement's step is below this. Every plan either replicates every table (priced
-    exactly) or has all-to-alls, and then:
-      average bound   sum_r f(L_r) >= compute + beta * max(sum of sends, sum of receives)
-                      per all-to-all phase (a sum of maxima exceeds the maximum of sums),
-                      so max_r f(L_r) >= that / n + the all-to-all latencies; each table
-                      at its cheapest option, a replicated one charged its gradient's
-                      share of the all-reduce at the all-reduce's smallest per-byte slope
-                      (ring and tree are affine in bytes, so the minimum of them grows at
-                      least that fast) beyond what the dense backward can hide;
-      largest piece   some rank holds the largest piece of each table's best option."""
-    cl, n, dense = problem.cluster, problem.n, problem.dense
-    beta = _beta_per_byte(problem.link)
-    slope = _allreduce_slope(cl)
-    dense_only = problem.allreduce(0.0)
-    hidden = overlap_efficiency(cl) * dense.backward_s
-    dense_ar = collective_s("all_reduce", dense.grad_bytes, n, cl)
-    intra_bw = problem.link.intra_bytes_per_s
-    sums = {"send": 0.0, "recv": 0.0}
-    largest = 0.0
-    for opts in problem.options:
-        for side in sums:
-            best = float("inf")
-            for o in opts:
-                t = _total(o, n)
-                moved = (t.ids_send_bytes + 2 * t.out_send_bytes) if side == "send" else \
-                    (t.ids_recv_bytes + 2 * t.out_recv_bytes)
-                work = (t.lookup_s + t.update_s + beta * moved + t.intra_node_bytes / intra_bw) / n
-                best = min(best, work + slope * o.replicated_bytes)
-            sums[side] += best
-        largest = max(largest, min(problem.f(o.common + max(o.pieces, key=problem.f, default=ZERO))
-                                   for o in opts))
-    latency = 3 * problem.link.seconds(0.0)  # three all-to-all phases
-    # exposed(ar(D + R)) >= ar(D) + slope R - hidden, and >= exposed(ar(D))
-    average = max(sums.values()) + latency + min(0.0, dense_ar - hidden)
-    sharded = max(average, largest + dense_only)  # f of the piece already has its latency
-    everything_replicated = [next(o for o in opts if o.sharding is TableSharding.REPLICATED)
-                             for opts in problem.options]
-    loads, replicated = problem.loads(everything_replicated, [o.fixed_ranks for o in everything_replicated])
-    replicated_step = problem.step(loads, replicated) if all(problem.fits(x) for x in loads) \
-        else float("inf")
-    return dense.compute_s + min(sharded, replicated_step - dense.compute_s)
-
-
-def _allreduce_slope(cluster: ClusterSpec) -> float:
-    """Seconds per byte the all-reduce grows by at least (its smallest slope: large sizes)."""
-    big = 1e12
-    n = cluster.world_size
-    return (collective_s("all_reduce", 2 * big, n, cluster) - collective_s("all_reduce", big, n, cluster)) / big
-
-
-def _beta_per_byte(link: AllToAllLink) -> float:
-    """Seconds per byte of the all-to-all bandwidth term (its alpha part taken off)."""
-    return (link.seconds(1e9) - link.seconds(0.0)) / 1e9
-
-
-def _total(opt: Option, n: int) -> RankLoad:
-    total = ZERO
-    for _ in range(n):
-        total = total + opt.common
-    for piece in opt.pieces:
-        total = total + piece
-    return total
-
-
 # ---- exact: branch and bound ------------------------------------------------------------
 
 
-def exact(problem: _Problem, time_limit_s: float | None = None) -> Solution | None:
+def exact(problem: PlacementProblem, time_limit_s: float | None = None) -> Solution | None:
     """The optimal placement (None when nothing fits), by depth-first branch and bound."""
     order = sorted(range(len(problem.tables)),
                    key=lambda i: -max(problem.f(p) for o in problem.options[i] for p in o.pieces or (o.common,)))
@@ -307,29 +112,16 @@ def _distinct_sets(loads: list[RankLoad], k: int, G: int):
     return [tuple(sorted(ranks)) for ranks in compose(0, k)]
 
 
-def brute_force_size(problem: _Problem) -> int:
-    """How many assignments a plain enumeration would price (for choosing exact)."""
-    total = 1
-    for opts in problem.options:
-        total *= sum(1 if o.fixed_ranks is not None else _comb(problem.n, len(o.pieces)) for o in opts)
-    return total
-
-
-def _comb(n: int, k: int) -> int:
-    import math
-    return math.comb(n, k)
-
-
 # ---- heuristic: LPT + local search + re-optioning ---------------------------------------
 
 
-def _key(problem: _Problem, loads: list[RankLoad], replicated: float) -> tuple[float, float]:
+def _key(problem: PlacementProblem, loads: list[RankLoad], replicated: float) -> tuple[float, float]:
     """Compare by step, then by the sum of squared rank times (flatter is better)."""
     times = [problem.f(x) for x in loads]
     return max(times) + problem.allreduce(replicated), sum(t * t for t in times)
 
 
-def lpt(problem: _Problem, choice: list[Option]) -> list[tuple[int, ...]] | None:
+def lpt(problem: PlacementProblem, choice: list[Option]) -> list[tuple[int, ...]] | None:
     """Place the free pieces largest first, each on the rank where it ends lowest (and
     that has memory for it and no other piece of its table); fixed pieces first."""
     loads = [ZERO] * problem.n
@@ -362,7 +154,7 @@ def lpt(problem: _Problem, choice: list[Option]) -> list[tuple[int, ...]] | None
     return [tuple(r) for r in ranks]
 
 
-def local_search(problem: _Problem, choice: list[Option], ranks: list[tuple[int, ...]],
+def local_search(problem: PlacementProblem, choice: list[Option], ranks: list[tuple[int, ...]],
                  deadline: float) -> list[tuple[int, ...]]:
     """Move or swap free pieces off the slowest rank while (step, sum of squares) drops."""
     ranks = [list(r) for r in ranks]
@@ -418,7 +210,7 @@ def _minus(a: RankLoad, b: RankLoad) -> RankLoad:
                     a.sharded)
 
 
-def heuristic(problem: _Problem, seeds: list[Solution],
+def heuristic(problem: PlacementProblem, seeds: list[Solution],
               time_limit_s: float = HEURISTIC_TIME_LIMIT_S) -> Solution | None:
     """The best of the seeds after local search and re-optioning (see module doc)."""
     deadline = time.perf_counter() + time_limit_s
@@ -454,77 +246,33 @@ def heuristic(problem: _Problem, seeds: list[Solution],
     return best
 
 
+def split_until(problem: PlacementProblem, choice: list[Option], pieces: int) -> list[Option]:
+    """Column-split the table with the slowest piece (table-wise -> 2 -> 4 ... columns)
+    until there are `pieces` free pieces: LPT can only balance pieces it has."""
+    choice = list(choice)
+
+    def count() -> int:
+        return sum(len(o.pieces) for o in choice if o.fixed_ranks is None)
+
+    while count() < pieces:
+        splittable = []
+        for t, o in enumerate(choice):
+            if o.fixed_ranks is not None or not o.pieces:
+                continue
+            wider = [w for w in problem.options[t] if w.sharding is TableSharding.COLUMN_WISE
+                     and len(w.pieces) > len(o.pieces)]
+            if wider:
+                splittable.append((max(problem.f(p) for p in o.pieces), t,
+                                   min(wider, key=lambda w: len(w.pieces))))
+        if not splittable:
+            break
+        _, t, wider = max(splittable, key=lambda x: (x[0], -x[1]))
+        choice[t] = wider
+    return choice
+
+
 def _sol_key(sol: Solution) -> tuple[float, float]:
     return sol.cost.step_s, sum(t * t for t in sol.cost.embedding_s)
-
-
-# ---- the TorchRec-style greedy baseline -------------------------------------------------
-
-
-def greedy(problem: _Problem) -> Solution | None:
-    """TorchRec's default planner, reduced to its two rules (torchrec/distributed/planner:
-    GreedyProposer's first proposal and GreedyPerfPartitioner):
-      1. each table takes the sharding option with the lowest perf, perf being the sum of
-         its shards' estimated seconds (here: rank_time of each shard and of the every-rank
-         part, summed), over the default GPU sharding types (data-parallel, table-wise,
-         row-wise, table-row-wise, column-wise);
-      2. options are placed in descending perf, each shard on the device with the lowest
-         accumulated perf that still has the storage for it (ties: the lowest rank);
-      3. when a table finds no device with room, the proposer moves that table to its
-         next-best option and partitions again.
-    Device perf is additive here as in TorchRec; the result is then priced with the
-    full (non-additive) cost model like every other plan."""
-    n = problem.n
-    ranked = [sorted((o for o in opts if all(problem.fits(p + o.common) for p in o.pieces or (o.common,))),
-                     key=lambda o: (problem.perf(o), o.sharding.value)) for opts in problem.options]
-    if not all(ranked):
-        return None
-    index = [0] * len(ranked)
-    while True:  # a proposal that cannot be partitioned moves its failing table to its next option
-        picks = [options[i] for options, i in zip(ranked, index)]
-        ranks, failed = _greedy_partition(problem, picks)
-        if failed is None:
-            return problem.solution(picks, ranks)
-        index[failed] += 1
-        if index[failed] == len(ranked[failed]):
-            return None
-
-
-def _greedy_partition(problem: _Problem, picks: list[Option]):
-    """GreedyPerfPartitioner: ([ranks per table], None), or (None, the table that did not fit)."""
-    n = problem.n
-    device_perf = [0.0] * n
-    memory = [0.0] * n
-    ranks: list[tuple[int, ...]] = [()] * len(picks)
-    for opt in picks:  # the every-rank part first: it is on every device whatever happens
-        for r in range(n):
-            device_perf[r] += problem.f(opt.common)
-            memory[r] += opt.common.memory_bytes
-    if max(memory) > problem.capacity:
-        return None, max(range(len(picks)), key=lambda t: picks[t].common.memory_bytes)
-    order = sorted(range(len(picks)), key=lambda t: -sum(problem.f(p) for p in picks[t].pieces))
-    for t in order:
-        opt = picks[t]
-        if opt.fixed_ranks is not None:
-            for r, piece in zip(opt.fixed_ranks, opt.pieces):
-                device_perf[r] += problem.f(piece)
-                memory[r] += piece.memory_bytes
-            if any(memory[r] > problem.capacity for r in opt.fixed_ranks):
-                return None, t
-            ranks[t] = opt.fixed_ranks
-            continue
-        chosen = []
-        for piece in opt.pieces:
-            candidates = [r for r in range(n) if r not in chosen
-                          and memory[r] + piece.memory_bytes <= problem.capacity]
-            if not candidates:
-                return None, t
-            r = min(candidates, key=lambda r: (device_perf[r], r))
-            chosen.append(r)
-            device_perf[r] += problem.f(piece)
-            memory[r] += piece.memory_bytes
-        ranks[t] = tuple(chosen)
-    return ranks, None
 
 
 # ---- entry point ------------------------------------------------------------------------
@@ -536,7 +284,7 @@ def plan_tables(tables: list[EmbeddingTable], cluster: ClusterSpec, config: Embe
     if not tables:
         raise PlannerError("the model has no embedding tables to place")
     start = time.perf_counter()
-    problem = _Problem(tables, cluster, config, dense)
+    problem = PlacementProblem(tables, cluster, config, dense)
     base = greedy(problem)
     if method == "auto":
         small = len(tables) <= EXACT_MAX_TABLES and problem.n <= EXACT_MAX_RANKS
@@ -546,9 +294,11 @@ def plan_tables(tables: list[EmbeddingTable], cluster: ClusterSpec, config: Embe
     else:
         seeds = [s for s in (base,) if s is not None]
         cheapest = [min(opts, key=problem.perf) for opts in problem.options]
-        ranks = lpt(problem, cheapest)
-        if ranks is not None:
-            seeds.append(problem.solution(cheapest, ranks))
+        for choice in [cheapest] + [split_until(problem, cheapest, pieces)
+                                    for pieces in (problem.n, 3 * problem.n // 2, 2 * problem.n)]:
+            ranks = lpt(problem, choice)
+            if ranks is not None:
+                seeds.append(problem.solution(choice, ranks))
         sol = heuristic(problem, seeds)
     if sol is None:
         need = max(t.param_bytes for t in tables)

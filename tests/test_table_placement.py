@@ -18,7 +18,9 @@ from cost_models.embedding import (HBM_ACHIEVED_FRACTION, ID_BYTES, DenseCost, E
 from ir.embedding_tables import EmbeddingTable, TablePlacement, TableSharding
 from planner.models import load_model
 from planner.table_inventory import find_tables, hot_row_fraction, measured_shard_shares
-from planner.table_placement import _Problem, exact, greedy, lower_bound, plan_tables
+from planner.table_greedy import greedy
+from planner.table_placement import exact, plan_tables
+from planner.table_problem import PlacementProblem, lower_bound
 
 NO_DENSE = DenseCost(compute_s=0.0, backward_s=0.0, grad_bytes=0.0, state_bytes=0.0)
 
@@ -111,7 +113,7 @@ def test_imbalance_is_max_over_mean():
 # ---- the exact search against brute force -------------------------------------------------
 
 
-def brute_force(problem: _Problem) -> float:
+def brute_force(problem: PlacementProblem) -> float:
     """Every option of every table on every set of distinct ranks, priced by the cost
     model: the best step among the placements that fit."""
     per_table = []
@@ -154,7 +156,7 @@ def test_exact_matches_brute_force(count, nodes, per_node, seed):
     rng = random.Random(seed)
     spec = cluster(nodes, per_node)
     dense = DenseCost(compute_s=1e-4, backward_s=6e-5, grad_bytes=4e6, state_bytes=1e9)
-    problem = _Problem(random_tables(rng, count), spec, EmbeddingConfig(global_batch=4096), dense)
+    problem = PlacementProblem(random_tables(rng, count), spec, EmbeddingConfig(global_batch=4096), dense)
     sol = exact(problem)
     expected = brute_force(problem)
     assert sol.cost.step_s == pytest.approx(expected, rel=1e-12)
@@ -168,12 +170,12 @@ def test_memory_wall_binds_and_is_respected():
     # table must be split
     spec = cluster(1, 3, device_memory_bytes=int(1.5 * one_table) + 2**20, runtime_overhead_bytes=2**20)
     config = EmbeddingConfig(global_batch=3 * 1024)
-    problem = _Problem(tables, spec, config, NO_DENSE)
+    problem = PlacementProblem(tables, spec, config, NO_DENSE)
     sol = exact(problem)
     assert sol.cost.fits and max(sol.cost.memory_bytes) <= problem.capacity
     assert sol.cost.step_s == pytest.approx(brute_force(problem), rel=1e-12)
     # without the wall the best plan is a different, cheaper one that would not fit here
-    roomy = _Problem(tables, cluster(1, 3), config, NO_DENSE)
+    roomy = PlacementProblem(tables, cluster(1, 3), config, NO_DENSE)
     free = exact(roomy)
     assert free.cost.step_s < sol.cost.step_s
     assert max(free.cost.memory_bytes) > problem.capacity
@@ -186,7 +188,7 @@ def test_greedy_is_torchrec_lpt_on_table_wise():
     # big tables (replication's all-reduce is dear) whose cost grows with ids per sample:
     # each is table-wise; placed by descending perf on the least-loaded rank
     tables = [table(f"t{i}", rows=4_000_000, dim=128, ids=ids) for i, ids in enumerate([16, 12, 9, 8, 5])]
-    problem = _Problem(tables, cluster(1, 3), EmbeddingConfig(global_batch=3 * 4096), NO_DENSE)
+    problem = PlacementProblem(tables, cluster(1, 3), EmbeddingConfig(global_batch=3 * 4096), NO_DENSE)
     sol = greedy(problem)
     assert [o.sharding for o in sol.choice] == [TableSharding.TABLE_WISE] * 5
     f = [problem.f(o.pieces[0]) for o in sol.choice]
@@ -199,7 +201,7 @@ def test_greedy_skips_ranks_without_room():
     tables = [table(f"t{i}", rows=2_000_000, dim=128, ids=ids) for i, ids in enumerate([16, 12, 1])]
     one_table = 2_000_000 * (128 * 4 + 4)
     spec = cluster(1, 2, device_memory_bytes=int(1.5 * one_table) + 2**20, runtime_overhead_bytes=2**20)
-    problem = _Problem(tables, spec, EmbeddingConfig(global_batch=2 * 4096), NO_DENSE)
+    problem = PlacementProblem(tables, spec, EmbeddingConfig(global_batch=2 * 4096), NO_DENSE)
     sol = greedy(problem)
     # t0 -> r0, t1 -> r1; neither rank has room for the whole third table, so (TorchRec's
     # proposer) it falls back to its next-best option, whose halves fit
