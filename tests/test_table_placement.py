@@ -249,3 +249,25 @@ def test_measured_profile():
     assert measured_shard_shares(t, torch.tensor([0, 1, 2, 7]), TableSharding.ROW_RANGE, 2) == [0.75, 0.25]
     shares = measured_shard_shares(t, torch.arange(10), TableSharding.ROW_HASH, 2)
     assert sum(shares) == pytest.approx(1.0)
+
+
+# ---- the command ---------------------------------------------------------------------------
+
+
+def test_plan_tables_command_writes_json(tmp_path, capsys):
+    from planner.cli import main
+
+    out = tmp_path / "tables.json"
+    rc = main(["plan-tables", "dlrm-small", "--cluster", "a100-80g", "--gpus-per-node", "2",
+               "--global-batch", "64", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "TorchRec-style greedy" in text and "lower bound" in text
+    import json
+
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "planner.table_plan/v1" and doc["method"] == "exact"
+    assert [p["table"] for p in doc["placements"]] == [f"tables.{i}" for i in range(4)]
+    assert doc["predicted"]["step_s"] <= doc["greedy"]["predicted"]["step_s"] * (1 + 1e-12)
+    assert not list(tmp_path.glob(".*.tmp"))  # the atomic write left no temporary behind
+    assert main(["plan-tables", "dlrm-small", "--cluster", "a100-80g", "--global-batch", "9"]) == 2
