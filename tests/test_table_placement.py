@@ -271,3 +271,38 @@ def test_plan_tables_command_writes_json(tmp_path, capsys):
     assert doc["predicted"]["step_s"] <= doc["greedy"]["predicted"]["step_s"] * (1 + 1e-12)
     assert not list(tmp_path.glob(".*.tmp"))  # the atomic write left no temporary behind
     assert main(["plan-tables", "dlrm-small", "--cluster", "a100-80g", "--global-batch", "9"]) == 2
+
+
+def test_hot_rows_make_range_sharding_slower_than_hash():
+    hot = table("hot", rows=4_000_000, dim=128, ids=8, hot=0.6)
+    spec = cluster(1, 4)
+    config = EmbeddingConfig(global_batch=4 * 4096)
+
+    def slowest(sharding):
+        cost = evaluate([hot], [TablePlacement("hot", sharding, (0, 1, 2, 3))], spec, config, NO_DENSE)
+        return cost.max_embedding_s, cost.imbalance
+
+    (range_s, range_imbalance), (hash_s, hash_imbalance) = (slowest(TableSharding.ROW_RANGE),
+                                                            slowest(TableSharding.ROW_HASH))
+    assert range_s > hash_s and range_imbalance > 2 * hash_imbalance
+    # without a hot-row profile the even key ranges balance at least as well as the ring
+    cold = dataclasses.replace(hot, hot_row_fraction=None)
+    even = evaluate([cold], [TablePlacement("hot", TableSharding.ROW_RANGE, (0, 1, 2, 3))], spec,
+                    config, NO_DENSE)
+    assert even.imbalance < range_imbalance
+
+
+def test_plan_tables_measures_hot_rows_from_an_id_sample(tmp_path):
+    from planner.commands.plan_tables import profile_tables
+
+    loaded = load_model("dlrm-small", micro_batch=2, device="meta")
+    tables = find_tables(loaded.module, loaded.inputs)
+    path = tmp_path / "ids.pt"
+    torch.save({"tables.1": torch.tensor([5] * 9 + [6])}, path)
+    profiled = profile_tables(tables, str(path))
+    assert profiled[1].hot_row_fraction == pytest.approx(0.9)
+    assert profiled[0].hot_row_fraction is None
+    torch.save({"tables.9": torch.tensor([1])}, path)
+    from ir.errors import PlannerError
+    with pytest.raises(PlannerError, match="no table named tables.9"):
+        profile_tables(tables, str(path))

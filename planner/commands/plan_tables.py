@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 from cost_models.clusters import get_cluster, preset_names
 from cost_models.embedding import OPTIMIZER_STATE, EmbeddingConfig
 from ir.errors import PlannerError
 from planner import table_report
 from planner.models import load_model
-from planner.table_inventory import dense_cost, find_tables
+from planner.table_inventory import dense_cost, find_tables, with_profile
 from planner.table_placement import plan_tables
 
 # Samples per example input when reading the tables' ids per sample (any batch works).
@@ -36,6 +38,9 @@ def register(sub) -> None:
     p.add_argument("--method", default="auto", choices=["auto", "exact", "heuristic"],
                    help="exact branch and bound or the LPT + local-search heuristic "
                         "(auto: exact for small instances)")
+    p.add_argument("--ids", default=None, metavar="SAMPLE.pt",
+                   help="a sample of real ids, {table name: int tensor} saved with torch.save "
+                        "(loaded as data only): measures each table's hot-row fraction")
     p.add_argument("--out", default=None, metavar="FILE.json", help="write the plan as JSON")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.set_defaults(func=run)
@@ -51,6 +56,8 @@ def run(args) -> int:
     if not tables:
         raise PlannerError(f"model {args.model!r} has no embedding tables (nn.Embedding, "
                            "nn.EmbeddingBag); use `planner plan` for dense models")
+    if args.ids:
+        tables = profile_tables(tables, args.ids)
     config = EmbeddingConfig(args.global_batch, args.optimizer)
     dense = dense_cost(loaded.module, tables, loaded.inputs, cluster, args.global_batch)
     plan = plan_tables(tables, cluster, config, dense, method=args.method)
@@ -69,3 +76,26 @@ def run(args) -> int:
     if args.out:
         print(f"plan written to {args.out}")
     return 0
+
+
+def profile_tables(tables, path: str):
+    """Tables with their hot-row fraction measured from the id sample at `path`."""
+    try:
+        sample = torch.load(path, map_location="cpu", weights_only=True)  # data, never code
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise PlannerError(f"cannot read the id sample {path}: {exc}") from None
+    if not isinstance(sample, dict) or not all(isinstance(v, torch.Tensor) for v in sample.values()):
+        raise PlannerError(f"id sample {path}: expected {{table name: int tensor}}")
+    names = {t.name for t in tables}
+    unknown = sorted(set(sample) - names)
+    if unknown:
+        raise PlannerError(f"id sample {path}: no table named {', '.join(unknown)}; the model's "
+                           f"tables are {', '.join(sorted(names))}")
+    out = []
+    for t in tables:
+        ids = sample.get(t.name)
+        if ids is not None and (ids.is_floating_point() or (ids.numel() and (ids.min() < 0 or ids.max() >= t.rows))):
+            raise PlannerError(f"id sample {path}: table {t.name} ids must be integers in "
+                               f"[0, {t.rows})")
+        out.append(with_profile(t, ids) if ids is not None and ids.numel() else t)
+    return out
