@@ -45,6 +45,8 @@ EXACT_MAX_RANKS = 4
 # Seconds the heuristic's improvement rounds may take: the 5 s planning target less
 # option pricing and bounds, with room for a loaded machine.
 HEURISTIC_TIME_LIMIT_S = 1.5
+# Seconds `--method auto` gives the branch and bound before falling back to the heuristic.
+EXACT_TIME_LIMIT_S = 3.0
 
 
 # ---- exact: branch and bound ------------------------------------------------------------
@@ -283,15 +285,22 @@ def plan_tables(tables: list[EmbeddingTable], cluster: ClusterSpec, config: Embe
     """Our placement and the greedy baseline's, priced by the same cost model."""
     if not tables:
         raise PlannerError("the model has no embedding tables to place")
+    if method not in ("auto", "exact", "heuristic"):
+        raise PlannerError(f"unknown placement method {method!r}; use auto, exact or heuristic")
     start = time.perf_counter()
     problem = PlacementProblem(tables, cluster, config, dense)
     base = greedy(problem)
-    if method == "auto":
+    auto = method == "auto"
+    if auto:
         small = len(tables) <= EXACT_MAX_TABLES and problem.n <= EXACT_MAX_RANKS
         method = "exact" if small else "heuristic"
+    sol = None
     if method == "exact":
-        sol = exact(problem)
-    else:
+        try:
+            sol = exact(problem, time_limit_s=EXACT_TIME_LIMIT_S if auto else None)
+        except TimeoutError:
+            method = "heuristic"  # the branch and bound ran out of time: fall back
+    if method == "heuristic":
         seeds = [s for s in (base,) if s is not None]
         cheapest = [min(opts, key=problem.perf) for opts in problem.options]
         for choice in [cheapest] + [split_until(problem, cheapest, pieces)

@@ -306,3 +306,15 @@ def test_plan_tables_measures_hot_rows_from_an_id_sample(tmp_path):
     from ir.errors import PlannerError
     with pytest.raises(PlannerError, match="no table named tables.9"):
         profile_tables(tables, str(path))
+
+
+def test_auto_falls_back_to_the_heuristic_when_exact_runs_out_of_time(monkeypatch):
+    import planner.table_placement as tp
+
+    tables = random_tables(random.Random(3), 5)
+    spec = cluster(1, 2)
+    config = EmbeddingConfig(global_batch=2048)
+    assert plan_tables(tables, spec, config, NO_DENSE).method == "exact"
+    monkeypatch.setattr(tp, "EXACT_TIME_LIMIT_S", 0.0)
+    plan = plan_tables(tables, spec, config, NO_DENSE)
+    assert plan.method == "heuristic" and plan.cost.fits
