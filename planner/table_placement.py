@@ -45,6 +45,11 @@ EXACT_MAX_RANKS = 4
 # Seconds the heuristic's improvement rounds may take: the 5 s planning target less
 # option pricing and bounds, with room for a loaded machine.
 HEURISTIC_TIME_LIMIT_S = 1.5
+# Seeds: replicate only tables up to each of these sizes (the all-reduce that replication
+# adds is shared by all ranks, so one table at a time never pays to move it), and the
+# best few seeds go on to local search.
+REPLICATE_LIMITS_BYTES = (float("inf"), 64 * 2**20, 8 * 2**20, 1 * 2**20, 0.0)
+HEURISTIC_SEEDS = 4
 # Seconds `--method auto` gives the branch and bound before falling back to the heuristic.
 EXACT_TIME_LIMIT_S = 3.0
 
@@ -302,13 +307,16 @@ def plan_tables(tables: list[EmbeddingTable], cluster: ClusterSpec, config: Embe
             method = "heuristic"  # the branch and bound ran out of time: fall back
     if method == "heuristic":
         seeds = [s for s in (base,) if s is not None]
-        cheapest = [min(opts, key=problem.perf) for opts in problem.options]
-        for choice in [cheapest] + [split_until(problem, cheapest, pieces)
-                                    for pieces in (problem.n, 3 * problem.n // 2, 2 * problem.n)]:
-            ranks = lpt(problem, choice)
-            if ranks is not None:
-                seeds.append(problem.solution(choice, ranks))
-        sol = heuristic(problem, seeds)
+        for limit in REPLICATE_LIMITS_BYTES:
+            cheapest = [min((o for o in opts if o.replicated_bytes <= limit), key=problem.perf)
+                        for opts in problem.options]
+            for choice in [cheapest] + [split_until(problem, cheapest, pieces)
+                                        for pieces in (problem.n, 3 * problem.n // 2, 2 * problem.n)]:
+                ranks = lpt(problem, choice)
+                if ranks is not None:
+                    seeds.append(problem.solution(choice, ranks))
+        seeds.sort(key=_sol_key)
+        sol = heuristic(problem, seeds[:HEURISTIC_SEEDS])
     if sol is None:
         need = max(t.param_bytes for t in tables)
         raise PlannerError(f"no placement fits: {cluster.world_size} ranks with "
