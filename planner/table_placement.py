@@ -12,18 +12,20 @@ the loads rank r receives (cost_models.embedding.RankLoad) and f the rank's seco
     s.t.      memory(L_r) <= capacity  for every r
 
 f is monotone in every field of L, so a partial assignment's step never exceeds the
-final one: the branch and bound (`exact`) prunes on it and on `lower_bound`, the average
-bound [sum of all work, each table at its cheapest option] / n, and the largest-piece
-bound. Rank symmetry: ranks of one node with identical loads are interchangeable, so a
-piece goes only to the first of them.
+final one: the branch and bound (`exact`, tables largest first) prunes every branch whose
+partial step already reaches the best complete one. Rank symmetry: ranks of one node with
+identical loads are interchangeable, so a piece goes only to the first of them.
 
-Large instances (`heuristic`): start from each table's cheapest option; place pieces by
-LPT (largest first, each on the rank where it ends lowest: Graham 1969, makespan within
-4/3 - 1/(3n) of the optimum for a fixed set of additive pieces); then local search (move
-or swap pieces off the slowest rank) and re-optioning (split a table on the slowest rank
-column- or row-wise, or join one) while the step improves. The TorchRec-style greedy plan
-seeds the search too, so the result is never worse than it. The printed gap is against
-`lower_bound`, a certificate, not an estimate.
+Large instances (`heuristic`). Seeds: each table at its cheapest option (TorchRec's perf:
+seconds summed over ranks, a replicated table's all-reduce included), with replication
+allowed only up to each of REPLICATE_LIMITS_BYTES, and column-split (`split_until`) until
+there are n, 1.5n, 2n pieces; pieces placed by LPT (largest first, each on the rank
+where it ends lowest: Graham 1969, makespan within 4/3 - 1/(3n) of the optimum for a
+fixed set of additive pieces). The TorchRec-style greedy plan is a seed too, so the
+result is never worse than it. The best seeds then get local search (move or swap
+pieces off the slowest rank) and re-optioning (another option for a table on the
+slowest rank, re-placed by LPT) while the step improves, within HEURISTIC_TIME_LIMIT_S.
+The printed gap is against `table_problem.lower_bound`, a certificate, not an estimate.
 """
 
 from __future__ import annotations
