@@ -39,7 +39,9 @@ from ir.embedding_tables import (EmbeddingTable, HashRing, TablePlacement, Table
 from ir.errors import PlannerError
 
 POOLING_MODES = ("sum", "mean")  # EmbeddingBag modes whose partial bags add up ("max" does not)
-HASH_SCAN_ROWS = 1 << 20  # rows hashed per pass when a holder lists its ROW_HASH rows
+# Rows hashed per pass when a holder lists its ROW_HASH rows: 2 MiB per int64 temporary,
+# so the listing never costs more than a few MiB whatever the table's size.
+HASH_SCAN_ROWS = 1 << 18
 
 # init(table, rows (int64), col_start, col_stop) -> (len(rows), col_stop - col_start) values
 RowInit = Callable[[EmbeddingTable, torch.Tensor, int, int], torch.Tensor]
@@ -238,7 +240,7 @@ class ShardedEmbedding(nn.Module):
             sources = torch.repeat_interleave(torch.arange(world), recv_counts)
             bag_offsets = torch.cumsum(source_bags, 0) - source_bags
             slots = bag_offsets[sources] + received[:, 1]
-            local_rows = self._to_local(received[:, 0])
+            local_rows = self._to_local(received[:, 0].contiguous())
             num_slots = int(source_bags.sum())
             send_splits = (source_bags * width).tolist()
         recv_splits = [0 if cols is None else num_bags * (cols[1] - cols[0])

@@ -162,9 +162,9 @@ class HashRing:
 
 # ------------------------------------------------------------------ counter-based init
 
-# Rows generated per chunk: bounds the int64 counters and float64 draws of one call to
-# ~2 x 8 x 65536 x dim bytes (16 MiB at dim 128), whatever the shard's size.
-INIT_CHUNK_ROWS = 1 << 16
+# Rows generated per chunk: each int64 or float64 temporary of one call is
+# 8 x 4096 x dim bytes (1 MiB at dim 32), whatever the shard's size.
+INIT_CHUNK_ROWS = 1 << 12
 _UNIT_53 = float(2 ** -53)  # a 53-bit integer times this is uniform in [0, 1) (IEEE double)
 
 

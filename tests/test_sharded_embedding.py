@@ -5,6 +5,8 @@ keep their values and optimizer state bit for bit; impossible placements are ref
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -13,7 +15,8 @@ from executors.sharded_embedding import apply_table_placements
 from ir.embedding_tables import TablePlacement, TableSharding as K
 from ir.errors import PlannerError
 from tests import sharded_dlrm as S
-from tests.dist_utils import spawn
+from tests import sharded_phases as P
+from tests.dist_utils import free_port, spawn
 
 PLACEMENTS = ("table_wise", "row_range", "row_hash", "column_wise", "table_row_wise", "mixed")
 OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")
@@ -30,10 +33,18 @@ def references():
     return {kind: S.reference_run(kind) for kind in OPTIMIZERS}
 
 
+@pytest.fixture(scope="module")
+def phases(tmp_path_factory):
+    """Every multi-rank check in one spawned 4-rank job (tests/sharded_phases.py)."""
+    payload = {"runs": RUNS, "checkpoint_dir": str(tmp_path_factory.mktemp("ckpt")),
+               "ports": [free_port(), free_port()]}
+    return spawn(P.all_phases, 4, payload, timeout_s=400)
+
+
 @pytest.fixture(scope="module", params=[2, 4])
-def sharded(request):
+def sharded(request, phases):
     world = request.param
-    return world, spawn(S.sharded_worker, world, RUNS[world], timeout_s=240)
+    return world, [r[f"eq{world}"] for r in phases[:world]]
 
 
 def test_equals_one_process(sharded, references):
@@ -105,3 +116,38 @@ def test_meta_table_without_init_is_refused():
     with pytest.raises(PlannerError, match="tables.1 is on the meta device"):
         apply_table_placements(model, [TablePlacement(n, K.TABLE_WISE, (0,)) for n in S.names()],
                                rank=0, world_size=1)
+
+
+# ------------------------------------------------------------------ resharding checkpoints
+
+
+def test_checkpoint_reshards_4_to_2_to_4(phases):
+    """Saved at 4 ranks after 2 steps, resumed on 2 for 2 steps, saved, resumed on 4:
+    the losses are those of the uninterrupted 4-rank run. Not bit for bit: 2 ranks add
+    the dense gradients and the partial bags in another order (1 ulp-level differences),
+    so the bar is 1e-6 relative; a same-layout reload is bit for bit."""
+    straight = phases[0]["straight"]
+    resumed = phases[0]["resumed"]
+    assert len(resumed) == len(straight) == P.ELASTIC_STEPS
+    torch.testing.assert_close(torch.tensor(resumed), torch.tensor(straight), rtol=1e-6, atol=0)
+    for r in phases:  # every rank resumed at the saved steps and agrees on the losses
+        assert r["resumed_at_step"][-1] == 4 and r["roundtrip_equal"]
+        assert r["resumed_tail"] == phases[0]["resumed_tail"]
+    assert phases[0]["resumed_at_step"] == [2, 4]
+
+
+# ------------------------------------------------------------------ memory
+
+
+def test_tables_three_times_a_rank_budget_train_on_4_ranks(phases):
+    budget = P.TABLE_BUDGET_BYTES
+    for rank, r in enumerate(phases):
+        m = r["memory"]
+        print(f"rank {rank}: holds {m['held_bytes'] / 2**20:.1f} MiB of "
+              f"{m['tables_bytes'] / 2**20:.0f} MiB of tables; peak RSS "
+              f"{m['peak_rss_bytes'] / 2**20:.0f} MiB (phase start "
+              f"{m['rss_start_bytes'] / 2**20:.0f} MiB, budget {budget / 2**20:.0f} MiB)")
+        assert m["tables_bytes"] >= 3 * budget
+        assert all(math.isfinite(x) for x in m["losses"])
+        assert all(rows * dim * 4 < m["table_bytes"] for rows, dim in m["held_shapes"].values())
+        assert m["peak_rss_bytes"] - m["rss_start_bytes"] < budget
