@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import time
 from datetime import timedelta
 
 import torch
@@ -27,9 +28,10 @@ ELASTIC_STEPS = 6  # saved after 2 (4 ranks), resumed for 2 on 2 ranks, saved, r
 ELASTIC_OPTIMIZER = "adam"  # the most state: per-element moments, a step count, dense Adam
 
 # Memory phase: each rank may grow its address space by TABLE_BUDGET_BYTES over its
-# footprint when the phase starts; the tables total 3x that, so no rank could hold them.
-TABLE_BUDGET_BYTES = 128 << 20
-MEMORY_CONFIG = dlrm.Config(num_tables=4, rows_per_table=786_432, embedding_dim=32,
+# footprint when the phase starts; the tables total 3x that, so no rank could hold them
+# all, and each rank holds 3/4 of its budget (bench/bench_sharded_memory.py: GB scale).
+TABLE_BUDGET_BYTES = 64 << 20
+MEMORY_CONFIG = dlrm.Config(num_tables=4, rows_per_table=393_216, embedding_dim=32,
                             bottom_mlp=(32,), top_mlp=(32,), lookups_per_table=4)
 MEMORY_BATCH = 64
 MEMORY_STEPS = 2
@@ -93,17 +95,17 @@ def _return_freed_memory_to_the_os() -> None:
     libc.mallopt(_M_TRIM_THRESHOLD, _FIXED_THRESHOLD_BYTES)
 
 
-def memory_phase(rank: int, world: int) -> dict:
-    """Tables totalling 3 x TABLE_BUDGET_BYTES, built shard by shard on the meta device,
-    trained MEMORY_STEPS steps with each rank's address space capped."""
-    c = MEMORY_CONFIG
+def memory_phase(rank: int, world: int, c: dlrm.Config = MEMORY_CONFIG,
+                 budget_bytes: int = TABLE_BUDGET_BYTES) -> dict:
+    """Tables of config `c` (4 tables), built shard by shard on the meta device, trained
+    MEMORY_STEPS steps with each rank's address space capped at its start + budget."""
     table_bytes = c.rows_per_table * c.embedding_dim * 4
     _return_freed_memory_to_the_os()
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")  # reset VmHWM (peak RSS) to the current RSS (Linux >= 4.0)
     rss_start_kib, vm_start_kib = _status_kib("VmRSS"), _status_kib("VmSize")
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = vm_start_kib * 1024 + TABLE_BUDGET_BYTES
+    cap = vm_start_kib * 1024 + budget_bytes
     resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
     try:
         with torch.device("meta"):
@@ -140,15 +142,70 @@ def memory_phase(rank: int, world: int) -> dict:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     return {"losses": losses, "held_shapes": held, "held_bytes": held_bytes,
             "tables_bytes": table_bytes * c.num_tables, "table_bytes": table_bytes,
-            "cap_bytes": cap, "budget_bytes": TABLE_BUDGET_BYTES,
+            "cap_bytes": cap, "budget_bytes": budget_bytes,
             "rss_start_bytes": rss_start_kib * 1024,
             "peak_rss_bytes": _status_kib("VmHWM") * 1024}
+
+
+class _Lookups(torch.nn.Module):
+    """nn.Embedding (no pooling) and a mean EmbeddingBag fed flat ids with offsets."""
+
+    def __init__(self):
+        super().__init__()
+        self.token = torch.nn.Embedding(50, 6)
+        self.bag = torch.nn.EmbeddingBag(50, 6, mode="mean")
+
+
+def lookup_variants(rank: int, world: int) -> dict:
+    """Sharded nn.Embedding (ROW_HASH) and mean EmbeddingBag with offsets (COLUMN_WISE,
+    then ROW_RANGE): outputs and row gradients against the unsharded modules run on the
+    global batch here (largest absolute differences)."""
+    errors = {}
+    for bag_kind in (K.COLUMN_WISE, K.ROW_RANGE):
+        torch.manual_seed(1)
+        full = _Lookups()
+        sharded = _Lookups()
+        sharded.load_state_dict(full.state_dict())
+        everyone = tuple(range(world))
+        tables = apply_table_placements(sharded, [
+            TablePlacement("token", K.ROW_HASH, everyone[::-1]),
+            TablePlacement("bag", bag_kind, everyone)])
+        g = torch.Generator().manual_seed(2)
+        tokens = torch.randint(0, 50, (world, 3, 5), generator=g)  # (ranks, B, seq)
+        lengths = torch.randint(0, 4, (world, 4), generator=g)  # bag sizes, empty bags too
+        ids = [torch.randint(0, 50, (int(n.sum()),), generator=g) for n in lengths]
+        offsets = [torch.cumsum(n, 0) - n for n in lengths]
+        probe_t, probe_b = torch.randn(world, 3, 5, 6, generator=g), torch.randn(world, 4, 6, generator=g)
+        out_t = sharded.token(tokens[rank])
+        out_b = sharded.bag(ids[rank], offsets[rank])
+        ((out_t * probe_t[rank]).sum() + (out_b * probe_b[rank]).sum()).backward()
+        ref_t = full.token(tokens.reshape(-1, 5)).view(world, 3, 5, 6)
+        ref_b = torch.cat([full.bag(i, o) for i, o in zip(ids, offsets)]).view(world, 4, 6)
+        ((ref_t * probe_t).sum() + (ref_b * probe_b).sum()).backward()
+        for name, out, ref in (("token", out_t, ref_t[rank]), ("bag", out_b, ref_b[rank])):
+            module = tables.modules[name]
+            shard = module.shard
+            rows = module.local_ids if module.local_ids is not None else \
+                torch.arange(shard.row_start, shard.row_stop)
+            grad = module.weight.grad.coalesce().to_dense()
+            want = getattr(full, name).weight.grad[rows, shard.col_start:shard.col_stop]
+            errors[f"{name}/{bag_kind}"] = max(float((out - ref).detach().abs().max()),
+                                               float((grad - want).abs().max()))
+    return errors
 
 
 def all_phases(rank: int, world: int, payload: dict) -> dict:
     assert world == 4
     ckpt = payload["checkpoint_dir"]
+    clock = [time.perf_counter()]
+
+    def lap() -> float:
+        clock.append(time.perf_counter())
+        return round(clock[-1] - clock[-2], 2)
+
     out: dict = {"eq4": S.sharded_worker(rank, 4, payload["runs"][4])}
+    seconds = out["seconds"] = {"eq4": lap()}
+    out["lookup_variants"] = lookup_variants(rank, 4)
     out["straight"] = _train(_elastic_trainer(rank, 4), rank, 4, range(ELASTIC_STEPS))
     trainer = _elastic_trainer(rank, 4)
     resumed = _train(trainer, rank, 4, range(2))
@@ -159,12 +216,14 @@ def all_phases(rank: int, world: int, payload: dict) -> dict:
         torch.equal(a[2], b[2]) and all(torch.equal(a[3][k], b[3][k]) for k in a[3])
         for a, b in zip(S.shard_report(trainer.tables, trainer.sparse_optimizer).values(),
                         S.shard_report(again.tables, again.sparse_optimizer).values()))
+    seconds["checkpoint_at_4"] = lap()
     if regroup(rank, 2, payload["ports"][0]):
         out["eq2"] = S.sharded_worker(rank, 2, payload["runs"][2])
         two = _elastic_trainer(rank, 2)
         out["resumed_at_step"] = [load_sharded(two, first)]
         resumed += _train(two, rank, 2, range(2, 4))
         save_sharded(two, ckpt, step=4)
+    seconds["at_2"] = lap()
     regroup(rank, 4, payload["ports"][1])
     four = _elastic_trainer(rank, 4)
     second = os.path.join(ckpt, "step-00000004")
@@ -172,5 +231,7 @@ def all_phases(rank: int, world: int, payload: dict) -> dict:
     resumed_tail = _train(four, rank, 4, range(4, ELASTIC_STEPS))
     out["resumed"] = resumed + resumed_tail if rank < 2 else None
     out["resumed_tail"] = resumed_tail
+    seconds["resume_at_4"] = lap()
     out["memory"] = memory_phase(rank, 4)
+    seconds["memory"] = lap()
     return out
