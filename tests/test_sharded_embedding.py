@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from executors.sharded_embedding import apply_table_placements
-from ir.embedding_tables import TablePlacement, TableSharding as K
+from ir.embedding_tables import TablePlacement, TableSharding as K, init_table_rows, mix64
 from ir.errors import PlannerError
+from planner.zoo.criteo_data import CriteoSynthetic
 from tests import sharded_dlrm as S
 from tests import sharded_phases as P
 from tests.dist_utils import free_port, spawn
@@ -159,3 +160,36 @@ def test_tables_three_times_a_rank_budget_train_on_4_ranks(phases):
         assert all(math.isfinite(x) for x in m["losses"])
         assert all(rows * dim * 4 < m["table_bytes"] for rows, dim in m["held_shapes"].values())
         assert m["peak_rss_bytes"] - m["rss_start_bytes"] < budget
+
+
+# ------------------------------------------------------------------ pure logic
+
+
+def test_mix64_is_splitmix64():
+    # splitmix64 seeded with 0 first returns 0xE220A8397B1DCDAF (Vigna's reference C code)
+    value = int(mix64(torch.tensor([0]), 0)) & ((1 << 64) - 1)
+    assert value == 0xE220A8397B1DCDAF
+    assert (mix64(torch.arange(10_000), 5) < 0).any()  # the sign bit is used
+
+
+def test_any_shard_of_the_row_initializer_equals_the_full_build():
+    full = init_table_rows("t", 3, torch.arange(5000), 0, 16, 16, 0.25)
+    rows = torch.tensor([4999, 7, 4096, 4095])  # across INIT_CHUNK_ROWS boundaries
+    assert torch.equal(init_table_rows("t", 3, rows, 5, 11, 16, 0.25), full[rows, 5:11])
+    assert full.abs().max() <= 0.25 and abs(float(full.mean())) < 0.01
+    assert not torch.equal(init_table_rows("u", 3, rows, 0, 16, 16, 0.25), full[rows])
+
+
+def test_criteo_batches_are_deterministic_shardable_and_power_law():
+    data = CriteoSynthetic(rows_per_table=(10_000, 50), lookups_per_table=2, seed=1)
+    inputs, clicks = data.batch(4, 4000)
+    again, _ = data.batch(4, 4000)
+    assert torch.equal(inputs["sparse"], again["sparse"]) and inputs["dense"].shape == (4000, 13)
+    parts = [data.batch(4, 4000, part=(r, 4)) for r in range(4)]
+    assert torch.equal(torch.cat([p[0]["sparse"] for p in parts]), inputs["sparse"])
+    assert torch.equal(torch.cat([p[1] for p in parts]), clicks)
+    counts = torch.bincount(inputs["sparse"][:, 0].reshape(-1), minlength=10_000)
+    hot = counts.sort(descending=True).values[:100].sum() / counts.sum()
+    assert hot > 0.3  # the hottest 1% of rows take >30% of lookups (uniform: 1%)
+    assert inputs["sparse"][:, 0].max() > 5000  # hot ids are hashed over the whole range
+    assert 0.1 < float(clicks.mean()) < 0.45
