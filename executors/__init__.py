@@ -12,6 +12,9 @@ re-layouts), `tensor_parallel`, `checkpointing`, `data_parallel`, `pipeline`, `t
 (rejections), `runtime` (ParallelModel, train_step), `state` (full parameters),
 `checkpoint` (DCP save / resume under any plan), `apply` (the composition, in one
 documented order).
+Sharded embedding tables (recommendation models): `sharded_embedding` (placements,
+all-to-all lookups), `sparse_optimizer` (row-sparse updates), `hybrid_step` (tables
+model parallel, the rest data parallel), `embedding_checkpoint` (resharding DCP saves).
 """
 
 from executors.apply import apply, default_device, init_distributed

@@ -26,6 +26,7 @@ order backward), also when it holds nothing or looks nothing up.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -333,13 +334,46 @@ def embedding_modules(model: nn.Module) -> dict[str, nn.Module]:
             if isinstance(m, (nn.Embedding, nn.EmbeddingBag))}
 
 
+def _table_digests(plans: dict, by_name: dict, node_size: int | None) -> torch.Tensor:
+    """(tables, 32) uint8: SHA-256 of each table's name, shape, sharding, ranks, node size."""
+    rows = []
+    for name, (table, _) in plans.items():
+        p = by_name[name]
+        text = f"{name}|{table.rows}x{table.dim}|{p.sharding}|{list(p.ranks)}|{node_size}"
+        rows.append(torch.frombuffer(bytearray(hashlib.sha256(text.encode()).digest()),
+                                     dtype=torch.uint8))
+    return torch.stack(rows) if rows else torch.zeros((0, 32), dtype=torch.uint8)
+
+
+def _agree_on_placements(plans: dict, by_name: dict, node_size: int | None) -> None:
+    """Every rank must shard the same tables the same way, or their all-to-alls pair up
+    wrongly or hang: one all-gather of the table count, one of per-table digests;
+    PlannerError naming the first table the ranks disagree on."""
+    world = dist.get_world_size()
+    count = torch.tensor([len(plans)])
+    counts = [torch.zeros_like(count) for _ in range(world)]
+    dist.all_gather(counts, count)
+    if len({int(c) for c in counts}) > 1:
+        raise PlannerError(f"ranks disagree on the tables: they place {[int(c) for c in counts]} "
+                           "tables; give every rank the same model and placements")
+    mine = _table_digests(plans, by_name, node_size)
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    for i, name in enumerate(plans):
+        differ = [r for r in range(world) if not torch.equal(gathered[r][i], gathered[0][i])]
+        if differ:
+            raise PlannerError(f"table {name}: ranks {differ} place it differently from rank 0 "
+                               f"(or it differs in shape); give every rank the same placements")
+
+
 def apply_table_placements(model: nn.Module, placements: list[TablePlacement], *,
                            node_size: int | None = None, init: RowInit | None = None,
                            rank: int | None = None, world_size: int | None = None
                            ) -> ShardedTables:
     """Replace every table of `model` by its sharded module, in place; every rank calls it
-    with the same placements. A table on the meta device is never built whole: each rank
-    asks `init` for its own shard only. Every embedding of the model needs a placement;
+    with the same placements (checked: one all-gather of digests). A table on the meta
+    device is never built whole: each rank asks `init` for its own shard only. Every
+    embedding of the model needs a placement;
     any placement that cannot run raises PlannerError naming the table, before anything
     is built."""
     rank = dist.get_rank() if rank is None else rank
@@ -357,6 +391,8 @@ def apply_table_placements(model: nn.Module, placements: list[TablePlacement], *
     for name, module in found.items():  # check all before building any
         table = table_of(name, module)
         plans[name] = (table, table_shards(table, by_name[name], world_size, node_size))
+    if dist.is_initialized() and dist.get_world_size() == world_size:
+        _agree_on_placements(plans, by_name, node_size)
     built: dict[str, nn.Module] = {}
     for name, module in found.items():
         table, shards = plans[name]

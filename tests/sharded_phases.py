@@ -20,6 +20,7 @@ from executors.hybrid_step import HybridTrainer
 from executors.sharded_embedding import apply_table_placements
 from executors.sparse_optimizer import SparseOptimizerSpec, SparseRowOptimizer
 from ir.embedding_tables import TablePlacement, TableSharding as K, dlrm_table_bound, init_table_rows
+from ir.errors import PlannerError
 from planner.zoo import dlrm
 from planner.zoo.criteo_data import CriteoSynthetic
 from tests import sharded_dlrm as S
@@ -194,6 +195,18 @@ def lookup_variants(rank: int, world: int) -> dict:
     return errors
 
 
+def disagreement(rank: int, world: int) -> str | None:
+    """Rank 1 hashes tables.2 where the others split it by range: every rank refuses."""
+    chosen = S.placements("row_range", world)
+    if rank == 1:
+        chosen[2] = TablePlacement("tables.2", K.ROW_HASH, tuple(range(world)))
+    try:
+        apply_table_placements(S.build_model(), chosen, init=S.table_init)
+    except PlannerError as exc:
+        return str(exc)
+    return None
+
+
 def all_phases(rank: int, world: int, payload: dict) -> dict:
     assert world == 4
     ckpt = payload["checkpoint_dir"]
@@ -206,6 +219,7 @@ def all_phases(rank: int, world: int, payload: dict) -> dict:
     out: dict = {"eq4": S.sharded_worker(rank, 4, payload["runs"][4])}
     seconds = out["seconds"] = {"eq4": lap()}
     out["lookup_variants"] = lookup_variants(rank, 4)
+    out["disagreement"] = disagreement(rank, 4)
     out["straight"] = _train(_elastic_trainer(rank, 4), rank, 4, range(ELASTIC_STEPS))
     trainer = _elastic_trainer(rank, 4)
     resumed = _train(trainer, rank, 4, range(2))

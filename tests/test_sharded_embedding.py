@@ -100,6 +100,13 @@ def test_impossible_placement_is_one_line_error(placement, needle):
     assert "tables.0" in str(info.value) and "\n" not in str(info.value)
 
 
+def test_ranks_with_different_placements_all_refuse(phases):
+    messages = {r["disagreement"] for r in phases}
+    assert len(messages) == 1, messages  # the same one line on every rank
+    message = messages.pop()
+    assert message.startswith("table tables.2: ranks [1] place it differently"), message
+
+
 def test_every_table_needs_a_placement_and_a_summable_mode():
     with pytest.raises(PlannerError, match="tables.4: no placement"):
         apply_table_placements(_model(), [TablePlacement(n, K.TABLE_WISE, (0,))
