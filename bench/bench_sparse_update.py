@@ -3,7 +3,8 @@
 Sweep 1: tables of 1e5, 1e6 and 4e6 rows x 64 (fp32), the same 4096 touched rows (each
 looked up twice: the step coalesces duplicates first). Sweep 2: a 1e6-row table, 1e3 to
 1e5 touched rows. Each point is the fastest of REPEATS timed `SparseRowOptimizer.step()`
-calls (coalesce + update) after a warm-up, for row-wise SGD, row-wise Adagrad and lazy
+calls (coalesce + update) after a warm-up, each begun with the table evicted
+from the caches (as between training steps), for row-wise SGD, row-wise Adagrad and lazy
 Adam (Adam only to 1e6 rows: its two moments triple the table's 1 GB at 4e6).
 
     .venv/bin/python bench/bench_sparse_update.py [--repeats 20]
@@ -40,6 +41,10 @@ LOOKUPS_PER_ROW = 2  # every touched row appears twice in the gradient: coalesci
 ADAM_MAX_ROWS = 1_000_000
 MAX_SLOWDOWN = 2.0  # the bar: step time grows with touched rows, not table size
 ADDRESS_SPACE_CAP_BYTES = 6 << 30  # the 4e6-row table is 1 GB; fail, not swap, beyond 6 GiB
+# Written between timed steps so every step starts with the table out of the caches, as
+# in training (forward, backward and the dense layers run in between); 64 MiB is over
+# the last-level cache of the CPUs this runs on (lscpu: 32 MiB L3 or less).
+EVICT_BYTES = 64 << 20
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                        "bench_sparse_update.json")
 
@@ -62,11 +67,13 @@ def time_step(kind: str, rows: int, touched: int, repeats: int) -> tuple[float, 
     opt = SparseRowOptimizer(tables, SparseOptimizerSpec(kind, lr=0.01))
     g = torch.Generator().manual_seed(rows + touched)
     cpu, wall = [], []
+    evict = torch.zeros(EVICT_BYTES // 4)
     for i in range(repeats + 1):
         ids = torch.randperm(rows, generator=g)[:touched].repeat(LOOKUPS_PER_ROW)
         values = torch.randn(len(ids), DIM, generator=g)
         weight.grad = torch.sparse_coo_tensor(ids[None], values, weight.shape,
                                               check_invariants=False)
+        evict.add_(1.0)  # the caches now hold this buffer, not the table
         start_wall, start_cpu = time.perf_counter(), time.thread_time()
         opt.step()
         if i:  # the first is the warm-up
