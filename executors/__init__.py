@@ -8,10 +8,11 @@
 
 Modules, one idea each: `mesh` (degrees, DeviceMeshes), `layout` (activation layouts and
 re-layouts), `tensor_parallel`, `checkpointing`, `data_parallel`, `pipeline`, `tied`
-(shared weights), `optimizer` (ZeRO-1), `data` (per-rank batch shards), `validate`
-(rejections), `runtime` (ParallelModel, train_step), `state` (full parameters),
-`checkpoint` (DCP save / resume under any plan), `apply` (the composition, in one
-documented order).
+(shared weights), `optimizer` (one optimizer), `zero1` (ZeRO-1's flat shards),
+`optimizer_state` (optimizer state in checkpoints), `data` (per-rank batch shards),
+`validate` (rejections), `runtime` (ParallelModel, train_step), `state` (full
+parameters), `checkpoint` (DCP save / resume under any plan), `apply` (the composition,
+in one documented order).
 Sharded embedding tables (recommendation models): `sharded_embedding` (placements,
 all-to-all lookups), `sparse_optimizer` (row-sparse updates), `hybrid_step` (tables
 model parallel, the rest data parallel), `embedding_checkpoint` (resharding DCP saves).

@@ -9,7 +9,10 @@ What is saved, one flat DCP state dict per rank (every rank writes its own shard
                            model's (`executors.state`), so any plan of the same model can
                            load them
   optim/<fqn>/<key>        the optimizer state of the parameters this rank updates
-                           (AdamW's step, exp_avg, exp_avg_sq; ZeRO-1 owners only)
+                           (AdamW's step, exp_avg, exp_avg_sq) in the parameter's
+                           global shape; a ZeRO-1 rank writes the pieces of its flat
+                           shard (`executors.optimizer.checkpoint_state`), and under
+                           mixed precision its fp32 master weights as model/<fqn>
   rng/cpu/rank<r>          each rank's CPU (and CUDA) generator state
   scaler/<key>             fp16-mixed: the loss scale and its growth count
                            (`executors.loss_scaling`)
@@ -50,6 +53,7 @@ from executors.checkpoint_files import (LEGACY_SCHEMA, MARKER, METADATA, VettedR
                                         os_error_in, probe_write, read_marker, read_metadata,
                                         render_marker, verify_files, write_file)
 from executors.runtime import ParallelModel
+from executors.optimizer_state import checkpoint_state, load_targets
 from ir.errors import PlannerError
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -73,19 +77,6 @@ def _named_parameters(pm: ParallelModel) -> dict[str, torch.nn.Parameter]:
     return out
 
 
-def _inner_optimizer(pm: ParallelModel):
-    """The torch optimizer (ZeRO-1's `ShardedOptimizer` wraps one, or None)."""
-    opt = pm.optimizer
-    return opt.inner if hasattr(opt, "inner") else opt
-
-
-def _optimizer_params(pm: ParallelModel) -> list[torch.nn.Parameter]:
-    inner = _inner_optimizer(pm)
-    if inner is None:
-        return []
-    return [p for group in inner.param_groups for p in group["params"]]
-
-
 def _rng_state() -> dict[str, torch.Tensor]:
     rank = dist.get_rank()
     out = {f"rng/cpu/rank{rank}": torch.get_rng_state()}
@@ -98,12 +89,7 @@ def state_dict_for_save(pm: ParallelModel, step: int) -> dict[str, torch.Tensor]
     params = _named_parameters(pm)
     names = {id(p): n for n, p in params.items()}
     state: dict[str, torch.Tensor] = {f"model/{n}": p.detach() for n, p in params.items()}
-    inner = _inner_optimizer(pm)
-    for p in _optimizer_params(pm):
-        for key, value in (inner.state.get(p) or {}).items():
-            if not isinstance(value, torch.Tensor):
-                value = torch.tensor(value)
-            state[f"optim/{names[id(p)]}/{key}"] = value
+    state.update(checkpoint_state(pm.optimizer, names))  # ZeRO-1: the fp32 master as model/
     state.update(_rng_state())
     if pm.loss_scaler is not None:
         state.update({f"scaler/{k}": v for k, v in pm.loss_scaler.state_dict().items()})
@@ -366,22 +352,8 @@ def load_checkpoint(pm: ParallelModel, path: str) -> int:
     _check_model(path, metadata, {n: tuple(p.shape) for n, p in params.items()})
     names = {id(p): n for n, p in params.items()}
     state: dict[str, torch.Tensor] = {f"model/{n}": p.detach() for n, p in params.items()}
-    inner = _inner_optimizer(pm)
-    optim: dict[int, dict[str, torch.Tensor]] = {}
-    for p in _optimizer_params(pm):
-        prefix = f"optim/{names[id(p)]}/"
-        slots = {}
-        for key, meta in metadata.items():
-            if not key.startswith(prefix):
-                continue
-            size = tuple(meta.size)
-            if size == tuple(p.shape):  # a per-element state: this rank's layout of p
-                slots[key[len(prefix):]] = torch.zeros_like(p.detach(), dtype=meta.properties.dtype)
-            else:  # a scalar such as AdamW's step
-                slots[key[len(prefix):]] = torch.zeros(size, dtype=meta.properties.dtype)
-            state[key] = slots[key[len(prefix):]]
-        if slots:
-            optim[id(p)] = slots
+    optim, install_optim = load_targets(pm.optimizer, names, metadata)
+    state.update(optim)
     rng_keys = [k for k in _rng_state() if k in metadata]
     for key in rng_keys:
         state[key] = torch.zeros(tuple(metadata[key].size), dtype=metadata[key].properties.dtype)
@@ -391,10 +363,7 @@ def load_checkpoint(pm: ParallelModel, path: str) -> int:
             state[key] = torch.zeros(tuple(metadata[key].size), dtype=metadata[key].properties.dtype)
     state["meta/step"] = torch.zeros((), dtype=torch.int64)
     load_state(state, path, vetted, hint)
-    if inner is not None:
-        by_id = {id(p): p for p in _optimizer_params(pm)}
-        for pid, slots in optim.items():
-            inner.state[by_id[pid]] = slots
+    install_optim()
     for key in rng_keys:
         if key.startswith("rng/cpu/"):
             torch.set_rng_state(state[key])

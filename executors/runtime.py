@@ -53,6 +53,7 @@ from executors.data_parallel import set_gradient_sync
 from executors.layout import Layout
 from executors.loss_scaling import LossScaler
 from executors.mesh import Meshes
+from executors.optimizer import ShardedOptimizer
 from executors.pipeline import StageAnalysis, stage_inputs
 from executors.tensor_parallel import reduce_partial_grads
 from executors.tied import TiedGradients
@@ -105,12 +106,31 @@ class ParallelModel:
     # fp16-mixed: the loss scale every rank agrees on (`executors.loss_scaling`); None
     # for fp32 and bf16-mixed, whose exponent range needs none
     loss_scaler: LossScaler | None = None
+    # parameter name -> `executors.shard_slices.LayoutTransform` where the executor stores a
+    # parameter's rows in another order than the model's (fused-projection TP); readers and
+    # writers of full tensors map through it (absent: identity)
+    layout_transforms: dict[str, Any] = field(default_factory=dict)
     # this step's count of the global target (None: not sharded by rows, uniform weights)
     _global_count: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.plan.precision is Precision.FP16_MIXED and self.loss_scaler is None:
             self.loss_scaler = LossScaler()
+
+    # ------------------------------------------------------------------ weights
+
+    def load_pretrained(self, path: str):
+        """Fill the weights from a Hugging Face safetensors folder or a DCP checkpoint, each
+        rank reading only its slices (a collective; `executors.pretrained`)."""
+        from executors.pretrained import load_pretrained  # it imports this module
+        return load_pretrained(self, path)
+
+    def export_pretrained(self, directory: str, max_shard_bytes: int | None = None,
+                          dtype: torch.dtype | None = None) -> str:
+        """Write a Hugging Face safetensors folder, each rank its own tensors, nothing
+        gathered on one rank (a collective; `executors.pretrained_export`)."""
+        from executors.pretrained_export import DEFAULT_SHARD_BYTES, export_pretrained
+        return export_pretrained(self, directory, max_shard_bytes or DEFAULT_SHARD_BYTES, dtype)
 
     # ------------------------------------------------------------------ data
 
@@ -234,8 +254,13 @@ class ParallelModel:
         self.tied.sync()
         scaler = self.loss_scaler
         # fp16: every rank steps, or every rank skips (an overflow anywhere)
-        if scaler is None or scaler.unscale_and_check(self.module.parameters(), self.device):
+        if scaler is None:
             self.optimizer.step()
+        elif scaler.unscale_and_check(self.module.parameters(), self.device):
+            if isinstance(self.optimizer, ShardedOptimizer):
+                self.optimizer.step(grad_multiplier=1.0 / scaler.scale_value)
+            else:
+                self.optimizer.step()
         if scaler is not None:
             scaler.update()
         self.optimizer.zero_grad(set_to_none=True)

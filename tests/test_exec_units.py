@@ -11,7 +11,6 @@ from torch import nn
 from executors.data import global_batch_indices, local_rows, shard_batch, split_microbatches
 from executors.layout import Layout, map_main_input, map_main_output
 from executors.mesh import MeshAxis, ParallelDims
-from executors.optimizer import owners_by_size
 from executors.pipeline import (StageAnalysis, build_stage_module, cut_problem,
                                 finish_stage_module, rank_stages)
 from executors.tied import find_tie_groups, untie
@@ -185,13 +184,6 @@ def test_sequence_parallel_needs_a_divisible_sequence():
 
 
 # ----------------------------------------------------------------------------- pieces
-
-
-def test_zero1_owners_balance_sizes():
-    params = [nn.Parameter(torch.zeros(n)) for n in (100, 10, 60, 50)]
-    owners = owners_by_size(params, 2)
-    load = [sum(p.numel() for p, o in zip(params, owners) if o == r) for r in range(2)]
-    assert owners == [0, 0, 1, 1] and load == [110, 110]
 
 
 def test_stage_modules_keep_names_and_drop_the_rest():

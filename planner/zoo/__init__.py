@@ -138,7 +138,7 @@ def make_config(family: str, overrides: dict[str, str | int | float | bool] | No
     kwargs = {}
     for name, value in (overrides or {}).items():
         if name not in types:
-            raise ValueError(f"{family}: unknown config field {name!r}; valid fields: {', '.join(names)}")
+            raise ValueError(f"{family}: unknown config field {name!r}; use one of the valid fields: {', '.join(names)}")
         kwargs[name] = _convert(family, name, value, types[name])
     return config_cls(**kwargs)
 
