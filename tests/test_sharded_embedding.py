@@ -166,7 +166,11 @@ def test_tables_three_times_a_rank_budget_train_on_4_ranks(phases):
         assert m["tables_bytes"] >= 3 * budget
         assert all(math.isfinite(x) for x in m["losses"])
         assert all(rows * dim * 4 < m["table_bytes"] for rows, dim in m["held_shapes"].values())
-        assert m["peak_rss_bytes"] - m["rss_start_bytes"] < budget
+        # RLIMIT_AS bounds the address space; resident pages can also grow inside space
+        # mapped before the phase (heap, thread stacks), so RSS is bounded by what a rank
+        # holding a whole table besides its shards would exceed: its shards + 1/2 table.
+        growth = m["peak_rss_bytes"] - m["rss_start_bytes"]
+        assert growth < m["held_bytes"] + m["table_bytes"] // 2, (rank, growth)
 
 
 # ------------------------------------------------------------------ pure logic
