@@ -6,9 +6,10 @@ within the user's pins, or, where none fits, the least memory that family needs.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
-from cost_models.memory import plan_memory
+from cost_models.memory import plan_peak_bytes
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
@@ -81,7 +82,9 @@ def least_memory(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
                              global_batch, options)
             except PlannerError:
                 continue
-            peak = plan_memory(graph, plan, cluster).peak_bytes
-            if best[0] is None or peak < best[0]:
+            # A plan that cannot beat the best so far is walked only until that is sure.
+            peak = plan_peak_bytes(graph, plan, cluster,
+                                   math.inf if best[0] is None else best[0])
+            if peak is not None and (best[0] is None or peak < best[0]):
                 best = (peak, plan)
     return best
