@@ -144,6 +144,32 @@ class _Live:
         self.total = 0.0
 
 
+class _Kept(_Live):
+    """Kept activations per (chunk, micro-batch), also counting the entries above zero
+    (the micro-batches in flight) as they change."""
+
+    __slots__ = ("in_flight",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = 0
+
+    def set(self, key: tuple[int, int], nbytes: float) -> None:
+        self.in_flight += (nbytes > 0) - (self.bytes.get(key, 0.0) > 0)
+        super().set(key, nbytes)
+
+    def add(self, key: tuple[int, int], nbytes: float) -> None:
+        old = self.bytes[key]
+        self.bytes[key] = new = old + nbytes
+        self.total += nbytes
+        self.in_flight += (new > 0) - (old > 0)
+
+    def pop(self, key: tuple[int, int]) -> float:
+        nbytes = super().pop(key)
+        self.in_flight -= nbytes > 0
+        return nbytes
+
+
 class OverLimit(Exception):
     """The walk saw more live bytes than the caller's `stop_above_bytes`."""
 
@@ -160,22 +186,24 @@ class _Walk:
         self.overhead = overhead_bytes
         self.copies = _Live()  # (chunk, layer) -> gathered bytes
         self.grads = _Live()  # (chunk, layer) -> stored or accumulated gradients
-        self.acts = _Live()  # (chunk, micro-batch) -> kept
+        self.acts = _Kept()  # (chunk, micro-batch) -> kept
         self.held = _Live()  # (chunk, micro-batch) -> output
         self.retained_reduce = 0.0  # FSDP2's retained reduce-scatter input
         self.best: tuple | None = None
+        self.best_total = -math.inf
         self.limit = limit_bytes  # live bytes (overhead excluded) beyond which to stop
 
     def look(self, phase: str, *, grads: float = 0.0, weights: float = 0.0,
              buffers: float = 0.0) -> None:
         """Record the live total now, with extra transient grads / weights / buffers."""
-        parts = (self.weights + self.copies.total + weights, self.grads.total + grads,
-                 self.moments, self.acts.total + self.held.total,
-                 self.persistent + self.retained_reduce + buffers)
-        total = parts[0] + parts[1] + parts[2] + parts[3] + parts[4]
-        if self.best is None or total > self.best[0]:
-            in_flight = sum(1 for v in self.acts.bytes.values() if v > 0)
-            self.best = (total, phase, parts, in_flight)
+        p0 = self.weights + self.copies.total + weights
+        p1 = self.grads.total + grads
+        p3 = self.acts.total + self.held.total
+        p4 = self.persistent + self.retained_reduce + buffers
+        total = p0 + p1 + self.moments + p3 + p4
+        if total > self.best_total:
+            self.best_total = total
+            self.best = (total, phase, (p0, p1, self.moments, p3, p4), self.acts.in_flight)
             if total > self.limit:
                 raise OverLimit
 
