@@ -48,8 +48,8 @@ def child(model: str, cluster: str, nodes: int, batch: int) -> None:
         "model": model, "cluster": cluster, "devices": spec.world_size, "global_batch": batch,
         "layers": len(graph.layers), "search_seconds": seconds,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-        "outer_searched": result.stats["outer_searched"],
-        "outer_candidates": result.stats["outer_candidates"],
+        "outer_searched": result.stats.outer_searched,
+        "outer_candidates": result.stats.outer_candidates,
         "plan": str(best.plan) if best else None,
         "mfu": best.estimate.mfu if best else None,
         "iteration_seconds": best.estimate.iteration_seconds if best else None}))

@@ -15,7 +15,8 @@ from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.plan import ParallelPlan
 from ir.strategy import Checkpoint
-from planner.search import Candidate, _even_chunks, _plan, _price, _restrict, search
+from planner.layer_tables import price_layers, restrict
+from planner.search import Candidate, even_chunks, make_plan, search
 from planner.search_space import SearchOptions, outer_candidates
 
 BASELINES = {
@@ -62,24 +63,24 @@ def least_memory(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
     """Peak bytes of the most memory-frugal uniform plan the options allow."""
     best: tuple[int | None, ParallelPlan | None] = (None, None)
     for cand in outer_candidates(graph, cluster.world_size, global_batch, options):
-        tables, _ = _price(graph, cluster, cand, options, global_batch, profile, {})
+        tables, _ = price_layers(graph, cluster, cand, options, global_batch, profile, {})
         if any(not t.strategies for t in tables):
             continue
         # per layer: the strategy with the least state + kept bytes that the others share
         keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint)
                 for s in tables[0].strategies}
         for key in keys:
-            group = _restrict(tables, lambda s, key=key: (s.tp, s.dp_mode, s.sequence_parallel,
-                                                         s.checkpoint) == key)
+            group = restrict(tables, lambda s, key=key: (s.tp, s.dp_mode, s.sequence_parallel,
+                                                        s.checkpoint) == key)
             if group is None:
                 continue
             strategies = [g.strategies[0] for g in group]
-            stages = _even_chunks(graph, group, cand.pp * cand.virtual_stages)
+            stages = even_chunks(graph, group, cand.pp * cand.virtual_stages)
             if stages is None:
                 continue
             try:
-                plan = _plan(cand, stages, strategies, cluster.world_size // cand.pp,
-                             global_batch, options)
+                plan = make_plan(cand, stages, strategies, cluster.world_size // cand.pp,
+                                 global_batch, options)
             except PlannerError:
                 continue
             # A plan that cannot beat the best so far is walked only until that is sure.

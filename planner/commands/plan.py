@@ -123,9 +123,9 @@ def run(args) -> int:
         print()
         print(baseline_table(result.best, base, cluster))
     stats = result.stats
-    print(f"\nsearched {stats['outer_searched']} of {stats['outer_candidates']} pipeline "
-          f"configurations ({stats.get('outer_pruned', 0)} pruned by bound) in "
-          f"{stats['search_seconds']:.2f} s" + (" (time limit hit)" if stats["timed_out"] else "")
+    print(f"\nsearched {stats.outer_searched} of {stats.outer_candidates} pipeline "
+          f"configurations ({stats.outer_pruned} pruned by bound) in "
+          f"{stats.search_seconds:.2f} s" + (" (time limit hit)" if stats.timed_out else "")
           + (f"; wrote {args.out}" if args.out else ""))
     return 0
 
