@@ -5,6 +5,7 @@ minimising sum_r T_r + (m-1) max_r T_r over Pareto fronts of (sum, max)
 
 from __future__ import annotations
 
+import bisect
 import math
 
 from cost_models.comm import p2p_s
@@ -30,7 +31,8 @@ def partition(graph, solver: StageSolver, cand: OuterCandidate, ks: list[float],
     """Exact stage partition minimising sum T + (m-1) max T (module docstring): the
     objective and (first layer, last layer, layout) per rank, or None.
 
-    Front entries (`pareto.FrontEntry`) for the ranks placed so far end at layer b. Memory and time only grow as a stage gets longer, so once a..b does not fit, or
+    Front entries (`pareto.FrontEntry`) for the ranks placed so far end at layer b.
+    Memory and time only grow as a stage gets longer, so once a..b does not fit, or
     (m-1) T alone reaches `incumbent` (an objective already found elsewhere), no longer
     stage from a helps; partial partitions whose objective reaches it are dropped too.
     The last rank must end at the last layer."""
@@ -42,17 +44,13 @@ def partition(graph, solver: StageSolver, cand: OuterCandidate, ks: list[float],
     def stages_from(a: int, r: int):
         """(b, t, layout) for the stages rank r could run starting at layer a."""
         if r == p - 1:
-            t, c = solver.best(a, n - 1, ks[r])
-            if t < INF and (m - 1) * t < incumbent:
-                yield n - 1, t + edge_cost(a, n - 1), c
+            for b, t, c in solver.bests(a, ks[r], [n - 1]):
+                if t < INF and (m - 1) * t < incumbent:
+                    yield n - 1, t + edge_cost(a, n - 1), c
             return
         last_end = n - 1 - (p - 1 - r)  # the later ranks need a layer each
-        for b in ends:
-            if b < a:
-                continue
-            if b > last_end:
-                break
-            t, c = solver.best(a, b, ks[r])
+        reachable = ends[bisect.bisect_left(ends, a):bisect.bisect_right(ends, last_end)]
+        for b, t, c in solver.bests(a, ks[r], reachable):
             if t == INF or (m - 1) * t >= incumbent:
                 break
             yield b, t + edge_cost(a, b), c
@@ -67,8 +65,15 @@ def partition(graph, solver: StageSolver, cand: OuterCandidate, ks: list[float],
                 continue
             previous = front[a - 1]
             for b, t, c in stages_from(a, r):
-                new.setdefault(b, []).extend(
-                    FrontEntry(e.sum_s + t, max(e.max_s, t), e, a, b, c) for e in previous)
+                entries = new.setdefault(b, [])
+                # `previous` is a front (sum up, max down): past the first entry whose max
+                # is <= t, every sum is larger and every max is t, so all are dominated.
+                for e in previous:
+                    if e.max_s > t:
+                        entries.append(FrontEntry(e.sum_s + t, e.max_s, e, a, b, c))
+                    else:
+                        entries.append(FrontEntry(e.sum_s + t, t, e, a, b, c))
+                        break
         front = {b: kept for b, entries in new.items()
                  if (kept := [e for e in pareto_front(entries) if e.objective_s(m) < incumbent])}
         if not front:

@@ -25,6 +25,7 @@ class _Node:
     table: LayerTable
     x_in: np.ndarray | None  # x(b-1, c', c) into this layer
     step: "_Step"
+    best: tuple[float, int] | None = None  # min_c C[b][c][U] and its c, once asked for
 
 
 @dataclass
@@ -108,7 +109,6 @@ class StageSolver:
         self.n_layouts, self.units, self.bucket, self.cap = n_layouts, units, bucket_bytes, cap
         self.by_range: dict[tuple, _Node] = {}
         self.by_content: dict[tuple, _Node] = {}
-        self.best_cache: dict[tuple, tuple[float, int]] = {}
         self.step_cache: dict[tuple, _Step] = {}
         self.extensions = 0
         # A layer's content inside a stage: its hash and the bytes crossing into it.
@@ -117,9 +117,27 @@ class StageSolver:
 
     def node(self, a: int, b: int, k: float) -> _Node:
         node = self.by_range.get((a, b, k))
-        if node is not None:
-            return node
-        parent = self.node(a, b - 1, k) if b > a else None
+        if node is None:
+            parent = self.node(a, b - 1, k) if b > a else None
+            node = self.by_range[(a, b, k)] = self._child(parent, b, k)
+        return node
+
+    def best(self, a: int, b: int, k: float) -> tuple[float, int]:
+        """(T*, the layout it ends in) of layers a..b."""
+        return self._best_of(self.node(a, b, k))
+
+    def bests(self, a: int, k: float, ends: list[int]):
+        """(b, T*, layout) of layers a..b for each b of `ends` (ascending, >= a), in one
+        walk from layer a: the partition program reads stages from a in this order."""
+        node, b = None, a - 1
+        for end in ends:
+            while b < end:
+                b += 1
+                node = self._child(node, b, k)
+            yield (end, *self._best_of(node))
+
+    def _child(self, parent: _Node | None, b: int, k: float) -> _Node:
+        """Layer b after `parent` (None: b starts the stage), interned by content."""
         content = (k, id(parent), self.elems[b] if parent is not None else self.elems[b][0])
         node = self.by_content.get(content)
         if node is None:
@@ -128,15 +146,11 @@ class StageSolver:
             node = _extend(parent, self.tables[b], x_in, step, self.n_layouts, self.units)
             self.by_content[content] = node
             self.extensions += 1
-        self.by_range[(a, b, k)] = node
         return node
 
-    def best(self, a: int, b: int, k: float) -> tuple[float, int]:
-        key = (a, b, k)
-        hit = self.best_cache.get(key)
-        if hit is None:
-            column = self.node(a, b, k).value[:, self.units]
+    def _best_of(self, node: _Node) -> tuple[float, int]:
+        if node.best is None:
+            column = node.value[:, self.units]
             c = int(column.argmin())
-            hit = self.best_cache[key] = (float(column[c]), c)
-        return hit
-
+            node.best = (float(column[c]), c)
+        return node.best
