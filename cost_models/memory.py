@@ -193,13 +193,36 @@ def walked_microbatches(plan: ParallelPlan) -> int:
 
 
 def plan_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
-                configs: Sequence[StepConfig] | None = None) -> MemoryEstimate:
-    """Peak memory per pipeline rank of `plan` for `graph` on `cluster`."""
+                configs: Sequence[StepConfig] | None = None,
+                rank_cache: dict | None = None) -> MemoryEstimate:
+    """Peak memory per pipeline rank of `plan` for `graph` on `cluster`.
+
+    `rank_cache` (one dict per graph and cluster) keeps each rank's result by everything
+    its walk reads, so plans that share a rank (a search's re-solves) walk it once."""
     check_plan_matches(graph, plan, cluster)
     configs = configs or layer_configs(graph, plan, cluster.device)
-    stages = tuple(_rank_memory(graph, plan, cluster, rank, chunk_indices, configs)
-                   for rank, chunk_indices in enumerate(rank_chunks(plan)))
-    return MemoryEstimate(stages, cluster.device_memory_bytes)
+    stages = []
+    for rank, chunk_indices in enumerate(rank_chunks(plan)):
+        key = None if rank_cache is None else _rank_key(plan, rank, chunk_indices, configs)
+        stage = None if key is None else rank_cache.get(key)
+        if stage is None:
+            stage = _rank_memory(graph, plan, cluster, rank, chunk_indices, configs)
+            if key is not None:
+                rank_cache[key] = stage
+        stages.append(stage)
+    return MemoryEstimate(tuple(stages), cluster.device_memory_bytes)
+
+
+def _rank_key(plan: ParallelPlan, rank: int, chunk_indices: list[list[int]],
+              configs: Sequence[StepConfig]) -> tuple:
+    """What `_rank_memory` reads of the plan: the rank's layers and the one before each
+    chunk (its receive buffer's layout), their strategies and configs, the schedule."""
+    read = sorted({j for c in chunk_indices for j in c}
+                  | {c[0] - 1 for c in chunk_indices if c[0] > 0})
+    return (rank, tuple(map(tuple, chunk_indices)),
+            tuple((plan.layer_strategies[j], configs[j]) for j in read),
+            plan.schedule, plan.pp, plan.num_microbatches, len(plan.stages),
+            plan.stages[plan.stage_of(chunk_indices[0][0])].devices)
 
 
 def plan_peak_bytes(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,

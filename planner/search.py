@@ -157,7 +157,7 @@ FIT_ROUNDS = 4
 
 
 def _solve_fitting(graph, cluster, cand, tables, layouts, options, global_batch, trans_cache,
-                   stats, incumbent, profile):
+                   stats, incumbent, memory_cache: dict):
     """`_solve`, then the full memory model on its plan: the DP adds layers up while the
     full model walks the step (pipeline schedules, FSDP2 buffers in flight), so where the
     DP's plan does not fit, solve again with the budget lowered by the excess, at most
@@ -169,7 +169,7 @@ def _solve_fitting(graph, cluster, cand, tables, layouts, options, global_batch,
                         trans_cache, stats, incumbent, shrink)
         if result is None:
             return None
-        memory = plan_memory(graph, result[1], cluster)
+        memory = plan_memory(graph, result[1], cluster, rank_cache=memory_cache)
         peak = memory.peak_bytes
         if memory.fits and peak <= limit:
             return result
@@ -343,6 +343,7 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
     outers = outer_candidates(graph, world, global_batch, options)
     price_cache: dict = {}
     trans_cache: dict = {}
+    memory_cache: dict = {}  # rank walks by what they read (cost_models.memory.plan_memory)
     stats = SearchStats(outer_candidates=len(outers))
     found = []
     priced = []
@@ -401,7 +402,8 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
                 continue
             incumbent = objectives[keep_best - 1] if len(objectives) >= keep_best else INF
             result = _solve_fitting(graph, cluster, cand, group, layouts, options, global_batch,
-                                    trans_cache, stats, incumbent * LOWER_BOUND_SLACK, profile)
+                                    trans_cache, stats, incumbent * LOWER_BOUND_SLACK,
+                                    memory_cache)
             if result is not None:
                 found.append((result[0], cand, result[1]))
     found.sort(key=lambda f: f[0])
