@@ -32,6 +32,7 @@ receive buffers), overhead (the cluster's fixed per-device runtime memory).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -242,6 +243,12 @@ def plan_peak_bytes(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
     return peak
 
 
+@functools.lru_cache(maxsize=4096)
+def _rank_ops(schedule: Schedule, pp: int, rank: int, walked: int, chunks: int) -> tuple:
+    """`pipeline_ops.rank_ops`, kept: a search walks the same few schedules many times."""
+    return tuple(rank_ops(schedule, pp, rank, walked, chunks))
+
+
 def _rank_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank: int,
                  chunk_indices: list[list[int]], configs: Sequence[StepConfig],
                  stop_above_bytes: float = math.inf) -> StageMemory:
@@ -260,7 +267,7 @@ def _rank_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, ra
                      for j in c)
         chunks.append(ChunkMemory(mems, held, persistent))
     walked = walked_microbatches(plan)
-    ops = rank_ops(plan.schedule, plan.pp, rank, walked, len(chunk_indices))
+    ops = _rank_ops(plan.schedule, plan.pp, rank, walked, len(chunk_indices))
     chunks, device_moments = _most_loaded_device(chunks, indices, plan)
     stage = walk_rank(chunks, ops, stage=rank, num_microbatches=walked, pipelined=plan.pp > 1,
                       overhead_bytes=cluster.runtime_overhead_bytes,

@@ -412,7 +412,7 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         if plan in seen:
             continue
         seen.add(plan)
-        est = estimate(graph, plan, cluster, profile)
+        est = estimate(graph, plan, cluster, profile, memory_cache)
         if est.memory.fits and (options.memory_budget_bytes is None
                                 or est.memory.peak_bytes <= options.memory_budget_bytes):
             candidates.append(Candidate(cand, plan, objective, est))
