@@ -48,22 +48,29 @@ def baselines(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
             out.append(Baseline(name, None, None, excluded_by=f"--{clash[0].replace('_', '-')}"))
             continue
         base = dataclasses.replace(options, uniform=True, top_k=1, time_limit_s=None, **pins)
+        tables: dict = {}  # priced once for the family's search and its least memory
         try:
-            result = search(graph, cluster, global_batch, base, profile, with_baselines=False)
+            result = search(graph, cluster, global_batch, base, profile, with_baselines=False,
+                            price_cache=tables)
         except PlannerError as exc:
             out.append(Baseline(name, None, None, reason=str(exc)))
             continue
-        needs = None if result.best else least_memory(graph, cluster, global_batch, base, profile)[0]
+        needs = None if result.best else least_memory(graph, cluster, global_batch, base,
+                                                      profile, tables)[0]
         out.append(Baseline(name, result.best, needs))
     return out
 
 
 def least_memory(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
-                 options: SearchOptions, profile=None) -> tuple[int | None, ParallelPlan | None]:
-    """Peak bytes of the most memory-frugal uniform plan the options allow."""
+                 options: SearchOptions, profile=None, price_cache: dict | None = None
+                 ) -> tuple[int | None, ParallelPlan | None]:
+    """Peak bytes of the most memory-frugal uniform plan the options allow (`price_cache`:
+    the layer tables of a search with the same inputs)."""
+    price_cache = {} if price_cache is None else price_cache
     best: tuple[int | None, ParallelPlan | None] = (None, None)
     for cand in outer_candidates(graph, cluster.world_size, global_batch, options):
-        tables, _ = price_layers(graph, cluster, cand, options, global_batch, profile, {})
+        tables, _ = price_layers(graph, cluster, cand, options, global_batch, profile,
+                                 price_cache)
         if any(not t.strategies for t in tables):
             continue
         # per layer: the strategy with the least state + kept bytes that the others share

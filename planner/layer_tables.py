@@ -53,6 +53,9 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
            ) -> tuple[list[LayerTable], list[tuple]]:
     """Price every layer's strategies; identical layers share one table. `prune=False`
     keeps dominated strategies (for the brute-force oracle in the tests)."""
+    served = (options, global_batch, id(graph), id(cluster), id(profile))
+    if cache.setdefault("serves", served) != served:
+        raise ValueError("a price cache serves one graph, cluster, batch, options and profile")
     stage_devices = cluster.world_size // cand.pp
     samples = global_batch // cand.num_microbatches
     per_param = bytes_per_param(options.precision, options.optimizer)

@@ -329,9 +329,10 @@ def _lower_bound(cand: OuterCandidate, tables: list[LayerTable], budget_bytes: f
 
 def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
            options: SearchOptions = SearchOptions(), profile: ComputeProfile | None = None,
-           with_baselines: bool = True) -> SearchResult:
+           with_baselines: bool = True, price_cache: dict | None = None) -> SearchResult:
     """The fastest plans that fit, best first (see the module docstring). Unless the
-    search is uniform itself, the classic uniform baselines join the final ranking."""
+    search is uniform itself, the classic uniform baselines join the final ranking.
+    `price_cache` shares layer tables with a later call for the same inputs."""
     if global_batch < 1:
         raise PlannerError(f"--global-batch must be >= 1, got {global_batch}")
     start = time.perf_counter()
@@ -341,7 +342,7 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         # 2021, sec. 3.3); --max-tp lifts the limit.
         options = dataclasses.replace(options, max_tp=cluster.devices_per_node)
     outers = outer_candidates(graph, world, global_batch, options)
-    price_cache: dict = {}
+    price_cache = {} if price_cache is None else price_cache
     trans_cache: dict = {}
     memory_cache: dict = {}  # rank walks by what they read (cost_models.memory.plan_memory)
     stats = SearchStats(outer_candidates=len(outers))
