@@ -207,7 +207,8 @@ def plan_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
         key = None if rank_cache is None else _rank_key(plan, rank, chunk_indices, configs)
         stage = None if key is None else rank_cache.get(key)
         if stage is None:
-            stage = _rank_memory(graph, plan, cluster, rank, chunk_indices, configs)
+            stage = _rank_memory(graph, plan, cluster, rank, chunk_indices, configs,
+                                 layer_cache=rank_cache)
             if key is not None:
                 rank_cache[key] = stage
         stages.append(stage)
@@ -243,6 +244,17 @@ def plan_peak_bytes(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
     return peak
 
 
+def _layer_memory(graph: LayerGraph, plan: ParallelPlan, j: int,
+                  configs: Sequence[StepConfig], cache: dict | None) -> LayerMemory:
+    if cache is None:
+        return layer_memory(graph.layers[j], plan.layer_strategies[j], configs[j])
+    key = ("layer", j, plan.layer_strategies[j], configs[j])
+    mem = cache.get(key)
+    if mem is None:
+        mem = cache[key] = layer_memory(graph.layers[j], plan.layer_strategies[j], configs[j])
+    return mem
+
+
 @functools.lru_cache(maxsize=4096)
 def _rank_ops(schedule: Schedule, pp: int, rank: int, walked: int, chunks: int) -> tuple:
     """`pipeline_ops.rank_ops`, kept: a search walks the same few schedules many times."""
@@ -251,8 +263,10 @@ def _rank_ops(schedule: Schedule, pp: int, rank: int, walked: int, chunks: int) 
 
 def _rank_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank: int,
                  chunk_indices: list[list[int]], configs: Sequence[StepConfig],
-                 stop_above_bytes: float = math.inf) -> StageMemory:
-    """One pipeline rank's walk (`memory_walk.walk_rank`) over its chunks' layers."""
+                 stop_above_bytes: float = math.inf,
+                 layer_cache: dict | None = None) -> StageMemory:
+    """One pipeline rank's walk (`memory_walk.walk_rank`) over its chunks' layers.
+    `layer_cache` keeps `layer_memory` by (layer index, strategy, config)."""
     indices = [j for c in chunk_indices for j in c]
     shared = shared_checkpoint_inputs(graph, plan, indices, configs)
     for j, nbytes in shared_boundary_saves(graph, plan, indices, configs).items():
@@ -262,9 +276,8 @@ def _rank_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, ra
         held, persistent, recv_shared = _pipeline_buffers(graph, plan, c, configs)
         if recv_shared:
             shared[c[0]] = shared.get(c[0], 0.0) + recv_shared
-        mems = tuple(_without_shared(layer_memory(graph.layers[j], plan.layer_strategies[j],
-                                                  configs[j]), shared.get(j, 0.0))
-                     for j in c)
+        mems = tuple(_without_shared(_layer_memory(graph, plan, j, configs, layer_cache),
+                                     shared.get(j, 0.0)) for j in c)
         chunks.append(ChunkMemory(mems, held, persistent))
     walked = walked_microbatches(plan)
     ops = _rank_ops(plan.schedule, plan.pp, rank, walked, len(chunk_indices))
