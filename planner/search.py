@@ -201,10 +201,11 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
             continue
         v = cand.virtual_stages
         made: list[StageSolver] = []
+        steps: dict = {}  # the solvers of this cap (one per first-layer TP degree) share it
 
         def make_solver(stage_tables: list[LayerTable]) -> StageSolver:
             made.append(StageSolver(graph, stage_tables, x, len(layouts), units,
-                                    usable / units / v, cap, crossing))
+                                    usable / units / v, cap, crossing, steps))
             return made[-1]
 
         if v > 1:

@@ -43,8 +43,9 @@ class _Step:
 
 def _step(table: LayerTable, k: float, bucket_bytes: float, cap: float, units: int,
           cache: dict) -> _Step:
-    key = (id(table), k)
-    step = cache.get(key)
+    key = (id(table), k, bucket_bytes, cap, units)
+    hit = cache.get(key)
+    step = hit[1] if hit is not None and hit[0] is table else None
     if step is None:
         mem = np.ceil((table.state_bytes + k * table.kept_bytes) / bucket_bytes - 1e-9)
         mem = np.where(table.transient_bytes <= cap, mem, units + 1).astype(np.int64)
@@ -54,7 +55,7 @@ def _step(table: LayerTable, k: float, bucket_bytes: float, cap: float, units: i
         src = np.arange(units + 1)[None, :] - mem[order][:, None]
         step = _Step(mem, order, layouts, starts, np.maximum(src, 0), src >= 0,
                      table.time_s[order][:, None])
-        cache[key] = step
+        cache[key] = (table, step)  # the table too: its id is only unique while it lives
     return step
 
 
@@ -104,12 +105,13 @@ class StageSolver:
     same run of layers share one table wherever they sit in the model."""
 
     def __init__(self, graph, tables, transitions, n_layouts, units, bucket_bytes, cap,
-                 crossing: list[float]):
+                 crossing: list[float], step_cache: dict | None = None):
         self.graph, self.tables, self.transitions = graph, tables, transitions
         self.n_layouts, self.units, self.bucket, self.cap = n_layouts, units, bucket_bytes, cap
         self.by_range: dict[tuple, _Node] = {}
         self.by_content: dict[tuple, _Node] = {}
-        self.step_cache: dict[tuple, _Step] = {}
+        # per (table, k, bucket, cap, units): solvers of one budget may share it
+        self.step_cache: dict[tuple, tuple] = {} if step_cache is None else step_cache
         self.extensions = 0
         # A layer's content inside a stage: its hash and the bytes crossing into it.
         self.elems = [(l.structural_hash, crossing[i - 1] if i else 0.0)
