@@ -3,7 +3,7 @@
 For each model: trace the layer IR (meta, fp32) and predict the per-rank peak with
 `cost_models.memory.plan_memory` on the `local` cluster (one process, fp32, AdamW, one
 micro-batch), minus the fixed runtime overhead; then build the same model on the CPU
-and run the same one-device plan with the executor (`planner.validate.
+and run the same one-device plan with the executor (`planner.trial.rank.
 measure_one_process`: executors.apply, then train_step: forward -> loss -> backward ->
 tied-copy gradient sum -> AdamW step -> zero_grad(set_to_none)) under
 `LiveTensorTracker`, which counts every tensor storage from birth to death. The peak is
@@ -35,7 +35,7 @@ from ir.plan import ParallelPlan  # noqa: E402
 from ir.strategy import Checkpoint, LayerStrategy, Precision, Stage  # noqa: E402
 from planner.fmt import table  # noqa: E402
 from planner.models import load_layer_graph  # noqa: E402
-from planner.validate import measure_one_process  # noqa: E402
+from planner.trial.rank import measure_one_process  # noqa: E402
 
 MODELS = ("gpt-tiny", "llama-tiny", "bert-tiny", "t5-tiny", "mlp-small", "cnn-small",
           "dlrm-small")

@@ -41,7 +41,7 @@ from cost_models.profile_cluster import profile_cluster  # noqa: E402
 from ir.errors import PlannerError  # noqa: E402
 from planner.cli import main as planner_main  # noqa: E402
 from planner.fmt import table  # noqa: E402
-from planner.validate import validate_plan  # noqa: E402
+from planner.trial.run import validate_plan  # noqa: E402
 
 SPECS: dict[int, dict] = {}  # the measured specs, written into the JSON
 MEMORY_TARGET = 0.05
@@ -54,6 +54,9 @@ CASES = {
     "gpt-1rank": ("gpt-tiny", 1, ["--uniform"]),
     "gpt-ddp2": ("gpt-tiny", 2, ["--uniform", "--dp", "2", "--zero", "0"]),
     "gpt-zero3x2": ("gpt-tiny", 2, ["--uniform", "--dp", "2", "--zero", "3"]),
+    "gpt-zero1x2": ("gpt-tiny", 2, ["--uniform", "--dp", "2", "--zero", "1"]),
+    "gpt-zero1x2-bf16": ("gpt-tiny", 2, ["--uniform", "--dp", "2", "--zero", "1",
+                                         "--precision", "bf16-mixed"]),
     "gpt-tp2-dp2-sp": ("gpt-tiny", 4, ["--uniform", "--tp", "2", "--dp", "2",
                                        "--sequence-parallel"]),
     "gpt-pp2-dp2-zero1": ("gpt-tiny", 4, ["--uniform", "--pp", "2", "--dp", "2", "--zero", "1"]),

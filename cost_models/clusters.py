@@ -309,7 +309,7 @@ def _overhead_block(width: int = OP_OVERHEAD_WIDTH):
 def seconds_per_op(block, x, repeats: int = OP_OVERHEAD_REPEATS) -> float:
     """Median-round seconds per dispatched ATen op of `block(x).sum()` forward + backward
     (tensors this small cost nothing to compute: what remains is framework overhead)."""
-    from ir.measure import count_ops
+    from ir.op_count import count_ops
 
     def run():
         block(x).sum().backward()

@@ -17,13 +17,17 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import tempfile
+import time
 from typing import Callable
 
 import torch
 
 from ir.errors import PlannerError
-from ir.measure import GraphMeasurer, layer_graph_from_trace, real_factory
+from ir.graph_measurer import GraphMeasurer
+from ir.measure import layer_graph_from_trace
+from ir.stand_in import TensorFactory, real_factory
 from ir.trace import trace
 
 PROFILE_SCHEMA = "planner.profile/v1"
@@ -56,20 +60,49 @@ def profile_layers(module, inputs, target, loss_fn, *, name: str, device: str = 
         if layer.structural_hash in seen:
             continue
         col, row = measurer.tp_modules(i, layer.tp_candidates)
-        run = measurer.run_layer(i, col, row, factory=factory, device=device,
-                                 repeats=repeats, warmup=warmup)
+        state = measurer.layer_state(i, factory)  # this layer's tensors, on the device
+        measured = measurer.measure_layer(i, col, row, factory=factory, state=state)
+        forward_s, backward_s = time_layer(measurer, i, state, factory, device,
+                                           warmup=warmup, repeats=repeats)
         seen[layer.structural_hash] = True
         layers.append({
             "name": layer.name, "structural_hash": layer.structural_hash,
-            "micro_batch": graph.micro_batch, "forward_seconds": run.forward_seconds,
-            "backward_seconds": run.backward_seconds,
-            "saved_activation_bytes": run.saved_bytes,
-            "flops_fwd": run.flops_fwd, "flops_bwd": run.flops_bwd,
+            "micro_batch": graph.micro_batch, "forward_seconds": forward_s,
+            "backward_seconds": backward_s,
+            "saved_activation_bytes": measured.saved_activation_bytes,
+            "flops_fwd": measured.flops_fwd, "flops_bwd": measured.flops_bwd,
         })
     return {"schema": PROFILE_SCHEMA, "model": graph.model, "fingerprint": graph.fingerprint,
             "device": device.split(":")[0], "device_name": device_name(device),
             "dtype": graph.dtype, "micro_batch": graph.micro_batch, "seq_len": graph.seq_len,
             "layers": layers}
+
+
+def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: TensorFactory,
+               device: str, *, warmup: int, repeats: int) -> tuple[float, float]:
+    """Median (forward, backward) seconds of layer `index` over `repeats` runs after
+    `warmup` untimed ones (the instrumented `measure_layer` run before them warms up too).
+    The runs go without the FLOP and op counters and saved-tensor hooks: they cost a
+    Python call per op, more than a small op itself."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    forward_s, backward_s = [], []
+    for rep in range(warmup + repeats):
+        runner = measurer.start_run(index, state, factory)
+        sync()
+        start = time.perf_counter()
+        measurer.run_forward(index, runner)
+        sync()
+        mid = time.perf_counter()
+        outs = measurer.grad_roots(index, runner)
+        if outs:
+            torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+        sync()
+        end = time.perf_counter()
+        if rep >= warmup:
+            forward_s.append(mid - start)
+            backward_s.append(end - mid)
+        del runner, outs
+    return statistics.median(forward_s), statistics.median(backward_s)
 
 
 def save_profile(profile: dict, path: str) -> None:

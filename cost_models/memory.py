@@ -20,8 +20,8 @@ alive, taking its maximum (`memory_walk.walk_rank`):
                     gradients of all micro-batches and reduces at the end of the step
   transients        one layer's backward at a time: the gradients entering and leaving
                     it, its recomputed activations (checkpointing), the gradient it makes
-  after backward    the tied-copy gradient sum, the optimizer step's temporaries, the
-                    ZeRO-1 broadcast buffers
+  after backward    the tied-copy gradient sum, the optimizer step's temporaries (and
+                    ZeRO-1's fp32 gradient shards), ZeRO-1's all-gather buffers
 
 The breakdown reported is the one at the peak, so its parts sum to `peak_bytes`: params
 (stored + gathered weights), grads (stored + unreduced), optimizer (moments),
@@ -50,7 +50,8 @@ from cost_models.memory_walk import (ChunkMemory, LayerMemory, OverLimit,  # noq
                                      StageMemory, optimizer_step_temp_bytes, walk_rank)
 from cost_models.model_states import (FP32_BYTES, BytesPerParam, has_dp_unit,
                                       held_bytes_per_param, held_local_params,
-                                      largest_param_tensor, layer_held_states, moment_shares)
+                                      largest_param_tensor, layer_held_states, moment_shares,
+                                      zero1_step_bytes)
 from cost_models.pipeline_ops import rank_ops
 
 # torch DDP's default bucket_cap_mb. The executor's data parallelism is FSDP2 (no DDP
@@ -79,16 +80,16 @@ def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
     shares = moment_shares(layer, strategy)
     moments = max(shares)
     tied_full = layer.tied_params * held.grads
+    zero1_step = zero1_step_bytes(layer, strategy, held)
     return LayerMemory(
         states=states, activations=layer_activations(layer, strategy, config),
         gather_unit_bytes=working if stage == 3 else 0.0,
         unsharded_grad_bytes=local * held.unsharded_grads if unit else 0.0,
-        largest_tensor_params=largest_param_tensor(layer) / tensor_shards,
+        largest_tensor_params=min(largest_param_tensor(layer) / tensor_shards, moments),
         fp32_moment_bytes=moments * FP32_BYTES if held.moments else 0.0,
         working_param_bytes=working, reduce_bytes=local * held.reduce if unit else 0.0,
         tied_grad_bytes=tied_full,
-        # the most loaded owner's parameters, broadcast as one flat buffer
-        zero1_share_bytes=moments * held.weights if stage == 1 and strategy.dp > 1 else 0.0,
+        zero1_master_grad_bytes=zero1_step[0], zero1_share_bytes=zero1_step[1],
         reshard_after_forward=stage == 3 and unit,
         moment_shares=tuple(x * held.moments for x in shares) if len(shares) > 1 else ())
 

@@ -26,7 +26,7 @@ directly are handled here:
 With `record=True` it also keeps every storage's lifetime, so `live_at_peak()` can say
 which tensors made the peak (the op that made each, its shape and the phase).
 
-A whole step run by the executor is measured by `planner.validate` (spawned ranks, or
+A whole step run by the executor is measured by `planner.trial` (spawned ranks, or
 `measure_one_process` on one device).
 
     >>> with LiveTensorTracker() as mem:          # doctest: +SKIP

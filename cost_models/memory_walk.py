@@ -27,9 +27,6 @@ ADAM_FOREACH_TEMPORARIES = 1
 # executors.tied.TiedGradients.sync: `sum(full gradients)` holds the running sum and the
 # new one while adding the next full gradient.
 TIED_SUM_TEMPORARIES = 2
-# executors.optimizer.ShardedOptimizer.step: `flat = torch.cat(...)` for one owner's
-# broadcast is built while the previous owner's flat buffer is still referenced.
-ZERO1_BROADCAST_BUFFERS = 2
 
 
 
@@ -46,10 +43,12 @@ class LayerMemory:
     working_param_bytes: float = 0.0  # a DP unit's gathered copy (0: no unit)
     reduce_bytes: float = 0.0  # a DP unit's reduce-scatter input; unreduced accumulation
     tied_grad_bytes: float = 0.0  # full gradient of its tied copies (TiedGradients.sync)
-    zero1_share_bytes: float = 0.0  # ZeRO-1: one owner's share of its weights (broadcast)
+    zero1_share_bytes: float = 0.0  # ZeRO-1: its all-gather's send and receive buffers
+    zero1_master_grad_bytes: float = 0.0  # ZeRO-1: fp32 gradient shard during the step
     reshard_after_forward: bool = False  # ZeRO-3 frees the working copy after forward
-    # ZeRO-1: moment bytes of each DP rank (whole tensors per owner); `states` holds the
-    # most loaded one's. Empty: every rank of the group holds `states.optimizer`.
+    # Moment bytes of each DP rank where they differ; `states` holds the most loaded
+    # one's. Empty: every rank of the group holds `states.optimizer` (ZeRO-1's flat
+    # shards are even, `model_states.moment_shares`).
     moment_shares: tuple[float, ...] = ()
 
     @property
@@ -260,8 +259,8 @@ def walk_rank(chunks: Sequence[ChunkMemory], ops: Sequence[PassOp], *, stage: in
     tied = TIED_SUM_TEMPORARIES * max((l.tied_grad_bytes for l in layers), default=0.0)
     w.look("optimizer", buffers=tied)
     step = optimizer_step_temp_bytes(layers, optimizer, foreach)
-    w.look("optimizer", buffers=step)
-    zero1 = ZERO1_BROADCAST_BUFFERS * max((l.zero1_share_bytes for l in layers), default=0.0)
+    w.look("optimizer", buffers=step + sum(l.zero1_master_grad_bytes for l in layers))
+    zero1 = max((l.zero1_share_bytes for l in layers), default=0.0)  # one layer at a time
     w.look("optimizer", buffers=zero1)
     total, phase, (params, grads, opt, acts, bufs), in_flight = w.best
     parts = [round(params), round(grads), round(opt), round(acts), round(bufs)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 
-from ir.layer import Layer, LayerGraph, TPCandidate, TPStyle
+from ir.layer import Layer, LayerGraph, LayerMeasurement, TPCandidate, TPStyle
 
 # Korthikanti et al. 2022, eq. 1: a block saves s*b*h*(34 + 5*a*s/h) bytes in 16-bit with
 # 1-byte dropout masks (CUDA). The IR records masks as measured on meta/CPU, in the
@@ -53,9 +53,8 @@ def gpt_layer_graph(layers: int, hidden: int, heads: int, vocab: int, seq: int,
     extra_mask_bytes = (TWO_BYTES - 1) * (attention_mask + residual_masks)
     out = [Layer(
         name="embed", kind="Embedding", index=0, params=v * h + s * h,
-        param_bytes=(v * h + s * h) * TWO_BYTES, tp_params=v * h, flops_fwd=0, flops_bwd=0,
-        saved_activation_bytes=s * b * INPUT_ID_BYTES, saved_tp_sharded_bytes=0,
-        saved_attention_bytes=0, saved_dropout_mask_bytes=0,
+        param_bytes=(v * h + s * h) * TWO_BYTES, tp_params=v * h,
+        measured=LayerMeasurement(saved_activation_bytes=s * b * INPUT_ID_BYTES),
         input_bytes=s * b * INPUT_ID_BYTES, output_bytes=act,
         structural_hash="embed", tp_candidates=(TPCandidate("wte", TPStyle.VOCAB, v * h),),
         tp_divisors=(("vocab", v),), param_names=("embed.wte.weight", "embed.wpe.weight"))]
@@ -63,13 +62,14 @@ def gpt_layer_graph(layers: int, hidden: int, heads: int, vocab: int, seq: int,
         out.append(Layer(
             name=f"blocks.{i}", kind="GPTBlock", index=i + 1, params=block_params,
             param_bytes=block_params * TWO_BYTES, tp_params=tp_params,
-            flops_fwd=24 * b * s * h * h + 4 * b * s * s * h,  # Narayanan et al. 2021
-            flops_bwd=2 * (24 * b * s * h * h + 4 * b * s * s * h),
-            saved_activation_bytes=korthikanti_block_bytes(s, b, h, a) + extra_mask_bytes,
-            saved_tp_sharded_bytes=(KORTHIKANTI_TP_SHARDED_SBH_COEFF * s * b * h + attention
-                                    + (TWO_BYTES - 1) * attention_mask),
-            saved_attention_bytes=attention + (TWO_BYTES - 1) * attention_mask,
-            saved_dropout_mask_bytes=TWO_BYTES * (attention_mask + residual_masks),
+            measured=LayerMeasurement(
+                flops_fwd=24 * b * s * h * h + 4 * b * s * s * h,  # Narayanan et al. 2021
+                flops_bwd=2 * (24 * b * s * h * h + 4 * b * s * s * h),
+                saved_activation_bytes=korthikanti_block_bytes(s, b, h, a) + extra_mask_bytes,
+                saved_tp_sharded_bytes=(KORTHIKANTI_TP_SHARDED_SBH_COEFF * s * b * h + attention
+                                        + (TWO_BYTES - 1) * attention_mask),
+                saved_attention_bytes=attention + (TWO_BYTES - 1) * attention_mask,
+                saved_dropout_mask_bytes=TWO_BYTES * (attention_mask + residual_masks)),
             input_bytes=act, output_bytes=act,
             structural_hash=block_hash, tp_candidates=cands,
             tp_divisors=(("heads", a), ("hidden", h)), sequence_parallel_ok=True,
@@ -79,9 +79,9 @@ def gpt_layer_graph(layers: int, hidden: int, heads: int, vocab: int, seq: int,
     out.append(Layer(
         name="head", kind="Head", index=layers + 1, params=v * h + 2 * h,
         param_bytes=(v * h + 2 * h) * TWO_BYTES, tp_params=v * h,
-        flops_fwd=2 * b * s * h * v, flops_bwd=4 * b * s * h * v,
-        saved_activation_bytes=2 * act + logits, saved_tp_sharded_bytes=0,
-        saved_attention_bytes=0, saved_dropout_mask_bytes=0, input_bytes=act,
+        measured=LayerMeasurement(flops_fwd=2 * b * s * h * v, flops_bwd=4 * b * s * h * v,
+                                  saved_activation_bytes=2 * act + logits),
+        input_bytes=act,
         output_bytes=logits,
         structural_hash="head", tp_candidates=(TPCandidate("lm_head", TPStyle.HEAD, v * h),),
         tp_divisors=(("vocab", v),),

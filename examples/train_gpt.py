@@ -10,6 +10,9 @@ Several processes on this machine (4 CPU processes on gloo; on a GPU box, 4 GPUs
 Several nodes (run the same line on every node; here 2 nodes x 8 GPUs):
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
         examples/train_gpt.py --model gpt3-1.3b --cluster h100-80g --global-batch 64 --seq-len 1024
+The search sees the job as nodes x LOCAL_WORLD_SIZE devices, so TP groups (consecutive
+ranks, and torchrun numbers a node's ranks consecutively) stay inside a node; rank 0
+prints each rank's node and checks it.
 
 Rank 0 plans (the local cluster's speed is measured, so ranks could disagree) and
 broadcasts the plan; every rank builds the same model from the same seed, applies the
@@ -32,7 +35,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from executors import apply, global_batch_indices, init_distributed  # noqa: E402
-from ir.plan import ParallelPlan, load_plan, uniform_plan  # noqa: E402
+from ir.plan import ParallelPlan, layer_groups, load_plan, uniform_plan  # noqa: E402
 from ir.strategy import Checkpoint, Precision, Schedule  # noqa: E402
 from planner.models import load_layer_graph, load_model  # noqa: E402
 
@@ -44,6 +47,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=None, help="default: the model's context")
     p.add_argument("--global-batch", type=int, default=16, help="samples per optimizer step")
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--log-every", type=int, default=5, help="print the loss every N steps")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--precision", choices=[x.value for x in Precision], default=None,
@@ -107,6 +111,13 @@ def make_plan(args, graph, world: int, precision: Precision) -> ParallelPlan:
                         virtual_stages=args.virtual_stages)
 
 
+def tp_groups_within_nodes(plan: ParallelPlan, node_of_rank: list[int]) -> bool:
+    """Whether every layer's TP group runs on one node (TP traffic stays on NVLink)."""
+    return all(len({node_of_rank[r] for r in group}) == 1
+               for j in range(len(plan.layer_strategies))
+               for group in layer_groups(plan, j).tp_groups)
+
+
 def counting_data(num_samples: int, seq_len: int, vocab: int, seed: int) -> torch.Tensor:
     """(N, T + 1) token sequences start, start + stride, ... (mod vocab)."""
     gen = torch.Generator().manual_seed(seed)
@@ -131,9 +142,13 @@ def main() -> None:
     box = [make_plan(args, graph, world, precision) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)  # one plan for everyone
     plan = box[0]
+    nodes = [None] * world  # torchrun's GROUP_RANK: which launcher (node) runs each rank
+    dist.all_gather_object(nodes, int(os.environ.get("GROUP_RANK", 0)))
     if rank == 0:
         print(f"{graph.model}: {graph.num_params:,} parameters, {len(graph.layers)} layers, "
               f"{world} processes, {plan}")
+        print(f"node of each rank: {nodes}; TP groups inside one node: "
+              f"{'yes' if tp_groups_within_nodes(plan, nodes) else 'NO'}")
         for stage_index, stage in enumerate(plan.stages):
             names = [f"{graph.layers[j].name}={plan.layer_strategies[j]}"
                      for j in range(stage.first_layer, stage.last_layer + 1)]
@@ -156,8 +171,8 @@ def main() -> None:
         start = time.perf_counter()
         loss = pm.train_step({"input_ids": tokens[:, :-1]}, tokens[:, 1:])
         seconds = time.perf_counter() - start
-        if rank == 0 and (step == 1 or step % 5 == 0 or step == args.steps):
-            print(f"step {step:4d}  loss {loss:.4f}  {seconds * 1e3:7.1f} ms/step", flush=True)
+        if rank == 0 and (step == 1 or step % args.log_every == 0 or step == args.steps):
+            print(f"step {step:4d}  loss {loss:.6f}  {seconds * 1e3:7.1f} ms/step", flush=True)
     dist.destroy_process_group()
 
 

@@ -9,7 +9,10 @@
      otherwise (every stage gets the inputs as keywords: `executors.pipeline`) — with
      each micro-batch's loss weighted so that the data-parallel SUM of gradients is the
      gradient of the mean loss over the global batch (below);
-  3. sums the gradients of tied copies, steps the optimizer, zeroes the gradients;
+  3. sums the gradients of tied copies, steps the optimizer, zeroes the gradients
+     (fp16-mixed: the loss is scaled, the gradients unscaled, and a step that overflowed
+     on any rank is skipped on all: `executors.loss_scaling`; `steps` still counts it,
+     since it is the data position);
   4. returns the global-batch mean loss, the same on every rank (one all-reduce of a
      scalar, started as soon as the loss is known — before the last backward without a
      pipeline, before the optimizer step with one — so that it runs alongside them).
@@ -48,12 +51,15 @@ from torch.distributed.tensor.parallel import loss_parallel as vocab_parallel_lo
 from executors.data import shard_batch, split_microbatches
 from executors.data_parallel import set_gradient_sync
 from executors.layout import Layout
+from executors.loss_scaling import LossScaler
 from executors.mesh import Meshes
+from executors.optimizer import ShardedOptimizer
 from executors.pipeline import StageAnalysis, stage_inputs
 from executors.tensor_parallel import reduce_partial_grads
 from executors.tied import TiedGradients
 from executors.watchdog import ensure_watchdog
 from ir.plan import ParallelPlan
+from ir.strategy import Precision
 from ir.trace import model_output_tensor
 
 IGNORE_INDEX = -100  # the target value torch's cross_entropy / nll_loss skip by default
@@ -97,8 +103,34 @@ class ParallelModel:
     # seconds a rank may stop making progress before the job exits (executors.watchdog);
     # None: PLANNER_STALL_LIMIT_S or its default
     stall_limit_s: float | None = None
+    # fp16-mixed: the loss scale every rank agrees on (`executors.loss_scaling`); None
+    # for fp32 and bf16-mixed, whose exponent range needs none
+    loss_scaler: LossScaler | None = None
+    # parameter name -> `executors.shard_slices.LayoutTransform` where the executor stores a
+    # parameter's rows in another order than the model's (fused-projection TP); readers and
+    # writers of full tensors map through it (absent: identity)
+    layout_transforms: dict[str, Any] = field(default_factory=dict)
     # this step's count of the global target (None: not sharded by rows, uniform weights)
     _global_count: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.plan.precision is Precision.FP16_MIXED and self.loss_scaler is None:
+            self.loss_scaler = LossScaler()
+
+    # ------------------------------------------------------------------ weights
+
+    def load_pretrained(self, path: str):
+        """Fill the weights from a Hugging Face safetensors folder or a DCP checkpoint, each
+        rank reading only its slices (a collective; `executors.pretrained`)."""
+        from executors.pretrained import load_pretrained  # it imports this module
+        return load_pretrained(self, path)
+
+    def export_pretrained(self, directory: str, max_shard_bytes: int | None = None,
+                          dtype: torch.dtype | None = None) -> str:
+        """Write a Hugging Face safetensors folder, each rank its own tensors, nothing
+        gathered on one rank (a collective; `executors.pretrained_export`)."""
+        from executors.pretrained_export import DEFAULT_SHARD_BYTES, export_pretrained
+        return export_pretrained(self, directory, max_shard_bytes or DEFAULT_SHARD_BYTES, dtype)
 
     # ------------------------------------------------------------------ data
 
@@ -126,12 +158,22 @@ class ParallelModel:
     def _weighted_loss(self, output, target) -> torch.Tensor:
         """Micro-batch loss x count(target) / count(global batch) (module docstring); the
         pipeline schedule calls it on the last stage with each micro-batch's target."""
-        loss = self.loss_fn(model_output_tensor(output), target)
+        output = model_output_tensor(output)
+        if self.loss_scaler is not None:  # fp16: the loss in fp32 (autocast's rule), or its
+            output = output.float()       # scaled gradient overflows at the first cast back
+        loss = self.loss_fn(output, target)
         if self._global_count is None:
-            return loss / (self.output_layout.dp * self.plan.num_microbatches)
-        count = torch.as_tensor(self.loss_weight_fn(target), device=self.device)
-        # where, not a product: an all-ignored micro-batch's nan must give 0 and grad 0
-        return torch.where(count > 0, loss, 0.0) * (count / self._global_count)
+            loss = loss / (self.output_layout.dp * self.plan.num_microbatches)
+        else:
+            count = torch.as_tensor(self.loss_weight_fn(target), device=self.device)
+            # where, not a product: an all-ignored micro-batch's nan must give 0 and grad 0
+            loss = torch.where(count > 0, loss, 0.0) * (count / self._global_count)
+        return loss if self.loss_scaler is None else self.loss_scaler.scale(loss)
+
+    def _loss_value(self, loss: torch.Tensor) -> torch.Tensor:
+        """A micro-batch's weighted loss as a detached fp32 scalar, without the scale."""
+        value = _value(loss)
+        return value if self.loss_scaler is None else value / self.loss_scaler.scale_value
 
     # ------------------------------------------------------------------ step
 
@@ -167,7 +209,7 @@ class ParallelModel:
             set_gradient_sync(self.module, m == n - 1)
             output = self.module(**{k: v[m] for k, v in chunks.items()})
             loss = self._weighted_loss(output, targets[m])
-            total += _value(loss)
+            total += self._loss_value(loss)
             if reduce_early and m == n - 1:
                 pending = self._start_loss_sum(total)
             loss.backward()
@@ -188,7 +230,7 @@ class ParallelModel:
         self.schedule.step(return_outputs=False, **kwargs, **stage_inputs(inputs, rows))
         total = torch.zeros((), device=self.device)
         for loss in losses:
-            total += _value(loss)
+            total += self._loss_value(loss)
         return total
 
     def _reporting(self) -> bool:
@@ -210,7 +252,17 @@ class ParallelModel:
         local_loss, pending = self._forward_backward(inputs, target, reduce_early=True)
         value, work = pending or self._start_loss_sum(local_loss)
         self.tied.sync()
-        self.optimizer.step()
+        scaler = self.loss_scaler
+        # fp16: every rank steps, or every rank skips (an overflow anywhere)
+        if scaler is None:
+            self.optimizer.step()
+        elif scaler.unscale_and_check(self.module.parameters(), self.device):
+            if isinstance(self.optimizer, ShardedOptimizer):
+                self.optimizer.step(grad_multiplier=1.0 / scaler.scale_value)
+            else:
+                self.optimizer.step()
+        if scaler is not None:
+            scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         work.wait()

@@ -15,7 +15,6 @@ What the executor supports, beyond the plan's own invariants:
     pipeline rank reading their inputs in one layout; with example inputs, every stage
     also runs under fake tensors with the other stages stood in for
     (`pipeline.StageAnalysis`);
-  - fp32 or bf16-mixed precision (fp16 would need loss scaling);
   - every parameter belongs to some layer (or aliases one a layer holds, `executors.tied`).
 """
 
@@ -32,7 +31,6 @@ from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.legality import layout_change_problem, sequence_parallel_applies
 from ir.plan import ParallelPlan
-from ir.strategy import Precision
 
 
 def layer_layout(plan: ParallelPlan, graph: LayerGraph, j: int) -> Layout:
@@ -67,9 +65,6 @@ def _module(model: nn.Module, name: str) -> nn.Module:
 def check_plan(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, world_size: int,
                example_inputs: dict | None = None) -> ParallelDims:
     """Reject what cannot run; return the run's degrees."""
-    if plan.precision is Precision.FP16_MIXED:
-        raise PlannerError("fp16-mixed needs loss scaling, which the executor does not do; "
-                           "use bf16-mixed or fp32")
     if len(plan.layer_strategies) != len(graph.layers):
         raise PlannerError(f"the plan has {len(plan.layer_strategies)} layer strategies but "
                            f"{graph.model} has {len(graph.layers)} layers: plan for this model")

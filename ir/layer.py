@@ -12,7 +12,7 @@ scale them linearly with the micro-batch size.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import networkx as nx
 
@@ -31,21 +31,29 @@ class TPStyle(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class TPCandidate:
-    """One module a TP degree would split. `module` is relative to the layer's module."""
+    """One module a TP degree would split. `module` is relative to the layer's module.
+    `fused`: the output features of the projections a fused column-parallel module packs
+    side by side, in the model's order ((q, k, v) or (gate, up)); () for a plain one.
+    Each part is split t ways and rank r holds its r-th piece of every part
+    (`executors.fused`)."""
 
     module: str
     style: TPStyle
     params: int
+    fused: tuple[int, ...] = ()
 
     def __str__(self) -> str:
-        return f"{self.module}:{self.style}"
+        parts = f"[{'|'.join(map(str, self.fused))}]" if self.fused else ""
+        return f"{self.module}:{self.style}{parts}"
 
 
 @dataclass(frozen=True, slots=True)
-class Layer:
-    """One schedulable unit: a repeated block, an embedding, a final norm, a head.
+class LayerMeasurement:
+    """What one forward + backward of a layer measures (one micro-batch, on meta tensors:
+    `ir.graph_measurer`). A new figure is one field here, set where it is measured; a
+    `Layer` reads it under the same name (`layer.flops_fwd`).
 
-    Activation figures (bytes, one micro-batch, measured under meta tensors):
+    Saved-activation bytes:
       saved_activation_bytes   all tensors autograd keeps for backward (deduplicated by
                                storage, parameters excluded): the "no parallelism" figure.
       saved_tp_sharded_bytes   the part Megatron TP splits t ways (tensors saved between a
@@ -55,7 +63,39 @@ class Layer:
                                recomputation drops it.
       saved_dropout_mask_bytes the part that is dropout masks, as measured (CPU/meta keep
                                them in the activation dtype; CUDA's fused dropout keeps
-                               1 byte per element: see `saved_bytes_on`).
+                               1 byte per element: see `Layer.saved_bytes_on`).
+    """
+
+    flops_fwd: int = 0
+    flops_bwd: int = 0
+    saved_activation_bytes: int = 0
+    saved_tp_sharded_bytes: int = 0
+    saved_attention_bytes: int = 0
+    saved_dropout_mask_bytes: int = 0
+    # Saved tensors that are the layer's own inputs / outputs: a boundary tensor saved by
+    # both neighbours (a ReLU output the next conv saves as input) is held once.
+    saved_input_bytes: int = 0
+    saved_output_bytes: int = 0
+    # ATen ops one forward / backward dispatches (views included): host overhead scales
+    # with them, and on small layers it is most of the time.
+    ops_fwd: int = 0
+    ops_bwd: int = 0
+    # Elements one forward draws at random (dropout masks), and the part drawn where TP
+    # shards the activations (between a column- and a row-parallel module).
+    random_elements_fwd: int = 0
+    random_tp_sharded_elements_fwd: int = 0
+
+
+MEASURED_FIGURES = frozenset(f.name for f in fields(LayerMeasurement))
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """One schedulable unit: a repeated block, an embedding, a final norm, a head.
+
+    Its FLOPs, saved-activation bytes, op counts and random draws are one
+    `LayerMeasurement` (`measured`), readable as the layer's own attributes
+    (`layer.saved_activation_bytes`). Boundary figures (bytes, one micro-batch):
       input_bytes              tensors entering the layer (what full checkpointing keeps).
       output_bytes             tensors leaving the layer (the pipeline boundary).
     """
@@ -66,31 +106,14 @@ class Layer:
     params: int  # parameters first used by this layer (tied weights counted once: tied_params)
     param_bytes: int
     tp_params: int  # parameters that tensor parallelism divides
-    flops_fwd: int
-    flops_bwd: int
-    saved_activation_bytes: int
-    saved_tp_sharded_bytes: int
-    saved_attention_bytes: int
-    saved_dropout_mask_bytes: int
     input_bytes: int
     output_bytes: int
     structural_hash: str  # identical blocks share it and are measured once
+    measured: LayerMeasurement
     param_names: tuple[str, ...] = ()  # fully qualified parameter names owned by this layer
     tp_candidates: tuple[TPCandidate, ...] = ()
     tp_divisors: tuple[tuple[str, int], ...] = ()  # ("heads", 96): a TP degree must divide each
-    # Saved tensors that are the layer's own inputs / outputs: a boundary tensor saved by
-    # both neighbours (a ReLU output the next conv saves as input) is held once.
-    saved_input_bytes: int = 0
-    saved_output_bytes: int = 0
     max_param_numel: int = 0  # largest parameter it holds, tied copies included (optimizer temporaries)
-    # ATen ops one forward / backward dispatches (views included): host overhead scales
-    # with them, and on small layers it is most of the time.
-    ops_fwd: int = 0
-    ops_bwd: int = 0
-    # Elements one forward draws at random (dropout masks), and the part drawn where TP
-    # shards the activations (between a column- and a row-parallel module).
-    random_elements_fwd: int = 0
-    random_tp_sharded_elements_fwd: int = 0
     # Weights this layer shares with an earlier layer (a tied embedding / LM head): counted
     # in that layer's `params`, but the executor gives this layer its own copy
     # (`executors.tied.untie`), with its own gradient and optimizer state. Names are this
@@ -104,6 +127,12 @@ class Layer:
     # data-parallel degree changes), and sequence parallelism can run it.
     chain_input: bool = True
     sequence_parallel_ok: bool = False
+
+    def __getattr__(self, name: str):
+        # Reached only when no field matches: a measured figure reads as the layer's own.
+        if name in MEASURED_FIGURES:
+            return getattr(self.measured, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __str__(self) -> str:
         return f"{self.name}({self.kind})"

@@ -9,10 +9,11 @@ import os
 import pytest
 
 from cost_models.clusters import get_cluster, preset_names
-from cost_models.profile_cluster import (BLOCKING_PROBE_BYTES, OP_OVERHEAD_WIDTH_TP,
-                                         _smaller_group_sizes, blocking_wait,
-                                         dp_probe_traffic_s, dp_unit_overhead, fit_alpha_beta,
-                                         message_sizes, tp_module_overhead)
+from cost_models.collective_fit import fit_alpha_beta, message_sizes, smaller_group_sizes
+from cost_models.collective_probes import BLOCKING_PROBE_BYTES
+from cost_models.host_overhead_fit import (blocking_wait, dp_probe_traffic_s, dp_unit_overhead,
+                                           tp_module_overhead)
+from cost_models.host_probes import OP_OVERHEAD_WIDTH_TP
 from cost_models.comm import Link, all_gather_s, broadcast_s, send_recv_s
 from ir.cluster import COLLECTIVES, ClusterSpec, CollectiveFit
 from ir.errors import PlannerError
@@ -118,8 +119,8 @@ def test_alpha_beta_fit_recovers_a_known_line():
 
 
 def test_probe_group_sizes_are_the_powers_of_two_below_the_node():
-    assert _smaller_group_sizes(2) == [] and _smaller_group_sizes(8) == [2, 4]
-    assert _smaller_group_sizes(6) == [2]
+    assert smaller_group_sizes(2) == [] and smaller_group_sizes(8) == [2, 4]
+    assert smaller_group_sizes(6) == [2]
 
 
 def test_dp_unit_figures_split_per_unit_and_per_tensor():

@@ -185,8 +185,9 @@ CASES = [
 
 
 def _optimizer_params(pm) -> list:
-    inner = pm.optimizer.inner if hasattr(pm.optimizer, "inner") else pm.optimizer
-    return [p for group in inner.param_groups for p in group["params"]]
+    if hasattr(pm.optimizer, "optimized_params"):  # ZeRO-1 steps on pieces of these
+        return pm.optimizer.optimized_params()
+    return [p for group in pm.optimizer.param_groups for p in group["params"]]
 
 
 def _apply(spec: str, plan: ParallelPlan, graph: LayerGraph, dtype: torch.dtype):
@@ -362,7 +363,7 @@ def test_memory_model_holds_the_shared_embedding_as_the_executor_does(spec: str)
     predicted (the alias shared.weight adds nothing) within MEMORY_RTOL of real steps."""
     from cost_models.clusters import get_cluster
     from cost_models.memory import plan_memory
-    from planner.validate import measure_one_process
+    from planner.trial.rank import measure_one_process
 
     batch = 4
     graph = load_layer_graph(spec, micro_batch=batch, seq_len=SEQ_LEN, dtype=torch.float32)

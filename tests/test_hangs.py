@@ -161,20 +161,21 @@ def sleeping_factory(micro_batch=1, seq_len=None, device="meta"):
     time.sleep(3600)
 
 
-def _rank_payload() -> dict:
+def _rank_payload():
     from ir.plan import PlanDocument, plan_to_json
     from ir.strategy import Precision
+    from planner.trial.records import RankPayload
 
     plan = uniform_plan(2, dp=2, micro_batch=1, global_batch=2, precision=Precision.FP32)
     doc = PlanDocument(plan, "sleeper", "0" * 16, ("a", "b"), {})
-    return {"plan_json": plan_to_json(doc), "plan_path": "<test>",
-            "model": "tests.test_hangs:sleeping_factory", "seq_len": None, "graph": None,
-            "batches": [], "memory_steps": 1, "steps": 1, "backend": "gloo",
-            "zero_dropout": False, "check_steps": 0, "threads": 1, "memory_detail": 0}
+    return RankPayload(plan_json=plan_to_json(doc), plan_path="<test>",
+                       model="tests.test_hangs:sleeping_factory", seq_len=None, graph=None,
+                       batches=[], memory_steps=1, steps=1, backend="gloo", check_steps=0,
+                       threads=1)
 
 
 def test_spawn_ranks_timeout_reaps_every_rank():
-    from planner.validate import spawn_ranks
+    from planner.trial.spawn import spawn_ranks
 
     before = children(os.getpid())
     with pytest.raises(PlannerError, match="validation ran past"):
@@ -190,7 +191,7 @@ def test_spawned_ranks_die_with_their_parent(tmp_path):
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {ROOT!r})
         from tests.test_hangs import _rank_payload
-        from planner.validate import spawn_ranks
+        from planner.trial.spawn import spawn_ranks
         spawn_ranks(_rank_payload(), 2)
     """)
     env = {**os.environ, "PLANNER_TEST_MARKERS": str(tmp_path), "OMP_NUM_THREADS": "1",

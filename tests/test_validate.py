@@ -24,7 +24,9 @@ from ir.errors import PlannerError
 from ir.plan import load_plan
 from planner.cli import main
 from planner.models import is_factory_spec
-from planner.validate import calibrate, losses_match, plan_graph, write_calibrated
+from planner.trial.calibrate import calibrate, write_calibrated
+from planner.trial.predict import plan_graph
+from planner.trial.reference import losses_match
 
 MEMORY_TARGET = 0.05
 
@@ -107,7 +109,7 @@ def test_losses_match_is_relative():
 
 def test_validate_refuses_a_local_cluster_of_the_wrong_size(plan_file):
     with pytest.raises(PlannerError, match="needs 2 processes but --nproc is 1"):
-        from planner.validate import validate_plan
+        from planner.trial.run import validate_plan
 
         validate_plan(str(plan_file), 1)
     assert get_cluster("local", gpus_per_node=2).world_size == 2

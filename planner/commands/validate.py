@@ -41,7 +41,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from planner.validate import validate_plan, write_calibrated
+    from planner.trial.calibrate import write_calibrated
+    from planner.trial.run import validate_plan
 
     if args.calibrate and not args.out:
         raise PlannerError("--calibrate needs --out SPEC.json (where the calibrated spec goes)")

@@ -1,0 +1,153 @@
+"""Timing collectives on this rank, inside a process group `profile-cluster` spawned.
+
+`sweep` times all-reduce, all-gather, reduce-scatter, all-to-all, broadcast and (over
+the whole world) send/recv at every message size: each figure is the median over
+BURSTS bursts of a burst's mean, since training issues collectives back to back. The
+whole world runs one sweep, then every group of a smaller size runs its own at once
+(TP and DP groups inside a node). `blocking_seconds` times one blocking call of each
+when every process computes between calls: the wait for peers that are late or off
+their core. `cost_models.collective_fit` and `cost_models.host_overhead_fit` turn the
+readings into spec figures.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cost_models.collective_fit import FLOAT_BYTES, KiB, MiB
+
+WARMUP = 1  # first call of a size pays for buffer allocation and connection setup
+# A collective is timed as the mean of a burst of back-to-back calls, as training issues
+# them: on CPU processes a call waits for its peers' scheduling and has a long tail, so a
+# lone call right after a barrier measured 1/3-1/2 of the in-training time (gloo, 2 cores).
+BURST_CALLS = 10
+BURST_BYTES = 4 * MiB  # fewer calls for large messages: one burst moves at most this
+BURSTS = 5  # the median burst
+
+
+def _collective_calls(dist, group, n: int, nbytes: int, device
+                      ) -> tuple[dict[str, Callable[[], object]], Any]:
+    """One call of each group collective on a message of ~`nbytes` over `group` (None:
+    the whole world), and the full-size tensor they share."""
+    import torch
+
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    root = 0 if group is None else dist.get_global_rank(group, 0)  # the broadcast's source
+    numel = max(n, nbytes // FLOAT_BYTES) // n * n  # divisible by n
+    full = torch.ones(numel, device=device)
+    shard = torch.ones(numel // n, device=device)
+    out = torch.empty(numel, device=device)
+    return {
+        "all_reduce": lambda: dist.all_reduce(full, group=group),
+        "all_gather": lambda: all_gather(out, shard, group=group),
+        "reduce_scatter": lambda: reduce_scatter(shard, full, group=group),
+        "all_to_all": lambda: dist.all_to_all_single(out, full, group=group),
+        "broadcast": lambda: dist.broadcast(full, src=root, group=group),
+    }, full
+
+
+def sweep(dist, rank: int, n: int, group, sizes: list[int], device,
+           sync) -> dict[str, list[float]]:
+    """Seconds per call of each collective per message size over `group` (None: the whole
+    world; else this rank's group of `n`, every group running at once): the median over
+    BURSTS bursts of the burst's mean."""
+    results: dict[str, list[float]] = {}
+    for size in sizes:
+        ops, full = _collective_calls(dist, group, n, size, device)
+        if group is None:  # point-to-point does not depend on the group size
+            ops["send_recv"] = lambda: ping_pong(dist, rank, full)
+        calls = max(1, min(BURST_CALLS, BURST_BYTES // size))
+        for name, op in ops.items():
+            for _ in range(WARMUP):
+                op()
+            times = []
+            for _ in range(BURSTS):
+                dist.barrier()
+                sync()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    op()
+                sync()
+                elapsed = (time.perf_counter() - start) / calls
+                times.append(elapsed / 2 if name == "send_recv" else elapsed)
+            results.setdefault(name, []).append(statistics.median(times))
+        del ops, full
+    return results
+
+
+# The blocking-wait probe: every process computes BLOCKING_PROBE_COMPUTE_S (wall time,
+# all processes busy, about the gap between a TP layer's collectives on CPU) and then
+# makes one call of BLOCKING_PROBE_BYTES; the call's cost is the loop's time per
+# iteration less that of the same loop without calls, the median of BLOCKING_PROBE_ROUNDS
+# alternating pairs (one pair read 1.1-3.6 ms for a 2-rank all-reduce on 4 processes).
+BLOCKING_PROBE_BYTES = 32 * KiB
+BLOCKING_PROBE_COMPUTE_S = 2e-3
+BLOCKING_PROBE_CALLS = 16  # calls per timed loop
+BLOCKING_PROBE_ROUNDS = 7
+BLOCKING_PROBE_MATMUL = 64  # edge of the square matmul the compute repeats
+
+
+def blocking_seconds(dist, rank: int, group) -> dict[str, float]:
+    """Seconds per blocking call of each collective over `group` (None: the whole world,
+    plus send/recv between rank pairs 2k, 2k+1) when every process computes between
+    calls: wire time and the wait for peers that are late or off their core."""
+    import torch
+
+    from cost_models.clusters import _one_thread
+
+    n = dist.get_world_size(group)
+    ops, full = _collective_calls(dist, group, n, BLOCKING_PROBE_BYTES, torch.device("cpu"))
+    del ops["all_to_all"]  # nothing the model prices blocks on one
+    world = dist.get_world_size()
+    if group is None and world % 2 == 0:  # pipeline neighbours: a pair exchanges a message
+        ops["send_recv"] = lambda: exchange(dist, rank, full)
+    a = torch.randn(BLOCKING_PROBE_MATMUL, BLOCKING_PROBE_MATMUL)
+
+    def compute(reps: int) -> None:
+        for _ in range(reps):
+            torch.mm(a, a)
+
+    def loop(reps: int, op) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(BLOCKING_PROBE_CALLS):
+            compute(reps)
+            if op is not None:
+                op()
+        return (time.perf_counter() - start) / BLOCKING_PROBE_CALLS
+
+    with _one_thread():
+        compute(BLOCKING_PROBE_CALLS)  # warm-up
+        reps = 200
+        per_rep = torch.tensor([loop(reps, None) / reps])  # every process busy at once
+        dist.all_reduce(per_rep)
+        reps = max(1, round(BLOCKING_PROBE_COMPUTE_S / (per_rep.item() / world)))
+        seconds = {}
+        for name, op in ops.items():
+            op()
+            added = [-loop(reps, None) + loop(reps, op) for _ in range(BLOCKING_PROBE_ROUNDS)]
+            seconds[name] = max(statistics.median(added), 0.0)
+            if name == "send_recv":
+                seconds[name] /= 2  # two one-way messages per call
+    return seconds
+
+
+def exchange(dist, rank: int, tensor) -> None:
+    """Ranks 2k and 2k+1 swap a message: even sends first, odd receives first."""
+    peer = rank + 1 if rank % 2 == 0 else rank - 1
+    if rank % 2 == 0:
+        dist.send(tensor, peer)
+        dist.recv(tensor, peer)
+    else:
+        dist.recv(tensor, peer)
+        dist.send(tensor, peer)
+
+
+def ping_pong(dist, rank: int, tensor) -> None:
+    """Rank 0 sends to rank 1 and gets it back: twice the one-way time."""
+    if rank < 2:
+        exchange(dist, rank, tensor)

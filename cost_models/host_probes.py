@@ -1,0 +1,183 @@
+"""Timing what the framework adds on the host, inside a process group `profile-cluster`
+spawned (CPU processes: each figure holds the ranks' sharing of the cores).
+
+  dtensor_op_overhead_s     extra seconds per op on replicated DTensors (rank 0 alone);
+  optimizer_tensor_seconds  seconds per parameter tensor of an optimizer step + zero_grad;
+  dp_unit_seconds           seconds a data-parallel unit (DDP-style replicate, FSDP2)
+                            adds per forward+backward, by mode and tensor count;
+  tp_module_seconds         seconds a tensor-parallel module adds per forward+backward.
+Each is timed against the same work without the feature, the two alternating, so a
+slow spell of a shared machine hits both. `cost_models.host_overhead_fit` takes out what
+the comm model already prices.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+OP_OVERHEAD_WIDTH_TP = 8  # TP measurement width per rank (the width must split evenly)
+
+
+def dtensor_op_overhead_s(device, mesh) -> float:
+    """Extra seconds per op on replicated DTensors over plain tensors: the same tiny
+    block, once plain and once with DTensor parameters and input (no communication)."""
+    import torch
+    from torch.distributed.tensor import DTensor, Replicate
+
+    from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block, \
+        seconds_per_op
+
+    def replicated(t):  # from_local: no broadcast, so rank 0 can run alone
+        return DTensor.from_local(t, mesh, [Replicate()], run_check=False)
+
+    with _one_thread():
+        x = torch.randn(2, OP_OVERHEAD_WIDTH, device=device)
+        plain = seconds_per_op(_overhead_block().to(device), x)
+        block = _overhead_block().to(device)
+        for module in block.modules():
+            for name, param in list(module.named_parameters(recurse=False)):
+                setattr(module, name, torch.nn.Parameter(replicated(param.detach())))
+        on_dtensors = seconds_per_op(block, replicated(x))
+    return max(on_dtensors - plain, 0.0)
+
+
+# Optimizer steps timed: OPTIMIZER_PROBE_TENSORS tensors small enough that the host's
+# per-tensor work dominates (the bytes streamed are priced apart), sharded on DTensors
+# by rows as FSDP2 shards them (the row count divides every group size up to 16).
+OPTIMIZER_PROBE_TENSORS = 32
+OPTIMIZER_PROBE_SHAPE = (16, 16)
+OPTIMIZER_PROBE_STEPS = 12  # after OPTIMIZER_PROBE_WARMUP steps (state allocation); the median
+OPTIMIZER_PROBE_WARMUP = 3
+
+
+def optimizer_tensor_seconds(mesh) -> dict[str, float]:
+    """Host seconds per parameter tensor of one optimizer step + zero_grad, for every
+    optimizer a plan names, on plain tensors ("adamw") and on row-sharded DTensors
+    ("adamw@dtensor"), all ranks stepping together (their sharing of the cores
+    included). The executor's optimizers run torch's per-tensor loop on DTensors."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from ir.plan import OPTIMIZERS
+    from cost_models.clusters import _one_thread
+
+    def timed_step(optimizer, params) -> float:
+        for p in params:
+            p.grad = torch.ones_like(p)
+        dist.barrier()
+        start = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    out = {}
+    with _one_thread():
+        for name, (cls, kwargs) in OPTIMIZERS.items():
+            for on_dtensors in (False, True):
+                params = []
+                for _ in range(OPTIMIZER_PROBE_TENSORS):
+                    t = torch.randn(OPTIMIZER_PROBE_SHAPE)
+                    if on_dtensors:
+                        t = distribute_tensor(t, mesh, [Shard(0)])
+                    params.append(torch.nn.Parameter(t))
+                optimizer = cls(params, **kwargs)
+                times = [timed_step(optimizer, params) for _ in range(
+                    OPTIMIZER_PROBE_WARMUP + OPTIMIZER_PROBE_STEPS)][OPTIMIZER_PROBE_WARMUP:]
+                key = f"{name}@dtensor" if on_dtensors else name
+                out[key] = statistics.median(times) / OPTIMIZER_PROBE_TENSORS
+    return out
+
+
+# Data-parallel units timed: a stack of DP_UNITS units of DP_UNIT_BLOCKS tiny blocks each.
+DP_UNITS = 8
+DP_UNIT_BLOCKS = (1, 4)  # probe blocks per unit: units of 6 and 24 parameter tensors
+DP_UNIT_STEPS = 20  # after DP_UNIT_WARMUP steps; the median
+DP_UNIT_WARMUP = 3
+OP_OVERHEAD_WIDTH_TP = 8  # TP measurement width per rank (the width must split evenly)
+
+
+def dp_unit_seconds(mesh) -> dict[str, dict[int, float]]:
+    """Seconds per unit per forward+backward that wrapping adds over the plain stack, by
+    mode and by the unit's parameter tensor count (units of DP_UNIT_BLOCKS probe blocks),
+    all ranks running together (collectives included)."""
+    import torch
+    from torch import nn
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed.fsdp import fully_shard
+
+    from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
+
+    def wrap(mode: str, blocks: int) -> nn.Module:
+        stack = nn.Sequential(*[nn.Sequential(*[_overhead_block() for _ in range(blocks)])
+                                for _ in range(DP_UNITS)])
+        if mode == "plain":
+            return stack
+        for unit in [*stack, stack]:  # each unit, then the root (as the executor does)
+            if mode == "replicate":
+                replicate(unit, mesh=mesh)
+            else:
+                fully_shard(unit, mesh=mesh, reshard_after_forward=mode == "zero3")
+        return stack
+
+    x = torch.randn(2, OP_OVERHEAD_WIDTH)
+    out: dict[str, dict[int, float]] = {}
+    with _one_thread():
+        for blocks in DP_UNIT_BLOCKS:
+            plain = wrap("plain", blocks)
+            tensors = len(list(plain[0].parameters()))
+            for mode in ("replicate", "zero2", "zero3"):
+                added = _added_step_s(plain, wrap(mode, blocks), x)
+                out.setdefault(mode, {})[tensors] = max(added, 0.0) / DP_UNITS
+    return out
+
+
+def _added_step_s(plain, wrapped, x) -> float:
+    """Median over steps of how much longer `wrapped(x).sum().backward()` takes than the
+    same on `plain`, the two run alternately (a slow spell of a shared machine hits both
+    halves of a pair) with every rank starting each run together."""
+    import torch.distributed as dist
+
+    def timed(model) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        model(x).sum().backward()
+        return time.perf_counter() - start
+
+    added = []
+    for step in range(DP_UNIT_WARMUP + DP_UNIT_STEPS):
+        pair = timed(wrapped) - timed(plain)
+        if step >= DP_UNIT_WARMUP:
+            added.append(pair)
+    return statistics.median(added)
+
+
+TP_BLOCKS = 4  # column-parallel + row-parallel pairs in the TP measurement
+
+
+def tp_module_seconds(mesh) -> float:
+    """Seconds per tensor-parallel module per forward+backward that sharding adds over
+    the plain stack: DTensor dispatch, re-layouts and the module's collective waits, all
+    ranks running together as one TP group."""
+    import torch
+    from torch import nn
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    from cost_models.clusters import _one_thread
+
+    width = OP_OVERHEAD_WIDTH_TP * mesh.size()
+
+    def stack(parallel: bool) -> nn.Module:
+        blocks = nn.Sequential(*[nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                               nn.Linear(4 * width, width))
+                                 for _ in range(TP_BLOCKS)])
+        if parallel:
+            for block in blocks:
+                parallelize_module(block, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        return blocks
+
+    x = torch.randn(2, width)
+    with _one_thread():
+        return max(_added_step_s(stack(False), stack(True), x), 0.0) / (2 * TP_BLOCKS)

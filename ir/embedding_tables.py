@@ -1,0 +1,154 @@
+"""Embedding tables and where their rows live: the one vocabulary the table planner
+(`planner`), its cost model (`cost_models`) and the sharded-embedding executor
+(`executors`) share.
+
+A recommendation model's tables are placed table by table (TorchRec's sharding types;
+the parameter server's key-range and consistent-hash partitions):
+
+    REPLICATED      every rank holds the whole table (data parallel; small tables)
+    TABLE_WISE      one rank holds the whole table
+    ROW_RANGE       rows split into contiguous key ranges, one per rank (range partitioning)
+    ROW_HASH        rows assigned by consistent hashing: adding a rank moves ~1/N of rows
+    COLUMN_WISE     the embedding dimension split into column blocks, one per rank
+    TABLE_ROW_WISE  ROW_RANGE over the ranks of one node (lookups stay on the node's links)
+
+`TablePlacement` says which sharding a table gets and which ranks hold its shards, in
+shard order; `row_shard_bounds`, `column_shard_bounds` and `HashRing` are the one
+definition of which rows / columns / ids each shard holds.
+
+    >>> p = TablePlacement("tables.3", TableSharding.ROW_RANGE, ranks=(0, 1, 2))
+    >>> row_shard_bounds(10, len(p.ranks))
+    ((0, 4), (4, 7), (7, 10))
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from ir.errors import PlannerError
+
+
+class TableSharding(str, enum.Enum):
+    REPLICATED = "replicated"
+    TABLE_WISE = "table_wise"
+    ROW_RANGE = "row_range"
+    ROW_HASH = "row_hash"
+    COLUMN_WISE = "column_wise"
+    TABLE_ROW_WISE = "table_row_wise"
+
+    @property
+    def splits_rows(self) -> bool:
+        return self in (TableSharding.ROW_RANGE, TableSharding.ROW_HASH,
+                        TableSharding.TABLE_ROW_WISE)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingTable:
+    """One table as the IR sees it. `ids_per_sample`: lookups one sample makes (multi-hot
+    bag size); `hot_row_fraction`: the share of lookups that hit the most frequent 1% of
+    rows, measured from a sample of the user's ids (None: not measured, assume uniform)."""
+
+    name: str  # the module's qualified name in the model
+    rows: int
+    dim: int
+    dtype_bytes: int
+    pooling: str | None  # "sum" / "mean" / "max" for EmbeddingBag, None for Embedding
+    ids_per_sample: int
+    hot_row_fraction: float | None = None
+
+    @property
+    def param_bytes(self) -> int:
+        return self.rows * self.dim * self.dtype_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TablePlacement:
+    table: str  # EmbeddingTable.name
+    sharding: TableSharding
+    ranks: tuple[int, ...]  # shard holders in shard order (every rank for REPLICATED)
+
+    def __post_init__(self) -> None:
+        if not self.ranks or len(set(self.ranks)) != len(self.ranks):
+            raise PlannerError(f"table {self.table}: its ranks {list(self.ranks)} must be "
+                               "distinct and at least one")
+        if self.sharding is TableSharding.TABLE_WISE and len(self.ranks) != 1:
+            raise PlannerError(f"table {self.table}: table_wise puts it on one rank, got "
+                               f"{list(self.ranks)}")
+
+
+def _even_bounds(size: int, parts: int) -> tuple[tuple[int, int], ...]:
+    """`size` split into `parts` contiguous pieces, the first `size % parts` one larger."""
+    base, extra = divmod(size, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        stop = start + base + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return tuple(bounds)
+
+
+def row_shard_bounds(rows: int, num_shards: int) -> tuple[tuple[int, int], ...]:
+    """[start, stop) rows of each shard of a ROW_RANGE / TABLE_ROW_WISE table."""
+    return _even_bounds(rows, num_shards)
+
+
+def column_shard_bounds(dim: int, num_shards: int) -> tuple[tuple[int, int], ...]:
+    """[start, stop) columns of each shard of a COLUMN_WISE table."""
+    if num_shards > dim:
+        raise PlannerError(f"a column-wise table of dimension {dim} cannot split over "
+                           f"{num_shards} ranks")
+    return _even_bounds(dim, num_shards)
+
+
+# Points per shard on the hash ring: with V virtual nodes a shard's share of the rows
+# deviates by ~1/sqrt(V) (Karger et al. 1997, consistent hashing); 64 gives ~12%.
+HASH_RING_POINTS_PER_SHARD = 64
+
+# splitmix64's constants (Steele, Lea, Flood 2014), as signed int64 for torch's wrapping
+# int64 arithmetic: a bijective mixer, so distinct ids get distinct ring positions.
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MIX2 = 0x94D049BB133111EB - (1 << 64)
+
+
+def mix64(values: torch.Tensor, salt: int) -> torch.Tensor:
+    """splitmix64 of int64 `values` xor `salt`, elementwise (torch int64 wraps)."""
+    z = (values.to(torch.int64) ^ salt) + _GOLDEN
+    z = (z ^ (z >> 30)) * _MIX1
+    z = (z ^ (z >> 27)) * _MIX2
+    return z ^ (z >> 31)
+
+
+def _salt(table: str) -> int:
+    return int.from_bytes(hashlib.blake2b(table.encode(), digest_size=7).digest(), "big")
+
+
+@dataclass(frozen=True)
+class HashRing:
+    """The consistent-hash ring of one ROW_HASH table over `num_shards` shards: each
+    shard owns HASH_RING_POINTS_PER_SHARD points; a row belongs to the shard of the first
+    point at or after its own hash. With one more shard only the rows landing just before
+    the new shard's points move (~1/(N+1) of them)."""
+
+    points: torch.Tensor  # (num_shards * points,) sorted int64 ring positions
+    shards: torch.Tensor  # (same,) the shard index owning each position
+
+    @classmethod
+    def build(cls, table: str, num_shards: int) -> HashRing:
+        salt = _salt(table)
+        keys = torch.arange(num_shards * HASH_RING_POINTS_PER_SHARD, dtype=torch.int64)
+        positions = mix64(keys, salt ^ 0x5EED)  # ring points: a different stream than rows
+        order = torch.argsort(positions)
+        return cls(positions[order], (keys // HASH_RING_POINTS_PER_SHARD)[order])
+
+    def owner(self, rows: torch.Tensor, table: str) -> torch.Tensor:
+        """The shard index of every id in `rows` (any shape, int64)."""
+        i = torch.searchsorted(self.points, mix64(rows, _salt(table)))
+        return self.shards[i % len(self.points)]

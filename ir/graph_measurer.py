@@ -1,0 +1,296 @@
+"""Measuring the layers of a traced graph, one forward + backward each.
+
+    >>> measurer = GraphMeasurer(traced, inputs, target, torch.float32)
+    >>> measurer.measure_layer(3, colwise, rowwise)   # LayerMeasurement(flops_fwd=..., ...)
+
+`GraphMeasurer` groups the graph's nodes into layers (`ir.layers`), works out each
+layer's boundary (values from outside, values used outside) and runs the whole graph
+once on meta tensors for every node's value (shapes). `measure_layer` then runs one
+layer on fresh stand-ins for its inputs (`ir.stand_in`), forward and backward, with
+  - `FlopCounterMode` around forward and around backward,
+  - `OpCounter` around each (`ir.op_count`),
+  - `saved_tensors_hooks` recording every tensor autograd keeps (`ir.saved_tensors`).
+`start_run`, `run_forward` and `grad_roots` are the same run without instrumentation,
+for timing on a device (`cost_models.layer_profile`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from ir.layer import LayerMeasurement, TPStyle
+from ir.layers import LayerNodes, group_nodes, node_module_path
+from ir.op_count import OpCounter
+from ir.saved_tensors import SavedTensorLog, TPRegion, storage_key, tensor_leaves
+from ir.stand_in import (StateRunner, TensorFactory, fresh, is_float, make_state,
+                         meta_factory)
+from ir.trace import TARGET_INPUT, Traced
+
+
+@dataclass
+class _LayerInfo:
+    nodes: LayerNodes
+    inputs: list[fx.Node]  # values from outside the layer (placeholders included)
+    outputs: list[fx.Node]  # values used outside the layer
+    module_paths: dict[fx.Node, str | None]
+
+
+class GraphMeasurer:
+    """Holds a traced graph, its layer grouping and forward values; measures layers."""
+
+    def __init__(self, traced: Traced, inputs: dict[str, torch.Tensor], target, dtype):
+        self.traced = traced
+        self.dtype = dtype
+        self.layers = group_nodes(traced.graph_module, traced.root, traced.module_prefix)
+        self.user_values = self._user_values(inputs, target, meta=True)
+        self.state, self.aliases = make_state(traced, dtype, meta_factory)
+        gm = traced.graph_module
+        self.owner: dict[fx.Node, int] = {}
+        for i, layer in enumerate(self.layers):
+            for n in layer.nodes:
+                self.owner[n] = i
+        self.infos: list[_LayerInfo] = []
+        for i, layer in enumerate(self.layers):
+            members = set(layer.nodes)
+            ins, outs = [], []
+            for n in layer.nodes:
+                for a in n.all_input_nodes:
+                    if a not in members and a not in ins and not self._is_state(a):
+                        ins.append(a)
+                if any(u not in members for u in n.users):
+                    outs.append(n)
+            paths = {n: node_module_path(n, traced.module_prefix) for n in layer.nodes}
+            self.infos.append(_LayerInfo(layer, ins, outs, paths))
+        # Forward values (shapes) of every node: one pass over the whole graph, on meta.
+        self.values: dict[fx.Node, object] = {}
+        runner = self._runner(self.state)
+        runner.env = self._placeholder_env(self.state, self.user_values)
+        with torch.no_grad():
+            for n in gm.graph.nodes:
+                if n.op in ("placeholder", "output"):
+                    continue
+                runner.env[n] = runner.run_node(n)
+        self.values = runner.env
+
+    # -- helpers
+    def _is_state(self, node: fx.Node) -> bool:
+        return node.op == "placeholder" and node.name in self.traced.state_names
+
+    def target_placeholder(self) -> fx.Node | None:
+        """The loss target's placeholder (user placeholders follow `user_values`' order)."""
+        if TARGET_INPUT not in self.user_values:
+            return None
+        user = [n for n in self.traced.graph_module.graph.nodes
+                if n.op == "placeholder" and not self._is_state(n)]
+        return user[list(self.user_values).index(TARGET_INPUT)]
+
+    def _user_values(self, inputs, target, meta: bool):
+        values = {}
+        for name, t in inputs.items():
+            dtype = self.dtype if is_float(t.dtype) else t.dtype
+            values[name] = t.detach().to(device="meta" if meta else t.device, dtype=dtype)
+        if target is not None:
+            values[TARGET_INPUT] = target.detach().to(device="meta") if meta else target
+        return values
+
+    def _runner(self, state) -> StateRunner:
+        return StateRunner(self.traced, state, self.aliases)
+
+    def _placeholder_env(self, state, user_values) -> dict:
+        env = {}
+        placeholders = [n for n in self.traced.graph_module.graph.nodes if n.op == "placeholder"]
+        user = [n for n in placeholders if not self._is_state(n)]
+        names = list(user_values)
+        for n in placeholders:
+            if self._is_state(n):
+                fqn = self.traced.state_names[n.name]
+                fqn = self.aliases.get(fqn, fqn)
+                if fqn in state:  # a partial state holds only one layer's tensors
+                    env[n] = state[fqn]
+        for i, n in enumerate(user):
+            if self.traced.method == "fx":
+                key = n.target
+                if key in user_values:
+                    env[n] = user_values[key]
+                elif n.args:
+                    env[n] = n.args[0]  # a defaulted forward() argument
+            else:
+                env[n] = user_values[names[i]]
+        return env
+
+    def state_params_used(self, index: int) -> list[str]:
+        """Canonical FQNs of parameters the layer's nodes read, in first-use order."""
+        return [n for n in self.state_used(index) if n in self.aliases]
+
+    def state_used(self, index: int) -> list[str]:
+        """FQNs of parameters (canonical) and buffers the layer's nodes read."""
+        info = self.infos[index]
+        root = self.traced.root
+        names: list[str] = []
+        for n in info.nodes.nodes:
+            found: list[str] = []
+            if n.op == "call_module":
+                module = self.traced.submodule(n.target)
+                prefix = f"{n.target}." if n.target else ""
+                found = [prefix + k for k, _ in module.named_parameters(remove_duplicate=False)]
+                found += [prefix + k for k, _ in module.named_buffers(remove_duplicate=False)]
+            elif n.op == "get_attr":
+                found = [str(n.target)]
+            for a in n.all_input_nodes:
+                if self._is_state(a):
+                    found.append(self.traced.state_names[a.name])
+            for f in found:
+                c = self.aliases.get(f, f)
+                if c not in names:
+                    names.append(c)
+        return names
+
+    def structural_hash(self, index: int) -> str:
+        info = self.infos[index]
+        prefix = info.nodes.name + "."
+        local = {n: i for i, n in enumerate(info.nodes.nodes)}
+        ins = {n: i for i, n in enumerate(info.inputs)}
+
+        def norm(a):
+            if isinstance(a, fx.Node):
+                if a in local:
+                    return ("n", local[a])
+                if a in ins:
+                    return ("i", ins[a])
+                if self._is_state(a):
+                    t = self.values.get(a)
+                    if t is None:
+                        t = self.state.get(self.traced.state_names[a.name])
+                    return ("s", tuple(getattr(t, "shape", ())))
+                return ("?",)
+            if isinstance(a, (tuple, list)):
+                return tuple(norm(x) for x in a)
+            if isinstance(a, dict):
+                return tuple((k, norm(v)) for k, v in sorted(a.items()))
+            if isinstance(a, slice):
+                return ("slice", norm(a.start), norm(a.stop), norm(a.step))
+            return repr(a)[:80]
+
+        h = hashlib.sha256()
+        for n in info.nodes.nodes:
+            target = n.target
+            if n.op in ("call_module", "get_attr"):
+                t = str(target)
+                t = t[len(prefix):] if t.startswith(prefix) else t
+                if n.op == "call_module":
+                    mod = self.traced.submodule(str(target))
+                    shapes = tuple((k, tuple(p.shape), str(p.dtype)) for k, p in
+                                   mod.named_parameters(remove_duplicate=False))
+                    t = (t, type(mod).__name__, shapes)
+                target = t
+            else:
+                target = getattr(target, "__qualname__", None) or str(target)
+            h.update(repr((n.op, target, norm(n.args), norm(n.kwargs))).encode())
+        for a in info.inputs:
+            v = self.values.get(a, self.user_values.get(str(a.target)))
+            h.update(repr([(tuple(t.shape), str(t.dtype)) for t in tensor_leaves(v)]).encode())
+        return h.hexdigest()[:16]
+
+    def tp_modules(self, index: int, candidates) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        name = self.infos[index].nodes.name
+        full = lambda m: f"{name}.{m}" if m else name  # noqa: E731
+        col = tuple(full(c.module) for c in candidates if c.style is TPStyle.COLWISE)
+        row = tuple(full(c.module) for c in candidates if c.style is TPStyle.ROWWISE)
+        return col, row
+
+    def layer_state(self, index: int, factory: TensorFactory = meta_factory) -> dict:
+        """The state a run of layer `index` reads: the shared meta state, or only this
+        layer's tensors made by `factory` (a model far larger than the device still runs
+        layer by layer)."""
+        if factory is meta_factory:
+            return self.state
+        state, _ = make_state(self.traced, self.dtype, factory, set(self.state_used(index)))
+        return state
+
+    def start_run(self, index: int, state: dict, factory: TensorFactory) -> StateRunner:
+        """A runner whose env holds fresh stand-ins for layer `index`'s inputs."""
+        runner = self._runner(state)
+        runner.env = self._fresh_inputs(self.infos[index], state, factory)
+        return runner
+
+    def run_forward(self, index: int, runner: StateRunner,
+                    before_node: Callable[[fx.Node], None] | None = None) -> None:
+        for n in self.infos[index].nodes.nodes:
+            if before_node is not None:
+                before_node(n)
+            runner.env[n] = runner.run_node(n)
+
+    def grad_roots(self, index: int, runner: StateRunner) -> list[torch.Tensor]:
+        """Where backward starts: the layer's outputs that carry a gradient (the last
+        layer's last value when nothing leaves it)."""
+        info = self.infos[index]
+        outs = [t for o in info.outputs for t in tensor_leaves(runner.env[o])
+                if t.requires_grad and t.grad_fn is not None]
+        if not outs and index == len(self.infos) - 1:
+            outs = [t for t in tensor_leaves(runner.env[info.nodes.nodes[-1]])
+                    if t.requires_grad and t.grad_fn is not None]
+        return outs
+
+    def measure_layer(self, index: int, colwise=(), rowwise=(),
+                      factory: TensorFactory = meta_factory,
+                      state: dict | None = None) -> LayerMeasurement:
+        """Forward + backward of one layer on fresh inputs, instrumented: FLOPs, saved
+        bytes, op counts and random draws."""
+        info = self.infos[index]
+        state = self.layer_state(index, factory) if state is None else state
+        score_keys = {(self.values[n].numel(), self.values[n].shape[-1]) for n in info.nodes.nodes
+                      if "softmax" in str(n.target).lower()
+                      and isinstance(self.values.get(n), torch.Tensor) and self.values[n].dim()}
+        dropout_nodes = {n for n in info.nodes.nodes if self._is_dropout(n)}
+        param_keys = {storage_key(t) for t in state.values() if isinstance(t, torch.Tensor)}
+        runner = self.start_run(index, state, factory)
+        log = SavedTensorLog(param_keys, score_keys)
+        region = TPRegion(colwise, rowwise)
+        fwd_flops, bwd_flops = FlopCounterMode(display=False), FlopCounterMode(display=False)
+        fwd_ops, bwd_ops = OpCounter(), OpCounter()
+
+        def tag(n: fx.Node) -> None:
+            log.tp_sharded_now = region.enter(info.module_paths[n])
+            fwd_ops.tp_sharded_now = log.tp_sharded_now
+            log.in_dropout_now = n in dropout_nodes
+
+        with torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack), fwd_flops, fwd_ops:
+            self.run_forward(index, runner, before_node=tag)
+        outs = self.grad_roots(index, runner)
+        with bwd_flops, bwd_ops:
+            if outs:
+                torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+        in_keys = {storage_key(t) for a in info.inputs for t in tensor_leaves(runner.env.get(a))}
+        out_keys = {storage_key(t) for o in info.outputs for t in tensor_leaves(runner.env[o])}
+        return LayerMeasurement(
+            flops_fwd=int(fwd_flops.get_total_flops()), flops_bwd=int(bwd_flops.get_total_flops()),
+            saved_activation_bytes=log.total, saved_tp_sharded_bytes=log.sharded,
+            saved_attention_bytes=log.scores, saved_dropout_mask_bytes=log.dropout_masks,
+            saved_input_bytes=sum(b for k, b in log.seen.items() if k in in_keys),
+            saved_output_bytes=sum(b for k, b in log.seen.items() if k in out_keys),
+            ops_fwd=fwd_ops.count, ops_bwd=bwd_ops.count,
+            random_elements_fwd=fwd_ops.random_elements,
+            random_tp_sharded_elements_fwd=fwd_ops.random_tp_sharded_elements)
+
+    def _is_dropout(self, node: fx.Node) -> bool:
+        if node.op == "call_module":
+            return isinstance(self.traced.submodule(str(node.target)), nn.modules.dropout._DropoutNd)
+        return node.op in ("call_function", "call_method") and "dropout" in str(node.target).lower()
+
+    def _fresh_inputs(self, info: _LayerInfo, state, factory) -> dict:
+        env = self._placeholder_env(state, self.user_values)
+        for a in info.inputs:
+            if a.op == "placeholder" and a in env and factory is meta_factory:
+                value = env[a]
+            else:
+                value = self.values.get(a, env.get(a))
+            env[a] = fresh(value, factory)
+        return env
+

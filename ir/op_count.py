@@ -1,0 +1,53 @@
+"""Counting the ATen ops a layer dispatches, and the elements random ops draw.
+
+Each op costs a framework dispatch on the host, which is what small layers spend their
+time on; the compute model prices `Layer.ops_fwd` / `ops_bwd` with the cluster's
+per-op overhead, and random draws with `ClusterSpec.random_element_s`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ir.saved_tensors import tensor_leaves
+
+# ATen ops that draw random numbers (dropout masks): a CPU thread spends ~10x longer per
+# element on them than a memory-bound op moving the same bytes, so the compute model
+# prices their elements apart (`ClusterSpec.random_element_s`).
+RANDOM_OPS = frozenset({"bernoulli", "bernoulli_", "native_dropout", "rand", "rand_like",
+                        "uniform_", "normal_", "randn", "randn_like"})
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts ATen ops dispatched (views and copies included): each costs a framework
+    dispatch on the host, which is what small layers spend their time on. Also counts
+    the elements random-number ops draw, and how many of them fall where tensor
+    parallelism shards the activations (`tp_sharded_now`, set by the layer run)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+        self.random_elements = 0
+        self.random_tp_sharded_elements = 0
+        self.tp_sharded_now = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ in RANDOM_OPS:
+            drawn = next((t.numel() for t in tensor_leaves(out)), 0)
+            self.random_elements += drawn
+            if self.tp_sharded_now:
+                self.random_tp_sharded_elements += drawn
+        return out
+
+
+def count_ops(fn: Callable[[], object]) -> int:
+    """ATen ops `fn()` dispatches (the same count the layer IR records)."""
+    counter = OpCounter()
+    with counter:
+        fn()
+    return counter.count
+

@@ -1,0 +1,102 @@
+"""What a trial run is measured against: the plan's prediction per rank, at the plan's
+shape, and how far this machine has drifted since its spec was profiled.
+
+The prediction is the plan file's `predicted` block (made when the plan was searched),
+or a fresh `cost_models.estimate` on `cluster` when one is given (e.g. a calibrated
+spec). Memory is compared without the spec's fixed `runtime_overhead_bytes`: the
+tracker and the allocator see tensors, not the process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cost_models.clusters import measure_op_overhead_s
+from cost_models.estimate import estimate
+from ir.cluster import ClusterSpec
+from ir.errors import PlannerError
+from ir.plan import PlanDocument
+
+
+@dataclass(frozen=True)
+class StagePeak:
+    """One pipeline stage's predicted peak, whichever source it came from."""
+
+    peak_bytes: int
+    device_peak_bytes: tuple[int, ...]  # per device of the stage (ZeRO-1 owners differ); or ()
+    overhead_bytes: int  # the spec's fixed runtime overhead, inside the peaks
+
+    @classmethod
+    def from_json(cls, stage: dict) -> StagePeak:
+        """A stage of a plan file's `predicted.memory.stages` (`StageMemory.to_json`)."""
+        return cls(int(stage["peak_bytes"]),
+                   tuple(int(b) for b in stage.get("device_peak_bytes") or ()),
+                   int(stage["breakdown"].get("overhead", 0)))
+
+    def rank_peak_bytes(self, device: int) -> int:
+        """The peak of the stage's `device`-th rank (TP x DP order), without the overhead."""
+        peak = self.device_peak_bytes[device] if self.device_peak_bytes else self.peak_bytes
+        return peak - self.overhead_bytes
+
+
+@dataclass(frozen=True)
+class Prediction:
+    peak_bytes_by_rank: tuple[int, ...]  # without the runtime overhead
+    iteration_seconds: float
+    time_breakdown: dict  # `TimeBreakdown.to_json` terms
+    source: str  # "plan", or the name of the spec re-estimated on
+
+
+def predict(doc: PlanDocument, graph, cluster: ClusterSpec | None) -> Prediction:
+    """The plan's `predicted` block, or a fresh estimate on `cluster` (also when the plan
+    has no block)."""
+    predicted = doc.predicted
+    stages = predicted.get("memory", {}).get("stages") if isinstance(predicted, dict) else None
+    if cluster is None and stages and "iteration_seconds" in predicted:
+        stage_peaks = [StagePeak.from_json(s) for s in stages]
+        seconds, breakdown, source = float(predicted["iteration_seconds"]), \
+            dict(predicted.get("time", {})), "plan"
+    else:
+        spec = cluster or ClusterSpec.from_dict(doc.cluster, "plan cluster")
+        est = estimate(graph, doc.plan, spec)
+        stage_peaks = [StagePeak(int(s.peak_bytes), tuple(int(b) for b in s.device_peak_bytes),
+                                 int(s.overhead)) for s in est.memory.stages]
+        seconds, breakdown, source = est.iteration_seconds, est.time.to_json(), spec.name
+    devices = doc.plan.stages[0].devices  # ranks per pipeline rank (TP x DP)
+    peaks = tuple(stage_peaks[r // devices].rank_peak_bytes(r % devices)
+                  for r in range(doc.plan.world_size))
+    return Prediction(peaks, seconds, breakdown, source)
+
+
+def machine_slowdown(spec: ClusterSpec) -> float | None:
+    """How much slower than when `spec` was profiled this host runs now, by the per-op
+    framework overhead (the probe profile-cluster takes, read afresh); None on GPUs or
+    when the spec has no such figure. On a shared machine this moves 20-50% within
+    minutes: a time error of the same size is drift, not the model."""
+    if not spec.host_bound or spec.op_overhead_s <= 0 or torch.cuda.is_available():
+        return None
+    return measure_op_overhead_s.__wrapped__() / spec.op_overhead_s  # uncached reading
+
+
+def plan_graph(doc: PlanDocument, path: str = "<plan>", model_spec: str | None = None):
+    """The layer IR of the plan's model at the plan's shape; a plan made for another
+    model (or an older version of this one) is refused, naming both fingerprints."""
+    from planner.models import load_layer_graph, plan_model_spec
+
+    dtype = getattr(torch, doc.graph_dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise PlannerError(f"plan {path} records an unknown IR dtype {doc.graph_dtype!r}; "
+                           "re-create it with `planner plan`")
+    model = plan_model_spec(doc, model_spec)
+    graph = load_layer_graph(model, doc.graph_micro_batch, doc.seq_len, dtype)
+    if graph.fingerprint != doc.fingerprint:
+        difference = doc.model_difference(graph)
+        raise PlannerError(
+            f"plan {path} was made for another model (fingerprint {doc.fingerprint}); "
+            f"{model} traces to fingerprint {graph.fingerprint} now: re-plan with "
+            f"`planner plan {model} --cluster local --gpus-per-node "
+            f"{doc.plan.world_size} --global-batch {doc.plan.global_batch} --out FILE`"
+            + (f" (it {difference})" if difference else ""))
+    return graph

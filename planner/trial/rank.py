@@ -1,0 +1,137 @@
+"""One rank of a trial run: memory, then time, then the losses (see `planner.trial`).
+
+`run_rank` runs inside an initialised process group on a spawned rank
+(`planner.trial.spawn`); `measure_one_process` takes the same memory reading of a
+one-device plan in this process (the memory tests and `bench/bench_memory.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+
+import torch
+import torch.distributed as dist
+
+from cost_models.memory_tracker import LiveTensorTracker
+from ir.errors import PlannerError
+from ir.plan import plan_from_dict
+from planner.trial.records import RankMeasurement, RankPayload
+from planner.trial.reference import SEED, optimizer_kwargs, zero_dropout
+
+MEMORY_STEPS = 2  # measured under the tracker, after one warm-up step
+TIME_WARMUP_STEPS = 2  # untimed steps after leaving the tracker (DTensor caches fill)
+
+
+def _build(payload: RankPayload, device: torch.device, without_dropout: bool):
+    from executors import apply
+    from planner.models import load_model
+
+    doc = plan_from_dict(json.loads(payload.plan_json), payload.plan_path)
+    loaded = load_model(payload.model, micro_batch=1, seq_len=payload.seq_len,
+                        device="cpu", seed=SEED)
+    if without_dropout:
+        zero_dropout(loaded.module)
+    return apply(loaded.module, doc.plan, payload.graph, loss_fn=loaded.loss_fn,
+                 device=device, optimizer_kwargs=optimizer_kwargs(doc.plan.optimizer),
+                 example_inputs=loaded.inputs)
+
+
+def run_rank(payload: RankPayload) -> RankMeasurement:
+    """Memory, time and losses of this rank (runs inside an initialised process group)."""
+    from executors import default_device
+
+    device = default_device()
+    batches = payload.batches
+    warm, measured, timed = 1, payload.memory_steps, payload.steps
+    losses: list[float] = []
+    step_s: list[float] = []
+    cuda = device.type == "cuda"
+
+    def step(pm, k):
+        inputs, target = batches[k % len(batches)]
+        return pm.train_step(inputs, target)
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        pm = _build(payload, device, without_dropout=False)
+    tracker = LiveTensorTracker(record=bool(payload.memory_detail)) if not cuda else None
+    context = tracker if tracker is not None else contextlib.nullcontext()
+    with context:
+        if not cuda:
+            pm = _build(payload, device, without_dropout=False)
+        k = 0
+        for _ in range(warm):
+            losses.append(step(pm, k)); k += 1
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        else:
+            tracker.reset_peak()
+        for _ in range(measured):
+            losses.append(step(pm, k)); k += 1
+    peak = torch.cuda.max_memory_allocated(device) if cuda else tracker.peak_bytes
+    detail = [str(s) for s in tracker.live_at_peak(payload.memory_detail)] \
+        if tracker is not None and payload.memory_detail else []
+    del tracker
+    for _ in range(TIME_WARMUP_STEPS):
+        losses.append(step(pm, k)); k += 1
+    for _ in range(timed):
+        dist.barrier()
+        start = time.perf_counter()
+        losses.append(step(pm, k)); k += 1
+        if cuda:
+            torch.cuda.synchronize(device)
+        step_s.append(time.perf_counter() - start)
+    check_losses: list[float] = []
+    if payload.check_steps:  # the model has dropout: a dropout-free run for the losses
+        del pm
+        pm = _build(payload, device, without_dropout=True)
+        check_losses = [step(pm, j) for j in range(payload.check_steps)]
+    return RankMeasurement(peak_bytes=int(peak), losses=tuple(losses),
+                           step_seconds=tuple(step_s),
+                           check_losses=tuple(check_losses or losses),
+                           peak_tensors=tuple(detail))
+
+
+def measure_one_process(spec: str, plan, graph, *, steps: int = 1 + MEMORY_STEPS,
+                        seed: int = SEED) -> LiveTensorTracker:
+    """Peak live tensor bytes of a one-device `plan` run by the executor in this process
+    (a one-rank gloo group is made when none exists): the model is built and applied
+    inside the tracker, the first step allocates the optimizer states, the peak is taken
+    over the steps after it. `peak_by_phase` tells forward, backward and optimizer
+    apart (module hooks mark the model's forward; the optimizer step is wrapped)."""
+    from executors import apply, init_distributed
+    from planner.models import load_model
+
+    if plan.world_size != 1:
+        raise PlannerError(f"measure_one_process runs one device; the plan needs "
+                           f"{plan.world_size}: use validate_plan")
+    owned = not dist.is_initialized()
+    if owned:
+        init_distributed("gloo")
+    try:
+        with LiveTensorTracker() as mem:
+            loaded = load_model(spec, micro_batch=plan.global_batch, seq_len=graph.seq_len,
+                                device="cpu", seed=seed)
+            pm = apply(loaded.module, plan, graph, loss_fn=loaded.loss_fn,
+                       device=torch.device("cpu"), example_inputs=loaded.inputs)
+            pm.module.register_forward_pre_hook(lambda *_: mem.set_phase("forward"))
+            pm.module.register_forward_hook(lambda *_: mem.set_phase("backward"))
+            step = pm.optimizer.step
+
+            def optimizer_step(*args, **kwargs):
+                mem.set_phase("optimizer")
+                return step(*args, **kwargs)
+
+            pm.optimizer.step = optimizer_step
+            for k in range(steps):
+                if k == 1:
+                    mem.reset_peak()
+                pm.train_step(loaded.inputs, loaded.target)
+            mem.set_phase(None)
+        return mem
+    finally:
+        if owned:
+            dist.destroy_process_group()

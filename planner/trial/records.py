@@ -1,0 +1,108 @@
+"""What a trial run hands around: typed records instead of dicts read by string keys.
+
+`RankPayload` goes to every spawned rank (pickled by torch.multiprocessing);
+`RankMeasurement` comes back (as JSON: a file per rank); `ValidationResult` is what
+`planner validate` prints, `to_json` its `--json` contract (issue 6).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from ir.layer import LayerGraph
+
+
+@dataclass(frozen=True)
+class RankPayload:
+    """What every rank needs to build, run and measure the plan."""
+
+    plan_json: str  # the plan document (`ir.plan.plan_to_json`): data, never pickle
+    plan_path: str  # for messages
+    model: str  # the MODEL spec that rebuilds the model
+    seq_len: int | None
+    graph: LayerGraph | None  # the plan's layer IR (the executor reads it)
+    batches: list  # [(inputs, target)] global batches, the same on every rank
+    memory_steps: int  # steps measured under the tracker, after one warm-up step
+    steps: int  # timed steps
+    backend: str  # "gloo" or "nccl"
+    check_steps: int  # steps of the dropout-free run for the losses; 0: no dropout
+    threads: int  # intra-op threads per rank
+    memory_detail: int = 0  # list this many of the largest storages live at the peak
+
+
+@dataclass(frozen=True)
+class RankMeasurement:
+    """One rank's figures."""
+
+    peak_bytes: int
+    losses: tuple[float, ...]  # every step's loss, warm-up steps included
+    step_seconds: tuple[float, ...]  # per timed step
+    check_losses: tuple[float, ...]  # the losses compared: the dropout-free run's, or `losses`
+    peak_tensors: tuple[str, ...] = ()  # largest storages live at the peak
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict) -> RankMeasurement:
+        return cls(peak_bytes=int(doc["peak_bytes"]), losses=tuple(doc["losses"]),
+                   step_seconds=tuple(doc["step_seconds"]),
+                   check_losses=tuple(doc["check_losses"]),
+                   peak_tensors=tuple(doc["peak_tensors"]))
+
+
+@dataclass(frozen=True)
+class RankResult:
+    rank: int
+    predicted_peak_bytes: int
+    measured_peak_bytes: int
+    peak_tensors: tuple[str, ...] = ()  # largest storages live at the peak (memory_detail)
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_peak_bytes - self.measured_peak_bytes) / max(self.measured_peak_bytes, 1)
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    plan: str
+    model: str
+    nproc: int
+    backend: str
+    ranks: tuple[RankResult, ...]
+    predicted_iteration_seconds: float
+    measured_iteration_seconds: float
+    loss_matches_reference: bool
+    losses: tuple[float, ...]
+    reference_losses: tuple[float, ...]
+    step_seconds: tuple[float, ...]  # per timed step, slowest rank
+    checked_losses: tuple[float, ...] = ()  # the losses compared (the dropout-free run's)
+    predicted_time: dict = field(default_factory=dict)
+    prediction_source: str = "plan"
+    # This machine's per-op overhead just before the run over the spec's (>1: slower than
+    # when profiled); None where not comparable (GPUs, specs without the figure).
+    machine_slowdown: float | None = None
+
+    @property
+    def time_error(self) -> float:
+        return (self.predicted_iteration_seconds - self.measured_iteration_seconds) / \
+            self.measured_iteration_seconds
+
+    def to_json(self) -> dict:
+        """The `planner validate --json` contract (issue 6), plus a few extra keys."""
+        return {"ranks": [{"rank": r.rank, "predicted_peak_bytes": r.predicted_peak_bytes,
+                           "measured_peak_bytes": r.measured_peak_bytes, "error": r.error,
+                           **({"peak_tensors": list(r.peak_tensors)} if r.peak_tensors
+                              else {})} for r in self.ranks],
+                "predicted_iteration_seconds": self.predicted_iteration_seconds,
+                "measured_iteration_seconds": self.measured_iteration_seconds,
+                "loss_matches_reference": self.loss_matches_reference,
+                "time_error": self.time_error, "plan": self.plan, "model": self.model,
+                "nproc": self.nproc, "backend": self.backend,
+                "prediction_source": self.prediction_source,
+                "predicted_time": self.predicted_time, "losses": list(self.losses),
+                "reference_losses": list(self.reference_losses),
+                "checked_losses": list(self.checked_losses),
+                "step_seconds": list(self.step_seconds),
+                "machine_slowdown": self.machine_slowdown}
