@@ -224,19 +224,24 @@ def walk_rank(chunks: Sequence[ChunkMemory], ops: Sequence[PassOp], *, stage: in
     w = _Walk(chunks, overhead_bytes, stop_above_bytes - overhead_bytes + PARTS_ROUNDING_BYTES)
     last = num_microbatches - 1
     prior_units = [_prior_units(c) for c in chunks]
-    w.look("optimizer")  # between steps: nothing but the held states
+    # per chunk and layer, what a forward reads: (copy key, gathered bytes or 0, kept, reshard)
+    forwards = [[((ci, li), l.working_param_bytes if l.has_unit else 0.0,
+                  l.activations.kept_bytes, l.reshard_after_forward)
+                 for li, l in enumerate(c.layers)] for ci, c in enumerate(chunks)]
+    acts, copies, look = w.acts, w.copies, w.look
+    look("optimizer")  # between steps: nothing but the held states
     for op in ops:
         chunk = chunks[op.chunk]
         key = (op.chunk, op.microbatch)
         if op.forward:
-            w.acts.set(key, 0.0)
-            for li, l in enumerate(chunk.layers):
-                if l.has_unit:
-                    w.copies.set((op.chunk, li), l.working_param_bytes)  # all-gather
-                w.acts.add(key, l.activations.kept_bytes)
-                w.look("forward")
-                if l.reshard_after_forward:
-                    w.copies.pop((op.chunk, li))
+            acts.set(key, 0.0)
+            for unit_key, gathered, kept, reshard in forwards[op.chunk]:
+                if gathered:
+                    copies.set(unit_key, gathered)  # all-gather
+                acts.add(key, kept)
+                look("forward")
+                if reshard:
+                    copies.pop(unit_key)
             w.held.set(key, chunk.held_output_bytes)
             w.look("forward")
             if not pipelined:  # the runtime's `output` now names this micro-batch's output
