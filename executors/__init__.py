@@ -17,6 +17,9 @@ save / resume under any plan), `pretrained` / `pretrained_export` (Hugging Face
 safetensors in and out, shard by shard), `meta_record` / `materialize` (a meta-device
 build, each rank materializing only its shards), `apply` (the composition, in one
 documented order).
+Sharded embedding tables (recommendation models): `sharded_embedding` (placements,
+all-to-all lookups), `sparse_optimizer` (row-sparse updates), `hybrid_step` (tables
+model parallel, the rest data parallel), `embedding_checkpoint` (resharding DCP saves).
 """
 
 from executors.apply import apply, default_device, init_distributed

@@ -157,10 +157,17 @@ def save_checkpoint(pm: ParallelModel, directory: str, step: int | None = None,
     that fails (e.g. a full disk) raises one PlannerError on every rank naming the folder
     and the free space, removes its temporary folder and leaves earlier checkpoints."""
     step = pm.steps if step is None else step
+    return save_state(state_dict_for_save(pm, step), directory, step, str(pm.plan), keep)
+
+
+def save_state(state: dict, directory: str, step: int, plan: str,
+               keep: int | None = None) -> str:
+    """The atomic, digested save of any flat DCP state dict (a collective): `step-N/`
+    with COMPLETE.json naming `plan`. save_checkpoint and the sharded-table checkpoints
+    (`executors.embedding_checkpoint`) both save through it."""
     final = step_dir(directory, step)
     tmp = os.path.join(directory, f".tmp-step-{step:08d}")
     rank, world = _rank_world()
-    state = state_dict_for_save(pm, step)
     local_bytes = sum(_local(t).numel() * _local(t).element_size() for t in state.values())
     error = None
     if rank == 0:
@@ -193,7 +200,7 @@ def save_checkpoint(pm: ParallelModel, directory: str, step: int | None = None,
         files = {name: d for _, part in gathered for name, d in part.items()}
         try:
             write_file(os.path.join(tmp, MARKER),
-                       render_marker(step, world, str(pm.plan), files))
+                       render_marker(step, world, plan, files))
             _swap_in(tmp, final, directory, step)
             if keep is not None:
                 for old_step in complete_steps(directory)[:-keep]:
@@ -206,6 +213,9 @@ def save_checkpoint(pm: ParallelModel, directory: str, step: int | None = None,
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
+    if hasattr(tensor, "local_shards"):  # a ShardedTensor (sharded tables): its chunks
+        shards = [s.tensor.reshape(-1) for s in tensor.local_shards()]
+        return torch.cat(shards) if shards else torch.empty(0)
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
@@ -327,20 +337,38 @@ def check_checkpoint(path: str) -> dict:
 # ------------------------------------------------------------------ load
 
 
-def load_checkpoint(pm: ParallelModel, path: str) -> int:
-    """Load `path` into `pm` (any plan and world size of the same model) on every rank;
-    returns the step it was saved at and sets `pm.steps` to it. Nothing is loaded until
-    every file's size and digest and the metadata have been checked."""
+def open_checkpoint(path: str):
+    """(marker, vetted DCP metadata, hint) of `path` on every rank (a collective): every
+    file's size and digest checked (the hashing shared by the ranks), `.metadata` read
+    restrictedly; PlannerError naming the damaged file otherwise, on every rank."""
     rank, world = _rank_world()
     marker, hint = _marker_and_sizes(path)
     data_files = sorted(n for n in marker["files"] if n != METADATA)
     _agree(verify_files(path, marker, data_files[rank::world], hint))  # hashing shared
     vetted = read_metadata(path, marker, hint)  # the bytes hashed are the bytes read
-    metadata = vetted.state_dict_metadata
     if marker["schema"] == LEGACY_SCHEMA and rank == 0:
         warnings.warn(f"checkpoint {path} predates file digests ({LEGACY_SCHEMA}): its sizes "
                       "are checked, its contents cannot be; the next save records digests",
-                      stacklevel=2)
+                      stacklevel=3)
+    return marker, vetted, hint
+
+
+def load_state(state: dict, path: str, vetted, hint: str) -> None:
+    """dcp.load into `state` from the vetted metadata; one PlannerError if DCP fails."""
+    try:
+        dcp.load(state, storage_reader=VettedReader(path, vetted))
+    except (CheckpointException, Exception) as exc:  # DCP raises the former on every rank
+        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+        raise PlannerError(f"checkpoint {path} could not be loaded ({type(exc).__name__}: "
+                           f"{lines[-1][:200] if lines else ''}); {hint}") from None
+
+
+def load_checkpoint(pm: ParallelModel, path: str) -> int:
+    """Load `path` into `pm` (any plan and world size of the same model) on every rank;
+    returns the step it was saved at and sets `pm.steps` to it. Nothing is loaded until
+    every file's size and digest and the metadata have been checked."""
+    marker, vetted, hint = open_checkpoint(path)
+    metadata = vetted.state_dict_metadata
     params = _named_parameters(pm)
     _check_model(path, metadata, {n: tuple(p.shape) for n, p in params.items()})
     names = {id(p): n for n, p in params.items()}
@@ -367,12 +395,7 @@ def load_checkpoint(pm: ParallelModel, path: str) -> int:
         for key in scaler_keys:
             state[key] = torch.zeros(tuple(metadata[key].size), dtype=metadata[key].properties.dtype)
     state["meta/step"] = torch.zeros((), dtype=torch.int64)
-    try:
-        dcp.load(state, storage_reader=VettedReader(path, vetted))
-    except (CheckpointException, Exception) as exc:  # DCP raises the former on every rank
-        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-        raise PlannerError(f"checkpoint {path} could not be loaded ({type(exc).__name__}: "
-                           f"{lines[-1][:200] if lines else ''}); {hint}") from None
+    load_state(state, path, vetted, hint)
     for tensor, buffer, (split, dim) in whole:
         load_model_order(tensor, buffer, split, dim)
     install_optim()

@@ -179,6 +179,10 @@ def checkpoint_state(opt, names: dict[int, str], fused: Fused | None = None
             for key in _state_keys(inner, g):
                 values = {k: inner.state[t][key] for k, t in own.items()}
                 out[f"optim/{fqn}/{key}"] = _whole_in_model_order(g, index, values, fused[fqn])
+            first = inner.state.get(g.opt_params[0]) or {} if g.opt_params else {}
+            for key, value in first.items():  # scalars (AdamW's step): every piece alike
+                if not _elementwise(value, g.opt_params[0]):
+                    out[f"optim/{fqn}/{key}"] = _as_tensor(value)
     for fqn, p, x, t, g in _pieces(opt, names):
         if fqn in fused:
             continue

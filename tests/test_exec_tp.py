@@ -125,6 +125,8 @@ CASES = [
     Case("falcon-dp2", "falcon", dp=2),
     Case("gpt2-sp-dp2-zero3", "gpt2", sequence_parallel=True, dp=2, zero=3),
     Case("phi3-dp2-zero3", "phi3", dp=2, zero=3),  # FSDP2 shards the rank-major rows again
+    # ZeRO-1 pieces of rank-major rows: saved whole in the model's order, resumed under DDP
+    Case("gpt2-dp2-zero1", "gpt2", dp=2, zero=1, checkpoint=True),
     Case("mixtral", "mixtral"),  # attention split; routed experts replicated
     Case("mixtral-sp", "mixtral", sequence_parallel=True,  # the router would see a chunk
          refused="but mlp.gate (MixtralTopKRouter) is not a normalization"),
@@ -188,7 +190,7 @@ def _resume_under_ddp(pm, case: Case, graph, batches, folder: str) -> dict:
     """Save `pm`, resume the checkpoint under DDP on the same ranks, one more step each."""
     path = save_checkpoint(pm, folder)
     ddp = uniform_plan(len(graph.layers), global_batch=GLOBAL_BATCH,
-                       precision=Precision.FP32, dp=TP)
+                       precision=Precision.FP32, dp=TP * case.dp)
     resumed = _apply(case, ddp, graph, batches)
     load_checkpoint(resumed, path)
     loaded = full_state_dict(resumed)
