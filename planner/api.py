@@ -146,7 +146,8 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
                   options: SearchOptions | None = None,
                   loss_weight: Callable | None = None, tp_self_check: bool = True,
                   timeout_s: float | None = None,
-                  stall_limit_s: float | None = None, init: str = "model") -> AutoParallel:
+                  stall_limit_s: float | None = None, init: str = "model",
+                  checkpoint: str | os.PathLike | None = None) -> AutoParallel:
     """Trace `model`, plan it for this job (or take `plan`), and shard it on every rank.
 
     `example_batch` is `(inputs, target)` with the micro-batch shape the plan is made
@@ -162,6 +163,9 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
     `init` (a model built under `executors.meta_init()`): "model" initialises each rank's
     shards as the CPU build would, "empty" leaves parameters for a checkpoint loader;
     tracing and planning never need the values (the layer IR is measured on meta).
+    `checkpoint`: a Hugging Face safetensors folder or a DCP checkpoint whose weights each
+    rank loads for its own shards only (`executors.pretrained`); a meta-built model then
+    skips its own initialisation.
     """
     init_distributed(timeout_s=timeout_s)
     world = dist.get_world_size()
@@ -199,7 +203,10 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
     doc.check_world_size(world)
     parallel = apply(model, doc.plan, graph, loss_fn=loss_fn, device=device, optimizer=optimizer,
                      optimizer_kwargs=optimizer_kwargs, example_inputs=inputs,
-                     loss_weight=loss_weight, tp_self_check=tp_self_check, init=init)
+                     loss_weight=loss_weight, tp_self_check=tp_self_check,
+                     init="empty" if checkpoint is not None else init)
+    if checkpoint is not None:
+        parallel.load_pretrained(os.fspath(checkpoint))
     parallel.stall_limit_s = stall_limit_s
     return AutoParallel(doc.plan, doc, graph, parallel, input_names)
 

@@ -248,7 +248,24 @@ def run_plans(rank: int, world_size: int, payload: dict) -> dict:
         if key == "llama/tp2xpp2":  # default max_shard_bytes, bf16
             pm.export_pretrained(os.path.join(scratch, "export-llama-bf16"), dtype=torch.bfloat16)
         results[key] = out
+    if world_size == 2:
+        results["llama/meta-auto-tp2"] = _meta_auto_parallel(root, PLANS["tp2"](graph_of("llama")))
     return results
+
+
+def _meta_auto_parallel(root: str, plan) -> dict:
+    """A meta-built Llama (no rank ever holds it whole) through
+    `auto_parallel(..., checkpoint=)`: each rank loads only its shards, then trains."""
+    from executors import full_state_dict, meta_init
+    from planner import auto_parallel
+
+    with meta_init():
+        model, inputs, target, loss_fn = rm.build("llama")
+    pm = auto_parallel(model, (inputs, target), loss_fn=loss_fn, optimizer=torch.optim.AdamW,
+                       optimizer_kwargs=dict(rm.OPTIMIZER_KWARGS), plan=plan,
+                       checkpoint=os.path.join(root, "llama"))
+    losses = [pm.train_step(batch) for batch in rm.global_batches("llama")]
+    return {"losses": losses, "state": full_state_dict(pm.parallel)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -373,6 +390,13 @@ def test_tied_weight_stored_under_the_head_name_loads():
     for name, value in saved.items():
         assert torch.equal(got[name], value), name
     assert torch.equal(got["lm_head.weight"], saved["transformer.wte.weight"])
+
+
+@pytest.mark.multiprocess
+def test_meta_build_loads_a_checkpoint_through_auto_parallel():
+    ranks, _ = results_for(2)
+    got = ranks[0]["llama/meta-auto-tp2"]
+    assert_matches_reference(got, *reference("llama"))
 
 
 @pytest.mark.multiprocess
