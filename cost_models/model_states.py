@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from ir.errors import PlannerError
 from ir.layer import Layer
-from ir.strategy import LayerStrategy, Precision
+from ir.strategy import LayerStrategy, Precision, runs_as_dp_unit
 
 # Bytes one element takes.
 FP32_BYTES = 4
@@ -132,10 +132,8 @@ def held_bytes_per_param(precision: Precision, optimizer: str) -> HeldBytesPerPa
 
 
 def has_dp_unit(layer: Layer, strategy: LayerStrategy, precision: Precision) -> bool:
-    """Whether the executor makes the layer an FSDP2 unit (`executors.data_parallel.
-    needs_dp_unit`: it holds parameters and runs data parallel or in mixed precision)."""
-    return layer.params + layer.tied_params > 0 and (
-        strategy.dp > 1 or precision is not Precision.FP32)
+    """Whether the executor makes the layer an FSDP2 unit (`ir.strategy.runs_as_dp_unit`)."""
+    return runs_as_dp_unit(layer.params + layer.tied_params > 0, strategy, precision)
 
 
 def held_local_params(layer: Layer, strategy: LayerStrategy) -> float:

@@ -48,7 +48,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from executors.sync_batchnorm import prepare_batch_norms
 from executors.zero1 import attach_master, cast_to_working_dtype
-from ir.strategy import DPMode, LayerStrategy, Precision
+from ir.strategy import DPMode, LayerStrategy, Precision, runs_as_dp_unit
 
 
 def mp_policy(precision: Precision) -> MixedPrecisionPolicy:
@@ -59,8 +59,8 @@ def mp_policy(precision: Precision) -> MixedPrecisionPolicy:
 
 
 def needs_dp_unit(module: nn.Module, strategy: LayerStrategy, precision: Precision) -> bool:
-    has_params = any(True for _ in module.parameters())
-    return has_params and (strategy.dp > 1 or precision is not Precision.FP32)
+    """`ir.strategy.runs_as_dp_unit` for this module (the cost models ask the same)."""
+    return runs_as_dp_unit(any(True for _ in module.parameters()), strategy, precision)
 
 
 def _sum_reduction(unit: FSDPModule, mesh: DeviceMesh) -> None:

@@ -121,3 +121,10 @@ class Stage:
 
     def __str__(self) -> str:
         return f"L{self.first_layer}-{self.last_layer}@{self.devices}"
+
+
+def runs_as_dp_unit(holds_params: bool, strategy: LayerStrategy, precision: Precision) -> bool:
+    """Whether a layer becomes an FSDP2 unit (`executors.data_parallel`), which the cost
+    models price: it holds parameters and runs data parallel, or in mixed precision (its
+    unit casts the parameters to the compute dtype)."""
+    return holds_params and (strategy.dp > 1 or precision is not Precision.FP32)

@@ -9,6 +9,7 @@ import tempfile
 
 from ir.errors import PlannerError
 from ir.plan import PlanDocument
+from ir.strategy import Checkpoint
 
 
 def draw(doc: PlanDocument, path: str) -> None:
@@ -23,8 +24,8 @@ def draw(doc: PlanDocument, path: str) -> None:
     n = len(plan.layer_strategies)
     tp = [math.log2(s.tp) for s in plan.layer_strategies]
     zero = [s.dp_mode.stage for s in plan.layer_strategies]
-    ckpt = [1.0 if s.checkpoint.value == "full" else 0.5 if s.checkpoint.value == "selective"
-            else 0.0 for s in plan.layer_strategies]
+    height = {Checkpoint.FULL: 1.0, Checkpoint.SELECTIVE: 0.5, Checkpoint.NONE: 0.0}
+    ckpt = [height[s.checkpoint] for s in plan.layer_strategies]
     fig, axes = plt.subplots(3, 1, figsize=(max(6, min(20, n / 6)), 4.5), sharex=True)
     for ax, values, label, top in ((axes[0], tp, "log2 TP", max(tp + [1])),
                                    (axes[1], zero, "ZeRO stage", 3),

@@ -112,19 +112,6 @@ CASES = [(1, False, "none"), (2, False, "none"), (8, False, "none"), (8, True, "
          (4, True, "full")]
 
 
-@pytest.mark.parametrize("t, sp, ckpt", CASES)
-def test_korthikanti_synthetic_block(t, sp, ckpt):
-    s, b, h, a = 2048, 1, 12288, 96
-    graph = gpt_layer_graph(layers=1, hidden=h, heads=a, vocab=51200, seq=s, micro_batch=b)
-    block = graph.layers[1]
-    config = StepConfig(micro_batch=b, graph_micro_batch=b, graph_dtype="bfloat16",
-                        seq_len=s, device_type="cuda")
-    got = layer_activations(block, LayerStrategy(tp=t, sequence_parallel=sp,
-                                                 checkpoint=Checkpoint(ckpt)), config)
-    want = korthikanti(s, b, h, a, t, sp, ckpt) + dtensor_sp_gathered(s, b, h, t, sp, ckpt)
-    assert got.kept_bytes == pytest.approx(want, rel=TOLERANCE)
-
-
 @pytest.fixture(scope="module")
 def zoo_gpt_block():
     from planner.models import load_layer_graph
@@ -137,7 +124,9 @@ def zoo_gpt_block():
 
 @pytest.mark.parametrize("t, sp, ckpt", CASES)
 def test_korthikanti_traced_zoo_gpt(zoo_gpt_block, t, sp, ckpt):
-    """The traced zoo GPT block (bf16, dropout on) priced for CUDA (1-byte masks)."""
+    """The traced zoo GPT block (bf16, dropout on) priced for CUDA (1-byte masks). Traced,
+    not the synthetic graph: that one is built from Korthikanti's own coefficients
+    (`cost_models.synthetic`), so comparing it with his formula would check nothing."""
     graph, block, (s, b, h, a) = zoo_gpt_block
     assert block.kind == "Block"
     config = StepConfig(micro_batch=b, graph_micro_batch=graph.micro_batch,

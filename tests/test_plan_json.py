@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
 import dataclasses
 import json
 
@@ -156,17 +159,23 @@ def test_digests_are_all_or_none():
 
 
 def test_failed_save_keeps_the_old_file(tmp_path, monkeypatch):
+    """The rename fails after the temporary file is written: the old plan stays and the
+    temporary file is gone (the failure is where a full disk or a lost mount hits)."""
     path = tmp_path / "plan.json"
     path.write_text("precious")
-    import ir.plan as plan_module
+    import ir.output_file as output_file
 
-    def broken(doc):
-        raise RuntimeError("disk full")
+    temporary = []
 
-    monkeypatch.setattr(plan_module, "plan_to_json", broken)
-    with pytest.raises(RuntimeError):
+    def broken(src, dst):
+        temporary.append(src)
+        assert os.path.exists(src)  # the failure comes after the temporary file exists
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(output_file.os, "replace", broken)
+    with pytest.raises(PlannerError, match="the previous file .* is unchanged"):
         save_plan(_doc(), path)
-    assert path.read_text() == "precious"
+    assert temporary and path.read_text() == "precious"
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
 
 
