@@ -314,7 +314,7 @@ def plan_to_dict(doc: PlanDocument) -> dict:
         layers.append({"index": i, "name": name, **identity, "stage": plan.stage_of(i), "tp": s.tp,
                        "dp": s.dp, "dp_mode": s.dp_mode.value,
                        "sequence_parallel": s.sequence_parallel,
-                       "checkpoint": s.checkpoint.value,
+                       "checkpoint": s.checkpoint.value, "offload": s.offload,
                        "tp_groups": [list(g) for g in groups.tp_groups],
                        "dp_groups": [list(g) for g in groups.dp_groups]})
     return {
@@ -429,7 +429,8 @@ def plan_from_dict(data: object, source: str = "<plan>") -> PlanDocument:
                 tp=r.get(layer, "tp", int, where), dp=r.get(layer, "dp", int, where),
                 dp_mode=r.enum(layer, "dp_mode", DPMode, where),
                 sequence_parallel=r.get(layer, "sequence_parallel", bool, where),
-                checkpoint=r.enum(layer, "checkpoint", Checkpoint, where)))
+                checkpoint=r.enum(layer, "checkpoint", Checkpoint, where),
+                offload=r.get(layer, "offload", bool, where) if "offload" in layer else False))
         except ValueError as exc:
             r.fail(where, str(exc))
     num_layers = r.get(model, "num_layers", int, "model")
