@@ -48,6 +48,7 @@ from cost_models.model_states import (FP32_BYTES, OPTIMIZER_MOMENTS, BytesPerPar
                                       ModelStates, has_dp_unit, held_bytes_per_param,
                                       held_local_params, largest_param_tensor,
                                       layer_held_states, moment_shares)
+from cost_models.offload import host_wall_problem, split_states
 from cost_models.pipeline_ops import PassOp, rank_ops
 
 # torch DDP's default bucket_cap_mb. The executor's data parallelism is FSDP2 (no DDP
@@ -89,6 +90,7 @@ class LayerMemory:
     # ZeRO-1: moment bytes of each DP rank (whole tensors per owner); `states` holds the
     # most loaded one's. Empty: every rank of the group holds `states.optimizer`.
     moment_shares: tuple[float, ...] = ()
+    host_bytes: float = 0.0  # offloaded model states, in host memory (cost_models.offload)
 
     @property
     def has_unit(self) -> bool:
@@ -101,7 +103,7 @@ def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
     (`per_param` is accepted for the search's calls; the executor's own bytes per
     parameter, `held_bytes_per_param`, are what it holds.)"""
     held = held_bytes_per_param(config.precision, config.optimizer)
-    states = layer_held_states(layer, strategy, held)
+    states, host = split_states(layer_held_states(layer, strategy, held), strategy)
     local = held_local_params(layer, strategy)
     stage = strategy.dp_mode.stage  # with dp = 1 every division below is by 1
     unit = has_dp_unit(layer, strategy, config.precision)
@@ -115,14 +117,18 @@ def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
         states=states, activations=layer_activations(layer, strategy, config),
         gather_unit_bytes=working if stage == 3 else 0.0,
         unsharded_grad_bytes=local * held.unsharded_grads if unit else 0.0,
-        largest_tensor_params=largest_param_tensor(layer) / tensor_shards,
-        fp32_moment_bytes=moments * FP32_BYTES if held.moments else 0.0,
+        # an offloaded layer's optimizer step (and its temporaries) runs on the host
+        largest_tensor_params=0.0 if strategy.offload
+        else largest_param_tensor(layer) / tensor_shards,
+        fp32_moment_bytes=0.0 if strategy.offload or not held.moments
+        else moments * FP32_BYTES,
         working_param_bytes=working, reduce_bytes=local * held.reduce if unit else 0.0,
         tied_grad_bytes=tied_full,
         # the most loaded owner's parameters, broadcast as one flat buffer
         zero1_share_bytes=moments * held.weights if stage == 1 and strategy.dp > 1 else 0.0,
         reshard_after_forward=stage == 3 and unit,
-        moment_shares=tuple(x * held.moments for x in shares) if len(shares) > 1 else ())
+        moment_shares=tuple(x * held.moments for x in shares) if len(shares) > 1 else (),
+        host_bytes=host.total)
 
 
 def held_through_step(mem: LayerMemory, *, num_microbatches: int, pipelined: bool) -> float:
@@ -165,6 +171,7 @@ class StageMemory:
     # Peak of each device of the pipeline rank (TP innermost, then DP), where they differ:
     # ZeRO-1 gives whole tensors' moments to each owner. `peak_bytes` is the largest.
     device_peak_bytes: tuple[int, ...] = ()
+    host_bytes: int = 0  # offloaded model states per rank, in host memory (not in peak_bytes)
 
     def breakdown(self) -> dict[str, int]:
         return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer,
@@ -177,6 +184,7 @@ class StageMemory:
                "microbatches_in_flight": self.microbatches_in_flight}
         if self.device_peak_bytes:
             out["device_peak_bytes"] = list(self.device_peak_bytes)
+        out["host_bytes"] = self.host_bytes
         return out
 
 
@@ -277,7 +285,8 @@ def walk_rank(chunks: Sequence[ChunkMemory], ops: Sequence[PassOp], *, stage: in
     return StageMemory(stage=stage, params=parts[0], grads=parts[1], optimizer=parts[2],
                        activations=parts[3], buffers=parts[4], overhead=overhead_bytes,
                        peak_bytes=sum(parts) + overhead_bytes, phase=phase,
-                       microbatches_in_flight=in_flight / max(len(chunks), 1))
+                       microbatches_in_flight=in_flight / max(len(chunks), 1),
+                       host_bytes=round(sum(l.host_bytes for l in layers)))
 
 
 def _backward_layer(w: _Walk, chunk: ChunkMemory, op: PassOp, li: int, *, reduce: bool,
@@ -351,6 +360,7 @@ class MemoryEstimate:
 
     stages: tuple[StageMemory, ...]
     device_bytes: int
+    host_problem: str = ""  # the host-memory wall's shortfall (cost_models.offload), '' if none
 
     @property
     def peak_bytes(self) -> int:
@@ -362,19 +372,21 @@ class MemoryEstimate:
 
     @property
     def fits(self) -> bool:
-        return self.peak_bytes <= self.device_bytes
+        return self.peak_bytes <= self.device_bytes and not self.host_problem
 
     def shortfall(self) -> str:
         """'' when it fits, else 'does not fit: needs X GiB of Y GiB on stage S'."""
         if self.fits:
             return ""
+        if self.peak_bytes <= self.device_bytes:
+            return f"does not fit: {self.host_problem}"
         worst = self.worst_stage
         return (f"does not fit: needs {worst.peak_bytes / GiB:.1f} GiB of "
                 f"{self.device_bytes / GiB:.1f} GiB on stage {worst.stage}")
 
     def to_json(self) -> dict:
         return {"peak_bytes": self.peak_bytes, "device_bytes": self.device_bytes,
-                "fits": self.fits, "stages": [s.to_json() for s in self.stages]}
+                "fits": self.fits, "host_problem": self.host_problem, "stages": [s.to_json() for s in self.stages]}
 
 
 def rank_layers(plan: ParallelPlan) -> list[list[int]]:
@@ -463,7 +475,9 @@ def plan_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
             stage = dataclasses.replace(stage, device_peak_bytes=tuple(
                 stage.peak_bytes - round(worst - m) for m in device_moments))
         stages.append(stage)
-    return MemoryEstimate(tuple(stages), cluster.device_memory_bytes)
+    host = max(s.host_bytes for s in stages)  # the node's ranks as its most loaded rank
+    return MemoryEstimate(tuple(stages), cluster.device_memory_bytes,
+                          host_wall_problem(host, cluster) if host else "")
 
 
 def _most_loaded_device(chunks: list[ChunkMemory], indices: list[int], plan: ParallelPlan
