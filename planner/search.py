@@ -706,6 +706,8 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         # TP across nodes is never worth its all-reduces on these links (Narayanan et al.
         # 2021, sec. 3.3); --max-tp lifts the limit.
         options = dataclasses.replace(options, max_tp=cluster.devices_per_node)
+    if not cluster.offload_known:  # no PCIe / host memory figures: offload is not offered
+        options = dataclasses.replace(options, no_offload=True)
     outers = outer_candidates(graph, world, global_batch, options)
     price_cache: dict = {}
     trans_cache: dict = {}
@@ -746,11 +748,11 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         stats["strategies_per_layer_max"] = max(stats.get("strategies_per_layer_max", 0),
                                                 max(len(t.strategies) for t in tables))
         if options.uniform:
-            keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint)
+            keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint, s.offload)
                     for t in tables for s in t.strategies}
             groups = [g for key in sorted(keys, key=str)
                       if (g := _restrict(tables, lambda s, key=key: (s.tp, s.dp_mode, s.sequence_parallel,
-                                                                   s.checkpoint) == key))]
+                                                                   s.checkpoint, s.offload) == key))]
             # Each uniform strategy is its own small problem: bound it too, best first.
             groups = sorted(((_lower_bound(cand, g, budget_of[cand]), g) for g in groups),
                             key=lambda item: item[0])
