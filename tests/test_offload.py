@@ -50,34 +50,61 @@ def offload_mix(graph):
 # ------------------------------------------------------------------------- (a) execution
 
 
-def train_and_report(rank: int, world_size: int, payload: tuple) -> dict:
-    """`run_cases` on every rank, plus which FSDP2 units hold their shards offloaded."""
+def train_and_report(rank: int, world_size: int, payload: list) -> dict:
+    """Each entry on every rank: losses, final parameters (rank 0) and which FSDP2 units
+    hold their shards offloaded."""
     from torch.distributed.fsdp import FSDPModule
 
     from executors import apply, full_state_dict
     from test_exec_plans import build_model, optimizer_kwargs
 
-    spec, plan, graph, batches = payload
-    model, loss_fn = build_model(spec)
-    pm = apply(model, plan, graph, loss_fn=loss_fn, optimizer=torch.optim.AdamW,
-               optimizer_kwargs=optimizer_kwargs())
-    offloaded = [all(p.offload_to_cpu for p in m._get_fsdp_state()._fsdp_param_group.fsdp_params)
-                 for m in model.modules()
-                 if isinstance(m, FSDPModule) and m._get_fsdp_state()._fsdp_param_group]
-    losses = [pm.train_step(inputs, target) for inputs, target in batches]
-    state = full_state_dict(pm)
-    return {"losses": losses, "state": state if rank == 0 else None, "offloaded": offloaded}
+    out = {}
+    for name, spec, plan, graph, batches in payload:
+        model, loss_fn = build_model(spec)
+        pm = apply(model, plan, graph, loss_fn=loss_fn, optimizer=torch.optim.AdamW,
+                   optimizer_kwargs=optimizer_kwargs())
+        groups = [m._get_fsdp_state()._fsdp_param_group for m in model.modules()
+                  if isinstance(m, FSDPModule)]
+        offloaded = [all(p.offload_to_cpu for p in g.fsdp_params) for g in groups if g]
+        losses = [pm.train_step(inputs, target) for inputs, target in batches]
+        state = full_state_dict(pm)
+        out[name] = {"losses": losses, "state": state if rank == 0 else None,
+                     "offloaded": offloaded}
+    return out
+
+
+@pytest.fixture(scope="module")
+def offload_runs() -> dict:
+    graph = graph_of(GPT)
+    fp32 = offload_mix(graph)
+    bf16 = dataclasses.replace(fp32, precision=Precision.BF16_MIXED)
+    bf16_plain = dataclasses.replace(bf16, layer_strategies=tuple(
+        dataclasses.replace(s, offload=False) for s in bf16.layer_strategies))
+    payload = [(name, GPT, plan, graph, batches_of(GPT))
+               for name, plan in (("fp32", fp32), ("bf16", bf16), ("bf16-plain", bf16_plain))]
+    return spawn(train_and_report, 2, payload, timeout_s=240)[0]
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_offloaded_plan_matches_single_device():
-    graph = graph_of(GPT)
-    plan = offload_mix(graph)
-    got = spawn(train_and_report, 2, (GPT, plan, graph, batches_of(GPT)), timeout_s=240)[0]
+def test_offloaded_plan_matches_single_device(offload_runs):
+    plan = offload_mix(graph_of(GPT))
+    got = offload_runs["fp32"]
     # every layer holds parameters and is one FSDP2 unit; the offloaded ones hold CPU shards
     assert got["offloaded"] == [s.offload for s in plan.layer_strategies]
     assert_matches_reference(got, *reference(GPT))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_offload_under_bf16_mixed_equals_the_same_plan_without(offload_runs):
+    """MixedPrecisionPolicy casts the fp32 shard to bf16 after the H2D copy either way, so
+    offloading changes where states live, not one bit of the arithmetic."""
+    got, plain = offload_runs["bf16"], offload_runs["bf16-plain"]
+    assert any(got["offloaded"]) and not any(plain["offloaded"])
+    assert got["losses"] == plain["losses"]
+    for name, tensor in plain["state"].items():
+        assert torch.equal(got["state"][name], tensor), name
 
 
 def test_offload_policy_is_fsdp2_cpu_offload():
