@@ -238,3 +238,20 @@ def test_plan_json_round_trip_with_offload():
     old = plan_from_dict(data).plan
     assert old.layer_strategies == tuple(dataclasses.replace(s, offload=False)
                                          for s in plan.layer_strategies)
+
+
+def test_cli_says_offload_is_needed_and_shows_host_bytes(capsys, tmp_path):
+    """`planner plan` refuses without offload and names the knob; with it, the plan's
+    strategy table marks the offloaded layers and `planner memory` has a host column."""
+    from planner.cli import main
+
+    argv = ["plan", "llama3-8b", "--cluster", "a100-40g", "--gpus-per-node", "2",
+            "--global-batch", "2"]
+    assert main([*argv, "--no-offload"]) == 2
+    assert "allow CPU offload (drop --no-offload)" in capsys.readouterr().err
+    out = tmp_path / "plan.json"
+    assert main([*argv, "--out", str(out)]) == 0
+    assert "3+off" in capsys.readouterr().out
+    assert main(["memory", "--plan", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "host GiB" in text and "offloaded to host memory" in text
