@@ -1,6 +1,6 @@
 """CPU offload (ZeRO-Offload) of one ZeRO-3 layer: PCIe copies, host optimizer step, host memory.
 
-The data flow is ZeRO-Offload's (Ren et al. 2021, sec. 4.1-4.2, Fig. 2): fp32 parameters,
+The data flow is ZeRO-Offload's (Ren et al. 2021, sec. 3-4): fp32 parameters,
 gradients and optimizer states live in host memory, the optimizer steps on the CPU,
 16-bit parameters reach the device for compute and gradients come back over PCIe. The
 executor runs it with FSDP2's `CPUOffloadPolicy` on a `fully_shard` (ZeRO-3) unit, which
@@ -15,7 +15,11 @@ fixes the byte counts (torch 2.13, torch/distributed/fsdp/_fully_shard):
         unreduced on the device until the last micro-batch).
   step  the optimizer updates the host shard: Adam reads param, grad, m, v and writes
         param, m, v (7 x 4 bytes per element), memory-bound on the host memory bus,
-        which the node's ranks share (they step at the same time).
+        which the node's ranks share (they step at the same time). That is the paper's
+        vectorized CPU Adam (sec. 5.1) and torch's `AdamW(fused=True)` on CPU; torch's
+        default single-tensor CPU AdamW is not memory-bound: measured here (torch 2.13,
+        one thread, 2^24 fp32 elements) 130-165 ms per step against 16 ms fused, so a run
+        with the default optimizer steps offloaded layers several times slower than priced.
 
 Overlap assumption: the H2D copy of a unit precedes its all-gather (the gather needs
 it) and runs on FSDP2's all-gather stream with pinned memory, so it joins the unit's
@@ -31,6 +35,7 @@ moments; per node the sum over its ranks must fit `ClusterSpec.host_memory_bytes
 from __future__ import annotations
 
 from ir.cluster import ClusterSpec
+from ir.errors import PlannerError
 from ir.layer import Layer
 from ir.strategy import LayerStrategy
 
@@ -52,6 +57,13 @@ def offloadable(strategy: LayerStrategy, cluster: ClusterSpec) -> bool:
     return strategy.dp_mode.stage == 3 and cluster.offload_known
 
 
+def _check_priceable(cluster: ClusterSpec) -> None:
+    if not cluster.offload_known:
+        raise PlannerError(f"cluster {cluster.name} gives no pcie_gbps, host_memory_bytes and "
+                           "host_memory_gbps: an offloaded layer cannot be priced; add them to "
+                           "the spec or re-plan without offload")
+
+
 def shard_params(layer: Layer, strategy: LayerStrategy) -> float:
     """Parameters in this rank's FSDP2 shard of the layer (tied copies included)."""
     return held_local_params(layer, strategy) / strategy.dp
@@ -61,7 +73,8 @@ def h2d_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec) -> 
     """One host-to-device copy of the fp32 shard (before one all-gather); 0 unless offloaded."""
     if not strategy.offload:
         return 0.0
-    # Ren et al. 2021 sec. 4.2 data flow; FSDP2 copies the fp32 shard: bytes / PCIe bandwidth.
+    _check_priceable(cluster)
+    # Ren et al. 2021 sec. 3-4 data flow, FSDP2's fp32 shard copy: bytes / PCIe bandwidth.
     return shard_params(layer, strategy) * FP32_BYTES / (cluster.pcie_gbps * GB)
 
 
@@ -69,7 +82,8 @@ def d2h_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec) -> 
     """One device-to-host copy of the reduced fp32 gradient shard; 0 unless offloaded."""
     if not strategy.offload:
         return 0.0
-    # Ren et al. 2021 sec. 4.2 (gradients offloaded after reduce-scatter): bytes / PCIe bandwidth.
+    _check_priceable(cluster)
+    # Ren et al. 2021 sec. 4.2 (each rank offloads its gradient partition): bytes / PCIe bandwidth.
     return shard_params(layer, strategy) * FP32_BYTES / (cluster.pcie_gbps * GB)
 
 
@@ -79,6 +93,7 @@ def host_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpe
     bus, which the node's devices_per_node ranks share; 0 unless offloaded."""
     if not strategy.offload:
         return 0.0
+    _check_priceable(cluster)
     per_rank_bytes_per_s = cluster.host_memory_gbps * GB / cluster.devices_per_node
     # Ren et al. 2021 sec. 5.1 (CPU Adam is memory-bound): streamed bytes / shared bandwidth.
     return shard_params(layer, strategy) * HOST_STEP_BYTES_PER_ELEMENT[optimizer] \

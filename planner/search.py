@@ -115,6 +115,8 @@ def _price(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, option
            ) -> tuple[list[LayerTable], list[tuple]]:
     """Price every layer's strategies; identical layers share one table. `prune=False`
     keeps dominated strategies (for the brute-force oracle in the tests)."""
+    if not cluster.offload_known:  # no PCIe / host memory figures: offload is not offered
+        options = dataclasses.replace(options, no_offload=True)
     stage_devices = cluster.world_size // cand.pp
     samples = global_batch // cand.num_microbatches
     per_param = bytes_per_param(options.precision, options.optimizer)
@@ -706,8 +708,6 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         # TP across nodes is never worth its all-reduces on these links (Narayanan et al.
         # 2021, sec. 3.3); --max-tp lifts the limit.
         options = dataclasses.replace(options, max_tp=cluster.devices_per_node)
-    if not cluster.offload_known:  # no PCIe / host memory figures: offload is not offered
-        options = dataclasses.replace(options, no_offload=True)
     outers = outer_candidates(graph, world, global_batch, options)
     price_cache: dict = {}
     trans_cache: dict = {}
