@@ -25,6 +25,7 @@ from cost_models.estimate import estimate
 from cost_models.memory import plan_memory
 from cost_models.model_states import bytes_per_param
 from cost_models.offload import host_step_seconds
+from ir.errors import PlannerError
 from ir.plan import PlanDocument, plan_from_dict, plan_to_dict
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision, Stage
 from planner.models import load_layer_graph
@@ -161,9 +162,12 @@ def test_offload_time_formulas_match_hand_computed_values():
     assert cluster.op_overhead_s == 0
     assert layer_compute(layer, off, cluster, config).optimizer_s == pytest.approx(host_s)
     assert layer_compute(layer, plain, cluster, config).optimizer_s < host_s / 10
-    # Without the host figures the formulas have nothing to divide by: not offered.
+    # Without the host figures the formulas have nothing to divide by: not offered, and
+    # an offloaded plan on such a spec is an error that names the missing fields.
     bare = dataclasses.replace(cluster, pcie_gbps=0.0)
     assert not bare.offload_known and cluster.offload_known
+    with pytest.raises(PlannerError, match="pcie_gbps"):
+        layer_comm(layer, off, bare, config, per_param)
 
 
 # ------------------------------------------------------------- (c) fits only with offload
