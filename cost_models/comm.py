@@ -134,7 +134,7 @@ def collective_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride: 
 
 def blocking_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride: int = 1):
     """A call the rank waits on before it can go on (TP collectives, pipeline
-    send/recv, ZeRO-1's broadcasts): the collective plus the wait profile-cluster
+    send/recv, ZeRO-1's all-gathers): the collective plus the wait profile-cluster
     measured for it on CPU processes that compute between calls (`blocking_wait_s`;
     0 on GPUs and unmeasured specs)."""
     if n <= 1:
@@ -156,7 +156,7 @@ class LayerComm:
     dp_backward_s: float  # per micro-batch: ZeRO-3 re-gather
     dp_step_s: float  # once per iteration: gradient all-reduce / reduce-scatter, ZeRO-2 gather
     tp_step_s: float = 0.0  # once per iteration, blocking: SP's partial gradients (sp_grad_sync_s)
-    # once per iteration, blocking, after the optimizer step: ZeRO-1 parameter broadcasts
+    # once per iteration, blocking, after the optimizer step: ZeRO-1 parameter all-gathers
     dp_after_step_s: float = 0.0
 
 
@@ -203,8 +203,8 @@ def dp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     (`set_gradient_sync`), so gradients are reduced once per iteration, in the last
     backward:
     replicate: all-reduce gradients (2 psi);
-    ZeRO-1: the same all-reduce, then after the optimizer step each owner broadcasts the
-    parameters it updated, one broadcast per owner (`ShardedOptimizer.step`; 1 psi);
+    ZeRO-1: the same all-reduce, then after the optimizer step one all-gather of the
+    updated parameters from the ranks' flat shards (`executors.zero1`; 1 psi);
     ZeRO-2: reduce-scatter gradients + all-gather parameters once per iteration (2 psi);
     ZeRO-3: all-gather parameters before every forward and again every backward, and
     reduce-scatter gradients once per iteration.
@@ -222,11 +222,8 @@ def dp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         all_reduce = collective_s("all_reduce", grad_bytes, dp, cluster, stride)
         if mode is DPMode.REPLICATE:
             return 0.0, 0.0, all_reduce, 0.0
-        tensors = len(layer.param_names) + len(layer.tied_param_names)
-        owners = min(dp, tensors) if tensors else dp  # owners split the bytes between them
-        broadcasts = owners * blocking_s("broadcast", param_bytes / owners, dp, cluster,
-                                         stride)
-        return 0.0, 0.0, all_reduce, broadcasts
+        gather = blocking_s("all_gather", param_bytes, dp, cluster, stride)
+        return 0.0, 0.0, all_reduce, gather
     rs = collective_s("reduce_scatter", grad_bytes, dp, cluster, stride)
     ag = collective_s("all_gather", param_bytes, dp, cluster, stride)
     if mode is DPMode.ZERO2:

@@ -67,6 +67,11 @@ OPTIMIZER_OPS_PER_TENSOR = {"adamw": 10, "adam": 9, "sgd": 2, "sgd-momentum": 3}
 # Bytes an Adam step streams per fp32 element: reads param, grad, m, v; writes param, m, v.
 ADAM_STEP_BYTES_PER_ELEMENT = 7 * 4
 SGD_STEP_BYTES_PER_ELEMENT = 4 * 4  # reads param, grad, buffer; writes param (or buffer)
+# executors.zero1.FlatShardGroup: per piece, its gradient into the step (a copy under mixed
+# precision, a view in fp32) and its update into the all-gather's send shard; per
+# parameter tensor, its copy out of the gathered flat buffer.
+ZERO1_COPY_OPS_PER_PIECE = 2
+ZERO1_COPY_OPS_PER_TENSOR = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +214,9 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
                            config: StepConfig) -> float:
     """One optimizer step over the layer's parameters on one rank: host time per tensor
     plus the bytes the update streams. ZeRO-2/3 step every tensor's shard; ZeRO-1 steps
-    the whole tensors this rank owns (about 1/dp of them)."""
+    this rank's pieces of a flat buffer (1/dp of the elements; a piece per tensor it
+    touches, at most tensors/dp + 1; plain tensors, `executors.zero1`), then copies the
+    gathered parameters out (read and written in the compute dtype)."""
     tensors = len(layer.param_names) + len(layer.tied_param_names)  # tied copies step too
     if tensors == 0:
         return 0.0
@@ -217,21 +224,27 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
                                    layer.tp_params + layer.tied_tp_params, strategy.tp)
     if strategy.dp_mode is not DPMode.REPLICATE:
         local_params /= strategy.dp
-    if strategy.dp_mode is DPMode.ZERO1:
-        tensors = math.ceil(tensors / strategy.dp)
     on_dtensors = strategy.dp > 1 or strategy.tp > 1 or config.precision is not Precision.FP32
+    copy_ops, copy_bytes = 0, 0.0
+    if strategy.dp_mode is DPMode.ZERO1 and strategy.dp > 1:
+        whole = tensors
+        tensors = min(whole, math.ceil(whole / strategy.dp) + 1)  # pieces
+        on_dtensors = False
+        copy_ops = ZERO1_COPY_OPS_PER_PIECE * tensors + ZERO1_COPY_OPS_PER_TENSOR * whole
+        copy_bytes = 2 * local_params * strategy.dp * config.precision.compute_bytes
     ops = OPTIMIZER_OPS_PER_TENSOR[config.optimizer] * tensors
     per_element = ADAM_STEP_BYTES_PER_ELEMENT if config.optimizer.startswith("adam") \
         else SGD_STEP_BYTES_PER_ELEMENT
-    stream_s = local_params * per_element / (cluster.hbm_gbps * GB)
+    stream_s = (local_params * per_element + copy_bytes) / (cluster.hbm_gbps * GB)
+    copy_s = copy_ops * host_op_seconds(cluster, False)
     per_tensor_s = cluster.optimizer_tensor_overhead(config.optimizer, on_dtensors)
     if strategy.offload:  # stepped by the host CPU: its streaming and its dispatch add up
         dispatch_s = tensors * per_tensor_s if per_tensor_s is not None \
             else ops * host_op_seconds(cluster, on_dtensors)
         return host_step_seconds(layer, strategy, cluster, config.optimizer) + dispatch_s
     if per_tensor_s is not None:  # measured with the node's processes: not stretched again
-        return with_host(stream_s, 0.0, cluster) + tensors * per_tensor_s
-    return with_host(stream_s, ops * host_op_seconds(cluster, on_dtensors), cluster)
+        return with_host(stream_s, copy_s, cluster) + tensors * per_tensor_s
+    return with_host(stream_s, ops * host_op_seconds(cluster, on_dtensors) + copy_s, cluster)
 
 
 def random_draw_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,

@@ -11,12 +11,12 @@ Data-parallel traffic overlaps the compute it runs beside with efficiency
 `overlap_efficiency(cluster)` (GPUs DP_OVERLAP_EFFICIENCY; CPU processes only what idle
 cores can take; or the spec's `dp_overlap_efficiency`); what it cannot hide is exposed.
 The pipeline (pipeline.py) turns F and B into the iteration; the once-per-step gradient
-sync adds what the last backward could not hide, and ZeRO-1's parameter broadcasts follow
+sync adds what the last backward could not hide, and ZeRO-1's parameter all-gathers follow
 the optimizer step. The breakdown is the critical rank's:
 
   iteration = m*(compute + tp_comm + pp_comm + exposed per-micro-batch dp) + bubble
               + per-step SP gradient sync + exposed per-step dp + optimizer step
-              + ZeRO-1 broadcasts
+              + ZeRO-1 all-gathers
 
 so compute + tp_comm + dp_comm + pp_comm + bubble + optimizer == iteration_seconds
 exactly (the per-step terms are those of the rank that finishes last).
@@ -67,7 +67,7 @@ class StageTime:
     dp_step_s: float  # exposed, once per iteration
     optimizer_s: float = 0.0  # the optimizer step, once per iteration
     tp_step_s: float = 0.0  # SP's partial-gradient all-reduce, once per iteration, blocking
-    dp_after_step_s: float = 0.0  # ZeRO-1 broadcasts after the optimizer step, blocking
+    dp_after_step_s: float = 0.0  # ZeRO-1 all-gathers after the optimizer step, blocking
 
     @property
     def forward_s(self) -> float:

@@ -20,8 +20,8 @@ alive, taking its maximum:
                     gradients of all micro-batches and reduces at the end of the step
   transients        one layer's backward at a time: the gradients entering and leaving
                     it, its recomputed activations (checkpointing), the gradient it makes
-  after backward    the tied-copy gradient sum, the optimizer step's temporaries, the
-                    ZeRO-1 broadcast buffers
+  after backward    the tied-copy gradient sum, the optimizer step's temporaries (and
+                    ZeRO-1's fp32 gradient shards), ZeRO-1's all-gather buffers
 
 The breakdown reported is the one at the peak, so its parts sum to `peak_bytes`: params
 (stored + gathered weights), grads (stored + unreduced), optimizer (moments),
@@ -47,7 +47,7 @@ from cost_models.common import GiB, MiB, StepConfig, layer_configs
 from cost_models.model_states import (FP32_BYTES, OPTIMIZER_MOMENTS, BytesPerParam,
                                       ModelStates, has_dp_unit, held_bytes_per_param,
                                       held_local_params, largest_param_tensor,
-                                      layer_held_states, moment_shares)
+                                      layer_held_states, moment_shares, zero1_step_bytes)
 from cost_models.offload import host_wall_problem, split_states
 from cost_models.pipeline_ops import PassOp, rank_ops
 
@@ -67,9 +67,6 @@ ADAM_FOREACH_TEMPORARIES = 1
 # executors.tied.TiedGradients.sync: `sum(full gradients)` holds the running sum and the
 # new one while adding the next full gradient.
 TIED_SUM_TEMPORARIES = 2
-# executors.optimizer.ShardedOptimizer.step: `flat = torch.cat(...)` for one owner's
-# broadcast is built while the previous owner's flat buffer is still referenced.
-ZERO1_BROADCAST_BUFFERS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +82,12 @@ class LayerMemory:
     working_param_bytes: float = 0.0  # a DP unit's gathered copy (0: no unit)
     reduce_bytes: float = 0.0  # a DP unit's reduce-scatter input; unreduced accumulation
     tied_grad_bytes: float = 0.0  # full gradient of its tied copies (TiedGradients.sync)
-    zero1_share_bytes: float = 0.0  # ZeRO-1: one owner's share of its weights (broadcast)
+    zero1_share_bytes: float = 0.0  # ZeRO-1: its all-gather's send and receive buffers
+    zero1_master_grad_bytes: float = 0.0  # ZeRO-1: fp32 gradient shard during the step
     reshard_after_forward: bool = False  # ZeRO-3 frees the working copy after forward
-    # ZeRO-1: moment bytes of each DP rank (whole tensors per owner); `states` holds the
-    # most loaded one's. Empty: every rank of the group holds `states.optimizer`.
+    # Moment bytes of each DP rank where they differ; `states` holds the most loaded
+    # one's. Empty: every rank of the group holds `states.optimizer` (ZeRO-1's flat
+    # shards are even, `model_states.moment_shares`).
     moment_shares: tuple[float, ...] = ()
     host_bytes: float = 0.0  # offloaded model states, in host memory (cost_models.offload)
 
@@ -113,19 +112,19 @@ def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
     shares = moment_shares(layer, strategy)
     moments = max(shares)
     tied_full = layer.tied_params * held.grads
+    zero1_step = zero1_step_bytes(layer, strategy, held)
     return LayerMemory(
         states=states, activations=layer_activations(layer, strategy, config),
         gather_unit_bytes=working if stage == 3 else 0.0,
         unsharded_grad_bytes=local * held.unsharded_grads if unit else 0.0,
         # an offloaded layer's optimizer step (and its temporaries) runs on the host
         largest_tensor_params=0.0 if strategy.offload
-        else largest_param_tensor(layer) / tensor_shards,
+        else min(largest_param_tensor(layer) / tensor_shards, moments),
         fp32_moment_bytes=0.0 if strategy.offload or not held.moments
         else moments * FP32_BYTES,
         working_param_bytes=working, reduce_bytes=local * held.reduce if unit else 0.0,
         tied_grad_bytes=tied_full,
-        # the most loaded owner's parameters, broadcast as one flat buffer
-        zero1_share_bytes=moments * held.weights if stage == 1 and strategy.dp > 1 else 0.0,
+        zero1_master_grad_bytes=zero1_step[0], zero1_share_bytes=zero1_step[1],
         reshard_after_forward=stage == 3 and unit,
         moment_shares=tuple(x * held.moments for x in shares) if len(shares) > 1 else (),
         host_bytes=host.total)
@@ -277,8 +276,8 @@ def walk_rank(chunks: Sequence[ChunkMemory], ops: Sequence[PassOp], *, stage: in
     tied = TIED_SUM_TEMPORARIES * max((l.tied_grad_bytes for l in layers), default=0.0)
     w.look("optimizer", buffers=tied)
     step = optimizer_step_temp_bytes(layers, optimizer, foreach)
-    w.look("optimizer", buffers=step)
-    zero1 = ZERO1_BROADCAST_BUFFERS * max((l.zero1_share_bytes for l in layers), default=0.0)
+    w.look("optimizer", buffers=step + sum(l.zero1_master_grad_bytes for l in layers))
+    zero1 = max((l.zero1_share_bytes for l in layers), default=0.0)  # one layer at a time
     w.look("optimizer", buffers=zero1)
     total, phase, (params, grads, opt, acts, bufs), in_flight = w.best
     parts = [round(params), round(grads), round(opt), round(acts), round(bufs)]

@@ -16,9 +16,14 @@ FSDP2 unit (`executors.data_parallel`: `fully_shard` for ZeRO-2/3, the FSDP2-bas
 over DP for ZeRO-2/3, whole for `replicate`), which is also the master copy under mixed
 precision (MixedPrecisionPolicy casts to the compute dtype when it gathers); the
 gathered compute-dtype copy is a separate, transient tensor (memory.py times its life);
-gradients are reduced and stored in fp32 (reduce_dtype); ZeRO-1 shards only the
-optimizer moments (`executors.optimizer.ShardedOptimizer`). A tied weight's copy
+gradients are reduced and stored in fp32 (reduce_dtype). A tied weight's copy
 (`Layer.tied_params`, `executors.tied.untie`) is one more parameter of its layer.
+
+ZeRO-1 with dp > 1 is the paper's (and the Megatron distributed optimizer's,
+`executors.zero1`): the layer stores its parameters and gradients in the compute dtype
+(16-bit under mixed precision) and each rank keeps fp32 master weights (mixed precision
+only) and moments for an even 1/dp of a flat buffer of the layer's parameters:
+2 + 2 + (4 + 4m)/dp bytes per parameter mixed, 4 + 4 + 4m/dp in fp32 (m moments).
 """
 
 from __future__ import annotations
@@ -139,12 +144,23 @@ def held_local_params(layer: Layer, strategy: LayerStrategy) -> float:
                            layer.tp_params + layer.tied_tp_params, strategy.tp)
 
 
+def zero1_flat(strategy: LayerStrategy) -> bool:
+    """Whether the executor runs the layer as ZeRO-1's flat-buffer shards (`executors.zero1`)."""
+    return strategy.dp_mode.stage == 1 and strategy.dp > 1
+
+
 def layer_held_states(layer: Layer, strategy: LayerStrategy,
                       held: HeldBytesPerParam) -> ModelStates:
     """Bytes the executor keeps for the whole step (module docstring): stored weights and
     gradients sharded over DP by ZeRO-2/3 (`fully_shard`, every tensor split evenly),
-    moments too, or by ZeRO-1 whole tensors per rank (here the most loaded rank's)."""
+    moments too; ZeRO-1 (`zero1_flat`) stores weights and gradients in the compute dtype
+    and shards fp32 master weights (mixed precision) and moments evenly over DP."""
     local = held_local_params(layer, strategy)
+    if zero1_flat(strategy):
+        # Rajbhandari et al. 2019, sec. 5.1 (P_os): 2Ψ + 2Ψ + KΨ/Nd, K = 4 (master) + 4m.
+        master = FP32_BYTES if held.working != FP32_BYTES else 0.0
+        return ModelStates(params=local * held.working, grads=local * held.working,
+                           optimizer=local * (master + held.moments) / strategy.dp)
     stage = strategy.dp_mode.stage
     shards = strategy.dp if stage >= 2 else 1
     return ModelStates(params=local * held.weights / shards, grads=local * held.grads / shards,
@@ -152,37 +168,30 @@ def layer_held_states(layer: Layer, strategy: LayerStrategy,
 
 
 def moment_params(layer: Layer, strategy: LayerStrategy) -> float:
-    """Parameters whose optimizer moments one rank keeps (the most loaded under ZeRO-1)."""
+    """Parameters whose optimizer moments one rank keeps (every rank alike)."""
     return max(moment_shares(layer, strategy))
 
 
 def moment_shares(layer: Layer, strategy: LayerStrategy) -> list[float]:
-    """Parameters whose moments each rank of the layer's DP group keeps: whole tensors
-    per owner under ZeRO-1 (`zero1_shares`), an even 1/dp under ZeRO-2/3 (FSDP2 splits
-    every tensor), all of them otherwise (one entry then: every rank alike)."""
+    """Parameters whose moments each rank of the layer's DP group keeps: an even 1/dp
+    under ZeRO-1/2/3 (a flat buffer split evenly; FSDP2 splits every tensor), all of them
+    otherwise. One entry: every rank alike (the padding of the last shard is < dp
+    elements)."""
     stage = strategy.dp_mode.stage
-    if stage == 1 and strategy.dp > 1:
-        return zero1_shares(local_param_tensors(layer, strategy.tp), strategy.dp)
-    return [held_local_params(layer, strategy) / (strategy.dp if stage >= 2 else 1)]
+    return [held_local_params(layer, strategy) / (strategy.dp if stage >= 1 else 1)]
 
 
-def local_param_tensors(layer: Layer, tp: int) -> list[float]:
-    """Elements of each parameter tensor one TP rank holds, as far as the IR tells: one
-    per TP candidate (its weight, TP-split; a bias rides with it) and the rest of the
-    layer's parameters (norms, biases) as one unsplit tensor."""
-    sizes = [c.params / tp for c in layer.tp_candidates]
-    rest = layer.params + layer.tied_params - sum(c.params for c in layer.tp_candidates)
-    return sizes + [rest] if rest > 0 else sizes
-
-
-def zero1_shares(sizes: list[float], dp: int) -> list[float]:
-    """Elements of each data-parallel rank's share of one ZeRO-1 layer group: the
-    executor gives each tensor to one rank, largest first onto the least loaded, ties to
-    the lower rank (executors.optimizer.owners_by_size)."""
-    load = [0.0] * dp
-    for size in sorted(sizes, reverse=True):
-        load[min(range(dp), key=lambda r: (load[r], r))] += size
-    return load
+def zero1_step_bytes(layer: Layer, strategy: LayerStrategy,
+                     held: HeldBytesPerParam) -> tuple[float, float]:
+    """ZeRO-1's step temporaries of one layer (`executors.zero1.FlatShardGroup`):
+    (the fp32 gradient shard of the master weights, alive during the optimizer step:
+    mixed precision only, fp32 steps on views of the gradient; the all-gather's send
+    shard and receive buffer, one layer at a time, in the parameters' dtype)."""
+    if not zero1_flat(strategy):
+        return 0.0, 0.0
+    local = held_local_params(layer, strategy)
+    master_grad = local / strategy.dp * FP32_BYTES if held.working != FP32_BYTES else 0.0
+    return master_grad, local * (1 + 1 / strategy.dp) * held.working
 
 
 def largest_param_tensor(layer: Layer) -> int:

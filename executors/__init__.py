@@ -7,11 +7,18 @@
         loss = pm.train_step(inputs, target)
 
 Modules, one idea each: `mesh` (degrees, DeviceMeshes), `layout` (activation layouts and
-re-layouts), `tensor_parallel`, `checkpointing`, `data_parallel`, `pipeline`, `tied`
-(shared weights), `optimizer` (ZeRO-1), `data` (per-rank batch shards), `validate`
-(rejections), `runtime` (ParallelModel, train_step), `state` (full parameters),
-`checkpoint` (DCP save / resume under any plan), `apply` (the composition, in one
-documented order).
+re-layouts), `tensor_parallel`, `fused` (fused projections' per-rank row order),
+`tp_check` (the set-up self-check), `checkpointing`, `data_parallel`, `pipeline`, `tied`
+(shared weights), `optimizer` (one optimizer), `zero1` (ZeRO-1's flat shards),
+`optimizer_state` (optimizer state in checkpoints), `loss_scaling` (fp16's agreed
+scale), `data` (per-rank batch shards), `validate` (rejections), `runtime`
+(ParallelModel, train_step), `state` (full parameters, both ways), `checkpoint` (DCP
+save / resume under any plan), `pretrained` / `pretrained_export` (Hugging Face
+safetensors in and out, shard by shard), `apply` (the composition, in one documented
+order).
+Sharded embedding tables (recommendation models): `sharded_embedding` (placements,
+all-to-all lookups), `sparse_optimizer` (row-sparse updates), `hybrid_step` (tables
+model parallel, the rest data parallel), `embedding_checkpoint` (resharding DCP saves).
 """
 
 from executors.apply import apply, default_device, init_distributed
@@ -19,9 +26,10 @@ from executors.data import global_batch_indices, local_rows, shard_batch
 from executors.layout import Layout
 from executors.mesh import MeshAxis, ParallelDims
 from executors.runtime import ParallelModel
-from executors.state import full_state_dict
+from executors.state import full_state_dict, load_full_state_dict
 from executors.validate import check_plan
 
 __all__ = ["apply", "check_plan", "default_device", "init_distributed", "full_state_dict",
+           "load_full_state_dict",
            "global_batch_indices", "local_rows", "shard_batch", "Layout", "MeshAxis",
            "ParallelDims", "ParallelModel"]

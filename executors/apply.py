@@ -14,7 +14,8 @@ fixed (torchtitan's: TP -> AC -> FSDP, embeddings/blocks/head one unit each, roo
     per stage module, per layer in order:
     4. apply_tp            DTensor TP / SP styles on the layer's TP mesh; then the
                            self-check runs each split layer against its record
-    5. re-layouts          hooks where neighbouring layers lay activations out differently
+    5. re-layouts          hooks where neighbouring layers lay activations out differently;
+                           the self-check runs each once against the unsplit activation
     6. apply_ac            activation checkpointing of the layer
     7. apply_dp            fully_shard / replicate on the layer's DP mesh; then the root
     then:
@@ -79,15 +80,19 @@ def _parallelize_stage(module: nn.Module, layers: list[int], plan: ParallelPlan,
                  loss_parallel=loss_parallel and j == len(graph.layers) - 1)
     tp_check.check(module, layers, plan, graph, meshes, _layer_module)
     # 5. re-layouts: each layer converts its input from the layout of the one before it
+    relayouts = []  # (layer, side, from, to): the self-check runs each once
     for j in layers:
         layout = layer_layout(plan, graph, j)
         if incoming != layout:
             add_input_relayout(_layer_module(module, graph.layers[j].name), incoming, layout,
                                meshes)
+            relayouts.append((j, "input", incoming, layout))
         incoming = layout
     if is_last and incoming.seq_sharded:  # the loss sees whole sequences
         add_output_relayout(_layer_module(module, graph.layers[layers[-1]].name), incoming,
                             incoming.full_sequence, meshes)
+        relayouts.append((layers[-1], "output", incoming, incoming.full_sequence))
+    tp_check.check_relayouts(relayouts, plan, graph, meshes)
     # 6. activation checkpointing
     for j in layers:
         apply_ac(_layer_module(module, graph.layers[j].name), strategies[j].checkpoint)

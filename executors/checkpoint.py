@@ -9,12 +9,20 @@ What is saved, one flat DCP state dict per rank (every rank writes its own shard
                            model's (`executors.state`), so any plan of the same model can
                            load them
   optim/<fqn>/<key>        the optimizer state of the parameters this rank updates
-                           (AdamW's step, exp_avg, exp_avg_sq; ZeRO-1 owners only)
+                           (AdamW's step, exp_avg, exp_avg_sq) in the parameter's
+                           global shape; a ZeRO-1 rank writes the pieces of its flat
+                           shard (`executors.optimizer.checkpoint_state`), and under
+                           mixed precision its fp32 master weights as model/<fqn>
   rng/cpu/rank<r>          each rank's CPU (and CUDA) generator state
   scaler/<key>             fp16-mixed: the loss scale and its growth count
                            (`executors.loss_scaling`)
   meta/step                the optimizer steps taken: the data position (global batch k
                            is the k-th of the run, `executors.data`)
+
+A fused projection split per part (`executors.fused`) holds its rows rank-major; it and
+its per-element optimizer states are saved whole in the model's order (gathered over
+their mesh: every rank passes the same tensor and DCP writes it once) and reordered into
+this rank's shard on load, so the checkpoint is in the model's layout for every plan.
 
 Loading builds the same dict from the model being resumed — its parameters and
 zero-initialised optimizer states in ITS layout — and DCP copies each saved chunk into
@@ -49,7 +57,9 @@ from executors.checkpoint_files import (LEGACY_SCHEMA, MARKER, METADATA, VettedR
                                         check_sizes, disk_error_message, file_digest,
                                         os_error_in, probe_write, read_marker, read_metadata,
                                         render_marker, verify_files, write_file)
+from executors.fused import FusedSplit, full_in_model_order, fused_parameters, load_model_order
 from executors.runtime import ParallelModel
+from executors.optimizer_state import checkpoint_state, load_targets
 from ir.errors import PlannerError
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -73,19 +83,6 @@ def _named_parameters(pm: ParallelModel) -> dict[str, torch.nn.Parameter]:
     return out
 
 
-def _inner_optimizer(pm: ParallelModel):
-    """The torch optimizer (ZeRO-1's `ShardedOptimizer` wraps one, or None)."""
-    opt = pm.optimizer
-    return opt.inner if hasattr(opt, "inner") else opt
-
-
-def _optimizer_params(pm: ParallelModel) -> list[torch.nn.Parameter]:
-    inner = _inner_optimizer(pm)
-    if inner is None:
-        return []
-    return [p for group in inner.param_groups for p in group["params"]]
-
-
 def _rng_state() -> dict[str, torch.Tensor]:
     rank = dist.get_rank()
     out = {f"rng/cpu/rank{rank}": torch.get_rng_state()}
@@ -94,16 +91,26 @@ def _rng_state() -> dict[str, torch.Tensor]:
     return out
 
 
+def _fused(pm: ParallelModel) -> dict[str, tuple[FusedSplit, int]]:
+    return fused_parameters(module for _, module in pm.stage_modules)
+
+
+def _as_saved(tensor: torch.Tensor, like: torch.Tensor,
+              fused: tuple[FusedSplit, int] | None) -> torch.Tensor:
+    """What is saved for `tensor` (a parameter `like`, or a state of its shape)."""
+    if fused is not None and tuple(tensor.shape) == tuple(like.shape):
+        return full_in_model_order(tensor, *fused)
+    return tensor.detach()
+
+
 def state_dict_for_save(pm: ParallelModel, step: int) -> dict[str, torch.Tensor]:
     params = _named_parameters(pm)
     names = {id(p): n for n, p in params.items()}
-    state: dict[str, torch.Tensor] = {f"model/{n}": p.detach() for n, p in params.items()}
-    inner = _inner_optimizer(pm)
-    for p in _optimizer_params(pm):
-        for key, value in (inner.state.get(p) or {}).items():
-            if not isinstance(value, torch.Tensor):
-                value = torch.tensor(value)
-            state[f"optim/{names[id(p)]}/{key}"] = value
+    fused = _fused(pm)
+    state: dict[str, torch.Tensor] = {f"model/{n}": _as_saved(p, p, fused.get(n))
+                                      for n, p in params.items()}
+    # ZeRO-1: the fp32 master as model/; fused parameters' states in the model's order
+    state.update(checkpoint_state(pm.optimizer, names, fused))
     state.update(_rng_state())
     if pm.loss_scaler is not None:
         state.update({f"scaler/{k}": v for k, v in pm.loss_scaler.state_dict().items()})
@@ -150,10 +157,17 @@ def save_checkpoint(pm: ParallelModel, directory: str, step: int | None = None,
     that fails (e.g. a full disk) raises one PlannerError on every rank naming the folder
     and the free space, removes its temporary folder and leaves earlier checkpoints."""
     step = pm.steps if step is None else step
+    return save_state(state_dict_for_save(pm, step), directory, step, str(pm.plan), keep)
+
+
+def save_state(state: dict, directory: str, step: int, plan: str,
+               keep: int | None = None) -> str:
+    """The atomic, digested save of any flat DCP state dict (a collective): `step-N/`
+    with COMPLETE.json naming `plan`. save_checkpoint and the sharded-table checkpoints
+    (`executors.embedding_checkpoint`) both save through it."""
     final = step_dir(directory, step)
     tmp = os.path.join(directory, f".tmp-step-{step:08d}")
     rank, world = _rank_world()
-    state = state_dict_for_save(pm, step)
     local_bytes = sum(_local(t).numel() * _local(t).element_size() for t in state.values())
     error = None
     if rank == 0:
@@ -186,7 +200,7 @@ def save_checkpoint(pm: ParallelModel, directory: str, step: int | None = None,
         files = {name: d for _, part in gathered for name, d in part.items()}
         try:
             write_file(os.path.join(tmp, MARKER),
-                       render_marker(step, world, str(pm.plan), files))
+                       render_marker(step, world, plan, files))
             _swap_in(tmp, final, directory, step)
             if keep is not None:
                 for old_step in complete_steps(directory)[:-keep]:
@@ -199,6 +213,9 @@ def save_checkpoint(pm: ParallelModel, directory: str, step: int | None = None,
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
+    if hasattr(tensor, "local_shards"):  # a ShardedTensor (sharded tables): its chunks
+        shards = [s.tensor.reshape(-1) for s in tensor.local_shards()]
+        return torch.cat(shards) if shards else torch.empty(0)
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
@@ -320,40 +337,56 @@ def check_checkpoint(path: str) -> dict:
 # ------------------------------------------------------------------ load
 
 
-def load_checkpoint(pm: ParallelModel, path: str) -> int:
-    """Load `path` into `pm` (any plan and world size of the same model) on every rank;
-    returns the step it was saved at and sets `pm.steps` to it. Nothing is loaded until
-    every file's size and digest and the metadata have been checked."""
+def open_checkpoint(path: str):
+    """(marker, vetted DCP metadata, hint) of `path` on every rank (a collective): every
+    file's size and digest checked (the hashing shared by the ranks), `.metadata` read
+    restrictedly; PlannerError naming the damaged file otherwise, on every rank."""
     rank, world = _rank_world()
     marker, hint = _marker_and_sizes(path)
     data_files = sorted(n for n in marker["files"] if n != METADATA)
     _agree(verify_files(path, marker, data_files[rank::world], hint))  # hashing shared
     vetted = read_metadata(path, marker, hint)  # the bytes hashed are the bytes read
-    metadata = vetted.state_dict_metadata
     if marker["schema"] == LEGACY_SCHEMA and rank == 0:
         warnings.warn(f"checkpoint {path} predates file digests ({LEGACY_SCHEMA}): its sizes "
                       "are checked, its contents cannot be; the next save records digests",
-                      stacklevel=2)
+                      stacklevel=3)
+    return marker, vetted, hint
+
+
+def load_state(state: dict, path: str, vetted, hint: str) -> None:
+    """dcp.load into `state` from the vetted metadata; one PlannerError if DCP fails."""
+    try:
+        dcp.load(state, storage_reader=VettedReader(path, vetted))
+    except (CheckpointException, Exception) as exc:  # DCP raises the former on every rank
+        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+        raise PlannerError(f"checkpoint {path} could not be loaded ({type(exc).__name__}: "
+                           f"{lines[-1][:200] if lines else ''}); {hint}") from None
+
+
+def load_checkpoint(pm: ParallelModel, path: str) -> int:
+    """Load `path` into `pm` (any plan and world size of the same model) on every rank;
+    returns the step it was saved at and sets `pm.steps` to it. Nothing is loaded until
+    every file's size and digest and the metadata have been checked."""
+    marker, vetted, hint = open_checkpoint(path)
+    metadata = vetted.state_dict_metadata
     params = _named_parameters(pm)
     _check_model(path, metadata, {n: tuple(p.shape) for n, p in params.items()})
     names = {id(p): n for n, p in params.items()}
-    state: dict[str, torch.Tensor] = {f"model/{n}": p.detach() for n, p in params.items()}
-    inner = _inner_optimizer(pm)
-    optim: dict[int, dict[str, torch.Tensor]] = {}
-    for p in _optimizer_params(pm):
-        prefix = f"optim/{names[id(p)]}/"
-        slots = {}
-        for key, meta in metadata.items():
-            if not key.startswith(prefix):
-                continue
-            size = tuple(meta.size)
-            if size == tuple(p.shape):  # a per-element state: this rank's layout of p
-                slots[key[len(prefix):]] = torch.zeros_like(p.detach(), dtype=meta.properties.dtype)
-            else:  # a scalar such as AdamW's step
-                slots[key[len(prefix):]] = torch.zeros(size, dtype=meta.properties.dtype)
-            state[key] = slots[key[len(prefix):]]
-        if slots:
-            optim[id(p)] = slots
+    fused = _fused(pm)
+    # fused: a whole buffer in the model's order, reordered into the shard after loading
+    whole: list[tuple[torch.Tensor, torch.Tensor, tuple[FusedSplit, int]]] = []
+
+    def target(tensor: torch.Tensor, name: str) -> torch.Tensor:
+        if name not in fused:
+            return tensor
+        buffer = torch.zeros(tuple(tensor.shape), dtype=tensor.dtype)
+        whole.append((tensor, buffer, fused[name]))
+        return buffer
+
+    state: dict[str, torch.Tensor] = {f"model/{n}": target(p.detach(), n)
+                                      for n, p in params.items()}
+    optim, install_optim = load_targets(pm.optimizer, names, metadata, fused)
+    state.update(optim)
     rng_keys = [k for k in _rng_state() if k in metadata]
     for key in rng_keys:
         state[key] = torch.zeros(tuple(metadata[key].size), dtype=metadata[key].properties.dtype)
@@ -362,16 +395,10 @@ def load_checkpoint(pm: ParallelModel, path: str) -> int:
         for key in scaler_keys:
             state[key] = torch.zeros(tuple(metadata[key].size), dtype=metadata[key].properties.dtype)
     state["meta/step"] = torch.zeros((), dtype=torch.int64)
-    try:
-        dcp.load(state, storage_reader=VettedReader(path, vetted))
-    except (CheckpointException, Exception) as exc:  # DCP raises the former on every rank
-        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-        raise PlannerError(f"checkpoint {path} could not be loaded ({type(exc).__name__}: "
-                           f"{lines[-1][:200] if lines else ''}); {hint}") from None
-    if inner is not None:
-        by_id = {id(p): p for p in _optimizer_params(pm)}
-        for pid, slots in optim.items():
-            inner.state[by_id[pid]] = slots
+    load_state(state, path, vetted, hint)
+    for tensor, buffer, (split, dim) in whole:
+        load_model_order(tensor, buffer, split, dim)
+    install_optim()
     for key in rng_keys:
         if key.startswith("rng/cpu/"):
             torch.set_rng_state(state[key])

@@ -6,8 +6,12 @@
     ZERO2      fully_shard(reshard_after_forward=False): the same shards, but parameters
                stay gathered from forward to backward (one all-gather per step).
     ZERO1      replicate(): parameters and gradients replicated, gradients all-reduced;
-               the optimizer states are sharded by `executors.optimizer.ShardedOptimizer`
-               (each rank updates the parameters it owns and broadcasts them).
+               fp32 master weights and optimizer moments sharded evenly over a flat
+               buffer (`executors.zero1`, the Megatron distributed optimizer's layout):
+               each rank updates its shard and the group all-gathers the parameters.
+               Under mixed precision (dp > 1) the parameters are stored in 16 bits
+               (`cast_to_working_dtype`, before `replicate`), so the layer holds
+               2 + 2 bytes per parameter plus 12/dp of optimizer state.
     REPLICATE  replicate(): DDP — gradients all-reduced.
 
 `replicate` is the FSDP2-based composable `replicate` (torch.distributed._composable.
@@ -50,6 +54,7 @@ from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecision
                                     OffloadPolicy, fully_shard)
 
 from executors.sync_batchnorm import prepare_batch_norms
+from executors.zero1 import attach_master, cast_to_working_dtype
 from ir.strategy import DPMode, LayerStrategy, Precision
 
 
@@ -90,12 +95,18 @@ def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
     if not needs_dp_unit(module, strategy, precision):
         return None
     policy = mp_policy(precision)
+    zero1_16bit = (strategy.dp_mode is DPMode.ZERO1 and strategy.dp > 1
+                   and precision is not Precision.FP32)
+    if zero1_16bit:  # the fp32 master shard goes to the optimizer, the weights to 16 bits
+        cast_to_working_dtype(module, mesh.get_group(), policy.param_dtype)
     if strategy.dp_mode in (DPMode.ZERO2, DPMode.ZERO3):
         unit = fully_shard(module, mesh=mesh, mp_policy=policy,
                            reshard_after_forward=strategy.dp_mode is DPMode.ZERO3,
                            offload_policy=offload_policy(strategy))
     else:
         unit = replicate(module, mesh=mesh, mp_policy=policy)
+    if zero1_16bit:
+        attach_master(module)
     _sum_reduction(unit, mesh)
     return unit
 

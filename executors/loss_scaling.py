@@ -14,7 +14,8 @@ the same number.
 
     scaler = LossScaler()
     loss = scaler.scale(loss); loss.backward()
-    if scaler.unscale_and_check(params, device): optimizer.step()   # else skipped
+    if scaler.unscale_and_check(params, device):   # else skipped
+        optimizer.step()   # a ShardedOptimizer: step(grad_multiplier=1 / scaler.scale_value)
     scaler.update(); optimizer.zero_grad()
 """
 
@@ -60,7 +61,11 @@ class LossScaler:
             if p.grad is None:
                 continue
             grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-            grad.mul_(inverse)
+            if grad.dtype == torch.float32:
+                grad.mul_(inverse)
+            # a 16-bit gradient (ZeRO-1's, beside its fp32 master shard) stays scaled: the
+            # optimizer unscales its fp32 copy (`ShardedOptimizer.step(grad_multiplier=)`),
+            # since unscaling in fp16 would flush the small values the scale protects
             overflow = torch.maximum(overflow, (~torch.isfinite(grad)).any().to(overflow.dtype))
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(overflow, op=dist.ReduceOp.MAX)

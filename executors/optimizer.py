@@ -1,14 +1,14 @@
-"""The optimizer of a parallel model, with ZeRO-1 optimizer-state sharding.
+"""The optimizer of a parallel model, with ZeRO-1's flat-buffer sharding.
 
-ZeRO-1 (Rajbhandari et al. 2020, P_os) shards optimizer states over a layer's
-data-parallel group while parameters and gradients stay replicated. `ShardedOptimizer`
-does it the way `torch.distributed.optim.ZeroRedundancyOptimizer` does — each parameter
-is owned by one rank of its group (greedy by size, largest first), only the owner keeps
-optimizer state for it and updates it, and the owners broadcast the updated values — but
-it works on DTensor parameters (TP shards, FSDP2 `replicate` units) and on one data-parallel
-group per layer. Everything else (ZeRO-2/3 shards, DDP, TP, unsharded parameters) goes
+Layers under ZeRO-1 (`executors.zero1`): their fp32 master weights and optimizer
+moments are sharded evenly over the layer's data-parallel group, one flat buffer per
+layer (the Megatron-LM distributed optimizer's layout); the inner torch optimizer
+steps on this rank's pieces of them, then the group all-gathers the updated
+parameters. Everything else (ZeRO-2/3 shards, DDP, TP, unsharded parameters) goes
 through the same single inner optimizer, so `step()` is one call. Element-wise
 optimizers (Adam, AdamW, SGD) give the same numbers however parameters are sharded.
+
+Checkpoints of its state: `executors.optimizer_state`.
 """
 
 from __future__ import annotations
@@ -18,28 +18,10 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
+from executors.zero1 import FlatShardGroup, local_tensor
 
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The tensor this rank stores for `t` (a DTensor's local shard, aliased: writes to it
-    change `t`)."""
-    if isinstance(t, DTensor):
-        with torch.no_grad():  # to_local() returns the stored shard itself without autograd
-            return t.to_local()
-    return t
-
-
-def owners_by_size(params: list[nn.Parameter], group_size: int) -> list[int]:
-    """Owner (group rank) of each parameter: largest first onto the least loaded rank."""
-    load = [0] * group_size
-    owner = [0] * len(params)
-    order = sorted(range(len(params)), key=lambda i: (-local_tensor(params[i]).numel(), i))
-    for i in order:
-        rank = min(range(group_size), key=lambda r: (load[r], r))
-        owner[i] = rank
-        load[rank] += local_tensor(params[i]).numel()
-    return owner
+__all__ = ["ShardedOptimizer", "build_optimizer", "local_tensor"]
 
 
 class ShardedOptimizer:
@@ -52,21 +34,11 @@ class ShardedOptimizer:
                  zero1_groups: list[tuple[list[nn.Parameter], dist.ProcessGroup]],
                  optimizer_cls: type[torch.optim.Optimizer], optimizer_kwargs: dict[str, Any]):
         self.params = [p for p in params if p.requires_grad]
-        sharded: set[int] = set()
-        owned: list[nn.Parameter] = []
-        # (group, global rank of the owner, its parameters): one coalesced broadcast each
-        self._broadcasts: list[tuple[dist.ProcessGroup, int, list[nn.Parameter]]] = []
-        for group_params, group in zero1_groups:
-            group_params = [p for p in group_params if p.requires_grad]
-            owners = owners_by_size(group_params, dist.get_world_size(group))
-            me = dist.get_rank(group)
-            for owner in range(dist.get_world_size(group)):
-                mine = [p for p, o in zip(group_params, owners) if o == owner]
-                if mine:
-                    self._broadcasts.append((group, dist.get_global_rank(group, owner), mine))
-            owned += [p for p, o in zip(group_params, owners) if o == me]
-            sharded.update(id(p) for p in group_params)
-        updated = [p for p in self.params if id(p) not in sharded] + owned
+        self.groups = [FlatShardGroup([p for p in ps if p.requires_grad], group)
+                       for ps, group in zero1_groups]
+        sharded = {id(p) for g in self.groups for p in g.params}
+        updated = [p for p in self.params if id(p) not in sharded]
+        updated += [t for g in self.groups for t in g.opt_params]
         self.inner = optimizer_cls(updated, **optimizer_kwargs) if updated else None
 
     @property
@@ -74,17 +46,23 @@ class ShardedOptimizer:
         return self.inner.param_groups if self.inner is not None else []
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, grad_multiplier: float = 1.0) -> None:
+        """grad_multiplier: applied to ZeRO-1's fp32 copies of 16-bit gradients (fp16
+        loss scaling's unscale, `executors.loss_scaling`)."""
+        for g in self.groups:
+            g.attach_grads(grad_multiplier)
         if self.inner is not None:
             self.inner.step()
-        for group, src, params in self._broadcasts:
-            locals_ = [local_tensor(p) for p in params]
-            flat = torch.cat([t.reshape(-1) for t in locals_])
-            dist.broadcast(flat, src=src, group=group)
-            offset = 0
-            for t in locals_:
-                t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                offset += t.numel()
+        for g in self.groups:
+            g.release_grads()  # the fp32 gradient shards go before the all-gathers
+        for g in self.groups:
+            g.all_gather_params()
+
+    def optimized_params(self) -> list[nn.Parameter]:
+        """The model parameters this optimizer updates (ZeRO-1 ones through their pieces)."""
+        sharded = {id(p) for g in self.groups for p in g.params}
+        return [p for p in self.params if id(p) not in sharded] + [
+            p for g in self.groups for p in g.params]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:

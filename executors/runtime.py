@@ -53,6 +53,7 @@ from executors.data_parallel import set_gradient_sync
 from executors.layout import Layout
 from executors.loss_scaling import LossScaler
 from executors.mesh import Meshes
+from executors.optimizer import ShardedOptimizer
 from executors.pipeline import StageAnalysis, stage_inputs
 from executors.tensor_parallel import reduce_partial_grads
 from executors.tied import TiedGradients
@@ -253,8 +254,13 @@ class ParallelModel:
         self.tied.sync()
         scaler = self.loss_scaler
         # fp16: every rank steps, or every rank skips (an overflow anywhere)
-        if scaler is None or scaler.unscale_and_check(self.module.parameters(), self.device):
+        if scaler is None:
             self.optimizer.step()
+        elif scaler.unscale_and_check(self.module.parameters(), self.device):
+            if isinstance(self.optimizer, ShardedOptimizer):
+                self.optimizer.step(grad_multiplier=1.0 / scaler.scale_value)
+            else:
+                self.optimizer.step()
         if scaler is not None:
             scaler.update()
         self.optimizer.zero_grad(set_to_none=True)

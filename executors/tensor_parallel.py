@@ -5,6 +5,12 @@ Per TP candidate of the layer IR (`Layer.tp_candidates`, paths relative to the l
     colwise  ColwiseParallel()                          q/k/v, MLP up/gate: split outputs
     rowwise  RowwiseParallel()                          attention out, MLP down: all-reduce
              RowwiseParallel(output_layouts=Shard(1))   ... reduce-scatter under SP
+
+A Conv1D (GPT-2; weight stored (in, out)) gets the same styles with the weight split on
+the transposed dim (`Conv1DColwise`: Shard(1), `Conv1DRowwise`: Shard(0)): parameter
+names, shapes and layout stay the model's own, so state dicts, checkpoints, tied weights
+and FSDP see what the single-device model has, and DTensor runs Conv1D's own addmm. A
+fused [q | k | v] / [gate | up] module is reordered rank-major first (`executors.fused`).
     vocab    RowwiseParallel() on the embedding         table split over the vocabulary
     head     the model's last layer: ColwiseParallel(output_layouts=Shard(-1),
              use_local_output=False): the logits stay split over the vocabulary as a
@@ -40,20 +46,23 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
+from functools import partial
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
+from torch.distributed.tensor import (DTensor, Partial, Placement, Replicate, Shard,
+                                     distribute_module, distribute_tensor)
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
+from executors.fused import fused_split, reorder_for_split
 from executors.layout import SEQ_DIM, map_main_input
 from ir.layer import Layer, TPStyle
 from ir.legality import is_tp_block, sequence_parallel_applies, sequence_parallel_problem
 from ir.strategy import LayerStrategy
-from ir.tp import HEAD_ATTRS, KV_HEAD_ATTRS, head_counts
+from ir.tp import HEAD_ATTRS, KV_HEAD_ATTRS, head_counts, is_conv1d
 
 # Head-concatenated sizes attention code reshapes with next to its head counts (OPT/BART
 # embed_dim, BERT all_head_size, GPT-2/Falcon split_size and hidden_size).
@@ -92,7 +101,8 @@ def tp_problem(layer: Layer, module: nn.Module, strategy: LayerStrategy,
     for cand in layer.tp_candidates:
         sub = module.get_submodule(cand.module) if cand.module else module
         want = nn.Embedding if cand.style is TPStyle.VOCAB else nn.Linear
-        if not isinstance(sub, want):
+        block_conv1d = cand.style in (TPStyle.COLWISE, TPStyle.ROWWISE) and is_conv1d(sub)
+        if not isinstance(sub, want) and not block_conv1d:
             return (f"layer {layer.name}: {cand.module or '(the layer)'} is a "
                     f"{type(sub).__name__}; DTensor {cand.style} parallelism here splits "
                     f"{want.__name__} only; use tp=1 for this layer")
@@ -112,11 +122,12 @@ def layer_tp_plan(layer: Layer, module: nn.Module, strategy: LayerStrategy,
     sp = sequence_parallel_applies(layer, strategy)
     plan: dict[str, ParallelStyle] = {}
     for cand in layer.tp_candidates:
+        conv1d = is_conv1d(module.get_submodule(cand.module)) if cand.module else False
         if cand.style is TPStyle.COLWISE:
-            plan[cand.module] = ColwiseParallel()
+            plan[cand.module] = Conv1DColwise() if conv1d else ColwiseParallel()
         elif cand.style is TPStyle.ROWWISE:
-            plan[cand.module] = RowwiseParallel(
-                output_layouts=Shard(SEQ_DIM) if sp else Replicate())
+            rowwise = Conv1DRowwise if conv1d else RowwiseParallel
+            plan[cand.module] = rowwise(output_layouts=Shard(SEQ_DIM) if sp else Replicate())
         elif cand.style is TPStyle.VOCAB:
             plan[cand.module] = RowwiseParallel(input_layouts=Replicate(),
                                                 output_layouts=Replicate())
@@ -144,6 +155,44 @@ def _in_split_parent(layer: Layer, path: str) -> bool:
 def _shared_projection(layer: Layer, path: str, sub: nn.Module) -> bool:
     """A Linear left whole inside a split attention: multi-query attention's key/value."""
     return isinstance(sub, nn.Linear) and _in_split_parent(layer, path)
+
+
+def _distribute_params(module: nn.Module, mesh: DeviceMesh, placements: dict[str, Placement],
+                       src_data_rank) -> None:
+    for name, param in list(module.named_parameters(recurse=False)):
+        module.register_parameter(name, nn.Parameter(
+            distribute_tensor(param, mesh, [placements[name]], src_data_rank=src_data_rank),
+            requires_grad=param.requires_grad))
+
+
+class Conv1DColwise(ColwiseParallel):
+    """ColwiseParallel for a Conv1D: output features are the weight's dim 1."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def partition(_name, mod, mesh):
+            _distribute_params(mod, mesh, {"weight": Shard(1), "bias": Shard(0)},
+                               self.src_data_rank)
+
+        return distribute_module(
+            module, device_mesh, partition,
+            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+
+
+class Conv1DRowwise(RowwiseParallel):
+    """RowwiseParallel for a Conv1D: input features are the weight's dim 0."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        self.desired_input_layouts = (Shard(-1),)
+
+        def partition(_name, mod, mesh):
+            _distribute_params(mod, mesh, {"weight": Shard(0), "bias": Replicate()},
+                               self.src_data_rank)
+
+        return distribute_module(
+            module, device_mesh, partition,
+            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
 
 
 class SharedProjection(ParallelStyle):
@@ -306,6 +355,10 @@ def apply_tp(module: nn.Module, layer: Layer, strategy: LayerStrategy, mesh: Dev
         return
     plan = layer_tp_plan(layer, module, strategy, loss_parallel)
     aliases = _aliased_names(module)
+    for cand in layer.tp_candidates:
+        if cand.fused:  # [q | k | v] -> [q_r k_r v_r] per rank, before the plain split
+            sub = module.get_submodule(cand.module)
+            reorder_for_split(sub, fused_split(cand.fused, strategy.tp, sub, is_conv1d(sub)))
     whole = plan.pop("", None)  # a candidate that is the layer itself (an embedding, a head)
     if whole is not None:
         parallelize_module(module, mesh, whole, src_data_rank=None)

@@ -22,15 +22,19 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ir.errors import PlannerError
 from ir.kernel_calibration import KernelCalibration
+from ir.output_file import write_text_atomic
+from ir.safe_json import parse_json, read_json
 
 CLUSTER_SCHEMA = "planner.cluster/v1"
+
+SPEC_FIX = "write one with `planner profile-cluster --out spec.json` or use a preset"
+# More devices than any cluster has: a spec or flag beyond this is a typo.
+MAX_DEVICES = 2**20
 
 # The collectives a fit can describe, and where the group lives.
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
@@ -143,6 +147,10 @@ class ClusterSpec:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PlannerError(f"cluster {self.name}: {field} must be a positive "
                                    f"integer, got {value!r}")
+        if self.num_nodes * self.devices_per_node > MAX_DEVICES:
+            raise PlannerError(f"cluster {self.name}: {self.num_nodes} nodes x "
+                               f"{self.devices_per_node} devices is over {MAX_DEVICES:,} "
+                               "devices; give realistic num_nodes and devices_per_node")
         if isinstance(self.runtime_overhead_bytes, bool) or not isinstance(
                 self.runtime_overhead_bytes, int) or self.runtime_overhead_bytes < 0:
             raise PlannerError(f"cluster {self.name}: runtime_overhead_bytes must be an "
@@ -337,7 +345,8 @@ class ClusterSpec:
         data = dict(data)
         schema = data.pop("schema", CLUSTER_SCHEMA)
         if schema != CLUSTER_SCHEMA:
-            raise PlannerError(f"{source}: schema {schema!r} is not {CLUSTER_SCHEMA!r}")
+            raise PlannerError(f"{source}: schema {schema!r} is not {CLUSTER_SCHEMA!r}; "
+                               f"{SPEC_FIX}")
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - set(fields))
         if unknown:
@@ -346,7 +355,8 @@ class ClusterSpec:
         required = [name for name, f in fields.items()
                     if f.default is dataclasses.MISSING and name not in data]
         if required:
-            raise PlannerError(f"{source}: missing field {required[0]!r}")
+            raise PlannerError(f"{source}: missing field {required[0]!r}; add it, or "
+                               f"{SPEC_FIX}")
         try:
             flops = data["peak_flops_by_dtype"]
             if not isinstance(flops, dict):
@@ -370,10 +380,20 @@ class ClusterSpec:
             for i, fit in enumerate(fits):
                 if not isinstance(fit, dict):
                     raise PlannerError(f"collective_fits[{i}] must be an object")
+                fit = dict(fit)
+                for name in ("alpha_s", "bytes_per_s"):
+                    if name in fit:
+                        fit[name] = _number(f"collective_fits[{i}].{name}", fit[name])
+                ranks = fit.get("measured_ranks", 0)
+                if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 0:
+                    raise PlannerError(f"field 'collective_fits[{i}].measured_ranks' must be "
+                                       f"an integer >= 0, got {ranks!r}")
                 try:
                     parsed.append(CollectiveFit(**fit))
                 except TypeError as exc:
-                    raise PlannerError(f"collective_fits[{i}]: {exc}") from None
+                    raise PlannerError(f"collective_fits[{i}]: {exc}; give each fit only "
+                                       "collective, scope, alpha_s, bytes_per_s and "
+                                       "measured_ranks") from None
             data["collective_fits"] = tuple(parsed)
             for name in ("hbm_gbps", "intra_node_gbps", "inter_node_gbps",
                          "intra_node_latency_s", "inter_node_latency_s", "op_overhead_s",
@@ -401,36 +421,19 @@ class ClusterSpec:
 
     @classmethod
     def from_json(cls, text: str, source: str = "<json>") -> ClusterSpec:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PlannerError(f"{source}: not valid JSON ({exc.msg} at line {exc.lineno})") \
-                from None
+        data = parse_json(text, source, "cluster spec", SPEC_FIX)
         return cls.from_dict(data, source)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ClusterSpec:
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise PlannerError(f"cannot read cluster spec {path}: {exc.strerror}") from None
-        return cls.from_json(text, source=str(path))
+        """Read a spec file: a regular, bounded, UTF-8 JSON file of finite numbers."""
+        source = os.fspath(path)
+        return cls.from_dict(read_json(source, "cluster spec", SPEC_FIX), source)
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write atomically: a temporary file in the same folder, then os.replace."""
-        path = Path(path)
-        directory = path.parent if str(path.parent) else Path(".")
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(self.to_json())
-                fh.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        """Write atomically (a temporary file in the same folder, then a rename that keeps
+        an old file's mode)."""
+        write_text_atomic(path, self.to_json() + "\n", "cluster spec")
 
 
 def _is_number(value: Any) -> bool:
@@ -478,6 +481,6 @@ def _tp_module_figures(value: Any, devices_per_node: Any) -> tuple[tuple[int, fl
             size = int(key)
         except (TypeError, ValueError):
             raise PlannerError(f"field 'tp_module_overhead_s': key {key!r} is not a TP group "
-                               "size (an integer such as \"2\")") from None
+                               "size; use an integer such as \"2\"") from None
         figures.append((size, _number(f"tp_module_overhead_s[{key}]", seconds)))
     return tuple(sorted(figures))

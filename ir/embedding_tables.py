@@ -118,12 +118,18 @@ _MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _MIX2 = 0x94D049BB133111EB - (1 << 64)
 
 
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's `>>` is arithmetic: it copies the sign bit,
+    which would make every output non-negative and the mixer not bijective)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
 def mix64(values: torch.Tensor, salt: int) -> torch.Tensor:
     """splitmix64 of int64 `values` xor `salt`, elementwise (torch int64 wraps)."""
     z = (values.to(torch.int64) ^ salt) + _GOLDEN
-    z = (z ^ (z >> 30)) * _MIX1
-    z = (z ^ (z >> 27)) * _MIX2
-    return z ^ (z >> 31)
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    return z ^ _shift_right(z, 31)
 
 
 def _salt(table: str) -> int:
@@ -152,3 +158,36 @@ class HashRing:
         """The shard index of every id in `rows` (any shape, int64)."""
         i = torch.searchsorted(self.points, mix64(rows, _salt(table)))
         return self.shards[i % len(self.points)]
+
+
+# ------------------------------------------------------------------ counter-based init
+
+# Rows generated per chunk: each int64 or float64 temporary of one call is
+# 8 x 4096 x dim bytes (1 MiB at dim 32), whatever the shard's size.
+INIT_CHUNK_ROWS = 1 << 12
+_UNIT_53 = float(2 ** -53)  # a 53-bit integer times this is uniform in [0, 1) (IEEE double)
+
+
+def init_table_rows(table: str, seed: int, rows: torch.Tensor, col_start: int, col_stop: int,
+                    dim: int, bound: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rows `rows` (int64, any order) x columns [col_start, col_stop) of table `table`,
+    uniform in [-bound, bound): entry (r, c) depends only on (seed, table, r, c), so any
+    shard of a table can be produced alone, equal to the same slice of a full build.
+
+    The draw is splitmix64 of the counter r * dim + c (Salmon et al. 2011's
+    counter-based idea with Steele et al.'s mixer); the top 53 bits give a double."""
+    salt = _salt(f"{table}#{seed}")
+    cols = torch.arange(col_start, col_stop, dtype=torch.int64)
+    out = torch.empty((len(rows), col_stop - col_start), dtype=dtype)
+    for start in range(0, len(rows), INIT_CHUNK_ROWS):
+        chunk = rows[start:start + INIT_CHUNK_ROWS].to(torch.int64)
+        counters = chunk[:, None] * dim + cols[None, :]  # (n, width)
+        bits = _shift_right(mix64(counters, salt), 11)  # the top 53 bits, >= 0
+        unit = bits.to(torch.float64) * _UNIT_53  # [0, 1)
+        out[start:start + len(chunk)] = ((2.0 * unit - 1.0) * bound).to(dtype)
+    return out
+
+
+def dlrm_table_bound(rows: int) -> float:
+    """DLRM's reference table init U(+-sqrt(1/rows)) (Naumov et al. 2019, dlrm_s_pytorch)."""
+    return rows ** -0.5

@@ -31,14 +31,20 @@ class TPStyle(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class TPCandidate:
-    """One module a TP degree would split. `module` is relative to the layer's module."""
+    """One module a TP degree would split. `module` is relative to the layer's module.
+    `fused`: the output features of the projections a fused column-parallel module packs
+    side by side, in the model's order ((q, k, v) or (gate, up)); () for a plain one.
+    Each part is split t ways and rank r holds its r-th piece of every part
+    (`executors.fused`)."""
 
     module: str
     style: TPStyle
     params: int
+    fused: tuple[int, ...] = ()
 
     def __str__(self) -> str:
-        return f"{self.module}:{self.style}"
+        parts = f"[{'|'.join(map(str, self.fused))}]" if self.fused else ""
+        return f"{self.module}:{self.style}{parts}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,8 @@
 """A parallel plan: stages, per-layer strategies, batching and schedule, as plain data.
 
 `ParallelPlan` is what the search produces, the cost models price and the executors
-apply. This module is also the one place that writes and reads the plan JSON
-(schema "planner.plan/v1").
+apply. This module writes the plan JSON (schema "planner.plan/v1"); `ir/plan_reader.py`
+reads and validates it.
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ir.errors import PlannerError
+from ir.output_file import write_text_atomic
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision, Schedule, Stage
 
 PLAN_SCHEMA = "planner.plan/v1"
@@ -67,6 +67,10 @@ class ParallelPlan:
     def __post_init__(self) -> None:
         if not self.stages:
             raise PlannerError("a plan needs at least one stage")
+        for name in ("global_batch", "micro_batch", "num_microbatches", "virtual_stages"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PlannerError(f"{name} must be an integer >= 1, got {value!r}")
         if self.optimizer not in KNOWN_OPTIMIZERS:
             raise PlannerError(f"unknown optimizer {self.optimizer!r}; "
                                f"use one of {', '.join(KNOWN_OPTIMIZERS)}")
@@ -99,8 +103,6 @@ class ParallelPlan:
             raise PlannerError(
                 f"micro_batch {self.micro_batch} x num_microbatches {self.num_microbatches} x "
                 f"dp {max_dp} != global batch {self.global_batch}")
-        if self.virtual_stages < 1:
-            raise PlannerError("virtual_stages must be >= 1")
         if len(self.stages) % self.virtual_stages:
             raise PlannerError(f"{len(self.stages)} stages do not split into "
                                f"{self.virtual_stages} virtual stages per pipeline rank")
@@ -212,7 +214,8 @@ def layer_digest(layer) -> str:
     and the attention backend, which a plan does not depend on."""
     key = (layer.name, layer.kind, layer.param_names, layer.params, layer.param_bytes,
            layer.max_param_numel, layer.tied_param_names, layer.tp_divisors,
-           tuple((c.module, c.style.value, c.params) for c in layer.tp_candidates))
+           tuple((c.module, c.style.value, c.params) + ((c.fused,) if c.fused else ())
+                 for c in layer.tp_candidates))
     return hashlib.sha256(repr(key).encode()).hexdigest()[:LAYER_DIGEST_HEX]
 
 
@@ -251,6 +254,12 @@ class PlanDocument:
                 f"plan was made for {self.model_name} (fingerprint {self.fingerprint}) but "
                 f"this model, {graph.model} (fingerprint {graph.fingerprint}), "
                 f"{self.model_difference(graph) or self._unnamed_difference()}")
+        if self.layer_names != tuple(l.name for l in graph.layers):
+            # Same model, but the file's layer names were edited: the plan would be
+            # applied to layers it does not name.
+            raise PlannerError(
+                f"plan for {self.model_name} names its layers differently from the model: "
+                f"it {self.model_difference(graph)}; the file was edited: re-plan")
 
     def _unnamed_difference(self) -> str:
         if not self.layer_digests:
@@ -348,147 +357,20 @@ def plan_to_json(doc: PlanDocument) -> str:
 
 
 def save_plan(doc: PlanDocument, path: str | os.PathLike) -> None:
-    """Write atomically (temp file + rename): a failure never leaves a half-written plan."""
-    text = plan_to_json(doc)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".plan-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-class _Reader:
-    """Typed access to a JSON object that names the file and key path in every error."""
-
-    def __init__(self, source: str):
-        self.source = source
-
-    def fail(self, where: str, what: str):
-        raise PlannerError(f"{self.source}: {where}: {what}")
-
-    def get(self, obj: dict, key: str, kind, where: str):
-        path = f"{where}.{key}" if where else key
-        if not isinstance(obj, dict) or key not in obj:
-            self.fail(path, "missing")
-        value = obj[key]
-        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-            self.fail(path, f"expected an integer, got {value!r}")
-        if kind is not int and not isinstance(value, kind):
-            self.fail(path, f"expected {getattr(kind, '__name__', kind)}, got {type(value).__name__}")
-        return value
-
-    def enum(self, obj: dict, key: str, enum_type, where: str):
-        value = self.get(obj, key, str, where)
-        try:
-            return enum_type(value)
-        except ValueError:
-            allowed = ", ".join(e.value for e in enum_type)
-            self.fail(f"{where}.{key}" if where else key, f"{value!r} is not one of {allowed}")
+    """Write atomically (temp file + rename, keeping an old file's mode): a failure never
+    leaves a half-written plan or touches the previous one."""
+    write_text_atomic(path, plan_to_json(doc) + "\n", "plan")
 
 
 def plan_from_dict(data: object, source: str = "<plan>") -> PlanDocument:
-    """Validate a plan JSON object and build the PlanDocument; errors name the key."""
-    r = _Reader(source)
-    if not isinstance(data, dict):
-        r.fail("top level", f"expected a JSON object, got {type(data).__name__}")
-    schema = data.get("schema")
-    if schema != PLAN_SCHEMA:
-        r.fail("schema", f"unknown schema version {schema!r}; this planner reads "
-                         f"{PLAN_SCHEMA!r} (re-plan with this version)")
-    model = r.get(data, "model", dict, "")
-    name = r.get(model, "name", str, "model")
-    fingerprint = r.get(model, "fingerprint", str, "model")
-    stages_raw = r.get(data, "stages", list, "")
-    layers_raw = r.get(data, "layers", list, "")
-    if not stages_raw or not layers_raw:
-        r.fail("stages" if not stages_raw else "layers", "must not be empty")
-    stages = []
-    for i, st in enumerate(stages_raw):
-        where = f"stages[{i}]"
-        first = r.get(st, "first_layer", int, where)
-        last = r.get(st, "last_layer", int, where)
-        devices = r.get(st, "devices", int, where)
-        try:
-            stages.append(Stage(first, last, devices))
-        except ValueError as exc:
-            r.fail(where, str(exc))
-    strategies, names, digests, params = [], [], [], []
-    for i, layer in enumerate(layers_raw):
-        where = f"layers[{i}]"
-        names.append(r.get(layer, "name", str, where))
-        if isinstance(layer, dict) and "digest" in layer:
-            digests.append(r.get(layer, "digest", str, where))
-            params.append(r.get(layer, "params", int, where))
-        try:
-            strategies.append(LayerStrategy(
-                tp=r.get(layer, "tp", int, where), dp=r.get(layer, "dp", int, where),
-                dp_mode=r.enum(layer, "dp_mode", DPMode, where),
-                sequence_parallel=r.get(layer, "sequence_parallel", bool, where),
-                checkpoint=r.enum(layer, "checkpoint", Checkpoint, where),
-                offload=r.get(layer, "offload", bool, where) if "offload" in layer else False))
-        except ValueError as exc:
-            r.fail(where, str(exc))
-    num_layers = r.get(model, "num_layers", int, "model")
-    if num_layers != len(names):
-        r.fail("layers", f"{len(names)} entries but model.num_layers is {num_layers}")
-    try:
-        plan = ParallelPlan(
-            stages=tuple(stages), layer_strategies=tuple(strategies),
-            global_batch=r.get(data, "global_batch", int, ""),
-            micro_batch=r.get(data, "micro_batch", int, ""),
-            num_microbatches=r.get(data, "num_microbatches", int, ""),
-            schedule=r.enum(data, "schedule", Schedule, ""),
-            precision=r.enum(data, "precision", Precision, ""),
-            optimizer=r.get(data, "optimizer", str, ""),
-            virtual_stages=r.get(data, "virtual_stages", int, ""))
-    except PlannerError as exc:
-        r.fail("plan", str(exc))
-    world = r.get(data, "world_size", int, "")
-    if world != plan.world_size:
-        r.fail("world_size", f"{world} but the stages use {plan.world_size} devices")
-    cluster = r.get(data, "cluster", dict, "")
-    predicted = data.get("predicted", {})
-    search = data.get("search", {})
-    if not isinstance(predicted, dict) or not isinstance(search, dict):
-        r.fail("predicted" if not isinstance(predicted, dict) else "search", "expected an object")
-    graph_micro_batch = r.get(model, "graph_micro_batch", int, "model")
-    graph_dtype = r.get(model, "graph_dtype", str, "model")
-    seq_len = model.get("seq_len")
-    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int)):
-        r.fail("model.seq_len", f"expected an integer or null, got {seq_len!r}")
-    if digests and len(digests) != len(names):
-        r.fail("layers", f"{len(digests)} of {len(names)} layers have a digest: all or none")
-    spec = model.get("spec")
-    if spec is not None and not isinstance(spec, str):
-        r.fail("model.spec", f"expected a MODEL string or null, got {spec!r}")
-    return PlanDocument(plan, name, fingerprint, tuple(names), cluster, predicted, search,
-                        graph_micro_batch, graph_dtype, seq_len, spec, tuple(digests),
-                        tuple(params))
+    """Validate a plan JSON object and build the PlanDocument (see ir/plan_reader.py)."""
+    from ir.plan_reader import plan_from_dict as read
+
+    return read(data, source)
 
 
 def load_plan(path: str | os.PathLike) -> PlanDocument:
     """Read and validate a plan file (JSON only: plans are data, never code)."""
-    source = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise PlannerError(f"plan file {source!r} does not exist; write one with "
-                           "`planner plan MODEL --out FILE`") from None
-    except IsADirectoryError:
-        raise PlannerError(f"plan file {source!r} is a directory") from None
-    except UnicodeDecodeError:
-        raise PlannerError(f"plan file {source!r} is not UTF-8 text (plans are JSON)") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        ends_early = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
-        what = "truncated" if ends_early else "malformed"
-        raise PlannerError(f"plan file {source!r} is {what} JSON (line {exc.lineno}, column "
-                           f"{exc.colno}: {exc.msg}); re-create it with `planner plan`") from None
-    return plan_from_dict(data, source)
+    from ir.plan_reader import load_plan as read
+
+    return read(path)

@@ -24,11 +24,16 @@ A TP degree must divide each split feature dimension, the vocab and the query an
 key/value head counts of each split attention module ("heads", "kv_heads"; a second
 attention module with other counts adds "<its path>.heads").
 
-Fused projections whose rows are [q | k | v] or [gate | up] (GPT-2's Conv1D c_attn,
-Phi-3's qkv_proj / gate_up_proj, multi-query Falcon's query_key_value) are not offered:
-a row split would hand a rank a slice of q, k and v together. GPT-NeoX's
-query_key_value is offered (its own plan says colwise): its rows are per-head
-[q_h k_h v_h] groups, so a row split keeps whole heads.
+Fused projections are split per part (`TPCandidate.fused`) where their model's forward
+unpacks them in a known order: GPT-2's Conv1D c_attn and Phi-3's qkv_proj are [q | k | v]
+(q = heads·head_dim, k = v = kv_heads·head_dim), Phi-3's gate_up_proj is [gate | up]
+(chunk(2)); Phi-3's own plan calls them "colwise_gather_output" / "rowwise_split_input"
+and is read so. The executor reorders their rows so that rank r's contiguous shard is
+[q_r | k_r | v_r] (`executors.fused`). Other fused names (multi-query Falcon's
+query_key_value: one key/value head that would have to stay whole beside split
+queries, InternLM's grouped wqkv) leave their parent whole. GPT-NeoX's query_key_value
+is a plain colwise candidate (its own plan): its rows are per-head [q_h k_h v_h] groups,
+so a contiguous split keeps whole heads.
 """
 
 from __future__ import annotations
@@ -46,6 +51,11 @@ _COLWISE = {"q", "k", "v", "q_proj", "k_proj", "v_proj", "query", "key", "value"
 # Projections that pack several column-parallel outputs into one weight (see above).
 FUSED_PROJECTIONS = frozenset({"qkv", "c_attn", "wqkv", "query_key_value", "qkv_proj",
                                "gate_up_proj", "in_proj"})
+# The fused ones whose forward unpacks [q | k | v] as consecutive blocks (GPT-2 and
+# OpenAI-GPT split(split_size); Phi-3 slices at heads·head_dim) and [gate | up] halves
+# (Phi-3 chunk(2)).
+_FUSED_QKV = frozenset({"c_attn", "qkv_proj"})
+_FUSED_GATE_UP = frozenset({"gate_up_proj"})
 _ROWWISE = {"o", "o_proj", "out_proj", "c_proj", "wo", "w2", "fc2", "down_proj", "fc_out",
             "dense_4h_to_h", "down", "proj", "w_down", "out"}
 # Key / value projections, kept whole under multi-query attention (one KV head).
@@ -60,20 +70,32 @@ _HEAD_BIAS_ARGS = frozenset({"bias", "position_bias", "alibi", "attn_bias",
                              "relative_position_bias"})
 # Hugging Face plan styles that are a plain DTensor Colwise/Rowwise split of an nn.Linear.
 _HF_STYLES = {"colwise": TPStyle.COLWISE, "rowwise": TPStyle.ROWWISE}
+# Hugging Face plan styles around fused projections (Phi-3): the fused colwise output is
+# gathered there; split per part instead (`fused_parts`), the rowwise input arrives split.
+_HF_FUSED_STYLES = {"colwise_gather_output": TPStyle.COLWISE,
+                    "rowwise_split_input": TPStyle.ROWWISE}
 # Hugging Face plan styles that keep a module whole (replicated) and need nothing split.
 _HF_WHOLE = {"replicated_with_grad_allreduce", "replicate", "sequence_parallel"}
 
 
 def _linear_dims(module: nn.Module) -> tuple[int, int] | None:
-    """(in_features, out_features) of an nn.Linear (other projections are not split)."""
+    """(in_features, out_features) of an nn.Linear or a Conv1D (weight stored (in, out))."""
     if isinstance(module, nn.Linear):
         return module.in_features, module.out_features
+    if is_conv1d(module):
+        n_in, n_out = module.weight.shape
+        return n_in, n_out
     return None
+
+
+def is_conv1d(module: nn.Module) -> bool:
+    """Hugging Face's Conv1D (GPT-2, OpenAI-GPT): a Linear whose weight is (in, out)."""
+    return type(module).__name__ == "Conv1D" and getattr(module, "weight", None) is not None
 
 
 def _is_projection(module: nn.Module) -> bool:
     """A weight-matrix module: an nn.Linear or a transposed one (HF GPT-2's Conv1D)."""
-    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+    return isinstance(module, nn.Linear) or is_conv1d(module)
 
 
 def _parent(path: str) -> str:
@@ -96,6 +118,35 @@ def _style_by_name(path: str) -> TPStyle | None:
         return TPStyle.COLWISE
     if leaf in _ROWWISE:
         return TPStyle.ROWWISE
+    return None
+
+
+def fused_parts(layer_module: nn.Module, path: str) -> tuple[int, ...] | None:
+    """The output features of each projection the fused module at `path` packs, in the
+    model's order ((q, k, v) or (gate, up)), or None when it is not one this module
+    splits per part (see the module docstring)."""
+    leaf, parent_path = path.rsplit(".", 1)[-1], _parent(path)
+    sub = layer_module.get_submodule(path)
+    dims = _linear_dims(sub)
+    if dims is None or not parent_path:
+        return None
+    parent = layer_module.get_submodule(parent_path)
+    n_out = dims[1]
+    if leaf in _FUSED_QKV:
+        counts = head_counts(parent)
+        heads = counts.get("heads")
+        kv_heads = counts.get("kv_heads", heads)
+        if not heads or kv_heads < 2 or n_out % (heads + 2 * kv_heads):
+            return None  # not attention, or one key/value head that must stay whole
+        head_dim = n_out // (heads + 2 * kv_heads)
+        if vars(parent).get("head_dim", head_dim) != head_dim:
+            return None  # another packing than [q | k | v]
+        return heads * head_dim, kv_heads * head_dim, kv_heads * head_dim
+    if leaf in _FUSED_GATE_UP and n_out % 2 == 0:
+        # its down projection takes one half: the [gate | up] halves of Phi-3's MLP
+        downs = [d for _, d in parent.named_children() if d is not sub and _linear_dims(d)
+                 and _linear_dims(d)[0] == n_out // 2]
+        return (n_out // 2, n_out // 2) if downs else None
     return None
 
 
@@ -172,8 +223,13 @@ def _styles_from_plan(layer_module: nn.Module, plan: dict[str, str]) -> dict[str
         for path in fnmatch.filter(names, pattern):
             sub = layer_module.get_submodule(path)
             style = _HF_STYLES.get(value)
+            fused = _HF_FUSED_STYLES.get(value)
             if style is not None and isinstance(sub, nn.Linear):
                 styles[path] = style
+            elif fused is TPStyle.COLWISE and fused_parts(layer_module, path):
+                styles[path] = fused
+            elif fused is TPStyle.ROWWISE and isinstance(sub, nn.Linear):
+                styles[path] = fused
             elif value not in _HF_WHOLE:
                 whole.update({_parent(path), path})
     return {p: s for p, s in styles.items()
@@ -186,7 +242,8 @@ def _styles_by_name(layer_module: nn.Module) -> dict[str, TPStyle]:
     for path, sub in layer_module.named_modules():
         if not path or not _is_projection(sub):
             continue
-        style = _style_by_name(path) if isinstance(sub, nn.Linear) else None
+        style = (TPStyle.COLWISE if fused_parts(layer_module, path)
+                 else _style_by_name(path))
         if style is None:
             unexplained.add(_parent(path))
         else:
@@ -244,10 +301,13 @@ def tp_analysis(layer_module: nn.Module, *, in_block: bool, vocab_rows: int | No
             style = styles.get(path)
             if style is None:
                 continue
-            candidates.append(TPCandidate(path, style, _params(sub, style)))
+            parts = (fused_parts(layer_module, path) or ()) if style is TPStyle.COLWISE else ()
+            candidates.append(TPCandidate(path, style, _params(sub, style), parts))
             n_in, n_out = _linear_dims(sub)
             divisors[f"{path}.out" if style is TPStyle.COLWISE else f"{path}.in"] = (
                 n_out if style is TPStyle.COLWISE else n_in)
+            for k, part in enumerate(parts):  # each packed projection splits on its own
+                divisors[f"{path}.part{k}"] = part
         for parent in sorted({_parent(c.module) for c in candidates}):
             for kind, value in head_counts(layer_module.get_submodule(parent)).items():
                 if kind == "kv_heads" and parent in shared_kv:

@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import re
 import sys
+
+# C0 controls but tab and newline, DEL and C1 controls: what could drive a terminal.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    """`text` with terminal control characters (escape sequences, carriage returns, bells)
+    written as `\\x1b`: text from a file prints as text, never as terminal commands."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def one_line(text: str) -> str:
+    """`text` as one printable line: line breaks become "; ", controls are escaped."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return escape_controls("; ".join(lines))
+
 
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 

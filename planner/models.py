@@ -15,7 +15,6 @@ MODEL is one of
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from torch import nn
 
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
+from ir.safe_json import read_json
 from planner import zoo
 from planner.zoo._common import lm_loss
 
@@ -46,10 +46,14 @@ def parse_overrides(text: str, spec: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         if "=" not in item:
-            raise PlannerError(f"model {spec!r}: override {item!r} is not key=value "
-                               "(e.g. gpt:layers=24,hidden=1024)")
+            raise PlannerError(f"model {spec!r}: override {item!r} is not key=value; write "
+                               "e.g. gpt:layers=24,hidden=1024")
         key, value = item.split("=", 1)
-        out[key.strip()] = value.strip()
+        key = key.strip()
+        if key in out:
+            raise PlannerError(f"model {spec!r}: {key!r} is given twice ({key}={out[key]} and "
+                               f"{key}={value.strip()}); keep one")
+        out[key] = value.strip()
     return out
 
 
@@ -57,15 +61,46 @@ def resolve_config(spec: str) -> tuple[str, Any, str]:
     """(family, config, display name) for a preset or `family:overrides` spec."""
     if ":" in spec:
         family, rest = spec.split(":", 1)
+        if family not in zoo.FAMILIES:
+            raise PlannerError(f"model {spec!r}: unknown model family {family!r}; use one of "
+                               f"{', '.join(zoo.FAMILIES)}, or package.module:function for a "
+                               "factory")
+        overrides = parse_overrides(rest, spec)
         try:
-            return family, zoo.make_config(family, parse_overrides(rest, spec)), spec
-        except (ValueError, KeyError) as exc:
+            config = zoo.make_config(family, overrides)
+        except (ValueError, KeyError, TypeError, OverflowError) as exc:
             raise PlannerError(f"model {spec!r}: {exc}") from None
+        _check_sizes(spec, config, overrides)
+        return family, config, spec
     try:
         family, config = zoo.preset_config(spec)
     except (ValueError, KeyError) as exc:
-        raise PlannerError(f"unknown model {spec!r}: {exc}") from None
+        raise PlannerError(f"unknown model {spec!r}: {exc}; use a preset, family:key=value, "
+                           "package.module:function or hf:config.json") from None
     return family, config, spec
+
+
+# Largest whole number a `family:key=value` override may give (rows of an embedding
+# table, the biggest figure the zoo uses, are 2M): beyond it a value is a typo.
+MAX_OVERRIDE = 2**26
+
+
+def _check_sizes(spec: str, config, overrides: dict[str, str]) -> None:
+    """Overridden sizes are whole numbers in [0, MAX_OVERRIDE] and rates finite."""
+    import math
+
+    for key in overrides:
+        value = getattr(config, key, None)
+        values = value if isinstance(value, tuple) else (value,)
+        for v in values:
+            if isinstance(v, bool):
+                continue
+            if isinstance(v, int) and not 0 <= v <= MAX_OVERRIDE:
+                raise PlannerError(f"model {spec!r}: {key}={overrides[key]} is out of range; "
+                                   f"use a whole number from 0 to {MAX_OVERRIDE:,}")
+            if isinstance(v, float) and not math.isfinite(v):
+                raise PlannerError(f"model {spec!r}: {key}={overrides[key]} is not a finite "
+                                   "number")
 
 
 def load_model(spec: str, micro_batch: int = 1, seq_len: int | None = None,
@@ -81,14 +116,18 @@ def load_model(spec: str, micro_batch: int = 1, seq_len: int | None = None,
     fam = zoo.FAMILIES[family]
     if seed is not None:
         torch.manual_seed(seed)
-    with torch.device(device):
-        module = fam.build(config)
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     try:
+        with torch.device(device):
+            module = fam.build(config)
         inputs, target = fam.example_inputs(config, micro_batch, seq_len, device=device,
                                             generator=gen)
     except ValueError as exc:
         raise PlannerError(f"model {spec!r}: {exc}") from None
+    except (RuntimeError, ZeroDivisionError, OverflowError, TypeError) as exc:
+        raise PlannerError(f"model {spec!r} cannot be built with these sizes "
+                           f"({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}); "
+                           "check the overrides") from exc
     return LoadedModel(name, module, inputs, target, fam.loss_fn, family, config)
 
 
@@ -110,12 +149,39 @@ def _load_factory(spec: str, micro_batch: int, seq_len: int | None, device: str,
                            f"({exc}); check the module is on PYTHONPATH") from None
     if seed is not None:
         torch.manual_seed(seed)  # the factory's init and draws repeat on every rank
-    result = factory(micro_batch=micro_batch, seq_len=seq_len, device=device)
+    _check_factory(spec, factory)
+    try:
+        result = factory(micro_batch=micro_batch, seq_len=seq_len, device=device)
+    except PlannerError:
+        raise
+    except Exception as exc:  # the factory is the user's code: name it, keep the cause
+        raise PlannerError(f"model {spec!r}: the factory raised {type(exc).__name__}: "
+                           f"{str(exc)[:200]} (rerun with --debug for the traceback)") from exc
     if not (isinstance(result, tuple) and len(result) == 4 and isinstance(result[0], nn.Module)):
         raise PlannerError(f"model {spec!r}: the factory must return (module, inputs, target, "
                            f"loss_fn), got {type(result).__name__}")
     module, inputs, target, loss_fn = result
     return LoadedModel(spec, module, dict(inputs), target, loss_fn, "factory")
+
+
+FACTORY_SIGNATURE = ("name a function(micro_batch=, seq_len=, device=) that returns "
+                     "(module, inputs, target, loss_fn)")
+
+
+def _check_factory(spec: str, factory) -> None:
+    """Refuse what is not a factory (a class, a module, `os.path:join`) before calling it."""
+    import inspect
+
+    if isinstance(factory, type) or not callable(factory):
+        what = "a class" if isinstance(factory, type) else f"a {type(factory).__name__}"
+        raise PlannerError(f"model {spec!r} names {what}, not a factory; {FACTORY_SIGNATURE}")
+    try:
+        inspect.signature(factory).bind(micro_batch=1, seq_len=None, device="meta")
+    except TypeError as exc:
+        raise PlannerError(f"model {spec!r}: cannot be called as a factory ({exc}); "
+                           f"{FACTORY_SIGNATURE}") from None
+    except ValueError:  # a builtin without a signature: let the call decide
+        pass
 
 
 # Heads planner can train, by the transformers auto-mapping that lists the class: the task
@@ -131,6 +197,8 @@ _HF_TASKS = (
     ("image-classification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
     ("sequence-classification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
 )
+# A transformers config.json is a few KiB; the largest with tokenizer tables inlined ~1 MiB.
+HF_CONFIG_MAX_BYTES = 16 * 2**20
 # Sequence length of the example token ids when --seq-len is not given (capped by the
 # model's positions): long enough to exercise attention, small enough to trace fast.
 HF_DEFAULT_SEQ_LEN = 128
@@ -196,29 +264,31 @@ def _hf_head_class(path: str, model_type: str, raw: dict):
 
 
 def _read_hf_config(path: str):
-    """(model_type, raw dict, transformers config) of a config.json, errors naming the file."""
+    """(model_type, raw dict, transformers config) of a config.json, errors naming the
+    file; the file is checked before transformers (seconds to import) is."""
+    fix = "give a transformers config.json (an object with \"model_type\")"
+    raw = read_json(path, "hf config", fix, max_bytes=HF_CONFIG_MAX_BYTES)
+    if not isinstance(raw, dict):
+        raise PlannerError(f"hf config {path!r} is a JSON {type(raw).__name__}, not an object; "
+                           f"{fix}")
+    model_type = raw.get("model_type")
+    if not isinstance(model_type, str) and model_type:
+        raise PlannerError(f"hf config {path!r}: model_type must be a string such as \"gpt2\", "
+                           f"got {model_type!r:.60}")
+    if not model_type:
+        raise PlannerError(f"hf config {path!r} has no 'model_type': add one (e.g. \"gpt2\", "
+                           "\"llama\")")
     try:
         import transformers
     except ImportError:
         raise PlannerError("hf: models need the transformers package: pip install "
                            "'planner[dev]' (or transformers)") from None
-    try:
-        with open(path) as f:
-            raw = json.load(f)
-    except FileNotFoundError:
-        raise PlannerError(f"hf config {path!r} does not exist") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PlannerError(f"hf config {path!r} is not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise PlannerError(f"hf config {path!r} must be a JSON object")
-    model_type = raw.get("model_type")
-    if not model_type:
-        raise PlannerError(f"hf config {path!r} has no 'model_type' (e.g. \"gpt2\", \"llama\")")
     fields = {k: v for k, v in raw.items() if k != "model_type"}
     try:
         config = transformers.AutoConfig.for_model(model_type, **fields)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise PlannerError(f"hf config {path!r}: {str(exc).splitlines()[0][:200]}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
+        raise PlannerError(f"hf config {path!r}: {(str(exc).splitlines() or [''])[0][:200]}") \
+            from None
     return model_type, raw, config
 
 
@@ -336,7 +406,8 @@ def graph_for_plan(doc, spec: str | None = None) -> LayerGraph:
     checked against its fingerprint."""
     dtype = getattr(torch, doc.graph_dtype, None)
     if not isinstance(dtype, torch.dtype):
-        raise PlannerError(f"plan records an unknown IR dtype {doc.graph_dtype!r}")
+        raise PlannerError(f"plan records an unknown IR dtype {doc.graph_dtype!r:.40} (model."
+                           "graph_dtype); re-plan with `planner plan MODEL --out FILE`")
     graph = load_layer_graph(plan_model_spec(doc, spec), doc.graph_micro_batch, doc.seq_len,
                              dtype)
     doc.check_model(graph)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.legality import sequence_parallel_applies
 from ir.plan import PlanDocument, model_identity
@@ -75,6 +78,48 @@ def summary_line(doc: PlanDocument) -> str:
             f"{p.global_batch}, {p.precision}; stages: {stages}")
 
 
+PREDICTED_FIGURES = ("iteration_seconds", "samples_per_second", "tflops_per_device", "mfu")
+MEMORY_PARTS = ("params", "grads", "optimizer", "activations", "buffers", "overhead")
+
+
+def check_predicted(predicted: dict, source: str) -> None:
+    """Raise unless the figures `predicted_lines` and `stage_memory_table` print are
+    numbers: a plan file is data someone may have edited, and `show` formats them."""
+    def number(value, where: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value):
+            raise PlannerError(f"{source}: {where}: expected a number, got {value!r:.60}; "
+                               "re-create the plan with `planner plan` (or delete "
+                               "\"predicted\")")
+
+    def mapping(value, where: str) -> dict:
+        if not isinstance(value, dict):
+            raise PlannerError(f"{source}: {where}: expected a JSON object, got "
+                               f"{type(value).__name__}; re-create the plan with `planner plan`")
+        return value
+
+    if not predicted:
+        return
+    for key in PREDICTED_FIGURES:
+        number(predicted.get(key), f"predicted.{key}")
+    memory = mapping(predicted.get("memory", {}), "predicted.memory")
+    for key in ("peak_bytes", "device_bytes"):
+        if key in memory:
+            number(memory[key], f"predicted.memory.{key}")
+    stages = memory.get("stages", [])
+    if not isinstance(stages, list):
+        raise PlannerError(f"{source}: predicted.memory.stages: expected a list; re-create "
+                           "the plan with `planner plan`")
+    for i, stage in enumerate(stages):
+        where = f"predicted.memory.stages[{i}]"
+        mapping(stage, where)
+        number(stage.get("stage"), f"{where}.stage")
+        number(stage.get("peak_bytes"), f"{where}.peak_bytes")
+        breakdown = mapping(stage.get("breakdown"), f"{where}.breakdown")
+        for part in MEMORY_PARTS:
+            number(breakdown.get(part), f"{where}.breakdown.{part}")
+
+
 def predicted_lines(predicted: dict) -> str:
     if not predicted:
         return "no prediction recorded"
@@ -90,9 +135,8 @@ def stage_memory_table(predicted: dict) -> str:
     rows = []
     for s in predicted.get("memory", {}).get("stages", []):
         b = s["breakdown"]
-        rows.append([s["stage"], *(human_bytes(b[k]) for k in
-                                   ("params", "grads", "optimizer", "activations", "buffers",
-                                    "overhead")), human_bytes(s["peak_bytes"]),
+        rows.append([s["stage"], *(human_bytes(b[k]) for k in MEMORY_PARTS),
+                     human_bytes(s["peak_bytes"]),
                      human_bytes(s.get("host_bytes", 0))])  # CPU offload: host memory
     return table(["stage", "params", "grads", "optimizer", "activations", "buffers",
                   "overhead", "peak", "host"], rows, right=set(range(1, 9)))

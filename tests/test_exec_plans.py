@@ -8,7 +8,7 @@ same seed, in fp32, and must match each step's loss and the final parameters wit
 RTOL (relative) — plus ATOL for values that are ~0.
 
 Models: the zoo's gpt-tiny and llama-tiny (dropout 0), Hugging Face GPT-2 (DDP/ZeRO; its
-fused Conv1D attention cannot be split by DTensor TP) and Hugging Face Llama (TP, SP).
+fused Conv1D TP is in tests/test_exec_tp.py) and Hugging Face Llama (TP, SP).
 """
 
 from __future__ import annotations

@@ -185,8 +185,9 @@ CASES = [
 
 
 def _optimizer_params(pm) -> list:
-    inner = pm.optimizer.inner if hasattr(pm.optimizer, "inner") else pm.optimizer
-    return [p for group in inner.param_groups for p in group["params"]]
+    if hasattr(pm.optimizer, "optimized_params"):  # ZeRO-1 steps on pieces of these
+        return pm.optimizer.optimized_params()
+    return [p for group in pm.optimizer.param_groups for p in group["params"]]
 
 
 def _apply(spec: str, plan: ParallelPlan, graph: LayerGraph, dtype: torch.dtype):

@@ -6,29 +6,44 @@ either equal single-device training over STEPS AdamW steps (fp32, the tolerances
 `test_exec_plans`), or be refused before the first step with a one-line PlannerError
 whose text the entry names. One entry breaks a split on purpose (after `apply_tp`, one
 attention module gets its global head count back, as OPT's code had it) and the
-self-check must name that layer.
+self-check must name that layer; another breaks the re-layout between the embedding
+and the first sequence-parallel block, and one makes gathering a fused projection forget
+its reorder: the self-check must name that block each time.
+
+Fused projections (GPT-2's Conv1D c_attn, Phi-3's qkv_proj and gate_up_proj) must really
+split: rank 0's shard right after `apply` is, for each packed projection, its first half
+(half of q, half of k, half of v), cut here from the single-device weights; the
+attention holds its local head count; a full state dict loaded back and gathered again
+is unchanged; a checkpoint saved under TP resumes under plain DDP in the model's own
+layout and takes the next step as the TP run does.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import tempfile
 from dataclasses import dataclass
 
 import pytest
 import torch
 
 from executors import apply, full_state_dict
+from executors.checkpoint import load_checkpoint, save_checkpoint
+from executors.fused import FusedSplit
+from executors.state import load_full_state_dict
 from ir.errors import PlannerError
+from ir.tp import head_counts
 from ir.plan import uniform_plan
 from ir.strategy import Precision
 from planner.models import load_layer_graph, load_model
-from test_exec_plans import assert_matches_reference, optimizer_kwargs
+from test_exec_plans import assert_matches_reference, assert_params_match, optimizer_kwargs
 
 from dist_utils import spawn, train_one_device, zero_dropout
 
 # the module, not the `apply` function `executors` re-exports under the same name
 apply_module = importlib.import_module("executors.apply")
+layout_module = importlib.import_module("executors.layout")
 
 SEQ = 16  # tokens per sample: divisible by the TP degree (sequence parallelism)
 GLOBAL_BATCH = 8
@@ -56,7 +71,22 @@ class Case:
     dp: int = 1  # > 1: 2·dp ranks, each TP pair a data-parallel replica (ZeRO stage `zero`)
     zero: int = 0
     differs: bool = False  # the run must NOT match one device (a broken, unchecked split)
+    break_relayout: bool = False  # every re-layout returns its hidden features reversed
+    break_fused_order: bool = False  # gathering a fused projection forgets the reorder
+    # (parameter, its split dim): must be split TP ways, rank 0 holding the first half of
+    # each packed projection; `attention`: its head count must be the local one
+    split: tuple[tuple[str, int], ...] = ()
+    attention: str = ""
+    checkpoint: bool = False  # save under this plan, resume under DDP on the same ranks
 
+
+GPT2_SPLIT = (("transformer.h.0.attn.c_attn.weight", 1), ("transformer.h.0.attn.c_attn.bias", 0),
+              ("transformer.h.0.attn.c_proj.weight", 0), ("transformer.h.0.mlp.c_fc.weight", 1),
+              ("transformer.h.1.mlp.c_proj.weight", 0))
+PHI3_SPLIT = (("model.layers.0.self_attn.qkv_proj.weight", 0),
+              ("model.layers.0.self_attn.o_proj.weight", 1),
+              ("model.layers.1.mlp.gate_up_proj.weight", 0),
+              ("model.layers.1.mlp.down_proj.weight", 1))
 
 CASES = [
     Case("opt", "opt"),
@@ -74,8 +104,18 @@ CASES = [
     Case("gemma-sp", "gemma", sequence_parallel=True),
     Case("qwen3", "qwen3"),
     Case("qwen3-sp", "qwen3", sequence_parallel=True),
-    Case("gpt2", "gpt2"),  # fused Conv1D c_attn: blocks replicated, embedding/head split
-    Case("phi3", "phi3"),  # fused qkv_proj / gate_up_proj: blocks replicated
+    # fused [q|k|v] / [gate|up] split per part; GPT-2's Conv1D on the transposed dim
+    Case("gpt2", "gpt2", split=GPT2_SPLIT, attention="transformer.h.0.attn", checkpoint=True),
+    Case("phi3", "phi3", split=PHI3_SPLIT, attention="model.layers.0.self_attn"),
+    Case("phi3-sp", "phi3", sequence_parallel=True),
+    # grouped-query: q = 4 heads, k = v = 2 heads of 16 packed in one qkv_proj
+    Case("phi3-gqa", "phi3_gqa", split=PHI3_SPLIT, attention="model.layers.0.self_attn"),
+    Case("gpt2-broken-fused-order", "gpt2", break_fused_order=True,
+         refused="layer transformer.h.0: its fused attn.c_attn.weight gathers back off its "
+                 "unsplit weights by up to"),
+    Case("qwen3-sp-broken-relayout", "qwen3", sequence_parallel=True, break_relayout=True,
+         refused="layer model.layers.0: its input re-layout dp1·tp2 -> dp1·tp2·seq differs "
+                 "from the unsplit activation by up to"),
     Case("gpt_neox", "gpt_neox"),
     Case("falcon", "falcon"),  # multi-query fused query_key_value: MLP split only
     Case("whisper", "whisper"),
@@ -83,6 +123,10 @@ CASES = [
     Case("gemma-dp2-zero3", "gemma", dp=2, zero=3),
     Case("qwen3-sp-dp2-zero2", "qwen3", sequence_parallel=True, dp=2, zero=2),
     Case("falcon-dp2", "falcon", dp=2),
+    Case("gpt2-sp-dp2-zero3", "gpt2", sequence_parallel=True, dp=2, zero=3),
+    Case("phi3-dp2-zero3", "phi3", dp=2, zero=3),  # FSDP2 shards the rank-major rows again
+    # ZeRO-1 pieces of rank-major rows: saved whole in the model's order, resumed under DDP
+    Case("gpt2-dp2-zero1", "gpt2", dp=2, zero=1, checkpoint=True),
     Case("mixtral", "mixtral"),  # attention split; routed experts replicated
     Case("mixtral-sp", "mixtral", sequence_parallel=True,  # the router would see a chunk
          refused="but mlp.gate (MixtralTopKRouter) is not a normalization"),
@@ -129,40 +173,79 @@ def _break_one_attention(real_apply_tp, how: str):
     return broken
 
 
+def _reversed_features(real_relayout):
+    def broken(x, src, dst, meshes):
+        return real_relayout(x, src, dst, meshes).flip(-1)
+    return broken
+
+
+def _apply(case: Case, plan, graph, batches):
+    model, loss_fn = build(case.arch)
+    return apply(model, plan, graph, loss_fn=loss_fn, optimizer=torch.optim.AdamW,
+                 optimizer_kwargs=optimizer_kwargs(), example_inputs=batches[0][0],
+                 tp_self_check=case.self_check)
+
+
+def _resume_under_ddp(pm, case: Case, graph, batches, folder: str) -> dict:
+    """Save `pm`, resume the checkpoint under DDP on the same ranks, one more step each."""
+    path = save_checkpoint(pm, folder)
+    ddp = uniform_plan(len(graph.layers), global_batch=GLOBAL_BATCH,
+                       precision=Precision.FP32, dp=TP * case.dp)
+    resumed = _apply(case, ddp, graph, batches)
+    load_checkpoint(resumed, path)
+    loaded = full_state_dict(resumed)
+    inputs, target = batches[0]
+    losses = [pm.train_step(inputs, target), resumed.train_step(inputs, target)]
+    return {"loaded": loaded, "next_losses": losses, "next_tp": full_state_dict(pm),
+            "next_ddp": full_state_dict(resumed)}
+
+
 def run_cases(rank: int, world_size: int, payload: list) -> dict:
     results = {}
-    real_apply_tp = apply_module.apply_tp
-    for case, plan, graph, batches in payload:
-        model, loss_fn = build(case.arch)
+    real_apply_tp, real_relayout = apply_module.apply_tp, layout_module.relayout
+    real_model_order = FusedSplit.to_model_order
+    for case, plan, graph, batches, folder in payload:
         apply_module.apply_tp = (_break_one_attention(real_apply_tp, case.break_heads)
                                  if case.break_heads else real_apply_tp)
+        if case.break_relayout:
+            layout_module.relayout = _reversed_features(real_relayout)
+        if case.break_fused_order:
+            FusedSplit.to_model_order = lambda self, tensor, dim: tensor
         try:
-            pm = apply(model, plan, graph, loss_fn=loss_fn, optimizer=torch.optim.AdamW,
-                       optimizer_kwargs=optimizer_kwargs(), example_inputs=batches[0][0],
-                       tp_self_check=case.self_check)
+            pm = _apply(case, plan, graph, batches)
         except PlannerError as exc:  # every rank reaches the same verdict: no hang
             results[case.name] = {"error": str(exc)}
             continue
         finally:
-            apply_module.apply_tp = real_apply_tp
+            apply_module.apply_tp, layout_module.relayout = real_apply_tp, real_relayout
+            FusedSplit.to_model_order = real_model_order
+        params = dict(pm.module.named_parameters())
+        local = {name: params[name].to_local().clone() for name, _ in case.split}
+        heads = head_counts(pm.module.get_submodule(case.attention)) if case.attention else {}
         losses = [pm.train_step(inputs, target) for inputs, target in batches]
         state = full_state_dict(pm)  # collective: every rank gathers, rank 0 reports
-        results[case.name] = {"losses": losses, "state": state if rank == 0 else None}
+        load_full_state_dict(pm, state)
+        again = full_state_dict(pm)
+        results[case.name] = {"losses": losses, "state": state, "local": local,
+                              "heads": heads, "reloaded": again}
+        if case.checkpoint:
+            results[case.name].update(_resume_under_ddp(pm, case, graph, batches, folder))
     return results
 
 
 @functools.lru_cache(maxsize=None)
 def results(world: int) -> dict:
-    payload = []
-    for case in CASES:
-        if TP * case.dp != world:
-            continue
-        graph = graph_of(case.arch)
-        plan = uniform_plan(len(graph.layers), global_batch=GLOBAL_BATCH,
-                            precision=Precision.FP32, tp=TP, dp=case.dp, zero=case.zero,
-                            sequence_parallel=case.sequence_parallel)
-        payload.append((case, plan, graph, batches_of(case.arch)))
-    return spawn(run_cases, world, payload, timeout_s=240)[0]
+    with tempfile.TemporaryDirectory() as folder:  # checkpoints, shared by the ranks
+        payload = []
+        for case in CASES:
+            if TP * case.dp != world:
+                continue
+            graph = graph_of(case.arch)
+            plan = uniform_plan(len(graph.layers), global_batch=GLOBAL_BATCH,
+                                precision=Precision.FP32, tp=TP, dp=case.dp, zero=case.zero,
+                                sequence_parallel=case.sequence_parallel)
+            payload.append((case, plan, graph, batches_of(case.arch), f"{folder}/{case.name}"))
+        return spawn(run_cases, world, payload, timeout_s=240)[0]
 
 
 @pytest.mark.multiprocess
@@ -182,9 +265,60 @@ def test_tp_matches_one_device_or_is_refused(case: Case):
         assert worst > RTOL, f"{case.name} matched one device; the break did nothing"
         return
     assert_matches_reference(got, ref_losses, ref_state)
+    for name, tensor in got["reloaded"].items():  # full state -> shards -> full state
+        assert torch.equal(tensor, got["state"][name]), name
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", [c for c in CASES if c.split], ids=lambda c: c.name)
+def test_fused_projections_really_split(case: Case):
+    got = results(TP * case.dp)[case.name]
+    assert "error" not in got, got.get("error")
+    whole = dict(build(case.arch)[0].named_parameters())  # the same seed's initial weights
+    graph = graph_of(case.arch)
+    for name, dim in case.split:
+        module = name.rsplit(".", 1)[0]
+        fused = next((c.fused for layer in graph.layers for c in layer.tp_candidates
+                      if layer.name and f"{layer.name}.{c.module}" == module), ())
+        parts = fused or (whole[name].shape[dim],)
+        starts = [sum(parts[:k]) for k in range(len(parts))]
+        # rank 0: the first half of each packed projection ([q_0 | k_0 | v_0])
+        expected = torch.cat([whole[name].narrow(dim, start, n // TP)
+                              for start, n in zip(starts, parts)], dim=dim)
+        local = got["local"][name]
+        assert local.shape[dim] * TP == whole[name].shape[dim], (name, tuple(local.shape))
+        assert torch.equal(local, expected.detach()), f"{name}: rank 0 holds other rows"
+    global_heads = head_counts(build(case.arch)[0].get_submodule(case.attention))
+    assert got["heads"]["heads"] * TP == global_heads["heads"], (got["heads"], global_heads)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", [c for c in CASES if c.checkpoint], ids=lambda c: c.name)
+def test_fused_checkpoint_resumes_under_another_plan(case: Case):
+    """Saved under TP (fused rows rank-major), loaded under DDP (model order)."""
+    got = results(TP * case.dp)[case.name]
+    assert "error" not in got, got.get("error")
+    for name, tensor in got["state"].items():  # the model's own layout, exactly
+        assert torch.equal(got["loaded"][name], tensor), name
+    tp_loss, ddp_loss = got["next_losses"]  # the optimizer state came back in order too
+    assert abs(tp_loss - ddp_loss) <= RTOL * abs(tp_loss), got["next_losses"]
+    for name, tensor in got["next_tp"].items():
+        assert_params_match(name, got["next_ddp"][name], tensor)
 
 
 # ----------------------------------------------------------------------------- candidates
+
+
+def test_fused_rank_major_order_and_its_inverse():
+    """Rank r's contiguous shard is its piece of every packed projection, in order."""
+    split = FusedSplit(parts=(4, 2, 2), tp=2, dims=(("weight", 0),))
+    rows = torch.arange(8.0)  # model order [q0 q1 q2 q3 | k0 k1 | v0 v1]
+    assert split.to_rank_major(rows, 0).tolist() == [0, 1, 4, 6, 2, 3, 5, 7]
+    conv1d = torch.arange(24.0).view(3, 8)  # a Conv1D weight: output features on dim 1
+    assert torch.equal(split.to_model_order(split.to_rank_major(conv1d, 1), 1), conv1d)
+    assert split.to_rank_major(conv1d, 1)[:, :4].tolist() == conv1d[:, [0, 1, 4, 6]].tolist()
 
 
 def candidates(arch: str, layer: str) -> set[str]:
@@ -200,9 +334,14 @@ def test_candidates_follow_what_really_splits():
     assert candidates("mixtral", "model.layers.0") == {
         "self_attn.q_proj:colwise", "self_attn.k_proj:colwise", "self_attn.v_proj:colwise",
         "self_attn.o_proj:rowwise"}
-    # fused [q|k|v] / [gate|up] projections: no split at all
-    assert candidates("phi3", "model.layers.0") == set()
-    assert candidates("gpt2", "transformer.h.0") == set()
+    # fused [q|k|v] / [gate|up] projections split per part (Phi-3's own plan gathers them)
+    assert candidates("phi3", "model.layers.0") == {
+        "self_attn.qkv_proj:colwise[64|64|64]", "self_attn.o_proj:rowwise",
+        "mlp.gate_up_proj:colwise[128|128]", "mlp.down_proj:rowwise"}
+    assert "self_attn.qkv_proj:colwise[64|32|32]" in candidates("phi3_gqa", "model.layers.0")
+    assert candidates("gpt2", "transformer.h.0") == {  # Conv1D modules
+        "attn.c_attn:colwise[64|64|64]", "attn.c_proj:rowwise", "mlp.c_fc:colwise",
+        "mlp.c_proj:rowwise"}
     # multi-query Falcon: the attention (fused q|k|v, one KV head) stays whole
     assert candidates("falcon", "transformer.h.0") == {
         "mlp.dense_h_to_4h:colwise", "mlp.dense_4h_to_h:rowwise"}

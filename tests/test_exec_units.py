@@ -11,7 +11,6 @@ from torch import nn
 from executors.data import global_batch_indices, local_rows, shard_batch, split_microbatches
 from executors.layout import Layout, map_main_input, map_main_output
 from executors.mesh import MeshAxis, ParallelDims
-from executors.optimizer import owners_by_size
 from executors.pipeline import (StageAnalysis, build_stage_module, cut_problem,
                                 finish_stage_module, rank_stages)
 from executors.tied import find_tie_groups, untie
@@ -130,12 +129,17 @@ def test_check_plan_rejects_before_running(make, world, match):
         check_plan(model_of(GPT), p, graph_of(GPT), world)
 
 
-def test_fused_conv1d_attention_is_not_a_tp_candidate():
-    """GPT-2's fused c_attn (a Conv1D) is never offered for TP (ir/tp.py), so its blocks
-    have nothing to split and a tp=2 plan runs them replicated inside the TP group."""
+def test_fused_conv1d_attention_splits_per_part():
+    """GPT-2's fused c_attn (a Conv1D, [q | k | v]) is a column-parallel candidate split per
+    packed projection (ir/tp.py), and a tp=2 plan of its blocks passes the executor check;
+    a degree that does not divide the heads is refused naming the layer."""
     graph = graph_of(HF_GPT2)
-    assert not graph.layer("transformer.h.0").tp_candidates
+    block = graph.layer("transformer.h.0")
+    fused = {c.module: c.fused for c in block.tp_candidates}
+    assert fused["attn.c_attn"] == (64, 64, 64) and fused["mlp.c_fc"] == ()
     check_plan(model_of(HF_GPT2), plan(HF_GPT2, tp=2), graph, 2)  # legal: no rejection
+    with pytest.raises(PlannerError, match=r"layer transformer\.h\.0: tp=8 does not divide"):
+        check_plan(model_of(HF_GPT2), plan(HF_GPT2, tp=8), graph, 8)
 
 
 def test_hf_gpt2_pipeline_is_accepted_but_not_a_cut_between_its_embeddings():
@@ -185,13 +189,6 @@ def test_sequence_parallel_needs_a_divisible_sequence():
 
 
 # ----------------------------------------------------------------------------- pieces
-
-
-def test_zero1_owners_balance_sizes():
-    params = [nn.Parameter(torch.zeros(n)) for n in (100, 10, 60, 50)]
-    owners = owners_by_size(params, 2)
-    load = [sum(p.numel() for p, o in zip(params, owners) if o == r) for r in range(2)]
-    assert owners == [0, 0, 1, 1] and load == [110, 110]
 
 
 def test_stage_modules_keep_names_and_drop_the_rest():

@@ -14,6 +14,7 @@ import torch
 
 from cost_models.clusters import get_cluster
 from planner import report
+from planner.arg_types import n_devices, n_samples
 from planner.commands.inspect import _grouped_rows
 from planner.commands.plan import baseline_table
 from planner.fmt import human_bytes, human_count, table
@@ -31,8 +32,8 @@ def register(sub) -> None:
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=DEMO_MODEL, help=f"model ({DEMO_MODEL})")
     p.add_argument("--cluster", default=DEMO_CLUSTER, help=f"cluster preset ({DEMO_CLUSTER})")
-    p.add_argument("--nodes", type=int, default=DEMO_NODES, help=f"nodes ({DEMO_NODES})")
-    p.add_argument("--global-batch", type=int, default=DEMO_GLOBAL_BATCH)
+    p.add_argument("--nodes", type=n_devices, default=DEMO_NODES, help=f"nodes ({DEMO_NODES})")
+    p.add_argument("--global-batch", type=n_samples, default=DEMO_GLOBAL_BATCH)
     p.set_defaults(func=run)
 
 

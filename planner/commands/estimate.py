@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from cost_models.advice import suggest_fixes
 from cost_models.clusters import get_cluster, preset_names
@@ -23,8 +24,10 @@ from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.plan import KNOWN_OPTIMIZERS, ParallelPlan, load_plan, uniform_plan
+from ir.safe_json import read_json
 from ir.strategy import Checkpoint, Precision, Schedule
 from planner import report
+from planner.arg_types import count, n_devices, n_samples, n_tokens
 from planner.models import graph_for_plan
 
 # Model chunks per pipeline rank when --schedule interleaved is given without --virtual-stages.
@@ -40,27 +43,29 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="preset, family:overrides, package.module:factory or hf:config.json")
     p.add_argument("--cluster", default=None,
                    help=f"preset ({', '.join(preset_names())}) or spec JSON (default local)")
-    p.add_argument("--nodes", type=int, default=None, help="number of nodes (preset's: 1)")
-    p.add_argument("--gpus-per-node", type=int, default=None,
+    p.add_argument("--nodes", type=n_devices, default=None, help="number of nodes (preset's: 1)")
+    p.add_argument("--gpus-per-node", type=n_devices, default=None,
                    help="devices per node (preset's: 8 on GPU presets, 1 on local)")
-    p.add_argument("--dp", type=int, default=None, help="data-parallel degree (world/(tp*pp))")
-    p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (1)")
-    p.add_argument("--pp", type=int, default=None, help="pipeline-parallel degree (1)")
+    p.add_argument("--dp", type=n_devices, default=None,
+                   help="data-parallel degree (world/(tp*pp))")
+    p.add_argument("--tp", type=n_devices, default=None, help="tensor-parallel degree (1)")
+    p.add_argument("--pp", type=n_devices, default=None, help="pipeline-parallel degree (1)")
     p.add_argument("--zero", type=int, default=None, choices=[0, 1, 2, 3],
                    help="ZeRO stage of the data-parallel group (0)")
     p.add_argument("--checkpoint", default=None, choices=[c.value for c in Checkpoint],
                    help="activation checkpointing (none)")
     p.add_argument("--sequence-parallel", action="store_true", default=None,
                    help="Megatron sequence parallelism (needs --tp > 1)")
-    p.add_argument("--micro-batch", type=int, default=None, help="samples per micro-batch (1)")
-    p.add_argument("--global-batch", type=int, default=None,
+    p.add_argument("--micro-batch", type=n_samples, default=None,
+                   help="samples per micro-batch (1)")
+    p.add_argument("--global-batch", type=n_samples, default=None,
                    help="samples per step (micro-batch x dp x pp)")
     p.add_argument("--schedule", default=None, choices=[s.value for s in Schedule],
                    help="pipeline schedule (1f1b)")
-    p.add_argument("--virtual-stages", type=int, default=None,
+    p.add_argument("--virtual-stages", type=count(1, 1024, 2), default=None,
                    help=f"model chunks per pipeline rank, interleaved only "
                         f"({DEFAULT_VIRTUAL_STAGES})")
-    p.add_argument("--seq-len", type=int, default=None, help="sequence length (model default)")
+    p.add_argument("--seq-len", type=n_tokens, default=None, help="sequence length (model default)")
     p.add_argument("--precision", default=None, choices=[x.value for x in Precision],
                    help="bf16-mixed on GPU clusters, fp32 on local")
     p.add_argument("--optimizer", default=None, choices=KNOWN_OPTIMIZERS,
@@ -160,6 +165,7 @@ def load_inputs(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, ComputePro
     _positive("nodes", args.nodes)
     _positive("gpus-per-node", args.gpus_per_node)
     _positive("seq-len", args.seq_len)
+    profile = read_profile(args.profile) if args.profile else None  # cheap: before tracing
     if args.plan:
         given = [f"--{f.replace('_', '-')}" for f in STRATEGY_FLAGS
                  if getattr(args, f, None) is not None]
@@ -174,12 +180,27 @@ def load_inputs(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, ComputePro
         precision = Precision(args.precision) if args.precision else default_precision(cluster)
         graph = _graph(args.model, args.micro_batch or 1, args.seq_len, precision)
         plan = plan_from_flags(args, len(graph.layers), cluster)
-    profile = None
-    if args.profile:
-        from cost_models.layer_profile import load_profile
-
-        profile = ComputeProfile.from_dict(load_profile(args.profile), args.profile)
     return graph, plan, cluster, profile
+
+
+def read_profile(path: str) -> ComputeProfile:
+    """A `planner profile` file, read as bounded data (ir.safe_json) and checked."""
+    from cost_models.layer_profile import PROFILE_SCHEMA
+
+    fix = "re-run `planner profile MODEL --out FILE`"
+    data = read_json(path, "profile", fix)
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != PROFILE_SCHEMA:
+        raise PlannerError(f"{path}: schema is {schema!r:.60}, expected {PROFILE_SCHEMA!r}; "
+                           f"{fix}")
+    profile = ComputeProfile.from_dict(data, path)
+    for i, layer in enumerate(profile.layers):
+        for name in ("forward_seconds", "backward_seconds"):
+            value = getattr(layer, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise PlannerError(f"{path}: layers[{i}].{name} must be a finite number >= 0, "
+                                   f"got {value!r}; {fix}")
+    return profile
 
 
 def _from_plan_file(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from planner.arg_types import n_samples, n_tokens
 from planner.fmt import Progress, human_bytes, human_count, table
 from planner.models import load_layer_graph, parse_dtype
 
@@ -15,8 +16,8 @@ def register(sub) -> None:
     p.add_argument("model", metavar="MODEL",
                    help="preset (gpt3-175b), family:overrides (gpt:layers=4,hidden=256), "
                         "package.module:factory, or hf:config.json")
-    p.add_argument("--micro-batch", type=int, default=1, help="samples per micro-batch (1)")
-    p.add_argument("--seq-len", type=int, default=None, help="sequence length (model default)")
+    p.add_argument("--micro-batch", type=n_samples, default=1, help="samples per micro-batch (1)")
+    p.add_argument("--seq-len", type=n_tokens, default=None, help="sequence length (model default)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"],
                    help="activation dtype the bytes are measured in (bf16)")
     p.add_argument("--trace", choices=["fx", "export"], default=None,

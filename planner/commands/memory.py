@@ -12,6 +12,7 @@ import json
 from cost_models.advice import suggest_fixes
 from cost_models.memory import plan_memory
 from planner import report
+from planner.arg_types import check_chart
 from planner.commands.estimate import add_model_arguments, describe, load_inputs
 
 
@@ -25,6 +26,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    check_chart(args.chart)
     graph, plan, cluster, _ = load_inputs(args)
     memory = plan_memory(graph, plan, cluster)
     if args.chart:

@@ -17,6 +17,7 @@ from cost_models.clusters import preset_names
 from ir.errors import PlannerError
 from ir.plan import KNOWN_OPTIMIZERS, plan_to_dict, save_plan
 from ir.strategy import Checkpoint, Precision, Schedule
+from planner.arg_types import check_out, count, gib, n_devices, n_samples, n_tokens, seconds
 from planner.commands.estimate import default_precision, load_cluster
 from planner.fmt import Progress, human_bytes, table
 from planner.models import load_layer_graph
@@ -35,35 +36,37 @@ def register(sub) -> None:
     p.add_argument("model", metavar="MODEL")
     p.add_argument("--cluster", default=None,
                    help=f"preset ({', '.join(preset_names())}) or spec JSON (default local)")
-    p.add_argument("--nodes", type=int, default=None)
-    p.add_argument("--gpus-per-node", type=int, default=None)
-    p.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
-    p.add_argument("--seq-len", type=int, default=None)
-    p.add_argument("--memory-budget", type=float, default=None, metavar="GiB",
+    p.add_argument("--nodes", type=n_devices, default=None)
+    p.add_argument("--gpus-per-node", type=n_devices, default=None)
+    p.add_argument("--global-batch", type=n_samples, required=True,
+                   help="samples per optimizer step")
+    p.add_argument("--seq-len", type=n_tokens, default=None)
+    p.add_argument("--memory-budget", type=gib(), default=None, metavar="GiB",
                    help="per-device budget (default: the device's memory)")
     p.add_argument("--out", default=None, help="write the plan JSON here")
     p.add_argument("--json", action="store_true", help="print the plan JSON")
-    p.add_argument("--top", type=int, default=1, metavar="K", help="list the K best plans")
-    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+    p.add_argument("--top", type=count(1, 1000, 5), default=1, metavar="K",
+                   help="list the K best plans")
+    p.add_argument("--time-limit", type=seconds(), default=None, metavar="S",
                    help="stop searching new pipeline configurations after S seconds")
     p.add_argument("--no-baselines", action="store_true", help="skip the uniform baselines")
     g = p.add_argument_group("restrictions and pins")
     g.add_argument("--uniform", action="store_true", help="one strategy for every layer")
-    g.add_argument("--max-tp", type=int, default=None,
+    g.add_argument("--max-tp", type=n_devices, default=None,
                    help="largest TP degree (default: devices per node)")
     g.add_argument("--no-pp", action="store_true", help="no pipeline parallelism")
     g.add_argument("--no-checkpoint", action="store_true", help="no activation checkpointing")
     g.add_argument("--no-offload", action="store_true",
                    help="no CPU offload (offered for ZeRO-3 layers where the cluster spec "
                         "gives pcie_gbps, host_memory_bytes and host_memory_gbps)")
-    g.add_argument("--dp", type=int, default=None)
-    g.add_argument("--tp", type=int, default=None)
-    g.add_argument("--pp", type=int, default=None)
+    g.add_argument("--dp", type=n_devices, default=None)
+    g.add_argument("--tp", type=n_devices, default=None)
+    g.add_argument("--pp", type=n_devices, default=None)
     g.add_argument("--zero", type=int, default=None, choices=[0, 1, 2, 3])
     g.add_argument("--checkpoint", default=None, choices=[c.value for c in Checkpoint])
     g.add_argument("--sequence-parallel", action="store_true", default=None)
     g.add_argument("--schedule", default=None, choices=[s.value for s in Schedule])
-    g.add_argument("--micro-batch", type=int, default=None)
+    g.add_argument("--micro-batch", type=n_samples, default=None)
     g.add_argument("--precision", default=None, choices=[x.value for x in Precision])
     g.add_argument("--optimizer", default="adamw", choices=KNOWN_OPTIMIZERS)
     p.set_defaults(func=run)
@@ -87,11 +90,14 @@ def options_from_args(args, precision: Precision) -> SearchOptions:
 
 
 def run(args) -> int:
+    check_out(args.out)  # before the search, not after it
     cluster = load_cluster(args)
     precision = Precision(args.precision) if args.precision else default_precision(cluster)
     options = options_from_args(args, precision)
-    if args.global_batch < 1:
-        raise PlannerError(f"--global-batch must be >= 1, got {args.global_batch}")
+    if args.micro_batch is not None and args.global_batch % args.micro_batch:
+        raise PlannerError(f"--micro-batch {args.micro_batch} does not divide --global-batch "
+                           f"{args.global_batch}: use a micro-batch that divides it, or drop "
+                           "--micro-batch to let the search choose")
     progress = Progress(f"tracing {args.model}")
     graph = load_layer_graph(args.model, 1, args.seq_len,
                              getattr(torch, precision.compute_dtype), progress=progress)
@@ -99,7 +105,7 @@ def run(args) -> int:
     result = search(graph, cluster, args.global_batch, options,
                     with_baselines=not args.no_baselines)
     if result.best is None:
-        raise PlannerError(nothing_fits(graph, cluster, args, options))
+        raise PlannerError(nothing_fits(graph, cluster, args, options, result.stats))
     base = result.baselines
     summary = {b.name: ({"plan": str(b.candidate.plan),
                          "iteration_seconds": b.candidate.estimate.iteration_seconds}
@@ -164,14 +170,30 @@ def baseline_table(best, base, cluster) -> str:
                  right={1, 2, 3, 4})
 
 
-def nothing_fits(graph, cluster, args, options: SearchOptions) -> str:
-    """The smallest memory any plan would need and the knob that would help most."""
+def nothing_fits(graph, cluster, args, options: SearchOptions, stats: dict | None = None
+                 ) -> str:
+    """Why no plan came out, without contradicting itself: the smallest memory any plan
+    would need and the knob that would help most."""
     import dataclasses
 
+    from cost_models.memory import DP_BUCKET_BYTES, DP_BUCKETS_IN_FLIGHT
+
+    budget = options.memory_budget_bytes or cluster.device_memory_bytes
+    if stats and stats.get("timed_out"):
+        return (f"no plan found within --time-limit {options.time_limit_s:g} s (searched "
+                f"{stats.get('outer_searched', 0)} of {stats.get('outer_candidates', 0)} "
+                "pipeline configurations); raise --time-limit or pin degrees (--tp/--pp)")
     frugal = dataclasses.replace(options, memory_budget_bytes=None, top_k=1)
     needs, _ = least_memory(graph, cluster, args.global_batch, frugal)
-    budget = options.memory_budget_bytes or cluster.device_memory_bytes
     head = f"no plan fits {human_bytes(budget)} per device"
+    reserved = cluster.runtime_overhead_bytes + DP_BUCKETS_IN_FLIGHT * DP_BUCKET_BYTES
+    if needs is not None and needs <= budget:
+        # The full estimate fits, but the search sets a flat reserve aside first.
+        return (f"{head}: the search sets {human_bytes(reserved)} aside per device before any "
+                f"layer (runtime {human_bytes(cluster.runtime_overhead_bytes)} + "
+                f"data-parallel buckets in flight), more than the "
+                f"{human_bytes(needs)} the most frugal plan's full estimate peaks at; give "
+                f"--memory-budget (GiB) well above {reserved / GiB:.2f}")
     if needs is not None:
         head += f"; the most frugal plan needs {human_bytes(needs)}"
     hints = []

@@ -12,28 +12,22 @@ import sys
 
 from cost_models.profile_cluster import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, profile_cluster
 from ir.errors import PlannerError
+from planner.arg_types import byte_size, check_out, count
 from planner.fmt import human_bytes, table
 
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
-
-
-def parse_bytes(text: str) -> int:
-    """'64M' -> 67108864; plain integers are bytes."""
-    raw = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = raw[-1:] if raw[-1:] in _UNITS else ""
-    try:
-        return int(float(raw[:-1] if unit else raw) * _UNITS[unit])
-    except ValueError:
-        raise PlannerError(f"cannot read {text!r} as a size; use e.g. 4096, 64K, 256M") from None
+# Collectives move float32 elements: a smaller message has nothing to send.
+MIN_MESSAGE_BYTES = 4
 
 
 def register(sub) -> None:
     p = sub.add_parser("profile-cluster", help="measure collectives and matmuls, write a spec",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--nproc", type=int, required=True, help="processes to spawn (>= 2)")
+    p.add_argument("--nproc", type=count(2, 1024, 2), required=True,
+                   help="processes to spawn (>= 2)")
     p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
-    p.add_argument("--min-bytes", default=str(DEFAULT_MIN_BYTES), help="smallest message (1K)")
-    p.add_argument("--max-bytes", default="64M",
+    p.add_argument("--min-bytes", default=DEFAULT_MIN_BYTES, type=byte_size,
+                   help="smallest message (1K)")
+    p.add_argument("--max-bytes", default=DEFAULT_MAX_BYTES, type=byte_size,
                    help=f"largest message ({human_bytes(DEFAULT_MAX_BYTES)}; 256M for the "
                         "full sweep)")
     p.add_argument("--name", default="local-profiled", help="cluster name in the spec")
@@ -43,9 +37,17 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    check_out(args.out)
+    if args.min_bytes < MIN_MESSAGE_BYTES or args.max_bytes < args.min_bytes:
+        raise PlannerError(f"--min-bytes {args.min_bytes} and --max-bytes {args.max_bytes}: "
+                           f"need {MIN_MESSAGE_BYTES} <= min <= max (e.g. --min-bytes 1K "
+                           "--max-bytes 64M)")
+    if not args.name.strip() or args.name != args.name.strip():
+        raise PlannerError(f"--name {args.name!r}: give a non-empty name without surrounding "
+                           "spaces")
     print(f"profiling {args.nproc} processes on {args.backend} ...", file=sys.stderr)
-    spec, raw = profile_cluster(args.nproc, args.backend, max_bytes=parse_bytes(args.max_bytes),
-                                min_bytes=parse_bytes(args.min_bytes), name=args.name)
+    spec, raw = profile_cluster(args.nproc, args.backend, max_bytes=args.max_bytes,
+                                min_bytes=args.min_bytes, name=args.name)
     if args.out:
         spec.save(args.out)
     if args.json:

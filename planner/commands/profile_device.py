@@ -8,10 +8,9 @@ cluster spec carrying the tables.
 
 from __future__ import annotations
 
-import os
 import sys
 
-from ir.errors import PlannerError
+from planner.arg_types import check_out
 from planner.fmt import table
 
 # Rows of the printed summary: GEMM shapes a person checks first.
@@ -30,20 +29,10 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _check_out(path: str | None) -> None:
-    if path is None:
-        return
-    if os.path.isdir(path):
-        raise PlannerError(f"--out {path} is a folder: give a file name such as spec.json")
-    parent = os.path.dirname(path) or "."
-    if not os.path.isdir(parent):
-        raise PlannerError(f"--out {path}: folder {parent} does not exist")
-
-
 def run(args) -> int:
     from cost_models.profile_device import check_device, profile_device
 
-    _check_out(args.out)
+    check_out(args.out)
     check_device(args.device)
     progress = None if args.json else (lambda msg: print(f"... {msg}", file=sys.stderr,
                                                          flush=True))

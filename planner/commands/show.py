@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from ir.plan import load_plan
-from planner.plan_report import predicted_lines, stage_memory_table, strategy_table, summary_line
+from planner.arg_types import check_chart
+from planner.fmt import escape_controls
+from planner.plan_report import (check_predicted, predicted_lines, stage_memory_table,
+                                  strategy_table, summary_line)
 
 
 def register(sub) -> None:
@@ -17,17 +20,17 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    check_chart(args.chart)
     doc = load_plan(args.plan)
-    print(summary_line(doc))
-    print()
-    print(strategy_table(doc))
-    print()
-    print(predicted_lines(doc.predicted))
+    check_predicted(doc.predicted, args.plan)
+    lines = [summary_line(doc), "", strategy_table(doc), "", predicted_lines(doc.predicted)]
     if doc.predicted:
-        print(stage_memory_table(doc.predicted))
+        lines.append(stage_memory_table(doc.predicted))
+    # Names come from the file: escape what could drive the terminal.
+    print(escape_controls("\n".join(lines)))
     if args.chart:
         from planner.plan_chart import draw
 
         draw(doc, args.chart)
-        print(f"\nwrote {args.chart}")
+        print(f"\nwrote {escape_controls(args.chart)}")
     return 0

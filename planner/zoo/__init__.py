@@ -71,6 +71,17 @@ PRESETS: dict[str, tuple[str, dict]] = {
     "dlrm-large": ("dlrm", {"num_tables": 26, "rows_per_table": 2_000_000, "embedding_dim": 128,
                             "dense_features": 13, "bottom_mlp": (512, 256),
                             "top_mlp": (1024, 1024, 512, 256), "lookups_per_table": 1}),
+    # Criteo Terabyte at MLPerf DLRM scale: the 26 table sizes (ids capped at 40M) that
+    # TorchRec's MLPerf DLRM example passes as --num_embeddings_per_feature
+    # (torchrec/examples/dlrm, README), one id per table per sample (one-hot Criteo),
+    # MLPerf widths. 204M rows x 128 fp32: 104.6 GB of tables.
+    "dlrm-criteo-tb": ("dlrm", {"num_tables": 26, "rows_per_table": 40_000_000, "embedding_dim": 128,
+                                "table_rows": (40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543,
+                                               63, 40000000, 3067956, 405282, 10, 2209, 11938,
+                                               155, 4, 976, 14, 40000000, 40000000, 40000000,
+                                               590152, 12973, 108, 36),
+                                "dense_features": 13, "bottom_mlp": (512, 256),
+                                "top_mlp": (1024, 1024, 512, 256), "lookups_per_table": 1}),
     # Tiny models for tests: forward + backward on CPU in milliseconds, heads divisible by 4.
     "gpt-tiny": ("gpt", {"layers": 4, "hidden": 64, "heads": 4, "vocab": 128, "seq": 32}),
     "llama-tiny": ("llama", {"layers": 4, "hidden": 64, "heads": 8, "kv_heads": 4, "ffn": 160,
@@ -138,7 +149,7 @@ def make_config(family: str, overrides: dict[str, str | int | float | bool] | No
     kwargs = {}
     for name, value in (overrides or {}).items():
         if name not in types:
-            raise ValueError(f"{family}: unknown config field {name!r}; valid fields: {', '.join(names)}")
+            raise ValueError(f"{family}: unknown config field {name!r}; use one of the valid fields: {', '.join(names)}")
         kwargs[name] = _convert(family, name, value, types[name])
     return config_cls(**kwargs)
 

@@ -39,14 +39,23 @@ class Config:
     bottom_mlp: tuple[int, ...] = (64, 32)  # hidden widths before the final -> embedding_dim layer
     top_mlp: tuple[int, ...] = (64, 32)  # hidden widths before the final -> 1 layer
     lookups_per_table: int = 2  # ids summed per table per sample (multi-hot)
+    # rows of each table when they differ (length num_tables); empty: rows_per_table each
+    table_rows: tuple[int, ...] = ()
 
     def __post_init__(self):
         _common.check_positive("dlrm", self, "num_tables", "rows_per_table", "embedding_dim",
                                "dense_features", "lookups_per_table")
+        if self.table_rows and (len(self.table_rows) != self.num_tables
+                                or not all(isinstance(r, int) and r > 0 for r in self.table_rows)):
+            raise ValueError(f"dlrm: table_rows must list {self.num_tables} positive ints, "
+                             f"got {self.table_rows!r}")
         for name in ("bottom_mlp", "top_mlp"):
             widths = getattr(self, name)
             if not isinstance(widths, tuple) or not all(isinstance(w, int) and w > 0 for w in widths):
                 raise ValueError(f"dlrm: {name} must be a tuple of positive ints, got {widths!r}")
+
+    def rows(self, table: int) -> int:
+        return self.table_rows[table] if self.table_rows else self.rows_per_table
 
     @property
     def interaction_features(self) -> int:
@@ -82,7 +91,7 @@ class DLRM(nn.Module):
         self.config = c
         self.bottom_mlp = mlp([c.dense_features, *c.bottom_mlp, c.embedding_dim], last_relu=True)
         self.tables = nn.ModuleDict({
-            str(i): nn.EmbeddingBag(c.rows_per_table, c.embedding_dim, mode="sum")
+            str(i): nn.EmbeddingBag(c.rows(i), c.embedding_dim, mode="sum")
             for i in range(c.num_tables)})
         self.interaction = Interaction()
         self.top_mlp = mlp([c.interaction_features, *c.top_mlp, 1], last_relu=False)
@@ -118,8 +127,13 @@ def example_inputs(config: Config, micro_batch: int, seq_len: int | None = None,
     """({"dense": (B, dense_features), "sparse": (B, tables, lookups)}, click labels (B,) in {0., 1.})."""
     B = micro_batch
     dense = _common.randn((B, config.dense_features), device, generator)
-    sparse = _common.randint(config.rows_per_table, (B, config.num_tables, config.lookups_per_table),
-                             device, generator)
+    if config.table_rows:  # each table's ids below its own row count
+        sparse = torch.stack([_common.randint(config.rows(i), (B, config.lookups_per_table),
+                                              device, generator)
+                              for i in range(config.num_tables)], dim=1)
+    else:
+        sparse = _common.randint(config.rows_per_table,
+                                 (B, config.num_tables, config.lookups_per_table), device, generator)
     clicks = _common.randint(2, (B,), device, generator).float()
     return {"dense": dense, "sparse": sparse}, clicks
 

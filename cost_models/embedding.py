@@ -1,0 +1,401 @@
+"""Cost of sharded embedding tables, per rank: lookups, sparse optimizer, all-to-alls, memory.
+
+A table placement (ir.embedding_tables.TablePlacement) puts shards on ranks. Each shard
+adds a `RankLoad` to the rank that holds it, and every sharded table adds a requester-side
+load to every rank (its local ids out, its pooled rows in). Loads are additive vectors;
+`rank_time` turns one rank's sum into seconds. With B the global batch, b = B/n the
+local batch, p ids per sample, d the shard's columns, e bytes per element:
+
+  lookup (forward)   gather ids_served x d x e  + write out_rows x d x e     over HBM
+  backward+optimizer read out_rows x d x e + ids_served x d x e (per-id grads), then per
+                     unique row touched: weight read+write 2 d e + optimizer state r+w
+  unique rows        occupancy: N (1 - (1 - 1/N)^m) distinct of N rows after m draws,
+                     hot and cold rows counted apart when a hot-row fraction is known
+  all-to-all         per phase (ids forward, pooled forward, pooled gradients backward):
+                     (n-1) alpha + max(V f_intra / B_intra, V f_inter / B_inter),
+                     V = max(bytes sent, bytes received) by the rank
+  replicated tables  whole-table gradient joins the dense all-reduce bucket (DDP)
+
+The slowest rank sets the step (the all-to-alls synchronise every rank):
+    step_s = dense_s + max_r embedding_s[r] + exposed(all-reduce of dense + replicated grads)
+which is TorchRec's planner's accounting too (per-shard perf summed per rank, the step
+is the maximum over ranks: torchrec/distributed/planner/stats.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ir.cluster import ClusterSpec
+from ir.embedding_tables import (EmbeddingTable, HashRing, TablePlacement, TableSharding,
+                                 column_shard_bounds, row_shard_bounds)
+from ir.errors import PlannerError
+from cost_models.comm import collective_s
+from cost_models.common import GB
+from cost_models.estimate import exposed, overlap_efficiency
+
+# Ids travel as int64: the zoo's sparse tensor and TorchRec's KeyedJaggedTensor values.
+ID_BYTES = 8
+# EmbeddingTable.hot_row_fraction counts lookups that hit the most frequent 1% of rows.
+HOT_ROW_SHARE = 0.01
+# Achievable share of datasheet HBM bandwidth for streaming kernels: a device-to-device
+# copy moved 3.0 of 3.35 TB/s on H100 (REFERENCES.md); row gathers of >= 128-byte rows
+# are assumed to stream as well as a copy does.
+HBM_ACHIEVED_FRACTION = 3.0 / 3.35
+# Optimizer state bytes per row = per_row + per_element x d (fp32 each):
+# row-wise Adagrad keeps one fp32 per row (FBGEMM's EXACT_ROWWISE_ADAGRAD), Adam two
+# moments per element (Kingma & Ba 2015), SGD none.
+OPTIMIZER_STATE = {"rowwise_adagrad": (4, 0), "adam": (0, 8), "sgd": (0, 0)}
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingConfig:
+    """What one step looks like for the tables."""
+
+    global_batch: int
+    optimizer: str = "rowwise_adagrad"
+
+    def __post_init__(self) -> None:
+        if self.global_batch < 1:
+            raise PlannerError(f"--global-batch must be >= 1, got {self.global_batch}")
+        if self.optimizer not in OPTIMIZER_STATE:
+            raise PlannerError(f"unknown sparse optimizer {self.optimizer!r}; use one of "
+                               f"{', '.join(OPTIMIZER_STATE)}")
+
+
+@dataclass(frozen=True, slots=True)
+class RankLoad:
+    """What shards and requests add to one rank; loads add up field by field."""
+
+    lookup_s: float = 0.0  # forward gathers
+    update_s: float = 0.0  # backward gradient gather + sparse optimizer update
+    ids_send_bytes: float = 0.0  # ids all-to-all, forward
+    ids_recv_bytes: float = 0.0
+    out_send_bytes: float = 0.0  # pooled all-to-all forward (and its gradient backward)
+    out_recv_bytes: float = 0.0
+    intra_node_bytes: float = 0.0  # table-row-wise reduce-scatter inside the node (fwd + bwd)
+    memory_bytes: float = 0.0  # table shard + optimizer state (+ gradient if replicated)
+    sharded: bool = False  # takes part in the all-to-alls (alpha terms)
+
+    def __add__(self, other: RankLoad) -> RankLoad:
+        return RankLoad(self.lookup_s + other.lookup_s, self.update_s + other.update_s,
+                        self.ids_send_bytes + other.ids_send_bytes,
+                        self.ids_recv_bytes + other.ids_recv_bytes,
+                        self.out_send_bytes + other.out_send_bytes,
+                        self.out_recv_bytes + other.out_recv_bytes,
+                        self.intra_node_bytes + other.intra_node_bytes,
+                        self.memory_bytes + other.memory_bytes, self.sharded or other.sharded)
+
+
+ZERO = RankLoad()
+
+
+@dataclass(frozen=True, slots=True)
+class RankTime:
+    lookup_s: float
+    update_s: float
+    comm_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.lookup_s + self.update_s + self.comm_s
+
+
+def hbm_bytes_per_s(cluster: ClusterSpec) -> float:
+    return cluster.hbm_gbps * GB * HBM_ACHIEVED_FRACTION
+
+
+def unique_rows(draws: float, rows: float, hot_fraction: float | None = None) -> float:
+    """Expected distinct rows after `draws` lookups over `rows` rows: the occupancy count
+    N(1 - (1-1/N)^m) (Feller 1968, ch. II.11), the hot 1% and cold 99% of rows apart."""
+    def distinct(m: float, n: float) -> float:
+        if n <= 0 or m <= 0:
+            return 0.0
+        if n <= 1:
+            return 1.0
+        return n * -math.expm1(m * math.log1p(-1.0 / n))
+    if hot_fraction is None:
+        return distinct(draws, rows)
+    hot_rows = max(1.0, HOT_ROW_SHARE * rows)
+    return distinct(draws * hot_fraction, hot_rows) + \
+        distinct(draws * (1 - hot_fraction), rows - hot_rows)
+
+
+# Rows sampled (evenly spaced ids) to measure each hash shard's share of a table.
+RING_SAMPLE_IDS = 1 << 14
+
+
+@functools.lru_cache(maxsize=4096)
+def ring_shares(table: str, rows: int, num_shards: int) -> tuple[float, ...]:
+    """Share of a ROW_HASH table's rows each shard owns under the executor's own ring
+    (`HashRing.owner`), counted over RING_SAMPLE_IDS evenly spaced ids (every id when
+    fewer): what the shard holds, and serves of uniformly spread lookups."""
+    count = min(rows, RING_SAMPLE_IDS)
+    ids = torch.arange(count, dtype=torch.int64) * rows // count  # distinct: rows >= count
+    owners = HashRing.build(table, num_shards).owner(ids, table)
+    counts = torch.bincount(owners, minlength=num_shards).to(torch.float64)
+    return tuple((counts / counts.sum()).tolist())
+
+
+def lookup_shares(table: EmbeddingTable, sharding: TableSharding, num_shards: int,
+                  measured: list[float] | None = None) -> tuple[list[float], list[float]]:
+    """(share of the ids each shard serves, share of the rows it holds).
+
+    Range shards hold even key ranges; with a hot-row fraction h the hot 1% of rows are
+    assumed to lie in ONE range (ids numbered by frequency, as Criteo preprocessing does
+    when it assigns ids by count), so shard 0 serves h of the lookups more. Hash shards
+    hold their ring arcs and spread hot rows with the rest. A measured split (from
+    `planner.table_inventory.measured_shard_shares`) replaces the served shares."""
+    if sharding is TableSharding.ROW_HASH:
+        rows = list(ring_shares(table.name, table.rows, num_shards))
+        served = list(rows)
+    else:
+        bounds = row_shard_bounds(table.rows, num_shards)
+        rows = [(stop - start) / table.rows for start, stop in bounds]
+        served = list(rows)
+        h = table.hot_row_fraction
+        if h is not None and h > HOT_ROW_SHARE:
+            hot_rows = HOT_ROW_SHARE * table.rows
+            served = [(1 - h) * max(0.0, stop - start - (hot_rows if i == 0 else 0))
+                      / (table.rows - hot_rows) for i, (start, stop) in enumerate(bounds)]
+            served[0] += h
+    if measured is not None:
+        if len(measured) != num_shards:
+            raise PlannerError(f"table {table.name}: {len(measured)} measured shard shares "
+                               f"for {num_shards} shards")
+        served = list(measured)
+    return served, rows
+
+
+def _shard_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingConfig,
+                cols: int, served: float, row_share: float, replicated: bool,
+                intra_group: int = 0) -> RankLoad:
+    """The owner side of one shard: `cols` columns, `served` of the ids, `row_share` of rows."""
+    n = cluster.world_size
+    B = config.global_batch
+    e = table.dtype_bytes
+    batch = B / n if replicated else B  # replicated tables serve their own local batch
+    ids = batch * table.ids_per_sample * served  # lookups this shard answers
+    out_rows = min(batch, ids) if table.pooling else ids  # pooled bags (partial sums) or rows
+    rows_held = table.rows * row_share
+    per_row, per_element = OPTIMIZER_STATE[config.optimizer]
+    state_row_bytes = per_row + per_element * cols
+    touched = rows_held if replicated else unique_rows(ids, rows_held, table.hot_row_fraction)
+    hbm = hbm_bytes_per_s(cluster)
+    # Roofline for memory-bound kernels (Williams et al. 2009): time = bytes / bandwidth.
+    lookup_s = (ids + out_rows) * cols * e / hbm
+    # FBGEMM-style fused backward + optimizer: per-id gradients read, then per touched row
+    # the weight read and written and its optimizer state read and written.
+    update_s = ((out_rows + ids) * cols * e + touched * (2 * cols * e + 2 * state_row_bytes)) / hbm
+    memory = rows_held * (cols * e + state_row_bytes)
+    if replicated:
+        memory += rows_held * cols * e  # the dense gradient DDP all-reduces
+        return RankLoad(lookup_s=lookup_s, update_s=update_s, memory_bytes=memory)
+    out_send = out_rows * cols * e
+    intra = 0.0
+    if intra_group > 1:  # table-row-wise: partial sums reduce-scattered inside the node first
+        intra = 2 * out_send * (intra_group - 1) / intra_group  # forward RS + backward AG
+        out_send = out_send / intra_group
+    return RankLoad(lookup_s=lookup_s, update_s=update_s, ids_recv_bytes=ids * ID_BYTES,
+                    out_send_bytes=out_send, intra_node_bytes=intra, memory_bytes=memory,
+                    sharded=True)
+
+
+def _requester_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingConfig,
+                    placement: TablePlacement) -> RankLoad:
+    """What every rank sends and receives for a sharded table: its local ids out (once per
+    column shard), its pooled rows back (once per column shard, once per row-group)."""
+    b = config.global_batch / cluster.world_size
+    ids = b * table.ids_per_sample
+    rows_back = b if table.pooling else ids
+    k = len(placement.ranks)
+    e = table.dtype_bytes
+    if placement.sharding is TableSharding.COLUMN_WISE:
+        return RankLoad(ids_send_bytes=k * ids * ID_BYTES,
+                        out_recv_bytes=rows_back * table.dim * e, sharded=True)
+    if placement.sharding is TableSharding.TABLE_WISE:
+        return RankLoad(ids_send_bytes=ids * ID_BYTES, out_recv_bytes=rows_back * table.dim * e,
+                        sharded=True)
+    # row-wise: ids split among shards; TorchRec's RW output dist is a reduce-scatter of
+    # each shard's partial sums, so a rank receives one partial per shard (per node for TWRW).
+    partials = 1 if placement.sharding is TableSharding.TABLE_ROW_WISE else k
+    if not table.pooling:
+        partials = 1  # unpooled rows come back from the one shard that holds each row
+    return RankLoad(ids_send_bytes=ids * ID_BYTES,
+                    out_recv_bytes=partials * rows_back * table.dim * e, sharded=True)
+
+
+def placement_loads(table: EmbeddingTable, placement: TablePlacement, cluster: ClusterSpec,
+                    config: EmbeddingConfig,
+                    measured: list[float] | None = None) -> tuple[RankLoad, list[tuple[int, RankLoad]]]:
+    """(load every rank gets, [(rank, owner load)]) of one table under one placement."""
+    s, k = placement.sharding, len(placement.ranks)
+    if s is TableSharding.REPLICATED:
+        if k != cluster.world_size:
+            raise PlannerError(f"table {table.name}: replicated on {k} of "
+                               f"{cluster.world_size} ranks; replicate it on every rank")
+        owner = _shard_load(table, cluster, config, table.dim, 1.0, 1.0, replicated=True)
+        return owner, []
+    if s is TableSharding.TABLE_WISE:
+        pieces = [_shard_load(table, cluster, config, table.dim, 1.0, 1.0, False)]
+    elif s is TableSharding.COLUMN_WISE:
+        pieces = [_shard_load(table, cluster, config, stop - start, 1.0, 1.0, False)
+                  for start, stop in column_shard_bounds(table.dim, k)]
+    else:
+        group = k if s is TableSharding.TABLE_ROW_WISE else 0
+        if group and len({r // cluster.devices_per_node for r in placement.ranks}) != 1:
+            raise PlannerError(f"table {table.name}: table_row_wise keeps its shards on one "
+                               f"node; ranks {list(placement.ranks)} span nodes")
+        kind = TableSharding.ROW_RANGE if group else s
+        served, rows = lookup_shares(table, kind, k, measured)
+        pieces = [_shard_load(table, cluster, config, table.dim, served[i], rows[i], False, group)
+                  for i in range(k)]
+    return _requester_load(table, cluster, config, placement), list(zip(placement.ranks, pieces))
+
+
+@dataclass(frozen=True, slots=True)
+class AllToAllLink:
+    """What one rank's all-to-all sees: latency per step, bandwidth to its node's peers and
+    to other nodes' peers, and the group shape."""
+
+    alpha_s: float
+    intra_bytes_per_s: float
+    inter_bytes_per_s: float
+    world: int
+    per_node: int
+
+    @classmethod
+    def of(cls, cluster: ClusterSpec) -> AllToAllLink:
+        """Measured all_to_all fits (`planner profile-cluster`) when the spec has them."""
+        n, G = cluster.world_size, min(cluster.devices_per_node, cluster.world_size)
+        intra_fit = cluster.collective_fit("all_to_all", "intra_node")
+        inter_fit = cluster.collective_fit("all_to_all", "inter_node")
+        if n > G:
+            alpha = inter_fit.alpha_s if inter_fit else cluster.inter_node_latency_s
+        else:
+            alpha = intra_fit.alpha_s if intra_fit else cluster.intra_node_latency_s
+        return cls(alpha, intra_fit.bytes_per_s if intra_fit else cluster.intra_node_gbps * GB,
+                   inter_fit.bytes_per_s if inter_fit else cluster.inter_node_gbps * GB, n, G)
+
+    def seconds(self, nbytes: float) -> float:
+        """One rank's part of an all-to-all moving `nbytes` through it (the larger of what
+        it sends and receives): pairwise exchange (n-1) alpha + (n-1)/n S/B (Thakur et al.
+        2005, as comm.all_to_all_s), the peers on its node over NVLink and the others over
+        its own NIC at once: bandwidth term max(S (G-1)/n / B_intra, S (n-G)/n / B_inter)."""
+        n, G = self.world, self.per_node
+        if n <= 1:
+            return 0.0
+        return (n - 1) * self.alpha_s + max(nbytes * (G - 1) / n / self.intra_bytes_per_s,
+                                            nbytes * (n - G) / n / self.inter_bytes_per_s)
+
+
+def all_to_all_rank_s(nbytes: float, cluster: ClusterSpec) -> float:
+    return AllToAllLink.of(cluster).seconds(nbytes)
+
+
+def rank_time(load: RankLoad, cluster: ClusterSpec, link: AllToAllLink | None = None) -> RankTime:
+    """Seconds of one rank's embedding work: three all-to-all phases (ids forward, pooled
+    forward, pooled gradients backward: the reverse of forward, same volume)."""
+    link = link or AllToAllLink.of(cluster)
+    comm = 0.0
+    if load.sharded:
+        comm += link.seconds(max(load.ids_send_bytes, load.ids_recv_bytes))
+        comm += 2 * link.seconds(max(load.out_send_bytes, load.out_recv_bytes))
+    if load.intra_node_bytes:
+        # ring reduce-scatter / all-gather inside the node (Patarasuk & Yuan 2009): the
+        # per-rank bytes already carry the (G-1)/G factor.
+        comm += load.intra_node_bytes / link.intra_bytes_per_s
+    return RankTime(load.lookup_s, load.update_s, comm)
+
+
+@dataclass(frozen=True, slots=True)
+class DenseCost:
+    """The data-parallel dense part (MLPs, interaction), the same on every rank."""
+
+    compute_s: float  # forward + backward of the local batch
+    backward_s: float  # the window DDP's all-reduce can hide behind
+    grad_bytes: float  # dense gradients all-reduced each step
+    state_bytes: float  # dense params + grads + optimizer state + saved activations
+
+
+@dataclass
+class PlacementCost:
+    """Per-rank breakdown and the predicted step of one full placement."""
+
+    per_rank: list[RankTime]
+    memory_bytes: list[float]
+    capacity_bytes: float
+    dense_s: float
+    allreduce_s: float  # exposed part of the dense + replicated-table all-reduce
+    replicated_grad_bytes: float
+    embedding_s: list[float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.embedding_s = [t.total_s for t in self.per_rank]
+
+    @property
+    def max_embedding_s(self) -> float:
+        return max(self.embedding_s)
+
+    @property
+    def step_s(self) -> float:
+        return self.dense_s + self.max_embedding_s + self.allreduce_s
+
+    @property
+    def imbalance(self) -> float:
+        """(max - mean) / mean of the per-rank embedding seconds."""
+        mean = sum(self.embedding_s) / len(self.embedding_s)
+        return self.max_embedding_s / mean - 1 if mean > 0 else 0.0
+
+    @property
+    def fits(self) -> bool:
+        return max(self.memory_bytes) <= self.capacity_bytes
+
+
+def capacity_bytes(cluster: ClusterSpec, dense: DenseCost) -> float:
+    """Device memory left for tables: the runtime's and the dense part's share taken off."""
+    return cluster.device_memory_bytes - cluster.runtime_overhead_bytes - dense.state_bytes
+
+
+def allreduce_exposed_s(grad_bytes: float, dense: DenseCost, cluster: ClusterSpec) -> float:
+    """DDP all-reduce of the dense and replicated-table gradients, one bucketed collective
+    (comm.collective_s), hidden behind the dense backward as cost_models.estimate does."""
+    if grad_bytes <= 0:
+        return 0.0  # nothing data-parallel: no all-reduce at all
+    total = collective_s("all_reduce", grad_bytes, cluster.world_size, cluster)
+    return exposed(total, dense.backward_s, overlap_efficiency(cluster))
+
+
+def evaluate(tables: list[EmbeddingTable], placements: list[TablePlacement],
+             cluster: ClusterSpec, config: EmbeddingConfig, dense: DenseCost,
+             measured: dict[str, list[float]] | None = None) -> PlacementCost:
+    """Price a full placement (one TablePlacement per table, same order)."""
+    n = cluster.world_size
+    loads = [ZERO] * n
+    replicated_bytes = 0.0
+    by_name = {t.name: t for t in tables}
+    for p in placements:
+        table = by_name[p.table]
+        common, owned = placement_loads(table, p, cluster, config, (measured or {}).get(p.table))
+        loads = [load + common for load in loads]
+        for rank, piece in owned:
+            loads[rank] = loads[rank] + piece
+        if p.sharding is TableSharding.REPLICATED:
+            replicated_bytes += table.param_bytes
+    return cost_of_loads(loads, replicated_bytes, cluster, dense)
+
+
+def cost_of_loads(loads: list[RankLoad], replicated_bytes: float, cluster: ClusterSpec,
+                  dense: DenseCost) -> PlacementCost:
+    link = AllToAllLink.of(cluster)
+    return PlacementCost(
+        per_rank=[rank_time(load, cluster, link) for load in loads],
+        memory_bytes=[load.memory_bytes for load in loads],
+        capacity_bytes=capacity_bytes(cluster, dense), dense_s=dense.compute_s,
+        allreduce_s=allreduce_exposed_s(dense.grad_bytes + replicated_bytes, dense, cluster),
+        replicated_grad_bytes=replicated_bytes)

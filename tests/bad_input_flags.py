@@ -1,0 +1,125 @@
+"""Bad command lines for tests/test_bad_inputs.py (issue 16): flags, model specs and
+output paths. Same `Bad` cases as tests/bad_input_cases.py (read its docstring); the
+output-path cases must fail in under a second, before any work starts.
+"""
+
+from __future__ import annotations
+
+from tests.bad_input_cases import (BIG, INSPECT, NONFINITE, PLAN, Bad, drop, edited, hf, mkfifo,
+                                   plan, put, symlink_loop)
+
+FLAGS = [
+    Bad("memory-budget-nan", PLAN + " --memory-budget nan --out {d}/out.json",
+        r"--memory-budget must be a finite number, got 'nan' \(see `planner plan --help`\)"),
+    Bad("memory-budget-inf", PLAN + " --memory-budget inf", r"--memory-budget must be a finite number, got 'inf'"),
+    Bad("memory-budget-negative", PLAN + " --memory-budget -1",
+        r"--memory-budget must be a number of GiB above 0 and at most [\d,]+, got -1"),
+    Bad("memory-budget-zero", PLAN + " --memory-budget 0", r"--memory-budget must be a number of GiB above 0"),
+    Bad("memory-budget-word", PLAN + " --memory-budget lots", r"argument --memory-budget: expected a number such as 2\.5, got 'lots'"),
+    Bad("time-limit-negative", PLAN + " --time-limit -1", r"--time-limit must be a number of seconds above 0"),
+    Bad("time-limit-nan", PLAN + " --time-limit nan", r"--time-limit must be a finite number, got 'nan'"),
+    Bad("time-limit-zero", PLAN + " --time-limit 0", r"--time-limit must be a number of seconds above 0"),
+    Bad("max-bytes-inf", "profile-cluster --nproc 2 --max-bytes inf --out {d}/out.json",
+        r"argument --max-bytes: cannot read 'inf' as a size; use e\.g\. 4096, 64K, 256M"),
+    Bad("max-bytes-negative", "profile-cluster --nproc 2 --max-bytes -5", r"argument --max-bytes: cannot read '-5' as a size"),
+    Bad("max-bytes-huge", "profile-cluster --nproc 2 --max-bytes 99999T", r"argument --max-bytes: size '99999T' must be between"),
+    Bad("min-over-max-bytes", "profile-cluster --nproc 2 --min-bytes 64K --max-bytes 1K",
+        r"--min-bytes 65536 and --max-bytes 1024: need 4 <= min <= max"),
+    Bad("profile-cluster-nproc-1", "profile-cluster --nproc 1", r"--nproc must be >= 2, got 1"),
+    Bad("profile-device-tpu9", "profile gpt-tiny --device tpu9 --out {d}/out.json",
+        r"argument --device: unknown device 'tpu9'; use cpu, cuda or cuda:N"),
+    Bad("profile-device-cuda-absent", "profile gpt-tiny --device cuda", r"--device cuda: no CUDA device is visible here"),
+    Bad("global-batch-0", PLAN.replace("--global-batch 8", "--global-batch 0"),
+        r"--global-batch must be >= 1, got 0"),
+    Bad("global-batch-negative", "plan gpt-tiny --global-batch -8", r"--global-batch must be >= 1"),
+    Bad("global-batch-float", "plan gpt-tiny --global-batch 1e9",
+        r"argument --global-batch: expected a whole number such as 8, got '1e9'"),
+    Bad("global-batch-5000-digits", "plan gpt-tiny --global-batch " + BIG,
+        r"argument --global-batch: expected a whole number such as 8, got '999"),
+    Bad("global-batch-missing", "plan gpt-tiny", r"the following arguments are required: --global-batch"),
+    Bad("nodes-0", PLAN + " --nodes 0", r"--nodes must be >= 1"),
+    Bad("nodes-huge", PLAN + " --nodes 10000000", r"--nodes must be <= 1,048,576, got 10,000,000"),
+    Bad("gpus-per-node-negative", "plan gpt-tiny --global-batch 8 --gpus-per-node -1",
+        r"--gpus-per-node must be >= 1"),
+    Bad("tp-zero", PLAN + " --tp 0", r"--tp must be >= 1"),
+    Bad("top-zero", PLAN + " --top 0", r"--top must be >= 1, got 0"),
+    Bad("seq-len-zero", "estimate gpt-tiny --seq-len 0", r"--seq-len must be >= 1"),
+    Bad("micro-batch-zero", "estimate gpt-tiny --micro-batch 0", r"--micro-batch must be >= 1"),
+    Bad("micro-batch-not-dividing", PLAN + " --micro-batch 3 --out {d}/out.json",
+        r"--micro-batch 3 does not divide --global-batch 8: use a micro-batch that divides it"),
+    Bad("virtual-stages-zero", "estimate gpt-tiny --virtual-stages 0", r"--virtual-stages must be >= 1"),
+    Bad("zero-4", PLAN + " --zero 4", r"argument --zero: invalid choice: 4 \(choose from 0, 1, 2, 3\)"),
+    Bad("schedule-unknown", PLAN + " --schedule zigzag", r"argument --schedule: invalid choice: 'zigzag'"),
+    Bad("unknown-flag", PLAN + " --frobnicate", r"unrecognized arguments: --frobnicate"),
+    Bad("inspect-micro-batch-word", "inspect gpt-tiny --micro-batch abc",
+        r"argument --micro-batch: expected a whole number such as 8, got 'abc'"),
+    Bad("warmup-negative", "profile gpt-tiny --warmup -1", r"--warmup must be >= 0"),
+    Bad("unknown-command", "frobnicate", r"argument COMMAND: invalid choice: 'frobnicate'"),
+    Bad("impossible-memory-budget", PLAN + " --memory-budget 0.2 --out {d}/out.json",
+        r"no plan fits 204\.80 MiB per device; the most frugal plan needs [0-9.]+ MiB; try: more "
+        r"devices \(--nodes 2\), a smaller --global-batch or --seq-len"),
+    Bad("budget-below-search-reserve", PLAN + " --memory-budget 0.42",
+        r"no plan fits 430\.08 MiB per device: the search sets [0-9.]+ MiB aside per device before "
+        r"any layer .* give --memory-budget \(GiB\) well above 0\.42"),
+]
+
+MODELS = [
+    Bad("model-hidden-1e9", INSPECT + " gpt:hidden=1e9",
+        r"model 'gpt:hidden=1e9': hidden=1e9 is out of range; use a whole number from 0 to 67,108,864"),
+    Bad("model-duplicated-key", INSPECT + " gpt:layers=2,layers=3",
+        r"model 'gpt:layers=2,layers=3': 'layers' is given twice \(layers=2 and layers=3\); keep one"),
+    Bad("model-os-path-join", INSPECT + " os.path:join", r"model 'os\.path:join': cannot be called as a "
+        r"factory \(missing a required argument: 'a'\); name a function\(micro_batch=, seq_len=, "
+        r"device=\) that returns \(module, inputs, target, loss_fn\)"),
+    Bad("model-json-decoder-class", INSPECT + " json.decoder:JSONDecoder",
+        r"model 'json\.decoder:JSONDecoder' names a class, not a factory; name a function"),
+    Bad("model-not-callable", INSPECT + " os.path:sep", r"model 'os\.path:sep' names a str, not a factory"),
+    Bad("model-unknown-family", INSPECT + " os:sep", r"model 'os:sep': unknown model family 'os'; use one "
+        r"of gpt, .* or package\.module:function for a factory"),
+    Bad("model-missing-module", INSPECT + " nosuchpkg.models:build",
+        r"model 'nosuchpkg\.models:build': cannot import 'build' from 'nosuchpkg\.models'"),
+    Bad("model-hf-tmp", INSPECT + " hf:/tmp", r"hf config '/tmp' is a folder, not a file; give the JSON file inside it"),
+    Bad("model-hf-etc", INSPECT + " hf:/etc", r"hf config '/etc' is a folder, not a file"),
+    Bad("model-hf-list", INSPECT + " hf:{d}/config.json", r"hf config '{d}/config\.json' is a JSON list, not "
+        r"an object; give a transformers config\.json", hf(lambda b: [b.hf])),
+    Bad("model-hf-not-utf8", INSPECT + " hf:{d}/config.json", r"hf config '{d}/config\.json' is not UTF-8",
+        hf(lambda b: b'{"model_type": "gpt2\xff"}')),
+    Bad("model-hf-no-model-type", INSPECT + " hf:{d}/config.json", r"hf config '{d}/config\.json' has no 'model_type'",
+        hf(edited("hf", drop("model_type")))),
+    Bad("model-hf-model-type-int", INSPECT + " hf:{d}/config.json", r"model_type must be a string such as",
+        hf(edited("hf", put("model_type", 5)))),
+    Bad("model-hf-nan", INSPECT + " hf:{d}/config.json", r"hf config '{d}/config\.json': NaN " + NONFINITE,
+        hf(edited("hf", put("n_embd", float("nan"))))),
+    Bad("model-hf-dev-zero", INSPECT + " hf:/dev/zero", r"hf config '/dev/zero' is a character device"),
+    Bad("model-hf-missing", INSPECT + " hf:{d}/none.json", r"cannot read hf config '{d}/none\.json': it does not exist"),
+    Bad("model-override-no-equals", INSPECT + " gpt:layers", r"override 'layers' is not key=value"),
+    Bad("model-unknown-field", INSPECT + " gpt:colour=1", r"gpt: unknown config field 'colour'; use one of the valid fields: layers"),
+    Bad("model-unknown-preset", INSPECT + " gpt-5", r"unknown model 'gpt-5': unknown preset 'gpt-5'; known presets"),
+    Bad("model-dropout-nan", INSPECT + " gpt:dropout=nan", r"0 <= dropout < 1, got .*dropout=nan"),
+]
+
+OUTPUTS = [
+    Bad("out-missing-folder", PLAN + " --out {d}/missing/plan.json",
+        r"--out {d}/missing/plan\.json: folder {d}/missing does not exist; create it first", limit_s=1.0),
+    Bad("out-directory", PLAN + " --out {d}", r"--out {d}: is a folder; give a file name inside it", limit_s=1.0),
+    Bad("out-fifo", PLAN + " --out {d}/pipe.json", r"--out {d}/pipe\.json: is not a regular file",
+        setup=mkfifo("pipe.json"), limit_s=1.0),
+    Bad("out-symlink-loop", PLAN + " --out {d}/loop.json", r"--out {d}/loop\.json: is a broken symlink or "
+        r"symlink loop; remove it", setup=symlink_loop("loop.json"), limit_s=1.0),
+    Bad("out-under-a-file", PLAN + " --out {d}/out.json/plan.json",
+        r"folder {d}/out\.json is not a folder; create it first", limit_s=1.0),
+    Bad("chart-missing-folder", "show {d}/plan.json --chart {d}/missing/c.png",
+        r"--chart {d}/missing/c\.png: folder {d}/missing does not exist", plan(lambda p: None), limit_s=1.0),
+    Bad("chart-directory", "show {d}/plan.json --chart {d}", r"--chart {d}: is a folder", plan(lambda p: None),
+        limit_s=1.0),
+    Bad("chart-unknown-format", "show {d}/plan.json --chart {d}/c.xyz",
+        r"--chart {d}/c\.xyz: cannot draw a \.xyz file; use one of \.png", plan(lambda p: None), limit_s=1.0),
+    Bad("memory-chart-missing-folder", "memory gpt-tiny --chart {d}/no/m.png",
+        r"--chart {d}/no/m\.png: folder {d}/no does not exist", limit_s=1.0),
+    Bad("profile-out-missing-folder", "profile gpt-tiny --out {d}/no/p.json",
+        r"--out {d}/no/p\.json: folder {d}/no does not exist", limit_s=1.0),
+    Bad("profile-cluster-out-directory", "profile-cluster --nproc 2 --out {d}", r"--out {d}: is a folder",
+        limit_s=1.0),
+    Bad("profile-device-out-missing", "profile-device --device cpu --out {d}/no/s.json",
+        r"--out {d}/no/s\.json: folder {d}/no does not exist", limit_s=1.0),
+]

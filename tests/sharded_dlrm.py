@@ -1,0 +1,227 @@
+"""Shared by the sharded-embedding tests: a small dropout-free DLRM, the placements under
+test, the run on gloo ranks, and the single-process reference written independently
+(plain nn.EmbeddingBag(sparse=True), torch optimizers, a row-wise Adagrad in ten lines)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from executors.hybrid_step import HybridTrainer
+from executors.sharded_embedding import ShardedEmbedding, apply_table_placements
+from executors.sparse_optimizer import SparseOptimizerSpec, SparseRowOptimizer
+from ir.embedding_tables import (TablePlacement, TableSharding as K, dlrm_table_bound,
+                                 init_table_rows)
+from planner.zoo import dlrm
+from planner.zoo.criteo_data import CriteoSynthetic
+
+CONFIG = dlrm.Config(num_tables=5, rows_per_table=64, embedding_dim=8, bottom_mlp=(16,),
+                     top_mlp=(16,), lookups_per_table=3)
+GLOBAL_BATCH = 16  # divides over 2 and 4 ranks
+STEPS = 3
+NODE_SIZE = 2  # ranks per node for table_row_wise (two "nodes" at 4 ranks)
+INIT_SEED = 7
+DATA = CriteoSynthetic(rows_per_table=(CONFIG.rows_per_table,) * CONFIG.num_tables,
+                       lookups_per_table=CONFIG.lookups_per_table, seed=3)
+LR = {"sgd": 0.5, "rowwise_adagrad": 0.1, "adam": 0.01}  # big enough to move every row
+
+
+def names() -> list[str]:
+    return [f"tables.{i}" for i in range(CONFIG.num_tables)]
+
+
+def placements(kind: str, world: int) -> list[TablePlacement]:
+    everyone = tuple(range(world))
+    t = names()
+    if kind == "table_wise":
+        return [TablePlacement(n, K.TABLE_WISE, (i % world,)) for i, n in enumerate(t)]
+    if kind in ("row_range", "row_hash", "column_wise"):
+        return [TablePlacement(n, K(kind), everyone) for n in t]
+    if kind == "table_row_wise":
+        nodes = max(1, world // NODE_SIZE)
+        return [TablePlacement(n, K.TABLE_ROW_WISE,
+                               tuple(range((i % nodes) * NODE_SIZE, (i % nodes + 1) * NODE_SIZE)))
+                for i, n in enumerate(t)]
+    assert kind == "mixed"
+    backwards = everyone[::-1]
+    return [TablePlacement(t[0], K.REPLICATED, everyone),
+            TablePlacement(t[1], K.TABLE_WISE, (world - 1,)),
+            TablePlacement(t[2], K.ROW_RANGE, backwards),
+            TablePlacement(t[3], K.ROW_HASH, backwards[:2]),
+            TablePlacement(t[4], K.COLUMN_WISE, backwards)]
+
+
+def table_init(table, rows, col_start, col_stop):
+    return init_table_rows(table.name, INIT_SEED, rows, col_start, col_stop, table.dim,
+                           dlrm_table_bound(table.rows))
+
+
+def build_model() -> dlrm.DLRM:
+    """The same dense values on every process (seeded), tables from the row initializer."""
+    torch.manual_seed(0)
+    model = dlrm.build(CONFIG)
+    with torch.no_grad():
+        for name, module in model.tables.items():
+            module.weight.copy_(table_init(_table(f"tables.{name}"), torch.arange(
+                CONFIG.rows_per_table), 0, CONFIG.embedding_dim))
+    return model
+
+
+def _table(name):
+    from ir.embedding_tables import EmbeddingTable
+    return EmbeddingTable(name, CONFIG.rows_per_table, CONFIG.embedding_dim, 4, "sum", 1)
+
+
+def dense_optimizer(kind: str, params):
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=LR[kind])
+    if kind == "rowwise_adagrad":
+        return torch.optim.Adagrad(params, lr=LR[kind])
+    return torch.optim.Adam(params, lr=LR[kind])
+
+
+# ------------------------------------------------------------------ the reference
+
+
+def reference_run(kind: str) -> dict:
+    """One process, the global batch, unsharded tables with sparse gradients."""
+    model = build_model()
+    for module in model.tables.values():
+        module.sparse = True
+    table_params = [m.weight for m in model.tables.values()]
+    dense = [p for n, p in model.named_parameters() if not n.startswith("tables.")]
+    dense_opt = dense_optimizer(kind, dense)
+    table_opt = None
+    sum_sq = {id(p): torch.zeros(p.shape[0]) for p in table_params}
+    if kind == "sgd":
+        table_opt = torch.optim.SGD(table_params, lr=LR[kind])
+    elif kind == "adam":
+        table_opt = torch.optim.SparseAdam(table_params, lr=LR[kind])
+    losses = []
+    for step in range(STEPS):
+        inputs, clicks = DATA.batch(step, GLOBAL_BATCH)
+        dense_opt.zero_grad()
+        for p in table_params:
+            p.grad = None
+        loss = dlrm.loss_fn(model(**inputs), clicks)
+        loss.backward()
+        dense_opt.step()
+        if table_opt is not None:
+            table_opt.step()
+        else:  # row-wise Adagrad (FBGEMM): one accumulator per row, mean of g^2 over dim
+            with torch.no_grad():
+                for p in table_params:
+                    g = p.grad.coalesce()
+                    rows, values = g.indices()[0], g.values()
+                    sum_sq[id(p)][rows] += values.pow(2).mean(dim=1)
+                    p[rows] -= LR[kind] * values / (sum_sq[id(p)][rows].sqrt() + 1e-8)[:, None]
+        losses.append(loss.item())
+    state = {}
+    for name, module in model.tables.items():
+        p = module.weight
+        if kind == "adam":
+            state[f"tables.{name}"] = {k: table_opt.state[p][k] for k in ("exp_avg", "exp_avg_sq")}
+        elif kind == "rowwise_adagrad":
+            state[f"tables.{name}"] = {"sum_sq": sum_sq[id(p)]}
+    return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+            "state": state}
+
+
+# ------------------------------------------------------------------ the sharded run
+
+
+def shard_report(tables, opt) -> dict:
+    """Each table's shard on this rank: rows it holds, columns, values and optimizer state."""
+    out = {}
+    for name, module in tables.modules.items():
+        if isinstance(module, ShardedEmbedding):
+            shard = module.shard
+            if shard is None:
+                continue
+            rows = module.local_ids if module.local_ids is not None else \
+                torch.arange(shard.row_start, shard.row_stop)
+            cols = (shard.col_start, shard.col_stop)
+        else:
+            rows, cols = torch.arange(module.weight.shape[0]), (0, module.weight.shape[1])
+        state = {k: v.clone() for k, v in opt.state[name].items() if k != "step"}
+        out[name] = (rows, cols, module.weight.detach().clone(), state)
+    return out
+
+
+def make_trainer(kind: str, placement_kind: str, rank: int, world: int, meta_tables: bool):
+    model = build_model()
+    if meta_tables:  # the shard-by-shard build: no rank ever holds a whole table
+        for module in model.tables.values():
+            module.to("meta")
+    tables = apply_table_placements(model, placements(placement_kind, world),
+                                    node_size=NODE_SIZE, init=table_init)
+    opt = SparseRowOptimizer(tables, SparseOptimizerSpec(kind, lr=LR[kind]))
+    trainer = HybridTrainer(model, tables, dense_optimizer(kind, tables.dense_parameters(model)),
+                            opt, dlrm.loss_fn)
+    return model, tables, opt, trainer
+
+
+def untouched_rows_kept(before: dict, after: dict, looked_up: dict[str, torch.Tensor]) -> int:
+    """Rows nobody looked up this step: values and state bit-identical. Raises otherwise;
+    returns how many rows were checked."""
+    checked = 0
+    for name, (rows, _, weight, state) in after.items():
+        _, _, old_weight, old_state = before[name]
+        untouched = ~torch.isin(rows, looked_up[name])
+        assert torch.equal(weight[untouched], old_weight[untouched]), name
+        for key in state:
+            assert torch.equal(state[key][untouched], old_state[key][untouched]), (name, key)
+        touched = ~untouched
+        if touched.any() and state:  # the touched rows' state did move
+            assert all(not torch.equal(state[k][touched], old_state[k][touched]) for k in state)
+        checked += int(untouched.sum())
+    return checked
+
+
+def sharded_worker(rank: int, world: int, runs: list[tuple[str, str]]) -> dict:
+    results = {}
+    for placement_kind, kind in runs:
+        model, tables, opt, trainer = make_trainer(kind, placement_kind, rank, world,
+                                                   meta_tables=placement_kind != "table_wise")
+        losses, untouched = [], 0
+        for step in range(STEPS):
+            inputs, clicks = DATA.batch(step, GLOBAL_BATCH, part=(rank, world))
+            full, _ = DATA.batch(step, GLOBAL_BATCH)
+            looked_up = {n: full["sparse"][:, i].reshape(-1).unique() for i, n in enumerate(names())}
+            before = shard_report(tables, opt)
+            losses.append(trainer.step(inputs, clicks, GLOBAL_BATCH))
+            untouched += untouched_rows_kept(before, shard_report(tables, opt), looked_up)
+        dense = {n: p.detach().clone() for n, p in model.named_parameters()
+                 if not n.startswith("tables.")}
+        results[(placement_kind, kind)] = {"losses": losses, "shards": shard_report(tables, opt),
+                                           "dense": dense, "untouched": untouched}
+    dist.barrier()
+    return results
+
+
+def assemble(rank_results: list[dict], key) -> tuple[dict, dict]:
+    """Full tables and row states from every rank's shards (replicated: rank 0's copy)."""
+    weights, states = {}, {}
+    for name in names():
+        w = torch.full((CONFIG.rows_per_table, CONFIG.embedding_dim), float("nan"))
+        st: dict[str, torch.Tensor] = {}
+        for result in rank_results:
+            shard = result[key]["shards"].get(name)
+            if shard is None:
+                continue
+            rows, (c0, c1), weight, state = shard
+            w[rows, c0:c1] = weight
+            for k, v in state.items():
+                full = st.setdefault(k, torch.full((CONFIG.rows_per_table,) + tuple(
+                    v.shape[1:]) if v.dim() == 1 else w.shape, float("nan")))
+                if v.dim() == 1:
+                    full[rows] = v
+                else:
+                    full[rows, c0:c1] = v
+        weights[name], states[name] = w, st
+    return weights, states
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
+

@@ -1,0 +1,206 @@
+"""Sharded embedding tables on 2 and 4 gloo ranks equal one-process training (issue 18):
+table-wise, row-wise by range and by hash, column-wise, table-row-wise and mixed
+placements, with SGD, row-wise Adagrad and lazy Adam, over 3 steps; rows nobody looked up
+keep their values and optimizer state bit for bit; impossible placements are refused."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from executors.sharded_embedding import apply_table_placements
+from ir.embedding_tables import TablePlacement, TableSharding as K, init_table_rows, mix64
+from ir.errors import PlannerError
+from planner.zoo.criteo_data import CriteoSynthetic
+from tests import sharded_dlrm as S
+from tests import sharded_phases as P
+from tests.dist_utils import free_port, spawn
+
+PLACEMENTS = ("table_wise", "row_range", "row_hash", "column_wise", "table_row_wise", "mixed")
+OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")
+# Which (placement, optimizer) runs each world size does: 4 ranks all of them, 2 ranks a
+# cover of every placement and every optimizer (the spawn dominates the time).
+RUNS = {4: [(p, o) for p in PLACEMENTS for o in OPTIMIZERS],
+        2: [(p, OPTIMIZERS[i % 3]) for i, p in enumerate(PLACEMENTS)] + [("mixed", "sgd"),
+                                                                        ("mixed", "adam")]}
+RTOL = 1e-5  # the issue's bar: equal to one process within 1e-5 relative
+
+
+@pytest.fixture(scope="module")
+def references():
+    return {kind: S.reference_run(kind) for kind in OPTIMIZERS}
+
+
+@pytest.fixture(scope="module")
+def phases(tmp_path_factory):
+    """Every multi-rank check in one spawned 4-rank job (tests/sharded_phases.py)."""
+    payload = {"runs": RUNS, "checkpoint_dir": str(tmp_path_factory.mktemp("ckpt")),
+               "ports": [free_port(), free_port()]}
+    return spawn(P.all_phases, 4, payload, timeout_s=400)
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def sharded(request, phases):
+    world = request.param
+    return world, [r[f"eq{world}"] for r in phases[:world]]
+
+
+def test_equals_one_process(sharded, references):
+    world, ranks = sharded
+    for key in RUNS[world]:
+        placement_kind, kind = key
+        ref = references[kind]
+        where = f"{world} ranks, {placement_kind}, {kind}"
+        for r in ranks:  # every rank reports the same global loss
+            torch.testing.assert_close(torch.tensor(r[key]["losses"]),
+                                       torch.tensor(ref["losses"]), rtol=RTOL, atol=0,
+                                       msg=lambda m: f"{where}: losses {m}")
+        weights, states = S.assemble(ranks, key)
+        for name in S.names():
+            assert not weights[name].isnan().any(), f"{where}: {name} has rows no shard holds"
+            err = S.relative_error(weights[name], ref["params"][f"{name}.weight"])
+            assert err <= RTOL, f"{where}: {name} differs by {err:.2e} relative"
+            for slot, value in states[name].items():
+                err = S.relative_error(value, ref["state"][name][slot])
+                assert err <= RTOL, f"{where}: {name} {slot} differs by {err:.2e} relative"
+        for n, p in ranks[0][key]["dense"].items():
+            err = S.relative_error(p, ref["params"][n])
+            assert err <= RTOL, f"{where}: dense {n} differs by {err:.2e} relative"
+
+
+def test_untouched_rows_keep_values_and_state(sharded):
+    world, ranks = sharded
+    for key in RUNS[world]:
+        # every run checked some rows nobody looked up (64 rows, <= 48 ids per table-step)
+        assert sum(r[key]["untouched"] for r in ranks) > 0, key
+
+
+# ------------------------------------------------------------------ refused before running
+
+
+def _model():
+    return S.build_model()
+
+
+@pytest.mark.parametrize("placement, needle", [
+    (TablePlacement("tables.0", K.TABLE_ROW_WISE, (1, 2)), "span nodes"),
+    (TablePlacement("tables.0", K.COLUMN_WISE, tuple(range(9))), "8 columns cannot split"),
+    (TablePlacement("tables.0", K.ROW_RANGE, (0, 4)), "outside the 4 ranks"),
+    (TablePlacement("tables.0", K.REPLICATED, (0, 1)), "every rank"),
+])
+def test_impossible_placement_is_one_line_error(placement, needle):
+    world = 9 if placement.sharding is K.COLUMN_WISE else 4
+    others = [TablePlacement(n, K.TABLE_WISE, (0,)) for n in S.names()[1:]]
+    with pytest.raises(PlannerError, match=needle) as info:
+        apply_table_placements(_model(), [placement] + others, node_size=2, rank=0,
+                               world_size=world)
+    assert "tables.0" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_ranks_with_different_placements_all_refuse(phases):
+    messages = {r["disagreement"] for r in phases}
+    assert len(messages) == 1, messages  # the same one line on every rank
+    message = messages.pop()
+    assert message.startswith("table tables.2: ranks [1] place it differently"), message
+
+
+def test_every_table_needs_a_placement_and_a_summable_mode():
+    with pytest.raises(PlannerError, match="tables.4: no placement"):
+        apply_table_placements(_model(), [TablePlacement(n, K.TABLE_WISE, (0,))
+                                          for n in S.names()[:4]], rank=0, world_size=2)
+    model = _model()
+    model.tables["2"] = nn.EmbeddingBag(64, 8, mode="max")
+    with pytest.raises(PlannerError, match="tables.2: mode 'max'"):
+        apply_table_placements(model, [TablePlacement(n, K.TABLE_WISE, (0,)) for n in S.names()],
+                               rank=0, world_size=2)
+
+
+def test_meta_table_without_init_is_refused():
+    model = _model()
+    model.tables["1"].to("meta")
+    with pytest.raises(PlannerError, match="tables.1 is on the meta device"):
+        apply_table_placements(model, [TablePlacement(n, K.TABLE_WISE, (0,)) for n in S.names()],
+                               rank=0, world_size=1)
+
+
+def test_embedding_and_mean_bags_with_offsets(phases):
+    """nn.Embedding (every id its own row out) and mode="mean" bags given as flat ids with
+    offsets, empty bags included: outputs and row gradients equal the unsharded modules'."""
+    for r in phases:
+        for case, error in r["lookup_variants"].items():
+            assert error <= 1e-6, f"{case}: differs by {error:.2e}"
+
+
+# ------------------------------------------------------------------ resharding checkpoints
+
+
+def test_checkpoint_reshards_4_to_2_to_4(phases):
+    """Saved at 4 ranks after 2 steps, resumed on 2 for 2 steps, saved, resumed on 4:
+    the losses are those of the uninterrupted 4-rank run. Not bit for bit: 2 ranks add
+    the dense gradients and the partial bags in another order (1 ulp-level differences),
+    so the bar is 1e-6 relative; a same-layout reload is bit for bit."""
+    straight = phases[0]["straight"]
+    resumed = phases[0]["resumed"]
+    assert len(resumed) == len(straight) == P.ELASTIC_STEPS
+    torch.testing.assert_close(torch.tensor(resumed), torch.tensor(straight), rtol=1e-6, atol=0)
+    for r in phases:  # every rank resumed at the saved steps and agrees on the losses
+        assert r["resumed_at_step"][-1] == 4 and r["roundtrip_equal"]
+        assert r["resumed_tail"] == phases[0]["resumed_tail"]
+    assert phases[0]["resumed_at_step"] == [2, 4]
+
+
+# ------------------------------------------------------------------ memory
+
+
+def test_tables_three_times_a_rank_budget_train_on_4_ranks(phases):
+    budget = P.TABLE_BUDGET_BYTES
+    for rank, r in enumerate(phases):
+        m = r["memory"]
+        print(f"rank {rank}: holds {m['held_bytes'] / 2**20:.1f} MiB of "
+              f"{m['tables_bytes'] / 2**20:.0f} MiB of tables; peak RSS "
+              f"{m['peak_rss_bytes'] / 2**20:.0f} MiB (phase start "
+              f"{m['rss_start_bytes'] / 2**20:.0f} MiB, budget {budget / 2**20:.0f} MiB)")
+        assert m["tables_bytes"] >= 3 * budget
+        assert all(math.isfinite(x) for x in m["losses"])
+        assert all(rows * dim * 4 < m["table_bytes"] for rows, dim in m["held_shapes"].values())
+        # RLIMIT_AS bounds the address space; resident pages can also grow inside space
+        # mapped before the phase (heap, thread stacks), so RSS is bounded by what a rank
+        # holding a whole table besides its shards would exceed: its shards + 1/2 table.
+        growth = m["peak_rss_bytes"] - m["rss_start_bytes"]
+        assert growth < m["held_bytes"] + m["table_bytes"] // 2, (rank, growth)
+
+
+# ------------------------------------------------------------------ pure logic
+
+
+def test_mix64_is_splitmix64():
+    # splitmix64 seeded with 0 first returns 0xE220A8397B1DCDAF (Vigna's reference C code)
+    value = int(mix64(torch.tensor([0]), 0)) & ((1 << 64) - 1)
+    assert value == 0xE220A8397B1DCDAF
+    assert (mix64(torch.arange(10_000), 5) < 0).any()  # the sign bit is used
+
+
+def test_any_shard_of_the_row_initializer_equals_the_full_build():
+    full = init_table_rows("t", 3, torch.arange(5000), 0, 16, 16, 0.25)
+    rows = torch.tensor([4999, 7, 4096, 4095])  # across INIT_CHUNK_ROWS boundaries
+    assert torch.equal(init_table_rows("t", 3, rows, 5, 11, 16, 0.25), full[rows, 5:11])
+    assert full.abs().max() <= 0.25 and abs(float(full.mean())) < 0.01
+    assert not torch.equal(init_table_rows("u", 3, rows, 0, 16, 16, 0.25), full[rows])
+
+
+def test_criteo_batches_are_deterministic_shardable_and_power_law():
+    data = CriteoSynthetic(rows_per_table=(10_000, 50), lookups_per_table=2, seed=1)
+    inputs, clicks = data.batch(4, 4000)
+    again, _ = data.batch(4, 4000)
+    assert torch.equal(inputs["sparse"], again["sparse"]) and inputs["dense"].shape == (4000, 13)
+    parts = [data.batch(4, 4000, part=(r, 4)) for r in range(4)]
+    assert torch.equal(torch.cat([p[0]["sparse"] for p in parts]), inputs["sparse"])
+    assert torch.equal(torch.cat([p[1] for p in parts]), clicks)
+    counts = torch.bincount(inputs["sparse"][:, 0].reshape(-1), minlength=10_000)
+    hot = counts.sort(descending=True).values[:100].sum() / counts.sum()
+    assert hot > 0.3  # the hottest 1% of rows take >30% of lookups (uniform: 1%)
+    assert inputs["sparse"][:, 0].max() > 5000  # hot ids are hashed over the whole range
+    assert 0.1 < float(clicks.mean()) < 0.45

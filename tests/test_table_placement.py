@@ -1,0 +1,320 @@
+"""Embedding-table placement: cost formulas pinned by hand, the exact search against a
+brute-force enumeration written here, the memory wall, imbalance, and the greedy baseline."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import random
+
+import pytest
+import torch
+
+from cost_models.clusters import get_cluster
+from cost_models.embedding import (HBM_ACHIEVED_FRACTION, ID_BYTES, DenseCost, EmbeddingConfig,
+                                   PlacementCost, RankTime, ZERO, cost_of_loads, evaluate,
+                                   lookup_shares, placement_loads, unique_rows)
+from ir.embedding_tables import EmbeddingTable, TablePlacement, TableSharding
+from planner.models import load_model
+from planner.table_inventory import find_tables, hot_row_fraction, measured_shard_shares
+from planner.table_greedy import greedy
+from planner.table_placement import exact, plan_tables
+from planner.table_problem import PlacementProblem, lower_bound
+
+NO_DENSE = DenseCost(compute_s=0.0, backward_s=0.0, grad_bytes=0.0, state_bytes=0.0)
+
+
+def cluster(nodes: int, per_node: int, **changes):
+    """A datasheet A100 node resized; link and memory fields overridable."""
+    spec = get_cluster("a100-80g", nodes=nodes, gpus_per_node=per_node)
+    return dataclasses.replace(spec, **changes)
+
+
+def table(name, rows, dim=64, ids=1, hot=None):
+    return EmbeddingTable(name, rows, dim, 4, "sum", ids, hot)
+
+
+# ---- cost formulas, by hand ---------------------------------------------------------------
+
+HAND = cluster(1, 2, hbm_gbps=1000.0, intra_node_gbps=100.0, intra_node_latency_s=5e-6,
+               runtime_overhead_bytes=0)
+
+
+def test_table_wise_terms_by_hand():
+    t = table("t", rows=1000, dim=64, ids=2)
+    config = EmbeddingConfig(global_batch=8)
+    common, owned = placement_loads(t, TablePlacement("t", TableSharding.TABLE_WISE, (0,)), HAND, config)
+    (rank, owner), = owned
+    assert rank == 0
+    hbm = 1000e9 * HBM_ACHIEVED_FRACTION
+    ids, bags = 8 * 2, 8  # the owner serves all 16 ids of the global batch, 8 pooled bags
+    # roofline: gather 16 rows of 64 fp32 + write 8 pooled rows
+    assert owner.lookup_s == pytest.approx((16 + 8) * 64 * 4 / hbm)
+    touched = 1000 * (1 - (1 - 1 / 1000) ** 16)  # occupancy: distinct rows of 16 draws
+    state = 4  # row-wise Adagrad: one fp32 per row
+    assert owner.update_s == pytest.approx(((8 + 16) * 64 * 4 + touched * (2 * 64 * 4 + 2 * state)) / hbm)
+    assert owner.memory_bytes == 1000 * (64 * 4 + 4)
+    assert owner.ids_recv_bytes == ids * ID_BYTES and owner.out_send_bytes == bags * 64 * 4
+    # every rank sends its 4 samples' 8 ids and gets 4 pooled rows back
+    assert common.ids_send_bytes == 4 * 2 * ID_BYTES and common.out_recv_bytes == 4 * 64 * 4
+    cost = evaluate([t], [TablePlacement("t", TableSharding.TABLE_WISE, (0,))], HAND, config, NO_DENSE)
+    # pairwise-exchange all-to-all on one node: (n-1) alpha + S (G-1)/n / B, S the larger of
+    # sent and received; three phases (ids, pooled forward, gradients backward)
+    a2a = lambda nbytes: 1 * 5e-6 + nbytes * 1 / 2 / 100e9  # noqa: E731
+    rank0 = a2a(max(64, 128)) + 2 * a2a(max(2048, 1024))
+    rank1 = a2a(64) + 2 * a2a(1024)
+    assert cost.per_rank[0].comm_s == pytest.approx(rank0)
+    assert cost.per_rank[1].comm_s == pytest.approx(rank1)
+    assert cost.per_rank[1].lookup_s == 0 and cost.step_s == pytest.approx(cost.per_rank[0].total_s)
+
+
+def test_replicated_table_is_all_reduced_and_adam_state_by_hand():
+    t = table("t", rows=1000, dim=64, ids=2)
+    config = EmbeddingConfig(global_batch=8, optimizer="adam")
+    p = TablePlacement("t", TableSharding.REPLICATED, (0, 1))
+    common, owned = placement_loads(t, p, HAND, config)
+    assert owned == [] and not common.sharded
+    # weight + its dense gradient + Adam's two fp32 moments per element
+    assert common.memory_bytes == 1000 * 64 * (4 + 4 + 8)
+    cost = evaluate([t], [p], HAND, config, NO_DENSE)
+    size = 1000 * 64 * 4
+    ring = 2 * 1 * 5e-6 + 2 * 1 / 2 * size / 100e9  # Patarasuk & Yuan 2009
+    tree = 2 * math.log2(2) * 5e-6 + 2 * size / 100e9  # NCCL double binary tree
+    assert cost.allreduce_s == pytest.approx(min(ring, tree))  # nothing to hide behind
+    assert all(r.comm_s == 0 for r in cost.per_rank)
+
+
+def test_unique_rows_occupancy_and_hot_rows():
+    assert unique_rows(1, 10) == pytest.approx(1.0)
+    assert unique_rows(10**9, 10) == pytest.approx(10.0)
+    assert unique_rows(100, 1000) == pytest.approx(1000 * (1 - 0.999**100))
+    # hot lookups revisit the same rows: fewer distinct rows
+    assert unique_rows(10_000, 10**6, hot_fraction=0.9) < unique_rows(10_000, 10**6)
+
+
+def test_range_shards_concentrate_hot_rows_hash_spreads_them():
+    t = table("hot", rows=10_000, hot=0.5)
+    served, rows = lookup_shares(t, TableSharding.ROW_RANGE, 4)
+    assert rows == [0.25] * 4
+    assert served[0] == pytest.approx(0.5 + 0.5 * (2500 - 100) / 9900)
+    assert sum(served) == pytest.approx(1.0)
+    hashed, hashed_rows = lookup_shares(t, TableSharding.ROW_HASH, 4)
+    assert hashed == hashed_rows and max(hashed) < 0.4 and sum(hashed) == pytest.approx(1.0)
+
+
+def test_imbalance_is_max_over_mean():
+    cost = PlacementCost([RankTime(1.0, 0.0, 0.0), RankTime(2.0, 0.5, 0.5)], [0, 0], 1.0,
+                         0.0, 0.0, 0.0)
+    assert cost.imbalance == pytest.approx(3.0 / 2.0 - 1)
+    assert cost.step_s == pytest.approx(3.0)
+
+
+# ---- the exact search against brute force -------------------------------------------------
+
+
+def brute_force(problem: PlacementProblem) -> float:
+    """Every option of every table on every set of distinct ranks, priced by the cost
+    model: the best step among the placements that fit."""
+    per_table = []
+    for opts in problem.options:
+        choices = []
+        for o in opts:
+            if o.fixed_ranks is not None:
+                choices.append((o, o.fixed_ranks))
+            else:
+                choices += [(o, ranks) for ranks in itertools.combinations(range(problem.n), len(o.pieces))]
+        per_table.append(choices)
+    best = math.inf
+    for combo in itertools.product(*per_table):
+        loads = [ZERO] * problem.n
+        replicated = 0.0
+        for o, ranks in combo:
+            loads = [x + o.common for x in loads]
+            for r, piece in zip(ranks, o.pieces):
+                loads[r] = loads[r] + piece
+            replicated += o.replicated_bytes
+        cost = cost_of_loads(loads, replicated, problem.cluster, problem.dense)
+        if cost.fits:
+            best = min(best, cost.step_s)
+    return best
+
+
+def random_tables(rng: random.Random, count: int) -> list[EmbeddingTable]:
+    return [table(f"t{i}", rows=rng.choice([50, 5_000, 200_000, 3_000_000]),
+                  dim=rng.choice([64, 128]), ids=rng.choice([1, 2, 8]),
+                  hot=rng.choice([None, 0.3])) for i in range(count)]
+
+
+# (tables, nodes, ranks per node, seed): 2-4 ranks, one case across two nodes (table-row-wise)
+CASES = [(3, 1, 2, 0), (4, 1, 2, 1), (5, 1, 2, 2), (6, 1, 2, 8), (3, 1, 4, 3), (4, 1, 3, 4),
+         (3, 2, 2, 5)]
+
+
+@pytest.mark.parametrize("count,nodes,per_node,seed", CASES)
+def test_exact_matches_brute_force(count, nodes, per_node, seed):
+    rng = random.Random(seed)
+    spec = cluster(nodes, per_node)
+    dense = DenseCost(compute_s=1e-4, backward_s=6e-5, grad_bytes=4e6, state_bytes=1e9)
+    problem = PlacementProblem(random_tables(rng, count), spec, EmbeddingConfig(global_batch=4096), dense)
+    sol = exact(problem)
+    expected = brute_force(problem)
+    assert sol.cost.step_s == pytest.approx(expected, rel=1e-12)
+    assert lower_bound(problem) <= expected * (1 + 1e-12)
+
+
+def test_memory_wall_binds_and_is_respected():
+    tables = [table(f"t{i}", rows=2_000_000, dim=128, ids=4) for i in range(4)]
+    one_table = tables[0].rows * (128 * 4 + 4)
+    # room for 1.5 tables a rank: two table-wise tables cannot share a rank, so the fourth
+    # table must be split
+    spec = cluster(1, 3, device_memory_bytes=int(1.5 * one_table) + 2**20, runtime_overhead_bytes=2**20)
+    config = EmbeddingConfig(global_batch=3 * 1024)
+    problem = PlacementProblem(tables, spec, config, NO_DENSE)
+    sol = exact(problem)
+    assert sol.cost.fits and max(sol.cost.memory_bytes) <= problem.capacity
+    assert sol.cost.step_s == pytest.approx(brute_force(problem), rel=1e-12)
+    # without the wall the best plan is a different, cheaper one that would not fit here
+    roomy = PlacementProblem(tables, cluster(1, 3), config, NO_DENSE)
+    free = exact(roomy)
+    assert free.cost.step_s < sol.cost.step_s
+    assert max(free.cost.memory_bytes) > problem.capacity
+
+
+# ---- the greedy baseline -------------------------------------------------------------------
+
+
+def test_greedy_is_torchrec_lpt_on_table_wise():
+    # big tables (replication's all-reduce is dear) whose cost grows with ids per sample:
+    # each is table-wise; placed by descending perf on the least-loaded rank
+    tables = [table(f"t{i}", rows=4_000_000, dim=128, ids=ids) for i, ids in enumerate([16, 12, 9, 8, 5])]
+    problem = PlacementProblem(tables, cluster(1, 3), EmbeddingConfig(global_batch=3 * 4096), NO_DENSE)
+    sol = greedy(problem)
+    assert [o.sharding for o in sol.choice] == [TableSharding.TABLE_WISE] * 5
+    f = [problem.f(o.pieces[0]) for o in sol.choice]
+    assert f == sorted(f, reverse=True)
+    # LPT by hand: 16->r0, 12->r1, 9->r2, 8->r2 (9 < 12 < 16), 5->r1 (12 < 16 < 17)
+    assert sol.ranks == [(0,), (1,), (2,), (2,), (1,)]
+
+
+def test_greedy_skips_ranks_without_room():
+    tables = [table(f"t{i}", rows=2_000_000, dim=128, ids=ids) for i, ids in enumerate([16, 12, 1])]
+    one_table = 2_000_000 * (128 * 4 + 4)
+    spec = cluster(1, 2, device_memory_bytes=int(1.5 * one_table) + 2**20, runtime_overhead_bytes=2**20)
+    problem = PlacementProblem(tables, spec, EmbeddingConfig(global_batch=2 * 4096), NO_DENSE)
+    sol = greedy(problem)
+    # t0 -> r0, t1 -> r1; neither rank has room for the whole third table, so (TorchRec's
+    # proposer) it falls back to its next-best option, whose halves fit
+    assert sol.ranks[0] == (0,) and sol.ranks[1] == (1,)
+    assert sol.choice[2].sharding is not TableSharding.TABLE_WISE and len(sol.ranks[2]) == 2
+    assert sol.cost.fits
+
+
+def test_heuristic_beats_or_ties_greedy_within_its_bound():
+    rng = random.Random(7)
+    tables = random_tables(rng, 14)
+    spec = cluster(2, 4)
+    dense = DenseCost(compute_s=2e-4, backward_s=1.3e-4, grad_bytes=5e6, state_bytes=1e9)
+    plan = plan_tables(tables, spec, EmbeddingConfig(global_batch=8 * 2048), dense)
+    assert plan.method == "heuristic" and plan.cost.fits
+    assert plan.cost.step_s <= plan.greedy_cost.step_s * (1 + 1e-12)
+    assert plan.lower_bound_s <= plan.cost.step_s
+    assert {p.table for p in plan.placements} == {t.name for t in tables}
+
+
+# ---- the inventory -------------------------------------------------------------------------
+
+
+def test_find_tables_reads_bags_and_sequences():
+    loaded = load_model("dlrm-small", micro_batch=3, device="meta")
+    found = find_tables(loaded.module, loaded.inputs)
+    assert [(t.name, t.rows, t.dim, t.pooling, t.ids_per_sample) for t in found] == \
+        [(f"tables.{i}", 100, 16, "sum", 2) for i in range(4)]
+    gpt = load_model("gpt-tiny", micro_batch=2, device="meta")
+    tokens = [t for t in find_tables(gpt.module, gpt.inputs) if t.rows == 128]
+    assert tokens and tokens[0].pooling is None and tokens[0].ids_per_sample == 32
+
+
+def test_criteo_preset_has_the_mlperf_tables():
+    loaded = load_model("dlrm-criteo-tb", micro_batch=2, device="meta")
+    found = find_tables(loaded.module, loaded.inputs)
+    assert len(found) == 26 and sum(t.rows for t in found) == 204_184_588
+    assert max(t.rows for t in found) == 40_000_000 and {t.dim for t in found} == {128}
+
+
+def test_measured_profile():
+    ids = torch.tensor([0] * 90 + list(range(1, 11)))
+    assert hot_row_fraction(ids, 100) == pytest.approx(0.9)
+    t = table("m", rows=10)
+    assert measured_shard_shares(t, torch.tensor([0, 1, 2, 7]), TableSharding.ROW_RANGE, 2) == [0.75, 0.25]
+    shares = measured_shard_shares(t, torch.arange(10), TableSharding.ROW_HASH, 2)
+    assert sum(shares) == pytest.approx(1.0)
+
+
+# ---- the command ---------------------------------------------------------------------------
+
+
+def test_plan_tables_command_writes_json(tmp_path, capsys):
+    from planner.cli import main
+
+    out = tmp_path / "tables.json"
+    rc = main(["plan-tables", "dlrm-small", "--cluster", "a100-80g", "--gpus-per-node", "2",
+               "--global-batch", "64", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "TorchRec-style greedy" in text and "lower bound" in text
+    import json
+
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "planner.table_plan/v1" and doc["method"] == "exact"
+    assert [p["table"] for p in doc["placements"]] == [f"tables.{i}" for i in range(4)]
+    assert doc["predicted"]["step_s"] <= doc["greedy"]["predicted"]["step_s"] * (1 + 1e-12)
+    assert not list(tmp_path.glob(".*.tmp"))  # the atomic write left no temporary behind
+    assert main(["plan-tables", "dlrm-small", "--cluster", "a100-80g", "--global-batch", "9"]) == 2
+
+
+def test_hot_rows_make_range_sharding_slower_than_hash():
+    hot = table("hot", rows=4_000_000, dim=128, ids=8, hot=0.6)
+    spec = cluster(1, 4)
+    config = EmbeddingConfig(global_batch=4 * 4096)
+
+    def slowest(sharding):
+        cost = evaluate([hot], [TablePlacement("hot", sharding, (0, 1, 2, 3))], spec, config, NO_DENSE)
+        return cost.max_embedding_s, cost.imbalance
+
+    (range_s, range_imbalance), (hash_s, hash_imbalance) = (slowest(TableSharding.ROW_RANGE),
+                                                            slowest(TableSharding.ROW_HASH))
+    assert range_s > hash_s and range_imbalance > 2 * hash_imbalance
+    # without a hot-row profile the even key ranges balance at least as well as the ring
+    cold = dataclasses.replace(hot, hot_row_fraction=None)
+    even = evaluate([cold], [TablePlacement("hot", TableSharding.ROW_RANGE, (0, 1, 2, 3))], spec,
+                    config, NO_DENSE)
+    assert even.imbalance < range_imbalance
+
+
+def test_plan_tables_measures_hot_rows_from_an_id_sample(tmp_path):
+    from planner.commands.plan_tables import profile_tables
+
+    loaded = load_model("dlrm-small", micro_batch=2, device="meta")
+    tables = find_tables(loaded.module, loaded.inputs)
+    path = tmp_path / "ids.pt"
+    torch.save({"tables.1": torch.tensor([5] * 9 + [6])}, path)
+    profiled = profile_tables(tables, str(path))
+    assert profiled[1].hot_row_fraction == pytest.approx(0.9)
+    assert profiled[0].hot_row_fraction is None
+    torch.save({"tables.9": torch.tensor([1])}, path)
+    from ir.errors import PlannerError
+    with pytest.raises(PlannerError, match="no table named tables.9"):
+        profile_tables(tables, str(path))
+
+
+def test_auto_falls_back_to_the_heuristic_when_exact_runs_out_of_time(monkeypatch):
+    import planner.table_placement as tp
+
+    tables = random_tables(random.Random(3), 5)
+    spec = cluster(1, 2)
+    config = EmbeddingConfig(global_batch=2048)
+    assert plan_tables(tables, spec, config, NO_DENSE).method == "exact"
+    monkeypatch.setattr(tp, "EXACT_TIME_LIMIT_S", 0.0)
+    plan = plan_tables(tables, spec, config, NO_DENSE)
+    assert plan.method == "heuristic" and plan.cost.fits
