@@ -34,7 +34,7 @@ MODEL_KEYS = ("name", "spec", "fingerprint", "num_layers", "graph_micro_batch", 
 STAGE_KEYS = ("stage", "first_layer", "last_layer", "first_layer_name", "last_layer_name",
               "devices", "ranks")
 LAYER_KEYS = ("index", "name", "params", "digest", "stage", "tp", "dp", "dp_mode",
-              "sequence_parallel", "checkpoint", "tp_groups", "dp_groups")
+              "sequence_parallel", "checkpoint", "offload", "tp_groups", "dp_groups")
 
 
 class _Reader:
