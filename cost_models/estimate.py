@@ -217,8 +217,9 @@ def _boundary_bytes(graph: LayerGraph, plan: ParallelPlan, cut: int,
 
 
 def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
-             profile: ComputeProfile | None = None) -> Estimate:
-    """Time and memory of one iteration of `plan` on `cluster` (see the module docstring)."""
+             profile: ComputeProfile | None = None, rank_cache: dict | None = None) -> Estimate:
+    """Time and memory of one iteration of `plan` on `cluster` (see the module docstring).
+    `rank_cache`: memory walks to reuse (`cost_models.memory.plan_memory`)."""
     check_plan_matches(graph, plan, cluster)
     if plan.schedule is Schedule.INTERLEAVED and plan.virtual_stages > 1 \
             and plan.num_microbatches % plan.pp:
@@ -255,5 +256,5 @@ def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
         global_batch=plan.global_batch, iteration_seconds=iteration,
         samples_per_second=plan.global_batch / iteration if iteration > 0 else 0.0,
         tflops_per_device=flops_per_device / 1e12, mfu=flops_per_device / peak,
-        time=breakdown, memory=plan_memory(graph, plan, cluster, configs),
+        time=breakdown, memory=plan_memory(graph, plan, cluster, configs, rank_cache),
         stage_times=stages, pipeline=pipe)

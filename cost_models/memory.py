@@ -3,7 +3,7 @@
 For each pipeline rank we take its model chunks (`rank_layers`) and the order of its
 forward and backward passes (`pipeline_ops.rank_ops`: torch.distributed.pipelining's
 schedules, or the plain loop without a pipeline), and keep a running sum of what is
-alive, taking its maximum:
+alive, taking its maximum (`memory_walk.walk_rank`):
 
   held all step     stored weights, stored gradients (once reduced), optimizer moments
                     (model_states.layer_held_states), pipeline receive buffers
@@ -32,6 +32,8 @@ receive buffers), overhead (the cluster's fixed per-device runtime memory).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,14 +44,16 @@ from ir.legality import sequence_parallel_applies
 from ir.plan import ParallelPlan
 from ir.strategy import Checkpoint, LayerStrategy, Schedule
 
-from cost_models.activations import LayerActivations, layer_activations, logits_bytes
+from cost_models.activations import layer_activations, logits_bytes
 from cost_models.common import GiB, MiB, StepConfig, layer_configs
-from cost_models.model_states import (FP32_BYTES, OPTIMIZER_MOMENTS, BytesPerParam,
-                                      ModelStates, has_dp_unit, held_bytes_per_param,
-                                      held_local_params, largest_param_tensor,
-                                      layer_held_states, moment_shares, zero1_step_bytes)
+from cost_models.memory_walk import (ChunkMemory, LayerMemory, OverLimit,  # noqa: F401
+                                     StageMemory, optimizer_step_temp_bytes, walk_rank)
+from cost_models.model_states import (FP32_BYTES, BytesPerParam, has_dp_unit,
+                                      held_bytes_per_param, held_local_params,
+                                      largest_param_tensor, layer_held_states, moment_shares,
+                                      zero1_step_bytes)
 from cost_models.offload import host_wall_problem, split_states
-from cost_models.pipeline_ops import PassOp, rank_ops
+from cost_models.pipeline_ops import rank_ops
 
 # torch DDP's default bucket_cap_mb. The executor's data parallelism is FSDP2 (no DDP
 # buckets: its reduction buffers are priced per unit here); planner.search still keeps
@@ -59,41 +63,6 @@ DP_BUCKETS_IN_FLIGHT = 2
 # FSDP2 backward: the unit computing plus the next one, prefetched in its pre-backward
 # hook (FSDPParamGroup._backward_prefetch). Forward prefetches nothing by default.
 ZERO3_UNITS_IN_FLIGHT = 2
-# PyTorch's single-tensor Adam (the CPU default) makes two parameter-sized temporaries
-# (sqrt(v), then / bias correction) for one tensor at a time; the foreach path (GPU
-# default) makes one moment-sized temporary for all tensors at once.
-ADAM_SINGLE_TENSOR_TEMPORARIES = 2
-ADAM_FOREACH_TEMPORARIES = 1
-# executors.tied.TiedGradients.sync: `sum(full gradients)` holds the running sum and the
-# new one while adding the next full gradient.
-TIED_SUM_TEMPORARIES = 2
-
-
-@dataclass(frozen=True, slots=True)
-class LayerMemory:
-    """Everything the step walk needs from one layer (one rank, one micro-batch)."""
-
-    states: ModelStates  # held all step: stored weights, stored gradients, moments
-    activations: LayerActivations
-    gather_unit_bytes: float  # ZeRO-3: the working copy, gathered for each use (else 0)
-    unsharded_grad_bytes: float  # a DP unit's gradient before its reduction (else 0)
-    largest_tensor_params: float  # elements of its largest local tensor (Adam temporaries)
-    fp32_moment_bytes: float  # one fp32 copy of the rank's moment-sharded parameters
-    working_param_bytes: float = 0.0  # a DP unit's gathered copy (0: no unit)
-    reduce_bytes: float = 0.0  # a DP unit's reduce-scatter input; unreduced accumulation
-    tied_grad_bytes: float = 0.0  # full gradient of its tied copies (TiedGradients.sync)
-    zero1_share_bytes: float = 0.0  # ZeRO-1: its all-gather's send and receive buffers
-    zero1_master_grad_bytes: float = 0.0  # ZeRO-1: fp32 gradient shard during the step
-    reshard_after_forward: bool = False  # ZeRO-3 frees the working copy after forward
-    # Moment bytes of each DP rank where they differ; `states` holds the most loaded
-    # one's. Empty: every rank of the group holds `states.optimizer` (ZeRO-1's flat
-    # shards are even, `model_states.moment_shares`).
-    moment_shares: tuple[float, ...] = ()
-    host_bytes: float = 0.0  # offloaded model states, in host memory (cost_models.offload)
-
-    @property
-    def has_unit(self) -> bool:
-        return self.working_param_bytes > 0
 
 
 def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
@@ -143,213 +112,6 @@ def held_through_step(mem: LayerMemory, *, num_microbatches: int, pipelined: boo
     return copy + unreduced
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkMemory:
-    """One model chunk (pipeline stage) on a rank: its layers in order, plus what the
-    runtime holds around them."""
-
-    layers: tuple[LayerMemory, ...]
-    held_output_bytes: float = 0.0  # per micro-batch, from its forward to its backward
-    persistent_bytes: float = 0.0  # allocated once: pipeline receive buffers
-
-
-@dataclass(frozen=True, slots=True)
-class StageMemory:
-    """Peak memory of one pipeline rank and its parts at that peak (bytes)."""
-
-    stage: int  # pipeline rank
-    params: int
-    grads: int
-    optimizer: int
-    activations: int
-    buffers: int
-    overhead: int
-    peak_bytes: int
-    phase: str  # when the peak happens: "forward", "backward", "reduce" or "optimizer"
-    microbatches_in_flight: float
-    # Peak of each device of the pipeline rank (TP innermost, then DP), where they differ:
-    # ZeRO-1 gives whole tensors' moments to each owner. `peak_bytes` is the largest.
-    device_peak_bytes: tuple[int, ...] = ()
-    host_bytes: int = 0  # offloaded model states per rank, in host memory (not in peak_bytes)
-
-    def breakdown(self) -> dict[str, int]:
-        return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer,
-                "activations": self.activations, "buffers": self.buffers,
-                "overhead": self.overhead}
-
-    def to_json(self) -> dict:
-        out = {"stage": self.stage, "peak_bytes": self.peak_bytes,
-               "breakdown": self.breakdown(), "phase": self.phase,
-               "microbatches_in_flight": self.microbatches_in_flight}
-        if self.device_peak_bytes:
-            out["device_peak_bytes"] = list(self.device_peak_bytes)
-        out["host_bytes"] = self.host_bytes
-        return out
-
-
-def optimizer_step_temp_bytes(layers: Sequence[LayerMemory], optimizer: str,
-                              foreach: bool) -> float:
-    """Temporaries of one optimizer step (PyTorch's Adam/AdamW implementations)."""
-    if OPTIMIZER_MOMENTS.get(optimizer, 0) < 2:
-        return 0.0  # SGD (with or without momentum, no weight decay) updates in place
-    if foreach:
-        return ADAM_FOREACH_TEMPORARIES * sum(l.fp32_moment_bytes for l in layers)
-    biggest = max((l.largest_tensor_params for l in layers), default=0.0)
-    return ADAM_SINGLE_TENSOR_TEMPORARIES * biggest * FP32_BYTES
-
-
-# ---- one rank's step ---------------------------------------------------------------------
-
-
-class _Walk:
-    """The running sum of live bytes on one rank, and its maximum with the breakdown."""
-
-    def __init__(self, chunks: Sequence[ChunkMemory], overhead_bytes: int):
-        layers = [l for c in chunks for l in c.layers]
-        self.weights = sum(l.states.params for l in layers)
-        self.moments = sum(l.states.optimizer for l in layers)
-        self.persistent = sum(c.persistent_bytes for c in chunks)
-        self.overhead = overhead_bytes
-        self.copies: dict[tuple[int, int], float] = {}  # (chunk, layer) -> gathered bytes
-        self.grads: dict[tuple[int, int], float] = {}  # stored or accumulated gradients
-        self.acts: dict[tuple[int, int], float] = {}  # (chunk, micro-batch) -> kept
-        self.held: dict[tuple[int, int], float] = {}  # (chunk, micro-batch) -> output
-        self.retained_reduce = 0.0  # FSDP2's retained reduce-scatter input
-        self.best: tuple | None = None
-
-    def look(self, phase: str, *, grads: float = 0.0, weights: float = 0.0,
-             buffers: float = 0.0) -> None:
-        """Record the live total now, with extra transient grads / weights / buffers."""
-        parts = (self.weights + sum(self.copies.values()) + weights,
-                 sum(self.grads.values()) + grads, self.moments,
-                 sum(self.acts.values()) + sum(self.held.values()),
-                 self.persistent + self.retained_reduce + buffers)
-        total = sum(parts)
-        if self.best is None or total > self.best[0]:
-            in_flight = sum(1 for v in self.acts.values() if v > 0)
-            self.best = (total, phase, parts, in_flight)
-
-
-def walk_rank(chunks: Sequence[ChunkMemory], ops: Sequence[PassOp], *, stage: int,
-              num_microbatches: int, pipelined: bool, overhead_bytes: int, optimizer: str,
-              foreach: bool) -> StageMemory:
-    """Peak memory of one pipeline rank over one step (see the module docstring).
-
-    `pipelined`: torch.distributed.pipelining runs the passes; FSDP2 units then keep
-    their working copies and unreduced gradients until the chunk's last backward
-    (PipelineStage.backward_maybe_with_nosync), then reduce (perform_reduce_grad).
-    Otherwise the executor's loop reduces in the last micro-batch's backward and the
-    units reshard after every backward (FSDP2's defaults)."""
-    w = _Walk(chunks, overhead_bytes)
-    last = num_microbatches - 1
-    w.look("optimizer")  # between steps: nothing but the held states
-    for op in ops:
-        chunk = chunks[op.chunk]
-        key = (op.chunk, op.microbatch)
-        if op.forward:
-            w.acts[key] = 0.0
-            for li, l in enumerate(chunk.layers):
-                if l.has_unit:
-                    w.copies[(op.chunk, li)] = l.working_param_bytes  # all-gather
-                w.acts[key] += l.activations.kept_bytes
-                w.look("forward")
-                if l.reshard_after_forward:
-                    w.copies.pop((op.chunk, li), None)
-            w.held[key] = chunk.held_output_bytes
-            w.look("forward")
-            if not pipelined:  # the runtime's `output` now names this micro-batch's output
-                w.held.pop((op.chunk, op.microbatch - 1), None)
-            continue
-        for li in reversed(range(len(chunk.layers))):
-            _backward_layer(w, chunk, op, li, reduce=not pipelined and op.microbatch == last,
-                            pipelined=pipelined)
-        if pipelined:  # the stage's cached output goes with its backward
-            w.held.pop(key, None)
-        w.acts.pop(key, None)
-        if pipelined and op.microbatch == last:
-            _reduce_chunk(w, chunk, op.chunk)
-    if not pipelined:
-        w.held.clear()  # the runtime's `output` goes with the forward-backward call
-    w.retained_reduce = 0.0  # released by FSDP2's root post-backward callback
-    # After backward: the tied gradient sum, then the optimizer step.
-    layers = [l for c in chunks for l in c.layers]
-    tied = TIED_SUM_TEMPORARIES * max((l.tied_grad_bytes for l in layers), default=0.0)
-    w.look("optimizer", buffers=tied)
-    step = optimizer_step_temp_bytes(layers, optimizer, foreach)
-    w.look("optimizer", buffers=step + sum(l.zero1_master_grad_bytes for l in layers))
-    zero1 = max((l.zero1_share_bytes for l in layers), default=0.0)  # one layer at a time
-    w.look("optimizer", buffers=zero1)
-    total, phase, (params, grads, opt, acts, bufs), in_flight = w.best
-    parts = [round(params), round(grads), round(opt), round(acts), round(bufs)]
-    return StageMemory(stage=stage, params=parts[0], grads=parts[1], optimizer=parts[2],
-                       activations=parts[3], buffers=parts[4], overhead=overhead_bytes,
-                       peak_bytes=sum(parts) + overhead_bytes, phase=phase,
-                       microbatches_in_flight=in_flight / max(len(chunks), 1),
-                       host_bytes=round(sum(l.host_bytes for l in layers)))
-
-
-def _backward_layer(w: _Walk, chunk: ChunkMemory, op: PassOp, li: int, *, reduce: bool,
-                    pipelined: bool) -> None:
-    """One layer's backward, then its FSDP2 post-backward (reduce or accumulate).
-
-    The IR does not say in which order a layer's backward frees its saved tensors and
-    makes its gradient, so we bound it by both at once: all its activations (and the
-    recomputed ones), its whole new gradient and the gradients flowing through it
-    (measured peaks fall between this and the start of the layer's backward)."""
-    l = chunk.layers[li]
-    key = (op.chunk, li)
-    acts = l.activations
-    prefetch = 0.0
-    if l.has_unit:
-        w.copies[key] = l.working_param_bytes  # ZeRO-3 gathers again (no-op otherwise)
-        if l.reshard_after_forward:  # the next unit in backward order, prefetched
-            earlier = [p for p in range(li) if chunk.layers[p].has_unit]
-            if earlier and (op.chunk, earlier[-1]) not in w.copies:
-                prefetch = chunk.layers[earlier[-1]].working_param_bytes
-        new_grad = l.unsharded_grad_bytes
-    else:
-        # AccumulateGrad keeps the first gradient and adds later ones from a temporary.
-        new_grad = l.states.grads
-        if key in w.grads:
-            w.grads[key] = l.states.grads
-    w.look("backward", grads=new_grad,
-           buffers=acts.recompute_bytes + acts.grad_flow_bytes + prefetch)
-    w.acts[(op.chunk, op.microbatch)] -= acts.kept_bytes
-    if not l.has_unit:
-        w.grads[key] = l.states.grads
-        return
-    if not pipelined:
-        w.copies.pop(key, None)  # reshard after backward
-    if not reduce:
-        w.grads[key] = l.reduce_bytes  # kept unreduced, in the reduce dtype
-        return
-    _reduce_unit(w, l, key, incoming=acts.grad_flow_bytes,
-                 unreduced=w.grads.pop(key, 0.0) or l.unsharded_grad_bytes)
-
-
-def _reduce_unit(w: _Walk, l: LayerMemory, key: tuple[int, int], incoming: float,
-                 unreduced: float) -> None:
-    """FSDP2 post-backward reduction of one unit: the previous unit's retained input is
-    released, this unit's reduce-scatter input and output exist beside its unreduced
-    gradient, then the output is the stored gradient and the input is retained."""
-    w.retained_reduce = 0.0
-    w.look("backward" if incoming else "reduce", grads=unreduced + l.states.grads,
-           buffers=l.reduce_bytes + incoming)
-    w.grads[key] = l.states.grads
-    w.retained_reduce = l.reduce_bytes
-
-
-def _reduce_chunk(w: _Walk, chunk: ChunkMemory, index: int) -> None:
-    """A pipeline chunk's reduction after its last backward, unit by unit in forward order."""
-    for li, l in enumerate(chunk.layers):
-        if not l.has_unit:
-            continue
-        key = (index, li)
-        w.copies.pop(key, None)
-        _reduce_unit(w, l, key, incoming=0.0, unreduced=w.grads.pop(key, 0.0))
-    w.retained_reduce = 0.0  # the stage's root post-backward callback releases it
-
-
 # ---- a whole plan -----------------------------------------------------------------------
 
 
@@ -385,7 +147,8 @@ class MemoryEstimate:
 
     def to_json(self) -> dict:
         return {"peak_bytes": self.peak_bytes, "device_bytes": self.device_bytes,
-                "fits": self.fits, "host_problem": self.host_problem, "stages": [s.to_json() for s in self.stages]}
+                "fits": self.fits, "host_problem": self.host_problem,
+                "stages": [s.to_json() for s in self.stages]}
 
 
 def rank_layers(plan: ParallelPlan) -> list[list[int]]:
@@ -441,42 +204,106 @@ def walked_microbatches(plan: ParallelPlan) -> int:
 
 
 def plan_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
-                configs: Sequence[StepConfig] | None = None) -> MemoryEstimate:
-    """Peak memory per pipeline rank of `plan` for `graph` on `cluster`."""
+                configs: Sequence[StepConfig] | None = None,
+                rank_cache: dict | None = None) -> MemoryEstimate:
+    """Peak memory per pipeline rank of `plan` for `graph` on `cluster`.
+
+    `rank_cache` (one dict per graph and cluster) keeps each rank's result by everything
+    its walk reads, so plans that share a rank (a search's re-solves) walk it once."""
     check_plan_matches(graph, plan, cluster)
     configs = configs or layer_configs(graph, plan, cluster.device)
-    config = configs[0]
-    foreach = device_uses_foreach(cluster.device)
-    pipelined = plan.pp > 1
     stages = []
     for rank, chunk_indices in enumerate(rank_chunks(plan)):
-        indices = [j for c in chunk_indices for j in c]
-        shared = shared_checkpoint_inputs(graph, plan, indices, configs)
-        for j, nbytes in shared_boundary_saves(graph, plan, indices, configs).items():
-            shared[j] = shared.get(j, 0.0) + nbytes
-        chunks = []
-        for c in chunk_indices:
-            held, persistent, recv_shared = _pipeline_buffers(graph, plan, c, configs)
-            if recv_shared:
-                shared[c[0]] = shared.get(c[0], 0.0) + recv_shared
-            mems = tuple(_without_shared(layer_memory(graph.layers[j], plan.layer_strategies[j],
-                                                      configs[j]), shared.get(j, 0.0))
-                         for j in c)
-            chunks.append(ChunkMemory(mems, held, persistent))
-        walked = walked_microbatches(plan)
-        ops = rank_ops(plan.schedule, plan.pp, rank, walked, len(chunk_indices))
-        chunks, device_moments = _most_loaded_device(chunks, indices, plan)
-        stage = walk_rank(chunks, ops, stage=rank, num_microbatches=walked,
-                          pipelined=pipelined, overhead_bytes=cluster.runtime_overhead_bytes,
-                          optimizer=config.optimizer, foreach=foreach)
-        if device_moments:
-            worst = max(device_moments)
-            stage = dataclasses.replace(stage, device_peak_bytes=tuple(
-                stage.peak_bytes - round(worst - m) for m in device_moments))
+        key = None if rank_cache is None else _rank_key(plan, rank, chunk_indices, configs)
+        stage = None if key is None else rank_cache.get(key)
+        if stage is None:
+            stage = _rank_memory(graph, plan, cluster, rank, chunk_indices, configs,
+                                 layer_cache=rank_cache)
+            if key is not None:
+                rank_cache[key] = stage
         stages.append(stage)
     host = max(s.host_bytes for s in stages)  # the node's ranks as its most loaded rank
     return MemoryEstimate(tuple(stages), cluster.device_memory_bytes,
                           host_wall_problem(host, cluster) if host else "")
+
+
+def _rank_key(plan: ParallelPlan, rank: int, chunk_indices: list[list[int]],
+              configs: Sequence[StepConfig]) -> tuple:
+    """What `_rank_memory` reads of the plan: the rank's layers and the one before each
+    chunk (its receive buffer's layout), their strategies and configs, the schedule."""
+    read = sorted({j for c in chunk_indices for j in c}
+                  | {c[0] - 1 for c in chunk_indices if c[0] > 0})
+    return (rank, tuple(map(tuple, chunk_indices)),
+            tuple((plan.layer_strategies[j], configs[j]) for j in read),
+            plan.schedule, plan.pp, plan.num_microbatches, len(plan.stages),
+            plan.stages[plan.stage_of(chunk_indices[0][0])].devices)
+
+
+def plan_peak_bytes(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
+                    stop_above_bytes: float = math.inf) -> int | None:
+    """`plan_memory(...).peak_bytes`, or None once some rank is sure to need more than
+    `stop_above_bytes`: the rest of the walk is skipped (for the least of many peaks)."""
+    check_plan_matches(graph, plan, cluster)
+    configs = layer_configs(graph, plan, cluster.device)
+    peak = 0
+    for rank, chunk_indices in enumerate(rank_chunks(plan)):
+        try:
+            stage = _rank_memory(graph, plan, cluster, rank, chunk_indices, configs,
+                                 stop_above_bytes)
+        except OverLimit:
+            return None
+        peak = max(peak, stage.peak_bytes)
+    return peak
+
+
+def _layer_memory(graph: LayerGraph, plan: ParallelPlan, j: int,
+                  configs: Sequence[StepConfig], cache: dict | None) -> LayerMemory:
+    if cache is None:
+        return layer_memory(graph.layers[j], plan.layer_strategies[j], configs[j])
+    key = ("layer", j, plan.layer_strategies[j], configs[j])
+    mem = cache.get(key)
+    if mem is None:
+        mem = cache[key] = layer_memory(graph.layers[j], plan.layer_strategies[j], configs[j])
+    return mem
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank_ops(schedule: Schedule, pp: int, rank: int, walked: int, chunks: int) -> tuple:
+    """`pipeline_ops.rank_ops`, kept: a search walks the same few schedules many times."""
+    return tuple(rank_ops(schedule, pp, rank, walked, chunks))
+
+
+def _rank_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank: int,
+                 chunk_indices: list[list[int]], configs: Sequence[StepConfig],
+                 stop_above_bytes: float = math.inf,
+                 layer_cache: dict | None = None) -> StageMemory:
+    """One pipeline rank's walk (`memory_walk.walk_rank`) over its chunks' layers.
+    `layer_cache` keeps `layer_memory` by (layer index, strategy, config)."""
+    indices = [j for c in chunk_indices for j in c]
+    shared = shared_checkpoint_inputs(graph, plan, indices, configs)
+    for j, nbytes in shared_boundary_saves(graph, plan, indices, configs).items():
+        shared[j] = shared.get(j, 0.0) + nbytes
+    chunks = []
+    for c in chunk_indices:
+        held, persistent, recv_shared = _pipeline_buffers(graph, plan, c, configs)
+        if recv_shared:
+            shared[c[0]] = shared.get(c[0], 0.0) + recv_shared
+        mems = tuple(_without_shared(_layer_memory(graph, plan, j, configs, layer_cache),
+                                     shared.get(j, 0.0)) for j in c)
+        chunks.append(ChunkMemory(mems, held, persistent))
+    walked = walked_microbatches(plan)
+    ops = _rank_ops(plan.schedule, plan.pp, rank, walked, len(chunk_indices))
+    chunks, device_moments = _most_loaded_device(chunks, indices, plan)
+    stage = walk_rank(chunks, ops, stage=rank, num_microbatches=walked, pipelined=plan.pp > 1,
+                      overhead_bytes=cluster.runtime_overhead_bytes,
+                      optimizer=configs[0].optimizer,
+                      foreach=device_uses_foreach(cluster.device),
+                      stop_above_bytes=stop_above_bytes)
+    if device_moments:
+        worst = max(device_moments)
+        stage = dataclasses.replace(stage, device_peak_bytes=tuple(
+            stage.peak_bytes - round(worst - m) for m in device_moments))
+    return stage
 
 
 def _most_loaded_device(chunks: list[ChunkMemory], indices: list[int], plan: ParallelPlan

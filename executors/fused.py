@@ -32,6 +32,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
+from ir.errors import PlannerError
+
 FUSED_ATTR = "tp_fused_split"  # attribute of a fused projection module after apply_tp
 
 
@@ -91,6 +93,27 @@ def fused_parameters(modules) -> dict[str, tuple[FusedSplit, int]]:
                 for name, dim in split.dims:
                     out[f"{path}.{name}" if path else name] = (split, dim)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class FusedDim:
+    """One fused parameter as `executors.shard_slices` reads layouts: the dim its packed
+    features lie along, and where each stored (rank-major) position sits in the model's
+    order, which is the order checkpoints and `from_pretrained` use."""
+
+    split: FusedSplit
+    dim: int
+
+    def checkpoint_index(self, stored: torch.Tensor, size: int) -> torch.Tensor:
+        if sum(self.split.parts) != size:
+            raise PlannerError(f"{self.split} does not describe a dim of {size}")
+        return self.split.order()[stored]
+
+
+def layout_transforms(modules) -> dict[str, FusedDim]:
+    """Fully qualified parameter name -> its `FusedDim`, for every fused parameter of the
+    given (stage) modules; other parameters are stored in the model's order."""
+    return {name: FusedDim(split, dim) for name, (split, dim) in fused_parameters(modules).items()}
 
 
 def full_in_model_order(tensor: torch.Tensor, split: FusedSplit, dim: int) -> torch.Tensor:

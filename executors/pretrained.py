@@ -45,6 +45,7 @@ from torch import nn
 from executors.checkpoint import (STEP_DIR, _agree, _check_model, _gather, _marker_and_sizes,
                                   _named_parameters, _rank_world, latest_checkpoint)
 from executors.checkpoint_files import MARKER, METADATA, VettedReader, read_metadata, verify_files
+from executors.fused import layout_transforms
 from executors.runtime import ParallelModel
 from executors.shard_slices import local_tensor, shard_pieces
 from ir.errors import PlannerError
@@ -235,7 +236,7 @@ def _load_safetensors(pm: ParallelModel, path: str) -> LoadReport:
             f"checkpoint {path} holds {len(extra)} tensors this model lacks (e.g. "
             f"{', '.join(f'{n!r} in {folder.file_of[n]}' for n in extra[:EXAMPLE_NAMES])}): "
             "it is another model's; load a checkpoint of this model's config")
-    transforms = pm.layout_transforms
+    transforms = layout_transforms(m for _, m in pm.stage_modules)
     bytes_read, error = 0, None
     try:
         for name, tensor, stored in reads:

@@ -39,6 +39,7 @@ from torch.distributed.tensor import DTensor
 
 from executors.checkpoint import _agree, _gather, _rank_world
 from executors.pretrained import INDEX, SINGLE, HFNames, local_targets
+from executors.fused import layout_transforms
 from executors.runtime import ParallelModel
 from executors.shard_slices import to_checkpoint_layout
 from ir.errors import PlannerError
@@ -180,6 +181,7 @@ def export_pretrained(pm: ParallelModel, directory: str,
     _agree(error)
     mine = {name: StreamingFile(os.path.join(directory, name), entries)
             for (owner, entries), name in zip(files, file_names(len(files))) if owner == rank}
+    transforms = layout_transforms(m for _, m in pm.stage_modules)
     for name, tensor, _ in targets:
         if name not in file_of:
             continue  # a tied weight stored under its source's name
@@ -187,7 +189,7 @@ def export_pretrained(pm: ParallelModel, directory: str,
         full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor.detach()
         out = mine.get(file_of[name])
         if out is not None and out.expects(name):  # not a second stage copy's turn
-            full = to_checkpoint_layout(full, pm.layout_transforms.get(name))
+            full = to_checkpoint_layout(full, transforms.get(name))
             try:
                 out.write(name, full.to(_written_dtype(tensor, dtype)))
             except OSError as exc:

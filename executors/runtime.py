@@ -106,10 +106,6 @@ class ParallelModel:
     # fp16-mixed: the loss scale every rank agrees on (`executors.loss_scaling`); None
     # for fp32 and bf16-mixed, whose exponent range needs none
     loss_scaler: LossScaler | None = None
-    # parameter name -> `executors.shard_slices.LayoutTransform` where the executor stores a
-    # parameter's rows in another order than the model's (fused-projection TP); readers and
-    # writers of full tensors map through it (absent: identity)
-    layout_transforms: dict[str, Any] = field(default_factory=dict)
     # this step's count of the global target (None: not sharded by rows, uniform weights)
     _global_count: torch.Tensor | None = field(default=None, init=False, repr=False)
 

@@ -17,7 +17,7 @@ explicit index list of each dim.
 A layout transform then maps the STORED global index of one dim (the order the executor
 keeps the rows in) to the CHECKPOINT index: identity by default; fused-projection TP
 permutes a fused qkv weight's rows so that each TP rank holds its q, k and v heads
-together (`FusedSections`). Each dim's index list is cut into maximal runs of
+together (`executors.fused.FusedDim`, from `layout_transforms`). Each dim's index list is cut into maximal runs of
 consecutive checkpoint indices; a piece is one run per dim (their product), so reading
 and writing stay rectangular slices (safetensors' `get_slice(name)[a:b, c:d]`).
 """
@@ -43,28 +43,6 @@ class LayoutTransform(Protocol):
 
     def checkpoint_index(self, stored: torch.Tensor, size: int) -> torch.Tensor:
         """Checkpoint indices (int64) of the stored indices `stored` of a dim of `size`."""
-
-
-@dataclass(frozen=True, slots=True)
-class FusedSections:
-    """A fused projection (Llama-style fused qkv, GPT-2's c_attn along dim 1) whose dim
-    `dim` concatenates `sections` (e.g. q, k, v sizes) in the checkpoint, and is STORED
-    reordered so that TP rank t's contiguous chunk is [section_0's t-th chunk, section_1's
-    t-th chunk, ...]: a plain Shard(dim) then gives every rank its own heads of each."""
-
-    dim: int
-    sections: tuple[int, ...]
-    tp: int
-
-    def checkpoint_index(self, stored: torch.Tensor, size: int) -> torch.Tensor:
-        if sum(self.sections) != size or any(s % self.tp for s in self.sections):
-            raise PlannerError(f"fused sections {self.sections} do not split a dim of {size} "
-                               f"into {self.tp} equal parts each")
-        starts = torch.tensor([0] + list(itertools.accumulate(self.sections)))[:-1]
-        chunks = torch.tensor(self.sections) // self.tp  # rows of each section per rank
-        order = torch.cat([starts[s] + t * chunks[s] + torch.arange(int(chunks[s]))
-                           for t in range(self.tp) for s in range(len(self.sections))])
-        return order[stored]  # order[i]: checkpoint row stored at position i
 
 
 @dataclass(frozen=True, slots=True)

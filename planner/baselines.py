@@ -6,15 +6,17 @@ within the user's pins, or, where none fits, the least memory that family needs.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
-from cost_models.memory import plan_memory
+from cost_models.memory import plan_peak_bytes
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.plan import ParallelPlan
 from ir.strategy import Checkpoint
-from planner.search import Candidate, _even_chunks, _plan, _price, _restrict, search
+from planner.layer_tables import price_layers, restrict
+from planner.search import Candidate, even_chunks, make_plan, search
 from planner.search_space import SearchOptions, outer_candidates
 
 BASELINES = {
@@ -46,42 +48,51 @@ def baselines(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
             out.append(Baseline(name, None, None, excluded_by=f"--{clash[0].replace('_', '-')}"))
             continue
         base = dataclasses.replace(options, uniform=True, top_k=1, time_limit_s=None, **pins)
+        tables: dict = {}  # priced once for the family's search and its least memory
         try:
-            result = search(graph, cluster, global_batch, base, profile, with_baselines=False)
+            result = search(graph, cluster, global_batch, base, profile, with_baselines=False,
+                            price_cache=tables)
         except PlannerError as exc:
             out.append(Baseline(name, None, None, reason=str(exc)))
             continue
-        needs = None if result.best else least_memory(graph, cluster, global_batch, base, profile)[0]
+        needs = None if result.best else least_memory(graph, cluster, global_batch, base,
+                                                      profile, tables)[0]
         out.append(Baseline(name, result.best, needs))
     return out
 
 
 def least_memory(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
-                 options: SearchOptions, profile=None) -> tuple[int | None, ParallelPlan | None]:
-    """Peak bytes of the most memory-frugal uniform plan the options allow."""
+                 options: SearchOptions, profile=None, price_cache: dict | None = None
+                 ) -> tuple[int | None, ParallelPlan | None]:
+    """Peak bytes of the most memory-frugal uniform plan the options allow (`price_cache`:
+    the layer tables of a search with the same inputs)."""
+    price_cache = {} if price_cache is None else price_cache
     best: tuple[int | None, ParallelPlan | None] = (None, None)
     for cand in outer_candidates(graph, cluster.world_size, global_batch, options):
-        tables, _ = _price(graph, cluster, cand, options, global_batch, profile, {})
+        tables, _ = price_layers(graph, cluster, cand, options, global_batch, profile,
+                                 price_cache)
         if any(not t.strategies for t in tables):
             continue
         # per layer: the strategy with the least state + kept bytes that the others share
         keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint, s.offload)
                 for s in tables[0].strategies}
         for key in keys:
-            group = _restrict(tables, lambda s, key=key: (s.tp, s.dp_mode, s.sequence_parallel,
-                                                         s.checkpoint, s.offload) == key)
+            group = restrict(tables, lambda s, key=key: (s.tp, s.dp_mode, s.sequence_parallel,
+                                                        s.checkpoint, s.offload) == key)
             if group is None:
                 continue
             strategies = [g.strategies[0] for g in group]
-            stages = _even_chunks(graph, group, cand.pp * cand.virtual_stages)
+            stages = even_chunks(graph, group, cand.pp * cand.virtual_stages)
             if stages is None:
                 continue
             try:
-                plan = _plan(cand, stages, strategies, cluster.world_size // cand.pp,
-                             global_batch, options)
+                plan = make_plan(cand, stages, strategies, cluster.world_size // cand.pp,
+                                 global_batch, options)
             except PlannerError:
                 continue
-            peak = plan_memory(graph, plan, cluster).peak_bytes
-            if best[0] is None or peak < best[0]:
+            # A plan that cannot beat the best so far is walked only until that is sure.
+            peak = plan_peak_bytes(graph, plan, cluster,
+                                   math.inf if best[0] is None else best[0])
+            if peak is not None and (best[0] is None or peak < best[0]):
                 best = (peak, plan)
     return best

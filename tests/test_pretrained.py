@@ -31,7 +31,8 @@ import real_models as rm
 from dist_utils import spawn, train_one_device
 from executors.pretrained_export import Entry, StreamingFile, plan_files
 from executors.pretrained import HFNames
-from executors.shard_slices import FusedSections, shard_pieces, to_checkpoint_layout
+from executors.fused import FusedDim, FusedSplit, layout_transforms
+from executors.shard_slices import shard_pieces, to_checkpoint_layout
 from ir.strategy import LayerStrategy, Schedule, Stage
 from test_exec_plans import assert_matches_reference, per_layer_plan, uniform
 
@@ -63,8 +64,7 @@ MAX_SHARE = {("llama", "tp2"): 0.55, ("llama", "zero3"): 0.55, ("llama", "pp2"):
              ("gpt2", "pp2-interleaved"): 0.6,
              ("llama", "tp2xpp2"): 0.3, ("gpt2", "tp2xpp2"): 0.55,
              ("llama", "dp2-tp2-zero3"): 0.3}
-Q_PROJ = "model.layers.0.self_attn.q_proj.weight"  # 64 rows, stands in for a fused qkv
-Q_SECTIONS = (32, 16, 16)
+C_ATTN = "transformer.h.0.attn.c_attn.weight"  # GPT-2's fused [q | k | v], along dim 1
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -178,23 +178,25 @@ def _errors(pm, root: str) -> dict[str, str]:
 
 
 def _fused_transform(pm, root: str, rank: int, out_dir: str) -> dict:
-    """q_proj's rows as if stored fused-TP order: the loaded shard must be this rank's
-    [q, k, v] sections, and the export must undo the order."""
+    """GPT-2's c_attn under TP 2 is stored rank-major (`executors.fused`): the loaded shard
+    must be this rank's [q | k | v] columns of the checkpoint, and the export must undo
+    the order."""
     from executors.shard_slices import local_tensor
-    transform = FusedSections(0, Q_SECTIONS, tp=2)
-    pm.layout_transforms[Q_PROJ] = transform
-    pm.load_pretrained(os.path.join(root, "llama"))
-    saved = load_file(os.path.join(root, "llama", json.load(open(os.path.join(
-        root, "llama", "model.safetensors.index.json")))["weight_map"][Q_PROJ]))[Q_PROJ]
-    order = transform.checkpoint_index(torch.arange(64), 64)
-    expected = saved[order][rank * 32:(rank + 1) * 32]
-    shard_ok = torch.equal(local_tensor(pm.module.get_parameter(Q_PROJ)), expected)
+    transform = layout_transforms(m for _, m in pm.stage_modules)[C_ATTN]
+    index = json.load(open(os.path.join(root, "gpt2", "model.safetensors.index.json")))
+    saved = load_file(os.path.join(root, "gpt2", index["weight_map"][C_ATTN]))[C_ATTN]
+    width = saved.shape[1] // 3 // 2  # columns of q (and of k, of v) per rank
+    starts = [part * 2 * width + rank * width for part in range(3)]  # [q_r | k_r | v_r]
+    expected = torch.cat([saved[:, start:start + width] for start in starts], dim=1)
+    pm.load_pretrained(os.path.join(root, "gpt2"))
+    shard_ok = torch.equal(local_tensor(pm.module.get_parameter(C_ATTN)), expected)
     pm.export_pretrained(out_dir)
     exported = {}
     for name in os.listdir(out_dir):
         if name.endswith(".safetensors"):
             exported.update(load_file(os.path.join(out_dir, name)))
-    return {"shard_ok": shard_ok, "export_ok": torch.equal(exported[Q_PROJ], saved)}
+    return {"shard_ok": shard_ok, "export_ok": torch.equal(exported[C_ATTN], saved),
+            "dim": transform.dim}
 
 
 def run_plans(rank: int, world_size: int, payload: dict) -> dict:
@@ -225,6 +227,7 @@ def run_plans(rank: int, world_size: int, payload: dict) -> dict:
         dcp_dir = os.path.join(scratch, "dcp-llama-tp2")
         if key == "llama/tp2":
             save_checkpoint(pm, dcp_dir, step=3)
+        if key == "gpt2/tp2":
             out["transform"] = _fused_transform(pm, root, rank, os.path.join(scratch, "fused"))
         if key == "llama/zero3":
             out["errors"] = _errors(pm, root)
@@ -376,7 +379,8 @@ def test_tied_weight_stored_under_the_head_name_loads():
 def test_layout_transform_maps_both_ways():
     ranks, _ = results_for(2)
     for rank, result in enumerate(ranks):
-        assert result["llama/tp2"]["transform"] == {"shard_ok": True, "export_ok": True}, rank
+        assert result["gpt2/tp2"]["transform"] == {"shard_ok": True, "export_ok": True,
+                                                   "dim": 1}, rank
 
 
 @pytest.mark.multiprocess
@@ -400,7 +404,7 @@ def test_bad_checkpoint_is_one_line(kind, words):
 
 def test_fused_sections_undo_their_order():
     saved = torch.arange(8 * 3).view(8, 3)
-    transform = FusedSections(0, (4, 2, 2), tp=2)
+    transform = FusedDim(FusedSplit((4, 2, 2), 2, (("weight", 0),)), 0)
     stored = saved[transform.checkpoint_index(torch.arange(8), 8)]
     assert stored[:4, 0].tolist() == [0, 3, 12, 18]  # rank 0: q rows 0-1, k row 0, v row 0
     assert torch.equal(to_checkpoint_layout(stored, transform), saved)

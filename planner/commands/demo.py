@@ -62,8 +62,8 @@ def run(args) -> int:
     print(strategy_table(doc, graph))
     print()
     print(baseline_table(result.best, result.baselines, cluster))
-    print(f"searched {result.stats['outer_searched']} of {result.stats['outer_candidates']} "
-          f"pipeline configurations in {result.stats['search_seconds']:.1f} s")
+    print(f"searched {result.stats.outer_searched} of {result.stats.outer_candidates} "
+          f"pipeline configurations in {result.stats.search_seconds:.1f} s")
 
     est = result.best.estimate
     print("\n== 3. Dry-run report of the chosen plan (planner estimate --plan)")

@@ -26,6 +26,7 @@ from planner.plan_report import (plan_document, predicted_lines, stage_memory_ta
 from planner.baselines import least_memory
 from planner.search import search
 from planner.search_space import SearchOptions
+from planner.search_stats import SearchStats
 
 GiB = 2**30
 
@@ -132,9 +133,9 @@ def run(args) -> int:
         print()
         print(baseline_table(result.best, base, cluster))
     stats = result.stats
-    print(f"\nsearched {stats['outer_searched']} of {stats['outer_candidates']} pipeline "
-          f"configurations ({stats.get('outer_pruned', 0)} pruned by bound) in "
-          f"{stats['search_seconds']:.2f} s" + (" (time limit hit)" if stats["timed_out"] else "")
+    print(f"\nsearched {stats.outer_searched} of {stats.outer_candidates} pipeline "
+          f"configurations ({stats.outer_pruned} pruned by bound) in "
+          f"{stats.search_seconds:.2f} s" + (" (time limit hit)" if stats.timed_out else "")
           + (f"; wrote {args.out}" if args.out else ""))
     return 0
 
@@ -170,7 +171,7 @@ def baseline_table(best, base, cluster) -> str:
                  right={1, 2, 3, 4})
 
 
-def nothing_fits(graph, cluster, args, options: SearchOptions, stats: dict | None = None
+def nothing_fits(graph, cluster, args, options: SearchOptions, stats: SearchStats | None = None
                  ) -> str:
     """Why no plan came out, without contradicting itself: the smallest memory any plan
     would need and the knob that would help most."""
@@ -179,9 +180,9 @@ def nothing_fits(graph, cluster, args, options: SearchOptions, stats: dict | Non
     from cost_models.memory import DP_BUCKET_BYTES, DP_BUCKETS_IN_FLIGHT
 
     budget = options.memory_budget_bytes or cluster.device_memory_bytes
-    if stats and stats.get("timed_out"):
+    if stats and stats.timed_out:
         return (f"no plan found within --time-limit {options.time_limit_s:g} s (searched "
-                f"{stats.get('outer_searched', 0)} of {stats.get('outer_candidates', 0)} "
+                f"{stats.outer_searched} of {stats.outer_candidates} "
                 "pipeline configurations); raise --time-limit or pin degrees (--tp/--pp)")
     frugal = dataclasses.replace(options, memory_budget_bytes=None, top_k=1)
     needs, _ = least_memory(graph, cluster, args.global_batch, frugal)

@@ -1,0 +1,199 @@
+"""Each layer's legal strategies under one outer candidate, priced for the search.
+
+`price_layers` turns every (layer, strategy) into the four figures the dynamic program
+adds up (see `planner.search`'s docstring: t(i, s), state and kept bytes for mem_r(i, s),
+transient bytes); identical layers share one `LayerTable`. `transitions` prices the
+re-layout x(j, a, b) between neighbours; `memory_budget_bytes` is what a rank may fill.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.comm import layer_comm, tp_transition_s
+from cost_models.common import StepConfig
+from cost_models.compute import layer_compute
+from cost_models.estimate import exposed, overlap_efficiency
+from cost_models.memory import (DP_BUCKET_BYTES, DP_BUCKETS_IN_FLIGHT, ZERO3_UNITS_IN_FLIGHT,
+                                held_through_step, layer_memory)
+from cost_models.model_states import bytes_per_param
+from ir.cluster import ClusterSpec
+from ir.layer import LayerGraph
+from planner.search_space import (OuterCandidate, SearchOptions, layer_strategies,
+                                  model_tp_degrees)
+
+INF = math.inf
+
+
+@dataclass
+class LayerTable:
+    """One layer's legal strategies under one outer candidate, priced (arrays over s)."""
+
+    strategies: list
+    time_s: np.ndarray  # per micro-batch, see t(i, s)
+    state_bytes: np.ndarray  # params + grads + optimizer states
+    kept_bytes: np.ndarray  # activations kept per micro-batch
+    transient_bytes: np.ndarray
+    layout: np.ndarray  # index into the candidate's layouts (tp, sp)
+
+
+
+def memory_budget_bytes(cluster: ClusterSpec, options: SearchOptions) -> float:
+    """Bytes a rank's model states and activations may fill: the device (or the user's
+    budget) less the runtime's fixed overhead and the DP buckets kept in reserve."""
+    return ((options.memory_budget_bytes or cluster.device_memory_bytes)
+            - cluster.runtime_overhead_bytes - DP_BUCKETS_IN_FLIGHT * DP_BUCKET_BYTES)
+
+
+def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, options: SearchOptions,
+           global_batch: int, profile, cache: dict, prune: bool = True,
+           ) -> tuple[list[LayerTable], list[tuple]]:
+    """Price every layer's strategies; identical layers share one table. `prune=False`
+    keeps dominated strategies (for the brute-force oracle in the tests)."""
+    served = (options, global_batch, id(graph), id(cluster), id(profile))
+    if cache.setdefault("serves", served) != served:
+        raise ValueError("a price cache serves one graph, cluster, batch, options and profile")
+    if not cluster.offload_known:  # no PCIe / host memory figures: offload is not offered
+        options = dataclasses.replace(options, no_offload=True)
+    stage_devices = cluster.world_size // cand.pp
+    samples = global_batch // cand.num_microbatches
+    per_param = bytes_per_param(options.precision, options.optimizer)
+    overlap = overlap_efficiency(cluster)
+    layouts: dict[tuple, int] = {}
+    tables = []
+    degrees_key = ("tp-degrees", stage_devices)
+    if degrees_key not in cache:
+        cache[degrees_key] = model_tp_degrees(graph, stage_devices, options.max_tp)
+    for layer in graph.layers:
+        key = (layer.structural_hash, layer.params, stage_devices, samples, cand.num_microbatches,
+               prune)
+        if key not in cache:
+            strategies = layer_strategies(layer, stage_devices, samples, options, graph.seq_len,
+                                          cache[degrees_key])
+            rows = []
+            for s in strategies:
+                config = step_config(graph, options, cluster, samples // s.dp)
+                c = layer_compute(layer, s, cluster, config, profile)
+                comm = layer_comm(layer, s, cluster, config, per_param)
+                mem = layer_memory(layer, s, config, per_param)
+                fwd, bwd = c.forward_s, c.backward_s + c.recompute_s
+                t = (fwd + bwd + comm.tp_forward_s + comm.tp_backward_s
+                     + exposed(comm.dp_forward_s, fwd, overlap)
+                     + exposed(comm.dp_backward_s, bwd, overlap)
+                     + (comm.tp_step_s + exposed(comm.dp_step_s, bwd, overlap)
+                        + comm.dp_after_step_s + c.optimizer_s) / cand.num_microbatches)
+                # The DP unit's working copy and unreduced gradient held across the step.
+                states = (mem.states.params + mem.states.grads + mem.states.optimizer
+                          + held_through_step(mem, num_microbatches=cand.num_microbatches,
+                                              pipelined=cand.pp > 1))
+                transient = (mem.activations.recompute_bytes + mem.activations.grad_flow_bytes
+                             + ZERO3_UNITS_IN_FLIGHT * mem.gather_unit_bytes
+                             + mem.unsharded_grad_bytes)
+                rows.append((t, states, mem.activations.kept_bytes, transient))
+            rows = np.array(rows, dtype=float).reshape(-1, 4)
+            keep = _undominated(strategies, rows) if prune else list(range(len(strategies)))
+            cache[key] = ([strategies[i] for i in keep], rows[keep])
+        strategies, rows = cache[key]
+        layout = np.array([layouts.setdefault((s.tp, s.sequence_parallel), len(layouts))
+                           for s in strategies], dtype=np.int64)
+        tables.append(LayerTable(strategies, rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3],
+                                 layout))
+    order = sorted(layouts, key=layouts.get)
+    return tables, order
+
+
+def _undominated(strategies: list, rows: np.ndarray) -> list[int]:
+    """Drop a strategy when another of the same (TP, SP) layout is no worse on time, state,
+    kept and transient bytes (and better on one): swapping it in never hurts, so the
+    optimum is unchanged."""
+    keep = []
+    costs = rows[:, :4]
+    for i, s in enumerate(strategies):
+        dominated = False
+        for j, o in enumerate(strategies):
+            if j == i or (o.tp, o.sequence_parallel) != (s.tp, s.sequence_parallel):
+                continue
+            if np.all(costs[j] <= costs[i]) and (np.any(costs[j] < costs[i]) or j < i):
+                dominated = True
+                break
+        if not dominated:
+            keep.append(i)
+    return keep
+
+
+def step_config(graph: LayerGraph, options: SearchOptions, cluster: ClusterSpec,
+            micro_batch: int) -> StepConfig:
+    return StepConfig(micro_batch=max(1, micro_batch), graph_micro_batch=graph.micro_batch,
+                      graph_dtype=graph.dtype, precision=options.precision,
+                      optimizer=options.optimizer, seq_len=graph.seq_len,
+                      device_type="cpu" if cluster.device.lower() == "cpu" else "cuda")
+
+
+def crossing_bytes(graph: LayerGraph, cache: dict) -> list[float]:
+    """Bytes crossing the cut after each layer (one pass over the edges)."""
+    if "crossing" not in cache:
+        diff = np.zeros(len(graph.layers) + 1)
+        for src, dst, nbytes in graph.edges:
+            diff[src] += nbytes
+            diff[dst] -= nbytes
+        cache["crossing"] = [float(x) for x in np.cumsum(diff)[:-1]]
+    return cache["crossing"]
+
+
+def transitions(graph: LayerGraph, cluster: ClusterSpec, options: SearchOptions,
+                 layouts: list[tuple], micro_batch: int, cache: dict,
+                 crossing: list[float]) -> list[np.ndarray]:
+    """x(j, a, b) for every j: the re-layout after layer j, forward plus backward."""
+    out = []
+    scale = step_config(graph, options, cluster, micro_batch).activation_scale
+    n_layers = len(graph.layers)
+    for j in range(n_layers):
+        nbytes = crossing[j] * scale
+        # A TP change into a layer the executor cannot re-split is infinitely expensive.
+        chain = j + 1 >= n_layers or graph.layers[j + 1].chain_input
+        key = (nbytes, tuple(layouts), chain)
+        if key not in cache:
+            n = len(layouts)
+            x = np.zeros((n, n))
+            for a, (tp_a, sp_a) in enumerate(layouts):
+                for b, (tp_b, sp_b) in enumerate(layouts):
+                    if tp_a != tp_b and (not chain or max(tp_a, tp_b) % min(tp_a, tp_b)):
+                        x[a, b] = INF  # ir.legality.layout_change_problem
+                    elif (tp_a, sp_a) != (tp_b, sp_b):
+                        x[a, b] = 2 * tp_transition_s(nbytes, tp_a, tp_b, sp_a, sp_b, cluster)
+            cache[key] = x
+        out.append(cache[key])
+    return out
+
+
+
+def transient_caps(tables: list[LayerTable], levels: int) -> list[float]:
+    """Caps on the max-type transient buffers: every plan needs at least the largest of
+    the layers' smallest transients; try up to `levels` values from there to the top."""
+    floor = max(float(t.transient_bytes.min()) for t in tables)
+    values = sorted({float(v) for t in tables for v in t.transient_bytes if v >= floor})
+    if len(values) <= levels:
+        return values
+    return sorted({values[round(i * (len(values) - 1) / (levels - 1))] for i in range(levels)})
+
+
+def restrict(tables: list[LayerTable], keep) -> list[LayerTable] | None:
+    """Tables with only the strategies `keep` accepts; identical layers keep sharing one."""
+    done: dict[int, LayerTable | None] = {}
+    out = []
+    for t in tables:
+        if id(t) not in done:
+            idx = [i for i, s in enumerate(t.strategies) if keep(s)]
+            ix = np.array(idx, dtype=np.int64)
+            done[id(t)] = LayerTable([t.strategies[i] for i in idx], t.time_s[ix],
+                                     t.state_bytes[ix], t.kept_bytes[ix],
+                                     t.transient_bytes[ix], t.layout[ix]) if idx else None
+        if done[id(t)] is None:
+            return None
+        out.append(done[id(t)])
+    return out
+

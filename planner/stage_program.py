@@ -1,0 +1,158 @@
+"""The inner program: T*(a, b, r), the least time of layers a..b on one rank within its
+memory, by a dynamic program over layers x layouts x memory buckets (the recurrence is
+written out in `planner.search`'s docstring; one step of it is `_extend`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.layer_tables import LayerTable
+
+INF = math.inf
+
+
+@dataclass
+class _Node:
+    """C[b] for one stage prefix (layouts x buckets). Choices are recovered on the walk
+    back (`walk_back`), which only final plans need, so no back-pointers are stored."""
+
+    value: np.ndarray
+    parent: "_Node | None"
+    table: LayerTable
+    x_in: np.ndarray | None  # x(b-1, c', c) into this layer
+    step: "_Step"
+    best: tuple[float, int] | None = None  # min_c C[b][c][U] and its c, once asked for
+
+
+@dataclass
+class _Step:
+    """A layer table's per-(k, bucket, cap) index arrays, grouped by layout."""
+
+    mem: np.ndarray  # buckets per strategy (units + 1 when over the cap)
+    order: np.ndarray  # strategies sorted by layout, those that fit at all
+    layouts: np.ndarray  # layout of each group
+    starts: np.ndarray  # first row of each group in `order`
+    src: np.ndarray  # (rows, units+1): bucket before this layer, clipped
+    valid: np.ndarray  # (rows, units+1): src was >= 0
+    time: np.ndarray  # (rows, 1)
+
+
+def _step(table: LayerTable, k: float, bucket_bytes: float, cap: float, units: int,
+          cache: dict) -> _Step:
+    key = (id(table), k, bucket_bytes, cap, units)
+    hit = cache.get(key)
+    step = hit[1] if hit is not None and hit[0] is table else None
+    if step is None:
+        mem = np.ceil((table.state_bytes + k * table.kept_bytes) / bucket_bytes - 1e-9)
+        mem = np.where(table.transient_bytes <= cap, mem, units + 1).astype(np.int64)
+        fits = np.flatnonzero(mem <= units)
+        order = fits[np.argsort(table.layout[fits], kind="stable")]
+        layouts, starts = np.unique(table.layout[order], return_index=True)
+        src = np.arange(units + 1)[None, :] - mem[order][:, None]
+        step = _Step(mem, order, layouts, starts, np.maximum(src, 0), src >= 0,
+                     table.time_s[order][:, None])
+        cache[key] = (table, step)  # the table too: its id is only unique while it lives
+    return step
+
+
+def _extend(parent: _Node | None, table: LayerTable, x_in: np.ndarray | None, step: _Step,
+            n_layouts: int, units: int) -> _Node:
+    """One step of the inner recurrence (module docstring), all strategies at once."""
+    value = np.full((n_layouts, units + 1), INF)
+    if step.order.size:
+        if parent is None:
+            entry = np.zeros((n_layouts, units + 1))
+        else:  # min over the previous layout c' of C[i-1][c'][u] + x(c', c)
+            entry = (parent.value[:, None, :] + x_in[:, :, None]).min(axis=0)
+        rows = table.layout[step.order]
+        vals = np.where(step.valid, entry[rows[:, None], step.src] + step.time, INF)
+        value[step.layouts] = np.minimum.reduceat(vals, step.starts, axis=0)
+    return _Node(value, parent, table, x_in, step)
+
+
+def walk_back(node: _Node, tables: list[LayerTable], first: int, last: int, layout: int,
+               u: int) -> list:
+    """The strategies of layers first..last that reach `node`'s value at (layout, u)."""
+    chosen = []
+    for i in range(last, first - 1, -1):
+        table, step, parent = node.table, node.step, node.parent
+        if parent is None:
+            entry_c = np.zeros(u + 1)
+            from_layout = np.full(u + 1, -1)
+        else:
+            both = parent.value + node.x_in[:, layout][:, None]  # (c', buckets)
+            from_layout = both.argmin(axis=0)
+            entry_c = both.min(axis=0)
+        best_s, best_v = -1, INF
+        for s in np.flatnonzero((table.layout == layout) & (step.mem <= u)):
+            v = entry_c[u - step.mem[s]] + table.time_s[s]
+            if v < best_v:
+                best_s, best_v = int(s), v
+        chosen.append(table.strategies[best_s])
+        prev_u = u - int(step.mem[best_s])
+        layout, u, node = int(from_layout[prev_u]), prev_u, parent
+    return chosen[::-1]
+
+
+class StageSolver:
+    """T*(a, b, r): the inner program over layers a..b for a rank with k in flight.
+
+    A node is interned by (its parent node, the next layer's content), so ranges with the
+    same run of layers share one table wherever they sit in the model."""
+
+    def __init__(self, graph, tables, transitions, n_layouts, units, bucket_bytes, cap,
+                 crossing: list[float], step_cache: dict | None = None):
+        self.graph, self.tables, self.transitions = graph, tables, transitions
+        self.n_layouts, self.units, self.bucket, self.cap = n_layouts, units, bucket_bytes, cap
+        self.by_range: dict[tuple, _Node] = {}
+        self.by_content: dict[tuple, _Node] = {}
+        # per (table, k, bucket, cap, units): solvers of one budget may share it
+        self.step_cache: dict[tuple, tuple] = {} if step_cache is None else step_cache
+        self.extensions = 0
+        # A layer's content inside a stage: its hash and the bytes crossing into it.
+        self.elems = [(l.structural_hash, crossing[i - 1] if i else 0.0)
+                      for i, l in enumerate(graph.layers)]
+
+    def node(self, a: int, b: int, k: float) -> _Node:
+        node = self.by_range.get((a, b, k))
+        if node is None:
+            parent = self.node(a, b - 1, k) if b > a else None
+            node = self.by_range[(a, b, k)] = self._child(parent, b, k)
+        return node
+
+    def best(self, a: int, b: int, k: float) -> tuple[float, int]:
+        """(T*, the layout it ends in) of layers a..b."""
+        return self._best_of(self.node(a, b, k))
+
+    def bests(self, a: int, k: float, ends: list[int]):
+        """(b, T*, layout) of layers a..b for each b of `ends` (ascending, >= a), in one
+        walk from layer a: the partition program reads stages from a in this order."""
+        node, b = None, a - 1
+        for end in ends:
+            while b < end:
+                b += 1
+                node = self._child(node, b, k)
+            yield (end, *self._best_of(node))
+
+    def _child(self, parent: _Node | None, b: int, k: float) -> _Node:
+        """Layer b after `parent` (None: b starts the stage), interned by content."""
+        content = (k, id(parent), self.elems[b] if parent is not None else self.elems[b][0])
+        node = self.by_content.get(content)
+        if node is None:
+            x_in = self.transitions[b - 1] if parent is not None else None
+            step = _step(self.tables[b], k, self.bucket, self.cap, self.units, self.step_cache)
+            node = _extend(parent, self.tables[b], x_in, step, self.n_layouts, self.units)
+            self.by_content[content] = node
+            self.extensions += 1
+        return node
+
+    def _best_of(self, node: _Node) -> tuple[float, int]:
+        if node.best is None:
+            column = node.value[:, self.units]
+            c = int(column.argmin())
+            node.best = (float(column[c]), c)
+        return node.best
