@@ -388,7 +388,7 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
                     for t in tables for s in t.strategies}
             groups = [g for key in sorted(keys, key=str)
                       if (g := restrict(tables, lambda s, key=key: (s.tp, s.dp_mode, s.sequence_parallel,
-                                                                   s.checkpoint) == key))]
+                                                                   s.checkpoint, s.offload) == key))]
             # Each uniform strategy is its own small problem: bound it too, best first.
             groups = sorted(((_lower_bound(cand, g, budget_of[cand]), g) for g in groups),
                             key=lambda item: item[0])
