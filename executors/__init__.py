@@ -14,8 +14,9 @@ re-layouts), `tensor_parallel`, `fused` (fused projections' per-rank row order),
 scale), `data` (per-rank batch shards), `validate` (rejections), `runtime`
 (ParallelModel, train_step), `state` (full parameters, both ways), `checkpoint` (DCP
 save / resume under any plan), `pretrained` / `pretrained_export` (Hugging Face
-safetensors in and out, shard by shard), `apply` (the composition, in one documented
-order).
+safetensors in and out, shard by shard), `meta_record` / `materialize` (a meta-device
+build, each rank materializing only its shards), `apply` (the composition, in one
+documented order).
 Sharded embedding tables (recommendation models): `sharded_embedding` (placements,
 all-to-all lookups), `sparse_optimizer` (row-sparse updates), `hybrid_step` (tables
 model parallel, the rest data parallel), `embedding_checkpoint` (resharding DCP saves).
@@ -25,11 +26,12 @@ from executors.apply import apply, default_device, init_distributed
 from executors.data import global_batch_indices, local_rows, shard_batch
 from executors.layout import Layout
 from executors.mesh import MeshAxis, ParallelDims
+from executors.meta_record import meta_init
 from executors.runtime import ParallelModel
 from executors.state import full_state_dict, load_full_state_dict
 from executors.validate import check_plan
 
 __all__ = ["apply", "check_plan", "default_device", "init_distributed", "full_state_dict",
-           "load_full_state_dict",
-           "global_batch_indices", "local_rows", "shard_batch", "Layout", "MeshAxis",
+           "load_full_state_dict", "global_batch_indices", "local_rows", "meta_init",
+           "shard_batch", "Layout", "MeshAxis",
            "ParallelDims", "ParallelModel"]

@@ -1,8 +1,10 @@
 """`apply(model, plan, graph, loss_fn=...)`: run a ParallelPlan on torch.distributed.
 
 Call it on every rank inside an initialised process group (torchrun, or spawned ranks),
-with the same model built from the same seed on every rank. The composition order is
-fixed (torchtitan's: TP -> AC -> FSDP, embeddings/blocks/head one unit each, root last):
+with the same model built from the same seed on every rank: on CPU, or on the meta
+device under `executors.meta_init()` (each rank then allocates only its own shards).
+The composition order is fixed (torchtitan's: TP -> AC -> FSDP, embeddings/blocks/head
+one unit each, root last):
 
     0. agree_on_plan       every rank holds the same plan (a digest all-gather), then
        check_plan          reject what cannot run (PlannerError), before any other collective
@@ -19,6 +21,8 @@ fixed (torchtitan's: TP -> AC -> FSDP, embeddings/blocks/head one unit each, roo
     6. apply_ac            activation checkpointing of the layer
     7. apply_dp            fully_shard / replicate on the layer's DP mesh; then the root
     then:
+  7½. materialize         a meta-built model: allocate this rank's shards, fill them one
+                           layer at a time (`executors.materialize`); `init=` says how
     8. TiedGradients       sum the gradients of tied copies (needs the final parameters)
     9. build_optimizer     one optimizer; ZeRO-1 layers shard its state
    10. build_schedule      PipelineStage(s) and the plan's schedule (pp > 1)
@@ -41,6 +45,7 @@ from executors.agreement import agree_on_plan
 from executors.checkpointing import apply_ac
 from executors.data_parallel import apply_dp, apply_dp_root
 from executors.layout import add_input_relayout, add_output_relayout
+from executors.materialize import capture, materialize
 from executors.mesh import Meshes, pg_timeout_s
 from executors.optimizer import build_optimizer
 from executors.pipeline import (StageAnalysis, build_schedule, build_stage_module, rank_stages,
@@ -115,7 +120,8 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
           optimizer: type[torch.optim.Optimizer] | None = None,
           optimizer_kwargs: dict[str, Any] | None = None,
           example_inputs: dict | None = None, loss_parallel: bool = True,
-          loss_weight: Callable | None = None, tp_self_check: bool = True) -> ParallelModel:
+          loss_weight: Callable | None = None, tp_self_check: bool = True,
+          init: str = "model") -> ParallelModel:
     """Shard `model` as `plan` says on this rank; see the module docstring for the order.
     `model` is changed in place (moved to `device`, pruned to this rank's stage, its
     modules replaced by DTensor / FSDP versions); use `ParallelModel.module` afterwards.
@@ -129,7 +135,12 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     `executors.runtime.loss_weight`: integer targets count entries != -100, others all
     elements); each micro-batch's loss is weighted by its share of the global count.
     tp_self_check: run each tensor-parallel layer once split and unsplit on the first
-    rows of `example_inputs` and refuse a split that differs (`executors.tp_check`).
+    rows of `example_inputs` and refuse a split that differs (`executors.tp_check`;
+    skipped for a meta-built model, which has no values to run before step 7½).
+    init: for a model built under `executors.meta_init()`: "model" gives each rank's
+    shards the values of a CPU build from the same seed, "empty" leaves the parameters
+    uninitialised for a checkpoint loader (buffers are still computed); see
+    `executors.materialize`.
     """
     if not dist.is_initialized():
         raise PlannerError("executors.apply needs an initialised process group: run under "
@@ -144,7 +155,9 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
         torch.cuda.set_device(device)
     # 1. meshes
     meshes = Meshes(dims, device.type)
-    model.to(device)
+    meta = capture(model, init)  # None: a model with real tensors
+    if meta is None:
+        model.to(device)
     # 2. shared weights
     ties = find_tie_groups(model, graph)
     untie(model, ties)
@@ -182,6 +195,9 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
         _parallelize_stage(module, layers, plan, graph, meshes, incoming,
                            is_last=layers[-1] == last, zero1=zero1,
                            loss_parallel=loss_parallel, tp_check=tp_check)
+    # 7½. a meta-built model gets its local tensors and their values
+    if meta is not None:
+        materialize(modules, meta, graph, device)
     # 8. tied copies
     layer_stage = [plan.stage_of(j) for j in range(len(graph.layers))]
     by_layer = {j: module for module, layers in zip(modules, layer_sets) for j in layers}

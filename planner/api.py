@@ -9,7 +9,14 @@
         loss = pm.train_step((inputs, target))   # each rank keeps its own share
 
 Run it under `torchrun` (or in one plain process: world size 1). Every rank builds the
-same model from the same seed and calls `auto_parallel` with the same arguments. Rank 0
+same model from the same seed and calls `auto_parallel` with the same arguments. Build
+it on the meta device and no rank ever holds it whole: each materializes only its
+shards, with the values the CPU build would have (`executors.materialize`):
+
+    with executors.meta_init():          # torch.device("meta"), plus a record of the build
+        torch.manual_seed(0)
+        model = build()
+    pm = auto_parallel(model, batch, loss_fn=lm_loss)   # init="empty": for a checkpoint Rank 0
 searches the plan and broadcasts it as plan JSON (data, never pickle), so every rank
 runs the same plan even where measured cluster speeds differ. Pass `plan=` (a path, a
 PlanDocument or a ParallelPlan) to skip the search.
@@ -139,7 +146,7 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
                   options: SearchOptions | None = None,
                   loss_weight: Callable | None = None, tp_self_check: bool = True,
                   timeout_s: float | None = None,
-                  stall_limit_s: float | None = None) -> AutoParallel:
+                  stall_limit_s: float | None = None, init: str = "model") -> AutoParallel:
     """Trace `model`, plan it for this job (or take `plan`), and shard it on every rank.
 
     `example_batch` is `(inputs, target)` with the micro-batch shape the plan is made
@@ -152,6 +159,9 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
     (`executors.init_distributed`); `stall_limit_s`: how long a rank may stop making
     progress before the job exits (`executors.watchdog`); both default to their
     PLANNER_PG_TIMEOUT_S / PLANNER_STALL_LIMIT_S environment variables.
+    `init` (a model built under `executors.meta_init()`): "model" initialises each rank's
+    shards as the CPU build would, "empty" leaves parameters for a checkpoint loader;
+    tracing and planning never need the values (the layer IR is measured on meta).
     """
     init_distributed(timeout_s=timeout_s)
     world = dist.get_world_size()
@@ -189,7 +199,7 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
     doc.check_world_size(world)
     parallel = apply(model, doc.plan, graph, loss_fn=loss_fn, device=device, optimizer=optimizer,
                      optimizer_kwargs=optimizer_kwargs, example_inputs=inputs,
-                     loss_weight=loss_weight, tp_self_check=tp_self_check)
+                     loss_weight=loss_weight, tp_self_check=tp_self_check, init=init)
     parallel.stall_limit_s = stall_limit_s
     return AutoParallel(doc.plan, doc, graph, parallel, input_names)
 
