@@ -98,9 +98,27 @@ OP_OVERHEAD_ROUNDS = 9
 # development machine (torch 2.13, CPU), used by the `local` preset until one is measured.
 LOCAL_DTENSOR_OP_OVERHEAD_S = 60e-6
 
+# ---- host side, for CPU offload (theoretical peaks; unmeasured on these nodes) ------------
+# PCIe host link of one GPU, one direction: lanes x GT/s x 128b/130b encoding / 8 bits
+# (PCI-SIG base specs). A100 SXM4 is PCIe Gen4 x16, H100/H200 SXM5 Gen5 x16 (datasheets).
+PCIE_GEN4_X16_GBPS = 16 * 16 * 128 / 130 / 8  # 31.5 GB/s
+PCIE_GEN5_X16_GBPS = 16 * 32 * 128 / 130 / 8  # 63.0 GB/s
+# Host memory per node: DGX A100 320GB system 1 TB, DGX A100 640GB system 2 TB, DGX H100 /
+# DGX H200 2 TB (NVIDIA DGX datasheets).
+DGX_A100_320G_HOST_MEMORY_BYTES = 1 * 2**40
+DGX_A100_640G_HOST_MEMORY_BYTES = 2 * 2**40
+DGX_H100_HOST_MEMORY_BYTES = 2 * 2**40
+# Host memory bandwidth per node, channels x transfer rate x 8 bytes: DGX A100's two AMD
+# EPYC 7742 (8 x DDR4-3200 each, AMD spec 204.8 GB/s per socket); DGX H100's two Xeon
+# Platinum 8480C (8 x DDR5-4800 each, 307.2 GB/s per socket, Intel ark).
+DGX_A100_HOST_MEMORY_GBPS = 2 * 8 * 3.2 * 8
+DGX_H100_HOST_MEMORY_GBPS = 2 * 8 * 4.8 * 8
+
 
 def _gpu_preset(name: str, device: str, memory_bytes: int, peak, hbm_gbps: float,
-                nvlink_bidir_gbps: float, nic_gbps: float, efficiency: float) -> ClusterSpec:
+                nvlink_bidir_gbps: float, nic_gbps: float, efficiency: float,
+                pcie_gbps: float = 0.0, host_memory_bytes: int = 0,
+                host_memory_gbps: float = 0.0) -> ClusterSpec:
     return ClusterSpec(
         name=name, device=device, num_nodes=1, devices_per_node=GPUS_PER_NODE,
         device_memory_bytes=memory_bytes, peak_flops_by_dtype=tuple(sorted(peak)),
@@ -109,19 +127,23 @@ def _gpu_preset(name: str, device: str, memory_bytes: int, peak, hbm_gbps: float
         inter_node_gbps=nic_gbps * IB_BUSBW_FRACTION,
         intra_node_latency_s=NVLINK_LATENCY_S, inter_node_latency_s=IB_LATENCY_S,
         runtime_overhead_bytes=GPU_RUNTIME_OVERHEAD_BYTES, matmul_efficiency=efficiency,
+        pcie_gbps=pcie_gbps, host_memory_bytes=host_memory_bytes,
+        host_memory_gbps=host_memory_gbps,
         notes="datasheet preset (cost_models/clusters.py)")
 
 
 def _a100_40g() -> ClusterSpec:
     return _gpu_preset("a100-40g", "A100-SXM4-40GB", A100_40G_MEMORY_BYTES, A100_PEAK_FLOPS,
                        A100_40G_HBM_GBPS, A100_NVLINK_BIDIR_GBPS, A100_NIC_GBPS,
-                       AMPERE_MATMUL_EFFICIENCY)
+                       AMPERE_MATMUL_EFFICIENCY, PCIE_GEN4_X16_GBPS,
+                       DGX_A100_320G_HOST_MEMORY_BYTES, DGX_A100_HOST_MEMORY_GBPS)
 
 
 def _a100_80g() -> ClusterSpec:
     return _gpu_preset("a100-80g", "A100-SXM4-80GB", A100_80G_MEMORY_BYTES, A100_PEAK_FLOPS,
                        A100_80G_HBM_GBPS, A100_NVLINK_BIDIR_GBPS, A100_NIC_GBPS,
-                       AMPERE_MATMUL_EFFICIENCY)
+                       AMPERE_MATMUL_EFFICIENCY, PCIE_GEN4_X16_GBPS,
+                       DGX_A100_640G_HOST_MEMORY_BYTES, DGX_A100_HOST_MEMORY_GBPS)
 
 
 # Kernel tables `planner profile-device --device cuda` measured on one H100 80GB HBM3
@@ -134,7 +156,8 @@ def _h100_80g() -> ClusterSpec:
 
     spec = _gpu_preset("h100-80g", "H100-SXM5-80GB", H100_80G_MEMORY_BYTES, H100_PEAK_FLOPS,
                        H100_HBM_GBPS, H100_NVLINK_BIDIR_GBPS, H100_NIC_GBPS,
-                       HOPPER_MATMUL_EFFICIENCY)
+                       HOPPER_MATMUL_EFFICIENCY, PCIE_GEN5_X16_GBPS,
+                       DGX_H100_HOST_MEMORY_BYTES, DGX_H100_HOST_MEMORY_GBPS)
     return dataclasses.replace(spec, kernel_calibration=_measured_tables(H100_CALIBRATION_PATH))
 
 
@@ -148,7 +171,8 @@ def _measured_tables(path: Path):
 def _h200() -> ClusterSpec:
     return _gpu_preset("h200", "H200-SXM-141GB", H200_MEMORY_BYTES, H100_PEAK_FLOPS,
                        H200_HBM_GBPS, H100_NVLINK_BIDIR_GBPS, H100_NIC_GBPS,
-                       HOPPER_MATMUL_EFFICIENCY)
+                       HOPPER_MATMUL_EFFICIENCY, PCIE_GEN5_X16_GBPS,
+                       DGX_H100_HOST_MEMORY_BYTES, DGX_H100_HOST_MEMORY_GBPS)
 
 
 def _local() -> ClusterSpec:

@@ -32,6 +32,7 @@ from ir.strategy import Checkpoint, DPMode, LayerStrategy
 
 from cost_models.common import GB, StepConfig
 from cost_models.model_states import BytesPerParam, has_dp_unit, tp_local_params
+from cost_models.offload import d2h_seconds, h2d_seconds
 
 # Modules whose output Megatron TP all-reduces in forward (and whose matching
 # column-parallel input all-reduces its gradient in backward): Shoeybi et al. 2019, sec. 3.
@@ -234,7 +235,9 @@ def layer_comm(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
                config: StepConfig, per_param: BytesPerParam) -> LayerComm:
     tp_f, tp_b = tp_comm_s(layer, strategy, cluster, config)
     dp_f, dp_b, dp_step, dp_after_step = dp_comm_s(layer, strategy, cluster, per_param)
-    return LayerComm(tp_f, tp_b, dp_f, dp_b, dp_step,
+    # CPU offload: H2D before each all-gather, D2H after the reduce-scatter (cost_models.offload)
+    h2d, d2h = h2d_seconds(layer, strategy, cluster), d2h_seconds(layer, strategy, cluster)
+    return LayerComm(tp_f, tp_b, dp_f + h2d, dp_b + h2d, dp_step + d2h,
                      sp_grad_sync_s(layer, strategy, cluster, config, per_param),
                      dp_after_step)
 

@@ -43,6 +43,7 @@ from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
 
 from cost_models.common import GB, StepConfig, dtype_bytes
 from cost_models.model_states import has_dp_unit, tp_local_params
+from cost_models.offload import host_step_seconds
 
 # n_half per device kind: the square-GEMM edge at which a matmul reaches half of its best
 # throughput. Chosen so an 8192^3 product lands at ~97% of the best measured rate on
@@ -237,6 +238,10 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
     stream_s = (local_params * per_element + copy_bytes) / (cluster.hbm_gbps * GB)
     copy_s = copy_ops * host_op_seconds(cluster, False)
     per_tensor_s = cluster.optimizer_tensor_overhead(config.optimizer, on_dtensors)
+    if strategy.offload:  # stepped by the host CPU: its streaming and its dispatch add up
+        dispatch_s = tensors * per_tensor_s if per_tensor_s is not None \
+            else ops * host_op_seconds(cluster, on_dtensors)
+        return host_step_seconds(layer, strategy, cluster, config.optimizer) + dispatch_s
     if per_tensor_s is not None:  # measured with the node's processes: not stretched again
         return with_host(stream_s, copy_s, cluster) + tensors * per_tensor_s
     return with_host(stream_s, ops * host_op_seconds(cluster, on_dtensors) + copy_s, cluster)

@@ -52,6 +52,7 @@ from cost_models.model_states import (FP32_BYTES, BytesPerParam, has_dp_unit,
                                       held_bytes_per_param, held_local_params,
                                       largest_param_tensor, layer_held_states, moment_shares,
                                       zero1_step_bytes)
+from cost_models.offload import host_wall_problem, split_states
 from cost_models.pipeline_ops import rank_ops
 
 # torch DDP's default bucket_cap_mb. The executor's data parallelism is FSDP2 (no DDP
@@ -70,7 +71,7 @@ def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
     (`per_param` is accepted for the search's calls; the executor's own bytes per
     parameter, `held_bytes_per_param`, are what it holds.)"""
     held = held_bytes_per_param(config.precision, config.optimizer)
-    states = layer_held_states(layer, strategy, held)
+    states, host = split_states(layer_held_states(layer, strategy, held), strategy)
     local = held_local_params(layer, strategy)
     stage = strategy.dp_mode.stage  # with dp = 1 every division below is by 1
     unit = has_dp_unit(layer, strategy, config.precision)
@@ -85,13 +86,17 @@ def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
         states=states, activations=layer_activations(layer, strategy, config),
         gather_unit_bytes=working if stage == 3 else 0.0,
         unsharded_grad_bytes=local * held.unsharded_grads if unit else 0.0,
-        largest_tensor_params=min(largest_param_tensor(layer) / tensor_shards, moments),
-        fp32_moment_bytes=moments * FP32_BYTES if held.moments else 0.0,
+        # an offloaded layer's optimizer step (and its temporaries) runs on the host
+        largest_tensor_params=0.0 if strategy.offload
+        else min(largest_param_tensor(layer) / tensor_shards, moments),
+        fp32_moment_bytes=0.0 if strategy.offload or not held.moments
+        else moments * FP32_BYTES,
         working_param_bytes=working, reduce_bytes=local * held.reduce if unit else 0.0,
         tied_grad_bytes=tied_full,
         zero1_master_grad_bytes=zero1_step[0], zero1_share_bytes=zero1_step[1],
         reshard_after_forward=stage == 3 and unit,
-        moment_shares=tuple(x * held.moments for x in shares) if len(shares) > 1 else ())
+        moment_shares=tuple(x * held.moments for x in shares) if len(shares) > 1 else (),
+        host_bytes=host.total)
 
 
 def held_through_step(mem: LayerMemory, *, num_microbatches: int, pipelined: bool) -> float:
@@ -116,6 +121,7 @@ class MemoryEstimate:
 
     stages: tuple[StageMemory, ...]
     device_bytes: int
+    host_problem: str = ""  # the host-memory wall's shortfall (cost_models.offload), '' if none
 
     @property
     def peak_bytes(self) -> int:
@@ -127,19 +133,22 @@ class MemoryEstimate:
 
     @property
     def fits(self) -> bool:
-        return self.peak_bytes <= self.device_bytes
+        return self.peak_bytes <= self.device_bytes and not self.host_problem
 
     def shortfall(self) -> str:
         """'' when it fits, else 'does not fit: needs X GiB of Y GiB on stage S'."""
         if self.fits:
             return ""
+        if self.peak_bytes <= self.device_bytes:
+            return f"does not fit: {self.host_problem}"
         worst = self.worst_stage
         return (f"does not fit: needs {worst.peak_bytes / GiB:.1f} GiB of "
                 f"{self.device_bytes / GiB:.1f} GiB on stage {worst.stage}")
 
     def to_json(self) -> dict:
         return {"peak_bytes": self.peak_bytes, "device_bytes": self.device_bytes,
-                "fits": self.fits, "stages": [s.to_json() for s in self.stages]}
+                "fits": self.fits, "host_problem": self.host_problem,
+                "stages": [s.to_json() for s in self.stages]}
 
 
 def rank_layers(plan: ParallelPlan) -> list[list[int]]:
@@ -213,7 +222,9 @@ def plan_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
             if key is not None:
                 rank_cache[key] = stage
         stages.append(stage)
-    return MemoryEstimate(tuple(stages), cluster.device_memory_bytes)
+    host = max(s.host_bytes for s in stages)  # the node's ranks as its most loaded rank
+    return MemoryEstimate(tuple(stages), cluster.device_memory_bytes,
+                          host_wall_problem(host, cluster) if host else "")
 
 
 def _rank_key(plan: ParallelPlan, rank: int, chunk_indices: list[list[int]],

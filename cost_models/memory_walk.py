@@ -50,6 +50,7 @@ class LayerMemory:
     # one's. Empty: every rank of the group holds `states.optimizer` (ZeRO-1's flat
     # shards are even, `model_states.moment_shares`).
     moment_shares: tuple[float, ...] = ()
+    host_bytes: float = 0.0  # offloaded model states, in host memory (cost_models.offload)
 
     @property
     def has_unit(self) -> bool:
@@ -84,6 +85,7 @@ class StageMemory:
     # Peak of each device of the pipeline rank (TP innermost, then DP), where they differ:
     # ZeRO-1 gives whole tensors' moments to each owner. `peak_bytes` is the largest.
     device_peak_bytes: tuple[int, ...] = ()
+    host_bytes: int = 0  # offloaded model states per rank, in host memory (not in peak_bytes)
 
     def breakdown(self) -> dict[str, int]:
         return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer,
@@ -96,6 +98,7 @@ class StageMemory:
                "microbatches_in_flight": self.microbatches_in_flight}
         if self.device_peak_bytes:
             out["device_peak_bytes"] = list(self.device_peak_bytes)
+        out["host_bytes"] = self.host_bytes
         return out
 
 
@@ -272,7 +275,8 @@ def walk_rank(chunks: Sequence[ChunkMemory], ops: Sequence[PassOp], *, stage: in
     return StageMemory(stage=stage, params=parts[0], grads=parts[1], optimizer=parts[2],
                        activations=parts[3], buffers=parts[4], overhead=overhead_bytes,
                        peak_bytes=sum(parts) + overhead_bytes, phase=phase,
-                       microbatches_in_flight=in_flight / max(len(chunks), 1))
+                       microbatches_in_flight=in_flight / max(len(chunks), 1),
+                       host_bytes=round(sum(l.host_bytes for c in chunks for l in c.layers)))
 
 
 def _prior_units(chunk: ChunkMemory) -> list[int]:

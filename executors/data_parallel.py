@@ -31,6 +31,12 @@ reduce_dtype=fp32) on every unit: bf16 compute and all-gathers, fp32 gradient re
 fp32 sharded parameters and optimizer states. Under mixed precision a layer with dp=1 is
 wrapped too (on a 1-rank mesh) so that it computes in bf16 like the rest.
 
+CPU offload (`LayerStrategy.offload`, ZERO3 only): fully_shard(offload_policy=
+CPUOffloadPolicy()) keeps the unit's fp32 shards and their gradients in host memory, so
+the optimizer steps them on the CPU; FSDP2 copies a shard to the device before each
+all-gather (then casts it to param_dtype) and the reduced gradient shard back after the
+reduce-scatter. Parameters may sit on the device when wrapped: FSDP2 moves the shard.
+
 BatchNorm in a layer with dp > 1 normalises with the statistics of the whole global
 micro-batch across the layer's data-parallel group, as on one device; in a checkpointed
 layer it updates its running statistics once, not again when recomputed
@@ -44,7 +50,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy,
+                                    OffloadPolicy, fully_shard)
 
 from executors.sync_batchnorm import prepare_batch_norms
 from executors.zero1 import attach_master, cast_to_working_dtype
@@ -56,6 +63,15 @@ def mp_policy(precision: Precision) -> MixedPrecisionPolicy:
         return MixedPrecisionPolicy()
     dtype = getattr(torch, precision.compute_dtype)
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def offload_policy(strategy: LayerStrategy) -> OffloadPolicy:
+    """FSDP2's CPUOffloadPolicy for an offloaded (ZeRO-Offload) layer: its fp32 shards,
+    gradients and hence optimizer states live on the CPU, copied to the device for each
+    all-gather; pinned host memory (asynchronous copies) only where CUDA exists."""
+    if not strategy.offload:
+        return OffloadPolicy()
+    return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
 
 
 def needs_dp_unit(module: nn.Module, strategy: LayerStrategy, precision: Precision) -> bool:
@@ -85,7 +101,8 @@ def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
         cast_to_working_dtype(module, mesh.get_group(), policy.param_dtype)
     if strategy.dp_mode in (DPMode.ZERO2, DPMode.ZERO3):
         unit = fully_shard(module, mesh=mesh, mp_policy=policy,
-                           reshard_after_forward=strategy.dp_mode is DPMode.ZERO3)
+                           reshard_after_forward=strategy.dp_mode is DPMode.ZERO3,
+                           offload_policy=offload_policy(strategy))
     else:
         unit = replicate(module, mesh=mesh, mp_policy=policy)
     if zero1_16bit:

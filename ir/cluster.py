@@ -133,6 +133,10 @@ class ClusterSpec:
     # Kernel tables `planner profile-device` measured (GEMM by shape, memory-bound kernels,
     # SDPA backends, launch overhead); None when the spec carries none.
     kernel_calibration: KernelCalibration | None = None
+    # Host side, for CPU offload (ZeRO-Offload); 0 means unknown and offload is not offered.
+    pcie_gbps: float = 0.0  # host<->device copy bandwidth of one device, one direction
+    host_memory_bytes: int = 0  # host memory of ONE node (shared by its devices)
+    host_memory_gbps: float = 0.0  # host memory bandwidth of ONE node (CPU optimizer step)
     notes: str = ""  # provenance: datasheet, measured on which host, ...
 
     def __post_init__(self) -> None:
@@ -182,6 +186,14 @@ class ClusterSpec:
         for dtype, flops in self.peak_flops_by_dtype:
             _check_text("peak_flops_by_dtype key", dtype)
             _check_positive(self.name, f"peak_flops_by_dtype[{dtype}]", flops)
+        for field in ("pcie_gbps", "host_memory_gbps"):
+            if not _is_number(getattr(self, field)) or getattr(self, field) < 0:
+                raise PlannerError(f"cluster {self.name}: {field} must be a number >= 0 "
+                                   f"(0: unknown), got {getattr(self, field)!r}")
+        if isinstance(self.host_memory_bytes, bool) or not isinstance(
+                self.host_memory_bytes, int) or self.host_memory_bytes < 0:
+            raise PlannerError(f"cluster {self.name}: host_memory_bytes must be an integer "
+                               f">= 0 (0: unknown), got {self.host_memory_bytes!r}")
         if isinstance(self.host_cores, bool) or not isinstance(self.host_cores, int) \
                 or self.host_cores < 0:
             raise PlannerError(f"cluster {self.name}: host_cores must be an integer >= 0, "
@@ -217,6 +229,11 @@ class ClusterSpec:
         known = ", ".join(name for name, _ in self.peak_flops_by_dtype)
         raise PlannerError(f"cluster {self.name} has no peak FLOP/s for {dtype}; it knows "
                            f"{known}: pick a precision it supports or add the dtype to the spec")
+
+    @property
+    def offload_known(self) -> bool:
+        """The spec gives PCIe, host memory and host memory bandwidth: offload is priceable."""
+        return self.pcie_gbps > 0 and self.host_memory_bytes > 0 and self.host_memory_gbps > 0
 
     @property
     def host_bound(self) -> bool:
@@ -380,11 +397,12 @@ class ClusterSpec:
             data["collective_fits"] = tuple(parsed)
             for name in ("hbm_gbps", "intra_node_gbps", "inter_node_gbps",
                          "intra_node_latency_s", "inter_node_latency_s", "op_overhead_s",
-                         "dtensor_op_overhead_s", "random_element_s"):
+                         "dtensor_op_overhead_s", "random_element_s", "pcie_gbps",
+                         "host_memory_gbps"):
                 if name in data:
                     data[name] = _number(name, data[name])
             for name in ("num_nodes", "devices_per_node", "device_memory_bytes",
-                         "runtime_overhead_bytes", "host_cores"):
+                         "runtime_overhead_bytes", "host_cores", "host_memory_bytes"):
                 value = data.get(name)
                 if isinstance(value, float) and value.is_integer():
                     data[name] = int(value)  # JSON writers may print 8.0e10 for an integer

@@ -323,7 +323,7 @@ def plan_to_dict(doc: PlanDocument) -> dict:
         layers.append({"index": i, "name": name, **identity, "stage": plan.stage_of(i), "tp": s.tp,
                        "dp": s.dp, "dp_mode": s.dp_mode.value,
                        "sequence_parallel": s.sequence_parallel,
-                       "checkpoint": s.checkpoint.value,
+                       "checkpoint": s.checkpoint.value, "offload": s.offload,
                        "tp_groups": [list(g) for g in groups.tp_groups],
                        "dp_groups": [list(g) for g in groups.dp_groups]})
     return {

@@ -34,7 +34,7 @@ MODEL_KEYS = ("name", "spec", "fingerprint", "num_layers", "graph_micro_batch", 
 STAGE_KEYS = ("stage", "first_layer", "last_layer", "first_layer_name", "last_layer_name",
               "devices", "ranks")
 LAYER_KEYS = ("index", "name", "params", "digest", "stage", "tp", "dp", "dp_mode",
-              "sequence_parallel", "checkpoint", "tp_groups", "dp_groups")
+              "sequence_parallel", "checkpoint", "offload", "tp_groups", "dp_groups")
 
 
 class _Reader:
@@ -157,7 +157,8 @@ def plan_from_dict(data: object, source: str = "<plan>") -> PlanDocument:
                 dp=r.get(layer, "dp", int, where, 1, MAX_DEVICES),
                 dp_mode=r.enum(layer, "dp_mode", DPMode, where),
                 sequence_parallel=r.get(layer, "sequence_parallel", bool, where),
-                checkpoint=r.enum(layer, "checkpoint", Checkpoint, where)))
+                checkpoint=r.enum(layer, "checkpoint", Checkpoint, where),
+                offload=r.get(layer, "offload", bool, where) if "offload" in layer else False))
         except ValueError as exc:
             r.fail(where, f"{exc}; {FIX}")
     try:

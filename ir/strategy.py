@@ -78,12 +78,18 @@ class LayerStrategy:
     dp_mode: DPMode = DPMode.REPLICATE
     sequence_parallel: bool = False
     checkpoint: Checkpoint = Checkpoint.NONE
+    # ZeRO-Offload (Ren et al. 2021): FSDP2's CPUOffloadPolicy keeps the layer's sharded
+    # parameters, gradients and optimizer states in host memory and steps it on the CPU.
+    offload: bool = False
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.dp < 1:
             raise ValueError(f"tp and dp must be >= 1, got tp={self.tp} dp={self.dp}")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tp > 1")
+        if self.offload and self.dp_mode is not DPMode.ZERO3:
+            raise ValueError(f"offload needs dp_mode zero3 (FSDP2's CPUOffloadPolicy applies "
+                             f"to fully_shard), got {self.dp_mode}")
 
     @property
     def devices(self) -> int:
@@ -95,7 +101,7 @@ class LayerStrategy:
             parts[-1] += "+sp"
         parts.append(f"dp{self.dp}")
         if self.dp_mode is not DPMode.REPLICATE:
-            parts.append(f"z{self.dp_mode.stage}")
+            parts.append(f"z{self.dp_mode.stage}" + ("·off" if self.offload else ""))
         if self.checkpoint is not Checkpoint.NONE:
             parts.append("ckpt" if self.checkpoint is Checkpoint.FULL else "sel")
         return "·".join(parts)

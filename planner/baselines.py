@@ -74,11 +74,11 @@ def least_memory(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         if any(not t.strategies for t in tables):
             continue
         # per layer: the strategy with the least state + kept bytes that the others share
-        keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint)
+        keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint, s.offload)
                 for s in tables[0].strategies}
         for key in keys:
             group = restrict(tables, lambda s, key=key: (s.tp, s.dp_mode, s.sequence_parallel,
-                                                        s.checkpoint) == key)
+                                                        s.checkpoint, s.offload) == key)
             if group is None:
                 continue
             strategies = [g.strategies[0] for g in group]

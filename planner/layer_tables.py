@@ -8,6 +8,7 @@ re-layout x(j, a, b) between neighbours; `memory_budget_bytes` is what a rank ma
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -56,6 +57,8 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
     served = (options, global_batch, id(graph), id(cluster), id(profile))
     if cache.setdefault("serves", served) != served:
         raise ValueError("a price cache serves one graph, cluster, batch, options and profile")
+    if not cluster.offload_known:  # no PCIe / host memory figures: offload is not offered
+        options = dataclasses.replace(options, no_offload=True)
     stage_devices = cluster.world_size // cand.pp
     samples = global_batch // cand.num_microbatches
     per_param = bytes_per_param(options.precision, options.optimizer)

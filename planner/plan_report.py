@@ -50,7 +50,8 @@ def strategy_rows(doc: PlanDocument, graph: LayerGraph | None = None) -> list[li
         span = names[i] if i == j else f"{names[i]} .. {names[j]}"
         tp, sp = cells(i)
         rows.append([f"{i}" if i == j else f"{i}-{j}", span, plan.stage_of(i), tp, s.dp,
-                     s.dp_mode.stage, sp, s.checkpoint.value])
+                     f"{s.dp_mode.stage}+off" if s.offload else s.dp_mode.stage, sp,
+                     s.checkpoint.value])
         i = j + 1
     return rows
 
@@ -62,6 +63,9 @@ def strategy_table(doc: PlanDocument, graph: LayerGraph | None = None) -> str:
     if any(str(r[3]).endswith(REPLICATED_MARK) for r in rows):
         text += (f"\n{REPLICATED_MARK} nothing to shard: the layer runs replicated in its TP "
                  "group (same layout as its neighbours)")
+    if any(str(r[5]).endswith("+off") for r in rows):
+        text += ("\n+off CPU offload: the layer's model states live in host memory, the "
+                 "optimizer steps it on the CPU")
     return text
 
 
@@ -133,6 +137,7 @@ def stage_memory_table(predicted: dict) -> str:
     for s in predicted.get("memory", {}).get("stages", []):
         b = s["breakdown"]
         rows.append([s["stage"], *(human_bytes(b[k]) for k in MEMORY_PARTS),
-                     human_bytes(s["peak_bytes"])])
+                     human_bytes(s["peak_bytes"]),
+                     human_bytes(s.get("host_bytes", 0))])  # CPU offload: host memory
     return table(["stage", "params", "grads", "optimizer", "activations", "buffers",
-                  "overhead", "peak"], rows, right=set(range(1, 8)))
+                  "overhead", "peak", "host"], rows, right=set(range(1, 9)))

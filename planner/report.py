@@ -38,20 +38,26 @@ def throughput_lines(est: Estimate) -> str:
 
 
 def memory_table(memory: MemoryEstimate) -> str:
-    headers = ["stage", *MEMORY_PARTS, "peak GiB", "phase"]
+    """Device memory per pipeline rank at its peak; with CPU offload also the host column
+    (offloaded model states per rank, held in host memory, not in the device peak)."""
+    host = any(s.host_bytes for s in memory.stages)
+    headers = ["stage", *MEMORY_PARTS, "peak GiB", *(["host GiB"] if host else []), "phase"]
     rows = []
     for s in memory.stages:
         parts = s.breakdown()
         rows.append([s.stage, *(gib(parts[p]) for p in MEMORY_PARTS), gib(s.peak_bytes),
-                     s.phase])
+                     *([gib(s.host_bytes)] if host else []), s.phase])
     return table(headers, rows, right=set(range(1, len(headers) - 1)))
 
 
 def memory_verdict(memory: MemoryEstimate, fixes=()) -> str:
     if memory.fits:
         worst = memory.worst_stage
-        return (f"fits: peak {human_bytes(worst.peak_bytes)} of "
+        line = (f"fits: peak {human_bytes(worst.peak_bytes)} of "
                 f"{human_bytes(memory.device_bytes)} per device (stage {worst.stage})")
+        host = max(s.host_bytes for s in memory.stages)
+        return line + (f"; offloaded to host memory: {human_bytes(host)} per rank"
+                       if host else "")
     lines = [memory.shortfall()]
     if fixes:
         lines.append("would fit or help: " + "; ".join(str(f) for f in fixes))

@@ -384,11 +384,11 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         stats.strategies_per_layer_max = max(stats.strategies_per_layer_max,
                                              max(len(t.strategies) for t in tables))
         if options.uniform:
-            keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint)
+            keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint, s.offload)
                     for t in tables for s in t.strategies}
             groups = [g for key in sorted(keys, key=str)
                       if (g := restrict(tables, lambda s, key=key: (s.tp, s.dp_mode, s.sequence_parallel,
-                                                                   s.checkpoint) == key))]
+                                                                   s.checkpoint, s.offload) == key))]
             # Each uniform strategy is its own small problem: bound it too, best first.
             groups = sorted(((_lower_bound(cand, g, budget_of[cand]), g) for g in groups),
                             key=lambda item: item[0])

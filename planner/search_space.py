@@ -8,7 +8,8 @@ GPipe is not searched unless pinned: with the same stage times it is never faste
 1F1B (its (m-1)(max F + max B) >= (m-1) max(F + B)) and it holds all m micro-batches.
 Per layer: TP degree t (a power of two dividing the stage's devices D and the layer's
 heads/hidden/vocab constraints), dp = D / t (which must divide the samples of a
-micro-batch), ZeRO stage, sequence parallelism when t > 1, checkpointing.
+micro-batch), ZeRO stage, sequence parallelism when t > 1, checkpointing, CPU offload
+of a ZeRO-3 layer (when the cluster spec gives its host side).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class SearchOptions:
     max_tp: int | None = None
     no_pp: bool = False
     no_checkpoint: bool = False
+    no_offload: bool = False  # never offload; search() sets it where the cluster has no host figures
     memory_budget_bytes: int | None = None  # default: the device's memory
     memory_buckets: int = 128  # memory resolution of the dynamic program
     transient_levels: int = 3  # caps tried for the max-type transient buffers
@@ -219,4 +221,7 @@ def layer_strategies(layer: Layer, stage_devices: int, samples_per_microbatch: i
                 for ckpt in ckpts:
                     out.append(LayerStrategy(tp=tp, dp=dp, dp_mode=mode,
                                              sequence_parallel=sp, checkpoint=ckpt))
+                    if mode is DPMode.ZERO3 and not options.no_offload:  # cost_models.offload
+                        out.append(LayerStrategy(tp=tp, dp=dp, dp_mode=mode, sequence_parallel=sp,
+                                                 checkpoint=ckpt, offload=True))
     return out

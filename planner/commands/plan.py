@@ -57,6 +57,9 @@ def register(sub) -> None:
                    help="largest TP degree (default: devices per node)")
     g.add_argument("--no-pp", action="store_true", help="no pipeline parallelism")
     g.add_argument("--no-checkpoint", action="store_true", help="no activation checkpointing")
+    g.add_argument("--no-offload", action="store_true",
+                   help="no CPU offload (offered for ZeRO-3 layers where the cluster spec "
+                        "gives pcie_gbps, host_memory_bytes and host_memory_gbps)")
     g.add_argument("--dp", type=n_devices, default=None)
     g.add_argument("--tp", type=n_devices, default=None)
     g.add_argument("--pp", type=n_devices, default=None)
@@ -82,7 +85,7 @@ def options_from_args(args, precision: Precision) -> SearchOptions:
         schedule=Schedule(args.schedule) if args.schedule else None,
         micro_batch=args.micro_batch, precision=precision, optimizer=args.optimizer,
         uniform=args.uniform, max_tp=args.max_tp, no_pp=args.no_pp,
-        no_checkpoint=args.no_checkpoint,
+        no_checkpoint=args.no_checkpoint, no_offload=args.no_offload,
         memory_budget_bytes=int(args.memory_budget * GiB) if args.memory_budget else None,
         time_limit_s=args.time_limit, top_k=args.top)
 
@@ -200,6 +203,8 @@ def nothing_fits(graph, cluster, args, options: SearchOptions, stats: SearchStat
     if any(v is not None for v in (options.tp, options.dp, options.pp, options.zero,
                                    options.micro_batch)) or options.uniform or options.no_pp:
         hints.append("remove pins (--tp/--dp/--pp/--zero/--micro-batch/--uniform/--no-pp)")
+    if options.no_offload and cluster.offload_known:
+        hints.append("allow CPU offload (drop --no-offload)")
     hints.append(f"more devices (--nodes {cluster.num_nodes * 2})")
     hints.append("a smaller --global-batch or --seq-len")
     return head + "; try: " + ", ".join(hints)
