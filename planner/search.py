@@ -333,7 +333,24 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
            with_baselines: bool = True, price_cache: dict | None = None) -> SearchResult:
     """The fastest plans that fit, best first (see the module docstring). Unless the
     search is uniform itself, the classic uniform baselines join the final ranking.
-    `price_cache` shares layer tables with a later call for the same inputs."""
+    `price_cache` shares layer tables with a later call for the same inputs.
+
+    CPU offload costs PCIe and host time, so it enters only when the memory wall requires
+    it: the space without offload first, and the space with it only if nothing fits."""
+    if options.no_offload or not cluster.offload_known:
+        return _search(graph, cluster, global_batch, options, profile, with_baselines,
+                       price_cache)
+    # `price_cache` serves the caller's options only: the pass without offload gets its own
+    result = _search(graph, cluster, global_batch,
+                     dataclasses.replace(options, no_offload=True), profile, with_baselines, {})
+    if result.best is not None:
+        return result
+    return _search(graph, cluster, global_batch, options, profile, with_baselines, price_cache)
+
+
+def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
+            options: SearchOptions, profile: ComputeProfile | None,
+            with_baselines: bool, price_cache: dict | None) -> SearchResult:
     if global_batch < 1:
         raise PlannerError(f"--global-batch must be >= 1, got {global_batch}")
     start = time.perf_counter()
