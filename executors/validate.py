@@ -29,7 +29,7 @@ from executors.tensor_parallel import tp_problem
 from executors.tied import alias_problem
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
-from ir.legality import layout_change_problem, sequence_parallel_applies
+from ir.legality import input_layout_problem, layout_change_problem, sequence_parallel_applies
 from ir.plan import ParallelPlan
 
 
@@ -86,6 +86,13 @@ def check_plan(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, world_si
                                         plan.layer_strategies[j].tp)
         if problem:
             raise PlannerError(problem)
+    tps = [s.tp for s in plan.layer_strategies]
+    for stage in plan.stages:  # the model's inputs reach a stage split as its first layer
+        first = stage.first_layer
+        for j in range(first + 1, stage.last_layer + 1):
+            problem = input_layout_problem(graph, j, first, tps[first], tps[j])
+            if problem:
+                raise PlannerError(problem)
     problem = alias_problem(model, graph)  # every parameter belongs to some layer
     if problem:
         raise PlannerError(problem)

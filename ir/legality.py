@@ -11,6 +11,8 @@ module (its forward signature, which modules are norms) are read once at trace t
 
     sequence_parallel_applies(layer, strategy)   does SP change how the layer runs
     layout_change_problem(graph, j, tp_a, tp_b)  can layer j follow TP tp_a with tp_b
+    input_readers(graph)                         layers that may read the model's inputs
+    input_layout_problem(graph, j, first, ...)   do they read them in their stage's split
     linked_runs(graph)                           runs of layers that share one TP degree
     pipeline_problem(graph)                      can the model be cut into stages at all
 """
@@ -100,6 +102,24 @@ def layout_change_problem(graph: LayerGraph, j: int, tp_before: int, tp_after: i
                 f"{tp_after}), which re-splits the batch of its input; that needs a layer taking "
                 f"one tensor produced only by {prev}; give both layers the same tp")
     return None
+
+
+def input_readers(graph: LayerGraph) -> list[int]:
+    """Layers after the first that are not chain inputs: besides their neighbour's output
+    they may read the model's inputs (decoder ids, masks), which reach every stage split
+    as the stage's first layer is (`executors.runtime`)."""
+    return [j for j in range(1, len(graph.layers)) if not graph.layers[j].chain_input]
+
+
+def input_layout_problem(graph: LayerGraph, j: int, first: int, tp_first: int,
+                         tp_j: int) -> str | None:
+    """Why layer j (TP degree tp_j), in the stage that starts at layer `first` (tp_first),
+    would read the model's inputs in another batch split than its own, or None."""
+    if tp_first == tp_j or graph.layers[j].chain_input:
+        return None
+    return (f"layer {graph.layers[j].name}: it may read the model's inputs, which reach its "
+            f"stage split as layer {graph.layers[first].name} (tp {tp_first}) is; give it "
+            f"tp {tp_first} too")
 
 
 def linked_runs(graph: LayerGraph) -> list[tuple[int, int]]:

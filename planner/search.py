@@ -71,7 +71,7 @@ from cost_models.pipeline import microbatches_in_flight
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
-from ir.legality import linked_runs
+from ir.legality import input_readers, linked_runs
 from ir.plan import ParallelPlan
 from ir.strategy import Schedule, Stage
 from planner.layer_tables import (LayerTable, crossing_bytes, memory_budget_bytes, price_layers,
@@ -107,14 +107,20 @@ class SearchResult:
 
 def _pipeline_tp_groups(graph: LayerGraph, cand: OuterCandidate,
                         tables: list[LayerTable]) -> list[list[LayerTable]] | None:
-    """Tables per TP degree when a stage boundary may split a linked run (layers that
-    must share one TP degree, `ir.legality.linked_runs`): the stage program sees no
-    layout across stages, so such a candidate is solved once per degree. None: no need."""
-    if cand.pp == 1:
-        return None
-    cuts = graph.cut_points
-    pinned = {i for a, b in linked_runs(graph) if any(a <= c < b for c in cuts)
-              for i in range(a, b + 1)}
+    """Tables per TP degree when layers must share one TP degree beyond their neighbours:
+    the first layer and the layers that may read the model's inputs
+    (`ir.legality.input_readers`), and, with a pipeline, linked runs a stage boundary may
+    split (`ir.legality.linked_runs`; the stage program sees no layout across stages).
+    Such a candidate is solved once per degree. None: no need."""
+    readers = input_readers(graph)
+    # the model's inputs arrive split as a stage's first layer: their readers share its TP
+    pinned = {0, *readers} if readers else set()
+    if cand.pp > 1:
+        cuts = graph.cut_points
+        pinned |= {i for a, b in linked_runs(graph) if any(a <= c < b for c in cuts)
+                   for i in range(a, b + 1)}
+        if readers:
+            pinned |= {c + 1 for c in cuts}  # any cut may start a stage whose readers follow
     if not pinned:
         return None
     out = []

@@ -312,3 +312,21 @@ def test_merged_layers_cannot_be_cut():
     assert [layer.name for layer in graph.layers] == ["a+b", "c"] and graph.cut_points == (0,)
     p = uniform_plan(2, pp=2, global_batch=2, precision=Precision.FP32)
     assert cut_problem(graph, p).startswith("layer a+b: merged layers")
+
+
+def test_a_layer_reading_the_model_inputs_keeps_the_first_layers_split():
+    """Whisper: conv1 tp2 (dp1) then the rest tp1 (dp2) re-splits the encoder's chain, but
+    the decoder's embed_tokens reads decoder_input_ids, which arrive split as conv1 is
+    (the auto plan that crashed with 'input batch_size 64 vs target 32')."""
+    spec = "hf:tests/data/hf/whisper/config.json"
+    graph = graph_of(spec)
+    n = len(graph.layers)
+    strategies = (LayerStrategy(tp=2, dp=1),) + (LayerStrategy(tp=1, dp=2),) * (n - 1)
+    bad = ParallelPlan(stages=(Stage(0, n - 1, 2),), layer_strategies=strategies,
+                       global_batch=8, micro_batch=4, num_microbatches=1,
+                       schedule=Schedule.ONE_F_ONE_B, precision=Precision.FP32,
+                       optimizer="adamw")
+    with pytest.raises(PlannerError, match=r"layer model\.(en|de)coder\.\w+: it may read "
+                                           "the model's inputs, which reach its stage split "
+                                           r"as layer model\.encoder\.conv1 \(tp 2\)"):
+        check_plan(model_of(spec), bad, graph, 2)
