@@ -179,9 +179,8 @@ def checkpoint_state(opt, names: dict[int, str], fused: Fused | None = None
             for key in _state_keys(inner, g):
                 values = {k: inner.state[t][key] for k, t in own.items()}
                 out[f"optim/{fqn}/{key}"] = _whole_in_model_order(g, index, values, fused[fqn])
-            first = inner.state.get(g.opt_params[0]) or {} if g.opt_params else {}
-            for key, value in first.items():  # scalars (AdamW's step): every piece alike
-                if not _elementwise(value, g.opt_params[0]):
+            for key, value in _first_piece_state(inner, g).items():
+                if not _elementwise(value, g.opt_params[0]):  # AdamW's step: pieces alike
                     out[f"optim/{fqn}/{key}"] = _as_tensor(value)
     for fqn, p, x, t, g in _pieces(opt, names):
         if fqn in fused:
@@ -196,13 +195,16 @@ def checkpoint_state(opt, names: dict[int, str], fused: Fused | None = None
     return out
 
 
+def _first_piece_state(inner, g: FlatShardGroup) -> dict:
+    """The optimizer state of this rank's first piece of group g ({} if none)."""
+    return (inner.state.get(g.opt_params[0]) or {}) if g.opt_params else {}
+
+
 def _state_keys(inner, g: FlatShardGroup) -> list[str]:
     """The element-wise state keys of a ZeRO-1 group's pieces (the same on every rank:
     they stepped alike), sorted so every rank gathers them in one order."""
-    for t in g.opt_params:
-        state = inner.state.get(t) or {}
-        return sorted(k for k, v in state.items() if _elementwise(v, t))
-    return []
+    state = _first_piece_state(inner, g)
+    return sorted(k for k, v in state.items() if _elementwise(v, g.opt_params[0]))
 
 
 def load_targets(opt, names: dict[int, str], metadata: dict, fused: Fused | None = None
