@@ -8,7 +8,7 @@ outside the recomputed region; FSDP2's pre-backward hook re-gathers parameters b
 recomputation needs them.
 
     FULL       keep only the layer's inputs; recompute the whole layer in backward.
-    SELECTIVE  op-level selective checkpointing: keep the outputs of the linear layers'
+    SELECTIVE  op-level selective checkpointing (`ir.checkpoint_policy`): keep the outputs of the linear layers'
                matrix multiplies (and of collectives, which would otherwise be repeated),
                recompute everything else — attention scores, softmax, masks, activations,
                norms. This is Korthikanti et al. 2022's selective recomputation (the
@@ -20,30 +20,17 @@ from __future__ import annotations
 
 import functools
 
-import torch
 from torch import nn
 from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
 
+from ir.checkpoint_policy import saved_under_selective
 from ir.strategy import Checkpoint
 
 
-def _saved_ops() -> frozenset:
-    """Ops whose outputs selective checkpointing keeps: linear-layer GEMMs and collectives."""
-    ops = [torch.ops.aten.mm.default, torch.ops.aten.addmm.default]
-    funcol = getattr(torch.ops, "_c10d_functional", None)
-    for name in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "wait_tensor"):
-        op = getattr(funcol, name, None) if funcol is not None else None
-        if op is not None:
-            ops.append(op.default)
-    return frozenset(ops)
-
-
-def _selective_policy(saved: frozenset):
-    def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
-
-    return policy
+def _selective_policy(ctx, op, *args, **kwargs):
+    return (CheckpointPolicy.MUST_SAVE if saved_under_selective(op)
+            else CheckpointPolicy.PREFER_RECOMPUTE)
 
 
 def apply_ac(module: nn.Module, mode: Checkpoint) -> None:
@@ -54,9 +41,8 @@ def apply_ac(module: nn.Module, mode: Checkpoint) -> None:
     if mode is Checkpoint.FULL:
         context_fn = None
     else:
-        saved = _saved_ops()
         context_fn = functools.partial(create_selective_checkpoint_contexts,
-                                       _selective_policy(saved))
+                                       _selective_policy)
 
     @functools.wraps(inner)
     def forward(*args, **kwargs):
