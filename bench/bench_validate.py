@@ -84,13 +84,14 @@ def profile_specs(process_counts: set[int], folder: str) -> dict[int, str]:
             print(f"... profiling {n} processes failed ({exc}); retrying", file=sys.stderr)
             spec, _ = profile_cluster(n, "gloo", max_bytes=PROFILE_MAX_BYTES, name=f"local-{n}")
         spec.save(path)
+        dp = [r for r in spec.calibration.dp_overheads if r.group_size is not None]
         print(f"... profiled {n} processes: op {spec.op_overhead_s * 1e6:.1f} us, DTensor "
               f"+{spec.dtensor_op_overhead_s * 1e6:.1f} us, DP unit "
-              f"{ {k: round(v * 1e3, 2) for k, v in spec.dp_unit_overhead_s if '@' in k} } ms "
+              f"{ {(str(r.mode), r.group_size): round(r.per_unit_s * 1e3, 2) for r in dp} } ms "
               f"+ per tensor "
-              f"{ {k: round(v * 1e3, 3) for k, v in spec.dp_tensor_overhead_s if '@' in k} } ms, "
+              f"{ {(str(r.mode), r.group_size): round(r.per_tensor_s * 1e3, 3) for r in dp} } ms, "
               "TP module "
-              f"{ {g: round(v * 1e3, 2) for g, v in spec.tp_module_overhead_s} } ms, "
+              f"{ {r.group_size: round(r.seconds * 1e3, 2) for r in spec.calibration.tp_modules} } ms, "
               f"all-reduce alpha {spec.intra_node_latency_s * 1e6:.0f} us",
               file=sys.stderr, flush=True)
         specs[n] = path

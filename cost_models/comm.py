@@ -55,7 +55,8 @@ def group_link(cluster: ClusterSpec, size: int, stride: int,
                collective: str = "all_reduce") -> Link:
     """Latency and bandwidth of a group of `size` ranks `stride` apart (see module doc)."""
     spans = size > 1 and size * stride > cluster.devices_per_node
-    fit = cluster.collective_fit(collective, "inter_node" if spans else "intra_node", size)
+    scope = "inter_node" if spans else "intra_node"
+    fit = cluster.calibration.collective_fit(collective, scope, size)
     if fit is not None:
         return Link(fit.alpha_s, fit.bytes_per_s, spans)
     if not spans:
@@ -122,8 +123,8 @@ def collective_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride: 
     if collective == "broadcast":
         return broadcast_s(nbytes, n, link)
     if collective == "all_reduce":
-        if cluster.collective_fit("all_reduce", "inter_node" if link.spans_nodes
-                                  else "intra_node", n) is not None:
+        if cluster.calibration.collective_fit("all_reduce", "inter_node" if link.spans_nodes
+                                              else "intra_node", n) is not None:
             return ring_all_reduce_s(nbytes, n, link)  # the fit was made in ring form
         return all_reduce_s(nbytes, n, link)
     if collective == "send_recv":
@@ -135,12 +136,12 @@ def collective_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride: 
 def blocking_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride: int = 1):
     """A call the rank waits on before it can go on (TP collectives, pipeline
     send/recv, ZeRO-1's all-gathers): the collective plus the wait profile-cluster
-    measured for it on CPU processes that compute between calls (`blocking_wait_s`;
+    measured for it on CPU processes that compute between calls (`BlockingWait`;
     0 on GPUs and unmeasured specs)."""
     if n <= 1:
         return 0.0
     return collective_s(collective, nbytes, n, cluster, stride) + \
-        cluster.blocking_wait(collective, n)
+        cluster.calibration.blocking_wait_seconds(collective, n)
 
 
 # ---- per-layer traffic --------------------------------------------------------------------

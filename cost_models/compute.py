@@ -152,7 +152,7 @@ def tp_module_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpe
     stretched again)."""
     if strategy.tp == 1:
         return 0.0
-    return len(layer.tp_candidates) * cluster.tp_module_overhead(strategy.tp)
+    return len(layer.tp_candidates) * cluster.calibration.tp_module_seconds(strategy.tp)
 
 
 def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool) -> float:
@@ -175,9 +175,7 @@ def dp_unit_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     tensors = len(layer.param_names) + len(layer.tied_param_names)
     if not tensors or not has_dp_unit(layer, strategy, config.precision):
         return 0.0
-    mode = strategy.dp_mode.value
-    return (cluster.dp_unit_overhead(mode, strategy.dp)
-            + tensors * cluster.dp_tensor_overhead(mode, strategy.dp))
+    return cluster.calibration.dp_overhead(strategy.dp_mode, strategy.dp).seconds(tensors)
 
 
 def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
@@ -237,7 +235,7 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
         else SGD_STEP_BYTES_PER_ELEMENT
     stream_s = (local_params * per_element + copy_bytes) / (cluster.hbm_gbps * GB)
     copy_s = copy_ops * host_op_seconds(cluster, False)
-    per_tensor_s = cluster.optimizer_tensor_overhead(config.optimizer, on_dtensors)
+    per_tensor_s = cluster.calibration.optimizer_seconds_per_tensor(config.optimizer, on_dtensors)
     if strategy.offload:  # stepped by the host CPU: its streaming and its dispatch add up
         dispatch_s = tensors * per_tensor_s if per_tensor_s is not None \
             else ops * host_op_seconds(cluster, on_dtensors)

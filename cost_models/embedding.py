@@ -273,8 +273,8 @@ class AllToAllLink:
     def of(cls, cluster: ClusterSpec) -> AllToAllLink:
         """Measured all_to_all fits (`planner profile-cluster`) when the spec has them."""
         n, G = cluster.world_size, min(cluster.devices_per_node, cluster.world_size)
-        intra_fit = cluster.collective_fit("all_to_all", "intra_node")
-        inter_fit = cluster.collective_fit("all_to_all", "inter_node")
+        intra_fit = cluster.calibration.collective_fit("all_to_all", "intra_node")
+        inter_fit = cluster.calibration.collective_fit("all_to_all", "inter_node")
         if n > G:
             alpha = inter_fit.alpha_s if inter_fit else cluster.inter_node_latency_s
         else:

@@ -16,6 +16,9 @@ from __future__ import annotations
 import statistics
 import time
 
+from ir.calibration_tables import OptimizerStepCost
+from ir.strategy import DPMode
+
 OP_OVERHEAD_WIDTH_TP = 8  # TP measurement width per rank (the width must split evenly)
 
 
@@ -51,10 +54,9 @@ OPTIMIZER_PROBE_STEPS = 12  # after OPTIMIZER_PROBE_WARMUP steps (state allocati
 OPTIMIZER_PROBE_WARMUP = 3
 
 
-def optimizer_tensor_seconds(mesh) -> dict[str, float]:
+def optimizer_tensor_seconds(mesh) -> tuple[OptimizerStepCost, ...]:
     """Host seconds per parameter tensor of one optimizer step + zero_grad, for every
-    optimizer a plan names, on plain tensors ("adamw") and on row-sharded DTensors
-    ("adamw@dtensor"), all ranks stepping together (their sharing of the cores
+    optimizer a plan names, on plain tensors and on row-sharded DTensors, all ranks stepping together (their sharing of the cores
     included). The executor's optimizers run torch's per-tensor loop on DTensors."""
     import torch
     import torch.distributed as dist
@@ -72,7 +74,7 @@ def optimizer_tensor_seconds(mesh) -> dict[str, float]:
         optimizer.zero_grad(set_to_none=True)
         return time.perf_counter() - start
 
-    out = {}
+    out = []
     with _one_thread():
         for name, (cls, kwargs) in OPTIMIZERS.items():
             for on_dtensors in (False, True):
@@ -85,9 +87,9 @@ def optimizer_tensor_seconds(mesh) -> dict[str, float]:
                 optimizer = cls(params, **kwargs)
                 times = [timed_step(optimizer, params) for _ in range(
                     OPTIMIZER_PROBE_WARMUP + OPTIMIZER_PROBE_STEPS)][OPTIMIZER_PROBE_WARMUP:]
-                key = f"{name}@dtensor" if on_dtensors else name
-                out[key] = statistics.median(times) / OPTIMIZER_PROBE_TENSORS
-    return out
+                out.append(OptimizerStepCost(name, on_dtensors,
+                                             statistics.median(times) / OPTIMIZER_PROBE_TENSORS))
+    return tuple(out)
 
 
 # Data-parallel units timed: a stack of DP_UNITS units of DP_UNIT_BLOCKS tiny blocks each.
@@ -95,10 +97,9 @@ DP_UNITS = 8
 DP_UNIT_BLOCKS = (1, 4)  # probe blocks per unit: units of 6 and 24 parameter tensors
 DP_UNIT_STEPS = 20  # after DP_UNIT_WARMUP steps; the median
 DP_UNIT_WARMUP = 3
-OP_OVERHEAD_WIDTH_TP = 8  # TP measurement width per rank (the width must split evenly)
 
 
-def dp_unit_seconds(mesh) -> dict[str, dict[int, float]]:
+def dp_unit_seconds(mesh) -> dict[DPMode, dict[int, float]]:
     """Seconds per unit per forward+backward that wrapping adds over the plain stack, by
     mode and by the unit's parameter tensor count (units of DP_UNIT_BLOCKS probe blocks),
     all ranks running together (collectives included)."""
@@ -109,25 +110,25 @@ def dp_unit_seconds(mesh) -> dict[str, dict[int, float]]:
 
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
 
-    def wrap(mode: str, blocks: int) -> nn.Module:
+    def wrap(mode: DPMode | None, blocks: int) -> nn.Module:  # None: the plain stack
         stack = nn.Sequential(*[nn.Sequential(*[_overhead_block() for _ in range(blocks)])
                                 for _ in range(DP_UNITS)])
-        if mode == "plain":
+        if mode is None:
             return stack
         for unit in [*stack, stack]:  # each unit, then the root (as the executor does)
-            if mode == "replicate":
+            if mode is DPMode.REPLICATE:
                 replicate(unit, mesh=mesh)
             else:
-                fully_shard(unit, mesh=mesh, reshard_after_forward=mode == "zero3")
+                fully_shard(unit, mesh=mesh, reshard_after_forward=mode is DPMode.ZERO3)
         return stack
 
     x = torch.randn(2, OP_OVERHEAD_WIDTH)
-    out: dict[str, dict[int, float]] = {}
+    out: dict[DPMode, dict[int, float]] = {}
     with _one_thread():
         for blocks in DP_UNIT_BLOCKS:
-            plain = wrap("plain", blocks)
+            plain = wrap(None, blocks)
             tensors = len(list(plain[0].parameters()))
-            for mode in ("replicate", "zero2", "zero3"):
+            for mode in (DPMode.REPLICATE, DPMode.ZERO2, DPMode.ZERO3):
                 added = _added_step_s(plain, wrap(mode, blocks), x)
                 out.setdefault(mode, {})[tensors] = max(added, 0.0) / DP_UNITS
     return out

@@ -26,7 +26,8 @@ import platform
 import socket
 from typing import Any
 
-from ir.cluster import COLLECTIVES, ClusterSpec, CollectiveFit
+from ir.calibration_tables import COLLECTIVES, CalibrationTables, CollectiveFit
+from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 
 from cost_models.clusters import (GPU_RUNTIME_OVERHEAD_BYTES, LOCAL_RUNTIME_OVERHEAD_BYTES,
@@ -48,8 +49,8 @@ PORT_ATTEMPTS = 3  # fresh localhost ports to try if one is taken between probe 
 def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_MAX_BYTES,
                     min_bytes: int = DEFAULT_MIN_BYTES, name: str = "local-profiled"
                     ) -> tuple[ClusterSpec, dict]:
-    """Measure and fit; returns the spec and the raw table {collective: [(bytes, s), ...]}
-    ("all_reduce@2": the same in groups of 2)."""
+    """Measure and fit; returns the spec and the raw table {(collective, group size):
+    [(bytes, s), ...]}."""
     sizes = message_sizes(min_bytes, max_bytes)
     if len(sizes) < 2:
         raise PlannerError(f"need at least two message sizes to fit alpha and beta; "
@@ -59,38 +60,37 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
     fits = fit_collectives(by_size, sizes)  # the whole node's first: the comm model's fallback
     by_group = {(f.collective, f.measured_ranks): f for f in fits}
     device, memory, flops, copy_gbps, overhead = _device_info(backend, nproc)
-    cpu = backend == "gloo"
-    if cpu:
+    host_tables = {}
+    if backend == "gloo":
         host = dict(op_overhead_s=measure_op_overhead_s(),
                     random_element_s=measure_random_element_s(),
                     dtensor_op_overhead_s=float(measured.get("dtensor_op_overhead_s", 0.0)),
-                    host_cores=host_cores(),
-                    **dict(zip(("dp_unit_overhead_s", "dp_tensor_overhead_s"),
-                               dp_unit_overhead(measured["dp_unit_seconds"], by_group))),
-                    tp_module_overhead_s=tp_module_overhead(measured["tp_module_seconds"],
-                                                            by_group),
-                    blocking_wait_s=blocking_wait(measured["blocking_seconds"], by_group),
-                    optimizer_tensor_overhead_s=tuple(sorted(
-                        measured["optimizer_tensor_seconds"].items())))
+                    host_cores=host_cores())
+        host_tables = dict(
+            dp_overheads=dp_unit_overhead(measured["dp_unit_seconds"], by_group),
+            tp_modules=tp_module_overhead(measured["tp_module_seconds"], by_group),
+            blocking_waits=blocking_wait(measured["blocking_seconds"], by_group),
+            optimizer_steps=measured["optimizer_tensor_seconds"])
     else:
         host = dict(op_overhead_s=cuda_op_overhead_s())
+    # All processes run on this host: the inter-node fits copy the intra-node ones.
+    tables = CalibrationTables(collective_fits=tuple(fits) + tuple(
+        CollectiveFit(f.collective, "inter_node", f.alpha_s, f.bytes_per_s, f.measured_ranks)
+        for f in fits), **host_tables)
     node = by_group["all_reduce", nproc]
     spec = ClusterSpec(
         name=name, device=device, num_nodes=1, devices_per_node=nproc,
         device_memory_bytes=memory, peak_flops_by_dtype=flops, hbm_gbps=copy_gbps,
         intra_node_gbps=node.bytes_per_s / 1e9, inter_node_gbps=node.bytes_per_s / 1e9,
         intra_node_latency_s=node.alpha_s, inter_node_latency_s=node.alpha_s,
-        runtime_overhead_bytes=overhead, matmul_efficiency=1.0, **host,
-        collective_fits=tuple(fits) + tuple(
-            CollectiveFit(f.collective, "inter_node", f.alpha_s, f.bytes_per_s, f.measured_ranks)
-            for f in fits),
+        runtime_overhead_bytes=overhead, matmul_efficiency=1.0, **host, calibration=tables,
         notes=(f"measured by planner profile-cluster --nproc {nproc} --backend {backend} on "
                f"{platform.node() or 'this host'} ({platform.machine()}, {os.cpu_count()} "
                f"CPUs), sizes {sizes[0]}..{sizes[-1]} bytes; inter-node figures copy the "
                "intra-node fits (single host)"))
-    raw = {c: list(zip(sizes, measured[c])) for c in COLLECTIVES}
-    for size in smaller_group_sizes(nproc):  # "all_reduce@2": groups of 2, all at once
-        raw.update({f"{c}@{size}": list(zip(sizes, seconds))
+    raw = {(c, nproc): list(zip(sizes, measured[c])) for c in COLLECTIVES}
+    for size in smaller_group_sizes(nproc):  # groups of `size`, all at once
+        raw.update({(c, size): list(zip(sizes, seconds))
                     for c, seconds in measured[f"group{size}"].items()})
     return spec, raw
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from cost_models.estimate import estimate
 from ir.cluster import ClusterSpec
 from ir.plan import uniform_plan
-from ir.strategy import Precision
+from ir.strategy import DPMode, Precision
 from planner.models import load_layer_graph
 from planner.cli import main
 
@@ -112,32 +113,29 @@ def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path):
     assert code == 0, err
     spec = ClusterSpec.load(spec_path)
     assert spec.world_size == 2 and spec.device == "cpu"
-    assert {f.collective for f in spec.collective_fits} == {
+    tables = spec.calibration
+    assert {f.collective for f in tables.collective_fits} == {
         "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"}
-    assert all(f.bytes_per_s > 0 and f.alpha_s >= 0 for f in spec.collective_fits)
+    assert all(f.bytes_per_s > 0 and f.alpha_s >= 0 for f in tables.collective_fits)
     # Host figures a CPU spec measures: per-op and DTensor overhead, DP units, cores.
     assert spec.op_overhead_s > 0 and spec.dtensor_op_overhead_s > 0 and spec.host_cores >= 1
-    assert {mode for mode, _ in spec.dp_unit_overhead_s} == {
-        "replicate", "zero1", "zero2", "zero3", "replicate@2", "zero1@2", "zero2@2", "zero3@2"}
-    assert spec.dp_unit_overhead("zero3", 2) == spec.dp_unit_overhead("zero3")  # 2 = node
-    assert all(seconds >= 0 for _, seconds in spec.dp_unit_overhead_s)
-    assert {mode for mode, _ in spec.dp_tensor_overhead_s} == {
-        mode for mode, _ in spec.dp_unit_overhead_s}
-    assert sum(s for _, s in spec.dp_unit_overhead_s + spec.dp_tensor_overhead_s) > 0
-    assert [size for size, _ in spec.tp_module_overhead_s] == [2]
-    assert all(seconds >= 0 for _, seconds in spec.tp_module_overhead_s)
+    assert {(r.mode, r.group_size) for r in tables.dp_overheads} == {
+        (mode, size) for mode in DPMode for size in (None, 2)}
+    assert tables.dp_overhead(DPMode.ZERO3, 2) == dataclasses.replace(
+        tables.dp_overhead(DPMode.ZERO3), group_size=2)  # 2 = the node
+    assert sum(r.per_unit_s + r.per_tensor_s for r in tables.dp_overheads) > 0
+    assert [r.group_size for r in tables.tp_modules] == [2]
     # The wait of a blocking call between computing processes, per collective; send/recv
     # between the pair.
-    assert {key for key, _ in spec.blocking_wait_s} == {
-        "all_reduce@2", "all_gather@2", "reduce_scatter@2", "broadcast@2", "send_recv@2"}
-    assert all(seconds >= 0 for _, seconds in spec.blocking_wait_s)
+    assert {(r.collective, r.group_size) for r in tables.blocking_waits} == {
+        (c, 2) for c in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")}
     # The optimizer step per tensor, every optimizer, plain and on DTensors; the DTensor
     # loop dispatches through DTensor on every op, so it costs more.
-    assert {key for key, _ in spec.optimizer_tensor_overhead_s} == {
-        f"{name}{kind}" for name in ("adamw", "adam", "sgd", "sgd-momentum")
-        for kind in ("", "@dtensor")}
-    assert spec.optimizer_tensor_overhead("adamw", on_dtensors=True) > \
-        spec.optimizer_tensor_overhead("adamw", on_dtensors=False) > 0
+    assert {(r.optimizer, r.on_dtensor) for r in tables.optimizer_steps} == {
+        (name, on_dtensor) for name in ("adamw", "adam", "sgd", "sgd-momentum")
+        for on_dtensor in (False, True)}
+    assert tables.optimizer_seconds_per_tensor("adamw", on_dtensor=True) > \
+        tables.optimizer_seconds_per_tensor("adamw", on_dtensor=False) > 0
     code, out, err = run(capsys, "estimate", "gpt-tiny", "--cluster", str(spec_path),
                          "--micro-batch", "2", "--json")
     assert code == 0, err
@@ -150,5 +148,6 @@ def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path):
     graph = load_layer_graph("gpt-tiny", micro_batch=2, dtype=torch.float32)
     plan = uniform_plan(len(graph.layers), global_batch=4, dp=2, precision=Precision.FP32)
     with_units = estimate(graph, plan, spec).time.compute
-    measured = spec.dp_unit_overhead("replicate", 2) + spec.dp_tensor_overhead("replicate", 2)
+    unit = tables.dp_overhead(DPMode.REPLICATE, 2)
+    measured = unit.per_unit_s + unit.per_tensor_s
     assert (with_units > estimate(graph, plan, single).time.compute) == (measured > 0)

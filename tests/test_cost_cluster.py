@@ -15,8 +15,13 @@ from cost_models.host_overhead_fit import (blocking_wait, dp_probe_traffic_s, dp
                                            tp_module_overhead)
 from cost_models.host_probes import OP_OVERHEAD_WIDTH_TP
 from cost_models.comm import Link, all_gather_s, broadcast_s, send_recv_s
+from ir.calibration_tables import (BlockingWait, CalibrationTables, DpOverhead,
+                                   OptimizerStepCost, TpModuleOverhead)
 from ir.cluster import COLLECTIVES, ClusterSpec, CollectiveFit
 from ir.errors import PlannerError
+from ir.strategy import DPMode
+
+R, Z2, Z3 = DPMode.REPLICATE, DPMode.ZERO2, DPMode.ZERO3
 
 
 def test_presets_carry_datasheet_numbers():
@@ -54,8 +59,7 @@ def test_unknown_preset_lists_the_known_ones():
 
 
 def test_json_round_trip_and_atomic_save(tmp_path):
-    spec = dataclasses.replace(
-        get_cluster("h100-80g", nodes=2),
+    spec = get_cluster("h100-80g", nodes=2).with_calibration(
         collective_fits=(CollectiveFit("all_reduce", "intra_node", 1e-5, 2e11, 8),))
     path = tmp_path / "spec.json"
     spec.save(path)
@@ -87,6 +91,53 @@ def test_bad_specs_name_the_field_and_file(tmp_path, edit, message):
     with pytest.raises(PlannerError) as err:
         ClusterSpec.load(path)
     assert str(path) in str(err.value) and message in str(err.value)
+
+
+def test_calibration_tables_are_typed_records_in_the_old_file_shape():
+    tables = CalibrationTables(
+        collective_fits=(CollectiveFit("all_to_all", "intra_node", 1e-5, 1e9, 2),),
+        dp_overheads=(DpOverhead(Z3, None, 3e-3, 1e-4), DpOverhead(Z3, 2, 1e-3, 2e-4)),
+        optimizer_steps=(OptimizerStepCost("adamw", False, 7e-5),
+                         OptimizerStepCost("adamw", True, 3e-4)),
+        tp_modules=(TpModuleOverhead(2, 1e-3),),
+        blocking_waits=(BlockingWait("all_reduce", 2, 5e-4),))
+    spec = get_cluster("local").with_calibration(**{
+        f.name: getattr(tables, f.name) for f in dataclasses.fields(tables)})
+    data = json.loads(spec.to_json())
+    # The file keeps the keys older specs were written with, and reads back the same.
+    assert data["dp_unit_overhead_s"] == {"zero3": 3e-3, "zero3@2": 1e-3}
+    assert data["dp_tensor_overhead_s"] == {"zero3": 1e-4, "zero3@2": 2e-4}
+    assert data["optimizer_tensor_overhead_s"] == {"adamw": 7e-5, "adamw@dtensor": 3e-4}
+    assert data["blocking_wait_s"] == {"all_reduce@2": 5e-4}
+    assert ClusterSpec.from_dict(data) == spec and spec.calibration == tables
+    assert tables.optimizer_seconds_per_tensor("adamw", on_dtensor=True) == 3e-4
+    assert tables.optimizer_seconds_per_tensor("sgd", on_dtensor=False) is None
+    # One validation per record: the constructor and the file reader raise the same error.
+    for bad, key, value in [
+            (lambda: DpOverhead("zero3", 2, 1e-3, 0.0), None, None),  # a string, not DPMode
+            (lambda: DpOverhead(Z3, 0, 1e-3, 0.0), "dp_unit_overhead_s", {"zero3@0": 1e-3}),
+            (lambda: DpOverhead(Z3, 2, -1.0, 0.0), "dp_unit_overhead_s", {"zero3@2": -1.0}),
+            (lambda: OptimizerStepCost("adamw", True, -1.0), "optimizer_tensor_overhead_s",
+             {"adamw@dtensor": -1.0}),
+            (lambda: TpModuleOverhead(2, -1.0), "tp_module_overhead_s", {"2": -1.0}),
+            (lambda: BlockingWait("gossip", 2, 0.0), "blocking_wait_s", {"gossip@2": 0.0}),
+            (lambda: BlockingWait("all_reduce", 1, 0.0), "blocking_wait_s",
+             {"all_reduce@1": 0.0})]:
+        with pytest.raises(PlannerError) as direct:
+            bad()
+        if key is not None:
+            with pytest.raises(PlannerError) as read:
+                ClusterSpec.from_dict({**data, key: value})
+            assert str(direct.value) in str(read.value)
+    for key, value, message in [
+            ("dp_unit_overhead_s", {"zero4": 1e-3}, "key 'zero4' must be MODE or MODE@GROUP"),
+            ("dp_unit_overhead_s", {"zero3@x": 1e-3}, "key 'zero3@x' must be MODE"),
+            ("optimizer_tensor_overhead_s", {"adamw@gpu": 1e-3}, "must be OPTIMIZER or"),
+            ("blocking_wait_s", {"all_reduce": 1e-3}, "must be COLLECTIVE@GROUP_SIZE")]:
+        with pytest.raises(PlannerError, match=message):
+            ClusterSpec.from_dict({**data, key: value})
+    with pytest.raises(PlannerError, match="lists .* twice"):
+        CalibrationTables(tp_modules=(TpModuleOverhead(2, 1.0), TpModuleOverhead(2, 2.0)))
 
 
 def test_missing_field_and_bad_json(tmp_path):
@@ -125,45 +176,50 @@ def test_probe_group_sizes_are_the_powers_of_two_below_the_node():
 
 def test_dp_unit_figures_split_per_unit_and_per_tensor():
     ms = 1e-3
-    measured = {4: {"replicate": {6: 2.0 * ms, 24: 3.8 * ms}, "zero2": {6: 3 * ms, 24: 3 * ms},
-                    "zero3": {6: 4 * ms, 24: 2 * ms}},
-                2: {"replicate": {6: 1.0 * ms, 24: 1.9 * ms}, "zero2": {6: ms, 24: ms},
-                    "zero3": {6: ms, 24: 10 * ms}}}
+    measured = {4: {R: {6: 2.0 * ms, 24: 3.8 * ms}, Z2: {6: 3 * ms, 24: 3 * ms},
+                    Z3: {6: 4 * ms, 24: 2 * ms}},
+                2: {R: {6: 1.0 * ms, 24: 1.9 * ms}, Z2: {6: ms, 24: ms},
+                    Z3: {6: ms, 24: 10 * ms}}}
     free = {(c, n): CollectiveFit(c, "intra_node", 0.0, 1e18, n)
             for c in COLLECTIVES for n in (2, 4)}  # collectives that cost nothing
-    per_unit, per_tensor = map(dict, dp_unit_overhead(measured, free))
+    got = {(r.mode, r.group_size): r for r in dp_unit_overhead(measured, free)}
     # The line through (6, 2.0 ms) and (24, 3.8 ms): 0.1 ms a tensor, 1.4 ms a unit.
-    assert per_tensor["replicate@4"] == pytest.approx(0.1 * ms)
-    assert per_unit["replicate@4"] == pytest.approx(1.4 * ms)
-    assert per_unit["replicate"] == per_unit["replicate@4"]  # bare: the whole node
-    assert per_unit["zero1@2"] == per_unit["replicate@2"]  # ZeRO-1 runs replicate units
+    assert got[R, 4].per_tensor_s == pytest.approx(0.1 * ms)
+    assert got[R, 4].per_unit_s == pytest.approx(1.4 * ms)
+    assert got[R, None] == dataclasses.replace(got[R, 4], group_size=None)  # the whole node
+    assert got[DPMode.ZERO1, 2].per_unit_s == got[R, 2].per_unit_s  # ZeRO-1 runs replicate units
     # A noisy probe that falls with size gives no per-tensor cost, not a negative one;
     # one that rises steeply gives no negative fixed cost.
-    assert per_tensor["zero3@4"] == 0 and per_unit["zero3@4"] == pytest.approx(4 * ms)
-    assert per_unit["zero3@2"] == 0 and per_tensor["zero3@2"] == pytest.approx(0.5 * ms)
+    assert got[Z3, 4].per_tensor_s == 0 and got[Z3, 4].per_unit_s == pytest.approx(4 * ms)
+    assert got[Z3, 2].per_unit_s == 0 and got[Z3, 2].per_tensor_s == pytest.approx(0.5 * ms)
+    # The spec's lookup: the group size measured, else the whole node's, else zeros.
+    tables = CalibrationTables(dp_overheads=tuple(got.values()))
+    assert tables.dp_overhead(Z3, 2) is got[Z3, 2]
+    assert tables.dp_overhead(Z3, 8) is got[Z3, None]
+    assert CalibrationTables().dp_overhead(Z3, 2).seconds(10) == 0.0
 
 
 def test_dp_unit_figures_leave_out_the_priced_collectives():
     ms = 1e-3
-    measured = {2: {"replicate": {6: 2.0 * ms, 24: 3.8 * ms}, "zero2": {6: 3 * ms, 24: 4 * ms},
-                    "zero3": {6: 4 * ms, 24: 5 * ms}}}
+    measured = {2: {R: {6: 2.0 * ms, 24: 3.8 * ms}, Z2: {6: 3 * ms, 24: 4 * ms},
+                    Z3: {6: 4 * ms, 24: 5 * ms}}}
     fits = {(c, 2): CollectiveFit(c, "intra_node", 0.1 * ms, 1e18, 2) for c in COLLECTIVES}
-    per_unit, per_tensor = map(dict, dp_unit_overhead(measured, fits))
+    got = {(r.mode, r.group_size): r for r in dp_unit_overhead(measured, fits)}
     # Latency-bound probe messages: an all-reduce of 2 ranks is 2 alpha, a gather or
     # reduce-scatter 1 alpha; the unit's figure keeps only the rest.
-    assert dp_probe_traffic_s("replicate", 6, 2, fits) == pytest.approx(0.2 * ms)
-    assert dp_probe_traffic_s("zero3", 24, 2, fits) == pytest.approx(0.3 * ms)
-    assert per_unit["replicate@2"] == pytest.approx(1.4 * ms - 0.2 * ms)
-    assert per_tensor["replicate@2"] == pytest.approx(0.1 * ms)
-    assert per_unit["zero2@2"] + 6 * per_tensor["zero2@2"] == pytest.approx(3 * ms - 0.2 * ms)
-    assert per_unit["zero3@2"] + 6 * per_tensor["zero3@2"] == pytest.approx(4 * ms - 0.3 * ms)
-    assert per_unit["zero1"] == per_unit["replicate"]
+    assert dp_probe_traffic_s(R, 6, 2, fits) == pytest.approx(0.2 * ms)
+    assert dp_probe_traffic_s(Z3, 24, 2, fits) == pytest.approx(0.3 * ms)
+    assert got[R, 2].per_unit_s == pytest.approx(1.4 * ms - 0.2 * ms)
+    assert got[R, 2].per_tensor_s == pytest.approx(0.1 * ms)
+    assert got[Z2, 2].seconds(6) == pytest.approx(3 * ms - 0.2 * ms)
+    assert got[Z3, 2].seconds(6) == pytest.approx(4 * ms - 0.3 * ms)
+    assert got[DPMode.ZERO1, None].per_unit_s == got[R, None].per_unit_s
 
 
 def test_tp_module_figures_leave_out_the_priced_all_reduce():
     fits = {("all_reduce", 2): CollectiveFit("all_reduce", "intra_node", 1e-4, 1e9, 2),
             ("all_reduce", 4): CollectiveFit("all_reduce", "intra_node", 1e-3, 1e9, 4)}
-    got = dict(tp_module_overhead({2: 2e-3, 4: 3e-3}, fits))
+    got = {r.group_size: r.seconds for r in tp_module_overhead({2: 2e-3, 4: 3e-3}, fits)}
     nbytes = 2 * OP_OVERHEAD_WIDTH_TP * 2 * 4  # the probe's (2, width) fp32 activation
     assert got[2] == pytest.approx(2e-3 - 2 * (1e-4 + nbytes / 2 / 1e9))
     assert got[4] == 0.0  # the comm model already prices more than was measured
@@ -175,7 +231,8 @@ def test_blocking_wait_leaves_out_the_priced_call():
             for c in COLLECTIVES for n in (2, 4)}
     measured = {4: {"all_gather": 2.0 * ms, "send_recv": 1.0 * ms, "broadcast": 0.0},
                 2: {"all_gather": 1.0 * ms}}
-    got = dict(blocking_wait(measured, fits))
+    waits = blocking_wait(measured, fits)
+    got = {f"{r.collective}@{r.group_size}": r.seconds for r in waits}
     link = Link(0.1 * ms, 1e9, False)
     # What the probe call took beyond the fitted price of its message at that group size.
     assert got["all_gather@4"] == pytest.approx(2 * ms - all_gather_s(BLOCKING_PROBE_BYTES, 4,
@@ -185,7 +242,8 @@ def test_blocking_wait_leaves_out_the_priced_call():
     # Send/recv is between a pair whatever the world; a call faster than its price waits 0.
     assert got["send_recv@2"] == pytest.approx(ms - send_recv_s(BLOCKING_PROBE_BYTES, link))
     assert got["broadcast@4"] == 0.0
-    spec = dataclasses.replace(get_cluster("local"), blocking_wait_s=tuple(sorted(got.items())))
+    spec = get_cluster("local").with_calibration(blocking_waits=waits)
     assert ClusterSpec.from_json(spec.to_json()) == spec
-    assert spec.blocking_wait("all_gather", 4) == got["all_gather@4"]
-    assert spec.blocking_wait("all_gather", 8) == 0.0  # not measured at that size
+    assert spec.to_dict()["blocking_wait_s"] == got  # the file keeps its "all_gather@4" keys
+    assert spec.calibration.blocking_wait_seconds("all_gather", 4) == got["all_gather@4"]
+    assert spec.calibration.blocking_wait_seconds("all_gather", 8) == 0.0  # not measured

@@ -16,6 +16,7 @@ from cost_models.comm import (Link, all_gather_s, all_reduce_s, all_to_all_s, br
 from cost_models.common import GB, StepConfig
 from cost_models.model_states import bytes_per_param
 from cost_models.synthetic import gpt_layer_graph
+from ir.calibration_tables import BlockingWait
 from ir.cluster import CollectiveFit
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
 
@@ -74,8 +75,7 @@ def test_group_placement_inside_and_across_nodes():
 
 
 def test_measured_fits_replace_the_spec_figures():
-    cluster = dataclasses.replace(
-        get_cluster("a100-80g"),
+    cluster = get_cluster("a100-80g").with_calibration(
         collective_fits=(CollectiveFit("all_reduce", "intra_node", 1e-3, 1e9),))
     size = 1e8
     assert collective_s("all_reduce", size, 8, cluster) == pytest.approx(
@@ -170,9 +170,9 @@ def test_blocking_calls_add_the_measured_wait(block_and_config):
     block, config = block_and_config
     h100 = get_cluster("h100-80g")
     ms = 1e-3
-    waits = (("all_reduce@2", 1 * ms), ("all_gather@2", 2 * ms), ("reduce_scatter@2", 3 * ms),
-             ("broadcast@2", 4 * ms), ("send_recv@2", 5 * ms))
-    slow = dataclasses.replace(h100, blocking_wait_s=waits)
+    waits = tuple(BlockingWait(collective, 2, k * ms) for k, collective in enumerate(
+        ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"), start=1))
+    slow = h100.with_calibration(blocking_waits=waits)
     # Each TP collective the layer waits on pays the wait once per call.
     fwd, bwd = tp_comm_s(block, LayerStrategy(tp=2), h100, config)
     fwd_w, bwd_w = tp_comm_s(block, LayerStrategy(tp=2), slow, config)

@@ -17,6 +17,7 @@ from cost_models.compute import (OPTIMIZER_OPS_PER_TENSOR, ZERO1_COPY_OPS_PER_PI
                                  runs_on_dtensors, tp_module_seconds)
 from cost_models.estimate import DP_OVERLAP_EFFICIENCY, estimate, overlap_efficiency
 from cost_models.model_states import bytes_per_param
+from ir.calibration_tables import CalibrationTables, DpOverhead, OptimizerStepCost, TpModuleOverhead
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.op_count import count_ops
@@ -27,16 +28,19 @@ from planner.models import load_layer_graph
 US = 1e-6
 
 
-def cpu_spec(**changes) -> ClusterSpec:
+def cpu_spec(tables: dict | None = None, **changes) -> ClusterSpec:
+    """A 2-process CPU spec with `changes` and the calibration `tables` replaced."""
     base = ClusterSpec(
         name="cpu-test", device="cpu", num_nodes=1, devices_per_node=2,
         device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
         intra_node_gbps=1.0, inter_node_gbps=1.0, intra_node_latency_s=1e-4,
         inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
         op_overhead_s=5 * US, dtensor_op_overhead_s=15 * US, host_cores=2,
-        dp_unit_overhead_s=(("replicate", 1e-3), ("zero1", 1e-3), ("zero2", 2e-3),
-                            ("zero3", 3e-3)))
-    return dataclasses.replace(base, **changes)
+        calibration=CalibrationTables(dp_overheads=tuple(
+            DpOverhead(mode, None, seconds, 0.0) for mode, seconds in (
+                (DPMode.REPLICATE, 1e-3), (DPMode.ZERO1, 1e-3), (DPMode.ZERO2, 2e-3),
+                (DPMode.ZERO3, 3e-3)))))
+    return dataclasses.replace(base, **changes).with_calibration(**(tables or {}))
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +137,7 @@ def test_tensor_parallel_host_costs(graph):
     assert not runs_on_dtensors(block, LayerStrategy(tp=2))  # only its modules: priced apart
     assert runs_on_dtensors(block, LayerStrategy(tp=2, sequence_parallel=True))
     # Every TP module pays its TP degree's measured per-module overhead, half in each pass.
-    spec = cpu_spec(tp_module_overhead_s=((2, 1e-3), (4, 3e-3)))
+    spec = cpu_spec({"tp_modules": (TpModuleOverhead(2, 1e-3), TpModuleOverhead(4, 3e-3))})
     plain = layer_compute(block, LayerStrategy(tp=2), cpu_spec(), cfg)
     tp = layer_compute(block, LayerStrategy(tp=2), spec, cfg)
     modules = len(block.tp_candidates)
@@ -154,17 +158,24 @@ def test_dp_units_cost_their_mode_per_micro_batch(graph):
     for mode, seconds in (("replicate", 1e-3), ("zero3", 3e-3)):
         strategy = LayerStrategy(dp=2, dp_mode=DPMode(mode))
         assert dp_unit_seconds(block, strategy, spec, cfg) == seconds
-    by_size = cpu_spec(dp_unit_overhead_s=(("zero3", 3e-3), ("zero3@2", 1e-3)))
+    by_size = cpu_spec({"dp_overheads": (DpOverhead(DPMode.ZERO3, None, 3e-3, 0.0),
+                                         DpOverhead(DPMode.ZERO3, 2, 1e-3, 0.0))})
     assert dp_unit_seconds(block, LayerStrategy(dp=2, dp_mode=DPMode.ZERO3), by_size, cfg) \
         == 1e-3  # the plan's DP group size when measured
     assert dp_unit_seconds(block, LayerStrategy(dp=4, dp_mode=DPMode.ZERO3), by_size, cfg) \
         == 3e-3  # else the whole-node figure
     # Each parameter tensor of the unit adds its own share (the GPT block has 16).
-    per_tensor = cpu_spec(dp_tensor_overhead_s=(("zero3@2", 1e-4),))
+    per_tensor = cpu_spec({"dp_overheads": (DpOverhead(DPMode.ZERO3, 2, 3e-3, 1e-4),)})
     assert len(block.param_names) == 16
     assert dp_unit_seconds(block, LayerStrategy(dp=2, dp_mode=DPMode.ZERO3), per_tensor, cfg) \
         == pytest.approx(3e-3 + 16 * 1e-4)
     assert ClusterSpec.from_json(per_tensor.to_json()) == per_tensor
+    # A file whose per-tensor table has a group size the per-unit one lacks (hand-edited):
+    # the missing figure is the bare mode's, as the lookup falls back.
+    mixed = ClusterSpec.from_dict({**cpu_spec().to_dict(),
+                                   "dp_tensor_overhead_s": {"zero3@2": 1e-4}})
+    assert mixed.calibration.dp_overhead(DPMode.ZERO3, 2) == \
+        DpOverhead(DPMode.ZERO3, 2, 3e-3, 1e-4)
     norm_free = dataclasses.replace(block, param_names=())
     assert dp_unit_seconds(norm_free, LayerStrategy(dp=2), spec, cfg) == 0.0
 
@@ -192,8 +203,9 @@ def test_optimizer_step_takes_the_measured_per_tensor_figure(graph):
     tensors = len(block.param_names)
     # 4 processes on 2 cores: the per-op fallback stretches by 2, the measured figure
     # (timed with the node's processes stepping together) does not.
-    spec = cpu_spec(hbm_gbps=1e9, devices_per_node=4,
-                    optimizer_tensor_overhead_s=(("adamw", 70 * US), ("adamw@dtensor", 300 * US)))
+    spec = cpu_spec({"optimizer_steps": (OptimizerStepCost("adamw", False, 70 * US),
+                                         OptimizerStepCost("adamw", True, 300 * US))},
+                    hbm_gbps=1e9, devices_per_node=4)
     assert optimizer_step_seconds(block, LayerStrategy(), spec, cfg) == \
         pytest.approx(tensors * 70 * US)
     fsdp = LayerStrategy(dp=2, dp_mode=DPMode.ZERO3)
@@ -201,7 +213,7 @@ def test_optimizer_step_takes_the_measured_per_tensor_figure(graph):
     # An optimizer the spec did not measure falls back to ops x per-op overhead.
     assert optimizer_step_seconds(block, LayerStrategy(), spec, config(graph, "sgd")) == \
         pytest.approx(2 * OPTIMIZER_OPS_PER_TENSOR["sgd"] * tensors * 5 * US)
-    assert spec.optimizer_tensor_overhead("sgd", on_dtensors=False) is None
+    assert spec.calibration.optimizer_seconds_per_tensor("sgd", on_dtensor=False) is None
     assert ClusterSpec.from_json(spec.to_json()) == spec
     with pytest.raises(PlannerError,
                        match=r"optimizer_tensor_overhead_s\[adamw\] must be a number >= 0"):
@@ -252,13 +264,14 @@ def test_iteration_is_the_sum_of_its_breakdown(graph):
 def test_new_spec_fields_round_trip_and_default():
     spec = cpu_spec()
     again = ClusterSpec.from_json(spec.to_json())
-    assert again == spec and again.dp_unit_overhead("zero2") == 2e-3
+    assert again == spec and again.calibration.dp_overhead(DPMode.ZERO2).per_unit_s == 2e-3
     old = spec.to_dict()
     for key in ("op_overhead_s", "dtensor_op_overhead_s", "host_cores", "dp_unit_overhead_s",
                 "tp_module_overhead_s"):
         del old[key]
     legacy = ClusterSpec.from_dict(old)  # specs written before these fields still load
-    assert legacy.op_overhead_s == 0.0 and legacy.dp_unit_overhead("zero3") == 0.0
+    assert legacy.op_overhead_s == 0.0
+    assert legacy.calibration.dp_overhead(DPMode.ZERO3).seconds(tensors=4) == 0.0
     with pytest.raises(PlannerError, match="host_cores must be an integer >= 0"):
         ClusterSpec.from_dict({**spec.to_dict(), "host_cores": -1})
     with pytest.raises(PlannerError, match=r"'dp_unit_overhead_s\[zero3\]' must be a number"):
@@ -266,20 +279,22 @@ def test_new_spec_fields_round_trip_and_default():
 
 
 def test_tp_module_overhead_by_group_size():
-    spec = cpu_spec(devices_per_node=8, tp_module_overhead_s=((2, 1e-3), (8, 5e-3)))
-    assert spec.tp_module_overhead(2) == 1e-3 and spec.tp_module_overhead(8) == 5e-3
-    assert spec.tp_module_overhead(4) == 1e-3  # nearest measured size (ties: the smaller)
-    assert spec.tp_module_overhead(16) == 5e-3
-    assert cpu_spec().tp_module_overhead(2) == 0.0  # not measured
+    spec = cpu_spec({"tp_modules": (TpModuleOverhead(2, 1e-3), TpModuleOverhead(8, 5e-3))},
+                    devices_per_node=8)
+    tables = spec.calibration
+    assert tables.tp_module_seconds(2) == 1e-3 and tables.tp_module_seconds(8) == 5e-3
+    assert tables.tp_module_seconds(4) == 1e-3  # nearest measured size (ties: the smaller)
+    assert tables.tp_module_seconds(16) == 5e-3
+    assert cpu_spec().calibration.tp_module_seconds(2) == 0.0  # not measured
     assert ClusterSpec.from_json(spec.to_json()) == spec
     assert spec.to_dict()["tp_module_overhead_s"] == {"2": 1e-3, "8": 5e-3}
     # Specs written before the per-size probe carry one number: the whole node's figure.
     legacy = ClusterSpec.from_dict({**spec.to_dict(), "tp_module_overhead_s": 2e-3})
-    assert legacy.tp_module_overhead_s == ((8, 2e-3),)
+    assert legacy.calibration.tp_modules == (TpModuleOverhead(8, 2e-3),)
     with pytest.raises(PlannerError, match="key 'two' is not a TP group size"):
         ClusterSpec.from_dict({**spec.to_dict(), "tp_module_overhead_s": {"two": 1e-3}})
     with pytest.raises(PlannerError, match=r"tp_module_overhead_s\[2\] must map"):
-        cpu_spec(tp_module_overhead_s=((2, -1.0),))
+        TpModuleOverhead(2, -1.0)
 
 
 def test_collective_fit_of_the_group_size_wins():
@@ -288,10 +303,11 @@ def test_collective_fit_of_the_group_size_wins():
 
     node = CollectiveFit("all_reduce", "intra_node", 1e-3, 1e8, measured_ranks=8)
     pair = CollectiveFit("all_reduce", "intra_node", 1e-4, 1e9, measured_ranks=2)
-    spec = cpu_spec(devices_per_node=8, collective_fits=(node, pair))
-    assert spec.collective_fit("all_reduce", "intra_node", 2) is pair
-    assert spec.collective_fit("all_reduce", "intra_node", 4) is node  # the widest group's
-    assert spec.collective_fit("all_reduce", "intra_node") is node
+    spec = cpu_spec({"collective_fits": (node, pair)}, devices_per_node=8)
+    tables = spec.calibration
+    assert tables.collective_fit("all_reduce", "intra_node", 2) is pair
+    assert tables.collective_fit("all_reduce", "intra_node", 4) is node  # the widest group's
+    assert tables.collective_fit("all_reduce", "intra_node") is node
     # A pair inside the node: 2 steps of the pair's alpha, not of the 8-rank ring's.
     assert collective_s("all_reduce", 0, 2, spec) == pytest.approx(2 * 1e-4)
     assert collective_s("all_reduce", 0, 8, spec) == pytest.approx(14 * 1e-3)

@@ -75,8 +75,8 @@ def test_calibrate_meets_the_measured_time(plan_file):
     got = estimate(graph, doc.plan, fitted).iteration_seconds
     assert got == pytest.approx(5 * fastest, rel=1e-3)
     # On GPUs the matmul efficiency is the knob.
-    gpu = dataclasses.replace(spec, device="H100-SXM5-80GB", host_cores=0, op_overhead_s=0.0,
-                              dp_unit_overhead_s=(), tp_module_overhead_s=())
+    gpu = dataclasses.replace(spec, device="H100-SXM5-80GB", host_cores=0, op_overhead_s=0.0
+                              ).with_calibration(dp_overheads=(), tp_modules=())
     fastest = estimate(graph, doc.plan, gpu).iteration_seconds
     fitted = calibrate(doc, graph, gpu, 3 * fastest)
     assert fitted.matmul_efficiency < gpu.matmul_efficiency

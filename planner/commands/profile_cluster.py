@@ -54,11 +54,11 @@ def run(args) -> int:
         print(spec.to_json())
         return 0
     rows = []
-    for fit in spec.collective_fits:
+    tables = spec.calibration
+    for fit in tables.collective_fits:
         if fit.scope != "intra_node":
             continue
-        whole = fit.measured_ranks == args.nproc
-        largest = raw[fit.collective if whole else f"{fit.collective}@{fit.measured_ranks}"][-1]
+        largest = raw[fit.collective, fit.measured_ranks][-1]
         rows.append([fit.collective, fit.measured_ranks, f"{fit.alpha_s * 1e6:.1f}",
                      f"{fit.bytes_per_s / 1e9:.3f}", human_bytes(largest[0]),
                      f"{largest[1] * 1e3:.2f}"])
@@ -67,17 +67,18 @@ def run(args) -> int:
     flops = ", ".join(f"{d} {f / 1e9:.1f} GFLOP/s" for d, f in spec.peak_flops_by_dtype)
     print(f"matmul: {flops}; memory copy {spec.hbm_gbps:.1f} GB/s")
     if spec.host_bound:  # the framework-overhead figures CPU processes pay
-        units = ", ".join(f"{key} {seconds * 1e3:.2f}+{dict(spec.dp_tensor_overhead_s)[key] * 1e3:.3f}"
-                          f"/tensor ms" for key, seconds in spec.dp_unit_overhead_s if "@" in key)
-        tp = ", ".join(f"tp{size} {seconds * 1e3:.2f} ms" for size, seconds in
-                       spec.tp_module_overhead_s)
-        optimizer = ", ".join(f"{key} {seconds * 1e6:.0f}"
-                              for key, seconds in spec.optimizer_tensor_overhead_s)
+        units = ", ".join(f"{r.mode} dp{r.group_size} {r.per_unit_s * 1e3:.2f}+"
+                          f"{r.per_tensor_s * 1e3:.3f}/tensor ms"
+                          for r in tables.dp_overheads if r.group_size is not None)
+        tp = ", ".join(f"tp{r.group_size} {r.seconds * 1e3:.2f} ms" for r in tables.tp_modules)
+        optimizer = ", ".join(f"{r.optimizer}{' on DTensors' if r.on_dtensor else ''} "
+                              f"{r.seconds_per_tensor * 1e6:.0f}" for r in tables.optimizer_steps)
         print(f"per op {spec.op_overhead_s * 1e6:.1f} us (+{spec.dtensor_op_overhead_s * 1e6:.1f} "
               f"us on DTensors); random draw {spec.random_element_s * 1e9:.1f} ns/element; "
               f"DP unit: {units}; TP module: {tp or 'not measured'}; "
               f"optimizer step per tensor (us): {optimizer or 'not measured'}")
-        waits = ", ".join(f"{key} {seconds * 1e3:.2f}" for key, seconds in spec.blocking_wait_s)
+        waits = ", ".join(f"{r.collective} in {r.group_size} {r.seconds * 1e3:.2f}"
+                          for r in tables.blocking_waits)
         print(f"blocking-call wait between computing processes (ms): {waits or 'not measured'}")
     if args.out:
         print(f"spec written to {args.out} (use: planner estimate MODEL --cluster {args.out})")

@@ -34,11 +34,7 @@ def scale_host_overheads(spec: ClusterSpec, scale: float) -> ClusterSpec:
     return dataclasses.replace(
         spec, op_overhead_s=spec.op_overhead_s * scale,
         dtensor_op_overhead_s=spec.dtensor_op_overhead_s * scale,
-        tp_module_overhead_s=tuple((g, s * scale) for g, s in spec.tp_module_overhead_s),
-        dp_unit_overhead_s=tuple((m, s * scale) for m, s in spec.dp_unit_overhead_s),
-        dp_tensor_overhead_s=tuple((m, s * scale) for m, s in spec.dp_tensor_overhead_s),
-        optimizer_tensor_overhead_s=tuple((k, s * scale)
-                                          for k, s in spec.optimizer_tensor_overhead_s))
+        calibration=spec.calibration.with_host_overheads_scaled(scale))
 
 
 def calibrate(doc: PlanDocument, graph, spec: ClusterSpec, measured_s: float) -> ClusterSpec:
