@@ -42,11 +42,17 @@ class LayerTable:
 
 
 
+def reserved_bytes(cluster: ClusterSpec) -> int:
+    """What the search sets aside on every rank before any layer: the runtime's fixed
+    overhead and the DP buckets in flight (`cost_models.memory`)."""
+    return cluster.runtime_overhead_bytes + DP_BUCKETS_IN_FLIGHT * DP_BUCKET_BYTES
+
+
 def memory_budget_bytes(cluster: ClusterSpec, options: SearchOptions) -> float:
     """Bytes a rank's model states and activations may fill: the device (or the user's
-    budget) less the runtime's fixed overhead and the DP buckets kept in reserve."""
+    budget) less `reserved_bytes`."""
     return ((options.memory_budget_bytes or cluster.device_memory_bytes)
-            - cluster.runtime_overhead_bytes - DP_BUCKETS_IN_FLIGHT * DP_BUCKET_BYTES)
+            - reserved_bytes(cluster))
 
 
 def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, options: SearchOptions,

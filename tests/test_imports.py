@@ -52,3 +52,22 @@ def test_ir_needs_only_torch_networkx_numpy():
             if name not in stdlib and name not in PROJECT and name not in IR_THIRD_PARTY:
                 extra.add(f"{path.name}: {name}")
     assert not extra, extra
+
+
+# STYLE.md: modules of 150-500 lines, one idea each (issue 19 brought them all under).
+MAX_SOURCE_LINES = 500
+
+
+def _too_long(paths) -> list[str]:
+    return [f"{path}: {n} lines" for path in paths
+            if (n := len(path.read_text().splitlines())) > MAX_SOURCE_LINES]
+
+
+def test_no_source_file_exceeds_500_lines(tmp_path):
+    paths = [path for package in sorted(PROJECT) for path in (ROOT / package).rglob("*.py")]
+    assert len(paths) > 50  # the packages were found
+    long = _too_long(paths)
+    assert not long, f"split these by idea (at most {MAX_SOURCE_LINES} lines):\n" + "\n".join(long)
+    over = tmp_path / "over.py"  # the check can fail
+    over.write_text("x = 1\n" * (MAX_SOURCE_LINES + 1))
+    assert _too_long([over]) and not _too_long([ROOT / "ir" / "__init__.py"])

@@ -24,6 +24,7 @@ from planner.models import load_layer_graph
 from planner.plan_report import (plan_document, predicted_lines, stage_memory_table,
                                   strategy_table, summary_line)
 from planner.baselines import least_memory
+from planner.layer_tables import reserved_bytes
 from planner.search import search
 from planner.search_space import SearchOptions
 from planner.search_stats import SearchStats
@@ -177,8 +178,6 @@ def nothing_fits(graph, cluster, args, options: SearchOptions, stats: SearchStat
     would need and the knob that would help most."""
     import dataclasses
 
-    from cost_models.memory import DP_BUCKET_BYTES, DP_BUCKETS_IN_FLIGHT
-
     budget = options.memory_budget_bytes or cluster.device_memory_bytes
     if stats and stats.timed_out:
         return (f"no plan found within --time-limit {options.time_limit_s:g} s (searched "
@@ -187,7 +186,7 @@ def nothing_fits(graph, cluster, args, options: SearchOptions, stats: SearchStat
     frugal = dataclasses.replace(options, memory_budget_bytes=None, top_k=1)
     needs, _ = least_memory(graph, cluster, args.global_batch, frugal)
     head = f"no plan fits {human_bytes(budget)} per device"
-    reserved = cluster.runtime_overhead_bytes + DP_BUCKETS_IN_FLIGHT * DP_BUCKET_BYTES
+    reserved = reserved_bytes(cluster)
     if needs is not None and needs <= budget:
         # The full estimate fits, but the search sets a flat reserve aside first.
         return (f"{head}: the search sets {human_bytes(reserved)} aside per device before any "
