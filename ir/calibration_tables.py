@@ -157,6 +157,11 @@ class DpOverhead:
         _check_seconds(f"dp_tensor_overhead_s[{_join_key(str(self.mode), self.group_size)}]",
                        self.per_tensor_s)
 
+    def __str__(self) -> str:
+        size = "node" if self.group_size is None else f"dp{self.group_size}"
+        return (f"{self.mode}@{size}: {self.per_unit_s * 1e3:.2f}ms"
+                f"+{self.per_tensor_s * 1e3:.3f}ms/tensor")
+
     def seconds(self, tensors: int) -> float:
         """Per micro-batch, for a unit of `tensors` parameter tensors."""
         return self.per_unit_s + tensors * self.per_tensor_s
@@ -189,6 +194,9 @@ class OptimizerStepCost:
     def key(self) -> str:
         return _join_key(self.optimizer, DTENSOR_QUALIFIER if self.on_dtensor else None)
 
+    def __str__(self) -> str:
+        return f"{self.key}: {self.seconds_per_tensor * 1e6:.0f}us/tensor"
+
     def scaled(self, factor: float) -> OptimizerStepCost:
         return dataclasses.replace(self, seconds_per_tensor=self.seconds_per_tensor * factor)
 
@@ -209,6 +217,9 @@ class TpModuleOverhead:
             raise PlannerError(f"tp_module_overhead_s[{self.group_size}] must map a group "
                                f"size >= 1 to seconds >= 0, got {self.seconds!r}")
 
+    def __str__(self) -> str:
+        return f"tp{self.group_size}: {self.seconds * 1e3:.2f}ms/module"
+
     def scaled(self, factor: float) -> TpModuleOverhead:
         return dataclasses.replace(self, seconds=self.seconds * factor)
 
@@ -228,6 +239,9 @@ class BlockingWait:
         if self.collective not in COLLECTIVES or not _is_count(self.group_size, 2):
             raise _wait_key_error(key)
         _check_seconds(f"blocking_wait_s[{key}]", self.seconds)
+
+    def __str__(self) -> str:
+        return f"{self.collective}@{self.group_size}: {self.seconds * 1e3:.2f}ms"
 
 
 # ---- the collection ------------------------------------------------------------------

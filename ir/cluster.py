@@ -11,7 +11,8 @@ total. Measured fits from `planner profile-cluster`, when present, take preceden
 
 What `planner profile-cluster` measured (collective fits, host overheads) lives in
 `calibration`, typed records from `ir.calibration_tables`; the JSON keeps their keys at
-the top level. The spec is data only: JSON in and out (schema "planner.cluster/v1"), never pickle.
+the top level. The spec is data only: JSON in and out (schema "planner.cluster/v1"),
+never pickle.
 
     >>> spec = ClusterSpec.load("spec.json")          # doctest: +SKIP
     >>> spec.with_nodes(num_nodes=4).world_size        # doctest: +SKIP

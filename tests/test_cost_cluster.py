@@ -112,6 +112,14 @@ def test_calibration_tables_are_typed_records_in_the_old_file_shape():
     assert ClusterSpec.from_dict(data) == spec and spec.calibration == tables
     assert tables.optimizer_seconds_per_tensor("adamw", on_dtensor=True) == 3e-4
     assert tables.optimizer_seconds_per_tensor("sgd", on_dtensor=False) is None
+    # Short forms (profile-cluster prints them); the exact form is the dataclass repr.
+    assert [str(r) for r in tables.dp_overheads] == [
+        "zero3@node: 3.00ms+0.100ms/tensor", "zero3@dp2: 1.00ms+0.200ms/tensor"]
+    assert str(tables.optimizer_steps[1]) == "adamw@dtensor: 300us/tensor"
+    assert str(tables.tp_modules[0]) == "tp2: 1.00ms/module"
+    assert str(tables.blocking_waits[0]) == "all_reduce@2: 0.50ms"
+    assert repr(tables.blocking_waits[0]) == \
+        "BlockingWait(collective='all_reduce', group_size=2, seconds=0.0005)"
     # One validation per record: the constructor and the file reader raise the same error.
     for bad, key, value in [
             (lambda: DpOverhead("zero3", 2, 1e-3, 0.0), None, None),  # a string, not DPMode

@@ -67,19 +67,15 @@ def run(args) -> int:
     flops = ", ".join(f"{d} {f / 1e9:.1f} GFLOP/s" for d, f in spec.peak_flops_by_dtype)
     print(f"matmul: {flops}; memory copy {spec.hbm_gbps:.1f} GB/s")
     if spec.host_bound:  # the framework-overhead figures CPU processes pay
-        units = ", ".join(f"{r.mode} dp{r.group_size} {r.per_unit_s * 1e3:.2f}+"
-                          f"{r.per_tensor_s * 1e3:.3f}/tensor ms"
-                          for r in tables.dp_overheads if r.group_size is not None)
-        tp = ", ".join(f"tp{r.group_size} {r.seconds * 1e3:.2f} ms" for r in tables.tp_modules)
-        optimizer = ", ".join(f"{r.optimizer}{' on DTensors' if r.on_dtensor else ''} "
-                              f"{r.seconds_per_tensor * 1e6:.0f}" for r in tables.optimizer_steps)
+        units = ", ".join(str(r) for r in tables.dp_overheads if r.group_size is not None)
+        tp = ", ".join(str(r) for r in tables.tp_modules)
+        optimizer = ", ".join(str(r) for r in tables.optimizer_steps)
         print(f"per op {spec.op_overhead_s * 1e6:.1f} us (+{spec.dtensor_op_overhead_s * 1e6:.1f} "
               f"us on DTensors); random draw {spec.random_element_s * 1e9:.1f} ns/element; "
               f"DP unit: {units}; TP module: {tp or 'not measured'}; "
-              f"optimizer step per tensor (us): {optimizer or 'not measured'}")
-        waits = ", ".join(f"{r.collective} in {r.group_size} {r.seconds * 1e3:.2f}"
-                          for r in tables.blocking_waits)
-        print(f"blocking-call wait between computing processes (ms): {waits or 'not measured'}")
+              f"optimizer step: {optimizer or 'not measured'}")
+        waits = ", ".join(str(r) for r in tables.blocking_waits)
+        print(f"blocking-call wait between computing processes: {waits or 'not measured'}")
     if args.out:
         print(f"spec written to {args.out} (use: planner estimate MODEL --cluster {args.out})")
     return 0
