@@ -116,6 +116,7 @@ class Estimate:
     memory: MemoryEstimate
     stage_times: tuple[StageTime, ...]
     pipeline: PipelineTime
+    stage_costs: tuple[StageCost, ...] = ()  # per plan stage, what `pipeline` was priced from
 
     def to_json(self) -> dict:
         """The `planner estimate --json` contract (issue 3), plus a few extra keys."""
@@ -264,8 +265,8 @@ def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
     m = plan.num_microbatches
     stages = tuple(stage_time(graph, plan, cluster, r, idx, configs, profile)
                    for r, idx in enumerate(rank_layers(plan)))
-    pipe = stage_pipeline_time(_stage_costs(graph, plan, cluster, stages, configs, profile),
-                               plan.pp, m, plan.schedule, plan.virtual_stages)
+    costs = tuple(_stage_costs(graph, plan, cluster, stages, configs, profile))
+    pipe = stage_pipeline_time(costs, plan.pp, m, plan.schedule, plan.virtual_stages)
     # After its last backward each rank syncs what is left and steps its optimizer.
     finish = max(stages, key=lambda s: (s.tp_step_s + s.dp_step_s + s.optimizer_s
                                         + s.dp_after_step_s))
@@ -290,4 +291,4 @@ def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
         samples_per_second=plan.global_batch / iteration if iteration > 0 else 0.0,
         tflops_per_device=flops_per_device / 1e12, mfu=flops_per_device / peak,
         time=breakdown, memory=plan_memory(graph, plan, cluster, configs, rank_cache),
-        stage_times=stages, pipeline=pipe)
+        stage_times=stages, pipeline=pipe, stage_costs=costs)

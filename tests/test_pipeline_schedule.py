@@ -168,3 +168,36 @@ def test_heavy_end_chunk_is_not_divided_by_v():
     assert old < 0.93 * sim
     assert stage_pipeline_time(stages, p, m, Schedule.INTERLEAVED, v).iteration_s \
         == pytest.approx(sim)
+
+
+# ------------------------------------------------------------- in the estimate
+
+@pytest.mark.parametrize("schedule, v", [(Schedule.GPIPE, 1), (Schedule.ONE_F_ONE_B, 1),
+                                         (Schedule.INTERLEAVED, 2)])
+def test_estimate_prices_the_replayed_schedule(schedule, v):
+    from cost_models.clusters import get_cluster
+    from cost_models.estimate import estimate
+    from cost_models.synthetic import gpt_layer_graph
+    from ir.plan import uniform_plan
+
+    graph = gpt_layer_graph(layers=16, hidden=2048, heads=16, vocab=50304, seq=1024)
+    pp = 4
+    plan = uniform_plan(len(graph.layers), tp=8, pp=pp, dp=2, global_batch=2 * 8,
+                        schedule=schedule, virtual_stages=v)
+    est = estimate(graph, plan, get_cluster("a100-80g", nodes=8))
+    assert len(est.stage_costs) == pp * v
+    # Embedding and head make the end stages unequal, so interleaving is replayed.
+    assert est.pipeline.replayed is (schedule is Schedule.INTERLEAVED)
+    sim = simulate_schedule(schedule, est.stage_costs, pp, plan.num_microbatches, v)
+    assert est.pipeline.iteration_s == pytest.approx(sim.makespan_s, rel=0.02)
+    assert est.time.total == pytest.approx(est.iteration_seconds, rel=1e-9)
+    sends = sum(c.send_forward_s + c.send_backward_s for c in est.stage_costs)
+    assert sends > 0
+    # Only Schedule1F1B waits on its sends: elsewhere p2p is lag inside the bubble.
+    assert (est.time.pp_comm > 0) is (schedule is Schedule.ONE_F_ONE_B)
+    # The per-stage costs add up to the per-rank times the breakdown is read from.
+    for r, st in enumerate(est.stage_times):
+        mine = est.stage_costs[r::pp]
+        assert sum(c.forward_s + c.send_forward_s for c in mine) == pytest.approx(st.forward_s)
+        assert sum(c.backward_s + c.send_backward_s for c in mine) == \
+            pytest.approx(st.backward_s)
