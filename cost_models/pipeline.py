@@ -16,7 +16,9 @@ With m micro-batches, p ranks and, per rank, F_r = f_r + cf_r and B_r = b_r + cb
   (cool-down backwards) do not cover it:
       max_k  sum_{r<k} (F_r + B_r) + m (F_k + B_k)
              + max(0, R_k - n_k F_k) + max(0, R_k - n_k B_k)
-  which is sum_r T_r + (m-1) max_r T_r when the ranks are equal (bubble (p-1)/m).
+  which is sum_r T_r + (m-1) max_r T_r when the ranks are equal (bubble (p-1)/m); exact
+  on the deep grid, within 5% of the replay with stages up to 3x apart (a critical path
+  that moves between two slow ranks is not followed).
   interleaved 1F1B, v chunks (Narayanan et al. 2021 sec. 2.2; sends are not waited on),
   with T_r = sum over the rank's chunks of f + b and u_s = f_s + b_s:
       max( m max_r T_r + (sum_r T_r - max_r T_r) / v,          the ranks' work
