@@ -11,9 +11,14 @@ test_pipeline_schedule.py, bench/bench_pipeline_schedule.py). Model:
   F(s, i)    starts after F(s-1, i) has finished and its output has crossed boundary s-1
   B(s, i)    starts after B(s+1, i) has finished and the gradient has crossed back, and
              after F(s, i) (the last stage's backward follows its own forward and loss)
-  p2p        a transfer of `send_*_s` seconds starts when the pass that produced it ends;
-             where the schedule waits on its sends before its next pass (`sends_block`)
-             the sender is held for it too. Links are not shared between boundaries.
+  p2p        a transfer of `send_*_s` seconds starts when the pass that produced it ends
+             and completes after that time whenever the receiver posts its receive.
+             With `sends_block` (torch's Schedule1F1B, read off its `_step_microbatches`
+             in tests/test_pipeline_schedule.py) the sender waits for it before its next
+             pass when that pass is of the other kind (steady state: the send is fused
+             with the next receive), else before the pass after (warm-up forwards,
+             cool-down backwards: the wait follows the next compute). Links are not
+             shared between boundaries.
   rank       one pass at a time, in order; a pass starts when the rank is free and its
              inputs are there.
 
@@ -31,9 +36,10 @@ from ir.strategy import Schedule
 
 from cost_models.pipeline_ops import PassOp, rank_ops
 
-# Whether torch's schedule waits for a pass's sends before the rank's next pass:
-#   1F1B: Schedule1F1B._step_microbatches fuses each send with the next receive in one
-#         batch and waits on the batch before computing (`_wait_batch_p2p`): blocking.
+# Whether torch's schedule waits for a pass's sends before the rank computes on:
+#   1F1B: Schedule1F1B._step_microbatches fuses each steady-state send with the next
+#         receive in one batch and waits on the batch before computing
+#         (`_wait_batch_p2p`); warm-up and cool-down sends are waited after the next pass.
 #   GPipe: ScheduleGPipe keeps its sends in `fwd_sends_to_wait` / `bwd_sends_to_wait`
 #         and waits on them after the loop: the sender runs on.
 #   interleaved: _PipelineScheduleRuntime appends sends to `send_ops`, waited before
@@ -59,8 +65,8 @@ class StageCost:
 class SimResult:
     makespan_s: float  # first forward starts at 0; the last pass ends here
     busy_s: tuple[float, ...]  # per rank: seconds computing
-    send_s: tuple[float, ...]  # per rank: seconds held by blocking sends
-    finish_s: tuple[float, ...]  # per rank: when its last pass (and blocking send) ended
+    send_s: tuple[float, ...]  # per rank: seconds held waiting on its own sends
+    finish_s: tuple[float, ...]  # per rank: when its last pass ended
 
     @property
     def idle_s(self) -> tuple[float, ...]:
@@ -96,6 +102,7 @@ def simulate(stages: Sequence[StageCost], orders: Mapping[int, Sequence[PassOp]]
     free = [0.0] * pp
     busy = [0.0] * pp
     sent = [0.0] * pp
+    hold: list[dict[int, float]] = [{} for _ in range(pp)]  # pass index -> sends' end
     end_all = 0.0
     ready = list(range(pp))
     while ready:
@@ -118,7 +125,9 @@ def simulate(stages: Sequence[StageCost], orders: Mapping[int, Sequence[PassOp]]
                 break
             if not op.forward and s < last and (True, s, mb) not in done:
                 raise PlannerError(f"rank {r} runs {op} before its forward")
-            start = max(free[r], done[dep] + lag if dep is not None else 0.0)
+            ready_s = max(free[r], done[dep] + lag if dep is not None else 0.0)
+            start = max(ready_s, hold[r].pop(ptr[r], 0.0))
+            sent[r] += start - ready_s
             cost = stages[s]
             seconds = cost.forward_s if op.forward else cost.backward_s
             end = start + seconds
@@ -128,9 +137,9 @@ def simulate(stages: Sequence[StageCost], orders: Mapping[int, Sequence[PassOp]]
             done[key] = end
             busy[r] += seconds
             free[r] = end
-            if sends_block:
-                free[r] += out
-                sent[r] += out
+            if sends_block and out:
+                nxt = send_waited_before(ops, ptr[r])
+                hold[r][nxt] = max(hold[r].get(nxt, 0.0), end + out)
             end_all = max(end_all, end)
             ptr[r] += 1
             woken = waiting.pop(key, None)
@@ -148,6 +157,16 @@ def simulate(stages: Sequence[StageCost], orders: Mapping[int, Sequence[PassOp]]
                            "one backward per stage and micro-batch")
     # The last pass is stage 0's last backward, which sends nothing: the step ends there.
     return SimResult(end_all, tuple(busy), tuple(sent), tuple(free))
+
+
+def send_waited_before(ops: Sequence[PassOp], i: int) -> int:
+    """Index of the pass before which Schedule1F1B waits on the send of pass i (len(ops):
+    at the end): the next pass when it is of the other kind (the send is fused with that
+    pass's receive), else the one after (the wait follows the next compute)."""
+    nxt = i + 1
+    if nxt < len(ops) and ops[nxt].forward == ops[i].forward:
+        nxt += 1
+    return min(nxt, len(ops))
 
 
 def simulate_schedule(schedule: Schedule, stages: Sequence[StageCost], pp: int,

@@ -76,15 +76,20 @@ def _bfs_by_hand() -> float:
 
 
 def test_simulator_on_1f1b_by_hand():
-    # p=2, m=2, f=1, b=2, each hop 0.5 and the sender waits for it (Schedule1F1B):
-    # r0 F0 0-1 (+0.5), F1 1.5-2.5 (+0.5); r1 F0 1.5-2.5, B0 2.5-4.5 (+0.5), F1 5-6,
-    # B1 6-8 (+0.5); r0 B0 5-7, B1 8.5-10.5.
+    # p=2, m=2, f=1, b=2, each hop 0.5; Schedule1F1B waits on a send before the next
+    # pass of the other kind: r0 F0 0-1 (send to 1.5, waited before B0), F1 1-2 (to 2.5,
+    # before B0); r1 F0 1.5-2.5, B0 2.5-4.5 (send to 5.0, waited before F1), F1 5-6
+    # (held 0.5 by that send), B1 6-8 (to 8.5); r0 B0 5-7, B1 8.5-10.5.
     stages = [StageCost(1.0, 2.0, 0.5, 0.0), StageCost(1.0, 2.0, 0.0, 0.5)]
     res = simulate_schedule(Schedule.ONE_F_ONE_B, stages, 2, 2)
     assert res.makespan_s == pytest.approx(10.5)
     assert res.busy_s == (6.0, 6.0)
-    assert res.send_s == (1.0, 1.0)
-    assert res.idle_s == pytest.approx((10.5 - 7.0, 10.5 - 7.0))
+    assert res.send_s == pytest.approx((0.0, 0.5))
+    assert res.idle_s == pytest.approx((10.5 - 6.0, 10.5 - 6.5))
+    # Warm-up sends overlap the next forward: with hops of 3 s, r0's F2 waits for F0's.
+    three = simulate_schedule(Schedule.ONE_F_ONE_B, [StageCost(1.0, 2.0, 3.0, 0.0)] * 3
+                              + [StageCost(1.0, 2.0, 0.0, 3.0)], 4, 4)
+    assert three.send_s[0] > 0
     # The same sends not waited on (GPipe's): r0 F0 0-1, F1 1-2; r1 F0 1.5-2.5,
     # F1 2.5-3.5, B0 3.5-5.5, B1 5.5-7.5; r0 B0 6-8, B1 8-10.
     assert simulate_schedule(Schedule.GPIPE, stages, 2, 2).makespan_s == pytest.approx(10.0)
@@ -231,3 +236,60 @@ def test_1f1b_closed_form_on_uneven_stages():
         worst_old = max(worst_old, (sum(totals) + (m - 1) * max(totals)) / sim - 1)
     assert worst_new < 0.05
     assert worst_old > 0.15
+
+
+@pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B])
+def test_send_waits_follow_torchs_code(schedule, monkeypatch):
+    """When torch waits on each send, read off the single-stage `_step_microbatches`:
+    run it on a recording stage whose sends are tokens and log each token's wait.
+    1F1B (SENDS_BLOCK) waits where `pipeline_sim.send_waited_before` says; GPipe waits on
+    its forward sends only after its last forward (its first backward's input comes back
+    later still, so the simulator need not hold it) and on its backward sends at the end."""
+    from torch.distributed.pipelining import schedules
+
+    from cost_models.pipeline_sim import SENDS_BLOCK, send_waited_before
+    from cost_models.torch_schedule_order import TORCH_SCHEDULE_CLASS, _StageRecord
+
+    events: list = []
+
+    class Sending(_StageRecord):
+        def forward_one_chunk(self, microbatch, *args, **kwargs):
+            events.append(("pass", True, microbatch))
+
+        def backward_one_chunk(self, microbatch, **kwargs):
+            events.append(("pass", False, microbatch))
+
+        def get_fwd_send_ops(self, microbatch):
+            return [] if self.is_last else [("send", True, microbatch)]
+
+        def get_bwd_send_ops(self, microbatch):
+            return [] if self.is_first else [("send", False, microbatch)]
+
+    monkeypatch.setattr(schedules, "_batch_p2p", lambda ops, desc=None: list(ops))
+    monkeypatch.setattr(schedules, "_sorted_batch_p2p",
+                        lambda ops, desc=None: {0: list(ops)} if ops else {})
+    monkeypatch.setattr(schedules, "_wait_batch_p2p",
+                        lambda works: events.extend(("wait", *w[1:]) for w in works))
+    cls = getattr(schedules, TORCH_SCHEDULE_CLASS[schedule])
+    p, m = 4, 8
+    checked = 0
+    for rank in range(p):
+        events.clear()
+        run = cls(Sending(p, p, rank, rank), m)
+        run._stage_forward_initialized, run._stage_backward_initialized = True, False
+        run._step_microbatches()
+        ops = [PassOp(e[1], 0, e[2]) for e in events if e[0] == "pass"]
+        assert ops == rank_ops(schedule, p, rank, m)
+        for i, op in enumerate(ops):
+            if (op.forward and rank == p - 1) or (not op.forward and rank == 0):
+                continue
+            waited = events.index(("wait", op.forward, op.microbatch))
+            before = sum(1 for e in events[:waited] if e[0] == "pass")  # passes run by then
+            if SENDS_BLOCK[schedule]:
+                assert before == send_waited_before(ops, i), (rank, op)
+            elif op.forward:
+                assert before == m  # after the last forward
+            else:
+                assert before == len(ops)
+            checked += 1
+    assert checked == 2 * m * (p - 1)
