@@ -18,7 +18,9 @@ With m micro-batches, p ranks and, per rank, F_r = f_r + cf_r and B_r = b_r + cb
              + max(0, R_k - n_k F_k) + max(0, R_k - n_k B_k)
   which is sum_r T_r + (m-1) max_r T_r when the ranks are equal (bubble (p-1)/m); exact
   on the deep grid, within 5% of the replay with stages up to 3x apart (a critical path
-  that moves between two slow ranks is not followed).
+  that moves between two slow ranks is not followed). It needs m >= p (as torch's
+  Schedule1F1B does); below, the first and last round trips are one, and
+  `stage_pipeline_time` replays the order instead.
   interleaved 1F1B, v chunks (Narayanan et al. 2021 sec. 2.2; sends are not waited on),
   with T_r = sum over the rank's chunks of f + b and u_s = f_s + b_s:
       max( m max_r T_r + (sum_r T_r - max_r T_r) / v,          the ranks' work
@@ -96,8 +98,9 @@ def stage_pipeline_time(stages: Sequence[StageCost], pp: int, num_microbatches: 
     totals = [sum(_work(stages[c * pp + r], blocking) for c in range(v)) for r in range(pp)]
     worst = max(totals)
     critical = totals.index(worst)
-    replayed = schedule is Schedule.INTERLEAVED and v > 1 and not _closed_form_exact(stages,
-                                                                                    pp, m)
+    replayed = (schedule is Schedule.INTERLEAVED and v > 1
+                and not _closed_form_exact(stages, pp, m)) or (
+        schedule is Schedule.ONE_F_ONE_B and m < pp)  # torch refuses it; no form derived
     if replayed:
         iteration = simulate_schedule(schedule, stages, pp, m, v).makespan_s
     else:

@@ -293,3 +293,14 @@ def test_send_waits_follow_torchs_code(schedule, monkeypatch):
                 assert before == len(ops)
             checked += 1
     assert checked == 2 * m * (p - 1)
+
+
+def test_1f1b_below_p_microbatches_is_replayed():
+    """torch's Schedule1F1B refuses m < p; the closed form double-counts the round trip
+    there (+50% at p=8, m=3), so the model replays rank_ops' order instead."""
+    stages = deep_stages(8, 1, layers_per_chunk=2, embed_layers=0.3, head_layers=0.6,
+                         hop_s=0.1)
+    sim = simulate_schedule(Schedule.ONE_F_ONE_B, stages, 8, 3).makespan_s
+    assert closed_form_s(stages, 8, 3, Schedule.ONE_F_ONE_B) > 1.3 * sim
+    model = stage_pipeline_time(stages, 8, 3, Schedule.ONE_F_ONE_B)
+    assert model.replayed and model.iteration_s == pytest.approx(sim)
