@@ -86,8 +86,9 @@ def pipeline_time(forward_s: Sequence[float], backward_s: Sequence[float],
 
 def stage_pipeline_time(stages: Sequence[StageCost], pp: int, num_microbatches: int,
                         schedule: Schedule, virtual_stages: int = 1) -> PipelineTime:
-    """Iteration time of one pipeline of pp * virtual_stages stages: the closed form,
-    or for interleaving with unequal chunks the replayed schedule (module docstring)."""
+    """Iteration time of one pipeline of pp * virtual_stages stages: the closed form, or
+    where none holds (interleaving with unequal chunks, 1F1B with fewer micro-batches
+    than ranks) the replayed schedule (module docstring)."""
     m, v = num_microbatches, virtual_stages
     if m < 1:
         raise PlannerError(f"number of micro-batches must be >= 1, got {m}")
