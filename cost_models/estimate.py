@@ -10,9 +10,11 @@ Per pipeline rank r and micro-batch (compute.py, comm.py):
 Data-parallel traffic overlaps the compute it runs beside with efficiency
 `overlap_efficiency(cluster)` (GPUs DP_OVERLAP_EFFICIENCY; CPU processes only what idle
 cores can take; or the spec's `dp_overlap_efficiency`); what it cannot hide is exposed.
-The pipeline (pipeline.py) turns F and B into the iteration; the once-per-step gradient
-sync adds what the last backward could not hide, and ZeRO-1's parameter all-gathers follow
-the optimizer step. The breakdown is the critical rank's:
+The pipeline (pipeline.py) turns each stage's F and B, its p2p sends apart, into the
+iteration (closed forms, or the replayed schedule for unequal interleaved chunks:
+pipeline_sim); sends the schedule does not wait on count only through the bubble. The
+once-per-step gradient sync adds what the last backward could not hide, and ZeRO-1's
+parameter all-gathers follow the optimizer step. The breakdown is the critical rank's:
 
   iteration = m*(compute + tp_comm + pp_comm + exposed per-micro-batch dp) + bubble
               + per-step SP gradient sync + exposed per-step dp + optimizer step
@@ -41,7 +43,8 @@ from cost_models.common import StepConfig, layer_configs
 from cost_models.compute import ComputeProfile, layer_compute
 from cost_models.memory import MemoryEstimate, check_plan_matches, plan_memory, rank_layers
 from cost_models.model_states import bytes_per_param
-from cost_models.pipeline import PipelineTime, pipeline_time
+from cost_models.pipeline import PipelineTime, stage_pipeline_time
+from cost_models.pipeline_sim import SENDS_BLOCK, StageCost
 
 # Share of a compute window that overlapped data-parallel communication can hide. PyTorch
 # DDP (Li et al. 2020) and FSDP overlap bucketed collectives with backward/forward; the
@@ -113,6 +116,7 @@ class Estimate:
     memory: MemoryEstimate
     stage_times: tuple[StageTime, ...]
     pipeline: PipelineTime
+    stage_costs: tuple[StageCost, ...] = ()  # per plan stage, what `pipeline` was priced from
 
     def to_json(self) -> dict:
         """The `planner estimate --json` contract (issue 3), plus a few extra keys."""
@@ -148,8 +152,10 @@ def exposed(comm_s: float, window_s: float, efficiency: float = DP_OVERLAP_EFFIC
 
 def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank: int,
                indices: list[int], configs: Sequence[StepConfig],
-               profile: ComputeProfile | None = None) -> StageTime:
-    """Per-micro-batch seconds of pipeline rank `rank`, holding layers `indices`."""
+               profile: ComputeProfile | None = None,
+               stage_ids: Sequence[int] | None = None) -> StageTime:
+    """Per-micro-batch seconds of pipeline rank `rank`, holding layers `indices`, whose
+    p2p sends are those of plan stages `stage_ids` (default: all the rank's stages)."""
     per_param = bytes_per_param(configs[0].precision, configs[0].optimizer)
     fwd = bwd = rec = tp_f = tp_b = dp_f = dp_b = dp_step = tp_step = after_step = opt = 0.0
     for j in indices:
@@ -175,7 +181,7 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
     pp_f = pp_b = 0.0
     overlap = overlap_efficiency(cluster)
     last_stage = len(plan.stages) - 1
-    for i in range(rank, len(plan.stages), plan.pp):
+    for i in range(rank, len(plan.stages), plan.pp) if stage_ids is None else stage_ids:
         stage = plan.stages[i]
         if i < last_stage:  # forward: send this chunk's output on
             cut = stage.last_layer
@@ -192,6 +198,33 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                      pp_forward_s=pp_f, pp_backward_s=pp_b,
                      dp_step_s=exposed(dp_step, bwd, overlap), optimizer_s=opt,
                      tp_step_s=tp_step, dp_after_step_s=after_step)
+
+
+def _stage_costs(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
+                 ranks: Sequence[StageTime], configs: Sequence[StepConfig],
+                 profile: ComputeProfile | None) -> list[StageCost]:
+    """Per plan stage (rank r's chunk c is stage c * pp + r): compute and blocking
+    collectives, and the p2p sends apart (the schedule decides whether they hold the rank)."""
+    def cost(t: StageTime) -> StageCost:
+        return StageCost(t.forward_s - t.pp_forward_s, t.backward_s - t.pp_backward_s,
+                         t.pp_forward_s, t.pp_backward_s)
+    if plan.virtual_stages == 1:
+        return [cost(t) for t in ranks]
+    chunks = [cost(stage_time(graph, plan, cluster, i % plan.pp,
+                              list(range(stage.first_layer, stage.last_layer + 1)), configs,
+                              profile, stage_ids=[i]))
+              for i, stage in enumerate(plan.stages)]
+    # Exposed DP traffic is priced per rank (it hides behind the rank's whole window):
+    # split each rank's totals over its chunks in proportion to the chunks' own times.
+    out = []
+    for i, c in enumerate(chunks):
+        rank, mine = cost(ranks[i % plan.pp]), chunks[i % plan.pp::plan.pp]
+        f = sum(x.forward_s for x in mine)
+        b = sum(x.backward_s for x in mine)
+        out.append(StageCost(rank.forward_s * c.forward_s / f if f else 0.0,
+                             rank.backward_s * c.backward_s / b if b else 0.0,
+                             c.send_forward_s, c.send_backward_s))
+    return out
 
 
 def _relayout_s(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, j: int,
@@ -232,8 +265,8 @@ def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
     m = plan.num_microbatches
     stages = tuple(stage_time(graph, plan, cluster, r, idx, configs, profile)
                    for r, idx in enumerate(rank_layers(plan)))
-    pipe = pipeline_time([s.forward_s for s in stages], [s.backward_s for s in stages], m,
-                         plan.schedule, plan.virtual_stages)
+    costs = tuple(_stage_costs(graph, plan, cluster, stages, configs, profile))
+    pipe = stage_pipeline_time(costs, plan.pp, m, plan.schedule, plan.virtual_stages)
     # After its last backward each rank syncs what is left and steps its optimizer.
     finish = max(stages, key=lambda s: (s.tp_step_s + s.dp_step_s + s.optimizer_s
                                         + s.dp_after_step_s))
@@ -244,7 +277,8 @@ def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
         compute=m * (crit.compute_forward_s + crit.compute_backward_s),
         tp_comm=m * (crit.tp_forward_s + crit.tp_backward_s) + finish.tp_step_s,
         dp_comm=m * (crit.dp_forward_s + crit.dp_backward_s) + step_sync,
-        pp_comm=m * (crit.pp_forward_s + crit.pp_backward_s),
+        # Sends the schedule does not wait on overlap; their lag is in the bubble.
+        pp_comm=m * (crit.pp_forward_s + crit.pp_backward_s) * SENDS_BLOCK[plan.schedule],
         bubble=pipe.bubble_s, optimizer=finish.optimizer_s)
     # Model FLOPs: the IR's forward + backward per sample, times the global batch.
     model_flops = (graph.flops_fwd + graph.flops_bwd) / graph.micro_batch * plan.global_batch
@@ -257,4 +291,4 @@ def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
         samples_per_second=plan.global_batch / iteration if iteration > 0 else 0.0,
         tflops_per_device=flops_per_device / 1e12, mfu=flops_per_device / peak,
         time=breakdown, memory=plan_memory(graph, plan, cluster, configs, rank_cache),
-        stage_times=stages, pipeline=pipe)
+        stage_times=stages, pipeline=pipe, stage_costs=costs)
