@@ -4,8 +4,11 @@
     print(format_table(outcomes))
 
 Each case builds one architecture from tests/data/hf/<arch>/config.json (tiny, random
-init, fp32, dropout 0), calls `planner.auto_parallel` on `world` gloo ranks with the
-mode's SearchOptions, trains STEPS AdamW steps on fixed global batches and compares the
+init, fp32, dropout 0), plans it on `world` gloo ranks with the mode's SearchOptions
+(rank 0 searches the measured `local` cluster and broadcasts the plan, as
+`planner.auto_parallel` does; `plan_case`), runs that plan through `auto_parallel`, so a
+plan the executor rejects is on record (`Outcome.plan`, `Outcome.plan_json`; a Case with
+`plan_json` replays it), trains STEPS AdamW steps on fixed global batches and compares the
 losses and final parameters with single-process training of the same model from the
 same seed. Every case gets one outcome:
 
