@@ -37,9 +37,10 @@ from executors.shard_slices import shard_pieces, to_checkpoint_layout
 from executors.state import load_full_state_dict
 from ir.errors import PlannerError
 from ir.tp import fused_shared, head_counts
-from ir.plan import uniform_plan
+from ir.plan import PlanDocument, model_identity, uniform_plan
 from ir.strategy import Precision
 from planner.models import load_layer_graph, load_model
+from planner.plan_report import strategy_table
 from test_exec_plans import assert_matches_reference, assert_params_match, optimizer_kwargs
 
 from dist_utils import spawn, train_one_device, zero_dropout
@@ -401,7 +402,12 @@ def test_candidates_follow_what_really_splits():
     assert candidates("falcon", "transformer.h.0") == {
         "self_attention.query_key_value:colwise[64|16|16]", "self_attention.dense:rowwise",
         "mlp.dense_h_to_4h:colwise", "mlp.dense_4h_to_h:rowwise"}
-    falcon = graph_of("falcon").layer("transformer.h.0")
+    graph = graph_of("falcon")
+    table = strategy_table(PlanDocument(uniform_plan(len(graph.layers), tp=2, global_batch=2),
+                                        graph.model, cluster={}, **model_identity(graph)), graph)
+    blocks = [line for line in table.splitlines() if "transformer.h.1" in line]
+    assert blocks and "2*" not in blocks[0], table  # the blocks really split
+    falcon = graph.layer("transformer.h.0")
     assert not any("part1" in what or "kv_heads" in what for what, _ in falcon.tp_divisors)
     assert falcon.tp_degree_allowed(4) and "heads=4" in falcon.tp_violation(8)
     # new_decoder_architecture: per key/value group, a contiguous split keeps whole groups
