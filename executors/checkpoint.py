@@ -370,16 +370,18 @@ def load_checkpoint(pm: ParallelModel, path: str) -> int:
     marker, vetted, hint = open_checkpoint(path)
     metadata = vetted.state_dict_metadata
     params = _named_parameters(pm)
-    _check_model(path, metadata, {n: tuple(p.shape) for n, p in params.items()})
-    names = {id(p): n for n, p in params.items()}
     fused = _fused(pm)
+    _check_model(path, metadata, {n: fused[n][0].model_shape(p.shape, fused[n][1])
+                                  if n in fused else tuple(p.shape) for n, p in params.items()})
+    names = {id(p): n for n, p in params.items()}
     # fused: a whole buffer in the model's order, reordered into the shard after loading
     whole: list[tuple[torch.Tensor, torch.Tensor, tuple[FusedSplit, int]]] = []
 
     def target(tensor: torch.Tensor, name: str) -> torch.Tensor:
         if name not in fused:
             return tensor
-        buffer = torch.zeros(tuple(tensor.shape), dtype=tensor.dtype)
+        split, dim = fused[name]  # saved in the model's order and shape
+        buffer = torch.zeros(split.model_shape(tensor.shape, dim), dtype=tensor.dtype)
         whole.append((tensor, buffer, fused[name]))
         return buffer
 

@@ -13,6 +13,18 @@ which the module's forward unpacks with its local sizes (`localize_heads`). DTen
 _StridedShard would express the same without a copy, but FSDP2's full state dicts do
 not keep its order; a plain Shard composes with FSDP2, DCP and `full_tensor()`.
 
+A part may instead be held WHOLE by every rank (`FusedSplit.shared`): multi-query
+attention's one key and one value head (Falcon's query_key_value is [q | k | v] with
+k = v = one head) beside split query heads. Each rank then stores [q_r | k | v], so the
+stored (rank-major) tensor is longer than the model's, holding k and v once per rank:
+
+    model order   [q_0 q_1 | k | v]                       (tp = 2, k and v shared)
+    rank-major    [q_0 k v | q_1 k v]
+
+Each rank's copy of a shared part gets only its own query heads' share of the gradient;
+`SharedPartsColwise` (executors.tensor_parallel) sums it over the TP group in backward,
+so the copies step alike; converting back takes rank 0's copy.
+
 Everything that crosses the boundary of the parallel model converts back: full state
 dicts (`executors.state`), checkpoints (`executors.checkpoint`) and the self-check
 (`executors.tp_check`) see the model's own order. The record sits on the module
@@ -22,6 +34,8 @@ nn.Linear's weight and any bias, 1 for a Conv1D weight (stored (in, out)).
     >>> split = FusedSplit(parts=(4, 2, 2), tp=2, dims=(("weight", 0),))
     >>> split.order().tolist()   # rank-major position -> model-order feature
     [0, 1, 4, 6, 2, 3, 5, 7]
+    >>> FusedSplit((4, 1, 1), 2, (("weight", 0),), shared=(False, True, True)).order().tolist()
+    [0, 1, 4, 5, 2, 3, 4, 5]
 """
 
 from __future__ import annotations
@@ -44,41 +58,83 @@ class FusedSplit:
     parts: tuple[int, ...]  # output features per packed projection, in the model's order
     tp: int
     dims: tuple[tuple[str, int], ...]  # (parameter name, its output-feature dim)
+    shared: tuple[bool, ...] = ()  # per part: held whole by every rank; () = none
 
     def __str__(self) -> str:
-        return f"fused[{'|'.join(map(str, self.parts))}]/tp{self.tp}"
+        parts = [f"{n}{'(whole)' if self.is_shared(k) else ''}" for k, n in enumerate(self.parts)]
+        return f"fused[{'|'.join(parts)}]/tp{self.tp}"
+
+    def is_shared(self, k: int) -> bool:
+        return bool(self.shared) and self.shared[k]
+
+    def local_parts(self) -> tuple[int, ...]:
+        """Output features of each part one rank holds, in order."""
+        return tuple(n if self.is_shared(k) else n // self.tp for k, n in enumerate(self.parts))
+
+    @property
+    def model_features(self) -> int:
+        return sum(self.parts)
+
+    @property
+    def stored_features(self) -> int:
+        """Length of the rank-major dim: the model's, plus a copy of each shared part per
+        rank after the first."""
+        return self.tp * sum(self.local_parts())
+
+    def model_shape(self, stored_shape, dim: int) -> tuple[int, ...]:
+        """The model's shape of a tensor stored with `stored_shape` (its dim `dim` fused)."""
+        shape = list(stored_shape)
+        if shape[dim] != self.stored_features:
+            raise PlannerError(f"{self} does not describe a dim of {shape[dim]}")
+        shape[dim] = self.model_features
+        return tuple(shape)
 
     def order(self) -> torch.Tensor:
         """Rank-major position -> the model-order output feature it holds."""
         starts = torch.tensor((0,) + self.parts[:-1]).cumsum(0).tolist()
-        pieces = [torch.arange(start + r * (n // self.tp), start + (r + 1) * (n // self.tp))
-                  for r in range(self.tp) for start, n in zip(starts, self.parts)]
+        pieces = [torch.arange(start, start + n) if self.is_shared(k) else
+                  torch.arange(start + r * (n // self.tp), start + (r + 1) * (n // self.tp))
+                  for r in range(self.tp)
+                  for k, (start, n) in enumerate(zip(starts, self.parts))]
         return torch.cat(pieces)
+
+    def model_positions(self) -> torch.Tensor:
+        """Model-order feature -> the first rank-major position holding it (rank 0's
+        copy of a shared part); the inverse of `order` where that is a permutation."""
+        order = self.order()
+        first = torch.full((self.model_features,), len(order), dtype=torch.long)
+        return first.scatter_reduce(0, order, torch.arange(len(order)), reduce="amin")
 
     def to_rank_major(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
         """A full tensor in the model's order -> rank-major (each rank's pieces together)."""
         return tensor.index_select(dim, self.order().to(tensor.device))
 
     def to_model_order(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
-        """The inverse of `to_rank_major`."""
-        return tensor.index_select(dim, torch.argsort(self.order()).to(tensor.device))
+        """The inverse of `to_rank_major` (a shared part: rank 0's copy)."""
+        return tensor.index_select(dim, self.model_positions().to(tensor.device))
 
 
 def fused_split(parts: tuple[int, ...], tp: int, module: nn.Module,
-                conv1d: bool) -> FusedSplit:
+                conv1d: bool, shared: tuple[bool, ...] = ()) -> FusedSplit:
     dims = [("weight", 1 if conv1d else 0)]
     if getattr(module, "bias", None) is not None:
         dims.append(("bias", 0))
-    return FusedSplit(tuple(parts), tp, tuple(dims))
+    return FusedSplit(tuple(parts), tp, tuple(dims), tuple(shared) if any(shared) else ())
 
 
 @torch.no_grad()
 def reorder_for_split(module: nn.Module, split: FusedSplit) -> None:
     """Before the split: reorder the module's own (whole) parameters rank-major, and
-    record how (`FUSED_ATTR`)."""
+    record how (`FUSED_ATTR`). With shared parts the stored tensor is longer: a new
+    parameter replaces the model's."""
     for name, dim in split.dims:
         param = getattr(module, name)
-        param.copy_(split.to_rank_major(param.detach(), dim))
+        stored = split.to_rank_major(param.detach(), dim)
+        if stored.shape == param.shape:
+            param.copy_(stored)
+        else:
+            module.register_parameter(name, nn.Parameter(stored,
+                                                         requires_grad=param.requires_grad))
     setattr(module, FUSED_ATTR, split)
 
 
@@ -105,9 +161,13 @@ class FusedDim:
     dim: int
 
     def checkpoint_index(self, stored: torch.Tensor, size: int) -> torch.Tensor:
-        if sum(self.split.parts) != size:
+        if self.split.stored_features != size:
             raise PlannerError(f"{self.split} does not describe a dim of {size}")
         return self.split.order()[stored]
+
+    def checkpoint_size(self, size: int) -> int:
+        """The checkpoint's length of the stored dim of `size`."""
+        return self.split.model_shape((size,), 0)[0]
 
 
 def layout_transforms(modules) -> dict[str, FusedDim]:

@@ -21,6 +21,13 @@ Timeouts. torch gives a group made by `new_group` (every mesh axis that is not t
 world) torch's own default of 30 minutes, not the default group's timeout; so each mesh
 passes the default group's timeout to its sub-groups explicitly (`group_options`).
 `init_distributed` sets that timeout: `pg_timeout_s`, or PLANNER_PG_TIMEOUT_S.
+
+Stale meshes. DTensor caches each op's output sharding, DeviceMesh included, and two
+meshes compare equal when their ranks and axis names do; a mesh of an earlier process
+group (a process that destroyed its group and made another, as the real-model matrix
+does per case) would come back from that cache, carrying the earlier group's sub-group
+names: "Could not resolve the process group registered under the name 16", or a
+collective on whatever group now has that name. New `Meshes` clear those caches first.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
 from ir.errors import PlannerError
 
@@ -144,6 +152,7 @@ class Meshes:
         self.device_type = device_type
         self.rank = dist.get_rank()
         self._world: dict[int, DeviceMesh] = {}
+        _clear_sharding_prop_cache()  # no cached sharding may name another group's mesh
         names = (MeshAxis.PP.value, MeshAxis.DP.value, MeshAxis.TP.value)
         # sub-groups wait as long as the default group (module docstring: Timeouts)
         self.timeout = group_timeout(dist.group.WORLD, device_type)

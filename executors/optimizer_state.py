@@ -222,9 +222,15 @@ def load_targets(opt, names: dict[int, str], metadata: dict, fused: Fused | None
     slots: list[tuple[torch.Tensor, dict[str, torch.Tensor]]] = []
     cut: list[tuple[torch.Tensor, torch.Tensor, tuple[FusedSplit, int], Callable]] = []
 
+    def saved_shape(p: torch.Tensor, fqn: str) -> tuple[int, ...]:
+        """The shape `p`'s states were saved in: the model's (a fused parameter with shared
+        parts is stored longer, `executors.fused`)."""
+        return fused[fqn][0].model_shape(p.shape, fused[fqn][1]) if fqn in fused \
+            else tuple(p.shape)
+
     def whole(shaped_like: torch.Tensor, dtype, fqn: str, into: torch.Tensor, piece=None):
         """A model-order buffer DCP fills; `into` gets this rank's shard (or piece) of it."""
-        buffer = torch.zeros(tuple(shaped_like.shape), dtype=dtype)
+        buffer = torch.zeros(saved_shape(shaped_like, fqn), dtype=dtype)
         cut.append((buffer, into, fused[fqn], piece))
         return buffer
 
@@ -246,7 +252,7 @@ def load_targets(opt, names: dict[int, str], metadata: dict, fused: Fused | None
             value = torch.zeros_like(p.detach(), dtype=dtype)
             fqn = names[id(p)]
             return value, (whole(p, dtype, fqn, value) if fqn in fused else value)
-        add(p, names[id(p)], tuple(p.shape), plain)
+        add(p, names[id(p)], saved_shape(p, names[id(p)]), plain)
     for fqn, p, x, t, g in _pieces(opt, names):
         if g.master is not None:  # the fp32 master, read straight into its shard
             targets[f"model/{fqn}"] = (whole(p, g.master.dtype, fqn, t, (p, x)) if fqn in fused
@@ -259,7 +265,7 @@ def load_targets(opt, names: dict[int, str], metadata: dict, fused: Fused | None
             if fqn in fused:
                 return value, whole(p, dtype, fqn, value, (p, x))
             return value, PieceTensor(p, value, x.lo, x.hi)
-        add(t, fqn, tuple(p.shape), piece)
+        add(t, fqn, saved_shape(p, fqn), piece)
 
     def install() -> None:
         for buffer, into, (split, dim), piece in cut:

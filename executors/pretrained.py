@@ -47,7 +47,7 @@ from executors.checkpoint import (STEP_DIR, _agree, _check_model, _gather, _mark
 from executors.checkpoint_files import MARKER, METADATA, VettedReader, read_metadata, verify_files
 from executors.fused import layout_transforms
 from executors.runtime import ParallelModel
-from executors.shard_slices import local_tensor, shard_pieces
+from executors.shard_slices import checkpoint_shape, local_tensor, shard_pieces
 from ir.errors import PlannerError
 
 try:
@@ -197,6 +197,7 @@ class SafetensorsFolder:
 def _plan_reads(pm: ParallelModel, folder: SafetensorsFolder, names: HFNames):
     """(model name, tensor, checkpoint name) per local target, or the first problem."""
     reads = []
+    transforms = layout_transforms(m for _, m in pm.stage_modules)
     for name, tensor, _ in local_targets(pm):
         stored = next((c for c in names.candidates(name) if c in folder.file_of), None)
         if stored is None:
@@ -205,9 +206,10 @@ def _plan_reads(pm: ParallelModel, folder: SafetensorsFolder, names: HFNames):
                            f"{name!r} (looked for {', '.join(names.candidates(name))}): it "
                            "is another model's; load a checkpoint of this model's config")
         shape = list(folder.slice(stored).get_shape())
-        if shape != list(tensor.shape):
+        expected = list(checkpoint_shape(tensor, transforms.get(name)))
+        if shape != expected:
             return reads, (f"checkpoint {folder.where(stored)}: tensor {stored!r} is {shape} "
-                           f"but the model's {name!r} is {list(tensor.shape)}: it is another "
+                           f"but the model's {name!r} is {expected}: it is another "
                            "model's; load a checkpoint of this model's config")
         if local_tensor(tensor).is_meta:
             return reads, (f"the model's {name!r} is still on the meta device: materialize "

@@ -41,7 +41,7 @@ from executors.checkpoint import _agree, _gather, _rank_world
 from executors.pretrained import INDEX, SINGLE, HFNames, local_targets
 from executors.fused import layout_transforms
 from executors.runtime import ParallelModel
-from executors.shard_slices import to_checkpoint_layout
+from executors.shard_slices import checkpoint_shape, to_checkpoint_layout
 from ir.errors import PlannerError
 
 DEFAULT_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size, "5GB"
@@ -166,7 +166,9 @@ def export_pretrained(pm: ParallelModel, directory: str,
     module = pm.stage_modules[0][1]
     names = HFNames.of(module)
     targets = local_targets(pm)
-    held = _gather([Entry(n, tuple(t.shape), _written_dtype(t, dtype)) for n, t, _ in targets])
+    transforms = layout_transforms(m for _, m in pm.stage_modules)
+    held = _gather([Entry(n, checkpoint_shape(t, transforms.get(n)), _written_dtype(t, dtype))
+                    for n, t, _ in targets])
     files = plan_files(held, names, max_shard_bytes)
     file_of = {e.name: name for (_, entries), name in zip(files, file_names(len(files)))
                for e in entries}
@@ -181,7 +183,6 @@ def export_pretrained(pm: ParallelModel, directory: str,
     _agree(error)
     mine = {name: StreamingFile(os.path.join(directory, name), entries)
             for (owner, entries), name in zip(files, file_names(len(files))) if owner == rank}
-    transforms = layout_transforms(m for _, m in pm.stage_modules)
     for name, tensor, _ in targets:
         if name not in file_of:
             continue  # a tied weight stored under its source's name

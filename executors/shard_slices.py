@@ -44,6 +44,10 @@ class LayoutTransform(Protocol):
     def checkpoint_index(self, stored: torch.Tensor, size: int) -> torch.Tensor:
         """Checkpoint indices (int64) of the stored indices `stored` of a dim of `size`."""
 
+    def checkpoint_size(self, size: int) -> int:
+        """The checkpoint's length of a stored dim of `size` (longer where stored rows
+        repeat: a fused projection's shared parts)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Piece:
@@ -117,11 +121,19 @@ def shard_pieces(t: torch.Tensor, transform: LayoutTransform | None = None) -> l
             for combo in itertools.product(*runs)]
 
 
+def checkpoint_shape(t: torch.Tensor, transform: LayoutTransform | None) -> tuple[int, ...]:
+    """The checkpoint's shape of a (stored) tensor `t`."""
+    shape = list(t.shape)
+    if transform is not None:
+        shape[transform.dim] = transform.checkpoint_size(shape[transform.dim])
+    return tuple(shape)
+
+
 def to_checkpoint_layout(full: torch.Tensor, transform: LayoutTransform | None) -> torch.Tensor:
-    """A whole stored tensor in the checkpoint's order (itself under the identity)."""
+    """A whole stored tensor in the checkpoint's order and shape (itself under the identity)."""
     if transform is None:
         return full
-    out = torch.empty_like(full)
+    out = full.new_empty(checkpoint_shape(full, transform))
     for piece in shard_pieces(full, transform):
         out[piece.full] = full[piece.local]
     return out

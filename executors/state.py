@@ -54,9 +54,12 @@ def load_full_state_dict(pm: ParallelModel, state: dict[str, torch.Tensor]) -> N
             if name not in state:
                 raise PlannerError(f"load_full_state_dict: no tensor for parameter {name!r}")
             full = state[name]
-            if tuple(full.shape) != tuple(param.shape):
+            # a fused parameter holding shared parts is stored longer than the model's
+            shape = (fused[name][0].model_shape(param.shape, fused[name][1]) if name in fused
+                     else tuple(param.shape))
+            if tuple(full.shape) != shape:
                 raise PlannerError(f"load_full_state_dict: {name!r} is {list(full.shape)} in "
-                                   f"the state dict but {list(param.shape)} in the model")
+                                   f"the state dict but {list(shape)} in the model")
             if name in fused:
                 load_model_order(param, full, *fused[name])
             else:

@@ -10,7 +10,9 @@ A Conv1D (GPT-2; weight stored (in, out)) gets the same styles with the weight s
 the transposed dim (`Conv1DColwise`: Shard(1), `Conv1DRowwise`: Shard(0)): parameter
 names, shapes and layout stay the model's own, so state dicts, checkpoints, tied weights
 and FSDP see what the single-device model has, and DTensor runs Conv1D's own addmm. A
-fused [q | k | v] / [gate | up] module is reordered rank-major first (`executors.fused`).
+fused [q | k | v] / [gate | up] module is reordered rank-major first (`executors.fused`);
+one whose k and v stay whole on every rank (multi-query: Falcon's query_key_value) runs
+`SharedPartsColwise` instead, which sums those parts' gradients over the TP group.
     vocab    RowwiseParallel() on the embedding         table split over the vocabulary
     head     the model's last layer: ColwiseParallel(output_layouts=Shard(-1),
              use_local_output=False): the logits stay split over the vocabulary as a
@@ -57,12 +59,12 @@ from torch.distributed.tensor import (DTensor, Partial, Placement, Replicate, Sh
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
-from executors.fused import fused_split, reorder_for_split
+from executors.fused import FUSED_ATTR, FusedSplit, fused_split, reorder_for_split
 from executors.layout import SEQ_DIM, map_main_input
 from ir.layer import Layer, TPStyle
 from ir.legality import is_tp_block, sequence_parallel_applies, sequence_parallel_problem
 from ir.strategy import LayerStrategy
-from ir.tp import HEAD_ATTRS, KV_HEAD_ATTRS, head_counts, is_conv1d
+from ir.tp import HEAD_ATTRS, KV_HEAD_ATTRS, fused_shared, head_counts, is_conv1d
 
 # Head-concatenated sizes attention code reshapes with next to its head counts (OPT/BART
 # embed_dim, BERT all_head_size, GPT-2/Falcon split_size and hidden_size).
@@ -123,7 +125,9 @@ def layer_tp_plan(layer: Layer, module: nn.Module, strategy: LayerStrategy,
     plan: dict[str, ParallelStyle] = {}
     for cand in layer.tp_candidates:
         conv1d = is_conv1d(module.get_submodule(cand.module)) if cand.module else False
-        if cand.style is TPStyle.COLWISE:
+        if cand.style is TPStyle.COLWISE and _shared_parts(module, cand.module, cand.fused):
+            plan[cand.module] = SharedPartsColwise()
+        elif cand.style is TPStyle.COLWISE:
             plan[cand.module] = Conv1DColwise() if conv1d else ColwiseParallel()
         elif cand.style is TPStyle.ROWWISE:
             rowwise = Conv1DRowwise if conv1d else RowwiseParallel
@@ -219,6 +223,75 @@ class SharedProjection(ParallelStyle):
 
         return distribute_module(module, device_mesh, replicate_params, replicated_input,
                                  partial_grad_output)
+
+
+def _shared_parts(module: nn.Module, path: str, parts: tuple[int, ...]) -> tuple[bool, ...]:
+    """Per part of the fused module at `path`: held whole by every rank (`ir.tp.fused_shared`,
+    read while the attention still has its global head counts)."""
+    if not parts or "." not in path:
+        return ()
+    return fused_shared(parts, module.get_submodule(path.rsplit(".", 1)[0]))
+
+
+class _SumGradOverGroup(torch.autograd.Function):
+    """Identity forward; backward sums the gradient over `group` (Megatron's f)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def _with_shared_grads(param: torch.Tensor, split: FusedSplit, dim: int, group) -> torch.Tensor:
+    """This rank's [split pieces | shared parts] of `param` as one local tensor whose
+    shared parts' gradients are summed over `group` in backward (each rank's copy sees
+    only its own query heads' share)."""
+    local = param.to_local() if isinstance(param, DTensor) else param
+    pieces = local.split(split.local_parts(), dim)
+    return torch.cat([_SumGradOverGroup.apply(x, group) if split.is_shared(k) else x
+                      for k, x in enumerate(pieces)], dim)
+
+
+def _shared_parts_forward(module: nn.Module, mesh: DeviceMesh, x: torch.Tensor) -> torch.Tensor:
+    """A fused Linear's forward on this rank's [q_r | k | v] rows (`SharedPartsColwise`)."""
+    split: FusedSplit = getattr(module, FUSED_ATTR)
+    group = mesh.get_group()
+    if isinstance(x, DTensor):  # gathered for sequence parallelism: its grad is a partial sum
+        x = x.to_local(grad_placements=(Partial(),))
+    else:  # replicated over the group: the input gradient is a partial sum, all-reduced
+        x = _SumGradOverGroup.apply(x, group)
+    dims = dict(split.dims)
+    weight = _with_shared_grads(module.weight, split, dims["weight"], group)
+    bias = _with_shared_grads(module.bias, split, dims["bias"], group) if "bias" in dims else None
+    # (B, T, in) @ (in, local_out): a Conv1D weight is stored (in, out), a Linear's (out, in)
+    return torch.nn.functional.linear(x, weight.t() if dims["weight"] == 1 else weight, bias)
+
+
+class SharedPartsColwise(ParallelStyle):
+    """A fused column-parallel module some of whose parts every rank holds whole
+    (`executors.fused.FusedSplit.shared`: multi-query attention's k and v beside split
+    query heads). Its rank-major parameters are split plainly (`Shard` of the output
+    features: rank r holds [q_r | k | v]); its forward computes this rank's outputs from
+    them, summing the shared parts' gradients over the TP group in backward, so their
+    copies step alike, and the input's gradient too (as ColwiseParallel does). The
+    output is this rank's local features, as `use_local_output` gives."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        split: FusedSplit = getattr(module, FUSED_ATTR)
+
+        def partition(_name, mod, mesh):
+            _distribute_params(mod, mesh, {name: Shard(dim) for name, dim in split.dims},
+                               None)
+
+        distribute_module(module, device_mesh, partition)
+        module.forward = partial(_shared_parts_forward, module, device_mesh)
+        return module
 
 
 def _own_output(_module, _args, output):
@@ -358,7 +431,8 @@ def apply_tp(module: nn.Module, layer: Layer, strategy: LayerStrategy, mesh: Dev
     for cand in layer.tp_candidates:
         if cand.fused:  # [q | k | v] -> [q_r k_r v_r] per rank, before the plain split
             sub = module.get_submodule(cand.module)
-            reorder_for_split(sub, fused_split(cand.fused, strategy.tp, sub, is_conv1d(sub)))
+            reorder_for_split(sub, fused_split(cand.fused, strategy.tp, sub, is_conv1d(sub),
+                                               _shared_parts(module, cand.module, cand.fused)))
     whole = plan.pop("", None)  # a candidate that is the layer itself (an embedding, a head)
     if whole is not None:
         parallelize_module(module, mesh, whole, src_data_rank=None)

@@ -29,11 +29,24 @@ unpacks them in a known order: GPT-2's Conv1D c_attn and Phi-3's qkv_proj are [q
 (q = heads·head_dim, k = v = kv_heads·head_dim), Phi-3's gate_up_proj is [gate | up]
 (chunk(2)); Phi-3's own plan calls them "colwise_gather_output" / "rowwise_split_input"
 and is read so. The executor reorders their rows so that rank r's contiguous shard is
-[q_r | k_r | v_r] (`executors.fused`). Other fused names (multi-query Falcon's
-query_key_value: one key/value head that would have to stay whole beside split
-queries, InternLM's grouped wqkv) leave their parent whole. GPT-NeoX's query_key_value
-is a plain colwise candidate (its own plan): its rows are per-head [q_h k_h v_h] groups,
-so a contiguous split keeps whole heads.
+[q_r | k_r | v_r] (`executors.fused`). With ONE key/value head (multi-query) the k and
+v parts are shared: every rank holds them whole beside its query heads (`fused_shared`),
+and the TP degree need only divide the query heads.
+
+Falcon's query_key_value packs heads as its attention's flags say
+(modeling_falcon.FalconAttention._split_heads; `falcon_packing`):
+  multi_query, not new_decoder_architecture   [q | k | v], one key/value head: fused
+                                               parts, k and v shared;
+  new_decoder_architecture                     per key/value group [q_g.. | k_g | v_g]:
+                                               a contiguous split keeps whole groups
+                                               (tp divides kv_heads); one group is the
+                                               [q | k | v] above;
+  neither                                      per head [q_h k_h v_h]: a contiguous
+                                               split keeps whole heads.
+Its `dense` beside that query_key_value closes the attention (row-parallel). Other fused
+names (InternLM's grouped wqkv) leave their parent whole. GPT-NeoX's query_key_value is a
+plain colwise candidate (its own plan): per-head [q_h k_h v_h] groups, as Falcon's last
+case.
 """
 
 from __future__ import annotations
@@ -56,6 +69,12 @@ FUSED_PROJECTIONS = frozenset({"qkv", "c_attn", "wqkv", "query_key_value", "qkv_
 # (Phi-3 chunk(2)).
 _FUSED_QKV = frozenset({"c_attn", "qkv_proj"})
 _FUSED_GATE_UP = frozenset({"gate_up_proj"})
+# Falcon's fused projection and the attention flags that say how it packs heads.
+_FALCON_QKV = "query_key_value"
+_FALCON_FLAGS = ("multi_query", "new_decoder_architecture")
+# The output projection beside a Falcon query_key_value (BERT's rule reads "dense" by its
+# parent instead, see `_style_by_name`).
+_FALCON_OUT = "dense"
 _ROWWISE = {"o", "o_proj", "out_proj", "c_proj", "wo", "w2", "fc2", "down_proj", "fc_out",
             "dense_4h_to_h", "down", "proj", "w_down", "out"}
 # Key / value projections, kept whole under multi-query attention (one KV head).
@@ -121,6 +140,49 @@ def _style_by_name(path: str) -> TPStyle | None:
     return None
 
 
+def falcon_packing(attention: nn.Module) -> str | None:
+    """How a Falcon attention packs query_key_value (module docstring): "blocks"
+    ([q | k | v], one key/value head), "groups" (per key/value group) or "heads" (per
+    head); None for a module without Falcon's flags."""
+    flags = vars(attention)
+    if not all(isinstance(flags.get(f), bool) for f in _FALCON_FLAGS):
+        return None
+    kv_heads = head_counts(attention).get("kv_heads")
+    if flags["new_decoder_architecture"]:
+        return "blocks" if kv_heads == 1 else "groups"
+    return "blocks" if flags["multi_query"] else "heads"
+
+
+def _qkv_blocks(parent: nn.Module, n_out: int) -> tuple[int, ...] | None:
+    """(q, k, v) features of a [q | k | v] packing of `n_out` features, or None."""
+    counts = head_counts(parent)
+    heads = counts.get("heads")
+    kv_heads = counts.get("kv_heads", heads)
+    if not heads or n_out % (heads + 2 * kv_heads):
+        return None  # not attention
+    head_dim = n_out // (heads + 2 * kv_heads)
+    if vars(parent).get("head_dim", head_dim) != head_dim:
+        return None  # another packing than [q | k | v]
+    return heads * head_dim, kv_heads * head_dim, kv_heads * head_dim
+
+
+def fused_shared(parts: tuple[int, ...], attention: nn.Module) -> tuple[bool, ...]:
+    """Per part of a fused [q | k | v]: held whole by every rank (multi-query attention's
+    one key/value head beside split queries). () for a packing with nothing shared."""
+    counts = head_counts(attention)
+    if len(parts) == 3 and counts.get("kv_heads") == 1 and counts.get("heads", 1) > 1:
+        return (False, True, True)
+    return ()
+
+
+def packed_by_heads(layer_module: nn.Module, path: str) -> bool:
+    """A fused query_key_value whose contiguous split keeps whole heads or key/value
+    groups (Falcon's "heads" and "groups" packings): a plain column-parallel module."""
+    if path.rsplit(".", 1)[-1] != _FALCON_QKV or not _parent(path):
+        return False
+    return falcon_packing(layer_module.get_submodule(_parent(path))) in ("heads", "groups")
+
+
 def fused_parts(layer_module: nn.Module, path: str) -> tuple[int, ...] | None:
     """The output features of each projection the fused module at `path` packs, in the
     model's order ((q, k, v) or (gate, up)), or None when it is not one this module
@@ -132,16 +194,8 @@ def fused_parts(layer_module: nn.Module, path: str) -> tuple[int, ...] | None:
         return None
     parent = layer_module.get_submodule(parent_path)
     n_out = dims[1]
-    if leaf in _FUSED_QKV:
-        counts = head_counts(parent)
-        heads = counts.get("heads")
-        kv_heads = counts.get("kv_heads", heads)
-        if not heads or kv_heads < 2 or n_out % (heads + 2 * kv_heads):
-            return None  # not attention, or one key/value head that must stay whole
-        head_dim = n_out // (heads + 2 * kv_heads)
-        if vars(parent).get("head_dim", head_dim) != head_dim:
-            return None  # another packing than [q | k | v]
-        return heads * head_dim, kv_heads * head_dim, kv_heads * head_dim
+    if leaf in _FUSED_QKV or (leaf == _FALCON_QKV and falcon_packing(parent) == "blocks"):
+        return _qkv_blocks(parent, n_out)
     if leaf in _FUSED_GATE_UP and n_out % 2 == 0:
         # its down projection takes one half: the [gate | up] halves of Phi-3's MLP
         downs = [d for _, d in parent.named_children() if d is not sub and _linear_dims(d)
@@ -162,11 +216,14 @@ def model_tp_plan(layer_module: nn.Module) -> dict[str, str] | None:
 
 
 def _takes_head_bias(module: nn.Module) -> bool:
+    """forward() takes a per-head bias, unless the module's config turns that bias off
+    (Falcon's `alibi` argument is None when `config.alibi` is False: rotary instead)."""
     try:
         params = inspect.signature(module.forward).parameters
     except (TypeError, ValueError):
         return False
-    return bool(_HEAD_BIAS_ARGS & set(params))
+    config = getattr(module, "config", None)
+    return any(getattr(config, arg, None) is not False for arg in _HEAD_BIAS_ARGS & set(params))
 
 
 def _whole_parents(layer_module: nn.Module, parents: set[str]) -> set[str]:
@@ -243,12 +300,23 @@ def _styles_by_name(layer_module: nn.Module) -> dict[str, TPStyle]:
         if not path or not _is_projection(sub):
             continue
         style = (TPStyle.COLWISE if fused_parts(layer_module, path)
-                 else _style_by_name(path))
+                 or packed_by_heads(layer_module, path) else _style_by_name(path))
+        if style is None and _closes_falcon_attention(layer_module, path):
+            style = TPStyle.ROWWISE
         if style is None:
             unexplained.add(_parent(path))
         else:
             styles[path] = style
     return {p: s for p, s in styles.items() if _parent(p) not in unexplained}
+
+
+def _closes_falcon_attention(layer_module: nn.Module, path: str) -> bool:
+    """Falcon's attention `dense`: the output projection beside its query_key_value."""
+    parent = _parent(path)
+    if path.rsplit(".", 1)[-1] != _FALCON_OUT or not parent:
+        return False
+    attention = layer_module.get_submodule(parent)
+    return falcon_packing(attention) is not None and hasattr(attention, _FALCON_QKV)
 
 
 def _params(module: nn.Module, style: TPStyle) -> int:
@@ -304,10 +372,14 @@ def tp_analysis(layer_module: nn.Module, *, in_block: bool, vocab_rows: int | No
             parts = (fused_parts(layer_module, path) or ()) if style is TPStyle.COLWISE else ()
             candidates.append(TPCandidate(path, style, _params(sub, style), parts))
             n_in, n_out = _linear_dims(sub)
-            divisors[f"{path}.out" if style is TPStyle.COLWISE else f"{path}.in"] = (
-                n_out if style is TPStyle.COLWISE else n_in)
+            shared = fused_shared(parts, layer_module.get_submodule(_parent(path))) \
+                if parts else ()
+            if not shared:  # with a shared part only the split parts must divide
+                divisors[f"{path}.out" if style is TPStyle.COLWISE else f"{path}.in"] = (
+                    n_out if style is TPStyle.COLWISE else n_in)
             for k, part in enumerate(parts):  # each packed projection splits on its own
-                divisors[f"{path}.part{k}"] = part
+                if not (shared and shared[k]):  # a shared part stays whole
+                    divisors[f"{path}.part{k}"] = part
         for parent in sorted({_parent(c.module) for c in candidates}):
             for kind, value in head_counts(layer_module.get_submodule(parent)).items():
                 if kind == "kv_heads" and parent in shared_kv:

@@ -4,8 +4,11 @@
     print(format_table(outcomes))
 
 Each case builds one architecture from tests/data/hf/<arch>/config.json (tiny, random
-init, fp32, dropout 0), calls `planner.auto_parallel` on `world` gloo ranks with the
-mode's SearchOptions, trains STEPS AdamW steps on fixed global batches and compares the
+init, fp32, dropout 0), plans it on `world` gloo ranks with the mode's SearchOptions
+(rank 0 searches the measured `local` cluster and broadcasts the plan, as
+`planner.auto_parallel` does; `plan_case`), runs that plan through `auto_parallel`, so a
+plan the executor rejects is on record (`Outcome.plan`, `Outcome.plan_json`; a Case with
+`plan_json` replays it), trains STEPS AdamW steps on fixed global batches and compares the
 losses and final parameters with single-process training of the same model from the
 same seed. Every case gets one outcome:
 
@@ -29,6 +32,7 @@ import gc
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -97,10 +101,23 @@ class Case:
     arch: str
     mode: str
     world: int
+    # plan JSON (a recorded run's "plan_json") to run instead of searching: replays a
+    # flaky case with the plan it drew (bench_real_models.py --only KEY --plan FILE)
+    plan_json: str = ""
 
     @property
     def key(self) -> str:
         return f"{self.arch}/{self.mode}/{self.world}r"
+
+    @classmethod
+    def parse(cls, key: str, plan_json: str = "") -> "Case":
+        """`arch/mode/Nr` (a `key`) -> its Case; ValueError naming what is wrong."""
+        parts = key.split("/")
+        if len(parts) != 3 or parts[0] not in ARCHS or parts[1] not in MODES \
+                or not re.fullmatch(r"[0-9]+r", parts[2]):
+            raise ValueError(f"{key!r} is not arch/mode/Nr with arch in ARCHS and mode in "
+                             f"{', '.join(MODES)} (e.g. falcon/auto/4r)")
+        return cls(parts[0], parts[1], int(parts[2][:-1]), plan_json)
 
 
 @dataclass(frozen=True)
@@ -109,13 +126,15 @@ class Outcome:
     status: str
     reason: str = ""
     seconds: float = 0.0
-    plan: str = ""
+    plan: str = ""  # compact: the plan's summary and each run of layers' strategy
     trace: str = ""  # the failing rank's last frames, for whoever fixes it
+    plan_json: str = ""  # the whole plan document (cluster spec included): replays the case
 
     def to_dict(self) -> dict:
         return {"arch": self.case.arch, "mode": self.case.mode, "ranks": self.case.world,
-                "outcome": self.status, "reason": self.reason,
-                "seconds": round(self.seconds, 2), "plan": self.plan, "trace": self.trace}
+                "key": self.case.key, "outcome": self.status, "reason": self.reason,
+                "seconds": round(self.seconds, 2), "plan": self.plan, "trace": self.trace,
+                "plan_json": self.plan_json}
 
 
 def cases(archs=ARCHS, modes=tuple(MODES), worlds=(2, 4)) -> list[Case]:
@@ -171,6 +190,11 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
+def _full(exc: BaseException) -> str:
+    """The whole reason, for the record (the table shows REASON_WIDTH characters)."""
+    return f"{type(exc).__name__}: {str(exc).strip()}"
+
+
 def compare(losses: list[float], state: dict, ref: dict) -> dict:
     """Relative loss error per step and the worst parameter (by relative error norm)."""
     loss_rel = [abs(g - r) / max(abs(r), 1e-12) for g, r in zip(losses, ref["losses"])]
@@ -191,28 +215,105 @@ def compare(losses: list[float], state: dict, ref: dict) -> dict:
     return {"loss_rel": loss_rel, "missing": missing, "param": worst}
 
 
-def run_case(case: Case, ref: dict, rank: int, log) -> dict:
-    """On one rank: plan, shard, train and (rank 0) compare. Never raises."""
-    from executors import full_state_dict
+def compact_plan(plan) -> str:
+    """The plan's summary, then each run of consecutive layers with one strategy:
+    `plan(pp=1, ...) | L0-2 tp2·dp2 | L3-4 tp1·dp4·z1` (stages are in the summary)."""
+    runs, start = [], 0
+    strategies = plan.layer_strategies
+    for j in range(1, len(strategies) + 1):
+        if j == len(strategies) or strategies[j] != strategies[start]:
+            span = f"L{start}" if j - 1 == start else f"L{start}-{j - 1}"
+            runs.append(f"{span} {strategies[start]}")
+            start = j
+    return " | ".join([str(plan)] + runs)
+
+
+def layer_plan_json(arch: str, world: int, tps: tuple[int, ...]) -> str:
+    """Plan JSON for `arch` on `world` ranks in one stage: layer j at TP degree tps[j],
+    data parallel over the rest (plain replication), one micro-batch per step."""
+    from cost_models.clusters import get_cluster
+    from ir.measure import build_layer_graph
+    from ir.plan import ParallelPlan, PlanDocument, model_identity, plan_to_json
+    from ir.strategy import LayerStrategy, Precision, Stage
+
+    model, inputs, target, loss_fn = build(arch)
+    graph = build_layer_graph(model, inputs, target, loss_fn, name=type(model).__name__,
+                              dtype=torch.float32)
+    strategies = tuple(LayerStrategy(tp=t, dp=world // t) for t in tps)
+    plan = ParallelPlan(stages=(Stage(0, len(tps) - 1, world),), layer_strategies=strategies,
+                        global_batch=GLOBAL_BATCH,
+                        micro_batch=GLOBAL_BATCH // max(s.dp for s in strategies),
+                        num_microbatches=1, precision=Precision.FP32)
+    spec = get_cluster("local", nodes=1, gpus_per_node=world)
+    return plan_to_json(PlanDocument(plan, graph.model, cluster=spec.to_dict(),
+                                     **model_identity(graph)))
+
+
+def plan_case(case: Case, model, inputs, target, loss_fn, world: int) -> str:
+    """The plan JSON every rank runs for `case`: the case's own (a replay), else rank 0
+    searches, as `auto_parallel` does with `cluster="local"`, and broadcasts it. Planned
+    here rather than inside `auto_parallel` so that a plan the executor rejects is still
+    on record. PlannerError (on every rank) when the search finds none."""
+    import torch.distributed as dist
+
+    from cost_models.clusters import get_cluster
     from ir.errors import PlannerError
+    from ir.measure import build_layer_graph
+    from ir.plan import plan_to_json
     from ir.strategy import Precision
-    from planner.api import auto_parallel
+    from planner.plan_report import plan_document
+    from planner.search import search
     from planner.search_space import SearchOptions
 
+    if case.plan_json:
+        return case.plan_json
+    text = [""]
+    if dist.get_rank() == 0:
+        try:
+            graph = build_layer_graph(model, inputs, target, loss_fn, name=type(model).__name__,
+                                      dtype=torch.float32)
+            spec = get_cluster("local", nodes=1, gpus_per_node=world)
+            options = SearchOptions(precision=Precision.FP32, **MODES[case.mode])
+            result = search(graph, spec, GLOBAL_BATCH, options)
+            text[0] = (plan_to_json(plan_document(graph, spec, result.best, result.stats,
+                                                  {"made_by": "tests/real_models.py"}))
+                       if result.best else "error: no plan fits")
+        except PlannerError as exc:
+            text[0] = f"error: {exc}"
+    dist.broadcast_object_list(text, src=0)  # a str: the plan is data either way
+    if text[0].startswith("error: "):
+        raise PlannerError(f"auto_parallel could not plan {type(model).__name__}: "
+                           f"{text[0][len('error: '):]}")
+    return text[0]
+
+
+def run_case(case: Case, ref: dict, rank: int, log) -> dict:
+    """On one rank: plan, shard, train and (rank 0) compare. Never raises. The plan is
+    in the result from the moment it exists, so a rejected or crashed case has it."""
+    import torch.distributed as dist
+
+    from executors import full_state_dict
+    from ir.errors import PlannerError
+    from ir.plan import plan_from_dict
+    from ir.strategy import Precision
+    from planner.api import auto_parallel
+
     stage = "load"
+    recorded: dict = {}
     try:
         model, inputs, target, loss_fn = build(case.arch)
         stage = "plan"
         log("stage", stage=stage)
         try:
-            options = SearchOptions(precision=Precision.FP32, **MODES[case.mode])
+            text = plan_case(case, model, inputs, target, loss_fn, dist.get_world_size())
+            doc = plan_from_dict(json.loads(text), f"<plan of {case.key}>")
+            recorded = {"plan": compact_plan(doc.plan), "plan_json": text}
             pm = auto_parallel(model, (inputs, target), loss_fn=loss_fn,
                                optimizer=torch.optim.AdamW, optimizer_kwargs=dict(OPTIMIZER_KWARGS),
                                cluster="local", global_batch=GLOBAL_BATCH,
-                               precision=Precision.FP32, options=options)
+                               precision=Precision.FP32, plan=doc)
         except PlannerError as exc:
-            return {"state": "rejected", "stage": stage, "error": _first_line(exc)}
-        plan = str(pm.plan)
+            return {"state": "rejected", "stage": stage, "error": _full(exc), **recorded}
         losses = []
         for step, batch in enumerate(ref["batches"]):
             stage = "train"
@@ -220,13 +321,13 @@ def run_case(case: Case, ref: dict, rank: int, log) -> dict:
             losses.append(pm.train_step(batch))
         stage = "gather"
         state = full_state_dict(pm.parallel)
-        result = {"state": "ok", "stage": stage, "plan": plan, "losses": losses}
+        result = {"state": "ok", "stage": stage, "losses": losses, **recorded}
         if rank == 0:
             result["compare"] = compare(losses, state, ref)
         return result
     except Exception as exc:  # every failure is an outcome; the matrix goes on
-        return {"state": "crash", "stage": stage, "error": _first_line(exc),
-                "trace": traceback.format_exc(limit=-3)}
+        return {"state": "crash", "stage": stage, "error": _full(exc),
+                "trace": traceback.format_exc(limit=-3), **recorded}
 
 
 def rank_main(rank: int, world: int, port: int, log_dir: str, work: list, case_fn,
@@ -273,14 +374,15 @@ def _peer_fault(error: str) -> bool:
 def classify(case: Case, results: list[dict], seconds: float = 0.0) -> Outcome:
     """One outcome from every rank's result of a case."""
     plan = next((r["plan"] for r in results if r.get("plan")), "")
+    plan_json = next((r["plan_json"] for r in results if r.get("plan_json")), "")
 
     def outcome(status: str, reason: str = "", trace: str = "") -> Outcome:
-        return Outcome(case, status, reason, seconds, plan, trace)
+        return Outcome(case, status, reason, seconds, plan, trace, plan_json)
 
     failed = [(rank, r) for rank, r in enumerate(results) if r["state"] != "ok"]
     if failed:
         if all(r["state"] == "rejected" for r in results):
-            return Outcome(case, REJECTED, results[0]["error"], seconds)
+            return outcome(REJECTED, results[0]["error"])
         causes = [(rank, r) for rank, r in failed if not _peer_fault(r["error"])]
         rank, r = (causes or failed)[0]
         when = "before training" if r["stage"] in BEFORE_TRAINING else "during training"

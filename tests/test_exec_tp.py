@@ -15,7 +15,9 @@ split: rank 0's shard right after `apply` is, for each packed projection, its fi
 (half of q, half of k, half of v), cut here from the single-device weights; the
 attention holds its local head count; a full state dict loaded back and gathered again
 is unchanged; a checkpoint saved under TP resumes under plain DDP in the model's own
-layout and takes the next step as the TP run does.
+layout and takes the next step as the TP run does, and a Hugging Face export under TP
+loads back (`load_pretrained`) under the same plan unchanged. Multi-query Falcon's
+query_key_value keeps its one k and v head whole on every rank (`FusedSplit.shared`).
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ import torch
 
 from executors import apply, full_state_dict
 from executors.checkpoint import load_checkpoint, save_checkpoint
-from executors.fused import FusedSplit
+from executors.fused import FusedDim, FusedSplit
+from executors.shard_slices import shard_pieces, to_checkpoint_layout
 from executors.state import load_full_state_dict
 from ir.errors import PlannerError
-from ir.tp import head_counts
-from ir.plan import uniform_plan
+from ir.tp import fused_shared, head_counts
+from ir.plan import PlanDocument, model_identity, uniform_plan
 from ir.strategy import Precision
 from planner.models import load_layer_graph, load_model
+from planner.plan_report import strategy_table
 from test_exec_plans import assert_matches_reference, assert_params_match, optimizer_kwargs
 
 from dist_utils import spawn, train_one_device, zero_dropout
@@ -88,6 +92,11 @@ PHI3_SPLIT = (("model.layers.0.self_attn.qkv_proj.weight", 0),
               ("model.layers.1.mlp.gate_up_proj.weight", 0),
               ("model.layers.1.mlp.down_proj.weight", 1))
 
+FALCON_SPLIT = (("transformer.h.0.self_attention.query_key_value.weight", 0),
+                ("transformer.h.0.self_attention.dense.weight", 1))
+FALCON_GQA_SPLIT = (("transformer.h.1.self_attention.query_key_value.weight", 0),
+                    ("transformer.h.1.self_attention.dense.weight", 1))
+
 CASES = [
     Case("opt", "opt"),
     Case("opt-sp", "opt", sequence_parallel=True,  # fc1 sits in the block itself
@@ -117,12 +126,22 @@ CASES = [
          refused="layer model.layers.0: its input re-layout dp1·tp2 -> dp1·tp2·seq differs "
                  "from the unsplit activation by up to"),
     Case("gpt_neox", "gpt_neox"),
-    Case("falcon", "falcon"),  # multi-query fused query_key_value: MLP split only
+    # multi-query fused query_key_value [q | k | v]: q split by heads, the one k and v
+    # head whole on both ranks (gradients summed); saved under TP, resumed under DDP
+    Case("falcon", "falcon", split=FALCON_SPLIT, attention="transformer.h.0.self_attention",
+         checkpoint=True),
+    Case("falcon-sp", "falcon", sequence_parallel=True),
+    # new_decoder_architecture, 2 key/value groups of [q q | k | v]: a contiguous split
+    Case("falcon-gqa", "falcon_gqa", split=FALCON_GQA_SPLIT,
+         attention="transformer.h.0.self_attention", checkpoint=True),
     Case("whisper", "whisper"),
     # TP inside FSDP / DDP replicas: replicated k/v, per-head norms, in-place adds
     Case("gemma-dp2-zero3", "gemma", dp=2, zero=3),
     Case("qwen3-sp-dp2-zero2", "qwen3", sequence_parallel=True, dp=2, zero=2),
     Case("falcon-dp2", "falcon", dp=2),
+    Case("falcon-dp2-zero3", "falcon", dp=2, zero=3),  # FSDP2 shards [q_r | k | v] again
+    # ZeRO-1 pieces of [q_r | k | v]: saved once in the model's order, resumed under DDP
+    Case("falcon-dp2-zero1", "falcon", dp=2, zero=1, checkpoint=True),
     Case("gpt2-sp-dp2-zero3", "gpt2", sequence_parallel=True, dp=2, zero=3),
     Case("phi3-dp2-zero3", "phi3", dp=2, zero=3),  # FSDP2 shards the rank-major rows again
     # ZeRO-1 pieces of rank-major rows: saved whole in the model's order, resumed under DDP
@@ -200,6 +219,15 @@ def _resume_under_ddp(pm, case: Case, graph, batches, folder: str) -> dict:
             "next_ddp": full_state_dict(resumed)}
 
 
+def _export_then_load(pm, case: Case, plan, graph, batches, folder: str) -> dict:
+    """export_pretrained under this plan, load_pretrained into a fresh model under the
+    same plan: its full state (the Hugging Face folder holds the model's layout)."""
+    pm.export_pretrained(f"{folder}-hf")
+    fresh = _apply(case, plan, graph, batches)
+    fresh.load_pretrained(f"{folder}-hf")
+    return full_state_dict(fresh)
+
+
 def run_cases(rank: int, world_size: int, payload: list) -> dict:
     results = {}
     real_apply_tp, real_relayout = apply_module.apply_tp, layout_module.relayout
@@ -229,6 +257,8 @@ def run_cases(rank: int, world_size: int, payload: list) -> dict:
         results[case.name] = {"losses": losses, "state": state, "local": local,
                               "heads": heads, "reloaded": again}
         if case.checkpoint:
+            results[case.name]["hf_loaded"] = _export_then_load(pm, case, plan, graph, batches,
+                                                                folder)
             results[case.name].update(_resume_under_ddp(pm, case, graph, batches, folder))
     return results
 
@@ -283,11 +313,16 @@ def test_fused_projections_really_split(case: Case):
                       if layer.name and f"{layer.name}.{c.module}" == module), ())
         parts = fused or (whole[name].shape[dim],)
         starts = [sum(parts[:k]) for k in range(len(parts))]
-        # rank 0: the first half of each packed projection ([q_0 | k_0 | v_0])
-        expected = torch.cat([whole[name].narrow(dim, start, n // TP)
-                              for start, n in zip(starts, parts)], dim=dim)
+        # multi-query: the one key/value head is whole on every rank
+        shared = fused_shared(parts, build(case.arch)[0].get_submodule(case.attention))
+        held = [n if shared and shared[k] else n // TP for k, n in enumerate(parts)]
+        # rank 0: the first half of each packed projection ([q_0 | k_0 | v_0]), all of a
+        # shared one ([q_0 | k | v])
+        expected = torch.cat([whole[name].narrow(dim, start, n)
+                              for start, n in zip(starts, held)], dim=dim)
         local = got["local"][name]
-        assert local.shape[dim] * TP == whole[name].shape[dim], (name, tuple(local.shape))
+        assert local.shape[dim] == sum(held), (name, tuple(local.shape))
+        assert shared or local.shape[dim] * TP == whole[name].shape[dim], name
         assert torch.equal(local, expected.detach()), f"{name}: rank 0 holds other rows"
     global_heads = head_counts(build(case.arch)[0].get_submodule(case.attention))
     assert got["heads"]["heads"] * TP == global_heads["heads"], (got["heads"], global_heads)
@@ -302,6 +337,7 @@ def test_fused_checkpoint_resumes_under_another_plan(case: Case):
     assert "error" not in got, got.get("error")
     for name, tensor in got["state"].items():  # the model's own layout, exactly
         assert torch.equal(got["loaded"][name], tensor), name
+        assert torch.equal(got["hf_loaded"][name], tensor), name  # export, load_pretrained
     tp_loss, ddp_loss = got["next_losses"]  # the optimizer state came back in order too
     assert abs(tp_loss - ddp_loss) <= RTOL * abs(tp_loss), got["next_losses"]
     for name, tensor in got["next_tp"].items():
@@ -319,6 +355,25 @@ def test_fused_rank_major_order_and_its_inverse():
     conv1d = torch.arange(24.0).view(3, 8)  # a Conv1D weight: output features on dim 1
     assert torch.equal(split.to_model_order(split.to_rank_major(conv1d, 1), 1), conv1d)
     assert split.to_rank_major(conv1d, 1)[:, :4].tolist() == conv1d[:, [0, 1, 4, 6]].tolist()
+
+
+def test_shared_parts_are_stored_once_per_rank_and_saved_once():
+    """Multi-query [q | k | v]: rank r stores [q_r | k | v]; the model's order (state
+    dicts, DCP) and the checkpoint layout (load/export_pretrained) take rank 0's copy."""
+    split = FusedSplit(parts=(4, 1, 1), tp=2, dims=(("weight", 0),), shared=(False, True, True))
+    rows = torch.arange(6.0)  # model order [q0 q1 q2 q3 | k | v]
+    stored = split.to_rank_major(rows, 0)
+    assert stored.tolist() == [0, 1, 4, 5, 2, 3, 4, 5] and split.local_parts() == (2, 1, 1)
+    assert torch.equal(split.to_model_order(stored, 0), rows)
+    assert split.model_shape((8, 3), 0) == (6, 3)
+    transform = FusedDim(split, 0)
+    assert transform.checkpoint_index(torch.arange(8), 8).tolist() == stored.long().tolist()
+    assert torch.equal(to_checkpoint_layout(stored, transform), rows)
+    assert [(p.local, p.full) for p in shard_pieces(stored, transform)] == [
+        ((slice(0, 2),), (slice(0, 2),)), ((slice(2, 4),), (slice(4, 6),)),
+        ((slice(4, 8),), (slice(2, 6),))]  # rank 1's [q2 q3 | k | v]: one run
+    with pytest.raises(PlannerError, match="does not describe a dim of 6"):
+        split.model_shape((6, 3), 0)
 
 
 def candidates(arch: str, layer: str) -> set[str]:
@@ -342,9 +397,24 @@ def test_candidates_follow_what_really_splits():
     assert candidates("gpt2", "transformer.h.0") == {  # Conv1D modules
         "attn.c_attn:colwise[64|64|64]", "attn.c_proj:rowwise", "mlp.c_fc:colwise",
         "mlp.c_proj:rowwise"}
-    # multi-query Falcon: the attention (fused q|k|v, one KV head) stays whole
+    # multi-query Falcon: fused [q|k|v] with one KV head, k and v whole on every rank,
+    # so the degree divides the query part and heads only
     assert candidates("falcon", "transformer.h.0") == {
+        "self_attention.query_key_value:colwise[64|16|16]", "self_attention.dense:rowwise",
         "mlp.dense_h_to_4h:colwise", "mlp.dense_4h_to_h:rowwise"}
+    graph = graph_of("falcon")
+    table = strategy_table(PlanDocument(uniform_plan(len(graph.layers), tp=2, global_batch=2),
+                                        graph.model, cluster={}, **model_identity(graph)), graph)
+    blocks = [line for line in table.splitlines() if "transformer.h.1" in line]
+    assert blocks and "2*" not in blocks[0], table  # the blocks really split
+    falcon = graph.layer("transformer.h.0")
+    assert not any("part1" in what or "kv_heads" in what for what, _ in falcon.tp_divisors)
+    assert falcon.tp_degree_allowed(4) and "heads=4" in falcon.tp_violation(8)
+    # new_decoder_architecture: per key/value group, a contiguous split keeps whole groups
+    assert candidates("falcon_gqa", "transformer.h.0") == {
+        "self_attention.query_key_value:colwise", "self_attention.dense:rowwise",
+        "mlp.dense_h_to_4h:colwise", "mlp.dense_4h_to_h:rowwise"}
+    assert "kv_heads=2" in graph_of("falcon_gqa").layer("transformer.h.0").tp_violation(4)
     # GPT-NeoX's query_key_value is per-head [q_h k_h v_h]: its own plan splits it
     assert "attention.query_key_value:colwise" in candidates("gpt_neox", "gpt_neox.layers.0")
     # one KV head: k/v whole (not candidates), the degree divides the query heads only

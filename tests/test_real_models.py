@@ -145,3 +145,38 @@ def test_issue_14_target(target: str):
     if bad:  # the table, not pytest's repr of the outcomes
         pytest.fail(f"{target}: missed by {len(bad)} of {len(outcomes)} runs\n"
                     f"{rm.format_cases(bad)}\n\n{rm.format_grid(outcomes)}", pytrace=False)
+
+
+# ----------------------------------------------------------------------------- replays
+# falcon/auto/4r was REJECTED once in the full matrix ("Could not resolve the process
+# group registered under the name ..." at transformer.word_embeddings, tp=2) and passed
+# alone. The 4-rank group runs its cases one after another, each in a fresh process
+# group: a case whose embedding ran at tp 2 beside tp 1 layers (meshes for tp 1, then
+# tp 2: sub-groups named 1.. and later) left DTensor's sharding cache holding its tp-2
+# mesh; the next case, tp 2 only (fewer sub-groups), found that mesh in the cache (equal
+# by ranks and axis names) with a sub-group name its own group never made. Both plans
+# are ones the search proposes for falcon on 4 ranks as the measured speeds move.
+FALCON_TP2_BESIDE_TP1 = (2, 2, 2, 1, 1)  # word_embeddings, h.0, h.1 | ln_f, lm_head
+FALCON_TP2 = (2, 2, 2, 2, 2)
+
+
+@pytest.mark.timeout(480)
+def test_falcon_tp2_after_a_case_with_more_meshes():
+    cases = [Case("falcon", "auto", 4, rm.layer_plan_json("falcon", 4, tps))
+             for tps in (FALCON_TP2_BESIDE_TP1, FALCON_TP2)]
+    ref = rm.reference("falcon")
+    outcomes = rm.run_group(4, [(i, c, ref) for i, c in enumerate(cases)])
+    got = [(outcomes[i].status, outcomes[i].reason, outcomes[i].plan) for i in range(2)]
+    assert [status for status, _, _ in got] == [PASS, PASS], got
+    assert "L0-2 tp2·dp2 | L3-4 tp1·dp4" in got[0][2] and "L0-4 tp2·dp2" in got[1][2], got
+
+
+def test_a_recorded_plan_replays():
+    """A run's record carries its plan whole: `Case.parse(key, plan_json)` runs it again."""
+    text = rm.layer_plan_json("falcon", 4, FALCON_TP2)
+    case = Case.parse("falcon/auto/4r", text)
+    assert (case.arch, case.mode, case.world, case.plan_json) == ("falcon", "auto", 4, text)
+    outcome = rm.classify(case, [{**ok(), "plan_json": text}] * 2)
+    assert outcome.to_dict()["plan_json"] == text and outcome.to_dict()["key"] == case.key
+    with pytest.raises(ValueError, match="arch/mode/Nr"):
+        Case.parse("falcon/auto/4")
