@@ -271,10 +271,12 @@ class AllToAllLink:
 
     @classmethod
     def of(cls, cluster: ClusterSpec) -> AllToAllLink:
-        """Measured all_to_all fits (`planner profile-cluster`) when the spec has them."""
+        """Measured all_to_all fits (`planner profile-cluster`) when the spec has them: the
+        intra-node one measured over the node's G ranks (or the widest group measured),
+        the inter-node one over all n; else the spec's latency and link bandwidth."""
         n, G = cluster.world_size, min(cluster.devices_per_node, cluster.world_size)
-        intra_fit = cluster.collective_fit("all_to_all", "intra_node")
-        inter_fit = cluster.collective_fit("all_to_all", "inter_node")
+        intra_fit = cluster.collective_fit("all_to_all", "intra_node", G)
+        inter_fit = cluster.collective_fit("all_to_all", "inter_node", n)
         if n > G:
             alpha = inter_fit.alpha_s if inter_fit else cluster.inter_node_latency_s
         else:

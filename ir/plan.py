@@ -160,7 +160,7 @@ class ParallelPlan:
 
     def __str__(self) -> str:
         kinds = sorted({str(s) for s in self.layer_strategies})
-        tables = f", {len(self.embeddings.tables)} sharded tables" if self.embeddings else ""
+        tables = f", {len(self.embeddings.tables)} placed tables" if self.embeddings else ""
         return (f"plan(pp={self.pp}, stages={len(self.stages)}, mb={self.micro_batch}x"
                 f"{self.num_microbatches}, {self.schedule}, {'/'.join(kinds)}{tables})")
 

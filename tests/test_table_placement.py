@@ -69,6 +69,27 @@ def test_table_wise_terms_by_hand():
     assert cost.per_rank[1].lookup_s == 0 and cost.step_s == pytest.approx(cost.per_rank[0].total_s)
 
 
+def test_all_to_all_is_priced_from_the_profiled_fit():
+    """`planner profile-cluster` fits all_to_all like every collective (CollectiveFit);
+    a spec carrying the fit prices the table all-to-alls with its alpha and bandwidth,
+    the fit for the node's group size first; without one, the spec's link figures."""
+    from ir.cluster import CollectiveFit
+
+    t = table("t", rows=1000, dim=64, ids=2)
+    config = EmbeddingConfig(global_batch=8)
+    p = [TablePlacement("t", TableSharding.TABLE_WISE, (0,))]
+    alpha, bandwidth = 40e-6, 2e9  # a slow measured link: far from the spec's 5 us, 100 GB/s
+    fits = (CollectiveFit("all_to_all", "intra_node", alpha, bandwidth, 2),
+            CollectiveFit("all_to_all", "intra_node", 1.0, 1.0, 4),  # another group size
+            CollectiveFit("all_reduce", "intra_node", 1.0, 1.0, 2))  # another collective
+    fitted = evaluate([t], p, dataclasses.replace(HAND, collective_fits=fits), config, NO_DENSE)
+    a2a = lambda nbytes: 1 * alpha + nbytes * 1 / 2 / bandwidth  # noqa: E731
+    assert fitted.per_rank[0].comm_s == pytest.approx(a2a(128) + 2 * a2a(2048))
+    assert fitted.per_rank[1].comm_s == pytest.approx(a2a(64) + 2 * a2a(1024))
+    plain = evaluate([t], p, HAND, config, NO_DENSE)
+    assert plain.per_rank[0].comm_s < fitted.per_rank[0].comm_s / 5
+
+
 def test_replicated_table_is_all_reduced_and_adam_state_by_hand():
     t = table("t", rows=1000, dim=64, ids=2)
     config = EmbeddingConfig(global_batch=8, optimizer="adam")
@@ -265,11 +286,24 @@ def test_plan_tables_command_writes_json(tmp_path, capsys):
     assert "TorchRec-style greedy" in text and "lower bound" in text
     import json
 
-    doc = json.loads(out.read_text())
-    assert doc["schema"] == "planner.table_plan/v1" and doc["method"] == "exact"
-    assert [p["table"] for p in doc["placements"]] == [f"tables.{i}" for i in range(4)]
-    assert doc["predicted"]["step_s"] <= doc["greedy"]["predicted"]["step_s"] * (1 + 1e-12)
+    doc = json.loads(out.read_text())  # a whole plan file, the placement printed above
+    assert doc["schema"] == "planner.plan/v1" and doc["search"]["tables"]["method"] == "exact"
+    placed = doc["embedding_tables"]["tables"]
+    assert [p["table"] for p in placed] == [f"tables.{i}" for i in range(4)]
+    for p in placed:
+        assert p["table"] in text and p["sharding"] in text
+    tables = doc["search"]["tables"]
+    assert tables["step_s"] <= tables["greedy_step_s"] * (1 + 1e-12)
+    from ir.plan import load_plan
+    plan = load_plan(out).plan
+    assert plan.world_size == 2 and [t.placement.sharding.value for t in plan.embeddings.tables] \
+        == [p["sharding"] for p in placed]
     assert not list(tmp_path.glob(".*.tmp"))  # the atomic write left no temporary behind
+    rc = main(["plan-tables", "dlrm-small", "--cluster", "a100-80g", "--gpus-per-node", "2",
+               "--global-batch", "64", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0 and report["schema"] == "planner.table_plan/v1" and report["method"] == "exact"
+    assert report["predicted"]["step_s"] <= report["greedy"]["predicted"]["step_s"] * (1 + 1e-12)
     assert main(["plan-tables", "dlrm-small", "--cluster", "a100-80g", "--global-batch", "9"]) == 2
 
 
