@@ -164,3 +164,19 @@ def plan_spec_hybrid(model_spec: str, graph: LayerGraph, cluster: ClusterSpec,
         return None
     return plan_hybrid(graph, tables, cluster, global_batch, options, loaded.module,
                        loaded.inputs, sparse_optimizer, method)
+
+
+def estimate_hybrid(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec) -> dict:
+    """A hybrid plan re-priced on `cluster` (e.g. a calibrated spec): the dense layers by
+    `cost_models.estimate` with the tables' parameters taken out, the placement as it
+    stands by `cost_models.embedding.evaluate`; the same JSON as `combined_prediction`."""
+    from cost_models.embedding import DenseCost, evaluate
+    from cost_models.estimate import estimate
+
+    tables = [t.table for t in plan.embeddings.tables]
+    dense = estimate(dense_graph(graph, {t.name for t in tables}), plan, cluster)
+    # the dense part is in `dense`; the placement adds only its tables' seconds and bytes
+    no_dense = DenseCost(compute_s=0.0, backward_s=0.0, grad_bytes=0.0, state_bytes=0.0)
+    cost = evaluate(tables, plan.embeddings.placements, cluster,
+                    EmbeddingConfig(plan.global_batch, plan.embeddings.sparse_optimizer), no_dense)
+    return combined_prediction(dense.to_json(), cost, plan.global_batch)

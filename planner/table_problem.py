@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost_models.comm import collective_s
-from cost_models.embedding import (ZERO, AllToAllLink, DenseCost, EmbeddingConfig, PlacementCost,
+from cost_models.embedding import (EXECUTOR_A2A_CALLS_PER_TABLE, ZERO, AllToAllLink, DenseCost, EmbeddingConfig, PlacementCost,
                                    RankLoad, allreduce_exposed_s, capacity_bytes, cost_of_loads,
                                    placement_loads, rank_time)
 from cost_models.estimate import overlap_efficiency
@@ -183,7 +183,9 @@ def lower_bound(problem: PlacementProblem) -> float:
             sums[side] += best
         largest = max(largest, min(problem.f(o.common + max(o.pieces, key=problem.f, default=ZERO))
                                    for o in opts))
-    latency = 3 * problem.link.seconds(0.0)  # three all-to-all phases
+    # one sharded table's all-to-all calls, when the plan shards any (the replicated
+    # alternative is priced apart below)
+    latency = EXECUTOR_A2A_CALLS_PER_TABLE * problem.link.latency_s()
     # exposed(ar(D + R)) >= ar(D) + slope R - hidden, and >= exposed(ar(D))
     average = max(sums.values()) + latency + min(0.0, dense_ar - hidden)
     sharded = max(average, largest + dense_only)  # f of the piece already has its latency
@@ -204,7 +206,7 @@ def _allreduce_slope(cluster: ClusterSpec) -> float:
 
 def _beta_per_byte(link: AllToAllLink) -> float:
     """Seconds per byte of the all-to-all bandwidth term (its alpha part taken off)."""
-    return (link.seconds(1e9) - link.seconds(0.0)) / 1e9
+    return link.bandwidth_s(1e9) / 1e9
 
 
 def _total(opt: Option, n: int) -> RankLoad:

@@ -59,11 +59,13 @@ def test_table_wise_terms_by_hand():
     # every rank sends its 4 samples' 8 ids and gets 4 pooled rows back
     assert common.ids_send_bytes == 4 * 2 * ID_BYTES and common.out_recv_bytes == 4 * 64 * 4
     cost = evaluate([t], [TablePlacement("t", TableSharding.TABLE_WISE, (0,))], HAND, config, NO_DENSE)
-    # pairwise-exchange all-to-all on one node: (n-1) alpha + S (G-1)/n / B, S the larger of
-    # sent and received; three phases (ids, pooled forward, gradients backward)
-    a2a = lambda nbytes: 1 * 5e-6 + nbytes * 1 / 2 / 100e9  # noqa: E731
-    rank0 = a2a(max(64, 128)) + 2 * a2a(max(2048, 1024))
-    rank1 = a2a(64) + 2 * a2a(1024)
+    # pairwise-exchange all-to-all on one node: S (G-1)/n / B, S the larger of sent and
+    # received, in three phases (ids, pooled forward, gradients backward); (n-1) alpha for
+    # each of the executor's 4 calls (header, ids, pooled, gradients)
+    bw = lambda nbytes: nbytes * 1 / 2 / 100e9  # noqa: E731
+    calls = 4 * 1 * 5e-6
+    rank0 = calls + bw(max(64, 128)) + 2 * bw(max(2048, 1024))
+    rank1 = calls + bw(64) + 2 * bw(1024)
     assert cost.per_rank[0].comm_s == pytest.approx(rank0)
     assert cost.per_rank[1].comm_s == pytest.approx(rank1)
     assert cost.per_rank[1].lookup_s == 0 and cost.step_s == pytest.approx(cost.per_rank[0].total_s)
@@ -83,9 +85,10 @@ def test_all_to_all_is_priced_from_the_profiled_fit():
             CollectiveFit("all_to_all", "intra_node", 1.0, 1.0, 4),  # another group size
             CollectiveFit("all_reduce", "intra_node", 1.0, 1.0, 2))  # another collective
     fitted = evaluate([t], p, dataclasses.replace(HAND, collective_fits=fits), config, NO_DENSE)
-    a2a = lambda nbytes: 1 * alpha + nbytes * 1 / 2 / bandwidth  # noqa: E731
-    assert fitted.per_rank[0].comm_s == pytest.approx(a2a(128) + 2 * a2a(2048))
-    assert fitted.per_rank[1].comm_s == pytest.approx(a2a(64) + 2 * a2a(1024))
+    bw = lambda nbytes: nbytes * 1 / 2 / bandwidth  # noqa: E731
+    calls = 4 * 1 * alpha  # the executor's 4 calls, (n-1) alpha each
+    assert fitted.per_rank[0].comm_s == pytest.approx(calls + bw(128) + 2 * bw(2048))
+    assert fitted.per_rank[1].comm_s == pytest.approx(calls + bw(64) + 2 * bw(1024))
     plain = evaluate([t], p, HAND, config, NO_DENSE)
     assert plain.per_rank[0].comm_s < fitted.per_rank[0].comm_s / 5
 
@@ -352,3 +355,61 @@ def test_auto_falls_back_to_the_heuristic_when_exact_runs_out_of_time(monkeypatc
     monkeypatch.setattr(tp, "EXACT_TIME_LIMIT_S", 0.0)
     plan = plan_tables(tables, spec, config, NO_DENSE)
     assert plan.method == "heuristic" and plan.cost.fits
+
+
+def test_host_op_counts_match_the_executor():
+    """The cost model's per-table host ops (EXECUTOR_HOST_OPS_*) are what the executor
+    runs: counted here with a TorchDispatchMode on a one-rank group, a table-wise table,
+    one lookup, its backward and a row-wise Adagrad step."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from cost_models.embedding import EXECUTOR_HOST_OPS_FORWARD, EXECUTOR_HOST_OPS_UPDATE
+    from executors.sharded_embedding import apply_table_placements
+    from executors.sparse_optimizer import SparseOptimizerSpec, SparseRowOptimizer
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = nn.Module()
+        model.t = nn.EmbeddingBag(1000, 32, mode="sum")
+        tables = apply_table_placements(model, [TablePlacement("t", TableSharding.TABLE_WISE, (0,))])
+        opt = SparseRowOptimizer(tables, SparseOptimizerSpec("rowwise_adagrad", 0.01))
+        ids = torch.randint(0, 1000, (16, 4))
+        out = model.t(ids)  # warm-up
+        out.sum().backward()
+        opt.step()
+        opt.zero_grad()
+        forward, backward, step = Count(), Count(), Count()
+        with forward:
+            out = model.t(ids)
+        loss = out.sum()
+        with backward:
+            loss.backward()
+        with step:
+            opt.step()
+            opt.zero_grad()
+    finally:
+        if owned:
+            dist.destroy_process_group()
+    # the loss's own sum and its backward are the model's, not the table's: 2 ops each side
+    assert abs(forward.ops - EXECUTOR_HOST_OPS_FORWARD) <= 2, forward.ops
+    assert abs(backward.ops + step.ops - EXECUTOR_HOST_OPS_UPDATE) <= 3, (backward.ops, step.ops)
+    cpu = cluster(1, 2, op_overhead_s=1e-5, device="cpu")
+    assert cpu.host_bound
+    config = EmbeddingConfig(global_batch=8)
+    t = table("t", rows=1000, dim=64)
+    plain, _ = placement_loads(t, TablePlacement("t", TableSharding.TABLE_WISE, (0,)), HAND, config)
+    host, _ = placement_loads(t, TablePlacement("t", TableSharding.TABLE_WISE, (0,)), cpu, config)
+    assert host.lookup_s - plain.lookup_s == pytest.approx(EXECUTOR_HOST_OPS_FORWARD * 1e-5)
