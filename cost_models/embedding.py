@@ -198,7 +198,9 @@ def _shard_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingCo
     update_s = ((out_rows + ids) * cols * e + touched * (2 * cols * e + 2 * state_row_bytes)) / hbm
     memory = rows_held * (cols * e + state_row_bytes)
     if replicated:
-        memory += rows_held * cols * e  # the dense gradient DDP all-reduces
+        # its sparse gradient: every rank's looked-up rows and their ids, all-gathered
+        # (executors.hybrid_step.all_gather_sparse), never a whole-table tensor
+        memory += B * table.ids_per_sample * (cols * e + ID_BYTES)
         return RankLoad(lookup_s=lookup_s, update_s=update_s, memory_bytes=memory)
     out_send = out_rows * cols * e
     intra = 0.0
