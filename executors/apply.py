@@ -55,7 +55,7 @@ from executors.optimizer import build_optimizer
 from executors.pipeline import (StageAnalysis, build_schedule, build_stage_module, rank_stages,
                                 stage_layers)
 from executors.runtime import ParallelModel, loss_weight as default_loss_weight
-from executors.sharded_embedding import ShardedTables, apply_table_placements
+from executors.sharded_embedding import RowInit, ShardedTables, apply_table_placements
 from executors.sparse_optimizer import SparseOptimizerSpec, SparseRowOptimizer
 from executors.tensor_parallel import apply_tp, is_loss_parallel_head
 from executors.tp_check import TPSelfCheck
@@ -85,7 +85,8 @@ DEFAULT_SPARSE_LR = 0.01
 
 
 def apply_tables(model: nn.Module, plan: ParallelPlan, graph: LayerGraph,
-                 spec: SparseOptimizerSpec | None) -> tuple[ShardedTables, SparseRowOptimizer]:
+                 spec: SparseOptimizerSpec | None, table_init: RowInit | None = None
+                 ) -> tuple[ShardedTables, SparseRowOptimizer]:
     """Step 1½: replace the plan's tables by their sharded modules (each table must be a
     layer of its own, so that no data-parallel unit holds a shard) and build their
     row-sparse optimizer (`spec`, else the plan's kind at DEFAULT_SPARSE_LR)."""
@@ -96,7 +97,7 @@ def apply_tables(model: nn.Module, plan: ParallelPlan, graph: LayerGraph,
                                "model's layer graph, so a data-parallel unit would hold its "
                                "shard; make the table a module the layers name")
     tables = apply_table_placements(model, plan.embeddings.placements,
-                                    node_size=plan.embeddings.node_size)
+                                    node_size=plan.embeddings.node_size, init=table_init)
     spec = spec or SparseOptimizerSpec(plan.embeddings.sparse_optimizer, DEFAULT_SPARSE_LR)
     if spec.kind != plan.embeddings.sparse_optimizer:
         raise PlannerError(f"sparse optimizer {spec.kind} but the plan was priced for "
@@ -156,8 +157,8 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
           optimizer_kwargs: dict[str, Any] | None = None,
           example_inputs: dict | None = None, loss_parallel: bool = True,
           loss_weight: Callable | None = None, tp_self_check: bool = True,
-          init: str = "model", sparse_optimizer: SparseOptimizerSpec | None = None
-          ) -> ParallelModel:
+          init: str = "model", sparse_optimizer: SparseOptimizerSpec | None = None,
+          table_init: RowInit | None = None) -> ParallelModel:
     """Shard `model` as `plan` says on this rank; see the module docstring for the order.
     `model` is changed in place (moved to `device`, pruned to this rank's stage, its
     modules replaced by DTensor / FSDP versions); use `ParallelModel.module` afterwards.
@@ -179,6 +180,9 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     `executors.materialize`.
     sparse_optimizer: the tables' row-sparse optimizer and learning rate when the plan
     places tables (`plan.embeddings`); default the plan's kind at DEFAULT_SPARSE_LR.
+    table_init: for tables built on the meta device, (table, rows, col_start, col_stop)
+    -> the shard's values (e.g. `ir.embedding_tables.init_table_rows`): each rank makes
+    only its own shard.
     """
     if not dist.is_initialized():
         raise PlannerError("executors.apply needs an initialised process group: run under "
@@ -193,16 +197,15 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
         torch.cuda.set_device(device)
     # 1. meshes
     meshes = Meshes(dims, device.type)
+    # 1½. sharded tables (before any other change: they are the model's own modules); a
+    # meta-built table is never built whole: `table_init` gives each rank its shard, which
+    # the meta capture then keeps as a real tensor
+    tables = sparse = None
+    if plan.embeddings is not None:
+        tables, sparse = apply_tables(model, plan, graph, sparse_optimizer, table_init)
     meta = capture(model, init)  # None: a model with real tensors
     if meta is None:
         model.to(device)
-    # 1½. sharded tables (before any other change: they are the model's own modules)
-    tables = sparse = None
-    if plan.embeddings is not None:
-        if meta is not None:
-            raise PlannerError("a plan with sharded tables needs the model built on CPU: "
-                               "meta-device tables are not materialized shard by shard here")
-        tables, sparse = apply_tables(model, plan, graph, sparse_optimizer)
     table_layers = frozenset(tables.modules) if tables is not None else frozenset()
     # 2. shared weights
     ties = find_tie_groups(model, graph)

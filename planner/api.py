@@ -150,7 +150,8 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
                   timeout_s: float | None = None,
                   stall_limit_s: float | None = None, init: str = "model",
                   checkpoint: str | os.PathLike | None = None,
-                  sparse_optimizer: SparseOptimizerSpec | None = None) -> AutoParallel:
+                  sparse_optimizer: SparseOptimizerSpec | None = None,
+                  table_init: Callable | None = None) -> AutoParallel:
     """Trace `model`, plan it for this job (or take `plan`), and shard it on every rank.
 
     `example_batch` is `(inputs, target)` with the micro-batch shape the plan is made
@@ -173,7 +174,8 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
     hybrid plan: the tables sharded over the ranks, the rest data parallel
     (`planner.table_hybrid`); `sparse_optimizer` is the tables' row-sparse optimizer
     (default row-wise Adagrad, `executors.apply.DEFAULT_SPARSE_LR`), `optimizer` the
-    dense part's.
+    dense part's; `table_init` makes each rank's shard of a meta-built table
+    (`executors.apply`), so no rank ever holds a whole table.
     """
     init_distributed(timeout_s=timeout_s)
     world = dist.get_world_size()
@@ -221,7 +223,7 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
                      optimizer_kwargs=optimizer_kwargs, example_inputs=inputs,
                      loss_weight=loss_weight, tp_self_check=tp_self_check,
                      init="empty" if checkpoint is not None else init,
-                     sparse_optimizer=sparse_optimizer)
+                     sparse_optimizer=sparse_optimizer, table_init=table_init)
     if checkpoint is not None:
         parallel.load_pretrained(os.fspath(checkpoint))
     parallel.stall_limit_s = stall_limit_s

@@ -56,6 +56,8 @@ def recommendation_tables(module: nn.Module, inputs: dict,
     if not has_table_layers(graph):
         return []
     names = {layer.name for layer in graph.layers}
+    if any(p.is_meta for p in module.parameters()):  # a meta build: shapes only
+        inputs = {k: v.to("meta") if hasattr(v, "to") else v for k, v in inputs.items()}
     return [t for t in find_tables(module, inputs)
             if t.pooling in ("sum", "mean") and t.name in names]
 

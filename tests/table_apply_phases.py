@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from executors import meta_init
 from executors.sparse_optimizer import SparseOptimizerSpec
 from ir.embedding_tables import EmbeddingPlan, PlacedTable
 from planner.api import auto_parallel
@@ -22,13 +23,20 @@ DENSE = {"sgd": (torch.optim.SGD, {"lr": S.LR["sgd"]}),
          "adam": (torch.optim.Adam, {"lr": S.LR["adam"]})}
 
 
-def build(kind: str, world: int, plan=None):
-    model = S.build_model()
+def build(kind: str, world: int, plan=None, meta: bool = False):
+    """auto_parallel on the test DLRM; `meta`: built on the meta device (no rank ever
+    holds a whole table: each makes its shards with the row initializer)."""
+    if meta:
+        with meta_init():
+            model = S.build_model()
+    else:
+        model = S.build_model()
     cls, kwargs = DENSE[kind]
     example = S.DATA.batch(0, S.GLOBAL_BATCH // world)
     return auto_parallel(model, example, loss_fn=dlrm.loss_fn, optimizer=cls,
                          optimizer_kwargs=kwargs, cluster="local", global_batch=S.GLOBAL_BATCH,
-                         sparse_optimizer=SparseOptimizerSpec(kind, S.LR[kind]), plan=plan)
+                         sparse_optimizer=SparseOptimizerSpec(kind, S.LR[kind]), plan=plan,
+                         table_init=S.table_init if meta else None)
 
 
 def mixed(plan, world: int):
@@ -59,8 +67,8 @@ def phase(rank: int, world: int, payload: dict) -> dict:
         if rank == 0 and "doc" not in out:
             from ir.plan import plan_to_dict
             out["doc"] = plan_to_dict(ap.document)
-        if given == "mixed":  # the searched plan with every sharding instead
-            ap = build(kind, world, plan=mixed(ap.plan, world))
+        if given in ("mixed", "meta"):  # the searched plan with every sharding instead
+            ap = build(kind, world, plan=mixed(ap.plan, world), meta=given == "meta")
         losses = [ap.train_step(S.DATA.batch(step, S.GLOBAL_BATCH)) for step in range(S.STEPS)]
         out[(kind, given)] = report(ap, losses)
     c = payload.get("checkpoint")

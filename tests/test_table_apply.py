@@ -2,7 +2,7 @@
 dense part and places the tables, `executors.apply` swaps the tables for their sharded
 modules and the training step uses the row-sparse optimizer for them and the user's
 optimizer for the rest; 3 steps on 2 and 4 gloo ranks equal one-process training within
-1e-5, searched and with every sharding at once; a checkpoint saved on 4 ranks under the
+1e-5, searched and with every sharding at once, also on a meta-built model; a checkpoint saved on 4 ranks under the
 model's own parameter names resumes on 2 ranks and back on 4 with the losses of an
 uninterrupted run."""
 
@@ -19,7 +19,10 @@ from tests.dist_utils import spawn
 RTOL = 1e-5  # the issue's bar
 # 4 ranks: every optimizer; 2 ranks: a searched and a mixed run. The checkpoint run
 # trains Adam (dense Adam + lazy sparse Adam: both keep per-element state).
-RUNS = {4: [("sgd", "searched"), ("rowwise_adagrad", "mixed"), ("adam", "mixed")],
+# "meta": the mixed placement on a model built on the meta device (each rank makes only
+# its shards, with the row initializer), equal to the CPU-built run.
+RUNS = {4: [("sgd", "searched"), ("rowwise_adagrad", "mixed"), ("adam", "mixed"),
+            ("sgd", "meta")],
         2: [("adam", "searched"), ("sgd", "mixed")]}
 ELASTIC_KIND = "adam"
 ELASTIC_STEPS = 6
