@@ -1,7 +1,7 @@
 """Spawned ranks for tests/test_table_apply.py: `auto_parallel` on the small DLRM of
-tests/sharded_dlrm.py, searched (no plan given) and with a given mixed placement, 3 steps
-each, reporting losses, shards, optimizer state and dense parameters; and a checkpoint
-saved at one world size and resumed at another (`phase_checkpoint`)."""
+tests/sharded_dlrm.py, searched (no plan given) and with a given mixed placement (also on
+a meta-built model), 3 steps each, reporting losses, shards, optimizer state and dense
+parameters; and a checkpoint saved at one world size and resumed at another (`phase`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch.distributed.tensor import DTensor
 
 from executors import meta_init
 from executors.sparse_optimizer import SparseOptimizerSpec
-from ir.embedding_tables import EmbeddingPlan, PlacedTable
+from ir.embedding_tables import PlacedTable
 from planner.api import auto_parallel
 from planner.zoo import dlrm
 from tests import sharded_dlrm as S
