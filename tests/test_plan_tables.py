@@ -124,3 +124,20 @@ def test_tables_need_one_data_parallel_stage():
         with_tables(tp=2, dp=2)
     with pytest.raises(PlannerError, match="tables.0: ranks \\[3, 2\\] are outside the 2 ranks"):
         with_tables(dp=2)  # tables.0 is placed on ranks 0..3
+
+
+def test_planner_plan_writes_the_placements_of_a_zoo_dlrm(tmp_path, capsys):
+    """`planner plan` on a recommendation model: one data-parallel stage, every table
+    placed, the placement table and its greedy baseline printed, the file read back."""
+    from planner.cli import main
+
+    path = tmp_path / "plan.json"
+    assert main(["plan", "dlrm-small", "--cluster", "a100-80g", "--gpus-per-node", "4",
+                 "--global-batch", "64", "--out", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "TorchRec-style greedy" in text and "tables.3" in text
+    doc = load_plan(path)
+    assert doc.plan.pp == 1 and all(s.tp == 1 for s in doc.plan.layer_strategies)
+    assert [t.table.name for t in doc.plan.embeddings.tables] == [f"tables.{i}" for i in range(4)]
+    assert doc.predicted["time"]["embedding"] > 0
+    assert len(doc.predicted["memory"]["stages"][0]["device_peak_bytes"]) == 4
