@@ -101,7 +101,6 @@ def blocking_seconds(dist, rank: int, group) -> dict[str, float]:
 
     n = dist.get_world_size(group)
     ops, full = _collective_calls(dist, group, n, BLOCKING_PROBE_BYTES, torch.device("cpu"))
-    del ops["all_to_all"]  # nothing the model prices blocks on one
     world = dist.get_world_size()
     if group is None and world % 2 == 0:  # pipeline neighbours: a pair exchanges a message
         ops["send_recv"] = lambda: exchange(dist, rank, full)

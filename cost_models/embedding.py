@@ -11,9 +11,11 @@ local batch, p ids per sample, d the shard's columns, e bytes per element:
                      unique row touched: weight read+write 2 d e + optimizer state r+w
   unique rows        occupancy: N (1 - (1 - 1/N)^m) distinct of N rows after m draws,
                      hot and cold rows counted apart when a hot-row fraction is known
-  all-to-all         per phase (ids forward, pooled forward, pooled gradients backward):
-                     (n-1) alpha + max(V f_intra / B_intra, V f_inter / B_inter),
-                     V = max(bytes sent, bytes received) by the rank
+  all-to-all         bytes per phase (ids forward, pooled forward, pooled gradients
+                     backward): max(V f_intra / B_intra, V f_inter / B_inter), V = max(bytes
+                     sent, bytes received) by the rank; latency per call the executor makes
+                     (4 per sharded table, every rank joins each): (n-1) alpha + the measured
+                     blocking wait of a call on CPU processes (`AllToAllLink`)
   replicated tables  whole-table gradient joins the dense all-reduce bucket (DDP)
 
 The slowest rank sets the step (the all-to-alls synchronise every rank):
@@ -80,7 +82,8 @@ class RankLoad:
     out_recv_bytes: float = 0.0
     intra_node_bytes: float = 0.0  # table-row-wise reduce-scatter inside the node (fwd + bwd)
     memory_bytes: float = 0.0  # table shard + optimizer state (+ gradient if replicated)
-    sharded: bool = False  # takes part in the all-to-alls (alpha terms)
+    exchanges: int = 0  # sharded tables whose world-wide all-to-alls the rank joins
+    sharded: bool = False  # takes part in the all-to-alls
 
     def __add__(self, other: RankLoad) -> RankLoad:
         return RankLoad(self.lookup_s + other.lookup_s, self.update_s + other.update_s,
@@ -89,7 +92,8 @@ class RankLoad:
                         self.out_send_bytes + other.out_send_bytes,
                         self.out_recv_bytes + other.out_recv_bytes,
                         self.intra_node_bytes + other.intra_node_bytes,
-                        self.memory_bytes + other.memory_bytes, self.sharded or other.sharded)
+                        self.memory_bytes + other.memory_bytes,
+                        self.exchanges + other.exchanges, self.sharded or other.sharded)
 
 
 ZERO = RankLoad()
@@ -194,7 +198,9 @@ def _shard_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingCo
     update_s = ((out_rows + ids) * cols * e + touched * (2 * cols * e + 2 * state_row_bytes)) / hbm
     memory = rows_held * (cols * e + state_row_bytes)
     if replicated:
-        memory += rows_held * cols * e  # the dense gradient DDP all-reduces
+        # its sparse gradient: every rank's looked-up rows and their ids, all-gathered
+        # (executors.hybrid_step.all_gather_sparse), never a whole-table tensor
+        memory += B * table.ids_per_sample * (cols * e + ID_BYTES)
         return RankLoad(lookup_s=lookup_s, update_s=update_s, memory_bytes=memory)
     out_send = out_rows * cols * e
     intra = 0.0
@@ -206,8 +212,30 @@ def _shard_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingCo
                     sharded=True)
 
 
+# Host-side torch ops the executor runs per sharded table per step on every rank, counted
+# with a TorchDispatchMode on a table-wise table (tests/test_table_placement.py checks
+# them): forward routing and pooling 57 (row_hash 74, column_wise 60); backward 19 and
+# the row-wise Adagrad step 22. On host-bound clusters (CPU processes) each costs the
+# spec's measured op_overhead_s; on GPUs they overlap with the kernels.
+EXECUTOR_HOST_OPS_FORWARD = 57
+EXECUTOR_HOST_OPS_UPDATE = 19 + 22
+
+
+def _host_load(cluster: ClusterSpec) -> RankLoad:
+    """The framework overhead of one sharded table's step on every rank (CPU processes)."""
+    if not cluster.host_bound:
+        return ZERO
+    return RankLoad(lookup_s=EXECUTOR_HOST_OPS_FORWARD * cluster.op_overhead_s,
+                    update_s=EXECUTOR_HOST_OPS_UPDATE * cluster.op_overhead_s)
+
+
 def _requester_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingConfig,
                     placement: TablePlacement) -> RankLoad:
+    return _host_load(cluster) + _exchange_load(table, cluster, config, placement)
+
+
+def _exchange_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingConfig,
+                   placement: TablePlacement) -> RankLoad:
     """What every rank sends and receives for a sharded table: its local ids out (once per
     column shard), its pooled rows back (once per column shard, once per row-group)."""
     b = config.global_batch / cluster.world_size
@@ -217,17 +245,18 @@ def _requester_load(table: EmbeddingTable, cluster: ClusterSpec, config: Embeddi
     e = table.dtype_bytes
     if placement.sharding is TableSharding.COLUMN_WISE:
         return RankLoad(ids_send_bytes=k * ids * ID_BYTES,
-                        out_recv_bytes=rows_back * table.dim * e, sharded=True)
+                        out_recv_bytes=rows_back * table.dim * e, exchanges=1, sharded=True)
     if placement.sharding is TableSharding.TABLE_WISE:
         return RankLoad(ids_send_bytes=ids * ID_BYTES, out_recv_bytes=rows_back * table.dim * e,
-                        sharded=True)
+                        exchanges=1, sharded=True)
     # row-wise: ids split among shards; TorchRec's RW output dist is a reduce-scatter of
     # each shard's partial sums, so a rank receives one partial per shard (per node for TWRW).
     partials = 1 if placement.sharding is TableSharding.TABLE_ROW_WISE else k
     if not table.pooling:
         partials = 1  # unpooled rows come back from the one shard that holds each row
     return RankLoad(ids_send_bytes=ids * ID_BYTES,
-                    out_recv_bytes=partials * rows_back * table.dim * e, sharded=True)
+                    out_recv_bytes=partials * rows_back * table.dim * e, exchanges=1,
+                    sharded=True)
 
 
 def placement_loads(table: EmbeddingTable, placement: TablePlacement, cluster: ClusterSpec,
@@ -261,51 +290,75 @@ def placement_loads(table: EmbeddingTable, placement: TablePlacement, cluster: C
 @dataclass(frozen=True, slots=True)
 class AllToAllLink:
     """What one rank's all-to-all sees: latency per step, bandwidth to its node's peers and
-    to other nodes' peers, and the group shape."""
+    to other nodes' peers, the group shape, and (CPU processes) the wait a blocking call
+    adds beyond its wire time."""
 
     alpha_s: float
     intra_bytes_per_s: float
     inter_bytes_per_s: float
     world: int
     per_node: int
+    blocking_wait_s: float = 0.0
 
     @classmethod
     def of(cls, cluster: ClusterSpec) -> AllToAllLink:
-        """Measured all_to_all fits (`planner profile-cluster`) when the spec has them."""
+        """Measured all_to_all fits (`planner profile-cluster`) when the spec has them: the
+        intra-node one measured over the node's G ranks (or the widest group measured),
+        the inter-node one over all n; else the spec's latency and link bandwidth. On
+        host-bound clusters, the measured blocking wait of an all-to-all of n ranks."""
         n, G = cluster.world_size, min(cluster.devices_per_node, cluster.world_size)
-        intra_fit = cluster.calibration.collective_fit("all_to_all", "intra_node")
-        inter_fit = cluster.calibration.collective_fit("all_to_all", "inter_node")
+        intra_fit = cluster.calibration.collective_fit("all_to_all", "intra_node", G)
+        inter_fit = cluster.calibration.collective_fit("all_to_all", "inter_node", n)
         if n > G:
             alpha = inter_fit.alpha_s if inter_fit else cluster.inter_node_latency_s
         else:
             alpha = intra_fit.alpha_s if intra_fit else cluster.intra_node_latency_s
+        wait = cluster.calibration.blocking_wait_seconds("all_to_all", n) if cluster.host_bound else 0.0
         return cls(alpha, intra_fit.bytes_per_s if intra_fit else cluster.intra_node_gbps * GB,
-                   inter_fit.bytes_per_s if inter_fit else cluster.inter_node_gbps * GB, n, G)
+                   inter_fit.bytes_per_s if inter_fit else cluster.inter_node_gbps * GB, n, G,
+                   wait)
 
-    def seconds(self, nbytes: float) -> float:
-        """One rank's part of an all-to-all moving `nbytes` through it (the larger of what
-        it sends and receives): pairwise exchange (n-1) alpha + (n-1)/n S/B (Thakur et al.
-        2005, as comm.all_to_all_s), the peers on its node over NVLink and the others over
-        its own NIC at once: bandwidth term max(S (G-1)/n / B_intra, S (n-G)/n / B_inter)."""
+    def latency_s(self) -> float:
+        """One call's fixed part: (n-1) alpha (pairwise exchange, Thakur et al. 2005) plus
+        the measured blocking wait."""
+        return (self.world - 1) * self.alpha_s + self.blocking_wait_s if self.world > 1 else 0.0
+
+    def bandwidth_s(self, nbytes: float) -> float:
+        """The bytes part of a call moving `nbytes` through this rank: the peers on its node
+        over NVLink and the others over its own NIC at once, max(S (G-1)/n / B_intra,
+        S (n-G)/n / B_inter) ((n-1)/n S/B on one node, as comm.all_to_all_s)."""
         n, G = self.world, self.per_node
         if n <= 1:
             return 0.0
-        return (n - 1) * self.alpha_s + max(nbytes * (G - 1) / n / self.intra_bytes_per_s,
-                                            nbytes * (n - G) / n / self.inter_bytes_per_s)
+        return max(nbytes * (G - 1) / n / self.intra_bytes_per_s,
+                   nbytes * (n - G) / n / self.inter_bytes_per_s)
+
+    def seconds(self, nbytes: float) -> float:
+        """One rank's part of one all-to-all moving `nbytes` through it (the larger of what
+        it sends and receives)."""
+        return self.latency_s() + self.bandwidth_s(nbytes)
 
 
 def all_to_all_rank_s(nbytes: float, cluster: ClusterSpec) -> float:
     return AllToAllLink.of(cluster).seconds(nbytes)
 
 
+# all_to_all_single calls the executor makes per sharded table per step
+# (executors/sharded_embedding.py): the (count, bags) header and the (id, bag) pairs in
+# `_route`, the pooled blocks forward and their gradients backward in `_ShardedLookup`.
+EXECUTOR_A2A_CALLS_PER_TABLE = 4
+
+
 def rank_time(load: RankLoad, cluster: ClusterSpec, link: AllToAllLink | None = None) -> RankTime:
-    """Seconds of one rank's embedding work: three all-to-all phases (ids forward, pooled
-    forward, pooled gradients backward: the reverse of forward, same volume)."""
+    """Seconds of one rank's embedding work: the latency of every all-to-all call the
+    executor makes (EXECUTOR_A2A_CALLS_PER_TABLE per sharded table, every rank joins each)
+    and the bytes of three phases (ids forward, pooled forward, pooled gradients backward:
+    the reverse of forward, same volume)."""
     link = link or AllToAllLink.of(cluster)
-    comm = 0.0
+    comm = load.exchanges * EXECUTOR_A2A_CALLS_PER_TABLE * link.latency_s()
     if load.sharded:
-        comm += link.seconds(max(load.ids_send_bytes, load.ids_recv_bytes))
-        comm += 2 * link.seconds(max(load.out_send_bytes, load.out_recv_bytes))
+        comm += link.bandwidth_s(max(load.ids_send_bytes, load.ids_recv_bytes))
+        comm += 2 * link.bandwidth_s(max(load.out_send_bytes, load.out_recv_bytes))
     if load.intra_node_bytes:
         # ring reduce-scatter / all-gather inside the node (Patarasuk & Yuan 2009): the
         # per-rank bytes already carry the (G-1)/G factor.

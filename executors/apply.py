@@ -9,6 +9,10 @@ one unit each, root last):
     0. agree_on_plan       every rank holds the same plan (a digest all-gather), then
        check_plan          reject what cannot run (PlannerError), before any other collective
     1. Meshes              one (pp, dp, tp) DeviceMesh per TP degree, TP innermost
+  1½. apply_tables        plan.embeddings: every table replaced by its sharded module
+                           (`executors.sharded_embedding`); the dense layers stay data
+                           parallel (steps 4-7 skip the table layers), the tables get the
+                           row-sparse optimizer (`executors.sparse_optimizer`)
     2. untie               each layer its own copy of shared weights (`executors.tied`)
     3. build_stage_module  this rank's pipeline stage(s): the model, other stages' layers
                            stood in for (`executors.pipeline`); TPSelfCheck.record runs
@@ -51,6 +55,8 @@ from executors.optimizer import build_optimizer
 from executors.pipeline import (StageAnalysis, build_schedule, build_stage_module, rank_stages,
                                 stage_layers)
 from executors.runtime import ParallelModel, loss_weight as default_loss_weight
+from executors.sharded_embedding import RowInit, ShardedTables, apply_table_placements
+from executors.sparse_optimizer import SparseOptimizerSpec, SparseRowOptimizer
 from executors.tensor_parallel import apply_tp, is_loss_parallel_head
 from executors.tp_check import TPSelfCheck
 from executors.tied import TiedGradients, find_tie_groups, untie
@@ -73,10 +79,38 @@ def _layer_module(stage_module: nn.Module, name: str) -> nn.Module:
     return stage_module.get_submodule(name) if name else stage_module
 
 
+# The tables' learning rate when the caller gives none: FBGEMM's
+# SplitTableBatchedEmbeddingBagsCodegen default (learning_rate=0.01).
+DEFAULT_SPARSE_LR = 0.01
+
+
+def apply_tables(model: nn.Module, plan: ParallelPlan, graph: LayerGraph,
+                 spec: SparseOptimizerSpec | None, table_init: RowInit | None = None
+                 ) -> tuple[ShardedTables, SparseRowOptimizer]:
+    """Step 1½: replace the plan's tables by their sharded modules (each table must be a
+    layer of its own, so that no data-parallel unit holds a shard) and build their
+    row-sparse optimizer (`spec`, else the plan's kind at DEFAULT_SPARSE_LR)."""
+    layer_names = {layer.name for layer in graph.layers}
+    for placed in plan.embeddings.tables:
+        if placed.table.name not in layer_names:
+            raise PlannerError(f"table {placed.table.name}: not a layer of its own in the "
+                               "model's layer graph, so a data-parallel unit would hold its "
+                               "shard; make the table a module the layers name")
+    tables = apply_table_placements(model, plan.embeddings.placements,
+                                    node_size=plan.embeddings.node_size, init=table_init)
+    spec = spec or SparseOptimizerSpec(plan.embeddings.sparse_optimizer, DEFAULT_SPARSE_LR)
+    if spec.kind != plan.embeddings.sparse_optimizer:
+        raise PlannerError(f"sparse optimizer {spec.kind} but the plan was priced for "
+                           f"{plan.embeddings.sparse_optimizer}: pass that kind, or re-plan")
+    return tables, SparseRowOptimizer(tables, spec)
+
+
 def _parallelize_stage(module: nn.Module, layers: list[int], plan: ParallelPlan,
                        graph: LayerGraph, meshes: Meshes, incoming, is_last: bool,
-                       zero1: list, loss_parallel: bool, tp_check: TPSelfCheck) -> None:
-    """Steps 4-7 for one stage module holding `layers` (in order)."""
+                       zero1: list, loss_parallel: bool, tp_check: TPSelfCheck,
+                       table_layers: frozenset[str] = frozenset()) -> None:
+    """Steps 4-7 for one stage module holding `layers` (in order); layers named in
+    `table_layers` are sharded tables: no TP, no data-parallel unit."""
     strategies = plan.layer_strategies
     # 4. tensor / sequence parallel
     for j in layers:
@@ -105,6 +139,8 @@ def _parallelize_stage(module: nn.Module, layers: list[int], plan: ParallelPlan,
     root_mesh = None
     for j in layers:
         s = strategies[j]
+        if graph.layers[j].name in table_layers:
+            continue  # model parallel: its rows are summed by the all-to-all
         layer_module = _layer_module(module, graph.layers[j].name)
         mesh = meshes.dp_mesh(s.tp)
         if apply_dp(layer_module, s, mesh, plan.precision) is not None:
@@ -121,7 +157,8 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
           optimizer_kwargs: dict[str, Any] | None = None,
           example_inputs: dict | None = None, loss_parallel: bool = True,
           loss_weight: Callable | None = None, tp_self_check: bool = True,
-          init: str = "model") -> ParallelModel:
+          init: str = "model", sparse_optimizer: SparseOptimizerSpec | None = None,
+          table_init: RowInit | None = None) -> ParallelModel:
     """Shard `model` as `plan` says on this rank; see the module docstring for the order.
     `model` is changed in place (moved to `device`, pruned to this rank's stage, its
     modules replaced by DTensor / FSDP versions); use `ParallelModel.module` afterwards.
@@ -141,6 +178,11 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     shards the values of a CPU build from the same seed, "empty" leaves the parameters
     uninitialised for a checkpoint loader (buffers are still computed); see
     `executors.materialize`.
+    sparse_optimizer: the tables' row-sparse optimizer and learning rate when the plan
+    places tables (`plan.embeddings`); default the plan's kind at DEFAULT_SPARSE_LR.
+    table_init: for tables built on the meta device, (table, rows, col_start, col_stop)
+    -> the shard's values (e.g. `ir.embedding_tables.init_table_rows`): each rank makes
+    only its own shard.
     """
     if not dist.is_initialized():
         raise PlannerError("executors.apply needs an initialised process group: run under "
@@ -155,9 +197,16 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
         torch.cuda.set_device(device)
     # 1. meshes
     meshes = Meshes(dims, device.type)
+    # 1½. sharded tables (before any other change: they are the model's own modules); a
+    # meta-built table is never built whole: `table_init` gives each rank its shard, which
+    # the meta capture then keeps as a real tensor
+    tables = sparse = None
+    if plan.embeddings is not None:
+        tables, sparse = apply_tables(model, plan, graph, sparse_optimizer, table_init)
     meta = capture(model, init)  # None: a model with real tensors
     if meta is None:
         model.to(device)
+    table_layers = frozenset(tables.modules) if tables is not None else frozenset()
     # 2. shared weights
     ties = find_tie_groups(model, graph)
     untie(model, ties)
@@ -194,7 +243,8 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
             incoming = layer_layout(plan, graph, first - 1)  # what the previous stage sent
         _parallelize_stage(module, layers, plan, graph, meshes, incoming,
                            is_last=layers[-1] == last, zero1=zero1,
-                           loss_parallel=loss_parallel, tp_check=tp_check)
+                           loss_parallel=loss_parallel, tp_check=tp_check,
+                           table_layers=table_layers)
     # 7½. a meta-built model gets its local tensors and their values
     if meta is not None:
         materialize(modules, meta, graph, device)
@@ -207,14 +257,17 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     if optimizer is not None:
         cls, kwargs = optimizer, {}
     kwargs.update(optimizer_kwargs or {})
-    params = list({id(p): p for m in modules for p in m.parameters()}.values())
+    table_params = tables.parameter_ids() if tables is not None else set()
+    params = list({id(p): p for m in modules for p in m.parameters()
+                   if id(p) not in table_params}.values())
     opt = build_optimizer(params, zero1, cls, kwargs)
     pm = ParallelModel(
         plan=plan, module=modules[0] if len(modules) == 1 else nn.ModuleList(modules),
         stage_modules=list(zip(stage_ids, modules)), optimizer=opt, loss_fn=loss_fn,
         meshes=meshes, device=device, input_layout=layer_layout(plan, graph, 0).full_sequence,
         output_layout=layer_layout(plan, graph, last).full_sequence, tied=tied,
-        loss_parallel=loss_parallel, loss_weight_fn=loss_weight or default_loss_weight)
+        loss_parallel=loss_parallel, loss_weight_fn=loss_weight or default_loss_weight,
+        tables=tables, sparse_optimizer=sparse)
     # 10. pipeline schedule
     if plan.pp > 1:
         pm.schedule, pm.pipeline_stages = build_schedule(

@@ -43,6 +43,7 @@ error (`_agree`), so they fail together instead of leaving a peer in a collectiv
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -76,11 +77,23 @@ def step_dir(directory: str, step: int) -> str:
 
 
 def _named_parameters(pm: ParallelModel) -> dict[str, torch.nn.Parameter]:
+    """The parameters saved as they are held (sharded tables are saved by
+    `executors.embedding_checkpoint`, under the same model/ names)."""
+    tables = pm.tables.parameter_ids() if pm.tables is not None else set()
     out: dict[str, torch.nn.Parameter] = {}
     for _, module in pm.stage_modules:
         for name, param in module.named_parameters():
-            out.setdefault(name, param)
+            if id(param) not in tables:
+                out.setdefault(name, param)
     return out
+
+
+def _tables_quiet(pm: ParallelModel):
+    """Sharded tables are saved as ShardedTensor chunks: silence its deprecation there."""
+    if pm.tables is None:
+        return contextlib.nullcontext()
+    from executors.embedding_checkpoint import sharded_tensor_quiet
+    return sharded_tensor_quiet()
 
 
 def _rng_state() -> dict[str, torch.Tensor]:
@@ -111,6 +124,9 @@ def state_dict_for_save(pm: ParallelModel, step: int) -> dict[str, torch.Tensor]
                                       for n, p in params.items()}
     # ZeRO-1: the fp32 master as model/; fused parameters' states in the model's order
     state.update(checkpoint_state(pm.optimizer, names, fused))
+    if pm.tables is not None:  # the global tables under model/<t>.weight, optim/<t>.weight/
+        from executors.embedding_checkpoint import model_key, table_state
+        state.update(table_state(pm.tables, pm.sparse_optimizer, model_key))
     state.update(_rng_state())
     if pm.loss_scaler is not None:
         state.update({f"scaler/{k}": v for k, v in pm.loss_scaler.state_dict().items()})
@@ -157,7 +173,8 @@ def save_checkpoint(pm: ParallelModel, directory: str, step: int | None = None,
     that fails (e.g. a full disk) raises one PlannerError on every rank naming the folder
     and the free space, removes its temporary folder and leaves earlier checkpoints."""
     step = pm.steps if step is None else step
-    return save_state(state_dict_for_save(pm, step), directory, step, str(pm.plan), keep)
+    with _tables_quiet(pm):
+        return save_state(state_dict_for_save(pm, step), directory, step, str(pm.plan), keep)
 
 
 def save_state(state: dict, directory: str, step: int, plan: str,
@@ -370,9 +387,12 @@ def load_checkpoint(pm: ParallelModel, path: str) -> int:
     marker, vetted, hint = open_checkpoint(path)
     metadata = vetted.state_dict_metadata
     params = _named_parameters(pm)
+    tables = {f"{n}.weight": (m.table.rows, m.table.dim)
+              for n, m in (pm.tables.modules.items() if pm.tables is not None else ())}
     fused = _fused(pm)
-    _check_model(path, metadata, {n: fused[n][0].model_shape(p.shape, fused[n][1])
-                                  if n in fused else tuple(p.shape) for n, p in params.items()})
+    _check_model(path, metadata, {**{n: fused[n][0].model_shape(p.shape, fused[n][1])
+                                     if n in fused else tuple(p.shape)
+                                     for n, p in params.items()}, **tables})
     names = {id(p): n for n, p in params.items()}
     # fused: a whole buffer in the model's order, reordered into the shard after loading
     whole: list[tuple[torch.Tensor, torch.Tensor, tuple[FusedSplit, int]]] = []
@@ -389,6 +409,12 @@ def load_checkpoint(pm: ParallelModel, path: str) -> int:
                                       for n, p in params.items()}
     optim, install_optim = load_targets(pm.optimizer, names, metadata, fused)
     state.update(optim)
+    install_tables = None
+    if pm.tables is not None:  # each rank's shards, resharded from any saved layout
+        from executors.embedding_checkpoint import model_key, table_targets
+        chunks, install_tables = table_targets(pm.tables, pm.sparse_optimizer, metadata, path,
+                                               hint, model_key)
+        state.update(chunks)
     rng_keys = [k for k in _rng_state() if k in metadata]
     for key in rng_keys:
         state[key] = torch.zeros(tuple(metadata[key].size), dtype=metadata[key].properties.dtype)
@@ -397,7 +423,10 @@ def load_checkpoint(pm: ParallelModel, path: str) -> int:
         for key in scaler_keys:
             state[key] = torch.zeros(tuple(metadata[key].size), dtype=metadata[key].properties.dtype)
     state["meta/step"] = torch.zeros((), dtype=torch.int64)
-    load_state(state, path, vetted, hint)
+    with _tables_quiet(pm):
+        load_state(state, path, vetted, hint)
+    if install_tables is not None:
+        install_tables()
     for tensor, buffer, (split, dim) in whole:
         load_model_order(tensor, buffer, split, dim)
     install_optim()

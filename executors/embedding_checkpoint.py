@@ -23,6 +23,7 @@ table is saved by rank 0. The files, marker and digests are `executors.checkpoin
 
 from __future__ import annotations
 
+import math
 import warnings
 from contextlib import contextmanager
 
@@ -36,13 +37,13 @@ from torch.distributed._shard.sharded_tensor.metadata import (ShardedTensorMetad
 
 from executors.checkpoint import load_state, open_checkpoint, save_state
 from executors.hybrid_step import HybridTrainer
-from executors.sharded_embedding import ReplicatedEmbedding, ShardedEmbedding
-from executors.sparse_optimizer import state_shapes
+from executors.sharded_embedding import ReplicatedEmbedding, ShardedEmbedding, ShardedTables
+from executors.sparse_optimizer import SparseRowOptimizer, state_shapes
 from ir.embedding_tables import TableSharding, row_shard_bounds
 from ir.errors import PlannerError
 
 @contextmanager
-def _sharded_tensor_quiet():
+def sharded_tensor_quiet():
     """ShardedTensor is deprecated in favour of DTensor, but DTensor's Shard(0) splits rows
     torch.chunk-wise (ceil), not as row_shard_bounds / ROW_HASH ranks hold them; DCP still
     reads and writes ShardedTensor chunks, so its warning is silenced here only."""
@@ -87,8 +88,8 @@ def _exchange_rows(ids: torch.Tensor, values: list[torch.Tensor], dest: torch.Te
     dist.all_to_all_single(out_ids, ids[order].contiguous(), recvs, sends)
     out_values = []
     for v in values:
-        rows = v[order].reshape(len(ids), -1)  # (n, width): one row per id
-        width = rows.shape[1]
+        width = math.prod(v.shape[1:])  # elements per row (1 for a per-row state)
+        rows = v[order].reshape(len(ids), width)  # (n, width): one row per id (n may be 0)
         got = v.new_empty(sum(recvs) * width)
         dist.all_to_all_single(got, rows.reshape(-1), [c * width for c in recvs],
                                [c * width for c in sends])
@@ -111,12 +112,25 @@ def _range_holders(module: ShardedEmbedding, ids: torch.Tensor) -> torch.Tensor:
     return torch.tensor(ranks)[torch.searchsorted(starts, ids, right=True) - 1]
 
 
-def _table_tensors(trainer: HybridTrainer, name: str) -> dict[str, torch.Tensor]:
+def _table_tensors(tables: ShardedTables, sparse: SparseRowOptimizer,
+                   name: str) -> dict[str, torch.Tensor]:
     """weight and the optimizer's per-row slots of table `name` on this rank."""
-    module = trainer.tables.modules[name]
-    state = trainer.sparse_optimizer.state[name]
+    module = tables.modules[name]
+    state = sparse.state[name]
     return {"weight": module.weight.detach(),
             **{k: v for k, v in state.items() if k != "step"}}
+
+
+def trainer_key(name: str, slot: str) -> str:
+    """HybridTrainer checkpoints: tables/<t>/<slot>."""
+    return f"tables/{name}/{slot}"
+
+
+def model_key(name: str, slot: str) -> str:
+    """ParallelModel checkpoints (`executors.checkpoint`): the model's own parameter name,
+    model/<t>.weight, and its optimizer slots optim/<t>.weight/<slot>, as for any
+    parameter, so the checkpoint reads like the unsharded model's."""
+    return f"model/{name}.weight" if slot == "weight" else f"optim/{name}.weight/{slot}"
 
 
 def _global_size(module, tensor: torch.Tensor) -> tuple[int, ...]:
@@ -156,10 +170,13 @@ def _entry(module, values: torch.Tensor, loading: bool):
     return _chunked(layout, values, size)
 
 
-def state_for_save(trainer: HybridTrainer, step: int) -> dict:
+def table_state(tables: ShardedTables, sparse: SparseRowOptimizer, key=trainer_key) -> dict:
+    """This rank's chunks of every table tensor (weights and optimizer slots) for a DCP
+    save, keyed by `key(table, slot)` (a collective: ROW_HASH rows move to their
+    canonical range holders first)."""
     state: dict = {}
-    for name, module in trainer.tables.modules.items():
-        tensors = _table_tensors(trainer, name)
+    for name, module in tables.modules.items():
+        tensors = _table_tensors(tables, sparse, name)
         canonical = {}
         if isinstance(module, ShardedEmbedding) and module.placement.sharding is TableSharding.ROW_HASH:
             ids = module.local_ids if module.local_ids is not None else torch.empty(0, dtype=torch.int64)
@@ -171,13 +188,19 @@ def state_for_save(trainer: HybridTrainer, step: int) -> dict:
             if len(got_ids) != expected:
                 raise RuntimeError(f"table {name}: {len(got_ids)} rows reached the canonical "
                                    f"range {bounds}, not {expected}")
-        for key, tensor in tensors.items():
-            entry = _entry(module, canonical.get(key, tensor), loading=False)
-            if entry is not None:
-                state[f"tables/{name}/{key}"] = entry
-        adam_step = trainer.sparse_optimizer.state[name].get("step")
+        with sharded_tensor_quiet():
+            for slot, tensor in tensors.items():
+                entry = _entry(module, canonical.get(slot, tensor), loading=False)
+                if entry is not None:
+                    state[key(name, slot)] = entry
+        adam_step = sparse.state[name].get("step")
         if adam_step is not None:
-            state[f"tables/{name}/step"] = adam_step
+            state[key(name, "step")] = adam_step
+    return state
+
+
+def state_for_save(trainer: HybridTrainer, step: int) -> dict:
+    state = table_state(trainer.tables, trainer.sparse_optimizer)
     names = _dense_names(trainer)
     for p, n in names.items():
         state[f"dense/{n}"] = p.detach()
@@ -201,7 +224,7 @@ def save_sharded(trainer: HybridTrainer, directory: str, step: int | None = None
                  keep: int | None = None) -> str:
     """Save on every rank (a collective); returns the folder `step-N/`."""
     step = trainer.steps if step is None else step
-    with _sharded_tensor_quiet():
+    with sharded_tensor_quiet():
         return save_state(state_for_save(trainer, step), directory, step,
                           _placements_text(trainer), keep)
 
@@ -216,29 +239,45 @@ def _load_buffer(module, template: torch.Tensor) -> torch.Tensor | None:
     return template.new_zeros(sizes[0])
 
 
+def table_targets(tables: ShardedTables, sparse: SparseRowOptimizer, saved: dict, path: str,
+                  hint: str, key=trainer_key):
+    """(DCP load targets for this rank's chunks of every table tensor, keyed by `key`; a
+    function that copies them into the shards and optimizer slots once loaded, a
+    collective for ROW_HASH tables). PlannerError naming the table when the checkpoint
+    lacks a tensor or holds it in another shape."""
+    state: dict = {}
+    buffers: dict[str, dict] = {}
+    for name, module in tables.modules.items():
+        for slot, template in _table_tensors(tables, sparse, name).items():
+            entry = saved.get(key(name, slot))
+            size = _global_size(module, template)
+            if entry is None or tuple(entry.size) != size:
+                found = "nothing" if entry is None else f"{list(entry.size)}"
+                raise PlannerError(f"table {name}: checkpoint {path} holds {found} for its "
+                                   f"{slot}, the model needs {list(size)}: it was saved from "
+                                   f"another model or optimizer; {hint}")
+            buffer = _load_buffer(module, template)
+            buffers.setdefault(name, {})[slot] = buffer
+            if buffer is not None:
+                with sharded_tensor_quiet():
+                    state[key(name, slot)] = _entry(module, buffer, loading=True)
+        if "step" in sparse.state[name]:
+            state[key(name, "step")] = sparse.state[name]["step"]
+
+    def finish() -> None:
+        with torch.no_grad():
+            for name, module in tables.modules.items():
+                _place_loaded(tables, sparse, name, module, buffers[name])
+    return state, finish
+
+
 def load_sharded(trainer: HybridTrainer, path: str) -> int:
     """Load `path` into `trainer` (any world size and placements of the same model) on
     every rank; returns the step it was saved at. Nothing is loaded before every file's
     digest and the metadata were checked (`open_checkpoint`)."""
     marker, vetted, hint = open_checkpoint(path)
     saved = vetted.state_dict_metadata
-    state: dict = {}
-    buffers: dict[str, dict] = {}
-    for name, module in trainer.tables.modules.items():
-        for key, template in _table_tensors(trainer, name).items():
-            entry = saved.get(f"tables/{name}/{key}")
-            size = _global_size(module, template)
-            if entry is None or tuple(entry.size) != size:
-                found = "nothing" if entry is None else f"{list(entry.size)}"
-                raise PlannerError(f"table {name}: checkpoint {path} holds {found} for its "
-                                   f"{key}, the model needs {list(size)}: it was saved from "
-                                   f"another model or optimizer; {hint}")
-            buffer = _load_buffer(module, template)
-            buffers.setdefault(name, {})[key] = buffer
-            if buffer is not None:
-                state[f"tables/{name}/{key}"] = _entry(module, buffer, loading=True)
-        if "step" in trainer.sparse_optimizer.state[name]:
-            state[f"tables/{name}/step"] = trainer.sparse_optimizer.state[name]["step"]
+    state, finish = table_targets(trainer.tables, trainer.sparse_optimizer, saved, path, hint)
     names = _dense_names(trainer)
     dense_slots: dict = {}
     for p, n in names.items():
@@ -250,10 +289,9 @@ def load_sharded(trainer: HybridTrainer, path: str) -> int:
         if slots:
             dense_slots[p] = slots
     state["meta/step"] = torch.zeros((), dtype=torch.int64)
-    with torch.no_grad(), _sharded_tensor_quiet():
+    with torch.no_grad(), sharded_tensor_quiet():
         load_state(state, path, vetted, hint)
-        for name, module in trainer.tables.modules.items():
-            _place_loaded(trainer, name, module, buffers[name])
+    finish()
     for p, slots in dense_slots.items():
         trainer.dense_optimizer.state[p] = slots
     step = int(state["meta/step"])
@@ -261,10 +299,11 @@ def load_sharded(trainer: HybridTrainer, path: str) -> int:
     return step
 
 
-def _place_loaded(trainer: HybridTrainer, name: str, module, chunks: dict):
+def _place_loaded(tables: ShardedTables, sparse: SparseRowOptimizer, name: str, module,
+                  chunks: dict):
     """Copy the loaded chunks into the shard and its optimizer slots (ROW_HASH: from the
     canonical ranges to the ring owners first)."""
-    targets = _table_tensors(trainer, name)
+    targets = _table_tensors(tables, sparse, name)
     keys = list(targets)
     if isinstance(module, ShardedEmbedding) and module.placement.sharding is TableSharding.ROW_HASH:
         bounds = _canonical_range(module)

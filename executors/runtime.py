@@ -9,7 +9,8 @@
      otherwise (every stage gets the inputs as keywords: `executors.pipeline`) — with
      each micro-batch's loss weighted so that the data-parallel SUM of gradients is the
      gradient of the mean loss over the global batch (below);
-  3. sums the gradients of tied copies, steps the optimizer, zeroes the gradients
+  3. sums the gradients of tied copies (and of replicated tables' sparse rows), steps the
+     optimizer (and the tables' row-sparse one), zeroes the gradients
      (fp16-mixed: the loss is scaled, the gradients unscaled, and a step that overflowed
      on any rank is skipped on all: `executors.loss_scaling`; `steps` still counts it,
      since it is the data position);
@@ -50,11 +51,14 @@ from torch.distributed.tensor.parallel import loss_parallel as vocab_parallel_lo
 
 from executors.data import shard_batch, split_microbatches
 from executors.data_parallel import set_gradient_sync
+from executors.hybrid_step import all_gather_sparse
 from executors.layout import Layout
 from executors.loss_scaling import LossScaler
 from executors.mesh import Meshes
 from executors.optimizer import ShardedOptimizer
 from executors.pipeline import StageAnalysis, stage_inputs
+from executors.sharded_embedding import ShardedTables
+from executors.sparse_optimizer import SparseRowOptimizer, replicated_tables
 from executors.tensor_parallel import reduce_partial_grads
 from executors.tied import TiedGradients
 from executors.watchdog import ensure_watchdog
@@ -106,6 +110,10 @@ class ParallelModel:
     # fp16-mixed: the loss scale every rank agrees on (`executors.loss_scaling`); None
     # for fp32 and bf16-mixed, whose exponent range needs none
     loss_scaler: LossScaler | None = None
+    # plan.embeddings: the sharded tables and their row-sparse optimizer (`optimizer` then
+    # holds the dense parameters only)
+    tables: ShardedTables | None = None
+    sparse_optimizer: SparseRowOptimizer | None = None
     # this step's count of the global target (None: not sharded by rows, uniform weights)
     _global_count: torch.Tensor | None = field(default=None, init=False, repr=False)
 
@@ -248,6 +256,9 @@ class ParallelModel:
         local_loss, pending = self._forward_backward(inputs, target, reduce_early=True)
         value, work = pending or self._start_loss_sum(local_loss)
         self.tied.sync()
+        if self.tables is not None:  # a replicated table's rows: every rank's, summed
+            for module in replicated_tables(self.tables):
+                all_gather_sparse(module.weight)
         scaler = self.loss_scaler
         # fp16: every rank steps, or every rank skips (an overflow anywhere)
         if scaler is None:
@@ -259,6 +270,9 @@ class ParallelModel:
                 self.optimizer.step()
         if scaler is not None:
             scaler.update()
+        if self.sparse_optimizer is not None:  # fp16 plans have no tables (ParallelPlan)
+            self.sparse_optimizer.step()
+            self.sparse_optimizer.zero_grad()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         work.wait()

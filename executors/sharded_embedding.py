@@ -35,8 +35,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ir.embedding_tables import (EmbeddingTable, HashRing, TablePlacement, TableSharding,
-                                 column_shard_bounds, row_shard_bounds)
+from ir.embedding_tables import (EmbeddingTable, HashRing, Shard, TablePlacement,
+                                 TableSharding, table_shards)
 from ir.errors import PlannerError
 
 POOLING_MODES = ("sum", "mean")  # EmbeddingBag modes whose partial bags add up ("max" does not)
@@ -46,21 +46,6 @@ HASH_SCAN_ROWS = 1 << 18
 
 # init(table, rows (int64), col_start, col_stop) -> (len(rows), col_stop - col_start) values
 RowInit = Callable[[EmbeddingTable, torch.Tensor, int, int], torch.Tensor]
-
-
-@dataclass(frozen=True, slots=True)
-class Shard:
-    """One shard of a table: its rank, its row range (ROW_HASH: all rows, the ring picks)
-    and its column range."""
-
-    rank: int
-    row_start: int
-    row_stop: int
-    col_start: int
-    col_stop: int
-
-    def __str__(self) -> str:
-        return f"r{self.rank}[{self.row_start}:{self.row_stop}, {self.col_start}:{self.col_stop}]"
 
 
 def table_of(name: str, module: nn.Module) -> EmbeddingTable:
@@ -80,43 +65,6 @@ def table_of(name: str, module: nn.Module) -> EmbeddingTable:
     rows, dim = module.weight.shape
     return EmbeddingTable(name, rows, dim, module.weight.element_size(), pooling,
                           ids_per_sample=1)
-
-
-def table_shards(table: EmbeddingTable, placement: TablePlacement, world_size: int,
-                 node_size: int | None) -> tuple[Shard, ...]:
-    """The shards of `table` under `placement`; PlannerError naming the table when the
-    placement cannot run on `world_size` ranks (nodes of `node_size` ranks)."""
-    kind, ranks, name = placement.sharding, placement.ranks, table.name
-    outside = [r for r in ranks if not 0 <= r < world_size]
-    if outside:
-        raise PlannerError(f"table {name}: ranks {outside} are outside the {world_size} ranks")
-    if kind is TableSharding.REPLICATED:
-        if sorted(ranks) != list(range(world_size)):
-            raise PlannerError(f"table {name}: replicated tables live on every rank (each "
-                               f"looks up its own share of the batch), got ranks {list(ranks)}")
-        return tuple(Shard(r, 0, table.rows, 0, table.dim) for r in ranks)
-    if kind is TableSharding.COLUMN_WISE:
-        if len(ranks) > table.dim:
-            raise PlannerError(f"table {name}: {table.dim} columns cannot split over "
-                               f"{len(ranks)} ranks")
-        return tuple(Shard(r, 0, table.rows, c0, c1)
-                     for r, (c0, c1) in zip(ranks, column_shard_bounds(table.dim, len(ranks))))
-    if kind.splits_rows and len(ranks) > table.rows:
-        raise PlannerError(f"table {name}: {table.rows} rows cannot split over {len(ranks)} ranks")
-    if kind is TableSharding.TABLE_ROW_WISE:
-        if node_size is None or node_size < 1:
-            raise PlannerError(f"table {name}: table_row_wise needs the node size (ranks per "
-                               "node); pass node_size")
-        nodes = sorted({r // node_size for r in ranks})
-        if len(nodes) != 1:
-            raise PlannerError(f"table {name}: table_row_wise keeps a table inside one node, "
-                               f"but ranks {list(ranks)} span nodes {nodes} of {node_size} ranks")
-    if kind is TableSharding.ROW_HASH:
-        return tuple(Shard(r, 0, table.rows, 0, table.dim) for r in ranks)
-    if kind is TableSharding.TABLE_WISE:
-        return (Shard(ranks[0], 0, table.rows, 0, table.dim),)
-    return tuple(Shard(r, start, stop, 0, table.dim)
-                 for r, (start, stop) in zip(ranks, row_shard_bounds(table.rows, len(ranks))))
 
 
 def hash_rows(table: EmbeddingTable, ring: HashRing, shard_index: int) -> torch.Tensor:

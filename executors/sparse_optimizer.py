@@ -32,10 +32,10 @@ import torch
 import torch.distributed as dist
 
 from executors.sharded_embedding import ReplicatedEmbedding, ShardedEmbedding, ShardedTables
-from ir.embedding_tables import TableSharding
+from ir.embedding_tables import SPARSE_OPTIMIZERS, TableSharding
 from ir.errors import PlannerError
 
-KINDS = ("sgd", "rowwise_adagrad", "adam")
+KINDS = SPARSE_OPTIMIZERS
 
 
 @dataclass(frozen=True, slots=True)

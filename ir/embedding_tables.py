@@ -107,6 +107,114 @@ def column_shard_bounds(dim: int, num_shards: int) -> tuple[tuple[int, int], ...
     return _even_bounds(dim, num_shards)
 
 
+SPARSE_OPTIMIZERS = ("sgd", "rowwise_adagrad", "adam")  # the tables' row-sparse optimizers
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One shard of a table: its rank, its row range (ROW_HASH: all rows, the ring picks)
+    and its column range, [start, stop) each."""
+
+    rank: int
+    row_start: int
+    row_stop: int
+    col_start: int
+    col_stop: int
+
+    def __str__(self) -> str:
+        return f"r{self.rank}[{self.row_start}:{self.row_stop}, {self.col_start}:{self.col_stop}]"
+
+
+def table_shards(table: EmbeddingTable, placement: TablePlacement, world_size: int,
+                 node_size: int | None) -> tuple[Shard, ...]:
+    """The shards of `table` under `placement`: the one definition of which rank holds
+    which rows and columns (the executor builds them, the plan file writes them).
+    PlannerError naming the table when the placement cannot run on `world_size` ranks
+    (nodes of `node_size` ranks)."""
+    kind, ranks, name = placement.sharding, placement.ranks, table.name
+    outside = [r for r in ranks if not 0 <= r < world_size]
+    if outside:
+        raise PlannerError(f"table {name}: ranks {outside} are outside the {world_size} ranks")
+    if kind is TableSharding.REPLICATED:
+        if sorted(ranks) != list(range(world_size)):
+            raise PlannerError(f"table {name}: replicated tables live on every rank (each "
+                               f"looks up its own share of the batch), got ranks {list(ranks)}")
+        return tuple(Shard(r, 0, table.rows, 0, table.dim) for r in ranks)
+    if kind is TableSharding.COLUMN_WISE:
+        if len(ranks) > table.dim:
+            raise PlannerError(f"table {name}: {table.dim} columns cannot split over "
+                               f"{len(ranks)} ranks")
+        return tuple(Shard(r, 0, table.rows, c0, c1)
+                     for r, (c0, c1) in zip(ranks, column_shard_bounds(table.dim, len(ranks))))
+    if kind.splits_rows and len(ranks) > table.rows:
+        raise PlannerError(f"table {name}: {table.rows} rows cannot split over {len(ranks)} ranks")
+    if kind is TableSharding.TABLE_ROW_WISE:
+        if node_size is None or node_size < 1:
+            raise PlannerError(f"table {name}: table_row_wise needs the node size (ranks per "
+                               "node); pass node_size")
+        nodes = sorted({r // node_size for r in ranks})
+        if len(nodes) != 1:
+            raise PlannerError(f"table {name}: table_row_wise keeps a table inside one node, "
+                               f"but ranks {list(ranks)} span nodes {nodes} of {node_size} ranks")
+    if kind is TableSharding.ROW_HASH:
+        return tuple(Shard(r, 0, table.rows, 0, table.dim) for r in ranks)
+    if kind is TableSharding.TABLE_WISE:
+        return (Shard(ranks[0], 0, table.rows, 0, table.dim),)
+    return tuple(Shard(r, start, stop, 0, table.dim)
+                 for r, (start, stop) in zip(ranks, row_shard_bounds(table.rows, len(ranks))))
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedTable:
+    """One table of a plan: what it is and where its shards live."""
+
+    table: EmbeddingTable
+    placement: TablePlacement
+
+    def __post_init__(self) -> None:
+        if self.placement.table != self.table.name:
+            raise PlannerError(f"table {self.table.name}: its placement names "
+                               f"{self.placement.table!r}")
+
+    def __str__(self) -> str:
+        return f"{self.table.name}: {self.placement.sharding} on {list(self.placement.ranks)}"
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingPlan:
+    """The tables of a plan (model parallel; the dense part is the plan's layers):
+    every table's placement, the row-sparse optimizer of the tables, and the ranks per
+    node that table_row_wise stays inside."""
+
+    tables: tuple[PlacedTable, ...]
+    sparse_optimizer: str = "rowwise_adagrad"
+    node_size: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.tables:
+            raise PlannerError("an embedding plan needs at least one table")
+        if self.sparse_optimizer not in SPARSE_OPTIMIZERS:
+            raise PlannerError(f"unknown sparse optimizer {self.sparse_optimizer!r}; use one of "
+                               f"{', '.join(SPARSE_OPTIMIZERS)}")
+        if isinstance(self.node_size, bool) or not isinstance(self.node_size, int) \
+                or self.node_size < 1:
+            raise PlannerError(f"node_size must be an integer >= 1, got {self.node_size!r}")
+        seen = set()
+        for t in self.tables:
+            if t.table.name in seen:
+                raise PlannerError(f"table {t.table.name} is placed twice; place it once")
+            seen.add(t.table.name)
+
+    @property
+    def placements(self) -> list[TablePlacement]:
+        return [t.placement for t in self.tables]
+
+    def shards(self, world_size: int) -> dict[str, tuple[Shard, ...]]:
+        """Every table's shards on `world_size` ranks (PlannerError naming a bad table)."""
+        return {t.table.name: table_shards(t.table, t.placement, world_size, self.node_size)
+                for t in self.tables}
+
+
 # Points per shard on the hash ring: with V virtual nodes a shard's share of the rows
 # deviates by ~1/sqrt(V) (Karger et al. 1997, consistent hashing); 64 gives ~12%.
 HASH_RING_POINTS_PER_SHARD = 64

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ir.embedding_tables import EmbeddingPlan
 from ir.errors import PlannerError
 from ir.output_file import write_text_atomic
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision, Schedule, Stage
@@ -63,6 +64,10 @@ class ParallelPlan:
     precision: Precision = Precision.BF16_MIXED
     optimizer: str = "adamw"
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B)
+    # Embedding tables placed model parallel (recommendation models); None: the tables,
+    # if any, are ordinary layers. With tables the dense layers run data parallel over
+    # every rank (tp = 1, one stage), as TorchRec's hybrid plan does.
+    embeddings: EmbeddingPlan | None = None
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -108,6 +113,24 @@ class ParallelPlan:
                                f"{self.virtual_stages} virtual stages per pipeline rank")
         if self.schedule is not Schedule.INTERLEAVED and self.virtual_stages != 1:
             raise PlannerError(f"virtual_stages={self.virtual_stages} needs the interleaved schedule")
+        if self.embeddings is not None:
+            self._check_embeddings()
+
+    def _check_embeddings(self) -> None:
+        """Sharded tables exchange every rank's ids by all-to-all on one batch split: the
+        dense part must be one stage, data parallel over every rank."""
+        if len(self.stages) != 1:
+            raise PlannerError(f"a plan with sharded tables runs in one stage, got "
+                               f"{len(self.stages)}: plan the dense part without pipeline "
+                               "stages")
+        for j, s in enumerate(self.layer_strategies):
+            if s.tp != 1:
+                raise PlannerError(f"layer {j}: tp={s.tp} but a plan with sharded tables runs "
+                                   "its dense layers data parallel (tp=1)")
+        if self.precision is Precision.FP16_MIXED:
+            raise PlannerError("a plan with sharded tables cannot use fp16-mixed (its sparse "
+                               "gradients are not loss-scaled): use bf16-mixed or fp32")
+        self.embeddings.shards(self.world_size)  # every placement runs on these ranks
 
     def layer_micro_batch(self, layer_index: int) -> int:
         """Samples per micro-batch per data-parallel replica of one layer."""
@@ -137,8 +160,9 @@ class ParallelPlan:
 
     def __str__(self) -> str:
         kinds = sorted({str(s) for s in self.layer_strategies})
+        tables = f", {len(self.embeddings.tables)} placed tables" if self.embeddings else ""
         return (f"plan(pp={self.pp}, stages={len(self.stages)}, mb={self.micro_batch}x"
-                f"{self.num_microbatches}, {self.schedule}, {'/'.join(kinds)})")
+                f"{self.num_microbatches}, {self.schedule}, {'/'.join(kinds)}{tables})")
 
 
 def uniform_plan(num_layers: int, *, tp: int = 1, dp: int = 1, pp: int = 1, zero: int = 0,
@@ -349,7 +373,27 @@ def plan_to_dict(doc: PlanDocument) -> dict:
         "layers": layers,
         "predicted": doc.predicted,
         "search": doc.search,
+        **({"embedding_tables": embeddings_to_dict(plan.embeddings, plan.world_size)}
+           if plan.embeddings is not None else {}),
     }
+
+
+def embeddings_to_dict(embeddings: EmbeddingPlan, world_size: int) -> dict:
+    """The plan file's "embedding_tables": per table its shape, sharding, ranks and (for
+    reviewers; the reader checks them) every shard's rows and columns."""
+    shards = embeddings.shards(world_size)
+    tables = []
+    for placed in embeddings.tables:
+        t, p = placed.table, placed.placement
+        tables.append({
+            "table": t.name, "rows": t.rows, "dim": t.dim, "dtype_bytes": t.dtype_bytes,
+            "pooling": t.pooling, "ids_per_sample": t.ids_per_sample,
+            "hot_row_fraction": t.hot_row_fraction, "sharding": p.sharding.value,
+            "ranks": list(p.ranks),
+            "shards": [{"rank": s.rank, "rows": [s.row_start, s.row_stop],
+                        "columns": [s.col_start, s.col_stop]} for s in shards[t.name]]})
+    return {"sparse_optimizer": embeddings.sparse_optimizer, "node_size": embeddings.node_size,
+            "tables": tables}
 
 
 def plan_to_json(doc: PlanDocument) -> str:

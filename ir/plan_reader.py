@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 
+from ir.embedding_tables import (SPARSE_OPTIMIZERS, EmbeddingPlan, EmbeddingTable, PlacedTable,
+                                 Shard, TablePlacement, TableSharding, table_shards)
 from ir.errors import PlannerError
 from ir.plan import (PLAN_SCHEMA, ParallelPlan, PlanDocument, layer_groups, pipeline_groups)
 from ir.safe_json import read_json
@@ -28,11 +30,19 @@ MAX_GLOBAL_BATCH = 2**40
 
 TOP_KEYS = ("schema", "model", "cluster", "world_size", "global_batch", "micro_batch",
             "num_microbatches", "schedule", "precision", "optimizer", "virtual_stages",
-            "stages", "pipeline_groups", "layers", "predicted", "search")
+            "stages", "pipeline_groups", "layers", "predicted", "search", "embedding_tables")
 MODEL_KEYS = ("name", "spec", "fingerprint", "num_layers", "graph_micro_batch", "graph_dtype",
               "seq_len")
 STAGE_KEYS = ("stage", "first_layer", "last_layer", "first_layer_name", "last_layer_name",
               "devices", "ranks")
+EMBEDDING_KEYS = ("sparse_optimizer", "node_size", "tables")
+TABLE_KEYS = ("table", "rows", "dim", "dtype_bytes", "pooling", "ids_per_sample",
+              "hot_row_fraction", "sharding", "ranks", "shards")
+SHARD_KEYS = ("rank", "rows", "columns")
+MAX_TABLE_ROWS = 2**40  # sanity bound: no table has more rows (ids are int64 anyway)
+MAX_TABLE_DIM = 2**20
+DTYPE_BYTES = (1, 2, 4, 8)  # int8/fp8, 16-bit, fp32, fp64 table elements
+POOLINGS = ("sum", "mean", "max")  # nn.EmbeddingBag's modes
 LAYER_KEYS = ("index", "name", "params", "digest", "stage", "tp", "dp", "dp_mode",
               "sequence_parallel", "checkpoint", "offload", "tp_groups", "dp_groups")
 
@@ -161,9 +171,11 @@ def plan_from_dict(data: object, source: str = "<plan>") -> PlanDocument:
                 offload=r.get(layer, "offload", bool, where) if "offload" in layer else False))
         except ValueError as exc:
             r.fail(where, f"{exc}; {FIX}")
+    world_size = r.get(data, "world_size", int, "", 1, MAX_DEVICES)
+    embeddings = _embeddings(r, data, world_size, tuple(names))
     try:
         plan = ParallelPlan(
-            stages=tuple(stages), layer_strategies=tuple(strategies),
+            stages=tuple(stages), layer_strategies=tuple(strategies), embeddings=embeddings,
             global_batch=r.get(data, "global_batch", int, "", 1, MAX_GLOBAL_BATCH),
             micro_batch=r.get(data, "micro_batch", int, "", 1, MAX_GLOBAL_BATCH),
             num_microbatches=r.get(data, "num_microbatches", int, "", 1, MAX_GLOBAL_BATCH),
@@ -175,7 +187,7 @@ def plan_from_dict(data: object, source: str = "<plan>") -> PlanDocument:
         if str(exc).startswith(f"{source}: "):
             raise
         r.fail("plan", f"{exc}; {FIX}")
-    world = r.get(data, "world_size", int, "", 1, MAX_DEVICES)
+    world = world_size
     if world != plan.world_size:
         r.fail("world_size", f"{world} but the stages use {plan.world_size} devices")
     _check_derived(r, data, plan, tuple(names))
@@ -224,6 +236,129 @@ def _check_derived(r: _Reader, data: dict, plan: ParallelPlan, names: tuple[str,
                      "its tp on its stage's ranks (TP innermost)")
             r.agrees(layer, "dp_groups", where, _groups(groups.dp_groups),
                      "its tp on its stage's ranks (TP innermost)")
+
+
+def _in_model(table: str, layer_names: tuple[str, ...]) -> bool:
+    """A table is one of the plan's layers or a module inside one."""
+    return any(table == n or (n and table.startswith(n + ".")) or not n for n in layer_names)
+
+
+def _embeddings(r: _Reader, data: dict, world: int,
+                layer_names: tuple[str, ...]) -> EmbeddingPlan | None:
+    """The "embedding_tables" section: every table known to the model's layers, its ranks
+    inside the world, its shards (when listed) tiling the table as the executor splits it."""
+    if "embedding_tables" not in data:
+        return None
+    where = "embedding_tables"
+    emb = r.object(r.get(data, where, dict, ""), where, EMBEDDING_KEYS)
+    optimizer = r.get(emb, "sparse_optimizer", str, where)
+    if optimizer not in SPARSE_OPTIMIZERS:
+        r.fail(f"{where}.sparse_optimizer", f"{_shown(optimizer)} is not one of "
+                                            f"{', '.join(SPARSE_OPTIMIZERS)}: use one of them")
+    node_size = r.get(emb, "node_size", int, where, 1, MAX_DEVICES)
+    raw = r.get(emb, "tables", list, where)
+    if not raw:
+        r.fail(f"{where}.tables", f"must not be empty (drop {where} for a plan without "
+                                  "sharded tables)")
+    placed, seen = [], {}
+    for i, t in enumerate(raw):
+        w = f"{where}.tables[{i}]"
+        r.object(t, w, TABLE_KEYS)
+        name = r.get(t, "table", str, w)
+        if not _in_model(name, layer_names):
+            r.fail(f"{w}.table", f"unknown table {_shown(name)}: the model's layers are "
+                                 f"{', '.join(layer_names[:4])}...; name one of its tables")
+        if name in seen:
+            r.fail(f"{w}.table", f"{name} is placed twice (also tables[{seen[name]}]); "
+                                 "place it once")
+        seen[name] = i
+        pooling = t.get("pooling")
+        if pooling is not None and pooling not in POOLINGS:
+            r.fail(f"{w}.pooling", f"{_shown(pooling)} is not null or one of "
+                                   f"{', '.join(POOLINGS)}")
+        hot = t.get("hot_row_fraction")
+        if hot is not None and (isinstance(hot, bool) or not isinstance(hot, (int, float))
+                                or not 0 <= hot <= 1):
+            r.fail(f"{w}.hot_row_fraction", f"expected null or a number in [0, 1], got "
+                                            f"{_shown(hot)}")
+        dtype_bytes = r.get(t, "dtype_bytes", int, w, 1, 8)
+        if dtype_bytes not in DTYPE_BYTES:
+            r.fail(f"{w}.dtype_bytes", f"{dtype_bytes} is not one of {DTYPE_BYTES}")
+        table = EmbeddingTable(name, r.get(t, "rows", int, w, 1, MAX_TABLE_ROWS),
+                               r.get(t, "dim", int, w, 1, MAX_TABLE_DIM), dtype_bytes, pooling,
+                               r.get(t, "ids_per_sample", int, w, 1, MAX_GLOBAL_BATCH),
+                               None if hot is None else float(hot))
+        sharding = r.enum(t, "sharding", TableSharding, w)
+        ranks = r.get(t, "ranks", list, w)
+        for j in range(len(ranks)):
+            if isinstance(ranks[j], bool) or not isinstance(ranks[j], int) or ranks[j] < 0:
+                r.fail(f"{w}.ranks[{j}]", f"expected a rank (an integer >= 0), got "
+                                          f"{_shown(ranks[j])}")
+            if ranks[j] >= world:
+                r.fail(f"{w}.ranks[{j}]", f"rank {ranks[j]} is out of range: the plan has "
+                                          f"{world} ranks (0..{world - 1})")
+        try:
+            placement = TablePlacement(name, sharding, tuple(ranks))
+            shards = table_shards(table, placement, world, node_size)
+        except PlannerError as exc:
+            r.fail(w, f"{exc}; {FIX}")
+        if "shards" in t:
+            _check_shards(r, r.get(t, "shards", list, w), f"{w}.shards", table, sharding, shards)
+        placed.append(PlacedTable(table, placement))
+    return EmbeddingPlan(tuple(placed), optimizer, node_size)
+
+
+def _bounds(r: _Reader, value, where: str, size: int) -> tuple[int, int]:
+    if (not isinstance(value, list) or len(value) != 2
+            or any(isinstance(v, bool) or not isinstance(v, int) for v in value)):
+        r.fail(where, f"expected [start, stop] integers, got {_shown(value)}")
+    start, stop = value
+    if not 0 <= start < stop <= size:
+        r.fail(where, f"[{start}, {stop}) is not a range inside [0, {size}); {FIX}")
+    return start, stop
+
+
+def _check_tiling(r: _Reader, where: str, what: str, spans: list[tuple[int, int]],
+                  size: int) -> None:
+    """Shard ranges must neither overlap nor leave a gap in [0, size)."""
+    order = sorted(range(len(spans)), key=lambda i: spans[i])
+    covered = 0
+    for k, i in enumerate(order):
+        start, stop = spans[i]
+        if start < covered:
+            before = order[k - 1]
+            r.fail(where, f"shards {before} and {i} both hold {what} [{start}, "
+                          f"{min(stop, covered)}): {what} ranges must not overlap; {FIX}")
+        if start > covered:
+            r.fail(where, f"{what} [{covered}, {start}) are held by no shard: the ranges must "
+                          f"cover the table; {FIX}")
+        covered = stop
+    if covered < size:
+        r.fail(where, f"{what} [{covered}, {size}) are held by no shard: the ranges must "
+                      f"cover the table; {FIX}")
+
+
+def _check_shards(r: _Reader, raw: list, where: str, table: EmbeddingTable,
+                  sharding: TableSharding, expected: tuple[Shard, ...]) -> None:
+    """The file's shard list: well formed, tiling the table, and equal to the executor's."""
+    listed = []
+    for i, s in enumerate(raw):
+        w = f"{where}[{i}]"
+        r.object(s, w, SHARD_KEYS)
+        rank = r.get(s, "rank", int, w, 0)
+        rows = _bounds(r, r.get(s, "rows", list, w), f"{w}.rows", table.rows)
+        cols = _bounds(r, r.get(s, "columns", list, w), f"{w}.columns", table.dim)
+        listed.append(Shard(rank, *rows, *cols))
+    if sharding in (TableSharding.ROW_RANGE, TableSharding.TABLE_ROW_WISE,
+                    TableSharding.TABLE_WISE):
+        _check_tiling(r, where, "rows", [(s.row_start, s.row_stop) for s in listed], table.rows)
+    if sharding in (TableSharding.COLUMN_WISE, TableSharding.TABLE_WISE):
+        _check_tiling(r, where, "columns", [(s.col_start, s.col_stop) for s in listed],
+                      table.dim)
+    if tuple(listed) != expected:
+        r.fail(where, f"[{', '.join(map(str, listed))}] but {sharding} over ranks "
+                      f"{[s.rank for s in expected]} holds [{', '.join(map(str, expected))}] "
+                      f"(even splits, in rank order); delete the key or {FIX}")
 
 
 def load_plan(path: str | os.PathLike) -> PlanDocument:

@@ -36,6 +36,7 @@ from torch import nn
 
 from cost_models.clusters import get_cluster
 from executors import ParallelModel, apply, default_device, init_distributed
+from executors.sparse_optimizer import SparseOptimizerSpec
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
@@ -46,6 +47,7 @@ from ir.strategy import Precision
 from planner.plan_report import plan_document
 from planner.search import search
 from planner.search_space import SearchOptions
+from planner.table_hybrid import DEFAULT_SPARSE_OPTIMIZER, hybrid_document, plan_hybrid, recommendation_tables
 
 
 @dataclass
@@ -147,7 +149,9 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
                   loss_weight: Callable | None = None, tp_self_check: bool = True,
                   timeout_s: float | None = None,
                   stall_limit_s: float | None = None, init: str = "model",
-                  checkpoint: str | os.PathLike | None = None) -> AutoParallel:
+                  checkpoint: str | os.PathLike | None = None,
+                  sparse_optimizer: SparseOptimizerSpec | None = None,
+                  table_init: Callable | None = None) -> AutoParallel:
     """Trace `model`, plan it for this job (or take `plan`), and shard it on every rank.
 
     `example_batch` is `(inputs, target)` with the micro-batch shape the plan is made
@@ -166,6 +170,12 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
     `checkpoint`: a Hugging Face safetensors folder or a DCP checkpoint whose weights each
     rank loads for its own shards only (`executors.pretrained`); a meta-built model then
     skips its own initialisation.
+    A recommendation model (pooled embedding tables that are layers of their own) gets a
+    hybrid plan: the tables sharded over the ranks, the rest data parallel
+    (`planner.table_hybrid`); `sparse_optimizer` is the tables' row-sparse optimizer
+    (default row-wise Adagrad, `executors.apply.DEFAULT_SPARSE_LR`), `optimizer` the
+    dense part's; `table_init` makes each rank's shard of a meta-built table
+    (`executors.apply`), so no rank ever holds a whole table.
     """
     init_distributed(timeout_s=timeout_s)
     world = dist.get_world_size()
@@ -188,12 +198,20 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
             try:
                 opts = options or SearchOptions(
                     precision=precision, optimizer=_optimizer_name(optimizer, optimizer_kwargs))
-                result = search(graph, spec, global_batch, opts)
-                # made_by: the plan names no MODEL spec, a Python model made it
-                text = (plan_to_json(plan_document(graph, spec, result.best, result.stats,
-                                                   {"made_by": "auto_parallel"}))
-                        if result.best else json.dumps({"error": "no plan fits "
-                                                        f"{spec.device_memory_bytes / 2**30:.1f} GiB per device"}))
+                tables = recommendation_tables(model, inputs, graph)
+                if tables:  # tables model parallel, the rest data parallel
+                    hybrid = plan_hybrid(graph, tables, spec, global_batch, opts, model, inputs,
+                                         sparse_optimizer.kind if sparse_optimizer
+                                         else DEFAULT_SPARSE_OPTIMIZER)
+                    text = plan_to_json(hybrid_document(graph, spec, hybrid,
+                                                        {"made_by": "auto_parallel"}))
+                else:
+                    result = search(graph, spec, global_batch, opts)
+                    # made_by: the plan names no MODEL spec, a Python model made it
+                    text = (plan_to_json(plan_document(graph, spec, result.best, result.stats,
+                                                       {"made_by": "auto_parallel"}))
+                            if result.best else json.dumps({"error": "no plan fits "
+                                                            f"{spec.device_memory_bytes / 2**30:.1f} GiB per device"}))
             except PlannerError as exc:
                 text = json.dumps({"error": str(exc)})
         data = json.loads(_broadcast_text(text, device))
@@ -204,7 +222,8 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
     parallel = apply(model, doc.plan, graph, loss_fn=loss_fn, device=device, optimizer=optimizer,
                      optimizer_kwargs=optimizer_kwargs, example_inputs=inputs,
                      loss_weight=loss_weight, tp_self_check=tp_self_check,
-                     init="empty" if checkpoint is not None else init)
+                     init="empty" if checkpoint is not None else init,
+                     sparse_optimizer=sparse_optimizer, table_init=table_init)
     if checkpoint is not None:
         parallel.load_pretrained(os.fspath(checkpoint))
     parallel.stall_limit_s = stall_limit_s

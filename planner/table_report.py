@@ -68,7 +68,7 @@ def render(plan: TablePlan, world: int) -> str:
     return "\n\n".join([placement_table(plan, world), rank_table(plan.cost), summary(plan)])
 
 
-def _cost_json(c: PlacementCost) -> dict:
+def cost_json(c: PlacementCost) -> dict:
     return {"step_s": c.step_s, "dense_s": c.dense_s, "allreduce_exposed_s": c.allreduce_s,
             "max_embedding_s": c.max_embedding_s, "imbalance": c.imbalance, "fits": c.fits,
             "capacity_bytes": c.capacity_bytes,
@@ -92,10 +92,10 @@ def to_json(plan: TablePlan, model: str, cluster_name: str, world: int, global_b
                     "pooling": t.pooling, "ids_per_sample": t.ids_per_sample,
                     "hot_row_fraction": t.hot_row_fraction} for t in plan.tables],
         "placements": _placements_json(plan.placements),
-        "predicted": _cost_json(plan.cost),
+        "predicted": cost_json(plan.cost),
         "greedy": None if plan.greedy_cost is None else {
             "placements": _placements_json(plan.greedy_placements),
-            "predicted": _cost_json(plan.greedy_cost)},
+            "predicted": cost_json(plan.greedy_cost)},
     }
 
 

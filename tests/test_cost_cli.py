@@ -128,7 +128,8 @@ def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path):
     # The wait of a blocking call between computing processes, per collective; send/recv
     # between the pair.
     assert {(r.collective, r.group_size) for r in tables.blocking_waits} == {
-        (c, 2) for c in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")}
+        (c, 2) for c in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                         "send_recv")}
     # The optimizer step per tensor, every optimizer, plain and on DTensors; the DTensor
     # loop dispatches through DTensor on every op, so it costs more.
     assert {(r.optimizer, r.on_dtensor) for r in tables.optimizer_steps} == {

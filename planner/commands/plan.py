@@ -28,6 +28,8 @@ from planner.layer_tables import reserved_bytes
 from planner.search import search
 from planner.search_space import SearchOptions
 from planner.search_stats import SearchStats
+from planner import table_report
+from planner.table_hybrid import hybrid_document, plan_spec_hybrid
 
 GiB = 2**30
 
@@ -104,6 +106,9 @@ def run(args) -> int:
     graph = load_layer_graph(args.model, 1, args.seq_len,
                              getattr(torch, precision.compute_dtype), progress=progress)
     progress.close()
+    hybrid = plan_spec_hybrid(args.model, graph, cluster, args.global_batch, options)
+    if hybrid is not None:  # a recommendation model: tables sharded, the rest data parallel
+        return _print_hybrid(args, graph, cluster, hybrid)
     result = search(graph, cluster, args.global_batch, options,
                     with_baselines=not args.no_baselines)
     if result.best is None:
@@ -138,6 +143,26 @@ def run(args) -> int:
           f"configurations ({stats.outer_pruned} pruned by bound) in "
           f"{stats.search_seconds:.2f} s" + (" (time limit hit)" if stats.timed_out else "")
           + (f"; wrote {args.out}" if args.out else ""))
+    return 0
+
+
+def _print_hybrid(args, graph, cluster, hybrid) -> int:
+    doc = hybrid_document(graph, cluster, hybrid, model_spec=args.model)
+    if args.out:
+        save_plan(doc, args.out)
+    if args.json:
+        print(json.dumps(plan_to_dict(doc), indent=2))
+        return 0
+    print(summary_line(doc))
+    print()
+    print(strategy_table(doc, graph))
+    print()
+    print(table_report.render(hybrid.tables, cluster.world_size))
+    print()
+    print(predicted_lines(doc.predicted))
+    print(stage_memory_table(doc.predicted))
+    if args.out:
+        print(f"\nwrote {args.out}")
     return 0
 
 

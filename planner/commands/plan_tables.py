@@ -3,6 +3,11 @@ place a recommendation model's embedding tables on ranks (dense part data-parall
 beside the TorchRec-style greedy placement under the same cost model.
 
     planner plan-tables dlrm-criteo-tb --cluster a100-80g --nodes 2 --global-batch 65536
+
+`--out` writes a whole plan file (planner.plan/v1: the dense layers' data-parallel
+strategy searched as `planner plan` does, these table placements in "embedding_tables")
+that `planner validate` and `auto_parallel(plan=...)` run; `--json` prints the
+placement report (planner.table_plan/v1).
 """
 
 from __future__ import annotations
@@ -17,7 +22,13 @@ from ir.errors import PlannerError
 from planner import table_report
 from planner.models import load_model
 from planner.table_inventory import dense_cost, find_tables, with_profile
+from planner.table_hybrid import hybrid_document, plan_hybrid
 from planner.table_placement import plan_tables
+from ir.plan import save_plan
+from planner.arg_types import check_out
+from planner.commands.estimate import default_precision
+from planner.models import load_layer_graph
+from planner.search_space import SearchOptions
 
 # Samples per example input when reading the tables' ids per sample (any batch works).
 PROBE_BATCH = 2
@@ -41,7 +52,8 @@ def register(sub) -> None:
     p.add_argument("--ids", default=None, metavar="SAMPLE.pt",
                    help="a sample of real ids, {table name: int tensor} saved with torch.save "
                         "(loaded as data only): measures each table's hot-row fraction")
-    p.add_argument("--out", default=None, metavar="FILE.json", help="write the plan as JSON")
+    p.add_argument("--out", default=None, metavar="FILE.json",
+                   help="write the plan file (planner.plan/v1, with the dense part)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.set_defaults(func=run)
 
@@ -58,13 +70,21 @@ def run(args) -> int:
                            "nn.EmbeddingBag); use `planner plan` for dense models")
     if args.ids:
         tables = profile_tables(tables, args.ids)
-    config = EmbeddingConfig(args.global_batch, args.optimizer)
-    dense = dense_cost(loaded.module, tables, loaded.inputs, cluster, args.global_batch)
-    plan = plan_tables(tables, cluster, config, dense, method=args.method)
+    if args.out:  # the whole plan: the dense part searched, these tables placed
+        check_out(args.out)
+        precision = default_precision(cluster)
+        graph = load_layer_graph(args.model, 1, None, getattr(torch, precision.compute_dtype))
+        hybrid = plan_hybrid(graph, tables, cluster, args.global_batch,
+                             SearchOptions(precision=precision), loaded.module, loaded.inputs,
+                             args.optimizer, args.method)
+        plan = hybrid.tables
+        save_plan(hybrid_document(graph, cluster, hybrid, model_spec=args.model), args.out)
+    else:
+        config = EmbeddingConfig(args.global_batch, args.optimizer)
+        dense = dense_cost(loaded.module, tables, loaded.inputs, cluster, args.global_batch)
+        plan = plan_tables(tables, cluster, config, dense, method=args.method)
     document = table_report.to_json(plan, args.model, cluster.name, cluster.world_size,
                                     args.global_batch, args.optimizer)
-    if args.out:
-        table_report.write_json(document, args.out)
     if args.json:
         print(json.dumps(document, indent=2))
         return 0

@@ -56,6 +56,9 @@ def calibrate(doc: PlanDocument, graph, spec: ClusterSpec, measured_s: float) ->
             return dataclasses.replace(spec, matmul_efficiency=efficiency)
 
     def predicted(value: float) -> float:
+        if doc.plan.embeddings is not None:  # sharded tables: dense estimate + placement
+            from planner.table_hybrid import estimate_hybrid
+            return estimate_hybrid(graph, doc.plan, fitted(value))["iteration_seconds"]
         return estimate(graph, doc.plan, fitted(value)).iteration_seconds
 
     # The estimate rises with the overhead scale and falls with the efficiency.

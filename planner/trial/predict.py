@@ -60,6 +60,14 @@ def predict(doc: PlanDocument, graph, cluster: ClusterSpec | None) -> Prediction
             dict(predicted.get("time", {})), "plan"
     else:
         spec = cluster or ClusterSpec.from_dict(doc.cluster, "plan cluster")
+        if doc.plan.embeddings is not None:  # sharded tables: dense estimate + placement
+            from planner.table_hybrid import estimate_hybrid
+            fresh = estimate_hybrid(graph, doc.plan, spec)
+            stage_peaks = [StagePeak.from_json(s) for s in fresh["memory"]["stages"]]
+            devices = doc.plan.stages[0].devices
+            peaks = tuple(stage_peaks[r // devices].rank_peak_bytes(r % devices)
+                          for r in range(doc.plan.world_size))
+            return Prediction(peaks, fresh["iteration_seconds"], fresh["time"], spec.name)
         est = estimate(graph, doc.plan, spec)
         stage_peaks = [StagePeak(int(s.peak_bytes), tuple(int(b) for b in s.device_peak_bytes),
                                  int(s.overhead)) for s in est.memory.stages]

@@ -18,7 +18,7 @@ from cost_models.memory_tracker import LiveTensorTracker
 from ir.errors import PlannerError
 from ir.plan import plan_from_dict
 from planner.trial.records import RankMeasurement, RankPayload
-from planner.trial.reference import SEED, optimizer_kwargs, zero_dropout
+from planner.trial.reference import LEARNING_RATE, SEED, optimizer_kwargs, zero_dropout
 
 MEMORY_STEPS = 2  # measured under the tracker, after one warm-up step
 TIME_WARMUP_STEPS = 2  # untimed steps after leaving the tracker (DTensor caches fill)
@@ -35,7 +35,16 @@ def _build(payload: RankPayload, device: torch.device, without_dropout: bool):
         zero_dropout(loaded.module)
     return apply(loaded.module, doc.plan, payload.graph, loss_fn=loaded.loss_fn,
                  device=device, optimizer_kwargs=optimizer_kwargs(doc.plan.optimizer),
-                 example_inputs=loaded.inputs)
+                 example_inputs=loaded.inputs, sparse_optimizer=sparse_spec(doc.plan))
+
+
+def sparse_spec(plan):
+    """The tables' row-sparse optimizer of a trial: the plan's kind at the trial's learning
+    rate (the reference steps its tables the same way); None without sharded tables."""
+    if plan.embeddings is None:
+        return None
+    from executors.sparse_optimizer import SparseOptimizerSpec
+    return SparseOptimizerSpec(plan.embeddings.sparse_optimizer, LEARNING_RATE)
 
 
 def run_rank(payload: RankPayload) -> RankMeasurement:

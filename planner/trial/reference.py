@@ -58,8 +58,10 @@ def optimizer_kwargs(optimizer: str) -> dict:
 
 
 def reference_losses(spec: str, seq_len: int | None, optimizer: str, batches: list,
-                     steps: int) -> list[float]:
-    """Single-process training (dropout 0) on the same global batches: each step's loss."""
+                     steps: int, tables=None) -> list[float]:
+    """Single-process training (dropout 0) on the same global batches: each step's loss.
+    `tables` (a plan's EmbeddingPlan): those tables step with its row-sparse optimizer,
+    on sparse gradients, at LEARNING_RATE (as the plan's run does)."""
     from ir.plan import optimizer_for
     from ir.trace import model_output_tensor
     from planner.models import load_model
@@ -68,7 +70,9 @@ def reference_losses(spec: str, seq_len: int | None, optimizer: str, batches: li
     zero_dropout(loaded.module)
     cls, kwargs = optimizer_for(optimizer)
     kwargs.update(optimizer_kwargs(optimizer))
-    opt = cls(loaded.module.parameters(), **kwargs)
+    sparse = _SparseTables(loaded.module, tables) if tables is not None else None
+    skip = sparse.ids if sparse else set()
+    opt = cls([p for p in loaded.module.parameters() if id(p) not in skip], **kwargs)
     out = []
     for k in range(steps):
         inputs, target = batches[k % len(batches)]
@@ -76,8 +80,47 @@ def reference_losses(spec: str, seq_len: int | None, optimizer: str, batches: li
         loss = loaded.loss_fn(model_output_tensor(loaded.module(**inputs)), target)
         loss.backward()
         opt.step()
+        if sparse:
+            sparse.step()
         out.append(float(loss.detach()))
     return out
+
+
+class _SparseTables:
+    """The reference's tables: sparse gradients, stepped by torch.optim.SGD, by
+    torch.optim.SparseAdam (lazy Adam) or by row-wise Adagrad (FBGEMM's
+    EXACT_ROWWISE_ADAGRAD: one accumulator per row, the mean of g^2 over the row)."""
+
+    EPS = 1e-8  # FBGEMM's and SparseAdam's default
+
+    def __init__(self, module: torch.nn.Module, tables):
+        self.kind = tables.sparse_optimizer
+        self.weights = []
+        for placed in tables.tables:
+            table = module.get_submodule(placed.table.name)
+            table.sparse = True
+            self.weights.append(table.weight)
+        self.ids = {id(w) for w in self.weights}
+        self.sum_sq = [torch.zeros(w.shape[0]) for w in self.weights]
+        self.opt = {"sgd": lambda: torch.optim.SGD(self.weights, lr=LEARNING_RATE),
+                    "adam": lambda: torch.optim.SparseAdam(self.weights, lr=LEARNING_RATE,
+                                                           eps=self.EPS)}.get(self.kind,
+                                                                              lambda: None)()
+
+    def step(self) -> None:
+        if self.opt is not None:
+            self.opt.step()
+        else:
+            with torch.no_grad():
+                for w, acc in zip(self.weights, self.sum_sq):
+                    if w.grad is None:
+                        continue
+                    g = w.grad.coalesce()
+                    rows, values = g.indices()[0], g.values()
+                    acc[rows] += values.pow(2).mean(dim=1)
+                    w[rows] -= LEARNING_RATE * values / (acc[rows].sqrt() + self.EPS)[:, None]
+        for w in self.weights:
+            w.grad = None
 
 
 def losses_match(got: list[float], want: list[float]) -> bool:

@@ -72,7 +72,8 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
     results = spawn_ranks(payload, nproc)
     check = results[0].check_losses
     say("single-process reference")
-    want = reference_losses(model, doc.seq_len, doc.plan.optimizer, batches, len(check))
+    want = reference_losses(model, doc.seq_len, doc.plan.optimizer, batches, len(check),
+                            doc.plan.embeddings)
     per_step = [max(r.step_seconds[i] for r in results) for i in range(steps)]
     ranks = tuple(RankResult(r, prediction.peak_bytes_by_rank[r], results[r].peak_bytes,
                              results[r].peak_tensors) for r in range(nproc))
