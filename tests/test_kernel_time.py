@@ -188,3 +188,28 @@ def test_host_dispatch_bounds_a_gpu_layer_of_tiny_kernels():
     out = layer_compute(_layer(tiny), LayerStrategy(), spec(CALIBRATION, op_overhead_s=20e-6),
                         config())
     assert out.forward_s == pytest.approx(5 * 20e-6)
+
+
+@pytest.fixture(scope="module")
+def gpt3_graph():
+    import torch
+
+    from planner.models import load_layer_graph
+
+    return load_layer_graph("gpt3-6.7b", 1, None, torch.bfloat16)
+
+
+@pytest.mark.parametrize("preset", ["a100-40g", "a100-80g", "h100-80g", "h200"])
+def test_no_gpu_preset_predicts_more_than_its_best_gemm_efficiency(gpt3_graph, preset):
+    """A plan's MFU cannot beat the best fraction of peak the device's GEMMs reach (the
+    measured table's fastest bf16 point, else the preset's best measured fraction)."""
+    from cost_models.clusters import get_cluster
+    from planner.search import search
+
+    cluster = get_cluster(preset, nodes=2)
+    cal = cluster.kernel_calibration
+    best = (cal.best_gemm("bfloat16").flop_per_s / cluster.peak_flops("bfloat16")
+            if cal is not None and cal.best_gemm("bfloat16") else cluster.matmul_efficiency)
+    result = search(gpt3_graph, cluster, 128, with_baselines=False)
+    assert result.best is not None
+    assert 0 < result.best.estimate.mfu < best
