@@ -52,6 +52,10 @@ DEFAULT_GPU_KERNEL_FLOOR_S = 1.22e-6
 CAUSAL_WORK_FRACTION = 0.5
 # Dao 2023 (FlashAttention-2) §4: backward FLOPs are 2.5x the forward's.
 ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
+# Ops that only draw random numbers: where the spec measured a draw's per-element price
+# (`random_element_s`, compute.random_draw_seconds) it replaces their streaming price.
+# native_dropout also scales and writes its output and mask: it streams as well.
+DRAW_ONLY_OPS = RANDOM_OPS - {"native_dropout"}
 # The SDPA backend whose measured times price a fused attention: torch's own choice.
 DISPATCHED_SDPA_BACKEND = "default"
 # Memory-bound kernel kinds the calibration measures, by the ATen ops they stand for
@@ -207,7 +211,7 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
 def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config: StepConfig,
                  share: float, backward: bool) -> KernelSeconds:
     """Sum over kernels of count x max(roofline, launch floor), by kernel class.
-    Random draws are left to `compute.random_draw_seconds` where the spec measured them."""
+    Pure draws are left to `compute.random_draw_seconds` where the spec measured them."""
     floor = launch_floor_s(cluster)
     sums = {KernelKind.GEMM: 0.0, KernelKind.ATTENTION: 0.0, KernelKind.MEMORY: 0.0}
     launch = 0.0
@@ -217,7 +221,7 @@ def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config
         if r.kind is KernelKind.VIEW:
             continue
         kernels += r.count
-        if cluster.random_element_s > 0 and r.op.split("::")[-1] in RANDOM_OPS:
+        if cluster.random_element_s > 0 and r.op.split("::")[-1] in DRAW_ONLY_OPS:
             continue
         call_s = kernel_call_seconds(r, cluster, config, share, backward)
         sums[r.kind] += r.count * call_s

@@ -9,7 +9,7 @@ once on meta tensors for every node's value (shapes). `measure_layer` then runs 
 layer on fresh stand-ins for its inputs (`ir.stand_in`), forward and backward, with
   - `FlopCounterMode` around forward and around backward,
   - `OpCounter` around each (`ir.op_count`), recording every op as a kernel
-    (`ir.kernel_recorder`; an SDPA call as one fused attention kernel),
+    (`ir.kernel_recorder`; SDPA and dropout as the fused kernels CUDA runs),
   - `saved_tensors_hooks` recording every tensor autograd keeps (`ir.saved_tensors`).
 `start_run`, `run_forward` and `grad_roots` are the same run without instrumentation,
 for timing on a device (`cost_models.layer_profile`).
@@ -26,7 +26,7 @@ import torch.fx as fx
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from ir.kernel_recorder import AttentionFusion, KernelRecorder
+from ir.kernel_recorder import FusedKernels, KernelRecorder
 from ir.kernel_records import KernelRecords
 from ir.layer import LayerMeasurement, TPStyle
 from ir.layers import LayerNodes, group_nodes, node_module_path
@@ -259,17 +259,17 @@ class GraphMeasurer:
         fwd_flops, bwd_flops = FlopCounterMode(display=False), FlopCounterMode(display=False)
         fwd_kernels, bwd_kernels = KernelRecorder(param_keys), KernelRecorder(param_keys)
         fwd_ops, bwd_ops = OpCounter(fwd_kernels), OpCounter(bwd_kernels)
-        attention = AttentionFusion(fwd_kernels, bwd_kernels)
+        fused = FusedKernels(fwd_kernels, bwd_kernels)
 
         def tag(n: fx.Node) -> None:
-            attention.before_node(n, runner.env)
+            fused.before_node(n, runner.env, dropout=n in dropout_nodes)
             log.tp_sharded_now = region.enter(info.module_paths[n])
             fwd_ops.tp_sharded_now = log.tp_sharded_now
             log.in_dropout_now = n in dropout_nodes
 
         with torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack), fwd_flops, fwd_ops:
             self.run_forward(index, runner, before_node=tag)
-        attention.finish(runner.env)
+        fused.finish(runner.env)
         outs = self.grad_roots(index, runner)
         with bwd_flops, bwd_ops:
             if outs:

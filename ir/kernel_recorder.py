@@ -5,14 +5,16 @@ to a `KernelRecorder`, which classifies it (`ir.kernel_records.KernelKind`), tak
 FLOPs from torch.utils.flop_counter's registered formulas and its bytes as each input
 read once plus each output written once, and aggregates.
 
-Fused attention. On meta tensors (and on CPU) `F.scaled_dot_product_attention` runs as
+Fused kernels. On meta tensors (and on CPU) `F.scaled_dot_product_attention` runs as
 its math decomposition (bmm, softmax, ...), but on a GPU it is one kernel: for bf16/fp16
 without an explicit mask torch's dispatcher picks flash (or cuDNN) attention, with a mask
-the memory-efficient kernel. `AttentionFusion` therefore records each SDPA call of the
+the memory-efficient kernel. `FusedKernels` therefore records each SDPA call of the
 traced graph as ONE attention kernel forward and one backward (FLOPs 4*b*s^2*h and 2.5x
 that: Dao 2023, FlashAttention-2) and drops the decomposition's ops from both records;
-the cost model prices it at the target device's measured SDPA rate. Attention written out
-by hand (q @ k^T, softmax, ...) is recorded as the kernels it is.
+the cost model prices it at the target device's measured SDPA rate. Likewise dropout:
+CPU and meta run bernoulli_, div_ and mul, CUDA one `native_dropout` (output and a bool
+mask), recorded as that. Attention written out by hand (q @ k^T, softmax, ...) is
+recorded as the kernels it is.
 
     >>> rec = KernelRecorder(weight_keys=set())
     >>> import torch
@@ -60,6 +62,11 @@ SDPA_TARGETS = (torch.nn.functional.scaled_dot_product_attention,
 SDPA_OP = "aten::scaled_dot_product_attention"
 # The op a GPU runs for it, whose output the selective policy is asked about.
 SDPA_GPU_OP = torch.ops.aten._scaled_dot_product_flash_attention.default
+# Dropout as CUDA runs it (ATen `dropout` takes `native_dropout` on CUDA tensors; on CPU
+# and meta it decomposes into bernoulli_, div_ and mul), with a bool mask.
+DROPOUT_OP, DROPOUT_BACKWARD_OP = "aten::native_dropout", "aten::native_dropout_backward"
+DROPOUT_GPU_OP = torch.ops.aten.native_dropout.default
+DROPOUT_MASK_BYTES_PER_ELEMENT = 1
 # Dao 2023 (FlashAttention-2) §4: the backward pass does 5 matmuls to the forward's 2,
 # 2.5x the forward FLOPs.
 ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
@@ -151,31 +158,43 @@ class KernelRecorder:
         return tuple(out)
 
 
-class AttentionFusion:
-    """Turns each SDPA call of a layer's forward into one fused attention kernel, forward
-    and backward, and hides its decomposition from both recorders.
+class FusedKernels:
+    """Turns each SDPA call and each dropout of a layer's forward into the one fused
+    kernel a GPU runs, forward and backward, and hides their decompositions from both
+    recorders (a dropout that dispatches nothing, p = 0 or eval mode, records nothing).
 
-    Call `before_node(node, env)` before each FX node runs and `finish(env)` after the
-    last: a node's autograd nodes are collected once its output exists.
+    Call `before_node(node, env, dropout)` before each FX node runs and `finish(env)` after
+    the last: a node's autograd nodes are collected once its output exists.
     """
 
     def __init__(self, forward: KernelRecorder, backward: KernelRecorder):
         self.forward, self.backward = forward, backward
         self._running: fx.Node | None = None
+        self._dropout = False
+        self._skipped = 0  # ops the running node dispatched
         self._inputs: list[torch.Tensor] = []
-        self.autograd_nodes: set = set()  # backward nodes of the decomposed SDPA calls
-        forward.skip_now = lambda: self._running is not None
+        self.autograd_nodes: set = set()  # backward nodes of the fused calls
+        forward.skip_now = self._skip_forward
         backward.skip_now = lambda: torch._C._current_autograd_node() in self.autograd_nodes
 
     @staticmethod
     def is_sdpa(node: fx.Node) -> bool:
         return node.op == "call_function" and node.target in SDPA_TARGETS
 
-    def before_node(self, node: fx.Node, env: dict) -> None:
+    def _skip_forward(self) -> bool:
+        if self._running is None:
+            return False
+        self._skipped += 1
+        return True
+
+    def before_node(self, node: fx.Node, env: dict, dropout: bool = False) -> None:
         self._close(env)
-        if self.is_sdpa(node):
-            self._running = node
-            self._open(node, env)
+        if self.is_sdpa(node) or dropout:
+            self._running, self._dropout, self._skipped = node, dropout, 0
+            if dropout:
+                self._inputs = _tensors([env.get(a, a) for a in node.all_input_nodes])[:1]
+            else:
+                self._open(node, env)
 
     def finish(self, env: dict) -> None:
         self._close(env)
@@ -207,10 +226,24 @@ class AttentionFusion:
             int(ATTENTION_BACKWARD_FLOPS_RATIO * flops), 0,
             4 * q_bytes + 2 * kv_bytes + mask_bytes, saved, causal))
 
+    def _add_dropout(self) -> None:
+        """CUDA's native_dropout: reads x, writes the output and a bool mask (1 byte per
+        element); its backward reads the gradient and the mask and writes the result."""
+        x = self._inputs[0]
+        dtype, shape = _dtype_name(x.dtype), tuple(int(d) for d in x.shape)
+        moved = 2 * x.nbytes + x.numel() * DROPOUT_MASK_BYTES_PER_ELEMENT
+        saved = saved_under_selective(DROPOUT_GPU_OP)
+        self.forward.add(KernelRecord(DROPOUT_OP, KernelKind.MEMORY, dtype, shape, 1,
+                                      activation_bytes=moved, saved_under_selective=saved))
+        self.backward.add(KernelRecord(DROPOUT_BACKWARD_OP, KernelKind.MEMORY, dtype, shape, 1,
+                                       activation_bytes=moved))
+
     def _close(self, env: dict) -> None:
         node, self._running = self._running, None
-        if node is None:
+        if node is None or (self._dropout and (not self._skipped or not self._inputs)):
             return
+        if self._dropout:
+            self._add_dropout()
         stop = {t.grad_fn for t in self._inputs}
         stack = [t.grad_fn for t in _tensors(env.get(node))]
         while stack:

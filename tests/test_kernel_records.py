@@ -18,7 +18,7 @@ Forward (Block.forward: x + attn(ln1(x)), then + mlp(ln2(x))):
                    each; bytes: q-sized + k-sized in, scores out = 2*A' + S (A' = A here,
                    B*nh*T*hd = N*h) and S + A' in, A' out.
     total = 24*N*h^2 + 4*B*T^2*h (Narayanan et al. 2021).
-  Memory-bound kernels (23):
+  Memory-bound kernels (17):
     2 native_layer_norm       x in, y out, mean and rstd (N each) out: 2A + 2*N*e;
                               weight + bias read: 2*h*e
     4 clone                   matmul's reshape of non-contiguous q, k^T, v and the
@@ -28,9 +28,10 @@ Forward (Block.forward: x + attn(ln1(x)), then + mlp(ln2(x))):
     1 gt (causal mask)        two views of the positions read (2*T*8), T*T bools written
     1 masked_fill             scores and the mask in, scores out: 2S + T*T
     1 _softmax                2S
-    3 dropouts, each torch's dropout decomposition: empty_like (no kernel), bernoulli_
-      (mask in place: 2X), div_ (2X), mul (x, mask in, out: 3X): 7X with X = S
-      (attention probabilities) or A (twice: after proj and after fc2)
+    3 dropouts, each recorded as the one kernel CUDA runs (native_dropout; meta and CPU
+      run bernoulli_, div_, mul instead): x in, out and a bool mask (1 byte per element)
+      out: 2X + X/e, with X = S (attention probabilities) or A (twice: after proj and
+      after fc2)
     2 add (residuals)         3A each
     1 gelu                    2F
 Backward (autograd of the above; one ones_like seeds the gradient of the block output):
@@ -38,8 +39,8 @@ Backward (autograd of the above; one ones_like seeds the gradient of the block o
     grad_W = x^T @ g: mm (1, in, out, N), no parameter read; for each bmm two bmms
     (grad of each operand); total FLOPs = 2 x forward.
   Memory-bound kernels (24):
-    1 ones_like (A written); 2 mul (residual dropouts: g*mask, 3A); 1 mul (attention
-    dropout, 3S); 6 sum (bias grads: g (N x out) read, out written: 5 with out = h,
+    1 ones_like (A written); 3 native_dropout_backward (g and the bool mask in, out:
+    2X + X/e, X = A twice and S once); 6 sum (bias grads: g (N x out) read, out written: 5 with out = h,
     1 with out = f); 1 gelu_backward (3F); 2 native_layer_norm_backward (g, x in,
     mean, rstd in, dx, dweight, dbias out: 3A + 2*N*e + 2*h*e; weight + bias read);
     4 add (gradient accumulation: the two residual branches, and ln1's output feeding
@@ -47,7 +48,7 @@ Backward (autograd of the above; one ones_like seeds the gradient of the block o
     att @ v's output: 2A each); 1 _softmax_backward_data (g, y in, dx out: 3S);
     1 masked_fill (2S + T*T); 1 mul (scale: 2S).
 Selective checkpointing (ir.checkpoint_policy) keeps only the addmm outputs: it recomputes
-every forward kernel but the 6 addmm: the 2 bmm and all 23 memory-bound kernels.
+every forward kernel but the 6 addmm: the 2 bmm and all 17 memory-bound kernels.
 """
 
 from __future__ import annotations
@@ -107,9 +108,10 @@ def test_forward_gemms_match_the_hand_count(block):
 
 def test_forward_memory_kernels_match_the_hand_count(block):
     count, activation_bytes, weight_bytes = _memory(block.kernels.forward)
-    assert count == 23
+    assert count == 17
     expected = (2 * (2 * A + 2 * N * E) + 4 * 2 * A + 2 * S + T * 8 + (2 * T * 8 + T * T)
-                + (2 * S + T * T) + 2 * S + 7 * S + 2 * 7 * A + 2 * 3 * A + 2 * F)
+                + (2 * S + T * T) + 2 * S + (2 * S + S // E) + 2 * (2 * A + A // E)
+                + 2 * 3 * A + 2 * F)
     assert activation_bytes == expected
     assert weight_bytes == 2 * 2 * H * E
 
@@ -124,7 +126,7 @@ def test_backward_kernels_match_the_hand_count(block):
     assert sum(r.count * r.weight_bytes for r in gemm) == (4 * H * H + 2 * H * FF) * E
     count, activation_bytes, weight_bytes = _memory(bwd)
     assert count == 24
-    expected = (A + 2 * 3 * A + 3 * S + 5 * (N * H + H) * E + (N * FF + FF) * E + 3 * F
+    expected = (A + 2 * (2 * A + A // E) + (2 * S + S // E) + 5 * (N * H + H) * E + (N * FF + FF) * E + 3 * F
                 + 2 * (3 * A + 2 * N * E + 2 * H * E) + 4 * 3 * A + 4 * 2 * A + 3 * S
                 + (2 * S + T * T) + 2 * S)
     assert activation_bytes == expected
@@ -136,7 +138,8 @@ def test_selective_recomputes_everything_but_the_linear_matmuls(block):
     again = kernels.recomputed(Checkpoint.SELECTIVE)
     assert _gemms(again) == {("aten::bmm", (B * NH, T, T, HD)): 1,
                              ("aten::bmm", (B * NH, T, HD, T)): 1}
-    assert _memory(again)[0] == 23
+    assert _memory(again)[0] == 17
+    assert sum(r.count for r in again if r.op == "aten::native_dropout") == 3
     assert kernels.recomputed(Checkpoint.FULL) == kernels.forward
     assert kernels.recomputed(Checkpoint.NONE) == ()
     assert all(r.saved_under_selective == (r.op == "aten::addmm") for r in kernels.forward)
