@@ -150,3 +150,53 @@ def test_records_are_aggregated_and_shared_by_identical_blocks(block):
             for r in block.kernels.forward]
     assert len(keys) == len(set(keys))  # one record per (op, shape, dtype, bytes)
     assert len(block.kernels.forward) < 40  # compact: counts, not a log of every call
+
+
+class _SdpaBlock(torch.nn.Module):
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(hidden, 3 * hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).reshape(b, t, h)  # (b, heads, t, d) -> (b, t, h)
+
+
+class _SdpaModel(torch.nn.Module):
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_SdpaBlock(hidden, heads) for _ in range(2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_sdpa_is_one_fused_attention_kernel_forward_and_backward():
+    """F.scaled_dot_product_attention runs as its math decomposition on meta (bmm, softmax,
+    ...); it is recorded as the one kernel a GPU runs: 4*b*heads*s^2*d FLOPs forward,
+    2.5x backward (Dao 2023), reading q, k, v and writing the output (q-sized) forward;
+    reading q, k, v, out, d_out and writing dq, dk, dv backward."""
+    b, t, h, heads = 2, 16, 32, 4
+    with torch.device("meta"):
+        model = _SdpaModel(h, heads)
+    graph = build_layer_graph(model, {"x": torch.empty(b, t, h, device="meta")}, name="sdpa",
+                              dtype=torch.float32)
+    kernels = graph.layers[0].kernels
+    fwd = [r for r in kernels.forward if r.kind is KernelKind.ATTENTION]
+    bwd = [r for r in kernels.backward if r.kind is KernelKind.ATTENTION]
+    assert len(fwd) == len(bwd) == 1
+    q_bytes = b * t * h * E
+    assert fwd[0].shape == (b, heads, t, t, h // heads) and fwd[0].causal
+    assert fwd[0].flops == 4 * b * heads * t * t * (h // heads)
+    assert bwd[0].flops == 2.5 * fwd[0].flops
+    assert (fwd[0].activation_bytes, bwd[0].activation_bytes) == (4 * q_bytes, 8 * q_bytes)
+    # no trace of the decomposition: the only matmuls left are the Linear's (and its grads)
+    assert {r.op for r in kernels.forward if r.kind is KernelKind.GEMM} == {"aten::addmm"}
+    assert {r.op for r in kernels.backward if r.kind is KernelKind.GEMM} == {"aten::mm"}
+    assert not any("softmax" in r.op for r in kernels.forward + kernels.backward)
+    assert fwd[0] in kernels.recomputed(Checkpoint.SELECTIVE)  # the policy keeps only mm/addmm
