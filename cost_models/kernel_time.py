@@ -13,7 +13,8 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
 GEMM of the cluster's kernel calibration, else the analytic saturation fit
 (`cost_models.gemm_efficiency`). Memory-bound bandwidth: the calibration's measured points
 for that kernel kind (copy, add, gelu, sum, softmax, layer_norm), interpolated in
-log(bytes), else the spec's `hbm_gbps`. Fused attention: the calibration's "default"
+log(bytes), else the spec's `hbm_gbps` times the share of it that kind reached on a
+measured H100 (a softmax streams at ~40% of the datasheet bandwidth). Fused attention: the calibration's "default"
 backend (what torch's dispatcher chose on that device, with no backend forced), nearest
 measured shape, its FLOP rate (forward 4*b*s^2*h over forward seconds, backward 2.5x that
 over backward seconds: Dao 2023); without a table, a roofline at the GEMM efficiency of
@@ -56,6 +57,13 @@ ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
 # (`random_element_s`, compute.random_draw_seconds) it replaces their streaming price.
 # native_dropout also scales and writes its output and mask: it streams as well.
 DRAW_ONLY_OPS = RANDOM_OPS - {"native_dropout"}
+# Share of the spec's memory bandwidth each memory-bound kernel kind reaches on large
+# tensors, for GPUs whose spec carries no measured table: profile-device on an H100 80GB
+# (cost_models/calibration/h100-80g.json, 512 MiB points over the datasheet 3350 GB/s):
+# streaming kernels come close to the datasheet, row-wise softmax and layer norm do not.
+GPU_MEMORY_KERNEL_BANDWIDTH_FRACTION = {
+    "copy": 2990 / 3350, "add": 3046 / 3350, "gelu": 2857 / 3350, "sum": 2948 / 3350,
+    "softmax": 1276 / 3350, "layer_norm": 2038 / 3350}
 # The SDPA backend whose measured times price a fused attention: torch's own choice.
 DISPATCHED_SDPA_BACKEND = "default"
 # Memory-bound kernel kinds the calibration measures, by the ATen ops they stand for
@@ -204,7 +212,10 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
         return max(work / (cluster.peak_flops(dtype) * efficiency), nbytes / hbm)
     if r.kind is KernelKind.MEMORY:
         kernel = MEMORY_KERNEL_OF_OP.get(r.op.split("::")[-1], "add")
-        return nbytes / (memory_gbps(cal, kernel, dtype, nbytes, cluster.hbm_gbps) * GB)
+        # a CPU spec's hbm_gbps is itself measured; a GPU preset's is the datasheet's
+        default_gbps = cluster.hbm_gbps * (
+            1.0 if cluster.host_bound else GPU_MEMORY_KERNEL_BANDWIDTH_FRACTION[kernel])
+        return nbytes / (memory_gbps(cal, kernel, dtype, nbytes, default_gbps) * GB)
     return 0.0  # views: no kernel
 
 
