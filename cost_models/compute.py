@@ -1,13 +1,18 @@
-"""Compute time of one layer for one micro-batch: analytic roofline or a measured profile.
+"""Compute time of one layer for one micro-batch: kernel sum, analytic roofline or a profile.
 
-Analytic: time = max(FLOPs / (peak x efficiency(GEMM size)), bytes moved / memory bandwidth),
-the roofline of Williams et al. 2009 with a GEMM-size-dependent efficiency. The "GEMM
-size" of a layer is the edge n of the square matmul with the same arithmetic intensity:
-a bf16 n^3 product does 2n^3 FLOPs on 3n^2 elements, so n = 3 * e * (FLOPs / bytes) / 2
-for e-byte elements. Efficiency saturates as n / (n + n_half) up to the device's best
-measured fraction of peak. Dropout-mask draws add elements x `random_element_s` (a
-CPU thread's per-element cost of `bernoulli_`, measured; 0 on GPUs, where they are
-memory-bound like the rest).
+Kernels (a traced layer): the layer's recorded ATen kernels (`ir.kernel_records`) priced
+one by one and summed (`cost_models.kernel_time`): on a device kernels run in turn, so
+memory-bound kernels (norms, softmax, dropout, activations, adds) add to the matmuls'
+time. Dropout-mask draws add elements x `random_element_s` (a CPU thread's per-element
+cost of `bernoulli_`, measured; 0 on GPUs, where they are memory-bound like the rest).
+
+Analytic (a layer without records, `cost_models.synthetic`): time = max(FLOPs / (peak x
+efficiency(GEMM size)), bytes moved / memory bandwidth), the roofline of Williams et al.
+2009 with a GEMM-size-dependent efficiency. The "GEMM size" of a layer is the edge n of
+the square matmul with the same arithmetic intensity: a bf16 n^3 product does 2n^3 FLOPs
+on 3n^2 elements, so n = 3 * e * (FLOPs / bytes) / 2 for e-byte elements. Efficiency
+saturates as n / (n + n_half) up to the device's best measured fraction of peak
+(`cost_models.gemm_efficiency`).
 
 Host overhead: every dispatched ATen op costs the framework `op_overhead_s` on the host,
 plus `dtensor_op_overhead_s` when it runs on DTensors (tensor-parallel layers). On CPU
@@ -24,7 +29,9 @@ a profile whose device matches the cluster's overrides the analytic figure (scal
 linearly to the micro-batch). Either way tensor parallelism divides the TP-able share
 and checkpointing adds recomputation:
   full      one more forward in backward (Chen et al. 2016; Korthikanti et al. 2022)
-  selective the attention core again: 4*b*s^2*h FLOPs (Narayanan et al. 2021, eq. 2 term)
+  selective the recorded forward kernels the policy does not keep, again
+            (`ir.checkpoint_policy`; Korthikanti et al. 2022 §5); a layer without records:
+            the attention core again, 4*b*s^2*h FLOPs (Narayanan et al. 2021, eq. 2 term)
 """
 
 from __future__ import annotations
@@ -42,23 +49,16 @@ from ir.legality import sequence_parallel_applies
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
 
 from cost_models.common import GB, StepConfig, dtype_bytes
+from cost_models.gemm_efficiency import (SQUARE_GEMM_EDGE_PER_INTENSITY, device_kind,  # noqa: F401
+                                         gemm_efficiency)
+from cost_models.kernel_time import layer_kernel_seconds
 from cost_models.model_states import has_dp_unit, tp_local_params
 from cost_models.offload import host_step_seconds
 
-# n_half per device kind: the square-GEMM edge at which a matmul reaches half of its best
-# throughput. Chosen so an 8192^3 product lands at ~97% of the best measured rate on
-# Hopper (REFERENCES.md: ~795 of 989 TFLOP/s) and small GEMMs fall off as cuBLAS
-# benchmarks show (n = 256 runs at roughly half rate); CPUs saturate much earlier.
-GEMM_HALF_EFFICIENCY_DIM = {"A100": 192.0, "H100": 256.0, "H200": 256.0, "cpu": 24.0}
-DEFAULT_GEMM_HALF_EFFICIENCY_DIM = 256.0
-# Best fraction of peak when the spec does not carry a measured `matmul_efficiency`.
-DEFAULT_MATMUL_EFFICIENCY = 0.8
 # Backward reads and writes about twice what forward does (activation and weight grads).
 BACKWARD_BYTES_FACTOR = 2.0
 # FLOPs of attention's two batched matmuls per layer forward: 4*b*s^2*h (Narayanan et al. 2021).
 ATTENTION_CORE_FLOPS_COEFF = 4
-# A square n^3 GEMM does 2n^3 FLOPs on 3n^2 elements of e bytes: n = (3/2) * e * FLOPs/byte.
-SQUARE_GEMM_EDGE_PER_INTENSITY = 1.5
 
 
 # ATen ops one optimizer step dispatches per parameter tensor, steady state, counted on
@@ -86,22 +86,6 @@ class LayerCompute:
     @property
     def total_s(self) -> float:
         return self.forward_s + self.backward_s + self.recompute_s
-
-
-def device_kind(device: str) -> str:
-    """"H100-SXM5-80GB" -> "H100"; anything CPU-like -> "cpu"."""
-    upper = device.upper()
-    for kind in GEMM_HALF_EFFICIENCY_DIM:
-        if kind != "cpu" and kind in upper:
-            return kind
-    return "cpu" if "CPU" in upper or "X86" in upper or "ARM" in upper else device
-
-
-def gemm_efficiency(dim, device: str, max_efficiency: float | None = None):
-    """Fraction of peak a GEMM of edge `dim` reaches: best * n / (n + n_half) (saturation fit)."""
-    n_half = GEMM_HALF_EFFICIENCY_DIM.get(device_kind(device), DEFAULT_GEMM_HALF_EFFICIENCY_DIM)
-    best = DEFAULT_MATMUL_EFFICIENCY if max_efficiency is None else max_efficiency
-    return best * dim / (dim + n_half)
 
 
 def roofline_seconds(flops, nbytes, element_bytes, peak_flops, hbm_bytes_per_s, device,
@@ -191,7 +175,8 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         backward_s = measured.backward_seconds * scale
     else:
         forward_s, backward_s = _analytic_seconds(layer, cluster, config, share)
-        forward_s += random_draw_seconds(layer, strategy, cluster, config)
+    random_s = random_draw_seconds(layer, strategy, cluster, config) if measured is None else 0.0
+    forward_s += random_s
     # DP-unit and TP-module figures were measured with the node's processes running
     # together: not stretched by the core share again.
     unit_s = (dp_unit_seconds(layer, strategy, cluster, config)
@@ -200,6 +185,9 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     backward_s = with_host(backward_s, layer.ops_bwd * op_s, cluster) + unit_s
     if strategy.checkpoint is Checkpoint.FULL:
         recompute_s = forward_s
+    elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.kernels is not None:
+        recompute_s = _selective_recompute_seconds(layer, cluster, config, share, op_s,
+                                                   measured, random_s)
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.saved_attention_bytes:
         recompute_s = _attention_recompute_seconds(layer, cluster, config, share)
     else:
@@ -260,6 +248,12 @@ def random_draw_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterS
 
 def _analytic_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,
                       share: float) -> tuple[float, float]:
+    """Device seconds of one forward and one backward: the sum over the layer's recorded
+    kernels (`cost_models.kernel_time`); a layer without records (`cost_models.synthetic`)
+    takes one roofline over all its FLOPs and bytes."""
+    if layer.kernels is not None:
+        times = layer_kernel_seconds(layer.kernels, cluster, config, share)
+        return times.forward.total_s, times.backward.total_s
     dtype = config.precision.compute_dtype
     element = config.precision.compute_bytes
     peak = cluster.peak_flops(dtype)
@@ -275,6 +269,21 @@ def _analytic_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,
     backward_s = roofline_seconds(bwd_flops, nbytes * BACKWARD_BYTES_FACTOR, element, peak,
                                   hbm, cluster.device, cluster.matmul_efficiency)
     return forward_s, backward_s
+
+
+def _selective_recompute_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,
+                                 share: float, op_s: float, measured, random_s: float) -> float:
+    """Selective checkpointing reruns the forward kernels whose outputs the policy does not
+    keep (`KernelRecords.recomputed`, `ir.checkpoint_policy`): their kernel seconds and
+    host dispatches, and the dropout masks drawn again. A measured layer scales its
+    measured forward by the recomputed kernels' share of the forward's kernel seconds."""
+    times = layer_kernel_seconds(layer.kernels, cluster, config, share)
+    again = times.selective_recompute
+    if measured is not None:
+        scale = config.micro_batch / measured.micro_batch * share
+        whole = times.forward.total_s
+        return measured.forward_seconds * scale * (again.total_s / whole if whole else 0.0)
+    return with_host(again.total_s + random_s, again.ops * op_s, cluster)
 
 
 def _attention_recompute_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,

@@ -26,6 +26,7 @@ import torch
 
 from ir.errors import PlannerError
 from ir.graph_measurer import GraphMeasurer
+from ir.layer import LayerGraph
 from ir.measure import layer_graph_from_trace
 from ir.stand_in import TensorFactory, real_factory
 from ir.trace import trace
@@ -52,6 +53,18 @@ def profile_layers(module, inputs, target, loss_fn, *, name: str, device: str = 
         raise PlannerError(f"--repeats must be >= 1 and --warmup >= 0 (got {repeats}, {warmup})")
     traced = trace(module, inputs, target, loss_fn, dtype=dtype)
     graph, measurer = layer_graph_from_trace(traced, inputs, target, name=name, dtype=dtype)
+    layers = profile_graph(graph, measurer, device, warmup=warmup, repeats=repeats,
+                           progress=progress)
+    return {"schema": PROFILE_SCHEMA, "model": graph.model, "fingerprint": graph.fingerprint,
+            "device": device.split(":")[0], "device_name": device_name(device),
+            "dtype": graph.dtype, "micro_batch": graph.micro_batch, "seq_len": graph.seq_len,
+            "layers": layers}
+
+
+def profile_graph(graph: LayerGraph, measurer: GraphMeasurer, device: str, *,
+                  warmup: int = DEFAULT_WARMUP, repeats: int = DEFAULT_REPEATS,
+                  progress: Callable[[int, int, str], None] | None = None) -> list[dict]:
+    """The profile's "layers" entries of a measured graph: each unique layer timed once."""
     factory = real_factory(device)
     layers, seen = [], {}
     for i, layer in enumerate(graph.layers):
@@ -72,10 +85,7 @@ def profile_layers(module, inputs, target, loss_fn, *, name: str, device: str = 
             "saved_activation_bytes": measured.saved_activation_bytes,
             "flops_fwd": measured.flops_fwd, "flops_bwd": measured.flops_bwd,
         })
-    return {"schema": PROFILE_SCHEMA, "model": graph.model, "fingerprint": graph.fingerprint,
-            "device": device.split(":")[0], "device_name": device_name(device),
-            "dtype": graph.dtype, "micro_batch": graph.micro_batch, "seq_len": graph.seq_len,
-            "layers": layers}
+    return layers
 
 
 def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: TensorFactory,

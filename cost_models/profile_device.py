@@ -44,7 +44,7 @@ from ir.errors import PlannerError
 from ir.kernel_calibration import GemmPoint, KernelCalibration, MemoryKernelPoint, SdpaPoint
 
 from cost_models import clusters
-from cost_models.compute import gemm_efficiency as analytic_gemm_efficiency
+from cost_models.gemm_efficiency import gemm_shape_efficiency
 
 MiB = 2**20
 GiB = 2**30
@@ -475,23 +475,5 @@ def profile_device(device: str, quick: bool = False, name: str | None = None,
 
 # ---- reading the table back -------------------------------------------------------------
 
-def gemm_efficiency(spec: ClusterSpec, m: int, n: int, k: int, dtype: str) -> float:
-    """Fraction of `spec.peak_flops(dtype)` an (m x k) @ (k x n) GEMM reaches.
-
-    Measured: the nearest GEMM of that dtype in the spec's table (log-shape distance,
-    `KernelCalibration.nearest_gemm`), its FLOP/s over the peak, at most 1. Analytic
-    default: compute.gemm_efficiency at the edge of the square GEMM of equal arithmetic
-    intensity, 2mnk / (mk + kn + mn) elements = 2e/3 for an e^3 product, so
-    e = 3mnk / (mk + kn + mn) (the same equivalence compute.py uses for whole layers).
-    """
-    for size in (m, n, k):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise PlannerError(f"gemm_efficiency: m, n, k must be positive integers, "
-                               f"got {(m, n, k)}")
-    peak = spec.peak_flops(dtype)
-    cal = spec.kernel_calibration
-    point = cal.nearest_gemm(m, n, k, dtype) if cal is not None else None
-    if point is not None:
-        return min(1.0, point.flop_per_s / peak)
-    edge = 3.0 * m * n * k / (m * k + k * n + m * n)
-    return analytic_gemm_efficiency(edge, spec.device, spec.matmul_efficiency)
+# `gemm_efficiency(spec, m, n, k, dtype)`: one definition, shared with the kernel time model.
+gemm_efficiency = gemm_shape_efficiency

@@ -8,7 +8,8 @@ layer's boundary (values from outside, values used outside) and runs the whole g
 once on meta tensors for every node's value (shapes). `measure_layer` then runs one
 layer on fresh stand-ins for its inputs (`ir.stand_in`), forward and backward, with
   - `FlopCounterMode` around forward and around backward,
-  - `OpCounter` around each (`ir.op_count`),
+  - `OpCounter` around each (`ir.op_count`), recording every op as a kernel
+    (`ir.kernel_recorder`; SDPA and dropout as the fused kernels CUDA runs),
   - `saved_tensors_hooks` recording every tensor autograd keeps (`ir.saved_tensors`).
 `start_run`, `run_forward` and `grad_roots` are the same run without instrumentation,
 for timing on a device (`cost_models.layer_profile`).
@@ -25,6 +26,8 @@ import torch.fx as fx
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from ir.kernel_recorder import FusedKernels, KernelRecorder
+from ir.kernel_records import KernelRecords
 from ir.layer import LayerMeasurement, TPStyle
 from ir.layers import LayerNodes, group_nodes, node_module_path
 from ir.op_count import OpCounter
@@ -254,15 +257,19 @@ class GraphMeasurer:
         log = SavedTensorLog(param_keys, score_keys)
         region = TPRegion(colwise, rowwise)
         fwd_flops, bwd_flops = FlopCounterMode(display=False), FlopCounterMode(display=False)
-        fwd_ops, bwd_ops = OpCounter(), OpCounter()
+        fwd_kernels, bwd_kernels = KernelRecorder(param_keys), KernelRecorder(param_keys)
+        fwd_ops, bwd_ops = OpCounter(fwd_kernels), OpCounter(bwd_kernels)
+        fused = FusedKernels(fwd_kernels, bwd_kernels)
 
         def tag(n: fx.Node) -> None:
+            fused.before_node(n, runner.env, dropout=n in dropout_nodes)
             log.tp_sharded_now = region.enter(info.module_paths[n])
             fwd_ops.tp_sharded_now = log.tp_sharded_now
             log.in_dropout_now = n in dropout_nodes
 
         with torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack), fwd_flops, fwd_ops:
             self.run_forward(index, runner, before_node=tag)
+        fused.finish(runner.env)
         outs = self.grad_roots(index, runner)
         with bwd_flops, bwd_ops:
             if outs:
@@ -277,7 +284,8 @@ class GraphMeasurer:
             saved_output_bytes=sum(b for k, b in log.seen.items() if k in out_keys),
             ops_fwd=fwd_ops.count, ops_bwd=bwd_ops.count,
             random_elements_fwd=fwd_ops.random_elements,
-            random_tp_sharded_elements_fwd=fwd_ops.random_tp_sharded_elements)
+            random_tp_sharded_elements_fwd=fwd_ops.random_tp_sharded_elements,
+            kernels=KernelRecords(fwd_kernels.records(), bwd_kernels.records()))
 
     def _is_dropout(self, node: fx.Node) -> bool:
         if node.op == "call_module":

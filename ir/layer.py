@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields
 
 import networkx as nx
 
+from ir.kernel_records import KernelRecords
+
 
 class TPStyle(str, enum.Enum):
     """How a Linear/Embedding splits under Megatron-style tensor parallelism."""
@@ -84,6 +86,10 @@ class LayerMeasurement:
     # shards the activations (between a column- and a row-parallel module).
     random_elements_fwd: int = 0
     random_tp_sharded_elements_fwd: int = 0
+    # ---- kernel records (ir.kernel_records): every ATen op of one forward and backward,
+    # aggregated per (op, shape, dtype); the kernel-level time model prices them. None
+    # for layers not measured by a trace (cost_models.synthetic).
+    kernels: KernelRecords | None = None
 
 
 MEASURED_FIGURES = frozenset(f.name for f in fields(LayerMeasurement))

@@ -11,6 +11,7 @@ from typing import Callable
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ir.kernel_recorder import KernelRecorder
 from ir.saved_tensors import tensor_leaves
 
 # ATen ops that draw random numbers (dropout masks): a CPU thread spends ~10x longer per
@@ -24,10 +25,12 @@ class OpCounter(TorchDispatchMode):
     """Counts ATen ops dispatched (views and copies included): each costs a framework
     dispatch on the host, which is what small layers spend their time on. Also counts
     the elements random-number ops draw, and how many of them fall where tensor
-    parallelism shards the activations (`tp_sharded_now`, set by the layer run)."""
+    parallelism shards the activations (`tp_sharded_now`, set by the layer run). With a
+    `recorder`, every op is also recorded as a kernel (`ir.kernel_recorder`)."""
 
-    def __init__(self):
+    def __init__(self, recorder: KernelRecorder | None = None):
         super().__init__()
+        self.recorder = recorder
         self.count = 0
         self.random_elements = 0
         self.random_tp_sharded_elements = 0
@@ -36,6 +39,8 @@ class OpCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += 1
         out = func(*args, **(kwargs or {}))
+        if self.recorder is not None:
+            self.recorder.record(func, args, kwargs, out)
         if func.overloadpacket.__name__ in RANDOM_OPS:
             drawn = next((t.numel() for t in tensor_leaves(out)), 0)
             self.random_elements += drawn

@@ -1,0 +1,278 @@
+"""Kernel-level compute time: a layer's seconds as the sum of the kernels it runs.
+
+On a GPU kernels run one after another, so a layer norm, a softmax over the s x s scores
+or a dropout ADDS to the matmuls' time instead of hiding under it. The time of one layer
+pass (forward, backward, or the kernels a checkpointing mode recomputes) is
+
+    sum over kernel records r of  r.count * max(t_roofline(r), launch floor)
+    t_roofline(gemm)      = max(FLOPs / (peak x GEMM efficiency(m, n, k, dtype)), bytes / bandwidth)
+    t_roofline(attention) = FLOPs / measured SDPA rate of the backend dispatch picks
+    t_roofline(memory)    = bytes / bandwidth of that kind of memory-bound kernel at its size
+
+(Williams et al. 2009 roofline per kernel). GEMM efficiency by shape: the nearest measured
+GEMM of the cluster's kernel calibration, else the analytic saturation fit
+(`cost_models.gemm_efficiency`). Memory-bound bandwidth: the calibration's measured points
+for that kernel kind (copy, add, gelu, sum, softmax, layer_norm), interpolated in
+log(bytes), else the spec's `hbm_gbps` times the share of it that kind reached on a
+measured H100 (a softmax streams at ~40% of the datasheet bandwidth). Fused attention: the calibration's "default"
+backend (what torch's dispatcher chose on that device, with no backend forced), nearest
+measured shape, its FLOP rate (forward 4*b*s^2*h over forward seconds, backward 2.5x that
+over backward seconds: Dao 2023); without a table, a roofline at the GEMM efficiency of
+one head's (s x d) @ (d x s) product, a causal mask halving the work.
+
+Scaling from the IR's measurement: FLOPs and activation bytes grow with the micro-batch
+(`StepConfig.batch_scale`, `activation_scale`), weight bytes only with the dtype. A
+GEMM's token dimension grows with the micro-batch: the batch of a batched matmul, else the
+m (or, for weight gradients, the k) that is a multiple of the IR's tokens. Tensor
+parallelism: each kernel's FLOPs and bytes times the layer's TP share
+(`compute.tp_compute_fraction`, passed in as `share`), the GEMM's n (attention's heads)
+likewise; launches are not divided.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ir.cluster import ClusterSpec
+from ir.kernel_calibration import KernelCalibration, SdpaPoint
+from ir.kernel_records import KernelKind, KernelRecord, KernelRecords
+from ir.op_count import RANDOM_OPS
+from ir.strategy import Checkpoint
+
+from cost_models.common import GB, StepConfig
+from cost_models.gemm_efficiency import gemm_shape_efficiency
+
+# Device seconds per kernel when the cluster carries no calibration: a GPU replays tiny
+# kernels from a CUDA graph at 1.22 us each (profile-device on an H100, 2026-11-24,
+# cost_models/calibration/h100-80g.json `launch_device_s`). CPUs: 0, their per-op host
+# cost is `ClusterSpec.op_overhead_s`, which compute.py adds.
+DEFAULT_GPU_KERNEL_FLOOR_S = 1.22e-6
+# FlashAttention skips the blocks above the diagonal under a causal mask: half the work
+# (Dao 2023, FlashAttention-2 §3.1.1).
+CAUSAL_WORK_FRACTION = 0.5
+# Dao 2023 (FlashAttention-2) §4: backward FLOPs are 2.5x the forward's.
+ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
+# Ops that only draw random numbers: where the spec measured a draw's per-element price
+# (`random_element_s`, compute.random_draw_seconds) it replaces their streaming price.
+# native_dropout also scales and writes its output and mask: it streams as well.
+DRAW_ONLY_OPS = RANDOM_OPS - {"native_dropout"}
+# Share of the spec's memory bandwidth each memory-bound kernel kind reaches on large
+# tensors, for GPUs whose spec carries no measured table: profile-device on an H100 80GB
+# (cost_models/calibration/h100-80g.json, 512 MiB points over the datasheet 3350 GB/s):
+# streaming kernels come close to the datasheet, row-wise softmax and layer norm do not.
+GPU_MEMORY_KERNEL_BANDWIDTH_FRACTION = {
+    "copy": 2990 / 3350, "add": 3046 / 3350, "gelu": 2857 / 3350, "sum": 2948 / 3350,
+    "softmax": 1276 / 3350, "layer_norm": 2038 / 3350}
+# The SDPA backend whose measured times price a fused attention: torch's own choice.
+DISPATCHED_SDPA_BACKEND = "default"
+# Memory-bound kernel kinds the calibration measures, by the ATen ops they stand for
+# (ops not listed are elementwise binary ops: "add").
+MEMORY_KERNEL_OF_OP = {
+    **dict.fromkeys(("_softmax", "_log_softmax", "_safe_softmax", "_softmax_backward_data",
+                     "_log_softmax_backward_data"), "softmax"),
+    **dict.fromkeys(("native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
+                     "_fused_rms_norm_backward", "native_group_norm",
+                     "native_group_norm_backward", "native_batch_norm",
+                     "native_batch_norm_backward", "_native_batch_norm_legit",
+                     "_native_batch_norm_legit_no_training"), "layer_norm"),
+    **dict.fromkeys(("sum", "mean", "amax", "amin", "max", "min", "var_mean", "norm",
+                     "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward"), "sum"),
+    **dict.fromkeys(("gelu", "gelu_backward", "silu", "silu_backward", "relu",
+                     "threshold_backward", "tanh", "tanh_backward", "sigmoid",
+                     "sigmoid_backward", "exp", "log", "rsqrt", "sqrt", "pow", "neg", "sin",
+                     "cos", "abs"), "gelu"),
+    **dict.fromkeys(("_to_copy", "copy_", "clone", "cat", "stack", "embedding",
+                     "embedding_dense_backward", "index", "index_select", "gather",
+                     "scatter", "scatter_add", "index_put_", "_index_put_impl_", "fill_",
+                     "zero_", "zeros", "ones", "ones_like", "zeros_like", "full",
+                     "full_like", "new_zeros", "arange"), "copy"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSeconds:
+    """Seconds of one pass over some kernels, by kernel class. `launch_s` is what the
+    launch floor adds above the kernels' roofline times."""
+
+    gemm_s: float = 0.0
+    attention_s: float = 0.0
+    memory_s: float = 0.0
+    launch_s: float = 0.0
+    kernels: int = 0  # kernel launches (views excluded)
+    ops: int = 0  # ATen ops dispatched (views included): the host's work
+
+    @property
+    def total_s(self) -> float:
+        return self.gemm_s + self.attention_s + self.memory_s + self.launch_s
+
+
+@dataclass(frozen=True, slots=True)
+class LayerKernelSeconds:
+    """One micro-batch of a layer on one rank: forward, backward, and what selective
+    checkpointing recomputes (full checkpointing recomputes `forward`)."""
+
+    forward: KernelSeconds
+    backward: KernelSeconds
+    selective_recompute: KernelSeconds
+
+
+def launch_floor_s(cluster: ClusterSpec) -> float:
+    """Least device seconds one kernel takes."""
+    cal = cluster.kernel_calibration
+    if cal is not None and cal.launch_device_s > 0:
+        return cal.launch_device_s
+    return 0.0 if cluster.host_bound else DEFAULT_GPU_KERNEL_FLOOR_S
+
+
+def memory_gbps(cal: KernelCalibration | None, kernel: str, dtype: str, nbytes: float,
+                default_gbps: float) -> float:
+    """Bandwidth of a memory-bound kernel moving `nbytes`: the calibration's points for
+    that kernel (its dtype, else any), linear in log(bytes) between the two around it,
+    the end point beyond them; `default_gbps` without points."""
+    points = [] if cal is None else [p for p in cal.memory_kernels if p.kernel == kernel]
+    points = [p for p in points if p.dtype == dtype] or points
+    if not points:
+        return default_gbps
+    points = sorted(points, key=lambda p: p.nbytes)
+    if nbytes <= points[0].nbytes:
+        return points[0].gbps
+    for lo, hi in zip(points, points[1:]):
+        if nbytes <= hi.nbytes:
+            if hi.nbytes == lo.nbytes:
+                return max(lo.gbps, hi.gbps)
+            x = math.log(nbytes / lo.nbytes) / math.log(hi.nbytes / lo.nbytes)
+            return lo.gbps + x * (hi.gbps - lo.gbps)
+    return points[-1].gbps
+
+
+def nearest_sdpa(cal: KernelCalibration | None, batch_heads: int, q_len: int, kv_len: int,
+                 head_dim: int, dtype: str, causal: bool) -> SdpaPoint | None:
+    """The measured SDPA point of the dispatched backend (else flash) in `dtype` nearest
+    in (batch x heads, q_len, kv_len, head_dim) by log distance, same causality first."""
+    if cal is None:
+        return None
+    for backend in (DISPATCHED_SDPA_BACKEND, "flash_attention"):
+        points = [p for p in cal.sdpa if p.backend == backend and p.dtype == dtype]
+        points = [p for p in points if p.causal == causal] or points
+        if points:
+            def distance(p: SdpaPoint) -> float:
+                return sum(math.log2(a / b) ** 2 for a, b in (
+                    (batch_heads, p.batch * p.heads), (q_len, p.seq_len), (kv_len, p.seq_len),
+                    (head_dim, p.head_dim)))
+            return min(points, key=distance)
+    return None
+
+
+def _token_scaled_gemm(shape: tuple[int, ...], scale: float, tokens: int,
+                       share: float) -> tuple[int, int, int]:
+    """(m, n, k) of one product after the micro-batch change and the TP split."""
+    batch, m, n, k = shape
+    grow = lambda d: max(1, round(d * scale))  # noqa: E731
+    # A batched matmul (attention's batch x heads; TP splits the heads) is priced as one
+    # product of batch * m rows: cuBLAS's strided-batched GEMM runs the products side by side.
+    if batch > 1:
+        return grow(m * max(1, round(batch * scale * share))), n, k
+    # The IR's token count itself first (nn.Linear flattens (b, s) into m), then a multiple.
+    if m != tokens and (k == tokens or (m % tokens and not k % tokens)):
+        k = grow(k)  # weight gradient: x^T @ dy sums over the tokens
+    else:
+        m = grow(m)
+    return m, max(1, round(n * share)), k
+
+
+def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
+                        share: float, backward: bool) -> float:
+    """Roofline seconds of ONE call of a record's kernel (no launch floor)."""
+    dtype = config.precision.compute_dtype
+    flops = r.flops * config.batch_scale * share
+    nbytes = (r.weight_bytes * config.dtype_scale
+              + r.activation_bytes * config.activation_scale) * share
+    hbm = cluster.hbm_gbps * GB
+    cal = cluster.kernel_calibration
+    if r.kind is KernelKind.GEMM:
+        tokens = config.graph_micro_batch * (config.seq_len or 1)
+        m, n, k = _token_scaled_gemm(r.shape, config.batch_scale, tokens, share)
+        efficiency = gemm_shape_efficiency(cluster, m, n, k, dtype)
+        # Williams et al. 2009: max(compute-bound, memory-bound)
+        return max(flops / (cluster.peak_flops(dtype) * efficiency), nbytes / hbm)
+    if r.kind is KernelKind.ATTENTION:
+        batch, heads, q_len, kv_len, head_dim = r.shape
+        batch_heads = max(1, round(batch * config.batch_scale * heads * share))
+        point = nearest_sdpa(cal, batch_heads, q_len, kv_len, head_dim, dtype, r.causal)
+        if point is not None:
+            # Dao 2023: 4*b*h*s^2*d forward FLOPs, 2.5x backward, at the measured seconds
+            point_flops = 4 * point.batch * point.heads * point.seq_len ** 2 * point.head_dim
+            rate = (ATTENTION_BACKWARD_FLOPS_RATIO * point_flops / point.backward_s if backward
+                    else point_flops / point.forward_s)
+            return flops / rate
+        work = flops * (CAUSAL_WORK_FRACTION if r.causal else 1.0)
+        efficiency = gemm_shape_efficiency(cluster, q_len, kv_len, head_dim, dtype)
+        # Williams et al. 2009 roofline at one head's (s x d) @ (d x s) GEMM efficiency
+        return max(work / (cluster.peak_flops(dtype) * efficiency), nbytes / hbm)
+    if r.kind is KernelKind.MEMORY:
+        kernel = MEMORY_KERNEL_OF_OP.get(r.op.split("::")[-1], "add")
+        # a CPU spec's hbm_gbps is itself measured; a GPU preset's is the datasheet's
+        default_gbps = cluster.hbm_gbps * (
+            1.0 if cluster.host_bound else GPU_MEMORY_KERNEL_BANDWIDTH_FRACTION[kernel])
+        return nbytes / (memory_gbps(cal, kernel, dtype, nbytes, default_gbps) * GB)
+    return 0.0  # views: no kernel
+
+
+def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config: StepConfig,
+                 share: float, backward: bool) -> KernelSeconds:
+    """Sum over kernels of count x max(roofline, launch floor), by kernel class.
+    Pure draws are left to `compute.random_draw_seconds` where the spec measured them."""
+    floor = launch_floor_s(cluster)
+    sums = {KernelKind.GEMM: 0.0, KernelKind.ATTENTION: 0.0, KernelKind.MEMORY: 0.0}
+    launch = 0.0
+    kernels = ops = 0
+    for r in records:
+        ops += r.count
+        if r.kind is KernelKind.VIEW:
+            continue
+        kernels += r.count
+        if cluster.random_element_s > 0 and r.op.split("::")[-1] in DRAW_ONLY_OPS:
+            continue
+        call_s = kernel_call_seconds(r, cluster, config, share, backward)
+        sums[r.kind] += r.count * call_s
+        launch += r.count * max(0.0, floor - call_s)
+    return KernelSeconds(sums[KernelKind.GEMM], sums[KernelKind.ATTENTION],
+                         sums[KernelKind.MEMORY], launch, kernels, ops)
+
+
+class _Memo:
+    """Results per (records, cluster, step shape, TP share): the search prices the same
+    layer under many strategies. Keys hold the objects' ids; values keep the objects
+    alive so an id is not reused while its entry stands."""
+
+    MAX_ENTRIES = 4096
+
+    def __init__(self):
+        self._entries: dict[tuple, tuple] = {}
+
+    def get(self, kernels: KernelRecords, cluster: ClusterSpec, config: StepConfig,
+            share: float) -> LayerKernelSeconds:
+        key = (id(kernels), id(cluster), config.micro_batch, config.graph_micro_batch,
+               config.graph_dtype, config.precision, config.seq_len, share)
+        hit = self._entries.get(key)
+        if hit is not None:
+            return hit[2]
+        if len(self._entries) >= self.MAX_ENTRIES:
+            self._entries.clear()
+        value = LayerKernelSeconds(
+            pass_seconds(kernels.forward, cluster, config, share, backward=False),
+            pass_seconds(kernels.backward, cluster, config, share, backward=True),
+            pass_seconds(kernels.recomputed(Checkpoint.SELECTIVE), cluster, config, share,
+                         backward=False))
+        self._entries[key] = (kernels, cluster, value)
+        return value
+
+
+_MEMO = _Memo()
+
+
+def layer_kernel_seconds(kernels: KernelRecords, cluster: ClusterSpec, config: StepConfig,
+                         share: float = 1.0) -> LayerKernelSeconds:
+    """Forward, backward and selective-recompute kernel seconds of one layer (memoised)."""
+    return _MEMO.get(kernels, cluster, config, share)

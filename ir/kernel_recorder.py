@@ -1,0 +1,254 @@
+"""Recording the kernels a layer runs: one `KernelRecord` per (op, shape, dtype).
+
+`ir.op_count.OpCounter` (the dispatch mode that counts a layer's ATen ops) hands every op
+to a `KernelRecorder`, which classifies it (`ir.kernel_records.KernelKind`), takes its
+FLOPs from torch.utils.flop_counter's registered formulas and its bytes as each input
+read once plus each output written once, and aggregates.
+
+Fused kernels. On meta tensors (and on CPU) `F.scaled_dot_product_attention` runs as
+its math decomposition (bmm, softmax, ...), but on a GPU it is one kernel: for bf16/fp16
+without an explicit mask torch's dispatcher picks flash (or cuDNN) attention, with a mask
+the memory-efficient kernel. `FusedKernels` therefore records each SDPA call of the
+traced graph as ONE attention kernel forward and one backward (FLOPs 4*b*s^2*h and 2.5x
+that: Dao 2023, FlashAttention-2) and drops the decomposition's ops from both records;
+the cost model prices it at the target device's measured SDPA rate. Likewise dropout:
+CPU and meta run bernoulli_, div_ and mul, CUDA one `native_dropout` (output and a bool
+mask), recorded as that. Attention written out by hand (q @ k^T, softmax, ...) is
+recorded as the kernels it is.
+
+    >>> rec = KernelRecorder(weight_keys=set())
+    >>> import torch
+    >>> a = torch.empty(8, 4, device="meta"); b = torch.empty(4, 16, device="meta")
+    >>> rec.record(torch.ops.aten.mm.default, (a, b), {}, torch.empty(8, 16, device="meta"))
+    >>> [str(r) for r in rec.records()]
+    ['1 x aten::mm[1x8x16x4]@float32']
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.fx as fx
+from torch.utils.flop_counter import flop_registry
+
+from ir.checkpoint_policy import op_name, saved_under_selective
+from ir.kernel_records import KernelKind, KernelRecord
+from ir.saved_tensors import storage_key, tensor_leaves
+
+# ATen matmuls and convolutions (cuBLAS / cuDNN GEMM kernels); `linear` and `matmul`
+# decompose into these before they reach a dispatch mode.
+GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot",
+                      "convolution", "convolution_backward"})
+# Fused SDPA kernels (forward and backward), as they dispatch on CUDA or CPU devices.
+ATTENTION_OPS = frozenset(
+    f"{base}{suffix}" for suffix in ("", "_backward") for base in (
+        "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+        "_flash_attention", "_efficient_attention"))
+# Ops that launch no kernel and move no bytes beyond views (`OpOverload.is_view` covers
+# the rest: view, expand, transpose, permute, t, slice, select, ...).
+NO_KERNEL_OPS = frozenset({"_unsafe_view", "detach", "alias", "lift_fresh", "empty",
+                           "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+                           "_reshape_alias", "sym_size", "sym_stride", "sym_numel",
+                           "_local_scalar_dense", "resize_", "set_"})
+# Ops that read only their input's shape (they fill a new tensor): no input bytes.
+SHAPE_ONLY_INPUT_OPS = frozenset({"ones_like", "zeros_like", "full_like", "rand_like",
+                                  "randn_like", "new_zeros", "new_ones", "new_full"})
+# FX call targets that are scaled-dot-product attention (fx traces call the functional,
+# torch.export graphs the ATen op).
+SDPA_TARGETS = (torch.nn.functional.scaled_dot_product_attention,
+                torch.ops.aten.scaled_dot_product_attention.default)
+SDPA_OP = "aten::scaled_dot_product_attention"
+# The op a GPU runs for it, whose output the selective policy is asked about.
+SDPA_GPU_OP = torch.ops.aten._scaled_dot_product_flash_attention.default
+# Dropout as CUDA runs it (ATen `dropout` takes `native_dropout` on CUDA tensors; on CPU
+# and meta it decomposes into bernoulli_, div_ and mul), with a bool mask.
+DROPOUT_OP, DROPOUT_BACKWARD_OP = "aten::native_dropout", "aten::native_dropout_backward"
+DROPOUT_GPU_OP = torch.ops.aten.native_dropout.default
+DROPOUT_MASK_BYTES_PER_ELEMENT = 1
+# Dao 2023 (FlashAttention-2) §4: the backward pass does 5 matmuls to the forward's 2,
+# 2.5x the forward FLOPs.
+ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    return [t for t in tensor_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def gemm_shape(name: str, args, out) -> tuple[int, int, int, int]:
+    """(batch, m, n, k) of a matmul or convolution: `batch` products of (m x k) @ (k x n).
+    A convolution is its implicit GEMM: m = N * output positions, n = out channels per
+    group, k = in channels per group * kernel area, batch = groups."""
+    if name in ("mm", "addmm"):
+        a, b = (args[0], args[1]) if name == "mm" else (args[1], args[2])
+        return 1, a.shape[0], b.shape[1], a.shape[1]
+    if name in ("bmm", "baddbmm", "addbmm"):
+        a, b = (args[0], args[1]) if name == "bmm" else (args[1], args[2])
+        return (1 if name == "addbmm" else a.shape[0]), a.shape[-2], b.shape[-1], a.shape[-1]
+    if name in ("mv", "addmv"):
+        a = args[0] if name == "mv" else args[1]
+        return 1, a.shape[0], 1, a.shape[1]
+    if name == "dot":
+        return 1, 1, 1, args[0].shape[0]
+    # convolution(input, weight, ...) and convolution_backward(grad_out, input, weight, ...)
+    weight = args[1] if name == "convolution" else args[2]
+    grad_or_out = _tensors(out)[0] if name == "convolution" else args[0]
+    groups = int(args[8] if name == "convolution" else args[9])
+    out_positions = math.prod(grad_or_out.shape[2:]) * grad_or_out.shape[0]
+    per_group_k = weight.shape[1] * math.prod(weight.shape[2:])
+    return groups, out_positions, weight.shape[0] // groups, per_group_k
+
+
+class KernelRecorder:
+    """Aggregates the ops handed to `record` into `KernelRecord`s (one per op, shape,
+    dtype). `weight_keys`: storages of the layer's parameters and buffers. Ops for which
+    `skip_now()` is true are left out (a fused attention's decomposition)."""
+
+    def __init__(self, weight_keys: set):
+        self.weight_keys = weight_keys
+        self._counts: dict[tuple, list] = {}  # key -> [KernelRecord with count 0, count]
+        self.skip_now = lambda: False
+
+    def add(self, record: KernelRecord) -> None:
+        key = (record.op, record.kind, record.dtype, record.shape, record.flops,
+               record.weight_bytes, record.activation_bytes, record.causal)
+        entry = self._counts.setdefault(key, [record, 0])
+        entry[1] += record.count
+
+    def record(self, func, args, kwargs, out) -> None:
+        if self.skip_now():
+            return
+        name = func.overloadpacket.__name__
+        op = op_name(func)
+        inputs = [] if name in SHAPE_ONLY_INPUT_OPS else \
+            list({id(t): t for t in _tensors((args, kwargs))}.values())
+        outputs = _tensors(out)
+        floating = [t for t in inputs + outputs if t.is_floating_point()] or inputs + outputs
+        dtype = _dtype_name(floating[0].dtype) if floating else "none"
+        if func.is_view or name in NO_KERNEL_OPS:
+            self.add(KernelRecord(op, KernelKind.VIEW, dtype, (), 1))
+            return
+        weight = sum(t.nbytes for t in inputs if storage_key(t) in self.weight_keys)
+        moved = sum(t.nbytes for t in inputs) + sum(t.nbytes for t in outputs) - weight
+        counter = flop_registry.get(func.overloadpacket)
+        flops = int(counter(*args, **(kwargs or {}), out_val=out)) if counter else 0
+        if name in GEMM_OPS:
+            kind, shape, causal = KernelKind.GEMM, gemm_shape(name, args, out), False
+        elif name in ATTENTION_OPS:
+            q, k = args[0], args[1]
+            kind, causal = KernelKind.ATTENTION, bool((kwargs or {}).get("is_causal", False))
+            shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3])
+        else:
+            kind, causal = KernelKind.MEMORY, False
+            shape = tuple(outputs[0].shape) if outputs else ()
+        self.add(KernelRecord(op, kind, dtype, tuple(int(d) for d in shape), 1, flops,
+                              weight, moved, saved_under_selective(func), causal))
+
+    def records(self) -> tuple[KernelRecord, ...]:
+        out = []
+        for record, count in self._counts.values():
+            out.append(KernelRecord(record.op, record.kind, record.dtype, record.shape, count,
+                                    record.flops, record.weight_bytes, record.activation_bytes,
+                                    record.saved_under_selective, record.causal))
+        return tuple(out)
+
+
+class FusedKernels:
+    """Turns each SDPA call and each dropout of a layer's forward into the one fused
+    kernel a GPU runs, forward and backward, and hides their decompositions from both
+    recorders (a dropout that dispatches nothing, p = 0 or eval mode, records nothing).
+
+    Call `before_node(node, env, dropout)` before each FX node runs and `finish(env)` after
+    the last: a node's autograd nodes are collected once its output exists.
+    """
+
+    def __init__(self, forward: KernelRecorder, backward: KernelRecorder):
+        self.forward, self.backward = forward, backward
+        self._running: fx.Node | None = None
+        self._dropout = False
+        self._skipped = 0  # ops the running node dispatched
+        self._inputs: list[torch.Tensor] = []
+        self.autograd_nodes: set = set()  # backward nodes of the fused calls
+        forward.skip_now = self._skip_forward
+        backward.skip_now = lambda: torch._C._current_autograd_node() in self.autograd_nodes
+
+    @staticmethod
+    def is_sdpa(node: fx.Node) -> bool:
+        return node.op == "call_function" and node.target in SDPA_TARGETS
+
+    def _skip_forward(self) -> bool:
+        if self._running is None:
+            return False
+        self._skipped += 1
+        return True
+
+    def before_node(self, node: fx.Node, env: dict, dropout: bool = False) -> None:
+        self._close(env)
+        if self.is_sdpa(node) or dropout:
+            self._running, self._dropout, self._skipped = node, dropout, 0
+            if dropout:
+                self._inputs = _tensors([env.get(a, a) for a in node.all_input_nodes])[:1]
+            else:
+                self._open(node, env)
+
+    def finish(self, env: dict) -> None:
+        self._close(env)
+
+    def _open(self, node: fx.Node, env: dict) -> None:
+        def arg(i: int, name: str, default=None):
+            value = node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+            return env.get(value, value) if isinstance(value, fx.Node) else value
+
+        q, k, v = arg(0, "query"), arg(1, "key"), arg(2, "value")
+        mask = arg(3, "attn_mask")
+        causal = bool(arg(5, "is_causal", False))
+        self._inputs = [t for t in (q, k, v) if isinstance(t, torch.Tensor)]
+        b, heads, q_len, head_dim = q.shape[0], q.shape[-3], q.shape[-2], q.shape[-1]
+        kv_len = k.shape[-2]
+        q_bytes, kv_bytes = q.nbytes, k.nbytes + v.nbytes
+        mask_bytes = mask.nbytes if isinstance(mask, torch.Tensor) else 0
+        # Dao 2023: two matmuls of 2 * q_len * kv_len * head_dim FLOPs per head forward.
+        flops = 4 * b * heads * q_len * kv_len * head_dim
+        shape = (int(b), int(heads), int(q_len), int(kv_len), int(head_dim))
+        dtype = _dtype_name(q.dtype)
+        saved = saved_under_selective(SDPA_GPU_OP)
+        # forward reads q, k, v (and a mask), writes the output (q-sized)
+        self.forward.add(KernelRecord(SDPA_OP, KernelKind.ATTENTION, dtype, shape, 1, flops,
+                                      0, 2 * q_bytes + kv_bytes + mask_bytes, saved, causal))
+        # backward reads q, k, v, out, d_out (and the mask), writes dq, dk, dv
+        self.backward.add(KernelRecord(
+            SDPA_OP, KernelKind.ATTENTION, dtype, shape, 1,
+            int(ATTENTION_BACKWARD_FLOPS_RATIO * flops), 0,
+            4 * q_bytes + 2 * kv_bytes + mask_bytes, saved, causal))
+
+    def _add_dropout(self) -> None:
+        """CUDA's native_dropout: reads x, writes the output and a bool mask (1 byte per
+        element); its backward reads the gradient and the mask and writes the result."""
+        x = self._inputs[0]
+        dtype, shape = _dtype_name(x.dtype), tuple(int(d) for d in x.shape)
+        moved = 2 * x.nbytes + x.numel() * DROPOUT_MASK_BYTES_PER_ELEMENT
+        saved = saved_under_selective(DROPOUT_GPU_OP)
+        self.forward.add(KernelRecord(DROPOUT_OP, KernelKind.MEMORY, dtype, shape, 1,
+                                      activation_bytes=moved, saved_under_selective=saved))
+        self.backward.add(KernelRecord(DROPOUT_BACKWARD_OP, KernelKind.MEMORY, dtype, shape, 1,
+                                       activation_bytes=moved))
+
+    def _close(self, env: dict) -> None:
+        node, self._running = self._running, None
+        if node is None or (self._dropout and (not self._skipped or not self._inputs)):
+            return
+        if self._dropout:
+            self._add_dropout()
+        stop = {t.grad_fn for t in self._inputs}
+        stack = [t.grad_fn for t in _tensors(env.get(node))]
+        while stack:
+            fn = stack.pop()
+            if fn is None or fn in stop or fn in self.autograd_nodes:
+                continue
+            self.autograd_nodes.add(fn)
+            stack.extend(f for f, _ in fn.next_functions)

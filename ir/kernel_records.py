@@ -1,0 +1,101 @@
+"""Per-kernel records of one layer: what each ATen op costs, as plain frozen data.
+
+While a unique layer runs forward and backward on meta tensors (`ir.graph_measurer`),
+`ir.kernel_recorder` notes every ATen op it dispatches: its kind, shape, dtype, FLOPs and
+bytes. Records are aggregated per (op, shape, dtype) with a `count`, so a GPT block
+holds a few dozen of them whatever its size; the cost model
+(`cost_models.kernel_time`) prices each one as the kernel that runs on a device.
+
+Kinds:
+  gemm       matmuls and convolutions (mm, addmm, bmm, baddbmm, convolution...):
+             `shape` is (batch, m, n, k), an (m x k) @ (k x n) product `batch` times.
+  attention  one fused scaled-dot-product-attention kernel (flash / efficient / cuDNN):
+             `shape` is (batch, heads, q_len, kv_len, head_dim).
+  memory     everything else that moves data (norms, softmax, dropout, activations,
+             adds, casts, copies, gathers): `shape` is the first output's shape.
+  view       views and metadata ops: no kernel, no bytes (they still cost a host
+             dispatch, which `LayerMeasurement.ops_fwd` / `ops_bwd` count).
+
+Bytes per call: each distinct input tensor read once plus each output written once
+(`weight_bytes` is the part of the reads that are the layer's parameters and buffers,
+which does not grow with the micro-batch). FLOPs per call: torch.utils.flop_counter's
+formulas (2mnk per matmul), and for attention 4*b*s^2*h forward and 2.5x that backward
+(Dao 2023, FlashAttention-2 §4: the backward does 5 matmuls to the forward's 2).
+
+    >>> r = KernelRecord("aten::mm", KernelKind.GEMM, "float32", (1, 64, 256, 64), count=2,
+    ...                  flops=2 * 64 * 256 * 64, weight_bytes=64 * 256 * 4,
+    ...                  activation_bytes=(64 * 64 + 64 * 256) * 4)
+    >>> r.total_flops, r.bytes_per_call
+    (4194304, 147456)
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ir.strategy import Checkpoint
+
+
+class KernelKind(str, enum.Enum):
+    GEMM = "gemm"
+    ATTENTION = "attention"
+    MEMORY = "memory"
+    VIEW = "view"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class KernelRecord:
+    """`count` calls of one op on one shape and dtype; FLOPs and bytes are per call."""
+
+    op: str  # "aten::mm"; "aten::scaled_dot_product_attention" for a fused attention
+    kind: KernelKind
+    dtype: str  # dtype of the first floating input (or output): "float32", "bfloat16"
+    shape: tuple[int, ...]  # see the module docstring, by kind
+    count: int
+    flops: int = 0
+    weight_bytes: int = 0  # reads of the layer's parameters / buffers
+    activation_bytes: int = 0  # every other read, plus every write
+    # Selective checkpointing keeps this op's output (ir.checkpoint_policy); forward only.
+    saved_under_selective: bool = False
+    causal: bool = False  # attention only: a causal mask (FlashAttention skips half)
+
+    def __str__(self) -> str:
+        dims = "x".join(map(str, self.shape))
+        return f"{self.count} x {self.op}[{dims}]@{self.dtype}"
+
+    @property
+    def bytes_per_call(self) -> int:
+        return self.weight_bytes + self.activation_bytes
+
+    @property
+    def total_flops(self) -> int:
+        return self.flops * self.count
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes_per_call * self.count
+
+
+@dataclass(frozen=True, slots=True)
+class KernelRecords:
+    """The kernels of one forward and one backward of a layer (one micro-batch of the
+    IR's shape), and which forward kernels each checkpointing mode runs again."""
+
+    forward: tuple[KernelRecord, ...] = ()
+    backward: tuple[KernelRecord, ...] = ()
+
+    def recomputed(self, mode: Checkpoint) -> tuple[KernelRecord, ...]:
+        """Forward kernels run again in backward: FULL all of them, SELECTIVE those whose
+        output the policy does not keep (`ir.checkpoint_policy.saved_under_selective`)."""
+        if mode is Checkpoint.FULL:
+            return self.forward
+        if mode is Checkpoint.SELECTIVE:
+            return tuple(r for r in self.forward if not r.saved_under_selective)
+        return ()
+
+    def of_kind(self, kind: KernelKind, backward: bool = False) -> tuple[KernelRecord, ...]:
+        return tuple(r for r in (self.backward if backward else self.forward) if r.kind is kind)

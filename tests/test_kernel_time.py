@@ -1,0 +1,220 @@
+"""The kernel-level time model (cost_models/kernel_time.py) on hand-computed cases.
+
+Each expected figure is worked out here from the formula and the numbers of the case
+(peak, bandwidth, measured points), not by calling the model's helpers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ir.cluster import ClusterSpec
+from ir.kernel_calibration import GemmPoint, KernelCalibration, MemoryKernelPoint, SdpaPoint
+from ir.kernel_records import KernelKind, KernelRecord, KernelRecords
+from ir.layer import Layer, LayerMeasurement
+from ir.strategy import Checkpoint, LayerStrategy, Precision
+
+from cost_models.common import StepConfig
+from cost_models.compute import layer_compute
+from cost_models.kernel_time import layer_kernel_seconds, pass_seconds
+
+PEAK = 1e15  # bf16 FLOP/s of the made-up device
+HBM_GBPS = 2000.0
+MiB = 2**20
+
+
+def spec(calibration: KernelCalibration | None = None, device: str = "A100-SXM4-80GB",
+         op_overhead_s: float = 0.0) -> ClusterSpec:
+    return ClusterSpec(
+        name="test", device=device, num_nodes=1, devices_per_node=8,
+        device_memory_bytes=80 * 2**30, peak_flops_by_dtype=(("bfloat16", PEAK),),
+        hbm_gbps=HBM_GBPS, intra_node_gbps=100.0, inter_node_gbps=25.0,
+        intra_node_latency_s=1e-6, inter_node_latency_s=1e-5, runtime_overhead_bytes=0,
+        matmul_efficiency=0.8, op_overhead_s=op_overhead_s, kernel_calibration=calibration)
+
+
+CALIBRATION = KernelCalibration(
+    measured_on="made up for the test",
+    gemm=(GemmPoint(4096, 4096, 4096, "bfloat16", 5e14), GemmPoint(256, 256, 256, "bfloat16", 1e13)),
+    memory_kernels=(MemoryKernelPoint("add", "bfloat16", 1 * MiB, 1000.0),
+                    MemoryKernelPoint("add", "bfloat16", 64 * MiB, 2000.0),
+                    MemoryKernelPoint("softmax", "bfloat16", 64 * MiB, 500.0)),
+    sdpa=(SdpaPoint("default", "bfloat16", 4, 16, 2048, 128, True, 1e-3, 2.5e-3),
+          SdpaPoint("flash_attention", "bfloat16", 4, 16, 2048, 128, True, 9e-3, 9e-3)),
+    launch_device_s=5e-6)
+
+
+def config(micro_batch: int = 1, seq_len: int = 1024) -> StepConfig:
+    return StepConfig(micro_batch=micro_batch, graph_micro_batch=1, graph_dtype="bfloat16",
+                      precision=Precision.BF16_MIXED, seq_len=seq_len)
+
+
+def gemm(m, n, k, count=1, saved=True):
+    return KernelRecord("aten::mm", KernelKind.GEMM, "bfloat16", (1, m, n, k), count,
+                        flops=2 * m * n * k, weight_bytes=k * n * 2,
+                        activation_bytes=(m * k + m * n) * 2, saved_under_selective=saved)
+
+
+def memory(op, nbytes, count=1):
+    return KernelRecord(op, KernelKind.MEMORY, "bfloat16", (nbytes // 2,), count,
+                        activation_bytes=nbytes)
+
+
+def test_a_gemm_runs_at_the_measured_rate_of_its_shape():
+    # 4096^3: 2 * 4096^3 FLOPs at the measured 5e14 FLOP/s (efficiency 0.5 of 1e15);
+    # its 3 * 4096^2 * 2 bytes take 100.7 MB / 2 TB/s = 50 us, under the 275 us of compute.
+    t = pass_seconds((gemm(4096, 4096, 4096),), spec(CALIBRATION), config(seq_len=4096), 1.0,
+                     backward=False)
+    assert t.gemm_s == pytest.approx(137438953472 / 5e14)
+    assert t.launch_s == 0.0 and t.kernels == 1
+
+
+def test_a_gemm_without_a_table_takes_the_analytic_efficiency():
+    # A100 n_half = 192: a 1024^3 product (edge 3mnk/(mk+kn+mn) = 1024) runs at
+    # 0.8 * 1024 / 1216 of peak; one more for a 1024 x 4096 x 1024 product: edge
+    # 3*1024*4096*1024 / (1024*1024 + 1024*4096 + 1024*4096) = 1365.33
+    t = pass_seconds((gemm(1024, 1024, 1024),), spec(), config(), 1.0, backward=False)
+    assert t.gemm_s == pytest.approx(2 * 1024**3 / (PEAK * 0.8 * 1024 / 1216))
+    t = pass_seconds((gemm(1024, 4096, 1024),), spec(), config(), 1.0, backward=False)
+    edge = 4096 / 3
+    assert t.gemm_s == pytest.approx(2 * 1024 * 4096 * 1024 / (PEAK * 0.8 * edge / (edge + 192)))
+
+
+def test_the_token_dimension_grows_with_the_micro_batch():
+    # IR: 1 x 1024 tokens. At micro-batch 4 the forward product is 4096 x 4096 x 4096
+    # (the measured point, 5e14 FLOP/s) and a weight gradient (m = 4096 features,
+    # k = 1024 tokens) grows in k to the same shape.
+    cfg = config(micro_batch=4, seq_len=1024)
+    fwd = pass_seconds((gemm(1024, 4096, 4096),), spec(CALIBRATION), cfg, 1.0, backward=False)
+    assert fwd.gemm_s == pytest.approx(4 * 2 * 1024 * 4096 * 4096 / 5e14)
+    # analytic (no table): the grown weight gradient is a 4096^3 product, edge 4096
+    wgrad = pass_seconds((gemm(4096, 4096, 1024),), spec(), cfg, 1.0, backward=True)
+    assert wgrad.gemm_s == pytest.approx(2 * 4096**3 / (PEAK * 0.8 * 4096 / (4096 + 192)))
+
+
+def test_a_memory_bound_kernel_moves_its_bytes_at_the_measured_bandwidth():
+    # add over 8 MiB: between the 1 MiB (1000 GB/s) and 64 MiB (2000 GB/s) points,
+    # log2(8) / log2(64) = 1/2 of the way: 1500 GB/s. Two calls.
+    t = pass_seconds((memory("aten::add", 8 * MiB, count=2),), spec(CALIBRATION), config(),
+                     1.0, backward=False)
+    assert t.memory_s == pytest.approx(2 * 8 * MiB / 1500e9)
+    # softmax has one point (500 GB/s), used at any size; no table: the spec's 2000 GB/s
+    # times the share a softmax reached on the measured H100 (1276 of 3350 GB/s); a CPU
+    # spec's bandwidth is its own measurement, taken whole
+    t = pass_seconds((memory("aten::_softmax", 8 * MiB),), spec(CALIBRATION), config(), 1.0,
+                     backward=False)
+    assert t.memory_s == pytest.approx(8 * MiB / 500e9)
+    t = pass_seconds((memory("aten::_softmax", 8 * MiB),), spec(), config(), 1.0, backward=False)
+    assert t.memory_s == pytest.approx(8 * MiB / (2000e9 * 1276 / 3350))
+    t = pass_seconds((memory("aten::_softmax", 8 * MiB),), spec(device="cpu"), config(), 1.0,
+                     backward=False)
+    assert t.memory_s == pytest.approx(8 * MiB / 2000e9)
+
+
+def test_tiny_kernels_take_the_launch_floor():
+    # 3 adds of 1 KiB: 1024 / 1000 GB/s = 1.02 ns each, under the 5 us floor per kernel;
+    # views launch nothing. Without a table a GPU's floor is the H100's measured 1.22 us.
+    view = KernelRecord("aten::view", KernelKind.VIEW, "bfloat16", (), 7)
+    t = pass_seconds((memory("aten::add", 1024, count=3), view), spec(CALIBRATION), config(),
+                     1.0, backward=False)
+    assert t.total_s == pytest.approx(3 * 5e-6)
+    assert t.memory_s == pytest.approx(3 * 1024 / 1000e9)
+    assert (t.kernels, t.ops) == (3, 10)
+    t = pass_seconds((memory("aten::add", 1024, count=3),), spec(), config(), 1.0,
+                     backward=False)
+    assert t.total_s == pytest.approx(3 * 1.22e-6)
+
+
+def attention(backward: bool) -> KernelRecord:
+    flops = 4 * 4 * 16 * 2048 * 2048 * 128  # 4 * b * heads * s^2 * d
+    return KernelRecord("aten::scaled_dot_product_attention", KernelKind.ATTENTION, "bfloat16",
+                        (4, 16, 2048, 2048, 128), 1, int(flops * (2.5 if backward else 1)),
+                        activation_bytes=4 * 4 * 16 * 2048 * 128 * 2, causal=True)
+
+
+def test_fused_attention_runs_at_the_dispatched_backends_measured_rate():
+    # the same shape as the measured "default" point: its seconds, forward and backward
+    # (the slower flash point is not what dispatch picked)
+    for backward, seconds in ((False, 1e-3), (True, 2.5e-3)):
+        t = pass_seconds((attention(backward),), spec(CALIBRATION), config(seq_len=2048), 1.0,
+                         backward=backward)
+        assert t.attention_s == pytest.approx(seconds)
+    # twice the micro-batch: twice the FLOPs at the same rate
+    t = pass_seconds((attention(False),), spec(CALIBRATION), config(2, seq_len=2048), 1.0,
+                     backward=False)
+    assert t.attention_s == pytest.approx(2e-3)
+
+
+def test_fused_attention_without_a_table_is_a_causal_roofline():
+    # half of 4*4*16*2048^2*128 FLOPs (causal) at the efficiency of a 2048 x 2048 x 128
+    # GEMM: edge 3*2048*2048*128 / (2048*128 + 128*2048 + 2048*2048) = 341.33
+    t = pass_seconds((attention(False),), spec(), config(seq_len=2048), 1.0, backward=False)
+    edge = 3 * 2048 * 2048 * 128 / (2 * 2048 * 128 + 2048 * 2048)
+    flops = 4 * 4 * 16 * 2048 * 2048 * 128
+    assert t.attention_s == pytest.approx(flops / 2 / (PEAK * 0.8 * edge / (edge + 192)))
+
+
+def test_tensor_parallelism_divides_each_kernel_by_the_layer_share():
+    # share 1/4 of an add: a quarter of the bytes (2 MiB: 1000 + (2000-1000) * 1/6 GB/s)
+    t = pass_seconds((memory("aten::add", 8 * MiB),), spec(CALIBRATION), config(), 0.25,
+                     backward=False)
+    assert t.memory_s == pytest.approx(2 * MiB / ((1000 + 1000 / 6) * 1e9))
+
+
+def _layer(kernels: KernelRecords) -> Layer:
+    return Layer(name="blocks.0", kind="Block", index=0, params=0, param_bytes=0, tp_params=0,
+                 input_bytes=0, output_bytes=0, structural_hash="x",
+                 measured=LayerMeasurement(ops_fwd=5, ops_bwd=5, kernels=kernels))
+
+
+def test_checkpointing_recomputes_the_recorded_kernels():
+    # forward: one 4096^3 GEMM the selective policy keeps, one 64 MiB softmax it does not
+    big = gemm(4096, 4096, 4096, saved=True)
+    soft = memory("aten::_softmax", 64 * MiB)
+    kernels = KernelRecords(forward=(big, soft), backward=(big,))
+    layer, cluster, cfg = _layer(kernels), spec(CALIBRATION), config(seq_len=4096)
+    gemm_s, softmax_s = 137438953472 / 5e14, 64 * MiB / 500e9
+    none = layer_compute(layer, LayerStrategy(), cluster, cfg)
+    assert none.forward_s == pytest.approx(gemm_s + softmax_s)
+    assert none.recompute_s == 0.0
+    selective = layer_compute(layer, LayerStrategy(checkpoint=Checkpoint.SELECTIVE), cluster, cfg)
+    assert selective.recompute_s == pytest.approx(softmax_s)
+    full = layer_compute(layer, LayerStrategy(checkpoint=Checkpoint.FULL), cluster, cfg)
+    assert full.recompute_s == pytest.approx(gemm_s + softmax_s)
+    times = layer_kernel_seconds(kernels, cluster, cfg)
+    assert times.selective_recompute.ops == 1 and math.isclose(times.backward.gemm_s, gemm_s)
+
+
+def test_host_dispatch_bounds_a_gpu_layer_of_tiny_kernels():
+    # 5 ops at 20 us of host time each outlast 1 kernel of 5 us: max(device, host)
+    tiny = KernelRecords(forward=(memory("aten::add", 1024),), backward=())
+    out = layer_compute(_layer(tiny), LayerStrategy(), spec(CALIBRATION, op_overhead_s=20e-6),
+                        config())
+    assert out.forward_s == pytest.approx(5 * 20e-6)
+
+
+@pytest.fixture(scope="module")
+def gpt3_graph():
+    import torch
+
+    from planner.models import load_layer_graph
+
+    return load_layer_graph("gpt3-6.7b", 1, None, torch.bfloat16)
+
+
+@pytest.mark.parametrize("preset", ["a100-40g", "a100-80g", "h100-80g", "h200"])
+def test_no_gpu_preset_predicts_more_than_its_best_gemm_efficiency(gpt3_graph, preset):
+    """A plan's MFU cannot beat the best fraction of peak the device's GEMMs reach (the
+    measured table's fastest bf16 point, else the preset's best measured fraction)."""
+    from cost_models.clusters import get_cluster
+    from planner.search import search
+
+    cluster = get_cluster(preset, nodes=2)
+    cal = cluster.kernel_calibration
+    best = (cal.best_gemm("bfloat16").flop_per_s / cluster.peak_flops("bfloat16")
+            if cal is not None and cal.best_gemm("bfloat16") else cluster.matmul_efficiency)
+    result = search(gpt3_graph, cluster, 128, with_baselines=False)
+    assert result.best is not None
+    assert 0 < result.best.estimate.mfu < best
