@@ -15,9 +15,9 @@ figures are what torch keeps, not a model of it:
   backward    the most bytes live during the layer's backward above what was live when
               it started: the recomputed forward's tensors, the gradients made inside the
               layer and the gradient of its inputs. Parameter gradients are left out
-              (the memory walk holds them as the layer's new gradient) by forgetting
-              each as it lands in `.grad`; the share of them made by the peak is kept
-              (the peak comes early, right after the recomputation, before most exist).
+              from birth (the memory walk holds them as the layer's new gradient); the
+              share of them made by the peak is kept (the peak comes early, right after
+              the recomputation, before most exist).
 
 Kept bytes are recorded by where they were made (`PHASE_OF_REGION_STATE`), as tensor
 parallelism treats them differently. The figures are `LayerMeasurement` fields
@@ -95,7 +95,7 @@ def _run(measurer, index: int, colwise, rowwise, *,
                   if selective else None)
     kwargs = {"context_fn": context_fn} if context_fn is not None else {}
     grads = _GradsBeforePeak(tracker)
-    hooks = [p.register_post_accumulate_grad_hook(grads.landed)
+    hooks = [p.register_post_accumulate_grad_hook(grads.land)
              for p in state.values() if isinstance(p, torch.Tensor) and p.requires_grad]
     try:
         with tracker:
@@ -111,39 +111,57 @@ def _run(measurer, index: int, colwise, rowwise, *,
                         for p in (SHARDED, ROWWISE, REPLICATED)}
             roots = [t for t in tensor_leaves(outs) if t.requires_grad and t.grad_fn is not None]
             seeds = [torch.ones_like(t) for t in roots]
-            start = tracker.live_bytes
-            tracker.reset_peak()
-            grads.last_peak_bytes = tracker.peak_bytes
+            start = tracker.clock
             if roots:
                 torch.autograd.backward(roots, seeds)
-            grads.landed(None)
-            backward = tracker.peak_bytes - start
+            backward, peak_clock = _backward_peak(tracker, start, grads)
     finally:
         for h in hooks:
             h.remove()
-    return by_phase, max(backward, 0), grads.share()
+    return by_phase, backward, grads.share_by(peak_clock)
 
 
 
 class _GradsBeforePeak:
-    """Parameter gradients as they land in `.grad`: each is forgotten by the tracker
-    (the memory walk holds it as the layer's new gradient) and counted, with the bytes
-    that had landed when the tracker last reached a new peak."""
+    """Parameter gradients as they land in `.grad` (storage key, tracker clock, bytes)."""
 
     def __init__(self, tracker: LiveTensorTracker):
         self.tracker = tracker
-        self.landed_bytes = 0
-        self.at_peak_bytes = 0
-        self.last_peak_bytes = 0
+        self.landed: list[tuple[int, int, int]] = []
 
-    def landed(self, param: torch.Tensor | None) -> None:
-        """A gradient landed (None: backward ended): the peak so far came before it."""
-        if self.tracker.peak_bytes > self.last_peak_bytes:
-            self.at_peak_bytes, self.last_peak_bytes = self.landed_bytes, self.tracker.peak_bytes
-        if param is not None and param.grad is not None:
-            self.landed_bytes += param.grad.numel() * param.grad.element_size()
-            self.tracker.forget(param.grad)
+    def land(self, param: torch.Tensor) -> None:
+        if param.grad is not None:
+            self.landed.append((storage_key(param.grad), self.tracker.clock,
+                                param.grad.numel() * param.grad.element_size()))
 
-    def share(self) -> float:
-        """Of the gradients made, the share made by the backward's peak (1 when none)."""
-        return self.at_peak_bytes / self.landed_bytes if self.landed_bytes else 1.0
+    def is_grad(self, birth: int, death: int | None, key: int) -> bool:
+        """Whether this lifetime is a storage that landed as a parameter's gradient."""
+        return any(k == key and birth <= at and (death is None or death > at)
+                   for k, at, _ in self.landed)
+
+    def share_by(self, clock: int) -> float:
+        """Of the gradients made, the share landed by `clock` (1 when none)."""
+        total = sum(n for _, _, n in self.landed)
+        return sum(n for _, at, n in self.landed if at <= clock) / total if total else 1.0
+
+
+def _backward_peak(tracker: LiveTensorTracker, start: int, grads: _GradsBeforePeak
+                   ) -> tuple[int, int]:
+    """(most bytes live above those live at clock `start`, the clock it happened at),
+    parameter gradients left out from birth: the weight gradients' own temporaries do
+    not grow with the micro-batch, the walk holds them as the layer's new gradient."""
+    deltas: dict[int, int] = {}
+    for birth, death, s in tracker.lifetimes():
+        if (death is not None and death <= start) or grads.is_grad(birth, death, s.key):
+            continue
+        if birth > start:
+            deltas[birth] = deltas.get(birth, 0) + s.nbytes
+        if death is not None:
+            deltas[death] = deltas.get(death, 0) - s.nbytes
+    live = peak = 0
+    at = start
+    for clock in sorted(deltas):
+        live += deltas[clock]
+        if live > peak:
+            peak, at = live, clock
+    return peak, at

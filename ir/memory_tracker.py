@@ -96,15 +96,17 @@ class LiveTensorTracker(TorchDispatchMode):
         for t in tensors:
             self._see(t, "track")
 
-    def forget(self, t: torch.Tensor) -> None:
-        """Stop counting `t`'s storage now, as if it were freed (a gradient that moved
-        into `param.grad`, which the caller accounts for elsewhere)."""
-        try:
-            key = t.untyped_storage()._cdata
-        except (RuntimeError, NotImplementedError):
-            return
-        if key in self._sizes:
-            self._release(key)
+    @property
+    def clock(self) -> int:
+        """A count of the size changes seen so far: the time `lifetimes` are on."""
+        return self._clock
+
+    def lifetimes(self) -> list[tuple[int, int | None, LiveStorage]]:
+        """Every storage seen: (birth, death or None while alive, what it is), on `clock`;
+        a storage is live at time t when birth <= t < death (needs record=True)."""
+        if not self._record:
+            raise RuntimeError("LiveTensorTracker(record=True) keeps what lifetimes needs")
+        return [(birth, death, s) for birth, death, s in self._lives]
 
     def live_now(self) -> list[LiveStorage]:
         """The storages alive now, in order of birth (needs record=True)."""

@@ -182,13 +182,11 @@ def model_tp_degrees(graph: LayerGraph, stage_devices: int, max_tp: int | None) 
 
 
 def checkpoint_modes(layer: Layer) -> list[Checkpoint]:
-    """The checkpointing modes worth offering a layer. The executor runs each on any
-    layer (`executors.checkpointing`); SELECTIVE is left out where its policy keeps
-    nothing of the layer's (no linear matmul: an embedding, a norm), as it then
-    recomputes exactly what FULL does and is the same strategy."""
-    if layer.selective_kept_bytes:
-        return [Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.FULL]
-    return [Checkpoint.NONE, Checkpoint.FULL]
+    """The checkpointing modes offered a layer: all three, as the executor runs each on
+    any layer (`executors.checkpointing`). Where SELECTIVE's policy keeps nothing of the
+    layer's (no linear matmul: an embedding, a norm) it prices as FULL does, and the
+    search's dominance pruning keeps one of the two."""
+    return [Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.FULL]
 
 
 def layer_strategies(layer: Layer, stage_devices: int, samples_per_microbatch: int,
