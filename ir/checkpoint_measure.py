@@ -121,7 +121,6 @@ def _run(measurer, index: int, colwise, rowwise, *,
     return by_phase, backward, grads.share_by(peak_clock)
 
 
-
 class _GradsBeforePeak:
     """Parameter gradients as they land in `.grad` (storage key, tracker clock, bytes)."""
 
