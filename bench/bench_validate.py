@@ -57,8 +57,8 @@ CASES = {
     "gpt-zero1x2": ("gpt-tiny", 2, ["--uniform", "--dp", "2", "--zero", "1"]),
     "gpt-zero1x2-bf16": ("gpt-tiny", 2, ["--uniform", "--dp", "2", "--zero", "1",
                                          "--precision", "bf16-mixed"]),
-    "gpt-tp2-dp2-sp": ("gpt-tiny", 4, ["--uniform", "--tp", "2", "--dp", "2",
-                                       "--sequence-parallel"]),
+    # not --uniform: SP runs on the blocks only, so no one strategy fits every layer
+    "gpt-tp2-dp2-sp": ("gpt-tiny", 4, ["--tp", "2", "--dp", "2", "--sequence-parallel"]),
     "gpt-pp2-dp2-zero1": ("gpt-tiny", 4, ["--uniform", "--pp", "2", "--dp", "2", "--zero", "1"]),
     "gpt-tp2-pp2-dp2": ("gpt-tiny", 8, ["--uniform", "--tp", "2", "--pp", "2", "--dp", "2",
                                         "--zero", "1"]),
@@ -69,6 +69,21 @@ CASES = {
     "bert-ddp2": ("bert-tiny", 2, ["--uniform", "--dp", "2", "--zero", "0"]),
     "t5-zero3x2": ("t5-tiny", 2, ["--uniform", "--dp", "2", "--zero", "3"]),
     "mlp-ddp4": ("mlp-small", 4, ["--uniform", "--dp", "4", "--zero", "0"]),
+    # checkpointing variants (issue 17): selective and full on 1, 2 and 4 processes
+    "gpt-1rank-sel": ("gpt-tiny", 1, ["--uniform", "--checkpoint", "selective"]),
+    "gpt-1rank-full": ("gpt-tiny", 1, ["--uniform", "--checkpoint", "full"]),
+    "gpt-ddp2-sel": ("gpt-tiny", 2, ["--uniform", "--dp", "2", "--zero", "0",
+                                     "--checkpoint", "selective"]),
+    "llama-tp2-sel": ("llama-tiny", 2, ["--uniform", "--tp", "2", "--dp", "1",
+                                        "--checkpoint", "selective"]),
+    "llama-tp2-full": ("llama-tiny", 2, ["--uniform", "--tp", "2", "--dp", "1",
+                                         "--checkpoint", "full"]),
+    "gpt-tp2-dp2-sp-sel": ("gpt-tiny", 4, ["--tp", "2", "--dp", "2", "--sequence-parallel",
+                                           "--checkpoint", "selective"]),
+    "gpt-tp2-dp2-sp-full": ("gpt-tiny", 4, ["--tp", "2", "--dp", "2", "--sequence-parallel",
+                                            "--checkpoint", "full"]),
+    "llama-zero2x4-sel": ("llama-tiny", 4, ["--uniform", "--dp", "4", "--zero", "2",
+                                            "--checkpoint", "selective"]),
 }
 
 

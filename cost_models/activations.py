@@ -1,23 +1,28 @@
 """Activation memory of one layer for one micro-batch, under TP, SP and checkpointing.
 
-Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
-Models", section 4) split a block's saved activations into the part tensor parallelism
-shards (between a column- and the next row-parallel Linear: 24 of the 34 s*b*h, plus the
-attention scores 5*a*s^2*b), the part it leaves replicated (layer norms, dropout masks
-and residual inputs: 10 s*b*h), and the attention scores selective recomputation drops.
-The IR measures those three figures for every layer; this module only applies them:
+Without checkpointing, Korthikanti et al. 2022 ("Reducing Activation Recomputation in
+Large Transformer Models", section 4) split a block's saved activations into the part
+tensor parallelism shards (between a column- and the next row-parallel Linear: 24 of
+the 34 s*b*h, plus the attention scores 5*a*s^2*b) and the part it leaves replicated
+(layer norms, dropout masks and residual inputs: 10 s*b*h). The IR measures both.
+Checkpointed layers are priced from what the IR measured running them as the executor
+does (`ir.checkpoint_measure`): SELECTIVE is op-level selective checkpointing
+(`ir.checkpoint_policy`: linear matmul and collective outputs kept), not Korthikanti's
+"drop the attention scores".
 
-| strategy                   | bytes kept per micro-batch                         |
-|----------------------------|----------------------------------------------------|
-| none                       | saved                                              |
-| TP t                       | (saved - sharded) + sharded / t                    |
-| TP t + SP                  | saved / t                                          |
-| + selective recompute      | the same with attention bytes removed              |
-| full recompute             | input (/ t with SP)                                |
+| strategy       | bytes kept per micro-batch                                          |
+|----------------|---------------------------------------------------------------------|
+| none           | saved                                                               |
+| TP t           | (saved - sharded) + sharded / t                                     |
+| TP t + SP      | saved / t                                                           |
+| selective      | inputs + kept matmul outputs: column-parallel ones / t, row-parallel |
+|                | partial sums whole, plus the outputs of the collectives TP adds     |
+| full           | inputs (/ t with SP)                                                |
 
-A fully checkpointed layer rebuilds its activations in backward: `recompute_bytes` is
-that working set, held for one layer at a time. `activation_bytes` is plain
-arithmetic, elementwise on numpy arrays as well.
+A checkpointed layer rebuilds its activations in backward: `recompute_bytes` is the
+peak of its backward above what it kept, as measured (split by TP as its saved set is),
+held for one layer at a time. `activation_bytes` is plain arithmetic, elementwise on
+numpy arrays as well.
 
 Where the executor departs from Megatron, `layer_activations` follows the executor:
 sequence parallelism applies only to layers with column/row-parallel linears
@@ -49,27 +54,40 @@ class LayerActivations:
     """Bytes for ONE micro-batch on one rank."""
 
     kept_bytes: float  # held from the layer's forward until its backward
-    recompute_bytes: float  # rebuilt in backward when fully checkpointed (else 0)
+    recompute_bytes: float  # rebuilt in backward when checkpointed, held by its backward (else 0)
     grad_flow_bytes: float  # gradients entering and leaving the layer during its backward
+    # Share of the layer's parameter gradients already made when its backward peaks
+    # (measured for checkpointed layers; 1: all of them, the bound used otherwise).
+    backward_grad_share: float = 1.0
 
 
-def activation_bytes(saved, tp_sharded, attention, input_bytes, tp, sequence_parallel,
-                     selective, full):
-    """Kept and recompute bytes of one layer (Korthikanti et al. 2022, Table 2).
-
-    `saved`, `tp_sharded`, `attention`, `input_bytes` are the IR's figures already scaled to
-    the micro-batch and dtype; the booleans select the row of the table above.
-    Returns (kept_bytes, recompute_bytes).
+def activation_bytes(saved, tp_sharded, input_bytes, tp, sequence_parallel, full):
+    """Kept bytes of one layer without checkpointing or under FULL (Korthikanti et al.
+    2022, Table 2). `saved`, `tp_sharded`, `input_bytes` are the IR's figures already
+    scaled to the micro-batch and dtype; the booleans select the row of the table above.
     """
-    dropped = attention * selective  # selective recompute: attention scores not kept
     # Korthikanti eq. 2 (TP): 10 sbh replicated + (24 sbh + 5 a s^2 b) / t sharded;
     # eq. 3/4 (TP + SP): everything / t because the replicated part is sequence-split.
-    resident = _tp_split(saved - dropped, tp_sharded - dropped, tp, sequence_parallel)
-    # Full recomputation keeps only the layer input (2 sbh, or 2 sbh / t with SP) ...
-    kept = (input_bytes / tp ** sequence_parallel) * full + resident * (1 - full)
-    # ... and rebuilds the whole un-checkpointed set, one layer at a time, in backward.
-    rebuilt = _tp_split(saved, tp_sharded, tp, sequence_parallel) * full
-    return kept, rebuilt
+    resident = _tp_split(saved, tp_sharded, tp, sequence_parallel)
+    # Full recomputation keeps only the layer input (2 sbh, or 2 sbh / t with SP).
+    return (input_bytes / tp ** sequence_parallel) * full + resident * (1 - full)
+
+
+def selective_kept_bytes(layer: Layer, tp: int, sequence_parallel: bool, scale: float) -> float:
+    """Bytes SELECTIVE keeps (`ir.checkpoint_policy`), as the IR measured them split by
+    TP (`ir.checkpoint_measure`): the checkpoint's inputs, column-parallel matmul outputs
+    / t, row-parallel partial sums whole (DTensor's Partial local result), and under
+    TP the output of each row-parallel module's collective, which the policy keeps:
+    the all-reduce (whole) or, with SP, the reduce-scatter (/ t)."""
+    sharded = layer.selective_kept_tp_sharded_bytes
+    rowwise = layer.selective_kept_rowwise_bytes
+    replicated = layer.selective_kept_bytes - sharded - rowwise
+    split = tp if sequence_parallel else 1
+    kept = layer.input_bytes / split + replicated / split + sharded / tp + rowwise
+    if tp > 1:
+        n_rowwise = sum(c.style is TPStyle.ROWWISE for c in layer.tp_candidates)
+        kept += n_rowwise * layer.output_bytes / split
+    return kept * scale
 
 
 def _tp_split(saved, sharded, tp, sequence_parallel):
@@ -108,7 +126,7 @@ def logits_bytes(layer: Layer, config: StepConfig) -> float:
             * config.activation_scale)
 
 
-def _loss_head(logits, saved, sharded, kept, recompute, tp, sp, full, config):
+def _loss_head(logits, saved, sharded, kept, recompute, tp, sp, checkpointed, config):
     """Adjust a vocabulary head's figures for its logits-sized log-probabilities.
 
     Loss-parallel TP (Megatron's vocab-parallel cross-entropy) keeps them split over the
@@ -120,11 +138,13 @@ def _loss_head(logits, saved, sharded, kept, recompute, tp, sp, full, config):
     log_probs = min(logits, saved)
     if tp > 1 and not sp:
         unsplit = min(log_probs, max(saved - sharded, 0.0)) * (1 - 1 / tp)
-        kept, recompute = (kept, recompute - unsplit) if full else (kept - unsplit, recompute)
+        kept, recompute = ((kept, recompute - unsplit) if checkpointed
+                           else (kept - unsplit, recompute))
     upcast = FP32_BYTES / config.precision.compute_bytes
     if upcast > 1:
         extra = log_probs * (upcast - 1) / tp
-        kept, recompute = (kept, recompute + extra) if full else (kept + extra, recompute)
+        kept, recompute = ((kept, recompute + extra) if checkpointed
+                           else (kept + extra, recompute))
     return kept, recompute, logits * upcast
 
 
@@ -147,27 +167,45 @@ def layer_activations(layer: Layer, strategy: LayerStrategy,
     # (layer norms and dropout run sequence-parallel); TP alone splits only TP-able ones.
     sp = sequence_parallel_applies(layer, strategy)
     tp = strategy.tp if layer.tp_candidates else 1
-    saved, sharded, attention = scaled_saved_bytes(layer, config)
-    full = strategy.checkpoint is Checkpoint.FULL
-    kept, recompute = activation_bytes(
-        saved, sharded, attention, layer.input_bytes * scale, tp, sp,
-        strategy.checkpoint is Checkpoint.SELECTIVE, full)
+    saved, sharded, _ = scaled_saved_bytes(layer, config)
+    mode = strategy.checkpoint
+    checkpointed = mode is not Checkpoint.NONE
+    if mode is Checkpoint.SELECTIVE:
+        kept = selective_kept_bytes(layer, tp, sp, scale)
+    else:
+        kept = activation_bytes(saved, sharded, layer.input_bytes * scale, tp, sp,
+                                mode is Checkpoint.FULL)
+    recompute, grad_share = 0.0, 1.0
+    if checkpointed:
+        # The measured peak of its backward, split as the layer's saved set is.
+        selective = mode is Checkpoint.SELECTIVE
+        backward = (layer.selective_backward_bytes if selective
+                    else layer.full_backward_bytes) * scale
+        grad_share = (layer.selective_backward_grad_share if selective
+                      else layer.full_backward_grad_share)
+        split = _tp_split(saved, sharded, tp, sp) / saved if saved else 1.0
+        # That peak already holds the input's gradient where it exists by then: the
+        # walk adds grad_flow_bytes (the output's and input's gradients) on top.
+        recompute = max(0.0, backward * split - layer.input_bytes * scale / (tp if sp else 1))
     if sp:
-        # The gathered inputs are kept whole, not as the 1/t shard Megatron keeps.
-        gathered = sp_gathered_input_bytes(layer, config) * (1 - 1 / tp)
-        kept, recompute = (kept, recompute + gathered) if full else (kept + gathered, recompute)
-    if strategy.checkpoint is Checkpoint.FULL:
-        # The rebuilt set includes the saved inputs, which the checkpoint already keeps.
-        recompute = max(0.0, recompute - layer.saved_input_bytes * scale / (tp if sp else 1))
+        # The gathered inputs are kept whole, not as the 1/t shard Megatron keeps (under
+        # SELECTIVE: the all-gather's output, a collective the policy keeps).
+        gathered = sp_gathered_input_bytes(layer, config)
+        if mode is Checkpoint.NONE:
+            kept += gathered * (1 - 1 / tp)
+        elif mode is Checkpoint.SELECTIVE:
+            kept += gathered
+        else:
+            recompute += gathered * (1 - 1 / tp)
     # Backward holds the gradient of the layer's output and produces its input's gradient.
     grad_flow = (layer.output_bytes + layer.input_bytes) * scale / (tp if sp else 1)
     logits = logits_bytes(layer, config)
     if logits:
         kept, recompute, logits = _loss_head(logits, saved, sharded, kept, recompute, tp, sp,
-                                             strategy.checkpoint is Checkpoint.FULL, config)
+                                             checkpointed, config)
         # The loss head starts backward from the gradient of the log-probabilities and
         # produces the logits' gradient beside it: two logits-sized tensors (measured in
         # bench/bench_memory.py), vocabulary-parallel under TP.
         grad_flow = max(grad_flow, LOSS_BACKWARD_LOGITS_COPIES * logits / tp)
     return LayerActivations(kept_bytes=kept, recompute_bytes=recompute,
-                            grad_flow_bytes=grad_flow)
+                            grad_flow_bytes=grad_flow, backward_grad_share=grad_share)

@@ -293,10 +293,11 @@ def _backward_layer(w: _Walk, chunk: ChunkMemory, op: PassOp, li: int, prior_uni
                     reduce: bool, pipelined: bool) -> None:
     """One layer's backward, then its FSDP2 post-backward (reduce or accumulate).
 
-    The IR does not say in which order a layer's backward frees its saved tensors and
-    makes its gradient, so we bound it by both at once: all its activations (and the
-    recomputed ones), its whole new gradient and the gradients flowing through it
-    (measured peaks fall between this and the start of the layer's backward)."""
+    Without checkpointing the IR does not say in which order a layer's backward frees
+    its saved tensors and makes its gradient, so we bound it by both at once: all its
+    activations, its whole new gradient and the gradients flowing through it (measured
+    peaks fall between this and the start of the layer's backward). A checkpointed
+    layer's backward was measured: its peak and the gradient made by then."""
     l = chunk.layers[li]
     key = (op.chunk, li)
     acts = l.activations
@@ -312,8 +313,16 @@ def _backward_layer(w: _Walk, chunk: ChunkMemory, op: PassOp, li: int, prior_uni
         new_grad = l.states.grads
         if key in w.grads:
             w.grads.set(key, l.states.grads)
-    w.look("backward", grads=new_grad,
-           buffers=acts.recompute_bytes + acts.grad_flow_bytes + prefetch)
+    if acts.backward_grad_share < 1:
+        # A checkpointed layer peaks right after its recomputation, with the share of
+        # its gradient made by then (measured: `ir.checkpoint_measure`); it ends
+        # holding all of its gradient and the gradients flowing through it.
+        w.look("backward", grads=new_grad * acts.backward_grad_share,
+               buffers=acts.recompute_bytes + acts.grad_flow_bytes + prefetch)
+        w.look("backward", grads=new_grad, buffers=acts.grad_flow_bytes + prefetch)
+    else:
+        w.look("backward", grads=new_grad,
+               buffers=acts.recompute_bytes + acts.grad_flow_bytes + prefetch)
     w.acts.add((op.chunk, op.microbatch), -acts.kept_bytes)
     if not l.has_unit:
         w.grads.set(key, l.states.grads)

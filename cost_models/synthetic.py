@@ -26,6 +26,13 @@ KORTHIKANTI_ATTENTION_COEFF = 5  # 5*a*s^2*b: scores, softmax output, dropout ma
 KORTHIKANTI_TP_SHARDED_SBH_COEFF = 24
 # A block's modules with parameters (a weight and a bias each): 12h^2 + 13h in all.
 BLOCK_MODULES = ("ln1", "attn.qkv", "attn.proj", "ln2", "mlp.fc1", "mlp.fc2")
+# Selective checkpointing (`ir.checkpoint_policy`) keeps the linears' matmul outputs, in
+# b*s*h tensors: q, k, v and the 4h-wide first MLP output between a column- and a
+# row-parallel Linear (7), the two row-parallel outputs (2). Its backward rebuilds the
+# rest of Korthikanti's saved set: all of it but those 7 and the block input (8 in all);
+# full checkpointing rebuilds all of it but the input (1).
+SELECTIVE_SHARDED_TENSORS, SELECTIVE_ROWWISE_TENSORS = 7, 2
+SELECTIVE_NOT_REBUILT_TENSORS, FULL_NOT_REBUILT_TENSORS = 8, 1
 INPUT_ID_BYTES = 8  # int64 token ids
 TWO_BYTES = 2  # bf16 activations
 
@@ -51,6 +58,7 @@ def gpt_layer_graph(layers: int, hidden: int, heads: int, vocab: int, seq: int,
     attention_mask = a * s * s * b  # elements
     residual_masks = 2 * s * b * h  # elements
     extra_mask_bytes = (TWO_BYTES - 1) * (attention_mask + residual_masks)
+    saved = korthikanti_block_bytes(s, b, h, a) + extra_mask_bytes
     out = [Layer(
         name="embed", kind="Embedding", index=0, params=v * h + s * h,
         param_bytes=(v * h + s * h) * TWO_BYTES, tp_params=v * h,
@@ -65,11 +73,16 @@ def gpt_layer_graph(layers: int, hidden: int, heads: int, vocab: int, seq: int,
             measured=LayerMeasurement(
                 flops_fwd=24 * b * s * h * h + 4 * b * s * s * h,  # Narayanan et al. 2021
                 flops_bwd=2 * (24 * b * s * h * h + 4 * b * s * s * h),
-                saved_activation_bytes=korthikanti_block_bytes(s, b, h, a) + extra_mask_bytes,
+                saved_activation_bytes=saved,
                 saved_tp_sharded_bytes=(KORTHIKANTI_TP_SHARDED_SBH_COEFF * s * b * h + attention
                                         + (TWO_BYTES - 1) * attention_mask),
                 saved_attention_bytes=attention + (TWO_BYTES - 1) * attention_mask,
-                saved_dropout_mask_bytes=TWO_BYTES * (attention_mask + residual_masks)),
+                saved_dropout_mask_bytes=TWO_BYTES * (attention_mask + residual_masks),
+                selective_kept_bytes=(SELECTIVE_SHARDED_TENSORS + SELECTIVE_ROWWISE_TENSORS) * act,
+                selective_kept_tp_sharded_bytes=SELECTIVE_SHARDED_TENSORS * act,
+                selective_kept_rowwise_bytes=SELECTIVE_ROWWISE_TENSORS * act,
+                selective_backward_bytes=saved - SELECTIVE_NOT_REBUILT_TENSORS * act,
+                full_backward_bytes=saved - FULL_NOT_REBUILT_TENSORS * act),
             input_bytes=act, output_bytes=act,
             structural_hash=block_hash, tp_candidates=cands,
             tp_divisors=(("heads", a), ("hidden", h)), sequence_parallel_ok=True,

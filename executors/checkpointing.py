@@ -21,16 +21,10 @@ from __future__ import annotations
 import functools
 
 from torch import nn
-from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
-                                    create_selective_checkpoint_contexts)
+from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
-from ir.checkpoint_policy import saved_under_selective
+from ir.checkpoint_policy import selective_policy
 from ir.strategy import Checkpoint
-
-
-def _selective_policy(ctx, op, *args, **kwargs):
-    return (CheckpointPolicy.MUST_SAVE if saved_under_selective(op)
-            else CheckpointPolicy.PREFER_RECOMPUTE)
 
 
 def apply_ac(module: nn.Module, mode: Checkpoint) -> None:
@@ -42,7 +36,7 @@ def apply_ac(module: nn.Module, mode: Checkpoint) -> None:
         context_fn = None
     else:
         context_fn = functools.partial(create_selective_checkpoint_contexts,
-                                       _selective_policy)
+                                       selective_policy)
 
     @functools.wraps(inner)
     def forward(*args, **kwargs):

@@ -17,6 +17,8 @@ keeps and the ops it recomputes with the same predicate, so the estimate prices 
 
 from __future__ import annotations
 
+from torch.utils.checkpoint import CheckpointPolicy
+
 # ATen matmuls that implement nn.Linear / Conv1D (mm, addmm; bmm/baddbmm are the
 # attention core, which selective recomputes).
 SAVED_MATMUL_OPS = frozenset({"aten::mm", "aten::addmm"})
@@ -36,3 +38,10 @@ def op_name(func) -> str:
 def saved_under_selective(func) -> bool:
     """True when selective checkpointing keeps this op's output instead of recomputing it."""
     return op_name(func) in SAVED_UNDER_SELECTIVE
+
+
+def selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """The policy `torch.utils.checkpoint.create_selective_checkpoint_contexts` runs:
+    the executor's (`executors.checkpointing`) and the trace's (`ir.checkpoint_measure`)."""
+    return (CheckpointPolicy.MUST_SAVE if saved_under_selective(op)
+            else CheckpointPolicy.PREFER_RECOMPUTE)

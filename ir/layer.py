@@ -90,6 +90,19 @@ class LayerMeasurement:
     # aggregated per (op, shape, dtype); the kernel-level time model prices them. None
     # for layers not measured by a trace (cost_models.synthetic).
     kernels: KernelRecords | None = None
+    # ---- checkpointed runs (`ir.checkpoint_measure`: the layer run as the executor
+    # checkpoints it). Kept: bytes held from forward to backward under SELECTIVE besides
+    # the checkpoint's inputs, by what TP does to them (split t ways; made by a row-parallel
+    # module, whole under TP). Backward: the most bytes its backward holds above its start
+    # (recomputed tensors, gradients inside the layer and of its inputs), per mode.
+    selective_kept_bytes: int = 0
+    selective_kept_tp_sharded_bytes: int = 0
+    selective_kept_rowwise_bytes: int = 0
+    # ... and the share of the layer's parameter gradients made by that peak (1: all).
+    selective_backward_bytes: int = 0
+    selective_backward_grad_share: float = 1.0
+    full_backward_bytes: int = 0
+    full_backward_grad_share: float = 1.0
 
 
 MEASURED_FIGURES = frozenset(f.name for f in fields(LayerMeasurement))

@@ -12,6 +12,7 @@ crossing each layer boundary, where a pipeline may cut, the legality facts
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Callable
 
@@ -19,6 +20,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from ir.checkpoint_measure import measure_checkpointing
 from ir.graph_measurer import GraphMeasurer
 from ir.layer import Layer, LayerGraph, LayerMeasurement, TPStyle
 from ir.layers import _is_block_stack
@@ -75,7 +77,8 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             progress(i, n_layers, lname)
         if shash not in measured:
             col, row = measurer.tp_modules(i, candidates)
-            measured[shash] = measurer.measure_layer(i, col, row)
+            measured[shash] = dataclasses.replace(measurer.measure_layer(i, col, row),
+                                                  **measure_checkpointing(measurer, i, col, row))
         pnames = tuple(param_names_by_layer[i])
         tied = tied_by_layer[i]  # this layer's name -> the shared tensor
         tp_params, tied_tp = _tp_params(module, candidates, [canon_params[p] for p in pnames],

@@ -36,7 +36,7 @@ class Checkpoint(str, enum.Enum):
     """Activation checkpointing of one layer."""
 
     NONE = "none"
-    SELECTIVE = "selective"  # recompute attention scores only (Korthikanti et al. 2022)
+    SELECTIVE = "selective"  # keep matmul/collective outputs (ir.checkpoint_policy)
     FULL = "full"  # keep the layer input, recompute the whole layer in backward
 
     def __str__(self) -> str:

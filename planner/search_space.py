@@ -8,8 +8,9 @@ GPipe is not searched unless pinned: with the same stage times it is never faste
 1F1B (its (m-1)(max F + max B) >= (m-1) max(F + B)) and it holds all m micro-batches.
 Per layer: TP degree t (a power of two dividing the stage's devices D and the layer's
 heads/hidden/vocab constraints), dp = D / t (which must divide the samples of a
-micro-batch), ZeRO stage, sequence parallelism when t > 1, checkpointing, CPU offload
-of a ZeRO-3 layer (when the cluster spec gives its host side).
+micro-batch), ZeRO stage, sequence parallelism when t > 1, checkpointing (none,
+selective, full: `checkpoint_modes`), CPU offload of a ZeRO-3 layer (when the cluster
+spec gives its host side).
 """
 
 from __future__ import annotations
@@ -180,6 +181,14 @@ def model_tp_degrees(graph: LayerGraph, stage_devices: int, max_tp: int | None) 
     return degrees
 
 
+def checkpoint_modes(layer: Layer) -> list[Checkpoint]:
+    """The checkpointing modes offered a layer: all three, as the executor runs each on
+    any layer (`executors.checkpointing`). Where SELECTIVE's policy keeps nothing of the
+    layer's (no linear matmul: an embedding, a norm) it prices as FULL does, and the
+    search's dominance pruning keeps one of the two."""
+    return [Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.FULL]
+
+
 def layer_strategies(layer: Layer, stage_devices: int, samples_per_microbatch: int,
                      options: SearchOptions, seq_len: int | None,
                      model_degrees: set[int] | None = None) -> list[LayerStrategy]:
@@ -211,7 +220,7 @@ def layer_strategies(layer: Layer, stage_devices: int, samples_per_microbatch: i
             if options.sequence_parallel and tp == 1:
                 continue  # --sequence-parallel asks for tensor parallelism everywhere
             sps = [options.sequence_parallel and sp_runs]
-        ckpts = [Checkpoint.NONE, Checkpoint.FULL]
+        ckpts = checkpoint_modes(layer)
         if options.no_checkpoint:
             ckpts = [Checkpoint.NONE]
         elif options.checkpoint is not None:

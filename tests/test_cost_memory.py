@@ -94,17 +94,34 @@ def korthikanti(s, b, h, a, t, sp, ckpt):
     if ckpt == "full":
         return 2 * sbh / (t if sp else 1)
     if ckpt == "selective":
-        return 34 * sbh / t if sp else sbh * (10 + 24 / t)
+        return op_level_selective(s, b, h, t, sp)
     if sp:
         return sbh * (34 / t + 5 * a * s / (h * t))
     return sbh * (10 + 24 / t + 5 * a * s / (h * t))
+
+
+def op_level_selective(s, b, h, t, sp):
+    """What op-level selective checkpointing (ir.checkpoint_policy: matmul and collective
+    outputs) keeps of a GPT block, counted from its structure in 16-bit tensors of
+    2sbh: the block input (the checkpoint's), q, k, v and the 4h-wide fc1 output (split
+    t ways), the two row-parallel partial sums (whole); under TP each row-parallel
+    output's all-reduce (whole) or, with SP, reduce-scatter (/ t), and with SP the two
+    all-gathered module inputs (whole). Not Korthikanti's selective (scores dropped)."""
+    tensor = 2 * s * b * h
+    split = t if sp else 1
+    kept = tensor / split + (3 + 4) * tensor / t + 2 * tensor
+    if t > 1:
+        kept += 2 * tensor / split
+    if sp:
+        kept += 2 * tensor
+    return kept
 
 
 def dtensor_sp_gathered(s, b, h, t, sp, ckpt):
     """The executor's departure from Megatron under SP: DTensor keeps the all-gathered
     inputs of the attention and MLP modules (2sbh each in 16-bit) whole, not as the 1/t
     shard Megatron keeps (cost_models.activations.sp_gathered_input_bytes)."""
-    return 2 * 2 * s * b * h * (1 - 1 / t) if sp and ckpt != "full" else 0
+    return 2 * 2 * s * b * h * (1 - 1 / t) if sp and ckpt == "none" else 0
 
 
 CASES = [(1, False, "none"), (2, False, "none"), (8, False, "none"), (8, True, "none"),

@@ -23,6 +23,27 @@ def test_tracker_counts_storages_once_and_frees_them():
     assert mem.peak_bytes == 8000
 
 
+def test_tracker_on_meta_counts_sizes_and_keeps_lifetimes():
+    """meta=True (the IR's checkpointed runs, ir.checkpoint_measure): meta storages count
+    by size; lifetimes are [birth, death) on the tracker's clock."""
+    from ir.memory_tracker import LiveTensorTracker
+
+    with LiveTensorTracker() as real_only:
+        torch.empty(1000, device="meta")
+    assert real_only.peak_bytes == 0  # a real run's meta stand-ins are no memory
+    with LiveTensorTracker(record=True, meta=True) as mem:
+        a = torch.empty(1000, device="meta")  # 4000 bytes
+        born = mem.clock
+        b = a * 2
+        del a
+        died = mem.clock
+        assert mem.live_bytes == 4000 and [s.nbytes for s in mem.live_now()] == [4000]
+    assert mem.peak_bytes == 8000
+    lives = mem.lifetimes()
+    assert [(birth, death) for birth, death, _ in lives] == [(born, died), (born + 1, None)]
+    assert lives[1][2].key == b.untyped_storage()._cdata
+
+
 def _tracker_worker(rank, world_size, _payload):
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
