@@ -85,7 +85,7 @@ def test_all_to_all_is_priced_from_the_profiled_fit():
     fits = (CollectiveFit("all_to_all", "intra_node", alpha, bandwidth, 2),
             CollectiveFit("all_to_all", "intra_node", 1.0, 1.0, 4),  # another group size
             CollectiveFit("all_reduce", "intra_node", 1.0, 1.0, 2))  # another collective
-    fitted = evaluate([t], p, dataclasses.replace(HAND, collective_fits=fits), config, NO_DENSE)
+    fitted = evaluate([t], p, HAND.with_calibration(collective_fits=fits), config, NO_DENSE)
     bw = lambda nbytes: nbytes * 1 / 2 / bandwidth  # noqa: E731
     calls = 4 * 1 * alpha  # the executor's 4 calls, (n-1) alpha each
     assert fitted.per_rank[0].comm_s == pytest.approx(calls + bw(128) + 2 * bw(2048))
