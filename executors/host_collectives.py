@@ -11,8 +11,11 @@ streams that a CPU run does not have:
   - in forward, the previous unit's flat all-gather output until the next unit's
     copy-out (`FSDPCommContext.all_gather_state`, kept only for a synchronous all-gather);
   - in backward, the next unit gathered while this one runs (implicit backward prefetch).
-On a 1.3B GPT under ZeRO-3 over 4 ranks each is a 0.4 GB embedding or LM head, and
-together they took a rank's step above 0.6 x the model's bytes + 1 GiB.
+On a GPT with a 50304 x 2048 vocabulary each is a 0.4 GB embedding or LM head: with
+layers=4 (0.3B parameters, 1.14 GiB) under ZeRO-3 over 4 ranks, a rank's step peaked at
+2.23 GiB with them and 1.88 GiB without (glibc's heap already kept off,
+`executors.host_memory`); the floor is 0.37 GiB of interpreter, 0.76 GiB of parameter
+and gradient shards and the embedding's gathered gradient plus its reduce-scatter copy.
 
 Here both collectives run as rings of point-to-point messages inside FSDP2's own buffers
 (the ring algorithms of Patarasuk & Yuan 2009, the ones NCCL runs: each rank sends and
