@@ -25,6 +25,24 @@ peak misses its target or a rank fails (a rank over its RLIMIT_DATA cap dies).
         --adamw-spec gpt:layers=2,hidden=256,heads=4,vocab=1024,seq=128      # a smoke run
 
 Prints a table and writes bench/results/bench_meta_build.json.
+
+Recorded 2026-11-24 (torch 2.13 CPU, 2 shared cores at load 15-30, 1 sequence per DP
+rank), per rank, all four ranks within 0.01 GiB of each other, GiB:
+    plan       optim  model  share  set-up peak  step peak  target
+    zero3      sgd    1.31B  1.32   2.22         3.77       3.93
+    tp2-zero3  sgd    1.31B  1.32   2.31         3.76       3.93
+    zero3      adamw  0.71B  0.75   1.64         4.14       2.58 + 1.32   MISSED
+    tp2-zero3  adamw  0.71B  0.76   1.74         4.14       2.58 + 1.32   MISSED
+AdamW's step peak is the SGD one plus its moments, 2 x the rank's share (1.50 GiB, the
+head copy's included; the target's + 1.32 counts 2 x model / 4): 0.36 + 0.75 + 0.75 +
+1.50 + 0.77, whose fixed 0.77 GiB (the vocabulary's) weighs more on a 0.71B model.
+The step used to pass its cap (> 4.4 GiB): gloo's reduce-scatter / all-gather staged a
+full copy of each 0.4 GB embedding / head unit, FSDP2 kept the previous unit's
+reduce-scatter input and forward all-gather output and prefetched a second unit in
+backward (`executors.host_collectives`), and glibc kept freed 1-32 MiB tensors
+resident (`executors.host_memory`). What is left at the peak (the end of backward):
+0.37 interpreter + 1.32 parameter shards + 1.32 gradient shards + the embedding's
+gathered gradient and its reduce-scatter copy (0.77 under ZeRO-3).
 """
 
 from __future__ import annotations
