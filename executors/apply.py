@@ -47,7 +47,8 @@ from torch import nn
 
 from executors.agreement import agree_on_plan
 from executors.checkpointing import apply_ac
-from executors.data_parallel import apply_dp, apply_dp_root
+from executors.data_parallel import apply_dp, apply_dp_root, offloaded_params
+from executors.host_memory import keep_freed_memory_off_heap
 from executors.layout import add_input_relayout, add_output_relayout
 from executors.materialize import capture, materialize
 from executors.mesh import Meshes, pg_timeout_s
@@ -195,6 +196,8 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     device = torch.device(device) if device is not None else default_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    else:  # host tensors: freed ones leave the resident set (`executors.host_memory`)
+        keep_freed_memory_off_heap()
     # 1. meshes
     meshes = Meshes(dims, device.type)
     # 1½. sharded tables (before any other change: they are the model's own modules); a
@@ -260,7 +263,7 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     table_params = tables.parameter_ids() if tables is not None else set()
     params = list({id(p): p for m in modules for p in m.parameters()
                    if id(p) not in table_params}.values())
-    opt = build_optimizer(params, zero1, cls, kwargs)
+    opt = build_optimizer(params, zero1, cls, kwargs, offloaded_params(modules))
     pm = ParallelModel(
         plan=plan, module=modules[0] if len(modules) == 1 else nn.ModuleList(modules),
         stage_modules=list(zip(stage_ids, modules)), optimizer=opt, loss_fn=loss_fn,
