@@ -31,10 +31,12 @@ reduce_dtype=fp32) on every unit: bf16 compute and all-gathers, fp32 gradient re
 fp32 sharded parameters and optimizer states. Under mixed precision a layer with dp=1 is
 wrapped too (on a 1-rank mesh) so that it computes in bf16 like the rest.
 
-On gloo (host memory) a ZeRO-2/3 unit all-gathers and reduce-scatters with the ring
-collectives of `executors.host_collectives`, in FSDP2's own buffers and without backward
-prefetch: gloo's collectives and FSDP2's CUDA-stream bookkeeping otherwise hold extra
-full-size copies of a unit (measured there), which a 1.3B GPT's step could not afford.
+On gloo (host memory), for a meta-built model (`lean_host`: one too big to build whole),
+a ZeRO-2/3 unit all-gathers and reduce-scatters with the ring collectives of
+`executors.host_collectives`, in FSDP2's own buffers and without backward prefetch:
+gloo's collectives and FSDP2's CUDA-stream bookkeeping otherwise hold extra full-size
+copies of a unit (measured there), which a 1.3B GPT's step could not afford. Other runs
+keep FSDP2's own collectives, which the cost model's time and memory figures describe.
 
 CPU offload (`LayerStrategy.offload`, ZERO3 only): fully_shard(offload_policy=
 CPUOffloadPolicy()) keeps the unit's fp32 shards and their gradients in host memory, so
@@ -96,7 +98,7 @@ def _on_gloo(mesh: DeviceMesh) -> bool:
 
 
 def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
-             precision: Precision) -> FSDPModule | None:
+             precision: Precision, lean_host: bool = False) -> FSDPModule | None:
     """Make `module` (one layer) a data-parallel unit on the 1-D mesh `mesh`; its
     BatchNorms normalise over the whole micro-batch of the mesh (`sync_batchnorm`; after
     `apply_ac`, which a BatchNorm layer's new forward is checkpointed with again)."""
@@ -113,7 +115,7 @@ def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
         unit = fully_shard(module, mesh=mesh, mp_policy=policy,
                            reshard_after_forward=strategy.dp_mode is DPMode.ZERO3,
                            offload_policy=offload_policy(strategy))
-        if _on_gloo(mesh) and strategy.dp > 1:  # host memory: no full-size scratch copies
+        if lean_host and _on_gloo(mesh) and strategy.dp > 1:  # no full-size scratch copies
             use_host_collectives(unit)
     else:
         unit = replicate(module, mesh=mesh, mp_policy=policy)
