@@ -25,6 +25,24 @@ peak misses its target or a rank fails (a rank over its RLIMIT_DATA cap dies).
         --adamw-spec gpt:layers=2,hidden=256,heads=4,vocab=1024,seq=128      # a smoke run
 
 Prints a table and writes bench/results/bench_meta_build.json.
+
+Recorded 2026-11-24 (torch 2.13 CPU, 2 shared cores at load 15-30, 1 sequence per DP
+rank), per rank, all four ranks within 0.01 GiB of each other, GiB:
+    plan       optim  model  share  set-up peak  step peak  target
+    zero3      sgd    1.31B  1.32   2.22         3.77       3.93
+    tp2-zero3  sgd    1.31B  1.32   2.31         3.76       3.93
+    zero3      adamw  0.71B  0.75   1.64         4.14       2.58 + 1.32   MISSED
+    tp2-zero3  adamw  0.71B  0.76   1.74         4.14       2.58 + 1.32   MISSED
+AdamW's step peak is the SGD one plus its moments, 2 x the rank's share (1.50 GiB, the
+head copy's included; the target's + 1.32 counts 2 x model / 4): 0.36 + 0.75 + 0.75 +
+1.50 + 0.77, whose fixed 0.77 GiB (the vocabulary's) weighs more on a 0.71B model.
+The step used to pass its cap (> 4.4 GiB): gloo's reduce-scatter / all-gather staged a
+full copy of each 0.4 GB embedding / head unit, FSDP2 kept the previous unit's
+reduce-scatter input and forward all-gather output and prefetched a second unit in
+backward (`executors.host_collectives`), and glibc kept freed 1-32 MiB tensors
+resident (`executors.host_memory`). What is left at the peak (the end of backward):
+0.37 interpreter + 1.32 parameter shards + 1.32 gradient shards + the embedding's
+gathered gradient and its reduce-scatter copy (0.77 under ZeRO-3).
 """
 
 from __future__ import annotations
@@ -59,7 +77,9 @@ SPEC = "gpt:layers=24,hidden=2048,heads=16,vocab=50304,seq=128"  # 1.31B paramet
 ADAMW_SPEC = "gpt:layers=12,hidden=2048,heads=16,vocab=50304,seq=128"
 WORLD = 4
 STEPS = 2
-GLOBAL_BATCH = 4  # one sequence per data-parallel rank under ZeRO-3 over 4
+SEQUENCES_PER_DP_RANK = 1  # the global batch is the plan's dp: 4 under ZeRO-3, 2 under
+# TP 2 x ZeRO-3 2 (with 4 there each rank kept two sequences' activations, 0.06 GiB per
+# block, measured: 1.4 GiB over 24 blocks, and the step passed its cap)
 SEQ_LEN = 128
 GiB = 2**30
 TARGET_FRACTION = 0.6  # issue 15: peak RSS < 0.6 x full model bytes + 1 GiB
@@ -108,15 +128,16 @@ def rank_main(rank: int, port: int, out_dir: str, job: dict) -> None:
     family, config, _ = resolve_config(job["spec"])
     fam = zoo.FAMILIES[family]
     gen = torch.Generator().manual_seed(1)
-    inputs, target = fam.example_inputs(config, GLOBAL_BATCH, SEQ_LEN, device="cpu",
+    global_batch = PLANS[job["plan"]]["dp"] * SEQUENCES_PER_DP_RANK
+    inputs, target = fam.example_inputs(config, global_batch, SEQ_LEN, device="cpu",
                                         generator=gen)
     start = time.perf_counter()
     with meta_init():
         torch.manual_seed(0)
         model = fam.build(config)
-    plan = uniform_plan(job["layers"], global_batch=GLOBAL_BATCH, precision=Precision.FP32,
+    plan = uniform_plan(job["layers"], global_batch=global_batch, precision=Precision.FP32,
                         optimizer=job["optimizer"], **PLANS[job["plan"]])
-    rows = GLOBAL_BATCH // plan.layer_strategies[0].dp
+    rows = global_batch // plan.layer_strategies[0].dp
     example = ({k: v[:rows] for k, v in inputs.items()}, target[:rows])
     cls, kwargs = OPTIMIZERS[job["optimizer"]]
     pm = auto_parallel(model, example, loss_fn=fam.loss_fn, optimizer=cls,
@@ -256,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump({"bench": "meta_build", "torch": torch.__version__, "host": platform.node(),
-                   "world": WORLD, "steps": STEPS, "global_batch": GLOBAL_BATCH,
+                   "world": WORLD, "steps": STEPS, "sequences_per_dp_rank": SEQUENCES_PER_DP_RANK,
                    "seq_len": SEQ_LEN, "runs": runs, "largest": fits}, fh, indent=2)
     print(f"wrote {args.out}")
     return 1 if failed else 0

@@ -47,7 +47,8 @@ from torch import nn
 
 from executors.agreement import agree_on_plan
 from executors.checkpointing import apply_ac
-from executors.data_parallel import apply_dp, apply_dp_root
+from executors.data_parallel import apply_dp, apply_dp_root, offloaded_params
+from executors.host_memory import keep_freed_memory_off_heap
 from executors.layout import add_input_relayout, add_output_relayout
 from executors.materialize import capture, materialize
 from executors.mesh import Meshes, pg_timeout_s
@@ -108,9 +109,11 @@ def apply_tables(model: nn.Module, plan: ParallelPlan, graph: LayerGraph,
 def _parallelize_stage(module: nn.Module, layers: list[int], plan: ParallelPlan,
                        graph: LayerGraph, meshes: Meshes, incoming, is_last: bool,
                        zero1: list, loss_parallel: bool, tp_check: TPSelfCheck,
-                       table_layers: frozenset[str] = frozenset()) -> None:
+                       table_layers: frozenset[str] = frozenset(),
+                       lean_host: bool = False) -> None:
     """Steps 4-7 for one stage module holding `layers` (in order); layers named in
-    `table_layers` are sharded tables: no TP, no data-parallel unit."""
+    `table_layers` are sharded tables: no TP, no data-parallel unit. `lean_host`: ZeRO-2/3
+    units on gloo use `executors.host_collectives` (a meta-built model's set-up)."""
     strategies = plan.layer_strategies
     # 4. tensor / sequence parallel
     for j in layers:
@@ -143,7 +146,7 @@ def _parallelize_stage(module: nn.Module, layers: list[int], plan: ParallelPlan,
             continue  # model parallel: its rows are summed by the all-to-all
         layer_module = _layer_module(module, graph.layers[j].name)
         mesh = meshes.dp_mesh(s.tp)
-        if apply_dp(layer_module, s, mesh, plan.precision) is not None:
+        if apply_dp(layer_module, s, mesh, plan.precision, lean_host) is not None:
             root_mesh = root_mesh or mesh
             if s.dp_mode is DPMode.ZERO1 and s.dp > 1:
                 zero1.append((list(layer_module.parameters()), mesh.get_group()))
@@ -206,6 +209,12 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     meta = capture(model, init)  # None: a model with real tensors
     if meta is None:
         model.to(device)
+    # A meta-built model is one too big to build whole: on the host, freed tensors leave
+    # the resident set and gloo's collectives make no full-size copies. Not for the rest,
+    # whose time and memory the cost model prices as FSDP2 and malloc run by default.
+    lean_host = meta is not None and device.type == "cpu"
+    if lean_host:
+        keep_freed_memory_off_heap()
     table_layers = frozenset(tables.modules) if tables is not None else frozenset()
     # 2. shared weights
     ties = find_tie_groups(model, graph)
@@ -244,7 +253,7 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
         _parallelize_stage(module, layers, plan, graph, meshes, incoming,
                            is_last=layers[-1] == last, zero1=zero1,
                            loss_parallel=loss_parallel, tp_check=tp_check,
-                           table_layers=table_layers)
+                           table_layers=table_layers, lean_host=lean_host)
     # 7½. a meta-built model gets its local tensors and their values
     if meta is not None:
         materialize(modules, meta, graph, device)
@@ -260,7 +269,7 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     table_params = tables.parameter_ids() if tables is not None else set()
     params = list({id(p): p for m in modules for p in m.parameters()
                    if id(p) not in table_params}.values())
-    opt = build_optimizer(params, zero1, cls, kwargs)
+    opt = build_optimizer(params, zero1, cls, kwargs, offloaded_params(modules))
     pm = ParallelModel(
         plan=plan, module=modules[0] if len(modules) == 1 else nn.ModuleList(modules),
         stage_modules=list(zip(stage_ids, modules)), optimizer=opt, loss_fn=loss_fn,

@@ -31,6 +31,13 @@ reduce_dtype=fp32) on every unit: bf16 compute and all-gathers, fp32 gradient re
 fp32 sharded parameters and optimizer states. Under mixed precision a layer with dp=1 is
 wrapped too (on a 1-rank mesh) so that it computes in bf16 like the rest.
 
+On gloo (host memory), for a meta-built model (`lean_host`: one too big to build whole),
+a ZeRO-2/3 unit all-gathers and reduce-scatters with the ring collectives of
+`executors.host_collectives`, in FSDP2's own buffers and without backward prefetch:
+gloo's collectives and FSDP2's CUDA-stream bookkeeping otherwise hold extra full-size
+copies of a unit (measured there), which a 1.3B GPT's step could not afford. Other runs
+keep FSDP2's own collectives, which the cost model's time and memory figures describe.
+
 CPU offload (`LayerStrategy.offload`, ZERO3 only): fully_shard(offload_policy=
 CPUOffloadPolicy()) keeps the unit's fp32 shards and their gradients in host memory, so
 the optimizer steps them on the CPU; FSDP2 copies a shard to the device before each
@@ -53,6 +60,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy,
                                     OffloadPolicy, fully_shard)
 
+from executors.host_collectives import use_host_collectives
 from executors.sync_batchnorm import prepare_batch_norms
 from executors.zero1 import attach_master, cast_to_working_dtype
 from ir.strategy import DPMode, LayerStrategy, Precision, runs_as_dp_unit
@@ -81,12 +89,16 @@ def needs_dp_unit(module: nn.Module, strategy: LayerStrategy, precision: Precisi
 
 def _sum_reduction(unit: FSDPModule, mesh: DeviceMesh) -> None:
     unit.set_gradient_divide_factor(1.0)
-    if dist.get_backend(mesh.get_group()) == "gloo":
+    if _on_gloo(mesh):
         unit.set_force_sum_reduction_for_comms(True)
 
 
+def _on_gloo(mesh: DeviceMesh) -> bool:
+    return dist.get_backend(mesh.get_group()) == "gloo"
+
+
 def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
-             precision: Precision) -> FSDPModule | None:
+             precision: Precision, lean_host: bool = False) -> FSDPModule | None:
     """Make `module` (one layer) a data-parallel unit on the 1-D mesh `mesh`; its
     BatchNorms normalise over the whole micro-batch of the mesh (`sync_batchnorm`; after
     `apply_ac`, which a BatchNorm layer's new forward is checkpointed with again)."""
@@ -103,6 +115,8 @@ def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
         unit = fully_shard(module, mesh=mesh, mp_policy=policy,
                            reshard_after_forward=strategy.dp_mode is DPMode.ZERO3,
                            offload_policy=offload_policy(strategy))
+        if lean_host and _on_gloo(mesh) and strategy.dp > 1:  # no full-size scratch copies
+            use_host_collectives(unit)
     else:
         unit = replicate(module, mesh=mesh, mp_policy=policy)
     if zero1_16bit:
@@ -120,6 +134,19 @@ def apply_dp_root(stage_module: nn.Module, mesh: DeviceMesh, precision: Precisio
     unit = fully_shard(stage_module, mesh=mesh, mp_policy=mp_policy(precision),
                        reshard_after_forward=False, ignored_params=ignored)
     _sum_reduction(unit, mesh)
+
+
+def offloaded_params(modules: list[nn.Module]) -> frozenset[int]:
+    """Ids of the parameters that offloaded units hold on the host (their FSDP2 sharded
+    parameters): the optimizer steps them with its fused CPU kernel (`executors.optimizer`)."""
+    ids = set()
+    for module in modules:
+        for m in module.modules():
+            if isinstance(m, FSDPModule):
+                for group in m._get_fsdp_state()._fsdp_param_groups:
+                    ids.update(id(fp.sharded_param) for fp in group.fsdp_params
+                               if fp.offload_to_cpu)
+    return frozenset(ids)
 
 
 def set_gradient_sync(stage_module: nn.Module, enabled: bool) -> None:

@@ -42,7 +42,8 @@ from typing import Iterable
 import torch
 from torch import nn
 from executors.fused import fused_parameters, load_model_order, load_shard
-from executors.meta_record import InitRecord, Ref, forget, record_of, release_freed_memory
+from executors.host_memory import release_freed_memory
+from executors.meta_record import InitRecord, Ref, forget, record_of
 from executors.tied import owning_layer
 from ir.errors import PlannerError
 from ir.layer import LayerGraph

@@ -31,7 +31,6 @@ whose CPU result has another layout than its meta result, a generator not on the
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -39,6 +38,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
+from executors.host_memory import keep_freed_memory_off_heap, release_freed_memory
 from ir.errors import PlannerError
 
 META = torch.device("meta")
@@ -66,24 +66,6 @@ class _Op:
     writes: frozenset[int]
     generator: torch.Generator | None = None  # random ops: the generator and its state
     rng_state: torch.Tensor | None = None
-
-
-def _load_trim():
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        return None
-
-
-_MALLOC_TRIM = _load_trim()
-
-
-def release_freed_memory() -> None:
-    """Hand freed heap memory back to the OS. glibc keeps freed blocks below its mmap
-    threshold (up to 32 MiB) in the heap: drawing a 1.3B model's scratch tensors one by
-    one otherwise left ~2.5 GiB resident that nothing used."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 
 
 def _key(t: torch.Tensor) -> int:
@@ -325,7 +307,10 @@ def _opaque_inits(record: InitRecord) -> Iterator[None]:
 
 @contextlib.contextmanager
 def meta_init() -> Iterator[InitRecord]:
-    """Build on the meta device and record how (see the module docstring)."""
+    """Build on the meta device and record how (see the module docstring). Freed host
+    memory leaves the resident set from here on (`executors.host_memory`): the record's
+    random draws run on whole-size scratch tensors."""
+    keep_freed_memory_off_heap()
     record = InitRecord()
     with record, _opaque_inits(record):
         yield record

@@ -8,11 +8,20 @@ parameters. Everything else (ZeRO-2/3 shards, DDP, TP, unsharded parameters) goe
 through the same single inner optimizer, so `step()` is one call. Element-wise
 optimizers (Adam, AdamW, SGD) give the same numbers however parameters are sharded.
 
+Offloaded parameters (ZeRO-Offload, `LayerStrategy.offload`) step on the host with
+torch's fused CPU kernel (`fused=True`, in their own param groups) whenever the
+optimizer takes `fused` and the caller set neither `fused` nor `foreach`: that is what
+cost_models/offload.py prices (a memory-bound vectorized CPU Adam, ZeRO-Offload's
+DeepSpeedCPUAdam) and what a ZeRO-Offload user gets from DeepSpeed; torch's default
+for CPU tensors, one tensor at a time, measured 8-10x slower there.
+
 Checkpoints of its state: `executors.optimizer_state`.
 """
 
 from __future__ import annotations
 
+import inspect
+from itertools import groupby
 from typing import Any, Iterable
 
 import torch
@@ -32,14 +41,17 @@ class ShardedOptimizer:
 
     def __init__(self, params: Iterable[nn.Parameter],
                  zero1_groups: list[tuple[list[nn.Parameter], dist.ProcessGroup]],
-                 optimizer_cls: type[torch.optim.Optimizer], optimizer_kwargs: dict[str, Any]):
+                 optimizer_cls: type[torch.optim.Optimizer], optimizer_kwargs: dict[str, Any],
+                 offloaded: frozenset[int] = frozenset()):
         self.params = [p for p in params if p.requires_grad]
         self.groups = [FlatShardGroup([p for p in ps if p.requires_grad], group)
                        for ps, group in zero1_groups]
         sharded = {id(p) for g in self.groups for p in g.params}
         updated = [p for p in self.params if id(p) not in sharded]
         updated += [t for g in self.groups for t in g.opt_params]
-        self.inner = optimizer_cls(updated, **optimizer_kwargs) if updated else None
+        self.inner = (optimizer_cls(param_groups(updated, offloaded, optimizer_cls,
+                                                 optimizer_kwargs), **optimizer_kwargs)
+                      if updated else None)
 
     @property
     def param_groups(self) -> list[dict]:
@@ -81,13 +93,32 @@ class ShardedOptimizer:
             self.inner.load_state_dict(state)
 
 
+def param_groups(params: list[nn.Parameter], offloaded: frozenset[int],
+                 optimizer_cls: type[torch.optim.Optimizer],
+                 optimizer_kwargs: dict[str, Any]) -> list[nn.Parameter] | list[dict]:
+    """`params` as the optimizer takes them: the list itself, or, where offloaded
+    parameters (ids in `offloaded`) step fused (module docstring), consecutive runs of
+    the same kind as param groups, so the parameters keep their order."""
+    fusable = "fused" in inspect.signature(optimizer_cls).parameters
+    if (not fusable or "fused" in optimizer_kwargs or "foreach" in optimizer_kwargs
+            or not any(id(p) in offloaded for p in params)):
+        return params
+    groups = []
+    for on_host, run in groupby(params, key=lambda p: id(p) in offloaded):
+        groups.append({"params": list(run), **({"fused": True} if on_host else {})})
+    return groups
+
+
 def build_optimizer(params: list[nn.Parameter],
                     zero1_groups: list[tuple[list[nn.Parameter], dist.ProcessGroup]],
-                    optimizer_cls: type[torch.optim.Optimizer], optimizer_kwargs: dict[str, Any]):
-    """A plain torch optimizer when nothing is ZeRO-1, else a `ShardedOptimizer`."""
+                    optimizer_cls: type[torch.optim.Optimizer], optimizer_kwargs: dict[str, Any],
+                    offloaded: frozenset[int] = frozenset()):
+    """A plain torch optimizer when nothing is ZeRO-1, else a `ShardedOptimizer`.
+    offloaded: ids of the parameters whose shards live on the host (`offloaded_params`)."""
     params = [p for p in params if p.requires_grad]
     if not zero1_groups:
         if not params:  # a rank may hold no trainable parameter (e.g. a glue-only stage)
             return ShardedOptimizer([], [], optimizer_cls, optimizer_kwargs)
-        return optimizer_cls(params, **optimizer_kwargs)
-    return ShardedOptimizer(params, zero1_groups, optimizer_cls, optimizer_kwargs)
+        return optimizer_cls(param_groups(params, offloaded, optimizer_cls, optimizer_kwargs),
+                             **optimizer_kwargs)
+    return ShardedOptimizer(params, zero1_groups, optimizer_cls, optimizer_kwargs, offloaded)

@@ -188,3 +188,78 @@ def test_init_empty_computes_buffers():
     for name, value in got["buffers"].items():
         assert torch.equal(value, want[name]), f"buffer {name} not recomputed"
     assert got["params"] == sorted(n for n, _ in cpu.named_parameters())
+
+
+# ------------------------------------------------- host collectives (issue 15's step peak)
+
+HOST_BUFFER_NUMEL = 16 << 20  # 64 MiB of fp32: far above glibc's mmap threshold and noise
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        line = next(l for l in fh if l.startswith(field + ":"))
+    return int(line.split()[1]) * 1024
+
+
+def _peak_above_start(run) -> int:
+    """How far the resident set rises above its start while `run()` runs (VmHWM reset)."""
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # VmHWM := VmRSS
+    start = _status_bytes("VmRSS")
+    run()
+    return _status_bytes("VmHWM") - start
+
+
+def host_collective_peaks(rank: int, world_size: int, _payload) -> dict:
+    """Peak bytes above the inputs and outputs: gloo's own reduce-scatter and all-gather
+    against `executors.host_collectives`' rings, on the same buffers; and the values."""
+    import torch.distributed as dist
+    from executors.host_collectives import RingAllGather, RingReduceScatter
+    from executors.host_memory import keep_freed_memory_off_heap
+
+    keep_freed_memory_off_heap()
+    group, n = dist.group.WORLD, HOST_BUFFER_NUMEL
+    out = {}
+    for name in ("gloo", "ring"):
+        grads = torch.full((n,), float(rank + 1))  # touched: resident before the reset
+        shard = torch.zeros(n // world_size)
+        if name == "gloo":
+            peak = _peak_above_start(lambda: dist.reduce_scatter_tensor(shard, grads))
+        else:
+            peak = _peak_above_start(lambda: RingReduceScatter()(shard, grads, group))
+        out[f"{name}-rs"] = peak
+        out[f"{name}-rs-value"] = shard.unique().tolist()
+        out[f"{name}-rs-input-bytes"] = grads.untyped_storage().nbytes()
+        grads = shard = None
+        gathered = torch.zeros(n)
+        mine = gathered.view(world_size, -1)[rank]
+        mine.fill_(float(rank))
+        if name == "gloo":
+            peak = _peak_above_start(lambda: dist.all_gather_into_tensor(gathered, mine.clone()))
+        else:
+            peak = _peak_above_start(lambda: RingAllGather()(gathered, mine, group).wait())
+        out[f"{name}-ag"] = peak
+        out[f"{name}-ag-ok"] = torch.equal(
+            gathered.view(world_size, -1),
+            torch.arange(world_size, dtype=torch.float32)[:, None].expand(world_size, n // world_size))
+        gathered = mine = None
+    return out
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_host_collectives_hold_no_full_size_copy():
+    """gloo's reduce-scatter and all-gather stage a whole-buffer copy (measured: one full
+    buffer above inputs and outputs); the rings hold at most one chunk, give the same
+    sums and gathers, and the reduce-scatter frees FSDP2's scratch input."""
+    world = 4
+    buffer_bytes = HOST_BUFFER_NUMEL * 4
+    for r in spawn(host_collective_peaks, world, timeout_s=240):
+        assert r["gloo-rs"] > 0.8 * buffer_bytes, r  # the copy the rings avoid is real
+        assert r["gloo-ag"] > 0.8 * buffer_bytes, r
+        assert r["ring-rs"] < 0.5 * buffer_bytes, r  # one received chunk (1/4) + noise
+        assert r["ring-ag"] < 0.25 * buffer_bytes, r  # in place
+        total = float(sum(range(1, world + 1)))
+        assert r["gloo-rs-value"] == r["ring-rs-value"] == [total], r
+        assert r["ring-rs-input-bytes"] == 0 and r["gloo-rs-input-bytes"] == buffer_bytes, r
+        assert r["gloo-ag-ok"] and r["ring-ag-ok"], r

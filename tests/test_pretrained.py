@@ -2,10 +2,11 @@
 `pm.export_pretrained`.
 
 A Hugging Face Llama and GPT-2 (tests/data/hf, tiny) are saved with `save_pretrained` in
-several safetensors files. On 2 and 4 gloo ranks each plan is applied to a model built
-from ANOTHER seed, loads the checkpoint and trains 3 AdamW steps, which must equal
-single-process training of the saved model (losses 1e-5 relative, parameters as in
-tests/test_exec_plans.py). Every rank's reads are counted through a wrapped `safe_open`:
+several safetensors files. On 2 and 4 gloo ranks (ZeRO-3, TP 2, PP 2, TP 2 x PP 2 and
+more) each plan is applied to a model built on the meta device (`executors.meta_init`,
+`init="empty"`: no rank holds the model whole, its shards start uninitialised), loads the
+checkpoint and trains 3 AdamW steps, which must equal single-process training of the
+saved model (losses 1e-5 relative, parameters as in tests/test_exec_plans.py). Every rank's reads are counted through a wrapped `safe_open`:
 each reads exactly the bytes of its own shards. Exports from TP 2 x PP 2 (fp32 in
 several files per rank, bf16 in one per rank) load back through `from_pretrained` to
 identical weights; a DCP checkpoint saved under TP 2 loads into ZeRO-3; a fused-
@@ -203,16 +204,17 @@ def run_plans(rank: int, world_size: int, payload: dict) -> dict:
     """Every case: apply (another seed), load with counted reads, train, gather; then the
     case's extras (DCP save/load, errors, export, the layout transform)."""
     import executors.pretrained as pretrained
-    from executors import apply, full_state_dict
+    from executors import apply, full_state_dict, meta_init
     from executors.checkpoint import save_checkpoint
 
     root, scratch = payload["root"], payload["scratch"]
     results = {}
     for arch, plan_name, plan, graph, batches in payload["cases"]:
         key = f"{arch}/{plan_name}"
-        model, _, _, loss_fn = rm.build(arch)  # rm.SEED: not the checkpoint's weights
+        with meta_init():  # no values: every shard's comes from the checkpoint
+            model, _, _, loss_fn = rm.build(arch)
         pm = apply(model, plan, graph, loss_fn=loss_fn, optimizer=torch.optim.AdamW,
-                   optimizer_kwargs=dict(rm.OPTIMIZER_KWARGS))
+                   optimizer_kwargs=dict(rm.OPTIMIZER_KWARGS), init="empty")
         counter = CountingOpen()
         pretrained.safe_open, original = counter, pretrained.safe_open
         try:
