@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 import re
 import shutil
 import warnings
@@ -390,23 +391,9 @@ def load_checkpoint(pm: ParallelModel, path: str) -> int:
     tables = {f"{n}.weight": (m.table.rows, m.table.dim)
               for n, m in (pm.tables.modules.items() if pm.tables is not None else ())}
     fused = _fused(pm)
-    _check_model(path, metadata, {**{n: fused[n][0].model_shape(p.shape, fused[n][1])
-                                     if n in fused else tuple(p.shape)
-                                     for n, p in params.items()}, **tables})
+    state, shapes, install_model = model_targets(params, fused)
+    _check_model(path, metadata, {**shapes, **tables})
     names = {id(p): n for n, p in params.items()}
-    # fused: a whole buffer in the model's order, reordered into the shard after loading
-    whole: list[tuple[torch.Tensor, torch.Tensor, tuple[FusedSplit, int]]] = []
-
-    def target(tensor: torch.Tensor, name: str) -> torch.Tensor:
-        if name not in fused:
-            return tensor
-        split, dim = fused[name]  # saved in the model's order and shape
-        buffer = torch.zeros(split.model_shape(tensor.shape, dim), dtype=tensor.dtype)
-        whole.append((tensor, buffer, fused[name]))
-        return buffer
-
-    state: dict[str, torch.Tensor] = {f"model/{n}": target(p.detach(), n)
-                                      for n, p in params.items()}
     optim, install_optim = load_targets(pm.optimizer, names, metadata, fused)
     state.update(optim)
     install_tables = None
@@ -427,8 +414,7 @@ def load_checkpoint(pm: ParallelModel, path: str) -> int:
         load_state(state, path, vetted, hint)
     if install_tables is not None:
         install_tables()
-    for tensor, buffer, (split, dim) in whole:
-        load_model_order(tensor, buffer, split, dim)
+    install_model()
     install_optim()
     for key in rng_keys:
         if key.startswith("rng/cpu/"):
@@ -443,6 +429,30 @@ def load_checkpoint(pm: ParallelModel, path: str) -> int:
                            f"marker {marker['step']}); {hint}")
     pm.steps = step
     return step
+
+
+def model_targets(params: dict[str, torch.Tensor], fused: dict[str, tuple[FusedSplit, int]]
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[int, ...]], Callable[[], None]]:
+    """(the `model/<name>` tensors `dcp.load` fills, the model's shape of each, and the
+    step that installs them once loaded). A checkpoint holds the model's order: a fused
+    parameter (stored rank-major, `executors.fused`) loads into a whole buffer in the
+    model's order and shape, which the install step reorders into its shard."""
+    whole: list[tuple[torch.Tensor, torch.Tensor, tuple[FusedSplit, int]]] = []
+
+    def target(tensor: torch.Tensor, name: str) -> torch.Tensor:
+        if name not in fused:
+            return tensor
+        split, dim = fused[name]  # saved in the model's order and shape
+        buffer = torch.zeros(split.model_shape(tensor.shape, dim), dtype=tensor.dtype)
+        whole.append((tensor, buffer, fused[name]))
+        return buffer
+
+    def install() -> None:
+        for tensor, buffer, (split, dim) in whole:
+            load_model_order(tensor, buffer, split, dim)
+
+    state = {f"model/{n}": target(p.detach(), n) for n, p in params.items()}
+    return state, {n: tuple(state[f"model/{n}"].shape) for n in params}, install
 
 
 def _check_model(path: str, metadata: dict, shapes: dict[str, tuple[int, ...]]) -> None:

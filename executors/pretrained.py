@@ -42,8 +42,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from executors.checkpoint import (STEP_DIR, _agree, _check_model, _gather, _marker_and_sizes,
-                                  _named_parameters, _rank_world, latest_checkpoint)
+from executors.checkpoint import (STEP_DIR, _agree, _check_model, _fused, _gather, _marker_and_sizes,
+                                  _named_parameters, _rank_world, latest_checkpoint,
+                                  model_targets)
 from executors.checkpoint_files import MARKER, METADATA, VettedReader, read_metadata, verify_files
 from executors.fused import layout_transforms
 from executors.runtime import ParallelModel
@@ -266,14 +267,16 @@ def _load_dcp(pm: ParallelModel, path: str) -> LoadReport:
     _agree(verify_files(path, marker, data_files[rank::world], hint))  # hashing shared
     vetted = read_metadata(path, marker, hint)
     params = _named_parameters(pm)
-    _check_model(path, vetted.state_dict_metadata, {n: tuple(p.shape) for n, p in params.items()})
-    state = {f"model/{n}": p.detach() for n, p in params.items()}
+    # the checkpoint holds the model's order; fused parameters are stored rank-major
+    state, shapes, install = model_targets(params, _fused(pm))
+    _check_model(path, vetted.state_dict_metadata, shapes)
     try:
         dcp.load(state, storage_reader=VettedReader(path, vetted))
     except Exception as exc:  # DCP raises CheckpointException on every rank
         lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
         raise PlannerError(f"checkpoint {path} could not be loaded ({type(exc).__name__}: "
                            f"{lines[-1][:200] if lines else ''}); {hint}") from None
+    install()
     local_bytes = sum(local_tensor(p).numel() * local_tensor(p).element_size()
                       for p in params.values())
     return LoadReport("dcp", len(params), local_bytes, 0)

@@ -37,12 +37,22 @@ class TPCandidate:
     `fused`: the output features of the projections a fused column-parallel module packs
     side by side, in the model's order ((q, k, v) or (gate, up)); () for a plain one.
     Each part is split t ways and rank r holds its r-th piece of every part
-    (`executors.fused`)."""
+    (`executors.fused`). `shared`: per part, held whole by every rank instead
+    (`ir.tp.fused_shared`, multi-query attention's one key/value head); () = none."""
 
     module: str
     style: TPStyle
     params: int
     fused: tuple[int, ...] = ()
+    shared: tuple[bool, ...] = ()
+
+    def split_numel(self, numel: int) -> int:
+        """Of a tensor of `numel` elements along this module's output features, the
+        elements TP divides: a shared part's rows are replicated on every rank."""
+        if not any(self.shared):
+            return numel
+        split_features = sum(n for n, whole in zip(self.fused, self.shared) if not whole)
+        return numel // sum(self.fused) * split_features
 
     def __str__(self) -> str:
         parts = f"[{'|'.join(map(str, self.fused))}]" if self.fused else ""

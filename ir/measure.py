@@ -138,7 +138,8 @@ def _owned_params(measurer: GraphMeasurer, canon_params: dict[str, nn.Parameter]
 def _tp_params(module: nn.Module | None, candidates, owned: list[torch.Tensor],
                tied: list[torch.Tensor]) -> tuple[int, int]:
     """(owned, tied-copy) parameters tensor parallelism divides: the weights of every
-    candidate module, and the biases of column-parallel ones."""
+    candidate module, and the biases of column-parallel ones, less a fused module's shared
+    rows (`TPCandidate.split_numel`: every rank holds those whole)."""
     owned_ids, tied_ids = {id(t) for t in owned}, {id(t) for t in tied}
     tp_params = tied_tp = 0
     for c in candidates:
@@ -146,9 +147,9 @@ def _tp_params(module: nn.Module | None, candidates, owned: list[torch.Tensor],
         w, b = getattr(sub, "weight", None), getattr(sub, "bias", None)
         for t in (w, b) if c.style is TPStyle.COLWISE else (w,):
             if t is not None and id(t) in owned_ids:
-                tp_params += t.numel()
+                tp_params += c.split_numel(t.numel())
             elif t is not None and id(t) in tied_ids:
-                tied_tp += t.numel()
+                tied_tp += c.split_numel(t.numel())
     return tp_params, tied_tp
 
 

@@ -370,10 +370,10 @@ def tp_analysis(layer_module: nn.Module, *, in_block: bool, vocab_rows: int | No
             if style is None:
                 continue
             parts = (fused_parts(layer_module, path) or ()) if style is TPStyle.COLWISE else ()
-            candidates.append(TPCandidate(path, style, _params(sub, style), parts))
-            n_in, n_out = _linear_dims(sub)
             shared = fused_shared(parts, layer_module.get_submodule(_parent(path))) \
                 if parts else ()
+            candidates.append(TPCandidate(path, style, _params(sub, style), parts, shared))
+            n_in, n_out = _linear_dims(sub)
             if not shared:  # with a shared part only the split parts must divide
                 divisors[f"{path}.out" if style is TPStyle.COLWISE else f"{path}.in"] = (
                     n_out if style is TPStyle.COLWISE else n_in)

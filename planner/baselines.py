@@ -15,8 +15,8 @@ from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.plan import ParallelPlan
 from ir.strategy import Checkpoint
-from planner.layer_tables import price_layers, restrict
-from planner.search import Candidate, even_chunks, make_plan, search
+from planner.layer_tables import price_layers
+from planner.search import Candidate, even_chunks, make_plan, search, uniform_groups
 from planner.search_space import SearchOptions, outer_candidates
 
 BASELINES = {
@@ -74,13 +74,7 @@ def least_memory(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         if any(not t.strategies for t in tables):
             continue
         # per layer: the strategy with the least state + kept bytes that the others share
-        keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint, s.offload)
-                for s in tables[0].strategies}
-        for key in keys:
-            group = restrict(tables, lambda s, key=key: (s.tp, s.dp_mode, s.sequence_parallel,
-                                                        s.checkpoint, s.offload) == key)
-            if group is None:
-                continue
+        for group in uniform_groups(graph, tables):
             strategies = [g.strategies[0] for g in group]
             stages = even_chunks(graph, group, cand.pp * cand.virtual_stages)
             if stages is None:

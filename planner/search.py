@@ -71,7 +71,7 @@ from cost_models.pipeline import microbatches_in_flight
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
-from ir.legality import input_readers, linked_runs
+from ir.legality import input_readers, linked_runs, sequence_parallel_applies
 from ir.plan import ParallelPlan
 from ir.strategy import Schedule, Stage
 from planner.layer_tables import (LayerTable, crossing_bytes, memory_budget_bytes, price_layers,
@@ -139,6 +139,34 @@ def _pipeline_tp_groups(graph: LayerGraph, cand: OuterCandidate,
         else:
             out.append(group)
     return out
+
+
+def uniform_groups(graph: LayerGraph, tables: list[LayerTable]) -> list[list[LayerTable]]:
+    """The tables restricted to each uniform strategy: the same tp, DP mode, checkpointing
+    and offload on every layer, and sequence parallelism on every layer where it applies
+    (`ir.legality.sequence_parallel_applies`; an embedding, a norm or a head runs one way)."""
+    keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint, s.offload)
+            for t in tables for s in t.strategies}
+    groups = []
+    for tp, dp_mode, sp, checkpoint, offload in sorted(keys, key=str):
+        def keep(layer, s, tp=tp, dp_mode=dp_mode, sp=sp, checkpoint=checkpoint, offload=offload):
+            if (s.tp, s.dp_mode, s.checkpoint, s.offload) != (tp, dp_mode, checkpoint, offload):
+                return False  # (checked first: the key's SP flag is legal at the key's tp)
+            wanted = dataclasses.replace(s, sequence_parallel=sp)
+            return sequence_parallel_applies(layer, s) == sequence_parallel_applies(layer, wanted)
+
+        done: dict[int, LayerTable | None] = {}  # identical layers keep sharing one table
+        group = []
+        for layer, t in zip(graph.layers, tables):
+            if id(t) not in done:
+                kept = restrict([t], lambda s, layer=layer, keep=keep: keep(layer, s))
+                done[id(t)] = kept[0] if kept else None
+            if done[id(t)] is None:
+                break
+            group.append(done[id(t)])
+        else:
+            groups.append(group)
+    return groups
 
 
 def even_chunks(graph: LayerGraph, tables: list[LayerTable], chunks: int) -> list[tuple[int, int]] | None:
@@ -407,11 +435,7 @@ def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         stats.strategies_per_layer_max = max(stats.strategies_per_layer_max,
                                              max(len(t.strategies) for t in tables))
         if options.uniform:
-            keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint, s.offload)
-                    for t in tables for s in t.strategies}
-            groups = [g for key in sorted(keys, key=str)
-                      if (g := restrict(tables, lambda s, key=key: (s.tp, s.dp_mode, s.sequence_parallel,
-                                                                   s.checkpoint, s.offload) == key))]
+            groups = uniform_groups(graph, tables)
             # Each uniform strategy is its own small problem: bound it too, best first.
             groups = sorted(((_lower_bound(cand, g, budget_of[cand]), g) for g in groups),
                             key=lambda item: item[0])

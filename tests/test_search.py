@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -290,3 +291,48 @@ def test_a_pinned_checkpoint_excludes_the_ddp_baseline():
                                           SearchOptions(checkpoint=Checkpoint.FULL))}
     assert found["DDP"].excluded_by == "--checkpoint"
     assert found["ZeRO-3 (FSDP)"].candidate is not None
+
+
+@pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny"])
+def test_uniform_sequence_parallel_runs_sp_wherever_it_applies(model):
+    """`--uniform --sequence-parallel`: the same degrees on every layer and SP on every
+    layer where it applies; embeddings, norms and heads never offer SP, so requiring the
+    same flag everywhere found no plan."""
+    from ir.legality import sequence_parallel_applies
+
+    graph = load_layer_graph(model, micro_batch=1, dtype=torch.bfloat16)
+    cluster = get_cluster("a100-80g", nodes=1)
+    result = S.search(graph, cluster, 8, SearchOptions(uniform=True, sequence_parallel=True))
+    assert result.best is not None
+    strategies = result.best.plan.layer_strategies
+    assert len({(s.tp, s.dp, s.dp_mode, s.checkpoint, s.offload) for s in strategies}) == 1
+    sp_able = [layer.sequence_parallel_ok for layer in graph.layers]
+    assert any(sp_able) and not all(sp_able)  # both kinds are present
+    for layer, s in zip(graph.layers, strategies):
+        assert s.tp > 1 and s.sequence_parallel == layer.sequence_parallel_ok
+        assert sequence_parallel_applies(layer, s) == layer.sequence_parallel_ok
+
+
+def test_uniform_sequence_parallel_plans_from_the_cli(tmp_path):
+    out = tmp_path / "plan.json"
+    r = planner("plan", "llama-tiny", "--cluster", "a100-80g", "--global-batch", "8",
+                "--uniform", "--sequence-parallel", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    plan = load_plan(out).plan
+    assert {s.tp for s in plan.layer_strategies} != {1}
+    assert any(s.sequence_parallel for s in plan.layer_strategies)
+
+
+def test_the_megatron_baseline_with_sequence_parallel_is_priced():
+    """The baselines search uniformly: with `--tp 2 --sequence-parallel` Megatron's TP x DP
+    grid point (SP inside the blocks) is a real plan, not 'no legal configuration'."""
+    from planner.baselines import baselines, least_memory
+
+    graph = load_layer_graph("gpt-tiny", micro_batch=1, dtype=torch.bfloat16)
+    cluster = get_cluster("a100-80g", nodes=1)
+    options = SearchOptions(tp=2, sequence_parallel=True)
+    found = {b.name: b for b in baselines(graph, cluster, 8, options)}
+    megatron = found["Megatron TPxPPxDP"].candidate
+    assert megatron is not None and any(s.sequence_parallel for s in megatron.plan.layer_strategies)
+    peak_bytes, plan = least_memory(graph, cluster, 8, dataclasses.replace(options, uniform=True))
+    assert peak_bytes is not None and any(s.sequence_parallel for s in plan.layer_strategies)
