@@ -45,6 +45,7 @@ from ir.kernel_calibration import GemmPoint, KernelCalibration, MemoryKernelPoin
 
 from cost_models import clusters
 from cost_models.gemm_efficiency import gemm_shape_efficiency
+from cost_models.host_probes import host_op_seconds_by_pass
 
 MiB = 2**20
 GiB = 2**30
@@ -62,8 +63,19 @@ CUDA_GEMM_SHAPES = list(dict.fromkeys(  # in order, each shape once (8192^3 is i
 CUDA_GEMM_DTYPES = ("bfloat16", "float16", "float32", "tf32")
 # CPU (one thread): sizes the zoo's tiny models use. float16 left out: torch 2.13's CPU
 # matmul has no fast fp16 path (measured here: 2.7 GFLOP/s against 464 for bf16 at 512^3).
-CPU_GEMM_SHAPES = [(d, d, d) for d in (64, 128, 256, 512)] + [(256, 768, 256), (256, 256, 1024),
-                                                             (1, 512, 512), (16, 512, 512)]
+# The zoo's layers run skinny products (their kernel records, bench_kernel_model.py,
+# 2026-11-24): m = tokens or samples 1..4096, n and k = widths, channels or (weight
+# gradients) tokens 1..512. A log-4 grid over that range keeps each zoo GEMM within 2x of
+# a measured shape per dimension, not matched to squares. Shapes under CPU_GEMM_MIN_FLOPS
+# are left out: their time is mostly the op's dispatch (~2-5 us here), which the model
+# charges per op already (op_overhead_s); 2^20 FLOPs is ~10 us at 100 GFLOP/s.
+CPU_GEMM_MIN_FLOPS = 2**20
+CPU_ZOO_GEMM_SHAPES = [(m, n, k) for m in (2, 8, 32, 128, 512, 2048) for n in (2, 8, 32, 128, 512)
+                       for k in (2, 8, 32, 128, 512) if 2 * m * n * k >= CPU_GEMM_MIN_FLOPS]
+CPU_GEMM_SHAPES = list(dict.fromkeys(
+    [(d, d, d) for d in (64, 128, 256, 512)] + [(256, 768, 256), (256, 256, 1024),
+                                                (1, 512, 512), (16, 512, 512)]
+    + CPU_ZOO_GEMM_SHAPES))
 CPU_GEMM_DTYPES = ("float32", "bfloat16")
 # Memory-bound kernels: bytes of the main tensor (GPU: from L2-sized to HBM-sized; the
 # H100's L2 is 50 MB, KINDS.md), rows of `ROW_ELEMENTS` for the row-wise kernels.
@@ -386,13 +398,16 @@ def _preset_for(device_name: str, memory_bytes: int) -> str | None:
     return None
 
 
-def measure(device: str, quick: bool = False, progress=None) -> KernelCalibration:
-    """All probes on `device`; CPU on one thread (as local processes run)."""
+def measure(device: str, quick: bool = False, progress=None,
+            extra_gemm_shapes=()) -> KernelCalibration:
+    """All probes on `device`; CPU on one thread (as local processes run). GEMMs run the
+    device's grid plus `extra_gemm_shapes` ((m, n, k) a model runs: measured exactly)."""
     import torch
 
     check_device(device)
     cpu = device == "cpu"
     gemm_shapes = CPU_GEMM_SHAPES if cpu else QUICK_CUDA_GEMM_SHAPES if quick else CUDA_GEMM_SHAPES
+    gemm_shapes = list(dict.fromkeys([*gemm_shapes, *map(tuple, extra_gemm_shapes)]))
     with clusters._one_thread() if cpu else contextlib.nullcontext():
         dtypes = supported_gemm_dtypes(device, CPU_GEMM_DTYPES if cpu else CUDA_GEMM_DTYPES)
         host_s, device_s = probe_launch(device)
@@ -430,6 +445,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
     for p in cal.gemm:
         best[p.dtype] = max(best.get(p.dtype, 0.0), p.flop_per_s)
     if device == "cpu":
+        host = host_op_seconds_by_pass("cpu")  # forward and backward per-op, apart
         return ClusterSpec(
             name=name, device="cpu", num_nodes=1, devices_per_node=1,
             device_memory_bytes=clusters.total_memory_bytes(),
@@ -438,11 +454,14 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             intra_node_latency_s=clusters.LOCAL_GLOO_LATENCY_S,
             inter_node_latency_s=clusters.LOCAL_GLOO_LATENCY_S,
             runtime_overhead_bytes=clusters.LOCAL_RUNTIME_OVERHEAD_BYTES, matmul_efficiency=1.0,
-            op_overhead_s=clusters.measure_op_overhead_s(),
+            op_overhead_s=host.forward_s, backward_op_overhead_s=host.backward_s,
             dtensor_op_overhead_s=clusters.LOCAL_DTENSOR_OP_OVERHEAD_S,
             random_element_s=clusters.measure_random_element_s(),
             host_cores=clusters.host_cores(), kernel_calibration=cal,
-            notes=f"planner profile-device --device cpu: {cal.measured_on}; peak FLOP/s = best "
+            notes=f"planner profile-device --device cpu: {cal.measured_on}; per-op host "
+                  f"forward {host.forward_s * 1e6:.2f} us (spread {host.forward_spread:.0%}), "
+                  f"backward {host.backward_s * 1e6:.2f} us (spread "
+                  f"{host.backward_spread:.0%}); peak FLOP/s = best "
                   "measured GEMM per dtype; links and DTensor overhead guessed (run "
                   "`planner profile-cluster` to measure them)")
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -467,9 +486,9 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
 
 
 def profile_device(device: str, quick: bool = False, name: str | None = None,
-                   progress=None) -> tuple[ClusterSpec, KernelCalibration]:
+                   progress=None, extra_gemm_shapes=()) -> tuple[ClusterSpec, KernelCalibration]:
     """Measure `device` and return (spec, the tables in it)."""
-    cal = measure(device, quick=quick, progress=progress)
+    cal = measure(device, quick=quick, progress=progress, extra_gemm_shapes=extra_gemm_shapes)
     return spec_from_calibration(device, cal, name or f"{device}-profiled"), cal
 
 

@@ -4,6 +4,7 @@ and the h100-80g preset carries the committed H100 measurement."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -171,3 +172,48 @@ def test_h100_preset_carries_the_committed_measurement():
 def test_seconds_per_call_times_a_known_wait():
     seconds = pd.seconds_per_call(lambda i: time.sleep(0.002), "cpu")
     assert 0.002 <= seconds < 0.05
+
+
+@pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny", "cnn-small", "dlrm-small"])
+def test_cpu_gemm_grid_covers_the_zoo_shapes_within_2x(model):
+    """Every GEMM a zoo layer runs at micro-batches 1 and 16 with at least
+    CPU_GEMM_MIN_FLOPS has a CPU table shape within 2x in each of m, n, k (so
+    `nearest_gemm` never prices a skinny product as a square)."""
+    import math
+
+    import torch
+
+    from cost_models.kernel_time import _token_scaled_gemm
+    from ir.kernel_records import KernelKind
+    from planner.models import load_layer_graph
+
+    for micro_batch in (1, 16):
+        graph = load_layer_graph(model, micro_batch=micro_batch, dtype=torch.float32)
+        tokens = graph.micro_batch * (graph.seq_len or 1)
+        for layer in graph.layers:
+            for record in (layer.kernels.forward + layer.kernels.backward) if layer.kernels else ():
+                if record.kind is not KernelKind.GEMM:
+                    continue
+                m, n, k = _token_scaled_gemm(record.shape, 1.0, tokens, 1.0)
+                if 2 * m * n * k < pd.CPU_GEMM_MIN_FLOPS:
+                    continue  # dispatch-bound: priced by the per-op overhead, not a rate
+                assert any(all(abs(math.log2(a / b)) <= 1.0 for a, b in zip((m, n, k), shape))
+                           for shape in pd.CPU_GEMM_SHAPES), (model, layer.name, (m, n, k))
+
+
+def test_gemm_rate_between_two_grid_shapes_is_their_geometric_mean():
+    """(512, 64, 64) lies halfway in log2 between measured (512, 32, 64) at 1e10 FLOP/s
+    and (512, 128, 64) at 4e10: both are equally near, so the rate is sqrt(1e10 * 4e10) =
+    2e10 (the log-space midpoint), not whichever point sorts first. A measured shape reads
+    its own rate."""
+    from ir.kernel_calibration import GemmPoint, KernelCalibration
+
+    cal = KernelCalibration(measured_on="test", gemm=(
+        GemmPoint(512, 32, 64, "float32", 1e10), GemmPoint(512, 128, 64, "float32", 4e10),
+        GemmPoint(4096, 4096, 4096, "float32", 9e10)))
+    assert cal.gemm_flop_per_s(512, 64, 64, "float32") == pytest.approx(2e10)
+    assert cal.gemm_flop_per_s(512, 128, 64, "float32") == 4e10
+    assert cal.gemm_flop_per_s(512, 64, 64, "bfloat16") is None
+    spec = dataclasses.replace(get_cluster("local"), peak_flops_by_dtype=(("float32", 1e11),),
+                               kernel_calibration=cal)
+    assert pd.gemm_efficiency(spec, 512, 64, 64, "float32") == pytest.approx(0.2)
