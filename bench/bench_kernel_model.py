@@ -75,8 +75,10 @@ def gemm_shapes(graphs) -> list[tuple[int, int, int]]:
         tokens = graph.micro_batch * (graph.seq_len or 1)
         for layer in graph.layers:
             for r in (layer.kernels.forward + layer.kernels.backward) if layer.kernels else ():
+                if r.kind is not KernelKind.GEMM:
+                    continue
                 mnk = _token_scaled_gemm(r.shape, 1.0, tokens, 1.0)
-                if r.kind is KernelKind.GEMM and 2 * math.prod(mnk) >= CPU_GEMM_MIN_FLOPS:
+                if 2 * math.prod(mnk) >= CPU_GEMM_MIN_FLOPS:
                     shapes[mnk] = None  # smaller ones time the dispatch (see the constant)
     return list(shapes)
 

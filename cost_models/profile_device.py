@@ -41,7 +41,8 @@ from collections.abc import Callable
 
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
-from ir.kernel_calibration import GemmPoint, KernelCalibration, MemoryKernelPoint, SdpaPoint
+from ir.kernel_calibration import (GemmPoint, KernelCalibration, MemoryKernelPoint, SdpaPoint,
+                                   fastest_points)
 
 from cost_models import clusters
 from cost_models.gemm_efficiency import gemm_shape_efficiency
@@ -61,14 +62,12 @@ CUDA_GEMM_SHAPES = list(dict.fromkeys(  # in order, each shape once (8192^3 is i
     + [(8192, 14336, 4096)] + [(m, 8192, 8192) for m in (1, 16, 128, 1024)]))
 # float32 is IEEE FP32 (matmul precision "highest"); tf32 is the same call at "high".
 CUDA_GEMM_DTYPES = ("bfloat16", "float16", "float32", "tf32")
-# CPU (one thread): sizes the zoo's tiny models use. float16 left out: torch 2.13's CPU
-# matmul has no fast fp16 path (measured here: 2.7 GFLOP/s against 464 for bf16 at 512^3).
-# The zoo's layers run skinny products (their kernel records, bench_kernel_model.py,
-# 2026-11-24): m = tokens or samples 1..4096, n and k = widths, channels or (weight
-# gradients) tokens 1..512. A log-4 grid over that range keeps each zoo GEMM within 2x of
-# a measured shape per dimension, not matched to squares. Shapes under CPU_GEMM_MIN_FLOPS
-# are left out: their time is mostly the op's dispatch (~2-5 us here), which the model
-# charges per op already (op_overhead_s); 2^20 FLOPs is ~10 us at 100 GFLOP/s.
+# CPU (one thread): float16 left out, torch 2.13's CPU matmul has no fast fp16 path
+# (measured here: 2.7 GFLOP/s against 464 for bf16 at 512^3).
+# Zoo layers run skinny products (kernel records of bench_kernel_model.py's models): m =
+# tokens/samples 1..4096, n, k = widths, channels or (weight grads) tokens 1..512; a log-4
+# grid keeps each within 2x of a measured shape per dimension. Shapes under 2^20 FLOPs
+# (~10 us at 100 GFLOP/s) time mostly the op's dispatch, charged per op already: left out.
 CPU_GEMM_MIN_FLOPS = 2**20
 CPU_ZOO_GEMM_SHAPES = [(m, n, k) for m in (2, 8, 32, 128, 512, 2048) for n in (2, 8, 32, 128, 512)
                        for k in (2, 8, 32, 128, 512) if 2 * m * n * k >= CPU_GEMM_MIN_FLOPS]
@@ -417,9 +416,13 @@ def measure(device: str, quick: bool = False, progress=None,
             probe_sustained_gemm(device, seconds=PREHEAT_S / 5 if quick else PREHEAT_S,
                                  progress=progress)
         gemm = probe_gemm(device, gemm_shapes, dtypes, progress)
+        if cpu:  # a second pass, reversed: one slow spell of a shared host no longer decides
+            gemm = fastest_points(gemm, probe_gemm(device, gemm_shapes[::-1], dtypes, progress))
         memory_dtype = "float32" if cpu else "bfloat16"
         sizes = CPU_MEMORY_BYTES if cpu else CUDA_MEMORY_BYTES[:2] if quick else CUDA_MEMORY_BYTES
         memory = probe_memory(device, sizes, memory_dtype, progress)
+        if cpu:
+            memory = fastest_points(memory, probe_memory(device, sizes[::-1], memory_dtype))
         sdpa_shapes = CPU_SDPA_SHAPES if cpu else CUDA_SDPA_SHAPES[:1] if quick else CUDA_SDPA_SHAPES
         sdpa = probe_sdpa(device, sdpa_shapes, CPU_SDPA_DTYPE if cpu else CUDA_SDPA_DTYPE, progress)
     name = (platform.processor() or platform.machine()) if cpu else torch.cuda.get_device_name()
@@ -458,10 +461,9 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             dtensor_op_overhead_s=clusters.LOCAL_DTENSOR_OP_OVERHEAD_S,
             random_element_s=clusters.measure_random_element_s(),
             host_cores=clusters.host_cores(), kernel_calibration=cal,
-            notes=f"planner profile-device --device cpu: {cal.measured_on}; per-op host "
-                  f"forward {host.forward_s * 1e6:.2f} us (spread {host.forward_spread:.0%}), "
-                  f"backward {host.backward_s * 1e6:.2f} us (spread "
-                  f"{host.backward_spread:.0%}); peak FLOP/s = best "
+            notes=f"planner profile-device --device cpu: {cal.measured_on}; per-op host fwd "
+                  f"{host.forward_s * 1e6:.2f} us ({host.forward_spread:.0%} spread), bwd "
+                  f"{host.backward_s * 1e6:.2f} us ({host.backward_spread:.0%}); peak FLOP/s = best "
                   "measured GEMM per dtype; links and DTensor overhead guessed (run "
                   "`planner profile-cluster` to measure them)")
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -492,7 +494,6 @@ def profile_device(device: str, quick: bool = False, name: str | None = None,
     return spec_from_calibration(device, cal, name or f"{device}-profiled"), cal
 
 
-# ---- reading the table back -------------------------------------------------------------
-
-# `gemm_efficiency(spec, m, n, k, dtype)`: one definition, shared with the kernel time model.
+# Reading the table back, `gemm_efficiency(spec, m, n, k, dtype)`: one definition, shared
+# with the kernel time model.
 gemm_efficiency = gemm_shape_efficiency

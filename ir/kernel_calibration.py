@@ -254,3 +254,24 @@ def _row(kind, where: str, item: Any):
         raise PlannerError(f"{where}: {exc}") from None
     except PlannerError as exc:
         raise PlannerError(f"{where}: {exc}") from None
+
+
+def fastest_points(*passes):
+    """Per measured point (same shape or kernel, dtype and size), the fastest of several
+    passes over one grid, in the first pass's order. On a shared host, other processes
+    only ever slow a kernel down, so the fastest reading is the least disturbed one (the
+    rule of Python's `timeit` docs: "the lowest value gives a lower bound for how fast
+    your machine can run the given code snippet")."""
+    def key(p):
+        return tuple(getattr(p, f.name) for f in dataclasses.fields(p)
+                     if f.name not in ("flop_per_s", "gbps"))
+
+    def rate(p):
+        return p.flop_per_s if isinstance(p, GemmPoint) else p.gbps
+
+    best = {}
+    for points in passes:
+        for p in points:
+            if key(p) not in best or rate(p) > rate(best[key(p)]):
+                best[key(p)] = p
+    return [best[key(p)] for p in passes[0]]

@@ -41,6 +41,9 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     spec = ClusterSpec.load(cpu_spec_path)
     cal = spec.kernel_calibration
     assert spec.device == "cpu" and spec.host_bound and spec.matmul_efficiency == 1.0
+    # Forward and backward per-op host costs, measured apart, with their spread noted.
+    assert 0 < spec.op_overhead_s < 1e-3 and 0 < spec.backward_op_overhead_s < 1e-3
+    assert f"bwd {spec.backward_op_overhead_s * 1e6:.2f} us" in spec.notes and "spread" in spec.notes
     # Every grid shape once per CPU dtype, at a plausible rate for one core (0.1 GFLOP/s to
     # 10 TFLOP/s: a unit slip of 1e3 either way lands outside).
     shapes = {(p.m, p.n, p.k) for p in cal.gemm}
@@ -217,3 +220,18 @@ def test_gemm_rate_between_two_grid_shapes_is_their_geometric_mean():
     spec = dataclasses.replace(get_cluster("local"), peak_flops_by_dtype=(("float32", 1e11),),
                                kernel_calibration=cal)
     assert pd.gemm_efficiency(spec, 512, 64, 64, "float32") == pytest.approx(0.2)
+
+
+def test_fastest_points_keeps_the_least_disturbed_reading_per_point():
+    """Two passes over one grid: per point the higher rate wins (a shared host only slows
+    kernels down), in the first pass's order; points differ by shape, kernel and size."""
+    from ir.kernel_calibration import GemmPoint, MemoryKernelPoint, fastest_points
+
+    first = [GemmPoint(64, 64, 64, "float32", 5e10), GemmPoint(8, 8, 512, "float32", 1e9)]
+    second = [GemmPoint(8, 8, 512, "float32", 3e9), GemmPoint(64, 64, 64, "float32", 2e10)]
+    assert fastest_points(first, second) == [first[0], second[0]]
+    copy_a = [MemoryKernelPoint("copy", "float32", 2**20, 20.0),
+              MemoryKernelPoint("copy", "float32", 2**25, 10.0)]
+    copy_b = [MemoryKernelPoint("copy", "float32", 2**25, 40.0),
+              MemoryKernelPoint("copy", "float32", 2**20, 15.0)]
+    assert fastest_points(copy_a, copy_b) == [copy_a[0], copy_b[0]]
