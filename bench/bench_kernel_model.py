@@ -5,9 +5,11 @@ layer forward and backward on the CPU (`cost_models.layer_profile.profile_graph`
 median of repeats after warm-up, on ONE thread), and predict the same layer with the
 compute model (`cost_models.compute.layer_compute`: the kernel sum of
 `cost_models.kernel_time` plus the host's per-op dispatch, which on CPU processes adds)
-on a spec measured here by `profile_device("cpu")`. Columns: predicted and measured
+on a spec measured here by `profile_device("cpu")`, whose GEMM table also measures
+exactly the (m, n, k) the benched layers run (read off their kernel records). Columns: predicted and measured
 milliseconds, the error (predicted / measured - 1), and the prediction's two parts:
-kernels (device seconds of the kernel sum) and host (ops x `op_overhead_s`).
+kernels (device seconds of the kernel sum) and host (forward ops x `op_overhead_s`,
+backward ops x `backward_op_overhead_s`).
 
 Target (issue 17): every layer within 15%; the bench exits 1 otherwise. Timings taken on
 a loaded machine are noise: re-measure on a quiet one before reading the errors.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -33,9 +36,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cost_models.common import StepConfig  # noqa: E402
 from cost_models.compute import host_op_seconds, layer_compute  # noqa: E402
-from cost_models.kernel_time import layer_kernel_seconds  # noqa: E402
+from cost_models.kernel_time import _token_scaled_gemm, layer_kernel_seconds  # noqa: E402
 from cost_models.layer_profile import profile_graph  # noqa: E402
-from cost_models.profile_device import profile_device  # noqa: E402
+from cost_models.profile_device import CPU_GEMM_MIN_FLOPS, profile_device  # noqa: E402
+from ir.kernel_records import KernelKind  # noqa: E402
 from ir.measure import layer_graph_from_trace  # noqa: E402
 from ir.strategy import LayerStrategy, Precision  # noqa: E402
 from ir.trace import trace  # noqa: E402
@@ -54,13 +58,34 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                        "kernel_model.json")
 
 
-def measure_model(model: str, micro_batch: int, spec, warmup: int, repeats: int) -> list[dict]:
-    """One row per unique layer: predicted and measured seconds, forward and backward."""
+def traced_graph(model: str, micro_batch: int):
+    """(layer graph, measurer) of a zoo model at this micro-batch, fp32."""
     loaded = load_model(model, micro_batch, None, device="meta")
     traced = trace(loaded.module, loaded.inputs, loaded.target, loaded.loss_fn,
                    dtype=torch.float32)
-    graph, measurer = layer_graph_from_trace(traced, loaded.inputs, loaded.target,
-                                             name=loaded.name, dtype=torch.float32)
+    return layer_graph_from_trace(traced, loaded.inputs, loaded.target, name=loaded.name,
+                                  dtype=torch.float32)
+
+
+def gemm_shapes(graphs) -> list[tuple[int, int, int]]:
+    """Every (m, n, k) the graphs' GEMM kernels run, as the time model reads them (the
+    profile then measures exactly these, beside its grid)."""
+    shapes = {}
+    for graph in graphs:
+        tokens = graph.micro_batch * (graph.seq_len or 1)
+        for layer in graph.layers:
+            for r in (layer.kernels.forward + layer.kernels.backward) if layer.kernels else ():
+                if r.kind is not KernelKind.GEMM:
+                    continue
+                mnk = _token_scaled_gemm(r.shape, 1.0, tokens, 1.0)
+                if 2 * math.prod(mnk) >= CPU_GEMM_MIN_FLOPS:
+                    shapes[mnk] = None  # smaller ones time the dispatch (see the constant)
+    return list(shapes)
+
+
+def measure_model(model: str, micro_batch: int, graph, measurer, spec, warmup: int,
+                  repeats: int) -> list[dict]:
+    """One row per unique layer: predicted and measured seconds, forward and backward."""
     measured = {m["structural_hash"]: m for m in
                 profile_graph(graph, measurer, "cpu", warmup=warmup, repeats=repeats)}
     config = StepConfig(micro_batch=micro_batch, graph_micro_batch=graph.micro_batch,
@@ -73,12 +98,11 @@ def measure_model(model: str, micro_batch: int, spec, warmup: int, repeats: int)
             continue
         predicted = layer_compute(layer, LayerStrategy(), spec, config)
         kernels = layer_kernel_seconds(layer.kernels, spec, config)
-        op_s = host_op_seconds(spec, False)
-        for phase, pred_s, meas_s, kernel_s, ops in (
+        for phase, pred_s, meas_s, kernel_s, ops, op_s in (
                 ("fwd", predicted.forward_s, m["forward_seconds"], kernels.forward.total_s,
-                 layer.ops_fwd),
+                 layer.ops_fwd, host_op_seconds(spec, False)),
                 ("bwd", predicted.backward_s, m["backward_seconds"], kernels.backward.total_s,
-                 layer.ops_bwd)):
+                 layer.ops_bwd, host_op_seconds(spec, False, backward=True))):
             rows.append({"model": model, "layer": layer.name, "kind": layer.kind,
                          "micro_batch": micro_batch, "phase": phase,
                          "predicted_s": pred_s, "measured_s": meas_s,
@@ -97,12 +121,13 @@ def main() -> int:
     batches = QUICK_MICRO_BATCHES if args.quick else MICRO_BATCHES
     warmup, repeats = (QUICK_WARMUP, QUICK_REPEATS) if args.quick else (WARMUP, REPEATS)
     start = time.perf_counter()
-    spec, _ = profile_device("cpu", quick=args.quick)
+    graphs = {(model, mb): traced_graph(model, mb) for model in models for mb in batches}
+    spec, _ = profile_device("cpu", quick=args.quick, extra_gemm_shapes=gemm_shapes(
+        graph for graph, _ in graphs.values()))
     torch.set_num_threads(1)
     rows = []
-    for model in models:
-        for micro_batch in batches:
-            rows.extend(measure_model(model, micro_batch, spec, warmup, repeats))
+    for (model, micro_batch), (graph, measurer) in graphs.items():
+        rows.extend(measure_model(model, micro_batch, graph, measurer, spec, warmup, repeats))
     print(table(["model", "layer", "batch", "pass", "predicted ms", "measured ms", "error",
                  "kernels ms", "host ms"],
                 [[r["model"], r["layer"], r["micro_batch"], r["phase"],
@@ -114,19 +139,23 @@ def main() -> int:
     load = os.getloadavg()[0]
     print(f"\n{len(rows)} layer passes; median |error| {errors[len(errors) // 2]:.0%}, worst "
           f"{errors[-1]:.0%}; {len(missed)} over {TARGET_ERROR:.0%}. Spec: op_overhead "
-          f"{spec.op_overhead_s * 1e6:.2f} us/op, {spec.hbm_gbps:.1f} GB/s, "
+          f"{spec.op_overhead_s * 1e6:.2f} us/op forward, {spec.backward_host_op_s * 1e6:.2f} "
+          f"backward, {spec.hbm_gbps:.1f} GB/s, "
           f"{spec.peak_flops('float32') / 1e9:.1f} GFLOP/s fp32. Load average {load:.1f} "
           f"({time.perf_counter() - start:.0f} s).")
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
         json.dump({"bench": "kernel_model", "quick": args.quick, "host": platform.node(),
                    "load_average_1min": load, "target_error": TARGET_ERROR,
-                   "spec": {"op_overhead_s": spec.op_overhead_s, "hbm_gbps": spec.hbm_gbps,
+                   "spec": {"op_overhead_s": spec.op_overhead_s,
+                            "backward_op_overhead_s": spec.backward_op_overhead_s,
+                            "notes": spec.notes, "hbm_gbps": spec.hbm_gbps,
                             "peak_flops_float32": spec.peak_flops("float32"),
                             "random_element_s": spec.random_element_s,
                             "measured_on": spec.kernel_calibration.measured_on},
                    "median_abs_error": errors[len(errors) // 2], "max_abs_error": errors[-1],
                    "rows": rows}, f, indent=2)
+    print(f"Spec notes: {spec.notes}")
     print(f"wrote {RESULTS}")
     return 1 if missed else 0
 

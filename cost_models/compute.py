@@ -14,8 +14,11 @@ on 3n^2 elements, so n = 3 * e * (FLOPs / bytes) / 2 for e-byte elements. Effici
 saturates as n / (n + n_half) up to the device's best measured fraction of peak
 (`cost_models.gemm_efficiency`).
 
-Host overhead: every dispatched ATen op costs the framework `op_overhead_s` on the host,
-plus `dtensor_op_overhead_s` when it runs on DTensors (tensor-parallel layers). On CPU
+Host overhead: every dispatched ATen op costs the framework `op_overhead_s` on the host
+in forward (Python modules dispatch it) and `ClusterSpec.backward_host_op_s` in backward
+(autograd's C++ engine dispatches it: `backward_op_overhead_s`, measured apart by
+`cost_models.host_probes.host_op_seconds_by_pass`; specs without it fall back to
+`op_overhead_s`), plus `dtensor_op_overhead_s` when it runs on DTensors (tensor-parallel layers). On CPU
 processes this adds to the op's work; on GPUs kernels queue asynchronously, so a layer
 takes max(device time, host time) (the "overhead-bound" regime of small layers). CPU
 processes sharing fewer cores stretch by `ClusterSpec.host_share`.
@@ -139,9 +142,11 @@ def tp_module_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpe
     return len(layer.tp_candidates) * cluster.calibration.tp_module_seconds(strategy.tp)
 
 
-def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool) -> float:
-    """Framework seconds per dispatched op."""
-    return cluster.op_overhead_s + (cluster.dtensor_op_overhead_s if on_dtensors else 0.0)
+def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool, backward: bool = False) -> float:
+    """Framework seconds per dispatched op: forward ops at `op_overhead_s`, backward ops
+    (`backward=True`) at `ClusterSpec.backward_host_op_s`, DTensor ops the extra on top."""
+    base = cluster.backward_host_op_s if backward else cluster.op_overhead_s
+    return base + (cluster.dtensor_op_overhead_s if on_dtensors else 0.0)
 
 
 def with_host(device_s: float, host_s: float, cluster: ClusterSpec) -> float:
@@ -167,10 +172,13 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     """Forward, backward and recompute seconds of one layer for one micro-batch."""
     share = tp_compute_fraction(layer, strategy)
     measured = profile.lookup(layer) if profile is not None else None
-    op_s = host_op_seconds(cluster, runs_on_dtensors(layer, strategy))
+    on_dtensors = runs_on_dtensors(layer, strategy)
+    op_s = host_op_seconds(cluster, on_dtensors)
+    backward_op_s = host_op_seconds(cluster, on_dtensors, backward=True)
     if measured is not None:  # a measured layer already paid the plain per-op overhead
         scale = config.micro_batch / measured.micro_batch * share
         op_s -= cluster.op_overhead_s
+        backward_op_s -= cluster.backward_host_op_s
         forward_s = measured.forward_seconds * scale
         backward_s = measured.backward_seconds * scale
     else:
@@ -182,7 +190,7 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     unit_s = (dp_unit_seconds(layer, strategy, cluster, config)
               + tp_module_seconds(layer, strategy, cluster)) / 2  # half in each pass
     forward_s = with_host(forward_s, layer.ops_fwd * op_s, cluster) + unit_s
-    backward_s = with_host(backward_s, layer.ops_bwd * op_s, cluster) + unit_s
+    backward_s = with_host(backward_s, layer.ops_bwd * backward_op_s, cluster) + unit_s
     if strategy.checkpoint is Checkpoint.FULL:
         recompute_s = forward_s
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.kernels is not None:

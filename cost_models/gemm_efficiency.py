@@ -47,8 +47,9 @@ def gemm_efficiency(dim, device: str, max_efficiency: float | None = None):
 def gemm_shape_efficiency(spec: ClusterSpec, m: int, n: int, k: int, dtype: str) -> float:
     """Fraction of `spec.peak_flops(dtype)` an (m x k) @ (k x n) GEMM reaches.
 
-    Measured: the nearest GEMM of that dtype in the spec's table (log-shape distance,
-    `KernelCalibration.nearest_gemm`), its FLOP/s over the peak, at most 1. Analytic
+    Measured: the nearest GEMM of that dtype in the spec's table (log-shape distance;
+    equally near shapes averaged geometrically, `KernelCalibration.gemm_flop_per_s`), its
+    FLOP/s over the peak, at most 1. Analytic
     default: `gemm_efficiency` at the edge of the square GEMM of equal arithmetic
     intensity, 2mnk / (mk + kn + mn) elements = 2e/3 for an e^3 product, so
     e = 3mnk / (mk + kn + mn) (the same equivalence compute.py uses for whole layers).
@@ -59,8 +60,8 @@ def gemm_shape_efficiency(spec: ClusterSpec, m: int, n: int, k: int, dtype: str)
                                f"got {(m, n, k)}")
     peak = spec.peak_flops(dtype)
     cal = spec.kernel_calibration
-    point = cal.nearest_gemm(m, n, k, dtype) if cal is not None else None
-    if point is not None:
-        return min(1.0, point.flop_per_s / peak)
+    rate = cal.gemm_flop_per_s(m, n, k, dtype) if cal is not None else None
+    if rate is not None:
+        return min(1.0, rate / peak)
     edge = 3.0 * m * n * k / (m * k + k * n + m * n)
     return gemm_efficiency(edge, spec.device, spec.matmul_efficiency)

@@ -1,5 +1,10 @@
 """Timing what the framework adds on the host, inside a process group `profile-cluster`
-spawned (CPU processes: each figure holds the ranks' sharing of the cores).
+spawned (CPU processes: each figure holds the ranks' sharing of the cores), and per pass
+on one process (`host_op_seconds_by_pass`, also run by `planner profile-device`).
+
+  op_overhead_s / backward_op_overhead_s   seconds per ATen op in forward (Python
+                            modules dispatch each op) and in backward (autograd's C++
+                            engine dispatches them), timed apart on one thread;
 
   dtensor_op_overhead_s     extra seconds per op on replicated DTensors (rank 0 alone);
   optimizer_tensor_seconds  seconds per parameter tensor of an optimizer step + zero_grad;
@@ -16,10 +21,90 @@ from __future__ import annotations
 import statistics
 import time
 
+from dataclasses import dataclass
+
 from ir.calibration_tables import OptimizerStepCost
 from ir.strategy import DPMode
 
 OP_OVERHEAD_WIDTH_TP = 8  # TP measurement width per rank (the width must split evenly)
+
+# Per-pass op probe: a chain of HOST_OP_CHAIN_BLOCKS tiny blocks (`clusters._overhead_block`,
+# 2 x 8 activations: a few hundred FLOPs per op, nanoseconds of kernel, so what is timed is
+# dispatch). A run is one forward then one backward, each timed; a round sums
+# HOST_OP_RUNS_PER_ROUND runs (tens of milliseconds of work, far above the clock's
+# resolution); the figure is the median round of HOST_OP_ROUNDS, the spread (max - min) /
+# median over rounds says how steady the machine was.
+HOST_OP_CHAIN_BLOCKS = 8
+HOST_OP_RUNS_PER_ROUND = 50
+HOST_OP_ROUNDS = 11
+HOST_OP_WARMUP_RUNS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class HostOpCost:
+    """Host seconds per dispatched op in each pass, and the relative spread of rounds."""
+
+    forward_s: float
+    backward_s: float
+    forward_spread: float
+    backward_spread: float
+    forward_ops: int
+    backward_ops: int
+
+
+def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
+    """Seconds per ATen op of a tiny chain's forward (grad enabled, as training runs it)
+    and, apart, of its backward (`loss.backward()`: autograd's engine dispatches every
+    backward op from C++). Ops are counted per pass with `ir.op_count.count_ops`, the
+    counter that gives `Layer.ops_fwd` / `ops_bwd`, so the two figures price those counts.
+    One thread; forward and backward alternate within each run, so a slow spell of a
+    shared machine hits both."""
+    import torch
+    from torch import nn
+
+    from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
+    from ir.op_count import count_ops
+
+    with _one_thread():
+        chain = nn.Sequential(*[_overhead_block() for _ in range(HOST_OP_CHAIN_BLOCKS)]).to(device)
+        x = torch.randn(2, OP_OVERHEAD_WIDTH, device=device)
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        holder = {}
+
+        def forward():
+            holder["loss"] = chain(x).sum()
+
+        def backward():
+            holder.pop("loss").backward()
+
+        for _ in range(HOST_OP_WARMUP_RUNS):
+            forward()
+            backward()
+        forward_ops = count_ops(forward)
+        backward_ops = count_ops(backward)
+        chain.zero_grad(set_to_none=True)
+        forward_rounds, backward_rounds = [], []
+        for _ in range(HOST_OP_ROUNDS):
+            forward_s = backward_s = 0.0
+            for _ in range(HOST_OP_RUNS_PER_ROUND):
+                start = time.perf_counter()
+                forward()
+                sync()
+                mid = time.perf_counter()
+                backward()
+                sync()
+                forward_s += mid - start
+                backward_s += time.perf_counter() - mid
+            forward_rounds.append(forward_s / HOST_OP_RUNS_PER_ROUND / max(forward_ops, 1))
+            backward_rounds.append(backward_s / HOST_OP_RUNS_PER_ROUND / max(backward_ops, 1))
+
+    def spread(rounds) -> float:
+        mid = statistics.median(rounds)
+        return (max(rounds) - min(rounds)) / mid if mid > 0 else 0.0
+
+    return HostOpCost(statistics.median(forward_rounds), statistics.median(backward_rounds),
+                      spread(forward_rounds), spread(backward_rounds), forward_ops,
+                      backward_ops)
 
 
 def dtensor_op_overhead_s(device, mesh) -> float:

@@ -32,7 +32,7 @@ from ir.errors import PlannerError
 
 from cost_models.clusters import (GPU_RUNTIME_OVERHEAD_BYTES, LOCAL_RUNTIME_OVERHEAD_BYTES,
                                   host_cores, measure_copy_gbps, measure_matmul_flops,
-                                  measure_op_overhead_s, measure_random_element_s,
+                                  measure_random_element_s,
                                   total_memory_bytes)
 from cost_models.collective_fit import (DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, SIZE_FACTOR,
                                         fit_collectives, message_sizes, smaller_group_sizes)
@@ -40,7 +40,8 @@ from cost_models.collective_probes import blocking_seconds, sweep
 from cost_models.cuda_probes import cuda_copy_gbps, cuda_matmul_flops, cuda_op_overhead_s
 from cost_models.host_overhead_fit import blocking_wait, dp_unit_overhead, tp_module_overhead
 from cost_models.host_probes import (dp_unit_seconds, dtensor_op_overhead_s,
-                                     optimizer_tensor_seconds, tp_module_seconds)
+                                     host_op_seconds_by_pass, optimizer_tensor_seconds,
+                                     tp_module_seconds)
 
 PROCESS_GROUP_TIMEOUT_S = 120
 PORT_ATTEMPTS = 3  # fresh localhost ports to try if one is taken between probe and bind
@@ -62,7 +63,8 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
     device, memory, flops, copy_gbps, overhead = _device_info(backend, nproc)
     host_tables = {}
     if backend == "gloo":
-        host = dict(op_overhead_s=measure_op_overhead_s(),
+        per_pass = host_op_seconds_by_pass("cpu")  # forward and backward per-op, apart
+        host = dict(op_overhead_s=per_pass.forward_s, backward_op_overhead_s=per_pass.backward_s,
                     random_element_s=measure_random_element_s(),
                     dtensor_op_overhead_s=float(measured.get("dtensor_op_overhead_s", 0.0)),
                     host_cores=host_cores())

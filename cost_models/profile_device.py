@@ -41,10 +41,12 @@ from collections.abc import Callable
 
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
-from ir.kernel_calibration import GemmPoint, KernelCalibration, MemoryKernelPoint, SdpaPoint
+from ir.kernel_calibration import (GemmPoint, KernelCalibration, MemoryKernelPoint, SdpaPoint,
+                                   fastest_points)
 
 from cost_models import clusters
 from cost_models.gemm_efficiency import gemm_shape_efficiency
+from cost_models.host_probes import host_op_seconds_by_pass
 
 MiB = 2**20
 GiB = 2**30
@@ -60,10 +62,19 @@ CUDA_GEMM_SHAPES = list(dict.fromkeys(  # in order, each shape once (8192^3 is i
     + [(8192, 14336, 4096)] + [(m, 8192, 8192) for m in (1, 16, 128, 1024)]))
 # float32 is IEEE FP32 (matmul precision "highest"); tf32 is the same call at "high".
 CUDA_GEMM_DTYPES = ("bfloat16", "float16", "float32", "tf32")
-# CPU (one thread): sizes the zoo's tiny models use. float16 left out: torch 2.13's CPU
-# matmul has no fast fp16 path (measured here: 2.7 GFLOP/s against 464 for bf16 at 512^3).
-CPU_GEMM_SHAPES = [(d, d, d) for d in (64, 128, 256, 512)] + [(256, 768, 256), (256, 256, 1024),
-                                                             (1, 512, 512), (16, 512, 512)]
+# CPU (one thread): float16 left out, torch 2.13's CPU matmul has no fast fp16 path
+# (measured here: 2.7 GFLOP/s against 464 for bf16 at 512^3).
+# Zoo layers run skinny products (kernel records of bench_kernel_model.py's models): m =
+# tokens/samples 1..4096, n, k = widths, channels or (weight grads) tokens 1..512; a log-4
+# grid keeps each within 2x of a measured shape per dimension. Shapes under 2^20 FLOPs
+# (~10 us at 100 GFLOP/s) time mostly the op's dispatch, charged per op already: left out.
+CPU_GEMM_MIN_FLOPS = 2**20
+CPU_ZOO_GEMM_SHAPES = [(m, n, k) for m in (2, 8, 32, 128, 512, 2048) for n in (2, 8, 32, 128, 512)
+                       for k in (2, 8, 32, 128, 512) if 2 * m * n * k >= CPU_GEMM_MIN_FLOPS]
+CPU_GEMM_SHAPES = list(dict.fromkeys(
+    [(d, d, d) for d in (64, 128, 256, 512)] + [(256, 768, 256), (256, 256, 1024),
+                                                (1, 512, 512), (16, 512, 512)]
+    + CPU_ZOO_GEMM_SHAPES))
 CPU_GEMM_DTYPES = ("float32", "bfloat16")
 # Memory-bound kernels: bytes of the main tensor (GPU: from L2-sized to HBM-sized; the
 # H100's L2 is 50 MB, KINDS.md), rows of `ROW_ELEMENTS` for the row-wise kernels.
@@ -386,13 +397,16 @@ def _preset_for(device_name: str, memory_bytes: int) -> str | None:
     return None
 
 
-def measure(device: str, quick: bool = False, progress=None) -> KernelCalibration:
-    """All probes on `device`; CPU on one thread (as local processes run)."""
+def measure(device: str, quick: bool = False, progress=None,
+            extra_gemm_shapes=()) -> KernelCalibration:
+    """All probes on `device`; CPU on one thread (as local processes run). GEMMs run the
+    device's grid plus `extra_gemm_shapes` ((m, n, k) a model runs: measured exactly)."""
     import torch
 
     check_device(device)
     cpu = device == "cpu"
     gemm_shapes = CPU_GEMM_SHAPES if cpu else QUICK_CUDA_GEMM_SHAPES if quick else CUDA_GEMM_SHAPES
+    gemm_shapes = list(dict.fromkeys([*gemm_shapes, *map(tuple, extra_gemm_shapes)]))
     with clusters._one_thread() if cpu else contextlib.nullcontext():
         dtypes = supported_gemm_dtypes(device, CPU_GEMM_DTYPES if cpu else CUDA_GEMM_DTYPES)
         host_s, device_s = probe_launch(device)
@@ -402,9 +416,13 @@ def measure(device: str, quick: bool = False, progress=None) -> KernelCalibratio
             probe_sustained_gemm(device, seconds=PREHEAT_S / 5 if quick else PREHEAT_S,
                                  progress=progress)
         gemm = probe_gemm(device, gemm_shapes, dtypes, progress)
+        if cpu:  # a second pass, reversed: one slow spell of a shared host no longer decides
+            gemm = fastest_points(gemm, probe_gemm(device, gemm_shapes[::-1], dtypes, progress))
         memory_dtype = "float32" if cpu else "bfloat16"
         sizes = CPU_MEMORY_BYTES if cpu else CUDA_MEMORY_BYTES[:2] if quick else CUDA_MEMORY_BYTES
         memory = probe_memory(device, sizes, memory_dtype, progress)
+        if cpu:
+            memory = fastest_points(memory, probe_memory(device, sizes[::-1], memory_dtype))
         sdpa_shapes = CPU_SDPA_SHAPES if cpu else CUDA_SDPA_SHAPES[:1] if quick else CUDA_SDPA_SHAPES
         sdpa = probe_sdpa(device, sdpa_shapes, CPU_SDPA_DTYPE if cpu else CUDA_SDPA_DTYPE, progress)
     name = (platform.processor() or platform.machine()) if cpu else torch.cuda.get_device_name()
@@ -430,6 +448,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
     for p in cal.gemm:
         best[p.dtype] = max(best.get(p.dtype, 0.0), p.flop_per_s)
     if device == "cpu":
+        host = host_op_seconds_by_pass("cpu")  # forward and backward per-op, apart
         return ClusterSpec(
             name=name, device="cpu", num_nodes=1, devices_per_node=1,
             device_memory_bytes=clusters.total_memory_bytes(),
@@ -438,11 +457,13 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             intra_node_latency_s=clusters.LOCAL_GLOO_LATENCY_S,
             inter_node_latency_s=clusters.LOCAL_GLOO_LATENCY_S,
             runtime_overhead_bytes=clusters.LOCAL_RUNTIME_OVERHEAD_BYTES, matmul_efficiency=1.0,
-            op_overhead_s=clusters.measure_op_overhead_s(),
+            op_overhead_s=host.forward_s, backward_op_overhead_s=host.backward_s,
             dtensor_op_overhead_s=clusters.LOCAL_DTENSOR_OP_OVERHEAD_S,
             random_element_s=clusters.measure_random_element_s(),
             host_cores=clusters.host_cores(), kernel_calibration=cal,
-            notes=f"planner profile-device --device cpu: {cal.measured_on}; peak FLOP/s = best "
+            notes=f"planner profile-device --device cpu: {cal.measured_on}; per-op host fwd "
+                  f"{host.forward_s * 1e6:.2f} us ({host.forward_spread:.0%} spread), bwd "
+                  f"{host.backward_s * 1e6:.2f} us ({host.backward_spread:.0%}); peak FLOP/s = best "
                   "measured GEMM per dtype; links and DTensor overhead guessed (run "
                   "`planner profile-cluster` to measure them)")
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -467,13 +488,12 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
 
 
 def profile_device(device: str, quick: bool = False, name: str | None = None,
-                   progress=None) -> tuple[ClusterSpec, KernelCalibration]:
+                   progress=None, extra_gemm_shapes=()) -> tuple[ClusterSpec, KernelCalibration]:
     """Measure `device` and return (spec, the tables in it)."""
-    cal = measure(device, quick=quick, progress=progress)
+    cal = measure(device, quick=quick, progress=progress, extra_gemm_shapes=extra_gemm_shapes)
     return spec_from_calibration(device, cal, name or f"{device}-profiled"), cal
 
 
-# ---- reading the table back -------------------------------------------------------------
-
-# `gemm_efficiency(spec, m, n, k, dtype)`: one definition, shared with the kernel time model.
+# Reading the table back, `gemm_efficiency(spec, m, n, k, dtype)`: one definition, shared
+# with the kernel time model.
 gemm_efficiency = gemm_shape_efficiency

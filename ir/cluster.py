@@ -37,6 +37,10 @@ from ir.safe_json import parse_json, read_json
 CLUSTER_SCHEMA = "planner.cluster/v1"
 
 SPEC_FIX = "write one with `planner profile-cluster --out spec.json` or use a preset"
+# What a spec without `backward_op_overhead_s` (written before it was measured) charges a
+# backward op: the forward per-op figure, which over-prices autograd's C++ dispatch (the
+# model's behaviour before the field existed).
+BACKWARD_OP_OVERHEAD_FALLBACK = "op_overhead_s"
 # More devices than any cluster has: a spec or flag beyond this is a typo.
 MAX_DEVICES = 2**20
 
@@ -61,6 +65,10 @@ class ClusterSpec:
     # On CPUs they add to the op's work; on GPUs they overlap it (kernels queue ahead).
     op_overhead_s: float = 0.0
     dtensor_op_overhead_s: float = 0.0
+    # Host seconds per ATen op autograd's engine dispatches in backward (from C++, no
+    # Python per op: a fraction of op_overhead_s on CPU). None (specs written before it
+    # was measured): backward ops are charged `op_overhead_s`, see `backward_host_op_s`.
+    backward_op_overhead_s: float | None = None
     # Device seconds per element a random-number op draws (dropout masks) on one CPU
     # thread; 0 where unmeasured (GPUs: memory-bound, priced by bytes).
     random_element_s: float = 0.0
@@ -105,6 +113,10 @@ class ClusterSpec:
             if not is_finite_number(value) or value < 0:
                 raise PlannerError(f"cluster {self.name}: {field} must be a number >= 0, "
                                    f"got {value!r}")
+        if self.backward_op_overhead_s is not None and not (
+                is_finite_number(self.backward_op_overhead_s) and self.backward_op_overhead_s >= 0):
+            raise PlannerError(f"cluster {self.name}: backward_op_overhead_s must be a number "
+                               f">= 0 or absent, got {self.backward_op_overhead_s!r}")
         if not self.peak_flops_by_dtype:
             raise PlannerError(f"cluster {self.name}: peak_flops_by_dtype is empty; give at "
                                "least one dtype, e.g. {\"float32\": 1.95e13}")
@@ -157,6 +169,14 @@ class ClusterSpec:
         known = ", ".join(name for name, _ in self.peak_flops_by_dtype)
         raise PlannerError(f"cluster {self.name} has no peak FLOP/s for {dtype}; it knows "
                            f"{known}: pick a precision it supports or add the dtype to the spec")
+
+    @property
+    def backward_host_op_s(self) -> float:
+        """Host seconds per backward op: the measured `backward_op_overhead_s`, else (a spec
+        without it) the fallback BACKWARD_OP_OVERHEAD_FALLBACK names, `op_overhead_s`."""
+        if self.backward_op_overhead_s is None:
+            return getattr(self, BACKWARD_OP_OVERHEAD_FALLBACK)
+        return self.backward_op_overhead_s
 
     @property
     def offload_known(self) -> bool:
@@ -213,6 +233,8 @@ class ClusterSpec:
         out["peak_flops_by_dtype"] = dict(self.peak_flops_by_dtype)
         del out["calibration"]
         out.update(self.calibration.to_json())
+        if self.backward_op_overhead_s is None:
+            del out["backward_op_overhead_s"]  # unmeasured: read back as the fallback
         if self.kernel_calibration is None:
             del out["kernel_calibration"]  # specs without tables read as before
         else:
@@ -267,6 +289,9 @@ class ClusterSpec:
             if data.get("dp_overlap_efficiency") is not None:
                 data["dp_overlap_efficiency"] = json_number("dp_overlap_efficiency",
                                                         data["dp_overlap_efficiency"])
+            if data.get("backward_op_overhead_s") is not None:
+                data["backward_op_overhead_s"] = json_number("backward_op_overhead_s",
+                                                             data["backward_op_overhead_s"])
             if data.get("kernel_calibration") is not None:
                 data["kernel_calibration"] = KernelCalibration.from_dict(
                     data["kernel_calibration"])

@@ -51,6 +51,11 @@ def _text(where: str, field: str, value: Any) -> None:
         raise PlannerError(f"{where}: {field} must be a non-empty string, got {value!r}")
 
 
+# Two table shapes count as equally near a queried one when their squared log2 distances
+# differ by less than this (float rounding of log2 of integers; a real difference is >= 1e-3).
+GEMM_TIE_LOG2_DISTANCE = 1e-9
+
+
 @dataclass(frozen=True, slots=True)
 class GemmPoint:
     """One measured matmul: (m x k) @ (k x n) in `dtype` ran at `flop_per_s` (2mnk FLOPs)."""
@@ -175,6 +180,26 @@ class KernelCalibration:
 
         return min(points, key=distance)
 
+    def gemm_flop_per_s(self, m: int, n: int, k: int, dtype: str) -> float | None:
+        """FLOP/s of an (m x k) @ (k x n) product of `dtype` read off the table: the
+        measured rate of the nearest shape (`nearest_gemm`'s log-shape distance); where
+        several shapes are equally near (a size halfway, in log2, between two grid
+        points), the geometric mean of their rates, the log-space midpoint. None
+        without a point of that dtype."""
+        nearest = self.nearest_gemm(m, n, k, dtype)
+        if nearest is None:
+            return None
+
+        def distance(p: GemmPoint) -> float:
+            return sum(math.log2(a / b) ** 2 for a, b in ((m, p.m), (n, p.n), (k, p.k)))
+
+        least = distance(nearest)
+        tied = [p.flop_per_s for p in self.gemm
+                if p.dtype == dtype and distance(p) <= least + GEMM_TIE_LOG2_DISTANCE]
+        if len(tied) == 1:
+            return nearest.flop_per_s
+        return math.exp(sum(math.log(rate) for rate in tied) / len(tied))
+
     # ---- JSON ----------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -229,3 +254,24 @@ def _row(kind, where: str, item: Any):
         raise PlannerError(f"{where}: {exc}") from None
     except PlannerError as exc:
         raise PlannerError(f"{where}: {exc}") from None
+
+
+def fastest_points(*passes):
+    """Per measured point (same shape or kernel, dtype and size), the fastest of several
+    passes over one grid, in the first pass's order. On a shared host, other processes
+    only ever slow a kernel down, so the fastest reading is the least disturbed one (the
+    rule of Python's `timeit` docs: "the lowest value gives a lower bound for how fast
+    your machine can run the given code snippet")."""
+    def key(p):
+        return tuple(getattr(p, f.name) for f in dataclasses.fields(p)
+                     if f.name not in ("flop_per_s", "gbps"))
+
+    def rate(p):
+        return p.flop_per_s if isinstance(p, GemmPoint) else p.gbps
+
+    best = {}
+    for points in passes:
+        for p in points:
+            if key(p) not in best or rate(p) > rate(best[key(p)]):
+                best[key(p)] = p
+    return [best[key(p)] for p in passes[0]]

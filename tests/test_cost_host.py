@@ -318,3 +318,58 @@ def test_local_preset_measures_one_thread_op_overhead():
     assert local.host_cores >= 1 and local.host_bound
     assert 0 < local.op_overhead_s == measure_op_overhead_s() < 1e-3
     assert local.host_share == max(1.0, 4 / local.host_cores)
+
+
+def test_backward_ops_are_charged_the_backward_overhead(graph):
+    """Hand computation: the spec charges a forward op 5 us and a backward op 2 us; 2
+    processes on 2 cores do not stretch (host_share 1). So forward adds ops_fwd x 5 us
+    over a spec with no host cost, backward ops_bwd x 2 us (not 5 us); on DTensors
+    (sequence parallel) each backward op adds the 15 us DTensor extra as well."""
+    block, strategy, cfg = graph.layers[1], LayerStrategy(), config(graph)
+    quiet = layer_compute(block, strategy, cpu_spec(op_overhead_s=0.0,
+                                                    backward_op_overhead_s=0.0), cfg)
+    split = layer_compute(block, strategy, cpu_spec(backward_op_overhead_s=2 * US), cfg)
+    assert split.forward_s == pytest.approx(quiet.forward_s + block.ops_fwd * 5 * US)
+    assert split.backward_s == pytest.approx(quiet.backward_s + block.ops_bwd * 2 * US)
+    # A spec without the field (written before it was measured) charges op_overhead_s.
+    legacy = layer_compute(block, strategy, cpu_spec(), cfg)
+    assert legacy.backward_s == pytest.approx(quiet.backward_s + block.ops_bwd * 5 * US)
+    sp = LayerStrategy(tp=2, sequence_parallel=True)
+    assert runs_on_dtensors(block, sp)
+    sp_quiet = layer_compute(block, sp, cpu_spec(op_overhead_s=0.0, dtensor_op_overhead_s=0.0,
+                                                 backward_op_overhead_s=0.0), cfg)
+    sp_split = layer_compute(block, sp, cpu_spec(backward_op_overhead_s=2 * US), cfg)
+    assert sp_split.backward_s == pytest.approx(sp_quiet.backward_s
+                                                + block.ops_bwd * (2 + 15) * US)
+
+
+def test_backward_op_overhead_round_trips_and_old_specs_fall_back():
+    spec = cpu_spec(backward_op_overhead_s=1.5 * US)
+    data = spec.to_dict()
+    assert data["backward_op_overhead_s"] == 1.5 * US
+    again = ClusterSpec.from_json(spec.to_json())
+    assert again == spec and again.backward_host_op_s == 1.5 * US
+    old = cpu_spec()  # no backward figure: not written, read back as the fallback
+    assert "backward_op_overhead_s" not in old.to_dict()
+    legacy = ClusterSpec.from_dict(old.to_dict())
+    assert legacy.backward_op_overhead_s is None and legacy.backward_host_op_s == 5 * US
+    with pytest.raises(PlannerError, match="backward_op_overhead_s must be a number >= 0"):
+        ClusterSpec.from_dict({**data, "backward_op_overhead_s": -1.0})
+    with pytest.raises(PlannerError, match="backward_op_overhead_s"):
+        ClusterSpec.from_dict({**data, "backward_op_overhead_s": "fast"})
+
+
+def test_per_pass_host_probe_counts_ops_as_the_ir_does():
+    """The probe divides each pass's time by that pass's ops, counted by the same counter
+    that gives Layer.ops_fwd / ops_bwd: the chain's forward ops are its blocks' ops."""
+    from cost_models.clusters import OP_OVERHEAD_WIDTH, _overhead_block
+    from cost_models.host_probes import HOST_OP_CHAIN_BLOCKS, host_op_seconds_by_pass
+
+    probe = host_op_seconds_by_pass("cpu")
+    block = _overhead_block()
+    x = torch.randn(2, OP_OVERHEAD_WIDTH)
+    one_block_forward_ops = count_ops(lambda: block(x))
+    assert probe.forward_ops == HOST_OP_CHAIN_BLOCKS * one_block_forward_ops + 1  # + the sum
+    assert probe.backward_ops > probe.forward_ops  # grads of inputs and of weights
+    assert 0 < probe.forward_s < 1e-3 and 0 < probe.backward_s < 1e-3
+    assert probe.forward_spread >= 0 and probe.backward_spread >= 0

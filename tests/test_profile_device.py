@@ -4,6 +4,7 @@ and the h100-80g preset carries the committed H100 measurement."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -40,6 +41,9 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     spec = ClusterSpec.load(cpu_spec_path)
     cal = spec.kernel_calibration
     assert spec.device == "cpu" and spec.host_bound and spec.matmul_efficiency == 1.0
+    # Forward and backward per-op host costs, measured apart, with their spread noted.
+    assert 0 < spec.op_overhead_s < 1e-3 and 0 < spec.backward_op_overhead_s < 1e-3
+    assert f"bwd {spec.backward_op_overhead_s * 1e6:.2f} us" in spec.notes and "spread" in spec.notes
     # Every grid shape once per CPU dtype, at a plausible rate for one core (0.1 GFLOP/s to
     # 10 TFLOP/s: a unit slip of 1e3 either way lands outside).
     shapes = {(p.m, p.n, p.k) for p in cal.gemm}
@@ -171,3 +175,63 @@ def test_h100_preset_carries_the_committed_measurement():
 def test_seconds_per_call_times_a_known_wait():
     seconds = pd.seconds_per_call(lambda i: time.sleep(0.002), "cpu")
     assert 0.002 <= seconds < 0.05
+
+
+@pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny", "cnn-small", "dlrm-small"])
+def test_cpu_gemm_grid_covers_the_zoo_shapes_within_2x(model):
+    """Every GEMM a zoo layer runs at micro-batches 1 and 16 with at least
+    CPU_GEMM_MIN_FLOPS has a CPU table shape within 2x in each of m, n, k (so
+    `nearest_gemm` never prices a skinny product as a square)."""
+    import math
+
+    import torch
+
+    from cost_models.kernel_time import _token_scaled_gemm
+    from ir.kernel_records import KernelKind
+    from planner.models import load_layer_graph
+
+    for micro_batch in (1, 16):
+        graph = load_layer_graph(model, micro_batch=micro_batch, dtype=torch.float32)
+        tokens = graph.micro_batch * (graph.seq_len or 1)
+        for layer in graph.layers:
+            for record in (layer.kernels.forward + layer.kernels.backward) if layer.kernels else ():
+                if record.kind is not KernelKind.GEMM:
+                    continue
+                m, n, k = _token_scaled_gemm(record.shape, 1.0, tokens, 1.0)
+                if 2 * m * n * k < pd.CPU_GEMM_MIN_FLOPS:
+                    continue  # dispatch-bound: priced by the per-op overhead, not a rate
+                assert any(all(abs(math.log2(a / b)) <= 1.0 for a, b in zip((m, n, k), shape))
+                           for shape in pd.CPU_GEMM_SHAPES), (model, layer.name, (m, n, k))
+
+
+def test_gemm_rate_between_two_grid_shapes_is_their_geometric_mean():
+    """(512, 64, 64) lies halfway in log2 between measured (512, 32, 64) at 1e10 FLOP/s
+    and (512, 128, 64) at 4e10: both are equally near, so the rate is sqrt(1e10 * 4e10) =
+    2e10 (the log-space midpoint), not whichever point sorts first. A measured shape reads
+    its own rate."""
+    from ir.kernel_calibration import GemmPoint, KernelCalibration
+
+    cal = KernelCalibration(measured_on="test", gemm=(
+        GemmPoint(512, 32, 64, "float32", 1e10), GemmPoint(512, 128, 64, "float32", 4e10),
+        GemmPoint(4096, 4096, 4096, "float32", 9e10)))
+    assert cal.gemm_flop_per_s(512, 64, 64, "float32") == pytest.approx(2e10)
+    assert cal.gemm_flop_per_s(512, 128, 64, "float32") == 4e10
+    assert cal.gemm_flop_per_s(512, 64, 64, "bfloat16") is None
+    spec = dataclasses.replace(get_cluster("local"), peak_flops_by_dtype=(("float32", 1e11),),
+                               kernel_calibration=cal)
+    assert pd.gemm_efficiency(spec, 512, 64, 64, "float32") == pytest.approx(0.2)
+
+
+def test_fastest_points_keeps_the_least_disturbed_reading_per_point():
+    """Two passes over one grid: per point the higher rate wins (a shared host only slows
+    kernels down), in the first pass's order; points differ by shape, kernel and size."""
+    from ir.kernel_calibration import GemmPoint, MemoryKernelPoint, fastest_points
+
+    first = [GemmPoint(64, 64, 64, "float32", 5e10), GemmPoint(8, 8, 512, "float32", 1e9)]
+    second = [GemmPoint(8, 8, 512, "float32", 3e9), GemmPoint(64, 64, 64, "float32", 2e10)]
+    assert fastest_points(first, second) == [first[0], second[0]]
+    copy_a = [MemoryKernelPoint("copy", "float32", 2**20, 20.0),
+              MemoryKernelPoint("copy", "float32", 2**25, 10.0)]
+    copy_b = [MemoryKernelPoint("copy", "float32", 2**25, 40.0),
+              MemoryKernelPoint("copy", "float32", 2**20, 15.0)]
+    assert fastest_points(copy_a, copy_b) == [copy_a[0], copy_b[0]]

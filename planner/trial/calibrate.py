@@ -33,6 +33,8 @@ def scale_host_overheads(spec: ClusterSpec, scale: float) -> ClusterSpec:
     slower on the host."""
     return dataclasses.replace(
         spec, op_overhead_s=spec.op_overhead_s * scale,
+        backward_op_overhead_s=None if spec.backward_op_overhead_s is None
+        else spec.backward_op_overhead_s * scale,
         dtensor_op_overhead_s=spec.dtensor_op_overhead_s * scale,
         calibration=spec.calibration.with_host_overheads_scaled(scale))
 
