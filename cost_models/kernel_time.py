@@ -181,6 +181,19 @@ def _token_scaled_gemm(shape: tuple[int, ...], scale: float, tokens: int,
     return m, max(1, round(n * share)), k
 
 
+def _gemm_bytes(recorded: tuple[int, ...], m: int, n: int, k: int, config: StepConfig,
+                share: float) -> float:
+    """Bytes one scaled GEMM moves in the compute dtype: each operand read once, the
+    output written once; a batched product (attention's bmm) per batch entry."""
+    batch = recorded[0]
+    element = config.precision.compute_bytes
+    if batch > 1:  # `_token_scaled_gemm` folded the batch into m: unfold it
+        entries = max(1, round(batch * config.batch_scale * share))
+        per_m = max(1, round(m / entries))
+        return entries * (per_m * k + k * n + per_m * n) * element
+    return (m * k + k * n + m * n) * element
+
+
 def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
                         share: float, backward: bool) -> float:
     """Roofline seconds of ONE call of a record's kernel (no launch floor)."""
@@ -194,6 +207,10 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
         tokens = config.graph_micro_batch * (config.seq_len or 1)
         m, n, k = _token_scaled_gemm(r.shape, config.batch_scale, tokens, share)
         efficiency = gemm_shape_efficiency(cluster, m, n, k, dtype)
+        # Bytes from the scaled product itself (reads m x k and k x n, writes m x n), not
+        # the recorded ones scaled by the micro-batch: a weight gradient's m x n output
+        # is weight-sized whatever the batch (x^T @ dy sums over the tokens).
+        nbytes = _gemm_bytes(r.shape, m, n, k, config, share)
         # Williams et al. 2009: max(compute-bound, memory-bound)
         return max(flops / (cluster.peak_flops(dtype) * efficiency), nbytes / hbm)
     if r.kind is KernelKind.ATTENTION:

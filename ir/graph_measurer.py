@@ -257,7 +257,10 @@ class GraphMeasurer:
         log = SavedTensorLog(param_keys, score_keys)
         region = TPRegion(colwise, rowwise)
         fwd_flops, bwd_flops = FlopCounterMode(display=False), FlopCounterMode(display=False)
-        fwd_kernels, bwd_kernels = KernelRecorder(param_keys), KernelRecorder(param_keys)
+        param_shapes = frozenset(tuple(t.shape) for t in state.values()
+                                 if isinstance(t, torch.Tensor))
+        fwd_kernels = KernelRecorder(param_keys)
+        bwd_kernels = KernelRecorder(param_keys, param_shapes)
         fwd_ops, bwd_ops = OpCounter(fwd_kernels), OpCounter(bwd_kernels)
         fused = FusedKernels(fwd_kernels, bwd_kernels)
 

@@ -104,13 +104,21 @@ def gemm_shape(name: str, args, out) -> tuple[int, int, int, int]:
     return groups, out_positions, weight.shape[0] // groups, per_group_k
 
 
+# Backward ops that write an embedding table's dense gradient (rows x dim): its bytes are
+# the table's, not the batch's (aten's embedding and embedding_bag backward kernels).
+EMBEDDING_GRADIENT_OPS = frozenset({"embedding_dense_backward", "_embedding_bag_backward",
+                                    "_embedding_bag_dense_backward"})
+
+
 class KernelRecorder:
     """Aggregates the ops handed to `record` into `KernelRecord`s (one per op, shape,
     dtype). `weight_keys`: storages of the layer's parameters and buffers. Ops for which
     `skip_now()` is true are left out (a fused attention's decomposition)."""
 
-    def __init__(self, weight_keys: set):
+    def __init__(self, weight_keys: set, weight_shapes: frozenset = frozenset()):
         self.weight_keys = weight_keys
+        # shapes of those tensors, for the backward recorder: gradients shaped like them
+        self.weight_shapes = weight_shapes
         self._counts: dict[tuple, list] = {}  # key -> [KernelRecord with count 0, count]
         self.skip_now = lambda: False
 
@@ -133,7 +141,8 @@ class KernelRecorder:
         if func.is_view or name in NO_KERNEL_OPS:
             self.add(KernelRecord(op, KernelKind.VIEW, dtype, (), 1))
             return
-        weight = sum(t.nbytes for t in inputs if storage_key(t) in self.weight_keys)
+        weight = sum(t.nbytes for t in inputs if storage_key(t) in self.weight_keys) + \
+            sum(t.nbytes for t in outputs if self._is_weight_gradient(name, t))
         moved = sum(t.nbytes for t in inputs) + sum(t.nbytes for t in outputs) - weight
         counter = flop_registry.get(func.overloadpacket)
         flops = int(counter(*args, **(kwargs or {}), out_val=out)) if counter else 0
@@ -148,6 +157,19 @@ class KernelRecorder:
             shape = tuple(outputs[0].shape) if outputs else ()
         self.add(KernelRecord(op, kind, dtype, tuple(int(d) for d in shape), 1, flops,
                               weight, moved, saved_under_selective(func), causal))
+
+    def _is_weight_gradient(self, name: str, t: torch.Tensor) -> bool:
+        """A backward output that does not grow with the micro-batch: an embedding's dense
+        gradient, a norm's 1-D weight gradients, or a bias gradient (a `sum` over the
+        tokens, kept as (1, out)). Only 1-D matches otherwise: an activation is at least
+        2-D, so it does not pass for a bias by coincidence."""
+        shape = tuple(t.shape)
+        if name in EMBEDDING_GRADIENT_OPS:
+            return shape in self.weight_shapes
+        if name == "sum":
+            while len(shape) > 1 and shape[0] == 1:
+                shape = shape[1:]
+        return len(shape) == 1 and shape in self.weight_shapes
 
     def records(self) -> tuple[KernelRecord, ...]:
         out = []

@@ -40,9 +40,11 @@ Backward (autograd of the above; one ones_like seeds the gradient of the block o
     (grad of each operand); total FLOPs = 2 x forward.
   Memory-bound kernels (24):
     1 ones_like (A written); 3 native_dropout_backward (g and the bool mask in, out:
-    2X + X/e, X = A twice and S once); 6 sum (bias grads: g (N x out) read, out written: 5 with out = h,
-    1 with out = f); 1 gelu_backward (3F); 2 native_layer_norm_backward (g, x in,
-    mean, rstd in, dx, dweight, dbias out: 3A + 2*N*e + 2*h*e; weight + bias read);
+    2X + X/e, X = A twice and S once); 6 sum (bias grads: g (N x out) read, out written
+    as weight bytes, since it does not grow with the batch: 5 with out = h, 1 with
+    out = f); 1 gelu_backward (3F); 2 native_layer_norm_backward (g, x in, mean, rstd
+    in, dx out: 3A + 2*N*e; weight + bias read and dweight, dbias written: 4*h*e weight
+    bytes);
     4 add (gradient accumulation: the two residual branches, and ln1's output feeding
     q, k and v: 2 more); 4 clone (reshapes of non-contiguous gradients of q, k, v and of
     att @ v's output: 2A each); 1 _softmax_backward_data (g, y in, dx out: 3S);
@@ -126,11 +128,11 @@ def test_backward_kernels_match_the_hand_count(block):
     assert sum(r.count * r.weight_bytes for r in gemm) == (4 * H * H + 2 * H * FF) * E
     count, activation_bytes, weight_bytes = _memory(bwd)
     assert count == 24
-    expected = (A + 2 * (2 * A + A // E) + (2 * S + S // E) + 5 * (N * H + H) * E + (N * FF + FF) * E + 3 * F
-                + 2 * (3 * A + 2 * N * E + 2 * H * E) + 4 * 3 * A + 4 * 2 * A + 3 * S
+    expected = (A + 2 * (2 * A + A // E) + (2 * S + S // E) + 5 * N * H * E + N * FF * E + 3 * F
+                + 2 * (3 * A + 2 * N * E) + 4 * 3 * A + 4 * 2 * A + 3 * S
                 + (2 * S + T * T) + 2 * S)
     assert activation_bytes == expected
-    assert weight_bytes == 2 * 2 * H * E
+    assert weight_bytes == 2 * 4 * H * E + 5 * H * E + FF * E  # norms; bias gradients
 
 
 def test_selective_recomputes_everything_but_the_linear_matmuls(block):
@@ -200,3 +202,26 @@ def test_sdpa_is_one_fused_attention_kernel_forward_and_backward():
     assert {r.op for r in kernels.backward if r.kind is KernelKind.GEMM} == {"aten::mm"}
     assert not any("softmax" in r.op for r in kernels.forward + kernels.backward)
     assert fwd[0] in kernels.recomputed(Checkpoint.SELECTIVE)  # the policy keeps only mm/addmm
+
+
+def test_gradients_shaped_like_weights_are_weight_bytes():
+    """An embedding's dense gradient (rows x dim) and a bias gradient (a `sum` over the
+    tokens, (1, out)) do not grow with the micro-batch: they are recorded as weight
+    bytes; an activation-sized output of the same op is not."""
+    from ir.kernel_recorder import KernelRecorder
+
+    rec = KernelRecorder(weight_keys=set(), weight_shapes=frozenset({(100, 8), (8,)}))
+    grad = torch.empty(2, 5, 8, device="meta")
+    ids = torch.zeros(2, 5, dtype=torch.long, device="meta")
+    table_grad = torch.empty(100, 8, device="meta")
+    rec.record(torch.ops.aten.embedding_dense_backward.default, (grad, ids, 100, -1, False),
+               {}, table_grad)
+    g2d = torch.empty(10, 8, device="meta")
+    rec.record(torch.ops.aten.sum.dim_IntList, (g2d, [0], True), {},
+               torch.empty(1, 8, device="meta"))
+    rec.record(torch.ops.aten.sum.dim_IntList, (grad, [1], False), {},
+               torch.empty(2, 8, device="meta"))
+    table, bias, pooled = rec.records()
+    assert (table.weight_bytes, table.activation_bytes) == (100 * 8 * 4, 80 * 4 + 10 * 8)
+    assert (bias.weight_bytes, bias.activation_bytes) == (8 * 4, 80 * 4)
+    assert (pooled.weight_bytes, pooled.activation_bytes) == (0, (80 + 16) * 4)

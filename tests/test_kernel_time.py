@@ -218,3 +218,22 @@ def test_no_gpu_preset_predicts_more_than_its_best_gemm_efficiency(gpt3_graph, p
     result = search(gpt3_graph, cluster, 128, with_baselines=False)
     assert result.best is not None
     assert 0 < result.best.estimate.mfu < best
+
+
+def test_a_weight_gradient_gemm_moves_weight_sized_bytes_at_any_batch():
+    # grad_W = x^T @ dy of a 512 x 1024 Linear, recorded at one token: (m, n, k) =
+    # (512, 1024, 1). At 4096 tokens k = 4096; it reads 512 x 4096 and 4096 x 1024 and
+    # writes 512 x 1024 (2 bytes each): 14,680,064 bytes / 2 TB/s = 7.34 us, not the
+    # recorded bytes x 4096 (the output alone would then be 4.3 GB, 2.1 ms). FLOPs:
+    # 2 * 512 * 1024 * 4096 at the analytic efficiency of that shape (edge
+    # 3mnk / (mk + kn + mn) = 1489.45, A100 n_half 192: 0.8 * 1489.45 / 1681.45).
+    record = KernelRecord("aten::mm", KernelKind.GEMM, "bfloat16", (1, 512, 1024, 1), 1,
+                          flops=2 * 512 * 1024, weight_bytes=0,
+                          activation_bytes=(512 + 1024 + 512 * 1024) * 2)
+    t = pass_seconds((record,), spec(), config(micro_batch=4096, seq_len=1), 1.0,
+                     backward=True)
+    edge = 3 * 512 * 1024 * 4096 / (512 * 4096 + 4096 * 1024 + 512 * 1024)
+    compute_s = 2 * 512 * 1024 * 4096 / (PEAK * 0.8 * edge / (edge + 192))
+    memory_s = (512 * 4096 + 4096 * 1024 + 512 * 1024) * 2 / (HBM_GBPS * 1e9)
+    assert t.gemm_s == pytest.approx(max(compute_s, memory_s))
+    assert t.gemm_s < 1e-4
