@@ -214,9 +214,10 @@ def local_search(problem: PlacementProblem, choice: list[Option], ranks: list[tu
 
 
 def _minus(a: RankLoad, b: RankLoad) -> RankLoad:
-    """a - b field by field (a piece leaving a rank); the rank stays in the all-to-alls."""
-    return RankLoad(*(getattr(a, f.name) - getattr(b, f.name) for f in fields(RankLoad)[:-1]),
-                    a.sharded)
+    """a - b field by field (a piece leaving a rank); the rank stays in the all-to-alls
+    (its exchanges and `sharded` are a's)."""
+    return RankLoad(*(getattr(a, f.name) - getattr(b, f.name) for f in fields(RankLoad)[:-2]),
+                    a.exchange_dtypes, a.sharded)
 
 
 def heuristic(problem: PlacementProblem, seeds: list[Solution],
