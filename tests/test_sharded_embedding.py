@@ -79,6 +79,18 @@ def test_equals_one_process(sharded, references):
             assert err <= RTOL, f"{where}: dense {n} differs by {err:.2e} relative"
 
 
+def test_every_step_makes_four_all_to_alls_whatever_the_table_count(sharded):
+    """The DLRM's 5 tables (4 sharded in `mixed`) share one exchange per phase: header,
+    ids, pooled bags, gradients — 4 all_to_all_single calls a step on every rank, and
+    with row-wise Adagrad and column-wise tables one more for all their row sums."""
+    world, ranks = sharded
+    for r in ranks:
+        for (placement, kind), run in r.items():
+            extra = kind == "rowwise_adagrad" and placement in ("column_wise", "mixed")
+            assert run["all_to_all_calls"] == (4 + extra) * S.STEPS, \
+                (world, placement, kind, run["all_to_all_calls"])
+
+
 def test_untouched_rows_keep_values_and_state(sharded):
     world, ranks = sharded
     for key in RUNS[world]:
