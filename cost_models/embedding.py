@@ -89,6 +89,9 @@ class RankLoad:
     out_recv_bytes: float = 0.0
     intra_node_bytes: float = 0.0  # table-row-wise reduce-scatter inside the node (fwd + bwd)
     memory_bytes: float = 0.0  # table shard + optimizer state (+ gradient if replicated)
+    optimizer_bytes: float = 0.0  # column-wise row-wise Adagrad: row sums sent to the shards
+    # joins the one all-to-all of column-wise tables' row sums (row-wise Adagrad); OR-ed
+    optimizer_exchange: bool = False
     # bit (1 << element bytes) per dtype of the sharded tables the rank exchanges: one
     # fused exchange per dtype (executors/table_exchange.py); OR-ed, not added
     exchange_dtypes: int = 0
@@ -102,6 +105,8 @@ class RankLoad:
                         self.out_recv_bytes + other.out_recv_bytes,
                         self.intra_node_bytes + other.intra_node_bytes,
                         self.memory_bytes + other.memory_bytes,
+                        self.optimizer_bytes + other.optimizer_bytes,
+                        self.optimizer_exchange or other.optimizer_exchange,
                         self.exchange_dtypes | other.exchange_dtypes,
                         self.sharded or other.sharded)
 
@@ -295,6 +300,16 @@ def placement_loads(table: EmbeddingTable, placement: TablePlacement, cluster: C
     elif s is TableSharding.COLUMN_WISE:
         pieces = [_shard_load(table, cluster, config, stop - start, 1.0, 1.0, False)
                   for start, stop in column_shard_bounds(table.dim, k)]
+        if config.optimizer == "rowwise_adagrad":
+            # every shard sends its sum of squares of each touched row to the k shards
+            # (itself included): executors/sparse_optimizer.py `_column_totals`, one call
+            # for all column-wise tables that every rank joins
+            touched = unique_rows(config.global_batch * table.ids_per_sample, table.rows,
+                                  table.hot_row_fraction)
+            sums = RankLoad(optimizer_bytes=touched * table.dtype_bytes * k)
+            pieces = [piece + sums for piece in pieces]
+            common = _requester_load(table, cluster, config, placement)
+            return RankLoad(optimizer_exchange=True) + common, list(zip(placement.ranks, pieces))
     else:
         group = k if s is TableSharding.TABLE_ROW_WISE else 0
         if group and len({r // cluster.devices_per_node for r in placement.ranks}) != 1:
@@ -383,6 +398,8 @@ def rank_time(load: RankLoad, cluster: ClusterSpec, link: AllToAllLink | None = 
     if load.sharded:
         comm += link.bandwidth_s(max(load.ids_send_bytes, load.ids_recv_bytes))
         comm += 2 * link.bandwidth_s(max(load.out_send_bytes, load.out_recv_bytes))
+    if load.optimizer_exchange:  # one call, its bytes as one phase
+        comm += link.latency_s() + link.bandwidth_s(load.optimizer_bytes)
     if load.intra_node_bytes:
         # ring reduce-scatter / all-gather inside the node (Patarasuk & Yuan 2009): the
         # per-rank bytes already carry the (G-1)/G factor.
