@@ -13,8 +13,11 @@ local batch, p ids per sample, d the shard's columns, e bytes per element:
                      hot and cold rows counted apart when a hot-row fraction is known
   all-to-all         bytes per phase (ids forward, pooled forward, pooled gradients
                      backward): max(V f_intra / B_intra, V f_inter / B_inter), V = max(bytes
-                     sent, bytes received) by the rank; latency per call the executor makes
-                     (4 per sharded table, every rank joins each): (n-1) alpha + the measured
+                     sent, bytes received) by the rank, ids as (id, bag) int64 pairs plus
+                     the (count, bags) header; latency per call the executor makes: all
+                     sharded tables share ONE call per phase (header, ids, pooled forward,
+                     gradients backward: 4 per step per dtype exchanged, every rank joins
+                     each, executors/table_exchange.py): (n-1) alpha + the measured
                      blocking wait of a call on CPU processes (`AllToAllLink`)
   replicated tables  whole-table gradient joins the dense all-reduce bucket (DDP)
 
@@ -42,6 +45,10 @@ from cost_models.estimate import exposed, overlap_efficiency
 
 # Ids travel as int64: the zoo's sparse tensor and TorchRec's KeyedJaggedTensor values.
 ID_BYTES = 8
+# The executor sends each id with its bag index, both int64 (executors/table_exchange.py
+# phase 2), and to every rank a (count, bags) int64 header per table (phase 1).
+ID_PAIR_BYTES = 2 * ID_BYTES
+HEADER_BYTES_PER_PEER = 2 * ID_BYTES
 # EmbeddingTable.hot_row_fraction counts lookups that hit the most frequent 1% of rows.
 HOT_ROW_SHARE = 0.01
 # Achievable share of datasheet HBM bandwidth for streaming kernels: a device-to-device
@@ -82,7 +89,12 @@ class RankLoad:
     out_recv_bytes: float = 0.0
     intra_node_bytes: float = 0.0  # table-row-wise reduce-scatter inside the node (fwd + bwd)
     memory_bytes: float = 0.0  # table shard + optimizer state (+ gradient if replicated)
-    exchanges: int = 0  # sharded tables whose world-wide all-to-alls the rank joins
+    optimizer_bytes: float = 0.0  # column-wise row-wise Adagrad: row sums sent to the shards
+    # joins the one all-to-all of column-wise tables' row sums (row-wise Adagrad); OR-ed
+    optimizer_exchange: bool = False
+    # bit (1 << element bytes) per dtype of the sharded tables the rank exchanges: one
+    # fused exchange per dtype (executors/table_exchange.py); OR-ed, not added
+    exchange_dtypes: int = 0
     sharded: bool = False  # takes part in the all-to-alls
 
     def __add__(self, other: RankLoad) -> RankLoad:
@@ -93,7 +105,15 @@ class RankLoad:
                         self.out_recv_bytes + other.out_recv_bytes,
                         self.intra_node_bytes + other.intra_node_bytes,
                         self.memory_bytes + other.memory_bytes,
-                        self.exchanges + other.exchanges, self.sharded or other.sharded)
+                        self.optimizer_bytes + other.optimizer_bytes,
+                        self.optimizer_exchange or other.optimizer_exchange,
+                        self.exchange_dtypes | other.exchange_dtypes,
+                        self.sharded or other.sharded)
+
+    @property
+    def exchanges(self) -> int:
+        """Fused exchanges the rank joins per step: one per dtype of sharded tables."""
+        return bin(self.exchange_dtypes).count("1")
 
 
 ZERO = RankLoad()
@@ -207,18 +227,21 @@ def _shard_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingCo
     if intra_group > 1:  # table-row-wise: partial sums reduce-scattered inside the node first
         intra = 2 * out_send * (intra_group - 1) / intra_group  # forward RS + backward AG
         out_send = out_send / intra_group
-    return RankLoad(lookup_s=lookup_s, update_s=update_s, ids_recv_bytes=ids * ID_BYTES,
+    return RankLoad(lookup_s=lookup_s, update_s=update_s, ids_recv_bytes=ids * ID_PAIR_BYTES,
                     out_send_bytes=out_send, intra_node_bytes=intra, memory_bytes=memory,
                     sharded=True)
 
 
-# Host-side torch ops the executor runs per sharded table per step on every rank, counted
-# with a TorchDispatchMode on a table-wise table (tests/test_table_placement.py checks
-# them): forward routing and pooling 57 (row_hash 74, column_wise 60); backward 19 and
-# the row-wise Adagrad step 22. On host-bound clusters (CPU processes) each costs the
-# spec's measured op_overhead_s; on GPUs they overlap with the kernels.
-EXECUTOR_HOST_OPS_FORWARD = 57
-EXECUTOR_HOST_OPS_UPDATE = 19 + 22
+# Host-side torch ops the executor runs on every rank, counted with a TorchDispatchMode on
+# table-wise tables of a model with `table_inputs` (tests/test_table_placement.py checks
+# them, from 1 and 3 tables): per sharded table, forward routing and pooling 44 and
+# backward 14 + the row-wise Adagrad step 22; per fused exchange (whatever the table
+# count), forward 49 and backward 4. On host-bound clusters (CPU processes) each costs
+# the spec's measured op_overhead_s; on GPUs they overlap with the kernels.
+EXECUTOR_HOST_OPS_FORWARD = 44
+EXECUTOR_HOST_OPS_UPDATE = 14 + 22
+EXECUTOR_HOST_OPS_FORWARD_PER_EXCHANGE = 49
+EXECUTOR_HOST_OPS_BACKWARD_PER_EXCHANGE = 4
 
 
 def _host_load(cluster: ClusterSpec) -> RankLoad:
@@ -236,27 +259,29 @@ def _requester_load(table: EmbeddingTable, cluster: ClusterSpec, config: Embeddi
 
 def _exchange_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingConfig,
                    placement: TablePlacement) -> RankLoad:
-    """What every rank sends and receives for a sharded table: its local ids out (once per
-    column shard), its pooled rows back (once per column shard, once per row-group)."""
+    """What every rank sends and receives for a sharded table: its header to every rank,
+    its local (id, bag) pairs out (once per column shard), its pooled rows back (once per
+    column shard, once per row shard)."""
     b = config.global_batch / cluster.world_size
     ids = b * table.ids_per_sample
     rows_back = b if table.pooling else ids
     k = len(placement.ranks)
     e = table.dtype_bytes
+    header = cluster.world_size * HEADER_BYTES_PER_PEER  # sent and received, equal splits
     if placement.sharding is TableSharding.COLUMN_WISE:
-        return RankLoad(ids_send_bytes=k * ids * ID_BYTES,
-                        out_recv_bytes=rows_back * table.dim * e, exchanges=1, sharded=True)
-    if placement.sharding is TableSharding.TABLE_WISE:
-        return RankLoad(ids_send_bytes=ids * ID_BYTES, out_recv_bytes=rows_back * table.dim * e,
-                        exchanges=1, sharded=True)
-    # row-wise: ids split among shards; TorchRec's RW output dist is a reduce-scatter of
-    # each shard's partial sums, so a rank receives one partial per shard (per node for TWRW).
-    partials = 1 if placement.sharding is TableSharding.TABLE_ROW_WISE else k
-    if not table.pooling:
-        partials = 1  # unpooled rows come back from the one shard that holds each row
-    return RankLoad(ids_send_bytes=ids * ID_BYTES,
-                    out_recv_bytes=partials * rows_back * table.dim * e, exchanges=1,
-                    sharded=True)
+        copies, partials = k, 1
+    elif placement.sharding is TableSharding.TABLE_WISE:
+        copies, partials = 1, 1
+    else:
+        # row-wise: ids split among shards; TorchRec's RW output dist is a reduce-scatter
+        # of each shard's partial sums, so a rank receives one partial per shard (per node
+        # for TWRW); unpooled rows come back from the one shard that holds each row.
+        copies = 1
+        partials = 1 if placement.sharding is TableSharding.TABLE_ROW_WISE or \
+            not table.pooling else k
+    return RankLoad(ids_send_bytes=copies * ids * ID_PAIR_BYTES + header, ids_recv_bytes=header,
+                    out_recv_bytes=partials * rows_back * table.dim * e,
+                    exchange_dtypes=1 << e, sharded=True)
 
 
 def placement_loads(table: EmbeddingTable, placement: TablePlacement, cluster: ClusterSpec,
@@ -275,6 +300,16 @@ def placement_loads(table: EmbeddingTable, placement: TablePlacement, cluster: C
     elif s is TableSharding.COLUMN_WISE:
         pieces = [_shard_load(table, cluster, config, stop - start, 1.0, 1.0, False)
                   for start, stop in column_shard_bounds(table.dim, k)]
+        if config.optimizer == "rowwise_adagrad":
+            # every shard sends its sum of squares of each touched row to the k shards
+            # (itself included): executors/sparse_optimizer.py `_column_totals`, one call
+            # for all column-wise tables that every rank joins
+            touched = unique_rows(config.global_batch * table.ids_per_sample, table.rows,
+                                  table.hot_row_fraction)
+            sums = RankLoad(optimizer_bytes=touched * table.dtype_bytes * k)
+            pieces = [piece + sums for piece in pieces]
+            common = _requester_load(table, cluster, config, placement)
+            return RankLoad(optimizer_exchange=True) + common, list(zip(placement.ranks, pieces))
     else:
         group = k if s is TableSharding.TABLE_ROW_WISE else 0
         if group and len({r // cluster.devices_per_node for r in placement.ranks}) != 1:
@@ -343,27 +378,33 @@ def all_to_all_rank_s(nbytes: float, cluster: ClusterSpec) -> float:
     return AllToAllLink.of(cluster).seconds(nbytes)
 
 
-# all_to_all_single calls the executor makes per sharded table per step
-# (executors/sharded_embedding.py): the (count, bags) header and the (id, bag) pairs in
-# `_route`, the pooled blocks forward and their gradients backward in `_ShardedLookup`.
-EXECUTOR_A2A_CALLS_PER_TABLE = 4
+# all_to_all_single calls of one fused exchange per step (executors/table_exchange.py):
+# the (count, bags) header and the (id, bag) pairs in `_route`, the pooled blocks forward
+# and their gradients backward in `_FusedLookup`, for every sharded table at once.
+EXECUTOR_A2A_CALLS_PER_EXCHANGE = 4
 
 
 def rank_time(load: RankLoad, cluster: ClusterSpec, link: AllToAllLink | None = None) -> RankTime:
     """Seconds of one rank's embedding work: the latency of every all-to-all call the
-    executor makes (EXECUTOR_A2A_CALLS_PER_TABLE per sharded table, every rank joins each)
-    and the bytes of three phases (ids forward, pooled forward, pooled gradients backward:
-    the reverse of forward, same volume)."""
+    executor makes (EXECUTOR_A2A_CALLS_PER_EXCHANGE per fused exchange, every rank joins
+    each) with the host ops of each exchange, and the bytes of three phases (ids forward,
+    pooled forward, pooled gradients backward: the reverse of forward, same volume)."""
     link = link or AllToAllLink.of(cluster)
-    comm = load.exchanges * EXECUTOR_A2A_CALLS_PER_TABLE * link.latency_s()
+    comm = load.exchanges * EXECUTOR_A2A_CALLS_PER_EXCHANGE * link.latency_s()
+    lookup_s, update_s = load.lookup_s, load.update_s
+    if cluster.host_bound:
+        lookup_s += load.exchanges * EXECUTOR_HOST_OPS_FORWARD_PER_EXCHANGE * cluster.op_overhead_s
+        update_s += load.exchanges * EXECUTOR_HOST_OPS_BACKWARD_PER_EXCHANGE * cluster.op_overhead_s
     if load.sharded:
         comm += link.bandwidth_s(max(load.ids_send_bytes, load.ids_recv_bytes))
         comm += 2 * link.bandwidth_s(max(load.out_send_bytes, load.out_recv_bytes))
+    if load.optimizer_exchange:  # one call, its bytes as one phase
+        comm += link.latency_s() + link.bandwidth_s(load.optimizer_bytes)
     if load.intra_node_bytes:
         # ring reduce-scatter / all-gather inside the node (Patarasuk & Yuan 2009): the
         # per-rank bytes already carry the (G-1)/G factor.
         comm += load.intra_node_bytes / link.intra_bytes_per_s
-    return RankTime(load.lookup_s, load.update_s, comm)
+    return RankTime(lookup_s, update_s, comm)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,13 @@ One lookup, for a batch whose bags (samples) are split over the ranks (data para
 Backward runs 3 in reverse (the pooled gradient's column blocks go to the holders), and
 each holder gathers the gradient of every id it served: a sparse COO gradient of its
 shard (rows, values) with duplicates left for the optimizer to coalesce. Every rank calls
-the same collectives in the same order (tables in model order forward, autograd's fixed
-order backward), also when it holds nothing or looks nothing up.
+the same collectives in the same order, also when it holds nothing or looks nothing up.
+
+Fused (TorchRec's one input dist and one output dist for all tables): when the model
+has `table_inputs(*args, **kwargs) -> {table name: ids or (ids, offsets)}` (the zoo's
+DLRM does), a forward pre-hook looks up every sharded table at once, ONE all_to_all_single
+per phase (`executors.table_exchange`), and each table's forward takes its share. A
+model without it gets one exchange per table call (same values, more calls).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from torch import nn
 
 from ir.embedding_tables import (EmbeddingTable, HashRing, Shard, TablePlacement,
                                  TableSharding, table_shards)
+from executors.table_exchange import lookup_tables
 from ir.errors import PlannerError
 
 POOLING_MODES = ("sum", "mean")  # EmbeddingBag modes whose partial bags add up ("max" does not)
@@ -76,56 +82,6 @@ def hash_rows(table: EmbeddingTable, ring: HashRing, shard_index: int) -> torch.
     return torch.cat(owned) if owned else torch.empty(0, dtype=torch.int64)
 
 
-@dataclass
-class _Route:
-    """One lookup's exchange, as this rank sees it (element counts per peer rank)."""
-
-    local_rows: torch.Tensor  # (n,) shard rows of the ids this rank serves
-    slots: torch.Tensor  # (n,) each served id's output slot: its source's bag offset + bag
-    num_slots: int  # bags of every source this rank serves (0 when it holds no shard)
-    send_splits: list[int]  # pooled values sent back to each rank
-    recv_splits: list[int]  # pooled values received from each rank
-    num_bags: int  # this rank's bags
-    dim: int
-    col_ranges: list[tuple[int, int] | None]  # the columns each rank's shard holds
-
-
-class _ShardedLookup(torch.autograd.Function):
-    """pooled (bags, dim) = the sum of every holder's block; gradient: sparse rows."""
-
-    @staticmethod
-    def forward(ctx, weight: torch.Tensor, route: _Route) -> torch.Tensor:
-        partial = weight.new_zeros(route.num_slots, weight.shape[1])  # (slots, width)
-        if len(route.local_rows):
-            partial.index_add_(0, route.slots, weight[route.local_rows])
-        received = weight.new_empty(sum(route.recv_splits))
-        dist.all_to_all_single(received, partial.reshape(-1), route.recv_splits,
-                               route.send_splits)
-        out = weight.new_zeros(route.num_bags, route.dim)
-        offset = 0
-        for size, cols in zip(route.recv_splits, route.col_ranges):
-            if size:
-                block = received[offset:offset + size].view(route.num_bags, cols[1] - cols[0])
-                out[:, cols[0]:cols[1]] += block
-                offset += size
-        ctx.route, ctx.weight_shape = route, weight.shape
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        route = ctx.route
-        pieces = [grad[:, cols[0]:cols[1]].reshape(-1)
-                  for size, cols in zip(route.recv_splits, route.col_ranges) if size]
-        send = torch.cat(pieces) if pieces else grad.new_empty(0)
-        received = grad.new_empty(sum(route.send_splits))
-        dist.all_to_all_single(received, send, route.send_splits, route.recv_splits)
-        width = ctx.weight_shape[1]
-        row_grads = received.view(route.num_slots, width)[route.slots]  # (n, width)
-        sparse = torch.sparse_coo_tensor(route.local_rows[None], row_grads, ctx.weight_shape,
-                                         check_invariants=False)
-        return sparse, None
-
-
 class ShardedEmbedding(nn.Module):
     """This rank's shard of one table; forward takes this rank's share of the batch and
     returns its pooled (bags, dim) — or (*ids.shape, dim) for an nn.Embedding — exactly
@@ -140,13 +96,15 @@ class ShardedEmbedding(nn.Module):
         self.shard_index = next((i for i, s in enumerate(shards) if s.rank == rank), None)
         self.weight = nn.Parameter(weight)  # (shard rows, shard columns); (0, dim) if none
         self.local_ids = local_ids  # ROW_HASH: the sorted ids of this rank's rows
+        # ((ids, offsets), request, pooled sums) from this step's fused exchange, until forward
+        self.prefetched: tuple | None = None
         kind = placement.sharding
         self.ring = HashRing.build(table.name, len(shards)) if kind is TableSharding.ROW_HASH \
             else None
         self._row_starts = torch.tensor([s.row_start for s in shards], dtype=torch.int64)
         self._shard_ranks = torch.tensor([s.rank for s in shards], dtype=torch.int64)
         by_rank = {s.rank: s for s in shards}
-        self._col_ranges = [(by_rank[r].col_start, by_rank[r].col_stop) if r in by_rank
+        self.col_ranges = [(by_rank[r].col_start, by_rank[r].col_stop) if r in by_rank
                             else None for r in range(world_size)]
 
     @property
@@ -163,41 +121,17 @@ class ShardedEmbedding(nn.Module):
             return self.ring.owner(ids, self.table.name)
         return torch.searchsorted(self._row_starts, ids, right=True) - 1  # range (or one) shard
 
-    def _route(self, ids: torch.Tensor, bags: torch.Tensor, num_bags: int) -> _Route:
-        world = self.world_size
-        if self.placement.sharding is TableSharding.COLUMN_WISE:  # every shard gets every id
+    def destinations(self, ids: torch.Tensor, bags: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(rank, id, bag) of every id this rank sends: to the holder of its row, or to
+        every shard's rank (column-wise)."""
+        if self.placement.sharding is TableSharding.COLUMN_WISE:
             count = len(self.shards)
-            dest = self._shard_ranks.repeat_interleave(len(ids))
-            ids, bags = ids.repeat(count), bags.repeat(count)
-        else:
-            dest = self._shard_ranks[self._shard_of(ids)]
-        order = torch.argsort(dest, stable=True)
-        send_counts = torch.bincount(dest, minlength=world)
-        header = torch.stack([send_counts, torch.full((world,), num_bags)], 1).reshape(-1)
-        recv_header = torch.empty_like(header)
-        dist.all_to_all_single(recv_header, header)  # (ids, bags) from every rank
-        recv_counts, source_bags = recv_header[0::2], recv_header[1::2]
-        payload = torch.stack([ids[order], bags[order]], 1)  # (n, 2): id, bag
-        received = payload.new_empty((int(recv_counts.sum()), 2))
-        dist.all_to_all_single(received, payload, recv_counts.tolist(), send_counts.tolist())
-        shard = self.shard
-        width = 0 if shard is None else shard.col_stop - shard.col_start
-        if shard is None:
-            local_rows = slots = torch.empty(0, dtype=torch.int64)
-            num_slots, send_splits = 0, [0] * world
-        else:
-            sources = torch.repeat_interleave(torch.arange(world), recv_counts)
-            bag_offsets = torch.cumsum(source_bags, 0) - source_bags
-            slots = bag_offsets[sources] + received[:, 1]
-            local_rows = self._to_local(received[:, 0].contiguous())
-            num_slots = int(source_bags.sum())
-            send_splits = (source_bags * width).tolist()
-        recv_splits = [0 if cols is None else num_bags * (cols[1] - cols[0])
-                       for cols in self._col_ranges]
-        return _Route(local_rows, slots, num_slots, send_splits, recv_splits, num_bags,
-                      self.table.dim, self._col_ranges)
+            return (self._shard_ranks.repeat_interleave(len(ids)), ids.repeat(count),
+                    bags.repeat(count))
+        return self._shard_ranks[self._shard_of(ids)], ids, bags
 
-    def _to_local(self, ids: torch.Tensor) -> torch.Tensor:
+    def to_local(self, ids: torch.Tensor) -> torch.Tensor:
         """Global ids this rank holds -> rows of its shard."""
         if self.local_ids is None:
             return ids - self.shard.row_start
@@ -208,9 +142,9 @@ class ShardedEmbedding(nn.Module):
                                "which does not hold it (hash ring mismatch)")
         return rows
 
-    def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
-        pooling = self.table.pooling
-        if pooling is None:  # nn.Embedding: every id is its own bag
+    def request(self, input: torch.Tensor, offsets: torch.Tensor | None = None) -> tuple:
+        """(self, ids, bags, num_bags) of one call: what `lookup_tables` exchanges."""
+        if self.table.pooling is None:  # nn.Embedding: every id is its own bag
             ids = input.reshape(-1)
             bags, num_bags = torch.arange(len(ids)), len(ids)
         elif input.dim() == 2:  # (bags, ids per bag)
@@ -227,11 +161,34 @@ class ShardedEmbedding(nn.Module):
         if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.table.rows):
             raise IndexError(f"table {self.table.name}: ids must lie in [0, {self.table.rows}), "
                              f"got [{int(ids.min())}, {int(ids.max())}]")
-        pooled = _ShardedLookup.apply(self.weight, self._route(ids, bags, num_bags))
-        if pooling == "mean":
+        return self, ids, bags, num_bags
+
+    def forward(self, input: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+        taken = self._take_prefetched(input, offsets)
+        if taken is None:  # not fused with the other tables: this table's own exchange
+            request = self.request(input, offsets)
+            pooled = lookup_tables([request])[0]
+        else:
+            request, pooled = taken
+        _, _, bags, num_bags = request
+        if self.table.pooling == "mean":
             lengths = torch.bincount(bags, minlength=num_bags).clamp(min=1)
             pooled = pooled / lengths[:, None].to(pooled.dtype)
-        return pooled.view(*input.shape, self.table.dim) if pooling is None else pooled
+        return pooled.view(*input.shape, self.table.dim) if self.table.pooling is None else pooled
+
+    def _take_prefetched(self, input: torch.Tensor, offsets: torch.Tensor | None):
+        """This step's pooled sums from the fused exchange, if its ids are these."""
+        pending, self.prefetched = self.prefetched, None
+        if pending is None:
+            return None
+        (ids, ids_offsets), request, pooled = pending
+        same = ids.shape == input.shape and torch.equal(ids, input) and (
+            (offsets is None and ids_offsets is None) or
+            (offsets is not None and ids_offsets is not None and torch.equal(offsets, ids_offsets)))
+        if not same:
+            raise PlannerError(f"table {self.table.name}: the model's table_inputs() gave "
+                               "other ids than its forward passes the table; make them agree")
+        return request, pooled
 
 
 class ReplicatedEmbedding(nn.Module):
@@ -254,6 +211,24 @@ class ShardedTables:
     """What apply_table_placements did: the table modules by qualified name."""
 
     modules: dict[str, nn.Module]  # ShardedEmbedding or ReplicatedEmbedding, model order
+
+    def prefetch(self, inputs: dict) -> None:
+        """Look up every sharded table of `inputs` ({name: ids or (ids, offsets)}) in one
+        exchange per phase; each table's forward then takes its share (and checks that
+        its ids are these)."""
+        calls, requests = [], []  # (module, ids, offsets), module.request(ids, offsets)
+        for name, given in inputs.items():
+            module = self.modules.get(name)
+            if module is None:
+                raise PlannerError(f"table_inputs() names {name!r}, which is no table of the "
+                                   f"model (it has {sorted(self.modules)[:4]}...)")
+            if isinstance(module, ShardedEmbedding):
+                ids, offsets = given if isinstance(given, tuple) else (given, None)
+                calls.append((module, ids, offsets))
+                requests.append(module.request(ids, offsets))
+        for (module, ids, offsets), request, pooled in zip(calls, requests,
+                                                           lookup_tables(requests)):
+            module.prefetched = ((ids, offsets), request, pooled)
 
     def parameter_ids(self) -> set[int]:
         return {id(m.weight) for m in self.modules.values()}
@@ -364,4 +339,10 @@ def apply_table_placements(model: nn.Module, placements: list[TablePlacement], *
                                            local_ids)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, built[name])
-    return ShardedTables(built)
+    sharded = ShardedTables(built)
+    table_inputs = getattr(model, "table_inputs", None)
+    if callable(table_inputs):  # fuse the tables' exchanges: one all-to-all per phase
+        model.register_forward_pre_hook(
+            lambda module, args, kwargs: sharded.prefetch(table_inputs(*args, **kwargs)),
+            with_kwargs=True)
+    return sharded

@@ -10,7 +10,7 @@ duplicate ids first. For touched rows r with summed gradient g_r (one row of wid
   rowwise_adagrad  s_r += mean(g_r ** 2) over the FULL dim;  w_r -= lr * g_r / (sqrt(s_r) + eps)
                    (FBGEMM's EXACT_ROWWISE_ADAGRAD, TorchRec's default: one float per row).
                    Column-wise shards each hold a slice of g_r, so their sums of squares
-                   are exchanged (all_to_all_single among the shard ranks) and every shard
+                   are exchanged (one all_to_all_single for all such tables) and every shard
                    adds them in shard order: all shards keep the same s_r, equal to the
                    unsharded table's.
   adam             torch.optim.SparseAdam's lazy Adam: m_r, v_r (per element) updated only
@@ -82,6 +82,7 @@ class SparseRowOptimizer:
 
     @torch.no_grad()
     def step(self) -> None:
+        grads = []  # (name, module, rows, values) in model order
         for name, module in self.tables.modules.items():
             weight = module.weight
             grad = weight.grad
@@ -91,15 +92,20 @@ class SparseRowOptimizer:
             else:
                 grad = grad.coalesce()  # duplicate ids summed, rows sorted
                 rows, values = grad.indices()[0], grad.values()
-            self._update(name, module, rows, values)
+            grads.append((name, module, rows, values))
+        square_sums = {}
+        if self.spec.kind == "rowwise_adagrad":  # (n,) this shard's columns, summed over shards
+            partial = {name: (values * values).sum(1) for name, _, _, values in grads}
+            square_sums = _column_totals([m for _, m, _, _ in grads], partial)
+        for name, module, rows, values in grads:
+            self._update(name, module, rows, values, square_sums.get(name))
 
-    def _update(self, name: str, module, rows: torch.Tensor, values: torch.Tensor) -> None:
+    def _update(self, name: str, module, rows: torch.Tensor, values: torch.Tensor,
+                square_sums: torch.Tensor | None) -> None:
         weight, spec, state = module.weight, self.spec, self.state[name]
         if spec.kind == "sgd":
             weight.index_add_(0, rows, values, alpha=-spec.lr)
         elif spec.kind == "rowwise_adagrad":
-            square_sums = (values * values).sum(1)  # (n,) this shard's columns
-            square_sums = _column_total(module, square_sums)
             sum_sq = state["sum_sq"]
             sum_sq[rows] += square_sums / module.table.dim
             scale = spec.lr / (sum_sq[rows].sqrt() + spec.eps)  # (n,)
@@ -116,29 +122,38 @@ class SparseRowOptimizer:
             weight[rows] -= step_size * m / (v.sqrt() + spec.eps)
 
 
-def _column_total(module, partial: torch.Tensor) -> torch.Tensor:
-    """Sum `partial` (one value per touched row) over the column shards of a COLUMN_WISE
-    table, in shard order (a world all_to_all_single; ranks without a shard send and
-    receive nothing). Every column shard touched the same rows (each got every id), so
-    the vectors line up row for row. Other tables: `partial` itself."""
-    if not (isinstance(module, ShardedEmbedding)
-            and module.placement.sharding is TableSharding.COLUMN_WISE):
+def _column_totals(modules: list, partial: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each table's `partial` (one value per touched row), summed over the column shards
+    of every COLUMN_WISE table in shard order: ONE world all_to_all_single for all of them
+    (to each peer, the partials of every column-wise table both ranks hold, in model
+    order; none when no table is column-wise). Every column shard touched the same rows
+    (each got every id), so the vectors line up row for row. Other tables: `partial`."""
+    columns = [m for m in modules if isinstance(m, ShardedEmbedding)
+               and m.placement.sharding is TableSharding.COLUMN_WISE]
+    if not columns:
         return partial
-    world = module.world_size
-    peers = [s.rank for s in module.shards]
-    mine = module.shard_index is not None
-    splits = [len(partial) if mine and r in peers else 0 for r in range(world)]
-    send = partial.repeat(len(peers)) if mine else partial.new_empty(0)
-    received = partial.new_empty(sum(splits))
+    world = columns[0].world_size
+    mine = [m for m in columns if m.shard_index is not None]
+    peers = {m.table.name: [s.rank for s in m.shards] for m in mine}
+    pieces = [[partial[m.table.name] for m in mine if r in peers[m.table.name]]
+              for r in range(world)]  # per destination rank, model order
+    splits = [sum(len(x) for x in p) for p in pieces]
+    reference = next(iter(partial.values()))
+    flat = [x for p in pieces for x in p]
+    send = torch.cat(flat) if flat else reference.new_empty(0)
+    received = reference.new_empty(sum(splits))
     dist.all_to_all_single(received, send, splits, splits)
-    if not mine:
-        return partial
-    by_rank = dict(zip((r for r in range(world) if splits[r]),
-                       received.view(len(peers), len(partial))))
-    total = torch.zeros_like(partial)
-    for r in peers:  # shard order: the same additions on every shard
-        total += by_rank[r]
-    return total
+    by_rank = dict(zip(range(world), received.split(splits)))
+    totals = dict(partial)
+    for m in mine:
+        totals[m.table.name] = torch.zeros_like(partial[m.table.name])
+    offsets = [0] * world  # each source sent its tables in model order: walk them so
+    for m in mine:
+        name, n = m.table.name, len(partial[m.table.name])
+        for r in peers[name]:  # shard order: the same additions on every shard
+            totals[name] += by_rank[r][offsets[r]:offsets[r] + n]
+            offsets[r] += n
+    return totals
 
 
 def replicated_tables(tables: ShardedTables) -> list[ReplicatedEmbedding]:

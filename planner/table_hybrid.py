@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from cost_models.embedding import EmbeddingConfig, PlacementCost
+from cost_models.embedding import DenseCost, EmbeddingConfig, PlacementCost, evaluate
+from cost_models.estimate import Estimate, estimate
 from ir.cluster import ClusterSpec
 from ir.embedding_tables import EmbeddingPlan, EmbeddingTable, PlacedTable
 from ir.errors import PlannerError
@@ -168,17 +169,21 @@ def plan_spec_hybrid(model_spec: str, graph: LayerGraph, cluster: ClusterSpec,
                        loaded.inputs, sparse_optimizer, method)
 
 
-def estimate_hybrid(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec) -> dict:
-    """A hybrid plan re-priced on `cluster` (e.g. a calibrated spec): the dense layers by
+def price_hybrid(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
+                 profile=None) -> tuple[Estimate, PlacementCost]:
+    """A hybrid plan priced on `cluster` (e.g. a calibrated spec): the dense layers by
     `cost_models.estimate` with the tables' parameters taken out, the placement as it
-    stands by `cost_models.embedding.evaluate`; the same JSON as `combined_prediction`."""
-    from cost_models.embedding import DenseCost, evaluate
-    from cost_models.estimate import estimate
-
+    stands by `cost_models.embedding.evaluate` (its tables' seconds and bytes only)."""
     tables = [t.table for t in plan.embeddings.tables]
-    dense = estimate(dense_graph(graph, {t.name for t in tables}), plan, cluster)
+    dense = estimate(dense_graph(graph, {t.name for t in tables}), plan, cluster, profile)
     # the dense part is in `dense`; the placement adds only its tables' seconds and bytes
     no_dense = DenseCost(compute_s=0.0, backward_s=0.0, grad_bytes=0.0, state_bytes=0.0)
     cost = evaluate(tables, plan.embeddings.placements, cluster,
                     EmbeddingConfig(plan.global_batch, plan.embeddings.sparse_optimizer), no_dense)
+    return dense, cost
+
+
+def estimate_hybrid(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec) -> dict:
+    """`price_hybrid` as the JSON of `combined_prediction`."""
+    dense, cost = price_hybrid(graph, plan, cluster)
     return combined_prediction(dense.to_json(), cost, plan.global_batch)

@@ -67,6 +67,7 @@ def exact(problem: PlacementProblem, time_limit_s: float | None = None) -> Solut
     best: list = [float("inf"), None]
     deadline = None if time_limit_s is None else time.perf_counter() + time_limit_s
     choice: dict[int, tuple[Option, tuple[int, ...]]] = {}
+    signatures = rank_signatures(problem)
 
     def rec(depth: int, loads: list[RankLoad], replicated: float) -> None:
         if deadline is not None and time.perf_counter() > deadline:
@@ -83,7 +84,7 @@ def exact(problem: PlacementProblem, time_limit_s: float | None = None) -> Solut
             if opt.fixed_ranks is not None:
                 rank_sets = [opt.fixed_ranks]
             else:
-                rank_sets = _distinct_sets(base, len(opt.pieces), G)
+                rank_sets = _distinct_sets(base, len(opt.pieces), G, signatures)
             for ranks in rank_sets:
                 new = list(base)
                 for r, piece in zip(ranks, opt.pieces):
@@ -101,12 +102,25 @@ def exact(problem: PlacementProblem, time_limit_s: float | None = None) -> Solut
     return problem.solution([o for o, _ in picked], [r for _, r in picked])
 
 
-def _distinct_sets(loads: list[RankLoad], k: int, G: int):
+def rank_signatures(problem: PlacementProblem) -> list[tuple]:
+    """Per rank, the piece every fixed-rank option puts on it: two ranks are
+    interchangeable only if these agree (a hash ring's shards differ in size, so a later
+    ROW_HASH table tells ranks apart that hold identical loads now)."""
+    out = []
+    for r in range(problem.n):
+        out.append(tuple(o.pieces[o.fixed_ranks.index(r)] if r in o.fixed_ranks else None
+                         for opts in problem.options for o in opts
+                         if o.fixed_ranks is not None and o.pieces))
+    return out
+
+
+def _distinct_sets(loads: list[RankLoad], k: int, G: int, signatures: list[tuple]):
     """k distinct ranks, skipping sets that differ from a kept one only by swapping ranks
-    of one node that hold identical loads (they price the same)."""
+    of one node that hold identical loads and get identical fixed pieces (they price the
+    same)."""
     seen_class: dict = {}
     for r, load in enumerate(loads):
-        key = (r // G, load)
+        key = (r // G, load, signatures[r])
         seen_class.setdefault(key, []).append(r)
     classes = list(seen_class.values())
     # choose how many ranks from each class (a prefix of it): a composition of k
@@ -214,9 +228,10 @@ def local_search(problem: PlacementProblem, choice: list[Option], ranks: list[tu
 
 
 def _minus(a: RankLoad, b: RankLoad) -> RankLoad:
-    """a - b field by field (a piece leaving a rank); the rank stays in the all-to-alls."""
-    return RankLoad(*(getattr(a, f.name) - getattr(b, f.name) for f in fields(RankLoad)[:-1]),
-                    a.sharded)
+    """a - b field by field (a piece leaving a rank); the rank stays in the all-to-alls
+    (its exchanges and `sharded` are a's)."""
+    return RankLoad(*(getattr(a, f.name) - getattr(b, f.name) for f in fields(RankLoad)[:-3]),
+                    a.optimizer_exchange, a.exchange_dtypes, a.sharded)
 
 
 def heuristic(problem: PlacementProblem, seeds: list[Solution],

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost_models.comm import collective_s
-from cost_models.embedding import (EXECUTOR_A2A_CALLS_PER_TABLE, ZERO, AllToAllLink, DenseCost, EmbeddingConfig, PlacementCost,
+from cost_models.embedding import (EXECUTOR_A2A_CALLS_PER_EXCHANGE, ZERO, AllToAllLink, DenseCost, EmbeddingConfig, PlacementCost,
                                    RankLoad, allreduce_exposed_s, capacity_bytes, cost_of_loads,
                                    placement_loads, rank_time)
 from cost_models.estimate import overlap_efficiency
@@ -156,8 +156,8 @@ def lower_bound(problem: PlacementProblem) -> float:
     exactly) or has all-to-alls, and then:
       average bound   sum_r f(L_r) >= compute + beta * max(sum of sends, sum of receives)
                       per all-to-all phase (a sum of maxima exceeds the maximum of sums),
-                      so max_r f(L_r) >= that / n, the all-to-all calls' latency of each
-                      sharded table counted on every rank; each table
+                      so max_r f(L_r) >= that / n, plus the latency of one fused
+                      exchange's calls (every rank joins them); each table
                       at its cheapest option, a replicated one charged its gradient's
                       share of the all-reduce at the all-reduce's smallest per-byte slope
                       (ring and tree are affine in bytes, so the minimum of them grows at
@@ -180,16 +180,17 @@ def lower_bound(problem: PlacementProblem) -> float:
                 t = _total(o, n)
                 moved = (t.ids_send_bytes + 2 * t.out_send_bytes) if side == "send" else \
                     (t.ids_recv_bytes + 2 * t.out_recv_bytes)
-                # a sharded option's all-to-all calls: every rank pays their latency
-                calls = t.exchanges * EXECUTOR_A2A_CALLS_PER_TABLE * call_s
-                work = (t.lookup_s + t.update_s + beta * moved + t.intra_node_bytes / intra_bw
-                        + calls) / n
+                work = (t.lookup_s + t.update_s + beta * moved
+                        + t.intra_node_bytes / intra_bw) / n
                 best = min(best, work + slope * o.replicated_bytes)
             sums[side] += best
         largest = max(largest, min(problem.f(o.common + max(o.pieces, key=problem.f, default=ZERO))
                                    for o in opts))
     # exposed(ar(D + R)) >= ar(D) + slope R - hidden, and >= exposed(ar(D))
-    average = max(sums.values()) + min(0.0, dense_ar - hidden)
+    # + the fused exchange's calls: a plan with a sharded table makes at least one, every
+    # rank pays their latency once whatever the table count
+    average = max(sums.values()) + EXECUTOR_A2A_CALLS_PER_EXCHANGE * call_s + \
+        min(0.0, dense_ar - hidden)
     sharded = max(average, largest + dense_only)  # f of the piece already has its latency
     everything_replicated = [next(o for o in opts if o.sharding is TableSharding.REPLICATED)
                              for opts in problem.options]

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from cost_models.embedding import PlacementCost
-from ir.embedding_tables import TablePlacement
+from ir.embedding_tables import EmbeddingPlan, EmbeddingTable, TablePlacement
 from planner.fmt import human_count, table
 from planner.table_placement import TablePlan
 
@@ -30,21 +30,24 @@ def _ranks_text(ranks: tuple[int, ...], world: int) -> str:
     return ",".join(str(r) for r in ranks)
 
 
-def placement_table(plan: TablePlan, world: int) -> str:
-    by_name = {t.name: t for t in plan.tables}
+def placement_table(tables: list[EmbeddingTable], placements: list[TablePlacement],
+                    world: int) -> str:
+    """table -> sharding -> ranks, with its size."""
+    by_name = {t.name: t for t in tables}
     rows = []
-    for p in plan.placements:
+    for p in placements:
         t = by_name[p.table]
         rows.append([p.table, str(p.sharding), _ranks_text(p.ranks, world), human_count(t.rows),
                      t.dim, f"{t.param_bytes / GiB:.2f}"])
     return table(["table", "sharding", "ranks", "rows", "dim", "GiB"], rows)
 
 
-def rank_table(cost: PlacementCost) -> str:
-    rows = []
-    for r, (t, mem) in enumerate(zip(cost.per_rank, cost.memory_bytes)):
-        rows.append([r, f"{mem / GiB:.2f}", f"{t.lookup_s * 1e3:.3f}", f"{t.update_s * 1e3:.3f}",
-                     f"{t.comm_s * 1e3:.3f}", f"{t.total_s * 1e3:.3f}"])
+def rank_table(ranks: list[dict]) -> str:
+    """Memory and seconds per rank, from `cost_json(cost)["ranks"]` (a plan file's
+    `predicted.embedding.ranks` reads the same)."""
+    rows = [[r["rank"], f"{r['memory_bytes'] / GiB:.2f}", f"{r['lookup_s'] * 1e3:.3f}",
+             f"{r['update_s'] * 1e3:.3f}", f"{r['comm_s'] * 1e3:.3f}", f"{r['total_s'] * 1e3:.3f}"]
+            for r in ranks]
     return table(["rank", "memory GiB", "lookup ms", "update ms", "comm ms", "total ms"], rows,
                  right=set(range(6)))
 
@@ -65,7 +68,21 @@ def summary(plan: TablePlan) -> str:
 
 
 def render(plan: TablePlan, world: int) -> str:
-    return "\n\n".join([placement_table(plan, world), rank_table(plan.cost), summary(plan)])
+    return "\n\n".join([placement_table(plan.tables, plan.placements, world),
+                        rank_table(cost_json(plan.cost)["ranks"]), summary(plan)])
+
+
+def plan_tables_text(embeddings: EmbeddingPlan, world: int, embedding: dict | None) -> str:
+    """A plan file's tables: placements, and (`embedding`: its prediction's per-rank
+    `cost_json`) memory and seconds per rank with the slowest rank's line."""
+    out = [f"tables ({embeddings.sparse_optimizer} sparse optimizer):",
+           placement_table([t.table for t in embeddings.tables], embeddings.placements, world)]
+    if embedding:
+        out += ["", rank_table(embedding["ranks"]),
+                f"tables: slowest rank {embedding['max_embedding_s'] * 1e3:.3f} ms per step, "
+                f"imbalance {embedding['imbalance'] * 100:.1f}%, largest rank's tables "
+                f"{max(r['memory_bytes'] for r in embedding['ranks']) / GiB:.2f} GiB"]
+    return "\n".join(out)
 
 
 def cost_json(c: PlacementCost) -> dict:

@@ -183,18 +183,29 @@ def sharded_worker(rank: int, world: int, runs: list[tuple[str, str]]) -> dict:
     for placement_kind, kind in runs:
         model, tables, opt, trainer = make_trainer(kind, placement_kind, rank, world,
                                                    meta_tables=placement_kind != "table_wise")
-        losses, untouched = [], 0
+        losses, untouched, calls = [], 0, [0]
+        real = dist.all_to_all_single
+
+        def counted(*args, **kwargs):  # the steps' all-to-alls, every table's together
+            calls[0] += 1
+            return real(*args, **kwargs)
+
         for step in range(STEPS):
             inputs, clicks = DATA.batch(step, GLOBAL_BATCH, part=(rank, world))
             full, _ = DATA.batch(step, GLOBAL_BATCH)
             looked_up = {n: full["sparse"][:, i].reshape(-1).unique() for i, n in enumerate(names())}
             before = shard_report(tables, opt)
-            losses.append(trainer.step(inputs, clicks, GLOBAL_BATCH))
+            dist.all_to_all_single = counted
+            try:
+                losses.append(trainer.step(inputs, clicks, GLOBAL_BATCH))
+            finally:
+                dist.all_to_all_single = real
             untouched += untouched_rows_kept(before, shard_report(tables, opt), looked_up)
         dense = {n: p.detach().clone() for n, p in model.named_parameters()
                  if not n.startswith("tables.")}
         results[(placement_kind, kind)] = {"losses": losses, "shards": shard_report(tables, opt),
-                                           "dense": dense, "untouched": untouched}
+                                           "dense": dense, "untouched": untouched,
+                                           "all_to_all_calls": calls[0]}
     dist.barrier()
     return results
 

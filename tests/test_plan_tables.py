@@ -141,3 +141,34 @@ def test_planner_plan_writes_the_placements_of_a_zoo_dlrm(tmp_path, capsys):
     assert [t.table.name for t in doc.plan.embeddings.tables] == [f"tables.{i}" for i in range(4)]
     assert doc.predicted["time"]["embedding"] > 0
     assert len(doc.predicted["memory"]["stages"][0]["device_peak_bytes"]) == 4
+
+
+def test_estimate_and_show_price_and_print_a_plans_tables(tmp_path, capsys):
+    """`planner estimate --plan` and `planner show` of a DLRM plan written by `planner
+    plan`: every table with its sharding and ranks, a per-rank row, and (estimate) the
+    step = the dense part's + the slowest rank's tables, as the plan file recorded it."""
+    import json
+
+    from planner.cli import main
+
+    path = tmp_path / "plan.json"
+    assert main(["plan", "dlrm-small", "--cluster", "a100-80g", "--gpus-per-node", "4",
+                 "--global-batch", "64", "--out", str(path)]) == 0
+    capsys.readouterr()
+    doc = load_plan(path)
+    placements = doc.plan.embeddings.placements
+    for command in (["estimate", "--plan", str(path)], ["show", str(path)]):
+        assert main(command) == 0
+        lines = capsys.readouterr().out.splitlines()
+        for p in placements:  # the placement table's row of every table
+            row = next(line for line in lines if line.split()[:1] == [p.table])
+            assert str(p.sharding) in row.split(), (command[0], row)
+        ranks = [line for line in lines if line.split()[:1] in (["0"], ["1"], ["2"], ["3"])]
+        assert len(ranks) >= 4, command[0]
+        assert any(line.startswith("tables: slowest rank") for line in lines), command[0]
+    assert main(["estimate", "--plan", str(path), "--json"]) == 0
+    priced = json.loads(capsys.readouterr().out)
+    slowest = max(r["total_s"] for r in priced["embedding"]["ranks"])
+    assert priced["time"]["embedding"] == pytest.approx(slowest) and slowest > 0
+    assert priced["iteration_seconds"] == pytest.approx(doc.predicted["iteration_seconds"])
+    assert len(priced["memory"]["stages"][0]["device_peak_bytes"]) == 4

@@ -79,6 +79,18 @@ def test_equals_one_process(sharded, references):
             assert err <= RTOL, f"{where}: dense {n} differs by {err:.2e} relative"
 
 
+def test_every_step_makes_four_all_to_alls_whatever_the_table_count(sharded):
+    """The DLRM's 5 tables (4 sharded in `mixed`) share one exchange per phase: header,
+    ids, pooled bags, gradients — 4 all_to_all_single calls a step on every rank, and
+    with row-wise Adagrad and column-wise tables one more for all their row sums."""
+    world, ranks = sharded
+    for r in ranks:
+        for (placement, kind), run in r.items():
+            extra = kind == "rowwise_adagrad" and placement in ("column_wise", "mixed")
+            assert run["all_to_all_calls"] == (4 + extra) * S.STEPS, \
+                (world, placement, kind, run["all_to_all_calls"])
+
+
 def test_untouched_rows_keep_values_and_state(sharded):
     world, ranks = sharded
     for key in RUNS[world]:
@@ -212,3 +224,49 @@ def test_criteo_batches_are_deterministic_shardable_and_power_law():
     assert hot > 0.3  # the hottest 1% of rows take >30% of lookups (uniform: 1%)
     assert inputs["sparse"][:, 0].max() > 5000  # hot ids are hashed over the whole range
     assert 0.1 < float(clicks.mean()) < 0.45
+
+
+def test_tables_share_one_exchange_per_phase(monkeypatch):
+    """A model with `table_inputs` (the zoo's DLRM) exchanges all its sharded tables in 4
+    all_to_all_single calls per step (header, ids, pooled, gradients), not 4 per table,
+    with the same losses and gradients as one exchange per table (no table_inputs)."""
+    import torch.distributed as dist
+
+    from executors import table_exchange
+    from executors.sharded_embedding import ShardedEmbedding
+
+    calls = []
+    real = dist.all_to_all_single
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(table_exchange.dist, "all_to_all_single", counted)
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        inputs, clicks = S.DATA.batch(0, S.GLOBAL_BATCH)
+        results = []
+        for fused in (True, False):
+            model = S.build_model()
+            if not fused:
+                model.table_inputs = None  # no prefetch: each table call exchanges alone
+            apply_table_placements(model, S.placements("row_range", 1))
+            calls.clear()
+            loss = S.dlrm.loss_fn(model(**inputs), clicks)
+            loss.backward()
+            grads = {n: m.weight.grad.coalesce().to_dense() for n, m in model.named_modules()
+                     if isinstance(m, ShardedEmbedding)}
+            results.append((len(calls), loss.detach(), grads))
+    finally:
+        if owned:
+            dist.destroy_process_group()
+    (fused_calls, fused_loss, fused_grads), (alone_calls, alone_loss, alone_grads) = results
+    assert fused_calls == 4
+    assert alone_calls == 4 * S.CONFIG.num_tables
+    assert torch.equal(fused_loss, alone_loss)
+    assert fused_grads.keys() == alone_grads.keys() and len(fused_grads) == S.CONFIG.num_tables
+    for name in fused_grads:
+        assert torch.equal(fused_grads[name], alone_grads[name]), name

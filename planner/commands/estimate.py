@@ -29,6 +29,9 @@ from ir.strategy import Checkpoint, Precision, Schedule
 from planner import report
 from planner.arg_types import count, n_devices, n_samples, n_tokens
 from planner.models import graph_for_plan
+from planner.plan_report import predicted_lines
+from planner.table_hybrid import combined_prediction, price_hybrid
+from planner.table_report import plan_tables_text
 
 # Model chunks per pipeline rank when --schedule interleaved is given without --virtual-stages.
 DEFAULT_VIRTUAL_STAGES = 2
@@ -227,6 +230,8 @@ def describe(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec) -> str
 
 def run(args) -> int:
     graph, plan, cluster, profile = load_inputs(args)
+    if plan.embeddings is not None:
+        return _run_hybrid(args, graph, plan, cluster, profile)
     est = estimate(graph, plan, cluster, profile)
     if args.json:
         print(json.dumps(est.to_json(), indent=2))
@@ -240,4 +245,30 @@ def run(args) -> int:
     print(report.memory_table(est.memory))
     fixes = () if est.memory.fits else suggest_fixes(graph, plan, cluster)
     print(report.memory_verdict(est.memory, fixes))
+    return 0
+
+
+def _run_hybrid(args, graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
+                profile: ComputeProfile | None) -> int:
+    """A plan with sharded tables: the dense part as usual, then its tables (placements,
+    per-rank seconds and bytes) and the step they make together (`table_hybrid`)."""
+    dense, cost = price_hybrid(graph, plan, cluster, profile)
+    predicted = combined_prediction(dense.to_json(), cost, plan.global_batch)
+    if args.json:
+        print(json.dumps(predicted, indent=2))
+        return 0
+    print(describe(graph, plan, cluster))
+    print()
+    print("dense layers (data parallel; the tables' parameters are priced below):")
+    print(report.time_table(dense))
+    print()
+    print(report.memory_table(dense.memory))
+    print()
+    print(plan_tables_text(plan.embeddings, plan.world_size, predicted["embedding"]))
+    print()
+    print(predicted_lines(predicted))
+    peak, device = predicted["memory"]["peak_bytes"], predicted["memory"].get("device_bytes", 0)
+    print("fits" if peak <= device else
+          f"does not fit: a rank needs {peak / 2**30:.2f} GiB of {device / 2**30:.2f} GiB; "
+          "spread the tables over more ranks (planner plan-tables)")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ir.plan import load_plan
 from planner.arg_types import check_chart
 from planner.fmt import escape_controls
+from planner.table_report import plan_tables_text
 from planner.plan_report import (check_predicted, predicted_lines, stage_memory_table,
                                   strategy_table, summary_line)
 
@@ -26,6 +27,9 @@ def run(args) -> int:
     lines = [summary_line(doc), "", strategy_table(doc), "", predicted_lines(doc.predicted)]
     if doc.predicted:
         lines.append(stage_memory_table(doc.predicted))
+    if doc.plan.embeddings is not None:  # the sharded tables and their per-rank cost
+        lines += ["", plan_tables_text(doc.plan.embeddings, doc.plan.world_size,
+                                       (doc.predicted or {}).get("embedding"))]
     # Names come from the file: escape what could drive the terminal.
     print(escape_controls("\n".join(lines)))
     if args.chart:

@@ -103,6 +103,11 @@ class DLRM(nn.Module):
         z = self.interaction(x, pooled)  # (B, D + n(n-1)/2)
         return self.top_mlp(z).squeeze(-1) if self.top_mlp is not None else z  # (B,) logits
 
+    def table_inputs(self, dense: torch.Tensor, sparse: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The ids forward gives each table, before it runs: sharded tables exchange them
+        all at once (executors.sharded_embedding, TorchRec's KeyedJaggedTensor)."""
+        return {f"tables.{name}": sparse[:, int(name)] for name in self.tables}
+
 
 def init_weights(model: DLRM) -> None:
     """The DLRM reference init: tables U(±sqrt(1/rows)), Linear N(0, sqrt(2/(fan_in+fan_out)))."""
