@@ -30,6 +30,7 @@ from cost_models.estimate import Estimate, estimate
 from ir.cluster import ClusterSpec
 from ir.embedding_tables import EmbeddingPlan, EmbeddingTable, PlacedTable
 from ir.errors import PlannerError
+from ir.kernel_records import KernelRecords
 from ir.layer import LayerGraph
 from ir.plan import ParallelPlan, PlanDocument, model_identity
 from planner.search import search
@@ -64,11 +65,15 @@ def recommendation_tables(module: nn.Module, inputs: dict,
 
 
 def dense_graph(graph: LayerGraph, table_names: set[str]) -> LayerGraph:
-    """`graph` with the table layers' parameters taken out (the embedding cost model
-    prices their shards); everything else, activations included, as measured."""
-    layers = tuple(dataclasses.replace(layer, params=0, param_bytes=0, tp_params=0,
-                                       max_param_numel=0, param_names=())
-                   if layer.name in table_names else layer for layer in graph.layers)
+    """`graph` with the table layers' parameters and kernels taken out (the embedding
+    cost model prices their shards, lookups and sparse updates: the executor never runs
+    a table's dense gradient); everything else, activations included, as measured."""
+    no_compute = dict(flops_fwd=0, flops_bwd=0, ops_fwd=0, ops_bwd=0, random_elements_fwd=0,
+                      random_tp_sharded_elements_fwd=0, kernels=KernelRecords())
+    layers = tuple(dataclasses.replace(
+        layer, params=0, param_bytes=0, tp_params=0, max_param_numel=0, param_names=(),
+        measured=dataclasses.replace(layer.measured, **no_compute))
+        if layer.name in table_names else layer for layer in graph.layers)
     params = graph.num_params - sum(l.params for l in graph.layers if l.name in table_names)
     return dataclasses.replace(graph, layers=layers, num_params=params, _graph=None)
 

@@ -503,3 +503,19 @@ def test_host_op_counts_match_the_executor():
     plain, _ = placement_loads(t, TablePlacement("t", TableSharding.TABLE_WISE, (0,)), HAND, config)
     host, _ = placement_loads(t, TablePlacement("t", TableSharding.TABLE_WISE, (0,)), cpu, config)
     assert host.lookup_s - plain.lookup_s == pytest.approx(EXECUTOR_HOST_OPS_FORWARD * 1e-5)
+
+
+def test_criteo_tb_hybrid_plan_prices_no_dense_table_gradients(capsys):
+    """`planner plan` of the Criteo-TB DLRM prices the dense MLPs by the estimate and the
+    tables by the placement only: the executor never writes a table's dense gradient
+    (it steps looked-up rows), so the step is milliseconds. Pricing the tables' traced
+    dense backward (a 40M x 128 fp32 gradient per large table, bytes wrongly scaled by
+    the 4096 samples per rank) once predicted 118 s."""
+    from planner.cli import main
+
+    assert main(["plan", "dlrm-criteo-tb", "--cluster", "a100-80g", "--nodes", "2",
+                 "--global-batch", "65536", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    predicted = report.get("predicted", report)
+    assert predicted["iteration_seconds"] < 0.01, predicted["iteration_seconds"]
+    assert predicted["time"]["embedding"] > 0
