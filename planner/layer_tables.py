@@ -187,17 +187,22 @@ def transient_caps(tables: list[LayerTable], levels: int) -> list[float]:
     return sorted({values[round(i * (len(values) - 1) / (levels - 1))] for i in range(levels)})
 
 
+def select(t: LayerTable, idx: list[int]) -> LayerTable | None:
+    """`t` with only the strategies at `idx` (in that order); None when there are none."""
+    if not idx:
+        return None
+    ix = np.array(idx, dtype=np.int64)
+    return LayerTable([t.strategies[i] for i in idx], t.time_s[ix], t.state_bytes[ix],
+                      t.kept_bytes[ix], t.transient_bytes[ix], t.layout[ix])
+
+
 def restrict(tables: list[LayerTable], keep) -> list[LayerTable] | None:
     """Tables with only the strategies `keep` accepts; identical layers keep sharing one."""
     done: dict[int, LayerTable | None] = {}
     out = []
     for t in tables:
         if id(t) not in done:
-            idx = [i for i, s in enumerate(t.strategies) if keep(s)]
-            ix = np.array(idx, dtype=np.int64)
-            done[id(t)] = LayerTable([t.strategies[i] for i in idx], t.time_s[ix],
-                                     t.state_bytes[ix], t.kept_bytes[ix],
-                                     t.transient_bytes[ix], t.layout[ix]) if idx else None
+            done[id(t)] = select(t, [i for i, s in enumerate(t.strategies) if keep(s)])
         if done[id(t)] is None:
             return None
         out.append(done[id(t)])

@@ -70,12 +70,13 @@ from cost_models.memory import plan_memory
 from cost_models.pipeline import microbatches_in_flight
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
-from ir.layer import LayerGraph
+from ir.layer import Layer, LayerGraph
 from ir.legality import input_readers, linked_runs, sequence_parallel_applies
 from ir.plan import ParallelPlan
-from ir.strategy import Schedule, Stage
+from ir.strategy import LayerStrategy, Schedule, Stage
 from planner.layer_tables import (LayerTable, crossing_bytes, memory_budget_bytes, price_layers,
-                                  restrict, step_config, transient_caps, transitions)
+                                  restrict, select, step_config, transient_caps,
+                                  transitions)
 from planner.partition import edge_costs, partition, stage_edges_s
 from planner.search_space import OuterCandidate, SearchOptions, outer_candidates
 from planner.search_stats import SearchStats
@@ -141,29 +142,41 @@ def _pipeline_tp_groups(graph: LayerGraph, cand: OuterCandidate,
     return out
 
 
+def _sp_moot(layer: Layer, s: LayerStrategy) -> bool:
+    """Whether `s` runs the same on `layer` with its SP flag flipped."""
+    return s.tp > 1 and sequence_parallel_applies(layer, s) == sequence_parallel_applies(
+        layer, dataclasses.replace(s, sequence_parallel=not s.sequence_parallel))
+
+
 def uniform_groups(graph: LayerGraph, tables: list[LayerTable]) -> list[list[LayerTable]]:
     """The tables restricted to each uniform strategy: the same tp, DP mode, checkpointing
     and offload on every layer, and sequence parallelism on every layer where it applies
     (`ir.legality.sequence_parallel_applies`; an embedding, a norm or a head runs one way)."""
+    # Per unique table, its strategies' indices by the uniform keys they may serve: a
+    # strategy serves its own SP flag, and the other one where SP does not apply.
+    buckets: dict[int, dict[tuple, list[int]]] = {}
+    for layer, t in zip(graph.layers, tables):
+        if id(t) in buckets:
+            continue
+        by_key: dict[tuple, list[int]] = {}
+        for i, s in enumerate(t.strategies):
+            serves = (s.sequence_parallel, not s.sequence_parallel) \
+                if _sp_moot(layer, s) else (s.sequence_parallel,)
+            for sp in serves:
+                by_key.setdefault((s.tp, s.dp_mode, sp, s.checkpoint, s.offload), []).append(i)
+        buckets[id(t)] = by_key
     keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint, s.offload)
-            for t in tables for s in t.strategies}
+            for t in tables for s in t.strategies}  # the uniform strategies offered
     groups = []
-    for tp, dp_mode, sp, checkpoint, offload in sorted(keys, key=str):
-        def keep(layer, s, tp=tp, dp_mode=dp_mode, sp=sp, checkpoint=checkpoint, offload=offload):
-            if (s.tp, s.dp_mode, s.checkpoint, s.offload) != (tp, dp_mode, checkpoint, offload):
-                return False  # (checked first: the key's SP flag is legal at the key's tp)
-            wanted = dataclasses.replace(s, sequence_parallel=sp)
-            return sequence_parallel_applies(layer, s) == sequence_parallel_applies(layer, wanted)
-
-        done: dict[int, LayerTable | None] = {}  # identical layers keep sharing one table
+    for key in sorted(keys, key=str):
+        chosen: dict[int, LayerTable | None] = {}  # identical layers keep sharing one table
         group = []
-        for layer, t in zip(graph.layers, tables):
-            if id(t) not in done:
-                kept = restrict([t], lambda s, layer=layer, keep=keep: keep(layer, s))
-                done[id(t)] = kept[0] if kept else None
-            if done[id(t)] is None:
+        for t in tables:
+            if id(t) not in chosen:
+                chosen[id(t)] = select(t, buckets[id(t)].get(key, []))
+            if chosen[id(t)] is None:
                 break
-            group.append(done[id(t)])
+            group.append(chosen[id(t)])
         else:
             groups.append(group)
     return groups
