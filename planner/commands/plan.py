@@ -121,15 +121,9 @@ def run(args) -> int:
                for b in base}
     doc = plan_document(graph, cluster, result.best, result.stats, {"baselines": summary},
                         model_spec=args.model)
-    if args.out:
-        save_plan(doc, args.out)
-    if args.json:
-        print(json.dumps(plan_to_dict(doc), indent=2))
+    if _write_or_print_json(doc, args):
         return 0
-    print(summary_line(doc))
-    print()
-    print(strategy_table(doc, graph))
-    print()
+    _print_head(doc, graph)
     print(predicted_lines(doc.predicted))
     print(stage_memory_table(doc.predicted))
     if args.top > 1:
@@ -146,17 +140,27 @@ def run(args) -> int:
     return 0
 
 
-def _print_hybrid(args, graph, cluster, hybrid) -> int:
-    doc = hybrid_document(graph, cluster, hybrid, model_spec=args.model)
+def _write_or_print_json(doc, args) -> bool:
+    """Save the plan (--out) and print its JSON (--json); True when that was all."""
     if args.out:
         save_plan(doc, args.out)
     if args.json:
         print(json.dumps(plan_to_dict(doc), indent=2))
-        return 0
+    return bool(args.json)
+
+
+def _print_head(doc, graph) -> None:
     print(summary_line(doc))
     print()
     print(strategy_table(doc, graph))
     print()
+
+
+def _print_hybrid(args, graph, cluster, hybrid) -> int:
+    doc = hybrid_document(graph, cluster, hybrid, model_spec=args.model)
+    if _write_or_print_json(doc, args):
+        return 0
+    _print_head(doc, graph)
     print(table_report.render(hybrid.tables, cluster.world_size))
     print()
     print(predicted_lines(doc.predicted))
