@@ -74,7 +74,8 @@ def least_memory(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         if any(not t.strategies for t in tables):
             continue
         # per layer: the strategy with the least state + kept bytes that the others share
-        for group in uniform_groups(graph, tables):
+        # the likely-frugal groups first, so the walks of the rest stop early
+        for group in sorted(uniform_groups(graph, tables), key=_layer_bytes):
             strategies = [g.strategies[0] for g in group]
             stages = even_chunks(graph, group, cand.pp * cand.virtual_stages)
             if stages is None:
@@ -90,3 +91,8 @@ def least_memory(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
             if peak is not None and (best[0] is None or peak < best[0]):
                 best = (peak, plan)
     return best
+
+
+def _layer_bytes(group) -> float:
+    """States plus kept activations of a uniform group's layers, summed: an ordering key."""
+    return sum(float(t.state_bytes[0] + t.kept_bytes[0]) for t in group)
