@@ -236,3 +236,23 @@ def assemble(rank_results: list[dict], key) -> tuple[dict, dict]:
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
 
+
+
+def assert_run_matches(ranks: list, key, ref: dict, where: str, rtol: float) -> None:
+    """One sharded run (`ranks`' results under `key`) equals the single-process `ref`:
+    every rank's losses, each table's assembled rows and optimizer slots (no row left
+    unheld), and the dense parameters, all within `rtol` relative."""
+    for r in ranks:  # every rank reports the same global loss
+        torch.testing.assert_close(torch.tensor(r[key]["losses"]), torch.tensor(ref["losses"]),
+                                   rtol=rtol, atol=0, msg=lambda m: f"{where}: losses {m}")
+    weights, states = assemble(ranks, key)
+    for name in names():
+        assert not weights[name].isnan().any(), f"{where}: {name} has rows no shard holds"
+        err = relative_error(weights[name], ref["params"][f"{name}.weight"])
+        assert err <= rtol, f"{where}: {name} differs by {err:.2e} relative"
+        for slot, value in states[name].items():
+            err = relative_error(value, ref["state"][name][slot])
+            assert err <= rtol, f"{where}: {name} {slot} differs by {err:.2e} relative"
+    for n, p in ranks[0][key]["dense"].items():
+        err = relative_error(p, ref["params"][n])
+        assert err <= rtol, f"{where}: dense {n} differs by {err:.2e} relative"

@@ -62,21 +62,7 @@ def test_equals_one_process(sharded, references):
         placement_kind, kind = key
         ref = references[kind]
         where = f"{world} ranks, {placement_kind}, {kind}"
-        for r in ranks:  # every rank reports the same global loss
-            torch.testing.assert_close(torch.tensor(r[key]["losses"]),
-                                       torch.tensor(ref["losses"]), rtol=RTOL, atol=0,
-                                       msg=lambda m: f"{where}: losses {m}")
-        weights, states = S.assemble(ranks, key)
-        for name in S.names():
-            assert not weights[name].isnan().any(), f"{where}: {name} has rows no shard holds"
-            err = S.relative_error(weights[name], ref["params"][f"{name}.weight"])
-            assert err <= RTOL, f"{where}: {name} differs by {err:.2e} relative"
-            for slot, value in states[name].items():
-                err = S.relative_error(value, ref["state"][name][slot])
-                assert err <= RTOL, f"{where}: {name} {slot} differs by {err:.2e} relative"
-        for n, p in ranks[0][key]["dense"].items():
-            err = S.relative_error(p, ref["params"][n])
-            assert err <= RTOL, f"{where}: dense {n} differs by {err:.2e} relative"
+        S.assert_run_matches(ranks, key, ref, where, RTOL)
 
 
 def test_every_step_makes_four_all_to_alls_whatever_the_table_count(sharded):

@@ -56,20 +56,7 @@ def test_auto_parallel_equals_one_process(runs, references, world):
         kind, given = key
         ref = references[kind]
         where = f"{world} ranks, {given} placement, {kind}"
-        for r in ranks:
-            torch.testing.assert_close(torch.tensor(r[key]["losses"]), torch.tensor(ref["losses"]),
-                                       rtol=RTOL, atol=0, msg=lambda m: f"{where}: losses {m}")
-        weights, states = S.assemble(ranks, key)
-        for name in S.names():
-            assert not weights[name].isnan().any(), f"{where}: {name} has rows no shard holds"
-            err = S.relative_error(weights[name], ref["params"][f"{name}.weight"])
-            assert err <= RTOL, f"{where}: {name} differs by {err:.2e} relative"
-            for slot, value in states[name].items():
-                err = S.relative_error(value, ref["state"][name][slot])
-                assert err <= RTOL, f"{where}: {name} {slot} differs by {err:.2e}"
-        for n, p in ranks[0][key]["dense"].items():
-            err = S.relative_error(p, ref["params"][n])
-            assert err <= RTOL, f"{where}: dense {n} differs by {err:.2e} relative"
+        S.assert_run_matches(ranks, key, ref, where, RTOL)
 
 
 def test_searched_plan_places_every_table_and_runs_the_sharded_modules(runs):
