@@ -24,7 +24,7 @@ demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --nproc-per-node 4 examples/train_gpt.py --steps 10
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15  # the slowest tests, to keep the 15-min budget in sight
 
 bench: $(STAMP)
 	@for f in bench/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
