@@ -18,13 +18,17 @@ local batch, p ids per sample, d the shard's columns, e bytes per element:
                      sharded tables share ONE call per phase (header, ids, pooled forward,
                      gradients backward: 4 per step per dtype exchanged, every rank joins
                      each, executors/table_exchange.py): (n-1) alpha + the measured
-                     blocking wait of a call on CPU processes (`AllToAllLink`)
-  replicated tables  whole-table gradient joins the dense all-reduce bucket (DDP)
+                     blocking wait of a call on CPU processes (`cost_models.embedding_comm`)
+  replicated tables  each rank's sparse gradient (its distinct rows and their ids) is
+                     all-gathered after backward (executors/hybrid_step.py), then every
+                     rank steps the global batch's distinct rows: never a dense gradient
 
 The slowest rank sets the step (the all-to-alls synchronise every rank):
-    step_s = dense_s + max_r embedding_s[r] + exposed(all-reduce of dense + replicated grads)
-which is TorchRec's planner's accounting too (per-shard perf summed per rank, the step
-is the maximum over ranks: torchrec/distributed/planner/stats.py).
+    step_s = dense_s + max_r embedding_s[r]
+with dense_s the dense layers' whole step as `cost_models.estimate` prices it (their
+compute, their data-parallel all-reduce and optimizer: `DenseCost.of`), which is TorchRec's
+planner's accounting too (per-shard perf summed per rank, the step is the maximum over
+ranks: torchrec/distributed/planner/stats.py).
 """
 
 from __future__ import annotations
@@ -39,9 +43,10 @@ from ir.cluster import ClusterSpec
 from ir.embedding_tables import (EmbeddingTable, HashRing, TablePlacement, TableSharding,
                                  column_shard_bounds, row_shard_bounds)
 from ir.errors import PlannerError
-from cost_models.comm import collective_s
 from cost_models.common import GB
-from cost_models.estimate import exposed, overlap_efficiency
+from cost_models.embedding_comm import (EXECUTOR_A2A_CALLS_PER_EXCHANGE, AllToAllLink,
+                                        replicated_gather_s)
+from cost_models.estimate import Estimate
 
 # Ids travel as int64: the zoo's sparse tensor and TorchRec's KeyedJaggedTensor values.
 ID_BYTES = 8
@@ -83,6 +88,7 @@ class RankLoad:
 
     lookup_s: float = 0.0  # forward gathers
     update_s: float = 0.0  # backward gradient gather + sparse optimizer update
+    gather_s: float = 0.0  # replicated tables: the all-gathers of their sparse gradients
     ids_send_bytes: float = 0.0  # ids all-to-all, forward
     ids_recv_bytes: float = 0.0
     out_send_bytes: float = 0.0  # pooled all-to-all forward (and its gradient backward)
@@ -99,6 +105,7 @@ class RankLoad:
 
     def __add__(self, other: RankLoad) -> RankLoad:
         return RankLoad(self.lookup_s + other.lookup_s, self.update_s + other.update_s,
+                        self.gather_s + other.gather_s,
                         self.ids_send_bytes + other.ids_send_bytes,
                         self.ids_recv_bytes + other.ids_recv_bytes,
                         self.out_send_bytes + other.out_send_bytes,
@@ -123,7 +130,7 @@ ZERO = RankLoad()
 class RankTime:
     lookup_s: float
     update_s: float
-    comm_s: float
+    comm_s: float  # all-to-alls, replicated tables' all-gathers, table-row-wise collectives
 
     @property
     def total_s(self) -> float:
@@ -205,11 +212,16 @@ def _shard_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingCo
     e = table.dtype_bytes
     batch = B / n if replicated else B  # replicated tables serve their own local batch
     ids = batch * table.ids_per_sample * served  # lookups this shard answers
-    out_rows = min(batch, ids) if table.pooling else ids  # pooled bags (partial sums) or rows
+    # pooled: a partial sum for EVERY bag of the batch it serves (the executor sends each
+    # source's every bag, empty ones as zeros: executors/table_exchange.py); else the rows
+    out_rows = batch if table.pooling else ids
     rows_held = table.rows * row_share
     per_row, per_element = OPTIMIZER_STATE[config.optimizer]
     state_row_bytes = per_row + per_element * cols
-    touched = rows_held if replicated else unique_rows(ids, rows_held, table.hot_row_fraction)
+    # rows the optimizer steps: on a replicated table every rank steps the global batch's
+    # distinct rows (the all-gathered gradient, coalesced), on a shard those it served
+    touched = unique_rows(B * table.ids_per_sample, rows_held, table.hot_row_fraction) \
+        if replicated else unique_rows(ids, rows_held, table.hot_row_fraction)
     hbm = hbm_bytes_per_s(cluster)
     # Roofline for memory-bound kernels (Williams et al. 2009): time = bytes / bandwidth.
     lookup_s = (ids + out_rows) * cols * e / hbm
@@ -221,7 +233,11 @@ def _shard_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingCo
         # its sparse gradient: every rank's looked-up rows and their ids, all-gathered
         # (executors.hybrid_step.all_gather_sparse), never a whole-table tensor
         memory += B * table.ids_per_sample * (cols * e + ID_BYTES)
-        return RankLoad(lookup_s=lookup_s, update_s=update_s, memory_bytes=memory)
+        local_rows = unique_rows(ids, rows_held, table.hot_row_fraction)  # coalesced, sent
+        gathered = n * local_rows  # read again when the optimizer coalesces them
+        return RankLoad(lookup_s=lookup_s, update_s=update_s + gathered * cols * e / hbm,
+                        gather_s=replicated_gather_s(local_rows, cols * e, cluster),
+                        memory_bytes=memory)
     out_send = out_rows * cols * e
     intra = 0.0
     if intra_group > 1:  # table-row-wise: partial sums reduce-scattered inside the node first
@@ -322,75 +338,13 @@ def placement_loads(table: EmbeddingTable, placement: TablePlacement, cluster: C
     return _requester_load(table, cluster, config, placement), list(zip(placement.ranks, pieces))
 
 
-@dataclass(frozen=True, slots=True)
-class AllToAllLink:
-    """What one rank's all-to-all sees: latency per step, bandwidth to its node's peers and
-    to other nodes' peers, the group shape, and (CPU processes) the wait a blocking call
-    adds beyond its wire time."""
-
-    alpha_s: float
-    intra_bytes_per_s: float
-    inter_bytes_per_s: float
-    world: int
-    per_node: int
-    blocking_wait_s: float = 0.0
-
-    @classmethod
-    def of(cls, cluster: ClusterSpec) -> AllToAllLink:
-        """Measured all_to_all fits (`planner profile-cluster`) when the spec has them: the
-        intra-node one measured over the node's G ranks (or the widest group measured),
-        the inter-node one over all n; else the spec's latency and link bandwidth. On
-        host-bound clusters, the measured blocking wait of an all-to-all of n ranks."""
-        n, G = cluster.world_size, min(cluster.devices_per_node, cluster.world_size)
-        intra_fit = cluster.calibration.collective_fit("all_to_all", "intra_node", G)
-        inter_fit = cluster.calibration.collective_fit("all_to_all", "inter_node", n)
-        if n > G:
-            alpha = inter_fit.alpha_s if inter_fit else cluster.inter_node_latency_s
-        else:
-            alpha = intra_fit.alpha_s if intra_fit else cluster.intra_node_latency_s
-        wait = cluster.calibration.blocking_wait_seconds("all_to_all", n) if cluster.host_bound else 0.0
-        return cls(alpha, intra_fit.bytes_per_s if intra_fit else cluster.intra_node_gbps * GB,
-                   inter_fit.bytes_per_s if inter_fit else cluster.inter_node_gbps * GB, n, G,
-                   wait)
-
-    def latency_s(self) -> float:
-        """One call's fixed part: (n-1) alpha (pairwise exchange, Thakur et al. 2005) plus
-        the measured blocking wait."""
-        return (self.world - 1) * self.alpha_s + self.blocking_wait_s if self.world > 1 else 0.0
-
-    def bandwidth_s(self, nbytes: float) -> float:
-        """The bytes part of a call moving `nbytes` through this rank: the peers on its node
-        over NVLink and the others over its own NIC at once, max(S (G-1)/n / B_intra,
-        S (n-G)/n / B_inter) ((n-1)/n S/B on one node, as comm.all_to_all_s)."""
-        n, G = self.world, self.per_node
-        if n <= 1:
-            return 0.0
-        return max(nbytes * (G - 1) / n / self.intra_bytes_per_s,
-                   nbytes * (n - G) / n / self.inter_bytes_per_s)
-
-    def seconds(self, nbytes: float) -> float:
-        """One rank's part of one all-to-all moving `nbytes` through it (the larger of what
-        it sends and receives)."""
-        return self.latency_s() + self.bandwidth_s(nbytes)
-
-
-def all_to_all_rank_s(nbytes: float, cluster: ClusterSpec) -> float:
-    return AllToAllLink.of(cluster).seconds(nbytes)
-
-
-# all_to_all_single calls of one fused exchange per step (executors/table_exchange.py):
-# the (count, bags) header and the (id, bag) pairs in `_route`, the pooled blocks forward
-# and their gradients backward in `_FusedLookup`, for every sharded table at once.
-EXECUTOR_A2A_CALLS_PER_EXCHANGE = 4
-
-
 def rank_time(load: RankLoad, cluster: ClusterSpec, link: AllToAllLink | None = None) -> RankTime:
     """Seconds of one rank's embedding work: the latency of every all-to-all call the
     executor makes (EXECUTOR_A2A_CALLS_PER_EXCHANGE per fused exchange, every rank joins
     each) with the host ops of each exchange, and the bytes of three phases (ids forward,
     pooled forward, pooled gradients backward: the reverse of forward, same volume)."""
     link = link or AllToAllLink.of(cluster)
-    comm = load.exchanges * EXECUTOR_A2A_CALLS_PER_EXCHANGE * link.latency_s()
+    comm = load.exchanges * EXECUTOR_A2A_CALLS_PER_EXCHANGE * link.latency_s() + load.gather_s
     lookup_s, update_s = load.lookup_s, load.update_s
     if cluster.host_bound:
         lookup_s += load.exchanges * EXECUTOR_HOST_OPS_FORWARD_PER_EXCHANGE * cluster.op_overhead_s
@@ -409,12 +363,22 @@ def rank_time(load: RankLoad, cluster: ClusterSpec, link: AllToAllLink | None = 
 
 @dataclass(frozen=True, slots=True)
 class DenseCost:
-    """The data-parallel dense part (MLPs, interaction), the same on every rank."""
+    """The data-parallel dense part (MLPs, interaction), the same on every rank: what
+    `cost_models.estimate` predicts for the plan's dense layers (`DenseCost.of`), the one
+    dense figure the table planner, `planner estimate` and `planner validate` share."""
 
-    compute_s: float  # forward + backward of the local batch
-    backward_s: float  # the window DDP's all-reduce can hide behind
-    grad_bytes: float  # dense gradients all-reduced each step
-    state_bytes: float  # dense params + grads + optimizer state + saved activations
+    step_s: float  # its whole iteration: compute, data-parallel all-reduce, optimizer
+    state_bytes: float  # its peak bytes (params, grads, optimizer state, activations)
+
+    @classmethod
+    def of(cls, dense: Estimate) -> DenseCost:
+        """From the estimate of the dense layers alone (planner.table_hybrid.dense_estimate);
+        its bytes without the runtime overhead, which `capacity_bytes` takes off."""
+        stage = dense.memory.worst_stage
+        return cls(dense.iteration_seconds, float(stage.peak_bytes - stage.overhead))
+
+
+NO_DENSE = DenseCost(step_s=0.0, state_bytes=0.0)  # the tables alone
 
 
 @dataclass
@@ -425,8 +389,6 @@ class PlacementCost:
     memory_bytes: list[float]
     capacity_bytes: float
     dense_s: float
-    allreduce_s: float  # exposed part of the dense + replicated-table all-reduce
-    replicated_grad_bytes: float
     embedding_s: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -438,7 +400,7 @@ class PlacementCost:
 
     @property
     def step_s(self) -> float:
-        return self.dense_s + self.max_embedding_s + self.allreduce_s
+        return self.dense_s + self.max_embedding_s
 
     @property
     def imbalance(self) -> float:
@@ -456,22 +418,12 @@ def capacity_bytes(cluster: ClusterSpec, dense: DenseCost) -> float:
     return cluster.device_memory_bytes - cluster.runtime_overhead_bytes - dense.state_bytes
 
 
-def allreduce_exposed_s(grad_bytes: float, dense: DenseCost, cluster: ClusterSpec) -> float:
-    """DDP all-reduce of the dense and replicated-table gradients, one bucketed collective
-    (comm.collective_s), hidden behind the dense backward as cost_models.estimate does."""
-    if grad_bytes <= 0:
-        return 0.0  # nothing data-parallel: no all-reduce at all
-    total = collective_s("all_reduce", grad_bytes, cluster.world_size, cluster)
-    return exposed(total, dense.backward_s, overlap_efficiency(cluster))
-
-
 def evaluate(tables: list[EmbeddingTable], placements: list[TablePlacement],
              cluster: ClusterSpec, config: EmbeddingConfig, dense: DenseCost,
              measured: dict[str, list[float]] | None = None) -> PlacementCost:
     """Price a full placement (one TablePlacement per table, same order)."""
     n = cluster.world_size
     loads = [ZERO] * n
-    replicated_bytes = 0.0
     by_name = {t.name: t for t in tables}
     for p in placements:
         table = by_name[p.table]
@@ -479,17 +431,12 @@ def evaluate(tables: list[EmbeddingTable], placements: list[TablePlacement],
         loads = [load + common for load in loads]
         for rank, piece in owned:
             loads[rank] = loads[rank] + piece
-        if p.sharding is TableSharding.REPLICATED:
-            replicated_bytes += table.param_bytes
-    return cost_of_loads(loads, replicated_bytes, cluster, dense)
+    return cost_of_loads(loads, cluster, dense)
 
 
-def cost_of_loads(loads: list[RankLoad], replicated_bytes: float, cluster: ClusterSpec,
-                  dense: DenseCost) -> PlacementCost:
+def cost_of_loads(loads: list[RankLoad], cluster: ClusterSpec, dense: DenseCost) -> PlacementCost:
     link = AllToAllLink.of(cluster)
     return PlacementCost(
         per_rank=[rank_time(load, cluster, link) for load in loads],
         memory_bytes=[load.memory_bytes for load in loads],
-        capacity_bytes=capacity_bytes(cluster, dense), dense_s=dense.compute_s,
-        allreduce_s=allreduce_exposed_s(dense.grad_bytes + replicated_bytes, dense, cluster),
-        replicated_grad_bytes=replicated_bytes)
+        capacity_bytes=capacity_bytes(cluster, dense), dense_s=dense.step_s)

@@ -172,3 +172,7 @@ def test_estimate_and_show_price_and_print_a_plans_tables(tmp_path, capsys):
     assert priced["time"]["embedding"] == pytest.approx(slowest) and slowest > 0
     assert priced["iteration_seconds"] == pytest.approx(doc.predicted["iteration_seconds"])
     assert len(priced["memory"]["stages"][0]["device_peak_bytes"]) == 4
+    # one dense cost (table_hybrid.dense_estimate): the step the placement search ranked
+    # is the step `planner estimate` prints, and its dense part is the estimate's
+    assert doc.search["tables"]["step_s"] == pytest.approx(priced["iteration_seconds"])
+    assert priced["embedding"]["dense_s"] == pytest.approx(priced["iteration_seconds"] - slowest)
