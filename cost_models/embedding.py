@@ -93,7 +93,6 @@ class RankLoad:
     ids_recv_bytes: float = 0.0
     out_send_bytes: float = 0.0  # pooled all-to-all forward (and its gradient backward)
     out_recv_bytes: float = 0.0
-    intra_node_bytes: float = 0.0  # table-row-wise reduce-scatter inside the node (fwd + bwd)
     memory_bytes: float = 0.0  # table shard + optimizer state (+ gradient if replicated)
     optimizer_bytes: float = 0.0  # column-wise row-wise Adagrad: row sums sent to the shards
     # joins the one all-to-all of column-wise tables' row sums (row-wise Adagrad); OR-ed
@@ -110,7 +109,6 @@ class RankLoad:
                         self.ids_recv_bytes + other.ids_recv_bytes,
                         self.out_send_bytes + other.out_send_bytes,
                         self.out_recv_bytes + other.out_recv_bytes,
-                        self.intra_node_bytes + other.intra_node_bytes,
                         self.memory_bytes + other.memory_bytes,
                         self.optimizer_bytes + other.optimizer_bytes,
                         self.optimizer_exchange or other.optimizer_exchange,
@@ -130,7 +128,7 @@ ZERO = RankLoad()
 class RankTime:
     lookup_s: float
     update_s: float
-    comm_s: float  # all-to-alls, replicated tables' all-gathers, table-row-wise collectives
+    comm_s: float  # all-to-alls, replicated tables' all-gathers
 
     @property
     def total_s(self) -> float:
@@ -204,17 +202,16 @@ def lookup_shares(table: EmbeddingTable, sharding: TableSharding, num_shards: in
 
 
 def _shard_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingConfig,
-                cols: int, served: float, row_share: float, replicated: bool,
-                intra_group: int = 0) -> RankLoad:
+                cols: int, served: float, row_share: float, replicated: bool) -> RankLoad:
     """The owner side of one shard: `cols` columns, `served` of the ids, `row_share` of rows."""
     n = cluster.world_size
     B = config.global_batch
     e = table.dtype_bytes
     batch = B / n if replicated else B  # replicated tables serve their own local batch
     ids = batch * table.ids_per_sample * served  # lookups this shard answers
-    # pooled: a partial sum for EVERY bag of the batch it serves (the executor sends each
-    # source's every bag, empty ones as zeros: executors/table_exchange.py); else the rows
-    out_rows = batch if table.pooling else ids
+    # a partial sum for EVERY bag of the batch (an unpooled table: every id is a bag), empty
+    # ones as zeros: the executor sends each source's every bag (executors/table_exchange.py)
+    out_rows = batch * (1 if table.pooling else table.ids_per_sample)
     rows_held = table.rows * row_share
     per_row, per_element = OPTIMIZER_STATE[config.optimizer]
     state_row_bytes = per_row + per_element * cols
@@ -238,14 +235,8 @@ def _shard_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingCo
         return RankLoad(lookup_s=lookup_s, update_s=update_s + gathered * cols * e / hbm,
                         gather_s=replicated_gather_s(local_rows, cols * e, cluster),
                         memory_bytes=memory)
-    out_send = out_rows * cols * e
-    intra = 0.0
-    if intra_group > 1:  # table-row-wise: partial sums reduce-scattered inside the node first
-        intra = 2 * out_send * (intra_group - 1) / intra_group  # forward RS + backward AG
-        out_send = out_send / intra_group
     return RankLoad(lookup_s=lookup_s, update_s=update_s, ids_recv_bytes=ids * ID_PAIR_BYTES,
-                    out_send_bytes=out_send, intra_node_bytes=intra, memory_bytes=memory,
-                    sharded=True)
+                    out_send_bytes=out_rows * cols * e, memory_bytes=memory, sharded=True)
 
 
 # Host-side torch ops the executor runs on every rank, counted with a TorchDispatchMode on
@@ -280,7 +271,7 @@ def _exchange_load(table: EmbeddingTable, cluster: ClusterSpec, config: Embeddin
     column shard, once per row shard)."""
     b = config.global_batch / cluster.world_size
     ids = b * table.ids_per_sample
-    rows_back = b if table.pooling else ids
+    rows_back = b if table.pooling else ids  # bags: every id is one when unpooled
     k = len(placement.ranks)
     e = table.dtype_bytes
     header = cluster.world_size * HEADER_BYTES_PER_PEER  # sent and received, equal splits
@@ -289,12 +280,11 @@ def _exchange_load(table: EmbeddingTable, cluster: ClusterSpec, config: Embeddin
     elif placement.sharding is TableSharding.TABLE_WISE:
         copies, partials = 1, 1
     else:
-        # row-wise: ids split among shards; TorchRec's RW output dist is a reduce-scatter
-        # of each shard's partial sums, so a rank receives one partial per shard (per node
-        # for TWRW); unpooled rows come back from the one shard that holds each row.
-        copies = 1
-        partials = 1 if placement.sharding is TableSharding.TABLE_ROW_WISE or \
-            not table.pooling else k
+        # row-wise (table-row-wise too: the executor runs it as row-wise over the node's
+        # ranks, no reduce-scatter inside the node): ids split among the k shards, and
+        # every shard sends a partial for every bag of every requester (zeros where it
+        # held none of the bag's ids), so a rank receives k blocks
+        copies, partials = 1, k
     return RankLoad(ids_send_bytes=copies * ids * ID_PAIR_BYTES + header, ids_recv_bytes=header,
                     out_recv_bytes=partials * rows_back * table.dim * e,
                     exchange_dtypes=1 << e, sharded=True)
@@ -327,13 +317,13 @@ def placement_loads(table: EmbeddingTable, placement: TablePlacement, cluster: C
             common = _requester_load(table, cluster, config, placement)
             return RankLoad(optimizer_exchange=True) + common, list(zip(placement.ranks, pieces))
     else:
-        group = k if s is TableSharding.TABLE_ROW_WISE else 0
-        if group and len({r // cluster.devices_per_node for r in placement.ranks}) != 1:
+        node_wise = s is TableSharding.TABLE_ROW_WISE
+        if node_wise and len({r // cluster.devices_per_node for r in placement.ranks}) != 1:
             raise PlannerError(f"table {table.name}: table_row_wise keeps its shards on one "
                                f"node; ranks {list(placement.ranks)} span nodes")
-        kind = TableSharding.ROW_RANGE if group else s
+        kind = TableSharding.ROW_RANGE if node_wise else s
         served, rows = lookup_shares(table, kind, k, measured)
-        pieces = [_shard_load(table, cluster, config, table.dim, served[i], rows[i], False, group)
+        pieces = [_shard_load(table, cluster, config, table.dim, served[i], rows[i], False)
                   for i in range(k)]
     return _requester_load(table, cluster, config, placement), list(zip(placement.ranks, pieces))
 
@@ -354,10 +344,6 @@ def rank_time(load: RankLoad, cluster: ClusterSpec, link: AllToAllLink | None = 
         comm += 2 * link.bandwidth_s(max(load.out_send_bytes, load.out_recv_bytes))
     if load.optimizer_exchange:  # one call, its bytes as one phase
         comm += link.latency_s() + link.bandwidth_s(load.optimizer_bytes)
-    if load.intra_node_bytes:
-        # ring reduce-scatter / all-gather inside the node (Patarasuk & Yuan 2009): the
-        # per-rank bytes already carry the (G-1)/G factor.
-        comm += load.intra_node_bytes / link.intra_bytes_per_s
     return RankTime(lookup_s, update_s, comm)
 
 

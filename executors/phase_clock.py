@@ -13,6 +13,8 @@ entry points for the timed steps and sums wall seconds per phase:
   a2a_forward        all_to_all_single calls inside the forward (header, ids, pooled)
   table_backward     _FusedLookup.backward: the gradient all-to-all + the sparse gradients
   a2a_backward       all_to_all_single calls inside the backward
+  a2a_optimizer      all_to_all_single calls inside the sparse step (column-wise tables'
+                     row-wise Adagrad sums)
   forward_backward   ParallelModel._forward_backward: forward, loss and backward
   replicated_gathers executors.hybrid_step.all_gather_sparse (replicated tables)
   dense_comm         every other collective call (FSDP / DDP gradient sync, the loss sum):
@@ -22,7 +24,9 @@ entry points for the timed steps and sums wall seconds per phase:
 
 and derives dense_forward = forward - lookup and dense_backward = forward_backward -
 forward - table_backward - the dense collectives issued inside backward. `per_step`
-divides by the timed steps. The wrappers are removed on exit.
+divides by the timed steps and names each phase `<phase>_s`; it adds `a2a_calls` and the
+bytes the rank's all_to_all_single calls sent and received (`a2a_sent_bytes`,
+`a2a_received_bytes`: what cost_models.embedding prices). The wrappers are removed on exit.
 """
 
 from __future__ import annotations
@@ -45,8 +49,10 @@ class PhaseClock:
         self.pm = pm
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
+        self.a2a_bytes = [0, 0]  # sent, received by this rank's all_to_all_single calls
         self._where = "outside"  # "forward", "backward" or "outside" the forward/backward
         self._nested = 0  # inside a wrapped table phase: its collectives are its own
+        self._inside: list[str] = []  # the wrapped table phases running now, innermost last
         self._undo: list = []
 
     def _add(self, phase: str, seconds: float) -> None:
@@ -66,11 +72,13 @@ class PhaseClock:
                 start = time.perf_counter()
                 if nested:
                     self._nested += 1
+                    self._inside.append(phase)
                 try:
                     return original(*args, **kwargs)
                 finally:
                     if nested:
                         self._nested -= 1
+                        self._inside.pop()
                     elapsed = time.perf_counter() - start
                     self._add(phase, elapsed)
                     if inside_forward:
@@ -81,12 +89,17 @@ class PhaseClock:
         return make
 
     def _a2a(self, original):
-        def wrapper(*args, **kwargs):
+        def wrapper(output, input, *args, **kwargs):
+            self.a2a_bytes[0] += input.numel() * input.element_size()
+            self.a2a_bytes[1] += output.numel() * output.element_size()
             start = time.perf_counter()
             try:
-                return original(*args, **kwargs)
+                return original(output, input, *args, **kwargs)
             finally:
-                side = "a2a_backward" if self._where == "backward" else "a2a_forward"
+                if self._inside[-1:] == ["sparse_step"]:
+                    side = "a2a_optimizer"
+                else:
+                    side = "a2a_backward" if self._where == "backward" else "a2a_forward"
                 self._add(side, time.perf_counter() - start)
         return wrapper
 
@@ -149,7 +162,8 @@ class PhaseClock:
         self._where = "outside"
 
     def per_step(self, steps: int) -> dict[str, float]:
-        """Seconds per step of every phase, with the derived dense forward and backward."""
+        """Seconds per step of every phase (`<phase>_s`), with the derived dense forward
+        and backward; the all-to-all calls and bytes per step."""
         s = {k: v / steps for k, v in self.seconds.items()}
         g = s.get
         s["lookup_host"] = g("lookup", 0.0) - g("a2a_forward", 0.0)
@@ -159,5 +173,9 @@ class PhaseClock:
         s["dense_backward"] = (g("forward_backward", 0.0) - g("forward", 0.0)
                                - (g("lookup", 0.0) - g("lookup_in_forward", 0.0))
                                - g("table_backward", 0.0) - g("dense_comm_in_backward", 0.0))
-        s["a2a_calls"] = (self.calls.get("a2a_forward", 0) + self.calls.get("a2a_backward", 0)) / steps
-        return s
+        out = {f"{k}_s": v for k, v in s.items()}
+        out["a2a_calls"] = sum(self.calls.get(k, 0) for k in
+                               ("a2a_forward", "a2a_backward", "a2a_optimizer")) / steps
+        out["a2a_sent_bytes"] = self.a2a_bytes[0] / steps
+        out["a2a_received_bytes"] = self.a2a_bytes[1] / steps
+        return out

@@ -166,7 +166,6 @@ def lower_bound(problem: PlacementProblem) -> float:
       largest piece   some rank holds the largest piece of each table's best option."""
     n = problem.n
     beta = _beta_per_byte(problem.link)
-    intra_bw = problem.link.intra_bytes_per_s
     call_s = problem.link.latency_s()
     sums = {"send": 0.0, "recv": 0.0}
     largest = 0.0
@@ -177,8 +176,7 @@ def lower_bound(problem: PlacementProblem) -> float:
                 t = _total(o, n)
                 moved = (t.ids_send_bytes + 2 * t.out_send_bytes) if side == "send" else \
                     (t.ids_recv_bytes + 2 * t.out_recv_bytes)
-                best = min(best, (t.lookup_s + t.update_s + t.gather_s + beta * moved
-                                  + t.intra_node_bytes / intra_bw) / n)
+                best = min(best, (t.lookup_s + t.update_s + t.gather_s + beta * moved) / n)
             sums[side] += best
         largest = max(largest, min(problem.f(o.common + max(o.pieces, key=problem.f, default=ZERO))
                                    for o in opts))

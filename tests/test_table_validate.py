@@ -14,7 +14,9 @@ import json
 
 import pytest
 
+from cost_models.embedding import ZERO, EmbeddingConfig, placement_loads
 from cost_models.embedding_comm import EXECUTOR_A2A_CALLS_PER_EXCHANGE
+from ir.cluster import ClusterSpec
 from ir.embedding_tables import TableSharding
 from ir.plan import load_plan
 from planner.cli import main
@@ -48,9 +50,15 @@ def test_validate_sharded_dlrm_on_4_processes(tmp_path, capsys):
         assert error <= MEMORY_TARGET, r
     assert out["loss_matches_reference"] is True, (out["losses"], out["reference_losses"])
     assert out["predicted_time"]["embedding"] > 0
-    # one fused exchange (every table fp32): the calls the model prices, on every rank
-    for phases in out["phase_seconds"]:
+    # one fused exchange (every table fp32): the calls the model prices, on every rank,
+    # and the bytes: a rank sends its header and (id, bag) pairs, its shards' partial
+    # sums forward and its pooled rows' gradients backward (exact: every bag is sent)
+    expected = model_loads(doc)
+    for rank, phases in enumerate(out["phase_seconds"]):
         assert phases["a2a_calls"] == EXECUTOR_A2A_CALLS_PER_EXCHANGE, phases
+        load = expected[rank]
+        sent = load.ids_send_bytes + load.out_send_bytes + load.out_recv_bytes
+        assert phases["a2a_sent_bytes"] == pytest.approx(sent, rel=1e-12), (rank, phases)
     time_error = out["measured_iteration_seconds"] / out["predicted_iteration_seconds"] - 1
     print(f"sharded DLRM on 4 processes: predicted {out['predicted_iteration_seconds']:.4g} s, "
           f"measured {out['measured_iteration_seconds']:.4g} s ({100 * time_error:+.1f}%, "
@@ -60,4 +68,18 @@ def test_validate_sharded_dlrm_on_4_processes(tmp_path, capsys):
                               out["predicted_embedding"]["ranks"][0].items() if k.endswith("_s")})
     for rank, phases in enumerate(out["phase_seconds"]):
         print(f"measured ms, rank {rank}:", {k: round(1e3 * v, 2) for k, v in sorted(phases.items())
-                                             if k != "a2a_calls"})
+                                             if k.endswith("_s")})
+
+
+def model_loads(doc):
+    """Each rank's summed RankLoad of the plan's tables, as cost_models.embedding prices them."""
+    cluster = ClusterSpec.from_dict(doc.cluster, "plan cluster")
+    embeddings = doc.plan.embeddings
+    config = EmbeddingConfig(doc.plan.global_batch, embeddings.sparse_optimizer)
+    loads = [ZERO] * cluster.world_size
+    for placed in embeddings.tables:
+        common, owned = placement_loads(placed.table, placed.placement, cluster, config)
+        loads = [load + common for load in loads]
+        for rank, piece in owned:
+            loads[rank] = loads[rank] + piece
+    return loads
