@@ -2,8 +2,10 @@
 
 Cases: dlrm-criteo-tb (the 26 MLPerf DLRM Criteo-Terabyte tables, 204M rows x 128) on
 2 x 8 and 4 x 8 a100-80g, global batch 65536, row-wise Adagrad. The model is built and
-its tables found first (on meta, not timed); "plan s" covers option pricing, the greedy
-baseline, the search and the lower bound.
+its tables and layer graph found first (on meta, not timed); "plan s" covers the dense
+part's search and estimate (`planner.table_hybrid.plan_hybrid`: the placement's dense cost
+is that estimate, as `planner plan` and `planner estimate` price it), option pricing, the
+greedy baseline, the placement search and the lower bound.
 
 Targets (issue 18, acceptance): every table placed, no rank over its memory, per-rank
 load imbalance <= 10%, predicted step no worse than the greedy's, planned in under 5 s.
@@ -29,18 +31,23 @@ IMBALANCE_TARGET = 0.10
 
 
 def run_case(cluster_name: str, nodes: int) -> dict:
+    import torch
+
     from cost_models.clusters import get_cluster
-    from cost_models.embedding import EmbeddingConfig
-    from planner.models import load_model
-    from planner.table_inventory import dense_cost, find_tables
-    from planner.table_placement import plan_tables
+    from planner.commands.estimate import default_precision
+    from planner.models import load_layer_graph, load_model
+    from planner.search_space import SearchOptions
+    from planner.table_hybrid import plan_hybrid
+    from planner.table_inventory import find_tables
 
     cluster = get_cluster(cluster_name, nodes=nodes)
     loaded = load_model(MODEL, micro_batch=2, device="meta")
     tables = find_tables(loaded.module, loaded.inputs)
-    dense = dense_cost(loaded.module, tables, loaded.inputs, cluster, GLOBAL_BATCH)
+    precision = default_precision(cluster)
+    graph = load_layer_graph(MODEL, 1, None, getattr(torch, precision.compute_dtype))
     start = time.perf_counter()
-    plan = plan_tables(tables, cluster, EmbeddingConfig(GLOBAL_BATCH), dense)
+    plan = plan_hybrid(graph, tables, cluster, GLOBAL_BATCH, SearchOptions(precision=precision),
+                       loaded.module, loaded.inputs).tables
     wall_s = time.perf_counter() - start
     placed = {p.table for p in plan.placements} == {t.name for t in tables}
     c, g = plan.cost, plan.greedy_cost

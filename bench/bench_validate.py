@@ -49,7 +49,12 @@ TIME_TARGET = 0.25
 GLOBAL_BATCH = 8
 # Largest message profile-cluster times: the tiny models' biggest collective is < 1 MiB.
 PROFILE_MAX_BYTES = 1 << 20
-# name -> (model, ranks, `planner plan` pins)
+# Sharded DLRM (issue 18): 8 tables of 100K x 64 fp32 (25.6 MB each), 4 ids per table per
+# sample, at a global batch of 64 (2 samples a rank say nothing of the exchanges); the
+# tables' shardings pinned by `planner plan-tables --sharding` (ranks still searched).
+DLRM = "dlrm:num_tables=8,rows_per_table=100000,embedding_dim=64,lookups_per_table=4"
+DLRM_PINS = ["--global-batch", "64", "--sharding"]  # the later --global-batch wins
+# name -> (model, ranks, `planner plan` pins[, the planning subcommand, default "plan"])
 CASES = {
     "gpt-1rank": ("gpt-tiny", 1, ["--uniform"]),
     "gpt-ddp2": ("gpt-tiny", 2, ["--uniform", "--dp", "2", "--zero", "0"]),
@@ -84,6 +89,11 @@ CASES = {
                                             "--checkpoint", "full"]),
     "llama-zero2x4-sel": ("llama-tiny", 4, ["--uniform", "--dp", "4", "--zero", "2",
                                             "--checkpoint", "selective"]),
+    # sharded tables (issue 18): table-wise, row-wise (key ranges), and a mixed placement
+    "dlrm-tw4": (DLRM, 4, [*DLRM_PINS, "table_wise"], "plan-tables"),
+    "dlrm-rw4": (DLRM, 4, [*DLRM_PINS, "row_range"], "plan-tables"),
+    "dlrm-mixed4": (DLRM, 4, [*DLRM_PINS, "table_wise,row_range,column_wise,replicated"],
+                    "plan-tables"),
 }
 
 
@@ -116,10 +126,11 @@ def profile_specs(process_counts: set[int], folder: str) -> dict[int, str]:
 
 
 def plan_case(name: str, folder: str, spec: str) -> str:
-    model, ranks, pins = CASES[name]
+    model, ranks, pins, *command = CASES[name]
     path = os.path.join(folder, f"{name}.json")
     with contextlib.redirect_stdout(io.StringIO()):
-        status = planner_main(["plan", model, "--cluster", spec, "--gpus-per-node", str(ranks),
+        status = planner_main([*(command or ["plan"]), model, "--cluster", spec,
+                               "--gpus-per-node", str(ranks),
                                "--global-batch", str(GLOBAL_BATCH), *pins, "--out", path])
     if status:
         raise SystemExit(f"{name}: planner plan failed with status {status}")
@@ -206,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{1e3 * r['measured_iteration_seconds']:.1f}",
                          f"{100 * r['time_error']:+.0f}%", "yes" if time_ok else "NO",
                          "yes" if r["loss_matches_reference"] else "NO"])
-    print(f"planner validate: predicted vs measured, {GLOBAL_BATCH} samples per step, fp32 "
+    print(f"planner validate: predicted vs measured, {GLOBAL_BATCH} samples per step (dlrm: 64), fp32 "
           f"AdamW, gloo on this machine (targets: memory {MEMORY_TARGET:.0%} per rank, time "
           f"{TIME_TARGET:.0%})")
     print(table(["case", "ranks", "plan", "pred MiB", "meas MiB", "worst mem err", "mem ok",

@@ -212,7 +212,7 @@ def dp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     Returns (forward_s per micro-batch, backward_s per micro-batch, step_s per iteration,
     after_step_s per iteration, blocking)."""
     dp = strategy.dp
-    if dp == 1:
+    if dp == 1 or layer.params + layer.tied_params == 0:  # no parameters: no DP unit, no sync
         return 0.0, 0.0, 0.0, 0.0
     local = tp_local_params(layer.params, layer.tp_params, strategy.tp)
     param_bytes = local * per_param.params

@@ -18,13 +18,17 @@ local batch, p ids per sample, d the shard's columns, e bytes per element:
                      sharded tables share ONE call per phase (header, ids, pooled forward,
                      gradients backward: 4 per step per dtype exchanged, every rank joins
                      each, executors/table_exchange.py): (n-1) alpha + the measured
-                     blocking wait of a call on CPU processes (`AllToAllLink`)
-  replicated tables  whole-table gradient joins the dense all-reduce bucket (DDP)
+                     blocking wait of a call on CPU processes (`cost_models.embedding_comm`)
+  replicated tables  each rank's sparse gradient (its distinct rows and their ids) is
+                     all-gathered after backward (executors/hybrid_step.py), then every
+                     rank steps the global batch's distinct rows: never a dense gradient
 
 The slowest rank sets the step (the all-to-alls synchronise every rank):
-    step_s = dense_s + max_r embedding_s[r] + exposed(all-reduce of dense + replicated grads)
-which is TorchRec's planner's accounting too (per-shard perf summed per rank, the step
-is the maximum over ranks: torchrec/distributed/planner/stats.py).
+    step_s = dense_s + max_r embedding_s[r]
+with dense_s the dense layers' whole step as `cost_models.estimate` prices it (their
+compute, their data-parallel all-reduce and optimizer: `DenseCost.of`), which is TorchRec's
+planner's accounting too (per-shard perf summed per rank, the step is the maximum over
+ranks: torchrec/distributed/planner/stats.py).
 """
 
 from __future__ import annotations
@@ -39,9 +43,10 @@ from ir.cluster import ClusterSpec
 from ir.embedding_tables import (EmbeddingTable, HashRing, TablePlacement, TableSharding,
                                  column_shard_bounds, row_shard_bounds)
 from ir.errors import PlannerError
-from cost_models.comm import collective_s
 from cost_models.common import GB
-from cost_models.estimate import exposed, overlap_efficiency
+from cost_models.embedding_comm import (EXECUTOR_A2A_CALLS_PER_EXCHANGE, AllToAllLink,
+                                        replicated_gather_s)
+from cost_models.estimate import Estimate
 
 # Ids travel as int64: the zoo's sparse tensor and TorchRec's KeyedJaggedTensor values.
 ID_BYTES = 8
@@ -83,11 +88,11 @@ class RankLoad:
 
     lookup_s: float = 0.0  # forward gathers
     update_s: float = 0.0  # backward gradient gather + sparse optimizer update
+    gather_s: float = 0.0  # replicated tables: the all-gathers of their sparse gradients
     ids_send_bytes: float = 0.0  # ids all-to-all, forward
     ids_recv_bytes: float = 0.0
     out_send_bytes: float = 0.0  # pooled all-to-all forward (and its gradient backward)
     out_recv_bytes: float = 0.0
-    intra_node_bytes: float = 0.0  # table-row-wise reduce-scatter inside the node (fwd + bwd)
     memory_bytes: float = 0.0  # table shard + optimizer state (+ gradient if replicated)
     optimizer_bytes: float = 0.0  # column-wise row-wise Adagrad: row sums sent to the shards
     # joins the one all-to-all of column-wise tables' row sums (row-wise Adagrad); OR-ed
@@ -99,11 +104,11 @@ class RankLoad:
 
     def __add__(self, other: RankLoad) -> RankLoad:
         return RankLoad(self.lookup_s + other.lookup_s, self.update_s + other.update_s,
+                        self.gather_s + other.gather_s,
                         self.ids_send_bytes + other.ids_send_bytes,
                         self.ids_recv_bytes + other.ids_recv_bytes,
                         self.out_send_bytes + other.out_send_bytes,
                         self.out_recv_bytes + other.out_recv_bytes,
-                        self.intra_node_bytes + other.intra_node_bytes,
                         self.memory_bytes + other.memory_bytes,
                         self.optimizer_bytes + other.optimizer_bytes,
                         self.optimizer_exchange or other.optimizer_exchange,
@@ -123,7 +128,7 @@ ZERO = RankLoad()
 class RankTime:
     lookup_s: float
     update_s: float
-    comm_s: float
+    comm_s: float  # all-to-alls, replicated tables' all-gathers
 
     @property
     def total_s(self) -> float:
@@ -197,19 +202,23 @@ def lookup_shares(table: EmbeddingTable, sharding: TableSharding, num_shards: in
 
 
 def _shard_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingConfig,
-                cols: int, served: float, row_share: float, replicated: bool,
-                intra_group: int = 0) -> RankLoad:
+                cols: int, served: float, row_share: float, replicated: bool) -> RankLoad:
     """The owner side of one shard: `cols` columns, `served` of the ids, `row_share` of rows."""
     n = cluster.world_size
     B = config.global_batch
     e = table.dtype_bytes
     batch = B / n if replicated else B  # replicated tables serve their own local batch
     ids = batch * table.ids_per_sample * served  # lookups this shard answers
-    out_rows = min(batch, ids) if table.pooling else ids  # pooled bags (partial sums) or rows
+    # a partial sum for EVERY bag of the batch (an unpooled table: every id is a bag), empty
+    # ones as zeros: the executor sends each source's every bag (executors/table_exchange.py)
+    out_rows = batch * (1 if table.pooling else table.ids_per_sample)
     rows_held = table.rows * row_share
     per_row, per_element = OPTIMIZER_STATE[config.optimizer]
     state_row_bytes = per_row + per_element * cols
-    touched = rows_held if replicated else unique_rows(ids, rows_held, table.hot_row_fraction)
+    # rows the optimizer steps: on a replicated table every rank steps the global batch's
+    # distinct rows (the all-gathered gradient, coalesced), on a shard those it served
+    touched = unique_rows(B * table.ids_per_sample, rows_held, table.hot_row_fraction) \
+        if replicated else unique_rows(ids, rows_held, table.hot_row_fraction)
     hbm = hbm_bytes_per_s(cluster)
     # Roofline for memory-bound kernels (Williams et al. 2009): time = bytes / bandwidth.
     lookup_s = (ids + out_rows) * cols * e / hbm
@@ -221,15 +230,13 @@ def _shard_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingCo
         # its sparse gradient: every rank's looked-up rows and their ids, all-gathered
         # (executors.hybrid_step.all_gather_sparse), never a whole-table tensor
         memory += B * table.ids_per_sample * (cols * e + ID_BYTES)
-        return RankLoad(lookup_s=lookup_s, update_s=update_s, memory_bytes=memory)
-    out_send = out_rows * cols * e
-    intra = 0.0
-    if intra_group > 1:  # table-row-wise: partial sums reduce-scattered inside the node first
-        intra = 2 * out_send * (intra_group - 1) / intra_group  # forward RS + backward AG
-        out_send = out_send / intra_group
+        local_rows = unique_rows(ids, rows_held, table.hot_row_fraction)  # coalesced, sent
+        gathered = n * local_rows  # read again when the optimizer coalesces them
+        return RankLoad(lookup_s=lookup_s, update_s=update_s + gathered * cols * e / hbm,
+                        gather_s=replicated_gather_s(local_rows, cols * e, cluster),
+                        memory_bytes=memory)
     return RankLoad(lookup_s=lookup_s, update_s=update_s, ids_recv_bytes=ids * ID_PAIR_BYTES,
-                    out_send_bytes=out_send, intra_node_bytes=intra, memory_bytes=memory,
-                    sharded=True)
+                    out_send_bytes=out_rows * cols * e, memory_bytes=memory, sharded=True)
 
 
 # Host-side torch ops the executor runs on every rank, counted with a TorchDispatchMode on
@@ -264,7 +271,7 @@ def _exchange_load(table: EmbeddingTable, cluster: ClusterSpec, config: Embeddin
     column shard, once per row shard)."""
     b = config.global_batch / cluster.world_size
     ids = b * table.ids_per_sample
-    rows_back = b if table.pooling else ids
+    rows_back = b if table.pooling else ids  # bags: every id is one when unpooled
     k = len(placement.ranks)
     e = table.dtype_bytes
     header = cluster.world_size * HEADER_BYTES_PER_PEER  # sent and received, equal splits
@@ -273,12 +280,11 @@ def _exchange_load(table: EmbeddingTable, cluster: ClusterSpec, config: Embeddin
     elif placement.sharding is TableSharding.TABLE_WISE:
         copies, partials = 1, 1
     else:
-        # row-wise: ids split among shards; TorchRec's RW output dist is a reduce-scatter
-        # of each shard's partial sums, so a rank receives one partial per shard (per node
-        # for TWRW); unpooled rows come back from the one shard that holds each row.
-        copies = 1
-        partials = 1 if placement.sharding is TableSharding.TABLE_ROW_WISE or \
-            not table.pooling else k
+        # row-wise (table-row-wise too: the executor runs it as row-wise over the node's
+        # ranks, no reduce-scatter inside the node): ids split among the k shards, and
+        # every shard sends a partial for every bag of every requester (zeros where it
+        # held none of the bag's ids), so a rank receives k blocks
+        copies, partials = 1, k
     return RankLoad(ids_send_bytes=copies * ids * ID_PAIR_BYTES + header, ids_recv_bytes=header,
                     out_recv_bytes=partials * rows_back * table.dim * e,
                     exchange_dtypes=1 << e, sharded=True)
@@ -311,77 +317,15 @@ def placement_loads(table: EmbeddingTable, placement: TablePlacement, cluster: C
             common = _requester_load(table, cluster, config, placement)
             return RankLoad(optimizer_exchange=True) + common, list(zip(placement.ranks, pieces))
     else:
-        group = k if s is TableSharding.TABLE_ROW_WISE else 0
-        if group and len({r // cluster.devices_per_node for r in placement.ranks}) != 1:
+        node_wise = s is TableSharding.TABLE_ROW_WISE
+        if node_wise and len({r // cluster.devices_per_node for r in placement.ranks}) != 1:
             raise PlannerError(f"table {table.name}: table_row_wise keeps its shards on one "
                                f"node; ranks {list(placement.ranks)} span nodes")
-        kind = TableSharding.ROW_RANGE if group else s
+        kind = TableSharding.ROW_RANGE if node_wise else s
         served, rows = lookup_shares(table, kind, k, measured)
-        pieces = [_shard_load(table, cluster, config, table.dim, served[i], rows[i], False, group)
+        pieces = [_shard_load(table, cluster, config, table.dim, served[i], rows[i], False)
                   for i in range(k)]
     return _requester_load(table, cluster, config, placement), list(zip(placement.ranks, pieces))
-
-
-@dataclass(frozen=True, slots=True)
-class AllToAllLink:
-    """What one rank's all-to-all sees: latency per step, bandwidth to its node's peers and
-    to other nodes' peers, the group shape, and (CPU processes) the wait a blocking call
-    adds beyond its wire time."""
-
-    alpha_s: float
-    intra_bytes_per_s: float
-    inter_bytes_per_s: float
-    world: int
-    per_node: int
-    blocking_wait_s: float = 0.0
-
-    @classmethod
-    def of(cls, cluster: ClusterSpec) -> AllToAllLink:
-        """Measured all_to_all fits (`planner profile-cluster`) when the spec has them: the
-        intra-node one measured over the node's G ranks (or the widest group measured),
-        the inter-node one over all n; else the spec's latency and link bandwidth. On
-        host-bound clusters, the measured blocking wait of an all-to-all of n ranks."""
-        n, G = cluster.world_size, min(cluster.devices_per_node, cluster.world_size)
-        intra_fit = cluster.calibration.collective_fit("all_to_all", "intra_node", G)
-        inter_fit = cluster.calibration.collective_fit("all_to_all", "inter_node", n)
-        if n > G:
-            alpha = inter_fit.alpha_s if inter_fit else cluster.inter_node_latency_s
-        else:
-            alpha = intra_fit.alpha_s if intra_fit else cluster.intra_node_latency_s
-        wait = cluster.calibration.blocking_wait_seconds("all_to_all", n) if cluster.host_bound else 0.0
-        return cls(alpha, intra_fit.bytes_per_s if intra_fit else cluster.intra_node_gbps * GB,
-                   inter_fit.bytes_per_s if inter_fit else cluster.inter_node_gbps * GB, n, G,
-                   wait)
-
-    def latency_s(self) -> float:
-        """One call's fixed part: (n-1) alpha (pairwise exchange, Thakur et al. 2005) plus
-        the measured blocking wait."""
-        return (self.world - 1) * self.alpha_s + self.blocking_wait_s if self.world > 1 else 0.0
-
-    def bandwidth_s(self, nbytes: float) -> float:
-        """The bytes part of a call moving `nbytes` through this rank: the peers on its node
-        over NVLink and the others over its own NIC at once, max(S (G-1)/n / B_intra,
-        S (n-G)/n / B_inter) ((n-1)/n S/B on one node, as comm.all_to_all_s)."""
-        n, G = self.world, self.per_node
-        if n <= 1:
-            return 0.0
-        return max(nbytes * (G - 1) / n / self.intra_bytes_per_s,
-                   nbytes * (n - G) / n / self.inter_bytes_per_s)
-
-    def seconds(self, nbytes: float) -> float:
-        """One rank's part of one all-to-all moving `nbytes` through it (the larger of what
-        it sends and receives)."""
-        return self.latency_s() + self.bandwidth_s(nbytes)
-
-
-def all_to_all_rank_s(nbytes: float, cluster: ClusterSpec) -> float:
-    return AllToAllLink.of(cluster).seconds(nbytes)
-
-
-# all_to_all_single calls of one fused exchange per step (executors/table_exchange.py):
-# the (count, bags) header and the (id, bag) pairs in `_route`, the pooled blocks forward
-# and their gradients backward in `_FusedLookup`, for every sharded table at once.
-EXECUTOR_A2A_CALLS_PER_EXCHANGE = 4
 
 
 def rank_time(load: RankLoad, cluster: ClusterSpec, link: AllToAllLink | None = None) -> RankTime:
@@ -390,7 +334,7 @@ def rank_time(load: RankLoad, cluster: ClusterSpec, link: AllToAllLink | None = 
     each) with the host ops of each exchange, and the bytes of three phases (ids forward,
     pooled forward, pooled gradients backward: the reverse of forward, same volume)."""
     link = link or AllToAllLink.of(cluster)
-    comm = load.exchanges * EXECUTOR_A2A_CALLS_PER_EXCHANGE * link.latency_s()
+    comm = load.exchanges * EXECUTOR_A2A_CALLS_PER_EXCHANGE * link.latency_s() + load.gather_s
     lookup_s, update_s = load.lookup_s, load.update_s
     if cluster.host_bound:
         lookup_s += load.exchanges * EXECUTOR_HOST_OPS_FORWARD_PER_EXCHANGE * cluster.op_overhead_s
@@ -400,21 +344,27 @@ def rank_time(load: RankLoad, cluster: ClusterSpec, link: AllToAllLink | None = 
         comm += 2 * link.bandwidth_s(max(load.out_send_bytes, load.out_recv_bytes))
     if load.optimizer_exchange:  # one call, its bytes as one phase
         comm += link.latency_s() + link.bandwidth_s(load.optimizer_bytes)
-    if load.intra_node_bytes:
-        # ring reduce-scatter / all-gather inside the node (Patarasuk & Yuan 2009): the
-        # per-rank bytes already carry the (G-1)/G factor.
-        comm += load.intra_node_bytes / link.intra_bytes_per_s
     return RankTime(lookup_s, update_s, comm)
 
 
 @dataclass(frozen=True, slots=True)
 class DenseCost:
-    """The data-parallel dense part (MLPs, interaction), the same on every rank."""
+    """The data-parallel dense part (MLPs, interaction), the same on every rank: what
+    `cost_models.estimate` predicts for the plan's dense layers (`DenseCost.of`), the one
+    dense figure the table planner, `planner estimate` and `planner validate` share."""
 
-    compute_s: float  # forward + backward of the local batch
-    backward_s: float  # the window DDP's all-reduce can hide behind
-    grad_bytes: float  # dense gradients all-reduced each step
-    state_bytes: float  # dense params + grads + optimizer state + saved activations
+    step_s: float  # its whole iteration: compute, data-parallel all-reduce, optimizer
+    state_bytes: float  # its peak bytes (params, grads, optimizer state, activations)
+
+    @classmethod
+    def of(cls, dense: Estimate) -> DenseCost:
+        """From the estimate of the dense layers alone (planner.table_hybrid.dense_estimate);
+        its bytes without the runtime overhead, which `capacity_bytes` takes off."""
+        stage = dense.memory.worst_stage
+        return cls(dense.iteration_seconds, float(stage.peak_bytes - stage.overhead))
+
+
+NO_DENSE = DenseCost(step_s=0.0, state_bytes=0.0)  # the tables alone
 
 
 @dataclass
@@ -425,8 +375,6 @@ class PlacementCost:
     memory_bytes: list[float]
     capacity_bytes: float
     dense_s: float
-    allreduce_s: float  # exposed part of the dense + replicated-table all-reduce
-    replicated_grad_bytes: float
     embedding_s: list[float] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -438,7 +386,7 @@ class PlacementCost:
 
     @property
     def step_s(self) -> float:
-        return self.dense_s + self.max_embedding_s + self.allreduce_s
+        return self.dense_s + self.max_embedding_s
 
     @property
     def imbalance(self) -> float:
@@ -456,22 +404,12 @@ def capacity_bytes(cluster: ClusterSpec, dense: DenseCost) -> float:
     return cluster.device_memory_bytes - cluster.runtime_overhead_bytes - dense.state_bytes
 
 
-def allreduce_exposed_s(grad_bytes: float, dense: DenseCost, cluster: ClusterSpec) -> float:
-    """DDP all-reduce of the dense and replicated-table gradients, one bucketed collective
-    (comm.collective_s), hidden behind the dense backward as cost_models.estimate does."""
-    if grad_bytes <= 0:
-        return 0.0  # nothing data-parallel: no all-reduce at all
-    total = collective_s("all_reduce", grad_bytes, cluster.world_size, cluster)
-    return exposed(total, dense.backward_s, overlap_efficiency(cluster))
-
-
 def evaluate(tables: list[EmbeddingTable], placements: list[TablePlacement],
              cluster: ClusterSpec, config: EmbeddingConfig, dense: DenseCost,
              measured: dict[str, list[float]] | None = None) -> PlacementCost:
     """Price a full placement (one TablePlacement per table, same order)."""
     n = cluster.world_size
     loads = [ZERO] * n
-    replicated_bytes = 0.0
     by_name = {t.name: t for t in tables}
     for p in placements:
         table = by_name[p.table]
@@ -479,17 +417,12 @@ def evaluate(tables: list[EmbeddingTable], placements: list[TablePlacement],
         loads = [load + common for load in loads]
         for rank, piece in owned:
             loads[rank] = loads[rank] + piece
-        if p.sharding is TableSharding.REPLICATED:
-            replicated_bytes += table.param_bytes
-    return cost_of_loads(loads, replicated_bytes, cluster, dense)
+    return cost_of_loads(loads, cluster, dense)
 
 
-def cost_of_loads(loads: list[RankLoad], replicated_bytes: float, cluster: ClusterSpec,
-                  dense: DenseCost) -> PlacementCost:
+def cost_of_loads(loads: list[RankLoad], cluster: ClusterSpec, dense: DenseCost) -> PlacementCost:
     link = AllToAllLink.of(cluster)
     return PlacementCost(
         per_rank=[rank_time(load, cluster, link) for load in loads],
         memory_bytes=[load.memory_bytes for load in loads],
-        capacity_bytes=capacity_bytes(cluster, dense), dense_s=dense.compute_s,
-        allreduce_s=allreduce_exposed_s(dense.grad_bytes + replicated_bytes, dense, cluster),
-        replicated_grad_bytes=replicated_bytes)
+        capacity_bytes=capacity_bytes(cluster, dense), dense_s=dense.step_s)

@@ -11,8 +11,9 @@ ranks in one stage, its strategy (ZeRO stage, checkpointing, micro-batches) sear
 `planner.search` on the layer graph with the table layers' parameters taken out
 (`dense_graph`: their shards, gradients and optimizer state are the embedding model's).
 
-Prediction (`combined_prediction`): the step is the dense estimate plus the slowest
-rank's table seconds (lookups, sparse update, all-to-alls: the all-to-alls synchronise
+Prediction (`combined_prediction`): the step is the dense estimate (`dense_estimate`:
+the ONE dense figure, which the placement search also prices its steps with) plus the
+slowest rank's table seconds (lookups, sparse update, all-to-alls: the all-to-alls synchronise
 every rank, so the slowest sets the step: `cost_models.embedding`'s accounting); rank r's
 peak is the dense peak plus its tables' bytes (shards + optimizer state).
 """
@@ -36,7 +37,7 @@ from ir.plan import ParallelPlan, PlanDocument, model_identity
 from planner.search import search
 from planner.search_space import SearchOptions
 from planner.search_stats import SearchStats
-from planner.table_inventory import dense_cost, find_tables
+from planner.table_inventory import find_tables
 from planner.table_placement import TablePlan, plan_tables
 from planner.table_report import cost_json
 
@@ -97,8 +98,9 @@ class HybridPlan:
 def plan_hybrid(graph: LayerGraph, tables: list[EmbeddingTable], cluster: ClusterSpec,
                 global_batch: int, options: SearchOptions, module: nn.Module, inputs: dict,
                 sparse_optimizer: str = DEFAULT_SPARSE_OPTIMIZER,
-                method: str = "auto") -> HybridPlan:
-    """Search the dense part, place the tables, and join them into one plan."""
+                method: str = "auto", pins: list | None = None) -> HybridPlan:
+    """Search the dense part, place the tables, and join them into one plan (`pins`:
+    `plan_tables`'s sharding per table)."""
     if not tables:
         raise PlannerError(f"{graph.model} has no pooled embedding tables to shard")
     names = {t.name for t in tables}
@@ -107,15 +109,23 @@ def plan_hybrid(graph: LayerGraph, tables: list[EmbeddingTable], cluster: Cluste
         raise PlannerError(f"no data-parallel plan for {graph.model}'s dense layers fits "
                            f"{cluster.device_memory_bytes / 2**30:.1f} GiB per device; add "
                            "devices or shrink the global batch")
-    dense = dense_cost(module, tables, inputs, cluster, global_batch)
-    placed = plan_tables(tables, cluster, EmbeddingConfig(global_batch, sparse_optimizer), dense,
-                         method=method)
+    dense = dense_estimate(graph, names, result.best.plan, cluster)
+    placed = plan_tables(tables, cluster, EmbeddingConfig(global_batch, sparse_optimizer),
+                         DenseCost.of(dense), method=method, pins=pins)
     by_name = {p.table: p for p in placed.placements}
     embeddings = EmbeddingPlan(tuple(PlacedTable(t, by_name[t.name]) for t in tables),
                                sparse_optimizer, cluster.devices_per_node)
     plan = dataclasses.replace(result.best.plan, embeddings=embeddings)
-    predicted = combined_prediction(result.best.estimate.to_json(), placed.cost, global_batch)
+    predicted = combined_prediction(dense.to_json(), placed.cost, global_batch)
     return HybridPlan(plan, predicted, placed, result.stats)
+
+
+def dense_estimate(graph: LayerGraph, table_names: set[str], plan: ParallelPlan,
+                   cluster: ClusterSpec, profile=None) -> Estimate:
+    """The dense part of a hybrid plan: `cost_models.estimate` of its layers with the
+    tables taken out (`dense_graph`). One function for the table planner's dense cost
+    (`DenseCost.of`), `planner estimate` and `planner validate` (`price_hybrid`)."""
+    return estimate(dense_graph(graph, table_names), plan, cluster, profile)
 
 
 def combined_prediction(dense: dict, cost: PlacementCost, global_batch: int) -> dict:
@@ -123,7 +133,7 @@ def combined_prediction(dense: dict, cost: PlacementCost, global_batch: int) -> 
     added (module docstring); `embedding` holds the tables' per-rank breakdown."""
     out = copy.deepcopy(dense)
     table_s = cost.max_embedding_s
-    out["iteration_seconds"] = dense["iteration_seconds"] + table_s
+    out["iteration_seconds"] = dense["iteration_seconds"] + table_s  # = cost.step_s
     out["samples_per_second"] = global_batch / out["iteration_seconds"]
     out["time"] = {**dense.get("time", {}), "embedding": table_s}
     stage = out["memory"]["stages"][0]  # one stage: ParallelPlan's rule for tables
@@ -180,11 +190,10 @@ def price_hybrid(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
     `cost_models.estimate` with the tables' parameters taken out, the placement as it
     stands by `cost_models.embedding.evaluate` (its tables' seconds and bytes only)."""
     tables = [t.table for t in plan.embeddings.tables]
-    dense = estimate(dense_graph(graph, {t.name for t in tables}), plan, cluster, profile)
-    # the dense part is in `dense`; the placement adds only its tables' seconds and bytes
-    no_dense = DenseCost(compute_s=0.0, backward_s=0.0, grad_bytes=0.0, state_bytes=0.0)
+    dense = dense_estimate(graph, {t.name for t in tables}, plan, cluster, profile)
     cost = evaluate(tables, plan.embeddings.placements, cluster,
-                    EmbeddingConfig(plan.global_batch, plan.embeddings.sparse_optimizer), no_dense)
+                    EmbeddingConfig(plan.global_batch, plan.embeddings.sparse_optimizer),
+                    DenseCost.of(dense))
     return dense, cost
 
 

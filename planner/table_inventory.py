@@ -1,4 +1,5 @@
-"""Find a model's embedding tables and price its dense part: the table planner's inputs.
+"""Find a model's embedding tables: the table planner's inputs (the dense part is priced
+by `planner.table_hybrid.dense_estimate`).
 
 `find_tables(module, inputs)` runs the model once (on meta: shapes only) with a hook on
 every table and returns one `EmbeddingTable` per table: rows, dimension, dtype bytes,
@@ -20,21 +21,9 @@ import dataclasses
 import torch
 from torch import nn
 
-from cost_models.embedding import HOT_ROW_SHARE, DenseCost
-from cost_models.model_states import bytes_per_param
-from ir.cluster import ClusterSpec
+from cost_models.embedding import HOT_ROW_SHARE
 from ir.embedding_tables import EmbeddingTable, HashRing, TableSharding, row_shard_bounds
 from ir.errors import PlannerError
-from ir.strategy import Precision
-
-# Forward + backward FLOPs of a matmul are 3x its forward (Kaplan et al. 2020, C = 6ND).
-FWD_BWD_FLOP_FACTOR = 3
-# Backward is two of those three shares: the window DDP's all-reduce hides behind.
-BACKWARD_SHARE = 2 / 3
-# MLPerf DLRM trains its MLPs in mixed precision (fp16/bf16 matmuls, fp32 master weights).
-DENSE_DTYPE = "bfloat16"
-DENSE_PRECISION = Precision.BF16_MIXED
-DENSE_OPTIMIZER = "adamw"
 
 
 def is_table(module: nn.Module) -> bool:
@@ -120,40 +109,3 @@ def measured_shard_shares(table: EmbeddingTable, ids: torch.Tensor, sharding: Ta
         raise PlannerError(f"table {table.name}: {sharding} does not split rows")
     counts = torch.bincount(owner, minlength=num_shards).to(torch.float64)
     return (counts / max(1, flat.numel())).tolist()
-
-
-def dense_cost(module: nn.Module, tables: list[EmbeddingTable], inputs: dict[str, torch.Tensor],
-               cluster: ClusterSpec, global_batch: int) -> DenseCost:
-    """The data-parallel dense part: every Linear's FLOPs (2 x in x out per sample) and
-    batched products found by a shape pass, at the cluster's measured matmul rate."""
-    table_names = {t.name for t in tables}
-    flops_per_sample = 0.0
-    dense_params = 0
-    act_elements_per_sample = 0
-    for name, m in module.named_modules():
-        if name in table_names or any(name.startswith(t + ".") for t in table_names):
-            continue
-        if isinstance(m, nn.Linear):
-            flops_per_sample += 2 * m.in_features * m.out_features  # one multiply-add each
-            act_elements_per_sample += m.in_features + m.out_features
-    for name, p in module.named_parameters():
-        if not any(name.startswith(t + ".") for t in table_names):
-            dense_params += p.numel()
-    flops_per_sample += _interaction_flops(tables)
-    local_batch = global_batch / cluster.world_size
-    rate = cluster.peak_flops(DENSE_DTYPE) * (cluster.matmul_efficiency or 1.0)
-    compute_s = FWD_BWD_FLOP_FACTOR * flops_per_sample * local_batch / rate
-    per_param = bytes_per_param(DENSE_PRECISION, DENSE_OPTIMIZER)
-    state = dense_params * per_param.total + act_elements_per_sample * local_batch * 2
-    return DenseCost(compute_s=compute_s, backward_s=compute_s * BACKWARD_SHARE,
-                     grad_bytes=dense_params * per_param.grads, state_bytes=state)
-
-
-def _interaction_flops(tables: list[EmbeddingTable]) -> float:
-    """DLRM's dot interaction: (T+1) x D by D x (T+1) per sample, 2 FLOPs per multiply-add
-    (Naumov et al. 2019); zero when tables differ in width (no dot interaction)."""
-    dims = {t.dim for t in tables}
-    if len(dims) != 1:
-        return 0.0
-    n = len(tables) + 1
-    return 2.0 * n * n * dims.pop()

@@ -8,7 +8,7 @@ and shard count, `table_options`); an option adds `common_o` to every rank and h
 the loads rank r receives (cost_models.embedding.RankLoad) and f the rank's seconds
 (`rank_time`):
 
-    minimise  step = dense_s + max_r f(L_r) + exposed_allreduce(dense + replicated bytes)
+    minimise  step = dense_s + max_r f(L_r)
     s.t.      memory(L_r) <= capacity  for every r
 
 f is monotone in every field of L, so a partial assignment's step never exceeds the
@@ -17,7 +17,7 @@ partial step already reaches the best complete one. Rank symmetry: ranks of one 
 identical loads are interchangeable, so a piece goes only to the first of them.
 
 Large instances (`heuristic`). Seeds: each table at its cheapest option (TorchRec's perf:
-seconds summed over ranks, a replicated table's all-reduce included), with replication
+seconds summed over ranks, a replicated table's gradient all-gathers included), with replication
 allowed only up to each of REPLICATE_LIMITS_BYTES, and column-split (`split_until`) until
 there are n, 1.5n, 2n pieces; pieces placed by LPT (largest first, each on the rank
 where it ends lowest: Graham 1969, makespan within 4/3 - 1/(3n) of the optimum for a
@@ -69,13 +69,13 @@ def exact(problem: PlacementProblem, time_limit_s: float | None = None) -> Solut
     choice: dict[int, tuple[Option, tuple[int, ...]]] = {}
     signatures = rank_signatures(problem)
 
-    def rec(depth: int, loads: list[RankLoad], replicated: float) -> None:
+    def rec(depth: int, loads: list[RankLoad]) -> None:
         if deadline is not None and time.perf_counter() > deadline:
             raise TimeoutError
-        if problem.step(loads, replicated) >= best[0]:
+        if problem.step(loads) >= best[0]:
             return
         if depth == len(order):
-            best[0] = problem.step(loads, replicated)
+            best[0] = problem.step(loads)
             best[1] = dict(choice)
             return
         i = order[depth]
@@ -92,10 +92,10 @@ def exact(problem: PlacementProblem, time_limit_s: float | None = None) -> Solut
                 if not all(problem.fits(x) for x in new):
                     continue
                 choice[i] = (opt, tuple(ranks))
-                rec(depth + 1, new, replicated + opt.replicated_bytes)
+                rec(depth + 1, new)
                 del choice[i]
 
-    rec(0, [ZERO] * problem.n, 0.0)
+    rec(0, [ZERO] * problem.n)
     if best[1] is None:
         return None
     picked = [best[1][i] for i in range(len(problem.tables))]
@@ -138,10 +138,10 @@ def _distinct_sets(loads: list[RankLoad], k: int, G: int, signatures: list[tuple
 # ---- heuristic: LPT + local search + re-optioning ---------------------------------------
 
 
-def _key(problem: PlacementProblem, loads: list[RankLoad], replicated: float) -> tuple[float, float]:
+def _key(problem: PlacementProblem, loads: list[RankLoad]) -> tuple[float, float]:
     """Compare by step, then by the sum of squared rank times (flatter is better)."""
     times = [problem.f(x) for x in loads]
-    return max(times) + problem.allreduce(replicated), sum(t * t for t in times)
+    return max(times), sum(t * t for t in times)
 
 
 def lpt(problem: PlacementProblem, choice: list[Option]) -> list[tuple[int, ...]] | None:
@@ -181,8 +181,8 @@ def local_search(problem: PlacementProblem, choice: list[Option], ranks: list[tu
                  deadline: float) -> list[tuple[int, ...]]:
     """Move or swap free pieces off the slowest rank while (step, sum of squares) drops."""
     ranks = [list(r) for r in ranks]
-    loads, replicated = problem.loads(choice, ranks)
-    current = _key(problem, loads, replicated)
+    loads = problem.loads(choice, ranks)
+    current = _key(problem, loads)
     while time.perf_counter() < deadline:
         worst = max(range(problem.n), key=lambda r: problem.f(loads[r]))
         mine = [(t, j) for t, opt in enumerate(choice) if opt.fixed_ranks is None
@@ -199,7 +199,7 @@ def local_search(problem: PlacementProblem, choice: list[Option], ranks: list[tu
                 trial[worst] = _minus(trial[worst], piece)
                 trial[r] = trial[r] + piece
                 if problem.fits(trial[r]):
-                    k = _key(problem, trial, replicated)
+                    k = _key(problem, trial)
                     if k < best_key:
                         best_move, best_key = ("move", t, j, r), k
             for u, i in others:  # swap
@@ -211,7 +211,7 @@ def local_search(problem: PlacementProblem, choice: list[Option], ranks: list[tu
                 trial[worst] = _minus(trial[worst], piece) + other
                 trial[r] = _minus(trial[r], other) + piece
                 if problem.fits(trial[r]) and problem.fits(trial[worst]):
-                    k = _key(problem, trial, replicated)
+                    k = _key(problem, trial)
                     if k < best_key:
                         best_move, best_key = ("swap", t, j, u, i), k
         if best_move is None:
@@ -222,8 +222,8 @@ def local_search(problem: PlacementProblem, choice: list[Option], ranks: list[tu
         else:
             _, t, j, u, i = best_move
             ranks[t][j], ranks[u][i] = ranks[u][i], ranks[t][j]
-        loads, replicated = problem.loads(choice, ranks)
-        current = _key(problem, loads, replicated)
+        loads = problem.loads(choice, ranks)
+        current = _key(problem, loads)
     return [tuple(r) for r in ranks]
 
 
@@ -249,7 +249,7 @@ def heuristic(problem: PlacementProblem, seeds: list[Solution],
     improved = True
     while improved and time.perf_counter() < deadline:
         improved = False
-        loads, _ = problem.loads(best.choice, best.ranks)
+        loads = problem.loads(best.choice, best.ranks)
         worst = max(range(problem.n), key=lambda r: problem.f(loads[r]))
         touching = [t for t, where in enumerate(best.ranks) if worst in where]
         for t in touching:
@@ -303,14 +303,16 @@ def _sol_key(sol: Solution) -> tuple[float, float]:
 
 
 def plan_tables(tables: list[EmbeddingTable], cluster: ClusterSpec, config: EmbeddingConfig,
-                dense: DenseCost, method: str = "auto") -> TablePlan:
-    """Our placement and the greedy baseline's, priced by the same cost model."""
+                dense: DenseCost, method: str = "auto",
+                pins: list[TableSharding] | None = None) -> TablePlan:
+    """Our placement and the greedy baseline's, priced by the same cost model; `pins`:
+    the sharding each table must take (cycled over the tables), ranks still searched."""
     if not tables:
         raise PlannerError("the model has no embedding tables to place")
     if method not in ("auto", "exact", "heuristic"):
         raise PlannerError(f"unknown placement method {method!r}; use auto, exact or heuristic")
     start = time.perf_counter()
-    problem = PlacementProblem(tables, cluster, config, dense)
+    problem = PlacementProblem(tables, cluster, config, dense, pins)
     base = greedy(problem)
     auto = method == "auto"
     if auto:
@@ -325,8 +327,10 @@ def plan_tables(tables: list[EmbeddingTable], cluster: ClusterSpec, config: Embe
     if method == "heuristic":
         seeds = [s for s in (base,) if s is not None]
         for limit in REPLICATE_LIMITS_BYTES:
-            cheapest = [min((o for o in opts if o.replicated_bytes <= limit), key=problem.perf)
-                        for opts in problem.options]
+            cheapest = [min((o for o in opts if o.replicated_bytes <= limit), key=problem.perf,
+                            default=None) for opts in problem.options]
+            if None in cheapest:  # a table pinned to replication: not below this limit
+                continue
             for choice in [cheapest] + [split_until(problem, cheapest, pieces)
                                         for pieces in (problem.n, 3 * problem.n // 2, 2 * problem.n)]:
                 ranks = lpt(problem, choice)

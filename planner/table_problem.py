@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost_models.comm import collective_s
-from cost_models.embedding import (EXECUTOR_A2A_CALLS_PER_EXCHANGE, ZERO, AllToAllLink, DenseCost, EmbeddingConfig, PlacementCost,
-                                   RankLoad, allreduce_exposed_s, capacity_bytes, cost_of_loads,
-                                   placement_loads, rank_time)
-from cost_models.estimate import overlap_efficiency
+from cost_models.embedding import (ZERO, DenseCost, EmbeddingConfig, PlacementCost, RankLoad,
+                                   capacity_bytes, cost_of_loads, placement_loads, rank_time)
+from cost_models.embedding_comm import EXECUTOR_A2A_CALLS_PER_EXCHANGE, AllToAllLink
 from ir.cluster import ClusterSpec
 from ir.embedding_tables import EmbeddingTable, TablePlacement, TableSharding
+from ir.errors import PlannerError
 
 # Fewest columns a column-wise shard keeps: 32 fp32 = one 128-byte memory transaction
 # per row, below which gathers stop streaming full lines.
@@ -36,7 +35,7 @@ class Option:
     common: RankLoad
     pieces: tuple[RankLoad, ...]
     fixed_ranks: tuple[int, ...] | None
-    replicated_bytes: float
+    replicated_bytes: float  # the table's bytes when this option replicates it, else 0
 
     def placement(self, name: str, ranks: tuple[int, ...], world: int) -> TablePlacement:
         if self.sharding is TableSharding.REPLICATED:
@@ -99,53 +98,58 @@ class TablePlan:
 class PlacementProblem:
     """Options, cluster and dense part: what the searches share."""
 
-    def __init__(self, tables, cluster: ClusterSpec, config: EmbeddingConfig, dense: DenseCost):
+    def __init__(self, tables, cluster: ClusterSpec, config: EmbeddingConfig, dense: DenseCost,
+                 pins: list[TableSharding] | None = None):
+        """`pins`: a sharding per table (cycled over the tables in order) that each must
+        take; the searches still choose its ranks."""
         self.tables, self.cluster, self.config, self.dense = tables, cluster, config, dense
         self.n = cluster.world_size
         self.capacity = capacity_bytes(cluster, dense)
         self.link = AllToAllLink.of(cluster)
-        self._allreduce: dict[float, float] = {}
         self.options = [table_options(i, t, cluster, config) for i, t in enumerate(tables)]
+        if pins:
+            self.options = [_pinned(t, opts, pins[i % len(pins)])
+                            for i, (t, opts) in enumerate(zip(tables, self.options))]
 
     def f(self, load: RankLoad) -> float:
         return rank_time(load, self.cluster, self.link).total_s
 
     def perf(self, o: Option) -> float:
         """Seconds an option costs summed over ranks (TorchRec's per-option perf): every
-        rank's share, each piece, and for a replicated table its gradient all-reduce on
-        every rank."""
-        allreduce = collective_s("all_reduce", o.replicated_bytes, self.n, self.cluster) \
-            if o.replicated_bytes else 0.0
-        return self.n * (self.f(o.common) + allreduce) + sum(self.f(p) for p in o.pieces)
+        rank's share (a replicated table's: its lookups, update and gradient all-gathers)
+        and each piece."""
+        return self.n * self.f(o.common) + sum(self.f(p) for p in o.pieces)
 
-    def allreduce(self, replicated: float) -> float:
-        if replicated not in self._allreduce:
-            self._allreduce[replicated] = allreduce_exposed_s(
-                self.dense.grad_bytes + replicated, self.dense, self.cluster)
-        return self._allreduce[replicated]
-
-    def step(self, loads: list[RankLoad], replicated: float) -> float:
-        return self.dense.compute_s + max(self.f(x) for x in loads) + self.allreduce(replicated)
+    def step(self, loads: list[RankLoad]) -> float:
+        return self.dense.step_s + max(self.f(x) for x in loads)
 
     def fits(self, load: RankLoad) -> bool:
         return load.memory_bytes <= self.capacity
 
     def solution(self, choice: list[Option], ranks: list[tuple[int, ...]]) -> Solution:
-        loads, replicated = self.loads(choice, ranks)
         return Solution(list(choice), list(ranks),
-                        cost_of_loads(loads, replicated, self.cluster, self.dense))
+                        cost_of_loads(self.loads(choice, ranks), self.cluster, self.dense))
 
-    def loads(self, choice, ranks) -> tuple[list[RankLoad], float]:
+    def loads(self, choice, ranks) -> list[RankLoad]:
         loads = [ZERO] * self.n
         for opt, where in zip(choice, ranks):
             loads = [x + opt.common for x in loads]
             for r, piece in zip(where, opt.pieces):
                 loads[r] = loads[r] + piece
-        return loads, sum(o.replicated_bytes for o in choice)
+        return loads
 
     def placements(self, sol: Solution) -> list[TablePlacement]:
         return [opt.placement(self.tables[opt.table].name, where, self.n)
                 for opt, where in zip(sol.choice, sol.ranks)]
+
+
+def _pinned(table: EmbeddingTable, options: list[Option], sharding: TableSharding) -> list[Option]:
+    kept = [o for o in options if o.sharding is sharding]
+    if not kept:
+        raise PlannerError(f"table {table.name}: {sharding} is not one of its options here "
+                           f"({', '.join(sorted({str(o.sharding) for o in options}))}); pin "
+                           "another sharding")
+    return kept
 
 
 # ---- bounds -------------------------------------------------------------------------------
@@ -157,19 +161,11 @@ def lower_bound(problem: PlacementProblem) -> float:
       average bound   sum_r f(L_r) >= compute + beta * max(sum of sends, sum of receives)
                       per all-to-all phase (a sum of maxima exceeds the maximum of sums),
                       so max_r f(L_r) >= that / n, plus the latency of one fused
-                      exchange's calls (every rank joins them); each table
-                      at its cheapest option, a replicated one charged its gradient's
-                      share of the all-reduce at the all-reduce's smallest per-byte slope
-                      (ring and tree are affine in bytes, so the minimum of them grows at
-                      least that fast) beyond what the dense backward can hide;
+                      exchange's calls (every rank joins them); each table at its
+                      cheapest option (a replicated one with its gradient all-gathers);
       largest piece   some rank holds the largest piece of each table's best option."""
-    cl, n, dense = problem.cluster, problem.n, problem.dense
+    n = problem.n
     beta = _beta_per_byte(problem.link)
-    slope = _allreduce_slope(cl)
-    dense_only = problem.allreduce(0.0)
-    hidden = overlap_efficiency(cl) * dense.backward_s
-    dense_ar = collective_s("all_reduce", dense.grad_bytes, n, cl)
-    intra_bw = problem.link.intra_bytes_per_s
     call_s = problem.link.latency_s()
     sums = {"send": 0.0, "recv": 0.0}
     largest = 0.0
@@ -180,31 +176,22 @@ def lower_bound(problem: PlacementProblem) -> float:
                 t = _total(o, n)
                 moved = (t.ids_send_bytes + 2 * t.out_send_bytes) if side == "send" else \
                     (t.ids_recv_bytes + 2 * t.out_recv_bytes)
-                work = (t.lookup_s + t.update_s + beta * moved
-                        + t.intra_node_bytes / intra_bw) / n
-                best = min(best, work + slope * o.replicated_bytes)
+                best = min(best, (t.lookup_s + t.update_s + t.gather_s + beta * moved) / n)
             sums[side] += best
         largest = max(largest, min(problem.f(o.common + max(o.pieces, key=problem.f, default=ZERO))
                                    for o in opts))
-    # exposed(ar(D + R)) >= ar(D) + slope R - hidden, and >= exposed(ar(D))
     # + the fused exchange's calls: a plan with a sharded table makes at least one, every
     # rank pays their latency once whatever the table count
-    average = max(sums.values()) + EXECUTOR_A2A_CALLS_PER_EXCHANGE * call_s + \
-        min(0.0, dense_ar - hidden)
-    sharded = max(average, largest + dense_only)  # f of the piece already has its latency
-    everything_replicated = [next(o for o in opts if o.sharding is TableSharding.REPLICATED)
-                             for opts in problem.options]
-    loads, replicated = problem.loads(everything_replicated, [o.fixed_ranks for o in everything_replicated])
-    replicated_step = problem.step(loads, replicated) if all(problem.fits(x) for x in loads) \
-        else float("inf")
-    return dense.compute_s + min(sharded, replicated_step - dense.compute_s)
-
-
-def _allreduce_slope(cluster: ClusterSpec) -> float:
-    """Seconds per byte the all-reduce grows by at least (its smallest slope: large sizes)."""
-    big = 1e12
-    n = cluster.world_size
-    return (collective_s("all_reduce", 2 * big, n, cluster) - collective_s("all_reduce", big, n, cluster)) / big
+    average = max(sums.values()) + EXECUTOR_A2A_CALLS_PER_EXCHANGE * call_s
+    sharded = max(average, largest)  # f of the piece already has its latency
+    everything_replicated = [next((o for o in opts if o.sharding is TableSharding.REPLICATED),
+                                  None) for opts in problem.options]
+    replicated_step = float("inf")
+    if all(o is not None for o in everything_replicated):
+        loads = problem.loads(everything_replicated, [o.fixed_ranks for o in everything_replicated])
+        if all(problem.fits(x) for x in loads):
+            replicated_step = problem.step(loads)
+    return problem.dense.step_s + min(sharded, replicated_step - problem.dense.step_s)
 
 
 def _beta_per_byte(link: AllToAllLink) -> float:

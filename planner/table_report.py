@@ -55,8 +55,7 @@ def rank_table(ranks: list[dict]) -> str:
 def summary(plan: TablePlan) -> str:
     def line(name: str, c: PlacementCost) -> str:
         return (f"{name:<22} step {c.step_s * 1e3:8.3f} ms  = dense {c.dense_s * 1e3:.3f} + "
-                f"slowest rank {c.max_embedding_s * 1e3:.3f} + exposed all-reduce "
-                f"{c.allreduce_s * 1e3:.3f}; imbalance {c.imbalance * 100:5.1f}%; "
+                f"slowest rank {c.max_embedding_s * 1e3:.3f}; imbalance {c.imbalance * 100:5.1f}%; "
                 f"peak {max(c.memory_bytes) / GiB:.2f} of {c.capacity_bytes / GiB:.2f} GiB")
     out = [line(f"plan ({plan.method})", plan.cost)]
     if plan.greedy_cost is not None:
@@ -86,7 +85,7 @@ def plan_tables_text(embeddings: EmbeddingPlan, world: int, embedding: dict | No
 
 
 def cost_json(c: PlacementCost) -> dict:
-    return {"step_s": c.step_s, "dense_s": c.dense_s, "allreduce_exposed_s": c.allreduce_s,
+    return {"step_s": c.step_s, "dense_s": c.dense_s,
             "max_embedding_s": c.max_embedding_s, "imbalance": c.imbalance, "fits": c.fits,
             "capacity_bytes": c.capacity_bytes,
             "ranks": [{"rank": r, "memory_bytes": m, "lookup_s": t.lookup_s, "update_s": t.update_s,

@@ -8,12 +8,13 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 from ir.embedding_tables import (EmbeddingPlan, EmbeddingTable, PlacedTable, TablePlacement,
                                  TableSharding as K)
 from ir.errors import PlannerError
 from ir.plan import PlanDocument, load_plan, plan_to_dict, save_plan, uniform_plan
-from ir.strategy import Precision
+from ir.strategy import DPMode, LayerStrategy, Precision
 
 NAMES = ("bottom_mlp", "tables.0", "tables.1", "tables.2", "tables.3", "tables.4", "top_mlp")
 WORLD = 4
@@ -172,3 +173,28 @@ def test_estimate_and_show_price_and_print_a_plans_tables(tmp_path, capsys):
     assert priced["time"]["embedding"] == pytest.approx(slowest) and slowest > 0
     assert priced["iteration_seconds"] == pytest.approx(doc.predicted["iteration_seconds"])
     assert len(priced["memory"]["stages"][0]["device_peak_bytes"]) == 4
+    # one dense cost (table_hybrid.dense_estimate): the step the placement search ranked
+    # is the step `planner estimate` prints, and its dense part is the estimate's
+    assert doc.search["tables"]["step_s"] == pytest.approx(priced["iteration_seconds"])
+    assert priced["embedding"]["dense_s"] == pytest.approx(priced["iteration_seconds"] - slowest)
+
+
+def test_table_layers_cost_the_dense_estimate_no_collectives():
+    """The executor makes a sharded table no data-parallel unit, so the dense estimate of
+    a hybrid plan (table_hybrid.dense_estimate: the table layers' parameters taken out)
+    charges them no gradient sync: its DP traffic is the MLP layers' alone."""
+    from cost_models.clusters import get_cluster
+    from cost_models.comm import dp_comm_s
+    from cost_models.model_states import bytes_per_param
+    from planner.models import load_layer_graph
+    from planner.table_hybrid import dense_graph
+
+    graph = load_layer_graph("dlrm-small", 1, None, torch.float32)
+    tables = {layer.name for layer in graph.layers if layer.kind == "EmbeddingBag"}
+    assert len(tables) == 4
+    cluster = get_cluster("a100-80g", gpus_per_node=4)
+    per_param = bytes_per_param(Precision.FP32, "adamw")
+    for mode in DPMode:
+        for layer in dense_graph(graph, tables).layers:
+            seconds = dp_comm_s(layer, LayerStrategy(dp=4, dp_mode=mode), cluster, per_param)
+            assert (sum(seconds) == 0) == (layer.name in tables), (mode, layer.name, seconds)

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from cost_models.clusters import get_cluster
-from cost_models.embedding import (HBM_ACHIEVED_FRACTION, ID_BYTES, DenseCost, EmbeddingConfig,
-                                   PlacementCost, RankTime, ZERO, cost_of_loads, evaluate,
+from cost_models.embedding import (HBM_ACHIEVED_FRACTION, ID_BYTES, NO_DENSE, DenseCost,
+                                   EmbeddingConfig, PlacementCost, RankTime, ZERO, cost_of_loads,
+                                   evaluate,
                                    lookup_shares, placement_loads, unique_rows)
 from ir.embedding_tables import EmbeddingTable, TablePlacement, TableSharding
 from planner.models import load_model
@@ -22,9 +23,6 @@ from planner.table_inventory import find_tables, hot_row_fraction, measured_shar
 from planner.table_greedy import greedy
 from planner.table_placement import exact, plan_tables
 from planner.table_problem import PlacementProblem, lower_bound
-
-NO_DENSE = DenseCost(compute_s=0.0, backward_s=0.0, grad_bytes=0.0, state_bytes=0.0)
-
 
 def cluster(nodes: int, per_node: int, **changes):
     """A datasheet A100 node resized; link and memory fields overridable."""
@@ -135,7 +133,11 @@ def test_all_to_all_is_priced_from_the_profiled_fit():
     assert plain.per_rank[0].comm_s < fitted.per_rank[0].comm_s / 5
 
 
-def test_replicated_table_is_all_reduced_and_adam_state_by_hand():
+def test_replicated_table_is_all_gathered_sparse_and_adam_state_by_hand():
+    """A replicated table runs what executors/hybrid_step.py `all_gather_sparse` does: its
+    coalesced sparse gradient (the local batch's distinct rows, int64 ids + fp32 rows)
+    all-gathered in 3 calls (count, ids, rows), never a dense gradient all-reduce; every
+    rank then steps the global batch's distinct rows."""
     t = table("t", rows=1000, dim=64, ids=2)
     config = EmbeddingConfig(global_batch=8, optimizer="adam")
     p = TablePlacement("t", TableSharding.REPLICATED, (0, 1))
@@ -145,11 +147,18 @@ def test_replicated_table_is_all_reduced_and_adam_state_by_hand():
     # the global batch's 8 x 2 looked-up rows of 64 fp32 with their int64 ids
     assert common.memory_bytes == 1000 * 64 * (4 + 8) + 8 * 2 * (64 * 4 + 8)
     cost = evaluate([t], [p], HAND, config, NO_DENSE)
-    size = 1000 * 64 * 4
-    ring = 2 * 1 * 5e-6 + 2 * 1 / 2 * size / 100e9  # Patarasuk & Yuan 2009
-    tree = 2 * math.log2(2) * 5e-6 + 2 * size / 100e9  # NCCL double binary tree
-    assert cost.allreduce_s == pytest.approx(min(ring, tree))  # nothing to hide behind
-    assert all(r.comm_s == 0 for r in cost.per_rank)
+    local = 1000 * (1 - (1 - 1 / 1000) ** 8)  # distinct rows of a rank's 4 x 2 ids
+    ring = lambda result_bytes: 1 * 5e-6 + 1 / 2 * result_bytes / 100e9  # noqa: E731
+    gathers = ring(2 * 8) + ring(2 * local * 8) + ring(2 * local * 64 * 4)
+    assert cost.per_rank[0].comm_s == pytest.approx(gathers)
+    assert cost.per_rank[1].comm_s == pytest.approx(gathers)
+    hbm = 1000e9 * HBM_ACHIEVED_FRACTION
+    touched = 1000 * (1 - (1 - 1 / 1000) ** 16)  # the global batch's distinct rows
+    # local gathers (8 ids + 4 bags), the backward reads them again, the coalesce reads
+    # both ranks' gathered rows, then Adam reads/writes weight and 2 moments per row
+    assert cost.per_rank[0].lookup_s == pytest.approx((8 + 4) * 64 * 4 / hbm)
+    assert cost.per_rank[0].update_s == pytest.approx(
+        ((4 + 8) * 64 * 4 + 2 * local * 64 * 4 + touched * (2 * 64 * 4 + 2 * 8 * 64)) / hbm)
 
 
 def test_unique_rows_occupancy_and_hot_rows():
@@ -171,8 +180,7 @@ def test_range_shards_concentrate_hot_rows_hash_spreads_them():
 
 
 def test_imbalance_is_max_over_mean():
-    cost = PlacementCost([RankTime(1.0, 0.0, 0.0), RankTime(2.0, 0.5, 0.5)], [0, 0], 1.0,
-                         0.0, 0.0, 0.0)
+    cost = PlacementCost([RankTime(1.0, 0.0, 0.0), RankTime(2.0, 0.5, 0.5)], [0, 0], 1.0, 0.0)
     assert cost.imbalance == pytest.approx(3.0 / 2.0 - 1)
     assert cost.step_s == pytest.approx(3.0)
 
@@ -195,13 +203,11 @@ def brute_force(problem: PlacementProblem) -> float:
     best = math.inf
     for combo in itertools.product(*per_table):
         loads = [ZERO] * problem.n
-        replicated = 0.0
         for o, ranks in combo:
             loads = [x + o.common for x in loads]
             for r, piece in zip(ranks, o.pieces):
                 loads[r] = loads[r] + piece
-            replicated += o.replicated_bytes
-        cost = cost_of_loads(loads, replicated, problem.cluster, problem.dense)
+        cost = cost_of_loads(loads, problem.cluster, problem.dense)
         if cost.fits:
             best = min(best, cost.step_s)
     return best
@@ -222,7 +228,7 @@ CASES = [(3, 1, 2, 0), (4, 1, 2, 1), (5, 1, 2, 2), (6, 1, 2, 8), (3, 1, 4, 3), (
 def test_exact_matches_brute_force(count, nodes, per_node, seed):
     rng = random.Random(seed)
     spec = cluster(nodes, per_node)
-    dense = DenseCost(compute_s=1e-4, backward_s=6e-5, grad_bytes=4e6, state_bytes=1e9)
+    dense = DenseCost(step_s=1e-4, state_bytes=1e9)
     problem = PlacementProblem(random_tables(rng, count), spec, EmbeddingConfig(global_batch=4096), dense)
     sol = exact(problem)
     expected = brute_force(problem)
@@ -282,7 +288,7 @@ def test_heuristic_beats_or_ties_greedy_within_its_bound():
     rng = random.Random(7)
     tables = random_tables(rng, 14)
     spec = cluster(2, 4)
-    dense = DenseCost(compute_s=2e-4, backward_s=1.3e-4, grad_bytes=5e6, state_bytes=1e9)
+    dense = DenseCost(step_s=2e-4, state_bytes=1e9)
     plan = plan_tables(tables, spec, EmbeddingConfig(global_batch=8 * 2048), dense)
     assert plan.method == "heuristic" and plan.cost.fits
     assert plan.cost.step_s <= plan.greedy_cost.step_s * (1 + 1e-12)
@@ -519,3 +525,20 @@ def test_criteo_tb_hybrid_plan_prices_no_dense_table_gradients(capsys):
     predicted = report.get("predicted", report)
     assert predicted["iteration_seconds"] < 0.01, predicted["iteration_seconds"]
     assert predicted["time"]["embedding"] > 0
+
+
+def test_pinned_shardings_cycle_over_the_tables_and_a_bad_pin_is_one_line():
+    """`plan-tables --sharding a,b`: table i takes pins[i % len(pins)], ranks searched."""
+    from ir.errors import PlannerError
+
+    tables = [table(f"t{i}", rows=5_000, dim=64, ids=2) for i in range(4)]
+    config = EmbeddingConfig(global_batch=4 * 256)
+    pins = [TableSharding.TABLE_WISE, TableSharding.ROW_RANGE]
+    plan = plan_tables(tables, cluster(1, 4), config, NO_DENSE, pins=pins)
+    assert [p.sharding for p in plan.placements] == pins * 2
+    assert [p.sharding for p in plan.greedy_placements] == pins * 2
+    assert plan.lower_bound_s <= plan.cost.step_s * (1 + 1e-12)
+    # 64 columns split in 4 leaves 16 < MIN_SHARD_COLUMNS: column-wise on 4 ranks is no option
+    narrow = [table("n", rows=5_000, dim=16, ids=2)]
+    with pytest.raises(PlannerError, match="table n: column_wise is not one of its options"):
+        plan_tables(narrow, cluster(1, 4), config, NO_DENSE, pins=[TableSharding.COLUMN_WISE])

@@ -17,13 +17,13 @@ import json
 import torch
 
 from cost_models.clusters import get_cluster, preset_names
-from cost_models.embedding import OPTIMIZER_STATE, EmbeddingConfig
+from cost_models.embedding import OPTIMIZER_STATE
+from ir.embedding_tables import TableSharding
 from ir.errors import PlannerError
 from planner import table_report
 from planner.models import load_model
-from planner.table_inventory import dense_cost, find_tables, with_profile
+from planner.table_inventory import find_tables, with_profile
 from planner.table_hybrid import hybrid_document, plan_hybrid
-from planner.table_placement import plan_tables
 from ir.plan import save_plan
 from planner.arg_types import check_out
 from planner.commands.estimate import default_precision
@@ -49,6 +49,10 @@ def register(sub) -> None:
     p.add_argument("--method", default="auto", choices=["auto", "exact", "heuristic"],
                    help="exact branch and bound or the LPT + local-search heuristic "
                         "(auto: exact for small instances)")
+    p.add_argument("--sharding", default=None, metavar="KIND[,KIND...]",
+                   help="pin the tables' shardings, cycled over the tables in order (e.g. "
+                        "table_wise, or table_wise,row_range,column_wise,replicated for a "
+                        "mixed plan); ranks are still searched")
     p.add_argument("--ids", default=None, metavar="SAMPLE.pt",
                    help="a sample of real ids, {table name: int tensor} saved with torch.save "
                         "(loaded as data only): measures each table's hot-row fraction")
@@ -70,19 +74,17 @@ def run(args) -> int:
                            "nn.EmbeddingBag); use `planner plan` for dense models")
     if args.ids:
         tables = profile_tables(tables, args.ids)
-    if args.out:  # the whole plan: the dense part searched, these tables placed
+    if args.out:
         check_out(args.out)
-        precision = default_precision(cluster)
-        graph = load_layer_graph(args.model, 1, None, getattr(torch, precision.compute_dtype))
-        hybrid = plan_hybrid(graph, tables, cluster, args.global_batch,
-                             SearchOptions(precision=precision), loaded.module, loaded.inputs,
-                             args.optimizer, args.method)
-        plan = hybrid.tables
+    # the dense part searched (its estimate is the placement's dense cost), tables placed
+    precision = default_precision(cluster)
+    graph = load_layer_graph(args.model, 1, None, getattr(torch, precision.compute_dtype))
+    hybrid = plan_hybrid(graph, tables, cluster, args.global_batch,
+                         SearchOptions(precision=precision), loaded.module, loaded.inputs,
+                         args.optimizer, args.method, parse_pins(args.sharding))
+    plan = hybrid.tables
+    if args.out:  # the whole plan: the dense part's strategy, these tables placed
         save_plan(hybrid_document(graph, cluster, hybrid, model_spec=args.model), args.out)
-    else:
-        config = EmbeddingConfig(args.global_batch, args.optimizer)
-        dense = dense_cost(loaded.module, tables, loaded.inputs, cluster, args.global_batch)
-        plan = plan_tables(tables, cluster, config, dense, method=args.method)
     document = table_report.to_json(plan, args.model, cluster.name, cluster.world_size,
                                     args.global_batch, args.optimizer)
     if args.json:
@@ -96,6 +98,20 @@ def run(args) -> int:
     if args.out:
         print(f"plan written to {args.out}")
     return 0
+
+
+def parse_pins(text: str | None) -> list[TableSharding] | None:
+    """`--sharding a,b,...` as TableSharding values; None when not given."""
+    if text is None:
+        return None
+    known = [s.value for s in TableSharding]
+    pins = []
+    for word in text.split(","):
+        if word.strip() not in known:
+            raise PlannerError(f"--sharding: {word.strip()!r} is not a sharding; use one of "
+                               f"{', '.join(known)}")
+        pins.append(TableSharding(word.strip()))
+    return pins
 
 
 def profile_tables(tables, path: str):

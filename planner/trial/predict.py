@@ -47,6 +47,7 @@ class Prediction:
     iteration_seconds: float
     time_breakdown: dict  # `TimeBreakdown.to_json` terms
     source: str  # "plan", or the name of the spec re-estimated on
+    embedding: dict | None = None  # sharded tables: per-rank seconds (table_report.cost_json)
 
 
 def predict(doc: PlanDocument, graph, cluster: ClusterSpec | None) -> Prediction:
@@ -58,6 +59,7 @@ def predict(doc: PlanDocument, graph, cluster: ClusterSpec | None) -> Prediction
         stage_peaks = [StagePeak.from_json(s) for s in stages]
         seconds, breakdown, source = float(predicted["iteration_seconds"]), \
             dict(predicted.get("time", {})), "plan"
+        embedding = predicted.get("embedding")
     else:
         spec = cluster or ClusterSpec.from_dict(doc.cluster, "plan cluster")
         if doc.plan.embeddings is not None:  # sharded tables: dense estimate + placement
@@ -67,15 +69,17 @@ def predict(doc: PlanDocument, graph, cluster: ClusterSpec | None) -> Prediction
             devices = doc.plan.stages[0].devices
             peaks = tuple(stage_peaks[r // devices].rank_peak_bytes(r % devices)
                           for r in range(doc.plan.world_size))
-            return Prediction(peaks, fresh["iteration_seconds"], fresh["time"], spec.name)
+            return Prediction(peaks, fresh["iteration_seconds"], fresh["time"], spec.name,
+                              fresh["embedding"])
         est = estimate(graph, doc.plan, spec)
+        embedding = None
         stage_peaks = [StagePeak(int(s.peak_bytes), tuple(int(b) for b in s.device_peak_bytes),
                                  int(s.overhead)) for s in est.memory.stages]
         seconds, breakdown, source = est.iteration_seconds, est.time.to_json(), spec.name
     devices = doc.plan.stages[0].devices  # ranks per pipeline rank (TP x DP)
     peaks = tuple(stage_peaks[r // devices].rank_peak_bytes(r % devices)
                   for r in range(doc.plan.world_size))
-    return Prediction(peaks, seconds, breakdown, source)
+    return Prediction(peaks, seconds, breakdown, source, embedding)
 
 
 def machine_slowdown(spec: ClusterSpec) -> float | None:

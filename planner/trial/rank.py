@@ -86,13 +86,20 @@ def run_rank(payload: RankPayload) -> RankMeasurement:
     del tracker
     for _ in range(TIME_WARMUP_STEPS):
         losses.append(step(pm, k)); k += 1
-    for _ in range(timed):
-        dist.barrier()
-        start = time.perf_counter()
-        losses.append(step(pm, k)); k += 1
-        if cuda:
-            torch.cuda.synchronize(device)
-        step_s.append(time.perf_counter() - start)
+    # sharded tables: the timed steps' seconds per phase too (executors.phase_clock)
+    from executors.phase_clock import PhaseClock
+    clock = PhaseClock(pm) if getattr(pm, "tables", None) is not None else None
+    with clock if clock is not None else contextlib.nullcontext():
+        for _ in range(timed):
+            dist.barrier()
+            start = time.perf_counter()
+            losses.append(step(pm, k)); k += 1
+            if cuda:
+                torch.cuda.synchronize(device)
+            step_s.append(time.perf_counter() - start)
+            if clock is not None:
+                clock.step_done()
+    phases = clock.per_step(timed) if clock is not None else {}
     check_losses: list[float] = []
     if payload.check_steps:  # the model has dropout: a dropout-free run for the losses
         del pm
@@ -101,7 +108,7 @@ def run_rank(payload: RankPayload) -> RankMeasurement:
     return RankMeasurement(peak_bytes=int(peak), losses=tuple(losses),
                            step_seconds=tuple(step_s),
                            check_losses=tuple(check_losses or losses),
-                           peak_tensors=tuple(detail))
+                           peak_tensors=tuple(detail), phase_seconds=phases)
 
 
 def measure_one_process(spec: str, plan, graph, *, steps: int = 1 + MEMORY_STEPS,

@@ -40,6 +40,8 @@ class RankMeasurement:
     step_seconds: tuple[float, ...]  # per timed step
     check_losses: tuple[float, ...]  # the losses compared: the dropout-free run's, or `losses`
     peak_tensors: tuple[str, ...] = ()  # largest storages live at the peak
+    # sharded-table plans: seconds per timed step of each phase (executors.phase_clock)
+    phase_seconds: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -49,7 +51,8 @@ class RankMeasurement:
         return cls(peak_bytes=int(doc["peak_bytes"]), losses=tuple(doc["losses"]),
                    step_seconds=tuple(doc["step_seconds"]),
                    check_losses=tuple(doc["check_losses"]),
-                   peak_tensors=tuple(doc["peak_tensors"]))
+                   peak_tensors=tuple(doc["peak_tensors"]),
+                   phase_seconds=dict(doc.get("phase_seconds", {})))
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,9 @@ class ValidationResult:
     # This machine's per-op overhead just before the run over the spec's (>1: slower than
     # when profiled); None where not comparable (GPUs, specs without the figure).
     machine_slowdown: float | None = None
+    # sharded-table plans: each rank's measured seconds per step by phase
+    rank_phase_seconds: tuple[dict, ...] = ()
+    predicted_embedding: dict | None = None  # the tables' per-rank prediction (cost_json)
 
     @property
     def time_error(self) -> float:
@@ -105,4 +111,8 @@ class ValidationResult:
                 "reference_losses": list(self.reference_losses),
                 "checked_losses": list(self.checked_losses),
                 "step_seconds": list(self.step_seconds),
-                "machine_slowdown": self.machine_slowdown}
+                "machine_slowdown": self.machine_slowdown,
+                **({"phase_seconds": list(self.rank_phase_seconds)}
+                   if any(self.rank_phase_seconds) else {}),
+                **({"predicted_embedding": self.predicted_embedding}
+                   if self.predicted_embedding else {})}

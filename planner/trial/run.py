@@ -84,4 +84,6 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
         loss_matches_reference=losses_match(check, want), losses=results[0].losses,
         reference_losses=tuple(want), step_seconds=tuple(per_step), checked_losses=check,
         predicted_time=prediction.time_breakdown, prediction_source=prediction.source,
-        machine_slowdown=slowdown)
+        machine_slowdown=slowdown,
+        rank_phase_seconds=tuple(r.phase_seconds for r in results),
+        predicted_embedding=prediction.embedding)
