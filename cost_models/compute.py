@@ -149,6 +149,20 @@ def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool, backward: bool = Fa
     return base + (cluster.dtensor_op_overhead_s if on_dtensors else 0.0)
 
 
+def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) -> float:
+    """Host seconds of one forward's dispatch. Where the device kit measured it in two
+    parts (`KernelCalibration.forward_host_op_s`, `module_call_host_s`) and the layer's
+    module calls were counted: ops x per-op (as functions) + module calls x per-call (a
+    layer calls most ops as functions, the kit's one-figure chain all through modules);
+    else ops x `host_op_seconds`."""
+    cal = cluster.kernel_calibration
+    calls = layer.kernels.forward_module_calls if layer.kernels is not None else None
+    if cal is None or cal.forward_host_op_s <= 0 or calls is None:
+        return layer.ops_fwd * host_op_seconds(cluster, on_dtensors)
+    per_op_s = cal.forward_host_op_s + (cluster.dtensor_op_overhead_s if on_dtensors else 0.0)
+    return layer.ops_fwd * per_op_s + calls * cal.module_call_host_s
+
+
 def with_host(device_s: float, host_s: float, cluster: ClusterSpec) -> float:
     """CPU processes do both in turn (and share cores); GPUs overlap them."""
     if cluster.host_bound:
@@ -189,7 +203,9 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     # together: not stretched by the core share again.
     unit_s = (dp_unit_seconds(layer, strategy, cluster, config)
               + tp_module_seconds(layer, strategy, cluster)) / 2  # half in each pass
-    forward_s = with_host(forward_s, layer.ops_fwd * op_s, cluster) + unit_s
+    forward_host_s = (layer.ops_fwd * op_s if measured is not None
+                      else forward_host_seconds(layer, cluster, on_dtensors))
+    forward_s = with_host(forward_s, forward_host_s, cluster) + unit_s
     backward_s = with_host(backward_s, layer.ops_bwd * backward_op_s, cluster) + unit_s
     if strategy.checkpoint is Checkpoint.FULL:
         recompute_s = forward_s

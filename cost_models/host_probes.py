@@ -42,7 +42,9 @@ HOST_OP_WARMUP_RUNS = 5
 
 @dataclass(frozen=True, slots=True)
 class HostOpCost:
-    """Host seconds per dispatched op in each pass, and the relative spread of rounds."""
+    """Host seconds per dispatched op in each pass, and the relative spread of rounds.
+    The forward also in two parts: per op called as a function (`function_op_s`) and per
+    leaf-module call on top of its ops (`module_call_s`)."""
 
     forward_s: float
     backward_s: float
@@ -50,6 +52,8 @@ class HostOpCost:
     backward_spread: float
     forward_ops: int
     backward_ops: int
+    function_op_s: float = 0.0
+    module_call_s: float = 0.0
 
 
 def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
@@ -57,8 +61,15 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     and, apart, of its backward (`loss.backward()`: autograd's engine dispatches every
     backward op from C++). Ops are counted per pass with `ir.op_count.count_ops`, the
     counter that gives `Layer.ops_fwd` / `ops_bwd`, so the two figures price those counts.
-    One thread; forward and backward alternate within each run, so a slow spell of a
-    shared machine hits both."""
+
+    The forward's price per op depends on how the ops are called: a model's layer calls
+    some as functions and some inside modules (each `nn.Module.__call__` costs the host
+    more than one op). So the same chain's forward is also timed twice more: its leaf
+    modules called one after another (as a layer's generated forward calls them), and
+    the same ops as `torch.nn.functional` calls on the same tensors. Per op as a function
+    = the second over its ops; per module call = (first - second) / leaf calls.
+    One thread; the runs alternate within each round, so a slow spell of a shared
+    machine hits all of them."""
     import torch
     from torch import nn
 
@@ -67,6 +78,8 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
 
     with _one_thread():
         chain = nn.Sequential(*[_overhead_block() for _ in range(HOST_OP_CHAIN_BLOCKS)]).to(device)
+        leaves = [m for m in chain.modules() if not list(m.children())]
+        calls = [_as_function(m) for m in leaves]
         x = torch.randn(2, OP_OVERHEAD_WIDTH, device=device)
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         holder = {}
@@ -77,15 +90,30 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
         def backward():
             holder.pop("loss").backward()
 
+        def through_modules():
+            y = x
+            for module in leaves:
+                y = module(y)
+            return y.sum()
+
+        def as_functions():
+            y = x
+            for call in calls:
+                y = call(y)
+            return y.sum()
+
         for _ in range(HOST_OP_WARMUP_RUNS):
             forward()
             backward()
+            through_modules()
+            as_functions()
         forward_ops = count_ops(forward)
         backward_ops = count_ops(backward)
+        function_ops = count_ops(as_functions)
         chain.zero_grad(set_to_none=True)
-        forward_rounds, backward_rounds = [], []
+        forward_rounds, backward_rounds, function_rounds, module_rounds = [], [], [], []
         for _ in range(HOST_OP_ROUNDS):
-            forward_s = backward_s = 0.0
+            forward_s = backward_s = modules_s = functions_s = 0.0
             for _ in range(HOST_OP_RUNS_PER_ROUND):
                 start = time.perf_counter()
                 forward()
@@ -95,8 +123,19 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
                 sync()
                 forward_s += mid - start
                 backward_s += time.perf_counter() - mid
-            forward_rounds.append(forward_s / HOST_OP_RUNS_PER_ROUND / max(forward_ops, 1))
-            backward_rounds.append(backward_s / HOST_OP_RUNS_PER_ROUND / max(backward_ops, 1))
+                start = time.perf_counter()
+                through_modules()
+                sync()
+                mid = time.perf_counter()
+                as_functions()
+                sync()
+                modules_s += mid - start
+                functions_s += time.perf_counter() - mid
+            runs = HOST_OP_RUNS_PER_ROUND
+            forward_rounds.append(forward_s / runs / max(forward_ops, 1))
+            backward_rounds.append(backward_s / runs / max(backward_ops, 1))
+            function_rounds.append(functions_s / runs / max(function_ops, 1))
+            module_rounds.append(max(0.0, modules_s - functions_s) / runs / len(leaves))
 
     def spread(rounds) -> float:
         mid = statistics.median(rounds)
@@ -104,7 +143,26 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
 
     return HostOpCost(statistics.median(forward_rounds), statistics.median(backward_rounds),
                       spread(forward_rounds), spread(backward_rounds), forward_ops,
-                      backward_ops)
+                      backward_ops, statistics.median(function_rounds),
+                      statistics.median(module_rounds))
+
+
+def _as_function(module):
+    """`module`'s forward as one `torch.nn.functional` call on its own tensors (the leaf
+    kinds of `clusters._overhead_block`), bound once: no module call, no attribute look-up."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    if isinstance(module, nn.Linear):
+        weight, bias = module.weight, module.bias
+        return lambda y: F.linear(y, weight, bias)
+    if isinstance(module, nn.LayerNorm):
+        shape, weight, bias, eps = module.normalized_shape, module.weight, module.bias, module.eps
+        return lambda y: F.layer_norm(y, shape, weight, bias, eps)
+    if isinstance(module, nn.GELU):
+        approximate = module.approximate
+        return lambda y: F.gelu(y, approximate=approximate)
+    raise TypeError(f"host probe: no functional form for {type(module).__name__}")
 
 
 def dtensor_op_overhead_s(device, mesh) -> float:

@@ -11,10 +11,10 @@
                seconds per tiny kernel replayed from a CUDA graph (no host in the loop)
 
 Timing (METHOD.md of the device kit; Williams et al. 2009 for the two ceilings): warm up,
-then the median over batches of back-to-back calls, each batch at least
-`MIN_BATCH_S` long. On CUDA a batch is a captured CUDA graph replayed between two events,
-so GEMM and memory-kernel figures are device time without launch gaps (SDPA runs eager:
-its backward goes through autograd). Inputs are random, never zeros, and rotate over
+then the median over batches of back-to-back calls, each batch at least `MIN_BATCH_S` long.
+On CUDA a batch is a captured CUDA graph replayed between two events, so GEMM and
+memory-kernel figures are device time without launch gaps (SDPA runs eager: its backward
+goes through autograd). Inputs are random, never zeros, and rotate over
 enough buffer sets (`ROTATE_BYTES`) that small shapes are not served from cache. CPU
 probes run on one thread, as the planner's local processes do.
 
@@ -48,8 +48,7 @@ from cost_models import clusters
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.host_probes import host_op_seconds_by_pass
 
-MiB = 2**20
-GiB = 2**30
+MiB, GiB = 2**20, 2**30
 
 # ---- grids ------------------------------------------------------------------------------
 # GPU GEMMs: squares 256..8192 (where efficiency saturates), the four matmuls of a GPT
@@ -84,8 +83,7 @@ ROW_ELEMENTS = 4096  # a hidden size: layer_norm and sum reduce rows this long; 
 # SDPA shapes (batch, heads, seq_len, head_dim), causal as GPT trains.
 CUDA_SDPA_SHAPES = ((8, 16, 1024, 64), (4, 32, 2048, 128), (1, 32, 8192, 128))
 CPU_SDPA_SHAPES = ((2, 4, 128, 32), (1, 8, 256, 64))
-CUDA_SDPA_DTYPE = "bfloat16"
-CPU_SDPA_DTYPE = "float32"
+CUDA_SDPA_DTYPE, CPU_SDPA_DTYPE = "bfloat16", "float32"
 # --quick on a GPU: a smoke run of the same code in seconds.
 QUICK_CUDA_GEMM_SHAPES = [(1024, 1024, 1024), (4096, 4096, 4096), (16, 4096, 4096)]
 
@@ -94,8 +92,7 @@ WARMUP_CALLS = 3  # first calls pay for kernel selection, workspaces, autograd c
 MIN_BATCH_S = 2e-3  # a timed batch lasts at least this: event/timer resolution is ~us
 MAX_CALLS_PER_BATCH = 512  # a CUDA graph of this many small kernels still captures fast
 BATCHES = 7  # the median of seven batches
-MAX_POINT_S = 0.5  # stop adding batches to one point after this long (at least 3 run)
-MIN_BATCHES = 3
+MAX_POINT_S, MIN_BATCHES = 0.5, 3  # stop adding batches to a point after 0.5 s (>= 3 run)
 # Buffer sets rotate until this many bytes are in flight: > 5x the H100's 50 MB L2 and
 # > 2x this CPU's 32 MiB L3, so no repeated call finds its inputs in cache.
 ROTATE_BYTES = {"cuda": 256 * MiB, "cpu": 64 * MiB}
@@ -460,9 +457,12 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             op_overhead_s=host.forward_s, backward_op_overhead_s=host.backward_s,
             dtensor_op_overhead_s=clusters.LOCAL_DTENSOR_OP_OVERHEAD_S,
             random_element_s=clusters.measure_random_element_s(),
-            host_cores=clusters.host_cores(), kernel_calibration=cal,
+            host_cores=clusters.host_cores(), kernel_calibration=dataclasses.replace(
+                cal, forward_host_op_s=host.function_op_s, module_call_host_s=host.module_call_s),
             notes=f"planner profile-device --device cpu: {cal.measured_on}; per-op host fwd "
-                  f"{host.forward_s * 1e6:.2f} us ({host.forward_spread:.0%} spread), bwd "
+                  f"{host.forward_s * 1e6:.2f} us ({host.forward_spread:.0%} spread; "
+                  f"{host.function_op_s * 1e6:.2f} per function op + module calls at "
+                  f"{host.module_call_s * 1e6:.2f}), bwd "
                   f"{host.backward_s * 1e6:.2f} us ({host.backward_spread:.0%}); peak FLOP/s = best "
                   "measured GEMM per dtype; links and DTensor overhead guessed (run "
                   "`planner profile-cluster` to measure them)")
@@ -491,7 +491,8 @@ def profile_device(device: str, quick: bool = False, name: str | None = None,
                    progress=None, extra_gemm_shapes=()) -> tuple[ClusterSpec, KernelCalibration]:
     """Measure `device` and return (spec, the tables in it)."""
     cal = measure(device, quick=quick, progress=progress, extra_gemm_shapes=extra_gemm_shapes)
-    return spec_from_calibration(device, cal, name or f"{device}-profiled"), cal
+    spec = spec_from_calibration(device, cal, name or f"{device}-profiled")
+    return spec, spec.kernel_calibration
 
 
 # Reading the table back, `gemm_efficiency(spec, m, n, k, dtype)`: one definition, shared

@@ -365,7 +365,19 @@ class GraphMeasurer:
             ops_fwd=fwd_ops.count, ops_bwd=bwd_ops.count,
             random_elements_fwd=fwd_ops.random_elements,
             random_tp_sharded_elements_fwd=fwd_ops.random_tp_sharded_elements,
-            kernels=KernelRecords(fwd_kernels.records(), bwd_kernels.records()))
+            kernels=KernelRecords(fwd_kernels.records(), bwd_kernels.records(),
+                                  self.module_calls(index)))
+
+    def module_calls(self, index: int) -> int:
+        """Module calls layer `index`'s forward makes: its call_module nodes (fx keeps leaf
+        modules as calls); in an export graph, which inlines every module, the distinct
+        modules its ops ran in (`nn_module_stack`'s innermost entry)."""
+        nodes = self.infos[index].nodes.nodes
+        if self.traced.method == "fx":
+            return sum(1 for n in nodes if n.op == "call_module")
+        paths = {self.infos[index].module_paths[n] for n in nodes
+                 if n.op == "call_function"}
+        return len(paths - {None})
 
     def _is_dropout(self, node: fx.Node) -> bool:
         if node.op == "call_module":

@@ -237,3 +237,41 @@ def test_a_weight_gradient_gemm_moves_weight_sized_bytes_at_any_batch():
     memory_s = (512 * 4096 + 4096 * 1024 + 512 * 1024) * 2 / (HBM_GBPS * 1e9)
     assert t.gemm_s == pytest.approx(max(compute_s, memory_s))
     assert t.gemm_s < 1e-4
+
+
+def test_forward_host_time_is_ops_as_functions_plus_module_calls_where_measured_apart():
+    # 5 forward ops, 2 module calls: 5 x 2 us + 2 x 3 us = 16 us of host on a CPU spec
+    # whose kit measured the two parts; without the parts (or the count) 5 x op_overhead_s.
+    import dataclasses
+
+    from cost_models.compute import forward_host_seconds
+
+    counted = KernelRecords(forward=(memory("aten::add", 1024),), backward=(),
+                            forward_module_calls=2)
+    cal = dataclasses.replace(CALIBRATION, forward_host_op_s=2e-6, module_call_host_s=3e-6)
+    cpu = spec(cal, device="cpu", op_overhead_s=7e-6)
+    assert forward_host_seconds(_layer(counted), cpu, False) == pytest.approx(16e-6)
+    uncounted = KernelRecords(forward=counted.forward, backward=())
+    assert forward_host_seconds(_layer(uncounted), cpu, False) == pytest.approx(35e-6)
+    plain = dataclasses.replace(cpu, kernel_calibration=CALIBRATION)
+    assert forward_host_seconds(_layer(counted), plain, False) == pytest.approx(35e-6)
+
+
+def test_a_layer_counts_the_module_calls_its_forward_makes():
+    """mlp-small's block is Linear then ReLU (planner/zoo/mlp.py), called from its forward: 2 module
+    calls, whichever way it is traced (fx keeps both as call_module; export inlines them
+    and the two modules' ops are told apart by their module stack)."""
+    import torch
+
+    from ir.measure import layer_graph_from_trace
+    from ir.trace import trace
+    from planner.models import load_model
+
+    loaded = load_model("mlp-small", 2, None, device="meta")
+    for method in ("fx", "export"):
+        traced = trace(loaded.module, loaded.inputs, loaded.target, loaded.loss_fn,
+                       force=method, dtype=torch.float32)
+        graph, _ = layer_graph_from_trace(traced, loaded.inputs, loaded.target,
+                                          name=loaded.name, dtype=torch.float32)
+        block = next(layer for layer in graph.layers if layer.name == "blocks.1")
+        assert block.kernels.forward_module_calls == 2, method
