@@ -47,6 +47,7 @@ from pathlib import Path
 
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
+from ir.kernel_records import KernelKind
 from ir.layer import Layer
 from ir.legality import sequence_parallel_applies
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
@@ -150,17 +151,20 @@ def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool, backward: bool = Fa
 
 
 def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) -> float:
-    """Host seconds of one forward's dispatch. Where the device kit measured it in two
-    parts (`KernelCalibration.forward_host_op_s`, `module_call_host_s`) and the layer's
-    module calls were counted: ops x per-op (as functions) + module calls x per-call (a
-    layer calls most ops as functions, the kit's one-figure chain all through modules);
+    """Host seconds of one forward's dispatch. Where the device kit measured it in parts
+    (`KernelCalibration.forward_host_op_s`, `view_host_op_s`, `module_call_host_s`) and
+    the layer's module calls were counted: views x per-view + other ops x per-op (as
+    functions) + module calls x per-call (a layer calls most ops as functions, and half
+    of them are views; the kit's one-figure chain calls few views, all through modules);
     else ops x `host_op_seconds`."""
     cal = cluster.kernel_calibration
     calls = layer.kernels.forward_module_calls if layer.kernels is not None else None
     if cal is None or cal.forward_host_op_s <= 0 or calls is None:
         return layer.ops_fwd * host_op_seconds(cluster, on_dtensors)
-    per_op_s = cal.forward_host_op_s + (cluster.dtensor_op_overhead_s if on_dtensors else 0.0)
-    return layer.ops_fwd * per_op_s + calls * cal.module_call_host_s
+    views = sum(r.count for r in layer.kernels.forward if r.kind is KernelKind.VIEW)
+    extra_s = cluster.dtensor_op_overhead_s if on_dtensors else 0.0
+    return (views * (cal.view_host_op_s + extra_s) + calls * cal.module_call_host_s
+            + (layer.ops_fwd - views) * (cal.forward_host_op_s + extra_s))
 
 
 def with_host(device_s: float, host_s: float, cluster: ClusterSpec) -> float:

@@ -43,8 +43,9 @@ HOST_OP_WARMUP_RUNS = 5
 @dataclass(frozen=True, slots=True)
 class HostOpCost:
     """Host seconds per dispatched op in each pass, and the relative spread of rounds.
-    The forward also in two parts: per op called as a function (`function_op_s`) and per
-    leaf-module call on top of its ops (`module_call_s`)."""
+    The forward also in three parts: per view op (`view_op_s`: metadata only, no kernel),
+    per other op called as a function (`function_op_s`) and per leaf-module call on top
+    of its ops (`module_call_s`)."""
 
     forward_s: float
     backward_s: float
@@ -54,6 +55,7 @@ class HostOpCost:
     backward_ops: int
     function_op_s: float = 0.0
     module_call_s: float = 0.0
+    view_op_s: float = 0.0
 
 
 def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
@@ -64,17 +66,21 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
 
     The forward's price per op depends on how the ops are called: a model's layer calls
     some as functions and some inside modules (each `nn.Module.__call__` costs the host
-    more than one op). So the same chain's forward is also timed twice more: its leaf
-    modules called one after another (as a layer's generated forward calls them), and
-    the same ops as `torch.nn.functional` calls on the same tensors. Per op as a function
-    = the second over its ops; per module call = (first - second) / leaf calls.
+    more than one op, a view far less: it makes no kernel). So the same chain's forward is
+    also timed three more ways: its leaf modules called one after another (as a layer's
+    generated forward calls them), the same ops as `torch.nn.functional` calls on the same
+    tensors, and a chain of views. Per view op = the last over its ops; per other op as a
+    function = (the second - its views x that) / its other ops; per module call = (first -
+    second) / leaf calls. Ops are told apart as `ir.kernel_recorder` tells a layer's.
     One thread; the runs alternate within each round, so a slow spell of a shared
     machine hits all of them."""
     import torch
     from torch import nn
 
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
-    from ir.op_count import count_ops
+    from ir.kernel_recorder import KernelRecorder
+    from ir.kernel_records import KernelKind
+    from ir.op_count import OpCounter, count_ops
 
     with _one_thread():
         chain = nn.Sequential(*[_overhead_block() for _ in range(HOST_OP_CHAIN_BLOCKS)]).to(device)
@@ -102,18 +108,31 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
                 y = call(y)
             return y.sum()
 
+        def views():
+            y = x.detach().requires_grad_()  # a leaf, as a layer's input is
+            for _ in range(len(calls)):
+                y = y.view(-1).view(x.shape)
+            return y
+
         for _ in range(HOST_OP_WARMUP_RUNS):
             forward()
             backward()
             through_modules()
             as_functions()
+            views()
         forward_ops = count_ops(forward)
         backward_ops = count_ops(backward)
         function_ops = count_ops(as_functions)
+        view_ops = count_ops(views)
+        recorder = KernelRecorder(set())
+        with OpCounter(recorder):
+            as_functions()
+        function_views = sum(r.count for r in recorder.records() if r.kind is KernelKind.VIEW)
         chain.zero_grad(set_to_none=True)
         forward_rounds, backward_rounds, function_rounds, module_rounds = [], [], [], []
+        view_rounds = []
         for _ in range(HOST_OP_ROUNDS):
-            forward_s = backward_s = modules_s = functions_s = 0.0
+            forward_s = backward_s = modules_s = functions_s = views_s = 0.0
             for _ in range(HOST_OP_RUNS_PER_ROUND):
                 start = time.perf_counter()
                 forward()
@@ -131,10 +150,15 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
                 sync()
                 modules_s += mid - start
                 functions_s += time.perf_counter() - mid
+                start = time.perf_counter()
+                views()
+                views_s += time.perf_counter() - start
             runs = HOST_OP_RUNS_PER_ROUND
             forward_rounds.append(forward_s / runs / max(forward_ops, 1))
             backward_rounds.append(backward_s / runs / max(backward_ops, 1))
-            function_rounds.append(functions_s / runs / max(function_ops, 1))
+            view_rounds.append(views_s / runs / max(view_ops, 1))
+            others_s = functions_s / runs - function_views * view_rounds[-1]
+            function_rounds.append(max(0.0, others_s) / max(function_ops - function_views, 1))
             module_rounds.append(max(0.0, modules_s - functions_s) / runs / len(leaves))
 
     def spread(rounds) -> float:
@@ -144,7 +168,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     return HostOpCost(statistics.median(forward_rounds), statistics.median(backward_rounds),
                       spread(forward_rounds), spread(backward_rounds), forward_ops,
                       backward_ops, statistics.median(function_rounds),
-                      statistics.median(module_rounds))
+                      statistics.median(module_rounds), statistics.median(view_rounds))
 
 
 def _as_function(module):

@@ -239,18 +239,21 @@ def test_a_weight_gradient_gemm_moves_weight_sized_bytes_at_any_batch():
     assert t.gemm_s < 1e-4
 
 
-def test_forward_host_time_is_ops_as_functions_plus_module_calls_where_measured_apart():
-    # 5 forward ops, 2 module calls: 5 x 2 us + 2 x 3 us = 16 us of host on a CPU spec
-    # whose kit measured the two parts; without the parts (or the count) 5 x op_overhead_s.
+def test_forward_host_time_is_views_ops_and_module_calls_where_measured_apart():
+    # 5 forward ops (3 views), 2 module calls: 3 x 1 us + 2 x 2 us + 2 x 3 us = 13 us of
+    # host on a CPU spec whose kit measured the parts; without them (or the count)
+    # 5 x op_overhead_s.
     import dataclasses
 
     from cost_models.compute import forward_host_seconds
 
-    counted = KernelRecords(forward=(memory("aten::add", 1024),), backward=(),
+    view = KernelRecord("aten::view", KernelKind.VIEW, "float32", (), count=3)
+    counted = KernelRecords(forward=(memory("aten::add", 1024), view), backward=(),
                             forward_module_calls=2)
-    cal = dataclasses.replace(CALIBRATION, forward_host_op_s=2e-6, module_call_host_s=3e-6)
+    cal = dataclasses.replace(CALIBRATION, forward_host_op_s=2e-6, module_call_host_s=3e-6,
+                              view_host_op_s=1e-6)
     cpu = spec(cal, device="cpu", op_overhead_s=7e-6)
-    assert forward_host_seconds(_layer(counted), cpu, False) == pytest.approx(16e-6)
+    assert forward_host_seconds(_layer(counted), cpu, False) == pytest.approx(13e-6)
     uncounted = KernelRecords(forward=counted.forward, backward=())
     assert forward_host_seconds(_layer(uncounted), cpu, False) == pytest.approx(35e-6)
     plain = dataclasses.replace(cpu, kernel_calibration=CALIBRATION)
@@ -258,8 +261,8 @@ def test_forward_host_time_is_ops_as_functions_plus_module_calls_where_measured_
 
 
 def test_a_layer_counts_the_module_calls_its_forward_makes():
-    """mlp-small's block is Linear then ReLU (planner/zoo/mlp.py), called from its forward: 2 module
-    calls, whichever way it is traced (fx keeps both as call_module; export inlines them
+    """mlp-small's block is Linear then ReLU (planner/zoo/mlp.py), called from its
+    forward: 2 module calls, whichever way it is traced (fx keeps both as call_module; export inlines them
     and the two modules' ops are told apart by their module stack)."""
     import torch
 
