@@ -69,6 +69,10 @@ MAX_POINT_S, MIN_BATCHES = 0.5, 3  # stop adding batches to a point after 0.5 s 
 ROTATE_BYTES = {"cuda": 256 * MiB, "cpu": 0}
 MAX_ROTATE_SETS = 64
 LAUNCH_PROBE_CALLS = 512  # tiny adds per launch-overhead batch
+# embedding_dense_backward per index: rows of a small model's width (gpt-tiny's 64, where
+# the per-index work, not the row's bytes, dominates) into a table of 128 rows, at 512
+# and 8192 indices (a zoo embedding's tokens at micro-batch 1 to 16 and past it).
+EMBEDDING_PROBE_DIM, EMBEDDING_PROBE_ROWS, EMBEDDING_PROBE_INDICES = 64, 128, (512, 8192)
 # Before the GPU grid, PREHEAT_S of back-to-back PREHEAT_DIM^3 bf16 products (REFERENCES.md's
 # shape) in PREHEAT_WINDOW_S windows: the first window is the boost rate, the last the
 # settled one. On the H100 here a grid without it measured 8192^3 at 795 TFLOP/s early and
@@ -313,6 +317,23 @@ def probe_sustained_gemm(device: str, dim: int = PREHEAT_DIM, seconds: float = P
     return rates[0], rates[-1]
 
 
+def probe_embedding_backward(device: str, dtype: str) -> float:
+    """Seconds per index of `embedding_dense_backward` (a scatter-add of one gradient row
+    per index into a zeroed table): the slope between EMBEDDING_PROBE_INDICES counts on
+    one small table (what does not grow with the indices, the table's zero-fill and the
+    dispatch, cancels). The table's fill is priced apart as a copy."""
+    import torch
+
+    few, many = EMBEDDING_PROBE_INDICES
+    seconds = []
+    for count in (few, many):
+        grad = _random((count, EMBEDDING_PROBE_DIM), dtype, device)
+        index = torch.randint(0, EMBEDDING_PROBE_ROWS, (count,), device=device)
+        seconds.append(seconds_per_call(lambda i: torch.ops.aten.embedding_dense_backward(
+            grad, index, EMBEDDING_PROBE_ROWS, -1, False), device))
+    return max(0.0, (seconds[1] - seconds[0]) / (many - few))
+
+
 def probe_launch(device: str) -> tuple[float, float]:
     """(host seconds per tiny eager op, device seconds per tiny kernel from a CUDA graph;
     0 on CPU)."""
@@ -393,12 +414,16 @@ def measure(device: str, quick: bool = False, progress=None,
             memory = fastest_points(memory, probe_memory(device, sizes[::-1], memory_dtype))
         sdpa_shapes = CPU_SDPA_SHAPES if cpu else CUDA_SDPA_SHAPES[:1] if quick else CUDA_SDPA_SHAPES
         sdpa = probe_sdpa(device, sdpa_shapes, CPU_SDPA_DTYPE if cpu else CUDA_SDPA_DTYPE, progress)
+        index_s = probe_embedding_backward(device, memory_dtype)
+        if progress:
+            progress(f"embedding backward: {index_s * 1e9:.1f} ns per index")
     name = (platform.processor() or platform.machine()) if cpu else torch.cuda.get_device_name()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cuda = f", CUDA {torch.version.cuda}" if not cpu else ", 1 thread"
     return KernelCalibration(measured_on=f"{name}, torch {torch.__version__}{cuda}, {stamp}",
                              gemm=tuple(gemm), memory_kernels=tuple(memory), sdpa=tuple(sdpa),
                              launch_host_s=host_s, launch_device_s=device_s,
+                             embedding_backward_index_s=index_s,
                              burst_gemm_flop_per_s=burst, sustained_gemm_flop_per_s=sustained)
 
 

@@ -65,6 +65,11 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     assert all(p.forward_s > 0 and p.backward_s > 0 for p in cal.sdpa)
     assert 1e-8 < cal.launch_host_s < 1e-3 and cal.launch_device_s == 0.0
     assert cal.sustained_gemm_flop_per_s == 0.0  # no preheat on CPUs
+    # Embedding backward per index: a scatter-add of a 64-wide row, ns to us on one core.
+    assert 1e-10 < cal.embedding_backward_index_s < 1e-5
+    # The forward host cost in parts, measured by the same probe as op_overhead_s.
+    assert 0 < cal.forward_host_op_s < 1e-3 and 0 < cal.view_host_op_s < 1e-3
+    assert 0 <= cal.module_call_host_s < 1e-3
 
 
 def test_estimate_plan_accept_the_profiled_spec(capsys, cpu_spec_path):
