@@ -53,6 +53,7 @@ from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)
     CPU_SDPA_DTYPE, QUICK_CUDA_GEMM_SHAPES)
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.host_probes import host_op_seconds_by_pass
+from cost_models.item_probes import probe_embedding_backward, probe_random_element_s
 
 # ---- timing -----------------------------------------------------------------------------
 WARMUP_CALLS = 3  # first calls pay for kernel selection, workspaces, autograd caches
@@ -69,10 +70,6 @@ MAX_POINT_S, MIN_BATCHES = 0.5, 3  # stop adding batches to a point after 0.5 s 
 ROTATE_BYTES = {"cuda": 256 * MiB, "cpu": 0}
 MAX_ROTATE_SETS = 64
 LAUNCH_PROBE_CALLS = 512  # tiny adds per launch-overhead batch
-# embedding_dense_backward per index: rows of a small model's width (gpt-tiny's 64, where
-# the per-index work, not the row's bytes, dominates) into a table of 128 rows, at 512
-# and 8192 indices (a zoo embedding's tokens at micro-batch 1 to 16 and past it).
-EMBEDDING_PROBE_DIM, EMBEDDING_PROBE_ROWS, EMBEDDING_PROBE_INDICES = 64, 128, (512, 8192)
 # Before the GPU grid, PREHEAT_S of back-to-back PREHEAT_DIM^3 bf16 products (REFERENCES.md's
 # shape) in PREHEAT_WINDOW_S windows: the first window is the boost rate, the last the
 # settled one. On the H100 here a grid without it measured 8192^3 at 795 TFLOP/s early and
@@ -317,23 +314,6 @@ def probe_sustained_gemm(device: str, dim: int = PREHEAT_DIM, seconds: float = P
     return rates[0], rates[-1]
 
 
-def probe_embedding_backward(device: str, dtype: str) -> float:
-    """Seconds per index of `embedding_dense_backward` (a scatter-add of one gradient row
-    per index into a zeroed table): the slope between EMBEDDING_PROBE_INDICES counts on
-    one small table (what does not grow with the indices, the table's zero-fill and the
-    dispatch, cancels). The table's fill is priced apart as a copy."""
-    import torch
-
-    few, many = EMBEDDING_PROBE_INDICES
-    seconds = []
-    for count in (few, many):
-        grad = _random((count, EMBEDDING_PROBE_DIM), dtype, device)
-        index = torch.randint(0, EMBEDDING_PROBE_ROWS, (count,), device=device)
-        seconds.append(seconds_per_call(lambda i: torch.ops.aten.embedding_dense_backward(
-            grad, index, EMBEDDING_PROBE_ROWS, -1, False), device))
-    return max(0.0, (seconds[1] - seconds[0]) / (many - few))
-
-
 def probe_launch(device: str) -> tuple[float, float]:
     """(host seconds per tiny eager op, device seconds per tiny kernel from a CUDA graph;
     0 on CPU)."""
@@ -452,7 +432,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             runtime_overhead_bytes=clusters.LOCAL_RUNTIME_OVERHEAD_BYTES, matmul_efficiency=1.0,
             op_overhead_s=host.forward_s, backward_op_overhead_s=host.backward_s,
             dtensor_op_overhead_s=clusters.LOCAL_DTENSOR_OP_OVERHEAD_S,
-            random_element_s=clusters.measure_random_element_s(),
+            random_element_s=probe_random_element_s("cpu"),
             host_cores=clusters.host_cores(), kernel_calibration=dataclasses.replace(
                 cal, forward_host_op_s=host.function_op_s, module_call_host_s=host.module_call_s,
                 view_host_op_s=host.view_op_s),

@@ -240,3 +240,15 @@ def test_fastest_points_keeps_the_least_disturbed_reading_per_point():
     copy_b = [MemoryKernelPoint("copy", "float32", 2**25, 40.0),
               MemoryKernelPoint("copy", "float32", 2**20, 15.0)]
     assert fastest_points(copy_a, copy_b) == [copy_a[0], copy_b[0]]
+
+
+def test_item_probes_measure_the_draw_dropout_makes_and_a_per_index_scatter():
+    """The draw is timed at dropout's keep probability (0.9: a CPU's draw costs depend on
+    it, see the constant), per element at a plausible rate; the scatter's per-index
+    seconds are a slope, positive and below a microsecond."""
+    from cost_models import item_probes
+
+    assert item_probes.DROPOUT_KEEP_PROBABILITY == 0.9
+    per_element_s = item_probes.probe_random_element_s("cpu")
+    assert 1e-11 < per_element_s < 1e-6
+    assert 0 < item_probes.probe_embedding_backward("cpu", "float32") < 1e-6
