@@ -9,7 +9,6 @@ dropout mask's draw (per element).
 from __future__ import annotations
 
 import statistics
-import time
 
 # embedding_dense_backward per index: rows of a small model's width (gpt-tiny's 64, where
 # the per-index work, not the row's bytes, dominates) into a table of 128 rows, at 512
@@ -34,15 +33,17 @@ def probe_random_element_s(device: str) -> float:
     import torch
 
     from cost_models.clusters import _one_thread
+    from cost_models.host_probes import probe_clock
 
+    clock = probe_clock(device)  # the thread's CPU time on CPU: see probe_clock
     mask = torch.empty(RANDOM_DRAW_ELEMENTS, device=device)
     with _one_thread():
         mask.bernoulli_(DROPOUT_KEEP_PROBABILITY)  # warm-up
         rounds = []
         for _ in range(RANDOM_DRAW_ROUNDS):
-            start = time.perf_counter()
+            start = clock()
             mask.bernoulli_(DROPOUT_KEEP_PROBABILITY)
-            rounds.append(time.perf_counter() - start)
+            rounds.append(clock() - start)
     return statistics.median(rounds) / RANDOM_DRAW_ELEMENTS
 
 

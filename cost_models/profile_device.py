@@ -36,7 +36,6 @@ import datetime
 import math
 import platform
 import statistics
-import time
 import warnings
 from collections.abc import Callable
 
@@ -52,7 +51,7 @@ from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)
     CPU_MEMORY_BYTES, ROW_ELEMENTS, CUDA_SDPA_SHAPES, CPU_SDPA_SHAPES, CUDA_SDPA_DTYPE,
     CPU_SDPA_DTYPE, QUICK_CUDA_GEMM_SHAPES)
 from cost_models.gemm_efficiency import gemm_shape_efficiency
-from cost_models.host_probes import host_op_seconds_by_pass
+from cost_models.host_probes import host_op_seconds_by_pass, probe_clock
 from cost_models.item_probes import probe_embedding_backward, probe_random_element_s
 
 # ---- timing -----------------------------------------------------------------------------
@@ -105,9 +104,10 @@ def _batch_seconds(run_batch: Callable[[], None], device: str) -> float:
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
-    begin = time.perf_counter()
+    clock = probe_clock(device)  # the thread's CPU time: see host_probes.probe_clock
+    begin = clock()
     run_batch()
-    return time.perf_counter() - begin
+    return clock() - begin
 
 
 def seconds_per_call(fn: Callable[[int], object], device: str, graph: bool = False) -> float:
@@ -330,10 +330,11 @@ def probe_launch(device: str) -> tuple[float, float]:
 
     host_batch()
     rounds = []
+    clock = probe_clock(device)
     for _ in range(BATCHES):
-        begin = time.perf_counter()
+        begin = clock()
         host_batch()
-        rounds.append((time.perf_counter() - begin) / calls)
+        rounds.append((clock() - begin) / calls)
     host_s = statistics.median(rounds)
     device_s = 0.0
     if device == "cuda":
