@@ -15,7 +15,8 @@ saturates as n / (n + n_half) up to the device's best measured fraction of peak
 (`cost_models.gemm_efficiency`).
 
 Host overhead: every dispatched ATen op costs the framework `op_overhead_s` on the host
-in forward (Python modules dispatch it) and `ClusterSpec.backward_host_op_s` in backward
+in forward (Python modules dispatch it; where the device kit measured it in parts, views,
+other ops and module calls apiece: `forward_host_seconds`) and `ClusterSpec.backward_host_op_s` in backward
 (autograd's C++ engine dispatches it: `backward_op_overhead_s`, measured apart by
 `cost_models.host_probes.host_op_seconds_by_pass`; specs without it fall back to
 `op_overhead_s`), plus `dtensor_op_overhead_s` when it runs on DTensors (tensor-parallel layers). On CPU

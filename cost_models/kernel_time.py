@@ -8,6 +8,8 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
     t_roofline(gemm)      = max(FLOPs / (peak x GEMM efficiency(m, n, k, dtype)), bytes / bandwidth)
     t_roofline(attention) = FLOPs / measured SDPA rate of the backend dispatch picks
     t_roofline(memory)    = bytes / bandwidth of that kind of memory-bound kernel at its size
+    embedding backward    = table fill (a copy) + indices x measured seconds per index
+                            + the rows' bytes (a scatter-add costs per index, not per byte)
 
 (Williams et al. 2009 roofline per kernel). GEMM efficiency by shape: the nearest measured
 GEMM of the cluster's kernel calibration, else the analytic saturation fit
