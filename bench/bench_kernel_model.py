@@ -8,8 +8,9 @@ compute model (`cost_models.compute.layer_compute`: the kernel sum of
 on a spec measured here by `profile_device("cpu")`, whose GEMM table also measures
 exactly the (m, n, k) the benched layers run (read off their kernel records). Columns: predicted and measured
 milliseconds, the error (predicted / measured - 1), and the prediction's two parts:
-kernels (device seconds of the kernel sum) and host (forward ops x `op_overhead_s`,
-backward ops x `backward_op_overhead_s`).
+kernels (device seconds of the kernel sum) and host (`compute.forward_host_seconds`: forward
+ops and module calls at the kit's per-op and per-call figures; backward ops x
+`backward_op_overhead_s`).
 
 Target (issue 17): every layer within 15%; the bench exits 1 otherwise. Timings taken on
 a loaded machine are noise: re-measure on a quiet one before reading the errors.
@@ -35,7 +36,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cost_models.common import StepConfig  # noqa: E402
-from cost_models.compute import host_op_seconds, layer_compute  # noqa: E402
+from cost_models.compute import forward_host_seconds, host_op_seconds, layer_compute  # noqa: E402
 from cost_models.kernel_time import _token_scaled_gemm, layer_kernel_seconds  # noqa: E402
 from cost_models.layer_profile import profile_graph  # noqa: E402
 from cost_models.profile_device import CPU_GEMM_MIN_FLOPS, profile_device  # noqa: E402
@@ -98,16 +99,16 @@ def measure_model(model: str, micro_batch: int, graph, measurer, spec, warmup: i
             continue
         predicted = layer_compute(layer, LayerStrategy(), spec, config)
         kernels = layer_kernel_seconds(layer.kernels, spec, config)
-        for phase, pred_s, meas_s, kernel_s, ops, op_s in (
+        for phase, pred_s, meas_s, kernel_s, ops, host_s in (
                 ("fwd", predicted.forward_s, m["forward_seconds"], kernels.forward.total_s,
-                 layer.ops_fwd, host_op_seconds(spec, False)),
+                 layer.ops_fwd, forward_host_seconds(layer, spec, False)),
                 ("bwd", predicted.backward_s, m["backward_seconds"], kernels.backward.total_s,
-                 layer.ops_bwd, host_op_seconds(spec, False, backward=True))):
+                 layer.ops_bwd, layer.ops_bwd * host_op_seconds(spec, False, backward=True))):
             rows.append({"model": model, "layer": layer.name, "kind": layer.kind,
                          "micro_batch": micro_batch, "phase": phase,
                          "predicted_s": pred_s, "measured_s": meas_s,
                          "error": pred_s / meas_s - 1.0 if meas_s > 0 else float("inf"),
-                         "kernel_s": kernel_s, "host_s": ops * op_s, "ops": ops})
+                         "kernel_s": kernel_s, "host_s": host_s, "ops": ops})
     return rows
 
 
@@ -149,6 +150,8 @@ def main() -> int:
                    "load_average_1min": load, "target_error": TARGET_ERROR,
                    "spec": {"op_overhead_s": spec.op_overhead_s,
                             "backward_op_overhead_s": spec.backward_op_overhead_s,
+                            "forward_host_op_s": spec.kernel_calibration.forward_host_op_s,
+                            "module_call_host_s": spec.kernel_calibration.module_call_host_s,
                             "notes": spec.notes, "hbm_gbps": spec.hbm_gbps,
                             "peak_flops_float32": spec.peak_flops("float32"),
                             "random_element_s": spec.random_element_s,

@@ -15,7 +15,8 @@ saturates as n / (n + n_half) up to the device's best measured fraction of peak
 (`cost_models.gemm_efficiency`).
 
 Host overhead: every dispatched ATen op costs the framework `op_overhead_s` on the host
-in forward (Python modules dispatch it) and `ClusterSpec.backward_host_op_s` in backward
+in forward (Python modules dispatch it; where the device kit measured it in parts, views,
+other ops and module calls apiece: `forward_host_seconds`) and `ClusterSpec.backward_host_op_s` in backward
 (autograd's C++ engine dispatches it: `backward_op_overhead_s`, measured apart by
 `cost_models.host_probes.host_op_seconds_by_pass`; specs without it fall back to
 `op_overhead_s`), plus `dtensor_op_overhead_s` when it runs on DTensors (tensor-parallel layers). On CPU
@@ -47,6 +48,7 @@ from pathlib import Path
 
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
+from ir.kernel_records import KernelKind
 from ir.layer import Layer
 from ir.legality import sequence_parallel_applies
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
@@ -149,6 +151,23 @@ def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool, backward: bool = Fa
     return base + (cluster.dtensor_op_overhead_s if on_dtensors else 0.0)
 
 
+def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) -> float:
+    """Host seconds of one forward's dispatch. Where the device kit measured it in parts
+    (`KernelCalibration.forward_host_op_s`, `view_host_op_s`, `module_call_host_s`) and
+    the layer's module calls were counted: views x per-view + other ops x per-op (as
+    functions) + module calls x per-call (a layer calls most ops as functions, and half
+    of them are views; the kit's one-figure chain calls few views, all through modules);
+    else ops x `host_op_seconds`."""
+    cal = cluster.kernel_calibration
+    calls = layer.kernels.forward_module_calls if layer.kernels is not None else None
+    if cal is None or cal.forward_host_op_s <= 0 or calls is None:
+        return layer.ops_fwd * host_op_seconds(cluster, on_dtensors)
+    views = sum(r.count for r in layer.kernels.forward if r.kind is KernelKind.VIEW)
+    extra_s = cluster.dtensor_op_overhead_s if on_dtensors else 0.0
+    return (views * (cal.view_host_op_s + extra_s) + calls * cal.module_call_host_s
+            + (layer.ops_fwd - views) * (cal.forward_host_op_s + extra_s))
+
+
 def with_host(device_s: float, host_s: float, cluster: ClusterSpec) -> float:
     """CPU processes do both in turn (and share cores); GPUs overlap them."""
     if cluster.host_bound:
@@ -189,7 +208,9 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     # together: not stretched by the core share again.
     unit_s = (dp_unit_seconds(layer, strategy, cluster, config)
               + tp_module_seconds(layer, strategy, cluster)) / 2  # half in each pass
-    forward_s = with_host(forward_s, layer.ops_fwd * op_s, cluster) + unit_s
+    forward_host_s = (layer.ops_fwd * op_s if measured is not None
+                      else forward_host_seconds(layer, cluster, on_dtensors))
+    forward_s = with_host(forward_s, forward_host_s, cluster) + unit_s
     backward_s = with_host(backward_s, layer.ops_bwd * backward_op_s, cluster) + unit_s
     if strategy.checkpoint is Checkpoint.FULL:
         recompute_s = forward_s

@@ -40,9 +40,22 @@ HOST_OP_ROUNDS = 11
 HOST_OP_WARMUP_RUNS = 5
 
 
+def probe_clock(device: str):
+    """The clock a probe reads: on CPU this thread's CPU time. The probes run on one thread
+    without I/O, so on an idle host it equals the wall clock; on a shared one it leaves out
+    the time other processes held the core. At load 10 on 2 cores here (2026-11-24) the
+    wall clock put this module's forward probe at 11.5-12.0 us per op (spread 124-335%),
+    the thread clock at 3.8-3.9 (4-20%), while a layer's sub-millisecond calls mostly ran
+    unpreempted. GPUs: the wall clock (the host waits on the device)."""
+    return time.thread_time if device == "cpu" else time.perf_counter
+
+
 @dataclass(frozen=True, slots=True)
 class HostOpCost:
-    """Host seconds per dispatched op in each pass, and the relative spread of rounds."""
+    """Host seconds per dispatched op in each pass, and the relative spread of rounds.
+    The forward also in three parts: per view op (`view_op_s`: metadata only, no kernel),
+    per other op called as a function (`function_op_s`) and per leaf-module call on top
+    of its ops (`module_call_s`)."""
 
     forward_s: float
     backward_s: float
@@ -50,6 +63,9 @@ class HostOpCost:
     backward_spread: float
     forward_ops: int
     backward_ops: int
+    function_op_s: float = 0.0
+    module_call_s: float = 0.0
+    view_op_s: float = 0.0
 
 
 def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
@@ -57,19 +73,33 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     and, apart, of its backward (`loss.backward()`: autograd's engine dispatches every
     backward op from C++). Ops are counted per pass with `ir.op_count.count_ops`, the
     counter that gives `Layer.ops_fwd` / `ops_bwd`, so the two figures price those counts.
-    One thread; forward and backward alternate within each run, so a slow spell of a
-    shared machine hits both."""
+
+    The forward's price per op depends on how the ops are called: a model's layer calls
+    some as functions and some inside modules (each `nn.Module.__call__` costs the host
+    more than one op, a view far less: it makes no kernel). So the same chain's forward is
+    also timed three more ways: its leaf modules called one after another (as a layer's
+    generated forward calls them), the same ops as `torch.nn.functional` calls on the same
+    tensors, and a chain of views. Per view op = the last over its ops; per other op as a
+    function = (the second - its views x that) / its other ops; per module call = (first -
+    second) / leaf calls. Ops are told apart as `ir.kernel_recorder` tells a layer's.
+    One thread; the runs alternate within each round, so a slow spell of a shared
+    machine hits all of them."""
     import torch
     from torch import nn
 
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
-    from ir.op_count import count_ops
+    from ir.kernel_recorder import KernelRecorder
+    from ir.kernel_records import KernelKind
+    from ir.op_count import OpCounter, count_ops
 
     with _one_thread():
         chain = nn.Sequential(*[_overhead_block() for _ in range(HOST_OP_CHAIN_BLOCKS)]).to(device)
+        leaves = [m for m in chain.modules() if not list(m.children())]
+        calls = [_as_function(m) for m in leaves]
         x = torch.randn(2, OP_OVERHEAD_WIDTH, device=device)
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         holder = {}
+        clock = probe_clock(device)
 
         def forward():
             holder["loss"] = chain(x).sum()
@@ -77,26 +107,70 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
         def backward():
             holder.pop("loss").backward()
 
+        def through_modules():
+            y = x
+            for module in leaves:
+                y = module(y)
+            return y.sum()
+
+        def as_functions():
+            y = x
+            for call in calls:
+                y = call(y)
+            return y.sum()
+
+        def views():
+            y = x.detach().requires_grad_()  # a leaf, as a layer's input is
+            for _ in range(len(calls)):
+                y = y.view(-1).view(x.shape)
+            return y
+
         for _ in range(HOST_OP_WARMUP_RUNS):
             forward()
             backward()
+            through_modules()
+            as_functions()
+            views()
         forward_ops = count_ops(forward)
         backward_ops = count_ops(backward)
+        function_ops = count_ops(as_functions)
+        view_ops = count_ops(views)
+        recorder = KernelRecorder(set())
+        with OpCounter(recorder):
+            as_functions()
+        function_views = sum(r.count for r in recorder.records() if r.kind is KernelKind.VIEW)
         chain.zero_grad(set_to_none=True)
-        forward_rounds, backward_rounds = [], []
+        forward_rounds, backward_rounds, function_rounds, module_rounds = [], [], [], []
+        view_rounds = []
         for _ in range(HOST_OP_ROUNDS):
-            forward_s = backward_s = 0.0
+            forward_s = backward_s = modules_s = functions_s = views_s = 0.0
             for _ in range(HOST_OP_RUNS_PER_ROUND):
-                start = time.perf_counter()
+                start = clock()
                 forward()
                 sync()
-                mid = time.perf_counter()
+                mid = clock()
                 backward()
                 sync()
                 forward_s += mid - start
-                backward_s += time.perf_counter() - mid
-            forward_rounds.append(forward_s / HOST_OP_RUNS_PER_ROUND / max(forward_ops, 1))
-            backward_rounds.append(backward_s / HOST_OP_RUNS_PER_ROUND / max(backward_ops, 1))
+                backward_s += clock() - mid
+                start = clock()
+                through_modules()
+                sync()
+                mid = clock()
+                as_functions()
+                sync()
+                modules_s += mid - start
+                functions_s += clock() - mid
+                start = clock()
+                views()
+                views_s += clock() - start
+            runs = HOST_OP_RUNS_PER_ROUND
+            forward_rounds.append(forward_s / runs / max(forward_ops, 1))
+            backward_rounds.append(backward_s / runs / max(backward_ops, 1))
+            view_rounds.append(views_s / runs / max(view_ops, 1))
+            others_s = functions_s / runs - function_views * view_rounds[-1]
+            function_rounds.append(max(0.0, others_s) / max(function_ops - function_views, 1))
+            module_rounds.append(max(0.0, modules_s - functions_s) / runs / len(leaves))
 
     def spread(rounds) -> float:
         mid = statistics.median(rounds)
@@ -104,7 +178,26 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
 
     return HostOpCost(statistics.median(forward_rounds), statistics.median(backward_rounds),
                       spread(forward_rounds), spread(backward_rounds), forward_ops,
-                      backward_ops)
+                      backward_ops, statistics.median(function_rounds),
+                      statistics.median(module_rounds), statistics.median(view_rounds))
+
+
+def _as_function(module):
+    """`module`'s forward as one `torch.nn.functional` call on its own tensors (the leaf
+    kinds of `clusters._overhead_block`), bound once: no module call, no attribute look-up."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    if isinstance(module, nn.Linear):
+        weight, bias = module.weight, module.bias
+        return lambda y: F.linear(y, weight, bias)
+    if isinstance(module, nn.LayerNorm):
+        shape, weight, bias, eps = module.normalized_shape, module.weight, module.bias, module.eps
+        return lambda y: F.layer_norm(y, shape, weight, bias, eps)
+    if isinstance(module, nn.GELU):
+        approximate = module.approximate
+        return lambda y: F.gelu(y, approximate=approximate)
+    raise TypeError(f"host probe: no functional form for {type(module).__name__}")
 
 
 def dtensor_op_overhead_s(device, mesh) -> float:

@@ -8,6 +8,8 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
     t_roofline(gemm)      = max(FLOPs / (peak x GEMM efficiency(m, n, k, dtype)), bytes / bandwidth)
     t_roofline(attention) = FLOPs / measured SDPA rate of the backend dispatch picks
     t_roofline(memory)    = bytes / bandwidth of that kind of memory-bound kernel at its size
+    embedding backward    = table fill (a copy) + indices x measured seconds per index
+                            + the rows' bytes (a scatter-add costs per index, not per byte)
 
 (Williams et al. 2009 roofline per kernel). GEMM efficiency by shape: the nearest measured
 GEMM of the cluster's kernel calibration, else the analytic saturation fit
@@ -40,7 +42,7 @@ from ir.kernel_records import KernelKind, KernelRecord, KernelRecords
 from ir.op_count import RANDOM_OPS
 from ir.strategy import Checkpoint
 
-from cost_models.common import GB, StepConfig
+from cost_models.common import GB, StepConfig, dtype_bytes
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 
 # Device seconds per kernel when the cluster carries no calibration: a GPU replays tiny
@@ -64,6 +66,9 @@ DRAW_ONLY_OPS = RANDOM_OPS - {"native_dropout"}
 GPU_MEMORY_KERNEL_BANDWIDTH_FRACTION = {
     "copy": 2990 / 3350, "add": 3046 / 3350, "gelu": 2857 / 3350, "sum": 2948 / 3350,
     "softmax": 1276 / 3350, "layer_norm": 2038 / 3350}
+# An embedding's indices are int64 (torch.nn.Embedding takes LongTensor ids, as the zoo and
+# HF models pass them): 8 bytes per index in an embedding backward's recorded reads.
+EMBEDDING_INDEX_BYTES = 8
 # The SDPA backend whose measured times price a fused attention: torch's own choice.
 DISPATCHED_SDPA_BACKEND = "default"
 # Memory-bound kernel kinds the calibration measures, by the ATen ops they stand for
@@ -228,12 +233,40 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
         # Williams et al. 2009 roofline at one head's (s x d) @ (d x s) GEMM efficiency
         return max(work / (cluster.peak_flops(dtype) * efficiency), nbytes / hbm)
     if r.kind is KernelKind.MEMORY:
-        kernel = MEMORY_KERNEL_OF_OP.get(r.op.split("::")[-1], "add")
-        # a CPU spec's hbm_gbps is itself measured; a GPU preset's is the datasheet's
-        default_gbps = cluster.hbm_gbps * (
-            1.0 if cluster.host_bound else GPU_MEMORY_KERNEL_BANDWIDTH_FRACTION[kernel])
-        return nbytes / (memory_gbps(cal, kernel, dtype, nbytes, default_gbps) * GB)
+        op = r.op.split("::")[-1]
+        if op == "embedding_dense_backward" and cal is not None \
+                and cal.embedding_backward_index_s > 0:
+            return _embedding_backward_seconds(r, cluster, config, share)
+        return _streaming_seconds(cluster, MEMORY_KERNEL_OF_OP.get(op, "add"), dtype, nbytes)
     return 0.0  # views: no kernel
+
+
+def _streaming_seconds(cluster: ClusterSpec, kernel: str, dtype: str, nbytes: float) -> float:
+    """`nbytes` through a memory-bound kernel of this kind at its measured bandwidth."""
+    # a CPU spec's hbm_gbps is itself measured; a GPU preset's is the datasheet's
+    default_gbps = cluster.hbm_gbps * (
+        1.0 if cluster.host_bound else GPU_MEMORY_KERNEL_BANDWIDTH_FRACTION[kernel])
+    return nbytes / (memory_gbps(cluster.kernel_calibration, kernel, dtype, nbytes,
+                                 default_gbps) * GB)
+
+
+def _embedding_backward_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
+                                share: float) -> float:
+    """embedding_dense_backward: a zeroed gradient table (a table-sized write, priced as a
+    copy) and a scatter-add of one gradient row per index. The scatter costs per index,
+    not per byte: on this CPU ~40 ns per index whether rows are 64 or 256 wide, ~8x what
+    the row's bytes cost at copy bandwidth (profile-device's `embedding_backward_index_s`
+    measures it), plus the rows' bytes themselves (which dominate for wide rows). The
+    record reads, per index, its row and one index (`EMBEDDING_INDEX_BYTES`)."""
+    dtype = config.precision.compute_dtype
+    recorded_row_bytes = r.shape[-1] * dtype_bytes(r.dtype)
+    indices = (r.activation_bytes / (recorded_row_bytes + EMBEDDING_INDEX_BYTES)
+               * config.batch_scale * share)
+    table_bytes = r.weight_bytes * config.dtype_scale * share
+    row_bytes = indices * r.shape[-1] * config.precision.compute_bytes
+    return (_streaming_seconds(cluster, "copy", dtype, table_bytes)
+            + indices * cluster.kernel_calibration.embedding_backward_index_s
+            + _streaming_seconds(cluster, "add", dtype, row_bytes))
 
 
 def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config: StepConfig,

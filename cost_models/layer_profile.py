@@ -92,18 +92,23 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
                device: str, *, warmup: int, repeats: int) -> tuple[float, float]:
     """Median (forward, backward) seconds of layer `index` over `repeats` runs after
     `warmup` untimed ones (the instrumented `measure_layer` run before them warms up too).
-    The runs go without the FLOP and op counters and saved-tensor hooks: they cost a
-    Python call per op, more than a small op itself."""
+    The forward is the layer's own GraphModule (`GraphMeasurer.layer_module`: generated
+    Python calling the modules, as the executor runs them), not the node-by-node
+    interpreter that `measure_layer` needs for its per-node hooks: that one costs ~10 us
+    of Python per node, which no training step pays. The runs go without the FLOP and op
+    counters and saved-tensor hooks: they cost a Python call per op, more than a small
+    op itself."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    module = measurer.layer_module(index, state)
     forward_s, backward_s = [], []
     for rep in range(warmup + repeats):
-        runner = measurer.start_run(index, state, factory)
+        inputs = measurer.fresh_inputs(index, state, factory)
         sync()
         start = time.perf_counter()
-        measurer.run_forward(index, runner)
+        returned = module(*inputs)
         sync()
         mid = time.perf_counter()
-        outs = measurer.grad_roots(index, runner)
+        outs = measurer.module_roots(index, returned)
         if outs:
             torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
         sync()
@@ -111,7 +116,7 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
         if rep >= warmup:
             forward_s.append(mid - start)
             backward_s.append(end - mid)
-        del runner, outs
+        del inputs, returned, outs
     return statistics.median(forward_s), statistics.median(backward_s)
 
 

@@ -11,12 +11,13 @@
                seconds per tiny kernel replayed from a CUDA graph (no host in the loop)
 
 Timing (METHOD.md of the device kit; Williams et al. 2009 for the two ceilings): warm up,
-then the median over batches of back-to-back calls, each batch at least
-`MIN_BATCH_S` long. On CUDA a batch is a captured CUDA graph replayed between two events,
-so GEMM and memory-kernel figures are device time without launch gaps (SDPA runs eager:
-its backward goes through autograd). Inputs are random, never zeros, and rotate over
-enough buffer sets (`ROTATE_BYTES`) that small shapes are not served from cache. CPU
-probes run on one thread, as the planner's local processes do.
+then the median over batches of back-to-back calls, each batch at least `MIN_BATCH_S` long.
+On CUDA a batch is a captured CUDA graph replayed between two events, so GEMM and
+memory-kernel figures are device time without launch gaps (SDPA runs eager: its backward
+goes through autograd). Inputs are random, never zeros. On a GPU they rotate over enough
+buffer sets (`ROTATE_BYTES`) that small shapes are not served from L2; on a CPU they do
+not: layers run warm there (see `ROTATE_BYTES`). CPU probes run on one thread, as the
+planner's local processes do. The grids: `cost_models.device_grids`.
 
 The spec: device memory and measured copy bandwidth; peak FLOP/s from the datasheet
 presets for a known GPU (with `matmul_efficiency` = best measured bf16 / peak), else the
@@ -35,7 +36,6 @@ import datetime
 import math
 import platform
 import statistics
-import time
 import warnings
 from collections.abc import Callable
 
@@ -45,60 +45,28 @@ from ir.kernel_calibration import (GemmPoint, KernelCalibration, MemoryKernelPoi
                                    fastest_points)
 
 from cost_models import clusters
+from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)
+    GiB, MiB, CUDA_GEMM_SHAPES, CUDA_GEMM_DTYPES, CPU_GEMM_MIN_FLOPS,
+    CPU_ZOO_GEMM_SHAPES, CPU_GEMM_SHAPES, CPU_GEMM_DTYPES, CUDA_MEMORY_BYTES,
+    CPU_MEMORY_BYTES, ROW_ELEMENTS, CUDA_SDPA_SHAPES, CPU_SDPA_SHAPES, CUDA_SDPA_DTYPE,
+    CPU_SDPA_DTYPE, QUICK_CUDA_GEMM_SHAPES)
 from cost_models.gemm_efficiency import gemm_shape_efficiency
-from cost_models.host_probes import host_op_seconds_by_pass
-
-MiB = 2**20
-GiB = 2**30
-
-# ---- grids ------------------------------------------------------------------------------
-# GPU GEMMs: squares 256..8192 (where efficiency saturates), the four matmuls of a GPT
-# block (QKV, attention out, MLP up, MLP down) at 8192 tokens for h = 4096 and 8192, a
-# Llama-3-8B MLP (h 4096, ffn 14336), and skinny m (decode-like, small micro-batches).
-_BLOCK = [(8192, 3 * h, h) for h in (4096, 8192)] + [(8192, h, h) for h in (4096, 8192)] \
-    + [(8192, 4 * h, h) for h in (4096, 8192)] + [(8192, h, 4 * h) for h in (4096, 8192)]
-CUDA_GEMM_SHAPES = list(dict.fromkeys(  # in order, each shape once (8192^3 is in both lists)
-    [(d, d, d) for d in (256, 512, 1024, 2048, 4096, 8192)] + _BLOCK
-    + [(8192, 14336, 4096)] + [(m, 8192, 8192) for m in (1, 16, 128, 1024)]))
-# float32 is IEEE FP32 (matmul precision "highest"); tf32 is the same call at "high".
-CUDA_GEMM_DTYPES = ("bfloat16", "float16", "float32", "tf32")
-# CPU (one thread): float16 left out, torch 2.13's CPU matmul has no fast fp16 path
-# (measured here: 2.7 GFLOP/s against 464 for bf16 at 512^3).
-# Zoo layers run skinny products (kernel records of bench_kernel_model.py's models): m =
-# tokens/samples 1..4096, n, k = widths, channels or (weight grads) tokens 1..512; a log-4
-# grid keeps each within 2x of a measured shape per dimension. Shapes under 2^20 FLOPs
-# (~10 us at 100 GFLOP/s) time mostly the op's dispatch, charged per op already: left out.
-CPU_GEMM_MIN_FLOPS = 2**20
-CPU_ZOO_GEMM_SHAPES = [(m, n, k) for m in (2, 8, 32, 128, 512, 2048) for n in (2, 8, 32, 128, 512)
-                       for k in (2, 8, 32, 128, 512) if 2 * m * n * k >= CPU_GEMM_MIN_FLOPS]
-CPU_GEMM_SHAPES = list(dict.fromkeys(
-    [(d, d, d) for d in (64, 128, 256, 512)] + [(256, 768, 256), (256, 256, 1024),
-                                                (1, 512, 512), (16, 512, 512)]
-    + CPU_ZOO_GEMM_SHAPES))
-CPU_GEMM_DTYPES = ("float32", "bfloat16")
-# Memory-bound kernels: bytes of the main tensor (GPU: from L2-sized to HBM-sized; the
-# H100's L2 is 50 MB, KINDS.md), rows of `ROW_ELEMENTS` for the row-wise kernels.
-CUDA_MEMORY_BYTES = (1 * MiB, 16 * MiB, 256 * MiB, 1 * GiB)
-CPU_MEMORY_BYTES = (256 * 2**10, 4 * MiB, 16 * MiB)
-ROW_ELEMENTS = 4096  # a hidden size: layer_norm and sum reduce rows this long; softmax too
-# SDPA shapes (batch, heads, seq_len, head_dim), causal as GPT trains.
-CUDA_SDPA_SHAPES = ((8, 16, 1024, 64), (4, 32, 2048, 128), (1, 32, 8192, 128))
-CPU_SDPA_SHAPES = ((2, 4, 128, 32), (1, 8, 256, 64))
-CUDA_SDPA_DTYPE = "bfloat16"
-CPU_SDPA_DTYPE = "float32"
-# --quick on a GPU: a smoke run of the same code in seconds.
-QUICK_CUDA_GEMM_SHAPES = [(1024, 1024, 1024), (4096, 4096, 4096), (16, 4096, 4096)]
+from cost_models.host_probes import host_op_seconds_by_pass, probe_clock
+from cost_models.item_probes import probe_embedding_backward, probe_random_element_s
 
 # ---- timing -----------------------------------------------------------------------------
 WARMUP_CALLS = 3  # first calls pay for kernel selection, workspaces, autograd caches
 MIN_BATCH_S = 2e-3  # a timed batch lasts at least this: event/timer resolution is ~us
 MAX_CALLS_PER_BATCH = 512  # a CUDA graph of this many small kernels still captures fast
 BATCHES = 7  # the median of seven batches
-MAX_POINT_S = 0.5  # stop adding batches to one point after this long (at least 3 run)
-MIN_BATCHES = 3
-# Buffer sets rotate until this many bytes are in flight: > 5x the H100's 50 MB L2 and
-# > 2x this CPU's 32 MiB L3, so no repeated call finds its inputs in cache.
-ROTATE_BYTES = {"cuda": 256 * MiB, "cpu": 64 * MiB}
+MAX_POINT_S, MIN_BATCHES = 0.5, 3  # stop adding batches to a point after 0.5 s (>= 3 run)
+# Buffer sets rotate until this many bytes are in flight: > 5x the H100's 50 MB L2, so no
+# repeated call finds its inputs in cache. CPU: none (one set). A layer's op reads what
+# the op before it just wrote, and the zoo's layers (KiBs to a few MiB of tensors, timed
+# after warm-up by `planner profile`) run from this CPU's caches: rotating measured 256 KiB
+# copies ~8x slower than warm ones (21 vs 166 GB/s here, 2026-11-24, on a loaded host).
+# Tensors past the L3 (the 64 MiB points) come from DRAM either way.
+ROTATE_BYTES = {"cuda": 256 * MiB, "cpu": 0}
 MAX_ROTATE_SETS = 64
 LAUNCH_PROBE_CALLS = 512  # tiny adds per launch-overhead batch
 # Before the GPU grid, PREHEAT_S of back-to-back PREHEAT_DIM^3 bf16 products (REFERENCES.md's
@@ -136,9 +104,10 @@ def _batch_seconds(run_batch: Callable[[], None], device: str) -> float:
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
-    begin = time.perf_counter()
+    clock = probe_clock(device)  # the thread's CPU time: see host_probes.probe_clock
+    begin = clock()
     run_batch()
-    return time.perf_counter() - begin
+    return clock() - begin
 
 
 def seconds_per_call(fn: Callable[[int], object], device: str, graph: bool = False) -> float:
@@ -361,10 +330,11 @@ def probe_launch(device: str) -> tuple[float, float]:
 
     host_batch()
     rounds = []
+    clock = probe_clock(device)
     for _ in range(BATCHES):
-        begin = time.perf_counter()
+        begin = clock()
         host_batch()
-        rounds.append((time.perf_counter() - begin) / calls)
+        rounds.append((clock() - begin) / calls)
     host_s = statistics.median(rounds)
     device_s = 0.0
     if device == "cuda":
@@ -425,12 +395,16 @@ def measure(device: str, quick: bool = False, progress=None,
             memory = fastest_points(memory, probe_memory(device, sizes[::-1], memory_dtype))
         sdpa_shapes = CPU_SDPA_SHAPES if cpu else CUDA_SDPA_SHAPES[:1] if quick else CUDA_SDPA_SHAPES
         sdpa = probe_sdpa(device, sdpa_shapes, CPU_SDPA_DTYPE if cpu else CUDA_SDPA_DTYPE, progress)
+        index_s = probe_embedding_backward(device, memory_dtype)
+        if progress:
+            progress(f"embedding backward: {index_s * 1e9:.1f} ns per index")
     name = (platform.processor() or platform.machine()) if cpu else torch.cuda.get_device_name()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cuda = f", CUDA {torch.version.cuda}" if not cpu else ", 1 thread"
     return KernelCalibration(measured_on=f"{name}, torch {torch.__version__}{cuda}, {stamp}",
                              gemm=tuple(gemm), memory_kernels=tuple(memory), sdpa=tuple(sdpa),
                              launch_host_s=host_s, launch_device_s=device_s,
+                             embedding_backward_index_s=index_s,
                              burst_gemm_flop_per_s=burst, sustained_gemm_flop_per_s=sustained)
 
 
@@ -459,10 +433,14 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             runtime_overhead_bytes=clusters.LOCAL_RUNTIME_OVERHEAD_BYTES, matmul_efficiency=1.0,
             op_overhead_s=host.forward_s, backward_op_overhead_s=host.backward_s,
             dtensor_op_overhead_s=clusters.LOCAL_DTENSOR_OP_OVERHEAD_S,
-            random_element_s=clusters.measure_random_element_s(),
-            host_cores=clusters.host_cores(), kernel_calibration=cal,
+            random_element_s=probe_random_element_s("cpu"),
+            host_cores=clusters.host_cores(), kernel_calibration=dataclasses.replace(
+                cal, forward_host_op_s=host.function_op_s, module_call_host_s=host.module_call_s,
+                view_host_op_s=host.view_op_s),
             notes=f"planner profile-device --device cpu: {cal.measured_on}; per-op host fwd "
-                  f"{host.forward_s * 1e6:.2f} us ({host.forward_spread:.0%} spread), bwd "
+                  f"{host.forward_s * 1e6:.2f} us ({host.forward_spread:.0%} spread; "
+                  f"{host.function_op_s * 1e6:.2f} per function op, {host.view_op_s * 1e6:.2f} "
+                  f"per view, {host.module_call_s * 1e6:.2f} per module call), bwd "
                   f"{host.backward_s * 1e6:.2f} us ({host.backward_spread:.0%}); peak FLOP/s = best "
                   "measured GEMM per dtype; links and DTensor overhead guessed (run "
                   "`planner profile-cluster` to measure them)")
@@ -491,7 +469,8 @@ def profile_device(device: str, quick: bool = False, name: str | None = None,
                    progress=None, extra_gemm_shapes=()) -> tuple[ClusterSpec, KernelCalibration]:
     """Measure `device` and return (spec, the tables in it)."""
     cal = measure(device, quick=quick, progress=progress, extra_gemm_shapes=extra_gemm_shapes)
-    return spec_from_calibration(device, cal, name or f"{device}-profiled"), cal
+    spec = spec_from_calibration(device, cal, name or f"{device}-profiled")
+    return spec, spec.kernel_calibration
 
 
 # Reading the table back, `gemm_efficiency(spec, m, n, k, dtype)`: one definition, shared

@@ -11,12 +11,15 @@ layer on fresh stand-ins for its inputs (`ir.stand_in`), forward and backward, w
   - `OpCounter` around each (`ir.op_count`), recording every op as a kernel
     (`ir.kernel_recorder`; SDPA and dropout as the fused kernels CUDA runs),
   - `saved_tensors_hooks` recording every tensor autograd keeps (`ir.saved_tensors`).
-`start_run`, `run_forward` and `grad_roots` are the same run without instrumentation,
-for timing on a device (`cost_models.layer_profile`).
+`layer_module` is the same layer as its own `fx.GraphModule` (generated Python calling
+the leaf modules and functions directly, as the executor's modules run), for timing on a
+device (`cost_models.layer_profile`); `start_run`, `run_forward` and `grad_roots` run it
+node by node through an interpreter, as the instrumented measurement does.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass
 from typing import Callable
@@ -225,21 +228,95 @@ class GraphMeasurer:
 
     def run_forward(self, index: int, runner: StateRunner,
                     before_node: Callable[[fx.Node], None] | None = None) -> None:
+        device = _state_device(runner.state)
         for n in self.infos[index].nodes.nodes:
             if before_node is not None:
                 before_node(n)
-            runner.env[n] = runner.run_node(n)
+            if _makes_on_meta(n) and device.type != "meta":
+                args, kwargs = runner.fetch_args_kwargs_from_env(n)
+                runner.env[n] = getattr(runner, n.op)(n.target, args,
+                                                      {**kwargs, "device": device})
+            else:
+                runner.env[n] = runner.run_node(n)
 
     def grad_roots(self, index: int, runner: StateRunner) -> list[torch.Tensor]:
         """Where backward starts: the layer's outputs that carry a gradient (the last
         layer's last value when nothing leaves it)."""
+        return self._roots(index, runner.env)
+
+    def _roots(self, index: int, values) -> list[torch.Tensor]:
         info = self.infos[index]
-        outs = [t for o in info.outputs for t in tensor_leaves(runner.env[o])
+        outs = [t for o in info.outputs for t in tensor_leaves(values[o])
                 if t.requires_grad and t.grad_fn is not None]
         if not outs and index == len(self.infos) - 1:
-            outs = [t for t in tensor_leaves(runner.env[info.nodes.nodes[-1]])
+            outs = [t for t in tensor_leaves(values[info.nodes.nodes[-1]])
                     if t.requires_grad and t.grad_fn is not None]
         return outs
+
+    def _returned_nodes(self, index: int) -> list[fx.Node]:
+        """What `layer_module` returns: the layer's outputs, then its last node."""
+        info = self.infos[index]
+        last = info.nodes.nodes[-1]
+        return list(info.outputs) + ([] if last in info.outputs else [last])
+
+    def fresh_inputs(self, index: int, state: dict, factory: TensorFactory) -> list:
+        """Fresh stand-ins for layer `index`'s inputs, in `layer_module`'s argument order."""
+        env = self._fresh_inputs(self.infos[index], state, factory)
+        return [env[a] for a in self.infos[index].inputs]
+
+    def module_roots(self, index: int, returned: tuple) -> list[torch.Tensor]:
+        """`grad_roots` of a `layer_module` call's return value."""
+        return self._roots(index, dict(zip(self._returned_nodes(index), returned)))
+
+    def layer_module(self, index: int, state: dict) -> fx.GraphModule:
+        """Layer `index` as its own GraphModule: its nodes in order, codegen'd once, so a
+        call runs generated Python that calls the leaf modules (copies holding `state`'s
+        tensors as their parameters and buffers, tied ones shared) and the functions
+        directly, as the executor's modules run; no interpreter and no `functional_call`
+        between nodes. Called with `fresh_inputs(index, ...)`, returns the values of the
+        layer's outputs then its last node (`module_roots` picks backward's roots)."""
+        info = self.infos[index]
+        graph, root, env = fx.Graph(), {}, {}
+        for a in info.inputs:
+            env[a] = graph.placeholder(a.name)
+        for n in info.nodes.nodes:
+            for a in n.all_input_nodes:
+                if a not in env and self._is_state(a):  # export's lifted params and buffers
+                    env[a] = self._state_attr(graph, root, state,
+                                              self.traced.state_names[a.name])
+        for n in info.nodes.nodes:
+            if n.op == "get_attr":
+                env[n] = self._state_attr(graph, root, state, str(n.target))
+                continue
+            env[n] = graph.node_copy(n, lambda a: env[a])
+            if _makes_on_meta(n):
+                env[n].kwargs = {**n.kwargs, "device": _state_device(state)}
+            if n.op == "call_module":
+                env[n].target = f"module_{len(root)}"
+                root[env[n].target] = self._module_on(str(n.target), state)
+        graph.output(tuple(env[n] for n in self._returned_nodes(index)))
+        return fx.GraphModule(root, graph)
+
+    def _state_attr(self, graph: fx.Graph, root: dict, state: dict, fqn: str) -> fx.Node:
+        name = f"state_{len(root)}"
+        canon = self.aliases.get(fqn, fqn)
+        root[name] = state[fqn] if fqn in state else state[canon]
+        return graph.get_attr(name)
+
+    def _module_on(self, target: str, state: dict) -> nn.Module:
+        """A copy of the module `target` names whose parameters ARE `state`'s tensors
+        (as `StateRunner.call_module` binds them, once instead of per call)."""
+        module = copy.deepcopy(self.traced.submodule(target))
+        prefix = f"{target}." if target else ""
+        for name, _ in list(module.named_parameters(remove_duplicate=False)):
+            owner, _, leaf = name.rpartition(".")
+            sub = module.get_submodule(owner)
+            sub._parameters[leaf] = state[self.aliases.get(prefix + name, prefix + name)]
+        for name, _ in list(module.named_buffers(remove_duplicate=False)):
+            if prefix + name in state:
+                owner, _, leaf = name.rpartition(".")
+                module.get_submodule(owner)._buffers[leaf] = state[prefix + name]
+        return module
 
     def measure_layer(self, index: int, colwise=(), rowwise=(),
                       factory: TensorFactory = meta_factory,
@@ -288,7 +365,19 @@ class GraphMeasurer:
             ops_fwd=fwd_ops.count, ops_bwd=bwd_ops.count,
             random_elements_fwd=fwd_ops.random_elements,
             random_tp_sharded_elements_fwd=fwd_ops.random_tp_sharded_elements,
-            kernels=KernelRecords(fwd_kernels.records(), bwd_kernels.records()))
+            kernels=KernelRecords(fwd_kernels.records(), bwd_kernels.records(),
+                                  self.module_calls(index)))
+
+    def module_calls(self, index: int) -> int:
+        """Module calls layer `index`'s forward makes: its call_module nodes (fx keeps leaf
+        modules as calls); in an export graph, which inlines every module, the distinct
+        modules its ops ran in (`nn_module_stack`'s innermost entry)."""
+        nodes = self.infos[index].nodes.nodes
+        if self.traced.method == "fx":
+            return sum(1 for n in nodes if n.op == "call_module")
+        paths = {self.infos[index].module_paths[n] for n in nodes
+                 if n.op == "call_function"}
+        return len(paths - {None})
 
     def _is_dropout(self, node: fx.Node) -> bool:
         if node.op == "call_module":
@@ -305,3 +394,16 @@ class GraphMeasurer:
             env[a] = fresh(value, factory)
         return env
 
+
+
+def _state_device(state: dict) -> torch.device:
+    """The device a layer's state lives on (meta when it holds no tensor)."""
+    return next((t.device for t in state.values() if isinstance(t, torch.Tensor)),
+                torch.device("meta"))
+
+
+def _makes_on_meta(node: fx.Node) -> bool:
+    """A factory op (arange, zeros, full) that torch.export recorded with the meta device
+    the model was traced on: a real run makes it on the state's device instead."""
+    device = node.kwargs.get("device")  # a Node when the model reads `x.device`
+    return isinstance(device, (str, torch.device)) and torch.device(device).type == "meta"

@@ -29,7 +29,8 @@ MEMORY_KERNELS = ("copy", "add", "gelu", "sum", "softmax", "layer_norm")
 SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "math", "default")
 # The calibration's single figures (numbers >= 0; 0 where not measured).
 _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
-            "sustained_gemm_flop_per_s")
+            "sustained_gemm_flop_per_s", "forward_host_op_s", "module_call_host_s",
+            "view_host_op_s", "embedding_backward_index_s")
 
 
 def _is_number(value: Any) -> bool:
@@ -141,6 +142,15 @@ class KernelCalibration:
     # grid is measured in the settled state). 0 where not measured (CPUs).
     burst_gemm_flop_per_s: float = 0.0
     sustained_gemm_flop_per_s: float = 0.0
+    # Forward host seconds, in three parts (`cost_models.host_probes.host_op_seconds_by_pass`):
+    # per ATen op (not a view) called as a function with autograd recording, per nn.Module
+    # call on top of its ops, per view op. 0 where not measured (`op_overhead_s` applies).
+    forward_host_op_s: float = 0.0
+    module_call_host_s: float = 0.0
+    view_host_op_s: float = 0.0
+    # Device seconds per index of an embedding's backward (a scatter-add of one gradient
+    # row per index), over what the rows' bytes cost; 0 where not measured.
+    embedding_backward_index_s: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)

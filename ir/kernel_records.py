@@ -87,6 +87,9 @@ class KernelRecords:
 
     forward: tuple[KernelRecord, ...] = ()
     backward: tuple[KernelRecord, ...] = ()
+    # Module calls the forward makes from Python (the leaf modules it runs, each paying
+    # `nn.Module.__call__` on the host on top of its ops' dispatch); None: not counted.
+    forward_module_calls: int | None = None
 
     def recomputed(self, mode: Checkpoint) -> tuple[KernelRecord, ...]:
         """Forward kernels run again in backward: FULL all of them, SELECTIVE those whose

@@ -237,3 +237,72 @@ def test_a_weight_gradient_gemm_moves_weight_sized_bytes_at_any_batch():
     memory_s = (512 * 4096 + 4096 * 1024 + 512 * 1024) * 2 / (HBM_GBPS * 1e9)
     assert t.gemm_s == pytest.approx(max(compute_s, memory_s))
     assert t.gemm_s < 1e-4
+
+
+def test_forward_host_time_is_views_ops_and_module_calls_where_measured_apart():
+    # 5 forward ops (3 views), 2 module calls: 3 x 1 us + 2 x 2 us + 2 x 3 us = 13 us of
+    # host on a CPU spec whose kit measured the parts; without them (or the count)
+    # 5 x op_overhead_s.
+    import dataclasses
+
+    from cost_models.compute import forward_host_seconds
+
+    view = KernelRecord("aten::view", KernelKind.VIEW, "float32", (), count=3)
+    counted = KernelRecords(forward=(memory("aten::add", 1024), view), backward=(),
+                            forward_module_calls=2)
+    cal = dataclasses.replace(CALIBRATION, forward_host_op_s=2e-6, module_call_host_s=3e-6,
+                              view_host_op_s=1e-6)
+    cpu = spec(cal, device="cpu", op_overhead_s=7e-6)
+    assert forward_host_seconds(_layer(counted), cpu, False) == pytest.approx(13e-6)
+    uncounted = KernelRecords(forward=counted.forward, backward=())
+    assert forward_host_seconds(_layer(uncounted), cpu, False) == pytest.approx(35e-6)
+    plain = dataclasses.replace(cpu, kernel_calibration=CALIBRATION)
+    assert forward_host_seconds(_layer(counted), plain, False) == pytest.approx(35e-6)
+
+
+def test_a_layer_counts_the_module_calls_its_forward_makes():
+    """mlp-small's block is Linear then ReLU (planner/zoo/mlp.py), called from its
+    forward: 2 module calls, whichever way it is traced (fx keeps both as call_module; export inlines them
+    and the two modules' ops are told apart by their module stack)."""
+    import torch
+
+    from ir.measure import layer_graph_from_trace
+    from ir.trace import trace
+    from planner.models import load_model
+
+    loaded = load_model("mlp-small", 2, None, device="meta")
+    for method in ("fx", "export"):
+        traced = trace(loaded.module, loaded.inputs, loaded.target, loaded.loss_fn,
+                       force=method, dtype=torch.float32)
+        graph, _ = layer_graph_from_trace(traced, loaded.inputs, loaded.target,
+                                          name=loaded.name, dtype=torch.float32)
+        block = next(layer for layer in graph.layers if layer.name == "blocks.1")
+        assert block.kernels.forward_module_calls == 2, method
+
+
+def test_an_embedding_backward_is_a_table_fill_plus_a_scatter_per_index():
+    """embedding_dense_backward of 4096 indices into a 1024 x 64 bf16 table (micro-batch 1;
+    the record reads 4096 rows of 128 bytes and 4096 int64 indices, writes the 128 KiB
+    table): the table written at the measured copy bandwidth (800 GB/s), 4096 x 40 ns of
+    scatter, the 512 KiB of rows at the add's (1000 GB/s at its 1 MiB point). Twice the
+    micro-batch doubles the indices and rows, not the table. Without the measured
+    per-index figure it streams all its bytes as a copy."""
+    import dataclasses
+
+    from cost_models.common import GB
+
+    table_bytes, rows = 1024 * 64 * 2, 4096
+    record = KernelRecord("aten::embedding_dense_backward", KernelKind.MEMORY, "bfloat16",
+                          (1024, 64), 1, weight_bytes=table_bytes,
+                          activation_bytes=rows * (64 * 2 + 8))
+    copy = MemoryKernelPoint("copy", "bfloat16", 1 * MiB, 800.0)
+    with_copy = dataclasses.replace(CALIBRATION, memory_kernels=(
+        *CALIBRATION.memory_kernels, copy))
+    cal = dataclasses.replace(with_copy, embedding_backward_index_s=40e-9)
+    for micro_batch in (1, 2):
+        t = pass_seconds((record,), spec(cal), config(micro_batch), 1.0, backward=True)
+        n = rows * micro_batch
+        assert t.memory_s == pytest.approx(table_bytes / (800 * GB) + n * 40e-9
+                                           + n * 64 * 2 / (1000 * GB))
+    plain = pass_seconds((record,), spec(with_copy), config(), 1.0, backward=True)
+    assert plain.memory_s == pytest.approx(record.bytes_per_call / (800 * GB))

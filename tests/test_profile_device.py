@@ -65,6 +65,11 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     assert all(p.forward_s > 0 and p.backward_s > 0 for p in cal.sdpa)
     assert 1e-8 < cal.launch_host_s < 1e-3 and cal.launch_device_s == 0.0
     assert cal.sustained_gemm_flop_per_s == 0.0  # no preheat on CPUs
+    # Embedding backward per index: a scatter-add of a 64-wide row, ns to us on one core.
+    assert 1e-10 < cal.embedding_backward_index_s < 1e-5
+    # The forward host cost in parts, measured by the same probe as op_overhead_s.
+    assert 0 < cal.forward_host_op_s < 1e-3 and 0 < cal.view_host_op_s < 1e-3
+    assert 0 <= cal.module_call_host_s < 1e-3
 
 
 def test_estimate_plan_accept_the_profiled_spec(capsys, cpu_spec_path):
@@ -172,9 +177,16 @@ def test_h100_preset_carries_the_committed_measurement():
     assert spec.hbm_gbps == 3350.0 and spec.op_overhead_s == 0.0
 
 
-def test_seconds_per_call_times_a_known_wait():
-    seconds = pd.seconds_per_call(lambda i: time.sleep(0.002), "cpu")
-    assert 0.002 <= seconds < 0.05
+def test_seconds_per_call_times_the_threads_work_not_its_waits():
+    """CPU probes read the thread's CPU time (`host_probes.probe_clock`): 2 ms of spinning
+    counts about 2 ms whatever else holds the cores, a 2 ms sleep next to nothing."""
+    def spin(_):
+        end = time.thread_time() + 0.002
+        while time.thread_time() < end:
+            pass
+
+    assert 0.002 <= pd.seconds_per_call(spin, "cpu") < 0.004
+    assert pd.seconds_per_call(lambda i: time.sleep(0.002), "cpu") < 0.001
 
 
 @pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny", "cnn-small", "dlrm-small"])
@@ -235,3 +247,15 @@ def test_fastest_points_keeps_the_least_disturbed_reading_per_point():
     copy_b = [MemoryKernelPoint("copy", "float32", 2**25, 40.0),
               MemoryKernelPoint("copy", "float32", 2**20, 15.0)]
     assert fastest_points(copy_a, copy_b) == [copy_a[0], copy_b[0]]
+
+
+def test_item_probes_measure_the_draw_dropout_makes_and_a_per_index_scatter():
+    """The draw is timed at dropout's keep probability (0.9: a CPU's draw costs depend on
+    it, see the constant), per element at a plausible rate; the scatter's per-index
+    seconds are a slope, positive and below a microsecond."""
+    from cost_models import item_probes
+
+    assert item_probes.DROPOUT_KEEP_PROBABILITY == 0.9
+    per_element_s = item_probes.probe_random_element_s("cpu")
+    assert 1e-11 < per_element_s < 1e-6
+    assert 0 < item_probes.probe_embedding_backward("cpu", "float32") < 1e-6

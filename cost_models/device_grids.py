@@ -1,0 +1,41 @@
+"""The shapes and sizes `planner profile-device` measures (`cost_models.profile_device`),
+per device: GEMM grids, memory-kernel sizes, SDPA shapes."""
+
+MiB, GiB = 2**20, 2**30
+
+# GPU GEMMs: squares 256..8192 (where efficiency saturates), the four matmuls of a GPT
+# block (QKV, attention out, MLP up, MLP down) at 8192 tokens for h = 4096 and 8192, a
+# Llama-3-8B MLP (h 4096, ffn 14336), and skinny m (decode-like, small micro-batches).
+_BLOCK = [(8192, 3 * h, h) for h in (4096, 8192)] + [(8192, h, h) for h in (4096, 8192)] \
+    + [(8192, 4 * h, h) for h in (4096, 8192)] + [(8192, h, 4 * h) for h in (4096, 8192)]
+CUDA_GEMM_SHAPES = list(dict.fromkeys(  # in order, each shape once (8192^3 is in both lists)
+    [(d, d, d) for d in (256, 512, 1024, 2048, 4096, 8192)] + _BLOCK
+    + [(8192, 14336, 4096)] + [(m, 8192, 8192) for m in (1, 16, 128, 1024)]))
+# float32 is IEEE FP32 (matmul precision "highest"); tf32 is the same call at "high".
+CUDA_GEMM_DTYPES = ("bfloat16", "float16", "float32", "tf32")
+# CPU (one thread): float16 left out, torch 2.13's CPU matmul has no fast fp16 path
+# (measured here: 2.7 GFLOP/s against 464 for bf16 at 512^3).
+# Zoo layers run skinny products (kernel records of bench_kernel_model.py's models): m =
+# tokens/samples 1..4096, n, k = widths, channels or (weight grads) tokens 1..512; a log-4
+# grid keeps each within 2x of a measured shape per dimension. Shapes under 2^20 FLOPs
+# (~10 us at 100 GFLOP/s) time mostly the op's dispatch, charged per op already: left out.
+CPU_GEMM_MIN_FLOPS = 2**20
+CPU_ZOO_GEMM_SHAPES = [(m, n, k) for m in (2, 8, 32, 128, 512, 2048) for n in (2, 8, 32, 128, 512)
+                       for k in (2, 8, 32, 128, 512) if 2 * m * n * k >= CPU_GEMM_MIN_FLOPS]
+CPU_GEMM_SHAPES = list(dict.fromkeys(
+    [(d, d, d) for d in (64, 128, 256, 512)] + [(256, 768, 256), (256, 256, 1024),
+                                                (1, 512, 512), (16, 512, 512)]
+    + CPU_ZOO_GEMM_SHAPES))
+CPU_GEMM_DTYPES = ("float32", "bfloat16")
+# Memory-bound kernels: bytes of the main tensor (GPU: from L2-sized to HBM-sized; the
+# H100's L2 is 50 MB, KINDS.md), rows of `ROW_ELEMENTS` for the row-wise kernels.
+CUDA_MEMORY_BYTES = (1 * MiB, 16 * MiB, 256 * MiB, 1 * GiB)
+# CPU: from a zoo layer's small tensors (tens of KiB, in L1/L2) to past the L3 (32 MiB).
+CPU_MEMORY_BYTES = (32 * 2**10, 256 * 2**10, 4 * MiB, 64 * MiB)
+ROW_ELEMENTS = 4096  # a hidden size: layer_norm and sum reduce rows this long; softmax too
+# SDPA shapes (batch, heads, seq_len, head_dim), causal as GPT trains.
+CUDA_SDPA_SHAPES = ((8, 16, 1024, 64), (4, 32, 2048, 128), (1, 32, 8192, 128))
+CPU_SDPA_SHAPES = ((2, 4, 128, 32), (1, 8, 256, 64))
+CUDA_SDPA_DTYPE, CPU_SDPA_DTYPE = "bfloat16", "float32"
+# --quick on a GPU: a smoke run of the same code in seconds.
+QUICK_CUDA_GEMM_SHAPES = [(1024, 1024, 1024), (4096, 4096, 4096), (16, 4096, 4096)]

@@ -1,0 +1,66 @@
+"""Probes of kernels whose cost counts items, not bytes (run by `planner profile-device`,
+`cost_models.profile_device`): an embedding backward's scatter-add (per index) and a
+dropout mask's draw (per element).
+
+    probe_embedding_backward("cpu", "float32")   # seconds per index   # doctest: +SKIP
+    probe_random_element_s("cpu")                 # seconds per element # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import statistics
+
+# embedding_dense_backward per index: rows of a small model's width (gpt-tiny's 64, where
+# the per-index work, not the row's bytes, dominates) into a table of 128 rows, at 512
+# and 8192 indices (a zoo embedding's tokens at micro-batch 1 to 16 and past it).
+EMBEDDING_PROBE_DIM, EMBEDDING_PROBE_ROWS, EMBEDDING_PROBE_INDICES = 64, 128, (512, 8192)
+# A dropout mask is drawn as bernoulli_(keep), keep = 1 - p. On a CPU its cost depends on
+# keep, peaking at 0.5 (likely a data-dependent branch per element, mispredicted about
+# min(keep, 1 - keep) of the time): measured here, one thread, 256 Ki elements, best of
+# 9, 2026-11-24: 13 ns per element at keep 0.5 (what `clusters.measure_random_element_s`
+# draws), 9 at 0.3 and 0.7, 6 at 0.9, 3 at 0.99. Dropout trains at p = 0.1 in GPT-2,
+# BERT and T5 (planner/zoo/gpt.py, bert.py; HF configs' defaults): keep 0.9.
+DROPOUT_KEEP_PROBABILITY = 0.9
+# A mask of this many elements (1 MiB of float32: a zoo block's activations at
+# micro-batch 16), the median of RANDOM_DRAW_ROUNDS draws after one untimed.
+RANDOM_DRAW_ELEMENTS = 1 << 18
+RANDOM_DRAW_ROUNDS = 7
+
+
+def probe_random_element_s(device: str) -> float:
+    """Seconds per element of a dropout mask's draw (`bernoulli_` at
+    DROPOUT_KEEP_PROBABILITY) on one thread."""
+    import torch
+
+    from cost_models.clusters import _one_thread
+    from cost_models.host_probes import probe_clock
+
+    clock = probe_clock(device)  # the thread's CPU time on CPU: see probe_clock
+    mask = torch.empty(RANDOM_DRAW_ELEMENTS, device=device)
+    with _one_thread():
+        mask.bernoulli_(DROPOUT_KEEP_PROBABILITY)  # warm-up
+        rounds = []
+        for _ in range(RANDOM_DRAW_ROUNDS):
+            start = clock()
+            mask.bernoulli_(DROPOUT_KEEP_PROBABILITY)
+            rounds.append(clock() - start)
+    return statistics.median(rounds) / RANDOM_DRAW_ELEMENTS
+
+
+def probe_embedding_backward(device: str, dtype: str) -> float:
+    """Seconds per index of `embedding_dense_backward` (a scatter-add of one gradient row
+    per index into a zeroed table): the slope between EMBEDDING_PROBE_INDICES counts on
+    one small table (what does not grow with the indices, the table's zero-fill and the
+    dispatch, cancels). The table's fill is priced apart as a copy."""
+    import torch
+
+    from cost_models.profile_device import _random, seconds_per_call
+
+    few, many = EMBEDDING_PROBE_INDICES
+    seconds = []
+    for count in (few, many):
+        grad = _random((count, EMBEDDING_PROBE_DIM), dtype, device)
+        index = torch.randint(0, EMBEDDING_PROBE_ROWS, (count,), device=device)
+        seconds.append(seconds_per_call(lambda i: torch.ops.aten.embedding_dense_backward(
+            grad, index, EMBEDDING_PROBE_ROWS, -1, False), device))
+    return max(0.0, (seconds[1] - seconds[0]) / (many - few))
