@@ -20,6 +20,8 @@ from pathlib import Path
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 
+from cost_models.item_probes import probe_random_element_s
+
 GiB = 2**30
 MiB = 2**20
 
@@ -186,7 +188,7 @@ def _local() -> ClusterSpec:
         runtime_overhead_bytes=LOCAL_RUNTIME_OVERHEAD_BYTES, matmul_efficiency=1.0,
         op_overhead_s=measure_op_overhead_s(),
         dtensor_op_overhead_s=LOCAL_DTENSOR_OP_OVERHEAD_S, host_cores=host_cores(),
-        random_element_s=measure_random_element_s(),
+        random_element_s=probe_random_element_s("cpu"),
         notes="this machine, one thread per process: matmul FLOP/s, copy bandwidth, "
               "per-op overhead and random draws measured; links and DTensor overhead "
               "guessed (run "
@@ -347,27 +349,6 @@ def seconds_per_op(block, x, repeats: int = OP_OVERHEAD_REPEATS) -> float:
             run()
         rounds.append((time.perf_counter() - start) / repeats)
     return statistics.median(rounds) / max(ops, 1)
-
-
-RANDOM_PROBE_ELEMENTS = 1 << 20  # large enough that the op's dispatch cost is noise
-RANDOM_PROBE_ROUNDS = 5  # the median draw
-
-
-@functools.lru_cache(maxsize=1)
-def measure_random_element_s() -> float:
-    """Seconds per element of a dropout-mask draw (`bernoulli_`) on one thread: the
-    median of RANDOM_PROBE_ROUNDS draws."""
-    import torch
-
-    mask = torch.empty(RANDOM_PROBE_ELEMENTS)
-    with _one_thread():
-        mask.bernoulli_(0.5)  # warm-up
-        rounds = []
-        for _ in range(RANDOM_PROBE_ROUNDS):
-            start = time.perf_counter()
-            mask.bernoulli_(0.5)
-            rounds.append(time.perf_counter() - start)
-    return statistics.median(rounds) / RANDOM_PROBE_ELEMENTS
 
 
 @functools.lru_cache(maxsize=1)

@@ -32,7 +32,6 @@ from ir.errors import PlannerError
 
 from cost_models.clusters import (GPU_RUNTIME_OVERHEAD_BYTES, LOCAL_RUNTIME_OVERHEAD_BYTES,
                                   host_cores, measure_copy_gbps, measure_matmul_flops,
-                                  measure_random_element_s,
                                   total_memory_bytes)
 from cost_models.collective_fit import (DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, SIZE_FACTOR,
                                         fit_collectives, message_sizes, smaller_group_sizes)
@@ -42,6 +41,7 @@ from cost_models.host_overhead_fit import blocking_wait, dp_unit_overhead, tp_mo
 from cost_models.host_probes import (dp_unit_seconds, dtensor_op_overhead_s,
                                      host_op_seconds_by_pass, optimizer_tensor_seconds,
                                      tp_module_seconds)
+from cost_models.item_probes import probe_random_element_s
 
 PROCESS_GROUP_TIMEOUT_S = 120
 PORT_ATTEMPTS = 3  # fresh localhost ports to try if one is taken between probe and bind
@@ -65,7 +65,7 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
     if backend == "gloo":
         per_pass = host_op_seconds_by_pass("cpu")  # forward and backward per-op, apart
         host = dict(op_overhead_s=per_pass.forward_s, backward_op_overhead_s=per_pass.backward_s,
-                    random_element_s=measure_random_element_s(),
+                    random_element_s=probe_random_element_s("cpu"),
                     dtensor_op_overhead_s=float(measured.get("dtensor_op_overhead_s", 0.0)),
                     host_cores=host_cores())
         host_tables = dict(

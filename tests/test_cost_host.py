@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from cost_models.clusters import get_cluster, measure_op_overhead_s, measure_random_element_s
+from cost_models.clusters import get_cluster, measure_op_overhead_s
+from cost_models.item_probes import probe_random_element_s
 from cost_models.comm import layer_comm
 from cost_models.common import StepConfig, layer_configs
 from cost_models.compute import (OPTIMIZER_OPS_PER_TENSOR, ZERO1_COPY_OPS_PER_PIECE,
@@ -125,7 +126,7 @@ def test_dropout_draws_are_counted_and_priced(graph):
         pytest.approx((attention / 2 + residual) * per_element)
     assert random_draw_seconds(block, LayerStrategy(tp=2, sequence_parallel=True), spec,
                                cfg) == pytest.approx((attention + residual) / 2 * per_element)
-    assert 0 < measure_random_element_s() < 1e-6
+    assert 0 < probe_random_element_s("cpu") < 1e-6
     assert ClusterSpec.from_json(spec.to_json()).random_element_s == per_element
     with pytest.raises(PlannerError, match="random_element_s must be a number >= 0"):
         ClusterSpec.from_dict({**spec.to_dict(), "random_element_s": -1})
