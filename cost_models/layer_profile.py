@@ -31,6 +31,8 @@ from ir.measure import layer_graph_from_trace
 from ir.stand_in import TensorFactory, real_factory
 from ir.trace import trace
 
+from cost_models.host_probes import autograd_call_s
+
 PROFILE_SCHEMA = "planner.profile/v1"
 DEFAULT_WARMUP = 2  # first runs pay for allocator growth and kernel selection
 DEFAULT_REPEATS = 5  # the median of five is robust to one noisy run
@@ -97,9 +99,12 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     interpreter that `measure_layer` needs for its per-node hooks: that one costs ~10 us
     of Python per node, which no training step pays. The runs go without the FLOP and op
     counters and saved-tensor hooks: they cost a Python call per op, more than a small
-    op itself."""
+    op itself. The backward leaves out the autograd engine's start (`autograd_call_s`,
+    measured here): a step pays it once per micro-batch and stage, not once per layer,
+    and the compute model sums layers."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     module = measurer.layer_module(index, state)
+    engine_s = autograd_call_s(device.split(":")[0])
     forward_s, backward_s = [], []
     for rep in range(warmup + repeats):
         inputs = measurer.fresh_inputs(index, state, factory)
@@ -109,14 +114,17 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
         sync()
         mid = time.perf_counter()
         outs = measurer.module_roots(index, returned)
+        seeds = [torch.ones_like(t) for t in outs]
+        sync()
+        back = time.perf_counter()
         if outs:
-            torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+            torch.autograd.backward(outs, seeds)
         sync()
         end = time.perf_counter()
         if rep >= warmup:
             forward_s.append(mid - start)
-            backward_s.append(end - mid)
-        del inputs, returned, outs
+            backward_s.append(max(0.0, end - back - engine_s) if outs else 0.0)
+        del inputs, returned, outs, seeds
     return statistics.median(forward_s), statistics.median(backward_s)
 
 
