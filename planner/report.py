@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cost_models.compute_breakdown import ComputeByClass
 from cost_models.estimate import Estimate
 from cost_models.memory import MemoryEstimate
 from ir.errors import PlannerError
@@ -17,13 +18,22 @@ def gib(nbytes: float) -> str:
     return f"{nbytes / GiB:.2f}"
 
 
-def time_table(est: Estimate) -> str:
+def time_table(est: Estimate, by_class: ComputeByClass | None = None) -> str:
+    """The iteration's time by part (the critical rank's); `by_class` splits compute by
+    kernel class (`cost_models.compute_breakdown`)."""
     t = est.time
     total = est.iteration_seconds or 1.0
-    rows = [[name, f"{seconds:.4g}", f"{100 * seconds / total:.1f}%"]
-            for name, seconds in (("compute", t.compute), ("tp comm", t.tp_comm),
-                                  ("dp comm", t.dp_comm), ("pp comm", t.pp_comm),
-                                  ("bubble", t.bubble), ("optimizer", t.optimizer))]
+
+    def row(name: str, seconds: float) -> list[str]:
+        return [name, f"{seconds:.4g}", f"{100 * seconds / total:.1f}%"]
+
+    rows = [row("compute", t.compute)]
+    if by_class is not None:
+        rows += [row(f"  {name}", seconds) for name, seconds in by_class.rows() if seconds]
+    rows += [row(name, seconds)
+             for name, seconds in (("tp comm", t.tp_comm), ("dp comm", t.dp_comm),
+                                   ("pp comm", t.pp_comm), ("bubble", t.bubble),
+                                   ("optimizer", t.optimizer))]
     rows.append(["iteration", f"{est.iteration_seconds:.4g}", "100.0%"])
     return table(["time", "seconds", "share"], rows, right={1, 2})
 

@@ -154,3 +154,24 @@ def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path):
     unit = tables.dp_overhead(DPMode.REPLICATE, 2)
     measured = unit.per_unit_s + unit.per_tensor_s
     assert (with_units > estimate(graph, plan, single).time.compute) == (measured > 0)
+
+
+@pytest.mark.parametrize("argv", [
+    ("gpt-tiny", "--cluster", "h100-80g", "--tp", "2", "--pp", "2", "--micro-batch", "2",
+     "--global-batch", "16", "--checkpoint", "selective", "--sequence-parallel"),
+    ("llama-tiny", "--cluster", "a100-80g", "--dp", "8", "--checkpoint", "full",
+     "--global-batch", "16"),
+])
+def test_compute_by_kernel_class_adds_up_to_compute(capsys, argv):
+    """`estimate --json`'s compute_by_class splits the critical rank's compute: every part
+    >= 0, their sum the compute line; GEMMs and memory-bound kernels both there, and the
+    recomputation a checkpointing plan pays."""
+    code, out, _ = run(capsys, "estimate", *argv, "--json")
+    assert code == 0
+    d = json.loads(out)
+    parts = d["compute_by_class"]
+    assert all(v >= 0 for v in parts.values()), parts
+    assert sum(parts.values()) == pytest.approx(d["time"]["compute"], rel=1e-9)
+    assert parts["gemm"] > 0 and parts["memory"] > 0 and parts["recompute"] > 0
+    code, out, _ = run(capsys, "estimate", *argv)
+    assert "  GEMMs" in out and "  recomputation" in out

@@ -19,6 +19,7 @@ import math
 from cost_models.advice import suggest_fixes
 from cost_models.clusters import get_cluster, preset_names
 from cost_models.compute import ComputeProfile
+from cost_models.compute_breakdown import compute_by_class
 from cost_models.estimate import estimate
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
@@ -233,12 +234,13 @@ def run(args) -> int:
     if plan.embeddings is not None:
         return _run_hybrid(args, graph, plan, cluster, profile)
     est = estimate(graph, plan, cluster, profile)
+    by_class = compute_by_class(graph, plan, cluster, est.pipeline.critical_rank, profile)
     if args.json:
-        print(json.dumps(est.to_json(), indent=2))
+        print(json.dumps({**est.to_json(), "compute_by_class": by_class.to_json()}, indent=2))
         return 0
     print(describe(graph, plan, cluster))
     print()
-    print(report.time_table(est))
+    print(report.time_table(est, by_class))
     print()
     print(report.throughput_lines(est))
     print()
