@@ -18,14 +18,16 @@ and backward back to back (`executors.runtime`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ir.strategy import Schedule
 
 
-@dataclass(frozen=True, slots=True)
-class PassOp:
-    """One forward or backward pass of one local stage (chunk) on one micro-batch."""
+class PassOp(NamedTuple):
+    """One forward or backward pass of one local stage (chunk) on one micro-batch.
+
+    A named tuple, not a frozen dataclass: a search builds some 10^5 of them, and a
+    frozen dataclass's __init__ costs several times a tuple's."""
 
     forward: bool
     chunk: int  # local stage index on this rank (0 .. v-1)
