@@ -117,8 +117,31 @@ def broadcast_s(nbytes, n, link: Link):
     return math.ceil(math.log2(n)) * send_recv_s(nbytes, link)
 
 
+# `collective_s` answers kept by (cluster, collective, bytes, ranks, stride): a search asks
+# some 500 distinct questions ~50,000 times (issue 19's profile). An entry holds its
+# (frozen) cluster, so the cluster's id cannot be reused while the entry lives; past this
+# many entries the cache starts again.
+COLLECTIVE_CACHE_ENTRIES = 1 << 16
+_collective_cache: dict[tuple, tuple[ClusterSpec, float]] = {}
+
+
 def collective_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride: int = 1):
     """Time of a named collective over a group placed with `stride` (fits respected)."""
+    key = (id(cluster), collective, nbytes, n, stride)
+    try:
+        hit = _collective_cache.get(key)
+    except TypeError:  # an unhashable size (an array): not kept
+        return _collective_s(collective, nbytes, n, cluster, stride)
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    seconds = _collective_s(collective, nbytes, n, cluster, stride)
+    if len(_collective_cache) >= COLLECTIVE_CACHE_ENTRIES:
+        _collective_cache.clear()
+    _collective_cache[key] = (cluster, seconds)
+    return seconds
+
+
+def _collective_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride: int):
     link = group_link(cluster, n, stride, collective)
     if collective == "broadcast":
         return broadcast_s(nbytes, n, link)

@@ -240,16 +240,18 @@ def _rank_key(plan: ParallelPlan, rank: int, chunk_indices: list[list[int]],
 
 
 def plan_peak_bytes(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
-                    stop_above_bytes: float = math.inf) -> int | None:
+                    stop_above_bytes: float = math.inf,
+                    layer_cache: dict | None = None) -> int | None:
     """`plan_memory(...).peak_bytes`, or None once some rank is sure to need more than
-    `stop_above_bytes`: the rest of the walk is skipped (for the least of many peaks)."""
+    `stop_above_bytes`: the rest of the walk is skipped (for the least of many peaks).
+    `layer_cache` (one dict per graph) keeps `layer_memory` across calls."""
     check_plan_matches(graph, plan, cluster)
     configs = layer_configs(graph, plan, cluster.device)
     peak = 0
     for rank, chunk_indices in enumerate(rank_chunks(plan)):
         try:
             stage = _rank_memory(graph, plan, cluster, rank, chunk_indices, configs,
-                                 stop_above_bytes)
+                                 stop_above_bytes, layer_cache)
         except OverLimit:
             return None
         peak = max(peak, stage.peak_bytes)
@@ -260,11 +262,24 @@ def _layer_memory(graph: LayerGraph, plan: ParallelPlan, j: int,
                   configs: Sequence[StepConfig], cache: dict | None) -> LayerMemory:
     if cache is None:
         return layer_memory(graph.layers[j], plan.layer_strategies[j], configs[j])
-    key = ("layer", j, plan.layer_strategies[j], configs[j])
+    key = ("layer", _layer_kinds(graph, cache)[j], plan.layer_strategies[j], configs[j])
     mem = cache.get(key)
     if mem is None:
         mem = cache[key] = layer_memory(graph.layers[j], plan.layer_strategies[j], configs[j])
     return mem
+
+
+def _layer_kinds(graph: LayerGraph, cache: dict) -> list[int]:
+    """Per layer, an id shared by the layers equal in everything but where they sit (name,
+    index, parameter names), which `layer_memory` does not read: 80 identical blocks are
+    priced once per (strategy, config), not once per position. Kept in `cache`."""
+    kinds = cache.get("layer-kinds")
+    if kinds is None:
+        ids: dict[Layer, int] = {}
+        kinds = cache["layer-kinds"] = [
+            ids.setdefault(dataclasses.replace(l, name="", index=0, param_names=()), len(ids))
+            for l in graph.layers]
+    return kinds
 
 
 @functools.lru_cache(maxsize=4096)
@@ -278,7 +293,7 @@ def _rank_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, ra
                  stop_above_bytes: float = math.inf,
                  layer_cache: dict | None = None) -> StageMemory:
     """One pipeline rank's walk (`memory_walk.walk_rank`) over its chunks' layers.
-    `layer_cache` keeps `layer_memory` by (layer index, strategy, config)."""
+    `layer_cache` keeps `layer_memory` by (`_layer_kinds`, strategy, config)."""
     indices = [j for c in chunk_indices for j in c]
     shared = shared_checkpoint_inputs(graph, plan, indices, configs)
     for j, nbytes in shared_boundary_saves(graph, plan, indices, configs).items():

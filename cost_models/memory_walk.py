@@ -116,68 +116,23 @@ def optimizer_step_temp_bytes(layers: Sequence[LayerMemory], optimizer: str,
 # ---- one rank's step ---------------------------------------------------------------------
 
 
-class _Live:
-    """Live bytes by key with their running sum, so a look costs O(1), not O(keys)."""
-
-    __slots__ = ("bytes", "total")
-
-    def __init__(self) -> None:
-        self.bytes: dict[tuple[int, int], float] = {}
-        self.total = 0.0
-
-    def __contains__(self, key: tuple[int, int]) -> bool:
-        return key in self.bytes
-
-    def set(self, key: tuple[int, int], nbytes: float) -> None:
-        self.total += nbytes - self.bytes.get(key, 0.0)
-        self.bytes[key] = nbytes
-
-    def add(self, key: tuple[int, int], nbytes: float) -> None:
-        self.bytes[key] += nbytes
-        self.total += nbytes
-
-    def pop(self, key: tuple[int, int]) -> float:
-        nbytes = self.bytes.pop(key, 0.0)
-        self.total -= nbytes
-        return nbytes
-
-    def clear(self) -> None:
-        self.bytes.clear()
-        self.total = 0.0
-
-
-class _Kept(_Live):
-    """Kept activations per (chunk, micro-batch), also counting the entries above zero
-    (the micro-batches in flight) as they change."""
-
-    __slots__ = ("in_flight",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.in_flight = 0
-
-    def set(self, key: tuple[int, int], nbytes: float) -> None:
-        self.in_flight += (nbytes > 0) - (self.bytes.get(key, 0.0) > 0)
-        super().set(key, nbytes)
-
-    def add(self, key: tuple[int, int], nbytes: float) -> None:
-        old = self.bytes[key]
-        self.bytes[key] = new = old + nbytes
-        self.total += nbytes
-        self.in_flight += (new > 0) - (old > 0)
-
-    def pop(self, key: tuple[int, int]) -> float:
-        nbytes = super().pop(key)
-        self.in_flight -= nbytes > 0
-        return nbytes
-
-
 class OverLimit(Exception):
     """The walk saw more live bytes than the caller's `stop_above_bytes`."""
 
 
 class _Walk:
-    """The running sum of live bytes on one rank, and its maximum with the breakdown."""
+    """The running sums of live bytes on one rank, and their maximum with the breakdown.
+
+    Live bytes by key, each with its running sum, so a look costs O(1), not O(keys):
+    copies (chunk, layer) -> gathered bytes; grads (chunk, layer) -> stored or
+    accumulated gradients; acts (chunk, micro-batch) -> kept activations, with
+    `in_flight` the number of entries above zero; held (chunk, micro-batch) -> output.
+    The hot loops of `walk_rank` read these into local variables for one pass and write
+    them back; the arithmetic is `look`'s, in the same order."""
+
+    __slots__ = ("weights", "moments", "persistent", "copies", "copies_total", "grads",
+                 "grads_total", "acts", "acts_total", "in_flight", "held", "held_total",
+                 "retained_reduce", "best", "best_total", "limit")
 
     def __init__(self, chunks: Sequence[ChunkMemory], overhead_bytes: int,
                  limit_bytes: float = math.inf):
@@ -185,29 +140,57 @@ class _Walk:
         self.weights = sum(l.states.params for l in layers)
         self.moments = sum(l.states.optimizer for l in layers)
         self.persistent = sum(c.persistent_bytes for c in chunks)
-        self.overhead = overhead_bytes
-        self.copies = _Live()  # (chunk, layer) -> gathered bytes
-        self.grads = _Live()  # (chunk, layer) -> stored or accumulated gradients
-        self.acts = _Kept()  # (chunk, micro-batch) -> kept
-        self.held = _Live()  # (chunk, micro-batch) -> output
+        self.copies: dict[tuple[int, int], float] = {}
+        self.copies_total = 0.0
+        self.grads: dict[tuple[int, int], float] = {}
+        self.grads_total = 0.0
+        self.acts: dict[tuple[int, int], float] = {}
+        self.acts_total = 0.0
+        self.in_flight = 0
+        self.held: dict[tuple[int, int], float] = {}
+        self.held_total = 0.0
         self.retained_reduce = 0.0  # FSDP2's retained reduce-scatter input
         self.best: tuple | None = None
         self.best_total = -math.inf
         self.limit = limit_bytes  # live bytes (overhead excluded) beyond which to stop
 
-    def look(self, phase: str, *, grads: float = 0.0, weights: float = 0.0,
-             buffers: float = 0.0) -> None:
-        """Record the live total now, with extra transient grads / weights / buffers."""
-        p0 = self.weights + self.copies.total + weights
-        p1 = self.grads.total + grads
-        p3 = self.acts.total + self.held.total
+    def look(self, phase: str, *, grads: float = 0.0, buffers: float = 0.0) -> None:
+        """Record the live total now, with extra transient grads / buffers."""
+        p0 = self.weights + self.copies_total
+        p1 = self.grads_total + grads
+        p3 = self.acts_total + self.held_total
         p4 = self.persistent + self.retained_reduce + buffers
         total = p0 + p1 + self.moments + p3 + p4
         if total > self.best_total:
-            self.best_total = total
-            self.best = (total, phase, (p0, p1, self.moments, p3, p4), self.acts.in_flight)
-            if total > self.limit:
-                raise OverLimit
+            self._record(total, phase, (p0, p1, self.moments, p3, p4), self.in_flight)
+
+    def _record(self, total: float, phase: str, parts: tuple, in_flight: int) -> None:
+        self.best_total = total
+        self.best = (total, phase, parts, in_flight)
+        if total > self.limit:
+            raise OverLimit
+
+    def set_grad(self, key: tuple[int, int], nbytes: float) -> None:
+        self.grads_total += nbytes - self.grads.get(key, 0.0)
+        self.grads[key] = nbytes
+
+    def pop_grad(self, key: tuple[int, int]) -> float:
+        nbytes = self.grads.pop(key, 0.0)
+        self.grads_total -= nbytes
+        return nbytes
+
+    def pop_copy(self, key: tuple[int, int]) -> float:
+        nbytes = self.copies.pop(key, 0.0)
+        self.copies_total -= nbytes
+        return nbytes
+
+    def pop_held(self, key: tuple[int, int]) -> None:
+        self.held_total -= self.held.pop(key, 0.0)
+
+    def pop_acts(self, key: tuple[int, int]) -> None:
+        nbytes = self.acts.pop(key, 0.0)
+        self.acts_total -= nbytes
+        self.in_flight -= nbytes > 0
 
 
 def walk_rank(chunks: Sequence[ChunkMemory], ops: Sequence[PassOp], *, stage: int,
@@ -226,41 +209,29 @@ def walk_rank(chunks: Sequence[ChunkMemory], ops: Sequence[PassOp], *, stage: in
     margin covers the rounding of the five parts."""
     w = _Walk(chunks, overhead_bytes, stop_above_bytes - overhead_bytes + PARTS_ROUNDING_BYTES)
     last = num_microbatches - 1
-    prior_units = [_prior_units(c) for c in chunks]
     # per chunk and layer, what a forward reads: (copy key, gathered bytes or 0, kept, reshard)
     forwards = [[((ci, li), l.working_param_bytes if l.has_unit else 0.0,
                   l.activations.kept_bytes, l.reshard_after_forward)
                  for li, l in enumerate(c.layers)] for ci, c in enumerate(chunks)]
-    acts, copies, look = w.acts, w.copies, w.look
-    look("optimizer")  # between steps: nothing but the held states
-    for op in ops:
-        chunk = chunks[op.chunk]
-        key = (op.chunk, op.microbatch)
-        if op.forward:
-            acts.set(key, 0.0)
-            for unit_key, gathered, kept, reshard in forwards[op.chunk]:
-                if gathered:
-                    copies.set(unit_key, gathered)  # all-gather
-                acts.add(key, kept)
-                look("forward")
-                if reshard:
-                    copies.pop(unit_key)
-            w.held.set(key, chunk.held_output_bytes)
-            w.look("forward")
+    backwards = [_backward_plan(c, ci) for ci, c in enumerate(chunks)]
+    w.look("optimizer")  # between steps: nothing but the held states
+    for forward, ci, microbatch in ops:  # PassOp fields
+        key = (ci, microbatch)
+        if forward:
+            _forward(w, forwards[ci], key, chunks[ci].held_output_bytes)
             if not pipelined:  # the runtime's `output` now names this micro-batch's output
-                w.held.pop((op.chunk, op.microbatch - 1))
+                w.pop_held((ci, microbatch - 1))
             continue
-        units_before = prior_units[op.chunk]
-        for li in reversed(range(len(chunk.layers))):
-            _backward_layer(w, chunk, op, li, units_before[li],
-                            reduce=not pipelined and op.microbatch == last, pipelined=pipelined)
+        _backward(w, backwards[ci], key, reduce=not pipelined and microbatch == last,
+                  pipelined=pipelined)
         if pipelined:  # the stage's cached output goes with its backward
-            w.held.pop(key)
-        w.acts.pop(key)
-        if pipelined and op.microbatch == last:
-            _reduce_chunk(w, chunk, op.chunk)
+            w.pop_held(key)
+        w.pop_acts(key)
+        if pipelined and microbatch == last:
+            _reduce_chunk(w, chunks[ci], ci)
     if not pipelined:
         w.held.clear()  # the runtime's `output` goes with the forward-backward call
+        w.held_total = 0.0
     w.retained_reduce = 0.0  # released by FSDP2's root post-backward callback
     # After backward: the tied gradient sum, then the optimizer step.
     layers = [l for c in chunks for l in c.layers]
@@ -279,61 +250,122 @@ def walk_rank(chunks: Sequence[ChunkMemory], ops: Sequence[PassOp], *, stage: in
                        host_bytes=round(sum(l.host_bytes for c in chunks for l in c.layers)))
 
 
-def _prior_units(chunk: ChunkMemory) -> list[int]:
-    """Per layer, the index of the nearest earlier DP unit in its chunk (-1: none)."""
-    out, last = [], -1
+def _forward(w: _Walk, layers: list[tuple], key: tuple[int, int], held_bytes: float) -> None:
+    """One chunk's forward on one micro-batch: each layer gathers its unit (ZeRO-3),
+    keeps its activations, may reshard; then the chunk's output is held."""
+    copies, weights, moments = w.copies, w.weights, w.moments
+    copies_total, acts_total, in_flight = w.copies_total, w.acts_total, w.in_flight
+    old = w.acts.get(key, 0.0)  # the key restarts at zero
+    in_flight -= old > 0
+    acts_total += 0.0 - old
+    kept_now = 0.0
+    p1 = w.grads_total  # grads, held and buffers do not change during a forward
+    p4 = w.persistent + w.retained_reduce
+    held_total = w.held_total
+    best_total = w.best_total
+    for unit_key, gathered, kept, reshard in layers:
+        if gathered:  # all-gather
+            copies_total += gathered - copies.get(unit_key, 0.0)
+            copies[unit_key] = gathered
+        new = kept_now + kept
+        acts_total += kept
+        in_flight += (new > 0) - (kept_now > 0)
+        kept_now = new
+        p0 = weights + copies_total
+        p3 = acts_total + held_total
+        total = p0 + p1 + moments + p3 + p4
+        if total > best_total:
+            best_total = total
+            w._record(total, "forward", (p0, p1, moments, p3, p4), in_flight)
+        if reshard:
+            copies_total -= copies.pop(unit_key, 0.0)
+    w.acts[key] = kept_now
+    w.copies_total, w.acts_total, w.in_flight = copies_total, acts_total, in_flight
+    w.held_total += held_bytes - w.held.get(key, 0.0)
+    w.held[key] = held_bytes
+    w.look("forward")
+
+
+def _backward_plan(chunk: ChunkMemory, ci: int) -> list[tuple]:
+    """Per layer in backward order, what its backward reads (see `_backward`)."""
+    prior, last_unit = [], -1  # the nearest earlier DP unit in the chunk (-1: none)
     for li, l in enumerate(chunk.layers):
-        out.append(last)
+        prior.append(last_unit)
         if l.has_unit:
-            last = li
+            last_unit = li
+    out = []
+    for li in reversed(range(len(chunk.layers))):
+        l = chunk.layers[li]
+        a = l.activations
+        p = prior[li]
+        prefetch_key = (ci, p) if l.has_unit and l.reshard_after_forward and p >= 0 else None
+        prefetch_bytes = chunk.layers[p].working_param_bytes if prefetch_key else 0.0
+        out.append(((ci, li), l, l.has_unit, prefetch_key, prefetch_bytes,
+                    l.unsharded_grad_bytes if l.has_unit else l.states.grads,
+                    a.backward_grad_share, a.recompute_bytes, a.grad_flow_bytes, a.kept_bytes))
     return out
 
 
-def _backward_layer(w: _Walk, chunk: ChunkMemory, op: PassOp, li: int, prior_unit: int, *,
-                    reduce: bool, pipelined: bool) -> None:
-    """One layer's backward, then its FSDP2 post-backward (reduce or accumulate).
+def _backward(w: _Walk, layers: list[tuple], key: tuple[int, int], *, reduce: bool,
+              pipelined: bool) -> None:
+    """One chunk's backward on one micro-batch, layer by layer in reverse, each followed
+    by its FSDP2 post-backward (reduce or accumulate).
 
     Without checkpointing the IR does not say in which order a layer's backward frees
     its saved tensors and makes its gradient, so we bound it by both at once: all its
     activations, its whole new gradient and the gradients flowing through it (measured
     peaks fall between this and the start of the layer's backward). A checkpointed
     layer's backward was measured: its peak and the gradient made by then."""
-    l = chunk.layers[li]
-    key = (op.chunk, li)
-    acts = l.activations
-    prefetch = 0.0
-    if l.has_unit:
-        w.copies.set(key, l.working_param_bytes)  # ZeRO-3 gathers again (no-op otherwise)
-        if l.reshard_after_forward:  # the next unit in backward order, prefetched
-            if prior_unit >= 0 and (op.chunk, prior_unit) not in w.copies:
-                prefetch = chunk.layers[prior_unit].working_param_bytes
-        new_grad = l.unsharded_grad_bytes
-    else:
-        # AccumulateGrad keeps the first gradient and adds later ones from a temporary.
-        new_grad = l.states.grads
-        if key in w.grads:
-            w.grads.set(key, l.states.grads)
-    if acts.backward_grad_share < 1:
-        # A checkpointed layer peaks right after its recomputation, with the share of
-        # its gradient made by then (measured: `ir.checkpoint_measure`); it ends
-        # holding all of its gradient and the gradients flowing through it.
-        w.look("backward", grads=new_grad * acts.backward_grad_share,
-               buffers=acts.recompute_bytes + acts.grad_flow_bytes + prefetch)
-        w.look("backward", grads=new_grad, buffers=acts.grad_flow_bytes + prefetch)
-    else:
-        w.look("backward", grads=new_grad,
-               buffers=acts.recompute_bytes + acts.grad_flow_bytes + prefetch)
-    w.acts.add((op.chunk, op.microbatch), -acts.kept_bytes)
-    if not l.has_unit:
-        w.grads.set(key, l.states.grads)
-        return
-    if not pipelined:
-        w.copies.pop(key)  # reshard after backward
-    if not reduce:
-        w.grads.set(key, l.reduce_bytes)  # kept unreduced, in the reduce dtype
-        return
-    _reduce_unit(w, l, key, incoming=acts.grad_flow_bytes,
-                 unreduced=w.grads.pop(key) or l.unsharded_grad_bytes)
+    copies, grads, weights, moments = w.copies, w.grads, w.weights, w.moments
+    acts_now = w.acts[key]
+    for (lkey, l, has_unit, prefetch_key, prefetch_bytes, new_grad, share, recompute,
+         grad_flow, kept) in layers:
+        prefetch = 0.0
+        if has_unit:
+            w.copies_total += l.working_param_bytes - copies.get(lkey, 0.0)  # ZeRO-3
+            copies[lkey] = l.working_param_bytes  # gathers again (no-op otherwise)
+            if prefetch_key is not None and prefetch_key not in copies:
+                prefetch = prefetch_bytes  # the next unit in backward order, prefetched
+        elif lkey in grads:
+            # AccumulateGrad keeps the first gradient and adds later ones from a temporary.
+            w.grads_total += l.states.grads - grads[lkey]
+            grads[lkey] = l.states.grads
+        p0 = weights + w.copies_total
+        p3 = w.acts_total + w.held_total
+        if share < 1:
+            # A checkpointed layer peaks right after its recomputation, with the share of
+            # its gradient made by then (measured: `ir.checkpoint_measure`); it ends
+            # holding all of its gradient and the gradients flowing through it.
+            p1 = w.grads_total + new_grad * share
+            p4 = w.persistent + w.retained_reduce + (recompute + grad_flow + prefetch)
+            total = p0 + p1 + moments + p3 + p4
+            if total > w.best_total:
+                w._record(total, "backward", (p0, p1, moments, p3, p4), w.in_flight)
+            p1 = w.grads_total + new_grad
+            p4 = w.persistent + w.retained_reduce + (grad_flow + prefetch)
+        else:
+            p1 = w.grads_total + new_grad
+            p4 = w.persistent + w.retained_reduce + (recompute + grad_flow + prefetch)
+        total = p0 + p1 + moments + p3 + p4
+        if total > w.best_total:
+            w._record(total, "backward", (p0, p1, moments, p3, p4), w.in_flight)
+        new = acts_now + -kept
+        w.acts_total += -kept
+        w.in_flight += (new > 0) - (acts_now > 0)
+        acts_now = new
+        if not has_unit:
+            w.grads_total += l.states.grads - grads.get(lkey, 0.0)
+            grads[lkey] = l.states.grads
+            continue
+        if not pipelined:
+            w.pop_copy(lkey)  # reshard after backward
+        if not reduce:
+            w.set_grad(lkey, l.reduce_bytes)  # kept unreduced, in the reduce dtype
+            continue
+        w.acts[key] = acts_now
+        _reduce_unit(w, l, lkey, incoming=grad_flow,
+                     unreduced=w.pop_grad(lkey) or l.unsharded_grad_bytes)
+    w.acts[key] = acts_now
 
 
 def _reduce_unit(w: _Walk, l: LayerMemory, key: tuple[int, int], incoming: float,
@@ -344,7 +376,7 @@ def _reduce_unit(w: _Walk, l: LayerMemory, key: tuple[int, int], incoming: float
     w.retained_reduce = 0.0
     w.look("backward" if incoming else "reduce", grads=unreduced + l.states.grads,
            buffers=l.reduce_bytes + incoming)
-    w.grads.set(key, l.states.grads)
+    w.set_grad(key, l.states.grads)
     w.retained_reduce = l.reduce_bytes
 
 
@@ -354,8 +386,6 @@ def _reduce_chunk(w: _Walk, chunk: ChunkMemory, index: int) -> None:
         if not l.has_unit:
             continue
         key = (index, li)
-        w.copies.pop(key)
-        _reduce_unit(w, l, key, incoming=0.0, unreduced=w.grads.pop(key))
+        w.pop_copy(key)
+        _reduce_unit(w, l, key, incoming=0.0, unreduced=w.pop_grad(key))
     w.retained_reduce = 0.0  # the stage's root post-backward callback releases it
-
-

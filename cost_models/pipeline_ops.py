@@ -18,14 +18,16 @@ and backward back to back (`executors.runtime`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ir.strategy import Schedule
 
 
-@dataclass(frozen=True, slots=True)
-class PassOp:
-    """One forward or backward pass of one local stage (chunk) on one micro-batch."""
+class PassOp(NamedTuple):
+    """One forward or backward pass of one local stage (chunk) on one micro-batch.
+
+    A named tuple, not a frozen dataclass: a search builds some 10^5 of them, and a
+    frozen dataclass's __init__ costs several times a tuple's."""
 
     forward: bool
     chunk: int  # local stage index on this rank (0 .. v-1)
@@ -63,15 +65,16 @@ def _interleaved(pp: int, rank: int, m: int, v: int) -> list[PassOp]:
     fwd_next = [0] * v
     bwd_next = [0] * v
     ops: list[PassOp] = []
+    make = tuple.__new__  # PassOp(...) without the named tuple's Python-level __new__
 
     def forward(step: int) -> None:
         chunk = (step // per_round) % v
-        ops.append(PassOp(True, chunk, fwd_next[chunk]))
+        ops.append(make(PassOp, (True, chunk, fwd_next[chunk])))
         fwd_next[chunk] += 1
 
     def backward(step: int) -> None:
         chunk = v - 1 - ((step - warmup) // per_round) % v
-        ops.append(PassOp(False, chunk, bwd_next[chunk]))
+        ops.append(make(PassOp, (False, chunk, bwd_next[chunk])))
         bwd_next[chunk] += 1
 
     for step in range(warmup):

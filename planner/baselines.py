@@ -16,8 +16,9 @@ from ir.layer import LayerGraph
 from ir.plan import ParallelPlan
 from ir.strategy import Checkpoint
 from planner.layer_tables import price_layers
-from planner.search import Candidate, even_chunks, make_plan, search, uniform_groups
+from planner.search import Candidate, make_plan, search
 from planner.search_space import SearchOptions, outer_candidates
+from planner.uniform import even_chunks, uniform_groups
 
 BASELINES = {
     "DDP": dict(tp=1, pp=1, zero=0, no_checkpoint=True),
@@ -36,9 +37,11 @@ class Baseline:
 
 
 def baselines(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
-              options: SearchOptions, profile=None) -> list[Baseline]:
+              options: SearchOptions, profile=None,
+              row_cache: dict | None = None) -> list[Baseline]:
     """The best uniform plan of each classic family (within the user's pins), or what it
-    would need."""
+    would need. `row_cache`: the priced (layer, strategy) rows of a search with the same
+    graph, cluster, batch and profile (`layer_tables.price_layers`), shared."""
     out = []
     for name, pins in BASELINES.items():
         clash = [k for k, v in pins.items() if getattr(options, k) not in (None, False, v)]
@@ -48,7 +51,8 @@ def baselines(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
             out.append(Baseline(name, None, None, excluded_by=f"--{clash[0].replace('_', '-')}"))
             continue
         base = dataclasses.replace(options, uniform=True, top_k=1, time_limit_s=None, **pins)
-        tables: dict = {}  # priced once for the family's search and its least memory
+        tables: dict = {} if row_cache is None else {"rows": row_cache}
+        # priced once for the family's search and its least memory
         try:
             result = search(graph, cluster, global_batch, base, profile, with_baselines=False,
                             price_cache=tables)
@@ -67,6 +71,7 @@ def least_memory(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
     """Peak bytes of the most memory-frugal uniform plan the options allow (`price_cache`:
     the layer tables of a search with the same inputs)."""
     price_cache = {} if price_cache is None else price_cache
+    layer_cache: dict = {}  # the walks' per-layer figures (`memory.plan_peak_bytes`)
     best: tuple[int | None, ParallelPlan | None] = (None, None)
     for cand in outer_candidates(graph, cluster.world_size, global_batch, options):
         tables, _ = price_layers(graph, cluster, cand, options, global_batch, profile,
@@ -87,7 +92,7 @@ def least_memory(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
                 continue
             # A plan that cannot beat the best so far is walked only until that is sure.
             peak = plan_peak_bytes(graph, plan, cluster,
-                                   math.inf if best[0] is None else best[0])
+                                   math.inf if best[0] is None else best[0], layer_cache)
             if peak is not None and (best[0] is None or peak < best[0]):
                 best = (peak, plan)
     return best

@@ -69,8 +69,18 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
     samples = global_batch // cand.num_microbatches
     per_param = bytes_per_param(options.precision, options.optimizer)
     overlap = overlap_efficiency(cluster)
+    # Rows by (layer, strategy, micro-batch, m, pipelined): what they read beyond the
+    # strategy. The uniform baselines' searches share them (`row_cache`), so a row the
+    # full search priced is not priced again.
+    row_cache = cache.setdefault("rows", {})
+    row_served = (id(graph), id(cluster), id(profile), global_batch, options.precision,
+                  options.optimizer)
+    if row_cache.setdefault("serves", row_served) != row_served:
+        raise ValueError("a row cache serves one graph, cluster, batch, precision, optimizer "
+                         "and profile")
     layouts: dict[tuple, int] = {}
     tables = []
+    shared: dict[tuple, LayerTable] = {}
     degrees_key = ("tp-degrees", stage_devices)
     if degrees_key not in cache:
         cache[degrees_key] = model_tp_degrees(graph, stage_devices, options.max_tp)
@@ -82,48 +92,71 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
                                           cache[degrees_key])
             rows = []
             for s in strategies:
-                config = step_config(graph, options, cluster, samples // s.dp)
-                c = layer_compute(layer, s, cluster, config, profile)
-                comm = layer_comm(layer, s, cluster, config, per_param)
-                mem = layer_memory(layer, s, config, per_param)
-                fwd, bwd = c.forward_s, c.backward_s + c.recompute_s
-                t = (fwd + bwd + comm.tp_forward_s + comm.tp_backward_s
-                     + exposed(comm.dp_forward_s, fwd, overlap)
-                     + exposed(comm.dp_backward_s, bwd, overlap)
-                     + (comm.tp_step_s + exposed(comm.dp_step_s, bwd, overlap)
-                        + comm.dp_after_step_s + c.optimizer_s) / cand.num_microbatches)
-                # The DP unit's working copy and unreduced gradient held across the step.
-                states = (mem.states.params + mem.states.grads + mem.states.optimizer
-                          + held_through_step(mem, num_microbatches=cand.num_microbatches,
-                                              pipelined=cand.pp > 1))
-                transient = (mem.activations.recompute_bytes + mem.activations.grad_flow_bytes
-                             + ZERO3_UNITS_IN_FLIGHT * mem.gather_unit_bytes
-                             + mem.unsharded_grad_bytes)
-                rows.append((t, states, mem.activations.kept_bytes, transient))
+                row_key = (layer.structural_hash, layer.params, s, samples // s.dp,
+                           cand.num_microbatches, cand.pp > 1)
+                row = row_cache.get(row_key)
+                if row is None:
+                    row = row_cache[row_key] = _price(graph, layer, s, cluster, options, cand,
+                                                      samples // s.dp, profile, per_param,
+                                                      overlap)
+                rows.append(row)
             rows = np.array(rows, dtype=float).reshape(-1, 4)
             keep = _undominated(strategies, rows) if prune else list(range(len(strategies)))
             cache[key] = ([strategies[i] for i in keep], rows[keep])
-        strategies, rows = cache[key]
-        layout = np.array([layouts.setdefault((s.tp, s.sequence_parallel), len(layouts))
-                           for s in strategies], dtype=np.int64)
-        tables.append(LayerTable(strategies, rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3],
-                                 layout))
+        table = shared.get(key)
+        if table is None:  # identical layers share one table (and the programs' work on it)
+            strategies, rows = cache[key]
+            layout = np.array([layouts.setdefault((s.tp, s.sequence_parallel), len(layouts))
+                               for s in strategies], dtype=np.int64)
+            table = shared[key] = LayerTable(strategies, rows[:, 0], rows[:, 1], rows[:, 2],
+                                             rows[:, 3], layout)
+        tables.append(table)
     order = sorted(layouts, key=layouts.get)
     return tables, order
+
+
+def _price(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOptions,
+           cand: OuterCandidate, micro_batch: int, profile, per_param: float,
+           overlap: float) -> tuple[float, float, float, float]:
+    """(t(i, s), state bytes, kept bytes, transient bytes) of one layer and strategy."""
+    config = step_config(graph, options, cluster, micro_batch)
+    c = layer_compute(layer, s, cluster, config, profile)
+    comm = layer_comm(layer, s, cluster, config, per_param)
+    mem = layer_memory(layer, s, config, per_param)
+    fwd, bwd = c.forward_s, c.backward_s + c.recompute_s
+    t = (fwd + bwd + comm.tp_forward_s + comm.tp_backward_s
+         + exposed(comm.dp_forward_s, fwd, overlap)
+         + exposed(comm.dp_backward_s, bwd, overlap)
+         + (comm.tp_step_s + exposed(comm.dp_step_s, bwd, overlap)
+            + comm.dp_after_step_s + c.optimizer_s) / cand.num_microbatches)
+    # The DP unit's working copy and unreduced gradient held across the step.
+    states = (mem.states.params + mem.states.grads + mem.states.optimizer
+              + held_through_step(mem, num_microbatches=cand.num_microbatches,
+                                  pipelined=cand.pp > 1))
+    transient = (mem.activations.recompute_bytes + mem.activations.grad_flow_bytes
+                 + ZERO3_UNITS_IN_FLIGHT * mem.gather_unit_bytes
+                 + mem.unsharded_grad_bytes)
+    return t, states, mem.activations.kept_bytes, transient
 
 
 def _undominated(strategies: list, rows: np.ndarray) -> list[int]:
     """Drop a strategy when another of the same (TP, SP) layout is no worse on time, state,
     kept and transient bytes (and better on one): swapping it in never hurts, so the
-    optimum is unchanged."""
-    keep = []
-    costs = rows[:, :4]
+    optimum is unchanged. (Plain floats: numpy on 4-element rows costs more than it saves.)"""
+    costs = rows[:, :4].tolist()
+    by_layout: dict[tuple, list[int]] = {}
     for i, s in enumerate(strategies):
+        by_layout.setdefault((s.tp, s.sequence_parallel), []).append(i)
+    keep = []
+    for i, s in enumerate(strategies):
+        ci = costs[i]
         dominated = False
-        for j, o in enumerate(strategies):
-            if j == i or (o.tp, o.sequence_parallel) != (s.tp, s.sequence_parallel):
+        for j in by_layout[(s.tp, s.sequence_parallel)]:
+            if j == i:
                 continue
-            if np.all(costs[j] <= costs[i]) and (np.any(costs[j] < costs[i]) or j < i):
+            cj = costs[j]
+            if all(a <= b for a, b in zip(cj, ci)) and (
+                    j < i or any(a < b for a, b in zip(cj, ci))):
                 dominated = True
                 break
         if not dominated:

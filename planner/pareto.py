@@ -4,6 +4,7 @@ and their max of stage times (`partition.partition`)."""
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from typing import NamedTuple
 
 
@@ -30,10 +31,13 @@ class FrontEntry(NamedTuple):
         return out[::-1]
 
 
+_SUM_THEN_MAX = itemgetter(0, 1)  # (sum_s, max_s) of a FrontEntry, without a Python call
+
+
 def pareto_front(entries: list[FrontEntry]) -> list[FrontEntry]:
     """The entries no other beats on both sum and max, by increasing sum (ties: the
     first of equal (sum, max) stays)."""
-    entries.sort(key=lambda e: (e.sum_s, e.max_s))
+    entries.sort(key=_SUM_THEN_MAX)
     out, best_max = [], math.inf
     for e in entries:
         if e.max_s < best_max:

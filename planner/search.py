@@ -58,6 +58,7 @@ the chosen plan is never worse than any uniform plan in the space.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import time
 from dataclasses import dataclass, field
@@ -70,17 +71,17 @@ from cost_models.memory import plan_memory
 from cost_models.pipeline import microbatches_in_flight
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
-from ir.layer import Layer, LayerGraph
-from ir.legality import input_readers, linked_runs, sequence_parallel_applies
+from ir.layer import LayerGraph
+from ir.legality import input_readers, linked_runs
 from ir.plan import ParallelPlan
-from ir.strategy import LayerStrategy, Schedule, Stage
+from ir.strategy import Schedule, Stage
 from planner.layer_tables import (LayerTable, crossing_bytes, memory_budget_bytes, price_layers,
-                                  restrict, select, step_config, transient_caps,
-                                  transitions)
+                                  restrict, step_config, transient_caps, transitions)
 from planner.partition import edge_costs, partition, stage_edges_s
 from planner.search_space import OuterCandidate, SearchOptions, outer_candidates
 from planner.search_stats import SearchStats
 from planner.stage_program import StageSolver, walk_back
+from planner.uniform import even_chunks, uniform_groups
 
 INF = math.inf
 
@@ -140,62 +141,6 @@ def _pipeline_tp_groups(graph: LayerGraph, cand: OuterCandidate,
         else:
             out.append(group)
     return out
-
-
-def _sp_moot(layer: Layer, s: LayerStrategy) -> bool:
-    """Whether `s` runs the same on `layer` with its SP flag flipped."""
-    return s.tp > 1 and sequence_parallel_applies(layer, s) == sequence_parallel_applies(
-        layer, dataclasses.replace(s, sequence_parallel=not s.sequence_parallel))
-
-
-def uniform_groups(graph: LayerGraph, tables: list[LayerTable]) -> list[list[LayerTable]]:
-    """The tables restricted to each uniform strategy: the same tp, DP mode, checkpointing
-    and offload on every layer, and sequence parallelism on every layer where it applies
-    (`ir.legality.sequence_parallel_applies`; an embedding, a norm or a head runs one way)."""
-    # Per unique table, its strategies' indices by the uniform keys they may serve: a
-    # strategy serves its own SP flag, and the other one where SP does not apply.
-    buckets: dict[int, dict[tuple, list[int]]] = {}
-    for layer, t in zip(graph.layers, tables):
-        if id(t) in buckets:
-            continue
-        by_key: dict[tuple, list[int]] = {}
-        for i, s in enumerate(t.strategies):
-            serves = (s.sequence_parallel, not s.sequence_parallel) \
-                if _sp_moot(layer, s) else (s.sequence_parallel,)
-            for sp in serves:
-                by_key.setdefault((s.tp, s.dp_mode, sp, s.checkpoint, s.offload), []).append(i)
-        buckets[id(t)] = by_key
-    keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint, s.offload)
-            for t in tables for s in t.strategies}  # the uniform strategies offered
-    groups = []
-    for key in sorted(keys, key=str):
-        chosen: dict[int, LayerTable | None] = {}  # identical layers keep sharing one table
-        group = []
-        for t in tables:
-            if id(t) not in chosen:
-                chosen[id(t)] = select(t, buckets[id(t)].get(key, []))
-            if chosen[id(t)] is None:
-                break
-            group.append(chosen[id(t)])
-        else:
-            groups.append(group)
-    return groups
-
-
-def even_chunks(graph: LayerGraph, tables: list[LayerTable], chunks: int) -> list[tuple[int, int]] | None:
-    """Contiguous chunks of about equal fastest compute, cut only at cut points."""
-    weight = np.array([float(t.time_s.min()) for t in tables])
-    total = weight.sum()
-    cuts, acc, chosen = sorted(graph.cut_points), np.cumsum(weight), []
-    for k in range(1, chunks):
-        target = total * k / chunks
-        options = [c for c in cuts if (not chosen or c > chosen[-1])]
-        if not options:
-            return None
-        chosen.append(min(options, key=lambda c: abs(acc[c] - target)))
-    bounds = [0] + [c + 1 for c in chosen] + [len(tables)]
-    pieces = [(bounds[i], bounds[i + 1] - 1) for i in range(chunks)]
-    return pieces if all(a <= b for a, b in pieces) else None
 
 
 # Re-solves of one candidate with a lowered budget when the full memory model rejects the
@@ -350,25 +295,27 @@ def _lower_bound(cand: OuterCandidate, tables: list[LayerTable], budget_bytes: f
     ceil(L / p) layers over its chunks (pigeonhole), so max T is at least the sum of
     that many of the smallest fastest layer times."""
     p, m, v = cand.pp, cand.num_microbatches, cand.virtual_stages
-    fastest_each = sorted(float(t.time_s.min()) for t in tables)
+    mins = {id(t): (float(t.time_s.min()), float((t.state_bytes + t.kept_bytes).min()))
+            for t in tables}  # identical layers share one table
+    fastest_each = sorted(mins[id(t)][0] for t in tables)
     pigeon = sum(fastest_each[: -(-len(tables) // p)])
-    unique: dict[int, tuple[LayerTable, int]] = {}
-    for t in tables:
-        table, count = unique.get(id(t), (t, 0))
-        unique[id(t)] = (table, count + 1)
-    fastest = sum(count * float(t.time_s.min()) for t, count in unique.values())
+    fastest = sum(mins[id(t)][0] for t in tables)
     capacity = p * budget_bytes
     if capacity <= 0:
         return INF
     # Provably infeasible: a layer that fits nowhere, or more memory than all ranks have.
-    least = [float((t.state_bytes + t.kept_bytes).min()) for t in tables]
+    least = [mins[id(t)][1] for t in tables]
     if max(least) > budget_bytes * v or sum(least) > capacity:
         return INF
     lams = (fastest / capacity) * np.logspace(-2, 3, 26)
     relaxed = -lams * capacity
-    for t, count in unique.values():
-        mem = t.state_bytes + t.kept_bytes
-        relaxed = relaxed + count * (t.time_s[:, None] + mem[:, None] * lams[None, :]).min(axis=0)
+    lagrangian: dict[int, np.ndarray] = {}  # min_s (t_is + lambda mem_is), once per table
+    for t in tables:  # summed layer by layer
+        row = lagrangian.get(id(t))
+        if row is None:
+            mem = t.state_bytes + t.kept_bytes
+            row = lagrangian[id(t)] = (t.time_s[:, None] + mem[:, None] * lams[None, :]).min(axis=0)
+        relaxed = relaxed + row
     best = max(fastest, float(relaxed.max()))
     if v > 1:  # m max T + (sum T - max T)/v
         return max(m * best / p, m * pigeon)
@@ -383,7 +330,24 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
     `price_cache` shares layer tables with a later call for the same inputs.
 
     CPU offload costs PCIe and host time, so it enters only when the memory wall requires
-    it: the space without offload first, and the space with it only if nothing fits."""
+    it: the space without offload first, and the space with it only if nothing fits.
+
+    Python's cyclic garbage collector is paused while it runs: the search makes some 10^6
+    small acyclic objects (tables, program nodes, front entries, walk keys), and each
+    collection they trigger re-scans the whole heap, the traced model's objects included,
+    for nothing (a fifth of gpt3-175b's search; issue 19). It resumes afterwards."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _search_offload_last(graph, cluster, global_batch, options, profile,
+                                    with_baselines, price_cache)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _search_offload_last(graph, cluster, global_batch, options, profile, with_baselines,
+                         price_cache) -> SearchResult:
     if options.no_offload or not cluster.offload_known:
         return _search(graph, cluster, global_batch, options, profile, with_baselines,
                        price_cache)
@@ -448,7 +412,7 @@ def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         stats.strategies_per_layer_max = max(stats.strategies_per_layer_max,
                                              max(len(t.strategies) for t in tables))
         if options.uniform:
-            groups = uniform_groups(graph, tables)
+            groups = uniform_groups(graph, tables, trans_cache)
             # Each uniform strategy is its own small problem: bound it too, best first.
             groups = sorted(((_lower_bound(cand, g, budget_of[cand]), g) for g in groups),
                             key=lambda item: item[0])
@@ -484,7 +448,8 @@ def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
     if with_baselines and not options.uniform:
         from planner.baselines import baselines  # they search too: imported at call time
 
-        base = baselines(graph, cluster, global_batch, options, profile)
+        base = baselines(graph, cluster, global_batch, options, profile,
+                         price_cache.setdefault("rows", {}))
         candidates += [b.candidate for b in base
                        if b.candidate is not None and b.candidate.plan not in seen]
     candidates.sort(key=lambda c: c.estimate.iteration_seconds)
