@@ -48,6 +48,11 @@ of that gradient (4.14 = 0.37 interpreter + 0.75 parameter shards + 0.75 gradien
 reduced in its own storage (`executors.host_collectives`): 3.79 GiB. The per-phase
 peaks (`PhaseTrace`, printed after the table) show where a step's bytes are.
 
+tp2-zero3's step peaks 0.08 GiB above zero3's, though its table's local rows are half:
+its vocabulary-parallel embedding's gradient arrives as a whole-vocabulary DTensor
+(0.38 GiB) that FSDP2 redistributes to the TP shard (0.19) before reducing, both alive
+for a moment (measured per FSDP2 hook on rank 0, 0.71B: 3.68 -> 3.87 GiB there).
+
 "predicted" is `cost_models.memory.plan_memory` for the plan on `local`: it prices FSDP2's
 own path, so it over-estimates this lean one by 8-14% (zero3 sgd, at the end of backward:
 the embedding unit gathered again for its backward, 0.38 GiB, and the previous unit's

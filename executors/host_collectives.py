@@ -141,26 +141,27 @@ class RingReduceScatter(ReduceScatter):
         output_tensor.copy_(chunks[r].view_as(output_tensor))  # summed over all n ranks
         # FSDP2's copy-in buffer (or the gradient itself, `_alias_copy_in`):
         # `foreach_reduce` keeps a reference for CUDA streams only and never reads it
-        # again; free it now rather than one unit later
-        input_tensor.untyped_storage().resize_(0)
+        # again; let go of its storage now rather than one unit later (freed with its
+        # last reference: a gradient that is a view of a larger buffer frees that with it)
+        input_tensor.set_(torch.empty(0, dtype=input_tensor.dtype, device=input_tensor.device))
 
 
 def _alias_copy_in(unsharded_grads: list[torch.Tensor], reduce_scatter_input: torch.Tensor,
                    world_size: int) -> bool:
-    """Give a ring's reduce-scatter input the gradient's own storage when that is its
+    """Give a ring's reduce-scatter input the gradient's own memory when that is its
     layout already (module docstring): one contiguous gradient of the input's dtype and
-    size (no padding: dim 0 divides by the group), alone in its storage, so freeing the
-    input after the ring frees exactly that gradient. False: copy as FSDP2 does."""
+    size (no padding: dim 0 divides by the group); it may be a view into a larger buffer
+    (a vocabulary-parallel embedding's local gradient is rows of one). FSDP2 never reads
+    the gradient after its copy-in, so the ring may sum in it. False: copy as FSDP2 does."""
     if not getattr(reduce_scatter_input, "_host_ring_input", False) or len(unsharded_grads) != 1:
         return False
     grad = unsharded_grads[0]
     if (not grad.is_contiguous() or grad.dtype != reduce_scatter_input.dtype
             or grad.device != reduce_scatter_input.device
-            or grad.numel() != reduce_scatter_input.numel() or grad.storage_offset() != 0
-            or grad.untyped_storage().nbytes() != grad.numel() * grad.element_size()):
+            or grad.numel() != reduce_scatter_input.numel()):
         return False
-    reduce_scatter_input.set_(grad.untyped_storage(), 0, reduce_scatter_input.shape,
-                              reduce_scatter_input.stride())
+    reduce_scatter_input.set_(grad.untyped_storage(), grad.storage_offset(),
+                              reduce_scatter_input.shape, reduce_scatter_input.stride())
     return True
 
 

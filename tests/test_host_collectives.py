@@ -31,7 +31,17 @@ def test_other_layouts_are_copied_as_fsdp2_does():
     assert not _alias_copy_in([even], torch.empty(48), 4)  # not a ring's buffer
     assert not _alias_copy_in([even], _ring_input(48, torch.float64), 4)  # other dtype
     assert not _alias_copy_in([torch.randn(6, 8).t()], _ring_input(48), 4)  # not contiguous
-    assert not _alias_copy_in([torch.randn(9, 6)[1:]], _ring_input(48), 4)  # a view into more
+
+
+def test_rows_of_a_larger_gradient_lend_their_memory():
+    """A vocabulary-parallel embedding's local gradient: rows of a larger buffer."""
+    full = torch.randn(16, 6)
+    rows = full[8:]
+    want = rows.clone()
+    scratch = _ring_input(rows.numel())
+    assert _alias_copy_in([rows], scratch, 4)
+    assert scratch.data_ptr() == rows.data_ptr()
+    torch.testing.assert_close(scratch.view(8, 6), want, rtol=0, atol=0)
 
 
 def test_only_embeddings_skip_the_backward_gather():
