@@ -23,26 +23,40 @@ peak misses its target or a rank fails (a rank over its RLIMIT_DATA cap dies).
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_meta_build.py     # 4 runs, ~25 min here
     .venv/bin/python bench/bench_meta_build.py --spec gpt:layers=2,hidden=256,heads=4,vocab=1024,seq=128 \
         --adamw-spec gpt:layers=2,hidden=256,heads=4,vocab=1024,seq=128      # a smoke run
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_meta_build.py --optimizers adamw  # ~8 min
 
 Prints a table and writes bench/results/bench_meta_build.json.
 
-Recorded 2026-11-24 (torch 2.13 CPU, 2 shared cores at load 15-30, 1 sequence per DP
+Recorded 2026-11-24 (torch 2.13 CPU, 2 shared cores at load 5-30, 1 sequence per DP
 rank), per rank, all four ranks within 0.01 GiB of each other, GiB:
-    plan       optim  model  share  set-up peak  step peak  target
-    zero3      sgd    1.31B  1.32   2.22         3.77       3.93
-    tp2-zero3  sgd    1.31B  1.32   2.31         3.76       3.93
-    zero3      adamw  0.71B  0.75   1.64         4.14       2.58 + 1.32   MISSED
-    tp2-zero3  adamw  0.71B  0.76   1.74         4.14       2.58 + 1.32   MISSED
+    plan       optim  model  share  set-up peak  step peak  predicted  target
+    zero3      sgd    1.31B  1.32   2.14         3.42       3.90       3.93          (was 3.77)
+    tp2-zero3  sgd    1.31B  1.32   2.24         3.49       3.78       3.93          (was 3.76)
+    zero3      adamw  0.71B  0.75   1.57         3.79       4.28       2.58 + 1.32   (was 4.14)
+    tp2-zero3  adamw  0.71B  0.76   1.67         3.87       4.16       2.58 + 1.32   (was 4.14)
 AdamW's step peak is the SGD one plus its moments, 2 x the rank's share (1.50 GiB, the
-head copy's included; the target's + 1.32 counts 2 x model / 4): 0.36 + 0.75 + 0.75 +
-1.50 + 0.77, whose fixed 0.77 GiB (the vocabulary's) weighs more on a 0.71B model.
-The step used to pass its cap (> 4.4 GiB): gloo's reduce-scatter / all-gather staged a
-full copy of each 0.4 GB embedding / head unit, FSDP2 kept the previous unit's
-reduce-scatter input and forward all-gather output and prefetched a second unit in
-backward (`executors.host_collectives`), and glibc kept freed 1-32 MiB tensors
-resident (`executors.host_memory`). What is left at the peak (the end of backward):
-0.37 interpreter + 1.32 parameter shards + 1.32 gradient shards + the embedding's
-gathered gradient and its reduce-scatter copy (0.77 under ZeRO-3).
+head copy's included; the target's + 1.32 counts 2 x model / 4), so the fixed bytes of
+the vocabulary weigh more on a 0.71B model. The step used to pass its cap (> 4.4 GiB):
+gloo's reduce-scatter / all-gather staged a full copy of each 0.4 GB embedding / head
+unit, FSDP2 kept the previous unit's reduce-scatter input and forward all-gather output
+and prefetched a second unit in backward (`executors.host_collectives`), and glibc kept
+freed 1-32 MiB tensors resident (`executors.host_memory`). Then the peak (the end of
+backward) still held the embedding three ways at 0.39 GiB each, never more than two at
+once: gathered again for its backward, its full gradient, and FSDP2's reduce-scatter copy
+of that gradient (4.14 = 0.37 interpreter + 0.75 parameter shards + 0.75 gradient shards
++ 1.50 moments + 0.77). Now the embedding is not gathered in backward and its gradient is
+reduced in its own storage (`executors.host_collectives`): 3.79 GiB. The per-phase
+peaks (`PhaseTrace`, printed after the table) show where a step's bytes are.
+
+tp2-zero3's step peaks 0.08 GiB above zero3's, though its table's local rows are half:
+its vocabulary-parallel embedding's gradient arrives as a whole-vocabulary DTensor
+(0.38 GiB) that FSDP2 redistributes to the TP shard (0.19) before reducing, both alive
+for a moment (measured per FSDP2 hook on rank 0, 0.71B: 3.68 -> 3.87 GiB there).
+
+"predicted" is `cost_models.memory.plan_memory` for the plan on `local`: it prices FSDP2's
+own path, so it over-estimates this lean one by 8-14% (zero3 sgd, at the end of backward:
+the embedding unit gathered again for its backward, 0.38 GiB, and the previous unit's
+reduce-scatter input FSDP2 retains, 0.19 GiB; 3.90 - 0.57 = 3.33 against 3.42 measured).
 """
 
 from __future__ import annotations
@@ -113,6 +127,34 @@ def _guard_rss(cap_bytes: int, phase: list, out_path: str) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+class PhaseTrace:
+    """Each phase's exact peak resident set: at every phase change VmHWM (the peak since
+    the last reset) is read for the phase that ends and reset (/proc/self/clear_refs 5).
+    Phases: forward (root forward pre-hook), backward (root forward hook to the optimizer
+    step), optimizer (its step), then zero_grad and the loss sum until the next forward."""
+
+    def __init__(self, module: torch.nn.Module, optimizer) -> None:
+        self.phase, self.peaks = None, []  # peaks: (step, phase, peak bytes)
+        self.step = 0
+        module.register_forward_pre_hook(lambda *_: self.enter("forward"))
+        module.register_forward_hook(lambda *_: self.enter("backward"))
+        optimizer.register_step_pre_hook(lambda *_: self.enter("optimizer"))
+        optimizer.register_step_post_hook(lambda *_: self.enter("after"))
+
+    def enter(self, phase: str) -> None:
+        if self.phase is not None:
+            self.peaks.append((self.step, self.phase, _status_bytes("VmHWM")))
+        if phase == "forward" and self.phase is not None:
+            self.step += 1
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # VmHWM := VmRSS
+        self.phase = phase
+
+    def close(self) -> list:
+        self.enter("done")
+        return self.peaks
+
+
 def rank_main(rank: int, port: int, out_dir: str, job: dict) -> None:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
@@ -146,9 +188,8 @@ def rank_main(rank: int, port: int, out_dir: str, job: dict) -> None:
     setup_peak = _status_bytes("VmHWM")
     share = sum((p.to_local() if hasattr(p, "to_local") else p).numel() * p.element_size()
                 for p in pm.module.parameters())
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")  # VmHWM := VmRSS: from here on it is the steps' peak
     phase[:] = ["step", setup_peak]
+    trace = PhaseTrace(pm.module, pm.optimizer)
     start = time.perf_counter()
     losses, step_error = [], None
     try:
@@ -159,8 +200,10 @@ def rank_main(rank: int, port: int, out_dir: str, job: dict) -> None:
             raise
         step_error = str(exc).splitlines()[0][:300]
     step_s = (time.perf_counter() - start) / STEPS
-    result = {"rank": rank, "rss_start_bytes": rss_start, "setup_peak_bytes": setup_peak,
-              "step_peak_bytes": _status_bytes("VmHWM"), "share_bytes": share,
+    phases = trace.close()
+    result = {"phase_peaks": phases, "step_peak_bytes": max(b for _, _, b in phases),
+              "rank": rank, "rss_start_bytes": rss_start, "setup_peak_bytes": setup_peak,
+              "share_bytes": share,
               "setup_seconds": setup_s, "step_seconds": step_s, "losses": losses,
               "step_error": step_error}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
@@ -215,6 +258,20 @@ def run(job: dict, timeout_s: float) -> list[dict]:
         return results
 
 
+def predicted_peak_bytes(spec: str, plan: str, optimizer: str) -> int:
+    """The cost model's per-rank peak for the bench's plan on this machine as WORLD
+    processes (`planner estimate --cluster local`): shown beside the measured peak."""
+    from cost_models.clusters import get_cluster
+    from cost_models.memory import plan_memory
+
+    graph = load_layer_graph(spec, micro_batch=SEQUENCES_PER_DP_RANK, seq_len=SEQ_LEN,
+                             dtype=torch.float32)
+    global_batch = PLANS[plan]["dp"] * SEQUENCES_PER_DP_RANK
+    parallel = uniform_plan(len(graph.layers), global_batch=global_batch,
+                            precision=Precision.FP32, optimizer=optimizer, **PLANS[plan])
+    return plan_memory(graph, parallel, get_cluster("local", gpus_per_node=WORLD)).peak_bytes
+
+
 def model_bytes(spec: str) -> tuple[int, int]:
     """(fp32 parameter bytes, layer count) of `spec`, traced on meta."""
     graph = load_layer_graph(spec, micro_batch=1, seq_len=SEQ_LEN, dtype=torch.float32)
@@ -231,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                       "bench_meta_build.json"))
     args = parser.parse_args(argv)
-    runs, rows, failed, fits = [], [], False, []
+    runs, rows, failed, fits, phase_rows = [], [], False, [], []
     for opt in args.optimizers.split(","):
         spec = args.spec if opt == "sgd" else args.adamw_spec
         full_bytes, layers = model_bytes(spec)
@@ -252,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append({**job, "error": str(exc)[-4000:]})
                 failed = True
                 continue
+            predicted = predicted_peak_bytes(spec, plan, opt)
             for r in ranks:
                 ok = (r["setup_peak_bytes"] <= target and r["step_error"] is None
                       and r["step_peak_bytes"] <= target + states)
@@ -261,17 +319,23 @@ def main(argv: list[str] | None = None) -> int:
                              f"{r['setup_peak_bytes'] / GiB:.2f}",
                              f"{r['step_peak_bytes'] / GiB:.2f}"
                              + (" (cap hit)" if r["step_error"] else ""),
+                             f"{predicted / GiB:.2f}",
                              f"{target / GiB:.2f}" + (f"+{states / GiB:.2f}" if states else ""),
                              f"{r['setup_seconds']:.0f}", f"{r['step_seconds']:.0f}",
                              "yes" if ok else "NO"])
-            runs.append({**job, "ranks": ranks})
+            runs.append({**job, "ranks": ranks, "predicted_peak_bytes": predicted})
+            phase_rows.extend(_phase_rows(plan, opt, ranks))
             fits.append(_largest(opt, full_bytes, ranks))
     print(table(["plan", "optim", "model", "rank", "model GiB", "share GiB", "set-up peak",
-                 "step peak", "target GiB", "set-up s", "step s", "within"], rows,
-                right=set(range(3, 11))))
+                 "step peak", "predicted", "target GiB", "set-up s", "step s", "within"],
+                rows, right=set(range(3, 12))))
     print("peaks in GiB of resident set (VmHWM); the step's peak is measured after "
           "resetting it; share = this rank's parameter bytes (TP and FSDP shards, the "
-          "untied head copy); target = 0.6 x model + 1 GiB (+ AdamW's moments in the step)")
+          "untied head copy); predicted = the cost model's peak for the plan on `local` "
+          "(FSDP2's own collectives, not the lean host path: see the module docstring); "
+          "target = 0.6 x model + 1 GiB (+ AdamW's moments in the step)")
+    print(table(["plan", "optim", "step", "phase", "peak GiB (max over ranks)"], phase_rows,
+                right={2, 4}))
     for line in fits:
         print(line)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -281,6 +345,15 @@ def main(argv: list[str] | None = None) -> int:
                    "seq_len": SEQ_LEN, "runs": runs, "largest": fits}, fh, indent=2)
     print(f"wrote {args.out}")
     return 1 if failed else 0
+
+
+def _phase_rows(plan: str, opt: str, ranks: list[dict]) -> list[list]:
+    """Per step and phase, the highest rank's peak resident set (`PhaseTrace`)."""
+    peaks: dict[tuple[int, str], int] = {}
+    for r in ranks:
+        for step, phase, peak_bytes in r.get("phase_peaks", []):
+            peaks[step, phase] = max(peaks.get((step, phase), 0), peak_bytes)
+    return [[plan, opt, step, phase, f"{b / GiB:.2f}"] for (step, phase), b in peaks.items()]
 
 
 def _largest(opt: str, full_bytes: int, ranks: list[dict]) -> str:

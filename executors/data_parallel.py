@@ -35,7 +35,9 @@ On gloo (host memory), for a meta-built model (`lean_host`: one too big to build
 a ZeRO-2/3 unit all-gathers and reduce-scatters with the ring collectives of
 `executors.host_collectives`, in FSDP2's own buffers and without backward prefetch:
 gloo's collectives and FSDP2's CUDA-stream bookkeeping otherwise hold extra full-size
-copies of a unit (measured there), which a 1.3B GPT's step could not afford. Other runs
+copies of a unit (measured there), which a 1.3B GPT's step could not afford; there
+each embedding table is a unit of its own, reduced in its gradient's storage and not
+gathered in backward (an embedding's backward reads only the ids). Other runs
 keep FSDP2's own collectives, which the cost model's time and memory figures describe.
 
 CPU offload (`LayerStrategy.offload`, ZERO3 only): fully_shard(offload_policy=
@@ -112,10 +114,19 @@ def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
     if zero1_16bit:  # the fp32 master shard goes to the optimizer, the weights to 16 bits
         cast_to_working_dtype(module, mesh.get_group(), policy.param_dtype)
     if strategy.dp_mode in (DPMode.ZERO2, DPMode.ZERO3):
-        unit = fully_shard(module, mesh=mesh, mp_policy=policy,
-                           reshard_after_forward=strategy.dp_mode is DPMode.ZERO3,
-                           offload_policy=offload_policy(strategy))
-        if lean_host and _on_gloo(mesh) and strategy.dp > 1:  # no full-size scratch copies
+        lean = lean_host and _on_gloo(mesh) and strategy.dp > 1  # no full-size scratch copies
+        shard = dict(mesh=mesh, mp_policy=policy, offload_policy=offload_policy(strategy),
+                     reshard_after_forward=strategy.dp_mode is DPMode.ZERO3)
+        # each embedding table its own unit of one parameter: its gradient is reduced in
+        # place (`executors.host_collectives`); the layer's unit takes the rest
+        tables = [m for m in module.modules() if lean and m is not module
+                  and isinstance(m, nn.Embedding)]
+        for table in tables:
+            table_unit = fully_shard(table, **shard)
+            use_host_collectives(table_unit)
+            _sum_reduction(table_unit, mesh)
+        unit = fully_shard(module, **shard)
+        if lean:
             use_host_collectives(unit)
     else:
         unit = replicate(module, mesh=mesh, mp_policy=policy)

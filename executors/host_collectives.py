@@ -28,6 +28,22 @@ receives (n-1)/n of the buffer, as gloo's collectives do):
                       time, copies this rank's chunk out, then frees that buffer's storage.
 `use_host_collectives(unit)` installs both and turns backward prefetch off: these
 collectives are synchronous, so a prefetch overlaps nothing and only holds a second unit.
+
+Two more full-size copies remained at the end of backward, where every gradient shard
+and AdamW's moments are alive (0.71B GPT, 4 ranks: 4.14 GiB against a 3.90 target):
+  - FSDP2 gathers a unit again in backward, though an embedding's backward reads only the
+    ids (`embedding_dense_backward` takes the weight's row count, not its values): a
+    unit made of nn.Embeddings is not gathered in backward (`set_unshard_in_backward`,
+    FSDP2's switch for exactly this case; `weightless_backward`);
+  - FSDP2 copies the gradients into its reduce-scatter input (`chunk_cat`, rank-major
+    rows) before reducing them. For a unit of one parameter whose dim 0 splits evenly
+    that layout IS the gradient's own, so the ring's input takes the gradient's storage
+    instead of a copy (`_alias_copy_in`; chunk_cat refuses an output that overlaps its
+    input) and the reduction runs in the gradient. `apply_dp` makes each embedding table
+    of a lean layer its own unit so that its gradient is reduced this way.
+The ring moves each chunk in pieces of at most RING_PIECE_BYTES, so its receive scratch
+is one piece, not a chunk (a 50304 x 2048 table's chunk over 4 ranks is 0.1 GB). Every
+element is summed in the same order as before: results are bit-identical.
 """
 
 from __future__ import annotations
@@ -36,10 +52,17 @@ from typing import Sequence
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard import _fsdp_collectives
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from ir.errors import PlannerError
+
+# The ring's receive scratch: 16 MiB, one 2048 x 2048 fp32 weight (a 1B-class GPT's
+# typical tensor), so a 0.1 GB chunk moves in 6 messages and the scratch is ~1% of a
+# rank's 1.3 GiB of shards on the bench's models.
+RING_PIECE_BYTES = 16 * 2**20
 
 
 def _ring(group: dist.ProcessGroup) -> tuple[int, int, int, int]:
@@ -93,7 +116,11 @@ class RingAllGather(AllGather):
 class RingReduceScatter(ReduceScatter):
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype,
                  device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
+        # untouched, so not resident, until the copy-in writes it or takes a gradient's
+        # storage instead (`_alias_copy_in`)
+        scratch = torch.empty(*size, dtype=dtype, device=device)
+        scratch._host_ring_input = True
+        return scratch
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, op=dist.ReduceOp.SUM,
@@ -103,20 +130,74 @@ class RingReduceScatter(ReduceScatter):
                                "set_force_sum_reduction_for_comms(True) on the unit")
         n, r, nxt, prev = _ring(group)
         chunks = _chunks(input_tensor, n, "reduce-scatter")
-        received = torch.empty_like(chunks[0])
+        piece = max(1, RING_PIECE_BYTES // chunks.element_size())
+        received = torch.empty(min(piece, chunks.shape[1]), dtype=chunks.dtype)
         for step in range(n - 1):  # step s: send the partial sum of chunk r-s-1
-            _exchange(chunks[(r - step - 1) % n], received, group, nxt, prev)
-            chunks[(r - step - 2) % n].add_(received)
+            send, into = chunks[(r - step - 1) % n], chunks[(r - step - 2) % n]
+            for start in range(0, chunks.shape[1], piece):  # the same sums, piece by piece
+                part = received[:min(piece, chunks.shape[1] - start)]
+                _exchange(send[start:start + piece], part, group, nxt, prev)
+                into[start:start + piece].add_(part)
         output_tensor.copy_(chunks[r].view_as(output_tensor))  # summed over all n ranks
-        # FSDP2's copy-in buffer: `foreach_reduce` keeps a reference for CUDA streams only
-        # and never reads it again; free it now rather than one unit later
-        input_tensor.untyped_storage().resize_(0)
+        # FSDP2's copy-in buffer (or the gradient itself, `_alias_copy_in`):
+        # `foreach_reduce` keeps a reference for CUDA streams only and never reads it
+        # again; let go of its storage now rather than one unit later (freed with its
+        # last reference: a gradient that is a view of a larger buffer frees that with it)
+        input_tensor.set_(torch.empty(0, dtype=input_tensor.dtype, device=input_tensor.device))
+
+
+def _alias_copy_in(unsharded_grads: list[torch.Tensor], reduce_scatter_input: torch.Tensor,
+                   world_size: int) -> bool:
+    """Give a ring's reduce-scatter input the gradient's own memory when that is its
+    layout already (module docstring): one contiguous gradient of the input's dtype and
+    size (no padding: dim 0 divides by the group); it may be a view into a larger buffer
+    (a vocabulary-parallel embedding's local gradient is rows of one). FSDP2 never reads
+    the gradient after its copy-in, so the ring may sum in it. False: copy as FSDP2 does."""
+    if not getattr(reduce_scatter_input, "_host_ring_input", False) or len(unsharded_grads) != 1:
+        return False
+    grad = unsharded_grads[0]
+    if (not grad.is_contiguous() or grad.dtype != reduce_scatter_input.dtype
+            or grad.device != reduce_scatter_input.device
+            or grad.numel() != reduce_scatter_input.numel()):
+        return False
+    reduce_scatter_input.set_(grad.untyped_storage(), grad.storage_offset(),
+                              reduce_scatter_input.shape, reduce_scatter_input.stride())
+    return True
+
+
+def _install_alias_copy_in() -> None:
+    """Route FSDP2's reduce-scatter copy-in through `_alias_copy_in` (once per process;
+    buffers that no ring allocated are copied by FSDP2's own function, unchanged)."""
+    original = getattr(_fsdp_collectives, "foreach_reduce_scatter_copy_in", None)
+    if original is None:
+        raise PlannerError("host reduce-scatter: torch.distributed.fsdp has no "
+                           "foreach_reduce_scatter_copy_in; the installed torch changed "
+                           "FSDP2's reduction, so executors.host_collectives needs updating")
+    if getattr(original, "host_alias", False):
+        return
+
+    def copy_in(unsharded_grads, reduce_scatter_input, world_size):
+        if not _alias_copy_in(unsharded_grads, reduce_scatter_input, world_size):
+            original(unsharded_grads, reduce_scatter_input, world_size)
+    copy_in.host_alias = True
+    _fsdp_collectives.foreach_reduce_scatter_copy_in = copy_in
+
+
+def weightless_backward(module: nn.Module) -> bool:
+    """Whether backward reads none of `module`'s parameters: every one belongs to an
+    nn.Embedding (its gradient is built from the ids and the row count alone)."""
+    owners = [m for m in module.modules() if any(True for _ in m.parameters(recurse=False))]
+    return bool(owners) and all(isinstance(m, nn.Embedding) for m in owners)
 
 
 def use_host_collectives(unit: FSDPModule) -> None:
     """Install the ring collectives on a fully_shard unit of a gloo mesh and stop its
     backward prefetch (naming the unit itself as what to prefetch: it is gathered
-    already, and an explicit list replaces FSDP2's default of the next unit)."""
+    already, and an explicit list replaces FSDP2's default of the next unit); a unit of
+    embeddings is not gathered again in backward."""
+    _install_alias_copy_in()
     unit.set_custom_all_gather(RingAllGather())
     unit.set_custom_reduce_scatter(RingReduceScatter())
     unit.set_modules_to_backward_prefetch([unit])
+    if weightless_backward(unit):
+        unit.set_unshard_in_backward(False)

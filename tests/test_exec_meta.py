@@ -11,7 +11,6 @@ RTOL 1e-5), plus init="empty" leaves parameters unset but computes buffers.
 from __future__ import annotations
 
 import functools
-import os
 
 import pytest
 import torch
@@ -25,23 +24,21 @@ from ir.strategy import Precision
 from planner.models import load_model
 
 from dist_utils import spawn, zero_dropout
-from test_exec_plans import (CASES, GPT, HF_GPT2, HF_LLAMA, LLAMA, SEED, SEQ, Case,
-                             assert_matches_reference, batches_of, graph_of, optimizer_kwargs,
-                             reference, run_cases, uniform)
+from test_exec_plans import (CASES, GPT, GROUP_ENTRIES, HF_GPT2, HF_LLAMA, LLAMA, SEED, SEQ,
+                             Case, assert_matches_reference, batches_of, graph_of,
+                             optimizer_kwargs, reference, uniform)
+from test_exec_plans import results_for as plans_results_for
 
 # One case per plan shape of test_exec_plans (its searched "planned-*" entries mix these
-# same shapes). `make test` runs DEFAULT (~60 s of spawned groups on 2 cores); set
-# PLANNER_META_FULL=1 for the rest of the table too (+~120 s: four more 4-rank shapes
-# and the 8-rank one, whose group alone takes ~100 s to start here).
-DEFAULT = {
+# same shapes), each run meta-built inside test_exec_plans' process group of its world
+# size (`GROUP_ENTRIES`): one group start per world size serves both files.
+SHAPES = {
     2: ["ddp-accum", "zero1-accum", "zero2", "zero3", "tp", "tp-sp", "pp-gpipe", "pp-1f1b",
         "pp-interleaved", "hf-gpt2-zero3", "hf-llama-tp-sp"],
-    4: ["dp-tp", "dp-pp-interleaved-zero3", "mixed-tp"],
+    4: ["dp-tp", "dp-pp", "tp-pp", "dp-pp-interleaved-zero3", "mixed-zero-ckpt", "mixed-tp",
+        "hf-llama-dp-tp"],
+    8: ["mixed-tp-pp"],
 }
-FULL_ONLY = {4: ["dp-pp", "tp-pp", "mixed-zero-ckpt", "hf-llama-dp-tp"], 8: ["mixed-tp-pp"]}
-FULL = os.environ.get("PLANNER_META_FULL") == "1"
-SHAPES = {w: DEFAULT.get(w, []) + (FULL_ONLY.get(w, []) if FULL else [])
-          for w in sorted(set(DEFAULT) | set(FULL_ONLY))}
 REPLAYED = [GPT, LLAMA, "t5-tiny", "cnn-small", "hf:tests/data/hf/gpt2/config.json",
             HF_LLAMA, "hf:tests/data/hf/vit/config.json"]
 
@@ -128,16 +125,6 @@ def run_auto_parallel(spec: str, plan, batches) -> dict:
     return {"losses": losses, "state": full_state_dict(pm.parallel)}
 
 
-def run_meta_cases(rank: int, world_size: int, payload) -> dict:
-    cases, extra = payload
-    results = run_cases(rank, world_size, cases)
-    if extra is not None:
-        empty, auto = extra
-        results["init-empty"] = run_empty(*empty)
-        results["auto-parallel"] = run_auto_parallel(*auto)
-    return results
-
-
 def empty_case() -> tuple:
     """ZeRO-3 over 2 ranks of a Hugging Face Llama (it has RoPE buffers)."""
     graph = graph_of(HF_LLAMA)
@@ -145,41 +132,50 @@ def empty_case() -> tuple:
                                   precision=Precision.FP32, dp=2, zero=3), graph
 
 
-@functools.lru_cache(maxsize=None)
-def results_for(world: int) -> dict:
-    cases = [c for c in CASES + [FUSED] if c.world == world and c.name in SHAPES[world]
-             or c is FUSED and world == FUSED.world]
-    payload = [(c.name, c.model, c.plan(graph_of(c.model)), graph_of(c.model),
-                batches_of(c.model), build_meta) for c in cases]
-    extra = None
-    if world == 2:
-        auto = (GPT, uniform_plan(len(graph_of(GPT).layers), global_batch=8, dp=2, zero=3,
-                                  precision=Precision.FP32), batches_of(GPT))
-        extra = (empty_case(), auto)
-    return spawn(run_meta_cases, world, (payload, extra), timeout_s=300)[0]
-
-
 # GPT-2's fused c_attn split by TP: stored rank-major (`executors.fused`), built in
 # model order; materialize must reorder (test_exec_plans runs GPT-2 without TP)
 FUSED = Case("hf-gpt2-tp-fused", 2, HF_GPT2, uniform(tp=2))
 SHAPE_CASES = [c for c in CASES if c.name in SHAPES.get(c.world, ())] + [FUSED]
+META = "meta:"  # the prefix of this file's entries in test_exec_plans' results
+
+
+def meta_entries(world: int) -> list[tuple]:
+    """`run_cases` entries for `world` ranks: each shape built by `build_meta`, and on 2
+    ranks init='empty' and `auto_parallel` taking a meta model."""
+    entries = [(META + c.name, c.model, c.plan(graph_of(c.model)), graph_of(c.model),
+                batches_of(c.model), build_meta) for c in SHAPE_CASES if c.world == world]
+    if world == 2:
+        auto = (GPT, uniform_plan(len(graph_of(GPT).layers), global_batch=8, dp=2, zero=3,
+                                  precision=Precision.FP32), batches_of(GPT))
+        entries += [(META + "init-empty", run_empty, *empty_case()),
+                    (META + "auto-parallel", run_auto_parallel, *auto)]
+    return entries
+
+
+for _world in SHAPES:
+    GROUP_ENTRIES.setdefault(_world, []).append(functools.partial(meta_entries, _world))
+
+
+def results_for(world: int) -> dict:
+    return {name[len(META):]: got for name, got in plans_results_for(world).items()
+            if name.startswith(META)}
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(540)
 @pytest.mark.parametrize("case", SHAPE_CASES, ids=[f"{c.world}r-{c.name}" for c in SHAPE_CASES])
 def test_meta_built_plan_matches_cpu_single_device(case):
     assert_matches_reference(results_for(case.world)[case.name], *reference(case.model))
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(540)
 def test_auto_parallel_takes_a_meta_model():
     assert_matches_reference(results_for(2)["auto-parallel"], *reference(GPT))
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(540)
 def test_init_empty_computes_buffers():
     got = results_for(2)["init-empty"]
     cpu = load_model(HF_LLAMA, micro_batch=1, seq_len=32, device="cpu", seed=SEED).module
@@ -243,7 +239,45 @@ def host_collective_peaks(rank: int, world_size: int, _payload) -> dict:
             gathered.view(world_size, -1),
             torch.arange(world_size, dtype=torch.float32)[:, None].expand(world_size, n // world_size))
         gathered = mine = None
+    out.update(embedding_backward_peaks(rank, world_size))
     return out
+
+
+TABLE_ROWS, TABLE_DIM = 8192, 4096  # 128 MiB of fp32, like HOST_BUFFER_NUMEL far above noise
+
+
+def embedding_backward_peaks(rank: int, world_size: int) -> dict:
+    """One ZeRO-3 embedding unit (not the root: it reshards after forward, as in a
+    model) with FSDP2's own collectives and with `use_host_collectives`: each backward's
+    peak above its start and the reduced gradient shard."""
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from executors.host_collectives import use_host_collectives
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    ids = torch.randint(0, TABLE_ROWS, (4, 64), generator=torch.Generator().manual_seed(rank))
+    out = {}
+    for name in ("fsdp", "lean"):
+        model = nn.Sequential(nn.Embedding(TABLE_ROWS, TABLE_DIM))
+        for unit in (fully_shard(model[0], mesh=mesh), fully_shard(model, mesh=mesh)):
+            unit.set_gradient_divide_factor(1.0)
+            unit.set_force_sum_reduction_for_comms(True)
+        if name == "lean":
+            use_host_collectives(model[0])
+        loss = model(ids).sum()  # gradient rows: how often each id occurs, exact in fp32
+        out[f"{name}-embedding"] = _peak_above_start(loss.backward)
+        out[f"{name}-embedding-grad"] = model[0].weight.grad.to_local().clone()
+        model = loss = None
+    return out
+
+
+HOST_WORLD = 4
+
+
+@functools.lru_cache(maxsize=None)
+def host_results() -> list:
+    return spawn(host_collective_peaks, HOST_WORLD, timeout_s=240)
 
 
 @pytest.mark.multiprocess
@@ -252,9 +286,9 @@ def test_host_collectives_hold_no_full_size_copy():
     """gloo's reduce-scatter and all-gather stage a whole-buffer copy (measured: one full
     buffer above inputs and outputs); the rings hold at most one chunk, give the same
     sums and gathers, and the reduce-scatter frees FSDP2's scratch input."""
-    world = 4
+    world = HOST_WORLD
     buffer_bytes = HOST_BUFFER_NUMEL * 4
-    for r in spawn(host_collective_peaks, world, timeout_s=240):
+    for r in host_results():
         assert r["gloo-rs"] > 0.8 * buffer_bytes, r  # the copy the rings avoid is real
         assert r["gloo-ag"] > 0.8 * buffer_bytes, r
         assert r["ring-rs"] < 0.5 * buffer_bytes, r  # one received chunk (1/4) + noise
@@ -263,3 +297,18 @@ def test_host_collectives_hold_no_full_size_copy():
         assert r["gloo-rs-value"] == r["ring-rs-value"] == [total], r
         assert r["ring-rs-input-bytes"] == 0 and r["gloo-rs-input-bytes"] == buffer_bytes, r
         assert r["gloo-ag-ok"] and r["ring-ag-ok"], r
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_host_embedding_unit_reduces_in_its_gradient():
+    """An embedding unit's backward under FSDP2's own collectives holds the gathered
+    table, its gradient and the reduce-scatter's copy of it (measured: over 1.9 tables);
+    with the host collectives only the gradient, reduced in place, and the shard it
+    leaves (+ one ring piece), and the reduced shard is the same."""
+    table_bytes = TABLE_ROWS * TABLE_DIM * 4
+    for r in host_results():
+        assert r["fsdp-embedding"] > 1.9 * table_bytes, r["fsdp-embedding"]
+        assert r["lean-embedding"] < 1.5 * table_bytes, r["lean-embedding"]
+        assert torch.equal(r["fsdp-embedding-grad"], r["lean-embedding-grad"])
+        assert r["lean-embedding-grad"].abs().sum() > 0
