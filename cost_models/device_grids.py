@@ -39,3 +39,15 @@ CPU_SDPA_SHAPES = ((2, 4, 128, 32), (1, 8, 256, 64))
 CUDA_SDPA_DTYPE, CPU_SDPA_DTYPE = "bfloat16", "float32"
 # --quick on a GPU: a smoke run of the same code in seconds.
 QUICK_CUDA_GEMM_SHAPES = [(1024, 1024, 1024), (4096, 4096, 4096), (16, 4096, 4096)]
+# 2-D convolutions (batch, in_channels, out_channels, spatial, kernel), stride 1, same
+# padding. CPU: the zoo's (cnn-small: a 3-channel RGB stem and 16-channel 3x3 blocks on
+# 16x16 images) at micro-batches 1, 4 and 16 -- oneDNN's time per FLOP is not monotone
+# in the batch there (measured here, one thread, 2026-11-24: the stem ran 9.7, 37.9 and
+# 53.5 us at batch 1, 4, 16), so each is measured, not interpolated -- and ResNet-50's
+# (He et al. 2016, Table 1) 7x7 RGB stem at 112^2 output, 3x3 convs at 56^2 and 14^2, a
+# 1x1 expansion at 14^2, at batch 1. GPUs: the same ResNet-50 layers at batch 32.
+CPU_CONV_SHAPES = tuple((batch, c_in, 16, 16, 3) for c_in in (3, 16) for batch in (1, 4, 16)) + (
+    (1, 3, 64, 112, 7), (1, 64, 64, 56, 3), (1, 256, 256, 14, 3), (1, 256, 1024, 14, 1))
+CUDA_CONV_SHAPES = ((32, 3, 64, 112, 7), (32, 64, 64, 56, 3), (32, 128, 128, 28, 3),
+                    (32, 256, 256, 14, 3), (32, 512, 512, 7, 3), (32, 256, 1024, 14, 1))
+CPU_CONV_DTYPE, CUDA_CONV_DTYPE = "float32", "bfloat16"

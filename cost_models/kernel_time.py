@@ -6,6 +6,9 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
 
     sum over kernel records r of  r.count * max(t_roofline(r), launch floor)
     t_roofline(gemm)      = max(FLOPs / (peak x GEMM efficiency(m, n, k, dtype)), bytes / bandwidth)
+    t(conv)               = FLOPs / measured rate of the nearest measured convolution, per
+                            pass (forward; backward's grad_input and grad_weight apart);
+                            without a table the roofline of its implicit GEMM
     t_roofline(attention) = FLOPs / measured SDPA rate of the backend dispatch picks
     t_roofline(memory)    = bytes / bandwidth of that kind of memory-bound kernel at its size
     embedding backward    = table fill (a copy) + indices x measured seconds per index
@@ -16,8 +19,9 @@ GEMM of the cluster's kernel calibration, else the analytic saturation fit
 (`cost_models.gemm_efficiency`). Memory-bound bandwidth: the calibration's measured points
 for that kernel kind (copy, add, gelu, sum, softmax, layer_norm), interpolated in
 log(bytes), else the spec's `hbm_gbps` times the share of it that kind reached on a
-measured H100 (a softmax streams at ~40% of the datasheet bandwidth). Fused attention: the calibration's "default"
-backend (what torch's dispatcher chose on that device, with no backend forced), nearest
+measured H100 (a softmax streams at ~40% of the datasheet bandwidth). Fused attention:
+the calibration's "default" backend (what torch's dispatcher chose on that device, with no
+backend forced), nearest
 measured shape, its FLOP rate (forward 4*b*s^2*h over forward seconds, backward 2.5x that
 over backward seconds: Dao 2023); without a table, a roofline at the GEMM efficiency of
 one head's (s x d) @ (d x s) product, a causal mask halving the work.
@@ -38,7 +42,8 @@ from dataclasses import dataclass
 
 from ir.cluster import ClusterSpec
 from ir.kernel_calibration import KernelCalibration, SdpaPoint
-from ir.kernel_records import KernelKind, KernelRecord, KernelRecords
+from ir.kernel_records import (CONV_GRAD_BIAS, CONV_GRAD_INPUT, CONV_GRAD_WEIGHT, KernelKind,
+                               KernelRecord, KernelRecords, conv_implicit_gemm)
 from ir.op_count import RANDOM_OPS
 from ir.strategy import Checkpoint
 
@@ -106,10 +111,11 @@ class KernelSeconds:
     launch_s: float = 0.0
     kernels: int = 0  # kernel launches (views excluded)
     ops: int = 0  # ATen ops dispatched (views included): the host's work
+    conv_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.gemm_s + self.attention_s + self.memory_s + self.launch_s
+        return self.gemm_s + self.conv_s + self.attention_s + self.memory_s + self.launch_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +224,8 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
         nbytes = _gemm_bytes(r.shape, m, n, k, config, share)
         # Williams et al. 2009: max(compute-bound, memory-bound)
         return max(flops / (cluster.peak_flops(dtype) * efficiency), nbytes / hbm)
+    if r.kind is KernelKind.CONV:
+        return _conv_seconds(r, cluster, config, share)
     if r.kind is KernelKind.ATTENTION:
         batch, heads, q_len, kv_len, head_dim = r.shape
         batch_heads = max(1, round(batch * config.batch_scale * heads * share))
@@ -239,6 +247,45 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
             return _embedding_backward_seconds(r, cluster, config, share)
         return _streaming_seconds(cluster, MEMORY_KERNEL_OF_OP.get(op, "add"), dtype, nbytes)
     return 0.0  # views: no kernel
+
+
+def _conv_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
+                  share: float) -> float:
+    """A convolution (forward, or the backward's requested gradients) after the
+    micro-batch change and the TP split (of its output channels). Measured: the forward
+    FLOPs (each backward half does as many) at the rate of the nearest measured conv
+    (`KernelCalibration.nearest_conv`; equally near points averaged geometrically, the
+    log-space midpoint); grad_bias is a sum over the output gradient. Else the roofline
+    of its implicit GEMM (im2col: Chellapilla et al. 2006; cuDNN, Chetlur et al. 2014),
+    at the GEMM efficiency of that (m, n, k)."""
+    groups, batch, c_in, c_out, positions, area, grads = r.shape
+    dtype = config.precision.compute_dtype
+    batch = max(1, round(batch * config.batch_scale))
+    c_out = max(1, round(c_out * share))
+    forward_flops = 2 * groups * batch * positions * c_out * c_in * area  # 2 x MACs
+    cal = cluster.kernel_calibration
+    points = [] if cal is None else cal.nearest_conv(batch, c_in, c_out, positions, area, dtype)
+    if not points:
+        _, m, n, k = conv_implicit_gemm((groups, batch, c_in, c_out, positions, area, grads))
+        efficiency = gemm_shape_efficiency(cluster, m, n, k, dtype)
+        flops = r.flops * config.batch_scale * share
+        nbytes = groups * (m * k + k * n + m * n) * config.precision.compute_bytes
+        # Williams et al. 2009: max(compute-bound, memory-bound)
+        return max(flops / (cluster.peak_flops(dtype) * efficiency),
+                   nbytes / (cluster.hbm_gbps * GB))
+
+    def seconds(field: str) -> float:  # forward FLOPs at the points' geometric-mean rate
+        rates = [p.flops / getattr(p, field) for p in points]
+        return forward_flops / math.exp(sum(map(math.log, rates)) / len(rates))
+
+    if r.op.split("::")[-1] == "convolution":
+        return seconds("forward_s")
+    total_s = (seconds("input_backward_s") if grads & CONV_GRAD_INPUT else 0.0) \
+        + (seconds("weight_backward_s") if grads & CONV_GRAD_WEIGHT else 0.0)
+    if grads & CONV_GRAD_BIAS:  # reads the output gradient once, writes c_out sums
+        grad_out_bytes = groups * batch * c_out * positions * config.precision.compute_bytes
+        total_s += _streaming_seconds(cluster, "sum", dtype, grad_out_bytes)
+    return total_s
 
 
 def _streaming_seconds(cluster: ClusterSpec, kernel: str, dtype: str, nbytes: float) -> float:
@@ -274,7 +321,8 @@ def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config
     """Sum over kernels of count x max(roofline, launch floor), by kernel class.
     Pure draws are left to `compute.random_draw_seconds` where the spec measured them."""
     floor = launch_floor_s(cluster)
-    sums = {KernelKind.GEMM: 0.0, KernelKind.ATTENTION: 0.0, KernelKind.MEMORY: 0.0}
+    sums = {KernelKind.GEMM: 0.0, KernelKind.CONV: 0.0, KernelKind.ATTENTION: 0.0,
+            KernelKind.MEMORY: 0.0}
     launch = 0.0
     kernels = ops = 0
     for r in records:
@@ -288,7 +336,7 @@ def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config
         sums[r.kind] += r.count * call_s
         launch += r.count * max(0.0, floor - call_s)
     return KernelSeconds(sums[KernelKind.GEMM], sums[KernelKind.ATTENTION],
-                         sums[KernelKind.MEMORY], launch, kernels, ops)
+                         sums[KernelKind.MEMORY], launch, kernels, ops, sums[KernelKind.CONV])
 
 
 class _Memo:

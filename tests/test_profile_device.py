@@ -65,6 +65,11 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     assert all(p.forward_s > 0 and p.backward_s > 0 for p in cal.sdpa)
     assert 1e-8 < cal.launch_host_s < 1e-3 and cal.launch_device_s == 0.0
     assert cal.sustained_gemm_flop_per_s == 0.0  # no preheat on CPUs
+    # Convolutions: every grid shape, each pass at a positive time, under a second each.
+    assert [(p.batch, p.in_channels, p.out_channels, p.spatial, p.kernel)
+            for p in cal.conv] == list(pd.CPU_CONV_SHAPES)
+    assert all(0 < t < 1.0 for p in cal.conv
+               for t in (p.forward_s, p.input_backward_s, p.weight_backward_s))
     # Embedding backward per index: a scatter-add of a 64-wide row, ns to us on one core.
     assert 1e-10 < cal.embedding_backward_index_s < 1e-5
     # The forward host cost in parts, measured by the same probe as op_overhead_s.
