@@ -33,6 +33,9 @@ CUDA_MEMORY_BYTES = (1 * MiB, 16 * MiB, 256 * MiB, 1 * GiB)
 # CPU: from a zoo layer's small tensors (tens of KiB, in L1/L2) to past the L3 (32 MiB).
 CPU_MEMORY_BYTES = (32 * 2**10, 256 * 2**10, 4 * MiB, 64 * MiB)
 ROW_ELEMENTS = 4096  # a hidden size: layer_norm and sum reduce rows this long; softmax too
+# batch_norm (training) normalises each of this many channels over a row's positions
+# (16 x 256: cnn-small's feature maps, 16 channels of 16 x 16 pixels).
+BATCH_NORM_CHANNELS = 16
 # SDPA shapes (batch, heads, seq_len, head_dim), causal as GPT trains.
 CUDA_SDPA_SHAPES = ((8, 16, 1024, 64), (4, 32, 2048, 128), (1, 32, 8192, 128))
 CPU_SDPA_SHAPES = ((2, 4, 128, 32), (1, 8, 256, 64))

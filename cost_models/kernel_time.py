@@ -17,7 +17,8 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
 (Williams et al. 2009 roofline per kernel). GEMM efficiency by shape: the nearest measured
 GEMM of the cluster's kernel calibration, else the analytic saturation fit
 (`cost_models.gemm_efficiency`). Memory-bound bandwidth: the calibration's measured points
-for that kernel kind (copy, add, gelu, sum, softmax, layer_norm), interpolated in
+for that kernel kind (copy, add, gelu, sum, softmax, layer_norm, batch_norm and its
+backward), interpolated in
 log(bytes), else the spec's `hbm_gbps` times the share of it that kind reached on a
 measured H100 (a softmax streams at ~40% of the datasheet bandwidth). Fused attention:
 the calibration's "default" backend (what torch's dispatcher chose on that device, with no
@@ -68,30 +69,37 @@ DRAW_ONLY_OPS = RANDOM_OPS - {"native_dropout"}
 # tensors, for GPUs whose spec carries no measured table: profile-device on an H100 80GB
 # (cost_models/calibration/h100-80g.json, 512 MiB points over the datasheet 3350 GB/s):
 # streaming kernels come close to the datasheet, row-wise softmax and layer norm do not.
+# Batch norm was not measured there: layer norm's share (the nearest measured kind, a
+# normalisation that reads its input twice).
 GPU_MEMORY_KERNEL_BANDWIDTH_FRACTION = {
     "copy": 2990 / 3350, "add": 3046 / 3350, "gelu": 2857 / 3350, "sum": 2948 / 3350,
-    "softmax": 1276 / 3350, "layer_norm": 2038 / 3350}
+    "softmax": 1276 / 3350, "layer_norm": 2038 / 3350, "batch_norm": 2038 / 3350,
+    "batch_norm_backward": 2038 / 3350}
 # An embedding's indices are int64 (torch.nn.Embedding takes LongTensor ids, as the zoo and
 # HF models pass them): 8 bytes per index in an embedding backward's recorded reads.
 EMBEDDING_INDEX_BYTES = 8
 # The SDPA backend whose measured times price a fused attention: torch's own choice.
 DISPATCHED_SDPA_BACKEND = "default"
 # Memory-bound kernel kinds the calibration measures, by the ATen ops they stand for
-# (ops not listed are elementwise binary ops: "add").
+# (ops not listed are elementwise ops that stream: "add"). "gelu" stands for elementwise
+# math that costs per element beyond its bytes; relu, threshold_backward, neg, abs and a
+# square stream like add and copy (one thread here, 256 KiB, 2026-11-24: 108-180 GB/s
+# against gelu 30, silu 36, rsqrt 36, sigmoid 37; add 152, copy 187). Training batch norm
+# is its own kind: on this CPU it ran at 6.3 GB/s where layer norm ran at 20 (both 256 KiB).
 MEMORY_KERNEL_OF_OP = {
     **dict.fromkeys(("_softmax", "_log_softmax", "_safe_softmax", "_softmax_backward_data",
                      "_log_softmax_backward_data"), "softmax"),
     **dict.fromkeys(("native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
                      "_fused_rms_norm_backward", "native_group_norm",
-                     "native_group_norm_backward", "native_batch_norm",
-                     "native_batch_norm_backward", "_native_batch_norm_legit",
-                     "_native_batch_norm_legit_no_training"), "layer_norm"),
+                     "native_group_norm_backward", "_native_batch_norm_legit_no_training"),
+                    "layer_norm"),
+    **dict.fromkeys(("native_batch_norm", "_native_batch_norm_legit"), "batch_norm"),
+    "native_batch_norm_backward": "batch_norm_backward",
     **dict.fromkeys(("sum", "mean", "amax", "amin", "max", "min", "var_mean", "norm",
                      "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward"), "sum"),
-    **dict.fromkeys(("gelu", "gelu_backward", "silu", "silu_backward", "relu",
-                     "threshold_backward", "tanh", "tanh_backward", "sigmoid",
-                     "sigmoid_backward", "exp", "log", "rsqrt", "sqrt", "pow", "neg", "sin",
-                     "cos", "abs"), "gelu"),
+    **dict.fromkeys(("gelu", "gelu_backward", "silu", "silu_backward", "tanh",
+                     "tanh_backward", "sigmoid", "sigmoid_backward", "exp", "log", "rsqrt",
+                     "sqrt", "sin", "cos"), "gelu"),
     **dict.fromkeys(("_to_copy", "copy_", "clone", "cat", "stack", "embedding",
                      "embedding_dense_backward", "index", "index_select", "gather",
                      "scatter", "scatter_add", "index_put_", "_index_put_impl_", "fill_",

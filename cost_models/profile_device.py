@@ -51,7 +51,7 @@ from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)
     CPU_ZOO_GEMM_SHAPES, CPU_GEMM_SHAPES, CPU_GEMM_DTYPES, CUDA_MEMORY_BYTES,
     CPU_MEMORY_BYTES, ROW_ELEMENTS, CUDA_SDPA_SHAPES, CPU_SDPA_SHAPES, CUDA_SDPA_DTYPE,
     CPU_SDPA_DTYPE, QUICK_CUDA_GEMM_SHAPES, CPU_CONV_SHAPES, CUDA_CONV_SHAPES, CPU_CONV_DTYPE,
-    CUDA_CONV_DTYPE)
+    CUDA_CONV_DTYPE, BATCH_NORM_CHANNELS)
 from cost_models.conv_probes import probe_conv
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.host_probes import host_op_seconds_by_pass, probe_clock
@@ -225,6 +225,18 @@ def _memory_kernel(name: str, x, y, out):
     if name == "layer_norm":
         return (lambda: F.layer_norm(x.view(rows, ROW_ELEMENTS), (ROW_ELEMENTS,)),
                 2 * x.numel() * e)
+    if name.startswith("batch_norm"):  # training mode over (rows, channels, positions)
+        images = x.view(rows, BATCH_NORM_CHANNELS, ROW_ELEMENTS // BATCH_NORM_CHANNELS)
+        stats = [torch.ones(BATCH_NORM_CHANNELS, dtype=x.dtype, device=x.device)
+                 for _ in range(4)]  # weight, bias, running mean, running var
+        _, mean, invstd = torch.ops.aten.native_batch_norm(images, *stats, True, 0.1, 1e-5)
+        if name == "batch_norm":  # reads x, writes y
+            return (lambda: torch.ops.aten.native_batch_norm(images, *stats, True, 0.1, 1e-5),
+                    2 * x.numel() * e)
+        grad = y.view_as(images)  # reads the gradient and x, writes grad_input
+        return (lambda: torch.ops.aten.native_batch_norm_backward(
+            grad, images, stats[0], stats[2], stats[3], mean, invstd, True, 1e-5,
+            [True, True, True]), 3 * x.numel() * e)
     raise PlannerError(f"unknown memory kernel {name!r}")
 
 

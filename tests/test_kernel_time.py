@@ -365,3 +365,22 @@ def test_a_convolution_without_a_table_is_its_implicit_gemm():
     compute_s = 2 * 1024 * 16 * 144 / (PEAK * gemm_shape_efficiency(s, 1024, 16, 144, "bfloat16"))
     bytes_s = (1024 * 144 + 144 * 16 + 1024 * 16) * 2 / (HBM_GBPS * 1e9)
     assert t.conv_s == pytest.approx(max(compute_s, bytes_s)) and t.conv_s > 0
+
+
+def test_streaming_elementwise_ops_and_batch_norm_take_their_own_measured_kinds():
+    """relu and threshold_backward stream like add (measured, MEMORY_KERNEL_OF_OP's
+    comment); gelu costs per element; training batch norm and its backward have their
+    own points, not layer norm's."""
+    cal = KernelCalibration(measured_on="made up", memory_kernels=tuple(
+        MemoryKernelPoint(kind, "bfloat16", 1 * MiB, gbps) for kind, gbps in (
+            ("add", 1000.0), ("gelu", 250.0), ("layer_norm", 500.0), ("batch_norm", 100.0),
+            ("batch_norm_backward", 200.0))))
+    seconds = {op: pass_seconds((memory(op, 1 * MiB),), spec(cal), config(), 1.0,
+                                backward=False).memory_s
+               for op in ("aten::relu", "aten::threshold_backward", "aten::gelu",
+                          "aten::native_layer_norm", "aten::native_batch_norm",
+                          "aten::native_batch_norm_backward")}
+    assert seconds == pytest.approx({
+        "aten::relu": MiB / 1000e9, "aten::threshold_backward": MiB / 1000e9,
+        "aten::gelu": MiB / 250e9, "aten::native_layer_norm": MiB / 500e9,
+        "aten::native_batch_norm": MiB / 100e9, "aten::native_batch_norm_backward": MiB / 200e9})
