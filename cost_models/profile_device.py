@@ -3,8 +3,9 @@
 `profile_device("cuda")` (or "cpu", same code) times, on whatever device it runs on:
 
   GEMM         torch.mm over a grid of (m, n, k) shapes per dtype: 2mnk FLOPs / seconds
-  memory       copy, add, gelu, sum, softmax, layer_norm over a few sizes: bytes read plus
-               written (each input once, each output once) / seconds
+  memory       copy, add, gelu, sum, softmax, layer_norm, batch_norm (and its backward)
+               over a few sizes: bytes read plus written (each input once, each output
+               once) / seconds
   conv         2-D convolutions forward and backward on a few shapes (`conv_probes`)
   SDPA         each torch.nn.attention.SDPBackend that runs on a few attention shapes,
                forward and backward, plus the dispatcher's own choice ("default")

@@ -1,10 +1,11 @@
 """Measured kernel tables of one device, as plain frozen data inside a cluster spec.
 
 `planner profile-device` fills a `KernelCalibration`: GEMM throughput by (m, n, k, dtype),
-bandwidth of memory-bound kernels (copy, elementwise, reductions, softmax, layer norm) by
-size, the scaled-dot-product-attention backends that ran and their times, 2-D
-convolutions' forward and backward times by shape, and the launch overhead of a kernel. It travels in a cluster spec JSON (`ClusterSpec.kernel_calibration`)
-and is data only: numbers and short names, validated on load.
+bandwidth of memory-bound kernels (copy, elementwise, reductions, softmax, layer norm,
+batch norm) by size, the scaled-dot-product-attention backends that ran and their times,
+2-D convolutions' forward and backward times by shape, and the launch overhead of a
+kernel. It travels in a cluster spec JSON (`ClusterSpec.kernel_calibration`) and is data
+only: numbers and short names, validated on load.
 
 Units are in the field names: `flop_per_s` FLOP per second, `gbps` 10^9 BYTES per second
 (bytes read plus bytes written), `*_s` seconds, `*_bytes` bytes.
