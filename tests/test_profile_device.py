@@ -264,3 +264,25 @@ def test_item_probes_measure_the_draw_dropout_makes_and_a_per_index_scatter():
     per_element_s = item_probes.probe_random_element_s("cpu")
     assert 1e-11 < per_element_s < 1e-6
     assert 0 < item_probes.probe_embedding_backward("cpu", "float32") < 1e-6
+
+
+def test_cpu_conv_grid_measures_the_zoo_convolutions_exactly():
+    """Every convolution cnn-small runs at micro-batches 1, 4 and 16 is a CPU grid point
+    (oneDNN's time per FLOP is not monotone in the batch there: no interpolation)."""
+    import torch
+
+    from ir.kernel_records import KernelKind
+    from planner.models import load_layer_graph
+
+    grid = {(b, c_in, c_out, spatial * spatial, kernel * kernel)
+            for b, c_in, c_out, spatial, kernel in pd.CPU_CONV_SHAPES}
+    seen = set()
+    for micro_batch in (1, 4, 16):
+        graph = load_layer_graph("cnn-small", micro_batch=micro_batch, dtype=torch.float32)
+        for layer in graph.layers:
+            for record in layer.kernels.forward + layer.kernels.backward:
+                if record.kind is KernelKind.CONV:
+                    groups, batch, c_in, c_out, positions, area, _ = record.shape
+                    seen.add((groups, batch, c_in, c_out, positions, area))
+    assert {(1, 3), (1, 16)} <= {(s[0], s[2]) for s in seen} and len(seen) == 6
+    assert {s[1:] for s in seen} <= grid
