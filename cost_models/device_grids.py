@@ -33,9 +33,24 @@ CUDA_MEMORY_BYTES = (1 * MiB, 16 * MiB, 256 * MiB, 1 * GiB)
 # CPU: from a zoo layer's small tensors (tens of KiB, in L1/L2) to past the L3 (32 MiB).
 CPU_MEMORY_BYTES = (32 * 2**10, 256 * 2**10, 4 * MiB, 64 * MiB)
 ROW_ELEMENTS = 4096  # a hidden size: layer_norm and sum reduce rows this long; softmax too
+# batch_norm (training) normalises each of this many channels over a row's positions
+# (16 x 256: cnn-small's feature maps, 16 channels of 16 x 16 pixels).
+BATCH_NORM_CHANNELS = 16
 # SDPA shapes (batch, heads, seq_len, head_dim), causal as GPT trains.
 CUDA_SDPA_SHAPES = ((8, 16, 1024, 64), (4, 32, 2048, 128), (1, 32, 8192, 128))
 CPU_SDPA_SHAPES = ((2, 4, 128, 32), (1, 8, 256, 64))
 CUDA_SDPA_DTYPE, CPU_SDPA_DTYPE = "bfloat16", "float32"
 # --quick on a GPU: a smoke run of the same code in seconds.
 QUICK_CUDA_GEMM_SHAPES = [(1024, 1024, 1024), (4096, 4096, 4096), (16, 4096, 4096)]
+# 2-D convolutions (batch, in_channels, out_channels, spatial, kernel), stride 1, same
+# padding. CPU: the zoo's (cnn-small: a 3-channel RGB stem and 16-channel 3x3 blocks on
+# 16x16 images) at micro-batches 1, 4 and 16 -- oneDNN's time per FLOP is not monotone
+# in the batch there (measured here, one thread, 2026-11-24: the stem ran 9.7, 37.9 and
+# 53.5 us at batch 1, 4, 16), so each is measured, not interpolated -- and ResNet-50's
+# (He et al. 2016, Table 1) 7x7 RGB stem at 112^2 output, 3x3 convs at 56^2 and 14^2, a
+# 1x1 expansion at 14^2, at batch 1. GPUs: the same ResNet-50 layers at batch 32.
+CPU_CONV_SHAPES = tuple((batch, c_in, 16, 16, 3) for c_in in (3, 16) for batch in (1, 4, 16)) + (
+    (1, 3, 64, 112, 7), (1, 64, 64, 56, 3), (1, 256, 256, 14, 3), (1, 256, 1024, 14, 1))
+CUDA_CONV_SHAPES = ((32, 3, 64, 112, 7), (32, 64, 64, 56, 3), (32, 128, 128, 28, 3),
+                    (32, 256, 256, 14, 3), (32, 512, 512, 7, 3), (32, 256, 1024, 14, 1))
+CPU_CONV_DTYPE, CUDA_CONV_DTYPE = "float32", "bfloat16"

@@ -6,6 +6,9 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
 
     sum over kernel records r of  r.count * max(t_roofline(r), launch floor)
     t_roofline(gemm)      = max(FLOPs / (peak x GEMM efficiency(m, n, k, dtype)), bytes / bandwidth)
+    t(conv)               = FLOPs / measured rate of the nearest measured convolution, per
+                            pass (forward; backward's grad_input and grad_weight apart);
+                            without a table the roofline of its implicit GEMM
     t_roofline(attention) = FLOPs / measured SDPA rate of the backend dispatch picks
     t_roofline(memory)    = bytes / bandwidth of that kind of memory-bound kernel at its size
     embedding backward    = table fill (a copy) + indices x measured seconds per index
@@ -14,10 +17,12 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
 (Williams et al. 2009 roofline per kernel). GEMM efficiency by shape: the nearest measured
 GEMM of the cluster's kernel calibration, else the analytic saturation fit
 (`cost_models.gemm_efficiency`). Memory-bound bandwidth: the calibration's measured points
-for that kernel kind (copy, add, gelu, sum, softmax, layer_norm), interpolated in
+for that kernel kind (copy, add, gelu, sum, softmax, layer_norm, batch_norm and its
+backward), interpolated in
 log(bytes), else the spec's `hbm_gbps` times the share of it that kind reached on a
-measured H100 (a softmax streams at ~40% of the datasheet bandwidth). Fused attention: the calibration's "default"
-backend (what torch's dispatcher chose on that device, with no backend forced), nearest
+measured H100 (a softmax streams at ~40% of the datasheet bandwidth). Fused attention:
+the calibration's "default" backend (what torch's dispatcher chose on that device, with no
+backend forced), nearest
 measured shape, its FLOP rate (forward 4*b*s^2*h over forward seconds, backward 2.5x that
 over backward seconds: Dao 2023); without a table, a roofline at the GEMM efficiency of
 one head's (s x d) @ (d x s) product, a causal mask halving the work.
@@ -38,7 +43,8 @@ from dataclasses import dataclass
 
 from ir.cluster import ClusterSpec
 from ir.kernel_calibration import KernelCalibration, SdpaPoint
-from ir.kernel_records import KernelKind, KernelRecord, KernelRecords
+from ir.kernel_records import (CONV_GRAD_BIAS, CONV_GRAD_INPUT, CONV_GRAD_WEIGHT, KernelKind,
+                               KernelRecord, KernelRecords, conv_implicit_gemm)
 from ir.op_count import RANDOM_OPS
 from ir.strategy import Checkpoint
 
@@ -63,30 +69,37 @@ DRAW_ONLY_OPS = RANDOM_OPS - {"native_dropout"}
 # tensors, for GPUs whose spec carries no measured table: profile-device on an H100 80GB
 # (cost_models/calibration/h100-80g.json, 512 MiB points over the datasheet 3350 GB/s):
 # streaming kernels come close to the datasheet, row-wise softmax and layer norm do not.
+# Batch norm was not measured there: layer norm's share (the nearest measured kind, a
+# normalisation that reads its input twice).
 GPU_MEMORY_KERNEL_BANDWIDTH_FRACTION = {
     "copy": 2990 / 3350, "add": 3046 / 3350, "gelu": 2857 / 3350, "sum": 2948 / 3350,
-    "softmax": 1276 / 3350, "layer_norm": 2038 / 3350}
+    "softmax": 1276 / 3350, "layer_norm": 2038 / 3350, "batch_norm": 2038 / 3350,
+    "batch_norm_backward": 2038 / 3350}
 # An embedding's indices are int64 (torch.nn.Embedding takes LongTensor ids, as the zoo and
 # HF models pass them): 8 bytes per index in an embedding backward's recorded reads.
 EMBEDDING_INDEX_BYTES = 8
 # The SDPA backend whose measured times price a fused attention: torch's own choice.
 DISPATCHED_SDPA_BACKEND = "default"
 # Memory-bound kernel kinds the calibration measures, by the ATen ops they stand for
-# (ops not listed are elementwise binary ops: "add").
+# (ops not listed are elementwise ops that stream: "add"). "gelu" stands for elementwise
+# math that costs per element beyond its bytes; relu, threshold_backward, neg, abs and a
+# square stream like add and copy (one thread here, 256 KiB, 2026-11-24: 108-180 GB/s
+# against gelu 30, silu 36, rsqrt 36, sigmoid 37; add 152, copy 187). Training batch norm
+# is its own kind: on this CPU it ran at 6.3 GB/s where layer norm ran at 20 (both 256 KiB).
 MEMORY_KERNEL_OF_OP = {
     **dict.fromkeys(("_softmax", "_log_softmax", "_safe_softmax", "_softmax_backward_data",
                      "_log_softmax_backward_data"), "softmax"),
     **dict.fromkeys(("native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
                      "_fused_rms_norm_backward", "native_group_norm",
-                     "native_group_norm_backward", "native_batch_norm",
-                     "native_batch_norm_backward", "_native_batch_norm_legit",
-                     "_native_batch_norm_legit_no_training"), "layer_norm"),
+                     "native_group_norm_backward", "_native_batch_norm_legit_no_training"),
+                    "layer_norm"),
+    **dict.fromkeys(("native_batch_norm", "_native_batch_norm_legit"), "batch_norm"),
+    "native_batch_norm_backward": "batch_norm_backward",
     **dict.fromkeys(("sum", "mean", "amax", "amin", "max", "min", "var_mean", "norm",
                      "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward"), "sum"),
-    **dict.fromkeys(("gelu", "gelu_backward", "silu", "silu_backward", "relu",
-                     "threshold_backward", "tanh", "tanh_backward", "sigmoid",
-                     "sigmoid_backward", "exp", "log", "rsqrt", "sqrt", "pow", "neg", "sin",
-                     "cos", "abs"), "gelu"),
+    **dict.fromkeys(("gelu", "gelu_backward", "silu", "silu_backward", "tanh",
+                     "tanh_backward", "sigmoid", "sigmoid_backward", "exp", "log", "rsqrt",
+                     "sqrt", "sin", "cos"), "gelu"),
     **dict.fromkeys(("_to_copy", "copy_", "clone", "cat", "stack", "embedding",
                      "embedding_dense_backward", "index", "index_select", "gather",
                      "scatter", "scatter_add", "index_put_", "_index_put_impl_", "fill_",
@@ -106,10 +119,11 @@ class KernelSeconds:
     launch_s: float = 0.0
     kernels: int = 0  # kernel launches (views excluded)
     ops: int = 0  # ATen ops dispatched (views included): the host's work
+    conv_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.gemm_s + self.attention_s + self.memory_s + self.launch_s
+        return self.gemm_s + self.conv_s + self.attention_s + self.memory_s + self.launch_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +232,8 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
         nbytes = _gemm_bytes(r.shape, m, n, k, config, share)
         # Williams et al. 2009: max(compute-bound, memory-bound)
         return max(flops / (cluster.peak_flops(dtype) * efficiency), nbytes / hbm)
+    if r.kind is KernelKind.CONV:
+        return _conv_seconds(r, cluster, config, share)
     if r.kind is KernelKind.ATTENTION:
         batch, heads, q_len, kv_len, head_dim = r.shape
         batch_heads = max(1, round(batch * config.batch_scale * heads * share))
@@ -239,6 +255,45 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
             return _embedding_backward_seconds(r, cluster, config, share)
         return _streaming_seconds(cluster, MEMORY_KERNEL_OF_OP.get(op, "add"), dtype, nbytes)
     return 0.0  # views: no kernel
+
+
+def _conv_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
+                  share: float) -> float:
+    """A convolution (forward, or the backward's requested gradients) after the
+    micro-batch change and the TP split (of its output channels). Measured: the forward
+    FLOPs (each backward half does as many) at the rate of the nearest measured conv
+    (`KernelCalibration.nearest_conv`; equally near points averaged geometrically, the
+    log-space midpoint); grad_bias is a sum over the output gradient. Else the roofline
+    of its implicit GEMM (im2col: Chellapilla et al. 2006; cuDNN, Chetlur et al. 2014),
+    at the GEMM efficiency of that (m, n, k)."""
+    groups, batch, c_in, c_out, positions, area, grads = r.shape
+    dtype = config.precision.compute_dtype
+    batch = max(1, round(batch * config.batch_scale))
+    c_out = max(1, round(c_out * share))
+    forward_flops = 2 * groups * batch * positions * c_out * c_in * area  # 2 x MACs
+    cal = cluster.kernel_calibration
+    points = [] if cal is None else cal.nearest_conv(batch, c_in, c_out, positions, area, dtype)
+    if not points:
+        _, m, n, k = conv_implicit_gemm((groups, batch, c_in, c_out, positions, area, grads))
+        efficiency = gemm_shape_efficiency(cluster, m, n, k, dtype)
+        flops = r.flops * config.batch_scale * share
+        nbytes = groups * (m * k + k * n + m * n) * config.precision.compute_bytes
+        # Williams et al. 2009: max(compute-bound, memory-bound)
+        return max(flops / (cluster.peak_flops(dtype) * efficiency),
+                   nbytes / (cluster.hbm_gbps * GB))
+
+    def seconds(field: str) -> float:  # forward FLOPs at the points' geometric-mean rate
+        rates = [p.flops / getattr(p, field) for p in points]
+        return forward_flops / math.exp(sum(map(math.log, rates)) / len(rates))
+
+    if r.op.split("::")[-1] == "convolution":
+        return seconds("forward_s")
+    total_s = (seconds("input_backward_s") if grads & CONV_GRAD_INPUT else 0.0) \
+        + (seconds("weight_backward_s") if grads & CONV_GRAD_WEIGHT else 0.0)
+    if grads & CONV_GRAD_BIAS:  # reads the output gradient once, writes c_out sums
+        grad_out_bytes = groups * batch * c_out * positions * config.precision.compute_bytes
+        total_s += _streaming_seconds(cluster, "sum", dtype, grad_out_bytes)
+    return total_s
 
 
 def _streaming_seconds(cluster: ClusterSpec, kernel: str, dtype: str, nbytes: float) -> float:
@@ -274,7 +329,8 @@ def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config
     """Sum over kernels of count x max(roofline, launch floor), by kernel class.
     Pure draws are left to `compute.random_draw_seconds` where the spec measured them."""
     floor = launch_floor_s(cluster)
-    sums = {KernelKind.GEMM: 0.0, KernelKind.ATTENTION: 0.0, KernelKind.MEMORY: 0.0}
+    sums = {KernelKind.GEMM: 0.0, KernelKind.CONV: 0.0, KernelKind.ATTENTION: 0.0,
+            KernelKind.MEMORY: 0.0}
     launch = 0.0
     kernels = ops = 0
     for r in records:
@@ -288,7 +344,7 @@ def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config
         sums[r.kind] += r.count * call_s
         launch += r.count * max(0.0, floor - call_s)
     return KernelSeconds(sums[KernelKind.GEMM], sums[KernelKind.ATTENTION],
-                         sums[KernelKind.MEMORY], launch, kernels, ops)
+                         sums[KernelKind.MEMORY], launch, kernels, ops, sums[KernelKind.CONV])
 
 
 class _Memo:

@@ -3,8 +3,10 @@
 `profile_device("cuda")` (or "cpu", same code) times, on whatever device it runs on:
 
   GEMM         torch.mm over a grid of (m, n, k) shapes per dtype: 2mnk FLOPs / seconds
-  memory       copy, add, gelu, sum, softmax, layer_norm over a few sizes: bytes read plus
-               written (each input once, each output once) / seconds
+  memory       copy, add, gelu, sum, softmax, layer_norm, batch_norm (and its backward)
+               over a few sizes: bytes read plus written (each input once, each output
+               once) / seconds
+  conv         2-D convolutions forward and backward on a few shapes (`conv_probes`)
   SDPA         each torch.nn.attention.SDPBackend that runs on a few attention shapes,
                forward and backward, plus the dispatcher's own choice ("default")
   launch       host seconds to dispatch one tiny eager op; on CUDA also the device's
@@ -49,7 +51,9 @@ from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)
     GiB, MiB, CUDA_GEMM_SHAPES, CUDA_GEMM_DTYPES, CPU_GEMM_MIN_FLOPS,
     CPU_ZOO_GEMM_SHAPES, CPU_GEMM_SHAPES, CPU_GEMM_DTYPES, CUDA_MEMORY_BYTES,
     CPU_MEMORY_BYTES, ROW_ELEMENTS, CUDA_SDPA_SHAPES, CPU_SDPA_SHAPES, CUDA_SDPA_DTYPE,
-    CPU_SDPA_DTYPE, QUICK_CUDA_GEMM_SHAPES)
+    CPU_SDPA_DTYPE, QUICK_CUDA_GEMM_SHAPES, CPU_CONV_SHAPES, CUDA_CONV_SHAPES, CPU_CONV_DTYPE,
+    CUDA_CONV_DTYPE, BATCH_NORM_CHANNELS)
+from cost_models.conv_probes import probe_conv
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.host_probes import host_op_seconds_by_pass, probe_clock
 from cost_models.item_probes import probe_embedding_backward, probe_random_element_s
@@ -222,6 +226,18 @@ def _memory_kernel(name: str, x, y, out):
     if name == "layer_norm":
         return (lambda: F.layer_norm(x.view(rows, ROW_ELEMENTS), (ROW_ELEMENTS,)),
                 2 * x.numel() * e)
+    if name.startswith("batch_norm"):  # training mode over (rows, channels, positions)
+        images = x.view(rows, BATCH_NORM_CHANNELS, ROW_ELEMENTS // BATCH_NORM_CHANNELS)
+        stats = [torch.ones(BATCH_NORM_CHANNELS, dtype=x.dtype, device=x.device)
+                 for _ in range(4)]  # weight, bias, running mean, running var
+        _, mean, invstd = torch.ops.aten.native_batch_norm(images, *stats, True, 0.1, 1e-5)
+        if name == "batch_norm":  # reads x, writes y
+            return (lambda: torch.ops.aten.native_batch_norm(images, *stats, True, 0.1, 1e-5),
+                    2 * x.numel() * e)
+        grad = y.view_as(images)  # reads the gradient and x, writes grad_input
+        return (lambda: torch.ops.aten.native_batch_norm_backward(
+            grad, images, stats[0], stats[2], stats[3], mean, invstd, True, 1e-5,
+            [True, True, True]), 3 * x.numel() * e)
     raise PlannerError(f"unknown memory kernel {name!r}")
 
 
@@ -395,6 +411,9 @@ def measure(device: str, quick: bool = False, progress=None,
             memory = fastest_points(memory, probe_memory(device, sizes[::-1], memory_dtype))
         sdpa_shapes = CPU_SDPA_SHAPES if cpu else CUDA_SDPA_SHAPES[:1] if quick else CUDA_SDPA_SHAPES
         sdpa = probe_sdpa(device, sdpa_shapes, CPU_SDPA_DTYPE if cpu else CUDA_SDPA_DTYPE, progress)
+        conv = probe_conv(device, CPU_CONV_SHAPES if cpu else CUDA_CONV_SHAPES[:1] if quick
+                          else CUDA_CONV_SHAPES, CPU_CONV_DTYPE if cpu else CUDA_CONV_DTYPE,
+                          host_s if cpu else 0.0, progress)
         index_s = probe_embedding_backward(device, memory_dtype)
         if progress:
             progress(f"embedding backward: {index_s * 1e9:.1f} ns per index")
@@ -403,6 +422,7 @@ def measure(device: str, quick: bool = False, progress=None,
     cuda = f", CUDA {torch.version.cuda}" if not cpu else ", 1 thread"
     return KernelCalibration(measured_on=f"{name}, torch {torch.__version__}{cuda}, {stamp}",
                              gemm=tuple(gemm), memory_kernels=tuple(memory), sdpa=tuple(sdpa),
+                             conv=tuple(conv),
                              launch_host_s=host_s, launch_device_s=device_s,
                              embedding_backward_index_s=index_s,
                              burst_gemm_flop_per_s=burst, sustained_gemm_flop_per_s=sustained)

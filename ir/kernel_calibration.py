@@ -1,10 +1,11 @@
 """Measured kernel tables of one device, as plain frozen data inside a cluster spec.
 
 `planner profile-device` fills a `KernelCalibration`: GEMM throughput by (m, n, k, dtype),
-bandwidth of memory-bound kernels (copy, elementwise, reductions, softmax, layer norm) by
-size, the scaled-dot-product-attention backends that ran and their times, and the launch
-overhead of a kernel. It travels in a cluster spec JSON (`ClusterSpec.kernel_calibration`)
-and is data only: numbers and short names, validated on load.
+bandwidth of memory-bound kernels (copy, elementwise, reductions, softmax, layer norm,
+batch norm) by size, the scaled-dot-product-attention backends that ran and their times,
+2-D convolutions' forward and backward times by shape, and the launch overhead of a
+kernel. It travels in a cluster spec JSON (`ClusterSpec.kernel_calibration`) and is data
+only: numbers and short names, validated on load.
 
 Units are in the field names: `flop_per_s` FLOP per second, `gbps` 10^9 BYTES per second
 (bytes read plus bytes written), `*_s` seconds, `*_bytes` bytes.
@@ -23,7 +24,8 @@ from typing import Any
 from ir.errors import PlannerError
 
 # Memory-bound kernels a calibration can describe (what profile-device times).
-MEMORY_KERNELS = ("copy", "add", "gelu", "sum", "softmax", "layer_norm")
+MEMORY_KERNELS = ("copy", "add", "gelu", "sum", "softmax", "layer_norm", "batch_norm",
+                  "batch_norm_backward")
 # SDPA backends as torch.nn.attention.SDPBackend names them, lower case, plus "default"
 # (whatever torch's dispatcher picks with no backend forced).
 SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "math", "default")
@@ -125,6 +127,46 @@ class SdpaPoint:
 
 
 @dataclass(frozen=True, slots=True)
+class ConvPoint:
+    """One measured 2-D convolution (stride 1, padding kernel // 2, one group, no bias):
+    input (batch, in_channels, spatial, spatial), weight (out_channels, in_channels,
+    kernel, kernel). Device seconds of the forward and of each half of the backward
+    (ATen convolution_backward with only grad_input, only grad_weight requested); on a
+    CPU each less one tiny op's host dispatch (`launch_host_s`), which the host model
+    charges per op apart."""
+
+    dtype: str
+    batch: int
+    in_channels: int
+    out_channels: int
+    spatial: int
+    kernel: int
+    forward_s: float
+    input_backward_s: float
+    weight_backward_s: float
+
+    def __post_init__(self) -> None:
+        where = (f"conv {self.batch}x{self.in_channels}x{self.spatial}^2 -> "
+                 f"{self.out_channels} k{self.kernel}")
+        _text(where, "dtype", self.dtype)
+        for field in ("batch", "in_channels", "out_channels", "spatial", "kernel"):
+            _positive_int(where, field, getattr(self, field))
+        for field in ("forward_s", "input_backward_s", "weight_backward_s"):
+            _positive(where, field, getattr(self, field))
+
+    @property
+    def flops(self) -> int:
+        """2 x MACs of the forward (each backward half does as many)."""
+        return (2 * self.batch * self.spatial ** 2 * self.out_channels * self.in_channels
+                * self.kernel ** 2)
+
+    def __str__(self) -> str:
+        return (f"conv {self.batch}x{self.in_channels}x{self.spatial}^2->{self.out_channels} "
+                f"k{self.kernel}@{self.dtype}: fwd {self.forward_s * 1e6:.1f} us, bwd input "
+                f"{self.input_backward_s * 1e6:.1f}, weight {self.weight_backward_s * 1e6:.1f}")
+
+
+@dataclass(frozen=True, slots=True)
 class KernelCalibration:
     """What `planner profile-device` measured on one device."""
 
@@ -132,6 +174,7 @@ class KernelCalibration:
     gemm: tuple[GemmPoint, ...] = ()
     memory_kernels: tuple[MemoryKernelPoint, ...] = ()
     sdpa: tuple[SdpaPoint, ...] = ()
+    conv: tuple[ConvPoint, ...] = ()
     # Host seconds to dispatch one tiny eager op (the launch cost the framework pays).
     launch_host_s: float = 0.0
     # Device seconds per tiny kernel replayed back to back from a CUDA graph (the GPU's own
@@ -154,8 +197,7 @@ class KernelCalibration:
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)
-        for field, kind in (("gemm", GemmPoint), ("memory_kernels", MemoryKernelPoint),
-                            ("sdpa", SdpaPoint)):
+        for field, kind in _TABLES:
             for item in getattr(self, field):
                 if not isinstance(item, kind):
                     raise PlannerError(f"kernel calibration: {field} holds a "
@@ -210,6 +252,24 @@ class KernelCalibration:
             return nearest.flop_per_s
         return math.exp(sum(math.log(rate) for rate in tied) / len(tied))
 
+    def nearest_conv(self, batch: int, in_channels: int, out_channels: int, positions: int,
+                     kernel_area: int, dtype: str) -> list[ConvPoint]:
+        """The measured convolutions of this dtype nearest a convolution's shape: least
+        squared distance of log2 (batch x positions, in_channels, out_channels,
+        kernel_area); several where equally near (the caller averages them). Empty
+        without a point of that dtype."""
+        points = [p for p in self.conv if p.dtype == dtype]
+        if not points:
+            return []
+
+        def distance(p: ConvPoint) -> float:
+            return sum(math.log2(a / b) ** 2 for a, b in (
+                (batch * positions, p.batch * p.spatial ** 2), (in_channels, p.in_channels),
+                (out_channels, p.out_channels), (kernel_area, p.kernel ** 2)))
+
+        least = min(map(distance, points))
+        return [p for p in points if distance(p) <= least + GEMM_TIE_LOG2_DISTANCE]
+
     # ---- JSON ----------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -219,7 +279,7 @@ class KernelCalibration:
         return {"measured_on": self.measured_on,
                 **{field: getattr(self, field) for field in _SCALARS},
                 "gemm": rows(self.gemm), "memory_kernels": rows(self.memory_kernels),
-                "sdpa": rows(self.sdpa)}
+                "sdpa": rows(self.sdpa), "conv": rows(self.conv)}
 
     @classmethod
     def from_dict(cls, data: Any) -> KernelCalibration:
@@ -231,8 +291,7 @@ class KernelCalibration:
             raise PlannerError(f"kernel_calibration: unknown field {unknown[0]!r}; known "
                                f"fields: {', '.join(sorted(known))}")
         tables = {}
-        for field, kind in (("gemm", GemmPoint), ("memory_kernels", MemoryKernelPoint),
-                            ("sdpa", SdpaPoint)):
+        for field, kind in _TABLES:
             items = data.get(field, [])
             if not isinstance(items, list):
                 raise PlannerError(f"kernel_calibration.{field} must be a list")
@@ -245,6 +304,10 @@ class KernelCalibration:
                 raise PlannerError(f"kernel_calibration.{field} must be a number, got {value!r}")
             scalars[field] = float(value)
         return cls(measured_on=data.get("measured_on", ""), **tables, **scalars)
+
+
+_TABLES = (("gemm", GemmPoint), ("memory_kernels", MemoryKernelPoint), ("sdpa", SdpaPoint),
+           ("conv", ConvPoint))
 
 
 def _row(kind, where: str, item: Any):

@@ -33,13 +33,15 @@ import torch.fx as fx
 from torch.utils.flop_counter import flop_registry
 
 from ir.checkpoint_policy import op_name, saved_under_selective
-from ir.kernel_records import KernelKind, KernelRecord
+from ir.kernel_records import (CONV_GRAD_BIAS, CONV_GRAD_INPUT, CONV_GRAD_WEIGHT, KernelKind,
+                               KernelRecord)
 from ir.saved_tensors import storage_key, tensor_leaves
 
-# ATen matmuls and convolutions (cuBLAS / cuDNN GEMM kernels); `linear` and `matmul`
-# decompose into these before they reach a dispatch mode.
-GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot",
-                      "convolution", "convolution_backward"})
+# ATen matmuls (cuBLAS GEMM kernels); `linear` and `matmul` decompose into these before
+# they reach a dispatch mode.
+GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot"})
+# ATen convolutions (cuDNN / oneDNN kernels; conv1d/2d/3d reach a dispatch mode as these).
+CONV_OPS = frozenset({"convolution", "convolution_backward"})
 # Fused SDPA kernels (forward and backward), as they dispatch on CUDA or CPU devices.
 ATTENTION_OPS = frozenset(
     f"{base}{suffix}" for suffix in ("", "_backward") for base in (
@@ -81,9 +83,7 @@ def _tensors(value) -> list[torch.Tensor]:
 
 
 def gemm_shape(name: str, args, out) -> tuple[int, int, int, int]:
-    """(batch, m, n, k) of a matmul or convolution: `batch` products of (m x k) @ (k x n).
-    A convolution is its implicit GEMM: m = N * output positions, n = out channels per
-    group, k = in channels per group * kernel area, batch = groups."""
+    """(batch, m, n, k) of a matmul: `batch` products of (m x k) @ (k x n)."""
     if name in ("mm", "addmm"):
         a, b = (args[0], args[1]) if name == "mm" else (args[1], args[2])
         return 1, a.shape[0], b.shape[1], a.shape[1]
@@ -95,13 +95,27 @@ def gemm_shape(name: str, args, out) -> tuple[int, int, int, int]:
         return 1, a.shape[0], 1, a.shape[1]
     if name == "dot":
         return 1, 1, 1, args[0].shape[0]
-    # convolution(input, weight, ...) and convolution_backward(grad_out, input, weight, ...)
-    weight = args[1] if name == "convolution" else args[2]
-    grad_or_out = _tensors(out)[0] if name == "convolution" else args[0]
-    groups = int(args[8] if name == "convolution" else args[9])
-    out_positions = math.prod(grad_or_out.shape[2:]) * grad_or_out.shape[0]
-    per_group_k = weight.shape[1] * math.prod(weight.shape[2:])
-    return groups, out_positions, weight.shape[0] // groups, per_group_k
+    raise ValueError(f"not a matmul: {name}")
+
+
+def conv_shape(name: str, args, out) -> tuple[int, ...]:
+    """(groups, batch, in_channels, out_channels, out_positions, kernel_area, grads) of a
+    convolution or its backward (`ir.kernel_records`: channels per group; grads the
+    backward's output_mask as CONV_GRAD_* bits, 0 forward).
+    convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+    groups); convolution_backward(grad_out, input, weight, bias_sizes, stride, padding,
+    dilation, transposed, output_padding, groups, output_mask)."""
+    forward = name == "convolution"
+    weight = args[1] if forward else args[2]
+    out_like = _tensors(out)[0] if forward else args[0]
+    groups = int(args[8] if forward else args[9])
+    grads = 0
+    if not forward:
+        for bit, wanted in zip((CONV_GRAD_INPUT, CONV_GRAD_WEIGHT, CONV_GRAD_BIAS), args[10]):
+            grads |= bit if wanted else 0
+    # weight: (out_channels, in_channels / groups, *kernel); output: (batch, out, *positions)
+    return (groups, int(out_like.shape[0]), int(weight.shape[1]), int(weight.shape[0]) // groups,
+            int(math.prod(out_like.shape[2:])), int(math.prod(weight.shape[2:])), grads)
 
 
 # Backward ops that write an embedding table's dense gradient (rows x dim): its bytes are
@@ -148,6 +162,8 @@ class KernelRecorder:
         flops = int(counter(*args, **(kwargs or {}), out_val=out)) if counter else 0
         if name in GEMM_OPS:
             kind, shape, causal = KernelKind.GEMM, gemm_shape(name, args, out), False
+        elif name in CONV_OPS:
+            kind, shape, causal = KernelKind.CONV, conv_shape(name, args, out), False
         elif name in ATTENTION_OPS:
             q, k = args[0], args[1]
             kind, causal = KernelKind.ATTENTION, bool((kwargs or {}).get("is_causal", False))

@@ -7,8 +7,15 @@ holds a few dozen of them whatever its size; the cost model
 (`cost_models.kernel_time`) prices each one as the kernel that runs on a device.
 
 Kinds:
-  gemm       matmuls and convolutions (mm, addmm, bmm, baddbmm, convolution...):
-             `shape` is (batch, m, n, k), an (m x k) @ (k x n) product `batch` times.
+  gemm       matmuls (mm, addmm, bmm, baddbmm, ...): `shape` is (batch, m, n, k), an
+             (m x k) @ (k x n) product `batch` times.
+  conv       convolutions (convolution, convolution_backward): `shape` is (groups, batch,
+             in_channels, out_channels, out_positions, kernel_area, grads), channels per
+             group, positions and kernel area summed over the spatial dims; `grads` says
+             which gradients a backward computes (CONV_GRAD_INPUT | CONV_GRAD_WEIGHT |
+             CONV_GRAD_BIAS, ATen's output_mask), 0 forward. Its implicit GEMM
+             (`conv_implicit_gemm`): m = batch x out_positions, n = out_channels, k =
+             in_channels x kernel_area, `groups` times.
   attention  one fused scaled-dot-product-attention kernel (flash / efficient / cuDNN):
              `shape` is (batch, heads, q_len, kv_len, head_dim).
   memory     everything else that moves data (norms, softmax, dropout, activations,
@@ -39,12 +46,25 @@ from ir.strategy import Checkpoint
 
 class KernelKind(str, enum.Enum):
     GEMM = "gemm"
+    CONV = "conv"
     ATTENTION = "attention"
     MEMORY = "memory"
     VIEW = "view"
 
     def __str__(self) -> str:
         return self.value
+
+
+# A conv record's `grads` bits: which outputs of convolution_backward are computed.
+CONV_GRAD_INPUT, CONV_GRAD_WEIGHT, CONV_GRAD_BIAS = 1, 2, 4
+
+
+def conv_implicit_gemm(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """(batch, m, n, k) of a conv record's implicit GEMM (im2col, Chellapilla et al.
+    2006; cuDNN's implicit GEMM, Chetlur et al. 2014): `groups` products of (batch x
+    out_positions) x (in_channels x kernel_area) @ (... x out_channels)."""
+    groups, batch, in_channels, out_channels, positions, kernel_area, _ = shape
+    return groups, batch * positions, out_channels, in_channels * kernel_area
 
 
 @dataclass(frozen=True, slots=True)

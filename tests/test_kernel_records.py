@@ -225,3 +225,32 @@ def test_gradients_shaped_like_weights_are_weight_bytes():
     assert (table.weight_bytes, table.activation_bytes) == (100 * 8 * 4, 80 * 4 + 10 * 8)
     assert (bias.weight_bytes, bias.activation_bytes) == (8 * 4, 80 * 4)
     assert (pooled.weight_bytes, pooled.activation_bytes) == (0, (80 + 16) * 4)
+
+
+def test_a_convolution_records_its_channels_positions_kernel_and_requested_gradients():
+    """Conv2d 3 -> 16 channels, 3x3, padding 1, on (2, 3, 8, 8): 2 images x 64 output
+    positions; forward FLOPs 2 x 2*64 x 16 x 3*9 = 110592; its backward with the input
+    requiring grad computes grad_input and grad_weight (output_mask [True, True, False]),
+    twice the forward's FLOPs; with a data input only grad_weight."""
+    import torch
+
+    from ir.kernel_records import CONV_GRAD_INPUT, CONV_GRAD_WEIGHT
+    from ir.kernel_recorder import KernelRecorder
+
+    aten = torch.ops.aten
+    x = torch.empty(2, 3, 8, 8, device="meta")
+    w = torch.empty(16, 3, 3, 3, device="meta")
+    conv_args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    out = aten.convolution.default(x, w, None, *conv_args)
+    grad = torch.empty_like(out)
+    rec = KernelRecorder(weight_keys=set())
+    rec.record(aten.convolution.default, (x, w, None, *conv_args), {}, out)
+    for mask in ([True, True, False], [False, True, False]):
+        args = (grad, x, w, None, *conv_args, mask)
+        rec.record(aten.convolution_backward.default, args, {},
+                   aten.convolution_backward.default(*args))
+    fwd, both, weight_only = rec.records()
+    assert fwd.kind is KernelKind.CONV and fwd.shape == (1, 2, 3, 16, 64, 9, 0)
+    assert fwd.flops == 2 * 2 * 64 * 16 * 3 * 9 == 110592
+    assert both.shape[-1] == CONV_GRAD_INPUT | CONV_GRAD_WEIGHT and both.flops == 2 * fwd.flops
+    assert weight_only.shape[-1] == CONV_GRAD_WEIGHT and weight_only.flops == fwd.flops

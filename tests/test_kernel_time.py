@@ -6,6 +6,7 @@ Each expected figure is worked out here from the formula and the numbers of the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -306,3 +307,80 @@ def test_an_embedding_backward_is_a_table_fill_plus_a_scatter_per_index():
                                            + n * 64 * 2 / (1000 * GB))
     plain = pass_seconds((record,), spec(with_copy), config(), 1.0, backward=True)
     assert plain.memory_s == pytest.approx(record.bytes_per_call / (800 * GB))
+
+
+def conv_record(op: str, batch: int, grads: int, c_in: int = 16, count: int = 1):
+    """A 3x3 conv of c_in -> 16 channels over 16 x 16 positions, float32 (cnn-small's)."""
+    flops = 2 * batch * 256 * 16 * c_in * 9 * (1 if op == "aten::convolution" else
+                                               bin(grads & 3).count("1"))
+    return KernelRecord(op, KernelKind.CONV, "float32", (1, batch, c_in, 16, 256, 9, grads),
+                        count, flops=flops)
+
+
+def cpu_config(micro_batch: int) -> StepConfig:
+    return StepConfig(micro_batch=micro_batch, graph_micro_batch=1, graph_dtype="float32",
+                      precision=Precision.FP32, device_type="cpu")
+
+
+def test_a_convolution_runs_at_the_measured_rate_of_the_nearest_conv():
+    """Forward FLOPs 2 * batch * 256 * 16 * c_in * 9 at the nearest point's rate (its own
+    FLOPs over its seconds); a backward's requested halves apart, grad_bias a sum."""
+    from ir.kernel_calibration import ConvPoint
+    from ir.kernel_records import CONV_GRAD_BIAS, CONV_GRAD_INPUT, CONV_GRAD_WEIGHT
+
+    points = (ConvPoint("float32", 1, 3, 16, 16, 3, 10e-6, 20e-6, 30e-6),
+              ConvPoint("float32", 4, 3, 16, 16, 3, 80e-6, 50e-6, 60e-6),
+              ConvPoint("float32", 4, 16, 16, 16, 3, 70e-6, 80e-6, 90e-6))
+    cal = KernelCalibration(measured_on="made up", conv=points)
+    cpu = dataclasses.replace(spec(cal, device="cpu"), peak_flops_by_dtype=(("float32", 1e11),))
+    # the stem's point at micro-batch 4 (the IR's batch 1 grown 4x): its seconds exactly
+    fwd = pass_seconds((conv_record("aten::convolution", 1, 0, c_in=3),), cpu, cpu_config(4),
+                       1.0, backward=False)
+    assert fwd.conv_s == pytest.approx(80e-6) and fwd.gemm_s == 0.0
+    both = conv_record("aten::convolution_backward", 1, CONV_GRAD_INPUT | CONV_GRAD_WEIGHT, 3)
+    assert pass_seconds((both,), cpu, cpu_config(4), 1.0, True).conv_s == pytest.approx(110e-6)
+    weight = conv_record("aten::convolution_backward", 1, CONV_GRAD_WEIGHT, c_in=3)
+    assert pass_seconds((weight,), cpu, cpu_config(4), 1.0, True).conv_s == pytest.approx(60e-6)
+    # at micro-batch 2 the stem points of batch 1 and 4 are equally near (one octave each
+    # way): their rates' geometric mean, F/10us and 4F/80us = F/20us (F: batch 1's FLOPs),
+    # for 2F of work -> 2 x sqrt(10 x 20) us
+    fwd2 = pass_seconds((conv_record("aten::convolution", 1, 0, c_in=3),), cpu, cpu_config(2),
+                        1.0, backward=False)
+    assert fwd2.conv_s == pytest.approx(2 * math.sqrt(10 * 20) * 1e-6)
+    # grad_bias: the output gradient (4 x 16 x 256 float32) through the "sum" kernel
+    bias = conv_record("aten::convolution_backward", 1, CONV_GRAD_BIAS, c_in=16)
+    assert pass_seconds((bias,), cpu, cpu_config(4), 1.0, True).conv_s == pytest.approx(
+        4 * 16 * 256 * 4 / (HBM_GBPS * 1e9))
+
+
+def test_a_convolution_without_a_table_is_its_implicit_gemm():
+    """No conv table (the GPU presets): the roofline of the im2col GEMM, m = batch x
+    positions = 1024, n = 16, k = 16 x 9 = 144, at the analytic efficiency of that shape."""
+    from cost_models.gemm_efficiency import gemm_shape_efficiency
+
+    record = KernelRecord("aten::convolution", KernelKind.CONV, "bfloat16",
+                          (1, 4, 16, 16, 256, 9, 0), 1, flops=2 * 1024 * 16 * 144)
+    s = spec()
+    t = pass_seconds((record,), s, config(), 1.0, backward=False)
+    compute_s = 2 * 1024 * 16 * 144 / (PEAK * gemm_shape_efficiency(s, 1024, 16, 144, "bfloat16"))
+    bytes_s = (1024 * 144 + 144 * 16 + 1024 * 16) * 2 / (HBM_GBPS * 1e9)
+    assert t.conv_s == pytest.approx(max(compute_s, bytes_s)) and t.conv_s > 0
+
+
+def test_streaming_elementwise_ops_and_batch_norm_take_their_own_measured_kinds():
+    """relu and threshold_backward stream like add (measured, MEMORY_KERNEL_OF_OP's
+    comment); gelu costs per element; training batch norm and its backward have their
+    own points, not layer norm's."""
+    cal = KernelCalibration(measured_on="made up", memory_kernels=tuple(
+        MemoryKernelPoint(kind, "bfloat16", 1 * MiB, gbps) for kind, gbps in (
+            ("add", 1000.0), ("gelu", 250.0), ("layer_norm", 500.0), ("batch_norm", 100.0),
+            ("batch_norm_backward", 200.0))))
+    seconds = {op: pass_seconds((memory(op, 1 * MiB),), spec(cal), config(), 1.0,
+                                backward=False).memory_s
+               for op in ("aten::relu", "aten::threshold_backward", "aten::gelu",
+                          "aten::native_layer_norm", "aten::native_batch_norm",
+                          "aten::native_batch_norm_backward")}
+    assert seconds == pytest.approx({
+        "aten::relu": MiB / 1000e9, "aten::threshold_backward": MiB / 1000e9,
+        "aten::gelu": MiB / 250e9, "aten::native_layer_norm": MiB / 500e9,
+        "aten::native_batch_norm": MiB / 100e9, "aten::native_batch_norm_backward": MiB / 200e9})

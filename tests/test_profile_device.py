@@ -65,6 +65,11 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     assert all(p.forward_s > 0 and p.backward_s > 0 for p in cal.sdpa)
     assert 1e-8 < cal.launch_host_s < 1e-3 and cal.launch_device_s == 0.0
     assert cal.sustained_gemm_flop_per_s == 0.0  # no preheat on CPUs
+    # Convolutions: every grid shape, each pass at a positive time, under a second each.
+    assert [(p.batch, p.in_channels, p.out_channels, p.spatial, p.kernel)
+            for p in cal.conv] == list(pd.CPU_CONV_SHAPES)
+    assert all(0 < t < 1.0 for p in cal.conv
+               for t in (p.forward_s, p.input_backward_s, p.weight_backward_s))
     # Embedding backward per index: a scatter-add of a 64-wide row, ns to us on one core.
     assert 1e-10 < cal.embedding_backward_index_s < 1e-5
     # The forward host cost in parts, measured by the same probe as op_overhead_s.
@@ -259,3 +264,25 @@ def test_item_probes_measure_the_draw_dropout_makes_and_a_per_index_scatter():
     per_element_s = item_probes.probe_random_element_s("cpu")
     assert 1e-11 < per_element_s < 1e-6
     assert 0 < item_probes.probe_embedding_backward("cpu", "float32") < 1e-6
+
+
+def test_cpu_conv_grid_measures_the_zoo_convolutions_exactly():
+    """Every convolution cnn-small runs at micro-batches 1, 4 and 16 is a CPU grid point
+    (oneDNN's time per FLOP is not monotone in the batch there: no interpolation)."""
+    import torch
+
+    from ir.kernel_records import KernelKind
+    from planner.models import load_layer_graph
+
+    grid = {(b, c_in, c_out, spatial * spatial, kernel * kernel)
+            for b, c_in, c_out, spatial, kernel in pd.CPU_CONV_SHAPES}
+    seen = set()
+    for micro_batch in (1, 4, 16):
+        graph = load_layer_graph("cnn-small", micro_batch=micro_batch, dtype=torch.float32)
+        for layer in graph.layers:
+            for record in layer.kernels.forward + layer.kernels.backward:
+                if record.kind is KernelKind.CONV:
+                    groups, batch, c_in, c_out, positions, area, _ = record.shape
+                    seen.add((groups, batch, c_in, c_out, positions, area))
+    assert {(1, 3), (1, 16)} <= {(s[0], s[2]) for s in seen} and len(seen) == 6
+    assert {s[1:] for s in seen} <= grid
