@@ -58,6 +58,7 @@ from torch.distributed.fsdp._fully_shard import _fsdp_collectives
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from ir.errors import PlannerError
+from ir.lean_host import LEAN_BACKWARD_PREFETCH, weightless_backward
 
 # The ring's receive scratch: 16 MiB, one 2048 x 2048 fp32 weight (a 1B-class GPT's
 # typical tensor), so a 0.1 GB chunk moves in 6 messages and the scratch is ~1% of a
@@ -183,13 +184,6 @@ def _install_alias_copy_in() -> None:
     _fsdp_collectives.foreach_reduce_scatter_copy_in = copy_in
 
 
-def weightless_backward(module: nn.Module) -> bool:
-    """Whether backward reads none of `module`'s parameters: every one belongs to an
-    nn.Embedding (its gradient is built from the ids and the row count alone)."""
-    owners = [m for m in module.modules() if any(True for _ in m.parameters(recurse=False))]
-    return bool(owners) and all(isinstance(m, nn.Embedding) for m in owners)
-
-
 def use_host_collectives(unit: FSDPModule) -> None:
     """Install the ring collectives on a fully_shard unit of a gloo mesh and stop its
     backward prefetch (naming the unit itself as what to prefetch: it is gathered
@@ -198,6 +192,7 @@ def use_host_collectives(unit: FSDPModule) -> None:
     _install_alias_copy_in()
     unit.set_custom_all_gather(RingAllGather())
     unit.set_custom_reduce_scatter(RingReduceScatter())
-    unit.set_modules_to_backward_prefetch([unit])
+    if not LEAN_BACKWARD_PREFETCH:
+        unit.set_modules_to_backward_prefetch([unit])
     if weightless_backward(unit):
         unit.set_unshard_in_backward(False)
