@@ -17,7 +17,11 @@ alive, taking its maximum (`memory_walk.walk_rank`):
                     input is kept until the next unit reduces, FSDP2's one retained
                     buffer). Gradient accumulation keeps unreduced gradients until the
                     last micro-batch; a pipeline keeps working copies and unreduced
-                    gradients of all micro-batches and reduces at the end of the step
+                    gradients of all micro-batches and reduces at the end of the step.
+                    On the lean host path (`ir.lean_host`, a meta-built model on a CPU
+                    cluster: `StepConfig.lean`) an embedding unit is not gathered for
+                    its backward, a unit of one evenly split tensor reduces in place,
+                    nothing is prefetched and no reduce-scatter input is retained
   transients        one layer's backward at a time: the gradients entering and leaving
                     it, its recomputed activations (checkpointing), the gradient it makes
   after backward    the tied-copy gradient sum, the optimizer step's temporaries (and

@@ -384,8 +384,9 @@ def _backward(w: _Walk, layers: list[tuple], key: tuple[int, int], *, reduce: bo
 def _reduce_unit(w: _Walk, l: LayerMemory, key: tuple[int, int], incoming: float,
                  unreduced: float) -> None:
     """FSDP2 post-backward reduction of one unit: the previous unit's retained input is
-    released, this unit's reduce-scatter input and output exist beside its unreduced
-    gradient, then the output is the stored gradient and the input is retained."""
+    released, this unit's reduce-scatter input (its copy-in; none when reduced in place)
+    and output exist beside its unreduced gradient, then the output is the stored
+    gradient and the input is retained (not on the lean host path, `ir.lean_host`)."""
     w.retained_reduce = 0.0
     copy_in = l.reduce_bytes if l.reduce_input_bytes is None else l.reduce_input_bytes
     w.look("backward" if incoming else "reduce", grads=unreduced + l.states.grads,

@@ -37,7 +37,8 @@ a ZeRO-2/3 unit all-gathers and reduce-scatters with the ring collectives of
 gloo's collectives and FSDP2's CUDA-stream bookkeeping otherwise hold extra full-size
 copies of a unit (measured there), which a 1.3B GPT's step could not afford; there
 each embedding table is a unit of its own, reduced in its gradient's storage and not
-gathered in backward (an embedding's backward reads only the ids). Other runs
+gathered in backward (an embedding's backward reads only the ids); `ir.lean_host`
+defines these units, and `cost_models.memory` prices them from the same definition. Other runs
 keep FSDP2's own collectives, which the cost model's time and memory figures describe.
 
 CPU offload (`LayerStrategy.offload`, ZERO3 only): fully_shard(offload_policy=

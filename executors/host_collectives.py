@@ -34,7 +34,7 @@ and AdamW's moments are alive (0.71B GPT, 4 ranks: 4.14 GiB against a 3.90 targe
   - FSDP2 gathers a unit again in backward, though an embedding's backward reads only the
     ids (`embedding_dense_backward` takes the weight's row count, not its values): a
     unit made of nn.Embeddings is not gathered in backward (`set_unshard_in_backward`,
-    FSDP2's switch for exactly this case; `weightless_backward`);
+    FSDP2's switch for exactly this case; `ir.lean_host.weightless_backward`);
   - FSDP2 copies the gradients into its reduce-scatter input (`chunk_cat`, rank-major
     rows) before reducing them. For a unit of one parameter whose dim 0 splits evenly
     that layout IS the gradient's own, so the ring's input takes the gradient's storage
@@ -52,7 +52,6 @@ from typing import Sequence
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard import _fsdp_collectives
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
