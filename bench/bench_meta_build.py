@@ -29,11 +29,13 @@ Prints a table and writes bench/results/bench_meta_build.json.
 
 Recorded 2026-11-24 (torch 2.13 CPU, 2 shared cores at load 5-30, 1 sequence per DP
 rank), per rank, all four ranks within 0.01 GiB of each other, GiB:
-    plan       optim  model  share  set-up peak  step peak  predicted  target
-    zero3      sgd    1.31B  1.32   2.14         3.42       3.90       3.93          (was 3.77)
-    tp2-zero3  sgd    1.31B  1.32   2.24         3.49       3.78       3.93          (was 3.76)
-    zero3      adamw  0.71B  0.75   1.57         3.79       4.28       2.58 + 1.32   (was 4.14)
-    tp2-zero3  adamw  0.71B  0.76   1.67         3.87       4.16       2.58 + 1.32   (was 4.14)
+    plan       optim  model  share  set-up peak  step peak  predicted  FSDP2 path  target
+    zero3      sgd    1.31B  1.32   2.14         3.42       3.42 (+0%)  3.90        3.93
+    tp2-zero3  sgd    1.31B  1.32   2.24         3.49       3.41 (-2%)  3.41        3.93
+    zero3      adamw  0.71B  0.75   1.57         3.79       3.80 (+0%)  4.28        2.58 + 1.32
+    tp2-zero3  adamw  0.71B  0.76   1.67         3.87       3.79 (-2%)  3.80        2.58 + 1.32
+(step peaks before the lean embedding units: 3.77 / 3.76 / 4.14 / 4.14; "predicted" before
+the lean memory model: 3.90 / 3.78 / 4.28 / 4.16, as "FSDP2 path" without local tied sums.)
 AdamW's step peak is the SGD one plus its moments, 2 x the rank's share (1.50 GiB, the
 head copy's included; the target's + 1.32 counts 2 x model / 4), so the fixed bytes of
 the vocabulary weigh more on a 0.71B model. The step used to pass its cap (> 4.4 GiB):
