@@ -29,11 +29,13 @@ Prints a table and writes bench/results/bench_meta_build.json.
 
 Recorded 2026-11-24 (torch 2.13 CPU, 2 shared cores at load 5-30, 1 sequence per DP
 rank), per rank, all four ranks within 0.01 GiB of each other, GiB:
-    plan       optim  model  share  set-up peak  step peak  predicted  target
-    zero3      sgd    1.31B  1.32   2.14         3.42       3.90       3.93          (was 3.77)
-    tp2-zero3  sgd    1.31B  1.32   2.24         3.49       3.78       3.93          (was 3.76)
-    zero3      adamw  0.71B  0.75   1.57         3.79       4.28       2.58 + 1.32   (was 4.14)
-    tp2-zero3  adamw  0.71B  0.76   1.67         3.87       4.16       2.58 + 1.32   (was 4.14)
+    plan       optim  model  share  set-up peak  step peak  predicted  FSDP2 path  target
+    zero3      sgd    1.31B  1.32   2.14         3.42       3.42 (+0%)  3.90        3.93
+    tp2-zero3  sgd    1.31B  1.32   2.24         3.49       3.41 (-2%)  3.41        3.93
+    zero3      adamw  0.71B  0.75   1.57         3.79       3.80 (+0%)  4.28        2.58 + 1.32
+    tp2-zero3  adamw  0.71B  0.76   1.67         3.87       3.79 (-2%)  3.80        2.58 + 1.32
+(step peaks before the lean embedding units: 3.77 / 3.76 / 4.14 / 4.14; "predicted" before
+the lean memory model: 3.90 / 3.78 / 4.28 / 4.16, as "FSDP2 path" without local tied sums.)
 AdamW's step peak is the SGD one plus its moments, 2 x the rank's share (1.50 GiB, the
 head copy's included; the target's + 1.32 counts 2 x model / 4), so the fixed bytes of
 the vocabulary weigh more on a 0.71B model. The step used to pass its cap (> 4.4 GiB):
@@ -53,10 +55,16 @@ its vocabulary-parallel embedding's gradient arrives as a whole-vocabulary DTens
 (0.38 GiB) that FSDP2 redistributes to the TP shard (0.19) before reducing, both alive
 for a moment (measured per FSDP2 hook on rank 0, 0.71B: 3.68 -> 3.87 GiB there).
 
-"predicted" is `cost_models.memory.plan_memory` for the plan on `local`: it prices FSDP2's
-own path, so it over-estimates this lean one by 8-14% (zero3 sgd, at the end of backward:
-the embedding unit gathered again for its backward, 0.38 GiB, and the previous unit's
-reduce-scatter input FSDP2 retains, 0.19 GiB; 3.90 - 0.57 = 3.33 against 3.42 measured).
+"predicted" is `cost_models.memory.plan_memory` for the plan on `local` as the lean host
+path runs it (`cost_models.common.model_layer_configs` of the model built on meta:
+`ir.lean_host`); "FSDP2 path" prices the same plan as FSDP2's own path (a CPU-built
+model). Before the lean terms it over-estimated by 8-14% (3.90 / 3.78 / 4.28 / 4.16 GiB
+above): the embedding unit gathered again for its backward (0.38 GiB at 1.31B, zero3),
+the previous unit's retained reduce-scatter input (0.19), the embedding's and head's
+reduce-scatter copies (0.38 each), and the tied head's gradient sum taken on full
+gradients (2 x 0.38; `executors.tied` sums the local shards when every copy has one
+layout). tp2-zero3's vocabulary-parallel table keeps its whole-vocabulary gradient until
+the ring frees it (`LeanLayer.unsharded_grad_scale`, the 0.08 GiB above).
 """
 
 from __future__ import annotations
@@ -97,6 +105,13 @@ SEQUENCES_PER_DP_RANK = 1  # the global batch is the plan's dp: 4 under ZeRO-3, 
 SEQ_LEN = 128
 GiB = 2**30
 TARGET_FRACTION = 0.6  # issue 15: peak RSS < 0.6 x full model bytes + 1 GiB
+# issue 15's lean memory model: its predicted step peak within 5% of the measured one,
+# or within PREDICTION_FLOOR_BYTES: on a small model the miss is the `local` preset's
+# fixed runtime overhead (0.375 GiB, cost_models.clusters), not the per-model terms
+# (measured: gpt:layers=4,hidden=512,vocab=8192, 0.06 GiB of weights, 0.43 GiB step
+# peak against 0.47 predicted, 0.04 GiB over on every plan and optimizer)
+PREDICTION_TOLERANCE = 0.05
+PREDICTION_FLOOR_BYTES = 64 * 2**20
 PLANS = {"zero3": dict(dp=4, zero=3), "tp2-zero3": dict(tp=2, dp=2, zero=3)}
 OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 1e-3}), "adamw": (torch.optim.AdamW, {"lr": 1e-4})}
 
@@ -258,10 +273,13 @@ def run(job: dict, timeout_s: float) -> list[dict]:
         return results
 
 
-def predicted_peak_bytes(spec: str, plan: str, optimizer: str) -> int:
+def predicted_peak_bytes(spec: str, plan: str, optimizer: str, lean: bool) -> int:
     """The cost model's per-rank peak for the bench's plan on this machine as WORLD
-    processes (`planner estimate --cluster local`): shown beside the measured peak."""
+    processes (`planner estimate --cluster local`): shown beside the measured peak.
+    `lean`: priced as the lean host executor runs a meta-built model (`ir.lean_host`,
+    its units read off the model built on meta); else as FSDP2's own path."""
     from cost_models.clusters import get_cluster
+    from cost_models.common import layer_configs, model_layer_configs
     from cost_models.memory import plan_memory
 
     graph = load_layer_graph(spec, micro_batch=SEQUENCES_PER_DP_RANK, seq_len=SEQ_LEN,
@@ -269,7 +287,14 @@ def predicted_peak_bytes(spec: str, plan: str, optimizer: str) -> int:
     global_batch = PLANS[plan]["dp"] * SEQUENCES_PER_DP_RANK
     parallel = uniform_plan(len(graph.layers), global_batch=global_batch,
                             precision=Precision.FP32, optimizer=optimizer, **PLANS[plan])
-    return plan_memory(graph, parallel, get_cluster("local", gpus_per_node=WORLD)).peak_bytes
+    cluster = get_cluster("local", gpus_per_node=WORLD)
+    configs = layer_configs(graph, parallel, cluster.device)
+    if lean:  # the model the ranks build, on meta
+        family, config, _ = resolve_config(spec)
+        with torch.device("meta"):
+            model = zoo.FAMILIES[family].build(config)
+        configs = model_layer_configs(graph, parallel, cluster.device, model)
+    return plan_memory(graph, parallel, cluster, configs).peak_bytes
 
 
 def model_bytes(spec: str) -> tuple[int, int]:
@@ -309,30 +334,40 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append({**job, "error": str(exc)[-4000:]})
                 failed = True
                 continue
-            predicted = predicted_peak_bytes(spec, plan, opt)
+            predicted = predicted_peak_bytes(spec, plan, opt, lean=True)
+            fsdp2 = predicted_peak_bytes(spec, plan, opt, lean=False)
             for r in ranks:
+                error = predicted / r["step_peak_bytes"] - 1
                 ok = (r["setup_peak_bytes"] <= target and r["step_error"] is None
-                      and r["step_peak_bytes"] <= target + states)
+                      and r["step_peak_bytes"] <= target + states
+                      and (abs(error) <= PREDICTION_TOLERANCE or abs(
+                          predicted - r["step_peak_bytes"]) <= PREDICTION_FLOOR_BYTES))
                 failed |= not ok
                 rows.append([plan, opt, f"{full_bytes / 4e9:.2f}B", r["rank"],
                              f"{full_bytes / GiB:.2f}", f"{r['share_bytes'] / GiB:.2f}",
                              f"{r['setup_peak_bytes'] / GiB:.2f}",
                              f"{r['step_peak_bytes'] / GiB:.2f}"
                              + (" (cap hit)" if r["step_error"] else ""),
-                             f"{predicted / GiB:.2f}",
+                             f"{predicted / GiB:.2f}", f"{100 * error:+.0f}%",
+                             f"{fsdp2 / GiB:.2f}",
                              f"{target / GiB:.2f}" + (f"+{states / GiB:.2f}" if states else ""),
                              f"{r['setup_seconds']:.0f}", f"{r['step_seconds']:.0f}",
                              "yes" if ok else "NO"])
-            runs.append({**job, "ranks": ranks, "predicted_peak_bytes": predicted})
+            runs.append({**job, "ranks": ranks, "predicted_peak_bytes": predicted,
+                         "fsdp2_predicted_peak_bytes": fsdp2})
             phase_rows.extend(_phase_rows(plan, opt, ranks))
             fits.append(_largest(opt, full_bytes, ranks))
     print(table(["plan", "optim", "model", "rank", "model GiB", "share GiB", "set-up peak",
-                 "step peak", "predicted", "target GiB", "set-up s", "step s", "within"],
-                rows, right=set(range(3, 12))))
+                 "step peak", "predicted", "error", "FSDP2 path", "target GiB", "set-up s",
+                 "step s", "within"],
+                rows, right=set(range(3, 14))))
     print("peaks in GiB of resident set (VmHWM); the step's peak is measured after "
           "resetting it; share = this rank's parameter bytes (TP and FSDP shards, the "
           "untied head copy); predicted = the cost model's peak for the plan on `local` "
-          "(FSDP2's own collectives, not the lean host path: see the module docstring); "
+          "as the lean host path runs it (`ir.lean_host`), error = predicted / step peak - 1 "
+          f"(target within {PREDICTION_TOLERANCE:.0%} or "
+          f"{PREDICTION_FLOOR_BYTES / 2**20:.0f} MiB); FSDP2 path = the same plan priced "
+          "as FSDP2's own collectives run it (a CPU-built model); "
           "target = 0.6 x model + 1 GiB (+ AdamW's moments in the step)")
     print(table(["plan", "optim", "step", "phase", "peak GiB (max over ranks)"], phase_rows,
                 right={2, 4}))

@@ -8,10 +8,12 @@ optimizer, the shape the layer IR was measured with), so per-layer cost function
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
+from ir.lean_host import LeanLayer, lean_layers, runs_lean_host
 from ir.plan import KNOWN_OPTIMIZERS, ParallelPlan
 from ir.strategy import Precision
 
@@ -50,6 +52,9 @@ class StepConfig:
     # Where it runs: "cuda" keeps dropout masks at 1 byte per element (fused kernel);
     # "cpu" keeps them in the activation dtype, as the IR measured them.
     device_type: str = "cuda"
+    # The layer's unit on the lean host path (`ir.lean_host`: a meta-built model on a CPU
+    # cluster); None: FSDP2's own path. Per layer, so `layer_configs` sets it.
+    lean: LeanLayer | None = None
 
     def __post_init__(self) -> None:
         if self.micro_batch < 1 or self.graph_micro_batch < 1:
@@ -89,15 +94,29 @@ class StepConfig:
                    device_type="cpu" if device.lower() == "cpu" else "cuda")
 
 
-def layer_configs(graph: LayerGraph, plan: ParallelPlan, device: str) -> list[StepConfig]:
+def layer_configs(graph: LayerGraph, plan: ParallelPlan, device: str,
+                  lean: Sequence[LeanLayer | None] | None = None) -> list[StepConfig]:
     """One StepConfig per layer: layers with a smaller DP degree see a larger micro-batch
-    (global_batch / (num_microbatches * dp), `ParallelPlan.layer_micro_batch`)."""
+    (global_batch / (num_microbatches * dp), `ParallelPlan.layer_micro_batch`). `lean`:
+    per layer, its unit on the lean host path (`ir.lean_host.lean_layers`) or None."""
     base = StepConfig.from_plan(graph, plan, device)
-    by_batch = {base.micro_batch: base}
+    by_batch = {(base.micro_batch, None): base}
     out = []
     for j in range(len(plan.layer_strategies)):
-        b = plan.layer_micro_batch(j)
-        if b not in by_batch:
-            by_batch[b] = dataclasses.replace(base, micro_batch=b)
-        out.append(by_batch[b])
+        key = (plan.layer_micro_batch(j), None if lean is None else lean[j])
+        if key not in by_batch:
+            by_batch[key] = dataclasses.replace(base, micro_batch=key[0], lean=key[1])
+        out.append(by_batch[key])
     return out
+
+
+def model_layer_configs(graph: LayerGraph, plan: ParallelPlan, device: str,
+                        model) -> list[StepConfig]:
+    """`layer_configs` for running `model` (an nn.Module, the one the executor gets):
+    a meta-built model on a CPU cluster takes the lean host path (`ir.lean_host`), whose
+    units are read off the model; any other prices FSDP2's own path."""
+    device_type = StepConfig.from_plan(graph, plan, device).device_type
+    meta_built = any(p.is_meta for p in model.parameters())
+    lean = (lean_layers(model, graph.layers, plan.layer_strategies)
+            if runs_lean_host(meta_built, device_type) else None)
+    return layer_configs(graph, plan, device, lean)

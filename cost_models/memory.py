@@ -17,7 +17,11 @@ alive, taking its maximum (`memory_walk.walk_rank`):
                     input is kept until the next unit reduces, FSDP2's one retained
                     buffer). Gradient accumulation keeps unreduced gradients until the
                     last micro-batch; a pipeline keeps working copies and unreduced
-                    gradients of all micro-batches and reduces at the end of the step
+                    gradients of all micro-batches and reduces at the end of the step.
+                    On the lean host path (`ir.lean_host`, a meta-built model on a CPU
+                    cluster: `StepConfig.lean`) an embedding unit is not gathered for
+                    its backward, a unit of one evenly split tensor reduces in place,
+                    nothing is prefetched and no reduce-scatter input is retained
   transients        one layer's backward at a time: the gradients entering and leaving
                     it, its recomputed activations (checkpointing), the gradient it makes
   after backward    the tied-copy gradient sum, the optimizer step's temporaries (and
@@ -40,6 +44,8 @@ from dataclasses import dataclass
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import Layer, LayerGraph, TPStyle
+from ir.lean_host import (LEAN_BACKWARD_PREFETCH, LEAN_RETAINS_REDUCE_INPUT, LeanLayer,
+                          takes_lean_path)
 from ir.legality import sequence_parallel_applies
 from ir.plan import ParallelPlan
 from ir.strategy import Checkpoint, LayerStrategy, Schedule
@@ -54,6 +60,7 @@ from cost_models.model_states import (FP32_BYTES, BytesPerParam, has_dp_unit,
                                       zero1_step_bytes)
 from cost_models.offload import host_wall_problem, split_states
 from cost_models.pipeline_ops import rank_ops
+from cost_models.tied_memory import tied_shards
 
 # torch DDP's default bucket_cap_mb. The executor's data parallelism is FSDP2 (no DDP
 # buckets: its reduction buffers are priced per unit here); planner.search still keeps
@@ -82,21 +89,36 @@ def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
     moments = max(shares)
     tied_full = layer.tied_params * held.grads
     zero1_step = zero1_step_bytes(layer, strategy, held)
+    lean = config.lean if unit and takes_lean_path(config.lean is not None, strategy) else None
+    reduce_bytes = local * held.reduce if unit else 0.0
+    unsharded = local * held.unsharded_grads if unit else 0.0
     return LayerMemory(
         states=states, activations=layer_activations(layer, strategy, config),
         gather_unit_bytes=working if stage == 3 else 0.0,
-        unsharded_grad_bytes=local * held.unsharded_grads if unit else 0.0,
         # an offloaded layer's optimizer step (and its temporaries) runs on the host
         largest_tensor_params=0.0 if strategy.offload
         else min(largest_param_tensor(layer) / tensor_shards, moments),
         fp32_moment_bytes=0.0 if strategy.offload or not held.moments
         else moments * FP32_BYTES,
-        working_param_bytes=working, reduce_bytes=local * held.reduce if unit else 0.0,
+        working_param_bytes=working, reduce_bytes=reduce_bytes,
         tied_grad_bytes=tied_full,
         zero1_master_grad_bytes=zero1_step[0], zero1_share_bytes=zero1_step[1],
         reshard_after_forward=stage == 3 and unit,
         moment_shares=tuple(x * held.moments for x in shares) if len(shares) > 1 else (),
-        host_bytes=host.total)
+        host_bytes=host.total, **_lean_fields(lean, working, reduce_bytes, unsharded))
+
+
+def _lean_fields(lean: LeanLayer | None, working: float, reduce_bytes: float,
+                 unsharded_grad_bytes: float) -> dict:
+    """LayerMemory's lean host fields (`ir.lean_host`): a unit's share gathered for its
+    backward, its reduce-scatter's copy-in, no prefetch, no retained input."""
+    if lean is None:
+        return dict(unsharded_grad_bytes=unsharded_grad_bytes)
+    return dict(unsharded_grad_bytes=unsharded_grad_bytes * lean.unsharded_grad_scale,
+                backward_gather_bytes=working * lean.backward_gather_share,
+                backward_prefetch=LEAN_BACKWARD_PREFETCH,
+                reduce_input_bytes=reduce_bytes * lean.reduce_copy_share,
+                retains_reduce_input=LEAN_RETAINS_REDUCE_INPUT)
 
 
 def held_through_step(mem: LayerMemory, *, num_microbatches: int, pipelined: bool) -> float:
@@ -303,8 +325,9 @@ def _rank_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, ra
         held, persistent, recv_shared = _pipeline_buffers(graph, plan, c, configs)
         if recv_shared:
             shared[c[0]] = shared.get(c[0], 0.0) + recv_shared
-        mems = tuple(_without_shared(_layer_memory(graph, plan, j, configs, layer_cache),
-                                     shared.get(j, 0.0)) for j in c)
+        mems = tuple(tied_shards(graph, plan, j, _without_shared(
+            _layer_memory(graph, plan, j, configs, layer_cache), shared.get(j, 0.0)))
+            for j in c)
         chunks.append(ChunkMemory(mems, held, persistent))
     walked = walked_microbatches(plan)
     ops = _rank_ops(plan.schedule, plan.pp, rank, walked, len(chunk_indices))

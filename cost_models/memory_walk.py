@@ -51,6 +51,11 @@ class LayerMemory:
     # shards are even, `model_states.moment_shares`).
     moment_shares: tuple[float, ...] = ()
     host_bytes: float = 0.0  # offloaded model states, in host memory (cost_models.offload)
+    # The lean host path (`ir.lean_host`); the defaults are FSDP2's own path.
+    backward_gather_bytes: float | None = None  # gathered for backward (None: working)
+    backward_prefetch: bool = True  # FSDP2 prefetches the next unit in backward
+    reduce_input_bytes: float | None = None  # reduce-scatter's copy-in (None: reduce_bytes)
+    retains_reduce_input: bool = True  # kept until the next unit's reduction
 
     @property
     def has_unit(self) -> bool:
@@ -298,12 +303,18 @@ def _backward_plan(chunk: ChunkMemory, ci: int) -> list[tuple]:
         l = chunk.layers[li]
         a = l.activations
         p = prior[li]
-        prefetch_key = (ci, p) if l.has_unit and l.reshard_after_forward and p >= 0 else None
-        prefetch_bytes = chunk.layers[p].working_param_bytes if prefetch_key else 0.0
-        out.append(((ci, li), l, l.has_unit, prefetch_key, prefetch_bytes,
+        prefetch_key = (ci, p) if (l.has_unit and l.reshard_after_forward and p >= 0
+                                   and l.backward_prefetch) else None
+        prefetch_bytes = _backward_gather(chunk.layers[p]) if prefetch_key else 0.0
+        out.append(((ci, li), l, l.has_unit, _backward_gather(l), prefetch_key, prefetch_bytes,
                     l.unsharded_grad_bytes if l.has_unit else l.states.grads,
                     a.backward_grad_share, a.recompute_bytes, a.grad_flow_bytes, a.kept_bytes))
     return out
+
+
+def _backward_gather(l: LayerMemory) -> float:
+    """Bytes a unit is gathered to for its backward."""
+    return l.working_param_bytes if l.backward_gather_bytes is None else l.backward_gather_bytes
 
 
 def _backward(w: _Walk, layers: list[tuple], key: tuple[int, int], *, reduce: bool,
@@ -318,12 +329,14 @@ def _backward(w: _Walk, layers: list[tuple], key: tuple[int, int], *, reduce: bo
     layer's backward was measured: its peak and the gradient made by then."""
     copies, grads, weights, moments = w.copies, w.grads, w.weights, w.moments
     acts_now = w.acts[key]
-    for (lkey, l, has_unit, prefetch_key, prefetch_bytes, new_grad, share, recompute,
-         grad_flow, kept) in layers:
+    for (lkey, l, has_unit, gather, prefetch_key, prefetch_bytes, new_grad, share,
+         recompute, grad_flow, kept) in layers:
         prefetch = 0.0
         if has_unit:
-            w.copies_total += l.working_param_bytes - copies.get(lkey, 0.0)  # ZeRO-3
-            copies[lkey] = l.working_param_bytes  # gathers again (no-op otherwise)
+            old = copies.get(lkey, 0.0)
+            if gather > old or lkey not in copies:  # ZeRO-3 gathers again (else a no-op)
+                w.copies_total += gather - old
+                copies[lkey] = gather
             if prefetch_key is not None and prefetch_key not in copies:
                 prefetch = prefetch_bytes  # the next unit in backward order, prefetched
         elif lkey in grads:
@@ -371,13 +384,15 @@ def _backward(w: _Walk, layers: list[tuple], key: tuple[int, int], *, reduce: bo
 def _reduce_unit(w: _Walk, l: LayerMemory, key: tuple[int, int], incoming: float,
                  unreduced: float) -> None:
     """FSDP2 post-backward reduction of one unit: the previous unit's retained input is
-    released, this unit's reduce-scatter input and output exist beside its unreduced
-    gradient, then the output is the stored gradient and the input is retained."""
+    released, this unit's reduce-scatter input (its copy-in; none when reduced in place)
+    and output exist beside its unreduced gradient, then the output is the stored
+    gradient and the input is retained (not on the lean host path, `ir.lean_host`)."""
     w.retained_reduce = 0.0
+    copy_in = l.reduce_bytes if l.reduce_input_bytes is None else l.reduce_input_bytes
     w.look("backward" if incoming else "reduce", grads=unreduced + l.states.grads,
-           buffers=l.reduce_bytes + incoming)
+           buffers=copy_in + incoming)
     w.set_grad(key, l.states.grads)
-    w.retained_reduce = l.reduce_bytes
+    w.retained_reduce = copy_in if l.retains_reduce_input else 0.0
 
 
 def _reduce_chunk(w: _Walk, chunk: ChunkMemory, index: int) -> None:

@@ -65,6 +65,7 @@ from executors.validate import check_plan, layer_layout
 from executors.watchdog import die_with_parent
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
+from ir.lean_host import runs_lean_host
 from ir.plan import ParallelPlan, optimizer_for
 from ir.strategy import DPMode
 
@@ -212,7 +213,7 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     # A meta-built model is one too big to build whole: on the host, freed tensors leave
     # the resident set and gloo's collectives make no full-size copies. Not for the rest,
     # whose time and memory the cost model prices as FSDP2 and malloc run by default.
-    lean_host = meta is not None and device.type == "cpu"
+    lean_host = runs_lean_host(meta is not None, device.type)
     if lean_host:
         keep_freed_memory_off_heap()
     table_layers = frozenset(tables.modules) if tables is not None else frozenset()

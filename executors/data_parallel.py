@@ -37,7 +37,8 @@ a ZeRO-2/3 unit all-gathers and reduce-scatters with the ring collectives of
 gloo's collectives and FSDP2's CUDA-stream bookkeeping otherwise hold extra full-size
 copies of a unit (measured there), which a 1.3B GPT's step could not afford; there
 each embedding table is a unit of its own, reduced in its gradient's storage and not
-gathered in backward (an embedding's backward reads only the ids). Other runs
+gathered in backward (an embedding's backward reads only the ids); `ir.lean_host`
+defines these units, and `cost_models.memory` prices them from the same definition. Other runs
 keep FSDP2's own collectives, which the cost model's time and memory figures describe.
 
 CPU offload (`LayerStrategy.offload`, ZERO3 only): fully_shard(offload_policy=
@@ -65,6 +66,7 @@ from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecision
 from executors.host_collectives import use_host_collectives
 from executors.sync_batchnorm import prepare_batch_norms
 from executors.zero1 import attach_master, cast_to_working_dtype
+from ir.lean_host import lean_units, takes_lean_path
 from ir.strategy import DPMode, LayerStrategy, Precision, runs_as_dp_unit
 
 
@@ -114,13 +116,12 @@ def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
     if zero1_16bit:  # the fp32 master shard goes to the optimizer, the weights to 16 bits
         cast_to_working_dtype(module, mesh.get_group(), policy.param_dtype)
     if strategy.dp_mode in (DPMode.ZERO2, DPMode.ZERO3):
-        lean = lean_host and _on_gloo(mesh) and strategy.dp > 1  # no full-size scratch copies
+        lean = takes_lean_path(lean_host, strategy) and _on_gloo(mesh)  # `ir.lean_host`
         shard = dict(mesh=mesh, mp_policy=policy, offload_policy=offload_policy(strategy),
                      reshard_after_forward=strategy.dp_mode is DPMode.ZERO3)
         # each embedding table its own unit of one parameter: its gradient is reduced in
         # place (`executors.host_collectives`); the layer's unit takes the rest
-        tables = [m for m in module.modules() if lean and m is not module
-                  and isinstance(m, nn.Embedding)]
+        tables = lean_units(module) if lean else []
         for table in tables:
             table_unit = fully_shard(table, **shard)
             use_host_collectives(table_unit)

@@ -34,7 +34,7 @@ and AdamW's moments are alive (0.71B GPT, 4 ranks: 4.14 GiB against a 3.90 targe
   - FSDP2 gathers a unit again in backward, though an embedding's backward reads only the
     ids (`embedding_dense_backward` takes the weight's row count, not its values): a
     unit made of nn.Embeddings is not gathered in backward (`set_unshard_in_backward`,
-    FSDP2's switch for exactly this case; `weightless_backward`);
+    FSDP2's switch for exactly this case; `ir.lean_host.weightless_backward`);
   - FSDP2 copies the gradients into its reduce-scatter input (`chunk_cat`, rank-major
     rows) before reducing them. For a unit of one parameter whose dim 0 splits evenly
     that layout IS the gradient's own, so the ring's input takes the gradient's storage
@@ -52,12 +52,12 @@ from typing import Sequence
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard import _fsdp_collectives
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from ir.errors import PlannerError
+from ir.lean_host import LEAN_BACKWARD_PREFETCH, weightless_backward
 
 # The ring's receive scratch: 16 MiB, one 2048 x 2048 fp32 weight (a 1B-class GPT's
 # typical tensor), so a 0.1 GB chunk moves in 6 messages and the scratch is ~1% of a
@@ -183,13 +183,6 @@ def _install_alias_copy_in() -> None:
     _fsdp_collectives.foreach_reduce_scatter_copy_in = copy_in
 
 
-def weightless_backward(module: nn.Module) -> bool:
-    """Whether backward reads none of `module`'s parameters: every one belongs to an
-    nn.Embedding (its gradient is built from the ids and the row count alone)."""
-    owners = [m for m in module.modules() if any(True for _ in m.parameters(recurse=False))]
-    return bool(owners) and all(isinstance(m, nn.Embedding) for m in owners)
-
-
 def use_host_collectives(unit: FSDPModule) -> None:
     """Install the ring collectives on a fully_shard unit of a gloo mesh and stop its
     backward prefetch (naming the unit itself as what to prefetch: it is gathered
@@ -198,6 +191,7 @@ def use_host_collectives(unit: FSDPModule) -> None:
     _install_alias_copy_in()
     unit.set_custom_all_gather(RingAllGather())
     unit.set_custom_reduce_scatter(RingReduceScatter())
-    unit.set_modules_to_backward_prefetch([unit])
+    if not LEAN_BACKWARD_PREFETCH:
+        unit.set_modules_to_backward_prefetch([unit])
     if weightless_backward(unit):
         unit.set_unshard_in_backward(False)
