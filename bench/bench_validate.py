@@ -146,6 +146,31 @@ def run_case(name: str, steps: int, path: str) -> dict:
     return out
 
 
+def phase_row(r: dict) -> list:
+    """One sharded-table case's phase split (first round, mean over ranks) beside the
+    prediction: all-to-alls and dense collectives after the last arrival and waiting,
+    replicated tables' gathers, and the tables' host work (lookups and sparse step without
+    their all-to-alls)."""
+    ranks = r["phase_seconds"]
+
+    def mean(key: str) -> float:
+        return statistics.fmean(p.get(key, 0.0) for p in ranks)
+
+    a2a = ("a2a_forward", "a2a_backward", "a2a_optimizer")
+    emb = r["predicted_embedding"]["ranks"]
+    return [r["case"], f"{mean('a2a_calls'):.0f}",
+            f"{1e3 * sum(mean(f'{k}_after_arrival_s') for k in a2a):.1f} + "
+            f"{1e3 * sum(mean(f'{k}_wait_s') for k in a2a):.1f}",
+            f"{1e3 * mean('replicated_gathers_s'):.1f}",
+            f"{1e3 * max(x['comm_s'] for x in emb):.1f}",
+            f"{mean('dense_calls'):.0f}", f"{mean('dense_bytes') / 2**10:.1f}",
+            f"{1e3 * mean('dense_comm_after_arrival_s'):.1f} + "
+            f"{1e3 * mean('dense_comm_wait_s'):.1f}",
+            f"{1e3 * r['predicted_time']['dp_comm']:.1f}",
+            f"{1e3 * (mean('lookup_host_s') + mean('sparse_step_s') - mean('a2a_optimizer_s')):.1f}",
+            f"{1e3 * max(x['lookup_s'] + x['update_s'] for x in emb):.1f}"]
+
+
 def merge_rounds(runs: list[dict]) -> dict:
     """One case over its rounds: the median of the rounds' median step times (each round
     ran at another moment of a shared machine); memory and losses from the first round
@@ -223,6 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["case", "ranks", "plan", "pred MiB", "meas MiB", "worst mem err", "mem ok",
                  "pred ms", "rounds ms", "meas ms", "time err", "time ok", "loss = ref"], rows,
                 right={1, 3, 4, 5, 7, 8, 9, 10}))
+    phase_rows = [phase_row(r) for r in results if r.get("phase_seconds")]
+    if phase_rows:
+        print("sharded-table steps, mean over ranks (executors.phase_clock): each collective "
+              "kind's ms after the last rank arrived + ms waiting for it, against the model")
+        print(table(["case", "a2a calls", "a2a ms + wait", "gathers ms", "pred a2a+gathers ms",
+                     "dense calls", "dense KiB", "dense ms + wait", "pred dp ms",
+                     "table host ms", "pred lookup+update ms"], phase_rows,
+                    right=set(range(1, 11))))
     mem_within = sum(abs(r["worst_memory_error"]) <= MEMORY_TARGET for r in results)
     time_within = sum(abs(r["time_error"]) <= TIME_TARGET for r in results)
     print(f"memory within {MEMORY_TARGET:.0%} on every rank: {mem_within} of {len(results)}; "

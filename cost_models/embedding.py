@@ -44,6 +44,7 @@ from ir.embedding_tables import (EmbeddingTable, HashRing, TablePlacement, Table
                                  column_shard_bounds, row_shard_bounds)
 from ir.errors import PlannerError
 from cost_models.common import GB
+from cost_models.compute import with_host
 from cost_models.embedding_comm import (EXECUTOR_A2A_CALLS_PER_EXCHANGE, AllToAllLink,
                                         replicated_gather_s)
 from cost_models.estimate import Estimate
@@ -332,7 +333,10 @@ def rank_time(load: RankLoad, cluster: ClusterSpec, link: AllToAllLink | None = 
     """Seconds of one rank's embedding work: the latency of every all-to-all call the
     executor makes (EXECUTOR_A2A_CALLS_PER_EXCHANGE per fused exchange, every rank joins
     each) with the host ops of each exchange, and the bytes of three phases (ids forward,
-    pooled forward, pooled gradients backward: the reverse of forward, same volume)."""
+    pooled forward, pooled gradients backward: the reverse of forward, same volume).
+    Lookups and updates are busy time of the rank's process: on CPU processes sharing
+    cores they stretch by the spec's host_share (`host_busy_s`), as the dense layers'
+    compute does; the all-to-alls were measured with every process running."""
     link = link or AllToAllLink.of(cluster)
     comm = load.exchanges * EXECUTOR_A2A_CALLS_PER_EXCHANGE * link.latency_s() + load.gather_s
     lookup_s, update_s = load.lookup_s, load.update_s
@@ -344,7 +348,15 @@ def rank_time(load: RankLoad, cluster: ClusterSpec, link: AllToAllLink | None = 
         comm += 2 * link.bandwidth_s(max(load.out_send_bytes, load.out_recv_bytes))
     if load.optimizer_exchange:  # one call, its bytes as one phase
         comm += link.latency_s() + link.bandwidth_s(load.optimizer_bytes)
-    return RankTime(lookup_s, update_s, comm)
+    return RankTime(host_busy_s(lookup_s, cluster), host_busy_s(update_s, cluster), comm)
+
+
+def host_busy_s(busy_s: float, cluster: ClusterSpec) -> float:
+    """Wall seconds of `busy_s` of a rank's own work (gathers and host ops alike): CPU
+    processes on fewer cores than processes take turns (`compute.with_host`, the dense
+    layers' rule: what one rank waits for at the next all-to-all is its peers' share of
+    the cores); on GPUs unchanged."""
+    return with_host(busy_s, 0.0, cluster)
 
 
 @dataclass(frozen=True, slots=True)

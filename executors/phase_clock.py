@@ -26,7 +26,16 @@ and derives dense_forward = forward - lookup and dense_backward = forward_backwa
 forward - table_backward - the dense collectives issued inside backward. `per_step`
 divides by the timed steps and names each phase `<phase>_s`; it adds `a2a_calls` and the
 bytes the rank's all_to_all_single calls sent and received (`a2a_sent_bytes`,
-`a2a_received_bytes`: what cost_models.embedding prices). The wrappers are removed on exit.
+`a2a_received_bytes`: what cost_models.embedding prices), and for the dense collectives
+`dense_calls` (with `dense_calls_<name>` per collective), `dense_bytes` (their first
+tensor's bytes: what cost_models.comm prices) and `dense_comm_cpu_s` (process CPU seconds
+inside them: gloo's copies and reductions, against the call's wall seconds). The
+wrappers are removed on exit.
+
+`arrival_wait` joins every rank's `call_log` (planner.trial.rank gathers them): each
+collective's seconds split into waiting for the last rank to arrive (`<phase>_wait_s`: on
+CPU processes sharing cores, the peers' busy time) and the call after it
+(`<phase>_after_arrival_s`: what an alpha-beta fit prices).
 """
 
 from __future__ import annotations
@@ -54,6 +63,11 @@ class PhaseClock:
         self._nested = 0  # inside a wrapped table phase: its collectives are its own
         self._inside: list[str] = []  # the wrapped table phases running now, innermost last
         self._undo: list = []
+        self.dense_calls: dict[str, int] = {}  # dense collective name -> calls
+        self.dense_bytes = 0  # bytes of the dense collectives' first tensor argument
+        # (phase, enter, exit) wall-clock (time.time: one clock for every process on the
+        # host) of each collective, in call order: `arrival_wait` compares the ranks'
+        self.call_log: list[tuple[str, float, float]] = []
 
     def _add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
@@ -92,6 +106,7 @@ class PhaseClock:
         def wrapper(output, input, *args, **kwargs):
             self.a2a_bytes[0] += input.numel() * input.element_size()
             self.a2a_bytes[1] += output.numel() * output.element_size()
+            enter_s = time.time()
             start = time.perf_counter()
             try:
                 return original(output, input, *args, **kwargs)
@@ -100,19 +115,30 @@ class PhaseClock:
                     side = "a2a_optimizer"
                 else:
                     side = "a2a_backward" if self._where == "backward" else "a2a_forward"
-                self._add(side, time.perf_counter() - start)
+                elapsed = time.perf_counter() - start
+                self._add(side, elapsed)
+                self.call_log.append((side, enter_s, enter_s + elapsed))
         return wrapper
 
     def _dense(self, original):
+        name = original.__name__
+
         def wrapper(*args, **kwargs):
             if self._nested:
                 return original(*args, **kwargs)
+            tensor = args[0] if args else None
+            nbytes = tensor.numel() * tensor.element_size() if hasattr(tensor, "numel") else 0
+            enter_s, cpu_s = time.time(), time.process_time()
             start = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
                 elapsed = time.perf_counter() - start
                 self._add("dense_comm", elapsed)
+                self._add("dense_comm_cpu", time.process_time() - cpu_s)
+                self.dense_calls[name] = self.dense_calls.get(name, 0) + 1
+                self.dense_bytes += nbytes
+                self.call_log.append(("dense_comm", enter_s, enter_s + elapsed))
                 if self._where == "backward":
                     self._add("dense_comm_in_backward", elapsed)
         return wrapper
@@ -178,4 +204,25 @@ class PhaseClock:
                                ("a2a_forward", "a2a_backward", "a2a_optimizer")) / steps
         out["a2a_sent_bytes"] = self.a2a_bytes[0] / steps
         out["a2a_received_bytes"] = self.a2a_bytes[1] / steps
+        out["dense_calls"] = sum(self.dense_calls.values()) / steps
+        for name, calls in self.dense_calls.items():
+            out[f"dense_calls_{name}"] = calls / steps
+        out["dense_bytes"] = self.dense_bytes / steps
         return out
+
+
+def arrival_wait(logs: list[list[tuple[str, float, float]]], rank: int, steps: int) -> dict:
+    """Split rank `rank`'s seconds in each kind of collective (`PhaseClock.call_log`: the
+    same calls in the same order on every rank) into waiting for the last rank to arrive
+    and the collective after it: call k waits max_r enter_r - enter_rank, then runs
+    exit_rank - max(max_r enter_r, enter_rank). `<phase>_wait_s` and
+    `<phase>_after_arrival_s`, seconds per step; {} when the ranks' logs differ."""
+    if len({tuple(c[0] for c in log) for log in logs}) != 1:
+        return {}
+    out: dict[str, float] = {}
+    for k, (phase, enter, leave) in enumerate(logs[rank]):
+        last = max(log[k][1] for log in logs)
+        out[f"{phase}_wait_s"] = out.get(f"{phase}_wait_s", 0.0) + max(last - enter, 0.0) / steps
+        out[f"{phase}_after_arrival_s"] = (out.get(f"{phase}_after_arrival_s", 0.0)
+                                           + max(leave - max(last, enter), 0.0) / steps)
+    return out

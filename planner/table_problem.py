@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost_models.embedding import (ZERO, DenseCost, EmbeddingConfig, PlacementCost, RankLoad,
-                                   capacity_bytes, cost_of_loads, placement_loads, rank_time)
+                                   capacity_bytes, cost_of_loads, host_busy_s, placement_loads,
+                                   rank_time)
 from cost_models.embedding_comm import EXECUTOR_A2A_CALLS_PER_EXCHANGE, AllToAllLink
 from ir.cluster import ClusterSpec
 from ir.embedding_tables import EmbeddingTable, TablePlacement, TableSharding
@@ -176,7 +177,8 @@ def lower_bound(problem: PlacementProblem) -> float:
                 t = _total(o, n)
                 moved = (t.ids_send_bytes + 2 * t.out_send_bytes) if side == "send" else \
                     (t.ids_recv_bytes + 2 * t.out_recv_bytes)
-                best = min(best, (t.lookup_s + t.update_s + t.gather_s + beta * moved) / n)
+                busy_s = host_busy_s(t.lookup_s + t.update_s, problem.cluster)
+                best = min(best, (busy_s + t.gather_s + beta * moved) / n)
             sums[side] += best
         largest = max(largest, min(problem.f(o.common + max(o.pieces, key=problem.f, default=ZERO))
                                    for o in opts))

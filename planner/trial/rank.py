@@ -100,6 +100,11 @@ def run_rank(payload: RankPayload) -> RankMeasurement:
             if clock is not None:
                 clock.step_done()
     phases = clock.per_step(timed) if clock is not None else {}
+    if clock is not None:  # the ranks' arrival skew at the dense collectives
+        from executors.phase_clock import arrival_wait
+        logs: list = [None] * dist.get_world_size()
+        dist.all_gather_object(logs, clock.call_log)
+        phases.update(arrival_wait(logs, dist.get_rank(), timed))
     check_losses: list[float] = []
     if payload.check_steps:  # the model has dropout: a dropout-free run for the losses
         del pm
