@@ -38,7 +38,7 @@ from torch.distributed._shard.sharded_tensor.metadata import (ShardedTensorMetad
 from executors.checkpoint import load_state, open_checkpoint, save_state
 from executors.hybrid_step import HybridTrainer
 from executors.sharded_embedding import ReplicatedEmbedding, ShardedEmbedding, ShardedTables
-from executors.sparse_optimizer import SparseRowOptimizer, state_shapes
+from executors.sparse_optimizer import SparseRowOptimizer
 from ir.embedding_tables import TableSharding, row_shard_bounds
 from ir.errors import PlannerError
 

@@ -42,7 +42,6 @@ from executors.pretrained import INDEX, SINGLE, HFNames, local_targets
 from executors.fused import layout_transforms
 from executors.runtime import ParallelModel
 from executors.shard_slices import checkpoint_shape, to_checkpoint_layout
-from ir.errors import PlannerError
 
 DEFAULT_SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size, "5GB"
 HEADER_ALIGN_BYTES = 8  # safetensors pads its JSON header so the data starts aligned

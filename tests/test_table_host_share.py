@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from cost_models.clusters import get_cluster
-from cost_models.embedding import NO_DENSE, EmbeddingConfig, evaluate, host_busy_s, rank_time
+from cost_models.embedding import NO_DENSE, EmbeddingConfig, evaluate, host_busy_s
 from executors.phase_clock import arrival_wait
 from ir.embedding_tables import EmbeddingTable, TablePlacement, TableSharding
 from planner.table_problem import PlacementProblem, lower_bound
