@@ -9,8 +9,8 @@ on a spec measured here by `profile_device("cpu")`, whose GEMM table also measur
 exactly the (m, n, k) the benched layers run (read off their kernel records). Columns: predicted and measured
 milliseconds, the error (predicted / measured - 1), and the prediction's two parts:
 kernels (device seconds of the kernel sum) and host (`compute.forward_host_seconds`: forward
-ops and module calls at the kit's per-op and per-call figures; backward ops x
-`backward_op_overhead_s`).
+ops and module calls at the kit's per-op and per-call figures; `compute.backward_host_seconds`:
+backward views, other ops, autograd nodes and the ops' per-call excess at the kit's figures).
 
 Target (issue 17): every layer within 15%; the bench exits 1 otherwise. Timings taken on
 a loaded machine are noise: re-measure on a quiet one before reading the errors.
@@ -36,7 +36,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cost_models.common import StepConfig  # noqa: E402
-from cost_models.compute import forward_host_seconds, host_op_seconds, layer_compute  # noqa: E402
+from cost_models.compute import (backward_host_seconds, forward_host_seconds,  # noqa: E402
+                                 layer_compute)
 from cost_models.kernel_time import _token_scaled_gemm, layer_kernel_seconds  # noqa: E402
 from cost_models.layer_profile import profile_graph  # noqa: E402
 from cost_models.profile_device import CPU_GEMM_MIN_FLOPS, profile_device  # noqa: E402
@@ -103,7 +104,7 @@ def measure_model(model: str, micro_batch: int, graph, measurer, spec, warmup: i
                 ("fwd", predicted.forward_s, m["forward_seconds"], kernels.forward.total_s,
                  layer.ops_fwd, forward_host_seconds(layer, spec, False)),
                 ("bwd", predicted.backward_s, m["backward_seconds"], kernels.backward.total_s,
-                 layer.ops_bwd, layer.ops_bwd * host_op_seconds(spec, False, backward=True))):
+                 layer.ops_bwd, backward_host_seconds(layer, spec, False))):
             rows.append({"model": model, "layer": layer.name, "kind": layer.kind,
                          "micro_batch": micro_batch, "phase": phase,
                          "predicted_s": pred_s, "measured_s": meas_s,
@@ -152,6 +153,12 @@ def main() -> int:
                             "backward_op_overhead_s": spec.backward_op_overhead_s,
                             "forward_host_op_s": spec.kernel_calibration.forward_host_op_s,
                             "module_call_host_s": spec.kernel_calibration.module_call_host_s,
+                            "view_host_op_s": spec.kernel_calibration.view_host_op_s,
+                            **{field: getattr(spec.kernel_calibration, field) for field in (
+                                "backward_view_host_op_s", "backward_nonview_host_op_s",
+                                "backward_node_host_s")},
+                            "host_op_excess_s": {p.op: p.seconds for p in
+                                                 spec.kernel_calibration.host_op_excess},
                             "notes": spec.notes, "hbm_gbps": spec.hbm_gbps,
                             "peak_flops_float32": spec.peak_flops("float32"),
                             "random_element_s": spec.random_element_s,

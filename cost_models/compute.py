@@ -19,7 +19,9 @@ in forward (Python modules dispatch it; where the device kit measured it in part
 other ops and module calls apiece: `forward_host_seconds`) and `ClusterSpec.backward_host_op_s` in backward
 (autograd's C++ engine dispatches it: `backward_op_overhead_s`, measured apart by
 `cost_models.host_probes.host_op_seconds_by_pass`; specs without it fall back to
-`op_overhead_s`), plus `dtensor_op_overhead_s` when it runs on DTensors (tensor-parallel layers). On CPU
+`op_overhead_s`; where the kit measured it in parts, views, other ops, autograd nodes and
+the per-call excess of the ops that have one apiece: `backward_host_seconds`), plus
+`dtensor_op_overhead_s` when it runs on DTensors (tensor-parallel layers). On CPU
 processes this adds to the op's work; on GPUs kernels queue asynchronously, so a layer
 takes max(device time, host time) (the "overhead-bound" regime of small layers). CPU
 processes sharing fewer cores stretch by `ClusterSpec.host_share`.
@@ -56,6 +58,7 @@ from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
 from cost_models.common import GB, StepConfig, dtype_bytes
 from cost_models.gemm_efficiency import (SQUARE_GEMM_EDGE_PER_INTENSITY, device_kind,  # noqa: F401
                                          gemm_efficiency)
+from cost_models.host_excess import records_excess_seconds
 from cost_models.kernel_time import layer_kernel_seconds
 from cost_models.model_states import has_dp_unit, tp_local_params
 from cost_models.offload import host_step_seconds
@@ -157,7 +160,11 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) 
     the layer's module calls were counted: views x per-view + other ops x per-op (as
     functions) + module calls x per-call (a layer calls most ops as functions, and half
     of them are views; the kit's one-figure chain calls few views, all through modules);
-    else ops x `host_op_seconds`."""
+    else ops x `host_op_seconds`. Unlike the backward, no per-op excess is added: the
+    per-op figure keeps the probe chain's average (its exact GELU and layer norm
+    included), which stands in for Python a layer's forward runs per op that no record
+    counts (fx nodes that dispatch nothing: a fit of the 2026-11-24 bench rows wants
+    ~2.5 us per non-view op, a tight chain of functions pays ~1.4)."""
     cal = cluster.kernel_calibration
     calls = layer.kernels.forward_module_calls if layer.kernels is not None else None
     if cal is None or cal.forward_host_op_s <= 0 or calls is None:
@@ -166,6 +173,29 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) 
     extra_s = cluster.dtensor_op_overhead_s if on_dtensors else 0.0
     return (views * (cal.view_host_op_s + extra_s) + calls * cal.module_call_host_s
             + (layer.ops_fwd - views) * (cal.forward_host_op_s + extra_s))
+
+
+def backward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) -> float:
+    """Host seconds of one backward's dispatch. Where the device kit measured it in parts
+    (`KernelCalibration.backward_view_host_op_s`, `backward_nonview_host_op_s`,
+    `backward_node_host_s`, `host_op_excess`) and the layer has kernel records: views x
+    per-view + other ops x per-op + autograd nodes x per-node + each op's per-call
+    excess, where nodes = the forward's ops (each records one) + the layer's parameter
+    tensors (each accumulates its gradient), the count the kit's probe took of its own
+    chain; else ops x `host_op_seconds`. (Views are metadata only, and many come inside
+    a node's formula, so a per-op figure over-prices them: the mlp-small block's 16
+    backward ops ran in ~18 us, not 16 x 2 us.)"""
+    cal = cluster.kernel_calibration
+    if cal is None or cal.backward_nonview_host_op_s <= 0 or layer.kernels is None:
+        return layer.ops_bwd * host_op_seconds(cluster, on_dtensors, backward=True)
+    views = sum(r.count for r in layer.kernels.backward if r.kind is KernelKind.VIEW)
+    nodes = layer.ops_fwd + len(layer.param_names) + len(layer.tied_param_names)
+    extra_s = cluster.dtensor_op_overhead_s if on_dtensors else 0.0
+    # Measured decomposition (cost_models.host_probes.host_op_seconds_by_pass, host_excess)
+    return (views * (cal.backward_view_host_op_s + extra_s)
+            + (layer.ops_bwd - views) * (cal.backward_nonview_host_op_s + extra_s)
+            + nodes * cal.backward_node_host_s
+            + records_excess_seconds(layer.kernels.backward, cal.host_excess_s))
 
 
 def with_host(device_s: float, host_s: float, cluster: ClusterSpec) -> float:
@@ -210,8 +240,10 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
               + tp_module_seconds(layer, strategy, cluster)) / 2  # half in each pass
     forward_host_s = (layer.ops_fwd * op_s if measured is not None
                       else forward_host_seconds(layer, cluster, on_dtensors))
+    backward_host_s = (layer.ops_bwd * backward_op_s if measured is not None
+                       else backward_host_seconds(layer, cluster, on_dtensors))
     forward_s = with_host(forward_s, forward_host_s, cluster) + unit_s
-    backward_s = with_host(backward_s, layer.ops_bwd * backward_op_s, cluster) + unit_s
+    backward_s = with_host(backward_s, backward_host_s, cluster) + unit_s
     if strategy.checkpoint is Checkpoint.FULL:
         recompute_s = forward_s
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.kernels is not None:

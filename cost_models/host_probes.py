@@ -56,7 +56,10 @@ class HostOpCost:
     """Host seconds per dispatched op in each pass, and the relative spread of rounds.
     The forward also in three parts: per view op (`view_op_s`: metadata only, no kernel),
     per other op called as a function (`function_op_s`) and per leaf-module call on top
-    of its ops (`module_call_s`)."""
+    of its ops (`module_call_s`). The backward also in four (CPU): per view and per other
+    op as a formula dispatches them, grad mode off (`host_excess.plain_dispatch_seconds`),
+    per ATen op's fixed excess (`excess_s`), and per autograd node the engine runs
+    (`backward_node_s`: the chain's backward less those, over its nodes)."""
 
     forward_s: float
     backward_s: float
@@ -67,6 +70,21 @@ class HostOpCost:
     function_op_s: float = 0.0
     module_call_s: float = 0.0
     view_op_s: float = 0.0
+    backward_view_op_s: float = 0.0
+    backward_nonview_op_s: float = 0.0
+    backward_node_s: float = 0.0
+    excess_s: tuple[tuple[str, float], ...] = ()  # (op, seconds): `cost_models.host_excess`
+
+    def calibration_fields(self) -> dict:
+        """The `KernelCalibration` fields these figures fill (the parts, not the totals)."""
+        from ir.kernel_calibration import HostOpExcess
+
+        return dict(forward_host_op_s=self.function_op_s, module_call_host_s=self.module_call_s,
+                    view_host_op_s=self.view_op_s,
+                    backward_view_host_op_s=self.backward_view_op_s,
+                    backward_nonview_host_op_s=self.backward_nonview_op_s,
+                    backward_node_host_s=self.backward_node_s,
+                    host_op_excess=tuple(HostOpExcess(op, s) for op, s in self.excess_s))
 
 
 def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
@@ -84,15 +102,26 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     function = (the second - its views x that) / its other ops; per module call = (first -
     second) / leaf calls. Ops are told apart as `ir.kernel_recorder` tells a layer's.
     One thread; the runs alternate within each round, so a slow spell of a shared
-    machine hits all of them."""
+    machine hits all of them.
+
+    Backward, in parts (CPU; 0 elsewhere): the engine runs one node per forward op that
+    recorded one plus one per parameter tensor (its gradient's accumulation), and each
+    node's formula dispatches ops with grad mode off. Per view and per other op: the
+    plain dispatch probe; per node = (the chain's backward - its views x per view - its
+    other ops x per op - its ops' excess) / (its forward ops + its parameter tensors),
+    the count `compute.backward_host_seconds` takes of a layer. Both backward figures
+    leave out the engine's start (`autograd_call_s`): a step pays it once per
+    micro-batch and stage, and `layer_profile.time_layer` takes it out of a layer's."""
     import torch
     from torch import nn
 
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
+    from cost_models.host_excess import plain_dispatch_seconds, records_excess_seconds
     from ir.kernel_recorder import KernelRecorder
     from ir.kernel_records import KernelKind
     from ir.op_count import OpCounter, count_ops
 
+    engine_s = autograd_call_s(device)
     with _one_thread():
         chain = nn.Sequential(*[_overhead_block() for _ in range(HOST_OP_CHAIN_BLOCKS)]).to(device)
         leaves = [m for m in chain.modules() if not list(m.children())]
@@ -140,6 +169,12 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
         with OpCounter(recorder):
             as_functions()
         function_views = sum(r.count for r in recorder.records() if r.kind is KernelKind.VIEW)
+        forward()
+        recorder = KernelRecorder(set())
+        with OpCounter(recorder):
+            backward()  # weights' gradients exist: accumulated, as in the rounds
+        backward_records = recorder.records()
+        nodes = forward_ops + len(list(chain.parameters()))
         chain.zero_grad(set_to_none=True)
         forward_rounds, backward_rounds, function_rounds, module_rounds = [], [], [], []
         view_rounds = []
@@ -167,7 +202,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
                 views_s += clock() - start
             runs = HOST_OP_RUNS_PER_ROUND
             forward_rounds.append(forward_s / runs / max(forward_ops, 1))
-            backward_rounds.append(backward_s / runs / max(backward_ops, 1))
+            backward_rounds.append(max(0.0, backward_s / runs - engine_s) / max(backward_ops, 1))
             view_rounds.append(views_s / runs / max(view_ops, 1))
             others_s = functions_s / runs - function_views * view_rounds[-1]
             function_rounds.append(max(0.0, others_s) / max(function_ops - function_views, 1))
@@ -177,10 +212,22 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
         mid = statistics.median(rounds)
         return (max(rounds) - min(rounds)) / mid if mid > 0 else 0.0
 
+    backward_s = statistics.median(backward_rounds) * backward_ops  # the chain's, engine out
+    parts = {}
+    if device == "cpu":
+        plain = plain_dispatch_seconds(device)
+        views = sum(r.count for r in backward_records if r.kind is KernelKind.VIEW)
+        # compute.backward_host_seconds' formula solved for the per-node figure
+        rest_s = (backward_s - views * plain.view_s - (backward_ops - views) * plain.op_s
+                  - records_excess_seconds(backward_records, lambda op: plain.excess_s.get(op, 0.0)))
+        parts = dict(backward_view_op_s=plain.view_s, backward_nonview_op_s=plain.op_s,
+                     backward_node_s=max(0.0, rest_s) / nodes,
+                     excess_s=tuple(sorted(plain.excess_s.items())))
     return HostOpCost(statistics.median(forward_rounds), statistics.median(backward_rounds),
                       spread(forward_rounds), spread(backward_rounds), forward_ops,
                       backward_ops, statistics.median(function_rounds),
-                      statistics.median(module_rounds), statistics.median(view_rounds))
+                      statistics.median(module_rounds), statistics.median(view_rounds),
+                      **parts)
 
 
 def _as_function(module):

@@ -454,14 +454,16 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             op_overhead_s=host.forward_s, backward_op_overhead_s=host.backward_s,
             dtensor_op_overhead_s=clusters.LOCAL_DTENSOR_OP_OVERHEAD_S,
             random_element_s=probe_random_element_s("cpu"),
-            host_cores=clusters.host_cores(), kernel_calibration=dataclasses.replace(
-                cal, forward_host_op_s=host.function_op_s, module_call_host_s=host.module_call_s,
-                view_host_op_s=host.view_op_s),
+            host_cores=clusters.host_cores(),
+            kernel_calibration=dataclasses.replace(cal, **host.calibration_fields()),
             notes=f"planner profile-device --device cpu: {cal.measured_on}; per-op host fwd "
                   f"{host.forward_s * 1e6:.2f} us ({host.forward_spread:.0%} spread; "
                   f"{host.function_op_s * 1e6:.2f} per function op, {host.view_op_s * 1e6:.2f} "
                   f"per view, {host.module_call_s * 1e6:.2f} per module call), bwd "
-                  f"{host.backward_s * 1e6:.2f} us ({host.backward_spread:.0%}); peak FLOP/s = best "
+                  f"{host.backward_s * 1e6:.2f} us ({host.backward_spread:.0%}; "
+                  f"{host.backward_nonview_op_s * 1e6:.2f} per op, "
+                  f"{host.backward_view_op_s * 1e6:.2f} per view, {host.backward_node_s * 1e6:.2f} "
+                  "per autograd node, + per-op excess); peak FLOP/s = best "
                   "measured GEMM per dtype; links and DTensor overhead guessed (run "
                   "`planner profile-cluster` to measure them)")
     props = torch.cuda.get_device_properties(torch.cuda.current_device())

@@ -3,9 +3,15 @@
 `planner profile-device` fills a `KernelCalibration`: GEMM throughput by (m, n, k, dtype),
 bandwidth of memory-bound kernels (copy, elementwise, reductions, softmax, layer norm,
 batch norm) by size, the scaled-dot-product-attention backends that ran and their times,
-2-D convolutions' forward and backward times by shape, and the launch overhead of a
-kernel. It travels in a cluster spec JSON (`ClusterSpec.kernel_calibration`) and is data
-only: numbers and short names, validated on load.
+2-D convolutions' forward and backward times by shape, the launch overhead of a kernel,
+and (CPUs) the host's dispatch in parts: forward views, ops and module calls; backward
+views, ops and autograd nodes; the per-call excess of the ops that have a fixed cost
+beyond dispatch (`HostOpExcess`). It travels in a cluster spec JSON
+(`ClusterSpec.kernel_calibration`) and is data only: numbers and short names, validated
+on load. Specs written before a field existed still load: a missing scalar reads 0 and a
+missing table empty, which the cost model reads as "not measured"
+(`cost_models.compute`'s host functions then fall back to the one-figure
+`op_overhead_s` / `backward_op_overhead_s`).
 
 Units are in the field names: `flop_per_s` FLOP per second, `gbps` 10^9 BYTES per second
 (bytes read plus bytes written), `*_s` seconds, `*_bytes` bytes.
@@ -32,7 +38,8 @@ SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "m
 # The calibration's single figures (numbers >= 0; 0 where not measured).
 _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "sustained_gemm_flop_per_s", "forward_host_op_s", "module_call_host_s",
-            "view_host_op_s", "embedding_backward_index_s")
+            "view_host_op_s", "embedding_backward_index_s", "backward_view_host_op_s",
+            "backward_nonview_host_op_s", "backward_node_host_s")
 
 
 def _is_number(value: Any) -> bool:
@@ -167,6 +174,22 @@ class ConvPoint:
 
 
 @dataclass(frozen=True, slots=True)
+class HostOpExcess:
+    """Host seconds one call of ATen op `op` ("aten::gelu") costs beyond a streaming op's
+    dispatch at tiny sizes (`cost_models.host_excess.host_op_excess_seconds`): a fixed
+    cost per call that no bandwidth prices (exact GELU's erf path, a norm's statistics)."""
+
+    op: str
+    seconds: float
+
+    def __post_init__(self) -> None:
+        where = f"host op excess {self.op!r}"
+        _text(where, "op", self.op)
+        if not _is_number(self.seconds) or self.seconds < 0:
+            raise PlannerError(f"{where}: seconds must be a number >= 0, got {self.seconds!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class KernelCalibration:
     """What `planner profile-device` measured on one device."""
 
@@ -194,6 +217,15 @@ class KernelCalibration:
     # Device seconds per index of an embedding's backward (a scatter-add of one gradient
     # row per index), over what the rows' bytes cost; 0 where not measured.
     embedding_backward_index_s: float = 0.0
+    # Backward host seconds in parts (`host_op_seconds_by_pass`): per view op (no kernel:
+    # view, t, detach, ...) and per other op as a backward formula dispatches them (grad
+    # mode off), per autograd node the engine runs, autograd's engine start left out; 0
+    # where not measured (`backward_op_overhead_s` then prices every backward op).
+    backward_view_host_op_s: float = 0.0
+    backward_nonview_host_op_s: float = 0.0
+    backward_node_host_s: float = 0.0
+    # Per-call fixed host excess of the ops that have one (CPUs); empty where not measured.
+    host_op_excess: tuple[HostOpExcess, ...] = ()
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)
@@ -214,6 +246,10 @@ class KernelCalibration:
     def sdpa_backends(self) -> tuple[str, ...]:
         """Backends that ran on at least one shape ("default" left out)."""
         return tuple(sorted({p.backend for p in self.sdpa if p.backend != "default"}))
+
+    def host_excess_s(self, op: str) -> float:
+        """The measured per-call host excess of `op` ("aten::gelu"); 0 for an op not listed."""
+        return next((p.seconds for p in self.host_op_excess if p.op == op), 0.0)
 
     def best_gemm(self, dtype: str) -> GemmPoint | None:
         """The fastest measured GEMM of a dtype."""
@@ -279,7 +315,8 @@ class KernelCalibration:
         return {"measured_on": self.measured_on,
                 **{field: getattr(self, field) for field in _SCALARS},
                 "gemm": rows(self.gemm), "memory_kernels": rows(self.memory_kernels),
-                "sdpa": rows(self.sdpa), "conv": rows(self.conv)}
+                "sdpa": rows(self.sdpa), "conv": rows(self.conv),
+                "host_op_excess": rows(self.host_op_excess)}
 
     @classmethod
     def from_dict(cls, data: Any) -> KernelCalibration:
@@ -307,7 +344,7 @@ class KernelCalibration:
 
 
 _TABLES = (("gemm", GemmPoint), ("memory_kernels", MemoryKernelPoint), ("sdpa", SdpaPoint),
-           ("conv", ConvPoint))
+           ("conv", ConvPoint), ("host_op_excess", HostOpExcess))
 
 
 def _row(kind, where: str, item: Any):

@@ -15,6 +15,7 @@ import torch
 from cost_models import profile_device as pd
 from cost_models.clusters import get_cluster
 from cost_models.compute import gemm_efficiency as analytic_gemm_efficiency
+from cost_models.host_excess import HOST_EXCESS_OPS
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.kernel_calibration import MEMORY_KERNELS, GemmPoint, KernelCalibration
@@ -75,6 +76,12 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     # The forward host cost in parts, measured by the same probe as op_overhead_s.
     assert 0 < cal.forward_host_op_s < 1e-3 and 0 < cal.view_host_op_s < 1e-3
     assert 0 <= cal.module_call_host_s < 1e-3
+    # The backward in parts (views, other ops, autograd nodes) and the per-call excess of
+    # every listed op (exact GELU's backward: microseconds on any CPU; the others >= 0).
+    assert 0 < cal.backward_view_host_op_s < 1e-3 and 0 < cal.backward_nonview_host_op_s < 1e-3
+    assert 0 <= cal.backward_node_host_s < 1e-3
+    assert {p.op for p in cal.host_op_excess} == set(HOST_EXCESS_OPS)
+    assert 0 < cal.host_excess_s("aten::gelu_backward") < 1e-3
 
 
 def test_estimate_plan_accept_the_profiled_spec(capsys, cpu_spec_path):

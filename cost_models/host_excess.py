@@ -1,0 +1,131 @@
+"""What one ATen op costs the host with autograd's recording off, as a backward formula
+dispatches it, and the per-call fixed excess some ops carry beyond that; one thread.
+
+Autograd's engine runs a backward formula with grad mode off, so each op it dispatches
+pays the dispatcher's walk, an output's allocation and TensorIterator's set-up, and a
+view far less (metadata only, no kernel). `plain_dispatch_seconds` times both at tiny
+sizes (a few dozen elements: nanoseconds of arithmetic), and the ops that cost more per
+call whatever their size. On this CPU (torch 2.13, one thread, thread clock, 2 x 8 fp32
+inputs, 2026-11-24) over add's 1.0-1.7 us: exact GELU +5.1 us and its backward +10.5,
+a fused RMS norm +6.6, layer norm +1.7 and its backward +2.5, a row mean +2.3, addmm
++0.8 (it first copies the bias into the output), a bias-gradient sum +0.7; relu,
+tanh-GELU, silu, tanh, rsqrt, pow, mul, mm, bmm, clone and softmax within +-0.5 of add.
+That excess is neither dispatch nor bandwidth (the kernel tables price bytes): it is
+measured as tiny-size time minus add's (add streams and has no fixed cost: the
+reference), the ops alternating within each round, and `cost_models.compute` charges it
+once per backward call of that op (`KernelCalibration.host_excess_s`); the backward
+probe takes it out of the chain it times (`host_probes.host_op_seconds_by_pass`), so no
+call pays it twice.
+
+    >>> sorted(HOST_EXCESS_OPS)[:2]
+    ['aten::_fused_rms_norm', 'aten::addmm']
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+# The reference: a streaming op with no fixed cost beyond dispatch. Excess is timed
+# through `torch.ops.aten` (the same Python call path for every op, so it cancels); the
+# plain figures through torch's C-bound `torch.add` and `Tensor.view`, the least Python
+# in front of the dispatcher (a backward formula calls from C++: none).
+REFERENCE_OP = "aten::add"
+PLAIN_OP, PLAIN_VIEW = "torch.add", "Tensor.view"
+# Ops whose excess is measured (module docstring: the ones above ~0.5 us on this CPU that
+# zoo layers dispatch). Dropout is left out: CPUs run it as bernoulli_, div_ and mul
+# (priced per element by `random_element_s`), not the native_dropout its record names.
+HOST_EXCESS_OPS = ("aten::gelu", "aten::gelu_backward", "aten::native_layer_norm",
+                   "aten::native_layer_norm_backward", "aten::_fused_rms_norm", "aten::mean",
+                   "aten::sum", "aten::addmm")
+# Tiny inputs: EXCESS_ROWS x EXCESS_WIDTH fp32, the size of the host probe chain's
+# activations (`clusters.OP_OVERHEAD_WIDTH`, 2 rows): what is timed is the host.
+EXCESS_ROWS, EXCESS_WIDTH = 2, 8
+# A round times EXCESS_CALLS calls of each op (milliseconds: far above the thread clock's
+# resolution); the figure is the median over EXCESS_ROUNDS rounds of (op - reference).
+EXCESS_CALLS = 500
+EXCESS_ROUNDS = 9
+EXCESS_WARMUP_CALLS = 20
+
+
+def _tiny_calls(device: str) -> dict:
+    """One zero-argument call per op of HOST_EXCESS_OPS, the reference, the plain pair and
+    two streaming ops (relu, mul: no excess, for checking the probe), on tiny inputs, in
+    the overload a layer dispatches (a bias gradient's `sum.dim_IntList`, a norm's
+    `mean.dim`)."""
+    import torch
+
+    aten = torch.ops.aten
+    x, y, grad = (torch.randn(EXCESS_ROWS, EXCESS_WIDTH, device=device) for _ in range(3))
+    weight, bias = torch.randn(EXCESS_WIDTH, device=device), torch.randn(EXCESS_WIDTH, device=device)
+    square = torch.randn(EXCESS_WIDTH, EXCESS_WIDTH, device=device)
+    mean = x.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(x.var(-1, keepdim=True, unbiased=False) + 1e-5)
+    shape = [EXCESS_WIDTH]
+    calls = {
+        REFERENCE_OP: lambda: aten.add.Tensor(x, y),
+        PLAIN_OP: lambda: torch.add(x, y),
+        PLAIN_VIEW: lambda: x.view(EXCESS_ROWS * EXCESS_WIDTH),
+        "aten::gelu": lambda: aten.gelu(x),
+        "aten::gelu_backward": lambda: aten.gelu_backward(grad, x),
+        "aten::native_layer_norm": lambda: aten.native_layer_norm(x, shape, weight, bias, 1e-5),
+        "aten::native_layer_norm_backward": lambda: aten.native_layer_norm_backward(
+            grad, x, shape, mean, rstd, weight, bias, [True, True, True]),
+        "aten::_fused_rms_norm": lambda: aten._fused_rms_norm(x, shape, weight, 1e-5),
+        "aten::mean": lambda: aten.mean.dim(x, [-1], True),
+        "aten::sum": lambda: aten.sum.dim_IntList(grad, [0]),
+        "aten::addmm": lambda: aten.addmm(bias, x, square),
+        "aten::relu": lambda: aten.relu(x),
+        "aten::mul": lambda: aten.mul.Tensor(x, y),
+    }
+    assert {REFERENCE_OP, PLAIN_OP, PLAIN_VIEW, *HOST_EXCESS_OPS} <= set(calls)
+    return calls
+
+
+@dataclass(frozen=True, slots=True)
+class PlainDispatch:
+    """Host seconds per call with autograd's recording off: a streaming op (`op_s`), a
+    view (`view_s`), and per op of HOST_EXCESS_OPS what it costs beyond the reference
+    (`excess_s`, never below 0)."""
+
+    op_s: float
+    view_s: float
+    excess_s: dict
+
+
+def plain_dispatch_seconds(device: str = "cpu", ops=HOST_EXCESS_OPS) -> PlainDispatch:
+    """The reference op's and the view's per-call seconds (medians over rounds) and each
+    listed op's excess (median over rounds of its per-call time minus the reference's in
+    the same round), every round timing every op in turn on the probe clock, so a slow
+    spell of a shared machine hits them alike. Inputs need no grad: nothing records.
+    `ops`: which ops' excess to measure (any `_tiny_calls` holds)."""
+    from cost_models.clusters import _one_thread
+    from cost_models.host_probes import probe_clock
+
+    clock = probe_clock(device)
+    with _one_thread():
+        calls = {op: call for op, call in _tiny_calls(device).items()
+                 if op in (REFERENCE_OP, PLAIN_OP, PLAIN_VIEW, *ops)}
+        for call in calls.values():
+            for _ in range(EXCESS_WARMUP_CALLS):
+                call()
+        rounds = {op: [] for op in calls}
+        for _ in range(EXCESS_ROUNDS):
+            per_call = {}
+            for op, call in calls.items():
+                start = clock()
+                for _ in range(EXCESS_CALLS):
+                    call()
+                per_call[op] = (clock() - start) / EXCESS_CALLS
+            for op in calls:
+                rounds[op].append(per_call[op] - (per_call[REFERENCE_OP] if op in ops else 0.0))
+    return PlainDispatch(statistics.median(rounds[PLAIN_OP]),
+                         statistics.median(rounds[PLAIN_VIEW]),
+                         {op: max(0.0, statistics.median(rounds[op])) for op in ops})
+
+
+def records_excess_seconds(records, excess_s) -> float:
+    """Host excess of some kernel records: per record, its calls x `excess_s(op)` (a
+    function of the op's name, e.g. `KernelCalibration.host_excess_s` or a probe's dict's
+    `get`)."""
+    return sum(r.count * excess_s(r.op) for r in records)
