@@ -4,7 +4,8 @@ on one process (`host_op_seconds_by_pass`, also run by `planner profile-device`)
 
   op_overhead_s / backward_op_overhead_s   seconds per ATen op in forward (Python
                             modules dispatch each op) and in backward (autograd's C++
-                            engine dispatches them), timed apart on one thread;
+                            engine dispatches them), timed apart on one thread, and
+                            each in parts for the device kit (`HostOpCost`);
 
   dtensor_op_overhead_s     extra seconds per op on replicated DTensors (rank 0 alone);
   optimizer_tensor_seconds  seconds per parameter tensor of an optimizer step + zero_grad;
