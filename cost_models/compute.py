@@ -58,7 +58,7 @@ from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
 from cost_models.common import GB, StepConfig, dtype_bytes
 from cost_models.gemm_efficiency import (SQUARE_GEMM_EDGE_PER_INTENSITY, device_kind,  # noqa: F401
                                          gemm_efficiency)
-from cost_models.host_excess import records_excess_seconds
+from cost_models.host_excess import backward_nodes, records_excess_seconds
 from cost_models.kernel_time import layer_kernel_seconds
 from cost_models.model_states import has_dp_unit, tp_local_params
 from cost_models.offload import host_step_seconds
@@ -180,16 +180,17 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool)
     (`KernelCalibration.backward_view_host_op_s`, `backward_nonview_host_op_s`,
     `backward_node_host_s`, `host_op_excess`) and the layer has kernel records: views x
     per-view + other ops x per-op + autograd nodes x per-node + each op's per-call
-    excess, where nodes = the forward's ops (each records one) + the layer's parameter
-    tensors (each accumulates its gradient), the count the kit's probe took of its own
-    chain; else ops x `host_op_seconds`. (Views are metadata only, and many come inside
+    excess, where nodes = the forward's calls on floating tensors (each records one) +
+    the layer's parameter tensors (each accumulates its gradient), `backward_nodes`, the
+    count the kit's probe took of its own chain; else ops x `host_op_seconds`. (Views are metadata only, and many come inside
     a node's formula, so a per-op figure over-prices them: the mlp-small block's 16
     backward ops ran in ~18 us, not 16 x 2 us.)"""
     cal = cluster.kernel_calibration
     if cal is None or cal.backward_nonview_host_op_s <= 0 or layer.kernels is None:
         return layer.ops_bwd * host_op_seconds(cluster, on_dtensors, backward=True)
     views = sum(r.count for r in layer.kernels.backward if r.kind is KernelKind.VIEW)
-    nodes = layer.ops_fwd + len(layer.param_names) + len(layer.tied_param_names)
+    nodes = backward_nodes(layer.kernels.forward,
+                           len(layer.param_names) + len(layer.tied_param_names))
     extra_s = cluster.dtensor_op_overhead_s if on_dtensors else 0.0
     # Measured decomposition (cost_models.host_probes.host_op_seconds_by_pass, host_excess)
     return (views * (cal.backward_view_host_op_s + extra_s)

@@ -46,6 +46,8 @@ EXCESS_ROWS, EXCESS_WIDTH = 2, 8
 EXCESS_CALLS = 500
 EXCESS_ROUNDS = 9
 EXCESS_WARMUP_CALLS = 20
+# Record dtypes (`KernelRecord.dtype`, torch's names) of tensors that can carry a gradient.
+FLOATING_DTYPE_PREFIXES = ("float", "bfloat")
 
 
 def _tiny_calls(device: str) -> dict:
@@ -129,3 +131,12 @@ def records_excess_seconds(records, excess_s) -> float:
     function of the op's name, e.g. `KernelCalibration.host_excess_s` or a probe's dict's
     `get`)."""
     return sum(r.count * excess_s(r.op) for r in records)
+
+
+def backward_nodes(forward_records, parameter_tensors: int) -> int:
+    """Autograd nodes a backward runs, as the host model counts them: one per forward call
+    on floating tensors (an integer or bool op, index arithmetic, cannot carry a gradient,
+    so records none; a float op on tensors that need no gradient is still counted) plus
+    one per parameter tensor (its gradient's accumulation)."""
+    return sum(r.count for r in forward_records
+               if r.dtype.startswith(FLOATING_DTYPE_PREFIXES)) + parameter_tensors

@@ -109,15 +109,16 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     recorded one plus one per parameter tensor (its gradient's accumulation), and each
     node's formula dispatches ops with grad mode off. Per view and per other op: the
     plain dispatch probe; per node = (the chain's backward - its views x per view - its
-    other ops x per op - its ops' excess) / (its forward ops + its parameter tensors),
-    the count `compute.backward_host_seconds` takes of a layer. Both backward figures
+    other ops x per op - its ops' excess) / its nodes (`host_excess.backward_nodes`, the
+    count `compute.backward_host_seconds` takes of a layer). Both backward figures
     leave out the engine's start (`autograd_call_s`): a step pays it once per
     micro-batch and stage, and `layer_profile.time_layer` takes it out of a layer's."""
     import torch
     from torch import nn
 
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
-    from cost_models.host_excess import plain_dispatch_seconds, records_excess_seconds
+    from cost_models.host_excess import (backward_nodes, plain_dispatch_seconds,
+                                         records_excess_seconds)
     from ir.kernel_recorder import KernelRecorder
     from ir.kernel_records import KernelKind
     from ir.op_count import OpCounter, count_ops
@@ -170,12 +171,14 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
         with OpCounter(recorder):
             as_functions()
         function_views = sum(r.count for r in recorder.records() if r.kind is KernelKind.VIEW)
-        forward()
+        recorder = KernelRecorder(set())
+        with OpCounter(recorder):
+            forward()
+        nodes = backward_nodes(recorder.records(), len(list(chain.parameters())))
         recorder = KernelRecorder(set())
         with OpCounter(recorder):
             backward()  # weights' gradients exist: accumulated, as in the rounds
         backward_records = recorder.records()
-        nodes = forward_ops + len(list(chain.parameters()))
         chain.zero_grad(set_to_none=True)
         forward_rounds, backward_rounds, function_rounds, module_rounds = [], [], [], []
         view_rounds = []

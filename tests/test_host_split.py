@@ -41,16 +41,18 @@ PARTS = KernelCalibration(
 
 
 def tiny_layer(params: int = 2) -> Layer:
-    """5 forward ops; backward: 3 detach views, one gelu_backward, two tiny mm, one add."""
-    def mem(op, count):
-        return KernelRecord(op, KernelKind.MEMORY, "float32", (2, 8), count, activation_bytes=64)
+    """Forward: 5 ops (gelu, 2 views, mul on floats; an int64 arange). Backward: 3 detach
+    views, one gelu_backward, two tiny mm, one add."""
+    def mem(op, count, dtype="float32"):
+        return KernelRecord(op, KernelKind.MEMORY, dtype, (2, 8), count, activation_bytes=64)
 
     backward = (KernelRecord("aten::detach", KernelKind.VIEW, "float32", (), 3),
                 mem("aten::gelu_backward", 1),
                 KernelRecord("aten::mm", KernelKind.GEMM, "float32", (1, 2, 8, 8), 2,
                              flops=256, activation_bytes=192),
                 mem("aten::add", 1))
-    forward = (mem("aten::gelu", 1),)
+    forward = (mem("aten::gelu", 1), KernelRecord("aten::view", KernelKind.VIEW, "float32", (), 2),
+               mem("aten::arange", 1, "int64"), mem("aten::mul", 1))
     return Layer(name="blocks.0", kind="Block", index=0, params=16 * params, param_bytes=0,
                  tp_params=0, input_bytes=64, output_bytes=64, structural_hash="x",
                  param_names=tuple(f"w{i}" for i in range(params)),
@@ -60,14 +62,15 @@ def tiny_layer(params: int = 2) -> Layer:
 
 def test_backward_host_is_views_ops_nodes_and_excess():
     """Hand computation. Backward: 3 views x 1 us + 4 other ops (gelu_backward, 2 mm, add)
-    x 2 us + nodes (5 forward ops + 2 parameter tensors = 7) x 3 us + gelu_backward's
-    excess 10 us once = 3 + 8 + 21 + 10 = 42 us; gelu's 7 us is a forward op's, not
-    charged here. On DTensors every op, view or not, adds the 15 us DTensor extra:
-    42 + 7 x 15 = 147 us. A third parameter tensor adds one node: 45 us."""
+    x 2 us + nodes (4 forward calls on floats: gelu, 2 views, mul, the int64 arange
+    records none; + 2 parameter tensors = 6) x 3 us + gelu_backward's excess 10 us once
+    = 3 + 8 + 18 + 10 = 39 us; gelu's 7 us is a forward op's, not charged here. On
+    DTensors every op, view or not, adds the 15 us DTensor extra: 39 + 7 x 15 = 144 us.
+    A third parameter tensor adds one node: 42 us."""
     layer, spec = tiny_layer(), cpu(PARTS)
-    assert backward_host_seconds(layer, spec, False) == pytest.approx(42 * US)
-    assert backward_host_seconds(layer, spec, True) == pytest.approx(147 * US)
-    assert backward_host_seconds(tiny_layer(params=3), spec, False) == pytest.approx(45 * US)
+    assert backward_host_seconds(layer, spec, False) == pytest.approx(39 * US)
+    assert backward_host_seconds(layer, spec, True) == pytest.approx(144 * US)
+    assert backward_host_seconds(tiny_layer(params=3), spec, False) == pytest.approx(42 * US)
 
 
 def test_backward_host_falls_back_to_one_figure_per_op():
@@ -84,13 +87,13 @@ def test_backward_host_falls_back_to_one_figure_per_op():
 def test_layer_compute_adds_the_split_backward_host_on_cpu():
     """A CPU process adds host and kernels: the layer's backward over the same layer on
     a spec with no backward host cost (no parts, 0 per op; PARTS holds no kernel tables,
-    so the kernels price alike) is exactly the 42 us of the split."""
+    so the kernels price alike) is exactly the 39 us of the split."""
     layer, strategy = tiny_layer(), LayerStrategy()
     config = StepConfig(micro_batch=1, graph_micro_batch=1, graph_dtype="float32",
                         precision=Precision.FP32, device_type="cpu")
     with_split = layer_compute(layer, strategy, cpu(PARTS), config)
     without = layer_compute(layer, strategy, cpu(None, backward_op_overhead_s=0.0), config)
-    assert with_split.backward_s - without.backward_s == pytest.approx(42 * US, rel=1e-6)
+    assert with_split.backward_s - without.backward_s == pytest.approx(39 * US, rel=1e-6)
 
 
 def test_calibration_round_trips_the_new_fields_and_old_json_still_loads():
