@@ -6,7 +6,9 @@ measured at the same group size (`cost_models.collective_fit.PRICE`) and keeps t
   blocking_wait        per collective and group size, what a blocking call took beyond
                        its price (`BlockingWait` records);
   dp_unit_overhead     per DP mode and group size, a fixed cost per unit and one per
-                       parameter tensor (the line through two unit sizes; `DpOverhead`);
+                       parameter tensor (the non-negative line through two unit sizes;
+                       `DpOverhead`); a unit whose fixed cost comes out <= 0 raises
+                       `HostFitError` (profile-cluster re-measures once, then reports);
   tp_module_overhead   per group size, the cost of one tensor-parallel module
                        (`TpModuleOverhead`).
 """
@@ -14,6 +16,7 @@ measured at the same group size (`cost_models.collective_fit.PRICE`) and keeps t
 from __future__ import annotations
 
 from ir.calibration_tables import BlockingWait, CollectiveFit, DpOverhead, TpModuleOverhead
+from ir.errors import PlannerError
 from ir.strategy import DPMode
 
 from cost_models.collective_fit import FLOAT_BYTES, PRICE
@@ -65,23 +68,58 @@ def dp_probe_traffic_s(mode: DPMode, tensors: int, size: int,
     return seconds
 
 
+class HostFitError(PlannerError):
+    """A DP-unit probe whose readings do not determine the unit's fixed cost."""
+
+    def __init__(self, mode: DPMode, size: int, reason: str):
+        self.mode, self.size = mode, size
+        super().__init__(f"profile-cluster: cannot fit the {mode} DP-unit overhead over {size} "
+                         f"ranks: {reason}; re-run profile-cluster on a quieter machine")
+
+
+def unit_line(few: int, few_s: float, many: int, many_s: float) -> tuple[float, float]:
+    """(per-unit s, per-tensor s) >= 0 of the line through (few, few_s), (many, many_s)
+    fitted by non-negative least squares (Lawson & Hanson 1974, ch. 23): a unit with more
+    tensors cannot cost less, so a falling pair (its per-tensor share below the probe's
+    noise) puts the mean in the per-unit term; a line whose intercept would be negative
+    goes through the origin instead (least squares over both points)."""
+    slope = (many_s - few_s) / (many - few)
+    fixed = few_s - slope * few
+    if slope < 0:
+        return (few_s + many_s) / 2, 0.0
+    if fixed < 0:
+        return 0.0, (few * few_s + many * many_s) / (few * few + many * many)
+    return fixed, slope
+
+
 def dp_unit_overhead(measured: dict[int, dict[DPMode, dict[int, float]]],
                      fits: dict[tuple[str, int], CollectiveFit]) -> tuple[DpOverhead, ...]:
-    """Per-unit and per-tensor overhead by DP mode and group size: the line through the two unit sizes measured, as measured with all N processes
-    running in groups of that size (so it holds their sharing of the cores; the compute
-    model does not stretch it again), less what the comm model prices for the unit's own
-    collectives (`dp_probe_traffic_s`: it charges them again for the real layer); the
-    whole-node group's figures are also the fallback (group size None)."""
+    """Per-unit and per-tensor overhead by DP mode and group size: the line through the two
+    unit sizes measured (`unit_line`), as measured with all N processes running in groups
+    of that size (so it holds their sharing of the cores; the compute model does not
+    stretch it again), less what the comm model prices for the unit's own collectives
+    (`dp_probe_traffic_s`: it charges them again for the real layer); the whole-node
+    group's figures are also the fallback (group size None). Every unit runs its hooks
+    and launches its collectives, so a fixed cost of 0 is not a measurement: a reading at
+    or below its priced traffic, or a line through the origin, raises HostFitError."""
     world = max(measured)
     rows = []
     for size, by_mode in measured.items():
         by_mode = {**by_mode, DPMode.ZERO1: by_mode[DPMode.REPLICATE]}  # replicate + ...
         for mode, by_tensors in by_mode.items():
-            (few, few_s), (many, many_s) = sorted(
-                (tensors, max(seconds - dp_probe_traffic_s(mode, tensors, size, fits), 0.0))
-                for tensors, seconds in by_tensors.items())
-            slope = max((many_s - few_s) / (many - few), 0.0)
-            fixed = max(few_s - slope * few, 0.0)
+            net = sorted((tensors, seconds - dp_probe_traffic_s(mode, tensors, size, fits))
+                         for tensors, seconds in by_tensors.items())
+            (few, few_s), (many, many_s) = net
+            if min(few_s, many_s) <= 0:
+                raise HostFitError(mode, size, (
+                    f"units of {few} and {many} tensors measured "
+                    f"{by_tensors[few] * 1e3:.3g} and {by_tensors[many] * 1e3:.3g} ms, no more "
+                    "than the comm model prices for their collectives"))
+            fixed, slope = unit_line(few, few_s, many, many_s)
+            if fixed <= 0:
+                raise HostFitError(mode, size, (
+                    f"the line through {few} tensors: {few_s * 1e3:.3g} ms and {many}: "
+                    f"{many_s * 1e3:.3g} ms leaves no fixed cost per unit"))
             for group_size in [size] + ([None] if size == world else []):
                 rows.append(DpOverhead(mode, group_size, fixed, slope))
     return tuple(sorted(rows, key=lambda r: (r.mode.stage, r.group_size or 0)))
