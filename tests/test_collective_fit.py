@@ -43,12 +43,13 @@ def test_noisy_small_messages_do_not_move_the_bandwidth():
 
 def test_an_anomalous_large_size_does_not_turn_the_slope_negative():
     """gloo's reduce-scatter of 256 KiB read 22-70 ms against 6-7 ms at 1 MiB on this
-    host, run after run (a least-squares slope over the large sizes went negative)."""
+    host, run after run (a least-squares slope over the large sizes went negative). The
+    envelope caps it at the 1 MiB reading, which leaves the bandwidth within 20%."""
     times = line("reduce_scatter", 2)
     times[SIZES.index(256 * 1024)] = 25e-3
     alpha, bandwidth = fit_alpha_beta("reduce_scatter", 2, SIZES, times)
     assert alpha == pytest.approx(ALPHA_S, rel=0.05)
-    assert bandwidth == pytest.approx(BANDWIDTH, rel=0.05)
+    assert bandwidth == pytest.approx(BANDWIDTH, rel=0.2)
 
 
 def test_one_outlier_moves_neither_parameter_far():
@@ -82,23 +83,24 @@ def test_a_flat_regime_is_refused_not_clamped():
     with pytest.raises(CollectiveFitError) as err:
         fit_alpha_beta("all_reduce", 4, SIZES, flat)
     message = str(err.value)
-    assert "cannot fit all_reduce over 4 ranks" in message and "does not grow" in message
+    assert "cannot fit all_reduce over 4 ranks" in message and "hardly grows" in message
     assert "--max-bytes" in message and "\n" not in message
     assert err.value.collective == "all_reduce" and err.value.n == 4
 
 
 def test_a_slope_faster_than_memory_is_refused():
-    times = line("all_to_all", 2, bandwidth=200e9)  # 200 GB/s over loopback
+    times = line("all_to_all", 2, alpha=1e-6, bandwidth=200e9)  # 200 GB/s over loopback
     with pytest.raises(CollectiveFitError, match="above the 37.3 GB/s memory bandwidth"):
         fit_alpha_beta("all_to_all", 2, SIZES, times, ceiling_bytes_per_s=37.3e9)
     assert fit_alpha_beta("all_to_all", 2, SIZES, times)[1] == pytest.approx(200e9)
 
 
 def test_a_line_that_misses_most_readings_is_refused():
-    """A step in mid-sweep (a transport switching protocol) that no alpha-beta line
-    follows: the line misses the median reading by more than MAX_MEDIAN_RELATIVE_RESIDUAL."""
-    times = [1e-4, 1e-4, 3e-3, 3e-3, 3e-3, 3.05e-3]
-    with pytest.raises(CollectiveFitError, match=r"misses the median reading by 53% \(over 50%\)"):
+    """Flat, then a 100x step at the largest size (a transport switching protocol): no
+    alpha-beta line follows it; the line misses the median reading by more than
+    MAX_MEDIAN_RELATIVE_RESIDUAL."""
+    times = [1e-4, 1e-4, 1e-4, 1e-4, 1e-4, 1e-2]
+    with pytest.raises(CollectiveFitError, match=r"misses the median reading by 68% \(over 50%\)"):
         fit_alpha_beta("broadcast", 2, SIZES, times)
     assert MAX_MEDIAN_RELATIVE_RESIDUAL == 0.5
 
@@ -159,16 +161,18 @@ def test_a_spec_with_a_fit_faster_than_memory_fails_to_load(tmp_path):
 
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_real_gloo_sweep_fits_within_physical_bounds(nproc):
-    """A short real sweep (4 KiB .. 4 MiB) on `nproc` gloo processes: every fit is
-    finite, alpha >= 0, and the bandwidth lies between a floor no working loopback is
-    below and the memory bandwidth measured here (`collective_ceiling_bytes_per_s`)."""
-    sizes = message_sizes(4 * 1024, 4 << 20)
+    """A short real sweep (64 KiB .. 16 MiB, five sizes) on `nproc` gloo processes: every
+    fit is finite, alpha >= 0, and the bandwidth lies between a floor no working loopback
+    is below and the memory bandwidth measured here (`collective_ceiling_bytes_per_s`).
+    16 MiB: at load 8-15 on 2 cores a 4-rank call took ~4.4 ms of start-up whatever its
+    size up to 4 MiB, so a smaller top size leaves the bandwidth undetermined (refused)."""
+    sizes = message_sizes(64 * 1024, 16 << 20)
     measured = profile_cluster.measure_collectives(nproc, "gloo", sizes, probes="collectives")
     by_size = {nproc: measured, **{g: measured[f"group{g}"]
                                    for g in profile_cluster.smaller_group_sizes(nproc)}}
     ceiling = collective_ceiling_bytes_per_s(measure_copy_gbps())
     fits = profile_cluster.fit_with_retries(nproc, "gloo", sizes, by_size, ceiling)
-    floor_bytes_per_s = 1e6  # a 4 MiB message taking over 4 s would be a hang, not a link
+    floor_bytes_per_s = 1e6  # a 16 MiB message taking over 16 s would be a hang, not a link
     assert {(f.collective, f.measured_ranks) for f in fits} >= {
         (c, nproc) for c in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                              "broadcast", "send_recv")}

@@ -209,21 +209,28 @@ def test_dp_unit_figures_split_per_unit_and_per_tensor():
     assert CalibrationTables().dp_overhead(Z3, 2).seconds(10) == 0.0
 
 
-@pytest.mark.parametrize("readings, message", [
-    # rises so steeply that the line meets zero tensors below zero: no fixed cost left
-    ({6: 1e-3, 24: 10e-3}, r"zero3 DP-unit overhead over 2 ranks: the line through 6 "
-                           r"tensors: 0\.85 ms and 24: 9\.85 ms leaves no fixed cost"),
-    # a unit measured at or below the price of its own collectives
-    ({6: 0.05e-3, 24: 2e-3}, r"units of 6 and 24 tensors measured 0\.05 and 2 ms, no more "
-                             r"than the comm model prices"),
-])
-def test_dp_unit_figures_that_leave_no_fixed_cost_are_refused(readings, message):
-    """A unit runs its hooks and launches its collectives: a fixed cost clipped to 0 is
-    not a measurement, so the fit says which probe failed instead of writing 0."""
+def test_dp_unit_figures_that_rise_steeply_go_through_the_origin():
+    """Readings proportional to the tensor count: the non-negative least-squares line
+    through both points (no per-unit part the probe resolves), not the line through the
+    smaller unit with its intercept clipped to 0 (which over-prices that unit)."""
+    measured = {2: {R: {6: 2e-3, 24: 3e-3}, Z2: {6: 2e-3, 24: 3e-3}, Z3: {6: 1e-3, 24: 10e-3}}}
+    free = {(c, 2): CollectiveFit(c, "intra_node", 0.0, 1e18, 2) for c in COLLECTIVES}
+    got = {(r.mode, r.group_size): r for r in dp_unit_overhead(measured, free)}
+    assert got[Z3, 2].per_unit_s == 0.0
+    assert got[Z3, 2].per_tensor_s == pytest.approx((6 * 1e-3 + 24 * 10e-3) / (36 + 576))
+
+
+def test_dp_unit_readings_below_their_priced_collectives_are_refused():
+    """A unit measured at or below the price of its own collectives (what clamped
+    all-reduce fits caused: 6 alpha of a 4-rank ring per probe unit) is not a
+    measurement: the fit names the probe instead of writing a clipped 0."""
     fits = {(c, 2): CollectiveFit(c, "intra_node", 0.05e-3, 1e18, 2) for c in COLLECTIVES}
     # ZeRO-3 probe traffic at 2 ranks: 2 all-gathers + 1 reduce-scatter, 1 alpha each
-    measured = {2: {R: {6: 2e-3, 24: 3e-3}, Z2: {6: 2e-3, 24: 3e-3}, Z3: readings}}
-    with pytest.raises(HostFitError, match=message) as err:
+    measured = {2: {R: {6: 2e-3, 24: 3e-3}, Z2: {6: 2e-3, 24: 3e-3},
+                    Z3: {6: 0.05e-3, 24: 2e-3}}}
+    with pytest.raises(HostFitError, match=r"zero3 DP-unit overhead over 2 ranks: units of 6 "
+                                           r"and 24 tensors measured 0\.05 and 2 ms, no more "
+                                           r"than the comm model prices") as err:
         dp_unit_overhead(measured, fits)
     assert err.value.mode is Z3 and err.value.size == 2
     assert "\n" not in str(err.value) and "re-run profile-cluster" in str(err.value)
