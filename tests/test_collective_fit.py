@@ -18,7 +18,7 @@ from cost_models.collective_fit import (MAX_MEDIAN_RELATIVE_RESIDUAL, Collective
 from ir.cluster import ClusterSpec, CollectiveFit, collective_ceiling_bytes_per_s
 from ir.errors import PlannerError
 
-SIZES = message_sizes(1024, 1 << 20)  # 1K .. 1M, x4: what bench_validate profiles
+SIZES = message_sizes(1024, 1 << 20)  # 1K .. 1M, x4: what bench_validate profiled before
 ALPHA_S, BANDWIDTH = 100e-6, 1e9  # loopback gloo on this host: ~0.1 ms a step, ~1 GB/s
 
 
