@@ -106,14 +106,14 @@ class CollectiveFitError(PlannerError):
 
 
 # The largest message must spend at least this share of its time on volume for the
-# bandwidth to be measured: a burst median moves 10-20% between runs on this host (and
-# 20-50% between minutes under load, bench_validate's doc), so a smaller volume term is
-# within the noise of the start-up it sits on.
+# bandwidth to be measured: a burst median of this host moves 20-50% between minutes
+# under load (bench_validate's doc), so a smaller volume term is within the noise of the
+# start-up it sits on. (A judgement, not a fit: re-check on a quiet machine.)
 MIN_VOLUME_SHARE = 0.25
 # A line that misses half the readings by more than this share does not describe them:
-# half the sizes are off by over 1.5x or under 1/2 of the time the fit predicts. (Quiet
-# 2-process sweeps on this host fit within ~20% at the median; the bursts' medians move
-# 20-50% between minutes on the loaded machine, so the bound leaves room for that.)
+# half the sizes are off by over 1.5x or under 1/2 of the time the fit predicts. (The
+# 2-process sweeps taken here at load 7-15 fit within 23% at the median; the bound leaves
+# room for the 20-50% a burst median moves between minutes.)
 MAX_MEDIAN_RELATIVE_RESIDUAL = 0.5
 
 
