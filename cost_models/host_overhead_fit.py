@@ -6,7 +6,10 @@ measured at the same group size (`cost_models.collective_fit.PRICE`) and keeps t
   blocking_wait        per collective and group size, what a blocking call took beyond
                        its price (`BlockingWait` records);
   dp_unit_overhead     per DP mode and group size, a fixed cost per unit and one per
-                       parameter tensor (the line through two unit sizes; `DpOverhead`);
+                       parameter tensor (the non-negative line through two unit sizes;
+                       `DpOverhead`); a unit read at or below the price of its own
+                       collectives raises `HostFitError` (profile-cluster re-measures
+                       once, then reports);
   tp_module_overhead   per group size, the cost of one tensor-parallel module
                        (`TpModuleOverhead`).
 """
@@ -14,6 +17,7 @@ measured at the same group size (`cost_models.collective_fit.PRICE`) and keeps t
 from __future__ import annotations
 
 from ir.calibration_tables import BlockingWait, CollectiveFit, DpOverhead, TpModuleOverhead
+from ir.errors import PlannerError
 from ir.strategy import DPMode
 
 from cost_models.collective_fit import FLOAT_BYTES, PRICE
@@ -65,23 +69,57 @@ def dp_probe_traffic_s(mode: DPMode, tensors: int, size: int,
     return seconds
 
 
+class HostFitError(PlannerError):
+    """A DP-unit probe whose readings hold nothing beyond their priced collectives."""
+
+    def __init__(self, mode: DPMode, size: int, reason: str):
+        self.mode, self.size = mode, size
+        super().__init__(f"profile-cluster: cannot fit the {mode} DP-unit overhead over {size} "
+                         f"ranks: {reason}; re-run profile-cluster on a quieter machine")
+
+
+def unit_line(few: int, few_s: float, many: int, many_s: float) -> tuple[float, float]:
+    """(per-unit s, per-tensor s) >= 0 of the line through (few, few_s), (many, many_s)
+    fitted by non-negative least squares (Lawson & Hanson 1974, ch. 23): a unit with more
+    tensors cannot cost less, so a falling pair (its per-tensor share below the probe's
+    noise) puts the mean in the per-unit term; a line whose intercept would be negative
+    goes through the origin instead (least squares over both points)."""
+    slope = (many_s - few_s) / (many - few)
+    fixed = few_s - slope * few
+    if slope < 0:
+        return (few_s + many_s) / 2, 0.0
+    if fixed < 0:
+        return 0.0, (few * few_s + many * many_s) / (few * few + many * many)
+    return fixed, slope
+
+
 def dp_unit_overhead(measured: dict[int, dict[DPMode, dict[int, float]]],
                      fits: dict[tuple[str, int], CollectiveFit]) -> tuple[DpOverhead, ...]:
-    """Per-unit and per-tensor overhead by DP mode and group size: the line through the two unit sizes measured, as measured with all N processes
-    running in groups of that size (so it holds their sharing of the cores; the compute
-    model does not stretch it again), less what the comm model prices for the unit's own
-    collectives (`dp_probe_traffic_s`: it charges them again for the real layer); the
-    whole-node group's figures are also the fallback (group size None)."""
+    """Per-unit and per-tensor overhead by DP mode and group size: the line through the two
+    unit sizes measured (`unit_line`), as measured with all N processes running in groups
+    of that size (so it holds their sharing of the cores; the compute model does not
+    stretch it again), less what the comm model prices for the unit's own collectives
+    (`dp_probe_traffic_s`: it charges them again for the real layer); the whole-node
+    group's figures are also the fallback (group size None). A reading at or below its
+    priced traffic is not a measurement of the unit (the old fit clipped it to 0, which
+    hid clamped collective fits pricing a probe unit's all-reduce at 6 alpha): it raises
+    HostFitError. A per-unit 0 from `unit_line` is the constrained optimum, not a clip:
+    readings proportional to the tensor count (6 tensors 1.2 and 1.5 ms, 24 tensors 9.2
+    and 15.5 ms in two runs at load 12-18 here) hold no fixed part the probe resolves."""
     world = max(measured)
     rows = []
     for size, by_mode in measured.items():
         by_mode = {**by_mode, DPMode.ZERO1: by_mode[DPMode.REPLICATE]}  # replicate + ...
         for mode, by_tensors in by_mode.items():
-            (few, few_s), (many, many_s) = sorted(
-                (tensors, max(seconds - dp_probe_traffic_s(mode, tensors, size, fits), 0.0))
-                for tensors, seconds in by_tensors.items())
-            slope = max((many_s - few_s) / (many - few), 0.0)
-            fixed = max(few_s - slope * few, 0.0)
+            net = sorted((tensors, seconds - dp_probe_traffic_s(mode, tensors, size, fits))
+                         for tensors, seconds in by_tensors.items())
+            (few, few_s), (many, many_s) = net
+            if min(few_s, many_s) <= 0:
+                raise HostFitError(mode, size, (
+                    f"units of {few} and {many} tensors measured "
+                    f"{by_tensors[few] * 1e3:.3g} and {by_tensors[many] * 1e3:.3g} ms, no more "
+                    "than the comm model prices for their collectives"))
+            fixed, slope = unit_line(few, few_s, many, many_s)
             for group_size in [size] + ([None] if size == world else []):
                 rows.append(DpOverhead(mode, group_size, fixed, slope))
     return tuple(sorted(rows, key=lambda r: (r.mode.stage, r.group_size or 0)))

@@ -8,11 +8,14 @@ localhost port). Every rank runs `_worker`, which times, in order:
   2. on CPU processes, the framework's host costs (`cost_models.host_probes`) and the
      wait of a blocking call whose peers compute between calls
      (`collective_probes.blocking_seconds`).
-Rank 0 hands the readings back; this process fits the alpha-beta model the comm model
+Rank 0 hands the readings back; this process measures matmul FLOP/s and copy bandwidth
+here (`cost_models.cuda_probes` on GPUs), fits the alpha-beta model the comm model
 uses to every collective and group size (`cost_models.collective_fit`: a fit records its
-group size, `measured_ranks`, and the comm model takes the one that matches), takes
-the probes' own traffic out of the host figures (`cost_models.host_overhead_fit`), and
-measures matmul FLOP/s and copy bandwidth here (`cost_models.cuda_probes` on GPUs). All
+group size, `measured_ranks`, and the comm model takes the one that matches; no fit may
+beat the copy bandwidth, `ir.cluster.collective_ceiling_bytes_per_s`), and takes the
+probes' own traffic out of the host figures (`cost_models.host_overhead_fit`). Readings
+that do not determine a fit are re-measured (those probes alone, FIT_RETRIES times);
+then profile-cluster fails with the fit's one-line reason, never writes a clamped value. All
 processes run on this host, so the fits are intra-node; the spec reuses them for
 inter-node until a multi-node profile exists. The result is a spec `planner estimate
 --cluster spec.json` accepts.
@@ -24,10 +27,11 @@ import datetime
 import os
 import platform
 import socket
+import sys
 from typing import Any
 
 from ir.calibration_tables import COLLECTIVES, CalibrationTables, CollectiveFit
-from ir.cluster import ClusterSpec
+from ir.cluster import ClusterSpec, collective_ceiling_bytes_per_s
 from ir.errors import PlannerError
 
 from cost_models.clusters import (GPU_RUNTIME_OVERHEAD_BYTES, LOCAL_RUNTIME_OVERHEAD_BYTES,
@@ -37,7 +41,8 @@ from cost_models.collective_fit import (DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, SI
                                         fit_collectives, message_sizes, smaller_group_sizes)
 from cost_models.collective_probes import blocking_seconds, sweep
 from cost_models.cuda_probes import cuda_copy_gbps, cuda_matmul_flops, cuda_op_overhead_s
-from cost_models.host_overhead_fit import blocking_wait, dp_unit_overhead, tp_module_overhead
+from cost_models.host_overhead_fit import (HostFitError, blocking_wait, dp_unit_overhead,
+                                           tp_module_overhead)
 from cost_models.host_probes import (dp_unit_seconds, dtensor_op_overhead_s,
                                      host_op_seconds_by_pass, optimizer_tensor_seconds,
                                      tp_module_seconds)
@@ -45,6 +50,9 @@ from cost_models.item_probes import probe_random_element_s
 
 PROCESS_GROUP_TIMEOUT_S = 120
 PORT_ATTEMPTS = 3  # fresh localhost ports to try if one is taken between probe and bind
+# Re-measurements of the probes whose readings did not determine a fit (a busy spell of a
+# shared machine passes; a second failure is reported, not written as a clamped value).
+FIT_RETRIES = 1
 
 
 def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_MAX_BYTES,
@@ -56,11 +64,12 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
     if len(sizes) < 2:
         raise PlannerError(f"need at least two message sizes to fit alpha and beta; "
                            f"raise --max-bytes above {min_bytes * SIZE_FACTOR}")
+    device, memory, flops, copy_gbps, overhead = _device_info(backend, nproc)
     measured = measure_collectives(nproc, backend, sizes)
     by_size = {nproc: measured, **{g: measured[f"group{g}"] for g in smaller_group_sizes(nproc)}}
-    fits = fit_collectives(by_size, sizes)  # the whole node's first: the comm model's fallback
+    fits = fit_with_retries(nproc, backend, sizes, by_size,
+                            collective_ceiling_bytes_per_s(copy_gbps))
     by_group = {(f.collective, f.measured_ranks): f for f in fits}
-    device, memory, flops, copy_gbps, overhead = _device_info(backend, nproc)
     host_tables = {}
     if backend == "gloo":
         per_pass = host_op_seconds_by_pass("cpu")  # forward and backward per-op, apart
@@ -69,7 +78,7 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
                     dtensor_op_overhead_s=float(measured.get("dtensor_op_overhead_s", 0.0)),
                     host_cores=host_cores())
         host_tables = dict(
-            dp_overheads=dp_unit_overhead(measured["dp_unit_seconds"], by_group),
+            dp_overheads=dp_fit_with_retries(nproc, backend, sizes, measured, by_group),
             tp_modules=tp_module_overhead(measured["tp_module_seconds"], by_group),
             blocking_waits=blocking_wait(measured["blocking_seconds"], by_group),
             optimizer_steps=measured["optimizer_tensor_seconds"])
@@ -90,19 +99,66 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
                f"{platform.node() or 'this host'} ({platform.machine()}, {os.cpu_count()} "
                f"CPUs), sizes {sizes[0]}..{sizes[-1]} bytes; inter-node figures copy the "
                "intra-node fits (single host)"))
-    raw = {(c, nproc): list(zip(sizes, measured[c])) for c in COLLECTIVES}
-    for size in smaller_group_sizes(nproc):  # groups of `size`, all at once
-        raw.update({(c, size): list(zip(sizes, seconds))
-                    for c, seconds in measured[f"group{size}"].items()})
+    raw = {(c, size): list(zip(sizes, table[c])) for size, table in by_size.items()
+           for c in COLLECTIVES if c in table}
     return spec, raw
+
+
+def fit_with_retries(nproc: int, backend: str, sizes: list[int],
+                     by_size: dict[int, dict[str, list[float]]],
+                     ceiling_bytes_per_s: float) -> list[CollectiveFit]:
+    """`fit_collectives`, re-measuring the sweep (collectives only) for the collectives
+    whose readings did not determine a fit, up to FIT_RETRIES times; `by_size` takes the
+    fresh readings. The first fit still undetermined raises its CollectiveFitError."""
+    fits, failures = fit_collectives(by_size, sizes, ceiling_bytes_per_s)
+    for _ in range(FIT_RETRIES):
+        if not failures:
+            break
+        print(f"... {failures[0]} ({len(failures)} fit(s)); re-measuring", file=sys.stderr)
+        fresh = measure_collectives(nproc, backend, sizes, probes="collectives")
+        fresh_by_size = {nproc: fresh, **{g: fresh[f"group{g}"]
+                                          for g in smaller_group_sizes(nproc)}}
+        again = {}
+        for failure in failures:
+            by_size[failure.n][failure.collective] = fresh_by_size[failure.n][failure.collective]
+            again.setdefault(failure.n, {})[failure.collective] = by_size[failure.n][
+                failure.collective]
+        refits, failures = fit_collectives(again, sizes, ceiling_bytes_per_s)
+        fits += refits
+    if failures:
+        raise failures[0]
+    order = {c: k for k, c in enumerate(COLLECTIVES)}  # the whole node's first
+    return sorted(fits, key=lambda f: (-f.measured_ranks, order[f.collective]))
+
+
+def dp_fit_with_retries(nproc: int, backend: str, sizes: list[int], measured: dict,
+                        fits: dict[tuple[str, int], CollectiveFit]):
+    """`dp_unit_overhead`, re-measuring the DP-unit probes alone up to FIT_RETRIES times
+    while a unit's fixed cost is not determined (HostFitError, raised after the last)."""
+    for attempt in range(FIT_RETRIES + 1):
+        try:
+            return dp_unit_overhead(measured["dp_unit_seconds"], fits)
+        except HostFitError as exc:
+            if attempt == FIT_RETRIES:
+                raise
+            print(f"... {exc}; re-measuring the DP units", file=sys.stderr)
+            measured["dp_unit_seconds"] = measure_collectives(
+                nproc, backend, sizes, probes="dp_units")["dp_unit_seconds"]
 
 
 # ------------------------------------------------------------------------ the ranks
 
 
-def measure_collectives(nproc: int, backend: str, sizes: list[int]) -> dict[str, Any]:
+PROBES = ("all", "collectives", "dp_units")  # what `measure_collectives` runs
+
+
+def measure_collectives(nproc: int, backend: str, sizes: list[int],
+                        probes: str = "all") -> dict[str, Any]:
     """Rank 0's readings from `nproc` spawned processes: median seconds per collective
-    and size (per smaller group size under "group{g}"), and on CPU the host probes'."""
+    and size (per smaller group size under "group{g}"), and on CPU the host probes';
+    `probes` "collectives" runs the sweeps alone, "dp_units" the DP-unit probes alone."""
+    if probes not in PROBES:
+        raise PlannerError(f"probes must be one of {', '.join(PROBES)}, got {probes!r}")
     import torch.multiprocessing as mp
 
     if nproc < 2:
@@ -121,7 +177,7 @@ def measure_collectives(nproc: int, backend: str, sizes: list[int]) -> dict[str,
         # Another process may take the free port before rank 0 binds it: try a new one.
         port = _free_port()
         try:
-            mp.start_processes(_worker, args=(nproc, port, backend, sizes, queue),
+            mp.start_processes(_worker, args=(nproc, port, backend, sizes, queue, probes),
                                nprocs=nproc, join=True, start_method="spawn")
             break
         except Exception as exc:  # a worker failed: one line, the cause
@@ -141,8 +197,8 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
-            queue) -> None:
-    """One rank: every probe in order; rank 0 puts the readings on `queue`."""
+            queue, probes: str = "all") -> None:
+    """One rank: the probes `probes` names, in order; rank 0 puts the readings on `queue`."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -160,15 +216,22 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
             torch.cuda.synchronize()
 
     results: dict[str, Any] = {}
+    sweeps = probes in ("all", "collectives")
     try:
-        results.update(sweep(dist, rank, world, None, sizes, device, sync))
+        if sweeps:
+            results.update(sweep(dist, rank, world, None, sizes, device, sync))
         groups = {}  # smaller groups, every group of a size running at once
         for size in smaller_group_sizes(world):
             groups[size] = init_device_mesh(device.type, (world // size, size),
                                             mesh_dim_names=("across", "group"))["group"]
-            results[f"group{size}"] = sweep(dist, rank, size, groups[size].get_group(),
-                                            sizes, device, sync)
-        if device.type == "cpu":  # framework overhead of DTensor ops, on rank 0 alone
+            if sweeps:
+                results[f"group{size}"] = sweep(dist, rank, size, groups[size].get_group(),
+                                                sizes, device, sync)
+        if device.type == "cpu" and probes == "dp_units":
+            results["dp_unit_seconds"] = {world: dp_unit_seconds(init_device_mesh("cpu", (world,)))}
+            for size, group in groups.items():
+                results["dp_unit_seconds"][size] = dp_unit_seconds(group)
+        if device.type == "cpu" and probes == "all":  # DTensor ops' overhead, rank 0 alone
             mesh = init_device_mesh("cpu", (world,))
             results["dtensor_op_overhead_s"] = \
                 dtensor_op_overhead_s(device, mesh) if rank == 0 else 0.0

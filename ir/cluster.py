@@ -44,6 +44,16 @@ BACKWARD_OP_OVERHEAD_FALLBACK = "op_overhead_s"
 # More devices than any cluster has: a spec or flag beyond this is a typo.
 MAX_DEVICES = 2**20
 
+
+def collective_ceiling_bytes_per_s(hbm_gbps: float) -> float:
+    """The most bytes per second a collective can move per rank: the device's memory
+    bandwidth (`hbm_gbps`, 10^9 bytes/s; on CPU processes one thread's measured copy rate,
+    bytes read + written). A GPU writes every byte it receives to its memory at least once;
+    loopback gloo copies each byte twice (into the socket and out: 4 bytes of memory
+    traffic) on at most two threads (the rank's and gloo's I/O thread), so B <= hbm / 2 there.
+    A fitted bandwidth above it was not determined by its data (a clamped slope)."""
+    return hbm_gbps * 1e9
+
 @dataclass(frozen=True, slots=True)
 class ClusterSpec:
     """Nodes, devices, memory, peak FLOP/s and links of one (homogeneous) cluster."""
@@ -150,6 +160,15 @@ class ClusterSpec:
                                                                   KernelCalibration):
             raise PlannerError(f"cluster {self.name}: kernel_calibration must be a "
                                f"KernelCalibration, got {type(self.kernel_calibration).__name__}")
+        ceiling = collective_ceiling_bytes_per_s(self.hbm_gbps)
+        for fit in self.calibration.collective_fits:
+            if fit.bytes_per_s > ceiling:
+                raise PlannerError(
+                    f"cluster {self.name}: collective fit {fit.collective}@{fit.scope} "
+                    f"({fit.measured_ranks} ranks) claims {fit.bytes_per_s / 1e9:.3g} GB/s, above "
+                    f"the memory bandwidth hbm_gbps {self.hbm_gbps:.3g} no collective can "
+                    f"beat (a fit its data did not determine); re-measure it with `planner "
+                    f"profile-cluster --nproc {self.devices_per_node} --out spec.json`")
         if self.runtime_overhead_bytes >= self.device_memory_bytes:
             raise PlannerError(f"cluster {self.name}: runtime_overhead_bytes "
                                f"({self.runtime_overhead_bytes}) must be below "

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cost_models.estimate import estimate
-from ir.cluster import ClusterSpec
+from ir.cluster import ClusterSpec, collective_ceiling_bytes_per_s
 from ir.plan import uniform_plan
 from ir.strategy import DPMode, Precision
 from planner.models import load_layer_graph
@@ -108,7 +108,9 @@ def test_plan_file_is_priced(capsys, tmp_path):
 
 def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path):
     spec_path = tmp_path / "spec.json"
-    code, out, err = run(capsys, "profile-cluster", "--nproc", "2", "--max-bytes", "64K",
+    # up to 4 MiB: below ~1 MiB the largest gloo messages are still latency-bound on a
+    # busy host and the bandwidth is not in the data (profile-cluster refuses to guess)
+    code, out, err = run(capsys, "profile-cluster", "--nproc", "2", "--max-bytes", "4M",
                          "--out", str(spec_path))
     assert code == 0, err
     spec = ClusterSpec.load(spec_path)
@@ -116,7 +118,8 @@ def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path):
     tables = spec.calibration
     assert {f.collective for f in tables.collective_fits} == {
         "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"}
-    assert all(f.bytes_per_s > 0 and f.alpha_s >= 0 for f in tables.collective_fits)
+    ceiling = collective_ceiling_bytes_per_s(spec.hbm_gbps)
+    assert all(0 < f.bytes_per_s <= ceiling and f.alpha_s >= 0 for f in tables.collective_fits)
     # Host figures a CPU spec measures: per-op and DTensor overhead, DP units, cores.
     assert spec.op_overhead_s > 0 and spec.dtensor_op_overhead_s > 0 and spec.host_cores >= 1
     # Backward per-op host cost, measured apart (not the op_overhead_s fallback).
@@ -144,16 +147,14 @@ def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path):
     assert code == 0, err
     d = json.loads(out)
     assert d["world_size"] == 2 and d["time"]["optimizer"] > 0
-    # DDP on two processes: the DP units' host overhead is in the compute time. (A noisy
-    # probe may measure a unit at no more than its priced collectives: a figure of 0.)
+    # DDP on two processes: the DP units' host overhead is in the compute time (a unit's
+    # fixed cost is measured > 0, or profile-cluster fails: host_overhead_fit).
     single = ClusterSpec.from_dict({**spec.to_dict(), "dp_unit_overhead_s": {},
                                     "dp_tensor_overhead_s": {}})
     graph = load_layer_graph("gpt-tiny", micro_batch=2, dtype=torch.float32)
     plan = uniform_plan(len(graph.layers), global_batch=4, dp=2, precision=Precision.FP32)
-    with_units = estimate(graph, plan, spec).time.compute
-    unit = tables.dp_overhead(DPMode.REPLICATE, 2)
-    measured = unit.per_unit_s + unit.per_tensor_s
-    assert (with_units > estimate(graph, plan, single).time.compute) == (measured > 0)
+    assert all(r.per_unit_s > 0 and r.per_tensor_s >= 0 for r in tables.dp_overheads)
+    assert estimate(graph, plan, spec).time.compute > estimate(graph, plan, single).time.compute
 
 
 @pytest.mark.parametrize("argv", [

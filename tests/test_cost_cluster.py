@@ -11,8 +11,8 @@ import pytest
 from cost_models.clusters import get_cluster, preset_names
 from cost_models.collective_fit import fit_alpha_beta, message_sizes, smaller_group_sizes
 from cost_models.collective_probes import BLOCKING_PROBE_BYTES
-from cost_models.host_overhead_fit import (blocking_wait, dp_probe_traffic_s, dp_unit_overhead,
-                                           tp_module_overhead)
+from cost_models.host_overhead_fit import (HostFitError, blocking_wait, dp_probe_traffic_s,
+                                           dp_unit_overhead, tp_module_overhead)
 from cost_models.host_probes import OP_OVERHEAD_WIDTH_TP
 from cost_models.comm import Link, all_gather_s, broadcast_s, send_recv_s
 from ir.calibration_tables import (BlockingWait, CalibrationTables, DpOverhead,
@@ -187,7 +187,7 @@ def test_dp_unit_figures_split_per_unit_and_per_tensor():
     measured = {4: {R: {6: 2.0 * ms, 24: 3.8 * ms}, Z2: {6: 3 * ms, 24: 3 * ms},
                     Z3: {6: 4 * ms, 24: 2 * ms}},
                 2: {R: {6: 1.0 * ms, 24: 1.9 * ms}, Z2: {6: ms, 24: ms},
-                    Z3: {6: ms, 24: 10 * ms}}}
+                    Z3: {6: 2 * ms, 24: 5 * ms}}}
     free = {(c, n): CollectiveFit(c, "intra_node", 0.0, 1e18, n)
             for c in COLLECTIVES for n in (2, 4)}  # collectives that cost nothing
     got = {(r.mode, r.group_size): r for r in dp_unit_overhead(measured, free)}
@@ -196,15 +196,44 @@ def test_dp_unit_figures_split_per_unit_and_per_tensor():
     assert got[R, 4].per_unit_s == pytest.approx(1.4 * ms)
     assert got[R, None] == dataclasses.replace(got[R, 4], group_size=None)  # the whole node
     assert got[DPMode.ZERO1, 2].per_unit_s == got[R, 2].per_unit_s  # ZeRO-1 runs replicate units
-    # A noisy probe that falls with size gives no per-tensor cost, not a negative one;
-    # one that rises steeply gives no negative fixed cost.
-    assert got[Z3, 4].per_tensor_s == 0 and got[Z3, 4].per_unit_s == pytest.approx(4 * ms)
-    assert got[Z3, 2].per_unit_s == 0 and got[Z3, 2].per_tensor_s == pytest.approx(0.5 * ms)
+    # A noisy probe that falls with size: the non-negative least-squares line is flat at
+    # the two readings' mean (not the smaller unit's reading, not a negative slope).
+    assert got[Z3, 4].per_tensor_s == 0 and got[Z3, 4].per_unit_s == pytest.approx(3 * ms)
+    assert got[Z2, 4].per_tensor_s == 0 and got[Z2, 4].per_unit_s == pytest.approx(3 * ms)
+    assert got[Z3, 2].per_unit_s == pytest.approx(ms) and \
+        got[Z3, 2].per_tensor_s == pytest.approx(ms / 6)
     # The spec's lookup: the group size measured, else the whole node's, else zeros.
     tables = CalibrationTables(dp_overheads=tuple(got.values()))
     assert tables.dp_overhead(Z3, 2) is got[Z3, 2]
     assert tables.dp_overhead(Z3, 8) is got[Z3, None]
     assert CalibrationTables().dp_overhead(Z3, 2).seconds(10) == 0.0
+
+
+def test_dp_unit_figures_that_rise_steeply_go_through_the_origin():
+    """Readings proportional to the tensor count: the non-negative least-squares line
+    through both points (no per-unit part the probe resolves), not the line through the
+    smaller unit with its intercept clipped to 0 (which over-prices that unit)."""
+    measured = {2: {R: {6: 2e-3, 24: 3e-3}, Z2: {6: 2e-3, 24: 3e-3}, Z3: {6: 1e-3, 24: 10e-3}}}
+    free = {(c, 2): CollectiveFit(c, "intra_node", 0.0, 1e18, 2) for c in COLLECTIVES}
+    got = {(r.mode, r.group_size): r for r in dp_unit_overhead(measured, free)}
+    assert got[Z3, 2].per_unit_s == 0.0
+    assert got[Z3, 2].per_tensor_s == pytest.approx((6 * 1e-3 + 24 * 10e-3) / (36 + 576))
+
+
+def test_dp_unit_readings_below_their_priced_collectives_are_refused():
+    """A unit measured at or below the price of its own collectives (what clamped
+    all-reduce fits caused: 6 alpha of a 4-rank ring per probe unit) is not a
+    measurement: the fit names the probe instead of writing a clipped 0."""
+    fits = {(c, 2): CollectiveFit(c, "intra_node", 0.05e-3, 1e18, 2) for c in COLLECTIVES}
+    # ZeRO-3 probe traffic at 2 ranks: 2 all-gathers + 1 reduce-scatter, 1 alpha each
+    measured = {2: {R: {6: 2e-3, 24: 3e-3}, Z2: {6: 2e-3, 24: 3e-3},
+                    Z3: {6: 0.05e-3, 24: 2e-3}}}
+    with pytest.raises(HostFitError, match=r"zero3 DP-unit overhead over 2 ranks: units of 6 "
+                                           r"and 24 tensors measured 0\.05 and 2 ms, no more "
+                                           r"than the comm model prices") as err:
+        dp_unit_overhead(measured, fits)
+    assert err.value.mode is Z3 and err.value.size == 2
+    assert "\n" not in str(err.value) and "re-run profile-cluster" in str(err.value)
 
 
 def test_dp_unit_figures_leave_out_the_priced_collectives():

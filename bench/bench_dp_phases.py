@@ -1,0 +1,206 @@
+"""Where a data-parallel step's time goes, part by part, against the prediction (issue 17:
+gpt-ddp2 predicted 27% too fast while mlp-ddp4 was 11%).
+
+`planner profile-cluster` measures a spec for the largest process count (1 MiB sweep, as
+bench_validate does), each case is planned on it (bench_validate's pins), then run on
+spawned gloo ranks with `executors.phase_clock.PhaseClock` around the timed steps:
+forward, backward compute (forward_backward - forward - the collectives inside it), the
+collectives (after the last rank arrived + waiting for it) and the optimizer step, each
+against the model's compute / dp_comm / optimizer. Each gradient all-reduce size is also
+timed right after the steps in the same processes, back to back in bursts of
+BURST_CALLS as the profile sweep times it, and priced by the spec's fit: a call that
+takes far longer inside the backward than in a burst is not what the fit describes.
+
+    .venv/bin/python bench/bench_dp_phases.py [--cases gpt-ddp2,gpt-1rank] [--steps 10]
+
+On a shared machine only the parts' ratios to one another mean anything; the absolute
+times move 20-50% between minutes. Prints tables, writes bench/results/dp_phases.json,
+exits 1 when a part misses its prediction by more than PART_TARGET.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from bench.bench_validate import CASES, PROFILE_MAX_BYTES, plan_case  # noqa: E402
+from planner.fmt import table  # noqa: E402
+
+PART_TARGET = 0.25  # bench_validate's time target, applied to each part
+# A part under this share of the measured step on both sides is not judged: a 1-rank
+# plan's only collective is the loss all-reduce, launched async (~0.1 ms, unpriced).
+MIN_PART_SHARE = 0.02
+WARMUP_STEPS = 4
+BURST_CALLS = 10  # cost_models.collective_probes.BURST_CALLS
+BURSTS = 5
+
+
+def _rank(rank: int, world: int, port: int, payload, steps: int, out) -> None:
+    torch.set_num_threads(1)  # planner.trial.run.RANK_THREADS
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
+    from executors.phase_clock import PhaseClock, arrival_wait
+    from planner.trial.rank import _build
+
+    pm = _build(payload, torch.device("cpu"), without_dropout=False)
+    batches = payload.batches
+    for k in range(WARMUP_STEPS):
+        pm.train_step(*batches[k % len(batches)])
+    calls: list[tuple[int, float]] = []  # (bytes, seconds) of every all-reduce in the steps
+    plain_all_reduce = dist.all_reduce
+
+    def logged(tensor, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return plain_all_reduce(tensor, *args, **kwargs)
+        finally:
+            calls.append((tensor.numel() * tensor.element_size(), time.perf_counter() - start))
+
+    dist.all_reduce = logged
+    clock, step_s = PhaseClock(pm), []
+    with clock:
+        for k in range(steps):
+            dist.barrier()
+            start = time.perf_counter()
+            pm.train_step(*batches[k % len(batches)])
+            step_s.append(time.perf_counter() - start)
+            clock.step_done()
+    dist.all_reduce = plain_all_reduce
+    phases = clock.per_step(steps)
+    logs: list = [None] * world
+    dist.all_gather_object(logs, clock.call_log)
+    phases.update(arrival_wait(logs, rank, steps))
+    phases["step_s"] = statistics.median(step_s)
+    by_size: dict[int, list[float]] = {}
+    for nbytes, seconds in calls:
+        by_size.setdefault(nbytes, []).append(seconds)
+    sizes = []
+    for nbytes in sorted(by_size):  # the same sizes back to back, as the sweep times them
+        x = torch.ones(max(1, nbytes // 4))
+        for _ in range(2):
+            dist.all_reduce(x)
+        bursts = []
+        for _ in range(BURSTS):
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(BURST_CALLS):
+                dist.all_reduce(x)
+            bursts.append((time.perf_counter() - start) / BURST_CALLS)
+        sizes.append((nbytes, len(by_size[nbytes]) / steps, statistics.median(by_size[nbytes]),
+                      statistics.median(bursts)))
+    out[rank] = {"phases": phases, "all_reduce_sizes": sizes}
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_case(name: str, plan_path: str, spec_path: str, steps: int) -> dict:
+    from cost_models.comm import collective_s
+    from ir.cluster import ClusterSpec
+    from ir.plan import load_plan, plan_to_json
+    from planner.models import plan_model_spec
+    from planner.trial.predict import plan_graph, predict
+    from planner.trial.records import RankPayload
+    from planner.trial.reference import global_batches
+
+    doc = load_plan(plan_path)
+    nproc = CASES[name][1]
+    spec = ClusterSpec.load(spec_path)
+    model = plan_model_spec(doc, None)
+    graph = plan_graph(doc, plan_path, None)
+    predicted = predict(doc, graph, spec).time_breakdown
+    payload = RankPayload(plan_json=plan_to_json(doc), plan_path=plan_path, model=model,
+                          seq_len=doc.seq_len, graph=graph,
+                          batches=global_batches(model, doc.plan.global_batch, doc.seq_len, 8),
+                          memory_steps=0, steps=steps, backend="gloo", check_steps=0,
+                          threads=1, memory_detail=0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.Manager().dict()
+    mp.start_processes(_rank, args=(nproc, port, payload, steps, out), nprocs=nproc,
+                       start_method="spawn")
+    ranks = [out[r] for r in range(nproc)]
+    mean = lambda key: statistics.fmean(r["phases"].get(key, 0.0) for r in ranks)  # noqa: E731
+    measured = {"compute": mean("forward_backward_s") - mean("dense_comm_in_backward_s"),
+                "dp_comm": mean("dense_comm_s"), "optimizer": mean("dense_step_s"),
+                "step": mean("step_s")}
+    sizes = [{"bytes": b, "calls_per_step": c, "in_step_s": s, "burst_s": burst,
+              "fit_s": collective_s("all_reduce", b, nproc, spec) if nproc > 1 else 0.0}
+             for b, c, s, burst in ranks[0]["all_reduce_sizes"]]
+    return {"case": name, "nproc": nproc, "predicted": predicted, "measured": measured,
+            "after_arrival_s": mean("dense_comm_after_arrival_s"),
+            "wait_s": mean("dense_comm_wait_s"), "all_reduce_sizes": sizes,
+            "rank_phases": [r["phases"] for r in ranks]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cost_models.profile_cluster import profile_cluster
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default="gpt-ddp2,gpt-1rank")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
+                                                      "dp_phases.json"))
+    args = parser.parse_args(argv)
+    names = args.cases.split(",")
+    unknown = [n for n in names if n not in CASES or len(CASES[n]) > 3]
+    if unknown:
+        parser.error(f"unknown or non-dense case {unknown[0]!r}; known: "
+                     f"{', '.join(n for n, c in CASES.items() if len(c) == 3)}")
+    results = []
+    with tempfile.TemporaryDirectory() as folder:
+        nproc = max(2, *(CASES[n][1] for n in names))
+        spec_path = os.path.join(folder, "spec.json")
+        spec, _ = profile_cluster(nproc, "gloo", max_bytes=PROFILE_MAX_BYTES, name=f"local-{nproc}")
+        spec.save(spec_path)
+        for name in names:
+            results.append(run_case(name, plan_case(name, folder, spec_path), spec_path,
+                                    args.steps))
+    rows, size_rows, missed = [], [], []
+    for r in results:
+        p, m = r["predicted"], r["measured"]
+        for part in ("compute", "dp_comm", "optimizer"):
+            error = p[part] / m[part] - 1 if m[part] > 0 else 0.0
+            judged = max(p[part], m[part]) >= MIN_PART_SHARE * m["step"]
+            if judged and abs(error) > PART_TARGET:
+                missed.append(f"{r['case']}:{part}")
+            rows.append([r["case"], part, f"{1e3 * p[part]:.2f}", f"{1e3 * m[part]:.2f}",
+                         f"{100 * error:+.0f}%"])
+        rows.append([r["case"], "step", f"{1e3 * sum(p.values()):.2f}",
+                     f"{1e3 * m['step']:.2f}", f"{100 * (sum(p.values()) / m['step'] - 1):+.0f}%"])
+        for s in r["all_reduce_sizes"]:
+            size_rows.append([r["case"], s["bytes"], f"{s['calls_per_step']:.0f}",
+                              f"{1e3 * s['in_step_s']:.3f}", f"{1e3 * s['burst_s']:.3f}",
+                              f"{1e3 * s['fit_s']:.3f}"])
+    print(f"per step, mean over ranks (executors.phase_clock), target {PART_TARGET:.0%} per part; "
+          "compute = forward_backward less the collectives inside it")
+    print(table(["case", "part", "pred ms", "meas ms", "error"], rows, right={2, 3, 4}))
+    print("all-reduce calls by size (rank 0): median inside the step, in a burst right after, "
+          "and the spec's fit")
+    print(table(["case", "bytes", "calls/step", "in step ms", "burst ms", "fit ms"], size_rows,
+                right={1, 2, 3, 4, 5}))
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump({"bench": "dp_phases", "torch": torch.__version__, "cpus": os.cpu_count(),
+                   "part_target": PART_TARGET, "spec": spec.to_dict(), "cases": results},
+                  fh, indent=2)
+    print(f"wrote {args.out}" + (f"; missed: {', '.join(missed)}" if missed else ""))
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
