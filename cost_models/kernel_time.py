@@ -13,6 +13,8 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
     t_roofline(memory)    = bytes / bandwidth of that kind of memory-bound kernel at its size
     embedding backward    = table fill (a copy) + indices x measured seconds per index
                             + the rows' bytes (a scatter-add costs per index, not per byte)
+    embedding bag         = measured seconds per call + indices x measured seconds per
+                            index (+ the backward's table fill, + rows wider than probed)
 
 (Williams et al. 2009 roofline per kernel). GEMM efficiency by shape: the nearest measured
 GEMM of the cluster's kernel calibration, else the analytic saturation fit
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 
 from ir.cluster import ClusterSpec
 from ir.kernel_calibration import KernelCalibration, SdpaPoint
+from ir.kernel_recorder import EMBEDDING_BAG_OPS
 from ir.kernel_records import (CONV_GRAD_BIAS, CONV_GRAD_INPUT, CONV_GRAD_WEIGHT, KernelKind,
                                KernelRecord, KernelRecords, conv_implicit_gemm)
 from ir.op_count import RANDOM_OPS
@@ -50,6 +53,7 @@ from ir.strategy import Checkpoint
 
 from cost_models.common import GB, StepConfig, dtype_bytes
 from cost_models.gemm_efficiency import gemm_shape_efficiency
+from cost_models.item_probes import EMBEDDING_BAG_PROBE_DIM
 
 # Device seconds per kernel when the cluster carries no calibration: a GPU replays tiny
 # kernels from a CUDA graph at 1.22 us each (profile-device on an H100, 2026-11-24,
@@ -253,6 +257,8 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
         if op == "embedding_dense_backward" and cal is not None \
                 and cal.embedding_backward_index_s > 0:
             return _embedding_backward_seconds(r, cluster, config, share)
+        if op in EMBEDDING_BAG_OPS and cal is not None and cal.embedding_bag_call_s > 0:
+            return _embedding_bag_seconds(r, cluster, config, share, backward)
         return _streaming_seconds(cluster, MEMORY_KERNEL_OF_OP.get(op, "add"), dtype, nbytes)
     return 0.0  # views: no kernel
 
@@ -322,6 +328,29 @@ def _embedding_backward_seconds(r: KernelRecord, cluster: ClusterSpec, config: S
     return (_streaming_seconds(cluster, "copy", dtype, table_bytes)
             + indices * cluster.kernel_calibration.embedding_backward_index_s
             + _streaming_seconds(cluster, "add", dtype, row_bytes))
+
+
+def _embedding_bag_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
+                           share: float, backward: bool) -> float:
+    """An embedding bag's forward or backward (record shape (indices, bags, dim)): the
+    calibration's line for that pass, per call plus per index (`item_probes
+    .probe_embedding_bag`: a backward runs sort, cumsum, index_select, index_add_ and a
+    zero-fill inside ATen, ~4x one op's dispatch at a few ids), plus what the probe's small
+    table does not include: the backward's dense gradient fill of the whole table (a copy
+    of its bytes) and, per index, the bytes of rows wider than the probe's. The ids grow
+    with the micro-batch; a TP split narrows the rows (`share`), not the ids."""
+    cal = cluster.kernel_calibration
+    dtype = config.precision.compute_dtype
+    indices = r.shape[0] * config.batch_scale
+    dim = r.shape[-1] * share
+    call_s, index_s = ((cal.embedding_bag_backward_call_s, cal.embedding_bag_backward_index_s)
+                       if backward else (cal.embedding_bag_call_s, cal.embedding_bag_index_s))
+    wider_bytes = indices * max(0.0, dim - EMBEDDING_BAG_PROBE_DIM) * \
+        config.precision.compute_bytes
+    fill_s = _streaming_seconds(cluster, "copy", dtype, r.weight_bytes * config.dtype_scale
+                                * share) if backward else 0.0
+    return call_s + indices * index_s + fill_s + _streaming_seconds(cluster, "add", dtype,
+                                                                     wider_bytes)
 
 
 def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config: StepConfig,

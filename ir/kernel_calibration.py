@@ -32,7 +32,9 @@ SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "m
 # The calibration's single figures (numbers >= 0; 0 where not measured).
 _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "sustained_gemm_flop_per_s", "forward_host_op_s", "module_call_host_s",
-            "view_host_op_s", "embedding_backward_index_s")
+            "view_host_op_s", "embedding_backward_index_s", "embedding_bag_call_s",
+            "embedding_bag_index_s", "embedding_bag_backward_call_s",
+            "embedding_bag_backward_index_s")
 
 
 def _is_number(value: Any) -> bool:
@@ -194,6 +196,14 @@ class KernelCalibration:
     # Device seconds per index of an embedding's backward (a scatter-add of one gradient
     # row per index), over what the rows' bytes cost; 0 where not measured.
     embedding_backward_index_s: float = 0.0
+    # An embedding bag's forward (`_embedding_bag`) and backward (`_embedding_bag_backward`,
+    # which runs sort, cumsum, index_select, index_add_ ... inside ATen): device seconds per
+    # call beyond one op's dispatch, and per index (`cost_models.item_probes
+    # .probe_embedding_bag`); 0 where not measured.
+    embedding_bag_call_s: float = 0.0
+    embedding_bag_index_s: float = 0.0
+    embedding_bag_backward_call_s: float = 0.0
+    embedding_bag_backward_index_s: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)

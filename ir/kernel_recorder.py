@@ -124,6 +124,23 @@ EMBEDDING_GRADIENT_OPS = frozenset({"embedding_dense_backward", "_embedding_bag_
                                     "_embedding_bag_dense_backward"})
 
 
+# An embedding bag's forward and backward (aten's CPU and CUDA kernels; the dense and sparse
+# backward halves as they dispatch when called directly): recorded with the shape
+# (indices, bags, dim), the items their cost counts (`cost_models.kernel_time`).
+EMBEDDING_BAG_OPS = frozenset({"_embedding_bag", "_embedding_bag_forward_only",
+                               "_embedding_bag_backward", "_embedding_bag_dense_backward",
+                               "_embedding_bag_sparse_backward"})
+
+
+def embedding_bag_shape(name: str, args, out) -> tuple[int, int, int]:
+    """(indices, bags, dim) of an embedding bag op: forward `_embedding_bag(weight, indices,
+    offsets, ...)` writes (bags, dim); the backwards take `(grad (bags, dim), indices, ...)`."""
+    indices = args[1]
+    bags_by_dim = _tensors(out)[0] if name.startswith("_embedding_bag_forward") or \
+        name == "_embedding_bag" else args[0]
+    return int(indices.numel()), int(bags_by_dim.shape[0]), int(bags_by_dim.shape[-1])
+
+
 class KernelRecorder:
     """Aggregates the ops handed to `record` into `KernelRecord`s (one per op, shape,
     dtype). `weight_keys`: storages of the layer's parameters and buffers. Ops for which
@@ -168,6 +185,8 @@ class KernelRecorder:
             q, k = args[0], args[1]
             kind, causal = KernelKind.ATTENTION, bool((kwargs or {}).get("is_causal", False))
             shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3])
+        elif name in EMBEDDING_BAG_OPS:
+            kind, shape, causal = KernelKind.MEMORY, embedding_bag_shape(name, args, out), False
         else:
             kind, causal = KernelKind.MEMORY, False
             shape = tuple(outputs[0].shape) if outputs else ()

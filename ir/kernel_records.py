@@ -19,7 +19,9 @@ Kinds:
   attention  one fused scaled-dot-product-attention kernel (flash / efficient / cuDNN):
              `shape` is (batch, heads, q_len, kv_len, head_dim).
   memory     everything else that moves data (norms, softmax, dropout, activations,
-             adds, casts, copies, gathers): `shape` is the first output's shape.
+             adds, casts, copies, gathers): `shape` is the first output's shape, but
+             (indices, bags, dim) for an embedding bag's forward and backward
+             (`ir.kernel_recorder.EMBEDDING_BAG_OPS`), whose cost counts ids.
   view       views and metadata ops: no kernel, no bytes (they still cost a host
              dispatch, which `LayerMeasurement.ops_fwd` / `ops_bwd` count).
 

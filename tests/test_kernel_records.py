@@ -254,3 +254,24 @@ def test_a_convolution_records_its_channels_positions_kernel_and_requested_gradi
     assert fwd.flops == 2 * 2 * 64 * 16 * 3 * 9 == 110592
     assert both.shape[-1] == CONV_GRAD_INPUT | CONV_GRAD_WEIGHT and both.flops == 2 * fwd.flops
     assert weight_only.shape[-1] == CONV_GRAD_WEIGHT and weight_only.flops == fwd.flops
+
+
+def test_an_embedding_bag_records_its_ids_bags_and_width():
+    """nn.EmbeddingBag(100, 16, mode="sum") over (3, 2) ids (3 bags of 2) traced on meta:
+    the forward `_embedding_bag` and the backward `_embedding_bag_backward` are recorded
+    with the shape (ids, bags, dim) = (6, 3, 16); the backward's dense gradient (100 x 16
+    floats) is weight bytes."""
+    from ir.kernel_recorder import KernelRecorder
+    from ir.op_count import OpCounter
+
+    bag = torch.nn.EmbeddingBag(100, 16, mode="sum", device="meta")
+    ids = torch.zeros(3, 2, dtype=torch.long, device="meta")
+    recorder = KernelRecorder(weight_keys=set(), weight_shapes=frozenset({(100, 16)}))
+    with OpCounter(recorder):
+        out = bag(ids)
+        out.backward(torch.ones_like(out))
+    bags = [r for r in recorder.records() if "embedding_bag" in r.op]
+    assert {(r.op, r.shape) for r in bags} == {("aten::_embedding_bag", (6, 3, 16)),
+                                               ("aten::_embedding_bag_backward", (6, 3, 16))}
+    backward = next(r for r in bags if r.op.endswith("backward"))
+    assert backward.weight_bytes == 100 * 16 * 4

@@ -384,3 +384,34 @@ def test_streaming_elementwise_ops_and_batch_norm_take_their_own_measured_kinds(
         "aten::relu": MiB / 1000e9, "aten::threshold_backward": MiB / 1000e9,
         "aten::gelu": MiB / 250e9, "aten::native_layer_norm": MiB / 500e9,
         "aten::native_batch_norm": MiB / 100e9, "aten::native_batch_norm_backward": MiB / 200e9})
+
+
+def test_an_embedding_bag_costs_per_call_and_per_id_where_measured():
+    """(ids, bags, dim) = (8, 4, 16) at micro-batch 1 and 2, calibration forward 5 us +
+    1 ns/id, backward 6 us + 30 ns/id: forward 5e-6 + 8m x 1e-9; backward 6e-6 + 8m x 30e-9
+    plus the dense gradient's fill (100 x 16 x 2 bytes at the 800 GB/s copy point). Rows
+    of 48 (32 wider than the probe's 16) add 32 x 2 bytes per id (bf16) at the add
+    bandwidth (1000 GB/s at 1 MiB and below). Without the figures: streamed as before."""
+    from cost_models.common import GB
+
+    copy = MemoryKernelPoint("copy", "bfloat16", 1 * MiB, 800.0)
+    cal = dataclasses.replace(CALIBRATION, memory_kernels=(*CALIBRATION.memory_kernels, copy),
+                              embedding_bag_call_s=5e-6, embedding_bag_index_s=1e-9,
+                              embedding_bag_backward_call_s=6e-6,
+                              embedding_bag_backward_index_s=30e-9)
+    table = 100 * 16 * 2
+    fwd = KernelRecord("aten::_embedding_bag", KernelKind.MEMORY, "bfloat16", (8, 4, 16), 1,
+                       weight_bytes=table, activation_bytes=448)
+    bwd = KernelRecord("aten::_embedding_bag_backward", KernelKind.MEMORY, "bfloat16",
+                       (8, 4, 16), 1, weight_bytes=table, activation_bytes=448)
+    wide = KernelRecord("aten::_embedding_bag", KernelKind.MEMORY, "bfloat16", (8, 4, 48), 1)
+    for m in (1, 2):
+        cfg = config(m)
+        assert pass_seconds((fwd,), spec(cal), cfg, 1.0, False).memory_s == pytest.approx(
+            5e-6 + 8 * m * 1e-9)
+        assert pass_seconds((bwd,), spec(cal), cfg, 1.0, True).memory_s == pytest.approx(
+            6e-6 + 8 * m * 30e-9 + table / (800 * GB))
+        assert pass_seconds((wide,), spec(cal), cfg, 1.0, False).memory_s == pytest.approx(
+            5e-6 + 8 * m * 1e-9 + 8 * m * 32 * 2 / (1000 * GB))
+    plain = pass_seconds((fwd,), spec(CALIBRATION), config(), 1.0, False)
+    assert plain.memory_s == pytest.approx((table + 448) / (1000 * GB))
