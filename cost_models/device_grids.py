@@ -36,6 +36,11 @@ ROW_ELEMENTS = 4096  # a hidden size: layer_norm and sum reduce rows this long; 
 # batch_norm (training) normalises each of this many channels over a row's positions
 # (16 x 256: cnn-small's feature maps, 16 channels of 16 x 16 pixels).
 BATCH_NORM_CHANNELS = 16
+# masked_fill's probe: a causal mask of this many positions (4096-element rows of scores).
+MASK_SEQ_LEN = 64
+# short_run's probe: a copy whose inner loop runs this many elements (llama-tiny's head
+# width 8: its permuted and expanded q/k/v copies run inner loops of 8).
+SHORT_RUN_PROBE_ELEMENTS = 8
 # SDPA shapes (batch, heads, seq_len, head_dim), causal as GPT trains.
 CUDA_SDPA_SHAPES = ((8, 16, 1024, 64), (4, 32, 2048, 128), (1, 32, 8192, 128))
 CPU_SDPA_SHAPES = ((2, 4, 128, 32), (1, 8, 256, 64))

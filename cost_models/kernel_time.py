@@ -91,8 +91,10 @@ DISPATCHED_SDPA_BACKEND = "default"
 # against gelu 30, silu 36, rsqrt 36, sigmoid 37; add 152, copy 187). Training batch norm
 # is its own kind: on this CPU it ran at 6.3 GB/s where layer norm ran at 20 (both 256 KiB).
 MEMORY_KERNEL_OF_OP = {
-    **dict.fromkeys(("_softmax", "_log_softmax", "_safe_softmax", "_softmax_backward_data",
-                     "_log_softmax_backward_data"), "softmax"),
+    **dict.fromkeys(("_softmax", "_log_softmax", "_safe_softmax"), "softmax"),
+    **dict.fromkeys(("_softmax_backward_data", "_log_softmax_backward_data"),
+                    "softmax_backward"),
+    **dict.fromkeys(("masked_fill", "masked_fill_", "where"), "masked_fill"),
     **dict.fromkeys(("native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
                      "_fused_rms_norm_backward", "native_group_norm",
                      "native_group_norm_backward", "_native_batch_norm_legit_no_training"),
@@ -110,6 +112,17 @@ MEMORY_KERNEL_OF_OP = {
                      "zero_", "zeros", "ones", "ones_like", "zeros_like", "full",
                      "full_like", "new_zeros", "arange"), "copy"),
 }
+
+# Kinds a calibration may lack (specs measured before they were probed, GPU presets): the
+# kind that priced those ops before, which is what the time model falls back to.
+MEMORY_KERNEL_STAND_IN = {"softmax_backward": "softmax", "masked_fill": "add"}
+# A streaming op (copy, add, sum kinds) whose innermost loop runs fewer elements than this
+# is priced at the measured "short_run" bandwidth where the calibration has it: on this CPU
+# (one thread, 2026-11-24) inner loops of 8 elements streamed ~5x slower than contiguous
+# ones (a (16, 8, 32, 8) permuted clone 10.3 us, 128 KiB), loops of 32 within 15% (a
+# transpose(1, 2) clone of (16, 8, 32, 32): 10.9 us against 9.6 contiguous, 1 MiB).
+SHORT_INNER_LOOP_ELEMENTS = 32
+SHORT_RUN_KINDS = frozenset({"copy", "add", "sum"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +272,7 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
             return _embedding_backward_seconds(r, cluster, config, share)
         if op in EMBEDDING_BAG_OPS and cal is not None and cal.embedding_bag_call_s > 0:
             return _embedding_bag_seconds(r, cluster, config, share, backward)
-        return _streaming_seconds(cluster, MEMORY_KERNEL_OF_OP.get(op, "add"), dtype, nbytes)
+        return _streaming_seconds(cluster, memory_kind(r, cal), dtype, nbytes)
     return 0.0  # views: no kernel
 
 
@@ -302,11 +315,28 @@ def _conv_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
     return total_s
 
 
+def _measured(cal: KernelCalibration | None, kernel: str) -> bool:
+    return cal is not None and any(p.kernel == kernel for p in cal.memory_kernels)
+
+
+def memory_kind(r: KernelRecord, cal: KernelCalibration | None) -> str:
+    """The calibration kind that prices a memory record: its op's kind, "short_run" for a
+    streaming op with a short inner loop, a stand-in for a kind the calibration lacks."""
+    kind = MEMORY_KERNEL_OF_OP.get(r.op.split("::")[-1], "add")
+    if kind in SHORT_RUN_KINDS and 0 < r.inner_elements < SHORT_INNER_LOOP_ELEMENTS \
+            and _measured(cal, "short_run"):
+        return "short_run"
+    while kind in MEMORY_KERNEL_STAND_IN and not _measured(cal, kind):
+        kind = MEMORY_KERNEL_STAND_IN[kind]
+    return kind
+
+
 def _streaming_seconds(cluster: ClusterSpec, kernel: str, dtype: str, nbytes: float) -> float:
     """`nbytes` through a memory-bound kernel of this kind at its measured bandwidth."""
     # a CPU spec's hbm_gbps is itself measured; a GPU preset's is the datasheet's
+    # (kinds without a share here are only asked for where measured: `memory_kind`)
     default_gbps = cluster.hbm_gbps * (
-        1.0 if cluster.host_bound else GPU_MEMORY_KERNEL_BANDWIDTH_FRACTION[kernel])
+        1.0 if cluster.host_bound else GPU_MEMORY_KERNEL_BANDWIDTH_FRACTION.get(kernel, 1.0))
     return nbytes / (memory_gbps(cluster.kernel_calibration, kernel, dtype, nbytes,
                                  default_gbps) * GB)
 

@@ -2,6 +2,17 @@
 GB/s of each kernel kind of `ir.kernel_calibration.MEMORY_KERNELS` by tensor size (bytes
 read plus written), on the device's grid of sizes (`device_grids`).
 
+Beside the streaming kinds (copy, add), the kinds whose speed per byte differs on a CPU
+(one thread, 256 KiB to 1 MiB tensors, 2026-11-24, each against the table's add/copy):
+  softmax_backward  `_softmax_backward_data` over rows (no exp: 17 us where the forward's
+                    table priced 80 for llama-tiny's (16, 8, 32, 32) scores);
+  masked_fill       `masked_fill` with a causal (s x s) mask broadcast over the batch and
+                    heads, as GPT/Llama/T5 mask scores (66-72 us for 1 MiB, ~7x an add);
+  short_run         a copy whose innermost loop runs SHORT_RUN_PROBE_ELEMENTS elements (a
+                    transposed (n, 8, 8) view): TensorIterator pays per inner loop, so a
+                    permute, an expand or a broadcast over a middle dim streams ~5x slower
+                    (llama-tiny's (16, 32, 4, 2, 8) repeat_kv clone: 26 us for 128 KiB).
+
     probe_memory("cpu", [256 * 2**10], "float32")   # doctest: +SKIP
 """
 
@@ -10,7 +21,8 @@ from __future__ import annotations
 from ir.errors import PlannerError
 from ir.kernel_calibration import MemoryKernelPoint
 
-from cost_models.device_grids import BATCH_NORM_CHANNELS, MiB, ROW_ELEMENTS
+from cost_models.device_grids import (BATCH_NORM_CHANNELS, MASK_SEQ_LEN, MiB, ROW_ELEMENTS,
+                                      SHORT_RUN_PROBE_ELEMENTS)
 
 
 def _memory_kernel(name: str, x, y, out):
@@ -34,6 +46,20 @@ def _memory_kernel(name: str, x, y, out):
     if name == "layer_norm":
         return (lambda: F.layer_norm(x.view(rows, ROW_ELEMENTS), (ROW_ELEMENTS,)),
                 2 * x.numel() * e)
+    if name == "softmax_backward":  # reads the gradient and the output, writes the result
+        rows_y = torch.softmax(y.view(rows, ROW_ELEMENTS), dim=-1)
+        grad = x.view(rows, ROW_ELEMENTS)
+        return (lambda: torch.ops.aten._softmax_backward_data(grad, rows_y, -1, x.dtype),
+                3 * x.numel() * e)
+    if name == "masked_fill":  # a causal mask over (..., s, s) scores: reads x, writes out
+        causal = torch.ones(MASK_SEQ_LEN, MASK_SEQ_LEN, dtype=torch.bool,
+                            device=x.device).triu(1)
+        scores = x.view(-1, MASK_SEQ_LEN, MASK_SEQ_LEN)
+        return lambda: scores.masked_fill(causal, float("-inf")), 2 * x.numel() * e
+    if name == "short_run":  # out = x's (n, r, r) blocks transposed: inner loops of r
+        r = SHORT_RUN_PROBE_ELEMENTS
+        source, target = x.view(-1, r, r).transpose(1, 2), out.view(-1, r, r)
+        return lambda: target.copy_(source), 2 * x.numel() * e
     if name.startswith("batch_norm"):  # training mode over (rows, channels, positions)
         images = x.view(rows, BATCH_NORM_CHANNELS, ROW_ELEMENTS // BATCH_NORM_CHANNELS)
         stats = [torch.ones(BATCH_NORM_CHANNELS, dtype=x.dtype, device=x.device)

@@ -23,9 +23,10 @@ from typing import Any
 
 from ir.errors import PlannerError
 
-# Memory-bound kernels a calibration can describe (what profile-device times).
+# Memory-bound kernels a calibration can describe (what profile-device times;
+# `cost_models.memory_probes` says what each one runs).
 MEMORY_KERNELS = ("copy", "add", "gelu", "sum", "softmax", "layer_norm", "batch_norm",
-                  "batch_norm_backward")
+                  "batch_norm_backward", "softmax_backward", "masked_fill", "short_run")
 # SDPA backends as torch.nn.attention.SDPBackend names them, lower case, plus "default"
 # (whatever torch's dispatcher picks with no backend forced).
 SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "math", "default")

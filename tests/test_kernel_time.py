@@ -415,3 +415,37 @@ def test_an_embedding_bag_costs_per_call_and_per_id_where_measured():
             5e-6 + 8 * m * 1e-9 + 8 * m * 32 * 2 / (1000 * GB))
     plain = pass_seconds((fwd,), spec(CALIBRATION), config(), 1.0, False)
     assert plain.memory_s == pytest.approx((table + 448) / (1000 * GB))
+
+
+def test_short_loops_masked_fill_and_softmax_backward_use_their_measured_kinds():
+    """A clone whose inner loop runs 8 elements is priced at the "short_run" point (100
+    GB/s here) where the calibration has one, else as a copy; one with a 64-wide loop as a
+    copy either way. masked_fill and softmax backward use their own measured points, and
+    without them fall back to what priced them before (add; softmax)."""
+    from cost_models.common import GB
+    from cost_models.kernel_time import memory_kind
+
+    nbytes = 1 * MiB
+
+    def record(op, inner=0):
+        return KernelRecord(op, KernelKind.MEMORY, "bfloat16", (512, 1024), 1,
+                            activation_bytes=nbytes, inner_elements=inner)
+
+    copy = MemoryKernelPoint("copy", "bfloat16", nbytes, 800.0)
+    measured = dataclasses.replace(CALIBRATION, memory_kernels=(
+        *CALIBRATION.memory_kernels, copy,
+        MemoryKernelPoint("short_run", "bfloat16", nbytes, 100.0),
+        MemoryKernelPoint("masked_fill", "bfloat16", nbytes, 50.0),
+        MemoryKernelPoint("softmax_backward", "bfloat16", nbytes, 400.0)))
+    bare = dataclasses.replace(CALIBRATION, memory_kernels=(*CALIBRATION.memory_kernels, copy))
+    short, long = record("aten::clone", 8), record("aten::clone", 64)
+    cases = [(short, measured, "short_run", 100.0), (short, bare, "copy", 800.0),
+             (long, measured, "copy", 800.0),
+             (record("aten::masked_fill"), measured, "masked_fill", 50.0),
+             (record("aten::masked_fill"), bare, "add", 1000.0),
+             (record("aten::_softmax_backward_data"), measured, "softmax_backward", 400.0),
+             (record("aten::_softmax_backward_data"), bare, "softmax", 500.0)]
+    for r, cal, kind, gbps in cases:
+        assert memory_kind(r, cal) == kind
+        t = pass_seconds((r,), spec(cal), config(), 1.0, backward=False)
+        assert t.memory_s == pytest.approx(nbytes / (gbps * GB))
