@@ -11,6 +11,7 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
                             without a table the roofline of its implicit GEMM
     t_roofline(attention) = FLOPs / measured SDPA rate of the backend dispatch picks
     t_roofline(memory)    = bytes / bandwidth of that kind of memory-bound kernel at its size
+                            (+ its inner loops x measured seconds per loop: copy/add/sum)
     embedding backward    = table fill (a copy) + indices x measured seconds per index
                             + the rows' bytes (a scatter-add costs per index, not per byte)
     embedding bag         = measured seconds per call + indices x measured seconds per
@@ -52,6 +53,7 @@ from ir.op_count import RANDOM_OPS
 from ir.strategy import Checkpoint
 
 from cost_models.common import GB, StepConfig, dtype_bytes
+from cost_models.device_grids import SHORT_RUN_PROBE_ELEMENTS
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.item_probes import EMBEDDING_BAG_PROBE_DIM
 
@@ -116,12 +118,12 @@ MEMORY_KERNEL_OF_OP = {
 # Kinds a calibration may lack (specs measured before they were probed, GPU presets): the
 # kind that priced those ops before, which is what the time model falls back to.
 MEMORY_KERNEL_STAND_IN = {"softmax_backward": "softmax", "masked_fill": "add"}
-# A streaming op (copy, add, sum kinds) whose innermost loop runs fewer elements than this
-# is priced at the measured "short_run" bandwidth where the calibration has it: on this CPU
-# (one thread, 2026-11-24) inner loops of 8 elements streamed ~5x slower than contiguous
-# ones (a (16, 8, 32, 8) permuted clone 10.3 us, 128 KiB), loops of 32 within 15% (a
-# transpose(1, 2) clone of (16, 8, 32, 32): 10.9 us against 9.6 contiguous, 1 MiB).
-SHORT_INNER_LOOP_ELEMENTS = 32
+# A streaming op (copy, add, sum kinds) pays per innermost loop on top of its bytes: on
+# this CPU (one thread, 2026-11-24) inner loops of 8 elements streamed ~5x slower than
+# contiguous ones (a (16, 8, 32, 8) permuted clone 10.3 us, 128 KiB), loops of 32 within
+# 15% (a transpose(1, 2) clone of (16, 8, 32, 32): 10.9 us against 9.6, 1 MiB). Where the
+# calibration measured "short_run" (a copy in loops of `SHORT_RUN_PROBE_ELEMENTS`), each
+# loop costs what that probe paid per loop over a contiguous copy of the same bytes.
 SHORT_RUN_KINDS = frozenset({"copy", "add", "sum"})
 
 
@@ -272,7 +274,10 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
             return _embedding_backward_seconds(r, cluster, config, share)
         if op in EMBEDDING_BAG_OPS and cal is not None and cal.embedding_bag_call_s > 0:
             return _embedding_bag_seconds(r, cluster, config, share, backward)
-        return _streaming_seconds(cluster, memory_kind(r, cal), dtype, nbytes)
+        kind = memory_kind(r, cal)
+        return _streaming_seconds(cluster, kind, dtype, nbytes) + (
+            r.inner_loops * share * config.batch_scale * _loop_seconds(cal, dtype, nbytes)
+            if kind in SHORT_RUN_KINDS and r.inner_loops > 1 else 0.0)
     return 0.0  # views: no kernel
 
 
@@ -320,15 +325,24 @@ def _measured(cal: KernelCalibration | None, kernel: str) -> bool:
 
 
 def memory_kind(r: KernelRecord, cal: KernelCalibration | None) -> str:
-    """The calibration kind that prices a memory record: its op's kind, "short_run" for a
-    streaming op with a short inner loop, a stand-in for a kind the calibration lacks."""
+    """The calibration kind that prices a memory record: its op's kind, or a stand-in for
+    a kind the calibration lacks."""
     kind = MEMORY_KERNEL_OF_OP.get(r.op.split("::")[-1], "add")
-    if kind in SHORT_RUN_KINDS and 0 < r.inner_elements < SHORT_INNER_LOOP_ELEMENTS \
-            and _measured(cal, "short_run"):
-        return "short_run"
     while kind in MEMORY_KERNEL_STAND_IN and not _measured(cal, kind):
         kind = MEMORY_KERNEL_STAND_IN[kind]
     return kind
+
+
+def _loop_seconds(cal: KernelCalibration | None, dtype: str, nbytes: float) -> float:
+    """Seconds one innermost loop of a streaming op costs beyond its bytes: the
+    "short_run" probe's seconds over a contiguous copy's for the same bytes, per loop
+    (each moved element is read and written, `dtype` wide); 0 where not measured."""
+    if not _measured(cal, "short_run"):
+        return 0.0
+    short_gbps = memory_gbps(cal, "short_run", dtype, nbytes, 1.0)
+    copy_gbps = memory_gbps(cal, "copy", dtype, nbytes, short_gbps)
+    loops = nbytes / (2 * dtype_bytes(dtype) * SHORT_RUN_PROBE_ELEMENTS)
+    return max(0.0, nbytes / (short_gbps * GB) - nbytes / (copy_gbps * GB)) / loops
 
 
 def _streaming_seconds(cluster: ClusterSpec, kernel: str, dtype: str, nbytes: float) -> float:

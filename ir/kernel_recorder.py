@@ -179,29 +179,31 @@ def _broadcast_strides(t: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, ..
     return tuple(strides)
 
 
-def inner_loop_elements(name: str, args, inputs: list[torch.Tensor],
-                        outputs: list[torch.Tensor]) -> int:
-    """Elements of the innermost loop a memory-bound op runs (0: not an op this reads).
+def inner_loops(name: str, args, inputs: list[torch.Tensor],
+                outputs: list[torch.Tensor]) -> tuple[int, int]:
+    """(elements per innermost loop, loops) of a memory-bound op; (0, 0) where not known.
     Elementwise ops iterate over the output's shape with every input broadcast to it; a
     reduction over its input's shape with the (keepdim) output broadcast to it; cat and
-    slice_backward copy each input into a slice along `dim`, so the loop is that input's
+    slice_backward copy each input into a slice along `dim`, so a loop is that input's
     extent from `dim` inwards. A permuted, expanded or middle-dim-broadcast operand ends
-    the loop early: the CPU pays per loop, not per byte (`cost_models.kernel_time`)."""
+    the loop early: the CPU pays per loop as well as per byte (`cost_models.kernel_time`)."""
     if name in SLICE_WRITE_OPS:
         position, default = SLICE_WRITE_OPS[name]
         dim = args[position] if len(args) > position else default
-        sources = inputs if name == "cat" else inputs[:1]
+        sources = [t for t in (inputs if name == "cat" else inputs[:1]) if t.numel() > 0]
         if dim is None or not sources:
-            return 0
-        return min(math.prod(t.shape[dim % max(1, t.dim()):]) for t in sources) or 0
+            return 0, 0
+        runs = [math.prod(t.shape[dim % max(1, t.dim()):]) for t in sources]
+        return min(runs), sum(t.numel() // run for t, run in zip(sources, runs))
     tensors = [t for t in inputs + outputs if t.numel() > 1]
     if not tensors or not outputs:
-        return 0
+        return 0, 0
     shape = tuple(max(tensors, key=lambda t: t.numel()).shape)
     strides = [_broadcast_strides(t, shape) for t in tensors]
     if any(s is None for s in strides):
-        return 0
-    return _trailing_run(shape, strides)
+        return 0, 0
+    run = _trailing_run(shape, strides)
+    return run, math.prod(shape) // run
 
 
 class KernelRecorder:
@@ -219,7 +221,7 @@ class KernelRecorder:
     def add(self, record: KernelRecord) -> None:
         key = (record.op, record.kind, record.dtype, record.shape, record.flops,
                record.weight_bytes, record.activation_bytes, record.causal,
-               record.inner_elements)
+               record.inner_loops)
         entry = self._counts.setdefault(key, [record, 0])
         entry[1] += record.count
 
@@ -254,10 +256,9 @@ class KernelRecorder:
         else:
             kind, causal = KernelKind.MEMORY, False
             shape = tuple(outputs[0].shape) if outputs else ()
-        inner = inner_loop_elements(name, args, inputs, outputs) \
-            if kind is KernelKind.MEMORY else 0
+        loops = inner_loops(name, args, inputs, outputs)[1] if kind is KernelKind.MEMORY else 0
         self.add(KernelRecord(op, kind, dtype, tuple(int(d) for d in shape), 1, flops,
-                              weight, moved, saved_under_selective(func), causal, inner))
+                              weight, moved, saved_under_selective(func), causal, loops))
 
     def _is_weight_gradient(self, name: str, t: torch.Tensor) -> bool:
         """A backward output that does not grow with the micro-batch: an embedding's dense

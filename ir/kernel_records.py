@@ -84,9 +84,9 @@ class KernelRecord:
     # Selective checkpointing keeps this op's output (ir.checkpoint_policy); forward only.
     saved_under_selective: bool = False
     causal: bool = False  # attention only: a causal mask (FlashAttention skips half)
-    # Memory kernels: elements of the innermost loop the op runs (`ir.kernel_recorder
-    # .inner_loop_elements`: trailing dims coalesced over every operand); 0 not known.
-    inner_elements: int = 0
+    # Memory kernels: innermost loops the op runs (`ir.kernel_recorder.inner_loops`:
+    # its elements over the loop's trailing dims, coalesced over every operand); 0 unknown.
+    inner_loops: int = 0
 
     def __str__(self) -> str:
         dims = "x".join(map(str, self.shape))

@@ -277,33 +277,34 @@ def test_an_embedding_bag_records_its_ids_bags_and_width():
     assert backward.weight_bytes == 100 * 16 * 4
 
 
-def test_inner_loop_elements_follow_strides_broadcasts_and_slices():
-    """The innermost loop a memory-bound op runs, worked out by hand from the strides:
-    a contiguous add runs one loop over all 2*3*8*8 = 384 elements; a clone of a
-    (2, 8, 3, 8) tensor's transpose(1, 2) stops at its 8-wide rows (stride 8*3*8 = 192
-    next, not 8); an expand of a size-1 middle dim (stride 0) likewise; a per-row scale
-    (2, 3, 1) broadcast along the last dim keeps the 8-wide loop and cannot merge further
-    (stride 1 next to 0) while its partner is contiguous; a sum over dim 2 of (2, 3, 4, 8)
-    (keepdim) loops 8 wide; cat along the last dim copies 4-wide rows; slice_backward
-    writes its (2, 3, 4) gradient into rows along dim 1: 3 * 4 = 12."""
-    from ir.kernel_recorder import inner_loop_elements
+def test_inner_loops_follow_strides_broadcasts_and_slices():
+    """(elements per innermost loop, loops) of memory-bound ops, worked out by hand from
+    the strides: a contiguous add runs one loop over all 2*3*8*8 = 384 elements; a clone
+    of a (2, 8, 3, 8) tensor's transpose(1, 2) stops at its 8-wide rows (stride 8*3*8 =
+    192 next, not 8): 48 loops; an expand of a size-1 middle dim (stride 0) likewise, 32
+    loops of 8; a per-row scale (2, 3, 1) broadcast along the last dim keeps the 8-wide
+    loop and cannot merge further (stride 1 next to 0): 6 loops; a sum over dim 2 of
+    (2, 3, 4, 8) (keepdim) iterates the input in 24 loops of 8; cat along the last dim
+    copies 4-wide rows, 6 per input; slice_backward writes its (2, 3, 4) gradient into
+    dim 1's slice: 2 loops of 3 * 4 = 12."""
+    from ir.kernel_recorder import inner_loops
 
     def m(*shape):
         return torch.empty(*shape, device="meta")
 
     x = m(2, 3, 8, 8)
-    assert inner_loop_elements("add", (x, x), [x], [m(2, 3, 8, 8)]) == 384
+    assert inner_loops("add", (x, x), [x], [m(2, 3, 8, 8)]) == (384, 1)
     t = m(2, 8, 3, 8).transpose(1, 2)
-    assert inner_loop_elements("clone", (t,), [t], [m(2, 3, 8, 8)]) == 8
+    assert inner_loops("clone", (t,), [t], [m(2, 3, 8, 8)]) == (8, 48)
     e = m(2, 3, 1, 8).expand(2, 3, 4, 8)
-    assert inner_loop_elements("clone", (e,), [e], [m(2, 3, 4, 8)]) == 8
+    assert inner_loops("clone", (e,), [e], [m(2, 3, 4, 8)]) == (8, 24)
     row = m(2, 3, 1)
     y = m(2, 3, 8)
-    assert inner_loop_elements("mul", (y, row), [y, row], [m(2, 3, 8)]) == 8
+    assert inner_loops("mul", (y, row), [y, row], [m(2, 3, 8)]) == (8, 6)
     s = m(2, 3, 4, 8)
-    assert inner_loop_elements("sum", (s, [2], True), [s], [m(2, 3, 1, 8)]) == 8
+    assert inner_loops("sum", (s, [2], True), [s], [m(2, 3, 1, 8)]) == (8, 24)
     a, b = m(2, 3, 4), m(2, 3, 4)
-    assert inner_loop_elements("cat", ([a, b], -1), [a, b], [m(2, 3, 8)]) == 4
+    assert inner_loops("cat", ([a, b], -1), [a, b], [m(2, 3, 8)]) == (4, 12)
     g = m(2, 3, 4)
-    assert inner_loop_elements("slice_backward", (g, [2, 6, 4], 1, 0, 3, 1), [g],
-                               [m(2, 6, 4)]) == 12
+    assert inner_loops("slice_backward", (g, [2, 6, 4], 1, 0, 3, 1), [g],
+                       [m(2, 6, 4)]) == (12, 2)

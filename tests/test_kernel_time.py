@@ -418,18 +418,20 @@ def test_an_embedding_bag_costs_per_call_and_per_id_where_measured():
 
 
 def test_short_loops_masked_fill_and_softmax_backward_use_their_measured_kinds():
-    """A clone whose inner loop runs 8 elements is priced at the "short_run" point (100
-    GB/s here) where the calibration has one, else as a copy; one with a 64-wide loop as a
-    copy either way. masked_fill and softmax backward use their own measured points, and
-    without them fall back to what priced them before (add; softmax)."""
+    """A clone of 1 MiB of bf16 (2 bytes read + 2 written per element: 262144 elements)
+    in 4096 inner loops, where the calibration has "short_run" at 100 GB/s and copy at
+    800: its bytes as a copy plus 4096 loops x the probe's extra seconds per loop (1 MiB
+    at 100 GB/s less at 800, over 1 MiB / (2 x 2 bytes x 8) = 32768 loops); without the
+    point just the copy. masked_fill and softmax backward use their own measured points,
+    and without them fall back to what priced them before (add; softmax)."""
     from cost_models.common import GB
     from cost_models.kernel_time import memory_kind
 
     nbytes = 1 * MiB
 
-    def record(op, inner=0):
+    def record(op, loops=0):
         return KernelRecord(op, KernelKind.MEMORY, "bfloat16", (512, 1024), 1,
-                            activation_bytes=nbytes, inner_elements=inner)
+                            activation_bytes=nbytes, inner_loops=loops)
 
     copy = MemoryKernelPoint("copy", "bfloat16", nbytes, 800.0)
     measured = dataclasses.replace(CALIBRATION, memory_kernels=(
@@ -438,14 +440,17 @@ def test_short_loops_masked_fill_and_softmax_backward_use_their_measured_kinds()
         MemoryKernelPoint("masked_fill", "bfloat16", nbytes, 50.0),
         MemoryKernelPoint("softmax_backward", "bfloat16", nbytes, 400.0)))
     bare = dataclasses.replace(CALIBRATION, memory_kernels=(*CALIBRATION.memory_kernels, copy))
-    short, long = record("aten::clone", 8), record("aten::clone", 64)
-    cases = [(short, measured, "short_run", 100.0), (short, bare, "copy", 800.0),
-             (long, measured, "copy", 800.0),
-             (record("aten::masked_fill"), measured, "masked_fill", 50.0),
-             (record("aten::masked_fill"), bare, "add", 1000.0),
-             (record("aten::_softmax_backward_data"), measured, "softmax_backward", 400.0),
-             (record("aten::_softmax_backward_data"), bare, "softmax", 500.0)]
-    for r, cal, kind, gbps in cases:
+    per_loop_s = (nbytes / (100 * GB) - nbytes / (800 * GB)) / (nbytes / (2 * 2 * 8))
+    clone = record("aten::clone", 4096)
+    for cal, expected_s in ((measured, nbytes / (800 * GB) + 4096 * per_loop_s),
+                            (bare, nbytes / (800 * GB))):
+        assert pass_seconds((clone,), spec(cal), config(), 1.0, False).memory_s == \
+            pytest.approx(expected_s)
+    for r, cal, kind, gbps in [(record("aten::masked_fill"), measured, "masked_fill", 50.0),
+                               (record("aten::masked_fill"), bare, "add", 1000.0),
+                               (record("aten::_softmax_backward_data"), measured,
+                                "softmax_backward", 400.0),
+                               (record("aten::_softmax_backward_data"), bare, "softmax", 500.0)]:
         assert memory_kind(r, cal) == kind
         t = pass_seconds((r,), spec(cal), config(), 1.0, backward=False)
         assert t.memory_s == pytest.approx(nbytes / (gbps * GB))
