@@ -36,8 +36,10 @@ ROW_ELEMENTS = 4096  # a hidden size: layer_norm and sum reduce rows this long; 
 # batch_norm (training) normalises each of this many channels over a row's positions
 # (16 x 256: cnn-small's feature maps, 16 channels of 16 x 16 pixels).
 BATCH_NORM_CHANNELS = 16
-# masked_fill's probe: a causal mask of this many positions (4096-element rows of scores).
-MASK_SEQ_LEN = 64
+# masked_fill's probe: a causal mask of this many positions, the zoo's sequence length
+# (gpt/llama/t5-tiny train at 32). Its cost per element grows with it on this CPU (one
+# thread, 1 MiB of scores, 2026-11-24): 138 us at 32, 188 at 64, 191 at 128.
+MASK_SEQ_LEN = 32
 # short_run's probe: a copy whose inner loop runs this many elements (llama-tiny's head
 # width 8: its permuted and expanded q/k/v copies run inner loops of 8).
 SHORT_RUN_PROBE_ELEMENTS = 8

@@ -7,7 +7,7 @@ Beside the streaming kinds (copy, add), the kinds whose speed per byte differs o
   softmax_backward  `_softmax_backward_data` over rows (no exp: 17 us where the forward's
                     table priced 80 for llama-tiny's (16, 8, 32, 32) scores);
   masked_fill       `masked_fill` with a causal (s x s) mask broadcast over the batch and
-                    heads, as GPT/Llama/T5 mask scores (66-72 us for 1 MiB, ~7x an add);
+                    heads, as GPT/Llama/T5 mask scores (69 us for llama-tiny's 512 KiB, ~14x an add);
   short_run         a copy whose innermost loop runs SHORT_RUN_PROBE_ELEMENTS elements (a
                     transposed (n, 8, 8) view): TensorIterator pays per inner loop, so a
                     permute, an expand or a broadcast over a middle dim streams ~5x slower
