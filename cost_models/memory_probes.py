@@ -21,8 +21,9 @@ from __future__ import annotations
 from ir.errors import PlannerError
 from ir.kernel_calibration import MemoryKernelPoint
 
-from cost_models.device_grids import (BATCH_NORM_CHANNELS, MASK_SEQ_LEN, MiB, ROW_ELEMENTS,
-                                      SHORT_RUN_PROBE_ELEMENTS)
+from cost_models.device_grids import (BATCH_NORM_CHANNELS, CPU_SMALL_ONLY_KINDS,
+                                      CPU_SMALL_ONLY_MAX_BYTES, MASK_SEQ_LEN, MiB,
+                                      ROW_ELEMENTS, SHORT_RUN_PROBE_ELEMENTS)
 
 
 def _memory_kernel(name: str, x, y, out):
@@ -90,6 +91,9 @@ def probe_memory(device: str, sizes, dtype: str, progress=None) -> list[MemoryKe
         ys = [_random(numel, dtype, device) for _ in range(sets)]
         outs = [_random(numel, dtype, device) for _ in range(sets)]
         for name in MEMORY_KERNELS:
+            if device == "cpu" and name in CPU_SMALL_ONLY_KINDS \
+                    and nbytes > CPU_SMALL_ONLY_MAX_BYTES:
+                continue
             calls = [_memory_kernel(name, xs[s], ys[s], outs[s]) for s in range(sets)]
             seconds = seconds_per_call(lambda i: calls[i % sets][0](), device, graph=True)
             moved = calls[0][1]

@@ -51,7 +51,7 @@ from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)
     CPU_ZOO_GEMM_SHAPES, CPU_GEMM_SHAPES, CPU_GEMM_DTYPES, CUDA_MEMORY_BYTES,
     CPU_MEMORY_BYTES, ROW_ELEMENTS, CUDA_SDPA_SHAPES, CPU_SDPA_SHAPES, CUDA_SDPA_DTYPE,
     CPU_SDPA_DTYPE, QUICK_CUDA_GEMM_SHAPES, CPU_CONV_SHAPES, CUDA_CONV_SHAPES, CPU_CONV_DTYPE,
-    CUDA_CONV_DTYPE, BATCH_NORM_CHANNELS)
+    CUDA_CONV_DTYPE, BATCH_NORM_CHANNELS, CPU_SMALL_ONLY_KINDS, CPU_SMALL_ONLY_MAX_BYTES)
 from cost_models.conv_probes import probe_conv
 from cost_models.memory_probes import probe_memory
 from cost_models.gemm_efficiency import gemm_shape_efficiency

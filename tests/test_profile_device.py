@@ -56,7 +56,9 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     # Each memory-bound kernel at each size; bandwidth from the best large copy or add.
     assert {(p.kernel, p.nbytes >= 1) for p in cal.memory_kernels} == {
         (k, True) for k in MEMORY_KERNELS}
-    assert len(cal.memory_kernels) == len(MEMORY_KERNELS) * len(pd.CPU_MEMORY_BYTES)
+    large = sum(n > pd.CPU_SMALL_ONLY_MAX_BYTES for n in pd.CPU_MEMORY_BYTES)
+    assert len(cal.memory_kernels) == len(MEMORY_KERNELS) * len(pd.CPU_MEMORY_BYTES) \
+        - len(pd.CPU_SMALL_ONLY_KINDS) * large
     streams = [p.gbps for p in cal.memory_kernels if p.kernel in ("copy", "add")
                and p.nbytes >= pd.HBM_MIN_MOVED_BYTES["cpu"]]
     assert spec.hbm_gbps == max(streams) and 0.1 < spec.hbm_gbps < 1e4
