@@ -36,6 +36,19 @@ ROW_ELEMENTS = 4096  # a hidden size: layer_norm and sum reduce rows this long; 
 # batch_norm (training) normalises each of this many channels over a row's positions
 # (16 x 256: cnn-small's feature maps, 16 channels of 16 x 16 pixels).
 BATCH_NORM_CHANNELS = 16
+# Kinds a CPU measures only up to CPU_SMALL_ONLY_MAX_BYTES (the zoo's tensors): profile-
+# device must stay under a minute on a busy 2-core host (tests/test_profile_device.py) and
+# had no room for them at 64 MiB (11 kinds x 2 passes took 35 s of its 61 at load 11,
+# 2026-11-24); past it the last point's rate applies (`kernel_time.memory_gbps`).
+CPU_SMALL_ONLY_KINDS = ("softmax_backward", "masked_fill", "short_run")
+CPU_SMALL_ONLY_MAX_BYTES = 4 * MiB
+# masked_fill's probe: a causal mask of this many positions, the zoo's sequence length
+# (gpt/llama/t5-tiny train at 32). Its cost per element grows with it on this CPU (one
+# thread, 1 MiB of scores, 2026-11-24): 138 us at 32, 188 at 64, 191 at 128.
+MASK_SEQ_LEN = 32
+# short_run's probe: a copy whose inner loop runs this many elements (llama-tiny's head
+# width 8: its permuted and expanded q/k/v copies run inner loops of 8).
+SHORT_RUN_PROBE_ELEMENTS = 8
 # SDPA shapes (batch, heads, seq_len, head_dim), causal as GPT trains.
 CUDA_SDPA_SHAPES = ((8, 16, 1024, 64), (4, 32, 2048, 128), (1, 32, 8192, 128))
 CPU_SDPA_SHAPES = ((2, 4, 128, 32), (1, 8, 256, 64))

@@ -1,19 +1,33 @@
 """Probes of kernels whose cost counts items, not bytes (run by `planner profile-device`,
-`cost_models.profile_device`): an embedding backward's scatter-add (per index) and a
-dropout mask's draw (per element).
+`cost_models.profile_device`): an embedding backward's scatter-add (per index), an
+embedding bag's forward and backward (per call and per index) and a dropout mask's draw
+(per element).
 
     probe_embedding_backward("cpu", "float32")   # seconds per index   # doctest: +SKIP
+    probe_embedding_bag("cpu", "float32", 2e-6)   # EmbeddingBagCost   # doctest: +SKIP
     probe_random_element_s("cpu")                 # seconds per element # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 # embedding_dense_backward per index: rows of a small model's width (gpt-tiny's 64, where
 # the per-index work, not the row's bytes, dominates) into a table of 128 rows, at 512
 # and 8192 indices (a zoo embedding's tokens at micro-batch 1 to 16 and past it).
 EMBEDDING_PROBE_DIM, EMBEDDING_PROBE_ROWS, EMBEDDING_PROBE_INDICES = 64, 128, (512, 8192)
+# EmbeddingBag (sum, dense gradient), as DLRM's tables run it (planner/zoo/dlrm.py:
+# 16-wide rows, bags of 2 ids): a table of EMBEDDING_BAG_PROBE_ROWS rows, bags of
+# EMBEDDING_BAG_PROBE_LOOKUPS ids, at EMBEDDING_BAG_PROBE_INDICES ids (dlrm-small's 2 to 32
+# at micro-batch 1 to 16, and 512). The line through the two points prices a call: its
+# intercept is the work every call does whatever its size (the backward's sort, cumsum,
+# index_select, index_add_ and zero-fill each dispatched inside ATen; measured here, one
+# thread, 2026-11-24: forward 6.8 us, backward 8.6 us at 8 ids against 2.1 us for one
+# tiny op), its slope the work per id. The backward grows faster past the line (its sort):
+# 498 us measured at 8192 ids where the line gives ~300.
+EMBEDDING_BAG_PROBE_ROWS, EMBEDDING_BAG_PROBE_DIM, EMBEDDING_BAG_PROBE_LOOKUPS = 128, 16, 2
+EMBEDDING_BAG_PROBE_INDICES = (8, 512)
 # A dropout mask is drawn as bernoulli_(keep), keep = 1 - p. On a CPU its cost depends on
 # keep, peaking at 0.5 (likely a data-dependent branch per element, mispredicted about
 # min(keep, 1 - keep) of the time): measured here, one thread, 256 Ki elements, best of
@@ -64,3 +78,50 @@ def probe_embedding_backward(device: str, dtype: str) -> float:
         seconds.append(seconds_per_call(lambda i: torch.ops.aten.embedding_dense_backward(
             grad, index, EMBEDDING_PROBE_ROWS, -1, False), device))
     return max(0.0, (seconds[1] - seconds[0]) / (many - few))
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingBagCost:
+    """Device seconds of an embedding bag's forward and backward: per call (beyond one
+    op's dispatch, which the host model charges) and per index."""
+
+    call_s: float
+    index_s: float
+    backward_call_s: float
+    backward_index_s: float
+
+
+def probe_embedding_bag(device: str, dtype: str, dispatch_s: float) -> EmbeddingBagCost:
+    """`_embedding_bag` and `_embedding_bag_backward` (sum mode, dense gradient) at the
+    EMBEDDING_BAG_PROBE_INDICES counts: slope per index, intercept less `dispatch_s` (one
+    tiny op's host dispatch, `profile_device.probe_launch`; 0 on a GPU, whose events time
+    the device), never below `conv_probes.MIN_DEVICE_SHARE` of the smaller call."""
+    import torch
+
+    from cost_models.conv_probes import MIN_DEVICE_SHARE
+    from cost_models.profile_device import _random, seconds_per_call
+
+    aten = torch.ops.aten
+    rows = EMBEDDING_BAG_PROBE_ROWS
+    forward_s, backward_s = [], []
+    for count in EMBEDDING_BAG_PROBE_INDICES:
+        weight = _random((rows, EMBEDDING_BAG_PROBE_DIM), dtype, device)
+        index = torch.randint(0, rows, (count,), device=device)
+        offsets = torch.arange(0, count, EMBEDDING_BAG_PROBE_LOOKUPS, device=device)
+        # _embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode (0: sum), sparse,
+        # per_sample_weights, include_last_offset, padding_idx)
+        bag_args = (weight, index, offsets, False, 0, False, None, False, -1)
+        out, offset2bag, bag_size, max_indices = aten._embedding_bag(*bag_args)
+        grad = _random(tuple(out.shape), dtype, device)
+        forward_s.append(seconds_per_call(lambda i: aten._embedding_bag(*bag_args), device))
+        backward_s.append(seconds_per_call(lambda i: aten._embedding_bag_backward(
+            grad, index, offsets, offset2bag, bag_size, max_indices, rows, False, 0, False,
+            None, -1), device))
+    few, many = EMBEDDING_BAG_PROBE_INDICES
+
+    def line(seconds: list[float]) -> tuple[float, float]:
+        slope = max(0.0, (seconds[1] - seconds[0]) / (many - few))
+        intercept = seconds[0] - slope * few
+        return max(intercept - dispatch_s, MIN_DEVICE_SHARE * seconds[0]), slope
+
+    return EmbeddingBagCost(*line(forward_s), *line(backward_s))

@@ -11,8 +11,11 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
                             without a table the roofline of its implicit GEMM
     t_roofline(attention) = FLOPs / measured SDPA rate of the backend dispatch picks
     t_roofline(memory)    = bytes / bandwidth of that kind of memory-bound kernel at its size
+                            (+ its inner loops x measured seconds per loop: copy/add/sum)
     embedding backward    = table fill (a copy) + indices x measured seconds per index
                             + the rows' bytes (a scatter-add costs per index, not per byte)
+    embedding bag         = measured seconds per call + indices x measured seconds per
+                            index (+ the backward's table fill, + rows wider than probed)
 
 (Williams et al. 2009 roofline per kernel). GEMM efficiency by shape: the nearest measured
 GEMM of the cluster's kernel calibration, else the analytic saturation fit
@@ -43,13 +46,16 @@ from dataclasses import dataclass
 
 from ir.cluster import ClusterSpec
 from ir.kernel_calibration import KernelCalibration, SdpaPoint
+from ir.kernel_recorder import EMBEDDING_BAG_OPS
 from ir.kernel_records import (CONV_GRAD_BIAS, CONV_GRAD_INPUT, CONV_GRAD_WEIGHT, KernelKind,
                                KernelRecord, KernelRecords, conv_implicit_gemm)
 from ir.op_count import RANDOM_OPS
 from ir.strategy import Checkpoint
 
 from cost_models.common import GB, StepConfig, dtype_bytes
+from cost_models.device_grids import SHORT_RUN_PROBE_ELEMENTS
 from cost_models.gemm_efficiency import gemm_shape_efficiency
+from cost_models.item_probes import EMBEDDING_BAG_PROBE_DIM
 
 # Device seconds per kernel when the cluster carries no calibration: a GPU replays tiny
 # kernels from a CUDA graph at 1.22 us each (profile-device on an H100, 2026-11-24,
@@ -87,8 +93,10 @@ DISPATCHED_SDPA_BACKEND = "default"
 # against gelu 30, silu 36, rsqrt 36, sigmoid 37; add 152, copy 187). Training batch norm
 # is its own kind: on this CPU it ran at 6.3 GB/s where layer norm ran at 20 (both 256 KiB).
 MEMORY_KERNEL_OF_OP = {
-    **dict.fromkeys(("_softmax", "_log_softmax", "_safe_softmax", "_softmax_backward_data",
-                     "_log_softmax_backward_data"), "softmax"),
+    **dict.fromkeys(("_softmax", "_log_softmax", "_safe_softmax"), "softmax"),
+    **dict.fromkeys(("_softmax_backward_data", "_log_softmax_backward_data"),
+                    "softmax_backward"),
+    **dict.fromkeys(("masked_fill", "masked_fill_", "where"), "masked_fill"),
     **dict.fromkeys(("native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
                      "_fused_rms_norm_backward", "native_group_norm",
                      "native_group_norm_backward", "_native_batch_norm_legit_no_training"),
@@ -106,6 +114,17 @@ MEMORY_KERNEL_OF_OP = {
                      "zero_", "zeros", "ones", "ones_like", "zeros_like", "full",
                      "full_like", "new_zeros", "arange"), "copy"),
 }
+
+# Kinds a calibration may lack (specs measured before they were probed, GPU presets): the
+# kind that priced those ops before, which is what the time model falls back to.
+MEMORY_KERNEL_STAND_IN = {"softmax_backward": "softmax", "masked_fill": "add"}
+# A streaming op (copy, add, sum kinds) pays per innermost loop on top of its bytes: on
+# this CPU (one thread, 2026-11-24) inner loops of 8 elements streamed ~5x slower than
+# contiguous ones (a (16, 8, 32, 8) permuted clone 10.3 us, 128 KiB), loops of 32 within
+# 15% (a transpose(1, 2) clone of (16, 8, 32, 32): 10.9 us against 9.6, 1 MiB). Where the
+# calibration measured "short_run" (a copy in loops of `SHORT_RUN_PROBE_ELEMENTS`), each
+# loop costs what that probe paid per loop over a contiguous copy of the same bytes.
+SHORT_RUN_KINDS = frozenset({"copy", "add", "sum"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +272,12 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
         if op == "embedding_dense_backward" and cal is not None \
                 and cal.embedding_backward_index_s > 0:
             return _embedding_backward_seconds(r, cluster, config, share)
-        return _streaming_seconds(cluster, MEMORY_KERNEL_OF_OP.get(op, "add"), dtype, nbytes)
+        if op in EMBEDDING_BAG_OPS and cal is not None and cal.embedding_bag_call_s > 0:
+            return _embedding_bag_seconds(r, cluster, config, share, backward)
+        kind = memory_kind(r, cal)
+        return _streaming_seconds(cluster, kind, dtype, nbytes) + (
+            r.inner_loops * share * config.batch_scale * _loop_seconds(cal, dtype, nbytes)
+            if kind in SHORT_RUN_KINDS and r.inner_loops > 1 else 0.0)
     return 0.0  # views: no kernel
 
 
@@ -296,11 +320,37 @@ def _conv_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
     return total_s
 
 
+def _measured(cal: KernelCalibration | None, kernel: str) -> bool:
+    return cal is not None and any(p.kernel == kernel for p in cal.memory_kernels)
+
+
+def memory_kind(r: KernelRecord, cal: KernelCalibration | None) -> str:
+    """The calibration kind that prices a memory record: its op's kind, or a stand-in for
+    a kind the calibration lacks."""
+    kind = MEMORY_KERNEL_OF_OP.get(r.op.split("::")[-1], "add")
+    while kind in MEMORY_KERNEL_STAND_IN and not _measured(cal, kind):
+        kind = MEMORY_KERNEL_STAND_IN[kind]
+    return kind
+
+
+def _loop_seconds(cal: KernelCalibration | None, dtype: str, nbytes: float) -> float:
+    """Seconds one innermost loop of a streaming op costs beyond its bytes: the
+    "short_run" probe's seconds over a contiguous copy's for the same bytes, per loop
+    (each moved element is read and written, `dtype` wide); 0 where not measured."""
+    if not _measured(cal, "short_run"):
+        return 0.0
+    short_gbps = memory_gbps(cal, "short_run", dtype, nbytes, 1.0)
+    copy_gbps = memory_gbps(cal, "copy", dtype, nbytes, short_gbps)
+    loops = nbytes / (2 * dtype_bytes(dtype) * SHORT_RUN_PROBE_ELEMENTS)
+    return max(0.0, nbytes / (short_gbps * GB) - nbytes / (copy_gbps * GB)) / loops
+
+
 def _streaming_seconds(cluster: ClusterSpec, kernel: str, dtype: str, nbytes: float) -> float:
     """`nbytes` through a memory-bound kernel of this kind at its measured bandwidth."""
     # a CPU spec's hbm_gbps is itself measured; a GPU preset's is the datasheet's
+    # (kinds without a share here are only asked for where measured: `memory_kind`)
     default_gbps = cluster.hbm_gbps * (
-        1.0 if cluster.host_bound else GPU_MEMORY_KERNEL_BANDWIDTH_FRACTION[kernel])
+        1.0 if cluster.host_bound else GPU_MEMORY_KERNEL_BANDWIDTH_FRACTION.get(kernel, 1.0))
     return nbytes / (memory_gbps(cluster.kernel_calibration, kernel, dtype, nbytes,
                                  default_gbps) * GB)
 
@@ -322,6 +372,29 @@ def _embedding_backward_seconds(r: KernelRecord, cluster: ClusterSpec, config: S
     return (_streaming_seconds(cluster, "copy", dtype, table_bytes)
             + indices * cluster.kernel_calibration.embedding_backward_index_s
             + _streaming_seconds(cluster, "add", dtype, row_bytes))
+
+
+def _embedding_bag_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
+                           share: float, backward: bool) -> float:
+    """An embedding bag's forward or backward (record shape (indices, bags, dim)): the
+    calibration's line for that pass, per call plus per index (`item_probes
+    .probe_embedding_bag`: a backward runs sort, cumsum, index_select, index_add_ and a
+    zero-fill inside ATen, ~4x one op's dispatch at a few ids), plus what the probe's small
+    table does not include: the backward's dense gradient fill of the whole table (a copy
+    of its bytes) and, per index, the bytes of rows wider than the probe's. The ids grow
+    with the micro-batch; a TP split narrows the rows (`share`), not the ids."""
+    cal = cluster.kernel_calibration
+    dtype = config.precision.compute_dtype
+    indices = r.shape[0] * config.batch_scale
+    dim = r.shape[-1] * share
+    call_s, index_s = ((cal.embedding_bag_backward_call_s, cal.embedding_bag_backward_index_s)
+                       if backward else (cal.embedding_bag_call_s, cal.embedding_bag_index_s))
+    wider_bytes = indices * max(0.0, dim - EMBEDDING_BAG_PROBE_DIM) * \
+        config.precision.compute_bytes
+    fill_s = _streaming_seconds(cluster, "copy", dtype, r.weight_bytes * config.dtype_scale
+                                * share) if backward else 0.0
+    return call_s + indices * index_s + fill_s + _streaming_seconds(cluster, "add", dtype,
+                                                                     wider_bytes)
 
 
 def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config: StepConfig,

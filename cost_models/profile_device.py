@@ -43,8 +43,7 @@ from collections.abc import Callable
 
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
-from ir.kernel_calibration import (GemmPoint, KernelCalibration, MemoryKernelPoint, SdpaPoint,
-                                   fastest_points)
+from ir.kernel_calibration import GemmPoint, KernelCalibration, SdpaPoint, fastest_points
 
 from cost_models import clusters
 from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)
@@ -52,11 +51,13 @@ from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)
     CPU_ZOO_GEMM_SHAPES, CPU_GEMM_SHAPES, CPU_GEMM_DTYPES, CUDA_MEMORY_BYTES,
     CPU_MEMORY_BYTES, ROW_ELEMENTS, CUDA_SDPA_SHAPES, CPU_SDPA_SHAPES, CUDA_SDPA_DTYPE,
     CPU_SDPA_DTYPE, QUICK_CUDA_GEMM_SHAPES, CPU_CONV_SHAPES, CUDA_CONV_SHAPES, CPU_CONV_DTYPE,
-    CUDA_CONV_DTYPE, BATCH_NORM_CHANNELS)
+    CUDA_CONV_DTYPE, BATCH_NORM_CHANNELS, CPU_SMALL_ONLY_KINDS, CPU_SMALL_ONLY_MAX_BYTES)
 from cost_models.conv_probes import probe_conv
+from cost_models.memory_probes import probe_memory
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.host_probes import host_op_seconds_by_pass, probe_clock
-from cost_models.item_probes import probe_embedding_backward, probe_random_element_s
+from cost_models.item_probes import (probe_embedding_backward, probe_embedding_bag,
+                                     probe_random_element_s)
 
 # ---- timing -----------------------------------------------------------------------------
 WARMUP_CALLS = 3  # first calls pay for kernel selection, workspaces, autograd caches
@@ -202,65 +203,6 @@ def probe_gemm(device: str, shapes, dtypes, progress=None) -> list[GemmPoint]:
                 del a, b, c
     finally:
         torch.set_float32_matmul_precision(precision)
-    return points
-
-
-def _memory_kernel(name: str, x, y, out):
-    """One call of a memory-bound kernel and the bytes it must move: each input read once,
-    each output written once."""
-    import torch
-    import torch.nn.functional as F
-
-    rows = x.numel() // ROW_ELEMENTS
-    e = x.element_size()
-    if name == "copy":
-        return lambda: out.copy_(x), 2 * x.numel() * e
-    if name == "add":
-        return lambda: torch.add(x, y, out=out), 3 * x.numel() * e
-    if name == "gelu":
-        return lambda: F.gelu(x), 2 * x.numel() * e
-    if name == "sum":  # reduce rows of ROW_ELEMENTS: read everything, write one per row
-        return lambda: x.view(rows, ROW_ELEMENTS).sum(dim=-1), (x.numel() + rows) * e
-    if name == "softmax":
-        return lambda: torch.softmax(x.view(rows, ROW_ELEMENTS), dim=-1), 2 * x.numel() * e
-    if name == "layer_norm":
-        return (lambda: F.layer_norm(x.view(rows, ROW_ELEMENTS), (ROW_ELEMENTS,)),
-                2 * x.numel() * e)
-    if name.startswith("batch_norm"):  # training mode over (rows, channels, positions)
-        images = x.view(rows, BATCH_NORM_CHANNELS, ROW_ELEMENTS // BATCH_NORM_CHANNELS)
-        stats = [torch.ones(BATCH_NORM_CHANNELS, dtype=x.dtype, device=x.device)
-                 for _ in range(4)]  # weight, bias, running mean, running var
-        _, mean, invstd = torch.ops.aten.native_batch_norm(images, *stats, True, 0.1, 1e-5)
-        if name == "batch_norm":  # reads x, writes y
-            return (lambda: torch.ops.aten.native_batch_norm(images, *stats, True, 0.1, 1e-5),
-                    2 * x.numel() * e)
-        grad = y.view_as(images)  # reads the gradient and x, writes grad_input
-        return (lambda: torch.ops.aten.native_batch_norm_backward(
-            grad, images, stats[0], stats[2], stats[3], mean, invstd, True, 1e-5,
-            [True, True, True]), 3 * x.numel() * e)
-    raise PlannerError(f"unknown memory kernel {name!r}")
-
-
-def probe_memory(device: str, sizes, dtype: str, progress=None) -> list[MemoryKernelPoint]:
-    """GB/s of each memory-bound kernel by tensor size (bytes read plus written)."""
-    from ir.kernel_calibration import MEMORY_KERNELS
-
-    points = []
-    element_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
-    for nbytes in sizes:
-        numel = max(ROW_ELEMENTS, nbytes // element_bytes // ROW_ELEMENTS * ROW_ELEMENTS)
-        sets = _rotation_sets(device, 3 * numel * element_bytes)
-        xs = [_random(numel, dtype, device) for _ in range(sets)]
-        ys = [_random(numel, dtype, device) for _ in range(sets)]
-        outs = [_random(numel, dtype, device) for _ in range(sets)]
-        for name in MEMORY_KERNELS:
-            calls = [_memory_kernel(name, xs[s], ys[s], outs[s]) for s in range(sets)]
-            seconds = seconds_per_call(lambda i: calls[i % sets][0](), device, graph=True)
-            moved = calls[0][1]
-            points.append(MemoryKernelPoint(name, dtype, moved, moved / seconds / 1e9))
-            if progress:
-                progress(f"{name} {moved / MiB:.1f} MiB: {points[-1].gbps:.1f} GB/s")
-        del xs, ys, outs
     return points
 
 
@@ -417,6 +359,11 @@ def measure(device: str, quick: bool = False, progress=None,
         index_s = probe_embedding_backward(device, memory_dtype)
         if progress:
             progress(f"embedding backward: {index_s * 1e9:.1f} ns per index")
+        bag = probe_embedding_bag(device, memory_dtype, host_s if cpu else 0.0)
+        if progress:
+            progress(f"embedding bag: forward {bag.call_s * 1e6:.2f} us + "
+                     f"{bag.index_s * 1e9:.1f} ns per index, backward "
+                     f"{bag.backward_call_s * 1e6:.2f} us + {bag.backward_index_s * 1e9:.1f} ns")
     name = (platform.processor() or platform.machine()) if cpu else torch.cuda.get_device_name()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cuda = f", CUDA {torch.version.cuda}" if not cpu else ", 1 thread"
@@ -425,6 +372,9 @@ def measure(device: str, quick: bool = False, progress=None,
                              conv=tuple(conv),
                              launch_host_s=host_s, launch_device_s=device_s,
                              embedding_backward_index_s=index_s,
+                             embedding_bag_call_s=bag.call_s, embedding_bag_index_s=bag.index_s,
+                             embedding_bag_backward_call_s=bag.backward_call_s,
+                             embedding_bag_backward_index_s=bag.backward_index_s,
                              burst_gemm_flop_per_s=burst, sustained_gemm_flop_per_s=sustained)
 
 

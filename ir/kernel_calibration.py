@@ -29,9 +29,10 @@ from typing import Any
 
 from ir.errors import PlannerError
 
-# Memory-bound kernels a calibration can describe (what profile-device times).
+# Memory-bound kernels a calibration can describe (what profile-device times;
+# `cost_models.memory_probes` says what each one runs).
 MEMORY_KERNELS = ("copy", "add", "gelu", "sum", "softmax", "layer_norm", "batch_norm",
-                  "batch_norm_backward")
+                  "batch_norm_backward", "softmax_backward", "masked_fill", "short_run")
 # SDPA backends as torch.nn.attention.SDPBackend names them, lower case, plus "default"
 # (whatever torch's dispatcher picks with no backend forced).
 SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "math", "default")
@@ -39,7 +40,9 @@ SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "m
 _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "sustained_gemm_flop_per_s", "forward_host_op_s", "module_call_host_s",
             "view_host_op_s", "embedding_backward_index_s", "backward_view_host_op_s",
-            "backward_nonview_host_op_s", "backward_node_host_s")
+            "backward_nonview_host_op_s", "backward_node_host_s", "embedding_bag_call_s",
+            "embedding_bag_index_s", "embedding_bag_backward_call_s",
+            "embedding_bag_backward_index_s")
 
 
 def _is_number(value: Any) -> bool:
@@ -226,6 +229,14 @@ class KernelCalibration:
     backward_node_host_s: float = 0.0
     # Per-call fixed host excess of the ops that have one (CPUs); empty where not measured.
     host_op_excess: tuple[HostOpExcess, ...] = ()
+    # An embedding bag's forward (`_embedding_bag`) and backward (`_embedding_bag_backward`,
+    # which runs sort, cumsum, index_select, index_add_ ... inside ATen): device seconds per
+    # call beyond one op's dispatch, and per index (`cost_models.item_probes
+    # .probe_embedding_bag`); 0 where not measured.
+    embedding_bag_call_s: float = 0.0
+    embedding_bag_index_s: float = 0.0
+    embedding_bag_backward_call_s: float = 0.0
+    embedding_bag_backward_index_s: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)

@@ -26,6 +26,7 @@ recorded as the kernels it is.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -124,6 +125,87 @@ EMBEDDING_GRADIENT_OPS = frozenset({"embedding_dense_backward", "_embedding_bag_
                                     "_embedding_bag_dense_backward"})
 
 
+# An embedding bag's forward and backward (aten's CPU and CUDA kernels; the dense and sparse
+# backward halves as they dispatch when called directly): recorded with the shape
+# (indices, bags, dim), the items their cost counts (`cost_models.kernel_time`).
+EMBEDDING_BAG_OPS = frozenset({"_embedding_bag", "_embedding_bag_forward_only",
+                               "_embedding_bag_backward", "_embedding_bag_dense_backward",
+                               "_embedding_bag_sparse_backward"})
+
+
+def embedding_bag_shape(name: str, args, out) -> tuple[int, int, int]:
+    """(indices, bags, dim) of an embedding bag op: forward `_embedding_bag(weight, indices,
+    offsets, ...)` writes (bags, dim); the backwards take `(grad (bags, dim), indices, ...)`."""
+    indices = args[1]
+    bags_by_dim = _tensors(out)[0] if name.startswith("_embedding_bag_forward") or \
+        name == "_embedding_bag" else args[0]
+    return int(indices.numel()), int(bags_by_dim.shape[0]), int(bags_by_dim.shape[-1])
+
+
+# Ops that write each input into a slice of a new output along `dim` (their own kernels,
+# not TensorIterator over broadcast operands): (position of dim in args, default dim).
+SLICE_WRITE_OPS = {"cat": (1, 0), "slice_backward": (2, None)}
+
+
+def _trailing_run(shape: tuple[int, ...], strides_by_operand: list[tuple[int, ...]]) -> int:
+    """Elements of the innermost loop over `shape`: trailing dims (size-1 dims skipped)
+    merged while every operand's stride continues the dim inside it (TensorIterator's
+    coalescing, aten/src/ATen/TensorIterator.cpp `coalesce_dimensions`)."""
+    dims = [d for d in range(len(shape)) if shape[d] != 1]
+    if not dims:
+        return 1
+    run, inner = shape[dims[-1]], dims[-1]
+    for d in reversed(dims[:-1]):
+        if any(strides[d] != strides[inner] * shape[inner] for strides in strides_by_operand):
+            break
+        run, inner = run * shape[d], d
+    return run
+
+
+def _broadcast_strides(t: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """`t`'s strides read as the iteration `shape` (a broadcast dim has stride 0); None
+    when `t` does not broadcast to it."""
+    if t.dim() > len(shape):
+        return None
+    lead = len(shape) - t.dim()
+    strides = [0] * lead
+    for size, stride, want in zip(t.shape, t.stride(), shape[lead:]):
+        if size == want:
+            strides.append(stride if want != 1 else 0)
+        elif size == 1:
+            strides.append(0)
+        else:
+            return None
+    return tuple(strides)
+
+
+def inner_loops(name: str, args, inputs: list[torch.Tensor],
+                outputs: list[torch.Tensor]) -> tuple[int, int]:
+    """(elements per innermost loop, loops) of a memory-bound op; (0, 0) where not known.
+    Elementwise ops iterate over the output's shape with every input broadcast to it; a
+    reduction over its input's shape with the (keepdim) output broadcast to it; cat and
+    slice_backward copy each input into a slice along `dim`, so a loop is that input's
+    extent from `dim` inwards. A permuted, expanded or middle-dim-broadcast operand ends
+    the loop early: the CPU pays per loop as well as per byte (`cost_models.kernel_time`)."""
+    if name in SLICE_WRITE_OPS:
+        position, default = SLICE_WRITE_OPS[name]
+        dim = args[position] if len(args) > position else default
+        sources = [t for t in (inputs if name == "cat" else inputs[:1]) if t.numel() > 0]
+        if dim is None or not sources:
+            return 0, 0
+        runs = [math.prod(t.shape[dim % max(1, t.dim()):]) for t in sources]
+        return min(runs), sum(t.numel() // run for t, run in zip(sources, runs))
+    tensors = [t for t in inputs + outputs if t.numel() > 1]
+    if not tensors or not outputs:
+        return 0, 0
+    shape = tuple(max(tensors, key=lambda t: t.numel()).shape)
+    strides = [_broadcast_strides(t, shape) for t in tensors]
+    if any(s is None for s in strides):
+        return 0, 0
+    run = _trailing_run(shape, strides)
+    return run, math.prod(shape) // run
+
+
 class KernelRecorder:
     """Aggregates the ops handed to `record` into `KernelRecord`s (one per op, shape,
     dtype). `weight_keys`: storages of the layer's parameters and buffers. Ops for which
@@ -138,7 +220,8 @@ class KernelRecorder:
 
     def add(self, record: KernelRecord) -> None:
         key = (record.op, record.kind, record.dtype, record.shape, record.flops,
-               record.weight_bytes, record.activation_bytes, record.causal)
+               record.weight_bytes, record.activation_bytes, record.causal,
+               record.inner_loops)
         entry = self._counts.setdefault(key, [record, 0])
         entry[1] += record.count
 
@@ -168,11 +251,14 @@ class KernelRecorder:
             q, k = args[0], args[1]
             kind, causal = KernelKind.ATTENTION, bool((kwargs or {}).get("is_causal", False))
             shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3])
+        elif name in EMBEDDING_BAG_OPS:
+            kind, shape, causal = KernelKind.MEMORY, embedding_bag_shape(name, args, out), False
         else:
             kind, causal = KernelKind.MEMORY, False
             shape = tuple(outputs[0].shape) if outputs else ()
+        loops = inner_loops(name, args, inputs, outputs)[1] if kind is KernelKind.MEMORY else 0
         self.add(KernelRecord(op, kind, dtype, tuple(int(d) for d in shape), 1, flops,
-                              weight, moved, saved_under_selective(func), causal))
+                              weight, moved, saved_under_selective(func), causal, loops))
 
     def _is_weight_gradient(self, name: str, t: torch.Tensor) -> bool:
         """A backward output that does not grow with the micro-batch: an embedding's dense
@@ -190,9 +276,7 @@ class KernelRecorder:
     def records(self) -> tuple[KernelRecord, ...]:
         out = []
         for record, count in self._counts.values():
-            out.append(KernelRecord(record.op, record.kind, record.dtype, record.shape, count,
-                                    record.flops, record.weight_bytes, record.activation_bytes,
-                                    record.saved_under_selective, record.causal))
+            out.append(dataclasses.replace(record, count=count))
         return tuple(out)
 
 

@@ -19,7 +19,9 @@ Kinds:
   attention  one fused scaled-dot-product-attention kernel (flash / efficient / cuDNN):
              `shape` is (batch, heads, q_len, kv_len, head_dim).
   memory     everything else that moves data (norms, softmax, dropout, activations,
-             adds, casts, copies, gathers): `shape` is the first output's shape.
+             adds, casts, copies, gathers): `shape` is the first output's shape, but
+             (indices, bags, dim) for an embedding bag's forward and backward
+             (`ir.kernel_recorder.EMBEDDING_BAG_OPS`), whose cost counts ids.
   view       views and metadata ops: no kernel, no bytes (they still cost a host
              dispatch, which `LayerMeasurement.ops_fwd` / `ops_bwd` count).
 
@@ -82,6 +84,9 @@ class KernelRecord:
     # Selective checkpointing keeps this op's output (ir.checkpoint_policy); forward only.
     saved_under_selective: bool = False
     causal: bool = False  # attention only: a causal mask (FlashAttention skips half)
+    # Memory kernels: innermost loops the op runs (`ir.kernel_recorder.inner_loops`:
+    # its elements over the loop's trailing dims, coalesced over every operand); 0 unknown.
+    inner_loops: int = 0
 
     def __str__(self) -> str:
         dims = "x".join(map(str, self.shape))

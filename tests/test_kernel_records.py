@@ -254,3 +254,57 @@ def test_a_convolution_records_its_channels_positions_kernel_and_requested_gradi
     assert fwd.flops == 2 * 2 * 64 * 16 * 3 * 9 == 110592
     assert both.shape[-1] == CONV_GRAD_INPUT | CONV_GRAD_WEIGHT and both.flops == 2 * fwd.flops
     assert weight_only.shape[-1] == CONV_GRAD_WEIGHT and weight_only.flops == fwd.flops
+
+
+def test_an_embedding_bag_records_its_ids_bags_and_width():
+    """nn.EmbeddingBag(100, 16, mode="sum") over (3, 2) ids (3 bags of 2) traced on meta:
+    the forward `_embedding_bag` and the backward `_embedding_bag_backward` are recorded
+    with the shape (ids, bags, dim) = (6, 3, 16); the backward's dense gradient (100 x 16
+    floats) is weight bytes."""
+    from ir.kernel_recorder import KernelRecorder
+    from ir.op_count import OpCounter
+
+    bag = torch.nn.EmbeddingBag(100, 16, mode="sum", device="meta")
+    ids = torch.zeros(3, 2, dtype=torch.long, device="meta")
+    recorder = KernelRecorder(weight_keys=set(), weight_shapes=frozenset({(100, 16)}))
+    with OpCounter(recorder):
+        out = bag(ids)
+        out.backward(torch.ones_like(out))
+    bags = [r for r in recorder.records() if "embedding_bag" in r.op]
+    assert {(r.op, r.shape) for r in bags} == {("aten::_embedding_bag", (6, 3, 16)),
+                                               ("aten::_embedding_bag_backward", (6, 3, 16))}
+    backward = next(r for r in bags if r.op.endswith("backward"))
+    assert backward.weight_bytes == 100 * 16 * 4
+
+
+def test_inner_loops_follow_strides_broadcasts_and_slices():
+    """(elements per innermost loop, loops) of memory-bound ops, worked out by hand from
+    the strides: a contiguous add runs one loop over all 2*3*8*8 = 384 elements; a clone
+    of a (2, 8, 3, 8) tensor's transpose(1, 2) stops at its 8-wide rows (stride 8*3*8 =
+    192 next, not 8): 48 loops; an expand of a size-1 middle dim (stride 0) likewise, 32
+    loops of 8; a per-row scale (2, 3, 1) broadcast along the last dim keeps the 8-wide
+    loop and cannot merge further (stride 1 next to 0): 6 loops; a sum over dim 2 of
+    (2, 3, 4, 8) (keepdim) iterates the input in 24 loops of 8; cat along the last dim
+    copies 4-wide rows, 6 per input; slice_backward writes its (2, 3, 4) gradient into
+    dim 1's slice: 2 loops of 3 * 4 = 12."""
+    from ir.kernel_recorder import inner_loops
+
+    def m(*shape):
+        return torch.empty(*shape, device="meta")
+
+    x = m(2, 3, 8, 8)
+    assert inner_loops("add", (x, x), [x], [m(2, 3, 8, 8)]) == (384, 1)
+    t = m(2, 8, 3, 8).transpose(1, 2)
+    assert inner_loops("clone", (t,), [t], [m(2, 3, 8, 8)]) == (8, 48)
+    e = m(2, 3, 1, 8).expand(2, 3, 4, 8)
+    assert inner_loops("clone", (e,), [e], [m(2, 3, 4, 8)]) == (8, 24)
+    row = m(2, 3, 1)
+    y = m(2, 3, 8)
+    assert inner_loops("mul", (y, row), [y, row], [m(2, 3, 8)]) == (8, 6)
+    s = m(2, 3, 4, 8)
+    assert inner_loops("sum", (s, [2], True), [s], [m(2, 3, 1, 8)]) == (8, 24)
+    a, b = m(2, 3, 4), m(2, 3, 4)
+    assert inner_loops("cat", ([a, b], -1), [a, b], [m(2, 3, 8)]) == (4, 12)
+    g = m(2, 3, 4)
+    assert inner_loops("slice_backward", (g, [2, 6, 4], 1, 0, 3, 1), [g],
+                       [m(2, 6, 4)]) == (12, 2)

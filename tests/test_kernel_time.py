@@ -384,3 +384,73 @@ def test_streaming_elementwise_ops_and_batch_norm_take_their_own_measured_kinds(
         "aten::relu": MiB / 1000e9, "aten::threshold_backward": MiB / 1000e9,
         "aten::gelu": MiB / 250e9, "aten::native_layer_norm": MiB / 500e9,
         "aten::native_batch_norm": MiB / 100e9, "aten::native_batch_norm_backward": MiB / 200e9})
+
+
+def test_an_embedding_bag_costs_per_call_and_per_id_where_measured():
+    """(ids, bags, dim) = (8, 4, 16) at micro-batch 1 and 2, calibration forward 5 us +
+    1 ns/id, backward 6 us + 30 ns/id: forward 5e-6 + 8m x 1e-9; backward 6e-6 + 8m x 30e-9
+    plus the dense gradient's fill (100 x 16 x 2 bytes at the 800 GB/s copy point). Rows
+    of 48 (32 wider than the probe's 16) add 32 x 2 bytes per id (bf16) at the add
+    bandwidth (1000 GB/s at 1 MiB and below). Without the figures: streamed as before."""
+    from cost_models.common import GB
+
+    copy = MemoryKernelPoint("copy", "bfloat16", 1 * MiB, 800.0)
+    cal = dataclasses.replace(CALIBRATION, memory_kernels=(*CALIBRATION.memory_kernels, copy),
+                              embedding_bag_call_s=5e-6, embedding_bag_index_s=1e-9,
+                              embedding_bag_backward_call_s=6e-6,
+                              embedding_bag_backward_index_s=30e-9)
+    table = 100 * 16 * 2
+    fwd = KernelRecord("aten::_embedding_bag", KernelKind.MEMORY, "bfloat16", (8, 4, 16), 1,
+                       weight_bytes=table, activation_bytes=448)
+    bwd = KernelRecord("aten::_embedding_bag_backward", KernelKind.MEMORY, "bfloat16",
+                       (8, 4, 16), 1, weight_bytes=table, activation_bytes=448)
+    wide = KernelRecord("aten::_embedding_bag", KernelKind.MEMORY, "bfloat16", (8, 4, 48), 1)
+    for m in (1, 2):
+        cfg = config(m)
+        assert pass_seconds((fwd,), spec(cal), cfg, 1.0, False).memory_s == pytest.approx(
+            5e-6 + 8 * m * 1e-9)
+        assert pass_seconds((bwd,), spec(cal), cfg, 1.0, True).memory_s == pytest.approx(
+            6e-6 + 8 * m * 30e-9 + table / (800 * GB))
+        assert pass_seconds((wide,), spec(cal), cfg, 1.0, False).memory_s == pytest.approx(
+            5e-6 + 8 * m * 1e-9 + 8 * m * 32 * 2 / (1000 * GB))
+    plain = pass_seconds((fwd,), spec(CALIBRATION), config(), 1.0, False)
+    assert plain.memory_s == pytest.approx((table + 448) / (1000 * GB))
+
+
+def test_short_loops_masked_fill_and_softmax_backward_use_their_measured_kinds():
+    """A clone of 1 MiB of bf16 (2 bytes read + 2 written per element: 262144 elements)
+    in 4096 inner loops, where the calibration has "short_run" at 100 GB/s and copy at
+    800: its bytes as a copy plus 4096 loops x the probe's extra seconds per loop (1 MiB
+    at 100 GB/s less at 800, over 1 MiB / (2 x 2 bytes x 8) = 32768 loops); without the
+    point just the copy. masked_fill and softmax backward use their own measured points,
+    and without them fall back to what priced them before (add; softmax)."""
+    from cost_models.common import GB
+    from cost_models.kernel_time import memory_kind
+
+    nbytes = 1 * MiB
+
+    def record(op, loops=0):
+        return KernelRecord(op, KernelKind.MEMORY, "bfloat16", (512, 1024), 1,
+                            activation_bytes=nbytes, inner_loops=loops)
+
+    copy = MemoryKernelPoint("copy", "bfloat16", nbytes, 800.0)
+    measured = dataclasses.replace(CALIBRATION, memory_kernels=(
+        *CALIBRATION.memory_kernels, copy,
+        MemoryKernelPoint("short_run", "bfloat16", nbytes, 100.0),
+        MemoryKernelPoint("masked_fill", "bfloat16", nbytes, 50.0),
+        MemoryKernelPoint("softmax_backward", "bfloat16", nbytes, 400.0)))
+    bare = dataclasses.replace(CALIBRATION, memory_kernels=(*CALIBRATION.memory_kernels, copy))
+    per_loop_s = (nbytes / (100 * GB) - nbytes / (800 * GB)) / (nbytes / (2 * 2 * 8))
+    clone = record("aten::clone", 4096)
+    for cal, expected_s in ((measured, nbytes / (800 * GB) + 4096 * per_loop_s),
+                            (bare, nbytes / (800 * GB))):
+        assert pass_seconds((clone,), spec(cal), config(), 1.0, False).memory_s == \
+            pytest.approx(expected_s)
+    for r, cal, kind, gbps in [(record("aten::masked_fill"), measured, "masked_fill", 50.0),
+                               (record("aten::masked_fill"), bare, "add", 1000.0),
+                               (record("aten::_softmax_backward_data"), measured,
+                                "softmax_backward", 400.0),
+                               (record("aten::_softmax_backward_data"), bare, "softmax", 500.0)]:
+        assert memory_kind(r, cal) == kind
+        t = pass_seconds((r,), spec(cal), config(), 1.0, backward=False)
+        assert t.memory_s == pytest.approx(nbytes / (gbps * GB))

@@ -57,7 +57,9 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     # Each memory-bound kernel at each size; bandwidth from the best large copy or add.
     assert {(p.kernel, p.nbytes >= 1) for p in cal.memory_kernels} == {
         (k, True) for k in MEMORY_KERNELS}
-    assert len(cal.memory_kernels) == len(MEMORY_KERNELS) * len(pd.CPU_MEMORY_BYTES)
+    large = sum(n > pd.CPU_SMALL_ONLY_MAX_BYTES for n in pd.CPU_MEMORY_BYTES)
+    assert len(cal.memory_kernels) == len(MEMORY_KERNELS) * len(pd.CPU_MEMORY_BYTES) \
+        - len(pd.CPU_SMALL_ONLY_KINDS) * large
     streams = [p.gbps for p in cal.memory_kernels if p.kernel in ("copy", "add")
                and p.nbytes >= pd.HBM_MIN_MOVED_BYTES["cpu"]]
     assert spec.hbm_gbps == max(streams) and 0.1 < spec.hbm_gbps < 1e4
@@ -73,6 +75,9 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
                for t in (p.forward_s, p.input_backward_s, p.weight_backward_s))
     # Embedding backward per index: a scatter-add of a 64-wide row, ns to us on one core.
     assert 1e-10 < cal.embedding_backward_index_s < 1e-5
+    # Embedding bag: per call (beyond a dispatch) and per id, both passes.
+    assert 0 < cal.embedding_bag_call_s < 1e-3 and 0 < cal.embedding_bag_backward_call_s < 1e-3
+    assert 0 <= cal.embedding_bag_index_s < 1e-5 and 0 <= cal.embedding_bag_backward_index_s < 1e-5
     # The forward host cost in parts, measured by the same probe as op_overhead_s.
     assert 0 < cal.forward_host_op_s < 1e-3 and 0 < cal.view_host_op_s < 1e-3
     assert 0 <= cal.module_call_host_s < 1e-3
@@ -271,6 +276,24 @@ def test_item_probes_measure_the_draw_dropout_makes_and_a_per_index_scatter():
     per_element_s = item_probes.probe_random_element_s("cpu")
     assert 1e-11 < per_element_s < 1e-6
     assert 0 < item_probes.probe_embedding_backward("cpu", "float32") < 1e-6
+
+
+def test_embedding_bag_probe_is_a_line_through_two_id_counts(monkeypatch):
+    """The probe's line: slope (t(512) - t(8)) / 504 per id, intercept t(8) - 8 x slope
+    less the dispatch, floored at MIN_DEVICE_SHARE of t(8); fed made-up timings (forward
+    10 then 20 us, backward 12 then 300 us) through the timer it calls."""
+    from cost_models import conv_probes, item_probes, profile_device
+
+    times = iter([10e-6, 12e-6, 20e-6, 300e-6])  # per count: forward, then backward
+    monkeypatch.setattr(profile_device, "seconds_per_call", lambda fn, device: (
+        fn(0), next(times))[1])
+    cost = item_probes.probe_embedding_bag("cpu", "float32", dispatch_s=2e-6)
+    fwd_slope, bwd_slope = 10e-6 / 504, 288e-6 / 504
+    assert cost.index_s == pytest.approx(fwd_slope)
+    assert cost.call_s == pytest.approx(10e-6 - 8 * fwd_slope - 2e-6)
+    assert cost.backward_index_s == pytest.approx(bwd_slope)
+    assert cost.backward_call_s == pytest.approx(max(12e-6 - 8 * bwd_slope - 2e-6,
+                                                     conv_probes.MIN_DEVICE_SHARE * 12e-6))
 
 
 def test_cpu_conv_grid_measures_the_zoo_convolutions_exactly():

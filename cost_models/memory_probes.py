@@ -1,0 +1,104 @@
+"""The memory-bound kernel probe of `planner profile-device` (`cost_models.profile_device`):
+GB/s of each kernel kind of `ir.kernel_calibration.MEMORY_KERNELS` by tensor size (bytes
+read plus written), on the device's grid of sizes (`device_grids`).
+
+Beside the streaming kinds (copy, add), the kinds whose speed per byte differs on a CPU
+(one thread, 256 KiB to 1 MiB tensors, 2026-11-24, each against the table's add/copy):
+  softmax_backward  `_softmax_backward_data` over rows (no exp: 17 us where the forward's
+                    table priced 80 for llama-tiny's (16, 8, 32, 32) scores);
+  masked_fill       `masked_fill` with a causal (s x s) mask broadcast over the batch and
+                    heads, as GPT/Llama/T5 mask scores (69 us for llama-tiny's 512 KiB, ~14x an add);
+  short_run         a copy whose innermost loop runs SHORT_RUN_PROBE_ELEMENTS elements (a
+                    transposed (n, 8, 8) view): TensorIterator pays per inner loop, so a
+                    permute, an expand or a broadcast over a middle dim streams ~5x slower
+                    (llama-tiny's (16, 32, 4, 2, 8) repeat_kv clone: 26 us for 128 KiB).
+
+    probe_memory("cpu", [256 * 2**10], "float32")   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from ir.errors import PlannerError
+from ir.kernel_calibration import MemoryKernelPoint
+
+from cost_models.device_grids import (BATCH_NORM_CHANNELS, CPU_SMALL_ONLY_KINDS,
+                                      CPU_SMALL_ONLY_MAX_BYTES, MASK_SEQ_LEN, MiB,
+                                      ROW_ELEMENTS, SHORT_RUN_PROBE_ELEMENTS)
+
+
+def _memory_kernel(name: str, x, y, out):
+    """One call of a memory-bound kernel and the bytes it must move: each input read once,
+    each output written once."""
+    import torch
+    import torch.nn.functional as F
+
+    rows = x.numel() // ROW_ELEMENTS
+    e = x.element_size()
+    if name == "copy":
+        return lambda: out.copy_(x), 2 * x.numel() * e
+    if name == "add":
+        return lambda: torch.add(x, y, out=out), 3 * x.numel() * e
+    if name == "gelu":
+        return lambda: F.gelu(x), 2 * x.numel() * e
+    if name == "sum":  # reduce rows of ROW_ELEMENTS: read everything, write one per row
+        return lambda: x.view(rows, ROW_ELEMENTS).sum(dim=-1), (x.numel() + rows) * e
+    if name == "softmax":
+        return lambda: torch.softmax(x.view(rows, ROW_ELEMENTS), dim=-1), 2 * x.numel() * e
+    if name == "layer_norm":
+        return (lambda: F.layer_norm(x.view(rows, ROW_ELEMENTS), (ROW_ELEMENTS,)),
+                2 * x.numel() * e)
+    if name == "softmax_backward":  # reads the gradient and the output, writes the result
+        rows_y = torch.softmax(y.view(rows, ROW_ELEMENTS), dim=-1)
+        grad = x.view(rows, ROW_ELEMENTS)
+        return (lambda: torch.ops.aten._softmax_backward_data(grad, rows_y, -1, x.dtype),
+                3 * x.numel() * e)
+    if name == "masked_fill":  # a causal mask over (..., s, s) scores: reads x, writes out
+        causal = torch.ones(MASK_SEQ_LEN, MASK_SEQ_LEN, dtype=torch.bool,
+                            device=x.device).triu(1)
+        scores = x.view(-1, MASK_SEQ_LEN, MASK_SEQ_LEN)
+        return lambda: scores.masked_fill(causal, float("-inf")), 2 * x.numel() * e
+    if name == "short_run":  # out = x's (n, r, r) blocks transposed: inner loops of r
+        r = SHORT_RUN_PROBE_ELEMENTS
+        source, target = x.view(-1, r, r).transpose(1, 2), out.view(-1, r, r)
+        return lambda: target.copy_(source), 2 * x.numel() * e
+    if name.startswith("batch_norm"):  # training mode over (rows, channels, positions)
+        images = x.view(rows, BATCH_NORM_CHANNELS, ROW_ELEMENTS // BATCH_NORM_CHANNELS)
+        stats = [torch.ones(BATCH_NORM_CHANNELS, dtype=x.dtype, device=x.device)
+                 for _ in range(4)]  # weight, bias, running mean, running var
+        _, mean, invstd = torch.ops.aten.native_batch_norm(images, *stats, True, 0.1, 1e-5)
+        if name == "batch_norm":  # reads x, writes y
+            return (lambda: torch.ops.aten.native_batch_norm(images, *stats, True, 0.1, 1e-5),
+                    2 * x.numel() * e)
+        grad = y.view_as(images)  # reads the gradient and x, writes grad_input
+        return (lambda: torch.ops.aten.native_batch_norm_backward(
+            grad, images, stats[0], stats[2], stats[3], mean, invstd, True, 1e-5,
+            [True, True, True]), 3 * x.numel() * e)
+    raise PlannerError(f"unknown memory kernel {name!r}")
+
+
+def probe_memory(device: str, sizes, dtype: str, progress=None) -> list[MemoryKernelPoint]:
+    """GB/s of each memory-bound kernel by tensor size (bytes read plus written)."""
+    from ir.kernel_calibration import MEMORY_KERNELS
+
+    from cost_models.profile_device import _random, _rotation_sets, seconds_per_call
+
+    points = []
+    element_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    for nbytes in sizes:
+        numel = max(ROW_ELEMENTS, nbytes // element_bytes // ROW_ELEMENTS * ROW_ELEMENTS)
+        sets = _rotation_sets(device, 3 * numel * element_bytes)
+        xs = [_random(numel, dtype, device) for _ in range(sets)]
+        ys = [_random(numel, dtype, device) for _ in range(sets)]
+        outs = [_random(numel, dtype, device) for _ in range(sets)]
+        for name in MEMORY_KERNELS:
+            if device == "cpu" and name in CPU_SMALL_ONLY_KINDS \
+                    and nbytes > CPU_SMALL_ONLY_MAX_BYTES:
+                continue
+            calls = [_memory_kernel(name, xs[s], ys[s], outs[s]) for s in range(sets)]
+            seconds = seconds_per_call(lambda i: calls[i % sets][0](), device, graph=True)
+            moved = calls[0][1]
+            points.append(MemoryKernelPoint(name, dtype, moved, moved / seconds / 1e9))
+            if progress:
+                progress(f"{name} {moved / MiB:.1f} MiB: {points[-1].gbps:.1f} GB/s")
+        del xs, ys, outs
+    return points
