@@ -17,7 +17,10 @@ import json
 import math
 
 from cost_models.advice import suggest_fixes
+from torch import nn
+
 from cost_models.clusters import get_cluster, preset_names
+from cost_models.common import model_layer_configs
 from cost_models.compute import ComputeProfile
 from cost_models.compute_breakdown import compute_by_class
 from cost_models.estimate import estimate
@@ -36,6 +39,9 @@ from planner.table_report import plan_tables_text
 
 # Model chunks per pipeline rank when --schedule interleaved is given without --virtual-stages.
 DEFAULT_VIRTUAL_STAGES = 2
+# The key of a plan file's search block saying the plan was priced for a meta-built model
+# (`planner plan --meta-init`), so `--plan` prices it the same way.
+META_INIT_KEY = "meta_init"
 # Flags a plan file fixes; giving them with --plan is a contradiction.
 STRATEGY_FLAGS = ("dp", "tp", "pp", "zero", "checkpoint", "sequence_parallel", "micro_batch",
                   "global_batch", "schedule", "precision", "optimizer", "virtual_stages")
@@ -75,6 +81,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", default=None, choices=KNOWN_OPTIMIZERS,
                    help="optimizer whose states count (adamw)")
     p.add_argument("--plan", default=None, help="price this plan file instead of the flags")
+    p.add_argument("--meta-init", action="store_true", default=None,
+                   help="the executor gets the model built on meta (executors.meta_init): "
+                        "on a CPU cluster it runs the lean host path, priced so (a plan file "
+                        "made with --meta-init is priced so without it)")
     p.add_argument("--profile", default=None,
                    help="measured layer times from `planner profile` (same device and dtype)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -164,8 +174,10 @@ def default_precision(cluster: ClusterSpec) -> Precision:
     return Precision.FP32 if cluster.device.lower() == "cpu" else Precision.BF16_MIXED
 
 
-def load_inputs(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, ComputeProfile | None]:
-    """(graph, plan, cluster, profile) from the command line: flags or a plan file."""
+def load_inputs(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, ComputeProfile | None,
+                                nn.Module | None]:
+    """(graph, plan, cluster, profile, model) from the command line: flags or a plan file;
+    `model` is the module the executor gets under --meta-init (`executor_model`), else None."""
     _positive("nodes", args.nodes)
     _positive("gpus-per-node", args.gpus_per_node)
     _positive("seq-len", args.seq_len)
@@ -176,7 +188,7 @@ def load_inputs(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, ComputePro
         if given:
             raise PlannerError(f"{given[0]} cannot be combined with --plan: the plan file "
                                "fixes the strategy (drop the flag or the plan)")
-        graph, plan, cluster = _from_plan_file(args)
+        graph, plan, cluster, spec, meta_init = _from_plan_file(args)
     else:
         if not args.model:
             raise PlannerError("name a MODEL (e.g. gpt-tiny) or give --plan plan.json")
@@ -184,7 +196,18 @@ def load_inputs(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, ComputePro
         precision = Precision(args.precision) if args.precision else default_precision(cluster)
         graph = _graph(args.model, args.micro_batch or 1, args.seq_len, precision)
         plan = plan_from_flags(args, len(graph.layers), cluster)
-    return graph, plan, cluster, profile
+        spec, meta_init = args.model, bool(args.meta_init)
+    model = executor_model(spec, graph) if meta_init else None
+    return graph, plan, cluster, profile, model
+
+
+def executor_model(spec: str, graph: LayerGraph) -> nn.Module:
+    """The module `executors.apply` gets when the model is built under
+    `executors.meta_init`: `spec` built on meta, at the IR's shape. Only its build and
+    layout are read (`cost_models.common.model_layer_configs`), never its values."""
+    from planner.models import load_model
+
+    return load_model(spec, graph.micro_batch, graph.seq_len, device="meta").module
 
 
 def read_profile(path: str) -> ComputeProfile:
@@ -207,7 +230,11 @@ def read_profile(path: str) -> ComputeProfile:
     return profile
 
 
-def _from_plan_file(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec]:
+def _from_plan_file(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, str, bool]:
+    """(graph, plan, cluster, MODEL spec, meta_init) of a plan file: --meta-init, or the
+    plan made with it (`planner plan --meta-init` records it in its search block)."""
+    from planner.models import plan_model_spec
+
     doc = load_plan(args.plan)
     plan = doc.plan
     if args.cluster:
@@ -220,7 +247,8 @@ def _from_plan_file(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec]:
                 from None
         cluster = cluster.with_nodes(args.nodes, args.gpus_per_node)
     graph = graph_for_plan(doc, args.model)
-    return graph, plan, cluster
+    meta_init = bool(args.meta_init) or doc.search.get(META_INIT_KEY) is True
+    return graph, plan, cluster, plan_model_spec(doc, args.model), meta_init
 
 
 def describe(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec) -> str:
@@ -230,10 +258,11 @@ def describe(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec) -> str
 
 
 def run(args) -> int:
-    graph, plan, cluster, profile = load_inputs(args)
+    graph, plan, cluster, profile, model = load_inputs(args)
     if plan.embeddings is not None:
-        return _run_hybrid(args, graph, plan, cluster, profile)
-    est = estimate(graph, plan, cluster, profile)
+        return _run_hybrid(args, graph, plan, cluster, profile, model)
+    est = estimate(graph, plan, cluster, profile,
+                   configs=model_layer_configs(graph, plan, cluster.device, model))
     by_class = compute_by_class(graph, plan, cluster, est.pipeline.critical_rank, profile)
     if args.json:
         print(json.dumps({**est.to_json(), "compute_by_class": by_class.to_json()}, indent=2))
@@ -251,10 +280,10 @@ def run(args) -> int:
 
 
 def _run_hybrid(args, graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
-                profile: ComputeProfile | None) -> int:
+                profile: ComputeProfile | None, model: nn.Module | None) -> int:
     """A plan with sharded tables: the dense part as usual, then its tables (placements,
     per-rank seconds and bytes) and the step they make together (`table_hybrid`)."""
-    dense, cost = price_hybrid(graph, plan, cluster, profile)
+    dense, cost = price_hybrid(graph, plan, cluster, profile, model)
     predicted = combined_prediction(dense.to_json(), cost, plan.global_batch)
     if args.json:
         print(json.dumps(predicted, indent=2))
