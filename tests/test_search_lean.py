@@ -22,7 +22,7 @@ from planner import zoo
 from planner.models import load_layer_graph, resolve_config
 from planner.search import search
 from planner.search_space import SearchOptions
-from tests.cli_run import run_cli
+from tests.cli_run import run_cli, run_forked
 from tests.dist_utils import spawn
 
 # 6 blocks of 12.6M parameters: the lean path prefetches no unit in backward and does not
@@ -107,6 +107,33 @@ def test_cli_plans_and_estimates_the_meta_built_run(tmp_path):
     again = run_cli(["estimate", "--plan", out, "--json"])
     assert again.code == 0, again.stderr
     assert json.loads(again.stdout)["memory"]["peak_bytes"] == planned
+
+
+def _validate_capped(argv: list[str]) -> int:
+    """`planner ARGV` with the data segment capped: its ranks inherit the limit."""
+    from planner.cli import main
+
+    cap = _rank_status_bytes("VmData") + RANK_DATA_CAP_BYTES
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+    return main(argv)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_validate_runs_a_meta_init_plan_at_its_predicted_peak(tmp_path):
+    """`planner plan --meta-init` records how the model is built; `planner validate`
+    builds it so (on meta, each rank materializing its shards) and measures each rank's
+    step peak against the plan's prediction."""
+    out = str(tmp_path / "plan.json")
+    assert run_cli(CLI + ["--meta-init", "--out", out]).code == 0
+    ran = run_forked(_validate_capped, ["validate", out, "--nproc", str(WORLD), "--steps", "1",
+                                        "--json"], timeout_s=540)
+    assert ran.code == 0, ran.stderr[-3000:]
+    result = json.loads(ran.stdout)
+    print(json.dumps(result["ranks"], indent=1))
+    for r in result["ranks"]:
+        assert abs(r["measured_peak_bytes"] / r["predicted_peak_bytes"] - 1) <= PEAK_TOLERANCE, r
+    assert result["loss_matches_reference"] is True
 
 
 # ---- a real run: 4 gloo ranks, the model built on meta, planned by auto_parallel --------

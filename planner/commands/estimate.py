@@ -32,16 +32,13 @@ from ir.safe_json import read_json
 from ir.strategy import Checkpoint, Precision, Schedule
 from planner import report
 from planner.arg_types import count, n_devices, n_samples, n_tokens
-from planner.models import graph_for_plan
+from planner.models import executor_model, graph_for_plan, planned_on_meta
 from planner.plan_report import predicted_lines
 from planner.table_hybrid import combined_prediction, price_hybrid
 from planner.table_report import plan_tables_text
 
 # Model chunks per pipeline rank when --schedule interleaved is given without --virtual-stages.
 DEFAULT_VIRTUAL_STAGES = 2
-# The key of a plan file's search block saying the plan was priced for a meta-built model
-# (`planner plan --meta-init`), so `--plan` prices it the same way.
-META_INIT_KEY = "meta_init"
 # Flags a plan file fixes; giving them with --plan is a contradiction.
 STRATEGY_FLAGS = ("dp", "tp", "pp", "zero", "checkpoint", "sequence_parallel", "micro_batch",
                   "global_batch", "schedule", "precision", "optimizer", "virtual_stages")
@@ -201,14 +198,6 @@ def load_inputs(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, ComputePro
     return graph, plan, cluster, profile, model
 
 
-def executor_model(spec: str, graph: LayerGraph) -> nn.Module:
-    """The module `executors.apply` gets when the model is built under
-    `executors.meta_init`: `spec` built on meta, at the IR's shape. Only its build and
-    layout are read (`cost_models.common.model_layer_configs`), never its values."""
-    from planner.models import load_model
-
-    return load_model(spec, graph.micro_batch, graph.seq_len, device="meta").module
-
 
 def read_profile(path: str) -> ComputeProfile:
     """A `planner profile` file, read as bounded data (ir.safe_json) and checked."""
@@ -247,7 +236,7 @@ def _from_plan_file(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, str, b
                 from None
         cluster = cluster.with_nodes(args.nodes, args.gpus_per_node)
     graph = graph_for_plan(doc, args.model)
-    meta_init = bool(args.meta_init) or doc.search.get(META_INIT_KEY) is True
+    meta_init = bool(args.meta_init) or planned_on_meta(doc)
     return graph, plan, cluster, plan_model_spec(doc, args.model), meta_init
 
 

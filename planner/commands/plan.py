@@ -18,10 +18,9 @@ from ir.errors import PlannerError
 from ir.plan import KNOWN_OPTIMIZERS, plan_to_dict, save_plan
 from ir.strategy import Checkpoint, Precision, Schedule
 from planner.arg_types import check_out, count, gib, n_devices, n_samples, n_tokens, seconds
-from planner.commands.estimate import (META_INIT_KEY, default_precision, executor_model,
-                                       load_cluster)
+from planner.commands.estimate import default_precision, load_cluster
 from planner.fmt import Progress, human_bytes, table
-from planner.models import load_layer_graph
+from planner.models import META_INIT_KEY, executor_model, load_layer_graph
 from planner.plan_report import (plan_document, predicted_lines, stage_memory_table,
                                   strategy_table, summary_line)
 from planner.baselines import least_memory
