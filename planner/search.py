@@ -48,6 +48,9 @@ A stage's table is cached by the run of (structural hash, boundary bytes) it cov
 that a stage boundary may split are solved once per degree (`_pipeline_tp_groups`): the
 outer program does not carry layouts across stages.
 
+Every memory figure (the rows, the walk, the estimate) is priced for the executor's path
+of the model `search` is given (`cost_models.common.model_layer_configs`: a model built
+on meta runs the lean host path on a CPU cluster, `ir.lean_host`).
 The full memory model (`cost_models.memory.plan_memory`) checks each optimum; where it
 does not fit, the candidate is solved again with a lower budget (`_solve_fitting`).
 Every candidate's optimum is then priced by the full model (`cost_models.estimate`),

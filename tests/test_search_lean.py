@@ -5,9 +5,7 @@ the lean host path (`ir.lean_host`), so its memory wall is the lean one; any oth
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
 import re
 import resource
 

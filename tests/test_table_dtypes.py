@@ -23,10 +23,9 @@ from cost_models.embedding_comm import EXECUTOR_A2A_CALLS_PER_EXCHANGE
 from executors.hybrid_step import HybridTrainer
 from executors.sharded_embedding import apply_table_placements
 from executors.sparse_optimizer import SparseOptimizerSpec, SparseRowOptimizer
-from ir.embedding_tables import (EmbeddingPlan, EmbeddingTable, PlacedTable, TableDtype,
-                                 TablePlacement, TableSharding)
+from ir.embedding_tables import EmbeddingPlan, EmbeddingTable, PlacedTable, TableDtype
 from ir.errors import PlannerError
-from ir.plan import plan_from_dict, plan_to_dict, uniform_plan, PlanDocument
+from ir.plan import PlanDocument, plan_from_dict, plan_to_dict, uniform_plan
 from planner.table_inventory import find_tables
 from tests.dist_utils import spawn
 
