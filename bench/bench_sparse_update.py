@@ -50,7 +50,7 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
 
 
 def _one_table(rows: int) -> ShardedTables:
-    table = EmbeddingTable("bench", rows, DIM, 4, "sum", 1)
+    table = EmbeddingTable("bench", rows, DIM, "float32", "sum", 1)
     weight = torch.empty(rows, DIM).uniform_(-0.01, 0.01)  # every page written: a real table
     module = ReplicatedEmbedding(table, TablePlacement("bench", TableSharding.REPLICATED, (0,)),
                                  weight)

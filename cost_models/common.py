@@ -12,10 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ir.errors import PlannerError
-from ir.layer import LayerGraph
+from torch import nn
+
+from ir.layer import Layer, LayerGraph
 from ir.lean_host import LeanLayer, lean_layers, runs_lean_host
 from ir.plan import KNOWN_OPTIMIZERS, ParallelPlan
-from ir.strategy import Precision
+from ir.strategy import LayerStrategy, Precision
 
 GiB = 2**30
 MiB = 2**20
@@ -91,7 +93,12 @@ class StepConfig:
         return cls(micro_batch=plan.micro_batch, graph_micro_batch=graph.micro_batch,
                    graph_dtype=graph.dtype, precision=plan.precision,
                    optimizer=plan.optimizer, seq_len=graph.seq_len,
-                   device_type="cpu" if device.lower() == "cpu" else "cuda")
+                   device_type=device_type_of(device))
+
+
+def device_type_of(device: str) -> str:
+    """`StepConfig.device_type` of a cluster's device name ("cpu" or a GPU model)."""
+    return "cpu" if device.lower() == "cpu" else "cuda"
 
 
 def layer_configs(graph: LayerGraph, plan: ParallelPlan, device: str,
@@ -110,13 +117,30 @@ def layer_configs(graph: LayerGraph, plan: ParallelPlan, device: str,
     return out
 
 
+def lean_host_model(model: nn.Module | None, device: str) -> nn.Module | None:
+    """`model` when the executor runs it on the lean host path (`ir.lean_host.runs_lean_host`:
+    built on the meta device, trained on a CPU cluster), else None (FSDP2's own path, or
+    no model given). The one test every pricing of a model's run makes."""
+    if model is None:
+        return None
+    meta_built = any(p.is_meta for p in model.parameters())
+    return model if runs_lean_host(meta_built, device_type_of(device)) else None
+
+
+def layer_lean(model: nn.Module | None, device: str, layer: Layer,
+               strategy: LayerStrategy) -> LeanLayer | None:
+    """`StepConfig.lean` of one layer under `strategy` in a run of `model` on `device`
+    (`lean_host_model`, then `ir.lean_host.lean_layers`): the search prices its rows so."""
+    lean = lean_host_model(model, device)
+    return None if lean is None else lean_layers(lean, (layer,), (strategy,))[0]
+
+
 def model_layer_configs(graph: LayerGraph, plan: ParallelPlan, device: str,
-                        model) -> list[StepConfig]:
+                        model: nn.Module | None) -> list[StepConfig]:
     """`layer_configs` for running `model` (an nn.Module, the one the executor gets):
     a meta-built model on a CPU cluster takes the lean host path (`ir.lean_host`), whose
-    units are read off the model; any other prices FSDP2's own path."""
-    device_type = StepConfig.from_plan(graph, plan, device).device_type
-    meta_built = any(p.is_meta for p in model.parameters())
-    lean = (lean_layers(model, graph.layers, plan.layer_strategies)
-            if runs_lean_host(meta_built, device_type) else None)
-    return layer_configs(graph, plan, device, lean)
+    units are read off the model; any other (or None) prices FSDP2's own path."""
+    lean = lean_host_model(model, device)
+    return layer_configs(graph, plan, device,
+                         None if lean is None
+                         else lean_layers(lean, graph.layers, plan.layer_strategies))

@@ -46,7 +46,7 @@ from ir.errors import PlannerError
 from cost_models.common import GB
 from cost_models.compute import with_host
 from cost_models.embedding_comm import (EXECUTOR_A2A_CALLS_PER_EXCHANGE, AllToAllLink,
-                                        replicated_gather_s)
+                                        exchange_bit, replicated_gather_s)
 from cost_models.estimate import Estimate
 
 # Ids travel as int64: the zoo's sparse tensor and TorchRec's KeyedJaggedTensor values.
@@ -98,8 +98,8 @@ class RankLoad:
     optimizer_bytes: float = 0.0  # column-wise row-wise Adagrad: row sums sent to the shards
     # joins the one all-to-all of column-wise tables' row sums (row-wise Adagrad); OR-ed
     optimizer_exchange: bool = False
-    # bit (1 << element bytes) per dtype of the sharded tables the rank exchanges: one
-    # fused exchange per dtype (executors/table_exchange.py); OR-ed, not added
+    # bit (`embedding_comm.exchange_bit`) per dtype of the sharded tables the rank
+    # exchanges: one fused exchange per dtype (executors/table_exchange.py); OR-ed
     exchange_dtypes: int = 0
     sharded: bool = False  # takes part in the all-to-alls
 
@@ -288,7 +288,7 @@ def _exchange_load(table: EmbeddingTable, cluster: ClusterSpec, config: Embeddin
         copies, partials = 1, k
     return RankLoad(ids_send_bytes=copies * ids * ID_PAIR_BYTES + header, ids_recv_bytes=header,
                     out_recv_bytes=partials * rows_back * table.dim * e,
-                    exchange_dtypes=1 << e, sharded=True)
+                    exchange_dtypes=exchange_bit(table.dtype), sharded=True)
 
 
 def placement_loads(table: EmbeddingTable, placement: TablePlacement, cluster: ClusterSpec,

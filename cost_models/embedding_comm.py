@@ -1,7 +1,8 @@
 """Communication of sharded and replicated embedding tables, as the executor issues it.
 
 Sharded tables (executors/table_exchange.py): all of a step's sharded tables of one dtype
-share ONE fused exchange of four all_to_all_single calls (header, (id, bag) pairs,
+(`EmbeddingTable.dtype`, not its element size: bf16 and fp16 tables are two exchanges,
+`exchange_bit`) share ONE fused exchange of four all_to_all_single calls (header, (id, bag) pairs,
 pooled rows forward, their gradients backward); every rank joins each call. One rank's
 part of a call is `AllToAllLink.seconds`: (n-1) alpha + its bytes over the link, with
 gloo's measured all-to-all alpha-beta (`planner profile-cluster`) where the spec has it.
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from cost_models.comm import blocking_s
 from cost_models.common import GB
 from ir.cluster import ClusterSpec
+from ir.embedding_tables import TableDtype
 
 # all_to_all_single calls of one fused exchange per step (executors/table_exchange.py):
 # the (count, bags) header and the (id, bag) pairs in `_route`, the pooled blocks forward
@@ -29,6 +31,16 @@ EXECUTOR_A2A_CALLS_PER_EXCHANGE = 4
 EXECUTOR_GATHERS_PER_REPLICATED_TABLE = 3
 # The row ids and the count travel as int64.
 GATHER_ID_BYTES = 8
+
+
+def exchange_bit(dtype: TableDtype) -> int:
+    """The bit of `dtype`'s fused exchange in a rank's set of exchanges
+    (`cost_models.embedding.RankLoad.exchange_dtypes`): one per table dtype, as the executor
+    groups the tables it exchanges by their weights' dtype (`table_exchange.lookup_tables`)."""
+    return 1 << _EXCHANGE_ORDER[TableDtype(dtype)]
+
+
+_EXCHANGE_ORDER = {d: i for i, d in enumerate(TableDtype)}
 
 
 @dataclass(frozen=True, slots=True)

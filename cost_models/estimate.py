@@ -250,9 +250,11 @@ def _boundary_bytes(graph: LayerGraph, plan: ParallelPlan, cut: int,
 
 
 def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
-             profile: ComputeProfile | None = None, rank_cache: dict | None = None) -> Estimate:
+             profile: ComputeProfile | None = None, rank_cache: dict | None = None,
+             configs: Sequence[StepConfig] | None = None) -> Estimate:
     """Time and memory of one iteration of `plan` on `cluster` (see the module docstring).
-    `rank_cache`: memory walks to reuse (`cost_models.memory.plan_memory`)."""
+    `rank_cache`: memory walks to reuse (`cost_models.memory.plan_memory`); `configs`:
+    per layer (`common.model_layer_configs` for a given model; default `layer_configs`)."""
     check_plan_matches(graph, plan, cluster)
     if plan.schedule is Schedule.INTERLEAVED and plan.virtual_stages > 1 \
             and plan.num_microbatches % plan.pp:
@@ -261,7 +263,7 @@ def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
                            "change --global-batch or --micro-batch")
     if profile is not None:
         profile.check_matches(cluster, plan.precision.compute_dtype)
-    configs = layer_configs(graph, plan, cluster.device)
+    configs = configs or layer_configs(graph, plan, cluster.device)
     m = plan.num_microbatches
     stages = tuple(stage_time(graph, plan, cluster, r, idx, configs, profile)
                    for r, idx in enumerate(rank_layers(plan)))

@@ -263,12 +263,13 @@ def _rank_key(plan: ParallelPlan, rank: int, chunk_indices: list[list[int]],
 
 def plan_peak_bytes(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
                     stop_above_bytes: float = math.inf,
-                    layer_cache: dict | None = None) -> int | None:
+                    layer_cache: dict | None = None,
+                    configs: Sequence[StepConfig] | None = None) -> int | None:
     """`plan_memory(...).peak_bytes`, or None once some rank is sure to need more than
     `stop_above_bytes`: the rest of the walk is skipped (for the least of many peaks).
     `layer_cache` (one dict per graph) keeps `layer_memory` across calls."""
     check_plan_matches(graph, plan, cluster)
-    configs = layer_configs(graph, plan, cluster.device)
+    configs = configs or layer_configs(graph, plan, cluster.device)
     peak = 0
     for rank, chunk_indices in enumerate(rank_chunks(plan)):
         try:

@@ -40,7 +40,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ir.embedding_tables import (EmbeddingTable, HashRing, Shard, TablePlacement,
+from ir.embedding_tables import (EmbeddingTable, HashRing, Shard, TableDtype, TablePlacement,
                                  TableSharding, table_shards)
 from executors.table_exchange import lookup_tables
 from ir.errors import PlannerError
@@ -69,7 +69,7 @@ def table_of(name: str, module: nn.Module) -> EmbeddingTable:
         raise PlannerError(f"table {name}: scale_grad_by_freq is not supported by sharded "
                            "tables; drop it or replicate the table")
     rows, dim = module.weight.shape
-    return EmbeddingTable(name, rows, dim, module.weight.element_size(), pooling,
+    return EmbeddingTable(name, rows, dim, TableDtype.of(module.weight.dtype, name), pooling,
                           ids_per_sample=1)
 
 

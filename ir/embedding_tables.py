@@ -49,19 +49,64 @@ class TableSharding(str, enum.Enum):
         return self.value
 
 
+class TableDtype(str, enum.Enum):
+    """A table's element type. The executor exchanges each dtype's tables in collectives of
+    their own (`executors.table_exchange.lookup_tables`), so it is the exchange's key: a
+    bf16 and an fp16 table are two exchanges though both are 2 bytes per element."""
+
+    FLOAT64 = "float64"
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+    @property
+    def element_bytes(self) -> int:
+        return torch.empty((), dtype=self.torch_dtype).element_size()
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.value)
+
+    @classmethod
+    def of(cls, dtype: torch.dtype, where: str) -> TableDtype:
+        """The TableDtype of a weight's `dtype` (read at trace time); PlannerError naming
+        `where` (the table) for one no table trains in."""
+        try:
+            return cls(str(dtype).removeprefix("torch."))
+        except ValueError:
+            raise PlannerError(f"table {where}: its weight is {dtype}; keep tables in one of "
+                               f"{', '.join(d.value for d in cls)}") from None
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True, slots=True)
 class EmbeddingTable:
-    """One table as the IR sees it. `ids_per_sample`: lookups one sample makes (multi-hot
-    bag size); `hot_row_fraction`: the share of lookups that hit the most frequent 1% of
-    rows, measured from a sample of the user's ids (None: not measured, assume uniform)."""
+    """One table as the IR sees it. `dtype`: its weight's element type (a `TableDtype` or
+    its name); `ids_per_sample`: lookups one sample makes (multi-hot bag size);
+    `hot_row_fraction`: the share of lookups that hit the most frequent 1% of rows,
+    measured from a sample of the user's ids (None: not measured, assume uniform)."""
 
     name: str  # the module's qualified name in the model
     rows: int
     dim: int
-    dtype_bytes: int
+    dtype: TableDtype
     pooling: str | None  # "sum" / "mean" / "max" for EmbeddingBag, None for Embedding
     ids_per_sample: int
     hot_row_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dtype, TableDtype):
+            try:
+                object.__setattr__(self, "dtype", TableDtype(self.dtype))
+            except ValueError:
+                raise PlannerError(f"table {self.name}: dtype {self.dtype!r} is not one of "
+                                   f"{', '.join(d.value for d in TableDtype)}; use one") from None
+
+    @property
+    def dtype_bytes(self) -> int:
+        return self.dtype.element_bytes
 
     @property
     def param_bytes(self) -> int:

@@ -386,7 +386,8 @@ def embeddings_to_dict(embeddings: EmbeddingPlan, world_size: int) -> dict:
     for placed in embeddings.tables:
         t, p = placed.table, placed.placement
         tables.append({
-            "table": t.name, "rows": t.rows, "dim": t.dim, "dtype_bytes": t.dtype_bytes,
+            "table": t.name, "rows": t.rows, "dim": t.dim, "dtype": t.dtype.value,
+            "dtype_bytes": t.dtype_bytes,
             "pooling": t.pooling, "ids_per_sample": t.ids_per_sample,
             "hot_row_fraction": t.hot_row_fraction, "sharding": p.sharding.value,
             "ranks": list(p.ranks),

@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 
 from ir.embedding_tables import (SPARSE_OPTIMIZERS, EmbeddingPlan, EmbeddingTable, PlacedTable,
-                                 Shard, TablePlacement, TableSharding, table_shards)
+                                 Shard, TableDtype, TablePlacement, TableSharding,
+                                 table_shards)
 from ir.errors import PlannerError
 from ir.plan import (PLAN_SCHEMA, ParallelPlan, PlanDocument, layer_groups, pipeline_groups)
 from ir.safe_json import read_json
@@ -36,7 +37,7 @@ MODEL_KEYS = ("name", "spec", "fingerprint", "num_layers", "graph_micro_batch", 
 STAGE_KEYS = ("stage", "first_layer", "last_layer", "first_layer_name", "last_layer_name",
               "devices", "ranks")
 EMBEDDING_KEYS = ("sparse_optimizer", "node_size", "tables")
-TABLE_KEYS = ("table", "rows", "dim", "dtype_bytes", "pooling", "ids_per_sample",
+TABLE_KEYS = ("table", "rows", "dim", "dtype", "dtype_bytes", "pooling", "ids_per_sample",
               "hot_row_fraction", "sharding", "ranks", "shards")
 SHARD_KEYS = ("rank", "rows", "columns")
 MAX_TABLE_ROWS = 2**40  # sanity bound: no table has more rows (ids are int64 anyway)
@@ -172,7 +173,8 @@ def plan_from_dict(data: object, source: str = "<plan>") -> PlanDocument:
         except ValueError as exc:
             r.fail(where, f"{exc}; {FIX}")
     world_size = r.get(data, "world_size", int, "", 1, MAX_DEVICES)
-    embeddings = _embeddings(r, data, world_size, tuple(names))
+    embeddings = _embeddings(r, data, world_size, tuple(names),
+                             r.get(model, "graph_dtype", str, "model"))
     try:
         plan = ParallelPlan(
             stages=tuple(stages), layer_strategies=tuple(strategies), embeddings=embeddings,
@@ -243,10 +245,12 @@ def _in_model(table: str, layer_names: tuple[str, ...]) -> bool:
     return any(table == n or (n and table.startswith(n + ".")) or not n for n in layer_names)
 
 
-def _embeddings(r: _Reader, data: dict, world: int,
-                layer_names: tuple[str, ...]) -> EmbeddingPlan | None:
+def _embeddings(r: _Reader, data: dict, world: int, layer_names: tuple[str, ...],
+                graph_dtype: str) -> EmbeddingPlan | None:
     """The "embedding_tables" section: every table known to the model's layers, its ranks
-    inside the world, its shards (when listed) tiling the table as the executor splits it."""
+    inside the world, its shards (when listed) tiling the table as the executor splits it.
+    A table without "dtype" (plans written before it was recorded) has the model's traced
+    dtype, `graph_dtype`, when its "dtype_bytes" agree."""
     if "embedding_tables" not in data:
         return None
     where = "embedding_tables"
@@ -284,8 +288,12 @@ def _embeddings(r: _Reader, data: dict, world: int,
         dtype_bytes = r.get(t, "dtype_bytes", int, w, 1, 8)
         if dtype_bytes not in DTYPE_BYTES:
             r.fail(f"{w}.dtype_bytes", f"{dtype_bytes} is not one of {DTYPE_BYTES}")
+        dtype = _table_dtype(r, t, w, graph_dtype)
+        if dtype.element_bytes != dtype_bytes:
+            r.fail(f"{w}.dtype_bytes", f"{dtype_bytes} but dtype {dtype} has "
+                                       f"{dtype.element_bytes} bytes per element; {FIX}")
         table = EmbeddingTable(name, r.get(t, "rows", int, w, 1, MAX_TABLE_ROWS),
-                               r.get(t, "dim", int, w, 1, MAX_TABLE_DIM), dtype_bytes, pooling,
+                               r.get(t, "dim", int, w, 1, MAX_TABLE_DIM), dtype, pooling,
                                r.get(t, "ids_per_sample", int, w, 1, MAX_GLOBAL_BATCH),
                                None if hot is None else float(hot))
         sharding = r.enum(t, "sharding", TableSharding, w)
@@ -306,6 +314,17 @@ def _embeddings(r: _Reader, data: dict, world: int,
             _check_shards(r, r.get(t, "shards", list, w), f"{w}.shards", table, sharding, shards)
         placed.append(PlacedTable(table, placement))
     return EmbeddingPlan(tuple(placed), optimizer, node_size)
+
+
+def _table_dtype(r: _Reader, t: dict, where: str, graph_dtype: str) -> TableDtype:
+    """A table's "dtype"; absent (an older plan): the model's traced dtype."""
+    if "dtype" in t:
+        return r.enum(t, "dtype", TableDtype, where)
+    try:
+        return TableDtype(graph_dtype)
+    except ValueError:
+        r.fail(f"{where}.dtype", f"missing, and the model's traced dtype {_shown(graph_dtype)} "
+                                 f"is no table dtype; {FIX}")
 
 
 def _bounds(r: _Reader, value, where: str, size: int) -> tuple[int, int]:

@@ -202,11 +202,13 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
                 if tables:  # tables model parallel, the rest data parallel
                     hybrid = plan_hybrid(graph, tables, spec, global_batch, opts, model, inputs,
                                          sparse_optimizer.kind if sparse_optimizer
-                                         else DEFAULT_SPARSE_OPTIMIZER)
+                                         else DEFAULT_SPARSE_OPTIMIZER, executor_model=model)
                     text = plan_to_json(hybrid_document(graph, spec, hybrid,
                                                         {"made_by": "auto_parallel"}))
                 else:
-                    result = search(graph, spec, global_batch, opts)
+                    # priced as `apply` runs this model: a meta-built one on the host
+                    # takes the lean path (`cost_models.common.lean_host_model`)
+                    result = search(graph, spec, global_batch, opts, model=model)
                     # made_by: the plan names no MODEL spec, a Python model made it
                     text = (plan_to_json(plan_document(graph, spec, result.best, result.stats,
                                                        {"made_by": "auto_parallel"}))

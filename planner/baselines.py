@@ -9,6 +9,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from cost_models.common import model_layer_configs
 from cost_models.memory import plan_peak_bytes
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
@@ -38,10 +39,11 @@ class Baseline:
 
 def baselines(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
               options: SearchOptions, profile=None,
-              row_cache: dict | None = None) -> list[Baseline]:
+              row_cache: dict | None = None, model=None) -> list[Baseline]:
     """The best uniform plan of each classic family (within the user's pins), or what it
     would need. `row_cache`: the priced (layer, strategy) rows of a search with the same
-    graph, cluster, batch and profile (`layer_tables.price_layers`), shared."""
+    graph, cluster, batch, profile and `model` (`layer_tables.price_layers`), shared;
+    `model`: the module the executor gets (`planner.search.search`)."""
     out = []
     for name, pins in BASELINES.items():
         clash = [k for k, v in pins.items() if getattr(options, k) not in (None, False, v)]
@@ -55,27 +57,28 @@ def baselines(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         # priced once for the family's search and its least memory
         try:
             result = search(graph, cluster, global_batch, base, profile, with_baselines=False,
-                            price_cache=tables)
+                            price_cache=tables, model=model)
         except PlannerError as exc:
             out.append(Baseline(name, None, None, reason=str(exc)))
             continue
         needs = None if result.best else least_memory(graph, cluster, global_batch, base,
-                                                      profile, tables)[0]
+                                                      profile, tables, model)[0]
         out.append(Baseline(name, result.best, needs))
     return out
 
 
 def least_memory(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
-                 options: SearchOptions, profile=None, price_cache: dict | None = None
-                 ) -> tuple[int | None, ParallelPlan | None]:
+                 options: SearchOptions, profile=None, price_cache: dict | None = None,
+                 model=None) -> tuple[int | None, ParallelPlan | None]:
     """Peak bytes of the most memory-frugal uniform plan the options allow (`price_cache`:
-    the layer tables of a search with the same inputs)."""
+    the layer tables of a search with the same inputs), priced as the executor runs
+    `model` (`cost_models.common.model_layer_configs`)."""
     price_cache = {} if price_cache is None else price_cache
     layer_cache: dict = {}  # the walks' per-layer figures (`memory.plan_peak_bytes`)
     best: tuple[int | None, ParallelPlan | None] = (None, None)
     for cand in outer_candidates(graph, cluster.world_size, global_batch, options):
         tables, _ = price_layers(graph, cluster, cand, options, global_batch, profile,
-                                 price_cache)
+                                 price_cache, model=model)
         if any(not t.strategies for t in tables):
             continue
         # per layer: the strategy with the least state + kept bytes that the others share
@@ -92,7 +95,8 @@ def least_memory(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
                 continue
             # A plan that cannot beat the best so far is walked only until that is sure.
             peak = plan_peak_bytes(graph, plan, cluster,
-                                   math.inf if best[0] is None else best[0], layer_cache)
+                                   math.inf if best[0] is None else best[0], layer_cache,
+                                   model_layer_configs(graph, plan, cluster.device, model))
             if peak is not None and (best[0] is None or peak < best[0]):
                 best = (peak, plan)
     return best

@@ -13,13 +13,14 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from torch import nn
 
 from cost_models.comm import layer_comm, tp_transition_s
-from cost_models.common import StepConfig
+from cost_models.common import StepConfig, device_type_of, layer_lean
 from cost_models.compute import layer_compute
 from cost_models.estimate import exposed, overlap_efficiency
 from cost_models.memory import (DP_BUCKET_BYTES, DP_BUCKETS_IN_FLIGHT, ZERO3_UNITS_IN_FLIGHT,
-                                held_through_step, layer_memory)
+                                LayerMemory, held_through_step, layer_memory)
 from cost_models.model_states import bytes_per_param
 from ir.cluster import ClusterSpec
 from ir.layer import LayerGraph
@@ -57,10 +58,11 @@ def memory_budget_bytes(cluster: ClusterSpec, options: SearchOptions) -> float:
 
 def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, options: SearchOptions,
            global_batch: int, profile, cache: dict, prune: bool = True,
-           ) -> tuple[list[LayerTable], list[tuple]]:
+           model: nn.Module | None = None) -> tuple[list[LayerTable], list[tuple]]:
     """Price every layer's strategies; identical layers share one table. `prune=False`
-    keeps dominated strategies (for the brute-force oracle in the tests)."""
-    served = (options, global_batch, id(graph), id(cluster), id(profile))
+    keeps dominated strategies (for the brute-force oracle in the tests). `model`: the
+    module the executor gets, whose build decides its path (`common.layer_lean`)."""
+    served = (options, global_batch, id(graph), id(cluster), id(profile), id(model))
     if cache.setdefault("serves", served) != served:
         raise ValueError("a price cache serves one graph, cluster, batch, options and profile")
     if not cluster.offload_known:  # no PCIe / host memory figures: offload is not offered
@@ -74,10 +76,10 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
     # full search priced is not priced again.
     row_cache = cache.setdefault("rows", {})
     row_served = (id(graph), id(cluster), id(profile), global_batch, options.precision,
-                  options.optimizer)
+                  options.optimizer, id(model))
     if row_cache.setdefault("serves", row_served) != row_served:
-        raise ValueError("a row cache serves one graph, cluster, batch, precision, optimizer "
-                         "and profile")
+        raise ValueError("a row cache serves one graph, cluster, batch, precision, optimizer, "
+                         "profile and model")
     layouts: dict[tuple, int] = {}
     tables = []
     shared: dict[tuple, LayerTable] = {}
@@ -98,7 +100,7 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
                 if row is None:
                     row = row_cache[row_key] = _price(graph, layer, s, cluster, options, cand,
                                                       samples // s.dp, profile, per_param,
-                                                      overlap)
+                                                      overlap, model)
                 rows.append(row)
             rows = np.array(rows, dtype=float).reshape(-1, 4)
             keep = _undominated(strategies, rows) if prune else list(range(len(strategies)))
@@ -117,9 +119,13 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
 
 def _price(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOptions,
            cand: OuterCandidate, micro_batch: int, profile, per_param: float,
-           overlap: float) -> tuple[float, float, float, float]:
-    """(t(i, s), state bytes, kept bytes, transient bytes) of one layer and strategy."""
+           overlap: float, model: nn.Module | None) -> tuple[float, float, float, float]:
+    """(t(i, s), state bytes, kept bytes, transient bytes) of one layer and strategy; its
+    memory as the executor runs `model` (`common.layer_lean`: the lean host path)."""
     config = step_config(graph, options, cluster, micro_batch)
+    lean = layer_lean(model, cluster.device, layer, s)
+    if lean is not None:
+        config = dataclasses.replace(config, lean=lean)
     c = layer_compute(layer, s, cluster, config, profile)
     comm = layer_comm(layer, s, cluster, config, per_param)
     mem = layer_memory(layer, s, config, per_param)
@@ -134,9 +140,20 @@ def _price(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOpt
               + held_through_step(mem, num_microbatches=cand.num_microbatches,
                                   pipelined=cand.pp > 1))
     transient = (mem.activations.recompute_bytes + mem.activations.grad_flow_bytes
-                 + ZERO3_UNITS_IN_FLIGHT * mem.gather_unit_bytes
-                 + mem.unsharded_grad_bytes)
+                 + gathered_in_flight_bytes(mem) + mem.unsharded_grad_bytes)
     return t, states, mem.activations.kept_bytes, transient
+
+
+def gathered_in_flight_bytes(mem: LayerMemory) -> float:
+    """A ZeRO-3 unit's gathered copies alive at once, as `cost_models.memory_walk` walks
+    them: FSDP2 gathers it again for backward with the next unit prefetched
+    (ZERO3_UNITS_IN_FLIGHT); the lean host path (`mem.backward_prefetch` off) prefetches
+    nothing and gathers only `backward_gather_bytes` again, so its forward copy is the most."""
+    if mem.backward_prefetch:
+        return ZERO3_UNITS_IN_FLIGHT * mem.gather_unit_bytes
+    again = mem.gather_unit_bytes if mem.backward_gather_bytes is None \
+        else min(mem.gather_unit_bytes, mem.backward_gather_bytes)
+    return max(mem.gather_unit_bytes, again)
 
 
 def _undominated(strategies: list, rows: np.ndarray) -> list[int]:
@@ -169,7 +186,7 @@ def step_config(graph: LayerGraph, options: SearchOptions, cluster: ClusterSpec,
     return StepConfig(micro_batch=max(1, micro_batch), graph_micro_batch=graph.micro_batch,
                       graph_dtype=graph.dtype, precision=options.precision,
                       optimizer=options.optimizer, seq_len=graph.seq_len,
-                      device_type="cpu" if cluster.device.lower() == "cpu" else "cuda")
+                      device_type=device_type_of(cluster.device))
 
 
 def crossing_bytes(graph: LayerGraph, cache: dict) -> list[float]:

@@ -401,6 +401,23 @@ def model_seq_len(loaded: LoadedModel, seq_len: int | None) -> int | None:
     return int(ids.shape[1]) if ids is not None and ids.dim() >= 2 else seq_len
 
 
+# The key of a plan file's search block saying the plan was priced for a model built on
+# meta (`planner plan --meta-init`): `estimate --plan` and `validate` run and price it so.
+META_INIT_KEY = "meta_init"
+
+
+def planned_on_meta(doc) -> bool:
+    """Whether plan document `doc` was made for a model built under `executors.meta_init`."""
+    return doc.search.get(META_INIT_KEY) is True
+
+
+def executor_model(spec: str, graph: LayerGraph) -> nn.Module:
+    """The module `executors.apply` gets when the model is built under
+    `executors.meta_init`: `spec` built on meta, at the IR's shape. Only its build and
+    layout are read (`cost_models.common.model_layer_configs`), never its values."""
+    return load_model(spec, graph.micro_batch, graph.seq_len, device="meta").module
+
+
 def graph_for_plan(doc, spec: str | None = None) -> LayerGraph:
     """The layer IR a plan file was made for, rebuilt from the shape it records, and
     checked against its fingerprint."""

@@ -48,6 +48,9 @@ A stage's table is cached by the run of (structural hash, boundary bytes) it cov
 that a stage boundary may split are solved once per degree (`_pipeline_tp_groups`): the
 outer program does not carry layouts across stages.
 
+Every memory figure (the rows, the walk, the estimate) is priced for the executor's path
+of the model `search` is given (`cost_models.common.model_layer_configs`: a model built
+on meta runs the lean host path on a CPU cluster, `ir.lean_host`).
 The full memory model (`cost_models.memory.plan_memory`) checks each optimum; where it
 does not fit, the candidate is solved again with a lower budget (`_solve_fitting`).
 Every candidate's optimum is then priced by the full model (`cost_models.estimate`),
@@ -64,7 +67,9 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from torch import nn
 
+from cost_models.common import model_layer_configs
 from cost_models.compute import ComputeProfile
 from cost_models.estimate import Estimate, estimate
 from cost_models.memory import plan_memory
@@ -149,11 +154,12 @@ FIT_ROUNDS = 4
 
 
 def _solve_fitting(graph, cluster, cand, tables, layouts, options, global_batch, trans_cache,
-                   stats, incumbent, memory_cache: dict):
+                   stats, incumbent, memory_cache: dict, model=None):
     """`_solve`, then the full memory model on its plan: the DP adds layers up while the
     full model walks the step (pipeline schedules, FSDP2 buffers in flight), so where the
     DP's plan does not fit, solve again with the budget lowered by the excess, at most
-    FIT_ROUNDS times. A plan the full model rejects is never returned as the candidate's."""
+    FIT_ROUNDS times. A plan the full model rejects is never returned as the candidate's.
+    The walk prices the executor's path for `model` (`common.model_layer_configs`)."""
     shrink = 0.0
     limit = options.memory_budget_bytes or cluster.device_memory_bytes
     for _ in range(FIT_ROUNDS):
@@ -161,7 +167,8 @@ def _solve_fitting(graph, cluster, cand, tables, layouts, options, global_batch,
                         trans_cache, stats, incumbent, shrink)
         if result is None:
             return None
-        memory = plan_memory(graph, result[1], cluster, rank_cache=memory_cache)
+        configs = model_layer_configs(graph, result[1], cluster.device, model)
+        memory = plan_memory(graph, result[1], cluster, configs, memory_cache)
         peak = memory.peak_bytes
         if memory.fits and peak <= limit:
             return result
@@ -324,10 +331,16 @@ def _lower_bound(cand: OuterCandidate, tables: list[LayerTable], budget_bytes: f
 
 def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
            options: SearchOptions = SearchOptions(), profile: ComputeProfile | None = None,
-           with_baselines: bool = True, price_cache: dict | None = None) -> SearchResult:
+           with_baselines: bool = True, price_cache: dict | None = None,
+           model: nn.Module | None = None) -> SearchResult:
     """The fastest plans that fit, best first (see the module docstring). Unless the
     search is uniform itself, the classic uniform baselines join the final ranking.
     `price_cache` shares layer tables with a later call for the same inputs.
+
+    `model`: the module the executor will get. Its build decides the executor's path and
+    so the memory every check prices (`cost_models.common.model_layer_configs`): a model
+    built on meta on a CPU cluster runs the lean host path (`ir.lean_host`); None, or any
+    other, FSDP2's own.
 
     CPU offload costs PCIe and host time, so it enters only when the memory wall requires
     it: the space without offload first, and the space with it only if nothing fits.
@@ -340,28 +353,31 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
     gc.disable()
     try:
         return _search_offload_last(graph, cluster, global_batch, options, profile,
-                                    with_baselines, price_cache)
+                                    with_baselines, price_cache, model)
     finally:
         if paused:
             gc.enable()
 
 
 def _search_offload_last(graph, cluster, global_batch, options, profile, with_baselines,
-                         price_cache) -> SearchResult:
+                         price_cache, model) -> SearchResult:
     if options.no_offload or not cluster.offload_known:
         return _search(graph, cluster, global_batch, options, profile, with_baselines,
-                       price_cache)
+                       price_cache, model)
     # `price_cache` serves the caller's options only: the pass without offload gets its own
     result = _search(graph, cluster, global_batch,
-                     dataclasses.replace(options, no_offload=True), profile, with_baselines, {})
+                     dataclasses.replace(options, no_offload=True), profile, with_baselines, {},
+                     model)
     if result.best is not None:
         return result
-    return _search(graph, cluster, global_batch, options, profile, with_baselines, price_cache)
+    return _search(graph, cluster, global_batch, options, profile, with_baselines, price_cache,
+                   model)
 
 
 def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
             options: SearchOptions, profile: ComputeProfile | None,
-            with_baselines: bool, price_cache: dict | None) -> SearchResult:
+            with_baselines: bool, price_cache: dict | None, model: nn.Module | None
+            ) -> SearchResult:
     if global_batch < 1:
         raise PlannerError(f"--global-batch must be >= 1, got {global_batch}")
     start = time.perf_counter()
@@ -380,7 +396,7 @@ def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
     budget_of: dict[OuterCandidate, float] = {}
     for cand in outers:
         tables, layouts = price_layers(graph, cluster, cand, options, global_batch, profile,
-                                       price_cache)
+                                       price_cache, model=model)
         if any(not t.strategies for t in tables):
             continue  # some layer has no legal strategy here (e.g. dp does not divide)
         # every plan needs at least the largest of the layers' least transients
@@ -429,7 +445,7 @@ def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
             incumbent = objectives[keep_best - 1] if len(objectives) >= keep_best else INF
             result = _solve_fitting(graph, cluster, cand, group, layouts, options, global_batch,
                                     trans_cache, stats, incumbent * LOWER_BOUND_SLACK,
-                                    memory_cache)
+                                    memory_cache, model)
             if result is not None:
                 found.append((result[0], cand, result[1]))
     found.sort(key=lambda f: f[0])
@@ -438,7 +454,8 @@ def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         if plan in seen:
             continue
         seen.add(plan)
-        est = estimate(graph, plan, cluster, profile, memory_cache)
+        est = estimate(graph, plan, cluster, profile, memory_cache,
+                       model_layer_configs(graph, plan, cluster.device, model))
         if est.memory.fits and (options.memory_budget_bytes is None
                                 or est.memory.peak_bytes <= options.memory_budget_bytes):
             candidates.append(Candidate(cand, plan, objective, est))
@@ -449,7 +466,7 @@ def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         from planner.baselines import baselines  # they search too: imported at call time
 
         base = baselines(graph, cluster, global_batch, options, profile,
-                         price_cache.setdefault("rows", {}))
+                         price_cache.setdefault("rows", {}), model)
         candidates += [b.candidate for b in base
                        if b.candidate is not None and b.candidate.plan not in seen]
     candidates.sort(key=lambda c: c.estimate.iteration_seconds)

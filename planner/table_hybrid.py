@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from cost_models.common import model_layer_configs
 from cost_models.embedding import DenseCost, EmbeddingConfig, PlacementCost, evaluate
 from cost_models.estimate import Estimate, estimate
 from ir.cluster import ClusterSpec
@@ -98,18 +99,21 @@ class HybridPlan:
 def plan_hybrid(graph: LayerGraph, tables: list[EmbeddingTable], cluster: ClusterSpec,
                 global_batch: int, options: SearchOptions, module: nn.Module, inputs: dict,
                 sparse_optimizer: str = DEFAULT_SPARSE_OPTIMIZER,
-                method: str = "auto", pins: list | None = None) -> HybridPlan:
+                method: str = "auto", pins: list | None = None,
+                executor_model: nn.Module | None = None) -> HybridPlan:
     """Search the dense part, place the tables, and join them into one plan (`pins`:
-    `plan_tables`'s sharding per table)."""
+    `plan_tables`'s sharding per table; `executor_model`: the module the executor gets,
+    whose build decides how the dense part's memory is priced, `planner.search.search`)."""
     if not tables:
         raise PlannerError(f"{graph.model} has no pooled embedding tables to shard")
     names = {t.name for t in tables}
-    result = search(dense_graph(graph, names), cluster, global_batch, hybrid_options(options))
+    result = search(dense_graph(graph, names), cluster, global_batch, hybrid_options(options),
+                    model=executor_model)
     if result.best is None:
         raise PlannerError(f"no data-parallel plan for {graph.model}'s dense layers fits "
                            f"{cluster.device_memory_bytes / 2**30:.1f} GiB per device; add "
                            "devices or shrink the global batch")
-    dense = dense_estimate(graph, names, result.best.plan, cluster)
+    dense = dense_estimate(graph, names, result.best.plan, cluster, model=executor_model)
     placed = plan_tables(tables, cluster, EmbeddingConfig(global_batch, sparse_optimizer),
                          DenseCost.of(dense), method=method, pins=pins)
     by_name = {p.table: p for p in placed.placements}
@@ -121,11 +125,15 @@ def plan_hybrid(graph: LayerGraph, tables: list[EmbeddingTable], cluster: Cluste
 
 
 def dense_estimate(graph: LayerGraph, table_names: set[str], plan: ParallelPlan,
-                   cluster: ClusterSpec, profile=None) -> Estimate:
+                   cluster: ClusterSpec, profile=None, model: nn.Module | None = None
+                   ) -> Estimate:
     """The dense part of a hybrid plan: `cost_models.estimate` of its layers with the
     tables taken out (`dense_graph`). One function for the table planner's dense cost
-    (`DenseCost.of`), `planner estimate` and `planner validate` (`price_hybrid`)."""
-    return estimate(dense_graph(graph, table_names), plan, cluster, profile)
+    (`DenseCost.of`), `planner estimate` and `planner validate` (`price_hybrid`); its
+    memory as the executor runs `model` (`cost_models.common.model_layer_configs`)."""
+    dense = dense_graph(graph, table_names)
+    return estimate(dense, plan, cluster, profile,
+                    configs=model_layer_configs(dense, plan, cluster.device, model))
 
 
 def combined_prediction(dense: dict, cost: PlacementCost, global_batch: int) -> dict:
@@ -169,9 +177,10 @@ PROBE_BATCH = 2
 def plan_spec_hybrid(model_spec: str, graph: LayerGraph, cluster: ClusterSpec,
                      global_batch: int, options: SearchOptions,
                      sparse_optimizer: str = DEFAULT_SPARSE_OPTIMIZER,
-                     method: str = "auto") -> HybridPlan | None:
+                     method: str = "auto", meta_init: bool = False) -> HybridPlan | None:
     """`plan_hybrid` for a MODEL spec (built on meta to read its tables); None when the
-    model has no pooled tables of its own (a dense model: plan it as usual)."""
+    model has no pooled tables of its own (a dense model: plan it as usual). `meta_init`:
+    the executor gets the model built on meta (priced so, `planner.search.search`)."""
     from planner.models import load_model
 
     if not has_table_layers(graph):
@@ -181,16 +190,18 @@ def plan_spec_hybrid(model_spec: str, graph: LayerGraph, cluster: ClusterSpec,
     if not tables:
         return None
     return plan_hybrid(graph, tables, cluster, global_batch, options, loaded.module,
-                       loaded.inputs, sparse_optimizer, method)
+                       loaded.inputs, sparse_optimizer, method,
+                       executor_model=loaded.module if meta_init else None)
 
 
 def price_hybrid(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
-                 profile=None) -> tuple[Estimate, PlacementCost]:
+                 profile=None, model: nn.Module | None = None
+                 ) -> tuple[Estimate, PlacementCost]:
     """A hybrid plan priced on `cluster` (e.g. a calibrated spec): the dense layers by
     `cost_models.estimate` with the tables' parameters taken out, the placement as it
     stands by `cost_models.embedding.evaluate` (its tables' seconds and bytes only)."""
     tables = [t.table for t in plan.embeddings.tables]
-    dense = dense_estimate(graph, {t.name for t in tables}, plan, cluster, profile)
+    dense = dense_estimate(graph, {t.name for t in tables}, plan, cluster, profile, model)
     cost = evaluate(tables, plan.embeddings.placements, cluster,
                     EmbeddingConfig(plan.global_batch, plan.embeddings.sparse_optimizer),
                     DenseCost.of(dense))

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from cost_models.embedding import HOT_ROW_SHARE
-from ir.embedding_tables import EmbeddingTable, HashRing, TableSharding, row_shard_bounds
+from ir.embedding_tables import (EmbeddingTable, HashRing, TableDtype, TableSharding,
+                                 row_shard_bounds)
 from ir.errors import PlannerError
 
 
@@ -71,7 +72,7 @@ def find_tables(module: nn.Module, inputs: dict[str, torch.Tensor]) -> list[Embe
                                "example inputs; give inputs that reach every table")
         per_sample = ids_per_sample[name]
         out.append(EmbeddingTable(name=name, rows=int(m.weight.shape[0]), dim=int(m.weight.shape[1]),
-                                  dtype_bytes=m.weight.element_size(), pooling=_pooling(m),
+                                  dtype=TableDtype.of(m.weight.dtype, name), pooling=_pooling(m),
                                   ids_per_sample=max(1, round(per_sample))))
     return out
 

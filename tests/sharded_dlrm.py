@@ -69,7 +69,7 @@ def build_model() -> dlrm.DLRM:
 
 def _table(name):
     from ir.embedding_tables import EmbeddingTable
-    return EmbeddingTable(name, CONFIG.rows_per_table, CONFIG.embedding_dim, 4, "sum", 1)
+    return EmbeddingTable(name, CONFIG.rows_per_table, CONFIG.embedding_dim, "float32", "sum", 1)
 
 
 def dense_optimizer(kind: str, params):

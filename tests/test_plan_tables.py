@@ -21,7 +21,7 @@ WORLD = 4
 
 
 def _table(i: int, rows: int = 10, dim: int = 8) -> EmbeddingTable:
-    return EmbeddingTable(f"tables.{i}", rows, dim, 4, "sum", 3)
+    return EmbeddingTable(f"tables.{i}", rows, dim, "float32", "sum", 3)
 
 
 def _embeddings() -> EmbeddingPlan:

@@ -24,7 +24,7 @@ def cpu_spec(processes: int, cores: int):
                                hbm_gbps=20.0, intra_node_latency_s=100 * US)
 
 
-TABLES = [EmbeddingTable(f"t{i}", 10_000, 32, 4, "sum", 4, None) for i in range(4)]
+TABLES = [EmbeddingTable(f"t{i}", 10_000, 32, "float32", "sum", 4, None) for i in range(4)]
 PLACED = [TablePlacement(t.name, TableSharding.TABLE_WISE, (i,)) for i, t in enumerate(TABLES)]
 CONFIG = EmbeddingConfig(global_batch=64)
 

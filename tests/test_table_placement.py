@@ -31,7 +31,7 @@ def cluster(nodes: int, per_node: int, **changes):
 
 
 def table(name, rows, dim=64, ids=1, hot=None):
-    return EmbeddingTable(name, rows, dim, 4, "sum", ids, hot)
+    return EmbeddingTable(name, rows, dim, "float32", "sum", ids, hot)
 
 
 # ---- cost formulas, by hand ---------------------------------------------------------------
@@ -78,7 +78,7 @@ def test_tables_share_one_fused_exchange_per_dtype():
     """Sharded tables of one dtype share the executor's 4 calls per step (not 4 each);
     a table of another dtype is exchanged apart: 4 more."""
     a, b = table("a", rows=1000, dim=64, ids=2), table("b", rows=1000, dim=64, ids=2)
-    half = dataclasses.replace(table("c", rows=1000, dim=64, ids=2), dtype_bytes=2)
+    half = dataclasses.replace(table("c", rows=1000, dim=64, ids=2), dtype="bfloat16")
     config = EmbeddingConfig(global_batch=8)
     one = evaluate([a], [TablePlacement("a", TableSharding.TABLE_WISE, (1,))], HAND, config,
                    NO_DENSE)

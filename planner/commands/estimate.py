@@ -17,7 +17,10 @@ import json
 import math
 
 from cost_models.advice import suggest_fixes
+from torch import nn
+
 from cost_models.clusters import get_cluster, preset_names
+from cost_models.common import model_layer_configs
 from cost_models.compute import ComputeProfile
 from cost_models.compute_breakdown import compute_by_class
 from cost_models.estimate import estimate
@@ -29,7 +32,7 @@ from ir.safe_json import read_json
 from ir.strategy import Checkpoint, Precision, Schedule
 from planner import report
 from planner.arg_types import count, n_devices, n_samples, n_tokens
-from planner.models import graph_for_plan
+from planner.models import executor_model, graph_for_plan, planned_on_meta
 from planner.plan_report import predicted_lines
 from planner.table_hybrid import combined_prediction, price_hybrid
 from planner.table_report import plan_tables_text
@@ -75,6 +78,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", default=None, choices=KNOWN_OPTIMIZERS,
                    help="optimizer whose states count (adamw)")
     p.add_argument("--plan", default=None, help="price this plan file instead of the flags")
+    p.add_argument("--meta-init", action="store_true", default=None,
+                   help="the executor gets the model built on meta (executors.meta_init): "
+                        "on a CPU cluster it runs the lean host path, priced so (a plan file "
+                        "made with --meta-init is priced so without it)")
     p.add_argument("--profile", default=None,
                    help="measured layer times from `planner profile` (same device and dtype)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -164,8 +171,10 @@ def default_precision(cluster: ClusterSpec) -> Precision:
     return Precision.FP32 if cluster.device.lower() == "cpu" else Precision.BF16_MIXED
 
 
-def load_inputs(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, ComputeProfile | None]:
-    """(graph, plan, cluster, profile) from the command line: flags or a plan file."""
+def load_inputs(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, ComputeProfile | None,
+                                nn.Module | None]:
+    """(graph, plan, cluster, profile, model) from the command line: flags or a plan file;
+    `model` is the module the executor gets under --meta-init (`executor_model`), else None."""
     _positive("nodes", args.nodes)
     _positive("gpus-per-node", args.gpus_per_node)
     _positive("seq-len", args.seq_len)
@@ -176,7 +185,7 @@ def load_inputs(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, ComputePro
         if given:
             raise PlannerError(f"{given[0]} cannot be combined with --plan: the plan file "
                                "fixes the strategy (drop the flag or the plan)")
-        graph, plan, cluster = _from_plan_file(args)
+        graph, plan, cluster, spec, meta_init = _from_plan_file(args)
     else:
         if not args.model:
             raise PlannerError("name a MODEL (e.g. gpt-tiny) or give --plan plan.json")
@@ -184,7 +193,10 @@ def load_inputs(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, ComputePro
         precision = Precision(args.precision) if args.precision else default_precision(cluster)
         graph = _graph(args.model, args.micro_batch or 1, args.seq_len, precision)
         plan = plan_from_flags(args, len(graph.layers), cluster)
-    return graph, plan, cluster, profile
+        spec, meta_init = args.model, bool(args.meta_init)
+    model = executor_model(spec, graph) if meta_init else None
+    return graph, plan, cluster, profile, model
+
 
 
 def read_profile(path: str) -> ComputeProfile:
@@ -207,7 +219,11 @@ def read_profile(path: str) -> ComputeProfile:
     return profile
 
 
-def _from_plan_file(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec]:
+def _from_plan_file(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, str, bool]:
+    """(graph, plan, cluster, MODEL spec, meta_init) of a plan file: --meta-init, or the
+    plan made with it (`planner plan --meta-init` records it in its search block)."""
+    from planner.models import plan_model_spec
+
     doc = load_plan(args.plan)
     plan = doc.plan
     if args.cluster:
@@ -220,7 +236,8 @@ def _from_plan_file(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec]:
                 from None
         cluster = cluster.with_nodes(args.nodes, args.gpus_per_node)
     graph = graph_for_plan(doc, args.model)
-    return graph, plan, cluster
+    meta_init = bool(args.meta_init) or planned_on_meta(doc)
+    return graph, plan, cluster, plan_model_spec(doc, args.model), meta_init
 
 
 def describe(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec) -> str:
@@ -230,10 +247,11 @@ def describe(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec) -> str
 
 
 def run(args) -> int:
-    graph, plan, cluster, profile = load_inputs(args)
+    graph, plan, cluster, profile, model = load_inputs(args)
     if plan.embeddings is not None:
-        return _run_hybrid(args, graph, plan, cluster, profile)
-    est = estimate(graph, plan, cluster, profile)
+        return _run_hybrid(args, graph, plan, cluster, profile, model)
+    est = estimate(graph, plan, cluster, profile,
+                   configs=model_layer_configs(graph, plan, cluster.device, model))
     by_class = compute_by_class(graph, plan, cluster, est.pipeline.critical_rank, profile)
     if args.json:
         print(json.dumps({**est.to_json(), "compute_by_class": by_class.to_json()}, indent=2))
@@ -251,10 +269,10 @@ def run(args) -> int:
 
 
 def _run_hybrid(args, graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
-                profile: ComputeProfile | None) -> int:
+                profile: ComputeProfile | None, model: nn.Module | None) -> int:
     """A plan with sharded tables: the dense part as usual, then its tables (placements,
     per-rank seconds and bytes) and the step they make together (`table_hybrid`)."""
-    dense, cost = price_hybrid(graph, plan, cluster, profile)
+    dense, cost = price_hybrid(graph, plan, cluster, profile, model)
     predicted = combined_prediction(dense.to_json(), cost, plan.global_batch)
     if args.json:
         print(json.dumps(predicted, indent=2))

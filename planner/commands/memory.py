@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from cost_models.advice import suggest_fixes
+from cost_models.common import model_layer_configs
 from cost_models.memory import plan_memory
 from planner import report
 from planner.arg_types import check_chart
@@ -27,8 +28,9 @@ def register(sub) -> None:
 
 def run(args) -> int:
     check_chart(args.chart)
-    graph, plan, cluster, _ = load_inputs(args)
-    memory = plan_memory(graph, plan, cluster)
+    graph, plan, cluster, _, model = load_inputs(args)
+    memory = plan_memory(graph, plan, cluster,
+                         model_layer_configs(graph, plan, cluster.device, model))
     if args.chart:
         report.memory_chart(memory, args.chart, f"{graph.model} on {cluster.name}: {plan}")
     if args.json:

@@ -20,7 +20,7 @@ from ir.strategy import Checkpoint, Precision, Schedule
 from planner.arg_types import check_out, count, gib, n_devices, n_samples, n_tokens, seconds
 from planner.commands.estimate import default_precision, load_cluster
 from planner.fmt import Progress, human_bytes, table
-from planner.models import load_layer_graph
+from planner.models import META_INIT_KEY, executor_model, load_layer_graph
 from planner.plan_report import (plan_document, predicted_lines, stage_memory_table,
                                   strategy_table, summary_line)
 from planner.baselines import least_memory
@@ -54,6 +54,9 @@ def register(sub) -> None:
     p.add_argument("--time-limit", type=seconds(), default=None, metavar="S",
                    help="stop searching new pipeline configurations after S seconds")
     p.add_argument("--no-baselines", action="store_true", help="skip the uniform baselines")
+    p.add_argument("--meta-init", action="store_true",
+                   help="the executor gets the model built on meta (executors.meta_init): on "
+                        "a CPU cluster its memory is priced as the lean host path runs it")
     g = p.add_argument_group("restrictions and pins")
     g.add_argument("--uniform", action="store_true", help="one strategy for every layer")
     g.add_argument("--max-tp", type=n_devices, default=None,
@@ -106,21 +109,23 @@ def run(args) -> int:
     graph = load_layer_graph(args.model, 1, args.seq_len,
                              getattr(torch, precision.compute_dtype), progress=progress)
     progress.close()
-    hybrid = plan_spec_hybrid(args.model, graph, cluster, args.global_batch, options)
+    hybrid = plan_spec_hybrid(args.model, graph, cluster, args.global_batch, options,
+                              meta_init=args.meta_init)
     if hybrid is not None:  # a recommendation model: tables sharded, the rest data parallel
         return _print_hybrid(args, graph, cluster, hybrid)
+    model = executor_model(args.model, graph) if args.meta_init else None
     result = search(graph, cluster, args.global_batch, options,
-                    with_baselines=not args.no_baselines)
+                    with_baselines=not args.no_baselines, model=model)
     if result.best is None:
-        raise PlannerError(nothing_fits(graph, cluster, args, options, result.stats))
+        raise PlannerError(nothing_fits(graph, cluster, args, options, result.stats, model))
     base = result.baselines
     summary = {b.name: ({"plan": str(b.candidate.plan),
                          "iteration_seconds": b.candidate.estimate.iteration_seconds}
                         if b.candidate else {"fits": False, "needs_bytes": b.needs_bytes,
                                              "excluded_by": b.excluded_by, "reason": b.reason})
                for b in base}
-    doc = plan_document(graph, cluster, result.best, result.stats, {"baselines": summary},
-                        model_spec=args.model)
+    doc = plan_document(graph, cluster, result.best, result.stats,
+                        {"baselines": summary, **_meta_init_entry(args)}, model_spec=args.model)
     if _write_or_print_json(doc, args):
         return 0
     _print_head(doc, graph)
@@ -156,8 +161,14 @@ def _print_head(doc, graph) -> None:
     print()
 
 
+def _meta_init_entry(args) -> dict:
+    """The search block's record of --meta-init (`estimate --plan` prices the plan so)."""
+    return {META_INIT_KEY: True} if args.meta_init else {}
+
+
 def _print_hybrid(args, graph, cluster, hybrid) -> int:
-    doc = hybrid_document(graph, cluster, hybrid, model_spec=args.model)
+    doc = hybrid_document(graph, cluster, hybrid, _meta_init_entry(args) or None,
+                          model_spec=args.model)
     if _write_or_print_json(doc, args):
         return 0
     _print_head(doc, graph)
@@ -201,8 +212,8 @@ def baseline_table(best, base, cluster) -> str:
                  right={1, 2, 3, 4})
 
 
-def nothing_fits(graph, cluster, args, options: SearchOptions, stats: SearchStats | None = None
-                 ) -> str:
+def nothing_fits(graph, cluster, args, options: SearchOptions, stats: SearchStats | None = None,
+                 model=None) -> str:
     """Why no plan came out, without contradicting itself: the smallest memory any plan
     would need and the knob that would help most."""
     import dataclasses
@@ -213,7 +224,7 @@ def nothing_fits(graph, cluster, args, options: SearchOptions, stats: SearchStat
                 f"{stats.outer_searched} of {stats.outer_candidates} "
                 "pipeline configurations); raise --time-limit or pin degrees (--tp/--pp)")
     frugal = dataclasses.replace(options, memory_budget_bytes=None, top_k=1)
-    needs, _ = least_memory(graph, cluster, args.global_batch, frugal)
+    needs, _ = least_memory(graph, cluster, args.global_batch, frugal, model=model)
     head = f"no plan fits {human_bytes(budget)} per device"
     reserved = reserved_bytes(cluster)
     if needs is not None and needs <= budget:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from cost_models.clusters import measure_op_overhead_s
+from cost_models.common import model_layer_configs
 from cost_models.estimate import estimate
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
@@ -71,7 +72,7 @@ def predict(doc: PlanDocument, graph, cluster: ClusterSpec | None) -> Prediction
                           for r in range(doc.plan.world_size))
             return Prediction(peaks, fresh["iteration_seconds"], fresh["time"], spec.name,
                               fresh["embedding"])
-        est = estimate(graph, doc.plan, spec)
+        est = estimate(graph, doc.plan, spec, configs=_configs(doc, graph, spec))
         embedding = None
         stage_peaks = [StagePeak(int(s.peak_bytes), tuple(int(b) for b in s.device_peak_bytes),
                                  int(s.overhead)) for s in est.memory.stages]
@@ -80,6 +81,16 @@ def predict(doc: PlanDocument, graph, cluster: ClusterSpec | None) -> Prediction
     peaks = tuple(stage_peaks[r // devices].rank_peak_bytes(r % devices)
                   for r in range(doc.plan.world_size))
     return Prediction(peaks, seconds, breakdown, source, embedding)
+
+
+def _configs(doc: PlanDocument, graph, spec: ClusterSpec):
+    """Per-layer configs of the run `planner.trial.rank` makes: of the model built on meta
+    for a plan made so (`planner.models.planned_on_meta`), else of the CPU build."""
+    from planner.models import executor_model, plan_model_spec, planned_on_meta
+
+    model = (executor_model(plan_model_spec(doc), graph) if planned_on_meta(doc)
+             else None)
+    return model_layer_configs(graph, doc.plan, spec.device, model)
 
 
 def machine_slowdown(spec: ClusterSpec) -> float | None:
