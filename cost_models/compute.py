@@ -184,17 +184,18 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool)
     (`KernelCalibration.backward_view_host_op_s`, `backward_nonview_host_op_s`,
     `backward_node_host_s`, `host_op_excess`) and the layer has kernel records: views x
     per-view + other ops x per-op + autograd nodes x per-node + each op's per-call
-    excess, where nodes = the forward's calls on floating tensors (each records one) +
-    the layer's parameter tensors (each accumulates its gradient), `backward_nodes`, the
-    count the kit's probe took of its own chain; else ops x `host_op_seconds`. (Views are metadata only, and many come inside
+    excess, where nodes = the autograd graph's, walked on meta (`autograd_nodes_bwd`,
+    `ir.op_count.autograd_nodes`: the count the kit's probe takes of its own chain), or
+    for a layer measured before that count the forward's calls on floating tensors +
+    its parameter tensors (`host_excess.backward_nodes`); else ops x `host_op_seconds`. (Views are metadata only, and many come inside
     a node's formula, so a per-op figure over-prices them: the mlp-small block's 16
     backward ops ran in ~18 us, not 16 x 2 us.)"""
     cal = cluster.kernel_calibration
     if cal is None or cal.backward_nonview_host_op_s <= 0 or layer.kernels is None:
         return layer.ops_bwd * host_op_seconds(cluster, on_dtensors, backward=True)
     views = sum(r.count for r in layer.kernels.backward if r.kind is KernelKind.VIEW)
-    nodes = backward_nodes(layer.kernels.forward,
-                           len(layer.param_names) + len(layer.tied_param_names))
+    nodes = layer.autograd_nodes_bwd or backward_nodes(  # walked, else the proxy
+        layer.kernels.forward, len(layer.param_names) + len(layer.tied_param_names))
     extra_s = cluster.dtensor_op_overhead_s if on_dtensors else 0.0
     # Measured decomposition (cost_models.host_probes.host_op_seconds_by_pass, host_excess)
     return (views * (cal.backward_view_host_op_s + extra_s)

@@ -114,7 +114,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     recorded one plus one per parameter tensor (its gradient's accumulation), and each
     node's formula dispatches ops with grad mode off. Per view and per other op: the
     plain dispatch probe; per node = (the chain's backward - its views x per view - its
-    other ops x per op - its ops' excess) / its nodes (`host_excess.backward_nodes`, the
+    other ops x per op - its ops' excess) / its nodes (`ir.op_count.autograd_nodes`, the
     count `compute.backward_host_seconds` takes of a layer). Both backward figures
     leave out the engine's start (`autograd_call_s`): a step pays it once per
     micro-batch and stage, and `layer_profile.time_layer` takes it out of a layer's."""
@@ -122,11 +122,11 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     from torch import nn
 
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
-    from cost_models.host_excess import (backward_nodes, plain_dispatch_seconds,
-                                         python_node_seconds, records_excess_seconds)
+    from cost_models.host_excess import (plain_dispatch_seconds, python_node_seconds,
+                                         records_excess_seconds)
     from ir.kernel_recorder import KernelRecorder
     from ir.kernel_records import KernelKind
-    from ir.op_count import OpCounter, count_ops
+    from ir.op_count import OpCounter, autograd_nodes, count_ops
 
     engine_s = autograd_call_s(device)
     with _one_thread():
@@ -177,10 +177,8 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
             as_functions()
         function_records = recorder.records()
         function_views = sum(r.count for r in function_records if r.kind is KernelKind.VIEW)
-        recorder = KernelRecorder(set())
-        with OpCounter(recorder):
-            forward()
-        nodes = backward_nodes(recorder.records(), len(list(chain.parameters())))
+        forward()  # its backward is the one recorded next
+        nodes = autograd_nodes([holder["loss"]], lambda t: True)  # its leaves: parameters
         recorder = KernelRecorder(set())
         with OpCounter(recorder):
             backward()  # weights' gradients exist: accumulated, as in the rounds

@@ -33,7 +33,7 @@ from ir.kernel_recorder import FusedKernels, KernelRecorder
 from ir.kernel_records import KernelRecords
 from ir.layer import LayerMeasurement, TPStyle
 from ir.layers import LayerNodes, group_nodes, node_module_path
-from ir.op_count import OpCounter
+from ir.op_count import OpCounter, autograd_nodes
 from ir.saved_tensors import SavedTensorLog, TPRegion, storage_key, tensor_leaves
 from ir.stand_in import (StateRunner, TensorFactory, fresh, is_float, make_state,
                          meta_factory)
@@ -354,6 +354,7 @@ class GraphMeasurer:
             self.run_forward(index, runner, before_node=tag)
         fused.finish(runner.env)
         outs = self.grad_roots(index, runner)
+        nodes = autograd_nodes(outs, lambda t: storage_key(t) in param_keys)
         with bwd_flops, bwd_ops:
             if outs:
                 torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
@@ -367,6 +368,7 @@ class GraphMeasurer:
             saved_output_bytes=sum(b for k, b in log.seen.items() if k in out_keys),
             ops_fwd=fwd_ops.count, ops_bwd=bwd_ops.count,
             python_nodes_fwd=python_nodes(info.nodes.nodes, dispatched, fwd_ops.count),
+            autograd_nodes_bwd=nodes,
             random_elements_fwd=fwd_ops.random_elements,
             random_tp_sharded_elements_fwd=fwd_ops.random_tp_sharded_elements,
             kernels=KernelRecords(fwd_kernels.records(), bwd_kernels.records(),

@@ -180,3 +180,27 @@ def test_the_node_probe_times_nodes_that_dispatch_nothing():
     calls = [n for n in module.graph.nodes if n.op in ("call_function", "call_method")]
     assert len(calls) == 3 * NODES_PER_PATTERN
     assert 0 < python_node_seconds("cpu") < 1e-5
+
+
+def test_autograd_nodes_are_walked_per_layer(net_graph):
+    """Read off the modules: the head (Linear on 6 x 8) runs addmm's node, the weight's
+    transpose, and the weight's and bias's accumulation: 4 (its input stand-in is a leaf
+    only in the measurement: not counted). A block: relu, the view, Linear's unflatten
+    view, addmm, t, flatten view, 2 accumulations: 8 (`.float()` of a float tensor
+    records none)."""
+    layers = {layer.name: layer for layer in net_graph.layers}
+    assert layers["head"].autograd_nodes_bwd == 4
+    assert layers["blocks.0"].autograd_nodes_bwd == 8
+
+
+def test_backward_host_takes_the_walked_node_count():
+    """`tiny_layer`'s backward with 10 walked nodes instead of the proxy's 6: 3 + 8 + 10 x
+    3 + 10 = 51 us (the proxy's 39 us: `test_host_split`)."""
+    from cost_models.compute import backward_host_seconds
+    from tests.test_host_split import PARTS
+
+    layer = tiny_layer()
+    walked = dataclasses.replace(layer, measured=dataclasses.replace(
+        layer.measured, autograd_nodes_bwd=10))
+    assert backward_host_seconds(walked, cpu(PARTS), False) == pytest.approx(51 * US)
+    assert backward_host_seconds(layer, cpu(PARTS), False) == pytest.approx(39 * US)
