@@ -9,7 +9,8 @@ on a spec measured here by `profile_device("cpu")`, whose GEMM table also measur
 exactly the (m, n, k) the benched layers run (read off their kernel records). Columns: predicted and measured
 milliseconds, the error (predicted / measured - 1), and the prediction's two parts:
 kernels (device seconds of the kernel sum) and host (`compute.forward_host_seconds`: forward
-ops and module calls at the kit's per-op and per-call figures; `compute.backward_host_seconds`:
+ops, module calls, fx nodes that dispatch nothing and the ops' per-call excess at the kit's
+figures; `compute.backward_host_seconds`:
 backward views, other ops, autograd nodes and the ops' per-call excess at the kit's figures).
 
 Target (issue 17): every layer within 15%; the bench exits 1 otherwise. Timings taken on
@@ -109,7 +110,8 @@ def measure_model(model: str, micro_batch: int, graph, measurer, spec, warmup: i
                          "micro_batch": micro_batch, "phase": phase,
                          "predicted_s": pred_s, "measured_s": meas_s,
                          "error": pred_s / meas_s - 1.0 if meas_s > 0 else float("inf"),
-                         "kernel_s": kernel_s, "host_s": host_s, "ops": ops})
+                         "kernel_s": kernel_s, "host_s": host_s, "ops": ops,
+                         "python_nodes": layer.python_nodes_fwd if phase == "fwd" else 0})
     return rows
 
 

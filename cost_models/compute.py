@@ -160,19 +160,23 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) 
     the layer's module calls were counted: views x per-view + other ops x per-op (as
     functions) + module calls x per-call (a layer calls most ops as functions, and half
     of them are views; the kit's one-figure chain calls few views, all through modules);
-    else ops x `host_op_seconds`. Unlike the backward, no per-op excess is added: the
-    per-op figure keeps the probe chain's average (its exact GELU and layer norm
-    included), which stands in for Python a layer's forward runs per op that no record
-    counts (fx nodes that dispatch nothing: a fit of the 2026-11-24 bench rows wants
-    ~2.5 us per non-view op, a tight chain of functions pays ~1.4)."""
+    where the kit also measured `python_node_host_s` (its per-op figure then net of the
+    ops' fixed excess), + each forward op's per-call excess (`host_op_excess`: exact
+    GELU's ~5 us) + fx call nodes that dispatch nothing x per-node (`python_nodes_fwd`);
+    else ops x `host_op_seconds`."""
     cal = cluster.kernel_calibration
     calls = layer.kernels.forward_module_calls if layer.kernels is not None else None
     if cal is None or cal.forward_host_op_s <= 0 or calls is None:
         return layer.ops_fwd * host_op_seconds(cluster, on_dtensors)
     views = sum(r.count for r in layer.kernels.forward if r.kind is KernelKind.VIEW)
     extra_s = cluster.dtensor_op_overhead_s if on_dtensors else 0.0
-    return (views * (cal.view_host_op_s + extra_s) + calls * cal.module_call_host_s
-            + (layer.ops_fwd - views) * (cal.forward_host_op_s + extra_s))
+    # Measured decomposition (cost_models.host_probes.host_op_seconds_by_pass, host_excess)
+    host_s = (views * (cal.view_host_op_s + extra_s) + calls * cal.module_call_host_s
+              + (layer.ops_fwd - views) * (cal.forward_host_op_s + extra_s))
+    if cal.python_node_host_s > 0:
+        host_s += (layer.python_nodes_fwd * cal.python_node_host_s
+                   + records_excess_seconds(layer.kernels.forward, cal.host_excess_s))
+    return host_s
 
 
 def backward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) -> float:
@@ -180,17 +184,18 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool)
     (`KernelCalibration.backward_view_host_op_s`, `backward_nonview_host_op_s`,
     `backward_node_host_s`, `host_op_excess`) and the layer has kernel records: views x
     per-view + other ops x per-op + autograd nodes x per-node + each op's per-call
-    excess, where nodes = the forward's calls on floating tensors (each records one) +
-    the layer's parameter tensors (each accumulates its gradient), `backward_nodes`, the
-    count the kit's probe took of its own chain; else ops x `host_op_seconds`. (Views are metadata only, and many come inside
+    excess, where nodes = the autograd graph's, walked on meta (`autograd_nodes_bwd`,
+    `ir.op_count.autograd_nodes`: the count the kit's probe takes of its own chain), or
+    for a layer measured before that count the forward's calls on floating tensors +
+    its parameter tensors (`host_excess.backward_nodes`); else ops x `host_op_seconds`. (Views are metadata only, and many come inside
     a node's formula, so a per-op figure over-prices them: the mlp-small block's 16
     backward ops ran in ~18 us, not 16 x 2 us.)"""
     cal = cluster.kernel_calibration
     if cal is None or cal.backward_nonview_host_op_s <= 0 or layer.kernels is None:
         return layer.ops_bwd * host_op_seconds(cluster, on_dtensors, backward=True)
     views = sum(r.count for r in layer.kernels.backward if r.kind is KernelKind.VIEW)
-    nodes = backward_nodes(layer.kernels.forward,
-                           len(layer.param_names) + len(layer.tied_param_names))
+    nodes = layer.autograd_nodes_bwd or backward_nodes(  # walked, else the proxy
+        layer.kernels.forward, len(layer.param_names) + len(layer.tied_param_names))
     extra_s = cluster.dtensor_op_overhead_s if on_dtensors else 0.0
     # Measured decomposition (cost_models.host_probes.host_op_seconds_by_pass, host_excess)
     return (views * (cal.backward_view_host_op_s + extra_s)

@@ -13,9 +13,10 @@ tanh-GELU, silu, tanh, rsqrt, pow, mul, mm, bmm, clone and softmax within +-0.5 
 That excess is neither dispatch nor bandwidth (the kernel tables price bytes): it is
 measured as tiny-size time minus add's (add streams and has no fixed cost: the
 reference), the ops alternating within each round, and `cost_models.compute` charges it
-once per backward call of that op (`KernelCalibration.host_excess_s`); the backward
-probe takes it out of the chain it times (`host_probes.host_op_seconds_by_pass`), so no
-call pays it twice.
+once per call of that op, backward and forward (`KernelCalibration.host_excess_s`); the
+probes take it out of the chains they time (`host_probes.host_op_seconds_by_pass`), so
+no call pays it twice. Also here: what an fx call node that dispatches nothing costs in
+generated code (`python_node_seconds`: ~0.065 us here, thread clock, 2026-11-24).
 
     >>> sorted(HOST_EXCESS_OPS)[:2]
     ['aten::_fused_rms_norm', 'aten::addmm']
@@ -140,3 +141,67 @@ def backward_nodes(forward_records, parameter_tensors: int) -> int:
     one per parameter tensor (its gradient's accumulation)."""
     return sum(r.count for r in forward_records
                if r.dtype.startswith(FLOATING_DTYPE_PREFIXES)) + parameter_tensors
+
+
+# Python-node probe: generated GraphModules (`torch.fx`, as `planner profile` times a
+# layer) of NODE_PATTERNS_SHORT and NODE_PATTERNS_LONG repeats of one pattern of fx call
+# nodes that dispatch no ATen op (a layer's `x.shape`, `shape[-1]`, size arithmetic and
+# `x.size(-1)`); the per-node figure is the median over NODE_ROUNDS rounds of (long -
+# short) / their node difference (the module call and the return cancel), each round
+# timing NODE_CALLS calls of each (milliseconds).
+NODE_PATTERNS_SHORT, NODE_PATTERNS_LONG = 4, 36
+NODE_CALLS = 300
+NODE_ROUNDS = 9
+
+
+def no_dispatch_graph_module(patterns: int):
+    """A GraphModule of `patterns` repeats of four call nodes that dispatch nothing on a
+    tensor input: getattr(x, "shape"), getitem(shape, -1), mul(that, 2), x.size(-1); it
+    returns the last product (an int). Its node count: `4 * patterns`."""
+    import operator
+
+    import torch
+    from torch import fx
+
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    last = None
+    for _ in range(patterns):
+        shape = graph.call_function(getattr, (x, "shape"))
+        width = graph.call_function(operator.getitem, (shape, -1))
+        last = graph.call_function(operator.mul, (width, 2))
+        graph.call_method("size", (x, -1))
+    graph.output(last)
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+NODES_PER_PATTERN = 4  # `no_dispatch_graph_module`'s call nodes per repeat
+
+
+def python_node_seconds(device: str = "cpu") -> float:
+    """Host seconds per fx call node that dispatches no ATen op, in generated code (module
+    docstring of the probe above); one thread, the probe clock."""
+    import torch
+
+    from cost_models.clusters import _one_thread
+    from cost_models.host_probes import probe_clock
+
+    clock = probe_clock(device)
+    with _one_thread():
+        x = torch.randn(EXCESS_ROWS, EXCESS_WIDTH, device=device)
+        short, long = (no_dispatch_graph_module(n) for n in (NODE_PATTERNS_SHORT,
+                                                            NODE_PATTERNS_LONG))
+        for module in (short, long):
+            for _ in range(EXCESS_WARMUP_CALLS):
+                module(x)
+        rounds = []
+        for _ in range(NODE_ROUNDS):
+            times = []
+            for module in (short, long):
+                start = clock()
+                for _ in range(NODE_CALLS):
+                    module(x)
+                times.append((clock() - start) / NODE_CALLS)
+            nodes = NODES_PER_PATTERN * (NODE_PATTERNS_LONG - NODE_PATTERNS_SHORT)
+            rounds.append((times[1] - times[0]) / nodes)
+    return max(0.0, statistics.median(rounds))

@@ -75,6 +75,8 @@ class HostOpCost:
     backward_nonview_op_s: float = 0.0
     backward_node_s: float = 0.0
     excess_s: tuple[tuple[str, float], ...] = ()  # (op, seconds): `cost_models.host_excess`
+    python_node_s: float = 0.0  # per fx node dispatching nothing (CPU; with `excess_s` out
+    # of `function_op_s`): `host_excess.python_node_seconds`
 
     def calibration_fields(self) -> dict:
         """The `KernelCalibration` fields these figures fill (the parts, not the totals)."""
@@ -85,6 +87,7 @@ class HostOpCost:
                     backward_view_host_op_s=self.backward_view_op_s,
                     backward_nonview_host_op_s=self.backward_nonview_op_s,
                     backward_node_host_s=self.backward_node_s,
+                    python_node_host_s=self.python_node_s,
                     host_op_excess=tuple(HostOpExcess(op, s) for op, s in self.excess_s))
 
 
@@ -100,7 +103,9 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     also timed three more ways: its leaf modules called one after another (as a layer's
     generated forward calls them), the same ops as `torch.nn.functional` calls on the same
     tensors, and a chain of views. Per view op = the last over its ops; per other op as a
-    function = (the second - its views x that) / its other ops; per module call = (first -
+    function = (the second - its views x that) / its other ops (on CPU less its ops' fixed
+    excess, `host_excess`, over them: a layer pays its own ops'), per fx call node that
+    dispatches nothing `host_excess.python_node_seconds`; per module call = (first -
     second) / leaf calls. Ops are told apart as `ir.kernel_recorder` tells a layer's.
     One thread; the runs alternate within each round, so a slow spell of a shared
     machine hits all of them.
@@ -109,7 +114,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     recorded one plus one per parameter tensor (its gradient's accumulation), and each
     node's formula dispatches ops with grad mode off. Per view and per other op: the
     plain dispatch probe; per node = (the chain's backward - its views x per view - its
-    other ops x per op - its ops' excess) / its nodes (`host_excess.backward_nodes`, the
+    other ops x per op - its ops' excess) / its nodes (`ir.op_count.autograd_nodes`, the
     count `compute.backward_host_seconds` takes of a layer). Both backward figures
     leave out the engine's start (`autograd_call_s`): a step pays it once per
     micro-batch and stage, and `layer_profile.time_layer` takes it out of a layer's."""
@@ -117,11 +122,11 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     from torch import nn
 
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
-    from cost_models.host_excess import (backward_nodes, plain_dispatch_seconds,
+    from cost_models.host_excess import (plain_dispatch_seconds, python_node_seconds,
                                          records_excess_seconds)
     from ir.kernel_recorder import KernelRecorder
     from ir.kernel_records import KernelKind
-    from ir.op_count import OpCounter, count_ops
+    from ir.op_count import OpCounter, autograd_nodes, count_ops
 
     engine_s = autograd_call_s(device)
     with _one_thread():
@@ -170,11 +175,10 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
         recorder = KernelRecorder(set())
         with OpCounter(recorder):
             as_functions()
-        function_views = sum(r.count for r in recorder.records() if r.kind is KernelKind.VIEW)
-        recorder = KernelRecorder(set())
-        with OpCounter(recorder):
-            forward()
-        nodes = backward_nodes(recorder.records(), len(list(chain.parameters())))
+        function_records = recorder.records()
+        function_views = sum(r.count for r in function_records if r.kind is KernelKind.VIEW)
+        forward()  # its backward is the one recorded next
+        nodes = autograd_nodes([holder["loss"]], lambda t: True)  # its leaves: parameters
         recorder = KernelRecorder(set())
         with OpCounter(recorder):
             backward()  # weights' gradients exist: accumulated, as in the rounds
@@ -217,19 +221,26 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
         return (max(rounds) - min(rounds)) / mid if mid > 0 else 0.0
 
     backward_s = statistics.median(backward_rounds) * backward_ops  # the chain's, engine out
+    function_op_s = statistics.median(function_rounds)
     parts = {}
     if device == "cpu":
         plain = plain_dispatch_seconds(device)
+        # the chain's exact GELU, layer norm and addmm excess out of its per-op figure
+        # (`compute.forward_host_seconds` charges each layer's own)
+        function_op_s = max(0.0, function_op_s - records_excess_seconds(
+            function_records, lambda op: plain.excess_s.get(op, 0.0))
+            / max(function_ops - function_views, 1))
         views = sum(r.count for r in backward_records if r.kind is KernelKind.VIEW)
         # compute.backward_host_seconds' formula solved for the per-node figure
         rest_s = (backward_s - views * plain.view_s - (backward_ops - views) * plain.op_s
                   - records_excess_seconds(backward_records, lambda op: plain.excess_s.get(op, 0.0)))
         parts = dict(backward_view_op_s=plain.view_s, backward_nonview_op_s=plain.op_s,
                      backward_node_s=max(0.0, rest_s) / nodes,
-                     excess_s=tuple(sorted(plain.excess_s.items())))
+                     excess_s=tuple(sorted(plain.excess_s.items())),
+                     python_node_s=python_node_seconds(device))
     return HostOpCost(statistics.median(forward_rounds), statistics.median(backward_rounds),
                       spread(forward_rounds), spread(backward_rounds), forward_ops,
-                      backward_ops, statistics.median(function_rounds),
+                      backward_ops, function_op_s,
                       statistics.median(module_rounds), statistics.median(view_rounds),
                       **parts)
 

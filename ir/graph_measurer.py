@@ -33,7 +33,7 @@ from ir.kernel_recorder import FusedKernels, KernelRecorder
 from ir.kernel_records import KernelRecords
 from ir.layer import LayerMeasurement, TPStyle
 from ir.layers import LayerNodes, group_nodes, node_module_path
-from ir.op_count import OpCounter
+from ir.op_count import OpCounter, autograd_nodes
 from ir.saved_tensors import SavedTensorLog, TPRegion, storage_key, tensor_leaves
 from ir.stand_in import (StateRunner, TensorFactory, fresh, is_float, make_state,
                          meta_factory)
@@ -341,7 +341,10 @@ class GraphMeasurer:
         fwd_ops, bwd_ops = OpCounter(fwd_kernels), OpCounter(bwd_kernels)
         fused = FusedKernels(fwd_kernels, bwd_kernels)
 
+        dispatched: dict[fx.Node, int] = {}  # node -> op count when it started
+
         def tag(n: fx.Node) -> None:
+            dispatched[n] = fwd_ops.count
             fused.before_node(n, runner.env, dropout=n in dropout_nodes)
             log.tp_sharded_now = region.enter(info.module_paths[n])
             fwd_ops.tp_sharded_now = log.tp_sharded_now
@@ -351,6 +354,7 @@ class GraphMeasurer:
             self.run_forward(index, runner, before_node=tag)
         fused.finish(runner.env)
         outs = self.grad_roots(index, runner)
+        nodes = autograd_nodes(outs, lambda t: storage_key(t) in param_keys)
         with bwd_flops, bwd_ops:
             if outs:
                 torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
@@ -363,6 +367,8 @@ class GraphMeasurer:
             saved_input_bytes=sum(b for k, b in log.seen.items() if k in in_keys),
             saved_output_bytes=sum(b for k, b in log.seen.items() if k in out_keys),
             ops_fwd=fwd_ops.count, ops_bwd=bwd_ops.count,
+            python_nodes_fwd=python_nodes(info.nodes.nodes, dispatched, fwd_ops.count),
+            autograd_nodes_bwd=nodes,
             random_elements_fwd=fwd_ops.random_elements,
             random_tp_sharded_elements_fwd=fwd_ops.random_tp_sharded_elements,
             kernels=KernelRecords(fwd_kernels.records(), bwd_kernels.records(),
@@ -394,6 +400,19 @@ class GraphMeasurer:
             env[a] = fresh(value, factory)
         return env
 
+
+
+PYTHON_NODE_OPS = ("call_function", "call_method")
+
+
+def python_nodes(nodes: list[fx.Node], started: dict[fx.Node, int], total_ops: int) -> int:
+    """Call nodes among `nodes` (run in order) that dispatched no ATen op, from the op
+    count when each started (`started`) and after the last (`total_ops`): lines of the
+    generated forward that cost the host Python only. Module calls are counted apart
+    (`GraphMeasurer.module_calls`), get_attr nodes are attribute reads."""
+    ends = [started[n] for n in nodes[1:]] + [total_ops]
+    return sum(1 for n, end in zip(nodes, ends)
+               if n.op in PYTHON_NODE_OPS and end == started[n])
 
 
 def _state_device(state: dict) -> torch.device:

@@ -40,8 +40,8 @@ SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "m
 _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "sustained_gemm_flop_per_s", "forward_host_op_s", "module_call_host_s",
             "view_host_op_s", "embedding_backward_index_s", "backward_view_host_op_s",
-            "backward_nonview_host_op_s", "backward_node_host_s", "embedding_bag_call_s",
-            "embedding_bag_index_s", "embedding_bag_backward_call_s",
+            "backward_nonview_host_op_s", "backward_node_host_s", "python_node_host_s",
+            "embedding_bag_call_s", "embedding_bag_index_s", "embedding_bag_backward_call_s",
             "embedding_bag_backward_index_s")
 
 
@@ -211,12 +211,17 @@ class KernelCalibration:
     # grid is measured in the settled state). 0 where not measured (CPUs).
     burst_gemm_flop_per_s: float = 0.0
     sustained_gemm_flop_per_s: float = 0.0
-    # Forward host seconds, in three parts (`cost_models.host_probes.host_op_seconds_by_pass`):
+    # Forward host seconds, in parts (`cost_models.host_probes.host_op_seconds_by_pass`):
     # per ATen op (not a view) called as a function with autograd recording, per nn.Module
     # call on top of its ops, per view op. 0 where not measured (`op_overhead_s` applies).
+    # With `python_node_host_s` > 0 the per-op figure is net of the ops' per-call excess
+    # (`host_op_excess`, charged apart) and each fx call node that dispatches nothing pays
+    # `python_node_host_s` (`cost_models.host_excess.python_node_seconds`); 0 (kits before
+    # it): the per-op figure holds the probe chain's excess on average.
     forward_host_op_s: float = 0.0
     module_call_host_s: float = 0.0
     view_host_op_s: float = 0.0
+    python_node_host_s: float = 0.0
     # Device seconds per index of an embedding's backward (a scatter-add of one gradient
     # row per index), over what the rows' bytes cost; 0 where not measured.
     embedding_backward_index_s: float = 0.0

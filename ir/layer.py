@@ -92,6 +92,14 @@ class LayerMeasurement:
     # with them, and on small layers it is most of the time.
     ops_fwd: int = 0
     ops_bwd: int = 0
+    # fx call nodes of the forward that dispatch no ATen op (`x.shape`, `getitem`, size
+    # arithmetic, `float()` of a float tensor): each is a line of generated Python the host
+    # runs (`ir.graph_measurer.python_nodes`); 0 where not counted.
+    python_nodes_fwd: int = 0
+    # Autograd nodes one backward runs (the graph walked from the layer's outputs, each
+    # parameter's gradient accumulation included: `ir.op_count.autograd_nodes`); 0 where
+    # not counted.
+    autograd_nodes_bwd: int = 0
     # Elements one forward draws at random (dropout masks), and the part drawn where TP
     # shards the activations (between a column- and a row-parallel module).
     random_elements_fwd: int = 0

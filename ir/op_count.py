@@ -56,3 +56,21 @@ def count_ops(fn: Callable[[], object]) -> int:
         fn()
     return counter.count
 
+
+
+def autograd_nodes(roots, counts_leaf: Callable[[object], bool]) -> int:
+    """Autograd nodes a backward from `roots` (tensors) runs: every node reachable from
+    their `grad_fn`s through `next_functions`, a leaf's gradient accumulation
+    (`AccumulateGrad`) only where `counts_leaf(its tensor)` (a layer's parameters: its
+    input stand-ins are leaves only in the measurement)."""
+    seen, stack = set(), [t.grad_fn for t in roots]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        variable = getattr(node, "variable", None)  # AccumulateGrad's leaf
+        if variable is not None and not counts_leaf(variable):
+            continue
+        seen.add(node)
+        stack.extend(f for f, _ in node.next_functions)
+    return len(seen)

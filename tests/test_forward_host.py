@@ -1,0 +1,206 @@
+"""The forward host model in parts (cost_models.compute.forward_host_seconds), the fx
+nodes that dispatch nothing counted per layer (ir.graph_measurer.python_nodes) and the
+probe that prices them (cost_models.host_excess.python_node_seconds); and backward
+records against a real CPU forward and backward's (equal by a per-kind rule)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from cost_models.compute import forward_host_seconds
+from ir.kernel_calibration import HostOpExcess, KernelCalibration
+from ir.kernel_recorder import KernelRecorder
+from ir.measure import build_layer_graph
+from ir.op_count import OpCounter, count_ops
+from tests.test_host_split import US, cpu, tiny_layer
+
+FORWARD_PARTS = KernelCalibration(
+    measured_on="made up for the test", forward_host_op_s=2 * US, view_host_op_s=0.5 * US,
+    module_call_host_s=3 * US, python_node_host_s=0.25 * US,
+    host_op_excess=(HostOpExcess("aten::gelu", 7 * US),))
+
+
+def with_python_nodes(layer, nodes: int):
+    return dataclasses.replace(layer, measured=dataclasses.replace(
+        layer.measured, python_nodes_fwd=nodes))
+
+
+def test_forward_host_is_views_ops_calls_nodes_and_excess():
+    """Hand computation, `tiny_layer`'s forward (5 ops: 2 views; gelu, arange, mul; one
+    module call) with 4 python nodes: 2 views x 0.5 + 3 ops x 2 + 1 call x 3 + 4 nodes x
+    0.25 + gelu's excess 7 = 1 + 6 + 3 + 1 + 7 = 18 us. On DTensors each of the 5 ops
+    adds the spec's 15 us: 18 + 75 = 93 us."""
+    layer, spec = with_python_nodes(tiny_layer(), 4), cpu(FORWARD_PARTS)
+    assert forward_host_seconds(layer, spec, False) == pytest.approx(18 * US)
+    assert forward_host_seconds(layer, spec, True) == pytest.approx(93 * US)
+
+
+def test_a_kit_without_the_node_figure_keeps_its_per_op_average():
+    """A kit measured before the python-node probe: its per-op figure held the probe
+    chain's excess on average, so neither nodes nor excess are added: 1 + 6 + 3 = 10 us;
+    with no parts at all, 5 ops x 4 us."""
+    old = dataclasses.replace(FORWARD_PARTS, python_node_host_s=0.0)
+    layer = with_python_nodes(tiny_layer(), 4)
+    assert forward_host_seconds(layer, cpu(old), False) == pytest.approx(10 * US)
+    assert forward_host_seconds(layer, cpu(None), False) == pytest.approx(20 * US)
+
+
+def test_old_calibration_json_loads_without_the_node_figure():
+    data = FORWARD_PARTS.to_dict()
+    assert KernelCalibration.from_dict(json.loads(json.dumps(data))) == FORWARD_PARTS
+    del data["python_node_host_s"]
+    assert KernelCalibration.from_dict(data).python_node_host_s == 0.0
+
+
+class Block(nn.Module):
+    """Its forward, read off the source: `x.shape` (getattr), `[-1]` (getitem), `* 2`
+    (mul on an int), `// 2` (floordiv on an int) and `.float()` of a float tensor
+    dispatch no ATen op: 5 python nodes. `self.lin` is the one module call; `view`
+    and `relu` dispatch."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = x.shape[-1]
+        n = h * 2
+        y = self.lin(x)
+        y = y.view(-1, n // 2)
+        return torch.relu(y).float()
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+@pytest.fixture(scope="module")
+def net_graph():
+    return build_layer_graph(Net(), {"x": torch.randn(2, 3, 8)}, dtype=torch.float32)
+
+
+def test_python_nodes_are_counted_per_layer(net_graph):
+    layers = {layer.name: layer for layer in net_graph.layers}
+    assert layers["blocks.0"].python_nodes_fwd == 5
+    assert layers["blocks.0"].kernels.forward_module_calls == 1
+    assert layers["head"].python_nodes_fwd == 0  # a lone Linear: one module call
+
+
+def _ops(records) -> collections.Counter:
+    out = collections.Counter()
+    for r in records:
+        out[r.op] += r.count
+    return out
+
+
+def _real_passes(module: nn.Module, x: torch.Tensor):
+    """ATen ops of one real CPU forward and of its backward (seed made outside), as
+    `planner profile` and training run a layer: no hooks, no interpreter; and the
+    tensors its autograd nodes saved, (outputs, others), read off the graph by name
+    (autograd calls a saved output `_saved_result*`)."""
+    forward, backward = KernelRecorder(set()), KernelRecorder(set())
+    with OpCounter(forward):
+        y = module(x)
+    outputs = others = 0
+    seen, stack = set(), [y.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for name in dir(node):
+            if name.startswith("_saved_") and isinstance(getattr(node, name), torch.Tensor):
+                outputs, others = ((outputs + 1, others) if name.startswith("_saved_result")
+                                   else (outputs, others + 1))
+        stack.extend(f for f, _ in node.next_functions)
+    seed = torch.ones_like(y)
+    with OpCounter(backward):
+        torch.autograd.backward(y, seed)
+    return _ops(forward.records()), _ops(backward.records()), outputs, others
+
+
+@pytest.mark.parametrize("name, make, shape", [
+    ("head", lambda: nn.Linear(8, 2), (6, 8)),  # the blocks' view flattens to 6 x 8
+    ("blocks.0", Block, (2, 3, 8)),
+])
+def test_recorded_ops_are_a_real_cpu_steps_by_a_per_kind_rule(net_graph, name, make, shape):
+    """A layer traced on meta records the ops a real CPU forward and backward of the same
+    module dispatch, but for what the instrumented run adds (`ir.graph_measurer`):
+      forward  + one `view` per module call (FlopCounterMode's module tracker passes
+                 each module's input through an autograd Function),
+               - one `detach` per saved output (under saved-tensor hooks autograd no
+                 longer detaches an output it saves);
+      backward + one `ones_like` per root (the seed; training's loss gradient flows in),
+               + one `detach` per other saved tensor (each unpacked through the hooks).
+    Linear: addmm saves mat1 and mat2 (2 others); Block: those 2 and relu's result (an
+    output). Parameter gradients: a fresh step steals each (one `detach` apiece, in both);
+    a backward into existing `.grad` (accumulation, the profile's repeats) runs one `add_`
+    per parameter tensor instead."""
+    layer = next(layer for layer in net_graph.layers if layer.name == name)
+    module = make()
+    x = torch.randn(*shape, requires_grad=True)
+    forward, backward, saved_outputs, saved_others = _real_passes(module, x)
+    calls = layer.kernels.forward_module_calls
+    forward.update({"aten::view": calls})
+    forward.subtract({"aten::detach": saved_outputs})
+    backward.update({"aten::ones_like": 1, "aten::detach": saved_others})
+    assert _ops(layer.kernels.forward) == +forward
+    assert _ops(layer.kernels.backward) == +backward
+    assert layer.ops_fwd == sum((+forward).values())
+    assert layer.ops_bwd == sum((+backward).values())
+    fresh_x = x.detach().requires_grad_()
+    _, again, _, _ = _real_passes(module, fresh_x)  # weights' .grad held: added into
+    params = len(list(module.parameters()))
+    assert again["aten::add_"] == params
+    assert again["aten::detach"] == backward["aten::detach"] - saved_others - params
+
+
+def test_the_node_probe_times_nodes_that_dispatch_nothing():
+    """The probe's module dispatches no ATen op, and a node costs the host something
+    below a microsecond-scale op (a few dozen ns of Python here)."""
+    from cost_models.host_excess import (NODES_PER_PATTERN, no_dispatch_graph_module,
+                                         python_node_seconds)
+
+    module, x = no_dispatch_graph_module(3), torch.randn(2, 8)
+    assert count_ops(lambda: module(x)) == 0
+    calls = [n for n in module.graph.nodes if n.op in ("call_function", "call_method")]
+    assert len(calls) == 3 * NODES_PER_PATTERN
+    assert 0 < python_node_seconds("cpu") < 1e-5
+
+
+def test_autograd_nodes_are_walked_per_layer(net_graph):
+    """Read off the modules: the head (Linear on 6 x 8) runs addmm's node, the weight's
+    transpose, and the weight's and bias's accumulation: 4 (its input stand-in is a leaf
+    only in the measurement: not counted). A block: relu, the view, Linear's unflatten
+    view, addmm, t, flatten view, 2 accumulations: 8 (`.float()` of a float tensor
+    records none)."""
+    layers = {layer.name: layer for layer in net_graph.layers}
+    assert layers["head"].autograd_nodes_bwd == 4
+    assert layers["blocks.0"].autograd_nodes_bwd == 8
+
+
+def test_backward_host_takes_the_walked_node_count():
+    """`tiny_layer`'s backward with 10 walked nodes instead of the proxy's 6: 3 + 8 + 10 x
+    3 + 10 = 51 us (the proxy's 39 us: `test_host_split`)."""
+    from cost_models.compute import backward_host_seconds
+    from tests.test_host_split import PARTS
+
+    layer = tiny_layer()
+    walked = dataclasses.replace(layer, measured=dataclasses.replace(
+        layer.measured, autograd_nodes_bwd=10))
+    assert backward_host_seconds(walked, cpu(PARTS), False) == pytest.approx(51 * US)
+    assert backward_host_seconds(layer, cpu(PARTS), False) == pytest.approx(39 * US)
