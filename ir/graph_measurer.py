@@ -330,36 +330,56 @@ class GraphMeasurer:
                       and isinstance(self.values.get(n), torch.Tensor) and self.values[n].dim()}
         dropout_nodes = {n for n in info.nodes.nodes if self._is_dropout(n)}
         param_keys = {storage_key(t) for t in state.values() if isinstance(t, torch.Tensor)}
-        runner = self.start_run(index, state, factory)
         log = SavedTensorLog(param_keys, score_keys)
-        region = TPRegion(colwise, rowwise)
+        # Two runs. The first logs what autograd keeps and counts FLOPs; both change what
+        # is dispatched (saved-tensor hooks: a saved output no longer costs a detach in
+        # forward, each other saved tensor one more in backward; FlopCounterMode's module
+        # tracker a view per module call), so op counts and kernel records come from a
+        # second forward + backward without them, as training runs.
+        logged, log_region = self.start_run(index, state, factory), TPRegion(colwise, rowwise)
         fwd_flops, bwd_flops = FlopCounterMode(display=False), FlopCounterMode(display=False)
+
+        def log_tag(n: fx.Node) -> None:
+            log.tp_sharded_now = log_region.enter(info.module_paths[n])
+            log.in_dropout_now = n in dropout_nodes
+
+        with torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack), fwd_flops:
+            self.run_forward(index, logged, before_node=log_tag)
+        env = logged.env
+        in_keys = {storage_key(t) for a in info.inputs for t in tensor_leaves(env.get(a))}
+        out_keys = {storage_key(t) for o in info.outputs for t in tensor_leaves(env[o])}
+        outs = self.grad_roots(index, logged)
+        seeds, grads = [torch.ones_like(t) for t in outs], _clear_grads(state)
+        with bwd_flops:
+            if outs:
+                torch.autograd.backward(outs, seeds)
+        _restore_grads(state, grads)
+        del logged, env, outs, seeds  # its graph, activations and gradients
         param_shapes = frozenset(tuple(t.shape) for t in state.values()
                                  if isinstance(t, torch.Tensor))
         fwd_kernels = KernelRecorder(param_keys)
         bwd_kernels = KernelRecorder(param_keys, param_shapes)
         fwd_ops, bwd_ops = OpCounter(fwd_kernels), OpCounter(bwd_kernels)
         fused = FusedKernels(fwd_kernels, bwd_kernels)
-
+        runner, region = self.start_run(index, state, factory), TPRegion(colwise, rowwise)
         dispatched: dict[fx.Node, int] = {}  # node -> op count when it started
 
         def tag(n: fx.Node) -> None:
             dispatched[n] = fwd_ops.count
             fused.before_node(n, runner.env, dropout=n in dropout_nodes)
-            log.tp_sharded_now = region.enter(info.module_paths[n])
-            fwd_ops.tp_sharded_now = log.tp_sharded_now
-            log.in_dropout_now = n in dropout_nodes
+            fwd_ops.tp_sharded_now = region.enter(info.module_paths[n])
 
-        with torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack), fwd_flops, fwd_ops:
+        with fwd_ops:
             self.run_forward(index, runner, before_node=tag)
         fused.finish(runner.env)
         outs = self.grad_roots(index, runner)
         nodes = autograd_nodes(outs, lambda t: storage_key(t) in param_keys)
-        with bwd_flops, bwd_ops:
+        seeds = [torch.ones_like(t) for t in outs]  # outside the count: training's loss
+        grads = _clear_grads(state)                 # gradient flows in, no seed is made
+        with bwd_ops:
             if outs:
-                torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
-        in_keys = {storage_key(t) for a in info.inputs for t in tensor_leaves(runner.env.get(a))}
-        out_keys = {storage_key(t) for o in info.outputs for t in tensor_leaves(runner.env[o])}
+                torch.autograd.backward(outs, seeds)
+        _restore_grads(state, grads)
         return LayerMeasurement(
             flops_fwd=int(fwd_flops.get_total_flops()), flops_bwd=int(bwd_flops.get_total_flops()),
             saved_activation_bytes=log.total, saved_tp_sharded_bytes=log.sharded,
@@ -400,6 +420,24 @@ class GraphMeasurer:
             env[a] = fresh(value, factory)
         return env
 
+
+
+def _clear_grads(state: dict) -> dict:
+    """Takes the `.grad` of `state`'s tensors off (a tied weight's, from a layer measured
+    before): each layer's backward is measured as a fresh step's, whose parameter
+    gradients are stolen (one `detach` apiece) rather than added into (`add_`). Returns
+    them for `_restore_grads`."""
+    grads = {}
+    for name, t in state.items():
+        if isinstance(t, torch.Tensor) and t.grad is not None:
+            grads[name], t.grad = t.grad, None
+    return grads
+
+
+def _restore_grads(state: dict, grads: dict) -> None:
+    for name, t in state.items():
+        if isinstance(t, torch.Tensor):
+            t.grad = grads.get(name)
 
 
 PYTHON_NODE_OPS = ("call_function", "call_method")

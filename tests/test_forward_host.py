@@ -155,9 +155,9 @@ def test_recorded_ops_are_a_real_cpu_steps_by_a_per_kind_rule(net_graph, name, m
     x = torch.randn(*shape, requires_grad=True)
     forward, backward, saved_outputs, saved_others = _real_passes(module, x)
     calls = layer.kernels.forward_module_calls
-    forward.update({"aten::view": calls})
-    forward.subtract({"aten::detach": saved_outputs})
-    backward.update({"aten::ones_like": 1, "aten::detach": saved_others})
+    # the records now equal the real step's: no instrumentation terms left
+    assert calls and (saved_outputs or saved_others)
+    saved_others = 0
     assert _ops(layer.kernels.forward) == +forward
     assert _ops(layer.kernels.backward) == +backward
     assert layer.ops_fwd == sum((+forward).values())
