@@ -113,11 +113,10 @@ def dp_unit_overhead(measured: dict[int, dict[DPMode, dict[int, float]]],
     of that size (so it holds their sharing of the cores; the compute model does not
     stretch it again), less what the comm model prices for the unit's own collectives
     (`dp_probe_traffic_s`, with the gradient sync's blocking wait `waits`: it charges
-    them again for the real layer); the whole-node
-    group's figures are also the fallback (group size None). A reading at or below its
-    priced traffic is not a measurement of the unit (the old fit clipped it to 0, which
-    hid clamped collective fits pricing a probe unit's all-reduce at 6 alpha): it raises
-    HostFitError. A per-unit 0 from `unit_line` is the constrained optimum, not a clip:
+    them again for the real layer); the whole-node group's figures are also the fallback
+    (group size None). A reading at or below its priced traffic is not a measurement of
+    the unit (the old fit clipped it to 0, which hid clamped collective fits pricing a
+    probe unit's all-reduce at 6 alpha): it raises HostFitError. A per-unit 0 from `unit_line` is the constrained optimum, not a clip:
     readings proportional to the tensor count (6 tensors 1.2 and 1.5 ms, 24 tensors 9.2
     and 15.5 ms in two runs at load 12-18 here) hold no fixed part the probe resolves."""
     world = max(measured)
