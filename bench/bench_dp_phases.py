@@ -11,7 +11,9 @@ timed right after the steps in the same processes, back to back in bursts of
 BURST_CALLS as the profile sweep times it, and priced by the spec's fit alone and as the
 model prices a CPU gradient sync (`comm.blocking_s`: the fit plus the blocking wait
 profile-cluster measured at that size): the call inside the backward is what the latter
-should describe.
+should describe, with a caveat: part of a call's wall time is run-queue delay that the
+rank gets back as faster compute after it (`collective_probes`' blocking-probe note), so
+the measured dp_comm part reads high and compute low; the step is the fair comparison.
 
     .venv/bin/python bench/bench_dp_phases.py [--cases gpt-ddp2,gpt-1rank] [--steps 10]
 

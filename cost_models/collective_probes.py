@@ -95,7 +95,10 @@ def sweep(dist, rank: int, n: int, group, sizes: list[int], device,
 # sleeping I/O threads, woken by the call, wait for a core the computing ranks hold. A
 # barrier just before the call (threads awake) brought it to 0.45 ms; evicting the
 # caches (16 MB written after the compute) changed nothing beyond noise. At 1 MiB: 1.16
-# vs 0.73 ms. On 4 ranks (load 22) peers also arrived 2.5-8 ms late.
+# vs 0.73 ms. On 4 ranks (load 22) peers also arrived 2.5-8 ms late. The probe keeps
+# the loop difference, not the call's wall time: the compute after a call runs faster
+# (the scheduler credits the sleeper), e.g. 2 ranks, 32 KiB: call 1.66 ms wall, loop
+# +1.25 ms, compute 1.14 ms in the loop with calls against 1.54 ms without.
 BLOCKING_PROBE_SIZES = (32 * KiB, 1 * MiB)  # a TP activation; a layer's gradient bucket
 BLOCKING_PROBE_COMPUTE_S = 2e-3
 BLOCKING_PROBE_CALLS = 16  # calls per timed loop
