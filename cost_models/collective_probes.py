@@ -4,10 +4,11 @@
 the whole world) send/recv at every message size: each figure is the median over
 BURSTS bursts of a burst's mean, since training issues collectives back to back. The
 whole world runs one sweep, then every group of a smaller size runs its own at once
-(TP and DP groups inside a node). `blocking_seconds` times one blocking call of each
-when every process computes between calls: the wait for peers that are late or off
-their core. `cost_models.collective_fit` and `cost_models.host_overhead_fit` turn the
-readings into spec figures.
+(TP and DP groups inside a node). `blocking_seconds` times one blocking call of each,
+at BLOCKING_PROBE_SIZES, when every process computes between calls: the wait for peers
+that are late or off their core, which grows with the message.
+`cost_models.collective_fit` and `cost_models.host_overhead_fit` turn the readings into
+spec figures.
 """
 
 from __future__ import annotations
@@ -81,29 +82,41 @@ def sweep(dist, rank: int, n: int, group, sizes: list[int], device,
 
 # The blocking-wait probe: every process computes BLOCKING_PROBE_COMPUTE_S (wall time,
 # all processes busy, about the gap between a TP layer's collectives on CPU) and then
-# makes one call of BLOCKING_PROBE_BYTES; the call's cost is the loop's time per
+# makes one call of each of BLOCKING_PROBE_SIZES; the call's cost is the loop's time per
 # iteration less that of the same loop without calls, the median of BLOCKING_PROBE_ROUNDS
 # alternating pairs (one pair read 1.1-3.6 ms for a 2-rank all-reduce on 4 processes).
-BLOCKING_PROBE_BYTES = 32 * KiB
+# Two sizes because the wait grows with the message: a DP gradient all-reduce inside the
+# backward took 1.0-4.1 ms against 0.22-0.93 ms in a burst (gpt-ddp2, bench_dp_phases),
+# and compute-then-all-reduce waited +0.23 ms at 32 KiB, +0.66 ms at 200 KiB (issue 17).
+# What the wait is (2 gloo ranks, 3 ms of matmul then one all-reduce, 25 calls, load
+# 11): at 32 KiB 2.4 ms wall against 0.49 ms in a burst, with the same process CPU time
+# (0.22 vs 0.16 ms) and the peer arriving on time (median 0 ms late); 1.5 ms of it the
+# process's threads sat runnable in the run queue (/proc/<pid>/task/*/schedstat): gloo's
+# sleeping I/O threads, woken by the call, wait for a core the computing ranks hold. A
+# barrier just before the call (threads awake) brought it to 0.45 ms; evicting the
+# caches (16 MB written after the compute) changed nothing beyond noise. At 1 MiB: 1.16
+# vs 0.73 ms. On 4 ranks (load 22) peers also arrived 2.5-8 ms late. The probe keeps
+# the loop difference, not the call's wall time: the compute after a call runs faster
+# (the scheduler credits the sleeper), e.g. 2 ranks, 32 KiB: call 1.66 ms wall, loop
+# +1.25 ms, compute 1.14 ms in the loop with calls against 1.54 ms without.
+BLOCKING_PROBE_SIZES = (32 * KiB, 1 * MiB)  # a TP activation; a layer's gradient bucket
 BLOCKING_PROBE_COMPUTE_S = 2e-3
 BLOCKING_PROBE_CALLS = 16  # calls per timed loop
 BLOCKING_PROBE_ROUNDS = 7
 BLOCKING_PROBE_MATMUL = 64  # edge of the square matmul the compute repeats
 
 
-def blocking_seconds(dist, rank: int, group) -> dict[str, float]:
-    """Seconds per blocking call of each collective over `group` (None: the whole world,
-    plus send/recv between rank pairs 2k, 2k+1) when every process computes between
-    calls: wire time and the wait for peers that are late or off their core."""
+def blocking_seconds(dist, rank: int, group) -> dict[str, list[tuple[int, float]]]:
+    """Per collective over `group` (None: the whole world, plus send/recv between rank
+    pairs 2k, 2k+1), [(bytes, seconds per blocking call)] at each of BLOCKING_PROBE_SIZES
+    when every process computes between calls: wire time and the wait for peers that are
+    late or off their core."""
     import torch
 
     from cost_models.clusters import _one_thread
 
     n = dist.get_world_size(group)
-    ops, full = _collective_calls(dist, group, n, BLOCKING_PROBE_BYTES, torch.device("cpu"))
     world = dist.get_world_size()
-    if group is None and world % 2 == 0:  # pipeline neighbours: a pair exchanges a message
-        ops["send_recv"] = lambda: exchange(dist, rank, full)
     a = torch.randn(BLOCKING_PROBE_MATMUL, BLOCKING_PROBE_MATMUL)
 
     def compute(reps: int) -> None:
@@ -119,19 +132,25 @@ def blocking_seconds(dist, rank: int, group) -> dict[str, float]:
                 op()
         return (time.perf_counter() - start) / BLOCKING_PROBE_CALLS
 
+    seconds: dict[str, list[tuple[int, float]]] = {}
     with _one_thread():
         compute(BLOCKING_PROBE_CALLS)  # warm-up
         reps = 200
         per_rep = torch.tensor([loop(reps, None) / reps])  # every process busy at once
         dist.all_reduce(per_rep)
         reps = max(1, round(BLOCKING_PROBE_COMPUTE_S / (per_rep.item() / world)))
-        seconds = {}
-        for name, op in ops.items():
-            op()
-            added = [-loop(reps, None) + loop(reps, op) for _ in range(BLOCKING_PROBE_ROUNDS)]
-            seconds[name] = max(statistics.median(added), 0.0)
-            if name == "send_recv":
-                seconds[name] /= 2  # two one-way messages per call
+        for nbytes in BLOCKING_PROBE_SIZES:
+            ops, full = _collective_calls(dist, group, n, nbytes, torch.device("cpu"))
+            if group is None and world % 2 == 0:  # pipeline neighbours swap a message
+                ops["send_recv"] = lambda: exchange(dist, rank, full)
+            for name, op in ops.items():
+                op()
+                added = [-loop(reps, None) + loop(reps, op) for _ in range(BLOCKING_PROBE_ROUNDS)]
+                call_s = max(statistics.median(added), 0.0)
+                if name == "send_recv":
+                    call_s /= 2  # two one-way messages per call
+                seconds.setdefault(name, []).append((nbytes, call_s))
+            del ops, full
     return seconds
 
 

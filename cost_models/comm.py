@@ -40,6 +40,14 @@ TP_REDUCING_STYLES = (TPStyle.ROWWISE, TPStyle.VOCAB)
 # torch's loss_parallel cross-entropy: all-reduces of the per-token max, the sum of
 # exponentials and the target logit (torch.distributed.tensor.parallel.loss_parallel).
 LOSS_PARALLEL_ALL_REDUCES = 3
+# The collective that reduces a DP unit's gradients, by mode. FSDP2 issues it in the
+# unit's post-backward without async_op (torch 2.13 `_fsdp_collectives.foreach_reduce`:
+# `dist.all_reduce` for replicate, `reduce_scatter_comm(..., async_op=False)` for
+# fully_shard; `executors.host_collectives`' ring is synchronous too). On GPUs it runs on
+# FSDP2's reduce stream; on CPU processes, which have no streams, the backward blocks on
+# every call (`dp_comm_s`).
+GRADIENT_SYNC = {DPMode.REPLICATE: "all_reduce", DPMode.ZERO1: "all_reduce",
+                 DPMode.ZERO2: "reduce_scatter", DPMode.ZERO3: "reduce_scatter"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,13 +166,13 @@ def _collective_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride:
 
 def blocking_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride: int = 1):
     """A call the rank waits on before it can go on (TP collectives, pipeline
-    send/recv, ZeRO-1's all-gathers): the collective plus the wait profile-cluster
-    measured for it on CPU processes that compute between calls (`BlockingWait`;
-    0 on GPUs and unmeasured specs)."""
+    send/recv, ZeRO-1's all-gathers, CPU gradient syncs): the collective plus the wait
+    profile-cluster measured for it at this message size on CPU processes that compute
+    between calls (`BlockingWait`'s line in bytes; 0 on GPUs and unmeasured specs)."""
     if n <= 1:
         return 0.0
     return collective_s(collective, nbytes, n, cluster, stride) + \
-        cluster.calibration.blocking_wait_seconds(collective, n)
+        cluster.calibration.blocking_wait_seconds(collective, n, nbytes)
 
 
 # ---- per-layer traffic --------------------------------------------------------------------
@@ -232,6 +240,8 @@ def dp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     ZeRO-2: reduce-scatter gradients + all-gather parameters once per iteration (2 psi);
     ZeRO-3: all-gather parameters before every forward and again every backward, and
     reduce-scatter gradients once per iteration.
+    On CPU processes the gradient sync (`GRADIENT_SYNC`) is a blocking call
+    (`blocking_s`: it pays the measured wait); on GPUs it runs on FSDP2's reduce stream.
     Returns (forward_s per micro-batch, backward_s per micro-batch, step_s per iteration,
     after_step_s per iteration, blocking)."""
     dp = strategy.dp
@@ -242,17 +252,16 @@ def dp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     grad_bytes = local * per_param.grads
     stride = strategy.tp
     mode = strategy.dp_mode
-    if mode in (DPMode.REPLICATE, DPMode.ZERO1):
-        all_reduce = collective_s("all_reduce", grad_bytes, dp, cluster, stride)
-        if mode is DPMode.REPLICATE:
-            return 0.0, 0.0, all_reduce, 0.0
-        gather = blocking_s("all_gather", param_bytes, dp, cluster, stride)
-        return 0.0, 0.0, all_reduce, gather
-    rs = collective_s("reduce_scatter", grad_bytes, dp, cluster, stride)
+    price = blocking_s if cluster.host_bound else collective_s
+    sync = price(GRADIENT_SYNC[mode], grad_bytes, dp, cluster, stride)
+    if mode is DPMode.REPLICATE:
+        return 0.0, 0.0, sync, 0.0
+    if mode is DPMode.ZERO1:
+        return 0.0, 0.0, sync, blocking_s("all_gather", param_bytes, dp, cluster, stride)
     ag = collective_s("all_gather", param_bytes, dp, cluster, stride)
     if mode is DPMode.ZERO2:
-        return 0.0, 0.0, rs + ag, 0.0
-    return ag, ag, rs, 0.0
+        return 0.0, 0.0, sync + ag, 0.0
+    return ag, ag, sync, 0.0
 
 
 def layer_comm(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,

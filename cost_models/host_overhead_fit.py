@@ -4,7 +4,8 @@ A probe's reading holds its own collectives; the comm model charges those again 
 the real layer, so each fitter prices the probe's traffic with the alpha-beta fits
 measured at the same group size (`cost_models.collective_fit.PRICE`) and keeps the rest:
   blocking_wait        per collective and group size, what a blocking call took beyond
-                       its price (`BlockingWait` records);
+                       its price, as the non-negative line in bytes through the probe's
+                       two sizes (`BlockingWait` records);
   dp_unit_overhead     per DP mode and group size, a fixed cost per unit and one per
                        parameter tensor (the non-negative line through two unit sizes;
                        `DpOverhead`); a unit read at or below the price of its own
@@ -16,30 +17,36 @@ measured at the same group size (`cost_models.collective_fit.PRICE`) and keeps t
 
 from __future__ import annotations
 
-from ir.calibration_tables import BlockingWait, CollectiveFit, DpOverhead, TpModuleOverhead
+from ir.calibration_tables import (BlockingWait, CalibrationTables, CollectiveFit, DpOverhead,
+                                   TpModuleOverhead)
 from ir.errors import PlannerError
 from ir.strategy import DPMode
 
 from cost_models.collective_fit import FLOAT_BYTES, PRICE
-from cost_models.collective_probes import BLOCKING_PROBE_BYTES
-from cost_models.comm import Link, ring_all_reduce_s
+from cost_models.comm import GRADIENT_SYNC, Link, ring_all_reduce_s
 from cost_models.host_probes import OP_OVERHEAD_WIDTH_TP
 
 
-def blocking_wait(measured: dict[int, dict[str, float]],
+def blocking_wait(measured: dict[int, dict[str, list[tuple[int, float]]]],
                   fits: dict[tuple[str, int], CollectiveFit]) -> tuple[BlockingWait, ...]:
-    """Per collective and group size, what a blocking call of the probe's message took
-    beyond the comm model's price for it (the fit at that group size)."""
+    """Per collective and group size, what a blocking call took beyond the comm model's
+    price for it (the fit at that group size), as a line in the message's bytes: the
+    non-negative least-squares line through the probe's two sizes (`unit_line`: a wait
+    that falls with size is noise about a constant, so it becomes one)."""
     waits = {}
     for size, by_collective in measured.items():
-        for collective, seconds in by_collective.items():
+        for collective, readings in by_collective.items():
             group = 2 if collective == "send_recv" else size
             fit = fits[collective, size]
             link = Link(fit.alpha_s, fit.bytes_per_s, spans_nodes=False)
-            priced = PRICE[collective](BLOCKING_PROBE_BYTES, group, link)
-            waits[collective, group] = max(seconds - priced, 0.0)
-    return tuple(BlockingWait(collective, group, seconds)
-                 for (collective, group), seconds in sorted(waits.items()))
+            excess = sorted((nbytes, max(seconds - PRICE[collective](nbytes, group, link), 0.0))
+                            for nbytes, seconds in readings)
+            if len(excess) != 2 or excess[0][0] == excess[1][0]:
+                raise PlannerError(f"blocking wait of {collective} over {size} ranks: need "
+                                   f"readings at two message sizes, got {excess}")
+            waits[collective, group] = unit_line(*excess[0], *excess[1])
+    return tuple(BlockingWait(collective, group, fixed, per_byte)
+                 for (collective, group), (fixed, per_byte) in sorted(waits.items()))
 
 
 # Collectives one probe unit issues per forward+backward as (collective, passes): FSDP2
@@ -53,19 +60,24 @@ DP_PROBE_TRAFFIC = {
 
 
 def dp_probe_traffic_s(mode: DPMode, tensors: int, size: int,
-                       fits: dict[tuple[str, int], CollectiveFit]) -> float:
+                       fits: dict[tuple[str, int], CollectiveFit],
+                       waits: tuple[BlockingWait, ...] = ()) -> float:
     """What the comm model charges for one probe unit's collectives (a unit of `tensors`
-    parameter tensors of `host_probes.DP_UNIT_BLOCKS`-sized probe blocks) in groups of `size`, priced
-    with the fits measured at that size."""
+    parameter tensors of `host_probes.DP_UNIT_BLOCKS`-sized probe blocks) in groups of
+    `size`, priced with the fits measured at that size, plus the blocking wait of its
+    gradient sync (`comm.dp_comm_s` charges it with `comm.blocking_s`)."""
     from cost_models.clusters import _overhead_block
 
     block = list(_overhead_block().parameters())
     nbytes = tensors / len(block) * sum(p.numel() for p in block) * FLOAT_BYTES
+    lookup = CalibrationTables(blocking_waits=waits)
     seconds = 0.0
     for collective, passes in DP_PROBE_TRAFFIC[mode]:
         fit = fits[collective, size]
         seconds += passes * PRICE[collective](nbytes, size,
                                               Link(fit.alpha_s, fit.bytes_per_s, False))
+        if collective == GRADIENT_SYNC[mode]:
+            seconds += passes * lookup.blocking_wait_seconds(collective, size, nbytes)
     return seconds
 
 
@@ -94,16 +106,17 @@ def unit_line(few: int, few_s: float, many: int, many_s: float) -> tuple[float, 
 
 
 def dp_unit_overhead(measured: dict[int, dict[DPMode, dict[int, float]]],
-                     fits: dict[tuple[str, int], CollectiveFit]) -> tuple[DpOverhead, ...]:
+                     fits: dict[tuple[str, int], CollectiveFit],
+                     waits: tuple[BlockingWait, ...] = ()) -> tuple[DpOverhead, ...]:
     """Per-unit and per-tensor overhead by DP mode and group size: the line through the two
     unit sizes measured (`unit_line`), as measured with all N processes running in groups
     of that size (so it holds their sharing of the cores; the compute model does not
     stretch it again), less what the comm model prices for the unit's own collectives
-    (`dp_probe_traffic_s`: it charges them again for the real layer); the whole-node
-    group's figures are also the fallback (group size None). A reading at or below its
-    priced traffic is not a measurement of the unit (the old fit clipped it to 0, which
-    hid clamped collective fits pricing a probe unit's all-reduce at 6 alpha): it raises
-    HostFitError. A per-unit 0 from `unit_line` is the constrained optimum, not a clip:
+    (`dp_probe_traffic_s`, with the gradient sync's blocking wait `waits`: it charges
+    them again for the real layer); the whole-node group's figures are also the fallback
+    (group size None). A reading at or below its priced traffic is not a measurement of
+    the unit (the old fit clipped it to 0, which hid clamped collective fits pricing a
+    probe unit's all-reduce at 6 alpha): it raises HostFitError. A per-unit 0 from `unit_line` is the constrained optimum, not a clip:
     readings proportional to the tensor count (6 tensors 1.2 and 1.5 ms, 24 tensors 9.2
     and 15.5 ms in two runs at load 12-18 here) hold no fixed part the probe resolves."""
     world = max(measured)
@@ -111,7 +124,8 @@ def dp_unit_overhead(measured: dict[int, dict[DPMode, dict[int, float]]],
     for size, by_mode in measured.items():
         by_mode = {**by_mode, DPMode.ZERO1: by_mode[DPMode.REPLICATE]}  # replicate + ...
         for mode, by_tensors in by_mode.items():
-            net = sorted((tensors, seconds - dp_probe_traffic_s(mode, tensors, size, fits))
+            net = sorted((tensors, seconds - dp_probe_traffic_s(mode, tensors, size, fits,
+                                                                waits))
                          for tensors, seconds in by_tensors.items())
             (few, few_s), (many, many_s) = net
             if min(few_s, many_s) <= 0:

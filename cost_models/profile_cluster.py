@@ -7,7 +7,7 @@ localhost port). Every rank runs `_worker`, which times, in order:
      group of g running at once (`cost_models.collective_probes.sweep`);
   2. on CPU processes, the framework's host costs (`cost_models.host_probes`) and the
      wait of a blocking call whose peers compute between calls
-     (`collective_probes.blocking_seconds`).
+     (`collective_probes.blocking_seconds`, at two message sizes).
 Rank 0 hands the readings back; this process measures matmul FLOP/s and copy bandwidth
 here (`cost_models.cuda_probes` on GPUs), fits the alpha-beta model the comm model
 uses to every collective and group size (`cost_models.collective_fit`: a fit records its
@@ -30,7 +30,7 @@ import socket
 import sys
 from typing import Any
 
-from ir.calibration_tables import COLLECTIVES, CalibrationTables, CollectiveFit
+from ir.calibration_tables import COLLECTIVES, BlockingWait, CalibrationTables, CollectiveFit
 from ir.cluster import ClusterSpec, collective_ceiling_bytes_per_s
 from ir.errors import PlannerError
 
@@ -77,11 +77,11 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
                     random_element_s=probe_random_element_s("cpu"),
                     dtensor_op_overhead_s=float(measured.get("dtensor_op_overhead_s", 0.0)),
                     host_cores=host_cores())
+        waits = blocking_wait(measured["blocking_seconds"], by_group)
         host_tables = dict(
-            dp_overheads=dp_fit_with_retries(nproc, backend, sizes, measured, by_group),
+            dp_overheads=dp_fit_with_retries(nproc, backend, sizes, measured, by_group, waits),
             tp_modules=tp_module_overhead(measured["tp_module_seconds"], by_group),
-            blocking_waits=blocking_wait(measured["blocking_seconds"], by_group),
-            optimizer_steps=measured["optimizer_tensor_seconds"])
+            blocking_waits=waits, optimizer_steps=measured["optimizer_tensor_seconds"])
     else:
         host = dict(op_overhead_s=cuda_op_overhead_s())
     # All processes run on this host: the inter-node fits copy the intra-node ones.
@@ -132,12 +132,14 @@ def fit_with_retries(nproc: int, backend: str, sizes: list[int],
 
 
 def dp_fit_with_retries(nproc: int, backend: str, sizes: list[int], measured: dict,
-                        fits: dict[tuple[str, int], CollectiveFit]):
-    """`dp_unit_overhead`, re-measuring the DP-unit probes alone up to FIT_RETRIES times
-    while a unit's fixed cost is not determined (HostFitError, raised after the last)."""
+                        fits: dict[tuple[str, int], CollectiveFit],
+                        waits: tuple[BlockingWait, ...] = ()):
+    """`dp_unit_overhead` (less the gradient syncs' blocking `waits`), re-measuring the
+    DP-unit probes alone up to FIT_RETRIES times while a unit's fixed cost is not
+    determined (HostFitError, raised after the last)."""
     for attempt in range(FIT_RETRIES + 1):
         try:
-            return dp_unit_overhead(measured["dp_unit_seconds"], fits)
+            return dp_unit_overhead(measured["dp_unit_seconds"], fits, waits)
         except HostFitError as exc:
             if attempt == FIT_RETRIES:
                 raise

@@ -6,7 +6,8 @@ reading JSON goes through too) and read and written by one pair of functions.
     DpOverhead          host seconds a data-parallel unit adds, by ZeRO mode and group size
     OptimizerStepCost   host seconds per parameter tensor of one optimizer step
     TpModuleOverhead    host seconds a tensor-parallel module adds, by group size
-    BlockingWait        seconds a blocking collective waits beyond its fitted time
+    BlockingWait        seconds a blocking collective waits beyond its fitted time, as a
+                        line in the message's bytes
 
 `CalibrationTables` holds the five tables and answers the cost models' lookups (each with
 its fallback, once). The spec file keeps its shape (schema "planner.cluster/v1"):
@@ -15,7 +16,8 @@ its fallback, once). The spec file keeps its shape (schema "planner.cluster/v1")
                          "bytes_per_s": ..., "measured_ranks": 2}],
     "dp_unit_overhead_s": {"zero3": s, "zero3@4": s},  "dp_tensor_overhead_s": {same keys},
     "optimizer_tensor_overhead_s": {"adamw": s, "adamw@dtensor": s},
-    "tp_module_overhead_s": {"2": s, "4": s},  "blocking_wait_s": {"all_reduce@2": s}
+    "tp_module_overhead_s": {"2": s, "4": s},  "blocking_wait_s": {"all_reduce@2": s},
+    "blocking_wait_s_per_byte": {"all_reduce@2": s}  (absent in older specs: a constant wait)
 
 The "NAME@QUALIFIER" keys exist only in that file format: `_split_key` / `_join_key` turn
 them into the records' typed fields and back.
@@ -227,21 +229,30 @@ class TpModuleOverhead:
 @dataclass(frozen=True, slots=True)
 class BlockingWait:
     """Seconds a blocking `collective` call in groups of `group_size` waits beyond its
-    fitted time on CPU processes whose peers compute between calls: the peer is late or
-    descheduled, and a woken process waits for its core."""
+    fitted time on CPU processes whose peers compute between calls: `seconds` plus
+    `seconds_per_byte` per byte of the message (the line through the waits profile-cluster
+    measured at two sizes; 0 per byte in specs that measured one). The peer is late or
+    descheduled, and a woken process waits for its core while gloo moves the message."""
 
     collective: str
     group_size: int
-    seconds: float
+    seconds: float  # the wait at zero bytes
+    seconds_per_byte: float = 0.0
 
     def __post_init__(self) -> None:
         key = _join_key(str(self.collective), self.group_size)
         if self.collective not in COLLECTIVES or not _is_count(self.group_size, 2):
             raise _wait_key_error(key)
         _check_seconds(f"blocking_wait_s[{key}]", self.seconds)
+        _check_seconds(f"blocking_wait_s_per_byte[{key}]", self.seconds_per_byte)
 
     def __str__(self) -> str:
-        return f"{self.collective}@{self.group_size}: {self.seconds * 1e3:.2f}ms"
+        return (f"{self.collective}@{self.group_size}: {self.seconds * 1e3:.2f}ms"
+                f"+{self.seconds_per_byte * 2**20 * 1e3:.2f}ms/MiB")
+
+    def at(self, nbytes: float) -> float:
+        """The wait of one call on a message of `nbytes` (the size `comm.blocking_s` takes)."""
+        return self.seconds + nbytes * self.seconds_per_byte
 
 
 # ---- the collection ------------------------------------------------------------------
@@ -302,11 +313,13 @@ class CalibrationTables:
         return min(self.tp_modules, key=lambda r: (abs(math.log2(r.group_size / group_size)),
                                                    r.group_size)).seconds
 
-    def blocking_wait_seconds(self, collective: str, group_size: int) -> float:
-        """Measured wait of a blocking call at that group size (0 when not measured)."""
+    def blocking_wait_seconds(self, collective: str, group_size: int,
+                              nbytes: float = 0.0) -> float:
+        """Measured wait of a blocking call on `nbytes` at that group size (0 when not
+        measured)."""
         for row in self.blocking_waits:
             if row.collective == collective and row.group_size == group_size:
-                return row.seconds
+                return row.at(nbytes)
         return 0.0
 
     def with_host_overheads_scaled(self, factor: float) -> CalibrationTables:
@@ -331,18 +344,21 @@ class CalibrationTables:
             "tp_module_overhead_s": {str(r.group_size): r.seconds for r in self.tp_modules},
             "blocking_wait_s": {_join_key(r.collective, r.group_size): r.seconds
                                 for r in self.blocking_waits},
+            "blocking_wait_s_per_byte": {_join_key(r.collective, r.group_size):
+                                         r.seconds_per_byte for r in self.blocking_waits},
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any], devices_per_node: Any) -> CalibrationTables:
         """Read the spec file's calibration keys (`JSON_KEYS`; absent ones are empty); a
-        bare number for "tp_module_overhead_s" (older specs) is the whole node's figure."""
+        bare number for "tp_module_overhead_s" (older specs) is the whole node's figure;
+        a wait without a "blocking_wait_s_per_byte" entry (older specs) is a constant."""
         fits = data.get("collective_fits", [])
         if not isinstance(fits, list):
             raise PlannerError("field 'collective_fits' must be a list")
         tables = {key: _seconds_table(key, data.get(key, {})) for key in
                   ("dp_unit_overhead_s", "dp_tensor_overhead_s", "optimizer_tensor_overhead_s",
-                   "blocking_wait_s")}
+                   "blocking_wait_s", "blocking_wait_s_per_byte")}
         units, tensors = tables["dp_unit_overhead_s"], tables["dp_tensor_overhead_s"]
         return cls(
             collective_fits=tuple(CollectiveFit.from_json(fit, f"collective_fits[{i}]")
@@ -353,8 +369,8 @@ class CalibrationTables:
             optimizer_steps=tuple(_optimizer_step(key, s) for key, s in
                                   tables["optimizer_tensor_overhead_s"].items()),
             tp_modules=_tp_modules(data.get("tp_module_overhead_s", {}), devices_per_node),
-            blocking_waits=tuple(_blocking_wait(key, s)
-                                 for key, s in tables["blocking_wait_s"].items()))
+            blocking_waits=_blocking_waits(tables["blocking_wait_s"],
+                                           tables["blocking_wait_s_per_byte"]))
 
 
 def _seconds_table(field: str, value: Any) -> dict[str, float]:
@@ -391,11 +407,20 @@ def _wait_key_error(key: str) -> PlannerError:
                         f"\"all_reduce@2\" (collectives: {', '.join(COLLECTIVES)})")
 
 
-def _blocking_wait(key: str, seconds: float) -> BlockingWait:
-    collective, size = _split_key(key)
-    if size is None or not size.isdigit():
-        raise _wait_key_error(key)
-    return BlockingWait(collective, int(size), seconds)
+def _blocking_waits(seconds: dict[str, float], per_byte: dict[str, float]
+                    ) -> tuple[BlockingWait, ...]:
+    """The two wait tables, row by key; a per-byte figure needs its zero-byte one."""
+    rows = []
+    for key, s in seconds.items():
+        collective, size = _split_key(key)
+        if size is None or not size.isdigit():
+            raise _wait_key_error(key)
+        rows.append(BlockingWait(collective, int(size), s, per_byte.get(key, 0.0)))
+    extra = sorted(set(per_byte) - set(seconds))
+    if extra:
+        raise PlannerError(f"blocking_wait_s_per_byte key {extra[0]!r} has no blocking_wait_s "
+                           "entry; give both (the wait at zero bytes and per byte)")
+    return tuple(rows)
 
 
 def _tp_modules(value: Any, devices_per_node: Any) -> tuple[TpModuleOverhead, ...]:

@@ -10,11 +10,11 @@ import pytest
 
 from cost_models.clusters import get_cluster, preset_names
 from cost_models.collective_fit import fit_alpha_beta, message_sizes, smaller_group_sizes
-from cost_models.collective_probes import BLOCKING_PROBE_BYTES
+from cost_models.collective_probes import BLOCKING_PROBE_SIZES
 from cost_models.host_overhead_fit import (HostFitError, blocking_wait, dp_probe_traffic_s,
                                            dp_unit_overhead, tp_module_overhead)
 from cost_models.host_probes import OP_OVERHEAD_WIDTH_TP
-from cost_models.comm import Link, all_gather_s, broadcast_s, send_recv_s
+from cost_models.comm import Link, all_gather_s, broadcast_s, ring_all_reduce_s, send_recv_s
 from ir.calibration_tables import (BlockingWait, CalibrationTables, DpOverhead,
                                    OptimizerStepCost, TpModuleOverhead)
 from ir.cluster import COLLECTIVES, ClusterSpec, CollectiveFit
@@ -109,6 +109,7 @@ def test_calibration_tables_are_typed_records_in_the_old_file_shape():
     assert data["dp_tensor_overhead_s"] == {"zero3": 1e-4, "zero3@2": 2e-4}
     assert data["optimizer_tensor_overhead_s"] == {"adamw": 7e-5, "adamw@dtensor": 3e-4}
     assert data["blocking_wait_s"] == {"all_reduce@2": 5e-4}
+    assert data["blocking_wait_s_per_byte"] == {"all_reduce@2": 0.0}
     assert ClusterSpec.from_dict(data) == spec and spec.calibration == tables
     assert tables.optimizer_seconds_per_tensor("adamw", on_dtensor=True) == 3e-4
     assert tables.optimizer_seconds_per_tensor("sgd", on_dtensor=False) is None
@@ -117,9 +118,10 @@ def test_calibration_tables_are_typed_records_in_the_old_file_shape():
         "zero3@node: 3.00ms+0.100ms/tensor", "zero3@dp2: 1.00ms+0.200ms/tensor"]
     assert str(tables.optimizer_steps[1]) == "adamw@dtensor: 300us/tensor"
     assert str(tables.tp_modules[0]) == "tp2: 1.00ms/module"
-    assert str(tables.blocking_waits[0]) == "all_reduce@2: 0.50ms"
-    assert repr(tables.blocking_waits[0]) == \
-        "BlockingWait(collective='all_reduce', group_size=2, seconds=0.0005)"
+    assert str(tables.blocking_waits[0]) == "all_reduce@2: 0.50ms+0.00ms/MiB"
+    assert repr(tables.blocking_waits[0]) == ("BlockingWait(collective='all_reduce', "
+                                              "group_size=2, seconds=0.0005, "
+                                              "seconds_per_byte=0.0)")
     # One validation per record: the constructor and the file reader raise the same error.
     for bad, key, value in [
             (lambda: DpOverhead("zero3", 2, 1e-3, 0.0), None, None),  # a string, not DPMode
@@ -251,6 +253,19 @@ def test_dp_unit_figures_leave_out_the_priced_collectives():
     assert got[Z2, 2].seconds(6) == pytest.approx(3 * ms - 0.2 * ms)
     assert got[Z3, 2].seconds(6) == pytest.approx(4 * ms - 0.3 * ms)
     assert got[DPMode.ZERO1, None].per_unit_s == got[R, None].per_unit_s
+    # The gradient sync's blocking wait (comm.dp_comm_s charges it on CPU processes) is
+    # taken out too, at the unit's message size: all-reduce for replicate, reduce-scatter
+    # for ZeRO-2/3; the ZeRO-3 all-gathers pay none.
+    waits = (BlockingWait("all_reduce", 2, 0.1 * ms, 1e-9),
+             BlockingWait("reduce_scatter", 2, 0.05 * ms, 0.0),
+             BlockingWait("all_gather", 2, 9 * ms, 0.0))
+    nbytes = (dp_probe_traffic_s(R, 24, 2, fits, waits) - dp_probe_traffic_s(R, 24, 2, fits)
+              - 0.1 * ms) / 1e-9
+    assert nbytes > 0 and nbytes == pytest.approx(4 * (dp_probe_traffic_s(
+        R, 6, 2, fits, waits) - dp_probe_traffic_s(R, 6, 2, fits) - 0.1 * ms) / 1e-9)
+    assert dp_probe_traffic_s(Z3, 24, 2, fits, waits) == pytest.approx(0.35 * ms)
+    net = {(r.mode, r.group_size): r for r in dp_unit_overhead(measured, fits, waits)}
+    assert net[Z3, 2].seconds(6) == pytest.approx(got[Z3, 2].seconds(6) - 0.05 * ms)
 
 
 def test_tp_module_figures_leave_out_the_priced_all_reduce():
@@ -264,23 +279,68 @@ def test_tp_module_figures_leave_out_the_priced_all_reduce():
 
 def test_blocking_wait_leaves_out_the_priced_call():
     ms = 1e-3
+    small, large = BLOCKING_PROBE_SIZES
     fits = {(c, n): CollectiveFit(c, "intra_node", 0.1 * ms, 1e9, n)
             for c in COLLECTIVES for n in (2, 4)}
-    measured = {4: {"all_gather": 2.0 * ms, "send_recv": 1.0 * ms, "broadcast": 0.0},
-                2: {"all_gather": 1.0 * ms}}
+    measured = {4: {"all_gather": [(small, 2.0 * ms), (large, 2.0 * ms)],
+                    "send_recv": [(small, 3.0 * ms), (large, 3.0 * ms)],
+                    "broadcast": [(small, 0.0), (large, 0.0)]},
+                2: {"all_gather": [(small, 1.0 * ms), (large, 1.0 * ms)]}}
     waits = blocking_wait(measured, fits)
-    got = {f"{r.collective}@{r.group_size}": r.seconds for r in waits}
+    got = {f"{r.collective}@{r.group_size}": r for r in waits}
     link = Link(0.1 * ms, 1e9, False)
-    # What the probe call took beyond the fitted price of its message at that group size.
-    assert got["all_gather@4"] == pytest.approx(2 * ms - all_gather_s(BLOCKING_PROBE_BYTES, 4,
-                                                                       link))
-    assert got["all_gather@2"] == pytest.approx(ms - all_gather_s(BLOCKING_PROBE_BYTES, 2,
-                                                                   link))
+    # What the probe call took beyond the fitted price of its message at that group size:
+    # the same reading at both sizes leaves a wait that falls as the price rises, which
+    # the non-negative line takes as a constant (the mean of the two).
+    for key, n, seconds in (("all_gather@4", 4, 2 * ms), ("all_gather@2", 2, ms)):
+        mean = seconds - (all_gather_s(small, n, link) + all_gather_s(large, n, link)) / 2
+        assert got[key].seconds == pytest.approx(mean) and got[key].seconds_per_byte == 0.0
     # Send/recv is between a pair whatever the world; a call faster than its price waits 0.
-    assert got["send_recv@2"] == pytest.approx(ms - send_recv_s(BLOCKING_PROBE_BYTES, link))
-    assert got["broadcast@4"] == 0.0
+    assert got["send_recv@2"].seconds == pytest.approx(
+        3 * ms - (send_recv_s(small, link) + send_recv_s(large, link)) / 2)
+    assert got["broadcast@4"].at(large) == 0.0
     spec = get_cluster("local").with_calibration(blocking_waits=waits)
     assert ClusterSpec.from_json(spec.to_json()) == spec
-    assert spec.to_dict()["blocking_wait_s"] == got  # the file keeps its "all_gather@4" keys
-    assert spec.calibration.blocking_wait_seconds("all_gather", 4) == got["all_gather@4"]
+    assert spec.to_dict()["blocking_wait_s"] == {k: r.seconds for k, r in got.items()}
+    assert spec.calibration.blocking_wait_seconds("all_gather", 4) == got["all_gather@4"].seconds
     assert spec.calibration.blocking_wait_seconds("all_gather", 8) == 0.0  # not measured
+
+
+def test_blocking_wait_is_the_line_through_two_sizes():
+    """Synthetic readings: fitted price + (0.3 ms + bytes / 200 MB/s) of wait at two sizes
+    gives that line back; the lookup answers for any message size."""
+    small, large = BLOCKING_PROBE_SIZES
+    fit = CollectiveFit("all_reduce", "intra_node", 50e-6, 2e9, 2)
+    link = Link(fit.alpha_s, fit.bytes_per_s, False)
+    fixed_s, per_byte_s = 0.3e-3, 1 / 200e6
+    measured = {2: {"all_reduce": [(n, ring_all_reduce_s(n, 2, link) + fixed_s + n * per_byte_s)
+                                   for n in (large, small)]}}  # any order
+    (wait,) = blocking_wait(measured, {("all_reduce", 2): fit})
+    assert wait.seconds == pytest.approx(fixed_s) and wait.seconds_per_byte == pytest.approx(
+        per_byte_s)
+    tables = CalibrationTables(blocking_waits=(wait,))
+    assert tables.blocking_wait_seconds("all_reduce", 2, 4e6) == pytest.approx(
+        fixed_s + 4e6 * per_byte_s)
+    # A wait below the price at the small size reads 0 there: the line goes through the
+    # origin (least squares through both points), never a negative intercept.
+    measured[2]["all_reduce"] = [(small, 0.0), (large, ring_all_reduce_s(large, 2, link) + 1e-3)]
+    (wait,) = blocking_wait(measured, {("all_reduce", 2): fit})
+    assert wait.seconds == 0.0 and wait.seconds_per_byte == pytest.approx(
+        large * 1e-3 / (small ** 2 + large ** 2))
+    with pytest.raises(PlannerError, match="readings at two message sizes"):
+        blocking_wait({2: {"all_reduce": [(small, 1e-3)]}}, {("all_reduce", 2): fit})
+
+
+def test_a_spec_with_one_blocking_wait_number_loads_as_a_constant():
+    """Specs written before the per-byte line hold one number per key: a constant wait;
+    a per-byte entry without its zero-byte one is refused, naming the key."""
+    data = get_cluster("local").to_dict()
+    del data["blocking_wait_s_per_byte"]
+    data["blocking_wait_s"] = {"all_reduce@2": 5e-4}
+    spec = ClusterSpec.from_dict(data)
+    assert spec.calibration.blocking_waits == (BlockingWait("all_reduce", 2, 5e-4, 0.0),)
+    assert spec.calibration.blocking_wait_seconds("all_reduce", 2, 16 * 2**20) == 5e-4
+    with pytest.raises(PlannerError, match="key 'all_reduce@4' has no blocking_wait_s entry"):
+        ClusterSpec.from_dict({**data, "blocking_wait_s_per_byte": {"all_reduce@4": 1e-9}})
+    with pytest.raises(PlannerError, match=r"blocking_wait_s_per_byte\[all_reduce@2\] must be"):
+        ClusterSpec.from_dict({**data, "blocking_wait_s_per_byte": {"all_reduce@2": -1e-9}})

@@ -181,8 +181,8 @@ def test_blocking_calls_add_the_measured_wait(block_and_config):
     assert tp_comm_s(block, sp, slow, config)[0] - tp_comm_s(block, sp, h100, config)[0] == \
         pytest.approx(2 * (2 + 3) * ms)
     assert p2p_s(1e6, slow, 8) - p2p_s(1e6, h100, 8) == pytest.approx(5 * ms)
-    # ZeRO-1's parameter all-gather blocks after the step; the gradient all-reduce is not
-    # a blocking call (it overlaps backward) and pays no wait.
+    # ZeRO-1's parameter all-gather blocks after the step; on GPUs the gradient all-reduce
+    # is not a blocking call (it runs on FSDP2's reduce stream) and pays no wait.
     per_param = bytes_per_param(Precision.BF16_MIXED, "adamw")
     zero1 = LayerStrategy(dp=2, dp_mode=DPMode.ZERO1)
     *_, step, after = dp_comm_s(block, zero1, slow, per_param)
@@ -191,6 +191,27 @@ def test_blocking_calls_add_the_measured_wait(block_and_config):
     # Unmeasured sizes, and GPUs' presets, wait nothing extra.
     assert tp_comm_s(block, LayerStrategy(tp=4), slow, config) == \
         tp_comm_s(block, LayerStrategy(tp=4), h100, config)
+
+
+def test_cpu_gradient_syncs_block_and_pay_the_wait_of_their_size(block_and_config):
+    """On CPU processes FSDP2's gradient all-reduce / reduce-scatter blocks the backward
+    (no streams): each layer's sync pays the measured wait at its gradient's bytes."""
+    block, _ = block_and_config
+    cpu = get_cluster("local")
+    ms = 1e-3
+    waits = (BlockingWait("all_reduce", 2, 0.2 * ms, 1e-9),
+             BlockingWait("reduce_scatter", 2, 0.1 * ms, 2e-9),
+             BlockingWait("all_gather", 2, 5 * ms, 0.0))
+    slow = cpu.with_calibration(blocking_waits=waits)
+    per_param = bytes_per_param(Precision.FP32, "adamw")
+    grad_bytes = block.params * per_param.grads
+    for mode, wait in ((DPMode.REPLICATE, waits[0]), (DPMode.ZERO1, waits[0]),
+                       (DPMode.ZERO2, waits[1]), (DPMode.ZERO3, waits[1])):
+        strategy = LayerStrategy(dp=2, dp_mode=mode)
+        fwd, bwd, step, _ = dp_comm_s(block, strategy, slow, per_param)
+        fwd0, bwd0, step0, _ = dp_comm_s(block, strategy, cpu, per_param)
+        assert step - step0 == pytest.approx(wait.seconds + grad_bytes * wait.seconds_per_byte)
+        assert (fwd, bwd) == (fwd0, bwd0)  # ZeRO-3's gathers are not gradient syncs
 
 
 def test_vocab_parallel_head_reduces_its_loss_scalars():
