@@ -177,7 +177,6 @@ def falcon_replays() -> list[Case]:
 @pytest.mark.timeout(480)
 def test_falcon_tp2_after_a_case_with_more_meshes():
     outcomes = matrix_outcomes()[len(SUBSET):]
-    assert [o.case.plan_json for o in outcomes] == [c.plan_json for c in falcon_replays()]
     got = [(outcomes[i].status, outcomes[i].reason, outcomes[i].plan) for i in range(2)]
     assert [status for status, _, _ in got] == [PASS, PASS], got
     assert "L0-2 tp2·dp2 | L3-4 tp1·dp4" in got[0][2] and "L0-4 tp2·dp2" in got[1][2], got
