@@ -448,7 +448,7 @@ def run_group(world: int, work: list, progress=lambda outcome: None, case_fn=run
     """Run `case_fn` on `work` [(index, case, reference)] on `world` spawned ranks; a group
     that dies or stalls is killed and a new one takes the remaining cases. (`case_fn` is
     a module-level function(case, reference, rank, log) -> result dict; see run_case.)"""
-    from dist_utils import free_port
+    from dist_utils import forked_call, free_port, save_arguments, start_method
 
     outcomes: dict[int, Outcome] = {}
 
@@ -457,13 +457,14 @@ def run_group(world: int, work: list, progress=lambda outcome: None, case_fn=run
         progress(outcome)
 
     pending = list(work)
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context(start_method())
     while pending:
         log_dir = tempfile.mkdtemp(prefix=f"real-models-{world}r-")
         paths = [os.path.join(log_dir, f"rank{r}.jsonl") for r in range(world)]
         port = free_port()
-        procs = [context.Process(target=rank_main, daemon=True,
-                                 args=(r, world, port, log_dir, pending, case_fn, limits))
+        arguments = save_arguments(log_dir, (world, port, log_dir, pending, case_fn, limits))
+        procs = [context.Process(target=forked_call, daemon=True,
+                                 args=(r, dict(os.environ), rank_main, arguments))
                  for r in range(world)]
         for p in procs:
             p.start()

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from types import SimpleNamespace
 
@@ -97,21 +98,64 @@ def run_job(argv: list[str], env: dict, bound_s: float):
     return run_in_own_group(cmd, bound_s, env), time.monotonic() - start
 
 
+class BackgroundJob:
+    """`run_job` started now and collected later, its output in files (a pipe nobody reads
+    could fill and block it): the frozen-rank job spends ~30 s in torchrun's fixed SIGTERM
+    grace for a stopped worker, idle, while the rest of this file runs."""
+
+    def __init__(self, argv: list[str], env: dict, folder: str):
+        cmd = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "--monitor-interval", "0.2",
+               SCRIPT, *argv]
+        self.cmd, self.folder = cmd, folder
+        self.out_path, self.err_path = (os.path.join(folder, n) for n in ("stdout", "stderr"))
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.start = time.monotonic()
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, text=True,
+                                         start_new_session=True,
+                                         env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+        self.end: float | None = None
+        self.waiter = threading.Thread(target=self._wait, daemon=True)
+        self.waiter.start()
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self.end = time.monotonic()
+
+    def result(self, bound_s: float):
+        """(CompletedProcess, seconds), as `run_job`; past `bound_s` from its start the
+        session is killed and the test fails."""
+        self.waiter.join(max(0.0, self.start + bound_s - time.monotonic()))
+        if self.end is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.waiter.join()
+            with open(self.err_path) as fh:
+                pytest.fail(f"torchrun ran past {bound_s} s:\n{fh.read()[-3000:]}")
+        with open(self.out_path) as out, open(self.err_path) as err:
+            done = subprocess.CompletedProcess(self.cmd, self.proc.returncode, out.read(),
+                                               err.read())
+        return done, self.end - self.start
+
+
 # ------------------------------------------------------------------ whole jobs
 
 
-def test_a_frozen_rank_ends_the_job_naming_it(tmp_path):
-    proc, seconds = run_job(["--ckpt-dir", str(tmp_path / "ckpt"), "--steps", "6",
-                                  "--stop-at-step", "2", "--kill-rank", "1",
-                                  "--stall-limit-s", str(STALL_LIMIT_S)], {}, FROZEN_JOB_BOUND_S)
-    assert proc.returncode != 0
-    assert "rank 1: fault drill, freezing (SIGSTOP) before step 2" in proc.stdout
-    lines = [l for l in proc.stderr.splitlines() if l.startswith("planner watchdog on rank 0")]
-    assert len(lines) == 1, proc.stderr[-3000:]
-    assert re.search(r"rank 1 stopped responding \(no heartbeat for \d+ s; it last reported "
-                     r"[12] steps done\)", lines[0]), lines[0]
-    assert seconds < FROZEN_JOB_BOUND_S
-    assert_none_left(str(tmp_path))
+@pytest.fixture(scope="module", autouse=True)
+def frozen_job(request, tmp_path_factory):
+    """The frozen-rank drill, started before this file's first test and checked by its
+    last (`test_a_frozen_rank_ends_the_job_naming_it`, when selected); never left running."""
+    if not any(item.name == "test_a_frozen_rank_ends_the_job_naming_it"
+               for item in request.session.items):
+        yield None
+        return
+    folder = str(tmp_path_factory.mktemp("frozen"))
+    job = BackgroundJob(["--ckpt-dir", os.path.join(folder, "ckpt"), "--steps", "6",
+                         "--stop-at-step", "2", "--kill-rank", "1",
+                         "--stall-limit-s", str(STALL_LIMIT_S)], {}, folder)
+    yield job
+    try:
+        job.result(FROZEN_JOB_BOUND_S)
+    finally:
+        assert_none_left(folder)
 
 
 def test_ranks_given_different_plans_fail_at_once_naming_both(tmp_path):
@@ -326,10 +370,14 @@ def test_mesh_sub_groups_get_the_default_groups_timeout(tmp_path):
     PLANNER_PG_TIMEOUT_S (42 s here), and equal plans agree without a word."""
     import socket
 
+    from dist_utils import forked_call, save_arguments, start_method
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_mesh_rank, args=(port, str(tmp_path)), nprocs=2, start_method="spawn")
+    arguments = save_arguments(str(tmp_path), (port, str(tmp_path)))
+    mp.start_processes(forked_call, args=(dict(os.environ), _mesh_rank, arguments), nprocs=2,
+                       start_method=start_method())
     for rank in range(2):
         timeouts = json.loads((tmp_path / f"{rank}.json").read_text())
         assert set(timeouts.values()) == {42.0}, (rank, timeouts)
@@ -369,3 +417,19 @@ def test_a_frozen_store_host_is_named(tmp_path):
                      "store, stopped responding (the store did not answer for 1 s); the job "
                      "exits now instead of waiting for the process-group timeout (stall limit "
                      "1 s: stall_limit_s or PLANNER_STALL_LIMIT_S)"], proc.stderr[-2000:]
+
+
+# ------------------------------------------------------------------ the frozen-rank drill
+# Last in the file: its job (`frozen_job`) has been running since the first test.
+
+
+def test_a_frozen_rank_ends_the_job_naming_it(frozen_job):
+    proc, seconds = frozen_job.result(FROZEN_JOB_BOUND_S)
+    assert proc.returncode != 0
+    assert "rank 1: fault drill, freezing (SIGSTOP) before step 2" in proc.stdout
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("planner watchdog on rank 0")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert re.search(r"rank 1 stopped responding \(no heartbeat for \d+ s; it last reported "
+                     r"[12] steps done\)", lines[0]), lines[0]
+    assert seconds < FROZEN_JOB_BOUND_S
+    assert_none_left(frozen_job.folder)
