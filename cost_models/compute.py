@@ -163,7 +163,9 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) 
     where the kit also measured `python_node_host_s` (its per-op figure then net of the
     ops' fixed excess), + each forward op's per-call excess (`host_op_excess`: exact
     GELU's ~5 us) + fx call nodes that dispatch nothing x per-node (`python_nodes_fwd`);
-    else ops x `host_op_seconds`."""
+    where it measured `forward_node_host_s` (its per-op figures then grad-off), + the
+    autograd nodes the forward records x per-node (`autograd_nodes_fwd`, else one per
+    floating-point op: `host_excess.backward_nodes`); else ops x `host_op_seconds`."""
     cal = cluster.kernel_calibration
     calls = layer.kernels.forward_module_calls if layer.kernels is not None else None
     if cal is None or cal.forward_host_op_s <= 0 or calls is None:
@@ -176,6 +178,9 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) 
     if cal.python_node_host_s > 0:
         host_s += (layer.python_nodes_fwd * cal.python_node_host_s
                    + records_excess_seconds(layer.kernels.forward, cal.host_excess_s))
+    if cal.forward_node_host_s > 0:  # grad_fns recorded (host_probes.host_op_seconds_by_pass)
+        recorded = layer.autograd_nodes_fwd or backward_nodes(layer.kernels.forward, 0)
+        host_s += recorded * cal.forward_node_host_s
     return host_s
 
 

@@ -10,7 +10,9 @@ inputs, 2026-11-24) over add's 1.0-1.7 us: exact GELU +5.1 us and its backward +
 a fused RMS norm +6.6, layer norm +1.7 and its backward +2.5, a row mean +2.3, addmm
 +0.8 (it first copies the bias into the output), a bias-gradient sum +0.7; relu,
 tanh-GELU, silu, tanh, rsqrt, pow, mul, mm, bmm, clone and softmax within +-0.5 of add.
-That excess is neither dispatch nor bandwidth (the kernel tables price bytes): it is
+Tanh-GELU is keyed apart from exact GELU (`KernelRecord.excess_key`, from the
+recorded `approximate` argument) and measured as its own entry, so a layer with it is
+not charged erf's excess. That excess is neither dispatch nor bandwidth (the kernel tables price bytes): it is
 measured as tiny-size time minus add's (add streams and has no fixed cost: the
 reference), the ops alternating within each round, and `cost_models.compute` charges it
 once per call of that op, backward and forward (`KernelCalibration.host_excess_s`); the
@@ -36,7 +38,10 @@ PLAIN_OP, PLAIN_VIEW = "torch.add", "Tensor.view"
 # Ops whose excess is measured (module docstring: the ones above ~0.5 us on this CPU that
 # zoo layers dispatch). Dropout is left out: CPUs run it as bernoulli_, div_ and mul
 # (priced per element by `random_element_s`), not the native_dropout its record names.
-HOST_EXCESS_OPS = ("aten::gelu", "aten::gelu_backward", "aten::native_layer_norm",
+TANH_GELU, TANH_GELU_BACKWARD = ("aten::gelu(approximate=tanh)",
+                                 "aten::gelu_backward(approximate=tanh)")  # `excess_key`s
+HOST_EXCESS_OPS = ("aten::gelu", "aten::gelu_backward", TANH_GELU, TANH_GELU_BACKWARD,
+                   "aten::native_layer_norm",
                    "aten::native_layer_norm_backward", "aten::_fused_rms_norm", "aten::mean",
                    "aten::sum", "aten::addmm")
 # Tiny inputs: EXCESS_ROWS x EXCESS_WIDTH fp32, the size of the host probe chain's
@@ -71,6 +76,8 @@ def _tiny_calls(device: str) -> dict:
         PLAIN_VIEW: lambda: x.view(EXCESS_ROWS * EXCESS_WIDTH),
         "aten::gelu": lambda: aten.gelu(x),
         "aten::gelu_backward": lambda: aten.gelu_backward(grad, x),
+        TANH_GELU: lambda: aten.gelu(x, approximate="tanh"),
+        TANH_GELU_BACKWARD: lambda: aten.gelu_backward(grad, x, approximate="tanh"),
         "aten::native_layer_norm": lambda: aten.native_layer_norm(x, shape, weight, bias, 1e-5),
         "aten::native_layer_norm_backward": lambda: aten.native_layer_norm_backward(
             grad, x, shape, mean, rstd, weight, bias, [True, True, True]),
@@ -129,9 +136,9 @@ def plain_dispatch_seconds(device: str = "cpu", ops=HOST_EXCESS_OPS) -> PlainDis
 
 def records_excess_seconds(records, excess_s) -> float:
     """Host excess of some kernel records: per record, its calls x `excess_s(op)` (a
-    function of the op's name, e.g. `KernelCalibration.host_excess_s` or a probe's dict's
+    function of the record's `excess_key`, e.g. `KernelCalibration.host_excess_s` or a probe's dict's
     `get`)."""
-    return sum(r.count * excess_s(r.op) for r in records)
+    return sum(r.count * excess_s(r.excess_key) for r in records)
 
 
 def backward_nodes(forward_records, parameter_tensors: int) -> int:

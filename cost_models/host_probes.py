@@ -77,13 +77,23 @@ class HostOpCost:
     excess_s: tuple[tuple[str, float], ...] = ()  # (op, seconds): `cost_models.host_excess`
     python_node_s: float = 0.0  # per fx node dispatching nothing (CPU; with `excess_s` out
     # of `function_op_s`): `host_excess.python_node_seconds`
+    # The function chain and the views again with grad mode off (CPU): per other op and per
+    # view with nothing recorded, and per autograd node the grad-mode forward records
+    # (`forward_node_s`: the two functions runs' difference over the chain's grad_fns).
+    function_nograd_op_s: float = 0.0
+    view_nograd_op_s: float = 0.0
+    forward_node_s: float = 0.0
 
     def calibration_fields(self) -> dict:
         """The `KernelCalibration` fields these figures fill (the parts, not the totals)."""
         from ir.kernel_calibration import HostOpExcess
 
-        return dict(forward_host_op_s=self.function_op_s, module_call_host_s=self.module_call_s,
-                    view_host_op_s=self.view_op_s,
+        recorded_apart = self.forward_node_s > 0  # then the per-op figures record nothing
+        return dict(forward_host_op_s=(self.function_nograd_op_s if recorded_apart
+                                       else self.function_op_s),
+                    module_call_host_s=self.module_call_s,
+                    view_host_op_s=self.view_nograd_op_s if recorded_apart else self.view_op_s,
+                    forward_node_host_s=self.forward_node_s,
                     backward_view_host_op_s=self.backward_view_op_s,
                     backward_nonview_host_op_s=self.backward_nonview_op_s,
                     backward_node_host_s=self.backward_node_s,
@@ -107,6 +117,11 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     excess, `host_excess`, over them: a layer pays its own ops'), per fx call node that
     dispatches nothing `host_excess.python_node_seconds`; per module call = (first -
     second) / leaf calls. Ops are told apart as `ir.kernel_recorder` tells a layer's.
+    On CPU the function chain and the views run again with grad mode off: their per-op
+    figures then record nothing, and per forward autograd node = (functions with grad -
+    without) / the grad_fns the chain records (`ir.op_count.autograd_nodes` without
+    accumulations, the count `compute.forward_host_seconds` takes of a layer): an op on
+    int tensors, or on tensors needing no gradient, records none.
     One thread; the runs alternate within each round, so a slow spell of a shared
     machine hits all of them.
 
@@ -172,6 +187,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
         backward_ops = count_ops(backward)
         function_ops = count_ops(as_functions)
         view_ops = count_ops(views)
+        forward_nodes = autograd_nodes([as_functions()], lambda t: False)  # grad_fns only
         recorder = KernelRecorder(set())
         with OpCounter(recorder):
             as_functions()
@@ -185,9 +201,10 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
         backward_records = recorder.records()
         chain.zero_grad(set_to_none=True)
         forward_rounds, backward_rounds, function_rounds, module_rounds = [], [], [], []
-        view_rounds = []
+        view_rounds, nograd_rounds, nograd_view_rounds, node_rounds = [], [], [], []
         for _ in range(HOST_OP_ROUNDS):
             forward_s = backward_s = modules_s = functions_s = views_s = 0.0
+            nograd_functions_s = nograd_views_s = 0.0
             for _ in range(HOST_OP_RUNS_PER_ROUND):
                 start = clock()
                 forward()
@@ -208,7 +225,20 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
                 start = clock()
                 views()
                 views_s += clock() - start
+                with torch.no_grad():  # entered outside the clock
+                    start = clock()
+                    as_functions()
+                    sync()
+                    mid = clock()
+                    views()
+                    nograd_functions_s += mid - start
+                    nograd_views_s += clock() - mid
             runs = HOST_OP_RUNS_PER_ROUND
+            nograd_view_rounds.append(nograd_views_s / runs / max(view_ops, 1))
+            nograd_rest_s = nograd_functions_s / runs - function_views * nograd_view_rounds[-1]
+            nograd_rounds.append(max(0.0, nograd_rest_s) / max(function_ops - function_views, 1))
+            node_rounds.append(max(0.0, functions_s - nograd_functions_s) / runs
+                               / max(forward_nodes, 1))
             forward_rounds.append(forward_s / runs / max(forward_ops, 1))
             backward_rounds.append(max(0.0, backward_s / runs - engine_s) / max(backward_ops, 1))
             view_rounds.append(views_s / runs / max(view_ops, 1))
@@ -227,9 +257,10 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
         plain = plain_dispatch_seconds(device)
         # the chain's exact GELU, layer norm and addmm excess out of its per-op figure
         # (`compute.forward_host_seconds` charges each layer's own)
-        function_op_s = max(0.0, function_op_s - records_excess_seconds(
-            function_records, lambda op: plain.excess_s.get(op, 0.0))
-            / max(function_ops - function_views, 1))
+        chain_excess_s = records_excess_seconds(
+            function_records, lambda op: plain.excess_s.get(op, 0.0)) / max(
+            function_ops - function_views, 1)
+        function_op_s = max(0.0, function_op_s - chain_excess_s)
         views = sum(r.count for r in backward_records if r.kind is KernelKind.VIEW)
         # compute.backward_host_seconds' formula solved for the per-node figure
         rest_s = (backward_s - views * plain.view_s - (backward_ops - views) * plain.op_s
@@ -237,7 +268,11 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
         parts = dict(backward_view_op_s=plain.view_s, backward_nonview_op_s=plain.op_s,
                      backward_node_s=max(0.0, rest_s) / nodes,
                      excess_s=tuple(sorted(plain.excess_s.items())),
-                     python_node_s=python_node_seconds(device))
+                     python_node_s=python_node_seconds(device),
+                     function_nograd_op_s=max(0.0, statistics.median(nograd_rounds)
+                                              - chain_excess_s),
+                     view_nograd_op_s=statistics.median(nograd_view_rounds),
+                     forward_node_s=statistics.median(node_rounds))
     return HostOpCost(statistics.median(forward_rounds), statistics.median(backward_rounds),
                       spread(forward_rounds), spread(backward_rounds), forward_ops,
                       backward_ops, function_op_s,

@@ -374,6 +374,7 @@ class GraphMeasurer:
         fused.finish(runner.env)
         outs = self.grad_roots(index, runner)
         nodes = autograd_nodes(outs, lambda t: storage_key(t) in param_keys)
+        recorded = autograd_nodes(outs, lambda t: False)  # grad_fns the forward made
         seeds = [torch.ones_like(t) for t in outs]  # outside the count: training's loss
         grads = _clear_grads(state)                 # gradient flows in, no seed is made
         with bwd_ops:
@@ -388,7 +389,7 @@ class GraphMeasurer:
             saved_output_bytes=sum(b for k, b in log.seen.items() if k in out_keys),
             ops_fwd=fwd_ops.count, ops_bwd=bwd_ops.count,
             python_nodes_fwd=python_nodes(info.nodes.nodes, dispatched, fwd_ops.count),
-            autograd_nodes_bwd=nodes,
+            autograd_nodes_bwd=nodes, autograd_nodes_fwd=recorded,
             random_elements_fwd=fwd_ops.random_elements,
             random_tp_sharded_elements_fwd=fwd_ops.random_tp_sharded_elements,
             kernels=KernelRecords(fwd_kernels.records(), bwd_kernels.records(),

@@ -41,6 +41,7 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "sustained_gemm_flop_per_s", "forward_host_op_s", "module_call_host_s",
             "view_host_op_s", "embedding_backward_index_s", "backward_view_host_op_s",
             "backward_nonview_host_op_s", "backward_node_host_s", "python_node_host_s",
+            "forward_node_host_s",
             "embedding_bag_call_s", "embedding_bag_index_s", "embedding_bag_backward_call_s",
             "embedding_bag_backward_index_s")
 
@@ -222,6 +223,11 @@ class KernelCalibration:
     module_call_host_s: float = 0.0
     view_host_op_s: float = 0.0
     python_node_host_s: float = 0.0
+    # Per autograd node the forward records (a grad_fn and its saved inputs), measured as a
+    # chain's forward with grad mode on less off (`host_probes.host_op_seconds_by_pass`).
+    # Where > 0, `forward_host_op_s` and `view_host_op_s` are the grad-off figures (an op
+    # recording nothing: ints, no gradient needed); 0 (kits before it): they record.
+    forward_node_host_s: float = 0.0
     # Device seconds per index of an embedding's backward (a scatter-add of one gradient
     # row per index), over what the rows' bytes cost; 0 where not measured.
     embedding_backward_index_s: float = 0.0

@@ -206,6 +206,21 @@ def inner_loops(name: str, args, inputs: list[torch.Tensor],
     return run, math.prod(shape) // run
 
 
+# Ops whose `approximate` argument (positional index here) selects another kernel:
+# GELU's "tanh" form is a polynomial, the default "none" calls erf (`aten/src/ATen/native/
+# cpu/Activation.cpp`: GeluKernelImpl / GeluBackwardKernelImpl branch on it).
+APPROXIMATE_ARG = {"gelu": 1, "gelu_backward": 2}
+
+
+def approximation(name: str, args, kwargs) -> str:
+    """A record's `variant`: the op's non-default `approximate` argument, else ""."""
+    index = APPROXIMATE_ARG.get(name)
+    if index is None:
+        return ""
+    value = (kwargs or {}).get("approximate", args[index] if len(args) > index else "none")
+    return "" if value == "none" else str(value)
+
+
 class KernelRecorder:
     """Aggregates the ops handed to `record` into `KernelRecord`s (one per op, shape,
     dtype). `weight_keys`: storages of the layer's parameters and buffers. Ops for which
@@ -221,7 +236,7 @@ class KernelRecorder:
     def add(self, record: KernelRecord) -> None:
         key = (record.op, record.kind, record.dtype, record.shape, record.flops,
                record.weight_bytes, record.activation_bytes, record.causal,
-               record.inner_loops)
+               record.inner_loops, record.variant)
         entry = self._counts.setdefault(key, [record, 0])
         entry[1] += record.count
 
@@ -258,7 +273,8 @@ class KernelRecorder:
             shape = tuple(outputs[0].shape) if outputs else ()
         loops = inner_loops(name, args, inputs, outputs)[1] if kind is KernelKind.MEMORY else 0
         self.add(KernelRecord(op, kind, dtype, tuple(int(d) for d in shape), 1, flops,
-                              weight, moved, saved_under_selective(func), causal, loops))
+                              weight, moved, saved_under_selective(func), causal, loops,
+                              approximation(name, args, kwargs)))
 
     def _is_weight_gradient(self, name: str, t: torch.Tensor) -> bool:
         """A backward output that does not grow with the micro-batch: an embedding's dense

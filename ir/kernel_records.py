@@ -87,6 +87,15 @@ class KernelRecord:
     # Memory kernels: innermost loops the op runs (`ir.kernel_recorder.inner_loops`:
     # its elements over the loop's trailing dims, coalesced over every operand); 0 unknown.
     inner_loops: int = 0
+    # A non-default argument that changes what the op costs the host per call ("tanh" for
+    # `gelu(approximate="tanh")`: a polynomial, not exact GELU's erf path); "" for none.
+    variant: str = ""
+
+    @property
+    def excess_key(self) -> str:
+        """The op as the host-excess table keys it (`KernelCalibration.host_op_excess`):
+        its name, with the variant where it has one ("aten::gelu(approximate=tanh)")."""
+        return f"{self.op}(approximate={self.variant})" if self.variant else self.op
 
     def __str__(self) -> str:
         dims = "x".join(map(str, self.shape))

@@ -100,6 +100,9 @@ class LayerMeasurement:
     # parameter's gradient accumulation included: `ir.op_count.autograd_nodes`); 0 where
     # not counted.
     autograd_nodes_bwd: int = 0
+    # Autograd nodes the forward records (a grad_fn per op whose output needs a gradient:
+    # the same walk without the parameters' accumulations); 0 where not counted.
+    autograd_nodes_fwd: int = 0
     # Elements one forward draws at random (dropout masks), and the part drawn where TP
     # shards the activations (between a column- and a row-parallel module).
     random_elements_fwd: int = 0

@@ -204,3 +204,61 @@ def test_backward_host_takes_the_walked_node_count():
         layer.measured, autograd_nodes_bwd=10))
     assert backward_host_seconds(walked, cpu(PARTS), False) == pytest.approx(51 * US)
     assert backward_host_seconds(layer, cpu(PARTS), False) == pytest.approx(39 * US)
+
+
+def with_forward_nodes(layer, nodes: int):
+    return dataclasses.replace(layer, measured=dataclasses.replace(
+        layer.measured, autograd_nodes_fwd=nodes))
+
+
+def test_forward_host_adds_the_grad_fns_the_forward_records():
+    """A kit with the per-node record figure (1.5 us; its per-op figures grad-off): the 18
+    us of `test_forward_host_is_views_ops_calls_nodes_and_excess` + the layer's forward
+    nodes x 1.5. Walked: 2 nodes -> 18 + 3 = 21 us. Not walked (an IR before the count):
+    one per floating-point record, gelu, 2 views, mul (the int64 arange records none) =
+    4 -> 18 + 6 = 24 us. A kit without the figure (old JSON: field absent) keeps 18."""
+    recording = dataclasses.replace(FORWARD_PARTS, forward_node_host_s=1.5 * US)
+    layer = with_python_nodes(tiny_layer(), 4)
+    spec = cpu(recording)
+    assert forward_host_seconds(with_forward_nodes(layer, 2), spec, False) == pytest.approx(21 * US)
+    assert forward_host_seconds(layer, spec, False) == pytest.approx(24 * US)
+    data = recording.to_dict()
+    del data["forward_node_host_s"]
+    old = KernelCalibration.from_dict(json.loads(json.dumps(data)))
+    assert old.forward_node_host_s == 0.0
+    assert forward_host_seconds(with_forward_nodes(layer, 2), cpu(old), False) == pytest.approx(
+        18 * US)
+
+
+def test_forward_nodes_are_the_walk_without_accumulations(net_graph):
+    """The head records addmm's node and the weight's transpose: 2 (its backward's 4 less
+    the weight's and bias's accumulation); a block 6 (8 less 2)."""
+    layers = {layer.name: layer for layer in net_graph.layers}
+    assert layers["head"].autograd_nodes_fwd == 2
+    assert layers["blocks.0"].autograd_nodes_fwd == 6
+
+
+def test_calibration_takes_grad_off_op_figures_where_nodes_are_priced_apart():
+    """HostOpCost -> KernelCalibration fields: with a per-node figure the per-op and
+    per-view figures are the grad-off ones; without (GPU, old probes) the grad-on ones."""
+    from cost_models.host_probes import HostOpCost
+
+    cost = HostOpCost(4e-6, 3e-6, 0.1, 0.1, 10, 20, function_op_s=2e-6, view_op_s=1e-6,
+                      function_nograd_op_s=1.2e-6, view_nograd_op_s=0.7e-6,
+                      forward_node_s=0.8e-6)
+    fields = cost.calibration_fields()
+    assert (fields["forward_host_op_s"], fields["view_host_op_s"]) == (1.2e-6, 0.7e-6)
+    assert fields["forward_node_host_s"] == 0.8e-6
+    older = dataclasses.replace(cost, forward_node_s=0.0).calibration_fields()
+    assert (older["forward_host_op_s"], older["view_host_op_s"]) == (2e-6, 1e-6)
+
+
+def test_the_probe_times_recording_apart_from_dispatch():
+    """The probe's chain with grad mode off is cheaper per op than with it on (nothing
+    recorded), and each grad_fn it records costs the host a positive sub-10 us figure."""
+    from cost_models.host_probes import host_op_seconds_by_pass
+
+    probe = host_op_seconds_by_pass("cpu")
+    assert 0 < probe.function_nograd_op_s < probe.function_op_s
+    assert 0 < probe.forward_node_s < 1e-5
+    assert 0 < probe.view_nograd_op_s

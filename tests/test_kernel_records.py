@@ -308,3 +308,35 @@ def test_inner_loops_follow_strides_broadcasts_and_slices():
     g = m(2, 3, 4)
     assert inner_loops("slice_backward", (g, [2, 6, 4], 1, 0, 3, 1), [g],
                        [m(2, 6, 4)]) == (12, 2)
+
+
+def test_tanh_gelu_is_recorded_and_charged_apart_from_exact_gelu():
+    """A block with one exact and one tanh GELU: the records tell them apart (variant
+    "tanh", forward and backward), everything else about the two equal, and the host
+    excess table charges each its own figure: exact 7 us + tanh 0.25 us = 7.25 us of
+    forward excess (exact GELU's alone keyed by op name would be 14)."""
+    from cost_models.host_excess import TANH_GELU, records_excess_seconds
+    from ir.kernel_calibration import HostOpExcess, KernelCalibration
+
+    class TwoGelus(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.nn.functional.gelu(self.fc(x)) + torch.nn.functional.gelu(
+                x, approximate="tanh")
+
+    graph = build_layer_graph(torch.nn.Sequential(TwoGelus()), {"input": torch.randn(2, 8)},
+                              dtype=torch.float32)
+    kernels = graph.layers[0].kernels
+    for records, op in ((kernels.forward, "aten::gelu"), (kernels.backward, "aten::gelu_backward")):
+        gelus = sorted((r for r in records if r.op == op), key=lambda r: r.variant)
+        assert [(r.variant, r.count) for r in gelus] == [("", 1), ("tanh", 1)]
+        assert gelus[1].excess_key == f"{op}(approximate=tanh)"
+        assert gelus[0].shape == gelus[1].shape and gelus[0].flops == gelus[1].flops
+    cal = KernelCalibration(measured_on="made up for the test", host_op_excess=(
+        HostOpExcess("aten::gelu", 7e-6), HostOpExcess(TANH_GELU, 0.25e-6)))
+    assert records_excess_seconds(kernels.forward, cal.host_excess_s) == pytest.approx(
+        7.25e-6 + sum(r.count * cal.host_excess_s(r.op) for r in kernels.forward
+                      if r.op not in ("aten::gelu",)))
