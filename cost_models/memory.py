@@ -45,7 +45,7 @@ from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import Layer, LayerGraph, TPStyle
 from ir.lean_host import (LEAN_BACKWARD_PREFETCH, LEAN_RETAINS_REDUCE_INPUT, LeanLayer,
-                          takes_lean_path)
+                          ring_scratch_bytes, takes_lean_path)
 from ir.legality import sequence_parallel_applies
 from ir.plan import ParallelPlan
 from ir.strategy import Checkpoint, LayerStrategy, Schedule
@@ -105,20 +105,23 @@ def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
         zero1_master_grad_bytes=zero1_step[0], zero1_share_bytes=zero1_step[1],
         reshard_after_forward=stage == 3 and unit,
         moment_shares=tuple(x * held.moments for x in shares) if len(shares) > 1 else (),
-        host_bytes=host.total, **_lean_fields(lean, working, reduce_bytes, unsharded))
+        host_bytes=host.total, **_lean_fields(lean, working, reduce_bytes, unsharded, strategy.dp))
 
 
 def _lean_fields(lean: LeanLayer | None, working: float, reduce_bytes: float,
-                 unsharded_grad_bytes: float) -> dict:
+                 unsharded_grad_bytes: float, dp: int) -> dict:
     """LayerMemory's lean host fields (`ir.lean_host`): a unit's share gathered for its
-    backward, its reduce-scatter's copy-in, no prefetch, no retained input."""
+    backward, its reduce-scatter's copy-in, no prefetch, no retained input, and the
+    ring's receive scratch (its largest unit's chunk, at most a piece)."""
     if lean is None:
         return dict(unsharded_grad_bytes=unsharded_grad_bytes)
     return dict(unsharded_grad_bytes=unsharded_grad_bytes * lean.unsharded_grad_scale,
                 backward_gather_bytes=working * lean.backward_gather_share,
                 backward_prefetch=LEAN_BACKWARD_PREFETCH,
                 reduce_input_bytes=reduce_bytes * lean.reduce_copy_share,
-                retains_reduce_input=LEAN_RETAINS_REDUCE_INPUT)
+                retains_reduce_input=LEAN_RETAINS_REDUCE_INPUT,
+                reduce_scratch_bytes=ring_scratch_bytes(reduce_bytes * lean.largest_unit_share
+                                                        / dp))
 
 
 def held_through_step(mem: LayerMemory, *, num_microbatches: int, pipelined: bool) -> float:

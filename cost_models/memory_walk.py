@@ -56,6 +56,7 @@ class LayerMemory:
     backward_prefetch: bool = True  # FSDP2 prefetches the next unit in backward
     reduce_input_bytes: float | None = None  # reduce-scatter's copy-in (None: reduce_bytes)
     retains_reduce_input: bool = True  # kept until the next unit's reduction
+    reduce_scratch_bytes: float = 0.0  # the ring's receive buffer while it reduces
 
     @property
     def has_unit(self) -> bool:
@@ -390,7 +391,7 @@ def _reduce_unit(w: _Walk, l: LayerMemory, key: tuple[int, int], incoming: float
     w.retained_reduce = 0.0
     copy_in = l.reduce_bytes if l.reduce_input_bytes is None else l.reduce_input_bytes
     w.look("backward" if incoming else "reduce", grads=unreduced + l.states.grads,
-           buffers=copy_in + incoming)
+           buffers=copy_in + l.reduce_scratch_bytes + incoming)
     w.set_grad(key, l.states.grads)
     w.retained_reduce = copy_in if l.retains_reduce_input else 0.0
 

@@ -48,6 +48,7 @@ element is summed in the same order as before: results are bit-identical.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -57,12 +58,7 @@ from torch.distributed.fsdp._fully_shard import _fsdp_collectives
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from ir.errors import PlannerError
-from ir.lean_host import LEAN_BACKWARD_PREFETCH, weightless_backward
-
-# The ring's receive scratch: 16 MiB, one 2048 x 2048 fp32 weight (a 1B-class GPT's
-# typical tensor), so a 0.1 GB chunk moves in 6 messages and the scratch is ~1% of a
-# rank's 1.3 GiB of shards on the bench's models.
-RING_PIECE_BYTES = 16 * 2**20
+from ir.lean_host import LEAN_BACKWARD_PREFETCH, RING_PIECE_BYTES, weightless_backward
 
 
 def _ring(group: dist.ProcessGroup) -> tuple[int, int, int, int]:
@@ -116,11 +112,14 @@ class RingAllGather(AllGather):
 class RingReduceScatter(ReduceScatter):
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype,
                  device: torch.device) -> torch.Tensor:
-        # untouched, so not resident, until the copy-in writes it or takes a gradient's
-        # storage instead (`_alias_copy_in`)
-        scratch = torch.empty(*size, dtype=dtype, device=device)
-        scratch._host_ring_input = True
-        return scratch
+        # No storage yet: the copy-in gives it a gradient's (`_alias_copy_in`) or its own
+        # (`_materialize`), the ring its output's. A whole empty buffer here was a live
+        # tensor beside the gradient (16 MiB of a 4-rank GPT's 72 MiB tracked peak) though
+        # never resident (`ir.lean_host`: the cost model prices none).
+        buffer = torch.empty(0, dtype=dtype, device=device)
+        buffer._host_ring_input = True
+        buffer._host_ring_numel = math.prod(size)
+        return buffer
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, op=dist.ReduceOp.SUM,
@@ -128,9 +127,11 @@ class RingReduceScatter(ReduceScatter):
         if op != dist.ReduceOp.SUM:  # data_parallel forces SUM on gloo
             raise PlannerError(f"host reduce-scatter sums only, got {op}; call "
                                "set_force_sum_reduction_for_comms(True) on the unit")
+        _materialize(output_tensor)
         n, r, nxt, prev = _ring(group)
         chunks = _chunks(input_tensor, n, "reduce-scatter")
         piece = max(1, RING_PIECE_BYTES // chunks.element_size())
+        # the receive scratch the cost model prices (`ir.lean_host.ring_scratch_bytes`)
         received = torch.empty(min(piece, chunks.shape[1]), dtype=chunks.dtype)
         for step in range(n - 1):  # step s: send the partial sum of chunk r-s-1
             send, into = chunks[(r - step - 1) % n], chunks[(r - step - 2) % n]
@@ -146,6 +147,13 @@ class RingReduceScatter(ReduceScatter):
         input_tensor.set_(torch.empty(0, dtype=input_tensor.dtype, device=input_tensor.device))
 
 
+def _materialize(buffer: torch.Tensor) -> None:
+    """Give a buffer `RingReduceScatter.allocate` made empty its whole storage."""
+    numel = getattr(buffer, "_host_ring_numel", None)
+    if numel is not None and buffer.numel() != numel:
+        buffer.resize_(numel)
+
+
 def _alias_copy_in(unsharded_grads: list[torch.Tensor], reduce_scatter_input: torch.Tensor,
                    world_size: int) -> bool:
     """Give a ring's reduce-scatter input the gradient's own memory when that is its
@@ -158,10 +166,10 @@ def _alias_copy_in(unsharded_grads: list[torch.Tensor], reduce_scatter_input: to
     grad = unsharded_grads[0]
     if (not grad.is_contiguous() or grad.dtype != reduce_scatter_input.dtype
             or grad.device != reduce_scatter_input.device
-            or grad.numel() != reduce_scatter_input.numel()):
+            or grad.numel() != reduce_scatter_input._host_ring_numel):
         return False
-    reduce_scatter_input.set_(grad.untyped_storage(), grad.storage_offset(),
-                              reduce_scatter_input.shape, reduce_scatter_input.stride())
+    reduce_scatter_input.set_(grad.untyped_storage(), grad.storage_offset(), (grad.numel(),),
+                              (1,))
     return True
 
 
@@ -178,6 +186,7 @@ def _install_alias_copy_in() -> None:
 
     def copy_in(unsharded_grads, reduce_scatter_input, world_size):
         if not _alias_copy_in(unsharded_grads, reduce_scatter_input, world_size):
+            _materialize(reduce_scatter_input)
             original(unsharded_grads, reduce_scatter_input, world_size)
     copy_in.host_alias = True
     _fsdp_collectives.foreach_reduce_scatter_copy_in = copy_in

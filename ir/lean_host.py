@@ -12,7 +12,9 @@ ZeRO-2/3 layer with dp > 1 on the host ring collectives (`executors.host_collect
     (`reduces_in_place`) reduce-scatters in the gradient's own storage: no copy-in;
   - no backward prefetch (LEAN_BACKWARD_PREFETCH), and the ring frees its reduce-scatter
     input as it returns, so no unit's input is retained until the next reduction
-    (LEAN_RETAINS_REDUCE_INPUT).
+    (LEAN_RETAINS_REDUCE_INPUT);
+  - while it reduces, the ring receives into a scratch of at most RING_PIECE_BYTES
+    (`ring_scratch_bytes`, the largest unit's: units reduce one at a time).
 
 `lean_layer` turns one layer module into what the memory model needs (`LeanLayer`).
 """
@@ -33,6 +35,18 @@ LEAN_BACKWARD_PREFETCH = False
 # RingReduceScatter lets go of its input's storage before returning (`set_`), so FSDP2's
 # reference to the previous unit's reduce-scatter input holds no bytes.
 LEAN_RETAINS_REDUCE_INPUT = False
+# The ring's receive scratch: 16 MiB, one 2048 x 2048 fp32 weight (a 1B-class GPT's
+# typical tensor), so a 0.1 GB chunk moves in 6 messages and the scratch is ~1% of a
+# rank's 1.3 GiB of shards on the bench's models (`executors.host_collectives`).
+RING_PIECE_BYTES = 16 * 2**20
+
+
+def ring_scratch_bytes(chunk_bytes: float) -> float:
+    """The ring reduce-scatter's receive buffer for a unit of `chunk_bytes` per rank, live
+    beside its input and output: `received = torch.empty(min(piece, chunks.shape[1]))`
+    (`executors.host_collectives.RingReduceScatter.__call__`). Its input takes no
+    storage before the copy-in (`RingReduceScatter.allocate`), so none is priced."""
+    return min(float(RING_PIECE_BYTES), chunk_bytes)
 
 
 def runs_lean_host(meta_built: bool, device_type: str) -> bool:
@@ -78,6 +92,9 @@ class LeanLayer:
     # (DTensor's embedding backward), which it keeps alive until the ring frees it
     # (measured per FSDP2 hook, bench/bench_meta_build.py's tp2-zero3 note).
     unsharded_grad_scale: float = 1.0
+    # The largest unit's share of the layer's parameters: units reduce one at a time, so
+    # the ring's receive scratch is the largest unit's.
+    largest_unit_share: float = 1.0
 
 
 def lean_layer(module: nn.Module, layer: Layer, strategy: LayerStrategy) -> LeanLayer:
@@ -103,9 +120,10 @@ def lean_layer(module: nn.Module, layer: Layer, strategy: LayerStrategy) -> Lean
     copied = sum(p.numel() for _, ps in units
                  if not reduces_in_place([p.shape[0] for p in ps], shards) for p in ps)
     local = total - whole + whole / strategy.tp  # the unit's local parameters
+    largest = max(sum(p.numel() for p in ps) for _, ps in units)
     return LeanLayer(backward_gather_share=gathered / total,
                      reduce_copy_share=copied / total,
-                     unsharded_grad_scale=total / local)
+                     unsharded_grad_scale=total / local, largest_unit_share=largest / total)
 
 
 def lean_layers(model: nn.Module, layers: Sequence[Layer],

@@ -131,6 +131,34 @@ def load_model(spec: str, micro_batch: int = 1, seq_len: int | None = None,
     return LoadedModel(name, module, inputs, target, fam.loss_fn, family, config)
 
 
+def example_batch(spec: str, micro_batch: int = 1, seq_len: int | None = None,
+                  seed: int | None = None) -> tuple[dict[str, torch.Tensor], Any]:
+    """`load_model(spec, ..., device="cpu", seed=seed)`'s (inputs, target), without
+    materializing the weights: a zoo family draws them from its config, a Hugging Face
+    model from its config and a meta build (both from their own generator, so the values
+    are the same); a factory is code, called on the CPU as `load_model` calls it."""
+    if micro_batch < 1:
+        raise PlannerError(f"--micro-batch must be >= 1, got {micro_batch}")
+    if is_factory_spec(spec):
+        loaded = load_model(spec, micro_batch, seq_len, device="cpu", seed=seed)
+        return loaded.inputs, loaded.target
+    if spec.startswith("hf:"):
+        model_type, raw, config = _read_hf_config(spec[3:])
+        cls, task = _hf_head_class(spec[3:], model_type, raw)
+        meta = load_model(spec, micro_batch, seq_len, device="meta").module
+        gen = torch.Generator().manual_seed(seed if seed is not None else 0)
+        inputs, target, _ = _hf_example(task, config, micro_batch, seq_len, "cpu", gen,
+                                        spec[3:], _position_offset(meta))
+        return inputs, target
+    family, config, _ = resolve_config(spec)
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    try:
+        return zoo.FAMILIES[family].example_inputs(config, micro_batch, seq_len, device="cpu",
+                                                   generator=gen)
+    except ValueError as exc:
+        raise PlannerError(f"model {spec!r}: {exc}") from None
+
+
 def is_factory_spec(spec: str) -> bool:
     """`package.module:function`: code, which only a MODEL the user types may name."""
     head = spec.split(":", 1)[0]

@@ -16,7 +16,8 @@ from cost_models.memory import ChunkMemory, LayerMemory, _layer_memory, plan_mem
 from cost_models.model_states import ModelStates
 from cost_models.pipeline_ops import rank_ops
 from cost_models.tied_memory import tied_shards
-from ir.lean_host import LeanLayer, lean_layer, lean_layers
+from ir.lean_host import (RING_PIECE_BYTES, LeanLayer, lean_layer, lean_layers,
+                          ring_scratch_bytes)
 from ir.plan import uniform_plan
 from ir.strategy import Precision, Schedule
 from planner import zoo
@@ -41,12 +42,14 @@ def test_lean_units_of_a_gpt():
     graph, model = _graph(), _meta_gpt()
     embed, block, head = graph.layers[0], graph.layers[1], graph.layers[-1]
     zero3 = uniform_plan(1, dp=4, zero=3).layer_strategies[0]
-    # tok and pos are units of their own: not gathered in backward, reduced in place
-    assert lean_layer(model.embed, embed, zero3) == LeanLayer(0.0, 0.0, 1.0)
+    # tok and pos are units of their own: not gathered in backward, reduced in place;
+    # tok (512 x 64) is the larger of the two (pos: 32 x 64)
+    assert lean_layer(model.embed, embed, zero3) == LeanLayer(0.0, 0.0, 1.0, 512 / 544)
     # a block: one unit of many tensors, gathered for its backward, copied to reduce
-    assert lean_layer(model.get_submodule(block.name), block, zero3) == LeanLayer(1.0, 1.0, 1.0)
+    assert lean_layer(model.get_submodule(block.name), block, zero3) == \
+        LeanLayer(1.0, 1.0, 1.0, 1.0)
     # the head copy: one tensor of 512 rows over 4 ranks, reduced in its own storage
-    assert lean_layer(model.head, head, zero3) == LeanLayer(1.0, 0.0, 1.0)
+    assert lean_layer(model.head, head, zero3) == LeanLayer(1.0, 0.0, 1.0, 1.0)
 
 
 def test_uneven_rows_are_copied_and_vocab_tables_keep_a_whole_gradient():
@@ -113,6 +116,26 @@ def test_walk_prices_what_the_lean_executor_holds():
     # and with A reduced in place as well: A's backward 90 is the peak
     in_place = _unit(retains_reduce_input=False, reduce_input_bytes=0.0)
     assert _walk([in_place, no_retain]).peak_bytes == 90
+
+
+def test_the_ring_receives_into_a_scratch_of_at_most_a_piece():
+    # executors.host_collectives.RingReduceScatter: `received` (min(piece, chunk)) lives
+    # beside the unit's gradient, input and output while it reduces. B's reduction from
+    # test_walk_prices_what_the_lean_executor_holds: 90, plus its scratch 3
+    lean = dict(backward_prefetch=False, retains_reduce_input=False)
+    embedding = _unit(backward_gather_bytes=0.0, reduce_input_bytes=0.0, **lean)
+    walked = _walk([embedding, _unit(reduce_scratch_bytes=3.0, **lean)])
+    assert walked.peak_bytes == 93 and walked.buffers == 13
+    # the layer's figure: its largest unit's chunk (tok: 512 x 64 fp32 over 4 ranks),
+    # and never more than a piece (a 1M-row table's chunk is 64 MiB)
+    graph, model = _graph(), _meta_gpt()
+    plan = uniform_plan(len(graph.layers), dp=4, zero=3, global_batch=4,
+                        precision=Precision.FP32, optimizer="sgd")
+    configs = layer_configs(graph, plan, "cpu", lean_layers(model, graph.layers,
+                                                            plan.layer_strategies))
+    embed = _layer_memory(graph, plan, 0, configs, None)
+    assert embed.reduce_scratch_bytes == 512 * 64 * 4 / 4
+    assert ring_scratch_bytes(2**20 * 64 * 4 / 4) == RING_PIECE_BYTES == 16 * 2**20
 
 
 def test_unreduced_accumulation_keeps_the_whole_gradient_when_reduced_in_place():
@@ -187,4 +210,5 @@ def test_only_a_meta_built_model_on_the_host_is_priced_lean():
     assert all(c.lean is None for c in model_layer_configs(graph, plan, "cpu", built))
     assert all(c.lean is None for c in model_layer_configs(graph, plan, "h100", _meta_gpt()))
     lean = model_layer_configs(graph, plan, "cpu", _meta_gpt())
-    assert lean[0].lean == LeanLayer(0.0, 0.0, 1.0) and lean[1].lean == LeanLayer(1.0, 1.0, 1.0)
+    assert lean[0].lean == LeanLayer(0.0, 0.0, 1.0, 512 / 544)
+    assert lean[1].lean == LeanLayer(1.0, 1.0, 1.0, 1.0)

@@ -44,19 +44,32 @@ PEAK_TOLERANCE = 0.05
 # GiB of tensors; the interpreter, torch and the trace the rest): a leak ends the rank.
 RANK_DATA_CAP_BYTES = 3 * 2**30
 
+# The real runs: the smallest GPT and world that still take every lean step (built on
+# meta, each rank materializing its shards; tok and pos units not gathered in backward
+# and reduced in their gradients' storage; blocks copied to reduce; a tied head) with
+# the embedding's reduction at the peak (an 8 MiB table against 3 MiB blocks).
+RUN_SPEC = "gpt:layers=2,hidden=256,heads=4,vocab=8192,seq=32"
+RUN_WORLD = 2
+RUN_BATCH = 2
+# ZeRO-3 on 2 ranks fits from 480 MiB priced lean, from 485 MiB priced as FSDP2's own
+# path (searched 400..485 MiB in 5 MiB steps on this commit).
+RUN_BUDGET_BYTES = 480 * 2**20
+RUN_OPTIONS = SearchOptions(precision=Precision.FP32, optimizer="sgd", tp=1, pp=1, zero=3,
+                            memory_budget_bytes=RUN_BUDGET_BYTES)
 
-def _graph():
-    return load_layer_graph(SPEC, micro_batch=1, seq_len=SEQ_LEN, dtype=torch.float32)
+
+def _graph(spec: str = SPEC):
+    return load_layer_graph(spec, micro_batch=1, seq_len=SEQ_LEN, dtype=torch.float32)
 
 
-def _build(device: str):
-    family, config, _ = resolve_config(SPEC)
+def _build(device: str, spec: str = SPEC):
+    family, config, _ = resolve_config(spec)
     with torch.device(device):
         return zoo.FAMILIES[family].build(config)
 
 
-def _cluster():
-    return get_cluster("local", gpus_per_node=WORLD)
+def _cluster(world: int = WORLD):
+    return get_cluster("local", gpus_per_node=world)
 
 
 def test_search_fits_a_meta_built_model_where_fsdp2_pricing_does_not():
@@ -72,6 +85,15 @@ def test_search_fits_a_meta_built_model_where_fsdp2_pricing_does_not():
     fsdp2 = plan_memory(graph, found.plan, cluster)
     assert found.estimate.memory.peak_bytes == lean.peak_bytes <= BUDGET_BYTES
     assert fsdp2.peak_bytes > BUDGET_BYTES  # the old pricing rejects the plan itself
+
+
+def test_the_real_runs_budget_admits_only_the_lean_path():
+    """RUN_BUDGET_BYTES, which the real runs plan under, fits the small GPT only as the
+    lean path runs it (the search's DP-bucket reserve included)."""
+    graph, cluster = _graph(RUN_SPEC), _cluster(RUN_WORLD)
+    assert search(graph, cluster, RUN_BATCH, RUN_OPTIONS).best is None
+    found = search(graph, cluster, RUN_BATCH, RUN_OPTIONS, model=_build("meta", RUN_SPEC)).best
+    assert found is not None and found.estimate.memory.peak_bytes <= RUN_BUDGET_BYTES
 
 
 def test_gpu_clusters_are_priced_as_before():
@@ -107,6 +129,12 @@ def test_cli_plans_and_estimates_the_meta_built_run(tmp_path):
     assert json.loads(again.stdout)["memory"]["peak_bytes"] == planned
 
 
+RUN_CLI = ["plan", RUN_SPEC, "--cluster", "local", "--gpus-per-node", str(RUN_WORLD),
+           "--global-batch", str(RUN_BATCH), "--tp", "1", "--pp", "1", "--zero", "3",
+           "--optimizer", "sgd", "--memory-budget", str(RUN_BUDGET_BYTES / 2**30),
+           "--seq-len", str(SEQ_LEN)]
+
+
 def _validate_capped(argv: list[str]) -> int:
     """`planner ARGV` with the data segment capped: its ranks inherit the limit."""
     from planner.cli import main
@@ -123,9 +151,10 @@ def test_validate_runs_a_meta_init_plan_at_its_predicted_peak(tmp_path):
     builds it so (on meta, each rank materializing its shards) and measures each rank's
     step peak against the plan's prediction."""
     out = str(tmp_path / "plan.json")
-    assert run_cli(CLI + ["--meta-init", "--out", out]).code == 0
-    ran = run_forked(_validate_capped, ["validate", out, "--nproc", str(WORLD), "--steps", "1",
-                                        "--json"], timeout_s=540)
+    made = run_cli(RUN_CLI + ["--meta-init", "--out", out])
+    assert made.code == 0, made.stderr
+    ran = run_forked(_validate_capped, ["validate", out, "--nproc", str(RUN_WORLD), "--steps",
+                                        "1", "--json"], timeout_s=540)
     assert ran.code == 0, ran.stderr[-3000:]
     result = json.loads(ran.stdout)
     print(json.dumps(result["ranks"], indent=1))
@@ -134,7 +163,7 @@ def test_validate_runs_a_meta_init_plan_at_its_predicted_peak(tmp_path):
     assert result["loss_matches_reference"] is True
 
 
-# ---- a real run: 4 gloo ranks, the model built on meta, planned by auto_parallel --------
+# ---- a real run: 2 gloo ranks, the model built on meta, planned by auto_parallel --------
 
 def _rank_status_bytes(field: str) -> int:
     with open("/proc/self/status") as fh:
@@ -142,7 +171,7 @@ def _rank_status_bytes(field: str) -> int:
 
 
 def lean_run_worker(rank: int, world: int, _payload) -> dict:
-    """auto_parallel plans the meta-built model under BUDGET_BYTES and trains it; the
+    """auto_parallel plans the meta-built model under RUN_BUDGET_BYTES and trains it; the
     step's peak is read as `planner validate` reads it (`planner.trial.rank`: inside a
     LiveTensorTracker, after one warm-up step, over MEMORY_STEPS steps)."""
     from executors import meta_init
@@ -153,19 +182,19 @@ def lean_run_worker(rank: int, world: int, _payload) -> dict:
 
     cap = _rank_status_bytes("VmData") + RANK_DATA_CAP_BYTES
     resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
-    family, config, _ = resolve_config(SPEC)
+    family, config, _ = resolve_config(RUN_SPEC)
     fam = zoo.FAMILIES[family]
-    inputs, target = fam.example_inputs(config, GLOBAL_BATCH, SEQ_LEN, device="cpu",
+    inputs, target = fam.example_inputs(config, RUN_BATCH, SEQ_LEN, device="cpu",
                                         generator=torch.Generator().manual_seed(1))
-    rows = GLOBAL_BATCH // world
+    rows = RUN_BATCH // world
     with LiveTensorTracker() as mem:
         with meta_init():
             torch.manual_seed(0)
             model = fam.build(config)
         pm = auto_parallel(model, ({k: v[:rows] for k, v in inputs.items()}, target[:rows]),
                            loss_fn=fam.loss_fn, optimizer=torch.optim.SGD,
-                           optimizer_kwargs={"lr": 1e-3}, cluster=_cluster(),
-                           global_batch=GLOBAL_BATCH, options=OPTIONS)
+                           optimizer_kwargs={"lr": 1e-3}, cluster=_cluster(world),
+                           global_batch=RUN_BATCH, options=RUN_OPTIONS)
         pm.train_step((inputs, target))
         mem.reset_peak()
         losses = [pm.train_step((inputs, target)) for _ in range(MEMORY_STEPS)]
@@ -177,9 +206,28 @@ def lean_run_worker(rank: int, world: int, _payload) -> dict:
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
 def test_auto_parallel_plan_runs_at_its_predicted_peak():
-    results = spawn(lean_run_worker, WORLD, timeout_s=540)
+    results = spawn(lean_run_worker, RUN_WORLD, timeout_s=540)
     print(json.dumps(results, indent=1))
     for r in results:
-        assert r["peak_bytes"] <= BUDGET_BYTES
+        assert r["peak_bytes"] <= RUN_BUDGET_BYTES
         assert abs(r["measured"] / r["predicted"] - 1) <= PEAK_TOLERANCE, r
         assert all(torch.isfinite(torch.tensor(r["losses"])))
+
+
+@pytest.mark.parametrize("spec", [RUN_SPEC, "llama-tiny", "t5-tiny", "cnn-small", "dlrm-small",
+                                  "hf:tests/data/hf/gpt2/config.json"])
+def test_example_batches_are_drawn_without_building_the_weights(spec):
+    """`planner validate` draws its batches (and a meta-init rank its example inputs) with
+    `example_batch`: the values a CPU build's `load_model` gives, no weights made."""
+    from ir.memory_tracker import LiveTensorTracker
+    from planner.models import example_batch, load_model
+
+    built = load_model(spec, micro_batch=3, seq_len=None, device="cpu", seed=7)
+    with LiveTensorTracker() as mem:
+        inputs, target = example_batch(spec, micro_batch=3, seq_len=None, seed=7)
+    weights = sum(p.nbytes for p in built.module.parameters())
+    assert mem.peak_bytes < weights / 2  # the batch and its temporaries; a build holds all
+    assert inputs.keys() == built.inputs.keys()
+    for key in inputs:
+        assert torch.equal(inputs[key], built.inputs[key]), key
+    assert torch.equal(target, built.target)

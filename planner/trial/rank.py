@@ -27,16 +27,18 @@ TIME_WARMUP_STEPS = 2  # untimed steps after leaving the tracker (DTensor caches
 
 def _build(payload: RankPayload, device: torch.device, without_dropout: bool):
     from executors import apply, meta_init
-    from planner.models import load_model, planned_on_meta
+    from planner.models import example_batch, load_model, planned_on_meta
 
     doc = plan_from_dict(json.loads(payload.plan_json), payload.plan_path)
-    loaded = load_model(payload.model, micro_batch=1, seq_len=payload.seq_len,
-                        device="cpu", seed=SEED)
     if planned_on_meta(doc):  # built as priced: on meta, each rank materializing its shards
-        with meta_init():
-            module = load_model(payload.model, micro_batch=1, seq_len=payload.seq_len,
-                                device="meta", seed=SEED).module
-        loaded = dataclasses.replace(loaded, module=module)  # the CPU build's inputs
+        inputs, _ = example_batch(payload.model, 1, payload.seq_len, seed=SEED)
+        with meta_init():  # the same seed as a CPU build: the same weights
+            loaded = load_model(payload.model, micro_batch=1, seq_len=payload.seq_len,
+                                device="meta", seed=SEED)
+        loaded = dataclasses.replace(loaded, inputs=inputs)  # the inputs a CPU build has
+    else:
+        loaded = load_model(payload.model, micro_batch=1, seq_len=payload.seq_len,
+                            device="cpu", seed=SEED)
     if without_dropout:
         zero_dropout(loaded.module)
     return apply(loaded.module, doc.plan, payload.graph, loss_fn=loaded.loss_fn,

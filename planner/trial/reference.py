@@ -39,15 +39,12 @@ def has_dropout(spec: str, micro_batch: int, seq_len: int | None) -> bool:
 
 
 def global_batches(spec: str, global_batch: int, seq_len: int | None, steps: int) -> list:
-    """The same `steps` global batches (inputs, target) on every rank and in the reference."""
-    from planner.models import load_model
+    """The same `steps` global batches (inputs, target) on every rank and in the reference
+    (drawn from the config: no copy of the weights is built for them)."""
+    from planner.models import example_batch
 
-    out = []
-    for k in range(steps):
-        loaded = load_model(spec, micro_batch=global_batch, seq_len=seq_len, device="cpu",
-                            seed=BATCH_SEED + k)
-        out.append((loaded.inputs, loaded.target))
-    return out
+    return [example_batch(spec, global_batch, seq_len, seed=BATCH_SEED + k)
+            for k in range(steps)]
 
 
 def optimizer_kwargs(optimizer: str) -> dict:
