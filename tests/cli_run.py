@@ -58,6 +58,13 @@ def run_forked(fn, argv: list[str], timeout_s: float = 10.0, uid: int | None = N
         if pid == 0:  # the child: never returns into pytest
             code = 1
             try:
+                import torch
+
+                # libgomp's thread team does not survive a fork: once the parent (pytest)
+                # has run a parallel region, the child's next one waits forever for
+                # threads it does not have (gomp_team_barrier_wait_end). One thread runs
+                # no team.
+                torch.set_num_threads(1)
                 os.dup2(out.fileno(), 1)
                 os.dup2(err.fileno(), 2)
                 import sys
