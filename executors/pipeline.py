@@ -250,17 +250,35 @@ def _stage_forward(self: nn.Module, *received, **inputs):
     if ctx.first > 0 and len(received) != 1:
         raise PlannerError(f"pipeline stage {ctx.stage_index} expects one received tensor, "
                            f"got {len(received)}")
-    ctx.received = received[0] if received else None
+    ctx.received = _contiguous_gradient(received[0]) if received else None
     try:
         output = ctx.model_forward(self, **inputs)
-    except StageOutput as done:
-        return done.tensor
+    except StageOutput as done:  # gloo sends only contiguous tensors (Whisper's is a transpose)
+        return done.tensor.contiguous()
     finally:
         ctx.received = None
     if not ctx.is_last:
         raise PlannerError(f"pipeline stage {ctx.stage_index}: the forward returned without "
                            f"running layer {ctx.names[ctx.last]}; use pp=1 for this model")
     return model_output_tensor(output)
+
+
+class _ContiguousGradient(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous: the schedule sends the
+    received tensor's gradient back over gloo, which sends only contiguous tensors (a
+    stage that first transposes its input gets a transposed gradient)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+def _contiguous_gradient(received: torch.Tensor) -> torch.Tensor:
+    return _ContiguousGradient.apply(received) if received.requires_grad else received
 
 
 def _raise_stage_output(module: nn.Module, args, output) -> None:

@@ -66,6 +66,39 @@ class UserNet(nn.Module):
         return self.head(torch.tanh(x))  # (B, T, V)
 
 
+class TransposedBlock(nn.Module):
+    """Reads its input transposed and returns a transpose (T == H: same shape): its output
+    is not contiguous, and neither is its input's gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(USER_HIDDEN, USER_HIDDEN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.linear(x.transpose(1, 2))).transpose(1, 2)
+
+
+class TransposedNet(nn.Module):
+    """Layers that hand on transposes: gloo sends only contiguous tensors, so a stage
+    boundary here must be made contiguous both ways (Whisper's encoder hands one on)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(USER_VOCAB, USER_HIDDEN)
+        self.blocks = nn.ModuleList(TransposedBlock() for _ in range(USER_DEPTH))
+        self.head = nn.Linear(USER_HIDDEN, USER_VOCAB)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) + positions[:, :, None]  # (B, T, H)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+USER_MODELS = {"user": UserNet, "user-transposed": TransposedNet}
+TRANSPOSED = "user-transposed"
+
+
 def token_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), target.flatten())
 
@@ -81,18 +114,18 @@ def user_batch(rows: int, seed: int) -> tuple[dict, torch.Tensor]:
 
 
 def build_model(spec: str):
-    if spec == USER:
+    if spec in USER_MODELS:
         torch.manual_seed(SEED)
-        return UserNet(), token_loss
+        return USER_MODELS[spec](), token_loss
     loaded = load_model(spec, micro_batch=1, seq_len=SEQ, device="cpu", seed=SEED)
     return zero_dropout(loaded.module), loaded.loss_fn
 
 
 @functools.lru_cache(maxsize=None)
 def graph_of(spec: str) -> LayerGraph:
-    if spec == USER:
+    if spec in USER_MODELS:
         inputs, target = user_batch(2, 0)
-        return build_layer_graph(UserNet(), inputs, target, token_loss, name="usernet",
+        return build_layer_graph(USER_MODELS[spec](), inputs, target, token_loss, name=spec,
                                  dtype=torch.float32)
     loaded = load_model(spec, micro_batch=2, seq_len=SEQ, device="meta")
     return build_layer_graph(loaded.module, loaded.inputs, loaded.target, loaded.loss_fn,
@@ -101,7 +134,7 @@ def graph_of(spec: str) -> LayerGraph:
 
 @functools.lru_cache(maxsize=None)
 def batches_of(spec: str) -> list:
-    if spec == USER:
+    if spec in USER_MODELS:
         return [user_batch(GLOBAL_BATCH, 1000 + step) for step in range(STEPS)]
     return [(lambda l: (l.inputs, l.target))(load_model(spec, micro_batch=GLOBAL_BATCH,
                                                         seq_len=SEQ, device="cpu",
@@ -142,6 +175,7 @@ CASES = [
     Case("bart", 2, hf("bart"), pipeline(boundary=5, micro_batch=2, schedule=ONE)),
     Case("mixtral", 2, hf("mixtral"), pipeline(micro_batch=2, schedule=G)),
     Case("user-factory", 2, USER, pipeline(boundary=1, micro_batch=2, schedule=ONE)),
+    Case("user-transposed", 2, TRANSPOSED, pipeline(boundary=3, micro_batch=2, schedule=ONE)),
     Case("llama-dp-pp-interleaved", 4, hf("llama"),
          pipeline(dp=2, virtual_stages=2, zero=3, micro_batch=1, schedule=I)),
     Case("llama-tp-sp-pp-ckpt", 4, hf("llama"),
