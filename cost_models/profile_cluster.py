@@ -41,7 +41,7 @@ from cost_models.collective_fit import (DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, SI
                                         fit_collectives, message_sizes, smaller_group_sizes)
 from cost_models.collective_probes import blocking_seconds, sweep
 from cost_models.cuda_probes import cuda_copy_gbps, cuda_matmul_flops, cuda_op_overhead_s
-from cost_models.host_overhead_fit import (HostFitError, blocking_wait, dp_unit_overhead,
+from cost_models.host_overhead_fit import (blocking_wait, dp_unit_overhead,
                                            tp_module_overhead)
 from cost_models.host_probes import (dp_unit_seconds, dtensor_op_overhead_s,
                                      host_op_seconds_by_pass, optimizer_tensor_seconds,
@@ -79,7 +79,7 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
                     host_cores=host_cores())
         waits = blocking_wait(measured["blocking_seconds"], by_group)
         host_tables = dict(
-            dp_overheads=dp_fit_with_retries(nproc, backend, sizes, measured, by_group, waits),
+            dp_overheads=dp_unit_overhead(measured["dp_unit_seconds"], by_group, waits),
             tp_modules=tp_module_overhead(measured["tp_module_seconds"], by_group),
             blocking_waits=waits, optimizer_steps=measured["optimizer_tensor_seconds"])
     else:
@@ -129,23 +129,6 @@ def fit_with_retries(nproc: int, backend: str, sizes: list[int],
         raise failures[0]
     order = {c: k for k, c in enumerate(COLLECTIVES)}  # the whole node's first
     return sorted(fits, key=lambda f: (-f.measured_ranks, order[f.collective]))
-
-
-def dp_fit_with_retries(nproc: int, backend: str, sizes: list[int], measured: dict,
-                        fits: dict[tuple[str, int], CollectiveFit],
-                        waits: tuple[BlockingWait, ...] = ()):
-    """`dp_unit_overhead` (less the gradient syncs' blocking `waits`), re-measuring the
-    DP-unit probes alone up to FIT_RETRIES times while a unit's fixed cost is not
-    determined (HostFitError, raised after the last)."""
-    for attempt in range(FIT_RETRIES + 1):
-        try:
-            return dp_unit_overhead(measured["dp_unit_seconds"], fits, waits)
-        except HostFitError as exc:
-            if attempt == FIT_RETRIES:
-                raise
-            print(f"... {exc}; re-measuring the DP units", file=sys.stderr)
-            measured["dp_unit_seconds"] = measure_collectives(
-                nproc, backend, sizes, probes="dp_units")["dp_unit_seconds"]
 
 
 # ------------------------------------------------------------------------ the ranks
