@@ -13,8 +13,8 @@ here (`cost_models.cuda_probes` on GPUs), fits the alpha-beta model the comm mod
 uses to every collective and group size (`cost_models.collective_fit`: a fit records its
 group size, `measured_ranks`, and the comm model takes the one that matches; no fit may
 beat the copy bandwidth, `ir.cluster.collective_ceiling_bytes_per_s`), and takes the
-probes' own traffic out of the host figures (`cost_models.host_overhead_fit`). Readings
-that do not determine a fit are re-measured (those probes alone, FIT_RETRIES times);
+probes' own traffic out of the host figures (`cost_models.host_overhead_fit`). Sweeps
+that do not determine a fit are re-measured (those collectives alone, FIT_RETRIES times);
 then profile-cluster fails with the fit's one-line reason, never writes a clamped value. All
 processes run on this host, so the fits are intra-node; the spec reuses them for
 inter-node until a multi-node profile exists. The result is a spec `planner estimate
@@ -134,14 +134,14 @@ def fit_with_retries(nproc: int, backend: str, sizes: list[int],
 # ------------------------------------------------------------------------ the ranks
 
 
-PROBES = ("all", "collectives", "dp_units")  # what `measure_collectives` runs
+PROBES = ("all", "collectives")  # what `measure_collectives` runs
 
 
 def measure_collectives(nproc: int, backend: str, sizes: list[int],
                         probes: str = "all") -> dict[str, Any]:
     """Rank 0's readings from `nproc` spawned processes: median seconds per collective
     and size (per smaller group size under "group{g}"), and on CPU the host probes';
-    `probes` "collectives" runs the sweeps alone, "dp_units" the DP-unit probes alone."""
+    `probes` "collectives" runs the sweeps alone."""
     if probes not in PROBES:
         raise PlannerError(f"probes must be one of {', '.join(PROBES)}, got {probes!r}")
     import torch.multiprocessing as mp
@@ -212,10 +212,6 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
             if sweeps:
                 results[f"group{size}"] = sweep(dist, rank, size, groups[size].get_group(),
                                                 sizes, device, sync)
-        if device.type == "cpu" and probes == "dp_units":
-            results["dp_unit_seconds"] = {world: dp_unit_seconds(init_device_mesh("cpu", (world,)))}
-            for size, group in groups.items():
-                results["dp_unit_seconds"][size] = dp_unit_seconds(group)
         if device.type == "cpu" and probes == "all":  # DTensor ops' overhead, rank 0 alone
             mesh = init_device_mesh("cpu", (world,))
             results["dtensor_op_overhead_s"] = \
