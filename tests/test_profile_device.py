@@ -32,9 +32,8 @@ def run(capsys, *argv):
 def cpu_spec_path(tmp_path_factory):
     """One real CPU profile (the small grid, one thread) for the whole module."""
     path = tmp_path_factory.mktemp("profile") / "spec.json"
-    started = time.perf_counter()
+    # Its wall time is a benchmark's target (bench/bench_profile_device.py), not a test's.
     assert main(["profile-device", "--device", "cpu", "--out", str(path)]) == 0
-    assert time.perf_counter() - started < 60  # well under a minute even on a busy 2-core box
     return path
 
 
