@@ -158,6 +158,24 @@ def rows_for(micro_batch: int, graph, layer, spec, measured: dict) -> list[dict]
             for label, m, p, target in parts]
 
 
+def priced_parts(layer, cal) -> list[list[str]]:
+    """The machinery's price split as `checkpoint_probes.checkpoint_extra_seconds` sums it:
+    (part, count, seconds each forward / recompute, totals)."""
+    ops, saved, kept = layer.ops_fwd, layer.saved_tensors_fwd, kept_ops(layer)
+    parts = [("checkpoint call", 1, cal.checkpoint_call_forward_s, cal.checkpoint_call_recompute_s),
+             ("op under the hooks", ops, cal.checkpoint_op_forward_s,
+              cal.checkpoint_op_recompute_s),
+             ("saved tensor (hooks)", saved, cal.checkpoint_saved_forward_s,
+              cal.checkpoint_saved_recompute_s),
+             ("SAC call (selective)", 1, cal.selective_call_s / 2, cal.selective_call_s / 2),
+             ("SAC recomputed op (selective)", ops - kept, cal.selective_forward_op_s,
+              cal.selective_recompute_op_s),
+             ("SAC kept op (selective)", kept, cal.selective_forward_kept_op_s,
+              cal.selective_recompute_op_s)]
+    return [[name, count, f"{fwd * 1e6:.2f} / {rec * 1e6:.2f}", f"{count * fwd * 1e6:.0f}",
+             f"{count * rec * 1e6:.0f}"] for name, count, fwd, rec in parts]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=REPEATS)
@@ -183,6 +201,8 @@ def main() -> int:
         "checkpoint_op_recompute_s", "checkpoint_saved_forward_s",
         "checkpoint_saved_recompute_s", "selective_call_s", "selective_forward_op_s",
         "selective_forward_kept_op_s", "selective_recompute_op_s")}
+    print("\n" + table(["priced part (one block)", "count", "us each", "forward us",
+                        "recompute us"], priced_parts(layer, cal)))
     missed = [r for r in rows if r["target"] and abs(r["error"]) > TARGET_ERROR]
     load = os.getloadavg()[0]
     print(f"\nblock counts: {layer.ops_fwd} forward ops ({kept_ops(layer)} kept under "

@@ -9,21 +9,27 @@ as much as the layer's own ops. What it adds (torch 2.13, `torch/utils/checkpoin
                 the recomputation hook, the tensors-match check). SELECTIVE also makes
                 and enters its two dispatch modes (`create_selective_checkpoint_contexts`).
   per saved     forward: the pack hook (a `_Holder`, a weakref, the shape/dtype/device
-  tensor        record); backward: the recomputation's pack hook and the unpack hook.
-  per op        SELECTIVE only. Forward: every op passes through `_CachingTorchDispatchMode`
-                (the policy `ir.checkpoint_policy.selective_policy` called, the output
-                stored; a kept op's output also detached and wrapped). Recompute: the
-                layer's Python forward runs again in full and every op passes through
+  tensor        record under no_grad: ~17 Python calls, counted with cProfile on the
+                gpt-tiny block, 2026-11-24; a tensor made in C++, as most of a layer's
+                saves are, also gets a Python object); backward: the recomputation's
+                pack hook and the unpack hook.
+  per op        under the hooks, forward and recompute, whether or not it saves (probed
+                ~1 and ~2-3 us on this host, 2026-11-24). SELECTIVE: every forward op
+                passes through `_CachingTorchDispatchMode` (the policy
+                `ir.checkpoint_policy.selective_policy` called, the output stored; a kept
+                op's output also detached and wrapped); in the recompute the layer's
+                Python forward runs again in full and every op passes through
                 `_CachedTorchDispatchMode`; a kept op returns its stored output instead
                 of running its kernel.
 
 `checkpoint_host_seconds` probes each on the thread clock (`host_probes.probe_clock`) with
-three chains of ops run through the same `checkpoint` call the executor makes: a chain
-of `y + 1` (saves nothing; recomputed under SELECTIVE), of `y * w` (saves `w` each op),
-of `y @ w` (a matmul: kept under SELECTIVE). Each chain runs at two lengths, so a slope
-is a per-op figure and the intercept a per-call one; the ops and saved tensors each
-chain makes are counted (`ir.op_count.count_ops`, a pack hook), not assumed. Every
-figure is a difference of two runs of the same ops with and without the machinery.
+four chains of ops run through the same `checkpoint` call the executor makes: `y + 1`
+(saves nothing; recomputed under SELECTIVE), `y * w` (saves `w`, a Python object),
+`layer_norm(y)` (saves y, mean and rstd, the last two made in C++), `y @ w` (a matmul:
+kept under SELECTIVE). Each runs at two lengths, and the ops, kept ops and saved tensors
+of each are counted (`ir.op_count.OpCounter`, a pack hook), not assumed; a least-squares
+fit over chains and lengths splits each pass's difference with and without the machinery
+into per call, per op and per saved tensor (per kept op for SELECTIVE).
 
 `checkpoint_extra_seconds` prices a layer with them: counts from its kernel records
 (`KernelRecords`: ops, and the ones `saved_under_selective` keeps) and its saved-tensor
@@ -95,7 +101,9 @@ def checkpoint_extra_seconds(layer, mode: Checkpoint,
     """(forward, recompute) host seconds the checkpoint machinery adds to one micro-batch
     of `layer` under `mode`, on top of the layer's own ops (which the recompute pays again
     at their forward price, `compute.forward_host_seconds`). Counts: the forward's saved
-    tensors (`saved_tensors_fwd`), its ops (`ops_fwd`), those SELECTIVE keeps."""
+    tensors (`saved_tensors_fwd`), its ops (`ops_fwd`), those SELECTIVE keeps. Not
+    modelled: the recompute's early stop (`torch.utils.checkpoint`'s default) skips the
+    ops after the layer's last save (a block's final residual add and the like)."""
     if mode is Checkpoint.NONE or not probed(cal):
         return 0.0, 0.0
     saved, ops = layer.saved_tensors_fwd, layer.ops_fwd
