@@ -16,6 +16,8 @@ priced (differences of `layer_compute`'s figures):
   full bwd - none bwd   the recompute: the forward again, the call, the hooks per saved tensor
   sel bwd - full bwd    SAC's cached mode per op, less the kept ops' kernels
   full extra, sel extra what the mode adds to forward + backward: the TARGET rows.
+  model ... extra       the whole model (every layer checkpointed, loss included) against
+                        its layers' priced sum: information, not a target.
 
 Target (issue 17's checkpointed plans): each mode's priced extra within 15% of the
 measured one at every micro-batch; exits 1 otherwise. Timings taken on a loaded machine
@@ -118,6 +120,49 @@ def measure_block(micro_batch: int, seq_len: int, hidden: int, repeats: int) -> 
     return {mode: (statistics.median(f), statistics.median(b)) for mode, (f, b) in times.items()}
 
 
+def measure_model(micro_batch: int, repeats: int) -> dict:
+    """Median thread seconds of the whole model's forward, loss and backward per mode,
+    every layer checkpointed as a uniform plan has the executor do (`apply_ac` on each
+    layer the IR names), modes interleaved."""
+    loaded = load_model(MODEL, micro_batch, None, device="cpu", seed=0)
+    graph, _ = traced_layer(micro_batch)
+    models = {}
+    for mode in MODES:
+        models[mode] = copy.deepcopy(loaded.module).train()
+        for layer in graph.layers:
+            if layer.name:  # "" is root-level glue, not a module the executor wraps
+                apply_ac(models[mode].get_submodule(layer.name), mode)
+    clock = probe_clock("cpu")
+    times = {mode: [] for mode in MODES}
+    for rep in range(WARMUP + repeats):
+        for mode in MODES[rep % 3:] + MODES[:rep % 3]:
+            start = clock()
+            loaded.loss_fn(models[mode](**loaded.inputs), loaded.target).backward()
+            if rep >= WARMUP:
+                times[mode].append(clock() - start)
+    return {mode: statistics.median(t) for mode, t in times.items()}
+
+
+def model_rows(micro_batch: int, graph, spec, measured: dict) -> list[dict]:
+    """The whole model's extra per mode (information: the layers' priced forward, backward
+    and recompute summed, `layer_compute`, against the measured step less NONE's)."""
+    config = StepConfig(micro_batch=micro_batch, graph_micro_batch=graph.micro_batch,
+                        graph_dtype=graph.dtype, precision=Precision.FP32,
+                        seq_len=graph.seq_len, device_type="cpu")
+    priced = {mode: sum(layer_compute(layer, LayerStrategy(checkpoint=mode), spec,
+                                      config).total_s for layer in graph.layers)
+              for mode in MODES}
+    none = Checkpoint.NONE
+    drift = measured[none] / priced[none]
+    rows = []
+    for mode in MODES[1:]:
+        m, p = measured[mode] - measured[none], priced[mode] - priced[none]
+        rows.append({"micro_batch": micro_batch, "part": f"model {mode.value} extra",
+                     "measured_s": m, "priced_s": p, "error": p / m - 1.0, "target": False,
+                     "drift": drift, "error_at_drift": p * drift / m - 1.0})
+    return rows
+
+
 def rows_for(micro_batch: int, graph, layer, spec, measured: dict) -> list[dict]:
     config = StepConfig(micro_batch=micro_batch, graph_micro_batch=graph.micro_batch,
                         graph_dtype=graph.dtype, precision=Precision.FP32,
@@ -190,6 +235,7 @@ def main() -> int:
         hidden = layer.output_bytes // (mb * graph.seq_len * 4)  # (b, s, h) fp32 out
         measured = measure_block(mb, graph.seq_len, hidden, args.repeats)
         rows.extend(rows_for(mb, graph, layer, spec, measured))
+        rows.extend(model_rows(mb, graph, spec, measure_model(mb, args.repeats // 2)))
     print(table(["batch", "part", "measured us", "priced us", "error", "drift",
                  "error at drift", "target"],
                 [[r["micro_batch"], r["part"], f"{r['measured_s'] * 1e6:.0f}",
