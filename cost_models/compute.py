@@ -55,6 +55,8 @@ from ir.layer import Layer
 from ir.legality import sequence_parallel_applies
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
 
+from cost_models.checkpoint_probes import checkpoint_extra_seconds
+from cost_models.checkpoint_probes import probed as checkpoint_probed
 from cost_models.common import GB, StepConfig, dtype_bytes
 from cost_models.gemm_efficiency import (SQUARE_GEMM_EDGE_PER_INTENSITY, device_kind,  # noqa: F401
                                          gemm_efficiency)
@@ -247,19 +249,30 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     forward_s += random_s
     # DP-unit and TP-module figures were measured with the node's processes running
     # together: not stretched by the core share again.
-    unit_s = (dp_unit_seconds(layer, strategy, cluster, config)
-              + tp_module_seconds(layer, strategy, cluster)) / 2  # half in each pass
+    tp_half_s = tp_module_seconds(layer, strategy, cluster) / 2  # half in each pass
+    unit_s = dp_unit_seconds(layer, strategy, cluster, config) / 2 + tp_half_s
     forward_host_s = (layer.ops_fwd * op_s if measured is not None
                       else forward_host_seconds(layer, cluster, on_dtensors))
     backward_host_s = (layer.ops_bwd * backward_op_s if measured is not None
                        else backward_host_seconds(layer, cluster, on_dtensors))
-    forward_s = with_host(forward_s, forward_host_s, cluster) + unit_s
+    # The checkpoint's own host machinery (hooks, SAC's dispatch modes), where the kit
+    # probed it (checkpoint_probes.checkpoint_host_seconds); else (0, 0)
+    hooks_forward_s, hooks_recompute_s = checkpoint_extra_seconds(
+        layer, strategy.checkpoint, cluster.kernel_calibration)
+    forward_device_s = forward_s
+    forward_s = with_host(forward_s, forward_host_s + hooks_forward_s, cluster) + unit_s
     backward_s = with_host(backward_s, backward_host_s, cluster) + unit_s
-    if strategy.checkpoint is Checkpoint.FULL:
+    if strategy.checkpoint is Checkpoint.FULL and checkpoint_probed(cluster.kernel_calibration):
+        # the layer's forward again inside the recompute hook; the TP modules' hooks run
+        # again with it, the DP unit's (outside the checkpointed forward) do not
+        recompute_s = with_host(forward_device_s, forward_host_s + hooks_recompute_s,
+                                cluster) + tp_half_s
+    elif strategy.checkpoint is Checkpoint.FULL:
         recompute_s = forward_s
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.kernels is not None:
         recompute_s = _selective_recompute_seconds(layer, cluster, config, share, op_s,
-                                                   measured, random_s)
+                                                   measured, random_s, forward_host_s,
+                                                   hooks_recompute_s)
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.saved_attention_bytes:
         recompute_s = _attention_recompute_seconds(layer, cluster, config, share)
     else:
@@ -344,18 +357,27 @@ def _analytic_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,
 
 
 def _selective_recompute_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,
-                                 share: float, op_s: float, measured, random_s: float) -> float:
+                                 share: float, op_s: float, measured, random_s: float,
+                                 forward_host_s: float, hooks_s: float) -> float:
     """Selective checkpointing reruns the forward kernels whose outputs the policy does not
     keep (`KernelRecords.recomputed`, `ir.checkpoint_policy`): their kernel seconds and
-    host dispatches, and the dropout masks drawn again. A measured layer scales its
-    measured forward by the recomputed kernels' share of the forward's kernel seconds."""
+    the dropout masks drawn again. On the host, where the kit probed the checkpoint's
+    machinery (`checkpoint_probes`), the layer's whole Python forward runs again and every
+    op dispatches through SAC's cached mode (a kept op returns its stored output instead
+    of its kernel): the forward's host seconds plus the machinery's (`hooks_s`,
+    `checkpoint_extra_seconds`); else the recomputed ops x `op_s`. A measured layer
+    scales its measured forward by the recomputed kernels' share of the forward's kernel
+    seconds (plus `hooks_s`)."""
     times = layer_kernel_seconds(layer.kernels, cluster, config, share)
     again = times.selective_recompute
+    probed = checkpoint_probed(cluster.kernel_calibration)
     if measured is not None:
         scale = config.micro_batch / measured.micro_batch * share
         whole = times.forward.total_s
-        return measured.forward_seconds * scale * (again.total_s / whole if whole else 0.0)
-    return with_host(again.total_s + random_s, again.ops * op_s, cluster)
+        kernels_s = measured.forward_seconds * scale * (again.total_s / whole if whole else 0.0)
+        return kernels_s + (with_host(0.0, hooks_s, cluster) if probed else 0.0)
+    host_s = forward_host_s + hooks_s if probed else again.ops * op_s
+    return with_host(again.total_s + random_s, host_s, cluster)
 
 
 def _attention_recompute_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,

@@ -33,7 +33,9 @@ from typing import Any
 from ir.calibration_tables import COLLECTIVES, BlockingWait, CalibrationTables, CollectiveFit
 from ir.cluster import ClusterSpec, collective_ceiling_bytes_per_s
 from ir.errors import PlannerError
+from ir.kernel_calibration import KernelCalibration
 
+from cost_models.checkpoint_probes import checkpoint_host_seconds
 from cost_models.clusters import (GPU_RUNTIME_OVERHEAD_BYTES, LOCAL_RUNTIME_OVERHEAD_BYTES,
                                   host_cores, measure_copy_gbps, measure_matmul_flops,
                                   total_memory_bytes)
@@ -76,7 +78,11 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
         host = dict(op_overhead_s=per_pass.forward_s, backward_op_overhead_s=per_pass.backward_s,
                     random_element_s=probe_random_element_s("cpu"),
                     dtensor_op_overhead_s=float(measured.get("dtensor_op_overhead_s", 0.0)),
-                    host_cores=host_cores())
+                    host_cores=host_cores(),
+                    # the checkpoint machinery's host seconds (alone: empty tables price as none)
+                    kernel_calibration=KernelCalibration(
+                        measured_on=f"planner profile-cluster, {platform.node() or 'this host'}",
+                        **checkpoint_host_seconds("cpu").calibration_fields()))
         waits = blocking_wait(measured["blocking_seconds"], by_group)
         host_tables = dict(
             dp_overheads=dp_unit_overhead(measured["dp_unit_seconds"], by_group, waits),

@@ -55,6 +55,7 @@ from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)
 from cost_models.conv_probes import probe_conv
 from cost_models.memory_probes import probe_memory
 from cost_models.gemm_efficiency import gemm_shape_efficiency
+from cost_models.checkpoint_probes import checkpoint_host_seconds
 from cost_models.host_probes import host_op_seconds_by_pass, probe_clock
 from cost_models.item_probes import (probe_embedding_backward, probe_embedding_bag,
                                      probe_random_element_s)
@@ -405,7 +406,9 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             dtensor_op_overhead_s=clusters.LOCAL_DTENSOR_OP_OVERHEAD_S,
             random_element_s=probe_random_element_s("cpu"),
             host_cores=clusters.host_cores(),
-            kernel_calibration=dataclasses.replace(cal, **host.calibration_fields()),
+            kernel_calibration=dataclasses.replace(
+                cal, **host.calibration_fields(),
+                **checkpoint_host_seconds("cpu").calibration_fields()),
             notes=f"planner profile-device --device cpu: {cal.measured_on}; per-op host fwd "
                   f"{host.forward_s * 1e6:.2f} us ({host.forward_spread:.0%} spread; "
                   f"{host.function_op_s * 1e6:.2f} per function op, {host.view_op_s * 1e6:.2f} "

@@ -384,6 +384,7 @@ class GraphMeasurer:
         return LayerMeasurement(
             flops_fwd=int(fwd_flops.get_total_flops()), flops_bwd=int(bwd_flops.get_total_flops()),
             saved_activation_bytes=log.total, saved_tp_sharded_bytes=log.sharded,
+            saved_tensors_fwd=log.calls,
             saved_attention_bytes=log.scores, saved_dropout_mask_bytes=log.dropout_masks,
             saved_input_bytes=sum(b for k, b in log.seen.items() if k in in_keys),
             saved_output_bytes=sum(b for k, b in log.seen.items() if k in out_keys),

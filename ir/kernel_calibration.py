@@ -43,7 +43,12 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "backward_nonview_host_op_s", "backward_node_host_s", "python_node_host_s",
             "forward_node_host_s",
             "embedding_bag_call_s", "embedding_bag_index_s", "embedding_bag_backward_call_s",
-            "embedding_bag_backward_index_s")
+            "embedding_bag_backward_index_s",
+            # activation checkpointing's host machinery (`cost_models.checkpoint_probes`)
+            "checkpoint_call_forward_s", "checkpoint_call_recompute_s",
+            "checkpoint_op_forward_s", "checkpoint_op_recompute_s",
+            "checkpoint_saved_forward_s", "checkpoint_saved_recompute_s", "selective_call_s",
+            "selective_forward_op_s", "selective_forward_kept_op_s", "selective_recompute_op_s")
 
 
 def _is_number(value: Any) -> bool:
@@ -248,6 +253,23 @@ class KernelCalibration:
     embedding_bag_index_s: float = 0.0
     embedding_bag_backward_call_s: float = 0.0
     embedding_bag_backward_index_s: float = 0.0
+    # Host seconds of non-reentrant activation checkpointing's machinery (CPUs:
+    # `cost_models.checkpoint_probes.checkpoint_host_seconds`; its docstring names each
+    # part): per checkpointed call, forward and backward; per op run under its hooks,
+    # forward and recompute (beyond the op's own forward price); per tensor the forward
+    # saves, forward (pack hook) and backward (recompute's pack + unpack); SELECTIVE's per call
+    # on top, per op through its caching mode (recomputed, kept) and its cached mode in
+    # the recompute. 0 where not measured: checkpointing then costs only its recompute.
+    checkpoint_call_forward_s: float = 0.0
+    checkpoint_call_recompute_s: float = 0.0
+    checkpoint_op_forward_s: float = 0.0
+    checkpoint_op_recompute_s: float = 0.0
+    checkpoint_saved_forward_s: float = 0.0
+    checkpoint_saved_recompute_s: float = 0.0
+    selective_call_s: float = 0.0
+    selective_forward_op_s: float = 0.0
+    selective_forward_kept_op_s: float = 0.0
+    selective_recompute_op_s: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)

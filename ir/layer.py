@@ -124,6 +124,10 @@ class LayerMeasurement:
     selective_backward_grad_share: float = 1.0
     full_backward_bytes: int = 0
     full_backward_grad_share: float = 1.0
+    # Tensors one forward saves for backward, each save counted (parameters and repeated
+    # storages included: `SavedTensorLog.calls`): a checkpointed layer pays a saved-tensor
+    # hook per save (`cost_models.checkpoint_probes`); 0 where not counted.
+    saved_tensors_fwd: int = 0
 
 
 MEASURED_FIGURES = frozenset(f.name for f in fields(LayerMeasurement))

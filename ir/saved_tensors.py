@@ -69,10 +69,12 @@ class SavedTensorLog:
         self.score_keys = score_keys
         self.seen: dict = {}  # storage key -> bytes
         self.total = self.sharded = self.scores = self.dropout_masks = 0
+        self.calls = 0  # pack calls: every tensor saved, parameters and repeats included
         self.tp_sharded_now = False
         self.in_dropout_now = False
 
     def pack(self, t: torch.Tensor):
+        self.calls += 1
         key = storage_key(t)
         if key not in self.exclude and key not in self.seen:
             nbytes = storage_bytes(t)

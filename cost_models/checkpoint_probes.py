@@ -1,0 +1,294 @@
+"""Host seconds activation checkpointing adds, probed; and their price for one layer.
+
+The executor (`executors.checkpointing`) runs a checkpointed layer under non-reentrant
+`torch.utils.checkpoint.checkpoint`; on a CPU process its Python machinery costs the host
+as much as the layer's own ops. What it adds (torch 2.13, `torch/utils/checkpoint.py`):
+
+  per call      forward: the frame, the inputs saved, the RNG state stashed, the hooks
+                installed; backward: the first unpack starts the recompute (`fork_rng`,
+                the recomputation hook, the tensors-match check). SELECTIVE also makes
+                and enters its two dispatch modes (`create_selective_checkpoint_contexts`).
+  per saved     forward: the pack hook (a `_Holder`, a weakref, the shape/dtype/device
+  tensor        record under no_grad: ~17 Python calls, counted with cProfile on the
+                gpt-tiny block, 2026-11-24; a tensor made in C++, as most of a layer's
+                saves are, also gets a Python object); backward: the recomputation's
+                pack hook and the unpack hook.
+  per op        under the hooks, forward and recompute, whether or not it saves (probed
+                ~1 and ~2-3 us on this host, 2026-11-24). SELECTIVE: every forward op
+                passes through `_CachingTorchDispatchMode` (the policy
+                `ir.checkpoint_policy.selective_policy` called, the output stored; a kept
+                op's output also detached and wrapped); in the recompute the layer's
+                Python forward runs again in full and every op passes through
+                `_CachedTorchDispatchMode`; a kept op returns its stored output instead
+                of running its kernel.
+
+`checkpoint_host_seconds` probes each on the thread clock (`host_probes.probe_clock`) with
+four chains of ops run through the same `checkpoint` call the executor makes: `y + 1`
+(saves nothing; recomputed under SELECTIVE), `y * w` (saves `w`, a Python object),
+`layer_norm(y)` (saves y, mean and rstd, the last two made in C++), `y @ w` (a matmul:
+kept under SELECTIVE). Each runs at two lengths, and the ops, kept ops and saved tensors
+of each are counted (`ir.op_count.OpCounter`, a pack hook), not assumed; a least-squares
+fit over chains and lengths splits each pass's difference with and without the machinery
+into per call, per op and per saved tensor (per kept op for SELECTIVE).
+
+`checkpoint_extra_seconds` prices a layer with them: counts from its kernel records
+(`KernelRecords`: ops, and the ones `saved_under_selective` keeps) and its saved-tensor
+log (`Layer.saved_tensors_fwd`, the pack calls of one forward).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from ir.kernel_calibration import KernelCalibration
+from ir.strategy import Checkpoint
+
+# Ops per probe chain at its two lengths: far enough apart that the slope is many ops'
+# worth of time; short enough that a round stays under a scheduler quantum.
+CHAIN_OPS = (2, 14)
+# Width of the probe tensors (2 x width): tiny, so a kernel costs the host little beside
+# its dispatch (as `cost_models.clusters.OP_OVERHEAD_WIDTH` does for the per-op probe).
+PROBE_WIDTH = 8
+# The median of seven rounds: a slow spell of a shared host moves one of them. The probe
+# costs ~1.6 s of one core at load ~15 (2026-11-24): little beside profile-device's minute.
+ROUNDS = 7
+RUNS_PER_ROUND = 10
+WARMUP_RUNS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointHostCost:
+    """Host seconds of the checkpoint machinery, in the parts the module docstring names."""
+
+    call_forward_s: float  # per checkpointed call, forward
+    call_recompute_s: float  # per checkpointed call, backward (starting the recompute)
+    op_forward_s: float  # per op run under the hooks, forward
+    op_recompute_s: float  # per op run under the recompute's hooks, beyond its forward price
+    saved_forward_s: float  # per saved tensor, forward (pack hook)
+    saved_recompute_s: float  # per saved tensor, backward (recompute pack + unpack)
+    selective_call_s: float  # per SELECTIVE call on top of the above, both passes
+    selective_forward_op_s: float  # per op through the caching mode, output recomputed later
+    selective_forward_kept_op_s: float  # per op through the caching mode, output kept
+    selective_recompute_op_s: float  # per op through the cached mode in the recompute
+
+    def calibration_fields(self) -> dict[str, float]:
+        """`KernelCalibration` fields, by name."""
+        return {"checkpoint_call_forward_s": self.call_forward_s,
+                "checkpoint_call_recompute_s": self.call_recompute_s,
+                "checkpoint_op_forward_s": self.op_forward_s,
+                "checkpoint_op_recompute_s": self.op_recompute_s,
+                "checkpoint_saved_forward_s": self.saved_forward_s,
+                "checkpoint_saved_recompute_s": self.saved_recompute_s,
+                "selective_call_s": self.selective_call_s,
+                "selective_forward_op_s": self.selective_forward_op_s,
+                "selective_forward_kept_op_s": self.selective_forward_kept_op_s,
+                "selective_recompute_op_s": self.selective_recompute_op_s}
+
+
+def probed(cal: KernelCalibration | None) -> bool:
+    """True when a calibration carries the probe's figures (specs before it read 0)."""
+    return cal is not None and cal.checkpoint_saved_forward_s > 0
+
+
+def kept_ops(layer) -> int:
+    """Forward ops whose output SELECTIVE keeps (`ir.checkpoint_policy`)."""
+    return sum(r.count for r in layer.kernels.forward if r.saved_under_selective)
+
+
+def checkpoint_extra_seconds(layer, mode: Checkpoint,
+                             cal: KernelCalibration) -> tuple[float, float]:
+    """(forward, recompute) host seconds the checkpoint machinery adds to one micro-batch
+    of `layer` under `mode`, on top of the layer's own ops (which the recompute pays again
+    at their forward price, `compute.forward_host_seconds`). Counts: the forward's saved
+    tensors (`saved_tensors_fwd`), its ops (`ops_fwd`), those SELECTIVE keeps. Not
+    modelled: the recompute's early stop (`torch.utils.checkpoint`'s default) skips the
+    ops after the layer's last save (a block's final residual add and the like)."""
+    if mode is Checkpoint.NONE or not probed(cal):
+        return 0.0, 0.0
+    saved, ops = layer.saved_tensors_fwd, layer.ops_fwd
+    # Probed per call, per op and per saved tensor (checkpoint_probes.checkpoint_host_seconds)
+    forward_s = (cal.checkpoint_call_forward_s + ops * cal.checkpoint_op_forward_s
+                 + saved * cal.checkpoint_saved_forward_s)
+    recompute_s = (cal.checkpoint_call_recompute_s + ops * cal.checkpoint_op_recompute_s
+                   + saved * cal.checkpoint_saved_recompute_s)
+    if mode is Checkpoint.SELECTIVE:
+        kept = kept_ops(layer) if layer.kernels is not None else 0
+        # Probed per op through SAC's caching / cached dispatch modes (checkpoint_host_seconds)
+        forward_s += (cal.selective_call_s / 2 + kept * cal.selective_forward_kept_op_s
+                      + (ops - kept) * cal.selective_forward_op_s)
+        recompute_s += cal.selective_call_s / 2 + ops * cal.selective_recompute_op_s
+    return forward_s, recompute_s
+
+
+# ---- the probe ---------------------------------------------------------------------------
+
+
+def _chains(torch):
+    """name -> chain(x, n): n ops of one kind on x, then `sin` (which saves its input: the
+    backward then unpacks a saved tensor, which starts the recompute). Per op: `add` saves
+    nothing, `mul` one tensor with a Python object (`w`), `layer_norm` three of which two
+    (mean, rstd) exist only in C++ (a hook gives each a Python object, as it does most of
+    a layer's saves); `mm` is kept under SELECTIVE."""
+    import torch.nn.functional as F
+
+    w_mul = torch.full((2, PROBE_WIDTH), 1.0001)
+    w_mm = torch.eye(PROBE_WIDTH)
+
+    def add(x, n):
+        for _ in range(n):
+            x = x + 1.0
+        return x.sin()
+
+    def mul(x, n):
+        for _ in range(n):
+            x = x * w_mul
+        return x.sin()
+
+    def layer_norm(x, n):
+        for _ in range(n):
+            x = F.layer_norm(x, (PROBE_WIDTH,))
+        return x.sin()
+
+    def mm(x, n):
+        for _ in range(n):
+            x = x @ w_mm
+        return x.sin()
+
+    return {"add": add, "mul": mul, "layer_norm": layer_norm, "mm": mm}
+
+
+def _runner(torch, chain, n: int, mode: Checkpoint):
+    """One forward and one backward of `chain` at length n, checkpointed as the executor
+    does (`executors.checkpointing.apply_ac`): returns (forward(x), backward()) callables."""
+    import functools
+
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    from ir.checkpoint_policy import selective_policy
+
+    context_fn = functools.partial(create_selective_checkpoint_contexts, selective_policy)
+    holder = {}
+
+    def forward(x):
+        if mode is Checkpoint.NONE:
+            holder["y"] = chain(x, n)
+        elif mode is Checkpoint.FULL:
+            holder["y"] = checkpoint(chain, x, n, use_reentrant=False)
+        else:
+            holder["y"] = checkpoint(chain, x, n, use_reentrant=False, context_fn=context_fn)
+
+    def backward():
+        y = holder.pop("y")
+        y.backward(torch.ones_like(y))
+
+    return forward, backward
+
+
+def _counts(torch, chain, n: int) -> tuple[int, int, int]:
+    """(ops, ops SELECTIVE keeps, saved tensors) of one plain forward of `chain` at
+    length n: the counts a layer's IR takes (`ir.op_count.OpCounter` with its kernel
+    recorder, and a pack hook as `SavedTensorLog.calls`)."""
+    from ir.kernel_recorder import KernelRecorder
+    from ir.op_count import OpCounter
+
+    saved = [0]
+
+    def pack(t):
+        saved[0] += 1
+        return t
+
+    x = torch.ones(2, PROBE_WIDTH, requires_grad=True)
+    recorder = KernelRecorder(set())
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), OpCounter(recorder) as ops:
+        chain(x, n)
+    kept = sum(r.count for r in recorder.records() if r.saved_under_selective)
+    return ops.count, kept, saved[0]
+
+
+def _fit(rows) -> list[float]:
+    """Least-squares coefficients of `seconds = sum(coefficient x count)` over rows of
+    (counts, seconds), each clamped at 0 (a cost is never negative; noise can make one)."""
+    import numpy as np
+
+    counts = np.array([c for c, _ in rows], dtype=float)
+    seconds = np.array([t for _, t in rows], dtype=float)
+    coefficients = np.linalg.lstsq(counts, seconds, rcond=None)[0]
+    return [max(0.0, float(c)) for c in coefficients]
+
+
+def _timed(torch, runs, clock) -> dict:
+    """Median (forward, backward) seconds of each run over ROUNDS rounds of
+    RUNS_PER_ROUND, every run taking each place in the order in turn (the first after a
+    pause runs up to ~3x slower: caches)."""
+    for _ in range(WARMUP_RUNS):
+        for forward, backward in runs.values():
+            forward(torch.ones(2, PROBE_WIDTH, requires_grad=True))
+            backward()
+    rounds = {key: ([], []) for key in runs}
+    order = list(runs)
+    for _ in range(ROUNDS):
+        sums = {key: [0.0, 0.0] for key in runs}
+        for _ in range(RUNS_PER_ROUND):
+            order = order[1:] + order[:1]
+            for key in order:
+                forward, backward = runs[key]
+                x = torch.ones(2, PROBE_WIDTH, requires_grad=True)  # the layer's input
+                start = clock()
+                forward(x)
+                mid = clock()
+                backward()
+                sums[key][0] += mid - start
+                sums[key][1] += clock() - mid
+        for key, (forward_s, backward_s) in sums.items():
+            rounds[key][0].append(forward_s / RUNS_PER_ROUND)
+            rounds[key][1].append(backward_s / RUNS_PER_ROUND)
+    return {key: (statistics.median(f), statistics.median(b)) for key, (f, b) in rounds.items()}
+
+
+def checkpoint_host_seconds(device: str = "cpu") -> CheckpointHostCost:
+    """Probe the checkpoint machinery's host seconds on `device` ("cpu": one thread).
+    Each chain runs at CHAIN_OPS lengths under NONE, FULL and SELECTIVE; with T the
+    median seconds and (ops, kept, saved) the chain's counts (`_counts`), least squares
+    over every chain and length (`_fit`) of:
+      FULL forward:     T_full - T_none                = call + ops x per op + saved x per saved
+      FULL recompute:   T_full,bwd - T_none,bwd - T_none,fwd   (the ops again at their plain
+                        forward price)                 = the same three, recompute's
+      SELECTIVE fwd:    T_sel - T_full                 = call + recomputed ops x per op
+                                                         + kept ops x per kept op
+      SELECTIVE bwd:    T_sel,bwd - T_full,bwd         = call + recomputed ops x per op
+                        (kept ops, which skip their kernel, fit apart and are not kept:
+                        the model charges them the cached mode's per op, and their plain
+                        host dispatch, a bound of ~1 us each)."""
+    import torch
+
+    from cost_models.clusters import _one_thread
+    from cost_models.host_probes import probe_clock
+
+    modes = (Checkpoint.NONE, Checkpoint.FULL, Checkpoint.SELECTIVE)
+    with _one_thread():
+        chains = _chains(torch)
+        counts = {(name, n): _counts(torch, chain, n)
+                  for name, chain in chains.items() for n in CHAIN_OPS}
+        runs = {(name, n, mode): _runner(torch, chain, n, mode)
+                for name, chain in chains.items() for n in CHAIN_OPS for mode in modes}
+        t = _timed(torch, runs, probe_clock(device))
+    none, full, sel = modes
+    fwd_rows, rec_rows, sel_fwd_rows, sel_rec_rows = [], [], [], []
+    for (name, n), (ops, kept, saved) in counts.items():
+        fwd_rows.append(((1, ops, saved), t[name, n, full][0] - t[name, n, none][0]))
+        rec_rows.append(((1, ops, saved),
+                         t[name, n, full][1] - t[name, n, none][1] - t[name, n, none][0]))
+        sel_fwd_rows.append(((1, ops - kept, kept), t[name, n, sel][0] - t[name, n, full][0]))
+        sel_rec_rows.append(((1, ops - kept, kept), t[name, n, sel][1] - t[name, n, full][1]))
+    call_forward_s, op_forward_s, saved_forward_s = _fit(fwd_rows)
+    call_recompute_s, op_recompute_s, saved_recompute_s = _fit(rec_rows)
+    sel_call_forward_s, sel_op_s, sel_kept_op_s = _fit(sel_fwd_rows)
+    sel_call_recompute_s, sel_recompute_op_s, _ = _fit(sel_rec_rows)
+    return CheckpointHostCost(
+        call_forward_s=call_forward_s, call_recompute_s=call_recompute_s,
+        op_forward_s=op_forward_s, op_recompute_s=op_recompute_s,
+        saved_forward_s=saved_forward_s, saved_recompute_s=saved_recompute_s,
+        selective_call_s=sel_call_forward_s + sel_call_recompute_s,
+        selective_forward_op_s=sel_op_s, selective_forward_kept_op_s=sel_kept_op_s,
+        selective_recompute_op_s=sel_recompute_op_s)

@@ -1,0 +1,221 @@
+"""The host cost of activation checkpointing: its probe's counts, its price, old specs.
+
+Prices are derived by hand from round made-up probe figures (`PROBED`); the counts the
+probe divides by and the layer IR's saved-tensor count are checked against independent
+counts taken on real modules."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from cost_models.checkpoint_probes import _chains, _counts, checkpoint_extra_seconds
+from cost_models.clusters import get_cluster
+from cost_models.common import StepConfig
+from cost_models.compute import layer_compute
+from ir.cluster import ClusterSpec
+from ir.kernel_calibration import KernelCalibration
+from ir.kernel_records import KernelKind, KernelRecord, KernelRecords
+from ir.layer import Layer, LayerMeasurement
+from ir.strategy import Checkpoint, LayerStrategy, Precision
+
+US = 1e-6
+
+# Made-up probe figures, in microseconds, round so the sums below read off by hand.
+PROBED = KernelCalibration(
+    measured_on="made up for the test",
+    checkpoint_call_forward_s=30 * US, checkpoint_call_recompute_s=20 * US,
+    checkpoint_op_forward_s=1 * US, checkpoint_op_recompute_s=2 * US,
+    checkpoint_saved_forward_s=3 * US, checkpoint_saved_recompute_s=5 * US,
+    selective_call_s=40 * US, selective_forward_op_s=8 * US,
+    selective_forward_kept_op_s=12 * US, selective_recompute_op_s=7 * US)
+NEW_FIELDS = tuple(f for f in PROBED.to_dict() if f.startswith(("checkpoint_", "selective_")))
+
+
+def cpu(calibration: KernelCalibration | None) -> ClusterSpec:
+    """One CPU process (host share 1): a forward op 4 us, a backward op 2 us."""
+    return ClusterSpec(
+        name="cpu-test", device="cpu", num_nodes=1, devices_per_node=1,
+        device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
+        intra_node_gbps=1.0, inter_node_gbps=1.0, intra_node_latency_s=1e-4,
+        inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
+        op_overhead_s=4 * US, backward_op_overhead_s=2 * US, dtensor_op_overhead_s=15 * US,
+        host_cores=1, kernel_calibration=calibration)
+
+
+def block() -> Layer:
+    """Forward: 2 tiny matmuls (2x8 @ 8x8, kept by SELECTIVE), one GELU over 1 MB, 2 views:
+    5 ops, 4 tensors saved."""
+    forward = (KernelRecord("aten::mm", KernelKind.GEMM, "float32", (1, 2, 8, 8), 2,
+                            saved_under_selective=True),
+               KernelRecord("aten::gelu", KernelKind.MEMORY, "float32", (512, 512), 1,
+                            activation_bytes=2**20),
+               KernelRecord("aten::view", KernelKind.VIEW, "float32", (), 2))
+    backward = (KernelRecord("aten::gelu_backward", KernelKind.MEMORY, "float32", (512, 512),
+                             1, activation_bytes=2**20),)
+    return Layer(name="blocks.0", kind="Block", index=0, params=0, param_bytes=0,
+                 tp_params=0, input_bytes=64, output_bytes=64, structural_hash="x",
+                 measured=LayerMeasurement(ops_fwd=5, ops_bwd=1, saved_tensors_fwd=4,
+                                           kernels=KernelRecords(forward, backward)))
+
+
+CONFIG = StepConfig(micro_batch=1, graph_micro_batch=1, graph_dtype="float32",
+                    precision=Precision.FP32, device_type="cpu")
+
+
+def priced(spec, mode):
+    return layer_compute(block(), LayerStrategy(checkpoint=mode), spec, CONFIG)
+
+
+def test_the_machinery_prices_per_call_op_and_saved_tensor():
+    """FULL forward: call 30 + 5 ops x 1 + 4 saved x 3 = 47 us; recompute: 20 + 5 x 2 +
+    4 x 5 = 50 us. SELECTIVE adds half its call (20) to each pass; forward: 2 kept ops x
+    12 + 3 other ops x 8 = 24 + 24, so 47 + 20 + 48 = 115 us; recompute: every op (5) x 7
+    through the cached mode: 50 + 20 + 35 = 105 us. NONE adds nothing."""
+    layer = block()
+    assert checkpoint_extra_seconds(layer, Checkpoint.FULL, PROBED) == pytest.approx(
+        (47 * US, 50 * US))
+    assert checkpoint_extra_seconds(layer, Checkpoint.SELECTIVE, PROBED) == pytest.approx(
+        (115 * US, 105 * US))
+    assert checkpoint_extra_seconds(layer, Checkpoint.NONE, PROBED) == (0.0, 0.0)
+
+
+def test_layer_compute_adds_the_machinery_on_a_probed_cpu_spec():
+    """On one CPU process host and kernels add. The plain forward F = GELU's kernel + 5
+    ops x 4 us. FULL: forward F + 47 us, recompute F + 50 us (the layer's forward again,
+    no DP unit here). SELECTIVE: forward F + 115 us; the recompute reruns every op's host
+    dispatch (5 x 4 us) and the recomputed kernels (GELU, not the kept matmuls: each
+    moves (2x8 + 8x8 + 2x8) x 4 B = 384 B at 20 GB/s, 19.2 ns) plus 105 us of machinery,
+    i.e. F - 38.4 ns + 105 us. Backward never changes."""
+    spec = cpu(PROBED)
+    none, full, sel = (priced(spec, m) for m in (Checkpoint.NONE, Checkpoint.FULL,
+                                                 Checkpoint.SELECTIVE))
+    plain = none.forward_s
+    assert full.forward_s == pytest.approx(plain + 47 * US)
+    assert full.recompute_s == pytest.approx(plain + 50 * US)
+    assert sel.forward_s == pytest.approx(plain + 115 * US)
+    assert sel.recompute_s == pytest.approx(plain - 2 * 19.2e-9 + 105 * US)
+    assert none.backward_s == full.backward_s == sel.backward_s and none.recompute_s == 0.0
+
+
+def test_a_spec_without_the_probe_prices_as_before():
+    """No probe figures (a spec written before them): FULL's recompute is its forward and
+    the forward gains nothing; SELECTIVE reruns only its recomputed ops' kernels and
+    their dispatches: GELU + 3 ops (GELU, 2 views) x 4 us = F - 5 x 4 us - the kept
+    matmuls' 2 x 19.2 ns + 3 x 4 us."""
+    spec = cpu(KernelCalibration(measured_on="before the probe"))
+    none, full, sel = (priced(spec, m) for m in (Checkpoint.NONE, Checkpoint.FULL,
+                                                 Checkpoint.SELECTIVE))
+    plain = none.forward_s
+    assert full.forward_s == plain and full.recompute_s == plain
+    assert sel.forward_s == plain
+    assert sel.recompute_s == pytest.approx(plain - 20 * US - 2 * 19.2e-9 + 12 * US)
+
+
+def test_old_json_loads_with_zeros_and_the_fields_round_trip():
+    again = KernelCalibration.from_dict(json.loads(json.dumps(PROBED.to_dict())))
+    assert again == PROBED and len(NEW_FIELDS) == 10
+    old = {k: v for k, v in PROBED.to_dict().items() if k not in NEW_FIELDS}
+    legacy = KernelCalibration.from_dict(old)
+    assert all(getattr(legacy, f) == 0.0 for f in NEW_FIELDS)
+    assert checkpoint_extra_seconds(block(), Checkpoint.SELECTIVE, legacy) == (0.0, 0.0)
+
+
+def test_gpu_presets_carry_no_probe_and_price_as_before():
+    """A GPU preset has no host probe of checkpointing: FULL's recompute is its forward."""
+    spec = get_cluster("h100-80g")
+    assert all(getattr(spec.kernel_calibration, f) == 0.0 for f in NEW_FIELDS)
+    config = dataclasses.replace(CONFIG, device_type="cuda")
+    full = layer_compute(block(), LayerStrategy(checkpoint=Checkpoint.FULL), spec, config)
+    assert full.recompute_s == full.forward_s
+
+
+def test_the_probe_counts_ops_kept_ops_and_saves_of_its_chains():
+    """Per op of each chain: add saves nothing; mul saves its other operand; layer norm
+    its input, mean and rstd; a matmul (x @ w, w needing no gradient) saves w and is kept
+    by SELECTIVE. The tail `sin` is one op and one save."""
+    chains = _chains(torch)
+    per_op = {"add": (1, 0, 0), "mul": (1, 0, 1), "layer_norm": (1, 0, 3), "mm": (1, 1, 1)}
+    for name, (ops, kept, saved) in per_op.items():
+        short, long = _counts(torch, chains[name], 2), _counts(torch, chains[name], 6)
+        assert tuple((b - a) / 4 for a, b in zip(short, long)) == (ops, kept, saved), name
+        assert short == (2 * ops + 1, 2 * kept, 2 * saved + 1), name
+
+
+def test_the_ir_counts_every_tensor_a_real_block_saves():
+    """`saved_tensors_fwd` of gpt-tiny's block, traced on meta, is the number of pack
+    calls of the real block's forward on CPU (a hook counting them: the oracle)."""
+    from ir.measure import layer_graph_from_trace
+    from ir.trace import trace
+    from planner.models import load_model
+
+    loaded = load_model("gpt-tiny", 2, None, device="meta")
+    traced = trace(loaded.module, loaded.inputs, loaded.target, loaded.loss_fn,
+                   dtype=torch.float32)
+    graph, _ = layer_graph_from_trace(traced, loaded.inputs, loaded.target,
+                                      name=loaded.name, dtype=torch.float32)
+    real = load_model("gpt-tiny", 2, None, device="cpu", seed=0).module.blocks["0"].train()
+    calls = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: calls.append(1) or t,
+                                                  lambda t: t):
+        real(torch.randn(2, 32, 64, requires_grad=True))
+    assert graph.layer("blocks.0").saved_tensors_fwd == len(calls) > 0
+
+
+
+PINS = dict(no_pp=True, tp=1, dp=1, micro_batch=8)
+
+
+def _uniform(graph, cluster, mode, precision):
+    """The search's best plan with every layer pinned to checkpointing `mode`."""
+    from planner.search import search
+    from planner.search_space import SearchOptions
+
+    options = SearchOptions(uniform=True, checkpoint=mode, precision=precision, **PINS)
+    return search(graph, cluster, 8, options, with_baselines=False).best
+
+
+def test_the_search_proposes_selective_where_it_pays():
+    """On an H100 (host time overlaps kernels; the preset carries no probe) a block's
+    selective recompute skips its matmuls: cheaper than FULL. On a device whose memory
+    admits SELECTIVE's peak but not NONE's (halfway, plus the DP buckets the search holds
+    in reserve) the free search checkpoints the blocks selectively."""
+    from cost_models.memory import DP_BUCKET_BYTES, DP_BUCKETS_IN_FLIGHT
+    from planner.models import load_layer_graph
+    from planner.search import search
+    from planner.search_space import SearchOptions
+
+    graph = load_layer_graph("gpt:layers=2,hidden=256,heads=4,seq=512,vocab=128",
+                             micro_batch=8, dtype=torch.bfloat16)
+    cluster = dataclasses.replace(get_cluster("h100-80g"), num_nodes=1, devices_per_node=1)
+    none, sel, full = (_uniform(graph, cluster, mode, Precision.BF16_MIXED).estimate
+                       for mode in (Checkpoint.NONE, Checkpoint.SELECTIVE, Checkpoint.FULL))
+    assert sel.iteration_seconds < full.iteration_seconds
+    assert sel.memory.peak_bytes < none.memory.peak_bytes
+    budget = ((none.memory.peak_bytes + sel.memory.peak_bytes) // 2
+              + DP_BUCKETS_IN_FLIGHT * DP_BUCKET_BYTES)
+    small = dataclasses.replace(cluster, device_memory_bytes=int(budget))
+    best = search(graph, small, 8, SearchOptions(**PINS), with_baselines=False).best
+    assert {s.checkpoint for layer, s in zip(graph.layers, best.plan.layer_strategies)
+            if layer.kind == "Block"} == {Checkpoint.SELECTIVE}
+
+
+def test_on_a_probed_cpu_the_search_weighs_sacs_host_cost():
+    """gpt-tiny on one CPU process: its blocks' matmuls are tiny, so what SELECTIVE saves
+    (their kernels in the recompute) is less than SAC's dispatch modes cost per op
+    (PROBED: 8 + 7 us per op, ~70 ops a block): the search prices the all-FULL plan
+    faster than the all-SELECTIVE one. Without the probe (a spec before it) SELECTIVE
+    was priced as its recomputed ops alone and came out faster."""
+    from planner.models import load_layer_graph
+
+    graph = load_layer_graph("gpt-tiny", micro_batch=8, dtype=torch.float32)
+
+    def seconds(spec, mode):
+        return _uniform(graph, spec, mode, Precision.FP32).estimate.iteration_seconds
+
+    probed, before = cpu(PROBED), cpu(KernelCalibration(measured_on="before the probe"))
+    assert seconds(probed, Checkpoint.FULL) < seconds(probed, Checkpoint.SELECTIVE)
+    assert seconds(before, Checkpoint.SELECTIVE) < seconds(before, Checkpoint.FULL)
