@@ -11,7 +11,18 @@ Beside the streaming kinds (copy, add), the kinds whose speed per byte differs o
   short_run         a copy whose innermost loop runs SHORT_RUN_PROBE_ELEMENTS elements (a
                     transposed (n, 8, 8) view): TensorIterator pays per inner loop, so a
                     permute, an expand or a broadcast over a middle dim streams ~5x slower
-                    (llama-tiny's (16, 32, 4, 2, 8) repeat_kv clone: 26 us for 128 KiB).
+                    (llama-tiny's (16, 32, 4, 2, 8) repeat_kv clone: 26 us for 128 KiB);
+  layer_norm_backward  `native_layer_norm_backward` over rows (all three gradients): on
+                    this CPU ~half the forward's seconds per byte (gpt-tiny's norm at
+                    micro-batch 16, 128 KiB of rows of 64: 11 us alone, where the forward's
+                    table priced 22).
+
+Two corrections beside the table (CPU):
+  per call          each point less its probe's own per-call cost (`net_of_call_cost`: the
+                    intercept of its two smallest sizes), which the host model charges per
+                    op already; at 32 KiB it was most of a copy's time;
+  per row           softmax and layer norm pay per row beyond their bytes
+                    (`probe_row_seconds`: the same bytes in short and long rows).
 
     probe_memory("cpu", [256 * 2**10], "float32")   # doctest: +SKIP
 """
@@ -23,17 +34,20 @@ from ir.kernel_calibration import MemoryKernelPoint
 
 from cost_models.device_grids import (BATCH_NORM_CHANNELS, CPU_SMALL_ONLY_KINDS,
                                       CPU_SMALL_ONLY_MAX_BYTES, MASK_SEQ_LEN, MiB,
-                                      ROW_ELEMENTS, SHORT_RUN_PROBE_ELEMENTS)
+                                      ROW_ELEMENTS, ROW_PROBE_BYTES, SHORT_ROW_ELEMENTS,
+                                      SHORT_RUN_PROBE_ELEMENTS)
 
 
 def _memory_kernel(name: str, x, y, out):
     """One call of a memory-bound kernel and the bytes it must move: each input read once,
-    each output written once."""
+    each output written once. Views are made here, once: each call is one op's dispatch."""
     import torch
     import torch.nn.functional as F
 
+    aten = torch.ops.aten
     rows = x.numel() // ROW_ELEMENTS
     e = x.element_size()
+    x_rows, y_rows = x.view(rows, ROW_ELEMENTS), y.view(rows, ROW_ELEMENTS)
     if name == "copy":
         return lambda: out.copy_(x), 2 * x.numel() * e
     if name == "add":
@@ -41,16 +55,23 @@ def _memory_kernel(name: str, x, y, out):
     if name == "gelu":
         return lambda: F.gelu(x), 2 * x.numel() * e
     if name == "sum":  # reduce rows of ROW_ELEMENTS: read everything, write one per row
-        return lambda: x.view(rows, ROW_ELEMENTS).sum(dim=-1), (x.numel() + rows) * e
+        return lambda: x_rows.sum(dim=-1), (x.numel() + rows) * e
     if name == "softmax":
-        return lambda: torch.softmax(x.view(rows, ROW_ELEMENTS), dim=-1), 2 * x.numel() * e
-    if name == "layer_norm":
-        return (lambda: F.layer_norm(x.view(rows, ROW_ELEMENTS), (ROW_ELEMENTS,)),
-                2 * x.numel() * e)
+        return lambda: torch.softmax(x_rows, dim=-1), 2 * x.numel() * e
+    if name in ("layer_norm", "layer_norm_backward"):
+        weight, bias = (torch.ones(ROW_ELEMENTS, dtype=x.dtype, device=x.device)
+                        for _ in range(2))
+        if name == "layer_norm":  # reads x, writes y (the row statistics are negligible)
+            return (lambda: aten.native_layer_norm(x_rows, [ROW_ELEMENTS], weight, bias, 1e-5),
+                    2 * x.numel() * e)
+        _, mean, rstd = aten.native_layer_norm(x_rows, [ROW_ELEMENTS], weight, bias, 1e-5)
+        # reads the gradient and x, writes grad_input (and the weight's and bias's)
+        return (lambda: aten.native_layer_norm_backward(
+            y_rows, x_rows, [ROW_ELEMENTS], mean, rstd, weight, bias, [True, True, True]),
+            3 * x.numel() * e)
     if name == "softmax_backward":  # reads the gradient and the output, writes the result
-        rows_y = torch.softmax(y.view(rows, ROW_ELEMENTS), dim=-1)
-        grad = x.view(rows, ROW_ELEMENTS)
-        return (lambda: torch.ops.aten._softmax_backward_data(grad, rows_y, -1, x.dtype),
+        rows_y = torch.softmax(y_rows, dim=-1)
+        return (lambda: aten._softmax_backward_data(x_rows, rows_y, -1, x.dtype),
                 3 * x.numel() * e)
     if name == "masked_fill":  # a causal mask over (..., s, s) scores: reads x, writes out
         causal = torch.ones(MASK_SEQ_LEN, MASK_SEQ_LEN, dtype=torch.bool,
@@ -65,15 +86,73 @@ def _memory_kernel(name: str, x, y, out):
         images = x.view(rows, BATCH_NORM_CHANNELS, ROW_ELEMENTS // BATCH_NORM_CHANNELS)
         stats = [torch.ones(BATCH_NORM_CHANNELS, dtype=x.dtype, device=x.device)
                  for _ in range(4)]  # weight, bias, running mean, running var
-        _, mean, invstd = torch.ops.aten.native_batch_norm(images, *stats, True, 0.1, 1e-5)
+        _, mean, invstd = aten.native_batch_norm(images, *stats, True, 0.1, 1e-5)
         if name == "batch_norm":  # reads x, writes y
-            return (lambda: torch.ops.aten.native_batch_norm(images, *stats, True, 0.1, 1e-5),
+            return (lambda: aten.native_batch_norm(images, *stats, True, 0.1, 1e-5),
                     2 * x.numel() * e)
         grad = y.view_as(images)  # reads the gradient and x, writes grad_input
-        return (lambda: torch.ops.aten.native_batch_norm_backward(
+        return (lambda: aten.native_batch_norm_backward(
             grad, images, stats[0], stats[2], stats[3], mean, invstd, True, 1e-5,
             [True, True, True]), 3 * x.numel() * e)
     raise PlannerError(f"unknown memory kernel {name!r}")
+
+
+def net_of_call_cost(points: list[MemoryKernelPoint]) -> list[MemoryKernelPoint]:
+    """CPU points less each probe's own per-call cost, which the host model charges per
+    op already (`compute.forward_host_seconds`: dispatch, set-up, allocation; a 32 KiB
+    copy is mostly that). Per kind, that cost is the intercept of the line through its
+    two smallest sizes' seconds (a probe call of no bytes); every point of the kind loses
+    it, never going below `conv_probes.MIN_DEVICE_SHARE` of its seconds. A kind measured
+    at one size is left as measured."""
+    from cost_models.conv_probes import MIN_DEVICE_SHARE
+
+    def seconds(p: MemoryKernelPoint) -> float:
+        return p.nbytes / (p.gbps * 1e9)
+
+    out = []
+    for p in points:
+        sizes = sorted({q.nbytes: q for q in points
+                        if (q.kernel, q.dtype) == (p.kernel, p.dtype)}.values(),
+                       key=lambda q: q.nbytes)
+        if len(sizes) < 2:
+            out.append(p)
+            continue
+        small, next_up = sizes[0], sizes[1]
+        slope_s = (seconds(next_up) - seconds(small)) / (next_up.nbytes - small.nbytes)
+        call_s = max(0.0, seconds(small) - slope_s * small.nbytes)
+        device_s = max(seconds(p) - call_s, MIN_DEVICE_SHARE * seconds(p))
+        out.append(MemoryKernelPoint(p.kernel, p.dtype, p.nbytes, p.nbytes / device_s / 1e9))
+    return out
+
+
+def probe_row_seconds(device: str, dtype: str) -> dict[str, float]:
+    """Seconds per row of each row-wise kind of `device_grids.SHORT_ROW_ELEMENTS` beyond
+    its bytes: ROW_PROBE_BYTES in rows of SHORT_ROW_ELEMENTS[kind] and in rows of
+    ROW_ELEMENTS (the bandwidth table's), the time difference over the row-count
+    difference (bytes and the call's fixed cost cancel); each time the fastest of
+    ROW_PROBE_PASSES medians. Never below 0."""
+    import torch
+
+    from cost_models.conv_probes import CONV_PROBE_PASSES as ROW_PROBE_PASSES
+    from cost_models.profile_device import _random, seconds_per_call
+
+    aten = torch.ops.aten
+    element_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    numel = ROW_PROBE_BYTES // element_bytes // ROW_ELEMENTS * ROW_ELEMENTS
+    x = _random(numel, dtype, device)
+    out = {}
+    for kind, short in SHORT_ROW_ELEMENTS.items():
+        timed = []
+        for width in (ROW_ELEMENTS, short):
+            rows_view = x.view(-1, width)
+            ones = torch.ones(width, dtype=x.dtype, device=device)
+            call = (lambda i: torch.softmax(rows_view, dim=-1)) if kind == "softmax" else \
+                (lambda i: aten.native_layer_norm(rows_view, [width], ones, ones, 1e-5))
+            timed.append((numel // width, min(seconds_per_call(call, device)
+                                              for _ in range(ROW_PROBE_PASSES))))
+        (long_rows, long_s), (short_rows, short_s) = timed
+        out[kind] = max(0.0, (short_s - long_s) / (short_rows - long_rows))
+    return out
 
 
 def probe_memory(device: str, sizes, dtype: str, progress=None) -> list[MemoryKernelPoint]:

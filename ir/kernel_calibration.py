@@ -32,7 +32,8 @@ from ir.errors import PlannerError
 # Memory-bound kernels a calibration can describe (what profile-device times;
 # `cost_models.memory_probes` says what each one runs).
 MEMORY_KERNELS = ("copy", "add", "gelu", "sum", "softmax", "layer_norm", "batch_norm",
-                  "batch_norm_backward", "softmax_backward", "masked_fill", "short_run")
+                  "batch_norm_backward", "softmax_backward", "masked_fill", "short_run",
+                  "layer_norm_backward")
 # SDPA backends as torch.nn.attention.SDPBackend names them, lower case, plus "default"
 # (whatever torch's dispatcher picks with no backend forced).
 SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "math", "default")
@@ -43,7 +44,9 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "backward_nonview_host_op_s", "backward_node_host_s", "python_node_host_s",
             "forward_node_host_s",
             "embedding_bag_call_s", "embedding_bag_index_s", "embedding_bag_backward_call_s",
-            "embedding_bag_backward_index_s")
+            "embedding_bag_backward_index_s",
+            # per-row kernel costs (`cost_models.memory_probes.probe_row_seconds`)
+            "softmax_row_s", "layer_norm_row_s")
 
 
 def _is_number(value: Any) -> bool:
@@ -248,6 +251,13 @@ class KernelCalibration:
     embedding_bag_index_s: float = 0.0
     embedding_bag_backward_call_s: float = 0.0
     embedding_bag_backward_index_s: float = 0.0
+    # ---- per-row costs of row-wise kernels (`cost_models.memory_probes.probe_row_seconds`)
+    # Device seconds per row of a softmax (forward) and a layer norm (forward) beyond their
+    # bytes at the table's bandwidth (measured on rows of `device_grids.ROW_ELEMENTS`):
+    # the difference of the same bytes in short rows and in long ones, per extra row.
+    # 0 where not measured (previous pricing: bytes only).
+    softmax_row_s: float = 0.0
+    layer_norm_row_s: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)
