@@ -18,9 +18,10 @@ Beside the streaming kinds (copy, add), the kinds whose speed per byte differs o
                     table priced 22).
 
 Two corrections beside the table (CPU):
-  per call          each point less its probe's own per-call cost (`net_of_call_cost`: the
-                    intercept of its two smallest sizes), which the host model charges per
-                    op already; at 32 KiB it was most of a copy's time;
+  per call          each point less the per-call cost the host model charges per op
+                    already (dispatch, plus the op's excess), at most the probe's own
+                    fixed cost (the intercept of its two smallest sizes):
+                    `net_of_call_cost`; at 32 KiB it was most of a copy's time;
   per row           softmax and layer norm pay per row beyond their bytes
                     (`probe_row_seconds`: the same bytes in short and long rows).
 
@@ -97,13 +98,35 @@ def _memory_kernel(name: str, x, y, out):
     raise PlannerError(f"unknown memory kernel {name!r}")
 
 
-def net_of_call_cost(points: list[MemoryKernelPoint]) -> list[MemoryKernelPoint]:
-    """CPU points less each probe's own per-call cost, which the host model charges per
-    op already (`compute.forward_host_seconds`: dispatch, set-up, allocation; a 32 KiB
-    copy is mostly that). Per kind, that cost is the intercept of the line through its
-    two smallest sizes' seconds (a probe call of no bytes); every point of the kind loses
-    it, never going below `conv_probes.MIN_DEVICE_SHARE` of its seconds. A kind measured
-    at one size is left as measured."""
+# The op each probe kind's call dispatches whose per-call host excess the host model
+# charges (`host_excess.HOST_EXCESS_OPS`); other kinds are charged plain dispatch only.
+EXCESS_OP_OF_KIND = {"gelu": "aten::gelu", "sum": "aten::sum",
+                     "layer_norm": "aten::native_layer_norm",
+                     "layer_norm_backward": "aten::native_layer_norm_backward"}
+
+
+def host_charged_seconds(device: str) -> tuple[float, dict[str, float]]:
+    """What the host model charges one call of each probe kind (CPU): one op's plain
+    dispatch, plus the op's measured excess where it has one (`host_excess
+    .plain_dispatch_seconds`, the figures `compute.forward_host_seconds` prices);
+    returns (plain dispatch, {kind: dispatch + excess})."""
+    from cost_models.host_excess import plain_dispatch_seconds
+
+    plain = plain_dispatch_seconds(device, ops=tuple(EXCESS_OP_OF_KIND.values()))
+    return plain.op_s, {kind: plain.op_s + plain.excess_s.get(op, 0.0)
+                        for kind, op in EXCESS_OP_OF_KIND.items()}
+
+
+def net_of_call_cost(points: list[MemoryKernelPoint], dispatch_s: float,
+                     charged_s: dict[str, float]) -> list[MemoryKernelPoint]:
+    """CPU points less what of each probe call's fixed cost the host model charges per
+    op already (`host_charged_seconds`: `charged_s[kind]`, else `dispatch_s`), at most
+    the probe's own per-call cost: the intercept of the line through its kind's two
+    smallest sizes' seconds (a call of no bytes; a `copy_` into a given output allocates
+    nothing and costs less than the host's allocating reference op). Without it the small
+    points (a 32 KiB copy: 1.1 us, most of it the call) carried the dispatch the host
+    model charges too. Every point of the kind loses the same seconds, never going below
+    `conv_probes.MIN_DEVICE_SHARE` of its own; a kind measured at one size is kept."""
     from cost_models.conv_probes import MIN_DEVICE_SHARE
 
     def seconds(p: MemoryKernelPoint) -> float:
@@ -119,7 +142,8 @@ def net_of_call_cost(points: list[MemoryKernelPoint]) -> list[MemoryKernelPoint]
             continue
         small, next_up = sizes[0], sizes[1]
         slope_s = (seconds(next_up) - seconds(small)) / (next_up.nbytes - small.nbytes)
-        call_s = max(0.0, seconds(small) - slope_s * small.nbytes)
+        intercept_s = max(0.0, seconds(small) - slope_s * small.nbytes)
+        call_s = min(intercept_s, charged_s.get(p.kernel, dispatch_s))
         device_s = max(seconds(p) - call_s, MIN_DEVICE_SHARE * seconds(p))
         out.append(MemoryKernelPoint(p.kernel, p.dtype, p.nbytes, p.nbytes / device_s / 1e9))
     return out
