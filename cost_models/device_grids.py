@@ -40,7 +40,8 @@ BATCH_NORM_CHANNELS = 16
 # device must stay under a minute on a busy 2-core host (tests/test_profile_device.py) and
 # had no room for them at 64 MiB (11 kinds x 2 passes took 35 s of its 61 at load 11,
 # 2026-11-24); past it the last point's rate applies (`kernel_time.memory_gbps`).
-CPU_SMALL_ONLY_KINDS = ("softmax_backward", "masked_fill", "short_run", "layer_norm_backward")
+CPU_SMALL_ONLY_KINDS = ("softmax_backward", "masked_fill", "short_run", "layer_norm_backward",
+                        "broadcast_scalar")
 CPU_SMALL_ONLY_MAX_BYTES = 4 * MiB
 # masked_fill's probe: a causal mask of this many positions, the zoo's sequence length
 # (gpt/llama/t5-tiny train at 32). Its cost per element grows with it on this CPU (one

@@ -339,6 +339,8 @@ def _measured(cal: KernelCalibration | None, kernel: str) -> bool:
 def memory_kind(r: KernelRecord, cal: KernelCalibration | None) -> str:
     """The calibration kind that prices a memory record: its op's kind, or a stand-in for
     a kind the calibration lacks."""
+    if r.unvectorized and _measured(cal, "broadcast_scalar"):
+        return "broadcast_scalar"  # ATen's CPU loop runs it element by element
     kind = MEMORY_KERNEL_OF_OP.get(r.op.split("::")[-1], "add")
     while kind in MEMORY_KERNEL_STAND_IN and not _measured(cal, kind):
         kind = MEMORY_KERNEL_STAND_IN[kind]

@@ -17,6 +17,10 @@ Beside the streaming kinds (copy, add), the kinds whose speed per byte differs o
                     micro-batch 16, 128 KiB of rows of 64: 11 us alone, where the forward's
                     table priced 22).
 
+  broadcast_scalar  a scalar times a column expanded along the rows (stride 0 innermost),
+                    as a mean's backward divides: not vectorised, ~3.5x an add per byte
+                    (`ir.kernel_recorder.scalar_over_broadcast` marks such records).
+
 Two corrections beside the table (CPU):
   per call          each point less the per-call cost the host model charges per op
                     already (dispatch, plus the op's excess), at most the probe's own
@@ -79,6 +83,9 @@ def _memory_kernel(name: str, x, y, out):
                             device=x.device).triu(1)
         scores = x.view(-1, MASK_SEQ_LEN, MASK_SEQ_LEN)
         return lambda: scores.masked_fill(causal, float("-inf")), 2 * x.numel() * e
+    if name == "broadcast_scalar":  # a column broadcast along the rows, times a scalar
+        column = x_rows[:, :1].expand(rows, ROW_ELEMENTS)  # read as the record counts it
+        return lambda: column * 2.0, 2 * x.numel() * e
     if name == "short_run":  # out = x's (n, r, r) blocks transposed: inner loops of r
         r = SHORT_RUN_PROBE_ELEMENTS
         source, target = x.view(-1, r, r).transpose(1, 2), out.view(-1, r, r)

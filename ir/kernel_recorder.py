@@ -265,6 +265,32 @@ def inner_loops(name: str, args, inputs: list[torch.Tensor],
     return run, math.prod(shape) // run
 
 
+# Memory ops that are not one elementwise loop (their own kernels, `inner_loops`).
+NOT_ELEMENTWISE_OPS = frozenset(ROW_OPS) | REDUCTION_OPS | frozenset(SLICE_WRITE_OPS) | \
+    EMBEDDING_BAG_OPS
+
+
+def scalar_over_broadcast(args, inputs: list[torch.Tensor],
+                          outputs: list[torch.Tensor]) -> bool:
+    """An elementwise op of a scalar (a Python number or a 0-dim tensor) and one tensor
+    that is broadcast, stride 0, along the output's innermost dim: a mean's backward
+    (`grad.expand(...) / n`). ATen's CPU loop runs it element by element: measured here
+    (one thread, 2026-11-24) a (64, 1) column expanded to (64, 4096) times 2.0 took 79 us,
+    the contiguous (64, 4096) 22 us, a tensor times the same expanded column as fast as
+    a contiguous product."""
+    if not outputs:
+        return False
+    tensors = [t for t in inputs if t.dim() > 0 and t.numel() > 1]
+    scalar = any(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args) or \
+        any(t.dim() == 0 for t in inputs)
+    if not scalar or len(tensors) != 1:
+        return False
+    shape = tuple(outputs[0].shape)
+    dims = [d for d in range(len(shape)) if shape[d] != 1]
+    strides = _broadcast_strides(tensors[0], shape)
+    return bool(dims) and strides is not None and strides[dims[-1]] == 0
+
+
 # Ops whose `approximate` argument (positional index here) selects another kernel:
 # GELU's "tanh" form is a polynomial, the default "none" calls erf (`aten/src/ATen/native/
 # cpu/Activation.cpp`: GeluKernelImpl / GeluBackwardKernelImpl branch on it).
@@ -295,7 +321,7 @@ class KernelRecorder:
     def add(self, record: KernelRecord) -> None:
         key = (record.op, record.kind, record.dtype, record.shape, record.flops,
                record.weight_bytes, record.activation_bytes, record.causal,
-               record.inner_loops, record.variant)
+               record.inner_loops, record.variant, record.unvectorized)
         entry = self._counts.setdefault(key, [record, 0])
         entry[1] += record.count
 
@@ -330,10 +356,13 @@ class KernelRecorder:
         else:
             kind, causal = KernelKind.MEMORY, False
             shape = tuple(outputs[0].shape) if outputs else ()
-        loops = inner_loops(name, args, inputs, outputs)[1] if kind is KernelKind.MEMORY else 0
+        memory = kind is KernelKind.MEMORY
+        loops = inner_loops(name, args, inputs, outputs)[1] if memory else 0
         self.add(KernelRecord(op, kind, dtype, tuple(int(d) for d in shape), 1, flops,
                               weight, moved, saved_under_selective(func), causal, loops,
-                              approximation(name, args, kwargs)))
+                              approximation(name, args, kwargs),
+                              memory and name not in NOT_ELEMENTWISE_OPS
+                              and scalar_over_broadcast(args, inputs, outputs)))
 
     def _is_weight_gradient(self, name: str, t: torch.Tensor) -> bool:
         """A backward output that does not grow with the micro-batch: an embedding's dense

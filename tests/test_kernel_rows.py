@@ -176,3 +176,33 @@ def test_calibrations_written_before_the_row_figures_still_load():
     new = dataclasses.replace(cal, softmax_row_s=9.6e-9, layer_norm_row_s=2e-8, memory_kernels=(
         *cal.memory_kernels, MemoryKernelPoint("layer_norm_backward", "float32", 1024, 5.0)))
     assert KernelCalibration.from_dict(new.to_dict()) == new
+
+
+def test_a_scalar_over_a_broadcast_column_is_marked_and_priced_unvectorised():
+    """A mean's backward divides its gradient, expanded along the innermost dim (stride 0
+    there), by n: marked. Not marked: a contiguous tensor times a scalar, an expanded
+    tensor times a tensor, a scalar over a tensor broadcast along a middle dim (its
+    innermost loop is contiguous). Priced: 512 KiB at the "broadcast_scalar" point's
+    10 GB/s = 52.43 us where measured, else at the op's own kind (add, 100 GB/s: 5.24 us)."""
+    from ir.kernel_recorder import scalar_over_broadcast
+
+    def m(*shape):
+        return torch.empty(*shape, device="meta")
+
+    grad = m(16, 16, 1, 1).expand(16, 16, 16, 16)
+    out = [m(16, 16, 16, 16)]
+    assert scalar_over_broadcast((grad, 256), [grad], out)
+    assert scalar_over_broadcast((grad, m(())), [grad, m(())], out)
+    assert not scalar_over_broadcast((m(16, 16, 16, 16), 256), [m(16, 16, 16, 16)], out)
+    assert not scalar_over_broadcast((grad, m(16, 16, 16, 16)), [grad, m(16, 16, 16, 16)], out)
+    middle = m(2, 1, 8).expand(2, 3, 8)
+    assert not scalar_over_broadcast((middle, 2.0), [middle], [m(2, 3, 8)])
+
+    nbytes = 512 * KiB
+    r = KernelRecord("aten::div", KernelKind.MEMORY, "float32", (16, 16, 16, 16), 1,
+                     activation_bytes=nbytes, unvectorized=True)
+    measured = KernelCalibration(measured_on="made up", memory_kernels=(
+        *POINTS, MemoryKernelPoint("broadcast_scalar", "float32", NBYTES, 10.0)))
+    bare = KernelCalibration(measured_on="made up", memory_kernels=POINTS)
+    assert memory_s(r, measured, backward=True) == pytest.approx(52.4288e-6)
+    assert memory_s(r, bare, backward=True) == pytest.approx(5.24288e-6)
