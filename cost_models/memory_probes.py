@@ -12,10 +12,10 @@ Beside the streaming kinds (copy, add), the kinds whose speed per byte differs o
                     transposed (n, 8, 8) view): TensorIterator pays per inner loop, so a
                     permute, an expand or a broadcast over a middle dim streams ~5x slower
                     (llama-tiny's (16, 32, 4, 2, 8) repeat_kv clone: 26 us for 128 KiB);
-  layer_norm_backward  `native_layer_norm_backward` over rows (all three gradients): on
-                    this CPU ~half the forward's seconds per byte (gpt-tiny's norm at
-                    micro-batch 16, 128 KiB of rows of 64: 11 us alone, where the forward's
-                    table priced 22).
+  layer_norm_backward  `native_layer_norm_backward` (all three gradients) over rows of
+                    LAYER_NORM_BACKWARD_ROW_ELEMENTS: on this CPU ~half the forward's
+                    seconds per byte (gpt-tiny's norm at micro-batch 16, 128 KiB of rows of
+                    64: 11 us alone, where the forward's table priced 22).
 
   broadcast_scalar  a scalar times a column expanded along the rows (stride 0 innermost),
                     as a mean's backward divides: not vectorised, ~3.5x an add per byte
@@ -42,6 +42,13 @@ from cost_models.device_grids import (BATCH_NORM_CHANNELS, CPU_SMALL_ONLY_KINDS,
                                       ROW_ELEMENTS, ROW_PROBE_BYTES, SHORT_ROW_ELEMENTS,
                                       SHORT_RUN_PROBE_ELEMENTS)
 
+# The backward's weight and bias gradients sum over the rows per column: a cost per column
+# that rows of ROW_ELEMENTS pay at any size (here, one thread, 2026-11-24: 10.8 us for 32
+# KiB in rows of 4096, 5.8 in rows of 64; 42.8 vs 55.8 us at 512 KiB), which a wide-row
+# table would charge narrow rows as bandwidth. Its table is measured on the zoo's hidden
+# size (`SHORT_ROW_ELEMENTS["layer_norm"]`); wide hidden sizes on a CPU are priced at it.
+LAYER_NORM_BACKWARD_ROW_ELEMENTS = SHORT_ROW_ELEMENTS["layer_norm"]
+
 
 def _memory_kernel(name: str, x, y, out):
     """One call of a memory-bound kernel and the bytes it must move: each input read once,
@@ -63,16 +70,19 @@ def _memory_kernel(name: str, x, y, out):
         return lambda: x_rows.sum(dim=-1), (x.numel() + rows) * e
     if name == "softmax":
         return lambda: torch.softmax(x_rows, dim=-1), 2 * x.numel() * e
-    if name in ("layer_norm", "layer_norm_backward"):
+    if name == "layer_norm":  # reads x, writes y (the row statistics are negligible)
         weight, bias = (torch.ones(ROW_ELEMENTS, dtype=x.dtype, device=x.device)
                         for _ in range(2))
-        if name == "layer_norm":  # reads x, writes y (the row statistics are negligible)
-            return (lambda: aten.native_layer_norm(x_rows, [ROW_ELEMENTS], weight, bias, 1e-5),
-                    2 * x.numel() * e)
-        _, mean, rstd = aten.native_layer_norm(x_rows, [ROW_ELEMENTS], weight, bias, 1e-5)
+        return (lambda: aten.native_layer_norm(x_rows, [ROW_ELEMENTS], weight, bias, 1e-5),
+                2 * x.numel() * e)
+    if name == "layer_norm_backward":  # rows of LAYER_NORM_BACKWARD_ROW_ELEMENTS
+        width = LAYER_NORM_BACKWARD_ROW_ELEMENTS
+        x_short, grad = x.view(-1, width), y.view(-1, width)
+        weight, bias = (torch.ones(width, dtype=x.dtype, device=x.device) for _ in range(2))
+        _, mean, rstd = aten.native_layer_norm(x_short, [width], weight, bias, 1e-5)
         # reads the gradient and x, writes grad_input (and the weight's and bias's)
         return (lambda: aten.native_layer_norm_backward(
-            y_rows, x_rows, [ROW_ELEMENTS], mean, rstd, weight, bias, [True, True, True]),
+            grad, x_short, [width], mean, rstd, weight, bias, [True, True, True]),
             3 * x.numel() * e)
     if name == "softmax_backward":  # reads the gradient and the output, writes the result
         rows_y = torch.softmax(y_rows, dim=-1)
