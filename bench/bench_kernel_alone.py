@@ -12,9 +12,10 @@ on a spec `profile_device("cpu")` measures here) against the summed alone-second
 
 Target: each layer pass's kernel sum within 15% of the measured sum (exit 1 otherwise).
 Notes: in-place ops are timed on a fresh clone (the clone's time subtracted); the
-autograd engine's gradient accumulation (`add_` into `.grad`, present from the second
-backward on) is timed but has no record; ops that only draw random numbers are priced
-by `compute.random_draw_seconds`, outside the kernel sum, and are shown but not summed.
+parameters' `.grad` is cleared before the timed step (as `planner profile` runs each
+repeat: a step's first micro-batch steals its gradients, no `add_`); ops that only draw
+random numbers are priced by `compute.random_draw_seconds`, outside the kernel sum, and
+are shown but not summed.
 An op of a few microseconds is mostly dispatch: less the trivial call it can come out
 near zero or below, so passes whose kernels sum to tens of microseconds (micro-batch 1,
 t5's bias forward) say little; read the larger ones.
@@ -43,6 +44,7 @@ from cost_models.common import StepConfig  # noqa: E402
 from cost_models.host_probes import probe_clock  # noqa: E402
 from cost_models.kernel_time import DRAW_ONLY_OPS, kernel_call_seconds  # noqa: E402
 from cost_models.profile_device import profile_device  # noqa: E402
+from ir.graph_measurer import _clear_grads  # noqa: E402
 from ir.kernel_recorder import NO_KERNEL_OPS  # noqa: E402
 from ir.kernel_records import KernelKind  # noqa: E402
 from ir.stand_in import real_factory  # noqa: E402
@@ -112,8 +114,8 @@ def measure_row(model: str, micro_batch: int, layer_name: str, graph, measurer, 
             timer.phase = "bwd"
         torch.autograd.backward(outs, seeds)
 
-    # warm-up; .grad now exists, as in `planner profile`'s repeated backward
-    step(measurer.fresh_inputs(index, state, factory))
+    step(measurer.fresh_inputs(index, state, factory))  # warm-up
+    _clear_grads(state)  # a step's first micro-batch, as `planner profile` times it
     inputs = measurer.fresh_inputs(index, state, factory)  # drawn outside the timer
     timer = AloneTimer(clock, trivial_s)
     with timer:

@@ -40,7 +40,8 @@ BATCH_NORM_CHANNELS = 16
 # device must stay under a minute on a busy 2-core host (tests/test_profile_device.py) and
 # had no room for them at 64 MiB (11 kinds x 2 passes took 35 s of its 61 at load 11,
 # 2026-11-24); past it the last point's rate applies (`kernel_time.memory_gbps`).
-CPU_SMALL_ONLY_KINDS = ("softmax_backward", "masked_fill", "short_run")
+CPU_SMALL_ONLY_KINDS = ("softmax_backward", "masked_fill", "short_run", "layer_norm_backward",
+                        "broadcast_scalar")
 CPU_SMALL_ONLY_MAX_BYTES = 4 * MiB
 # masked_fill's probe: a causal mask of this many positions, the zoo's sequence length
 # (gpt/llama/t5-tiny train at 32). Its cost per element grows with it on this CPU (one
@@ -49,6 +50,14 @@ MASK_SEQ_LEN = 32
 # short_run's probe: a copy whose inner loop runs this many elements (llama-tiny's head
 # width 8: its permuted and expanded q/k/v copies run inner loops of 8).
 SHORT_RUN_PROBE_ELEMENTS = 8
+# Per-row probes (`memory_probes.probe_row_seconds`): the same ROW_PROBE_BYTES of fp32
+# in rows of ROW_ELEMENTS and in short rows, per row-wise kind: softmax over the zoo's
+# attention scores (rows of MASK_SEQ_LEN), layer norm over the zoo's hidden size (64:
+# gpt/bert/t5-tiny). Measured here (one thread, thread clock, 2026-11-24): 128 Ki
+# elements of softmax took 54 us in rows of 4096 and 94 in rows of 32 (~9.6 ns per
+# extra row), layer norm 32 us in rows of 4096 and 72 in rows of 64 (~20 ns per row).
+ROW_PROBE_BYTES = 512 * 2**10
+SHORT_ROW_ELEMENTS = {"softmax": MASK_SEQ_LEN, "layer_norm": 64}
 # SDPA shapes (batch, heads, seq_len, head_dim), causal as GPT trains.
 CUDA_SDPA_SHAPES = ((8, 16, 1024, 64), (4, 32, 2048, 128), (1, 32, 8192, 128))
 CPU_SDPA_SHAPES = ((2, 4, 128, 32), (1, 8, 256, 64))

@@ -11,7 +11,8 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
                             without a table the roofline of its implicit GEMM
     t_roofline(attention) = FLOPs / measured SDPA rate of the backend dispatch picks
     t_roofline(memory)    = bytes / bandwidth of that kind of memory-bound kernel at its size
-                            (+ its inner loops x measured seconds per loop: copy/add/sum)
+                            (+ its inner loops x measured seconds per loop: copy/add/sum;
+                            + rows x measured seconds per row: softmax, layer norm)
     embedding backward    = table fill (a copy) + indices x measured seconds per index
                             + the rows' bytes (a scatter-add costs per index, not per byte)
     embedding bag         = measured seconds per call + indices x measured seconds per
@@ -20,8 +21,8 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
 (Williams et al. 2009 roofline per kernel). GEMM efficiency by shape: the nearest measured
 GEMM of the cluster's kernel calibration, else the analytic saturation fit
 (`cost_models.gemm_efficiency`). Memory-bound bandwidth: the calibration's measured points
-for that kernel kind (copy, add, gelu, sum, softmax, layer_norm, batch_norm and its
-backward), interpolated in
+for that kernel kind (copy, add, gelu, sum, softmax, layer_norm and batch_norm and their
+backwards; `broadcast_scalar` for a record marked `unvectorized`), interpolated in
 log(bytes), else the spec's `hbm_gbps` times the share of it that kind reached on a
 measured H100 (a softmax streams at ~40% of the datasheet bandwidth). Fused attention:
 the calibration's "default" backend (what torch's dispatcher chose on that device, with no
@@ -97,7 +98,8 @@ MEMORY_KERNEL_OF_OP = {
     **dict.fromkeys(("_softmax_backward_data", "_log_softmax_backward_data"),
                     "softmax_backward"),
     **dict.fromkeys(("masked_fill", "masked_fill_", "where"), "masked_fill"),
-    **dict.fromkeys(("native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
+    "native_layer_norm_backward": "layer_norm_backward",
+    **dict.fromkeys(("native_layer_norm", "_fused_rms_norm",
                      "_fused_rms_norm_backward", "native_group_norm",
                      "native_group_norm_backward", "_native_batch_norm_legit_no_training"),
                     "layer_norm"),
@@ -117,7 +119,15 @@ MEMORY_KERNEL_OF_OP = {
 
 # Kinds a calibration may lack (specs measured before they were probed, GPU presets): the
 # kind that priced those ops before, which is what the time model falls back to.
-MEMORY_KERNEL_STAND_IN = {"softmax_backward": "softmax", "masked_fill": "add"}
+MEMORY_KERNEL_STAND_IN = {"softmax_backward": "softmax", "masked_fill": "add",
+                          "layer_norm_backward": "layer_norm"}
+# Row-wise forward kernels that pay per row beyond their bytes (a softmax's max, sum and
+# normalise passes, a layer norm's statistics, per row): the calibration's measured
+# seconds per row (`memory_probes.probe_row_seconds`) x the record's rows
+# (`ir.kernel_recorder.row_loops`, kept in `inner_loops`). 0 where not measured.
+ROW_COST_FIELD = {**dict.fromkeys(("_softmax", "_log_softmax", "_safe_softmax"),
+                                  "softmax_row_s"),
+                  "native_layer_norm": "layer_norm_row_s"}
 # A streaming op (copy, add, sum kinds) pays per innermost loop on top of its bytes: on
 # this CPU (one thread, 2026-11-24) inner loops of 8 elements streamed ~5x slower than
 # contiguous ones (a (16, 8, 32, 8) permuted clone 10.3 us, 128 KiB), loops of 32 within
@@ -275,9 +285,11 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
         if op in EMBEDDING_BAG_OPS and cal is not None and cal.embedding_bag_call_s > 0:
             return _embedding_bag_seconds(r, cluster, config, share, backward)
         kind = memory_kind(r, cal)
+        loops = r.inner_loops * share * config.batch_scale  # rows or loops grow alike
         return _streaming_seconds(cluster, kind, dtype, nbytes) + (
-            r.inner_loops * share * config.batch_scale * _loop_seconds(cal, dtype, nbytes)
-            if kind in SHORT_RUN_KINDS and r.inner_loops > 1 else 0.0)
+            loops * _loop_seconds(cal, dtype, nbytes)
+            if kind in SHORT_RUN_KINDS and r.inner_loops > 1 else 0.0) + (
+            loops * getattr(cal, ROW_COST_FIELD[op]) if op in ROW_COST_FIELD and cal else 0.0)
     return 0.0  # views: no kernel
 
 
@@ -327,6 +339,8 @@ def _measured(cal: KernelCalibration | None, kernel: str) -> bool:
 def memory_kind(r: KernelRecord, cal: KernelCalibration | None) -> str:
     """The calibration kind that prices a memory record: its op's kind, or a stand-in for
     a kind the calibration lacks."""
+    if r.unvectorized and _measured(cal, "broadcast_scalar"):
+        return "broadcast_scalar"  # ATen's CPU loop runs it element by element
     kind = MEMORY_KERNEL_OF_OP.get(r.op.split("::")[-1], "add")
     while kind in MEMORY_KERNEL_STAND_IN and not _measured(cal, kind):
         kind = MEMORY_KERNEL_STAND_IN[kind]

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from ir.errors import PlannerError
-from ir.graph_measurer import GraphMeasurer
+from ir.graph_measurer import GraphMeasurer, _clear_grads
 from ir.layer import LayerGraph
 from ir.measure import layer_graph_from_trace
 from ir.stand_in import TensorFactory, real_factory
@@ -101,12 +101,19 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     counters and saved-tensor hooks: they cost a Python call per op, more than a small
     op itself. The backward leaves out the autograd engine's start (`autograd_call_s`,
     measured here): a step pays it once per micro-batch and stage, not once per layer,
-    and the compute model sums layers."""
+    and the compute model sums layers. Each run starts with every parameter's `.grad`
+    set to None (untimed), as a training step's first micro-batch does after
+    `zero_grad(set_to_none=True)`: the backward steals each new gradient (a detach)
+    instead of running one `add_` per parameter into the last run's gradient, which a
+    repeated backward would time and no step's first micro-batch runs (llama-tiny's
+    block: 9 parameters, ~30 us on this CPU; the kernel records clear it alike,
+    `ir.graph_measurer`)."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     module = measurer.layer_module(index, state)
     engine_s = autograd_call_s(device.split(":")[0])
     forward_s, backward_s = [], []
     for rep in range(warmup + repeats):
+        _clear_grads(state)  # a step's first micro-batch: no gradient to accumulate into
         inputs = measurer.fresh_inputs(index, state, factory)
         sync()
         start = time.perf_counter()

@@ -53,7 +53,8 @@ from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)
     CPU_SDPA_DTYPE, QUICK_CUDA_GEMM_SHAPES, CPU_CONV_SHAPES, CUDA_CONV_SHAPES, CPU_CONV_DTYPE,
     CUDA_CONV_DTYPE, BATCH_NORM_CHANNELS, CPU_SMALL_ONLY_KINDS, CPU_SMALL_ONLY_MAX_BYTES)
 from cost_models.conv_probes import probe_conv
-from cost_models.memory_probes import probe_memory
+from cost_models.memory_probes import (host_charged_seconds, net_of_call_cost, probe_memory,
+                                       probe_row_seconds)
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.checkpoint_probes import checkpoint_host_seconds
 from cost_models.host_probes import host_op_seconds_by_pass, probe_clock
@@ -352,6 +353,8 @@ def measure(device: str, quick: bool = False, progress=None,
         memory = probe_memory(device, sizes, memory_dtype, progress)
         if cpu:
             memory = fastest_points(memory, probe_memory(device, sizes[::-1], memory_dtype))
+            memory = net_of_call_cost(memory, *host_charged_seconds(device))  # host's share
+        row_s = probe_row_seconds(device, memory_dtype) if cpu else {}
         sdpa_shapes = CPU_SDPA_SHAPES if cpu else CUDA_SDPA_SHAPES[:1] if quick else CUDA_SDPA_SHAPES
         sdpa = probe_sdpa(device, sdpa_shapes, CPU_SDPA_DTYPE if cpu else CUDA_SDPA_DTYPE, progress)
         conv = probe_conv(device, CPU_CONV_SHAPES if cpu else CUDA_CONV_SHAPES[:1] if quick
@@ -376,7 +379,9 @@ def measure(device: str, quick: bool = False, progress=None,
                              embedding_bag_call_s=bag.call_s, embedding_bag_index_s=bag.index_s,
                              embedding_bag_backward_call_s=bag.backward_call_s,
                              embedding_bag_backward_index_s=bag.backward_index_s,
-                             burst_gemm_flop_per_s=burst, sustained_gemm_flop_per_s=sustained)
+                             burst_gemm_flop_per_s=burst, sustained_gemm_flop_per_s=sustained,
+                             softmax_row_s=row_s.get("softmax", 0.0),
+                             layer_norm_row_s=row_s.get("layer_norm", 0.0))
 
 
 def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> ClusterSpec:

@@ -32,7 +32,8 @@ from ir.errors import PlannerError
 # Memory-bound kernels a calibration can describe (what profile-device times;
 # `cost_models.memory_probes` says what each one runs).
 MEMORY_KERNELS = ("copy", "add", "gelu", "sum", "softmax", "layer_norm", "batch_norm",
-                  "batch_norm_backward", "softmax_backward", "masked_fill", "short_run")
+                  "batch_norm_backward", "softmax_backward", "masked_fill", "short_run",
+                  "layer_norm_backward", "broadcast_scalar")
 # SDPA backends as torch.nn.attention.SDPBackend names them, lower case, plus "default"
 # (whatever torch's dispatcher picks with no backend forced).
 SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "math", "default")
@@ -48,7 +49,9 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "checkpoint_call_forward_s", "checkpoint_call_recompute_s",
             "checkpoint_op_forward_s", "checkpoint_op_recompute_s",
             "checkpoint_saved_forward_s", "checkpoint_saved_recompute_s", "selective_call_s",
-            "selective_forward_op_s", "selective_forward_kept_op_s", "selective_recompute_op_s")
+            "selective_forward_op_s", "selective_forward_kept_op_s", "selective_recompute_op_s",
+            # per-row kernel costs (`cost_models.memory_probes.probe_row_seconds`)
+            "softmax_row_s", "layer_norm_row_s")
 
 
 def _is_number(value: Any) -> bool:
@@ -270,6 +273,14 @@ class KernelCalibration:
     selective_forward_op_s: float = 0.0
     selective_forward_kept_op_s: float = 0.0
     selective_recompute_op_s: float = 0.0
+
+    # ---- per-row costs of row-wise kernels (`cost_models.memory_probes.probe_row_seconds`)
+    # Device seconds per row of a softmax (forward) and a layer norm (forward) beyond their
+    # bytes at the table's bandwidth (measured on rows of `device_grids.ROW_ELEMENTS`):
+    # the difference of the same bytes in short rows and in long ones, per extra row.
+    # 0 where not measured (previous pricing: bytes only).
+    softmax_row_s: float = 0.0
+    layer_norm_row_s: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)

@@ -179,6 +179,59 @@ def _broadcast_strides(t: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, ..
     return tuple(strides)
 
 
+# Reductions over dims given as `args[1]` (TensorIterator reduce kernels): their
+# reduced dims run innermost (`reorder_dimensions` in aten/src/ATen/TensorIterator.cpp
+# moves the dims where the output's stride is 0 to the front), so a sum over a middle dim
+# walks the input strided, one loop per output element there.
+REDUCTION_OPS = frozenset({"sum", "mean", "amax", "amin", "prod"})
+# Row-wise kernels (one pass per row of their last dim(s): vectorised along the row,
+# looping over rows): the dim or normalized shape that makes a row, by position in args.
+ROW_OPS = {"_softmax": 1, "_log_softmax": 1, "_safe_softmax": 1,
+           "_softmax_backward_data": 2, "_log_softmax_backward_data": 2,
+           "native_layer_norm": 1, "native_layer_norm_backward": 2}
+
+
+def _reduced_dims(args, shape: tuple[int, ...]) -> set[int]:
+    """Dims a reduction op reduces (all of them without a dim argument)."""
+    dims = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple, int)) \
+        and not isinstance(args[1], bool) else None
+    if dims is None or (isinstance(dims, (list, tuple)) and not dims):
+        return set(range(len(shape)))
+    return {d % len(shape) for d in ([dims] if isinstance(dims, int) else dims)}
+
+
+def row_loops(name: str, args, inputs: list[torch.Tensor]) -> tuple[int, int]:
+    """(elements per row, rows) of a row-wise op (ROW_OPS): a softmax's `dim` (rows are
+    its other elements, for the last dim), a layer norm's normalized shape."""
+    x = inputs[0]
+    where = args[ROW_OPS[name]]
+    if name.startswith("native_layer_norm"):
+        row = math.prod(where)
+    else:
+        row = x.shape[where % max(1, x.dim())] if x.dim() else 1
+    row = max(1, int(row))
+    return row, max(1, x.numel() // row)
+
+
+def _reduction_loops(args, x: torch.Tensor) -> tuple[int, int]:
+    """(elements per innermost loop, loops) of a reduction of `x`: its reduced dims
+    innermost (in stride order), the kept ones outside them, merged while the input's
+    strides and the output's (0 over reduced dims, contiguous over kept ones) continue
+    the dim inside (`_trailing_run`)."""
+    shape = tuple(int(d) for d in x.shape)
+    reduced = _reduced_dims(args, shape)
+    out_strides, stride = [0] * len(shape), 1
+    for d in reversed(range(len(shape))):  # a contiguous output, 0 where reduced
+        if d not in reduced:
+            out_strides[d], stride = stride, stride * shape[d]
+    by_stride = lambda dims: sorted(dims, key=lambda d: -x.stride(d))  # noqa: E731
+    order = by_stride([d for d in range(len(shape)) if d not in reduced]) + \
+        by_stride(list(reduced))  # outermost first
+    run = _trailing_run(tuple(shape[d] for d in order),
+                        [tuple(x.stride(d) for d in order), tuple(out_strides[d] for d in order)])
+    return run, max(1, math.prod(shape) // max(1, run))
+
+
 def inner_loops(name: str, args, inputs: list[torch.Tensor],
                 outputs: list[torch.Tensor]) -> tuple[int, int]:
     """(elements per innermost loop, loops) of a memory-bound op; (0, 0) where not known.
@@ -186,7 +239,13 @@ def inner_loops(name: str, args, inputs: list[torch.Tensor],
     reduction over its input's shape with the (keepdim) output broadcast to it; cat and
     slice_backward copy each input into a slice along `dim`, so a loop is that input's
     extent from `dim` inwards. A permuted, expanded or middle-dim-broadcast operand ends
-    the loop early: the CPU pays per loop as well as per byte (`cost_models.kernel_time`)."""
+    the loop early: the CPU pays per loop as well as per byte (`cost_models.kernel_time`).
+    A reduction (REDUCTION_OPS) runs its reduced dims innermost (`_reduction_loops`); a
+    row-wise op (ROW_OPS) one loop per row (`row_loops`)."""
+    if name in ROW_OPS and inputs:
+        return row_loops(name, args, inputs)
+    if name in REDUCTION_OPS and inputs and inputs[0].dim():
+        return _reduction_loops(args, inputs[0])
     if name in SLICE_WRITE_OPS:
         position, default = SLICE_WRITE_OPS[name]
         dim = args[position] if len(args) > position else default
@@ -204,6 +263,32 @@ def inner_loops(name: str, args, inputs: list[torch.Tensor],
         return 0, 0
     run = _trailing_run(shape, strides)
     return run, math.prod(shape) // run
+
+
+# Memory ops that are not one elementwise loop (their own kernels, `inner_loops`).
+NOT_ELEMENTWISE_OPS = frozenset(ROW_OPS) | REDUCTION_OPS | frozenset(SLICE_WRITE_OPS) | \
+    EMBEDDING_BAG_OPS
+
+
+def scalar_over_broadcast(args, inputs: list[torch.Tensor],
+                          outputs: list[torch.Tensor]) -> bool:
+    """An elementwise op of a scalar (a Python number or a 0-dim tensor) and one tensor
+    that is broadcast, stride 0, along the output's innermost dim: a mean's backward
+    (`grad.expand(...) / n`). ATen's CPU loop runs it element by element: measured here
+    (one thread, 2026-11-24) a (64, 1) column expanded to (64, 4096) times 2.0 took 79 us,
+    the contiguous (64, 4096) 22 us, a tensor times the same expanded column as fast as
+    a contiguous product."""
+    if not outputs:
+        return False
+    tensors = [t for t in inputs if t.dim() > 0 and t.numel() > 1]
+    scalar = any(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args) or \
+        any(t.dim() == 0 for t in inputs)
+    if not scalar or len(tensors) != 1:
+        return False
+    shape = tuple(outputs[0].shape)
+    dims = [d for d in range(len(shape)) if shape[d] != 1]
+    strides = _broadcast_strides(tensors[0], shape)
+    return bool(dims) and strides is not None and strides[dims[-1]] == 0
 
 
 # Ops whose `approximate` argument (positional index here) selects another kernel:
@@ -236,7 +321,7 @@ class KernelRecorder:
     def add(self, record: KernelRecord) -> None:
         key = (record.op, record.kind, record.dtype, record.shape, record.flops,
                record.weight_bytes, record.activation_bytes, record.causal,
-               record.inner_loops, record.variant)
+               record.inner_loops, record.variant, record.unvectorized)
         entry = self._counts.setdefault(key, [record, 0])
         entry[1] += record.count
 
@@ -271,10 +356,13 @@ class KernelRecorder:
         else:
             kind, causal = KernelKind.MEMORY, False
             shape = tuple(outputs[0].shape) if outputs else ()
-        loops = inner_loops(name, args, inputs, outputs)[1] if kind is KernelKind.MEMORY else 0
+        memory = kind is KernelKind.MEMORY
+        loops = inner_loops(name, args, inputs, outputs)[1] if memory else 0
         self.add(KernelRecord(op, kind, dtype, tuple(int(d) for d in shape), 1, flops,
                               weight, moved, saved_under_selective(func), causal, loops,
-                              approximation(name, args, kwargs)))
+                              approximation(name, args, kwargs),
+                              memory and name not in NOT_ELEMENTWISE_OPS
+                              and scalar_over_broadcast(args, inputs, outputs)))
 
     def _is_weight_gradient(self, name: str, t: torch.Tensor) -> bool:
         """A backward output that does not grow with the micro-batch: an embedding's dense

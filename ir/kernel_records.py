@@ -90,6 +90,10 @@ class KernelRecord:
     # A non-default argument that changes what the op costs the host per call ("tanh" for
     # `gelu(approximate="tanh")`: a polynomial, not exact GELU's erf path); "" for none.
     variant: str = ""
+    # Memory kernels: an elementwise op of a scalar and ONE tensor that is broadcast (stride
+    # 0) along the innermost loop (a mean's backward: `grad.expand(...) / n`); ATen's CPU
+    # loop does not vectorise it (`ir.kernel_recorder.scalar_over_broadcast`).
+    unvectorized: bool = False
 
     @property
     def excess_key(self) -> str:

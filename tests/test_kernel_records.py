@@ -284,7 +284,8 @@ def test_inner_loops_follow_strides_broadcasts_and_slices():
     192 next, not 8): 48 loops; an expand of a size-1 middle dim (stride 0) likewise, 32
     loops of 8; a per-row scale (2, 3, 1) broadcast along the last dim keeps the 8-wide
     loop and cannot merge further (stride 1 next to 0): 6 loops; a sum over dim 2 of
-    (2, 3, 4, 8) (keepdim) iterates the input in 24 loops of 8; cat along the last dim
+    (2, 3, 4, 8) (keepdim) runs its reduced dim innermost (TensorIterator's reduction
+    order): 2*3*8 = 48 loops of 4, strided by 8; cat along the last dim
     copies 4-wide rows, 6 per input; slice_backward writes its (2, 3, 4) gradient into
     dim 1's slice: 2 loops of 3 * 4 = 12."""
     from ir.kernel_recorder import inner_loops
@@ -302,7 +303,7 @@ def test_inner_loops_follow_strides_broadcasts_and_slices():
     y = m(2, 3, 8)
     assert inner_loops("mul", (y, row), [y, row], [m(2, 3, 8)]) == (8, 6)
     s = m(2, 3, 4, 8)
-    assert inner_loops("sum", (s, [2], True), [s], [m(2, 3, 1, 8)]) == (8, 24)
+    assert inner_loops("sum", (s, [2], True), [s], [m(2, 3, 1, 8)]) == (4, 48)
     a, b = m(2, 3, 4), m(2, 3, 4)
     assert inner_loops("cat", ([a, b], -1), [a, b], [m(2, 3, 8)]) == (4, 12)
     g = m(2, 3, 4)
