@@ -132,10 +132,17 @@ def hidden_size(layer: Layer, config: StepConfig) -> float:
 
 
 def runs_on_dtensors(layer: Layer, strategy: LayerStrategy) -> bool:
-    """Sequence parallelism runs the whole layer on DTensors (sequence-sharded norms,
-    dropouts, residual adds); plain TP only its sharded modules, which
-    `tp_module_seconds` prices."""
-    return sequence_parallel_applies(layer, strategy)
+    """Whether the layer's ops outside its TP modules run on DTensors (each paying
+    `dtensor_op_overhead_s`): not in this executor (`executors.tensor_parallel`), with or
+    without sequence parallelism. Its TP modules' DTensor work is `tp_module_seconds`;
+    under SP the norms run as `SequenceParallel(use_local_output=True)`, the attention /
+    MLP input is gathered into a DTensor that only the column-parallel modules read, and
+    the row-parallel outputs come back local, so the attention core, activations, dropouts
+    and residual adds run on plain tensors. (Charging every op of an SP layer, as before,
+    priced llama-tiny's 4 SP blocks 41 ms of DTensor dispatch on 2 ranks where the whole
+    step outside its collectives took 44 ms: issue 17.) The SP norms' own ops do run on
+    DTensors; the layer IR does not count them apart, so they are not priced here."""
+    return False
 
 
 def tp_module_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec) -> float:
