@@ -146,12 +146,14 @@ def runs_on_dtensors(layer: Layer, strategy: LayerStrategy) -> bool:
 
 
 def tp_module_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec) -> float:
-    """Host time of the layer's tensor-parallel modules per micro-batch (measured per
-    module with the node's processes running together in groups of this TP degree: not
-    stretched again)."""
+    """Host time DTensor adds to the layer's tensor-parallel modules per micro-batch: the
+    per-module figure measured in groups of this TP degree (`cost_models.tp_probes`: CPU
+    time on the calling thread, collectives left to `comm.tp_comm_s`), stretched like the
+    per-op figures where CPU processes share cores (`ClusterSpec.host_share`)."""
     if strategy.tp == 1:
         return 0.0
-    return len(layer.tp_candidates) * cluster.calibration.tp_module_seconds(strategy.tp)
+    seconds = len(layer.tp_candidates) * cluster.calibration.tp_module_seconds(strategy.tp)
+    return seconds * cluster.host_share if cluster.host_bound else seconds
 
 
 def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool, backward: bool = False) -> float:

@@ -5,7 +5,7 @@ the ranks of a TP group (`profile-cluster` runs it with the node's processes in 
 
 Two stacks of TP_BLOCKS Megatron MLP pairs (column-parallel Linear, GELU, row-parallel
 Linear; Shoeybi et al. 2019, sec. 3) at the same local widths, run alternately on every
-rank of `mesh` (`host_probes._added_step_s`):
+rank of `mesh`, each run starting together on every rank (a barrier):
   DTensor   `parallelize_module` with ColwiseParallel / RowwiseParallel, as the executor
             runs a TP layer (`executors.tensor_parallel`);
   manual    plain Linears holding this rank's shards, with Megatron's f and g written as
@@ -13,20 +13,32 @@ rank of `mesh` (`host_probes._added_step_s`):
             output in forward; f: all-reduce of the column-parallel input's gradient in
             backward): the same collectives, on the same bytes, at the same points.
 Their difference is what DTensor adds per module: dispatch through sharding propagation,
-`from_local` / `to_local` and the re-layouts' bookkeeping. It holds no collective: the
-comm model prices every TP collective itself, wait included (`comm.tp_comm_s` with
-`comm.blocking_s`), so a figure that held the probe's all-reduces counted them twice
-(issue 17: 2.1 ms per module on 2 ranks, most of it the all-reduce's wait, while the
-manual stack's all-reduces took the same wait).
+`from_local` / `to_local`, the async collectives' tensor subclass and the re-layouts'
+bookkeeping. It holds no collective: the comm model prices every TP collective itself,
+wait included (`comm.tp_comm_s` with `comm.blocking_s`), so a figure that held the
+probe's all-reduces counted them twice (issue 17: 2.1 ms per module on 2 ranks where the
+DTensor work was ~1 ms). Each run is timed on the calling thread's CPU clock
+(`host_probes.probe_clock`): gloo runs a collective on its own threads while the caller
+sleeps in the wait, so the clock leaves out the collectives' wire time and waits, which
+on this shared host move by milliseconds between runs (the wall-clock difference of the
+two stacks read 1.0-7.2 ms per module at load 14-20, the waits not cancelling), and
+keeps the host work. Being CPU time, the figure is stretched by the core share where it
+is used (`compute.tp_module_seconds`), as the per-op figures are.
 """
 
 from __future__ import annotations
 
-from cost_models.host_probes import _added_step_s
+import statistics
+
+from cost_models.host_probes import DP_UNIT_STEPS, DP_UNIT_WARMUP, probe_clock
 
 OP_OVERHEAD_WIDTH_TP = 8  # TP measurement width per rank (the width must split evenly)
 TP_BLOCKS = 4  # column-parallel + row-parallel pairs in the TP measurement
 MLP_EXPANSION = 4  # the pair's inner width over its outer one (a transformer MLP's)
+# Pairs of runs timed, after untimed ones: as many as the DP-unit probe's
+# (`host_probes.DP_UNIT_STEPS`, `DP_UNIT_WARMUP`), its sibling on the same ranks.
+TP_PROBE_STEPS = DP_UNIT_STEPS
+TP_PROBE_WARMUP = DP_UNIT_WARMUP
 
 
 def tp_module_seconds(mesh) -> float:
@@ -40,8 +52,26 @@ def tp_module_seconds(mesh) -> float:
     width = OP_OVERHEAD_WIDTH_TP * mesh.size()
     x = torch.randn(2, width)  # (tokens, width): every rank holds the whole input
     with _one_thread():
-        added = _added_step_s(_manual_stack(mesh, width), _dtensor_stack(mesh, width), x)
+        added = _added_cpu_s(_manual_stack(mesh, width), _dtensor_stack(mesh, width), x)
     return max(added, 0.0) / (2 * TP_BLOCKS)
+
+
+def _added_cpu_s(plain, wrapped, x) -> float:
+    """Median over pairs of runs of how much more of this thread's CPU time
+    `wrapped(x).sum().backward()` takes than the same on `plain`, every rank starting
+    each run together."""
+    import torch.distributed as dist
+
+    clock = probe_clock("cpu")
+
+    def timed(model) -> float:
+        dist.barrier()
+        start = clock()
+        model(x).sum().backward()
+        return clock() - start
+
+    pairs = [timed(wrapped) - timed(plain) for _ in range(TP_PROBE_WARMUP + TP_PROBE_STEPS)]
+    return statistics.median(pairs[TP_PROBE_WARMUP:])
 
 
 def _dtensor_stack(mesh, width: int):

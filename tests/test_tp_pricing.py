@@ -25,6 +25,8 @@ bench_validate's llama-tp2 plan counted the same per step (2026-11-24: 33
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -117,6 +119,15 @@ def test_a_block_pays_its_modules_dtensor_work_once_and_no_per_op_extra(graph):
         assert with_modules.backward_s - without.backward_s == pytest.approx(3.5 * TP_MODULE_S)
         no_extra = layer_compute(block, strategy, spec(dtensor_op_s=0.0), cfg)
         assert with_modules.total_s == pytest.approx(no_extra.total_s)
+
+
+def test_module_figures_are_cpu_time_stretched_by_the_core_share(graph):
+    """The probe reads CPU time on the calling thread; 4 processes on 2 cores take turns,
+    so 7 modules x 1 ms stretch to 14 ms (host_share 2), as the per-op figures do."""
+    block = graph.layers[1]
+    shared = dataclasses.replace(spec(), devices_per_node=4)
+    assert shared.host_share == 2.0
+    assert tp_module_seconds(block, LayerStrategy(tp=2), shared) == pytest.approx(14 * MS)
 
 
 @pytest.mark.parametrize("sequence_parallel, waits_s", [
