@@ -10,6 +10,7 @@ overhead, and the median step time against the predicted iteration time. Targets
 (issue 6): memory within 5% on every rank, time within 25%.
 
     .venv/bin/python bench/bench_validate.py [--steps 5] [--rounds 3] [--cases gpt-ddp2,llama-tp2]
+        [--work-dir DIR]   # keep specs and plans there; re-plan on the same specs next time
 
 Every case is validated `--rounds` times round-robin and its measured time is the median
 of the rounds' medians: on a shared 2-core machine the same run moves 20-50% between
@@ -40,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from cost_models.profile_cluster import profile_cluster  # noqa: E402
+from ir.cluster import ClusterSpec  # noqa: E402
 from ir.errors import PlannerError  # noqa: E402
 from planner.cli import main as planner_main  # noqa: E402
 from planner.fmt import table  # noqa: E402
@@ -108,18 +110,18 @@ CASES = {
 
 def profile_specs(process_counts: set[int], folder: str) -> dict[int, str]:
     """A measured spec per process count; one process reuses the two-process spec (its
-    compute and overhead figures; it has no collectives)."""
+    compute and overhead figures; it has no collectives). A spec already in `folder`
+    (`--work-dir`) is reused, not measured again."""
     specs = {}
     for n in sorted({max(2, n) for n in process_counts}):
         path = os.path.join(folder, f"spec{n}.json")
-        try:
-            spec, _ = profile_cluster(n, "gloo", max_bytes=PROFILE_MAX_BYTES, name=f"local-{n}")
-        except PlannerError as exc:  # a worker can die on a busy machine: one more try
-            print(f"... profiling {n} processes failed ({exc}); retrying", file=sys.stderr)
-            spec, _ = profile_cluster(n, "gloo", max_bytes=PROFILE_MAX_BYTES, name=f"local-{n}")
-        spec.save(path)
+        if os.path.exists(path):
+            spec = ClusterSpec.load(path)
+            print(f"... reusing {path}", file=sys.stderr, flush=True)
+        else:
+            spec = _measure_spec(n, path)
         dp = [r for r in spec.calibration.dp_overheads if r.group_size is not None]
-        print(f"... profiled {n} processes: op {spec.op_overhead_s * 1e6:.1f} us, DTensor "
+        print(f"... spec of {n} processes: op {spec.op_overhead_s * 1e6:.1f} us, DTensor "
               f"+{spec.dtensor_op_overhead_s * 1e6:.1f} us, DP unit "
               f"{ {(str(r.mode), r.group_size): round(r.per_unit_s * 1e3, 2) for r in dp} } ms "
               f"+ per tensor "
@@ -132,6 +134,17 @@ def profile_specs(process_counts: set[int], folder: str) -> dict[int, str]:
         SPECS[n] = spec.to_dict()
     specs[1] = specs.get(2) or next(iter(specs.values()))
     return specs
+
+
+def _measure_spec(n: int, path: str) -> ClusterSpec:
+    """`planner profile-cluster` on n processes, written to `path`."""
+    try:
+        spec, _ = profile_cluster(n, "gloo", max_bytes=PROFILE_MAX_BYTES, name=f"local-{n}")
+    except PlannerError as exc:  # a worker can die on a busy machine: one more try
+        print(f"... profiling {n} processes failed ({exc}); retrying", file=sys.stderr)
+        spec, _ = profile_cluster(n, "gloo", max_bytes=PROFILE_MAX_BYTES, name=f"local-{n}")
+    spec.save(path)
+    return spec
 
 
 def plan_case(name: str, folder: str, spec: str) -> str:
@@ -203,13 +216,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="validate every case this many times, round-robin (3)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                       "validate.json"))
+    parser.add_argument("--work-dir", default=None,
+                        help="keep the specs and plans in this folder; a spec<N>.json "
+                             "already there is reused, not re-profiled (default: a "
+                             "temporary folder)")
     args = parser.parse_args(argv)
     results, rows, failed = [], [], []
     names = args.cases.split(",")
     unknown = [n for n in names if n not in CASES]
     if unknown:
         parser.error(f"unknown case {unknown[0]!r}; known: {', '.join(CASES)}")
-    with tempfile.TemporaryDirectory() as folder:
+    with contextlib.ExitStack() as stack:
+        folder = args.work_dir or stack.enter_context(tempfile.TemporaryDirectory())
+        os.makedirs(folder, exist_ok=True)
         try:
             specs = profile_specs({CASES[n][1] for n in names}, folder)
         except PlannerError as exc:  # twice: the machine is too busy to measure

@@ -134,19 +134,28 @@ def hidden_size(layer: Layer, config: StepConfig) -> float:
 
 
 def runs_on_dtensors(layer: Layer, strategy: LayerStrategy) -> bool:
-    """Sequence parallelism runs the whole layer on DTensors (sequence-sharded norms,
-    dropouts, residual adds); plain TP only its sharded modules, which
-    `tp_module_seconds` prices."""
-    return sequence_parallel_applies(layer, strategy)
+    """Whether the layer's ops outside its TP modules run on DTensors (each paying
+    `dtensor_op_overhead_s`): not in this executor (`executors.tensor_parallel`), with or
+    without sequence parallelism. Its TP modules' DTensor work is `tp_module_seconds`;
+    under SP the norms run as `SequenceParallel(use_local_output=True)`, the attention /
+    MLP input is gathered into a DTensor that only the column-parallel modules read, and
+    the row-parallel outputs come back local, so the attention core, activations, dropouts
+    and residual adds run on plain tensors. (Charging every op of an SP layer, as before,
+    priced llama-tiny's 4 SP blocks 41 ms of DTensor dispatch on 2 ranks where the whole
+    step outside its collectives took 44 ms: issue 17.) The SP norms' own ops do run on
+    DTensors; the layer IR does not count them apart, so they are not priced here."""
+    return False
 
 
 def tp_module_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec) -> float:
-    """Host time of the layer's tensor-parallel modules per micro-batch (measured per
-    module with the node's processes running together in groups of this TP degree: not
-    stretched again)."""
+    """Host time DTensor adds to the layer's tensor-parallel modules per micro-batch: the
+    per-module figure measured in groups of this TP degree (`cost_models.tp_probes`: CPU
+    time on the calling thread, collectives left to `comm.tp_comm_s`), stretched like the
+    per-op figures where CPU processes share cores (`ClusterSpec.host_share`)."""
     if strategy.tp == 1:
         return 0.0
-    return len(layer.tp_candidates) * cluster.calibration.tp_module_seconds(strategy.tp)
+    seconds = len(layer.tp_candidates) * cluster.calibration.tp_module_seconds(strategy.tp)
+    return seconds * cluster.host_share if cluster.host_bound else seconds
 
 
 def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool, backward: bool = False) -> float:

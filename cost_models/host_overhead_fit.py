@@ -9,21 +9,19 @@ measured at the same group size (`cost_models.collective_fit.PRICE`) and keeps t
   dp_unit_overhead     per DP mode and group size, a fixed cost per unit and one per
                        parameter tensor (the non-negative line through two unit sizes;
                        `DpOverhead`); a unit read at or below the price of its own
-                       collectives has overhead 0 (the priced collectives hold it all);
-  tp_module_overhead   per group size, the cost of one tensor-parallel module
-                       (`TpModuleOverhead`).
+                       collectives has overhead 0 (the priced collectives hold it all).
+A tensor-parallel module's probe (`cost_models.tp_probes`) times the same collectives on
+both sides, so its reading holds none of them and is kept as measured.
 """
 
 from __future__ import annotations
 
-from ir.calibration_tables import (BlockingWait, CalibrationTables, CollectiveFit, DpOverhead,
-                                   TpModuleOverhead)
+from ir.calibration_tables import BlockingWait, CalibrationTables, CollectiveFit, DpOverhead
 from ir.errors import PlannerError
 from ir.strategy import DPMode
 
 from cost_models.collective_fit import FLOAT_BYTES, PRICE
-from cost_models.comm import GRADIENT_SYNC, Link, ring_all_reduce_s
-from cost_models.host_probes import OP_OVERHEAD_WIDTH_TP
+from cost_models.comm import GRADIENT_SYNC, Link
 
 
 def blocking_wait(measured: dict[int, dict[str, list[tuple[int, float]]]],
@@ -128,18 +126,3 @@ def dp_unit_overhead(measured: dict[int, dict[DPMode, dict[int, float]]],
             for group_size in [size] + ([None] if size == world else []):
                 rows.append(DpOverhead(mode, group_size, fixed, slope))
     return tuple(sorted(rows, key=lambda r: (r.mode.stage, r.group_size or 0)))
-
-
-def tp_module_overhead(measured: dict[int, float], fits: dict[tuple[str, int], CollectiveFit]
-                       ) -> tuple[TpModuleOverhead, ...]:
-    """Per-module TP overhead by group size, less what the comm model already prices:
-    each module has one all-reduce of the probe's (2, width) activation (row-parallel
-    output in forward, column-parallel input gradient in backward), priced with the fit
-    measured at that group size."""
-    out = []
-    for size, seconds in sorted(measured.items()):
-        fit = fits["all_reduce", size]
-        priced = ring_all_reduce_s(2 * OP_OVERHEAD_WIDTH_TP * size * FLOAT_BYTES, size,
-                                   Link(fit.alpha_s, fit.bytes_per_s, spans_nodes=False))
-        out.append(TpModuleOverhead(size, max(seconds - priced, 0.0)))
-    return tuple(out)

@@ -10,8 +10,8 @@ on one process (`host_op_seconds_by_pass`, also run by `planner profile-device`)
   dtensor_op_overhead_s     extra seconds per op on replicated DTensors (rank 0 alone);
   optimizer_tensor_seconds  seconds per parameter tensor of an optimizer step + zero_grad;
   dp_unit_seconds           seconds a data-parallel unit (DDP-style replicate, FSDP2)
-                            adds per forward+backward, by mode and tensor count;
-  tp_module_seconds         seconds a tensor-parallel module adds per forward+backward.
+                            adds per forward+backward, by mode and tensor count
+                            (a tensor-parallel module's: `cost_models.tp_probes`).
 Each is timed against the same work without the feature, the two alternating, so a
 slow spell of a shared machine hits both. `cost_models.host_overhead_fit` takes out what
 the comm model already prices.
@@ -27,8 +27,6 @@ from dataclasses import dataclass
 
 from ir.calibration_tables import OptimizerStepCost
 from ir.strategy import DPMode
-
-OP_OVERHEAD_WIDTH_TP = 8  # TP measurement width per rank (the width must split evenly)
 
 # Per-pass op probe: a chain of HOST_OP_CHAIN_BLOCKS tiny blocks (`clusters._overhead_block`,
 # 2 x 8 activations: a few hundred FLOPs per op, nanoseconds of kernel, so what is timed is
@@ -468,33 +466,3 @@ def _added_step_s(plain, wrapped, x) -> float:
         if step >= DP_UNIT_WARMUP:
             added.append(pair)
     return statistics.median(added)
-
-
-TP_BLOCKS = 4  # column-parallel + row-parallel pairs in the TP measurement
-
-
-def tp_module_seconds(mesh) -> float:
-    """Seconds per tensor-parallel module per forward+backward that sharding adds over
-    the plain stack: DTensor dispatch, re-layouts and the module's collective waits, all
-    ranks running together as one TP group."""
-    import torch
-    from torch import nn
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
-
-    from cost_models.clusters import _one_thread
-
-    width = OP_OVERHEAD_WIDTH_TP * mesh.size()
-
-    def stack(parallel: bool) -> nn.Module:
-        blocks = nn.Sequential(*[nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
-                                               nn.Linear(4 * width, width))
-                                 for _ in range(TP_BLOCKS)])
-        if parallel:
-            for block in blocks:
-                parallelize_module(block, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-        return blocks
-
-    x = torch.randn(2, width)
-    with _one_thread():
-        return max(_added_step_s(stack(False), stack(True), x), 0.0) / (2 * TP_BLOCKS)

@@ -5,7 +5,9 @@ localhost port). Every rank runs `_worker`, which times, in order:
   1. the collectives over message sizes from 1 KiB up to `max_bytes` (x4 per step), once
      over all N processes and once per smaller power-of-two group size g with every
      group of g running at once (`cost_models.collective_probes.sweep`);
-  2. on CPU processes, the framework's host costs (`cost_models.host_probes`) and the
+  2. on CPU processes, the framework's host costs (`cost_models.host_probes`; a
+     tensor-parallel module's DTensor work apart from its collectives:
+     `cost_models.tp_probes`) and the
      wait of a blocking call whose peers compute between calls
      (`collective_probes.blocking_seconds`, at two message sizes).
 Rank 0 hands the readings back; this process measures matmul FLOP/s and copy bandwidth
@@ -30,7 +32,8 @@ import socket
 import sys
 from typing import Any
 
-from ir.calibration_tables import COLLECTIVES, BlockingWait, CalibrationTables, CollectiveFit
+from ir.calibration_tables import (COLLECTIVES, BlockingWait, CalibrationTables,
+                                   CollectiveFit, TpModuleOverhead)
 from ir.cluster import ClusterSpec, collective_ceiling_bytes_per_s
 from ir.errors import PlannerError
 from ir.kernel_calibration import KernelCalibration
@@ -43,12 +46,11 @@ from cost_models.collective_fit import (DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, SI
                                         fit_collectives, message_sizes, smaller_group_sizes)
 from cost_models.collective_probes import blocking_seconds, sweep
 from cost_models.cuda_probes import cuda_copy_gbps, cuda_matmul_flops, cuda_op_overhead_s
-from cost_models.host_overhead_fit import (blocking_wait, dp_unit_overhead,
-                                           tp_module_overhead)
+from cost_models.host_overhead_fit import blocking_wait, dp_unit_overhead
 from cost_models.host_probes import (dp_unit_seconds, dtensor_op_overhead_s,
-                                     host_op_seconds_by_pass, optimizer_tensor_seconds,
-                                     tp_module_seconds)
+                                     host_op_seconds_by_pass, optimizer_tensor_seconds)
 from cost_models.item_probes import probe_random_element_s
+from cost_models.tp_probes import tp_module_seconds
 
 PROCESS_GROUP_TIMEOUT_S = 120
 PORT_ATTEMPTS = 3  # fresh localhost ports to try if one is taken between probe and bind
@@ -86,7 +88,8 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
         waits = blocking_wait(measured["blocking_seconds"], by_group)
         host_tables = dict(
             dp_overheads=dp_unit_overhead(measured["dp_unit_seconds"], by_group, waits),
-            tp_modules=tp_module_overhead(measured["tp_module_seconds"], by_group),
+            tp_modules=tuple(TpModuleOverhead(size, seconds) for size, seconds
+                             in sorted(measured["tp_module_seconds"].items())),
             blocking_waits=waits, optimizer_steps=measured["optimizer_tensor_seconds"])
     else:
         host = dict(op_overhead_s=cuda_op_overhead_s())

@@ -207,8 +207,9 @@ class OptimizerStepCost:
 class TpModuleOverhead:
     """Seconds a tensor-parallel module (column- or row-parallel Linear) adds per
     micro-batch on CPU processes beyond what the comm model prices, in TP groups of
-    `group_size`: DTensor dispatch, re-layouts and collective waits, measured with the
-    node's processes in groups of that size."""
+    `group_size`: DTensor dispatch and re-layout bookkeeping, measured with the node's
+    processes in groups of that size against the same collectives on plain tensors (the
+    comm model prices the collectives and their waits: `cost_models.tp_probes`)."""
 
     group_size: int
     seconds: float

@@ -12,8 +12,7 @@ from cost_models.clusters import get_cluster, preset_names
 from cost_models.collective_fit import fit_alpha_beta, message_sizes, smaller_group_sizes
 from cost_models.collective_probes import BLOCKING_PROBE_SIZES
 from cost_models.host_overhead_fit import (blocking_wait, dp_probe_traffic_s,
-                                           dp_unit_overhead, tp_module_overhead)
-from cost_models.host_probes import OP_OVERHEAD_WIDTH_TP
+                                           dp_unit_overhead)
 from cost_models.comm import Link, all_gather_s, broadcast_s, ring_all_reduce_s, send_recv_s
 from ir.calibration_tables import (BlockingWait, CalibrationTables, DpOverhead,
                                    OptimizerStepCost, TpModuleOverhead)
@@ -263,15 +262,6 @@ def test_dp_unit_figures_leave_out_the_priced_collectives():
     assert dp_probe_traffic_s(Z3, 24, 2, fits, waits) == pytest.approx(0.35 * ms)
     net = {(r.mode, r.group_size): r for r in dp_unit_overhead(measured, fits, waits)}
     assert net[Z3, 2].seconds(6) == pytest.approx(got[Z3, 2].seconds(6) - 0.05 * ms)
-
-
-def test_tp_module_figures_leave_out_the_priced_all_reduce():
-    fits = {("all_reduce", 2): CollectiveFit("all_reduce", "intra_node", 1e-4, 1e9, 2),
-            ("all_reduce", 4): CollectiveFit("all_reduce", "intra_node", 1e-3, 1e9, 4)}
-    got = {r.group_size: r.seconds for r in tp_module_overhead({2: 2e-3, 4: 3e-3}, fits)}
-    nbytes = 2 * OP_OVERHEAD_WIDTH_TP * 2 * 4  # the probe's (2, width) fp32 activation
-    assert got[2] == pytest.approx(2e-3 - 2 * (1e-4 + nbytes / 2 / 1e9))
-    assert got[4] == 0.0  # the comm model already prices more than was measured
 
 
 def test_blocking_wait_leaves_out_the_priced_call():

@@ -1,0 +1,134 @@
+"""What a tensor-parallel module costs on the host beyond its collectives, measured on
+the ranks of a TP group (`profile-cluster` runs it with the node's processes in groups).
+
+    tp_module_seconds(mesh) -> seconds per module per forward+backward
+
+Two stacks of TP_BLOCKS Megatron MLP pairs (column-parallel Linear, GELU, row-parallel
+Linear; Shoeybi et al. 2019, sec. 3) at the same local widths, run alternately on every
+rank of `mesh`, each run starting together on every rank (a barrier):
+  DTensor   `parallelize_module` with ColwiseParallel / RowwiseParallel, as the executor
+            runs a TP layer (`executors.tensor_parallel`);
+  manual    plain Linears holding this rank's shards, with Megatron's f and g written as
+            autograd functions around `dist.all_reduce` (g: all-reduce of the row-parallel
+            output in forward; f: all-reduce of the column-parallel input's gradient in
+            backward): the same collectives, on the same bytes, at the same points.
+Their difference is what DTensor adds per module: dispatch through sharding propagation,
+`from_local` / `to_local`, the async collectives' tensor subclass and the re-layouts'
+bookkeeping. It holds no collective: the comm model prices every TP collective itself,
+wait included (`comm.tp_comm_s` with `comm.blocking_s`), so a figure that held the
+probe's all-reduces counted them twice (issue 17: 2.1 ms per module on 2 ranks where the
+DTensor work was ~1 ms). Each run is timed on the calling thread's CPU clock
+(`host_probes.probe_clock`): gloo runs a collective on its own threads while the caller
+sleeps in the wait, so the clock leaves out the collectives' wire time and waits, which
+on this shared host move by milliseconds between runs (the wall-clock difference of the
+two stacks read 1.0-7.2 ms per module at load 14-20, the waits not cancelling), and
+keeps the host work. Being CPU time, the figure is stretched by the core share where it
+is used (`compute.tp_module_seconds`), as the per-op figures are.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from cost_models.host_probes import DP_UNIT_STEPS, DP_UNIT_WARMUP, probe_clock
+
+OP_OVERHEAD_WIDTH_TP = 8  # TP measurement width per rank (the width must split evenly)
+TP_BLOCKS = 4  # column-parallel + row-parallel pairs in the TP measurement
+MLP_EXPANSION = 4  # the pair's inner width over its outer one (a transformer MLP's)
+# Pairs of runs timed, after untimed ones: as many as the DP-unit probe's
+# (`host_probes.DP_UNIT_STEPS`, `DP_UNIT_WARMUP`), its sibling on the same ranks.
+TP_PROBE_STEPS = DP_UNIT_STEPS
+TP_PROBE_WARMUP = DP_UNIT_WARMUP
+
+
+def tp_module_seconds(mesh) -> float:
+    """Seconds per tensor-parallel module per forward+backward that DTensor adds over the
+    same split stack with the same collectives on plain tensors, all ranks of `mesh`
+    running together (see the module docstring)."""
+    import torch
+
+    from cost_models.clusters import _one_thread
+
+    width = OP_OVERHEAD_WIDTH_TP * mesh.size()
+    x = torch.randn(2, width)  # (tokens, width): every rank holds the whole input
+    with _one_thread():
+        added = _added_cpu_s(_manual_stack(mesh, width), _dtensor_stack(mesh, width), x)
+    return max(added, 0.0) / (2 * TP_BLOCKS)
+
+
+def _added_cpu_s(plain, wrapped, x) -> float:
+    """Median over pairs of runs of how much more of this thread's CPU time
+    `wrapped(x).sum().backward()` takes than the same on `plain`, every rank starting
+    each run together."""
+    import torch.distributed as dist
+
+    clock = probe_clock("cpu")
+
+    def timed(model) -> float:
+        dist.barrier()
+        start = clock()
+        model(x).sum().backward()
+        return clock() - start
+
+    pairs = [timed(wrapped) - timed(plain) for _ in range(TP_PROBE_WARMUP + TP_PROBE_STEPS)]
+    return statistics.median(pairs[TP_PROBE_WARMUP:])
+
+
+def _dtensor_stack(mesh, width: int):
+    from torch import nn
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    blocks = nn.Sequential(*[nn.Sequential(nn.Linear(width, MLP_EXPANSION * width), nn.GELU(),
+                                           nn.Linear(MLP_EXPANSION * width, width))
+                             for _ in range(TP_BLOCKS)])
+    for block in blocks:
+        parallelize_module(block, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    return blocks
+
+
+def _manual_stack(mesh, width: int):
+    """The DTensor stack's local shards as plain Linears, with Megatron's f before each
+    column-parallel Linear and g (then the replicated bias) after each row-parallel one."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    group = mesh.get_group()
+    inner = MLP_EXPANSION * width // mesh.size()  # this rank's share of the inner width
+
+    class ReduceGradient(torch.autograd.Function):  # Megatron's f
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.contiguous()
+            dist.all_reduce(grad, group=group)
+            return grad
+
+    class ReduceOutput(torch.autograd.Function):  # Megatron's g
+        @staticmethod
+        def forward(ctx, x):
+            x = x.contiguous()
+            dist.all_reduce(x, group=group)
+            return x
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.colwise = nn.Linear(width, inner)
+            self.act = nn.GELU()
+            self.rowwise = nn.Linear(inner, width, bias=False)
+            self.bias = nn.Parameter(torch.zeros(width))  # replicated: added once reduced
+
+        def forward(self, x):
+            h = self.act(self.colwise(ReduceGradient.apply(x)))
+            return ReduceOutput.apply(self.rowwise(h)) + self.bias
+
+    return nn.Sequential(*[Pair() for _ in range(TP_BLOCKS)])

@@ -1,0 +1,204 @@
+"""Tensor-parallel pricing on CPU processes charges each cost once (issue 17: llama-tp2
+predicted 49% above its measured step): every TP collective the executor issues once,
+wait included (`comm.tp_comm_s`), each TP module's DTensor work once
+(`compute.tp_module_seconds`, measured apart from its collectives by
+`cost_models.tp_probes`), and no per-op DTensor extra on ops that run on plain tensors.
+
+Hand derivation for llama-tiny (hidden 64, 8 heads, 4 KV heads, ffn 160, seq 32, 4
+blocks, vocab 128) at tp 2, micro-batch 8, fp32 (`executors.tensor_parallel`):
+  block      q, k, v, gate, up column-parallel; o, down row-parallel: 7 modules.
+             Forward: one all-reduce per row-parallel output (2); backward: one per
+             column-parallel input gradient (5): 7 all-reduces of b*s*h*4 =
+             8*32*64*4 = 65,536 bytes.
+             Under SP: per row-parallel module a reduce-scatter (its output) and an
+             all-gather (its parent's input) in forward, and the same pair in backward:
+             4 all-gathers + 4 reduce-scatters.
+  embedding  vocab-parallel: one forward all-reduce of its output.
+  head       vocab-parallel with loss_parallel: 3 forward all-reduces of per-token
+             scalars, one backward all-reduce of its input gradient.
+So a step of one micro-batch issues 4*7 + 1 + 4 = 33 all-reduces without SP; with SP
+16 all-gathers, 16 reduce-scatters and 5 all-reduces. torch.profiler on the 2 ranks of
+bench_validate's llama-tp2 plan counted the same per step (2026-11-24: 33
+`_c10d_functional::all_reduce` without SP; 16 `all_gather_into_tensor`, 16
+`reduce_scatter_tensor` and 5 `all_reduce` with SP blocks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from cost_models.comm import tp_comm_s
+from cost_models.common import StepConfig
+from cost_models.compute import layer_compute, runs_on_dtensors, tp_module_seconds
+from cost_models.estimate import estimate
+from ir.calibration_tables import BlockingWait, CalibrationTables, TpModuleOverhead
+from ir.cluster import ClusterSpec, CollectiveFit
+from ir.plan import uniform_plan
+from ir.strategy import LayerStrategy, Precision
+from planner.models import load_layer_graph
+
+from dist_utils import spawn
+
+US, MS = 1e-6, 1e-3
+MICRO_BATCH = 8
+ACTIVATION_BYTES = MICRO_BATCH * 32 * 64 * 4  # b * s * h fp32: llama-tiny's residual stream
+ALPHA_S = {"all_reduce": 100 * US, "all_gather": 200 * US, "reduce_scatter": 300 * US}
+BYTES_PER_S = 1e9
+WAIT_S = {"all_reduce": 2 * MS, "all_gather": 3 * MS, "reduce_scatter": 4 * MS}
+TP_MODULE_S = 1 * MS
+
+
+def spec(waits: bool = True, modules: bool = True, dtensor_op_s: float = 15 * US
+         ) -> ClusterSpec:
+    """2 CPU processes on 2 cores (host_share 1); fitted collectives at 2 ranks, a wait
+    per blocking collective (none per byte), a TP module figure at tp 2."""
+    fits = tuple(CollectiveFit(c, "intra_node", alpha, BYTES_PER_S, 2)
+                 for c, alpha in ALPHA_S.items())
+    return ClusterSpec(
+        name="cpu-tp-test", device="cpu", num_nodes=1, devices_per_node=2,
+        device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
+        intra_node_gbps=1.0, inter_node_gbps=1.0, intra_node_latency_s=1e-4,
+        inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
+        op_overhead_s=5 * US, dtensor_op_overhead_s=dtensor_op_s, host_cores=2,
+        calibration=CalibrationTables(
+            collective_fits=fits,
+            tp_modules=(TpModuleOverhead(2, TP_MODULE_S),) if modules else (),
+            blocking_waits=tuple(BlockingWait(c, 2, s) for c, s in WAIT_S.items())
+            if waits else ()))
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return load_layer_graph("llama-tiny", micro_batch=MICRO_BATCH, dtype=torch.float32)
+
+
+def config(graph) -> StepConfig:
+    return StepConfig(micro_batch=MICRO_BATCH, graph_micro_batch=MICRO_BATCH,
+                      graph_dtype="float32", precision=Precision.FP32, optimizer="adamw",
+                      seq_len=graph.seq_len, device_type="cpu")
+
+
+def ring_all_reduce_2_s(nbytes: float) -> float:
+    """2 ranks: 2(n-1)*alpha + 2(n-1)/n * S/B = 2*alpha + S/B (Patarasuk & Yuan 2009)."""
+    return 2 * ALPHA_S["all_reduce"] + nbytes / BYTES_PER_S
+
+
+def ring_half_2_s(collective: str, nbytes: float) -> float:
+    """2 ranks: (n-1)*alpha + (n-1)/n * S/B = alpha + S/(2B)."""
+    return ALPHA_S[collective] + nbytes / 2 / BYTES_PER_S
+
+
+def test_a_block_pays_each_collective_once_with_its_wait(graph):
+    block, cfg = graph.layers[1], config(graph)
+    assert len(block.tp_candidates) == 7  # q, k, v, o, gate, up, down
+    assert block.output_bytes == ACTIVATION_BYTES
+    all_reduce = ring_all_reduce_2_s(ACTIVATION_BYTES) + WAIT_S["all_reduce"]
+    forward, backward = tp_comm_s(block, LayerStrategy(tp=2), spec(), cfg)
+    assert forward == pytest.approx(2 * all_reduce)
+    assert backward == pytest.approx(5 * all_reduce)
+    pair = (ring_half_2_s("all_gather", ACTIVATION_BYTES) + WAIT_S["all_gather"]
+            + ring_half_2_s("reduce_scatter", ACTIVATION_BYTES) + WAIT_S["reduce_scatter"])
+    forward, backward = tp_comm_s(block, LayerStrategy(tp=2, sequence_parallel=True),
+                                  spec(), cfg)
+    assert forward == pytest.approx(2 * pair) and backward == pytest.approx(2 * pair)
+
+
+def test_a_block_pays_its_modules_dtensor_work_once_and_no_per_op_extra(graph):
+    """7 modules x 1 ms, half in each pass; with or without SP the ops outside the
+    modules run on plain tensors, so the 15 us per-op DTensor extra adds nothing."""
+    block, cfg = graph.layers[1], config(graph)
+    for strategy in (LayerStrategy(tp=2), LayerStrategy(tp=2, sequence_parallel=True)):
+        assert not runs_on_dtensors(block, strategy)
+        assert tp_module_seconds(block, strategy, spec()) == pytest.approx(7 * TP_MODULE_S)
+        with_modules = layer_compute(block, strategy, spec(), cfg)
+        without = layer_compute(block, strategy, spec(modules=False), cfg)
+        assert with_modules.forward_s - without.forward_s == pytest.approx(3.5 * TP_MODULE_S)
+        assert with_modules.backward_s - without.backward_s == pytest.approx(3.5 * TP_MODULE_S)
+        no_extra = layer_compute(block, strategy, spec(dtensor_op_s=0.0), cfg)
+        assert with_modules.total_s == pytest.approx(no_extra.total_s)
+
+
+def test_module_figures_are_cpu_time_stretched_by_the_core_share(graph):
+    """The probe reads CPU time on the calling thread; 4 processes on 2 cores take turns,
+    so 7 modules x 1 ms stretch to 14 ms (host_share 2), as the per-op figures do."""
+    block = graph.layers[1]
+    shared = dataclasses.replace(spec(), devices_per_node=4)
+    assert shared.host_share == 2.0
+    assert tp_module_seconds(block, LayerStrategy(tp=2), shared) == pytest.approx(14 * MS)
+
+
+@pytest.mark.parametrize("sequence_parallel, waits_s", [
+    (False, 33 * WAIT_S["all_reduce"]),
+    (True, 5 * WAIT_S["all_reduce"] + 18 * WAIT_S["all_gather"] + 16 * WAIT_S["reduce_scatter"])])
+def test_a_step_pays_the_waits_of_the_collectives_the_executor_issues(graph, sequence_parallel,
+                                                                      waits_s):
+    """The whole step's TP traffic moves by exactly one wait per collective the executor
+    issues (module docstring), the TP modules by 30 x 1 ms (28 in blocks, embedding and
+    head), and nothing else moves. With SP blocks, two more all-gathers: the last block's
+    sequence-split output gathered for the final norm, forward and backward (`executors.
+    layout`; the profile counted 2 `c10d::allgather_` per step); and SP's once-per-step
+    norm-gradient all-reduce (one per block: 4 waits) is TP traffic too."""
+    plan = uniform_plan(len(graph.layers), tp=2, sequence_parallel=sequence_parallel,
+                        micro_batch=MICRO_BATCH, global_batch=MICRO_BATCH,
+                        precision=Precision.FP32)
+    full = estimate(graph, plan, spec())
+    no_waits = estimate(graph, plan, spec(waits=False))
+    no_modules = estimate(graph, plan, spec(modules=False))
+    step_sync = 4 * WAIT_S["all_reduce"] if sequence_parallel else 0.0
+    assert full.time.tp_comm - no_waits.time.tp_comm == pytest.approx(waits_s + step_sync)
+    assert full.time.compute == pytest.approx(no_waits.time.compute)
+    assert full.time.compute - no_modules.time.compute == pytest.approx(30 * TP_MODULE_S)
+    assert full.time.tp_comm == pytest.approx(no_modules.time.tp_comm)
+
+
+# ---- the probe: DTensor's stack against the same collectives on plain tensors ----------
+
+
+def _probe_stacks(rank: int, world_size: int, payload) -> dict:
+    """Per stack: gloo all-reduces per forward+backward (torch.profiler) and the output
+    and input gradient after copying the DTensor stack's local shards into the manual one."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.profiler import ProfilerActivity, profile
+
+    from cost_models.tp_probes import OP_OVERHEAD_WIDTH_TP, _dtensor_stack, _manual_stack
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    width = OP_OVERHEAD_WIDTH_TP * world_size
+    torch.manual_seed(0)  # the same weights on every rank: DTensor keeps each rank's shard
+    dtensor, manual = _dtensor_stack(mesh, width), _manual_stack(mesh, width)
+    with torch.no_grad():
+        for pair, block in zip(manual, dtensor):
+            local = {name: p.to_local() if isinstance(p, DTensor) else p
+                     for name, p in block.named_parameters()}
+            pair.colwise.weight.copy_(local["0.weight"])
+            pair.colwise.bias.copy_(local["0.bias"])
+            pair.rowwise.weight.copy_(local["2.weight"])
+            pair.bias.copy_(local["2.bias"])
+    x = torch.randn(2, width, generator=torch.Generator().manual_seed(1))
+    out = {}
+    for name, stack in (("dtensor", dtensor), ("manual", manual)):
+        inputs = x.clone().requires_grad_()
+        stack(inputs).sum().backward()  # warm-up: DTensor's sharding caches fill
+        inputs = x.clone().requires_grad_()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            y = stack(inputs)
+            y.sum().backward()
+        calls = sum(e.count for e in prof.key_averages() if e.key == "gloo:all_reduce")
+        out[name] = (calls, y.detach(), inputs.grad)
+    return out
+
+
+def test_the_tp_probe_compares_dtensor_with_the_same_collectives_on_plain_tensors():
+    """Both stacks issue the same all-reduces (4 blocks: 4 forward at the row-parallel
+    outputs, 4 backward at the column-parallel input gradients, the input now needing
+    one) and compute the same: their time difference holds DTensor's work and no
+    collective. A plain reference stack without collectives (the old probe) issues 0."""
+    for rank in spawn(_probe_stacks, 2, timeout_s=300):
+        (d_calls, d_y, d_grad), (m_calls, m_y, m_grad) = rank["dtensor"], rank["manual"]
+        assert d_calls == m_calls == 8
+        torch.testing.assert_close(m_y, d_y)
+        torch.testing.assert_close(m_grad, d_grad)
