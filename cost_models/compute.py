@@ -256,8 +256,8 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         forward_s, backward_s = _analytic_seconds(layer, cluster, config, share)
     random_s = random_draw_seconds(layer, strategy, cluster, config) if measured is None else 0.0
     forward_s += random_s
-    # DP-unit and TP-module figures were measured with the node's processes running
-    # together: not stretched by the core share again.
+    # DP-unit figures were measured with the node's processes running together: not
+    # stretched by the core share again (TP-module figures are CPU time, stretched inside).
     tp_half_s = tp_module_seconds(layer, strategy, cluster) / 2  # half in each pass
     unit_s = dp_unit_seconds(layer, strategy, cluster, config) / 2 + tp_half_s
     forward_host_s = (layer.ops_fwd * op_s if measured is not None
