@@ -47,8 +47,8 @@ START_METHOD = "forkserver"
 PRELOAD_MODULES = ("torch", "torch.distributed", "executors", "cost_models.profile_cluster",
                    "planner.trial.spawn", "planner.models", "planner.api")
 # For ranks that build Hugging Face models (`hf:` specs, the tests): transformers'
-# modeling_utils and auto classes are ~1.5 s of a rank's first build, and ~2-3 s of the
-# server's start on a loaded host when no rank needs them (so not in PRELOAD_MODULES).
+# modeling_utils and auto classes are ~1.5 s of a rank's first build, and ~3 s of the
+# server's start at load ~18 when no rank needs them (so not in PRELOAD_MODULES).
 HF_PRELOAD_MODULES = ("transformers", "transformers.modeling_utils",
                       "transformers.models.auto.modeling_auto")
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): a signal for when the parent dies
