@@ -1,4 +1,4 @@
-"""Timing collectives on this rank, inside a process group `profile-cluster` spawned.
+"""Timing collectives on this rank, inside a process group `profile-cluster` started.
 
 `sweep` times all-reduce, all-gather, reduce-scatter, all-to-all, broadcast and (over
 the whole world) send/recv at every message size: each figure is the median over

@@ -1,7 +1,7 @@
 """Measure this machine's collectives and matmuls and write a cluster spec from them.
 
-`profile_cluster(nproc, backend)` spawns `nproc` processes (torch.multiprocessing, a free
-localhost port). Every rank runs `_worker`, which times, in order:
+`profile_cluster(nproc, backend)` starts `nproc` processes (forks of the preloaded server,
+`ir.launch`; a free localhost port). Every rank runs `_worker`, which times, in order:
   1. the collectives over message sizes from 1 KiB up to `max_bytes` (x4 per step), once
      over all N processes and once per smaller power-of-two group size g with every
      group of g running at once (`cost_models.collective_probes.sweep`);
@@ -28,8 +28,8 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-import socket
 import sys
+import tempfile
 from typing import Any
 
 from ir.calibration_tables import (COLLECTIVES, BlockingWait, CalibrationTables,
@@ -37,6 +37,7 @@ from ir.calibration_tables import (COLLECTIVES, BlockingWait, CalibrationTables,
 from ir.cluster import ClusterSpec, collective_ceiling_bytes_per_s
 from ir.errors import PlannerError
 from ir.kernel_calibration import KernelCalibration
+from ir.launch import free_port, start_ranks
 
 from cost_models.checkpoint_probes import checkpoint_host_seconds
 from cost_models.clusters import (GPU_RUNTIME_OVERHEAD_BYTES, LOCAL_RUNTIME_OVERHEAD_BYTES,
@@ -144,55 +145,53 @@ def fit_with_retries(nproc: int, backend: str, sizes: list[int],
 
 
 PROBES = ("all", "collectives")  # what `measure_collectives` runs
+RESULTS_FILE = "rank0.pt"  # rank 0's readings, in the run's temporary folder
 
 
 def measure_collectives(nproc: int, backend: str, sizes: list[int],
                         probes: str = "all") -> dict[str, Any]:
-    """Rank 0's readings from `nproc` spawned processes: median seconds per collective
+    """Rank 0's readings from `nproc` forked processes: median seconds per collective
     and size (per smaller group size under "group{g}"), and on CPU the host probes';
     `probes` "collectives" runs the sweeps alone."""
     if probes not in PROBES:
         raise PlannerError(f"probes must be one of {', '.join(PROBES)}, got {probes!r}")
-    import torch.multiprocessing as mp
-
     if nproc < 2:
         raise PlannerError(f"--nproc must be >= 2 to measure collectives, got {nproc}")
     if backend not in ("gloo", "nccl"):
         raise PlannerError(f"--backend must be gloo or nccl, got {backend!r}")
-    if backend == "nccl":
-        import torch
+    import torch
 
-        if not torch.cuda.is_available():
-            raise PlannerError("--backend nccl needs CUDA devices; none is visible here "
-                               "(use --backend gloo)")
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise PlannerError("--backend nccl needs CUDA devices; none is visible here "
+                           "(use --backend gloo)")
     for attempt in range(PORT_ATTEMPTS):
         # Another process may take the free port before rank 0 binds it: try a new one.
-        port = _free_port()
-        try:
-            mp.start_processes(_worker, args=(nproc, port, backend, sizes, queue, probes),
-                               nprocs=nproc, join=True, start_method="spawn")
-            break
-        except Exception as exc:  # a worker failed: one line, the cause
-            cause = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
-            if "address already in use" in str(exc).lower() and attempt + 1 < PORT_ATTEMPTS:
-                continue
-            raise PlannerError(f"profile-cluster: a worker process failed: {cause}") from None
-    if queue.empty():
-        raise PlannerError("profile-cluster: rank 0 returned no measurements")
-    return queue.get()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        with tempfile.TemporaryDirectory(prefix="planner-profile-") as out_dir:
+            context = start_ranks(_worker, nproc, (nproc, free_port(), backend, sizes, out_dir,
+                                                   probes), out_dir)
+            try:
+                while not context.join():
+                    pass
+            except Exception as exc:  # a worker failed: one line, the cause
+                cause = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+                if "address already in use" in str(exc).lower() and attempt + 1 < PORT_ATTEMPTS:
+                    continue
+                raise PlannerError(f"profile-cluster: a worker process failed: {cause}") from None
+            finally:  # on any way out (Ctrl-C too): no worker left running
+                for process in context.processes:
+                    if process.is_alive():
+                        process.kill()
+                    process.join()
+            path = os.path.join(out_dir, RESULTS_FILE)
+            if not os.path.exists(path):
+                raise PlannerError("profile-cluster: rank 0 returned no measurements")
+            return torch.load(path, weights_only=False)  # written by our rank 0 just now
 
 
 def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
-            queue, probes: str = "all") -> None:
-    """One rank: the probes `probes` names, in order; rank 0 puts the readings on `queue`."""
+            out_dir: str, probes: str = "all") -> None:
+    """One rank: the probes `probes` names, in order; rank 0 saves the readings in
+    `out_dir` (RESULTS_FILE)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -237,7 +236,7 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
                 results["blocking_seconds"][size] = blocking_seconds(dist, rank,
                                                                      group.get_group())
         if rank == 0:
-            queue.put(results)
+            torch.save(results, os.path.join(out_dir, RESULTS_FILE))
         dist.barrier()  # nobody tears down gloo while a peer still uses it
     finally:
         dist.destroy_process_group()

@@ -33,7 +33,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -43,6 +42,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from executors.mesh import seconds_setting
+from ir.launch import die_with_parent  # noqa: F401 - torchrun's workers (executors.apply)
 
 # Default stall limit: above a large model's step or checkpoint save (minutes), below
 # the process-group timeout (executors.mesh.PG_TIMEOUT_S) so the watchdog speaks first.
@@ -53,7 +53,6 @@ CHECKS_PER_LIMIT = 5
 # Exit status of a rank that reports a stall: not 1 (a Python error) nor 2 (bad input).
 STALL_EXIT_CODE = 3
 KEY_PREFIX = "planner/heartbeat/"
-PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): a signal for when the parent dies
 # Seconds to wait for the thread at exit (one store round trip; it must not delay exit).
 STOP_WAIT_S = 2.0
 
@@ -295,17 +294,3 @@ def ensure_watchdog(stall_limit_s: float | None = None) -> Watchdog | None:
     _current = Watchdog(store, dist.get_rank(), dist.get_world_size(), limit)
     return _current
 
-
-def die_with_parent() -> None:
-    """SIGKILL this process when its parent (torchrun's agent, `planner validate`) dies,
-    so that no orphaned rank waits on in a collective. Linux only (prctl)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG, SIGKILL) failed")
-    if os.getppid() != parent:  # it died before prctl: no signal will come
-        os._exit(1)

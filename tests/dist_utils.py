@@ -7,20 +7,17 @@ with one intra-op thread (the ranks share the machine's cores), its result is sa
 `torch.save` and returned to the caller in rank order. An exception on any rank fails
 the call with that rank's traceback; ranks still running at the deadline are killed.
 
-Ranks are forked from one server process that imported torch, torch.distributed, the
-executors and transformers once for the whole session (`START_METHOD`), not started as
-fresh interpreters that each import them again: that import was most of a group's start
-(~4-6 s of CPU per rank, so 4 ranks took 14-40 s to start on a loaded 2-core machine and
-1.4 s forked). A forked rank has the server's environment, so the caller's is sent along
-and put in place before anything else runs (`forked_call`).
+Ranks are forks of the product's preloaded fork server (`ir.launch`, with the Hugging
+Face modules preloaded too: the tests build HF models), not fresh interpreters that each
+import torch, the executors and transformers again: that import was most of a group's
+start (~4-6 s of CPU per rank, so 4 ranks took 14-40 s to start on a loaded 2-core
+machine and 1.4 s forked). `start_method`, `save_arguments` and `forked_call` are for
+tests that start their own processes.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import pickle
-import socket
 import tempfile
 import time
 from datetime import timedelta
@@ -28,48 +25,16 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-# multiprocessing's "forkserver": each rank is a fork of one server process, started on the
-# first use and alive until the session ends, that has imported PRELOAD_MODULES once.
-START_METHOD = "forkserver"
-# What every rank imports anyway; a module that fails to import is skipped by the server
-# (the rank then imports it itself, as a spawned one would).
-# (transformers' modeling_utils and auto classes: ~1.5 s of a rank's first Hugging Face build)
-PRELOAD_MODULES = ("torch", "torch.distributed", "executors", "cost_models", "planner.api",
-                   "planner.models", "transformers", "transformers.modeling_utils",
-                   "transformers.models.auto.modeling_auto")
+from ir.launch import (HF_PRELOAD_MODULES, START_METHOD, forked_call, free_port,  # noqa: F401
+                       save_arguments, start_ranks, start_server)
 
 
 def start_method() -> str:
-    """The start method for every test's ranks (`START_METHOD`), its server's preloads set
-    (they take effect when the server starts, on the first call that uses it)."""
-    multiprocessing.set_forkserver_preload(list(PRELOAD_MODULES))
+    """The start method for a test's own processes (`ir.launch.START_METHOD`), its server
+    started with the Hugging Face modules preloaded as well."""
+    start_server(HF_PRELOAD_MODULES)
     return START_METHOD
-
-
-def save_arguments(folder: str, arguments: tuple) -> str:
-    """Write a rank's arguments (but its rank) to a file in `folder` for `forked_call`: the
-    fork server's socket would pass every tensor in them as a file descriptor, and it
-    refuses a process with more than ~250."""
-    path = os.path.join(folder, "arguments.pt")
-    torch.save(arguments, path, pickle_protocol=pickle.DEFAULT_PROTOCOL)  # as multiprocessing
-    return path
-
-
-def forked_call(rank: int, environment: dict[str, str], fn: Callable, arguments_path: str):
-    """A forked rank's target: `fn(rank, *arguments)` in the caller's `environment` (a
-    fork starts with the server's, from whenever the server started) with the arguments
-    `save_arguments` wrote."""
-    os.environ.clear()
-    os.environ.update(environment)
-    return fn(rank, *torch.load(arguments_path, weights_only=False))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank: int, fn: Callable, world_size: int, port: int, out_dir: str,
@@ -93,9 +58,9 @@ def _rank_main(rank: int, fn: Callable, world_size: int, port: int, out_dir: str
 def spawn(fn: Callable, world_size: int, payload: Any = None, *, timeout_s: float = 300) -> list:
     """Run `fn(rank, world_size, payload)` on `world_size` gloo ranks; their results."""
     with tempfile.TemporaryDirectory() as out_dir:
-        arguments = save_arguments(out_dir, (fn, world_size, free_port(), out_dir, payload))
-        context = mp.start_processes(forked_call, args=(dict(os.environ), _rank_main, arguments),
-                                     nprocs=world_size, join=False, start_method=start_method())
+        start_method()
+        context = start_ranks(_rank_main, world_size,
+                              (fn, world_size, free_port(), out_dir, payload), out_dir)
         deadline = time.monotonic() + timeout_s
         while not context.join(timeout=1.0):
             if time.monotonic() > deadline:

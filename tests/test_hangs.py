@@ -218,14 +218,28 @@ def _rank_payload():
                        threads=1)
 
 
+def _descendants(pid: int) -> set[int]:
+    """Children, their children and so on, but multiprocessing's long-lived helpers of
+    this process: its resource tracker and its fork server (whose forks, the ranks, have
+    the server's command line but the server as parent)."""
+    found, frontier = set(), [pid]
+    while frontier:
+        for child in children(frontier.pop()):
+            helper = any(name in _cmdline(child) for name in
+                         ("multiprocessing.resource_tracker", "multiprocessing.forkserver"))
+            if not (helper and _stat_fields(child) and int(_stat_fields(child)[1]) == pid):
+                found.add(child)
+            frontier.append(child)
+    return found
+
+
 def test_spawn_ranks_timeout_reaps_every_rank():
     from planner.trial.spawn import spawn_ranks
 
-    before = children(os.getpid())
+    before = _descendants(os.getpid())
     with pytest.raises(PlannerError, match="validation ran past"):
         spawn_ranks(_rank_payload(), 2, timeout_s=1.0)
-    left = [p for p in children(os.getpid()) - before
-            if "resource_tracker" not in _cmdline(p)]  # multiprocessing's, long-lived
+    left = _descendants(os.getpid()) - before  # the ranks are the fork server's children
     assert not left, [(p, _stat_fields(p)[0]) for p in left]  # state Z: not reaped
 
 

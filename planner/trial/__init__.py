@@ -4,9 +4,10 @@
     result = validate_plan("plan.json", nproc=4, steps=5)     # planner.trial.run
     result.to_json()   # {"ranks": [...], "predicted_iteration_seconds": ..., ...}
 
-`nproc` ranks are spawned (torch.multiprocessing, one free localhost port; gloo on CPU,
-NCCL when every rank gets a GPU). Every rank builds the plan's model from the same seed,
-applies the plan with `executors.apply` and trains on the same global batches:
+`nproc` ranks are started (forks of the preloaded server, `ir.launch`; one free localhost
+port; gloo on CPU, NCCL when every rank gets a GPU). Every rank builds the plan's model
+from the same seed, applies the plan with `executors.apply` and trains on the same
+global batches:
 
   1. memory: the model is built and sharded inside a `LiveTensorTracker` (CPU: DTensors
      count by their local shard, FSDP2's storage resizes are followed; on GPUs the CUDA
@@ -29,7 +30,7 @@ The modules, in the order a run uses them:
                 single-process losses
   records.py    typed payloads and results: what a rank is given, what it measures
   rank.py       one rank's loop (and the same measurement in this process)
-  spawn.py      spawning the ranks; none outlives the run
+  spawn.py      starting the ranks; none outlives the run
   run.py        `validate_plan`: the whole loop
   calibrate.py  the spec refitted to the measured time
 """

@@ -19,7 +19,7 @@ from planner.trial.predict import machine_slowdown, plan_graph, predict
 from planner.trial.rank import MEMORY_STEPS, TIME_WARMUP_STEPS
 from planner.trial.records import RankPayload, RankResult, ValidationResult
 from planner.trial.reference import global_batches, has_dropout, losses_match, reference_losses
-from planner.trial.spawn import spawn_ranks
+from planner.trial.spawn import spawn_ranks, start_rank_server
 
 # Intra-op threads per rank. One, as the tests' ranks use: on this shared 2-core machine
 # a 1-rank run with 2 OpenMP threads measured 0.6-1.9 s per gpt-tiny step (threads spin
@@ -51,6 +51,7 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
     spec = None
     if cluster is not None:
         spec = cluster if isinstance(cluster, ClusterSpec) else get_cluster(cluster)
+    start_rank_server(model)  # its imports overlap the tracing below
     say(f"tracing {doc.model_name} (micro-batch {doc.graph_micro_batch}, {doc.graph_dtype})")
     graph = plan_graph(doc, path, model_spec)
     check_plan_matches(graph, doc.plan)  # TP degrees that do not divide: before any rank starts

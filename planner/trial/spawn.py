@@ -1,17 +1,18 @@
-"""Spawning a trial run's ranks; none outlives the run, none is left a zombie.
+"""Starting a trial run's ranks; none outlives the run, none is left a zombie.
 
-Each rank joins a process group on a free localhost port (the configured process-group
-timeout, `executors.mesh.pg_timeout_s`), runs `planner.trial.rank.run_rank` and writes
-its `RankMeasurement` as JSON into a temporary folder the parent reads back. A rank
-dies with its parent (`executors.watchdog.die_with_parent`); the parent kills and joins
-every rank on any way out, after REAP_GRACE_S for the others once one fails.
+Each rank is a fork of the preloaded fork server (`ir.launch`: torch and the executors are
+imported once, not once per rank), joins a process group on a free localhost port (the
+configured process-group timeout, `executors.mesh.pg_timeout_s`), runs
+`planner.trial.rank.run_rank` and writes its `RankMeasurement` as JSON into a temporary
+folder the parent reads back. A rank dies with its parent (`ir.launch.forked_call`); the
+parent kills and joins every rank on any way out, after REAP_GRACE_S for the others
+once one fails.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ir.errors import PlannerError
+from ir.launch import HF_PRELOAD_MODULES, free_port, start_ranks, start_server
 from planner.trial.rank import run_rank
 from planner.trial.records import RankMeasurement, RankPayload
 
@@ -30,15 +32,21 @@ SPAWN_TIMEOUT_S = 600.0
 REAP_GRACE_S = 5.0
 
 
+def start_rank_server(model: str) -> None:
+    """Start the ranks' fork server now (`ir.launch.start_server`: it imports in the
+    background, while this process traces and predicts before `spawn_ranks`); the ranks
+    of a Hugging Face MODEL get transformers preloaded as well."""
+    start_server(HF_PRELOAD_MODULES if model.startswith("hf:") else ())
+
+
 def spawn_ranks(payload: RankPayload, nproc: int,
                 timeout_s: float = SPAWN_TIMEOUT_S) -> list[RankMeasurement]:
-    """Run `run_rank` on `nproc` spawned ranks; their measurements in rank order."""
+    """Run `run_rank` on `nproc` forked ranks; their measurements in rank order."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="planner-validate-") as out_dir:
-        context = mp.start_processes(
-            _rank_main, args=(nproc, _free_port(), out_dir, payload, os.getpid()),
-            nprocs=nproc, join=False, start_method="spawn")
+        context = start_ranks(_rank_main, nproc, (nproc, free_port(), out_dir, payload),
+                              out_dir)
         deadline = time.monotonic() + timeout_s
         try:
             while not context.join(timeout=1.0, grace_period=REAP_GRACE_S):
@@ -47,8 +55,8 @@ def spawn_ranks(payload: RankPayload, nproc: int,
                                        "lower --steps or validate a smaller model")
         except mp.ProcessRaisedException as exc:
             last = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
-            raise PlannerError(f"a rank failed while running the plan ({last}); rerun with "
-                               "--debug for the traceback") from exc
+            raise PlannerError(f"rank {exc.error_index} failed while running the plan ({last}); "
+                               "rerun with --debug for the traceback") from exc
         except mp.ProcessExitedException as exc:
             written = os.path.exists(os.path.join(out_dir, f"rank{exc.error_index}.json"))
             when = "after writing its measurement" if written else "while running the plan"
@@ -67,13 +75,8 @@ def spawn_ranks(payload: RankPayload, nproc: int,
         return results
 
 
-def _rank_main(rank: int, world_size: int, port: int, out_dir: str, payload: RankPayload,
-               parent_pid: int) -> None:
-    from executors.watchdog import die_with_parent
-
-    if os.getppid() != parent_pid:  # spawn_ranks' process is already gone
-        os._exit(1)
-    die_with_parent()  # and if it dies later, so do we
+def _rank_main(rank: int, world_size: int, port: int, out_dir: str,
+               payload: RankPayload) -> None:
     torch.set_num_threads(payload.threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
@@ -96,9 +99,3 @@ def _rank_main(rank: int, world_size: int, port: int, out_dir: str, payload: Ran
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
