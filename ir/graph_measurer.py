@@ -389,6 +389,7 @@ class GraphMeasurer:
             saved_output_bytes=sum(b for k, b in log.seen.items() if k in out_keys),
             ops_fwd=fwd_ops.count, ops_bwd=bwd_ops.count,
             python_nodes_fwd=python_nodes(info.nodes.nodes, dispatched, fwd_ops.count),
+            python_calls_fwd=python_calls(info.nodes.nodes, dispatched, fwd_ops.count),
             autograd_nodes_bwd=nodes, autograd_nodes_fwd=recorded,
             random_elements_fwd=fwd_ops.random_elements,
             random_tp_sharded_elements_fwd=fwd_ops.random_tp_sharded_elements,
@@ -444,14 +445,31 @@ def _restore_grads(state: dict, grads: dict) -> None:
 PYTHON_NODE_OPS = ("call_function", "call_method")
 
 
+def _node_ops(nodes: list[fx.Node], started: dict[fx.Node, int], total_ops: int):
+    """(node, ATen ops it dispatched) for `nodes` run in order, from the op count when
+    each started (`started`) and after the last (`total_ops`)."""
+    ends = [started[n] for n in nodes[1:]] + [total_ops]
+    return [(n, end - started[n]) for n, end in zip(nodes, ends)]
+
+
 def python_nodes(nodes: list[fx.Node], started: dict[fx.Node, int], total_ops: int) -> int:
-    """Call nodes among `nodes` (run in order) that dispatched no ATen op, from the op
-    count when each started (`started`) and after the last (`total_ops`): lines of the
+    """Call nodes among `nodes` that dispatched no ATen op (`_node_ops`): lines of the
     generated forward that cost the host Python only. Module calls are counted apart
     (`GraphMeasurer.module_calls`), get_attr nodes are attribute reads."""
-    ends = [started[n] for n in nodes[1:]] + [total_ops]
-    return sum(1 for n, end in zip(nodes, ends)
-               if n.op in PYTHON_NODE_OPS and end == started[n])
+    return sum(1 for n, ops in _node_ops(nodes, started, total_ops)
+               if n.op in PYTHON_NODE_OPS and ops == 0)
+
+
+def python_calls(nodes: list[fx.Node], started: dict[fx.Node, int], total_ops: int) -> int:
+    """Python-level torch calls among `nodes`: each call node that dispatched >= 1 ATen op
+    (`_node_ops`; a leaf module's node counts its forward's one functional call, as
+    `nn.Linear` calls `F.linear`). A call's first op pays Python's argument parsing; the
+    rest of its ops (the layer's `ops_fwd` less these) are dispatched inside a C++
+    composite (`F.linear`'s t, views and addmm) and cost the host far less per op
+    (`cost_models.call_probes`). A leaf module whose forward makes several torch calls
+    is counted as one (its other calls priced as inner ops)."""
+    return sum(1 for n, ops in _node_ops(nodes, started, total_ops)
+               if n.op in (*PYTHON_NODE_OPS, "call_module") and ops > 0)
 
 
 def _state_device(state: dict) -> torch.device:

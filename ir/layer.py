@@ -96,6 +96,10 @@ class LayerMeasurement:
     # arithmetic, `float()` of a float tensor): each is a line of generated Python the host
     # runs (`ir.graph_measurer.python_nodes`); 0 where not counted.
     python_nodes_fwd: int = 0
+    # Python-level torch calls of the forward: fx call nodes (leaf module calls included)
+    # that dispatch >= 1 ATen op (`ir.graph_measurer.python_calls`); the forward's other
+    # ops (`ops_fwd` less these) run inside a C++ composite. 0 where not counted.
+    python_calls_fwd: int = 0
     # Autograd nodes one backward runs (the graph walked from the layer's outputs, each
     # parameter's gradient accumulation included: `ir.op_count.autograd_nodes`); 0 where
     # not counted.
