@@ -11,15 +11,23 @@ thread, thread clock, 2 x 8 fp32, grad off, 2026-11-24) `torch.add` took 0.97 us
 figure makes rows of plain calls (index arithmetic, RMS norms written out) too fast and
 rows of composites too slow.
 
-`python_call_seconds` times two chains of tiny calls, each feeding the next:
-  calls      CALL_CHAIN_CALLS `torch.add` calls: 1 op per call, no excess (the
-             reference of `cost_models.host_excess`), so per call = time / calls;
-  composite  CALL_CHAIN_CALLS `F.linear` calls on a 3-D input: per op inside =
-             (time - calls x per call - its ops' excess) / (its ops - calls), the
-             excess (addmm's bias copy) being charged per record by the layer's model.
+A Python number handed for a Tensor argument (`x * 0.5`) is wrapped into a 0-dim tensor
+by the binding, and cast where its dtype (double, long) is not the op's: `x * 0.5` on
+float32 took 2.22 us against `x * y`'s 1.00, `xi * 2` on int64 1.40 against 1.05.
+
+`python_call_seconds` times chains of CALL_CHAIN_CALLS tiny calls, each feeding the next:
+  calls      `torch.add(y, x)`: 1 op per call, no excess (the reference of
+             `cost_models.host_excess`), so per call = time / calls;
+  composite  `F.linear` on a 3-D input: per op inside = (time - calls x per call - its
+             ops' excess) / (its ops - calls), the excess (addmm's bias copy) being
+             charged per record by the layer's model;
+  cast       `torch.add(y, 0.5)` on float32: per cast number = time / calls - per call;
+  number     `torch.add(yi, 1)` on int64: per number = time / calls - the same chain's
+             per call with an int64 tensor for the 1 (`int_calls`).
 `cost_models.compute.forward_host_seconds` prices a layer's forward as Python calls
-(`Layer.python_calls_fwd`) x per call + the rest of its ops x per inner op, with module
-calls, python nodes, grad_fns recorded and excess on top (each probed apart).
+(`Layer.python_calls_fwd`) x per call + the rest of its ops x per inner op + its wrapped
+numbers, with module calls, python nodes, grad_fns recorded and excess on top (each
+probed apart).
 
     >>> cost = python_call_seconds("cpu")                            # doctest: +SKIP
     >>> cost.call_s, cost.inner_op_s                                 # ~1e-6, ~3e-7
@@ -53,16 +61,20 @@ class PythonCallCost:
     inner_op_s: float
     chain_ops: int
     composite_ops: int
+    wrapped_number_s: float = 0.0  # per Python number for a Tensor argument, op's dtype
+    cast_wrapped_number_s: float = 0.0  # ... of another dtype (cast)
 
     def calibration_fields(self) -> dict:
         """The `KernelCalibration` fields these figures fill."""
-        return dict(python_call_host_s=self.call_s, inner_op_host_s=self.inner_op_s)
+        return dict(python_call_host_s=self.call_s, inner_op_host_s=self.inner_op_s,
+                    wrapped_number_host_s=self.wrapped_number_s,
+                    cast_wrapped_number_host_s=self.cast_wrapped_number_s)
 
 
 def python_call_seconds(device: str = "cpu",
                         excess_s: Callable[[str], float] = lambda op: 0.0) -> PythonCallCost:
-    """Per Python call and per inner op from the two chains of the module docstring, the
-    two alternating within each round (a slow spell of a shared machine hits both).
+    """Per Python call, per inner op and per wrapped number from the chains of the module
+    docstring, run in turn within each round (a slow spell of a shared machine hits all).
     `excess_s(op key)`: the per-call host excess of an op (`KernelCalibration
     .host_excess_s`, a `host_excess.PlainDispatch.excess_s` look-up), taken out of the composite
     chain as `compute.forward_host_seconds` charges it per record."""
@@ -94,6 +106,28 @@ def python_call_seconds(device: str = "cpu",
                 y = F.linear(y, weight, bias)
             return y
 
+        ints = torch.ones(*CALL_SHAPE, dtype=torch.int64, device=device)
+
+        def cast_numbers():
+            y = x
+            for _ in range(CALL_CHAIN_CALLS):
+                y = torch.add(y, 0.5)  # a double into float32: cast
+            return y
+
+        def int_calls():
+            y = ints
+            for _ in range(CALL_CHAIN_CALLS):
+                y = torch.add(y, ints)
+            return y
+
+        def int_numbers():
+            y = ints
+            for _ in range(CALL_CHAIN_CALLS):
+                y = torch.add(y, 1)  # a long into int64: no cast
+            return y
+
+        chains = (calls, composites, cast_numbers, int_calls, int_numbers)
+
         chain_ops, composite_ops = count_ops(calls), count_ops(composites)
         inner_ops = composite_ops - CALL_CHAIN_CALLS
         if chain_ops != CALL_CHAIN_CALLS or inner_ops <= 0:
@@ -105,24 +139,24 @@ def python_call_seconds(device: str = "cpu",
             composites()
         composite_excess_s = records_excess_seconds(recorder.records(), excess_s)
         for _ in range(CALL_WARMUP_RUNS):
-            calls()
-            composites()
-        call_rounds, inner_rounds = [], []
+            for chain in chains:
+                chain()
+        rounds = {name: [] for name in ("call", "inner", "cast", "number")}
         for _ in range(CALL_ROUNDS):
-            calls_s = composites_s = 0.0
+            seconds = [0.0] * len(chains)
             for _ in range(CALL_RUNS_PER_ROUND):
-                start = clock()
-                calls()
-                sync()
-                mid = clock()
-                composites()
-                sync()
-                calls_s += mid - start
-                composites_s += clock() - mid
-            call_s = calls_s / CALL_RUNS_PER_ROUND / CALL_CHAIN_CALLS
-            rest_s = (composites_s / CALL_RUNS_PER_ROUND - CALL_CHAIN_CALLS * call_s
-                      - composite_excess_s)
-            call_rounds.append(call_s)
-            inner_rounds.append(rest_s / inner_ops)
-    return PythonCallCost(statistics.median(call_rounds),
-                          max(0.0, statistics.median(inner_rounds)), chain_ops, composite_ops)
+                for i, chain in enumerate(chains):
+                    start = clock()
+                    chain()
+                    sync()
+                    seconds[i] += clock() - start
+            call_s, composite_s, cast_s, int_call_s, int_number_s = (
+                s / CALL_RUNS_PER_ROUND / CALL_CHAIN_CALLS for s in seconds)
+            rest_s = CALL_CHAIN_CALLS * (composite_s - call_s) - composite_excess_s
+            rounds["call"].append(call_s)
+            rounds["inner"].append(rest_s / inner_ops)
+            rounds["cast"].append(cast_s - call_s)
+            rounds["number"].append(int_number_s - int_call_s)
+    median = {name: max(0.0, statistics.median(r)) for name, r in rounds.items()}
+    return PythonCallCost(median["call"], median["inner"], chain_ops, composite_ops,
+                          median["number"], median["cast"])

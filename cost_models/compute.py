@@ -160,7 +160,9 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) 
     where the kit measured `python_call_host_s` and the layer's Python-level torch calls
     were counted (`python_calls_fwd`), calls x per-call + the ops inside composites
     (`ops_fwd` less the calls) x `inner_op_host_s` (a call's own Python costs ~1 us, an op
-    a C++ composite dispatches ~0.25 us, view or not), both net of the ops' excess; else
+    a C++ composite dispatches ~0.25 us, view or not), both net of the ops' excess, +
+    Python numbers handed for Tensor arguments x `wrapped_number_host_s`, those cast to
+    the op's dtype x `cast_wrapped_number_host_s` (`x * 0.5` on float32: ~1.2 us); else
     views x `view_host_op_s` + other ops x `forward_host_op_s` (as functions). On top:
     module calls x `module_call_host_s`; where the kit measured `python_node_host_s` (its
     per-op figures then net of the ops' fixed excess) or the per-call figure, each forward
@@ -175,10 +177,13 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) 
         return layer.ops_fwd * host_op_seconds(cluster, on_dtensors)
     extra_s = cluster.dtensor_op_overhead_s if on_dtensors else 0.0
     per_call = cal.python_call_host_s > 0 and layer.python_calls_fwd > 0
-    if per_call:  # cost_models.call_probes.python_call_seconds: add chain vs F.linear chain
+    if per_call:  # cost_models.call_probes.python_call_seconds: add, F.linear, number chains
         inner_ops = layer.ops_fwd - layer.python_calls_fwd
+        cast = layer.cast_wrapped_numbers_fwd
         host_s = (layer.python_calls_fwd * (cal.python_call_host_s + extra_s)
-                  + inner_ops * (cal.inner_op_host_s + extra_s))
+                  + inner_ops * (cal.inner_op_host_s + extra_s)
+                  + (layer.wrapped_numbers_fwd - cast) * cal.wrapped_number_host_s
+                  + cast * cal.cast_wrapped_number_host_s)
     else:  # cost_models.host_probes.host_op_seconds_by_pass: function chain and views
         views = sum(r.count for r in layer.kernels.forward if r.kind is KernelKind.VIEW)
         host_s = (views * (cal.view_host_op_s + extra_s)

@@ -390,6 +390,8 @@ class GraphMeasurer:
             ops_fwd=fwd_ops.count, ops_bwd=bwd_ops.count,
             python_nodes_fwd=python_nodes(info.nodes.nodes, dispatched, fwd_ops.count),
             python_calls_fwd=python_calls(info.nodes.nodes, dispatched, fwd_ops.count),
+            wrapped_numbers_fwd=fwd_ops.wrapped_numbers,
+            cast_wrapped_numbers_fwd=fwd_ops.cast_wrapped_numbers,
             autograd_nodes_bwd=nodes, autograd_nodes_fwd=recorded,
             random_elements_fwd=fwd_ops.random_elements,
             random_tp_sharded_elements_fwd=fwd_ops.random_tp_sharded_elements,

@@ -100,6 +100,10 @@ class LayerMeasurement:
     # that dispatch >= 1 ATen op (`ir.graph_measurer.python_calls`); the forward's other
     # ops (`ops_fwd` less these) run inside a C++ composite. 0 where not counted.
     python_calls_fwd: int = 0
+    # Python numbers those calls hand torch for Tensor arguments (`x * 0.5`), and the part
+    # whose dtype differs from the op's tensors' (cast): `ir.op_count.wrapped_numbers`.
+    wrapped_numbers_fwd: int = 0
+    cast_wrapped_numbers_fwd: int = 0
     # Autograd nodes one backward runs (the graph walked from the layer's outputs, each
     # parameter's gradient accumulation included: `ir.op_count.autograd_nodes`); 0 where
     # not counted.

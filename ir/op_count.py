@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ir.kernel_recorder import KernelRecorder
@@ -35,9 +36,16 @@ class OpCounter(TorchDispatchMode):
         self.random_elements = 0
         self.random_tp_sharded_elements = 0
         self.tp_sharded_now = False
+        # Python numbers handed for Tensor arguments, and those needing a cast
+        # (`wrapped_numbers`): each costs the host beyond its op's dispatch.
+        self.wrapped_numbers = 0
+        self.cast_wrapped_numbers = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += 1
+        wrapped, cast = wrapped_numbers(func, args, kwargs or {})
+        self.wrapped_numbers += wrapped
+        self.cast_wrapped_numbers += cast
         out = func(*args, **(kwargs or {}))
         if self.recorder is not None:
             self.recorder.record(func, args, kwargs, out)
@@ -47,6 +55,30 @@ class OpCounter(TorchDispatchMode):
             if self.tp_sharded_now:
                 self.random_tp_sharded_elements += drawn
         return out
+
+
+# The dtype torch's Python binding gives a number it wraps into a 0-dim Tensor argument
+# (`x * 0.5`): float -> double, int -> long, bool -> bool (bool first: it is an int).
+WRAPPED_NUMBER_DTYPES = ((bool, torch.bool), (int, torch.int64), (float, torch.float64))
+
+
+def wrapped_numbers(func, args, kwargs) -> tuple[int, int]:
+    """(numbers, cast): how many Python numbers the op `func` was handed for Tensor-typed
+    arguments of its schema (the binding wrapped each into a 0-dim tensor: `x * 0.5`
+    dispatches `mul.Tensor(x, 0.5)`; a C++ caller's `mul.Scalar` shows a Scalar type and
+    is not counted), and how many of them have a dtype (WRAPPED_NUMBER_DTYPES) other than
+    the op's first tensor's, which TensorIterator casts: 0.5 times a float32 tensor."""
+    first = next((t.dtype for t in tensor_leaves((args, kwargs))), None)
+    numbers = cast = 0
+    for i, argument in enumerate(func._schema.arguments):
+        if not isinstance(argument.type, torch.TensorType):
+            continue
+        value = args[i] if i < len(args) else kwargs.get(argument.name)
+        dtype = next((d for kind, d in WRAPPED_NUMBER_DTYPES if isinstance(value, kind)), None)
+        if dtype is not None:
+            numbers += 1
+            cast += first is not None and dtype != first
+    return numbers, cast
 
 
 def count_ops(fn: Callable[[], object]) -> int:

@@ -348,9 +348,12 @@ def test_old_kits_and_uncounted_layers_keep_the_view_and_op_pricing():
     assert forward_host_seconds(uncounted, cpu(PER_CALL), False) == pytest.approx(18 * US)
     data = json.loads(json.dumps(PER_CALL.to_dict()))
     assert KernelCalibration.from_dict(data) == PER_CALL
-    del data["python_call_host_s"], data["inner_op_host_s"]
+    for field in ("python_call_host_s", "inner_op_host_s", "wrapped_number_host_s",
+                  "cast_wrapped_number_host_s"):
+        del data[field]
     old = KernelCalibration.from_dict(data)
     assert (old.python_call_host_s, old.inner_op_host_s) == (0.0, 0.0)
+    assert (old.wrapped_number_host_s, old.cast_wrapped_number_host_s) == (0.0, 0.0)
     counted = with_python_calls(uncounted, 3)
     assert forward_host_seconds(counted, cpu(old), False) == pytest.approx(18 * US)
 
@@ -364,5 +367,53 @@ def test_the_call_probe_prices_a_call_above_an_op_inside_a_composite():
     cost = python_call_seconds("cpu", lambda op: 0.0)
     assert (cost.chain_ops, cost.composite_ops) == (CALL_CHAIN_CALLS, 4 * CALL_CHAIN_CALLS)
     assert 0 < cost.inner_op_s < cost.call_s < 1e-5
-    assert cost.calibration_fields() == dict(python_call_host_s=cost.call_s,
-                                             inner_op_host_s=cost.inner_op_s)
+    assert 0 < cost.cast_wrapped_number_s < 1e-5 and 0 <= cost.wrapped_number_s < 1e-5
+    assert cost.calibration_fields() == dict(
+        python_call_host_s=cost.call_s, inner_op_host_s=cost.inner_op_s,
+        wrapped_number_host_s=cost.wrapped_number_s,
+        cast_wrapped_number_host_s=cost.cast_wrapped_number_s)
+
+
+def test_wrapped_numbers_are_python_numbers_in_tensor_arguments():
+    """`x * 0.5` on float32 dispatches mul.Tensor(x, 0.5): a double wrapped and cast; `i +
+    1` on int64 a long, no cast; `x + y` none; `x.pow(2)` and `torch.clamp(x, min=0.0)`
+    take Scalar arguments (nothing wrapped)."""
+    from ir.op_count import OpCounter
+
+    x, y, i = torch.randn(2, 8), torch.randn(2, 8), torch.arange(4)
+    for fn, expected in ((lambda: x * 0.5, (1, 1)), (lambda: i + 1, (1, 0)),
+                         (lambda: x + y, (0, 0)), (lambda: x.pow(2), (0, 0)),
+                         (lambda: torch.clamp(x, min=0.0), (0, 0))):
+        counter = OpCounter()
+        with counter:
+            fn()
+        assert (counter.wrapped_numbers, counter.cast_wrapped_numbers) == expected
+
+
+class NumberBlock(nn.Module):
+    """`(x * 0.5 + 1) * x + (x > 0).long() * 2`: 0.5 and 1 into float32 ops (2 cast), 2
+    into an int64 op (not cast), `> 0` a Scalar argument (gt.Scalar: none), the rest
+    tensors: 3 wrapped numbers, 2 cast."""
+
+    def forward(self, x):
+        return (x * 0.5 + 1) * x + (x > 0).long() * 2
+
+
+def test_wrapped_numbers_are_counted_per_layer():
+    """The Sequential is one layer: `NumberBlock`'s 3 numbers (2 cast); its Linear
+    (F.linear: t, addmm on tensors) hands torch none."""
+    net = nn.Sequential(NumberBlock(), nn.Linear(8, 2))
+    graph = build_layer_graph(net, {"input": torch.randn(2, 8)}, dtype=torch.float32)
+    (layer,) = graph.layers
+    assert (layer.wrapped_numbers_fwd, layer.cast_wrapped_numbers_fwd) == (3, 2)
+
+
+def test_forward_host_prices_wrapped_numbers():
+    """The 14.5 us of `test_forward_host_prices_python_calls_and_inner_ops` with 3 wrapped
+    numbers, 2 of them cast, at 0.4 us and 1.2 us: 14.5 + 0.4 + 2.4 = 17.3 us."""
+    layer = with_python_calls(with_python_nodes(tiny_layer(), 4), 3)
+    layer = dataclasses.replace(layer, measured=dataclasses.replace(
+        layer.measured, wrapped_numbers_fwd=3, cast_wrapped_numbers_fwd=2))
+    kit = dataclasses.replace(PER_CALL, wrapped_number_host_s=0.4 * US,
+                              cast_wrapped_number_host_s=1.2 * US)
+    assert forward_host_seconds(layer, cpu(kit), False) == pytest.approx(17.3 * US)
