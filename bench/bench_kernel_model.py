@@ -9,9 +9,10 @@ on a spec measured here by `profile_device("cpu")`, whose GEMM table also measur
 exactly the (m, n, k) the benched layers run (read off their kernel records). Columns: predicted and measured
 milliseconds, the error (predicted / measured - 1), and the prediction's two parts:
 kernels (device seconds of the kernel sum) and host (`compute.forward_host_seconds`:
-forward Python-level calls and the ops composites dispatch inside them, grad off, the
-grad_fns the forward records, module calls, fx nodes that dispatch nothing and the
-ops' per-call excess at the kit's figures; `compute.backward_host_seconds`:
+forward Python-level calls, the ops composites dispatch inside them and the Python
+numbers wrapped into tensors, grad off, the grad_fns the forward records, module
+calls, fx nodes that dispatch nothing and the ops' per-call excess at the kit's
+figures; `compute.backward_host_seconds`:
 backward views, other ops, autograd nodes and the ops' per-call excess at the kit's figures).
 
 Target (issue 17): every layer within 15%; the bench exits 1 otherwise. Timings taken on
@@ -114,6 +115,9 @@ def measure_model(model: str, micro_batch: int, graph, measurer, spec, warmup: i
                          "kernel_s": kernel_s, "host_s": host_s, "ops": ops,
                          "python_nodes": layer.python_nodes_fwd if phase == "fwd" else 0,
                          "python_calls": layer.python_calls_fwd if phase == "fwd" else 0,
+                         "wrapped_numbers": ((layer.wrapped_numbers_fwd,
+                                              layer.cast_wrapped_numbers_fwd)
+                                             if phase == "fwd" else (0, 0)),
                          "autograd_nodes": (layer.autograd_nodes_fwd if phase == "fwd"
                                             else layer.autograd_nodes_bwd)})
     return rows
@@ -164,7 +168,8 @@ def main() -> int:
                                 "backward_view_host_op_s", "backward_nonview_host_op_s",
                                 "backward_node_host_s", "forward_node_host_s",
                                 "python_node_host_s", "python_call_host_s",
-                                "inner_op_host_s")},
+                                "inner_op_host_s", "wrapped_number_host_s",
+                                "cast_wrapped_number_host_s")},
                             "host_op_excess_s": {p.op: p.seconds for p in
                                                  spec.kernel_calibration.host_op_excess},
                             "notes": spec.notes, "hbm_gbps": spec.hbm_gbps,
