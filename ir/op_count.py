@@ -1,8 +1,10 @@
-"""Counting the ATen ops a layer dispatches, and the elements random ops draw.
+"""Counting the ATen ops a layer dispatches, the elements random ops draw, and the
+Python numbers torch's binding wraps into Tensor arguments.
 
 Each op costs a framework dispatch on the host, which is what small layers spend their
 time on; the compute model prices `Layer.ops_fwd` / `ops_bwd` with the cluster's
-per-op overhead, and random draws with `ClusterSpec.random_element_s`.
+per-op overhead, random draws with `ClusterSpec.random_element_s`, and wrapped numbers
+(`x * 0.5`) with `KernelCalibration.wrapped_number_host_s` and its cast variant.
 """
 
 from __future__ import annotations
