@@ -8,11 +8,11 @@ compute model (`cost_models.compute.layer_compute`: the kernel sum of
 on a spec measured here by `profile_device("cpu")`, whose GEMM table also measures
 exactly the (m, n, k) the benched layers run (read off their kernel records). Columns: predicted and measured
 milliseconds, the error (predicted / measured - 1), and the prediction's two parts:
-kernels (device seconds of the kernel sum) and host (`compute.forward_host_seconds`:
-forward Python-level calls, the ops composites dispatch inside them and the Python
-numbers wrapped into tensors, grad off, the grad_fns the forward records, module
-calls, fx nodes that dispatch nothing and the ops' per-call excess at the kit's
-figures; `compute.backward_host_seconds`:
+kernels (device seconds of the kernel sum) and host (`compute.forward_host_seconds`: forward
+ops and views with grad off, the grad_fns the forward records, module calls, fx nodes
+that dispatch nothing and the ops' per-call excess at the kit's figures; per Python
+call where the kit has that figure, which profile-device leaves out: see
+bench/bench_host_ab.py; `compute.backward_host_seconds`:
 backward views, other ops, autograd nodes and the ops' per-call excess at the kit's figures).
 
 Target (issue 17): every layer within 15%; the bench exits 1 otherwise. Timings taken on
@@ -115,6 +115,7 @@ def measure_model(model: str, micro_batch: int, graph, measurer, spec, warmup: i
                          "kernel_s": kernel_s, "host_s": host_s, "ops": ops,
                          "python_nodes": layer.python_nodes_fwd if phase == "fwd" else 0,
                          "python_calls": layer.python_calls_fwd if phase == "fwd" else 0,
+                         "noop_calls": layer.noop_calls_fwd if phase == "fwd" else 0,
                          "wrapped_numbers": ((layer.wrapped_numbers_fwd,
                                               layer.cast_wrapped_numbers_fwd)
                                              if phase == "fwd" else (0, 0)),

@@ -27,7 +27,11 @@ float32 took 2.22 us against `x * y`'s 1.00, `xi * 2` on int64 1.40 against 1.05
 `cost_models.compute.forward_host_seconds` prices a layer's forward as Python calls
 (`Layer.python_calls_fwd`) x per call + the rest of its ops x per inner op + its wrapped
 numbers, with module calls, python nodes, grad_fns recorded and excess on top (each
-probed apart).
+probed apart). profile-device does not write these figures: every layer runs its calls
+in order, distinct calls after one another, and pays 22-43% over the same calls each in
+a tight loop (what these chains time), an amount no one figure gives (bench/
+bench_in_sequence.py); with them the model missed more layers' timings than the per-op
+figures do (bench/bench_host_ab.py, which measures them itself).
 
     >>> cost = python_call_seconds("cpu")                            # doctest: +SKIP
     >>> cost.call_s, cost.inner_op_s                                 # ~1e-6, ~3e-7

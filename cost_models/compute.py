@@ -161,13 +161,15 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) 
     were counted (`python_calls_fwd`), calls x per-call + the ops inside composites
     (`ops_fwd` less the calls) x `inner_op_host_s` (a call's own Python costs ~1 us, an op
     a C++ composite dispatches ~0.25 us, view or not), both net of the ops' excess, +
+    torch calls that dispatch nothing (`noop_calls_fwd`: `.to` its own dtype) x per-call, +
     Python numbers handed for Tensor arguments x `wrapped_number_host_s`, those cast to
     the op's dtype x `cast_wrapped_number_host_s` (`x * 0.5` on float32: ~1.2 us); else
     views x `view_host_op_s` + other ops x `forward_host_op_s` (as functions). On top:
     module calls x `module_call_host_s`; where the kit measured `python_node_host_s` (its
     per-op figures then net of the ops' fixed excess) or the per-call figure, each forward
     op's per-call excess (`host_op_excess`: exact GELU's ~5 us) + fx call nodes that
-    dispatch nothing x per-node (`python_nodes_fwd`); where it measured
+    dispatch nothing x per-node (`python_nodes_fwd`, less the no-op torch calls where
+    those are priced per call); where it measured
     `forward_node_host_s` (its per-op figures then grad-off), the autograd nodes the
     forward records x per-node (`autograd_nodes_fwd`, else one per floating-point op:
     `host_excess.backward_nodes`). A kit without parts: ops x `host_op_seconds`."""
@@ -181,6 +183,7 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) 
         inner_ops = layer.ops_fwd - layer.python_calls_fwd
         cast = layer.cast_wrapped_numbers_fwd
         host_s = (layer.python_calls_fwd * (cal.python_call_host_s + extra_s)
+                  + layer.noop_calls_fwd * cal.python_call_host_s  # parsed, then no op
                   + inner_ops * (cal.inner_op_host_s + extra_s)
                   + (layer.wrapped_numbers_fwd - cast) * cal.wrapped_number_host_s
                   + cast * cal.cast_wrapped_number_host_s)
@@ -190,7 +193,8 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) 
                   + (layer.ops_fwd - views) * (cal.forward_host_op_s + extra_s))
     host_s += calls * cal.module_call_host_s
     if per_call or cal.python_node_host_s > 0:  # host_excess: nodes and excess apart
-        host_s += (layer.python_nodes_fwd * cal.python_node_host_s
+        nodes = layer.python_nodes_fwd - (layer.noop_calls_fwd if per_call else 0)
+        host_s += (nodes * cal.python_node_host_s
                    + records_excess_seconds(layer.kernels.forward, cal.host_excess_s))
     if cal.forward_node_host_s > 0:  # grad_fns recorded (host_probes.host_op_seconds_by_pass)
         recorded = layer.autograd_nodes_fwd or backward_nodes(layer.kernels.forward, 0)

@@ -55,7 +55,6 @@ from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)
 from cost_models.conv_probes import probe_conv
 from cost_models.memory_probes import probe_memory
 from cost_models.gemm_efficiency import gemm_shape_efficiency
-from cost_models.call_probes import python_call_seconds
 from cost_models.host_probes import host_op_seconds_by_pass, probe_clock
 from cost_models.item_probes import (probe_embedding_backward, probe_embedding_bag,
                                      probe_random_element_s)
@@ -393,9 +392,10 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
     for p in cal.gemm:
         best[p.dtype] = max(best.get(p.dtype, 0.0), p.flop_per_s)
     if device == "cpu":
-        host = host_op_seconds_by_pass("cpu")  # forward and backward per-op, apart
-        excess = dict(host.excess_s)
-        calls = python_call_seconds("cpu", lambda op: excess.get(op, 0.0))
+        # Forward and backward per op, apart. The per-call figures
+        # (`call_probes.python_call_seconds`) are left out: with them the forward host
+        # model missed per-layer CPU timings by more (bench/bench_host_ab.py, 2026-11-24).
+        host = host_op_seconds_by_pass("cpu")
         return ClusterSpec(
             name=name, device="cpu", num_nodes=1, devices_per_node=1,
             device_memory_bytes=clusters.total_memory_bytes(),
@@ -408,15 +408,11 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             dtensor_op_overhead_s=clusters.LOCAL_DTENSOR_OP_OVERHEAD_S,
             random_element_s=probe_random_element_s("cpu"),
             host_cores=clusters.host_cores(),
-            kernel_calibration=dataclasses.replace(cal, **host.calibration_fields(),
-                                                   **calls.calibration_fields()),
+            kernel_calibration=dataclasses.replace(cal, **host.calibration_fields()),
             notes=f"planner profile-device --device cpu: {cal.measured_on}; per-op host fwd "
                   f"{host.forward_s * 1e6:.2f} us ({host.forward_spread:.0%} spread; "
                   f"{host.function_op_s * 1e6:.2f} per function op, {host.view_op_s * 1e6:.2f} "
-                  f"per view, {host.module_call_s * 1e6:.2f} per module call; "
-                  f"{calls.call_s * 1e6:.2f} per Python call, {calls.inner_op_s * 1e6:.2f} "
-                  f"per op inside a composite, {calls.cast_wrapped_number_s * 1e6:.2f} per "
-                  "number cast into a tensor, grad off), bwd "
+                  f"per view, {host.module_call_s * 1e6:.2f} per module call), bwd "
                   f"{host.backward_s * 1e6:.2f} us ({host.backward_spread:.0%}; "
                   f"{host.backward_nonview_op_s * 1e6:.2f} per op, "
                   f"{host.backward_view_op_s * 1e6:.2f} per view, {host.backward_node_s * 1e6:.2f} "

@@ -33,7 +33,7 @@ from ir.kernel_recorder import FusedKernels, KernelRecorder
 from ir.kernel_records import KernelRecords
 from ir.layer import LayerMeasurement, TPStyle
 from ir.layers import LayerNodes, group_nodes, node_module_path
-from ir.op_count import OpCounter, autograd_nodes
+from ir.op_count import OpCounter, autograd_nodes, noop_calls, python_calls, python_nodes
 from ir.saved_tensors import SavedTensorLog, TPRegion, storage_key, tensor_leaves
 from ir.stand_in import (StateRunner, TensorFactory, fresh, is_float, make_state,
                          meta_factory)
@@ -390,6 +390,7 @@ class GraphMeasurer:
             ops_fwd=fwd_ops.count, ops_bwd=bwd_ops.count,
             python_nodes_fwd=python_nodes(info.nodes.nodes, dispatched, fwd_ops.count),
             python_calls_fwd=python_calls(info.nodes.nodes, dispatched, fwd_ops.count),
+            noop_calls_fwd=noop_calls(info.nodes.nodes, dispatched, fwd_ops.count),
             wrapped_numbers_fwd=fwd_ops.wrapped_numbers,
             cast_wrapped_numbers_fwd=fwd_ops.cast_wrapped_numbers,
             autograd_nodes_bwd=nodes, autograd_nodes_fwd=recorded,
@@ -442,36 +443,6 @@ def _restore_grads(state: dict, grads: dict) -> None:
     for name, t in state.items():
         if isinstance(t, torch.Tensor):
             t.grad = grads.get(name)
-
-
-PYTHON_NODE_OPS = ("call_function", "call_method")
-
-
-def _node_ops(nodes: list[fx.Node], started: dict[fx.Node, int], total_ops: int):
-    """(node, ATen ops it dispatched) for `nodes` run in order, from the op count when
-    each started (`started`) and after the last (`total_ops`)."""
-    ends = [started[n] for n in nodes[1:]] + [total_ops]
-    return [(n, end - started[n]) for n, end in zip(nodes, ends)]
-
-
-def python_nodes(nodes: list[fx.Node], started: dict[fx.Node, int], total_ops: int) -> int:
-    """Call nodes among `nodes` that dispatched no ATen op (`_node_ops`): lines of the
-    generated forward that cost the host Python only. Module calls are counted apart
-    (`GraphMeasurer.module_calls`), get_attr nodes are attribute reads."""
-    return sum(1 for n, ops in _node_ops(nodes, started, total_ops)
-               if n.op in PYTHON_NODE_OPS and ops == 0)
-
-
-def python_calls(nodes: list[fx.Node], started: dict[fx.Node, int], total_ops: int) -> int:
-    """Python-level torch calls among `nodes`: each call node that dispatched >= 1 ATen op
-    (`_node_ops`; a leaf module's node counts its forward's one functional call, as
-    `nn.Linear` calls `F.linear`). A call's first op pays Python's argument parsing; the
-    rest of its ops (the layer's `ops_fwd` less these) are dispatched inside a C++
-    composite (`F.linear`'s t, views and addmm) and cost the host far less per op
-    (`cost_models.call_probes`). A leaf module whose forward makes several torch calls
-    is counted as one (its other calls priced as inner ops)."""
-    return sum(1 for n, ops in _node_ops(nodes, started, total_ops)
-               if n.op in (*PYTHON_NODE_OPS, "call_module") and ops > 0)
 
 
 def _state_device(state: dict) -> torch.device:

@@ -233,7 +233,7 @@ class KernelCalibration:
     # a C++ composite dispatches inside one (`F.linear`'s t, views, addmm), grad mode off,
     # excess out (`cost_models.call_probes.python_call_seconds`). Where > 0 they price a
     # layer's forward ops in place of `forward_host_op_s` and `view_host_op_s`; 0 (kits
-    # before them): those apply.
+    # before them, and profile-device's: bench/bench_host_ab.py): those apply.
     python_call_host_s: float = 0.0
     inner_op_host_s: float = 0.0
     # Per Python number a call hands torch for a Tensor argument (`x * 0.5`: the binding

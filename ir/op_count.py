@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ir.kernel_recorder import KernelRecorder
@@ -108,3 +109,51 @@ def autograd_nodes(roots, counts_leaf: Callable[[object], bool]) -> int:
         seen.add(node)
         stack.extend(f for f, _ in node.next_functions)
     return len(seen)
+
+
+# Counts of a layer's fx call nodes, run in order, from the op count when each started
+# (`started`) and after the last (`total_ops`): `ir.graph_measurer` takes them per layer.
+PYTHON_NODE_OPS = ("call_function", "call_method")
+
+
+def _node_ops(nodes: list[fx.Node], started: dict[fx.Node, int], total_ops: int):
+    """(node, ATen ops it dispatched) for `nodes` run in order, from the op count when
+    each started (`started`) and after the last (`total_ops`)."""
+    ends = [started[n] for n in nodes[1:]] + [total_ops]
+    return [(n, end - started[n]) for n, end in zip(nodes, ends)]
+
+
+def python_nodes(nodes: list[fx.Node], started: dict[fx.Node, int], total_ops: int) -> int:
+    """Call nodes among `nodes` that dispatched no ATen op (`_node_ops`): lines of the
+    generated forward that cost the host Python only. Module calls are counted apart
+    (`ir.graph_measurer.GraphMeasurer.module_calls`), get_attr nodes are attribute reads."""
+    return sum(1 for n, ops in _node_ops(nodes, started, total_ops)
+               if n.op in PYTHON_NODE_OPS and ops == 0)
+
+
+def python_calls(nodes: list[fx.Node], started: dict[fx.Node, int], total_ops: int) -> int:
+    """Python-level torch calls among `nodes`: each call node that dispatched >= 1 ATen op
+    (`_node_ops`; a leaf module's node counts its forward's one functional call, as
+    `nn.Linear` calls `F.linear`). A call's first op pays Python's argument parsing; the
+    rest of its ops (the layer's `ops_fwd` less these) are dispatched inside a C++
+    composite (`F.linear`'s t, views and addmm) and cost the host far less per op
+    (`cost_models.call_probes`). A leaf module whose forward makes several torch calls
+    is counted as one (its other calls priced as inner ops)."""
+    return sum(1 for n, ops in _node_ops(nodes, started, total_ops)
+               if n.op in (*PYTHON_NODE_OPS, "call_module") and ops > 0)
+
+
+# Tensor methods that, with nothing to do (same dtype, device and layout), return the
+# tensor itself and dispatch no ATen op, after parsing their arguments in Python's binding
+# as a dispatching call does (`x.to(torch.float32)` on float32: ~0.85 us, 2026-11-24).
+SELF_RETURNING_METHODS = frozenset({"to", "type", "type_as", "contiguous", "float", "double",
+                                    "half", "bfloat16", "long", "int", "bool", "cpu",
+                                    "cuda"})
+
+
+def noop_calls(nodes: list[fx.Node], started: dict[fx.Node, int], total_ops: int) -> int:
+    """Of `python_nodes`' nodes, the torch calls that dispatched nothing: a
+    `SELF_RETURNING_METHODS` method call (fx records Tensor methods as call_method; an
+    exported graph has dropped such calls)."""
+    return sum(1 for n, ops in _node_ops(nodes, started, total_ops)
+               if n.op == "call_method" and ops == 0 and n.target in SELF_RETURNING_METHODS)

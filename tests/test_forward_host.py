@@ -417,3 +417,47 @@ def test_forward_host_prices_wrapped_numbers():
     kit = dataclasses.replace(PER_CALL, wrapped_number_host_s=0.4 * US,
                               cast_wrapped_number_host_s=1.2 * US)
     assert forward_host_seconds(layer, cpu(kit), False) == pytest.approx(17.3 * US)
+
+
+class NoopBlock(nn.Module):
+    """`x.to(torch.float32)`, `.contiguous()` and `.float()` on a contiguous float32 tensor
+    return it (no op: torch calls that dispatched nothing); `x.size(-1)` is a Python node
+    that is no such call; then one op (mul)."""
+
+    def forward(self, x):
+        y = x.to(torch.float32).contiguous().float()
+        return y * x.size(-1)
+
+
+def test_noop_torch_calls_are_counted_among_python_nodes():
+    """3 no-op calls of `NoopBlock`'s python nodes (the `size` call is not one); a
+    `.to` that casts dispatches an op: a call, not a no-op (the count reads the ops each
+    node dispatched)."""
+    graph = build_layer_graph(NoopBlock(), {"x": torch.randn(2, 8)}, dtype=torch.float32)
+    (layer,) = graph.layers
+    assert layer.noop_calls_fwd == 3
+    assert layer.python_nodes_fwd >= 4  # the three and the size call at least
+    assert layer.python_calls_fwd == 1  # mul
+    from torch import fx
+
+    from ir.op_count import noop_calls
+
+    g = fx.Graph()
+    x = g.placeholder("x")
+    cast = g.call_method("to", (x, torch.float32))
+    g.output(cast)
+    nodes = [cast]
+    assert noop_calls(nodes, {cast: 0}, 0) == 1  # dispatched nothing: same dtype
+    assert noop_calls(nodes, {cast: 0}, 1) == 0  # dispatched one op: a real cast
+
+
+def test_forward_host_prices_noop_calls_per_call_on_the_per_call_kit():
+    """The 14.5 us of `test_forward_host_prices_python_calls_and_inner_ops` with 1 of its 4
+    python nodes a no-op torch call: that one at the 1 us call price, not 0.25: 14.5 -
+    0.25 + 1 = 15.25 us. A kit without the per-call figures prices it as a python node,
+    as before: the 18 us of `test_forward_host_is_views_ops_calls_nodes_and_excess`."""
+    layer = with_python_calls(with_python_nodes(tiny_layer(), 4), 3)
+    layer = dataclasses.replace(layer, measured=dataclasses.replace(
+        layer.measured, noop_calls_fwd=1))
+    assert forward_host_seconds(layer, cpu(PER_CALL), False) == pytest.approx(15.25 * US)
+    assert forward_host_seconds(layer, cpu(FORWARD_PARTS), False) == pytest.approx(18 * US)
