@@ -14,8 +14,10 @@ pricing alone. Prints a row per layer, the median |error| and the count over 15%
 each, and writes bench/results/host_ab.json.
 
 Target: the new pricing's median |error| not above the old one's (exit 1 otherwise: then
-profile-device must keep writing the old figures alone). Timings on a loaded machine
-are noise even on the thread clock (caches are shared): re-measure on a quiet one.
+profile-device must keep writing the old figures alone, as it does). On 2026-11-24 (load
+12-17 on 2 shared cores, 5 models x 3 micro-batches, 72 layers) it missed: old 19.0%
+median, 43 over 15%; new 24.2%, 45 (new worse at each micro-batch). Timings on a loaded
+machine are noise even on the thread clock (caches are shared): re-measure on a quiet one.
 
     .venv/bin/python bench/bench_host_ab.py [--quick] [--models gpt-tiny,t5-tiny]
 
