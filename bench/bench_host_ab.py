@@ -123,6 +123,9 @@ def main() -> int:
     with open(RESULTS, "w") as f:
         json.dump({"models": models, "micro_batches": list(batches), "old": old, "new": new,
                    "per_call_fields": calls.calibration_fields(),
+                   "kit": {field: getattr(cal, field) for field in (
+                       "forward_host_op_s", "view_host_op_s", "module_call_host_s",
+                       "python_node_host_s", "forward_node_host_s")},
                    "load_average": os.getloadavg(), "seconds": time.perf_counter() - start,
                    "rows": rows}, f, indent=1)
     print(f"wrote {RESULTS} ({time.perf_counter() - start:.0f} s, load "
