@@ -120,8 +120,8 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     without) / the grad_fns the chain records (`ir.op_count.autograd_nodes` without
     accumulations, the count `compute.forward_host_seconds` takes of a layer): an op on
     int tensors, or on tensors needing no gradient, records none.
-    One thread; the runs alternate within each round, so a slow spell of a shared
-    machine hits all of them.
+    One thread; the runs alternate within each round (a slow spell hits all of them), the
+    module and function chains in turns (the first after a backward pays the caches').
 
     Backward, in parts (CPU; 0 elsewhere): the engine runs one node per forward op that
     recorded one plus one per parameter tensor (its gradient's accumulation), and each
@@ -203,7 +203,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
         for _ in range(HOST_OP_ROUNDS):
             forward_s = backward_s = modules_s = functions_s = views_s = 0.0
             nograd_functions_s = nograd_views_s = 0.0
-            for _ in range(HOST_OP_RUNS_PER_ROUND):
+            for run in range(HOST_OP_RUNS_PER_ROUND):
                 start = clock()
                 forward()
                 sync()
@@ -212,14 +212,14 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
                 sync()
                 forward_s += mid - start
                 backward_s += clock() - mid
-                start = clock()
-                through_modules()
-                sync()
-                mid = clock()
-                as_functions()
-                sync()
-                modules_s += mid - start
-                functions_s += clock() - mid
+                for timed in (through_modules, as_functions)[::1 if run % 2 else -1]:
+                    start = clock()
+                    timed()
+                    sync()
+                    if timed is through_modules:
+                        modules_s += clock() - start
+                    else:
+                        functions_s += clock() - start
                 start = clock()
                 views()
                 views_s += clock() - start

@@ -398,7 +398,10 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
     for p in cal.gemm:
         best[p.dtype] = max(best.get(p.dtype, 0.0), p.flop_per_s)
     if device == "cpu":
-        host = host_op_seconds_by_pass("cpu")  # forward and backward per-op, apart
+        # Forward and backward per op, apart. The per-call figures
+        # (`call_probes.python_call_seconds`) are left out: with them the forward host
+        # model missed per-layer CPU timings by more (bench/bench_host_ab.py, 2026-11-24).
+        host = host_op_seconds_by_pass("cpu")
         return ClusterSpec(
             name=name, device="cpu", num_nodes=1, devices_per_node=1,
             device_memory_bytes=clusters.total_memory_bytes(),

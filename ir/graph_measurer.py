@@ -33,7 +33,7 @@ from ir.kernel_recorder import FusedKernels, KernelRecorder
 from ir.kernel_records import KernelRecords
 from ir.layer import LayerMeasurement, TPStyle
 from ir.layers import LayerNodes, group_nodes, node_module_path
-from ir.op_count import OpCounter, autograd_nodes
+from ir.op_count import OpCounter, autograd_nodes, noop_calls, python_calls, python_nodes
 from ir.saved_tensors import SavedTensorLog, TPRegion, storage_key, tensor_leaves
 from ir.stand_in import (StateRunner, TensorFactory, fresh, is_float, make_state,
                          meta_factory)
@@ -390,6 +390,10 @@ class GraphMeasurer:
             saved_output_bytes=sum(b for k, b in log.seen.items() if k in out_keys),
             ops_fwd=fwd_ops.count, ops_bwd=bwd_ops.count,
             python_nodes_fwd=python_nodes(info.nodes.nodes, dispatched, fwd_ops.count),
+            python_calls_fwd=python_calls(info.nodes.nodes, dispatched, fwd_ops.count),
+            noop_calls_fwd=noop_calls(info.nodes.nodes, dispatched, fwd_ops.count),
+            wrapped_numbers_fwd=fwd_ops.wrapped_numbers,
+            cast_wrapped_numbers_fwd=fwd_ops.cast_wrapped_numbers,
             autograd_nodes_bwd=nodes, autograd_nodes_fwd=recorded,
             random_elements_fwd=fwd_ops.random_elements,
             random_tp_sharded_elements_fwd=fwd_ops.random_tp_sharded_elements,
@@ -440,19 +444,6 @@ def _restore_grads(state: dict, grads: dict) -> None:
     for name, t in state.items():
         if isinstance(t, torch.Tensor):
             t.grad = grads.get(name)
-
-
-PYTHON_NODE_OPS = ("call_function", "call_method")
-
-
-def python_nodes(nodes: list[fx.Node], started: dict[fx.Node, int], total_ops: int) -> int:
-    """Call nodes among `nodes` (run in order) that dispatched no ATen op, from the op
-    count when each started (`started`) and after the last (`total_ops`): lines of the
-    generated forward that cost the host Python only. Module calls are counted apart
-    (`GraphMeasurer.module_calls`), get_attr nodes are attribute reads."""
-    ends = [started[n] for n in nodes[1:]] + [total_ops]
-    return sum(1 for n, end in zip(nodes, ends)
-               if n.op in PYTHON_NODE_OPS and end == started[n])
 
 
 def _state_device(state: dict) -> torch.device:

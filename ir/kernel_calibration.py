@@ -42,7 +42,8 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "sustained_gemm_flop_per_s", "forward_host_op_s", "module_call_host_s",
             "view_host_op_s", "embedding_backward_index_s", "backward_view_host_op_s",
             "backward_nonview_host_op_s", "backward_node_host_s", "python_node_host_s",
-            "forward_node_host_s",
+            "forward_node_host_s", "python_call_host_s", "inner_op_host_s",
+            "wrapped_number_host_s", "cast_wrapped_number_host_s",
             "embedding_bag_call_s", "embedding_bag_index_s", "embedding_bag_backward_call_s",
             "embedding_bag_backward_index_s",
             # activation checkpointing's host machinery (`cost_models.checkpoint_probes`)
@@ -236,6 +237,18 @@ class KernelCalibration:
     # Where > 0, `forward_host_op_s` and `view_host_op_s` are the grad-off figures (an op
     # recording nothing: ints, no gradient needed); 0 (kits before it): they record.
     forward_node_host_s: float = 0.0
+    # Forward dispatch per Python-level torch call (its first ATen op included) and per op
+    # a C++ composite dispatches inside one (`F.linear`'s t, views, addmm), grad mode off,
+    # excess out (`cost_models.call_probes.python_call_seconds`). Where > 0 they price a
+    # layer's forward ops in place of `forward_host_op_s` and `view_host_op_s`; 0 (kits
+    # before them, and profile-device's: bench/bench_host_ab.py): those apply.
+    python_call_host_s: float = 0.0
+    inner_op_host_s: float = 0.0
+    # Per Python number a call hands torch for a Tensor argument (`x * 0.5`: the binding
+    # wraps it in a tensor), on top of the call: of the op's dtype, and of another (cast:
+    # a float times a float32 tensor), from the same probe; 0 where not measured.
+    wrapped_number_host_s: float = 0.0
+    cast_wrapped_number_host_s: float = 0.0
     # Device seconds per index of an embedding's backward (a scatter-add of one gradient
     # row per index), over what the rows' bytes cost; 0 where not measured.
     embedding_backward_index_s: float = 0.0
