@@ -44,6 +44,30 @@ def test_tracker_on_meta_counts_sizes_and_keeps_lifetimes():
     assert lives[1][2].key == b.untyped_storage()._cdata
 
 
+def test_tracker_leaves_fake_tensors_out():
+    """A FakeTensorMode run inside the tracker (the pipeline's StageAnalysis keeps a fake
+    bf16 copy of every parameter all run) is no memory: a FakeTensor reports the fake
+    device (cpu) but its storage is meta. Counting it put 435 KB of gpt-tiny's fake
+    parameters on every pipeline rank's measured peak (issue 17)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ir.memory_tracker import LiveTensorTracker
+
+    with LiveTensorTracker(record=True) as mem:
+        real = torch.zeros(100)  # 400 bytes
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            fake = torch.empty(256, 64, dtype=torch.bfloat16)
+            product = fake * 2
+        assert fake.device.type == "cpu"  # what the device check alone let through
+        assert mem.live_bytes == 400 and [s.nbytes for s in mem.live_now()] == [400]
+    assert mem.peak_bytes == 400
+    with LiveTensorTracker(meta=True) as sizes:  # the IR's meta runs count sizes
+        with FakeTensorMode():
+            kept = torch.empty(256, 64, dtype=torch.bfloat16)
+        assert sizes.live_bytes == 256 * 64 * 2
+    del real, fake, product, kept
+
+
 def _tracker_worker(rank, world_size, _payload):
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
