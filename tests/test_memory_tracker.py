@@ -68,6 +68,29 @@ def test_tracker_leaves_fake_tensors_out():
     del real, fake, product, kept
 
 
+def test_pipeline_stage_analysis_adds_no_measured_bytes():
+    """What validate measured on every pipeline rank (issue 17): the executor's
+    StageAnalysis holds a fake copy of each parameter in ANALYSIS_DTYPE for the whole
+    run, numel x 2 bytes (gpt-tiny: 217,472 x 2 = 434,944 B, the pp cases' missing
+    ~435 KB); the tracker must see none of it, nor of its fake forwards."""
+    from executors.pipeline import ANALYSIS_DTYPE, StageAnalysis
+    from ir.memory_tracker import LiveTensorTracker
+    from ir.plan import uniform_plan
+    from ir.strategy import Precision
+    from planner.models import load_layer_graph, load_model
+
+    loaded = load_model("gpt-tiny", micro_batch=2, device="cpu", seed=0)
+    graph = load_layer_graph("gpt-tiny", micro_batch=2, dtype=torch.float32)
+    plan = uniform_plan(len(graph.layers), pp=2, global_batch=2, precision=Precision.FP32)
+    with LiveTensorTracker() as mem:
+        analysis = StageAnalysis(loaded.module, graph, plan)
+        analysis.prepare(loaded.inputs)
+        assert mem.peak_bytes == 0
+    fake_bytes = sum(t.numel() * t.element_size() for t in analysis._tensors.values())
+    params = sum(p.numel() for p in loaded.module.parameters())
+    assert ANALYSIS_DTYPE.itemsize == 2 and fake_bytes >= 2 * params > 0
+
+
 def _tracker_worker(rank, world_size, _payload):
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
