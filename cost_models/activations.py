@@ -54,7 +54,9 @@ class LayerActivations:
     """Bytes for ONE micro-batch on one rank."""
 
     kept_bytes: float  # held from the layer's forward until its backward
-    recompute_bytes: float  # rebuilt in backward when checkpointed, held by its backward (else 0)
+    # held by its backward at its peak beyond the kept bytes and grad_flow_bytes: rebuilt
+    # activations when checkpointed, else the measured backward's temporaries (or 0)
+    recompute_bytes: float
     grad_flow_bytes: float  # gradients entering and leaving the layer during its backward
     # Share of the layer's parameter gradients already made when its backward peaks
     # (measured for checkpointed layers; 1: all of them, the bound used otherwise).
@@ -148,6 +150,26 @@ def _loss_head(logits, saved, sharded, kept, recompute, tp, sp, checkpointed, co
     return kept, recompute, logits * upcast
 
 
+def _plain_backward(layer: Layer, saved: float, sharded: float, tp: int, sp: bool,
+                    scale: float) -> tuple[float, float]:
+    """(bytes a layer's backward holds above its kept activations and the gradients
+    flowing through it, share of its parameter gradients made by its peak) without
+    checkpointing, from the IR's FULL run (`ir.checkpoint_measure`): once FULL has
+    recomputed, its backward runs the same ops on the same saved tensors as a plain one,
+    so the plain backward's peak is FULL's less what FULL rebuilt (the saved tensors
+    but the saved inputs, which a checkpoint keeps), and it comes with the same share
+    of the gradients made. The input's gradient inside FULL's peak is in grad_flow_bytes.
+    (Without the measurement the walk holds all activations and the whole new gradient
+    at once, a bound: t5-tiny's decoder block had made one weight gradient, 32 KB of
+    its 197 KB, by its peak measured under ZeRO-3, issue 17.)"""
+    split = _tp_split(saved, sharded, tp, sp) / saved if saved else 1.0
+    sequence_split = tp if sp else 1
+    rebuilt = (saved - layer.saved_input_bytes * scale) * split
+    backward = layer.full_backward_bytes * scale * split
+    return (max(0.0, backward - rebuilt - layer.input_bytes * scale / sequence_split),
+            layer.full_backward_grad_share)
+
+
 def sp_gathered_input_bytes(layer: Layer, config: StepConfig) -> float:
     """Full-sequence bytes of the inputs DTensor all-gathers under SP, one per module
     holding column-parallel linears (the executor's `_gather_sequence_hook` on the
@@ -176,6 +198,9 @@ def layer_activations(layer: Layer, strategy: LayerStrategy,
         kept = activation_bytes(saved, sharded, layer.input_bytes * scale, tp, sp,
                                 mode is Checkpoint.FULL)
     recompute, grad_share = 0.0, 1.0
+    # (a loss head's backward is its measured logits copies: grad_flow below)
+    if mode is Checkpoint.NONE and layer.full_backward_bytes and not logits_bytes(layer, config):
+        recompute, grad_share = _plain_backward(layer, saved, sharded, tp, sp, scale)
     if checkpointed:
         # The measured peak of its backward, split as the layer's saved set is.
         selective = mode is Checkpoint.SELECTIVE

@@ -23,7 +23,7 @@ alive, taking its maximum (`memory_walk.walk_rank`):
                     its backward, a unit of one evenly split tensor reduces in place,
                     nothing is prefetched and no reduce-scatter input is retained
   transients        one layer's backward at a time: the gradients entering and leaving
-                    it, its recomputed activations (checkpointing), the gradient it makes
+                    it, its recomputed activations or temporaries, the gradient it makes
   after backward    the tied-copy gradient sum, the optimizer step's temporaries (and
                     ZeRO-1's fp32 gradient shards), ZeRO-1's all-gather buffers
 

@@ -323,11 +323,12 @@ def _backward(w: _Walk, layers: list[tuple], key: tuple[int, int], *, reduce: bo
     """One chunk's backward on one micro-batch, layer by layer in reverse, each followed
     by its FSDP2 post-backward (reduce or accumulate).
 
-    Without checkpointing the IR does not say in which order a layer's backward frees
-    its saved tensors and makes its gradient, so we bound it by both at once: all its
-    activations, its whole new gradient and the gradients flowing through it (measured
-    peaks fall between this and the start of the layer's backward). A checkpointed
-    layer's backward was measured: its peak and the gradient made by then."""
+    A layer whose backward the IR measured (checkpointed, or plain read off the same
+    run: `activations._plain_backward`) is priced at its measured peak, with the share
+    of its gradient made by then, and at its end (whole gradient, kept bytes freed).
+    Otherwise the IR does not say in which order its backward frees its saved tensors
+    and makes its gradient, so we bound it by both at once: all its activations, its
+    whole new gradient and the gradients flowing through it."""
     copies, grads, weights, moments = w.copies, w.grads, w.weights, w.moments
     acts_now = w.acts[key]
     for (lkey, l, has_unit, gather, prefetch_key, prefetch_bytes, new_grad, share,
@@ -347,15 +348,17 @@ def _backward(w: _Walk, layers: list[tuple], key: tuple[int, int], *, reduce: bo
         p0 = weights + w.copies_total
         p3 = w.acts_total + w.held_total
         if share < 1:
-            # A checkpointed layer peaks right after its recomputation, with the share of
-            # its gradient made by then (measured: `ir.checkpoint_measure`); it ends
-            # holding all of its gradient and the gradients flowing through it.
+            # A layer whose backward was measured (checkpointed, or plain from the same
+            # run: `activations._plain_backward`) peaks with the share of its gradient
+            # made by then (`ir.checkpoint_measure`); it ends holding all of its gradient
+            # and the gradients flowing through it, its kept activations freed.
             p1 = w.grads_total + new_grad * share
             p4 = w.persistent + w.retained_reduce + (recompute + grad_flow + prefetch)
             total = p0 + p1 + moments + p3 + p4
             if total > w.best_total:
                 w._record(total, "backward", (p0, p1, moments, p3, p4), w.in_flight)
             p1 = w.grads_total + new_grad
+            p3 -= kept
             p4 = w.persistent + w.retained_reduce + (grad_flow + prefetch)
         else:
             p1 = w.grads_total + new_grad

@@ -28,7 +28,8 @@ which tensors made the peak (the op that made each, its shape and the phase) and
 `live_now()` what is alive. With `meta=True` it counts meta tensors' storages too (their
 sizes, no data): the IR measures one layer's checkpointed forward and backward that way
 (`ir.checkpoint_measure`); a real run leaves it off, as stand-ins made on meta are no
-memory.
+memory, and neither are fake tensors (a `FakeTensorMode` run inside the mode, such as
+the pipeline's `executors.pipeline.StageAnalysis`, whose fake parameters live all run).
 
 A whole step run by the executor is measured by `planner.trial` (spawned ranks, or
 `measure_one_process` on one device).
@@ -50,6 +51,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
@@ -182,8 +184,8 @@ class LiveTensorTracker(TorchDispatchMode):
                 if isinstance(inner, torch.Tensor):
                     self._see(inner, made_by)
             return
-        if t.device.type == "meta" and not self._meta:
-            return
+        if (t.device.type == "meta" or isinstance(t, FakeTensor)) and not self._meta:
+            return  # no data: a FakeTensor reports its fake device but holds a meta storage
         try:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse or other storage-less tensors

@@ -168,6 +168,31 @@ def test_activations_scale_with_micro_batch_and_dtype():
     assert korthikanti_block_bytes(32, 2, 64, 4) < one  # CUDA's 1-byte masks are smaller
 
 
+def test_plain_backward_is_the_full_run_less_what_it_rebuilt():
+    """Without checkpointing, a layer's backward holds above its kept activations what
+    the IR's FULL run held above its start (`ir.checkpoint_measure`) less what FULL
+    rebuilt (saved tensors but the saved inputs) and less the input's gradient (in
+    grad_flow_bytes), with FULL's measured share of the weight gradients made by then.
+    By hand at micro-batch 2 of an IR measured at 1 (scale 2), fp32:
+    kept 2 x 1000; transient 2 x (1300 - (1000 - 100) - 100) = 600; share 0.25."""
+    from ir.layer import LayerMeasurement
+
+    graph = gpt_layer_graph(layers=1, hidden=64, heads=4, vocab=128, seq=32, micro_batch=1)
+    block = dataclasses.replace(graph.layers[1], input_bytes=100, output_bytes=100,
+                                measured=LayerMeasurement(
+                                    saved_activation_bytes=1000, saved_input_bytes=100,
+                                    full_backward_bytes=1300, full_backward_grad_share=0.25))
+    config = StepConfig(micro_batch=2, graph_micro_batch=1, graph_dtype="float32",
+                        precision=Precision.FP32, seq_len=32, device_type="cpu")
+    got = layer_activations(block, LayerStrategy(), config)
+    assert (got.kept_bytes, got.recompute_bytes, got.backward_grad_share) == (2000, 600, 0.25)
+    assert got.grad_flow_bytes == 2 * (100 + 100)
+    # unmeasured (a synthetic layer without a FULL run): the bound, nothing transient
+    bare = dataclasses.replace(block, measured=LayerMeasurement(saved_activation_bytes=1000))
+    unmeasured = layer_activations(bare, LayerStrategy(), config)
+    assert (unmeasured.recompute_bytes, unmeasured.backward_grad_share) == (0.0, 1.0)
+
+
 # ---- schedules -----------------------------------------------------------------------------
 
 def test_microbatches_in_flight():

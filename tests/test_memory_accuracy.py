@@ -124,6 +124,30 @@ def test_walk_accumulates_unreduced_gradients_and_reduces_last():
 
 
 
+def _plain(kept, recompute, grad_flow, share, weights):
+    """A hand-made layer without a DP unit whose backward was measured (share < 1)."""
+    from cost_models.activations import LayerActivations
+    from cost_models.memory import LayerMemory
+    from cost_models.model_states import ModelStates
+
+    return LayerMemory(states=ModelStates(weights, weights, 2 * weights),
+                       activations=LayerActivations(kept, recompute, grad_flow, share),
+                       gather_unit_bytes=0.0, unsharded_grad_bytes=0.0,
+                       largest_tensor_params=0.0, fp32_moment_bytes=0.0)
+
+
+def test_walk_prices_a_measured_backward_at_its_peak_and_its_end():
+    # Peak: weights 10 + its share of the new gradient 0.2 x 10 + moments 20 + all kept
+    # 100 + transients (30 measured + 5 flowing) = 167, not the bound's whole gradient
+    # (175). End: the whole gradient 10, its kept activations freed: 10+10+20+0+5 = 45.
+    peak = _walk([_plain(kept=100.0, recompute=30.0, grad_flow=5.0, share=0.2, weights=10.0)])
+    assert peak.peak_bytes == 167 and (peak.grads, peak.activations, peak.buffers) == (2, 100, 35)
+    # A big gradient, few activations: the end is the peak, its 10 kept bytes gone
+    # (100 + 100 + 200 + 0 + 5; the bound held them too: 415).
+    end = _walk([_plain(kept=10.0, recompute=0.0, grad_flow=5.0, share=0.0, weights=100.0)])
+    assert end.peak_bytes == 405 and end.activations == 0 and end.phase == "backward"
+
+
 # ---- ZeRO-1 shards one flat buffer evenly ----------------------------------------------------
 
 def test_zero1_ranks_hold_even_shards():

@@ -44,6 +44,53 @@ def test_tracker_on_meta_counts_sizes_and_keeps_lifetimes():
     assert lives[1][2].key == b.untyped_storage()._cdata
 
 
+def test_tracker_leaves_fake_tensors_out():
+    """A FakeTensorMode run inside the tracker (the pipeline's StageAnalysis keeps a fake
+    bf16 copy of every parameter all run) is no memory: a FakeTensor reports the fake
+    device (cpu) but its storage is meta. Counting it put 435 KB of gpt-tiny's fake
+    parameters on every pipeline rank's measured peak (issue 17)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ir.memory_tracker import LiveTensorTracker
+
+    with LiveTensorTracker(record=True) as mem:
+        real = torch.zeros(100)  # 400 bytes
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            fake = torch.empty(256, 64, dtype=torch.bfloat16)
+            product = fake * 2
+        assert fake.device.type == "cpu"  # what the device check alone let through
+        assert mem.live_bytes == 400 and [s.nbytes for s in mem.live_now()] == [400]
+    assert mem.peak_bytes == 400
+    with LiveTensorTracker(meta=True) as sizes:  # the IR's meta runs count sizes
+        with FakeTensorMode():
+            kept = torch.empty(256, 64, dtype=torch.bfloat16)
+        assert sizes.live_bytes == 256 * 64 * 2
+    del real, fake, product, kept
+
+
+def test_pipeline_stage_analysis_adds_no_measured_bytes():
+    """What validate measured on every pipeline rank (issue 17): the executor's
+    StageAnalysis holds a fake copy of each parameter in ANALYSIS_DTYPE for the whole
+    run, numel x 2 bytes (gpt-tiny: 217,472 x 2 = 434,944 B, the pp cases' missing
+    ~435 KB); the tracker must see none of it, nor of its fake forwards."""
+    from executors.pipeline import ANALYSIS_DTYPE, StageAnalysis
+    from ir.memory_tracker import LiveTensorTracker
+    from ir.plan import uniform_plan
+    from ir.strategy import Precision
+    from planner.models import load_layer_graph, load_model
+
+    loaded = load_model("gpt-tiny", micro_batch=2, device="cpu", seed=0)
+    graph = load_layer_graph("gpt-tiny", micro_batch=2, dtype=torch.float32)
+    plan = uniform_plan(len(graph.layers), pp=2, global_batch=2, precision=Precision.FP32)
+    with LiveTensorTracker() as mem:
+        analysis = StageAnalysis(loaded.module, graph, plan)
+        analysis.prepare(loaded.inputs)
+        assert mem.peak_bytes == 0
+    fake_bytes = sum(t.numel() * t.element_size() for t in analysis._tensors.values())
+    params = sum(p.numel() for p in loaded.module.parameters())
+    assert ANALYSIS_DTYPE.itemsize == 2 and fake_bytes >= 2 * params > 0
+
+
 def _tracker_worker(rank, world_size, _payload):
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
