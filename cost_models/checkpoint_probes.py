@@ -63,11 +63,18 @@ from ir.strategy import Checkpoint
 # Ops per probe chain at its two lengths: far enough apart that the slope is many ops'
 # worth of time; short enough that a round stays under a scheduler quantum.
 CHAIN_OPS = (2, 14)
+# Chains SAC's recompute per op is fitted on: the one with a layer's op mix and the one
+# whose ops SELECTIVE keeps. Per op through the cached mode, chain by chain (slope between
+# the two lengths, 3 probes at load ~2, 2026-11-25): add 6.5-8.2 us (a Python-scalar
+# operand), mul 4.4-4.9, layer_norm 4.2-4.9, block 4.4-4.6, mm 5.3-5.7: all chains in one
+# fit gave 4.8-6.2 over 5 probes, swinging with the add chain's weight.
+SAC_RECOMPUTE_CHAINS = ("block", "mm")
 # Width of the probe tensors (2 x width): tiny, so a kernel costs the host little beside
 # its dispatch (as `cost_models.clusters.OP_OVERHEAD_WIDTH` does for the per-op probe).
 PROBE_WIDTH = 8
 # The median of seven rounds: a slow spell of a shared host moves one of them. The probe
-# costs ~1.6 s of one core at load ~15 (2026-11-24): little beside profile-device's minute.
+# costs ~1.2 s of one core at load ~3 (2026-11-25; 0.4 s before the `block` chain): little
+# beside profile-device's minute.
 ROUNDS = 7
 RUNS_PER_ROUND = 10
 WARMUP_RUNS = 5
@@ -320,6 +327,7 @@ def checkpoint_host_seconds(device: str = "cpu") -> CheckpointHostCost:
                                                          + kept ops x per kept op
       SELECTIVE bwd:    T_sel,bwd - T_full,bwd         = call + cached-mode ops x per op
                         (`cached_mode_ops`: the ops rerun and the recompute's detaches;
+                        on the SAC_RECOMPUTE_CHAINS only;
                         kept ops, which skip their kernel, fit apart and are not kept:
                         the model charges them the cached mode's per op, and their plain
                         host dispatch, a bound of ~1 us each)."""
@@ -344,8 +352,9 @@ def checkpoint_host_seconds(device: str = "cpu") -> CheckpointHostCost:
                          - t[name, n, none][0] * c.rerun / c.ops))
         sel_fwd_rows.append(((1, c.ops - c.kept, c.kept),
                              t[name, n, sel][0] - t[name, n, full][0]))
-        sel_rec_rows.append(((1, c.cached_mode, c.kept),
-                             t[name, n, sel][1] - t[name, n, full][1]))
+        if name in SAC_RECOMPUTE_CHAINS:
+            sel_rec_rows.append(((1, c.cached_mode, c.kept),
+                                 t[name, n, sel][1] - t[name, n, full][1]))
     call_forward_s, op_forward_s, saved_forward_s = _fit(fwd_rows)
     call_recompute_s, op_recompute_s, saved_recompute_s = _fit(rec_rows)
     sel_call_forward_s, sel_op_s, sel_kept_op_s = _fit(sel_fwd_rows)
