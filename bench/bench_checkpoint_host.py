@@ -13,8 +13,10 @@ Rows split the extra where it goes, measured (differences of the timed runs) aga
 priced (differences of `layer_compute`'s figures):
   full fwd - none fwd   the checkpoint call and the pack hook per saved tensor
   sel fwd - full fwd    SAC: every op through the caching mode, its per-call set-up
-  full bwd - none bwd   the recompute: the forward again, the call, the hooks per saved tensor
-  sel bwd - full bwd    SAC's cached mode per op, less the kept ops' kernels
+  full bwd - none bwd   the recompute: the forward again up to its last save (early stop),
+                        the call, the hooks per saved tensor
+  sel bwd - full bwd    SAC's cached mode per op it sees (the ops rerun and the recompute's
+                        detach of each saved tensor requiring grad), less the kept ops' kernels
   full extra, sel extra what the mode adds to forward + backward: the TARGET rows.
   model ... extra       the whole model (every layer checkpointed, loss included) against
                         its layers' priced sum: information, not a target.
@@ -47,7 +49,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from cost_models.checkpoint_probes import checkpoint_extra_seconds, kept_ops  # noqa: E402
+from cost_models.checkpoint_probes import (cached_mode_ops, checkpoint_extra_seconds,  # noqa: E402
+                                          kept_ops, rerun_ops)
 from cost_models.common import StepConfig  # noqa: E402
 from cost_models.compute import layer_compute  # noqa: E402
 from cost_models.host_probes import probe_clock  # noqa: E402
@@ -205,20 +208,23 @@ def rows_for(micro_batch: int, graph, layer, spec, measured: dict) -> list[dict]
 
 def priced_parts(layer, cal) -> list[list[str]]:
     """The machinery's price split as `checkpoint_probes.checkpoint_extra_seconds` sums it:
-    (part, count, seconds each forward / recompute, totals)."""
+    (part, count forward / recompute, seconds each forward / recompute, totals)."""
     ops, saved, kept = layer.ops_fwd, layer.saved_tensors_fwd, kept_ops(layer)
-    parts = [("checkpoint call", 1, cal.checkpoint_call_forward_s, cal.checkpoint_call_recompute_s),
-             ("op under the hooks", ops, cal.checkpoint_op_forward_s,
+    rerun, cached = rerun_ops(layer), cached_mode_ops(layer)
+    parts = [("checkpoint call", 1, 1, cal.checkpoint_call_forward_s,
+              cal.checkpoint_call_recompute_s),
+             ("op under the hooks", ops, rerun, cal.checkpoint_op_forward_s,
               cal.checkpoint_op_recompute_s),
-             ("saved tensor (hooks)", saved, cal.checkpoint_saved_forward_s,
+             ("saved tensor (hooks)", saved, saved, cal.checkpoint_saved_forward_s,
               cal.checkpoint_saved_recompute_s),
-             ("SAC call (selective)", 1, cal.selective_call_s / 2, cal.selective_call_s / 2),
-             ("SAC recomputed op (selective)", ops - kept, cal.selective_forward_op_s,
-              cal.selective_recompute_op_s),
-             ("SAC kept op (selective)", kept, cal.selective_forward_kept_op_s,
+             ("SAC call (selective)", 1, 1, cal.selective_call_s / 2, cal.selective_call_s / 2),
+             ("SAC recomputed op (selective)", ops - kept, cached - kept,
+              cal.selective_forward_op_s, cal.selective_recompute_op_s),
+             ("SAC kept op (selective)", kept, kept, cal.selective_forward_kept_op_s,
               cal.selective_recompute_op_s)]
-    return [[name, count, f"{fwd * 1e6:.2f} / {rec * 1e6:.2f}", f"{count * fwd * 1e6:.0f}",
-             f"{count * rec * 1e6:.0f}"] for name, count, fwd, rec in parts]
+    return [[name, f"{n_fwd} / {n_rec}", f"{fwd * 1e6:.2f} / {rec * 1e6:.2f}",
+             f"{n_fwd * fwd * 1e6:.0f}", f"{n_rec * rec * 1e6:.0f}"]
+            for name, n_fwd, n_rec, fwd, rec in parts]
 
 
 def main() -> int:
@@ -252,7 +258,10 @@ def main() -> int:
     missed = [r for r in rows if r["target"] and abs(r["error"]) > TARGET_ERROR]
     load = os.getloadavg()[0]
     print(f"\nblock counts: {layer.ops_fwd} forward ops ({kept_ops(layer)} kept under "
-          f"selective), {layer.saved_tensors_fwd} saved tensors. Probe (us): "
+          f"selective, {rerun_ops(layer)} rerun by the recompute's early stop), "
+          f"{layer.saved_tensors_fwd} saved tensors ({layer.saved_grad_tensors_fwd} requiring "
+          f"grad: detached in the recompute), {cached_mode_ops(layer)} ops through SAC's "
+          f"cached mode. Probe (us): "
           + ", ".join(f"{k} {v * 1e6:.2f}" for k, v in probe.items())
           + f". {len(missed)} target rows over {TARGET_ERROR:.0%}. Load average {load:.1f} "
           f"({time.perf_counter() - start:.0f} s).")
@@ -261,7 +270,9 @@ def main() -> int:
         json.dump({"bench": "checkpoint_host", "host": platform.node(), "model": MODEL,
                    "layer": LAYER, "load_average_1min": load, "target_error": TARGET_ERROR,
                    "ops_fwd": layer.ops_fwd, "kept_ops": kept_ops(layer),
-                   "saved_tensors_fwd": layer.saved_tensors_fwd, "probe_s": probe,
+                   "rerun_ops": rerun_ops(layer), "cached_mode_ops": cached_mode_ops(layer),
+                   "saved_tensors_fwd": layer.saved_tensors_fwd,
+                   "saved_grad_tensors_fwd": layer.saved_grad_tensors_fwd, "probe_s": probe,
                    "spec_notes": spec.notes, "rows": rows}, f, indent=2)
     print(f"wrote {RESULTS}")
     return 1 if missed else 0

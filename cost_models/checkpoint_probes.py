@@ -20,20 +20,36 @@ as much as the layer's own ops. What it adds (torch 2.13, `torch/utils/checkpoin
                 op's output also detached and wrapped); in the recompute the layer's
                 Python forward runs again in full and every op passes through
                 `_CachedTorchDispatchMode`; a kept op returns its stored output instead
-                of running its kernel.
+                of running its kernel. So does the `detach` the recompute's pack hook
+                makes of each saved tensor that requires grad (`_recomputation_hook`):
+                on gpt-tiny's block 70 forward ops, 24 such saves, 92 ops through the
+                cached mode (counted with a dispatch mode, 2026-11-24).
+  early stop    the recompute stops at the last save (`_StopRecomputationError`, on by
+                default): the ops from there on (`Layer.ops_after_last_save_fwd`; the
+                op that saved an input included, inputs being saved before it runs) are
+                not rerun: on gpt-tiny's block the last dropout's `mul` and the residual
+                `add` (2 of 71 ops, counted with a dispatch mode, 2026-11-24). Not
+                modelled: the `detach` a plain forward makes of a saved output (softmax's,
+                1 op of the block's 71, in `ops_fwd`), which a forward under the
+                checkpoint's hooks does not make: priced as rerun.
 
 `checkpoint_host_seconds` probes each on the thread clock (`host_probes.probe_clock`) with
-four chains of ops run through the same `checkpoint` call the executor makes: `y + 1`
+five chains of ops run through the same `checkpoint` call the executor makes: `y + 1`
 (saves nothing; recomputed under SELECTIVE), `y * w` (saves `w`, a Python object),
 `layer_norm(y)` (saves y, mean and rstd, the last two made in C++), `y @ w` (a matmul:
-kept under SELECTIVE). Each runs at two lengths, and the ops, kept ops and saved tensors
-of each are counted (`ir.op_count.OpCounter`, a pack hook), not assumed; a least-squares
-fit over chains and lengths splits each pass's difference with and without the machinery
-into per call, per op and per saved tensor (per kept op for SELECTIVE).
+kept under SELECTIVE) and `block`, a repeated unit of the op kinds a zoo block runs
+(norm, linear, view and transpose, scale, softmax, dropout, GELU, residual add). Each runs
+at two lengths, and the ops, kept ops, saved tensors, saves requiring grad and ops after
+the last save of each are counted (`ir.op_count.OpCounter`, `ir.saved_tensors.
+SavedTensorLog`: what the layer IR counts), not assumed; a least-squares fit over chains
+and lengths splits each pass's difference with and without the machinery into per call,
+per op and per saved tensor (per kept op, per op through SAC's cached mode for SELECTIVE).
 
 `checkpoint_extra_seconds` prices a layer with them: counts from its kernel records
 (`KernelRecords`: ops, and the ones `saved_under_selective` keeps) and its saved-tensor
-log (`Layer.saved_tensors_fwd`, the pack calls of one forward).
+log (`Layer.saved_tensors_fwd`, the pack calls of one forward; `saved_grad_tensors_fwd`;
+`ops_after_last_save_fwd`). A layer IR without the last two (traced before them) prices
+as before: every op rerun, no detach.
 """
 
 from __future__ import annotations
@@ -47,11 +63,18 @@ from ir.strategy import Checkpoint
 # Ops per probe chain at its two lengths: far enough apart that the slope is many ops'
 # worth of time; short enough that a round stays under a scheduler quantum.
 CHAIN_OPS = (2, 14)
+# Chains SAC's recompute per op is fitted on: the one with a layer's op mix and the one
+# whose ops SELECTIVE keeps. Per op through the cached mode, chain by chain (slope between
+# the two lengths, 3 probes at load ~2, 2026-11-25): add 6.5-8.2 us (a Python-scalar
+# operand), mul 4.4-4.9, layer_norm 4.2-4.9, block 4.4-4.6, mm 5.3-5.7: all chains in one
+# fit gave 4.8-6.2 over 5 probes, swinging with the add chain's weight.
+SAC_RECOMPUTE_CHAINS = ("block", "mm")
 # Width of the probe tensors (2 x width): tiny, so a kernel costs the host little beside
 # its dispatch (as `cost_models.clusters.OP_OVERHEAD_WIDTH` does for the per-op probe).
 PROBE_WIDTH = 8
 # The median of seven rounds: a slow spell of a shared host moves one of them. The probe
-# costs ~1.6 s of one core at load ~15 (2026-11-24): little beside profile-device's minute.
+# costs ~1.2 s of one core at load ~3 (2026-11-25; 0.4 s before the `block` chain): little
+# beside profile-device's minute.
 ROUNDS = 7
 RUNS_PER_ROUND = 10
 WARMUP_RUNS = 5
@@ -96,28 +119,41 @@ def kept_ops(layer) -> int:
     return sum(r.count for r in layer.kernels.forward if r.saved_under_selective)
 
 
+def rerun_ops(layer) -> int:
+    """Forward ops the recompute reruns: all but those from the last save on (early stop,
+    `torch.utils.checkpoint._recomputation_hook`'s `_StopRecomputationError`)."""
+    return max(layer.ops_fwd - layer.ops_after_last_save_fwd, 0)
+
+
+def cached_mode_ops(layer) -> int:
+    """Ops through SAC's cached mode in the recompute: the ops rerun and the `detach` its
+    pack hook makes of each saved tensor requiring grad (`_recomputation_hook.pack_hook`)."""
+    return rerun_ops(layer) + layer.saved_grad_tensors_fwd
+
+
 def checkpoint_extra_seconds(layer, mode: Checkpoint,
                              cal: KernelCalibration) -> tuple[float, float]:
     """(forward, recompute) host seconds the checkpoint machinery adds to one micro-batch
     of `layer` under `mode`, on top of the layer's own ops (which the recompute pays again
-    at their forward price, `compute.forward_host_seconds`). Counts: the forward's saved
-    tensors (`saved_tensors_fwd`), its ops (`ops_fwd`), those SELECTIVE keeps. Not
-    modelled: the recompute's early stop (`torch.utils.checkpoint`'s default) skips the
-    ops after the layer's last save (a block's final residual add and the like)."""
+    at their forward price, `compute.forward_host_seconds`, less the early-stopped ones).
+    Counts: the forward's saved tensors (`saved_tensors_fwd`), its ops (`ops_fwd`), those
+    the recompute reruns (`rerun_ops`), those SELECTIVE keeps, those through its cached
+    mode (`cached_mode_ops`)."""
     if mode is Checkpoint.NONE or not probed(cal):
         return 0.0, 0.0
-    saved, ops = layer.saved_tensors_fwd, layer.ops_fwd
+    saved, ops, rerun = layer.saved_tensors_fwd, layer.ops_fwd, rerun_ops(layer)
     # Probed per call, per op and per saved tensor (checkpoint_probes.checkpoint_host_seconds)
     forward_s = (cal.checkpoint_call_forward_s + ops * cal.checkpoint_op_forward_s
                  + saved * cal.checkpoint_saved_forward_s)
-    recompute_s = (cal.checkpoint_call_recompute_s + ops * cal.checkpoint_op_recompute_s
+    recompute_s = (cal.checkpoint_call_recompute_s + rerun * cal.checkpoint_op_recompute_s
                    + saved * cal.checkpoint_saved_recompute_s)
     if mode is Checkpoint.SELECTIVE:
         kept = kept_ops(layer) if layer.kernels is not None else 0
         # Probed per op through SAC's caching / cached dispatch modes (checkpoint_host_seconds)
         forward_s += (cal.selective_call_s / 2 + kept * cal.selective_forward_kept_op_s
                       + (ops - kept) * cal.selective_forward_op_s)
-        recompute_s += cal.selective_call_s / 2 + ops * cal.selective_recompute_op_s
+        recompute_s += (cal.selective_call_s / 2
+                        + cached_mode_ops(layer) * cal.selective_recompute_op_s)
     return forward_s, recompute_s
 
 
@@ -129,11 +165,16 @@ def _chains(torch):
     backward then unpacks a saved tensor, which starts the recompute). Per op: `add` saves
     nothing, `mul` one tensor with a Python object (`w`), `layer_norm` three of which two
     (mean, rstd) exist only in C++ (a hook gives each a Python object, as it does most of
-    a layer's saves); `mm` is kept under SELECTIVE."""
+    a layer's saves); `mm` is kept under SELECTIVE. `block`: n units of a zoo block's op
+    kinds in its order (`planner.zoo.gpt.Block`: norm, linear on a 3-D input, transpose,
+    scale, softmax, dropout, GELU, residual add; 16 ops, one kept), so the fit sees ops
+    with the argument counts, views and saves of a real layer's forward."""
     import torch.nn.functional as F
 
     w_mul = torch.full((2, PROBE_WIDTH), 1.0001)
     w_mm = torch.eye(PROBE_WIDTH)
+    w_linear = torch.eye(PROBE_WIDTH, requires_grad=True)  # a parameter: gets a gradient
+    b_linear = torch.zeros(PROBE_WIDTH, requires_grad=True)
 
     def add(x, n):
         for _ in range(n):
@@ -155,7 +196,16 @@ def _chains(torch):
             x = x @ w_mm
         return x.sin()
 
-    return {"add": add, "mul": mul, "layer_norm": layer_norm, "mm": mm}
+    def block(x, n):
+        x = x.view(1, 2, PROBE_WIDTH)  # (1, 2, W): a (batch, sequence, hidden) activation
+        for _ in range(n):
+            h = F.linear(F.layer_norm(x, (PROBE_WIDTH,)), w_linear, b_linear)
+            a = F.softmax(h.transpose(1, 2) * 0.5, dim=-1)  # (1, W, 2)
+            a = F.dropout(a, 0.1, training=True)
+            x = x + F.gelu(a.transpose(1, 2))
+        return x.sin()
+
+    return {"add": add, "mul": mul, "layer_norm": layer_norm, "mm": mm, "block": block}
 
 
 def _runner(torch, chain, n: int, mode: Checkpoint):
@@ -185,25 +235,43 @@ def _runner(torch, chain, n: int, mode: Checkpoint):
     return forward, backward
 
 
-def _counts(torch, chain, n: int) -> tuple[int, int, int]:
-    """(ops, ops SELECTIVE keeps, saved tensors) of one plain forward of `chain` at
-    length n: the counts a layer's IR takes (`ir.op_count.OpCounter` with its kernel
-    recorder, and a pack hook as `SavedTensorLog.calls`)."""
+@dataclass(frozen=True, slots=True)
+class ChainCounts:
+    """What one plain forward of a probe chain dispatches and saves, counted as the layer
+    IR counts it (`ir.op_count.OpCounter` with its kernel recorder; `SavedTensorLog`)."""
+
+    ops: int
+    kept: int  # ops SELECTIVE keeps
+    saved: int  # pack calls
+    saved_grad: int  # of them, tensors requiring grad (the recompute detaches each)
+    after_last_save: int  # ops the recompute's early stop skips
+
+    @property
+    def rerun(self) -> int:  # as `rerun_ops` counts a layer's
+        return self.ops - self.after_last_save
+
+    @property
+    def cached_mode(self) -> int:  # as `cached_mode_ops` counts a layer's
+        return self.rerun + self.saved_grad
+
+
+def _counts(torch, chain, n: int) -> ChainCounts:
+    """The counts of one plain forward of `chain` at length n. Ops come from a run
+    without hooks (a saved output's forward `detach` goes with them, as in the layer IR's
+    op count, `ir.graph_measurer`); saves and the ops from the last save on from a run
+    under the log's hooks, as the IR's saved-tensor counts (`ir.graph_measurer`)."""
     from ir.kernel_recorder import KernelRecorder
     from ir.op_count import OpCounter
+    from ir.saved_tensors import SavedTensorLog
 
-    saved = [0]
-
-    def pack(t):
-        saved[0] += 1
-        return t
-
-    x = torch.ones(2, PROBE_WIDTH, requires_grad=True)
-    recorder = KernelRecorder(set())
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), OpCounter(recorder) as ops:
+    recorder, x = KernelRecorder(set()), torch.ones(2, PROBE_WIDTH, requires_grad=True)
+    with OpCounter(recorder) as ops:
+        chain(x, n)
+    log = SavedTensorLog(set(), set())
+    with torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack), log.ops:
         chain(x, n)
     kept = sum(r.count for r in recorder.records() if r.saved_under_selective)
-    return ops.count, kept, saved[0]
+    return ChainCounts(ops.count, kept, log.calls, log.grad_calls, log.ops_after_last_save)
 
 
 def _fit(rows) -> list[float]:
@@ -252,12 +320,15 @@ def checkpoint_host_seconds(device: str = "cpu") -> CheckpointHostCost:
     median seconds and (ops, kept, saved) the chain's counts (`_counts`), least squares
     over every chain and length (`_fit`) of:
       FULL forward:     T_full - T_none                = call + ops x per op + saved x per saved
-      FULL recompute:   T_full,bwd - T_none,bwd - T_none,fwd   (the ops again at their plain
-                        forward price)                 = the same three, recompute's
+      FULL recompute:   T_full,bwd - T_none,bwd - T_none,fwd x rerun / ops  (the ops rerun
+                        again at their plain forward price) = call + rerun x per op
+                                                         + saved x per saved
       SELECTIVE fwd:    T_sel - T_full                 = call + recomputed ops x per op
                                                          + kept ops x per kept op
-      SELECTIVE bwd:    T_sel,bwd - T_full,bwd         = call + recomputed ops x per op
-                        (kept ops, which skip their kernel, fit apart and are not kept:
+      SELECTIVE bwd:    T_sel,bwd - T_full,bwd         = call + cached-mode ops x per op
+                        (`cached_mode_ops`: the ops rerun and the recompute's detaches;
+                        on the SAC_RECOMPUTE_CHAINS only;
+                        kept ops, which skip their kernel, fit apart and are not kept:
                         the model charges them the cached mode's per op, and their plain
                         host dispatch, a bound of ~1 us each)."""
     import torch
@@ -275,12 +346,15 @@ def checkpoint_host_seconds(device: str = "cpu") -> CheckpointHostCost:
         t = _timed(torch, runs, probe_clock(device))
     none, full, sel = modes
     fwd_rows, rec_rows, sel_fwd_rows, sel_rec_rows = [], [], [], []
-    for (name, n), (ops, kept, saved) in counts.items():
-        fwd_rows.append(((1, ops, saved), t[name, n, full][0] - t[name, n, none][0]))
-        rec_rows.append(((1, ops, saved),
-                         t[name, n, full][1] - t[name, n, none][1] - t[name, n, none][0]))
-        sel_fwd_rows.append(((1, ops - kept, kept), t[name, n, sel][0] - t[name, n, full][0]))
-        sel_rec_rows.append(((1, ops - kept, kept), t[name, n, sel][1] - t[name, n, full][1]))
+    for (name, n), c in counts.items():
+        fwd_rows.append(((1, c.ops, c.saved), t[name, n, full][0] - t[name, n, none][0]))
+        rec_rows.append(((1, c.rerun, c.saved), t[name, n, full][1] - t[name, n, none][1]
+                         - t[name, n, none][0] * c.rerun / c.ops))
+        sel_fwd_rows.append(((1, c.ops - c.kept, c.kept),
+                             t[name, n, sel][0] - t[name, n, full][0]))
+        if name in SAC_RECOMPUTE_CHAINS:
+            sel_rec_rows.append(((1, c.cached_mode, c.kept),
+                                 t[name, n, sel][1] - t[name, n, full][1]))
     call_forward_s, op_forward_s, saved_forward_s = _fit(fwd_rows)
     call_recompute_s, op_recompute_s, saved_recompute_s = _fit(rec_rows)
     sel_call_forward_s, sel_op_s, sel_kept_op_s = _fit(sel_fwd_rows)

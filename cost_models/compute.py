@@ -55,7 +55,7 @@ from ir.layer import Layer
 from ir.legality import sequence_parallel_applies
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
 
-from cost_models.checkpoint_probes import checkpoint_extra_seconds
+from cost_models.checkpoint_probes import checkpoint_extra_seconds, rerun_ops
 from cost_models.checkpoint_probes import probed as checkpoint_probed
 from cost_models.common import GB, StepConfig, dtype_bytes
 from cost_models.gemm_efficiency import (SQUARE_GEMM_EDGE_PER_INTENSITY, device_kind,  # noqa: F401
@@ -287,18 +287,22 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     hooks_forward_s, hooks_recompute_s = checkpoint_extra_seconds(
         layer, strategy.checkpoint, cluster.kernel_calibration)
     forward_device_s = forward_s
+    # The recompute stops at the forward's last save (early stop): the ops from there on
+    # are not rerun, priced at the forward's mean host seconds per op (checkpoint_probes)
+    rerun_host_s = (forward_host_s * rerun_ops(layer) / layer.ops_fwd if layer.ops_fwd
+                    else forward_host_s)
     forward_s = with_host(forward_s, forward_host_s + hooks_forward_s, cluster) + unit_s
     backward_s = with_host(backward_s, backward_host_s, cluster) + unit_s
     if strategy.checkpoint is Checkpoint.FULL and checkpoint_probed(cluster.kernel_calibration):
         # the layer's forward again inside the recompute hook; the TP modules' hooks run
         # again with it, the DP unit's (outside the checkpointed forward) do not
-        recompute_s = with_host(forward_device_s, forward_host_s + hooks_recompute_s,
+        recompute_s = with_host(forward_device_s, rerun_host_s + hooks_recompute_s,
                                 cluster) + tp_half_s
     elif strategy.checkpoint is Checkpoint.FULL:
         recompute_s = forward_s
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.kernels is not None:
         recompute_s = _selective_recompute_seconds(layer, cluster, config, share, op_s,
-                                                   measured, random_s, forward_host_s,
+                                                   measured, random_s, rerun_host_s,
                                                    hooks_recompute_s)
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.saved_attention_bytes:
         recompute_s = _attention_recompute_seconds(layer, cluster, config, share)
@@ -385,14 +389,15 @@ def _analytic_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,
 
 def _selective_recompute_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,
                                  share: float, op_s: float, measured, random_s: float,
-                                 forward_host_s: float, hooks_s: float) -> float:
+                                 rerun_host_s: float, hooks_s: float) -> float:
     """Selective checkpointing reruns the forward kernels whose outputs the policy does not
     keep (`KernelRecords.recomputed`, `ir.checkpoint_policy`): their kernel seconds and
     the dropout masks drawn again. On the host, where the kit probed the checkpoint's
-    machinery (`checkpoint_probes`), the layer's whole Python forward runs again and every
-    op dispatches through SAC's cached mode (a kept op returns its stored output instead
-    of its kernel): the forward's host seconds plus the machinery's (`hooks_s`,
-    `checkpoint_extra_seconds`); else the recomputed ops x `op_s`. A measured layer
+    machinery (`checkpoint_probes`), the layer's Python forward runs again up to its last
+    save (early stop) and every op dispatches through SAC's cached mode (a kept op returns
+    its stored output instead of its kernel): the rerun ops' forward host seconds
+    (`rerun_host_s`) plus the machinery's (`hooks_s`, `checkpoint_extra_seconds`); else
+    the recomputed ops x `op_s`. A measured layer
     scales its measured forward by the recomputed kernels' share of the forward's kernel
     seconds (plus `hooks_s`)."""
     times = layer_kernel_seconds(layer.kernels, cluster, config, share)
@@ -403,7 +408,7 @@ def _selective_recompute_seconds(layer: Layer, cluster: ClusterSpec, config: Ste
         whole = times.forward.total_s
         kernels_s = measured.forward_seconds * scale * (again.total_s / whole if whole else 0.0)
         return kernels_s + (with_host(0.0, hooks_s, cluster) if probed else 0.0)
-    host_s = forward_host_s + hooks_s if probed else again.ops * op_s
+    host_s = rerun_host_s + hooks_s if probed else again.ops * op_s
     return with_host(again.total_s + random_s, host_s, cluster)
 
 

@@ -343,7 +343,7 @@ class GraphMeasurer:
             log.tp_sharded_now = log_region.enter(info.module_paths[n])
             log.in_dropout_now = n in dropout_nodes
 
-        with torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack), fwd_flops:
+        with torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack), fwd_flops, log.ops:
             self.run_forward(index, logged, before_node=log_tag)
         env = logged.env
         in_keys = {storage_key(t) for a in info.inputs for t in tensor_leaves(env.get(a))}
@@ -384,7 +384,8 @@ class GraphMeasurer:
         return LayerMeasurement(
             flops_fwd=int(fwd_flops.get_total_flops()), flops_bwd=int(bwd_flops.get_total_flops()),
             saved_activation_bytes=log.total, saved_tp_sharded_bytes=log.sharded,
-            saved_tensors_fwd=log.calls,
+            saved_tensors_fwd=log.calls, saved_grad_tensors_fwd=log.grad_calls,
+            ops_after_last_save_fwd=log.ops_after_last_save,
             saved_attention_bytes=log.scores, saved_dropout_mask_bytes=log.dropout_masks,
             saved_input_bytes=sum(b for k, b in log.seen.items() if k in in_keys),
             saved_output_bytes=sum(b for k, b in log.seen.items() if k in out_keys),

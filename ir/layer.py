@@ -141,6 +141,11 @@ class LayerMeasurement:
     # storages included: `SavedTensorLog.calls`): a checkpointed layer pays a saved-tensor
     # hook per save (`cost_models.checkpoint_probes`); 0 where not counted.
     saved_tensors_fwd: int = 0
+    # Of those, the saves of tensors that require grad (a checkpoint's recompute detaches
+    # each: `SavedTensorLog.grad_calls`), and the forward ops from the last save on, which
+    # its recompute does not rerun (early stop: `SavedTensorLog.ops_after_last_save`)
+    saved_grad_tensors_fwd: int = 0
+    ops_after_last_save_fwd: int = 0
 
 
 MEASURED_FIGURES = frozenset(f.name for f in fields(LayerMeasurement))

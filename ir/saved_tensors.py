@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def storage_key(t: torch.Tensor):
@@ -70,11 +71,20 @@ class SavedTensorLog:
         self.seen: dict = {}  # storage key -> bytes
         self.total = self.sharded = self.scores = self.dropout_masks = 0
         self.calls = 0  # pack calls: every tensor saved, parameters and repeats included
+        # Saves of tensors that require grad: a checkpoint's recompute detaches each, one
+        # more op dispatched (`torch.utils.checkpoint._recomputation_hook`'s pack hook)
+        self.grad_calls = 0
+        # Ops dispatched (with `ops` entered around the forward) and their count at the
+        # last save: a non-reentrant checkpoint's recompute stops there (early stop)
+        self.ops = _DispatchCount()
+        self.ops_at_last_save = 0
         self.tp_sharded_now = False
         self.in_dropout_now = False
 
     def pack(self, t: torch.Tensor):
         self.calls += 1
+        self.grad_calls += int(t.requires_grad)
+        self.ops_at_last_save = self.ops.count  # an input is saved before its op dispatches
         key = storage_key(t)
         if key not in self.exclude and key not in self.seen:
             nbytes = storage_bytes(t)
@@ -88,9 +98,27 @@ class SavedTensorLog:
                 self.dropout_masks += nbytes
         return t
 
+    @property
+    def ops_after_last_save(self) -> int:
+        """Ops from the last save on (the op that saved an input included: inputs are
+        saved before the op dispatches): a checkpoint's recompute does not rerun them."""
+        return self.ops.count - self.ops_at_last_save if self.calls else 0
+
     @staticmethod
     def unpack(t):
         return t
+
+
+class _DispatchCount(TorchDispatchMode):
+    """Counts ATen ops dispatched, as `ir.op_count.OpCounter` does, without recording."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
 class TPRegion:

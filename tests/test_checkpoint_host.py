@@ -11,8 +11,10 @@ import json
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from cost_models.checkpoint_probes import _chains, _counts, checkpoint_extra_seconds
+from cost_models.checkpoint_probes import (ChainCounts, _chains, _counts, cached_mode_ops,
+                                          checkpoint_extra_seconds, rerun_ops)
 from cost_models.clusters import get_cluster
 from cost_models.common import StepConfig
 from cost_models.compute import layer_compute
@@ -46,9 +48,9 @@ def cpu(calibration: KernelCalibration | None) -> ClusterSpec:
         host_cores=1, kernel_calibration=calibration)
 
 
-def block() -> Layer:
+def block(**counts) -> Layer:
     """Forward: 2 tiny matmuls (2x8 @ 8x8, kept by SELECTIVE), one GELU over 1 MB, 2 views:
-    5 ops, 4 tensors saved."""
+    5 ops, 4 tensors saved; `counts`: further `LayerMeasurement` counts."""
     forward = (KernelRecord("aten::mm", KernelKind.GEMM, "float32", (1, 2, 8, 8), 2,
                             saved_under_selective=True),
                KernelRecord("aten::gelu", KernelKind.MEMORY, "float32", (512, 512), 1,
@@ -59,7 +61,12 @@ def block() -> Layer:
     return Layer(name="blocks.0", kind="Block", index=0, params=0, param_bytes=0,
                  tp_params=0, input_bytes=64, output_bytes=64, structural_hash="x",
                  measured=LayerMeasurement(ops_fwd=5, ops_bwd=1, saved_tensors_fwd=4,
-                                           kernels=KernelRecords(forward, backward)))
+                                           kernels=KernelRecords(forward, backward),
+                                           **counts))
+
+
+# 3 of the 4 saves require grad; the last op runs after the last save (early stop)
+EARLY_STOP = dict(saved_grad_tensors_fwd=3, ops_after_last_save_fwd=1)
 
 
 CONFIG = StepConfig(micro_batch=1, graph_micro_batch=1, graph_dtype="float32",
@@ -101,6 +108,31 @@ def test_layer_compute_adds_the_machinery_on_a_probed_cpu_spec():
     assert none.backward_s == full.backward_s == sel.backward_s and none.recompute_s == 0.0
 
 
+def test_the_recompute_stops_at_the_last_save_and_sac_sees_its_detaches():
+    """With the IR's counts (EARLY_STOP): the recompute reruns 4 of the 5 ops, and SAC's
+    cached mode sees those 4 and the 3 detaches of the saves requiring grad. FULL
+    recompute: 20 + 4 ops x 2 + 4 saved x 5 = 48 us (forward unchanged, 47 us);
+    SELECTIVE recompute: 48 + 20 + (4 + 3) x 7 = 117 us (forward 115 us). In
+    layer_compute the rerun ops' host is 4/5 of the forward's (5 ops x 4 us): 16 us, so
+    FULL's recompute is F - 4 + 48 us, SELECTIVE's F - 38.4 ns - 4 + 117 us."""
+    layer = block(**EARLY_STOP)
+    assert (rerun_ops(layer), cached_mode_ops(layer)) == (4, 7)
+    assert checkpoint_extra_seconds(layer, Checkpoint.FULL, PROBED) == pytest.approx(
+        (47 * US, 48 * US))
+    assert checkpoint_extra_seconds(layer, Checkpoint.SELECTIVE, PROBED) == pytest.approx(
+        (115 * US, 117 * US))
+    spec, config = cpu(PROBED), CONFIG
+    none, full, sel = (layer_compute(layer, LayerStrategy(checkpoint=m), spec, config)
+                       for m in (Checkpoint.NONE, Checkpoint.FULL, Checkpoint.SELECTIVE))
+    plain = none.forward_s
+    assert full.recompute_s == pytest.approx(plain - 4 * US + 48 * US)
+    assert sel.recompute_s == pytest.approx(plain - 2 * 19.2e-9 - 4 * US + 117 * US)
+    # without the probe the counts change nothing: FULL's recompute is the forward
+    before = cpu(KernelCalibration(measured_on="before the probe"))
+    assert layer_compute(layer, LayerStrategy(checkpoint=Checkpoint.FULL), before,
+                         config).recompute_s == plain
+
+
 def test_a_spec_without_the_probe_prices_as_before():
     """No probe figures (a spec written before them): FULL's recompute is its forward and
     the forward gains nothing; SELECTIVE reruns only its recomputed ops' kernels and
@@ -134,20 +166,69 @@ def test_gpu_presets_carry_no_probe_and_price_as_before():
 
 
 def test_the_probe_counts_ops_kept_ops_and_saves_of_its_chains():
-    """Per op of each chain: add saves nothing; mul saves its other operand; layer norm
-    its input, mean and rstd; a matmul (x @ w, w needing no gradient) saves w and is kept
-    by SELECTIVE. The tail `sin` is one op and one save."""
+    """Per unit of each chain (ops, kept, saved, saved requiring grad): add saves nothing;
+    mul saves its other operand (no grad); layer norm its input (grad), mean and rstd; a
+    matmul (x @ w, w needing no gradient) saves w and is kept by SELECTIVE. The block
+    unit: layer_norm 1 op (3 saves, 1 grad), linear on 3-D view/t/addmm/view 4 (saves
+    both addmm operands, grad; addmm kept), transpose 1, scale 1, softmax 1 (saves its
+    output, grad) and the output's detach 1, dropout empty_like/bernoulli_/div_/mul 4
+    (saves the mask), transpose 1, gelu 1 (saves its input, grad), add 1: 16 ops, 1 kept,
+    8 saves, 5 grad. The tail: `sin`, one op saving its input (grad), which
+    the early stop skips (the input is saved before it runs); the block's input view one
+    more op."""
     chains = _chains(torch)
-    per_op = {"add": (1, 0, 0), "mul": (1, 0, 1), "layer_norm": (1, 0, 3), "mm": (1, 1, 1)}
-    for name, (ops, kept, saved) in per_op.items():
+    per_unit = {"add": (1, 0, 0, 0), "mul": (1, 0, 1, 0), "layer_norm": (1, 0, 3, 1),
+                "mm": (1, 1, 1, 0), "block": (16, 1, 8, 5)}
+    for name, (ops, kept, saved, grad) in per_unit.items():
         short, long = _counts(torch, chains[name], 2), _counts(torch, chains[name], 6)
-        assert tuple((b - a) / 4 for a, b in zip(short, long)) == (ops, kept, saved), name
-        assert short == (2 * ops + 1, 2 * kept, 2 * saved + 1), name
+        head = 1 if name == "block" else 0
+        for n, counts in ((2, short), (6, long)):
+            assert counts == ChainCounts(n * ops + 1 + head, n * kept, n * saved + 1,
+                                         n * grad + 1, 1), (name, n)
 
 
-def test_the_ir_counts_every_tensor_a_real_block_saves():
-    """`saved_tensors_fwd` of gpt-tiny's block, traced on meta, is the number of pack
-    calls of the real block's forward on CPU (a hook counting them: the oracle)."""
+class _Names(TorchDispatchMode):
+    """The ATen ops dispatched while it is entered, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _recompute_dispatches(module, early_stop: bool) -> tuple[list[str], list[str]]:
+    """(forward, recompute) op names dispatched while `module`'s FULL forward and then
+    its recompute run on CPU: a dispatch mode entered inside the checkpointed function
+    sees the ops and the recompute pack hook's detaches (the oracle: torch's own
+    recompute, counted)."""
+    from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+    runs = []
+
+    def run(x):
+        with _Names() as names:
+            runs.append(names)
+            return module(x)
+
+    with set_checkpoint_early_stop(early_stop):
+        y = checkpoint(run, torch.randn(2, 32, 64, requires_grad=True), use_reentrant=False)
+        y.sum().backward()
+    forward, recompute = runs
+    return forward.names, recompute.names
+
+
+def test_the_ir_counts_what_a_real_blocks_recompute_reruns():
+    """gpt-tiny's block traced on meta against the real block on CPU: `saved_tensors_fwd`
+    is the number of pack calls of its forward (a hook counting them); the ops its FULL
+    recompute dispatches under early stop are `rerun_ops` plus a detach per save
+    requiring grad (`saved_grad_tensors_fwd`), the count SAC's cached mode sees
+    (`cached_mode_ops`); the forward's ops from the last save on are not rerun (the last
+    dropout's mul and the residual add: `ops_after_last_save_fwd`), which they are
+    without early stop. Known and stated: the plain forward's detach of softmax's saved
+    output (in `ops_fwd`) is made by neither checkpointed pass."""
     from ir.measure import layer_graph_from_trace
     from ir.trace import trace
     from planner.models import load_model
@@ -157,12 +238,26 @@ def test_the_ir_counts_every_tensor_a_real_block_saves():
                    dtype=torch.float32)
     graph, _ = layer_graph_from_trace(traced, loaded.inputs, loaded.target,
                                       name=loaded.name, dtype=torch.float32)
+    layer = graph.layer("blocks.0")
     real = load_model("gpt-tiny", 2, None, device="cpu", seed=0).module.blocks["0"].train()
     calls = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: calls.append(1) or t,
                                                   lambda t: t):
         real(torch.randn(2, 32, 64, requires_grad=True))
-    assert graph.layer("blocks.0").saved_tensors_fwd == len(calls) > 0
+    assert layer.saved_tensors_fwd == len(calls) > 0
+    x = torch.randn(2, 32, 64, requires_grad=True)
+    with _Names() as plain:
+        real(x)
+    forward, recompute = _recompute_dispatches(real, early_stop=True)
+    unmodelled = plain.names.count("detach") - forward.count("detach")
+    detaches = recompute.count("detach")
+    rerun = len(recompute) - detaches
+    assert unmodelled == 1 and len(plain.names) == layer.ops_fwd
+    assert (detaches, rerun + unmodelled) == (layer.saved_grad_tensors_fwd, rerun_ops(layer))
+    assert len(forward) - rerun == layer.ops_after_last_save_fwd == 2
+    assert detaches + rerun + unmodelled == cached_mode_ops(layer)
+    _, everything = _recompute_dispatches(real, early_stop=False)
+    assert len(everything) - detaches == len(forward)
 
 
 
