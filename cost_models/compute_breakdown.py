@@ -22,7 +22,8 @@ from ir.layer import LayerGraph
 from ir.plan import ParallelPlan
 
 from cost_models.common import layer_configs
-from cost_models.compute import ComputeProfile, layer_compute, tp_compute_fraction
+from cost_models.compute import layer_compute, tp_compute_fraction
+from cost_models.compute_profile import ComputeProfile
 from cost_models.kernel_time import layer_kernel_seconds
 from cost_models.memory import rank_layers
 

@@ -40,7 +40,8 @@ from ir.strategy import Schedule
 
 from cost_models.comm import layer_comm, p2p_s, tp_transition_s
 from cost_models.common import StepConfig, layer_configs
-from cost_models.compute import ComputeProfile, layer_compute
+from cost_models.compute import layer_compute
+from cost_models.compute_profile import ComputeProfile
 from cost_models.memory import MemoryEstimate, check_plan_matches, plan_memory, rank_layers
 from cost_models.model_states import bytes_per_param
 from cost_models.pipeline import PipelineTime, stage_pipeline_time

@@ -70,7 +70,7 @@ import numpy as np
 from torch import nn
 
 from cost_models.common import model_layer_configs
-from cost_models.compute import ComputeProfile
+from cost_models.compute_profile import ComputeProfile
 from cost_models.estimate import Estimate, estimate
 from cost_models.memory import plan_memory
 from cost_models.pipeline import microbatches_in_flight

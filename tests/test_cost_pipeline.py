@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from cost_models.clusters import get_cluster
-from cost_models.compute import (ComputeProfile, gemm_efficiency, layer_compute,
-                                 tp_compute_fraction)
+from cost_models.compute import gemm_efficiency, layer_compute, tp_compute_fraction
+from cost_models.compute_profile import ComputeProfile
 from cost_models.common import StepConfig
 from cost_models.estimate import estimate
 from cost_models.pipeline import pipeline_time

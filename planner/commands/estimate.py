@@ -21,7 +21,7 @@ from torch import nn
 
 from cost_models.clusters import get_cluster, preset_names
 from cost_models.common import model_layer_configs
-from cost_models.compute import ComputeProfile
+from cost_models.compute_profile import ComputeProfile
 from cost_models.compute_breakdown import compute_by_class
 from cost_models.estimate import estimate
 from ir.cluster import ClusterSpec
