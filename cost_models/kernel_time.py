@@ -11,7 +11,9 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
                             without a table the roofline of its implicit GEMM
     t_roofline(attention) = FLOPs / measured SDPA rate of the backend dispatch picks
     t_roofline(memory)    = bytes / bandwidth of that kind of memory-bound kernel at its size
-                            (+ its inner loops x measured seconds per loop: copy/add/sum;
+                            (+ its inner loops x measured seconds per loop: copy/add/sum,
+                            a middle-dim reduction's at its own probe, a loop shorter
+                            than the copy probe's per element unless it transposes;
                             + rows x measured seconds per row: softmax, layer norm)
     embedding backward    = table fill (a copy) + indices x measured seconds per index
                             + the rows' bytes (a scatter-add costs per index, not per byte)
@@ -133,7 +135,8 @@ ROW_COST_FIELD = {**dict.fromkeys(("_softmax", "_log_softmax", "_safe_softmax"),
 # contiguous ones (a (16, 8, 32, 8) permuted clone 10.3 us, 128 KiB), loops of 32 within
 # 15% (a transpose(1, 2) clone of (16, 8, 32, 32): 10.9 us against 9.6, 1 MiB). Where the
 # calibration measured "short_run" (a copy in loops of `SHORT_RUN_PROBE_ELEMENTS`), each
-# loop costs what that probe paid per loop over a contiguous copy of the same bytes.
+# loop costs what that probe paid per loop over a contiguous copy of the same bytes
+# (`_loop_seconds`: shorter loops, reductions).
 SHORT_RUN_KINDS = frozenset({"copy", "add", "sum"})
 
 

@@ -205,7 +205,8 @@ def _reduction_loops(args, x: torch.Tensor) -> tuple[int, int]:
 def inner_loops(name: str, args, inputs: list[torch.Tensor],
                 outputs: list[torch.Tensor]) -> tuple[int, int]:
     """(elements per innermost loop, loops) of a memory-bound op; (0, 0) where not known.
-    Elementwise ops iterate over the output's shape with every input broadcast to it; a
+    Elementwise ops iterate over the output's shape with every input broadcast to it, in
+    TensorIterator's dim order (`tensor_iteration.iteration_order`: memory order); a
     reduction over its input's shape with the (keepdim) output broadcast to it; cat and
     slice_backward copy each input into a slice along `dim`, so a loop is that input's
     extent from `dim` inwards. A permuted, expanded or middle-dim-broadcast operand ends
