@@ -41,7 +41,7 @@ BATCH_NORM_CHANNELS = 16
 # had no room for them at 64 MiB (11 kinds x 2 passes took 35 s of its 61 at load 11,
 # 2026-11-24); past it the last point's rate applies (`kernel_time.memory_gbps`).
 CPU_SMALL_ONLY_KINDS = ("softmax_backward", "masked_fill", "short_run", "layer_norm_backward",
-                        "broadcast_scalar")
+                        "broadcast_scalar", "short_reduction")
 CPU_SMALL_ONLY_MAX_BYTES = 4 * MiB
 # masked_fill's probe: a causal mask of this many positions, the zoo's sequence length
 # (gpt/llama/t5-tiny train at 32). Its cost per element grows with it on this CPU (one
@@ -50,6 +50,16 @@ MASK_SEQ_LEN = 32
 # short_run's probe: a copy whose inner loop runs this many elements (llama-tiny's head
 # width 8: its permuted and expanded q/k/v copies run inner loops of 8).
 SHORT_RUN_PROBE_ELEMENTS = 8
+# short_reduction's probe: llama-tiny's repeat_kv backward, the sum over n_rep (this many
+# query heads per key head) of a gradient laid out (b, kv_heads, n_rep, s, d) in memory
+# (it arrives from attention's (b, heads, s, d)) and read as (b, s, kv_heads, n_rep, d):
+# TensorIterator runs the reduced dim innermost, loops of 2 strided by s x d. The other
+# dims: llama-tiny's SHORT_REDUCTION_KV_HEADS = 4 key heads, MASK_SEQ_LEN positions,
+# SHORT_RUN_PROBE_ELEMENTS head width. Here (one thread, 2026-11-25) 128 KiB of it took
+# 39-43 us, a (n, 2, 8) sum over dim 1 of contiguous blocks 31-33, a row sum 3.2; llama's
+# two such sums 37 and 50 alone.
+SHORT_REDUCTION_PROBE_ELEMENTS = 2
+SHORT_REDUCTION_KV_HEADS = 4
 # Per-row probes (`memory_probes.probe_row_seconds`): the same ROW_PROBE_BYTES of fp32
 # in rows of ROW_ELEMENTS and in short rows, per row-wise kind: softmax over the zoo's
 # attention scores (rows of MASK_SEQ_LEN), layer norm over the zoo's hidden size (64:

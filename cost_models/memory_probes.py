@@ -17,6 +17,9 @@ Beside the streaming kinds (copy, add), the kinds whose speed per byte differs o
                     seconds per byte (gpt-tiny's norm at micro-batch 16, 128 KiB of rows of
                     64: 11 us alone, where the forward's table priced 22).
 
+  short_reduction   llama-tiny's repeat_kv backward: a sum over the n_rep dim of a
+                    permuted gradient, loops of 2 strided (`device_grids`: ~2.3 ns per
+                    loop here where short_run's copy loops of 8 cost ~3.5);
   broadcast_scalar  a scalar times a column expanded along the rows (stride 0 innermost),
                     as a mean's backward divides: not vectorised, ~3.5x an add per byte
                     (`ir.kernel_recorder.scalar_over_broadcast` marks such records).
@@ -40,6 +43,8 @@ from ir.kernel_calibration import MemoryKernelPoint
 from cost_models.device_grids import (BATCH_NORM_CHANNELS, CPU_SMALL_ONLY_KINDS,
                                       CPU_SMALL_ONLY_MAX_BYTES, MASK_SEQ_LEN, MiB,
                                       ROW_ELEMENTS, ROW_PROBE_BYTES, SHORT_ROW_ELEMENTS,
+                                      SHORT_REDUCTION_KV_HEADS,
+                                      SHORT_REDUCTION_PROBE_ELEMENTS,
                                       SHORT_RUN_PROBE_ELEMENTS)
 
 # The backward's weight and bias gradients sum over the rows per column: a cost per column
@@ -100,6 +105,11 @@ def _memory_kernel(name: str, x, y, out):
         r = SHORT_RUN_PROBE_ELEMENTS
         source, target = x.view(-1, r, r).transpose(1, 2), out.view(-1, r, r)
         return lambda: target.copy_(source), 2 * x.numel() * e
+    if name == "short_reduction":  # (b, k, r, s, d) memory summed over r: one loop per output
+        r, k, s, w = (SHORT_REDUCTION_PROBE_ELEMENTS, SHORT_REDUCTION_KV_HEADS, MASK_SEQ_LEN,
+                      SHORT_RUN_PROBE_ELEMENTS)
+        grad = x.view(-1, k, r, s, w).permute(0, 3, 1, 2, 4)  # read as (b, s, k, r, d)
+        return lambda: grad.sum(dim=3, keepdim=True), x.numel() * e + x.numel() // r * e
     if name.startswith("batch_norm"):  # training mode over (rows, channels, positions)
         images = x.view(rows, BATCH_NORM_CHANNELS, ROW_ELEMENTS // BATCH_NORM_CHANNELS)
         stats = [torch.ones(BATCH_NORM_CHANNELS, dtype=x.dtype, device=x.device)
@@ -118,7 +128,7 @@ def _memory_kernel(name: str, x, y, out):
 # The op each probe kind's call dispatches whose per-call host excess the host model
 # charges (`host_excess.HOST_EXCESS_OPS`); other kinds are charged plain dispatch only.
 EXCESS_OP_OF_KIND = {"gelu": "aten::gelu", "sum": "aten::sum",
-                     "layer_norm": "aten::native_layer_norm",
+                     "short_reduction": "aten::sum", "layer_norm": "aten::native_layer_norm",
                      "layer_norm_backward": "aten::native_layer_norm_backward"}
 
 

@@ -33,7 +33,9 @@ from ir.errors import PlannerError
 # `cost_models.memory_probes` says what each one runs).
 MEMORY_KERNELS = ("copy", "add", "gelu", "sum", "softmax", "layer_norm", "batch_norm",
                   "batch_norm_backward", "softmax_backward", "masked_fill", "short_run",
-                  "layer_norm_backward", "broadcast_scalar")
+                  "layer_norm_backward", "broadcast_scalar",
+                  # kdev2 (issue 17): a sum over a middle dim in short strided loops
+                  "short_reduction")
 # SDPA backends as torch.nn.attention.SDPBackend names them, lower case, plus "default"
 # (whatever torch's dispatcher picks with no backend forced).
 SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "math", "default")

@@ -37,6 +37,8 @@ from ir.checkpoint_policy import op_name, saved_under_selective
 from ir.kernel_records import (CONV_GRAD_BIAS, CONV_GRAD_INPUT, CONV_GRAD_WEIGHT, KernelKind,
                                KernelRecord)
 from ir.saved_tensors import storage_key, tensor_leaves
+from ir.tensor_iteration import (broadcast_strides, iteration_order, trailing_run,
+                                 walks_out_of_order)
 
 # ATen matmuls (cuBLAS GEMM kernels); `linear` and `matmul` decompose into these before
 # they reach a dispatch mode.
@@ -147,38 +149,6 @@ def embedding_bag_shape(name: str, args, out) -> tuple[int, int, int]:
 SLICE_WRITE_OPS = {"cat": (1, 0), "slice_backward": (2, None)}
 
 
-def _trailing_run(shape: tuple[int, ...], strides_by_operand: list[tuple[int, ...]]) -> int:
-    """Elements of the innermost loop over `shape`: trailing dims (size-1 dims skipped)
-    merged while every operand's stride continues the dim inside it (TensorIterator's
-    coalescing, aten/src/ATen/TensorIterator.cpp `coalesce_dimensions`)."""
-    dims = [d for d in range(len(shape)) if shape[d] != 1]
-    if not dims:
-        return 1
-    run, inner = shape[dims[-1]], dims[-1]
-    for d in reversed(dims[:-1]):
-        if any(strides[d] != strides[inner] * shape[inner] for strides in strides_by_operand):
-            break
-        run, inner = run * shape[d], d
-    return run
-
-
-def _broadcast_strides(t: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    """`t`'s strides read as the iteration `shape` (a broadcast dim has stride 0); None
-    when `t` does not broadcast to it."""
-    if t.dim() > len(shape):
-        return None
-    lead = len(shape) - t.dim()
-    strides = [0] * lead
-    for size, stride, want in zip(t.shape, t.stride(), shape[lead:]):
-        if size == want:
-            strides.append(stride if want != 1 else 0)
-        elif size == 1:
-            strides.append(0)
-        else:
-            return None
-    return tuple(strides)
-
-
 # Reductions over dims given as `args[1]` (TensorIterator reduce kernels): their
 # reduced dims run innermost (`reorder_dimensions` in aten/src/ATen/TensorIterator.cpp
 # moves the dims where the output's stride is 0 to the front), so a sum over a middle dim
@@ -217,7 +187,7 @@ def _reduction_loops(args, x: torch.Tensor) -> tuple[int, int]:
     """(elements per innermost loop, loops) of a reduction of `x`: its reduced dims
     innermost (in stride order), the kept ones outside them, merged while the input's
     strides and the output's (0 over reduced dims, contiguous over kept ones) continue
-    the dim inside (`_trailing_run`)."""
+    the dim inside (`trailing_run`)."""
     shape = tuple(int(d) for d in x.shape)
     reduced = _reduced_dims(args, shape)
     out_strides, stride = [0] * len(shape), 1
@@ -227,7 +197,7 @@ def _reduction_loops(args, x: torch.Tensor) -> tuple[int, int]:
     by_stride = lambda dims: sorted(dims, key=lambda d: -x.stride(d))  # noqa: E731
     order = by_stride([d for d in range(len(shape)) if d not in reduced]) + \
         by_stride(list(reduced))  # outermost first
-    run = _trailing_run(tuple(shape[d] for d in order),
+    run = trailing_run(tuple(shape[d] for d in order),
                         [tuple(x.stride(d) for d in order), tuple(out_strides[d] for d in order)])
     return run, max(1, math.prod(shape) // max(1, run))
 
@@ -235,7 +205,8 @@ def _reduction_loops(args, x: torch.Tensor) -> tuple[int, int]:
 def inner_loops(name: str, args, inputs: list[torch.Tensor],
                 outputs: list[torch.Tensor]) -> tuple[int, int]:
     """(elements per innermost loop, loops) of a memory-bound op; (0, 0) where not known.
-    Elementwise ops iterate over the output's shape with every input broadcast to it; a
+    Elementwise ops iterate over the output's shape with every input broadcast to it, in
+    TensorIterator's dim order (`tensor_iteration.iteration_order`: memory order); a
     reduction over its input's shape with the (keepdim) output broadcast to it; cat and
     slice_backward copy each input into a slice along `dim`, so a loop is that input's
     extent from `dim` inwards. A permuted, expanded or middle-dim-broadcast operand ends
@@ -254,15 +225,41 @@ def inner_loops(name: str, args, inputs: list[torch.Tensor],
             return 0, 0
         runs = [math.prod(t.shape[dim % max(1, t.dim()):]) for t in sources]
         return min(runs), sum(t.numel() // run for t, run in zip(sources, runs))
-    tensors = [t for t in inputs + outputs if t.numel() > 1]
-    if not tensors or not outputs:
+    operands = _elementwise_strides(inputs, outputs)
+    if operands is None:
         return 0, 0
-    shape = tuple(max(tensors, key=lambda t: t.numel()).shape)
-    strides = [_broadcast_strides(t, shape) for t in tensors]
-    if any(s is None for s in strides):
-        return 0, 0
-    run = _trailing_run(shape, strides)
+    shape, strides = operands
+    order = iteration_order(len(shape), strides)
+    run = trailing_run(tuple(shape[d] for d in order),
+                       [tuple(s[d] for d in order) for s in strides])
     return run, math.prod(shape) // run
+
+
+def _elementwise_strides(inputs: list[torch.Tensor], outputs: list[torch.Tensor]):
+    """(iteration shape, each operand's strides read as it, outputs first as ATen orders
+    them) of an elementwise op; None where an operand does not broadcast to it."""
+    tensors = [t for t in outputs + inputs if t.numel() > 1]
+    if not tensors or not outputs:
+        return None
+    shape = tuple(max(tensors, key=lambda t: t.numel()).shape)
+    strides = [broadcast_strides(t, shape) for t in tensors]
+    return None if any(s is None for s in strides) else (shape, strides)
+
+
+def transposing(name: str, args, inputs: list[torch.Tensor],
+                outputs: list[torch.Tensor]) -> bool:
+    """Whether an elementwise or slice-writing op (cat, slice_backward: each source
+    against the output's strides) has an operand that walks memory out of the order the
+    iteration runs (`tensor_iteration.walks_out_of_order`)."""
+    if name in SLICE_WRITE_OPS:
+        return bool(outputs) and any(
+            t.dim() == outputs[0].dim() and walks_out_of_order(
+                tuple(t.shape), [tuple(outputs[0].stride()), tuple(t.stride())])
+            for t in (inputs if name == "cat" else inputs[:1]) if t.numel() > 1)
+    if name in NOT_ELEMENTWISE_OPS:
+        return False
+    operands = _elementwise_strides(inputs, outputs)
+    return operands is not None and walks_out_of_order(*operands)
 
 
 # Memory ops that are not one elementwise loop (their own kernels, `inner_loops`).
@@ -287,7 +284,7 @@ def scalar_over_broadcast(args, inputs: list[torch.Tensor],
         return False
     shape = tuple(outputs[0].shape)
     dims = [d for d in range(len(shape)) if shape[d] != 1]
-    strides = _broadcast_strides(tensors[0], shape)
+    strides = broadcast_strides(tensors[0], shape)
     return bool(dims) and strides is not None and strides[dims[-1]] == 0
 
 
@@ -321,7 +318,8 @@ class KernelRecorder:
     def add(self, record: KernelRecord) -> None:
         key = (record.op, record.kind, record.dtype, record.shape, record.flops,
                record.weight_bytes, record.activation_bytes, record.causal,
-               record.inner_loops, record.variant, record.unvectorized)
+               record.inner_loops, record.variant, record.unvectorized, record.inner_run,
+               record.transposing)
         entry = self._counts.setdefault(key, [record, 0])
         entry[1] += record.count
 
@@ -357,12 +355,13 @@ class KernelRecorder:
             kind, causal = KernelKind.MEMORY, False
             shape = tuple(outputs[0].shape) if outputs else ()
         memory = kind is KernelKind.MEMORY
-        loops = inner_loops(name, args, inputs, outputs)[1] if memory else 0
+        run, loops = inner_loops(name, args, inputs, outputs) if memory else (0, 0)
         self.add(KernelRecord(op, kind, dtype, tuple(int(d) for d in shape), 1, flops,
                               weight, moved, saved_under_selective(func), causal, loops,
                               approximation(name, args, kwargs),
                               memory and name not in NOT_ELEMENTWISE_OPS
-                              and scalar_over_broadcast(args, inputs, outputs)))
+                              and scalar_over_broadcast(args, inputs, outputs), run,
+                              memory and transposing(name, args, inputs, outputs)))
 
     def _is_weight_gradient(self, name: str, t: torch.Tensor) -> bool:
         """A backward output that does not grow with the micro-batch: an embedding's dense

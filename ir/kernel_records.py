@@ -94,6 +94,12 @@ class KernelRecord:
     # 0) along the innermost loop (a mean's backward: `grad.expand(...) / n`); ATen's CPU
     # loop does not vectorise it (`ir.kernel_recorder.scalar_over_broadcast`).
     unvectorized: bool = False
+    # Memory kernels: elements in each of those loops (`inner_loops`'s first figure); 0
+    # unknown (a loop shorter than ATen's vector step runs its scalar tail per element).
+    inner_run: int = 0
+    # Memory kernels: an operand walks memory out of the iteration's order (a permuted
+    # source copied into a contiguous output: `ir.kernel_recorder.transposing`).
+    transposing: bool = False
 
     @property
     def excess_key(self) -> str:
