@@ -233,9 +233,12 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def test_spawn_ranks_timeout_reaps_every_rank():
+def test_spawn_ranks_timeout_reaps_every_rank(tmp_path, monkeypatch):
     from planner.trial.spawn import spawn_ranks
 
+    # The ranks must find where to write (a forked rank reaches the factory within the
+    # limit; without it, it would fail on a KeyError instead of sleeping).
+    monkeypatch.setenv("PLANNER_TEST_MARKERS", str(tmp_path))
     before = _descendants(os.getpid())
     with pytest.raises(PlannerError, match="validation ran past"):
         spawn_ranks(_rank_payload(), 2, timeout_s=1.0)
