@@ -14,7 +14,8 @@ transposed; "short_outer": SHORT_OUTER_LOOPS_PER_CALL); a product with a broadca
 operand ("broadcast_binary", BROADCAST_BINARY_LOOPS_PER_CALL per call: 5.5 ns per loop
 over an add, 9.6 at 2, 3.3 at 8) pays the copy's per loop and its own per call.
 Calibrations without those probes price as before: the short_run probe's per-loop cost
-(shorter loops per element), a middle-dim reduction at "short_reduction".
+(shorter loops per element). A middle-dim reduction pays per loop at "short_reduction"
+(calls with no contiguous dim, `KernelRecord.strided_calls`, at "strided_reduction").
 """
 
 from __future__ import annotations
@@ -106,7 +107,11 @@ def loop_seconds(r: KernelRecord, cal: KernelCalibration | None, dtype: str, nby
     run = 0 if r.transposing else r.inner_run
     fit = two_level_fit(cal, dtype, nbytes) if r.loops_per_call > 0 else None
     if fit is None or op in REDUCTION_OPS:
-        return loops * _loop_seconds(cal, dtype, nbytes, op, run)
+        per_loop_s = _loop_seconds(cal, dtype, nbytes, op, run)
+        if op in REDUCTION_OPS and r.strided_calls and measured(cal, "strided_reduction"):
+            strided_s = _loop_seconds(cal, dtype, nbytes, op, run, strided=True)
+            per_loop_s += (strided_s - per_loop_s) * r.strided_calls / r.count
+        return loops * per_loop_s
     per_loop_s, per_call_s, binary_call_s = fit
     scale = min(run, SHORT_RUN_PROBE_ELEMENTS) / SHORT_RUN_PROBE_ELEMENTS if run > 0 else 1.0
     return loops * per_loop_s * scale + loops / r.loops_per_call * (
@@ -114,7 +119,7 @@ def loop_seconds(r: KernelRecord, cal: KernelCalibration | None, dtype: str, nby
 
 
 def _loop_seconds(cal: KernelCalibration | None, dtype: str, nbytes: float, op: str = "",
-                  run: int = 0) -> float:
+                  run: int = 0, strided: bool = False) -> float:
     """Seconds one innermost loop of `run` elements (0: not known) of a streaming op costs
     beyond its bytes. A reduction (REDUCTION_OPS) where "short_reduction" was measured:
     that probe's seconds over a sum's for the same bytes, per probe loop. Otherwise the
@@ -123,10 +128,12 @@ def _loop_seconds(cal: KernelCalibration | None, dtype: str, nbytes: float, op: 
     loop: under ATen's vector step the loop is its scalar tail, paid per element (here,
     one thread, 2026-11-25: llama-tiny's rotary neg and cat in loops of 4 ran 1.7 ns per
     loop, the probe's loops of 8 3.5; a transposing copy's loops of 4, `run` 0 here, 3.0).
-    0 where not measured."""
+    `strided`: a reduction with no contiguous inner dim, at "strided_reduction" (the
+    record's `strided_calls` share of its calls, `loop_seconds`). 0 where not measured."""
     if op in REDUCTION_OPS and measured(cal, "short_reduction"):
+        probe = "strided_reduction" if strided else "short_reduction"
         # (n, r, w) read, (n, w) written: one loop per written element, priced as probed
-        return _probe_loop_seconds(cal, "short_reduction", "sum", dtype, nbytes,
+        return _probe_loop_seconds(cal, probe, "sum", dtype, nbytes,
                                    dtype_bytes(dtype) * (SHORT_REDUCTION_PROBE_ELEMENTS + 1))
     if not measured(cal, "short_run"):
         return 0.0

@@ -24,6 +24,9 @@ Beside the streaming kinds (copy, add), the kinds whose speed per byte differs o
                     loop call (llama-tiny's repeat_kv clone), where short_run runs 8;
   broadcast_binary  x (n, 4, 8) times y (n, 1, 8): a product broadcast over a middle dim
                     (rotary's k * cos); both priced by `cost_models.kernel_loops`;
+  strided_reduction the same sum from v's gradient, laid out (b, kv, n_rep, d, s): no
+                    dim contiguous, ATen's reduce runs it element by element (52 us where
+                    short_reduction's layout took 42, `reduction_unvectorized`);
   broadcast_scalar  a scalar times a column expanded along the rows (stride 0 innermost),
                     as a mean's backward divides: not vectorised, ~3.5x an add per byte
                     (`ir.kernel_recorder.scalar_over_broadcast` marks such records).
@@ -122,6 +125,11 @@ def _memory_kernel(name: str, x, y, out):
                       SHORT_RUN_PROBE_ELEMENTS)
         grad = x.view(-1, k, r, s, w).permute(0, 3, 1, 2, 4)  # read as (b, s, k, r, d)
         return lambda: grad.sum(dim=3, keepdim=True), x.numel() * e + x.numel() // r * e
+    if name == "strided_reduction":  # the same from (b, k, r, d, s) memory: d strided
+        r, k, s, w = (SHORT_REDUCTION_PROBE_ELEMENTS, SHORT_REDUCTION_KV_HEADS, MASK_SEQ_LEN,
+                      SHORT_RUN_PROBE_ELEMENTS)
+        grad = x.view(-1, k, r, w, s).permute(0, 4, 1, 2, 3)  # read as (b, s, k, r, d)
+        return lambda: grad.sum(dim=3, keepdim=True), x.numel() * e + x.numel() // r * e
     if name.startswith("batch_norm"):  # training mode over (rows, channels, positions)
         images = x.view(rows, BATCH_NORM_CHANNELS, ROW_ELEMENTS // BATCH_NORM_CHANNELS)
         stats = [torch.ones(BATCH_NORM_CHANNELS, dtype=x.dtype, device=x.device)
@@ -140,7 +148,8 @@ def _memory_kernel(name: str, x, y, out):
 # The op each probe kind's call dispatches whose per-call host excess the host model
 # charges (`host_excess.HOST_EXCESS_OPS`); other kinds are charged plain dispatch only.
 EXCESS_OP_OF_KIND = {"gelu": "aten::gelu", "sum": "aten::sum",
-                     "short_reduction": "aten::sum", "layer_norm": "aten::native_layer_norm",
+                     "short_reduction": "aten::sum", "strided_reduction": "aten::sum",
+                     "layer_norm": "aten::native_layer_norm",
                      "layer_norm_backward": "aten::native_layer_norm_backward"}
 
 

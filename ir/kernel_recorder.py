@@ -203,6 +203,22 @@ def _reduction_loops(args, x: torch.Tensor) -> tuple[int, int]:
     return run, max(1, math.prod(shape) // max(1, run))
 
 
+def reduction_unvectorized(args, x: torch.Tensor) -> bool:
+    """Whether ATen's CPU reduce runs a reduction of `x` element by element: neither an
+    inner reduction (the innermost reduced dim contiguous) nor an outer one (the kept dim
+    TensorIterator puts innermost, the output's last, contiguous in `x`): `is_inner_
+    reduction` / `is_outer_reduction` in aten/src/ATen/native/cpu/Reduce.h. llama-tiny's
+    repeat_kv backward sums a (16, 32, 4, 2, 8) gradient over n_rep twice: with d at
+    stride 1 (vectorised, 42 us alone here) and at stride 32 (v's, 52 us)."""
+    shape = tuple(int(d) for d in x.shape)
+    reduced = _reduced_dims(args, shape)
+    live = [d for d in range(len(shape)) if shape[d] != 1]
+    kept = [d for d in live if d not in reduced]
+    inner_reduced = min((d for d in live if d in reduced), key=x.stride, default=None)
+    return not ((inner_reduced is not None and x.stride(inner_reduced) == 1)
+                or (kept and x.stride(kept[-1]) == 1))
+
+
 def inner_loops(name: str, args, inputs: list[torch.Tensor],
                 outputs: list[torch.Tensor]) -> tuple[int, int]:
     """(elements per innermost loop, loops) of a memory-bound op; (0, 0) where not known.
@@ -318,8 +334,9 @@ class KernelRecorder:
                record.weight_bytes, record.activation_bytes, record.causal,
                record.inner_loops, record.variant, record.unvectorized, record.inner_run,
                record.transposing, record.loops_per_call, record.binary)
-        entry = self._counts.setdefault(key, [record, 0])
+        entry = self._counts.setdefault(key, [record, 0, 0])
         entry[1] += record.count
+        entry[2] += record.strided_calls  # not in the key: a layout splits no record
 
     def record(self, func, args, kwargs, out) -> None:
         if self.skip_now():
@@ -362,7 +379,10 @@ class KernelRecorder:
                               memory and transposing(name, args, inputs, outputs),
                               loops_per_call(name, inputs, outputs) if memory else 0,
                               memory and name not in NOT_ELEMENTWISE_OPS
-                              and sum(t.numel() > 1 for t in inputs) >= 2))
+                              and sum(t.numel() > 1 for t in inputs) >= 2,
+                              int(memory and name in REDUCTION_OPS and bool(inputs)
+                                  and inputs[0].dim() > 0
+                                  and reduction_unvectorized(args, inputs[0]))))
 
     def _is_weight_gradient(self, name: str, t: torch.Tensor) -> bool:
         """A backward output that does not grow with the micro-batch: an embedding's dense
@@ -379,8 +399,8 @@ class KernelRecorder:
 
     def records(self) -> tuple[KernelRecord, ...]:
         out = []
-        for record, count in self._counts.values():
-            out.append(dataclasses.replace(record, count=count))
+        for record, count, strided_calls in self._counts.values():
+            out.append(dataclasses.replace(record, count=count, strided_calls=strided_calls))
         return tuple(out)
 
 

@@ -105,6 +105,9 @@ class KernelRecord:
     # more tensors (a broadcast product pays more per call than a copy).
     loops_per_call: int = 0
     binary: bool = False
+    # Reductions: how many of the `count` calls have no contiguous inner dim, which ATen's
+    # CPU reduce runs element by element (`ir.kernel_recorder.reduction_unvectorized`).
+    strided_calls: int = 0
 
     @property
     def excess_key(self) -> str:

@@ -216,3 +216,39 @@ def test_loops_pay_per_2d_call_where_both_copy_probes_were_measured():
     copies_only = KernelCalibration(measured_on="made up", memory_kernels=tuple(
         p for p in cal.memory_kernels if p.kernel != "broadcast_binary"))
     assert memory_s(mul, copies_only) == pytest.approx(1.32096e-6 + 2048 * 3e-9 + 512 * 4e-9)
+
+
+def test_a_sum_with_no_contiguous_dim_takes_the_strided_reduction_probe():
+    """repeat_kv's backward sums over n_rep of a (16, 32, 4, 2, 8) gradient, twice: k's
+    with strides (2048, 8, 512, 256, 1) (d contiguous: the output's last kept dim, ATen's
+    vectorised outer reduction) and v's with (2048, 1, 512, 256, 32) (no contiguous dim:
+    element by element; 42 vs 52 us alone here): one record of 2 calls, 1 strided (the
+    layout splits no record: GPU sums stay as they were). A row sum and a bias gradient's
+    sum over the tokens are vectorised. Priced per call: 192 KiB at 50 GB/s and 16384
+    loops at short_reduction's 1.5 ns, or for the strided share strided_reduction's 2.5
+    (each made that much slower per loop than the sum point): 2 x (3.9322 us + 16384 x
+    (1.5 + 2.5) / 2 ns); without strided_reduction short_reduction's, as before."""
+    strided = lambda strides: torch.empty_strided((16, 32, 4, 2, 8), strides,  # noqa: E731
+                                                  device="meta")
+    rec = KernelRecorder(weight_keys=set())
+    out = meta(16, 32, 4, 1, 8)
+    for strides in ((2048, 8, 512, 256, 1), (2048, 1, 512, 256, 32)):
+        rec.record(torch.ops.aten.sum.dim_IntList, (strided(strides), [3], True), {}, out)
+    x = meta(16, 32, 64)
+    rec.record(torch.ops.aten.sum.dim_IntList, (x, [-1], True), {}, meta(16, 32, 1))
+    rec.record(torch.ops.aten.sum.dim_IntList, (x, [0, 1], True), {}, meta(1, 1, 64))
+    assert [(r.count, r.strided_calls) for r in rec.records()] == [(2, 1), (1, 0), (1, 0)]
+    probe_bytes = MiB + MiB // 2
+    sum_s = probe_bytes / (50 * GB)
+    gbps = lambda per_loop_s: probe_bytes / (sum_s + 131072 * per_loop_s) / GB  # noqa: E731
+    sums = (MemoryKernelPoint("sum", "float32", 256 * KiB, 50.0),
+            MemoryKernelPoint("short_reduction", "float32", probe_bytes, gbps(1.5e-9)),
+            MemoryKernelPoint("strided_reduction", "float32", probe_bytes, gbps(2.5e-9)))
+    repeat_kv_sums = rec.records()[0]
+    bytes_s = 192 * KiB / (50 * GB)
+    cal = short_run_cal(3.5e-9, points=sums)
+    assert memory_s(repeat_kv_sums, cal, backward=True) == pytest.approx(
+        2 * (bytes_s + 16384 * 2.0e-9))
+    before = short_run_cal(3.5e-9, points=sums[:2])
+    assert memory_s(repeat_kv_sums, before, backward=True) == pytest.approx(
+        2 * (bytes_s + 16384 * 1.5e-9))
