@@ -114,6 +114,7 @@ def loop_seconds(r: KernelRecord, cal: KernelCalibration | None, dtype: str, nby
         return loops * per_loop_s
     per_loop_s, per_call_s, binary_call_s = fit
     scale = min(run, SHORT_RUN_PROBE_ELEMENTS) / SHORT_RUN_PROBE_ELEMENTS if run > 0 else 1.0
+    # per loop + per 2-D loop call (ATen TensorIteratorBase::serial_for_each), as probed
     return loops * per_loop_s * scale + loops / r.loops_per_call * (
         binary_call_s if r.binary else per_call_s)
 
