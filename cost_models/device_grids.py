@@ -41,7 +41,8 @@ BATCH_NORM_CHANNELS = 16
 # had no room for them at 64 MiB (11 kinds x 2 passes took 35 s of its 61 at load 11,
 # 2026-11-24); past it the last point's rate applies (`kernel_time.memory_gbps`).
 CPU_SMALL_ONLY_KINDS = ("softmax_backward", "masked_fill", "short_run", "layer_norm_backward",
-                        "broadcast_scalar", "short_reduction")
+                        "broadcast_scalar", "short_reduction", "short_outer",
+                        "broadcast_binary", "strided_reduction")
 CPU_SMALL_ONLY_MAX_BYTES = 4 * MiB
 # masked_fill's probe: a causal mask of this many positions, the zoo's sequence length
 # (gpt/llama/t5-tiny train at 32). Its cost per element grows with it on this CPU (one
@@ -60,6 +61,13 @@ SHORT_RUN_PROBE_ELEMENTS = 8
 # two such sums 37 and 50 alone.
 SHORT_REDUCTION_PROBE_ELEMENTS = 2
 SHORT_REDUCTION_KV_HEADS = 4
+# short_outer's probe: a copy in loops of SHORT_RUN_PROBE_ELEMENTS from a stride-0 middle
+# dim of this size, so each 2-D loop call runs this many loops (llama-tiny's repeat_kv
+# clone: n_rep = 2 query heads per key head; `cost_models.kernel_loops`).
+SHORT_OUTER_LOOPS_PER_CALL = 2
+# broadcast_binary's probe: x (n, this, SHORT_RUN_PROBE_ELEMENTS) times y (n, 1, ...), y
+# broadcast over the middle dim (llama-tiny's rotary k * cos: 4 key heads).
+BROADCAST_BINARY_LOOPS_PER_CALL = SHORT_REDUCTION_KV_HEADS
 # Per-row probes (`memory_probes.probe_row_seconds`): the same ROW_PROBE_BYTES of fp32
 # in rows of ROW_ELEMENTS and in short rows, per row-wise kind: softmax over the zoo's
 # attention scores (rows of MASK_SEQ_LEN), layer norm over the zoo's hidden size (64:

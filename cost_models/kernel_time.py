@@ -11,9 +11,8 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
                             without a table the roofline of its implicit GEMM
     t_roofline(attention) = FLOPs / measured SDPA rate of the backend dispatch picks
     t_roofline(memory)    = bytes / bandwidth of that kind of memory-bound kernel at its size
-                            (+ its inner loops x measured seconds per loop: copy/add/sum,
-                            a middle-dim reduction's at its own probe, a loop shorter
-                            than the copy probe's per element unless it transposes;
+                            (+ its inner loops x measured seconds per loop and per 2-D
+                            loop call: copy/add/sum, `cost_models.kernel_loops`;
                             + rows x measured seconds per row: softmax, layer norm)
     embedding backward    = table fill (a copy) + indices x measured seconds per index
                             + the rows' bytes (a scatter-add costs per index, not per byte)
@@ -49,15 +48,15 @@ from dataclasses import dataclass
 
 from ir.cluster import ClusterSpec
 from ir.kernel_calibration import KernelCalibration, SdpaPoint
-from ir.kernel_recorder import EMBEDDING_BAG_OPS, REDUCTION_OPS
+from ir.kernel_recorder import EMBEDDING_BAG_OPS
 from ir.kernel_records import (CONV_GRAD_BIAS, CONV_GRAD_INPUT, CONV_GRAD_WEIGHT, KernelKind,
                                KernelRecord, KernelRecords, conv_implicit_gemm)
 from ir.op_count import RANDOM_OPS
 from ir.strategy import Checkpoint
 
 from cost_models.common import GB, StepConfig, dtype_bytes
-from cost_models.device_grids import SHORT_REDUCTION_PROBE_ELEMENTS, SHORT_RUN_PROBE_ELEMENTS
 from cost_models.gemm_efficiency import gemm_shape_efficiency
+from cost_models.kernel_loops import SHORT_RUN_KINDS, loop_seconds, measured, memory_gbps
 from cost_models.item_probes import EMBEDDING_BAG_PROBE_DIM
 
 # Device seconds per kernel when the cluster carries no calibration: a GPU replays tiny
@@ -130,16 +129,6 @@ MEMORY_KERNEL_STAND_IN = {"softmax_backward": "softmax", "masked_fill": "add",
 ROW_COST_FIELD = {**dict.fromkeys(("_softmax", "_log_softmax", "_safe_softmax"),
                                   "softmax_row_s"),
                   "native_layer_norm": "layer_norm_row_s"}
-# A streaming op (copy, add, sum kinds) pays per innermost loop on top of its bytes: on
-# this CPU (one thread, 2026-11-24) inner loops of 8 elements streamed ~5x slower than
-# contiguous ones (a (16, 8, 32, 8) permuted clone 10.3 us, 128 KiB), loops of 32 within
-# 15% (a transpose(1, 2) clone of (16, 8, 32, 32): 10.9 us against 9.6, 1 MiB). Where the
-# calibration measured "short_run" (a copy in loops of `SHORT_RUN_PROBE_ELEMENTS`), each
-# loop costs what that probe paid per loop over a contiguous copy of the same bytes
-# (`_loop_seconds`: shorter loops, reductions).
-SHORT_RUN_KINDS = frozenset({"copy", "add", "sum"})
-
-
 @dataclass(frozen=True, slots=True)
 class KernelSeconds:
     """Seconds of one pass over some kernels, by kernel class. `launch_s` is what the
@@ -174,27 +163,6 @@ def launch_floor_s(cluster: ClusterSpec) -> float:
     if cal is not None and cal.launch_device_s > 0:
         return cal.launch_device_s
     return 0.0 if cluster.host_bound else DEFAULT_GPU_KERNEL_FLOOR_S
-
-
-def memory_gbps(cal: KernelCalibration | None, kernel: str, dtype: str, nbytes: float,
-                default_gbps: float) -> float:
-    """Bandwidth of a memory-bound kernel moving `nbytes`: the calibration's points for
-    that kernel (its dtype, else any), linear in log(bytes) between the two around it,
-    the end point beyond them; `default_gbps` without points."""
-    points = [] if cal is None else [p for p in cal.memory_kernels if p.kernel == kernel]
-    points = [p for p in points if p.dtype == dtype] or points
-    if not points:
-        return default_gbps
-    points = sorted(points, key=lambda p: p.nbytes)
-    if nbytes <= points[0].nbytes:
-        return points[0].gbps
-    for lo, hi in zip(points, points[1:]):
-        if nbytes <= hi.nbytes:
-            if hi.nbytes == lo.nbytes:
-                return max(lo.gbps, hi.gbps)
-            x = math.log(nbytes / lo.nbytes) / math.log(hi.nbytes / lo.nbytes)
-            return lo.gbps + x * (hi.gbps - lo.gbps)
-    return points[-1].gbps
 
 
 def nearest_sdpa(cal: KernelCalibration | None, batch_heads: int, q_len: int, kv_len: int,
@@ -290,8 +258,7 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
         kind = memory_kind(r, cal)
         loops = r.inner_loops * share * config.batch_scale  # rows or loops grow alike
         return _streaming_seconds(cluster, kind, dtype, nbytes) + (
-            loops * _loop_seconds(cal, dtype, nbytes, op,
-                                  0 if r.transposing else r.inner_run)
+            loop_seconds(r, cal, dtype, nbytes, loops)
             if kind in SHORT_RUN_KINDS and r.inner_loops > 1 else 0.0) + (
             loops * getattr(cal, ROW_COST_FIELD[op]) if op in ROW_COST_FIELD and cal else 0.0)
     return 0.0  # views: no kernel
@@ -336,47 +303,15 @@ def _conv_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
     return total_s
 
 
-def _measured(cal: KernelCalibration | None, kernel: str) -> bool:
-    return cal is not None and any(p.kernel == kernel for p in cal.memory_kernels)
-
-
 def memory_kind(r: KernelRecord, cal: KernelCalibration | None) -> str:
     """The calibration kind that prices a memory record: its op's kind, or a stand-in for
     a kind the calibration lacks."""
-    if r.unvectorized and _measured(cal, "broadcast_scalar"):
+    if r.unvectorized and measured(cal, "broadcast_scalar"):
         return "broadcast_scalar"  # ATen's CPU loop runs it element by element
     kind = MEMORY_KERNEL_OF_OP.get(r.op.split("::")[-1], "add")
-    while kind in MEMORY_KERNEL_STAND_IN and not _measured(cal, kind):
+    while kind in MEMORY_KERNEL_STAND_IN and not measured(cal, kind):
         kind = MEMORY_KERNEL_STAND_IN[kind]
     return kind
-
-
-def _loop_seconds(cal: KernelCalibration | None, dtype: str, nbytes: float, op: str = "",
-                  run: int = 0) -> float:
-    """Seconds one innermost loop of `run` elements (0: not known) of a streaming op costs
-    beyond its bytes. A reduction (REDUCTION_OPS) where "short_reduction" was measured:
-    that probe's seconds over a sum's for the same bytes, per probe loop. Otherwise the
-    "short_run" probe's seconds over a contiguous copy's, per loop (each moved element
-    read and written, `dtype` wide), times run / SHORT_RUN_PROBE_ELEMENTS for a shorter
-    loop: under ATen's vector step the loop is its scalar tail, paid per element (here,
-    one thread, 2026-11-25: llama-tiny's rotary neg and cat in loops of 4 ran 1.7 ns per
-    loop, the probe's loops of 8 3.5; a transposing copy's loops of 4, `run` 0 here, 3.0).
-    0 where not measured."""
-    if op in REDUCTION_OPS and _measured(cal, "short_reduction"):
-        probe, reference, probe_run = "short_reduction", "sum", SHORT_REDUCTION_PROBE_ELEMENTS
-        # (n, r, w) read, (n, w) written: one loop per written element
-        loops = nbytes / (dtype_bytes(dtype) * (probe_run + 1))
-        run = 0  # priced per loop as probed
-    elif _measured(cal, "short_run"):
-        probe, reference, probe_run = "short_run", "copy", SHORT_RUN_PROBE_ELEMENTS
-        run = 0 if op in REDUCTION_OPS else run  # reductions: per loop, as before
-        loops = nbytes / (2 * dtype_bytes(dtype) * probe_run)
-    else:
-        return 0.0
-    probe_gbps = memory_gbps(cal, probe, dtype, nbytes, 1.0)
-    reference_gbps = memory_gbps(cal, reference, dtype, nbytes, probe_gbps)
-    per_loop_s = max(0.0, nbytes / (probe_gbps * GB) - nbytes / (reference_gbps * GB)) / loops
-    return per_loop_s * (min(run, probe_run) / probe_run if run > 0 else 1.0)
 
 
 def _streaming_seconds(cluster: ClusterSpec, kernel: str, dtype: str, nbytes: float) -> float:

@@ -20,6 +20,13 @@ Beside the streaming kinds (copy, add), the kinds whose speed per byte differs o
   short_reduction   llama-tiny's repeat_kv backward: a sum over the n_rep dim of a
                     permuted gradient, loops of 2 strided (`device_grids`: ~2.3 ns per
                     loop here where short_run's copy loops of 8 cost ~3.5);
+  short_outer       a copy in loops of 8 from a stride-0 middle dim of 2: 2 loops per 2-D
+                    loop call (llama-tiny's repeat_kv clone), where short_run runs 8;
+  broadcast_binary  x (n, 4, 8) times y (n, 1, 8): a product broadcast over a middle dim
+                    (rotary's k * cos); both priced by `cost_models.kernel_loops`;
+  strided_reduction the same sum from v's gradient, laid out (b, kv, n_rep, d, s): no
+                    dim contiguous, ATen's reduce runs it element by element (52 us where
+                    short_reduction's layout took 42, `reduction_unvectorized`);
   broadcast_scalar  a scalar times a column expanded along the rows (stride 0 innermost),
                     as a mean's backward divides: not vectorised, ~3.5x an add per byte
                     (`ir.kernel_recorder.scalar_over_broadcast` marks such records).
@@ -40,12 +47,12 @@ from __future__ import annotations
 from ir.errors import PlannerError
 from ir.kernel_calibration import MemoryKernelPoint
 
-from cost_models.device_grids import (BATCH_NORM_CHANNELS, CPU_SMALL_ONLY_KINDS,
+from cost_models.device_grids import (BATCH_NORM_CHANNELS, BROADCAST_BINARY_LOOPS_PER_CALL, CPU_SMALL_ONLY_KINDS,
                                       CPU_SMALL_ONLY_MAX_BYTES, MASK_SEQ_LEN, MiB,
                                       ROW_ELEMENTS, ROW_PROBE_BYTES, SHORT_ROW_ELEMENTS,
                                       SHORT_REDUCTION_KV_HEADS,
                                       SHORT_REDUCTION_PROBE_ELEMENTS,
-                                      SHORT_RUN_PROBE_ELEMENTS)
+                                      SHORT_OUTER_LOOPS_PER_CALL, SHORT_RUN_PROBE_ELEMENTS)
 
 # The backward's weight and bias gradients sum over the rows per column: a cost per column
 # that rows of ROW_ELEMENTS pay at any size (here, one thread, 2026-11-24: 10.8 us for 32
@@ -105,10 +112,23 @@ def _memory_kernel(name: str, x, y, out):
         r = SHORT_RUN_PROBE_ELEMENTS
         source, target = x.view(-1, r, r).transpose(1, 2), out.view(-1, r, r)
         return lambda: target.copy_(source), 2 * x.numel() * e
+    if name == "short_outer":  # out = x's (n, 1, r) rows repeated o times: o loops per call
+        o, r = SHORT_OUTER_LOOPS_PER_CALL, SHORT_RUN_PROBE_ELEMENTS
+        source, target = x.view(-1, o, r)[:, :1].expand(-1, o, r), out.view(-1, o, r)
+        return lambda: target.copy_(source), 2 * x.numel() * e
+    if name == "broadcast_binary":  # x (n, o, r) times y (n, 1, r): reads both, writes out
+        o, r = BROADCAST_BINARY_LOOPS_PER_CALL, SHORT_RUN_PROBE_ELEMENTS
+        xs, ys, target = x.view(-1, o, r), y.view(-1, o, r)[:, :1], out.view(-1, o, r)
+        return lambda: torch.mul(xs, ys, out=target), (2 * x.numel() + x.numel() // o) * e
     if name == "short_reduction":  # (b, k, r, s, d) memory summed over r: one loop per output
         r, k, s, w = (SHORT_REDUCTION_PROBE_ELEMENTS, SHORT_REDUCTION_KV_HEADS, MASK_SEQ_LEN,
                       SHORT_RUN_PROBE_ELEMENTS)
         grad = x.view(-1, k, r, s, w).permute(0, 3, 1, 2, 4)  # read as (b, s, k, r, d)
+        return lambda: grad.sum(dim=3, keepdim=True), x.numel() * e + x.numel() // r * e
+    if name == "strided_reduction":  # the same from (b, k, r, d, s) memory: d strided
+        r, k, s, w = (SHORT_REDUCTION_PROBE_ELEMENTS, SHORT_REDUCTION_KV_HEADS, MASK_SEQ_LEN,
+                      SHORT_RUN_PROBE_ELEMENTS)
+        grad = x.view(-1, k, r, w, s).permute(0, 4, 1, 2, 3)  # read as (b, s, k, r, d)
         return lambda: grad.sum(dim=3, keepdim=True), x.numel() * e + x.numel() // r * e
     if name.startswith("batch_norm"):  # training mode over (rows, channels, positions)
         images = x.view(rows, BATCH_NORM_CHANNELS, ROW_ELEMENTS // BATCH_NORM_CHANNELS)
@@ -128,7 +148,8 @@ def _memory_kernel(name: str, x, y, out):
 # The op each probe kind's call dispatches whose per-call host excess the host model
 # charges (`host_excess.HOST_EXCESS_OPS`); other kinds are charged plain dispatch only.
 EXCESS_OP_OF_KIND = {"gelu": "aten::gelu", "sum": "aten::sum",
-                     "short_reduction": "aten::sum", "layer_norm": "aten::native_layer_norm",
+                     "short_reduction": "aten::sum", "strided_reduction": "aten::sum",
+                     "layer_norm": "aten::native_layer_norm",
                      "layer_norm_backward": "aten::native_layer_norm_backward"}
 
 

@@ -35,7 +35,11 @@ MEMORY_KERNELS = ("copy", "add", "gelu", "sum", "softmax", "layer_norm", "batch_
                   "batch_norm_backward", "softmax_backward", "masked_fill", "short_run",
                   "layer_norm_backward", "broadcast_scalar",
                   # kdev2 (issue 17): a sum over a middle dim in short strided loops
-                  "short_reduction")
+                  "short_reduction",
+                  # kdev3 (issue 17): few loops per 2-D loop call, a copy and a product
+                  "short_outer", "broadcast_binary",
+                  # kdev3: the same middle-dim sum with no contiguous dim (unvectorised)
+                  "strided_reduction")
 # SDPA backends as torch.nn.attention.SDPBackend names them, lower case, plus "default"
 # (whatever torch's dispatcher picks with no backend forced).
 SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "math", "default")

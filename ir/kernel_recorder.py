@@ -37,8 +37,9 @@ from ir.checkpoint_policy import op_name, saved_under_selective
 from ir.kernel_records import (CONV_GRAD_BIAS, CONV_GRAD_INPUT, CONV_GRAD_WEIGHT, KernelKind,
                                KernelRecord)
 from ir.saved_tensors import storage_key, tensor_leaves
-from ir.tensor_iteration import (broadcast_strides, iteration_order, trailing_run,
-                                 walks_out_of_order)
+from ir.tensor_iteration import (broadcast_strides, elementwise_strides, iteration_order,
+                                 trailing_run, walks_out_of_order)
+from ir.tensor_iteration import loops_per_call as tensor_loops_per_call
 
 # ATen matmuls (cuBLAS GEMM kernels); `linear` and `matmul` decompose into these before
 # they reach a dispatch mode.
@@ -202,6 +203,22 @@ def _reduction_loops(args, x: torch.Tensor) -> tuple[int, int]:
     return run, max(1, math.prod(shape) // max(1, run))
 
 
+def reduction_unvectorized(args, x: torch.Tensor) -> bool:
+    """Whether ATen's CPU reduce runs a reduction of `x` element by element: neither an
+    inner reduction (the innermost reduced dim contiguous) nor an outer one (the kept dim
+    TensorIterator puts innermost, the output's last, contiguous in `x`): `is_inner_
+    reduction` / `is_outer_reduction` in aten/src/ATen/native/cpu/Reduce.h. llama-tiny's
+    repeat_kv backward sums a (16, 32, 4, 2, 8) gradient over n_rep twice: with d at
+    stride 1 (vectorised, 42 us alone here) and at stride 32 (v's, 52 us)."""
+    shape = tuple(int(d) for d in x.shape)
+    reduced = _reduced_dims(args, shape)
+    live = [d for d in range(len(shape)) if shape[d] != 1]
+    kept = [d for d in live if d not in reduced]
+    inner_reduced = min((d for d in live if d in reduced), key=x.stride, default=None)
+    return not ((inner_reduced is not None and x.stride(inner_reduced) == 1)
+                or (kept and x.stride(kept[-1]) == 1))
+
+
 def inner_loops(name: str, args, inputs: list[torch.Tensor],
                 outputs: list[torch.Tensor]) -> tuple[int, int]:
     """(elements per innermost loop, loops) of a memory-bound op; (0, 0) where not known.
@@ -225,7 +242,7 @@ def inner_loops(name: str, args, inputs: list[torch.Tensor],
             return 0, 0
         runs = [math.prod(t.shape[dim % max(1, t.dim()):]) for t in sources]
         return min(runs), sum(t.numel() // run for t, run in zip(sources, runs))
-    operands = _elementwise_strides(inputs, outputs)
+    operands = elementwise_strides(inputs, outputs)
     if operands is None:
         return 0, 0
     shape, strides = operands
@@ -235,15 +252,12 @@ def inner_loops(name: str, args, inputs: list[torch.Tensor],
     return run, math.prod(shape) // run
 
 
-def _elementwise_strides(inputs: list[torch.Tensor], outputs: list[torch.Tensor]):
-    """(iteration shape, each operand's strides read as it, outputs first as ATen orders
-    them) of an elementwise op; None where an operand does not broadcast to it."""
-    tensors = [t for t in outputs + inputs if t.numel() > 1]
-    if not tensors or not outputs:
-        return None
-    shape = tuple(max(tensors, key=lambda t: t.numel()).shape)
-    strides = [broadcast_strides(t, shape) for t in tensors]
-    return None if any(s is None for s in strides) else (shape, strides)
+def loops_per_call(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
+    """Inner loops per 2-D loop call of an elementwise op (`tensor_iteration
+    .loops_per_call`: llama-tiny's repeat_kv clone, (16, 32, 4, 2, 8) from a stride-0
+    n_rep dim, runs 2 loops of 8 per call); 0 where not known (not elementwise)."""
+    operands = None if name in NOT_ELEMENTWISE_OPS else elementwise_strides(inputs, outputs)
+    return 0 if operands is None else tensor_loops_per_call(*operands)
 
 
 def transposing(name: str, args, inputs: list[torch.Tensor],
@@ -258,7 +272,7 @@ def transposing(name: str, args, inputs: list[torch.Tensor],
             for t in (inputs if name == "cat" else inputs[:1]) if t.numel() > 1)
     if name in NOT_ELEMENTWISE_OPS:
         return False
-    operands = _elementwise_strides(inputs, outputs)
+    operands = elementwise_strides(inputs, outputs)
     return operands is not None and walks_out_of_order(*operands)
 
 
@@ -319,9 +333,10 @@ class KernelRecorder:
         key = (record.op, record.kind, record.dtype, record.shape, record.flops,
                record.weight_bytes, record.activation_bytes, record.causal,
                record.inner_loops, record.variant, record.unvectorized, record.inner_run,
-               record.transposing)
-        entry = self._counts.setdefault(key, [record, 0])
+               record.transposing, record.loops_per_call, record.binary)
+        entry = self._counts.setdefault(key, [record, 0, 0])
         entry[1] += record.count
+        entry[2] += record.strided_calls  # not in the key: a layout splits no record
 
     def record(self, func, args, kwargs, out) -> None:
         if self.skip_now():
@@ -361,7 +376,13 @@ class KernelRecorder:
                               approximation(name, args, kwargs),
                               memory and name not in NOT_ELEMENTWISE_OPS
                               and scalar_over_broadcast(args, inputs, outputs), run,
-                              memory and transposing(name, args, inputs, outputs)))
+                              memory and transposing(name, args, inputs, outputs),
+                              loops_per_call(name, inputs, outputs) if memory else 0,
+                              memory and name not in NOT_ELEMENTWISE_OPS
+                              and sum(t.numel() > 1 for t in inputs) >= 2,
+                              int(memory and name in REDUCTION_OPS and bool(inputs)
+                                  and inputs[0].dim() > 0
+                                  and reduction_unvectorized(args, inputs[0]))))
 
     def _is_weight_gradient(self, name: str, t: torch.Tensor) -> bool:
         """A backward output that does not grow with the micro-batch: an embedding's dense
@@ -378,8 +399,8 @@ class KernelRecorder:
 
     def records(self) -> tuple[KernelRecord, ...]:
         out = []
-        for record, count in self._counts.values():
-            out.append(dataclasses.replace(record, count=count))
+        for record, count, strided_calls in self._counts.values():
+            out.append(dataclasses.replace(record, count=count, strided_calls=strided_calls))
         return tuple(out)
 
 

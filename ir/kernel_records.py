@@ -100,6 +100,14 @@ class KernelRecord:
     # Memory kernels: an operand walks memory out of the iteration's order (a permuted
     # source copied into a contiguous output: `ir.kernel_recorder.transposing`).
     transposing: bool = False
+    # Memory kernels: inner loops per 2-D loop call of an elementwise op (the CPU pays per
+    # call: `ir.kernel_recorder.loops_per_call`); 0 unknown. `binary`: it reads two or
+    # more tensors (a broadcast product pays more per call than a copy).
+    loops_per_call: int = 0
+    binary: bool = False
+    # Reductions: how many of the `count` calls have no contiguous inner dim, which ATen's
+    # CPU reduce runs element by element (`ir.kernel_recorder.reduction_unvectorized`).
+    strided_calls: int = 0
 
     @property
     def excess_key(self) -> str:

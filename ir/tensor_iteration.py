@@ -12,19 +12,29 @@ from __future__ import annotations
 import torch
 
 
-def trailing_run(shape: tuple[int, ...], strides_by_operand: list[tuple[int, ...]]) -> int:
-    """Elements of the innermost loop over `shape`: trailing dims (size-1 dims skipped)
-    merged while every operand's stride continues the dim inside it (TensorIterator's
-    coalescing, aten/src/ATen/TensorIterator.cpp `coalesce_dimensions`)."""
+def coalesced_sizes(shape: tuple[int, ...],
+                    strides_by_operand: list[tuple[int, ...]]) -> list[int]:
+    """Sizes of the loop nest over `shape` (dims outermost first), innermost first:
+    size-1 dims skipped, a dim merged into the one inside it while every operand's stride
+    continues it (TensorIterator's coalescing, aten/src/ATen/TensorIterator.cpp
+    `coalesce_dimensions`). The CPU runs the first two as one 2-D loop call
+    (`TensorIteratorBase::serial_for_each`): [inner run, inner loops per call, ...]."""
     dims = [d for d in range(len(shape)) if shape[d] != 1]
     if not dims:
-        return 1
-    run, inner = shape[dims[-1]], dims[-1]
+        return [1]
+    sizes, inner = [shape[dims[-1]]], dims[-1]
     for d in reversed(dims[:-1]):
-        if any(strides[d] != strides[inner] * shape[inner] for strides in strides_by_operand):
-            break
-        run, inner = run * shape[d], d
-    return run
+        if all(strides[d] == strides[inner] * shape[inner] for strides in strides_by_operand):
+            sizes[-1] *= shape[d]
+        else:
+            sizes.append(shape[d])
+        inner = d
+    return sizes
+
+
+def trailing_run(shape: tuple[int, ...], strides_by_operand: list[tuple[int, ...]]) -> int:
+    """Elements of the innermost loop over `shape` (`coalesced_sizes`' first)."""
+    return coalesced_sizes(shape, strides_by_operand)[0]
 
 
 def broadcast_strides(t: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -81,3 +91,24 @@ def walks_out_of_order(shape: tuple[int, ...], strides_by_operand: list[tuple[in
         if any(outer < inner for outer, inner in zip(walked, walked[1:])):
             return True
     return False
+
+
+def elementwise_strides(inputs: list[torch.Tensor], outputs: list[torch.Tensor]):
+    """(iteration shape, each operand's strides read as it, outputs first as ATen orders
+    them) of an elementwise op; None where an operand does not broadcast to it."""
+    tensors = [t for t in outputs + inputs if t.numel() > 1]
+    if not tensors or not outputs:
+        return None
+    shape = tuple(max(tensors, key=lambda t: t.numel()).shape)
+    strides = [broadcast_strides(t, shape) for t in tensors]
+    return None if any(s is None for s in strides) else (shape, strides)
+
+
+def loops_per_call(shape: tuple[int, ...], strides_by_operand: list[tuple[int, ...]]) -> int:
+    """Inner loops one 2-D loop call runs over `shape` in TensorIterator's order
+    (`coalesced_sizes`' second; 1 where the iteration is one loop). The CPU pays per call
+    as well as per loop (`cost_models.kernel_loops`)."""
+    order = iteration_order(len(shape), strides_by_operand)
+    sizes = coalesced_sizes(tuple(shape[d] for d in order),
+                            [tuple(s[d] for d in order) for s in strides_by_operand])
+    return sizes[1] if len(sizes) > 1 else 1

@@ -149,3 +149,106 @@ def test_a_transposing_copy_pays_the_probes_full_loop_price():
                      transposing=True)
     assert memory_s(r, cal, backward=True) == pytest.approx(
         192 * KiB / (100 * GB) + 4096 * 3.5e-9)
+
+
+def test_the_recorder_notes_loops_per_2d_call():
+    """llama-tiny's repeat_kv clone: (16, 32, 4, 1, 8) expanded to n_rep = 2, copied into
+    a contiguous (16, 32, 4, 2, 8). Coalesced from the inside: d (8); n_rep, stride 0 in
+    the source, starts a dim (2); kv heads, stride 8 in the source against 0 x 2, another
+    (4); s and b merge onto it (source 32 = 8 x 4, 1024 = 32 x 32; output likewise): 512.
+    So 4096 loops of 8, 2 per 2-D call. Rotary's k * cos, k (16, 32, 4, 8) and cos
+    (1, 32, 1, 8): d (8), heads (4: cos stride 0), s (32: cos 8 against 0), b (16): 4
+    loops per call, a binary op. A contiguous neg: one loop, 1 per call."""
+    from ir.tensor_iteration import coalesced_sizes
+
+    rec = KernelRecorder(weight_keys=set())
+    src = meta(16, 32, 4, 1, 8).expand(16, 32, 4, 2, 8)
+    rec.record(torch.ops.aten.clone.default, (src,), {}, meta(16, 32, 4, 2, 8))
+    k, cos = meta(16, 32, 4, 8), meta(1, 32, 1, 8)
+    rec.record(torch.ops.aten.mul.Tensor, (k, cos), {}, meta(16, 32, 4, 8))
+    x = meta(16, 32, 64)
+    rec.record(torch.ops.aten.neg.default, (x,), {}, meta(16, 32, 64))
+    clone, mul, neg = rec.records()
+    assert (clone.inner_run, clone.inner_loops, clone.loops_per_call, clone.binary) == \
+        (8, 4096, 2, False)
+    assert (mul.inner_run, mul.inner_loops, mul.loops_per_call, mul.binary) == (8, 2048, 4, True)
+    assert (neg.inner_loops, neg.loops_per_call, neg.binary) == (1, 1, False)
+    assert coalesced_sizes((16, 32, 4, 8), [(1024, 32, 8, 1), (1024, 32, 8, 1),
+                                            (0, 8, 0, 1)]) == [8, 4, 32, 16]
+
+
+def two_level_cal(**extra) -> KernelCalibration:
+    """short_run 3.5 ns per loop at 8 loops per call (`short_run_cal`); short_outer 5.0 ns
+    per loop at 2 per call: 1 MiB / (2 x 4 x 8) = 16384 loops over the copy's 10.486 us;
+    broadcast_binary 5.5 ns per loop over the add at 4 per call: 1 MiB moved as x, out and
+    a quarter of x, 1 MiB / ((2 + 1/4) x 4 x 8) = 14563.6 loops."""
+    copy_s = MiB / (100 * GB)
+    outer_gbps = MiB / (copy_s + MiB / (2 * 4 * 8) * 5.0e-9) / GB
+    binary_gbps = MiB / (copy_s + MiB / (2.25 * 4 * 8) * 5.5e-9) / GB
+    points = (MemoryKernelPoint("short_outer", "float32", MiB, outer_gbps),
+              MemoryKernelPoint("broadcast_binary", "float32", MiB, binary_gbps))
+    return short_run_cal(3.5e-9, points=points + tuple(extra.get("points", ())))
+
+
+def test_loops_pay_per_2d_call_where_both_copy_probes_were_measured():
+    """Per loop p(o) = l + c / o: 3.5 ns at o = 8, 5.0 at o = 2, so c = 1.5 / (1/2 - 1/8)
+    = 4 ns per call and l = 3.5 - 4/8 = 3 ns per loop; broadcast_binary's 5.5 ns at o = 4
+    gives a binary call (5.5 - 3) x 4 = 10 ns. repeat_kv's clone (256 KiB, 4096 loops of
+    8, 2 per call): 2.6214 us of bytes + 4096 x 3 ns + 2048 x 4 ns = 22.9934 us (was
+    2.6214 + 4096 x 3.5 ns = 16.9574). k * cos (132096 bytes, 2048 loops, 4 per call):
+    1.32096 us + 2048 x 3 ns + 512 x 10 ns = 12.56896 us. A kit without short_outer, or
+    a record without loops per call (0), prices as before."""
+    cal = two_level_cal()
+    clone = KernelRecord("aten::clone", KernelKind.MEMORY, "float32", (16, 32, 4, 2, 8), 1,
+                         activation_bytes=256 * KiB, inner_loops=4096, inner_run=8,
+                         loops_per_call=2)
+    assert memory_s(clone, cal) == pytest.approx(2.62144e-6 + 4096 * 3e-9 + 2048 * 4e-9)
+    mul = KernelRecord("aten::mul", KernelKind.MEMORY, "float32", (16, 32, 4, 8), 1,
+                       activation_bytes=132096, inner_loops=2048, inner_run=8,
+                       loops_per_call=4, binary=True)
+    assert memory_s(mul, cal) == pytest.approx(1.32096e-6 + 2048 * 3e-9 + 512 * 10e-9)
+    before = 2.62144e-6 + 4096 * 3.5e-9
+    assert memory_s(clone, short_run_cal(3.5e-9)) == pytest.approx(before)
+    unknown = KernelRecord("aten::clone", KernelKind.MEMORY, "float32", (16, 32, 4, 2, 8), 1,
+                           activation_bytes=256 * KiB, inner_loops=4096, inner_run=8)
+    assert memory_s(unknown, cal) == pytest.approx(before)
+    # without broadcast_binary a binary call costs a copy's: 2048 x 3 ns + 512 x 4 ns
+    copies_only = KernelCalibration(measured_on="made up", memory_kernels=tuple(
+        p for p in cal.memory_kernels if p.kernel != "broadcast_binary"))
+    assert memory_s(mul, copies_only) == pytest.approx(1.32096e-6 + 2048 * 3e-9 + 512 * 4e-9)
+
+
+def test_a_sum_with_no_contiguous_dim_takes_the_strided_reduction_probe():
+    """repeat_kv's backward sums over n_rep of a (16, 32, 4, 2, 8) gradient, twice: k's
+    with strides (2048, 8, 512, 256, 1) (d contiguous: the output's last kept dim, ATen's
+    vectorised outer reduction) and v's with (2048, 1, 512, 256, 32) (no contiguous dim:
+    element by element; 42 vs 52 us alone here): one record of 2 calls, 1 strided (the
+    layout splits no record: GPU sums stay as they were). A row sum and a bias gradient's
+    sum over the tokens are vectorised. Priced per call: 192 KiB at 50 GB/s and 16384
+    loops at short_reduction's 1.5 ns, or for the strided share strided_reduction's 2.5
+    (each made that much slower per loop than the sum point): 2 x (3.9322 us + 16384 x
+    (1.5 + 2.5) / 2 ns); without strided_reduction short_reduction's, as before."""
+    strided = lambda strides: torch.empty_strided((16, 32, 4, 2, 8), strides,  # noqa: E731
+                                                  device="meta")
+    rec = KernelRecorder(weight_keys=set())
+    out = meta(16, 32, 4, 1, 8)
+    for strides in ((2048, 8, 512, 256, 1), (2048, 1, 512, 256, 32)):
+        rec.record(torch.ops.aten.sum.dim_IntList, (strided(strides), [3], True), {}, out)
+    x = meta(16, 32, 64)
+    rec.record(torch.ops.aten.sum.dim_IntList, (x, [-1], True), {}, meta(16, 32, 1))
+    rec.record(torch.ops.aten.sum.dim_IntList, (x, [0, 1], True), {}, meta(1, 1, 64))
+    assert [(r.count, r.strided_calls) for r in rec.records()] == [(2, 1), (1, 0), (1, 0)]
+    probe_bytes = MiB + MiB // 2
+    sum_s = probe_bytes / (50 * GB)
+    gbps = lambda per_loop_s: probe_bytes / (sum_s + 131072 * per_loop_s) / GB  # noqa: E731
+    sums = (MemoryKernelPoint("sum", "float32", 256 * KiB, 50.0),
+            MemoryKernelPoint("short_reduction", "float32", probe_bytes, gbps(1.5e-9)),
+            MemoryKernelPoint("strided_reduction", "float32", probe_bytes, gbps(2.5e-9)))
+    repeat_kv_sums = rec.records()[0]
+    bytes_s = 192 * KiB / (50 * GB)
+    cal = short_run_cal(3.5e-9, points=sums)
+    assert memory_s(repeat_kv_sums, cal, backward=True) == pytest.approx(
+        2 * (bytes_s + 16384 * 2.0e-9))
+    before = short_run_cal(3.5e-9, points=sums[:2])
+    assert memory_s(repeat_kv_sums, before, backward=True) == pytest.approx(
+        2 * (bytes_s + 16384 * 1.5e-9))
