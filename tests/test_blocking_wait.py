@@ -4,7 +4,8 @@ bounds (generous margins: the test machine is shared and loaded)."""
 from __future__ import annotations
 
 from cost_models.clusters import measure_copy_gbps
-from cost_models.collective_probes import BLOCKING_PROBE_SIZES, blocking_seconds
+from cost_models.collective_probes import (BLOCKING_PROBE_SIZES, DTENSOR_REDISTRIBUTIONS,
+                                          blocking_seconds, dtensor_blocking_seconds)
 from cost_models.comm import Link, ring_all_reduce_s
 from cost_models.host_overhead_fit import blocking_wait
 from ir.cluster import COLLECTIVES, CollectiveFit, collective_ceiling_bytes_per_s
@@ -34,6 +35,32 @@ def test_a_two_rank_gloo_wait_is_a_non_negative_line_within_physical_bounds():
     # ceiling with no latency, so what is left is the wait plus the real wire time.
     ceiling = collective_ceiling_bytes_per_s(measure_copy_gbps())
     fastest = {(c, 2): CollectiveFit(c, "intra_node", 0.0, ceiling, 2) for c in COLLECTIVES}
+    (large_s,) = [s for n, s in readings["all_reduce"] if n == large]
+    assert large_s >= ring_all_reduce_s(large, 2, Link(0.0, ceiling, False))
+    for wait in blocking_wait({2: readings}, fastest):
+        assert 0.0 <= wait.seconds <= LONGEST_WAIT_S, wait
+        assert 0.0 <= wait.seconds_per_byte <= 1 / SLOWEST_WAIT_BYTES_PER_S, wait
+
+
+def _dtensor_probe(rank: int, world_size: int, payload) -> dict:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return dtensor_blocking_seconds(dist, init_device_mesh("cpu", (world_size,)))
+
+
+def test_the_dtensor_form_wait_is_read_for_tp_collectives_within_physical_bounds():
+    """The probe reads TP's three collectives in DTensor's form at both sizes, and each
+    fits a non-negative line within the same bounds as the plain call's; at 1 MiB the
+    call cannot beat a copy of its message either."""
+    readings = spawn(_dtensor_probe, 2, timeout_s=300)[0]
+    small, large = BLOCKING_PROBE_SIZES
+    assert set(readings) == set(DTENSOR_REDISTRIBUTIONS) == {"all_reduce", "all_gather",
+                                                             "reduce_scatter"}
+    ceiling = collective_ceiling_bytes_per_s(measure_copy_gbps())
+    fastest = {(c, 2): CollectiveFit(c, "intra_node", 0.0, ceiling, 2) for c in COLLECTIVES}
+    for collective, rows in readings.items():
+        assert [n for n, _ in rows] == [small, large], collective
     (large_s,) = [s for n, s in readings["all_reduce"] if n == large]
     assert large_s >= ring_all_reduce_s(large, 2, Link(0.0, ceiling, False))
     for wait in blocking_wait({2: readings}, fastest):
