@@ -438,7 +438,7 @@ def _blocking_waits(tables: dict[str, dict[str, float]], field: str
     rows = []
     for key, s in seconds.items():
         collective, size = _split_key(key)
-        if size is None or not size.isdigit():
+        if size is None or not size.isdigit() or collective not in COLLECTIVES:
             raise _wait_key_error(key, field)
         rows.append(BlockingWait(collective, int(size), s, per_byte.get(key, 0.0)))
     extra = sorted(set(per_byte) - set(seconds))

@@ -37,6 +37,7 @@ from cost_models.estimate import estimate
 from cost_models.model_states import bytes_per_param
 from ir.calibration_tables import BlockingWait, CalibrationTables, TpModuleOverhead
 from ir.cluster import ClusterSpec, CollectiveFit
+from ir.errors import PlannerError
 from ir.plan import uniform_plan
 from ir.strategy import LayerStrategy, Precision
 from planner.models import load_layer_graph
@@ -253,3 +254,12 @@ def test_a_spec_without_dtensor_form_waits_prices_tp_as_before(graph, tmp_path):
     loaded = ClusterSpec.load(str(path)).calibration
     assert loaded.tp_blocking_waits == dtensor_spec().calibration.tp_blocking_waits
     assert loaded.tp_blocking_wait_seconds("all_reduce", 2, 2**20) == pytest.approx(4 * MS)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"tp_blocking_wait_s": {"allreduce@2": 1e-3}}, "tp_blocking_wait_s key 'allreduce@2'"),
+    ({"tp_blocking_wait_s_per_byte": {"all_reduce@2": 1e-9}},
+     "tp_blocking_wait_s_per_byte key 'all_reduce@2' has no tp_blocking_wait_s entry")])
+def test_a_bad_dtensor_form_wait_is_refused_naming_its_field(fields, message):
+    with pytest.raises(PlannerError, match=message):
+        ClusterSpec.from_dict({**spec().to_dict(), **fields})
