@@ -180,9 +180,10 @@ def _compute_reps(dist, compute, loop) -> int:
 # TP's collectives as DTensor issues them: a funcol collective and `wait_tensor` under a
 # redistribution (RowwiseParallel's output and ColwiseParallel's input gradient:
 # Partial -> Replicate; sequence parallelism's Shard(0) -> Replicate and Partial ->
-# Shard(0)). 2 gloo ranks after 0.5 ms of compute (issue 17, load 5, 9 runs) read
-# DTensor's all-reduce 0.85-3.5x the plain `dist.all_reduce` (median 1.3 at 32 KiB,
-# 1.6 at 1 MiB), 0.2-0.45 ms of it more CPU on the calling thread.
+# Shard(0)). 2 gloo ranks after 0.5 ms of compute (issue 17, load 5, 12 runs of
+# `bench_blocking_wait.py --forms`) read DTensor's all-reduce 0.7-4.0x the plain
+# `dist.all_reduce` (median 1.4 at 32 KiB, 1.65 at 1 MiB; funcol + wait_tensor alone
+# 1.3), 0.15-0.45 ms of it more CPU on the calling thread.
 DTENSOR_REDISTRIBUTIONS = {"all_reduce": ("Partial", "Replicate"),
                            "all_gather": ("Shard", "Replicate"),
                            "reduce_scatter": ("Partial", "Shard")}
@@ -211,8 +212,9 @@ def dtensor_blocking_seconds(dist, mesh) -> dict[str, list[tuple[int, float]]]:
             for name, (src, dst) in DTENSOR_REDISTRIBUTIONS.items():
                 local = full[:full.numel() // n] if src == "Shard" else full
                 source = DTensor.from_local(local, mesh, [placement[src]], run_check=False)
-                forms = {"plain": plain[name],
-                         "dtensor": lambda: source.redistribute(mesh, [placement[dst]])}
+                forms = {"dtensor": lambda: source.redistribute(mesh, [placement[dst]])}
+                if nbytes == BLOCKING_PROBE_SIZES[0]:  # its CPU time, at the small size only
+                    forms["plain"] = plain[name]
                 for form, op in forms.items():
                     op()
                     pairs = [(loop(reps, None), loop(reps, op))
