@@ -22,7 +22,7 @@ without, median of FORMS_ROUNDS pairs): `dist.all_reduce` (what DP and the plain
 probe issue), funcol `all_reduce` + `wait_tensor`, and DTensor's Partial -> Replicate
 redistribution (what TP issues); wall and calling-thread CPU per call, and the forms'
 ratios to the plain call. Check: DTensor's form costs the calling thread more CPU than
-the plain call (what `collective_probes.dtensor_blocking_seconds` leaves to the TP
+the plain call (what `collective_probes.dtensor_extra_seconds` leaves to the TP
 module probe is not negative). Writes bench/results/blocking_wait_forms.json.
 
 Prints a table, writes bench/results/blocking_wait.json, exits 1 when the check fails.

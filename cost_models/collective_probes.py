@@ -6,8 +6,8 @@ BURSTS bursts of a burst's mean, since training issues collectives back to back.
 whole world runs one sweep, then every group of a smaller size runs its own at once
 (TP and DP groups inside a node). `blocking_seconds` times one blocking call of each,
 at BLOCKING_PROBE_SIZES, when every process computes between calls: the wait for peers
-that are late or off their core, which grows with the message; `dtensor_blocking_seconds`
-the same for TP's collectives in the form DTensor issues them (a redistribution).
+that are late or off their core, which grows with the message; `dtensor_extra_seconds`
+what TP's collectives take beyond that in the form DTensor issues them.
 `cost_models.collective_fit` and `cost_models.host_overhead_fit` turn the readings into
 spec figures.
 """
@@ -189,13 +189,16 @@ DTENSOR_REDISTRIBUTIONS = {"all_reduce": ("Partial", "Replicate"),
                            "reduce_scatter": ("Partial", "Shard")}
 
 
-def dtensor_blocking_seconds(dist, mesh) -> dict[str, list[tuple[int, float]]]:
-    """Per TP collective over 1-D `mesh`, [(bytes, seconds per call)] at each of
-    BLOCKING_PROBE_SIZES when every process computes between calls, in DTensor's form
-    (DTENSOR_REDISTRIBUTIONS), as `blocking_seconds` reads the plain call. The calling
-    thread's CPU time DTensor adds over the plain call at the small size is left out:
-    the TP module probe (`tp_probes`, one such redistribution per module) holds it; the
-    part that grows with the message (funcol's out-of-place output) stays."""
+def dtensor_extra_seconds(dist, mesh) -> dict[str, list[tuple[int, float]]]:
+    """Per TP collective over 1-D `mesh`, [(bytes, seconds)] at each of
+    BLOCKING_PROBE_SIZES: what a call in DTensor's form (DTENSOR_REDISTRIBUTIONS) takes
+    beyond the plain call (`blocking_seconds`'s) when every process computes between
+    calls; the median over BLOCKING_PROBE_ROUNDS of the two loops run back to back, so
+    the load they share cancels (two probes taken apart swung the DTensor-form all-reduce
+    from 0.45 ms under the plain call's wait to 0.4 ms over it). The calling thread's CPU
+    time DTensor adds at the small size is left out: the TP module probe (`tp_probes`,
+    one such redistribution per module) holds it; the part that grows with the message
+    (funcol's out-of-place output) stays. May be negative (noise about no difference)."""
     import torch
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
@@ -204,7 +207,7 @@ def dtensor_blocking_seconds(dist, mesh) -> dict[str, list[tuple[int, float]]]:
     group, n = mesh.get_group(), mesh.size()
     compute, loop = _probe_loop(dist)
     placement = {"Partial": Partial(), "Replicate": Replicate(), "Shard": Shard(0)}
-    added: dict[tuple[str, int, str], tuple[float, ...]] = {}  # (wall s, thread CPU s)
+    added: dict[tuple[str, int], tuple[float, ...]] = {}  # (wall s, thread CPU s) per call
     with _one_thread():
         reps = _compute_reps(dist, compute, loop)
         for nbytes in BLOCKING_PROBE_SIZES:
@@ -212,24 +215,19 @@ def dtensor_blocking_seconds(dist, mesh) -> dict[str, list[tuple[int, float]]]:
             for name, (src, dst) in DTENSOR_REDISTRIBUTIONS.items():
                 local = full[:full.numel() // n] if src == "Shard" else full
                 source = DTensor.from_local(local, mesh, [placement[src]], run_check=False)
-                forms = {"dtensor": lambda: source.redistribute(mesh, [placement[dst]])}
-                if nbytes == BLOCKING_PROBE_SIZES[0]:  # its CPU time, at the small size only
-                    forms["plain"] = plain[name]
-                for form, op in forms.items():
-                    op()
-                    pairs = [(loop(reps, None), loop(reps, op))
-                             for _ in range(BLOCKING_PROBE_ROUNDS)]
-                    added[name, nbytes, form] = tuple(
-                        statistics.median(call[i] - alone[i] for alone, call in pairs)
-                        for i in (0, 1))
+
+                def redistribute():
+                    return source.redistribute(mesh, [placement[dst]])
+
+                plain[name](), redistribute()
+                pairs = [(loop(reps, plain[name]), loop(reps, redistribute))
+                         for _ in range(BLOCKING_PROBE_ROUNDS)]
+                added[name, nbytes] = tuple(statistics.median(d[i] - p[i] for p, d in pairs)
+                                            for i in (0, 1))
             del plain, full
     small = BLOCKING_PROBE_SIZES[0]
-    seconds: dict[str, list[tuple[int, float]]] = {}
-    for name in DTENSOR_REDISTRIBUTIONS:
-        in_module_s = max(added[name, small, "dtensor"][1] - added[name, small, "plain"][1], 0.0)
-        seconds[name] = [(nbytes, max(added[name, nbytes, "dtensor"][0] - in_module_s, 0.0))
-                         for nbytes in BLOCKING_PROBE_SIZES]
-    return seconds
+    return {name: [(nbytes, added[name, nbytes][0] - max(added[name, small][1], 0.0))
+                   for nbytes in BLOCKING_PROBE_SIZES] for name in DTENSOR_REDISTRIBUTIONS}
 
 
 def exchange(dist, rank: int, tensor) -> None:

@@ -273,7 +273,7 @@ class CalibrationTables:
     optimizer_steps: tuple[OptimizerStepCost, ...] = ()
     tp_modules: tuple[TpModuleOverhead, ...] = ()
     blocking_waits: tuple[BlockingWait, ...] = ()
-    # The same waits measured in DTensor's form (`collective_probes.dtensor_blocking_seconds`)
+    # The same waits in DTensor's form (`profile_cluster.dtensor_form_seconds`)
     tp_blocking_waits: tuple[BlockingWait, ...] = ()
 
     def __post_init__(self) -> None:
