@@ -6,7 +6,8 @@ BURSTS bursts of a burst's mean, since training issues collectives back to back.
 whole world runs one sweep, then every group of a smaller size runs its own at once
 (TP and DP groups inside a node). `blocking_seconds` times one blocking call of each,
 at BLOCKING_PROBE_SIZES, when every process computes between calls: the wait for peers
-that are late or off their core, which grows with the message.
+that are late or off their core, which grows with the message; `dtensor_extra_seconds`
+what TP's collectives take beyond that in the form DTensor issues them.
 `cost_models.collective_fit` and `cost_models.host_overhead_fit` turn the readings into
 spec figures.
 """
@@ -117,28 +118,14 @@ def blocking_seconds(dist, rank: int, group) -> dict[str, list[tuple[int, float]
 
     n = dist.get_world_size(group)
     world = dist.get_world_size()
-    a = torch.randn(BLOCKING_PROBE_MATMUL, BLOCKING_PROBE_MATMUL)
-
-    def compute(reps: int) -> None:
-        for _ in range(reps):
-            torch.mm(a, a)
+    compute, timed = _probe_loop(dist)
 
     def loop(reps: int, op) -> float:
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(BLOCKING_PROBE_CALLS):
-            compute(reps)
-            if op is not None:
-                op()
-        return (time.perf_counter() - start) / BLOCKING_PROBE_CALLS
+        return timed(reps, op)[0]
 
     seconds: dict[str, list[tuple[int, float]]] = {}
     with _one_thread():
-        compute(BLOCKING_PROBE_CALLS)  # warm-up
-        reps = 200
-        per_rep = torch.tensor([loop(reps, None) / reps])  # every process busy at once
-        dist.all_reduce(per_rep)
-        reps = max(1, round(BLOCKING_PROBE_COMPUTE_S / (per_rep.item() / world)))
+        reps = _compute_reps(dist, compute, timed)
         for nbytes in BLOCKING_PROBE_SIZES:
             ops, full = _collective_calls(dist, group, n, nbytes, torch.device("cpu"))
             if group is None and world % 2 == 0:  # pipeline neighbours swap a message
@@ -152,6 +139,96 @@ def blocking_seconds(dist, rank: int, group) -> dict[str, list[tuple[int, float]
                 seconds.setdefault(name, []).append((nbytes, call_s))
             del ops, full
     return seconds
+
+
+def _probe_loop(dist):
+    """(compute(reps), loop(reps, op)): `reps` matmuls, and BLOCKING_PROBE_CALLS of
+    compute then `op` (None: compute alone) after a barrier, as (wall seconds, this
+    thread's CPU seconds) per iteration."""
+    import torch
+
+    a = torch.randn(BLOCKING_PROBE_MATMUL, BLOCKING_PROBE_MATMUL)
+
+    def compute(reps: int) -> None:
+        for _ in range(reps):
+            torch.mm(a, a)
+
+    def loop(reps: int, op) -> tuple[float, float]:
+        dist.barrier()
+        start, cpu = time.perf_counter(), time.thread_time()
+        for _ in range(BLOCKING_PROBE_CALLS):
+            compute(reps)
+            if op is not None:
+                op()
+        return ((time.perf_counter() - start) / BLOCKING_PROBE_CALLS,
+                (time.thread_time() - cpu) / BLOCKING_PROBE_CALLS)
+
+    return compute, loop
+
+
+def _compute_reps(dist, compute, loop) -> int:
+    """Matmuls per BLOCKING_PROBE_COMPUTE_S, timed with every process busy at once."""
+    import torch
+
+    compute(BLOCKING_PROBE_CALLS)  # warm-up
+    reps = 200
+    per_rep = torch.tensor([loop(reps, None)[0] / reps])
+    dist.all_reduce(per_rep)
+    return max(1, round(BLOCKING_PROBE_COMPUTE_S / (per_rep.item() / dist.get_world_size())))
+
+
+# TP's collectives as DTensor issues them: a funcol collective and `wait_tensor` under a
+# redistribution (RowwiseParallel's output and ColwiseParallel's input gradient:
+# Partial -> Replicate; sequence parallelism's Shard(0) -> Replicate and Partial ->
+# Shard(0)). 2 gloo ranks after 0.5 ms of compute (issue 17, load 5, 12 runs of
+# `bench_blocking_wait.py --forms`) read DTensor's all-reduce 0.7-4.0x the plain
+# `dist.all_reduce` (median 1.4 at 32 KiB, 1.65 at 1 MiB; funcol + wait_tensor alone
+# 1.3), 0.15-0.45 ms of it more CPU on the calling thread.
+DTENSOR_REDISTRIBUTIONS = {"all_reduce": ("Partial", "Replicate"),
+                           "all_gather": ("Shard", "Replicate"),
+                           "reduce_scatter": ("Partial", "Shard")}
+
+
+def dtensor_extra_seconds(dist, mesh) -> dict[str, list[tuple[int, float]]]:
+    """Per TP collective over 1-D `mesh`, [(bytes, seconds)] at each of
+    BLOCKING_PROBE_SIZES: what a call in DTensor's form (DTENSOR_REDISTRIBUTIONS) takes
+    beyond the plain call (`blocking_seconds`'s) when every process computes between
+    calls; the median over BLOCKING_PROBE_ROUNDS of the two loops run back to back, so
+    the load they share cancels (two probes taken apart swung the DTensor-form all-reduce
+    from 0.45 ms under the plain call's wait to 0.4 ms over it). The calling thread's CPU
+    time DTensor adds at the small size is left out: the TP module probe (`tp_probes`,
+    one such redistribution per module) holds it; the part that grows with the message
+    (funcol's out-of-place output) stays. May be negative (noise about no difference)."""
+    import torch
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    from cost_models.clusters import _one_thread
+
+    group, n = mesh.get_group(), mesh.size()
+    compute, loop = _probe_loop(dist)
+    placement = {"Partial": Partial(), "Replicate": Replicate(), "Shard": Shard(0)}
+    added: dict[tuple[str, int], tuple[float, ...]] = {}  # (wall s, thread CPU s) per call
+    with _one_thread():
+        reps = _compute_reps(dist, compute, loop)
+        for nbytes in BLOCKING_PROBE_SIZES:
+            plain, full = _collective_calls(dist, group, n, nbytes, torch.device("cpu"))
+            for name, (src, dst) in DTENSOR_REDISTRIBUTIONS.items():
+                local = full[:full.numel() // n] if src == "Shard" else full
+                source = DTensor.from_local(local, mesh, [placement[src]], run_check=False)
+
+                def redistribute():
+                    return source.redistribute(mesh, [placement[dst]])
+
+                for op in (plain[name], redistribute):  # first calls: warm-up
+                    op()
+                pairs = [(loop(reps, plain[name]), loop(reps, redistribute))
+                         for _ in range(BLOCKING_PROBE_ROUNDS)]
+                added[name, nbytes] = tuple(statistics.median(d[i] - p[i] for p, d in pairs)
+                                            for i in (0, 1))
+            del plain, full
+    small = BLOCKING_PROBE_SIZES[0]
+    return {name: [(nbytes, added[name, nbytes][0] - max(added[name, small][1], 0.0))
+                   for nbytes in BLOCKING_PROBE_SIZES] for name in DTENSOR_REDISTRIBUTIONS}
 
 
 def exchange(dist, rank: int, tensor) -> None:

@@ -164,15 +164,19 @@ def _collective_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride:
             "all_to_all": all_to_all_s}[collective](nbytes, n, link)
 
 
-def blocking_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride: int = 1):
+def blocking_s(collective: str, nbytes, n: int, cluster: ClusterSpec, stride: int = 1,
+               dtensor: bool = False):
     """A call the rank waits on before it can go on (TP collectives, pipeline
     send/recv, ZeRO-1's all-gathers, CPU gradient syncs): the collective plus the wait
     profile-cluster measured for it at this message size on CPU processes that compute
-    between calls (`BlockingWait`'s line in bytes; 0 on GPUs and unmeasured specs)."""
+    between calls (`BlockingWait`'s line in bytes; 0 on GPUs and unmeasured specs).
+    `dtensor`: the call as DTensor issues it (a TP collective: funcol collective then
+    `wait_tensor`), which pays the wait measured in that form where the spec has one."""
     if n <= 1:
         return 0.0
-    return collective_s(collective, nbytes, n, cluster, stride) + \
-        cluster.calibration.blocking_wait_seconds(collective, n, nbytes)
+    tables = cluster.calibration
+    wait = tables.tp_blocking_wait_seconds if dtensor else tables.blocking_wait_seconds
+    return collective_s(collective, nbytes, n, cluster, stride) + wait(collective, n, nbytes)
 
 
 # ---- per-layer traffic --------------------------------------------------------------------
@@ -200,7 +204,8 @@ def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     reduces q, k and v (gate and up) separately where Megatron fuses them into the block's
     one. With sequence parallelism each forward all-reduce becomes an all-gather plus a
     reduce-scatter and so does the backward of each module group, which gathers its
-    input once (Korthikanti et al. 2022, sec. 4.2.2). Returns (forward_s, backward_s)
+    input once (Korthikanti et al. 2022, sec. 4.2.2). Each pays the wait measured in
+    DTensor's form (`blocking_s(..., dtensor=True)`). Returns (forward_s, backward_s)
     for one micro-batch."""
     tp = strategy.tp
     if tp == 1 or not layer.tp_candidates:
@@ -210,19 +215,20 @@ def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     heads = sum(1 for c in layer.tp_candidates if c.style is TPStyle.HEAD)
     activation = layer.output_bytes * config.activation_scale  # b*s*h in the compute dtype
     if sequence_parallel_applies(layer, strategy):
-        ag = blocking_s("all_gather", activation, tp, cluster)
-        rs = blocking_s("reduce_scatter", activation, tp, cluster)
+        ag = blocking_s("all_gather", activation, tp, cluster, dtensor=True)
+        rs = blocking_s("reduce_scatter", activation, tp, cluster, dtensor=True)
         forward = reducing * (ag + rs)
         backward = reducing * (ag + rs)
     else:
-        ar = blocking_s("all_reduce", activation, tp, cluster)
+        ar = blocking_s("all_reduce", activation, tp, cluster, dtensor=True)
         forward = reducing * ar
         backward = colwise * ar
     # A vocabulary-parallel head reduces its input's gradient in backward; its loss-parallel
     # cross-entropy all-reduces per-token scalars in forward (latency-bound: no bytes).
-    forward += heads * LOSS_PARALLEL_ALL_REDUCES * blocking_s("all_reduce", 0, tp, cluster)
+    forward += heads * LOSS_PARALLEL_ALL_REDUCES * blocking_s("all_reduce", 0, tp, cluster,
+                                                              dtensor=True)
     backward += heads * blocking_s("all_reduce", layer.input_bytes * config.activation_scale,
-                                   tp, cluster)
+                                   tp, cluster, dtensor=True)
     if strategy.checkpoint is Checkpoint.FULL:
         backward += forward  # the recomputed forward repeats its all-reduces
     return forward, backward

@@ -9,7 +9,8 @@
      tensor-parallel module's DTensor work apart from its collectives:
      `cost_models.tp_probes`) and the
      wait of a blocking call whose peers compute between calls
-     (`collective_probes.blocking_seconds`, at two message sizes).
+     (`collective_probes.blocking_seconds`, at two message sizes), and the same for
+     what TP's collectives take beyond it as DTensor issues them (`dtensor_extra_seconds`).
 Rank 0 hands the readings back; this process measures matmul FLOP/s and copy bandwidth
 here (`cost_models.cuda_probes` on GPUs), fits the alpha-beta model the comm model
 uses to every collective and group size (`cost_models.collective_fit`: a fit records its
@@ -45,7 +46,7 @@ from cost_models.clusters import (GPU_RUNTIME_OVERHEAD_BYTES, LOCAL_RUNTIME_OVER
                                   total_memory_bytes)
 from cost_models.collective_fit import (DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, SIZE_FACTOR,
                                         fit_collectives, message_sizes, smaller_group_sizes)
-from cost_models.collective_probes import blocking_seconds, sweep
+from cost_models.collective_probes import blocking_seconds, dtensor_extra_seconds, sweep
 from cost_models.cuda_probes import cuda_copy_gbps, cuda_matmul_flops, cuda_op_overhead_s
 from cost_models.host_overhead_fit import blocking_wait, dp_unit_overhead
 from cost_models.host_probes import (dp_unit_seconds, dtensor_op_overhead_s,
@@ -91,7 +92,8 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
             dp_overheads=dp_unit_overhead(measured["dp_unit_seconds"], by_group, waits),
             tp_modules=tuple(TpModuleOverhead(size, seconds) for size, seconds
                              in sorted(measured["tp_module_seconds"].items())),
-            blocking_waits=waits, optimizer_steps=measured["optimizer_tensor_seconds"])
+            blocking_waits=waits, optimizer_steps=measured["optimizer_tensor_seconds"],
+            tp_blocking_waits=blocking_wait(dtensor_form_seconds(measured), by_group))
     else:
         host = dict(op_overhead_s=cuda_op_overhead_s())
     # All processes run on this host: the inter-node fits copy the intra-node ones.
@@ -112,6 +114,16 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
     raw = {(c, size): list(zip(sizes, table[c])) for size, table in by_size.items()
            for c in COLLECTIVES if c in table}
     return spec, raw
+
+
+def dtensor_form_seconds(measured: dict) -> dict[int, dict[str, list[tuple[int, float]]]]:
+    """Per group size, TP's collectives as DTensor issues them: the plain call's blocking
+    reading plus what the DTensor form took beyond it (`dtensor_extra_seconds`; a form
+    that read faster than the plain call is noise about no difference: + 0)."""
+    return {size: {name: [(nbytes, seconds + max(extra, 0.0)) for (nbytes, seconds), (_, extra)
+                          in zip(measured["blocking_seconds"][size][name], rows)]
+                   for name, rows in by_name.items()}
+            for size, by_name in measured["dtensor_extra_seconds"].items()}
 
 
 def fit_with_retries(nproc: int, backend: str, sizes: list[int],
@@ -232,9 +244,11 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
                 results["dp_unit_seconds"][size] = dp_unit_seconds(group)
                 results["tp_module_seconds"][size] = tp_module_seconds(group)
             results["blocking_seconds"] = {world: blocking_seconds(dist, rank, None)}
+            results["dtensor_extra_seconds"] = {world: dtensor_extra_seconds(dist, mesh)}
             for size, group in groups.items():
                 results["blocking_seconds"][size] = blocking_seconds(dist, rank,
                                                                      group.get_group())
+                results["dtensor_extra_seconds"][size] = dtensor_extra_seconds(dist, group)
         if rank == 0:
             torch.save(results, os.path.join(out_dir, RESULTS_FILE))
         dist.barrier()  # nobody tears down gloo while a peer still uses it

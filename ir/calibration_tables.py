@@ -7,9 +7,11 @@ reading JSON goes through too) and read and written by one pair of functions.
     OptimizerStepCost   host seconds per parameter tensor of one optimizer step
     TpModuleOverhead    host seconds a tensor-parallel module adds, by group size
     BlockingWait        seconds a blocking collective waits beyond its fitted time, as a
-                        line in the message's bytes
+                        line in the message's bytes; kept twice: as a plain
+                        `dist.<collective>` call (DP, pipeline) and as DTensor issues it
+                        (TP: funcol collective + wait_tensor under a redistribution)
 
-`CalibrationTables` holds the five tables and answers the cost models' lookups (each with
+`CalibrationTables` holds the six tables and answers the cost models' lookups (each with
 its fallback, once). The spec file keeps its shape (schema "planner.cluster/v1"):
 
     "collective_fits": [{"collective": "all_reduce", "scope": "intra_node", "alpha_s": ...,
@@ -18,6 +20,9 @@ its fallback, once). The spec file keeps its shape (schema "planner.cluster/v1")
     "optimizer_tensor_overhead_s": {"adamw": s, "adamw@dtensor": s},
     "tp_module_overhead_s": {"2": s, "4": s},  "blocking_wait_s": {"all_reduce@2": s},
     "blocking_wait_s_per_byte": {"all_reduce@2": s}  (absent in older specs: a constant wait)
+    "tp_blocking_wait_s": {"all_reduce@2": s}, "tp_blocking_wait_s_per_byte": {same keys}
+        (absent in older specs, or a collective not measured in DTensor's form: TP pays
+        the plain call's wait, the pricing before the DTensor-form probe)
 
 The "NAME@QUALIFIER" keys exist only in that file format: `_split_key` / `_join_key` turn
 them into the records' typed fields and back.
@@ -268,6 +273,8 @@ class CalibrationTables:
     optimizer_steps: tuple[OptimizerStepCost, ...] = ()
     tp_modules: tuple[TpModuleOverhead, ...] = ()
     blocking_waits: tuple[BlockingWait, ...] = ()
+    # The same waits in DTensor's form (`profile_cluster.dtensor_form_seconds`)
+    tp_blocking_waits: tuple[BlockingWait, ...] = ()
 
     def __post_init__(self) -> None:
         for field, record_type, key in _TABLES:
@@ -323,6 +330,15 @@ class CalibrationTables:
                 return row.at(nbytes)
         return 0.0
 
+    def tp_blocking_wait_seconds(self, collective: str, group_size: int,
+                                 nbytes: float = 0.0) -> float:
+        """Measured wait of a TP collective as DTensor issues it, on `nbytes` at that group
+        size; where that form was not measured, the plain call's (`blocking_wait_seconds`)."""
+        for row in self.tp_blocking_waits:
+            if row.collective == collective and row.group_size == group_size:
+                return row.at(nbytes)
+        return self.blocking_wait_seconds(collective, group_size, nbytes)
+
     def with_host_overheads_scaled(self, factor: float) -> CalibrationTables:
         """Every framework-overhead figure (DP unit and tensor, TP module, optimizer per
         tensor) times `factor`; collective fits and blocking waits unchanged."""
@@ -347,19 +363,25 @@ class CalibrationTables:
                                 for r in self.blocking_waits},
             "blocking_wait_s_per_byte": {_join_key(r.collective, r.group_size):
                                          r.seconds_per_byte for r in self.blocking_waits},
+            "tp_blocking_wait_s": {_join_key(r.collective, r.group_size): r.seconds
+                                   for r in self.tp_blocking_waits},
+            "tp_blocking_wait_s_per_byte": {_join_key(r.collective, r.group_size):
+                                            r.seconds_per_byte for r in self.tp_blocking_waits},
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any], devices_per_node: Any) -> CalibrationTables:
         """Read the spec file's calibration keys (`JSON_KEYS`; absent ones are empty); a
         bare number for "tp_module_overhead_s" (older specs) is the whole node's figure;
-        a wait without a "blocking_wait_s_per_byte" entry (older specs) is a constant."""
+        a wait without a "blocking_wait_s_per_byte" entry (older specs) is a constant; no
+        "tp_blocking_wait_s" (older specs): TP pays the plain call's wait."""
         fits = data.get("collective_fits", [])
         if not isinstance(fits, list):
             raise PlannerError("field 'collective_fits' must be a list")
         tables = {key: _seconds_table(key, data.get(key, {})) for key in
                   ("dp_unit_overhead_s", "dp_tensor_overhead_s", "optimizer_tensor_overhead_s",
-                   "blocking_wait_s", "blocking_wait_s_per_byte")}
+                   "blocking_wait_s", "blocking_wait_s_per_byte", "tp_blocking_wait_s",
+                   "tp_blocking_wait_s_per_byte")}
         units, tensors = tables["dp_unit_overhead_s"], tables["dp_tensor_overhead_s"]
         return cls(
             collective_fits=tuple(CollectiveFit.from_json(fit, f"collective_fits[{i}]")
@@ -370,8 +392,8 @@ class CalibrationTables:
             optimizer_steps=tuple(_optimizer_step(key, s) for key, s in
                                   tables["optimizer_tensor_overhead_s"].items()),
             tp_modules=_tp_modules(data.get("tp_module_overhead_s", {}), devices_per_node),
-            blocking_waits=_blocking_waits(tables["blocking_wait_s"],
-                                           tables["blocking_wait_s_per_byte"]))
+            blocking_waits=_blocking_waits(tables, "blocking_wait_s"),
+            tp_blocking_waits=_blocking_waits(tables, "tp_blocking_wait_s"))
 
 
 def _seconds_table(field: str, value: Any) -> dict[str, float]:
@@ -403,23 +425,25 @@ def _optimizer_step(key: str, seconds: float) -> OptimizerStepCost:
     return OptimizerStepCost(optimizer, qualifier is not None, seconds)
 
 
-def _wait_key_error(key: str) -> PlannerError:
-    return PlannerError(f"blocking_wait_s key {key!r} must be COLLECTIVE@GROUP_SIZE, e.g. "
+def _wait_key_error(key: str, field: str = "blocking_wait_s") -> PlannerError:
+    return PlannerError(f"{field} key {key!r} must be COLLECTIVE@GROUP_SIZE, e.g. "
                         f"\"all_reduce@2\" (collectives: {', '.join(COLLECTIVES)})")
 
 
-def _blocking_waits(seconds: dict[str, float], per_byte: dict[str, float]
+def _blocking_waits(tables: dict[str, dict[str, float]], field: str
                     ) -> tuple[BlockingWait, ...]:
-    """The two wait tables, row by key; a per-byte figure needs its zero-byte one."""
+    """The wait tables `field` and `field`_per_byte, row by key; a per-byte figure needs
+    its zero-byte one."""
+    seconds, per_byte = tables[field], tables[f"{field}_per_byte"]
     rows = []
     for key, s in seconds.items():
         collective, size = _split_key(key)
-        if size is None or not size.isdigit():
-            raise _wait_key_error(key)
+        if size is None or not size.isdigit() or collective not in COLLECTIVES:
+            raise _wait_key_error(key, field)
         rows.append(BlockingWait(collective, int(size), s, per_byte.get(key, 0.0)))
     extra = sorted(set(per_byte) - set(seconds))
     if extra:
-        raise PlannerError(f"blocking_wait_s_per_byte key {extra[0]!r} has no blocking_wait_s "
+        raise PlannerError(f"{field}_per_byte key {extra[0]!r} has no {field} "
                            "entry; give both (the wait at zero bytes and per byte)")
     return tuple(rows)
 
@@ -454,6 +478,7 @@ _TABLES = (
     ("optimizer_steps", OptimizerStepCost, lambda r: r.key),
     ("tp_modules", TpModuleOverhead, lambda r: r.group_size),
     ("blocking_waits", BlockingWait, lambda r: (r.collective, r.group_size)),
+    ("tp_blocking_waits", BlockingWait, lambda r: (r.collective, r.group_size)),
 )
 # The spec file's keys `CalibrationTables.to_json` writes and `from_json` reads.
 JSON_KEYS = tuple(CalibrationTables().to_json())

@@ -30,12 +30,14 @@ import dataclasses
 import pytest
 import torch
 
-from cost_models.comm import tp_comm_s
+from cost_models.comm import dp_comm_s, tp_comm_s
 from cost_models.common import StepConfig
 from cost_models.compute import layer_compute, runs_on_dtensors, tp_module_seconds
 from cost_models.estimate import estimate
+from cost_models.model_states import bytes_per_param
 from ir.calibration_tables import BlockingWait, CalibrationTables, TpModuleOverhead
 from ir.cluster import ClusterSpec, CollectiveFit
+from ir.errors import PlannerError
 from ir.plan import uniform_plan
 from ir.strategy import LayerStrategy, Precision
 from planner.models import load_layer_graph
@@ -202,3 +204,62 @@ def test_the_tp_probe_compares_dtensor_with_the_same_collectives_on_plain_tensor
         assert d_calls == m_calls == 8
         torch.testing.assert_close(m_y, d_y)
         torch.testing.assert_close(m_grad, d_grad)
+
+
+# ---- the wait in DTensor's form: TP collectives pay it, DP collectives keep theirs -----
+
+# A TP all-reduce as DTensor issues it waits 3 ms + 1 ms/MiB here, the plain call 2 ms.
+TP_WAIT_S, TP_WAIT_S_PER_BYTE = 3 * MS, 1 * MS / 2**20
+
+
+def dtensor_spec() -> ClusterSpec:
+    """`spec()` plus an all-reduce wait measured in DTensor's form (none for the
+    all-gather and reduce-scatter: they fall back to the plain call's wait)."""
+    tables = dataclasses.replace(spec().calibration, tp_blocking_waits=(
+        BlockingWait("all_reduce", 2, TP_WAIT_S, TP_WAIT_S_PER_BYTE),))
+    return dataclasses.replace(spec(), calibration=tables)
+
+
+def test_tp_collectives_pay_the_dtensor_form_wait_and_dp_keeps_the_plain_one(graph):
+    """Block at tp 2: 2 forward and 5 backward all-reduces of 65,536 bytes, each
+    2*100 us + 65,536 B / 1 GB/s + (3 ms + 65,536/2**20 * 1 ms = 3.0625 ms). Under SP the
+    all-gathers and reduce-scatters have no DTensor-form row: 3 ms and 4 ms as before.
+    The same block at dp 2 syncs its gradients with a plain all-reduce: 2 ms wait."""
+    block, cfg = graph.layers[1], config(graph)
+    all_reduce = 2 * 100 * US + 65_536 / 1e9 + 3 * MS + 0.0625 * MS
+    forward, backward = tp_comm_s(block, LayerStrategy(tp=2), dtensor_spec(), cfg)
+    assert forward == pytest.approx(2 * all_reduce)
+    assert backward == pytest.approx(5 * all_reduce)
+    sp = LayerStrategy(tp=2, sequence_parallel=True)
+    assert tp_comm_s(block, sp, dtensor_spec(), cfg) == pytest.approx(tp_comm_s(block, sp,
+                                                                                 spec(), cfg))
+    grad_bytes = block.params * 4  # fp32 gradients, one replica's
+    per_param = bytes_per_param(Precision.FP32, "adamw")
+    step_s = dp_comm_s(block, LayerStrategy(dp=2), dtensor_spec(), per_param)[2]
+    assert step_s == pytest.approx(2 * 100 * US + grad_bytes / 1e9 + WAIT_S["all_reduce"])
+
+
+def test_a_spec_without_dtensor_form_waits_prices_tp_as_before(graph, tmp_path):
+    """An older spec file (no "tp_blocking_wait_s") loads and prices TP with the plain
+    wait (`ring + 2 ms`); a spec with the new table keeps it through JSON."""
+    data = spec().to_dict()
+    for key in ("tp_blocking_wait_s", "tp_blocking_wait_s_per_byte"):
+        data.pop(key, None)
+    old = ClusterSpec.from_dict(data)
+    assert old.calibration.tp_blocking_waits == ()
+    forward, _ = tp_comm_s(graph.layers[1], LayerStrategy(tp=2), old, config(graph))
+    assert forward == pytest.approx(2 * (2 * 100 * US + 65_536 / 1e9 + 2 * MS))
+    path = tmp_path / "spec.json"
+    dtensor_spec().save(str(path))
+    loaded = ClusterSpec.load(str(path)).calibration
+    assert loaded.tp_blocking_waits == dtensor_spec().calibration.tp_blocking_waits
+    assert loaded.tp_blocking_wait_seconds("all_reduce", 2, 2**20) == pytest.approx(4 * MS)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"tp_blocking_wait_s": {"allreduce@2": 1e-3}}, "tp_blocking_wait_s key 'allreduce@2'"),
+    ({"tp_blocking_wait_s_per_byte": {"all_reduce@2": 1e-9}},
+     "tp_blocking_wait_s_per_byte key 'all_reduce@2' has no tp_blocking_wait_s entry")])
+def test_a_bad_dtensor_form_wait_is_refused_naming_its_field(fields, message):
+    with pytest.raises(PlannerError, match=message):
+        ClusterSpec.from_dict({**spec().to_dict(), **fields})
