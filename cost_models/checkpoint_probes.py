@@ -96,22 +96,26 @@ class CheckpointHostCost:
     selective_recompute_op_s: float  # per op through the cached mode in the recompute
 
     def calibration_fields(self) -> dict[str, float]:
-        """`KernelCalibration` fields, by name."""
-        return {"checkpoint_call_forward_s": self.call_forward_s,
-                "checkpoint_call_recompute_s": self.call_recompute_s,
-                "checkpoint_op_forward_s": self.op_forward_s,
-                "checkpoint_op_recompute_s": self.op_recompute_s,
-                "checkpoint_saved_forward_s": self.saved_forward_s,
-                "checkpoint_saved_recompute_s": self.saved_recompute_s,
-                "selective_call_s": self.selective_call_s,
-                "selective_forward_op_s": self.selective_forward_op_s,
-                "selective_forward_kept_op_s": self.selective_forward_kept_op_s,
-                "selective_recompute_op_s": self.selective_recompute_op_s}
+        """`KernelCalibration` fields, by name (CHECKPOINT_FIELDS, in this class's order)."""
+        return dict(zip(CHECKPOINT_FIELDS, (
+            self.call_forward_s, self.call_recompute_s, self.op_forward_s,
+            self.op_recompute_s, self.saved_forward_s, self.saved_recompute_s,
+            self.selective_call_s, self.selective_forward_op_s,
+            self.selective_forward_kept_op_s, self.selective_recompute_op_s), strict=True))
+
+
+# The `KernelCalibration` fields this probe writes.
+CHECKPOINT_FIELDS = ("checkpoint_call_forward_s", "checkpoint_call_recompute_s",
+                     "checkpoint_op_forward_s", "checkpoint_op_recompute_s",
+                     "checkpoint_saved_forward_s", "checkpoint_saved_recompute_s",
+                     "selective_call_s", "selective_forward_op_s",
+                     "selective_forward_kept_op_s", "selective_recompute_op_s")
 
 
 def probed(cal: KernelCalibration | None) -> bool:
-    """True when a calibration carries the probe's figures (specs before it read 0)."""
-    return cal is not None and cal.checkpoint_saved_forward_s > 0
+    """True when a calibration carries the probe's figures (specs before it read 0 in
+    every one; the fit clamps each at 0, so any single one may read 0 when probed)."""
+    return cal is not None and any(getattr(cal, field) > 0 for field in CHECKPOINT_FIELDS)
 
 
 def kept_ops(layer) -> int:

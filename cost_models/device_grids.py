@@ -75,6 +75,9 @@ BROADCAST_BINARY_LOOPS_PER_CALL = SHORT_REDUCTION_KV_HEADS
 # elements of softmax took 54 us in rows of 4096 and 94 in rows of 32 (~9.6 ns per
 # extra row), layer norm 32 us in rows of 4096 and 72 in rows of 64 (~20 ns per row).
 ROW_PROBE_BYTES = 512 * 2**10
+# Each row-probe time is the least of this many medians: a shared host only ever slows a
+# kernel down (`ir.kernel_calibration.fastest_points`; two, as the conv probe takes).
+ROW_PROBE_PASSES = 2
 SHORT_ROW_ELEMENTS = {"softmax": MASK_SEQ_LEN, "layer_norm": 64}
 # SDPA shapes (batch, heads, seq_len, head_dim), causal as GPT trains.
 CUDA_SDPA_SHAPES = ((8, 16, 1024, 64), (4, 32, 2048, 128), (1, 32, 8192, 128))

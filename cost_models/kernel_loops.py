@@ -68,7 +68,9 @@ def measured(cal: KernelCalibration | None, kernel: str) -> bool:
 def _probe_loop_seconds(cal: KernelCalibration, probe: str, reference: str, dtype: str,
                         nbytes: float, bytes_per_loop: float) -> float:
     """Seconds per loop the `probe` kind paid over the `reference` kind at `nbytes`, its
-    loops being nbytes / bytes_per_loop (never below 0)."""
+    loops being nbytes / bytes_per_loop (never below 0; 0 for an empty tensor)."""
+    if nbytes <= 0 or bytes_per_loop <= 0:
+        return 0.0
     probe_gbps = memory_gbps(cal, probe, dtype, nbytes, 1.0)
     reference_gbps = memory_gbps(cal, reference, dtype, nbytes, probe_gbps)
     return max(0.0, nbytes / (probe_gbps * GB) - nbytes / (reference_gbps * GB)) / (

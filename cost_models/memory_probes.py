@@ -47,9 +47,11 @@ from __future__ import annotations
 from ir.errors import PlannerError
 from ir.kernel_calibration import MemoryKernelPoint
 
+from cost_models.common import dtype_bytes
 from cost_models.device_grids import (BATCH_NORM_CHANNELS, BROADCAST_BINARY_LOOPS_PER_CALL, CPU_SMALL_ONLY_KINDS,
                                       CPU_SMALL_ONLY_MAX_BYTES, MASK_SEQ_LEN, MiB,
-                                      ROW_ELEMENTS, ROW_PROBE_BYTES, SHORT_ROW_ELEMENTS,
+                                      ROW_ELEMENTS, ROW_PROBE_BYTES, ROW_PROBE_PASSES,
+                                      SHORT_ROW_ELEMENTS,
                                       SHORT_REDUCTION_KV_HEADS,
                                       SHORT_REDUCTION_PROBE_ELEMENTS,
                                       SHORT_OUTER_LOOPS_PER_CALL, SHORT_RUN_PROBE_ELEMENTS)
@@ -205,11 +207,10 @@ def probe_row_seconds(device: str, dtype: str) -> dict[str, float]:
     ROW_PROBE_PASSES medians. Never below 0."""
     import torch
 
-    from cost_models.conv_probes import CONV_PROBE_PASSES as ROW_PROBE_PASSES
     from cost_models.profile_device import _random, seconds_per_call
 
     aten = torch.ops.aten
-    element_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+    element_bytes = dtype_bytes(dtype)
     numel = ROW_PROBE_BYTES // element_bytes // ROW_ELEMENTS * ROW_ELEMENTS
     x = _random(numel, dtype, device)
     out = {}

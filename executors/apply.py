@@ -62,7 +62,7 @@ from executors.tensor_parallel import apply_tp, is_loss_parallel_head
 from executors.tp_check import TPSelfCheck
 from executors.tied import TiedGradients, find_tie_groups, untie
 from executors.validate import check_plan, layer_layout
-from executors.watchdog import die_with_parent
+from ir.launch import die_with_parent
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.lean_host import runs_lean_host
@@ -300,7 +300,7 @@ def init_distributed(backend: str | None = None, timeout_s: float | None = None)
     Under torchrun's agent store the keys are namespaced by TORCHELASTIC_RESTART_COUNT:
     the store outlives a failed attempt, and a restarted rank could otherwise read a dead
     rank's published address (`connectFullMesh ... Connection refused`). A torchrun
-    worker dies with its agent (`executors.watchdog.die_with_parent`)."""
+    worker dies with its agent (`ir.launch.die_with_parent`)."""
     if dist.is_initialized():
         return
     timeout = timedelta(seconds=pg_timeout_s(timeout_s))

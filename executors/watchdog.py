@@ -42,7 +42,6 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from executors.mesh import seconds_setting
-from ir.launch import die_with_parent  # noqa: F401 - torchrun's workers (executors.apply)
 
 # Default stall limit: above a large model's step or checkpoint save (minutes), below
 # the process-group timeout (executors.mesh.PG_TIMEOUT_S) so the watchdog speaks first.

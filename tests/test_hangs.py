@@ -410,7 +410,7 @@ def test_a_frozen_store_host_is_named(tmp_path):
         import torch.distributed as dist
         from executors.watchdog import Watchdog
         host = subprocess.Popen([sys.executable, "-c", "import sys, time; "
-            "from executors.watchdog import die_with_parent; die_with_parent(); "
+            "from ir.launch import die_with_parent; die_with_parent(); "
             "import torch.distributed as d; from datetime import timedelta; "
             "s = d.TCPStore('127.0.0.1', 0, is_master=True, timeout=timedelta(seconds=60)); "
             "print(s.port, flush=True); time.sleep(120)"], stdout=subprocess.PIPE,
