@@ -98,11 +98,14 @@ def python_call_seconds(device: str = "cpu",
         weight = torch.randn(CALL_SHAPE[-1], CALL_SHAPE[-1], device=device)
         bias = torch.randn(CALL_SHAPE[-1], device=device)
 
-        def calls():
-            y = x
-            for _ in range(CALL_CHAIN_CALLS):
-                y = torch.add(y, x)
-            return y
+        def add_chain(first, operand):
+            """CALL_CHAIN_CALLS `torch.add` calls, each one Python-level call."""
+            def chain():
+                y = first
+                for _ in range(CALL_CHAIN_CALLS):
+                    y = torch.add(y, operand)
+                return y
+            return chain
 
         def composites():
             y = x
@@ -111,25 +114,10 @@ def python_call_seconds(device: str = "cpu",
             return y
 
         ints = torch.ones(*CALL_SHAPE, dtype=torch.int64, device=device)
-
-        def cast_numbers():
-            y = x
-            for _ in range(CALL_CHAIN_CALLS):
-                y = torch.add(y, 0.5)  # a double into float32: cast
-            return y
-
-        def int_calls():
-            y = ints
-            for _ in range(CALL_CHAIN_CALLS):
-                y = torch.add(y, ints)
-            return y
-
-        def int_numbers():
-            y = ints
-            for _ in range(CALL_CHAIN_CALLS):
-                y = torch.add(y, 1)  # a long into int64: no cast
-            return y
-
+        calls = add_chain(x, x)
+        cast_numbers = add_chain(x, 0.5)  # a double into float32: cast
+        int_calls = add_chain(ints, ints)
+        int_numbers = add_chain(ints, 1)  # a long into int64: no cast
         chains = (calls, composites, cast_numbers, int_calls, int_numbers)
 
         chain_ops, composite_ops = count_ops(calls), count_ops(composites)
