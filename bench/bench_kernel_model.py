@@ -10,9 +10,9 @@ exactly the (m, n, k) the benched layers run (read off their kernel records). Co
 milliseconds, the error (predicted / measured - 1), and the prediction's two parts:
 kernels (device seconds of the kernel sum) and host (`compute.forward_host_seconds`: forward
 ops and views with grad off, the grad_fns the forward records, module calls, fx nodes
-that dispatch nothing and the ops' per-call excess at the kit's figures; per Python
-call where the kit has that figure, which profile-device leaves out: see
-bench/bench_host_ab.py; `compute.backward_host_seconds`:
+that dispatch nothing and the ops' per-call excess at the kit's figures, and what the ops
+pay in sequence among the layer's distinct ops: see bench/bench_host_ab.py;
+`compute.backward_host_seconds`:
 backward views, other ops, autograd nodes and the ops' per-call excess at the kit's figures).
 
 Target (issue 17): every layer within 15%; the bench exits 1 otherwise. Timings taken on
@@ -114,11 +114,7 @@ def measure_model(model: str, micro_batch: int, graph, measurer, spec, warmup: i
                          "error": pred_s / meas_s - 1.0 if meas_s > 0 else float("inf"),
                          "kernel_s": kernel_s, "host_s": host_s, "ops": ops,
                          "python_nodes": layer.python_nodes_fwd if phase == "fwd" else 0,
-                         "python_calls": layer.python_calls_fwd if phase == "fwd" else 0,
-                         "noop_calls": layer.noop_calls_fwd if phase == "fwd" else 0,
-                         "wrapped_numbers": ((layer.wrapped_numbers_fwd,
-                                              layer.cast_wrapped_numbers_fwd)
-                                             if phase == "fwd" else (0, 0)),
+                         "distinct_ops": layer.distinct_ops_fwd if phase == "fwd" else 0,
                          "autograd_nodes": (layer.autograd_nodes_fwd if phase == "fwd"
                                             else layer.autograd_nodes_bwd)})
     return rows
@@ -168,9 +164,8 @@ def main() -> int:
                             **{field: getattr(spec.kernel_calibration, field) for field in (
                                 "backward_view_host_op_s", "backward_nonview_host_op_s",
                                 "backward_node_host_s", "forward_node_host_s",
-                                "python_node_host_s", "python_call_host_s",
-                                "inner_op_host_s", "wrapped_number_host_s",
-                                "cast_wrapped_number_host_s")},
+                                "python_node_host_s", "in_sequence_op_host_s",
+                                "in_sequence_knee_distinct_ops")},
                             "host_op_excess_s": {p.op: p.seconds for p in
                                                  spec.kernel_calibration.host_op_excess},
                             "notes": spec.notes, "hbm_gbps": spec.hbm_gbps,

@@ -61,6 +61,7 @@ from cost_models.host_excess import backward_nodes, records_excess_seconds
 from cost_models.kernel_time import layer_kernel_seconds
 from cost_models.model_states import has_dp_unit, tp_local_params
 from cost_models.offload import host_step_seconds
+from cost_models.sequence_probes import in_sequence_extra_per_op_s
 
 # Backward reads and writes about twice what forward does (activation and weight grads).
 BACKWARD_BYTES_FACTOR = 2.0
@@ -164,49 +165,37 @@ def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool, backward: bool = Fa
 
 def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) -> float:
     """Host seconds of one forward's dispatch. Where the device kit measured it in parts
-    and the layer's module calls were counted, the ops are priced one of two ways:
-    where the kit measured `python_call_host_s` and the layer's Python-level torch calls
-    were counted (`python_calls_fwd`), calls x per-call + the ops inside composites
-    (`ops_fwd` less the calls) x `inner_op_host_s` (a call's own Python costs ~1 us, an op
-    a C++ composite dispatches ~0.25 us, view or not), both net of the ops' excess, +
-    torch calls that dispatch nothing (`noop_calls_fwd`: `.to` its own dtype) x per-call, +
-    Python numbers handed for Tensor arguments x `wrapped_number_host_s`, those cast to
-    the op's dtype x `cast_wrapped_number_host_s` (`x * 0.5` on float32: ~1.2 us); else
-    views x `view_host_op_s` + other ops x `forward_host_op_s` (as functions). On top:
-    module calls x `module_call_host_s`; where the kit measured `python_node_host_s` (its
-    per-op figures then net of the ops' fixed excess) or the per-call figure, each forward
-    op's per-call excess (`host_op_excess`: exact GELU's ~5 us) + fx call nodes that
-    dispatch nothing x per-node (`python_nodes_fwd`, less the no-op torch calls where
-    those are priced per call); where it measured
+    and the layer's module calls were counted: views x `view_host_op_s` + other ops x
+    `forward_host_op_s` (as functions) + module calls x `module_call_host_s`; where the
+    kit measured `python_node_host_s` (its per-op figures then net of the ops' fixed
+    excess), each forward op's per-call excess (`host_op_excess`: exact GELU's ~5 us) +
+    fx call nodes that dispatch nothing x per-node (`python_nodes_fwd`); where it measured
     `forward_node_host_s` (its per-op figures then grad-off), the autograd nodes the
     forward records x per-node (`autograd_nodes_fwd`, else one per floating-point op:
-    `host_excess.backward_nodes`). A kit without parts: ops x `host_op_seconds`."""
+    `host_excess.backward_nodes`); where it measured `in_sequence_op_host_s`, what the
+    ops pay for running among the layer's distinct ops beyond the knee
+    (`distinct_ops_fwd`; every figure above is a tight loop's). A kit without parts: ops
+    x `host_op_seconds`. (Pricing ops per Python-level call and per op inside a C++
+    composite instead missed more layers: bench/bench_host_ab.py, 2026-11-25.)"""
     cal = cluster.kernel_calibration
     calls = layer.kernels.forward_module_calls if layer.kernels is not None else None
     if cal is None or cal.forward_host_op_s <= 0 or calls is None:
         return layer.ops_fwd * host_op_seconds(cluster, on_dtensors)
     extra_s = cluster.dtensor_op_overhead_s if on_dtensors else 0.0
-    per_call = cal.python_call_host_s > 0 and layer.python_calls_fwd > 0
-    if per_call:  # cost_models.call_probes.python_call_seconds: add, F.linear, number chains
-        inner_ops = layer.ops_fwd - layer.python_calls_fwd
-        cast = layer.cast_wrapped_numbers_fwd
-        host_s = (layer.python_calls_fwd * (cal.python_call_host_s + extra_s)
-                  + layer.noop_calls_fwd * cal.python_call_host_s  # parsed, then no op
-                  + inner_ops * (cal.inner_op_host_s + extra_s)
-                  + (layer.wrapped_numbers_fwd - cast) * cal.wrapped_number_host_s
-                  + cast * cal.cast_wrapped_number_host_s)
-    else:  # cost_models.host_probes.host_op_seconds_by_pass: function chain and views
-        views = sum(r.count for r in layer.kernels.forward if r.kind is KernelKind.VIEW)
-        host_s = (views * (cal.view_host_op_s + extra_s)
-                  + (layer.ops_fwd - views) * (cal.forward_host_op_s + extra_s))
-    host_s += calls * cal.module_call_host_s
-    if per_call or cal.python_node_host_s > 0:  # host_excess: nodes and excess apart
-        nodes = layer.python_nodes_fwd - (layer.noop_calls_fwd if per_call else 0)
-        host_s += (nodes * cal.python_node_host_s
+    # cost_models.host_probes.host_op_seconds_by_pass: function chain and views
+    views = sum(r.count for r in layer.kernels.forward if r.kind is KernelKind.VIEW)
+    host_s = (views * (cal.view_host_op_s + extra_s)
+              + (layer.ops_fwd - views) * (cal.forward_host_op_s + extra_s)
+              + calls * cal.module_call_host_s)
+    if cal.python_node_host_s > 0:  # host_excess: nodes and excess apart
+        host_s += (layer.python_nodes_fwd * cal.python_node_host_s
                    + records_excess_seconds(layer.kernels.forward, cal.host_excess_s))
     if cal.forward_node_host_s > 0:  # grad_fns recorded (host_probes.host_op_seconds_by_pass)
         recorded = layer.autograd_nodes_fwd or backward_nodes(layer.kernels.forward, 0)
         host_s += recorded * cal.forward_node_host_s
+    # In sequence (cost_models.sequence_probes.in_sequence_cost): distinct ops beyond the knee
+    host_s += layer.ops_fwd * in_sequence_extra_per_op_s(
+        cal.in_sequence_op_host_s, cal.in_sequence_knee_distinct_ops, layer.distinct_ops_fwd)
     return host_s
 
 

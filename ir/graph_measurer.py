@@ -33,7 +33,7 @@ from ir.kernel_recorder import FusedKernels, KernelRecorder
 from ir.kernel_records import KernelRecords
 from ir.layer import LayerMeasurement, TPStyle
 from ir.layers import LayerNodes, group_nodes, node_module_path
-from ir.op_count import OpCounter, autograd_nodes, noop_calls, python_calls, python_nodes
+from ir.op_count import OpCounter, autograd_nodes, python_nodes
 from ir.saved_tensors import SavedTensorLog, TPRegion, storage_key, tensor_leaves
 from ir.stand_in import (StateRunner, TensorFactory, fresh, is_float, make_state,
                          meta_factory)
@@ -390,11 +390,8 @@ class GraphMeasurer:
             saved_input_bytes=sum(b for k, b in log.seen.items() if k in in_keys),
             saved_output_bytes=sum(b for k, b in log.seen.items() if k in out_keys),
             ops_fwd=fwd_ops.count, ops_bwd=bwd_ops.count,
+            distinct_ops_fwd=fwd_ops.distinct_ops,
             python_nodes_fwd=python_nodes(info.nodes.nodes, dispatched, fwd_ops.count),
-            python_calls_fwd=python_calls(info.nodes.nodes, dispatched, fwd_ops.count),
-            noop_calls_fwd=noop_calls(info.nodes.nodes, dispatched, fwd_ops.count),
-            wrapped_numbers_fwd=fwd_ops.wrapped_numbers,
-            cast_wrapped_numbers_fwd=fwd_ops.cast_wrapped_numbers,
             autograd_nodes_bwd=nodes, autograd_nodes_fwd=recorded,
             random_elements_fwd=fwd_ops.random_elements,
             random_tp_sharded_elements_fwd=fwd_ops.random_tp_sharded_elements,

@@ -48,8 +48,7 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "sustained_gemm_flop_per_s", "forward_host_op_s", "module_call_host_s",
             "view_host_op_s", "embedding_backward_index_s", "backward_view_host_op_s",
             "backward_nonview_host_op_s", "backward_node_host_s", "python_node_host_s",
-            "forward_node_host_s", "python_call_host_s", "inner_op_host_s",
-            "wrapped_number_host_s", "cast_wrapped_number_host_s",
+            "forward_node_host_s", "in_sequence_op_host_s", "in_sequence_knee_distinct_ops",
             "embedding_bag_call_s", "embedding_bag_index_s", "embedding_bag_backward_call_s",
             "embedding_bag_backward_index_s",
             # activation checkpointing's host machinery (`cost_models.checkpoint_probes`)
@@ -59,6 +58,12 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "selective_forward_op_s", "selective_forward_kept_op_s", "selective_recompute_op_s",
             # per-row kernel costs (`cost_models.memory_probes.probe_row_seconds`)
             "softmax_row_s", "layer_norm_row_s")
+
+# Figures kits of 2026-11-24 wrote, always as 0 (per-call forward pricing, which
+# profile-device never turned on and which was removed: bench/bench_host_ab.py); a spec
+# carrying them at 0 loads as before, one carrying a measured value is refused.
+_RETIRED_SCALARS = ("python_call_host_s", "inner_op_host_s", "wrapped_number_host_s",
+                    "cast_wrapped_number_host_s")
 
 
 def _is_number(value: Any) -> bool:
@@ -243,18 +248,12 @@ class KernelCalibration:
     # Where > 0, `forward_host_op_s` and `view_host_op_s` are the grad-off figures (an op
     # recording nothing: ints, no gradient needed); 0 (kits before it): they record.
     forward_node_host_s: float = 0.0
-    # Forward dispatch per Python-level torch call (its first ATen op included) and per op
-    # a C++ composite dispatches inside one (`F.linear`'s t, views, addmm), grad mode off,
-    # excess out (`cost_models.call_probes.python_call_seconds`). Where > 0 they price a
-    # layer's forward ops in place of `forward_host_op_s` and `view_host_op_s`; 0 (kits
-    # before them, and profile-device's: bench/bench_host_ab.py): those apply.
-    python_call_host_s: float = 0.0
-    inner_op_host_s: float = 0.0
-    # Per Python number a call hands torch for a Tensor argument (`x * 0.5`: the binding
-    # wraps it in a tensor), on top of the call: of the op's dtype, and of another (cast:
-    # a float times a float32 tensor), from the same probe; 0 where not measured.
-    wrapped_number_host_s: float = 0.0
-    cast_wrapped_number_host_s: float = 0.0
+    # Forward ops run in order, distinct ones after one another, cost more than the same
+    # ops each in a tight loop (every figure above): per op, `in_sequence_op_host_s` per
+    # distinct op of the layer beyond `in_sequence_knee_distinct_ops` (grad mode on:
+    # `cost_models.sequence_probes.in_sequence_cost`); 0 where not measured.
+    in_sequence_op_host_s: float = 0.0
+    in_sequence_knee_distinct_ops: float = 0.0
     # Device seconds per index of an embedding's backward (a scatter-add of one gradient
     # row per index), over what the rows' bytes cost; 0 where not measured.
     embedding_backward_index_s: float = 0.0
@@ -396,7 +395,12 @@ class KernelCalibration:
     def from_dict(cls, data: Any) -> KernelCalibration:
         if not isinstance(data, dict):
             raise PlannerError("field 'kernel_calibration' must be an object")
-        known = {f.name for f in dataclasses.fields(cls)}
+        for field in _RETIRED_SCALARS:
+            if data.get(field, 0.0) != 0.0:
+                raise PlannerError(f"kernel_calibration.{field} is no longer priced (per-call "
+                                   "forward pricing was removed); delete the field or re-run "
+                                   "planner profile-device")
+        known = {f.name for f in dataclasses.fields(cls)} | set(_RETIRED_SCALARS)
         unknown = sorted(set(data) - known)
         if unknown:
             raise PlannerError(f"kernel_calibration: unknown field {unknown[0]!r}; known "

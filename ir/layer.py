@@ -92,23 +92,15 @@ class LayerMeasurement:
     # with them, and on small layers it is most of the time.
     ops_fwd: int = 0
     ops_bwd: int = 0
+    # Distinct ATen op overloads among the forward's ops (`ir.op_count.OpCounter
+    # .distinct_ops`): each has its own code and data, and a run of more than a cache holds
+    # costs each op more than a probe's tight loop (`cost_models.sequence_probes
+    # .in_sequence_cost`); 0 where not counted.
+    distinct_ops_fwd: int = 0
     # fx call nodes of the forward that dispatch no ATen op (`x.shape`, `getitem`, size
     # arithmetic, `float()` of a float tensor): each is a line of generated Python the host
     # runs (`ir.op_count.python_nodes`); 0 where not counted.
     python_nodes_fwd: int = 0
-    # Python-level torch calls of the forward: fx call nodes (leaf module calls included)
-    # that dispatch >= 1 ATen op (`ir.op_count.python_calls`); the forward's other
-    # ops (`ops_fwd` less these) run inside a C++ composite. 0 where not counted.
-    python_calls_fwd: int = 0
-    # Of `python_nodes_fwd`, the torch calls that had nothing to do (`x.to(torch.float32)`
-    # on float32, `.contiguous()` of a contiguous tensor): Python's binding parses their
-    # arguments as a dispatching call's, then returns the tensor itself
-    # (`ir.op_count.noop_calls`); 0 where not counted.
-    noop_calls_fwd: int = 0
-    # Python numbers those calls hand torch for Tensor arguments (`x * 0.5`), and the part
-    # whose dtype differs from the op's tensors' (cast): `ir.op_count.wrapped_numbers`.
-    wrapped_numbers_fwd: int = 0
-    cast_wrapped_numbers_fwd: int = 0
     # Autograd nodes one backward runs (the graph walked from the layer's outputs, each
     # parameter's gradient accumulation included: `ir.op_count.autograd_nodes`); 0 where
     # not counted.

@@ -1,17 +1,17 @@
-"""Counting the ATen ops a layer dispatches, the elements random ops draw, and the
-Python numbers torch's binding wraps into Tensor arguments.
+"""Counting the ATen ops a layer dispatches, the distinct ones among them, the elements
+random ops draw, autograd nodes and fx nodes that dispatch nothing.
 
 Each op costs a framework dispatch on the host, which is what small layers spend their
 time on; the compute model prices `Layer.ops_fwd` / `ops_bwd` with the cluster's
-per-op overhead, random draws with `ClusterSpec.random_element_s`, and wrapped numbers
-(`x * 0.5`) with `KernelCalibration.wrapped_number_host_s` and its cast variant.
+per-op overhead, the forward's distinct ops (`Layer.distinct_ops_fwd`) with
+`KernelCalibration.in_sequence_op_host_s`, and random draws with
+`ClusterSpec.random_element_s`.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-import torch
 from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -39,16 +39,20 @@ class OpCounter(TorchDispatchMode):
         self.random_elements = 0
         self.random_tp_sharded_elements = 0
         self.tp_sharded_now = False
-        # Python numbers handed for Tensor arguments, and those needing a cast
-        # (`wrapped_numbers`): each costs the host beyond its op's dispatch.
-        self.wrapped_numbers = 0
-        self.cast_wrapped_numbers = 0
+        # The distinct ATen overloads dispatched (`aten.add.Tensor`, `aten.view.default`):
+        # each has its own code and data, which a run of them cycles through the caches.
+        self.overloads: set = set()
+
+    @property
+    def distinct_ops(self) -> int:
+        """Distinct ATen op overloads dispatched: a layer's forward runs each one's
+        dispatch path, kernel and Python binding in turn, evicting the others' from the
+        caches (`cost_models.sequence_probes.in_sequence_chains`)."""
+        return len(self.overloads)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += 1
-        wrapped, cast = wrapped_numbers(func, args, kwargs or {})
-        self.wrapped_numbers += wrapped
-        self.cast_wrapped_numbers += cast
+        self.overloads.add(func)
         out = func(*args, **(kwargs or {}))
         if self.recorder is not None:
             self.recorder.record(func, args, kwargs, out)
@@ -60,37 +64,12 @@ class OpCounter(TorchDispatchMode):
         return out
 
 
-# The dtype torch's Python binding gives a number it wraps into a 0-dim Tensor argument
-# (`x * 0.5`): float -> double, int -> long, bool -> bool (bool first: it is an int).
-WRAPPED_NUMBER_DTYPES = ((bool, torch.bool), (int, torch.int64), (float, torch.float64))
-
-
-def wrapped_numbers(func, args, kwargs) -> tuple[int, int]:
-    """(numbers, cast): how many Python numbers the op `func` was handed for Tensor-typed
-    arguments of its schema (the binding wrapped each into a 0-dim tensor: `x * 0.5`
-    dispatches `mul.Tensor(x, 0.5)`; a C++ caller's `mul.Scalar` shows a Scalar type and
-    is not counted), and how many of them have a dtype (WRAPPED_NUMBER_DTYPES) other than
-    the op's first tensor's, which TensorIterator casts: 0.5 times a float32 tensor."""
-    first = next((t.dtype for t in tensor_leaves((args, kwargs))), None)
-    numbers = cast = 0
-    for i, argument in enumerate(func._schema.arguments):
-        if not isinstance(argument.type, torch.TensorType):
-            continue
-        value = args[i] if i < len(args) else kwargs.get(argument.name)
-        dtype = next((d for kind, d in WRAPPED_NUMBER_DTYPES if isinstance(value, kind)), None)
-        if dtype is not None:
-            numbers += 1
-            cast += first is not None and dtype != first
-    return numbers, cast
-
-
 def count_ops(fn: Callable[[], object]) -> int:
     """ATen ops `fn()` dispatches (the same count the layer IR records)."""
     counter = OpCounter()
     with counter:
         fn()
     return counter.count
-
 
 
 def autograd_nodes(roots, counts_leaf: Callable[[object], bool]) -> int:
@@ -129,31 +108,3 @@ def python_nodes(nodes: list[fx.Node], started: dict[fx.Node, int], total_ops: i
     (`ir.graph_measurer.GraphMeasurer.module_calls`), get_attr nodes are attribute reads."""
     return sum(1 for n, ops in _node_ops(nodes, started, total_ops)
                if n.op in PYTHON_NODE_OPS and ops == 0)
-
-
-def python_calls(nodes: list[fx.Node], started: dict[fx.Node, int], total_ops: int) -> int:
-    """Python-level torch calls among `nodes`: each call node that dispatched >= 1 ATen op
-    (`_node_ops`; a leaf module's node counts its forward's one functional call, as
-    `nn.Linear` calls `F.linear`). A call's first op pays Python's argument parsing; the
-    rest of its ops (the layer's `ops_fwd` less these) are dispatched inside a C++
-    composite (`F.linear`'s t, views and addmm) and cost the host far less per op
-    (`cost_models.call_probes`). A leaf module whose forward makes several torch calls
-    is counted as one (its other calls priced as inner ops)."""
-    return sum(1 for n, ops in _node_ops(nodes, started, total_ops)
-               if n.op in (*PYTHON_NODE_OPS, "call_module") and ops > 0)
-
-
-# Tensor methods that, with nothing to do (same dtype, device and layout), return the
-# tensor itself and dispatch no ATen op, after parsing their arguments in Python's binding
-# as a dispatching call does (`x.to(torch.float32)` on float32: ~0.85 us, 2026-11-24).
-SELF_RETURNING_METHODS = frozenset({"to", "type", "type_as", "contiguous", "float", "double",
-                                    "half", "bfloat16", "long", "int", "bool", "cpu",
-                                    "cuda"})
-
-
-def noop_calls(nodes: list[fx.Node], started: dict[fx.Node, int], total_ops: int) -> int:
-    """Of `python_nodes`' nodes, the torch calls that dispatched nothing: a
-    `SELF_RETURNING_METHODS` method call (fx records Tensor methods as call_method; an
-    exported graph has dropped such calls)."""
-    return sum(1 for n, ops in _node_ops(nodes, started, total_ops)
-               if n.op == "call_method" and ops == 0 and n.target in SELF_RETURNING_METHODS)

@@ -1,7 +1,9 @@
 """The forward host model in parts (cost_models.compute.forward_host_seconds), the fx
 nodes that dispatch nothing counted per layer (ir.graph_measurer.python_nodes) and the
-probe that prices them (cost_models.host_excess.python_node_seconds); and backward
-records against a real CPU forward and backward's (equal by a per-kind rule)."""
+probe that prices them (cost_models.host_excess.python_node_seconds); the distinct ops
+counted per layer and what ops pay in sequence among them (cost_models.sequence_probes);
+and backward records against a real CPU forward and backward's (equal by a per-kind
+rule)."""
 
 from __future__ import annotations
 
@@ -265,20 +267,19 @@ def test_the_probe_times_recording_apart_from_dispatch():
 
 
 class CallBlock(nn.Module):
-    """Python-level torch calls vs ops dispatched inside C++ composites, read off the
-    forward on 2 x 3 x 8 fp32 (ATen's decompositions, torch 2.13):
+    """A hand count of the ATen ops (and distinct overloads) of its forward, on 2 x 3 x 8:
       x.shape[-1], width * 3      no op: getattr, getitem, mul: 3 python nodes
-      self.norm(x)                F.layer_norm -> native_layer_norm       1 call, 0 inner
-      h.transpose(-1, -2)         transpose                               1 call, 0 inner
+      self.norm(x)                native_layer_norm                       new: 1
+      h.transpose(-1, -2)         transpose.int                           new: 2
       torch.matmul(h, hT)         3-D @ 3-D: expand x2, view x2, bmm,
-                                  _unsafe_view                            1 call, 5 inner
+                                  _unsafe_view (6 ops)                    new: 6
       F.softmax(s, -1)            _softmax, then autograd saves its
-                                  output for backward: a detach           1 call, 1 inner
-      torch.matmul(p, h)          as above                                1 call, 5 inner
-      self.lin(...)               F.linear on 3-D: t, view, addmm, view   1 call, 3 inner
-      .transpose(1, 2)            transpose                               1 call, 0 inner
-      .reshape(b, w * 3)          not contiguous: clone, _unsafe_view     1 call, 1 inner
-    = 8 calls, 15 inner ops, 23 ops."""
+                                  output for backward: detach (2 ops)     new: 8
+      torch.matmul(p, h)          as above (6 ops)                        new: 8
+      self.lin(...)               F.linear on 3-D: t, view, addmm, view   new: 10 (t, addmm)
+      .transpose(1, 2)            transpose.int                           new: 10
+      .reshape(b, w * 3)          not contiguous: clone, _unsafe_view     new: 11 (clone)
+    = 23 ops, 11 distinct overloads."""
 
     def __init__(self):
         super().__init__()
@@ -304,160 +305,97 @@ class CallNet(nn.Module):
         return self.head(x)
 
 
-def test_python_calls_are_counted_apart_from_ops_inside_composites():
-    """`CallBlock`'s docstring: 8 calls of its 23 ops (the lone block's layer is named
-    after its list); the head, a lone Linear on 2 x 24 (F.linear on 2-D: t, addmm): 1
-    call of 2 ops."""
+def test_distinct_ops_are_counted_per_layer():
+    """`CallBlock`'s docstring: 23 ops of 11 distinct overloads, 3 python nodes (the lone
+    block's layer is named after its list); the head, a lone Linear on 2 x 24 (F.linear on
+    2-D: t, addmm): 2 ops, 2 distinct."""
     graph = build_layer_graph(CallNet(), {"x": torch.randn(2, 3, 8)}, dtype=torch.float32)
     layers = {layer.name: layer for layer in graph.layers}
     block = layers["blocks"]
-    assert (block.python_calls_fwd, block.ops_fwd, block.python_nodes_fwd) == (8, 23, 3)
-    assert (layers["head"].python_calls_fwd, layers["head"].ops_fwd) == (1, 2)
+    assert (block.ops_fwd, block.distinct_ops_fwd, block.python_nodes_fwd) == (23, 11, 3)
+    assert (layers["head"].ops_fwd, layers["head"].distinct_ops_fwd) == (2, 2)
 
 
-PER_CALL = dataclasses.replace(FORWARD_PARTS, python_call_host_s=1 * US,
-                               inner_op_host_s=0.25 * US)
-
-
-def with_python_calls(layer, calls: int):
+def with_distinct_ops(layer, distinct: int):
     return dataclasses.replace(layer, measured=dataclasses.replace(
-        layer.measured, python_calls_fwd=calls))
+        layer.measured, distinct_ops_fwd=distinct))
 
 
-def test_forward_host_prices_python_calls_and_inner_ops():
-    """`tiny_layer`'s 5 ops as 3 Python calls (gelu, arange, mul) and 2 inner ops (its
-    views, as inside a composite), 4 python nodes, a kit at 1 us per call and 0.25 per
-    inner op: 3 x 1 + 2 x 0.25 + 1 module call x 3 + 4 nodes x 0.25 + gelu's excess 7 =
-    3 + 0.5 + 3 + 1 + 7 = 14.5 us (the views and per-op figures unused: the same layer
-    priced by them is 18 us). On DTensors each of the 5 ops adds 15 us: 89.5 us. With the
-    per-node record figure (1.5 us) and 2 walked grad_fns: 14.5 + 3 = 17.5 us."""
-    layer = with_python_calls(with_python_nodes(tiny_layer(), 4), 3)
-    spec = cpu(PER_CALL)
-    assert forward_host_seconds(layer, spec, False) == pytest.approx(14.5 * US)
-    assert forward_host_seconds(layer, spec, True) == pytest.approx(89.5 * US)
-    recording = cpu(dataclasses.replace(PER_CALL, forward_node_host_s=1.5 * US))
-    assert forward_host_seconds(with_forward_nodes(layer, 2), recording, False) == \
-        pytest.approx(17.5 * US)
+IN_SEQUENCE = dataclasses.replace(FORWARD_PARTS, in_sequence_op_host_s=0.05 * US,
+                                  in_sequence_knee_distinct_ops=16.0)
 
 
-def test_old_kits_and_uncounted_layers_keep_the_view_and_op_pricing():
-    """A layer measured before the call count (0) on the new kit, and a counted layer on
-    a kit written before the per-call figures (old JSON: fields absent -> 0), both price
-    as `test_forward_host_is_views_ops_calls_nodes_and_excess`: 18 us."""
-    uncounted = with_python_nodes(tiny_layer(), 4)
-    assert forward_host_seconds(uncounted, cpu(PER_CALL), False) == pytest.approx(18 * US)
-    data = json.loads(json.dumps(PER_CALL.to_dict()))
-    assert KernelCalibration.from_dict(data) == PER_CALL
-    for field in ("python_call_host_s", "inner_op_host_s", "wrapped_number_host_s",
-                  "cast_wrapped_number_host_s"):
-        del data[field]
+def test_forward_host_adds_what_ops_pay_in_sequence():
+    """`tiny_layer`'s 18 us (`test_forward_host_is_views_ops_calls_nodes_and_excess`) run
+    among 20 distinct ops on a kit at 0.05 us per op per distinct op beyond 16: 5 ops x
+    0.05 x (20 - 16) = 1 us more, 19 us; among 16 or fewer (at the knee, below it, or not
+    counted: 0), 18 us; a kit without the figure (0), 18 us."""
+    layer = with_python_nodes(tiny_layer(), 4)
+    spec = cpu(IN_SEQUENCE)
+    assert forward_host_seconds(with_distinct_ops(layer, 20), spec, False) == \
+        pytest.approx(19 * US)
+    for distinct in (16, 5, 0):
+        assert forward_host_seconds(with_distinct_ops(layer, distinct), spec, False) == \
+            pytest.approx(18 * US)
+    assert forward_host_seconds(with_distinct_ops(layer, 20), cpu(FORWARD_PARTS), False) == \
+        pytest.approx(18 * US)
+
+
+def test_the_in_sequence_fit_finds_the_knee_and_the_slope():
+    """Chains made by hand at 40 ns per op per distinct op beyond 12 (and a flat 0 below):
+    10 distinct, 0; 20 distinct, 60 ops: 60 x 40 x 8 = 19.2 us; 30 distinct, 50 ops: 50 x
+    40 x 18 = 36 us; 40 distinct, 40 ops: 40 x 40 x 28 = 44.8 us. The fit reads 40 ns
+    beyond 12, no residual; the kit fields carry both."""
+    from cost_models.sequence_probes import SequenceChain, in_sequence_cost
+
+    chains = [SequenceChain(48, d, ops, d, 100e-6 + extra, 100e-6)
+              for d, ops, extra in ((10, 60, 0.0), (20, 60, 19.2e-6), (30, 50, 36e-6),
+                                    (40, 40, 44.8e-6))]
+    cost = in_sequence_cost(chains)
+    assert cost.op_s == pytest.approx(40e-9)
+    assert cost.knee_distinct_ops == 12.0
+    assert cost.residual_s == pytest.approx(0.0, abs=1e-12)
+    assert cost.calibration_fields() == dict(in_sequence_op_host_s=cost.op_s,
+                                             in_sequence_knee_distinct_ops=12.0)
+
+
+def test_the_sequence_probe_counts_its_chain_as_a_layer_is_counted():
+    """A chain of 8 calls of 4 distinct ones from the pool: its ops and distinct ops are
+    the dispatch counter's (the same `OpCounter` a layer's forward runs under), distinct
+    at most the ops and at least one per distinct call; both timings positive and below
+    1 ms. The pool's calls are distinct Python calls (48)."""
+    import random
+
+    from cost_models.sequence_probes import SEQUENCE_SEED, sequence_chain, sequence_pool
+
+    pool = sequence_pool("cpu", grad=True)
+    assert len(pool) == 48 and len(set(pool)) == 48
+    chain = sequence_chain(pool, 4, calls=8, grad=True)
+    kinds = list(pool)
+    random.Random(SEQUENCE_SEED).shuffle(kinds)
+    counter = OpCounter()
+    with counter, torch.enable_grad():
+        for call in (kinds[:4] * 2):
+            call()
+    assert (chain.calls, chain.distinct_calls) == (8, 4)
+    assert (chain.ops, chain.distinct_ops) == (counter.count, counter.distinct_ops)
+    assert 4 <= chain.distinct_ops <= chain.ops
+    assert 0 < chain.in_order_s < 1e-3 and 0 < chain.tight_loops_s < 1e-3
+
+
+def test_calibration_json_without_the_sequence_figures_and_with_retired_ones_loads():
+    """A kit written before the in-sequence figures loads them as 0; one written on
+    2026-11-24 carries the per-call figures at 0 (never measured by profile-device) and
+    loads as before; a measured per-call figure is refused, naming the field."""
+    from ir.errors import PlannerError
+
+    data = json.loads(json.dumps(IN_SEQUENCE.to_dict()))
+    assert KernelCalibration.from_dict(data) == IN_SEQUENCE
+    del data["in_sequence_op_host_s"], data["in_sequence_knee_distinct_ops"]
     old = KernelCalibration.from_dict(data)
-    assert (old.python_call_host_s, old.inner_op_host_s) == (0.0, 0.0)
-    assert (old.wrapped_number_host_s, old.cast_wrapped_number_host_s) == (0.0, 0.0)
-    counted = with_python_calls(uncounted, 3)
-    assert forward_host_seconds(counted, cpu(old), False) == pytest.approx(18 * US)
-
-
-def test_the_call_probe_prices_a_call_above_an_op_inside_a_composite():
-    """The probe's chains dispatch what its docstring says (16 adds; 16 F.linear on 3-D,
-    4 ops each), and a Python call costs the host more than an op a composite dispatches
-    inside one, both positive and below 10 us; the kit carries both."""
-    from cost_models.call_probes import CALL_CHAIN_CALLS, python_call_seconds
-
-    cost = python_call_seconds("cpu", lambda op: 0.0)
-    assert (cost.chain_ops, cost.composite_ops) == (CALL_CHAIN_CALLS, 4 * CALL_CHAIN_CALLS)
-    assert 0 < cost.inner_op_s < cost.call_s < 1e-5
-    assert 0 < cost.cast_wrapped_number_s < 1e-5 and 0 <= cost.wrapped_number_s < 1e-5
-    assert cost.calibration_fields() == dict(
-        python_call_host_s=cost.call_s, inner_op_host_s=cost.inner_op_s,
-        wrapped_number_host_s=cost.wrapped_number_s,
-        cast_wrapped_number_host_s=cost.cast_wrapped_number_s)
-
-
-def test_wrapped_numbers_are_python_numbers_in_tensor_arguments():
-    """`x * 0.5` on float32 dispatches mul.Tensor(x, 0.5): a double wrapped and cast; `i +
-    1` on int64 a long, no cast; `x + y` none; `x.pow(2)` and `torch.clamp(x, min=0.0)`
-    take Scalar arguments (nothing wrapped)."""
-    from ir.op_count import OpCounter
-
-    x, y, i = torch.randn(2, 8), torch.randn(2, 8), torch.arange(4)
-    for fn, expected in ((lambda: x * 0.5, (1, 1)), (lambda: i + 1, (1, 0)),
-                         (lambda: x + y, (0, 0)), (lambda: x.pow(2), (0, 0)),
-                         (lambda: torch.clamp(x, min=0.0), (0, 0))):
-        counter = OpCounter()
-        with counter:
-            fn()
-        assert (counter.wrapped_numbers, counter.cast_wrapped_numbers) == expected
-
-
-class NumberBlock(nn.Module):
-    """`(x * 0.5 + 1) * x + (x > 0).long() * 2`: 0.5 and 1 into float32 ops (2 cast), 2
-    into an int64 op (not cast), `> 0` a Scalar argument (gt.Scalar: none), the rest
-    tensors: 3 wrapped numbers, 2 cast."""
-
-    def forward(self, x):
-        return (x * 0.5 + 1) * x + (x > 0).long() * 2
-
-
-def test_wrapped_numbers_are_counted_per_layer():
-    """The Sequential is one layer: `NumberBlock`'s 3 numbers (2 cast); its Linear
-    (F.linear: t, addmm on tensors) hands torch none."""
-    net = nn.Sequential(NumberBlock(), nn.Linear(8, 2))
-    graph = build_layer_graph(net, {"input": torch.randn(2, 8)}, dtype=torch.float32)
-    (layer,) = graph.layers
-    assert (layer.wrapped_numbers_fwd, layer.cast_wrapped_numbers_fwd) == (3, 2)
-
-
-def test_forward_host_prices_wrapped_numbers():
-    """The 14.5 us of `test_forward_host_prices_python_calls_and_inner_ops` with 3 wrapped
-    numbers, 2 of them cast, at 0.4 us and 1.2 us: 14.5 + 0.4 + 2.4 = 17.3 us."""
-    layer = with_python_calls(with_python_nodes(tiny_layer(), 4), 3)
-    layer = dataclasses.replace(layer, measured=dataclasses.replace(
-        layer.measured, wrapped_numbers_fwd=3, cast_wrapped_numbers_fwd=2))
-    kit = dataclasses.replace(PER_CALL, wrapped_number_host_s=0.4 * US,
-                              cast_wrapped_number_host_s=1.2 * US)
-    assert forward_host_seconds(layer, cpu(kit), False) == pytest.approx(17.3 * US)
-
-
-class NoopBlock(nn.Module):
-    """`x.to(torch.float32)`, `.contiguous()` and `.float()` on a contiguous float32 tensor
-    return it (no op: torch calls that dispatched nothing); `x.size(-1)` is a Python node
-    that is no such call; then one op (mul)."""
-
-    def forward(self, x):
-        y = x.to(torch.float32).contiguous().float()
-        return y * x.size(-1)
-
-
-def test_noop_torch_calls_are_counted_among_python_nodes():
-    """3 no-op calls of `NoopBlock`'s python nodes (the `size` call is not one); a
-    `.to` that casts dispatches an op: a call, not a no-op (the count reads the ops each
-    node dispatched)."""
-    graph = build_layer_graph(NoopBlock(), {"x": torch.randn(2, 8)}, dtype=torch.float32)
-    (layer,) = graph.layers
-    assert layer.noop_calls_fwd == 3
-    assert layer.python_nodes_fwd >= 4  # the three and the size call at least
-    assert layer.python_calls_fwd == 1  # mul
-    from torch import fx
-
-    from ir.op_count import noop_calls
-
-    g = fx.Graph()
-    x = g.placeholder("x")
-    cast = g.call_method("to", (x, torch.float32))
-    g.output(cast)
-    nodes = [cast]
-    assert noop_calls(nodes, {cast: 0}, 0) == 1  # dispatched nothing: same dtype
-    assert noop_calls(nodes, {cast: 0}, 1) == 0  # dispatched one op: a real cast
-
-
-def test_forward_host_prices_noop_calls_per_call_on_the_per_call_kit():
-    """The 14.5 us of `test_forward_host_prices_python_calls_and_inner_ops` with 1 of its 4
-    python nodes a no-op torch call: that one at the 1 us call price, not 0.25: 14.5 -
-    0.25 + 1 = 15.25 us. A kit without the per-call figures prices it as a python node,
-    as before: the 18 us of `test_forward_host_is_views_ops_calls_nodes_and_excess`."""
-    layer = with_python_calls(with_python_nodes(tiny_layer(), 4), 3)
-    layer = dataclasses.replace(layer, measured=dataclasses.replace(
-        layer.measured, noop_calls_fwd=1))
-    assert forward_host_seconds(layer, cpu(PER_CALL), False) == pytest.approx(15.25 * US)
-    assert forward_host_seconds(layer, cpu(FORWARD_PARTS), False) == pytest.approx(18 * US)
+    assert (old.in_sequence_op_host_s, old.in_sequence_knee_distinct_ops) == (0.0, 0.0)
+    retired = dict(data, python_call_host_s=0.0, inner_op_host_s=0.0,
+                   wrapped_number_host_s=0.0, cast_wrapped_number_host_s=0.0)
+    assert KernelCalibration.from_dict(retired) == old
+    with pytest.raises(PlannerError, match="python_call_host_s"):
+        KernelCalibration.from_dict(dict(retired, python_call_host_s=1e-6))
