@@ -18,11 +18,12 @@ Target: the new pricing's median |error| and its count over 15% not above the ol
 (exit 1 otherwise: then profile-device must stop writing the in-sequence fields). On
 2026-11-25 (load 3-4 on 2 shared cores, --quick, 5 models x 3 micro-batches, 72 layers,
 four runs) it held in each: old 28.2 / 36.4 / 25.9 / 26.4% median, 49 / 62 / 44 / 44
-over 15%; new 20.2 / 30.5 / 24.3 / 25.2%, 48 / 59 / 41 / 40. The same runs priced the
-forward per Python-level call and per op inside a C++ composite (a probe and a pricing
-branch since removed, git 202fd1c): 29.4 / 34.0 / 27.7 / 27.2%, 57 / 63 / 54 / 57; with
-the in-sequence term 26.3 / 30.7 / 27.4 / 25.8%, 55 / 59 / 50 / 54: more layers over 15%
-than per-op pricing in three runs of four. Timings on a loaded machine are noise even on
+over 15%; new 20.2 / 30.5 / 24.3 / 25.2%, 48 / 59 / 41 / 40; two more with profile-device
+writing the fields (load 7-10): old 28.6 / 24.9%, 47 / 47; new 26.1 / 23.6%, 46 / 44.
+The first four runs priced the forward per Python-level call and per op inside a C++
+composite (a probe and a pricing branch since removed, git 202fd1c): 29.4 / 34.0 / 27.7
+/ 27.2%, 57 / 63 / 54 / 57; with the in-sequence term 26.3 / 30.7 / 27.4 / 25.8%, 55 /
+59 / 50 / 54: more layers over 15% than per-op pricing in three runs of four. Timings on a loaded machine are noise even on
 the thread clock (caches are shared): re-measure on a quiet one.
 
     .venv/bin/python bench/bench_host_ab.py [--quick] [--models gpt-tiny,t5-tiny]
