@@ -23,8 +23,9 @@ writing the fields (load 7-10): old 28.6 / 24.9%, 47 / 47; new 26.1 / 23.6%, 46 
 The first four runs priced the forward per Python-level call and per op inside a C++
 composite (a probe and a pricing branch since removed, git 202fd1c): 29.4 / 34.0 / 27.7
 / 27.2%, 57 / 63 / 54 / 57; with the in-sequence term 26.3 / 30.7 / 27.4 / 25.8%, 55 /
-59 / 50 / 54: more layers over 15% than per-op pricing in three runs of four. Timings on a loaded machine are noise even on
-the thread clock (caches are shared): re-measure on a quiet one.
+59 / 50 / 54: more layers over 15% than per-op pricing in three runs of four. Timings on
+a loaded machine are noise even on the thread clock (caches are shared): re-measure on a
+quiet one.
 
     .venv/bin/python bench/bench_host_ab.py [--quick] [--models gpt-tiny,t5-tiny]
 

@@ -30,8 +30,8 @@ call: 8.3-8.9 us against 2.4-3.2 in a loop). `planner profile` times every layer
 (its forward right after its own backward), a training step does not: identical blocks
 run back to back, warm. It fits what 1-op layers miss against the profile (llama's
 embedding: 10-13 us measured, 7-9 us over its prediction; bench_host_ab.py); it is not
-priced here, since pricing it per layer would charge every repeated block of a step. Re-measure all of it on a
-quiet machine. Writes bench/results/in_sequence.json.
+priced here, since pricing it per layer would charge every repeated block of a step.
+Re-measure all of it on a quiet machine. Writes bench/results/in_sequence.json.
 
     .venv/bin/python bench/bench_in_sequence.py
 """

@@ -33,9 +33,10 @@ from dataclasses import dataclass
 
 
 # A chain is SEQUENCE_CALLS calls made of k distinct ones from `sequence_pool` repeated in
-# turn, for k in SEQUENCE_DISTINCT; per round it runs SEQUENCE_RUNS times in order, then each distinct call SEQUENCE_RUNS times
-# alone; each chain's figure is the median over SEQUENCE_ROUNDS rounds after
-# SEQUENCE_WARMUP_RUNS untimed runs (tens of milliseconds a round).
+# turn, for k in SEQUENCE_DISTINCT; per round it runs SEQUENCE_RUNS times in order, then
+# each distinct call SEQUENCE_RUNS times alone; each chain's figure is the median over
+# SEQUENCE_ROUNDS rounds after SEQUENCE_WARMUP_RUNS untimed runs (tens of milliseconds a
+# round).
 SEQUENCE_CALLS = 48  # a transformer block's forward makes 30-60 Python calls
 SEQUENCE_DISTINCT = (8, 16, 24, 32, 40, 48)
 SEQUENCE_RUNS = 40
