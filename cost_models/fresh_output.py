@@ -41,9 +41,12 @@ from cost_models.kernel_loops import measured, memory_gbps
 
 KIND = "fresh_output"
 # Output sizes the probe writes: the zoo's tensors (llama-tiny's block at micro-batch 16
-# writes 16-512 KiB outputs) and past this CPU's 1 MiB L2 (lscpu: 2 MiB, 2 instances),
-# where the warm probes' own outputs already leave L2.
-FRESH_OUTPUT_BYTES = (8 * 2**10, 32 * 2**10, 128 * 2**10, 512 * 2**10, 2 * 2**20)
+# writes 16-512 KiB outputs), past this CPU's 1 MiB L2 (lscpu: 2 MiB, 2 instances), where
+# the warm probes' own outputs already leave L2, and past its 32 MiB L3, where they stream
+# from DRAM either way (here 2026-11-25: 38-44 ns per KiB at 128 KiB, 12-16 at 2 MiB, 4-6
+# at 8-16 MiB; at 32 MiB no slower, and 4 s more of probe); past the last size its rate
+# applies (`kernel_loops.memory_gbps`).
+FRESH_OUTPUT_BYTES = (8 * 2**10, 32 * 2**10, 128 * 2**10, 512 * 2**10, 2 * 2**20, 8 * 2**20)
 # Fresh blocks rotate over this many bytes: 2x this CPU's 32 MiB L3 (lscpu), so a block's
 # lines were last written a pool ago and are out of every cache level, as a freed block
 # is when a pass (15-27 MiB of kernel traffic at llama-tiny mb 16) ran since.

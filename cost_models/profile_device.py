@@ -9,6 +9,8 @@
   conv         2-D convolutions forward and backward on a few shapes (`conv_probes`)
   SDPA         each torch.nn.attention.SDPBackend that runs on a few attention shapes,
                forward and backward, plus the dispatcher's own choice ("default")
+  fresh output (CPU) an add writing into blocks not in cache over one hot block: what a
+               kernel pays per output byte in a layer's sequence (`fresh_output`)
   launch       host seconds to dispatch one tiny eager op; on CUDA also the device's
                seconds per tiny kernel replayed from a CUDA graph (no host in the loop)
 
