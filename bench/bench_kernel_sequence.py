@@ -12,18 +12,29 @@ their outputs), then times on the thread's CPU clock, medians over REPEATS:
   in order  the recorded ops replayed in order, each op's tensor arguments the replay's
             own outputs of the ops that produced them (fresh allocations, the same data
             flow), each op clocked on its own (the clock's own cost subtracted)
-  1st/again the same replay, each op run twice at once: "again" has its inputs, code and
-            TLB hot but writes a fresh block (the first call's output is kept)
+  1st'      the same, each op then re-run at once ("again hot": its first output freed
+            first, so malloc hands the repeat that block back: inputs, output, code hot)
+  again     the same, the first output kept: the repeat writes another block
+  code warm the replay, each op first run untimed on one-element corners of its tensors
+            (its code hot, its data not); "data warm": each tensor argument read first
   alone     each op re-run alone with its recorded arguments: inputs hot, and malloc
             hands each repeat the block the last one freed (output hot too)
   L3, cold  each op alone after EVICT_L2_BYTES / EVICT_BYTES were written
 
 Ops with a kernel are summed (views and NO_KERNEL_OPS apart: the host model's). Minor
 page faults (getrusage(RUSAGE_THREAD).ru_minflt, load-independent) of one real pass, one
-in-order pass, one call of each op alone. "again-alone" is what writing outputs into
-cold blocks costs; "fresh ops/records" prices it with the fresh_output probe
-(`cost_models.fresh_output`) from the ops' real output bytes / the layer's kernel
-records (what `kernel_time` adds). "1st-again fit": the rest, per op vs bytes.
+in-order pass, one call of each op alone. "fresh ops/records" prices the outputs' cold
+lines with the fresh_output probe (`cost_models.fresh_output`) from the ops' real output
+bytes / the layer's kernel records (what `kernel_time` adds); "1st'-hot-fresh" is the
+rest of what a first call pays, fitted per op + per KiB; "tiny ops" the mean first-call
+excess of ops moving at most TINY_OP_BYTES (no data to speak of: code).
+
+Read (2026-11-25, load 5-8, llama-tiny and gpt-tiny blocks.0 at micro-batch 16): no page
+fault anywhere (glibc reuses its heap); in order ~ 1st', 1st' - alone ~470-830 us a
+pass, in three parts: outputs written into cold blocks (the fresh-output price, 125-300
+us; "again" - "alone" agrees), the op's code cold (1st' - code warm: 150-360 us, ~3-7
+us per kernel op; arange, moving nothing, pays ~28 us on its first call and ~5 warm),
+and a rest (50-450 us, largest on gelu / gelu_backward; data warm recovers little of it).
 
 Target: alone + the fresh-output term (records) within 15% (issue 17's per-layer bound) of
 "again", on passes whose kernels alone sum to TARGET_MIN_KERNEL_S or more (micro-batch 1
@@ -73,6 +84,7 @@ EVICT_BYTES = 64 * 2 ** 20  # 2x this CPU's 32 MiB L3 (lscpu): evicts every cach
 EVICT_L2_BYTES = 4 * 2 ** 20  # 4x this core's 1 MiB L2 (lscpu: 2 MiB, 2 instances): L1
 # and L2 evicted, inputs left in the 32 MiB L3
 TOP_OPS = 4
+TINY_OP_BYTES = 4 * 2**10  # ops moving at most this: what their first call pays is not data
 TARGET_ERROR = 0.15  # issue 17's per-layer bound
 TARGET_MIN_KERNEL_S = 500e-6
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
@@ -116,21 +128,33 @@ class Replay:
                 if isinstance(t, torch.Tensor):
                     produced[id(t)] = (i, position)
 
-    def run(self, clock, clock_s: float, again: bool = False):
+    def run(self, clock, clock_s: float, again: str = "", warm: str = ""):
         """One pass in order: per op, seconds less one empty clock pair. `again`: each op
         also re-runs at once with the same arguments (its inputs, code and pages now hot),
-        timed apart: (first, again) seconds; its output is dropped."""
+        timed apart: (first, again) seconds. "fresh": the first call's output is kept (the
+        repeat writes another block); "hot": it is freed first (malloc hands the repeat
+        that block back, as a repeat alone gets it) and the repeat's output is kept.
+        `warm` (untimed, before each op): "code" runs the op on one-element corners of its
+        tensors (its code hot, not its data; ops that refuse such shapes are left cold);
+        "data" reads each tensor argument (a sum: its lines hot, not the op's code)."""
         outs, first, repeat = [], [], []
         for phase, func, name, kernel, leaves, refs, spec in self.ops:
             args = [x if r is None else outs[r[0]][r[1]] for x, r in zip(leaves, refs)]
             a, k = pytree.tree_unflatten(args, spec)
+            if warm and kernel:
+                prewarm(func, args, spec, warm)
             start = clock()
             out = func(*a, **k)
             first.append(clock() - start - clock_s)
             if again:
+                if again == "hot":
+                    del out
                 start = clock()
-                func(*a, **k)
+                second = func(*a, **k)
                 repeat.append(clock() - start - clock_s)
+                if again == "hot":
+                    out = second
+                del second
             outs.append(pytree.tree_leaves(out))
         return first, repeat
 
@@ -144,6 +168,22 @@ class Replay:
             outs.append(pytree.tree_leaves(func(*a, **k)))
             counts[phase] += minor_faults() - before
         return counts
+
+
+def prewarm(func, leaves, spec, what: str) -> None:
+    """See `Replay.run`'s `warm`."""
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor) and x.numel()]
+    if what == "data":
+        for x in tensors:
+            x.sum()
+        return
+    corner = [x[(slice(0, 1),) * x.dim()].clone() if isinstance(x, torch.Tensor) and x.numel()
+              else x for x in leaves]
+    a, k = pytree.tree_unflatten(corner, spec)
+    try:
+        func(*a, **k)
+    except (RuntimeError, IndexError, ValueError, TypeError):
+        pass
 
 
 def alone_seconds(func, args, kwargs, clock, clock_s: float, evict=None) -> tuple[float, int]:
@@ -227,8 +267,14 @@ def measure_row(model: str, micro_batch: int, layer_name: str, clock, clock_s: f
     median = lambda runs, k: [statistics.median(r[k][i] for r in runs)  # noqa: E731
                               for i in range(n)]
     plain = [replay.run(clock, clock_s) for _ in range(2 + REPEATS)][2:]
-    paired = [replay.run(clock, clock_s, again=True) for _ in range(2 + REPEATS)][2:]
+    paired = [replay.run(clock, clock_s, again="fresh") for _ in range(2 + REPEATS)][2:]
     in_order, first, again = median(plain, 0), median(paired, 0), median(paired, 1)
+    hot_paired = [replay.run(clock, clock_s, again="hot") for _ in range(2 + REPEATS)][2:]
+    hot_first, again_hot = median(hot_paired, 0), median(hot_paired, 1)
+    code_warm = median([replay.run(clock, clock_s, warm="code")
+                        for _ in range(2 + REPEATS)][2:], 0)
+    data_warm = median([replay.run(clock, clock_s, warm="data")
+                        for _ in range(2 + REPEATS)][2:], 0)
     seq_faults = replay.faults()
     ops = []
     for i, (phase, func, args, kwargs, out) in enumerate(recorder.entries):
@@ -240,6 +286,8 @@ def measure_row(model: str, micro_batch: int, layer_name: str, clock, clock_s: f
                     if fresh else 0.0,
                     "in_bytes": in_bytes, "out_bytes": out_bytes, "in_order_s": in_order[i],
                     "first_s": first[i], "again_s": again[i], "alone_s": alone,
+                    "hot_first_s": hot_first[i], "again_hot_s": again_hot[i],
+                    "code_warm_s": code_warm[i], "data_warm_s": data_warm[i],
                     "alone_faults": faults,
                     "l3_s": alone_seconds(func, args, kwargs, clock, clock_s, evict_l2)[0],
                     "cold_s": alone_seconds(func, args, kwargs, clock, clock_s, evict)[0]})
@@ -248,10 +296,13 @@ def measure_row(model: str, micro_batch: int, layer_name: str, clock, clock_s: f
         picked = [o for o in ops if o["phase"] == phase]
         kernels = [o for o in picked if o["kernel"]]
         total = lambda key, which=kernels: sum(o[key] for o in which)  # noqa: E731
-        # the penalty of running in sequence, per kernel op: first call - its repeat
-        intercept_s, per_byte_s = line_fit([o["in_bytes"] + o["out_bytes"] for o in kernels],
-                                           [o["first_s"] - o["again_s"] for o in kernels])
-        gaps = sorted(kernels, key=lambda o: -(o["first_s"] - o["again_s"]))[:TOP_OPS]
+        # what a first call in sequence pays over its repeat with everything hot, less the
+        # fresh-output price: per op (intercept) or per byte (slope)?
+        intercept_s, per_byte_s = line_fit(
+            [o["in_bytes"] + o["out_bytes"] for o in kernels],
+            [o["hot_first_s"] - o["again_hot_s"] - o["fresh_s"] for o in kernels])
+        tiny = [o for o in kernels if o["in_bytes"] + o["out_bytes"] <= TINY_OP_BYTES]
+        gaps = sorted(kernels, key=lambda o: -(o["hot_first_s"] - o["again_hot_s"]))[:TOP_OPS]
         rows.append({
             "model": model, "layer": layer_name, "micro_batch": micro_batch, "phase": phase,
             "real_s": statistics.median(r[p] for r in real),
@@ -259,13 +310,17 @@ def measure_row(model: str, micro_batch: int, layer_name: str, clock, clock_s: f
             "ops": len(picked), "kernel_ops": len(kernels),
             "in_order_all_s": total("in_order_s", picked), "alone_all_s": total("alone_s", picked),
             **{key: total(key) for key in ("in_order_s", "first_s", "again_s", "alone_s",
+                                           "hot_first_s", "again_hot_s", "code_warm_s",
+                                           "data_warm_s",
                                            "l3_s", "cold_s", "in_bytes", "out_bytes",
                                            "fresh_s")},
             # what kernel_time adds: the layer's kernel records through the model's term
             "fresh_records_s": sum(r.count * fresh_output_seconds(r, cal, config, 1.0, p == 1)
                                    for r in records[p] if r.kind is not KernelKind.VIEW),
             "in_order_faults": seq_faults[phase], "alone_faults": total("alone_faults", picked),
-            "penalty_intercept_s": intercept_s, "penalty_per_byte_s": per_byte_s,
+            "rest_intercept_s": intercept_s, "rest_per_byte_s": per_byte_s,
+            "tiny_ops": len(tiny), "tiny_first_excess_s": statistics.fmean(
+                o["hot_first_s"] - o["again_hot_s"] for o in tiny) if tiny else 0.0,
             "top_gaps": gaps, "all_ops": picked})
     return rows
 
@@ -290,21 +345,27 @@ def main() -> int:
         rows.extend(measure_row(model, int(micro_batch), layer_name, clock, clock_s, evict,
                                evict_l2, cal))
     us = lambda s: f"{s * 1e6:.0f}"  # noqa: E731
-    print(table(["model", "layer", "mb", "pass", "real", "in order (all)", "alone (all)",
-                 "in order", "1st", "again", "alone", "L3", "cold", "KiB", "again-alone",
-                 "fresh ops/records", "1st-again fit",
-                 "faults real/seq/alone", "top gaps (op KiB: 1st/again/alone/L3/cold us)"],
+    print(table(["model", "layer", "mb", "pass", "real", "all ops: in order/alone",
+                 "kernels: in order", "1st'", "code warm", "data warm", "again hot", "again",
+                 "alone", "L3", "cold",
+                 "out KiB", "again-alone", "fresh ops/records", "1st'-hot-fresh",
+                 "per op + per KiB", "tiny ops", "faults real/seq/alone",
+                 "top (op KiB: 1st'/code warm/data warm/again hot/alone/L3/cold)"],
                 [[r["model"], r["layer"], r["micro_batch"], r["phase"], us(r["real_s"]),
-                  us(r["in_order_all_s"]), us(r["alone_all_s"]), us(r["in_order_s"]),
-                  us(r["first_s"]), us(r["again_s"]), us(r["alone_s"]), us(r["l3_s"]),
-                  us(r["cold_s"]), f"{(r['in_bytes'] + r['out_bytes']) / 1024:.0f}",
-                  us(r["again_s"] - r["alone_s"]),
+                  f"{us(r['in_order_all_s'])}/{us(r['alone_all_s'])}", us(r["in_order_s"]),
+                  us(r["hot_first_s"]), us(r["code_warm_s"]), us(r["data_warm_s"]),
+                  us(r["again_hot_s"]), us(r["again_s"]),
+                  us(r["alone_s"]), us(r["l3_s"]), us(r["cold_s"]),
+                  f"{r['out_bytes'] / 1024:.0f}", us(r["again_s"] - r["alone_s"]),
                   f"{us(r['fresh_s'])}/{us(r['fresh_records_s'])}",
-                  f"{r['penalty_intercept_s'] * 1e6:.2f} us + "
-                  f"{r['penalty_per_byte_s'] * 1e12 * 1024:.1f} ns/KiB",
+                  us(r["hot_first_s"] - r["again_hot_s"] - r["fresh_s"]),
+                  f"{r['rest_intercept_s'] * 1e6:.1f} us + "
+                  f"{r['rest_per_byte_s'] * 1e9 * 1024:.1f} ns",
+                  f"{r['tiny_ops']}: {r['tiny_first_excess_s'] * 1e6:.1f} us",
                   f"{r['real_faults']:.0f}/{r['in_order_faults']:.0f}/{r['alone_faults']:.0f}",
                   ", ".join(f"{g['op']} {(g['in_bytes'] + g['out_bytes']) // 1024}: "
-                            f"{us(g['first_s'])}/{us(g['again_s'])}/{us(g['alone_s'])}/"
+                            f"{us(g['hot_first_s'])}/{us(g['code_warm_s'])}/"
+                            f"{us(g['data_warm_s'])}/{us(g['again_hot_s'])}/{us(g['alone_s'])}/"
                             f"{us(g['l3_s'])}/{us(g['cold_s'])}" for g in r["top_gaps"])]
                  for r in rows]))
     for r in rows:
