@@ -17,8 +17,9 @@ from ir.kernel_calibration import KernelCalibration, MemoryKernelPoint
 from ir.kernel_records import KernelKind, KernelRecord
 from ir.strategy import Precision
 
+from cost_models.clusters import get_cluster
 from cost_models.common import StepConfig
-from cost_models.fresh_output import FRESH_OUTPUT_BYTES, probe_fresh_output
+from cost_models.fresh_output import FRESH_OUTPUT_BYTES, fresh_output_seconds, probe_fresh_output
 from cost_models.kernel_time import kernel_call_seconds, pass_seconds
 from cost_models.profile_device import seconds_per_call
 
@@ -136,3 +137,16 @@ def test_the_probe_runs_on_this_cpu_and_writes_cold_lines_slower():
     # of 1e3 lands outside)
     assert all(p.kernel == "fresh_output" and 0.1 < p.gbps < 1e4 for p in points)
     assert probe_fresh_output("cuda", seconds_per_call) == []  # GPU probes rotate already
+
+
+def test_the_committed_gpu_preset_carries_no_figure_and_adds_nothing():
+    # The H100 preset's calibration (measured before the probe, and a GPU: its probes
+    # rotate buffers past L2 already) holds no fresh_output point: every kernel of the tiny
+    # layer, at any micro-batch, adds 0 and the pass is its roofline sum, as before.
+    h100 = get_cluster("h100-80g")
+    assert not [p for p in h100.kernel_calibration.memory_kernels
+                if p.kernel == "fresh_output"]
+    for micro_batch in (1, 16):
+        for backward in (False, True):
+            assert all(fresh_output_seconds(r, h100.kernel_calibration, config(micro_batch),
+                                            1.0, backward) == 0.0 for r in LAYER)
