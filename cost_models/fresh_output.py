@@ -23,7 +23,8 @@ call of a record: its output bytes at that rate; 0 where the calibration has no 
 (GPUs: their probes rotate buffers already; CPU specs measured before this probe).
 Outputs counted: a GEMM's m x n, a memory kernel's first output (its record's shape),
 attention's output forward and its three input gradients backward, a convolution
-forward's output. Not counted: in-place ops (their output is their input), embedding
+forward's output, an embedding backward's table gradient (weight-sized: it does not grow
+with the micro-batch). Not counted: in-place ops (their output is their input), embedding
 bags, a convolution backward's gradients (the record keeps no input positions).
 """
 
@@ -106,6 +107,8 @@ def output_bytes(r: KernelRecord, config: StepConfig, share: float, backward: bo
             return 0.0
         groups, batch, _, c_out, positions, _, _ = r.shape
         return groups * batch * config.batch_scale * c_out * share * positions * element
+    if op == "embedding_dense_backward":  # the table's gradient: weight-sized, as
+        return r.weight_bytes * config.dtype_scale * share  # kernel_time's table fill
     if r.kind is KernelKind.MEMORY and not op.endswith("_") and op not in EMBEDDING_BAG_OPS:
         # in the compute dtype, as the model's other activation bytes (an int64 index or a
         # bool mask is priced at its elements' count; they are the small outputs)
@@ -122,5 +125,6 @@ def fresh_output_seconds(r: KernelRecord, cal, config: StepConfig, share: float,
     nbytes = output_bytes(r, config, share, backward)
     if nbytes <= 0:
         return 0.0
-    # bench/bench_kernel_sequence.py: in sequence - alone ~ fresh output bytes x this rate
+    # write-allocate (Hennessy & Patterson, Computer Architecture 6th ed. §B.1: a write miss
+    # fetches the line first), priced at the rate `probe_fresh_output` measured
     return nbytes / (memory_gbps(cal, KIND, config.precision.compute_dtype, nbytes, 1.0) * GB)

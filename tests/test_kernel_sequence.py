@@ -150,3 +150,15 @@ def test_the_committed_gpu_preset_carries_no_figure_and_adds_nothing():
         for backward in (False, True):
             assert all(fresh_output_seconds(r, h100.kernel_calibration, config(micro_batch),
                                             1.0, backward) == 0.0 for r in LAYER)
+
+
+def test_an_embedding_backward_writes_a_table_whatever_the_micro_batch():
+    # embedding_dense_backward's output is the (100 x 16) fp32 table gradient, 6400 bytes:
+    # at micro-batch 1 or 16 alike, below the first point (10 GB/s): 6400 / 10e9 s.
+    grad = KernelRecord("aten::embedding_dense_backward", KernelKind.MEMORY, "float32",
+                        (100, 16), 1, weight_bytes=100 * 16 * 4,
+                        activation_bytes=64 * (16 * 4 + 8))
+    cal = with_fresh().kernel_calibration
+    for micro_batch in (1, 16):
+        assert fresh_output_seconds(grad, cal, config(micro_batch), 1.0, True) == \
+            pytest.approx(6400 / 10e9)
