@@ -7,8 +7,8 @@ layer's forward and backward once under a dispatch mode below autograd that reco
 every ATen op with its real arguments (views and allocations too: the replay needs
 their outputs), then times on the thread's CPU clock, medians over REPEATS:
 
-  real      the layer itself (its GraphModule forward, autograd backward; parameters'
-            .grad cleared first, as `cost_models.layer_profile.time_layer` runs it)
+  real      the layer itself (its GraphModule forward, autograd backward less the
+            engine's start; .grad cleared first: as `layer_profile.time_layer` runs it)
   in order  the recorded ops replayed in order, each op's tensor arguments the replay's
             own outputs of the ops that produced them (fresh allocations, the same data
             flow), each op clocked on its own (the clock's own cost subtracted)
@@ -35,12 +35,15 @@ pass, in three parts: outputs written into cold blocks (the fresh-output price, 
 us; "again" - "alone" agrees), the op's code cold (1st' - code warm: 150-360 us, ~3-7
 us per kernel op; arange, moving nothing, pays ~28 us on its first call and ~5 warm),
 and a rest (50-450 us, largest on gelu / gelu_backward; data warm recovers little of it).
+--predict at load 8 (thread clock; a quiet host reads lower): the compute model with the
+fresh-output term -16% to -29% of the real mb-16 passes, without it -23% to -41%.
 
 Target: alone + the fresh-output term (records) within 15% (issue 17's per-layer bound) of
 "again", on passes whose kernels alone sum to TARGET_MIN_KERNEL_S or more (micro-batch 1
 passes are tens of microseconds of kernels, mostly dispatch); exit 1 otherwise.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_kernel_sequence.py [--rows m:mb:layer,...]
+        [--predict]   (+ the compute model's prediction vs the real pass, thread clock)
 
 Writes bench/results/kernel_sequence.json. On a loaded host compare the columns of one run
 (back to back), not runs.
@@ -61,18 +64,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_kernel_model import traced_graph  # noqa: E402
+from bench.bench_kernel_model import gemm_shapes, traced_graph  # noqa: E402
 from cost_models.common import GB, StepConfig  # noqa: E402
+from cost_models.compute import layer_compute  # noqa: E402
 from cost_models.fresh_output import KIND, fresh_output_seconds, probe_fresh_output  # noqa: E402
-from cost_models.host_probes import probe_clock  # noqa: E402
+from cost_models.host_probes import autograd_call_s, probe_clock  # noqa: E402
 from cost_models.kernel_loops import memory_gbps  # noqa: E402
-from cost_models.profile_device import seconds_per_call  # noqa: E402
+from cost_models.profile_device import profile_device, seconds_per_call  # noqa: E402
 from ir.graph_measurer import _clear_grads  # noqa: E402
 from ir.kernel_calibration import KernelCalibration  # noqa: E402
 from ir.kernel_recorder import NO_KERNEL_OPS  # noqa: E402
 from ir.kernel_records import KernelKind  # noqa: E402
 from ir.stand_in import real_factory  # noqa: E402
-from ir.strategy import Precision  # noqa: E402
+from ir.strategy import LayerStrategy, Precision  # noqa: E402
 from planner.fmt import table  # noqa: E402
 
 # issue 17's kernel-dominated rows, and one micro-batch 1 row (not judged: see Target)
@@ -224,7 +228,8 @@ def real_pass(measurer, index, module, state, factory, clock):
     f2, back = minor_faults(), clock()
     torch.autograd.backward(outs, seeds)
     end, f3 = clock(), minor_faults()
-    return mid - start, end - back, f1 - f0, f3 - f2
+    # the engine's start left out, as time_layer does (a step pays it once, not per layer)
+    return mid - start, max(0.0, end - back - autograd_call_s("cpu")), f1 - f0, f3 - f2
 
 
 def op_bytes(args, kwargs, out) -> tuple[int, int]:
@@ -243,13 +248,15 @@ def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 
 def measure_row(model: str, micro_batch: int, layer_name: str, clock, clock_s: float,
-                evict, evict_l2, cal) -> list[dict]:
-    graph, measurer = traced_graph(model, micro_batch)
+                evict, evict_l2, cal, traced, spec) -> list[dict]:
+    graph, measurer = traced
     index = [layer.name for layer in graph.layers].index(layer_name)
     config = StepConfig(micro_batch=micro_batch, graph_micro_batch=graph.micro_batch,
                         graph_dtype=graph.dtype, precision=Precision.FP32,
                         seq_len=graph.seq_len, device_type="cpu")
     records = (graph.layers[index].kernels.forward, graph.layers[index].kernels.backward)
+    predicted = None if spec is None else layer_compute(graph.layers[index], LayerStrategy(),
+                                                        spec, config)
     factory = real_factory("cpu")
     state = measurer.layer_state(index, factory)
     module = measurer.layer_module(index, state)
@@ -321,6 +328,8 @@ def measure_row(model: str, micro_batch: int, layer_name: str, clock, clock_s: f
             "rest_intercept_s": intercept_s, "rest_per_byte_s": per_byte_s,
             "tiny_ops": len(tiny), "tiny_first_excess_s": statistics.fmean(
                 o["hot_first_s"] - o["again_hot_s"] for o in tiny) if tiny else 0.0,
+            "predicted_s": None if predicted is None else
+            (predicted.forward_s, predicted.backward_s)[p],
             "top_gaps": gaps, "all_ops": picked})
     return rows
 
@@ -328,22 +337,32 @@ def measure_row(model: str, micro_batch: int, layer_name: str, clock, clock_s: f
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=",".join(ROWS), help="model:micro_batch:layer,...")
+    parser.add_argument("--predict", action="store_true",
+                        help="also profile this CPU (profile-device, ~1 min) and set the "
+                        "compute model's per-layer prediction against the real pass")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    wanted = [(m, int(b), name) for m, b, name in (row.split(":") for row in args.rows.split(","))]
+    graphs = {(m, b): traced_graph(m, b) for m, b, _ in wanted}
+    spec = None
+    if args.predict:  # as bench_kernel_model does: its grid plus the layers' exact GEMMs
+        spec, _ = profile_device("cpu", quick=True, extra_gemm_shapes=gemm_shapes(
+            g for g, _ in graphs.values()))
+        torch.set_num_threads(1)
     clock = probe_clock("cpu")
     clock_s = statistics.median(-(clock() - clock()) for _ in range(101))
     evict = torch.zeros(EVICT_BYTES // 4)
     evict_l2 = torch.zeros(EVICT_L2_BYTES // 4)
-    cal = KernelCalibration("bench_kernel_sequence", memory_kernels=tuple(
-        probe_fresh_output("cpu", seconds_per_call)))
+    cal = spec.kernel_calibration if spec else KernelCalibration(
+        "bench_kernel_sequence", memory_kernels=tuple(probe_fresh_output("cpu", seconds_per_call)))
     print("fresh_output probe: " + ", ".join(f"{p.nbytes // 1024} KiB {1024 / p.gbps:.1f} ns/KiB"
-                                             for p in cal.memory_kernels))
+                                             for p in cal.memory_kernels
+                                             if p.kernel == KIND))
     rows = []
-    for spec in args.rows.split(","):
-        model, micro_batch, layer_name = spec.split(":")
-        rows.extend(measure_row(model, int(micro_batch), layer_name, clock, clock_s, evict,
-                               evict_l2, cal))
+    for model, micro_batch, layer_name in wanted:
+        rows.extend(measure_row(model, micro_batch, layer_name, clock, clock_s, evict,
+                                evict_l2, cal, graphs[(model, micro_batch)], spec))
     us = lambda s: f"{s * 1e6:.0f}"  # noqa: E731
     print(table(["model", "layer", "mb", "pass", "real", "all ops: in order/alone",
                  "kernels: in order", "1st'", "code warm", "data warm", "again hot", "again",
@@ -368,6 +387,15 @@ def main() -> int:
                             f"{us(g['data_warm_s'])}/{us(g['again_hot_s'])}/{us(g['alone_s'])}/"
                             f"{us(g['l3_s'])}/{us(g['cold_s'])}" for g in r["top_gaps"])]
                  for r in rows]))
+    if spec is not None:
+        print("\n" + table(
+            ["model", "layer", "mb", "pass", "real us", "predicted", "error",
+             "without the fresh term", "error"],
+            [[r["model"], r["layer"], r["micro_batch"], r["phase"], us(r["real_s"]),
+              us(r["predicted_s"]), f"{r['predicted_s'] / r['real_s'] - 1:+.0%}",
+              us(r["predicted_s"] - r["fresh_records_s"]),
+              f"{(r['predicted_s'] - r['fresh_records_s']) / r['real_s'] - 1:+.0%}"]
+             for r in rows]))
     for r in rows:
         r["target_error"] = (r["alone_s"] + r["fresh_records_s"]) / r["again_s"] - 1.0
     judged = [r for r in rows if r["alone_s"] >= TARGET_MIN_KERNEL_S]
@@ -380,6 +408,7 @@ def main() -> int:
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
         json.dump({"bench": "kernel_sequence", "load_average_1min": load,
+                   "spec_notes": spec.notes if spec else None,
                    "fresh_output_points": [(p.nbytes, p.gbps) for p in cal.memory_kernels],
                    "clock_pair_s": clock_s, "rows": rows}, f, indent=2)
     print(f"wrote {RESULTS}")
