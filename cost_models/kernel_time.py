@@ -55,6 +55,7 @@ from ir.op_count import RANDOM_OPS
 from ir.strategy import Checkpoint
 
 from cost_models.common import GB, StepConfig, dtype_bytes
+from cost_models.fresh_output import fresh_output_seconds
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.kernel_loops import SHORT_RUN_KINDS, loop_seconds, measured, memory_gbps
 from cost_models.item_probes import EMBEDDING_BAG_PROBE_DIM
@@ -383,6 +384,8 @@ def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config
         if cluster.random_element_s > 0 and r.op.split("::")[-1] in DRAW_ONLY_OPS:
             continue
         call_s = kernel_call_seconds(r, cluster, config, share, backward)
+        # seqkern hook: writing its output into lines not in cache, as in sequence
+        call_s += fresh_output_seconds(r, cluster.kernel_calibration, config, share, backward)
         sums[r.kind] += r.count * call_s
         launch += r.count * max(0.0, floor - call_s)
     return KernelSeconds(sums[KernelKind.GEMM], sums[KernelKind.ATTENTION],

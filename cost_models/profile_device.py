@@ -9,6 +9,8 @@
   conv         2-D convolutions forward and backward on a few shapes (`conv_probes`)
   SDPA         each torch.nn.attention.SDPBackend that runs on a few attention shapes,
                forward and backward, plus the dispatcher's own choice ("default")
+  fresh output (CPU) an add writing into blocks not in cache over one hot block: what a
+               kernel pays per output byte in a layer's sequence (`fresh_output`)
   launch       host seconds to dispatch one tiny eager op; on CUDA also the device's
                seconds per tiny kernel replayed from a CUDA graph (no host in the loop)
 
@@ -53,6 +55,7 @@ from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)
     CPU_SDPA_DTYPE, QUICK_CUDA_GEMM_SHAPES, CPU_CONV_SHAPES, CUDA_CONV_SHAPES, CPU_CONV_DTYPE,
     CUDA_CONV_DTYPE, BATCH_NORM_CHANNELS, CPU_SMALL_ONLY_KINDS, CPU_SMALL_ONLY_MAX_BYTES)
 from cost_models.conv_probes import probe_conv
+from cost_models.fresh_output import probe_fresh_output
 from cost_models.memory_probes import (host_charged_seconds, net_of_call_cost, probe_memory,
                                        probe_row_seconds)
 from cost_models.gemm_efficiency import gemm_shape_efficiency
@@ -356,6 +359,7 @@ def measure(device: str, quick: bool = False, progress=None,
             memory = fastest_points(memory, probe_memory(device, sizes[::-1], memory_dtype))
             memory = net_of_call_cost(memory, *host_charged_seconds(device))  # host's share
         row_s = probe_row_seconds(device, memory_dtype) if cpu else {}
+        memory = [*memory, *probe_fresh_output(device, seconds_per_call)]  # seqkern: CPU only
         sdpa_shapes = CPU_SDPA_SHAPES if cpu else CUDA_SDPA_SHAPES[:1] if quick else CUDA_SDPA_SHAPES
         sdpa = probe_sdpa(device, sdpa_shapes, CPU_SDPA_DTYPE if cpu else CUDA_SDPA_DTYPE, progress)
         conv = probe_conv(device, CPU_CONV_SHAPES if cpu else CUDA_CONV_SHAPES[:1] if quick

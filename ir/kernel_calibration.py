@@ -122,8 +122,9 @@ class MemoryKernelPoint:
 
     def __post_init__(self) -> None:
         where = f"memory kernel {self.kernel!r}"
-        if self.kernel not in MEMORY_KERNELS:
-            raise PlannerError(f"{where}: unknown kernel; use one of {', '.join(MEMORY_KERNELS)}")
+        if self.kernel not in MEMORY_KERNELS + APART_MEMORY_KERNELS:
+            raise PlannerError(f"{where}: unknown kernel; use one of "
+                               f"{', '.join(MEMORY_KERNELS + APART_MEMORY_KERNELS)}")
         _text(where, "dtype", self.dtype)
         _positive_int(where, "nbytes", self.nbytes)
         _positive(where, "gbps", self.gbps)
@@ -463,3 +464,11 @@ def fastest_points(*passes):
             if key(p) not in best or rate(p) > rate(best[key(p)]):
                 best[key(p)] = p
     return [best[key(p)] for p in passes[0]]
+
+
+# ---- seqkern (issue 17): memory-table kinds measured apart from `probe_memory`'s grid ----
+# "fresh_output": the extra a kernel pays writing its output into lines not in cache, as
+# in a layer's sequence (`cost_models.fresh_output`); its `nbytes` are the output's bytes
+# and its `gbps` those bytes over the extra seconds. A spec without its points prices
+# as before.
+APART_MEMORY_KERNELS = ("fresh_output",)

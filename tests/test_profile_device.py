@@ -15,10 +15,12 @@ import torch
 from cost_models import profile_device as pd
 from cost_models.clusters import get_cluster
 from cost_models.compute import gemm_efficiency as analytic_gemm_efficiency
+from cost_models.fresh_output import FRESH_OUTPUT_BYTES
 from cost_models.host_excess import HOST_EXCESS_OPS
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
-from ir.kernel_calibration import MEMORY_KERNELS, GemmPoint, KernelCalibration
+from ir.kernel_calibration import (APART_MEMORY_KERNELS, MEMORY_KERNELS, GemmPoint,
+                                   KernelCalibration)
 from planner.cli import main
 
 
@@ -54,11 +56,14 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     for dtype, peak in spec.peak_flops_by_dtype:
         assert peak == cal.best_gemm(dtype).flop_per_s
     # Each memory-bound kernel at each size; bandwidth from the best large copy or add.
-    assert {(p.kernel, p.nbytes >= 1) for p in cal.memory_kernels} == {
-        (k, True) for k in MEMORY_KERNELS}
+    grid = [p for p in cal.memory_kernels if p.kernel not in APART_MEMORY_KERNELS]
+    assert {(p.kernel, p.nbytes >= 1) for p in grid} == {(k, True) for k in MEMORY_KERNELS}
     large = sum(n > pd.CPU_SMALL_ONLY_MAX_BYTES for n in pd.CPU_MEMORY_BYTES)
-    assert len(cal.memory_kernels) == len(MEMORY_KERNELS) * len(pd.CPU_MEMORY_BYTES) \
+    assert len(grid) == len(MEMORY_KERNELS) * len(pd.CPU_MEMORY_BYTES) \
         - len(pd.CPU_SMALL_ONLY_KINDS) * large
+    # The fresh-output probe (cost_models.fresh_output) stored its points in the spec.
+    fresh = [p for p in cal.memory_kernels if p.kernel == "fresh_output"]
+    assert fresh and {p.nbytes for p in fresh} <= set(FRESH_OUTPUT_BYTES)
     streams = [p.gbps for p in cal.memory_kernels if p.kernel in ("copy", "add")
                and p.nbytes >= pd.HBM_MIN_MOVED_BYTES["cpu"]]
     assert spec.hbm_gbps == max(streams) and 0.1 < spec.hbm_gbps < 1e4
