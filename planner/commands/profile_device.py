@@ -30,6 +30,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from cost_models.fresh_output import KIND as FRESH_OUTPUT_KIND
     from cost_models.profile_device import check_device, profile_device
 
     check_out(args.out)
@@ -55,9 +56,14 @@ def run(args) -> int:
     for p in cal.memory_kernels:
         if p.kernel not in largest or p.nbytes > largest[p.kernel].nbytes:
             largest[p.kernel] = p
+    largest.pop(FRESH_OUTPUT_KIND, None)  # an extra per byte written, not a bandwidth
     memory = ", ".join(f"{p.kernel} {p.gbps:.0f} ({p.nbytes / 2**20:.0f} MiB)"
                        for p in largest.values())
     print(f"memory-bound kernels, largest size (GB/s, bytes read + written): {memory}")
+    fresh = [p for p in cal.memory_kernels if p.kernel == FRESH_OUTPUT_KIND]
+    if fresh:  # points store bytes over the extra seconds: 1024 / GB/s = ns per KiB
+        print("writing outputs into blocks out of cache, extra ns per KiB: " + ", ".join(
+            f"{1024 / p.gbps:.0f} at {p.nbytes // 2**10} KiB" for p in fresh))
     sdpa = [[p.backend, f"{p.batch}x{p.heads}x{p.seq_len}x{p.head_dim}", p.dtype,
              f"{p.forward_s * 1e3:.3f}", f"{p.backward_s * 1e3:.3f}"] for p in cal.sdpa]
     print(table(["sdpa backend", "b x heads x s x d", "dtype", "fwd ms", "bwd ms"], sdpa,
