@@ -154,10 +154,13 @@ def run_case(name: str, plan_path: str, spec_path: str, steps: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from cost_models.profile_cluster import profile_cluster
+    from ir.cluster import ClusterSpec
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default="gpt-ddp2,gpt-1rank")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--spec", default=None,
+                        help="plan on this measured spec instead of profiling one now")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                       "dp_phases.json"))
     args = parser.parse_args(argv)
@@ -169,9 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory() as folder:
         nproc = max(2, *(CASES[n][1] for n in names))
-        spec_path = os.path.join(folder, "spec.json")
-        spec, _ = profile_cluster(nproc, "gloo", max_bytes=PROFILE_MAX_BYTES, name=f"local-{nproc}")
-        spec.save(spec_path)
+        spec_path = args.spec or os.path.join(folder, "spec.json")
+        if args.spec is None:
+            spec, _ = profile_cluster(nproc, "gloo", max_bytes=PROFILE_MAX_BYTES,
+                                      name=f"local-{nproc}")
+            spec.save(spec_path)
+        spec = ClusterSpec.load(spec_path)
         for name in names:
             results.append(run_case(name, plan_case(name, folder, spec_path), spec_path,
                                     args.steps))
