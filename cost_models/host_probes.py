@@ -1,6 +1,6 @@
 """Timing what the framework adds on the host, inside a process group `profile-cluster`
-spawned (CPU processes: each figure holds the ranks' sharing of the cores), and per pass
-on one process (`host_op_seconds_by_pass`, also run by `planner profile-device`).
+spawned (CPU processes: wall-clock figures hold the ranks' sharing of the cores, the DP
+unit's CPU time does not), and per pass on one process (`host_op_seconds_by_pass`).
 
   op_overhead_s / backward_op_overhead_s   seconds per ATen op in forward (Python
                             modules dispatch each op) and in backward (autograd's C++
