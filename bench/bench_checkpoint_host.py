@@ -217,7 +217,7 @@ def priced_parts(layer, cal) -> list[list[str]]:
               cal.checkpoint_op_recompute_s),
              ("saved tensor (hooks)", saved, saved, cal.checkpoint_saved_forward_s,
               cal.checkpoint_saved_recompute_s),
-             ("SAC call (selective)", 1, 1, cal.selective_call_s / 2, cal.selective_call_s / 2),
+             ("SAC call (selective)", 1, 1, *cal.selective_call_halves()),
              ("SAC recomputed op (selective)", ops - kept, cached - kept,
               cal.selective_forward_op_s, cal.selective_recompute_op_s),
              ("SAC kept op (selective)", kept, kept, cal.selective_forward_kept_op_s,
@@ -252,7 +252,8 @@ def main() -> int:
         "checkpoint_call_forward_s", "checkpoint_call_recompute_s", "checkpoint_op_forward_s",
         "checkpoint_op_recompute_s", "checkpoint_saved_forward_s",
         "checkpoint_saved_recompute_s", "selective_call_s", "selective_forward_op_s",
-        "selective_forward_kept_op_s", "selective_recompute_op_s")}
+        "selective_forward_kept_op_s", "selective_recompute_op_s",
+        "selective_call_forward_s", "selective_call_recompute_s")}
     print("\n" + table(["priced part (one block)", "count", "us each", "forward us",
                         "recompute us"], priced_parts(layer, cal)))
     missed = [r for r in rows if r["target"] and abs(r["error"]) > TARGET_ERROR]

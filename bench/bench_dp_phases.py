@@ -14,8 +14,15 @@ profile-cluster measured at that size): the call inside the backward is what the
 should describe, with a caveat: part of a call's wall time is run-queue delay that the
 rank gets back as faster compute after it (`collective_probes`' blocking-probe note), so
 the measured dp_comm part reads high and compute low; the step is the fair comparison.
+A second table splits the same steps in CPU terms (`bench.cpu_split`, issue 17): the
+main thread's CPU in compute, in FSDP2's hooks (against the model's DP-unit price: the
+compute part less the same plan priced without `dp_overheads`) and in the optimizer, the
+time it spent off the CPU (blocked in collectives) against the collectives' price, its
+run-queue delay (ready, no core free: the model has no term for it) and the CPU of the
+process's other threads (gloo's). CPU times move far less with load than wall times.
 
     .venv/bin/python bench/bench_dp_phases.py [--cases gpt-ddp2,gpt-1rank] [--steps 10]
+        [--spec spec.json]   # plan on a spec measured before instead of profiling one
 
 On a shared machine only the parts' ratios to one another mean anything; the absolute
 times move 20-50% between minutes. Prints tables, writes bench/results/dp_phases.json,
@@ -57,9 +64,11 @@ def _rank(rank: int, world: int, port: int, payload, steps: int, out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
+    from bench.cpu_split import CpuSplit
     from executors.phase_clock import PhaseClock, arrival_wait
     from planner.trial.rank import _build
 
+    split = CpuSplit()  # before the build: FSDP2 binds its hooks when applied
     pm = _build(payload, torch.device("cpu"), without_dropout=False)
     batches = payload.batches
     for k in range(WARMUP_STEPS):
@@ -75,14 +84,17 @@ def _rank(rank: int, world: int, port: int, payload, steps: int, out) -> None:
             calls.append((tensor.numel() * tensor.element_size(), time.perf_counter() - start))
 
     dist.all_reduce = logged
+    split.attach(pm)
     clock, step_s = PhaseClock(pm), []
     with clock:
         for k in range(steps):
             dist.barrier()
             start = time.perf_counter()
-            pm.train_step(*batches[k % len(batches)])
+            with split:
+                pm.train_step(*batches[k % len(batches)])
             step_s.append(time.perf_counter() - start)
             clock.step_done()
+    split.detach()
     dist.all_reduce = plain_all_reduce
     phases = clock.per_step(steps)
     logs: list = [None] * world
@@ -106,7 +118,7 @@ def _rank(rank: int, world: int, port: int, payload, steps: int, out) -> None:
             bursts.append((time.perf_counter() - start) / BURST_CALLS)
         sizes.append((nbytes, len(by_size[nbytes]) / steps, statistics.median(by_size[nbytes]),
                       statistics.median(bursts)))
-    out[rank] = {"phases": phases, "all_reduce_sizes": sizes}
+    out[rank] = {"phases": phases, "all_reduce_sizes": sizes, "cpu": split.per_step(steps)}
     dist.barrier()
     dist.destroy_process_group()
 
@@ -126,6 +138,9 @@ def run_case(name: str, plan_path: str, spec_path: str, steps: int) -> dict:
     model = plan_model_spec(doc, None)
     graph = plan_graph(doc, plan_path, None)
     predicted = predict(doc, graph, spec).time_breakdown
+    # the DP units' host price: the compute part less the same plan priced without them
+    without_units = predict(doc, graph, spec.with_calibration(dp_overheads=())).time_breakdown
+    dp_units_s = predicted["compute"] - without_units["compute"]
     payload = RankPayload(plan_json=plan_to_json(doc), plan_path=plan_path, model=model,
                           seq_len=doc.seq_len, graph=graph,
                           batches=global_batches(model, doc.plan.global_batch, doc.seq_len, 8),
@@ -149,15 +164,40 @@ def run_case(name: str, plan_path: str, spec_path: str, steps: int) -> dict:
     return {"case": name, "nproc": nproc, "predicted": predicted, "measured": measured,
             "after_arrival_s": mean("dense_comm_after_arrival_s"),
             "wait_s": mean("dense_comm_wait_s"), "all_reduce_sizes": sizes,
-            "rank_phases": [r["phases"] for r in ranks]}
+            "rank_phases": [r["phases"] for r in ranks], "predicted_dp_units_s": dp_units_s,
+            "cpu": {key: statistics.fmean(r["cpu"].get(key, 0.0) for r in ranks)
+                    for key in ranks[0]["cpu"]}}
+
+
+def cpu_rows(r: dict) -> list[list[str]]:
+    """The step in CPU terms (`bench.cpu_split`), mean over ranks, beside the model's
+    parts: host work against the parts priced as host work, time off the CPU against the
+    collectives' price, and the run-queue delay the model has no term for."""
+    p, c, units = r["predicted"], r["cpu"], r["predicted_dp_units_s"]
+    get = lambda key: c.get(key, 0.0)  # noqa: E731
+    compute = get("forward_backward_cpu_s") - get("dp_hooks_cpu_s") - get("comm_cpu_s")
+    comm = p["dp_comm"] + p["tp_comm"] + p["pp_comm"]
+    parts = [("compute CPU (no DP hooks)", p["compute"] - units, compute),
+             ("DP hooks CPU", units, get("dp_hooks_cpu_s")),
+             ("optimizer CPU", p["optimizer"], get("optimizer_cpu_s")),
+             ("collectives: calls' CPU + off CPU", comm, get("comm_cpu_s") + get("off_cpu_s")),
+             ("run-queue delay", 0.0, get("runqueue_s")),
+             ("other threads' CPU (gloo)", None, get("other_threads_cpu_s")),
+             ("step (wall)", sum(p.values()), get("wall_s"))]
+    return [[r["case"], name, "" if pred is None else f"{1e3 * pred:.2f}", f"{1e3 * meas:.2f}",
+             "" if pred is None or meas <= 0 else f"{100 * (pred / meas - 1):+.0f}%"]
+            for name, pred, meas in parts]
 
 
 def main(argv: list[str] | None = None) -> int:
     from cost_models.profile_cluster import profile_cluster
+    from ir.cluster import ClusterSpec
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default="gpt-ddp2,gpt-1rank")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--spec", default=None,
+                        help="plan on this measured spec instead of profiling one now")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                       "dp_phases.json"))
     args = parser.parse_args(argv)
@@ -169,9 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory() as folder:
         nproc = max(2, *(CASES[n][1] for n in names))
-        spec_path = os.path.join(folder, "spec.json")
-        spec, _ = profile_cluster(nproc, "gloo", max_bytes=PROFILE_MAX_BYTES, name=f"local-{nproc}")
-        spec.save(spec_path)
+        spec_path = args.spec or os.path.join(folder, "spec.json")
+        if args.spec is None:
+            spec, _ = profile_cluster(nproc, "gloo", max_bytes=PROFILE_MAX_BYTES,
+                                      name=f"local-{nproc}")
+            spec.save(spec_path)
+        spec = ClusterSpec.load(spec_path)
         for name in names:
             results.append(run_case(name, plan_case(name, folder, spec_path), spec_path,
                                     args.steps))
@@ -194,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"per step, mean over ranks (executors.phase_clock), target {PART_TARGET:.0%} per part; "
           "compute = forward_backward less the collectives inside it")
     print(table(["case", "part", "pred ms", "meas ms", "error"], rows, right={2, 3, 4}))
+    print("the same steps in CPU terms (bench.cpu_split: the main thread's CPU per part, time "
+          "off the CPU, run-queue delay), mean over ranks; informative, not judged")
+    print(table(["case", "part", "pred ms", "meas ms", "error"],
+                [row for r in results for row in cpu_rows(r)], right={2, 3, 4}))
     print("all-reduce calls by size (rank 0): median inside the step, in a burst right after, "
           "the spec's fit, and the fit plus the blocking wait (comm.blocking_s)")
     print(table(["case", "bytes", "calls/step", "in step ms", "burst ms", "fit ms",

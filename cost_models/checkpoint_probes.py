@@ -90,18 +90,22 @@ class CheckpointHostCost:
     op_recompute_s: float  # per op run under the recompute's hooks, beyond its forward price
     saved_forward_s: float  # per saved tensor, forward (pack hook)
     saved_recompute_s: float  # per saved tensor, backward (recompute pack + unpack)
-    selective_call_s: float  # per SELECTIVE call on top of the above, both passes
+    selective_call_forward_s: float  # per SELECTIVE call on top of the above, forward
+    selective_call_recompute_s: float  # per SELECTIVE call on top of the above, recompute
     selective_forward_op_s: float  # per op through the caching mode, output recomputed later
     selective_forward_kept_op_s: float  # per op through the caching mode, output kept
     selective_recompute_op_s: float  # per op through the cached mode in the recompute
 
     def calibration_fields(self) -> dict[str, float]:
-        """`KernelCalibration` fields, by name (CHECKPOINT_FIELDS, in this class's order)."""
+        """`KernelCalibration` fields, by name (CHECKPOINT_FIELDS' order): SELECTIVE's call
+        as its two halves and, for readers before them, their sum (`selective_call_s`)."""
         return dict(zip(CHECKPOINT_FIELDS, (
             self.call_forward_s, self.call_recompute_s, self.op_forward_s,
             self.op_recompute_s, self.saved_forward_s, self.saved_recompute_s,
-            self.selective_call_s, self.selective_forward_op_s,
-            self.selective_forward_kept_op_s, self.selective_recompute_op_s), strict=True))
+            self.selective_call_forward_s + self.selective_call_recompute_s,
+            self.selective_forward_op_s, self.selective_forward_kept_op_s,
+            self.selective_recompute_op_s, self.selective_call_forward_s,
+            self.selective_call_recompute_s), strict=True))
 
 
 # The `KernelCalibration` fields this probe writes.
@@ -109,7 +113,8 @@ CHECKPOINT_FIELDS = ("checkpoint_call_forward_s", "checkpoint_call_recompute_s",
                      "checkpoint_op_forward_s", "checkpoint_op_recompute_s",
                      "checkpoint_saved_forward_s", "checkpoint_saved_recompute_s",
                      "selective_call_s", "selective_forward_op_s",
-                     "selective_forward_kept_op_s", "selective_recompute_op_s")
+                     "selective_forward_kept_op_s", "selective_recompute_op_s",
+                     "selective_call_forward_s", "selective_call_recompute_s")
 
 
 def probed(cal: KernelCalibration | None) -> bool:
@@ -153,10 +158,11 @@ def checkpoint_extra_seconds(layer, mode: Checkpoint,
                    + saved * cal.checkpoint_saved_recompute_s)
     if mode is Checkpoint.SELECTIVE:
         kept = kept_ops(layer) if layer.kernels is not None else 0
+        call_forward_s, call_recompute_s = cal.selective_call_halves()
         # Probed per op through SAC's caching / cached dispatch modes (checkpoint_host_seconds)
-        forward_s += (cal.selective_call_s / 2 + kept * cal.selective_forward_kept_op_s
+        forward_s += (call_forward_s + kept * cal.selective_forward_kept_op_s
                       + (ops - kept) * cal.selective_forward_op_s)
-        recompute_s += (cal.selective_call_s / 2
+        recompute_s += (call_recompute_s
                         + cached_mode_ops(layer) * cal.selective_recompute_op_s)
     return forward_s, recompute_s
 
@@ -367,6 +373,7 @@ def checkpoint_host_seconds(device: str = "cpu") -> CheckpointHostCost:
         call_forward_s=call_forward_s, call_recompute_s=call_recompute_s,
         op_forward_s=op_forward_s, op_recompute_s=op_recompute_s,
         saved_forward_s=saved_forward_s, saved_recompute_s=saved_recompute_s,
-        selective_call_s=sel_call_forward_s + sel_call_recompute_s,
+        selective_call_forward_s=sel_call_forward_s,
+        selective_call_recompute_s=sel_call_recompute_s,
         selective_forward_op_s=sel_op_s, selective_forward_kept_op_s=sel_kept_op_s,
         selective_recompute_op_s=sel_recompute_op_s)

@@ -260,10 +260,12 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         forward_s, backward_s = _analytic_seconds(layer, cluster, config, share)
     random_s = random_draw_seconds(layer, strategy, cluster, config) if measured is None else 0.0
     forward_s += random_s
-    # DP-unit figures were measured with the node's processes running together: not
-    # stretched by the core share again (TP-module figures are CPU time, stretched inside).
+    # DP-unit figures are the calling thread's CPU time outside the unit's collectives
+    # (host_probes.dp_unit_seconds), as TP-module figures are (those stretched inside):
+    # CPU processes sharing fewer cores stretch them by the core share too.
     tp_half_s = tp_module_seconds(layer, strategy, cluster) / 2  # half in each pass
-    unit_s = dp_unit_seconds(layer, strategy, cluster, config) / 2 + tp_half_s
+    unit_share = cluster.host_share if cluster.host_bound else 1.0
+    unit_s = dp_unit_seconds(layer, strategy, cluster, config) * unit_share / 2 + tp_half_s
     forward_host_s = (layer.ops_fwd * op_s if measured is not None
                       else forward_host_seconds(layer, cluster, on_dtensors))
     backward_host_s = (layer.ops_bwd * backward_op_s if measured is not None

@@ -1,6 +1,6 @@
 """Timing what the framework adds on the host, inside a process group `profile-cluster`
-spawned (CPU processes: each figure holds the ranks' sharing of the cores), and per pass
-on one process (`host_op_seconds_by_pass`, also run by `planner profile-device`).
+spawned (CPU processes: wall-clock figures hold the ranks' sharing of the cores, the DP
+unit's CPU time does not), and per pass on one process (`host_op_seconds_by_pass`).
 
   op_overhead_s / backward_op_overhead_s   seconds per ATen op in forward (Python
                             modules dispatch each op) and in backward (autograd's C++
@@ -14,7 +14,8 @@ on one process (`host_op_seconds_by_pass`, also run by `planner profile-device`)
                             (a tensor-parallel module's: `cost_models.tp_probes`).
 Each is timed against the same work without the feature, the two alternating, so a
 slow spell of a shared machine hits both. `cost_models.host_overhead_fit` takes out what
-the comm model already prices.
+the comm model already prices (a DP unit's figure is the thread's CPU time outside its
+collectives: it holds none of them).
 """
 
 from __future__ import annotations
@@ -411,12 +412,17 @@ DP_UNITS = 8
 DP_UNIT_BLOCKS = (1, 4)  # probe blocks per unit: units of 6 and 24 parameter tensors
 DP_UNIT_STEPS = 20  # after DP_UNIT_WARMUP steps; the median
 DP_UNIT_WARMUP = 3
+# FSDP2's collectives by their torch.distributed names (torch 2.13 `_fsdp_collectives`
+# looks each up on the module at call time): the calling thread's CPU inside them is left
+# out of a unit's figure, since `comm.blocking_s` prices each call whole, launch included.
+FSDP_COLLECTIVES = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")
 
 
 def dp_unit_seconds(mesh) -> dict[DPMode, dict[int, float]]:
-    """Seconds per unit per forward+backward that wrapping adds over the plain stack, by
-    mode and by the unit's parameter tensor count (units of DP_UNIT_BLOCKS probe blocks),
-    all ranks running together (collectives included)."""
+    """Host CPU seconds per unit per forward+backward that wrapping adds over the plain
+    stack, by mode and by the unit's parameter tensor count (units of DP_UNIT_BLOCKS
+    probe blocks), all ranks running together, their collectives left out
+    (`_added_step_s`)."""
     import torch
     from torch import nn
     from torch.distributed._composable.replicate_with_fsdp import replicate
@@ -449,20 +455,45 @@ def dp_unit_seconds(mesh) -> dict[DPMode, dict[int, float]]:
 
 
 def _added_step_s(plain, wrapped, x) -> float:
-    """Median over steps of how much longer `wrapped(x).sum().backward()` takes than the
-    same on `plain`, the two run alternately (a slow spell of a shared machine hits both
-    halves of a pair) with every rank starting each run together."""
+    """Median over steps of how much more CPU time the calling thread spends on
+    `wrapped(x).sum().backward()` than on the same on `plain` (`probe_clock`), less its
+    CPU time inside FSDP_COLLECTIVES calls; the two run alternately (a slow spell of a
+    shared machine hits both halves of a pair), every rank starting each run together.
+    The thread clock leaves out what `comm.blocking_s` prices for the real layer: the
+    waits for peers and gloo's own threads. (Wall time less that price read 0 per unit
+    + 26 us per tensor on 2 processes; the thread clock 0.39 ms + 14 us, and gpt-tiny's
+    units spend ~0.8 ms each in FSDP2's hooks: issue 17.)"""
     import torch.distributed as dist
+
+    clock = probe_clock("cpu")
+    inside = [0.0]
+
+    def counted(call):
+        @functools.wraps(call)
+        def timed_call(*args, **kwargs):
+            start = clock()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                inside[0] += clock() - start
+        return timed_call
 
     def timed(model) -> float:
         dist.barrier()
-        start = time.perf_counter()
+        before, start = inside[0], clock()
         model(x).sum().backward()
-        return time.perf_counter() - start
+        return clock() - start - (inside[0] - before)
 
+    plain_calls = {name: getattr(dist, name) for name in FSDP_COLLECTIVES}
     added = []
-    for step in range(DP_UNIT_WARMUP + DP_UNIT_STEPS):
-        pair = timed(wrapped) - timed(plain)
-        if step >= DP_UNIT_WARMUP:
-            added.append(pair)
+    try:
+        for name, call in plain_calls.items():
+            setattr(dist, name, counted(call))
+        for step in range(DP_UNIT_WARMUP + DP_UNIT_STEPS):
+            pair = timed(wrapped) - timed(plain)
+            if step >= DP_UNIT_WARMUP:
+                added.append(pair)
+    finally:
+        for name, call in plain_calls.items():
+            setattr(dist, name, call)
     return statistics.median(added)

@@ -89,7 +89,7 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
                         **checkpoint_host_seconds("cpu").calibration_fields()))
         waits = blocking_wait(measured["blocking_seconds"], by_group)
         host_tables = dict(
-            dp_overheads=dp_unit_overhead(measured["dp_unit_seconds"], by_group, waits),
+            dp_overheads=dp_unit_overhead(measured["dp_unit_seconds"]),
             tp_modules=tuple(TpModuleOverhead(size, seconds) for size, seconds
                              in sorted(measured["tp_module_seconds"].items())),
             blocking_waits=waits, optimizer_steps=measured["optimizer_tensor_seconds"],

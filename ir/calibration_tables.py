@@ -144,8 +144,10 @@ class DpOverhead:
     """Seconds one data-parallel unit (an FSDP2 / replicate module) adds per micro-batch on
     CPU processes in `mode`, for DP groups of `group_size` (None: the whole node's group,
     the fallback for sizes not measured): `per_unit_s` plus `per_tensor_s` per parameter
-    tensor the unit holds (hooks, shard copies and its tiny collectives' waits; the line
-    through units of two sizes, measured with the node's processes running together)."""
+    tensor the unit holds (hooks and shard copies: the calling thread's CPU time outside
+    the unit's collectives, which the comm model prices; the line through units of two
+    sizes, measured with the node's processes running together; the compute model
+    stretches it by the core share, `ClusterSpec.host_share`)."""
 
     mode: DPMode
     group_size: int | None

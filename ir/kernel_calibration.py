@@ -57,7 +57,9 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "checkpoint_saved_forward_s", "checkpoint_saved_recompute_s", "selective_call_s",
             "selective_forward_op_s", "selective_forward_kept_op_s", "selective_recompute_op_s",
             # per-row kernel costs (`cost_models.memory_probes.probe_row_seconds`)
-            "softmax_row_s", "layer_norm_row_s")
+            "softmax_row_s", "layer_norm_row_s",
+            # SELECTIVE's per-call figure in its two measured halves (multirank block, below)
+            "selective_call_forward_s", "selective_call_recompute_s")
 
 # Figures kits of 2026-11-24 wrote, always as 0 (per-call forward pricing, which
 # profile-device never turned on and which was removed: bench/bench_host_ab.py); a spec
@@ -301,6 +303,14 @@ class KernelCalibration:
     softmax_row_s: float = 0.0
     layer_norm_row_s: float = 0.0
 
+    # ---- SELECTIVE's per-call host seconds, forward and recompute apart ----------------
+    # (`cost_models.checkpoint_probes.checkpoint_host_seconds` fits them apart: the SAC
+    # context's caching mode entered in forward, its cached mode in the recompute).
+    # `selective_call_s` keeps their sum for specs and readers before the halves; a spec
+    # with 0 in both reads the sum halved (`selective_call_halves`).
+    selective_call_forward_s: float = 0.0
+    selective_call_recompute_s: float = 0.0
+
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)
         for field, kind in _TABLES:
@@ -320,6 +330,13 @@ class KernelCalibration:
     def sdpa_backends(self) -> tuple[str, ...]:
         """Backends that ran on at least one shape ("default" left out)."""
         return tuple(sorted({p.backend for p in self.sdpa if p.backend != "default"}))
+
+    def selective_call_halves(self) -> tuple[float, float]:
+        """(forward, recompute) host seconds of one SELECTIVE call's machinery: the halves
+        the probe measured, else (a spec written before them) `selective_call_s` / 2 each."""
+        if self.selective_call_forward_s > 0 or self.selective_call_recompute_s > 0:
+            return self.selective_call_forward_s, self.selective_call_recompute_s
+        return self.selective_call_s / 2, self.selective_call_s / 2
 
     def host_excess_s(self, op: str) -> float:
         """The measured per-call host excess of `op` ("aten::gelu"); 0 for an op not listed."""

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cost_models.checkpoint_probes import (ChainCounts, _chains, _counts, cached_mode_ops,
+from cost_models.checkpoint_probes import (ChainCounts, CheckpointHostCost, _chains, _counts, cached_mode_ops,
                                           checkpoint_extra_seconds, rerun_ops)
 from cost_models.clusters import get_cluster
 from cost_models.common import StepConfig
@@ -149,11 +149,47 @@ def test_a_spec_without_the_probe_prices_as_before():
 
 def test_old_json_loads_with_zeros_and_the_fields_round_trip():
     again = KernelCalibration.from_dict(json.loads(json.dumps(PROBED.to_dict())))
-    assert again == PROBED and len(NEW_FIELDS) == 10
+    assert again == PROBED and len(NEW_FIELDS) == 12
     old = {k: v for k, v in PROBED.to_dict().items() if k not in NEW_FIELDS}
     legacy = KernelCalibration.from_dict(old)
     assert all(getattr(legacy, f) == 0.0 for f in NEW_FIELDS)
     assert checkpoint_extra_seconds(block(), Checkpoint.SELECTIVE, legacy) == (0.0, 0.0)
+
+
+def test_selective_call_prices_its_measured_halves_and_old_specs_the_sum_halved():
+    """A probe that measured SELECTIVE's call as 10 us forward and 30 us recompute (sum 40,
+    as PROBED's legacy `selective_call_s`) prices those halves: forward 47 + 10 + 48 = 105
+    us, recompute 50 + 30 + 35 = 115 us (against 115 / 105 from the sum halved). A spec
+    with only the sum (written before the halves) prices 20 / 20 as before; one with the
+    halves round-trips through JSON and its sum stays what older readers see."""
+    halves = dataclasses.replace(PROBED, selective_call_forward_s=10 * US,
+                                 selective_call_recompute_s=30 * US)
+    assert checkpoint_extra_seconds(block(), Checkpoint.SELECTIVE, halves) == pytest.approx(
+        (105 * US, 115 * US))
+    assert halves.selective_call_halves() == pytest.approx((10 * US, 30 * US))
+    assert PROBED.selective_call_halves() == pytest.approx((20 * US, 20 * US))
+    assert KernelCalibration.from_dict(json.loads(json.dumps(halves.to_dict()))) == halves
+    old = {k: v for k, v in halves.to_dict().items()
+           if k not in ("selective_call_forward_s", "selective_call_recompute_s")}
+    assert KernelCalibration.from_dict(old).selective_call_halves() == pytest.approx(
+        (20 * US, 20 * US))
+
+
+def test_the_probe_writes_both_halves_and_their_sum():
+    """`CheckpointHostCost.calibration_fields`: the fitted forward and recompute calls
+    (3 and 5 us) as the new fields, 8 us as `selective_call_s`; every other field as is."""
+    cost = CheckpointHostCost(1 * US, 2 * US, 3 * US, 4 * US, 5 * US, 6 * US,
+                              selective_call_forward_s=3 * US,
+                              selective_call_recompute_s=5 * US,
+                              selective_forward_op_s=7 * US, selective_forward_kept_op_s=9 * US,
+                              selective_recompute_op_s=11 * US)
+    fields = cost.calibration_fields()
+    assert fields["selective_call_s"] == pytest.approx(8 * US)
+    assert (fields["selective_call_forward_s"], fields["selective_call_recompute_s"]) == (
+        3 * US, 5 * US)
+    assert set(fields) == set(NEW_FIELDS)
+    cal = dataclasses.replace(PROBED, **fields)
+    assert cal.selective_call_halves() == (3 * US, 5 * US)
 
 
 def test_gpu_presets_carry_no_probe_and_price_as_before():

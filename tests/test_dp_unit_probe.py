@@ -1,0 +1,116 @@
+"""The data-parallel unit probe reads the calling thread's CPU time outside the unit's
+collectives (`cost_models.host_probes._added_step_s`), and the compute model stretches
+that CPU figure by the core share (`compute.layer_compute`), as it does per-op figures.
+
+The probe's test runs on two gloo ranks a "wrapped" stack that costs a known amount of
+host work (a busy loop of SPIN_S of CPU), a known amount of sleep (wall time, no CPU: a
+peer's wait) and a collective whose call busy-loops CALL_SPIN_S (CPU inside the call,
+which `comm.blocking_s` prices whole): the probe must read SPIN_S, neither the sleep nor
+the call's CPU."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from tests.dist_utils import spawn
+
+SPIN_S = 2e-3  # host work the wrapped stack adds per forward+backward
+CALL_SPIN_S = 3e-3  # CPU spent inside its collective call
+SLEEP_S = 20e-3  # wall time without CPU (a wait on peers)
+
+
+def _spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+class _Wrapped(torch.nn.Module):
+    """A linear layer plus SPIN_S of host work, SLEEP_S asleep and an all-reduce."""
+
+    def __init__(self, plain: torch.nn.Module):
+        super().__init__()
+        self.plain = plain
+
+    def forward(self, x):
+        import torch.distributed as dist
+
+        _spin(SPIN_S)
+        time.sleep(SLEEP_S)
+        dist.all_reduce(torch.ones(1))
+        return self.plain(x)
+
+
+def _probe_worker(rank: int, world_size: int, payload) -> float:
+    import torch.distributed as dist
+
+    from cost_models.host_probes import _added_step_s
+
+    plain_all_reduce = dist.all_reduce
+
+    def spinning_all_reduce(tensor, *args, **kwargs):  # CPU inside the call
+        _spin(CALL_SPIN_S)
+        return plain_all_reduce(tensor, *args, **kwargs)
+
+    dist.all_reduce = spinning_all_reduce
+    try:
+        plain = torch.nn.Linear(8, 8)
+        return _added_step_s(plain, _Wrapped(plain), torch.randn(2, 8))
+    finally:
+        dist.all_reduce = plain_all_reduce
+
+
+def test_the_probe_reads_host_cpu_outside_the_collectives_not_waits():
+    """Each rank reads SPIN_S (2 ms) within 0.5 ms: not + the 20 ms asleep (the wall
+    clock's reading) and not + the 3 ms of CPU inside the all-reduce call; the probe puts
+    `dist.all_reduce` back when done."""
+    added = spawn(_probe_worker, 2, None, timeout_s=120)
+    for seconds in added:
+        assert seconds == pytest.approx(SPIN_S, abs=0.5e-3)
+
+
+def test_layer_compute_stretches_the_unit_by_the_core_share():
+    """A replicate unit measured at 1 ms + 0.1 ms a tensor: a 2-tensor linear layer costs
+    1.2 ms of host CPU, half in forward and half in backward. On 4 CPU processes sharing
+    2 cores (host share 2) each pass pays 2 x 0.6 = 1.2 ms more than without DP; on 2
+    processes on 2 cores 0.6 ms. A GPU preset (no host cores) is not stretched."""
+    import dataclasses
+
+    from cost_models.common import StepConfig
+    from cost_models.compute import layer_compute
+    from ir.calibration_tables import CalibrationTables, DpOverhead
+    from ir.cluster import ClusterSpec
+    from ir.layer import Layer, LayerMeasurement
+    from ir.strategy import DPMode, LayerStrategy, Precision
+
+    ms = 1e-3
+    layer = Layer(name="fc", kind="Linear", index=0, params=72, param_bytes=288, tp_params=0,
+                  input_bytes=64, output_bytes=64, structural_hash="fc",
+                  param_names=("fc.weight", "fc.bias"),
+                  measured=LayerMeasurement(ops_fwd=1, ops_bwd=2))
+    tables = CalibrationTables(dp_overheads=(DpOverhead(DPMode.REPLICATE, None, 1 * ms,
+                                                        0.1 * ms),))
+    spec = ClusterSpec(
+        name="cpu-test", device="cpu", num_nodes=1, devices_per_node=4,
+        device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
+        intra_node_gbps=1.0, inter_node_gbps=1.0, intra_node_latency_s=1e-4,
+        inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
+        op_overhead_s=4e-6, host_cores=2, calibration=tables)
+    config = StepConfig(micro_batch=1, graph_micro_batch=1, graph_dtype="float32",
+                        precision=Precision.FP32, device_type="cpu")
+    dp = LayerStrategy(dp=4, dp_mode=DPMode.REPLICATE)
+    alone, wrapped = (layer_compute(layer, s, spec, config) for s in (LayerStrategy(), dp))
+    assert spec.host_share == 2.0
+    assert wrapped.forward_s - alone.forward_s == pytest.approx(1.2 * ms)
+    assert wrapped.backward_s - alone.backward_s == pytest.approx(1.2 * ms)
+    pair = dataclasses.replace(spec, devices_per_node=2)
+    alone, wrapped = (layer_compute(layer, s, pair, config)
+                      for s in (LayerStrategy(), dataclasses.replace(dp, dp=2)))
+    assert wrapped.forward_s - alone.forward_s == pytest.approx(0.6 * ms)
+    gpu = dataclasses.replace(spec, device="cuda", host_cores=0)
+    gpu_config = dataclasses.replace(config, device_type="cuda")
+    alone, wrapped = (layer_compute(layer, s, gpu, gpu_config) for s in (LayerStrategy(), dp))
+    assert wrapped.forward_s - alone.forward_s == pytest.approx(0.6 * ms)
