@@ -31,11 +31,15 @@ from ir.measure import layer_graph_from_trace
 from ir.stand_in import TensorFactory, real_factory
 from ir.trace import trace
 
-from cost_models.host_probes import autograd_call_s
+from cost_models.autograd_engine import EngineSampler, net_backward_seconds
 
 PROFILE_SCHEMA = "planner.profile/v1"
 DEFAULT_WARMUP = 2  # first runs pay for allocator growth and kernel selection
 DEFAULT_REPEATS = 5  # the median of five is robust to one noisy run
+# Rounds of the autograd engine's start probe (`autograd_engine.EngineSampler`: graphs of
+# 1, 2, 4 and 8 ops) after each layer run: with five repeats, 20 backwards per graph size
+# for the fit, ~0.2 ms a repeat here.
+ENGINE_ROUNDS_PER_REPEAT = 4
 
 
 def device_name(device: str) -> str:
@@ -78,7 +82,7 @@ def profile_graph(graph: LayerGraph, measurer: GraphMeasurer, device: str, *,
         state = measurer.layer_state(i, factory)  # this layer's tensors, on the device
         measured = measurer.measure_layer(i, col, row, factory=factory, state=state)
         forward_s, backward_s = time_layer(measurer, i, state, factory, device,
-                                           warmup=warmup, repeats=repeats)
+                                           warmup=warmup, repeats=repeats, name=layer.name)
         seen[layer.structural_hash] = True
         layers.append({
             "name": layer.name, "structural_hash": layer.structural_hash,
@@ -91,7 +95,8 @@ def profile_graph(graph: LayerGraph, measurer: GraphMeasurer, device: str, *,
 
 
 def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: TensorFactory,
-               device: str, *, warmup: int, repeats: int) -> tuple[float, float]:
+               device: str, *, warmup: int, repeats: int,
+               name: str | None = None) -> tuple[float, float]:
     """Median (forward, backward) seconds of layer `index` over `repeats` runs after
     `warmup` untimed ones (the instrumented `measure_layer` run before them warms up too).
     The forward is the layer's own GraphModule (`GraphMeasurer.layer_module`: generated
@@ -99,9 +104,13 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     interpreter that `measure_layer` needs for its per-node hooks: that one costs ~10 us
     of Python per node, which no training step pays. The runs go without the FLOP and op
     counters and saved-tensor hooks: they cost a Python call per op, more than a small
-    op itself. The backward leaves out the autograd engine's start (`autograd_call_s`,
-    measured here): a step pays it once per micro-batch and stage, not once per layer,
-    and the compute model sums layers. Each run starts with every parameter's `.grad`
+    op itself. The backward leaves out the autograd engine's start: a step pays it once
+    per micro-batch and stage, not once per layer, and the compute model sums layers. It
+    is measured in this loop, on this clock: after each run, ENGINE_ROUNDS_PER_REPEAT
+    rounds of `autograd_engine.EngineSampler`'s probe graphs, the line through them giving
+    the start; the backward is the median run less it (`net_backward_seconds`: a result
+    at or below 0 raises, never a silent 0; a layer whose outputs need no gradient has no
+    backward: 0). Each run starts with every parameter's `.grad`
     set to None (untimed), as a training step's first micro-batch does after
     `zero_grad(set_to_none=True)`: the backward steals each new gradient (a detach)
     instead of running one `add_` per parameter into the last run's gradient, which a
@@ -110,7 +119,7 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     `ir.graph_measurer`)."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     module = measurer.layer_module(index, state)
-    engine_s = autograd_call_s(device.split(":")[0])
+    engine = EngineSampler(device, time.perf_counter)
     forward_s, backward_s = [], []
     for rep in range(warmup + repeats):
         _clear_grads(state)  # a step's first micro-batch: no gradient to accumulate into
@@ -130,9 +139,17 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
         end = time.perf_counter()
         if rep >= warmup:
             forward_s.append(mid - start)
-            backward_s.append(max(0.0, end - back - engine_s) if outs else 0.0)
+            if outs:
+                backward_s.append(end - back)
+        has_backward = bool(outs)
         del inputs, returned, outs, seeds
-    return statistics.median(forward_s), statistics.median(backward_s)
+        for _ in range(ENGINE_ROUNDS_PER_REPEAT if has_backward else 0):
+            engine.sample(keep=rep >= warmup)
+    if not backward_s:
+        return statistics.median(forward_s), 0.0
+    layer = name if name is not None else f"#{index}"
+    return statistics.median(forward_s), net_backward_seconds(backward_s, engine.result(),
+                                                              layer)
 
 
 def save_profile(profile: dict, path: str) -> None:
