@@ -14,6 +14,8 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
                             (+ its inner loops x measured seconds per loop and per 2-D
                             loop call: copy/add/sum, `cost_models.kernel_loops`;
                             + rows x measured seconds per row: softmax, layer norm)
+    embedding forward     = measured seconds per call + indices x measured seconds per
+                            index (+ the bytes of rows wider than probed)
     embedding backward    = table fill (a copy) + indices x measured seconds per index
                             + the rows' bytes (a scatter-add costs per index, not per byte)
     embedding bag         = measured seconds per call + indices x measured seconds per
@@ -57,7 +59,7 @@ from ir.strategy import Checkpoint
 from cost_models.common import GB, StepConfig, dtype_bytes
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.kernel_loops import SHORT_RUN_KINDS, loop_seconds, measured, memory_gbps
-from cost_models.item_probes import EMBEDDING_BAG_PROBE_DIM
+from cost_models.item_probes import EMBEDDING_BAG_PROBE_DIM, EMBEDDING_PROBE_DIM
 
 # Device seconds per kernel when the cluster carries no calibration: a GPU replays tiny
 # kernels from a CUDA graph at 1.22 us each (profile-device on an H100, 2026-11-24,
@@ -250,6 +252,8 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
         return max(work / (cluster.peak_flops(dtype) * efficiency), nbytes / hbm)
     if r.kind is KernelKind.MEMORY:
         op = r.op.split("::")[-1]
+        if op == "embedding" and cal is not None and cal.embedding_call_s > 0:
+            return _embedding_forward_seconds(r, cluster, config, share)
         if op == "embedding_dense_backward" and cal is not None \
                 and cal.embedding_backward_index_s > 0:
             return _embedding_backward_seconds(r, cluster, config, share)
@@ -322,6 +326,23 @@ def _streaming_seconds(cluster: ClusterSpec, kernel: str, dtype: str, nbytes: fl
         1.0 if cluster.host_bound else GPU_MEMORY_KERNEL_BANDWIDTH_FRACTION.get(kernel, 1.0))
     return nbytes / (memory_gbps(cluster.kernel_calibration, kernel, dtype, nbytes,
                                  default_gbps) * GB)
+
+
+def _embedding_forward_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
+                               share: float) -> float:
+    """aten::embedding (record shape: its output, (..., dim)): the calibration's line, per
+    call (the reshape, index_select and view ATen runs inside: ~1 us on this CPU, which
+    the op's count does not see) plus per index (a row gather: ~2.9 ns for 64-wide fp32
+    rows here, ~1.4x their bytes at copy speed; `item_probes.probe_embedding_forward`),
+    plus each index's read and write of the part of its row wider than the probe's, at
+    copy bandwidth. The ids grow with the micro-batch; a TP split narrows the rows."""
+    cal = cluster.kernel_calibration
+    indices = math.prod(r.shape[:-1]) * config.batch_scale
+    dim = r.shape[-1] * share
+    wider_bytes = 2 * indices * max(0.0, dim - EMBEDDING_PROBE_DIM) * \
+        config.precision.compute_bytes  # read the row, write it out
+    return (cal.embedding_call_s + indices * cal.embedding_index_s
+            + _streaming_seconds(cluster, "copy", config.precision.compute_dtype, wider_bytes))
 
 
 def _embedding_backward_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,

@@ -58,7 +58,9 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "checkpoint_saved_forward_s", "checkpoint_saved_recompute_s", "selective_call_s",
             "selective_forward_op_s", "selective_forward_kept_op_s", "selective_recompute_op_s",
             # per-row kernel costs (`cost_models.memory_probes.probe_row_seconds`)
-            "softmax_row_s", "layer_norm_row_s")
+            "softmax_row_s", "layer_norm_row_s",
+            # kworst (issue 17): an embedding's forward (`item_probes.probe_embedding_forward`)
+            "embedding_call_s", "embedding_index_s")
 
 
 def _is_number(value: Any) -> bool:
@@ -300,6 +302,13 @@ class KernelCalibration:
     # 0 where not measured (previous pricing: bytes only).
     softmax_row_s: float = 0.0
     layer_norm_row_s: float = 0.0
+
+    # ---- kworst (issue 17): an embedding's forward (`cost_models.item_probes
+    # .probe_embedding_forward`): device seconds per call beyond one op's dispatch (the
+    # reshape, index_select and view ATen's embedding runs inside) and per index (one row
+    # of `item_probes.EMBEDDING_PROBE_DIM`); 0 where not measured (bytes at copy speed).
+    embedding_call_s: float = 0.0
+    embedding_index_s: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)
