@@ -13,7 +13,8 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
     t_roofline(memory)    = bytes / bandwidth of that kind of memory-bound kernel at its size
                             (+ its inner loops x measured seconds per loop and per 2-D
                             loop call: copy/add/sum, `cost_models.kernel_loops`;
-                            + rows x measured seconds per row: softmax, layer norm)
+                            + rows beyond the table's x measured seconds per row:
+                            softmax, layer norm)
     embedding forward     = measured seconds per call + indices x measured seconds per
                             index (+ the bytes of rows wider than probed)
     embedding backward    = table fill (a copy) + indices x measured seconds per index
@@ -57,6 +58,7 @@ from ir.op_count import RANDOM_OPS
 from ir.strategy import Checkpoint
 
 from cost_models.common import GB, StepConfig, dtype_bytes
+from cost_models.device_grids import ROW_ELEMENTS
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.kernel_loops import SHORT_RUN_KINDS, loop_seconds, measured, memory_gbps
 from cost_models.item_probes import EMBEDDING_BAG_PROBE_DIM, EMBEDDING_PROBE_DIM
@@ -127,10 +129,24 @@ MEMORY_KERNEL_STAND_IN = {"softmax_backward": "softmax", "masked_fill": "add",
 # Row-wise forward kernels that pay per row beyond their bytes (a softmax's max, sum and
 # normalise passes, a layer norm's statistics, per row): the calibration's measured
 # seconds per row (`memory_probes.probe_row_seconds`) x the record's rows
-# (`ir.kernel_recorder.row_loops`, kept in `inner_loops`). 0 where not measured.
+# (`ir.kernel_recorder.row_loops`, kept in `inner_loops`) beyond those the bandwidth
+# table's own rows of `device_grids.ROW_ELEMENTS` already paid (`extra_rows`). 0 where
+# not measured.
 ROW_COST_FIELD = {**dict.fromkeys(("_softmax", "_log_softmax", "_safe_softmax"),
                                   "softmax_row_s"),
                   "native_layer_norm": "layer_norm_row_s"}
+
+
+def extra_rows(r: KernelRecord, rows: float) -> float:
+    """Rows of a row-wise record beyond the bandwidth table's: the probe's seconds per
+    row is the slope from rows of ROW_ELEMENTS to short ones (`probe_row_seconds`), and
+    the table's points ran the same bytes in rows of ROW_ELEMENTS, so a record in rows of
+    `width` pays rows x (1 - width / ROW_ELEMENTS) of them (none at 4096-wide rows: the
+    table holds their per-row share; here a softmax over 32 x 4096 fp32 was priced 53.9
+    us with 0.3 of row term on top, 54.0 measured, 2026-11-25). Rows wider than
+    ROW_ELEMENTS: 0 (the probe's line runs from ROW_ELEMENTS down, not up)."""
+    width = math.prod(r.shape) / max(1, r.inner_loops)
+    return rows * max(0.0, 1.0 - width / ROW_ELEMENTS)
 @dataclass(frozen=True, slots=True)
 class KernelSeconds:
     """Seconds of one pass over some kernels, by kernel class. `launch_s` is what the
@@ -264,7 +280,8 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
         return _streaming_seconds(cluster, kind, dtype, nbytes) + (
             loop_seconds(r, cal, dtype, nbytes, loops)
             if kind in SHORT_RUN_KINDS and r.inner_loops > 1 else 0.0) + (
-            loops * getattr(cal, ROW_COST_FIELD[op]) if op in ROW_COST_FIELD and cal else 0.0)
+            extra_rows(r, loops) * getattr(cal, ROW_COST_FIELD[op])
+            if op in ROW_COST_FIELD and cal else 0.0)
     return 0.0  # views: no kernel
 
 
