@@ -6,7 +6,8 @@ model reads it back and prefers its seconds over the analytic FLOP-rate estimate
     {"schema": "planner.profile/v1", "model": str, "fingerprint": str, "device": "cpu",
      "device_name": str, "dtype": "float32", "micro_batch": int, "seq_len": int|null,
      "layers": [{"name", "structural_hash", "micro_batch", "forward_seconds",
-                 "backward_seconds", "saved_activation_bytes", "flops_fwd", "flops_bwd"}]}
+                 "backward_seconds", "saved_activation_bytes", "flops_fwd", "flops_bwd",
+                 "engine_start_seconds", "engine_start_spread"}]}
 
 Only the layer being measured is materialised (parameters and inputs drawn at random in
 the profile dtype), so a model far larger than the device still profiles layer by layer.
@@ -31,7 +32,7 @@ from ir.measure import layer_graph_from_trace
 from ir.stand_in import TensorFactory, real_factory
 from ir.trace import trace
 
-from cost_models.autograd_engine import EngineSampler, net_backward_seconds
+from cost_models.autograd_engine import ENGINE_PROBE_OPS, EngineSampler, net_backward_seconds
 
 PROFILE_SCHEMA = "planner.profile/v1"
 DEFAULT_WARMUP = 2  # first runs pay for allocator growth and kernel selection
@@ -81,8 +82,11 @@ def profile_graph(graph: LayerGraph, measurer: GraphMeasurer, device: str, *,
         col, row = measurer.tp_modules(i, layer.tp_candidates)
         state = measurer.layer_state(i, factory)  # this layer's tensors, on the device
         measured = measurer.measure_layer(i, col, row, factory=factory, state=state)
+        engine = EngineSampler(device, time.perf_counter)
         forward_s, backward_s = time_layer(measurer, i, state, factory, device,
-                                           warmup=warmup, repeats=repeats, name=layer.name)
+                                           warmup=warmup, repeats=repeats, name=layer.name,
+                                           engine=engine)
+        start = engine.result(repeats) if engine.samples[ENGINE_PROBE_OPS[0]] else None
         seen[layer.structural_hash] = True
         layers.append({
             "name": layer.name, "structural_hash": layer.structural_hash,
@@ -90,13 +94,17 @@ def profile_graph(graph: LayerGraph, measurer: GraphMeasurer, device: str, *,
             "backward_seconds": backward_s,
             "saved_activation_bytes": measured.saved_activation_bytes,
             "flops_fwd": measured.flops_fwd, "flops_bwd": measured.flops_bwd,
+            # what the backward left out (0 without one), and how steady it was over repeats
+            "engine_start_seconds": start.seconds if start else 0.0,
+            "engine_start_spread": start.spread if start else 0.0,
         })
     return layers
 
 
 def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: TensorFactory,
                device: str, *, warmup: int, repeats: int,
-               name: str | None = None) -> tuple[float, float]:
+               name: str | None = None,
+               engine: EngineSampler | None = None) -> tuple[float, float]:
     """Median (forward, backward) seconds of layer `index` over `repeats` runs after
     `warmup` untimed ones (the instrumented `measure_layer` run before them warms up too).
     The forward is the layer's own GraphModule (`GraphMeasurer.layer_module`: generated
@@ -108,10 +116,11 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     per micro-batch and stage, not once per layer, and the compute model sums layers. It
     is measured in this loop, on this clock: after each run, ENGINE_ROUNDS_PER_REPEAT
     rounds of `autograd_engine.EngineSampler`'s probe graphs, the line through them giving
-    the start; the backward is the median run less it (`net_backward_seconds`: a result
-    at or below 0 raises, never a silent 0; a layer whose outputs need no gradient has no
-    backward: 0). Each run starts with every parameter's `.grad`
-    set to None (untimed), as a training step's first micro-batch does after
+    the start (`engine`, when given: the sampler to fill, for a caller that reports it);
+    the backward is the median run less it (`net_backward_seconds`: a result at or below
+    0 raises, never a silent 0; a layer whose outputs need no gradient has no backward:
+    0). Each run starts with every parameter's `.grad` set to None (untimed), as a
+    training step's first micro-batch does after
     `zero_grad(set_to_none=True)`: the backward steals each new gradient (a detach)
     instead of running one `add_` per parameter into the last run's gradient, which a
     repeated backward would time and no step's first micro-batch runs (llama-tiny's
@@ -119,7 +128,7 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     `ir.graph_measurer`)."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     module = measurer.layer_module(index, state)
-    engine = EngineSampler(device, time.perf_counter)
+    engine = engine if engine is not None else EngineSampler(device, time.perf_counter)
     forward_s, backward_s = [], []
     for rep in range(warmup + repeats):
         _clear_grads(state)  # a step's first micro-batch: no gradient to accumulate into

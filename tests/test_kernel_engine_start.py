@@ -99,3 +99,20 @@ def test_time_layer_raises_where_the_start_swallows_the_backward(monkeypatch):
     with pytest.raises(PlannerError, match="'embed'"):
         layer_profile.time_layer(measurer, i, state, real_factory("cpu"), "cpu",
                                  warmup=0, repeats=1, name="embed")
+
+
+def test_profile_entries_report_the_start_their_backward_left_out():
+    """`profile_graph` writes, per layer, the engine start it took out of the backward
+    (positive, below the whole measured backward plus itself) and its spread over the
+    repeats (>= 0)."""
+    loaded = load_model("mlp-small", 2, None, device="meta")
+    traced = trace(loaded.module, loaded.inputs, loaded.target, loaded.loss_fn,
+                   dtype=torch.float32)
+    graph, measurer = layer_graph_from_trace(traced, loaded.inputs, loaded.target,
+                                             name=loaded.name, dtype=torch.float32)
+    layers = layer_profile.profile_graph(graph, measurer, "cpu", warmup=1, repeats=3)
+    assert layers
+    for entry in layers:
+        assert entry["backward_seconds"] > 0
+        assert 0 < entry["engine_start_seconds"] < 1e-3
+        assert entry["engine_start_spread"] >= 0
