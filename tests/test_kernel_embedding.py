@@ -101,3 +101,15 @@ def test_the_measured_line_prices_a_real_lookup_with_its_tiny_op():
         add_s = per_call_s(lambda: torch.add(x, y))
     priced_s = cost.call_s + 256 * cost.index_s + add_s
     assert timed_s / 1.5 < priced_s < timed_s * 1.5
+
+
+def test_the_embedding_figures_round_trip_and_older_kits_load_without_them():
+    from ir.kernel_calibration import KernelCalibration
+
+    cal = dataclasses.replace(CALIBRATION, embedding_call_s=1e-6, embedding_index_s=3e-9)
+    back = KernelCalibration.from_dict(cal.to_dict())
+    assert (back.embedding_call_s, back.embedding_index_s) == (1e-6, 3e-9)
+    older = {k: v for k, v in cal.to_dict().items()
+             if k not in ("embedding_call_s", "embedding_index_s")}
+    loaded = KernelCalibration.from_dict(older)
+    assert (loaded.embedding_call_s, loaded.embedding_index_s) == (0.0, 0.0)
