@@ -13,8 +13,8 @@ profile then clamped to 0 (issue 17: "worst inf%" in 2 of ~10 bench runs).
 
     fit = measure_engine_start("cpu")   # EngineStart(seconds=9.1e-06, ...)  # doctest: +SKIP
 
-Both figures include one leaf's gradient hand-over (the probe's leaf is stolen into
-`.grad`, as a layer's input or parameter is): ~0.1 us, within the fit's spread here.
+The intercept includes one leaf's gradient hand-over (the probe's leaf is stolen into
+`.grad`, as a layer's parameters are), as the old figure did.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ ENGINE_PROBE_OPS = (1, 2, 4, 8)
 ENGINE_PROBE_ELEMENTS = 4
 # Rounds (one backward of every size each) of the stand-alone probe, after
 # ENGINE_PROBE_WARMUP untimed; split into ENGINE_PROBE_BLOCKS blocks, each block's own fit
-# gives the spread. 301 rounds of the old two sizes took ~15 ms here; four sizes, ~40 ms.
+# gives the spread. One round took ~0.12 ms here (one thread, 2026-11-25): ~40 ms in all.
 ENGINE_PROBE_ROUNDS = 300
 ENGINE_PROBE_WARMUP = 10
 ENGINE_PROBE_BLOCKS = 5

@@ -39,7 +39,7 @@ DEFAULT_WARMUP = 2  # first runs pay for allocator growth and kernel selection
 DEFAULT_REPEATS = 5  # the median of five is robust to one noisy run
 # Rounds of the autograd engine's start probe (`autograd_engine.EngineSampler`: graphs of
 # 1, 2, 4 and 8 ops) after each layer run: with five repeats, 20 backwards per graph size
-# for the fit, ~0.2 ms a repeat here.
+# for the fit; ~0.12 ms a round here (one thread, 2026-11-25), ~0.5 ms a repeat.
 ENGINE_ROUNDS_PER_REPEAT = 4
 
 
