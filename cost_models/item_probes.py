@@ -22,9 +22,10 @@ EMBEDDING_PROBE_DIM, EMBEDDING_PROBE_ROWS, EMBEDDING_PROBE_INDICES = 64, 128, (5
 # reshape, an index_select and a view inside, which no op count sees) at
 # EMBEDDING_FORWARD_PROBE_INDICES ids (llama/gpt-tiny's 32 tokens at micro-batch 1, 512 at
 # 16) on the backward probe's table. Measured here (one thread, thread clock, grad off,
-# 2026-11-25): 1.92 us at 32 ids, 3.30 at 512, where a tiny torch.add took 0.81: ~1.0 us
-# per call beyond an op's dispatch and ~2.9 ns per index, where the copy table (255 GB/s
-# at these sizes) prices a 64-wide row's read and write (512 B) at ~2.0 ns.
+# 2026-11-25): 1.92 us at 32 ids, 3.30 at 512, a tiny torch.neg 0.81; the probe, four runs
+# at load 3-7: 0.5-0.9 us per call beyond a tiny add and 2.4-2.9 ns per index, where the
+# copy table (255 GB/s at these sizes) prices a 64-wide row's read and write (512 B) at
+# ~2.0 ns.
 EMBEDDING_FORWARD_PROBE_INDICES = (32, 512)
 # Each figure is the least of this many passes (a shared host only slows a call down).
 EMBEDDING_FORWARD_PROBE_PASSES = 2
