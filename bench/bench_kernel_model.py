@@ -187,7 +187,7 @@ def main() -> int:
     if starts:
         print(f"Autograd engine start left out of each measured backward (fit in each "
               f"layer's loop): median {starts[len(starts) // 2] * 1e6:.2f} us, range "
-              f"{starts[0] * 1e6:.2f}-{starts[-1] * 1e6:.2f}; widest spread over repeats "
+              f"{starts[0] * 1e6:.2f}-{starts[-1] * 1e6:.2f}; widest spread (thirds of a loop) "
               f"{max(r['engine_start_spread'] for r in rows):.0%}.")
     print(f"Spec notes: {spec.notes}")
     print(f"wrote {RESULTS}")

@@ -348,7 +348,7 @@ def _streaming_seconds(cluster: ClusterSpec, kernel: str, dtype: str, nbytes: fl
 def _embedding_forward_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
                                share: float) -> float:
     """aten::embedding (record shape: its output, (..., dim)): the calibration's line, per
-    call (the reshape, index_select and view ATen runs inside: ~1 us on this CPU, which
+    call (the reshape, index_select and view ATen runs inside: 0.5-0.9 us here, which
     the op's count does not see) plus per index (a row gather: ~2.9 ns for 64-wide fp32
     rows here, ~1.4x their bytes at copy speed; `item_probes.probe_embedding_forward`),
     plus each index's read and write of the part of its row wider than the probe's, at

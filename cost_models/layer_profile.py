@@ -41,6 +41,10 @@ DEFAULT_REPEATS = 5  # the median of five is robust to one noisy run
 # 1, 2, 4 and 8 ops) after each layer run: with five repeats, 20 backwards per graph size
 # for the fit; ~0.12 ms a round here (one thread, 2026-11-25), ~0.5 ms a repeat.
 ENGINE_ROUNDS_PER_REPEAT = 4
+# The start's spread is over this many equal runs of those rounds (each fit on a third:
+# 1-4% here for gpt-tiny's small layers at nine repeats, where a fit per repeat, four
+# backwards per size, read 4-102%: its own noise, not the host's).
+ENGINE_SPREAD_BLOCKS = 3
 
 
 def device_name(device: str) -> str:
@@ -86,7 +90,8 @@ def profile_graph(graph: LayerGraph, measurer: GraphMeasurer, device: str, *,
         forward_s, backward_s = time_layer(measurer, i, state, factory, device,
                                            warmup=warmup, repeats=repeats, name=layer.name,
                                            engine=engine)
-        start = engine.result(repeats) if engine.samples[ENGINE_PROBE_OPS[0]] else None
+        start = (engine.result(ENGINE_SPREAD_BLOCKS) if engine.samples[ENGINE_PROBE_OPS[0]]
+                 else None)
         seen[layer.structural_hash] = True
         layers.append({
             "name": layer.name, "structural_hash": layer.structural_hash,
@@ -94,7 +99,7 @@ def profile_graph(graph: LayerGraph, measurer: GraphMeasurer, device: str, *,
             "backward_seconds": backward_s,
             "saved_activation_bytes": measured.saved_activation_bytes,
             "flops_fwd": measured.flops_fwd, "flops_bwd": measured.flops_bwd,
-            # what the backward left out (0 without one), and how steady it was over repeats
+            # what the backward left out (0 without one), and how steady it was in the loop
             "engine_start_seconds": start.seconds if start else 0.0,
             "engine_start_spread": start.spread if start else 0.0,
         })
