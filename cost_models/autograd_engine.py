@@ -121,16 +121,28 @@ def measure_engine_start(device: str = "cpu") -> EngineStart:
         sampler = EngineSampler(device, probe_clock(device))
         for rep in range(ENGINE_PROBE_WARMUP + ENGINE_PROBE_ROUNDS):
             sampler.sample(keep=rep >= ENGINE_PROBE_WARMUP)
-    return sampler.result(ENGINE_PROBE_BLOCKS)
+    return checked(sampler.result(ENGINE_PROBE_BLOCKS), device)
+
+
+def checked(engine: EngineStart, where: str) -> EngineStart:
+    """`engine` if its start is above 0; else a PlannerError (a line whose intercept is at
+    or below 0 was drawn through noise, and taking it out would add time, not remove it)."""
+    if engine.seconds <= 0:
+        raise PlannerError(
+            f"{where}: the autograd engine's start fitted at {engine.seconds * 1e6:.2f} us "
+            f"(slope {engine.per_op_s * 1e6:.2f} us per op, {engine.rounds} rounds, spread "
+            f"{engine.spread:.0%}); the host is too busy to measure it: re-run on a quieter "
+            f"machine")
+    return engine
 
 
 def net_backward_seconds(raw_s: list[float], engine: EngineStart, layer: str) -> float:
     """A layer's backward without the engine's start: the median of its timed backwards
-    less the start. A result at or below 0 is no measurement (the host was too busy, or
-    the fit too noisy, to tell the two apart): a PlannerError names the layer and the
-    figures, never a silent 0."""
+    less the start (itself above 0: `checked`). A result at or below 0 is no measurement
+    (the host was too busy, or the fit too noisy, to tell the two apart): a PlannerError
+    names the layer and the figures, never a silent 0."""
     whole_s = statistics.median(raw_s)
-    net_s = whole_s - engine.seconds
+    net_s = whole_s - checked(engine, f"layer {layer!r}").seconds
     if net_s <= 0:
         raise PlannerError(
             f"layer {layer!r}: its backward ({whole_s * 1e6:.2f} us, median of {len(raw_s)}) "

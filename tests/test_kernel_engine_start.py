@@ -38,6 +38,9 @@ def test_net_backward_subtracts_the_start_and_refuses_to_report_zero():
         pytest.approx(6e-6)  # median 15 us less 9
     with pytest.raises(PlannerError, match="'tables.0'.*engine's start"):
         net_backward_seconds([8e-6, 9e-6, 12e-6], engine, "tables.0")
+    noise = EngineStart(seconds=-1e-6, per_op_s=3e-6, spread=2.0, rounds=20)
+    with pytest.raises(PlannerError, match="'blocks.0'.*fitted at -1.00 us"):
+        net_backward_seconds([20e-6], noise, "blocks.0")  # would have added 1 us
 
 
 def test_engine_start_is_a_positive_intercept_below_a_one_op_backward():
