@@ -38,8 +38,12 @@ PROFILE_SCHEMA = "planner.profile/v1"
 DEFAULT_WARMUP = 2  # first runs pay for allocator growth and kernel selection
 DEFAULT_REPEATS = 5  # the median of five is robust to one noisy run
 # Rounds of the autograd engine's start probe (`autograd_engine.EngineSampler`: graphs of
-# 1, 2, 4 and 8 ops) after each layer run: with five repeats, 20 backwards per graph size
-# for the fit; ~0.12 ms a round here (one thread, 2026-11-25), ~0.5 ms a repeat.
+# 1, 2, 4 and 8 ops) per layer run, run right after the layer's runs: with five repeats,
+# 20 backwards per graph size for the fit; ~0.12 ms a round here (one thread,
+# 2026-11-25). Not between the runs: there the next forward ran after the probe instead
+# of after its own backward and read slower (A/B in one process, 6 alternations, load 11,
+# 2026-11-25: mlp-small's block at micro-batch 4 12.8 -> 14.9 us forward, dlrm's table
+# 17.8 -> 24.6; after the runs, 12.8 and 17.6, as without the probe).
 ENGINE_ROUNDS_PER_REPEAT = 4
 # The start's spread is over this many equal runs of those rounds (each fit on a third:
 # 1-4% here for gpt-tiny's small layers at nine repeats, where a fit per repeat, four
@@ -119,8 +123,8 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     counters and saved-tensor hooks: they cost a Python call per op, more than a small
     op itself. The backward leaves out the autograd engine's start: a step pays it once
     per micro-batch and stage, not once per layer, and the compute model sums layers. It
-    is measured in this loop, on this clock: after each run, ENGINE_ROUNDS_PER_REPEAT
-    rounds of `autograd_engine.EngineSampler`'s probe graphs, the line through them giving
+    is measured right after these runs, on this clock: ENGINE_ROUNDS_PER_REPEAT rounds of
+    `autograd_engine.EngineSampler`'s probe graphs per run, the line through them giving
     the start (`engine`, when given: the sampler to fill, for a caller that reports it);
     the backward is the median run less it (`net_backward_seconds`: a result at or below
     0 raises, never a silent 0; a layer whose outputs need no gradient has no backward:
@@ -155,12 +159,12 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
             forward_s.append(mid - start)
             if outs:
                 backward_s.append(end - back)
-        has_backward = bool(outs)
         del inputs, returned, outs, seeds
-        for _ in range(ENGINE_ROUNDS_PER_REPEAT if has_backward else 0):
-            engine.sample(keep=rep >= warmup)
     if not backward_s:
         return statistics.median(forward_s), 0.0
+    for rep in range(warmup + repeats):  # after the runs: between them it slowed the forward
+        for _ in range(ENGINE_ROUNDS_PER_REPEAT):
+            engine.sample(keep=rep >= warmup)
     layer = name if name is not None else f"#{index}"
     return statistics.median(forward_s), net_backward_seconds(backward_s, engine.result(),
                                                               layer)
