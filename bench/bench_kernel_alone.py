@@ -17,7 +17,8 @@ subtracted: batch norm's `num_batches_tracked += 1` and llama's in-place add_ on
 priced); the parameters' `.grad` is cleared before the timed step (as `planner profile`
 runs each repeat: a step's first micro-batch steals its gradients, no `add_`); ops that only draw
 random numbers are priced by `compute.random_draw_seconds`, outside the kernel sum, and
-are shown but not summed.
+are shown but not summed; the backward's seeds (`ones_like`: the harness's, ~3 us at
+micro-batch 16) count in neither pass.
 An op of a few microseconds is mostly dispatch: less the trivial call it can come out
 near zero or below, so passes whose kernels sum to tens of microseconds (micro-batch 1,
 t5's bias forward) say little; read the larger ones.
@@ -113,6 +114,8 @@ def measure_row(model: str, micro_batch: int, layer_name: str, graph, measurer, 
 
     def step(inputs, timer=None):
         outs = measurer.module_roots(index, module(*inputs))
+        if timer is not None:
+            timer.phase = "seed"  # the harness's backward seeds: neither pass, not summed
         seeds = [torch.ones_like(t) for t in outs]
         if timer is not None:
             timer.phase = "bwd"

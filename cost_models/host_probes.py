@@ -320,45 +320,17 @@ def dtensor_op_overhead_s(device, mesh) -> float:
     return max(on_dtensors - plain, 0.0)
 
 
-
-# One `torch.autograd.backward` call's fixed cost, from graphs of one and two ops on a
-# 4-element leaf (small enough that the ops' own work is dispatch only).
-AUTOGRAD_CALL_ROUNDS = 301
-
-
 @functools.lru_cache(maxsize=None)
 def autograd_call_s(device: str = "cpu") -> float:
-    """Host seconds one `torch.autograd.backward` call costs beyond its ops (the engine's
-    start: graph task, ready queue, hand-off to the device's thread): the backward of a
-    one-op graph minus one op's marginal cost (a two-op graph's backward minus the
-    one-op graph's), medians of AUTOGRAD_CALL_ROUNDS alternating runs on one thread.
-    A training step pays it once per micro-batch and stage; timing a layer alone pays it
-    on top of the layer's own backward (`cost_models.layer_profile.time_layer` takes it
-    out). About 9 us on this host's CPU (2026-11-24)."""
-    import torch
+    """Host seconds one `torch.autograd.backward` call costs beyond its nodes (the engine's
+    start), once per process and device: the intercept of
+    `autograd_engine.measure_engine_start` (a least-squares line through graphs of 1 to 8
+    ops). A training step pays it once per micro-batch and stage. About 9 us on this
+    host's CPU (2026-11-24)."""
+    from cost_models.autograd_engine import measure_engine_start
 
-    from cost_models.clusters import _one_thread
+    return measure_engine_start(device).seconds
 
-    clock = probe_clock(device)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    with _one_thread():
-        x = torch.randn(4, device=device, requires_grad=True)
-        seed = torch.ones(4, device=device)
-        one, two = [], []
-        for rep in range(AUTOGRAD_CALL_ROUNDS + 10):  # 10 untimed
-            for ops, rounds in ((1, one), (2, two)):
-                y = x
-                for _ in range(ops):
-                    y = y * 1.0001
-                sync()
-                start = clock()
-                torch.autograd.backward(y, seed)
-                sync()
-                if rep >= 10:
-                    rounds.append(clock() - start)
-                x.grad = None
-    t1, t2 = statistics.median(one), statistics.median(two)
-    return max(0.0, t1 - (t2 - t1))
 
 # Optimizer steps timed: OPTIMIZER_PROBE_TENSORS tensors small enough that the host's
 # per-tensor work dominates (the bytes streamed are priced apart), sharded on DTensors

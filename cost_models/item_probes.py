@@ -1,8 +1,9 @@
 """Probes of kernels whose cost counts items, not bytes (run by `planner profile-device`,
-`cost_models.profile_device`): an embedding backward's scatter-add (per index), an
-embedding bag's forward and backward (per call and per index) and a dropout mask's draw
-(per element).
+`cost_models.profile_device`): an embedding's forward (per call and per index) and its
+backward's scatter-add (per index), an embedding bag's forward and backward (per call and
+per index) and a dropout mask's draw (per element).
 
+    probe_embedding_forward("cpu", "float32")    # EmbeddingForwardCost # doctest: +SKIP
     probe_embedding_backward("cpu", "float32")   # seconds per index   # doctest: +SKIP
     probe_embedding_bag("cpu", "float32", 2e-6)   # EmbeddingBagCost   # doctest: +SKIP
     probe_random_element_s("cpu")                 # seconds per element # doctest: +SKIP
@@ -17,6 +18,17 @@ from dataclasses import dataclass
 # the per-index work, not the row's bytes, dominates) into a table of 128 rows, at 512
 # and 8192 indices (a zoo embedding's tokens at micro-batch 1 to 16 and past it).
 EMBEDDING_PROBE_DIM, EMBEDDING_PROBE_ROWS, EMBEDDING_PROBE_INDICES = 64, 128, (512, 8192)
+# Embedding forward (`torch.embedding`: ATen's CompositeExplicitAutograd embedding runs a
+# reshape, an index_select and a view inside, which no op count sees) at
+# EMBEDDING_FORWARD_PROBE_INDICES ids (llama/gpt-tiny's 32 tokens at micro-batch 1, 512 at
+# 16) on the backward probe's table. Measured here (one thread, thread clock, grad off,
+# 2026-11-25): 1.92 us at 32 ids, 3.30 at 512, a tiny torch.neg 0.81; the probe, four runs
+# at load 3-7: 0.5-0.9 us per call beyond a tiny add and 2.4-2.9 ns per index, where the
+# copy table (255 GB/s at these sizes) prices a 64-wide row's read and write (512 B) at
+# ~2.0 ns.
+EMBEDDING_FORWARD_PROBE_INDICES = (32, 512)
+# Each figure is the least of this many passes (a shared host only slows a call down).
+EMBEDDING_FORWARD_PROBE_PASSES = 2
 # EmbeddingBag (sum, dense gradient), as DLRM's tables run it (planner/zoo/dlrm.py:
 # 16-wide rows, bags of 2 ids): a table of EMBEDDING_BAG_PROBE_ROWS rows, bags of
 # EMBEDDING_BAG_PROBE_LOOKUPS ids, at EMBEDDING_BAG_PROBE_INDICES ids (dlrm-small's 2 to 32
@@ -78,6 +90,44 @@ def probe_embedding_backward(device: str, dtype: str) -> float:
         seconds.append(seconds_per_call(lambda i: torch.ops.aten.embedding_dense_backward(
             grad, index, EMBEDDING_PROBE_ROWS, -1, False), device))
     return max(0.0, (seconds[1] - seconds[0]) / (many - few))
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingForwardCost:
+    """Device seconds of an embedding's forward: per call beyond one tiny op's dispatch
+    (which the host model charges per op) and per index (a row of EMBEDDING_PROBE_DIM)."""
+
+    call_s: float
+    index_s: float
+
+
+def probe_embedding_forward(device: str, dtype: str) -> EmbeddingForwardCost:
+    """`torch.embedding` (the C-bound call `F.embedding` makes), grad off, at the
+    EMBEDDING_FORWARD_PROBE_INDICES counts: slope per index; intercept less a tiny
+    `torch.add` timed alike (on a CPU: its dispatch, output allocation and TensorIterator
+    set-up, what the host model's per-op figure prices; on a GPU the device events time
+    kernels, nothing is taken out), never below `conv_probes.MIN_DEVICE_SHARE` of the
+    smaller call."""
+    import torch
+
+    from cost_models.conv_probes import MIN_DEVICE_SHARE
+    from cost_models.profile_device import _random, seconds_per_call
+
+    weight = _random((EMBEDDING_PROBE_ROWS, EMBEDDING_PROBE_DIM), dtype, device)
+    indices = [torch.randint(0, EMBEDDING_PROBE_ROWS, (count,), device=device)
+               for count in EMBEDDING_FORWARD_PROBE_INDICES]
+    x, y = _random((2, 8), dtype, device), _random((2, 8), dtype, device)
+    with torch.no_grad():
+        passes = [[seconds_per_call(lambda i, index=index: torch.embedding(weight, index),
+                                    device) for index in indices]
+                  + [seconds_per_call(lambda i: torch.add(x, y), device)]
+                  for _ in range(EMBEDDING_FORWARD_PROBE_PASSES)]
+    few_s, many_s, add_s = (min(column) for column in zip(*passes))
+    few, many = EMBEDDING_FORWARD_PROBE_INDICES
+    slope = max(0.0, (many_s - few_s) / (many - few))
+    reference_s = add_s if device == "cpu" else 0.0
+    return EmbeddingForwardCost(max(few_s - slope * few - reference_s,
+                                    MIN_DEVICE_SHARE * few_s), slope)
 
 
 @dataclass(frozen=True, slots=True)

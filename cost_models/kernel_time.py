@@ -13,7 +13,10 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
     t_roofline(memory)    = bytes / bandwidth of that kind of memory-bound kernel at its size
                             (+ its inner loops x measured seconds per loop and per 2-D
                             loop call: copy/add/sum, `cost_models.kernel_loops`;
-                            + rows x measured seconds per row: softmax, layer norm)
+                            + rows beyond the table's x measured seconds per row:
+                            softmax, layer norm)
+    embedding forward     = measured seconds per call + indices x measured seconds per
+                            index (+ the bytes of rows wider than probed)
     embedding backward    = table fill (a copy) + indices x measured seconds per index
                             + the rows' bytes (a scatter-add costs per index, not per byte)
     embedding bag         = measured seconds per call + indices x measured seconds per
@@ -55,10 +58,11 @@ from ir.op_count import RANDOM_OPS
 from ir.strategy import Checkpoint
 
 from cost_models.common import GB, StepConfig, dtype_bytes
+from cost_models.device_grids import ROW_ELEMENTS
 from cost_models.fresh_output import fresh_output_seconds
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.kernel_loops import SHORT_RUN_KINDS, loop_seconds, measured, memory_gbps
-from cost_models.item_probes import EMBEDDING_BAG_PROBE_DIM
+from cost_models.item_probes import EMBEDDING_BAG_PROBE_DIM, EMBEDDING_PROBE_DIM
 
 # Device seconds per kernel when the cluster carries no calibration: a GPU replays tiny
 # kernels from a CUDA graph at 1.22 us each (profile-device on an H100, 2026-11-24,
@@ -126,10 +130,24 @@ MEMORY_KERNEL_STAND_IN = {"softmax_backward": "softmax", "masked_fill": "add",
 # Row-wise forward kernels that pay per row beyond their bytes (a softmax's max, sum and
 # normalise passes, a layer norm's statistics, per row): the calibration's measured
 # seconds per row (`memory_probes.probe_row_seconds`) x the record's rows
-# (`ir.kernel_recorder.row_loops`, kept in `inner_loops`). 0 where not measured.
+# (`ir.kernel_recorder.row_loops`, kept in `inner_loops`) beyond those the bandwidth
+# table's own rows of `device_grids.ROW_ELEMENTS` already paid (`extra_rows`). 0 where
+# not measured.
 ROW_COST_FIELD = {**dict.fromkeys(("_softmax", "_log_softmax", "_safe_softmax"),
                                   "softmax_row_s"),
                   "native_layer_norm": "layer_norm_row_s"}
+
+
+def extra_rows(r: KernelRecord, rows: float) -> float:
+    """Rows of a row-wise record beyond the bandwidth table's: the probe's seconds per
+    row is the slope from rows of ROW_ELEMENTS to short ones (`probe_row_seconds`), and
+    the table's points ran the same bytes in rows of ROW_ELEMENTS, so a record in rows of
+    `width` pays rows x (1 - width / ROW_ELEMENTS) of them (none at 4096-wide rows: the
+    table holds their per-row share; here a softmax over 32 x 4096 fp32 was priced 53.9
+    us with 0.3 of row term on top, 54.0 measured, 2026-11-25). Rows wider than
+    ROW_ELEMENTS: 0 (the probe's line runs from ROW_ELEMENTS down, not up)."""
+    width = math.prod(r.shape) / max(1, r.inner_loops)
+    return rows * max(0.0, 1.0 - width / ROW_ELEMENTS)
 @dataclass(frozen=True, slots=True)
 class KernelSeconds:
     """Seconds of one pass over some kernels, by kernel class. `launch_s` is what the
@@ -251,6 +269,8 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
         return max(work / (cluster.peak_flops(dtype) * efficiency), nbytes / hbm)
     if r.kind is KernelKind.MEMORY:
         op = r.op.split("::")[-1]
+        if op == "embedding" and cal is not None and cal.embedding_call_s > 0:
+            return _embedding_forward_seconds(r, cluster, config, share)
         if op == "embedding_dense_backward" and cal is not None \
                 and cal.embedding_backward_index_s > 0:
             return _embedding_backward_seconds(r, cluster, config, share)
@@ -261,7 +281,8 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
         return _streaming_seconds(cluster, kind, dtype, nbytes) + (
             loop_seconds(r, cal, dtype, nbytes, loops)
             if kind in SHORT_RUN_KINDS and r.inner_loops > 1 else 0.0) + (
-            loops * getattr(cal, ROW_COST_FIELD[op]) if op in ROW_COST_FIELD and cal else 0.0)
+            extra_rows(r, loops) * getattr(cal, ROW_COST_FIELD[op])
+            if op in ROW_COST_FIELD and cal else 0.0)
     return 0.0  # views: no kernel
 
 
@@ -323,6 +344,23 @@ def _streaming_seconds(cluster: ClusterSpec, kernel: str, dtype: str, nbytes: fl
         1.0 if cluster.host_bound else GPU_MEMORY_KERNEL_BANDWIDTH_FRACTION.get(kernel, 1.0))
     return nbytes / (memory_gbps(cluster.kernel_calibration, kernel, dtype, nbytes,
                                  default_gbps) * GB)
+
+
+def _embedding_forward_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
+                               share: float) -> float:
+    """aten::embedding (record shape: its output, (..., dim)): the calibration's line, per
+    call (the reshape, index_select and view ATen runs inside: 0.5-0.9 us here, which
+    the op's count does not see) plus per index (a row gather: ~2.9 ns for 64-wide fp32
+    rows here, ~1.4x their bytes at copy speed; `item_probes.probe_embedding_forward`),
+    plus each index's read and write of the part of its row wider than the probe's, at
+    copy bandwidth. The ids grow with the micro-batch; a TP split narrows the rows."""
+    cal = cluster.kernel_calibration
+    indices = math.prod(r.shape[:-1]) * config.batch_scale
+    dim = r.shape[-1] * share
+    wider_bytes = 2 * indices * max(0.0, dim - EMBEDDING_PROBE_DIM) * \
+        config.precision.compute_bytes  # read the row, write it out
+    return (cal.embedding_call_s + indices * cal.embedding_index_s
+            + _streaming_seconds(cluster, "copy", config.precision.compute_dtype, wider_bytes))
 
 
 def _embedding_backward_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,

@@ -6,7 +6,8 @@ model reads it back and prefers its seconds over the analytic FLOP-rate estimate
     {"schema": "planner.profile/v1", "model": str, "fingerprint": str, "device": "cpu",
      "device_name": str, "dtype": "float32", "micro_batch": int, "seq_len": int|null,
      "layers": [{"name", "structural_hash", "micro_batch", "forward_seconds",
-                 "backward_seconds", "saved_activation_bytes", "flops_fwd", "flops_bwd"}]}
+                 "backward_seconds", "saved_activation_bytes", "flops_fwd", "flops_bwd",
+                 "engine_start_seconds", "engine_start_spread"}]}
 
 Only the layer being measured is materialised (parameters and inputs drawn at random in
 the profile dtype), so a model far larger than the device still profiles layer by layer.
@@ -31,11 +32,23 @@ from ir.measure import layer_graph_from_trace
 from ir.stand_in import TensorFactory, real_factory
 from ir.trace import trace
 
-from cost_models.host_probes import autograd_call_s
+from cost_models.autograd_engine import ENGINE_PROBE_OPS, EngineSampler, net_backward_seconds
 
 PROFILE_SCHEMA = "planner.profile/v1"
 DEFAULT_WARMUP = 2  # first runs pay for allocator growth and kernel selection
 DEFAULT_REPEATS = 5  # the median of five is robust to one noisy run
+# Rounds of the autograd engine's start probe (`autograd_engine.EngineSampler`: graphs of
+# 1, 2, 4 and 8 ops) per layer run, run right after the layer's runs: with five repeats,
+# 20 backwards per graph size for the fit; ~0.12 ms a round here (one thread,
+# 2026-11-25). Not between the runs: there the next forward ran after the probe instead
+# of after its own backward and read slower (A/B in one process, 6 alternations, load 11,
+# 2026-11-25: mlp-small's block at micro-batch 4 12.8 -> 14.9 us forward, dlrm's table
+# 17.8 -> 24.6; after the runs, 12.8 and 17.6, as without the probe).
+ENGINE_ROUNDS_PER_REPEAT = 4
+# The start's spread is over this many equal runs of those rounds (each fit on a third:
+# 1-4% here for gpt-tiny's small layers at nine repeats, where a fit per repeat, four
+# backwards per size, read 4-102%: its own noise, not the host's).
+ENGINE_SPREAD_BLOCKS = 3
 
 
 def device_name(device: str) -> str:
@@ -77,8 +90,12 @@ def profile_graph(graph: LayerGraph, measurer: GraphMeasurer, device: str, *,
         col, row = measurer.tp_modules(i, layer.tp_candidates)
         state = measurer.layer_state(i, factory)  # this layer's tensors, on the device
         measured = measurer.measure_layer(i, col, row, factory=factory, state=state)
+        engine = EngineSampler(device, time.perf_counter)
         forward_s, backward_s = time_layer(measurer, i, state, factory, device,
-                                           warmup=warmup, repeats=repeats)
+                                           warmup=warmup, repeats=repeats, name=layer.name,
+                                           engine=engine)
+        start = (engine.result(ENGINE_SPREAD_BLOCKS) if engine.samples[ENGINE_PROBE_OPS[0]]
+                 else None)
         seen[layer.structural_hash] = True
         layers.append({
             "name": layer.name, "structural_hash": layer.structural_hash,
@@ -86,12 +103,17 @@ def profile_graph(graph: LayerGraph, measurer: GraphMeasurer, device: str, *,
             "backward_seconds": backward_s,
             "saved_activation_bytes": measured.saved_activation_bytes,
             "flops_fwd": measured.flops_fwd, "flops_bwd": measured.flops_bwd,
+            # what the backward left out (0 without one), and how steady it was in the loop
+            "engine_start_seconds": start.seconds if start else 0.0,
+            "engine_start_spread": start.spread if start else 0.0,
         })
     return layers
 
 
 def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: TensorFactory,
-               device: str, *, warmup: int, repeats: int) -> tuple[float, float]:
+               device: str, *, warmup: int, repeats: int,
+               name: str | None = None,
+               engine: EngineSampler | None = None) -> tuple[float, float]:
     """Median (forward, backward) seconds of layer `index` over `repeats` runs after
     `warmup` untimed ones (the instrumented `measure_layer` run before them warms up too).
     The forward is the layer's own GraphModule (`GraphMeasurer.layer_module`: generated
@@ -99,10 +121,15 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     interpreter that `measure_layer` needs for its per-node hooks: that one costs ~10 us
     of Python per node, which no training step pays. The runs go without the FLOP and op
     counters and saved-tensor hooks: they cost a Python call per op, more than a small
-    op itself. The backward leaves out the autograd engine's start (`autograd_call_s`,
-    measured here): a step pays it once per micro-batch and stage, not once per layer,
-    and the compute model sums layers. Each run starts with every parameter's `.grad`
-    set to None (untimed), as a training step's first micro-batch does after
+    op itself. The backward leaves out the autograd engine's start: a step pays it once
+    per micro-batch and stage, not once per layer, and the compute model sums layers. It
+    is measured right after these runs, on this clock: ENGINE_ROUNDS_PER_REPEAT rounds of
+    `autograd_engine.EngineSampler`'s probe graphs per run, the line through them giving
+    the start (`engine`, when given: the sampler to fill, for a caller that reports it);
+    the backward is the median run less it (`net_backward_seconds`: a result at or below
+    0 raises, never a silent 0; a layer whose outputs need no gradient has no backward:
+    0). Each run starts with every parameter's `.grad` set to None (untimed), as a
+    training step's first micro-batch does after
     `zero_grad(set_to_none=True)`: the backward steals each new gradient (a detach)
     instead of running one `add_` per parameter into the last run's gradient, which a
     repeated backward would time and no step's first micro-batch runs (llama-tiny's
@@ -110,7 +137,7 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     `ir.graph_measurer`)."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     module = measurer.layer_module(index, state)
-    engine_s = autograd_call_s(device.split(":")[0])
+    engine = engine if engine is not None else EngineSampler(device, time.perf_counter)
     forward_s, backward_s = [], []
     for rep in range(warmup + repeats):
         _clear_grads(state)  # a step's first micro-batch: no gradient to accumulate into
@@ -130,9 +157,17 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
         end = time.perf_counter()
         if rep >= warmup:
             forward_s.append(mid - start)
-            backward_s.append(max(0.0, end - back - engine_s) if outs else 0.0)
+            if outs:
+                backward_s.append(end - back)
         del inputs, returned, outs, seeds
-    return statistics.median(forward_s), statistics.median(backward_s)
+    if not backward_s:
+        return statistics.median(forward_s), 0.0
+    for rep in range(warmup + repeats):  # after the runs: between them it slowed the forward
+        for _ in range(ENGINE_ROUNDS_PER_REPEAT):
+            engine.sample(keep=rep >= warmup)
+    layer = name if name is not None else f"#{index}"
+    return statistics.median(forward_s), net_backward_seconds(backward_s, engine.result(),
+                                                              layer)
 
 
 def save_profile(profile: dict, path: str) -> None:

@@ -63,7 +63,7 @@ from cost_models.checkpoint_probes import checkpoint_host_seconds
 from cost_models.host_probes import host_op_seconds_by_pass, probe_clock
 from cost_models.sequence_probes import in_sequence_chains, in_sequence_cost
 from cost_models.item_probes import (probe_embedding_backward, probe_embedding_bag,
-                                     probe_random_element_s)
+                                     probe_embedding_forward, probe_random_element_s)
 
 # ---- timing -----------------------------------------------------------------------------
 WARMUP_CALLS = 3  # first calls pay for kernel selection, workspaces, autograd caches
@@ -365,9 +365,12 @@ def measure(device: str, quick: bool = False, progress=None,
         conv = probe_conv(device, CPU_CONV_SHAPES if cpu else CUDA_CONV_SHAPES[:1] if quick
                           else CUDA_CONV_SHAPES, CPU_CONV_DTYPE if cpu else CUDA_CONV_DTYPE,
                           host_s if cpu else 0.0, progress)
+        lookup = probe_embedding_forward(device, memory_dtype)
         index_s = probe_embedding_backward(device, memory_dtype)
         if progress:
-            progress(f"embedding backward: {index_s * 1e9:.1f} ns per index")
+            progress(f"embedding: forward {lookup.call_s * 1e6:.2f} us + "
+                     f"{lookup.index_s * 1e9:.1f} ns per index, backward "
+                     f"{index_s * 1e9:.1f} ns per index")
         bag = probe_embedding_bag(device, memory_dtype, host_s if cpu else 0.0)
         if progress:
             progress(f"embedding bag: forward {bag.call_s * 1e6:.2f} us + "
@@ -386,7 +389,9 @@ def measure(device: str, quick: bool = False, progress=None,
                              embedding_bag_backward_index_s=bag.backward_index_s,
                              burst_gemm_flop_per_s=burst, sustained_gemm_flop_per_s=sustained,
                              softmax_row_s=row_s.get("softmax", 0.0),
-                             layer_norm_row_s=row_s.get("layer_norm", 0.0))
+                             layer_norm_row_s=row_s.get("layer_norm", 0.0),
+                             embedding_call_s=lookup.call_s,
+                             embedding_index_s=lookup.index_s)
 
 
 def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> ClusterSpec:

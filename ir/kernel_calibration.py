@@ -59,7 +59,9 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             # per-row kernel costs (`cost_models.memory_probes.probe_row_seconds`)
             "softmax_row_s", "layer_norm_row_s",
             # SELECTIVE's per-call figure in its two measured halves (multirank block, below)
-            "selective_call_forward_s", "selective_call_recompute_s")
+            "selective_call_forward_s", "selective_call_recompute_s",
+            # an embedding's forward (`item_probes.probe_embedding_forward`)
+            "embedding_call_s", "embedding_index_s")
 
 # Figures kits of 2026-11-24 wrote, always as 0 (per-call forward pricing, which
 # profile-device never turned on and which was removed: bench/bench_host_ab.py); a spec
@@ -310,6 +312,13 @@ class KernelCalibration:
     # with 0 in both reads the sum halved (`selective_call_halves`).
     selective_call_forward_s: float = 0.0
     selective_call_recompute_s: float = 0.0
+
+    # ---- an embedding's forward (`cost_models.item_probes
+    # .probe_embedding_forward`): device seconds per call beyond one op's dispatch (the
+    # reshape, index_select and view ATen's embedding runs inside) and per index (one row
+    # of `item_probes.EMBEDDING_PROBE_DIM`); 0 where not measured (bytes at copy speed).
+    embedding_call_s: float = 0.0
+    embedding_index_s: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)
