@@ -63,7 +63,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy,
                                     OffloadPolicy, fully_shard)
 
-from executors.host_collectives import use_host_collectives
+from executors.host_collectives import InPlaceReduceScatter, use_host_collectives
 from executors.sync_batchnorm import prepare_batch_norms
 from executors.zero1 import attach_master, cast_to_working_dtype
 from ir.lean_host import lean_units, takes_lean_path
@@ -129,6 +129,8 @@ def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
         unit = fully_shard(module, **shard)
         if lean:
             use_host_collectives(unit)
+        elif _on_gloo(mesh):  # gloo's reduce-scatter copy freed when FSDP2 frees its input
+            unit.set_custom_reduce_scatter(InPlaceReduceScatter())
     else:
         unit = replicate(module, mesh=mesh, mp_policy=policy)
     if zero1_16bit:
