@@ -73,25 +73,29 @@ def start_method() -> str:
     """"forkserver" where this Python's multiprocessing has the fork-server internals this
     module uses (SERVER_FIELDS, SERVER_FUNCTIONS), else "spawn", said once on stderr."""
     global _fallback_said
-    if _server() is not None:
+    missing = _missing_internals()
+    if not missing:
         return PREFERRED_START_METHOD
     if not _fallback_said:
         _fallback_said = True
         print(f"warning: Python {sys.version.split()[0]}'s multiprocessing.forkserver lacks "
-              f"{', '.join(SERVER_FIELDS + SERVER_FUNCTIONS)}: ranks start with "
-              f"'{FALLBACK_START_METHOD}' (slower: each imports torch itself)",
-              file=sys.stderr)
+              f"{', '.join(missing)}: ranks start with '{FALLBACK_START_METHOD}' (slower: "
+              "each imports torch itself)", file=sys.stderr)
     return FALLBACK_START_METHOD
 
 
-def _server():
-    """CPython's one ForkServer instance, or None where it or a name used here is missing."""
+def _missing_internals() -> list[str]:
+    """The names `_server` needs that this Python's multiprocessing.forkserver lacks."""
     server = getattr(forkserver, "_forkserver", None)
-    if server is None or not all(hasattr(server, f) for f in SERVER_FIELDS):
-        return None
-    if not all(callable(getattr(forkserver, f, None)) for f in SERVER_FUNCTIONS):
-        return None
-    return server
+    if server is None:
+        return ["_forkserver"]
+    return ([f"_forkserver.{f}" for f in SERVER_FIELDS if not hasattr(server, f)]
+            + [f for f in SERVER_FUNCTIONS if not callable(getattr(forkserver, f, None))])
+
+
+def _server():
+    """CPython's one ForkServer instance, or None where a name used here is missing."""
+    return None if _missing_internals() else forkserver._forkserver
 
 
 def start_server(extra_modules: tuple[str, ...] = ()) -> None:

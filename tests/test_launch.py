@@ -204,3 +204,4 @@ def test_a_python_without_the_fork_server_internals_spawns_with_one_warning(
     assert parents == {os.getpid()}  # spawned by this process, not forked by a server
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("warning: ") and "spawn" in lines[0], lines
+    assert ("_forkserver_alive_fd" in lines[0]) == (server is not None), lines  # names the gap
