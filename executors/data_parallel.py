@@ -38,8 +38,10 @@ gloo's collectives and FSDP2's CUDA-stream bookkeeping otherwise hold extra full
 copies of a unit (measured there), which a 1.3B GPT's step could not afford; there
 each embedding table is a unit of its own, reduced in its gradient's storage and not
 gathered in backward (an embedding's backward reads only the ids); `ir.lean_host`
-defines these units, and `cost_models.memory` prices them from the same definition. Other runs
-keep FSDP2's own collectives, which the cost model's time and memory figures describe.
+defines these units, and `cost_models.memory` prices them from the same definition. Other
+ZeRO-2/3 units on gloo reduce in place in FSDP2's own buffer (`use_gloo_collectives`: gloo's
+reduce-scatter clone had stayed alive into the next unit's backward on some runs); the
+rest keep FSDP2's own collectives. The cost model's time and memory figures describe both.
 
 CPU offload (`LayerStrategy.offload`, ZERO3 only): fully_shard(offload_policy=
 CPUOffloadPolicy()) keeps the unit's fp32 shards and their gradients in host memory, so
@@ -63,7 +65,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy,
                                     OffloadPolicy, fully_shard)
 
-from executors.host_collectives import use_host_collectives
+from executors.host_collectives import use_gloo_collectives, use_host_collectives
 from executors.sync_batchnorm import prepare_batch_norms
 from executors.zero1 import attach_master, cast_to_working_dtype
 from ir.lean_host import lean_units, takes_lean_path
@@ -129,6 +131,8 @@ def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
         unit = fully_shard(module, **shard)
         if lean:
             use_host_collectives(unit)
+        elif _on_gloo(mesh):  # no full-size reduce-scatter clone (`host_collectives`)
+            use_gloo_collectives(unit)
     else:
         unit = replicate(module, mesh=mesh, mp_policy=policy)
     if zero1_16bit:

@@ -25,6 +25,12 @@ A rank runs `forked_call`, which first
   2. takes the caller's environment (a fork starts with the server's, from when it started);
   3. reads its arguments from a file (`save_arguments`): the server's socket would pass
      every tensor in them as a file descriptor, and it refuses more than ~250.
+
+The server's bookkeeping is CPython's own (multiprocessing/forkserver.py's one
+`_forkserver` instance and its `_forkserver_*` fields, 3.11): this module closes and
+resets them in a rank and in a fork of the caller. They are private, so `start_method`
+checks them first; a Python without them starts plain "spawn" ranks (slower, each imports
+for itself) and says so in one line on stderr.
 """
 
 from __future__ import annotations
@@ -40,7 +46,12 @@ from multiprocessing import forkserver
 
 import torch
 
-START_METHOD = "forkserver"
+PREFERRED_START_METHOD = "forkserver"
+FALLBACK_START_METHOD = "spawn"  # where the fork server's internals are missing
+# CPython's fork-server internals used here (`_leave_server`, `_forget_inherited_server`):
+# fields of multiprocessing.forkserver._forkserver, and the module's public functions.
+SERVER_FIELDS = ("_forkserver_alive_fd", "_forkserver_address", "_forkserver_pid")
+SERVER_FUNCTIONS = ("ensure_running", "set_forkserver_preload")
 # What ranks import anyway; a module that fails to import is skipped by the server (the
 # rank then imports it itself, as a spawned one would). Named, not imported: this module
 # sits below them (ir <- cost_models <- planner, ir <- executors).
@@ -55,13 +66,46 @@ PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): a signal for when the pare
 
 _server_lock = threading.Lock()
 _server_owner_pid: int | None = None  # the process that started the server it knows of
+_fallback_said = False  # start_method's warning line: once per process
+
+
+def start_method() -> str:
+    """"forkserver" where this Python's multiprocessing has the fork-server internals this
+    module uses (SERVER_FIELDS, SERVER_FUNCTIONS), else "spawn", said once on stderr."""
+    global _fallback_said
+    missing = _missing_internals()
+    if not missing:
+        return PREFERRED_START_METHOD
+    if not _fallback_said:
+        _fallback_said = True
+        print(f"warning: Python {sys.version.split()[0]}'s multiprocessing.forkserver lacks "
+              f"{', '.join(missing)}: ranks start with '{FALLBACK_START_METHOD}' (slower: "
+              "each imports torch itself)", file=sys.stderr)
+    return FALLBACK_START_METHOD
+
+
+def _missing_internals() -> list[str]:
+    """The names `_server` needs that this Python's multiprocessing.forkserver lacks."""
+    server = getattr(forkserver, "_forkserver", None)
+    if server is None:
+        return ["_forkserver"]
+    return ([f"_forkserver.{f}" for f in SERVER_FIELDS if not hasattr(server, f)]
+            + [f for f in SERVER_FUNCTIONS if not callable(getattr(forkserver, f, None))])
+
+
+def _server():
+    """CPython's one ForkServer instance, or None where a name used here is missing."""
+    return None if _missing_internals() else forkserver._forkserver
 
 
 def start_server(extra_modules: tuple[str, ...] = ()) -> None:
     """Start this process's fork server unless it runs; returns at once, the server
     imports PRELOAD_MODULES and `extra_modules` in the background (call it before other
-    work to overlap the two). Preloads take effect only on a server this call starts."""
+    work to overlap the two). Preloads take effect only on a server this call starts.
+    A no-op where ranks start with "spawn" (`start_method`)."""
     global _server_owner_pid
+    if start_method() != PREFERRED_START_METHOD:
+        return
     with _server_lock:
         if _server_owner_pid not in (None, os.getpid()):
             _forget_inherited_server()
@@ -78,7 +122,7 @@ def start_ranks(fn: Callable, nprocs: int, arguments: tuple, folder: str):
     start_server()
     path = save_arguments(folder, arguments)
     return mp.start_processes(forked_call, args=(dict(os.environ), fn, path), nprocs=nprocs,
-                              join=False, start_method=START_METHOD)
+                              join=False, start_method=start_method())
 
 
 def save_arguments(folder: str, arguments: tuple) -> str:
@@ -123,9 +167,9 @@ def free_port() -> int:
 def _leave_server() -> None:
     """In a forked rank: close the rank's copy of the write end of the server's "alive"
     pipe (multiprocessing hands one to every child; the server leaves at its EOF). A no-op
-    in a process the server did not fork."""
-    server = forkserver._forkserver  # CPython's one instance (3.11: multiprocessing/forkserver.py)
-    if server._forkserver_alive_fd is not None:
+    in a process the server did not fork (or with no fork server, `start_method`)."""
+    server = _server()  # CPython's one instance (3.11: multiprocessing/forkserver.py)
+    if server is not None and server._forkserver_alive_fd is not None:
         os.close(server._forkserver_alive_fd)
         server._forkserver_alive_fd = None
 
@@ -133,8 +177,8 @@ def _leave_server() -> None:
 def _forget_inherited_server() -> None:
     """In a fork (os.fork) of the process that started the server: that server is not
     this process's child (multiprocessing's liveness check, waitpid, would raise), so
-    let go of it and start one of our own."""
-    server = forkserver._forkserver
+    let go of it and start one of our own (`start_server` checked `_server` first)."""
+    server = _server()
     if server._forkserver_alive_fd is not None:
         os.close(server._forkserver_alive_fd)
     server._forkserver_alive_fd = server._forkserver_address = server._forkserver_pid = None

@@ -26,15 +26,16 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ir.launch import (HF_PRELOAD_MODULES, START_METHOD, forked_call, free_port,  # noqa: F401
+from ir import launch
+from ir.launch import (HF_PRELOAD_MODULES, forked_call, free_port,  # noqa: F401
                        save_arguments, start_ranks, start_server)
 
 
 def start_method() -> str:
-    """The start method for a test's own processes (`ir.launch.START_METHOD`), its server
+    """The start method for a test's own processes (`ir.launch.start_method`), its server
     started with the Hugging Face modules preloaded as well."""
     start_server(HF_PRELOAD_MODULES)
-    return START_METHOD
+    return launch.start_method()
 
 
 def _rank_main(rank: int, fn: Callable, world_size: int, port: int, out_dir: str,

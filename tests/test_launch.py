@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import types
 import time
 
 import pytest
@@ -166,3 +167,41 @@ def test_a_failed_rank_is_one_line_naming_it_and_no_rank_is_left(how, message, m
         spawn_ranks(payload, 2, timeout_s=240)
     left = _descendants(os.getpid()) - before
     assert not left, [(p, _stat_fields(p)) for p in left]
+
+
+def _parent_report(rank: int, out_dir: str) -> None:
+    with open(os.path.join(out_dir, f"parent{rank}.json"), "w") as fh:
+        json.dump({"parent": os.getppid()}, fh)
+
+
+def _refuse(*_args, **_kwargs):
+    raise AssertionError("a fork-server function was called on a Python said to lack one")
+
+
+@pytest.mark.parametrize("server", [None, types.SimpleNamespace(_forkserver_pid=None)],
+                         ids=["no-instance", "missing-fields"])
+def test_a_python_without_the_fork_server_internals_spawns_with_one_warning(
+        server, tmp_path, monkeypatch, capsys):
+    """multiprocessing.forkserver's `_forkserver` and its `_forkserver_*` fields are CPython
+    3.11 internals: where they are missing, ranks start with plain spawn (children of the
+    caller, no server is started) and stderr says so in one line, once."""
+    from ir import launch
+
+    stand_in = types.SimpleNamespace(ensure_running=_refuse, set_forkserver_preload=_refuse)
+    if server is not None:
+        stand_in._forkserver = server
+    monkeypatch.setattr(launch, "forkserver", stand_in)
+    monkeypatch.setattr(launch, "_fallback_said", False)
+    capsys.readouterr()
+    assert launch.start_method() == launch.FALLBACK_START_METHOD
+    launch.start_server()  # nothing to start: the stand-in refuses every call
+    launch._leave_server()  # a rank's clean-up finds no server to leave
+    context = start_ranks(_parent_report, RANKS, (str(tmp_path),), str(tmp_path))
+    while not context.join(timeout=1.0):
+        pass
+    parents = {json.loads((tmp_path / f"parent{r}.json").read_text())["parent"]
+               for r in range(RANKS)}
+    assert parents == {os.getpid()}  # spawned by this process, not forked by a server
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("warning: ") and "spawn" in lines[0], lines
+    assert ("_forkserver_alive_fd" in lines[0]) == (server is not None), lines  # names the gap
