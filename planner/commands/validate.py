@@ -78,8 +78,8 @@ def run(args) -> int:
     print(f"iteration: predicted {result.predicted_iteration_seconds:.4g} s, measured "
           f"{result.measured_iteration_seconds:.4g} s (median of {len(result.step_seconds)}), "
           f"error {100 * result.time_error:+.1f}%")
-    print(f"loss matches the single-process reference: "
-          f"{'yes' if result.loss_matches_reference else 'NO'}")
+    print(f"loss matches the single-process fp32 reference (within {result.loss_rtol:g} "
+          f"relative): {'yes' if result.loss_matches_reference else 'NO'}")
     drift = drift_line(result.machine_slowdown, result.time_error)
     if drift:
         print(drift)

@@ -80,6 +80,7 @@ class ValidationResult:
     losses: tuple[float, ...]
     reference_losses: tuple[float, ...]
     step_seconds: tuple[float, ...]  # per timed step, slowest rank
+    loss_rtol: float  # the loss check's relative tolerance (`reference.loss_rtol`)
     checked_losses: tuple[float, ...] = ()  # the losses compared (the dropout-free run's)
     predicted_time: dict = field(default_factory=dict)
     prediction_source: str = "plan"
@@ -104,6 +105,7 @@ class ValidationResult:
                 "predicted_iteration_seconds": self.predicted_iteration_seconds,
                 "measured_iteration_seconds": self.measured_iteration_seconds,
                 "loss_matches_reference": self.loss_matches_reference,
+                "loss_rtol": self.loss_rtol,
                 "time_error": self.time_error, "plan": self.plan, "model": self.model,
                 "nproc": self.nproc, "backend": self.backend,
                 "prediction_source": self.prediction_source,

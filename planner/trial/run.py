@@ -18,7 +18,8 @@ from ir.plan import PlanDocument, load_plan, plan_to_json
 from planner.trial.predict import machine_slowdown, plan_graph, predict
 from planner.trial.rank import MEMORY_STEPS, TIME_WARMUP_STEPS
 from planner.trial.records import RankPayload, RankResult, ValidationResult
-from planner.trial.reference import global_batches, has_dropout, losses_match, reference_losses
+from planner.trial.reference import (global_batches, has_dropout, loss_rtol, losses_match,
+                                     reference_losses)
 from planner.trial.spawn import spawn_ranks, start_rank_server
 
 # Intra-op threads per rank. One, as the tests' ranks use: on this shared 2-core machine
@@ -76,13 +77,15 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
     want = reference_losses(model, doc.seq_len, doc.plan.optimizer, batches, len(check),
                             doc.plan.embeddings)
     per_step = [max(r.step_seconds[i] for r in results) for i in range(steps)]
+    rtol = loss_rtol(doc.plan.precision)
     ranks = tuple(RankResult(r, prediction.peak_bytes_by_rank[r], results[r].peak_bytes,
                              results[r].peak_tensors) for r in range(nproc))
     return ValidationResult(
         plan=str(doc.plan), model=doc.model_name, nproc=nproc, backend=backend, ranks=ranks,
         predicted_iteration_seconds=float(prediction.iteration_seconds),
         measured_iteration_seconds=statistics.median(per_step),
-        loss_matches_reference=losses_match(check, want), losses=results[0].losses,
+        loss_matches_reference=losses_match(check, want, rtol), loss_rtol=rtol,
+        losses=results[0].losses,
         reference_losses=tuple(want), step_seconds=tuple(per_step), checked_losses=check,
         predicted_time=prediction.time_breakdown, prediction_source=prediction.source,
         machine_slowdown=slowdown,
