@@ -43,9 +43,12 @@ class OpCounter(TorchDispatchMode):
         # (`wrapped_numbers`): each costs the host beyond its op's dispatch.
         self.wrapped_numbers = 0
         self.cast_wrapped_numbers = 0
+        self.on_op: Callable[[], None] | None = None  # told of each op (`ir.dtensor_ops`)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += 1
+        if self.on_op is not None:
+            self.on_op()
         wrapped, cast = wrapped_numbers(func, args, kwargs or {})
         self.wrapped_numbers += wrapped
         self.cast_wrapped_numbers += cast

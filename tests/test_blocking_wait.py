@@ -99,10 +99,11 @@ def test_the_form_extra_pairs_each_clock_with_itself_and_keeps_its_sign():
     off-CPU (1.8-3.0, 2.0-3.0, 3.1-3.0) = (-1.2, -1.0, +0.1), median -1.0; CPU (0.6, 0.6,
     0.7), median 0.6, growth 0.6 - 0.2 = 0.4: extra -1.0 + 0.4 = -0.6 ms, negative kept."""
     ms = 1e-3
-    small = [((3.0 * ms, 2.0 * ms), (3.5 * ms, 2.2 * ms)), ((3.0 * ms, 2.0 * ms), (2.6 * ms, 2.2 * ms)),
-             ((4.0 * ms, 2.0 * ms), (4.3 * ms, 2.3 * ms))]
-    large = [((5.0 * ms, 2.0 * ms), (4.4 * ms, 2.6 * ms)), ((5.0 * ms, 2.0 * ms), (4.6 * ms, 2.6 * ms)),
-             ((5.0 * ms, 2.0 * ms), (5.8 * ms, 2.7 * ms))]
+    def pairs(rows):  # ((plain wall, CPU), (DTensor wall, CPU)) in ms -> seconds
+        return [((a * ms, b * ms), (c * ms, d * ms)) for a, b, c, d in rows]
+
+    small = pairs([(3.0, 2.0, 3.5, 2.2), (3.0, 2.0, 2.6, 2.2), (4.0, 2.0, 4.3, 2.3)])
+    large = pairs([(5.0, 2.0, 4.4, 2.6), (5.0, 2.0, 4.6, 2.6), (5.0, 2.0, 5.8, 2.7)])
     (n1, small_s), (n2, large_s) = form_extra_seconds({2: large, 1: small})
     assert (n1, n2) == (1, 2)
     assert small_s == pytest.approx(0.0, abs=1e-12)
