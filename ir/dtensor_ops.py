@@ -12,8 +12,13 @@ per-head q_norm, multi-query attention's whole key/value projection) a DTensor s
 All other ops of the layer run on plain tensors (the TP modules' DTensor work is priced
 per module: `cost_models.tp_probes`). So the trace records, per such module, the ATen ops
 dispatched inside it: in forward while an fx node of that module runs, in backward while
-autograd runs a node the module's forward made (`torch._C._current_autograd_node()`;
-the module's parameters' AccumulateGrad included: their gradients are DTensors too).
+autograd runs the function of a node the module's forward made (node pre- and post-hooks;
+the module's parameters' AccumulateGrad included: their gradients are DTensors too), plus
+one add per extra gradient its nodes send into one slot (the engine sums them after the
+node's function; the executor does that on DTensors). A sum of the module's input
+gradient with one from outside (the residual) runs on plain tensors under the executor,
+after `from_local`'s backward: not counted. `tests/test_sp_dtensor_ops` checks the counts
+against the DTensor ops 2 gloo ranks dispatch.
 `cost_models.compute.dtensor_op_seconds` prices the ones the strategy runs on DTensors
 at `ClusterSpec.dtensor_op_overhead_s` each.
 """
@@ -59,8 +64,9 @@ def _inside(path: str | None, module_path: str) -> bool:
 class DTensorRegions:
     """Per module path (full, as the fx nodes name them), the ops its forward and backward
     dispatch. `enter(path)` before each fx node of the forward tags the forward's ops;
-    `finish_forward(nodes, env, param_keys)` after it finds the autograd nodes each module
-    made; `current_backward()` names the module whose node autograd is running, if any."""
+    `finish_forward(...)` after it finds the autograd nodes each module made and hooks
+    them; `count(backward)` charges each op to the module running (forward: its fx node;
+    backward: its autograd node's own function, between the node's pre- and post-hook)."""
 
     def __init__(self, module_paths: Iterable[str]):
         self.paths = tuple(module_paths)
