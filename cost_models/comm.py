@@ -300,14 +300,17 @@ def sp_grad_sync_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     """Once per iteration: under sequence parallelism each TP rank's gradient of a
     replicated parameter (a norm weight) covers its own sequence shard only, so the TP
     group all-reduces them (Korthikanti et al. 2022, sec. 4.2.2). The executor buckets
-    them into one all-reduce after backward; inside a DP unit FSDP2 reduces them one
-    tensor at a time in its post-backward."""
+    them into one all-reduce after backward (`dist.all_reduce`: the plain wait); inside a
+    DP unit each tensor's Partial gradient is redistributed on its own, a funcol
+    all-reduce: DTensor's form and wait (torch.profiler, gpt-tp2-dp2-sp on 4 gloo ranks:
+    16 `_c10d_functional::all_reduce` of 64 floats per step, 4 per block)."""
     tensors = replicated_tensors(layer)
     if not sequence_parallel_applies(layer, strategy) or not tensors:
         return 0.0
     grad_bytes = max(layer.params - layer.tp_params, 0) * per_param.grads
     if has_dp_unit(layer, strategy, config.precision):
-        return tensors * blocking_s("all_reduce", grad_bytes / tensors, strategy.tp, cluster)
+        return tensors * blocking_s("all_reduce", grad_bytes / tensors, strategy.tp, cluster,
+                                    dtensor=True)
     return blocking_s("all_reduce", grad_bytes, strategy.tp, cluster)
 
 

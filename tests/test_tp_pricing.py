@@ -30,7 +30,7 @@ import dataclasses
 import pytest
 import torch
 
-from cost_models.comm import dp_comm_s, tp_comm_s
+from cost_models.comm import dp_comm_s, sp_grad_sync_s, tp_comm_s
 from cost_models.common import StepConfig
 from cost_models.compute import layer_compute, runs_on_dtensors, tp_module_seconds
 from cost_models.estimate import estimate
@@ -291,6 +291,23 @@ def test_tp_collectives_pay_the_dtensor_form_wait_and_dp_keeps_the_plain_one(gra
     per_param = bytes_per_param(Precision.FP32, "adamw")
     step_s = dp_comm_s(block, LayerStrategy(dp=2), dtensor_spec(), per_param)[2]
     assert step_s == pytest.approx(2 * 100 * US + grad_bytes / 1e9 + WAIT_S["all_reduce"])
+
+
+def test_sp_norm_gradients_pay_the_wait_of_the_form_the_executor_reduces_them_in(graph):
+    """llama block at tp 2 + SP: its 2 RMSNorm weights (64 fp32 each: 256 B, 512 B
+    together) have Partial gradients. Inside a DP unit (dp 2) each is redistributed on
+    its own, a funcol all-reduce (torch.profiler, gpt-tp2-dp2-sp on 4 gloo ranks: 16
+    `_c10d_functional::all_reduce` of 64 floats per step, 4 per block): 2 x (2 * 100 us
+    + 256 B / 1 GB/s + 3 ms + 256 / 2**20 * 1 ms). Outside one (dp 1, fp32) the executor
+    buckets them into one `dist.all_reduce`: 2 * 100 us + 512 B / 1 GB/s + the plain 2 ms."""
+    block, cfg = graph.layers[1], config(graph)
+    per_param = bytes_per_param(Precision.FP32, "adamw")
+    in_unit = sp_grad_sync_s(block, LayerStrategy(tp=2, dp=2, sequence_parallel=True),
+                             dtensor_spec(), cfg, per_param)
+    assert in_unit == pytest.approx(2 * (200 * US + 256 / 1e9 + 3 * MS + 256 / 2**20 * MS))
+    bucketed = sp_grad_sync_s(block, LayerStrategy(tp=2, sequence_parallel=True),
+                              dtensor_spec(), cfg, per_param)
+    assert bucketed == pytest.approx(200 * US + 512 / 1e9 + WAIT_S["all_reduce"])
 
 
 def test_a_spec_without_dtensor_form_waits_prices_tp_as_before(graph, tmp_path):
