@@ -193,12 +193,11 @@ def dtensor_extra_seconds(dist, mesh) -> dict[str, list[tuple[int, float]]]:
     """Per TP collective over 1-D `mesh`, [(bytes, seconds)] at each of
     BLOCKING_PROBE_SIZES: what a call in DTensor's form (DTENSOR_REDISTRIBUTIONS) takes
     beyond the plain call (`blocking_seconds`'s) when every process computes between
-    calls; the median over BLOCKING_PROBE_ROUNDS of the two loops run back to back, so
-    the load they share cancels (two probes taken apart swung the DTensor-form all-reduce
-    from 0.45 ms under the plain call's wait to 0.4 ms over it). The calling thread's CPU
-    time DTensor adds at the small size is left out: the TP module probe (`tp_probes`,
-    one such redistribution per module) holds it; the part that grows with the message
-    (funcol's out-of-place output) stays. May be negative (noise about no difference)."""
+    calls, from BLOCKING_PROBE_ROUNDS pairs of the two loops run back to back, so the load
+    they share cancels (two probes taken apart swung the DTensor-form all-reduce from
+    0.45 ms under the plain call's wait to 0.4 ms over it); `form_extra_seconds` turns
+    the pairs into the figure. Signed: a form that read faster than the plain call is
+    noise about no difference, and clamping it at 0 would bias the median up."""
     import torch
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
@@ -207,7 +206,7 @@ def dtensor_extra_seconds(dist, mesh) -> dict[str, list[tuple[int, float]]]:
     group, n = mesh.get_group(), mesh.size()
     compute, loop = _probe_loop(dist)
     placement = {"Partial": Partial(), "Replicate": Replicate(), "Shard": Shard(0)}
-    added: dict[tuple[str, int], tuple[float, ...]] = {}  # (wall s, thread CPU s) per call
+    pairs: dict[str, dict[int, list]] = {}  # name -> bytes -> [(plain, DTensor) loops]
     with _one_thread():
         reps = _compute_reps(dist, compute, loop)
         for nbytes in BLOCKING_PROBE_SIZES:
@@ -221,14 +220,34 @@ def dtensor_extra_seconds(dist, mesh) -> dict[str, list[tuple[int, float]]]:
 
                 for op in (plain[name], redistribute):  # first calls: warm-up
                     op()
-                pairs = [(loop(reps, plain[name]), loop(reps, redistribute))
-                         for _ in range(BLOCKING_PROBE_ROUNDS)]
-                added[name, nbytes] = tuple(statistics.median(d[i] - p[i] for p, d in pairs)
-                                            for i in (0, 1))
+                pairs.setdefault(name, {})[nbytes] = [
+                    (loop(reps, plain[name]), loop(reps, redistribute))
+                    for _ in range(BLOCKING_PROBE_ROUNDS)]
             del plain, full
-    small = BLOCKING_PROBE_SIZES[0]
-    return {name: [(nbytes, added[name, nbytes][0] - max(added[name, small][1], 0.0))
-                   for nbytes in BLOCKING_PROBE_SIZES] for name in DTENSOR_REDISTRIBUTIONS}
+    return {name: form_extra_seconds(by_size) for name, by_size in pairs.items()}
+
+
+def form_extra_seconds(pairs: dict[int, list[tuple[tuple[float, float], tuple[float, float]]]]
+                       ) -> list[tuple[int, float]]:
+    """[(bytes, seconds)] a DTensor-form call takes beyond the plain one, from `pairs`:
+    per message size, [((plain wall s, plain CPU s), (DTensor wall s, DTensor CPU s))]
+    per iteration of loops run back to back. Two parts, each on one clock:
+      off-CPU  the median over pairs of the DTensor loop's (wall - calling thread's CPU)
+               less the plain loop's, both from the same pair: the time the caller sat
+               waiting beyond the plain call's (the collective's threads, peers);
+      growth   the median paired CPU difference at this size less that at the smallest
+               size: what DTensor's form does on the calling thread that grows with the
+               message (funcol's out-of-place output; 0 at the smallest size).
+    The calling thread's CPU at the smallest size is left out: the TP module probe
+    (`tp_probes`, one such redistribution per module) prices it. Both keep their sign."""
+    def cpu_added(rows) -> float:
+        return statistics.median(d[1] - p[1] for p, d in rows)
+
+    smallest = min(pairs)
+    base_cpu_s = cpu_added(pairs[smallest])
+    return [(nbytes, statistics.median((d[0] - d[1]) - (p[0] - p[1]) for p, d in rows)
+             + cpu_added(rows) - base_cpu_s)
+            for nbytes, rows in sorted(pairs.items())]
 
 
 def exchange(dist, rank: int, tensor) -> None:

@@ -21,8 +21,8 @@ other ops and module calls apiece: `forward_host_seconds`) and `ClusterSpec.back
 `cost_models.host_probes.host_op_seconds_by_pass`; specs without it fall back to
 `op_overhead_s`; where the kit measured it in parts, views, other ops, autograd nodes and
 the per-call excess of the ops that have one apiece: `backward_host_seconds`), plus
-`dtensor_op_overhead_s` when it runs on DTensors (tensor-parallel layers). On CPU
-processes this adds to the op's work; on GPUs kernels queue asynchronously, so a layer
+`dtensor_op_overhead_s` per op the TP executor runs on DTensors (`dtensor_op_seconds`).
+On CPU processes this adds to the op's work; on GPUs kernels queue asynchronously, so a layer
 takes max(device time, host time) (the "overhead-bound" regime of small layers). CPU
 processes sharing fewer cores stretch by `ClusterSpec.host_share`.
 
@@ -46,8 +46,9 @@ import math
 from dataclasses import dataclass
 
 from ir.cluster import ClusterSpec
+from ir.dtensor_ops import in_split_parent
 from ir.kernel_records import KernelKind
-from ir.layer import Layer
+from ir.layer import Layer, TPStyle
 from ir.legality import sequence_parallel_applies
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
 
@@ -132,17 +133,42 @@ def hidden_size(layer: Layer, config: StepConfig) -> float:
 
 
 def runs_on_dtensors(layer: Layer, strategy: LayerStrategy) -> bool:
-    """Whether the layer's ops outside its TP modules run on DTensors (each paying
-    `dtensor_op_overhead_s`): not in this executor (`executors.tensor_parallel`), with or
-    without sequence parallelism. Its TP modules' DTensor work is `tp_module_seconds`;
-    under SP the norms run as `SequenceParallel(use_local_output=True)`, the attention /
-    MLP input is gathered into a DTensor that only the column-parallel modules read, and
-    the row-parallel outputs come back local, so the attention core, activations, dropouts
-    and residual adds run on plain tensors. (Charging every op of an SP layer, as before,
+    """Whether all the layer's ops run on DTensors (each paying `dtensor_op_overhead_s`):
+    never in this executor (`executors.tensor_parallel`), with or without sequence
+    parallelism. Its TP modules' DTensor work is `tp_module_seconds`; the ops of the
+    modules it gives a DTensor style of their own (SP's norms) are counted at trace time
+    and priced by `dtensor_op_seconds`; the rest (attention core, activations, dropouts,
+    residual adds) run on plain tensors. (Charging every op of an SP layer, as before,
     priced llama-tiny's 4 SP blocks 41 ms of DTensor dispatch on 2 ranks where the whole
-    step outside its collectives took 44 ms: issue 17.) The SP norms' own ops do run on
-    DTensors; the layer IR does not count them apart, so they are not priced here."""
+    step outside its collectives took 44 ms: issue 17.)"""
     return False
+
+
+def dtensor_op_counts(layer: Layer, strategy: LayerStrategy) -> tuple[int, int]:
+    """(forward, backward) ATen ops the TP executor runs on DTensors outside the layer's TP
+    modules: those of each module owning parameters outside the TP candidates
+    (`Layer.replicated_module_ops`, counted on meta: `ir.dtensor_ops`) that gets a DTensor
+    style: every one under sequence parallelism, else those inside a split attention /
+    MLP (`ir.dtensor_ops.in_split_parent`), as `executors.tensor_parallel.layer_tp_plan`
+    assigns them. A layer traced before the count has none recorded: (0, 0)."""
+    if strategy.tp == 1 or not layer.tp_candidates:
+        return 0, 0
+    sp = sequence_parallel_applies(layer, strategy)
+    colwise = [c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE]
+    rows = [(fwd, bwd) for path, fwd, bwd in layer.replicated_module_ops
+            if sp or in_split_parent(colwise, path)]
+    return sum(fwd for fwd, _ in rows), sum(bwd for _, bwd in rows)
+
+
+def dtensor_op_seconds(layer: Layer, strategy: LayerStrategy,
+                       cluster: ClusterSpec) -> tuple[float, float]:
+    """(forward, backward) host seconds the DTensor ops of `dtensor_op_counts` add: each
+    op x `dtensor_op_overhead_s` (`host_probes.dtensor_op_overhead_s`: the extra per op
+    of a block on DTensors over plain tensors), unstretched (callers add it to a host
+    term, which `with_host` stretches)."""
+    forward_ops, backward_ops = dtensor_op_counts(layer, strategy)
+    return (forward_ops * cluster.dtensor_op_overhead_s,
+            backward_ops * cluster.dtensor_op_overhead_s)
 
 
 def tp_module_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec) -> float:
@@ -265,6 +291,7 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     # CPU processes sharing fewer cores stretch them by the core share too.
     tp_half_s = tp_module_seconds(layer, strategy, cluster) / 2  # half in each pass
     unit_share = cluster.host_share if cluster.host_bound else 1.0
+    dtensor_forward_s, dtensor_backward_s = dtensor_op_seconds(layer, strategy, cluster)
     unit_s = dp_unit_seconds(layer, strategy, cluster, config) * unit_share / 2 + tp_half_s
     forward_host_s = (layer.ops_fwd * op_s if measured is not None
                       else forward_host_seconds(layer, cluster, on_dtensors))
@@ -279,19 +306,23 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     # are not rerun, priced at the forward's mean host seconds per op (checkpoint_probes)
     rerun_host_s = (forward_host_s * rerun_ops(layer) / layer.ops_fwd if layer.ops_fwd
                     else forward_host_s)
-    forward_s = with_host(forward_s, forward_host_s + hooks_forward_s, cluster) + unit_s
-    backward_s = with_host(backward_s, backward_host_s, cluster) + unit_s
+    forward_s = with_host(forward_s, forward_host_s + hooks_forward_s + dtensor_forward_s,
+                          cluster) + unit_s
+    backward_s = with_host(backward_s, backward_host_s + dtensor_backward_s, cluster) + unit_s
     if strategy.checkpoint is Checkpoint.FULL and checkpoint_probed(cluster.kernel_calibration):
         # the layer's forward again inside the recompute hook; the TP modules' hooks run
-        # again with it, the DP unit's (outside the checkpointed forward) do not
-        recompute_s = with_host(forward_device_s, rerun_host_s + hooks_recompute_s,
-                                cluster) + tp_half_s
+        # again with it, the DP unit's (outside the checkpointed forward) do not; so do
+        # the SP norms' DTensor ops
+        recompute_s = with_host(forward_device_s, rerun_host_s + hooks_recompute_s
+                                + dtensor_forward_s, cluster) + tp_half_s
     elif strategy.checkpoint is Checkpoint.FULL:
         recompute_s = forward_s
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.kernels is not None:
         recompute_s = _selective_recompute_seconds(layer, cluster, config, share, op_s,
                                                    measured, random_s, rerun_host_s,
                                                    hooks_recompute_s)
+        # SAC reruns the forward's dispatch, the SP norms' DTensor ops with it
+        recompute_s += with_host(0.0, dtensor_forward_s, cluster)
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.saved_attention_bytes:
         recompute_s = _attention_recompute_seconds(layer, cluster, config, share)
     else:

@@ -299,7 +299,9 @@ def _as_function(module):
 
 def dtensor_op_overhead_s(device, mesh) -> float:
     """Extra seconds per op on replicated DTensors over plain tensors: the same tiny
-    block, once plain and once with DTensor parameters and input (no communication)."""
+    block, once plain and once with DTensor parameters and input (no communication).
+    The compute model charges it on the ops the TP executor runs on DTensors outside its
+    TP modules (SP's norms: `compute.dtensor_op_seconds`, counted by `ir.dtensor_ops`)."""
     import torch
     from torch.distributed.tensor import DTensor, Replicate
 

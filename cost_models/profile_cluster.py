@@ -118,9 +118,9 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
 
 def dtensor_form_seconds(measured: dict) -> dict[int, dict[str, list[tuple[int, float]]]]:
     """Per group size, TP's collectives as DTensor issues them: the plain call's blocking
-    reading plus what the DTensor form took beyond it (`dtensor_extra_seconds`; a form
-    that read faster than the plain call is noise about no difference: + 0)."""
-    return {size: {name: [(nbytes, seconds + max(extra, 0.0)) for (nbytes, seconds), (_, extra)
+    reading plus what the DTensor form took beyond it (`dtensor_extra_seconds`, signed:
+    clamping each extra at 0 biased it up); a sum below 0 reads as no wait."""
+    return {size: {name: [(nbytes, max(seconds + extra, 0.0)) for (nbytes, seconds), (_, extra)
                           in zip(measured["blocking_seconds"][size][name], rows)]
                    for name, rows in by_name.items()}
             for size, by_name in measured["dtensor_extra_seconds"].items()}

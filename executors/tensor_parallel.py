@@ -61,6 +61,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, R
 
 from executors.fused import FUSED_ATTR, FusedSplit, fused_split, reorder_for_split
 from executors.layout import SEQ_DIM, map_main_input
+from ir.dtensor_ops import in_split_parent, replicated_param_modules
 from ir.layer import Layer, TPStyle
 from ir.legality import is_tp_block, sequence_parallel_applies, sequence_parallel_problem
 from ir.strategy import LayerStrategy
@@ -76,15 +77,7 @@ _REGION_SPLIT_DIM = 0
 
 def _norm_modules(layer: Layer, module: nn.Module) -> list[tuple[str, nn.Module]]:
     """Modules of the layer that own parameters directly but are not TP candidates."""
-    candidates = [c.module for c in layer.tp_candidates]
-    out = []
-    for path, sub in module.named_modules():
-        if not any(True for _ in sub.parameters(recurse=False)):
-            continue
-        if any(path == c or path.startswith(c + ".") or c == "" for c in candidates):
-            continue
-        out.append((path, sub))
-    return out
+    return replicated_param_modules(module, [c.module for c in layer.tp_candidates])
 
 
 def _parents(paths: list[str]) -> list[str]:
@@ -152,8 +145,8 @@ def layer_tp_plan(layer: Layer, module: nn.Module, strategy: LayerStrategy,
 def _in_split_parent(layer: Layer, path: str) -> bool:
     """`path` sits inside a module whose column-parallel projections are split (not the
     layer itself): it sees this rank's heads / features only."""
-    split = _parents([c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE])
-    return any(path.startswith(p + ".") for p in split if p)
+    return in_split_parent([c.module for c in layer.tp_candidates
+                            if c.style is TPStyle.COLWISE], path)
 
 
 def _shared_projection(layer: Layer, path: str, sub: nn.Module) -> bool:

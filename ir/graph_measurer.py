@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -29,6 +30,7 @@ import torch.fx as fx
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from ir.dtensor_ops import DTensorRegions
 from ir.kernel_recorder import FusedKernels, KernelRecorder
 from ir.kernel_records import KernelRecords
 from ir.layer import LayerMeasurement, TPStyle
@@ -37,6 +39,7 @@ from ir.op_count import OpCounter, autograd_nodes, python_nodes
 from ir.saved_tensors import SavedTensorLog, TPRegion, storage_key, tensor_leaves
 from ir.stand_in import (StateRunner, TensorFactory, fresh, is_float, make_state,
                          meta_factory)
+from ir.tp_recompute import ReductionsBeforeLastSave
 from ir.trace import TARGET_INPUT, Traced
 
 
@@ -320,9 +323,13 @@ class GraphMeasurer:
 
     def measure_layer(self, index: int, colwise=(), rowwise=(),
                       factory: TensorFactory = meta_factory,
-                      state: dict | None = None) -> LayerMeasurement:
+                      state: dict | None = None, replicated=(),
+                      reducing=None) -> LayerMeasurement:
         """Forward + backward of one layer on fresh inputs, instrumented: FLOPs, saved
-        bytes, op counts and random draws."""
+        bytes, op counts and random draws; the ops inside each module of `replicated`
+        (full paths: `ir.dtensor_ops`); the calls of the modules that reduce their output
+        (`reducing`, full paths; default `rowwise`) ending before the last save
+        (`ir.tp_recompute`)."""
         info = self.infos[index]
         state = self.layer_state(index, factory) if state is None else state
         score_keys = {(self.values[n].numel(), self.values[n].shape[-1]) for n in info.nodes.nodes
@@ -339,11 +346,15 @@ class GraphMeasurer:
         logged, log_region = self.start_run(index, state, factory), TPRegion(colwise, rowwise)
         fwd_flops, bwd_flops = FlopCounterMode(display=False), FlopCounterMode(display=False)
 
+        reductions = ReductionsBeforeLastSave(rowwise if reducing is None else reducing)
+
         def log_tag(n: fx.Node) -> None:
             log.tp_sharded_now = log_region.enter(info.module_paths[n])
             log.in_dropout_now = n in dropout_nodes
+            reductions.enter(info.module_paths[n])
 
-        with torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack), fwd_flops, log.ops:
+        with torch.autograd.graph.saved_tensors_hooks(reductions.wrap(log.pack), log.unpack), \
+                fwd_flops, log.ops:
             self.run_forward(index, logged, before_node=log_tag)
         env = logged.env
         in_keys = {storage_key(t) for a in info.inputs for t in tensor_leaves(env.get(a))}
@@ -360,6 +371,8 @@ class GraphMeasurer:
         fwd_kernels = KernelRecorder(param_keys)
         bwd_kernels = KernelRecorder(param_keys, param_shapes)
         fwd_ops, bwd_ops = OpCounter(fwd_kernels), OpCounter(bwd_kernels)
+        regions = DTensorRegions(replicated)
+        fwd_ops.on_op, bwd_ops.on_op = partial(regions.count, False), partial(regions.count, True)
         fused = FusedKernels(fwd_kernels, bwd_kernels)
         runner, region = self.start_run(index, state, factory), TPRegion(colwise, rowwise)
         dispatched: dict[fx.Node, int] = {}  # node -> op count when it started
@@ -368,9 +381,12 @@ class GraphMeasurer:
             dispatched[n] = fwd_ops.count
             fused.before_node(n, runner.env, dropout=n in dropout_nodes)
             fwd_ops.tp_sharded_now = region.enter(info.module_paths[n])
+            regions.enter(info.module_paths[n])
 
         with fwd_ops:
             self.run_forward(index, runner, before_node=tag)
+        regions.finish_forward(info.nodes.nodes, info.module_paths, runner.env, param_keys,
+                               info.inputs)
         fused.finish(runner.env)
         outs = self.grad_roots(index, runner)
         nodes = autograd_nodes(outs, lambda t: storage_key(t) in param_keys)
@@ -396,7 +412,9 @@ class GraphMeasurer:
             random_elements_fwd=fwd_ops.random_elements,
             random_tp_sharded_elements_fwd=fwd_ops.random_tp_sharded_elements,
             kernels=KernelRecords(fwd_kernels.records(), bwd_kernels.records(),
-                                  self.module_calls(index)))
+                                  self.module_calls(index)),
+            replicated_module_ops=regions.counts(info.nodes.name),
+            rowwise_before_last_save_fwd=reductions.count)
 
     def module_calls(self, index: int) -> int:
         """Module calls layer `index`'s forward makes: its call_module nodes (fx keeps leaf

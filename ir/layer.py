@@ -138,6 +138,13 @@ class LayerMeasurement:
     # its recompute does not rerun (early stop: `SavedTensorLog.ops_after_last_save`)
     saved_grad_tensors_fwd: int = 0
     ops_after_last_save_fwd: int = 0
+    # Per module owning parameters outside the TP candidates (path relative to the layer),
+    # the ATen ops its forward and its backward dispatch: those the TP executor runs on
+    # DTensors (`ir.dtensor_ops`); () where not counted.
+    replicated_module_ops: tuple[tuple[str, int, int], ...] = ()
+    # Row-parallel module calls ending before the forward's last save: the reductions a
+    # full recompute issues again (`ir.tp_recompute`); None where not counted.
+    rowwise_before_last_save_fwd: int | None = None
 
 
 MEASURED_FIGURES = frozenset(f.name for f in fields(LayerMeasurement))

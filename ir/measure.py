@@ -21,6 +21,7 @@ import torch.fx as fx
 from torch import nn
 
 from ir.checkpoint_measure import measure_checkpointing
+from ir.dtensor_ops import replicated_param_modules
 from ir.graph_measurer import GraphMeasurer
 from ir.layer import Layer, LayerGraph, LayerMeasurement, TPStyle
 from ir.layers import _is_block_stack
@@ -30,6 +31,7 @@ from ir.plan import layer_digest
 from ir.saved_tensors import tensor_leaves, value_nbytes
 from ir.stand_in import canonical_param_names, is_float
 from ir.tp import largest_vocab, tp_analysis
+from ir.tp_recompute import TP_REDUCING_STYLES
 from ir.trace import LossFn, Traced, trace
 
 
@@ -77,8 +79,15 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             progress(i, n_layers, lname)
         if shash not in measured:
             col, row = measurer.tp_modules(i, candidates)
-            measured[shash] = dataclasses.replace(measurer.measure_layer(i, col, row),
-                                                  **measure_checkpointing(measurer, i, col, row))
+            own = (replicated_param_modules(module, [c.module for c in candidates])
+                   if module is not None and candidates else [])
+            replicated = [".".join(filter(None, (lname, path))) for path, _ in own]
+            reducing = [".".join(filter(None, (lname, c.module))) for c in candidates
+                        if c.style in TP_REDUCING_STYLES]
+            measurement = measurer.measure_layer(i, col, row, replicated=replicated,
+                                                 reducing=reducing)
+            measured[shash] = dataclasses.replace(
+                measurement, **measure_checkpointing(measurer, i, col, row))
         pnames = tuple(param_names_by_layer[i])
         tied = tied_by_layer[i]  # this layer's name -> the shared tensor
         tp_params, tied_tp = _tp_params(module, candidates, [canon_params[p] for p in pnames],

@@ -42,6 +42,7 @@ class OpCounter(TorchDispatchMode):
         # The distinct ATen overloads dispatched (`aten.add.Tensor`, `aten.view.default`):
         # each has its own code and data, which a run of them cycles through the caches.
         self.overloads: set = set()
+        self.on_op: Callable[[], None] | None = None  # told of each op (`ir.dtensor_ops`)
 
     @property
     def distinct_ops(self) -> int:
@@ -53,6 +54,8 @@ class OpCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += 1
         self.overloads.add(func)
+        if self.on_op is not None:
+            self.on_op()
         out = func(*args, **(kwargs or {}))
         if self.recorder is not None:
             self.recorder.record(func, args, kwargs, out)

@@ -3,9 +3,12 @@ bounds (generous margins: the test machine is shared and loaded)."""
 
 from __future__ import annotations
 
+import pytest
+
 from cost_models.clusters import measure_copy_gbps
 from cost_models.collective_probes import (BLOCKING_PROBE_SIZES, DTENSOR_REDISTRIBUTIONS,
-                                          blocking_seconds, dtensor_extra_seconds)
+                                          blocking_seconds, dtensor_extra_seconds,
+                                          form_extra_seconds)
 from cost_models.profile_cluster import dtensor_form_seconds
 from cost_models.comm import Link, ring_all_reduce_s
 from cost_models.host_overhead_fit import blocking_wait
@@ -71,9 +74,37 @@ def test_the_dtensor_form_wait_is_read_for_tp_collectives_within_physical_bounds
         assert 0.0 <= wait.seconds_per_byte <= 1 / SLOWEST_WAIT_BYTES_PER_S, wait
 
 
-def test_the_dtensor_form_is_the_plain_reading_plus_a_non_negative_extra():
-    """all_reduce: plain 1.0 ms and 2.0 ms, extra +0.5 ms and -0.3 ms (noise: +0)."""
+def test_the_dtensor_form_is_the_plain_reading_plus_a_signed_extra():
+    """all_reduce: plain 1.0 ms and 2.0 ms, extra +0.5 ms and -0.3 ms -> 1.5 ms and 1.7 ms
+    (the extra keeps its sign); broadcast is no TP collective: dropped. A sum under 0
+    (0.2 ms plain, -0.5 ms extra) reads as no wait."""
     measured = {"blocking_seconds": {2: {"all_reduce": [(1, 1e-3), (2, 2e-3)],
+                                         "all_gather": [(1, 0.2e-3)],
                                          "broadcast": [(1, 9e-3), (2, 9e-3)]}},
-                "dtensor_extra_seconds": {2: {"all_reduce": [(1, 0.5e-3), (2, -0.3e-3)]}}}
-    assert dtensor_form_seconds(measured) == {2: {"all_reduce": [(1, 1.5e-3), (2, 2e-3)]}}
+                "dtensor_extra_seconds": {2: {"all_reduce": [(1, 0.5e-3), (2, -0.3e-3)],
+                                              "all_gather": [(1, -0.5e-3)]}}}
+    form = dtensor_form_seconds(measured)[2]
+    assert form["all_reduce"] == [(1, 1.5e-3), (2, pytest.approx(1.7e-3))]
+    assert form["all_gather"] == [(1, 0.0)] and set(form) == {"all_reduce", "all_gather"}
+
+
+def test_the_form_extra_pairs_each_clock_with_itself_and_keeps_its_sign():
+    """Per iteration (wall, CPU) in ms, three pairs (plain loop, DTensor loop) per size.
+    Small (1 byte): plain (3.0, 2.0) (3.0, 2.0) (4.0, 2.0); DTensor (3.5, 2.2) (2.6, 2.2)
+    (4.3, 2.3). Off-CPU (wall - CPU) differences: (1.3-1.0, 0.4-1.0, 2.0-2.0) =
+    (+0.3, -0.6, 0.0), median 0.0; CPU differences (0.2, 0.2, 0.3), median 0.2, which is
+    the base left to the TP module probe: extra 0.0 + 0.2 - 0.2 = 0.0 ms. The old rule,
+    median wall difference (0.5, -0.4, 0.3) -> 0.3 less the CPU median 0.2, gave +0.1.
+    Large (2 bytes): plain (5.0, 2.0) x3; DTensor (4.4, 2.6) (4.6, 2.6) (5.8, 2.7):
+    off-CPU (1.8-3.0, 2.0-3.0, 3.1-3.0) = (-1.2, -1.0, +0.1), median -1.0; CPU (0.6, 0.6,
+    0.7), median 0.6, growth 0.6 - 0.2 = 0.4: extra -1.0 + 0.4 = -0.6 ms, negative kept."""
+    ms = 1e-3
+    def pairs(rows):  # ((plain wall, CPU), (DTensor wall, CPU)) in ms -> seconds
+        return [((a * ms, b * ms), (c * ms, d * ms)) for a, b, c, d in rows]
+
+    small = pairs([(3.0, 2.0, 3.5, 2.2), (3.0, 2.0, 2.6, 2.2), (4.0, 2.0, 4.3, 2.3)])
+    large = pairs([(5.0, 2.0, 4.4, 2.6), (5.0, 2.0, 4.6, 2.6), (5.0, 2.0, 5.8, 2.7)])
+    (n1, small_s), (n2, large_s) = form_extra_seconds({2: large, 1: small})
+    assert (n1, n2) == (1, 2)
+    assert small_s == pytest.approx(0.0, abs=1e-12)
+    assert large_s == pytest.approx(-0.6 * ms)

@@ -147,11 +147,14 @@ def test_tensor_parallel_host_costs(graph):
     assert tp.forward_s - plain.forward_s == pytest.approx(modules * 1e-3 / 2)
     assert tp_module_seconds(block, LayerStrategy(tp=4), spec) == pytest.approx(modules * 3e-3)
     assert tp_module_seconds(block, LayerStrategy(), spec) == 0.0
-    # Sequence parallelism leaves the rest of the layer on plain tensors: no per-op extra.
+    # Sequence parallelism runs the two LayerNorms on DTensors (forward native_layer_norm,
+    # backward its backward + 2 AccumulateGrad detaches: ir.dtensor_ops) and the rest of the
+    # layer on plain tensors: 2 x 1 x 15 us in forward, 2 x 3 x 15 us in backward.
     sp = layer_compute(block, LayerStrategy(tp=2, sequence_parallel=True), cpu_spec(), cfg)
     no_dtensor = layer_compute(block, LayerStrategy(tp=2, sequence_parallel=True),
                                cpu_spec(dtensor_op_overhead_s=0.0), cfg)
-    assert sp.forward_s == no_dtensor.forward_s and sp.backward_s == no_dtensor.backward_s
+    assert sp.forward_s - no_dtensor.forward_s == pytest.approx(2 * 1 * 15 * US)
+    assert sp.backward_s - no_dtensor.backward_s == pytest.approx(2 * 3 * 15 * US)
 
 
 def test_dp_units_cost_their_mode_per_micro_batch(graph):
@@ -326,8 +329,10 @@ def test_backward_ops_are_charged_the_backward_overhead(graph):
     """Hand computation: the spec charges a forward op 5 us and a backward op 2 us; 2
     processes on 2 cores do not stretch (host_share 1). So forward adds ops_fwd x 5 us
     over a spec with no host cost, backward ops_bwd x 2 us (not 5 us); under sequence
-    parallelism the same (its ops outside the TP modules run on plain tensors: no 15 us
-    DTensor extra)."""
+    parallelism the same, plus the 15 us DTensor extra on the ops of the two
+    SequenceParallel LayerNorms only (`ir.dtensor_ops`; each backward:
+    native_layer_norm_backward and its weight's and bias's AccumulateGrad detach = 3 ops):
+    2 x 3 x 15 us = 90 us in backward; the other ops run on plain tensors."""
     block, strategy, cfg = graph.layers[1], LayerStrategy(), config(graph)
     quiet = layer_compute(block, strategy, cpu_spec(op_overhead_s=0.0,
                                                     backward_op_overhead_s=0.0), cfg)
@@ -342,7 +347,8 @@ def test_backward_ops_are_charged_the_backward_overhead(graph):
     sp_quiet = layer_compute(block, sp, cpu_spec(op_overhead_s=0.0, dtensor_op_overhead_s=0.0,
                                                  backward_op_overhead_s=0.0), cfg)
     sp_split = layer_compute(block, sp, cpu_spec(backward_op_overhead_s=2 * US), cfg)
-    assert sp_split.backward_s == pytest.approx(sp_quiet.backward_s + block.ops_bwd * 2 * US)
+    assert sp_split.backward_s == pytest.approx(sp_quiet.backward_s + block.ops_bwd * 2 * US
+                                                + 2 * 3 * 15 * US)
 
 
 def test_backward_op_overhead_round_trips_and_old_specs_fall_back():

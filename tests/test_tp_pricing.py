@@ -30,7 +30,7 @@ import dataclasses
 import pytest
 import torch
 
-from cost_models.comm import dp_comm_s, tp_comm_s
+from cost_models.comm import dp_comm_s, sp_grad_sync_s, tp_comm_s
 from cost_models.common import StepConfig
 from cost_models.compute import layer_compute, runs_on_dtensors, tp_module_seconds
 from cost_models.estimate import estimate
@@ -39,7 +39,7 @@ from ir.calibration_tables import BlockingWait, CalibrationTables, TpModuleOverh
 from ir.cluster import ClusterSpec, CollectiveFit
 from ir.errors import PlannerError
 from ir.plan import uniform_plan
-from ir.strategy import LayerStrategy, Precision
+from ir.strategy import Checkpoint, LayerStrategy, Precision
 from planner.models import load_layer_graph
 
 from dist_utils import spawn
@@ -108,11 +108,59 @@ def test_a_block_pays_each_collective_once_with_its_wait(graph):
     assert forward == pytest.approx(2 * pair) and backward == pytest.approx(2 * pair)
 
 
-def test_a_block_pays_its_modules_dtensor_work_once_and_no_per_op_extra(graph):
-    """7 modules x 1 ms, half in each pass; with or without SP the ops outside the
-    modules run on plain tensors, so the 15 us per-op DTensor extra adds nothing."""
+def test_a_full_recompute_issues_again_only_the_collectives_before_the_last_save(graph):
+    """Non-reentrant checkpoint stops the recompute at the forward's last save
+    (`ir.tp_recompute`). llama block: o_proj's all-reduce is followed by mlp_norm's saves,
+    down_proj's only by the residual add (no save): the recompute issues 1 of the 2
+    forward all-reduces, so backward = 5 + 1 all-reduces. Under SP it issues both
+    all-gathers (q/k/v and gate/up save their gathered input) and o_proj's
+    reduce-scatter: backward = 2 pairs + 2 all-gathers + 1 reduce-scatter. The
+    embedding's vocab all-reduce (after its last save, the indices) and the head's
+    loss-parallel ones (in the loss, outside the checkpoint) are not issued again.
+    gpt-tiny: its MLP and embedding end in a dropout (a saved mask after the reduction):
+    2 per block and 1 for the embedding. torch.profiler, 2 ranks, one micro-batch
+    (2026-11-25): llama-tiny tp 2 issued 33 all-reduces per step plain, 37 with full (+4,
+    one per block); gpt-tiny tp 2 SP 17 all-gathers, 16 reduce-scatters, 5 all-reduces
+    plain, 25, 24, 6 with full (+2 each per block, +1 for the embedding)."""
+    cfg = config(graph)
+    block, embed, head = graph.layers[1], graph.layers[0], graph.layers[-1]
+    assert [l.rowwise_before_last_save_fwd for l in graph.layers] == [0, 1, 1, 1, 1, 0, 0]
+    all_reduce = ring_all_reduce_2_s(ACTIVATION_BYTES) + WAIT_S["all_reduce"]
+    full = LayerStrategy(tp=2, checkpoint=Checkpoint.FULL)
+    forward, backward = tp_comm_s(block, full, spec(), cfg)
+    assert forward == pytest.approx(2 * all_reduce)
+    assert backward == pytest.approx(6 * all_reduce)
+    gather = ring_half_2_s("all_gather", ACTIVATION_BYTES) + WAIT_S["all_gather"]
+    scatter = ring_half_2_s("reduce_scatter", ACTIVATION_BYTES) + WAIT_S["reduce_scatter"]
+    sp_full = dataclasses.replace(full, sequence_parallel=True)
+    _, backward = tp_comm_s(block, sp_full, spec(), cfg)
+    assert backward == pytest.approx(2 * (gather + scatter) + 2 * gather + scatter)
+    for layer in (embed, head):
+        assert tp_comm_s(layer, full, spec(), cfg) == pytest.approx(
+            tp_comm_s(layer, LayerStrategy(tp=2), spec(), cfg))
+    gpt = load_layer_graph("gpt-tiny", micro_batch=MICRO_BATCH, dtype=torch.float32)
+    # gpt's MLP and embedding end in a dropout, whose saved mask follows their reduction
+    assert [l.rowwise_before_last_save_fwd for l in gpt.layers] == [1, 2, 2, 2, 2, 0, 0]
+    untraced = dataclasses.replace(block, measured=dataclasses.replace(
+        block.measured, rowwise_before_last_save_fwd=None))  # every forward one again
+    assert tp_comm_s(untraced, full, spec(), cfg)[1] == pytest.approx(7 * all_reduce)
+
+
+def test_a_block_pays_its_modules_dtensor_work_once_and_the_sp_norms_ops_only(graph):
+    """7 modules x 1 ms, half in each pass. Without SP the ops outside the modules run on
+    plain tensors, so the 15 us per-op DTensor extra adds nothing. With SP the two
+    RMSNorms run under SequenceParallel on DTensors (`ir.dtensor_ops`), and only they
+    pay it. LlamaRMSNorm's forward: pow, mean, add (eps), rsqrt, detach (rsqrt's output
+    saved for backward), mul (x * r), mul (weight * y) = 7 ops; its backward: weight * y
+    4 (mul, mul, sum over b and s, view to (h,)), the weight's AccumulateGrad 1 (detach),
+    x * r 3 (mul, mul, sum over h), rsqrt 4 (detach, pow, mul by -1/2, mul), mean 2
+    (expand, div), pow 3 (pow, mul by 2, mul), and x's two uses summed 1 (add) = 18.
+    So per block 2 x 7 x 15 us = 210 us in forward, 2 x 18 x 15 us = 540 us in backward,
+    and a full recompute reruns the forward's 210 us."""
     block, cfg = graph.layers[1], config(graph)
-    for strategy in (LayerStrategy(tp=2), LayerStrategy(tp=2, sequence_parallel=True)):
+    extra_s = {False: (0.0, 0.0), True: (210 * US, 540 * US)}
+    for sp in (False, True):
+        strategy = LayerStrategy(tp=2, sequence_parallel=sp)
         assert not runs_on_dtensors(block, strategy)
         assert tp_module_seconds(block, strategy, spec()) == pytest.approx(7 * TP_MODULE_S)
         with_modules = layer_compute(block, strategy, spec(), cfg)
@@ -120,7 +168,13 @@ def test_a_block_pays_its_modules_dtensor_work_once_and_no_per_op_extra(graph):
         assert with_modules.forward_s - without.forward_s == pytest.approx(3.5 * TP_MODULE_S)
         assert with_modules.backward_s - without.backward_s == pytest.approx(3.5 * TP_MODULE_S)
         no_extra = layer_compute(block, strategy, spec(dtensor_op_s=0.0), cfg)
-        assert with_modules.total_s == pytest.approx(no_extra.total_s)
+        forward_s, backward_s = extra_s[sp]
+        assert with_modules.forward_s - no_extra.forward_s == pytest.approx(forward_s)
+        assert with_modules.backward_s - no_extra.backward_s == pytest.approx(backward_s)
+        full = dataclasses.replace(strategy, checkpoint=Checkpoint.FULL)
+        assert (layer_compute(block, full, spec(), cfg).recompute_s
+                - layer_compute(block, full, spec(dtensor_op_s=0.0), cfg).recompute_s
+                == pytest.approx(forward_s))
 
 
 def test_module_figures_are_cpu_time_stretched_by_the_core_share(graph):
@@ -237,6 +291,23 @@ def test_tp_collectives_pay_the_dtensor_form_wait_and_dp_keeps_the_plain_one(gra
     per_param = bytes_per_param(Precision.FP32, "adamw")
     step_s = dp_comm_s(block, LayerStrategy(dp=2), dtensor_spec(), per_param)[2]
     assert step_s == pytest.approx(2 * 100 * US + grad_bytes / 1e9 + WAIT_S["all_reduce"])
+
+
+def test_sp_norm_gradients_pay_the_wait_of_the_form_the_executor_reduces_them_in(graph):
+    """llama block at tp 2 + SP: its 2 RMSNorm weights (64 fp32 each: 256 B, 512 B
+    together) have Partial gradients. Inside a DP unit (dp 2) each is redistributed on
+    its own, a funcol all-reduce (torch.profiler, gpt-tp2-dp2-sp on 4 gloo ranks: 16
+    `_c10d_functional::all_reduce` of 64 floats per step, 4 per block): 2 x (2 * 100 us
+    + 256 B / 1 GB/s + 3 ms + 256 / 2**20 * 1 ms). Outside one (dp 1, fp32) the executor
+    buckets them into one `dist.all_reduce`: 2 * 100 us + 512 B / 1 GB/s + the plain 2 ms."""
+    block, cfg = graph.layers[1], config(graph)
+    per_param = bytes_per_param(Precision.FP32, "adamw")
+    in_unit = sp_grad_sync_s(block, LayerStrategy(tp=2, dp=2, sequence_parallel=True),
+                             dtensor_spec(), cfg, per_param)
+    assert in_unit == pytest.approx(2 * (200 * US + 256 / 1e9 + 3 * MS + 256 / 2**20 * MS))
+    bucketed = sp_grad_sync_s(block, LayerStrategy(tp=2, sequence_parallel=True),
+                              dtensor_spec(), cfg, per_param)
+    assert bucketed == pytest.approx(200 * US + 512 / 1e9 + WAIT_S["all_reduce"])
 
 
 def test_a_spec_without_dtensor_form_waits_prices_tp_as_before(graph, tmp_path):
