@@ -254,10 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     print("waiting for the last rank to enter a collective (bench.cpu_split.wait_split), ms "
           "per step summed over ranks, split by where the late rank's time since its previous "
           "call went beyond the waiting rank's")
-    print(table(["case", "wait", "prev leave skew", "more CPU", "more run-queue", "more off-CPU"],
+    print(table(["case", "wait", "prev leave skew", "(its run-queue)", "more CPU",
+                 "more run-queue", "more off-CPU"],
                 [[r["case"], *(f"{1e3 * r['wait_split'].get(k, 0.0):.2f}" for k in (
-                    "wait_s", "skew_s", "cpu_s", "runqueue_s", "off_s"))] for r in results],
-                right={1, 2, 3, 4, 5}))
+                    "wait_s", "skew_s", "skew_runqueue_s", "cpu_s", "runqueue_s", "off_s"))]
+                 for r in results], right={1, 2, 3, 4, 5, 6}))
     print("all-reduce calls by size (rank 0): median inside the step, in a burst right after, "
           "the spec's fit, and the fit plus the blocking wait (comm.blocking_s)")
     print(table(["case", "bytes", "calls/step", "in step ms", "burst ms", "fit ms",

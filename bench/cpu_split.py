@@ -159,10 +159,13 @@ def wait_split(timelines: list[list[tuple]], steps: int) -> dict[str, float]:
     (or step start) went beyond the waiting rank's: the previous call's later leave
     (`skew_s`), more CPU (`cpu_s`: more work), more run-queue delay (`runqueue_s`: ready
     with no core, preempted) and more time blocked otherwise (`off_s`); the four add up
-    to `wait_s`. {} when the ranks' timelines differ in shape."""
+    to `wait_s`. Of the skew, apart (not in the sum): how much more run-queue delay the
+    late rank had inside that previous call (`skew_runqueue_s`). {} when the ranks'
+    timelines differ in shape."""
     if len({tuple(e[0] for e in t) for t in timelines}) != 1:
         return {}
-    out = dict.fromkeys(("wait_s", "skew_s", "cpu_s", "runqueue_s", "off_s"), 0.0)
+    out = dict.fromkeys(("wait_s", "skew_s", "cpu_s", "runqueue_s", "off_s",
+                         "skew_runqueue_s"), 0.0)
     for k, event in enumerate(timelines[0]):
         if event[0] != "call" or k == 0:
             continue
@@ -171,10 +174,12 @@ def wait_split(timelines: list[list[tuple]], steps: int) -> dict[str, float]:
             if r == late:
                 continue
             (_, le, _, lc, lq, *_), (_, re, _, rc, rq, *_) = timelines[late][k], t[k]
-            (_, _, lp, *_, lpc, lpq), (_, _, rp, *_, rpc, rpq) = timelines[late][k - 1], t[k - 1]
+            (_, _, lp, _, lpq0, lpc, lpq), (_, _, rp, _, rpq0, rpc, rpq) = \
+                timelines[late][k - 1], t[k - 1]
             cpu, runq = (lc - lpc) - (rc - rpc), (lq - lpq) - (rq - rpq)
             out["wait_s"] += le - re
             out["skew_s"] += lp - rp
+            out["skew_runqueue_s"] += (lpq - lpq0) - (rpq - rpq0)
             out["cpu_s"] += cpu
             out["runqueue_s"] += runq
             out["off_s"] += (le - lp) - (re - rp) - cpu - runq

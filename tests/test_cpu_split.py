@@ -35,6 +35,8 @@ def test_a_preempted_rank_makes_its_peer_wait_its_run_queue_delay():
     assert split["cpu_s"] == pytest.approx(2 * MS)
     assert split["off_s"] == pytest.approx(-1 * MS)
     assert split["skew_s"] == pytest.approx(0.0)
+    # inside the first call rank 0 (late at the second) had 1 ms more run-queue delay
+    assert split["skew_runqueue_s"] == pytest.approx(1 * MS)
     assert sum(split[k] for k in ("skew_s", "cpu_s", "runqueue_s", "off_s")) == \
         pytest.approx(split["wait_s"])
 
