@@ -22,7 +22,10 @@ run-queue delay (ready, no core free: the model has no term for it) and the CPU 
 process's other threads (gloo's). CPU times move far less with load than wall times. A
 third table splits the time ranks waited for the last one at each collective by why the
 last was late: more work (CPU), preempted (run-queue delay), blocked, or skew carried
-from the previous call (`cpu_split.wait_split`).
+from the previous call (`cpu_split.wait_split`). Read on 2026-11-25 at load 5-14 on 2
+cores: gpt-ddp2-sel's waits (20-50 ms a step over both ranks) were run-queue delay between
+calls or inside the previous call, never more than 2.1 ms of extra work (CPU); FSDP2's
+async collectives (gpt-zero3x2) show no wait at entry (it is in the work's wait).
 
     .venv/bin/python bench/bench_dp_phases.py [--cases gpt-ddp2,gpt-1rank] [--steps 10]
         [--spec spec.json]   # plan on a spec measured before instead of profiling one

@@ -8,7 +8,12 @@ gloo's threads' CPU and the wall time per call. Then the same all-reduces issued
 (as a replicate unit issues its gradient all-reduce) over SPIN_S of busy compute on the
 calling thread, against the compute alone: the extra run-queue delay of the compute is
 what gloo's threads took from it. Per-call gloo CPU is fitted as a + b x bytes (least
-squares over the sizes) so a step's gloo CPU can be priced from its collectives.
+squares over the sizes) to compare with a step's gloo CPU (`bench_dp_phases`).
+
+Read on 2026-11-25 at load 5-14 on 2 cores: gloo's threads (most of it `gloo_tcp_loop`)
+took 0.13-0.33 ms per small all-reduce at 2 ranks and 0.4-2.3 ms at 4 (moving with the
+call's wall time), ~0.3 ns per byte; an async 1-4 MiB all-reduce under 5 ms of compute
+added 5-7 ms to the compute's run-queue delay at 2 ranks, a small one nothing.
 
     .venv/bin/python bench/bench_gloo_cpu.py [--ranks 2,4] [--calls 40]
 
@@ -35,6 +40,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from bench.bench_kernel_sequence import line_fit  # noqa: E402
 from planner.fmt import table  # noqa: E402
 
 SIZES_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)  # gpt-tiny's buckets span 4 KiB-4 MiB
@@ -110,15 +116,6 @@ def _rank(rank: int, world: int, port: int, calls: int, out) -> None:
     dist.destroy_process_group()
 
 
-def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares (a, b) of y = a + b x, both clamped at 0."""
-    n = len(points)
-    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    b = max(0.0, sum((x - mx) * (y - my) for x, y in points) / sxx) if sxx else 0.0
-    return max(0.0, my - b * mx), b
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="2,4")
@@ -145,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{1e3 * s['caller_cpu_s']:.3f}", f"{1e3 * s['gloo_cpu_s']:.3f}",
                          f"{1e3 * s['spin_runqueue_alone_s']:.3f}",
                          f"{1e3 * s['spin_runqueue_overlapped_s']:.3f}"])
-        per_call_s, per_byte_s = fit_line([(s["bytes"], s["gloo_cpu_s"]) for s in sizes])
+        per_call_s, per_byte_s = line_fit([s["bytes"] for s in sizes],
+                                          [s["gloo_cpu_s"] for s in sizes])
         results.append({"ranks": world, "sizes": sizes, "gloo_cpu_per_call_s": per_call_s,
                         "gloo_cpu_per_byte_s": per_byte_s})
         rows.append([world, "fit", "", "", f"{1e6 * per_call_s:.1f} us + "
