@@ -23,9 +23,10 @@ process's other threads (gloo's). CPU times move far less with load than wall ti
 third table splits the time ranks waited for the last one at each collective by why the
 last was late: more work (CPU), preempted (run-queue delay), blocked, or skew carried
 from the previous call (`cpu_split.wait_split`). Read on 2026-11-25 at load 5-14 on 2
-cores: gpt-ddp2-sel's waits (20-50 ms a step over both ranks) were run-queue delay between
-calls or inside the previous call, never more than 2.1 ms of extra work (CPU); FSDP2's
-async collectives (gpt-zero3x2) show no wait at entry (it is in the work's wait).
+cores, gpt-ddp2-sel's waits (49.5 and 20.1 ms a step over both ranks, two runs): at most
+2.1 ms was extra work (CPU); the rest, skew from leaving the previous call (22.4, 32.0 ms;
+20.7 of the latter run-queue delay inside that call) and run-queue delay between calls
+(24.9, -12.4 ms). FSDP2's async collectives (gpt-zero3x2) wait in the work, not at entry.
 
     .venv/bin/python bench/bench_dp_phases.py [--cases gpt-ddp2,gpt-1rank] [--steps 10]
         [--spec spec.json]   # plan on a spec measured before instead of profiling one
