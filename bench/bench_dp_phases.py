@@ -19,7 +19,14 @@ main thread's CPU in compute, in FSDP2's hooks (against the model's DP-unit pric
 compute part less the same plan priced without `dp_overheads`) and in the optimizer, the
 time it spent off the CPU (blocked in collectives) against the collectives' price, its
 run-queue delay (ready, no core free: the model has no term for it) and the CPU of the
-process's other threads (gloo's). CPU times move far less with load than wall times.
+process's other threads (gloo's). CPU times move far less with load than wall times. A
+third table splits the time ranks waited for the last one at each collective by why the
+last was late: more work (CPU), preempted (run-queue delay), blocked, or skew carried
+from the previous call (`cpu_split.wait_split`). Read on 2026-11-25 at load 5-14 on 2
+cores, gpt-ddp2-sel's waits (49.5 and 20.1 ms a step over both ranks, two runs): at most
+2.1 ms was extra work (CPU); the rest, skew from leaving the previous call (22.4, 32.0 ms;
+20.7 of the latter run-queue delay inside that call) and run-queue delay between calls
+(24.9, -12.4 ms). FSDP2's async collectives (gpt-zero3x2) wait in the work, not at entry.
 
     .venv/bin/python bench/bench_dp_phases.py [--cases gpt-ddp2,gpt-1rank] [--steps 10]
         [--spec spec.json]   # plan on a spec measured before instead of profiling one
@@ -64,7 +71,7 @@ def _rank(rank: int, world: int, port: int, payload, steps: int, out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
-    from bench.cpu_split import CpuSplit
+    from bench.cpu_split import CpuSplit, wait_split
     from executors.phase_clock import PhaseClock, arrival_wait
     from planner.trial.rank import _build
 
@@ -99,6 +106,8 @@ def _rank(rank: int, world: int, port: int, payload, steps: int, out) -> None:
     phases = clock.per_step(steps)
     logs: list = [None] * world
     dist.all_gather_object(logs, clock.call_log)
+    timelines: list = [None] * world
+    dist.all_gather_object(timelines, split.timeline)
     phases.update(arrival_wait(logs, rank, steps))
     phases["step_s"] = statistics.median(step_s)
     by_size: dict[int, list[float]] = {}
@@ -118,7 +127,8 @@ def _rank(rank: int, world: int, port: int, payload, steps: int, out) -> None:
             bursts.append((time.perf_counter() - start) / BURST_CALLS)
         sizes.append((nbytes, len(by_size[nbytes]) / steps, statistics.median(by_size[nbytes]),
                       statistics.median(bursts)))
-    out[rank] = {"phases": phases, "all_reduce_sizes": sizes, "cpu": split.per_step(steps)}
+    out[rank] = {"phases": phases, "all_reduce_sizes": sizes, "cpu": split.per_step(steps),
+                 "wait_split": wait_split(timelines, steps) if rank == 0 else {}}
     dist.barrier()
     dist.destroy_process_group()
 
@@ -165,21 +175,25 @@ def run_case(name: str, plan_path: str, spec_path: str, steps: int) -> dict:
             "after_arrival_s": mean("dense_comm_after_arrival_s"),
             "wait_s": mean("dense_comm_wait_s"), "all_reduce_sizes": sizes,
             "rank_phases": [r["phases"] for r in ranks], "predicted_dp_units_s": dp_units_s,
+            "host_share": spec.host_share if spec.host_bound else 1.0,
             "cpu": {key: statistics.fmean(r["cpu"].get(key, 0.0) for r in ranks)
-                    for key in ranks[0]["cpu"]}}
+                    for key in ranks[0]["cpu"]}, "wait_split": ranks[0]["wait_split"]}
 
 
 def cpu_rows(r: dict) -> list[list[str]]:
     """The step in CPU terms (`bench.cpu_split`), mean over ranks, beside the model's
     parts: host work against the parts priced as host work, time off the CPU against the
-    collectives' price, and the run-queue delay the model has no term for."""
+    collectives' price, and the run-queue delay the model has no term for. The model
+    stretches host work by the core share (`ClusterSpec.host_share`): its host parts are
+    shown divided by it, as CPU time."""
     p, c, units = r["predicted"], r["cpu"], r["predicted_dp_units_s"]
+    share = r.get("host_share", 1.0)
     get = lambda key: c.get(key, 0.0)  # noqa: E731
     compute = get("forward_backward_cpu_s") - get("dp_hooks_cpu_s") - get("comm_cpu_s")
     comm = p["dp_comm"] + p["tp_comm"] + p["pp_comm"]
-    parts = [("compute CPU (no DP hooks)", p["compute"] - units, compute),
-             ("DP hooks CPU", units, get("dp_hooks_cpu_s")),
-             ("optimizer CPU", p["optimizer"], get("optimizer_cpu_s")),
+    parts = [("compute CPU (no DP hooks)", (p["compute"] - units) / share, compute),
+             ("DP hooks CPU", units / share, get("dp_hooks_cpu_s")),
+             ("optimizer CPU", p["optimizer"] / share, get("optimizer_cpu_s")),
              ("collectives: calls' CPU + off CPU", comm, get("comm_cpu_s") + get("off_cpu_s")),
              ("run-queue delay", 0.0, get("runqueue_s")),
              ("other threads' CPU (gloo)", None, get("other_threads_cpu_s")),
@@ -241,6 +255,14 @@ def main(argv: list[str] | None = None) -> int:
           "off the CPU, run-queue delay), mean over ranks; informative, not judged")
     print(table(["case", "part", "pred ms", "meas ms", "error"],
                 [row for r in results for row in cpu_rows(r)], right={2, 3, 4}))
+    print("waiting for the last rank to enter a collective (bench.cpu_split.wait_split), ms "
+          "per step summed over ranks, split by where the late rank's time since its previous "
+          "call went beyond the waiting rank's")
+    print(table(["case", "wait", "prev leave skew", "(its run-queue)", "more CPU",
+                 "more run-queue", "more off-CPU"],
+                [[r["case"], *(f"{1e3 * r['wait_split'].get(k, 0.0):.2f}" for k in (
+                    "wait_s", "skew_s", "skew_runqueue_s", "cpu_s", "runqueue_s", "off_s"))]
+                 for r in results], right={1, 2, 3, 4, 5, 6}))
     print("all-reduce calls by size (rank 0): median inside the step, in a burst right after, "
           "the spec's fit, and the fit plus the blocking wait (comm.blocking_s)")
     print(table(["case", "bytes", "calls/step", "in step ms", "burst ms", "fit ms",

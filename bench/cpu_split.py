@@ -17,6 +17,10 @@ waiting on a runqueue", Documentation/scheduler/sched-stats.rst).
   runqueue_s               ready but not running: the cores were busy (its own gloo
                            threads, the peer ranks, other processes)
   other_threads_cpu_s      the process's other threads (gloo's loop and workers)
+and a timeline: each collective call's (enter, leave) on the host's wall clock
+(`time.time`, one clock for every process) with the thread's CPU and run-queue delay so
+far at each, plus each step's start as a mark; `wait_split` joins the ranks' timelines
+and splits the time each rank waited for the last one into why the last was late.
 Construct it before the model is built (FSDP2 binds its hooks when applied), `attach`
 the built model, enter it around each step, `detach` when done.
 """
@@ -49,8 +53,11 @@ class CpuSplit:
 
         self.on = False
         self.sums: dict[str, float] = {}
+        # (kind, enter wall s, leave wall s, thread CPU s and run-queue s at entry, at leave)
+        self.timeline: list[tuple[str, float, float, float, float, float, float]] = []
         self._hook_depth = 0
         self._patched = []
+        self._in_call = False
         for cls, names in ((FSDPState, STATE_HOOKS), (FSDPParamGroup, GROUP_HOOKS)):
             for name in names:
                 self._patch(cls, name, self._hook)
@@ -79,6 +86,8 @@ class CpuSplit:
 
     def _timed(self, plain, key):
         def timed(*args, **kwargs):
+            if self.on and key == "comm_cpu_s" and not self._in_call:
+                return self._logged(plain, *args, **kwargs)
             start = time.thread_time()
             try:
                 return plain(*args, **kwargs)
@@ -88,6 +97,21 @@ class CpuSplit:
                 if key == "comm_cpu_s" and self._hook_depth:
                     self._add("comm_in_hooks_cpu_s", seconds)
         return timed
+
+    def _logged(self, plain, *args, **kwargs):
+        """A collective call (outermost), counted and put on the timeline."""
+        self._in_call = True
+        enter, (cpu, runq) = time.time(), _schedstat()
+        start = time.thread_time()
+        try:
+            return plain(*args, **kwargs)
+        finally:
+            self._in_call = False
+            seconds = time.thread_time() - start
+            self._add("comm_cpu_s", seconds)
+            if self._hook_depth:
+                self._add("comm_in_hooks_cpu_s", seconds)
+            self.timeline.append(("call", enter, time.time(), cpu, runq, *_schedstat()))
 
     def attach(self, pm) -> None:
         """Count the built model's forward+backward and optimizer step, and the
@@ -103,6 +127,8 @@ class CpuSplit:
         self.on = True
         self._start = (time.perf_counter(), time.thread_time(), time.process_time(),
                        _schedstat()[1])
+        now, (cpu, runq) = time.time(), _schedstat()
+        self.timeline.append(("step", now, now, cpu, runq, cpu, runq))
         return self
 
     def __exit__(self, *exc):
@@ -125,3 +151,36 @@ class CpuSplit:
 
     def per_step(self, steps: int) -> dict[str, float]:
         return {key: seconds / steps for key, seconds in self.sums.items()}
+
+
+def wait_split(timelines: list[list[tuple]], steps: int) -> dict[str, float]:
+    """Seconds per step, summed over ranks, that ranks waited for the last to enter each
+    collective (`wait_s`), split by where the late rank's time since its previous call
+    (or step start) went beyond the waiting rank's: the previous call's later leave
+    (`skew_s`), more CPU (`cpu_s`: more work), more run-queue delay (`runqueue_s`: ready
+    with no core, preempted) and more time blocked otherwise (`off_s`); the four add up
+    to `wait_s`. Of the skew, apart (not in the sum): how much more run-queue delay the
+    late rank had inside that previous call (`skew_runqueue_s`). {} when the ranks'
+    timelines differ in shape."""
+    if len({tuple(e[0] for e in t) for t in timelines}) != 1:
+        return {}
+    out = dict.fromkeys(("wait_s", "skew_s", "cpu_s", "runqueue_s", "off_s",
+                         "skew_runqueue_s"), 0.0)
+    for k, event in enumerate(timelines[0]):
+        if event[0] != "call" or k == 0:
+            continue
+        late = max(range(len(timelines)), key=lambda r: timelines[r][k][1])
+        for r, t in enumerate(timelines):
+            if r == late:
+                continue
+            (_, le, _, lc, lq, *_), (_, re, _, rc, rq, *_) = timelines[late][k], t[k]
+            (_, _, lp, _, lpq0, lpc, lpq), (_, _, rp, _, rpq0, rpc, rpq) = \
+                timelines[late][k - 1], t[k - 1]
+            cpu, runq = (lc - lpc) - (rc - rpc), (lq - lpq) - (rq - rpq)
+            out["wait_s"] += le - re
+            out["skew_s"] += lp - rp
+            out["skew_runqueue_s"] += (lpq - lpq0) - (rpq - rpq0)
+            out["cpu_s"] += cpu
+            out["runqueue_s"] += runq
+            out["off_s"] += (le - lp) - (re - rp) - cpu - runq
+    return {key: seconds / steps for key, seconds in out.items()}

@@ -359,12 +359,16 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
     stream_s = (local_params * per_element + copy_bytes) / (cluster.hbm_gbps * GB)
     copy_s = copy_ops * host_op_seconds(cluster, False)
     per_tensor_s = cluster.calibration.optimizer_seconds_per_tensor(config.optimizer, on_dtensors)
+    # The measured figure is the stepping thread's CPU (step_probes.optimizer_tensor_seconds):
+    # CPU processes sharing fewer cores stretch it by the core share, as per-op figures.
+    stepped_s = (tensors * per_tensor_s * (cluster.host_share if cluster.host_bound else 1.0)
+                 if per_tensor_s is not None else None)
     if strategy.offload:  # stepped by the host CPU: its streaming and its dispatch add up
-        dispatch_s = tensors * per_tensor_s if per_tensor_s is not None \
+        dispatch_s = stepped_s if stepped_s is not None \
             else ops * host_op_seconds(cluster, on_dtensors)
         return host_step_seconds(layer, strategy, cluster, config.optimizer) + dispatch_s
-    if per_tensor_s is not None:  # measured with the node's processes: not stretched again
-        return with_host(stream_s, copy_s, cluster) + tensors * per_tensor_s
+    if stepped_s is not None:
+        return with_host(stream_s, copy_s, cluster) + stepped_s
     return with_host(stream_s, ops * host_op_seconds(cluster, on_dtensors) + copy_s, cluster)
 
 

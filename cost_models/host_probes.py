@@ -8,10 +8,10 @@ unit's CPU time does not), and per pass on one process (`host_op_seconds_by_pass
                             each in parts for the device kit (`HostOpCost`);
 
   dtensor_op_overhead_s     extra seconds per op on replicated DTensors (rank 0 alone);
-  optimizer_tensor_seconds  seconds per parameter tensor of an optimizer step + zero_grad;
   dp_unit_seconds           seconds a data-parallel unit (DDP-style replicate, FSDP2)
                             adds per forward+backward, by mode and tensor count
-                            (a tensor-parallel module's: `cost_models.tp_probes`).
+                            (a tensor-parallel module's: `cost_models.tp_probes`;
+                            the optimizer step's: `cost_models.step_probes`).
 Each is timed against the same work without the feature, the two alternating, so a
 slow spell of a shared machine hits both. `cost_models.host_overhead_fit` takes out what
 the comm model already prices (a DP unit's figure is the thread's CPU time outside its
@@ -26,7 +26,6 @@ import time
 
 from dataclasses import dataclass
 
-from ir.calibration_tables import OptimizerStepCost
 from ir.strategy import DPMode
 
 # Per-pass op probe: a chain of HOST_OP_CHAIN_BLOCKS tiny blocks (`clusters._overhead_block`,
@@ -333,52 +332,6 @@ def autograd_call_s(device: str = "cpu") -> float:
 
     return measure_engine_start(device).seconds
 
-
-# Optimizer steps timed: OPTIMIZER_PROBE_TENSORS tensors small enough that the host's
-# per-tensor work dominates (the bytes streamed are priced apart), sharded on DTensors
-# by rows as FSDP2 shards them (the row count divides every group size up to 16).
-OPTIMIZER_PROBE_TENSORS = 32
-OPTIMIZER_PROBE_SHAPE = (16, 16)
-OPTIMIZER_PROBE_STEPS = 12  # after OPTIMIZER_PROBE_WARMUP steps (state allocation); the median
-OPTIMIZER_PROBE_WARMUP = 3
-
-
-def optimizer_tensor_seconds(mesh) -> tuple[OptimizerStepCost, ...]:
-    """Host seconds per parameter tensor of one optimizer step + zero_grad, for every
-    optimizer a plan names, on plain tensors and on row-sharded DTensors, all ranks stepping together (their sharing of the cores
-    included). The executor's optimizers run torch's per-tensor loop on DTensors."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.tensor import Shard, distribute_tensor
-
-    from ir.plan import OPTIMIZERS
-    from cost_models.clusters import _one_thread
-
-    def timed_step(optimizer, params) -> float:
-        for p in params:
-            p.grad = torch.ones_like(p)
-        dist.barrier()
-        start = time.perf_counter()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return time.perf_counter() - start
-
-    out = []
-    with _one_thread():
-        for name, (cls, kwargs) in OPTIMIZERS.items():
-            for on_dtensors in (False, True):
-                params = []
-                for _ in range(OPTIMIZER_PROBE_TENSORS):
-                    t = torch.randn(OPTIMIZER_PROBE_SHAPE)
-                    if on_dtensors:
-                        t = distribute_tensor(t, mesh, [Shard(0)])
-                    params.append(torch.nn.Parameter(t))
-                optimizer = cls(params, **kwargs)
-                times = [timed_step(optimizer, params) for _ in range(
-                    OPTIMIZER_PROBE_WARMUP + OPTIMIZER_PROBE_STEPS)][OPTIMIZER_PROBE_WARMUP:]
-                out.append(OptimizerStepCost(name, on_dtensors,
-                                             statistics.median(times) / OPTIMIZER_PROBE_TENSORS))
-    return tuple(out)
 
 
 # Data-parallel units timed: a stack of DP_UNITS units of DP_UNIT_BLOCKS tiny blocks each.

@@ -5,7 +5,8 @@
   1. the collectives over message sizes from 1 KiB up to `max_bytes` (x4 per step), once
      over all N processes and once per smaller power-of-two group size g with every
      group of g running at once (`cost_models.collective_probes.sweep`);
-  2. on CPU processes, the framework's host costs (`cost_models.host_probes`; a
+  2. on CPU processes, the framework's host costs (`cost_models.host_probes`; the
+     optimizer step's: `cost_models.step_probes`; a
      tensor-parallel module's DTensor work apart from its collectives:
      `cost_models.tp_probes`) and the
      wait of a blocking call whose peers compute between calls
@@ -49,9 +50,9 @@ from cost_models.collective_fit import (DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, SI
 from cost_models.collective_probes import blocking_seconds, dtensor_extra_seconds, sweep
 from cost_models.cuda_probes import cuda_copy_gbps, cuda_matmul_flops, cuda_op_overhead_s
 from cost_models.host_overhead_fit import blocking_wait, dp_unit_overhead
-from cost_models.host_probes import (dp_unit_seconds, dtensor_op_overhead_s,
-                                     host_op_seconds_by_pass, optimizer_tensor_seconds)
+from cost_models.host_probes import dp_unit_seconds, dtensor_op_overhead_s, host_op_seconds_by_pass
 from cost_models.item_probes import probe_random_element_s
+from cost_models.step_probes import optimizer_tensor_seconds
 from cost_models.tp_probes import tp_module_seconds
 
 PROCESS_GROUP_TIMEOUT_S = 120

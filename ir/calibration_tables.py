@@ -182,9 +182,10 @@ class DpOverhead:
 
 @dataclass(frozen=True, slots=True)
 class OptimizerStepCost:
-    """Host seconds one optimizer step (step + zero_grad) spends per parameter tensor on
-    CPU processes, on plain or on DTensor parameters, measured with the node's processes
-    stepping together."""
+    """Host CPU seconds one optimizer step (step + zero_grad) spends per parameter tensor
+    on CPU processes, on plain or on DTensor parameters: the stepping thread's, with the
+    node's processes stepping together (`cost_models.step_probes`); the compute model
+    stretches it by the core share."""
 
     optimizer: str
     on_dtensor: bool
