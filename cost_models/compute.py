@@ -174,7 +174,10 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) 
     forward records x per-node (`autograd_nodes_fwd`, else one per floating-point op:
     `host_excess.backward_nodes`); where it measured `in_sequence_op_host_s`, what the
     ops pay for running among the layer's distinct ops beyond the knee
-    (`distinct_ops_fwd`; every figure above is a tight loop's). A kit without parts: ops
+    (`distinct_ops_fwd`; every figure above is a tight loop's); where it measured
+    `cold_op_host_s`, the distinct ops the layer before did not run x per cold op
+    (`cold_distinct_ops_fwd`: a step runs them with their code and data out of the
+    caches; every figure above is a warm run's). A kit without parts: ops
     x `host_op_seconds`. (Pricing ops per Python-level call and per op inside a C++
     composite instead missed more layers: bench/bench_host_ab.py, 2026-11-25.)"""
     cal = cluster.kernel_calibration
@@ -196,7 +199,8 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) 
     # In sequence (cost_models.sequence_probes.in_sequence_cost): distinct ops beyond the knee
     host_s += layer.ops_fwd * in_sequence_extra_per_op_s(
         cal.in_sequence_op_host_s, cal.in_sequence_knee_distinct_ops, layer.distinct_ops_fwd)
-    return host_s
+    # Cold (cost_models.sequence_probes.cold_op_cost): ops the layer before did not run
+    return host_s + layer.cold_distinct_ops_fwd * cal.cold_op_host_s
 
 
 def backward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) -> float:

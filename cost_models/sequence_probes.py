@@ -189,3 +189,69 @@ def in_sequence_chains(device: str = "cpu", grad: bool = True) -> list[SequenceC
     training forward runs; ~1 s on this CPU)."""
     pool = sequence_pool(device, grad)
     return [sequence_chain(pool, k, device=device, grad=grad) for k in SEQUENCE_DISTINCT]
+
+
+# Cold: chains of COLD_DISTINCT distinct calls (seed 0's order, grad on) each run once after
+# the pool's other calls (a layer's worth of other ops: what a step's layer before runs),
+# and once right after itself; medians of COLD_RUNS (~0.3 s on this CPU).
+COLD_DISTINCT = (1, 2, 4, 8, 16, 32)  # a layer's cold ops: 1 (an embedding) to ~30 (a block)
+COLD_RUNS = 30
+
+
+@dataclass(frozen=True, slots=True)
+class ColdChain:
+    """A chain's distinct ATen overloads and its seconds run once after other calls
+    (`cold_s`) and right after itself (`warm_s`)."""
+
+    distinct_ops: int
+    cold_s: float
+    warm_s: float
+
+    @property
+    def cold_op_s(self) -> float:
+        return (self.cold_s - self.warm_s) / self.distinct_ops
+
+
+def cold_chains(device: str = "cpu") -> list[ColdChain]:
+    """The COLD_DISTINCT chains, each timed cold and warm (one thread, grad mode on, the
+    probe clock; alternating, so that a slow spell hits both)."""
+    import random
+
+    import torch
+
+    from cost_models.clusters import _one_thread
+    from cost_models.host_probes import probe_clock
+    from ir.op_count import OpCounter
+
+    pool = sequence_pool(device, grad=True)
+    random.Random(SEQUENCE_SEED).shuffle(pool)
+    clock = probe_clock(device)
+    chains = []
+    with _one_thread(), torch.set_grad_enabled(True):
+        for k in COLD_DISTINCT:
+            chain, others = pool[:k], pool[k:]
+
+            def run(calls):
+                for call in calls:
+                    call()
+
+            counter = OpCounter()
+            with counter:
+                run(chain)
+            cold, warm = [], []
+            for _ in range(COLD_RUNS):
+                for runs, before in ((cold, others), (warm, chain)):
+                    run(before)
+                    start = clock()
+                    run(chain)
+                    runs.append(clock() - start)
+            chains.append(ColdChain(counter.distinct_ops, statistics.median(cold),
+                                    statistics.median(warm)))
+    return chains
+
+
+def cold_op_cost(chains: list[ColdChain]) -> float:
+    """Host seconds a distinct op pays run once after other code over run right after
+    itself: the median over `chains` of (cold - warm) / distinct ops (`Layer
+    .cold_distinct_ops_fwd` counts the ops a step runs so)."""
+    return max(0.0, statistics.median(c.cold_op_s for c in chains))

@@ -4,7 +4,9 @@ random ops draw, autograd nodes and fx nodes that dispatch nothing.
 Each op costs a framework dispatch on the host, which is what small layers spend their
 time on; the compute model prices `Layer.ops_fwd` / `ops_bwd` with the cluster's
 per-op overhead, the forward's distinct ops (`Layer.distinct_ops_fwd`) with
-`KernelCalibration.in_sequence_op_host_s`, and random draws with
+`KernelCalibration.in_sequence_op_host_s`, those the layer before did not run
+(`Layer.cold_distinct_ops_fwd`) with `KernelCalibration.cold_op_host_s`, and random
+draws with
 `ClusterSpec.random_element_s`.
 """
 
@@ -50,6 +52,12 @@ class OpCounter(TorchDispatchMode):
         caches (`cost_models.sequence_probes.in_sequence_chains`)."""
         return len(self.overloads)
 
+    @property
+    def overload_names(self) -> frozenset[str]:
+        """The distinct overloads' names (`aten.add.Tensor`): what a layer's forward runs
+        that the layer before it may not have (`cold_distinct_ops`)."""
+        return frozenset(str(op) for op in self.overloads)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += 1
         self.overloads.add(func)
@@ -62,6 +70,13 @@ class OpCounter(TorchDispatchMode):
             if self.tp_sharded_now:
                 self.random_tp_sharded_elements += drawn
         return out
+
+
+def cold_distinct_ops(overloads: frozenset[str], before: frozenset[str]) -> int:
+    """Distinct ops of a layer (`overloads`) that the layer run before it (`before`) did
+    not run: each runs with its code and data out of the caches (`cost_models
+    .sequence_probes.cold_op_cost`)."""
+    return len(overloads - before)
 
 
 def count_ops(fn: Callable[[], object]) -> int:
