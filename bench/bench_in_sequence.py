@@ -10,11 +10,10 @@ seconds per op = op_s x max(0, distinct ops - knee), grad mode on, 48-call chain
 8-48 distinct calls: `in_sequence_cost`) FIT_RUNS times, then predicts chains it was not
 fitted on (other lengths, other draws from the pool: `sequence_chain(seed=)`) as their
 tight loops + the fitted extra, and prints each chain's ratio in order / loops and the
-prediction's error. Cold, for the record (not priced, see below): the same calls run once
-after other code (a backward), as `planner profile` times each layer's forward. Backward,
-for the record (not priced: the kernel-model bench's backward rows were within 13% at the
-median per model without it): a chain of distinct differentiable calls' backward over
-each call's backward in a chain of its own.
+prediction's error. Cold, for the record: the same calls run once after a backward (what
+a step's first layer follows). Backward, for the record (not priced: the kernel-model
+bench's backward rows were within 13% at the median per model without it): a chain of
+distinct differentiable calls' backward over each call's backward in a chain of its own.
 
 Target: every held-out chain predicted within 15% (the per-layer target) and the fits'
 extra per op at the chains' most distinct ops within 15% of each other (slope and knee
@@ -26,11 +25,11 @@ at 40-48: no one figure. Backward: 1.08-1.21 at 8 nodes' calls, 1.37-1.47 at 28.
 
 Cold (three runs, load 3.7-6.3): run once after a backward, calls cost their tight
 loops + 4.9-7.0 us per distinct op for 1-4 distinct calls, 3.0-5.2 us for 8-48 (one
-call: 8.3-8.9 us against 2.4-3.2 in a loop). `planner profile` times every layer so
-(its forward right after its own backward), a training step does not: identical blocks
-run back to back, warm. It fits what 1-op layers miss against the profile (llama's
-embedding: 10-13 us measured, 7-9 us over its prediction; bench_host_ab.py); it is not
-priced here, since pricing it per layer would charge every repeated block of a step.
+call: 8.3-8.9 us against 2.4-3.2 in a loop). `planner profile` timed every layer so (its
+forward right after its own backward) until it ran each after its step neighbours
+(`layer_profile.StepNeighbours`); the compute model prices the ops a layer's forward
+runs that the layer before did not (`Layer.cold_distinct_ops_fwd`) at profile-device's
+`sequence_probes.cold_op_cost` (measured after other forward calls, not a backward).
 Re-measure all of it on a quiet machine. Writes bench/results/in_sequence.json.
 
     .venv/bin/python bench/bench_in_sequence.py

@@ -391,6 +391,7 @@ class GraphMeasurer:
             saved_output_bytes=sum(b for k, b in log.seen.items() if k in out_keys),
             ops_fwd=fwd_ops.count, ops_bwd=bwd_ops.count,
             distinct_ops_fwd=fwd_ops.distinct_ops, forward_overloads=fwd_ops.overload_names,
+            backward_overloads=bwd_ops.overload_names,
             python_nodes_fwd=python_nodes(info.nodes.nodes, dispatched, fwd_ops.count),
             autograd_nodes_bwd=nodes, autograd_nodes_fwd=recorded,
             random_elements_fwd=fwd_ops.random_elements,

@@ -63,7 +63,7 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
     layers: list[Layer] = []
     stacks = {name for name, m in root.named_modules() if name and _is_block_stack(m)}
     n_layers = len(measurer.layers)
-    ran_before: frozenset[str] = frozenset()  # the forward ops of the layer before
+    ran_before: frozenset[str] | None = None  # the forward ops of the layer before
     for i, layer_nodes in enumerate(measurer.layers):
         lname = layer_nodes.name
         module = None
@@ -99,8 +99,7 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             tied_params=sum(t.numel() for t in {id(t): t for t in tied.values()}.values()),
             tied_tp_params=tied_tp, tied_param_names=tuple(tied),
             chain_input=_chain_input(measurer, i, module), sequence_parallel_ok=sp_ok,
-            cold_distinct_ops_fwd=cold_distinct_ops(measured[shash].forward_overloads,
-                                                    ran_before)))
+            cold_distinct_ops_fwd=cold_distinct_ops(measured[shash], ran_before)))
         ran_before = measured[shash].forward_overloads
     edges, cuts = _edges_and_cuts(measurer)
     num_params = sum(p.numel() for p in root.parameters())

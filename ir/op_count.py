@@ -72,11 +72,14 @@ class OpCounter(TorchDispatchMode):
         return out
 
 
-def cold_distinct_ops(overloads: frozenset[str], before: frozenset[str]) -> int:
-    """Distinct ops of a layer (`overloads`) that the layer run before it (`before`) did
-    not run: each runs with its code and data out of the caches (`cost_models
-    .sequence_probes.cold_op_cost`)."""
-    return len(overloads - before)
+def cold_distinct_ops(measured, before: frozenset[str] | None) -> int:
+    """Distinct forward ops of a layer (`measured.forward_overloads`) that the layer run
+    before it did not run (`before`, its forward ops); for the first layer (None), those
+    its own backward did not run (`measured.backward_overloads`: a step's last backward,
+    then the optimizer, precede it). Each runs with its code and data out of the caches
+    (`cost_models.sequence_probes.cold_op_cost`)."""
+    ran = measured.backward_overloads if before is None else before
+    return len(measured.forward_overloads - ran)
 
 
 def count_ops(fn: Callable[[], object]) -> int:

@@ -82,8 +82,10 @@ class Gate(nn.Module):
 
 class ThreeKinds(nn.Module):
     """Layers `scale`, `blocks.0-2` (each a `Mix`), `gate`, run in that order. Cold ops,
-    from the docstrings: scale runs first, its 3 distinct ops cold; blocks.0 after scale:
-    tanh and add are new, relu and detach are not (2); blocks.1 and .2 after a Mix: none (0); gate
+    from the docstrings: scale runs first, after its own backward (a step's last): that
+    ran aten.mul.Tensor (the gradient times 2.0), aten.threshold_backward.default (relu's)
+    and aten.detach.default (the gradient its input, a leaf, steals), so relu alone is
+    cold (1); blocks.0 after scale: tanh and add are new, relu and detach are not (2); blocks.1 and .2 after a Mix: none (0); gate
     after a Mix: sigmoid (1)."""
 
     def __init__(self):
@@ -104,9 +106,11 @@ def test_cold_ops_are_those_the_layer_before_did_not_run():
     names = [layer.name for layer in graph.layers]
     assert names == ["scale", "blocks.0", "blocks.1", "blocks.2", "gate"]
     assert [layer.distinct_ops_fwd for layer in graph.layers] == [3, 4, 4, 4, 4]
-    assert [layer.cold_distinct_ops_fwd for layer in graph.layers] == [3, 2, 0, 0, 1]
+    assert [layer.cold_distinct_ops_fwd for layer in graph.layers] == [1, 2, 0, 0, 1]
     assert graph.layers[0].forward_overloads == {"aten.relu.default", "aten.mul.Tensor",
                                                  "aten.detach.default"}
+    assert graph.layers[0].backward_overloads == {
+        "aten.mul.Tensor", "aten.threshold_backward.default", "aten.detach.default"}
 
 
 def _measured_three_kinds():
