@@ -52,7 +52,8 @@ from bench.bench_kernel_model import (MICRO_BATCHES, QUICK_REPEATS,  # noqa: E40
                                       gemm_shapes, traced_graph)
 from cost_models import layer_profile  # noqa: E402
 from cost_models.common import StepConfig  # noqa: E402
-from cost_models.compute import forward_host_seconds, layer_compute  # noqa: E402
+from cost_models.compute import (backward_host_seconds, forward_host_seconds,  # noqa: E402
+                                 layer_compute)
 from cost_models.host_probes import probe_clock  # noqa: E402
 from cost_models.profile_device import profile_device  # noqa: E402
 from ir.strategy import LayerStrategy, Precision  # noqa: E402
@@ -71,6 +72,24 @@ def summary(errors: list[float]) -> dict:
             "over_target": sum(e > TARGET_ERROR for e in absolute), "layers": len(absolute)}
 
 
+def ab_row(model: str, mb: int, phase: str, layer, measured: dict, specs: dict,
+           config: StepConfig) -> dict:
+    """One layer pass: its timing and each spec's error predicting it."""
+    fwd = phase == "fwd"
+    meas_s = measured["forward_seconds" if fwd else "backward_seconds"]
+    row = {"model": model, "layer": layer.name, "micro_batch": mb, "phase": phase,
+           "measured_s": meas_s, "ops": layer.ops_fwd if fwd else layer.ops_bwd,
+           "distinct_ops": len(layer.forward_overloads if fwd else layer.backward_overloads),
+           "cold_ops": layer.cold_distinct_ops_fwd if fwd else layer.cold_distinct_ops_bwd,
+           "python_nodes": layer.python_nodes_fwd}
+    for name, kit_spec in specs.items():
+        predicted = layer_compute(layer, LayerStrategy(), kit_spec, config)
+        row[name] = (predicted.forward_s if fwd else predicted.backward_s) / meas_s - 1.0
+        row[f"{name} host_s"] = (forward_host_seconds if fwd else backward_host_seconds)(
+            layer, kit_spec, False)
+    return row
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats, a quick device profile")
@@ -87,9 +106,10 @@ def main() -> int:
     spec, _ = profile_device("cpu", quick=args.quick, extra_gemm_shapes=gemm_shapes(
         graph for graph, _ in graphs.values()))
     cal = spec.kernel_calibration
-    sequence = ("in_sequence_op_host_s", "in_sequence_knee_distinct_ops", "cold_op_host_s")
+    sequence = ("in_sequence_op_host_s", "in_sequence_knee_distinct_ops", "cold_op_host_s",
+                "cold_backward_op_host_s")
     specs = {"old": dataclasses.replace(spec, kernel_calibration=dataclasses.replace(
-        cal, cold_op_host_s=0.0)), "new": spec}
+        cal, cold_op_host_s=0.0, cold_backward_op_host_s=0.0)), "new": spec}
     torch.set_num_threads(1)
     rows = []
     for (model, mb), (graph, measurer) in graphs.items():
@@ -102,26 +122,19 @@ def main() -> int:
             m = measured.pop(layer.structural_hash, None)
             if m is None:  # a repeat of a layer already timed
                 continue
-            # The position it was timed at: after the layer before most of its kind
-            before, _ = layer_profile.step_neighbours(measurer, i)
-            layer = graph.layers[i if before is None else before + 1]
-            meas_s = m["forward_seconds"]
-            row = {"model": model, "layer": layer.name, "micro_batch": mb,
-                   "measured_s": meas_s, "ops": layer.ops_fwd,
-                   "distinct_ops": layer.distinct_ops_fwd,
-                   "cold_ops": layer.cold_distinct_ops_fwd,
-                   "python_nodes": layer.python_nodes_fwd}
-            for name, kit_spec in specs.items():
-                predicted_s = layer_compute(layer, LayerStrategy(), kit_spec, config).forward_s
-                row[name] = predicted_s / meas_s - 1.0
-                row[f"{name} host_s"] = forward_host_seconds(layer, kit_spec, False)
-            rows.append(row)
-    print(table(["model", "layer", "mb", "meas us", "ops", "distinct", "cold", *specs],
-                [[r["model"], r["layer"], r["micro_batch"], f"{r['measured_s'] * 1e6:.1f}",
-                  r["ops"], r["distinct_ops"], r["cold_ops"],
+            # The positions it was timed at: after the layer before most of its kind (forward),
+            # after the layer after (backward)
+            before, after = layer_profile.step_neighbours(measurer, i)
+            for phase, at in (("fwd", i if before is None else before + 1),
+                              ("bwd", i if after is None else after - 1)):
+                rows.append(ab_row(model, mb, phase, graph.layers[at], m, specs, config))
+    print(table(["model", "layer", "mb", "pass", "meas us", "ops", "distinct", "cold", *specs],
+                [[r["model"], r["layer"], r["micro_batch"], r["phase"],
+                  f"{r['measured_s'] * 1e6:.1f}", r["ops"], r["distinct_ops"], r["cold_ops"],
                   *(f"{r[name]:+.0%}" for name in specs)]
                  for r in rows]))
-    summaries = {name: summary([r[name] for r in rows]) for name in specs}
+    summaries = {f"{name} {phase}": summary([r[name] for r in rows if r["phase"] == phase])
+                 for phase in ("fwd", "bwd") for name in specs}
     for name, s in summaries.items():
         print(f"{name:15s} median |err| {s['median_abs_error']:.1%}, worst "
               f"{s['worst_abs_error']:.0%}, over {TARGET_ERROR:.0%}: "
@@ -137,11 +150,12 @@ def main() -> int:
                    "rows": rows}, f, indent=1)
     print(f"wrote {RESULTS} ({time.perf_counter() - start:.0f} s, load "
           f"{os.getloadavg()[0]:.1f})")
-    old, new = summaries["old"], summaries["new"]
-    worse = (new["median_abs_error"] > old["median_abs_error"]
-             or new["over_target"] > old["over_target"])
+    worse = [phase for phase in ("fwd", "bwd")
+             if any(summaries[f"new {phase}"][key] > summaries[f"old {phase}"][key]
+                    for key in ("median_abs_error", "over_target"))]
     if worse:
-        print("FAIL: the cold-op term misses more layers' timings than pricing without it")
+        print(f"FAIL ({', '.join(worse)}): the cold-op term misses more layers' timings than "
+              "pricing without it")
     return 1 if worse else 0
 
 

@@ -50,9 +50,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cost_models.clusters import _one_thread  # noqa: E402
 from cost_models.host_probes import probe_clock  # noqa: E402
-from cost_models.sequence_probes import (in_sequence_chains, in_sequence_cost,  # noqa: E402
-                                         in_sequence_extra_per_op_s, sequence_chain,
-                                         sequence_pool)
+from cost_models.sequence_probes import (chained_calls, in_sequence_chains,  # noqa: E402
+                                         in_sequence_cost, in_sequence_extra_per_op_s,
+                                         sequence_chain, sequence_pool)
 from planner.fmt import table  # noqa: E402
 
 FIT_RUNS = 3
@@ -72,28 +72,6 @@ COLD_DISTINCT = (1, 2, 4, 8, 16, 32, 48)  # distinct calls run once after other 
 COLD_RUNS = 60
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                        "in_sequence.json")
-
-
-def chained_calls(device: str) -> list:
-    """Differentiable calls from a 2 x 8 x 8 float32 tensor to one of the same shape, one
-    Python call each (a chain of them records one autograd node, or a few, per call)."""
-    import torch.nn.functional as F
-
-    y = torch.randn(2, 8, 8, device=device)
-    w = torch.randn(8, 8, device=device, requires_grad=True)
-    v = torch.randn(8, device=device, requires_grad=True)
-    mask = y > 0
-    return [
-        torch.tanh, torch.sigmoid, F.relu, F.gelu, F.silu, torch.exp, lambda x: x * 0.5,
-        lambda x: x + 1, lambda x: x.pow(2), lambda x: F.softmax(x, -1),
-        lambda x: F.layer_norm(x, (8,)), lambda x: F.linear(x, w, v),
-        lambda x: torch.matmul(x, w), lambda x: x.transpose(1, 2),
-        lambda x: x.clamp(min=-1.0), torch.erf, lambda x: torch.cumsum(x, -1), torch.neg,
-        torch.sin, torch.cos, lambda x: F.log_softmax(x, -1), lambda x: x * y,
-        lambda x: x + y, lambda x: torch.where(mask, x, y),
-        lambda x: x.masked_fill(mask, 0.0), lambda x: x.reshape(2, 64).view(2, 8, 8),
-        lambda x: x.sum(-1, keepdim=True).expand(2, 8, 8), lambda x: x - y,
-    ]
 
 
 def backward_ratio(chain: list, device: str = "cpu") -> float:

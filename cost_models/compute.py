@@ -211,7 +211,9 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool)
     excess, where nodes = the autograd graph's, walked on meta (`autograd_nodes_bwd`,
     `ir.op_count.autograd_nodes`: the count the kit's probe takes of its own chain), or
     for a layer measured before that count the forward's calls on floating tensors +
-    its parameter tensors (`host_excess.backward_nodes`); else ops x `host_op_seconds`. (Views are metadata only, and many come inside
+    its parameter tensors (`host_excess.backward_nodes`), + the distinct ops the layer
+    after's backward did not run x `cold_backward_op_host_s` (`cold_distinct_ops_bwd`);
+    else ops x `host_op_seconds`. (Views are metadata only, and many come inside
     a node's formula, so a per-op figure over-prices them: the mlp-small block's 16
     backward ops ran in ~18 us, not 16 x 2 us.)"""
     cal = cluster.kernel_calibration
@@ -222,10 +224,12 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool)
         layer.kernels.forward, len(layer.param_names) + len(layer.tied_param_names))
     extra_s = cluster.dtensor_op_overhead_s if on_dtensors else 0.0
     # Measured decomposition (cost_models.host_probes.host_op_seconds_by_pass, host_excess)
+    # + cold ops (cost_models.sequence_probes.cold_backward_chains)
     return (views * (cal.backward_view_host_op_s + extra_s)
             + (layer.ops_bwd - views) * (cal.backward_nonview_host_op_s + extra_s)
             + nodes * cal.backward_node_host_s
-            + records_excess_seconds(layer.kernels.backward, cal.host_excess_s))
+            + records_excess_seconds(layer.kernels.backward, cal.host_excess_s)
+            + layer.cold_distinct_ops_bwd * cal.cold_backward_op_host_s)
 
 
 def with_host(device_s: float, host_s: float, cluster: ClusterSpec) -> float:

@@ -211,16 +211,26 @@ COLD_RUNS = 30
 
 @dataclass(frozen=True, slots=True)
 class ColdChain:
-    """A chain's distinct ATen overloads and its seconds run once after other calls
-    (`cold_s`) and right after itself (`warm_s`)."""
+    """A chain's cold ops (its distinct ATen overloads the calls run before it did not
+    run: `ir.op_count.cold_distinct_ops`, as a layer's are counted) and its seconds run
+    once after those calls (`cold_s`) and right after itself (`warm_s`)."""
 
-    distinct_ops: int
+    cold_ops: int
     cold_s: float
     warm_s: float
 
     @property
     def cold_op_s(self) -> float:
-        return (self.cold_s - self.warm_s) / self.distinct_ops
+        return (self.cold_s - self.warm_s) / self.cold_ops
+
+
+def _overloads(fn) -> frozenset[str]:
+    from ir.op_count import OpCounter
+
+    counter = OpCounter()
+    with counter:
+        fn()
+    return counter.overload_names
 
 
 def cold_chains(device: str = "cpu") -> list[ColdChain]:
@@ -232,7 +242,6 @@ def cold_chains(device: str = "cpu") -> list[ColdChain]:
 
     from cost_models.clusters import _one_thread
     from cost_models.host_probes import probe_clock
-    from ir.op_count import OpCounter
 
     pool = sequence_pool(device, grad=True)
     random.Random(SEQUENCE_SEED).shuffle(pool)
@@ -246,9 +255,7 @@ def cold_chains(device: str = "cpu") -> list[ColdChain]:
                 for call in calls:
                     call()
 
-            counter = OpCounter()
-            with counter:
-                run(chain)
+            cold_ops = len(_overloads(lambda: run(chain)) - _overloads(lambda: run(others)))
             cold, warm = [], []
             for _ in range(COLD_RUNS):
                 for runs, before in ((cold, others), (warm, chain)):
@@ -256,13 +263,80 @@ def cold_chains(device: str = "cpu") -> list[ColdChain]:
                     start = clock()
                     run(chain)
                     runs.append(clock() - start)
-            chains.append(ColdChain(counter.distinct_ops, statistics.median(cold),
-                                    statistics.median(warm)))
+            chains.append(ColdChain(cold_ops, statistics.median(cold), statistics.median(warm)))
     return chains
 
 
 def cold_op_cost(chains: list[ColdChain]) -> float:
     """Host seconds a distinct op pays run once after other code over run right after
-    itself: the median over `chains` of (cold - warm) / distinct ops (`Layer
-    .cold_distinct_ops_fwd` counts the ops a step runs so)."""
-    return max(0.0, statistics.median(c.cold_op_s for c in chains))
+    itself: the median over `chains` of (cold - warm) / cold ops (`Layer
+    .cold_distinct_ops_fwd`, `cold_distinct_ops_bwd` count a layer's so); chains with
+    none are left out."""
+    return max(0.0, statistics.median(c.cold_op_s for c in chains if c.cold_ops))
+
+
+def chained_calls(device: str) -> list:
+    """Differentiable calls from a 2 x 8 x 8 float32 tensor to one of the same shape, one
+    Python call each (a chain of them records one autograd node, or a few, per call)."""
+    import torch
+    import torch.nn.functional as F
+
+    y = torch.randn(2, 8, 8, device=device)
+    w = torch.randn(8, 8, device=device, requires_grad=True)
+    v = torch.randn(8, device=device, requires_grad=True)
+    mask = y > 0
+    return [
+        torch.tanh, torch.sigmoid, F.relu, F.gelu, F.silu, torch.exp, lambda x: x * 0.5,
+        lambda x: x + 1, lambda x: x.pow(2), lambda x: F.softmax(x, -1),
+        lambda x: F.layer_norm(x, (8,)), lambda x: F.linear(x, w, v),
+        lambda x: torch.matmul(x, w), lambda x: x.transpose(1, 2),
+        lambda x: x.clamp(min=-1.0), torch.erf, lambda x: torch.cumsum(x, -1), torch.neg,
+        torch.sin, torch.cos, lambda x: F.log_softmax(x, -1), lambda x: x * y,
+        lambda x: x + y, lambda x: torch.where(mask, x, y),
+        lambda x: x.masked_fill(mask, 0.0), lambda x: x.reshape(2, 64).view(2, 8, 8),
+        lambda x: x.sum(-1, keepdim=True).expand(2, 8, 8), lambda x: x - y,
+    ]
+
+
+# Backward: chains of the first COLD_BACKWARD_CALLS `chained_calls`, each after the
+# backward of the last COLD_BACKWARD_OTHERS (half of them: a small layer's worth).
+COLD_BACKWARD_CALLS = (1, 2, 4, 8, 14)
+COLD_BACKWARD_OTHERS = 14
+
+
+def cold_backward_chains(device: str = "cpu") -> list[ColdChain]:
+    """The backward of chains of COLD_BACKWARD_CALLS `chained_calls`, each timed once
+    right after the backward of the others' chain (`cold_s`; cold ops: the backward
+    overloads that one did not run) and right after its own (`warm_s`); one thread, the
+    probe clock, medians of COLD_RUNS (the engine's start is in both)."""
+    import torch
+
+    from cost_models.clusters import _one_thread
+    from cost_models.host_probes import probe_clock
+
+    calls, clock = chained_calls(device), probe_clock(device)
+
+    def graph(chain):
+        z = torch.randn(2, 8, 8, device=device, requires_grad=True)
+        for call in chain:
+            z = call(z)
+        return z, torch.ones_like(z)
+
+    chains = []
+    with _one_thread():
+        for k in COLD_BACKWARD_CALLS:
+            z, seed = graph(calls[:k])
+            others, others_seed = graph(calls[-COLD_BACKWARD_OTHERS:])
+            cold_ops = len(
+                _overloads(lambda: torch.autograd.backward(z, seed, retain_graph=True))
+                - _overloads(lambda: torch.autograd.backward(others, others_seed,
+                                                             retain_graph=True)))
+            cold, warm = [], []
+            for _ in range(COLD_RUNS):
+                for runs, before in ((cold, (others, others_seed)), (warm, (z, seed))):
+                    torch.autograd.backward(*before, retain_graph=True)
+                    start = clock()
+                    torch.autograd.backward(z, seed, retain_graph=True)
+                    runs.append(clock() - start)
+            chains.append(ColdChain(cold_ops, statistics.median(cold), statistics.median(warm)))
+    return chains

@@ -192,6 +192,9 @@ class Layer:
     # data out of the caches (`cost_models.sequence_probes.cold_op_cost`). Per position,
     # not per structure: a stack's first block follows the embedding, the others a block.
     cold_distinct_ops_fwd: int = 0
+    # ... and of its backward, in backward order: those the layer after's backward did not
+    # run; for the last, those its own forward did not (`ir.op_count.cold_distinct_ops_bwd`).
+    cold_distinct_ops_bwd: int = 0
 
     def __getattr__(self, name: str):
         # Reached only when no field matches: a measured figure reads as the layer's own.

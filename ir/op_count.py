@@ -82,6 +82,15 @@ def cold_distinct_ops(measured, before: frozenset[str] | None) -> int:
     return len(measured.forward_overloads - ran)
 
 
+def cold_distinct_ops_bwd(measured, after: frozenset[str] | None) -> int:
+    """Distinct backward ops of a layer (`measured.backward_overloads`) that the layer
+    after it, whose backward runs just before, did not run (`after`, its backward ops);
+    for the last layer (None), those its own forward did not run (its backward follows
+    it): `cold_distinct_ops` in backward order."""
+    ran = measured.forward_overloads if after is None else after
+    return len(measured.backward_overloads - ran)
+
+
 def count_ops(fn: Callable[[], object]) -> int:
     """ATen ops `fn()` dispatches (the same count the layer IR records)."""
     counter = OpCounter()

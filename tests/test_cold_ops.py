@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from cost_models.compute import forward_host_seconds
+from cost_models.compute import backward_host_seconds, forward_host_seconds
 from cost_models.layer_profile import step_neighbours, time_layer
 from cost_models.sequence_probes import ColdChain, cold_op_cost
 from ir.kernel_calibration import KernelCalibration
@@ -49,11 +49,13 @@ def test_forward_host_adds_the_cold_ops():
                                 False) == pytest.approx(25 * US)
 
 
-def test_the_cold_figure_is_the_median_per_distinct_op():
-    """Chains made by hand: (1 op, 9 - 3 us), (4 ops, 28 - 12), (16 ops, 64 - 48): 6, 4
-    and 1 us per distinct op; the median, 4 us. Cold faster than warm reads 0."""
+def test_the_cold_figure_is_the_median_per_cold_op():
+    """Chains made by hand: (1 cold op, 9 - 3 us), (4, 28 - 12), (16, 64 - 48): 6, 4 and
+    1 us per cold op; the median, 4 us (a chain with no cold op is left out, not divided
+    by 0). Cold faster than warm reads 0."""
     chains = [ColdChain(1, 9e-6, 3e-6), ColdChain(4, 28e-6, 12e-6), ColdChain(16, 64e-6, 48e-6)]
     assert cold_op_cost(chains) == pytest.approx(4e-6)
+    assert cold_op_cost(chains + [ColdChain(0, 9e-6, 3e-6)]) == pytest.approx(4e-6)
     assert cold_op_cost([ColdChain(2, 1e-6, 3e-6)]) == 0.0
 
 
@@ -85,8 +87,16 @@ class ThreeKinds(nn.Module):
     from the docstrings: scale runs first, after its own backward (a step's last): that
     ran aten.mul.Tensor (the gradient times 2.0), aten.threshold_backward.default (relu's)
     and aten.detach.default (the gradient its input, a leaf, steals), so relu alone is
-    cold (1); blocks.0 after scale: tanh and add are new, relu and detach are not (2); blocks.1 and .2 after a Mix: none (0); gate
-    after a Mix: sigmoid (1)."""
+    cold (1); blocks.0 after scale: tanh and add are new, relu and detach are not (2);
+    blocks.1 and .2 after a Mix: none (0); gate after a Mix: sigmoid (1).
+
+    Backward, in backward order (gate, blocks.2, .1, .0, scale). A Mix's backward runs
+    aten.tanh_backward.default, aten.threshold_backward.default, aten.add.Tensor (x's
+    two gradients summed) and the input's detach; gate's the same with
+    aten.sigmoid_backward.default for threshold_backward. gate runs last in forward, so
+    its backward follows its own forward: sigmoid_backward and tanh_backward are cold
+    (2); blocks.2 after gate's: threshold_backward (1); blocks.1 and .0 after a Mix's:
+    none; scale after a Mix's: mul (1)."""
 
     def __init__(self):
         super().__init__()
@@ -109,6 +119,7 @@ def test_cold_ops_are_those_the_layer_before_did_not_run():
     assert [layer.cold_distinct_ops_fwd for layer in graph.layers] == [1, 2, 0, 0, 1]
     assert graph.layers[0].forward_overloads == {"aten.relu.default", "aten.mul.Tensor",
                                                  "aten.detach.default"}
+    assert [layer.cold_distinct_ops_bwd for layer in graph.layers] == [1, 0, 0, 1, 2]
     assert graph.layers[0].backward_overloads == {
         "aten.mul.Tensor", "aten.threshold_backward.default", "aten.detach.default"}
 
@@ -168,8 +179,21 @@ def test_time_layer_warms_with_the_step_neighbours(monkeypatch):
     assert len(inputs[2]) == 3
 
 
-def test_calibration_json_without_the_cold_figure_loads():
-    data = json.loads(json.dumps(COLD.to_dict()))
-    assert KernelCalibration.from_dict(data) == COLD
-    del data["cold_op_host_s"]
-    assert KernelCalibration.from_dict(data).cold_op_host_s == 0.0
+def test_calibration_json_without_the_cold_figures_loads():
+    both = dataclasses.replace(COLD, cold_backward_op_host_s=1 * US)
+    data = json.loads(json.dumps(both.to_dict()))
+    assert KernelCalibration.from_dict(data) == both
+    del data["cold_op_host_s"], data["cold_backward_op_host_s"]
+    old = KernelCalibration.from_dict(data)
+    assert (old.cold_op_host_s, old.cold_backward_op_host_s) == (0.0, 0.0)
+
+
+def test_backward_host_adds_the_cold_ops():
+    """`tiny_layer`'s backward, 39 us (tests/test_host_split.py), with 2 cold ops at 1 us
+    each: 41 us; a kit without the figure, 39 us."""
+    from tests.test_host_split import PARTS
+
+    layer = dataclasses.replace(tiny_layer(), cold_distinct_ops_bwd=2)
+    cold = dataclasses.replace(PARTS, cold_backward_op_host_s=1 * US)
+    assert backward_host_seconds(layer, cpu(cold), False) == pytest.approx(41 * US)
+    assert backward_host_seconds(layer, cpu(PARTS), False) == pytest.approx(39 * US)
