@@ -24,17 +24,21 @@ nine chains it was not fitted on (16-96 calls, other draws of the pool) within 9
 
 Cold: a step runs each layer after the layer before it, so the distinct ops that layer
 did not run start with their code and data out of the caches (`Layer
-.cold_distinct_ops_fwd`). `cold_chains` times chains of 1-32 distinct calls run once
+.cold_distinct_ops_fwd`; in backward, those the layer after's backward did not run:
+`cold_distinct_ops_bwd`). `cold_chains` times chains of 1-32 distinct calls run once
 right after the pool's other calls (a layer's worth of other ops) and right after
-themselves; `cold_op_cost` takes the median extra per distinct op. On this CPU
-(2026-11-25, load 5-8): 2.0, 2.5-2.8, 1.7-1.8, 1.3, 1.4, 0.8 us per op at 1, 2, 4, 11,
-18, 29 distinct ops, median 1.5-1.6 us. After a backward instead (what the first
-layer's forward follows in a step: the last backward, then the optimizer) 7-13 us at
-1-4 distinct ops, 2.3-4.5 at 11-29: not priced apart (one figure per op).
+themselves, `cold_backward_chains` chains' backwards after another chain's backward;
+`cold_op_cost` takes the median extra per cold op (a distinct op the calls before did
+not run). On this CPU (2026-11-25, load 5-8), forward: 5.2-5.4, 3.6, 2.1, 1.9-2.0,
+0.9-1.0 us per cold op at 1, 2, 7, 13, 26 cold ops, median 2.1 us (one call whose ops
+the others all ran, 0 cold, still paid 2 us); backward: 1.9-2.1, 1.0, 0.6-0.9, 0.7-0.8,
+0.6 us at 1, 2, 4, 5, 11, median 0.7-0.9 us. After a backward instead of a forward (what
+the first layer's forward follows in a step) the forward figure was 7-13 us at 1-4
+distinct ops, 2.3-4.5 at 11-29: not priced apart.
 
     >>> cost = in_sequence_cost(in_sequence_chains("cpu", grad=True))  # doctest: +SKIP
     >>> cost.op_s, cost.knee_distinct_ops                               # ~5e-8, ~16
-    >>> cold_op_cost(cold_chains("cpu"))                                # ~1.5e-6
+    >>> cold_op_cost(cold_chains("cpu"))                                # ~2e-6
 """
 
 from __future__ import annotations

@@ -260,7 +260,9 @@ class KernelCalibration:
     # out of the caches (`cost_models.sequence_probes.cold_op_cost`); 0 where not measured.
     cold_op_host_s: float = 0.0
     # ... and per distinct backward op the layer after's backward did not run
-    # (`Layer.cold_distinct_ops_bwd`; `sequence_probes.cold_backward_chains`).
+    # (`Layer.cold_distinct_ops_bwd`; `sequence_probes.cold_backward_chains`): profile-
+    # device leaves it 0, as it missed as many layers' step timings as it fixed
+    # (bench/bench_host_ab.py, 2026-11-25).
     cold_backward_op_host_s: float = 0.0
     # Device seconds per index of an embedding's backward (a scatter-add of one gradient
     # row per index), over what the rows' bytes cost; 0 where not measured.
