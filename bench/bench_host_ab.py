@@ -26,10 +26,11 @@ is no judge of it: its repeats run a layer's own ops again a few layers' work la
 a step later (gpt-tiny's head: 29 us in the profile, 78 us in a step). On 2026-11-25
 (load 6-19 on 2 shared cores, --quick, 5 models x 3 micro-batches), step forwards, old
 -> new: 39.9 -> 36.6%, 99 -> 96 of 105 over 15%; 33.3 -> 30.7%, 89 -> 88; 24.9 ->
-22.1%, 79 -> 73; step backwards with +bwd: 34.5 -> 32.6%, 87 -> 89; 30.3 -> 31.1%, 89 ->
-88; 23.3 -> 22.4%, 70 -> 72: as many missed as fixed, so not written. The profile's
-forwards: 24.8 -> 20.0%, 48 -> 45 of 72; 27.5 -> 23.6%, 48 -> 44; 36.7 -> 31.3%, 62 ->
-54; 29.9 -> 25.6%, 54 -> 50; 17.0 -> 21.7%, 40 -> 43. Before it (the profile timing
+22.1%, 79 -> 73; 39.0 -> 35.2%, 98 -> 97 (a fifth run, with tests running beside it:
+25.6 -> 24.4%, 72 -> 73); step backwards with +bwd: 34.5 -> 32.6%, 87 -> 89; 30.3 ->
+31.1%, 89 -> 88; 23.3 -> 22.4%, 70 -> 72; 28.8 -> 28.1%, 83 -> 82: no clear gain, so not
+written. The profile's forwards: 24.8 -> 20.0%, 48 -> 45 of 72; 27.5 -> 23.6%, 48 ->
+44; 36.7 -> 31.3%, 62 -> 54; 29.9 -> 25.6%, 54 -> 50; 17.0 -> 21.7%, 40 -> 43. Before it (the profile timing
 each layer right after its own backward, the A/B of the in-sequence term): old 28.2 /
 36.4 / 25.9 / 26.4% median, 49 / 62 / 44 / 44 over 15%; new 20.2 / 30.5 / 24.3 /
 25.2%, 48 / 59 / 41 / 40. Timings on a loaded machine are noise even on the thread clock

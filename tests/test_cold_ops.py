@@ -197,3 +197,46 @@ def test_backward_host_adds_the_cold_ops():
     cold = dataclasses.replace(PARTS, cold_backward_op_host_s=1 * US)
     assert backward_host_seconds(layer, cpu(cold), False) == pytest.approx(41 * US)
     assert backward_host_seconds(layer, cpu(PARTS), False) == pytest.approx(39 * US)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_the_cold_probes_count_cold_ops_as_layers_are_counted(backward):
+    """Each chain's cold ops are its distinct overloads less those of the calls run before
+    it, counted here with the dispatch counter a layer's forward runs under: forward, the
+    first COLD_DISTINCT pool calls after the rest; backward, the first COLD_BACKWARD_CALLS
+    `chained_calls`' backward after the last COLD_BACKWARD_OTHERS'. Timings positive and
+    below 1 ms."""
+    import random
+
+    from cost_models import sequence_probes as sp
+    from ir.op_count import OpCounter
+
+    def overloads(fn):
+        counter = OpCounter()
+        with counter, torch.enable_grad():
+            fn()
+        return {str(op) for op in counter.overloads}
+
+    if backward:
+        calls = sp.chained_calls("cpu")
+
+        def backward_of(chain):
+            z = torch.randn(2, 8, 8, requires_grad=True)
+            for call in chain:
+                z = call(z)
+            return lambda: torch.autograd.backward(z, torch.ones_like(z))
+
+        others = overloads(backward_of(calls[-sp.COLD_BACKWARD_OTHERS:]))
+        expected = [len(overloads(backward_of(calls[:k])) - others)
+                    for k in sp.COLD_BACKWARD_CALLS]
+        chains = sp.cold_backward_chains("cpu")
+    else:
+        pool = sp.sequence_pool("cpu", grad=True)
+        random.Random(sp.SEQUENCE_SEED).shuffle(pool)
+        run = lambda calls: (lambda: [call() for call in calls])  # noqa: E731
+        expected = [len(overloads(run(pool[:k])) - overloads(run(pool[k:])))
+                    for k in sp.COLD_DISTINCT]
+        chains = sp.cold_chains("cpu")
+    assert [c.cold_ops for c in chains] == expected
+    assert any(expected)
+    assert all(0 < c.cold_s < 1e-3 and 0 < c.warm_s < 1e-3 for c in chains)
