@@ -30,11 +30,11 @@ a step later (gpt-tiny's head: 29 us in the profile, 78 us in a step). On 2026-1
 25.6 -> 24.4%, 72 -> 73); step backwards with +bwd: 34.5 -> 32.6%, 87 -> 89; 30.3 ->
 31.1%, 89 -> 88; 23.3 -> 22.4%, 70 -> 72; 28.8 -> 28.1%, 83 -> 82: no clear gain, so not
 written. The profile's forwards: 24.8 -> 20.0%, 48 -> 45 of 72; 27.5 -> 23.6%, 48 ->
-44; 36.7 -> 31.3%, 62 -> 54; 29.9 -> 25.6%, 54 -> 50; 17.0 -> 21.7%, 40 -> 43. Before it (the profile timing
-each layer right after its own backward, the A/B of the in-sequence term): old 28.2 /
-36.4 / 25.9 / 26.4% median, 49 / 62 / 44 / 44 over 15%; new 20.2 / 30.5 / 24.3 /
-25.2%, 48 / 59 / 41 / 40. Timings on a loaded machine are noise even on the thread clock
-(caches are shared): re-measure on a quiet one.
+44; 36.7 -> 31.3%, 62 -> 54; 29.9 -> 25.6%, 54 -> 50; 17.0 -> 21.7%, 40 -> 43. Before
+it (the profile timing each layer right after its own backward, the A/B of the
+in-sequence term): old 28.2 / 36.4 / 25.9 / 26.4% median, 49 / 62 / 44 / 44 over 15%;
+new 20.2 / 30.5 / 24.3 / 25.2%, 48 / 59 / 41 / 40. Timings on a loaded machine are noise
+even on the thread clock (caches are shared): re-measure on a quiet one.
 
     .venv/bin/python bench/bench_host_ab.py [--quick] [--models gpt-tiny,t5-tiny]
 
