@@ -10,11 +10,10 @@ seconds per op = op_s x max(0, distinct ops - knee), grad mode on, 48-call chain
 8-48 distinct calls: `in_sequence_cost`) FIT_RUNS times, then predicts chains it was not
 fitted on (other lengths, other draws from the pool: `sequence_chain(seed=)`) as their
 tight loops + the fitted extra, and prints each chain's ratio in order / loops and the
-prediction's error. Cold, for the record (not priced, see below): the same calls run once
-after other code (a backward), as `planner profile` times each layer's forward. Backward,
-for the record (not priced: the kernel-model bench's backward rows were within 13% at the
-median per model without it): a chain of distinct differentiable calls' backward over
-each call's backward in a chain of its own.
+prediction's error. Cold, for the record: the same calls run once after a backward (what
+a step's first layer follows). Backward, for the record (not priced: the kernel-model
+bench's backward rows were within 13% at the median per model without it): a chain of
+distinct differentiable calls' backward over each call's backward in a chain of its own.
 
 Target: every held-out chain predicted within 15% (the per-layer target) and the fits'
 extra per op at the chains' most distinct ops within 15% of each other (slope and knee
@@ -26,11 +25,11 @@ at 40-48: no one figure. Backward: 1.08-1.21 at 8 nodes' calls, 1.37-1.47 at 28.
 
 Cold (three runs, load 3.7-6.3): run once after a backward, calls cost their tight
 loops + 4.9-7.0 us per distinct op for 1-4 distinct calls, 3.0-5.2 us for 8-48 (one
-call: 8.3-8.9 us against 2.4-3.2 in a loop). `planner profile` times every layer so
-(its forward right after its own backward), a training step does not: identical blocks
-run back to back, warm. It fits what 1-op layers miss against the profile (llama's
-embedding: 10-13 us measured, 7-9 us over its prediction; bench_host_ab.py); it is not
-priced here, since pricing it per layer would charge every repeated block of a step.
+call: 8.3-8.9 us against 2.4-3.2 in a loop). `planner profile` timed every layer so (its
+forward right after its own backward) until it ran each after its step neighbours
+(`layer_profile.StepNeighbours`); the compute model prices the ops a layer's forward
+runs that the layer before did not (`Layer.cold_distinct_ops_fwd`) at profile-device's
+`sequence_probes.cold_op_cost` (measured after other forward calls, not a backward).
 Re-measure all of it on a quiet machine. Writes bench/results/in_sequence.json.
 
     .venv/bin/python bench/bench_in_sequence.py
@@ -51,9 +50,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cost_models.clusters import _one_thread  # noqa: E402
 from cost_models.host_probes import probe_clock  # noqa: E402
-from cost_models.sequence_probes import (in_sequence_chains, in_sequence_cost,  # noqa: E402
-                                         in_sequence_extra_per_op_s, sequence_chain,
-                                         sequence_pool)
+from cost_models.sequence_probes import (chained_calls, in_sequence_chains,  # noqa: E402
+                                         in_sequence_cost, in_sequence_extra_per_op_s,
+                                         sequence_chain, sequence_pool)
 from planner.fmt import table  # noqa: E402
 
 FIT_RUNS = 3
@@ -73,28 +72,6 @@ COLD_DISTINCT = (1, 2, 4, 8, 16, 32, 48)  # distinct calls run once after other 
 COLD_RUNS = 60
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                        "in_sequence.json")
-
-
-def chained_calls(device: str) -> list:
-    """Differentiable calls from a 2 x 8 x 8 float32 tensor to one of the same shape, one
-    Python call each (a chain of them records one autograd node, or a few, per call)."""
-    import torch.nn.functional as F
-
-    y = torch.randn(2, 8, 8, device=device)
-    w = torch.randn(8, 8, device=device, requires_grad=True)
-    v = torch.randn(8, device=device, requires_grad=True)
-    mask = y > 0
-    return [
-        torch.tanh, torch.sigmoid, F.relu, F.gelu, F.silu, torch.exp, lambda x: x * 0.5,
-        lambda x: x + 1, lambda x: x.pow(2), lambda x: F.softmax(x, -1),
-        lambda x: F.layer_norm(x, (8,)), lambda x: F.linear(x, w, v),
-        lambda x: torch.matmul(x, w), lambda x: x.transpose(1, 2),
-        lambda x: x.clamp(min=-1.0), torch.erf, lambda x: torch.cumsum(x, -1), torch.neg,
-        torch.sin, torch.cos, lambda x: F.log_softmax(x, -1), lambda x: x * y,
-        lambda x: x + y, lambda x: torch.where(mask, x, y),
-        lambda x: x.masked_fill(mask, 0.0), lambda x: x.reshape(2, 64).view(2, 8, 8),
-        lambda x: x.sum(-1, keepdim=True).expand(2, 8, 8), lambda x: x - y,
-    ]
 
 
 def backward_ratio(chain: list, device: str = "cpu") -> float:

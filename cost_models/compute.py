@@ -200,7 +200,10 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) 
     forward records x per-node (`autograd_nodes_fwd`, else one per floating-point op:
     `host_excess.backward_nodes`); where it measured `in_sequence_op_host_s`, what the
     ops pay for running among the layer's distinct ops beyond the knee
-    (`distinct_ops_fwd`; every figure above is a tight loop's). A kit without parts: ops
+    (`distinct_ops_fwd`; every figure above is a tight loop's); where it measured
+    `cold_op_host_s`, the distinct ops the layer before did not run x per cold op
+    (`cold_distinct_ops_fwd`: a step runs them with their code and data out of the
+    caches; every figure above is a warm run's). A kit without parts: ops
     x `host_op_seconds`. (Pricing ops per Python-level call and per op inside a C++
     composite instead missed more layers: bench/bench_host_ab.py, 2026-11-25.)"""
     cal = cluster.kernel_calibration
@@ -222,7 +225,8 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) 
     # In sequence (cost_models.sequence_probes.in_sequence_cost): distinct ops beyond the knee
     host_s += layer.ops_fwd * in_sequence_extra_per_op_s(
         cal.in_sequence_op_host_s, cal.in_sequence_knee_distinct_ops, layer.distinct_ops_fwd)
-    return host_s
+    # Cold (cost_models.sequence_probes.cold_op_cost): ops the layer before did not run
+    return host_s + layer.cold_distinct_ops_fwd * cal.cold_op_host_s
 
 
 def backward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) -> float:
@@ -233,7 +237,9 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool)
     excess, where nodes = the autograd graph's, walked on meta (`autograd_nodes_bwd`,
     `ir.op_count.autograd_nodes`: the count the kit's probe takes of its own chain), or
     for a layer measured before that count the forward's calls on floating tensors +
-    its parameter tensors (`host_excess.backward_nodes`); else ops x `host_op_seconds`. (Views are metadata only, and many come inside
+    its parameter tensors (`host_excess.backward_nodes`), + the distinct ops the layer
+    after's backward did not run x `cold_backward_op_host_s` (`cold_distinct_ops_bwd`);
+    else ops x `host_op_seconds`. (Views are metadata only, and many come inside
     a node's formula, so a per-op figure over-prices them: the mlp-small block's 16
     backward ops ran in ~18 us, not 16 x 2 us.)"""
     cal = cluster.kernel_calibration
@@ -244,10 +250,12 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool)
         layer.kernels.forward, len(layer.param_names) + len(layer.tied_param_names))
     extra_s = cluster.dtensor_op_overhead_s if on_dtensors else 0.0
     # Measured decomposition (cost_models.host_probes.host_op_seconds_by_pass, host_excess)
+    # + cold ops (cost_models.sequence_probes.cold_backward_chains)
     return (views * (cal.backward_view_host_op_s + extra_s)
             + (layer.ops_bwd - views) * (cal.backward_nonview_host_op_s + extra_s)
             + nodes * cal.backward_node_host_s
-            + records_excess_seconds(layer.kernels.backward, cal.host_excess_s))
+            + records_excess_seconds(layer.kernels.backward, cal.host_excess_s)
+            + layer.cold_distinct_ops_bwd * cal.cold_backward_op_host_s)
 
 
 def with_host(device_s: float, host_s: float, cluster: ClusterSpec) -> float:

@@ -9,8 +9,9 @@ model reads it back and prefers its seconds over the analytic FLOP-rate estimate
                  "backward_seconds", "saved_activation_bytes", "flops_fwd", "flops_bwd",
                  "engine_start_seconds", "engine_start_spread"}]}
 
-Only the layer being measured is materialised (parameters and inputs drawn at random in
-the profile dtype), so a model far larger than the device still profiles layer by layer.
+Only the layer being measured and its two step neighbours (`StepNeighbours`) are
+materialised (parameters and inputs drawn at random in the profile dtype), so a model far
+larger than the device still profiles layer by layer.
 """
 
 from __future__ import annotations
@@ -121,7 +122,9 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     interpreter that `measure_layer` needs for its per-node hooks: that one costs ~10 us
     of Python per node, which no training step pays. The runs go without the FLOP and op
     counters and saved-tensor hooks: they cost a Python call per op, more than a small
-    op itself. The backward leaves out the autograd engine's start: a step pays it once
+    op itself. Each timed pass follows, untimed, the work a step runs just before it
+    (`StepNeighbours`: the layer before's forward; the layer after's forward and
+    backward). The backward leaves out the autograd engine's start: a step pays it once
     per micro-batch and stage, not once per layer, and the compute model sums layers. It
     is measured right after these runs, on this clock: ENGINE_ROUNDS_PER_REPEAT rounds of
     `autograd_engine.EngineSampler`'s probe graphs per run, the line through them giving
@@ -138,10 +141,12 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     module = measurer.layer_module(index, state)
     engine = engine if engine is not None else EngineSampler(device, time.perf_counter)
+    neighbours = StepNeighbours(measurer, index, factory)  # warm as a step runs the layer
     forward_s, backward_s = [], []
     for rep in range(warmup + repeats):
         _clear_grads(state)  # a step's first micro-batch: no gradient to accumulate into
         inputs = measurer.fresh_inputs(index, state, factory)
+        neighbours.before_forward()
         sync()
         start = time.perf_counter()
         returned = module(*inputs)
@@ -149,6 +154,7 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
         mid = time.perf_counter()
         outs = measurer.module_roots(index, returned)
         seeds = [torch.ones_like(t) for t in outs]
+        neighbours.before_backward()
         sync()
         back = time.perf_counter()
         if outs:
@@ -168,6 +174,65 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     layer = name if name is not None else f"#{index}"
     return statistics.median(forward_s), net_backward_seconds(backward_s, engine.result(),
                                                               layer)
+
+
+def step_neighbours(measurer: GraphMeasurer, index: int) -> tuple[int | None, int | None]:
+    """The layers whose work a step runs just before layer `index`'s forward (the layer
+    before it) and just before its backward (the layer after it), as most layers with its
+    structural hash have them (`profile_graph` times one of them for all: a stack's
+    blocks follow a block, not the embedding before the first), each as the index of its
+    first such occurrence's neighbour; None where that is the step's edge (the first
+    layer's forward follows the last step's backward of it and the optimizer, the last
+    layer's backward its own forward: `time_layer`'s runs already go so)."""
+    same = [j for j in range(len(measurer.layers))
+            if measurer.structural_hash(j) == measurer.structural_hash(index)]
+
+    def most_common(offset: int) -> int | None:
+        near = [j + offset for j in same if 0 <= j + offset < len(measurer.layers)]
+        if len(near) < len(same) / 2:  # most occurrences sit at the step's edge
+            return None
+        hashes = [measurer.structural_hash(k) for k in near]
+        best = max(hashes, key=hashes.count)  # ties: the first occurrence's
+        return near[hashes.index(best)]
+
+    return most_common(-1), most_common(+1)
+
+
+class StepNeighbours:
+    """Runs, untimed, what a step runs between a layer's work and that of its neighbour
+    (`step_neighbours`): the forward of the layer before it ahead of its timed forward;
+    the forward and backward of the layer after it between its timed forward and
+    backward. A layer timed right after its own backward, as `time_layer` ran each
+    before, pays for code a step runs warm (bench/bench_in_sequence.py: 3-7 us per
+    distinct op run once after other code), and one timed after nothing misses what a
+    step's neighbours evict (each neighbour's state is materialised too)."""
+
+    def __init__(self, measurer: GraphMeasurer, index: int, factory: TensorFactory):
+        self.measurer, self.factory = measurer, factory
+        before, after = step_neighbours(measurer, index)
+        self.runs = {}  # index -> (its module, its state)
+        for j in {before, after} - {None}:
+            state = measurer.layer_state(j, factory)
+            self.runs[j] = (measurer.layer_module(j, state), state)
+        self.before, self.after = before, after
+
+    def _forward(self, j: int) -> list[torch.Tensor]:
+        module, state = self.runs[j]
+        _clear_grads(state)
+        return self.measurer.module_roots(j, module(*self.measurer.fresh_inputs(
+            j, state, self.factory)))
+
+    def before_forward(self) -> None:
+        if self.before is not None:
+            self._forward(self.before)
+
+    def before_backward(self) -> None:
+        """The layer after's forward then its backward, as a step runs them between this
+        layer's forward and backward."""
+        if self.after is not None:
+            roots = self._forward(self.after)
+            if roots:
+                torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
 
 
 def save_profile(profile: dict, path: str) -> None:

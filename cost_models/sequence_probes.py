@@ -22,8 +22,23 @@ op beyond a knee of 16-17 (grad off: 24-28 ns beyond 12-15); the median fit pred
 nine chains it was not fitted on (16-96 calls, other draws of the pool) within 9%
 (bench/bench_in_sequence.py).
 
+Cold: a step runs each layer after the layer before it, so the distinct ops that layer
+did not run start with their code and data out of the caches (`Layer
+.cold_distinct_ops_fwd`; in backward, those the layer after's backward did not run:
+`cold_distinct_ops_bwd`). `cold_chains` times chains of 1-32 distinct calls run once
+right after the pool's other calls (a layer's worth of other ops) and right after
+themselves, `cold_backward_chains` chains' backwards after another chain's backward;
+`cold_op_cost` takes the median extra per cold op (a distinct op the calls before did
+not run). On this CPU (2026-11-25, load 5-8), forward: 5.2-5.4, 3.6, 2.1, 1.9-2.0,
+0.9-1.0 us per cold op at 1, 2, 7, 13, 26 cold ops, median 2.1 us (one call whose ops
+the others all ran, 0 cold, still paid 2 us); backward: 1.9-2.1, 1.0, 0.6-0.9, 0.7-0.8,
+0.6 us at 1, 2, 4, 5, 11, median 0.7-0.9 us. After a backward instead of a forward (what
+the first layer's forward follows in a step) the forward figure was 7-13 us at 1-4
+distinct ops, 2.3-4.5 at 11-29: not priced apart.
+
     >>> cost = in_sequence_cost(in_sequence_chains("cpu", grad=True))  # doctest: +SKIP
     >>> cost.op_s, cost.knee_distinct_ops                               # ~5e-8, ~16
+    >>> cold_op_cost(cold_chains("cpu"))                                # ~2e-6
 """
 
 from __future__ import annotations
@@ -189,3 +204,143 @@ def in_sequence_chains(device: str = "cpu", grad: bool = True) -> list[SequenceC
     training forward runs; ~1 s on this CPU)."""
     pool = sequence_pool(device, grad)
     return [sequence_chain(pool, k, device=device, grad=grad) for k in SEQUENCE_DISTINCT]
+
+
+# Cold: chains of COLD_DISTINCT distinct calls (seed 0's order, grad on) each run once after
+# the pool's other calls (a layer's worth of other ops: what a step's layer before runs),
+# and once right after itself; medians of COLD_RUNS (~0.3 s on this CPU).
+COLD_DISTINCT = (1, 2, 4, 8, 16, 32)  # a layer's cold ops: 1 (an embedding) to ~30 (a block)
+COLD_RUNS = 30
+
+
+@dataclass(frozen=True, slots=True)
+class ColdChain:
+    """A chain's cold ops (its distinct ATen overloads the calls run before it did not
+    run: `ir.op_count.cold_distinct_ops`, as a layer's are counted) and its seconds run
+    once after those calls (`cold_s`) and right after itself (`warm_s`)."""
+
+    cold_ops: int
+    cold_s: float
+    warm_s: float
+
+    @property
+    def cold_op_s(self) -> float:
+        return (self.cold_s - self.warm_s) / self.cold_ops
+
+
+def _overloads(fn) -> frozenset[str]:
+    from ir.op_count import OpCounter
+
+    counter = OpCounter()
+    with counter:
+        fn()
+    return counter.overload_names
+
+
+def cold_chains(device: str = "cpu") -> list[ColdChain]:
+    """The COLD_DISTINCT chains, each timed cold and warm (one thread, grad mode on, the
+    probe clock; alternating, so that a slow spell hits both)."""
+    import random
+
+    import torch
+
+    from cost_models.clusters import _one_thread
+    from cost_models.host_probes import probe_clock
+
+    pool = sequence_pool(device, grad=True)
+    random.Random(SEQUENCE_SEED).shuffle(pool)
+    clock = probe_clock(device)
+    chains = []
+    with _one_thread(), torch.set_grad_enabled(True):
+        for k in COLD_DISTINCT:
+            chain, others = pool[:k], pool[k:]
+
+            def run(calls):
+                for call in calls:
+                    call()
+
+            cold_ops = len(_overloads(lambda: run(chain)) - _overloads(lambda: run(others)))
+            cold, warm = [], []
+            for _ in range(COLD_RUNS):
+                for runs, before in ((cold, others), (warm, chain)):
+                    run(before)
+                    start = clock()
+                    run(chain)
+                    runs.append(clock() - start)
+            chains.append(ColdChain(cold_ops, statistics.median(cold), statistics.median(warm)))
+    return chains
+
+
+def cold_op_cost(chains: list[ColdChain]) -> float:
+    """Host seconds a distinct op pays run once after other code over run right after
+    itself: the median over `chains` of (cold - warm) / cold ops (`Layer
+    .cold_distinct_ops_fwd`, `cold_distinct_ops_bwd` count a layer's so); chains with
+    none are left out."""
+    return max(0.0, statistics.median(c.cold_op_s for c in chains if c.cold_ops))
+
+
+def chained_calls(device: str) -> list:
+    """Differentiable calls from a 2 x 8 x 8 float32 tensor to one of the same shape, one
+    Python call each (a chain of them records one autograd node, or a few, per call)."""
+    import torch
+    import torch.nn.functional as F
+
+    y = torch.randn(2, 8, 8, device=device)
+    w = torch.randn(8, 8, device=device, requires_grad=True)
+    v = torch.randn(8, device=device, requires_grad=True)
+    mask = y > 0
+    return [
+        torch.tanh, torch.sigmoid, F.relu, F.gelu, F.silu, torch.exp, lambda x: x * 0.5,
+        lambda x: x + 1, lambda x: x.pow(2), lambda x: F.softmax(x, -1),
+        lambda x: F.layer_norm(x, (8,)), lambda x: F.linear(x, w, v),
+        lambda x: torch.matmul(x, w), lambda x: x.transpose(1, 2),
+        lambda x: x.clamp(min=-1.0), torch.erf, lambda x: torch.cumsum(x, -1), torch.neg,
+        torch.sin, torch.cos, lambda x: F.log_softmax(x, -1), lambda x: x * y,
+        lambda x: x + y, lambda x: torch.where(mask, x, y),
+        lambda x: x.masked_fill(mask, 0.0), lambda x: x.reshape(2, 64).view(2, 8, 8),
+        lambda x: x.sum(-1, keepdim=True).expand(2, 8, 8), lambda x: x - y,
+    ]
+
+
+# Backward: chains of the first COLD_BACKWARD_CALLS `chained_calls`, each after the
+# backward of the last COLD_BACKWARD_OTHERS (half of them: a small layer's worth).
+COLD_BACKWARD_CALLS = (1, 2, 4, 8, 14)
+COLD_BACKWARD_OTHERS = 14
+
+
+def cold_backward_chains(device: str = "cpu") -> list[ColdChain]:
+    """The backward of chains of COLD_BACKWARD_CALLS `chained_calls`, each timed once
+    right after the backward of the others' chain (`cold_s`; cold ops: the backward
+    overloads that one did not run) and right after its own (`warm_s`); one thread, the
+    probe clock, medians of COLD_RUNS (the engine's start is in both)."""
+    import torch
+
+    from cost_models.clusters import _one_thread
+    from cost_models.host_probes import probe_clock
+
+    calls, clock = chained_calls(device), probe_clock(device)
+
+    def graph(chain):
+        z = torch.randn(2, 8, 8, device=device, requires_grad=True)
+        for call in chain:
+            z = call(z)
+        return z, torch.ones_like(z)
+
+    chains = []
+    with _one_thread():
+        for k in COLD_BACKWARD_CALLS:
+            z, seed = graph(calls[:k])
+            others, others_seed = graph(calls[-COLD_BACKWARD_OTHERS:])
+            cold_ops = len(
+                _overloads(lambda: torch.autograd.backward(z, seed, retain_graph=True))
+                - _overloads(lambda: torch.autograd.backward(others, others_seed,
+                                                             retain_graph=True)))
+            cold, warm = [], []
+            for _ in range(COLD_RUNS):
+                for runs, before in ((cold, (others, others_seed)), (warm, (z, seed))):
+                    torch.autograd.backward(*before, retain_graph=True)
+                    start = clock()
+                    torch.autograd.backward(z, seed, retain_graph=True)
+                    runs.append(clock() - start)
+            chains.append(ColdChain(cold_ops, statistics.median(cold), statistics.median(warm)))
+    return chains

@@ -49,6 +49,7 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "view_host_op_s", "embedding_backward_index_s", "backward_view_host_op_s",
             "backward_nonview_host_op_s", "backward_node_host_s", "python_node_host_s",
             "forward_node_host_s", "in_sequence_op_host_s", "in_sequence_knee_distinct_ops",
+            "cold_op_host_s", "cold_backward_op_host_s",
             "embedding_bag_call_s", "embedding_bag_index_s", "embedding_bag_backward_call_s",
             "embedding_bag_backward_index_s",
             # activation checkpointing's host machinery (`cost_models.checkpoint_probes`)
@@ -259,6 +260,15 @@ class KernelCalibration:
     # `cost_models.sequence_probes.in_sequence_cost`); 0 where not measured.
     in_sequence_op_host_s: float = 0.0
     in_sequence_knee_distinct_ops: float = 0.0
+    # Per distinct forward op the layer before did not run (`Layer.cold_distinct_ops_fwd`),
+    # what it pays run once after other ops over run right after itself, its code and data
+    # out of the caches (`cost_models.sequence_probes.cold_op_cost`); 0 where not measured.
+    cold_op_host_s: float = 0.0
+    # ... and per distinct backward op the layer after's backward did not run
+    # (`Layer.cold_distinct_ops_bwd`; `sequence_probes.cold_backward_chains`): profile-
+    # device leaves it 0, as it missed as many layers' step timings as it fixed
+    # (bench/bench_host_ab.py, 2026-11-25).
+    cold_backward_op_host_s: float = 0.0
     # Device seconds per index of an embedding's backward (a scatter-add of one gradient
     # row per index), over what the rows' bytes cost; 0 where not measured.
     embedding_backward_index_s: float = 0.0

@@ -97,6 +97,11 @@ class LayerMeasurement:
     # costs each op more than a probe's tight loop (`cost_models.sequence_probes
     # .in_sequence_cost`); 0 where not counted.
     distinct_ops_fwd: int = 0
+    # ... their names (`OpCounter.overload_names`), and the backward's: a layer's cold ops
+    # are those of these the layer before it did not run (`Layer.cold_distinct_ops_fwd`);
+    # empty where not counted.
+    forward_overloads: frozenset[str] = frozenset()
+    backward_overloads: frozenset[str] = frozenset()
     # fx call nodes of the forward that dispatch no ATen op (`x.shape`, `getitem`, size
     # arithmetic, `float()` of a float tensor): each is a line of generated Python the host
     # runs (`ir.op_count.python_nodes`); 0 where not counted.
@@ -188,6 +193,15 @@ class Layer:
     # data-parallel degree changes), and sequence parallelism can run it.
     chain_input: bool = True
     sequence_parallel_ok: bool = False
+    # Distinct forward ops the layer before it (in this order) did not run; for the first,
+    # those its own backward did not (a step's last backward, then the optimizer, precede
+    # its forward: `ir.op_count.cold_distinct_ops`). A step runs them with their code and
+    # data out of the caches (`cost_models.sequence_probes.cold_op_cost`). Per position,
+    # not per structure: a stack's first block follows the embedding, the others a block.
+    cold_distinct_ops_fwd: int = 0
+    # ... and of its backward, in backward order: those the layer after's backward did not
+    # run; for the last, those its own forward did not (`ir.op_count.cold_distinct_ops_bwd`).
+    cold_distinct_ops_bwd: int = 0
 
     def __getattr__(self, name: str):
         # Reached only when no field matches: a measured figure reads as the layer's own.

@@ -4,7 +4,9 @@ random ops draw, autograd nodes and fx nodes that dispatch nothing.
 Each op costs a framework dispatch on the host, which is what small layers spend their
 time on; the compute model prices `Layer.ops_fwd` / `ops_bwd` with the cluster's
 per-op overhead, the forward's distinct ops (`Layer.distinct_ops_fwd`) with
-`KernelCalibration.in_sequence_op_host_s`, and random draws with
+`KernelCalibration.in_sequence_op_host_s`, those the layer before did not run
+(`Layer.cold_distinct_ops_fwd`) with `KernelCalibration.cold_op_host_s`, and random
+draws with
 `ClusterSpec.random_element_s`.
 """
 
@@ -51,6 +53,12 @@ class OpCounter(TorchDispatchMode):
         caches (`cost_models.sequence_probes.in_sequence_chains`)."""
         return len(self.overloads)
 
+    @property
+    def overload_names(self) -> frozenset[str]:
+        """The distinct overloads' names (`aten.add.Tensor`): what a layer's forward runs
+        that the layer before it may not have (`cold_distinct_ops`)."""
+        return frozenset(str(op) for op in self.overloads)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += 1
         self.overloads.add(func)
@@ -65,6 +73,25 @@ class OpCounter(TorchDispatchMode):
             if self.tp_sharded_now:
                 self.random_tp_sharded_elements += drawn
         return out
+
+
+def cold_distinct_ops(measured, before: frozenset[str] | None) -> int:
+    """Distinct forward ops of a layer (`measured.forward_overloads`) that the layer run
+    before it did not run (`before`, its forward ops); for the first layer (None), those
+    its own backward did not run (`measured.backward_overloads`: a step's last backward,
+    then the optimizer, precede it). Each runs with its code and data out of the caches
+    (`cost_models.sequence_probes.cold_op_cost`)."""
+    ran = measured.backward_overloads if before is None else before
+    return len(measured.forward_overloads - ran)
+
+
+def cold_distinct_ops_bwd(measured, after: frozenset[str] | None) -> int:
+    """Distinct backward ops of a layer (`measured.backward_overloads`) that the layer
+    after it, whose backward runs just before, did not run (`after`, its backward ops);
+    for the last layer (None), those its own forward did not run (its backward follows
+    it): `cold_distinct_ops` in backward order."""
+    ran = measured.forward_overloads if after is None else after
+    return len(measured.backward_overloads - ran)
 
 
 def count_ops(fn: Callable[[], object]) -> int:
