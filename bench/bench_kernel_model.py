@@ -42,7 +42,7 @@ from cost_models.common import StepConfig  # noqa: E402
 from cost_models.compute import (backward_host_seconds, forward_host_seconds,  # noqa: E402
                                  layer_compute)
 from cost_models.kernel_time import _token_scaled_gemm, layer_kernel_seconds  # noqa: E402
-from cost_models.layer_profile import profile_graph  # noqa: E402
+from cost_models.layer_profile import profile_graph, step_neighbours  # noqa: E402
 from cost_models.profile_device import CPU_GEMM_MIN_FLOPS, profile_device  # noqa: E402
 from ir.kernel_records import KernelKind  # noqa: E402
 from ir.measure import layer_graph_from_trace  # noqa: E402
@@ -97,17 +97,27 @@ def measure_model(model: str, micro_batch: int, graph, measurer, spec, warmup: i
                         graph_dtype=graph.dtype, precision=Precision.FP32,
                         seq_len=graph.seq_len, device_type="cpu")
     rows = []
-    for layer in graph.layers:
-        m = measured.pop(layer.structural_hash, None)
+    for i, first in enumerate(graph.layers):
+        m = measured.pop(first.structural_hash, None)
         if m is None:  # a repeat of a layer already timed
             continue
-        predicted = layer_compute(layer, LayerStrategy(), spec, config)
-        kernels = layer_kernel_seconds(layer.kernels, spec, config)
+        # The profile timed it where most of its kind stand (`layer_profile.step_neighbours`:
+        # a stack's blocks after a block): each pass is compared with that position's layer,
+        # whose cold ops (`Layer.cold_distinct_ops_fwd`) are the ones the timing paid.
+        before, after = step_neighbours(measurer, i)
+        at = {"fwd": graph.layers[i if before is None else before + 1],
+              "bwd": graph.layers[i if after is None else after - 1]}
+        predicted = {phase: layer_compute(layer, LayerStrategy(), spec, config)
+                     for phase, layer in at.items()}
+        kernels = layer_kernel_seconds(first.kernels, spec, config)
         for phase, pred_s, meas_s, kernel_s, ops, host_s in (
-                ("fwd", predicted.forward_s, m["forward_seconds"], kernels.forward.total_s,
-                 layer.ops_fwd, forward_host_seconds(layer, spec, False)),
-                ("bwd", predicted.backward_s, m["backward_seconds"], kernels.backward.total_s,
-                 layer.ops_bwd, backward_host_seconds(layer, spec, False))):
+                ("fwd", predicted["fwd"].forward_s, m["forward_seconds"],
+                 kernels.forward.total_s, first.ops_fwd,
+                 forward_host_seconds(at["fwd"], spec, False)),
+                ("bwd", predicted["bwd"].backward_s, m["backward_seconds"],
+                 kernels.backward.total_s, first.ops_bwd,
+                 backward_host_seconds(at["bwd"], spec, False))):
+            layer = at[phase]
             rows.append({"model": model, "layer": layer.name, "kind": layer.kind,
                          "micro_batch": micro_batch, "phase": phase,
                          "predicted_s": pred_s, "measured_s": meas_s,
@@ -115,6 +125,7 @@ def measure_model(model: str, micro_batch: int, graph, measurer, spec, warmup: i
                          "kernel_s": kernel_s, "host_s": host_s, "ops": ops,
                          "python_nodes": layer.python_nodes_fwd if phase == "fwd" else 0,
                          "distinct_ops": layer.distinct_ops_fwd if phase == "fwd" else 0,
+                         "cold_ops": layer.cold_distinct_ops_fwd if phase == "fwd" else 0,
                          "autograd_nodes": (layer.autograd_nodes_fwd if phase == "fwd"
                                             else layer.autograd_nodes_bwd),
                          # the engine start the measured backward left out (layer_profile)
