@@ -16,7 +16,8 @@ their outputs), then times on the thread's CPU clock, medians over REPEATS:
             first, so malloc hands the repeat that block back: inputs, output, code hot)
   again     the same, the first output kept: the repeat writes another block
   code warm the replay, each op first run untimed on one-element corners of its tensors
-            (its code hot, its data not); "data warm": each tensor argument read first
+            and on rows of CODE_WARM_ELEMENTS (its scalar and vector code hot, its data
+            not); "data warm": each tensor argument read first
   alone     each op re-run alone with its recorded arguments: inputs hot, and malloc
             hands each repeat the block the last one freed (output hot too)
   L3, cold  each op alone after EVICT_L2_BYTES / EVICT_BYTES were written
@@ -88,6 +89,11 @@ EVICT_BYTES = 64 * 2 ** 20  # 2x this CPU's 32 MiB L3 (lscpu): evicts every cach
 EVICT_L2_BYTES = 4 * 2 ** 20  # 4x this core's 1 MiB L2 (lscpu: 2 MiB, 2 instances): L1
 # and L2 evicted, inputs left in the 32 MiB L3
 TOP_OPS = 4
+# "code warm" also runs each op on a row of this many elements: a one-element corner runs
+# only an elementwise op's scalar tail, not its vector loop (AVX-512: 16 fp32 lanes, two
+# vectors per iteration), and exact GELU's first call in sequence stayed ~90 us slow after
+# it, where a call on 4096 elements first brought it to ~10 (2026-11-25)
+CODE_WARM_ELEMENTS = 256
 TINY_OP_BYTES = 4 * 2**10  # ops moving at most this: what their first call pays is not data
 TARGET_ERROR = 0.15  # issue 17's per-layer bound
 TARGET_MIN_KERNEL_S = 500e-6
@@ -139,7 +145,8 @@ class Replay:
         repeat writes another block); "hot": it is freed first (malloc hands the repeat
         that block back, as a repeat alone gets it) and the repeat's output is kept.
         `warm` (untimed, before each op): "code" runs the op on one-element corners of its
-        tensors (its code hot, not its data; ops that refuse such shapes are left cold);
+        tensors, then on rows of CODE_WARM_ELEMENTS (its scalar and vector code hot, not
+        its data; ops that refuse such shapes are left cold);
         "data" reads each tensor argument (a sum: its lines hot, not the op's code)."""
         outs, first, repeat = [], [], []
         for phase, func, name, kernel, leaves, refs, spec in self.ops:
@@ -181,13 +188,17 @@ def prewarm(func, leaves, spec, what: str) -> None:
         for x in tensors:
             x.sum()
         return
-    corner = [x[(slice(0, 1),) * x.dim()].clone() if isinstance(x, torch.Tensor) and x.numel()
-              else x for x in leaves]
-    a, k = pytree.tree_unflatten(corner, spec)
-    try:
-        func(*a, **k)
-    except (RuntimeError, IndexError, ValueError, TypeError):
-        pass
+    # a one-element corner of each tensor (any op accepts it: its scalar code), then a
+    # row of CODE_WARM_ELEMENTS (elementwise ops: their vector loop; others may refuse)
+    for last in (1, CODE_WARM_ELEMENTS):
+        corner = [x[(slice(0, 1),) * (x.dim() - 1) + (slice(0, last),)].clone()
+                  if isinstance(x, torch.Tensor) and x.numel() and x.dim() else x
+                  for x in leaves]
+        a, k = pytree.tree_unflatten(corner, spec)
+        try:
+            func(*a, **k)
+        except (RuntimeError, IndexError, ValueError, TypeError):
+            pass
 
 
 def alone_seconds(func, args, kwargs, clock, clock_s: float, evict=None) -> tuple[float, int]:
