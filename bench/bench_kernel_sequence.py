@@ -385,14 +385,16 @@ def measure_row(model: str, micro_batch: int, layer_name: str, clock, clock_s: f
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default=",".join(ROWS), help="model:micro_batch:layer,...")
+    parser.add_argument("--rows", default=",".join(ROWS),
+                        help="model:micro_batch:layer,... (model: a preset or hf:config.json)")
     parser.add_argument("--predict", action="store_true",
                         help="also profile this CPU (profile-device, ~1 min) and set the "
                         "compute model's per-layer prediction against the real pass")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    wanted = [(m, int(b), name) for m, b, name in (row.split(":") for row in args.rows.split(","))]
+    wanted = [(m, int(b), name) for m, b, name in (row.rsplit(":", 2)
+                                                   for row in args.rows.split(","))]
     graphs = {(m, b): traced_graph(m, b) for m, b, _ in wanted}
     spec = None
     if args.predict:  # as bench_kernel_model does: its grid plus the layers' exact GEMMs

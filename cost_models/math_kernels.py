@@ -8,14 +8,16 @@ On this CPU (AMD EPYC Zen 5, torch 2.13, one thread, thread clock, fastest of 21
 uniform(-1, 1)) per call:
 
     gelu 31.7 us   gelu_backward 68.1   gelu(tanh) 157.4   gelu_backward(tanh) 164.1
-    tanh 276.2     silu 30.0   silu_backward 37.0   sigmoid 29.2   add 16.6
+    tanh 276.2     tanh_backward 16.1   silu 30.0   silu_backward 37.0   add 16.6
 
 At the "gelu" rate (2 element-bytes per element forward, 3 backward) a tanh-GELU is
 priced at 32 us for 157 (5x under), its backward at 48 for 164 (3.4x), exact GELU's
-backward at 48 for 68 (1.4x), tanh at 32 for 276 (8.7x); silu and its backward land
-within 25%. gpt-tiny's MLP (tanh-GELU) lost ~240 us a pass this way, what the
-in-sequence bench read as the "unexplained rest" on gelu / gelu_backward once the model
-was set against the real pass. The values do not matter: uniform(-1, 1), [0, 1), N(0, 1),
+backward at 48 for 68 (1.4x), tanh at 32 for 276 (8.7x), while tanh's backward streams
+as add does (48 for 16: 3x over); silu and its backward land within 25%. The zoo's GPT
+and BERT run exact GELU (their backward: +11 us a pass at micro-batch 16); a transformers
+GPT-2 (`gelu_new`: torch.tanh of a cubic) ran a block's forward at micro-batch 16 in
+2016 us, predicted 1164 without these kinds and 1411 with them (bench_kernel_sequence
+--predict, load 4.5). The values do not matter: uniform(-1, 1), [0, 1), N(0, 1),
 N(0, 16), N(0, 0.01), zeros and -20 all ran within 10% of one another; only denormal
 inputs (1e-40) ran 2.5-3x slower, which layer activations are not.
 
@@ -42,6 +44,7 @@ MATH_KINDS = {
     "gelu_backward": ("gelu_backward", "", 3, "aten::gelu_backward"),
     "gelu_tanh_backward": ("gelu_backward", "tanh", 3, "aten::gelu_backward(approximate=tanh)"),
     "tanh": ("tanh", "", 2, ""),
+    "tanh_backward": ("tanh_backward", "", 3, ""),  # grad x (1 - y^2): it streams, as add
 }
 _KIND_OF_OP = {(op, variant): kind for kind, (op, variant, _, _) in MATH_KINDS.items()}
 
@@ -64,6 +67,8 @@ def _call(kind: str, x, grad):
         return lambda: aten.gelu(x, approximate=approximate)
     if op == "gelu_backward":
         return lambda: aten.gelu_backward(grad, x, approximate=approximate)
+    if op == "tanh_backward":  # reads the gradient and tanh's output y
+        return lambda: aten.tanh_backward(grad, x)
     return lambda: aten.tanh(x)
 
 
@@ -95,11 +100,13 @@ def probe_math_kernels(device: str, sizes, dtype: str = "float32") -> list:
         return []
     from ir.kernel_calibration import fastest_points
 
+    from cost_models.clusters import _one_thread
     from cost_models.host_excess import plain_dispatch_seconds
     from cost_models.memory_probes import net_of_call_cost
 
-    points = fastest_points(_probe_pass(device, sizes, dtype),
-                            _probe_pass(device, tuple(sizes)[::-1], dtype))
+    with _one_thread():  # as profile_device measures a CPU (and as local processes run)
+        points = fastest_points(_probe_pass(device, sizes, dtype),
+                                _probe_pass(device, tuple(sizes)[::-1], dtype))
     excess_ops = tuple(key for _, _, _, key in MATH_KINDS.values() if key)
     plain = plain_dispatch_seconds(device, ops=excess_ops)
     charged_s = {kind: plain.op_s + plain.excess_s.get(key, 0.0)
