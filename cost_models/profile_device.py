@@ -11,6 +11,8 @@
                forward and backward, plus the dispatcher's own choice ("default")
   fresh output (CPU) an add writing into blocks not in cache over one hot block: what a
                kernel pays per output byte in a layer's sequence (`fresh_output`)
+  math         (CPU) tanh-GELU, GELU's backward (both variants), tanh and its backward at
+               the memory sizes, each its own kind (`math_kernels`): bytes / seconds
   launch       host seconds to dispatch one tiny eager op; on CUDA also the device's
                seconds per tiny kernel replayed from a CUDA graph (no host in the loop)
 
