@@ -8,7 +8,8 @@ every ATen op with its real arguments (views and allocations too: the replay nee
 their outputs), then times on the thread's CPU clock, medians over REPEATS:
 
   real      the layer itself (its GraphModule forward, autograd backward less the
-            engine's start; .grad cleared first: as `layer_profile.time_layer` runs it)
+            engine's start; .grad cleared first: as `layer_profile.time_layer` runs it);
+            "real hot": the forward again right after an untimed one (no backward between)
   in order  the recorded ops replayed in order, each op's tensor arguments the replay's
             own outputs of the ops that produced them (fresh allocations, the same data
             flow), each op clocked on its own (the clock's own cost subtracted)
@@ -16,7 +17,8 @@ their outputs), then times on the thread's CPU clock, medians over REPEATS:
             first, so malloc hands the repeat that block back: inputs, output, code hot)
   again     the same, the first output kept: the repeat writes another block
   code warm the replay, each op first run untimed on one-element corners of its tensors
-            (its code hot, its data not); "data warm": each tensor argument read first
+            and on rows of CODE_WARM_ELEMENTS (its scalar and vector code hot, its data
+            not); "data warm": each tensor argument read first
   alone     each op re-run alone with its recorded arguments: inputs hot, and malloc
             hands each repeat the block the last one freed (output hot too)
   L3, cold  each op alone after EVICT_L2_BYTES / EVICT_BYTES were written
@@ -37,6 +39,16 @@ us per kernel op; arange, moving nothing, pays ~28 us on its first call and ~5 w
 and a rest (50-450 us, largest on gelu / gelu_backward; data warm recovers little of it).
 --predict at load 8 (thread clock; a quiet host reads lower): the compute model with the
 fresh-output term -16% to -29% of the real mb-16 passes, without it -23% to -41%.
+Round 2 (2026-11-25, load 5, gpt-tiny and bert-tiny blocks.0 mb 16, cnn-small stem mb 4):
+the GELU rest was its vector loop's code (a one-element corner warms only the scalar
+tail): with 256-element rows, code warm takes GELU's first call from 104/142 us to 49/60
+(again hot 37/41, the fresh output 13) and its backward's from 139/147 to 87/97 (again
+hot 74/85): code (priced per distinct op elsewhere) and output, no rest. "math kinds
+add": GELU's backward at its own probed rate, +11 us a backward. A forward right after a
+forward ("real hot") runs 12-25% under the real one after a backward (gpt 1539 vs 1758,
+bert 1705 vs 2089, the stem 87 vs 118: its prediction 81): the stem's gap is that state,
+not work outside the recorded kernels (its hot forward, 84 us in a tight loop, is
+conv 39 + batch norm 29 + relu 3 + num_batches_tracked's add_ 2 + module calls).
 
 Target: alone + the fresh-output term (records) within 15% (issue 17's per-layer bound) of
 "again", on passes whose kernels alone sum to TARGET_MIN_KERNEL_S or more (micro-batch 1
@@ -52,6 +64,7 @@ Writes bench/results/kernel_sequence.json. On a loaded host compare the columns 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -70,6 +83,7 @@ from cost_models.compute import layer_compute  # noqa: E402
 from cost_models.fresh_output import KIND, fresh_output_seconds, probe_fresh_output  # noqa: E402
 from cost_models.host_probes import autograd_call_s, probe_clock  # noqa: E402
 from cost_models.kernel_loops import memory_gbps  # noqa: E402
+from cost_models.math_kernels import MATH_KINDS  # noqa: E402
 from cost_models.profile_device import profile_device, seconds_per_call  # noqa: E402
 from ir.graph_measurer import _clear_grads  # noqa: E402
 from ir.kernel_calibration import KernelCalibration  # noqa: E402
@@ -88,6 +102,11 @@ EVICT_BYTES = 64 * 2 ** 20  # 2x this CPU's 32 MiB L3 (lscpu): evicts every cach
 EVICT_L2_BYTES = 4 * 2 ** 20  # 4x this core's 1 MiB L2 (lscpu: 2 MiB, 2 instances): L1
 # and L2 evicted, inputs left in the 32 MiB L3
 TOP_OPS = 4
+# "code warm" also runs each op on a row of this many elements: a one-element corner runs
+# only an elementwise op's scalar tail, not its vector loop (AVX-512: 16 fp32 lanes, two
+# vectors per iteration), and exact GELU's first call in sequence stayed ~90 us slow after
+# it, where a call on 4096 elements first brought it to ~10 (2026-11-25)
+CODE_WARM_ELEMENTS = 256
 TINY_OP_BYTES = 4 * 2**10  # ops moving at most this: what their first call pays is not data
 TARGET_ERROR = 0.15  # issue 17's per-layer bound
 TARGET_MIN_KERNEL_S = 500e-6
@@ -139,7 +158,8 @@ class Replay:
         repeat writes another block); "hot": it is freed first (malloc hands the repeat
         that block back, as a repeat alone gets it) and the repeat's output is kept.
         `warm` (untimed, before each op): "code" runs the op on one-element corners of its
-        tensors (its code hot, not its data; ops that refuse such shapes are left cold);
+        tensors, then on rows of CODE_WARM_ELEMENTS (its scalar and vector code hot, not
+        its data; ops that refuse such shapes are left cold);
         "data" reads each tensor argument (a sum: its lines hot, not the op's code)."""
         outs, first, repeat = [], [], []
         for phase, func, name, kernel, leaves, refs, spec in self.ops:
@@ -181,13 +201,17 @@ def prewarm(func, leaves, spec, what: str) -> None:
         for x in tensors:
             x.sum()
         return
-    corner = [x[(slice(0, 1),) * x.dim()].clone() if isinstance(x, torch.Tensor) and x.numel()
-              else x for x in leaves]
-    a, k = pytree.tree_unflatten(corner, spec)
-    try:
-        func(*a, **k)
-    except (RuntimeError, IndexError, ValueError, TypeError):
-        pass
+    # a one-element corner of each tensor (any op accepts it: its scalar code), then a
+    # row of CODE_WARM_ELEMENTS (elementwise ops: their vector loop; others may refuse)
+    for last in (1, CODE_WARM_ELEMENTS):
+        corner = [x[(slice(0, 1),) * (x.dim() - 1) + (slice(0, last),)].clone()
+                  if isinstance(x, torch.Tensor) and x.numel() and x.dim() else x
+                  for x in leaves]
+        a, k = pytree.tree_unflatten(corner, spec)
+        try:
+            func(*a, **k)
+        except (RuntimeError, IndexError, ValueError, TypeError):
+            pass
 
 
 def alone_seconds(func, args, kwargs, clock, clock_s: float, evict=None) -> tuple[float, int]:
@@ -232,6 +256,18 @@ def real_pass(measurer, index, module, state, factory, clock):
     return mid - start, max(0.0, end - back - autograd_call_s("cpu")), f1 - f0, f3 - f2
 
 
+def real_forward_hot(measurer, index, module, state, factory, clock) -> float:
+    """Seconds of a layer's forward run right after an untimed one (no backward between):
+    set against the real pass, what the forward pays for following a backward (the step's
+    other work: its code and data no longer hot), not for what it runs."""
+    _clear_grads(state)
+    inputs = measurer.fresh_inputs(index, state, factory)
+    module(*inputs)
+    start = clock()
+    module(*inputs)
+    return clock() - start
+
+
 def op_bytes(args, kwargs, out) -> tuple[int, int]:
     """(bytes of the tensor arguments, bytes of the tensor outputs) of one recorded op."""
     size = lambda tree: sum(t.nbytes for t in pytree.tree_leaves(tree)  # noqa: E731
@@ -257,11 +293,20 @@ def measure_row(model: str, micro_batch: int, layer_name: str, clock, clock_s: f
     records = (graph.layers[index].kernels.forward, graph.layers[index].kernels.backward)
     predicted = None if spec is None else layer_compute(graph.layers[index], LayerStrategy(),
                                                         spec, config)
+    # the same without the math kinds' points (`cost_models.math_kernels`): as before them
+    without_math = None if spec is None else layer_compute(
+        graph.layers[index], LayerStrategy(), dataclasses.replace(
+            spec, kernel_calibration=dataclasses.replace(
+                spec.kernel_calibration, memory_kernels=tuple(
+                    p for p in spec.kernel_calibration.memory_kernels
+                    if p.kernel not in MATH_KINDS))), config)
     factory = real_factory("cpu")
     state = measurer.layer_state(index, factory)
     module = measurer.layer_module(index, state)
     real = [real_pass(measurer, index, module, state, factory, clock)
             for _ in range(2 + REPEATS)][2:]
+    real_hot_s = statistics.median([real_forward_hot(measurer, index, module, state, factory,
+                                                     clock) for _ in range(2 + REPEATS)][2:])
     _clear_grads(state)
     inputs = measurer.fresh_inputs(index, state, factory)
     recorder = Recorder()
@@ -314,6 +359,7 @@ def measure_row(model: str, micro_batch: int, layer_name: str, clock, clock_s: f
             "model": model, "layer": layer_name, "micro_batch": micro_batch, "phase": phase,
             "real_s": statistics.median(r[p] for r in real),
             "real_faults": statistics.median(r[2 + p] for r in real),
+            "real_hot_s": real_hot_s if phase == "fwd" else None,
             "ops": len(picked), "kernel_ops": len(kernels),
             "in_order_all_s": total("in_order_s", picked), "alone_all_s": total("alone_s", picked),
             **{key: total(key) for key in ("in_order_s", "first_s", "again_s", "alone_s",
@@ -330,20 +376,25 @@ def measure_row(model: str, micro_batch: int, layer_name: str, clock, clock_s: f
                 o["hot_first_s"] - o["again_hot_s"] for o in tiny) if tiny else 0.0,
             "predicted_s": None if predicted is None else
             (predicted.forward_s, predicted.backward_s)[p],
+            "math_kinds_s": None if predicted is None else
+            (predicted.forward_s - without_math.forward_s,
+             predicted.backward_s - without_math.backward_s)[p],
             "top_gaps": gaps, "all_ops": picked})
     return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default=",".join(ROWS), help="model:micro_batch:layer,...")
+    parser.add_argument("--rows", default=",".join(ROWS),
+                        help="model:micro_batch:layer,... (model: a preset or hf:config.json)")
     parser.add_argument("--predict", action="store_true",
                         help="also profile this CPU (profile-device, ~1 min) and set the "
                         "compute model's per-layer prediction against the real pass")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    wanted = [(m, int(b), name) for m, b, name in (row.split(":") for row in args.rows.split(","))]
+    wanted = [(m, int(b), name) for m, b, name in (row.rsplit(":", 2)
+                                                   for row in args.rows.split(","))]
     graphs = {(m, b): traced_graph(m, b) for m, b, _ in wanted}
     spec = None
     if args.predict:  # as bench_kernel_model does: its grid plus the layers' exact GEMMs
@@ -364,13 +415,14 @@ def main() -> int:
         rows.extend(measure_row(model, micro_batch, layer_name, clock, clock_s, evict,
                                 evict_l2, cal, graphs[(model, micro_batch)], spec))
     us = lambda s: f"{s * 1e6:.0f}"  # noqa: E731
-    print(table(["model", "layer", "mb", "pass", "real", "all ops: in order/alone",
+    print(table(["model", "layer", "mb", "pass", "real", "real hot", "all ops: in order/alone",
                  "kernels: in order", "1st'", "code warm", "data warm", "again hot", "again",
                  "alone", "L3", "cold",
                  "out KiB", "again-alone", "fresh ops/records", "1st'-hot-fresh",
                  "per op + per KiB", "tiny ops", "faults real/seq/alone",
                  "top (op KiB: 1st'/code warm/data warm/again hot/alone/L3/cold)"],
                 [[r["model"], r["layer"], r["micro_batch"], r["phase"], us(r["real_s"]),
+                  "" if r["real_hot_s"] is None else us(r["real_hot_s"]),
                   f"{us(r['in_order_all_s'])}/{us(r['alone_all_s'])}", us(r["in_order_s"]),
                   us(r["hot_first_s"]), us(r["code_warm_s"]), us(r["data_warm_s"]),
                   us(r["again_hot_s"]), us(r["again_s"]),
@@ -390,11 +442,12 @@ def main() -> int:
     if spec is not None:
         print("\n" + table(
             ["model", "layer", "mb", "pass", "real us", "predicted", "error",
-             "without the fresh term", "error"],
+             "without the fresh term", "error", "math kinds add"],
             [[r["model"], r["layer"], r["micro_batch"], r["phase"], us(r["real_s"]),
               us(r["predicted_s"]), f"{r['predicted_s'] / r['real_s'] - 1:+.0%}",
               us(r["predicted_s"] - r["fresh_records_s"]),
-              f"{(r['predicted_s'] - r['fresh_records_s']) / r['real_s'] - 1:+.0%}"]
+              f"{(r['predicted_s'] - r['fresh_records_s']) / r['real_s'] - 1:+.0%}",
+              us(r["math_kinds_s"])]
              for r in rows]))
     for r in rows:
         r["target_error"] = (r["alone_s"] + r["fresh_records_s"]) / r["again_s"] - 1.0

@@ -60,6 +60,7 @@ from ir.strategy import Checkpoint
 from cost_models.common import GB, StepConfig, dtype_bytes
 from cost_models.device_grids import ROW_ELEMENTS
 from cost_models.fresh_output import fresh_output_seconds
+from cost_models.math_kernels import math_kind
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.kernel_loops import SHORT_RUN_KINDS, loop_seconds, measured, memory_gbps
 from cost_models.item_probes import EMBEDDING_BAG_PROBE_DIM, EMBEDDING_PROBE_DIM
@@ -330,7 +331,7 @@ def memory_kind(r: KernelRecord, cal: KernelCalibration | None) -> str:
     a kind the calibration lacks."""
     if r.unvectorized and measured(cal, "broadcast_scalar"):
         return "broadcast_scalar"  # ATen's CPU loop runs it element by element
-    kind = MEMORY_KERNEL_OF_OP.get(r.op.split("::")[-1], "add")
+    kind = math_kind(r, cal) or MEMORY_KERNEL_OF_OP.get(r.op.split("::")[-1], "add")  # seqkern2
     while kind in MEMORY_KERNEL_STAND_IN and not measured(cal, kind):
         kind = MEMORY_KERNEL_STAND_IN[kind]
     return kind

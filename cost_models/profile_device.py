@@ -11,6 +11,8 @@
                forward and backward, plus the dispatcher's own choice ("default")
   fresh output (CPU) an add writing into blocks not in cache over one hot block: what a
                kernel pays per output byte in a layer's sequence (`fresh_output`)
+  math         (CPU) tanh-GELU, GELU's backward (both variants), tanh and its backward at
+               the memory sizes, each its own kind (`math_kernels`): bytes / seconds
   launch       host seconds to dispatch one tiny eager op; on CUDA also the device's
                seconds per tiny kernel replayed from a CUDA graph (no host in the loop)
 
@@ -56,6 +58,7 @@ from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)
     CUDA_CONV_DTYPE, BATCH_NORM_CHANNELS, CPU_SMALL_ONLY_KINDS, CPU_SMALL_ONLY_MAX_BYTES)
 from cost_models.conv_probes import probe_conv
 from cost_models.fresh_output import probe_fresh_output
+from cost_models.math_kernels import probe_math_kernels
 from cost_models.memory_probes import (host_charged_seconds, net_of_call_cost, probe_memory,
                                        probe_row_seconds)
 from cost_models.gemm_efficiency import gemm_shape_efficiency
@@ -361,6 +364,7 @@ def measure(device: str, quick: bool = False, progress=None,
             memory = net_of_call_cost(memory, *host_charged_seconds(device))  # host's share
         row_s = probe_row_seconds(device, memory_dtype) if cpu else {}
         memory = [*memory, *probe_fresh_output(device, seconds_per_call)]  # seqkern: CPU only
+        memory = [*memory, *probe_math_kernels(device, sizes, memory_dtype)]  # seqkern2: CPU only
         sdpa_shapes = CPU_SDPA_SHAPES if cpu else CUDA_SDPA_SHAPES[:1] if quick else CUDA_SDPA_SHAPES
         sdpa = probe_sdpa(device, sdpa_shapes, CPU_SDPA_DTYPE if cpu else CUDA_SDPA_DTYPE, progress)
         conv = probe_conv(device, CPU_CONV_SHAPES if cpu else CUDA_CONV_SHAPES[:1] if quick

@@ -31,7 +31,11 @@ SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "m
 # in a layer's sequence (`cost_models.fresh_output`); its `nbytes` are the output's bytes
 # and its `gbps` those bytes over the extra seconds. A spec without its points prices
 # as before.
-APART_MEMORY_KERNELS = ("fresh_output",)
+# "gelu_tanh", "gelu_backward", "gelu_tanh_backward", "tanh", "tanh_backward": elementwise
+# math priced at its own rate, not exact GELU forward's (`cost_models.math_kernels`); same
+# fields as the `MEMORY_KERNELS` kinds (bytes moved, GB/s).
+APART_MEMORY_KERNELS = ("fresh_output", "gelu_tanh", "gelu_backward", "gelu_tanh_backward",
+                        "tanh", "tanh_backward")
 
 
 def _is_number(value: Any) -> bool:
