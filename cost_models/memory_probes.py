@@ -152,7 +152,10 @@ def _memory_kernel(name: str, x, y, out):
 EXCESS_OP_OF_KIND = {"gelu": "aten::gelu", "sum": "aten::sum",
                      "short_reduction": "aten::sum", "strided_reduction": "aten::sum",
                      "layer_norm": "aten::native_layer_norm",
-                     "layer_norm_backward": "aten::native_layer_norm_backward"}
+                     "layer_norm_backward": "aten::native_layer_norm_backward",
+                     "softmax_backward": "aten::_softmax_backward_data",
+                     "masked_fill": "aten::masked_fill", "batch_norm": "aten::native_batch_norm",
+                     "batch_norm_backward": "aten::native_batch_norm_backward"}
 
 
 def host_charged_seconds(device: str) -> tuple[float, dict[str, float]]:

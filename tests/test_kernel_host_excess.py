@@ -1,0 +1,127 @@
+"""The per-call host excess list (`cost_models.host_excess.HOST_EXCESS_OPS`) after the
+sweep over the ops zoo and HF models run (bench/bench_host_excess_sweep.py): each tiny
+call dispatches exactly the op it is named for; the probe measures the new ops (the
+composites clearly above a streaming op); a real layer (dlrm-small's top MLP: its
+features' stack, index and cat, and its loss) is charged each new op's excess per call,
+by hand; a calibration measured before the sweep prices as before."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from cost_models.compute import backward_host_seconds, forward_host_seconds
+from cost_models.host_excess import (HOST_EXCESS_OPS, SWEPT_EXCESS_OPS, _tiny_calls,
+                                     plain_dispatch_seconds)
+from cost_models.memory_probes import EXCESS_OP_OF_KIND
+from ir.kernel_calibration import HostOpExcess, KernelCalibration
+from ir.measure import layer_graph_from_trace
+from ir.trace import trace
+from planner.models import load_model
+from tests.test_host_split import US, cpu
+
+SWEPT_OPS = ("aten::binary_cross_entropy_with_logits", "aten::repeat",
+             "aten::native_batch_norm", "aten::native_batch_norm_backward",
+             "aten::slice_backward", "aten::embedding_dense_backward", "aten::index_put",
+             "aten::index", "aten::_softmax_backward_data", "aten::_log_softmax_backward_data",
+             "aten::stack", "aten::cat", "aten::masked_fill", "aten::nll_loss_forward",
+             "aten::histc", "aten::sort", "aten::select_backward", "aten::_to_copy",
+             "aten::topk", "aten::scatter_add", "aten::scatter", "aten::new_zeros",
+             "aten::new_ones")
+
+
+class _Names(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_each_tiny_call_dispatches_the_op_it_measures():
+    calls = _tiny_calls("cpu")
+    assert set(SWEPT_OPS) == set(SWEPT_EXCESS_OPS) and set(SWEPT_OPS) <= set(HOST_EXCESS_OPS)
+    for op in SWEPT_OPS:  # (a fused RMS norm's CPU kernel is a composite: it shows parts)
+        mode = _Names()
+        with mode:
+            calls[op]()
+        assert mode.names == [op], (op, mode.names)
+
+
+def test_probe_measures_the_swept_ops():
+    """Timing physics with wide margins (both sides in the same rounds on the thread
+    clock): BCE-with-logits (a sigmoid, log, products and a mean inside ATen: ~5 us over
+    add's ~1 here), repeat and a training batch norm sit far above a streaming op's
+    excess; every swept op gets a figure."""
+    probe = plain_dispatch_seconds("cpu", ops=SWEPT_OPS + ("aten::relu", "aten::mul"))
+    assert set(SWEPT_OPS) <= set(probe.excess_s)
+    streaming = max(probe.excess_s["aten::relu"], probe.excess_s["aten::mul"])
+    for op in ("aten::binary_cross_entropy_with_logits", "aten::repeat",
+               "aten::native_batch_norm"):
+        assert probe.excess_s[op] > 0.5 * probe.op_s and probe.excess_s[op] > 4 * streaming, op
+
+
+def _dlrm_top_mlp():
+    loaded = load_model("dlrm-small", 4, None, device="meta")
+    traced = trace(loaded.module, loaded.inputs, loaded.target, loaded.loss_fn,
+                   dtype=torch.float32)
+    graph, _ = layer_graph_from_trace(traced, loaded.inputs, loaded.target,
+                                      name=loaded.name, dtype=torch.float32)
+    return next(layer for layer in graph.layers if layer.name == "top_mlp")
+
+
+BEFORE_SWEEP = KernelCalibration(
+    measured_on="made up for the test", forward_host_op_s=2 * US, view_host_op_s=0.5 * US,
+    module_call_host_s=3 * US, python_node_host_s=0.25 * US,
+    backward_view_host_op_s=0.5 * US, backward_nonview_host_op_s=1 * US,
+    backward_node_host_s=3 * US, host_op_excess=(HostOpExcess("aten::addmm", 0.8 * US),))
+
+
+def test_a_real_layer_pays_each_swept_ops_excess_per_call():
+    """dlrm-small's top MLP forward runs one stack, one index, one cat and one
+    BCE-with-logits (its loss); backward one index_put (the index's gradient). With
+    excesses of 0.7, 2.9, 0.6, 4.4 and 1.7 us: forward + 0.7 + 2.9 + 0.6 + 4.4 = 8.6 us,
+    backward + 1.7 us, on top of the same kit without them."""
+    layer = _dlrm_top_mlp()
+    forward_counts = {r.excess_key: r.count for r in layer.kernels.forward
+                      if r.excess_key in SWEPT_OPS}
+    assert forward_counts == {"aten::stack": 1, "aten::index": 1, "aten::cat": 1,
+                              "aten::binary_cross_entropy_with_logits": 1}
+    swept = BEFORE_SWEEP.host_op_excess + (
+        HostOpExcess("aten::stack", 0.7 * US), HostOpExcess("aten::index", 2.9 * US),
+        HostOpExcess("aten::cat", 0.6 * US),
+        HostOpExcess("aten::binary_cross_entropy_with_logits", 4.4 * US),
+        HostOpExcess("aten::index_put", 1.7 * US))
+    before, after = cpu(BEFORE_SWEEP), cpu(dataclasses.replace(BEFORE_SWEEP,
+                                                               host_op_excess=swept))
+    assert (forward_host_seconds(layer, after, False)
+            - forward_host_seconds(layer, before, False)) == pytest.approx(8.6 * US)
+    assert (backward_host_seconds(layer, after, False)
+            - backward_host_seconds(layer, before, False)) == pytest.approx(1.7 * US)
+
+
+def test_a_calibration_from_before_the_sweep_prices_as_before():
+    """Its table lacks the swept ops: it loads as written and they cost it nothing (the
+    layer's forward at the made-up kit, by hand from the record counts, is unchanged by
+    the list growing)."""
+    again = KernelCalibration.from_dict(BEFORE_SWEEP.to_dict())
+    assert again == BEFORE_SWEEP
+    assert all(again.host_excess_s(op) == 0.0 for op in SWEPT_OPS)
+    layer = _dlrm_top_mlp()
+    addmm_calls = sum(r.count for r in layer.kernels.forward if r.excess_key == "aten::addmm")
+    without_excess = dataclasses.replace(BEFORE_SWEEP, host_op_excess=())
+    assert (forward_host_seconds(layer, cpu(BEFORE_SWEEP), False)
+            - forward_host_seconds(layer, cpu(without_excess), False)
+            ) == pytest.approx(addmm_calls * 0.8 * US)
+
+
+def test_memory_probe_kinds_of_swept_ops_are_netted_of_their_excess():
+    """A memory table's per-call intercept (softmax backward, masked fill, batch norm)
+    must not charge again what the host model now charges per call."""
+    for kind in ("softmax_backward", "masked_fill", "batch_norm", "batch_norm_backward"):
+        assert EXCESS_OP_OF_KIND[kind] in HOST_EXCESS_OPS, kind
