@@ -193,7 +193,9 @@ class Layer:
     # data-parallel degree changes), and sequence parallelism can run it.
     chain_input: bool = True
     sequence_parallel_ok: bool = False
-    # Distinct forward ops the layer before it (in this order) did not run; for the first,
+    # Distinct forward ops the layers just before it (in this order: the one before, and
+    # earlier ones while fewer than a cache's worth of distinct ops ran since,
+    # `ir.op_count.recent_forward_ops`) did not run; for the first,
     # those its own backward did not (a step's last backward, then the optimizer, precede
     # its forward: `ir.op_count.cold_distinct_ops`). A step runs them with their code and
     # data out of the caches (`cost_models.sequence_probes.cold_op_cost`). Per position,

@@ -26,7 +26,7 @@ from ir.graph_measurer import GraphMeasurer
 from ir.layer import Layer, LayerGraph, LayerMeasurement, TPStyle
 from ir.layers import _is_block_stack
 from ir.legality import sequence_parallel_problem, takes_one_positional_input
-from ir.op_count import cold_distinct_ops, cold_distinct_ops_bwd
+from ir.op_count import cold_distinct_ops, cold_distinct_ops_bwd, recent_forward_ops
 from ir.ownership import names_in_layers
 from ir.plan import layer_digest
 from ir.saved_tensors import tensor_leaves, value_nbytes
@@ -65,7 +65,7 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
     layers: list[Layer] = []
     stacks = {name for name, m in root.named_modules() if name and _is_block_stack(m)}
     n_layers = len(measurer.layers)
-    ran_before: frozenset[str] | None = None  # the forward ops of the layer before
+    ran_before: list[frozenset[str]] = []  # the forward ops of the layers before, nearest first
     for i, layer_nodes in enumerate(measurer.layers):
         lname = layer_nodes.name
         module = None
@@ -108,8 +108,9 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             tied_params=sum(t.numel() for t in {id(t): t for t in tied.values()}.values()),
             tied_tp_params=tied_tp, tied_param_names=tuple(tied),
             chain_input=_chain_input(measurer, i, module), sequence_parallel_ok=sp_ok,
-            cold_distinct_ops_fwd=cold_distinct_ops(measured[shash], ran_before)))
-        ran_before = measured[shash].forward_overloads
+            cold_distinct_ops_fwd=cold_distinct_ops(measured[shash],
+                                                    recent_forward_ops(ran_before))))
+        ran_before.insert(0, measured[shash].forward_overloads)
     layers = [dataclasses.replace(layer, cold_distinct_ops_bwd=cold_distinct_ops_bwd(
         layer.measured, after.backward_overloads if after else None))
         for layer, after in zip(layers, layers[1:] + [None])]

@@ -75,9 +75,32 @@ class OpCounter(TorchDispatchMode):
         return out
 
 
+# A run of distinct ops keeps this many ops' code and data in cache: the in-sequence probe's
+# knee (`cost_models.sequence_probes.in_sequence_cost`: six fits, 16-17 distinct ops on this
+# CPU, 2026-11-25). A layer that ran fewer leaves the ops of the layers before it warm.
+COLD_WINDOW_DISTINCT_OPS = 16
+
+
+def recent_forward_ops(previous: list[frozenset[str]]) -> frozenset[str] | None:
+    """The forward ops warm when a layer starts: those of the layers before it (`previous`,
+    nearest first), the layer before always, earlier ones while fewer than
+    COLD_WINDOW_DISTINCT_OPS distinct ops ran since (a norm between a block and a head
+    leaves the block's matmul warm: llama-tiny's head ran 2 us of cold code at 2 cold ops
+    counted so, where the layer before alone counts 6: bench/bench_small_layers.py,
+    2026-11-25). None: no layer before (`cold_distinct_ops`' first layer)."""
+    if not previous:
+        return None
+    ran = previous[0]
+    for earlier in previous[1:]:
+        if len(ran) >= COLD_WINDOW_DISTINCT_OPS:
+            break
+        ran = ran | earlier
+    return ran
+
+
 def cold_distinct_ops(measured, before: frozenset[str] | None) -> int:
-    """Distinct forward ops of a layer (`measured.forward_overloads`) that the layer run
-    before it did not run (`before`, its forward ops); for the first layer (None), those
+    """Distinct forward ops of a layer (`measured.forward_overloads`) that the layers run
+    before it did not run (`before`: `recent_forward_ops`); for the first layer (None), those
     its own backward did not run (`measured.backward_overloads`: a step's last backward,
     then the optimizer, precede it). Each runs with its code and data out of the caches
     (`cost_models.sequence_probes.cold_op_cost`)."""

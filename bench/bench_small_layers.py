@@ -1,0 +1,248 @@
+"""Where a small layer's time after its step neighbours goes (issue 17): code, data, or the
+backward's own work.
+
+For each unique layer of a zoo model, one thread, the thread clock
+(`time.thread_time`: the run queue of a loaded machine is left out), each pass timed as
+
+  step      after its step neighbours, as `planner profile` times it
+            (`layer_profile.StepNeighbours`: the layer before's forward ahead of the
+            forward; the layer after's forward and backward ahead of the backward)
+  data      the same, then the layer's parameters and inputs read once (a sum each,
+            untimed) just before the timed pass: its data back in cache, its code not
+  code      the same as step, then the layer's pass run once, untimed, on other inputs
+            of the same shapes just before the timed one (forward: a forward; backward:
+            a forward and backward): its code warm, the timed inputs' data not
+  repeat    right after its own previous run (no neighbours): code and data warm
+
+so step - data is what the neighbour's eviction of the layer's data costs, data -
+repeat what its code (and the data the touch does not reach: saved activations, grad
+buffers) costs, and code - repeat what is left once the code is warm. Columns in
+microseconds (the thread clock: the backward includes autograd's engine start, ~9 us
+here, which the profile subtracts), the smaller of two alternations' medians, and each
+variant's median minor page faults per timed pass; JSON to bench/results/small_layers.json.
+Target: none (a decomposition); exits 0.
+
+Read here (one thread, 2026-11-25 02:50 UTC, load 3-4; re-measure on a quiet machine):
+the whole gap is code, not data. Re-reading the parameters and inputs (step - data)
+moved -4..+6 us (noise: their bytes, 32-40 KiB tables and 8-128 KiB inputs, stay in L2
+past a neighbour); running the pass once on other inputs (code - repeat) closed it to
+-5..+10 us. data - repeat, us, llama-tiny mb1 / mb16: embed fwd 10 / 23-32, bwd 20 /
+29-36; norm fwd 7 / 7, bwd 15 / 19-22; head fwd 4-5 / 6, bwd 6-7 / 11-12; gpt-tiny mb1 /
+mb16: embed fwd 21 / 55, bwd 18 / 38; norm fwd 5 / 7, bwd 9 / 14; head fwd 2 / 6, bwd 3
+/ 10; mlp-small's blocks and head: within +-3 (nothing cold: the whole model's ops fit
+in cache). No page fault in any timed pass. The embedding's backward gradient table is
+not the gap: llama-tiny's is 32 KiB, its zero fill ~1 us at the model's copy rate plus
+its `fresh_output` write-allocate, and a warm-code run closes the 20 us.
+
+--probes: the kit's cold-op probe (`sequence_probes.cold_chains`: chains run after the
+pool's other FORWARD calls, not after a backward) beside the same chains run after a
+backward (what a step's first layer follows). Here (load 3.3): after forward 2.0-2.3 us
+at 0 cold ops, 5.4, 7-9, 15, 25-28, 23-28 at 1, 2, 7, 13, 26 (median 2.04-2.13 per cold
+op); after a backward 0.3, 0.9-1.0, 1.3-1.5, 5.0-5.2, 14.3-14.5, 40-42 us at 0, 1, 3, 7,
+13, 23 (median 0.82-0.97): no dearer at 1-7 cold ops (that backward, of 14 calls,
+evicts less than the pool's ~40 forward calls), dearer at 23 (1.8 us per op); the
+embedding's 10 us at 1 cold op is no after-backward price. The heads' over-prediction was the count: 6-7 cold ops against the norm alone,
+2-3 against the ops that ran within a cache's worth (`ir.op_count.recent_forward_ops`).
+
+    PYTHONPATH=$PWD .venv/bin/python bench/bench_small_layers.py --model llama-tiny --mb 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from cost_models.clusters import _one_thread  # noqa: E402
+from cost_models.layer_profile import StepNeighbours  # noqa: E402
+from ir.graph_measurer import _clear_grads  # noqa: E402
+from ir.stand_in import real_factory  # noqa: E402
+from planner.fmt import table  # noqa: E402
+
+from bench.bench_kernel_model import traced_graph  # noqa: E402
+
+WARMUP, REPEATS = 3, 15  # median of fifteen after three untimed runs
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                       "small_layers.json")
+
+
+def _touch(tensors) -> None:
+    """Read every tensor once (a sum: its lines into cache, nothing kept)."""
+    with torch.no_grad():
+        for t in tensors:
+            if t.is_floating_point():
+                t.sum()
+            else:
+                t.max()
+
+
+def _minor_faults() -> int:
+    """This thread's minor page faults so far (a fresh page's first touch: a zero fill)."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+
+def time_variant(measurer, index: int, state: dict, factory, variant: str,
+                 repeats: int = REPEATS) -> tuple[float, float]:
+    """Median (forward, backward) thread seconds of layer `index` under `variant`, then
+    the median minor page faults of each."""
+    module = measurer.layer_module(index, state)
+    neighbours = StepNeighbours(measurer, index, factory)
+    if variant == "repeat":
+        neighbours.before = neighbours.after = None
+    params = [t for t in state.values() if isinstance(t, torch.Tensor)]
+    fwd, bwd, faults = [], [], []
+    for rep in range(WARMUP + repeats):
+        _clear_grads(state)
+        inputs = measurer.fresh_inputs(index, state, factory)
+        neighbours.before_forward()
+        if variant == "data":
+            _touch(params + [t for t in inputs if isinstance(t, torch.Tensor)])
+        if variant == "code":
+            module(*measurer.fresh_inputs(index, state, factory))
+        flt = _minor_faults()
+        start = time.thread_time()
+        returned = module(*inputs)
+        mid = time.thread_time()
+        flt_mid = _minor_faults()
+        outs = measurer.module_roots(index, returned)
+        seeds = [torch.ones_like(t) for t in outs]
+        neighbours.before_backward()
+        if variant == "data":
+            _touch(params + seeds + [t for t in inputs if isinstance(t, torch.Tensor)])
+        if variant == "code":
+            other = measurer.module_roots(index, module(*measurer.fresh_inputs(
+                index, state, factory)))
+            if other:
+                torch.autograd.backward(other, [torch.ones_like(t) for t in other])
+            _clear_grads(state)
+        flt_back = _minor_faults()
+        back = time.thread_time()
+        if outs:
+            torch.autograd.backward(outs, seeds)
+        end = time.thread_time()
+        if rep >= WARMUP:
+            fwd.append(mid - start)
+            bwd.append(end - back)
+            faults.append((flt_mid - flt, _minor_faults() - flt_back))
+        del inputs, returned, outs, seeds
+    return (statistics.median(fwd), statistics.median(bwd),
+            statistics.median(f for f, _ in faults), statistics.median(b for _, b in faults))
+
+
+def cold_after_backward(device: str = "cpu") -> list:
+    """`sequence_probes.cold_chains`' forward chains, each run once right after the
+    backward of the last COLD_BACKWARD_OTHERS `chained_calls` (what a step's first layer
+    follows) instead of after the pool's other forward calls, and right after itself:
+    (cold ops, cold - warm seconds) per chain (cold ops: its overloads that backward did
+    not run)."""
+    import random
+
+    from cost_models.host_probes import probe_clock
+    from cost_models.sequence_probes import (COLD_BACKWARD_OTHERS, COLD_DISTINCT, COLD_RUNS,
+                                             SEQUENCE_SEED, _overloads, chained_calls,
+                                             sequence_pool)
+
+    pool = sequence_pool(device, grad=True)
+    random.Random(SEQUENCE_SEED).shuffle(pool)
+    clock, rows = probe_clock(device), []
+    z = torch.randn(2, 8, 8, device=device, requires_grad=True)
+    others = z
+    for call in chained_calls(device)[-COLD_BACKWARD_OTHERS:]:
+        others = call(others)
+    seed = torch.ones_like(others)
+
+    def backward():
+        torch.autograd.backward(others, seed, retain_graph=True)
+
+    with _one_thread(), torch.set_grad_enabled(True):
+        for k in COLD_DISTINCT:
+            def run(chain=pool[:k]):
+                for call in chain:
+                    call()
+
+            cold_ops = len(_overloads(run) - _overloads(backward))
+            cold, warm = [], []
+            for _ in range(COLD_RUNS):
+                for runs, before in ((cold, backward), (warm, run)):
+                    before()
+                    start = clock()
+                    run()
+                    runs.append(clock() - start)
+            rows.append((cold_ops, statistics.median(cold) - statistics.median(warm)))
+    return rows
+
+
+def print_cold_probes() -> None:
+    """Cold seconds per chain after forward calls (`cold_chains`, the kit's
+    `cold_op_host_s`) and after a backward (`cold_after_backward`)."""
+    from cost_models.sequence_probes import cold_chains, cold_op_cost
+
+    after_fwd = cold_chains("cpu")
+    after_bwd = cold_after_backward("cpu")
+    print(table(["after", "cold ops : cold - warm us", "median per cold op us"],
+                [["forward", ", ".join(f"{c.cold_ops}:{(c.cold_s - c.warm_s) * 1e6:.1f}"
+                                       for c in after_fwd),
+                  f"{cold_op_cost(after_fwd) * 1e6:.2f}"],
+                 ["backward", ", ".join(f"{n}:{s * 1e6:.1f}" for n, s in after_bwd),
+                  f"{statistics.median(s / n for n, s in after_bwd if n) * 1e6:.2f}"]]))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-tiny")
+    parser.add_argument("--mb", type=int, default=1)
+    parser.add_argument("--layers", default="embed,norm,head",
+                        help="comma-separated name prefixes (default: the small layers)")
+    parser.add_argument("--probes", action="store_true",
+                        help="also the cold-op probe after forward calls and after a backward")
+    args = parser.parse_args(argv)
+    if args.probes:
+        print_cold_probes()
+    graph, measurer = traced_graph(args.model, args.mb)
+    factory = real_factory("cpu")
+    wanted = tuple(args.layers.split(","))
+    rows, seen = [], set()
+    with _one_thread():
+        for i, layer in enumerate(graph.layers):
+            if layer.structural_hash in seen or not layer.name.startswith(wanted):
+                continue
+            seen.add(layer.structural_hash)
+            state = measurer.layer_state(i, factory)
+            # one alternation of the three, twice: a slow spell hits them alike
+            times = {v: [] for v in ("step", "data", "code", "repeat")}
+            for _ in range(2):
+                for v in times:
+                    times[v].append(time_variant(measurer, i, state, factory, v))
+            med = {v: tuple(min(t[p] for t in ts) for p in range(4)) for v, ts in times.items()}
+            for p, phase in enumerate(("fwd", "bwd")):
+                rows.append({"model": args.model, "micro_batch": args.mb, "layer": layer.name,
+                             "phase": phase, "param_bytes": layer.param_bytes,
+                             "input_bytes": layer.input_bytes,
+                             **{f"{v}_s": med[v][p] for v in med},
+                             **{f"{v}_faults": med[v][p + 2] for v in med}})
+    print(table(["layer", "phase", "step us", "data us", "code us", "repeat us",
+                 "step-data", "data-repeat", "code-repeat", "faults step/repeat"],
+                [[r["layer"], r["phase"], f"{r['step_s'] * 1e6:.1f}",
+                  f"{r['data_s'] * 1e6:.1f}", f"{r['code_s'] * 1e6:.1f}",
+                  f"{r['repeat_s'] * 1e6:.1f}",
+                  f"{(r['step_s'] - r['data_s']) * 1e6:.1f}",
+                  f"{(r['data_s'] - r['repeat_s']) * 1e6:.1f}",
+                  f"{(r['code_s'] - r['repeat_s']) * 1e6:.1f}",
+                  f"{r['step_faults']:.0f}/{r['repeat_faults']:.0f}"] for r in rows]))
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    with open(RESULTS, "w") as f:
+        json.dump({"bench": "small_layers", "load_average_1min": os.getloadavg()[0],
+                   "rows": rows}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
