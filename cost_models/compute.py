@@ -229,6 +229,16 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) 
     return host_s + layer.cold_distinct_ops_fwd * cal.cold_op_host_s
 
 
+def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
+    """What of a layer's place its time on `cluster` reads (`Layer.host_position`: its cold
+    ops), () where the cluster prices no cold op (GPU presets, older kits): a search shares
+    one priced table among the layers equal in structure and in this."""
+    cal = cluster.kernel_calibration
+    if cal is None or (cal.cold_op_host_s <= 0 and cal.cold_backward_op_host_s <= 0):
+        return ()
+    return layer.host_position
+
+
 def backward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) -> float:
     """Host seconds of one backward's dispatch. Where the device kit measured it in parts
     (`KernelCalibration.backward_view_host_op_s`, `backward_nonview_host_op_s`,

@@ -296,15 +296,14 @@ def _layer_memory(graph: LayerGraph, plan: ParallelPlan, j: int,
 
 
 def _layer_kinds(graph: LayerGraph, cache: dict) -> list[int]:
-    """Per layer, an id shared by the layers equal in everything but where they sit (name,
-    index, parameter names), which `layer_memory` does not read: 80 identical blocks are
+    """Per layer, an id shared by the layers equal in everything but where they sit
+    (`Layer.position_free`), which `layer_memory` does not read: 80 identical blocks are
     priced once per (strategy, config), not once per position. Kept in `cache`."""
     kinds = cache.get("layer-kinds")
     if kinds is None:
         ids: dict[Layer, int] = {}
-        kinds = cache["layer-kinds"] = [
-            ids.setdefault(dataclasses.replace(l, name="", index=0, param_names=()), len(ids))
-            for l in graph.layers]
+        kinds = cache["layer-kinds"] = [ids.setdefault(l.position_free(), len(ids))
+                                        for l in graph.layers]
     return kinds
 
 

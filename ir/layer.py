@@ -11,6 +11,7 @@ scale them linearly with the micro-batch size.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field, fields
 
@@ -213,6 +214,19 @@ class Layer:
 
     def __str__(self) -> str:
         return f"{self.name}({self.kind})"
+
+    def position_free(self) -> Layer:
+        """This layer with what depends on where it sits blanked (name, index, parameter
+        names, cold-op counts): equal for a stack's blocks, whose memory and kernels do not
+        depend on their place."""
+        return dataclasses.replace(self, name="", index=0, param_names=(),
+                                   cold_distinct_ops_fwd=0, cold_distinct_ops_bwd=0)
+
+    @property
+    def host_position(self) -> tuple[int, int]:
+        """The per-position counts the host time reads (cold ops forward, backward): layers
+        of one structure price apart where these differ (`compute.host_position_key`)."""
+        return self.cold_distinct_ops_fwd, self.cold_distinct_ops_bwd
 
     def saved_bytes_on(self, device_type: str, dtype_bytes: int) -> int:
         """Saved-activation bytes on `device_type` ("cuda" prices dropout masks at 1 byte

@@ -17,7 +17,7 @@ from torch import nn
 
 from cost_models.comm import layer_comm, tp_transition_s
 from cost_models.common import StepConfig, device_type_of, layer_lean
-from cost_models.compute import layer_compute
+from cost_models.compute import host_position_key, layer_compute
 from cost_models.estimate import exposed, overlap_efficiency
 from cost_models.memory import (DP_BUCKET_BYTES, DP_BUCKETS_IN_FLIGHT, ZERO3_UNITS_IN_FLIGHT,
                                 LayerMemory, held_through_step, layer_memory)
@@ -87,14 +87,15 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
     if degrees_key not in cache:
         cache[degrees_key] = model_tp_degrees(graph, stage_devices, options.max_tp)
     for layer in graph.layers:
-        key = (layer.structural_hash, layer.params, stage_devices, samples, cand.num_microbatches,
-               prune)
+        place = host_position_key(layer, cluster)  # a stack's first block may price apart
+        key = (layer.structural_hash, place, layer.params, stage_devices, samples,
+               cand.num_microbatches, prune)
         if key not in cache:
             strategies = layer_strategies(layer, stage_devices, samples, options, graph.seq_len,
                                           cache[degrees_key])
             rows = []
             for s in strategies:
-                row_key = (layer.structural_hash, layer.params, s, samples // s.dp,
+                row_key = (layer.structural_hash, place, layer.params, s, samples // s.dp,
                            cand.num_microbatches, cand.pp > 1)
                 row = row_cache.get(row_key)
                 if row is None:

@@ -70,6 +70,7 @@ import numpy as np
 from torch import nn
 
 from cost_models.common import model_layer_configs
+from cost_models.compute import host_position_key
 from cost_models.compute_profile import ComputeProfile
 from cost_models.estimate import Estimate, estimate
 from cost_models.memory import plan_memory
@@ -192,6 +193,7 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
     scale = step_config(graph, options, cluster, scale_batch).activation_scale
     edges = edge_costs(crossing, cluster, stage_devices, scale)
     edge = lambda a, b: stage_edges_s(edges, a, b)  # noqa: E731
+    places = [host_position_key(layer, cluster) for layer in graph.layers]
     units = options.memory_buckets
     best = None
     for cap in transient_caps(tables, options.transient_levels):
@@ -204,7 +206,7 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
 
         def make_solver(stage_tables: list[LayerTable]) -> StageSolver:
             made.append(StageSolver(graph, stage_tables, x, len(layouts), units,
-                                    usable / units / v, cap, crossing, steps))
+                                    usable / units / v, cap, crossing, steps, places))
             return made[-1]
 
         if v > 1:

@@ -105,7 +105,8 @@ class StageSolver:
     same run of layers share one table wherever they sit in the model."""
 
     def __init__(self, graph, tables, transitions, n_layouts, units, bucket_bytes, cap,
-                 crossing: list[float], step_cache: dict | None = None):
+                 crossing: list[float], step_cache: dict | None = None,
+                 places: list[tuple] | None = None):
         self.graph, self.tables, self.transitions = graph, tables, transitions
         self.n_layouts, self.units, self.bucket, self.cap = n_layouts, units, bucket_bytes, cap
         self.by_range: dict[tuple, _Node] = {}
@@ -113,8 +114,11 @@ class StageSolver:
         # per (table, k, bucket, cap, units): solvers of one budget may share it
         self.step_cache: dict[tuple, tuple] = {} if step_cache is None else step_cache
         self.extensions = 0
-        # A layer's content inside a stage: its hash and the bytes crossing into it.
-        self.elems = [(l.structural_hash, crossing[i - 1] if i else 0.0)
+        # A layer's content inside a stage: its hash, what of its place it prices
+        # (`places`: `compute.host_position_key`, as `layer_tables` keys its tables) and the
+        # bytes crossing into it.
+        places = places if places is not None else [()] * len(graph.layers)
+        self.elems = [((l.structural_hash, places[i]), crossing[i - 1] if i else 0.0)
                       for i, l in enumerate(graph.layers)]
 
     def node(self, a: int, b: int, k: float) -> _Node:

@@ -74,3 +74,44 @@ def test_identical_layers_share_one_table_priced_as_alone(gpt):
             for field in ("time_s", "state_bytes", "kept_bytes", "transient_bytes", "layout"):
                 np.testing.assert_array_equal(getattr(t, field), getattr(u, field))
     assert shared_rows  # the rows were kept for the next search
+
+
+def test_blocks_that_pay_cold_ops_get_their_own_table_where_a_kit_prices_them(gpt):
+    """gpt3-350m's first block runs 15 forward ops the embedding did not (its last block
+    13 backward ops the norm's did not): where a kit prices cold ops they price apart,
+    each table's time that of its own layer (no block borrows another's cold ops); where
+    none does (the A100 preset) all 24 blocks still share one table."""
+    import dataclasses
+
+    from cost_models.common import StepConfig
+    from cost_models.compute import layer_compute
+    from ir.kernel_calibration import KernelCalibration
+
+    blocks = [i for i, l in enumerate(gpt.layers) if l.name.startswith("blocks.")]
+    first, middle, last = blocks[0], blocks[1], blocks[-1]
+    assert gpt.layers[first].cold_distinct_ops_fwd == 15
+    assert gpt.layers[middle].host_position == (0, 0)
+    plain = get_cluster("a100-80g", nodes=2)
+    cal = dataclasses.replace(plain.kernel_calibration or KernelCalibration(measured_on="t"),
+                              forward_host_op_s=1e-6, cold_op_host_s=2e-6,
+                              cold_backward_op_host_s=1e-6)
+    cold = dataclasses.replace(plain, kernel_calibration=cal)
+    options = SearchOptions(max_tp=8)
+    cand = outer_candidates(gpt, plain.world_size, 64, options)[0]
+    tables, _ = price_layers(gpt, plain, cand, options, 64, None, {})
+    assert all(tables[i] is tables[first] for i in blocks)
+    tables, _ = price_layers(gpt, cold, cand, options, 64, None, {})
+    assert tables[first] is not tables[middle] and tables[last] is not tables[middle]
+    assert all(tables[i] is tables[middle] for i in blocks[1:-1])
+    s = tables[first].strategies[0]
+    assert s in tables[middle].strategies
+    # on CPU processes, where host time adds (on a GPU it hides under the kernels)
+    local = get_cluster("local")
+    cpu = dataclasses.replace(local, kernel_calibration=dataclasses.replace(
+        local.kernel_calibration or KernelCalibration(measured_on="t"), forward_host_op_s=1e-6,
+        cold_op_host_s=2e-6, cold_backward_op_host_s=1e-6))
+    config = StepConfig(micro_batch=1, graph_micro_batch=1, graph_dtype=gpt.dtype,
+                        device_type="cpu")
+    extra_s = (layer_compute(gpt.layers[first], s, cpu, config).forward_s
+               - layer_compute(gpt.layers[middle], s, cpu, config).forward_s)
+    assert extra_s == pytest.approx(15 * 2e-6 * cpu.host_share, rel=1e-6)
