@@ -231,12 +231,16 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) 
 
 def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
     """What of a layer's place its time on `cluster` reads (`Layer.host_position`: its cold
-    ops), () where the cluster prices no cold op (GPU presets, older kits): a search shares
-    one priced table among the layers equal in structure and in this."""
+    ops, each pass only where the kit prices it; profile-device prices the forward's), ()
+    where the cluster prices no cold op (GPU presets, older kits): a search shares one
+    priced table among the layers equal in structure and in this."""
     cal = cluster.kernel_calibration
-    if cal is None or (cal.cold_op_host_s <= 0 and cal.cold_backward_op_host_s <= 0):
+    if cal is None:
         return ()
-    return layer.host_position
+    forward, backward = layer.host_position
+    return ((forward if cal.cold_op_host_s > 0 else None,
+             backward if cal.cold_backward_op_host_s > 0 else None)
+            if cal.cold_op_host_s > 0 or cal.cold_backward_op_host_s > 0 else ())
 
 
 def backward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) -> float:

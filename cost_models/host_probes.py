@@ -340,9 +340,12 @@ DP_UNIT_BLOCKS = (1, 4)  # probe blocks per unit: units of 6 and 24 parameter te
 DP_UNIT_STEPS = 20  # after DP_UNIT_WARMUP steps; the median
 DP_UNIT_WARMUP = 3
 # FSDP2's collectives by their torch.distributed names (torch 2.13 `_fsdp_collectives`
-# looks each up on the module at call time): the calling thread's CPU inside them is left
-# out of a unit's figure, since `comm.blocking_s` prices each call whole, launch included.
-FSDP_COLLECTIVES = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce")
+# calls `dist.all_gather_single` / `dist.reduce_scatter_single`, looked up on the module
+# at call time; older torch the `*_tensor` names, which forward to them inside c10d, not
+# through the module, so none is counted twice): the calling thread's CPU inside them is
+# left out of a unit's figure, since `comm.blocking_s` prices each call whole.
+FSDP_COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor",
+                    "reduce_scatter_tensor", "all_reduce")
 
 
 def dp_unit_seconds(mesh) -> dict[DPMode, dict[int, float]]:
@@ -411,7 +414,8 @@ def _added_step_s(plain, wrapped, x) -> float:
         model(x).sum().backward()
         return clock() - start - (inside[0] - before)
 
-    plain_calls = {name: getattr(dist, name) for name in FSDP_COLLECTIVES}
+    plain_calls = {name: getattr(dist, name) for name in FSDP_COLLECTIVES
+                   if hasattr(dist, name)}
     added = []
     try:
         for name, call in plain_calls.items():

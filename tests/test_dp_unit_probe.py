@@ -114,3 +114,20 @@ def test_layer_compute_stretches_the_unit_by_the_core_share():
     gpu_config = dataclasses.replace(config, device_type="cuda")
     alone, wrapped = (layer_compute(layer, s, gpu, gpu_config) for s in (LayerStrategy(), dp))
     assert wrapped.forward_s - alone.forward_s == pytest.approx(0.6 * ms)
+
+
+def test_every_collective_fsdp2_calls_is_left_out_of_the_unit_figure():
+    """Read from torch's own FSDP2 source (not from the probe): each `dist.<name>(` call in
+    `_fsdp_collectives` must be one the probe wraps, else the CPU inside that collective
+    stays in the unit figure while `comm.blocking_s` prices the call again (torch 2.13
+    calls `all_gather_single` / `reduce_scatter_single`, which the probe once missed)."""
+    import inspect
+    import re
+
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives
+
+    from cost_models.host_probes import FSDP_COLLECTIVES
+
+    called = set(re.findall(r"\bdist\.([a-z_]+)\(", inspect.getsource(_fsdp_collectives)))
+    collectives = {name for name in called if name.startswith(("all_", "reduce_"))}
+    assert collectives and collectives <= set(FSDP_COLLECTIVES), collectives
