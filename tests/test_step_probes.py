@@ -73,23 +73,14 @@ def test_optimizer_step_stretches_the_measured_figure_by_the_core_share():
     from cost_models.common import StepConfig
     from cost_models.compute import optimizer_step_seconds
     from ir.calibration_tables import CalibrationTables, OptimizerStepCost
-    from ir.cluster import ClusterSpec
-    from ir.layer import Layer, LayerMeasurement
     from ir.strategy import DPMode, LayerStrategy, Precision
+    from tests.cpu_specs import four_ranks_on_two_cores, linear_layer
 
     us = 1e-6
-    layer = Layer(name="fc", kind="Linear", index=0, params=72, param_bytes=288, tp_params=0,
-                  input_bytes=64, output_bytes=64, structural_hash="fc",
-                  param_names=("fc.weight", "fc.bias"),
-                  measured=LayerMeasurement(ops_fwd=1, ops_bwd=2))
+    layer = linear_layer()
     tables = CalibrationTables(optimizer_steps=(OptimizerStepCost("adamw", False, 100 * us),
                                                 OptimizerStepCost("adamw", True, 300 * us)))
-    spec = ClusterSpec(
-        name="cpu-test", device="cpu", num_nodes=1, devices_per_node=4,
-        device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
-        intra_node_gbps=1.0, inter_node_gbps=1.0, intra_node_latency_s=1e-4,
-        inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
-        op_overhead_s=4e-6, host_cores=2, calibration=tables)
+    spec = four_ranks_on_two_cores(tables)
     config = StepConfig(micro_batch=1, graph_micro_batch=1, graph_dtype="float32",
                         precision=Precision.FP32, device_type="cpu", optimizer="adamw")
     zero3 = LayerStrategy(dp=2, dp_mode=DPMode.ZERO3)

@@ -1,0 +1,25 @@
+"""A small CPU cluster spec and a linear layer for host-pricing tests: 4 processes on 2
+cores (host share 2), round figures so the tests' hand arithmetic stays short."""
+
+from __future__ import annotations
+
+from ir.calibration_tables import CalibrationTables
+from ir.cluster import ClusterSpec
+from ir.layer import Layer, LayerMeasurement
+
+
+def four_ranks_on_two_cores(calibration: CalibrationTables) -> ClusterSpec:
+    return ClusterSpec(
+        name="cpu-test", device="cpu", num_nodes=1, devices_per_node=4,
+        device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
+        intra_node_gbps=1.0, inter_node_gbps=1.0, intra_node_latency_s=1e-4,
+        inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
+        op_overhead_s=4e-6, host_cores=2, calibration=calibration)
+
+
+def linear_layer() -> Layer:
+    """nn.Linear(8, 8): 72 parameters in 2 tensors, one forward op, two backward."""
+    return Layer(name="fc", kind="Linear", index=0, params=72, param_bytes=288, tp_params=0,
+                 input_bytes=64, output_bytes=64, structural_hash="fc",
+                 param_names=("fc.weight", "fc.bias"),
+                 measured=LayerMeasurement(ops_fwd=1, ops_bwd=2))
