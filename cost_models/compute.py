@@ -279,6 +279,14 @@ def with_host(device_s: float, host_s: float, cluster: ClusterSpec) -> float:
     return max(device_s, host_s)
 
 
+def host_figure_share(cluster: ClusterSpec) -> float:
+    """The stretch of a spec's DP-unit and optimizer figures: the core share where they are
+    thread CPU (`CalibrationTables.host_figures_clock`) on CPU processes, else 1 (wall
+    figures of older specs already hold the sharing; GPUs)."""
+    thread_cpu = cluster.calibration.host_figures_clock == "thread_cpu"
+    return cluster.host_share if cluster.host_bound and thread_cpu else 1.0
+
+
 def dp_unit_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
                     config: StepConfig) -> float:
     """Host time of the layer's data-parallel unit per micro-batch: the executor wraps a
@@ -312,7 +320,7 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     # (host_probes.dp_unit_seconds), as TP-module figures are (those stretched inside):
     # CPU processes sharing fewer cores stretch them by the core share too.
     tp_half_s = tp_module_seconds(layer, strategy, cluster) / 2  # half in each pass
-    unit_share = cluster.host_share if cluster.host_bound else 1.0
+    unit_share = host_figure_share(cluster)
     dtensor_forward_s, dtensor_backward_s = dtensor_op_seconds(layer, strategy, cluster)
     unit_s = dp_unit_seconds(layer, strategy, cluster, config) * unit_share / 2 + tp_half_s
     forward_host_s = (layer.ops_fwd * op_s if measured is not None
@@ -383,7 +391,7 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
     per_tensor_s = cluster.calibration.optimizer_seconds_per_tensor(config.optimizer, on_dtensors)
     # The measured figure is the stepping thread's CPU (step_probes.optimizer_tensor_seconds):
     # CPU processes sharing fewer cores stretch it by the core share, as per-op figures.
-    stepped_s = (tensors * per_tensor_s * (cluster.host_share if cluster.host_bound else 1.0)
+    stepped_s = (tensors * per_tensor_s * host_figure_share(cluster)
                  if per_tensor_s is not None else None)
     if strategy.offload:  # stepped by the host CPU: its streaming and its dispatch add up
         dispatch_s = stepped_s if stepped_s is not None \

@@ -100,7 +100,8 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
     # All processes run on this host: the inter-node fits copy the intra-node ones.
     tables = CalibrationTables(collective_fits=tuple(fits) + tuple(
         CollectiveFit(f.collective, "inter_node", f.alpha_s, f.bytes_per_s, f.measured_ranks)
-        for f in fits), **host_tables)
+        for f in fits), **host_tables,
+        host_figures_clock="thread_cpu")  # step_probes and _added_step_s read thread CPU
     node = by_group["all_reduce", nproc]
     spec = ClusterSpec(
         name=name, device=device, num_nodes=1, devices_per_node=nproc,

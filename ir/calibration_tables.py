@@ -278,8 +278,15 @@ class CalibrationTables:
     blocking_waits: tuple[BlockingWait, ...] = ()
     # The same waits in DTensor's form (`profile_cluster.dtensor_form_seconds`)
     tp_blocking_waits: tuple[BlockingWait, ...] = ()
+    # The DP-unit and optimizer figures' clock: "thread_cpu" (profile-cluster since
+    # 2026-11-25; CPU processes sharing cores stretch them by `ClusterSpec.host_share`) or
+    # "wall" (older specs: the node's processes timed together, the sharing inside).
+    host_figures_clock: str = "wall"
 
     def __post_init__(self) -> None:
+        if self.host_figures_clock not in HOST_FIGURE_CLOCKS:
+            raise PlannerError(f"calibration host_figures_clock must be one of "
+                               f"{', '.join(HOST_FIGURE_CLOCKS)}, got {self.host_figures_clock!r}")
         for field, record_type, key in _TABLES:
             rows = getattr(self, field)
             if not isinstance(rows, tuple) or not all(isinstance(r, record_type) for r in rows):
@@ -370,6 +377,7 @@ class CalibrationTables:
                                    for r in self.tp_blocking_waits},
             "tp_blocking_wait_s_per_byte": {_join_key(r.collective, r.group_size):
                                             r.seconds_per_byte for r in self.tp_blocking_waits},
+            "host_figures_clock": self.host_figures_clock,
         }
 
     @classmethod
@@ -377,7 +385,8 @@ class CalibrationTables:
         """Read the spec file's calibration keys (`JSON_KEYS`; absent ones are empty); a
         bare number for "tp_module_overhead_s" (older specs) is the whole node's figure;
         a wait without a "blocking_wait_s_per_byte" entry (older specs) is a constant; no
-        "tp_blocking_wait_s" (older specs): TP pays the plain call's wait."""
+        "tp_blocking_wait_s" (older specs): TP pays the plain call's wait; no
+        "host_figures_clock" (older specs): "wall"."""
         fits = data.get("collective_fits", [])
         if not isinstance(fits, list):
             raise PlannerError("field 'collective_fits' must be a list")
@@ -396,7 +405,8 @@ class CalibrationTables:
                                   tables["optimizer_tensor_overhead_s"].items()),
             tp_modules=_tp_modules(data.get("tp_module_overhead_s", {}), devices_per_node),
             blocking_waits=_blocking_waits(tables, "blocking_wait_s"),
-            tp_blocking_waits=_blocking_waits(tables, "tp_blocking_wait_s"))
+            tp_blocking_waits=_blocking_waits(tables, "tp_blocking_wait_s"),
+            host_figures_clock=data.get("host_figures_clock", "wall"))
 
 
 def _seconds_table(field: str, value: Any) -> dict[str, float]:
@@ -483,5 +493,6 @@ _TABLES = (
     ("blocking_waits", BlockingWait, lambda r: (r.collective, r.group_size)),
     ("tp_blocking_waits", BlockingWait, lambda r: (r.collective, r.group_size)),
 )
+HOST_FIGURE_CLOCKS = ("thread_cpu", "wall")  # `CalibrationTables.host_figures_clock`
 # The spec file's keys `CalibrationTables.to_json` writes and `from_json` reads.
 JSON_KEYS = tuple(CalibrationTables().to_json())

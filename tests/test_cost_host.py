@@ -208,11 +208,15 @@ def test_optimizer_step_takes_the_measured_per_tensor_figure(graph):
     tensors = len(block.param_names)
     # 4 processes on 2 cores (host share 2): the measured figure is the stepping thread's
     # CPU (step_probes), stretched by 2 as the per-op fallback is.
-    spec = cpu_spec({"optimizer_steps": (OptimizerStepCost("adamw", False, 70 * US),
-                                         OptimizerStepCost("adamw", True, 300 * US))},
-                    hbm_gbps=1e9, devices_per_node=4)
+    steps = {"optimizer_steps": (OptimizerStepCost("adamw", False, 70 * US),
+                                 OptimizerStepCost("adamw", True, 300 * US))}
+    spec = cpu_spec({**steps, "host_figures_clock": "thread_cpu"}, hbm_gbps=1e9,
+                    devices_per_node=4)
     assert optimizer_step_seconds(block, LayerStrategy(), spec, cfg) == \
         pytest.approx(tensors * 70 * US * 2)
+    old = cpu_spec(steps, hbm_gbps=1e9, devices_per_node=4)  # a wall-clock figure: as read
+    assert optimizer_step_seconds(block, LayerStrategy(), old, cfg) == \
+        pytest.approx(tensors * 70 * US)
     fsdp = LayerStrategy(dp=2, dp_mode=DPMode.ZERO3)
     assert optimizer_step_seconds(block, fsdp, spec, cfg) == \
         pytest.approx(tensors * 300 * US * 2)

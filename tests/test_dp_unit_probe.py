@@ -76,7 +76,8 @@ def test_layer_compute_stretches_the_unit_by_the_core_share():
     """A replicate unit measured at 1 ms + 0.1 ms a tensor: a 2-tensor linear layer costs
     1.2 ms of host CPU, half in forward and half in backward. On 4 CPU processes sharing
     2 cores (host share 2) each pass pays 2 x 0.6 = 1.2 ms more than without DP; on 2
-    processes on 2 cores 0.6 ms. A GPU preset (no host cores) is not stretched."""
+    processes on 2 cores 0.6 ms. A GPU preset (no host cores) is not stretched, nor an
+    older spec's wall-clock figure (the sharing already inside it)."""
     import dataclasses
 
     from cost_models.common import StepConfig
@@ -87,8 +88,8 @@ def test_layer_compute_stretches_the_unit_by_the_core_share():
 
     ms = 1e-3
     layer = linear_layer()
-    tables = CalibrationTables(dp_overheads=(DpOverhead(DPMode.REPLICATE, None, 1 * ms,
-                                                        0.1 * ms),))
+    units = (DpOverhead(DPMode.REPLICATE, None, 1 * ms, 0.1 * ms),)
+    tables = CalibrationTables(dp_overheads=units, host_figures_clock="thread_cpu")
     spec = four_ranks_on_two_cores(tables)
     config = StepConfig(micro_batch=1, graph_micro_batch=1, graph_dtype="float32",
                         precision=Precision.FP32, device_type="cpu")
@@ -97,6 +98,9 @@ def test_layer_compute_stretches_the_unit_by_the_core_share():
     assert spec.host_share == 2.0
     assert wrapped.forward_s - alone.forward_s == pytest.approx(1.2 * ms)
     assert wrapped.backward_s - alone.backward_s == pytest.approx(1.2 * ms)
+    wall = four_ranks_on_two_cores(CalibrationTables(dp_overheads=units))  # an older spec
+    alone, wrapped = (layer_compute(layer, s, wall, config) for s in (LayerStrategy(), dp))
+    assert wrapped.forward_s - alone.forward_s == pytest.approx(0.6 * ms)  # not stretched again
     pair = dataclasses.replace(spec, devices_per_node=2)
     alone, wrapped = (layer_compute(layer, s, pair, config)
                       for s in (LayerStrategy(), dataclasses.replace(dp, dp=2)))

@@ -79,7 +79,8 @@ def test_optimizer_step_stretches_the_measured_figure_by_the_core_share():
     us = 1e-6
     layer = linear_layer()
     tables = CalibrationTables(optimizer_steps=(OptimizerStepCost("adamw", False, 100 * us),
-                                                OptimizerStepCost("adamw", True, 300 * us)))
+                                                OptimizerStepCost("adamw", True, 300 * us)),
+                               host_figures_clock="thread_cpu")
     spec = four_ranks_on_two_cores(tables)
     config = StepConfig(micro_batch=1, graph_micro_batch=1, graph_dtype="float32",
                         precision=Precision.FP32, device_type="cpu", optimizer="adamw")
