@@ -1,14 +1,26 @@
-"""A small CPU cluster spec and a linear layer for host-pricing tests: 4 processes on 2
-cores (host share 2), round figures so the tests' hand arithmetic stays short."""
+"""Small CPU cluster specs and a linear layer for pricing tests, in round figures so the
+tests' hand arithmetic stays short."""
 
 from __future__ import annotations
 
 from ir.calibration_tables import CalibrationTables
 from ir.cluster import ClusterSpec
+from ir.kernel_calibration import KernelCalibration
 from ir.layer import Layer, LayerMeasurement
 
 
+def one_cpu_process(calibration: KernelCalibration | None) -> ClusterSpec:
+    """One CPU process carrying `calibration`, no per-op overhead (kernel-pricing tests)."""
+    return ClusterSpec(
+        name="test-cpu", device="cpu", num_nodes=1, devices_per_node=1,
+        device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
+        intra_node_gbps=10.0, inter_node_gbps=1.0, intra_node_latency_s=1e-5,
+        inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
+        op_overhead_s=0.0, kernel_calibration=calibration)
+
+
 def four_ranks_on_two_cores(calibration: CalibrationTables) -> ClusterSpec:
+    """4 CPU processes on 2 cores (host share 2) carrying measured `calibration` tables."""
     return ClusterSpec(
         name="cpu-test", device="cpu", num_nodes=1, devices_per_node=4,
         device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,

@@ -22,6 +22,7 @@ from cost_models.common import StepConfig
 from cost_models.fresh_output import FRESH_OUTPUT_BYTES, fresh_output_seconds, probe_fresh_output
 from cost_models.kernel_time import kernel_call_seconds, pass_seconds
 from cost_models.profile_device import seconds_per_call
+from tests.cpu_specs import one_cpu_process
 
 KiB = 2**10
 # Made-up fresh-output points: 8 KiB at 10 GB/s, 32 KiB at 20 GB/s (output bytes over
@@ -34,13 +35,7 @@ BASE = KernelCalibration(
                     MemoryKernelPoint("gelu", "float32", 8 * KiB, 25.0)))
 
 
-def spec(calibration: KernelCalibration | None) -> ClusterSpec:
-    return ClusterSpec(
-        name="test-cpu", device="cpu", num_nodes=1, devices_per_node=1,
-        device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
-        intra_node_gbps=10.0, inter_node_gbps=1.0, intra_node_latency_s=1e-5,
-        inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
-        op_overhead_s=0.0, kernel_calibration=calibration)
+spec = one_cpu_process
 
 
 def config(micro_batch: int = 1) -> StepConfig:

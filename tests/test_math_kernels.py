@@ -19,6 +19,7 @@ from cost_models.clusters import get_cluster
 from cost_models.common import StepConfig
 from cost_models.kernel_time import memory_kind, pass_seconds
 from cost_models.math_kernels import MATH_KINDS, math_kind, probe_math_kernels
+from tests.cpu_specs import one_cpu_process
 
 KiB = 2**10
 # Made-up rates: exact GELU 30 GB/s, a plain add 100; the new kinds 6, 20, 9, 3, 90 GB/s,
@@ -34,13 +35,7 @@ MATH = (MemoryKernelPoint("gelu_tanh", "float32", 64 * KiB, 6.0),
         MemoryKernelPoint("tanh_backward", "float32", 64 * KiB, 90.0))
 
 
-def spec(calibration: KernelCalibration) -> ClusterSpec:
-    return ClusterSpec(
-        name="test-cpu", device="cpu", num_nodes=1, devices_per_node=1,
-        device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
-        intra_node_gbps=10.0, inter_node_gbps=1.0, intra_node_latency_s=1e-5,
-        inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
-        op_overhead_s=0.0, kernel_calibration=calibration)
+spec = one_cpu_process
 
 
 CONFIG = StepConfig(micro_batch=1, graph_micro_batch=1, graph_dtype="float32",
