@@ -53,6 +53,16 @@ def test_a_kit_without_the_node_figure_keeps_its_per_op_average():
     assert forward_host_seconds(layer, cpu(None), False) == pytest.approx(20 * US)
 
 
+def test_a_kit_whose_per_op_residual_came_out_zero_still_prices_in_parts():
+    """The per-op figure is what remains of the probe chain after its excess and nodes, and
+    a loaded host once measured it 0: the layer is still priced in parts (2 views x 0.5 +
+    3 ops x 0 + 1 call x 3 + 4 nodes x 0.25 + gelu's 7 = 12 us), not at 5 ops x the
+    one-figure 4 us (20 us), which would switch models on a noisy residual."""
+    zero = dataclasses.replace(FORWARD_PARTS, forward_host_op_s=0.0)
+    layer = with_python_nodes(tiny_layer(), 4)
+    assert forward_host_seconds(layer, cpu(zero), False) == pytest.approx(12 * US)
+
+
 def test_old_calibration_json_loads_without_the_node_figure():
     data = FORWARD_PARTS.to_dict()
     assert KernelCalibration.from_dict(json.loads(json.dumps(data))) == FORWARD_PARTS

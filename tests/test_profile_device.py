@@ -83,7 +83,9 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     assert 0 < cal.embedding_bag_call_s < 1e-3 and 0 < cal.embedding_bag_backward_call_s < 1e-3
     assert 0 <= cal.embedding_bag_index_s < 1e-5 and 0 <= cal.embedding_bag_backward_index_s < 1e-5
     # The forward host cost in parts, measured by the same probe as op_overhead_s.
-    assert 0 < cal.forward_host_op_s < 1e-3 and 0 < cal.view_host_op_s < 1e-3
+    # (the per-op figure is a residual after the chain's excess and autograd nodes: a few
+    # tenths of a us here, 0 when a loaded host's excess probe ran slow, as CI saw once)
+    assert 0 <= cal.forward_host_op_s < 1e-3 and 0 < cal.view_host_op_s < 1e-3
     assert 0 <= cal.module_call_host_s < 1e-3
     # What ops pay in sequence among distinct ones, per op per distinct op beyond the knee
     # (sequence_probes: ~50 ns beyond 13-19 here; the knee below the chains' most, 48).
