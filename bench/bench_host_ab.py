@@ -61,8 +61,8 @@ from bench.bench_kernel_model import (MICRO_BATCHES, QUICK_REPEATS,  # noqa: E40
                                       gemm_shapes, traced_graph)
 from cost_models import layer_profile  # noqa: E402
 from cost_models.common import StepConfig  # noqa: E402
-from cost_models.compute import (backward_host_seconds, forward_host_seconds,  # noqa: E402
-                                 layer_compute)
+from cost_models.compute import layer_compute  # noqa: E402
+from cost_models.host_dispatch import backward_host_seconds, forward_host_seconds  # noqa: E402
 from cost_models.host_probes import autograd_call_s, probe_clock  # noqa: E402
 from cost_models.profile_device import profile_device  # noqa: E402
 from cost_models.sequence_probes import cold_backward_chains, cold_op_cost  # noqa: E402

@@ -8,11 +8,11 @@ compute model (`cost_models.compute.layer_compute`: the kernel sum of
 on a spec measured here by `profile_device("cpu")`, whose GEMM table also measures
 exactly the (m, n, k) the benched layers run (read off their kernel records). Columns: predicted and measured
 milliseconds, the error (predicted / measured - 1), and the prediction's two parts:
-kernels (device seconds of the kernel sum) and host (`compute.forward_host_seconds`: forward
+kernels (device seconds of the kernel sum) and host (`host_dispatch.forward_host_seconds`: forward
 ops and views with grad off, the grad_fns the forward records, module calls, fx nodes
 that dispatch nothing and the ops' per-call excess at the kit's figures, and what the ops
 pay in sequence among the layer's distinct ops: see bench/bench_host_ab.py;
-`compute.backward_host_seconds`:
+`host_dispatch.backward_host_seconds`:
 backward views, other ops, autograd nodes and the ops' per-call excess at the kit's figures).
 
 Target (issue 17): every layer within 15%; the bench exits 1 otherwise. Timings taken on
@@ -39,8 +39,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cost_models.common import StepConfig  # noqa: E402
-from cost_models.compute import (backward_host_seconds, forward_host_seconds,  # noqa: E402
-                                 layer_compute)
+from cost_models.compute import layer_compute  # noqa: E402
+from cost_models.host_dispatch import backward_host_seconds, forward_host_seconds  # noqa: E402
 from cost_models.kernel_time import _token_scaled_gemm, layer_kernel_seconds  # noqa: E402
 from cost_models.layer_profile import profile_graph, step_neighbours  # noqa: E402
 from cost_models.profile_device import CPU_GEMM_MIN_FLOPS, profile_device  # noqa: E402

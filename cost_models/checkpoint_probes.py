@@ -144,7 +144,7 @@ def checkpoint_extra_seconds(layer, mode: Checkpoint,
                              cal: KernelCalibration) -> tuple[float, float]:
     """(forward, recompute) host seconds the checkpoint machinery adds to one micro-batch
     of `layer` under `mode`, on top of the layer's own ops (which the recompute pays again
-    at their forward price, `compute.forward_host_seconds`, less the early-stopped ones).
+    at their forward price, `host_dispatch.forward_host_seconds`, less the early-stopped ones).
     Counts: the forward's saved tensors (`saved_tensors_fwd`), its ops (`ops_fwd`), those
     the recompute reruns (`rerun_ops`), those SELECTIVE keeps, those through its cached
     mode (`cached_mode_ops`)."""

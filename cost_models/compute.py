@@ -16,11 +16,11 @@ saturates as n / (n + n_half) up to the device's best measured fraction of peak
 
 Host overhead: every dispatched ATen op costs the framework `op_overhead_s` on the host
 in forward (Python modules dispatch it; where the device kit measured it in parts, views,
-other ops and module calls apiece: `forward_host_seconds`) and `ClusterSpec.backward_host_op_s` in backward
+other ops and module calls apiece: `cost_models.host_dispatch`) and `ClusterSpec.backward_host_op_s` in backward
 (autograd's C++ engine dispatches it: `backward_op_overhead_s`, measured apart by
 `cost_models.host_probes.host_op_seconds_by_pass`; specs without it fall back to
 `op_overhead_s`; where the kit measured it in parts, views, other ops, autograd nodes and
-the per-call excess of the ops that have one apiece: `backward_host_seconds`), plus
+the per-call excess of the ops that have one apiece: `host_dispatch.backward_host_seconds`), plus
 `dtensor_op_overhead_s` per op the TP executor runs on DTensors (`dtensor_op_seconds`).
 On CPU processes this adds to the op's work; on GPUs kernels queue asynchronously, so a layer
 takes max(device time, host time) (the "overhead-bound" regime of small layers). CPU
@@ -47,7 +47,6 @@ from dataclasses import dataclass
 
 from ir.cluster import ClusterSpec
 from ir.dtensor_ops import in_split_parent
-from ir.kernel_records import KernelKind
 from ir.layer import Layer, TPStyle
 from ir.legality import sequence_parallel_applies
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
@@ -58,11 +57,10 @@ from cost_models.common import GB, StepConfig, dtype_bytes
 from cost_models.compute_profile import ComputeProfile
 from cost_models.gemm_efficiency import (SQUARE_GEMM_EDGE_PER_INTENSITY, device_kind,  # noqa: F401
                                          gemm_efficiency)
-from cost_models.host_excess import backward_nodes, records_excess_seconds
+from cost_models.host_dispatch import backward_host_seconds, forward_host_seconds, host_op_seconds
 from cost_models.kernel_time import layer_kernel_seconds
 from cost_models.model_states import has_dp_unit, tp_local_params
 from cost_models.offload import host_step_seconds
-from cost_models.sequence_probes import in_sequence_extra_per_op_s
 
 # Backward reads and writes about twice what forward does (activation and weight grads).
 BACKWARD_BYTES_FACTOR = 2.0
@@ -180,99 +178,6 @@ def tp_module_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpe
         return 0.0
     seconds = len(layer.tp_candidates) * cluster.calibration.tp_module_seconds(strategy.tp)
     return seconds * cluster.host_share if cluster.host_bound else seconds
-
-
-def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool, backward: bool = False) -> float:
-    """Framework seconds per dispatched op: forward ops at `op_overhead_s`, backward ops
-    (`backward=True`) at `ClusterSpec.backward_host_op_s`, DTensor ops the extra on top."""
-    base = cluster.backward_host_op_s if backward else cluster.op_overhead_s
-    return base + (cluster.dtensor_op_overhead_s if on_dtensors else 0.0)
-
-
-def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) -> float:
-    """Host seconds of one forward's dispatch. Where the device kit measured it in parts
-    and the layer's module calls were counted: views x `view_host_op_s` + other ops x
-    `forward_host_op_s` (as functions) + module calls x `module_call_host_s`; where the
-    kit measured `python_node_host_s` (its per-op figures then net of the ops' fixed
-    excess), each forward op's per-call excess (`host_op_excess`: exact GELU's ~5 us) +
-    fx call nodes that dispatch nothing x per-node (`python_nodes_fwd`); where it measured
-    `forward_node_host_s` (its per-op figures then grad-off), the autograd nodes the
-    forward records x per-node (`autograd_nodes_fwd`, else one per floating-point op:
-    `host_excess.backward_nodes`); where it measured `in_sequence_op_host_s`, what the
-    ops pay for running among the layer's distinct ops beyond the knee
-    (`distinct_ops_fwd`; every figure above is a tight loop's); where it measured
-    `cold_op_host_s`, the distinct ops the layer before did not run x per cold op
-    (`cold_distinct_ops_fwd`: a step runs them with their code and data out of the
-    caches; every figure above is a warm run's). A kit without parts: ops
-    x `host_op_seconds`. (Pricing ops per Python-level call and per op inside a C++
-    composite instead missed more layers: bench/bench_host_ab.py, 2026-11-25.)"""
-    cal = cluster.kernel_calibration
-    calls = layer.kernels.forward_module_calls if layer.kernels is not None else None
-    # measured in parts: the view figure is timed directly; the per-op one is what remains
-    # of a function chain after its excess and nodes, ~0.2-0.6 us here, 0 on a loaded host
-    measured_in_parts = cal is not None and (cal.view_host_op_s > 0 or cal.forward_host_op_s > 0)
-    if not measured_in_parts or calls is None:
-        return layer.ops_fwd * host_op_seconds(cluster, on_dtensors)
-    extra_s = cluster.dtensor_op_overhead_s if on_dtensors else 0.0
-    # cost_models.host_probes.host_op_seconds_by_pass: function chain and views
-    views = sum(r.count for r in layer.kernels.forward if r.kind is KernelKind.VIEW)
-    host_s = (views * (cal.view_host_op_s + extra_s)
-              + (layer.ops_fwd - views) * (cal.forward_host_op_s + extra_s)
-              + calls * cal.module_call_host_s)
-    if cal.python_node_host_s > 0:  # host_excess: nodes and excess apart
-        host_s += (layer.python_nodes_fwd * cal.python_node_host_s
-                   + records_excess_seconds(layer.kernels.forward, cal.host_excess_s))
-    if cal.forward_node_host_s > 0:  # grad_fns recorded (host_probes.host_op_seconds_by_pass)
-        recorded = layer.autograd_nodes_fwd or backward_nodes(layer.kernels.forward, 0)
-        host_s += recorded * cal.forward_node_host_s
-    # In sequence (cost_models.sequence_probes.in_sequence_cost): distinct ops beyond the knee
-    host_s += layer.ops_fwd * in_sequence_extra_per_op_s(
-        cal.in_sequence_op_host_s, cal.in_sequence_knee_distinct_ops, layer.distinct_ops_fwd)
-    # Cold (cost_models.sequence_probes.cold_op_cost): ops the layer before did not run
-    return host_s + layer.cold_distinct_ops_fwd * cal.cold_op_host_s
-
-
-def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
-    """What of a layer's place its time on `cluster` reads (`Layer.host_position`: its cold
-    ops, each pass only where the kit prices it; profile-device prices the forward's), ()
-    where the cluster prices no cold op (GPU presets, older kits): a search shares one
-    priced table among the layers equal in structure and in this."""
-    cal = cluster.kernel_calibration
-    if cal is None:
-        return ()
-    forward, backward = layer.host_position
-    return ((forward if cal.cold_op_host_s > 0 else None,
-             backward if cal.cold_backward_op_host_s > 0 else None)
-            if cal.cold_op_host_s > 0 or cal.cold_backward_op_host_s > 0 else ())
-
-
-def backward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) -> float:
-    """Host seconds of one backward's dispatch. Where the device kit measured it in parts
-    (`KernelCalibration.backward_view_host_op_s`, `backward_nonview_host_op_s`,
-    `backward_node_host_s`, `host_op_excess`) and the layer has kernel records: views x
-    per-view + other ops x per-op + autograd nodes x per-node + each op's per-call
-    excess, where nodes = the autograd graph's, walked on meta (`autograd_nodes_bwd`,
-    `ir.op_count.autograd_nodes`: the count the kit's probe takes of its own chain), or
-    for a layer measured before that count the forward's calls on floating tensors +
-    its parameter tensors (`host_excess.backward_nodes`), + the distinct ops the layer
-    after's backward did not run x `cold_backward_op_host_s` (`cold_distinct_ops_bwd`);
-    else ops x `host_op_seconds`. (Views are metadata only, and many come inside
-    a node's formula, so a per-op figure over-prices them: the mlp-small block's 16
-    backward ops ran in ~18 us, not 16 x 2 us.)"""
-    cal = cluster.kernel_calibration
-    if cal is None or cal.backward_nonview_host_op_s <= 0 or layer.kernels is None:
-        return layer.ops_bwd * host_op_seconds(cluster, on_dtensors, backward=True)
-    views = sum(r.count for r in layer.kernels.backward if r.kind is KernelKind.VIEW)
-    nodes = layer.autograd_nodes_bwd or backward_nodes(  # walked, else the proxy
-        layer.kernels.forward, len(layer.param_names) + len(layer.tied_param_names))
-    extra_s = cluster.dtensor_op_overhead_s if on_dtensors else 0.0
-    # Measured decomposition (cost_models.host_probes.host_op_seconds_by_pass, host_excess)
-    # + cold ops (cost_models.sequence_probes.cold_backward_chains)
-    return (views * (cal.backward_view_host_op_s + extra_s)
-            + (layer.ops_bwd - views) * (cal.backward_nonview_host_op_s + extra_s)
-            + nodes * cal.backward_node_host_s
-            + records_excess_seconds(layer.kernels.backward, cal.host_excess_s)
-            + layer.cold_distinct_ops_bwd * cal.cold_backward_op_host_s)
 
 
 def with_host(device_s: float, host_s: float, cluster: ClusterSpec) -> float:

@@ -118,7 +118,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     On CPU the function chain and the views run again with grad mode off: their per-op
     figures then record nothing, and per forward autograd node = (functions with grad -
     without) / the grad_fns the chain records (`ir.op_count.autograd_nodes` without
-    accumulations, the count `compute.forward_host_seconds` takes of a layer): an op on
+    accumulations, the count `host_dispatch.forward_host_seconds` takes of a layer): an op on
     int tensors, or on tensors needing no gradient, records none.
     One thread; the runs alternate within each round (a slow spell hits all of them), the
     module and function chains in turns (the first after a backward pays the caches').
@@ -128,7 +128,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     node's formula dispatches ops with grad mode off. Per view and per other op: the
     plain dispatch probe; per node = (the chain's backward - its views x per view - its
     other ops x per op - its ops' excess) / its nodes (`ir.op_count.autograd_nodes`, the
-    count `compute.backward_host_seconds` takes of a layer). Both backward figures
+    count `host_dispatch.backward_host_seconds` takes of a layer). Both backward figures
     leave out the engine's start (`autograd_call_s`): a step pays it once per
     micro-batch and stage, and `layer_profile.time_layer` takes it out of a layer's."""
     import torch
@@ -254,13 +254,13 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     if device == "cpu":
         plain = plain_dispatch_seconds(device)
         # the chain's exact GELU, layer norm and addmm excess out of its per-op figure
-        # (`compute.forward_host_seconds` charges each layer's own)
+        # (`host_dispatch.forward_host_seconds` charges each layer's own)
         chain_excess_s = records_excess_seconds(
             function_records, lambda op: plain.excess_s.get(op, 0.0)) / max(
             function_ops - function_views, 1)
         function_op_s = max(0.0, function_op_s - chain_excess_s)
         views = sum(r.count for r in backward_records if r.kind is KernelKind.VIEW)
-        # compute.backward_host_seconds' formula solved for the per-node figure
+        # host_dispatch.backward_host_seconds' formula solved for the per-node figure
         rest_s = (backward_s - views * plain.view_s - (backward_ops - views) * plain.op_s
                   - records_excess_seconds(backward_records, lambda op: plain.excess_s.get(op, 0.0)))
         parts = dict(backward_view_op_s=plain.view_s, backward_nonview_op_s=plain.op_s,

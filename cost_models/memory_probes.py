@@ -161,7 +161,7 @@ EXCESS_OP_OF_KIND = {"gelu": "aten::gelu", "sum": "aten::sum",
 def host_charged_seconds(device: str) -> tuple[float, dict[str, float]]:
     """What the host model charges one call of each probe kind (CPU): one op's plain
     dispatch, plus the op's measured excess where it has one (`host_excess
-    .plain_dispatch_seconds`, the figures `compute.forward_host_seconds` prices);
+    .plain_dispatch_seconds`, the figures `host_dispatch.forward_host_seconds` prices);
     returns (plain dispatch, {kind: dispatch + excess})."""
     from cost_models.host_excess import plain_dispatch_seconds
 

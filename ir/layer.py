@@ -225,7 +225,7 @@ class Layer:
     @property
     def host_position(self) -> tuple[int, int]:
         """The per-position counts the host time reads (cold ops forward, backward): layers
-        of one structure price apart where these differ (`compute.host_position_key`)."""
+        of one structure price apart where these differ (`host_dispatch.host_position_key`)."""
         return self.cold_distinct_ops_fwd, self.cold_distinct_ops_bwd
 
     def saved_bytes_on(self, device_type: str, dtype_bytes: int) -> int:

@@ -17,7 +17,8 @@ from torch import nn
 
 from cost_models.comm import layer_comm, tp_transition_s
 from cost_models.common import StepConfig, device_type_of, layer_lean
-from cost_models.compute import host_position_key, layer_compute
+from cost_models.compute import layer_compute
+from cost_models.host_dispatch import host_position_key
 from cost_models.estimate import exposed, overlap_efficiency
 from cost_models.memory import (DP_BUCKET_BYTES, DP_BUCKETS_IN_FLIGHT, ZERO3_UNITS_IN_FLIGHT,
                                 LayerMemory, held_through_step, layer_memory)

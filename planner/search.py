@@ -70,7 +70,7 @@ import numpy as np
 from torch import nn
 
 from cost_models.common import model_layer_configs
-from cost_models.compute import host_position_key
+from cost_models.host_dispatch import host_position_key
 from cost_models.compute_profile import ComputeProfile
 from cost_models.estimate import Estimate, estimate
 from cost_models.memory import plan_memory

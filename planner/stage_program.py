@@ -115,7 +115,7 @@ class StageSolver:
         self.step_cache: dict[tuple, tuple] = {} if step_cache is None else step_cache
         self.extensions = 0
         # A layer's content inside a stage: its hash, what of its place it prices
-        # (`places`: `compute.host_position_key`, as `layer_tables` keys its tables) and the
+        # (`places`: `host_dispatch.host_position_key`, as `layer_tables` keys its tables) and the
         # bytes crossing into it.
         places = places if places is not None else [()] * len(graph.layers)
         self.elems = [((l.structural_hash, places[i]), crossing[i - 1] if i else 0.0)

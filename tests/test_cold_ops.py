@@ -1,6 +1,6 @@
 """Cold ops: the distinct forward ops a layer runs that the layer before it did not
 (`Layer.cold_distinct_ops_fwd`, `ir.op_count.cold_distinct_ops`), what the forward host
-model adds for them (`cost_models.compute.forward_host_seconds`, `KernelCalibration
+model adds for them (`cost_models.host_dispatch.forward_host_seconds`, `KernelCalibration
 .cold_op_host_s`, probed by `cost_models.sequence_probes.cold_op_cost`), and
 `planner profile` timing each layer as a step runs it, after its neighbours' work
 (`cost_models.layer_profile.step_neighbours`, `StepNeighbours`)."""
@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from cost_models.compute import backward_host_seconds, forward_host_seconds
+from cost_models.host_dispatch import backward_host_seconds, forward_host_seconds
 from cost_models.layer_profile import step_neighbours, time_layer
 from cost_models.sequence_probes import ColdChain, cold_op_cost
 from ir.kernel_calibration import KernelCalibration

@@ -1,4 +1,4 @@
-"""The forward host model in parts (cost_models.compute.forward_host_seconds), the fx
+"""The forward host model in parts (cost_models.host_dispatch.forward_host_seconds), the fx
 nodes that dispatch nothing counted per layer (ir.graph_measurer.python_nodes) and the
 probe that prices them (cost_models.host_excess.python_node_seconds); the distinct ops
 counted per layer and what ops pay in sequence among them (cost_models.sequence_probes);
@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from cost_models.compute import forward_host_seconds
+from cost_models.host_dispatch import forward_host_seconds
 from ir.kernel_calibration import HostOpExcess, KernelCalibration
 from ir.kernel_recorder import KernelRecorder
 from ir.measure import build_layer_graph
@@ -208,7 +208,7 @@ def test_autograd_nodes_are_walked_per_layer(net_graph):
 def test_backward_host_takes_the_walked_node_count():
     """`tiny_layer`'s backward with 10 walked nodes instead of the proxy's 6: 3 + 8 + 10 x
     3 + 10 = 51 us (the proxy's 39 us: `test_host_split`)."""
-    from cost_models.compute import backward_host_seconds
+    from cost_models.host_dispatch import backward_host_seconds
     from tests.test_host_split import PARTS
 
     layer = tiny_layer()
@@ -267,11 +267,13 @@ def test_calibration_takes_grad_off_op_figures_where_nodes_are_priced_apart():
 
 def test_the_probe_times_recording_apart_from_dispatch():
     """The probe's chain with grad mode off is cheaper per op than with it on (nothing
-    recorded), and each grad_fn it records costs the host a positive sub-10 us figure."""
+    recorded), and each grad_fn it records costs the host a positive sub-10 us figure.
+    (Both per-op figures are net of the chain's excess, probed apart: the grad-off one is
+    a few tenths of a us here and can come out 0 on a loaded host.)"""
     from cost_models.host_probes import host_op_seconds_by_pass
 
     probe = host_op_seconds_by_pass("cpu")
-    assert 0 < probe.function_nograd_op_s < probe.function_op_s
+    assert 0 <= probe.function_nograd_op_s < probe.function_op_s
     assert 0 < probe.forward_node_s < 1e-5
     assert 0 < probe.view_nograd_op_s
 

@@ -1,4 +1,4 @@
-"""The backward host model in parts (cost_models.compute.backward_host_seconds), the
+"""The backward host model in parts (cost_models.host_dispatch.backward_host_seconds), the
 per-call excess probe (cost_models.host_excess) and the calibration fields that carry
 them (ir.kernel_calibration), including specs written before those fields existed."""
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from cost_models.common import StepConfig
-from cost_models.compute import backward_host_seconds, layer_compute
+from cost_models.compute import layer_compute
+from cost_models.host_dispatch import backward_host_seconds
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.kernel_calibration import HostOpExcess, KernelCalibration

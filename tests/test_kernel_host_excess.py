@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cost_models.compute import backward_host_seconds, forward_host_seconds
+from cost_models.host_dispatch import backward_host_seconds, forward_host_seconds
 from cost_models.host_excess import (HOST_EXCESS_OPS, SWEPT_EXCESS_OPS, _tiny_calls,
                                      plain_dispatch_seconds)
 from cost_models.memory_probes import EXCESS_OP_OF_KIND

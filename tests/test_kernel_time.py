@@ -246,7 +246,7 @@ def test_forward_host_time_is_views_ops_and_module_calls_where_measured_apart():
     # 5 x op_overhead_s.
     import dataclasses
 
-    from cost_models.compute import forward_host_seconds
+    from cost_models.host_dispatch import forward_host_seconds
 
     view = KernelRecord("aten::view", KernelKind.VIEW, "float32", (), count=3)
     counted = KernelRecords(forward=(memory("aten::add", 1024), view), backward=(),
