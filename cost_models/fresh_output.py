@@ -23,9 +23,11 @@ call of a record: its output bytes at that rate; 0 where the calibration has no 
 (GPUs: their probes rotate buffers already; CPU specs measured before this probe).
 Outputs counted: a GEMM's m x n, a memory kernel's first output (its record's shape),
 attention's output forward and its three input gradients backward, a convolution
-forward's output, an embedding backward's table gradient (weight-sized: it does not grow
-with the micro-batch). Not counted: in-place ops (their output is their input), embedding
-bags, a convolution backward's gradients (the record keeps no input positions).
+forward's output, an embedding backward's table gradient. Weight gradients (the
+recorder's `KernelRecord.weight_output`: a Linear's x^T @ dy, a bias's sum, the table
+gradient) are weight-sized at any micro-batch; every other output grows with it. Not
+counted: in-place ops (their output is their input), embedding bags, a convolution
+backward's gradients (the record keeps no input positions).
 """
 
 from __future__ import annotations
@@ -94,9 +96,10 @@ def output_bytes(r: KernelRecord, config: StepConfig, share: float, backward: bo
 
     op = r.op.split("::")[-1]
     element = config.precision.compute_bytes
-    if r.kind is KernelKind.GEMM:
+    if r.kind is KernelKind.GEMM:  # a weight gradient's m x n is weight-sized: k grows
         tokens = config.graph_micro_batch * (config.seq_len or 1)
-        m, n, _ = kernel_time._token_scaled_gemm(r.shape, config.batch_scale, tokens, share)
+        m, n, _ = kernel_time._token_scaled_gemm(r.shape, config.batch_scale, tokens, share,
+                                                 r.weight_output)
         return m * n * element  # a batched product's batch is folded into m
     if r.kind is KernelKind.ATTENTION:
         batch, heads, q_len, kv_len, head_dim = r.shape
@@ -111,8 +114,10 @@ def output_bytes(r: KernelRecord, config: StepConfig, share: float, backward: bo
         return r.weight_bytes * config.dtype_scale * share  # kernel_time's table fill
     if r.kind is KernelKind.MEMORY and not op.endswith("_") and op not in EMBEDDING_BAG_OPS:
         # in the compute dtype, as the model's other activation bytes (an int64 index or a
-        # bool mask is priced at its elements' count; they are the small outputs)
-        return math.prod(r.shape) * element * config.batch_scale * share
+        # bool mask is priced at its elements' count; they are the small outputs); a
+        # weight gradient (a bias's sum over the tokens) as recorded, whatever the batch
+        grows = 1.0 if r.weight_output else config.batch_scale
+        return math.prod(r.shape) * element * grows * share
     return 0.0
 
 

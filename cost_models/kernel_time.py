@@ -204,16 +204,19 @@ def nearest_sdpa(cal: KernelCalibration | None, batch_heads: int, q_len: int, kv
 
 
 def _token_scaled_gemm(shape: tuple[int, ...], scale: float, tokens: int,
-                       share: float) -> tuple[int, int, int]:
-    """(m, n, k) of one product after the micro-batch change and the TP split."""
+                       share: float, weight_output: bool = False) -> tuple[int, int, int]:
+    """(m, n, k) of one product after the micro-batch change and the TP split.
+    `weight_output`: the record's output is a weight gradient (`KernelRecord.weight_output`,
+    what the recorder saw it read): its k grows, whatever its dims."""
     batch, m, n, k = shape
     grow = lambda d: max(1, round(d * scale))  # noqa: E731
     # A batched matmul (attention's batch x heads; TP splits the heads) is priced as one
     # product of batch * m rows: cuBLAS's strided-batched GEMM runs the products side by side.
     if batch > 1:
         return grow(m * max(1, round(batch * scale * share))), n, k
-    # The IR's token count itself first (nn.Linear flattens (b, s) into m), then a multiple.
-    if m != tokens and (k == tokens or (m % tokens and not k % tokens)):
+    # Records without the mark (built by hand): the IR's token count itself first
+    # (nn.Linear flattens (b, s) into m), then a multiple.
+    if weight_output or (m != tokens and (k == tokens or (m % tokens and not k % tokens))):
         k = grow(k)  # weight gradient: x^T @ dy sums over the tokens
     else:
         m = grow(m)
@@ -244,7 +247,8 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
     cal = cluster.kernel_calibration
     if r.kind is KernelKind.GEMM:
         tokens = config.graph_micro_batch * (config.seq_len or 1)
-        m, n, k = _token_scaled_gemm(r.shape, config.batch_scale, tokens, share)
+        m, n, k = _token_scaled_gemm(r.shape, config.batch_scale, tokens, share,
+                                     r.weight_output)
         efficiency = gemm_shape_efficiency(cluster, m, n, k, dtype)
         # Bytes from the scaled product itself (reads m x k and k x n, writes m x n), not
         # the recorded ones scaled by the micro-batch: a weight gradient's m x n output

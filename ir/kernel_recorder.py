@@ -37,6 +37,7 @@ from ir.checkpoint_policy import op_name, saved_under_selective
 from ir.kernel_records import (CONV_GRAD_BIAS, CONV_GRAD_INPUT, CONV_GRAD_WEIGHT, KernelKind,
                                KernelRecord)
 from ir.saved_tensors import storage_key, tensor_leaves
+from ir.weight_outputs import is_weight_gradient, is_weight_output
 from ir.tensor_iteration import (broadcast_strides, elementwise_strides, iteration_order,
                                  trailing_run, walks_out_of_order)
 from ir.tensor_iteration import loops_per_call as tensor_loops_per_call
@@ -120,12 +121,6 @@ def conv_shape(name: str, args, out) -> tuple[int, ...]:
     # weight: (out_channels, in_channels / groups, *kernel); output: (batch, out, *positions)
     return (groups, int(out_like.shape[0]), int(weight.shape[1]), int(weight.shape[0]) // groups,
             int(math.prod(out_like.shape[2:])), int(math.prod(weight.shape[2:])), grads)
-
-
-# Backward ops that write an embedding table's dense gradient (rows x dim): its bytes are
-# the table's, not the batch's (aten's embedding and embedding_bag backward kernels).
-EMBEDDING_GRADIENT_OPS = frozenset({"embedding_dense_backward", "_embedding_bag_backward",
-                                    "_embedding_bag_dense_backward"})
 
 
 # An embedding bag's forward and backward (aten's CPU and CUDA kernels; the dense and sparse
@@ -333,7 +328,7 @@ class KernelRecorder:
         key = (record.op, record.kind, record.dtype, record.shape, record.flops,
                record.weight_bytes, record.activation_bytes, record.causal,
                record.inner_loops, record.variant, record.unvectorized, record.inner_run,
-               record.transposing, record.loops_per_call, record.binary)
+               record.transposing, record.loops_per_call, record.binary, record.weight_output)
         entry = self._counts.setdefault(key, [record, 0, 0])
         entry[1] += record.count
         entry[2] += record.strided_calls  # not in the key: a layout splits no record
@@ -351,8 +346,9 @@ class KernelRecorder:
         if func.is_view or name in NO_KERNEL_OPS:
             self.add(KernelRecord(op, KernelKind.VIEW, dtype, (), 1))
             return
-        weight = sum(t.nbytes for t in inputs if storage_key(t) in self.weight_keys) + \
-            sum(t.nbytes for t in outputs if self._is_weight_gradient(name, t))
+        read_weights = [t for t in inputs if storage_key(t) in self.weight_keys]
+        weight = sum(t.nbytes for t in read_weights) + sum(
+            t.nbytes for t in outputs if is_weight_gradient(name, t, self.weight_shapes))
         moved = sum(t.nbytes for t in inputs) + sum(t.nbytes for t in outputs) - weight
         counter = flop_registry.get(func.overloadpacket)
         flops = int(counter(*args, **(kwargs or {}), out_val=out)) if counter else 0
@@ -382,20 +378,10 @@ class KernelRecorder:
                               and sum(t.numel() > 1 for t in inputs) >= 2,
                               int(memory and name in REDUCTION_OPS and bool(inputs)
                                   and inputs[0].dim() > 0
-                                  and reduction_unvectorized(args, inputs[0]))))
-
-    def _is_weight_gradient(self, name: str, t: torch.Tensor) -> bool:
-        """A backward output that does not grow with the micro-batch: an embedding's dense
-        gradient, a norm's 1-D weight gradients, or a bias gradient (a `sum` over the
-        tokens, kept as (1, out)). Only 1-D matches otherwise: an activation is at least
-        2-D, so it does not pass for a bias by coincidence."""
-        shape = tuple(t.shape)
-        if name in EMBEDDING_GRADIENT_OPS:
-            return shape in self.weight_shapes
-        if name == "sum":
-            while len(shape) > 1 and shape[0] == 1:
-                shape = shape[1:]
-        return len(shape) == 1 and shape in self.weight_shapes
+                                  and reduction_unvectorized(args, inputs[0])),
+                              weight_output=bool(outputs) and is_weight_output(
+                                  name, outputs[0], bool(read_weights), name in GEMM_OPS,
+                                  self.weight_shapes)))
 
     def records(self) -> tuple[KernelRecord, ...]:
         out = []

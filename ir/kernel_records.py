@@ -108,6 +108,10 @@ class KernelRecord:
     # Reductions: how many of the `count` calls have no contiguous inner dim, which ATen's
     # CPU reduce runs element by element (`ir.kernel_recorder.reduction_unvectorized`).
     strided_calls: int = 0
+    # Memory kernels and GEMMs: the first output is shaped like a parameter of the layer, a
+    # weight gradient (a bias's `sum`, x^T @ dy): it does not grow with the micro-batch
+    # (`ir.kernel_recorder.KernelRecorder.weight_output`).
+    weight_output: bool = False
 
     @property
     def excess_key(self) -> str:

@@ -1,0 +1,99 @@
+"""A weight gradient's output is weight-sized at every micro-batch (`cost_models
+.fresh_output.output_bytes`): the recorder marks it (`KernelRecord.weight_output`), and only
+token-shaped outputs grow with the micro-batch. Each figure is worked out by hand from a
+real nn.Linear traced on meta, bias included."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from ir.kernel_calibration import MemoryKernelPoint
+from ir.kernel_records import KernelKind
+from ir.measure import build_layer_graph
+from ir.strategy import Precision
+
+from cost_models.common import StepConfig
+from cost_models.fresh_output import output_bytes
+from cost_models.kernel_time import pass_seconds
+from tests.test_kernel_sequence import BASE, spec
+
+FLOAT = 4  # fp32 bytes
+
+
+class _OneLinear(nn.Module):
+    def __init__(self, features_in: int, features_out: int):
+        super().__init__()
+        self.fc = nn.Linear(features_in, features_out)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def linear_records(features_in: int, features_out: int, rows: int):
+    """The Linear's own backward kernels (mm, mm, the bias's sum; the loss's left out),
+    traced on `rows` x `features_in` inputs (no sequence: the IR's tokens are `rows`)."""
+    with torch.device("meta"):
+        model = _OneLinear(features_in, features_out)
+        x, target = torch.empty(rows, features_in), torch.empty(rows, features_out)
+    graph = build_layer_graph(model, {"x": x}, target, lambda out, t: ((out - t) ** 2).mean(),
+                              seq_len=None)
+    (layer,) = graph.layers
+    return layer.kernels.forward, tuple(
+        r for r in layer.kernels.backward if r.op in ("aten::mm", "aten::sum"))
+
+
+def config(micro_batch: int, graph_micro_batch: int) -> StepConfig:
+    return StepConfig(micro_batch=micro_batch, graph_micro_batch=graph_micro_batch,
+                      graph_dtype="float32", precision=Precision.FP32, seq_len=None,
+                      device_type="cpu")
+
+
+def _outputs(records, cfg, backward=True) -> list[tuple[str, float]]:
+    return sorted((r.op, output_bytes(r, cfg, 1.0, backward)) for r in records)
+
+
+def test_a_linear_traced_at_one_row_keeps_its_bias_gradient_at_sixteen():
+    """Linear(32 -> 64) traced on one row; backward: dy @ W (1 x 32 out), x^T @ dy
+    (64 x 32: the weight's gradient), the bias's sum (64). At micro-batch 16 the first
+    grows to 16 x 32; the weight's and the bias's gradients stay 64 x 32 and 64 floats
+    (the old price grew the bias's 16-fold: a sum over the tokens is weight-sized)."""
+    _, backward = linear_records(32, 64, rows=1)
+    assert _outputs(backward, config(1, 1)) == [
+        ("aten::mm", 1 * 32 * FLOAT), ("aten::mm", 64 * 32 * FLOAT),
+        ("aten::sum", 64 * FLOAT)]
+    assert _outputs(backward, config(16, 1)) == [
+        ("aten::mm", 16 * 32 * FLOAT), ("aten::mm", 64 * 32 * FLOAT),
+        ("aten::sum", 64 * FLOAT)]
+
+
+def test_a_weight_gradient_whose_rows_equal_the_tokens_is_told_by_what_it_reads():
+    """Linear(16 -> 16) traced on 16 rows: dy @ W and x^T @ dy are both (1, 16, 16, 16)
+    products (m = the tokens in both), told apart only by what they read (dy @ W reads
+    the weight). Priced at micro-batch 1: dy @ W writes 1 x 16, x^T @ dy still 16 x 16, the
+    bias's sum 16 floats; forward x @ W^T writes 1 x 16. (Dims alone scaled the weight's
+    gradient down to 1 x 16, as a token-shaped product.)"""
+    forward, backward = linear_records(16, 16, rows=16)
+    assert _outputs(backward, config(1, 16)) == [
+        ("aten::mm", 1 * 16 * FLOAT), ("aten::mm", 16 * 16 * FLOAT),
+        ("aten::sum", 16 * FLOAT)]
+    addmm = [r for r in forward if r.op == "aten::addmm"]
+    assert _outputs(addmm, config(1, 16), backward=False) == [
+        ("aten::addmm", 1 * 16 * FLOAT)]
+
+
+def test_the_backward_pass_pays_the_weight_sized_outputs_at_the_measured_rate():
+    """One fresh-output point (8 KiB at 10 GB/s: the rate at every size). Linear(32 -> 64)
+    at micro-batch 16, traced on one row: (16 x 32 + 64 x 32 + 64) floats = 10,496 bytes
+    of fresh outputs backward, 10,496 / 10e9 s on top of the same kit without the point."""
+    _, backward = linear_records(32, 64, rows=1)
+    fresh = spec(dataclasses.replace(BASE, memory_kernels=BASE.memory_kernels + (
+        MemoryKernelPoint("fresh_output", "float32", 8 * 2**10, 10.0),)))
+    cfg = config(16, 1)
+    added = (pass_seconds(backward, fresh, cfg, 1.0, backward=True).total_s
+             - pass_seconds(backward, spec(BASE), cfg, 1.0, backward=True).total_s)
+    assert added == pytest.approx((16 * 32 + 64 * 32 + 64) * FLOAT / 10e9)
+    assert all(r.kind in (KernelKind.GEMM, KernelKind.MEMORY) for r in backward)
