@@ -80,7 +80,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.bench_kernel_model import gemm_shapes, traced_graph  # noqa: E402
 from cost_models.common import GB, StepConfig  # noqa: E402
 from cost_models.compute import layer_compute  # noqa: E402
-from cost_models.fresh_output import KIND, fresh_output_seconds, probe_fresh_output  # noqa: E402
+from cost_models.fresh_output import (KIND, fresh_output_seconds, fresh_pool_bytes,  # noqa: E402
+                                      probe_fresh_output)
 from cost_models.host_probes import autograd_call_s, probe_clock  # noqa: E402
 from cost_models.kernel_loops import memory_gbps  # noqa: E402
 from cost_models.math_kernels import MATH_KINDS  # noqa: E402
@@ -406,7 +407,8 @@ def main() -> int:
     evict = torch.zeros(EVICT_BYTES // 4)
     evict_l2 = torch.zeros(EVICT_L2_BYTES // 4)
     cal = spec.kernel_calibration if spec else KernelCalibration(
-        "bench_kernel_sequence", memory_kernels=tuple(probe_fresh_output("cpu", seconds_per_call)))
+        "bench_kernel_sequence", memory_kernels=tuple(probe_fresh_output("cpu", seconds_per_call,
+                                                    fresh_pool_bytes())))
     print("fresh_output probe: " + ", ".join(f"{p.nbytes // 1024} KiB {1024 / p.gbps:.1f} ns/KiB"
                                              for p in cal.memory_kernels
                                              if p.kernel == KIND))

@@ -15,7 +15,7 @@ of 128 KiB wrote into a pre-faulted block of a 4-64 MiB pool 3.2-4.4 us slower t
 the same block (27-34 ns per KiB).
 
 The probe (`probe_fresh_output`): `torch.add(a, b, out=...)` with hot inputs, into one
-block (hot) and into blocks of a FRESH_POOL_BYTES pool in shuffled turn (fresh), at each of
+block (hot) and into blocks of a pool twice the last-level cache in shuffled turn (fresh), at each of
 FRESH_OUTPUT_BYTES; the point is the output's bytes over the difference of the two, as
 a rate:  extra seconds = output bytes / gbps  (interpolated in log(bytes) by
 `kernel_loops.memory_gbps`, as every memory kind). `fresh_output_seconds` prices one
@@ -50,10 +50,19 @@ KIND = "fresh_output"
 # at 8-16 MiB; at 32 MiB no slower, and 4 s more of probe); past the last size its rate
 # applies (`kernel_loops.memory_gbps`).
 FRESH_OUTPUT_BYTES = (8 * 2**10, 32 * 2**10, 128 * 2**10, 512 * 2**10, 2 * 2**20, 8 * 2**20)
-# Fresh blocks rotate over this many bytes: 2x this CPU's 32 MiB L3 (lscpu), so a block's
-# lines were last written a pool ago and are out of every cache level, as a freed block
-# is when a pass (15-27 MiB of kernel traffic at llama-tiny mb 16) ran since.
-FRESH_POOL_BYTES = 64 * 2**20
+# Fresh blocks rotate over FRESH_POOL_LLC_MULTIPLE x the CPU's last-level cache, read from
+# sysfs (`last_level_cache_bytes`), so a block's lines were last written a pool ago and
+# are out of every cache level, as a freed block is when a pass (15-27 MiB of kernel
+# traffic at llama-tiny mb 16) ran since. The spec records the pool it used
+# (`KernelCalibration.fresh_output_pool_bytes`).
+FRESH_POOL_LLC_MULTIPLE = 2
+# Where the CPU describes its caches (Linux: one index<N> folder per cache, with its
+# level, type and size); cpu0's, as the probe runs on one thread.
+CPU_CACHE_SYSFS = "/sys/devices/system/cpu/cpu0/cache"
+# The last-level cache where sysfs says nothing (no /sys in a container, not Linux): the
+# L3 of the CPU this probe was written on (lscpu and sysfs index3: 32768K, 2026-11-25).
+FALLBACK_LAST_LEVEL_CACHE_BYTES = 32 * 2**20
+_SIZE_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}  # sysfs sizes: "48K", "32768K", "2M"
 FRESH_PROBE_ROUNDS = 3  # hot and fresh alternate; the fastest of each (least disturbed)
 # Fresh blocks are visited in a shuffled order: malloc hands back scattered blocks, and
 # blocks in address order would let the hardware prefetcher stream them (in order, the
@@ -61,9 +70,38 @@ FRESH_PROBE_ROUNDS = 3  # hot and fresh alternate; the fastest of each (least di
 FRESH_ORDER_SEED = 0
 
 
-def probe_fresh_output(device: str, seconds_per_call) -> list[MemoryKernelPoint]:
+def last_level_cache_bytes(cache_dir: str = CPU_CACHE_SYSFS) -> int:
+    """Bytes of the CPU's last-level data cache: the size of the highest-level data or
+    unified cache sysfs lists under `cache_dir`, FALLBACK_LAST_LEVEL_CACHE_BYTES where it
+    lists none it can read."""
+    import glob
+    import os
+
+    levels = []
+    for index in glob.glob(os.path.join(cache_dir, "index*")):
+        try:
+            fields = {name: open(os.path.join(index, name)).read().strip()
+                      for name in ("level", "type", "size")}
+            size = fields["size"]
+            nbytes = int(size[:-1]) * _SIZE_UNITS[size[-1]] if size[-1] in _SIZE_UNITS \
+                else int(size)
+            levels.append((int(fields["level"]), nbytes, fields["type"]))
+        except (OSError, ValueError, IndexError):
+            continue
+    data = [(level, nbytes) for level, nbytes, kind in levels if kind != "Instruction"]
+    return max(data)[1] if data else FALLBACK_LAST_LEVEL_CACHE_BYTES
+
+
+def fresh_pool_bytes(cache_dir: str = CPU_CACHE_SYSFS) -> int:
+    """The bytes the probe's fresh blocks rotate over on this CPU."""
+    return FRESH_POOL_LLC_MULTIPLE * last_level_cache_bytes(cache_dir)
+
+
+def probe_fresh_output(device: str, seconds_per_call,
+                       pool_bytes: int) -> list[MemoryKernelPoint]:
     """The `fresh_output` points of a CPU (none elsewhere). `seconds_per_call` is
-    `profile_device.seconds_per_call` (passed in: profile_device imports this module).
+    `profile_device.seconds_per_call` (passed in: profile_device imports this module);
+    fresh blocks rotate over `pool_bytes` (`fresh_pool_bytes`, at least two blocks).
     A size whose fresh writes came out no slower than hot ones gives no point."""
     import torch
 
@@ -74,7 +112,7 @@ def probe_fresh_output(device: str, seconds_per_call) -> list[MemoryKernelPoint]
         n = nbytes // 4  # float32 elements
         a, b = torch.rand(n), torch.rand(n)
         hot = torch.empty(n)
-        pool = [torch.zeros(n) for _ in range(max(2, FRESH_POOL_BYTES // nbytes))]  # faulted in
+        pool = [torch.zeros(n) for _ in range(max(2, pool_bytes // nbytes))]  # faulted in
         order = list(range(len(pool)))
         random.Random(FRESH_ORDER_SEED).shuffle(order)
         hot_s, fresh_s = math.inf, math.inf

@@ -57,7 +57,7 @@ from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)
     CPU_SDPA_DTYPE, QUICK_CUDA_GEMM_SHAPES, CPU_CONV_SHAPES, CUDA_CONV_SHAPES, CPU_CONV_DTYPE,
     CUDA_CONV_DTYPE, BATCH_NORM_CHANNELS, CPU_SMALL_ONLY_KINDS, CPU_SMALL_ONLY_MAX_BYTES)
 from cost_models.conv_probes import probe_conv
-from cost_models.fresh_output import probe_fresh_output
+from cost_models.fresh_output import fresh_pool_bytes, probe_fresh_output
 from cost_models.math_kernels import probe_math_kernels
 from cost_models.memory_probes import (host_charged_seconds, net_of_call_cost, probe_memory,
                                        probe_row_seconds)
@@ -363,7 +363,8 @@ def measure(device: str, quick: bool = False, progress=None,
             memory = fastest_points(memory, probe_memory(device, sizes[::-1], memory_dtype))
             memory = net_of_call_cost(memory, *host_charged_seconds(device))  # host's share
         row_s = probe_row_seconds(device, memory_dtype) if cpu else {}
-        memory = [*memory, *probe_fresh_output(device, seconds_per_call)]  # seqkern: CPU only
+        pool_bytes = fresh_pool_bytes() if cpu else 0  # seqkern: CPU only
+        memory = [*memory, *probe_fresh_output(device, seconds_per_call, pool_bytes)]
         memory = [*memory, *probe_math_kernels(device, sizes, memory_dtype)]  # seqkern2: CPU only
         sdpa_shapes = CPU_SDPA_SHAPES if cpu else CUDA_SDPA_SHAPES[:1] if quick else CUDA_SDPA_SHAPES
         sdpa = probe_sdpa(device, sdpa_shapes, CPU_SDPA_DTYPE if cpu else CUDA_SDPA_DTYPE, progress)
@@ -396,7 +397,8 @@ def measure(device: str, quick: bool = False, progress=None,
                              softmax_row_s=row_s.get("softmax", 0.0),
                              layer_norm_row_s=row_s.get("layer_norm", 0.0),
                              embedding_call_s=lookup.call_s,
-                             embedding_index_s=lookup.index_s)
+                             embedding_index_s=lookup.index_s,
+                             fresh_output_pool_bytes=pool_bytes)
 
 
 def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> ClusterSpec:

@@ -53,7 +53,9 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             # SELECTIVE's per-call figure in its two measured halves (multirank block, below)
             "selective_call_forward_s", "selective_call_recompute_s",
             # an embedding's forward (`item_probes.probe_embedding_forward`)
-            "embedding_call_s", "embedding_index_s")
+            "embedding_call_s", "embedding_index_s",
+            # the pool the fresh-output probe's blocks rotated over (`cost_models.fresh_output`)
+            "fresh_output_pool_bytes")
 
 # Figures kits of 2026-11-24 wrote, always as 0 (per-call forward pricing, which
 # profile-device never turned on and which was removed: bench/bench_host_ab.py); a spec
@@ -172,6 +174,10 @@ class KernelCalibration:
     # of `item_probes.EMBEDDING_PROBE_DIM`); 0 where not measured (bytes at copy speed).
     embedding_call_s: float = 0.0
     embedding_index_s: float = 0.0
+    # Bytes the fresh-output probe's blocks rotated over (`cost_models.fresh_output
+    # .fresh_pool_bytes`: twice the CPU's last-level cache, read from sysfs), for the
+    # record; 0 where not measured (GPUs; CPU kits before it).
+    fresh_output_pool_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)

@@ -1,7 +1,8 @@
-"""A weight gradient's output is weight-sized at every micro-batch (`cost_models
-.fresh_output.output_bytes`): the recorder marks it (`KernelRecord.weight_output`), and only
-token-shaped outputs grow with the micro-batch. Each figure is worked out by hand from a
-real nn.Linear traced on meta, bias included."""
+"""The fresh-output term (`cost_models.fresh_output`): a weight gradient's output is
+weight-sized at every micro-batch (the recorder marks it, `KernelRecord.weight_output`; only
+token-shaped outputs grow), each figure worked out by hand from a real nn.Linear traced on
+meta, bias included; the probe's pool is twice the last-level cache sysfs lists, and the
+spec records it."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ import pytest
 import torch
 from torch import nn
 
-from ir.kernel_calibration import MemoryKernelPoint
+from ir.kernel_calibration import KernelCalibration, MemoryKernelPoint
 from ir.kernel_records import KernelKind
 from ir.measure import build_layer_graph
 from ir.strategy import Precision
 
 from cost_models.common import StepConfig
-from cost_models.fresh_output import output_bytes
+from cost_models.fresh_output import (FALLBACK_LAST_LEVEL_CACHE_BYTES, FRESH_OUTPUT_BYTES,
+                                      fresh_pool_bytes, last_level_cache_bytes, output_bytes,
+                                      probe_fresh_output)
 from cost_models.kernel_time import pass_seconds
 from tests.test_kernel_sequence import BASE, spec
 
@@ -97,3 +100,51 @@ def test_the_backward_pass_pays_the_weight_sized_outputs_at_the_measured_rate():
              - pass_seconds(backward, spec(BASE), cfg, 1.0, backward=True).total_s)
     assert added == pytest.approx((16 * 32 + 64 * 32 + 64) * FLOAT / 10e9)
     assert all(r.kind in (KernelKind.GEMM, KernelKind.MEMORY) for r in backward)
+
+
+def _cache(tmp_path, *caches):
+    """A sysfs cache folder: one index<N> per (level, type, size)."""
+    for i, (level, kind, size) in enumerate(caches):
+        index = tmp_path / f"index{i}"
+        index.mkdir(parents=True)
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (index / name).write_text(f"{value}\n")
+    return str(tmp_path)
+
+
+def test_the_pool_is_twice_the_last_level_cache_sysfs_lists(tmp_path):
+    # this CPU's layout (48K L1d, 32K L1i, 1024K L2, 32768K L3): the L3, 32 MiB; a 2M L2
+    # as the last level: 2 MiB; an instruction cache is never the last level
+    here = _cache(tmp_path / "a", (1, "Data", "48K"), (1, "Instruction", "32K"),
+                  (2, "Unified", "1024K"), (3, "Unified", "32768K"))
+    assert last_level_cache_bytes(here) == 32 * 2**20
+    assert fresh_pool_bytes(here) == 64 * 2**20
+    two = _cache(tmp_path / "b", (1, "Data", "32K"), (2, "Unified", "2M"),
+                 (3, "Instruction", "64M"))
+    assert last_level_cache_bytes(two) == 2 * 2**20
+    # nothing readable (no /sys in a container): the named fallback
+    assert last_level_cache_bytes(str(tmp_path / "missing")) == FALLBACK_LAST_LEVEL_CACHE_BYTES
+    assert last_level_cache_bytes() > 0  # this machine's own sysfs, or the fallback
+
+
+def test_the_probe_rotates_over_the_pool_it_is_given_and_prices_the_difference():
+    """A stand-in for `seconds_per_call` that runs the timed call over 64 turns and reads
+    1 us per distinct block written: the hot call writes one block (1 us), a fresh call
+    one of pool_bytes / size blocks (at least two). With a 256 KiB pool: 8 KiB writes
+    into 32 blocks (31 us more: 8192 / 31e-6 / 1e9 GB/s), 32 KiB into 8, 128 KiB into 2,
+    and every larger size into 2 (1 us more)."""
+    def seconds_per_call(call, device):
+        return 1e-6 * len({call(i).data_ptr() for i in range(64)})
+
+    points = probe_fresh_output("cpu", seconds_per_call, 256 * 2**10)
+    blocks = {8 * 2**10: 32, 32 * 2**10: 8}
+    assert [(p.kernel, p.nbytes) for p in points] == [("fresh_output", n) for n in FRESH_OUTPUT_BYTES]
+    for p in points:
+        assert p.gbps == pytest.approx(p.nbytes / ((blocks.get(p.nbytes, 2) - 1) * 1e-6) / 1e9)
+
+
+def test_the_spec_records_the_pool_and_reads_it_back():
+    cal = dataclasses.replace(BASE, fresh_output_pool_bytes=64 * 2**20)
+    again = KernelCalibration.from_dict(cal.to_dict())
+    assert again.fresh_output_pool_bytes == 64 * 2**20
+    assert KernelCalibration.from_dict(BASE.to_dict()).fresh_output_pool_bytes == 0  # older

@@ -19,7 +19,8 @@ from ir.strategy import Precision
 
 from cost_models.clusters import get_cluster
 from cost_models.common import StepConfig
-from cost_models.fresh_output import FRESH_OUTPUT_BYTES, fresh_output_seconds, probe_fresh_output
+from cost_models.fresh_output import (FRESH_OUTPUT_BYTES, fresh_output_seconds, fresh_pool_bytes,
+                                      probe_fresh_output)
 from cost_models.kernel_time import kernel_call_seconds, pass_seconds
 from cost_models.profile_device import seconds_per_call
 from tests.cpu_specs import one_cpu_process
@@ -123,7 +124,7 @@ def test_the_points_round_trip_through_json_and_bad_kinds_still_fail():
 
 
 def test_the_probe_runs_on_this_cpu_and_writes_cold_lines_slower():
-    points = probe_fresh_output("cpu", seconds_per_call)
+    points = probe_fresh_output("cpu", seconds_per_call, fresh_pool_bytes())
     # a point per probed size where fresh blocks wrote slower than a hot one: at 128 KiB
     # (inside L2) they were ~2x slower here, so that point at least is there
     assert {p.nbytes for p in points} <= set(FRESH_OUTPUT_BYTES)
@@ -131,7 +132,7 @@ def test_the_probe_runs_on_this_cpu_and_writes_cold_lines_slower():
     # one thread writing cold lines: between 0.1 GB/s and 10 TB/s of extra (a unit slip
     # of 1e3 lands outside)
     assert all(p.kernel == "fresh_output" and 0.1 < p.gbps < 1e4 for p in points)
-    assert probe_fresh_output("cuda", seconds_per_call) == []  # GPU probes rotate already
+    assert probe_fresh_output("cuda", seconds_per_call, 0) == []  # GPU probes rotate already
 
 
 def test_the_committed_gpu_preset_carries_no_figure_and_adds_nothing():

@@ -63,7 +63,8 @@ def run(args) -> int:
     fresh = [p for p in cal.memory_kernels if p.kernel == FRESH_OUTPUT_KIND]
     if fresh:  # points store bytes over the extra seconds: 1024 / GB/s = ns per KiB
         print("writing outputs into blocks out of cache, extra ns per KiB: " + ", ".join(
-            f"{1024 / p.gbps:.0f} at {p.nbytes // 2**10} KiB" for p in fresh))
+            f"{1024 / p.gbps:.0f} at {p.nbytes // 2**10} KiB" for p in fresh)
+            + f" (pool {cal.fresh_output_pool_bytes / 2**20:.0f} MiB)")
     sdpa = [[p.backend, f"{p.batch}x{p.heads}x{p.seq_len}x{p.head_dim}", p.dtype,
              f"{p.forward_s * 1e3:.3f}", f"{p.backward_s * 1e3:.3f}"] for p in cal.sdpa]
     print(table(["sdpa backend", "b x heads x s x d", "dtype", "fwd ms", "bwd ms"], sdpa,
