@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ir.gloo_reduce_scatter import reduce_scatter_in_place
+
 from cost_models.collective_fit import FLOAT_BYTES, KiB, MiB
 
 WARMUP = 1  # first call of a size pays for buffer allocation and connection setup
@@ -33,7 +35,10 @@ BURSTS = 5  # the median burst
 def _collective_calls(dist, group, n: int, nbytes: int, device
                       ) -> tuple[dict[str, Callable[[], object]], Any]:
     """One call of each group collective on a message of ~`nbytes` over `group` (None:
-    the whole world), and the full-size tensor they share."""
+    the whole world), and the full-size tensor they share. The reduce-scatter is the one
+    the executor's data-parallel units run: on gloo `ir.gloo_reduce_scatter` (installed by
+    `executors.host_collectives.GlooReduceScatter`; gloo's own clones the input first),
+    elsewhere torch's (NCCL's kernel)."""
     import torch
 
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -43,6 +48,9 @@ def _collective_calls(dist, group, n: int, nbytes: int, device
     full = torch.ones(numel, device=device)
     shard = torch.ones(numel // n, device=device)
     out = torch.empty(numel, device=device)
+    if dist.get_backend(group) == "gloo":  # ZeRO-2/3's on gloo: in place, no full clone
+        def reduce_scatter(output, flat, group):
+            reduce_scatter_in_place(output, flat, group or dist.group.WORLD)
     return {
         "all_reduce": lambda: dist.all_reduce(full, group=group),
         "all_gather": lambda: all_gather(out, shard, group=group),

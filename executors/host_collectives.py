@@ -58,6 +58,7 @@ from torch.distributed.fsdp._fully_shard import _fsdp_collectives
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from ir.errors import PlannerError
+from ir.gloo_reduce_scatter import flat_chunks, reduce_scatter_in_place
 from ir.lean_host import LEAN_BACKWARD_PREFETCH, RING_PIECE_BYTES, weightless_backward
 
 
@@ -83,14 +84,6 @@ class _Done(dist.Work):
         return True
 
 
-def _chunks(flat: torch.Tensor, n: int, what: str) -> torch.Tensor:
-    if flat.dim() != 1 or not flat.is_contiguous() or flat.numel() % n:
-        raise PlannerError(f"host {what}: needs a contiguous 1-D buffer divisible by the "
-                           f"group size {n}, got shape {list(flat.shape)}; this is FSDP2's "
-                           "flat buffer layout, so the installed torch changed it")
-    return flat.view(n, -1)  # (n, numel / n): chunk i belongs to group rank i
-
-
 class RingAllGather(AllGather):
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype,
                  device: torch.device) -> torch.Tensor:
@@ -99,7 +92,7 @@ class RingAllGather(AllGather):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False) -> dist.Work:
         n, r, nxt, prev = _ring(group)
-        chunks = _chunks(output_tensor, n, "all-gather")
+        chunks = flat_chunks(output_tensor, n, "all-gather")
         if chunks[r].data_ptr() != input_tensor.data_ptr():
             chunks[r].copy_(input_tensor.reshape(-1))
         for step in range(n - 1):  # step s: pass on the chunk received at s - 1
@@ -129,7 +122,7 @@ class RingReduceScatter(ReduceScatter):
                                "set_force_sum_reduction_for_comms(True) on the unit")
         _materialize(output_tensor)
         n, r, nxt, prev = _ring(group)
-        chunks = _chunks(input_tensor, n, "reduce-scatter")
+        chunks = flat_chunks(input_tensor, n, "reduce-scatter")
         piece = max(1, RING_PIECE_BYTES // chunks.element_size())
         # the receive scratch the cost model prices (`ir.lean_host.ring_scratch_bytes`)
         received = torch.empty(min(piece, chunks.shape[1]), dtype=chunks.dtype)
@@ -174,9 +167,7 @@ class GlooReduceScatter(ReduceScatter):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, op=dist.ReduceOp.SUM,
                  async_op: bool = False) -> dist.Work | None:
-        chunks = _chunks(input_tensor, group.size(), "reduce-scatter")
-        dist.all_reduce(chunks, op=op, group=group)
-        output_tensor.copy_(chunks[group.rank()].view_as(output_tensor))
+        reduce_scatter_in_place(output_tensor, input_tensor, group, op)
         return _Done() if async_op else None  # finished either way
 
 
