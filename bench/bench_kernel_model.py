@@ -113,10 +113,10 @@ def measure_model(model: str, micro_batch: int, graph, measurer, spec, warmup: i
         for phase, pred_s, meas_s, kernel_s, ops, host_s in (
                 ("fwd", predicted["fwd"].forward_s, m["forward_seconds"],
                  kernels.forward.total_s, first.ops_fwd,
-                 forward_host_seconds(at["fwd"], spec, False)),
+                 forward_host_seconds(at["fwd"], spec)),
                 ("bwd", predicted["bwd"].backward_s, m["backward_seconds"],
                  kernels.backward.total_s, first.ops_bwd,
-                 backward_host_seconds(at["bwd"], spec, False))):
+                 backward_host_seconds(at["bwd"], spec))):
             layer = at[phase]
             rows.append({"model": model, "layer": layer.name, "kind": layer.kind,
                          "micro_batch": micro_batch, "phase": phase,

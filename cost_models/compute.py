@@ -130,18 +130,6 @@ def hidden_size(layer: Layer, config: StepConfig) -> float:
                                  * dtype_bytes(config.graph_dtype))
 
 
-def runs_on_dtensors(layer: Layer, strategy: LayerStrategy) -> bool:
-    """Whether all the layer's ops run on DTensors (each paying `dtensor_op_overhead_s`):
-    never in this executor (`executors.tensor_parallel`), with or without sequence
-    parallelism. Its TP modules' DTensor work is `tp_module_seconds`; the ops of the
-    modules it gives a DTensor style of their own (SP's norms) are counted at trace time
-    and priced by `dtensor_op_seconds`; the rest (attention core, activations, dropouts,
-    residual adds) run on plain tensors. (Charging every op of an SP layer, as before,
-    priced llama-tiny's 4 SP blocks 41 ms of DTensor dispatch on 2 ranks where the whole
-    step outside its collectives took 44 ms: issue 17.)"""
-    return False
-
-
 def dtensor_op_counts(layer: Layer, strategy: LayerStrategy) -> tuple[int, int]:
     """(forward, backward) ATen ops the TP executor runs on DTensors outside the layer's TP
     modules: those of each module owning parameters outside the TP candidates
@@ -211,9 +199,14 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     """Forward, backward and recompute seconds of one layer for one micro-batch."""
     share = tp_compute_fraction(layer, strategy)
     measured = profile.lookup(layer) if profile is not None else None
-    on_dtensors = runs_on_dtensors(layer, strategy)
-    op_s = host_op_seconds(cluster, on_dtensors)
-    backward_op_s = host_op_seconds(cluster, on_dtensors, backward=True)
+    # The layer's ops run on plain tensors: the TP executor hands its modules' outputs on
+    # as local tensors (`executors.tensor_parallel.layer_tp_plan`), so only the modules'
+    # own DTensor work (`tp_module_seconds`) and the ops of modules it gives a DTensor
+    # style of their own (SP's norms: `dtensor_op_seconds`) pay DTensor's dispatch.
+    # (Charging every op of an SP layer priced llama-tiny's 4 SP blocks 41 ms of DTensor
+    # dispatch on 2 ranks where the whole step outside its collectives took 44 ms.)
+    op_s = host_op_seconds(cluster)
+    backward_op_s = host_op_seconds(cluster, backward=True)
     if measured is not None:  # a measured layer already paid the plain per-op overhead
         scale = config.micro_batch / measured.micro_batch * share
         op_s -= cluster.op_overhead_s
@@ -232,9 +225,9 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     dtensor_forward_s, dtensor_backward_s = dtensor_op_seconds(layer, strategy, cluster)
     unit_s = dp_unit_seconds(layer, strategy, cluster, config) * unit_share / 2 + tp_half_s
     forward_host_s = (layer.ops_fwd * op_s if measured is not None
-                      else forward_host_seconds(layer, cluster, on_dtensors))
+                      else forward_host_seconds(layer, cluster))
     backward_host_s = (layer.ops_bwd * backward_op_s if measured is not None
-                       else backward_host_seconds(layer, cluster, on_dtensors))
+                       else backward_host_seconds(layer, cluster))
     # The checkpoint's own host machinery (hooks, SAC's dispatch modes), where the kit
     # probed it (checkpoint_probes.checkpoint_host_seconds); else (0, 0)
     hooks_forward_s, hooks_recompute_s = checkpoint_extra_seconds(
@@ -295,7 +288,7 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
     per_element = ADAM_STEP_BYTES_PER_ELEMENT if config.optimizer.startswith("adam") \
         else SGD_STEP_BYTES_PER_ELEMENT
     stream_s = (local_params * per_element + copy_bytes) / (cluster.hbm_gbps * GB)
-    copy_s = copy_ops * host_op_seconds(cluster, False)
+    copy_s = copy_ops * host_op_seconds(cluster)
     per_tensor_s = cluster.calibration.optimizer_seconds_per_tensor(config.optimizer, on_dtensors)
     # The measured figure is the stepping thread's CPU (step_probes.optimizer_tensor_seconds):
     # CPU processes sharing fewer cores stretch it by the core share, as per-op figures.

@@ -15,14 +15,15 @@ from cost_models.host_excess import backward_nodes, records_excess_seconds
 from cost_models.sequence_probes import in_sequence_extra_per_op_s
 
 
-def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool, backward: bool = False) -> float:
+def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool = False,
+                    backward: bool = False) -> float:
     """Framework seconds per dispatched op: forward ops at `op_overhead_s`, backward ops
     (`backward=True`) at `ClusterSpec.backward_host_op_s`, DTensor ops the extra on top."""
     base = cluster.backward_host_op_s if backward else cluster.op_overhead_s
     return base + (cluster.dtensor_op_overhead_s if on_dtensors else 0.0)
 
 
-def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) -> float:
+def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     """Host seconds of one forward's dispatch. Where the device kit measured it in parts
     and the layer's module calls were counted: views x `view_host_op_s` + other ops x
     `forward_host_op_s` (as functions) + module calls x `module_call_host_s`; where the
@@ -45,12 +46,10 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) 
     # of a function chain after its excess and nodes, ~0.2-0.6 us here, 0 on a loaded host
     measured_in_parts = cal is not None and (cal.view_host_op_s > 0 or cal.forward_host_op_s > 0)
     if not measured_in_parts or calls is None:
-        return layer.ops_fwd * host_op_seconds(cluster, on_dtensors)
-    extra_s = cluster.dtensor_op_overhead_s if on_dtensors else 0.0
+        return layer.ops_fwd * host_op_seconds(cluster)
     # cost_models.host_probes.host_op_seconds_by_pass: function chain and views
     views = sum(r.count for r in layer.kernels.forward if r.kind is KernelKind.VIEW)
-    host_s = (views * (cal.view_host_op_s + extra_s)
-              + (layer.ops_fwd - views) * (cal.forward_host_op_s + extra_s)
+    host_s = (views * cal.view_host_op_s + (layer.ops_fwd - views) * cal.forward_host_op_s
               + calls * cal.module_call_host_s)
     if cal.python_node_host_s > 0:  # host_excess: nodes and excess apart
         host_s += (layer.python_nodes_fwd * cal.python_node_host_s
@@ -79,7 +78,7 @@ def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
             if cal.cold_op_host_s > 0 or cal.cold_backward_op_host_s > 0 else ())
 
 
-def backward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool) -> float:
+def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     """Host seconds of one backward's dispatch. Where the device kit measured it in parts
     (`KernelCalibration.backward_view_host_op_s`, `backward_nonview_host_op_s`,
     `backward_node_host_s`, `host_op_excess`) and the layer has kernel records: views x
@@ -94,15 +93,14 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec, on_dtensors: bool)
     backward ops ran in ~18 us, not 16 x 2 us.)"""
     cal = cluster.kernel_calibration
     if cal is None or cal.backward_nonview_host_op_s <= 0 or layer.kernels is None:
-        return layer.ops_bwd * host_op_seconds(cluster, on_dtensors, backward=True)
+        return layer.ops_bwd * host_op_seconds(cluster, backward=True)
     views = sum(r.count for r in layer.kernels.backward if r.kind is KernelKind.VIEW)
     nodes = layer.autograd_nodes_bwd or backward_nodes(  # walked, else the proxy
         layer.kernels.forward, len(layer.param_names) + len(layer.tied_param_names))
-    extra_s = cluster.dtensor_op_overhead_s if on_dtensors else 0.0
     # Measured decomposition (cost_models.host_probes.host_op_seconds_by_pass, host_excess)
     # + cold ops (cost_models.sequence_probes.cold_backward_chains)
-    return (views * (cal.backward_view_host_op_s + extra_s)
-            + (layer.ops_bwd - views) * (cal.backward_nonview_host_op_s + extra_s)
+    return (views * cal.backward_view_host_op_s
+            + (layer.ops_bwd - views) * cal.backward_nonview_host_op_s
             + nodes * cal.backward_node_host_s
             + records_excess_seconds(layer.kernels.backward, cal.host_excess_s)
             + layer.cold_distinct_ops_bwd * cal.cold_backward_op_host_s)

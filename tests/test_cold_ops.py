@@ -38,15 +38,15 @@ def test_forward_host_adds_the_cold_ops():
     in-sequence term too (20 distinct ops: 1 us more, `test_forward_host_adds_what_ops_
     pay_in_sequence`): 18 + 1 + 6 = 25 us."""
     layer = with_python_nodes(tiny_layer(), 4)
-    assert forward_host_seconds(with_cold_ops(layer, 3), cpu(COLD), False) == \
+    assert forward_host_seconds(with_cold_ops(layer, 3), cpu(COLD)) == \
         pytest.approx(24 * US)
-    assert forward_host_seconds(with_cold_ops(layer, 0), cpu(COLD), False) == \
+    assert forward_host_seconds(with_cold_ops(layer, 0), cpu(COLD)) == \
         pytest.approx(18 * US)
-    assert forward_host_seconds(with_cold_ops(layer, 3), cpu(FORWARD_PARTS), False) == \
+    assert forward_host_seconds(with_cold_ops(layer, 3), cpu(FORWARD_PARTS)) == \
         pytest.approx(18 * US)
     both = dataclasses.replace(IN_SEQUENCE, cold_op_host_s=2 * US)
-    assert forward_host_seconds(with_cold_ops(with_distinct_ops(layer, 20), 3), cpu(both),
-                                False) == pytest.approx(25 * US)
+    assert forward_host_seconds(with_cold_ops(with_distinct_ops(layer, 20), 3),
+                                cpu(both)) == pytest.approx(25 * US)
 
 
 def test_the_cold_figure_is_the_median_per_cold_op():
@@ -195,8 +195,8 @@ def test_backward_host_adds_the_cold_ops():
 
     layer = dataclasses.replace(tiny_layer(), cold_distinct_ops_bwd=2)
     cold = dataclasses.replace(PARTS, cold_backward_op_host_s=1 * US)
-    assert backward_host_seconds(layer, cpu(cold), False) == pytest.approx(41 * US)
-    assert backward_host_seconds(layer, cpu(PARTS), False) == pytest.approx(39 * US)
+    assert backward_host_seconds(layer, cpu(cold)) == pytest.approx(41 * US)
+    assert backward_host_seconds(layer, cpu(PARTS)) == pytest.approx(39 * US)
 
 
 @pytest.mark.parametrize("backward", [False, True])

@@ -36,11 +36,9 @@ def with_python_nodes(layer, nodes: int):
 def test_forward_host_is_views_ops_calls_nodes_and_excess():
     """Hand computation, `tiny_layer`'s forward (5 ops: 2 views; gelu, arange, mul; one
     module call) with 4 python nodes: 2 views x 0.5 + 3 ops x 2 + 1 call x 3 + 4 nodes x
-    0.25 + gelu's excess 7 = 1 + 6 + 3 + 1 + 7 = 18 us. On DTensors each of the 5 ops
-    adds the spec's 15 us: 18 + 75 = 93 us."""
+    0.25 + gelu's excess 7 = 1 + 6 + 3 + 1 + 7 = 18 us."""
     layer, spec = with_python_nodes(tiny_layer(), 4), cpu(FORWARD_PARTS)
-    assert forward_host_seconds(layer, spec, False) == pytest.approx(18 * US)
-    assert forward_host_seconds(layer, spec, True) == pytest.approx(93 * US)
+    assert forward_host_seconds(layer, spec) == pytest.approx(18 * US)
 
 
 def test_a_kit_without_the_node_figure_keeps_its_per_op_average():
@@ -49,8 +47,8 @@ def test_a_kit_without_the_node_figure_keeps_its_per_op_average():
     with no parts at all, 5 ops x 4 us."""
     old = dataclasses.replace(FORWARD_PARTS, python_node_host_s=0.0)
     layer = with_python_nodes(tiny_layer(), 4)
-    assert forward_host_seconds(layer, cpu(old), False) == pytest.approx(10 * US)
-    assert forward_host_seconds(layer, cpu(None), False) == pytest.approx(20 * US)
+    assert forward_host_seconds(layer, cpu(old)) == pytest.approx(10 * US)
+    assert forward_host_seconds(layer, cpu(None)) == pytest.approx(20 * US)
 
 
 def test_a_kit_whose_per_op_residual_came_out_zero_still_prices_in_parts():
@@ -60,7 +58,7 @@ def test_a_kit_whose_per_op_residual_came_out_zero_still_prices_in_parts():
     one-figure 4 us (20 us), which would switch models on a noisy residual."""
     zero = dataclasses.replace(FORWARD_PARTS, forward_host_op_s=0.0)
     layer = with_python_nodes(tiny_layer(), 4)
-    assert forward_host_seconds(layer, cpu(zero), False) == pytest.approx(12 * US)
+    assert forward_host_seconds(layer, cpu(zero)) == pytest.approx(12 * US)
 
 
 def test_old_calibration_json_loads_without_the_node_figure():
@@ -214,8 +212,8 @@ def test_backward_host_takes_the_walked_node_count():
     layer = tiny_layer()
     walked = dataclasses.replace(layer, measured=dataclasses.replace(
         layer.measured, autograd_nodes_bwd=10))
-    assert backward_host_seconds(walked, cpu(PARTS), False) == pytest.approx(51 * US)
-    assert backward_host_seconds(layer, cpu(PARTS), False) == pytest.approx(39 * US)
+    assert backward_host_seconds(walked, cpu(PARTS)) == pytest.approx(51 * US)
+    assert backward_host_seconds(layer, cpu(PARTS)) == pytest.approx(39 * US)
 
 
 def with_forward_nodes(layer, nodes: int):
@@ -232,13 +230,13 @@ def test_forward_host_adds_the_grad_fns_the_forward_records():
     recording = dataclasses.replace(FORWARD_PARTS, forward_node_host_s=1.5 * US)
     layer = with_python_nodes(tiny_layer(), 4)
     spec = cpu(recording)
-    assert forward_host_seconds(with_forward_nodes(layer, 2), spec, False) == pytest.approx(21 * US)
-    assert forward_host_seconds(layer, spec, False) == pytest.approx(24 * US)
+    assert forward_host_seconds(with_forward_nodes(layer, 2), spec) == pytest.approx(21 * US)
+    assert forward_host_seconds(layer, spec) == pytest.approx(24 * US)
     data = recording.to_dict()
     del data["forward_node_host_s"]
     old = KernelCalibration.from_dict(json.loads(json.dumps(data)))
     assert old.forward_node_host_s == 0.0
-    assert forward_host_seconds(with_forward_nodes(layer, 2), cpu(old), False) == pytest.approx(
+    assert forward_host_seconds(with_forward_nodes(layer, 2), cpu(old)) == pytest.approx(
         18 * US)
 
 
@@ -344,12 +342,12 @@ def test_forward_host_adds_what_ops_pay_in_sequence():
     counted: 0), 18 us; a kit without the figure (0), 18 us."""
     layer = with_python_nodes(tiny_layer(), 4)
     spec = cpu(IN_SEQUENCE)
-    assert forward_host_seconds(with_distinct_ops(layer, 20), spec, False) == \
+    assert forward_host_seconds(with_distinct_ops(layer, 20), spec) == \
         pytest.approx(19 * US)
     for distinct in (16, 5, 0):
-        assert forward_host_seconds(with_distinct_ops(layer, distinct), spec, False) == \
+        assert forward_host_seconds(with_distinct_ops(layer, distinct), spec) == \
             pytest.approx(18 * US)
-    assert forward_host_seconds(with_distinct_ops(layer, 20), cpu(FORWARD_PARTS), False) == \
+    assert forward_host_seconds(with_distinct_ops(layer, 20), cpu(FORWARD_PARTS)) == \
         pytest.approx(18 * US)
 
 

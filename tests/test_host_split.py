@@ -65,13 +65,11 @@ def test_backward_host_is_views_ops_nodes_and_excess():
     """Hand computation. Backward: 3 views x 1 us + 4 other ops (gelu_backward, 2 mm, add)
     x 2 us + nodes (4 forward calls on floats: gelu, 2 views, mul, the int64 arange
     records none; + 2 parameter tensors = 6) x 3 us + gelu_backward's excess 10 us once
-    = 3 + 8 + 18 + 10 = 39 us; gelu's 7 us is a forward op's, not charged here. On
-    DTensors every op, view or not, adds the 15 us DTensor extra: 39 + 7 x 15 = 144 us.
-    A third parameter tensor adds one node: 42 us."""
+    = 3 + 8 + 18 + 10 = 39 us; gelu's 7 us is a forward op's, not charged here. A third
+    parameter tensor adds one node: 42 us."""
     layer, spec = tiny_layer(), cpu(PARTS)
-    assert backward_host_seconds(layer, spec, False) == pytest.approx(39 * US)
-    assert backward_host_seconds(layer, spec, True) == pytest.approx(144 * US)
-    assert backward_host_seconds(tiny_layer(params=3), spec, False) == pytest.approx(42 * US)
+    assert backward_host_seconds(layer, spec) == pytest.approx(39 * US)
+    assert backward_host_seconds(tiny_layer(params=3), spec) == pytest.approx(42 * US)
 
 
 def test_backward_host_falls_back_to_one_figure_per_op():
@@ -79,10 +77,10 @@ def test_backward_host_falls_back_to_one_figure_per_op():
     layer's records, every backward op costs `backward_op_overhead_s`: 7 x 2 us."""
     layer = tiny_layer()
     old = KernelCalibration(measured_on="before the split")
-    assert backward_host_seconds(layer, cpu(old), False) == pytest.approx(14 * US)
-    assert backward_host_seconds(layer, cpu(None), False) == pytest.approx(14 * US)
+    assert backward_host_seconds(layer, cpu(old)) == pytest.approx(14 * US)
+    assert backward_host_seconds(layer, cpu(None)) == pytest.approx(14 * US)
     bare = dataclasses.replace(layer, measured=dataclasses.replace(layer.measured, kernels=None))
-    assert backward_host_seconds(bare, cpu(PARTS), False) == pytest.approx(14 * US)
+    assert backward_host_seconds(bare, cpu(PARTS)) == pytest.approx(14 * US)
 
 
 def test_layer_compute_adds_the_split_backward_host_on_cpu():

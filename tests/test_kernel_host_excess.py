@@ -99,10 +99,10 @@ def test_a_real_layer_pays_each_swept_ops_excess_per_call():
         HostOpExcess("aten::index_put", 1.7 * US))
     before, after = cpu(BEFORE_SWEEP), cpu(dataclasses.replace(BEFORE_SWEEP,
                                                                host_op_excess=swept))
-    assert (forward_host_seconds(layer, after, False)
-            - forward_host_seconds(layer, before, False)) == pytest.approx(8.6 * US)
-    assert (backward_host_seconds(layer, after, False)
-            - backward_host_seconds(layer, before, False)) == pytest.approx(1.7 * US)
+    assert (forward_host_seconds(layer, after)
+            - forward_host_seconds(layer, before)) == pytest.approx(8.6 * US)
+    assert (backward_host_seconds(layer, after)
+            - backward_host_seconds(layer, before)) == pytest.approx(1.7 * US)
 
 
 def test_a_calibration_from_before_the_sweep_prices_as_before():
@@ -115,8 +115,8 @@ def test_a_calibration_from_before_the_sweep_prices_as_before():
     layer = _dlrm_top_mlp()
     addmm_calls = sum(r.count for r in layer.kernels.forward if r.excess_key == "aten::addmm")
     without_excess = dataclasses.replace(BEFORE_SWEEP, host_op_excess=())
-    assert (forward_host_seconds(layer, cpu(BEFORE_SWEEP), False)
-            - forward_host_seconds(layer, cpu(without_excess), False)
+    assert (forward_host_seconds(layer, cpu(BEFORE_SWEEP))
+            - forward_host_seconds(layer, cpu(without_excess))
             ) == pytest.approx(addmm_calls * 0.8 * US)
 
 

@@ -254,11 +254,11 @@ def test_forward_host_time_is_views_ops_and_module_calls_where_measured_apart():
     cal = dataclasses.replace(CALIBRATION, forward_host_op_s=2e-6, module_call_host_s=3e-6,
                               view_host_op_s=1e-6)
     cpu = spec(cal, device="cpu", op_overhead_s=7e-6)
-    assert forward_host_seconds(_layer(counted), cpu, False) == pytest.approx(13e-6)
+    assert forward_host_seconds(_layer(counted), cpu) == pytest.approx(13e-6)
     uncounted = KernelRecords(forward=counted.forward, backward=())
-    assert forward_host_seconds(_layer(uncounted), cpu, False) == pytest.approx(35e-6)
+    assert forward_host_seconds(_layer(uncounted), cpu) == pytest.approx(35e-6)
     plain = dataclasses.replace(cpu, kernel_calibration=CALIBRATION)
-    assert forward_host_seconds(_layer(counted), plain, False) == pytest.approx(35e-6)
+    assert forward_host_seconds(_layer(counted), plain) == pytest.approx(35e-6)
 
 
 def test_a_layer_counts_the_module_calls_its_forward_makes():
