@@ -15,8 +15,8 @@ of 128 KiB wrote into a pre-faulted block of a 4-64 MiB pool 3.2-4.4 us slower t
 the same block (27-34 ns per KiB).
 
 The probe (`probe_fresh_output`): `torch.add(a, b, out=...)` with hot inputs, into one
-block (hot) and into blocks of a pool twice the last-level cache in shuffled turn (fresh), at each of
-FRESH_OUTPUT_BYTES; the point is the output's bytes over the difference of the two, as
+block (hot) and into blocks of a pool twice the last-level cache in shuffled turn
+(fresh), at each of FRESH_OUTPUT_BYTES; the point is the output's bytes over the difference of the two, as
 a rate:  extra seconds = output bytes / gbps  (interpolated in log(bytes) by
 `kernel_loops.memory_gbps`, as every memory kind). `fresh_output_seconds` prices one
 call of a record: its output bytes at that rate; 0 where the calibration has no point

@@ -138,7 +138,8 @@ def test_the_probe_rotates_over_the_pool_it_is_given_and_prices_the_difference()
 
     points = probe_fresh_output("cpu", seconds_per_call, 256 * 2**10)
     blocks = {8 * 2**10: 32, 32 * 2**10: 8}
-    assert [(p.kernel, p.nbytes) for p in points] == [("fresh_output", n) for n in FRESH_OUTPUT_BYTES]
+    assert [(p.kernel, p.nbytes) for p in points] == [("fresh_output", n)
+                                                      for n in FRESH_OUTPUT_BYTES]
     for p in points:
         assert p.gbps == pytest.approx(p.nbytes / ((blocks.get(p.nbytes, 2) - 1) * 1e-6) / 1e9)
 
