@@ -86,7 +86,10 @@ class HostOpCost:
         """The `KernelCalibration` fields these figures fill (the parts, not the totals)."""
         from ir.kernel_calibration import HostOpExcess
 
-        recorded_apart = self.forward_node_s > 0  # then the per-op figures record nothing
+        # grad-off runs were timed (CPU): the per-op figures record nothing and the nodes
+        # are priced apart; the view figure, timed directly, says so (the node figure is a
+        # difference of two runs and may come out 0 on a loaded host: a 0, not a switch)
+        recorded_apart = self.view_nograd_op_s > 0
         return dict(forward_host_op_s=(self.function_nograd_op_s if recorded_apart
                                        else self.function_op_s),
                     module_call_host_s=self.module_call_s,
