@@ -276,8 +276,7 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
         op = r.op.split("::")[-1]
         if op == "embedding" and cal is not None and cal.embedding_call_s > 0:
             return _embedding_forward_seconds(r, cluster, config, share)
-        if op == "embedding_dense_backward" and cal is not None \
-                and cal.embedding_backward_index_s > 0:
+        if op == "embedding_dense_backward" and embedding_probed(cal):
             return _embedding_backward_seconds(r, cluster, config, share)
         if op in EMBEDDING_BAG_OPS and cal is not None and cal.embedding_bag_call_s > 0:
             return _embedding_bag_seconds(r, cluster, config, share, backward)
@@ -366,6 +365,15 @@ def _embedding_forward_seconds(r: KernelRecord, cluster: ClusterSpec, config: St
         config.precision.compute_bytes  # read the row, write it out
     return (cal.embedding_call_s + indices * cal.embedding_index_s
             + _streaming_seconds(cluster, "copy", config.precision.compute_dtype, wider_bytes))
+
+
+def embedding_probed(cal: KernelCalibration | None) -> bool:
+    """Whether the kit ran profile-device's embedding probes (`item_probes`: all in one
+    run). The per-index figures are slopes between two timings, floored at 0, so a loaded
+    host can measure one 0; the bag's per-call figure is floored above 0 (`probe_embedding
+    _bag`): a 0 slope then prices 0 per index, not all the bytes as a copy."""
+    return cal is not None and (cal.embedding_backward_index_s > 0
+                                or cal.embedding_bag_call_s > 0)
 
 
 def _embedding_backward_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,

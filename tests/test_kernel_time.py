@@ -286,8 +286,10 @@ def test_an_embedding_backward_is_a_table_fill_plus_a_scatter_per_index():
     the record reads 4096 rows of 128 bytes and 4096 int64 indices, writes the 128 KiB
     table): the table written at the measured copy bandwidth (800 GB/s), 4096 x 40 ns of
     scatter, the 512 KiB of rows at the add's (1000 GB/s at its 1 MiB point). Twice the
-    micro-batch doubles the indices and rows, not the table. Without the measured
-    per-index figure it streams all its bytes as a copy."""
+    micro-batch doubles the indices and rows, not the table. A kit that ran the embedding
+    probes but read the per-index slope 0 (two timings alike on a loaded host) still
+    prices it in parts, at 0 per index; a kit without them streams all its bytes as a
+    copy."""
     import dataclasses
 
     from cost_models.common import GB
@@ -305,6 +307,9 @@ def test_an_embedding_backward_is_a_table_fill_plus_a_scatter_per_index():
         n = rows * micro_batch
         assert t.memory_s == pytest.approx(table_bytes / (800 * GB) + n * 40e-9
                                            + n * 64 * 2 / (1000 * GB))
+    zero_slope = dataclasses.replace(with_copy, embedding_bag_call_s=2e-6)
+    t = pass_seconds((record,), spec(zero_slope), config(), 1.0, backward=True)
+    assert t.memory_s == pytest.approx(table_bytes / (800 * GB) + rows * 64 * 2 / (1000 * GB))
     plain = pass_seconds((record,), spec(with_copy), config(), 1.0, backward=True)
     assert plain.memory_s == pytest.approx(record.bytes_per_call / (800 * GB))
 

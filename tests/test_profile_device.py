@@ -90,7 +90,9 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     assert 0 <= cal.module_call_host_s < 1e-3
     # What ops pay in sequence among distinct ones, per op per distinct op beyond the knee
     # (sequence_probes: ~50 ns beyond 13-19 here; the knee below the chains' most, 48).
-    assert 0 < cal.in_sequence_op_host_s < 1e-6
+    # A fitted slope of in-order less tight-loop times, floored at 0: 0 where a loaded
+    # host's two runs came out alike (the term then adds 0; no pricing branch reads it).
+    assert 0 <= cal.in_sequence_op_host_s < 1e-6
     assert 0 <= cal.in_sequence_knee_distinct_ops < 48
     # The backward in parts (views, other ops, autograd nodes) and the per-call excess of
     # every listed op (exact GELU's backward: microseconds on any CPU; the others >= 0).
