@@ -14,11 +14,18 @@ bench/results/coschedule.json. Exits 1 when a pair call reads no wall time at al
 gap (the probe would not be measuring a call). On a shared machine re-measure before
 reading anything into the coupling column: at load 4-8 it moved 0.5-5 ms run to run.
 
-Read on 2026-11-25, 2 cores, at load 2.4-8 (other agents' work), first version of the
-probe (pairs only, plain `dist.all_reduce` then funcol): a pair call added 0.7-1.4 ms at
-4 processes, 0.75-1.8 ms at 2 and 1.2-4.4 ms at 8; the caller's CPU per funcol call
-0.13-0.21 ms at both 2 and 4 processes, gloo's threads 0.25-0.9 ms. With one call in 4
-across the pairs (4 processes, load 4.5): 2.0 ms per call against 1.0-1.3 without.
+Read on 2026-11-25, 2 cores, at load 5-8 (other agents' work), ms per call:
+  4 processes: a pair call 1.0-1.5 at every gap (first version, plain dist.all_reduce:
+  0.7-1.4 at 4 processes, 0.75-1.8 at 2, 1.2-4.4 at 8): no more than on 2 processes and
+  about what a 4-process spec prices a TP call (fit + DTensor-form wait, 0.75-1.2); a call
+  across the pairs added 2.5-3.7 at a 0.1 ms gap, 0.1-0.9 at 0.4, ~0 at 1.6 (two runs);
+  the caller's CPU 0.12-0.23 and gloo's threads' 0.15-0.28 per call.
+  8 processes: a pair call 1.3-2.0; a call across 9.3, 7.4, 4.3 at the three gaps.
+Beside it, torch.profiler on rank 0 of gpt-tp2-dp2-sp (4 processes, load 7, profiler
+on): per step 53 wait_tensor (69 ms) and 67 collective launches (~60 ms, 0.7-1.2 ms
+each, wall inside the launching call; why, not measured) against 65 ms of tp + dp comm
+priced; on 2 processes (gpt tp2 sp, dp1) launches were 1.1-1.4 ms each
+too, so the launch's wall is not an effect of more processes than cores.
 """
 
 from __future__ import annotations
