@@ -19,13 +19,32 @@ profile times it (`raw`), and
   cold start  the same graphs, each timed right after the layer's forward and the step
               neighbour's forward and backward, as the layer's own backward is
   absorbed    the layer's backward after the neighbour and then, untimed, one tiny
-              backward of another op (a sine's: its start warms the engine, nothing of
-              the layer's nodes)
+              backward of another op (`warm_engine_start`: a sine's; its start warms the
+              engine's, none of the layer's nodes runs)
 so raw - warm is what the profile reports, raw - cold and absorbed - warm what the
 layer's nodes cost after the neighbour (the two should agree), and cold - warm the excess
 the profile keeps. With `--predicted` (a bench/results/kernel_model.json), each row's
 predicted seconds beside both readings. Microseconds; medians of REPEATS after WARMUP.
-Target: none (a decomposition); exits 0. JSON to bench/results/small_backward.json.
+`--all`: every layer of bench_kernel_model's models and micro-batches, and how many
+backward passes miss its target read either way. `--kernel-model MODELS`: a what-if run
+of bench_kernel_model itself with each profiled backward's start warmed
+(`warm_engine_start` after the neighbour; its own exit status). Target: none (a
+decomposition); exits 0. JSON to bench/results/small_backward.json.
+
+Read here (one thread, thread clock, 2026-11-25 04:25-04:33 UTC, load 3-8: re-measure on
+a quiet machine). --calls: the multiply's node as its own call after the chain's backward
+26-29 us, warm 15-18 (11-12 us more), inside the chain's call -3..+1 us: the excess is the
+call's, and one tiny backward of another op in between took it away (a sine's or an
+exp's: 16.8 -> 3.2-3.8 us; 28 calls of 4 distinct ops before: 3.3). The cold start's
+excess over the warm one (cold start - warm), us: 3-4 after dlrm's tables, 5-9 after a
+head or the layer's own forward, 15-25 after a block at micro-batch 1, 40-160 at 16.
+--all: 50 of 90 backward passes over 15% as the profile reads them (raw - warm), 40 with
+the start warmed (absorbed - warm); what the warm start leaves: dlrm tables.3 -58% (its
+`_embedding_bag_backward` runs ~20 distinct ATen ops inside, which the layer counter sees
+as one cold op: top_mlp ran none), llama/gpt/bert embeddings -20..-44% at micro-batch 1
+(`embedding_dense_backward`), t5's rel_bias -10..-46% (grows with the block before it),
+last layers after their own forward (cnn head -37..-50%, bert head -23..-26%, top_mlp
+-25..-38%), norms -15..-34%; mlp-small's blocks +16..+26%.
 
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --calls
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --model dlrm-small --mb 1 \
@@ -107,7 +126,6 @@ def time_backward(measurer, index: int, state: dict, factory, clock) -> dict:
     module = measurer.layer_module(index, state)
     neighbours = StepNeighbours(measurer, index, factory)
     leaf = torch.randn(ENGINE_PROBE_ELEMENTS, requires_grad=True)
-    sine_leaf = torch.randn(ENGINE_PROBE_ELEMENTS, requires_grad=True)
     raw, absorbed = [], []
     cold = {ops: [] for ops in ENGINE_PROBE_OPS}
 
@@ -123,9 +141,7 @@ def time_backward(measurer, index: int, state: dict, factory, clock) -> dict:
             outs, seeds = step_forward()
             neighbours.before_backward()
             if variant == "absorbed":
-                y = sine_leaf.sin()
-                torch.autograd.backward(y, torch.ones_like(y))
-                sine_leaf.grad = None
+                warm_engine_start()
             start = clock()
             torch.autograd.backward(outs, seeds)
             seconds = clock() - start
@@ -210,6 +226,82 @@ def run_all(predicted_path: str | None, clock) -> int:
     return 0
 
 
+def composite_cold(clock, others: int) -> list[tuple[str, float, float]]:
+    """Part 3: (name, cold - warm seconds, warm seconds) of ops whose backward the layer
+    counter sees as one op but which run several inside ATen, each node run inside ONE
+    engine call after the nodes of the last `others` `chained_calls` (their parts built
+    first run last), against a second copy of it run after the first: cold excess = (one
+    copy + others) - others - ((two copies + others) - (one copy + others))."""
+    import torch.nn.functional as F
+
+    calls = chained_calls("cpu")[-others:]
+    table_w = torch.randn(64, 8, requires_grad=True)
+    ids, bag_ids, offsets = (torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (64,)),
+                             torch.arange(0, 64, 4))
+    x = torch.randn(2, 8, 8, requires_grad=True)
+    targets = torch.randint(0, 8, (16,))
+    ops = {"embedding_dense_backward": lambda: F.embedding(ids, table_w),
+           "_embedding_bag_backward": lambda: F.embedding_bag(bag_ids, table_w, offsets,
+                                                              mode="sum"),
+           "nll_loss + log_softmax backward": lambda: F.cross_entropy(x.view(16, 8), targets),
+           "tanh_backward (one plain op)": lambda: torch.tanh(x)}
+
+    def call_s(op, copies: int) -> float:
+        parts = [op().sum() for _ in range(copies)]
+        y = torch.randn(2, 8, 8, requires_grad=True)
+        for call in calls:
+            y = call(y)
+        root = y.sum()
+        for part in parts:
+            root = root + part
+        start = clock()
+        root.backward()
+        seconds = clock() - start
+        table_w.grad = x.grad = None
+        return seconds
+
+    rows = []
+    for name, op in ops.items():
+        runs = {copies: [] for copies in (0, 1, 2)}
+        for _ in range(CALL_RUNS):
+            for copies in runs:
+                runs[copies].append(call_s(op, copies))
+        t0, t1, t2 = (statistics.median(runs[c]) for c in (0, 1, 2))
+        rows.append((name, (t1 - t0) - (t2 - t1), t2 - t1))
+    return rows
+
+
+def warm_engine_start() -> None:
+    """One tiny backward (a sine of ENGINE_PROBE_ELEMENTS, its own leaf): the next call's
+    start runs warm, none of a layer's nodes is run."""
+    leaf = torch.randn(ENGINE_PROBE_ELEMENTS, requires_grad=True)
+    y = leaf.sin()
+    torch.autograd.backward(y, torch.ones_like(y))
+
+
+def kernel_model_with_warm_start(models: str) -> int:
+    """What-if (not what `planner profile` does today): bench_kernel_model with
+    `StepNeighbours.before_backward` followed by `warm_engine_start`, so each layer's timed
+    backward pays its call's start warm, as the profile takes it out; results to
+    kernel_model_warm_start.json beside the bench's own."""
+    import bench.bench_kernel_model as km
+    from cost_models import layer_profile
+
+    plain = layer_profile.StepNeighbours.before_backward
+
+    def before_backward(self):
+        plain(self)
+        warm_engine_start()
+
+    layer_profile.StepNeighbours.before_backward = before_backward
+    km.RESULTS = km.RESULTS.replace("kernel_model.json", "kernel_model_warm_start.json")
+    sys.argv = [sys.argv[0], "--models", models]
+    try:
+        return km.main()
+    finally:
+        layer_profile.StepNeighbours.before_backward = plain
+
+
 def predictions(path: str | None, model: str, micro_batch: int) -> dict:
     """(layer name) -> predicted backward seconds from a bench_kernel_model JSON."""
     if not path:
@@ -231,7 +323,22 @@ def main(argv=None) -> int:
                         help="a bench_kernel_model JSON whose predictions to set beside")
     parser.add_argument("--all", action="store_true",
                         help="every layer of bench_kernel_model's models and micro-batches")
+    parser.add_argument("--kernel-model", default=None, metavar="MODELS",
+                        help="run bench_kernel_model on these models (comma-separated) with "
+                             "the profile's neighbour followed by warm_engine_start")
+    parser.add_argument("--composites", action="store_true",
+                        help="part 3: composite backward ops' cold excess inside one call")
     args = parser.parse_args(argv)
+    if args.composites:
+        with _one_thread():
+            for others in (14, 28):
+                print(table([f"op (after {others} others' nodes)", "cold - warm us",
+                             "warm us"],
+                            [[n, f"{c * 1e6:.1f}", f"{w * 1e6:.1f}"]
+                             for n, c, w in composite_cold(probe_clock("cpu"), others)]))
+        return 0
+    if args.kernel_model:
+        return kernel_model_with_warm_start(args.kernel_model)
     if args.all:
         return run_all(args.predicted, probe_clock("cpu"))
     clock = probe_clock("cpu")
