@@ -418,7 +418,8 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
         sequence = in_sequence_cost(in_sequence_chains("cpu"))
         # Backward's cold op: not written. Its price per op hangs on what the layer after
         # evicted: 0 after dlrm's tables or mlp-small's forward, 2-3 us after a head or a
-        # block; one figure (2.6 us) moved 14 passes within 15% and 10 out (bench_small_backward --all)
+        # block; one figure (2.6 us) moved 14 passes within 15% and 10 out
+        # (bench/bench_small_backward.py --all, 2026-11-25, load 3-8)
         cold_op_s = cold_op_cost(cold_chains("cpu"))
         return ClusterSpec(
             name=name, device="cpu", num_nodes=1, devices_per_node=1,
