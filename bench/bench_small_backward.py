@@ -25,7 +25,9 @@ so raw - warm is what the profile reports, raw - cold and absorbed - warm what t
 layer's nodes cost after the neighbour (the two should agree), and cold - warm the excess
 the profile keeps. With `--predicted` (a bench/results/kernel_model.json), each row's
 predicted seconds beside both readings. Microseconds; medians of REPEATS after WARMUP.
-`--all`: every layer of bench_kernel_model's models and micro-batches, and how many
+`--step MODEL:MB,...`: the whole model's backward (one call) beside the sum of its
+layers' figures read either way, plus one warm start. `--all`: every layer of
+bench_kernel_model's models and micro-batches, and how many
 backward passes miss its target read either way. `--kernel-model MODELS`: a what-if run
 of bench_kernel_model itself with each profiled backward's start warmed
 (`warm_engine_start` after the neighbour; its own exit status). Target: none (a
@@ -44,7 +46,13 @@ the start warmed (absorbed - warm); what the warm start leaves: dlrm tables.3 -5
 as one cold op: top_mlp ran none), llama/gpt/bert embeddings -20..-44% at micro-batch 1
 (`embedding_dense_backward`), t5's rel_bias -10..-46% (grows with the block before it),
 last layers after their own forward (cnn head -37..-50%, bert head -23..-26%, top_mlp
--25..-38%), norms -15..-34%; mlp-small's blocks +16..+26%.
+-25..-38%), norms -15..-34%; mlp-small's blocks +16..+26%. --kernel-model (all seven
+models) against bench_kernel_model run just before, backward passes over 15% of 90: 58 ->
+51 (load 8-9), 62 -> 37 (load 6-7), 53 -> 31 (load 5-6); median |error| 19% -> 11% in the
+last pair. --step (load 7): the whole backward against the layers' sum the profile's way
+/ start warmed: gpt-tiny mb1 -0% / -2%, mb16 +0% / -1%, llama-tiny mb1 +22% / +8%,
+bert-tiny mb4 +11% / -1%, dlrm-small mb1 +28% / +8%, mb16 +20% / +3%, cnn-small mb4 +6% /
+-1%, mlp-small mb4 +15% / +10%; t5-tiny mb1 -19% / -23% (under either way).
 
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --calls
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --model dlrm-small --mb 1 \
@@ -271,6 +279,42 @@ def composite_cold(clock, others: int) -> list[tuple[str, float, float]]:
     return rows
 
 
+def step_vs_layers(model: str, micro_batch: int, clock) -> dict:
+    """Part 4: the whole model's backward (one engine call after its forward and loss,
+    every `.grad` None first, as a step's first micro-batch; median of REPEATS) beside the
+    sum over its layers (each unique layer's part-2 figure times the layers of its
+    structure) plus one warm start, read the profile's way (raw - warm) and with the start
+    warmed (absorbed - warm)."""
+    import collections
+
+    from planner.models import load_model
+
+    loaded = load_model(model, micro_batch, None, device="cpu")
+    module = loaded.module.float()
+
+    def backward_s() -> float:
+        for p in module.parameters():
+            p.grad = None
+        loss = loaded.loss_fn(module(**loaded.inputs), loaded.target)
+        start = clock()
+        loss.backward()
+        return clock() - start
+
+    for _ in range(WARMUP):
+        backward_s()
+    whole_s = statistics.median(backward_s() for _ in range(REPEATS))
+    graph, _ = traced_graph(model, micro_batch)
+    per_structure = collections.Counter(layer.structural_hash for layer in graph.layers)
+    structure = {layer.name: layer.structural_hash for layer in graph.layers}
+    rows = layer_rows(model, micro_batch, None, None, clock)
+    start_s = statistics.median(r["warm_start_s"] for r in rows)
+    sums = {key: start_s + sum(per_structure[structure[r["layer"]]]
+                               * (r[key] - r["warm_start_s"]) for r in rows)
+            for key in ("raw_s", "absorbed_s")}
+    return {"model": model, "micro_batch": micro_batch, "whole_s": whole_s,
+            "profile_sum_s": sums["raw_s"], "warmed_sum_s": sums["absorbed_s"]}
+
+
 def warm_engine_start() -> None:
     """One tiny backward (a sine of ENGINE_PROBE_ELEMENTS, its own leaf): the next call's
     start runs warm, none of a layer's nodes is run."""
@@ -328,7 +372,22 @@ def main(argv=None) -> int:
                              "the profile's neighbour followed by warm_engine_start")
     parser.add_argument("--composites", action="store_true",
                         help="part 3: composite backward ops' cold excess inside one call")
+    parser.add_argument("--step", default=None, metavar="MODEL:MB,...",
+                        help="part 4: whole-model backward vs the sum of its layers")
     args = parser.parse_args(argv)
+    if args.step:
+        with _one_thread():
+            rows = [step_vs_layers(item.split(":")[0], int(item.split(":")[1]),
+                                   probe_clock("cpu")) for item in args.step.split(",")]
+        def against_whole(r, key):
+            return f"{r[key] * 1e6:.0f} ({r[key] / r['whole_s'] - 1:+.0%})"
+
+        print(table(["model", "batch", "whole backward us", "sum, profile's way us",
+                     "sum, start warmed us"],
+                    [[r["model"], r["micro_batch"], f"{r['whole_s'] * 1e6:.0f}",
+                      against_whole(r, "profile_sum_s"), against_whole(r, "warmed_sum_s")]
+                     for r in rows]))
+        return 0
     if args.composites:
         with _one_thread():
             for others in (14, 28):
