@@ -418,7 +418,11 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
         # Forward and backward per op, apart, and what forward ops pay in sequence
         host = host_op_seconds_by_pass("cpu")
         sequence = in_sequence_cost(in_sequence_chains("cpu"))
-        cold_op_s = cold_op_cost(cold_chains("cpu"))  # backward's: not written (bench_host_ab)
+        # Backward's cold op: not written. Its price per op hangs on what the layer after
+        # evicted: 0 after dlrm's tables or mlp-small's forward, 2-3 us after a head or a
+        # block; one figure (2.6 us) moved 14 passes within 15% and 10 out
+        # (bench/bench_small_backward.py --all, 2026-11-25, load 3-8)
+        cold_op_s = cold_op_cost(cold_chains("cpu"))
         return ClusterSpec(
             name=name, device="cpu", num_nodes=1, devices_per_node=1,
             device_memory_bytes=clusters.total_memory_bytes(),

@@ -309,38 +309,58 @@ COLD_BACKWARD_OTHERS = 14
 
 
 def cold_backward_chains(device: str = "cpu") -> list[ColdChain]:
-    """The backward of chains of COLD_BACKWARD_CALLS `chained_calls`, each timed once
-    right after the backward of the others' chain (`cold_s`; cold ops: the backward
-    overloads that one did not run) and right after its own (`warm_s`); one thread, the
-    probe clock, medians of COLD_RUNS (the engine's start is in both)."""
+    """The backward nodes of chains of COLD_BACKWARD_CALLS `chained_calls`, each run inside
+    ONE engine call, as a step runs a layer's nodes after the layer after's: after the
+    nodes of the others' chain (`cold_s`: that call less the others' alone; cold ops: the
+    backward overloads the others did not run) and after a copy of its own (`warm_s`: that
+    call less the copy's alone). The engine runs the nodes of the part built last first
+    (its ready queue takes the highest sequence number). One thread, the probe clock,
+    medians of COLD_RUNS. Each of the chain's backward timed as its own call instead (as
+    before 2026-11-25) also paid that call's start run cold, a per-call cost a step pays
+    once, not per layer (bench/bench_small_backward.py --calls: a multiply's node 11 us
+    dearer as its own call after a 28-op chain's backward than warm, ~0 inside its call)."""
     import torch
 
     from cost_models.clusters import _one_thread
     from cost_models.host_probes import probe_clock
 
     calls, clock = chained_calls(device), probe_clock(device)
+    others_calls = calls[-COLD_BACKWARD_OTHERS:]
 
-    def graph(chain):
+    def built(chain):
         z = torch.randn(2, 8, 8, device=device, requires_grad=True)
         for call in chain:
             z = call(z)
-        return z, torch.ones_like(z)
+        return z
 
-    chains = []
+    def call_s(*chains) -> float:
+        """One backward call through `chains`, built in order (the last one's nodes run
+        first); its seconds on the probe clock."""
+        parts = [built(chain).sum() for chain in chains]
+        root = parts[0]
+        for part in parts[1:]:
+            root = root + part
+        start = clock()
+        root.backward()
+        return clock() - start
+
+    def overloads_bwd(chain) -> frozenset[str]:
+        z = built(chain)
+        return _overloads(lambda: torch.autograd.backward(z, torch.ones_like(z)))
+
+    results = []
     with _one_thread():
+        others_ran = overloads_bwd(others_calls)
         for k in COLD_BACKWARD_CALLS:
-            z, seed = graph(calls[:k])
-            others, others_seed = graph(calls[-COLD_BACKWARD_OTHERS:])
-            cold_ops = len(
-                _overloads(lambda: torch.autograd.backward(z, seed, retain_graph=True))
-                - _overloads(lambda: torch.autograd.backward(others, others_seed,
-                                                             retain_graph=True)))
-            cold, warm = [], []
+            chain = calls[:k]
+            cold_ops = len(overloads_bwd(chain) - others_ran)
+            runs = {"others": [], "cold": [], "copy": [], "warm": []}
             for _ in range(COLD_RUNS):
-                for runs, before in ((cold, (others, others_seed)), (warm, (z, seed))):
-                    torch.autograd.backward(*before, retain_graph=True)
-                    start = clock()
-                    torch.autograd.backward(z, seed, retain_graph=True)
-                    runs.append(clock() - start)
-            chains.append(ColdChain(cold_ops, statistics.median(cold), statistics.median(warm)))
-    return chains
+                runs["others"].append(call_s(others_calls))
+                runs["cold"].append(call_s(chain, others_calls))
+                runs["copy"].append(call_s(chain))
+                runs["warm"].append(call_s(chain, chain))
+            med = {key: statistics.median(v) for key, v in runs.items()}
+            results.append(ColdChain(cold_ops, med["cold"] - med["others"],
+                                     med["warm"] - med["copy"]))
+    return results

@@ -1,0 +1,443 @@
+"""Where a small layer's backward goes when `planner profile` times it after its step
+neighbour (issue 17): the autograd engine's start, paid cold, or the layer's own nodes.
+
+`layer_profile.time_layer` times each layer's backward as its own
+`torch.autograd.backward` call right after the layer after's forward and backward
+(`StepNeighbours`), and takes out the engine's start as the intercept of probe graphs
+timed in a tight loop after the runs (`autograd_engine.EngineSampler`): a WARM start. A
+call made right after other code runs its start (Python's `torch.autograd.backward`, the
+engine's graph task) cold. A step runs all its layers' nodes in one engine call and pays
+one start per micro-batch and stage, so that cold excess is the profile's, not the step's.
+
+Part 1 (`--calls`, the mechanism): a multiply's backward right after the backward of 28
+distinct `sequence_probes.chained_calls` as its own call, and inside one call with them
+(the multiply's node run after theirs: what a step does).
+
+Part 2 (per layer, one thread, the thread clock): each unique layer's backward as the
+profile times it (`raw`), and
+  warm start  the intercept of the engine probe graphs in a tight loop (the profile's)
+  cold start  the same graphs, each timed right after the layer's forward and the step
+              neighbour's forward and backward, as the layer's own backward is
+  absorbed    the layer's backward after the neighbour and then, untimed, one tiny
+              backward of another op (`warm_engine_start`: a sine's; its start warms the
+              engine's, none of the layer's nodes runs)
+so raw - warm is what the profile reports, raw - cold and absorbed - warm what the
+layer's nodes cost after the neighbour (the two should agree), and cold - warm the excess
+the profile keeps. With `--predicted` (a bench/results/kernel_model.json), each row's
+predicted seconds beside both readings. Microseconds; medians of REPEATS after WARMUP.
+`--step MODEL:MB,...`: the whole model's backward (one call) beside the sum of its
+layers' figures read either way, plus one warm start. `--all`: every layer of
+bench_kernel_model's models and micro-batches, and how many
+backward passes miss its target read either way. `--kernel-model MODELS`: a what-if run
+of bench_kernel_model itself with each profiled backward's start warmed
+(`warm_engine_start` after the neighbour; its own exit status). Target: none (a
+decomposition); exits 0. JSON to bench/results/small_backward.json.
+
+Read here (one thread, thread clock, 2026-11-25 04:25-04:33 UTC, load 3-8: re-measure on
+a quiet machine). --calls: the multiply's node as its own call after the chain's backward
+26-29 us, warm 15-18 (11-12 us more), inside the chain's call -3..+1 us: the excess is the
+call's, and one tiny backward of another op in between took it away (a sine's or an
+exp's: 16.8 -> 3.2-3.8 us; 28 calls of 4 distinct ops before: 3.3). The cold start's
+excess over the warm one (cold start - warm), us: 3-4 after dlrm's tables, 5-9 after a
+head or the layer's own forward, 15-25 after a block at micro-batch 1, 40-160 at 16.
+--all: 50 of 90 backward passes over 15% as the profile reads them (raw - warm), 40 with
+the start warmed (absorbed - warm); what the warm start leaves: dlrm tables.3 -58% (its
+`_embedding_bag_backward` runs ~20 distinct ATen ops inside, which the layer counter sees
+as one cold op: top_mlp ran none), llama/gpt/bert embeddings -20..-44% at micro-batch 1
+(`embedding_dense_backward`), t5's rel_bias -10..-46% (grows with the block before it),
+last layers after their own forward (cnn head -37..-50%, bert head -23..-26%, top_mlp
+-25..-38%), norms -15..-34%; mlp-small's blocks +16..+26%. --kernel-model (all seven
+models) against bench_kernel_model run just before, backward passes over 15% of 90: 58 ->
+51 (load 8-9), 62 -> 37 (load 6-7), 53 -> 31 (load 5-6); median |error| 19% -> 11% in the
+last pair. --step (load 7): the whole backward against the layers' sum the profile's way
+/ start warmed: gpt-tiny mb1 -0% / -2%, mb16 +0% / -1%, llama-tiny mb1 +22% / +8%,
+bert-tiny mb4 +11% / -1%, dlrm-small mb1 +28% / +8%, mb16 +20% / +3%, cnn-small mb4 +6% /
+-1%, mlp-small mb4 +15% / +10%; t5-tiny mb1 -19% / -23% (under either way).
+
+    PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --calls
+    PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --model dlrm-small --mb 1 \
+        --layers tables,top_mlp --predicted bench/results/kernel_model.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from cost_models.autograd_engine import ENGINE_PROBE_ELEMENTS, ENGINE_PROBE_OPS, \
+    EngineSampler, fit_line  # noqa: E402
+from cost_models.clusters import _one_thread  # noqa: E402
+from cost_models.host_probes import probe_clock  # noqa: E402
+from cost_models.layer_profile import StepNeighbours, step_neighbours  # noqa: E402
+from cost_models.sequence_probes import chained_calls  # noqa: E402
+from ir.graph_measurer import _clear_grads  # noqa: E402
+from ir.stand_in import real_factory  # noqa: E402
+from planner.fmt import table  # noqa: E402
+
+from bench.bench_kernel_model import traced_graph  # noqa: E402
+
+WARMUP, REPEATS = 3, 15  # median of fifteen after three untimed runs
+CALL_RUNS = 40  # part 1's medians
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                       "small_backward.json")
+
+
+def calls_split(clock) -> dict:
+    """Part 1: median seconds of a multiply's backward right after the 28-call chain's
+    backward as its own call (`after_call`) and alone right after itself (`warm_call`),
+    of the chain's backward alone (`chain`) and with the multiply's node inside the same
+    call, run after the chain's nodes (`one_call`)."""
+    calls = chained_calls("cpu")
+    x = torch.randn(2, 8, 8, requires_grad=True)
+
+    def graph(with_mul: bool, with_chain: bool):
+        z = x * 0.5 if with_mul else x.detach().requires_grad_()
+        for call in calls if with_chain else ():
+            z = call(z)
+        return z, torch.ones_like(z)
+
+    def timed(z, seed) -> float:
+        start = clock()
+        torch.autograd.backward(z, seed)
+        seconds = clock() - start
+        x.grad = None
+        return seconds
+
+    runs = {k: [] for k in ("one_call", "chain", "after_call", "warm_call")}
+    for _ in range(CALL_RUNS):
+        runs["one_call"].append(timed(*graph(True, True)))
+        mul, chain = graph(True, False), graph(False, True)
+        runs["chain"].append(timed(*chain))
+        runs["after_call"].append(timed(*mul))
+        runs["warm_call"].append(timed(*graph(True, False)))
+    return {k: statistics.median(v) for k, v in runs.items()}
+
+
+def _probe_graph(leaf: torch.Tensor, ops: int):
+    """`autograd_engine.EngineSampler`'s probe graph of `ops` multiplies and its seed."""
+    y = leaf
+    for _ in range(ops):
+        y = y * 1.0001
+    return y, torch.ones_like(y)
+
+
+def time_backward(measurer, index: int, state: dict, factory, clock) -> dict:
+    """Part 2 for layer `index`: median raw and absorbed backward seconds, and the warm
+    and cold engine starts (intercepts), on `clock`."""
+    module = measurer.layer_module(index, state)
+    neighbours = StepNeighbours(measurer, index, factory)
+    leaf = torch.randn(ENGINE_PROBE_ELEMENTS, requires_grad=True)
+    raw, absorbed = [], []
+    cold = {ops: [] for ops in ENGINE_PROBE_OPS}
+
+    def step_forward():
+        _clear_grads(state)
+        neighbours.before_forward()
+        outs = measurer.module_roots(index, module(*measurer.fresh_inputs(index, state,
+                                                                          factory)))
+        return outs, [torch.ones_like(t) for t in outs]
+
+    for rep in range(WARMUP + REPEATS):
+        for variant in ("raw", "absorbed"):
+            outs, seeds = step_forward()
+            neighbours.before_backward()
+            if variant == "absorbed":
+                warm_engine_start()
+            start = clock()
+            torch.autograd.backward(outs, seeds)
+            seconds = clock() - start
+            if rep >= WARMUP:
+                (raw if variant == "raw" else absorbed).append(seconds)
+        for ops in ENGINE_PROBE_OPS:  # the probe graphs where the layer's backward stands
+            outs, seeds = step_forward()
+            y, seed = _probe_graph(leaf, ops)
+            neighbours.before_backward()
+            start = clock()
+            torch.autograd.backward(y, seed)
+            seconds = clock() - start
+            leaf.grad = None
+            if rep >= WARMUP:
+                cold[ops].append(seconds)
+            del outs, seeds
+    warm = EngineSampler("cpu", clock)  # the profile's: a tight loop after the runs
+    for rep in range(WARMUP + REPEATS):
+        for _ in range(4):
+            warm.sample(keep=rep >= WARMUP)
+    cold_start, _ = fit_line([float(ops) for ops in ENGINE_PROBE_OPS],
+                             [statistics.median(cold[ops]) for ops in ENGINE_PROBE_OPS])
+    return {"raw_s": statistics.median(raw), "absorbed_s": statistics.median(absorbed),
+            "warm_start_s": warm.result().seconds, "cold_start_s": cold_start}
+
+
+def layer_rows(model: str, micro_batch: int, prefixes: tuple[str, ...] | None,
+               predicted_path: str | None, clock) -> list[dict]:
+    """Part 2's rows for the unique layers of `model` whose names start with `prefixes`
+    (None: all), each named as bench_kernel_model names its backward row."""
+    graph, measurer = traced_graph(model, micro_batch)
+    factory = real_factory("cpu")
+    predicted = predictions(predicted_path, model, micro_batch)
+    rows, seen = [], set()
+    for i, layer in enumerate(graph.layers):
+        if layer.structural_hash in seen or (prefixes and not layer.name.startswith(prefixes)):
+            continue
+        seen.add(layer.structural_hash)
+        _, after = step_neighbours(measurer, i)
+        at = graph.layers[i if after is None else after - 1]  # as bench_kernel_model
+        if not at.ops_bwd:
+            continue
+        t = time_backward(measurer, i, measurer.layer_state(i, factory), factory, clock)
+        rows.append({"model": model, "micro_batch": micro_batch, "layer": at.name,
+                     "after": None if after is None else graph.layers[after].name,
+                     "predicted_s": predicted.get(at.name), **t})
+    return rows
+
+
+def run_all(predicted_path: str | None, clock) -> int:
+    """Every model and micro-batch of bench_kernel_model: how many backward passes miss
+    TARGET_ERROR as the profile reads them (raw - warm start) and with the start warmed
+    (absorbed - warm start)."""
+    from bench.bench_kernel_model import MICRO_BATCHES, MODELS, TARGET_ERROR
+
+    rows = []
+    with _one_thread():
+        for model in MODELS:
+            for micro_batch in MICRO_BATCHES:
+                rows.extend(layer_rows(model, micro_batch, None, predicted_path, clock))
+    scored = [r for r in rows if r["predicted_s"]]
+
+    def error(r, key):
+        return r["predicted_s"] / (r[key] - r["warm_start_s"]) - 1.0
+
+    print(table(["model", "layer", "batch", "after", "predicted us", "raw-warm us",
+                 "absorbed-warm us", "cold start - warm us", "err raw", "err absorbed"],
+                [[r["model"], r["layer"], r["micro_batch"], r["after"] or "(own fwd)",
+                  f"{r['predicted_s'] * 1e6:.1f}", f"{(r['raw_s'] - r['warm_start_s']) * 1e6:.1f}",
+                  f"{(r['absorbed_s'] - r['warm_start_s']) * 1e6:.1f}",
+                  f"{(r['cold_start_s'] - r['warm_start_s']) * 1e6:.1f}",
+                  f"{error(r, 'raw_s'):+.0%}", f"{error(r, 'absorbed_s'):+.0%}"] for r in scored]))
+    for key in ("raw_s", "absorbed_s"):
+        errors = sorted(abs(error(r, key)) for r in scored)
+        print(f"{key[:-2]}: {len(scored)} backward passes, median |error| "
+              f"{errors[len(errors) // 2]:.0%}, {sum(e > TARGET_ERROR for e in errors)} over "
+              f"{TARGET_ERROR:.0%}")
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    with open(RESULTS, "w") as f:
+        json.dump({"bench": "small_backward", "load_average_1min": os.getloadavg()[0],
+                   "rows": rows}, f, indent=2)
+    return 0
+
+
+def composite_cold(clock, others: int) -> list[tuple[str, float, float]]:
+    """Part 3: (name, cold - warm seconds, warm seconds) of ops whose backward the layer
+    counter sees as one op but which run several inside ATen, each node run inside ONE
+    engine call after the nodes of the last `others` `chained_calls` (their parts built
+    first run last), against a second copy of it run after the first: cold excess = (one
+    copy + others) - others - ((two copies + others) - (one copy + others))."""
+    import torch.nn.functional as F
+
+    calls = chained_calls("cpu")[-others:]
+    table_w = torch.randn(64, 8, requires_grad=True)
+    ids, bag_ids, offsets = (torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (64,)),
+                             torch.arange(0, 64, 4))
+    x = torch.randn(2, 8, 8, requires_grad=True)
+    targets = torch.randint(0, 8, (16,))
+    ops = {"embedding_dense_backward": lambda: F.embedding(ids, table_w),
+           "_embedding_bag_backward": lambda: F.embedding_bag(bag_ids, table_w, offsets,
+                                                              mode="sum"),
+           "nll_loss + log_softmax backward": lambda: F.cross_entropy(x.view(16, 8), targets),
+           "tanh_backward (one plain op)": lambda: torch.tanh(x)}
+
+    def call_s(op, copies: int) -> float:
+        parts = [op().sum() for _ in range(copies)]
+        y = torch.randn(2, 8, 8, requires_grad=True)
+        for call in calls:
+            y = call(y)
+        root = y.sum()
+        for part in parts:
+            root = root + part
+        start = clock()
+        root.backward()
+        seconds = clock() - start
+        table_w.grad = x.grad = None
+        return seconds
+
+    rows = []
+    for name, op in ops.items():
+        runs = {copies: [] for copies in (0, 1, 2)}
+        for _ in range(CALL_RUNS):
+            for copies in runs:
+                runs[copies].append(call_s(op, copies))
+        t0, t1, t2 = (statistics.median(runs[c]) for c in (0, 1, 2))
+        rows.append((name, (t1 - t0) - (t2 - t1), t2 - t1))
+    return rows
+
+
+def step_vs_layers(model: str, micro_batch: int, clock) -> dict:
+    """Part 4: the whole model's backward (one engine call after its forward and loss,
+    every `.grad` None first, as a step's first micro-batch; median of REPEATS) beside the
+    sum over its layers (each unique layer's part-2 figure times the layers of its
+    structure) plus one warm start, read the profile's way (raw - warm) and with the start
+    warmed (absorbed - warm)."""
+    import collections
+
+    from planner.models import load_model
+
+    loaded = load_model(model, micro_batch, None, device="cpu")
+    module = loaded.module.float()
+
+    def backward_s() -> float:
+        for p in module.parameters():
+            p.grad = None
+        loss = loaded.loss_fn(module(**loaded.inputs), loaded.target)
+        start = clock()
+        loss.backward()
+        return clock() - start
+
+    for _ in range(WARMUP):
+        backward_s()
+    whole_s = statistics.median(backward_s() for _ in range(REPEATS))
+    graph, _ = traced_graph(model, micro_batch)
+    per_structure = collections.Counter(layer.structural_hash for layer in graph.layers)
+    structure = {layer.name: layer.structural_hash for layer in graph.layers}
+    rows = layer_rows(model, micro_batch, None, None, clock)
+    start_s = statistics.median(r["warm_start_s"] for r in rows)
+    sums = {key: start_s + sum(per_structure[structure[r["layer"]]]
+                               * (r[key] - r["warm_start_s"]) for r in rows)
+            for key in ("raw_s", "absorbed_s")}
+    return {"model": model, "micro_batch": micro_batch, "whole_s": whole_s,
+            "profile_sum_s": sums["raw_s"], "warmed_sum_s": sums["absorbed_s"]}
+
+
+def warm_engine_start() -> None:
+    """One tiny backward (a sine of ENGINE_PROBE_ELEMENTS, its own leaf): the next call's
+    start runs warm, none of a layer's nodes is run."""
+    leaf = torch.randn(ENGINE_PROBE_ELEMENTS, requires_grad=True)
+    y = leaf.sin()
+    torch.autograd.backward(y, torch.ones_like(y))
+
+
+def kernel_model_with_warm_start(models: str) -> int:
+    """What-if (not what `planner profile` does today): bench_kernel_model with
+    `StepNeighbours.before_backward` followed by `warm_engine_start`, so each layer's timed
+    backward pays its call's start warm, as the profile takes it out; results to
+    kernel_model_warm_start.json beside the bench's own."""
+    import bench.bench_kernel_model as km
+    from cost_models import layer_profile
+
+    plain = layer_profile.StepNeighbours.before_backward
+
+    def before_backward(self):
+        plain(self)
+        warm_engine_start()
+
+    layer_profile.StepNeighbours.before_backward = before_backward
+    km.RESULTS = km.RESULTS.replace("kernel_model.json", "kernel_model_warm_start.json")
+    sys.argv = [sys.argv[0], "--models", models]
+    try:
+        return km.main()
+    finally:
+        layer_profile.StepNeighbours.before_backward = plain
+
+
+def predictions(path: str | None, model: str, micro_batch: int) -> dict:
+    """(layer name) -> predicted backward seconds from a bench_kernel_model JSON."""
+    if not path:
+        return {}
+    with open(path) as f:
+        rows = json.load(f)["rows"]
+    return {r["layer"]: r["predicted_s"] for r in rows if r["model"] == model
+            and r["micro_batch"] == micro_batch and r["phase"] == "bwd"}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-tiny")
+    parser.add_argument("--mb", type=int, default=1)
+    parser.add_argument("--layers", default="embed,norm,head",
+                        help="comma-separated name prefixes (default: the small layers)")
+    parser.add_argument("--calls", action="store_true", help="part 1 only")
+    parser.add_argument("--predicted", default=None,
+                        help="a bench_kernel_model JSON whose predictions to set beside")
+    parser.add_argument("--all", action="store_true",
+                        help="every layer of bench_kernel_model's models and micro-batches")
+    parser.add_argument("--kernel-model", default=None, metavar="MODELS",
+                        help="run bench_kernel_model on these models (comma-separated) with "
+                             "the profile's neighbour followed by warm_engine_start")
+    parser.add_argument("--composites", action="store_true",
+                        help="part 3: composite backward ops' cold excess inside one call")
+    parser.add_argument("--step", default=None, metavar="MODEL:MB,...",
+                        help="part 4: whole-model backward vs the sum of its layers")
+    args = parser.parse_args(argv)
+    if args.step:
+        with _one_thread():
+            rows = [step_vs_layers(item.split(":")[0], int(item.split(":")[1]),
+                                   probe_clock("cpu")) for item in args.step.split(",")]
+        def against_whole(r, key):
+            return f"{r[key] * 1e6:.0f} ({r[key] / r['whole_s'] - 1:+.0%})"
+
+        print(table(["model", "batch", "whole backward us", "sum, profile's way us",
+                     "sum, start warmed us"],
+                    [[r["model"], r["micro_batch"], f"{r['whole_s'] * 1e6:.0f}",
+                      against_whole(r, "profile_sum_s"), against_whole(r, "warmed_sum_s")]
+                     for r in rows]))
+        return 0
+    if args.composites:
+        with _one_thread():
+            for others in (14, 28):
+                print(table([f"op (after {others} others' nodes)", "cold - warm us",
+                             "warm us"],
+                            [[n, f"{c * 1e6:.1f}", f"{w * 1e6:.1f}"]
+                             for n, c, w in composite_cold(probe_clock("cpu"), others)]))
+        return 0
+    if args.kernel_model:
+        return kernel_model_with_warm_start(args.kernel_model)
+    if args.all:
+        return run_all(args.predicted, probe_clock("cpu"))
+    clock = probe_clock("cpu")
+    doc = {"bench": "small_backward", "load_average_1min": os.getloadavg()[0]}
+    with _one_thread():
+        if args.calls:
+            split = calls_split(clock)
+            print(table(["chain+mul one call", "chain alone", "mul after it (own call)",
+                         "mul warm (own call)", "mul inside the call", "mul's own call extra"],
+                        [[f"{split[k] * 1e6:.1f}" for k in ("one_call", "chain", "after_call",
+                                                            "warm_call")]
+                         + [f"{(split['one_call'] - split['chain']) * 1e6:.1f}",
+                            f"{(split['after_call'] - split['warm_call']) * 1e6:.1f}"]]))
+            doc["calls"] = split
+        else:
+            rows = layer_rows(args.model, args.mb, tuple(args.layers.split(",")),
+                              args.predicted, clock)
+            doc["rows"] = rows
+
+            def us(s):
+                return "-" if s is None else f"{s * 1e6:.1f}"
+
+            def err(r, s):
+                return "-" if r["predicted_s"] is None else f"{r['predicted_s'] / s - 1:+.0%}"
+
+            print(table(["layer", "after", "raw", "warm start", "cold start", "raw-warm",
+                         "raw-cold", "absorbed-warm", "predicted", "err vs raw-warm",
+                         "err vs raw-cold", "err vs absorbed-warm"],
+                        [[r["layer"], r["after"] or "(own fwd)", us(r["raw_s"]),
+                          us(r["warm_start_s"]), us(r["cold_start_s"]),
+                          us(r["raw_s"] - r["warm_start_s"]), us(r["raw_s"] - r["cold_start_s"]),
+                          us(r["absorbed_s"] - r["warm_start_s"]), us(r["predicted_s"]),
+                          err(r, r["raw_s"] - r["warm_start_s"]),
+                          err(r, r["raw_s"] - r["cold_start_s"]),
+                          err(r, r["absorbed_s"] - r["warm_start_s"])] for r in rows]))
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    with open(RESULTS, "w") as f:
+        json.dump(doc, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
