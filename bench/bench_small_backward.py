@@ -28,10 +28,10 @@ predicted seconds beside both readings. Microseconds; medians of REPEATS after W
 `--step MODEL:MB,...`: the whole model's backward (one call) beside the sum of its
 layers' figures read either way, plus one warm start. `--all`: every layer of
 bench_kernel_model's models and micro-batches, and how many
-backward passes miss its target read either way. `--kernel-model MODELS`: a what-if run
-of bench_kernel_model itself with each profiled backward's start warmed
-(`warm_engine_start` after the neighbour; its own exit status). Target: none (a
-decomposition); exits 0. JSON to bench/results/small_backward.json.
+backward passes miss its target read either way. (The figures below were read before
+`StepNeighbours.before_backward` warmed the start itself, which `planner profile` now
+does: raw and absorbed read alike since; the "--kernel-model" what-if below was that
+change, run ahead of it.) Target: none (a decomposition); exits 0. JSON to bench/results/small_backward.json.
 
 Read here (one thread, thread clock, 2026-11-25 04:25-04:33 UTC, load 3-8: re-measure on
 a quiet machine). --calls: the multiply's node as its own call after the chain's backward
@@ -71,7 +71,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from cost_models.autograd_engine import ENGINE_PROBE_ELEMENTS, ENGINE_PROBE_OPS, \
+from cost_models.autograd_engine import ENGINE_PROBE_ELEMENTS, ENGINE_PROBE_OPS, warm_engine_start, \
     EngineSampler, fit_line  # noqa: E402
 from cost_models.clusters import _one_thread  # noqa: E402
 from cost_models.host_probes import probe_clock  # noqa: E402
@@ -315,37 +315,6 @@ def step_vs_layers(model: str, micro_batch: int, clock) -> dict:
             "profile_sum_s": sums["raw_s"], "warmed_sum_s": sums["absorbed_s"]}
 
 
-def warm_engine_start() -> None:
-    """One tiny backward (a sine of ENGINE_PROBE_ELEMENTS, its own leaf): the next call's
-    start runs warm, none of a layer's nodes is run."""
-    leaf = torch.randn(ENGINE_PROBE_ELEMENTS, requires_grad=True)
-    y = leaf.sin()
-    torch.autograd.backward(y, torch.ones_like(y))
-
-
-def kernel_model_with_warm_start(models: str) -> int:
-    """What-if (not what `planner profile` does today): bench_kernel_model with
-    `StepNeighbours.before_backward` followed by `warm_engine_start`, so each layer's timed
-    backward pays its call's start warm, as the profile takes it out; results to
-    kernel_model_warm_start.json beside the bench's own."""
-    import bench.bench_kernel_model as km
-    from cost_models import layer_profile
-
-    plain = layer_profile.StepNeighbours.before_backward
-
-    def before_backward(self):
-        plain(self)
-        warm_engine_start()
-
-    layer_profile.StepNeighbours.before_backward = before_backward
-    km.RESULTS = km.RESULTS.replace("kernel_model.json", "kernel_model_warm_start.json")
-    sys.argv = [sys.argv[0], "--models", models]
-    try:
-        return km.main()
-    finally:
-        layer_profile.StepNeighbours.before_backward = plain
-
-
 def predictions(path: str | None, model: str, micro_batch: int) -> dict:
     """(layer name) -> predicted backward seconds from a bench_kernel_model JSON."""
     if not path:
@@ -367,9 +336,6 @@ def main(argv=None) -> int:
                         help="a bench_kernel_model JSON whose predictions to set beside")
     parser.add_argument("--all", action="store_true",
                         help="every layer of bench_kernel_model's models and micro-batches")
-    parser.add_argument("--kernel-model", default=None, metavar="MODELS",
-                        help="run bench_kernel_model on these models (comma-separated) with "
-                             "the profile's neighbour followed by warm_engine_start")
     parser.add_argument("--composites", action="store_true",
                         help="part 3: composite backward ops' cold excess inside one call")
     parser.add_argument("--step", default=None, metavar="MODEL:MB,...",
@@ -396,8 +362,6 @@ def main(argv=None) -> int:
                             [[n, f"{c * 1e6:.1f}", f"{w * 1e6:.1f}"]
                              for n, c, w in composite_cold(probe_clock("cpu"), others)]))
         return 0
-    if args.kernel_model:
-        return kernel_model_with_warm_start(args.kernel_model)
     if args.all:
         return run_all(args.predicted, probe_clock("cpu"))
     clock = probe_clock("cpu")

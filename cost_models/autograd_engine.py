@@ -150,3 +150,18 @@ def net_backward_seconds(raw_s: list[float], engine: EngineStart, layer: str) ->
             f"us, spread {engine.spread:.0%}); the host is too busy to time it: re-run "
             f"`planner profile` on a quieter machine or with more --repeats")
     return net_s
+
+
+def warm_engine_start(device: str = "cpu") -> None:
+    """One tiny backward of an op no layer's timing reads (a sine of ENGINE_PROBE_ELEMENTS
+    on its own leaf): the next `backward` call's start runs warm, as the start a profile
+    takes out (`time_layer`) was measured. Run between a step neighbour's backward and a
+    layer's timed one: the neighbour's work leaves the engine's start cold (11-12 us more
+    on this CPU, 15-160 us after a block: bench/bench_small_backward.py --calls), which a
+    step, running every layer in one call, pays once per micro-batch, not per layer."""
+    import torch
+
+    leaf = torch.randn(ENGINE_PROBE_ELEMENTS, device=device, requires_grad=True)
+    y = leaf.sin()
+    torch.autograd.backward(y, torch.ones_like(y))
+

@@ -33,7 +33,8 @@ from ir.measure import layer_graph_from_trace
 from ir.stand_in import TensorFactory, real_factory
 from ir.trace import trace
 
-from cost_models.autograd_engine import ENGINE_PROBE_OPS, EngineSampler, net_backward_seconds
+from cost_models.autograd_engine import (ENGINE_PROBE_OPS, EngineSampler, net_backward_seconds,
+                                         warm_engine_start)
 
 PROFILE_SCHEMA = "planner.profile/v1"
 DEFAULT_WARMUP = 2  # first runs pay for allocator growth and kernel selection
@@ -141,7 +142,7 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     module = measurer.layer_module(index, state)
     engine = engine if engine is not None else EngineSampler(device, time.perf_counter)
-    neighbours = StepNeighbours(measurer, index, factory)  # warm as a step runs the layer
+    neighbours = StepNeighbours(measurer, index, factory, device)  # as a step runs it
     forward_s, backward_s = [], []
     for rep in range(warmup + repeats):
         _clear_grads(state)  # a step's first micro-batch: no gradient to accumulate into
@@ -207,8 +208,9 @@ class StepNeighbours:
     distinct op run once after other code), and one timed after nothing misses what a
     step's neighbours evict (each neighbour's state is materialised too)."""
 
-    def __init__(self, measurer: GraphMeasurer, index: int, factory: TensorFactory):
-        self.measurer, self.factory = measurer, factory
+    def __init__(self, measurer: GraphMeasurer, index: int, factory: TensorFactory,
+                 device: str = "cpu"):
+        self.measurer, self.factory, self.device = measurer, factory, device
         before, after = step_neighbours(measurer, index)
         self.runs = {}  # index -> (its module, its state)
         for j in {before, after} - {None}:
@@ -228,11 +230,13 @@ class StepNeighbours:
 
     def before_backward(self) -> None:
         """The layer after's forward then its backward, as a step runs them between this
-        layer's forward and backward."""
+        layer's forward and backward; then the engine's start warmed (a step runs all
+        layers' nodes in one call, so none of them pays a cold start)."""
         if self.after is not None:
             roots = self._forward(self.after)
             if roots:
                 torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
+        warm_engine_start(self.device)
 
 
 def save_profile(profile: dict, path: str) -> None:

@@ -179,6 +179,35 @@ def test_time_layer_warms_with_the_step_neighbours(monkeypatch):
     assert len(inputs[2]) == 3
 
 
+def test_each_timed_backward_follows_a_warm_engine_start(monkeypatch):
+    """A step runs every layer's nodes in one engine call, so no layer pays a cold start;
+    a profiled layer's backward is its own call after the neighbour's, so the call right
+    before it must be the engine-warming one (`autograd_engine.warm_engine_start`: one
+    leaf of ENGINE_PROBE_ELEMENTS), for a middle layer (index 1, its neighbour's backward
+    first) and the last (index 4: nothing after it; its own forward came last). Runs: 1
+    warm-up + 2 timed; the engine probe's graphs come after them."""
+    from cost_models.autograd_engine import ENGINE_PROBE_ELEMENTS
+
+    _, measurer = _measured_three_kinds()
+    factory = real_factory("cpu")
+    real_backward = torch.autograd.backward
+    for index, calls_per_run in ((1, 3), (4, 2)):
+        leaves: list[int] = []  # numel of each call's first root: the warming one's is 4
+
+        def counted(roots, *args, **kwargs):
+            roots = [roots] if isinstance(roots, torch.Tensor) else list(roots)
+            leaves.append(roots[0].numel())
+            return real_backward(roots, *args, **kwargs)
+
+        monkeypatch.setattr(torch.autograd, "backward", counted)
+        state = measurer.layer_state(index, factory)
+        time_layer(measurer, index, state, factory, "cpu", warmup=1, repeats=2)
+        monkeypatch.setattr(torch.autograd, "backward", real_backward)
+        runs = leaves[:3 * calls_per_run]
+        warm_positions = [i for i, n in enumerate(runs) if n == ENGINE_PROBE_ELEMENTS]
+        assert warm_positions == [calls_per_run * r + calls_per_run - 2 for r in range(3)]
+
+
 def test_calibration_json_without_the_cold_figures_loads():
     both = dataclasses.replace(COLD, cold_backward_op_host_s=1 * US)
     data = json.loads(json.dumps(both.to_dict()))
