@@ -1,0 +1,117 @@
+"""Host costs a step pays per pass a pipeline rank runs, not per layer: read off the pass
+order each rank runs (`pipeline_ops.rank_ops`, torch's schedules), so they follow the plan's
+stages, schedule and micro-batches.
+
+1. The autograd engine's start. Every backward figure the compute model prices leaves out
+   what one `torch.autograd.backward` call costs beyond its nodes (`planner profile`'s
+   `layer_profile.time_layer` and the kit's probes take it out:
+   `KernelCalibration.autograd_call_host_s`). A step makes one call per backward pass: the
+   plain loop's `loss.backward()` once per micro-batch (`executors.runtime`), a pipeline
+   stage's `stage_backward` once per micro-batch and local stage (torch.distributed
+   .pipelining). So per (stage, micro-batch):
+
+       engine_s = backward passes of the stage in the step / m  x  autograd_call_host_s
+
+   (e.g. 2 stages x 4 micro-batches: 8 calls, 4 per rank), stretched by the core share as
+   every host figure is (`compute.with_host`); 0 where the kit did not measure it (GPU
+   presets, older kits) and on GPUs (the host's time hides under the queued kernels).
+
+2. Where a stage starts and ends. A layer's cold ops (`Layer.cold_distinct_ops_fwd`,
+   `_bwd`) are counted at trace time against its neighbours in model order. A stage's
+   first layer's forward runs after whatever the rank ran last: its own stage's forward
+   of the micro-batch before (GPipe, 1F1B's warm-up), its backward (1F1B's steady state:
+   the backward ends in the stage's FIRST layer), another chunk's pass (interleaving), or,
+   for the step's first forward, the previous step's last backward and the optimizer step
+   (whose ops are not recorded: it is counted as that backward, as the trace-time count of
+   the model's first layer is). Likewise a stage's last layer's backward. Per pass the
+   warm ops are those of the pass before (`warm_after`, nearest layer first, with the
+   cache window of `ir.op_count.recent_forward_ops`), and the layer's count is the mean
+   over its m passes: its host time is linear in the count, so the mean count prices the
+   mean pass exactly. Layers without recorded op names keep their trace-time counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+from ir.cluster import ClusterSpec
+from ir.layer import Layer, LayerGraph
+from ir.op_count import recent_forward_ops
+from ir.plan import ParallelPlan
+from ir.strategy import Schedule
+
+from cost_models.pipeline_ops import PassOp, rank_ops
+
+
+def engine_start_s(cluster: ClusterSpec) -> float:
+    """Seconds one `torch.autograd.backward` call adds to a CPU process's step (the kit's
+    `autograd_call_host_s` x the core share, as `compute.with_host` stretches host time);
+    0 where not measured or where the host overlaps the device (GPUs)."""
+    cal = cluster.kernel_calibration
+    if cal is None or not cluster.host_bound:
+        return 0.0
+    return cal.autograd_call_host_s * cluster.host_share
+
+
+def backward_calls(plan: ParallelPlan) -> dict[int, int]:
+    """Plan stage -> the `torch.autograd.backward` calls it makes in one step: one per
+    backward pass of the schedule (module docstring, 1)."""
+    return dict(_backward_calls(plan.schedule, plan.pp, plan.num_microbatches,
+                                plan.virtual_stages))
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_calls(schedule: Schedule, pp: int, m: int, v: int) -> tuple[tuple[int, int], ...]:
+    calls: dict[int, int] = {}
+    for rank in range(pp):
+        for op in rank_ops(schedule, pp, rank, m, v):
+            if not op.forward:
+                calls[op.chunk * pp + rank] = calls.get(op.chunk * pp + rank, 0) + 1
+    return tuple(sorted(calls.items()))
+
+
+def warm_after(op: PassOp, layers: Sequence[Layer]) -> frozenset[str]:
+    """The ops warm after pass `op` of a stage holding `layers` (in model order): a forward
+    ends in the last layer, a backward in the first; the layers run just before count while
+    the window of `recent_forward_ops` holds (nearest first)."""
+    order = layers[::-1] if op.forward else layers
+    names = [l.forward_overloads if op.forward else l.backward_overloads for l in order]
+    return recent_forward_ops(names) or frozenset()
+
+
+def prices_cold_ops(cluster: ClusterSpec) -> bool:
+    """Whether `cluster`'s kit prices cold ops in either pass (GPU presets and older kits
+    do not: then no count moves a time, and `placed_layers` need not run)."""
+    cal = cluster.kernel_calibration
+    return cal is not None and (cal.cold_op_host_s > 0 or cal.cold_backward_op_host_s > 0)
+
+
+def placed_layers(graph: LayerGraph, plan: ParallelPlan,
+                  cluster: ClusterSpec | None = None) -> list[Layer]:
+    """`graph.layers` with each stage's first layer's forward cold ops and last layer's
+    backward cold ops counted against what runs before them in the step on their rank
+    (module docstring, 2), the mean over the stage's passes; as traced where `cluster`
+    prices no cold op (`prices_cold_ops`)."""
+    layers = list(graph.layers)
+    if cluster is not None and not prices_cold_ops(cluster):
+        return layers
+    spans = [layers[s.first_layer:s.last_layer + 1] for s in plan.stages]
+    sums: dict[tuple[int, bool], list[int]] = {}  # (position, forward) -> counts per pass
+    for rank in range(plan.pp):
+        ops = rank_ops(plan.schedule, plan.pp, rank, plan.num_microbatches,
+                       plan.virtual_stages)
+        for i, op in enumerate(ops):
+            stage = op.chunk * plan.pp + rank
+            before = ops[i - 1] if i else ops[-1]  # the step's first: the last step's end
+            warm = warm_after(before, spans[before.chunk * plan.pp + rank])
+            where = plan.stages[stage].first_layer if op.forward else plan.stages[stage].last_layer
+            names = (layers[where].forward_overloads if op.forward
+                     else layers[where].backward_overloads)
+            if names:
+                sums.setdefault((where, op.forward), []).append(len(names - warm))
+    for (where, forward), counts in sums.items():
+        field = "cold_distinct_ops_fwd" if forward else "cold_distinct_ops_bwd"
+        layers[where] = dataclasses.replace(layers[where], **{field: sum(counts) / len(counts)})
+    return layers
