@@ -12,7 +12,8 @@ stages, schedule and micro-batches.
 
        engine_s = backward passes of the stage in the step / m  x  autograd_call_host_s
 
-   (e.g. 2 stages x 4 micro-batches: 8 calls, 4 per rank), stretched by the core share as
+   (e.g. 2 stages x 4 micro-batches: 8 calls, 4 per rank; without a pipeline, pp = 1, the
+   plain loop runs however many stages the plan has: m calls), stretched by the core share as
    every host figure is (`compute.with_host`); 0 where the kit did not measure it (GPU
    presets, older kits) and on GPUs (the host's time hides under the queued kernels).
 
@@ -64,6 +65,8 @@ def backward_calls(plan: ParallelPlan) -> dict[int, int]:
 
 @functools.lru_cache(maxsize=256)
 def _backward_calls(schedule: Schedule, pp: int, m: int, v: int) -> tuple[tuple[int, int], ...]:
+    if pp == 1:  # the plain loop, whatever the stages (`executors.apply`: no schedule)
+        return ((0, m),)
     calls: dict[int, int] = {}
     for rank in range(pp):
         for op in rank_ops(schedule, pp, rank, m, v):
@@ -97,16 +100,18 @@ def placed_layers(graph: LayerGraph, plan: ParallelPlan,
     layers = list(graph.layers)
     if cluster is not None and not prices_cold_ops(cluster):
         return layers
-    spans = [layers[s.first_layer:s.last_layer + 1] for s in plan.stages]
+    stages, v = plan.stages, plan.virtual_stages
+    if plan.pp == 1:  # the plain loop runs the model whole (`executors.apply`)
+        stages, v = (dataclasses.replace(plan.stages[0], last_layer=len(layers) - 1),), 1
+    spans = [layers[s.first_layer:s.last_layer + 1] for s in stages]
     sums: dict[tuple[int, bool], list[int]] = {}  # (position, forward) -> counts per pass
     for rank in range(plan.pp):
-        ops = rank_ops(plan.schedule, plan.pp, rank, plan.num_microbatches,
-                       plan.virtual_stages)
+        ops = rank_ops(plan.schedule, plan.pp, rank, plan.num_microbatches, v)
         for i, op in enumerate(ops):
             stage = op.chunk * plan.pp + rank
             before = ops[i - 1] if i else ops[-1]  # the step's first: the last step's end
             warm = warm_after(before, spans[before.chunk * plan.pp + rank])
-            where = plan.stages[stage].first_layer if op.forward else plan.stages[stage].last_layer
+            where = stages[stage].first_layer if op.forward else stages[stage].last_layer
             names = (layers[where].forward_overloads if op.forward
                      else layers[where].backward_overloads)
             if names:

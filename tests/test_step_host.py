@@ -37,6 +37,7 @@ def two_cpu_processes(calibration: KernelCalibration | None) -> ClusterSpec:
     (Schedule.ONE_F_ONE_B, 2, 1, 4, {0: 4, 1: 4}),  # 2 stages x 4 micro-batches: 8 calls
     (Schedule.GPIPE, 2, 1, 4, {0: 4, 1: 4}),
     (Schedule.ONE_F_ONE_B, 1, 1, 4, {0: 4}),  # the plain loop: loss.backward() per batch
+    (Schedule.INTERLEAVED, 1, 2, 4, {0: 4}),  # pp 1 runs the plain loop, stages or not
     (Schedule.INTERLEAVED, 2, 2, 4, {0: 4, 1: 4, 2: 4, 3: 4}),  # one per chunk and batch
 ])
 def test_one_engine_call_per_backward_pass(schedule, pp, v, m, calls):
