@@ -28,9 +28,13 @@ Readings (mlp-small, m 8, load 6-8, 2026-11-25; re-measure on a quiet machine): 
 on every rank, as derived. The cut cost 15.2, 14.4, 13.1, 15.1 and 14.6 us more per
 micro-batch in five runs, the engine start fitted at 9.4-10.0 us (the rest: the detach
 and the extra call's Python). The two-stage ranks' own work measured 3.3 and 4.1 ms
-against 1.36 and 1.83 ms predicted with the term: the pipelining runtime's host work per
-micro-batch (~250 us a rank here) is priced by no term yet (issue 17, the next thing to
-measure); the one-stage step was within 6%.
+against 1.36 and 1.83 ms predicted with the term, the one-stage step within 6% (2.17 ms
+measured, 2.30 predicted). gpt-tiny (20 steps): one stage 29.9 ms measured, 29.8
+predicted; two stages 22.2 and 12.3 ms against 22.1 and 8.6. Both models' two ranks
+together worked ~4.6-5.2 ms a step (290-325 us a micro-batch) more than the one process:
+torch.distributed.pipelining's own host work per action (pytree flattening, the stage's
+send/recv op lists, `_make_grads`; cProfile of rank 1), which no term prices yet (issue 17,
+the next thing to measure: a per-action figure from a two-process probe).
 """
 
 from __future__ import annotations
