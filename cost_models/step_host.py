@@ -25,8 +25,9 @@ stages, schedule and micro-batches.
    for the step's first forward, the previous step's last backward and the optimizer step
    (whose ops are not recorded: it is counted as that backward, as the trace-time count of
    the model's first layer is). Likewise a stage's last layer's backward. Per pass the
-   warm ops are those of the pass before (`warm_after`, nearest layer first, with the
-   cache window of `ir.op_count.recent_forward_ops`), and the layer's count is the mean
+   warm ops are those of the passes before it on the rank (`warm_before`, layer by layer,
+   nearest first, within the cache window of `ir.op_count.recent_forward_ops`: a chunk of
+   one small layer leaves the chunk before it warm), and the layer's count is the mean
    over its m passes: its host time is linear in the count, so the mean count prices the
    mean pass exactly. Layers without recorded op names keep their trace-time counts.
 """
@@ -39,7 +40,7 @@ from collections.abc import Sequence
 
 from ir.cluster import ClusterSpec
 from ir.layer import Layer, LayerGraph
-from ir.op_count import recent_forward_ops
+from ir.op_count import COLD_WINDOW_DISTINCT_OPS, recent_forward_ops
 from ir.plan import ParallelPlan
 from ir.strategy import Schedule
 
@@ -75,12 +76,23 @@ def _backward_calls(schedule: Schedule, pp: int, m: int, v: int) -> tuple[tuple[
     return tuple(sorted(calls.items()))
 
 
-def warm_after(op: PassOp, layers: Sequence[Layer]) -> frozenset[str]:
-    """The ops warm after pass `op` of a stage holding `layers` (in model order): a forward
-    ends in the last layer, a backward in the first; the layers run just before count while
-    the window of `recent_forward_ops` holds (nearest first)."""
-    order = layers[::-1] if op.forward else layers
-    names = [l.forward_overloads if op.forward else l.backward_overloads for l in order]
+def warm_before(ops: Sequence[PassOp], i: int, spans: Sequence[Sequence[Layer]],
+                pp: int, rank: int) -> frozenset[str]:
+    """The ops warm when pass `ops[i]` of rank `rank` starts: those of the passes before it
+    in the step on the rank, layer by layer in the order they ran, nearest first (a forward
+    ends in its stage's last layer, a backward in its first), as far back as the window of
+    `recent_forward_ops` reaches; for the step's first pass, the step before's last pass
+    alone (the optimizer step ran since, its ops unrecorded: as the trace-time count of
+    the model's first layer). `spans`: each plan stage's layers."""
+    names: list[frozenset[str]] = []
+    ran: set[str] = set()
+    for op in ([ops[-1]] if i == 0 else ops[i - 1::-1]):
+        span = spans[op.chunk * pp + rank]
+        for layer in (span[::-1] if op.forward else span):
+            names.append(layer.forward_overloads if op.forward else layer.backward_overloads)
+            ran |= names[-1]
+        if len(ran) >= COLD_WINDOW_DISTINCT_OPS:
+            break
     return recent_forward_ops(names) or frozenset()
 
 
@@ -109,8 +121,7 @@ def placed_layers(graph: LayerGraph, plan: ParallelPlan,
         ops = rank_ops(plan.schedule, plan.pp, rank, plan.num_microbatches, v)
         for i, op in enumerate(ops):
             stage = op.chunk * plan.pp + rank
-            before = ops[i - 1] if i else ops[-1]  # the step's first: the last step's end
-            warm = warm_after(before, spans[before.chunk * plan.pp + rank])
+            warm = warm_before(ops, i, spans, plan.pp, rank)
             where = stages[stage].first_layer if op.forward else stages[stage].last_layer
             names = (layers[where].forward_overloads if op.forward
                      else layers[where].backward_overloads)

@@ -92,8 +92,10 @@ def test_a_stage_entry_counts_its_cold_ops_against_what_its_rank_ran_before():
     mix's backward (relu and tanh cold: 2), F1 after mix's forward (0): mean 1 (model order:
     2, its own backward). Mix's backward: B0 after F1 (mix's forward warm: threshold_backward
     and tanh_backward cold, 2), B1 after B0 (0): mean 1. Gate, inside its stage, keeps its
-    count (1); last on the last stage, its backward follows the stage's forward (gate's and,
-within the window, neg's ops warm).
+    count (1); last on the last stage, its backward B0 follows F0 (gate's and, within the
+    window, neg's forward ops warm: sigmoid_backward and tanh_backward cold, 2), B1 follows
+    F1 and, the window still open (5 distinct ops), B0: 0; mean 1 (model order: 2). The
+    window stops at the step's start: the optimizer step ran there.
     Priced at c per cold op, the stages' forwards move by exactly those counts."""
     graph = build_layer_graph(MixNegGate(), {"x": torch.randn(2, 8)}, dtype=torch.float32)
     mix, neg, gate = graph.layers
@@ -108,7 +110,9 @@ within the window, neg's ops warm).
     cold_bwd_mix = len(mix.backward_overloads - mix.forward_overloads) / 2
     assert placed[0].cold_distinct_ops_bwd == pytest.approx(cold_bwd_mix)
     after_forward = gate.forward_overloads | neg.forward_overloads  # the window: both
-    assert placed[2].cold_distinct_ops_bwd == len(gate.backward_overloads - after_forward)
+    cold_b0 = len(gate.backward_overloads - after_forward)
+    assert cold_b0 == 2  # sigmoid_backward, tanh_backward
+    assert placed[2].cold_distinct_ops_bwd == pytest.approx((cold_b0 + 0) / 2)
 
     cold_s = 1e-3
     base = KernelCalibration(measured_on="test", forward_host_op_s=1e-9)
@@ -118,3 +122,25 @@ within the window, neg's ops warm).
     moved = [c.compute_forward_s - p.compute_forward_s
              for c, p in zip(priced.stage_times, plain.stage_times)]
     assert moved == pytest.approx([1.0 * cold_s, (0.0 + 1.0) * cold_s])
+
+
+def test_warm_ops_reach_back_over_small_passes_but_not_over_the_optimizer_step():
+    """Rank 0 of pp 2, two chunks: chunk 0 (stage 0) one layer of ops {a, b} forward and
+    {ga} backward, chunk 1 (stage 2) one of {c} and {gc}. Passes F0.0, F1.0, B1.0, B0.0:
+    F1.0 follows F0.0 ({a, b}); B1.0 follows F1.0 and, the window open, F0.0 ({a, b, c});
+    the step's first, F0.0, follows the step before's last pass, B0.0, alone ({ga})."""
+    from cost_models.pipeline_ops import PassOp
+    from cost_models.step_host import warm_before
+    from tests.cpu_specs import linear_layer
+
+    def layer(fwd, bwd):
+        measured = dataclasses.replace(linear_layer().measured, forward_overloads=frozenset(fwd),
+                                       backward_overloads=frozenset(bwd))
+        return dataclasses.replace(linear_layer(), measured=measured)
+
+    spans = [[layer("ab", ["ga"])], [], [layer("c", ["gc"])], []]  # stages 0..3; rank 0's
+    ops = [PassOp(True, 0, 0), PassOp(True, 1, 0), PassOp(False, 1, 0), PassOp(False, 0, 0)]
+    assert warm_before(ops, 1, spans, 2, 0) == {"a", "b"}
+    assert warm_before(ops, 2, spans, 2, 0) == {"a", "b", "c"}
+    assert warm_before(ops, 3, spans, 2, 0) == {"gc", "c", "a", "b"}
+    assert warm_before(ops, 0, spans, 2, 0) == {"ga"}
