@@ -12,7 +12,10 @@
    micro-batch), alternating, on the thread's CPU clock. The cut adds m engine calls and a
    detach per micro-batch; the estimate adds m x `autograd_call_host_s` with the term
    (`cost_models.step_host`), nothing without it.
-3. For context, each rank's step on its thread's CPU clock against its predicted work
+3. Two pipeline stages on this one process (torch's interleaved schedule over a world-1
+   group: no p2p between processes) against the plain loop: what torch.distributed
+   .pipelining's runtime adds per action beyond the engine calls.
+4. For context, each rank's step on its thread's CPU clock against its predicted work
    (m forwards and backwards and its optimizer step) with and without the term, layer
    times from a `planner profile` taken here (wall-clock timings that move 10-25% between
    runs on a loaded host).
@@ -34,7 +37,10 @@ predicted; two stages 22.2 and 12.3 ms against 22.1 and 8.6. Both models' two ra
 together worked ~4.6-5.2 ms a step (290-325 us a micro-batch) more than the one process:
 torch.distributed.pipelining's own host work per action (pytree flattening, the stage's
 send/recv op lists, `_make_grads`; cProfile of rank 1), which no term prices yet (issue 17,
-the next thing to measure: a per-action figure from a two-process probe).
+the next thing to measure: a per-action figure from a two-process probe). On one process
+(no p2p) the runtime added 31.7 us per action (mlp-small, m 8, 300 alternations), so most
+of the two-process ranks' ~180-240 us per action is the p2p's host work on the calling
+thread.
 """
 
 from __future__ import annotations
@@ -174,6 +180,42 @@ def split_steps(spec: str, names: list[str], m: int, steps: int) -> dict[str, fl
     return {name: statistics.median(s) for name, s in seconds.items()}
 
 
+def local_pipeline_steps(spec: str, names: list[str], m: int, steps: int) -> dict[str, float]:
+    """Median thread-CPU seconds of m micro-batches through the layer modules `names` (a
+    chain) as two pipeline stages on this one process (torch's ScheduleInterleaved1F1B over
+    a world-1 gloo group: no p2p crosses a process) and as the plain loop, alternating:
+    what torch.distributed.pipelining's runtime adds per action beyond the engine calls."""
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+
+    loaded = load_model(spec, micro_batch=1, device="cpu", seed=0)
+    layers = [loaded.module.get_submodule(n) for n in names]
+    halves = [nn.Sequential(*layers[:len(layers) // 2]), nn.Sequential(*layers[len(layers) // 2:])]
+    batch = load_model(spec, micro_batch=m, device="cpu", seed=1)
+    (x,) = batch.inputs.values()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1, timeout=timedelta(seconds=120))
+    try:
+        stages = [PipelineStage(h, i, 2, torch.device("cpu")) for i, h in enumerate(halves)]
+        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loaded.loss_fn)
+
+        def plain():
+            for xi, yi in zip(x.chunk(m), batch.target.chunk(m)):
+                loaded.loss_fn(halves[1](halves[0](xi)), yi).backward()
+
+        runs = {"pipelined": lambda: schedule.step(x, target=batch.target), "plain": plain}
+        seconds: dict[str, list[float]] = {name: [] for name in runs}
+        for step in range(WARMUP_STEPS + steps):
+            for name in (list(runs) if step % 2 else list(runs)[::-1]):
+                start = time.thread_time()
+                runs[name]()
+                if step >= WARMUP_STEPS:
+                    seconds[name].append(time.thread_time() - start)
+    finally:
+        dist.destroy_process_group()
+    return {name: statistics.median(s) for name, s in seconds.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="mlp-small")
@@ -190,6 +232,8 @@ def main() -> int:
     engine_s = autograd_call_s("cpu")
     split = split_steps(args.model, [l.name for l in graph.layers], m, args.split_steps)
     measured = timed_steps(args.model, m, args.steps)
+    local = local_pipeline_steps(args.model, [l.name for l in graph.layers], m,
+                                 args.split_steps)
     rows, doc = [], {"model": args.model, "micro_batches": m, "steps": args.steps,
                      "engine_start_s": engine_s, "ranks": []}
     for world, (name, plan) in enumerate(plans(len(graph.layers), m).items(), start=1):
@@ -217,6 +261,13 @@ def main() -> int:
           f"{split['whole'] * 1e3:.3f} ms, cut {split['cut'] * 1e3:.3f} ms: "
           f"{added_s / m * 1e6:.2f} us more per micro-batch; predicted "
           f"{engine_s * 1e6:.2f} with the term, 0 without")
+    # Two local stages: 2 m forward and 2 m backward actions, m more engine calls
+    action_s = (local["pipelined"] - local["plain"] - m * engine_s) / (4 * m)
+    doc["local_pipeline"] = {**local, "per_action_s": action_s}
+    print(f"two stages on this process (torch pipelining, no p2p; median of "
+          f"{args.split_steps}): {local['pipelined'] * 1e3:.3f} ms against the plain loop's "
+          f"{local['plain'] * 1e3:.3f}: {action_s * 1e6:.1f} us per action beyond the engine "
+          "calls (priced by no term)")
     met = abs(m * engine_s - added_s) < abs(added_s) and all(
         r["engine_calls"] == r["engine_calls_predicted"] for r in doc["ranks"])
     doc["target_met"] = met
