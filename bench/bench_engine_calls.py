@@ -28,19 +28,17 @@ calls derived, and the cut's extra time is nearer m x the engine start than 0 (e
 otherwise).
 
 Readings (mlp-small, m 8, load 6-8, 2026-11-25; re-measure on a quiet machine): 8 calls
-on every rank, as derived. The cut cost 15.2, 14.4, 13.1, 15.1 and 14.6 us more per
-micro-batch in five runs, the engine start fitted at 9.4-10.0 us (the rest: the detach
-and the extra call's Python). The two-stage ranks' own work measured 3.3 and 4.1 ms
-against 1.36 and 1.83 ms predicted with the term, the one-stage step within 6% (2.17 ms
-measured, 2.30 predicted). gpt-tiny (20 steps): one stage 29.9 ms measured, 29.8
-predicted; two stages 22.2 and 12.3 ms against 22.1 and 8.6. Both models' two ranks
-together worked ~4.6-5.2 ms a step (290-325 us a micro-batch) more than the one process:
-torch.distributed.pipelining's own host work per action (pytree flattening, the stage's
-send/recv op lists, `_make_grads`; cProfile of rank 1), which no term prices yet (issue 17,
-the next thing to measure: a per-action figure from a two-process probe). On one process
-(no p2p) the runtime added 31.7 us per action (mlp-small, m 8, 300 alternations), so most
-of the two-process ranks' ~180-240 us per action is the p2p's host work on the calling
-thread.
+on every rank, as derived. The cut cost 13.0-15.5 us more per micro-batch in six runs, the
+engine start fitted at 9.4-10.0 us (the rest: the detach and the extra call's Python). Two
+stages on one process: 31.7 and 33.6 us per action beyond the engine calls, the kit's probe
+(`pipeline_probes`) 34.9. The two-process ranks' own work, last run: 2.49 and 3.80 ms
+measured, 0.95 and 1.27 predicted without the terms, 1.58 and 1.90 with both (-62/-67% to
+-37/-50%); the rest (~60-120 us an action) is mostly the p2p's host work between
+processes (cProfile of rank 1: gloo send ~30 us, recv ~20 us a call on the calling
+thread), which the collective fits do not hold (the next thing to measure, two processes).
+gpt-tiny (20 steps, before the action term): one stage 29.9 ms measured, 29.8 predicted;
+two stages 22.2 and 12.3 ms against 22.1 and 8.6. The profile behind every prediction is
+wall-clock: its layer times moved 10-35% between runs at this load.
 """
 
 from __future__ import annotations
@@ -64,6 +62,7 @@ from cost_models.compute_profile import ComputeProfile  # noqa: E402
 from cost_models.estimate import estimate  # noqa: E402
 from cost_models.host_probes import autograd_call_s  # noqa: E402
 from cost_models.layer_profile import profile_layers  # noqa: E402
+from cost_models.pipeline_probes import pipeline_action_host_s  # noqa: E402
 from executors.apply import apply  # noqa: E402
 from ir.kernel_calibration import KernelCalibration  # noqa: E402
 from ir.launch import free_port  # noqa: E402
@@ -230,16 +229,19 @@ def main() -> int:
     profile = ComputeProfile.from_dict(profile_layers(
         loaded.module, loaded.inputs, loaded.target, loaded.loss_fn, name=args.model))
     engine_s = autograd_call_s("cpu")
+    action_probe_s = pipeline_action_host_s("cpu")
     split = split_steps(args.model, [l.name for l in graph.layers], m, args.split_steps)
     measured = timed_steps(args.model, m, args.steps)
     local = local_pipeline_steps(args.model, [l.name for l in graph.layers], m,
                                  args.split_steps)
     rows, doc = [], {"model": args.model, "micro_batches": m, "steps": args.steps,
-                     "engine_start_s": engine_s, "ranks": []}
+                     "engine_start_s": engine_s, "pipeline_action_s": action_probe_s,
+                     "ranks": []}
     for world, (name, plan) in enumerate(plans(len(graph.layers), m).items(), start=1):
         base = get_cluster("local", gpus_per_node=world)
         with_term = dataclasses.replace(base, kernel_calibration=KernelCalibration(
-            measured_on="bench_engine_calls", autograd_call_host_s=engine_s))
+            measured_on="bench_engine_calls", autograd_call_host_s=engine_s,
+            pipeline_action_host_s=action_probe_s))
         old, new = estimate(graph, plan, base, profile), estimate(graph, plan, with_term, profile)
         for rank, reading in enumerate(measured[name]):
             got, without, with_ = reading["step_s"], busy_s(old, rank, m), busy_s(new, rank, m)
@@ -250,8 +252,9 @@ def main() -> int:
             rows.append([name, rank, reading["engine_calls"], f"{got * 1e3:.3f}",
                          f"{without * 1e3:.3f}", f"{with_ * 1e3:.3f}",
                          f"{without / got - 1:+.1%}", f"{with_ / got - 1:+.1%}"])
-    print(f"{args.model}, m = {m}, engine start {engine_s * 1e6:.2f} us; each rank's "
-          f"executor step on its thread's CPU clock, median of {args.steps}")
+    print(f"{args.model}, m = {m}, engine start {engine_s * 1e6:.2f} us, pipelining "
+          f"{action_probe_s * 1e6:.1f} us per action (pipeline_probes); each rank's executor "
+          f"step on its thread's CPU clock, median of {args.steps}; 'with': both terms")
     print(table(["plan", "rank", "calls", "measured ms", "pred. without", "pred. with",
                  "err without", "err with"], rows))
     # The cut adds m engine calls (and a detach per micro-batch): the term predicts m e.
@@ -263,11 +266,11 @@ def main() -> int:
           f"{engine_s * 1e6:.2f} with the term, 0 without")
     # Two local stages: 2 m forward and 2 m backward actions, m more engine calls
     action_s = (local["pipelined"] - local["plain"] - m * engine_s) / (4 * m)
-    doc["local_pipeline"] = {**local, "per_action_s": action_s}
+    doc["local_pipeline"] = {**local, "per_action_s": action_s, "probe_s": action_probe_s}
     print(f"two stages on this process (torch pipelining, no p2p; median of "
           f"{args.split_steps}): {local['pipelined'] * 1e3:.3f} ms against the plain loop's "
           f"{local['plain'] * 1e3:.3f}: {action_s * 1e6:.1f} us per action beyond the engine "
-          "calls (priced by no term)")
+          f"calls (the kit's probe: {action_probe_s * 1e6:.1f})")
     met = abs(m * engine_s - added_s) < abs(added_s) and all(
         r["engine_calls"] == r["engine_calls_predicted"] for r in doc["ranks"])
     doc["target_met"] = met

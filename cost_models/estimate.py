@@ -8,6 +8,8 @@ Per pipeline rank r and micro-batch (compute.py, comm.py):
   B_r = backward compute + recompute + TP comm + exposed ZeRO-2/3 traffic
         + the autograd engine's start per backward call (step_host: one per stage and
         micro-batch, CPU processes) + send of its input gradient to the previous stage
+  and, with a pipeline on CPU processes, torch pipelining's host work per action in each
+  (step_host.pipeline_action_s)
 Each stage's first and last layers' cold ops are counted against what their rank runs
 before them in the step (`step_host.placed_layers`), not against their model neighbours.
 Data-parallel traffic overlaps the compute it runs beside with efficiency
@@ -49,7 +51,8 @@ from cost_models.memory import MemoryEstimate, check_plan_matches, plan_memory, 
 from cost_models.model_states import bytes_per_param
 from cost_models.pipeline import PipelineTime, stage_pipeline_time
 from cost_models.pipeline_sim import SENDS_BLOCK, StageCost
-from cost_models.step_host import backward_calls, engine_start_s, placed_layers
+from cost_models.step_host import (backward_calls, engine_start_s, pipeline_action_s,
+                                   pipeline_actions, placed_layers)
 
 # Share of a compute window that overlapped data-parallel communication can hide. PyTorch
 # DDP (Li et al. 2020) and FSDP overlap bucketed collectives with backward/forward; the
@@ -77,6 +80,7 @@ class StageTime:
     tp_step_s: float = 0.0  # SP's partial-gradient all-reduce, once per iteration, blocking
     dp_after_step_s: float = 0.0  # ZeRO-1 all-gathers after the optimizer step, blocking
     engine_s: float = 0.0  # autograd engine starts (in compute_backward_s), step_host
+    pipeline_action_s: float = 0.0  # pipelining runtime, both passes (in compute_*), step_host
 
     @property
     def forward_s(self) -> float:
@@ -198,6 +202,12 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
         calls = backward_calls(plan)
         engine *= sum(calls.get(i, 0) for i in mine) / plan.num_microbatches
         bwd += engine
+    action = pipeline_action_s(cluster)  # half in each pass: one forward, one backward
+    if action:
+        actions = pipeline_actions(plan)
+        action *= sum(actions.get(i, 0) for i in mine) / plan.num_microbatches / 2
+        fwd += action
+        bwd += action
     for i in mine:
         stage = plan.stages[i]
         if i < last_stage:  # forward: send this chunk's output on
@@ -214,7 +224,8 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                      dp_backward_s=exposed(dp_b, bwd, overlap),
                      pp_forward_s=pp_f, pp_backward_s=pp_b,
                      dp_step_s=exposed(dp_step, bwd, overlap), optimizer_s=opt,
-                     tp_step_s=tp_step, dp_after_step_s=after_step, engine_s=engine)
+                     tp_step_s=tp_step, dp_after_step_s=after_step, engine_s=engine,
+                     pipeline_action_s=2 * action)
 
 
 def _stage_costs(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,

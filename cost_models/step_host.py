@@ -16,6 +16,9 @@ stages, schedule and micro-batches.
    plain loop runs however many stages the plan has: m calls), stretched by the core share as
    every host figure is (`compute.with_host`); 0 where the kit did not measure it (GPU
    presets, older kits) and on GPUs (the host's time hides under the queued kernels).
+   Likewise, with a pipeline (pp > 1), torch's pipelining runtime's own host work per
+   action (a stage's forward or backward of one micro-batch: `pipeline_probes`): per
+   (stage, micro-batch) one forward and one backward action x `pipeline_action_host_s`.
 
 2. Where a stage starts and ends. A layer's cold ops (`Layer.cold_distinct_ops_fwd`,
    `_bwd`) are counted at trace time against its neighbours in model order. A stage's
@@ -57,23 +60,45 @@ def engine_start_s(cluster: ClusterSpec) -> float:
     return cal.autograd_call_host_s * cluster.host_share
 
 
+def pipeline_action_s(cluster: ClusterSpec) -> float:
+    """Seconds torch's pipelining runtime adds to a CPU process per stage action (the kit's
+    `pipeline_action_host_s`, `cost_models.pipeline_probes`, x the core share); 0 where not
+    measured and on GPUs, as `engine_start_s`."""
+    cal = cluster.kernel_calibration
+    if cal is None or not cluster.host_bound:
+        return 0.0
+    return cal.pipeline_action_host_s * cluster.host_share
+
+
 def backward_calls(plan: ParallelPlan) -> dict[int, int]:
     """Plan stage -> the `torch.autograd.backward` calls it makes in one step: one per
     backward pass of the schedule (module docstring, 1)."""
-    return dict(_backward_calls(plan.schedule, plan.pp, plan.num_microbatches,
-                                plan.virtual_stages))
+    return {stage: b for stage, (_, b) in stage_passes(plan).items()}
+
+
+def pipeline_actions(plan: ParallelPlan) -> dict[int, int]:
+    """Plan stage -> the actions torch's pipelining runtime runs for it in one step (its
+    forward and backward passes); none without a pipeline (pp 1: the plain loop)."""
+    if plan.pp == 1:
+        return {}
+    return {stage: f + b for stage, (f, b) in stage_passes(plan).items()}
+
+
+def stage_passes(plan: ParallelPlan) -> dict[int, tuple[int, int]]:
+    """Plan stage -> (forward, backward) passes in one step, as the executor runs them."""
+    return {stage: (f, b) for stage, f, b in _passes(plan.schedule, plan.pp,
+                                                     plan.num_microbatches, plan.virtual_stages)}
 
 
 @functools.lru_cache(maxsize=256)
-def _backward_calls(schedule: Schedule, pp: int, m: int, v: int) -> tuple[tuple[int, int], ...]:
+def _passes(schedule: Schedule, pp: int, m: int, v: int) -> tuple[tuple[int, int, int], ...]:
     if pp == 1:  # the plain loop, whatever the stages (`executors.apply`: no schedule)
-        return ((0, m),)
-    calls: dict[int, int] = {}
+        return ((0, m, m),)
+    counts: dict[int, list[int]] = {}
     for rank in range(pp):
         for op in rank_ops(schedule, pp, rank, m, v):
-            if not op.forward:
-                calls[op.chunk * pp + rank] = calls.get(op.chunk * pp + rank, 0) + 1
-    return tuple(sorted(calls.items()))
+            counts.setdefault(op.chunk * pp + rank, [0, 0])[0 if op.forward else 1] += 1
+    return tuple((stage, f, b) for stage, (f, b) in sorted(counts.items()))
 
 
 def warm_before(ops: Sequence[PassOp], i: int, spans: Sequence[Sequence[Layer]],

@@ -144,3 +144,34 @@ def test_warm_ops_reach_back_over_small_passes_but_not_over_the_optimizer_step()
     assert warm_before(ops, 2, spans, 2, 0) == {"a", "b", "c"}
     assert warm_before(ops, 3, spans, 2, 0) == {"gc", "c", "a", "b"}
     assert warm_before(ops, 0, spans, 2, 0) == {"ga"}
+
+
+def test_a_pipeline_pays_its_runtime_per_action_and_the_plain_loop_does_not():
+    """2 stages x 4 micro-batches, GPipe, a per action: 16 actions (each stage a forward
+    and a backward per micro-batch). Each stage's f and b grow by a, so the closed form
+    sum_r (F_r + B_r) + (m - 1)(max f + max b) grows by 2 p a + 2 (m - 1) a = 10 a. The
+    plain loop (pp 1) runs no action: unchanged."""
+    from cost_models.step_host import pipeline_actions
+
+    graph = gpt_layer_graph(layers=4, hidden=64, heads=4, vocab=128, seq=16)
+    action_s = 1e-3
+    piped = uniform_plan(len(graph.layers), pp=2, micro_batch=1, global_batch=4,
+                         schedule=Schedule.GPIPE, precision=Precision.FP32)
+    plain = uniform_plan(len(graph.layers), micro_batch=1, global_batch=4,
+                         precision=Precision.FP32)
+    assert pipeline_actions(piped) == {0: 8, 1: 8} and pipeline_actions(plain) == {}
+    cal = KernelCalibration(measured_on="test", pipeline_action_host_s=action_s)
+    bare = KernelCalibration(measured_on="test")
+    for plan, grown in ((piped, 10 * action_s), (plain, 0.0)):
+        with_runtime = estimate(graph, plan, two_cpu_processes(cal))
+        without = estimate(graph, plan, two_cpu_processes(bare))
+        assert with_runtime.iteration_seconds - without.iteration_seconds == pytest.approx(
+            grown, abs=1e-12)
+
+
+def test_the_runtime_probe_reads_a_plausible_figure():
+    """torch pipelining's per-action host work on this CPU: ~30-35 us here (2026-11-25,
+    load 7); between 1 us (a few Python calls) and 1 ms (more than the probe's layers)."""
+    from cost_models.pipeline_probes import pipeline_action_host_s
+
+    assert 1e-6 < pipeline_action_host_s("cpu") < 1e-3
