@@ -6,7 +6,12 @@ Per pipeline rank r and micro-batch (compute.py, comm.py):
   F_r = sum over its layers of forward compute + TP comm + exposed ZeRO-3 gather
         + send of its output to the next stage
   B_r = backward compute + recompute + TP comm + exposed ZeRO-2/3 traffic
-        + send of its input gradient to the previous stage
+        + the autograd engine's start per backward call (step_host: one per stage and
+        micro-batch, CPU processes) + send of its input gradient to the previous stage
+  and, with a pipeline on CPU processes, torch pipelining's host work per action in each
+  (step_host.pipeline_action_s)
+Each stage's first and last layers' cold ops are counted against what their rank runs
+before them in the step (`step_host.placed_layers`), not against their model neighbours.
 Data-parallel traffic overlaps the compute it runs beside with efficiency
 `overlap_efficiency(cluster)` (GPUs DP_OVERLAP_EFFICIENCY; CPU processes only what idle
 cores can take; or the spec's `dp_overlap_efficiency`); what it cannot hide is exposed.
@@ -33,7 +38,7 @@ from dataclasses import dataclass
 
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
-from ir.layer import LayerGraph
+from ir.layer import Layer, LayerGraph
 from ir.legality import sequence_parallel_applies
 from ir.plan import ParallelPlan
 from ir.strategy import Schedule
@@ -46,6 +51,8 @@ from cost_models.memory import MemoryEstimate, check_plan_matches, plan_memory, 
 from cost_models.model_states import bytes_per_param
 from cost_models.pipeline import PipelineTime, stage_pipeline_time
 from cost_models.pipeline_sim import SENDS_BLOCK, StageCost
+from cost_models.step_host import (backward_calls, engine_start_s, pipeline_action_s,
+                                   pipeline_actions, placed_layers)
 
 # Share of a compute window that overlapped data-parallel communication can hide. PyTorch
 # DDP (Li et al. 2020) and FSDP overlap bucketed collectives with backward/forward; the
@@ -72,6 +79,8 @@ class StageTime:
     optimizer_s: float = 0.0  # the optimizer step, once per iteration
     tp_step_s: float = 0.0  # SP's partial-gradient all-reduce, once per iteration, blocking
     dp_after_step_s: float = 0.0  # ZeRO-1 all-gathers after the optimizer step, blocking
+    engine_s: float = 0.0  # autograd engine starts (in compute_backward_s), step_host
+    pipeline_action_s: float = 0.0  # pipelining runtime, both passes (in compute_*), step_host
 
     @property
     def forward_s(self) -> float:
@@ -154,13 +163,17 @@ def exposed(comm_s: float, window_s: float, efficiency: float = DP_OVERLAP_EFFIC
 def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank: int,
                indices: list[int], configs: Sequence[StepConfig],
                profile: ComputeProfile | None = None,
-               stage_ids: Sequence[int] | None = None) -> StageTime:
+               stage_ids: Sequence[int] | None = None,
+               layers: Sequence[Layer] | None = None) -> StageTime:
     """Per-micro-batch seconds of pipeline rank `rank`, holding layers `indices`, whose
-    p2p sends are those of plan stages `stage_ids` (default: all the rank's stages)."""
+    p2p sends are those of plan stages `stage_ids` (default: all the rank's stages).
+    `layers`: the graph's layers as placed in the plan (`step_host.placed_layers`, the
+    default)."""
     per_param = bytes_per_param(configs[0].precision, configs[0].optimizer)
+    layers = layers if layers is not None else placed_layers(graph, plan, cluster)
     fwd = bwd = rec = tp_f = tp_b = dp_f = dp_b = dp_step = tp_step = after_step = opt = 0.0
     for j in indices:
-        layer, strategy, config = graph.layers[j], plan.layer_strategies[j], configs[j]
+        layer, strategy, config = layers[j], plan.layer_strategies[j], configs[j]
         c = layer_compute(layer, strategy, cluster, config, profile)
         m = layer_comm(layer, strategy, cluster, config, per_param)
         fwd += c.forward_s
@@ -182,7 +195,20 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
     pp_f = pp_b = 0.0
     overlap = overlap_efficiency(cluster)
     last_stage = len(plan.stages) - 1
-    for i in range(rank, len(plan.stages), plan.pp) if stage_ids is None else stage_ids:
+    mine = range(rank, len(plan.stages), plan.pp) if stage_ids is None else stage_ids
+    # one backward call per stage and micro-batch (step_host.backward_calls)
+    engine = engine_start_s(cluster)
+    if engine:
+        calls = backward_calls(plan)
+        engine *= sum(calls.get(i, 0) for i in mine) / plan.num_microbatches
+        bwd += engine
+    action = pipeline_action_s(cluster)  # half in each pass: one forward, one backward
+    if action:
+        actions = pipeline_actions(plan)
+        action *= sum(actions.get(i, 0) for i in mine) / plan.num_microbatches / 2
+        fwd += action
+        bwd += action
+    for i in mine:
         stage = plan.stages[i]
         if i < last_stage:  # forward: send this chunk's output on
             cut = stage.last_layer
@@ -198,12 +224,14 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                      dp_backward_s=exposed(dp_b, bwd, overlap),
                      pp_forward_s=pp_f, pp_backward_s=pp_b,
                      dp_step_s=exposed(dp_step, bwd, overlap), optimizer_s=opt,
-                     tp_step_s=tp_step, dp_after_step_s=after_step)
+                     tp_step_s=tp_step, dp_after_step_s=after_step, engine_s=engine,
+                     pipeline_action_s=2 * action)
 
 
 def _stage_costs(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
                  ranks: Sequence[StageTime], configs: Sequence[StepConfig],
-                 profile: ComputeProfile | None) -> list[StageCost]:
+                 profile: ComputeProfile | None,
+                 layers: Sequence[Layer] | None = None) -> list[StageCost]:
     """Per plan stage (rank r's chunk c is stage c * pp + r): compute and blocking
     collectives, and the p2p sends apart (the schedule decides whether they hold the rank)."""
     def cost(t: StageTime) -> StageCost:
@@ -213,7 +241,7 @@ def _stage_costs(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
         return [cost(t) for t in ranks]
     chunks = [cost(stage_time(graph, plan, cluster, i % plan.pp,
                               list(range(stage.first_layer, stage.last_layer + 1)), configs,
-                              profile, stage_ids=[i]))
+                              profile, stage_ids=[i], layers=layers))
               for i, stage in enumerate(plan.stages)]
     # Exposed DP traffic is priced per rank (it hides behind the rank's whole window):
     # split each rank's totals over its chunks in proportion to the chunks' own times.
@@ -266,9 +294,10 @@ def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
         profile.check_matches(cluster, plan.precision.compute_dtype)
     configs = configs or layer_configs(graph, plan, cluster.device)
     m = plan.num_microbatches
-    stages = tuple(stage_time(graph, plan, cluster, r, idx, configs, profile)
+    layers = placed_layers(graph, plan, cluster)
+    stages = tuple(stage_time(graph, plan, cluster, r, idx, configs, profile, layers=layers)
                    for r, idx in enumerate(rank_layers(plan)))
-    costs = tuple(_stage_costs(graph, plan, cluster, stages, configs, profile))
+    costs = tuple(_stage_costs(graph, plan, cluster, stages, configs, profile, layers))
     pipe = stage_pipeline_time(costs, plan.pp, m, plan.schedule, plan.virtual_stages)
     # After its last backward each rank syncs what is left and steps its optimizer.
     finish = max(stages, key=lambda s: (s.tp_step_s + s.dp_step_s + s.optimizer_s

@@ -50,8 +50,10 @@ from cost_models.collective_fit import (DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, SI
 from cost_models.collective_probes import blocking_seconds, dtensor_extra_seconds, sweep
 from cost_models.cuda_probes import cuda_copy_gbps, cuda_matmul_flops, cuda_op_overhead_s
 from cost_models.host_overhead_fit import blocking_wait, dp_unit_overhead
-from cost_models.host_probes import dp_unit_seconds, dtensor_op_overhead_s, host_op_seconds_by_pass
+from cost_models.host_probes import (autograd_call_s, dp_unit_seconds, dtensor_op_overhead_s,
+                                     host_op_seconds_by_pass)
 from cost_models.item_probes import probe_random_element_s
+from cost_models.pipeline_probes import pipeline_action_host_s
 from cost_models.step_probes import optimizer_tensor_seconds
 from cost_models.tp_probes import tp_module_seconds
 
@@ -87,6 +89,8 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
                     # the checkpoint machinery's host seconds (alone: empty tables price as none)
                     kernel_calibration=KernelCalibration(
                         measured_on=f"planner profile-cluster, {platform.node() or 'this host'}",
+                        autograd_call_host_s=autograd_call_s("cpu"),  # backward figures net of it
+                        pipeline_action_host_s=pipeline_action_host_s("cpu"),
                         **checkpoint_host_seconds("cpu").calibration_fields()))
         waits = blocking_wait(measured["blocking_seconds"], by_group)
         host_tables = dict(

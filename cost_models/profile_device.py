@@ -63,7 +63,8 @@ from cost_models.memory_probes import (host_charged_seconds, net_of_call_cost, p
                                        probe_row_seconds)
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.checkpoint_probes import checkpoint_host_seconds
-from cost_models.host_probes import host_op_seconds_by_pass, probe_clock
+from cost_models.host_probes import autograd_call_s, host_op_seconds_by_pass, probe_clock
+from cost_models.pipeline_probes import pipeline_action_host_s
 from cost_models.sequence_probes import (cold_chains, cold_op_cost, in_sequence_chains,
                                          in_sequence_cost)
 from cost_models.item_probes import (probe_embedding_backward, probe_embedding_bag,
@@ -437,7 +438,8 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             host_cores=clusters.host_cores(),
             kernel_calibration=dataclasses.replace(
                 cal, **host.calibration_fields(), **sequence.calibration_fields(),
-                cold_op_host_s=cold_op_s,
+                cold_op_host_s=cold_op_s, autograd_call_host_s=autograd_call_s("cpu"),
+                pipeline_action_host_s=pipeline_action_host_s("cpu"),
                 **checkpoint_host_seconds("cpu").calibration_fields()),
             notes=f"planner profile-device --device cpu: {cal.measured_on}; per-op host fwd "
                   f"{host.forward_s * 1e6:.2f} us ({host.forward_spread:.0%} spread; "

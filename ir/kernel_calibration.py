@@ -40,7 +40,8 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "view_host_op_s", "embedding_backward_index_s", "backward_view_host_op_s",
             "backward_nonview_host_op_s", "backward_node_host_s", "python_node_host_s",
             "forward_node_host_s", "in_sequence_op_host_s", "in_sequence_knee_distinct_ops",
-            "cold_op_host_s", "cold_backward_op_host_s",
+            "cold_op_host_s", "cold_backward_op_host_s", "autograd_call_host_s",
+            "pipeline_action_host_s",
             "embedding_bag_call_s", "embedding_bag_index_s", "embedding_bag_backward_call_s",
             "embedding_bag_backward_index_s",
             # activation checkpointing's host machinery (`cost_models.checkpoint_probes`)
@@ -114,6 +115,14 @@ class KernelCalibration:
     # device leaves it 0, as it missed as many layers' step timings as it fixed
     # (bench/bench_host_ab.py, 2026-11-25).
     cold_backward_op_host_s: float = 0.0
+    # Host seconds one `torch.autograd.backward` call costs beyond its nodes (the engine's
+    # start, `host_probes.autograd_call_s`), which every backward figure above leaves out:
+    # a step pays it once per backward call (`cost_models.step_host`); 0 where not measured.
+    autograd_call_host_s: float = 0.0
+    # Host seconds torch.distributed.pipelining's runtime adds per stage action (a forward
+    # or backward of one micro-batch) beyond the layers and the engine call
+    # (`cost_models.pipeline_probes`); 0 where not measured.
+    pipeline_action_host_s: float = 0.0
     # Device seconds per index of an embedding's backward (a scatter-add of one gradient
     # row per index), over what the rows' bytes cost; 0 where not measured.
     embedding_backward_index_s: float = 0.0

@@ -46,6 +46,10 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     # Forward and backward per-op host costs, measured apart, with their spread noted.
     assert 0 < spec.op_overhead_s < 1e-3 and 0 < spec.backward_op_overhead_s < 1e-3
     assert f"bwd {spec.backward_op_overhead_s * 1e6:.2f} us" in spec.notes and "spread" in spec.notes
+    # ... both net of the autograd engine's start, which the kit records for the step to add
+    # once per backward call (cost_models.step_host); ~9 us here, under a backward's ms
+    assert 1e-7 < cal.autograd_call_host_s < 1e-3
+    assert 1e-6 < cal.pipeline_action_host_s < 1e-3  # torch pipelining's runtime per action
     # Every grid shape once per CPU dtype, at a plausible rate for one core (0.1 GFLOP/s to
     # 10 TFLOP/s: a unit slip of 1e3 either way lands outside).
     shapes = {(p.m, p.n, p.k) for p in cal.gemm}

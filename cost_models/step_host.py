@@ -1,0 +1,158 @@
+"""Host costs a step pays per pass a pipeline rank runs, not per layer: read off the pass
+order each rank runs (`pipeline_ops.rank_ops`, torch's schedules), so they follow the plan's
+stages, schedule and micro-batches.
+
+1. The autograd engine's start. Every backward figure the compute model prices leaves out
+   what one `torch.autograd.backward` call costs beyond its nodes (`planner profile`'s
+   `layer_profile.time_layer` and the kit's probes take it out:
+   `KernelCalibration.autograd_call_host_s`). A step makes one call per backward pass: the
+   plain loop's `loss.backward()` once per micro-batch (`executors.runtime`), a pipeline
+   stage's `stage_backward` once per micro-batch and local stage (torch.distributed
+   .pipelining). So per (stage, micro-batch):
+
+       engine_s = backward passes of the stage in the step / m  x  autograd_call_host_s
+
+   (e.g. 2 stages x 4 micro-batches: 8 calls, 4 per rank; without a pipeline, pp = 1, the
+   plain loop runs however many stages the plan has: m calls), stretched by the core share as
+   every host figure is (`compute.with_host`); 0 where the kit did not measure it (GPU
+   presets, older kits) and on GPUs (the host's time hides under the queued kernels).
+   Likewise, with a pipeline (pp > 1), torch's pipelining runtime's own host work per
+   action (a stage's forward or backward of one micro-batch: `pipeline_probes`): per
+   (stage, micro-batch) one forward and one backward action x `pipeline_action_host_s`.
+
+2. Where a stage starts and ends. A layer's cold ops (`Layer.cold_distinct_ops_fwd`,
+   `_bwd`) are counted at trace time against its neighbours in model order. A stage's
+   first layer's forward runs after whatever the rank ran last: its own stage's forward
+   of the micro-batch before (GPipe, 1F1B's warm-up), its backward (1F1B's steady state:
+   the backward ends in the stage's FIRST layer), another chunk's pass (interleaving), or,
+   for the step's first forward, the previous step's last backward and the optimizer step
+   (whose ops are not recorded: it is counted as that backward, as the trace-time count of
+   the model's first layer is). Likewise a stage's last layer's backward. Per pass the
+   warm ops are those of the passes before it on the rank (`warm_before`, layer by layer,
+   nearest first, within the cache window of `ir.op_count.recent_forward_ops`: a chunk of
+   one small layer leaves the chunk before it warm), and the layer's count is the mean
+   over its m passes: its host time is linear in the count, so the mean count prices the
+   mean pass exactly. Layers without recorded op names keep their trace-time counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+from ir.cluster import ClusterSpec
+from ir.layer import Layer, LayerGraph
+from ir.op_count import COLD_WINDOW_DISTINCT_OPS, recent_forward_ops
+from ir.plan import ParallelPlan
+from ir.strategy import Schedule
+
+from cost_models.pipeline_ops import PassOp, rank_ops
+
+
+def engine_start_s(cluster: ClusterSpec) -> float:
+    """Seconds one `torch.autograd.backward` call adds to a CPU process's step (the kit's
+    `autograd_call_host_s` x the core share, as `compute.with_host` stretches host time);
+    0 where not measured or where the host overlaps the device (GPUs)."""
+    cal = cluster.kernel_calibration
+    if cal is None or not cluster.host_bound:
+        return 0.0
+    return cal.autograd_call_host_s * cluster.host_share
+
+
+def pipeline_action_s(cluster: ClusterSpec) -> float:
+    """Seconds torch's pipelining runtime adds to a CPU process per stage action (the kit's
+    `pipeline_action_host_s`, `cost_models.pipeline_probes`, x the core share); 0 where not
+    measured and on GPUs, as `engine_start_s`."""
+    cal = cluster.kernel_calibration
+    if cal is None or not cluster.host_bound:
+        return 0.0
+    return cal.pipeline_action_host_s * cluster.host_share
+
+
+def backward_calls(plan: ParallelPlan) -> dict[int, int]:
+    """Plan stage -> the `torch.autograd.backward` calls it makes in one step: one per
+    backward pass of the schedule (module docstring, 1)."""
+    return {stage: b for stage, (_, b) in stage_passes(plan).items()}
+
+
+def pipeline_actions(plan: ParallelPlan) -> dict[int, int]:
+    """Plan stage -> the actions torch's pipelining runtime runs for it in one step (its
+    forward and backward passes); none without a pipeline (pp 1: the plain loop)."""
+    if plan.pp == 1:
+        return {}
+    return {stage: f + b for stage, (f, b) in stage_passes(plan).items()}
+
+
+def stage_passes(plan: ParallelPlan) -> dict[int, tuple[int, int]]:
+    """Plan stage -> (forward, backward) passes in one step, as the executor runs them."""
+    return {stage: (f, b) for stage, f, b in _passes(plan.schedule, plan.pp,
+                                                     plan.num_microbatches, plan.virtual_stages)}
+
+
+@functools.lru_cache(maxsize=256)
+def _passes(schedule: Schedule, pp: int, m: int, v: int) -> tuple[tuple[int, int, int], ...]:
+    if pp == 1:  # the plain loop, whatever the stages (`executors.apply`: no schedule)
+        return ((0, m, m),)
+    counts: dict[int, list[int]] = {}
+    for rank in range(pp):
+        for op in rank_ops(schedule, pp, rank, m, v):
+            counts.setdefault(op.chunk * pp + rank, [0, 0])[0 if op.forward else 1] += 1
+    return tuple((stage, f, b) for stage, (f, b) in sorted(counts.items()))
+
+
+def warm_before(ops: Sequence[PassOp], i: int, spans: Sequence[Sequence[Layer]],
+                pp: int, rank: int) -> frozenset[str]:
+    """The ops warm when pass `ops[i]` of rank `rank` starts: those of the passes before it
+    in the step on the rank, layer by layer in the order they ran, nearest first (a forward
+    ends in its stage's last layer, a backward in its first), as far back as the window of
+    `recent_forward_ops` reaches; for the step's first pass, the step before's last pass
+    alone (the optimizer step ran since, its ops unrecorded: as the trace-time count of
+    the model's first layer). `spans`: each plan stage's layers."""
+    names: list[frozenset[str]] = []
+    ran: set[str] = set()
+    for op in ([ops[-1]] if i == 0 else ops[i - 1::-1]):
+        span = spans[op.chunk * pp + rank]
+        for layer in (span[::-1] if op.forward else span):
+            names.append(layer.forward_overloads if op.forward else layer.backward_overloads)
+            ran |= names[-1]
+        if len(ran) >= COLD_WINDOW_DISTINCT_OPS:
+            break
+    return recent_forward_ops(names) or frozenset()
+
+
+def prices_cold_ops(cluster: ClusterSpec) -> bool:
+    """Whether `cluster`'s kit prices cold ops in either pass (GPU presets and older kits
+    do not: then no count moves a time, and `placed_layers` need not run)."""
+    cal = cluster.kernel_calibration
+    return cal is not None and (cal.cold_op_host_s > 0 or cal.cold_backward_op_host_s > 0)
+
+
+def placed_layers(graph: LayerGraph, plan: ParallelPlan,
+                  cluster: ClusterSpec | None = None) -> list[Layer]:
+    """`graph.layers` with each stage's first layer's forward cold ops and last layer's
+    backward cold ops counted against what runs before them in the step on their rank
+    (module docstring, 2), the mean over the stage's passes; as traced where `cluster`
+    prices no cold op (`prices_cold_ops`)."""
+    layers = list(graph.layers)
+    if cluster is not None and not prices_cold_ops(cluster):
+        return layers
+    stages, v = plan.stages, plan.virtual_stages
+    if plan.pp == 1:  # the plain loop runs the model whole (`executors.apply`)
+        stages, v = (dataclasses.replace(plan.stages[0], last_layer=len(layers) - 1),), 1
+    spans = [layers[s.first_layer:s.last_layer + 1] for s in stages]
+    sums: dict[tuple[int, bool], list[int]] = {}  # (position, forward) -> counts per pass
+    for rank in range(plan.pp):
+        ops = rank_ops(plan.schedule, plan.pp, rank, plan.num_microbatches, v)
+        for i, op in enumerate(ops):
+            stage = op.chunk * plan.pp + rank
+            warm = warm_before(ops, i, spans, plan.pp, rank)
+            where = stages[stage].first_layer if op.forward else stages[stage].last_layer
+            names = (layers[where].forward_overloads if op.forward
+                     else layers[where].backward_overloads)
+            if names:
+                sums.setdefault((where, op.forward), []).append(len(names - warm))
+    for (where, forward), counts in sums.items():
+        field = "cold_distinct_ops_fwd" if forward else "cold_distinct_ops_bwd"
+        layers[where] = dataclasses.replace(layers[where], **{field: sum(counts) / len(counts)})
+    return layers

@@ -1,0 +1,177 @@
+"""Host costs a step pays per pass, not per layer (`cost_models.step_host`): the autograd
+engine's start once per backward call, and a stage's first and last layers' cold ops
+counted against what their rank ran just before them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from cost_models.clusters import get_cluster
+from cost_models.estimate import estimate
+from cost_models.step_host import backward_calls, engine_start_s, placed_layers
+from cost_models.synthetic import gpt_layer_graph
+from ir.cluster import ClusterSpec
+from ir.kernel_calibration import KernelCalibration
+from ir.measure import build_layer_graph
+from ir.plan import uniform_plan
+from ir.strategy import Precision, Schedule
+from tests.test_cold_window import MixNegGate
+
+ENGINE_S = 1e-3  # a round figure, far above the float noise of the other terms
+
+
+def two_cpu_processes(calibration: KernelCalibration | None) -> ClusterSpec:
+    """2 CPU processes on 2 cores (core share 1), carrying `calibration`."""
+    return ClusterSpec(
+        name="test-cpu2", device="cpu", num_nodes=1, devices_per_node=2,
+        device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
+        intra_node_gbps=10.0, inter_node_gbps=1.0, intra_node_latency_s=1e-5,
+        inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
+        op_overhead_s=1e-6, host_cores=2, kernel_calibration=calibration)
+
+
+@pytest.mark.parametrize("schedule, pp, v, m, calls", [
+    (Schedule.ONE_F_ONE_B, 2, 1, 4, {0: 4, 1: 4}),  # 2 stages x 4 micro-batches: 8 calls
+    (Schedule.GPIPE, 2, 1, 4, {0: 4, 1: 4}),
+    (Schedule.ONE_F_ONE_B, 1, 1, 4, {0: 4}),  # the plain loop: loss.backward() per batch
+    (Schedule.INTERLEAVED, 1, 2, 4, {0: 4}),  # pp 1 runs the plain loop, stages or not
+    (Schedule.INTERLEAVED, 2, 2, 4, {0: 4, 1: 4, 2: 4, 3: 4}),  # one per chunk and batch
+])
+def test_one_engine_call_per_backward_pass(schedule, pp, v, m, calls):
+    plan = uniform_plan(8, pp=pp, micro_batch=1, global_batch=m, schedule=schedule,
+                        virtual_stages=v, precision=Precision.FP32)
+    assert backward_calls(plan) == calls
+
+
+def _iteration(graph, plan, engine_s: float):
+    cal = KernelCalibration(measured_on="test", autograd_call_host_s=engine_s)
+    return estimate(graph, plan, two_cpu_processes(cal))
+
+
+@pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B])
+def test_the_step_pays_the_engine_start_per_stage_and_micro_batch(schedule):
+    """2 stages x 4 micro-batches, e = ENGINE_S per call. Each stage's backward grows by e
+    per micro-batch (4 calls per rank, 8 in all). GPipe's closed form, sum_r (F_r + B_r)
+    + (m - 1)(max f + max b), grows by p e + (m - 1) e = 5 e. 1F1B's critical rank k grows
+    by k e (ranks before) + m e + (p - 1 - k) e where its round trip shows: between m e = 4e
+    and (m + p - 1) e = 5 e. The critical rank's compute grows by m e = 4 e exactly."""
+    graph = gpt_layer_graph(layers=4, hidden=64, heads=4, vocab=128, seq=16)
+    plan = uniform_plan(len(graph.layers), pp=2, micro_batch=1, global_batch=4,
+                        schedule=schedule, precision=Precision.FP32)
+    without, with_engine = _iteration(graph, plan, 0.0), _iteration(graph, plan, ENGINE_S)
+    assert [s.engine_s for s in with_engine.stage_times] == [ENGINE_S, ENGINE_S]
+    grown = with_engine.iteration_seconds - without.iteration_seconds
+    if schedule is Schedule.GPIPE:
+        assert grown == pytest.approx(5 * ENGINE_S)
+    else:
+        assert 4 * ENGINE_S - 1e-12 <= grown <= 5 * ENGINE_S + 1e-12
+    assert with_engine.time.compute - without.time.compute == pytest.approx(4 * ENGINE_S)
+    assert with_engine.time.total == pytest.approx(with_engine.iteration_seconds)
+
+
+def test_no_pipeline_pays_it_once_per_micro_batch_and_gpus_not_at_all():
+    """pp = 1, m = 4: four `loss.backward()` calls, 4 e. A GPU preset carries no engine
+    start (its host hides under the device's queue): 0."""
+    graph = gpt_layer_graph(layers=2, hidden=64, heads=4, vocab=128, seq=16)
+    plan = uniform_plan(len(graph.layers), micro_batch=1, global_batch=4,
+                        precision=Precision.FP32)
+    grown = (_iteration(graph, plan, ENGINE_S).iteration_seconds
+             - _iteration(graph, plan, 0.0).iteration_seconds)
+    assert grown == pytest.approx(4 * ENGINE_S)
+    assert engine_start_s(get_cluster("h100-80g")) == 0.0
+
+
+def test_a_stage_entry_counts_its_cold_ops_against_what_its_rank_ran_before():
+    """mix | neg, gate on 2 ranks, 1F1B, 2 micro-batches (torch's order: rank 0 F0 F1 B0 B1,
+    rank 1 F0 B0 F1 B1; a step's first pass follows the step before's last, a backward).
+    Rank 1's forwards each follow its backward, which ends in neg's (aten.neg): neg's one
+    forward op is warm, 0 cold (model order counted it against mix: 1). Rank 0: F0 after
+    mix's backward (relu and tanh cold: 2), F1 after mix's forward (0): mean 1 (model order:
+    2, its own backward). Mix's backward: B0 after F1 (mix's forward warm: threshold_backward
+    and tanh_backward cold, 2), B1 after B0 (0): mean 1. Gate, inside its stage, keeps its
+    count (1); last on the last stage, its backward B0 follows F0 (gate's and, within the
+    window, neg's forward ops warm: sigmoid_backward and tanh_backward cold, 2), B1 follows
+    F1 and, the window still open (5 distinct ops), B0: 0; mean 1 (model order: 2). The
+    window stops at the step's start: the optimizer step ran there.
+    Priced at c per cold op, the stages' forwards move by exactly those counts."""
+    graph = build_layer_graph(MixNegGate(), {"x": torch.randn(2, 8)}, dtype=torch.float32)
+    mix, neg, gate = graph.layers
+    assert mix.backward_overloads >= {"aten.threshold_backward.default",
+                                      "aten.tanh_backward.default"}
+    assert neg.forward_overloads == {"aten.neg.default"} <= neg.backward_overloads
+    assert [l.cold_distinct_ops_fwd for l in graph.layers] == [2, 1, 1]  # model order
+    plan = uniform_plan(3, pp=2, micro_batch=1, global_batch=2, stage_boundaries=(1,),
+                        precision=Precision.FP32)
+    placed = placed_layers(graph, plan)
+    assert [l.cold_distinct_ops_fwd for l in placed] == [1.0, 0.0, 1]
+    cold_bwd_mix = len(mix.backward_overloads - mix.forward_overloads) / 2
+    assert placed[0].cold_distinct_ops_bwd == pytest.approx(cold_bwd_mix)
+    after_forward = gate.forward_overloads | neg.forward_overloads  # the window: both
+    cold_b0 = len(gate.backward_overloads - after_forward)
+    assert cold_b0 == 2  # sigmoid_backward, tanh_backward
+    assert placed[2].cold_distinct_ops_bwd == pytest.approx((cold_b0 + 0) / 2)
+
+    cold_s = 1e-3
+    base = KernelCalibration(measured_on="test", forward_host_op_s=1e-9)
+    cold = dataclasses.replace(base, cold_op_host_s=cold_s)
+    plain = estimate(graph, plan, two_cpu_processes(base))
+    priced = estimate(graph, plan, two_cpu_processes(cold))
+    moved = [c.compute_forward_s - p.compute_forward_s
+             for c, p in zip(priced.stage_times, plain.stage_times)]
+    assert moved == pytest.approx([1.0 * cold_s, (0.0 + 1.0) * cold_s])
+
+
+def test_warm_ops_reach_back_over_small_passes_but_not_over_the_optimizer_step():
+    """Rank 0 of pp 2, two chunks: chunk 0 (stage 0) one layer of ops {a, b} forward and
+    {ga} backward, chunk 1 (stage 2) one of {c} and {gc}. Passes F0.0, F1.0, B1.0, B0.0:
+    F1.0 follows F0.0 ({a, b}); B1.0 follows F1.0 and, the window open, F0.0 ({a, b, c});
+    the step's first, F0.0, follows the step before's last pass, B0.0, alone ({ga})."""
+    from cost_models.pipeline_ops import PassOp
+    from cost_models.step_host import warm_before
+    from tests.cpu_specs import linear_layer
+
+    def layer(fwd, bwd):
+        measured = dataclasses.replace(linear_layer().measured, forward_overloads=frozenset(fwd),
+                                       backward_overloads=frozenset(bwd))
+        return dataclasses.replace(linear_layer(), measured=measured)
+
+    spans = [[layer("ab", ["ga"])], [], [layer("c", ["gc"])], []]  # stages 0..3; rank 0's
+    ops = [PassOp(True, 0, 0), PassOp(True, 1, 0), PassOp(False, 1, 0), PassOp(False, 0, 0)]
+    assert warm_before(ops, 1, spans, 2, 0) == {"a", "b"}
+    assert warm_before(ops, 2, spans, 2, 0) == {"a", "b", "c"}
+    assert warm_before(ops, 3, spans, 2, 0) == {"gc", "c", "a", "b"}
+    assert warm_before(ops, 0, spans, 2, 0) == {"ga"}
+
+
+def test_a_pipeline_pays_its_runtime_per_action_and_the_plain_loop_does_not():
+    """2 stages x 4 micro-batches, GPipe, a per action: 16 actions (each stage a forward
+    and a backward per micro-batch). Each stage's f and b grow by a, so the closed form
+    sum_r (F_r + B_r) + (m - 1)(max f + max b) grows by 2 p a + 2 (m - 1) a = 10 a. The
+    plain loop (pp 1) runs no action: unchanged."""
+    from cost_models.step_host import pipeline_actions
+
+    graph = gpt_layer_graph(layers=4, hidden=64, heads=4, vocab=128, seq=16)
+    action_s = 1e-3
+    piped = uniform_plan(len(graph.layers), pp=2, micro_batch=1, global_batch=4,
+                         schedule=Schedule.GPIPE, precision=Precision.FP32)
+    plain = uniform_plan(len(graph.layers), micro_batch=1, global_batch=4,
+                         precision=Precision.FP32)
+    assert pipeline_actions(piped) == {0: 8, 1: 8} and pipeline_actions(plain) == {}
+    cal = KernelCalibration(measured_on="test", pipeline_action_host_s=action_s)
+    bare = KernelCalibration(measured_on="test")
+    for plan, grown in ((piped, 10 * action_s), (plain, 0.0)):
+        with_runtime = estimate(graph, plan, two_cpu_processes(cal))
+        without = estimate(graph, plan, two_cpu_processes(bare))
+        assert with_runtime.iteration_seconds - without.iteration_seconds == pytest.approx(
+            grown, abs=1e-12)
+
+
+def test_the_runtime_probe_reads_a_plausible_figure():
+    """torch pipelining's per-action host work on this CPU: ~30-35 us here (2026-11-25,
+    load 7); between 1 us (a few Python calls) and 1 ms (more than the probe's layers)."""
+    from cost_models.pipeline_probes import pipeline_action_host_s
+
+    assert 1e-6 < pipeline_action_host_s("cpu") < 1e-3
