@@ -80,6 +80,12 @@ def run(args) -> int:
           f"error {100 * result.time_error:+.1f}%")
     print(f"loss matches the single-process fp32 reference (within {result.loss_rtol:g} "
           f"relative): {'yes' if result.loss_matches_reference else 'NO'}")
+    grads = result.grad_check
+    if grads is not None:
+        print(f"first-step gradient norms match the reference under the plan's precision "
+              f"policy (each layer within {grads.rtol:g} relative): "
+              f"{'yes' if grads.matches else 'NO'} (furthest: {grads.worst_layer or '-'}, "
+              f"{grads.worst_relative_error:.1e})")
     drift = drift_line(result.machine_slowdown, result.time_error)
     if drift:
         print(drift)
