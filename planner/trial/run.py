@@ -15,11 +15,11 @@ from cost_models.memory import check_plan_matches
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.plan import PlanDocument, load_plan, plan_to_json
+from planner.trial.grad_check import check_grad_norms
+from planner.trial.mixed_reference import MixedPrecision
 from planner.trial.predict import machine_slowdown, plan_graph, predict
 from planner.trial.rank import MEMORY_STEPS, TIME_WARMUP_STEPS
 from planner.trial.records import RankPayload, RankResult, ValidationResult
-from planner.trial.grad_check import check_grad_norms
-from planner.trial.mixed_reference import MixedPrecision
 from planner.trial.reference import (global_batches, has_dropout, loss_rtol, losses_match,
                                      reference_run)
 from planner.trial.spawn import spawn_ranks, start_rank_server
