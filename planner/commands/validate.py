@@ -2,8 +2,8 @@
 
 Runs the plan on N local ranks (gloo on CPU, NCCL on GPUs) and prints predicted vs
 measured peak memory per rank and median iteration time, and whether the losses equal a
-single-process run; for a bf16 plan also whether its first step's gradient norms, layer
-by layer, equal one process run under the plan's own precision policy (`--json`:
+single-process run; for fp32 and bf16 plans also whether the first step's gradient norms,
+layer by layer, equal one process run under the plan's own precision policy (`--json`:
 `grad_norms_match_reference`, `grad_norm_rtol`, `grad_norm_worst_layer`,
 `grad_norm_worst_relative_error`; see `planner.trial.grad_check`). Make CPU plans for
 this machine with

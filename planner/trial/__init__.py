@@ -17,10 +17,9 @@ global batches:
      more steps, then `steps` timed ones; a step ends when the slowest rank ends, the
      figure is the median over steps;
   3. correctness: every step's global mean loss against a single-process run of the
-     same model on the same batches (relative `reference.loss_rtol`); a bf16 plan's
-     first-step gradient norms, per layer, against one process under the plan's own
-     precision policy (`grad_check.GRAD_NORM_RTOL`: its bf16 losses cannot see a
-     gradient 1% off).
+     same model on the same batches (relative `reference.loss_rtol`); the first step's
+     gradient norms, per layer, against one process under the plan's own precision
+     policy (`grad_check`: no loss bound sees a gradient 1% off; fp16 plans: losses only).
 
 Dropout: a model with dropout draws different masks under a plan than in one process,
 so when it has any, the measured run keeps it (the IR counts its masks) and a second,

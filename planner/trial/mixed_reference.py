@@ -6,7 +6,7 @@ the executor gives every layer (`ir.precision_policy.mp_policy`: parameters cast
 compute dtype at each unit, a unit's floating inputs cast to it, gradients reduced in
 fp32, fp32 master weights stepped), one process rounds where the plan's ranks round, and
 what is left between the two is what distribution legitimately reorders (the batch split
-over ranks, the reduction order): `grad_check.GRAD_NORM_RTOL`, measured.
+over ranks, the reduction order): `grad_check.BF16_GRAD_NORM_RTOL`, measured.
 
 The units are the executor's (`ir.strategy.runs_as_dp_unit`, one FSDP2 unit per layer
 that holds parameters; the model as the root unit, so its floating inputs are cast as
@@ -92,7 +92,7 @@ def _tie_groups(layers: list[nn.Module]) -> list[list[nn.Module]]:
     """The layers in units: layers sharing a parameter (tied embedding and head) in one
     unit, as FSDP2 asks. The executor unties them instead (each its own bf16 copy, the
     fp32 gradients summed); here the two bf16 gradients add before the fp32 cast: one
-    more bf16 rounding of that sum, inside the measured GRAD_NORM_RTOL."""
+    more bf16 rounding of that sum, inside the measured BF16_GRAD_NORM_RTOL."""
     groups: list[tuple[set[int], list[nn.Module]]] = []
     for layer in layers:
         ids = {id(p) for p in layer.parameters()}

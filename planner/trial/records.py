@@ -95,7 +95,7 @@ class ValidationResult:
     # sharded-table plans: each rank's measured seconds per step by phase
     rank_phase_seconds: tuple[dict, ...] = ()
     predicted_embedding: dict | None = None  # the tables' per-rank prediction (cost_json)
-    # bf16 plans: the first step's gradients against the same-policy reference
+    # fp32 and bf16 plans: the first step's gradients against the same-policy reference
     grad_check: GradCheck | None = None
 
     @property
@@ -104,10 +104,10 @@ class ValidationResult:
             self.measured_iteration_seconds
 
     def to_json(self) -> dict:
-        """The `planner validate --json` contract (issue 6), plus a few extra keys. bf16
-        plans add (issue 17) `grad_norms_match_reference` (every layer's first-step
-        gradient norm within `grad_norm_rtol` relative of one process run under the
-        plan's precision policy), `grad_norm_worst_layer` and its
+        """The `planner validate --json` contract (issue 6), plus a few extra keys. fp32
+        and bf16 plans add (issue 17) `grad_norms_match_reference` (every layer's
+        first-step gradient norm within `grad_norm_rtol` relative of one process run
+        under the plan's precision policy; fp16 plans have none), `grad_norm_worst_layer` and its
         `grad_norm_worst_relative_error`; `loss_matches_reference` stays the losses
         against the fp32 reference at `loss_rtol`."""
         return {"ranks": [{"rank": r.rank, "predicted_peak_bytes": r.predicted_peak_bytes,

@@ -15,7 +15,7 @@ from cost_models.memory import check_plan_matches
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.plan import PlanDocument, load_plan, plan_to_json
-from planner.trial.grad_check import check_grad_norms
+from planner.trial.grad_check import check_grad_norms, grad_norm_rtol
 from planner.trial.mixed_reference import MixedPrecision
 from planner.trial.predict import machine_slowdown, plan_graph, predict
 from planner.trial.rank import MEMORY_STEPS, TIME_WARMUP_STEPS
@@ -66,26 +66,29 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
     dropout = has_dropout(model, 1, doc.seq_len)
     check_steps = min(total_steps, CHECK_STEPS) if dropout else 0
     mixed = MixedPrecision.of(doc.plan, graph)  # bf16: gradients against its policy
+    grad_rtol = grad_norm_rtol(doc.plan.precision)  # None: fp16, losses only
     batches = global_batches(model, doc.plan.global_batch, doc.seq_len,
                              max(total_steps, check_steps))
     payload = RankPayload(plan_json=plan_to_json(doc), plan_path=path, model=model,
                           seq_len=doc.seq_len, graph=graph, batches=batches,
                           memory_steps=MEMORY_STEPS, steps=steps, backend=backend,
                           check_steps=check_steps, threads=RANK_THREADS,
-                          memory_detail=memory_detail, grad_check=mixed is not None)
+                          memory_detail=memory_detail, grad_check=grad_rtol is not None)
     say(f"running {total_steps} steps on {nproc} {backend} ranks")
     results = spawn_ranks(payload, nproc)
     check = results[0].check_losses
     say("single-process reference")
-    want = reference_run(model, doc.seq_len, doc.plan.optimizer, batches, len(check),
-                         doc.plan.embeddings).losses
-    grads = None
-    if mixed is not None:
-        say("single-process reference under the plan's precision policy (first step)")
-        policy = reference_run(model, doc.seq_len, doc.plan.optimizer, batches, 1,
-                               doc.plan.embeddings, mixed)
+    reference = reference_run(model, doc.seq_len, doc.plan.optimizer, batches, len(check),
+                              doc.plan.embeddings)
+    want, grads = reference.losses, None
+    if grad_rtol is not None:
+        if mixed is not None:
+            say("single-process reference under the plan's precision policy (first step)")
+            reference = reference_run(model, doc.seq_len, doc.plan.optimizer, batches, 1,
+                                      doc.plan.embeddings, mixed)
         got = {name: norm for r in reversed(results) for name, norm in r.grad_norms.items()}
-        grads = check_grad_norms(got, policy.grad_norms, [name for name, _ in mixed.layers])
+        grads = check_grad_norms(got, reference.grad_norms,
+                                 [layer.name for layer in graph.layers], grad_rtol)
     per_step = [max(r.step_seconds[i] for r in results) for i in range(steps)]
     rtol = loss_rtol(doc.plan.precision)
     ranks = tuple(RankResult(r, prediction.peak_bytes_by_rank[r], results[r].peak_bytes,
