@@ -62,21 +62,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy,
-                                    OffloadPolicy, fully_shard)
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 
 from executors.host_collectives import use_gloo_collectives, use_host_collectives
 from executors.sync_batchnorm import prepare_batch_norms
 from executors.zero1 import attach_master, cast_to_working_dtype
 from ir.lean_host import lean_units, takes_lean_path
+from ir.precision_policy import mp_policy
 from ir.strategy import DPMode, LayerStrategy, Precision, runs_as_dp_unit
-
-
-def mp_policy(precision: Precision) -> MixedPrecisionPolicy:
-    if precision is Precision.FP32:
-        return MixedPrecisionPolicy()
-    dtype = getattr(torch, precision.compute_dtype)
-    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
 def offload_policy(strategy: LayerStrategy) -> OffloadPolicy:

@@ -3,10 +3,14 @@ tests' hand arithmetic stays short."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from ir.calibration_tables import CalibrationTables
 from ir.cluster import ClusterSpec
 from ir.kernel_calibration import KernelCalibration
 from ir.layer import Layer, LayerMeasurement
+
+US = 1e-6
 
 
 def one_cpu_process(calibration: KernelCalibration | None) -> ClusterSpec:
@@ -17,6 +21,31 @@ def one_cpu_process(calibration: KernelCalibration | None) -> ClusterSpec:
         intra_node_gbps=10.0, inter_node_gbps=1.0, intra_node_latency_s=1e-5,
         inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
         op_overhead_s=0.0, kernel_calibration=calibration)
+
+
+def one_process_with_host_figures(calibration: KernelCalibration | None,
+                                  **changes) -> ClusterSpec:
+    """One CPU process (host share 1) carrying `calibration`, with `changes`: a forward op
+    4 us, a backward op 2 us, a DTensor op 15 us (the host-split and checkpoint tests)."""
+    return dataclasses.replace(ClusterSpec(
+        name="cpu-test", device="cpu", num_nodes=1, devices_per_node=1,
+        device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
+        intra_node_gbps=1.0, inter_node_gbps=1.0, intra_node_latency_s=1e-4,
+        inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
+        op_overhead_s=4 * US, backward_op_overhead_s=2 * US, dtensor_op_overhead_s=15 * US,
+        host_cores=1, kernel_calibration=calibration), **changes)
+
+
+def two_ranks_on_two_cores(calibration: CalibrationTables, **changes) -> ClusterSpec:
+    """2 CPU processes on 2 cores (host share 1) carrying `calibration` tables, with
+    `changes`: an op 5 us, a DTensor op 15 us (the host-cost and TP-pricing tests)."""
+    return dataclasses.replace(ClusterSpec(
+        name="cpu-test", device="cpu", num_nodes=1, devices_per_node=2,
+        device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
+        intra_node_gbps=1.0, inter_node_gbps=1.0, intra_node_latency_s=1e-4,
+        inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
+        op_overhead_s=5 * US, dtensor_op_overhead_s=15 * US, host_cores=2,
+        calibration=calibration), **changes)
 
 
 def four_ranks_on_two_cores(calibration: CalibrationTables) -> ClusterSpec:

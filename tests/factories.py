@@ -97,3 +97,42 @@ def resnet_bn(micro_batch=1, seq_len=None, device="meta", seed=0):
                          generator=generator).to(device) * 2 + 1  # mean 1, std 2: BN matters
     target = torch.randint(0, 10, (micro_batch,), generator=generator).to(device)
     return model, {"images": images}, target, F.cross_entropy
+
+
+WRONG_GRAD_SCALE = 0.99  # blocks.1's parameter gradients in a distributed run: 1% short
+
+
+class _ScaleBackward(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by `factor`."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.clone()  # not a view: FSDP2 warns an output view may lose its hooks
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+
+def _in_a_world() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_initialized() and dist.get_world_size() > 1
+
+
+def gpt_tiny_wrong_grad(micro_batch=1, seq_len=None, device="meta"):
+    """gpt-tiny whose blocks.1 gets 0.99 times its parameters' gradients when run on more
+    than one process (its output's gradient scaled by 0.99, its input's by 1 / 0.99: the
+    other layers' gradients stay right): a plan that drops a 1%-sized gradient term, which
+    the one-process references do not drop."""
+    from planner.models import load_model
+
+    loaded = load_model("gpt-tiny", micro_batch, seq_len, device)
+    block = loaded.module.get_submodule("blocks.1")
+    block.register_forward_pre_hook(lambda _m, args: (
+        (_ScaleBackward.apply(args[0], 1 / WRONG_GRAD_SCALE),) + args[1:]
+        if _in_a_world() else args))
+    block.register_forward_hook(lambda _m, _args, out: (
+        _ScaleBackward.apply(out, WRONG_GRAD_SCALE) if _in_a_world() else out))
+    return loaded.module, loaded.inputs, loaded.target, loaded.loss_fn

@@ -25,22 +25,17 @@ from ir.op_count import count_ops
 from ir.plan import uniform_plan
 from ir.strategy import DPMode, LayerStrategy, Precision
 from planner.models import load_layer_graph
+from tests.cpu_specs import two_ranks_on_two_cores
 
 US = 1e-6
 
 
 def cpu_spec(tables: dict | None = None, **changes) -> ClusterSpec:
     """A 2-process CPU spec with `changes` and the calibration `tables` replaced."""
-    base = ClusterSpec(
-        name="cpu-test", device="cpu", num_nodes=1, devices_per_node=2,
-        device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
-        intra_node_gbps=1.0, inter_node_gbps=1.0, intra_node_latency_s=1e-4,
-        inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
-        op_overhead_s=5 * US, dtensor_op_overhead_s=15 * US, host_cores=2,
-        calibration=CalibrationTables(dp_overheads=tuple(
-            DpOverhead(mode, None, seconds, 0.0) for mode, seconds in (
-                (DPMode.REPLICATE, 1e-3), (DPMode.ZERO1, 1e-3), (DPMode.ZERO2, 2e-3),
-                (DPMode.ZERO3, 3e-3)))))
+    base = two_ranks_on_two_cores(CalibrationTables(dp_overheads=tuple(
+        DpOverhead(mode, None, seconds, 0.0) for mode, seconds in (
+            (DPMode.REPLICATE, 1e-3), (DPMode.ZERO1, 1e-3), (DPMode.ZERO2, 2e-3),
+            (DPMode.ZERO3, 3e-3)))))
     return dataclasses.replace(base, **changes).with_calibration(**(tables or {}))
 
 

@@ -19,19 +19,14 @@ from ir.kernel_calibration import HostOpExcess, KernelCalibration
 from ir.kernel_records import KernelKind, KernelRecord, KernelRecords
 from ir.layer import Layer, LayerMeasurement
 from ir.strategy import LayerStrategy, Precision
+from tests.cpu_specs import one_process_with_host_figures
 
 US = 1e-6
 
 
 def cpu(calibration: KernelCalibration | None, **changes) -> ClusterSpec:
     """One CPU process (host_share 1): a forward op 4 us, a backward op 2 us in one figure."""
-    return dataclasses.replace(ClusterSpec(
-        name="cpu-test", device="cpu", num_nodes=1, devices_per_node=1,
-        device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
-        intra_node_gbps=1.0, inter_node_gbps=1.0, intra_node_latency_s=1e-4,
-        inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
-        op_overhead_s=4 * US, backward_op_overhead_s=2 * US, dtensor_op_overhead_s=15 * US,
-        host_cores=1, kernel_calibration=calibration), **changes)
+    return one_process_with_host_figures(calibration, **changes)
 
 
 PARTS = KernelCalibration(

@@ -43,6 +43,7 @@ from ir.strategy import Checkpoint, LayerStrategy, Precision
 from planner.models import load_layer_graph
 
 from dist_utils import spawn
+from tests.cpu_specs import two_ranks_on_two_cores
 
 US, MS = 1e-6, 1e-3
 MICRO_BATCH = 8
@@ -59,17 +60,11 @@ def spec(waits: bool = True, modules: bool = True, dtensor_op_s: float = 15 * US
     per blocking collective (none per byte), a TP module figure at tp 2."""
     fits = tuple(CollectiveFit(c, "intra_node", alpha, BYTES_PER_S, 2)
                  for c, alpha in ALPHA_S.items())
-    return ClusterSpec(
-        name="cpu-tp-test", device="cpu", num_nodes=1, devices_per_node=2,
-        device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
-        intra_node_gbps=1.0, inter_node_gbps=1.0, intra_node_latency_s=1e-4,
-        inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
-        op_overhead_s=5 * US, dtensor_op_overhead_s=dtensor_op_s, host_cores=2,
-        calibration=CalibrationTables(
-            collective_fits=fits,
-            tp_modules=(TpModuleOverhead(2, TP_MODULE_S),) if modules else (),
-            blocking_waits=tuple(BlockingWait(c, 2, s) for c, s in WAIT_S.items())
-            if waits else ()))
+    return two_ranks_on_two_cores(CalibrationTables(
+        collective_fits=fits,
+        tp_modules=(TpModuleOverhead(2, TP_MODULE_S),) if modules else (),
+        blocking_waits=tuple(BlockingWait(c, 2, s) for c, s in WAIT_S.items())
+        if waits else ()), name="cpu-tp-test", dtensor_op_overhead_s=dtensor_op_s)
 
 
 @pytest.fixture(scope="module")

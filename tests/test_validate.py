@@ -57,6 +57,7 @@ def test_validate_json_contract_memory_and_loss(plan_file, tmp_path, capsys):
     assert isinstance(out["measured_iteration_seconds"], float)
     assert out["measured_iteration_seconds"] > 0
     assert out["loss_matches_reference"] is True
+    assert out["grad_norms_match_reference"] is True  # tests/test_validate_grads.py
     # The machine's per-op speed now against the spec's profile (CPU processes).
     assert isinstance(out["machine_slowdown"], float) and out["machine_slowdown"] > 0
     fitted = ClusterSpec.load(spec)

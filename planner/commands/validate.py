@@ -2,7 +2,11 @@
 
 Runs the plan on N local ranks (gloo on CPU, NCCL on GPUs) and prints predicted vs
 measured peak memory per rank and median iteration time, and whether the losses equal a
-single-process run. Make CPU plans for this machine with
+single-process run; for fp32 and bf16 plans also whether the first step's gradient norms,
+layer by layer, equal one process run under the plan's own precision policy (`--json`:
+`grad_norms_match_reference`, `grad_norm_rtol`, `grad_norm_worst_layer`,
+`grad_norm_worst_relative_error`; see `planner.trial.grad_check`). Make CPU plans for
+this machine with
 `planner plan MODEL --cluster local --gpus-per-node N --out plan.json`.
 """
 
@@ -80,6 +84,12 @@ def run(args) -> int:
           f"error {100 * result.time_error:+.1f}%")
     print(f"loss matches the single-process fp32 reference (within {result.loss_rtol:g} "
           f"relative): {'yes' if result.loss_matches_reference else 'NO'}")
+    grads = result.grad_check
+    if grads is not None:
+        print(f"first-step gradient norms match the reference under the plan's precision "
+              f"policy (each layer within {grads.rtol:g} relative): "
+              f"{'yes' if grads.matches else 'NO'} (furthest: {grads.worst_layer or '-'}, "
+              f"{grads.worst_relative_error:.1e})")
     drift = drift_line(result.machine_slowdown, result.time_error)
     if drift:
         print(drift)

@@ -17,7 +17,9 @@ global batches:
      more steps, then `steps` timed ones; a step ends when the slowest rank ends, the
      figure is the median over steps;
   3. correctness: every step's global mean loss against a single-process run of the
-     same model on the same batches (relative LOSS_RTOL).
+     same model on the same batches (relative `reference.loss_rtol`); the first step's
+     gradient norms, per layer, against one process under the plan's own precision
+     policy (`grad_check`: no loss bound sees a gradient 1% off; fp16 plans: losses only).
 
 Dropout: a model with dropout draws different masks under a plan than in one process,
 so when it has any, the measured run keeps it (the IR counts its masks) and a second,
@@ -27,7 +29,9 @@ The modules, in the order a run uses them:
   predict.py    the prediction per rank: the plan file's `predicted` block, or a fresh
                 `cost_models.estimate` on a given cluster; how far the machine drifted
   reference.py  what both sides train with (seeds, batches, optimizer settings) and the
-                single-process losses
+                single-process losses and first-step gradient norms
+  mixed_reference.py  a bf16 plan's reference: one process under the plan's policy
+  grad_check.py the gradient norms every rank records, and the verdict
   records.py    typed payloads and results: what a rank is given, what it measures
   rank.py       one rank's loop (and the same measurement in this process)
   spawn.py      starting the ranks; none outlives the run

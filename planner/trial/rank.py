@@ -18,6 +18,7 @@ import torch.distributed as dist
 from cost_models.memory_tracker import LiveTensorTracker
 from ir.errors import PlannerError
 from ir.plan import plan_from_dict
+from planner.trial.grad_check import grad_norms
 from planner.trial.records import RankMeasurement, RankPayload
 from planner.trial.reference import LEARNING_RATE, SEED, optimizer_kwargs, zero_dropout
 
@@ -70,6 +71,7 @@ def run_rank(payload: RankPayload) -> RankMeasurement:
         inputs, target = batches[k % len(batches)]
         return pm.train_step(inputs, target)
 
+    grads: dict[str, float] = {}
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
         pm = _build(payload, device, without_dropout=False)
@@ -78,6 +80,8 @@ def run_rank(payload: RankPayload) -> RankMeasurement:
     with context:
         if not cuda:
             pm = _build(payload, device, without_dropout=False)
+        if payload.grad_check and not payload.check_steps:  # before the peak is reset
+            record_first_grads(pm, grads)
         k = 0
         for _ in range(warm):
             losses.append(step(pm, k)); k += 1
@@ -117,11 +121,27 @@ def run_rank(payload: RankPayload) -> RankMeasurement:
     if payload.check_steps:  # the model has dropout: a dropout-free run for the losses
         del pm
         pm = _build(payload, device, without_dropout=True)
+        if payload.grad_check:
+            record_first_grads(pm, grads)
         check_losses = [step(pm, j) for j in range(payload.check_steps)]
     return RankMeasurement(peak_bytes=int(peak), losses=tuple(losses),
                            step_seconds=tuple(step_s),
                            check_losses=tuple(check_losses or losses),
-                           peak_tensors=tuple(detail), phase_seconds=phases)
+                           peak_tensors=tuple(detail), phase_seconds=phases,
+                           grad_norms=grads)
+
+
+def record_first_grads(pm, out: dict[str, float]) -> None:
+    """Fill `out` with the gradient norms (`grad_check.grad_norms`) the first optimizer
+    step of `pm` is given (after backward, the tied copies summed), then unwrap."""
+    step = pm.optimizer.step
+
+    def first_step(*args, **kwargs):
+        out.update(grad_norms([m for _, m in pm.stage_modules]))
+        pm.optimizer.step = step
+        return step(*args, **kwargs)
+
+    pm.optimizer.step = first_step
 
 
 def measure_one_process(spec: str, plan, graph, *, steps: int = 1 + MEMORY_STEPS,

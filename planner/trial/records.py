@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ir.layer import LayerGraph
+from planner.trial.grad_check import GradCheck
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class RankPayload:
     check_steps: int  # steps of the dropout-free run for the losses; 0: no dropout
     threads: int  # intra-op threads per rank
     memory_detail: int = 0  # list this many of the largest storages live at the peak
+    grad_check: bool = False  # record the first step's gradient norms (`grad_check`)
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,8 @@ class RankMeasurement:
     peak_tensors: tuple[str, ...] = ()  # largest storages live at the peak
     # sharded-table plans: seconds per timed step of each phase (executors.phase_clock)
     phase_seconds: dict = field(default_factory=dict)
+    # grad_check runs: the first step's {parameter name: gradient norm} (`grad_check`)
+    grad_norms: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -52,7 +56,8 @@ class RankMeasurement:
                    step_seconds=tuple(doc["step_seconds"]),
                    check_losses=tuple(doc["check_losses"]),
                    peak_tensors=tuple(doc["peak_tensors"]),
-                   phase_seconds=dict(doc.get("phase_seconds", {})))
+                   phase_seconds=dict(doc.get("phase_seconds", {})),
+                   grad_norms=dict(doc.get("grad_norms", {})))
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,8 @@ class ValidationResult:
     # sharded-table plans: each rank's measured seconds per step by phase
     rank_phase_seconds: tuple[dict, ...] = ()
     predicted_embedding: dict | None = None  # the tables' per-rank prediction (cost_json)
+    # fp32 and bf16 plans: the first step's gradients against the same-policy reference
+    grad_check: GradCheck | None = None
 
     @property
     def time_error(self) -> float:
@@ -97,7 +104,12 @@ class ValidationResult:
             self.measured_iteration_seconds
 
     def to_json(self) -> dict:
-        """The `planner validate --json` contract (issue 6), plus a few extra keys."""
+        """The `planner validate --json` contract (issue 6), plus a few extra keys. fp32
+        and bf16 plans add (issue 17) `grad_norms_match_reference` (every layer's
+        first-step gradient norm within `grad_norm_rtol` relative of one process run
+        under the plan's precision policy; fp16 plans have none), `grad_norm_worst_layer` and its
+        `grad_norm_worst_relative_error`; `loss_matches_reference` stays the losses
+        against the fp32 reference at `loss_rtol`."""
         return {"ranks": [{"rank": r.rank, "predicted_peak_bytes": r.predicted_peak_bytes,
                            "measured_peak_bytes": r.measured_peak_bytes, "error": r.error,
                            **({"peak_tensors": list(r.peak_tensors)} if r.peak_tensors
@@ -117,4 +129,5 @@ class ValidationResult:
                 **({"phase_seconds": list(self.rank_phase_seconds)}
                    if any(self.rank_phase_seconds) else {}),
                 **({"predicted_embedding": self.predicted_embedding}
-                   if self.predicted_embedding else {})}
+                   if self.predicted_embedding else {}),
+                **(self.grad_check.to_json() if self.grad_check is not None else {})}

@@ -15,11 +15,13 @@ from cost_models.memory import check_plan_matches
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.plan import PlanDocument, load_plan, plan_to_json
+from planner.trial.grad_check import check_grad_norms, grad_norm_rtol
+from planner.trial.mixed_reference import MixedPrecision
 from planner.trial.predict import machine_slowdown, plan_graph, predict
 from planner.trial.rank import MEMORY_STEPS, TIME_WARMUP_STEPS
 from planner.trial.records import RankPayload, RankResult, ValidationResult
 from planner.trial.reference import (global_batches, has_dropout, loss_rtol, losses_match,
-                                     reference_losses)
+                                     reference_run)
 from planner.trial.spawn import spawn_ranks, start_rank_server
 
 # Intra-op threads per rank. One, as the tests' ranks use: on this shared 2-core machine
@@ -63,19 +65,30 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
     total_steps = 1 + MEMORY_STEPS + TIME_WARMUP_STEPS + steps
     dropout = has_dropout(model, 1, doc.seq_len)
     check_steps = min(total_steps, CHECK_STEPS) if dropout else 0
+    mixed = MixedPrecision.of(doc.plan, graph)  # bf16: gradients against its policy
+    grad_rtol = grad_norm_rtol(doc.plan.precision)  # None: fp16, losses only
     batches = global_batches(model, doc.plan.global_batch, doc.seq_len,
                              max(total_steps, check_steps))
     payload = RankPayload(plan_json=plan_to_json(doc), plan_path=path, model=model,
                           seq_len=doc.seq_len, graph=graph, batches=batches,
                           memory_steps=MEMORY_STEPS, steps=steps, backend=backend,
                           check_steps=check_steps, threads=RANK_THREADS,
-                          memory_detail=memory_detail)
+                          memory_detail=memory_detail, grad_check=grad_rtol is not None)
     say(f"running {total_steps} steps on {nproc} {backend} ranks")
     results = spawn_ranks(payload, nproc)
     check = results[0].check_losses
     say("single-process reference")
-    want = reference_losses(model, doc.seq_len, doc.plan.optimizer, batches, len(check),
-                            doc.plan.embeddings)
+    reference = reference_run(model, doc.seq_len, doc.plan.optimizer, batches, len(check),
+                              doc.plan.embeddings)
+    want, grads = reference.losses, None
+    if grad_rtol is not None:
+        if mixed is not None:
+            say("single-process reference under the plan's precision policy (first step)")
+            reference = reference_run(model, doc.seq_len, doc.plan.optimizer, batches, 1,
+                                      doc.plan.embeddings, mixed)
+        got = {name: norm for r in reversed(results) for name, norm in r.grad_norms.items()}
+        grads = check_grad_norms(got, reference.grad_norms,
+                                 [layer.name for layer in graph.layers], grad_rtol)
     per_step = [max(r.step_seconds[i] for r in results) for i in range(steps)]
     rtol = loss_rtol(doc.plan.precision)
     ranks = tuple(RankResult(r, prediction.peak_bytes_by_rank[r], results[r].peak_bytes,
@@ -90,4 +103,4 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
         predicted_time=prediction.time_breakdown, prediction_source=prediction.source,
         machine_slowdown=slowdown,
         rank_phase_seconds=tuple(r.phase_seconds for r in results),
-        predicted_embedding=prediction.embedding)
+        predicted_embedding=prediction.embedding, grad_check=grads)
