@@ -7,8 +7,8 @@
      group of g running at once (`cost_models.collective_probes.sweep`);
   2. on CPU processes, the framework's host costs (`cost_models.host_probes`; the
      optimizer step's: `cost_models.step_probes`; a
-     tensor-parallel module's DTensor work apart from its collectives:
-     `cost_models.tp_probes`) and the
+     tensor-parallel module's DTensor work apart from its collectives, and a sequence-
+     parallel module group's: `cost_models.tp_probes`) and the
      wait of a blocking call whose peers compute between calls
      (`collective_probes.blocking_seconds`, at two message sizes), and the same for
      what TP's collectives take beyond it as DTensor issues them (`dtensor_extra_seconds`).
