@@ -13,6 +13,13 @@ load: compare on a quiet machine with a spec profiled there.
 
     .venv/bin/python bench/bench_layer_cpu.py --plan plan.json --spec spec.json [--steps 10]
 
+Read on 2026-11-25 at load ~1, gpt-tiny tp2+sp dp1 (bench_validate's gpt-tp2-dp2-sp pins
+at dp 1) on a spec profiled minutes before: blocks 2.6-2.9 ms measured against 2.90 ms
+priced with the SP group figure (2.28 without it); the vocab-parallel embedding 0.7 ms
+against 0.38; the head 0.16 ms plus its loss_parallel cross-entropy 1.0 ms against 0.33
+(the loss's ops priced on plain tensors with the head; its DTensor dispatch and three
+funcol all-reduces' calling-thread CPU not yet priced apart); step 35-36 ms.
+
 Prints a table, writes bench/results/layer_cpu.json, exits 1 when a layer with TP
 modules misses its priced forward by more than LAYER_TARGET.
 """
