@@ -161,10 +161,24 @@ def tp_module_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpe
     """Host time DTensor adds to the layer's tensor-parallel modules per micro-batch: the
     per-module figure measured in groups of this TP degree (`cost_models.tp_probes`: CPU
     time on the calling thread, collectives left to `comm.tp_comm_s`), stretched like the
-    per-op figures where CPU processes share cores (`ClusterSpec.host_share`)."""
+    per-op figures where CPU processes share cores (`ClusterSpec.host_share`). Under
+    sequence parallelism each row-parallel module closes a group (its parent's input
+    gathered along the sequence, its output reduce-scattered: `executors.tensor_parallel`)
+    priced at the spec's SP group figure (`tp_probes.sp_group_seconds`, a column- and a
+    row-parallel module), the group's other column-parallel modules (k, v beside q) at
+    the TP figure; a spec without the SP figure prices every module at the TP one."""
     if strategy.tp == 1:
         return 0.0
-    seconds = len(layer.tp_candidates) * cluster.calibration.tp_module_seconds(strategy.tp)
+    tables = cluster.calibration
+    modules = len(layer.tp_candidates)
+    group_s = tables.sp_group_seconds(strategy.tp)
+    if group_s is not None and sequence_parallel_applies(layer, strategy):
+        groups = sum(1 for c in layer.tp_candidates if c.style is TPStyle.ROWWISE)
+        # 2 modules per group (tp_probes: column- + row-parallel pair), the rest one each
+        seconds = groups * group_s + max(modules - 2 * groups, 0) * tables.tp_module_seconds(
+            strategy.tp)
+    else:
+        seconds = modules * tables.tp_module_seconds(strategy.tp)
     return seconds * cluster.host_share if cluster.host_bound else seconds
 
 

@@ -7,8 +7,8 @@
      group of g running at once (`cost_models.collective_probes.sweep`);
   2. on CPU processes, the framework's host costs (`cost_models.host_probes`; the
      optimizer step's: `cost_models.step_probes`; a
-     tensor-parallel module's DTensor work apart from its collectives:
-     `cost_models.tp_probes`) and the
+     tensor-parallel module's DTensor work apart from its collectives, and a sequence-
+     parallel module group's: `cost_models.tp_probes`) and the
      wait of a blocking call whose peers compute between calls
      (`collective_probes.blocking_seconds`, at two message sizes), and the same for
      what TP's collectives take beyond it as DTensor issues them (`dtensor_extra_seconds`).
@@ -55,7 +55,7 @@ from cost_models.host_probes import (autograd_call_s, dp_unit_seconds, dtensor_o
 from cost_models.item_probes import probe_random_element_s
 from cost_models.pipeline_probes import pipeline_action_host_s
 from cost_models.step_probes import optimizer_tensor_seconds
-from cost_models.tp_probes import tp_module_seconds
+from cost_models.tp_probes import sp_group_seconds, tp_module_seconds
 
 PROCESS_GROUP_TIMEOUT_S = 120
 PORT_ATTEMPTS = 3  # fresh localhost ports to try if one is taken between probe and bind
@@ -97,6 +97,8 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
             dp_overheads=dp_unit_overhead(measured["dp_unit_seconds"]),
             tp_modules=tuple(TpModuleOverhead(size, seconds) for size, seconds
                              in sorted(measured["tp_module_seconds"].items())),
+            sp_groups=tuple(TpModuleOverhead(size, seconds, "sp_group_overhead_s")
+                            for size, seconds in sorted(measured["sp_group_seconds"].items())),
             blocking_waits=waits, optimizer_steps=measured["optimizer_tensor_seconds"],
             tp_blocking_waits=blocking_wait(dtensor_form_seconds(measured), by_group))
     else:
@@ -246,9 +248,11 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
             results["optimizer_tensor_seconds"] = optimizer_tensor_seconds(mesh)
             results["dp_unit_seconds"] = {world: dp_unit_seconds(mesh)}
             results["tp_module_seconds"] = {world: tp_module_seconds(mesh)}
+            results["sp_group_seconds"] = {world: sp_group_seconds(mesh)}
             for size, group in groups.items():
                 results["dp_unit_seconds"][size] = dp_unit_seconds(group)
                 results["tp_module_seconds"][size] = tp_module_seconds(group)
+                results["sp_group_seconds"][size] = sp_group_seconds(group)
             results["blocking_seconds"] = {world: blocking_seconds(dist, rank, None)}
             results["dtensor_extra_seconds"] = {world: dtensor_extra_seconds(dist, mesh)}
             for size, group in groups.items():

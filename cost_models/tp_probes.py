@@ -24,6 +24,25 @@ on this shared host move by milliseconds between runs (the wall-clock difference
 two stacks read 1.0-7.2 ms per module at load 14-20, the waits not cancelling), and
 keeps the host work. Being CPU time, the figure is stretched by the core share where it
 is used (`compute.tp_module_seconds`), as the per-op figures are.
+
+    sp_group_seconds(mesh) -> the same per SP module group (a column- and a row-parallel
+                              module) under sequence parallelism
+
+The same pairs laid out as the executor runs an SP layer (`executors.tensor_parallel`):
+the residual stream split along the sequence (tensor dim 1), each pair's input gathered
+to Replicate by a pre-hook (`PrepareModuleInput(Shard(1) -> Replicate)`, the executor's
+`_gather_sequence_hook`), the row-parallel output reduce-scattered back to Shard(1). The
+reference is Megatron-SP written by hand (Korthikanti et al. 2022, sec. 4.2.2: g
+all-gathers the sequence in forward and reduce-scatters in backward, g-bar the reverse)
+with plain `dist.all_gather_single` / `dist.reduce_scatter_single` on a sequence-first
+layout, the calls the comm model's fits time (`collective_probes._collective_calls`). SP
+doubles the re-layouts with a collective per pair (2 each way instead of 1) and DTensor
+gathers / scatters dim 1 by chunking and concatenating on the calling thread (issue 17:
+gpt tp2+sp on 2 ranks read 35.7 ms of compute CPU per step where 20.3 ms was priced,
+with per-module figures from the non-SP stack). Read by profile-cluster on 2026-11-25 at
+load ~1: 1.68 ms per SP group on 2 ranks where the TP pair is 2 x 0.53 ms, 1.55 ms on 4
+ranks in pairs (2 x 0.46 ms); `bench/bench_layer_cpu.py` then read each gpt tp2+sp
+block's forward at 2.6-2.9 ms of thread CPU, priced 2.28 ms before and 2.90 ms after.
 """
 
 from __future__ import annotations
@@ -39,6 +58,8 @@ MLP_EXPANSION = 4  # the pair's inner width over its outer one (a transformer ML
 # (`host_probes.DP_UNIT_STEPS`, `DP_UNIT_WARMUP`), its sibling on the same ranks.
 TP_PROBE_STEPS = DP_UNIT_STEPS
 TP_PROBE_WARMUP = DP_UNIT_WARMUP
+SP_SEQUENCE_DIM = 1  # executors.layout.SEQ_DIM: (batch, sequence, hidden)
+SP_PROBE_LOCAL_TOKENS = 2  # sequence positions per rank in the SP measurement (as TP's 2 rows)
 
 
 def tp_module_seconds(mesh) -> float:
@@ -54,6 +75,22 @@ def tp_module_seconds(mesh) -> float:
     with _one_thread():
         added = _added_cpu_s(_manual_stack(mesh, width), _dtensor_stack(mesh, width), x)
     return max(added, 0.0) / (2 * TP_BLOCKS)
+
+
+def sp_group_seconds(mesh) -> float:
+    """Seconds per SP module group (column-parallel Linear, GELU, row-parallel Linear; the
+    sequence gathered before, reduce-scattered after) per forward+backward that DTensor
+    adds over Megatron-SP on plain tensors with the same collectives, all ranks of `mesh`
+    running together (see the module docstring)."""
+    import torch
+
+    from cost_models.clusters import _one_thread
+
+    width = OP_OVERHEAD_WIDTH_TP * mesh.size()
+    x = torch.randn(1, SP_PROBE_LOCAL_TOKENS, width)  # (batch, this rank's tokens, width)
+    with _one_thread():
+        added = _added_cpu_s(_manual_sp_stack(mesh, width), _dtensor_sp_stack(mesh, width), x)
+    return max(added, 0.0) / TP_BLOCKS
 
 
 def _added_cpu_s(plain, wrapped, x) -> float:
@@ -132,3 +169,89 @@ def _manual_stack(mesh, width: int):
             return ReduceOutput.apply(self.rowwise(h)) + self.bias
 
     return nn.Sequential(*[Pair() for _ in range(TP_BLOCKS)])
+
+
+def _dtensor_sp_stack(mesh, width: int):
+    """`_dtensor_stack`'s pairs as an SP layer runs them: input gathered along the
+    sequence by a pre-hook, output reduce-scattered back (`executors.tensor_parallel`)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   RowwiseParallel, parallelize_module)
+    from torch import nn
+
+    blocks = nn.Sequential(*[nn.Sequential(nn.Linear(width, MLP_EXPANSION * width), nn.GELU(),
+                                           nn.Linear(MLP_EXPANSION * width, width))
+                             for _ in range(TP_BLOCKS)])
+    for block in blocks:
+        parallelize_module(block, mesh, PrepareModuleInput(
+            input_layouts=(Shard(SP_SEQUENCE_DIM),), desired_input_layouts=(Replicate(),)))
+        parallelize_module(block, mesh, {
+            "0": ColwiseParallel(),
+            "2": RowwiseParallel(output_layouts=Shard(SP_SEQUENCE_DIM))})
+    return blocks
+
+
+def _manual_sp_stack(mesh, width: int):
+    """The SP stack's local shards as plain Linears on a sequence-first copy of the input,
+    with Megatron-SP's g (all-gather the sequence; reduce-scatter the gradient) before
+    each column-parallel Linear and g-bar (reduce-scatter; all-gather the gradient) after
+    each row-parallel one, then the replicated bias."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    group, n = mesh.get_group(), mesh.size()
+    inner = MLP_EXPANSION * width // n  # this rank's share of the inner width
+
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    def gather(x):  # (tokens, ...) -> (n * tokens, ...), dim 0: the plain call's layout
+        out = x.new_empty((n * x.shape[0], *x.shape[1:]))
+        all_gather(out, x.contiguous(), group=group)
+        return out
+
+    def scatter(x):  # (n * tokens, ...) -> (tokens, ...), summed over the group
+        out = x.new_empty((x.shape[0] // n, *x.shape[1:]))
+        reduce_scatter(out, x.contiguous(), group=group)
+        return out
+
+    class GatherSequence(torch.autograd.Function):  # Megatron-SP's g
+        @staticmethod
+        def forward(ctx, x):
+            return gather(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return scatter(grad)
+
+    class ScatterSequence(torch.autograd.Function):  # Megatron-SP's g-bar
+        @staticmethod
+        def forward(ctx, x):
+            return scatter(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return gather(grad)
+
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.colwise = nn.Linear(width, inner)
+            self.act = nn.GELU()
+            self.rowwise = nn.Linear(inner, width, bias=False)
+            self.bias = nn.Parameter(torch.zeros(width))  # replicated: added once reduced
+
+        def forward(self, x):  # x: (this rank's tokens, batch, width), sequence first
+            h = self.act(self.colwise(GatherSequence.apply(x)))
+            return ScatterSequence.apply(self.rowwise(h)) + self.bias
+
+    class SequenceFirst(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pairs = nn.Sequential(*[Pair() for _ in range(TP_BLOCKS)])
+
+        def forward(self, x):  # (batch, tokens, width) in and out, as the DTensor stack's
+            return self.pairs(x.transpose(0, 1)).transpose(0, 1)
+
+    return SequenceFirst()

@@ -1,17 +1,17 @@
-"""What `planner profile-cluster` measured on top of a spec's datasheet figures, as typed
-records: one frozen record type per table, each validated once (its `__post_init__`, which
-reading JSON goes through too) and read and written by one pair of functions.
+"""What `planner profile-cluster` measured on top of a spec's datasheet figures: the
+typed records of `ir.calibration_records`, one table each, read and written by one pair
+of functions here:
 
-    CollectiveFit       alpha-beta fit of one collective in one scope and group size
-    DpOverhead          host seconds a data-parallel unit adds, by ZeRO mode and group size
-    OptimizerStepCost   host seconds per parameter tensor of one optimizer step
-    TpModuleOverhead    host seconds a tensor-parallel module adds, by group size
-    BlockingWait        seconds a blocking collective waits beyond its fitted time, as a
-                        line in the message's bytes; kept twice: as a plain
-                        `dist.<collective>` call (DP, pipeline) and as DTensor issues it
-                        (TP: funcol collective + wait_tensor under a redistribution)
+    collective_fits     CollectiveFit per collective, scope and group size
+    dp_overheads        DpOverhead per ZeRO mode and group size
+    optimizer_steps     OptimizerStepCost per optimizer (on plain tensors or DTensors)
+    tp_modules          TpModuleOverhead per TP group size
+    sp_groups           TpModuleOverhead per TP group size, per SP module group
+    blocking_waits      BlockingWait as a plain `dist.<collective>` call (DP, pipeline)
+    tp_blocking_waits   BlockingWait as DTensor issues it (TP: funcol collective +
+                        wait_tensor under a redistribution)
 
-`CalibrationTables` holds the six tables and answers the cost models' lookups (each with
+`CalibrationTables` holds the seven tables and answers the cost models' lookups (each with
 its fallback, once). The spec file keeps its shape (schema "planner.cluster/v1"):
 
     "collective_fits": [{"collective": "all_reduce", "scope": "intra_node", "alpha_s": ...,
@@ -19,6 +19,7 @@ its fallback, once). The spec file keeps its shape (schema "planner.cluster/v1")
     "dp_unit_overhead_s": {"zero3": s, "zero3@4": s},  "dp_tensor_overhead_s": {same keys},
     "optimizer_tensor_overhead_s": {"adamw": s, "adamw@dtensor": s},
     "tp_module_overhead_s": {"2": s, "4": s},  "blocking_wait_s": {"all_reduce@2": s},
+    "sp_group_overhead_s": {"2": s}  (absent in older specs: SP modules price as TP's)
     "blocking_wait_s_per_byte": {"all_reduce@2": s}  (absent in older specs: a constant wait)
     "tp_blocking_wait_s": {"all_reduce@2": s}, "tp_blocking_wait_s_per_byte": {same keys}
         (absent in older specs, or a collective not measured in DTensor's form: TP pays
@@ -35,234 +36,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ir.calibration_records import (COLLECTIVES, DTENSOR_QUALIFIER, SCOPES,  # noqa: F401
+                                    BlockingWait, CollectiveFit, DpOverhead,
+                                    OptimizerStepCost, TpModuleOverhead, _join_key,
+                                    _split_key, _wait_key_error, is_finite_number,
+                                    json_number)
 from ir.errors import PlannerError
 from ir.strategy import DPMode
-
-# The collectives a fit or a wait can describe, and where the group lives.
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
-               "send_recv")
-SCOPES = ("intra_node", "inter_node")
-# Qualifier of an optimizer-step key measured on DTensor parameters ("adamw@dtensor").
-DTENSOR_QUALIFIER = "dtensor"
-
-
-def is_finite_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_count(value: Any, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
-def _check_seconds(what: str, seconds: Any) -> None:
-    if not is_finite_number(seconds) or seconds < 0:
-        raise PlannerError(f"{what} must be a number >= 0, got {seconds!r}")
-
-
-def json_number(field: str, value: Any) -> float:
-    """A JSON number as float (an integer may stand for a float); the error names `field`."""
-    if not is_finite_number(value):
-        raise PlannerError(f"field {field!r} must be a number, got {value!r}")
-    return float(value)
-
-
-def _split_key(key: str) -> tuple[str, str | None]:
-    """File key "NAME@QUALIFIER" -> (NAME, QUALIFIER); "NAME" -> (NAME, None)."""
-    name, at, qualifier = str(key).partition("@")
-    return name, (qualifier if at else None)
-
-
-def _join_key(name: str, qualifier: Any) -> str:
-    return name if qualifier is None else f"{name}@{qualifier}"
-
-
-# ---- the records ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CollectiveFit:
-    """A measured alpha-beta fit of one collective: t = steps(n)*alpha_s + volume(n, S)/bytes_per_s.
-
-    `steps` and `volume` are the same algorithm factors the communication model uses
-    (e.g. ring all-reduce: 2(n-1) steps, 2(n-1)/n*S bytes per rank), so a fit slots in
-    for the spec's generic latency and bandwidth.
-    """
-
-    collective: str
-    scope: str
-    alpha_s: float
-    bytes_per_s: float
-    measured_ranks: int = 0  # group size the fit was measured with (0: unknown)
-
-    def __post_init__(self) -> None:
-        if self.collective not in COLLECTIVES:
-            raise PlannerError(f"collective fit: unknown collective {self.collective!r}; "
-                               f"use one of {', '.join(COLLECTIVES)}")
-        if self.scope not in SCOPES:
-            raise PlannerError(f"collective fit {self.collective}: scope must be one of "
-                               f"{', '.join(SCOPES)}, got {self.scope!r}")
-        if not is_finite_number(self.alpha_s) or self.alpha_s < 0:
-            raise PlannerError(f"collective fit {self.collective}: alpha_s must be a finite "
-                               f"number >= 0, got {self.alpha_s!r}")
-        if not is_finite_number(self.bytes_per_s) or self.bytes_per_s <= 0:
-            raise PlannerError(f"collective fit {self.collective}: bytes_per_s must be > 0, "
-                               f"got {self.bytes_per_s!r}")
-        if not _is_count(self.measured_ranks, 0):
-            raise PlannerError(f"collective fit {self.collective}: measured_ranks must be an "
-                               f"integer >= 0, got {self.measured_ranks!r}")
-
-    def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    @classmethod
-    def from_json(cls, data: Any, where: str) -> CollectiveFit:
-        if not isinstance(data, dict):
-            raise PlannerError(f"{where} must be an object")
-        names = [f.name for f in dataclasses.fields(cls)]
-        for key in data:
-            if key not in names:
-                raise PlannerError(f"{where}: unexpected keyword argument {key!r}; give each "
-                                   f"fit only {', '.join(names)}")
-        missing = [f.name for f in dataclasses.fields(cls)
-                   if f.default is dataclasses.MISSING and f.name not in data]
-        if missing:
-            raise PlannerError(f"{where}: missing {missing[0]!r}; give each fit "
-                               f"{', '.join(names)}")
-        values = dict(data)
-        for f in dataclasses.fields(cls):  # JSON may write 1 for 1.0
-            if f.type == "float" and f.name in values:
-                values[f.name] = json_number(f"{where}.{f.name}", values[f.name])
-        return cls(**values)
-
-    def __str__(self) -> str:
-        return (f"{self.collective}@{self.scope}: a={self.alpha_s * 1e6:.1f}us "
-                f"B={self.bytes_per_s / 1e9:.2f}GB/s")
-
-
-@dataclass(frozen=True, slots=True)
-class DpOverhead:
-    """Seconds one data-parallel unit (an FSDP2 / replicate module) adds per micro-batch on
-    CPU processes in `mode`, for DP groups of `group_size` (None: the whole node's group,
-    the fallback for sizes not measured): `per_unit_s` plus `per_tensor_s` per parameter
-    tensor the unit holds (hooks and shard copies: the calling thread's CPU time outside
-    the unit's collectives, which the comm model prices; the line through units of two
-    sizes, measured with the node's processes running together; the compute model
-    stretches it by the core share, `ClusterSpec.host_share`)."""
-
-    mode: DPMode
-    group_size: int | None
-    per_unit_s: float
-    per_tensor_s: float
-
-    def __post_init__(self) -> None:
-        where = f"dp_unit_overhead_s[{_join_key(str(self.mode), self.group_size)}]"
-        if not isinstance(self.mode, DPMode):
-            raise PlannerError(f"{where}: mode must be one of "
-                               f"{', '.join(m.value for m in DPMode)}, got {self.mode!r}")
-        if self.group_size is not None and not _is_count(self.group_size, 1):
-            raise PlannerError(f"{where}: the group size must be an integer >= 1, got "
-                               f"{self.group_size!r}")
-        _check_seconds(where, self.per_unit_s)
-        _check_seconds(f"dp_tensor_overhead_s[{_join_key(str(self.mode), self.group_size)}]",
-                       self.per_tensor_s)
-
-    def __str__(self) -> str:
-        size = "node" if self.group_size is None else f"dp{self.group_size}"
-        return (f"{self.mode}@{size}: {self.per_unit_s * 1e3:.2f}ms"
-                f"+{self.per_tensor_s * 1e3:.3f}ms/tensor")
-
-    def seconds(self, tensors: int) -> float:
-        """Per micro-batch, for a unit of `tensors` parameter tensors."""
-        return self.per_unit_s + tensors * self.per_tensor_s
-
-    def scaled(self, factor: float) -> DpOverhead:
-        return dataclasses.replace(self, per_unit_s=self.per_unit_s * factor,
-                                   per_tensor_s=self.per_tensor_s * factor)
-
-
-@dataclass(frozen=True, slots=True)
-class OptimizerStepCost:
-    """Host CPU seconds one optimizer step (step + zero_grad) spends per parameter tensor
-    on CPU processes, on plain or on DTensor parameters: the stepping thread's, with the
-    node's processes stepping together (`cost_models.step_probes`); the compute model
-    stretches it by the core share."""
-
-    optimizer: str
-    on_dtensor: bool
-    seconds_per_tensor: float
-
-    def __post_init__(self) -> None:
-        where = f"optimizer_tensor_overhead_s[{self.key}]"
-        if not isinstance(self.optimizer, str) or not self.optimizer or "@" in self.optimizer:
-            raise PlannerError(f"{where}: the optimizer must be a name such as \"adamw\", got "
-                               f"{self.optimizer!r}")
-        if not isinstance(self.on_dtensor, bool):
-            raise PlannerError(f"{where}: on_dtensor must be true or false")
-        _check_seconds(where, self.seconds_per_tensor)
-
-    @property
-    def key(self) -> str:
-        return _join_key(self.optimizer, DTENSOR_QUALIFIER if self.on_dtensor else None)
-
-    def __str__(self) -> str:
-        return f"{self.key}: {self.seconds_per_tensor * 1e6:.0f}us/tensor"
-
-    def scaled(self, factor: float) -> OptimizerStepCost:
-        return dataclasses.replace(self, seconds_per_tensor=self.seconds_per_tensor * factor)
-
-
-@dataclass(frozen=True, slots=True)
-class TpModuleOverhead:
-    """Seconds a tensor-parallel module (column- or row-parallel Linear) adds per
-    micro-batch on CPU processes beyond what the comm model prices, in TP groups of
-    `group_size`: DTensor dispatch and re-layout bookkeeping, measured with the node's
-    processes in groups of that size against the same collectives on plain tensors (the
-    comm model prices the collectives and their waits: `cost_models.tp_probes`)."""
-
-    group_size: int
-    seconds: float
-
-    def __post_init__(self) -> None:
-        if not _is_count(self.group_size, 1) or not is_finite_number(self.seconds) \
-                or self.seconds < 0:
-            raise PlannerError(f"tp_module_overhead_s[{self.group_size}] must map a group "
-                               f"size >= 1 to seconds >= 0, got {self.seconds!r}")
-
-    def __str__(self) -> str:
-        return f"tp{self.group_size}: {self.seconds * 1e3:.2f}ms/module"
-
-    def scaled(self, factor: float) -> TpModuleOverhead:
-        return dataclasses.replace(self, seconds=self.seconds * factor)
-
-
-@dataclass(frozen=True, slots=True)
-class BlockingWait:
-    """Seconds a blocking `collective` call in groups of `group_size` waits beyond its
-    fitted time on CPU processes whose peers compute between calls: `seconds` plus
-    `seconds_per_byte` per byte of the message (the line through the waits profile-cluster
-    measured at two sizes; 0 per byte in specs that measured one). The peer is late or
-    descheduled, and a woken process waits for its core while gloo moves the message."""
-
-    collective: str
-    group_size: int
-    seconds: float  # the wait at zero bytes
-    seconds_per_byte: float = 0.0
-
-    def __post_init__(self) -> None:
-        key = _join_key(str(self.collective), self.group_size)
-        if self.collective not in COLLECTIVES or not _is_count(self.group_size, 2):
-            raise _wait_key_error(key)
-        _check_seconds(f"blocking_wait_s[{key}]", self.seconds)
-        _check_seconds(f"blocking_wait_s_per_byte[{key}]", self.seconds_per_byte)
-
-    def __str__(self) -> str:
-        return (f"{self.collective}@{self.group_size}: {self.seconds * 1e3:.2f}ms"
-                f"+{self.seconds_per_byte * 2**20 * 1e3:.2f}ms/MiB")
-
-    def at(self, nbytes: float) -> float:
-        """The wait of one call on a message of `nbytes` (the size `comm.blocking_s` takes)."""
-        return self.seconds + nbytes * self.seconds_per_byte
-
 
 # ---- the collection ------------------------------------------------------------------
 
@@ -275,6 +55,9 @@ class CalibrationTables:
     dp_overheads: tuple[DpOverhead, ...] = ()
     optimizer_steps: tuple[OptimizerStepCost, ...] = ()
     tp_modules: tuple[TpModuleOverhead, ...] = ()
+    # Per SP module group (column- then row-parallel module, the sequence gathered before
+    # and reduce-scattered after): `tp_probes.sp_module_seconds`; empty in older specs
+    sp_groups: tuple[TpModuleOverhead, ...] = ()
     blocking_waits: tuple[BlockingWait, ...] = ()
     # The same waits in DTensor's form (`profile_cluster.dtensor_form_seconds`)
     tp_blocking_waits: tuple[BlockingWait, ...] = ()
@@ -331,6 +114,15 @@ class CalibrationTables:
         return min(self.tp_modules, key=lambda r: (abs(math.log2(r.group_size / group_size)),
                                                    r.group_size)).seconds
 
+    def sp_group_seconds(self, group_size: int) -> float | None:
+        """Per SP module group in TP groups of `group_size`, as `tp_module_seconds` looks
+        it up; None where the spec has no SP figure (older specs: SP modules price as TP
+        modules)."""
+        if not self.sp_groups:
+            return None
+        return min(self.sp_groups, key=lambda r: (abs(math.log2(r.group_size / group_size)),
+                                                  r.group_size)).seconds
+
     def blocking_wait_seconds(self, collective: str, group_size: int,
                               nbytes: float = 0.0) -> float:
         """Measured wait of a blocking call on `nbytes` at that group size (0 when not
@@ -355,7 +147,8 @@ class CalibrationTables:
         return dataclasses.replace(
             self, dp_overheads=tuple(r.scaled(factor) for r in self.dp_overheads),
             optimizer_steps=tuple(r.scaled(factor) for r in self.optimizer_steps),
-            tp_modules=tuple(r.scaled(factor) for r in self.tp_modules))
+            tp_modules=tuple(r.scaled(factor) for r in self.tp_modules),
+            sp_groups=tuple(r.scaled(factor) for r in self.sp_groups))
 
     # ---- JSON ------------------------------------------------------------------------
 
@@ -369,6 +162,7 @@ class CalibrationTables:
             "optimizer_tensor_overhead_s": {r.key: r.seconds_per_tensor
                                             for r in self.optimizer_steps},
             "tp_module_overhead_s": {str(r.group_size): r.seconds for r in self.tp_modules},
+            "sp_group_overhead_s": {str(r.group_size): r.seconds for r in self.sp_groups},
             "blocking_wait_s": {_join_key(r.collective, r.group_size): r.seconds
                                 for r in self.blocking_waits},
             "blocking_wait_s_per_byte": {_join_key(r.collective, r.group_size):
@@ -404,6 +198,8 @@ class CalibrationTables:
             optimizer_steps=tuple(_optimizer_step(key, s) for key, s in
                                   tables["optimizer_tensor_overhead_s"].items()),
             tp_modules=_tp_modules(data.get("tp_module_overhead_s", {}), devices_per_node),
+            sp_groups=_tp_modules(data.get("sp_group_overhead_s", {}), None,
+                                  "sp_group_overhead_s"),
             blocking_waits=_blocking_waits(tables, "blocking_wait_s"),
             tp_blocking_waits=_blocking_waits(tables, "tp_blocking_wait_s"),
             host_figures_clock=data.get("host_figures_clock", "wall"))
@@ -438,11 +234,6 @@ def _optimizer_step(key: str, seconds: float) -> OptimizerStepCost:
     return OptimizerStepCost(optimizer, qualifier is not None, seconds)
 
 
-def _wait_key_error(key: str, field: str = "blocking_wait_s") -> PlannerError:
-    return PlannerError(f"{field} key {key!r} must be COLLECTIVE@GROUP_SIZE, e.g. "
-                        f"\"all_reduce@2\" (collectives: {', '.join(COLLECTIVES)})")
-
-
 def _blocking_waits(tables: dict[str, dict[str, float]], field: str
                     ) -> tuple[BlockingWait, ...]:
     """The wait tables `field` and `field`_per_byte, row by key; a per-byte figure needs
@@ -461,26 +252,28 @@ def _blocking_waits(tables: dict[str, dict[str, float]], field: str
     return tuple(rows)
 
 
-def _tp_modules(value: Any, devices_per_node: Any) -> tuple[TpModuleOverhead, ...]:
+def _tp_modules(value: Any, devices_per_node: Any, field: str = "tp_module_overhead_s"
+                ) -> tuple[TpModuleOverhead, ...]:
     """JSON {"2": s, "4": s}; a bare number (specs written before the per-group-size
     probe) was measured with the whole node as one TP group."""
     if is_finite_number(value):
         if not value:
             return ()
         if isinstance(devices_per_node, bool) or not isinstance(devices_per_node, (int, float)):
-            raise PlannerError("field 'tp_module_overhead_s' as a number needs devices_per_node")
-        return (TpModuleOverhead(int(devices_per_node), float(value)),)
+            raise PlannerError(f"field {field!r} as a number needs devices_per_node; "
+                               "give an object {tp_group_size: seconds}")
+        return (TpModuleOverhead(int(devices_per_node), float(value), field),)
     if not isinstance(value, dict):
-        raise PlannerError("field 'tp_module_overhead_s' must be an object "
+        raise PlannerError(f"field {field!r} must be an object "
                            "{tp_group_size: seconds}, e.g. {\"2\": 0.003}")
     rows = []
     for key, seconds in value.items():
         try:
             size = int(key)
         except (TypeError, ValueError):
-            raise PlannerError(f"field 'tp_module_overhead_s': key {key!r} is not a TP group "
+            raise PlannerError(f"field {field!r}: key {key!r} is not a TP group "
                                "size; use an integer such as \"2\"") from None
-        rows.append(TpModuleOverhead(size, json_number(f"tp_module_overhead_s[{key}]", seconds)))
+        rows.append(TpModuleOverhead(size, json_number(f"{field}[{key}]", seconds), field))
     return tuple(sorted(rows, key=lambda r: r.group_size))
 
 
@@ -490,6 +283,7 @@ _TABLES = (
     ("dp_overheads", DpOverhead, lambda r: (r.mode, r.group_size)),
     ("optimizer_steps", OptimizerStepCost, lambda r: r.key),
     ("tp_modules", TpModuleOverhead, lambda r: r.group_size),
+    ("sp_groups", TpModuleOverhead, lambda r: r.group_size),
     ("blocking_waits", BlockingWait, lambda r: (r.collective, r.group_size)),
     ("tp_blocking_waits", BlockingWait, lambda r: (r.collective, r.group_size)),
 )

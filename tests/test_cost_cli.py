@@ -130,6 +130,8 @@ def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path):
         tables.dp_overhead(DPMode.ZERO3), group_size=2)  # 2 = the node
     assert sum(r.per_unit_s + r.per_tensor_s for r in tables.dp_overheads) > 0
     assert [r.group_size for r in tables.tp_modules] == [2]
+    assert [r.group_size for r in tables.sp_groups] == [2]  # tp_probes.sp_group_seconds
+    assert all(r.seconds >= 0 for r in tables.sp_groups)
     # The wait of a blocking call between computing processes, per collective; send/recv
     # between the pair.
     assert {(r.collective, r.group_size) for r in tables.blocking_waits} == {
