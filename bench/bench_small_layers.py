@@ -96,7 +96,7 @@ def time_variant(measurer, index: int, state: dict, factory, variant: str,
     module = measurer.layer_module(index, state)
     neighbours = StepNeighbours(measurer, index, factory)
     if variant == "repeat":
-        neighbours.before = neighbours.after = None
+        neighbours.befores, neighbours.after = [], None
     params = [t for t in state.values() if isinstance(t, torch.Tensor)]
     fwd, bwd, faults = [], [], []
     for rep in range(WARMUP + repeats):

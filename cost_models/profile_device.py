@@ -64,8 +64,8 @@ from cost_models.memory_probes import (host_charged_seconds, net_of_call_cost, p
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.checkpoint_probes import checkpoint_host_seconds
 from cost_models.host_probes import host_op_seconds_by_pass, probe_clock
-from cost_models.sequence_probes import (cold_chains, cold_op_cost, in_sequence_chains,
-                                         in_sequence_cost)
+from cost_models.cold_entry_probes import cold_entry_chains, cold_entry_cost
+from cost_models.sequence_probes import in_sequence_chains, in_sequence_cost
 from cost_models.item_probes import (probe_embedding_backward, probe_embedding_bag,
                                      probe_embedding_forward, probe_random_element_s)
 
@@ -416,7 +416,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
         # Forward and backward per op, apart, and what forward ops pay in sequence
         host = host_op_seconds_by_pass("cpu")
         sequence = in_sequence_cost(in_sequence_chains("cpu"))
-        cold_op_s = cold_op_cost(cold_chains("cpu"))  # backward's: not written (bench_host_ab)
+        cold = cold_entry_cost(cold_entry_chains("cpu"))  # backward's: not written (bench_host_ab)
         return ClusterSpec(
             name=name, device="cpu", num_nodes=1, devices_per_node=1,
             device_memory_bytes=clusters.total_memory_bytes(),
@@ -431,7 +431,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             host_cores=clusters.host_cores(),
             kernel_calibration=dataclasses.replace(
                 cal, **host.calibration_fields(), **sequence.calibration_fields(),
-                cold_op_host_s=cold_op_s,
+                **cold.calibration_fields(),
                 **checkpoint_host_seconds("cpu").calibration_fields()),
             notes=f"planner profile-device --device cpu: {cal.measured_on}; per-op host fwd "
                   f"{host.forward_s * 1e6:.2f} us ({host.forward_spread:.0%} spread; "
@@ -442,8 +442,8 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
                   f"{host.backward_view_op_s * 1e6:.2f} per view, {host.backward_node_s * 1e6:.2f} "
                   f"per autograd node, + per-op excess; in sequence "
                   f"{sequence.op_s * 1e9:.0f} ns per op per distinct op beyond "
-                  f"{sequence.knee_distinct_ops:.0f}, {cold_op_s * 1e6:.2f} us per cold "
-                  "distinct op); peak FLOP/s = best "
+                  f"{sequence.knee_distinct_ops:.0f}; cold start {cold.entry_s * 1e6:.2f} us "
+                  f"per layer + {cold.op_s * 1e6:.2f} per cold distinct op); peak FLOP/s = best "
                   "measured GEMM per dtype; links and DTensor overhead guessed (run "
                   "`planner profile-cluster` to measure them)")
     props = torch.cuda.get_device_properties(torch.cuda.current_device())

@@ -53,7 +53,10 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             # SELECTIVE's per-call figure in its two measured halves (multirank block, below)
             "selective_call_forward_s", "selective_call_recompute_s",
             # an embedding's forward (`item_probes.probe_embedding_forward`)
-            "embedding_call_s", "embedding_index_s")
+            "embedding_call_s", "embedding_index_s",
+            # what a forward pays per layer for starting after other layers' work
+            # (`cost_models.cold_entry_probes`)
+            "cold_entry_host_s")
 
 # Figures kits of 2026-11-24 wrote, always as 0 (per-call forward pricing, which
 # profile-device never turned on and which was removed: bench/bench_host_ab.py); a spec
@@ -172,6 +175,13 @@ class KernelCalibration:
     # of `item_probes.EMBEDDING_PROBE_DIM`); 0 where not measured (bytes at copy speed).
     embedding_call_s: float = 0.0
     embedding_index_s: float = 0.0
+
+    # ---- a forward started after other layers' work (`cost_models.cold_entry_probes
+    # .cold_entry_cost`): host seconds per layer over the same forward run right after
+    # itself, its code and objects out of the caches, whatever its cold ops; where > 0,
+    # `cold_op_host_s` is the same fit's slope per cold op. 0 where not measured (kits
+    # before it: `cold_op_host_s` alone, a median per cold op).
+    cold_entry_host_s: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)

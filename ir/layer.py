@@ -205,6 +205,10 @@ class Layer:
     # ... and of its backward, in backward order: those the layer after's backward did not
     # run; for the last, those its own forward did not (`ir.op_count.cold_distinct_ops_bwd`).
     cold_distinct_ops_bwd: int = 0
+    # Whether a whole step's distinct ops fit in the caches (`ir.op_count.step_evicts`
+    # false: mlp-small's 12): then its forward starts warm and nothing of it is priced cold
+    # (`cost_models.host_dispatch.forward_host_seconds`); False where not counted.
+    step_warm: bool = False
 
     def __getattr__(self, name: str):
         # Reached only when no field matches: a measured figure reads as the layer's own.
