@@ -24,10 +24,15 @@ bench/bench_small_layers.py's variants, 2026-11-25), the slope what each cold op
 
 On this CPU (2026-11-25, load 5-6): cold - warm 3.1-3.9, 5.8-6.9, 6.7-7.8, 9.8-12.2,
 17-19, 27 us at 0, 1, 2, 4, 8, 12 cold ops: entry 3.4-4.4 us, 1.9-2.0 us per cold op,
-rms 0.3-1.0 us. More work between costs more (the same layers after 0, 1, 2, 4, 8, 16
-blocks' forward and backward then a forward, no cold op: +1.5, 3.6, 4.7, 6.7, 9.4, 11.7
-us; 8 cold ops: +5, 20, 22, 31, 44, 90): a step of a bigger model evicts more than the
-one layer priced here, so the figures are the least a step pays.
+rms 0.3-1.0 us. After the backward alone (a step's first layer: the step before ends in
+a backward, its optimizer runs no module code): entry 7.2 us, 1.6-2.4 per cold op
+(`KernelCalibration.cold_entry_after_backward_host_s`; llama-tiny's embedding, 1 cold
+op, ran 9-10 us over its warm figure there). More work between costs more (the same
+layers after 0, 1, 2, 4, 8, 16 blocks' forward and backward then a forward, no cold op:
++1.5, 3.6, 4.7, 6.7, 9.4, 11.7 us; 8 cold ops: +5, 20, 22, 31, 44, 90; after 64 MiB
+written, beyond the 32 MiB L3, small layers ran 3-4x their profiled time:
+bench/bench_small_layers.py's evict variant): a step of a bigger model evicts more than
+the one layer priced here, so the figures are the least a step pays.
 
     >>> cost = cold_entry_cost(cold_entry_chains("cpu"))  # doctest: +SKIP
     >>> cost.entry_s, cost.op_s                             # ~4e-6, ~2e-6 here
@@ -104,10 +109,11 @@ def _entry_layer(cold_ops: int, width: int = ENTRY_WIDTH):
     return fx.symbolic_trace(EntryLayer())
 
 
-def cold_entry_chains(device: str = "cpu") -> list[ColdChain]:
+def cold_entry_chains(device: str = "cpu", after_backward: bool = False) -> list[ColdChain]:
     """Each ENTRY_COLD_OPS probe layer timed run once after what a step runs between a
     small layer's forwards at least (`cold_s`: a `neighbour_block`'s forward and backward,
-    then another's forward, the layer before's) and right after its own forward (`warm_s`),
+    then another's forward, the layer before's; `after_backward`: the forward and backward
+    alone, what a step's first layer follows) and right after its own forward (`warm_s`),
     alternating, medians of ENTRY_RUNS; cold ops counted as a layer's are (its overloads
     the block's forward did not run). One thread, grad mode on, fresh inputs each run
     (made untimed, as `planner profile` makes them)."""
@@ -125,7 +131,8 @@ def cold_entry_chains(device: str = "cpu") -> list[ColdChain]:
     def step_between():  # the layer after's forward and backward, the layer before's forward
         out = after(fresh())
         out.backward(torch.ones_like(out))
-        before(fresh())
+        if not after_backward:
+            before(fresh())
 
     chains = []
     with _one_thread(), torch.set_grad_enabled(True):

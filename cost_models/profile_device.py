@@ -417,6 +417,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
         host = host_op_seconds_by_pass("cpu")
         sequence = in_sequence_cost(in_sequence_chains("cpu"))
         cold = cold_entry_cost(cold_entry_chains("cpu"))  # backward's: not written (bench_host_ab)
+        first = cold_entry_cost(cold_entry_chains("cpu", after_backward=True))
         return ClusterSpec(
             name=name, device="cpu", num_nodes=1, devices_per_node=1,
             device_memory_bytes=clusters.total_memory_bytes(),
@@ -431,7 +432,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             host_cores=clusters.host_cores(),
             kernel_calibration=dataclasses.replace(
                 cal, **host.calibration_fields(), **sequence.calibration_fields(),
-                **cold.calibration_fields(),
+                **cold.calibration_fields(), cold_entry_after_backward_host_s=first.entry_s,
                 **checkpoint_host_seconds("cpu").calibration_fields()),
             notes=f"planner profile-device --device cpu: {cal.measured_on}; per-op host fwd "
                   f"{host.forward_s * 1e6:.2f} us ({host.forward_spread:.0%} spread; "
@@ -443,7 +444,8 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
                   f"per autograd node, + per-op excess; in sequence "
                   f"{sequence.op_s * 1e9:.0f} ns per op per distinct op beyond "
                   f"{sequence.knee_distinct_ops:.0f}; cold start {cold.entry_s * 1e6:.2f} us "
-                  f"per layer + {cold.op_s * 1e6:.2f} per cold distinct op); peak FLOP/s = best "
+                  f"per layer ({first.entry_s * 1e6:.2f} after a backward) + "
+                  f"{cold.op_s * 1e6:.2f} per cold distinct op); peak FLOP/s = best "
                   "measured GEMM per dtype; links and DTensor overhead guessed (run "
                   "`planner profile-cluster` to measure them)")
     props = torch.cuda.get_device_properties(torch.cuda.current_device())

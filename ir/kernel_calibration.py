@@ -56,7 +56,7 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "embedding_call_s", "embedding_index_s",
             # what a forward pays per layer for starting after other layers' work
             # (`cost_models.cold_entry_probes`)
-            "cold_entry_host_s")
+            "cold_entry_host_s", "cold_entry_after_backward_host_s")
 
 # Figures kits of 2026-11-24 wrote, always as 0 (per-call forward pricing, which
 # profile-device never turned on and which was removed: bench/bench_host_ab.py); a spec
@@ -182,6 +182,10 @@ class KernelCalibration:
     # `cold_op_host_s` is the same fit's slope per cold op. 0 where not measured (kits
     # before it: `cold_op_host_s` alone, a median per cold op).
     cold_entry_host_s: float = 0.0
+    # ... the entry of a forward that follows a backward (a step's first layer:
+    # `Layer.forward_after_backward`), probed after a backward alone; 0 where not
+    # measured (`cold_entry_host_s` then prices it too).
+    cold_entry_after_backward_host_s: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)

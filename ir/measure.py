@@ -115,6 +115,8 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
     layers = [dataclasses.replace(layer, cold_distinct_ops_bwd=cold_distinct_ops_bwd(
         layer.measured, after.backward_overloads if after else None))
         for layer, after in zip(layers, layers[1:] + [None])]
+    if layers:  # the first forward follows the step before's backward
+        layers[0] = dataclasses.replace(layers[0], forward_after_backward=True)
     if not step_evicts([m.forward_overloads for m in measured.values()],
                        [m.backward_overloads for m in measured.values()]):
         layers = [dataclasses.replace(layer, step_warm=True) for layer in layers]

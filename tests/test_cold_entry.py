@@ -66,13 +66,33 @@ def test_forward_host_adds_the_entry_and_the_cold_ops():
         assert forward_host_seconds(priced, cpu(before), False) == pytest.approx(24 * US)
 
 
+def test_a_forward_after_a_backward_pays_its_own_entry():
+    """The first layer (`forward_after_backward`) with a kit's after-backward entry of 7 us:
+    18 + 7 + 3 x 2 = 31 us; a kit without that figure prices it at the entry, 28 us. Its
+    position key sets it apart from the same structure elsewhere only where the kit has
+    the figure."""
+    from cost_models.host_dispatch import host_position_key
+
+    layer = dataclasses.replace(with_python_nodes(tiny_layer(), 4), cold_distinct_ops_fwd=3)
+    first = dataclasses.replace(layer, forward_after_backward=True)
+    kit = dataclasses.replace(ENTRY, cold_entry_after_backward_host_s=7 * US)
+    assert forward_host_seconds(first, cpu(kit), False) == pytest.approx(31 * US)
+    assert forward_host_seconds(layer, cpu(kit), False) == pytest.approx(28 * US)
+    assert forward_host_seconds(first, cpu(ENTRY), False) == pytest.approx(28 * US)
+    assert host_position_key(first, cpu(kit)) != host_position_key(layer, cpu(kit))
+    assert host_position_key(first, cpu(ENTRY)) == host_position_key(layer, cpu(ENTRY))
+
+
 def test_calibration_json_carries_the_entry_and_loads_without_it():
-    data = json.loads(json.dumps(ENTRY.to_dict()))
-    assert data["cold_entry_host_s"] == 4 * US
-    assert KernelCalibration.from_dict(data) == ENTRY
-    del data["cold_entry_host_s"]
+    kit = dataclasses.replace(ENTRY, cold_entry_after_backward_host_s=7 * US)
+    data = json.loads(json.dumps(kit.to_dict()))
+    assert (data["cold_entry_host_s"], data["cold_entry_after_backward_host_s"]) == (4 * US,
+                                                                                    7 * US)
+    assert KernelCalibration.from_dict(data) == kit
+    del data["cold_entry_host_s"], data["cold_entry_after_backward_host_s"]
     old = KernelCalibration.from_dict(data)
-    assert old.cold_entry_host_s == 0.0 and old.cold_op_host_s == 2 * US
+    assert old.cold_entry_host_s == old.cold_entry_after_backward_host_s == 0.0
+    assert old.cold_op_host_s == 2 * US
     with pytest.raises(Exception, match="cold_entry_host_s"):
         KernelCalibration.from_dict({**data, "cold_entry_host_s": -1.0})
 
@@ -117,6 +137,8 @@ def test_graphs_mark_a_step_that_stays_warm():
     wide = build_layer_graph(Wide(), {"x": torch.randn(2, 8)}, dtype=torch.float32)
     assert all(layer.step_warm for layer in small.layers)
     assert not any(layer.step_warm for layer in wide.layers)
+    assert [layer.forward_after_backward for layer in small.layers] == \
+        [True] + [False] * (len(small.layers) - 1)
 
 
 class NormHead(nn.Module):
@@ -177,8 +199,9 @@ def test_the_probe_counts_cold_ops_as_layers_are_counted():
     block = overloads(ce.neighbour_block())
     assert [len(overloads(ce._entry_layer(k)) - block) for k in ce.ENTRY_COLD_OPS] == \
         list(ce.ENTRY_COLD_OPS)
-    chains = ce.cold_entry_chains("cpu")
-    assert [c.cold_ops for c in chains] == list(ce.ENTRY_COLD_OPS)
-    assert all(0 < c.cold_s < 1e-3 and 0 < c.warm_s < 1e-3 for c in chains)
-    cost = ce.cold_entry_cost(chains)
-    assert cost.entry_s >= 0 and cost.op_s >= 0
+    for after_backward in (False, True):
+        chains = ce.cold_entry_chains("cpu", after_backward=after_backward)
+        assert [c.cold_ops for c in chains] == list(ce.ENTRY_COLD_OPS)
+        assert all(0 < c.cold_s < 1e-3 and 0 < c.warm_s < 1e-3 for c in chains)
+        cost = ce.cold_entry_cost(chains)
+        assert cost.entry_s >= 0 and cost.op_s >= 0
