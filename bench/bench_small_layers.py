@@ -13,6 +13,9 @@ For each unique layer of a zoo model, one thread, the thread clock
             of the same shapes just before the timed one (forward: a forward; backward:
             a forward and backward): its code warm, the timed inputs' data not
   repeat    right after its own previous run (no neighbours): code and data warm
+  evict     the same as step, then EVICT_BYTES written once just before the timed pass
+            (twice this CPU's 32 MiB L3): what a step of a model bigger than the caches
+            leaves of the layer's code, objects and data
 
 so step - data is what the neighbour's eviction of the layer's data costs, data -
 repeat what its code (and the data the touch does not reach: saved activations, grad
@@ -44,6 +47,20 @@ evicts less than the pool's ~40 forward calls), dearer at 23 (1.8 us per op); th
 embedding's 10 us at 1 cold op is no after-backward price. The heads' over-prediction was the count: 6-7 cold ops against the norm alone,
 2-3 against the ops that ran within a cache's worth (`ir.op_count.recent_forward_ops`).
 
+Read again (2026-11-25 04:47 UTC, load 4.5, the step variant after `StepNeighbours`'
+window: a head after the norm AND the block), forward, step / repeat / evict us: gpt-tiny
+mb1 embed 50 / 33 / 149, norm 12 / 8 / 39, head 31 / 23 / 96; llama-tiny embed 16 / 7 /
+72, norm 22 / 16 / 68, head 41 / 25 / 161; t5-tiny encoder_rel_bias 85 / 55 / 234,
+decoder_rel_bias 109 / 59 / 263, encoder_norm 37 / 34 / 105. The cold cost is the layer's
+own code, objects and data re-fetched, and it grows with what ran since the layer last
+did: t5's decoder_rel_bias (output 16 KiB at every micro-batch) reads 93 us at mb1 after
+its neighbours, 104 after 4 MiB more written, 185 after 32 MiB (230 at mb16, whose
+neighbours touch more); a run of another instance of the same layer just before (its
+code warm, its objects not) closes 100 of mb16's 120 us. So a step of a model bigger than
+the last-level cache pays the evict column (3-4x the profile's figure for these layers),
+which neither `planner profile` nor the kit's `cold_entry_probes` (one block's work
+between: ~3.5 us per layer + ~2 per cold op) reproduce: next to price.
+
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_layers.py --model llama-tiny --mb 1
 """
 
@@ -70,6 +87,9 @@ from planner.fmt import table  # noqa: E402
 from bench.bench_kernel_model import traced_graph  # noqa: E402
 
 WARMUP, REPEATS = 3, 15  # median of fifteen after three untimed runs
+# The `evict` variant's sweep: twice the last-level cache here (AMD EPYC, 32 MiB L3 shared
+# by the machine's cores: lscpu), so the layer's lines are out of every cache level.
+EVICT_BYTES = 64 << 20
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                        "small_layers.json")
 
@@ -90,14 +110,16 @@ def _minor_faults() -> int:
 
 
 def time_variant(measurer, index: int, state: dict, factory, variant: str,
-                 repeats: int = REPEATS) -> tuple[float, float]:
+                 repeats: int = REPEATS, layers: list | None = None) -> tuple[float, float]:
     """Median (forward, backward) thread seconds of layer `index` under `variant`, then
-    the median minor page faults of each."""
+    the median minor page faults of each (`layers`: the graph's, for `StepNeighbours`'
+    window of layers before, as `planner profile` passes them)."""
     module = measurer.layer_module(index, state)
-    neighbours = StepNeighbours(measurer, index, factory)
+    neighbours = StepNeighbours(measurer, index, factory, layers)
     if variant == "repeat":
-        neighbours.before = neighbours.after = None
+        neighbours.befores, neighbours.after = [], None
     params = [t for t in state.values() if isinstance(t, torch.Tensor)]
+    sweep = torch.empty(EVICT_BYTES // 4) if variant == "evict" else None
     fwd, bwd, faults = [], [], []
     for rep in range(WARMUP + repeats):
         _clear_grads(state)
@@ -107,6 +129,8 @@ def time_variant(measurer, index: int, state: dict, factory, variant: str,
             _touch(params + [t for t in inputs if isinstance(t, torch.Tensor)])
         if variant == "code":
             module(*measurer.fresh_inputs(index, state, factory))
+        if sweep is not None:
+            sweep.fill_(1.0)
         flt = _minor_faults()
         start = time.thread_time()
         returned = module(*inputs)
@@ -123,6 +147,8 @@ def time_variant(measurer, index: int, state: dict, factory, variant: str,
             if other:
                 torch.autograd.backward(other, [torch.ones_like(t) for t in other])
             _clear_grads(state)
+        if sweep is not None:
+            sweep.fill_(1.0)
         flt_back = _minor_faults()
         back = time.thread_time()
         if outs:
@@ -216,11 +242,12 @@ def main(argv=None) -> int:
                 continue
             seen.add(layer.structural_hash)
             state = measurer.layer_state(i, factory)
-            # one alternation of the three, twice: a slow spell hits them alike
-            times = {v: [] for v in ("step", "data", "code", "repeat")}
+            # one alternation of the five, twice: a slow spell hits them alike
+            times = {v: [] for v in ("step", "data", "code", "repeat", "evict")}
             for _ in range(2):
                 for v in times:
-                    times[v].append(time_variant(measurer, i, state, factory, v))
+                    times[v].append(time_variant(measurer, i, state, factory, v,
+                                                 layers=graph.layers))
             med = {v: tuple(min(t[p] for t in ts) for p in range(4)) for v, ts in times.items()}
             for p, phase in enumerate(("fwd", "bwd")):
                 rows.append({"model": args.model, "micro_batch": args.mb, "layer": layer.name,
@@ -228,11 +255,11 @@ def main(argv=None) -> int:
                              "input_bytes": layer.input_bytes,
                              **{f"{v}_s": med[v][p] for v in med},
                              **{f"{v}_faults": med[v][p + 2] for v in med}})
-    print(table(["layer", "phase", "step us", "data us", "code us", "repeat us",
+    print(table(["layer", "phase", "step us", "data us", "code us", "repeat us", "evict us",
                  "step-data", "data-repeat", "code-repeat", "faults step/repeat"],
                 [[r["layer"], r["phase"], f"{r['step_s'] * 1e6:.1f}",
                   f"{r['data_s'] * 1e6:.1f}", f"{r['code_s'] * 1e6:.1f}",
-                  f"{r['repeat_s'] * 1e6:.1f}",
+                  f"{r['repeat_s'] * 1e6:.1f}", f"{r['evict_s'] * 1e6:.1f}",
                   f"{(r['step_s'] - r['data_s']) * 1e6:.1f}",
                   f"{(r['data_s'] - r['repeat_s']) * 1e6:.1f}",
                   f"{(r['code_s'] - r['repeat_s']) * 1e6:.1f}",

@@ -37,7 +37,12 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     (`distinct_ops_fwd`; every figure above is a tight loop's); where it measured
     `cold_op_host_s`, the distinct ops the layer before did not run x per cold op
     (`cold_distinct_ops_fwd`: a step runs them with their code and data out of the
-    caches; every figure above is a warm run's). A kit without parts: ops
+    caches; every figure above is a warm run's), + where it measured
+    `cold_entry_host_s`, that once (the layer's own code and objects: a final norm with
+    no cold op still paid ~6 us after its step neighbour;
+    `cold_entry_after_backward_host_s` instead for a forward after a backward,
+    `forward_after_backward`); neither where a whole step's ops stay in the caches
+    (`Layer.step_warm`). A kit without parts: ops
     x `host_op_seconds`. (Pricing ops per Python-level call and per op inside a C++
     composite instead missed more layers: bench/bench_host_ab.py, 2026-11-25.)"""
     cal = cluster.kernel_calibration
@@ -60,8 +65,15 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     # In sequence (cost_models.sequence_probes.in_sequence_cost): distinct ops beyond the knee
     host_s += layer.ops_fwd * in_sequence_extra_per_op_s(
         cal.in_sequence_op_host_s, cal.in_sequence_knee_distinct_ops, layer.distinct_ops_fwd)
-    # Cold (cost_models.sequence_probes.cold_op_cost): ops the layer before did not run
-    return host_s + layer.cold_distinct_ops_fwd * cal.cold_op_host_s
+    if layer.step_warm and cal.cold_entry_host_s > 0:  # kits before the entry: as they did
+        return host_s  # a whole step's ops stay in the caches (ir.op_count.step_evicts)
+    # Cold (cost_models.cold_entry_probes.cold_entry_cost; kits before it, without the
+    # entry: sequence_probes.cold_op_cost): the layer's start + ops the layers before did
+    # not run
+    entry_s = (cal.cold_entry_after_backward_host_s
+               if layer.forward_after_backward and cal.cold_entry_after_backward_host_s > 0
+               else cal.cold_entry_host_s)
+    return host_s + entry_s + layer.cold_distinct_ops_fwd * cal.cold_op_host_s
 
 
 def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
@@ -73,9 +85,13 @@ def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
     if cal is None:
         return ()
     forward, backward = layer.host_position
-    return ((forward if cal.cold_op_host_s > 0 else None,
+    first_apart = cal.cold_entry_after_backward_host_s > 0  # the first layer's entry is its own
+    if first_apart:
+        forward = (forward, layer.forward_after_backward)
+    forward_priced = cal.cold_op_host_s > 0 or first_apart
+    return ((forward if forward_priced else None,
              backward if cal.cold_backward_op_host_s > 0 else None)
-            if cal.cold_op_host_s > 0 or cal.cold_backward_op_host_s > 0 else ())
+            if forward_priced or cal.cold_backward_op_host_s > 0 else ())
 
 
 def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:

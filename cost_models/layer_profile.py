@@ -30,6 +30,7 @@ from ir.errors import PlannerError
 from ir.graph_measurer import GraphMeasurer, _clear_grads
 from ir.layer import LayerGraph
 from ir.measure import layer_graph_from_trace
+from ir.op_count import recent_window_layers
 from ir.stand_in import TensorFactory, real_factory
 from ir.trace import trace
 
@@ -95,7 +96,7 @@ def profile_graph(graph: LayerGraph, measurer: GraphMeasurer, device: str, *,
         engine = EngineSampler(device, time.perf_counter)
         forward_s, backward_s = time_layer(measurer, i, state, factory, device,
                                            warmup=warmup, repeats=repeats, name=layer.name,
-                                           engine=engine)
+                                           engine=engine, layers=graph.layers)
         start = (engine.result(ENGINE_SPREAD_BLOCKS) if engine.samples[ENGINE_PROBE_OPS[0]]
                  else None)
         seen[layer.structural_hash] = True
@@ -115,7 +116,8 @@ def profile_graph(graph: LayerGraph, measurer: GraphMeasurer, device: str, *,
 def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: TensorFactory,
                device: str, *, warmup: int, repeats: int,
                name: str | None = None,
-               engine: EngineSampler | None = None) -> tuple[float, float]:
+               engine: EngineSampler | None = None,
+               layers: list | None = None) -> tuple[float, float]:
     """Median (forward, backward) seconds of layer `index` over `repeats` runs after
     `warmup` untimed ones (the instrumented `measure_layer` run before them warms up too).
     The forward is the layer's own GraphModule (`GraphMeasurer.layer_module`: generated
@@ -124,8 +126,9 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     of Python per node, which no training step pays. The runs go without the FLOP and op
     counters and saved-tensor hooks: they cost a Python call per op, more than a small
     op itself. Each timed pass follows, untimed, the work a step runs just before it
-    (`StepNeighbours`: the layer before's forward; the layer after's forward and
-    backward). The backward leaves out the autograd engine's start: a step pays it once
+    (`StepNeighbours`: the forwards of the layers before whose ops a step leaves warm,
+    read off `layers` (the graph's, else the layer before alone); the layer after's
+    forward and backward). The backward leaves out the autograd engine's start: a step pays it once
     per micro-batch and stage, not once per layer, and the compute model sums layers. It
     is measured right after these runs, on this clock: ENGINE_ROUNDS_PER_REPEAT rounds of
     `autograd_engine.EngineSampler`'s probe graphs per run, the line through them giving
@@ -142,7 +145,7 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     module = measurer.layer_module(index, state)
     engine = engine if engine is not None else EngineSampler(device, time.perf_counter)
-    neighbours = StepNeighbours(measurer, index, factory, device)  # as a step runs it
+    neighbours = StepNeighbours(measurer, index, factory, layers, device)  # as a step runs it
     forward_s, backward_s = [], []
     for rep in range(warmup + repeats):
         _clear_grads(state)  # a step's first micro-batch: no gradient to accumulate into
@@ -199,24 +202,41 @@ def step_neighbours(measurer: GraphMeasurer, index: int) -> tuple[int | None, in
     return most_common(-1), most_common(+1)
 
 
+def forward_window(layers: list, before: int | None) -> list[int]:
+    """The layers whose forwards a step runs, in order, just before the forward of the layer
+    after `before` and leaves warm for it (`ir.op_count.recent_window_layers` over their
+    forward ops, `Layer.measured.forward_overloads`: the ones `Layer.cold_distinct_ops_fwd`
+    is counted against), ending with `before`; [] for None (the step's first layer)."""
+    if before is None:
+        return []
+    previous = [layers[j].measured.forward_overloads for j in range(before, -1, -1)]
+    return list(range(before - recent_window_layers(previous) + 1, before + 1))
+
+
 class StepNeighbours:
     """Runs, untimed, what a step runs between a layer's work and that of its neighbour
-    (`step_neighbours`): the forward of the layer before it ahead of its timed forward;
-    the forward and backward of the layer after it between its timed forward and
-    backward. A layer timed right after its own backward, as `time_layer` ran each
-    before, pays for code a step runs warm (bench/bench_in_sequence.py: 3-7 us per
-    distinct op run once after other code), and one timed after nothing misses what a
-    step's neighbours evict (each neighbour's state is materialised too)."""
+    (`step_neighbours`): the forwards of the layers before it ahead of its timed forward
+    (`forward_window` where `layers`, the graph's, are given: a head after a norm after a
+    block, as the cold ops are counted; else the layer before alone); the forward and
+    backward of the layer after it between its timed forward and backward. A layer timed
+    right after its own backward, as `time_layer` ran each before, pays for code a step
+    runs warm (bench/bench_in_sequence.py: 3-7 us per distinct op run once after other
+    code), and one timed after nothing misses what a step's neighbours evict (each
+    neighbour's state is materialised too). A head timed after the norm alone ran warmer
+    than in a step (gpt-tiny, thread clock, load 1-4, 2026-11-25: 24 / 44 / 125 us at
+    micro-batch 1 / 4 / 16 profiled, 35 / 63 / 194 in whole steps: bench_host_ab.py)."""
 
     def __init__(self, measurer: GraphMeasurer, index: int, factory: TensorFactory,
-                 device: str = "cpu"):
+                 layers: list | None = None, device: str = "cpu"):
         self.measurer, self.factory, self.device = measurer, factory, device
         before, after = step_neighbours(measurer, index)
+        self.befores = (forward_window(layers, before) if layers is not None
+                        else [] if before is None else [before])
         self.runs = {}  # index -> (its module, its state)
-        for j in {before, after} - {None}:
+        for j in set(self.befores) | ({after} - {None}):
             state = measurer.layer_state(j, factory)
             self.runs[j] = (measurer.layer_module(j, state), state)
-        self.before, self.after = before, after
+        self.after = after
 
     def _forward(self, j: int) -> list[torch.Tensor]:
         module, state = self.runs[j]
@@ -225,8 +245,8 @@ class StepNeighbours:
             j, state, self.factory)))
 
     def before_forward(self) -> None:
-        if self.before is not None:
-            self._forward(self.before)
+        for j in self.befores:  # in step order; each output dropped as the next runs
+            self._forward(j)
 
     def before_backward(self) -> None:
         """The layer after's forward then its backward, as a step runs them between this

@@ -65,8 +65,8 @@ from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.checkpoint_probes import checkpoint_host_seconds
 from cost_models.host_probes import autograd_call_s, host_op_seconds_by_pass, probe_clock
 from cost_models.pipeline_probes import pipeline_action_host_s
-from cost_models.sequence_probes import (cold_chains, cold_op_cost, in_sequence_chains,
-                                         in_sequence_cost)
+from cost_models.cold_entry_probes import cold_entry_chains, cold_entry_cost
+from cost_models.sequence_probes import in_sequence_chains, in_sequence_cost
 from cost_models.item_probes import (probe_embedding_backward, probe_embedding_bag,
                                      probe_embedding_forward, probe_random_element_s)
 
@@ -423,7 +423,8 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
         # evicted: 0 after dlrm's tables or mlp-small's forward, 2-3 us after a head or a
         # block; one figure (2.6 us) moved 14 passes within 15% and 10 out
         # (bench/bench_small_backward.py --all, 2026-11-25, load 3-8)
-        cold_op_s = cold_op_cost(cold_chains("cpu"))
+        cold = cold_entry_cost(cold_entry_chains("cpu"))
+        first = cold_entry_cost(cold_entry_chains("cpu", after_backward=True))
         return ClusterSpec(
             name=name, device="cpu", num_nodes=1, devices_per_node=1,
             device_memory_bytes=clusters.total_memory_bytes(),
@@ -438,7 +439,8 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             host_cores=clusters.host_cores(),
             kernel_calibration=dataclasses.replace(
                 cal, **host.calibration_fields(), **sequence.calibration_fields(),
-                cold_op_host_s=cold_op_s, autograd_call_host_s=autograd_call_s("cpu"),
+                **cold.calibration_fields(), cold_entry_after_backward_host_s=first.entry_s,
+                autograd_call_host_s=autograd_call_s("cpu"),
                 pipeline_action_host_s=pipeline_action_host_s("cpu"),
                 **checkpoint_host_seconds("cpu").calibration_fields()),
             notes=f"planner profile-device --device cpu: {cal.measured_on}; per-op host fwd "
@@ -450,8 +452,9 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
                   f"{host.backward_view_op_s * 1e6:.2f} per view, {host.backward_node_s * 1e6:.2f} "
                   f"per autograd node, + per-op excess; in sequence "
                   f"{sequence.op_s * 1e9:.0f} ns per op per distinct op beyond "
-                  f"{sequence.knee_distinct_ops:.0f}, {cold_op_s * 1e6:.2f} us per cold "
-                  "distinct op); peak FLOP/s = best "
+                  f"{sequence.knee_distinct_ops:.0f}; cold start {cold.entry_s * 1e6:.2f} us "
+                  f"per layer ({first.entry_s * 1e6:.2f} after a backward) + "
+                  f"{cold.op_s * 1e6:.2f} per cold distinct op); peak FLOP/s = best "
                   "measured GEMM per dtype; links and DTensor overhead guessed (run "
                   "`planner profile-cluster` to measure them)")
     props = torch.cuda.get_device_properties(torch.cuda.current_device())

@@ -34,7 +34,10 @@ not run). On this CPU (2026-11-25, load 5-8), forward: 5.2-5.4, 3.6, 2.1, 1.9-2.
 the others all ran, 0 cold, still paid 2 us); backward: 1.9-2.1, 1.0, 0.6-0.9, 0.7-0.8,
 0.6 us at 1, 2, 4, 5, 11, median 0.7-0.9 us. After a backward instead of a forward (what
 the first layer's forward follows in a step) the forward figure was 7-13 us at 1-4
-distinct ops, 2.3-4.5 at 11-29: not priced apart.
+distinct ops, 2.3-4.5 at 11-29: not priced apart. profile-device writes the forward's
+cold figures from `cost_models.cold_entry_probes` instead (an entry per layer + a slope
+per cold op, after a layer's work with module calls: this median read a curved line and
+a neighbour of bare calls); `cold_op_cost` stays for the backward chains.
 
     >>> cost = in_sequence_cost(in_sequence_chains("cpu", grad=True))  # doctest: +SKIP
     >>> cost.op_s, cost.knee_distinct_ops                               # ~5e-8, ~16

@@ -56,7 +56,10 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             # an embedding's forward (`item_probes.probe_embedding_forward`)
             "embedding_call_s", "embedding_index_s",
             # the pool the fresh-output probe's blocks rotated over (`cost_models.fresh_output`)
-            "fresh_output_pool_bytes")
+            "fresh_output_pool_bytes",
+            # what a forward pays per layer for starting after other layers' work
+            # (`cost_models.cold_entry_probes`)
+            "cold_entry_host_s", "cold_entry_after_backward_host_s")
 
 # Figures kits of 2026-11-24 wrote, always as 0 (per-call forward pricing, which
 # profile-device never turned on and which was removed: bench/bench_host_ab.py); a spec
@@ -187,6 +190,17 @@ class KernelCalibration:
     # .fresh_pool_bytes`: twice the CPU's last-level cache, read from sysfs), for the
     # record; 0 where not measured (GPUs; CPU kits before it).
     fresh_output_pool_bytes: float = 0.0
+
+    # ---- a forward started after other layers' work (`cost_models.cold_entry_probes
+    # .cold_entry_cost`): host seconds per layer over the same forward run right after
+    # itself, its code and objects out of the caches, whatever its cold ops; where > 0,
+    # `cold_op_host_s` is the same fit's slope per cold op. 0 where not measured (kits
+    # before it: `cold_op_host_s` alone, a median per cold op).
+    cold_entry_host_s: float = 0.0
+    # ... the entry of a forward that follows a backward (a step's first layer:
+    # `Layer.forward_after_backward`), probed after a backward alone; 0 where not
+    # measured (`cold_entry_host_s` then prices it too).
+    cold_entry_after_backward_host_s: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)

@@ -205,6 +205,14 @@ class Layer:
     # ... and of its backward, in backward order: those the layer after's backward did not
     # run; for the last, those its own forward did not (`ir.op_count.cold_distinct_ops_bwd`).
     cold_distinct_ops_bwd: int = 0
+    # Whether a whole step's distinct ops fit in the caches (`ir.op_count.step_evicts`
+    # false: mlp-small's 12): then its forward starts warm and nothing of it is priced cold
+    # (`cost_models.host_dispatch.forward_host_seconds`); False where not counted.
+    step_warm: bool = False
+    # Whether its forward follows a backward, not another layer's forward (a step's first
+    # layer: the step before ends with its backward, then the optimizer); its cold ops are
+    # those its backward did not run (`ir.op_count.cold_distinct_ops`).
+    forward_after_backward: bool = False
 
     def __getattr__(self, name: str):
         # Reached only when no field matches: a measured figure reads as the layer's own.
@@ -220,7 +228,8 @@ class Layer:
         names, cold-op counts): equal for a stack's blocks, whose memory and kernels do not
         depend on their place."""
         return dataclasses.replace(self, name="", index=0, param_names=(),
-                                   cold_distinct_ops_fwd=0, cold_distinct_ops_bwd=0)
+                                   cold_distinct_ops_fwd=0, cold_distinct_ops_bwd=0,
+                                   forward_after_backward=False)
 
     @property
     def host_position(self) -> tuple[int, int]:

@@ -26,7 +26,8 @@ from ir.graph_measurer import GraphMeasurer
 from ir.layer import Layer, LayerGraph, LayerMeasurement, TPStyle
 from ir.layers import _is_block_stack
 from ir.legality import sequence_parallel_problem, takes_one_positional_input
-from ir.op_count import cold_distinct_ops, cold_distinct_ops_bwd, recent_forward_ops
+from ir.op_count import (cold_distinct_ops, cold_distinct_ops_bwd, recent_forward_ops,
+                         step_evicts)
 from ir.ownership import names_in_layers
 from ir.plan import layer_digest
 from ir.saved_tensors import tensor_leaves, value_nbytes
@@ -114,6 +115,11 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
     layers = [dataclasses.replace(layer, cold_distinct_ops_bwd=cold_distinct_ops_bwd(
         layer.measured, after.backward_overloads if after else None))
         for layer, after in zip(layers, layers[1:] + [None])]
+    if layers:  # the first forward follows the step before's backward
+        layers[0] = dataclasses.replace(layers[0], forward_after_backward=True)
+    if not step_evicts([m.forward_overloads for m in measured.values()],
+                       [m.backward_overloads for m in measured.values()]):
+        layers = [dataclasses.replace(layer, step_warm=True) for layer in layers]
     edges, cuts = _edges_and_cuts(measurer)
     num_params = sum(p.numel() for p in root.parameters())
     seq_len = _seq_len(inputs) if seq_len == -1 else seq_len

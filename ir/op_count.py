@@ -81,21 +81,40 @@ class OpCounter(TorchDispatchMode):
 COLD_WINDOW_DISTINCT_OPS = 16
 
 
-def recent_forward_ops(previous: list[frozenset[str]]) -> frozenset[str] | None:
-    """The forward ops warm when a layer starts: those of the layers before it (`previous`,
-    nearest first), the layer before always, earlier ones while fewer than
-    COLD_WINDOW_DISTINCT_OPS distinct ops ran since (a norm between a block and a head
-    leaves the block's matmul warm: llama-tiny's head ran 2 us of cold code at 2 cold ops
-    counted so, where the layer before alone counts 6: bench/bench_small_layers.py,
-    2026-11-25). None: no layer before (`cold_distinct_ops`' first layer)."""
+def recent_window_layers(previous: list[frozenset[str]]) -> int:
+    """How many of the layers before a layer (`previous`, their forward ops, nearest
+    first) leave their ops warm when it starts: the layer before always, earlier ones while
+    fewer than COLD_WINDOW_DISTINCT_OPS distinct ops ran since (a norm between a block and
+    a head leaves the block's matmul warm: llama-tiny's head ran 2 us of cold code at 2
+    cold ops counted so, where the layer before alone counts 6:
+    bench/bench_small_layers.py, 2026-11-25). `recent_forward_ops` counts against them,
+    `cost_models.layer_profile.StepNeighbours` runs them before a timed forward."""
     if not previous:
-        return None
-    ran = previous[0]
+        return 0
+    ran, layers = previous[0], 1
     for earlier in previous[1:]:
         if len(ran) >= COLD_WINDOW_DISTINCT_OPS:
             break
-        ran = ran | earlier
-    return ran
+        ran, layers = ran | earlier, layers + 1
+    return layers
+
+
+def recent_forward_ops(previous: list[frozenset[str]]) -> frozenset[str] | None:
+    """The forward ops warm when a layer starts: those of the `recent_window_layers`
+    layers before it (`previous`, nearest first). None: no layer before
+    (`cold_distinct_ops`' first layer)."""
+    if not previous:
+        return None
+    return frozenset().union(*previous[:recent_window_layers(previous)])
+
+
+def step_evicts(forward_ops: list[frozenset[str]], backward_ops: list[frozenset[str]]) -> bool:
+    """Whether a step's distinct ops (every layer's forward and backward ops) are more than
+    a cache holds (COLD_WINDOW_DISTINCT_OPS): then each layer's forward starts with its code
+    and objects out of the caches; else the whole step stays warm (`Layer.step_warm`:
+    mlp-small, 12 distinct ops, whose layers' forwards ran within 3 us of right after
+    themselves: bench/bench_small_layers.py, 2026-11-25)."""
+    return len(frozenset().union(*forward_ops, *backward_ops)) > COLD_WINDOW_DISTINCT_OPS
 
 
 def cold_distinct_ops(measured, before: frozenset[str] | None) -> int:

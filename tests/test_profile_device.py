@@ -98,6 +98,11 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     # host's two runs came out alike (the term then adds 0; no pricing branch reads it).
     assert 0 <= cal.in_sequence_op_host_s < 1e-6
     assert 0 <= cal.in_sequence_knee_distinct_ops < 48
+    # A forward started after a layer's work (cold_entry_probes: ~4 us per layer + ~2 per
+    # cold op here), both written, both >= 0 (the fit clamps), under 1 ms.
+    assert 0 <= cal.cold_entry_host_s < 1e-3 and 0 <= cal.cold_op_host_s < 1e-3
+    assert cal.cold_entry_host_s + cal.cold_op_host_s > 0
+    assert 0 <= cal.cold_entry_after_backward_host_s < 1e-3  # a step's first layer's
     # The backward in parts (views, other ops, autograd nodes) and the per-call excess of
     # every listed op (exact GELU's backward: microseconds on any CPU; the others >= 0).
     assert 0 < cal.backward_view_host_op_s < 1e-3 and 0 < cal.backward_nonview_host_op_s < 1e-3

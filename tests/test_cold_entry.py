@@ -1,0 +1,207 @@
+"""A forward started after other layers' work (`cost_models.cold_entry_probes`): the fit
+of an entry per layer + a slope per cold op, the probe that measures it, the forward host
+term that prices it (`host_dispatch.forward_host_seconds`), a step whose ops all fit in
+the caches (`ir.op_count.step_evicts`, `Layer.step_warm`), the spec field, and `planner
+profile` running the layers before a timed forward whose ops a step leaves warm
+(`layer_profile.forward_window`, `StepNeighbours`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from cost_models import cold_entry_probes as ce
+from cost_models.host_dispatch import forward_host_seconds
+from cost_models.layer_profile import StepNeighbours, forward_window
+from cost_models.sequence_probes import ColdChain
+from ir.kernel_calibration import KernelCalibration
+from ir.measure import build_layer_graph, layer_graph_from_trace
+from ir.op_count import COLD_WINDOW_DISTINCT_OPS, OpCounter, step_evicts
+from ir.stand_in import real_factory
+from ir.trace import trace
+from tests.test_forward_host import FORWARD_PARTS, with_python_nodes
+from tests.test_host_split import US, cpu, tiny_layer
+
+ENTRY = dataclasses.replace(FORWARD_PARTS, cold_entry_host_s=4 * US, cold_op_host_s=2 * US)
+
+
+def test_the_fit_is_an_entry_per_layer_and_a_slope_per_cold_op():
+    """On a line: (0 cold ops, 4 us), (2, 8), (4, 12): entry 4 us, 2 us per cold op, no
+    miss. Off it, (0, 5), (2, 7), (4, 12): x mean 2, y mean 8; slope = (-2 x -3 + 0 + 2 x
+    4) / (4 + 0 + 4) = 14 / 8 = 1.75 us, entry 8 - 1.75 x 2 = 4.5 us; misses 0.5, -1,
+    0.5: rms sqrt(1.5 / 3) us. Falling: flat at the mean (10 us). Below the origin:
+    through it, sum(xy) / sum(x^2) = (2 x 1 + 4 x 6) / 20 = 1.3 us."""
+    def chains(*points):
+        return [ColdChain(n, (10 + extra) * US, 10 * US) for n, extra in points]
+
+    cost = ce.cold_entry_cost(chains((0, 4), (2, 8), (4, 12)))
+    assert (cost.entry_s, cost.op_s, cost.residual_s) == pytest.approx((4 * US, 2 * US, 0.0))
+    cost = ce.cold_entry_cost(chains((0, 5), (2, 7), (4, 12)))
+    assert (cost.entry_s, cost.op_s) == pytest.approx((4.5 * US, 1.75 * US))
+    assert cost.residual_s == pytest.approx((1.5 / 3) ** 0.5 * US)
+    assert ce.cold_entry_cost(chains((0, 12), (4, 8))).entry_s == pytest.approx(10 * US)
+    assert ce.cold_entry_cost(chains((0, 12), (4, 8))).op_s == 0.0
+    cost = ce.cold_entry_cost(chains((0, -3), (2, 1), (4, 6)))
+    assert (cost.entry_s, cost.op_s) == pytest.approx((0.0, 1.3 * US))
+    assert cost.calibration_fields() == {"cold_entry_host_s": 0.0, "cold_op_host_s": cost.op_s}
+
+
+def test_forward_host_adds_the_entry_and_the_cold_ops():
+    """`tiny_layer`'s 18 us (tests/test_forward_host.py) + the entry 4 + 3 cold ops x 2 =
+    28 us; no cold op: 22 us (the entry alone). A step whose ops all stay warm
+    (`step_warm`): 18 us. A kit without the entry (0): the cold ops alone, step_warm or not,
+    as kits before it priced (18 + 6 = 24 us)."""
+    layer = with_python_nodes(tiny_layer(), 4)
+    cold = dataclasses.replace(layer, cold_distinct_ops_fwd=3)
+    assert forward_host_seconds(cold, cpu(ENTRY), False) == pytest.approx(28 * US)
+    assert forward_host_seconds(layer, cpu(ENTRY), False) == pytest.approx(22 * US)
+    warm = dataclasses.replace(cold, step_warm=True)
+    assert forward_host_seconds(warm, cpu(ENTRY), False) == pytest.approx(18 * US)
+    before = dataclasses.replace(ENTRY, cold_entry_host_s=0.0)
+    for priced in (cold, warm):
+        assert forward_host_seconds(priced, cpu(before), False) == pytest.approx(24 * US)
+
+
+def test_a_forward_after_a_backward_pays_its_own_entry():
+    """The first layer (`forward_after_backward`) with a kit's after-backward entry of 7 us:
+    18 + 7 + 3 x 2 = 31 us; a kit without that figure prices it at the entry, 28 us. Its
+    position key sets it apart from the same structure elsewhere only where the kit has
+    the figure."""
+    from cost_models.host_dispatch import host_position_key
+
+    layer = dataclasses.replace(with_python_nodes(tiny_layer(), 4), cold_distinct_ops_fwd=3)
+    first = dataclasses.replace(layer, forward_after_backward=True)
+    kit = dataclasses.replace(ENTRY, cold_entry_after_backward_host_s=7 * US)
+    assert forward_host_seconds(first, cpu(kit), False) == pytest.approx(31 * US)
+    assert forward_host_seconds(layer, cpu(kit), False) == pytest.approx(28 * US)
+    assert forward_host_seconds(first, cpu(ENTRY), False) == pytest.approx(28 * US)
+    assert host_position_key(first, cpu(kit)) != host_position_key(layer, cpu(kit))
+    assert host_position_key(first, cpu(ENTRY)) == host_position_key(layer, cpu(ENTRY))
+
+
+def test_calibration_json_carries_the_entry_and_loads_without_it():
+    kit = dataclasses.replace(ENTRY, cold_entry_after_backward_host_s=7 * US)
+    data = json.loads(json.dumps(kit.to_dict()))
+    assert (data["cold_entry_host_s"], data["cold_entry_after_backward_host_s"]) == (4 * US,
+                                                                                    7 * US)
+    assert KernelCalibration.from_dict(data) == kit
+    del data["cold_entry_host_s"], data["cold_entry_after_backward_host_s"]
+    old = KernelCalibration.from_dict(data)
+    assert old.cold_entry_host_s == old.cold_entry_after_backward_host_s == 0.0
+    assert old.cold_op_host_s == 2 * US
+    with pytest.raises(Exception, match="cold_entry_host_s"):
+        KernelCalibration.from_dict({**data, "cold_entry_host_s": -1.0})
+
+
+def test_a_step_evicts_when_its_ops_are_more_than_the_window():
+    """Forward and backward ops together: the window's size stays warm, one more evicts."""
+    fwd = [frozenset(f"f{i}" for i in range(COLD_WINDOW_DISTINCT_OPS - 4))]
+    bwd = [frozenset({"b0", "b1", "b2"}), frozenset({"b3", "f0"})]
+    assert not step_evicts(fwd, bwd)  # window - 4 + 4 distinct
+    assert step_evicts(fwd, bwd + [frozenset({"b4"})])
+
+
+class Wide(nn.Module):
+    """As many distinct forward ops as the window (16: layer norm, addmm, the unary ops...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.fc = nn.LayerNorm(8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        x = self.fc(self.norm(x))
+        for call in (torch.tanh, torch.sigmoid, torch.exp, torch.erf, torch.sin, torch.cos,
+                     torch.neg, torch.abs, torch.relu, torch.nn.functional.silu,
+                     torch.nn.functional.elu, torch.nn.functional.gelu):
+            x = call(x)
+        return x
+
+
+class Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_graphs_mark_a_step_that_stays_warm():
+    """Two Linears and a ReLU: a handful of distinct ops, the step stays warm; `Wide`'s
+    step evicts: its layers are priced cold."""
+    small = build_layer_graph(Small(), {"x": torch.randn(2, 8)}, dtype=torch.float32)
+    wide = build_layer_graph(Wide(), {"x": torch.randn(2, 8)}, dtype=torch.float32)
+    assert all(layer.step_warm for layer in small.layers)
+    assert not any(layer.step_warm for layer in wide.layers)
+    assert [layer.forward_after_backward for layer in small.layers] == \
+        [True] + [False] * (len(small.layers) - 1)
+
+
+class NormHead(nn.Module):
+    """Three blocks of `Wide` (each a window's worth of distinct ops), a norm, a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Wide() for _ in range(3))
+        self.norm, self.head = nn.LayerNorm(8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def _measured(module):
+    inputs = {"x": torch.randn(2, 8, requires_grad=True)}
+    traced = trace(module, inputs, None, None, dtype=torch.float32)
+    return layer_graph_from_trace(traced, inputs, None, name="t", dtype=torch.float32)
+
+
+def test_the_profile_runs_the_layers_before_whose_ops_stay_warm():
+    """The head (index 4) follows the norm (1 distinct op, fewer than the window) and the
+    last block: both run before its timed forward, the block first; a block follows one
+    block (a window's worth of ops); the first layer follows nothing. Without the
+    graph's layers (older callers), the layer before alone."""
+    graph, measurer = _measured(NormHead())
+    assert [layer.name for layer in graph.layers] == [
+        "blocks.0", "blocks.1", "blocks.2", "norm", "head"]
+    assert graph.layers[0].distinct_ops_fwd >= COLD_WINDOW_DISTINCT_OPS
+    assert forward_window(graph.layers, 3) == [2, 3]
+    assert forward_window(graph.layers, 1) == [1]
+    assert forward_window(graph.layers, None) == []
+    factory = real_factory("cpu")
+    assert StepNeighbours(measurer, 4, factory, graph.layers).befores == [2, 3]
+    assert StepNeighbours(measurer, 4, factory).befores == [3]
+    assert StepNeighbours(measurer, 1, factory, graph.layers).befores == [0]  # blocks.0
+    ran = []
+    neighbours = StepNeighbours(measurer, 4, factory, graph.layers)
+    assert set(neighbours.runs) == {2, 3}  # their modules and states made (no layer after)
+    neighbours._forward = ran.append
+    neighbours.before_forward()
+    assert ran == [2, 3]
+
+
+def test_the_probe_counts_cold_ops_as_layers_are_counted():
+    """Each probe layer's cold ops are its overloads less the neighbour block's, counted
+    with the dispatch counter a layer's forward runs under: exactly ENTRY_COLD_OPS (the
+    unary ops the block does not run; its LayerNorm the block does). Timings positive and
+    below 1 ms; the fit's figures >= 0."""
+    def overloads(module):
+        counter = OpCounter()
+        with counter, torch.enable_grad():
+            module(torch.randn(1, ce.ENTRY_TOKENS, ce.ENTRY_WIDTH, requires_grad=True))
+        return counter.overload_names
+
+    block = overloads(ce.neighbour_block())
+    assert [len(overloads(ce._entry_layer(k)) - block) for k in ce.ENTRY_COLD_OPS] == \
+        list(ce.ENTRY_COLD_OPS)
+    for after_backward in (False, True):
+        chains = ce.cold_entry_chains("cpu", after_backward=after_backward)
+        assert [c.cold_ops for c in chains] == list(ce.ENTRY_COLD_OPS)
+        assert all(0 < c.cold_s < 1e-3 and 0 < c.warm_s < 1e-3 for c in chains)
+        cost = ce.cold_entry_cost(chains)
+        assert cost.entry_s >= 0 and cost.op_s >= 0
