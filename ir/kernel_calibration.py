@@ -55,7 +55,9 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             # an embedding's forward (`item_probes.probe_embedding_forward`)
             "embedding_call_s", "embedding_index_s",
             # the pool the fresh-output probe's blocks rotated over (`cost_models.fresh_output`)
-            "fresh_output_pool_bytes")
+            "fresh_output_pool_bytes",
+            # tied copies' gradient sum after backward (`cost_models.tied_sync`)
+            "tied_sum_host_s", "tied_sum_s_per_byte")
 
 # Figures kits of 2026-11-24 wrote, always as 0 (per-call forward pricing, which
 # profile-device never turned on and which was removed: bench/bench_host_ab.py); a spec
@@ -178,6 +180,14 @@ class KernelCalibration:
     # .fresh_pool_bytes`: twice the CPU's last-level cache, read from sysfs), for the
     # record; 0 where not measured (GPUs; CPU kits before it).
     fresh_output_pool_bytes: float = 0.0
+
+    # ---- tied copies' gradient sum after backward (`cost_models.tied_sync
+    # .probe_tied_sum`): `executors.tied.TiedGradients.sync` on two fresh gradients of a
+    # few MiB, out of the caches, fitted as seconds per call + seconds per byte it moves
+    # (reads and writes: `tied_sync.sum_traffic_bytes`); 0 where not measured (GPU
+    # presets, older kits: the sum is then not priced).
+    tied_sum_host_s: float = 0.0
+    tied_sum_s_per_byte: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)

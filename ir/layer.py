@@ -189,6 +189,10 @@ class Layer:
     tied_params: int = 0
     tied_tp_params: int = 0
     tied_param_names: tuple[str, ...] = ()
+    # Per name above, the index of the layer that owns the shared tensor (its first user):
+    # with it, a tie's holders are the owner and the layers naming it here
+    # (`cost_models.tied_memory.tied_copies`); () for layers built before it.
+    tied_owner_layers: tuple[int, ...] = ()
     # Legality facts read from the module at trace time (`ir.legality`): the layer's only
     # input is one tensor made by the layer before it (its batch can be re-split when the
     # data-parallel degree changes), and sequence parallelism can run it.
@@ -219,7 +223,7 @@ class Layer:
         """This layer with what depends on where it sits blanked (name, index, parameter
         names, cold-op counts): equal for a stack's blocks, whose memory and kernels do not
         depend on their place."""
-        return dataclasses.replace(self, name="", index=0, param_names=(),
+        return dataclasses.replace(self, name="", index=0, param_names=(), tied_owner_layers=(),
                                    cold_distinct_ops_fwd=0, cold_distinct_ops_bwd=0)
 
     @property
