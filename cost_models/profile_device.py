@@ -63,7 +63,7 @@ from cost_models.memory_probes import (host_charged_seconds, net_of_call_cost, p
                                        probe_row_seconds)
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.checkpoint_probes import checkpoint_host_seconds
-from cost_models.tied_sync import probe_tied_sum
+from cost_models.tied_sync import TIED_SUM_FIELDS, probe_tied_sum
 from cost_models.host_probes import host_op_seconds_by_pass, probe_clock
 from cost_models.sequence_probes import (cold_chains, cold_op_cost, in_sequence_chains,
                                          in_sequence_cost)
@@ -424,7 +424,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
         # block; one figure (2.6 us) moved 14 passes within 15% and 10 out
         # (bench/bench_small_backward.py --all, 2026-11-25, load 3-8)
         cold_op_s = cold_op_cost(cold_chains("cpu"))
-        tied_sum_s, tied_sum_byte_s = probe_tied_sum()  # executors.tied's sum, once a step
+        tied_sum = probe_tied_sum()  # executors.tied's gradient sum, once a step
         return ClusterSpec(
             name=name, device="cpu", num_nodes=1, devices_per_node=1,
             device_memory_bytes=clusters.total_memory_bytes(),
@@ -439,8 +439,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             host_cores=clusters.host_cores(),
             kernel_calibration=dataclasses.replace(
                 cal, **host.calibration_fields(), **sequence.calibration_fields(),
-                cold_op_host_s=cold_op_s, tied_sum_host_s=tied_sum_s,
-                tied_sum_s_per_byte=tied_sum_byte_s,
+                cold_op_host_s=cold_op_s, **dict(zip(TIED_SUM_FIELDS, tied_sum)),
                 **checkpoint_host_seconds("cpu").calibration_fields()),
             notes=f"planner profile-device --device cpu: {cal.measured_on}; per-op host fwd "
                   f"{host.forward_s * 1e6:.2f} us ({host.forward_spread:.0%} spread; "

@@ -26,12 +26,21 @@ from cost_models.common import StepConfig
 from cost_models.model_states import held_bytes_per_param
 from cost_models.tied_memory import tied_copies, tied_local_fraction
 
-# Bytes per copy the probe's two fits points sum: above a CPU's last-level cache at the
-# larger (so it streams from memory, as a table's gradient does), apart enough for a slope.
-TIED_PROBE_GRAD_BYTES = (4 * 2**20, 32 * 2**20)
+# glibc serves a request above its largest dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX,
+# 32 MiB on 64-bit: mallopt(3)) with fresh pages, so the sum's new tensors of a larger
+# gradient page-fault every step; smaller ones mostly reuse the heap, and the gradients,
+# just written by backward, sit in the caches. Two lines, one per side of it.
+FRESH_PAGES_ABOVE_BYTES = 32 * 2**20
+# Bytes per copy of each line's two fit points: above the threshold, caches evicted
+# (bench/bench_tied_sum.py: 0.06-0.1 ns per byte moved here); below it, warm (0.02-0.03).
+TIED_PROBE_GRAD_BYTES = (48 * 2**20, 96 * 2**20)
+TIED_PROBE_SMALL_GRAD_BYTES = (8 * 2**20, 24 * 2**20)
 TIED_PROBE_COPIES = 2  # an embedding and its LM head: the ties the model zoo has
 TIED_PROBE_ROUNDS = 3  # the fastest of each (a shared host only ever slows a run down)
 FP32_BYTES = 4
+# The kit's fields `probe_tied_sum` fills, in the order it returns them
+TIED_SUM_FIELDS = ("tied_sum_host_s", "tied_sum_s_per_byte", "tied_sum_small_host_s",
+                   "tied_sum_small_s_per_byte")
 
 
 def sum_traffic_bytes(copies: int, grad_bytes: float) -> float:
@@ -49,34 +58,42 @@ def _sum_and_write(grads) -> None:
         grad.copy_(total)
 
 
-def _cold_seconds(grad_bytes: int, copies: int, evict) -> float:
-    """The fastest of a few sums of fresh gradients, each run with the caches evicted."""
+def _seconds(grad_bytes: int, copies: int, evict) -> float:
+    """The fastest of a few sums of fresh gradients; `evict` (a tensor, or None for the
+    warm line) written before each, so the gradients leave the caches."""
     import torch
 
     best = float("inf")
     for _ in range(TIED_PROBE_ROUNDS):
         grads = [torch.randn(grad_bytes // FP32_BYTES) for _ in range(copies)]
-        evict.add_(1.0)  # write a pool twice the last-level cache: the grads leave it
+        if evict is not None:
+            evict.add_(1.0)  # a pool twice the last-level cache
         start = time.perf_counter()
         _sum_and_write(grads)
         best = min(best, time.perf_counter() - start)
     return best
 
 
-def probe_tied_sum(copies: int = TIED_PROBE_COPIES) -> tuple[float, float]:
-    """(seconds per call, seconds per byte moved) of sync's sum on this CPU: two sizes of
-    fresh, cold gradients, the line through them (intercept floored at 0)."""
+def _line(sizes: tuple[int, int], copies: int, evict) -> tuple[float, float]:
+    """(seconds per call, seconds per byte moved) through two sizes, both floored at 0."""
+    small, large = sizes
+    small_s, large_s = _seconds(small, copies, evict), _seconds(large, copies, evict)
+    moved = sum_traffic_bytes(copies, large) - sum_traffic_bytes(copies, small)
+    per_byte_s = max(0.0, (large_s - small_s) / moved)
+    return max(0.0, small_s - per_byte_s * sum_traffic_bytes(copies, small)), per_byte_s
+
+
+def probe_tied_sum(copies: int = TIED_PROBE_COPIES) -> tuple[float, float, float, float]:
+    """Sync's sum on this CPU, fresh gradients: (per call, per byte moved) above
+    `FRESH_PAGES_ABOVE_BYTES`, caches evicted, then the same below it, warm."""
     import torch
 
     from cost_models.fresh_output import fresh_pool_bytes
 
     evict = torch.zeros(fresh_pool_bytes() // FP32_BYTES)
-    small, large = TIED_PROBE_GRAD_BYTES
-    small_s = _cold_seconds(small, copies, evict)
-    large_s = _cold_seconds(large, copies, evict)
-    moved = sum_traffic_bytes(copies, large) - sum_traffic_bytes(copies, small)
-    per_byte_s = max(0.0, (large_s - small_s) / moved)
-    return max(0.0, small_s - per_byte_s * sum_traffic_bytes(copies, small)), per_byte_s
+    large = _line(TIED_PROBE_GRAD_BYTES, copies, evict)
+    del evict
+    return large + _line(TIED_PROBE_SMALL_GRAD_BYTES, copies, None)
 
 
 def tied_sum_seconds(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, j: int,
@@ -85,7 +102,8 @@ def tied_sum_seconds(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec
     group and stage, at the stage's last holder of it (0 for every other layer): the
     kit's per call + per byte x `sum_traffic_bytes(holders in the stage, gradient bytes)`,
     the gradient fp32 (`held_bytes_per_param`) and, where sync sums local shards, this
-    rank's share (`tied_local_fraction`). 0 where the kit did not measure it."""
+    rank's share (`tied_local_fraction`); the warm line's figures at or below
+    `FRESH_PAGES_ABOVE_BYTES` where the kit measured them. 0 where it measured none."""
     cal = cluster.kernel_calibration
     layer = graph.layers[j]
     if cal is None or cal.tied_sum_s_per_byte <= 0 or not layer.tied_param_names:
@@ -97,5 +115,7 @@ def tied_sum_seconds(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec
         return 0.0
     grad_bytes = (layer.tied_params * held_bytes_per_param(config.precision, config.optimizer)
                   .grads * tied_local_fraction(graph, plan, j))
-    return cal.tied_sum_host_s + cal.tied_sum_s_per_byte * sum_traffic_bytes(len(local),
-                                                                             grad_bytes)
+    call_s, per_byte_s = cal.tied_sum_host_s, cal.tied_sum_s_per_byte
+    if grad_bytes <= FRESH_PAGES_ABOVE_BYTES and cal.tied_sum_small_s_per_byte > 0:
+        call_s, per_byte_s = cal.tied_sum_small_host_s, cal.tied_sum_small_s_per_byte
+    return call_s + per_byte_s * sum_traffic_bytes(len(local), grad_bytes)

@@ -57,7 +57,8 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             # the pool the fresh-output probe's blocks rotated over (`cost_models.fresh_output`)
             "fresh_output_pool_bytes",
             # tied copies' gradient sum after backward (`cost_models.tied_sync`)
-            "tied_sum_host_s", "tied_sum_s_per_byte")
+            "tied_sum_host_s", "tied_sum_s_per_byte", "tied_sum_small_host_s",
+            "tied_sum_small_s_per_byte")
 
 # Figures kits of 2026-11-24 wrote, always as 0 (per-call forward pricing, which
 # profile-device never turned on and which was removed: bench/bench_host_ab.py); a spec
@@ -182,12 +183,15 @@ class KernelCalibration:
     fresh_output_pool_bytes: float = 0.0
 
     # ---- tied copies' gradient sum after backward (`cost_models.tied_sync
-    # .probe_tied_sum`): `executors.tied.TiedGradients.sync` on two fresh gradients of a
-    # few MiB, out of the caches, fitted as seconds per call + seconds per byte it moves
-    # (reads and writes: `tied_sync.sum_traffic_bytes`); 0 where not measured (GPU
-    # presets, older kits: the sum is then not priced).
+    # .probe_tied_sum`): `executors.tied.TiedGradients.sync` on two fresh gradients, fitted
+    # as seconds per call + seconds per byte it moves (reads and writes:
+    # `tied_sync.sum_traffic_bytes`), for gradients above `tied_sync.FRESH_PAGES_ABOVE_BYTES`
+    # (fresh pages, out of the caches) and, `small`, at or below it (warm); 0 where not
+    # measured (GPU presets, older kits: the sum is then not priced).
     tied_sum_host_s: float = 0.0
     tied_sum_s_per_byte: float = 0.0
+    tied_sum_small_host_s: float = 0.0
+    tied_sum_small_s_per_byte: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)

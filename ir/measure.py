@@ -175,8 +175,9 @@ def _tied_copies(root: nn.Module, layer_names: list[str],
                  owned: list[list[str]]) -> tuple[list[dict[str, torch.Tensor]],
                                                   list[dict[str, int]]]:
     """Per layer, {its parameter name: tensor} for tensors it holds a copy of but another
-    layer owns, and {that name: the owner's layer index}. A layer holds every parameter registered under its module path (the
-    longest layer name that prefixes the parameter's name; "" is the root), as
+    layer owns, and {that name: the owner's layer index}. A layer holds every parameter
+    registered under its module path (the longest layer name that prefixes the
+    parameter's name; "" is the root), as
     `executors.tied` decides; `executors.tied.untie` then gives each holder its own copy,
     and the owner (`owned`, first use) counts the original."""
     owner = {p: i for i, names in enumerate(owned) for p in names}

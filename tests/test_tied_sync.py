@@ -13,7 +13,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from cost_models.clusters import get_cluster
 from cost_models.common import layer_configs
 from cost_models.estimate import estimate
-from cost_models.tied_sync import probe_tied_sum, sum_traffic_bytes, tied_sum_seconds
+from cost_models.tied_memory import tied_copies, tied_local_fraction
+from cost_models.tied_sync import (TIED_SUM_FIELDS, probe_tied_sum, sum_traffic_bytes,
+                                   tied_sum_seconds)
 from executors.tied import TiedGradients
 from ir.kernel_calibration import KernelCalibration
 from ir.plan import uniform_plan
@@ -31,9 +33,9 @@ def _graph():
     return load_layer_graph(SPEC, micro_batch=1, seq_len=32, dtype=torch.float32)
 
 
-def _cluster(call_s: float = CALL_S, per_byte_s: float = PER_BYTE_S):
+def _cluster(call_s: float = CALL_S, per_byte_s: float = PER_BYTE_S, **small):
     return one_cpu_process(KernelCalibration(measured_on="test", tied_sum_host_s=call_s,
-                                             tied_sum_s_per_byte=per_byte_s))
+                                             tied_sum_s_per_byte=per_byte_s, **small))
 
 
 class _Bytes(TorchDispatchMode):
@@ -95,6 +97,24 @@ def test_priced_once_per_group_and_stage_at_its_last_holder():
         2e-6 + 5.24288e-5)
 
 
+def test_gradients_up_to_the_fresh_pages_threshold_read_the_warm_line():
+    small = {"tied_sum_small_host_s": 1e-6, "tied_sum_small_s_per_byte": 2e-11}
+    graph = _graph()  # 131072 gradient bytes: the warm line, 1e-6 + 2e-11 x 9 x 131072
+    head = len(graph.layers) - 1
+    plan = uniform_plan(len(graph.layers))
+    config = layer_configs(graph, plan, "cpu")[head]
+    assert tied_sum_seconds(graph, plan, _cluster(**small), head, config) == pytest.approx(
+        1e-6 + 2.359296e-5)
+    # 32768 x 512 x 4 = 67108864 bytes, above 32 MiB: the cold line, 2e-6 + 1e-10 x 9 x that
+    big = load_layer_graph("gpt:layers=1,hidden=512,heads=4,vocab=32768,seq=32",
+                           micro_batch=1, seq_len=32, dtype=torch.float32)
+    head = len(big.layers) - 1
+    plan = uniform_plan(len(big.layers))
+    config = layer_configs(big, plan, "cpu")[head]
+    assert tied_sum_seconds(big, plan, _cluster(**small), head, config) == pytest.approx(
+        2e-6 + 0.0603979776)
+
+
 def test_the_step_estimate_carries_it_once():
     graph = _graph()
     plan = uniform_plan(len(graph.layers), micro_batch=1, global_batch=4,
@@ -118,9 +138,26 @@ def test_unmeasured_kits_and_gpu_presets_price_no_sum():
 
 
 def test_probe_reads_a_cost_per_byte():
-    call_s, per_byte_s = probe_tied_sum()
-    assert call_s >= 0.0
-    # 2 x 32 MiB summed and written back moves 288 MiB: slower than 1000 GB/s, faster
-    # than 0.1 GB/s on any CPU this runs on
-    assert 1e-12 < per_byte_s < 1e-8
-    assert dataclasses.replace(KernelCalibration(measured_on="test"), tied_sum_s_per_byte=per_byte_s)
+    figures = probe_tied_sum()
+    call_s, per_byte_s, small_call_s, small_per_byte_s = figures
+    assert call_s >= 0.0 and small_call_s >= 0.0
+    # 2 x 96 MiB summed and written back moves 864 MiB: slower than 1000 GB/s, faster
+    # than 0.1 GB/s on any CPU this runs on; so does the warm line's 216 MiB
+    assert 1e-12 < per_byte_s < 1e-8 and 1e-12 < small_per_byte_s < 1e-8
+    kit = dataclasses.replace(KernelCalibration(measured_on="test"),
+                              **dict(zip(TIED_SUM_FIELDS, figures)))
+    assert kit.tied_sum_small_s_per_byte == small_per_byte_s
+
+
+def test_the_owner_counts_among_a_ties_holders():
+    # the head names its copy "head.weight", the embedding owns "embed.tok.weight": the
+    # holders come from Layer.tied_owner_layers, so an owner in another stage sends sync
+    # down the full path (executors.tied: cross-stage groups sum full gradients)
+    graph = _graph()
+    head = len(graph.layers) - 1
+    assert graph.layers[head].tied_owner_layers == (0,)
+    assert tied_copies(graph, "head.weight") == (0, head)
+    assert tied_local_fraction(graph, uniform_plan(len(graph.layers), dp=4, zero=3),
+                               head) == 0.25
+    assert tied_local_fraction(graph, uniform_plan(len(graph.layers), dp=4, zero=3, pp=2),
+                               head) == 1.0
