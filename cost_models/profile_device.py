@@ -422,7 +422,8 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
         # Backward's cold op: not written. Its price per op hangs on what the layer after
         # evicted: 0 after dlrm's tables or mlp-small's forward, 2-3 us after a head or a
         # block; one figure (2.6 us) moved 14 passes within 15% and 10 out
-        # (bench/bench_small_backward.py --all, 2026-11-25, load 3-8)
+        # (bench/bench_small_backward.py --all, 2026-11-25, load 3-8); quiet (load 0.6):
+        # cold_backward_chains' line, 4.7 us + 2.05 per cold op, moved 29 -> 30 of 90 over 15%
         cold_op_s = cold_op_cost(cold_chains("cpu"))
         tied_sum = probe_tied_sum()  # executors.tied's gradient sum, once a step
         return ClusterSpec(
