@@ -209,6 +209,10 @@ class Layer:
     # ... and of its backward, in backward order: those the layer after's backward did not
     # run; for the last, those its own forward did not (`ir.op_count.cold_distinct_ops_bwd`).
     cold_distinct_ops_bwd: int = 0
+    # ... and the ATen ops its composite backward ops run inside on the CPU (an embedding
+    # bag's ~20) that the layer after's backward did not run (`ir.composite_ops`): priced
+    # as cold backward ops beside those above.
+    cold_inner_ops_bwd: int = 0
 
     def __getattr__(self, name: str):
         # Reached only when no field matches: a measured figure reads as the layer's own.
@@ -224,13 +228,14 @@ class Layer:
         names, cold-op counts): equal for a stack's blocks, whose memory and kernels do not
         depend on their place."""
         return dataclasses.replace(self, name="", index=0, param_names=(), tied_owner_layers=(),
-                                   cold_distinct_ops_fwd=0, cold_distinct_ops_bwd=0)
+                                   cold_distinct_ops_fwd=0, cold_distinct_ops_bwd=0,
+                                   cold_inner_ops_bwd=0)
 
     @property
     def host_position(self) -> tuple[int, int]:
         """The per-position counts the host time reads (cold ops forward, backward): layers
         of one structure price apart where these differ (`host_dispatch.host_position_key`)."""
-        return self.cold_distinct_ops_fwd, self.cold_distinct_ops_bwd
+        return self.cold_distinct_ops_fwd, self.cold_distinct_ops_bwd + self.cold_inner_ops_bwd
 
     def saved_bytes_on(self, device_type: str, dtype_bytes: int) -> int:
         """Saved-activation bytes on `device_type` ("cuda" prices dropout masks at 1 byte

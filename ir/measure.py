@@ -26,6 +26,7 @@ from ir.graph_measurer import GraphMeasurer
 from ir.layer import Layer, LayerGraph, LayerMeasurement, TPStyle
 from ir.layers import _is_block_stack
 from ir.legality import sequence_parallel_problem, takes_one_positional_input
+from ir.composite_ops import cold_inner_ops_bwd
 from ir.op_count import cold_distinct_ops, cold_distinct_ops_bwd, recent_forward_ops
 from ir.ownership import names_in_layers
 from ir.plan import layer_digest
@@ -112,9 +113,10 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             cold_distinct_ops_fwd=cold_distinct_ops(measured[shash],
                                                     recent_forward_ops(ran_before))))
         ran_before.insert(0, measured[shash].forward_overloads)
-    layers = [dataclasses.replace(layer, cold_distinct_ops_bwd=cold_distinct_ops_bwd(
-        layer.measured, after.backward_overloads if after else None))
-        for layer, after in zip(layers, layers[1:] + [None])]
+    layers = [dataclasses.replace(
+        layer, cold_distinct_ops_bwd=cold_distinct_ops_bwd(layer.measured, ran),
+        cold_inner_ops_bwd=cold_inner_ops_bwd(layer.measured, ran))
+        for layer, ran in zip(layers, [a.backward_overloads for a in layers[1:]] + [None])]
     edges, cuts = _edges_and_cuts(measurer)
     num_params = sum(p.numel() for p in root.parameters())
     seq_len = _seq_len(inputs) if seq_len == -1 else seq_len
