@@ -60,6 +60,9 @@ Quiet re-read (load 0.3-0.6, 05:40 UTC): bench_kernel_model 29 of 90 backward pa
 op); added per layer (Layer.cold_distinct_ops_bwd) to those rows: 30 over 15%; a flat 1.2
 us per op: 23 (a fit to the bench, not a probe). Nested ATen ops the CPU profiler sees in
 a backward where a dispatch mode sees 2-3: embedding 8, embedding bag 22, cross-entropy 4.
+With those counted (Layer.cold_inner_ops_bwd), two bench_kernel_model runs: a flat 1.0 us
+per cold op 29 -> 15 and 32 -> 24 over 15% (0.8 us: 16, 20); the probe's line 4.7 us +
+2.05 per op 29 -> 44, 32 -> 50 (its slope alone 33, 36): the probe reads twice what fits.
 
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --calls
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --model dlrm-small --mb 1 \
