@@ -54,6 +54,16 @@ last pair. --step (load 7): the whole backward against the layers' sum the profi
 bert-tiny mb4 +11% / -1%, dlrm-small mb1 +28% / +8%, mb16 +20% / +3%, cnn-small mb4 +6% /
 -1%, mlp-small mb4 +15% / +10%; t5-tiny mb1 -19% / -23% (under either way).
 
+Quiet re-read (load 0.3-0.6, 05:40 UTC): bench_kernel_model 29 of 90 backward passes over
+15% (median 8%); --all raw 33, absorbed 31. cold_backward_chains per cold op, cold - warm:
+6.8, 3.4-3.9, 3.5, 3.0, 2.5-2.8 us at 1, 2, 4, 5, 11 cold ops (a line: 4.7 us + 2.05 per
+op); added per layer (Layer.cold_distinct_ops_bwd) to those rows: 30 over 15%; a flat 1.2
+us per op: 23 (a fit to the bench, not a probe). Nested ATen ops the CPU profiler sees in
+a backward where a dispatch mode sees 2-3: embedding 8, embedding bag 22, cross-entropy 4.
+With those counted (Layer.cold_inner_ops_bwd), two bench_kernel_model runs: a flat 1.0 us
+per cold op 29 -> 15 and 32 -> 24 over 15% (0.8 us: 16, 20); the probe's line 4.7 us +
+2.05 per op 29 -> 44, 32 -> 50 (its slope alone 33, 36): the probe reads twice what fits.
+
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --calls
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --model dlrm-small --mb 1 \
         --layers tables,top_mlp --predicted bench/results/kernel_model.json

@@ -23,6 +23,7 @@ parameter all-gathers follow the optimizer step. The breakdown is the critical r
 
   iteration = m*(compute + tp_comm + pp_comm + exposed per-micro-batch dp) + bubble
               + per-step SP gradient sync + exposed per-step dp + optimizer step
+              (with the tied copies' gradient sum before it: cost_models.tied_sync)
               + ZeRO-1 all-gathers
 
 so compute + tp_comm + dp_comm + pp_comm + bubble + optimizer == iteration_seconds
@@ -53,6 +54,7 @@ from cost_models.pipeline import PipelineTime, stage_pipeline_time
 from cost_models.pipeline_sim import SENDS_BLOCK, StageCost
 from cost_models.step_host import (backward_calls, engine_start_s, pipeline_action_s,
                                    pipeline_actions, placed_layers)
+from cost_models.tied_sync import tied_sum_seconds
 
 # Share of a compute window that overlapped data-parallel communication can hide. PyTorch
 # DDP (Li et al. 2020) and FSDP overlap bucketed collectives with backward/forward; the
@@ -179,7 +181,8 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
         fwd += c.forward_s
         bwd += c.backward_s + c.recompute_s
         rec += c.recompute_s
-        opt += c.optimizer_s
+        # + the tied copies' gradient sum before the step (CPU kits: cost_models.tied_sync)
+        opt += c.optimizer_s + tied_sum_seconds(graph, plan, cluster, j, config)
         tp_f += m.tp_forward_s
         tp_b += m.tp_backward_s
         dp_f += m.dp_forward_s

@@ -103,7 +103,8 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     `ir.op_count.autograd_nodes`: the count the kit's probe takes of its own chain), or
     for a layer measured before that count the forward's calls on floating tensors +
     its parameter tensors (`host_excess.backward_nodes`), + the distinct ops the layer
-    after's backward did not run x `cold_backward_op_host_s` (`cold_distinct_ops_bwd`);
+    after's backward did not run x `cold_backward_op_host_s` (`cold_distinct_ops_bwd`, and
+    the ops composites run inside that it did not: `cold_inner_ops_bwd`);
     else ops x `host_op_seconds`. (Views are metadata only, and many come inside
     a node's formula, so a per-op figure over-prices them: the mlp-small block's 16
     backward ops ran in ~18 us, not 16 x 2 us.)"""
@@ -119,4 +120,5 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
             + (layer.ops_bwd - views) * cal.backward_nonview_host_op_s
             + nodes * cal.backward_node_host_s
             + records_excess_seconds(layer.kernels.backward, cal.host_excess_s)
-            + layer.cold_distinct_ops_bwd * cal.cold_backward_op_host_s)
+            + (layer.cold_distinct_ops_bwd + layer.cold_inner_ops_bwd)
+            * cal.cold_backward_op_host_s)

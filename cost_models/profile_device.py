@@ -67,6 +67,7 @@ from cost_models.host_probes import autograd_call_s, host_op_seconds_by_pass, pr
 from cost_models.pipeline_probes import pipeline_action_host_s
 from cost_models.cold_entry_probes import cold_entry_chains, cold_entry_cost
 from cost_models.sequence_probes import in_sequence_chains, in_sequence_cost
+from cost_models.tied_sync import TIED_SUM_FIELDS, probe_tied_sum
 from cost_models.item_probes import (probe_embedding_backward, probe_embedding_bag,
                                      probe_embedding_forward, probe_random_element_s)
 
@@ -425,6 +426,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
         # (bench/bench_small_backward.py --all, 2026-11-25, load 3-8)
         cold = cold_entry_cost(cold_entry_chains("cpu"))
         first = cold_entry_cost(cold_entry_chains("cpu", after_backward=True))
+        tied_sum = probe_tied_sum()  # executors.tied's gradient sum, once a step
         return ClusterSpec(
             name=name, device="cpu", num_nodes=1, devices_per_node=1,
             device_memory_bytes=clusters.total_memory_bytes(),
@@ -442,6 +444,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
                 **cold.calibration_fields(), cold_entry_after_backward_host_s=first.entry_s,
                 autograd_call_host_s=autograd_call_s("cpu"),
                 pipeline_action_host_s=pipeline_action_host_s("cpu"),
+                **dict(zip(TIED_SUM_FIELDS, tied_sum)),
                 **checkpoint_host_seconds("cpu").calibration_fields()),
             notes=f"planner profile-device --device cpu: {cal.measured_on}; per-op host fwd "
                   f"{host.forward_s * 1e6:.2f} us ({host.forward_spread:.0%} spread; "

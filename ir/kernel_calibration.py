@@ -59,7 +59,10 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "fresh_output_pool_bytes",
             # what a forward pays per layer for starting after other layers' work
             # (`cost_models.cold_entry_probes`)
-            "cold_entry_host_s", "cold_entry_after_backward_host_s")
+            "cold_entry_host_s", "cold_entry_after_backward_host_s",
+            # tied copies' gradient sum after backward (`cost_models.tied_sync`)
+            "tied_sum_host_s", "tied_sum_s_per_byte", "tied_sum_small_host_s",
+            "tied_sum_small_s_per_byte")
 
 # Figures kits of 2026-11-24 wrote, always as 0 (per-call forward pricing, which
 # profile-device never turned on and which was removed: bench/bench_host_ab.py); a spec
@@ -201,6 +204,16 @@ class KernelCalibration:
     # `Layer.forward_after_backward`), probed after a backward alone; 0 where not
     # measured (`cold_entry_host_s` then prices it too).
     cold_entry_after_backward_host_s: float = 0.0
+    # ---- tied copies' gradient sum after backward (`cost_models.tied_sync
+    # .probe_tied_sum`): `executors.tied.TiedGradients.sync` on two fresh gradients, fitted
+    # as seconds per call + seconds per byte it moves (reads and writes:
+    # `tied_sync.sum_traffic_bytes`), for gradients above `tied_sync.FRESH_PAGES_ABOVE_BYTES`
+    # (fresh pages, out of the caches) and, `small`, at or below it (warm); 0 where not
+    # measured (GPU presets, older kits: the sum is then not priced).
+    tied_sum_host_s: float = 0.0
+    tied_sum_s_per_byte: float = 0.0
+    tied_sum_small_host_s: float = 0.0
+    tied_sum_small_s_per_byte: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)

@@ -189,6 +189,10 @@ class Layer:
     tied_params: int = 0
     tied_tp_params: int = 0
     tied_param_names: tuple[str, ...] = ()
+    # Per name above, the index of the layer that owns the shared tensor (its first user):
+    # with it, a tie's holders are the owner and the layers naming it here
+    # (`cost_models.tied_memory.tied_copies`); () for layers built before it.
+    tied_owner_layers: tuple[int, ...] = ()
     # Legality facts read from the module at trace time (`ir.legality`): the layer's only
     # input is one tensor made by the layer before it (its batch can be re-split when the
     # data-parallel degree changes), and sequence parallelism can run it.
@@ -213,6 +217,10 @@ class Layer:
     # layer: the step before ends with its backward, then the optimizer); its cold ops are
     # those its backward did not run (`ir.op_count.cold_distinct_ops`).
     forward_after_backward: bool = False
+    # ... and the ATen ops its composite backward ops run inside on the CPU (an embedding
+    # bag's ~20) that the layer after's backward did not run (`ir.composite_ops`): priced
+    # as cold backward ops beside those above.
+    cold_inner_ops_bwd: int = 0
 
     def __getattr__(self, name: str):
         # Reached only when no field matches: a measured figure reads as the layer's own.
@@ -227,15 +235,15 @@ class Layer:
         """This layer with what depends on where it sits blanked (name, index, parameter
         names, cold-op counts): equal for a stack's blocks, whose memory and kernels do not
         depend on their place."""
-        return dataclasses.replace(self, name="", index=0, param_names=(),
+        return dataclasses.replace(self, name="", index=0, param_names=(), tied_owner_layers=(),
                                    cold_distinct_ops_fwd=0, cold_distinct_ops_bwd=0,
-                                   forward_after_backward=False)
+                                   cold_inner_ops_bwd=0, forward_after_backward=False)
 
     @property
     def host_position(self) -> tuple[int, int]:
         """The per-position counts the host time reads (cold ops forward, backward): layers
         of one structure price apart where these differ (`host_dispatch.host_position_key`)."""
-        return self.cold_distinct_ops_fwd, self.cold_distinct_ops_bwd
+        return self.cold_distinct_ops_fwd, self.cold_distinct_ops_bwd + self.cold_inner_ops_bwd
 
     def saved_bytes_on(self, device_type: str, dtype_bytes: int) -> int:
         """Saved-activation bytes on `device_type` ("cuda" prices dropout masks at 1 byte

@@ -26,6 +26,7 @@ from ir.graph_measurer import GraphMeasurer
 from ir.layer import Layer, LayerGraph, LayerMeasurement, TPStyle
 from ir.layers import _is_block_stack
 from ir.legality import sequence_parallel_problem, takes_one_positional_input
+from ir.composite_ops import cold_inner_ops_bwd
 from ir.op_count import (cold_distinct_ops, cold_distinct_ops_bwd, recent_forward_ops,
                          step_evicts)
 from ir.ownership import names_in_layers
@@ -59,7 +60,7 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
     canon_params = dict(root.named_parameters())
     layer_names = [l.name for l in measurer.layers]
     param_names_by_layer = _owned_params(measurer, canon_params, layer_names)
-    tied_by_layer = _tied_copies(root, layer_names, param_names_by_layer)
+    tied_by_layer, tied_owners = _tied_copies(root, layer_names, param_names_by_layer)
     local_names = names_in_layers(root, layer_names, param_names_by_layer)
 
     measured: dict[str, LayerMeasurement] = {}  # structural hash -> its one measurement
@@ -108,13 +109,15 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
                                 + [t.numel() for t in tied.values()], default=0),
             tied_params=sum(t.numel() for t in {id(t): t for t in tied.values()}.values()),
             tied_tp_params=tied_tp, tied_param_names=tuple(tied),
+            tied_owner_layers=tuple(tied_owners[i][n] for n in tied),
             chain_input=_chain_input(measurer, i, module), sequence_parallel_ok=sp_ok,
             cold_distinct_ops_fwd=cold_distinct_ops(measured[shash],
                                                     recent_forward_ops(ran_before))))
         ran_before.insert(0, measured[shash].forward_overloads)
-    layers = [dataclasses.replace(layer, cold_distinct_ops_bwd=cold_distinct_ops_bwd(
-        layer.measured, after.backward_overloads if after else None))
-        for layer, after in zip(layers, layers[1:] + [None])]
+    layers = [dataclasses.replace(
+        layer, cold_distinct_ops_bwd=cold_distinct_ops_bwd(layer.measured, ran),
+        cold_inner_ops_bwd=cold_inner_ops_bwd(layer.measured, ran))
+        for layer, ran in zip(layers, [a.backward_overloads for a in layers[1:]] + [None])]
     if layers:  # the first forward follows the step before's backward
         layers[0] = dataclasses.replace(layers[0], forward_after_backward=True)
     if not step_evicts([m.forward_overloads for m in measured.values()],
@@ -177,15 +180,18 @@ def _tp_params(module: nn.Module | None, candidates, owned: list[torch.Tensor],
 
 
 def _tied_copies(root: nn.Module, layer_names: list[str],
-                 owned: list[list[str]]) -> list[dict[str, torch.Tensor]]:
+                 owned: list[list[str]]) -> tuple[list[dict[str, torch.Tensor]],
+                                                  list[dict[str, int]]]:
     """Per layer, {its parameter name: tensor} for tensors it holds a copy of but another
-    layer owns. A layer holds every parameter registered under its module path (the
-    longest layer name that prefixes the parameter's name; "" is the root), as
+    layer owns, and {that name: the owner's layer index}. A layer holds every parameter
+    registered under its module path (the longest layer name that prefixes the
+    parameter's name; "" is the root), as
     `executors.tied` decides; `executors.tied.untie` then gives each holder its own copy,
     and the owner (`owned`, first use) counts the original."""
     owner = {p: i for i, names in enumerate(owned) for p in names}
     canon = canonical_param_names(root)
     out: list[dict[str, torch.Tensor]] = [{} for _ in layer_names]
+    owners: list[dict[str, int]] = [{} for _ in layer_names]
     holders: dict[int, dict[int, str]] = {}  # tensor id -> {holding layer: first name there}
     for fqn, p in root.named_parameters(remove_duplicate=False):
         best, best_len = None, -1
@@ -202,7 +208,8 @@ def _tied_copies(root: nn.Module, layer_names: list[str],
         for i, fqn in by_layer.items():
             if i != first_user:
                 out[i][fqn] = tensors[pid]
-    return out
+                owners[i][fqn] = min(by_layer) if first_user is None else first_user
+    return out, owners
 
 
 def _measured_itemsize(t: torch.Tensor, dtype: torch.dtype) -> int:

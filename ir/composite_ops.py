@@ -1,0 +1,97 @@
+"""ATen ops a composite backward op runs inside its CPU kernel, out of a dispatch mode's sight.
+
+A layer's backward ops are counted by a dispatch mode (`ir.op_count.OpCounter`) on meta
+tensors: it sees `aten._embedding_bag_backward` once, while on the CPU that op's kernel
+calls sort, cumsum, index_select, index_add_ ... through the dispatcher (~20 distinct ops),
+each run with its code out of the caches when the layer after ran none of them (issue 17:
+dlrm's tables.3 backward -58%, embeddings' -20..-44%). `inner_ops` runs a small instance
+of each such op's backward on the CPU under the profiler, once per process, and returns
+the ATen names it sees beyond what a dispatch mode sees; `cold_inner_ops_bwd` counts those
+of a layer's composites that the layer after's backward did not run.
+
+    >>> sorted(inner_ops("aten.embedding_dense_backward.default"))[:2]
+    ['aten::embedding_backward', 'aten::empty']
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+# Sizes of the instances: small (a run costs microseconds), big enough that every path of
+# the kernel runs (several indices per row, several bags, several classes)
+ROWS, DIM, INDICES, BAGS = 64, 8, 32, 4
+
+
+def _embedding() -> torch.Tensor:
+    weight = torch.randn(ROWS, DIM, requires_grad=True)
+    return F.embedding(torch.randint(0, ROWS, (INDICES,)), weight)
+
+
+def _embedding_bag() -> torch.Tensor:
+    weight = torch.randn(ROWS, DIM, requires_grad=True)
+    offsets = torch.arange(0, INDICES, INDICES // BAGS)
+    return F.embedding_bag(torch.randint(0, ROWS, (INDICES,)), weight, offsets, mode="sum")
+
+
+def _cross_entropy() -> torch.Tensor:
+    logits = torch.randn(BAGS, ROWS, requires_grad=True)
+    return F.cross_entropy(logits, torch.randint(0, ROWS, (BAGS,)))
+
+
+# Backward overloads (as `OpCounter.overload_names` writes them) whose CPU kernels call
+# other ops, each with an instance whose backward runs it
+COMPOSITE_BACKWARDS = {
+    "aten.embedding_dense_backward.default": _embedding,
+    "aten._embedding_bag_backward.default": _embedding_bag,
+    "aten.nll_loss_backward.default": _cross_entropy,
+    "aten._log_softmax_backward_data.default": _cross_entropy,
+}
+
+
+def packet_name(overload: str) -> str:
+    """`aten.sort.stable` -> `aten::sort`: the profiler's name of an overload's op."""
+    namespace, name = overload.split(".")[:2]
+    return f"{namespace}::{name}"
+
+
+@functools.cache
+def inner_ops(overload: str) -> frozenset[str]:
+    """ATen ops (profiler names) the CPU runs in the backward of `overload`'s instance
+    beyond those a dispatch mode sees there; empty for an op not in COMPOSITE_BACKWARDS."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ir.op_count import OpCounter
+
+    build = COMPOSITE_BACKWARDS.get(overload)
+    if build is None:
+        return frozenset()
+    out = build()
+    seed = torch.ones_like(out)
+    counter = OpCounter()
+    with counter, profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.autograd.backward(out, seed)
+    seen = {e.name for e in prof.events() if e.name.startswith("aten::")}
+    return frozenset(seen - {packet_name(o) for o in counter.overload_names})
+
+
+def _ran(overloads: frozenset[str]) -> frozenset[str]:
+    """What a backward with these overloads ran, as inner ops are named: their ops and the
+    inner ops of their composites."""
+    inner = frozenset().union(*(inner_ops(o) for o in overloads))
+    return frozenset(packet_name(o) for o in overloads) | inner
+
+
+def cold_inner_ops_bwd(measured, after: frozenset[str] | None) -> int:
+    """Inner ops of a layer's composite backward ops (`inner_ops` of its
+    `measured.backward_overloads`) that the layer after's backward (`after`, its
+    overloads) did not run, nor any of its composites; for the last layer (None), those
+    its own forward did not run (`ir.op_count.cold_distinct_ops_bwd`'s order)."""
+    own = frozenset().union(*(inner_ops(o) for o in measured.backward_overloads))
+    if not own:
+        return 0
+    before = measured.forward_overloads if after is None else after
+    mine = own - {packet_name(o) for o in measured.backward_overloads}
+    return len(mine - _ran(before))
