@@ -57,13 +57,13 @@ def test_forward_host_adds_the_entry_and_the_cold_ops():
     as kits before it priced (18 + 6 = 24 us)."""
     layer = with_python_nodes(tiny_layer(), 4)
     cold = dataclasses.replace(layer, cold_distinct_ops_fwd=3)
-    assert forward_host_seconds(cold, cpu(ENTRY), False) == pytest.approx(28 * US)
-    assert forward_host_seconds(layer, cpu(ENTRY), False) == pytest.approx(22 * US)
+    assert forward_host_seconds(cold, cpu(ENTRY)) == pytest.approx(28 * US)
+    assert forward_host_seconds(layer, cpu(ENTRY)) == pytest.approx(22 * US)
     warm = dataclasses.replace(cold, step_warm=True)
-    assert forward_host_seconds(warm, cpu(ENTRY), False) == pytest.approx(18 * US)
+    assert forward_host_seconds(warm, cpu(ENTRY)) == pytest.approx(18 * US)
     before = dataclasses.replace(ENTRY, cold_entry_host_s=0.0)
     for priced in (cold, warm):
-        assert forward_host_seconds(priced, cpu(before), False) == pytest.approx(24 * US)
+        assert forward_host_seconds(priced, cpu(before)) == pytest.approx(24 * US)
 
 
 def test_a_forward_after_a_backward_pays_its_own_entry():
@@ -76,9 +76,9 @@ def test_a_forward_after_a_backward_pays_its_own_entry():
     layer = dataclasses.replace(with_python_nodes(tiny_layer(), 4), cold_distinct_ops_fwd=3)
     first = dataclasses.replace(layer, forward_after_backward=True)
     kit = dataclasses.replace(ENTRY, cold_entry_after_backward_host_s=7 * US)
-    assert forward_host_seconds(first, cpu(kit), False) == pytest.approx(31 * US)
-    assert forward_host_seconds(layer, cpu(kit), False) == pytest.approx(28 * US)
-    assert forward_host_seconds(first, cpu(ENTRY), False) == pytest.approx(28 * US)
+    assert forward_host_seconds(first, cpu(kit)) == pytest.approx(31 * US)
+    assert forward_host_seconds(layer, cpu(kit)) == pytest.approx(28 * US)
+    assert forward_host_seconds(first, cpu(ENTRY)) == pytest.approx(28 * US)
     assert host_position_key(first, cpu(kit)) != host_position_key(layer, cpu(kit))
     assert host_position_key(first, cpu(ENTRY)) == host_position_key(layer, cpu(ENTRY))
 
