@@ -65,8 +65,11 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     # In sequence (cost_models.sequence_probes.in_sequence_cost): distinct ops beyond the knee
     host_s += layer.ops_fwd * in_sequence_extra_per_op_s(
         cal.in_sequence_op_host_s, cal.in_sequence_knee_distinct_ops, layer.distinct_ops_fwd)
-    if layer.step_warm and cal.cold_entry_host_s > 0:  # kits before the entry: as they did
-        return host_s  # a whole step's ops stay in the caches (ir.op_count.step_evicts)
+    # a whole step's ops stay in the caches (ir.op_count.step_evicts); kits before the entry
+    # probe price as they did (either entry figure says it ran: one fit may clamp to 0)
+    entry_probed = cal.cold_entry_host_s > 0 or cal.cold_entry_after_backward_host_s > 0
+    if layer.step_warm and entry_probed:
+        return host_s
     # Cold (cost_models.cold_entry_probes.cold_entry_cost; kits before it, without the
     # entry: sequence_probes.cold_op_cost): the layer's start + ops the layers before did
     # not run

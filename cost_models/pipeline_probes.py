@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 from datetime import timedelta
 
 from ir.errors import PlannerError
@@ -35,12 +36,17 @@ PIPELINE_PROBE_MICROBATCHES = 8
 # round took ~3 ms here (one thread, 2026-11-25): ~0.5 s in all.
 PIPELINE_PROBE_ROUNDS = 150
 PIPELINE_PROBE_WARMUP = 5
+# Whole probe runs tried before giving up: a busy spell can leave the pipelined step no
+# slower than the plain loop and its engine calls (a reviewer's scenario: a load spike
+# while the engine start was measured); a kit then records 0 (not priced) and says so.
+PIPELINE_PROBE_ATTEMPTS = 3
 
 
 def pipeline_action_host_s(device: str = "cpu") -> float:
     """Host seconds torch's pipelining runtime adds per stage action (module docstring),
     on the probe clock, one thread. Needs no process group of its own: it makes a world-1
-    gloo group where none exists; a PlannerError inside one of several ranks."""
+    gloo group where none exists; a PlannerError inside one of several ranks. 0 (with a
+    warning) where PIPELINE_PROBE_ATTEMPTS runs all read no extra: a busy host."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -79,23 +85,27 @@ def pipeline_action_host_s(device: str = "cpu") -> float:
                     loss_fn(halves[1](halves[0](xi)), ti).backward()
 
             runs = {"pipelined": lambda: schedule.step(x, target=target), "plain": plain}
-            seconds: dict[str, list[float]] = {name: [] for name in runs}
-            for rep in range(PIPELINE_PROBE_WARMUP + PIPELINE_PROBE_ROUNDS):
-                for name in (list(runs) if rep % 2 else list(runs)[::-1]):
-                    start = clock()
-                    runs[name]()
-                    if rep >= PIPELINE_PROBE_WARMUP:
-                        seconds[name].append(clock() - start)
-                for block in blocks:
-                    block.zero_grad(set_to_none=True)
+            for _ in range(PIPELINE_PROBE_ATTEMPTS):
+                seconds: dict[str, list[float]] = {name: [] for name in runs}
+                for rep in range(PIPELINE_PROBE_WARMUP + PIPELINE_PROBE_ROUNDS):
+                    for name in (list(runs) if rep % 2 else list(runs)[::-1]):
+                        start = clock()
+                        runs[name]()
+                        if rep >= PIPELINE_PROBE_WARMUP:
+                            seconds[name].append(clock() - start)
+                    for block in blocks:
+                        block.zero_grad(set_to_none=True)
+                pipelined_s, plain_s = (statistics.median(seconds[n])
+                                        for n in ("pipelined", "plain"))
+                extra_s = pipelined_s - plain_s - m * engine_s
+                if extra_s > 0:
+                    return extra_s / (4 * m)
     finally:
         if made:
             dist.destroy_process_group()
-    pipelined_s, plain_s = (statistics.median(seconds[n]) for n in ("pipelined", "plain"))
-    extra_s = pipelined_s - plain_s - m * engine_s
-    if extra_s <= 0:  # no clamped value: a busy spell, not a measurement
-        raise PlannerError(
-            f"the pipeline action probe timed the pipelined step ({pipelined_s * 1e6:.0f} us) "
-            f"no slower than the plain loop ({plain_s * 1e6:.0f} us) and its engine calls; "
-            "the host is too busy to measure it: re-run on a quieter machine")
-    return extra_s / (4 * m)
+    # no clamped value: a busy spell, not a measurement; 0 = not priced
+    print(f"warning: the pipeline action probe timed the pipelined step ({pipelined_s * 1e6:.0f} "
+          f"us) no slower than the plain loop ({plain_s * 1e6:.0f} us) and its engine calls "
+          f"{PIPELINE_PROBE_ATTEMPTS} times: the host is too busy; the spec records 0 (the "
+          "pipelining runtime not priced): re-run on a quieter machine", file=sys.stderr)
+    return 0.0

@@ -103,7 +103,8 @@ def tied_sum_seconds(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec
     kit's per call + per byte x `sum_traffic_bytes(holders in the stage, gradient bytes)`,
     the gradient fp32 (`held_bytes_per_param`) and, where sync sums local shards, this
     rank's share (`tied_local_fraction`); the warm line's figures at or below
-    `FRESH_PAGES_ABOVE_BYTES` where the kit measured them. 0 where it measured none."""
+    `FRESH_PAGES_ABOVE_BYTES` where the kit measured them; x the core share
+    (`ClusterSpec.host_share`). 0 where it measured none."""
     cal = cluster.kernel_calibration
     layer = graph.layers[j]
     if cal is None or cal.tied_sum_s_per_byte <= 0 or not layer.tied_param_names:
@@ -118,4 +119,6 @@ def tied_sum_seconds(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec
     call_s, per_byte_s = cal.tied_sum_host_s, cal.tied_sum_s_per_byte
     if grad_bytes <= FRESH_PAGES_ABOVE_BYTES and cal.tied_sum_small_s_per_byte > 0:
         call_s, per_byte_s = cal.tied_sum_small_host_s, cal.tied_sum_small_s_per_byte
-    return call_s + per_byte_s * sum_traffic_bytes(len(local), grad_bytes)
+    # one process's figure (its fastest repeat), stretched as ranks share cores, as the
+    # engine start is (cost_models.step_host.engine_start_s)
+    return (call_s + per_byte_s * sum_traffic_bytes(len(local), grad_bytes)) * cluster.host_share

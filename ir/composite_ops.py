@@ -15,7 +15,10 @@ of a layer's composites that the layer after's backward did not run.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -57,10 +60,17 @@ def packet_name(overload: str) -> str:
     return f"{namespace}::{name}"
 
 
-@functools.cache
 def inner_ops(overload: str) -> frozenset[str]:
     """ATen ops (profiler names) the CPU runs in the backward of `overload`'s instance
-    beyond those a dispatch mode sees there; empty for an op not in COMPOSITE_BACKWARDS."""
+    beyond those a dispatch mode sees there; empty for an op not in COMPOSITE_BACKWARDS,
+    and (uncached) while a user's profiler runs: a nested session would end theirs."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        return frozenset()
+    return _inner_ops(overload)
+
+
+@functools.cache
+def _inner_ops(overload: str) -> frozenset[str]:
     from torch.profiler import ProfilerActivity, profile
 
     from ir.op_count import OpCounter
@@ -68,13 +78,29 @@ def inner_ops(overload: str) -> frozenset[str]:
     build = COMPOSITE_BACKWARDS.get(overload)
     if build is None:
         return frozenset()
-    out = build()
+    with torch.random.fork_rng():  # its random instance leaves the caller's draws alone
+        out = build()
     seed = torch.ones_like(out)
     counter = OpCounter()
-    with counter, profile(activities=[ProfilerActivity.CPU]) as prof:
+    with counter, _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
         torch.autograd.backward(out, seed)
     seen = {e.name for e in prof.events() if e.name.startswith("aten::")}
     return frozenset(seen - {packet_name(o) for o in counter.overload_names})
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Kineto's C++ start/stop lines ("USDT: ... profiler_start") go to file descriptor 2 at
+    every session: a trace would print them for each composite; sent to /dev/null here."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def _ran(overloads: frozenset[str]) -> frozenset[str]:

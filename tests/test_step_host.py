@@ -171,7 +171,9 @@ def test_a_pipeline_pays_its_runtime_per_action_and_the_plain_loop_does_not():
 
 def test_the_runtime_probe_reads_a_plausible_figure():
     """torch pipelining's per-action host work on this CPU: ~30-35 us here (2026-11-25,
-    load 7); between 1 us (a few Python calls) and 1 ms (more than the probe's layers)."""
+    load 7); between 1 us (a few Python calls) and 1 ms (more than the probe's layers), or 0
+    where a busy host left every attempt reading no extra (then it says so on stderr)."""
     from cost_models.pipeline_probes import pipeline_action_host_s
 
-    assert 1e-6 < pipeline_action_host_s("cpu") < 1e-3
+    seconds = pipeline_action_host_s("cpu")
+    assert seconds == 0.0 or 1e-6 < seconds < 1e-3

@@ -78,7 +78,10 @@ class GradCheck:
     def to_json(self) -> dict:
         return {"grad_norms_match_reference": self.matches, "grad_norm_rtol": self.rtol,
                 "grad_norm_worst_layer": self.worst_layer,
-                "grad_norm_worst_relative_error": self.worst_relative_error}
+                # null where a gradient is missing or not finite (JSON has no Infinity)
+                "grad_norm_worst_relative_error": (self.worst_relative_error
+                                                   if math.isfinite(self.worst_relative_error)
+                                                   else None)}
 
 
 def layer_norms(norms: dict[str, float], names: list[str], layers: list[str]
