@@ -27,8 +27,8 @@ from ir.layer import Layer, LayerGraph, LayerMeasurement, TPStyle
 from ir.layers import _is_block_stack
 from ir.legality import sequence_parallel_problem, takes_one_positional_input
 from ir.composite_ops import cold_inner_ops_bwd
-from ir.op_count import (cold_distinct_ops, cold_distinct_ops_bwd, recent_forward_ops,
-                         step_evicts)
+from ir.op_count import (cold_distinct_ops, cold_distinct_ops_bwd, recent_backward_ops,
+                         recent_forward_ops, step_evicts)
 from ir.ownership import names_in_layers
 from ir.plan import layer_digest
 from ir.saved_tensors import tensor_leaves, value_nbytes
@@ -114,10 +114,13 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             cold_distinct_ops_fwd=cold_distinct_ops(measured[shash],
                                                     recent_forward_ops(ran_before))))
         ran_before.insert(0, measured[shash].forward_overloads)
+    # backward: each layer after those whose backward ran just before it (the window)
+    after_ops = [layer.measured.backward_overloads for layer in layers]
+    windows = [recent_backward_ops(after_ops[i + 1:]) for i in range(len(layers))]
     layers = [dataclasses.replace(
         layer, cold_distinct_ops_bwd=cold_distinct_ops_bwd(layer.measured, ran),
         cold_inner_ops_bwd=cold_inner_ops_bwd(layer.measured, ran))
-        for layer, ran in zip(layers, [a.backward_overloads for a in layers[1:]] + [None])]
+        for layer, ran in zip(layers, windows)]
     if layers:  # the first forward follows the step before's backward
         layers[0] = dataclasses.replace(layers[0], forward_after_backward=True)
     if not step_evicts([m.forward_overloads for m in measured.values()],
