@@ -335,6 +335,54 @@ def predictions(path: str | None, model: str, micro_batch: int) -> dict:
             and r["micro_batch"] == micro_batch and r["phase"] == "bwd"}
 
 
+def probe_split(clock) -> list[dict]:
+    """Part 5 (`--probe`): why `sequence_probes.cold_backward_chains` read ~2x. Per chain
+    of its COLD_BACKWARD_CALLS `chained_calls`: its figure (cold - warm, each a difference
+    of two calls' medians), and the chain's own nodes inside the same one call timed by
+    gradient hooks (from its output's gradient to its input's) after the others' nodes
+    and after a copy's; then `cold_backward_probes`' chains (the profile's order, after a
+    block) and their fit."""
+    from cost_models import sequence_probes as sp
+    from cost_models.cold_backward_probes import cold_backward_cost, cold_backward_layers
+
+    calls = chained_calls("cpu")
+    others = calls[-sp.COLD_BACKWARD_OTHERS:]
+
+    def built(chain):
+        leaf = torch.randn(2, 8, 8, requires_grad=True)
+        z = leaf
+        for call in chain:
+            z = call(z)
+        return z, leaf
+
+    def nodes_s(chain, before) -> float:
+        (z, leaf), (o, _) = built(chain), built(before)
+        marks = {}
+        z.register_hook(lambda g: marks.__setitem__("start", clock()))
+        leaf.register_hook(lambda g: marks.__setitem__("end", clock()))
+        (z.sum() + o.sum()).backward()
+        return marks["end"] - marks["start"]
+
+    rows = []
+    for k, old in zip(sp.COLD_BACKWARD_CALLS, sp.cold_backward_chains("cpu")):
+        chain = calls[:k]
+        cold, warm = [], []
+        for _ in range(CALL_RUNS):
+            cold.append(nodes_s(chain, others))
+            warm.append(nodes_s(chain, chain))
+        rows.append({"chain": f"{k} chained calls", "cold_ops": old.cold_ops,
+                     "one_call_probe_s": old.cold_s - old.warm_s,
+                     "nodes_in_call_s": statistics.median(cold) - statistics.median(warm)})
+    chains = cold_backward_layers("cpu")
+    for c in chains:
+        rows.append({"chain": "profile order", "cold_ops": c.cold_ops,
+                     "cold_inner_ops": c.cold_inner_ops, "profile_order_s": c.extra_s})
+    cost = cold_backward_cost(chains)
+    rows.append({"chain": "fit", "op_s": cost.op_s, "inner_op_s": cost.inner_op_s,
+                 "residual_s": cost.residual_s})
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-tiny")
@@ -350,7 +398,29 @@ def main(argv=None) -> int:
                         help="part 3: composite backward ops' cold excess inside one call")
     parser.add_argument("--step", default=None, metavar="MODEL:MB,...",
                         help="part 4: whole-model backward vs the sum of its layers")
+    parser.add_argument("--probe", action="store_true",
+                        help="part 5: the one-call cold probe against its chains' own nodes")
     args = parser.parse_args(argv)
+    if args.probe:
+        with _one_thread():
+            rows = probe_split(probe_clock("cpu"))
+
+        def us(r, key):
+            return f"{r[key] * 1e6:.2f}" if key in r else "-"
+
+        print(table(["chain", "cold ops", "inner ops", "one-call probe us",
+                     "its nodes in the call us", "profile order us"],
+                    [[r["chain"], r.get("cold_ops", "-"), r.get("cold_inner_ops", "-"),
+                      us(r, "one_call_probe_s"), us(r, "nodes_in_call_s"),
+                      us(r, "profile_order_s")] for r in rows[:-1]]))
+        fit = rows[-1]
+        print(f"fit: {fit['op_s'] * 1e6:.2f} us per cold op, {fit['inner_op_s'] * 1e6:.2f} "
+              f"per cold inner op (rms {fit['residual_s'] * 1e6:.2f}); load "
+              f"{os.getloadavg()[0]:.1f}")
+        with open(RESULTS, "w") as f:
+            json.dump({"bench": "small_backward", "part": "probe",
+                       "load_average_1min": os.getloadavg()[0], "rows": rows}, f, indent=2)
+        return 0
     if args.step:
         with _one_thread():
             rows = [step_vs_layers(item.split(":")[0], int(item.split(":")[1]),

@@ -9,30 +9,41 @@ order). `Layer.cold_distinct_ops_bwd` counts a layer's backward overloads that t
 layers whose backward ran just before did not run (`ir.op_count.recent_backward_ops`),
 `Layer.cold_inner_ops_bwd` the ops its composites run inside (`ir.composite_ops`:
 `_embedding_bag_backward` runs ~20). The probe builds the same situation with a chain of
-`sequence_probes.chained_calls` (or a composite's instance) in the place of a layer and
-the last COLD_BACKWARD_OTHERS calls in that of its neighbour, each run as
-`layer_profile.StepNeighbours` runs a profiled layer's: the chain's forward, the
-neighbour's forward and backward (its own call), one tiny backward that warms the
-engine's start (`autograd_engine.warm_engine_start`), then the chain's backward timed as
-its own call (`cold_s`); the same with a copy of the chain as the neighbour (`warm_s`),
-the two alternating. Between two of the chain's backwards there run, as in a profile
-or a step, the chain's forward and a neighbour's forward and backward.
+`cold_entry_probes._unary_ops` (or a composite's instance) in the place of a layer and a
+`cold_entry_probes.neighbour_block` (a small transformer block, which runs none of those
+ops) in that of its neighbour, each run as `layer_profile.StepNeighbours` runs a profiled
+layer's: the chain's forward, the neighbour's forward and backward (its own call), one
+tiny backward that warms the engine's start (`autograd_engine.warm_engine_start`), then
+the chain's backward timed as its own call (`cold_s`); the same with a copy of the chain
+as the neighbour (`warm_s`), the two alternating. Between two of the chain's backwards
+there run, as in a profile or a step, the chain's forward and a neighbour's work.
 
 Why the older one-call probe (`sequence_probes.cold_backward_chains`: the chain's nodes
-after the others' nodes in one engine call, minus the others' call alone) read ~2x
-(4.7 us + 2.05 per cold op, 2026-11-25 quiet): its subtraction pairs two different calls
-(the chain and others' call against the others' call run right after the copy's), so
-the figure carries what the others' alone paid differently, ~10 us at 1-2 cold ops where
-the chain's own backward after the others' (separate calls, engine start warmed) paid
-1.5-1.7 us more than after its copy (bench/bench_small_backward.py --probe).
+after the others' nodes in one engine call, less the others' call alone) read ~2x (4.7
+us + 2.05 per cold op, 2026-11-25 quiet): (1) its intercept is its subtraction's, not the
+chain's: the same chains' own nodes inside that one call, timed by gradient hooks, paid
+0.6 / 1.0 / 11 / 12 / 24 us more after the others' nodes than after a copy's at 1 / 2 /
+4 / 5 / 11 cold ops, where the call differences read 7.4 / 8.6 / 18 / 17 / 33 (one call
+or two made no difference to the nodes: run as here, 0.9 / 1.3 / 8.4 / 9.6 / 21); (2) its
+chains' ops (exact GELU's, softmax's, layer norm's backward: large kernels) cost more
+cold than a layer's typical cold op: the unary chains here read 1.2-1.3 us per op, the
+chained calls ~2 (bench/bench_small_backward.py --probe, load 5-6: re-measure quiet).
+What a layer pays also grows with what ran in between: the unary chains paid 0.55 us
+per cold op after the older probe's 14 small calls, 1.4 after a block (an embedding
+bag's backward 5.4 vs 17 us; dlrm's tables.3 missed 15), so the neighbour is a block.
 
 Fit (`cold_backward_cost`): cold - warm = direct x cold ops + inner x cold inner ops,
-least squares through the origin, both >= 0 (no intercept: a chain whose ops the
-neighbour all ran paid none here, unlike the forward's entry: the engine runs no
-module code per layer).
+least squares through the origin, both >= 0. No intercept: layers with no cold op run
+at their warm price (dlrm's tables.0-2 after another table's backward: 0-0.8 us off,
+blocks after a block within 5%). A chain of ops the block runs at its own, larger shape
+(GELU, layer norm) still paid 3-8 us here: a kernel's other paths, which no op count
+sees; not priced. On this CPU (2026-11-25, load 4-6): 2.2-2.7, 3.0, 7.9-8.5, 10.2-11.1,
+21.0-21.6 us at 1, 2, 7, 10, 17 cold ops, the embedding bag 12.6-13.3 at 1 + 19 inner,
+the embedding 3.8-4.0 at 1 + 4: 1.19-1.21 us per cold op, 0.60-0.64 per inner op, rms
+0.6-0.9 us (re-measure quiet).
 
     >>> cost = cold_backward_cost(cold_backward_layers("cpu"))  # doctest: +SKIP
-    >>> cost.op_s, cost.inner_op_s                               # ~1e-6, ~0.7e-6 here
+    >>> cost.op_s, cost.inner_op_s                               # ~1.2e-6, ~0.6e-6 here
 """
 
 from __future__ import annotations
