@@ -26,7 +26,7 @@ layer's nodes cost after the neighbour (the two should agree), and cold - warm t
 the profile keeps. With `--predicted` (a bench/results/kernel_model.json), each row's
 predicted seconds beside both readings. Microseconds; medians of REPEATS after WARMUP.
 `--step MODEL:MB,...`: the whole model's backward (one call) beside the sum of its
-layers' figures read either way, plus one warm start. `--all`: every layer of
+layers' figures read either way, plus one warm start. `--probe`: part 5 below. `--all`: every layer of
 bench_kernel_model's models and micro-batches, and how many
 backward passes miss its target read either way. (The figures below were read before
 `StepNeighbours.before_backward` warmed the start itself, which `planner profile` now
@@ -64,7 +64,21 @@ With those counted (Layer.cold_inner_ops_bwd), two bench_kernel_model runs: a fl
 per cold op 29 -> 15 and 32 -> 24 over 15% (0.8 us: 16, 20); the probe's line 4.7 us +
 2.05 per op 29 -> 44, 32 -> 50 (its slope alone 33, 36): the probe reads twice what fits.
 
+Part 5 (`--probe`, 2026-11-25 07:17 UTC, load 6): the one-call probe read 7.4, 8.6, 17.7,
+16.8, 33.0 us at 1, 2, 4, 5, 11 cold ops where its chains' own nodes in that same call
+(gradient hooks) paid 0.6, 1.0, 11.0, 11.9, 23.8: a ~7 us intercept of its call
+subtraction, and chained calls whose backward kernels are large (GELU's, softmax's);
+`cold_backward_probes` (profile order, after a block; unary chains, an embedding bag, an
+embedding) 2.6, 3.7, 10.4, 11.4, 22.3 us at 1, 2, 7, 10, 17 cold ops, 14.4 at 1 + 19
+inner, 4.5 at 1 + 4: 1.30 us per cold op, 0.69 per inner op. Priced (profile-device's
+figures, cold ops counted over the window of layers whose backward ran just before,
+none where the step stays warm) against the same run's rows without them, backward
+passes over 15% of 90: 34 -> 14 (load 3.6), 38 -> 22, 35 -> 32, 48 -> 46 (load 7);
+moved out in any run: cnn-small head mb1 (+15..+26%, 2 runs), llama norm mb1/16, dlrm
+top_mlp mb4 (one run each). Re-measure on a quiet machine.
+
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --calls
+    PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --probe
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --model dlrm-small --mb 1 \
         --layers tables,top_mlp --predicted bench/results/kernel_model.json
 """
