@@ -26,9 +26,9 @@ layer's nodes cost after the neighbour (the two should agree), and cold - warm t
 the profile keeps. With `--predicted` (a bench/results/kernel_model.json), each row's
 predicted seconds beside both readings. Microseconds; medians of REPEATS after WARMUP.
 `--step MODEL:MB,...`: the whole model's backward (one call) beside the sum of its
-layers' figures read either way, plus one warm start. `--probe`: part 5 below. `--all`: every layer of
-bench_kernel_model's models and micro-batches, and how many
-backward passes miss its target read either way. (The figures below were read before
+layers' figures read either way, plus one warm start. `--probe`: part 5 below. `--all`:
+every layer of bench_kernel_model's models and micro-batches, and how many backward passes
+miss its target read either way. (The figures below were read before
 `StepNeighbours.before_backward` warmed the start itself, which `planner profile` now
 does: raw and absorbed read alike since; the "--kernel-model" what-if below was that
 change, run ahead of it.) Target: none (a decomposition); exits 0. JSON to bench/results/small_backward.json.
