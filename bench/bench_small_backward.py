@@ -73,9 +73,10 @@ embedding) 2.6, 3.7, 10.4, 11.4, 22.3 us at 1, 2, 7, 10, 17 cold ops, 14.4 at 1 
 inner, 4.5 at 1 + 4: 1.30 us per cold op, 0.69 per inner op. Priced (profile-device's
 figures, cold ops counted over the window of layers whose backward ran just before,
 none where the step stays warm) against the same run's rows without them, backward
-passes over 15% of 90: 34 -> 14 (load 3.6), 38 -> 22, 35 -> 32, 48 -> 46 (load 7);
-moved out in any run: cnn-small head mb1 (+15..+26%, 2 runs), llama norm mb1/16, dlrm
-top_mlp mb4 (one run each). Re-measure on a quiet machine.
+passes over 15% of 90: 34 -> 14 (load 3.6), 33 -> 18 (6.2), 38 -> 22, 35 -> 32 (7.2),
+48 -> 46 (6.6); moved out in any run: cnn-small head mb1 (+15..+26%, 3 of 5 runs; 5 of
+its 8 cold ops are views, which a view-only chain showed cost as much cold: 3.5 us at 1,
+6 at 3), llama norm mb1/16, dlrm top_mlp mb4 (one run each). Re-measure quiet.
 
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --calls
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --probe
