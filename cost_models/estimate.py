@@ -11,7 +11,9 @@ Per pipeline rank r and micro-batch (compute.py, comm.py):
   and, with a pipeline on CPU processes, torch pipelining's host work per action in each
   (step_host.pipeline_action_s)
 Each stage's first and last layers' cold ops are counted against what their rank runs
-before them in the step (`step_host.placed_layers`), not against their model neighbours.
+before them in the step, and a first layer's forwards priced apart by whether a backward
+ran just before them (`step_host.placed_layers`), not against their model neighbours.
+The search adds the same per-stage host terms to its objective (`planner.stage_host`).
 Data-parallel traffic overlaps the compute it runs beside with efficiency
 `overlap_efficiency(cluster)` (GPUs DP_OVERLAP_EFFICIENCY; CPU processes only what idle
 cores can take; or the spec's `dp_overlap_efficiency`); what it cannot hide is exposed.
