@@ -181,6 +181,50 @@ def test_two_tensors_shared_by_one_owner_stay_apart():
     assert tied_copies(graph, "head.b") == (0, 3)
 
 
+class _Owner(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.randn(8, 8))
+        self.b = torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        return x @ self.a @ self.b
+
+
+class _TwoShared(torch.nn.Module):
+    """`owner`, one layer, holds two weights; `first` reuses one, `second` the other (as
+    a tied embedding's head does), so the executor makes two tie groups (executors.tied)."""
+
+    def __init__(self):
+        super().__init__()
+        self.owner = _Owner()
+        self.first = torch.nn.Linear(8, 8, bias=False)
+        self.second = torch.nn.Linear(8, 8, bias=False)
+        self.first.weight = self.owner.a
+        self.second.weight = self.owner.b
+
+    def forward(self, x):
+        return self.second(self.first(self.owner(x)))
+
+
+def test_a_traced_owner_of_two_shared_tensors_gives_two_tie_groups():
+    """Traced: the owner is layer 0 for both copies; the tensors' own names keep them
+    apart, as `executors.tied.find_tie_groups` does by tensor identity."""
+    from executors.tied import find_tie_groups
+    from ir.measure import build_layer_graph
+
+    model = _TwoShared()
+    graph = build_layer_graph(model, {"x": torch.randn(2, 8)}, dtype=torch.float32)
+    names = [layer.name for layer in graph.layers]
+    first, second = names.index("first"), names.index("second")
+    owner = graph.layers[first].tied_owner_layers[0]
+    assert graph.layers[second].tied_owner_layers == (owner,)
+    assert graph.layers[first].tied_owner_params != graph.layers[second].tied_owner_params
+    executor = sorted(group.layers for group in find_tie_groups(model, graph))
+    assert sorted((tied_copies(graph, graph.layers[j].tied_param_names[0])
+                   for j in (first, second))) == executor
+
+
 @pytest.mark.parametrize("schedule, pp, v, shares", [
     # GPipe F0..F3 then B0..B3: only the step's first forward follows a backward
     (Schedule.GPIPE, 2, 1, {0: 0.25, 1: 0.25}),
