@@ -16,7 +16,8 @@ pruned or kept on the score the estimate will give it:
 so T_r = T*(a, b, r) + p2p(a, b) + h(a, b, r) (`planner.search`'s recurrence). Two
 simplifications, both left to the estimate that ranks the found plans: the placed change
 is priced at each layer's fastest strategy (it moves host time only, the same for every
-strategy but a checkpointed one's recompute), and the tied sum on the full gradient (the
+strategy but a checkpointed one's recompute; the DP traffic it exposes or hides is not
+re-priced), and the tied sum on the full gradient (the
 path `tied_local_fraction` gives whenever a copy sits on another rank; a rank holding every
 copy of one layout sums local shards, less).
 
@@ -107,12 +108,13 @@ class StageHost:
 
     def _delta(self, j: int, placed: Placed) -> float:
         """Layer j as placed less as traced (what its table priced)."""
-        key = (j, _passes_key(placed))
-        out = self._deltas.get(key)
+        passes = _passes_key(placed)
+        out = self._deltas.get((j, passes))
         if out is None:
-            traced = self.graph.layers[j]
-            out = self._deltas[key] = (0.0 if placed == ((1.0, traced),)
-                                       else self.price(j, placed) - self.price(j, ((1.0, traced),)))
+            traced = ((1.0, self.graph.layers[j]),)
+            out = self._deltas[(j, passes)] = (
+                0.0 if passes == _passes_key(traced)
+                else self.price(j, placed) - self.price(j, traced))
         return out
 
     def _tied_s(self, spans: list[tuple[int, int]]) -> float:
@@ -124,13 +126,12 @@ class StageHost:
                    if (local := held.intersection(holders)))
 
     def _floor(self) -> float:
-        """A lower bound on h: the least engine starts and actions of any stage, sums >= 0;
-        the placed change takes
-        away at most a layer's traced cold terms (its count 0, whichever entry is cheaper;
-        `host_dispatch`, the host seconds `layer_compute` reads), once for a stage's
-        first layer's forward and once for its last layer's backward, stretched as
-        `compute.with_host` stretches host time and twice for a recompute that reruns
-        the forward's host."""
+        """A lower bound on h: the least engine starts and actions of any stage, the sums
+        >= 0, and the placed change at least each layer's traced cold terms taken away
+        (its count 0, whichever entry is cheaper; `host_dispatch`, the host seconds
+        `layer_compute` reads), once for a stage's first layer's forward and once for its
+        last layer's backward, stretched as `compute.with_host` stretches host time, and
+        twice for a recompute that reruns the forward's host."""
         c = self.cand
         m, p, v = c.num_microbatches, c.pp, c.virtual_stages
         least_s = min(sum(step_host_per_microbatch_s(self.cluster, c.schedule, p, m, v, (i,)))
