@@ -251,3 +251,26 @@ def test_a_forward_follows_a_backward_as_the_schedule_orders_them(schedule, pp, 
         assert after == pytest.approx(share)
     inner = plan.stages[0].first_layer + 1  # inside a stage: after its neighbour's forward
     assert [layer.forward_after_backward for _, layer in placed[inner]] == [False]
+
+
+def test_the_shifted_lower_bounds_stay_below_every_objective_found():
+    """Pruning reads `_lower_bound` + `bound_shift_s(floor)`: with every host term priced
+    (engine, actions, cold ops, entries, tied sums) no candidate the search solved may
+    score below its own bound, or a better one could have been pruned."""
+    from planner.layer_tables import memory_budget_bytes, price_layers
+    from planner.search import _lower_bound
+    from planner.stage_host import bound_shift_s, stage_host
+
+    graph = load_layer_graph(TIED_SPEC, micro_batch=1, seq_len=32, dtype=torch.float32)
+    cluster = two_cpu_processes(_kit())
+    options = SearchOptions(precision=Precision.FP32, top_k=50, no_offload=True)
+    result = search(graph, cluster, 8, options, with_baselines=False)
+    assert {c.outer.pp for c in result.candidates} == {1, 2}
+    for c in result.candidates:
+        tables, _ = price_layers(graph, cluster, c.outer, options, 8, None, {})
+        budget = (memory_budget_bytes(cluster, options)
+                  - max(float(t.transient_bytes.min()) for t in tables))
+        host = stage_host(graph, cluster, c.outer, tables, options, 8, None, None)
+        bound = _lower_bound(c.outer, tables, budget) + bound_shift_s(c.outer, host.floor_s)
+        assert bound <= c.objective_s * (1 + 1e-12)
+        assert bound_shift_s(c.outer, host.floor_s) > 0  # the engine starts at least
