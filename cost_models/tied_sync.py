@@ -4,7 +4,8 @@
 after the last backward `executors.tied.TiedGradients.sync` sets each copy's gradient to
 the sum over the copies: `total = sum(grads)` (Python's `sum`, starting from 0), then
 `grad.copy_(total)` per copy. Once per step, per tie group and pipeline rank (the copies
-of all the stage modules a rank holds, `TiedGradients.__init__`), on plain or local tensors: no per-layer profile times it (each layer's backward only makes its own copy's
+of all the stage modules a rank holds, `TiedGradients.__init__`), on plain or local
+tensors: no per-layer profile times it (each layer's backward only makes its own copy's
 gradient), so the step pays it on top. (edgebwd measured a shared 33.5 MB table's second
 contribution at +17 ms per backward on this CPU: a memory-bound pass with fresh pages.)
 

@@ -36,7 +36,8 @@ def partition(graph, solver: StageSolver, cand: OuterCandidate, ks: list[float],
     Memory and time only grow as a stage gets longer, so once a..b does not fit, or
     (m-1) T alone reaches `incumbent` (an objective already found elsewhere), no longer
     stage from a helps (`edge_cost(a, b, r)`: the sends and the step's host terms,
-    `planner.stage_host`, at least `floor_s`); partial partitions whose objective reaches it are dropped too.
+    `planner.stage_host`, at least `floor_s`); partial partitions whose objective
+    reaches it are dropped too.
     The last rank must end at the last layer."""
     n, p, m = len(graph.layers), cand.pp, cand.num_microbatches
     cut_set = set(graph.cut_points)
