@@ -56,7 +56,8 @@ class HostOpCost:
     The forward also in three parts: per view op (`view_op_s`: metadata only, no kernel),
     per other op called as a function (`function_op_s`) and per leaf-module call on top
     of its ops (`module_call_s`). The backward also in four (CPU): per view and per other
-    op as a formula dispatches them, grad mode off (`host_excess.plain_dispatch_seconds`),
+    op as a formula dispatches them, from C++ with grad mode off
+    (`host_excess.internal_dispatch_seconds`),
     per ATen op's fixed excess (`excess_s`), and per autograd node the engine runs
     (`backward_node_s`: the chain's backward less those, over its nodes)."""
 
@@ -128,8 +129,10 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
 
     Backward, in parts (CPU; 0 elsewhere): the engine runs one node per forward op that
     recorded one plus one per parameter tensor (its gradient's accumulation), and each
-    node's formula dispatches ops with grad mode off. Per view and per other op: the
-    plain dispatch probe; per node = (the chain's backward - its views x per view - its
+    node's formula dispatches ops from C++ with grad mode off. Per view and per other op:
+    `host_excess.internal_dispatch_seconds` (a C++ loop's: the plain probe's Python
+    binding, ~0.3-0.4 us a call here, put on each view and op, left mlp-small's block
+    backward, 9 views to 5 nodes, +16..+29% over against the chain's 16 to 12); per node = (the chain's backward - its views x per view - its
     other ops x per op - its ops' excess) / its nodes (`ir.op_count.autograd_nodes`, the
     count `host_dispatch.backward_host_seconds` takes of a layer). Both backward figures
     leave out the engine's start (`autograd_call_s`): a step pays it once per
@@ -138,8 +141,8 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     from torch import nn
 
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
-    from cost_models.host_excess import (plain_dispatch_seconds, python_node_seconds,
-                                         records_excess_seconds)
+    from cost_models.host_excess import (internal_dispatch_seconds, plain_dispatch_seconds,
+                                         python_node_seconds, records_excess_seconds)
     from ir.kernel_recorder import KernelRecorder
     from ir.kernel_records import KernelKind
     from ir.op_count import OpCounter, autograd_nodes, count_ops
@@ -262,11 +265,12 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
             function_records, lambda op: plain.excess_s.get(op, 0.0)) / max(
             function_ops - function_views, 1)
         function_op_s = max(0.0, function_op_s - chain_excess_s)
+        internal = internal_dispatch_seconds(device)  # from C++, as the engine's formulas
         views = sum(r.count for r in backward_records if r.kind is KernelKind.VIEW)
         # host_dispatch.backward_host_seconds' formula solved for the per-node figure
-        rest_s = (backward_s - views * plain.view_s - (backward_ops - views) * plain.op_s
+        rest_s = (backward_s - views * internal.view_s - (backward_ops - views) * internal.op_s
                   - records_excess_seconds(backward_records, lambda op: plain.excess_s.get(op, 0.0)))
-        parts = dict(backward_view_op_s=plain.view_s, backward_nonview_op_s=plain.op_s,
+        parts = dict(backward_view_op_s=internal.view_s, backward_nonview_op_s=internal.op_s,
                      backward_node_s=max(0.0, rest_s) / nodes,
                      excess_s=tuple(sorted(plain.excess_s.items())),
                      python_node_s=python_node_seconds(device),
