@@ -1,9 +1,10 @@
-"""The backward's per-view and per-op host figures are what a C++ caller pays
-(`cost_models.host_excess.internal_dispatch_seconds`), not a Python call's: the probe's
-calls loop through the dispatcher one item at a time (the CPU profiler sees each add and
-each select); its slope arithmetic on a stand-in clock, by hand; the real probe's units;
-the per-pass probe hands those figures to the backward parts it solves the per-node
-figure with; a spec measured before prices a layer as before."""
+"""The backward's per-view and per-op host figures and the forward's per-view one are
+what a C++ caller pays (`cost_models.host_excess.internal_dispatch_seconds`), not a
+Python call's: the probe's calls loop through the dispatcher one item at a time (the CPU
+profiler sees each add and each select); its slope arithmetic on a stand-in clock, by
+hand; the real probe's units; the per-pass probe hands those figures to the parts it
+solves the per-node and forward per-op figures with; a spec measured before prices a
+layer as before."""
 
 from __future__ import annotations
 
@@ -71,16 +72,18 @@ def test_real_internal_probe_units():
     assert 0 < probe.op_s < 1e-3 and 0 < probe.view_s < 1e-3
 
 
-def test_per_pass_probe_solves_the_backward_with_the_internal_figures(monkeypatch):
+def test_per_pass_probe_solves_both_passes_with_the_internal_figures(monkeypatch):
     """`host_op_seconds_by_pass` puts the internal probe's figures in the backward parts
-    (stand-in figures 0.7 / 0.3 us come out as the kit's per-op and per-view figures), and
-    its per-node figure is what the chain's backward leaves after them."""
+    (stand-in figures 0.7 / 0.3 us come out as the kit's per-op and per-view figures) and
+    its view figure in the forward's (a layer's forward views are mostly a C++ caller's);
+    its per-node and forward per-op figures are what the chains leave after them."""
     internal = InternalDispatch(op_s=0.7 * US, view_s=0.3 * US)
     monkeypatch.setattr(host_excess, "internal_dispatch_seconds", lambda device: internal)
     probe = host_probes.host_op_seconds_by_pass("cpu")
     fields = probe.calibration_fields()
     assert fields["backward_nonview_host_op_s"] == 0.7 * US
     assert fields["backward_view_host_op_s"] == 0.3 * US
+    assert fields["view_host_op_s"] == 0.3 * US and 0 <= fields["forward_host_op_s"] < 1e-4
     assert 0 <= fields["backward_node_host_s"] < 1e-4
 
 
