@@ -142,7 +142,13 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     backward, 9 views to 5 nodes, +16..+29% over against the chain's 16 to 12); per
     node = (the chain's backward - its views x per view - its other ops x per op - its
     ops' excess) / its nodes (`ir.op_count.autograd_nodes`, the
-    count `host_dispatch.backward_host_seconds` takes of a layer). Both backward figures
+    count `host_dispatch.backward_host_seconds` takes of a layer). The chain's backward is
+    timed after its forward and, untimed, another forward and backward of it, as a step
+    runs a layer's after the layer after's (and `layer_profile.StepNeighbours` a profiled
+    one's): timed after the forward variants instead, its code partly evicted, it read
+    ~18 us more (0.2 us a node, 2026-11-25), which the per-node figure put on every
+    layer's nodes (mlp-small's block 1.6-1.7 us against 1.2-1.4 in its own chain's
+    backward). Both backward figures
     leave out the engine's start (`autograd_call_s`): a step pays it once per
     micro-batch and stage, and `layer_profile.time_layer` takes it out of a layer's."""
     import torch
@@ -173,6 +179,9 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
 
         def backward():
             holder.pop("loss").backward()
+
+        def neighbour():  # the layer after's forward and backward (`StepNeighbours`)
+            chain(x).sum().backward()
 
         def through_modules():
             y = x
@@ -228,11 +237,13 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
                 start = clock()
                 forward()
                 sync()
-                mid = clock()
+                forward_s += clock() - start
+                neighbour()  # untimed, as a step runs the layer after's before a backward
+                sync()
+                start = clock()
                 backward()
                 sync()
-                forward_s += mid - start
-                backward_s += clock() - mid
+                backward_s += clock() - start
                 for timed in (through_modules, as_functions)[::1 if run % 2 else -1]:
                     start = clock()
                     timed()
