@@ -17,6 +17,15 @@ pass and kit; JSON to bench/results/view_ab.json. Timings on a loaded machine ar
 the A/B holds the timings and the probe run fixed, which bench_kernel_model's repeated
 runs do not. Target: new's count over 15% not above old's in either pass (exit 1).
 
+Read here (one thread, 2026-11-25 07:20-07:35 UTC, load 6-7 on 2 shared cores: re-measure
+on a quiet machine), forward / backward passes over 15%, old -> bwd -> new: mlp-small,
+dlrm-small, llama-tiny, gpt-tiny: 23 / 24 -> 23 / 22 -> 19 / 22 of 51; all seven zoo
+models: 27 / 34 -> 27 / 31 -> 23 / 31 of 90 (no transformer block within 15% left it:
+llama-tiny blocks.1 fwd +4 / +6 / -1% -> -4 / +1 / -3%, gpt-tiny +13 / +8 / -11% -> +5 /
++5 / -12%, bert-tiny, t5-tiny and cnn-small's blocks moved 0-8 points); with the probe's
+backward timed after its neighbour (the per-node figure 1.96 -> 1.77 us at load 6): 22 /
+27 -> 22 / 21 -> 17 / 21 of 51, mlp-small's blocks' backward +15..+31% -> +9..+23%.
+
     PYTHONPATH=$PWD .venv/bin/python bench/bench_view_ab.py [--models mlp-small,dlrm-small]
 """
 

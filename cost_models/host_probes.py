@@ -127,10 +127,11 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     records nothing, its views (F.linear's t) taken out at a C++ caller's price
     (`host_excess.internal_dispatch_seconds`, the kit's per-view figure too: the Python
     chain's 1.2 us a view, 3x that, over-priced view-heavy forwards, dlrm's bottom MLP
-    and llama-tiny's blocks, and under-priced the other ops), and per forward autograd node = (functions with grad -
-    without) / the grad_fns the chain records (`ir.op_count.autograd_nodes` without
-    accumulations, the count `host_dispatch.forward_host_seconds` takes of a layer): an op on
-    int tensors, or on tensors needing no gradient, records none.
+    and llama-tiny's blocks, and under-priced the other ops), and per forward autograd
+    node = (functions with grad - without) / the grad_fns the chain records
+    (`ir.op_count.autograd_nodes` without accumulations, the count
+    `host_dispatch.forward_host_seconds` takes of a layer): an op on int tensors, or on
+    tensors needing no gradient, records none.
     One thread; the runs alternate within each round (a slow spell hits all of them), the
     module and function chains in turns (the first after a backward pays the caches').
 
@@ -141,16 +142,16 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     binding, ~0.3-0.4 us a call here, put on each view and op, left mlp-small's block
     backward, 9 views to 5 nodes, +16..+29% over against the chain's 16 to 12); per
     node = (the chain's backward - its views x per view - its other ops x per op - its
-    ops' excess) / its nodes (`ir.op_count.autograd_nodes`, the
-    count `host_dispatch.backward_host_seconds` takes of a layer). The chain's backward is
+    ops' excess) / its nodes (`ir.op_count.autograd_nodes`, the count
+    `host_dispatch.backward_host_seconds` takes of a layer). The chain's backward is
     timed after its forward and, untimed, another forward and backward of it, as a step
     runs a layer's after the layer after's (and `layer_profile.StepNeighbours` a profiled
     one's): timed after the forward variants instead, its code partly evicted, it read
     ~18 us more (0.2 us a node, 2026-11-25), which the per-node figure put on every
     layer's nodes (mlp-small's block 1.6-1.7 us against 1.2-1.4 in its own chain's
-    backward). Both backward figures
-    leave out the engine's start (`autograd_call_s`): a step pays it once per
-    micro-batch and stage, and `layer_profile.time_layer` takes it out of a layer's."""
+    backward). Both backward figures leave out the engine's start (`autograd_call_s`): a
+    step pays it once per micro-batch and stage, and `layer_profile.time_layer` takes it
+    out of a layer's."""
     import torch
     from torch import nn
 
