@@ -24,7 +24,12 @@ models: 27 / 34 -> 27 / 31 -> 23 / 31 of 90 (no transformer block within 15% lef
 llama-tiny blocks.1 fwd +4 / +6 / -1% -> -4 / +1 / -3%, gpt-tiny +13 / +8 / -11% -> +5 /
 +5 / -12%, bert-tiny, t5-tiny and cnn-small's blocks moved 0-8 points); with the probe's
 backward timed after its neighbour (the per-node figure 1.96 -> 1.77 us at load 6): 22 /
-27 -> 22 / 21 -> 17 / 21 of 51, mlp-small's blocks' backward +15..+31% -> +9..+23%.
+27 -> 22 / 21 -> 17 / 21 of 51, mlp-small's blocks' backward +15..+31% -> +9..+23%; all
+seven at load 4.3 (07:42): 30 / 28 -> 30 / 27 -> 18 / 27 of 90, transformer blocks
+within 15% all stay within (t5-tiny decoder_blocks.0 mb16 fwd -14 -> -15%), llama-tiny
+blocks.1 fwd +22 / +18% -> +11 / +12% at micro-batch 1 / 4, dlrm's top MLP backward -19..
+-25% -> -23..-29% (its cold ops: bwdcold), bottom MLP forward +25..+45% -> +18..+36%
+(its cold entry after its own backward: bench_small_layers reads 2.6 us, priced 11-14).
 
     PYTHONPATH=$PWD .venv/bin/python bench/bench_view_ab.py [--models mlp-small,dlrm-small]
 """
