@@ -22,6 +22,17 @@ funcol all-reduces' calling-thread CPU not yet priced apart); step 35-36 ms. Wit
 --backward: blocks' backward 2.95-3.07 ms against 2.94 priced (2.32 without the SP group
 figure), forward 2.56-2.73 against 2.90.
 
+A checkpointed layer's backward row holds its recompute (priced backward + recompute), and
+a "LAST+loss" row sets the last layer's and the loss's forward CPU together against the
+last layer's price (a loss-parallel head's DTensor loss: `compute.vocab_edge_seconds`).
+Read on 2026-11-25 at load 4-7 (spec with the vocab/loss/SAC figures, `tp_probes`,
+`vocab_probes`): gpt tp2+sp dp1, head+loss 1.39 ms against 1.22; with SELECTIVE the blocks
+read 1.9 ms more forward and 4.6 more backward+recompute CPU than without (gpt-tiny on 1
+rank: 0.4 and 1.0), against 0.6 and 2.3 priced: SAC on a TP+SP block costs more than its
+Linear pairs' probe holds (torch.profiler: the recompute reruns 33 `Redistribute` a step
+at ~0.27 ms each). gpt-tp2-dp2-sp-sel on 4 ranks: step 88 ms of CPU against 53 for
+gpt-tp2-dp2-sp.
+
 Prints a table, writes bench/results/layer_cpu.json, exits 1 when a layer with TP
 modules misses its priced forward by more than LAYER_TARGET.
 """
