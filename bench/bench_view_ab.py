@@ -12,6 +12,17 @@ cold ops) and the backward's (cold backward ops) are main's, so the new column i
 bench_kernel_model reads on the same timings. Target: new's count over 15% not above
 cpp's in either pass (exit 1).
 
+Read here (one thread, 2026-11-25 07:50-07:55 UTC, load 5.4 and 7.0 on 2 shared cores:
+re-measure on a quiet machine), mlp-small, dlrm-small, llama-tiny at micro-batches 1, 4,
+16, forward / backward rows over 15%, cpp -> new: 13 / 9 -> 14 / 9 and 19 / 14 -> 20 / 14
+of 39 (exit 1): the Python view read 0.634 / 0.641 us against the C++ 0.478 / 0.487, so a
+view node adds 0.16 us; llama-tiny's blocks (18 view nodes) +1 point (+3 -> +4%, +7 ->
++8% at micro-batch 1), dlrm's top MLP (4) +1, its tables (1 each, the `sparse[:, i]`
+select) +1, which puts one already over-priced table row across 15% in each run
+(tables.0 mb16 +15 -> +16%, tables.3 mb1 +14.6 -> +15.4%: the tables' forward is over
+for a reason of its own, +6..+19% before this term). Standalone, at load 3-4, the probe
+read 0.63-0.64 us against 0.34 (+0.29 a node).
+
 Round 1 (this bench then compared a Python caller's view and op figures, old, with the
 C++ caller's, new; kits old / bwd / new) read here (one thread, 2026-11-25 07:20-07:35 UTC, load 6-7 on 2 shared cores: re-measure
 on a quiet machine), forward / backward passes over 15%, old -> bwd -> new: mlp-small,
