@@ -29,7 +29,9 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     `forward_host_op_s` (as functions) + module calls x `module_call_host_s`; where the
     kit measured `python_node_host_s` (its per-op figures then net of the ops' fixed
     excess), each forward op's per-call excess (`host_op_excess`: exact GELU's ~5 us) +
-    fx call nodes that dispatch nothing x per-node (`python_nodes_fwd`); where it measured
+    fx call nodes that dispatch nothing x per-node (`python_nodes_fwd`), fx nodes that
+    dispatch only views x (`python_view_host_op_s` - `view_host_op_s`), their first view
+    called from Python (`python_view_nodes_fwd`); where it measured
     `forward_node_host_s` (its per-op figures then grad-off), the autograd nodes the
     forward records x per-node (`autograd_nodes_fwd`, else one per floating-point op:
     `host_excess.backward_nodes`); where it measured `in_sequence_op_host_s`, what the
@@ -56,6 +58,9 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     views = sum(r.count for r in layer.kernels.forward if r.kind is KernelKind.VIEW)
     host_s = (views * cal.view_host_op_s + (layer.ops_fwd - views) * cal.forward_host_op_s
               + calls * cal.module_call_host_s)
+    # a view-only fx node's first view is called from Python (host_excess.InternalDispatch)
+    host_s += layer.python_view_nodes_fwd * max(0.0, cal.python_view_host_op_s
+                                                 - cal.view_host_op_s)
     if cal.python_node_host_s > 0:  # host_excess: nodes and excess apart
         host_s += (layer.python_nodes_fwd * cal.python_node_host_s
                    + records_excess_seconds(layer.kernels.forward, cal.host_excess_s))

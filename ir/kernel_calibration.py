@@ -64,7 +64,9 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "tied_sum_host_s", "tied_sum_s_per_byte", "tied_sum_small_host_s",
             "tied_sum_small_s_per_byte",
             # a backward run after other layers' backwards (`cost_models.cold_backward_probes`)
-            "cold_backward_inner_op_host_s")
+            "cold_backward_inner_op_host_s",
+            # a view a layer's fx node calls from Python (`host_excess.InternalDispatch`)
+            "python_view_host_op_s")
 
 # Figures kits of 2026-11-24 wrote, always as 0 (per-call forward pricing, which
 # profile-device never turned on and which was removed: bench/bench_host_ab.py); a spec
@@ -103,6 +105,11 @@ class KernelCalibration:
     module_call_host_s: float = 0.0
     view_host_op_s: float = 0.0
     python_node_host_s: float = 0.0
+    # Per view called from Python, one fx node each, grad mode off (`view_host_op_s` is a
+    # C++ caller's: F.linear's t; `host_excess.internal_dispatch_seconds`); a layer's
+    # view-only nodes (`Layer.python_view_nodes_fwd`) pay the difference once each; 0
+    # where not measured.
+    python_view_host_op_s: float = 0.0
     # Per autograd node the forward records (a grad_fn and its saved inputs), measured as a
     # chain's forward with grad mode on less off (`host_probes.host_op_seconds_by_pass`).
     # Where > 0, `forward_host_op_s` and `view_host_op_s` are the grad-off figures (an op

@@ -107,6 +107,10 @@ class LayerMeasurement:
     # arithmetic, `float()` of a float tensor): each is a line of generated Python the host
     # runs (`ir.op_count.python_nodes`); 0 where not counted.
     python_nodes_fwd: int = 0
+    # fx call nodes of the forward that dispatch only views (`x.view`, `transpose`, a
+    # slice, `flatten`): each calls its first view from Python, the others from C++
+    # (`ir.graph_measurer.view_nodes`); 0 where not counted.
+    python_view_nodes_fwd: int = 0
     # Autograd nodes one backward runs (the graph walked from the layer's outputs, each
     # parameter's gradient accumulation included: `ir.op_count.autograd_nodes`); 0 where
     # not counted.
