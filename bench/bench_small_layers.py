@@ -117,7 +117,7 @@ def time_variant(measurer, index: int, state: dict, factory, variant: str,
     module = measurer.layer_module(index, state)
     neighbours = StepNeighbours(measurer, index, factory, layers)
     if variant == "repeat":
-        neighbours.befores, neighbours.after = [], None
+        neighbours.befores, neighbours.afters = [], []
     params = [t for t in state.values() if isinstance(t, torch.Tensor)]
     sweep = torch.empty(EVICT_BYTES // 4) if variant == "evict" else None
     fwd, bwd, faults = [], [], []

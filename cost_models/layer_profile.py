@@ -213,12 +213,35 @@ def forward_window(layers: list, before: int | None) -> list[int]:
     return list(range(before - recent_window_layers(previous) + 1, before + 1))
 
 
+def backward_window(layers: list, after: int | None) -> list[int]:
+    """The layers whose backwards a step runs, in order, just before the backward of the
+    layer before `after` and leaves warm for it (`ir.op_count.recent_window_layers` over
+    their backward ops, `Layer.measured.backward_overloads`: the ones
+    `Layer.cold_distinct_ops_bwd` is counted against, `ir.measure`), ending with `after`;
+    [] for None (the step's last layer). One thread runs a step's autograd nodes in
+    reverse creation order, so the layers' backwards in reverse graph order (t5-tiny's
+    encoder_norm after decoder_blocks.0, decoder_rel_bias, decoder_embed: gradient
+    pre-hooks on a real step, 2026-11-25). A layer whose structural hash a nearer one in
+    the window has is left out: it runs the same ops, and a stack of blocks whose
+    backward runs fewer distinct ops than the window holds (gpt-tiny's: 13) would
+    otherwise put every block after it, up to the head, on the device at once."""
+    if after is None:
+        return []
+    later = [layers[j].measured.backward_overloads for j in range(after, len(layers))]
+    window = range(after, after + recent_window_layers(later))
+    hashes = [layers[j].structural_hash for j in window]
+    return [j for k, j in reversed(list(enumerate(window)))
+            if layers[j].structural_hash not in hashes[:k]]
+
+
 class StepNeighbours:
     """Runs, untimed, what a step runs between a layer's work and that of its neighbour
     (`step_neighbours`): the forwards of the layers before it ahead of its timed forward
     (`forward_window` where `layers`, the graph's, are given: a head after a norm after a
-    block, as the cold ops are counted; else the layer before alone); the forward and
-    backward of the layer after it between its timed forward and backward. A layer timed
+    block, as the cold ops are counted; else the layer before alone); between its timed
+    forward and backward, the forwards and backwards of the layers after it whose
+    backward ops a step leaves warm for it (`backward_window`; else the layer after
+    alone). A layer timed
     right after its own backward, as `time_layer` ran each before, pays for code a step
     runs warm (bench/bench_in_sequence.py: 3-7 us per distinct op run once after other
     code), and one timed after nothing misses what a step's neighbours evict (each
@@ -232,11 +255,12 @@ class StepNeighbours:
         before, after = step_neighbours(measurer, index)
         self.befores = (forward_window(layers, before) if layers is not None
                         else [] if before is None else [before])
+        self.afters = (backward_window(layers, after) if layers is not None
+                       else [] if after is None else [after])
         self.runs = {}  # index -> (its module, its state)
-        for j in set(self.befores) | ({after} - {None}):
+        for j in set(self.befores) | set(self.afters):
             state = measurer.layer_state(j, factory)
             self.runs[j] = (measurer.layer_module(j, state), state)
-        self.after = after
 
     def _forward(self, j: int) -> list[torch.Tensor]:
         module, state = self.runs[j]
@@ -249,13 +273,15 @@ class StepNeighbours:
             self._forward(j)
 
     def before_backward(self) -> None:
-        """The layer after's forward then its backward, as a step runs them between this
-        layer's forward and backward; then the engine's start warmed (a step runs all
-        layers' nodes in one call, so none of them pays a cold start)."""
-        if self.after is not None:
-            roots = self._forward(self.after)
-            if roots:
-                torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
+        """The forwards of the layers after (`backward_window`, in step order: the layer
+        after first), then their backwards in a step's order (the layer after's last), as
+        a step runs them between this layer's forward and backward; then the engine's
+        start warmed (a step runs all layers' nodes in one call, so none of them pays a
+        cold start)."""
+        roots = {j: self._forward(j) for j in reversed(self.afters)}
+        for j in self.afters:
+            if roots[j]:
+                torch.autograd.backward(roots[j], [torch.ones_like(t) for t in roots[j]])
         warm_engine_start(self.device)
 
 
