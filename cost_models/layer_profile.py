@@ -9,8 +9,8 @@ model reads it back and prefers its seconds over the analytic FLOP-rate estimate
                  "backward_seconds", "saved_activation_bytes", "flops_fwd", "flops_bwd",
                  "engine_start_seconds", "engine_start_spread"}]}
 
-Only the layer being measured and its two step neighbours (`StepNeighbours`) are
-materialised (parameters and inputs drawn at random in the profile dtype), so a model far
+Only the layer being measured and the layers a step runs around it (`StepNeighbours`:
+each kind once) are materialised (parameters and inputs drawn at random in the profile dtype), so a model far
 larger than the device still profiles layer by layer.
 """
 
@@ -157,14 +157,17 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
         sync()
         mid = time.perf_counter()
         outs = measurer.module_roots(index, returned)
-        seeds = [torch.ones_like(t) for t in outs]
         neighbours.before_backward()
+        # made after the neighbours' work, as a step makes a gradient just before the nodes
+        # that read it (made before it, dlrm's tables.0 read 1.2 us slower: load 6)
+        seeds = [torch.ones_like(t) for t in outs]
         sync()
         back = time.perf_counter()
         if outs:
             torch.autograd.backward(outs, seeds)
         sync()
         end = time.perf_counter()
+        neighbours.after_backward()
         if rep >= warmup:
             forward_s.append(mid - start)
             if outs:
@@ -241,7 +244,7 @@ class StepNeighbours:
     block, as the cold ops are counted; else the layer before alone); between its timed
     forward and backward, the forwards and backwards of the layers after it whose
     backward ops a step leaves warm for it (`backward_window`; else the layer after
-    alone). A layer timed
+    alone); after the step's last layer's backward, those of the layers before it. A layer timed
     right after its own backward, as `time_layer` ran each before, pays for code a step
     runs warm (bench/bench_in_sequence.py: 3-7 us per distinct op run once after other
     code), and one timed after nothing misses what a step's neighbours evict (each
@@ -257,6 +260,7 @@ class StepNeighbours:
                         else [] if before is None else [before])
         self.afters = (backward_window(layers, after) if layers is not None
                        else [] if after is None else [after])
+        self.last = after is None  # the step's last layer: its backward follows its forward
         self.runs = {}  # index -> (its module, its state)
         for j in set(self.befores) | set(self.afters):
             state = measurer.layer_state(j, factory)
@@ -280,9 +284,27 @@ class StepNeighbours:
         cold start)."""
         roots = {j: self._forward(j) for j in reversed(self.afters)}
         for j in self.afters:
-            if roots[j]:
-                torch.autograd.backward(roots[j], [torch.ones_like(t) for t in roots[j]])
+            self._backward(roots[j])
         warm_engine_start(self.device)
+
+    def after_backward(self) -> None:
+        """For the step's last layer, the forwards then backwards of the layers before it
+        (`befores`, the nearest's backward first), as a step runs their backwards after
+        its backward: its next backward then finds the ops its forward did not run cold,
+        as `ir.op_count.cold_distinct_ops_bwd` counts them. Timed right after its forward
+        and the layers before's forwards alone, cnn-small's head read 31-33 us at
+        micro-batch 1 where inside whole steps it read 38 (bench/bench_backward_window.py,
+        load 6, 2026-11-25). Nothing for the other layers: what a step runs after their
+        backward is not what theirs is counted against."""
+        if not self.last:
+            return
+        roots = {j: self._forward(j) for j in self.befores}
+        for j in reversed(self.befores):
+            self._backward(roots[j])
+
+    def _backward(self, roots: list[torch.Tensor]) -> None:
+        if roots:
+            torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
 
 
 def save_profile(profile: dict, path: str) -> None:

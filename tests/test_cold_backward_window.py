@@ -218,3 +218,30 @@ def test_the_profile_runs_each_kind_in_the_backward_window_once():
     graph, _ = layer_graph_from_trace(traced, inputs, None, name="kinds", dtype=torch.float32)
     assert backward_window(graph.layers, 1) == [4, 1]
     assert backward_window(graph.layers, 3) == [4, 3]
+
+
+def test_after_the_last_layers_backward_the_layers_before_run_theirs():
+    """last (index 2) ends the step: after its timed backward the profile runs the
+    forwards of the layers before it (first, scale: the window its forward follows), then
+    their backwards, scale's first, as a step runs them after last's; for a layer with
+    a layer after, nothing."""
+    inputs = {"x": torch.randn(2, 8, requires_grad=True)}
+    traced = trace(_Three(), inputs, None, None, dtype=torch.float32)
+    graph, measurer = layer_graph_from_trace(traced, inputs, None, name="three",
+                                             dtype=torch.float32)
+    factory = real_factory("cpu")
+    for index, expected in ((2, [("forward", 0), ("forward", 1), ("backward", 1),
+                                 ("backward", 0)]), (0, [])):
+        neighbours = StepNeighbours(measurer, index, factory, graph.layers)
+        ran, forward = [], neighbours._forward
+
+        def recorded(j, ran=ran, forward=forward):
+            ran.append(("forward", j))
+            roots = forward(j)
+            for root in roots:
+                root.register_hook(lambda grad, j=j: ran.append(("backward", j)))
+            return roots
+
+        neighbours._forward = recorded
+        neighbours.after_backward()
+        assert ran == expected

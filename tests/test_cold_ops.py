@@ -173,14 +173,17 @@ def test_each_timed_backward_follows_a_warm_engine_start(monkeypatch):
     a profiled layer's backward is its own call after the neighbour's, so the call right
     before it must be the engine-warming one (`autograd_engine.warm_engine_start`: one
     leaf of ENGINE_PROBE_ELEMENTS), for a middle layer (index 1, its neighbour's backward
-    first) and the last (index 4: nothing after it; its own forward came last). Runs: 1
-    warm-up + 2 timed; the engine probe's graphs come after them."""
+    first) and the last (index 4: nothing after it; its own forward came last; the layer
+    before's backward follows it, as in a step). Runs: 1 warm-up + 2 timed; the engine
+    probe's graphs come after them."""
     from cost_models.autograd_engine import ENGINE_PROBE_ELEMENTS
 
     _, measurer = _measured_three_kinds()
     factory = real_factory("cpu")
     real_backward = torch.autograd.backward
-    for index, calls_per_run in ((1, 3), (4, 2)):
+    # (layer, backward calls per run, the warming call's place in a run): the neighbour's,
+    # warming, timed; warming, timed, the layer before's
+    for index, calls_per_run, warm_at in ((1, 3, 1), (4, 3, 0)):
         leaves: list[int] = []  # numel of each call's first root: the warming one's is 4
 
         def counted(roots, *args, **kwargs):
@@ -194,7 +197,7 @@ def test_each_timed_backward_follows_a_warm_engine_start(monkeypatch):
         monkeypatch.setattr(torch.autograd, "backward", real_backward)
         runs = leaves[:3 * calls_per_run]
         warm_positions = [i for i, n in enumerate(runs) if n == ENGINE_PROBE_ELEMENTS]
-        assert warm_positions == [calls_per_run * r + calls_per_run - 2 for r in range(3)]
+        assert warm_positions == [calls_per_run * r + warm_at for r in range(3)]
 
 
 def test_calibration_json_without_the_cold_figures_loads():
