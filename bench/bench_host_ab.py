@@ -63,7 +63,6 @@ from bench.bench_kernel_model import (MICRO_BATCHES, QUICK_REPEATS,  # noqa: E40
                                       QUICK_WARMUP, REPEATS, TARGET_ERROR, WARMUP,
                                       gemm_shapes, traced_graph)
 from cost_models import layer_profile  # noqa: E402
-from cost_models.autograd_engine import warm_engine_start  # noqa: E402
 from cost_models.common import StepConfig  # noqa: E402
 from cost_models.compute import layer_compute  # noqa: E402
 from cost_models.host_dispatch import backward_host_seconds, forward_host_seconds  # noqa: E402
@@ -107,14 +106,11 @@ def ab_row(model: str, mb: int, phase: str, layer, measured: dict, specs: dict,
     return row
 
 
-def step_timings(measurer, layers: int, warmup: int, repeats: int,
-                 warm_start: bool = False) -> list[tuple]:
+def step_timings(measurer, layers: int, warmup: int, repeats: int) -> list[tuple]:
     """(forward, backward) seconds of every layer timed inside whole steps, medians over
     `repeats` after `warmup`: all forwards in order, then all backwards in reverse, each
     layer on fresh stand-ins for its inputs (made untimed, as `time_layer` makes them),
-    the engine's start out of each backward (`autograd_call_s`, as `time_layer`);
-    `warm_start`: each layer's backward call after `warm_engine_start` (untimed), as
-    `StepNeighbours.before_backward` runs it (a step's one call pays no start per layer)."""
+    the engine's start out of each backward (`autograd_call_s`, as `time_layer`)."""
     factory = real_factory("cpu")
     states = [measurer.layer_state(i, factory) for i in range(layers)]
     modules = [measurer.layer_module(i, state) for i, state in enumerate(states)]
@@ -131,8 +127,6 @@ def step_timings(measurer, layers: int, warmup: int, repeats: int,
             roots.append(measurer.module_roots(i, returned))
         for i in reversed(range(layers)):
             seeds = [torch.ones_like(t) for t in roots[i]]
-            if warm_start:
-                warm_engine_start("cpu")
             start = clock()
             if roots[i]:
                 torch.autograd.backward(roots[i], seeds)

@@ -40,8 +40,8 @@ its `fresh_output` write-allocate, and a warm-code run closes the 20 us.
 --probes (removed with its probe, `sequence_probes.cold_chains`, once the kit's forward
 cold figures came from `cold_entry_probes`, which has an after-backward mode): the old
 cold-op probe (chains run after the pool's other FORWARD calls, not after a backward)
-beside the same chains run after a backward (what a step's first layer follows). Here (load 3.3): after forward 2.0-2.3 us
-at 0 cold ops, 5.4, 7-9, 15, 25-28, 23-28 at 1, 2, 7, 13, 26 (median 2.04-2.13 per cold
+beside the same chains run after a backward (what a step's first layer follows). Here
+(load 3.3): after forward 2.0-2.3 us at 0 cold ops, 5.4, 7-9, 15, 25-28, 23-28 at 1, 2, 7, 13, 26 (median 2.04-2.13 per cold
 op); after a backward 0.3, 0.9-1.0, 1.3-1.5, 5.0-5.2, 14.3-14.5, 40-42 us at 0, 1, 3, 7,
 13, 23 (median 0.82-0.97): no dearer at 1-7 cold ops (that backward, of 14 calls,
 evicts less than the pool's ~40 forward calls), dearer at 23 (1.8 us per op); the
@@ -118,7 +118,7 @@ def time_variant(measurer, index: int, state: dict, factory, variant: str,
     module = measurer.layer_module(index, state)
     neighbours = StepNeighbours(measurer, index, factory, layers)
     if variant == "repeat":
-        neighbours.befores, neighbours.afters = [], []
+        neighbours.befores, neighbours.after = [], None
     params = [t for t in state.values() if isinstance(t, torch.Tensor)]
     sweep = torch.empty(EVICT_BYTES // 4) if variant == "evict" else None
     fwd, bwd, faults = [], [], []

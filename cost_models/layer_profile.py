@@ -9,8 +9,8 @@ model reads it back and prefers its seconds over the analytic FLOP-rate estimate
                  "backward_seconds", "saved_activation_bytes", "flops_fwd", "flops_bwd",
                  "engine_start_seconds", "engine_start_spread"}]}
 
-Only the layer being measured and the layers a step runs around it (`StepNeighbours`:
-each kind once) are materialised (parameters and inputs drawn at random in the profile dtype), so a model far
+Only the layer being measured and the layers a step runs around it (`StepNeighbours`)
+are materialised (parameters and inputs drawn at random in the profile dtype), so a model far
 larger than the device still profiles layer by layer.
 """
 
@@ -216,35 +216,13 @@ def forward_window(layers: list, before: int | None) -> list[int]:
     return list(range(before - recent_window_layers(previous) + 1, before + 1))
 
 
-def backward_window(layers: list, after: int | None) -> list[int]:
-    """The layers whose backwards a step runs, in order, just before the backward of the
-    layer before `after` and leaves warm for it (`ir.op_count.recent_window_layers` over
-    their backward ops, `Layer.measured.backward_overloads`: the ones
-    `Layer.cold_distinct_ops_bwd` is counted against, `ir.measure`), ending with `after`;
-    [] for None (the step's last layer). One thread runs a step's autograd nodes in
-    reverse creation order, so the layers' backwards in reverse graph order (t5-tiny's
-    encoder_norm after decoder_blocks.0, decoder_rel_bias, decoder_embed: gradient
-    pre-hooks on a real step, 2026-11-25). A layer whose structural hash a nearer one in
-    the window has is left out: it runs the same ops, and a stack of blocks whose
-    backward runs fewer distinct ops than the window holds (gpt-tiny's: 13) would
-    otherwise put every block after it, up to the head, on the device at once."""
-    if after is None:
-        return []
-    later = [layers[j].measured.backward_overloads for j in range(after, len(layers))]
-    window = range(after, after + recent_window_layers(later))
-    hashes = [layers[j].structural_hash for j in window]
-    return [j for k, j in reversed(list(enumerate(window)))
-            if layers[j].structural_hash not in hashes[:k]]
-
-
 class StepNeighbours:
     """Runs, untimed, what a step runs between a layer's work and that of its neighbour
     (`step_neighbours`): the forwards of the layers before it ahead of its timed forward
     (`forward_window` where `layers`, the graph's, are given: a head after a norm after a
     block, as the cold ops are counted; else the layer before alone); between its timed
-    forward and backward, the forwards and backwards of the layers after it whose
-    backward ops a step leaves warm for it (`backward_window`; else the layer after
-    alone); after the step's last layer's backward, those of the layers before it. A layer timed
+    forward and backward, the forward and backward of the layer after it; after the
+    step's last layer's backward, those of the layers before it. A layer timed
     right after its own backward, as `time_layer` ran each before, pays for code a step
     runs warm (bench/bench_in_sequence.py: 3-7 us per distinct op run once after other
     code), and one timed after nothing misses what a step's neighbours evict (each
@@ -258,11 +236,9 @@ class StepNeighbours:
         before, after = step_neighbours(measurer, index)
         self.befores = (forward_window(layers, before) if layers is not None
                         else [] if before is None else [before])
-        self.afters = (backward_window(layers, after) if layers is not None
-                       else [] if after is None else [after])
-        self.last = after is None  # the step's last layer: its backward follows its forward
+        self.after = after
         self.runs = {}  # index -> (its module, its state)
-        for j in set(self.befores) | set(self.afters):
+        for j in set(self.befores) | ({after} - {None}):
             state = measurer.layer_state(j, factory)
             self.runs[j] = (measurer.layer_module(j, state), state)
 
@@ -277,14 +253,17 @@ class StepNeighbours:
             self._forward(j)
 
     def before_backward(self) -> None:
-        """The forwards of the layers after (`backward_window`, in step order: the layer
-        after first), then their backwards in a step's order (the layer after's last), as
-        a step runs them between this layer's forward and backward; then the engine's
-        start warmed (a step runs all layers' nodes in one call, so none of them pays a
-        cold start)."""
-        roots = {j: self._forward(j) for j in reversed(self.afters)}
-        for j in self.afters:
-            self._backward(roots[j])
+        """The layer after's forward then its backward, as a step runs them between this
+        layer's forward and backward; then the engine's start warmed (a step runs all
+        layers' nodes in one call, so none of them pays a cold start). The layer after
+        alone, not every layer whose backward ops the count takes as warm
+        (`ir.op_count.recent_backward_ops`, in a real step's order: gradient pre-hooks on
+        t5-tiny, tests/test_cold_backward_window.py): run so, as separate calls each after
+        its own forward, they read dlrm-small's tables.0-2 13-15 us where one engine call
+        of a real step spends 11 and the layer after alone 10-11, t5-tiny's encoder_norm
+        39 us against 31 and 37 (bench/bench_profile_step.py, load 3, 2026-11-25)."""
+        if self.after is not None:
+            self._backward(self._forward(self.after))
         warm_engine_start(self.device)
 
     def after_backward(self) -> None:
@@ -293,10 +272,11 @@ class StepNeighbours:
         its backward: its next backward then finds the ops its forward did not run cold,
         as `ir.op_count.cold_distinct_ops_bwd` counts them. Timed right after its forward
         and the layers before's forwards alone, cnn-small's head read 31-33 us at
-        micro-batch 1 where inside whole steps it read 38 (bench/bench_backward_window.py,
-        load 6, 2026-11-25). Nothing for the other layers: what a step runs after their
+        micro-batch 1, 38 so; gpt-tiny's 39 and 42, llama-tiny's 42 and 44, where one
+        engine call of a real step spent 34, 42 and 48 (bench/bench_profile_step.py,
+        load 3-6, 2026-11-25). Nothing for the other layers: what a step runs after their
         backward is not what theirs is counted against."""
-        if not self.last:
+        if self.after is not None:
             return
         roots = {j: self._forward(j) for j in self.befores}
         for j in reversed(self.befores):

@@ -18,7 +18,7 @@ from cost_models.cold_backward_probes import (COLD_BACKWARD_CALLS, COLD_BACKWARD
                                               ColdBackwardChain, cold_backward_cost,
                                               cold_backward_layers)
 from cost_models.host_dispatch import backward_host_seconds, host_position_key
-from cost_models.layer_profile import StepNeighbours, backward_window
+from cost_models.layer_profile import StepNeighbours
 from ir.composite_ops import inner_ops
 from ir.kernel_calibration import KernelCalibration
 from ir.measure import build_layer_graph, layer_graph_from_trace
@@ -26,7 +26,7 @@ from ir.op_count import COLD_WINDOW_DISTINCT_OPS, recent_backward_ops
 from ir.stand_in import real_factory
 from ir.trace import trace
 from planner.models import load_model
-from tests.test_cold_ops import Gate, Mix, Scale, ThreeKinds
+from tests.test_cold_ops import Gate, Mix, Scale
 from tests.test_host_split import PARTS, US, cpu, tiny_layer
 
 PROBED = dataclasses.replace(PARTS, cold_backward_op_host_s=1.2 * US,
@@ -143,45 +143,12 @@ def test_the_probe_counts_its_chains_as_layers_are_counted():
     assert all(c.cold_s > 0 and c.warm_s > 0 for c in chains)
 
 
-def test_the_profile_runs_the_backward_window_its_count_is_taken_against():
-    """first's backward follows scale's (3 distinct ops, under the window) and, before it,
-    last's: the profile runs the forwards of scale then last, then last's backward, then
-    scale's (a step's order), and the ops they run are those the count is taken
-    against; last has no layer after; without the graph's layers, the layer after alone."""
-    inputs = {"x": torch.randn(2, 8, requires_grad=True)}
-    traced = trace(_Three(), inputs, None, None, dtype=torch.float32)
-    graph, measurer = layer_graph_from_trace(traced, inputs, None, name="three",
-                                             dtype=torch.float32)
-    layers = graph.layers
-    assert backward_window(layers, 1) == [2, 1]
-    assert backward_window(layers, None) == []
-    assert frozenset().union(*(layers[j].measured.backward_overloads
-                               for j in backward_window(layers, 1))) == \
-        recent_backward_ops([layer.measured.backward_overloads for layer in layers[1:]])
-    factory = real_factory("cpu")
-    assert StepNeighbours(measurer, 2, factory, layers).afters == []
-    assert StepNeighbours(measurer, 0, factory).afters == [1]
-    neighbours = StepNeighbours(measurer, 0, factory, layers)
-    assert neighbours.afters == [2, 1] and set(neighbours.runs) == {1, 2}
-    ran, forward = [], neighbours._forward
-
-    def recorded(j):
-        ran.append(("forward", j))
-        roots = forward(j)
-        for root in roots:
-            root.register_hook(lambda grad, j=j: ran.append(("backward", j)))
-        return roots
-
-    neighbours._forward = recorded
-    neighbours.before_backward()
-    assert ran == [("forward", 1), ("forward", 2), ("backward", 2), ("backward", 1)]
-
-
 def test_a_real_step_runs_the_layers_backwards_in_reverse_graph_order():
     """t5-tiny, where every decoder block reads the encoder's output: a real step's
     autograd nodes (each given to the layer whose forward made it: gradient pre-hooks)
     run layer by layer in the reverse of the graph's order, encoder_norm's after
-    decoder_embed's, as `recent_backward_ops` and `backward_window` take them."""
+    decoder_embed's (after decoder_rel_bias's, decoder_blocks.0's), as
+    `recent_backward_ops` takes them (`ir.measure`: the layers after, nearest first)."""
     meta = load_model("t5-tiny", 1, None, device="meta")
     graph = build_layer_graph(meta.module, meta.inputs, meta.target, meta.loss_fn)
     loaded = load_model("t5-tiny", 1, None, device="cpu", seed=0)
@@ -207,17 +174,6 @@ def test_a_real_step_runs_the_layers_backwards_in_reverse_graph_order():
     loss.backward()
     order = [name for k, name in enumerate(ran) if k == 0 or ran[k - 1] != name]
     assert order == [layer.name for layer in reversed(graph.layers)]
-
-
-def test_the_profile_runs_each_kind_in_the_backward_window_once():
-    """scale's backward follows those of blocks.0-2 (Mixes) and gate (4 distinct ops each,
-    all within the window): the profile runs gate's then blocks.0's, its nearest Mix,
-    not the two Mixes further off (the same ops: same structural hash)."""
-    inputs = {"x": torch.randn(2, 8, requires_grad=True)}
-    traced = trace(ThreeKinds(), inputs, None, None, dtype=torch.float32)
-    graph, _ = layer_graph_from_trace(traced, inputs, None, name="kinds", dtype=torch.float32)
-    assert backward_window(graph.layers, 1) == [4, 1]
-    assert backward_window(graph.layers, 3) == [4, 3]
 
 
 def test_after_the_last_layers_backward_the_layers_before_run_theirs():
