@@ -9,8 +9,8 @@ model reads it back and prefers its seconds over the analytic FLOP-rate estimate
                  "backward_seconds", "saved_activation_bytes", "flops_fwd", "flops_bwd",
                  "engine_start_seconds", "engine_start_spread"}]}
 
-Only the layer being measured and the layers a step runs around it (`StepNeighbours`)
-are materialised (parameters and inputs drawn at random in the profile dtype), so a model far
+Only the layer being measured and its two step neighbours (`StepNeighbours`) are
+materialised (parameters and inputs drawn at random in the profile dtype), so a model far
 larger than the device still profiles layer by layer.
 """
 
@@ -236,11 +236,11 @@ class StepNeighbours:
         before, after = step_neighbours(measurer, index)
         self.befores = (forward_window(layers, before) if layers is not None
                         else [] if before is None else [before])
-        self.after = after
         self.runs = {}  # index -> (its module, its state)
         for j in set(self.befores) | ({after} - {None}):
             state = measurer.layer_state(j, factory)
             self.runs[j] = (measurer.layer_module(j, state), state)
+        self.after = after
 
     def _forward(self, j: int) -> list[torch.Tensor]:
         module, state = self.runs[j]
