@@ -76,7 +76,7 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     if layer.step_warm and entry_probed:
         return host_s
     # Cold (cost_models.cold_entry_probes.cold_entry_cost; kits before it, without the
-    # entry: sequence_probes.cold_op_cost): the layer's start + ops the layers before did
+    # entry: a median per cold op, since deleted): the layer's start + ops the layers before did
     # not run
     entry_s = (cal.cold_entry_after_backward_host_s
                if layer.forward_after_backward and cal.cold_entry_after_backward_host_s > 0

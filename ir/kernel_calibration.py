@@ -123,7 +123,7 @@ class KernelCalibration:
     in_sequence_knee_distinct_ops: float = 0.0
     # Per distinct forward op the layer before did not run (`Layer.cold_distinct_ops_fwd`),
     # what it pays run once after other ops over run right after itself, its code and data
-    # out of the caches (`cost_models.sequence_probes.cold_op_cost`); 0 where not measured.
+    # out of the caches (`cost_models.cold_entry_probes.cold_entry_cost`); 0 where not measured.
     cold_op_host_s: float = 0.0
     # ... and per distinct backward op the layers after's backwards did not run
     # (`Layer.cold_distinct_ops_bwd`; `cost_models.cold_backward_probes`, see

@@ -210,7 +210,7 @@ class Layer:
     # `ir.op_count.recent_forward_ops`) did not run; for the first,
     # those its own backward did not (a step's last backward, then the optimizer, precede
     # its forward: `ir.op_count.cold_distinct_ops`). A step runs them with their code and
-    # data out of the caches (`cost_models.sequence_probes.cold_op_cost`). Per position,
+    # data out of the caches (`cost_models.cold_entry_probes.cold_entry_cost`). Per position,
     # not per structure: a stack's first block follows the embedding, the others a block.
     cold_distinct_ops_fwd: int = 0
     # ... and of its backward, in backward order: those the layer after's backward did not
