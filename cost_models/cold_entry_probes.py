@@ -109,6 +109,27 @@ def _entry_layer(cold_ops: int, width: int = ENTRY_WIDTH):
     return fx.symbolic_trace(EntryLayer())
 
 
+def step_work(device: str = "cpu", after_backward: bool = False):
+    """(fresh, step_between, before): a fresh probe input (made untimed, as `planner
+    profile` makes them); what a step runs between a small layer's forwards at least (a
+    `neighbour_block`'s forward and backward, then another's forward, the layer before's;
+    `after_backward`: the forward and backward alone); that layer before."""
+    import torch
+
+    after, before = neighbour_block().to(device), neighbour_block().to(device)
+
+    def fresh():
+        return torch.randn(1, ENTRY_TOKENS, ENTRY_WIDTH, device=device, requires_grad=True)
+
+    def step_between():  # the layer after's forward and backward, the layer before's forward
+        out = after(fresh())
+        out.backward(torch.ones_like(out))
+        if not after_backward:
+            before(fresh())
+
+    return fresh, step_between, before
+
+
 def cold_entry_chains(device: str = "cpu", after_backward: bool = False) -> list[ColdChain]:
     """Each ENTRY_COLD_OPS probe layer timed run once after what a step runs between a
     small layer's forwards at least (`cold_s`: a `neighbour_block`'s forward and backward,
@@ -123,17 +144,7 @@ def cold_entry_chains(device: str = "cpu", after_backward: bool = False) -> list
     from cost_models.host_probes import probe_clock
 
     clock = probe_clock(device)
-    after, before = neighbour_block().to(device), neighbour_block().to(device)
-
-    def fresh():
-        return torch.randn(1, ENTRY_TOKENS, ENTRY_WIDTH, device=device, requires_grad=True)
-
-    def step_between():  # the layer after's forward and backward, the layer before's forward
-        out = after(fresh())
-        out.backward(torch.ones_like(out))
-        if not after_backward:
-            before(fresh())
-
+    fresh, step_between, before = step_work(device, after_backward)
     chains = []
     with _one_thread(), torch.set_grad_enabled(True):
         block_ops = _overloads(lambda: before(fresh()))
