@@ -95,17 +95,16 @@ def cold_evict_chains(device: str = "cpu", llc_bytes: int | None = None) -> list
             layer = _entry_layer(k).to(device)
             cold_ops = len(_overloads(lambda: layer(fresh())) - block_ops)
             for _ in range(3):  # allocator and autograd warm-up, untimed
-                step_between()
-                layer(fresh())
-            runs = {size: [] for size in [0, *sizes]}
+                step_between(layer(fresh()))
+            runs, out = {size: [] for size in [0, *sizes]}, None
             for _ in range(EVICT_RUNS):
                 for size, times in runs.items():
-                    step_between()
+                    step_between(out)  # with the last run's own backward, as in a step
                     if size:
                         buffer[:size // 4].fill_(1.0)
                     x = fresh()
                     start = clock()
-                    layer(x)
+                    out = layer(x)
                     times.append(clock() - start)
             base = statistics.median(runs[0])
             readings += [EvictReading(cold_ops, size, statistics.median(runs[size]) - base)
