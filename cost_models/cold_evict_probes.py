@@ -16,15 +16,20 @@ evict variant: 3-4x at 64 MiB). Growth with the bytes, steeper for a layer of mo
 distinct ops: what comes back from memory is the lines of each op's code and data.
 
 The probe (`cold_evict_chains`): `cold_entry_probes`' probe layers (a LayerNorm module
-and k unary ops the step work does not run) after the same step work, then a buffer of
-EVICT_LLC_FRACTIONS x the CPU's last-level cache written (`fresh_output
-.last_level_cache_bytes`, sysfs), against the same with nothing written, alternating.
-Here (load 5, 2026-11-25) the extra was within noise up to half the cache (-5..+5 us at
-8 and 16 MiB for 0, 5 and 13 cold ops) and 27, 37, 60 us at 32 MiB: a knee
-(EVICT_KNEE_LLC_FRACTION). `cold_evict_cost` fits the extra as seconds per byte beyond
-the knee, per layer and per cold op (`Layer.cold_distinct_ops_fwd`: an op the layers
-just before ran had its code touched among their bytes, as a step's neighbour runs it),
-and `evicted_host_seconds` prices a layer at the bytes its step's kernels move between
+and k unary ops the step work does not run) after the same step work with a buffer of
+EVICT_LLC_FRACTIONS x the CPU's last-level cache (`fresh_output.last_level_cache_bytes`,
+sysfs) written before the layer before's forward, against the same with nothing
+written, alternating. Written after that forward instead, the bytes evicted the ops the
+neighbour had just run as well (its LayerNorm): here (load 5, 2026-11-25) nothing
+measurable up to half the cache (-5..+5 us at 8 and 16 MiB), then 27, 37, 60 us at 32
+MiB for 2, 7, 15 cold ops, which over-priced a step's layers whose ops their neighbours
+run after their kernels' bytes (llama-tiny's embedding, one cold op, paid ~0 from
+micro-batch 1 to 16); written before it, 0.2-1, 0.2-4, 1-8 us at 24, 32 MiB and 3-4,
+11-12, 29-32 us at 64 MiB for 0, 4, 12 cold ops (two runs, load 4): ~0.06 us per MiB
+per layer and ~0.045 per MiB per cold op beyond the knee (EVICT_KNEE_LLC_FRACTION).
+`cold_evict_cost` fits the extra so, per layer and per cold op
+(`Layer.cold_distinct_ops_fwd`: an op the layers just before ran had its code touched
+after their bytes), and `evicted_host_seconds` prices a layer at the bytes its step's kernels move between
 its forwards (`Layer.forward_gap_bytes`: `ir.step_footprint.forward_gap_bytes`), up to
 EVICT_CAP_LLC_MULTIPLE x the cache (then every line is out).
 
@@ -49,8 +54,9 @@ from cost_models.sequence_probes import _overloads
 # 1-16); the fit runs through the knee.
 EVICT_LLC_FRACTIONS = (0.75, 1.0, 2.0)
 # Below half the cache written the probe layers paid nothing measurable (-5..+5 us at
-# 8 and 16 MiB, 27-60 us at 32: this CPU, load 5, 2026-11-25): what a step touched up to
-# here leaves a small layer's lines in the cache.
+# 8 and 16 MiB written after the neighbour, 27-60 us at 32; written before it, 0-2.5 us
+# at 24 MiB: this CPU, load 4-5, 2026-11-25): what a step touched up to here leaves a
+# small layer's lines in the cache. Re-measure on a quiet machine.
 EVICT_KNEE_LLC_FRACTION = 0.5
 # Probe layers (`cold_entry_probes._entry_layer`'s unary ops): a norm alone, a head's,
 # a relative bias's; runs per (layer, size), medians (~1 s in all here at 32 MiB).
@@ -74,9 +80,10 @@ class EvictReading:
 
 def cold_evict_chains(device: str = "cpu", llc_bytes: int | None = None) -> list[EvictReading]:
     """Each EVICT_COLD_OPS probe layer run after `cold_entry_probes.step_work`'s step
-    work, then EVICT_LLC_FRACTIONS x `llc_bytes` (default: sysfs's) written, and after the
-    step work alone, alternating (a slow spell hits them alike), medians of EVICT_RUNS:
-    one reading per (layer, size)."""
+    work (its own last backward included) with EVICT_LLC_FRACTIONS x `llc_bytes`
+    (default: sysfs's) written before the layer before's forward, and after the step
+    work alone, alternating (a slow spell hits them alike), medians of EVICT_RUNS: one
+    reading per (layer, size)."""
     import torch
 
     from cost_models.clusters import _one_thread
@@ -99,9 +106,10 @@ def cold_evict_chains(device: str = "cpu", llc_bytes: int | None = None) -> list
             runs, out = {size: [] for size in [0, *sizes]}, None
             for _ in range(EVICT_RUNS):
                 for size, times in runs.items():
-                    step_between(out)  # with the last run's own backward, as in a step
-                    if size:
-                        buffer[:size // 4].fill_(1.0)
+                    # the bytes before the layer before's forward, whose ops (the probe
+                    # layer's LayerNorm) a step's neighbour runs after its kernels' bytes
+                    step_between(out, (lambda n=size // 4: buffer[:n].fill_(1.0)) if size
+                                 else None)
                     x = fresh()
                     start = clock()
                     out = layer(x)
