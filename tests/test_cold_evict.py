@@ -138,3 +138,19 @@ def test_the_probe_counts_cold_ops_as_layers_do_and_fits_figures_at_or_above_0()
     cost = ev.cold_evict_cost(readings, llc_bytes=4 * MIB)
     assert cost.entry_s_per_byte >= 0 and cost.op_s_per_byte >= 0
     assert (cost.knee_bytes, cost.cap_bytes) == (2 * MIB, 8 * MIB)
+
+
+def test_gpu_presets_carry_no_evict_figure_and_key_no_bytes():
+    """The GPU presets (their measured kernel tables included) price no eviction: the
+    term is 0 whatever the bytes, and the position key does not read them."""
+    from cost_models.clusters import PRESETS
+
+    layer = dataclasses.replace(with_python_nodes(tiny_layer(), 4), cold_distinct_ops_fwd=3)
+    far = dataclasses.replace(layer, forward_gap_bytes=100 * MIB)
+    gpus = [(name, make()) for name, make in PRESETS.items() if name != "local"]
+    assert len(gpus) == 4 and all(spec.device != "cpu" for _, spec in gpus)
+    for name, spec in gpus:
+        cal = spec.kernel_calibration
+        assert cal is None or cal.cold_evict_cap_bytes == 0, name
+        assert forward_host_seconds(far, spec) == forward_host_seconds(layer, spec), name
+        assert host_position_key(far, spec) == host_position_key(layer, spec), name
