@@ -116,8 +116,9 @@ def step_work(device: str = "cpu", after_backward: bool = False):
     `step_between(own)`: a `neighbour_block`'s forward and backward (the layer after's),
     the backward of `own` (the layer's own last output; None: none), `write()` where
     given, then another block's forward (the layer before's; not `after_backward`: what
-    a step's first layer follows); that layer before. Its own backward costs the next forward 1.1-1.4 us more
-    at 0 cold ops, 1.1-2.2 at 4 (two runs, load 6.5, 2026-11-25: 3.8 -> 4.4-5.2 us)."""
+    a step's first layer follows); that layer before. Its own backward costs the next
+    forward 1.1-1.4 us more at 0 cold ops, 1.1-2.2 at 4 (two runs, load 6.5, 2026-11-25:
+    3.8 -> 4.4-5.2 us)."""
     import torch
 
     after, before = neighbour_block().to(device), neighbour_block().to(device)
