@@ -30,8 +30,9 @@ per layer and ~0.045 per MiB per cold op beyond the knee (EVICT_KNEE_LLC_FRACTIO
 `cold_evict_cost` fits the extra so, per layer and per cold op
 (`Layer.cold_distinct_ops_fwd`: an op the layers just before ran had its code touched
 after their bytes), and `evicted_host_seconds` prices a layer at the bytes its step's
-kernels move between its forwards (`Layer.forward_gap_bytes`: `ir.step_footprint.forward_gap_bytes`), up to
-EVICT_CAP_LLC_MULTIPLE x the cache (then every line is out).
+kernels move between its forwards (`Layer.forward_gap_bytes`:
+`ir.step_footprint.forward_gap_bytes`), up to EVICT_CAP_LLC_MULTIPLE x the cache (then
+every line is out).
 
 bench/bench_kernel_model.py, gpt/llama/bert/t5-tiny, three runs merged at each pass's
 least measured time (load 4-6, 2026-11-25 07:31 UTC), the term on / off: 22 / 22 of 54
