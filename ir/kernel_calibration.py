@@ -66,7 +66,9 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             # what a forward pays for the bytes its step touched since the layer last ran
             # (`cost_models.cold_evict_probes`)
             "cold_evict_entry_s_per_byte", "cold_evict_op_s_per_byte", "cold_evict_knee_bytes",
-            "cold_evict_cap_bytes")
+            "cold_evict_cap_bytes",
+            # a backward run after other layers' backwards (`cost_models.cold_backward_probes`)
+            "cold_backward_inner_op_host_s")
 
 # Figures kits of 2026-11-24 wrote, always as 0 (per-call forward pricing, which
 # profile-device never turned on and which was removed: bench/bench_host_ab.py); a spec
@@ -120,10 +122,9 @@ class KernelCalibration:
     # what it pays run once after other ops over run right after itself, its code and data
     # out of the caches (`cost_models.sequence_probes.cold_op_cost`); 0 where not measured.
     cold_op_host_s: float = 0.0
-    # ... and per distinct backward op the layer after's backward did not run
-    # (`Layer.cold_distinct_ops_bwd`; `sequence_probes.cold_backward_chains`): profile-
-    # device leaves it 0, as it missed as many layers' step timings as it fixed
-    # (bench/bench_host_ab.py, 2026-11-25).
+    # ... and per distinct backward op the layers after's backwards did not run
+    # (`Layer.cold_distinct_ops_bwd`; `cost_models.cold_backward_probes`, see
+    # `cold_backward_inner_op_host_s`); 0 where not measured (kits before that probe).
     cold_backward_op_host_s: float = 0.0
     # Host seconds one `torch.autograd.backward` call costs beyond its nodes (the engine's
     # start, `host_probes.autograd_call_s`), which every backward figure above leaves out:
@@ -228,6 +229,13 @@ class KernelCalibration:
     cold_evict_op_s_per_byte: float = 0.0
     cold_evict_knee_bytes: float = 0.0
     cold_evict_cap_bytes: float = 0.0
+    # ---- a backward run after the layers after's backwards (`cost_models
+    # .cold_backward_probes.cold_backward_cost`): host seconds per ATen op a composite
+    # backward runs inside its CPU kernel that they did not run (`Layer.cold_inner_ops_bwd`);
+    # where > 0, `cold_backward_op_host_s` is the same fit's figure per cold backward op
+    # and a step that stays in the caches (`Layer.step_warm`) prices no backward op cold.
+    # 0 where not measured (GPU presets, older kits: inner ops at `cold_backward_op_host_s`).
+    cold_backward_inner_op_host_s: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)
