@@ -114,9 +114,9 @@ def step_work(device: str = "cpu", after_backward: bool = False):
     """(fresh, step_between, before): a fresh probe input (made untimed, as `planner
     profile` makes them); what a step runs between a small layer's forwards at least,
     `step_between(own)`: a `neighbour_block`'s forward and backward (the layer after's),
-    the backward of `own` (the layer's own last output; None: none), `write()` where
-    given, then another block's forward (the layer before's; not `after_backward`: what
-    a step's first layer follows); that layer before. Its own backward costs the next
+    the backward of `own` (the layer's own last output; None: none), then another
+    block's forward (the layer before's; not `after_backward`: what a step's first layer
+    follows); that layer before. Its own backward costs the next
     forward 1.1-1.4 us more at 0 cold ops, 1.1-2.2 at 4 (two runs, load 6.5, 2026-11-25:
     3.8 -> 4.4-5.2 us)."""
     import torch
@@ -126,13 +126,11 @@ def step_work(device: str = "cpu", after_backward: bool = False):
     def fresh():
         return torch.randn(1, ENTRY_TOKENS, ENTRY_WIDTH, device=device, requires_grad=True)
 
-    def step_between(own=None, write=None):  # as a step runs them after a layer's forward
+    def step_between(own=None):  # as a step runs them after a layer's forward
         out = after(fresh())
         out.backward(torch.ones_like(out))
         if own is not None:
             own.backward(torch.ones_like(own))
-        if write is not None:  # other layers' bytes (`cold_evict_probes`)
-            write()
         if not after_backward:
             before(fresh())
 

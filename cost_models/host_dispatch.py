@@ -11,7 +11,6 @@ from ir.cluster import ClusterSpec
 from ir.kernel_records import KernelKind
 from ir.layer import Layer
 
-from cost_models.cold_evict_probes import evicted_bytes, evicted_host_seconds
 from cost_models.host_excess import backward_nodes, records_excess_seconds
 from cost_models.sequence_probes import in_sequence_extra_per_op_s
 
@@ -42,11 +41,7 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     `cold_entry_host_s`, that once (the layer's own code and objects: a final norm with
     no cold op still paid ~6 us after its step neighbour;
     `cold_entry_after_backward_host_s` instead for a forward after a backward,
-    `forward_after_backward`), + where it measured `cold_evict_cap_bytes`, what the bytes
-    the step moved since the layer last ran cost beyond half the last-level cache
-    (`cold_evict_probes.evicted_host_seconds`, `Layer.forward_gap_bytes`: t5-tiny's
-    relative bias ran 73 -> 97 us from micro-batch 1 to 16, its own kernels alike); none
-    of these where a whole step's ops stay in the caches
+    `forward_after_backward`); neither where a whole step's ops stay in the caches
     (`Layer.step_warm`). A kit without parts: ops
     x `host_op_seconds`. (Pricing ops per Python-level call and per op inside a C++
     composite instead missed more layers: bench/bench_host_ab.py, 2026-11-25.)"""
@@ -81,8 +76,7 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     entry_s = (cal.cold_entry_after_backward_host_s
                if layer.forward_after_backward and cal.cold_entry_after_backward_host_s > 0
                else cal.cold_entry_host_s)
-    return (host_s + entry_s + layer.cold_distinct_ops_fwd * cal.cold_op_host_s
-            + evicted_host_seconds(layer, cal))
+    return host_s + entry_s + layer.cold_distinct_ops_fwd * cal.cold_op_host_s
 
 
 def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
@@ -97,9 +91,7 @@ def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
     first_apart = cal.cold_entry_after_backward_host_s > 0  # the first layer's entry is its own
     if first_apart:
         forward = (forward, layer.forward_after_backward)
-    if cal.cold_evict_cap_bytes > 0:  # the bytes beyond the knee, as priced
-        forward = (forward, evicted_bytes(layer, cal))
-    forward_priced = cal.cold_op_host_s > 0 or first_apart or cal.cold_evict_cap_bytes > 0
+    forward_priced = cal.cold_op_host_s > 0 or first_apart
     if cal.cold_backward_inner_op_host_s > 0:  # the two backward counts priced apart
         backward = (layer.cold_distinct_ops_bwd, layer.cold_inner_ops_bwd)
     backward_priced = cal.cold_backward_op_host_s > 0 or cal.cold_backward_inner_op_host_s > 0

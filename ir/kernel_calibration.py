@@ -63,10 +63,6 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             # tied copies' gradient sum after backward (`cost_models.tied_sync`)
             "tied_sum_host_s", "tied_sum_s_per_byte", "tied_sum_small_host_s",
             "tied_sum_small_s_per_byte",
-            # what a forward pays for the bytes its step touched since the layer last ran
-            # (`cost_models.cold_evict_probes`)
-            "cold_evict_entry_s_per_byte", "cold_evict_op_s_per_byte", "cold_evict_knee_bytes",
-            "cold_evict_cap_bytes",
             # a backward run after other layers' backwards (`cost_models.cold_backward_probes`)
             "cold_backward_inner_op_host_s")
 
@@ -219,16 +215,6 @@ class KernelCalibration:
     tied_sum_s_per_byte: float = 0.0
     tied_sum_small_host_s: float = 0.0
     tied_sum_small_s_per_byte: float = 0.0
-    # ---- a forward after the bytes its step touched since the layer last ran
-    # (`cost_models.cold_evict_probes.cold_evict_cost`): host seconds per byte beyond
-    # `cold_evict_knee_bytes` (half the last-level cache), up to `cold_evict_cap_bytes`
-    # (twice it), per layer and per cold op (`Layer.forward_gap_bytes`,
-    # `Layer.cold_distinct_ops_fwd`); 0 where not measured (GPU presets, older kits: the
-    # term is then not priced).
-    cold_evict_entry_s_per_byte: float = 0.0
-    cold_evict_op_s_per_byte: float = 0.0
-    cold_evict_knee_bytes: float = 0.0
-    cold_evict_cap_bytes: float = 0.0
     # ---- a backward run after the layers after's backwards (`cost_models
     # .cold_backward_probes.cold_backward_cost`): host seconds per ATen op a composite
     # backward runs inside its CPU kernel that they did not run (`Layer.cold_inner_ops_bwd`);

@@ -226,11 +226,6 @@ class Layer:
     # bag's ~20) that the layer after's backward did not run (`ir.composite_ops`): priced
     # as cold backward ops beside those above.
     cold_inner_ops_bwd: int = 0
-    # Bytes the step's kernels move between its forward and its next (its backward, the
-    # layer after's passes, the forwards of the layers just before it:
-    # `ir.step_footprint.forward_gap_bytes`): beyond half the last-level cache they push
-    # its code and objects out (`cost_models.cold_evict_probes`); 0 where not counted.
-    forward_gap_bytes: int = 0
 
     def __getattr__(self, name: str):
         # Reached only when no field matches: a measured figure reads as the layer's own.
@@ -248,8 +243,7 @@ class Layer:
         return dataclasses.replace(self, name="", index=0, param_names=(), tied_owner_layers=(),
                                    tied_owner_params=(),
                                    cold_distinct_ops_fwd=0, cold_distinct_ops_bwd=0,
-                                   cold_inner_ops_bwd=0, forward_after_backward=False,
-                                   forward_gap_bytes=0)
+                                   cold_inner_ops_bwd=0, forward_after_backward=False)
 
     @property
     def host_position(self) -> tuple[int, int]:

@@ -32,7 +32,6 @@ from ir.op_count import (cold_distinct_ops, cold_distinct_ops_bwd, recent_backwa
 from ir.ownership import names_in_layers
 from ir.plan import layer_digest
 from ir.saved_tensors import tensor_leaves, value_nbytes
-from ir.step_footprint import forward_gap_bytes
 from ir.stand_in import canonical_param_names, is_float
 from ir.tp import largest_vocab, tp_analysis
 from ir.tp_recompute import TP_REDUCING_STYLES
@@ -123,8 +122,6 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
         layer, cold_distinct_ops_bwd=cold_distinct_ops_bwd(layer.measured, ran),
         cold_inner_ops_bwd=cold_inner_ops_bwd(layer.measured, ran))
         for layer, ran in zip(layers, windows)]
-    layers = [dataclasses.replace(layer, forward_gap_bytes=forward_gap_bytes(layers, i))
-              for i, layer in enumerate(layers)]
     if layers:  # the first forward follows the step before's backward
         layers[0] = dataclasses.replace(layers[0], forward_after_backward=True)
     if not step_evicts([m.forward_overloads for m in measured.values()],

@@ -103,12 +103,6 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     assert 0 <= cal.cold_entry_host_s < 1e-3 and 0 <= cal.cold_op_host_s < 1e-3
     assert cal.cold_entry_host_s + cal.cold_op_host_s > 0
     assert 0 <= cal.cold_entry_after_backward_host_s < 1e-3  # a step's first layer's
-    # The bytes a step moved since a layer last ran (cold_evict_probes): knee and cap at
-    # half and twice this CPU's last-level cache, per-byte figures >= 0 and under 1 us/KiB.
-    from cost_models.fresh_output import last_level_cache_bytes
-    llc = last_level_cache_bytes()
-    assert (cal.cold_evict_knee_bytes, cal.cold_evict_cap_bytes) == (llc / 2, 2 * llc)
-    assert 0 <= cal.cold_evict_entry_s_per_byte < 1e-9 and 0 <= cal.cold_evict_op_s_per_byte < 1e-9
     # A backward run after a block's backward (cold_backward_probes: ~1.2 us per cold op,
     # ~0.6 per composite's inner op here), both written, >= 0 (the fit clamps), under 1 ms.
     assert 0 <= cal.cold_backward_op_host_s < 1e-3
