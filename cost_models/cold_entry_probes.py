@@ -11,7 +11,7 @@ for a chain with none), and its neighbour makes no module call: a one-module Gra
 paid +8.7 us after it, +1.1 us after a small nn.TransformerEncoderLayer (one thread,
 2026-11-25, load 3). Here the work before is what a step runs between a small layer's
 forwards at least: a layer's forward and backward, the layer's own backward (since
-2026-11-25 07:30 UTC: kits before it read ~1.2 us less entry), then the layer before's
+2026-11-25 07:30 UTC; no measurable change yet: `step_work`), then the layer before's
 forward (`neighbour_block`s: fx-traced pre-norm transformer blocks of ENTRY_WIDTH features over
 ENTRY_TOKENS tokens, module calls and a block's activations). Each probe layer is a
 fx-traced module (`_entry_layer`: a LayerNorm module, whose op the block runs, then k
@@ -116,9 +116,12 @@ def step_work(device: str = "cpu", after_backward: bool = False):
     `step_between(own)`: a `neighbour_block`'s forward and backward (the layer after's),
     the backward of `own` (the layer's own last output; None: none), then another
     block's forward (the layer before's; not `after_backward`: what a step's first layer
-    follows); that layer before. Its own backward costs the next
-    forward 1.1-1.4 us more at 0 cold ops, 1.1-2.2 at 4 (two runs, load 6.5, 2026-11-25:
-    3.8 -> 4.4-5.2 us)."""
+    follows); that layer before. Its own backward cost the next forward 1.1-1.4 us more
+    at 0 cold ops in two runs (load 6.5, 2026-11-25); five alternating pairs with and
+    without it (load 6-8) gave medians of 5.5 / 5.3 us entry, 1.9 / 2.3 us per cold op,
+    and bench_kernel_model's forwards on the one timing 21 / 22 of 54 over 15% (closer
+    on 11 rows, further on 13): within this host's noise (entry 1.6-27 us across runs);
+    re-measure quiet."""
     import torch
 
     after, before = neighbour_block().to(device), neighbour_block().to(device)
