@@ -19,8 +19,9 @@ models x micro-batches 1/4/16, load 4-6, 2026-11-25 08:05 UTC; /tmp/fwdcold2/pai
 of the fwdcold session): 1.13 / 0.40 us, 45 / 45 of 90 over 15%, closer on 13 rows,
 further on 2 (by more than a point); 1.09 / 0.41 us, 29 / 29, closer on 10, further on 5
 (each further row within 15% both ways: +7 -> +9%). t5-tiny's relative biases 3-6
-points closer (encoder -26 -> -20% at micro-batch 1), llama-tiny's norm -9 -> -4%. What still misses on the biases is their cold start
-(96-104 us measured after their neighbours against 45 right after themselves).
+points closer (encoder -26 -> -20% at micro-batch 1), llama-tiny's norm -9 -> -4%. What
+still misses on the biases is their cold start (88-106 us measured after their
+neighbours at micro-batch 1 against 45 right after themselves).
 
 The probe (`scalar_operand_seconds`): SCALAR_OPS called on a small tensor with a Python
 number and with a same-shape tensor, alternating, per call the median of SCALAR_ROUNDS
