@@ -14,6 +14,9 @@ from ir.layer import Layer
 from cost_models.host_excess import backward_nodes, records_excess_seconds
 from cost_models.sequence_probes import in_sequence_extra_per_op_s
 
+# `KernelRecord.dtype` names of floating tensors (float32, float16, bfloat16, float64)
+FLOATING_DTYPES = ("float", "bfloat")
+
 
 def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool = False,
                     backward: bool = False) -> float:
@@ -36,7 +39,10 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     forward records x per-node (`autograd_nodes_fwd`, else one per floating-point op:
     `host_excess.backward_nodes`); where it measured `in_sequence_op_host_s`, what the
     ops pay for running among the layer's distinct ops beyond the knee
-    (`distinct_ops_fwd`; every figure above is a tight loop's); where it measured
+    (`distinct_ops_fwd`; every figure above is a tight loop's); + each op given a Python
+    number it wraps (`KernelRecord.scalar_operand`) x `scalar_operand_float_host_s` on a
+    floating tensor, `scalar_operand_int_host_s` on an integer one (0 in kits without
+    them); where it measured
     `cold_op_host_s`, the distinct ops the layer before did not run x per cold op
     (`cold_distinct_ops_fwd`: a step runs them with their code and data out of the
     caches; every figure above is a warm run's), + where it measured
@@ -64,6 +70,10 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     if cal.python_node_host_s > 0:  # host_excess: nodes and excess apart
         host_s += (layer.python_nodes_fwd * cal.python_node_host_s
                    + records_excess_seconds(layer.kernels.forward, cal.host_excess_s))
+    # a Python number wrapped per call (cost_models.scalar_operand_probes.scalar_operand_seconds)
+    float_s, int_s = cal.scalar_operand_float_host_s, cal.scalar_operand_int_host_s
+    host_s += sum(r.count * (float_s if r.dtype.startswith(FLOATING_DTYPES) else int_s)
+                  for r in layer.kernels.forward if r.scalar_operand)
     if cal.forward_node_host_s > 0:  # grad_fns recorded (host_probes.host_op_seconds_by_pass)
         recorded = layer.autograd_nodes_fwd or backward_nodes(layer.kernels.forward, 0)
         host_s += recorded * cal.forward_node_host_s

@@ -67,6 +67,7 @@ from cost_models.host_probes import autograd_call_s, host_op_seconds_by_pass, pr
 from cost_models.pipeline_probes import pipeline_action_host_s
 from cost_models.cold_backward_probes import cold_backward_cost, cold_backward_layers
 from cost_models.cold_entry_probes import cold_entry_chains, cold_entry_cost
+from cost_models.scalar_operand_probes import scalar_operand_seconds
 from cost_models.sequence_probes import in_sequence_chains, in_sequence_cost
 from cost_models.tied_sync import TIED_SUM_FIELDS, probe_tied_sum
 from cost_models.item_probes import (probe_embedding_backward, probe_embedding_bag,
@@ -425,6 +426,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
         cold_bwd = cold_backward_cost(cold_backward_layers("cpu"))  # after a block's backward
         first = cold_entry_cost(cold_entry_chains("cpu", after_backward=True))
         tied_sum = probe_tied_sum()  # executors.tied's gradient sum, once a step
+        scalar = scalar_operand_seconds("cpu")  # a forward op given a Python number
         return ClusterSpec(
             name=name, device="cpu", num_nodes=1, devices_per_node=1,
             device_memory_bytes=clusters.total_memory_bytes(),
@@ -440,7 +442,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             kernel_calibration=dataclasses.replace(
                 cal, **host.calibration_fields(), **sequence.calibration_fields(),
                 **cold.calibration_fields(), cold_entry_after_backward_host_s=first.entry_s,
-                **cold_bwd.calibration_fields(),
+                **cold_bwd.calibration_fields(), **scalar.calibration_fields(),
                 autograd_call_host_s=autograd_call_s("cpu"),
                 pipeline_action_host_s=pipeline_action_host_s("cpu"),
                 **dict(zip(TIED_SUM_FIELDS, tied_sum)),

@@ -66,7 +66,9 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             # a backward run after other layers' backwards (`cost_models.cold_backward_probes`)
             "cold_backward_inner_op_host_s",
             # a view a layer's fx node calls from Python (`host_excess.InternalDispatch`)
-            "python_view_host_op_s")
+            "python_view_host_op_s",
+            # a forward op given a Python number (`cost_models.scalar_operand_probes`)
+            "scalar_operand_float_host_s", "scalar_operand_int_host_s")
 
 # Figures kits of 2026-11-24 wrote, always as 0 (per-call forward pricing, which
 # profile-device never turned on and which was removed: bench/bench_host_ab.py); a spec
@@ -229,6 +231,12 @@ class KernelCalibration:
     # and a step that stays in the caches (`Layer.step_warm`) prices no backward op cold.
     # 0 where not measured (GPU presets, older kits: inner ops at `cold_backward_op_host_s`).
     cold_backward_inner_op_host_s: float = 0.0
+    # ---- a forward op given a Python number it wraps into a tensor (`KernelRecord
+    # .scalar_operand`: `x * 2`, `x > 0`; `cost_models.scalar_operand_probes`): host
+    # seconds per call over the same op on two tensors, on a floating tensor and on an
+    # integer one. 0 where not measured (GPU presets, older kits: not priced).
+    scalar_operand_float_host_s: float = 0.0
+    scalar_operand_int_host_s: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)

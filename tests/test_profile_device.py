@@ -108,6 +108,10 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     assert 0 <= cal.cold_backward_op_host_s < 1e-3
     assert 0 <= cal.cold_backward_inner_op_host_s < 1e-3
     assert cal.cold_backward_op_host_s + cal.cold_backward_inner_op_host_s > 0
+    # A forward op given a Python number (scalar_operand_probes: ~1.2 us a call on a float
+    # tensor, ~0.5 on an int64 one here), both written, under 20 us.
+    assert 0 < cal.scalar_operand_float_host_s < 20e-6
+    assert 0 <= cal.scalar_operand_int_host_s < 20e-6
     # The backward in parts (views, other ops, autograd nodes) and the per-call excess of
     # every listed op (exact GELU's backward: microseconds on any CPU; the others >= 0).
     assert 0 < cal.backward_view_host_op_s < 1e-3 and 0 < cal.backward_nonview_host_op_s < 1e-3
