@@ -11,6 +11,19 @@ kit, and the tables' forward mean |error| per micro-batch; JSON to
 bench/results/bag_ab.json. Target: new's count over 15% not above line's in either pass,
 and new's mean |error| of the tables' forward at micro-batch 1 not above line's (exit 1).
 
+Read here (one thread, 2026-11-25 08:06 and 08:10 UTC, load 6.2 and 5.8 on 2 shared cores:
+re-measure on a quiet machine), two runs, each its own kit and timings: the probe read
+1.43 / 1.45 us less at one bag (forward line 4.52 / 4.48 us a call). Tables' forward at
+micro-batch 1, line -> new: tables.0 +28 -> +20% / +25 -> +16%, tables.1-3 +5..+25 ->
+-5..+12% / +11..+14 -> -2..0%; mean |error| 20.3 -> 11.8% / 15.7 -> 4.9%; micro-batches
+4 and 16 unchanged (their bags > 1); forward rows over 15%: 9 -> 7 / 5 -> 5 of 18,
+backward 3 -> 3 / 0 -> 0 (exit 0 both). What stays is tables.0's cold terms: its step
+after bottom_mlp reads 5.9 us (micro-batch 1) and 6.7 (4) above the same pass with its
+code warm (bench_small_layers --model dlrm-small --layers tables), priced 4.0 entry + 4 /
+5 cold ops x 1.6 = 10.4 / 12.1; tables.1-3 (after a table) read 0.4-1.1 us there, priced
+the 4.0 entry, which offsets ~2 us of warm work the host model misses (a tight loop of
+`bag(sparse[:, 1])` reads 9.9 us at micro-batch 1, priced 8.7 warm).
+
     PYTHONPATH=$PWD .venv/bin/python bench/bench_bag_ab.py [--models dlrm-small]
 """
 
