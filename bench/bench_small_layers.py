@@ -62,6 +62,12 @@ the last-level cache pays the evict column (3-4x the profile's figure for these 
 which neither `planner profile` nor the kit's `cold_entry_probes` (one block's work
 between: ~3.5 us per layer + ~2 per cold op) reproduce: next to price.
 
+dlrm-small's tables (2026-11-25 08:08 UTC, load 5.7-6.2; `--model dlrm-small --layers
+tables`), forward step / code us at micro-batch 1 and 4: tables.0 (after bottom_mlp) 18.0
+/ 12.1 and 20.4 / 13.7, tables.1-3 (after a table) 11.7-12.3 / 11.1-11.2 and 13.6-14.1 /
+13.1-13.2: a cold start of 5.9-6.7 us after the MLP, 0.4-1.1 after another table (the
+kit prices 4.0 entry + 1.6 a cold op: 10.4-12.1 and 4.0).
+
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_layers.py --model llama-tiny --mb 1
 """
 

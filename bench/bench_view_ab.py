@@ -77,16 +77,11 @@ def kits_of(spec) -> dict:
     return {"cpp": cpp, "new": spec}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS))
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    start = time.perf_counter()
-    graphs = {(m, mb): traced_graph(m, mb) for m in args.models.split(",") for mb in MICRO_BATCHES}
-    spec, _ = profile_device("cpu", extra_gemm_shapes=gemm_shapes(g for g, _ in graphs.values()))
-    torch.set_num_threads(1)
-    kits = dict(kits_of(spec))
+def ab_rows(graphs: dict, kits: dict) -> list[dict]:
+    """One row per unique layer, model and micro-batch ((model, micro-batch) -> (graph,
+    measurer) in `graphs`) and pass: the measured seconds (`layer_profile.profile_graph`,
+    bench_kernel_model's warmup and repeats) and each kit's error on them, the layer at
+    the position the profile timed it (`step_neighbours`, as bench_kernel_model reads it)."""
     rows = []
     for (model, mb), (graph, measurer) in graphs.items():
         config = StepConfig(micro_batch=mb, graph_micro_batch=graph.micro_batch,
@@ -98,7 +93,7 @@ def main() -> int:
             m = measured.pop(first.structural_hash, None)
             if m is None:
                 continue
-            before, after = step_neighbours(measurer, i)  # as bench_kernel_model reads it
+            before, after = step_neighbours(measurer, i)
             at = {"fwd": graph.layers[i if before is None else before + 1],
                   "bwd": graph.layers[i if after is None else after - 1]}
             for phase, key in (("fwd", "forward_seconds"), ("bwd", "backward_seconds")):
@@ -109,6 +104,20 @@ def main() -> int:
                     cost = layer_compute(at[phase], LayerStrategy(), kit, config)
                     row[name] = (cost.forward_s if phase == "fwd" else cost.backward_s) / m[key] - 1
                 rows.append(row)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    graphs = {(m, mb): traced_graph(m, mb) for m in args.models.split(",") for mb in MICRO_BATCHES}
+    spec, _ = profile_device("cpu", extra_gemm_shapes=gemm_shapes(g for g, _ in graphs.values()))
+    torch.set_num_threads(1)
+    kits = dict(kits_of(spec))
+    rows = ab_rows(graphs, kits)
     print(table(["model", "layer", "batch", "pass", "view nodes", "measured us", *kits],
                 [[r["model"], r["layer"], r["micro_batch"], r["phase"], str(r["view_nodes"]),
                   f"{r['measured_s'] * 1e6:.1f}", *(f"{r[k]:+.0%}" for k in kits)] for r in rows]))

@@ -385,7 +385,8 @@ def measure(device: str, quick: bool = False, progress=None,
         if progress:
             progress(f"embedding bag: forward {bag.call_s * 1e6:.2f} us + "
                      f"{bag.index_s * 1e9:.1f} ns per index, backward "
-                     f"{bag.backward_call_s * 1e6:.2f} us + {bag.backward_index_s * 1e9:.1f} ns")
+                     f"{bag.backward_call_s * 1e6:.2f} us + {bag.backward_index_s * 1e9:.1f} ns, "
+                     f"one bag {bag.multi_bag_s * 1e6:.2f} us less")
     name = (platform.processor() or platform.machine()) if cpu else torch.cuda.get_device_name()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cuda = f", CUDA {torch.version.cuda}" if not cpu else ", 1 thread"
@@ -397,6 +398,7 @@ def measure(device: str, quick: bool = False, progress=None,
                              embedding_bag_call_s=bag.call_s, embedding_bag_index_s=bag.index_s,
                              embedding_bag_backward_call_s=bag.backward_call_s,
                              embedding_bag_backward_index_s=bag.backward_index_s,
+                             embedding_bag_multi_bag_s=bag.multi_bag_s,
                              burst_gemm_flop_per_s=burst, sustained_gemm_flop_per_s=sustained,
                              softmax_row_s=row_s.get("softmax", 0.0),
                              layer_norm_row_s=row_s.get("layer_norm", 0.0),

@@ -43,7 +43,7 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "cold_op_host_s", "cold_backward_op_host_s", "autograd_call_host_s",
             "pipeline_action_host_s",
             "embedding_bag_call_s", "embedding_bag_index_s", "embedding_bag_backward_call_s",
-            "embedding_bag_backward_index_s",
+            "embedding_bag_backward_index_s", "embedding_bag_multi_bag_s",
             # activation checkpointing's host machinery (`cost_models.checkpoint_probes`)
             "checkpoint_call_forward_s", "checkpoint_call_recompute_s",
             "checkpoint_op_forward_s", "checkpoint_op_recompute_s",
@@ -159,6 +159,10 @@ class KernelCalibration:
     embedding_bag_index_s: float = 0.0
     embedding_bag_backward_call_s: float = 0.0
     embedding_bag_backward_index_s: float = 0.0
+    # What a forward of more than one bag pays beyond a one-bag call of the same ids (ATen's
+    # make_bag_size_out slices and subtracts the offsets only when bags != 1): the forward
+    # line is timed at several bags, a one-bag call pays it less; 0 where not measured.
+    embedding_bag_multi_bag_s: float = 0.0
     # Host seconds of non-reentrant activation checkpointing's machinery (CPUs:
     # `cost_models.checkpoint_probes.checkpoint_host_seconds`; its docstring names each
     # part): per checkpointed call, forward and backward; per op run under its hooks,

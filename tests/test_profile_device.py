@@ -312,10 +312,11 @@ def test_item_probes_measure_the_draw_dropout_makes_and_a_per_index_scatter():
 def test_embedding_bag_probe_is_a_line_through_two_id_counts(monkeypatch):
     """The probe's line: slope (t(512) - t(8)) / 504 per id, intercept t(8) - 8 x slope
     less the dispatch, floored at MIN_DEVICE_SHARE of t(8); fed made-up timings (forward
-    10 then 20 us, backward 12 then 300 us) through the timer it calls."""
+    10 then 20 us, backward 12 then 300 us, then 8 ids as one bag 8.5 us) through the
+    timer it calls: a one-bag forward 10 - 8.5 = 1.5 us less."""
     from cost_models import conv_probes, item_probes, profile_device
 
-    times = iter([10e-6, 12e-6, 20e-6, 300e-6])  # per count: forward, then backward
+    times = iter([10e-6, 12e-6, 20e-6, 300e-6, 8.5e-6])  # per count: forward, backward
     monkeypatch.setattr(profile_device, "seconds_per_call", lambda fn, device: (
         fn(0), next(times))[1])
     cost = item_probes.probe_embedding_bag("cpu", "float32", dispatch_s=2e-6)
@@ -325,6 +326,7 @@ def test_embedding_bag_probe_is_a_line_through_two_id_counts(monkeypatch):
     assert cost.backward_index_s == pytest.approx(bwd_slope)
     assert cost.backward_call_s == pytest.approx(max(12e-6 - 8 * bwd_slope - 2e-6,
                                                      conv_probes.MIN_DEVICE_SHARE * 12e-6))
+    assert cost.multi_bag_s == pytest.approx(1.5e-6)
 
 
 def test_cpu_conv_grid_measures_the_zoo_convolutions_exactly():
