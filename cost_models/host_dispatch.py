@@ -107,9 +107,10 @@ def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
     if first_apart:
         forward = (forward, layer.forward_after_backward)
     forward_priced = cal.cold_op_host_s > 0 or first_apart
-    if cal.cold_backward_inner_op_host_s > 0:  # the two backward counts priced apart
-        backward = (layer.cold_distinct_ops_bwd, layer.cold_inner_ops_bwd)
-    backward_priced = cal.cold_backward_op_host_s > 0 or cal.cold_backward_inner_op_host_s > 0
+    # the two backward counts, each where its figure prices it
+    backward = (layer.cold_distinct_ops_bwd if cal.cold_backward_op_host_s > 0 else None,
+                layer.cold_inner_ops_bwd if cal.cold_backward_inner_op_host_s > 0 else None)
+    backward_priced = backward != (None, None)
     return ((forward if forward_priced else None, backward if backward_priced else None)
             if forward_priced or backward_priced else ())
 
@@ -125,8 +126,8 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     its parameter tensors (`host_excess.backward_nodes`), + the distinct ops the layers
     after's backwards did not run x `cold_backward_op_host_s` (`cold_distinct_ops_bwd`) +
     the ops composites run inside that they did not x `cold_backward_inner_op_host_s`
-    (`cold_inner_ops_bwd`; kits before that figure: at `cold_backward_op_host_s`, and a
-    whole step's ops staying in the caches, `Layer.step_warm`, still priced cold);
+    (`cold_inner_ops_bwd`), none where a whole step's ops stay in the caches
+    (`Layer.step_warm`);
     else ops x `host_op_seconds`. (Views are metadata only, and many come inside
     a node's formula, so a per-op figure over-prices them: the mlp-small block's 16
     backward ops ran in ~18 us, not 16 x 2 us.)"""
@@ -142,10 +143,9 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
               + nodes * cal.backward_node_host_s
               + records_excess_seconds(layer.kernels.backward, cal.host_excess_s))
     # + cold ops (cost_models.cold_backward_probes.cold_backward_cost), none where a whole
-    # step stays in the caches (ir.op_count.step_evicts) on kits with that probe's figures
-    inner_probed = cal.cold_backward_inner_op_host_s > 0
-    if layer.step_warm and inner_probed:
+    # step stays in the caches (ir.op_count.step_evicts). Each count at its own figure:
+    # the fit may read either as 0 on a loaded host, a 0 price and not a switch.
+    if layer.step_warm:
         return host_s
-    inner_op_s = cal.cold_backward_inner_op_host_s if inner_probed else cal.cold_backward_op_host_s
     return (host_s + layer.cold_distinct_ops_bwd * cal.cold_backward_op_host_s
-            + layer.cold_inner_ops_bwd * inner_op_s)
+            + layer.cold_inner_ops_bwd * cal.cold_backward_inner_op_host_s)

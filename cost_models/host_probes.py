@@ -88,16 +88,16 @@ class HostOpCost:
     # ... and per view called from Python, one fx node each, grad mode off (CPU: the same
     # probe's `python_view_s`; a layer's Python-level views, `Layer.python_view_nodes_fwd`)
     python_view_nograd_op_s: float = 0.0
+    # the grad-off runs and the C++-called figures were timed (CPU): the per-op figures
+    # record nothing and the nodes are priced apart. A flag, not a figure's sign: any of
+    # them is a slope or a difference that may read 0 on a loaded host.
+    parts_measured: bool = False
 
     def calibration_fields(self) -> dict:
         """The `KernelCalibration` fields these figures fill (the parts, not the totals)."""
         from ir.kernel_calibration import HostOpExcess
 
-        # grad-off runs were timed (CPU): the per-op figures record nothing and the nodes
-        # are priced apart; the view figure, timed directly (a slope over 32 views), says
-        # so (the node figure is a difference of two runs and may come out 0 on a loaded
-        # host: a 0, not a switch)
-        recorded_apart = self.view_nograd_op_s > 0
+        recorded_apart = self.parts_measured
         return dict(forward_host_op_s=(self.function_nograd_op_s if recorded_apart
                                        else self.function_op_s),
                     module_call_host_s=self.module_call_s,
@@ -308,7 +308,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
                                               - chain_excess_s),
                      view_nograd_op_s=internal.view_s,
                      python_view_nograd_op_s=internal.python_view_s,
-                     forward_node_s=statistics.median(node_rounds))
+                     forward_node_s=statistics.median(node_rounds), parts_measured=True)
     return HostOpCost(statistics.median(forward_rounds), statistics.median(backward_rounds),
                       spread(forward_rounds), spread(backward_rounds), forward_ops,
                       backward_ops, function_op_s,

@@ -231,9 +231,9 @@ class KernelCalibration:
     # ---- a backward run after the layers after's backwards (`cost_models
     # .cold_backward_probes.cold_backward_cost`): host seconds per ATen op a composite
     # backward runs inside its CPU kernel that they did not run (`Layer.cold_inner_ops_bwd`);
-    # where > 0, `cold_backward_op_host_s` is the same fit's figure per cold backward op
-    # and a step that stays in the caches (`Layer.step_warm`) prices no backward op cold.
-    # 0 where not measured (GPU presets, older kits: inner ops at `cold_backward_op_host_s`).
+    # `cold_backward_op_host_s` is the same fit's figure per cold backward op. 0 where not
+    # measured (GPU presets, older kits: inner ops unpriced); a step that stays in the
+    # caches (`Layer.step_warm`) prices no backward op cold.
     cold_backward_inner_op_host_s: float = 0.0
     # ---- a forward op given a Python number it wraps into a tensor (`KernelRecord
     # .scalar_operand`: `x * 2`, `x > 0`; `cost_models.scalar_operand_probes`): host

@@ -42,21 +42,27 @@ def test_backward_host_prices_cold_ops_and_inner_ops_apart():
 
 
 def test_a_step_that_stays_in_the_caches_prices_no_backward_op_cold():
-    """mlp-small's step (12 distinct ops) stays warm: 39 us with the probe's figures; a kit
-    before the probe (one figure, inner ops at it) prices as it did, 39 + 5 x 1 = 44 us."""
+    """mlp-small's step (12 distinct ops) stays warm: 39 us with the probe's figures, and
+    with a fit that read the inner figure as 0 (a 0 price, not a switch to pricing the
+    step cold); the same layer cold: 39 + 2 x 1.2 = 41.4 us with that fit."""
     layer = dataclasses.replace(tiny_layer(), cold_distinct_ops_bwd=2, cold_inner_ops_bwd=3,
                                 step_warm=True)
     assert backward_host_seconds(layer, cpu(PROBED)) == pytest.approx(39 * US)
-    old = dataclasses.replace(PARTS, cold_backward_op_host_s=1 * US)
-    assert backward_host_seconds(layer, cpu(old)) == pytest.approx(44 * US)
+    flat_inner = dataclasses.replace(PROBED, cold_backward_inner_op_host_s=0.0)
+    assert backward_host_seconds(layer, cpu(flat_inner)) == pytest.approx(39 * US)
+    cold = dataclasses.replace(layer, step_warm=False)
+    assert backward_host_seconds(cold, cpu(flat_inner)) == pytest.approx(41.4 * US)
 
 
 def test_the_search_keys_the_two_backward_counts_apart_where_priced_apart():
     one = dataclasses.replace(tiny_layer(), cold_distinct_ops_bwd=2, cold_inner_ops_bwd=3)
     other = dataclasses.replace(tiny_layer(), cold_distinct_ops_bwd=3, cold_inner_ops_bwd=2)
     assert host_position_key(one, cpu(PROBED)) != host_position_key(other, cpu(PROBED))
-    old = dataclasses.replace(PARTS, cold_backward_op_host_s=1 * US)  # one price: one key
-    assert host_position_key(one, cpu(old)) == host_position_key(other, cpu(old))
+    # inner ops unpriced (no figure, or the fit read 0): only the cold-op count keys
+    no_inner = dataclasses.replace(PARTS, cold_backward_op_host_s=1 * US)
+    same_ops = dataclasses.replace(one, cold_inner_ops_bwd=7)
+    assert host_position_key(one, cpu(no_inner)) == host_position_key(same_ops, cpu(no_inner))
+    assert host_position_key(one, cpu(no_inner)) != host_position_key(other, cpu(no_inner))
     assert host_position_key(one, cpu(PARTS)) == ()  # nothing cold priced
 
 
@@ -121,8 +127,8 @@ def test_calibration_json_with_and_without_the_inner_figure():
     old = KernelCalibration.from_dict(data)
     assert old.cold_backward_inner_op_host_s == 0.0
     layer = dataclasses.replace(tiny_layer(), cold_distinct_ops_bwd=2, cold_inner_ops_bwd=3)
-    # an older kit's one figure prices the inner ops too: 39 + 5 x 1.2 = 45 us
-    assert backward_host_seconds(layer, cpu(old)) == pytest.approx(45 * US)
+    # a kit without the inner figure prices its cold ops only: 39 + 2 x 1.2 = 41.4 us
+    assert backward_host_seconds(layer, cpu(old)) == pytest.approx(41.4 * US)
     with pytest.raises(Exception, match="cold_backward_inner_op_host_s"):
         KernelCalibration.from_dict({**data, "cold_backward_inner_op_host_s": -1.0})
 

@@ -67,11 +67,11 @@ def test_slopes_on_a_stand_in_clock(monkeypatch):
 
 
 def test_real_internal_probe_units():
-    """Structure and units only (a ratio flakes on a loaded host): both figures above 0
-    and under 1 ms (a C++ dispatch is a fraction of a microsecond: a unit slip of 1e3
-    lands outside)."""
+    """Structure and units only (a ratio flakes on a loaded host, and each figure is a
+    slope floored at 0): each at least 0 and under 1 ms (a C++ dispatch is a fraction of
+    a microsecond: a unit slip of 1e3 lands outside)."""
     probe = internal_dispatch_seconds("cpu")
-    assert 0 < probe.op_s < 1e-3 and 0 < probe.view_s < 1e-3 and 0 < probe.python_view_s < 1e-3
+    assert all(0 <= s < 1e-3 for s in (probe.op_s, probe.view_s, probe.python_view_s))
 
 
 def test_per_pass_probe_solves_both_passes_with_the_internal_figures(monkeypatch):
