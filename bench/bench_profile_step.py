@@ -27,8 +27,19 @@ cnn-small head mb1 34.3 / 37.5 (old 31.6 / 32.5, new 38.3 / 39.3, predicted 37.9
 -> -4% against the profile, +1% against the step). All seven models at 1, 4, 16 (load
 7-10, too noisy to read): 46 old, 47 new of 90 over 15%. Re-measure on a quiet machine.
 
+`--split MODEL:MB:LAYER:BLOCK` (`window_split`): one layer's backward nodes, timed by
+hooks, as the profile runs them, with BLOCK's forward and backward first, after a copy
+of itself, and in one engine call with the layer after's (no Python between), beside the
+real step's figure. t5-tiny mb1 encoder_norm, decoder_blocks.0 (2026-11-25 08:15 UTC,
+load 4-6, four runs), us: profile 36.8-41.8, block first 35.8-38.5, own copy 32.1-35.2,
+one call 35.7-41.8, real step 31.8-35.0. Its backward ops all run in decoder_blocks.0
+(its cold count, 0, is right), and neither the count's window run first nor one call
+without Python takes the ~5 us away: only a same-layer copy does. Not explained yet.
+
     PYTHONPATH=$PWD .venv/bin/python bench/bench_profile_step.py --models cnn-small,t5-tiny \
         --batches 1,4
+    PYTHONPATH=$PWD .venv/bin/python bench/bench_profile_step.py \
+        --split t5-tiny:1:encoder_norm:decoder_blocks.0
 """
 
 from __future__ import annotations
@@ -127,13 +138,93 @@ def rows_of(model: str, micro_batch: int, spec, clock) -> list[dict]:
             for name, new in best["new"].items()]
 
 
+SPLIT_RUNS = 30  # per arrangement, after 3 untimed; the four alternate
+
+
+def window_split(model: str, micro_batch: int, name: str, block: str, clock) -> dict:
+    """(`--split`) Median seconds of layer `name`'s backward nodes (a pre-hook on its roots'
+    nodes to a hook on its input stand-ins' gradients), its backward run as the profile
+    runs it (`StepNeighbours`) after: "profile" its neighbours alone; "block first"
+    `block`'s forward and backward, then them (the count's window); "own copy" them, then
+    its own forward and backward and the engine's start warmed (a copy: warm); "one call"
+    the layer after's forward, then its backward and the layer's in one engine call, with
+    no Python between (a step's)."""
+    from cost_models.autograd_engine import warm_engine_start
+    from cost_models.layer_profile import StepNeighbours
+    from ir.graph_measurer import _clear_grads
+    from ir.stand_in import real_factory
+
+    graph, measurer = traced_graph(model, micro_batch)
+    factory = real_factory("cpu")
+    index = {layer.name: k for k, layer in enumerate(graph.layers)}
+
+    def runner(j):
+        state = measurer.layer_state(j, factory)
+        module = measurer.layer_module(j, state)
+
+        def roots():
+            _clear_grads(state)
+            return measurer.module_roots(j, module(*measurer.fresh_inputs(j, state, factory)))
+        return state, module, roots
+
+    def backward(roots):
+        torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
+
+    i = index[name]
+    state, module, _ = runner(i)
+    block_roots, own_roots, after_roots = (runner(index[block])[2], runner(i)[2],
+                                           runner(i + 1)[2])
+    neighbours = StepNeighbours(measurer, i, factory, graph.layers, "cpu")
+    modes = ("profile", "block first", "own copy", "one call")
+    times = {mode: [] for mode in modes}
+    for rep in range(len(modes) * (3 + SPLIT_RUNS)):
+        mode = modes[rep % len(modes)]
+        _clear_grads(state)
+        inputs = measurer.fresh_inputs(i, state, factory)
+        neighbours.before_forward()
+        outs = measurer.module_roots(i, module(*inputs))
+        if mode == "block first":
+            backward(block_roots())
+        if mode != "one call":
+            neighbours.before_backward()
+        if mode == "own copy":
+            backward(own_roots())
+            warm_engine_start("cpu")
+        seeds, marks = [torch.ones_like(t) for t in outs], {}
+        for t in outs:
+            t.grad_fn.register_prehook(lambda g: marks.setdefault("first", clock()) and None)
+        for x in inputs:
+            if isinstance(x, torch.Tensor) and x.requires_grad:
+                x.register_hook(lambda g: marks.__setitem__("last", clock()))
+        if mode == "one call":
+            after = after_roots()
+            torch.autograd.backward(after + outs, [torch.ones_like(t) for t in after] + seeds)
+        else:
+            torch.autograd.backward(outs, seeds)
+        neighbours.after_backward()
+        if rep >= 3 * len(modes):
+            times[mode].append(marks["last"] - marks["first"])
+    return {mode: statistics.median(t) for mode, t in times.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated presets")
     parser.add_argument("--batches", default="1,4,16", help="comma-separated micro-batches")
+    parser.add_argument("--split", default=None, metavar="MODEL:MB:LAYER:BLOCK",
+                        help="a layer's backward nodes in four arrangements (window_split)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     clock = probe_clock("cpu")
+    if args.split:
+        model, micro_batch, name, block = args.split.split(":")
+        split = window_split(model, int(micro_batch), name, block, clock)
+        names = [layer.name for layer in traced_graph(model, int(micro_batch))[0].layers]
+        real = real_step_backward_s(model, int(micro_batch), names, clock)
+        print(table([*split, "real step"], [[f"{s * 1e6:.1f}" for s in split.values()]
+                                            + [f"{real[name] * 1e6:.1f}"]]))
+        print(f"load {os.getloadavg()[0]:.1f}")
+        return 0
     layer_profile.time = types.SimpleNamespace(perf_counter=clock)  # the profile's too
     cases = [(m, int(b)) for m in args.models.split(",") for b in args.batches.split(",")]
     spec, _ = profile_device("cpu", quick=True, extra_gemm_shapes=gemm_shapes(

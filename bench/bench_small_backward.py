@@ -26,7 +26,8 @@ layer's nodes cost after the neighbour (the two should agree), and cold - warm t
 the profile keeps. With `--predicted` (a bench/results/kernel_model.json), each row's
 predicted seconds beside both readings. Microseconds; medians of REPEATS after WARMUP.
 `--step MODEL:MB,...`: the whole model's backward (one call) beside the sum of its
-layers' figures read either way, plus one warm start. `--probe`: part 5 below. `--all`:
+layers' figures read either way, plus one warm start. `--probe`: part 5 below; `--sweep`: part 6
+(JSON to bench/results/small_backward_sweep.json). `--all`:
 every layer of bench_kernel_model's models and micro-batches, and how many backward passes
 miss its target read either way. (The figures below were read before
 `StepNeighbours.before_backward` warmed the start itself, which `planner profile` now
@@ -78,6 +79,22 @@ passes over 15% of 90: 34 -> 14 (load 3.6), 33 -> 18 (6.2), 38 -> 22, 35 -> 32 (
 its 8 cold ops are views, which a view-only chain showed cost as much cold: 3.5 us at 1,
 6 at 3), llama norm mb1/16, dlrm top_mlp mb4 (one run each). Re-measure quiet.
 
+Part 6 (`--sweep`, 2026-11-25 08:11 UTC, load 6.0-6.6, three runs; re-measure quiet):
+cold - warm of an embedding's backward (the composite instance; llama-tiny's 128 x 64
+table over 32 tokens read within 0.5 us of it) after each neighbour, us: the probe's
+block 4.1-4.4; its bytes alone (tokens 16 / 256) 3.9-4.2 / 4.4-4.8; its width (16 / 128
+/ 192: kernel sizes and weight bytes) 3.9-4.1 / 4.3-4.4 / 4.8-5.4; its nodes and weights
+(2 / 4 blocks) 4.5-4.6 / 5.2-5.7; its distinct backward ops alone (15 -> 21 / 26) 4.8-5.2
+/ 5.8-6.0; ~0.4 ms of Python after its forward (no op) 5.6-6.0; llama-tiny's decoder
+layer (22 ops, an HF forward) 6.4-6.9. The 4-op unary chain moves alike (8.1-9.2 ->
+10.4-11.1 at width 192 / 4 blocks, 11.1-11.5 after the Python). No one variable: the
+neighbour's time (0.6 us per ms of its forward and backward), its distinct ops (~0.15 us
+each) and Python run in between each move it by 1-2 us. The profile's llama embed row
+(absorbed - warm 14.4 us, warm ~7) matches the llama-layer neighbour's 6.4-6.9 us cold;
+the probe's fit prices its 1 + 4 cold ops at 3.6. Not priced (a second variable the
+layer IR does not hold: the Python the layer after runs).
+
+    PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --sweep
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --calls
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --probe
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --model dlrm-small --mb 1 \
@@ -407,6 +424,120 @@ def probe_split(clock) -> list[dict]:
     return rows
 
 
+# Part 6's neighbours: (name, block width, blocks, tokens, extra distinct ops after the
+# last block). The probe's own is "block"; each other changes one thing: its kernels'
+# sizes and bytes (width), its nodes and bytes, not its op set (blocks), its bytes only
+# (tokens), its distinct ops only (extra ops none of the targets runs).
+SWEEP_NEIGHBOURS = (("block", 64, 1, 64, 0), ("width 16", 16, 1, 64, 0),
+                    ("width 128", 128, 1, 64, 0), ("width 192", 192, 1, 64, 0),
+                    ("2 blocks", 64, 2, 64, 0),
+                    ("4 blocks", 64, 4, 64, 0), ("tokens 16", 64, 1, 16, 0),
+                    ("tokens 256", 64, 1, 256, 0), ("+6 ops", 64, 1, 64, 6),
+                    ("+12 ops", 64, 1, 64, 12))
+SWEEP_RUNS = 41  # medians; the neighbours alternate inside each run
+# "block + Python": ~0.4-0.5 ms of interpreter work here, about an HF layer's forward
+SWEEP_PYTHON_ITEMS = 1000
+
+
+def _extra_ops() -> list:
+    """Differentiable unary calls, one distinct ATen overload each, that neither the
+    block nor `_unary_ops` nor an embedding's backward runs."""
+    import torch.nn.functional as F
+
+    return [torch.log1p, torch.expm1, torch.atan, torch.sinh, torch.cosh, torch.asinh,
+            F.softplus, F.leaky_relu, F.hardtanh, F.logsigmoid, torch.asin, torch.acos]
+
+
+def _llama_layer():
+    """A run of llama-tiny's first decoder layer (and final norm: a one-layer
+    `LlamaModel` at its zoo config) on its micro-batch-1 input embeddings: the neighbour
+    the profile times the llama embedding's backward after."""
+    from transformers import LlamaConfig, LlamaModel
+
+    config = LlamaConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=4,
+                         intermediate_size=160, vocab_size=128, num_hidden_layers=1,
+                         max_position_embeddings=32)
+    model = LlamaModel(config).float()
+
+    def run():
+        x = torch.randn(1, 32, 64, requires_grad=True)
+        return model(inputs_embeds=x).last_hidden_state
+    return run
+
+
+def neighbour_sweep(clock) -> list[dict]:
+    """Part 6 (`--sweep`): what sets a cold target's price: an embedding's backward
+    (`embedding_dense_backward`, a composite) and a chain of 4 `_unary_ops`, each timed as
+    `cold_backward_probes` times them (`backward_after`) after each SWEEP_NEIGHBOURS
+    neighbour and after a copy of itself; cold - warm per neighbour, beside the
+    neighbour's distinct backward overloads, its forward's seconds and its own
+    backward's seconds (after itself)."""
+    from cost_models.cold_backward_probes import _ops_of, backward_after
+    from cost_models.cold_entry_probes import _unary_ops, neighbour_block
+    from ir.composite_ops import COMPOSITE_BACKWARDS
+
+    def neighbour_of(width, blocks, tokens, extra):
+        stack = [neighbour_block(width) for _ in range(blocks)]
+        ops = _extra_ops()[:extra]
+
+        def run():
+            z = torch.randn(1, tokens, width, requires_grad=True)
+            for block in stack:
+                z = block(z)
+            for op in ops:
+                z = op(z)
+            return z
+        return run
+
+    def chain():
+        z = torch.randn(2, 8, 8, requires_grad=True)
+        for call in _unary_ops()[:4]:
+            z = call(z)
+        return z
+
+    table_weight = torch.randn(128, 64, requires_grad=True)  # llama-tiny's vocab x hidden
+
+    def llama_embedding():
+        return torch.nn.functional.embedding(torch.randint(0, 128, (1, 32)), table_weight)
+
+    targets = {"embedding": COMPOSITE_BACKWARDS["aten.embedding_dense_backward.default"],
+               "llama-tiny embedding": llama_embedding, "4 unary ops": chain}
+    neighbours = {name: neighbour_of(*spec) for name, *spec in SWEEP_NEIGHBOURS}
+    neighbours["llama-tiny layer"] = _llama_layer()
+    block = neighbours["block"]
+
+    def block_then_python():  # the block's forward, then Python code that runs no op
+        out = block()
+        sorted({str(i): [i] * 3 for i in range(SWEEP_PYTHON_ITEMS)}.items())
+        return out
+    neighbours["block + Python"] = block_then_python
+    own_s = {name: statistics.median(backward_after(before, before, clock, "cpu")
+                                     for _ in range(SWEEP_RUNS // 4))
+             for name, before in neighbours.items()}
+
+    def forward_s(before) -> float:
+        start = clock()
+        before()
+        return clock() - start
+    own_forward_s = {name: statistics.median(forward_s(before) for _ in range(SWEEP_RUNS // 4))
+                     for name, before in neighbours.items()}
+    ops = {name: len(_ops_of(before, "cpu").backward_overloads)
+           for name, before in neighbours.items()}
+    rows = []
+    for target, build in targets.items():
+        runs = {name: [] for name in (*neighbours, "warm")}
+        for _ in range(SWEEP_RUNS):
+            for name, before in neighbours.items():
+                runs[name].append(backward_after(build, before, clock, "cpu"))
+            runs["warm"].append(backward_after(build, build, clock, "cpu"))
+        warm_s = statistics.median(runs["warm"])
+        rows += [{"target": target, "neighbour": name, "warm_s": warm_s,
+                  "neighbour_backward_s": own_s[name], "neighbour_ops": ops[name],
+                  "neighbour_forward_s": own_forward_s[name],
+                  "extra_s": statistics.median(runs[name]) - warm_s} for name in neighbours]
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-tiny")
@@ -424,7 +555,24 @@ def main(argv=None) -> int:
                         help="part 4: whole-model backward vs the sum of its layers")
     parser.add_argument("--probe", action="store_true",
                         help="part 5: chains' nodes in one call, the profile-order probe")
+    parser.add_argument("--sweep", action="store_true",
+                        help="part 6: a cold target's price after neighbours of each size")
     args = parser.parse_args(argv)
+    if args.sweep:
+        with _one_thread(), torch.random.fork_rng():
+            rows = neighbour_sweep(probe_clock("cpu"))
+        print(table(["target", "neighbour", "its backward ops", "its forward us",
+                     "its backward us", "cold - warm us", "warm us"],
+                    [[r["target"], r["neighbour"], r["neighbour_ops"],
+                      f"{r['neighbour_forward_s'] * 1e6:.0f}",
+                      f"{r['neighbour_backward_s'] * 1e6:.0f}",
+                      f"{r['extra_s'] * 1e6:.2f}", f"{r['warm_s'] * 1e6:.1f}"] for r in rows]))
+        print(f"load {os.getloadavg()[0]:.1f}")
+        os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+        with open(RESULTS.replace(".json", "_sweep.json"), "w") as f:
+            json.dump({"bench": "small_backward", "part": "sweep",
+                       "load_average_1min": os.getloadavg()[0], "rows": rows}, f, indent=2)
+        return 0
     if args.probe:
         with _one_thread():
             rows = probe_split(probe_clock("cpu"))

@@ -31,6 +31,10 @@ chained calls ~2 (bench/bench_small_backward.py --probe, load 5-6: re-measure qu
 What a layer pays also grows with what ran in between: the unary chains paid 0.55 us
 per cold op after the older probe's 14 small calls, 1.4 after a block (an embedding
 bag's backward 5.4 vs 17 us; dlrm's tables.3 missed 15), so the neighbour is a block.
+Beyond a block it grows slowly and with no one variable (bench_small_backward --sweep:
+an embedding's 4.1-4.4 us after the block, 5.2-5.7 after four, 5.8-6.0 with 11 more
+distinct ops, 5.6-6.0 with 0.4 ms of Python after its forward, 6.4-6.9 after llama-tiny's
+decoder layer), so the block's figures stand.
 
 Fit (`cold_backward_cost`): cold - warm = direct x cold ops + inner x cold inner ops,
 least squares through the origin, both >= 0. No intercept: layers with no cold op run
@@ -108,13 +112,28 @@ def _ops_of(build, device: str):
     return SimpleNamespace(forward_overloads=forward, backward_overloads=backward)
 
 
+def backward_after(build, before, clock, device: str) -> float:
+    """Seconds of `build()`'s backward (its own call) after its forward, `before()`'s
+    forward and backward and the engine's start warmed: `StepNeighbours`' order."""
+    import torch
+
+    from cost_models.autograd_engine import warm_engine_start
+
+    out, prior = build(), before()
+    torch.autograd.backward(prior, torch.ones_like(prior))
+    warm_engine_start(device)
+    seed = torch.ones_like(out)
+    start = clock()
+    torch.autograd.backward(out, seed)
+    return clock() - start
+
+
 def cold_backward_layers(device: str = "cpu") -> list[ColdBackwardChain]:
     """Each chain of COLD_BACKWARD_CALLS `_unary_ops` (on a 2 x 8 x 8 input) and each
     composite of COLD_BACKWARD_COMPOSITES timed cold (after a `neighbour_block`'s forward
     and backward) and warm (after a copy of itself), as the module docstring says."""
     import torch
 
-    from cost_models.autograd_engine import warm_engine_start
     from cost_models.clusters import _one_thread
     from cost_models.cold_entry_probes import ENTRY_TOKENS, ENTRY_WIDTH, _unary_ops, \
         neighbour_block
@@ -139,17 +158,6 @@ def cold_backward_layers(device: str = "cpu") -> list[ColdBackwardChain]:
     builds = ([chain_of(_unary_ops()[:k]) for k in COLD_BACKWARD_CALLS]
               + [COMPOSITE_BACKWARDS[name] for name in COLD_BACKWARD_COMPOSITES])
 
-    def timed(build, before) -> float:
-        """`build`'s backward (own call) after its forward, `before`'s forward and
-        backward and the engine's start warmed: `StepNeighbours`' order."""
-        out, prior = build(), before()
-        torch.autograd.backward(prior, torch.ones_like(prior))
-        warm_engine_start(device)
-        seed = torch.ones_like(out)
-        start = clock()
-        torch.autograd.backward(out, seed)
-        return clock() - start
-
     results = []
     with _one_thread(), torch.random.fork_rng(), torch.set_grad_enabled(True):
         after = _ops_of(neighbour, device).backward_overloads
@@ -157,8 +165,8 @@ def cold_backward_layers(device: str = "cpu") -> list[ColdBackwardChain]:
             ops = _ops_of(build, device)
             cold, warm = [], []
             for _ in range(COLD_BACKWARD_RUNS):
-                cold.append(timed(build, neighbour))
-                warm.append(timed(build, build))
+                cold.append(backward_after(build, neighbour, clock, device))
+                warm.append(backward_after(build, build, clock, device))
             results.append(ColdBackwardChain(cold_distinct_ops_bwd(ops, after),
                                              cold_inner_ops_bwd(ops, after),
                                              statistics.median(cold), statistics.median(warm)))
