@@ -56,6 +56,8 @@ import statistics
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from cost_models.sequence_probes import ColdChain
+
 # Chains of the first k `cold_entry_probes._unary_ops` (a layer's 1-17 cold backward ops:
 # a norm's to a head's; none of them does the neighbour block run), the composites'
 # instances (`ir.composite_ops.COMPOSITE_BACKWARDS`: their inner ops), and the runs per
@@ -64,23 +66,6 @@ COLD_BACKWARD_CALLS = (1, 2, 4, 8, 12)
 COLD_BACKWARD_COMPOSITES = ("aten._embedding_bag_backward.default",
                             "aten.embedding_dense_backward.default")
 COLD_BACKWARD_RUNS = 41
-
-
-@dataclass(frozen=True, slots=True)
-class ColdBackwardChain:
-    """A probe chain's cold ops (its backward overloads the neighbour's backward did not
-    run: `ir.op_count.cold_distinct_ops_bwd`), cold inner ops (`ir.composite_ops
-    .cold_inner_ops_bwd`) and its backward's seconds after the neighbour (`cold_s`) and
-    after a copy of itself (`warm_s`)."""
-
-    cold_ops: int
-    cold_inner_ops: int
-    cold_s: float
-    warm_s: float
-
-    @property
-    def extra_s(self) -> float:
-        return self.cold_s - self.warm_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +113,7 @@ def backward_after(build, before, clock, device: str) -> float:
     return clock() - start
 
 
-def cold_backward_layers(device: str = "cpu") -> list[ColdBackwardChain]:
+def cold_backward_layers(device: str = "cpu") -> list[ColdChain]:
     """Each chain of COLD_BACKWARD_CALLS `_unary_ops` (on a 2 x 8 x 8 input) and each
     composite of COLD_BACKWARD_COMPOSITES timed cold (after a `neighbour_block`'s forward
     and backward) and warm (after a copy of itself), as the module docstring says."""
@@ -167,13 +152,12 @@ def cold_backward_layers(device: str = "cpu") -> list[ColdBackwardChain]:
             for _ in range(COLD_BACKWARD_RUNS):
                 cold.append(backward_after(build, neighbour, clock, device))
                 warm.append(backward_after(build, build, clock, device))
-            results.append(ColdBackwardChain(cold_distinct_ops_bwd(ops, after),
-                                             cold_inner_ops_bwd(ops, after),
-                                             statistics.median(cold), statistics.median(warm)))
+            results.append(ColdChain(cold_distinct_ops_bwd(ops, after), statistics.median(cold),
+                                     statistics.median(warm), cold_inner_ops_bwd(ops, after)))
     return results
 
 
-def cold_backward_cost(chains: list[ColdBackwardChain]) -> ColdBackwardCost:
+def cold_backward_cost(chains: list[ColdChain]) -> ColdBackwardCost:
     """Least squares of extra_s = op_s x cold ops + inner_op_s x cold inner ops over
     `chains`, through the origin, both >= 0 (where the free fit has one < 0, the better of
     the two one-term fits, the other term 0)."""

@@ -205,13 +205,20 @@ def in_sequence_chains(device: str = "cpu", grad: bool = True) -> list[SequenceC
 @dataclass(frozen=True, slots=True)
 class ColdChain:
     """A probe chain's cold ops (its distinct ATen overloads the work run before it did
-    not run: `ir.op_count.cold_distinct_ops`, as a layer's are counted) and its seconds
-    run once after that work (`cold_s`) and right after itself (`warm_s`):
-    `cold_entry_probes`' records."""
+    not run: `ir.op_count.cold_distinct_ops` forward, `cold_distinct_ops_bwd` backward, as
+    a layer's are counted), its cold inner ops (backward only: the ops its composites run
+    inside, `ir.composite_ops.cold_inner_ops_bwd`), and its seconds run once after that
+    work (`cold_s`) and right after a copy of itself (`warm_s`): `cold_entry_probes`' and
+    `cold_backward_probes`' records."""
 
     cold_ops: int
     cold_s: float
     warm_s: float
+    cold_inner_ops: int = 0
+
+    @property
+    def extra_s(self) -> float:
+        return self.cold_s - self.warm_s
 
 
 def _overloads(fn) -> frozenset[str]:

@@ -15,9 +15,10 @@ import torch
 from torch import nn
 
 from cost_models.cold_backward_probes import (COLD_BACKWARD_CALLS, COLD_BACKWARD_COMPOSITES,
-                                              ColdBackwardChain, cold_backward_cost,
+                                              cold_backward_cost,
                                               cold_backward_layers)
 from cost_models.host_dispatch import backward_host_seconds, host_position_key
+from cost_models.sequence_probes import ColdChain
 from cost_models.layer_profile import StepNeighbours
 from ir.composite_ops import inner_ops
 from ir.kernel_calibration import KernelCalibration
@@ -69,7 +70,7 @@ def test_the_search_keys_the_two_backward_counts_apart_where_priced_apart():
 def test_the_fit_reads_both_figures_from_hand_made_chains():
     """extra = 1.2 us x cold ops + 0.5 us x inner ops, exactly: (1, 0) 1.2, (4, 0) 4.8,
     (1, 10) 6.2, (0, 4) 2.0 us."""
-    chains = [ColdBackwardChain(a, b, 20 * US + extra, 20 * US)
+    chains = [ColdChain(a, 20 * US + extra, 20 * US, b)
               for a, b, extra in ((1, 0, 1.2 * US), (4, 0, 4.8 * US), (1, 10, 6.2 * US),
                                   (0, 4, 2.0 * US))]
     cost = cold_backward_cost(chains)
@@ -83,7 +84,7 @@ def test_the_fit_keeps_both_figures_at_or_above_zero():
     """Inner ops that cost less than nothing (1, 10): 0.2 us, (2, 0): 2 us, (3, 0): 3 us:
     the free fit's inner figure is < 0, so the op term alone: (1 x 0.2 + 2 x 2 + 3 x 3) /
     (1 + 4 + 9) = 13.2 / 14 us per op, 0 per inner op."""
-    chains = [ColdBackwardChain(a, b, extra, 0.0)
+    chains = [ColdChain(a, extra, 0.0, b)
               for a, b, extra in ((1, 10, 0.2 * US), (2, 0, 2 * US), (3, 0, 3 * US))]
     cost = cold_backward_cost(chains)
     assert cost.inner_op_s == 0.0
