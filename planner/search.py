@@ -59,8 +59,9 @@ On CPU kits that price the tied copies' sum, a candidate is solved once more per
 gradient layout that lets it sum local shards (`stage_host.tied_variants`).
 Every candidate's optimum, with the next partitions of its final front (FRONT_PLANS: the
 estimate's 1F1B form is not a function of sum T and max T), is then priced by the full
-model (`cost_models.estimate`), which decides; the uniform baselines (`planner.baselines`) are priced the same way, so
-the chosen plan is never worse than any uniform plan in the space.
+model (`cost_models.estimate`), which decides; the uniform baselines
+(`planner.baselines`) are priced the same way, so the chosen plan is never worse than any
+uniform plan in the space.
 """
 
 from __future__ import annotations

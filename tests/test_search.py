@@ -390,41 +390,81 @@ def _composed_s(est, m: int) -> float:
     return sum(times) + (m - 1) * max(times)
 
 
+def _underpriced_relayout(graph, plan) -> bool:
+    """Whether the plan changes layout (TP degree or SP) after a layer with TP > 1 inside
+    a stage: the search prices that re-layout at the micro-batch of dp = the stage's
+    devices, below the layer's own (see the test below)."""
+    from ir.legality import sequence_parallel_applies
+
+    def layout(j):
+        s = plan.layer_strategies[j]
+        return s.tp, sequence_parallel_applies(graph.layers[j], s)
+    return any(plan.layer_strategies[j].tp > 1 and layout(j) != layout(j + 1)
+               and plan.stage_of(j) == plan.stage_of(j + 1)
+               for j in range(len(graph.layers) - 1))
+
+
 @pytest.mark.parametrize("spec, processes, pp, schedule, pins", list(_cpu_cases()),
                          ids=lambda x: str(x).split(":")[0])
 def test_with_every_host_term_priced_the_search_is_estimates_best_up_to_its_composition(
         spec, processes, pp, schedule, pins):
-    """The search's plan is one the oracle lists, and it loses to the oracle's best by at
-    most the gap between the objective's composition and the estimate's pipeline form at
-    that best plan: est(search) <= O(search) <= O(best) (the search minimises O, and the
-    estimate's GPipe and 1F1B forms never exceed sum T + (m-1) max T), so est(search) -
-    est(best) <= O(best) - est(best), O(best) composed from the estimate's stage times
-    (`_composed_s`). With pp 1 that gap is 0 (m T either way): the search must find the
-    best exactly. Measured: llama 4 processes pp 2 1F1B, the oracle's best cuts (0, 2),
-    (3, 4) at 11.574 ms; the search's (0, 0), (1, 4) at 11.864 ms, the best by O (the
-    oracle's best is dominated on both sum T and max T: the slow first rank hides the
-    second's round trip in its warm-up, which no (sum, max) front sees); O(best) 13.3 ms.
-    Tiny GPT 2 processes pp 2 1F1B needed the final front's other cuts
-    (`search.FRONT_PLANS`): the estimate's best, 6.935 ms, was O's 2nd; the search had
-    returned 7.519 ms. Tiny GPT 2 processes with TP needed the tied sums per gradient
-    layout (`test_with_tp_the_tied_sum_on_local_shards_is_found`)."""
-    graph = load_layer_graph(spec, micro_batch=1, seq_len=32, dtype=torch.float32)
-    cluster = _cpu_kit_cluster(processes)
+    """Every plan of the space priced by the estimate alone, and composed from the
+    estimate's stage times as the search's objective O = sum T + (m-1) max T
+    (`_composed_s`):
+
+    1. each candidate's DP objective is O of its plan (the host terms, the tied sums and
+       the placed cold counts priced per stage exactly as the estimate prices them), and
+       the least of them is the least O of the space: the program is exact on O. Known
+       exception (`_underpriced_relayout`): a re-layout after a layer with TP > 1 is
+       priced at the micro-batch of dp = all the stage's devices (`search._solve`'s
+       scale_batch), less than the estimate's: 3.28 us under on tiny GPT TP 2 + SP, micro-
+       batch 2 (every host term off too). There the DP may only be below O, never above;
+    2. the search's plan is one the oracle lists, and it loses to the estimate's best b
+       by at most the gap between the estimate's pipeline form and O: with s* the least-O
+       candidate, est(search) <= est(s*) = [est(s*) - O(s*)] + O(s*) and O(s*) <= O(b),
+       so est(search) - est(b) <= max(0, est(s*) - O(s*)) + (O(b) - est(b)). With pp 1
+       both gaps are 0 (m T either way): the search must find the best exactly.
+
+    Measured: llama 4 processes pp 2 1F1B, the estimate's best cuts (0, 2), (3, 4) at
+    11.574 ms; the search returns (0, 0), (1, 4) at 11.864 ms, the least O (the best is
+    dominated on both sum T and max T: a slow first rank hides the second's round trip in
+    its warm-up, which no (sum, max) front sees). Tiny GPT 2 processes pp 2 1F1B needed
+    the final front's other cuts (`search.FRONT_PLANS`): the estimate's best, 6.935 ms,
+    was O's 2nd; the search had returned 7.519 ms. Tiny GPT 2 processes pp 1 needed the
+    tied sums per gradient layout (`test_with_tp_the_tied_sum_on_local_shards_is_found`)
+    and the ZeRO-3 baseline kept out under --zero 0 (it had returned a plan outside the
+    space)."""
     from ir.strategy import Precision
 
+    graph = load_layer_graph(spec, micro_batch=1, seq_len=32, dtype=torch.float32)
+    cluster = _cpu_kit_cluster(processes)
     options = SearchOptions(pp=pp, schedule=schedule, no_checkpoint=True, no_offload=True,
                             precision=Precision.FP32, **pins)
-    priced = _priced(graph, cluster, 8, options)
-    best_s, _, best_plan = min(priced, key=lambda r: r[0])
+    rows = []  # (estimate's seconds, O, plan) of every plan of the space
+    for plan in _every_plan(graph, cluster, 8, options):
+        est = estimate(graph, plan, cluster)
+        rows.append((est.iteration_seconds, _composed_s(est, plan.num_microbatches), plan))
+    best_s, best_o, best_plan = min(rows, key=lambda r: r[0])
     result = S.search(graph, cluster, 8, options)
-    assert any(plan == result.best.plan for _, _, plan in priced), result.best.plan
+    exact = 0
+    for c in result.candidates:
+        composed_s = _composed_s(c.estimate, c.plan.num_microbatches)
+        assert c.objective_s <= composed_s * (1 + 1e-12), str(c.plan)
+        if not _underpriced_relayout(graph, c.plan):
+            assert c.objective_s == pytest.approx(composed_s, rel=1e-12), str(c.plan)
+            exact += 1
+    assert exact >= 1
+    least = min(result.candidates, key=lambda c: c.objective_s)
+    least_o = min(o for _, o, _ in rows)
+    assert least.objective_s <= least_o * (1 + 1e-12)
+    if not _underpriced_relayout(graph, least.plan):
+        assert least.objective_s == pytest.approx(least_o, rel=1e-12)
+    assert any(plan == result.best.plan for _, _, plan in rows), result.best.plan
     got_s = estimate(graph, result.best.plan, cluster).iteration_seconds
-    slack_s = _composed_s(estimate(graph, best_plan, cluster), best_plan.num_microbatches) \
-        - best_s
-    assert slack_s >= -1e-12 * best_s
+    slack_s = max(0.0, least.estimate.iteration_seconds - least.objective_s) + best_o - best_s
     if pp == 1:
-        assert slack_s == pytest.approx(0.0, abs=1e-9 * best_s)
-    assert got_s <= (best_s + slack_s) * (1 + 1e-9), (
+        assert slack_s == pytest.approx(0.0, abs=1e-12 * best_s)
+    assert got_s <= (best_s + slack_s) * (1 + 1e-12), (
         f"{best_plan} takes {best_s} s, the search's {result.best.plan} {got_s} s")
 
 
@@ -466,3 +506,25 @@ def test_with_tp_the_tied_sum_on_local_shards_is_found():
     assert best_s == pytest.approx(4.828e-3, rel=1e-3)
     got = S.search(graph, cluster, 8, options).best.estimate.iteration_seconds
     assert got == pytest.approx(best_s, rel=1e-9)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known: the search prices a re-layout after a layer with TP > 1 at the micro-batch of "
+    "dp = the stage's devices (planner.search._solve's scale_batch into "
+    "layer_tables.transitions), the estimate at the layer's own (samples / its dp): tiny "
+    "GPT, TP 2 + SP, micro-batch 2 on 2 CPU processes, 3.28 us under (65,536 B at 20 GB/s: "
+    "half the SP -> replicated re-layout's bytes). Pricing x per source layout's dp moves "
+    "the GPU pins (tests/test_search_pinned.py: llama3-70b runs tp8+sp), left to the lead; "
+    "the stage edges' p2p (partition.edge_costs) share the scale"))
+def test_a_relayout_after_a_tp_layer_is_priced_at_its_micro_batch():
+    from ir.strategy import Precision
+
+    graph = load_layer_graph(TIED_GPT, micro_batch=1, seq_len=32, dtype=torch.float32)
+    cluster = _cpu_kit_cluster(2)
+    options = SearchOptions(pp=1, tp=2, sequence_parallel=True, micro_batch=2, zero=0,
+                            schedule=Schedule.ONE_F_ONE_B, no_checkpoint=True,
+                            no_offload=True, precision=Precision.FP32)
+    best = S.search(graph, cluster, 8, options, with_baselines=False).best
+    assert _underpriced_relayout(graph, best.plan)
+    assert best.objective_s == pytest.approx(
+        _composed_s(best.estimate, best.plan.num_microbatches), rel=1e-12)
