@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 from ir.layer import LayerGraph
 from ir.plan import ParallelPlan
-from ir.strategy import LayerStrategy
+from ir.strategy import LayerStrategy, Precision
 
 from cost_models.memory_walk import LayerMemory
 from cost_models.model_states import has_dp_unit, tp_local_params
@@ -43,7 +44,7 @@ def _copies(graph: LayerGraph, name: str) -> tuple[int, ...]:
     return out
 
 
-def _layout(strategy: LayerStrategy) -> tuple:
+def gradient_layout(strategy: LayerStrategy) -> tuple:
     """What a gradient's DTensor layout depends on: the TP and DP degrees, sharded or not."""
     return strategy.tp, strategy.dp, strategy.dp_mode.stage >= 2
 
@@ -53,19 +54,41 @@ def tied_copies(graph: LayerGraph, name: str) -> tuple[int, ...]:
     return _copies(graph, name)
 
 
-_GROUPS: dict[str, dict[tuple[int, ...], int]] = {}  # graph fingerprint -> its tie groups
+class TieGroup(NamedTuple):
+    """One shared tensor: its holders (`tied_copies`, the owner first), the first holder
+    of a copy, and that copy's name for it (its size: `tied_numel`)."""
+
+    holders: tuple[int, ...]
+    copy: int
+    name: str
 
 
-def tie_groups(graph: LayerGraph) -> dict[tuple[int, ...], int]:
-    """Each tie group's holders (`tied_copies`, its owner first) -> the first holder of a
-    copy, whose `tied_params` size the group's gradient (the IR counts a layer's tied
-    elements together: two tensors copied into one layer share a group)."""
+def tied_numel(layer, name: str) -> int:
+    """Elements of `layer`'s copy `name` (`Layer.tied_param_numels`); for layers built
+    before that field, all its tied elements."""
+    if layer.tied_param_numels:
+        return layer.tied_param_numels[layer.tied_param_names.index(name)]
+    return layer.tied_params
+
+
+_GROUPS: dict[str, list[TieGroup]] = {}  # graph fingerprint -> its tie groups
+
+
+def tie_groups(graph: LayerGraph) -> list[TieGroup]:
+    """One per shared tensor, as `executors.tied.find_tie_groups` groups them by tensor
+    identity and `TiedGradients.sync` sums each on its own: keyed by the holders and the
+    tensor (`tie_key`), so two tensors copied into one layer are two groups. Layers built
+    before `Layer.tied_param_numels` count their tied elements together: keyed by the
+    holders alone, one group sized by them all."""
     out = _GROUPS.get(graph.fingerprint)
     if out is None:
-        out = _GROUPS[graph.fingerprint] = {}
+        groups: dict[tuple, TieGroup] = {}
         for layer in graph.layers:
             for name in layer.tied_param_names:
-                out.setdefault(_copies(graph, name), layer.index)
+                holders = _copies(graph, name)
+                key = (holders, tie_key(layer, name) if layer.tied_param_numels else None)
+                groups.setdefault(key, TieGroup(holders, layer.index, name))
+        out = _GROUPS[graph.fingerprint] = list(groups.values())
     return out
 
 
@@ -78,14 +101,26 @@ def tied_local_fraction(graph: LayerGraph, plan: ParallelPlan, j: int) -> float:
     copy counts (a replicated one may meet a split owner: the full path, as priced)."""
     layer = graph.layers[j]
     strategy, rank = plan.layer_strategies[j], plan.stage_of(j) % plan.pp
-    layout = _layout(strategy)
+    if not layer.tied_params:
+        return 1.0
+    layout = gradient_layout(strategy)
+    copies = _copies(graph, layer.tied_param_names[0])
+    if any(plan.stage_of(k) % plan.pp != rank
+           or gradient_layout(plan.layer_strategies[k]) != layout for k in copies):
+        return 1.0
+    return shared_layout_fraction(graph, j, strategy, plan.precision)
+
+
+def shared_layout_fraction(graph: LayerGraph, j: int, strategy: LayerStrategy,
+                           precision: Precision) -> float:
+    """`tied_local_fraction` of copy `j` at `strategy` where every copy of its tie group
+    sits on its rank in its `gradient_layout` (the search prices that case per layout:
+    `planner.stage_host.tied_variants`)."""
+    layer = graph.layers[j]
     if not layer.tied_params or (strategy.tp > 1 and not layer.tied_tp_params):
         return 1.0
     copies = _copies(graph, layer.tied_param_names[0])
-    if any(plan.stage_of(k) % plan.pp != rank or _layout(plan.layer_strategies[k]) != layout
-           for k in copies):
-        return 1.0
-    if strategy.tp == 1 and not any(has_dp_unit(graph.layers[k], strategy, plan.precision)
+    if strategy.tp == 1 and not any(has_dp_unit(graph.layers[k], strategy, precision)
                                     for k in copies):
         return 1.0  # plain tensors: the full path
     dp_shards = strategy.dp if strategy.dp_mode.stage >= 2 else 1

@@ -26,7 +26,7 @@ from ir.plan import ParallelPlan
 
 from cost_models.common import StepConfig
 from cost_models.model_states import held_bytes_per_param
-from cost_models.tied_memory import tie_groups, tied_local_fraction
+from cost_models.tied_memory import tie_groups, tied_local_fraction, tied_numel
 
 # glibc serves a request above its largest dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX,
 # 32 MiB on 64-bit: mallopt(3)) with fresh pages, so the sum's new tensors of a larger
@@ -114,11 +114,13 @@ def tied_group_seconds(cluster: ClusterSpec, copies: int, grad_bytes: float) -> 
     return (call_s + per_byte_s * sum_traffic_bytes(copies, grad_bytes)) * cluster.host_share
 
 
-def tied_grad_bytes(layer: Layer, config: StepConfig, fraction: float = 1.0) -> float:
-    """Bytes of one holder's gradient of its tied tensor as sync sums it: fp32
-    (`held_bytes_per_param`), x `fraction` (`tied_local_fraction`: local shards)."""
-    return (layer.tied_params * held_bytes_per_param(config.precision, config.optimizer).grads
-            * fraction)
+def tied_grad_bytes(layer: Layer, config: StepConfig, fraction: float = 1.0,
+                    name: str | None = None) -> float:
+    """Bytes of one holder's gradient of its tied tensor `name` (`tied_memory.tied_numel`;
+    None: all its tied tensors) as sync sums it: fp32 (`held_bytes_per_param`), x
+    `fraction` (`tied_local_fraction`: local shards)."""
+    numel = layer.tied_params if name is None else tied_numel(layer, name)
+    return numel * held_bytes_per_param(config.precision, config.optimizer).grads * fraction
 
 
 def tied_sum_seconds(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, j: int,
@@ -135,11 +137,12 @@ def tied_sum_seconds(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec
         return 0.0
     rank = plan.stage_of(j) % plan.pp
     total_s = 0.0
-    for holders, copy in tie_groups(graph).items():
-        local = [k for k in holders if plan.stage_of(k) % plan.pp == rank]
+    for group in tie_groups(graph):
+        local = [k for k in group.holders if plan.stage_of(k) % plan.pp == rank]
         if local and j == local[-1]:
-            grad_bytes = tied_grad_bytes(graph.layers[copy], config,
-                                         tied_local_fraction(graph, plan, copy))
+            grad_bytes = tied_grad_bytes(graph.layers[group.copy], config,
+                                         tied_local_fraction(graph, plan, group.copy),
+                                         group.name)
             total_s += tied_group_seconds(cluster, len(local), grad_bytes)
     return total_s
 

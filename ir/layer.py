@@ -200,6 +200,9 @@ class Layer:
     # ... and the tensor's own name (its first registered name in the model): one owner
     # layer may own several shared tensors; () for layers built before it.
     tied_owner_params: tuple[str, ...] = ()
+    # ... and each shared tensor's elements: a layer may copy two, two tie groups each
+    # summed on its own (`executors.tied`); () for layers built before it.
+    tied_param_numels: tuple[int, ...] = ()
     # Legality facts read from the module at trace time (`ir.legality`): the layer's only
     # input is one tensor made by the layer before it (its batch can be re-split when the
     # data-parallel degree changes), and sequence parallelism can run it.

@@ -111,6 +111,7 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             tied_tp_params=tied_tp, tied_param_names=tuple(tied),
             tied_owner_layers=tuple(tied_owners[i][n][0] for n in tied),
             tied_owner_params=tuple(tied_owners[i][n][1] for n in tied),
+            tied_param_numels=tuple(t.numel() for t in tied.values()),
             chain_input=_chain_input(measurer, i, module), sequence_parallel_ok=sp_ok,
             cold_distinct_ops_fwd=cold_distinct_ops(measured[shash],
                                                     recent_forward_ops(ran_before))))

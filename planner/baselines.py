@@ -46,7 +46,11 @@ def baselines(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
     `model`: the module the executor gets (`planner.search.search`)."""
     out = []
     for name, pins in BASELINES.items():
-        clash = [k for k, v in pins.items() if getattr(options, k) not in (None, False, v)]
+        # unset is None (or False for a flag); a pin of 0 is a pin (`0 in (None, False)`
+        # is true: --zero 0 once let the ZeRO-3 baseline in, outside the user's space)
+        clash = [k for k, v in pins.items()
+                 if (value := getattr(options, k)) is not None and value is not False
+                 and value != v]
         if pins.get("no_checkpoint") and options.checkpoint not in (None, Checkpoint.NONE):
             clash.append("checkpoint")  # DDP runs without checkpointing
         if clash:

@@ -27,10 +27,14 @@ def stage_edges_s(edges: list[float], a: int, b: int) -> float:
 
 
 def partition(graph, solver: StageSolver, cand: OuterCandidate, ks: list[float],
-              edge_cost, incumbent: float = INF,
-              floor_s: float = 0.0) -> tuple[float, list[tuple[int, int, int]]] | None:
+              edge_cost, incumbent: float = INF, floor_s: float = 0.0,
+              keep: int = 1) -> list[tuple[float, list[tuple[int, int, int]]]] | None:
     """Exact stage partition minimising sum T + (m-1) max T (module docstring): the
-    objective and (first layer, last layer, layout) per rank, or None.
+    objective and (first layer, last layer, layout) per rank of the best partition, then
+    of the next ones of the final (sum, max) front, best first, `keep` at most; or None.
+    The front's others are the partitions the estimate may rank above the best: its
+    1F1B and GPipe forms are not functions of sum T and max T alone (`cost_models.pipeline`:
+    a slow first rank hides the later ranks' round trip in its warm-up).
 
     Front entries (`pareto.FrontEntry`) for the ranks placed so far end at layer b.
     Memory and time only grow as a stage gets longer, so once a..b does not fit, or
@@ -84,6 +88,6 @@ def partition(graph, solver: StageSolver, cand: OuterCandidate, ks: list[float],
     final = front.get(n - 1)
     if not final:
         return None
-    entry = min(final, key=lambda e: e.objective_s(m))
-    return entry.objective_s(m), entry.stages()
+    final = sorted(final, key=lambda e: e.objective_s(m))[:keep]
+    return [(e.objective_s(m), e.stages()) for e in final]
 

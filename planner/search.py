@@ -55,9 +55,13 @@ of the model `search` is given (`cost_models.common.model_layer_configs`: a mode
 on meta runs the lean host path on a CPU cluster, `ir.lean_host`).
 The full memory model (`cost_models.memory.plan_memory`) checks each optimum; where it
 does not fit, the candidate is solved again with a lower budget (`_solve_fitting`).
-Every candidate's optimum is then priced by the full model (`cost_models.estimate`),
-which decides; the uniform baselines (`planner.baselines`) are priced the same way, so
-the chosen plan is never worse than any uniform plan in the space.
+On CPU kits that price the tied copies' sum, a candidate is solved once more per
+gradient layout that lets it sum local shards (`stage_host.tied_variants`).
+Every candidate's optimum, with the next partitions of its final front (FRONT_PLANS: the
+estimate's 1F1B form is not a function of sum T and max T), is then priced by the full
+model (`cost_models.estimate`), which decides; the uniform baselines
+(`planner.baselines`) are priced the same way, so the chosen plan is never worse than any
+uniform plan in the space.
 """
 
 from __future__ import annotations
@@ -68,7 +72,6 @@ import math
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 from torch import nn
 
 from cost_models.common import model_layer_configs
@@ -85,10 +88,11 @@ from ir.plan import ParallelPlan
 from ir.strategy import Schedule, Stage
 from planner.layer_tables import (LayerTable, crossing_bytes, memory_budget_bytes, price_layers,
                                   restrict, step_config, transient_caps, transitions)
+from planner.lower_bound import LOWER_BOUND_SLACK, _lower_bound
 from planner.partition import edge_costs, partition, stage_edges_s
 from planner.search_space import OuterCandidate, SearchOptions, outer_candidates
 from planner.search_stats import SearchStats
-from planner.stage_host import StageHost, bound_shift_s, stage_host
+from planner.stage_host import StageHost, bound_shift_s, stage_host, tied_variants
 from planner.stage_program import StageSolver, walk_back
 from planner.uniform import even_chunks, uniform_groups
 
@@ -152,6 +156,13 @@ def _pipeline_tp_groups(graph: LayerGraph, cand: OuterCandidate,
     return out
 
 
+# Partitions of the final (sum, max) front kept per outer candidate for the estimate to
+# rank (`partition.partition`): the objective's sum T + (m-1) max T is not the estimate's
+# pipeline form (on 2 CPU processes, tiny GPT pp 2, 1F1B, m 2: the estimate's best cut is
+# the objective's 2nd of 4, 6.94 ms against the objective's best's 7.52 ms,
+# tests/test_search.py's CPU oracle). 4: each is one estimate call more per priced candidate.
+FRONT_PLANS = 4
+
 # Re-solves of one candidate with a lowered budget when the full memory model rejects the
 # DP's plan (each round lowers it by the excess it saw).
 FIT_ROUNDS = 4
@@ -184,9 +195,11 @@ def _solve_fitting(graph, cluster, cand, tables, layouts, options, global_batch,
 def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: SearchOptions,
            global_batch: int, trans_cache: dict, stats: SearchStats, incumbent: float = INF,
            shrink_bytes: float = 0.0, host: StageHost | None = None):
-    """Best (objective, plan) of one outer candidate over the transient caps, or None.
-    `shrink_bytes` lowers the memory budget (see `_solve_fitting`); `host`: the step's
-    host terms per stage (`planner.stage_host`; None where none is priced)."""
+    """Best (objective, plan, others) of one outer candidate over the transient caps, or
+    None; `others`: the next (objective, plan) of the best cap's final partition front
+    (`partition.partition`, FRONT_PLANS in all), for the estimate to rank. `shrink_bytes`
+    lowers the memory budget (see `_solve_fitting`); `host`: the step's host terms per
+    stage (`planner.stage_host`; None where none is priced)."""
     world = cluster.world_size
     stage_devices = world // cand.pp
     samples = global_batch // cand.num_microbatches
@@ -217,26 +230,29 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
 
         if v > 1:
             found = _interleaved(graph, tables, make_solver, cand, edge, host)
+            found = [found] if found else None
         else:
             solver = make_solver(tables)
             ks = [microbatches_in_flight(cand.schedule, cand.pp, r, cand.num_microbatches)
                   for r in range(cand.pp)]
             bar = incumbent if best is None else min(incumbent, best[0])
-            found = partition(graph, solver, cand, ks, edge, bar, floor_s)
+            found = partition(graph, solver, cand, ks, edge, bar, floor_s, FRONT_PLANS)
             if found:
-                objective, ranges = found
-                found = objective, [(a, b, c, ks[r], solver)
-                                    for r, (a, b, c) in enumerate(ranges)]
+                found = [(objective, [(a, b, c, ks[r], solver)
+                                      for r, (a, b, c) in enumerate(ranges)])
+                         for objective, ranges in found]
         stats.dp_extensions += sum(s.extensions for s in made)
-        if not found or (best is not None and found[0] >= best[0]):
+        if not found or (best is not None and found[0][0] >= best[0]):
             continue
-        objective, ranges = found
-        strategies = []
-        for a, b, c, k, solver in ranges:
-            strategies += walk_back(solver.node(a, b, k), tables, a, b, c, units)
-        plan = make_plan(cand, [(a, b) for a, b, *_ in ranges], strategies, stage_devices,
-                     global_batch, options)
-        best = (objective, plan)
+        plans = []
+        for objective, ranges in found:
+            strategies = []
+            for a, b, c, k, solver in ranges:
+                strategies += walk_back(solver.node(a, b, k), tables, a, b, c, units)
+            plans.append((objective, make_plan(cand, [(a, b) for a, b, *_ in ranges],
+                                               strategies, stage_devices, global_batch,
+                                               options)))
+        best = (*plans[0], plans[1:])
     return best
 
 
@@ -295,50 +311,6 @@ def _interleaved(graph, tables: list[LayerTable], make_solver, cand: OuterCandid
 
 
 # ------------------------------------------------------------------------ search
-
-# Outer candidates whose lower bound reaches the k-th best objective times this are
-# skipped: 1.0 loses nothing the dynamic program could find.
-LOWER_BOUND_SLACK = 1.0
-
-
-def _lower_bound(cand: OuterCandidate, tables: list[LayerTable], budget_bytes: float) -> float:
-    """No plan of this candidate beats it.
-
-    Every rank's time is at least the average, so sum T + (m-1) max T >= f * sum_i t_i
-    with f = 1 + (m-1)/p (interleaved: m/p). And every rank keeps at least one micro-batch
-    in flight within its budget, so sum_i (state_i + kept_i) <= p * budget: for any
-    lambda >= 0 (Lagrangian relaxation)
-        sum_i t_i >= sum_i min_s (t_is + lambda * mem_is) - lambda * p * budget.
-    The best lambda of a log-spaced grid gives the bound. Also, some rank holds at least
-    ceil(L / p) layers over its chunks (pigeonhole), so max T is at least the sum of
-    that many of the smallest fastest layer times."""
-    p, m, v = cand.pp, cand.num_microbatches, cand.virtual_stages
-    mins = {id(t): (float(t.time_s.min()), float((t.state_bytes + t.kept_bytes).min()))
-            for t in tables}  # identical layers share one table
-    fastest_each = sorted(mins[id(t)][0] for t in tables)
-    pigeon = sum(fastest_each[: -(-len(tables) // p)])
-    fastest = sum(mins[id(t)][0] for t in tables)
-    capacity = p * budget_bytes
-    if capacity <= 0:
-        return INF
-    # Provably infeasible: a layer that fits nowhere, or more memory than all ranks have.
-    least = [mins[id(t)][1] for t in tables]
-    if max(least) > budget_bytes * v or sum(least) > capacity:
-        return INF
-    lams = (fastest / capacity) * np.logspace(-2, 3, 26)
-    relaxed = -lams * capacity
-    lagrangian: dict[int, np.ndarray] = {}  # min_s (t_is + lambda mem_is), once per table
-    for t in tables:  # summed layer by layer
-        row = lagrangian.get(id(t))
-        if row is None:
-            mem = t.state_bytes + t.kept_bytes
-            row = lagrangian[id(t)] = (t.time_s[:, None] + mem[:, None] * lams[None, :]).min(axis=0)
-        relaxed = relaxed + row
-    best = max(fastest, float(relaxed.max()))
-    if v > 1:  # m max T + (sum T - max T)/v
-        return max(m * best / p, m * pigeon)
-    return best + (m - 1) * max(best / p, pigeon)
-
 
 def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
            options: SearchOptions = SearchOptions(), profile: ComputeProfile | None = None,
@@ -403,6 +375,7 @@ def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
     memory_cache: dict = {}  # rank walks by what they read (cost_models.memory.plan_memory)
     stats = SearchStats(outer_candidates=len(outers))
     found = []
+    others: dict[ParallelPlan, list] = {}  # a candidate's best plan -> its front's next
     priced = []
     budget_of: dict[OuterCandidate, float] = {}
     for cand in outers:
@@ -457,24 +430,42 @@ def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
             if group_bound == INF or (len(objectives) >= keep_best and
                                       group_bound >= objectives[keep_best - 1] * LOWER_BOUND_SLACK):
                 continue
-            incumbent = objectives[keep_best - 1] if len(objectives) >= keep_best else INF
-            result = _solve_fitting(graph, cluster, cand, group, layouts, options, global_batch,
-                                    trans_cache, stats, incumbent * LOWER_BOUND_SLACK,
-                                    memory_cache, model, host)
-            if result is not None:
-                found.append((result[0], cand, result[1]))
+            # the tied sums on local shards, priced per gradient layout (`tied_variants`)
+            for variant, variant_host in tied_variants(graph, group, host, options.precision):
+                objectives = sorted(f[0] for f in found)
+                incumbent = objectives[keep_best - 1] if len(objectives) >= keep_best else INF
+                result = _solve_fitting(graph, cluster, cand, variant, layouts, options,
+                                        global_batch, trans_cache, stats,
+                                        incumbent * LOWER_BOUND_SLACK, memory_cache, model,
+                                        variant_host)
+                if result is not None:
+                    found.append((result[0], cand, result[1]))
+                    others[result[1]] = [(objective, cand, plan)
+                                         for objective, plan in result[2]]
     found.sort(key=lambda f: f[0])
     candidates, seen = [], set()
-    for objective, cand, plan in found:
+
+    def price(objective, cand, plan) -> bool:
+        """Whether the plan, new, fits: then it joins `candidates`."""
         if plan in seen:
-            continue
+            return False
         seen.add(plan)
         est = estimate(graph, plan, cluster, profile, memory_cache,
                        model_layer_configs(graph, plan, cluster.device, model))
-        if est.memory.fits and (options.memory_budget_bytes is None
-                                or est.memory.peak_bytes <= options.memory_budget_bytes):
+        fits = est.memory.fits and (options.memory_budget_bytes is None
+                                    or est.memory.peak_bytes <= options.memory_budget_bytes)
+        if fits:
             candidates.append(Candidate(cand, plan, objective, est))
-        if len(candidates) >= max(options.top_k, 1) + 7:
+        return fits
+
+    bests = 0
+    for objective, cand, plan in found:
+        if price(objective, cand, plan):
+            bests += 1
+            # the partitions the estimate may rank above the DP's best (FRONT_PLANS)
+            for other in others.get(plan, ()):
+                price(*other)
+        if bests >= max(options.top_k, 1) + 7:
             break  # priced enough of the DP's best to re-rank by the full model
     base = []
     if with_baselines and not options.uniform:

@@ -13,13 +13,15 @@ pruned or kept on the score the estimate will give it:
                  price `graph.layers` where they sit in the model
                      (`step_host.placed_compute` - `compute.layer_compute`)
 
-so T_r = T*(a, b, r) + p2p(a, b) + h(a, b, r) (`planner.search`'s recurrence). Two
-simplifications, both left to the estimate that ranks the found plans: the placed change
-is priced at each layer's fastest strategy (it moves host time only, the same for every
+so T_r = T*(a, b, r) + p2p(a, b) + h(a, b, r) (`planner.search`'s recurrence). The tied
+sum is priced on the full gradient (the path `tied_local_fraction` gives whenever a copy
+sits on another rank or in another layout); a rank holding every copy in one layout sums
+local shards, less, which no per-layer term can see: `tied_variants` solves the candidate
+once more per such layout, the holders kept to it and h pricing the share. One
+simplification is left to the estimate that ranks the found plans: the placed change is
+priced at each layer's fastest strategy (it moves host time only, the same for every
 strategy but a checkpointed one's recompute; the DP traffic it exposes or hides is not
-re-priced), and the tied sum on the full gradient (the
-path `tied_local_fraction` gives whenever a copy sits on another rank; a rank holding every
-copy of one layout sums local shards, less).
+re-priced).
 
 On GPU presets every term is 0 (no kit figure): `stage_host` returns None and the search
 runs as before (tests/test_search_pinned.py).
@@ -27,6 +29,7 @@ runs as before (tests/test_search_pinned.py).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Callable
@@ -37,10 +40,13 @@ from cost_models.host_dispatch import backward_host_seconds, forward_host_second
 from cost_models.step_host import (Placed, engine_start_s, passes_per_stage,
                                    pipeline_action_s, place_rank, placed_compute,
                                    prices_cold_ops, step_host_per_microbatch_s)
-from cost_models.tied_memory import tie_groups
+from cost_models.tied_memory import (TieGroup, gradient_layout, shared_layout_fraction,
+                                     tie_groups)
 from cost_models.tied_sync import tied_grad_bytes, tied_group_seconds, tied_sums_priced
 from ir.cluster import ClusterSpec
 from ir.layer import LayerGraph
+from ir.strategy import Precision
+from planner.layer_tables import restrict
 from planner.search_space import OuterCandidate
 
 # price(j, placed): seconds of layer j's forward + backward + recompute for one
@@ -53,12 +59,15 @@ class StageHost:
     """h(a, b, r) of one outer candidate (module docstring); `floor_s`, no stage's less."""
 
     def __init__(self, graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate,
-                 price: Price, grad_bytes: Callable[[int], float]):
+                 price: Price, grad_bytes: Callable[[int, str], float]):
         self.graph, self.cluster, self.cand = graph, cluster, cand
         self.price, self.grad_bytes = price, grad_bytes
         self.cold = prices_cold_ops(cluster)
         self.tied = tied_sums_priced(cluster)
         self.pieces: dict[tuple[int, int], int] = {}  # interleaved: (a, b) -> plan stage
+        # tie group -> the share of the gradient its sum takes where its holders all sit
+        # on the rank (`tied_variants`: their tables restricted to one gradient layout)
+        self.shared: dict[TieGroup, float] = {}
         self._cache: dict[tuple, float] = {}
         self._deltas: dict[tuple, float] = {}
         self._ranks: dict[int, dict[int, Placed]] = {}
@@ -121,9 +130,17 @@ class StageHost:
         """Sync's sums on a rank holding layers `spans`: per tie group (`tie_groups`), its
         holders there, as `tied_sync.tied_sum_seconds` counts them."""
         held = {j for a, b in spans for j in range(a, b + 1)}
-        return sum(tied_group_seconds(self.cluster, len(local), self.grad_bytes(copy))
-                   for holders, copy in tie_groups(self.graph).items()
-                   if (local := held.intersection(holders)))
+        return sum(tied_group_seconds(self.cluster, len(local),
+                                      self.grad_bytes(g.copy, g.name) * (
+            self.shared.get(g, 1.0) if held.issuperset(g.holders) else 1.0))
+                   for g in tie_groups(self.graph) if (local := held.intersection(g.holders)))
+
+    def with_shared(self, shared: dict[TieGroup, float]) -> StageHost:
+        """This h with tie groups' sums at `shared` shares where all holders are on a rank
+        (`tied_variants`); its own caches."""
+        out = copy.copy(self)
+        out.shared, out._cache, out._ranks = dict(shared), {}, {}
+        return out
 
     def _floor(self) -> float:
         """A lower bound on h: the least engine starts and actions of any stage, the sums
@@ -149,6 +166,36 @@ class StageHost:
                                             self.cluster)
             worst_f, worst_b = max(worst_f, traced_f - least_f), max(worst_b, traced_b - least_b)
         return least_s - (worst_f + worst_b) * 2 * max(1.0, self.cluster.host_share)
+
+
+def tied_variants(graph: LayerGraph, tables: list, host: StageHost | None,
+                  precision: Precision) -> list[tuple[list, StageHost | None]]:
+    """(tables, h) to solve a candidate with: as given (each tied sum on the full
+    gradient, what any plan pays at most), then, per tie group and per gradient layout L
+    (`tied_memory.gradient_layout`) under which the sum takes a share f < 1 of it
+    (`shared_layout_fraction`, read off the copy's strategy), the holders' tables kept to
+    L (and the copy's to f) with h pricing the sum at f where every holder sits on one
+    rank: the estimate's `tied_local_fraction`, which reads every holder's strategy and
+    so no per-layer term can price. The least of the variants' optima is the optimum."""
+    out = [(tables, host)]
+    if host is None or not host.tied:
+        return out
+    for group in tie_groups(graph):
+        holders, first = group.holders, group.copy
+        keys = {(gradient_layout(s), f) for s in tables[first].strategies
+                if (f := shared_layout_fraction(graph, first, s, precision)) < 1.0}
+        for layout, f in sorted(keys):
+            kept, ok = list(tables), True
+            for j in holders:
+                narrowed = restrict([tables[j]], lambda s, j=j: gradient_layout(s) == layout and (
+                    j != first or shared_layout_fraction(graph, j, s, precision) == f))
+                if narrowed is None:
+                    ok = False
+                    break
+                kept[j] = narrowed[0]
+            if ok:
+                out.append((kept, host.with_shared({**host.shared, group: f})))
+    return out
 
 
 def host_terms_priced(cluster: ClusterSpec) -> bool:
@@ -194,7 +241,7 @@ def stage_host(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, ta
         return out
 
     return StageHost(graph, cluster, cand, price,
-                     lambda j: tied_grad_bytes(graph.layers[j], configs[j]))
+                     lambda j, name: tied_grad_bytes(graph.layers[j], configs[j], name=name))
 
 
 def _passes_key(placed: Placed) -> tuple:

@@ -336,3 +336,195 @@ def test_the_megatron_baseline_with_sequence_parallel_is_priced():
     assert megatron is not None and any(s.sequence_parallel for s in megatron.plan.layer_strategies)
     peak_bytes, plan = least_memory(graph, cluster, 8, dataclasses.replace(options, uniform=True))
     assert peak_bytes is not None and any(s.sequence_parallel for s in plan.layer_strategies)
+
+
+# ------------------------------------------------- the oracle where host terms are priced
+# On a100-80g above every step host term is 0. Here a CPU kit prices each of them (engine
+# start, pipelining actions, cold ops both ways, a forward's entry after a backward, the
+# tied copies' sum), in round figures a few times a tiny layer's compute so they decide.
+
+def _cpu_kit_cluster(processes: int):
+    """`processes` CPU processes on 2 cores (host share processes / 2), every host term
+    priced (built as tests/cpu_specs.py builds its specs)."""
+    from ir.cluster import ClusterSpec
+    from ir.kernel_calibration import KernelCalibration
+
+    kit = KernelCalibration(measured_on="test", autograd_call_host_s=2e-4,
+                            pipeline_action_host_s=1e-4, forward_host_op_s=1e-9,
+                            cold_op_host_s=3e-5, cold_backward_op_host_s=2e-5,
+                            cold_entry_host_s=4e-5, cold_entry_after_backward_host_s=9e-5,
+                            tied_sum_host_s=5e-5, tied_sum_s_per_byte=1e-9)
+    return ClusterSpec(
+        name=f"cpu-kit{processes}", device="cpu", num_nodes=1, devices_per_node=processes,
+        device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
+        intra_node_gbps=10.0, inter_node_gbps=1.0, intra_node_latency_s=1e-5,
+        inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
+        op_overhead_s=1e-6, host_cores=2, kernel_calibration=kit)
+
+
+TIED_GPT = "gpt:layers=2,hidden=64,heads=4,vocab=512,seq=32"  # head tied to the embedding
+UNTIED_LLAMA = "llama:layers=2,hidden=64,heads=4,vocab=256,seq=32"
+
+
+def _cpu_cases():
+    """(spec, processes, pp, schedule, pins): 2 and 4 processes, pp 1 and 2, GPipe and
+    1F1B, tied and not. The interleaved schedule is left out: its search cuts at equal
+    compute only (`planner.uniform.even_chunks`), so the oracle cannot list its space
+    without the search's own code."""
+    for spec in (TIED_GPT, UNTIED_LLAMA):
+        for processes in (2, 4):
+            # 4 processes: TP 1 and ZeRO-3 keep the space small (the 2-process cases try TP)
+            pins = dict(zero=0) if processes == 2 else dict(zero=3, tp=1)
+            yield spec, processes, 1, Schedule.ONE_F_ONE_B, pins
+            for schedule in (Schedule.GPIPE, Schedule.ONE_F_ONE_B):
+                yield spec, processes, 2, schedule, pins
+
+
+def _composed_s(est, m: int) -> float:
+    """The search's objective composed over the estimate's own stage times: sum T +
+    (m-1) max T, T_r rank r's forward + backward per micro-batch plus its once-a-step
+    terms / m (`planner.search`'s t(i, s))."""
+    times = [t.forward_s + t.backward_s
+             + (t.optimizer_s + t.dp_step_s + t.tp_step_s + t.dp_after_step_s) / m
+             for t in est.stage_times]
+    return sum(times) + (m - 1) * max(times)
+
+
+def _underpriced_relayout(graph, plan) -> bool:
+    """Whether the plan changes layout (TP degree or SP) after a layer with TP > 1 inside
+    a stage: the search prices that re-layout at the micro-batch of dp = the stage's
+    devices, below the layer's own (see the test below)."""
+    from ir.legality import sequence_parallel_applies
+
+    def layout(j):
+        s = plan.layer_strategies[j]
+        return s.tp, sequence_parallel_applies(graph.layers[j], s)
+    return any(plan.layer_strategies[j].tp > 1 and layout(j) != layout(j + 1)
+               and plan.stage_of(j) == plan.stage_of(j + 1)
+               for j in range(len(graph.layers) - 1))
+
+
+@pytest.mark.parametrize("spec, processes, pp, schedule, pins", list(_cpu_cases()),
+                         ids=lambda x: str(x).split(":")[0])
+def test_with_every_host_term_priced_the_search_is_estimates_best_up_to_its_composition(
+        spec, processes, pp, schedule, pins):
+    """Every plan of the space priced by the estimate alone, and composed from the
+    estimate's stage times as the search's objective O = sum T + (m-1) max T
+    (`_composed_s`):
+
+    1. each candidate's DP objective is O of its plan (the host terms, the tied sums and
+       the placed cold counts priced per stage exactly as the estimate prices them), and
+       the least of them is the least O of the space: the program is exact on O. Known
+       exception (`_underpriced_relayout`): a re-layout after a layer with TP > 1 is
+       priced at the micro-batch of dp = all the stage's devices (`search._solve`'s
+       scale_batch), less than the estimate's: 3.28 us under on tiny GPT TP 2 + SP, micro-
+       batch 2 (every host term off too). There the DP may only be below O, never above;
+    2. the search's plan is one the oracle lists, and it loses to the estimate's best b
+       by at most the gap between the estimate's pipeline form and O: with s* the least-O
+       candidate, est(search) <= est(s*) = [est(s*) - O(s*)] + O(s*) and O(s*) <= O(b),
+       so est(search) - est(b) <= max(0, est(s*) - O(s*)) + (O(b) - est(b)). With pp 1
+       both gaps are 0 (m T either way): the search must find the best exactly.
+
+    Measured: llama 4 processes pp 2 1F1B, the estimate's best cuts (0, 2), (3, 4) at
+    11.574 ms; the search returns (0, 0), (1, 4) at 11.864 ms, the least O (the best is
+    dominated on both sum T and max T: a slow first rank hides the second's round trip in
+    its warm-up, which no (sum, max) front sees). Tiny GPT 2 processes pp 2 1F1B needed
+    the final front's other cuts (`search.FRONT_PLANS`): the estimate's best, 6.935 ms,
+    was O's 2nd; the search had returned 7.519 ms. Tiny GPT 2 processes pp 1 needed the
+    tied sums per gradient layout (`test_with_tp_the_tied_sum_on_local_shards_is_found`)
+    and the ZeRO-3 baseline kept out under --zero 0 (it had returned a plan outside the
+    space)."""
+    from ir.strategy import Precision
+
+    graph = load_layer_graph(spec, micro_batch=1, seq_len=32, dtype=torch.float32)
+    cluster = _cpu_kit_cluster(processes)
+    options = SearchOptions(pp=pp, schedule=schedule, no_checkpoint=True, no_offload=True,
+                            precision=Precision.FP32, **pins)
+    rows = []  # (estimate's seconds, O, plan) of every plan of the space
+    for plan in _every_plan(graph, cluster, 8, options):
+        est = estimate(graph, plan, cluster)
+        rows.append((est.iteration_seconds, _composed_s(est, plan.num_microbatches), plan))
+    best_s, best_o, best_plan = min(rows, key=lambda r: r[0])
+    result = S.search(graph, cluster, 8, options)
+    exact = 0
+    for c in result.candidates:
+        composed_s = _composed_s(c.estimate, c.plan.num_microbatches)
+        assert c.objective_s <= composed_s * (1 + 1e-12), str(c.plan)
+        if not _underpriced_relayout(graph, c.plan):
+            assert c.objective_s == pytest.approx(composed_s, rel=1e-12), str(c.plan)
+            exact += 1
+    assert exact >= 1
+    least = min(result.candidates, key=lambda c: c.objective_s)
+    least_o = min(o for _, o, _ in rows)
+    assert least.objective_s <= least_o * (1 + 1e-12)
+    if not _underpriced_relayout(graph, least.plan):
+        assert least.objective_s == pytest.approx(least_o, rel=1e-12)
+    assert any(plan == result.best.plan for _, _, plan in rows), result.best.plan
+    got_s = estimate(graph, result.best.plan, cluster).iteration_seconds
+    slack_s = max(0.0, least.estimate.iteration_seconds - least.objective_s) + best_o - best_s
+    if pp == 1:
+        assert slack_s == pytest.approx(0.0, abs=1e-12 * best_s)
+    assert got_s <= (best_s + slack_s) * (1 + 1e-12), (
+        f"{best_plan} takes {best_s} s, the search's {result.best.plan} {got_s} s")
+
+
+def test_the_final_fronts_other_cuts_let_the_estimate_pick_its_best():
+    """Tiny GPT (head tied), 2 CPU processes, pp 2, 1F1B, TP 1: the estimate's best plan
+    cuts (0, 2), (3, 4), m 2, at 6.935 ms, while O's best cuts (0, 1), (2, 4) at 7.519
+    ms by the estimate (its 1F1B form lets the slow first rank hide the second's round
+    trip; O = sum T + (m-1) max T cannot). With the final (sum, max) front's next cuts
+    priced too (`search.FRONT_PLANS`) the search returns the estimate's best exactly."""
+    from ir.strategy import Precision
+
+    graph = load_layer_graph(TIED_GPT, micro_batch=1, seq_len=32, dtype=torch.float32)
+    cluster = _cpu_kit_cluster(2)
+    options = SearchOptions(pp=2, schedule=Schedule.ONE_F_ONE_B, no_checkpoint=True,
+                            no_offload=True, precision=Precision.FP32, zero=0, tp=1)
+    best_s, _, best_plan = min(_priced(graph, cluster, 8, options), key=lambda r: r[0])
+    assert [(s.first_layer, s.last_layer) for s in best_plan.stages] == [(0, 2), (3, 4)]
+    result = S.search(graph, cluster, 8, options)
+    assert result.best.plan == best_plan
+    assert result.best.estimate.iteration_seconds == pytest.approx(best_s, rel=1e-12)
+    assert best_s == pytest.approx(6.935e-3, rel=1e-3)
+
+
+def test_with_tp_the_tied_sum_on_local_shards_is_found():
+    """Tiny GPT (head tied), 2 CPU processes, pp 1, TP allowed: the estimate prices the
+    tied copies' sum on the local shards where every copy sits on one rank in one
+    gradient layout (`cost_models.tied_memory.tied_local_fraction`): its best plan runs
+    embedding and head at TP 2, the sum on half the gradient, at 4.828 ms. Priced on the
+    full gradient alone, the search put the head at TP 1 (5.345 ms); solved once more per
+    shared layout (`planner.stage_host.tied_variants`) it finds the best exactly."""
+    from ir.strategy import Precision
+
+    graph = load_layer_graph(TIED_GPT, micro_batch=1, seq_len=32, dtype=torch.float32)
+    cluster = _cpu_kit_cluster(2)
+    options = SearchOptions(pp=1, schedule=Schedule.ONE_F_ONE_B, no_checkpoint=True,
+                            no_offload=True, precision=Precision.FP32, zero=0)
+    best_s, _, best_plan = min(_priced(graph, cluster, 8, options), key=lambda r: r[0])
+    assert [s.tp for s in best_plan.layer_strategies][0::4] == [2, 2]  # embedding, head
+    assert best_s == pytest.approx(4.828e-3, rel=1e-3)
+    got = S.search(graph, cluster, 8, options).best.estimate.iteration_seconds
+    assert got == pytest.approx(best_s, rel=1e-9)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known: the search prices a re-layout after a layer with TP > 1 at the micro-batch of "
+    "dp = the stage's devices (planner.search._solve's scale_batch into "
+    "layer_tables.transitions), the estimate at the layer's own (samples / its dp): tiny "
+    "GPT, TP 2 + SP, micro-batch 2 on 2 CPU processes, 3.28 us under (65,536 B at 20 GB/s: "
+    "half the SP -> replicated re-layout's bytes). Pricing x per source layout's dp moves "
+    "the GPU pins (tests/test_search_pinned.py: llama3-70b runs tp8+sp), left to the lead; "
+    "the stage edges' p2p (partition.edge_costs) share the scale"))
+def test_a_relayout_after_a_tp_layer_is_priced_at_its_micro_batch():
+    from ir.strategy import Precision
+
+    graph = load_layer_graph(TIED_GPT, micro_batch=1, seq_len=32, dtype=torch.float32)
+    cluster = _cpu_kit_cluster(2)
+    options = SearchOptions(pp=1, tp=2, sequence_parallel=True, micro_batch=2, zero=0,
+                            schedule=Schedule.ONE_F_ONE_B, no_checkpoint=True,
+                            no_offload=True, precision=Precision.FP32)
+    best = S.search(graph, cluster, 8, options, with_baselines=False).best
+    assert _underpriced_relayout(graph, best.plan)
+    assert best.objective_s == pytest.approx(
+        _composed_s(best.estimate, best.plan.num_microbatches), rel=1e-12)
