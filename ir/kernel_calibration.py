@@ -62,7 +62,9 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "cold_entry_host_s", "cold_entry_after_backward_host_s",
             # tied copies' gradient sum after backward (`cost_models.tied_sync`)
             "tied_sum_host_s", "tied_sum_s_per_byte", "tied_sum_small_host_s",
-            "tied_sum_small_s_per_byte")
+            "tied_sum_small_s_per_byte",
+            # the LLC tier's fresh-output pool (`cost_models.cache_tiers`)
+            "fresh_output_llc_pool_bytes")
 
 # Figures kits of 2026-11-24 wrote, always as 0 (per-call forward pricing, which
 # profile-device never turned on and which was removed: bench/bench_host_ab.py); a spec
@@ -214,6 +216,11 @@ class KernelCalibration:
     tied_sum_s_per_byte: float = 0.0
     tied_sum_small_host_s: float = 0.0
     tied_sum_small_s_per_byte: float = 0.0
+    # ---- fresh outputs by cache tier (`cost_models.cache_tiers`): bytes the LLC tier's
+    # fresh blocks rotated over (an eighth of the last-level cache), whose points are kind
+    # `fresh_output_llc`; 0 where not measured (GPUs, older CPU kits: every fresh output
+    # is then priced at `fresh_output`'s DRAM rate, as before).
+    fresh_output_llc_pool_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)
