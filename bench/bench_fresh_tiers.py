@@ -14,12 +14,18 @@ output sizes of at most 128 KiB (larger blocks' "hot" add already leaves L2); ex
 otherwise. Read on a loaded host the order holds; the ratios move.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_fresh_tiers.py
+        [--layers llama-tiny,cnn-small,t5-tiny]
 
-Writes bench/results/fresh_tiers.json.
+--layers: instead, bench_kernel_model's rows for those models (its profile and its
+measurements), each priced twice on the same measurement: with the tier and on the spec
+with its tier removed (every fresh output at the DRAM rate, the pricing before it); the
+counts over 15% both ways (exit 1 where the tier has more). Writes
+bench/results/fresh_tiers.json (--layers: fresh_tiers_layers.json).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -49,8 +55,61 @@ def ns_per_kib(nbytes: int, pool_bytes: int) -> float:
     return 0.0 if not points else KiB / points[0].gbps
 
 
-def main() -> int:
+def layer_rows(models: list[str]) -> int:
+    """bench_kernel_model's rows priced with and without the tier (module docstring)."""
+    import dataclasses
+
+    from bench.bench_kernel_model import (MICRO_BATCHES, REPEATS, TARGET_ERROR, WARMUP,
+                                          gemm_shapes, measure_model, traced_graph)
+    from cost_models.common import StepConfig
+    from cost_models.compute import layer_compute
+    from cost_models.profile_device import profile_device
+    from ir.strategy import LayerStrategy, Precision
+
+    graphs = {(m, b): traced_graph(m, b) for m in models for b in MICRO_BATCHES}
+    spec, cal = profile_device("cpu", extra_gemm_shapes=gemm_shapes(
+        g for g, _ in graphs.values()))
     torch.set_num_threads(1)
+    untiered = dataclasses.replace(spec, kernel_calibration=dataclasses.replace(
+        cal, fresh_output_llc_pool_bytes=0.0))
+    rows = []
+    for (model, micro_batch), (graph, measurer) in graphs.items():
+        config = StepConfig(micro_batch=micro_batch, graph_micro_batch=graph.micro_batch,
+                            graph_dtype=graph.dtype, precision=Precision.FP32,
+                            seq_len=graph.seq_len, device_type="cpu")
+        by_name = {layer.name: layer for layer in graph.layers}
+        for row in measure_model(model, micro_batch, graph, measurer, spec, WARMUP, REPEATS):
+            old = layer_compute(by_name[row["layer"]], LayerStrategy(), untiered, config)
+            row["untiered_s"] = old.forward_s if row["phase"] == "fwd" else old.backward_s
+            row["untiered_error"] = row["untiered_s"] / row["measured_s"] - 1.0
+            rows.append(row)
+    print(table(["model", "layer", "batch", "pass", "measured us", "tiered us", "error",
+                 "untiered us", "error"],
+                [[r["model"], r["layer"], r["micro_batch"], r["phase"],
+                  f"{r['measured_s'] * 1e6:.1f}", f"{r['predicted_s'] * 1e6:.1f}",
+                  f"{r['error']:+.0%}", f"{r['untiered_s'] * 1e6:.1f}",
+                  f"{r['untiered_error']:+.0%}"] for r in rows]))
+    over = sum(abs(r["error"]) > TARGET_ERROR for r in rows)
+    over_untiered = sum(abs(r["untiered_error"]) > TARGET_ERROR for r in rows)
+    load = os.getloadavg()[0]
+    print(f"\n{len(rows)} layer passes over {TARGET_ERROR:.0%}: {over} tiered, "
+          f"{over_untiered} untiered (same measurements); load average {load:.1f}.")
+    path = RESULTS.replace(".json", "_layers.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"bench": "fresh_tiers_layers", "load_average_1min": load, "rows": rows,
+                   "over_tiered": over, "over_untiered": over_untiered}, f, indent=2)
+    print(f"wrote {path}")
+    return 1 if over > over_untiered else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", default=None, help="comma-separated zoo presets")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.layers:
+        return layer_rows(args.layers.split(","))
     llc = last_level_cache_bytes()
     pools = {"LLC/64": llc // 64, "2 MiB": 2 * MiB, "LLC/8 (tier)": llc // LLC_TIER_POOL_DIVISOR,
              "LLC/2": llc // 2, "2 LLC (tier)": FRESH_POOL_LLC_MULTIPLE * llc, "8 LLC": 8 * llc}
