@@ -14,13 +14,28 @@ output sizes of at most 128 KiB (larger blocks' "hot" add already leaves L2); ex
 otherwise. Read on a loaded host the order holds; the ratios move.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_fresh_tiers.py
-        [--layers llama-tiny,cnn-small,t5-tiny]
+        [--layers llama-tiny,cnn-small,t5-tiny | --reuse llama-tiny:16:norm,...]
+
+--reuse llama-tiny:16:norm,...: instead, each layer run as `planner profile` runs it
+(`layer_profile.StepNeighbours` around it, four rounds) under a dispatch mode that counts
+every kernel op's bytes (inputs read, outputs written, whole storages) and, per 4 KiB page,
+the count when it was last touched: each output's reuse distance (bytes moved since
+its block was last touched: Mattson et al. 1970) beside the model's (`cache_tiers
+.pass_reuse_bytes`). Counts, not timings, but glibc's heap state moves
+them from run to run (2026-11-25, four runs): llama-tiny's norm at mb 16 writes one forward
+output into a block touched ~0 bytes before and the other two 0.1-13 MiB after (model
+0.9); backward medians 0-1.3 MiB with a tail to 12-17 MiB (model 3.0); its block's
+outputs at medians of 0.5-3.6 MiB forward (model 14.3) and 1-3.3 backward (model 25.4),
+many at 0. None past twice the LLC: the DRAM tier prices these layers' outputs as
+fetched from further than they are (the block's fresh price stands for more than its
+outputs: bench_kernel_sequence's code-cold and rest columns).
 
 --layers: instead, bench_kernel_model's rows for those models (its profile and its
 measurements), each priced twice on the same measurement: with the tier and on the spec
 with its tier removed (every fresh output at the DRAM rate, the pricing before it); the
 counts over 15% both ways (exit 1 where the tier has more). Writes
-bench/results/fresh_tiers.json (--layers: fresh_tiers_layers.json).
+bench/results/fresh_tiers.json (--layers: fresh_tiers_layers.json; --reuse:
+fresh_tiers_reuse.json).
 """
 
 from __future__ import annotations
@@ -53,6 +68,113 @@ def ns_per_kib(nbytes: int, pool_bytes: int) -> float:
     the probe found no difference)."""
     points = probe_fresh_output("cpu", seconds_per_call, pool_bytes, sizes=(nbytes,))
     return 0.0 if not points else KiB / points[0].gbps
+
+
+PAGE_BYTES = 4096  # the reuse count's granule: a page (lines within it go together)
+
+
+def _storages(values) -> list[tuple[int, int]]:
+    """(address, bytes) of the CPU storages among `values` (nested lists included)."""
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.numel():
+            out.append((v.untyped_storage().data_ptr(), v.untyped_storage().nbytes()))
+        elif isinstance(v, (list, tuple)):
+            out.extend(_storages(v))
+    return out
+
+
+def reuse_rows(rows: list[str]) -> int:
+    """Each output's reuse distance as `planner profile` runs the layer (module docstring)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from bench.bench_kernel_model import traced_graph
+    from cost_models.cache_tiers import pass_reuse_bytes
+    from cost_models.common import StepConfig
+    from cost_models.layer_profile import StepNeighbours
+    from ir.graph_measurer import _clear_grads
+    from ir.kernel_recorder import NO_KERNEL_OPS
+    from ir.stand_in import real_factory
+    from ir.strategy import Precision
+
+    class Reuse(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.moved, self.touched, self.outputs = 0, {}, None
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if func.is_view or func.overloadpacket.__name__ in NO_KERNEL_OPS:
+                return out
+            written = _storages([out])
+            if self.outputs is not None:
+                for address, nbytes in written:
+                    seen = [self.touched[p] for p in range(address // PAGE_BYTES,
+                                                           (address + nbytes) // PAGE_BYTES)
+                            if p in self.touched]
+                    self.outputs.append((nbytes, self.moved - max(seen) if seen else None))
+            for address, nbytes in _storages([*args, *kwargs.values()]) + written:
+                self.moved += nbytes
+                for p in range(address // PAGE_BYTES, (address + nbytes) // PAGE_BYTES + 1):
+                    self.touched[p] = self.moved
+            return out
+
+    results = []
+    for row in rows:
+        model, micro_batch, name = row.split(":")
+        graph, measurer = traced_graph(model, int(micro_batch))
+        index = [layer.name for layer in graph.layers].index(name)
+        layer, factory = graph.layers[index], real_factory("cpu")
+        state = measurer.layer_state(index, factory)
+        module = measurer.layer_module(index, state)
+        neighbours = StepNeighbours(measurer, index, factory, graph.layers, "cpu")
+        config = StepConfig(micro_batch=int(micro_batch), graph_micro_batch=graph.micro_batch,
+                            graph_dtype=graph.dtype, precision=Precision.FP32,
+                            seq_len=graph.seq_len, device_type="cpu")
+        mode, passes = Reuse(), {}
+        with mode:
+            for _ in range(4):  # as time_layer's loop; the last round's outputs are read
+                _clear_grads(state)
+                inputs = measurer.fresh_inputs(index, state, factory)
+                neighbours.before_forward()
+                mode.outputs = passes["fwd"] = []
+                returned = module(*inputs)
+                mode.outputs = None
+                roots = measurer.module_roots(index, returned)
+                seeds = [torch.ones_like(t) for t in roots]
+                neighbours.before_backward()
+                mode.outputs = passes["bwd"] = []
+                torch.autograd.backward(roots, seeds)
+                mode.outputs = None
+                del inputs, returned, roots, seeds
+        for phase, records in (("fwd", layer.kernels.forward), ("bwd", layer.kernels.backward)):
+            outputs = [(n, d) for n, d in passes[phase] if n >= PAGE_BYTES]
+            total = sum(n for n, _ in outputs)
+            median, running = None, 0
+            for n, d in sorted(outputs, key=lambda o: (o[1] is None, o[1] or 0)):
+                running += n
+                if running >= total / 2:
+                    median = d
+                    break
+            results.append({"row": row, "phase": phase, "output_bytes": total,
+                            "median_reuse_bytes": median,
+                            "reuse_bytes": sorted(d for _, d in outputs if d is not None),
+                            "never_touched_bytes": sum(n for n, d in outputs if d is None),
+                            "model_reuse_bytes": pass_reuse_bytes(records, config, 1.0)})
+    print(table(["layer", "pass", "outputs KiB", "median reuse MiB", "model MiB",
+                 "reuse distances MiB (smallest 12)"],
+                [[r["row"], r["phase"], r["output_bytes"] // KiB,
+                  "-" if r["median_reuse_bytes"] is None
+                  else f"{r['median_reuse_bytes'] / MiB:.2f}",
+                  f"{r['model_reuse_bytes'] / MiB:.2f}",
+                  " ".join(f"{d / MiB:.2f}" for d in r["reuse_bytes"][:12])] for r in results]))
+    path = RESULTS.replace(".json", "_reuse.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"bench": "fresh_tiers_reuse", "rows": results}, f, indent=2)
+    print(f"wrote {path}")
+    return 0
 
 
 def layer_rows(models: list[str]) -> int:
@@ -106,8 +228,11 @@ def layer_rows(models: list[str]) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", default=None, help="comma-separated zoo presets")
+    parser.add_argument("--reuse", default=None, help="model:micro_batch:layer,...")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.reuse:
+        return reuse_rows(args.reuse.split(","))
     if args.layers:
         return layer_rows(args.layers.split(","))
     llc = last_level_cache_bytes()
