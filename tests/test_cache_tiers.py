@@ -56,7 +56,10 @@ def test_the_tier_follows_the_pass_reuse_distance_by_hand():
     way in log between 4 and 64 MiB: the mean of the two."""
     r = add(8192)
     llc_s, dram_s = 32 * KiB / 40e9, 32 * KiB / 10e9
-    price = lambda reuse: tiered_fresh_output_seconds(r, TIERED, config(), 1.0, False, reuse)  # noqa: E731
+
+    def price(reuse: float) -> float:
+        return tiered_fresh_output_seconds(r, TIERED, config(), 1.0, False, reuse)
+
     assert price(1 * MiB) == pytest.approx(llc_s)
     assert price(4 * MiB) == pytest.approx(llc_s)
     assert price(16 * MiB) == pytest.approx((llc_s + dram_s) / 2)
