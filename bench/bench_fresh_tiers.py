@@ -49,7 +49,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from cost_models.cache_tiers import LLC_TIER_POOL_DIVISOR  # noqa: E402
+from cost_models.cache_tiers import (LLC_TIER_POOL_DIVISOR, llc_pool_bytes,  # noqa: E402
+                                     probe_fresh_output_llc, tiered)
 from cost_models.fresh_output import (FRESH_POOL_LLC_MULTIPLE, last_level_cache_bytes,  # noqa: E402
                                       probe_fresh_output)
 from cost_models.profile_device import seconds_per_call  # noqa: E402
@@ -192,6 +193,11 @@ def layer_rows(models: list[str]) -> int:
     spec, cal = profile_device("cpu", extra_gemm_shapes=gemm_shapes(
         g for g, _ in graphs.values()))
     torch.set_num_threads(1)
+    if not tiered(cal):  # a profile-device that does not write the tier: probe it here
+        pool = llc_pool_bytes()
+        cal = dataclasses.replace(cal, fresh_output_llc_pool_bytes=pool, memory_kernels=(
+            *cal.memory_kernels, *probe_fresh_output_llc("cpu", seconds_per_call, pool)))
+        spec = dataclasses.replace(spec, kernel_calibration=cal)
     untiered = dataclasses.replace(spec, kernel_calibration=dataclasses.replace(
         cal, fresh_output_llc_pool_bytes=0.0))
     rows = []
