@@ -10,8 +10,7 @@
   SDPA         each torch.nn.attention.SDPBackend that runs on a few attention shapes,
                forward and backward, plus the dispatcher's own choice ("default")
   fresh output (CPU) an add writing into blocks not in cache over one hot block: what a
-               kernel pays per output byte in a layer's sequence (`fresh_output`), on
-               blocks past the LLC and inside it (`cache_tiers`)
+               kernel pays per output byte in a layer's sequence (`fresh_output`)
   math         (CPU) tanh-GELU, GELU's backward (both variants), tanh and its backward at
                the memory sizes, each its own kind (`math_kernels`): bytes / seconds
   launch       host seconds to dispatch one tiny eager op; on CUDA also the device's
@@ -59,7 +58,6 @@ from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)
     CUDA_CONV_DTYPE, BATCH_NORM_CHANNELS, CPU_SMALL_ONLY_KINDS, CPU_SMALL_ONLY_MAX_BYTES)
 from cost_models.conv_probes import probe_conv
 from cost_models.fresh_output import fresh_pool_bytes, probe_fresh_output
-from cost_models.cache_tiers import llc_pool_bytes, probe_fresh_output_llc
 from cost_models.math_kernels import probe_math_kernels
 from cost_models.memory_probes import (host_charged_seconds, net_of_call_cost, probe_memory,
                                        probe_row_seconds)
@@ -368,9 +366,8 @@ def measure(device: str, quick: bool = False, progress=None,
             memory = net_of_call_cost(memory, *host_charged_seconds(device))  # host's share
         row_s = probe_row_seconds(device, memory_dtype) if cpu else {}
         pool_bytes = fresh_pool_bytes() if cpu else 0  # seqkern: CPU only
+        # not its LLC tier (`cache_tiers`): 4 paired runs, 33-52 passes over 15% with it, 35-36 not
         memory = [*memory, *probe_fresh_output(device, seconds_per_call, pool_bytes)]
-        llc_pool = llc_pool_bytes() if cpu else 0  # kernbw: the LLC tier of the same probe
-        memory = [*memory, *probe_fresh_output_llc(device, seconds_per_call, llc_pool)]
         memory = [*memory, *probe_math_kernels(device, sizes, memory_dtype)]  # seqkern2: CPU only
         sdpa_shapes = CPU_SDPA_SHAPES if cpu else CUDA_SDPA_SHAPES[:1] if quick else CUDA_SDPA_SHAPES
         sdpa = probe_sdpa(device, sdpa_shapes, CPU_SDPA_DTYPE if cpu else CUDA_SDPA_DTYPE, progress)
@@ -404,8 +401,7 @@ def measure(device: str, quick: bool = False, progress=None,
                              layer_norm_row_s=row_s.get("layer_norm", 0.0),
                              embedding_call_s=lookup.call_s,
                              embedding_index_s=lookup.index_s,
-                             fresh_output_pool_bytes=pool_bytes,
-                             fresh_output_llc_pool_bytes=llc_pool)
+                             fresh_output_pool_bytes=pool_bytes)
 
 
 def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> ClusterSpec:

@@ -218,8 +218,8 @@ class KernelCalibration:
     tied_sum_small_s_per_byte: float = 0.0
     # ---- fresh outputs by cache tier (`cost_models.cache_tiers`): bytes the LLC tier's
     # fresh blocks rotated over (an eighth of the last-level cache), whose points are kind
-    # `fresh_output_llc`; 0 where not measured (GPUs, older CPU kits: every fresh output
-    # is then priced at `fresh_output`'s DRAM rate, as before).
+    # `fresh_output_llc`; 0 where not measured (GPUs, CPU kits: profile-device does not
+    # write it yet, see `cache_tiers`; every fresh output at `fresh_output`'s DRAM rate).
     fresh_output_llc_pool_bytes: float = 0.0
 
     def __post_init__(self) -> None:

@@ -15,7 +15,6 @@ import torch
 from cost_models import profile_device as pd
 from cost_models.clusters import get_cluster
 from cost_models.compute import gemm_efficiency as analytic_gemm_efficiency
-from cost_models.cache_tiers import LLC_KIND, llc_pool_bytes
 from cost_models.fresh_output import FRESH_OUTPUT_BYTES, fresh_pool_bytes
 from cost_models.host_excess import HOST_EXCESS_OPS
 from ir.cluster import ClusterSpec
@@ -70,10 +69,6 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     fresh = [p for p in cal.memory_kernels if p.kernel == "fresh_output"]
     assert fresh and {p.nbytes for p in fresh} <= set(FRESH_OUTPUT_BYTES)
     assert cal.fresh_output_pool_bytes == fresh_pool_bytes() > 0  # the pool it rotated over
-    # ... and on the LLC tier's pool (cost_models.cache_tiers), smaller than that one
-    llc = [p for p in cal.memory_kernels if p.kernel == LLC_KIND]
-    assert llc and {p.nbytes for p in llc} <= set(FRESH_OUTPUT_BYTES)
-    assert 0 < cal.fresh_output_llc_pool_bytes == llc_pool_bytes() < cal.fresh_output_pool_bytes
     streams = [p.gbps for p in cal.memory_kernels if p.kernel in ("copy", "add")
                and p.nbytes >= pd.HBM_MIN_MOVED_BYTES["cpu"]]
     assert spec.hbm_gbps == max(streams) and 0.1 < spec.hbm_gbps < 1e4
