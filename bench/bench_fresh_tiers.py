@@ -22,9 +22,9 @@ every kernel op's bytes (inputs read, outputs written, whole storages) and, per 
 the count when it was last touched: each output's reuse distance (bytes moved since
 its block was last touched: Mattson et al. 1970) beside the model's (`cache_tiers
 .pass_reuse_bytes`). Counts, not timings, but glibc's heap state moves
-them from run to run (2026-11-25, four runs): llama-tiny's norm at mb 16 writes one forward
-output into a block touched ~0 bytes before and the other two 0.1-13 MiB after (model
-0.9); backward medians 0-1.3 MiB with a tail to 12-17 MiB (model 3.0); its block's
+them from run to run (2026-11-25, five runs): llama-tiny's norm at mb 16 writes one forward
+output into a block touched 0.01-0.5 MiB before, the other two 0.1-13 MiB after (model
+0.9); backward medians 0-3.0 MiB with a tail to 12-17 MiB (model 3.0); its block's
 outputs at medians of 0.5-3.6 MiB forward (model 14.3) and 1-3.3 backward (model 25.4),
 many at 0. None past twice the LLC: the DRAM tier prices these layers' outputs as
 fetched from further than they are (the block's fresh price stands for more than its

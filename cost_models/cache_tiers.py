@@ -40,8 +40,8 @@ passes over 15% with it against 35 / 36 / 36 / 36 (loads 7.7 / 7.9 / 9.4 / 5.6).
 the small blocks at micro-batch 1-4 (t5-tiny's +17..+20% to +11..+15%) and swung the
 norms from over to under (llama-tiny's norm at mb 16 from -15..+30% to -6..-36%; at mb 4
 from -1..-16% to -16..-27%): the reuse a pass's own bytes predicts is too short for a small
-layer, whose blocks the layer before freed (bench_fresh_tiers --reuse: 5-13 MiB, not the
-norm's own 0.9), and the DRAM rate had stood in for the norms' host under-price (their
+layer, whose blocks the layer before freed (bench_fresh_tiers --reuse: up to 5-13 MiB, not
+the norm's own 0.9), and the DRAM rate had stood in for the norms' host under-price (their
 micro-batch-1 passes, kernels ~0, read 14-33% under). Re-run on a quiet host before
 writing it; a spec that carries it prices by tier.
 """
