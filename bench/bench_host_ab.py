@@ -100,7 +100,7 @@ def ab_row(model: str, mb: int, phase: str, layer, measured: dict, specs: dict,
         predicted = layer_compute(layer, LayerStrategy(), kit_spec, config)
         row[name] = (predicted.forward_s if fwd else predicted.backward_s) / meas_s - 1.0
         row[f"{name} host_s"] = (forward_host_seconds if fwd else backward_host_seconds)(
-            layer, kit_spec, False)
+            layer, kit_spec)
     return row
 
 

@@ -125,7 +125,7 @@ def measure_model(model: str, micro_batch: int, graph, measurer, spec, warmup: i
                          "kernel_s": kernel_s, "host_s": host_s, "ops": ops,
                          "python_nodes": layer.python_nodes_fwd if phase == "fwd" else 0,
                          "distinct_ops": layer.distinct_ops_fwd if phase == "fwd" else 0,
-                         "cold_ops": layer.cold_distinct_ops_fwd if phase == "fwd" else 0,
+                         "cold_ops": layer.host_position[0 if phase == "fwd" else 1],
                          "autograd_nodes": (layer.autograd_nodes_fwd if phase == "fwd"
                                             else layer.autograd_nodes_bwd),
                          # the engine start the measured backward left out (layer_profile)

@@ -22,6 +22,17 @@ funcol all-reduces' calling-thread CPU not yet priced apart); step 35-36 ms. Wit
 --backward: blocks' backward 2.95-3.07 ms against 2.94 priced (2.32 without the SP group
 figure), forward 2.56-2.73 against 2.90.
 
+A checkpointed layer's backward row holds its recompute (priced backward + recompute), and
+a "LAST+loss" row sets the last layer's and the loss's forward CPU together against the
+last layer's price (a loss-parallel head's DTensor loss: `compute.vocab_edge_seconds`).
+Read on 2026-11-25 at load 4-7 (spec with the vocab/loss/SAC figures, `tp_probes`,
+`vocab_probes`): gpt tp2+sp dp1, head+loss 1.39 ms against 1.22; with SELECTIVE the blocks
+read 1.9 ms more forward and 4.6 more backward+recompute CPU than without (gpt-tiny on 1
+rank: 0.4 and 1.0), against 0.6 and 2.3 priced: SAC on a TP+SP block costs more than its
+Linear pairs' probe holds (torch.profiler: the recompute reruns 33 `Redistribute` a step
+at ~0.27 ms each). gpt-tp2-dp2-sp-sel on 4 ranks: step 88 ms of CPU against 53 for
+gpt-tp2-dp2-sp.
+
 Prints a table, writes bench/results/layer_cpu.json, exits 1 when a layer with TP
 modules misses its priced forward by more than LAYER_TARGET.
 """
@@ -152,9 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     for layer, strategy, config in zip(graph.layers, doc.plan.layer_strategies, configs):
         cost = layer_compute(layer, strategy, spec, config)
         comm = tp_comm_s(layer, strategy, spec, config)
+        # a checkpointed layer's backward hooks hold its recompute (the unpack hook reruns
+        # the forward inside the layer's backward)
         for pass_name, priced_s, comm_s, key in (
                 ("forward", cost.forward_s, comm[0], layer.name),
-                ("backward", cost.backward_s, comm[1], f"backward:{layer.name}")):
+                ("backward", cost.backward_s + cost.recompute_s, comm[1],
+                 f"backward:{layer.name}")):
             if key not in measured:
                 continue
             meas_s = measured[key]
@@ -166,6 +180,12 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([layer.name, pass_name, str(strategy), f"{1e3 * priced_s:.2f}",
                          f"{1e3 * comm_s:.2f}", f"{1e3 * meas_s:.2f}", f"{100 * error:+.0f}%"])
     rows.append(["loss", "forward", "", "", "", f"{1e3 * measured['loss']:.2f}", ""])
+    # the loss is priced with the last layer (its plain ops; a loss-parallel head's DTensor
+    # loss: `compute.vocab_edge_seconds`): the two forwards together against that price
+    last = next(r for r in reversed(records) if r["pass"] == "forward")
+    both_s = last["measured_s"] + measured["loss"]
+    rows.append([f"{last['layer']}+loss", "forward", "", f"{1e3 * last['priced_s']:.2f}", "",
+                 f"{1e3 * both_s:.2f}", f"{100 * (last['priced_s'] / both_s - 1):+.0f}%"])
     rows.append(["step", "all", "", "", "", f"{1e3 * measured['step_s']:.2f}", ""])
     print(table(["layer", "pass", "strategy", "priced ms", "tp comm ms", "meas CPU ms",
                  "error"], rows, right={3, 4, 5, 6}))

@@ -26,9 +26,9 @@ layer's nodes cost after the neighbour (the two should agree), and cold - warm t
 the profile keeps. With `--predicted` (a bench/results/kernel_model.json), each row's
 predicted seconds beside both readings. Microseconds; medians of REPEATS after WARMUP.
 `--step MODEL:MB,...`: the whole model's backward (one call) beside the sum of its
-layers' figures read either way, plus one warm start. `--all`: every layer of
-bench_kernel_model's models and micro-batches, and how many
-backward passes miss its target read either way. (The figures below were read before
+layers' figures read either way, plus one warm start. `--probe`: part 5 below. `--all`:
+every layer of bench_kernel_model's models and micro-batches, and how many backward passes
+miss its target read either way. (The figures below were read before
 `StepNeighbours.before_backward` warmed the start itself, which `planner profile` now
 does: raw and absorbed read alike since; the "--kernel-model" what-if below was that
 change, run ahead of it.) Target: none (a decomposition); exits 0. JSON to bench/results/small_backward.json.
@@ -64,7 +64,22 @@ With those counted (Layer.cold_inner_ops_bwd), two bench_kernel_model runs: a fl
 per cold op 29 -> 15 and 32 -> 24 over 15% (0.8 us: 16, 20); the probe's line 4.7 us +
 2.05 per op 29 -> 44, 32 -> 50 (its slope alone 33, 36): the probe reads twice what fits.
 
+Part 5 (`--probe`, 2026-11-25 07:17 UTC, load 6): the one-call probe read 7.4, 8.6, 17.7,
+16.8, 33.0 us at 1, 2, 4, 5, 11 cold ops where its chains' own nodes in that same call
+(gradient hooks) paid 0.6, 1.0, 11.0, 11.9, 23.8: a ~7 us intercept of its call
+subtraction, and chained calls whose backward kernels are large (GELU's, softmax's);
+`cold_backward_probes` (profile order, after a block; unary chains, an embedding bag, an
+embedding) 2.6, 3.7, 10.4, 11.4, 22.3 us at 1, 2, 7, 10, 17 cold ops, 14.4 at 1 + 19
+inner, 4.5 at 1 + 4: 1.30 us per cold op, 0.69 per inner op. Priced (profile-device's
+figures, cold ops counted over the window of layers whose backward ran just before,
+none where the step stays warm) against the same run's rows without them, backward
+passes over 15% of 90: 34 -> 14 (load 3.6), 33 -> 18 (6.2), 38 -> 22, 35 -> 32 (7.2),
+48 -> 46 (6.6); moved out in any run: cnn-small head mb1 (+15..+26%, 3 of 5 runs; 5 of
+its 8 cold ops are views, which a view-only chain showed cost as much cold: 3.5 us at 1,
+6 at 3), llama norm mb1/16, dlrm top_mlp mb4 (one run each). Re-measure quiet.
+
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --calls
+    PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --probe
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_backward.py --model dlrm-small --mb 1 \
         --layers tables,top_mlp --predicted bench/results/kernel_model.json
 """
@@ -335,6 +350,54 @@ def predictions(path: str | None, model: str, micro_batch: int) -> dict:
             and r["micro_batch"] == micro_batch and r["phase"] == "bwd"}
 
 
+def probe_split(clock) -> list[dict]:
+    """Part 5 (`--probe`): why `sequence_probes.cold_backward_chains` read ~2x. Per chain
+    of its COLD_BACKWARD_CALLS `chained_calls`: its figure (cold - warm, each a difference
+    of two calls' medians), and the chain's own nodes inside the same one call timed by
+    gradient hooks (from its output's gradient to its input's) after the others' nodes
+    and after a copy's; then `cold_backward_probes`' chains (the profile's order, after a
+    block) and their fit."""
+    from cost_models import sequence_probes as sp
+    from cost_models.cold_backward_probes import cold_backward_cost, cold_backward_layers
+
+    calls = chained_calls("cpu")
+    others = calls[-sp.COLD_BACKWARD_OTHERS:]
+
+    def built(chain):
+        leaf = torch.randn(2, 8, 8, requires_grad=True)
+        z = leaf
+        for call in chain:
+            z = call(z)
+        return z, leaf
+
+    def nodes_s(chain, before) -> float:
+        (z, leaf), (o, _) = built(chain), built(before)
+        marks = {}
+        z.register_hook(lambda g: marks.__setitem__("start", clock()))
+        leaf.register_hook(lambda g: marks.__setitem__("end", clock()))
+        (z.sum() + o.sum()).backward()
+        return marks["end"] - marks["start"]
+
+    rows = []
+    for k, old in zip(sp.COLD_BACKWARD_CALLS, sp.cold_backward_chains("cpu")):
+        chain = calls[:k]
+        cold, warm = [], []
+        for _ in range(CALL_RUNS):
+            cold.append(nodes_s(chain, others))
+            warm.append(nodes_s(chain, chain))
+        rows.append({"chain": f"{k} chained calls", "cold_ops": old.cold_ops,
+                     "one_call_probe_s": old.cold_s - old.warm_s,
+                     "nodes_in_call_s": statistics.median(cold) - statistics.median(warm)})
+    chains = cold_backward_layers("cpu")
+    for c in chains:
+        rows.append({"chain": "profile order", "cold_ops": c.cold_ops,
+                     "cold_inner_ops": c.cold_inner_ops, "profile_order_s": c.extra_s})
+    cost = cold_backward_cost(chains)
+    rows.append({"chain": "fit", "op_s": cost.op_s, "inner_op_s": cost.inner_op_s,
+                 "residual_s": cost.residual_s})
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-tiny")
@@ -350,7 +413,29 @@ def main(argv=None) -> int:
                         help="part 3: composite backward ops' cold excess inside one call")
     parser.add_argument("--step", default=None, metavar="MODEL:MB,...",
                         help="part 4: whole-model backward vs the sum of its layers")
+    parser.add_argument("--probe", action="store_true",
+                        help="part 5: the one-call cold probe against its chains' own nodes")
     args = parser.parse_args(argv)
+    if args.probe:
+        with _one_thread():
+            rows = probe_split(probe_clock("cpu"))
+
+        def us(r, key):
+            return f"{r[key] * 1e6:.2f}" if key in r else "-"
+
+        print(table(["chain", "cold ops", "inner ops", "one-call probe us",
+                     "its nodes in the call us", "profile order us"],
+                    [[r["chain"], r.get("cold_ops", "-"), r.get("cold_inner_ops", "-"),
+                      us(r, "one_call_probe_s"), us(r, "nodes_in_call_s"),
+                      us(r, "profile_order_s")] for r in rows[:-1]]))
+        fit = rows[-1]
+        print(f"fit: {fit['op_s'] * 1e6:.2f} us per cold op, {fit['inner_op_s'] * 1e6:.2f} "
+              f"per cold inner op (rms {fit['residual_s'] * 1e6:.2f}); load "
+              f"{os.getloadavg()[0]:.1f}")
+        with open(RESULTS, "w") as f:
+            json.dump({"bench": "small_backward", "part": "probe",
+                       "load_average_1min": os.getloadavg()[0], "rows": rows}, f, indent=2)
+        return 0
     if args.step:
         with _one_thread():
             rows = [step_vs_layers(item.split(":")[0], int(item.split(":")[1]),

@@ -128,12 +128,22 @@ def profile_specs(process_counts: set[int], folder: str) -> dict[int, str]:
               f"{ {(str(r.mode), r.group_size): round(r.per_tensor_s * 1e3, 3) for r in dp} } ms, "
               "TP module "
               f"{ {r.group_size: round(r.seconds * 1e3, 2) for r in spec.calibration.tp_modules} } ms, "
-              f"all-reduce alpha {spec.intra_node_latency_s * 1e6:.0f} us",
+              f"all-reduce alpha {spec.intra_node_latency_s * 1e6:.0f} us; per TP group size "
+              "(forward, backward) vocab embedding "
+              f"{_ms_pairs(spec.calibration.vocab_embedding_seconds, spec)} ms, loss-parallel "
+              f"{_ms_pairs(spec.calibration.loss_parallel_seconds, spec)} ms, SAC (module, "
+              f"SP group) {_ms_pairs(spec.calibration.selective_seconds, spec)} ms",
               file=sys.stderr, flush=True)
         specs[n] = path
         SPECS[n] = spec.to_dict()
     specs[1] = specs.get(2) or next(iter(specs.values()))
     return specs
+
+
+def _ms_pairs(lookup, spec: ClusterSpec) -> dict:
+    """{TP group size: the spec's pair of figures in ms} for the sizes it measured TP at."""
+    sizes = sorted({r.group_size for r in spec.calibration.tp_modules})
+    return {size: tuple(round(s * 1e3, 2) for s in lookup(size) or ()) for size in sizes}
 
 
 def _measure_spec(n: int, path: str) -> ClusterSpec:

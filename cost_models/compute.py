@@ -166,20 +166,71 @@ def tp_module_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpe
     gathered along the sequence, its output reduce-scattered: `executors.tensor_parallel`)
     priced at the spec's SP group figure (`tp_probes.sp_group_seconds`, a column- and a
     row-parallel module), the group's other column-parallel modules (k, v beside q) at
-    the TP figure; a spec without the SP figure prices every module at the TP one."""
+    the TP figure; a spec without the SP figure prices every module at the TP one. A
+    vocab-parallel embedding prices at its own figure where the spec has one
+    (`vocab_edge_seconds`), else as a TP module."""
     if strategy.tp == 1:
         return 0.0
     tables = cluster.calibration
-    modules = len(layer.tp_candidates)
     group_s = tables.sp_group_seconds(strategy.tp)
-    if group_s is not None and sequence_parallel_applies(layer, strategy):
-        groups = sum(1 for c in layer.tp_candidates if c.style is TPStyle.ROWWISE)
-        # 2 modules per group (tp_probes: column- + row-parallel pair), the rest one each
-        seconds = groups * group_s + max(modules - 2 * groups, 0) * tables.tp_module_seconds(
-            strategy.tp)
-    else:
-        seconds = modules * tables.tp_module_seconds(strategy.tp)
+    with_vocab = tables.vocab_embedding_seconds(strategy.tp) is None  # else priced apart
+    groups, modules = _groups_and_modules(layer, strategy, group_s is not None, with_vocab)
+    seconds = groups * (group_s or 0.0) + modules * tables.tp_module_seconds(strategy.tp)
     return seconds * cluster.host_share if cluster.host_bound else seconds
+
+
+def selective_tp_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec) -> float:
+    """Host time op-level selective checkpointing adds to the layer's TP modules per
+    micro-batch beyond what it adds to their plain ops: the spec's per-module and per-SP-
+    group figures (`tp_probes.selective_seconds`: SAC's recompute reruns DTensor's sharding
+    propagation and re-layouts above its cached ops; its forward's share read ~0, so all
+    of it is the recompute's), counted as `tp_module_seconds` counts, stretched as it is;
+    0 where the spec has no such figure (older specs, GPUs) or the layer no checkpoint."""
+    figures = cluster.calibration.selective_seconds(strategy.tp)
+    if (strategy.tp == 1 or figures is None
+            or strategy.checkpoint is not Checkpoint.SELECTIVE):
+        return 0.0
+    module_s, group_s = figures
+    groups, modules = _groups_and_modules(layer, strategy, True, with_vocab=False)
+    seconds = groups * group_s + modules * module_s
+    return seconds * cluster.host_share if cluster.host_bound else seconds
+
+
+def _groups_and_modules(layer: Layer, strategy: LayerStrategy, sp_groups: bool,
+                        with_vocab: bool) -> tuple[int, int]:
+    """(SP module groups, TP modules outside them) of the layer: under sequence parallelism
+    (and `sp_groups`) each row-parallel module closes a group of 2 (tp_probes: a column-
+    and a row-parallel module); a vocab-parallel embedding counts only `with_vocab`."""
+    modules = sum(1 for c in layer.tp_candidates
+                  if with_vocab or c.style is not TPStyle.VOCAB)
+    if not (sp_groups and sequence_parallel_applies(layer, strategy)):
+        return 0, modules
+    groups = sum(1 for c in layer.tp_candidates if c.style is TPStyle.ROWWISE)
+    return groups, max(modules - 2 * groups, 0)
+
+
+def vocab_edge_seconds(layer: Layer, strategy: LayerStrategy,
+                       cluster: ClusterSpec) -> tuple[float, float, float]:
+    """(forward, backward, loss forward) host seconds per micro-batch the vocabulary-parallel
+    ends add beyond their plain ops and collectives: each vocab-parallel embedding its
+    measured (forward, backward) figure, and each vocab-split head its loss-parallel
+    cross-entropy's (`tp_probes`' sibling `vocab_probes`: thread CPU in groups of this TP
+    degree; a head's loss runs loss-parallel, as `comm.tp_comm_s` prices its all-reduces);
+    stretched like `tp_module_seconds`. The loss's forward share is returned apart too: it
+    runs outside the layer's forward, so a recompute does not run it again. (0, 0, 0)
+    where the spec has no such figure (older specs, GPUs)."""
+    if strategy.tp == 1:
+        return 0.0, 0.0, 0.0
+    tables = cluster.calibration
+    embedding = tables.vocab_embedding_seconds(strategy.tp) or (0.0, 0.0)
+    loss = tables.loss_parallel_seconds(strategy.tp) or (0.0, 0.0)
+    vocab = sum(1 for c in layer.tp_candidates if c.style is TPStyle.VOCAB)
+    heads = sum(1 for c in layer.tp_candidates if c.style is TPStyle.HEAD)
+    stretch = cluster.host_share if cluster.host_bound else 1.0
+    # per pass: embeddings x their figure + heads x the loss's (measured per call)
+    forward_s, backward_s = ((vocab * e + heads * lo) * stretch
+                             for e, lo in zip(embedding, loss))
+    return forward_s, backward_s, heads * loss[0] * stretch
 
 
 def with_host(device_s: float, host_s: float, cluster: ClusterSpec) -> float:
@@ -235,6 +286,8 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     # (host_probes.dp_unit_seconds), as TP-module figures are (those stretched inside):
     # CPU processes sharing fewer cores stretch them by the core share too.
     tp_half_s = tp_module_seconds(layer, strategy, cluster) / 2  # half in each pass
+    edge_forward_s, edge_backward_s, loss_forward_s = vocab_edge_seconds(layer, strategy,
+                                                                         cluster)
     unit_share = host_figure_share(cluster)
     dtensor_forward_s, dtensor_backward_s = dtensor_op_seconds(layer, strategy, cluster)
     unit_s = dp_unit_seconds(layer, strategy, cluster, config) * unit_share / 2 + tp_half_s
@@ -252,22 +305,27 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     rerun_host_s = (forward_host_s * rerun_ops(layer) / layer.ops_fwd if layer.ops_fwd
                     else forward_host_s)
     forward_s = with_host(forward_s, forward_host_s + hooks_forward_s + dtensor_forward_s,
-                          cluster) + unit_s
-    backward_s = with_host(backward_s, backward_host_s + dtensor_backward_s, cluster) + unit_s
+                          cluster) + unit_s + edge_forward_s
+    backward_s = with_host(backward_s, backward_host_s + dtensor_backward_s,
+                           cluster) + unit_s + edge_backward_s
+    edge_recompute_s = edge_forward_s - loss_forward_s  # the embedding's, not the loss's
     if strategy.checkpoint is Checkpoint.FULL and checkpoint_probed(cluster.kernel_calibration):
         # the layer's forward again inside the recompute hook; the TP modules' hooks run
         # again with it, the DP unit's (outside the checkpointed forward) do not; so do
         # the SP norms' DTensor ops
         recompute_s = with_host(forward_device_s, rerun_host_s + hooks_recompute_s
-                                + dtensor_forward_s, cluster) + tp_half_s
+                                + dtensor_forward_s, cluster) + tp_half_s + edge_recompute_s
     elif strategy.checkpoint is Checkpoint.FULL:
-        recompute_s = forward_s
+        recompute_s = forward_s - loss_forward_s
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.kernels is not None:
         recompute_s = _selective_recompute_seconds(layer, cluster, config, share, op_s,
                                                    measured, random_s, rerun_host_s,
                                                    hooks_recompute_s)
-        # SAC reruns the forward's dispatch, the SP norms' DTensor ops with it
-        recompute_s += with_host(0.0, dtensor_forward_s, cluster)
+        # SAC reruns the forward's Python and dispatch above its cached ATen ops: the SP
+        # norms' DTensor ops, the TP modules' DTensor work (where the spec probed it) and
+        # the vocab-parallel embedding's forward
+        recompute_s += with_host(0.0, dtensor_forward_s, cluster) + edge_recompute_s \
+            + selective_tp_seconds(layer, strategy, cluster)
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.saved_attention_bytes:
         recompute_s = _attention_recompute_seconds(layer, cluster, config, share)
     else:

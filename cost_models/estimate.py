@@ -11,7 +11,9 @@ Per pipeline rank r and micro-batch (compute.py, comm.py):
   and, with a pipeline on CPU processes, torch pipelining's host work per action in each
   (step_host.pipeline_action_s)
 Each stage's first and last layers' cold ops are counted against what their rank runs
-before them in the step (`step_host.placed_layers`), not against their model neighbours.
+before them in the step, and a first layer's forwards priced apart by whether a backward
+ran just before them (`step_host.placed_layers`), not against their model neighbours.
+The search adds the same per-stage host terms to its objective (`planner.stage_host`).
 Data-parallel traffic overlaps the compute it runs beside with efficiency
 `overlap_efficiency(cluster)` (GPUs DP_OVERLAP_EFFICIENCY; CPU processes only what idle
 cores can take; or the spec's `dp_overlap_efficiency`); what it cannot hide is exposed.
@@ -39,21 +41,20 @@ from dataclasses import dataclass
 
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
-from ir.layer import Layer, LayerGraph
+from ir.layer import LayerGraph
 from ir.legality import sequence_parallel_applies
 from ir.plan import ParallelPlan
 from ir.strategy import Schedule
 
 from cost_models.comm import layer_comm, p2p_s, tp_transition_s
 from cost_models.common import StepConfig, layer_configs
-from cost_models.compute import layer_compute
 from cost_models.compute_profile import ComputeProfile
 from cost_models.memory import MemoryEstimate, check_plan_matches, plan_memory, rank_layers
 from cost_models.model_states import bytes_per_param
 from cost_models.pipeline import PipelineTime, stage_pipeline_time
 from cost_models.pipeline_sim import SENDS_BLOCK, StageCost
-from cost_models.step_host import (backward_calls, engine_start_s, pipeline_action_s,
-                                   pipeline_actions, placed_layers)
+from cost_models.step_host import (Placed, placed_compute, placed_layers,
+                                   step_host_per_microbatch_s)
 from cost_models.tied_sync import tied_sum_seconds
 
 # Share of a compute window that overlapped data-parallel communication can hide. PyTorch
@@ -166,17 +167,17 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                indices: list[int], configs: Sequence[StepConfig],
                profile: ComputeProfile | None = None,
                stage_ids: Sequence[int] | None = None,
-               layers: Sequence[Layer] | None = None) -> StageTime:
+               layers: Sequence[Placed] | None = None) -> StageTime:
     """Per-micro-batch seconds of pipeline rank `rank`, holding layers `indices`, whose
     p2p sends are those of plan stages `stage_ids` (default: all the rank's stages).
     `layers`: the graph's layers as placed in the plan (`step_host.placed_layers`, the
-    default)."""
+    default): each layer's passes priced apart where they differ (`placed_compute`)."""
     per_param = bytes_per_param(configs[0].precision, configs[0].optimizer)
     layers = layers if layers is not None else placed_layers(graph, plan, cluster)
     fwd = bwd = rec = tp_f = tp_b = dp_f = dp_b = dp_step = tp_step = after_step = opt = 0.0
     for j in indices:
-        layer, strategy, config = layers[j], plan.layer_strategies[j], configs[j]
-        c = layer_compute(layer, strategy, cluster, config, profile)
+        layer, strategy, config = graph.layers[j], plan.layer_strategies[j], configs[j]
+        c = placed_compute(layers[j], strategy, cluster, config, profile)
         m = layer_comm(layer, strategy, cluster, config, per_param)
         fwd += c.forward_s
         bwd += c.backward_s + c.recompute_s
@@ -199,18 +200,13 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
     overlap = overlap_efficiency(cluster)
     last_stage = len(plan.stages) - 1
     mine = range(rank, len(plan.stages), plan.pp) if stage_ids is None else stage_ids
-    # one backward call per stage and micro-batch (step_host.backward_calls)
-    engine = engine_start_s(cluster)
-    if engine:
-        calls = backward_calls(plan)
-        engine *= sum(calls.get(i, 0) for i in mine) / plan.num_microbatches
-        bwd += engine
-    action = pipeline_action_s(cluster)  # half in each pass: one forward, one backward
-    if action:
-        actions = pipeline_actions(plan)
-        action *= sum(actions.get(i, 0) for i in mine) / plan.num_microbatches / 2
-        fwd += action
-        bwd += action
+    # one backward call per stage and micro-batch, and with a pipeline its runtime's
+    # actions (step_host.backward_calls, pipeline_actions)
+    engine, actions = step_host_per_microbatch_s(cluster, plan.schedule, plan.pp,
+                                                 plan.num_microbatches, plan.virtual_stages,
+                                                 tuple(mine))
+    fwd += actions / 2  # one forward and one backward action
+    bwd += engine + actions / 2
     for i in mine:
         stage = plan.stages[i]
         if i < last_stage:  # forward: send this chunk's output on
@@ -228,13 +224,13 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                      pp_forward_s=pp_f, pp_backward_s=pp_b,
                      dp_step_s=exposed(dp_step, bwd, overlap), optimizer_s=opt,
                      tp_step_s=tp_step, dp_after_step_s=after_step, engine_s=engine,
-                     pipeline_action_s=2 * action)
+                     pipeline_action_s=actions)
 
 
 def _stage_costs(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
                  ranks: Sequence[StageTime], configs: Sequence[StepConfig],
                  profile: ComputeProfile | None,
-                 layers: Sequence[Layer] | None = None) -> list[StageCost]:
+                 layers: Sequence[Placed] | None = None) -> list[StageCost]:
     """Per plan stage (rank r's chunk c is stage c * pp + r): compute and blocking
     collectives, and the p2p sends apart (the schedule decides whether they hold the rank)."""
     def cost(t: StageTime) -> StageCost:

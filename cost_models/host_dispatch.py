@@ -81,7 +81,7 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
 
 def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
     """What of a layer's place its time on `cluster` reads (`Layer.host_position`: its cold
-    ops, each pass only where the kit prices it; profile-device prices the forward's), ()
+    ops, each pass only where the kit prices it; profile-device prices both), ()
     where the cluster prices no cold op (GPU presets, older kits): a search shares one
     priced table among the layers equal in structure and in this."""
     cal = cluster.kernel_calibration
@@ -92,9 +92,11 @@ def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
     if first_apart:
         forward = (forward, layer.forward_after_backward)
     forward_priced = cal.cold_op_host_s > 0 or first_apart
-    return ((forward if forward_priced else None,
-             backward if cal.cold_backward_op_host_s > 0 else None)
-            if forward_priced or cal.cold_backward_op_host_s > 0 else ())
+    if cal.cold_backward_inner_op_host_s > 0:  # the two backward counts priced apart
+        backward = (layer.cold_distinct_ops_bwd, layer.cold_inner_ops_bwd)
+    backward_priced = cal.cold_backward_op_host_s > 0 or cal.cold_backward_inner_op_host_s > 0
+    return ((forward if forward_priced else None, backward if backward_priced else None)
+            if forward_priced or backward_priced else ())
 
 
 def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
@@ -105,9 +107,11 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     excess, where nodes = the autograd graph's, walked on meta (`autograd_nodes_bwd`,
     `ir.op_count.autograd_nodes`: the count the kit's probe takes of its own chain), or
     for a layer measured before that count the forward's calls on floating tensors +
-    its parameter tensors (`host_excess.backward_nodes`), + the distinct ops the layer
-    after's backward did not run x `cold_backward_op_host_s` (`cold_distinct_ops_bwd`, and
-    the ops composites run inside that it did not: `cold_inner_ops_bwd`);
+    its parameter tensors (`host_excess.backward_nodes`), + the distinct ops the layers
+    after's backwards did not run x `cold_backward_op_host_s` (`cold_distinct_ops_bwd`) +
+    the ops composites run inside that they did not x `cold_backward_inner_op_host_s`
+    (`cold_inner_ops_bwd`; kits before that figure: at `cold_backward_op_host_s`, and a
+    whole step's ops staying in the caches, `Layer.step_warm`, still priced cold);
     else ops x `host_op_seconds`. (Views are metadata only, and many come inside
     a node's formula, so a per-op figure over-prices them: the mlp-small block's 16
     backward ops ran in ~18 us, not 16 x 2 us.)"""
@@ -118,10 +122,15 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     nodes = layer.autograd_nodes_bwd or backward_nodes(  # walked, else the proxy
         layer.kernels.forward, len(layer.param_names) + len(layer.tied_param_names))
     # Measured decomposition (cost_models.host_probes.host_op_seconds_by_pass, host_excess)
-    # + cold ops (cost_models.sequence_probes.cold_backward_chains)
-    return (views * cal.backward_view_host_op_s
-            + (layer.ops_bwd - views) * cal.backward_nonview_host_op_s
-            + nodes * cal.backward_node_host_s
-            + records_excess_seconds(layer.kernels.backward, cal.host_excess_s)
-            + (layer.cold_distinct_ops_bwd + layer.cold_inner_ops_bwd)
-            * cal.cold_backward_op_host_s)
+    host_s = (views * cal.backward_view_host_op_s
+              + (layer.ops_bwd - views) * cal.backward_nonview_host_op_s
+              + nodes * cal.backward_node_host_s
+              + records_excess_seconds(layer.kernels.backward, cal.host_excess_s))
+    # + cold ops (cost_models.cold_backward_probes.cold_backward_cost), none where a whole
+    # step stays in the caches (ir.op_count.step_evicts) on kits with that probe's figures
+    inner_probed = cal.cold_backward_inner_op_host_s > 0
+    if layer.step_warm and inner_probed:
+        return host_s
+    inner_op_s = cal.cold_backward_inner_op_host_s if inner_probed else cal.cold_backward_op_host_s
+    return (host_s + layer.cold_distinct_ops_bwd * cal.cold_backward_op_host_s
+            + layer.cold_inner_ops_bwd * inner_op_s)

@@ -212,6 +212,69 @@ def plain_dispatch_seconds(device: str = "cpu", ops=HOST_EXCESS_OPS) -> PlainDis
                          {op: max(0.0, statistics.median(rounds[op])) for op in ops})
 
 
+# Internal dispatch probe: what an op and a view cost dispatched from C++, as a backward
+# formula dispatches them (no Python binding in front: `torch.add` / `Tensor.view` from
+# Python read 0.96 / 0.77 us here, from C++ 0.65 / 0.33, thread clock, 2026-11-25): the
+# slope over list length of `torch._foreach_add` (a CPU tensor list takes the slow path,
+# one `at::add` per pair through the dispatcher) and of `Tensor.unbind` (one `select` view
+# per row), INTERNAL_SHORT vs INTERNAL_LONG items of EXCESS_ROWS x EXCESS_WIDTH, grad mode
+# off; the median over EXCESS_ROUNDS rounds of EXCESS_CALLS calls each (the call's own
+# Python cancels in the slope).
+INTERNAL_SHORT, INTERNAL_LONG = 2, 34
+
+
+@dataclass(frozen=True, slots=True)
+class InternalDispatch:
+    """Host seconds per op (`op_s`) and per view (`view_s`) dispatched from C++ with grad
+    mode off, as autograd's engine runs a backward formula's."""
+
+    op_s: float
+    view_s: float
+
+
+def _internal_calls(device: str) -> dict:
+    """{(kind, items): zero-argument call}: kind "op" a foreach add over `items` pairs,
+    "view" an unbind of `items` rows, at INTERNAL_SHORT and INTERNAL_LONG items."""
+    import torch
+
+    rows = torch.randn(INTERNAL_LONG, EXCESS_ROWS, EXCESS_WIDTH, device=device)
+    lefts, rights = (list(torch.randn(INTERNAL_LONG, EXCESS_ROWS, EXCESS_WIDTH,
+                                      device=device).unbind(0)) for _ in range(2))
+    return {(kind, n): call for n in (INTERNAL_SHORT, INTERNAL_LONG) for kind, call in (
+        ("op", lambda n=n: torch._foreach_add(lefts[:n], rights[:n])),
+        ("view", lambda n=n: rows[:n].unbind(0)))}
+
+
+def internal_dispatch_seconds(device: str = "cpu") -> InternalDispatch:
+    """Per-item slopes of a C++ loop of adds and of views (the probe above), each floored
+    at 0; one thread, the probe clock. CPU only: a GPU's foreach add is one fused kernel,
+    not a loop."""
+    import torch
+
+    from cost_models.clusters import _one_thread
+    from cost_models.host_probes import probe_clock
+
+    clock = probe_clock(device)
+    with _one_thread(), torch.no_grad():
+        calls = _internal_calls(device)
+        for call in calls.values():
+            for _ in range(EXCESS_WARMUP_CALLS):
+                call()
+        slopes = {"op": [], "view": []}
+        for _ in range(EXCESS_ROUNDS):
+            per_call = {}
+            for key, call in calls.items():
+                start = clock()
+                for _ in range(EXCESS_CALLS):
+                    call()
+                per_call[key] = (clock() - start) / EXCESS_CALLS
+            for kind, rounds in slopes.items():
+                rounds.append((per_call[kind, INTERNAL_LONG] - per_call[kind, INTERNAL_SHORT])
+                              / (INTERNAL_LONG - INTERNAL_SHORT))
+    return InternalDispatch(max(0.0, statistics.median(slopes["op"])),
+                            max(0.0, statistics.median(slopes["view"])))
+
+
 def records_excess_seconds(records, excess_s) -> float:
     """Host excess of some kernel records: per record, its calls x `excess_s(op)` (a
     function of the record's `excess_key`, e.g. `KernelCalibration.host_excess_s` or a probe's dict's

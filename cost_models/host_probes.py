@@ -56,7 +56,8 @@ class HostOpCost:
     The forward also in three parts: per view op (`view_op_s`: metadata only, no kernel),
     per other op called as a function (`function_op_s`) and per leaf-module call on top
     of its ops (`module_call_s`). The backward also in four (CPU): per view and per other
-    op as a formula dispatches them, grad mode off (`host_excess.plain_dispatch_seconds`),
+    op as a formula dispatches them, from C++ with grad mode off
+    (`host_excess.internal_dispatch_seconds`),
     per ATen op's fixed excess (`excess_s`), and per autograd node the engine runs
     (`backward_node_s`: the chain's backward less those, over its nodes)."""
 
@@ -75,8 +76,11 @@ class HostOpCost:
     excess_s: tuple[tuple[str, float], ...] = ()  # (op, seconds): `cost_models.host_excess`
     python_node_s: float = 0.0  # per fx node dispatching nothing (CPU; with `excess_s` out
     # of `function_op_s`): `host_excess.python_node_seconds`
-    # The function chain and the views again with grad mode off (CPU): per other op and per
-    # view with nothing recorded, and per autograd node the grad-mode forward records
+    # The function chain again with grad mode off (CPU): per other op with nothing recorded,
+    # per view as a C++ caller dispatches it (F.linear's t, matmul's views, autograd's
+    # detach of a saved output: 40 of llama-tiny block's 64 forward views; the Python
+    # `views` chain read 1.2 us a view here, a C++ loop 0.35: `host_excess
+    # .internal_dispatch_seconds`), and per autograd node the grad-mode forward records
     # (`forward_node_s`: the two functions runs' difference over the chain's grad_fns).
     function_nograd_op_s: float = 0.0
     view_nograd_op_s: float = 0.0
@@ -87,8 +91,9 @@ class HostOpCost:
         from ir.kernel_calibration import HostOpExcess
 
         # grad-off runs were timed (CPU): the per-op figures record nothing and the nodes
-        # are priced apart; the view figure, timed directly, says so (the node figure is a
-        # difference of two runs and may come out 0 on a loaded host: a 0, not a switch)
+        # are priced apart; the view figure, timed directly (a slope over 32 views), says
+        # so (the node figure is a difference of two runs and may come out 0 on a loaded
+        # host: a 0, not a switch)
         recorded_apart = self.view_nograd_op_s > 0
         return dict(forward_host_op_s=(self.function_nograd_op_s if recorded_apart
                                        else self.function_op_s),
@@ -118,33 +123,49 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     excess, `host_excess`, over them: a layer pays its own ops'), per fx call node that
     dispatches nothing `host_excess.python_node_seconds`; per module call = (first -
     second) / leaf calls. Ops are told apart as `ir.kernel_recorder` tells a layer's.
-    On CPU the function chain and the views run again with grad mode off: their per-op
-    figures then record nothing, and per forward autograd node = (functions with grad -
-    without) / the grad_fns the chain records (`ir.op_count.autograd_nodes` without
-    accumulations, the count `host_dispatch.forward_host_seconds` takes of a layer): an op on
-    int tensors, or on tensors needing no gradient, records none.
+    On CPU the function chain runs again with grad mode off: its per-op figure then
+    records nothing, its views (F.linear's t) taken out at a C++ caller's price
+    (`host_excess.internal_dispatch_seconds`, the kit's per-view figure too: the Python
+    chain's 1.2 us a view, 3x that, over-priced view-heavy forwards, dlrm's bottom MLP
+    and llama-tiny's blocks, and under-priced the other ops), and per forward autograd
+    node = (functions with grad - without) / the grad_fns the chain records
+    (`ir.op_count.autograd_nodes` without accumulations, the count
+    `host_dispatch.forward_host_seconds` takes of a layer): an op on int tensors, or on
+    tensors needing no gradient, records none.
     One thread; the runs alternate within each round (a slow spell hits all of them), the
     module and function chains in turns (the first after a backward pays the caches').
 
     Backward, in parts (CPU; 0 elsewhere): the engine runs one node per forward op that
     recorded one plus one per parameter tensor (its gradient's accumulation), and each
-    node's formula dispatches ops with grad mode off. Per view and per other op: the
-    plain dispatch probe; per node = (the chain's backward - its views x per view - its
-    other ops x per op - its ops' excess) / its nodes (`ir.op_count.autograd_nodes`, the
-    count `host_dispatch.backward_host_seconds` takes of a layer). Both backward figures
-    leave out the engine's start (`autograd_call_s`): a step pays it once per
-    micro-batch and stage, and `layer_profile.time_layer` takes it out of a layer's."""
+    node's formula dispatches ops from C++ with grad mode off. Per view and per other op:
+    `host_excess.internal_dispatch_seconds` (a C++ loop's: the plain probe's Python
+    binding, ~0.3-0.4 us a call here, put on each view and op, left mlp-small's block
+    backward, 9 views to 5 nodes, +16..+29% over against the chain's 16 to 12); per
+    node = (the chain's backward - its views x per view - its other ops x per op - its
+    ops' excess) / its nodes (`ir.op_count.autograd_nodes`, the count
+    `host_dispatch.backward_host_seconds` takes of a layer). The chain's backward is
+    timed after its forward and, untimed, another forward and backward of it, as a step
+    runs a layer's after the layer after's (and `layer_profile.StepNeighbours` a profiled
+    one's): timed after the forward variants instead, its code partly evicted, it read
+    ~18 us more (0.2 us a node, 2026-11-25), which the per-node figure put on every
+    layer's nodes (mlp-small's block 1.6-1.7 us against 1.2-1.4 in its own chain's
+    backward). Both backward figures leave out the engine's start (`autograd_call_s`): a
+    step pays it once per micro-batch and stage, and `layer_profile.time_layer` takes it
+    out of a layer's."""
     import torch
     from torch import nn
 
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
-    from cost_models.host_excess import (plain_dispatch_seconds, python_node_seconds,
-                                         records_excess_seconds)
+    from cost_models.host_excess import (internal_dispatch_seconds, plain_dispatch_seconds,
+                                         python_node_seconds, records_excess_seconds)
     from ir.kernel_recorder import KernelRecorder
     from ir.kernel_records import KernelKind
     from ir.op_count import OpCounter, autograd_nodes, count_ops
 
     engine_s = autograd_call_s(device)
+    # views and ops as C++ callers dispatch them (CPU: a layer's forward views mostly, a
+    # backward formula's all)
+    internal = internal_dispatch_seconds(device) if device == "cpu" else None
     with _one_thread():
         chain = nn.Sequential(*[_overhead_block() for _ in range(HOST_OP_CHAIN_BLOCKS)]).to(device)
         leaves = [m for m in chain.modules() if not list(m.children())]
@@ -159,6 +180,9 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
 
         def backward():
             holder.pop("loss").backward()
+
+        def neighbour():  # the layer after's forward and backward (`StepNeighbours`)
+            chain(x).sum().backward()
 
         def through_modules():
             y = x
@@ -202,19 +226,25 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
         backward_records = recorder.records()
         chain.zero_grad(set_to_none=True)
         forward_rounds, backward_rounds, function_rounds, module_rounds = [], [], [], []
-        view_rounds, nograd_rounds, nograd_view_rounds, node_rounds = [], [], [], []
+        view_rounds, nograd_rounds, node_rounds = [], [], []
+
+        def view_rounds_s(views_s: float) -> float:  # per view of the Python views chain
+            return views_s / HOST_OP_RUNS_PER_ROUND / max(view_ops, 1)
+
         for _ in range(HOST_OP_ROUNDS):
             forward_s = backward_s = modules_s = functions_s = views_s = 0.0
-            nograd_functions_s = nograd_views_s = 0.0
+            nograd_functions_s = 0.0
             for run in range(HOST_OP_RUNS_PER_ROUND):
                 start = clock()
                 forward()
                 sync()
-                mid = clock()
+                forward_s += clock() - start
+                neighbour()  # untimed, as a step runs the layer after's before a backward
+                sync()
+                start = clock()
                 backward()
                 sync()
-                forward_s += mid - start
-                backward_s += clock() - mid
+                backward_s += clock() - start
                 for timed in (through_modules, as_functions)[::1 if run % 2 else -1]:
                     start = clock()
                     timed()
@@ -230,19 +260,17 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
                     start = clock()
                     as_functions()
                     sync()
-                    mid = clock()
-                    views()
-                    nograd_functions_s += mid - start
-                    nograd_views_s += clock() - mid
+                    nograd_functions_s += clock() - start
             runs = HOST_OP_RUNS_PER_ROUND
-            nograd_view_rounds.append(nograd_views_s / runs / max(view_ops, 1))
-            nograd_rest_s = nograd_functions_s / runs - function_views * nograd_view_rounds[-1]
+            # the chain's views are F.linear's t: a C++ caller's (CPU; elsewhere Python's)
+            chain_view_s = internal.view_s if internal is not None else view_rounds_s(views_s)
+            nograd_rest_s = nograd_functions_s / runs - function_views * chain_view_s
             nograd_rounds.append(max(0.0, nograd_rest_s) / max(function_ops - function_views, 1))
             node_rounds.append(max(0.0, functions_s - nograd_functions_s) / runs
                                / max(forward_nodes, 1))
             forward_rounds.append(forward_s / runs / max(forward_ops, 1))
             backward_rounds.append(max(0.0, backward_s / runs - engine_s) / max(backward_ops, 1))
-            view_rounds.append(views_s / runs / max(view_ops, 1))
+            view_rounds.append(view_rounds_s(views_s))
             others_s = functions_s / runs - function_views * view_rounds[-1]
             function_rounds.append(max(0.0, others_s) / max(function_ops - function_views, 1))
             module_rounds.append(max(0.0, modules_s - functions_s) / runs / len(leaves))
@@ -264,15 +292,15 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
         function_op_s = max(0.0, function_op_s - chain_excess_s)
         views = sum(r.count for r in backward_records if r.kind is KernelKind.VIEW)
         # host_dispatch.backward_host_seconds' formula solved for the per-node figure
-        rest_s = (backward_s - views * plain.view_s - (backward_ops - views) * plain.op_s
+        rest_s = (backward_s - views * internal.view_s - (backward_ops - views) * internal.op_s
                   - records_excess_seconds(backward_records, lambda op: plain.excess_s.get(op, 0.0)))
-        parts = dict(backward_view_op_s=plain.view_s, backward_nonview_op_s=plain.op_s,
+        parts = dict(backward_view_op_s=internal.view_s, backward_nonview_op_s=internal.op_s,
                      backward_node_s=max(0.0, rest_s) / nodes,
                      excess_s=tuple(sorted(plain.excess_s.items())),
                      python_node_s=python_node_seconds(device),
                      function_nograd_op_s=max(0.0, statistics.median(nograd_rounds)
                                               - chain_excess_s),
-                     view_nograd_op_s=statistics.median(nograd_view_rounds),
+                     view_nograd_op_s=internal.view_s,
                      forward_node_s=statistics.median(node_rounds))
     return HostOpCost(statistics.median(forward_rounds), statistics.median(backward_rounds),
                       spread(forward_rounds), spread(backward_rounds), forward_ops,

@@ -34,7 +34,8 @@ import sys
 import tempfile
 from typing import Any
 
-from ir.calibration_tables import (COLLECTIVES, BlockingWait, CalibrationTables,
+from ir.calibration_tables import (COLLECTIVES, LOSS_EDGE_FIELDS, SELECTIVE_FIELDS,
+                                   VOCAB_EDGE_FIELDS, BlockingWait, CalibrationTables,
                                    CollectiveFit, TpModuleOverhead)
 from ir.cluster import ClusterSpec, collective_ceiling_bytes_per_s
 from ir.errors import PlannerError
@@ -55,7 +56,8 @@ from cost_models.host_probes import (autograd_call_s, dp_unit_seconds, dtensor_o
 from cost_models.item_probes import probe_random_element_s
 from cost_models.pipeline_probes import pipeline_action_host_s
 from cost_models.step_probes import optimizer_tensor_seconds
-from cost_models.tp_probes import sp_group_seconds, tp_module_seconds
+from cost_models.tp_probes import selective_seconds, sp_group_seconds, tp_module_seconds
+from cost_models.vocab_probes import loss_parallel_seconds, vocab_embedding_seconds
 
 PROCESS_GROUP_TIMEOUT_S = 120
 PORT_ATTEMPTS = 3  # fresh localhost ports to try if one is taken between probe and bind
@@ -99,6 +101,10 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
                              in sorted(measured["tp_module_seconds"].items())),
             sp_groups=tuple(TpModuleOverhead(size, seconds, "sp_group_overhead_s")
                             for size, seconds in sorted(measured["sp_group_seconds"].items())),
+            vocab_embeddings=_by_pass_rows(measured["vocab_embedding_seconds"],
+                                           VOCAB_EDGE_FIELDS),
+            loss_parallels=_by_pass_rows(measured["loss_parallel_seconds"], LOSS_EDGE_FIELDS),
+            tp_selectives=_by_pass_rows(measured["selective_seconds"], SELECTIVE_FIELDS),
             blocking_waits=waits, optimizer_steps=measured["optimizer_tensor_seconds"],
             tp_blocking_waits=blocking_wait(dtensor_form_seconds(measured), by_group))
     else:
@@ -122,6 +128,13 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
     raw = {(c, size): list(zip(sizes, table[c])) for size, table in by_size.items()
            for c in COLLECTIVES if c in table}
     return spec, raw
+
+
+def _by_pass_rows(by_size: dict[int, tuple[float, float]], fields: tuple[str, str]
+                  ) -> tuple[TpModuleOverhead, ...]:
+    """{group size: (two figures)} as a calibration table's rows, a row per figure."""
+    return tuple(TpModuleOverhead(size, seconds, field) for size, pair in sorted(by_size.items())
+                 for field, seconds in zip(fields, pair))
 
 
 def dtensor_form_seconds(measured: dict) -> dict[int, dict[str, list[tuple[int, float]]]]:
@@ -249,10 +262,16 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
             results["dp_unit_seconds"] = {world: dp_unit_seconds(mesh)}
             results["tp_module_seconds"] = {world: tp_module_seconds(mesh)}
             results["sp_group_seconds"] = {world: sp_group_seconds(mesh)}
+            results["vocab_embedding_seconds"] = {world: vocab_embedding_seconds(mesh)}
+            results["loss_parallel_seconds"] = {world: loss_parallel_seconds(mesh)}
+            results["selective_seconds"] = {world: selective_seconds(mesh)}
             for size, group in groups.items():
                 results["dp_unit_seconds"][size] = dp_unit_seconds(group)
                 results["tp_module_seconds"][size] = tp_module_seconds(group)
                 results["sp_group_seconds"][size] = sp_group_seconds(group)
+                results["vocab_embedding_seconds"][size] = vocab_embedding_seconds(group)
+                results["loss_parallel_seconds"][size] = loss_parallel_seconds(group)
+                results["selective_seconds"][size] = selective_seconds(group)
             results["blocking_seconds"] = {world: blocking_seconds(dist, rank, None)}
             results["dtensor_extra_seconds"] = {world: dtensor_extra_seconds(dist, mesh)}
             for size, group in groups.items():

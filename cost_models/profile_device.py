@@ -65,6 +65,7 @@ from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.checkpoint_probes import checkpoint_host_seconds
 from cost_models.host_probes import autograd_call_s, host_op_seconds_by_pass, probe_clock
 from cost_models.pipeline_probes import pipeline_action_host_s
+from cost_models.cold_backward_probes import cold_backward_cost, cold_backward_layers
 from cost_models.cold_entry_probes import cold_entry_chains, cold_entry_cost
 from cost_models.sequence_probes import in_sequence_chains, in_sequence_cost
 from cost_models.tied_sync import TIED_SUM_FIELDS, probe_tied_sum
@@ -421,11 +422,8 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
         # Forward and backward per op, apart, and what forward ops pay in sequence
         host = host_op_seconds_by_pass("cpu")
         sequence = in_sequence_cost(in_sequence_chains("cpu"))
-        # Backward's cold op: not written. Its price per op hangs on what the layer after
-        # evicted: 0 after dlrm's tables or mlp-small's forward, 2-3 us after a head or a
-        # block; one figure (2.6 us) moved 14 passes within 15% and 10 out
-        # (bench/bench_small_backward.py --all, 2026-11-25, load 3-8)
         cold = cold_entry_cost(cold_entry_chains("cpu"))
+        cold_bwd = cold_backward_cost(cold_backward_layers("cpu"))  # after a block's backward
         first = cold_entry_cost(cold_entry_chains("cpu", after_backward=True))
         tied_sum = probe_tied_sum()  # executors.tied's gradient sum, once a step
         return ClusterSpec(
@@ -443,6 +441,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             kernel_calibration=dataclasses.replace(
                 cal, **host.calibration_fields(), **sequence.calibration_fields(),
                 **cold.calibration_fields(), cold_entry_after_backward_host_s=first.entry_s,
+                **cold_bwd.calibration_fields(),
                 autograd_call_host_s=autograd_call_s("cpu"),
                 pipeline_action_host_s=pipeline_action_host_s("cpu"),
                 **dict(zip(TIED_SUM_FIELDS, tied_sum)),
@@ -458,7 +457,9 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
                   f"{sequence.op_s * 1e9:.0f} ns per op per distinct op beyond "
                   f"{sequence.knee_distinct_ops:.0f}; cold start {cold.entry_s * 1e6:.2f} us "
                   f"per layer ({first.entry_s * 1e6:.2f} after a backward) + "
-                  f"{cold.op_s * 1e6:.2f} per cold distinct op); peak FLOP/s = best "
+                  f"{cold.op_s * 1e6:.2f} per cold distinct op; backward "
+                  f"{cold_bwd.op_s * 1e6:.2f} per cold op, {cold_bwd.inner_op_s * 1e6:.2f} "
+                  f"per cold inner op of a composite); peak FLOP/s = best "
                   "measured GEMM per dtype; links and DTensor overhead guessed (run "
                   "`planner profile-cluster` to measure them)")
     props = torch.cuda.get_device_properties(torch.cuda.current_device())

@@ -312,7 +312,9 @@ COLD_BACKWARD_OTHERS = 14
 
 
 def cold_backward_chains(device: str = "cpu") -> list[ColdChain]:
-    """The backward nodes of chains of COLD_BACKWARD_CALLS `chained_calls`, each run inside
+    """(Superseded for pricing by `cost_models.cold_backward_probes`, which profile-device
+    writes: this one read ~2x what the layers miss; kept for bench/bench_host_ab.py's
+    what-ifs.) The backward nodes of chains of COLD_BACKWARD_CALLS `chained_calls`, each run inside
     ONE engine call, as a step runs a layer's nodes after the layer after's: after the
     nodes of the others' chain (`cold_s`: that call less the others' alone; cold ops: the
     backward overloads the others did not run) and after a copy of its own (`warm_s`: that

@@ -33,6 +33,14 @@ stages, schedule and micro-batches.
    one small layer leaves the chunk before it warm), and the layer's count is the mean
    over its m passes: its host time is linear in the count, so the mean count prices the
    mean pass exactly. Layers without recorded op names keep their trace-time counts.
+   A forward's entry costs more right after a backward (`Layer.forward_after_backward`,
+   the kit's `cold_entry_after_backward_host_s`): a stage's first layer's forwards are
+   split by the pass before them in the rank's order (GPipe: only the step's first of m;
+   1F1B: the first and every steady-state one; the plain loop: all), each kind priced
+   apart and weighted by its share (`Placed`, `placed_compute`).
+
+The search prices the same terms per candidate stage through these functions
+(`planner.stage_host`).
 """
 
 from __future__ import annotations
@@ -45,8 +53,11 @@ from ir.cluster import ClusterSpec
 from ir.layer import Layer, LayerGraph
 from ir.op_count import COLD_WINDOW_DISTINCT_OPS, recent_forward_ops
 from ir.plan import ParallelPlan
-from ir.strategy import Schedule
+from ir.strategy import LayerStrategy, Schedule
 
+from cost_models.common import StepConfig
+from cost_models.compute import LayerCompute, layer_compute
+from cost_models.compute_profile import ComputeProfile
 from cost_models.pipeline_ops import PassOp, rank_ops
 
 
@@ -86,8 +97,28 @@ def pipeline_actions(plan: ParallelPlan) -> dict[int, int]:
 
 def stage_passes(plan: ParallelPlan) -> dict[int, tuple[int, int]]:
     """Plan stage -> (forward, backward) passes in one step, as the executor runs them."""
-    return {stage: (f, b) for stage, f, b in _passes(plan.schedule, plan.pp,
-                                                     plan.num_microbatches, plan.virtual_stages)}
+    return passes_per_stage(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
+
+
+def passes_per_stage(schedule: Schedule, pp: int, m: int, v: int) -> dict[int, tuple[int, int]]:
+    """`stage_passes` of a pipeline shape, before any plan exists (the search's)."""
+    return {stage: (f, b) for stage, f, b in _passes(schedule, pp, m, v)}
+
+
+def step_host_per_microbatch_s(cluster: ClusterSpec, schedule: Schedule, pp: int, m: int,
+                               v: int, stages: Sequence[int]) -> tuple[float, float]:
+    """(engine, actions) seconds per micro-batch that plan stages `stages` (one rank's)
+    add: the engine starts (`backward_calls`, all in backward) and the pipelining
+    runtime's actions (`pipeline_actions`, one forward and one backward action each: half
+    in each pass). `cost_models.estimate.stage_time` and the search (`planner.stage_host`)
+    both add these."""
+    engine, action = engine_start_s(cluster), pipeline_action_s(cluster)
+    if not engine and not action:
+        return 0.0, 0.0
+    passes = passes_per_stage(schedule, pp, m, v)
+    calls = sum(passes[i][1] for i in stages if i in passes)
+    actions = sum(sum(passes[i]) for i in stages if i in passes) if pp > 1 else 0
+    return engine * calls / m, action * actions / m
 
 
 @functools.lru_cache(maxsize=256)
@@ -116,43 +147,96 @@ def warm_before(ops: Sequence[PassOp], i: int, spans: Sequence[Sequence[Layer]],
         for layer in (span[::-1] if op.forward else span):
             names.append(layer.forward_overloads if op.forward else layer.backward_overloads)
             ran |= names[-1]
-        if len(ran) >= COLD_WINDOW_DISTINCT_OPS:
-            break
+            if len(ran) >= COLD_WINDOW_DISTINCT_OPS:  # the window ends here
+                return recent_forward_ops(names) or frozenset()
     return recent_forward_ops(names) or frozenset()
 
 
 def prices_cold_ops(cluster: ClusterSpec) -> bool:
-    """Whether `cluster`'s kit prices cold ops in either pass (GPU presets and older kits
-    do not: then no count moves a time, and `placed_layers` need not run)."""
+    """Whether `cluster`'s kit prices cold ops in either pass or a forward's entry after a
+    backward apart (GPU presets and older kits do not: then no count or order moves a
+    time, and `placed_layers` need not run)."""
     cal = cluster.kernel_calibration
-    return cal is not None and (cal.cold_op_host_s > 0 or cal.cold_backward_op_host_s > 0)
+    return cal is not None and (cal.cold_op_host_s > 0 or cal.cold_backward_op_host_s > 0
+                                or cal.cold_entry_after_backward_host_s > 0)
+
+
+# A layer's passes as placed in a plan: (share of its passes, the layer as those see it).
+Placed = tuple[tuple[float, Layer], ...]
 
 
 def placed_layers(graph: LayerGraph, plan: ParallelPlan,
-                  cluster: ClusterSpec | None = None) -> list[Layer]:
-    """`graph.layers` with each stage's first layer's forward cold ops and last layer's
-    backward cold ops counted against what runs before them in the step on their rank
-    (module docstring, 2), the mean over the stage's passes; as traced where `cluster`
-    prices no cold op (`prices_cold_ops`)."""
+                  cluster: ClusterSpec | None = None) -> list[Placed]:
+    """Per layer of `graph`, its passes as the plan runs them: each stage's first layer's
+    forwards and last layer's backwards with their cold ops counted against what runs
+    before them on their rank (module docstring, 2), and the first layer's forwards split
+    by whether a backward ran just before (`Layer.forward_after_backward`: under GPipe
+    only a step's first forward, under 1F1B every forward after the warm-up); as traced
+    where `cluster` prices none of it (`prices_cold_ops`)."""
     layers = list(graph.layers)
+    out: list[Placed] = [((1.0, layer),) for layer in layers]
     if cluster is not None and not prices_cold_ops(cluster):
-        return layers
+        return out
     stages, v = plan.stages, plan.virtual_stages
     if plan.pp == 1:  # the plain loop runs the model whole (`executors.apply`)
         stages, v = (dataclasses.replace(plan.stages[0], last_layer=len(layers) - 1),), 1
-    spans = [layers[s.first_layer:s.last_layer + 1] for s in stages]
-    sums: dict[tuple[int, bool], list[int]] = {}  # (position, forward) -> counts per pass
+    spans = {i: (s.first_layer, s.last_layer) for i, s in enumerate(stages)}
     for rank in range(plan.pp):
-        ops = rank_ops(plan.schedule, plan.pp, rank, plan.num_microbatches, v)
-        for i, op in enumerate(ops):
-            stage = op.chunk * plan.pp + rank
-            warm = warm_before(ops, i, spans, plan.pp, rank)
-            where = stages[stage].first_layer if op.forward else stages[stage].last_layer
-            names = (layers[where].forward_overloads if op.forward
-                     else layers[where].backward_overloads)
-            if names:
-                sums.setdefault((where, op.forward), []).append(len(names - warm))
-    for (where, forward), counts in sums.items():
-        field = "cold_distinct_ops_fwd" if forward else "cold_distinct_ops_bwd"
-        layers[where] = dataclasses.replace(layers[where], **{field: sum(counts) / len(counts)})
-    return layers
+        for j, placed in place_rank(layers, spans, plan.schedule, plan.pp, rank,
+                                    plan.num_microbatches, v).items():
+            out[j] = placed
+    return out
+
+
+def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
+               schedule: Schedule, pp: int, rank: int, m: int, v: int) -> dict[int, Placed]:
+    """The first and last layers of the stages rank `rank` runs, placed (`placed_layers`):
+    per pass the cold ops against `warm_before`, the mean over the passes (host time is
+    linear in the count: the mean count prices the mean pass), forwards apart by whether
+    a backward ran just before them (the step's first after the step before's last, a
+    backward). `spans`: (first, last) layer of each plan stage the rank runs (stage
+    chunk * pp + rank); the search passes one candidate stage (`planner.stage_host`)."""
+    ops = rank_ops(schedule, pp, rank, m, v)
+    lists = {stage: layers[a:b + 1] for stage, (a, b) in spans.items()}
+    forwards: dict[int, dict[bool, list[int]]] = {}  # first layer -> after backward -> counts
+    backwards: dict[int, list[int]] = {}  # last layer -> counts
+    for i, op in enumerate(ops):
+        first, last = spans[op.chunk * pp + rank]
+        where = first if op.forward else last
+        names = layers[where].forward_overloads if op.forward else layers[where].backward_overloads
+        count = len(names - warm_before(ops, i, lists, pp, rank)) if names else None
+        if op.forward:  # ops[-1], before the step's first, is the step before's last backward
+            forwards.setdefault(where, {}).setdefault(not ops[i - 1].forward, []).append(count)
+        else:
+            backwards.setdefault(where, []).append(count)
+    out: dict[int, Placed] = {}
+    for j in sorted(set(forwards) | set(backwards)):
+        layer = layers[j]
+        if j in backwards:  # layers without recorded op names keep their trace-time counts
+            layer = dataclasses.replace(layer, cold_distinct_ops_bwd=_mean(
+                backwards[j], layer.cold_distinct_ops_bwd))
+        groups = forwards.get(j)
+        if not groups:
+            out[j] = ((1.0, layer),)
+            continue
+        total = sum(len(counts) for counts in groups.values())
+        out[j] = tuple((len(counts) / total, dataclasses.replace(
+            layer, forward_after_backward=after,
+            cold_distinct_ops_fwd=_mean(counts, layer.cold_distinct_ops_fwd)))
+            for after, counts in sorted(groups.items()))
+    return out
+
+
+def _mean(counts: list[int | None], traced: float) -> float:
+    return sum(traced if c is None else c for c in counts) / len(counts)
+
+
+def placed_compute(placed: Placed, strategy: LayerStrategy, cluster: ClusterSpec,
+                   config: StepConfig, profile: ComputeProfile | None = None) -> LayerCompute:
+    """`compute.layer_compute` of a placed layer: the mean over its passes' shares."""
+    if len(placed) == 1:
+        return layer_compute(placed[0][1], strategy, cluster, config, profile)
+    parts = [(share, layer_compute(layer, strategy, cluster, config, profile))
+             for share, layer in placed]
+    return LayerCompute(*(sum(share * getattr(c, f.name) for share, c in parts)
+                          for f in dataclasses.fields(LayerCompute)))

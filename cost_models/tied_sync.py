@@ -3,7 +3,8 @@
 `executors.tied.untie` gives every layer after the first its own copy of a shared weight;
 after the last backward `executors.tied.TiedGradients.sync` sets each copy's gradient to
 the sum over the copies: `total = sum(grads)` (Python's `sum`, starting from 0), then
-`grad.copy_(total)` per copy. Once per step, per tie group and stage, on plain or local
+`grad.copy_(total)` per copy. Once per step, per tie group and pipeline rank (the copies
+of all the stage modules a rank holds, `TiedGradients.__init__`), on plain or local
 tensors: no per-layer profile times it (each layer's backward only makes its own copy's
 gradient), so the step pays it on top. (edgebwd measured a shared 33.5 MB table's second
 contribution at +17 ms per backward on this CPU: a memory-bound pass with fresh pages.)
@@ -11,7 +12,8 @@ contribution at +17 ms per backward on this CPU: a memory-bound pass with fresh 
 Priced where the kit measured it (`probe_tied_sum`, CPU kits); GPU presets carry no
 figure, so their searches (tests/test_search_pinned.py) price no sum: on a GPU it is a few
 memory-bound kernels, some tens of us a step, below what their pins resolve. The
-cross-stage path's gather and all-reduce are communication, not priced here.
+cross-rank path's gather and all-reduce are communication, not priced here. The search
+prices the same sum per candidate stage (`planner.stage_host`, `tied_group_seconds`).
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from __future__ import annotations
 import time
 
 from ir.cluster import ClusterSpec
-from ir.layer import LayerGraph
+from ir.layer import Layer, LayerGraph
 from ir.plan import ParallelPlan
 
 from cost_models.common import StepConfig
 from cost_models.model_states import held_bytes_per_param
-from cost_models.tied_memory import tied_copies, tied_local_fraction
+from cost_models.tied_memory import tie_groups, tied_local_fraction
 
 # glibc serves a request above its largest dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX,
 # 32 MiB on 64-bit: mallopt(3)) with fresh pages, so the sum's new tensors of a larger
@@ -96,29 +98,53 @@ def probe_tied_sum(copies: int = TIED_PROBE_COPIES) -> tuple[float, float, float
     return large + _line(TIED_PROBE_SMALL_GRAD_BYTES, copies, None)
 
 
-def tied_sum_seconds(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, j: int,
-                     config: StepConfig) -> float:
-    """Seconds a step spends in sync's sum for the tie group of layer `j`, counted once per
-    group and stage, at the stage's last holder of it (0 for every other layer): the
-    kit's per call + per byte x `sum_traffic_bytes(holders in the stage, gradient bytes)`,
-    the gradient fp32 (`held_bytes_per_param`) and, where sync sums local shards, this
-    rank's share (`tied_local_fraction`); the warm line's figures at or below
+def tied_group_seconds(cluster: ClusterSpec, copies: int, grad_bytes: float) -> float:
+    """Seconds of sync's sum on one rank over `copies` gradients of `grad_bytes` each: the
+    kit's per call + per byte x `sum_traffic_bytes`, the warm line's figures at or below
     `FRESH_PAGES_ABOVE_BYTES` where the kit measured them; x the core share
-    (`ClusterSpec.host_share`). 0 where it measured none."""
+    (`ClusterSpec.host_share`). 0 where it measured none or no copy is held."""
     cal = cluster.kernel_calibration
-    layer = graph.layers[j]
-    if cal is None or cal.tied_sum_s_per_byte <= 0 or not layer.tied_param_names:
+    if cal is None or cal.tied_sum_s_per_byte <= 0 or copies < 1:
         return 0.0
-    stage = plan.stage_of(j)
-    local = [k for k in tied_copies(graph, layer.tied_param_names[0])
-             if plan.stage_of(k) == stage]
-    if j != local[-1]:
-        return 0.0
-    grad_bytes = (layer.tied_params * held_bytes_per_param(config.precision, config.optimizer)
-                  .grads * tied_local_fraction(graph, plan, j))
     call_s, per_byte_s = cal.tied_sum_host_s, cal.tied_sum_s_per_byte
     if grad_bytes <= FRESH_PAGES_ABOVE_BYTES and cal.tied_sum_small_s_per_byte > 0:
         call_s, per_byte_s = cal.tied_sum_small_host_s, cal.tied_sum_small_s_per_byte
     # one process's figure (its fastest repeat), stretched as ranks share cores, as the
     # engine start is (cost_models.step_host.engine_start_s)
-    return (call_s + per_byte_s * sum_traffic_bytes(len(local), grad_bytes)) * cluster.host_share
+    return (call_s + per_byte_s * sum_traffic_bytes(copies, grad_bytes)) * cluster.host_share
+
+
+def tied_grad_bytes(layer: Layer, config: StepConfig, fraction: float = 1.0) -> float:
+    """Bytes of one holder's gradient of its tied tensor as sync sums it: fp32
+    (`held_bytes_per_param`), x `fraction` (`tied_local_fraction`: local shards)."""
+    return (layer.tied_params * held_bytes_per_param(config.precision, config.optimizer).grads
+            * fraction)
+
+
+def tied_sum_seconds(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, j: int,
+                     config: StepConfig) -> float:
+    """Seconds a step spends in sync's sum for the tie groups holding layer `j`, counted
+    once per group and pipeline RANK, where `executors.tied.TiedGradients.sync` takes it:
+    it sums the copies of every stage module the rank holds (an interleaved rank's chunks
+    too) in one sum, so copies on one rank are summed together and those on other ranks
+    only through the all-reduce (communication, not priced here). Charged at the rank's
+    last holder, the owner too (0 for every other layer): `tied_group_seconds(holders on
+    the rank, the gradient's bytes)`, where sync sums local shards this rank's share
+    (`tied_local_fraction`)."""
+    if not tied_sums_priced(cluster):
+        return 0.0
+    rank = plan.stage_of(j) % plan.pp
+    total_s = 0.0
+    for holders, copy in tie_groups(graph).items():
+        local = [k for k in holders if plan.stage_of(k) % plan.pp == rank]
+        if local and j == local[-1]:
+            grad_bytes = tied_grad_bytes(graph.layers[copy], config,
+                                         tied_local_fraction(graph, plan, copy))
+            total_s += tied_group_seconds(cluster, len(local), grad_bytes)
+    return total_s
+
+
+def tied_sums_priced(cluster: ClusterSpec) -> bool:
+    """Whether `cluster`'s kit measured the sum (CPU kits; GPU presets and older kits not)."""
+    cal = cluster.kernel_calibration
+    return cal is not None and cal.tied_sum_s_per_byte > 0

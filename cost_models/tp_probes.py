@@ -43,6 +43,16 @@ with per-module figures from the non-SP stack). Read by profile-cluster on 2026-
 load ~1: 1.68 ms per SP group on 2 ranks where the TP pair is 2 x 0.53 ms, 1.55 ms on 4
 ranks in pairs (2 x 0.46 ms); `bench/bench_layer_cpu.py` then read each gpt tp2+sp
 block's forward at 2.6-2.9 ms of thread CPU, priced 2.28 ms before and 2.90 ms after.
+
+    selective_seconds(mesh) -> the same per TP module and per SP group under op-level
+                               selective checkpointing (the executor's policy)
+
+SAC adds to each stack what `_selective_added` says: (SAC'd DTensor - SAC'd plain) -
+(DTensor - plain). Its recompute reruns the Python forward above the cached ATen ops, so
+DTensor's sharding propagation and re-layouts run again while the collectives' outputs
+come from the cache. `bench/bench_tp_selective.py` read the forward's share at 0-0.04 ms
+and the recompute on 4 ranks in pairs at 0.14 ms per TP module and 0.50 per SP group, less
+than the forward half of the figures above (0.24, 0.77) that a FULL recompute pays.
 """
 
 from __future__ import annotations
@@ -93,10 +103,96 @@ def sp_group_seconds(mesh) -> float:
     return max(added, 0.0) / TP_BLOCKS
 
 
-def _added_cpu_s(plain, wrapped, x) -> float:
+def selective_seconds(mesh, by_pass: bool = False):
+    """(per TP module, per SP module group) seconds per forward+backward that op-level
+    selective checkpointing adds on DTensors beyond what it adds to the same stack on
+    plain tensors (`_selective_added`), all ranks of `mesh` running together; each a
+    (forward, backward) pair with `by_pass` (`bench/bench_tp_selective.py`: the forward's
+    share read 0-0.04 ms, so profile-cluster times both passes together and the cost
+    model prices the figure in the recompute)."""
+    import torch
+
+    from cost_models.clusters import _one_thread
+
+    width = OP_OVERHEAD_WIDTH_TP * mesh.size()
+    x = torch.randn(2, width)  # (tokens, width), as tp_module_seconds
+    x_sp = torch.randn(1, SP_PROBE_LOCAL_TOKENS, width)  # as sp_group_seconds
+    with _one_thread():
+        tp = _selective_added(_manual_stack(mesh, width), _dtensor_stack(mesh, width), x,
+                              by_pass)
+        sp = _selective_added(_manual_sp_stack(mesh, width), _dtensor_sp_stack(mesh, width),
+                              x_sp, by_pass)
+    if by_pass:
+        return (tuple(s / (2 * TP_BLOCKS) for s in tp), tuple(s / TP_BLOCKS for s in sp))
+    return max(tp, 0.0) / (2 * TP_BLOCKS), max(sp, 0.0) / TP_BLOCKS
+
+
+def _selective_added(plain, wrapped, x, by_pass: bool):
+    """Seconds SAC adds to `wrapped` beyond what it adds to `plain`: (SAC'd wrapped - SAC'd
+    plain) - (wrapped - plain), per pass with `by_pass`. Under SAC the forward's ops go
+    through its caching mode, DTensor's own ATen ops (re-layouts, funcol calls) too, and
+    the recompute reruns the Python forward above the cached ops, DTensor's sharding
+    propagation and re-layouts included, while the collectives' outputs come from the
+    cache (`ir.checkpoint_policy`) and their funcol calls do not run again; the plain
+    stack's share of both is what the cost model prices from the layer's own ops
+    (`checkpoint_probes`)."""
+    sac_plain, sac_wrapped = _selectively_checkpointed(plain), _selectively_checkpointed(wrapped)
+    if not by_pass:
+        return _added_cpu_s(sac_plain, sac_wrapped, x) - _added_cpu_s(plain, wrapped, x)
+    sac = _added_by_pass(sac_plain, sac_wrapped, x, _forward, _forward_backward)
+    bare = _added_by_pass(plain, wrapped, x, _forward, _forward_backward)
+    forward_s = max(sac[0] - bare[0], 0.0)
+    return forward_s, max(sum(sac) - sum(bare) - forward_s, 0.0)
+
+
+def _selectively_checkpointed(stack):
+    """Each block of `stack` (a layer's worth: one pair) under non-reentrant checkpoint with
+    the selective policy, as `executors.checkpointing.apply_ac` runs a layer."""
+    import functools
+
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    from ir.checkpoint_policy import selective_policy
+
+    context_fn = functools.partial(create_selective_checkpoint_contexts, selective_policy)
+
+    class Checkpointed(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return checkpoint(self.inner, x, use_reentrant=False, context_fn=context_fn)
+
+    blocks = getattr(stack, "pairs", stack)  # the SP reference wraps its pairs
+    wrapped = nn.Sequential(*[Checkpointed(block) for block in blocks])
+    if blocks is stack:
+        return wrapped
+    return lambda x: wrapped(x.transpose(0, 1)).transpose(0, 1)  # SequenceFirst's layout
+
+
+def _added_by_pass(plain, wrapped, x, forward, forward_backward) -> tuple[float, float]:
+    """(forward, backward) thread CPU seconds `wrapped` adds over `plain`: the forward run
+    alone, and the forward+backward run less it (each floored at 0: a figure below the
+    probe's noise is none)."""
+    forward_s = _added_cpu_s(plain, wrapped, x, run=forward)
+    both_s = _added_cpu_s(plain, wrapped, x, run=forward_backward)
+    return max(forward_s, 0.0), max(both_s - max(forward_s, 0.0), 0.0)
+
+
+def _forward(model, x) -> None:
+    model(x)
+
+
+def _forward_backward(model, x) -> None:
+    model(x).sum().backward()
+
+
+def _added_cpu_s(plain, wrapped, x, run=_forward_backward) -> float:
     """Median over pairs of runs of how much more of this thread's CPU time
-    `wrapped(x).sum().backward()` takes than the same on `plain`, every rank starting
-    each run together."""
+    `run(wrapped, x)` (forward, then backward of the output's sum) takes than the same on
+    `plain`, every rank starting each run together."""
     import torch.distributed as dist
 
     clock = probe_clock("cpu")
@@ -104,7 +200,7 @@ def _added_cpu_s(plain, wrapped, x) -> float:
     def timed(model) -> float:
         dist.barrier()
         start = clock()
-        model(x).sum().backward()
+        run(model, x)
         return clock() - start
 
     pairs = [timed(wrapped) - timed(plain) for _ in range(TP_PROBE_WARMUP + TP_PROBE_STEPS)]

@@ -220,7 +220,8 @@ class TpModuleOverhead:
                                f"size >= 1 to seconds >= 0, got {self.seconds!r}")
 
     def __str__(self) -> str:
-        per = "module" if self.field == "tp_module_overhead_s" else "group"
+        per = {"tp_module_overhead_s": "module", "sp_group_overhead_s": "group"}.get(
+            self.field, "call")
         return f"tp{self.group_size}: {self.seconds * 1e3:.2f}ms/{per}"
 
     def scaled(self, factor: float) -> TpModuleOverhead:

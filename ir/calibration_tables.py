@@ -7,11 +7,16 @@ of functions here:
     optimizer_steps     OptimizerStepCost per optimizer (on plain tensors or DTensors)
     tp_modules          TpModuleOverhead per TP group size
     sp_groups           TpModuleOverhead per TP group size, per SP module group
+    vocab_embeddings    TpModuleOverhead per TP group size, per vocab-parallel embedding,
+                        forward and backward apart (`VOCAB_EDGE_FIELDS`)
+    loss_parallels      the same per loss-parallel cross-entropy (`LOSS_EDGE_FIELDS`)
+    tp_selectives       TpModuleOverhead per TP group size, per TP module and per SP
+                        module group, under selective checkpointing (`SELECTIVE_FIELDS`)
     blocking_waits      BlockingWait as a plain `dist.<collective>` call (DP, pipeline)
     tp_blocking_waits   BlockingWait as DTensor issues it (TP: funcol collective +
                         wait_tensor under a redistribution)
 
-`CalibrationTables` holds the seven tables and answers the cost models' lookups (each with
+`CalibrationTables` holds the ten tables and answers the cost models' lookups (each with
 its fallback, once). The spec file keeps its shape (schema "planner.cluster/v1"):
 
     "collective_fits": [{"collective": "all_reduce", "scope": "intra_node", "alpha_s": ...,
@@ -20,6 +25,11 @@ its fallback, once). The spec file keeps its shape (schema "planner.cluster/v1")
     "optimizer_tensor_overhead_s": {"adamw": s, "adamw@dtensor": s},
     "tp_module_overhead_s": {"2": s, "4": s},  "blocking_wait_s": {"all_reduce@2": s},
     "sp_group_overhead_s": {"2": s}  (absent in older specs: SP modules price as TP's)
+    "vocab_embedding_forward_overhead_s": {"2": s}, "..._backward_overhead_s": {"2": s},
+    "loss_parallel_forward_overhead_s": {"2": s}, "..._backward_overhead_s": {"2": s}
+        (absent in older specs: the embedding prices as a TP module, the loss at nothing)
+    "tp_module_selective_overhead_s": {"2": s}, "sp_group_selective_overhead_s": {"2": s}
+        (absent in older specs: a selective recompute adds nothing for its TP modules)
     "blocking_wait_s_per_byte": {"all_reduce@2": s}  (absent in older specs: a constant wait)
     "tp_blocking_wait_s": {"all_reduce@2": s}, "tp_blocking_wait_s_per_byte": {same keys}
         (absent in older specs, or a collective not measured in DTensor's form: TP pays
@@ -65,6 +75,12 @@ class CalibrationTables:
     # 2026-11-25; CPU processes sharing cores stretch them by `ClusterSpec.host_share`) or
     # "wall" (older specs: the node's processes timed together, the sharing inside).
     host_figures_clock: str = "wall"
+    # Per vocab-parallel embedding / loss-parallel cross-entropy, a forward and a backward
+    # row per group size (`cost_models.vocab_probes`); empty in older specs
+    vocab_embeddings: tuple[TpModuleOverhead, ...] = ()
+    loss_parallels: tuple[TpModuleOverhead, ...] = ()
+    # Per TP module / SP group, what SAC adds on DTensors (`tp_probes.selective_seconds`)
+    tp_selectives: tuple[TpModuleOverhead, ...] = ()
 
     def __post_init__(self) -> None:
         if self.host_figures_clock not in HOST_FIGURE_CLOCKS:
@@ -75,6 +91,10 @@ class CalibrationTables:
             if not isinstance(rows, tuple) or not all(isinstance(r, record_type) for r in rows):
                 raise PlannerError(f"calibration table {field} must be a tuple of "
                                    f"{record_type.__name__} records")
+            fields = _ROW_FIELDS.get(field)
+            if fields and any(r.field not in fields for r in rows):
+                raise PlannerError(f"calibration table {field} holds rows of "
+                                   f"{', '.join(fields)} only")
             keys = [key(r) for r in rows]
             if len(set(keys)) != len(keys):
                 twice = next(k for k in keys if keys.count(k) > 1)
@@ -109,19 +129,31 @@ class CalibrationTables:
     def tp_module_seconds(self, group_size: int) -> float:
         """Per TP module in groups of `group_size`: the figure measured with that size, else
         the nearest measured size on a log scale (ties: the smaller; 0 when none)."""
-        if not self.tp_modules:
-            return 0.0
-        return min(self.tp_modules, key=lambda r: (abs(math.log2(r.group_size / group_size)),
-                                                   r.group_size)).seconds
+        nearest = _nearest_size(self.tp_modules, group_size)
+        return 0.0 if nearest is None else nearest.seconds
 
     def sp_group_seconds(self, group_size: int) -> float | None:
         """Per SP module group in TP groups of `group_size`, as `tp_module_seconds` looks
         it up; None where the spec has no SP figure (older specs: SP modules price as TP
         modules)."""
-        if not self.sp_groups:
-            return None
-        return min(self.sp_groups, key=lambda r: (abs(math.log2(r.group_size / group_size)),
-                                                  r.group_size)).seconds
+        nearest = _nearest_size(self.sp_groups, group_size)
+        return None if nearest is None else nearest.seconds
+
+    def vocab_embedding_seconds(self, group_size: int) -> tuple[float, float] | None:
+        """(forward, backward) per vocab-parallel embedding in TP groups of `group_size`,
+        looked up as `tp_module_seconds`; None where the spec has no such figure (older
+        specs: the embedding prices as a TP module)."""
+        return _by_pass(self.vocab_embeddings, VOCAB_EDGE_FIELDS, group_size)
+
+    def loss_parallel_seconds(self, group_size: int) -> tuple[float, float] | None:
+        """(forward, backward) per loss-parallel cross-entropy, as
+        `vocab_embedding_seconds` (None: older specs price it at nothing)."""
+        return _by_pass(self.loss_parallels, LOSS_EDGE_FIELDS, group_size)
+
+    def selective_seconds(self, group_size: int) -> tuple[float, float] | None:
+        """(per TP module, per SP group) under selective checkpointing in TP groups of
+        `group_size`, looked up as `tp_module_seconds` (None: older specs)."""
+        return _by_pass(self.tp_selectives, SELECTIVE_FIELDS, group_size)
 
     def blocking_wait_seconds(self, collective: str, group_size: int,
                               nbytes: float = 0.0) -> float:
@@ -148,7 +180,10 @@ class CalibrationTables:
             self, dp_overheads=tuple(r.scaled(factor) for r in self.dp_overheads),
             optimizer_steps=tuple(r.scaled(factor) for r in self.optimizer_steps),
             tp_modules=tuple(r.scaled(factor) for r in self.tp_modules),
-            sp_groups=tuple(r.scaled(factor) for r in self.sp_groups))
+            sp_groups=tuple(r.scaled(factor) for r in self.sp_groups),
+            vocab_embeddings=tuple(r.scaled(factor) for r in self.vocab_embeddings),
+            loss_parallels=tuple(r.scaled(factor) for r in self.loss_parallels),
+            tp_selectives=tuple(r.scaled(factor) for r in self.tp_selectives))
 
     # ---- JSON ------------------------------------------------------------------------
 
@@ -172,6 +207,11 @@ class CalibrationTables:
             "tp_blocking_wait_s_per_byte": {_join_key(r.collective, r.group_size):
                                             r.seconds_per_byte for r in self.tp_blocking_waits},
             "host_figures_clock": self.host_figures_clock,
+            **{field: {str(r.group_size): r.seconds for r in rows if r.field == field}
+               for rows, fields in ((self.vocab_embeddings, VOCAB_EDGE_FIELDS),
+                                    (self.loss_parallels, LOSS_EDGE_FIELDS),
+                                    (self.tp_selectives, SELECTIVE_FIELDS))
+               for field in fields},
         }
 
     @classmethod
@@ -202,7 +242,10 @@ class CalibrationTables:
                                   "sp_group_overhead_s"),
             blocking_waits=_blocking_waits(tables, "blocking_wait_s"),
             tp_blocking_waits=_blocking_waits(tables, "tp_blocking_wait_s"),
-            host_figures_clock=data.get("host_figures_clock", "wall"))
+            host_figures_clock=data.get("host_figures_clock", "wall"),
+            vocab_embeddings=_edge_rows(data, VOCAB_EDGE_FIELDS),
+            loss_parallels=_edge_rows(data, LOSS_EDGE_FIELDS),
+            tp_selectives=_edge_rows(data, SELECTIVE_FIELDS))
 
 
 def _seconds_table(field: str, value: Any) -> dict[str, float]:
@@ -277,6 +320,29 @@ def _tp_modules(value: Any, devices_per_node: Any, field: str = "tp_module_overh
     return tuple(sorted(rows, key=lambda r: r.group_size))
 
 
+def _nearest_size(rows, group_size: int):
+    """The row measured in groups of `group_size`, else the nearest size on a log scale
+    (ties: the smaller); None when there is none."""
+    return min(rows, key=lambda r: (abs(math.log2(r.group_size / group_size)), r.group_size),
+               default=None)
+
+
+def _by_pass(rows, fields: tuple[str, str], group_size: int) -> tuple[float, float] | None:
+    """The two figures (forward, backward; module, group) of a table whose rows carry
+    `fields`, each the nearest measured group size's."""
+    if not rows:
+        return None
+    forward, backward = (_nearest_size([r for r in rows if r.field == f], group_size)
+                         for f in fields)
+    return (forward.seconds if forward else 0.0, backward.seconds if backward else 0.0)
+
+
+def _edge_rows(data: dict[str, Any], fields: tuple[str, str]) -> tuple[TpModuleOverhead, ...]:
+    """The two tables `fields` of the spec file as one tuple of rows."""
+    return tuple(row for field in fields
+                 for row in _tp_modules(data.get(field, {}), None, field))
+
+
 # (field, record type, the key that identifies a row): what the collection checks.
 _TABLES = (
     ("collective_fits", CollectiveFit, lambda r: (r.collective, r.scope, r.measured_ranks)),
@@ -286,7 +352,18 @@ _TABLES = (
     ("sp_groups", TpModuleOverhead, lambda r: r.group_size),
     ("blocking_waits", BlockingWait, lambda r: (r.collective, r.group_size)),
     ("tp_blocking_waits", BlockingWait, lambda r: (r.collective, r.group_size)),
+    ("vocab_embeddings", TpModuleOverhead, lambda r: (r.field, r.group_size)),
+    ("loss_parallels", TpModuleOverhead, lambda r: (r.field, r.group_size)),
+    ("tp_selectives", TpModuleOverhead, lambda r: (r.field, r.group_size)),
 )
+# The spec file's keys of the vocabulary-parallel ends' figures, (forward, backward)
+# (`cost_models.vocab_probes`)
+VOCAB_EDGE_FIELDS = ("vocab_embedding_forward_overhead_s", "vocab_embedding_backward_overhead_s")
+LOSS_EDGE_FIELDS = ("loss_parallel_forward_overhead_s", "loss_parallel_backward_overhead_s")
+# ... and of SAC's on DTensors, (per TP module, per SP group) (`tp_probes.selective_seconds`)
+SELECTIVE_FIELDS = ("tp_module_selective_overhead_s", "sp_group_selective_overhead_s")
+_ROW_FIELDS = {"vocab_embeddings": VOCAB_EDGE_FIELDS, "loss_parallels": LOSS_EDGE_FIELDS,
+               "tp_selectives": SELECTIVE_FIELDS}
 HOST_FIGURE_CLOCKS = ("thread_cpu", "wall")  # `CalibrationTables.host_figures_clock`
 # The spec file's keys `CalibrationTables.to_json` writes and `from_json` reads.
 JSON_KEYS = tuple(CalibrationTables().to_json())

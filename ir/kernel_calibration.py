@@ -63,6 +63,8 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             # tied copies' gradient sum after backward (`cost_models.tied_sync`)
             "tied_sum_host_s", "tied_sum_s_per_byte", "tied_sum_small_host_s",
             "tied_sum_small_s_per_byte",
+            # a backward run after other layers' backwards (`cost_models.cold_backward_probes`)
+            "cold_backward_inner_op_host_s",
             # the LLC tier's fresh-output pool (`cost_models.cache_tiers`)
             "fresh_output_llc_pool_bytes")
 
@@ -118,10 +120,9 @@ class KernelCalibration:
     # what it pays run once after other ops over run right after itself, its code and data
     # out of the caches (`cost_models.sequence_probes.cold_op_cost`); 0 where not measured.
     cold_op_host_s: float = 0.0
-    # ... and per distinct backward op the layer after's backward did not run
-    # (`Layer.cold_distinct_ops_bwd`; `sequence_probes.cold_backward_chains`): profile-
-    # device leaves it 0, as it missed as many layers' step timings as it fixed
-    # (bench/bench_host_ab.py, 2026-11-25).
+    # ... and per distinct backward op the layers after's backwards did not run
+    # (`Layer.cold_distinct_ops_bwd`; `cost_models.cold_backward_probes`, see
+    # `cold_backward_inner_op_host_s`); 0 where not measured (kits before that probe).
     cold_backward_op_host_s: float = 0.0
     # Host seconds one `torch.autograd.backward` call costs beyond its nodes (the engine's
     # start, `host_probes.autograd_call_s`), which every backward figure above leaves out:
@@ -216,6 +217,13 @@ class KernelCalibration:
     tied_sum_s_per_byte: float = 0.0
     tied_sum_small_host_s: float = 0.0
     tied_sum_small_s_per_byte: float = 0.0
+    # ---- a backward run after the layers after's backwards (`cost_models
+    # .cold_backward_probes.cold_backward_cost`): host seconds per ATen op a composite
+    # backward runs inside its CPU kernel that they did not run (`Layer.cold_inner_ops_bwd`);
+    # where > 0, `cold_backward_op_host_s` is the same fit's figure per cold backward op
+    # and a step that stays in the caches (`Layer.step_warm`) prices no backward op cold.
+    # 0 where not measured (GPU presets, older kits: inner ops at `cold_backward_op_host_s`).
+    cold_backward_inner_op_host_s: float = 0.0
     # ---- fresh outputs by cache tier (`cost_models.cache_tiers`): bytes the LLC tier's
     # fresh blocks rotated over (an eighth of the last-level cache), whose points are kind
     # `fresh_output_llc`; 0 where not measured (GPUs, CPU kits: profile-device does not

@@ -193,6 +193,9 @@ class Layer:
     # with it, a tie's holders are the owner and the layers naming it here
     # (`cost_models.tied_memory.tied_copies`); () for layers built before it.
     tied_owner_layers: tuple[int, ...] = ()
+    # ... and the tensor's own name (its first registered name in the model): one owner
+    # layer may own several shared tensors; () for layers built before it.
+    tied_owner_params: tuple[str, ...] = ()
     # Legality facts read from the module at trace time (`ir.legality`): the layer's only
     # input is one tensor made by the layer before it (its batch can be re-split when the
     # data-parallel degree changes), and sequence parallelism can run it.
@@ -215,7 +218,9 @@ class Layer:
     step_warm: bool = False
     # Whether its forward follows a backward, not another layer's forward (a step's first
     # layer: the step before ends with its backward, then the optimizer); its cold ops are
-    # those its backward did not run (`ir.op_count.cold_distinct_ops`).
+    # those its backward did not run (`ir.op_count.cold_distinct_ops`). Set at trace time
+    # for the model order; a plan's stage entries get it per pass from the schedule's
+    # order (`cost_models.step_host.placed_layers`).
     forward_after_backward: bool = False
     # ... and the ATen ops its composite backward ops run inside on the CPU (an embedding
     # bag's ~20) that the layer after's backward did not run (`ir.composite_ops`): priced
@@ -236,6 +241,7 @@ class Layer:
         names, cold-op counts): equal for a stack's blocks, whose memory and kernels do not
         depend on their place."""
         return dataclasses.replace(self, name="", index=0, param_names=(), tied_owner_layers=(),
+                                   tied_owner_params=(),
                                    cold_distinct_ops_fwd=0, cold_distinct_ops_bwd=0,
                                    cold_inner_ops_bwd=0, forward_after_backward=False)
 

@@ -27,8 +27,8 @@ from ir.layer import Layer, LayerGraph, LayerMeasurement, TPStyle
 from ir.layers import _is_block_stack
 from ir.legality import sequence_parallel_problem, takes_one_positional_input
 from ir.composite_ops import cold_inner_ops_bwd
-from ir.op_count import (cold_distinct_ops, cold_distinct_ops_bwd, recent_forward_ops,
-                         step_evicts)
+from ir.op_count import (cold_distinct_ops, cold_distinct_ops_bwd, recent_backward_ops,
+                         recent_forward_ops, step_evicts)
 from ir.ownership import names_in_layers
 from ir.plan import layer_digest
 from ir.saved_tensors import tensor_leaves, value_nbytes
@@ -109,15 +109,19 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
                                 + [t.numel() for t in tied.values()], default=0),
             tied_params=sum(t.numel() for t in {id(t): t for t in tied.values()}.values()),
             tied_tp_params=tied_tp, tied_param_names=tuple(tied),
-            tied_owner_layers=tuple(tied_owners[i][n] for n in tied),
+            tied_owner_layers=tuple(tied_owners[i][n][0] for n in tied),
+            tied_owner_params=tuple(tied_owners[i][n][1] for n in tied),
             chain_input=_chain_input(measurer, i, module), sequence_parallel_ok=sp_ok,
             cold_distinct_ops_fwd=cold_distinct_ops(measured[shash],
                                                     recent_forward_ops(ran_before))))
         ran_before.insert(0, measured[shash].forward_overloads)
+    # backward: each layer after those whose backward ran just before it (the window)
+    after_ops = [layer.measured.backward_overloads for layer in layers]
+    windows = [recent_backward_ops(after_ops[i + 1:]) for i in range(len(layers))]
     layers = [dataclasses.replace(
         layer, cold_distinct_ops_bwd=cold_distinct_ops_bwd(layer.measured, ran),
         cold_inner_ops_bwd=cold_inner_ops_bwd(layer.measured, ran))
-        for layer, ran in zip(layers, [a.backward_overloads for a in layers[1:]] + [None])]
+        for layer, ran in zip(layers, windows)]
     if layers:  # the first forward follows the step before's backward
         layers[0] = dataclasses.replace(layers[0], forward_after_backward=True)
     if not step_evicts([m.forward_overloads for m in measured.values()],
@@ -181,17 +185,17 @@ def _tp_params(module: nn.Module | None, candidates, owned: list[torch.Tensor],
 
 def _tied_copies(root: nn.Module, layer_names: list[str],
                  owned: list[list[str]]) -> tuple[list[dict[str, torch.Tensor]],
-                                                  list[dict[str, int]]]:
+                                                  list[dict[str, tuple[int, str]]]]:
     """Per layer, {its parameter name: tensor} for tensors it holds a copy of but another
-    layer owns, and {that name: the owner's layer index}. A layer holds every parameter
-    registered under its module path (the longest layer name that prefixes the
-    parameter's name; "" is the root), as
+    layer owns, and {that name: (the owner's layer index, the tensor's canonical name)}.
+    A layer holds every parameter registered under its module path (the longest layer
+    name that prefixes the parameter's name; "" is the root), as
     `executors.tied` decides; `executors.tied.untie` then gives each holder its own copy,
     and the owner (`owned`, first use) counts the original."""
     owner = {p: i for i, names in enumerate(owned) for p in names}
     canon = canonical_param_names(root)
     out: list[dict[str, torch.Tensor]] = [{} for _ in layer_names]
-    owners: list[dict[str, int]] = [{} for _ in layer_names]
+    owners: list[dict[str, tuple[int, str]]] = [{} for _ in layer_names]
     holders: dict[int, dict[int, str]] = {}  # tensor id -> {holding layer: first name there}
     for fqn, p in root.named_parameters(remove_duplicate=False):
         best, best_len = None, -1
@@ -208,7 +212,8 @@ def _tied_copies(root: nn.Module, layer_names: list[str],
         for i, fqn in by_layer.items():
             if i != first_user:
                 out[i][fqn] = tensors[pid]
-                owners[i][fqn] = min(by_layer) if first_user is None else first_user
+                owners[i][fqn] = (min(by_layer) if first_user is None else first_user,
+                                  canon[pid])
     return out, owners
 
 

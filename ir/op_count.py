@@ -108,6 +108,19 @@ def recent_forward_ops(previous: list[frozenset[str]]) -> frozenset[str] | None:
     return frozenset().union(*previous[:recent_window_layers(previous)])
 
 
+def recent_backward_ops(after: list[frozenset[str]]) -> frozenset[str] | None:
+    """The backward ops warm when a layer's backward starts: those of the layers whose
+    backward ran just before it (`after`, their backward ops, the layer after first), as
+    many as `recent_window_layers` keeps (the forward's rule: the layer after always,
+    further ones while fewer than COLD_WINDOW_DISTINCT_OPS distinct ops ran since; dlrm's
+    bottom_mlp after four tables' backwards of 2 ops each starts with top_mlp's mm and
+    threshold_backward warm: priced with none cold it ran 4-12% under its price, where
+    its 5 ops cold after tables.0 alone would price it 16-23% over: bench_kernel_model,
+    2026-11-25, load 1). None: no
+    layer after (`cold_distinct_ops_bwd`'s last layer)."""
+    return recent_forward_ops(after)  # one window rule for both passes
+
+
 def step_evicts(forward_ops: list[frozenset[str]], backward_ops: list[frozenset[str]]) -> bool:
     """Whether a step's distinct ops (every layer's forward and backward ops) are more than
     a cache holds (COLD_WINDOW_DISTINCT_OPS): then each layer's forward starts with its code
@@ -128,10 +141,11 @@ def cold_distinct_ops(measured, before: frozenset[str] | None) -> int:
 
 
 def cold_distinct_ops_bwd(measured, after: frozenset[str] | None) -> int:
-    """Distinct backward ops of a layer (`measured.backward_overloads`) that the layer
-    after it, whose backward runs just before, did not run (`after`, its backward ops);
+    """Distinct backward ops of a layer (`measured.backward_overloads`) that the layers
+    after it, whose backward runs just before, did not run (`after`: `recent_backward_ops`);
     for the last layer (None), those its own forward did not run (its backward follows
-    it): `cold_distinct_ops` in backward order."""
+    it): `cold_distinct_ops` in backward order. Each runs with its code and data out of
+    the caches (`cost_models.cold_backward_probes.cold_backward_cost`)."""
     ran = measured.forward_overloads if after is None else after
     return len(measured.backward_overloads - ran)
 

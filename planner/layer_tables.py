@@ -119,15 +119,21 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
     return tables, order
 
 
+def row_config(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOptions,
+               micro_batch: int, model: nn.Module | None) -> StepConfig:
+    """The step config one (layer, strategy) row is priced under: the executor's path for
+    `model` (`common.layer_lean`: the lean host path)."""
+    config = step_config(graph, options, cluster, micro_batch)
+    lean = layer_lean(model, cluster.device, layer, s)
+    return config if lean is None else dataclasses.replace(config, lean=lean)
+
+
 def _price(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOptions,
            cand: OuterCandidate, micro_batch: int, profile, per_param: float,
            overlap: float, model: nn.Module | None) -> tuple[float, float, float, float]:
     """(t(i, s), state bytes, kept bytes, transient bytes) of one layer and strategy; its
     memory as the executor runs `model` (`common.layer_lean`: the lean host path)."""
-    config = step_config(graph, options, cluster, micro_batch)
-    lean = layer_lean(model, cluster.device, layer, s)
-    if lean is not None:
-        config = dataclasses.replace(config, lean=lean)
+    config = row_config(graph, layer, s, cluster, options, micro_batch, model)
     c = layer_compute(layer, s, cluster, config, profile)
     comm = layer_comm(layer, s, cluster, config, per_param)
     mem = layer_memory(layer, s, config, per_param)

@@ -27,14 +27,17 @@ def stage_edges_s(edges: list[float], a: int, b: int) -> float:
 
 
 def partition(graph, solver: StageSolver, cand: OuterCandidate, ks: list[float],
-              edge_cost, incumbent: float = INF) -> tuple[float, list[tuple[int, int, int]]] | None:
+              edge_cost, incumbent: float = INF,
+              floor_s: float = 0.0) -> tuple[float, list[tuple[int, int, int]]] | None:
     """Exact stage partition minimising sum T + (m-1) max T (module docstring): the
     objective and (first layer, last layer, layout) per rank, or None.
 
     Front entries (`pareto.FrontEntry`) for the ranks placed so far end at layer b.
     Memory and time only grow as a stage gets longer, so once a..b does not fit, or
     (m-1) T alone reaches `incumbent` (an objective already found elsewhere), no longer
-    stage from a helps; partial partitions whose objective reaches it are dropped too.
+    stage from a helps (`edge_cost(a, b, r)`: the sends and the step's host terms,
+    `planner.stage_host`, at least `floor_s`); partial partitions whose objective
+    reaches it are dropped too.
     The last rank must end at the last layer."""
     n, p, m = len(graph.layers), cand.pp, cand.num_microbatches
     cut_set = set(graph.cut_points)
@@ -45,15 +48,15 @@ def partition(graph, solver: StageSolver, cand: OuterCandidate, ks: list[float],
         """(b, t, layout) for the stages rank r could run starting at layer a."""
         if r == p - 1:
             for b, t, c in solver.bests(a, ks[r], [n - 1]):
-                if t < INF and (m - 1) * t < incumbent:
-                    yield n - 1, t + edge_cost(a, n - 1), c
+                if t < INF and (m - 1) * (t + floor_s) < incumbent:
+                    yield n - 1, t + edge_cost(a, n - 1, r), c
             return
         last_end = n - 1 - (p - 1 - r)  # the later ranks need a layer each
         reachable = ends[bisect.bisect_left(ends, a):bisect.bisect_right(ends, last_end)]
         for b, t, c in solver.bests(a, ks[r], reachable):
-            if t == INF or (m - 1) * t >= incumbent:
+            if t == INF or (m - 1) * (t + floor_s) >= incumbent:
                 break
-            yield b, t + edge_cost(a, b), c
+            yield b, t + edge_cost(a, b, r), c
 
     front: dict[int, list[FrontEntry]] = {}
     for b, t, c in stages_from(0, 0):

@@ -25,7 +25,9 @@ where, per layer and micro-batch (priced once per unique layer by
     U_r          `layer_tables.memory_budget_bytes` (device memory - runtime overhead -
                  DP buckets) - cap, in buckets
 and T_r = sum of t and x over the stage + the p2p sends at its edges
-(`partition.stage_edges_s`).
+(`partition.stage_edges_s`) + h(a, b, r), the step's host terms the estimate adds per
+stage on CPU processes (`planner.stage_host`: engine starts, pipelining actions, tied
+gradient sums, the stage's edge layers' cold ops as placed; 0 on GPUs).
 Pipe is 1F1B's sum_r T_r + (m-1) max_r T_r (cost_models.pipeline.pipeline_time).
 
 Inner recurrence, one stage, memory in buckets (`stage_program._extend`):
@@ -86,6 +88,7 @@ from planner.layer_tables import (LayerTable, crossing_bytes, memory_budget_byte
 from planner.partition import edge_costs, partition, stage_edges_s
 from planner.search_space import OuterCandidate, SearchOptions, outer_candidates
 from planner.search_stats import SearchStats
+from planner.stage_host import StageHost, bound_shift_s, stage_host
 from planner.stage_program import StageSolver, walk_back
 from planner.uniform import even_chunks, uniform_groups
 
@@ -155,7 +158,7 @@ FIT_ROUNDS = 4
 
 
 def _solve_fitting(graph, cluster, cand, tables, layouts, options, global_batch, trans_cache,
-                   stats, incumbent, memory_cache: dict, model=None):
+                   stats, incumbent, memory_cache: dict, model=None, host=None):
     """`_solve`, then the full memory model on its plan: the DP adds layers up while the
     full model walks the step (pipeline schedules, FSDP2 buffers in flight), so where the
     DP's plan does not fit, solve again with the budget lowered by the excess, at most
@@ -165,7 +168,7 @@ def _solve_fitting(graph, cluster, cand, tables, layouts, options, global_batch,
     limit = options.memory_budget_bytes or cluster.device_memory_bytes
     for _ in range(FIT_ROUNDS):
         result = _solve(graph, cluster, cand, tables, layouts, options, global_batch,
-                        trans_cache, stats, incumbent, shrink)
+                        trans_cache, stats, incumbent, shrink, host)
         if result is None:
             return None
         configs = model_layer_configs(graph, result[1], cluster.device, model)
@@ -180,9 +183,10 @@ def _solve_fitting(graph, cluster, cand, tables, layouts, options, global_batch,
 
 def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: SearchOptions,
            global_batch: int, trans_cache: dict, stats: SearchStats, incumbent: float = INF,
-           shrink_bytes: float = 0.0):
+           shrink_bytes: float = 0.0, host: StageHost | None = None):
     """Best (objective, plan) of one outer candidate over the transient caps, or None.
-    `shrink_bytes` lowers the memory budget (see `_solve_fitting`)."""
+    `shrink_bytes` lowers the memory budget (see `_solve_fitting`); `host`: the step's
+    host terms per stage (`planner.stage_host`; None where none is priced)."""
     world = cluster.world_size
     stage_devices = world // cand.pp
     samples = global_batch // cand.num_microbatches
@@ -192,7 +196,9 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
     x = transitions(graph, cluster, options, layouts, scale_batch, trans_cache, crossing)
     scale = step_config(graph, options, cluster, scale_batch).activation_scale
     edges = edge_costs(crossing, cluster, stage_devices, scale)
-    edge = lambda a, b: stage_edges_s(edges, a, b)  # noqa: E731
+    def edge(a: int, b: int, r: int) -> float:  # T_r's terms beyond the stage program's
+        return stage_edges_s(edges, a, b) + (host.stage_s(a, b, r) if host else 0.0)
+    floor_s = host.floor_s if host else 0.0
     places = [host_position_key(layer, cluster) for layer in graph.layers]
     units = options.memory_buckets
     best = None
@@ -210,13 +216,13 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
             return made[-1]
 
         if v > 1:
-            found = _interleaved(graph, tables, make_solver, cand, edge)
+            found = _interleaved(graph, tables, make_solver, cand, edge, host)
         else:
             solver = make_solver(tables)
             ks = [microbatches_in_flight(cand.schedule, cand.pp, r, cand.num_microbatches)
                   for r in range(cand.pp)]
             bar = incumbent if best is None else min(incumbent, best[0])
-            found = partition(graph, solver, cand, ks, edge, bar)
+            found = partition(graph, solver, cand, ks, edge, bar, floor_s)
             if found:
                 objective, ranges = found
                 found = objective, [(a, b, c, ks[r], solver)
@@ -247,7 +253,8 @@ def make_plan(cand: OuterCandidate, ranges: list[tuple[int, int]], strategies: l
         virtual_stages=cand.virtual_stages)
 
 
-def _interleaved(graph, tables: list[LayerTable], make_solver, cand: OuterCandidate, edge):
+def _interleaved(graph, tables: list[LayerTable], make_solver, cand: OuterCandidate, edge,
+                 host: StageHost | None = None):
     """v chunks per rank at equal compute; each chunk gets 1/v of the rank's memory.
 
     The chunks of one rank read the model inputs in one layout (`executors.pipeline`), so
@@ -257,6 +264,8 @@ def _interleaved(graph, tables: list[LayerTable], make_solver, cand: OuterCandid
     pieces = even_chunks(graph, tables, p * v)
     if pieces is None:
         return None
+    if host is not None:
+        host.with_pieces(pieces)
     firsts = {a for a, _ in pieces}
     per_rank = [INF] * p
     ranges: list = [None] * len(pieces)
@@ -273,7 +282,7 @@ def _interleaved(graph, tables: list[LayerTable], make_solver, cand: OuterCandid
                 if t == INF:
                     total = INF
                     break
-                total += t + edge(a, b)
+                total += t + edge(a, b, r)
                 chosen.append((i, (a, b, c, k, solver)))
             if total < per_rank[r]:
                 per_rank[r] = total
@@ -405,7 +414,11 @@ def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         budget = (memory_budget_bytes(cluster, options)
                   - max(float(t.transient_bytes.min()) for t in tables))
         budget_of[cand] = budget
-        priced.append((_lower_bound(cand, tables, budget), cand, tables, layouts))
+        host = stage_host(graph, cluster, cand, tables, options, global_batch, profile, model,
+                          price_cache["rows"].setdefault("stage-host", {}))
+        shift = bound_shift_s(cand, host.floor_s) if host else 0.0
+        priced.append((_lower_bound(cand, tables, budget) + shift, cand, tables, layouts,
+                       host, shift))
     # Single-stage candidates first (cheap, often good): an early incumbent prunes more.
     if not priced:
         tp = options.tp or options.max_tp or 1
@@ -415,9 +428,9 @@ def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
             f"micro-batches over the data-parallel replicas ({world} devices / tp {tp} / pp "
             f"{pp} = dp {max(1, world // (tp * pp))}); use a global batch that is a multiple "
             "of the data-parallel degree, or allow more tensor/pipeline parallelism")
-    priced.sort(key=lambda item: (item[1].pp > 1, item[0]))
+    priced.sort(key=lambda item: (item[1].pp > 1, item[0]))  # the bound, then the rest
     keep_best = max(options.top_k, 1)
-    for bound, cand, tables, layouts in priced:
+    for bound, cand, tables, layouts, host, shift in priced:
         if options.time_limit_s is not None and time.perf_counter() - start > options.time_limit_s:
             stats.timed_out = True
             break
@@ -432,11 +445,11 @@ def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
         if options.uniform:
             groups = uniform_groups(graph, tables, trans_cache)
             # Each uniform strategy is its own small problem: bound it too, best first.
-            groups = sorted(((_lower_bound(cand, g, budget_of[cand]), g) for g in groups),
-                            key=lambda item: item[0])
+            groups = sorted(((_lower_bound(cand, g, budget_of[cand]) + shift, g)
+                             for g in groups), key=lambda item: item[0])
         elif (per_degree := _pipeline_tp_groups(graph, cand, tables)) is not None:
-            groups = sorted(((_lower_bound(cand, g, budget_of[cand]), g) for g in per_degree),
-                            key=lambda item: item[0])
+            groups = sorted(((_lower_bound(cand, g, budget_of[cand]) + shift, g)
+                             for g in per_degree), key=lambda item: item[0])
         else:
             groups = [(bound, tables)]
         for group_bound, group in groups:
@@ -447,7 +460,7 @@ def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
             incumbent = objectives[keep_best - 1] if len(objectives) >= keep_best else INF
             result = _solve_fitting(graph, cluster, cand, group, layouts, options, global_batch,
                                     trans_cache, stats, incumbent * LOWER_BOUND_SLACK,
-                                    memory_cache, model)
+                                    memory_cache, model, host)
             if result is not None:
                 found.append((result[0], cand, result[1]))
     found.sort(key=lambda f: f[0])

@@ -132,6 +132,12 @@ def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path):
     assert [r.group_size for r in tables.tp_modules] == [2]
     assert [r.group_size for r in tables.sp_groups] == [2]  # tp_probes.sp_group_seconds
     assert all(r.seconds >= 0 for r in tables.sp_groups)
+    # vocab_probes and tp_probes.selective_seconds: two rows each (forward/backward; module/group)
+    for field, rows in (("vocab_embedding", tables.vocab_embeddings),
+                        ("loss_parallel", tables.loss_parallels),
+                        ("selective", tables.tp_selectives)):
+        assert len(rows) == 2 and {r.group_size for r in rows} == {2}, field
+        assert all(r.seconds >= 0 for r in rows), field
     # The wait of a blocking call between computing processes, per collective; send/recv
     # between the pair.
     assert {(r.collective, r.group_size) for r in tables.blocking_waits} == {

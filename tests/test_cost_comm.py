@@ -195,7 +195,9 @@ def test_blocking_calls_add_the_measured_wait(block_and_config):
 
 def test_cpu_gradient_syncs_block_and_pay_the_wait_of_their_size(block_and_config):
     """On CPU processes FSDP2's gradient all-reduce / reduce-scatter blocks the backward
-    (no streams): each layer's sync pays the measured wait at its gradient's bytes."""
+    (no streams): each layer's sync pays the measured wait at its gradient's bytes; so do
+    ZeRO-2/3's parameter all-gathers (FSDP2's unshard waits on them), 5 ms each here:
+    ZeRO-2's one a step with the sync, ZeRO-3's before each forward and backward."""
     block, _ = block_and_config
     cpu = get_cluster("local")
     ms = 1e-3
@@ -205,13 +207,16 @@ def test_cpu_gradient_syncs_block_and_pay_the_wait_of_their_size(block_and_confi
     slow = cpu.with_calibration(blocking_waits=waits)
     per_param = bytes_per_param(Precision.FP32, "adamw")
     grad_bytes = block.params * per_param.grads
-    for mode, wait in ((DPMode.REPLICATE, waits[0]), (DPMode.ZERO1, waits[0]),
-                       (DPMode.ZERO2, waits[1]), (DPMode.ZERO3, waits[1])):
+    gather_s = 5 * ms
+    for mode, wait, step_gather_s, pass_gather_s in (
+            (DPMode.REPLICATE, waits[0], 0.0, 0.0), (DPMode.ZERO1, waits[0], 0.0, 0.0),
+            (DPMode.ZERO2, waits[1], gather_s, 0.0), (DPMode.ZERO3, waits[1], 0.0, gather_s)):
         strategy = LayerStrategy(dp=2, dp_mode=mode)
         fwd, bwd, step, _ = dp_comm_s(block, strategy, slow, per_param)
         fwd0, bwd0, step0, _ = dp_comm_s(block, strategy, cpu, per_param)
-        assert step - step0 == pytest.approx(wait.seconds + grad_bytes * wait.seconds_per_byte)
-        assert (fwd, bwd) == (fwd0, bwd0)  # ZeRO-3's gathers are not gradient syncs
+        assert step - step0 == pytest.approx(wait.seconds + grad_bytes * wait.seconds_per_byte
+                                             + step_gather_s)
+        assert (fwd - fwd0, bwd - bwd0) == pytest.approx((pass_gather_s, pass_gather_s))
 
 
 def test_vocab_parallel_head_reduces_its_loss_scalars():

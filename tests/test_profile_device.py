@@ -103,6 +103,11 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     assert 0 <= cal.cold_entry_host_s < 1e-3 and 0 <= cal.cold_op_host_s < 1e-3
     assert cal.cold_entry_host_s + cal.cold_op_host_s > 0
     assert 0 <= cal.cold_entry_after_backward_host_s < 1e-3  # a step's first layer's
+    # A backward run after a block's backward (cold_backward_probes: ~1.2 us per cold op,
+    # ~0.6 per composite's inner op here), both written, >= 0 (the fit clamps), under 1 ms.
+    assert 0 <= cal.cold_backward_op_host_s < 1e-3
+    assert 0 <= cal.cold_backward_inner_op_host_s < 1e-3
+    assert cal.cold_backward_op_host_s + cal.cold_backward_inner_op_host_s > 0
     # The backward in parts (views, other ops, autograd nodes) and the per-call excess of
     # every listed op (exact GELU's backward: microseconds on any CPU; the others >= 0).
     assert 0 < cal.backward_view_host_op_s < 1e-3 and 0 < cal.backward_nonview_host_op_s < 1e-3

@@ -106,13 +106,19 @@ def test_a_stage_entry_counts_its_cold_ops_against_what_its_rank_ran_before():
     plan = uniform_plan(3, pp=2, micro_batch=1, global_batch=2, stage_boundaries=(1,),
                         precision=Precision.FP32)
     placed = placed_layers(graph, plan)
-    assert [l.cold_distinct_ops_fwd for l in placed] == [1.0, 0.0, 1]
+
+    def forwards(passes):  # (share, after a backward, cold forward ops) per kind of pass
+        return [(share, l.forward_after_backward, l.cold_distinct_ops_fwd) for share, l in passes]
+    # mix: F0 after a backward (2 cold), F1 after F0 (0); neg: both after a backward
+    assert forwards(placed[0]) == [(0.5, False, 0.0), (0.5, True, 2.0)]
+    assert forwards(placed[1]) == [(1.0, True, 0.0)]
+    assert forwards(placed[2]) == [(1.0, False, 1)]  # inside its stage: as traced
     cold_bwd_mix = len(mix.backward_overloads - mix.forward_overloads) / 2
-    assert placed[0].cold_distinct_ops_bwd == pytest.approx(cold_bwd_mix)
+    assert all(l.cold_distinct_ops_bwd == pytest.approx(cold_bwd_mix) for _, l in placed[0])
     after_forward = gate.forward_overloads | neg.forward_overloads  # the window: both
     cold_b0 = len(gate.backward_overloads - after_forward)
     assert cold_b0 == 2  # sigmoid_backward, tanh_backward
-    assert placed[2].cold_distinct_ops_bwd == pytest.approx((cold_b0 + 0) / 2)
+    assert placed[2][0][1].cold_distinct_ops_bwd == pytest.approx((cold_b0 + 0) / 2)
 
     cold_s = 1e-3
     base = KernelCalibration(measured_on="test", forward_host_op_s=1e-9)

@@ -1,0 +1,203 @@
+"""The step's host terms a stage adds to the search's T_r, priced by the functions the
+estimate prices them with (`cost_models.estimate.stage_time`), so a CPU candidate is
+pruned or kept on the score the estimate will give it:
+
+    h(a, b, r) = engine starts + pipelining actions, per micro-batch
+                     (`step_host.step_host_per_microbatch_s`)
+               + the tied copies' gradient sums on rank r, once a step, / m
+                     (`tied_sync.tied_group_seconds`, holders grouped by RANK as
+                     `executors.tied.TiedGradients.sync` sums them)
+               + the stage's first and last layers as placed (`step_host.place_rank`:
+                 cold ops counted against what rank r ran before them, forwards apart by
+                 whether a backward ran just before) less as traced: the layer tables
+                 price `graph.layers` where they sit in the model
+                     (`step_host.placed_compute` - `compute.layer_compute`)
+
+so T_r = T*(a, b, r) + p2p(a, b) + h(a, b, r) (`planner.search`'s recurrence). Two
+simplifications, both left to the estimate that ranks the found plans: the placed change
+is priced at each layer's fastest strategy (it moves host time only, the same for every
+strategy but a checkpointed one's recompute; the DP traffic it exposes or hides is not
+re-priced), and the tied sum on the full gradient (the
+path `tied_local_fraction` gives whenever a copy sits on another rank; a rank holding every
+copy of one layout sums local shards, less).
+
+On GPU presets every term is 0 (no kit figure): `stage_host` returns None and the search
+runs as before (tests/test_search_pinned.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from cost_models.host_dispatch import backward_host_seconds, forward_host_seconds
+from cost_models.step_host import (Placed, engine_start_s, passes_per_stage,
+                                   pipeline_action_s, place_rank, placed_compute,
+                                   prices_cold_ops, step_host_per_microbatch_s)
+from cost_models.tied_memory import tie_groups
+from cost_models.tied_sync import tied_grad_bytes, tied_group_seconds, tied_sums_priced
+from ir.cluster import ClusterSpec
+from ir.layer import LayerGraph
+from planner.search_space import OuterCandidate
+
+# price(j, placed): seconds of layer j's forward + backward + recompute for one
+# micro-batch, its passes as `placed` (`step_host.placed_compute`) at the strategy the
+# search prices the change at
+Price = Callable[[int, Placed], float]
+
+
+class StageHost:
+    """h(a, b, r) of one outer candidate (module docstring); `floor_s`, no stage's less."""
+
+    def __init__(self, graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate,
+                 price: Price, grad_bytes: Callable[[int], float]):
+        self.graph, self.cluster, self.cand = graph, cluster, cand
+        self.price, self.grad_bytes = price, grad_bytes
+        self.cold = prices_cold_ops(cluster)
+        self.tied = tied_sums_priced(cluster)
+        self.pieces: dict[tuple[int, int], int] = {}  # interleaved: (a, b) -> plan stage
+        self._cache: dict[tuple, float] = {}
+        self._deltas: dict[tuple, float] = {}
+        self._ranks: dict[int, dict[int, Placed]] = {}
+        self.floor_s = self._floor()
+
+    def with_pieces(self, pieces: list[tuple[int, int]]) -> StageHost:
+        """Interleaved: the fixed chunks (stage i = pieces[i] on rank i mod p)."""
+        self.pieces = {piece: i for i, piece in enumerate(pieces)}
+        self._cache.clear()
+        self._ranks.clear()
+        return self
+
+    def stage_s(self, a: int, b: int, r: int) -> float:
+        """h(a, b, r): seconds per micro-batch stage a..b adds on rank r."""
+        key = (a, b, r)
+        out = self._cache.get(key)
+        if out is None:
+            out = self._cache[key] = self._stage_s(a, b, r)
+        return out
+
+    def _stage_s(self, a: int, b: int, r: int) -> float:
+        c, m, p, v = self.cand, self.cand.num_microbatches, self.cand.pp, self.cand.virtual_stages
+        stage = self.pieces[(a, b)] if v > 1 else r
+        engine, actions = step_host_per_microbatch_s(self.cluster, c.schedule, p, m, v, (stage,))
+        out = engine + actions
+        if self.cold:
+            placed = self._placed(a, b, r)
+            out += sum(self._delta(j, placed[j]) for j in {a, b} if j in placed)
+        if self.tied and (v == 1 or stage == max(self._rank_stages(r))):
+            spans = [(a, b)] if v == 1 else [s for s, i in self.pieces.items() if i % p == r]
+            out += self._tied_s(spans) / m
+        return out
+
+    def _rank_stages(self, r: int) -> list[int]:
+        return [i for i in self.pieces.values() if i % self.cand.pp == r]
+
+    def _placed(self, a: int, b: int, r: int) -> dict[int, Placed]:
+        c = self.cand
+        if c.virtual_stages == 1:  # the rank runs this stage alone
+            return place_rank(self.graph.layers, {r: (a, b)}, c.schedule, c.pp, r,
+                              c.num_microbatches, 1)
+        if r not in self._ranks:
+            spans = {i: piece for piece, i in self.pieces.items() if i % c.pp == r}
+            self._ranks[r] = place_rank(self.graph.layers, spans, c.schedule, c.pp, r,
+                                        c.num_microbatches, c.virtual_stages)
+        return self._ranks[r]
+
+    def _delta(self, j: int, placed: Placed) -> float:
+        """Layer j as placed less as traced (what its table priced)."""
+        passes = _passes_key(placed)
+        out = self._deltas.get((j, passes))
+        if out is None:
+            traced = ((1.0, self.graph.layers[j]),)
+            out = self._deltas[(j, passes)] = (
+                0.0 if passes == _passes_key(traced)
+                else self.price(j, placed) - self.price(j, traced))
+        return out
+
+    def _tied_s(self, spans: list[tuple[int, int]]) -> float:
+        """Sync's sums on a rank holding layers `spans`: per tie group (`tie_groups`), its
+        holders there, as `tied_sync.tied_sum_seconds` counts them."""
+        held = {j for a, b in spans for j in range(a, b + 1)}
+        return sum(tied_group_seconds(self.cluster, len(local), self.grad_bytes(copy))
+                   for holders, copy in tie_groups(self.graph).items()
+                   if (local := held.intersection(holders)))
+
+    def _floor(self) -> float:
+        """A lower bound on h: the least engine starts and actions of any stage, the sums
+        >= 0, and the placed change at least each layer's traced cold terms taken away
+        (its count 0, whichever entry is cheaper; `host_dispatch`, the host seconds
+        `layer_compute` reads), once for a stage's first layer's forward and once for its
+        last layer's backward, stretched as `compute.with_host` stretches host time, and
+        twice for a recompute that reruns the forward's host."""
+        c = self.cand
+        m, p, v = c.num_microbatches, c.pp, c.virtual_stages
+        least_s = min(sum(step_host_per_microbatch_s(self.cluster, c.schedule, p, m, v, (i,)))
+                      for i in passes_per_stage(c.schedule, p, m, v))
+        if not self.cold:
+            return least_s
+        worst_f = worst_b = 0.0
+        for layer in self.graph.layers:
+            traced_f = forward_host_seconds(layer, self.cluster)
+            least_f = min(forward_host_seconds(dataclasses.replace(
+                layer, cold_distinct_ops_fwd=0, forward_after_backward=after), self.cluster)
+                for after in (False, True))
+            traced_b = backward_host_seconds(layer, self.cluster)
+            least_b = backward_host_seconds(dataclasses.replace(layer, cold_distinct_ops_bwd=0),
+                                            self.cluster)
+            worst_f, worst_b = max(worst_f, traced_f - least_f), max(worst_b, traced_b - least_b)
+        return least_s - (worst_f + worst_b) * 2 * max(1.0, self.cluster.host_share)
+
+
+def host_terms_priced(cluster: ClusterSpec) -> bool:
+    """Whether any term of h is non-zero on `cluster` (CPU kits; never a GPU preset)."""
+    return (engine_start_s(cluster) > 0 or pipeline_action_s(cluster) > 0
+            or tied_sums_priced(cluster) or prices_cold_ops(cluster))
+
+
+def bound_shift_s(cand: OuterCandidate, floor_s: float) -> float:
+    """What h >= floor_s adds at least to the search's objective: sum T + (m-1) max T
+    grows by p + m - 1 floors; interleaved's m max T + (sum T - max T)/v, each rank v
+    chunks, by m v + p - 1 (both objectives grow with every T_r)."""
+    p, m, v = cand.pp, cand.num_microbatches, cand.virtual_stages
+    if floor_s == 0.0 or math.isinf(floor_s):
+        return 0.0
+    return (m * v + p - 1 if v > 1 else p + m - 1) * floor_s
+
+
+def stage_host(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, tables: list,
+               options, global_batch: int, profile, model,
+               cache: dict | None = None) -> StageHost | None:
+    """The candidate's h, each layer priced at its table's fastest strategy under the
+    config its row was priced with (`layer_tables.row_config`); None where nothing of h is
+    priced (`host_terms_priced`: GPU presets). `cache`: prices by (layer, strategy,
+    micro-batch, passes), shared by a search's candidates (`price_layers`' row cache
+    serves one graph, cluster, batch, precision, optimizer, profile and model)."""
+    if not host_terms_priced(cluster):
+        return None
+    from planner.layer_tables import row_config
+
+    samples = global_batch // cand.num_microbatches
+    fastest = [t.strategies[int(np.argmin(t.time_s))] for t in tables]
+    configs = [row_config(graph, layer, s, cluster, options, samples // s.dp, model)
+               for layer, s in zip(graph.layers, fastest)]
+    cache = {} if cache is None else cache
+
+    def price(j: int, placed: Placed) -> float:
+        key = (j, fastest[j], configs[j].micro_batch, _passes_key(placed))
+        out = cache.get(key)
+        if out is None:
+            out = cache[key] = placed_compute(placed, fastest[j], cluster, configs[j],
+                                              profile).total_s
+        return out
+
+    return StageHost(graph, cluster, cand, price,
+                     lambda j: tied_grad_bytes(graph.layers[j], configs[j]))
+
+
+def _passes_key(placed: Placed) -> tuple:
+    """What of a placed layer's passes its price reads beyond the layer's structure."""
+    return tuple((share, l.forward_after_backward, l.cold_distinct_ops_fwd,
+                  l.cold_distinct_ops_bwd) for share, l in placed)
