@@ -102,7 +102,7 @@ def probe_fresh_output(device: str, seconds_per_call, pool_bytes: int,
     """The `fresh_output` points of a CPU (none elsewhere). `seconds_per_call` is
     `profile_device.seconds_per_call` (passed in: profile_device imports this module);
     fresh blocks of each of `sizes` rotate over `pool_bytes` (`fresh_pool_bytes`, at
-    least two blocks; `cache_tiers` probes a smaller pool too).
+    least two blocks; bench/bench_fresh_tiers.py probes smaller and larger pools too).
     A size whose fresh writes came out no slower than hot ones gives no point."""
     import torch
 

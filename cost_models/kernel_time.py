@@ -59,7 +59,7 @@ from ir.strategy import Checkpoint
 
 from cost_models.common import GB, StepConfig, dtype_bytes
 from cost_models.device_grids import ROW_ELEMENTS
-from cost_models.cache_tiers import pass_reuse_bytes, tiered_fresh_output_seconds
+from cost_models.fresh_output import fresh_output_seconds
 from cost_models.math_kernels import math_kind
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.kernel_loops import SHORT_RUN_KINDS, loop_seconds, measured, memory_gbps
@@ -427,7 +427,6 @@ def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config
             KernelKind.MEMORY: 0.0}
     launch = 0.0
     kernels = ops = 0
-    reuse_bytes = pass_reuse_bytes(records, config, share)  # where freed blocks lie
     for r in records:
         ops += r.count
         if r.kind is KernelKind.VIEW:
@@ -436,10 +435,8 @@ def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config
         if cluster.random_element_s > 0 and r.op.split("::")[-1] in DRAW_ONLY_OPS:
             continue
         call_s = kernel_call_seconds(r, cluster, config, share, backward)
-        # seqkern hook: writing its output into lines not in L2, as in sequence, at the
-        # rate of the cache tier the pass's reuse distance puts them in (kernbw)
-        call_s += tiered_fresh_output_seconds(r, cluster.kernel_calibration, config, share,
-                                              backward, reuse_bytes)
+        # seqkern hook: writing its output into lines not in cache, as in sequence
+        call_s += fresh_output_seconds(r, cluster.kernel_calibration, config, share, backward)
         sums[r.kind] += r.count * call_s
         launch += r.count * max(0.0, floor - call_s)
     return KernelSeconds(sums[KernelKind.GEMM], sums[KernelKind.ATTENTION],

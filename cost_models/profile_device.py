@@ -367,7 +367,6 @@ def measure(device: str, quick: bool = False, progress=None,
             memory = net_of_call_cost(memory, *host_charged_seconds(device))  # host's share
         row_s = probe_row_seconds(device, memory_dtype) if cpu else {}
         pool_bytes = fresh_pool_bytes() if cpu else 0  # seqkern: CPU only
-        # not its LLC tier (`cache_tiers`): 4 paired runs, 33-52 passes over 15% with it, 35-36 not
         memory = [*memory, *probe_fresh_output(device, seconds_per_call, pool_bytes)]
         memory = [*memory, *probe_math_kernels(device, sizes, memory_dtype)]  # seqkern2: CPU only
         sdpa_shapes = CPU_SDPA_SHAPES if cpu else CUDA_SDPA_SHAPES[:1] if quick else CUDA_SDPA_SHAPES

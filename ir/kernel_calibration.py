@@ -64,9 +64,7 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "tied_sum_host_s", "tied_sum_s_per_byte", "tied_sum_small_host_s",
             "tied_sum_small_s_per_byte",
             # a backward run after other layers' backwards (`cost_models.cold_backward_probes`)
-            "cold_backward_inner_op_host_s",
-            # the LLC tier's fresh-output pool (`cost_models.cache_tiers`)
-            "fresh_output_llc_pool_bytes")
+            "cold_backward_inner_op_host_s")
 
 # Figures kits of 2026-11-24 wrote, always as 0 (per-call forward pricing, which
 # profile-device never turned on and which was removed: bench/bench_host_ab.py); a spec
@@ -224,11 +222,6 @@ class KernelCalibration:
     # and a step that stays in the caches (`Layer.step_warm`) prices no backward op cold.
     # 0 where not measured (GPU presets, older kits: inner ops at `cold_backward_op_host_s`).
     cold_backward_inner_op_host_s: float = 0.0
-    # ---- fresh outputs by cache tier (`cost_models.cache_tiers`): bytes the LLC tier's
-    # fresh blocks rotated over (an eighth of the last-level cache), whose points are kind
-    # `fresh_output_llc`; 0 where not measured (GPUs, CPU kits: profile-device does not
-    # write it yet, see `cache_tiers`; every fresh output at `fresh_output`'s DRAM rate).
-    fresh_output_llc_pool_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)

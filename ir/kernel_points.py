@@ -35,9 +35,7 @@ SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "m
 # math priced at its own rate, not exact GELU forward's (`cost_models.math_kernels`); same
 # fields as the `MEMORY_KERNELS` kinds (bytes moved, GB/s).
 APART_MEMORY_KERNELS = ("fresh_output", "gelu_tanh", "gelu_backward", "gelu_tanh_backward",
-                        "tanh", "tanh_backward",
-                        # kernbw: fresh outputs into blocks still in the LLC (`cache_tiers`)
-                        "fresh_output_llc")
+                        "tanh", "tanh_backward")
 
 
 def _is_number(value: Any) -> bool:
