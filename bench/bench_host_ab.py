@@ -13,10 +13,13 @@ Each is predicted with `cost_models.compute.layer_compute` on one spec from
 `profile_device("cpu")`:
   old   without the cold-op figure (the forward host in parts, in sequence: tight loops
         and in-order runs of warm code);
-  new   the spec as profile-device writes it: the same plus the distinct forward ops
-        the layer before did not run x `cold_op_host_s` (`sequence_probes.cold_op_cost`);
-  +bwd  new plus the backward's cold ops x `sequence_probes.cold_backward_chains`'s
-        figure, for the record (profile-device does not write it).
+  new   the spec as profile-device writes it: the same plus the forward's cold ops x
+        `cold_op_host_s` (`cold_entry_probes`) and the backward's cold ops and cold inner
+        ops x `cold_backward_op_host_s`, `cold_backward_inner_op_host_s`
+        (`cold_backward_probes`);
+  -bwd  new without the backward's two cold figures (the backward's A/B; the figures
+        below under "+bwd" were read with an older one-call probe's single figure, 2x
+        the one written since, as a what-if added to new).
 Prints a row per layer pass, the median |error| and the count over 15% of each, and
 writes bench/results/host_ab.json.
 
@@ -65,7 +68,6 @@ from cost_models.compute import layer_compute  # noqa: E402
 from cost_models.host_dispatch import backward_host_seconds, forward_host_seconds  # noqa: E402
 from cost_models.host_probes import autograd_call_s, probe_clock  # noqa: E402
 from cost_models.profile_device import profile_device  # noqa: E402
-from cost_models.sequence_probes import cold_backward_chains, cold_op_cost  # noqa: E402
 from ir.graph_measurer import _clear_grads  # noqa: E402
 from ir.stand_in import real_factory  # noqa: E402
 from ir.strategy import LayerStrategy, Precision  # noqa: E402
@@ -152,11 +154,10 @@ def main() -> int:
         graph for graph, _ in graphs.values()))
     cal = spec.kernel_calibration
     sequence = ("in_sequence_op_host_s", "in_sequence_knee_distinct_ops", "cold_op_host_s")
-    cold_backward_op_s = cold_op_cost(cold_backward_chains("cpu"))
     specs = {"old": dataclasses.replace(spec, kernel_calibration=dataclasses.replace(
         cal, cold_op_host_s=0.0)), "new": spec,
-        "+bwd": dataclasses.replace(spec, kernel_calibration=dataclasses.replace(
-            cal, cold_backward_op_host_s=cold_backward_op_s))}
+        "-bwd": dataclasses.replace(spec, kernel_calibration=dataclasses.replace(
+            cal, cold_backward_op_host_s=0.0, cold_backward_inner_op_host_s=0.0))}
     torch.set_num_threads(1)
     rows = []
     for (model, mb), (graph, measurer) in graphs.items():
@@ -199,7 +200,8 @@ def main() -> int:
     with open(RESULTS, "w") as f:
         json.dump({"models": models, "micro_batches": list(batches), "summaries": summaries,
                    "in_sequence_fields": {field: getattr(cal, field) for field in sequence},
-                   "cold_backward_op_host_s": cold_backward_op_s,
+                   "cold_backward_fields": {field: getattr(cal, field) for field in (
+                       "cold_backward_op_host_s", "cold_backward_inner_op_host_s")},
                    "kit": {field: getattr(cal, field) for field in (
                        "forward_host_op_s", "view_host_op_s", "module_call_host_s",
                        "python_node_host_s", "forward_node_host_s")},

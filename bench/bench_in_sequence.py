@@ -29,7 +29,8 @@ call: 8.3-8.9 us against 2.4-3.2 in a loop). `planner profile` timed every layer
 forward right after its own backward) until it ran each after its step neighbours
 (`layer_profile.StepNeighbours`); the compute model prices the ops a layer's forward
 runs that the layer before did not (`Layer.cold_distinct_ops_fwd`) at profile-device's
-`sequence_probes.cold_op_cost` (measured after other forward calls, not a backward).
+`cost_models.cold_entry_probes` figures (after a layer's forward and backward and the
+layer before's forward).
 Re-measure all of it on a quiet machine. Writes bench/results/in_sequence.json.
 
     .venv/bin/python bench/bench_in_sequence.py
@@ -50,10 +51,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cost_models.clusters import _one_thread  # noqa: E402
 from cost_models.host_probes import probe_clock  # noqa: E402
-from cost_models.sequence_probes import (chained_calls, in_sequence_chains,  # noqa: E402
-                                         in_sequence_cost, in_sequence_extra_per_op_s,
-                                         sequence_chain, sequence_pool)
+from cost_models.sequence_probes import (in_sequence_chains, in_sequence_cost,  # noqa: E402
+                                         in_sequence_extra_per_op_s, sequence_chain,
+                                         sequence_pool)
 from planner.fmt import table  # noqa: E402
+
+from bench.chained_calls import chained_calls  # noqa: E402
 
 FIT_RUNS = 3
 # Held-out chains: (calls, distinct calls, seed of the pool's order); the fit takes seed 0

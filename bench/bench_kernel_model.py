@@ -180,7 +180,9 @@ def main() -> int:
                                 "backward_view_host_op_s", "backward_nonview_host_op_s",
                                 "backward_node_host_s", "forward_node_host_s",
                                 "python_node_host_s", "in_sequence_op_host_s",
-                                "in_sequence_knee_distinct_ops")},
+                                "in_sequence_knee_distinct_ops", "cold_entry_host_s",
+                                "cold_entry_after_backward_host_s", "cold_op_host_s",
+                                "scalar_operand_float_host_s", "scalar_operand_int_host_s")},
                             "host_op_excess_s": {p.op: p.seconds for p in
                                                  spec.kernel_calibration.host_op_excess},
                             "notes": spec.notes, "hbm_gbps": spec.hbm_gbps,

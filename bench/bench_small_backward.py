@@ -10,7 +10,7 @@ engine's graph task) cold. A step runs all its layers' nodes in one engine call 
 one start per micro-batch and stage, so that cold excess is the profile's, not the step's.
 
 Part 1 (`--calls`, the mechanism): a multiply's backward right after the backward of 28
-distinct `sequence_probes.chained_calls` as its own call, and inside one call with them
+distinct `bench.chained_calls` as its own call, and inside one call with them
 (the multiply's node run after theirs: what a step does).
 
 Part 2 (per layer, one thread, the thread clock): each unique layer's backward as the
@@ -101,12 +101,12 @@ from cost_models.autograd_engine import ENGINE_PROBE_ELEMENTS, ENGINE_PROBE_OPS,
 from cost_models.clusters import _one_thread  # noqa: E402
 from cost_models.host_probes import probe_clock  # noqa: E402
 from cost_models.layer_profile import StepNeighbours, step_neighbours  # noqa: E402
-from cost_models.sequence_probes import chained_calls  # noqa: E402
 from ir.graph_measurer import _clear_grads  # noqa: E402
 from ir.stand_in import real_factory  # noqa: E402
 from planner.fmt import table  # noqa: E402
 
 from bench.bench_kernel_model import traced_graph  # noqa: E402
+from bench.chained_calls import chained_calls  # noqa: E402
 
 WARMUP, REPEATS = 3, 15  # median of fifteen after three untimed runs
 CALL_RUNS = 40  # part 1's medians
@@ -350,18 +350,26 @@ def predictions(path: str | None, model: str, micro_batch: int) -> dict:
             and r["micro_batch"] == micro_batch and r["phase"] == "bwd"}
 
 
+# Part 5's chains: the first PROBE_CHAIN_CALLS `chained_calls`, after the nodes of the
+# last PROBE_OTHERS (half of them: a small layer's worth), as the deleted one-call probe
+# (`sequence_probes.cold_backward_chains`) built them.
+PROBE_CHAIN_CALLS = (1, 2, 4, 8, 14)
+PROBE_OTHERS = 14
+
+
 def probe_split(clock) -> list[dict]:
-    """Part 5 (`--probe`): why `sequence_probes.cold_backward_chains` read ~2x. Per chain
-    of its COLD_BACKWARD_CALLS `chained_calls`: its figure (cold - warm, each a difference
-    of two calls' medians), and the chain's own nodes inside the same one call timed by
-    gradient hooks (from its output's gradient to its input's) after the others' nodes
-    and after a copy's; then `cold_backward_probes`' chains (the profile's order, after a
-    block) and their fit."""
-    from cost_models import sequence_probes as sp
-    from cost_models.cold_backward_probes import cold_backward_cost, cold_backward_layers
+    """Part 5 (`--probe`): why the one-call probe (`sequence_probes.cold_backward_chains`,
+    since deleted) read ~2x. Per chain of PROBE_CHAIN_CALLS `chained_calls`: its nodes
+    inside one call with the others' nodes, timed by gradient hooks (from its output's
+    gradient to its input's), after the others' nodes and after a copy's (the one-call
+    probe's own figures were call differences: their readings are in the docstring);
+    then `cold_backward_probes`' chains (the profile's order, after a block) and their
+    fit."""
+    from cost_models.cold_backward_probes import _ops_of, cold_backward_cost, \
+        cold_backward_layers
 
     calls = chained_calls("cpu")
-    others = calls[-sp.COLD_BACKWARD_OTHERS:]
+    others = calls[-PROBE_OTHERS:]
 
     def built(chain):
         leaf = torch.randn(2, 8, 8, requires_grad=True)
@@ -378,15 +386,16 @@ def probe_split(clock) -> list[dict]:
         (z.sum() + o.sum()).backward()
         return marks["end"] - marks["start"]
 
+    others_ran = _ops_of(lambda: built(others)[0], "cpu").backward_overloads
     rows = []
-    for k, old in zip(sp.COLD_BACKWARD_CALLS, sp.cold_backward_chains("cpu")):
+    for k in PROBE_CHAIN_CALLS:
         chain = calls[:k]
         cold, warm = [], []
         for _ in range(CALL_RUNS):
             cold.append(nodes_s(chain, others))
             warm.append(nodes_s(chain, chain))
-        rows.append({"chain": f"{k} chained calls", "cold_ops": old.cold_ops,
-                     "one_call_probe_s": old.cold_s - old.warm_s,
+        ran = _ops_of(lambda: built(chain)[0], "cpu").backward_overloads
+        rows.append({"chain": f"{k} chained calls", "cold_ops": len(ran - others_ran),
                      "nodes_in_call_s": statistics.median(cold) - statistics.median(warm)})
     chains = cold_backward_layers("cpu")
     for c in chains:
@@ -414,7 +423,7 @@ def main(argv=None) -> int:
     parser.add_argument("--step", default=None, metavar="MODEL:MB,...",
                         help="part 4: whole-model backward vs the sum of its layers")
     parser.add_argument("--probe", action="store_true",
-                        help="part 5: the one-call cold probe against its chains' own nodes")
+                        help="part 5: chains' nodes in one call, the profile-order probe")
     args = parser.parse_args(argv)
     if args.probe:
         with _one_thread():
@@ -423,11 +432,11 @@ def main(argv=None) -> int:
         def us(r, key):
             return f"{r[key] * 1e6:.2f}" if key in r else "-"
 
-        print(table(["chain", "cold ops", "inner ops", "one-call probe us",
-                     "its nodes in the call us", "profile order us"],
+        print(table(["chain", "cold ops", "inner ops", "nodes in one call us",
+                     "profile order us"],
                     [[r["chain"], r.get("cold_ops", "-"), r.get("cold_inner_ops", "-"),
-                      us(r, "one_call_probe_s"), us(r, "nodes_in_call_s"),
-                      us(r, "profile_order_s")] for r in rows[:-1]]))
+                      us(r, "nodes_in_call_s"), us(r, "profile_order_s")]
+                     for r in rows[:-1]]))
         fit = rows[-1]
         print(f"fit: {fit['op_s'] * 1e6:.2f} us per cold op, {fit['inner_op_s'] * 1e6:.2f} "
               f"per cold inner op (rms {fit['residual_s'] * 1e6:.2f}); load "

@@ -37,10 +37,11 @@ in cache). No page fault in any timed pass. The embedding's backward gradient ta
 not the gap: llama-tiny's is 32 KiB, its zero fill ~1 us at the model's copy rate plus
 its `fresh_output` write-allocate, and a warm-code run closes the 20 us.
 
---probes: the kit's cold-op probe (`sequence_probes.cold_chains`: chains run after the
-pool's other FORWARD calls, not after a backward) beside the same chains run after a
-backward (what a step's first layer follows). Here (load 3.3): after forward 2.0-2.3 us
-at 0 cold ops, 5.4, 7-9, 15, 25-28, 23-28 at 1, 2, 7, 13, 26 (median 2.04-2.13 per cold
+--probes (removed with its probe, `sequence_probes.cold_chains`, once the kit's forward
+cold figures came from `cold_entry_probes`, which has an after-backward mode): the old
+cold-op probe (chains run after the pool's other FORWARD calls, not after a backward)
+beside the same chains run after a backward (what a step's first layer follows). Here
+(load 3.3): after forward 2.0-2.3 us at 0 cold ops, 5.4, 7-9, 15, 25-28, 23-28 at 1, 2, 7, 13, 26 (median 2.04-2.13 per cold
 op); after a backward 0.3, 0.9-1.0, 1.3-1.5, 5.0-5.2, 14.3-14.5, 40-42 us at 0, 1, 3, 7,
 13, 23 (median 0.82-0.97): no dearer at 1-7 cold ops (that backward, of 14 calls,
 evicts less than the pool's ~40 forward calls), dearer at 23 (1.8 us per op); the
@@ -60,6 +61,12 @@ code warm, its objects not) closes 100 of mb16's 120 us. So a step of a model bi
 the last-level cache pays the evict column (3-4x the profile's figure for these layers),
 which neither `planner profile` nor the kit's `cold_entry_probes` (one block's work
 between: ~3.5 us per layer + ~2 per cold op) reproduce: next to price.
+
+dlrm-small's tables (2026-11-25 08:08 UTC, load 5.7-6.2; `--model dlrm-small --layers
+tables`), forward step / code us at micro-batch 1 and 4: tables.0 (after bottom_mlp) 18.0
+/ 12.1 and 20.4 / 13.7, tables.1-3 (after a table) 11.7-12.3 / 11.1-11.2 and 13.6-14.1 /
+13.1-13.2: a cold start of 5.9-6.7 us after the MLP, 0.4-1.1 after another table (the
+kit prices 4.0 entry + 1.6 a cold op: 10.4-12.1 and 4.0).
 
     PYTHONPATH=$PWD .venv/bin/python bench/bench_small_layers.py --model llama-tiny --mb 1
 """
@@ -163,75 +170,13 @@ def time_variant(measurer, index: int, state: dict, factory, variant: str,
             statistics.median(f for f, _ in faults), statistics.median(b for _, b in faults))
 
 
-def cold_after_backward(device: str = "cpu") -> list:
-    """`sequence_probes.cold_chains`' forward chains, each run once right after the
-    backward of the last COLD_BACKWARD_OTHERS `chained_calls` (what a step's first layer
-    follows) instead of after the pool's other forward calls, and right after itself:
-    (cold ops, cold - warm seconds) per chain (cold ops: its overloads that backward did
-    not run)."""
-    import random
-
-    from cost_models.host_probes import probe_clock
-    from cost_models.sequence_probes import (COLD_BACKWARD_OTHERS, COLD_DISTINCT, COLD_RUNS,
-                                             SEQUENCE_SEED, _overloads, chained_calls,
-                                             sequence_pool)
-
-    pool = sequence_pool(device, grad=True)
-    random.Random(SEQUENCE_SEED).shuffle(pool)
-    clock, rows = probe_clock(device), []
-    z = torch.randn(2, 8, 8, device=device, requires_grad=True)
-    others = z
-    for call in chained_calls(device)[-COLD_BACKWARD_OTHERS:]:
-        others = call(others)
-    seed = torch.ones_like(others)
-
-    def backward():
-        torch.autograd.backward(others, seed, retain_graph=True)
-
-    with _one_thread(), torch.set_grad_enabled(True):
-        for k in COLD_DISTINCT:
-            def run(chain=pool[:k]):
-                for call in chain:
-                    call()
-
-            cold_ops = len(_overloads(run) - _overloads(backward))
-            cold, warm = [], []
-            for _ in range(COLD_RUNS):
-                for runs, before in ((cold, backward), (warm, run)):
-                    before()
-                    start = clock()
-                    run()
-                    runs.append(clock() - start)
-            rows.append((cold_ops, statistics.median(cold) - statistics.median(warm)))
-    return rows
-
-
-def print_cold_probes() -> None:
-    """Cold seconds per chain after forward calls (`cold_chains`, the kit's
-    `cold_op_host_s`) and after a backward (`cold_after_backward`)."""
-    from cost_models.sequence_probes import cold_chains, cold_op_cost
-
-    after_fwd = cold_chains("cpu")
-    after_bwd = cold_after_backward("cpu")
-    print(table(["after", "cold ops : cold - warm us", "median per cold op us"],
-                [["forward", ", ".join(f"{c.cold_ops}:{(c.cold_s - c.warm_s) * 1e6:.1f}"
-                                       for c in after_fwd),
-                  f"{cold_op_cost(after_fwd) * 1e6:.2f}"],
-                 ["backward", ", ".join(f"{n}:{s * 1e6:.1f}" for n, s in after_bwd),
-                  f"{statistics.median(s / n for n, s in after_bwd if n) * 1e6:.2f}"]]))
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-tiny")
     parser.add_argument("--mb", type=int, default=1)
     parser.add_argument("--layers", default="embed,norm,head",
                         help="comma-separated name prefixes (default: the small layers)")
-    parser.add_argument("--probes", action="store_true",
-                        help="also the cold-op probe after forward calls and after a backward")
     args = parser.parse_args(argv)
-    if args.probes:
-        print_cold_probes()
     graph, measurer = traced_graph(args.model, args.mb)
     factory = real_factory("cpu")
     wanted = tuple(args.layers.split(","))

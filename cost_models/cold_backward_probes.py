@@ -18,11 +18,11 @@ the chain's backward timed as its own call (`cold_s`); the same with a copy of t
 as the neighbour (`warm_s`), the two alternating. Between two of the chain's backwards
 there run, as in a profile or a step, the chain's forward and a neighbour's work.
 
-Why the older one-call probe (`sequence_probes.cold_backward_chains`: the chain's nodes
-after the others' nodes in one engine call, less the others' call alone) read ~2x (4.7
-us + 2.05 per cold op, 2026-11-25 quiet): (1) its intercept is its subtraction's, not the
-chain's: the same chains' own nodes inside that one call, timed by gradient hooks, paid
-0.6 / 1.0 / 11 / 12 / 24 us more after the others' nodes than after a copy's at 1 / 2 /
+Why the older one-call probe (`sequence_probes.cold_backward_chains`, since deleted:
+the chain's nodes after the others' nodes in one engine call, less the others' call
+alone) read ~2x (4.7 us + 2.05 per cold op, 2026-11-25 quiet): (1) its intercept is its
+subtraction's, not the chain's: the same chains' own nodes inside that one call, timed
+by gradient hooks, paid 0.6 / 1.0 / 11 / 12 / 24 us more after the others' nodes than after a copy's at 1 / 2 /
 4 / 5 / 11 cold ops, where the call differences read 7.4 / 8.6 / 18 / 17 / 33 (one call
 or two made no difference to the nodes: run as here, 0.9 / 1.3 / 8.4 / 9.6 / 21); (2) its
 chains' ops (exact GELU's, softmax's, layer norm's backward: large kernels) cost more

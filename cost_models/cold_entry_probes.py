@@ -10,8 +10,9 @@ as a median per cold op over a curved line (5.3 us at 1 cold op, 0.9 at 26, and 
 for a chain with none), and its neighbour makes no module call: a one-module GraphModule
 paid +8.7 us after it, +1.1 us after a small nn.TransformerEncoderLayer (one thread,
 2026-11-25, load 3). Here the work before is what a step runs between a small layer's
-forwards at least: a layer's forward and backward, then the layer before's forward
-(`neighbour_block`s: fx-traced pre-norm transformer blocks of ENTRY_WIDTH features over
+forwards at least: a layer's forward and backward, the layer's own backward (since
+2026-11-25 07:30 UTC; no measurable change yet: `step_work`), then the layer before's
+forward (`neighbour_block`s: fx-traced pre-norm transformer blocks of ENTRY_WIDTH features over
 ENTRY_TOKENS tokens, module calls and a block's activations). Each probe layer is a
 fx-traced module (`_entry_layer`: a LayerNorm module, whose op the block runs, then k
 unary ops it does not run), timed run once after that (`cold_s`) and right after itself
@@ -109,11 +110,42 @@ def _entry_layer(cold_ops: int, width: int = ENTRY_WIDTH):
     return fx.symbolic_trace(EntryLayer())
 
 
+def step_work(device: str = "cpu", after_backward: bool = False):
+    """(fresh, step_between, before): a fresh probe input (made untimed, as `planner
+    profile` makes them); what a step runs between a small layer's forwards at least,
+    `step_between(own)`: a `neighbour_block`'s forward and backward (the layer after's),
+    the backward of `own` (the layer's own last output; None: none), then another
+    block's forward (the layer before's; not `after_backward`: what a step's first layer
+    follows); that layer before. Its own backward cost the next forward 1.1-1.4 us more
+    at 0 cold ops in two runs (load 6.5, 2026-11-25); five alternating pairs with and
+    without it (load 6-8) gave medians of 5.5 / 5.3 us entry, 1.9 / 2.3 us per cold op,
+    and bench_kernel_model's forwards on the one timing 21 / 22 of 54 over 15% (closer
+    on 11 rows, further on 13): within this host's noise (entry 1.6-27 us across runs);
+    re-measure quiet."""
+    import torch
+
+    after, before = neighbour_block().to(device), neighbour_block().to(device)
+
+    def fresh():
+        return torch.randn(1, ENTRY_TOKENS, ENTRY_WIDTH, device=device, requires_grad=True)
+
+    def step_between(own=None):  # as a step runs them after a layer's forward
+        out = after(fresh())
+        out.backward(torch.ones_like(out))
+        if own is not None:
+            own.backward(torch.ones_like(own))
+        if not after_backward:
+            before(fresh())
+
+    return fresh, step_between, before
+
+
 def cold_entry_chains(device: str = "cpu", after_backward: bool = False) -> list[ColdChain]:
     """Each ENTRY_COLD_OPS probe layer timed run once after what a step runs between a
-    small layer's forwards at least (`cold_s`: a `neighbour_block`'s forward and backward,
-    then another's forward, the layer before's; `after_backward`: the forward and backward
-    alone, what a step's first layer follows) and right after its own forward (`warm_s`),
+    small layer's forwards at least (`cold_s`: `step_work`'s, a `neighbour_block`'s
+    forward and backward, the layer's own backward of its last cold run, then another
+    block's forward, the layer before's; `after_backward`: without the last, what a step's
+    first layer follows) and right after its own forward (`warm_s`),
     alternating, medians of ENTRY_RUNS; cold ops counted as a layer's are (its overloads
     the block's forward did not run). One thread, grad mode on, fresh inputs each run
     (made untimed, as `planner profile` makes them)."""
@@ -123,17 +155,7 @@ def cold_entry_chains(device: str = "cpu", after_backward: bool = False) -> list
     from cost_models.host_probes import probe_clock
 
     clock = probe_clock(device)
-    after, before = neighbour_block().to(device), neighbour_block().to(device)
-
-    def fresh():
-        return torch.randn(1, ENTRY_TOKENS, ENTRY_WIDTH, device=device, requires_grad=True)
-
-    def step_between():  # the layer after's forward and backward, the layer before's forward
-        out = after(fresh())
-        out.backward(torch.ones_like(out))
-        if not after_backward:
-            before(fresh())
-
+    fresh, step_between, before = step_work(device, after_backward)
     chains = []
     with _one_thread(), torch.set_grad_enabled(True):
         block_ops = _overloads(lambda: before(fresh()))
@@ -141,16 +163,20 @@ def cold_entry_chains(device: str = "cpu", after_backward: bool = False) -> list
             layer = _entry_layer(k).to(device)
             cold_ops = len(_overloads(lambda: layer(fresh())) - block_ops)
             for _ in range(3):  # allocator and autograd warm-up, untimed
-                step_between()
+                step_between(layer(fresh()))
                 layer(fresh())
-            cold, warm = [], []
+            cold, warm, out = [], [], None
             for _ in range(ENTRY_RUNS):
-                for runs, between in ((cold, step_between), (warm, lambda: layer(fresh()))):
-                    between()
-                    x = fresh()
-                    start = clock()
-                    layer(x)
-                    runs.append(clock() - start)
+                step_between(out)
+                x = fresh()
+                start = clock()
+                out = layer(x)  # its backward runs in the next step_between, as in a step
+                cold.append(clock() - start)
+                layer(fresh())
+                x = fresh()
+                start = clock()
+                layer(x)
+                warm.append(clock() - start)
             chains.append(ColdChain(cold_ops, statistics.median(cold), statistics.median(warm)))
     return chains
 

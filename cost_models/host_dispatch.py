@@ -14,6 +14,9 @@ from ir.layer import Layer
 from cost_models.host_excess import backward_nodes, records_excess_seconds
 from cost_models.sequence_probes import in_sequence_extra_per_op_s
 
+# `KernelRecord.dtype` names of floating tensors (float32, float16, bfloat16, float64)
+FLOATING_DTYPES = ("float", "bfloat")
+
 
 def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool = False,
                     backward: bool = False) -> float:
@@ -29,12 +32,17 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     `forward_host_op_s` (as functions) + module calls x `module_call_host_s`; where the
     kit measured `python_node_host_s` (its per-op figures then net of the ops' fixed
     excess), each forward op's per-call excess (`host_op_excess`: exact GELU's ~5 us) +
-    fx call nodes that dispatch nothing x per-node (`python_nodes_fwd`); where it measured
+    fx call nodes that dispatch nothing x per-node (`python_nodes_fwd`), fx nodes that
+    dispatch only views x (`python_view_host_op_s` - `view_host_op_s`), their first view
+    called from Python (`python_view_nodes_fwd`); where it measured
     `forward_node_host_s` (its per-op figures then grad-off), the autograd nodes the
     forward records x per-node (`autograd_nodes_fwd`, else one per floating-point op:
     `host_excess.backward_nodes`); where it measured `in_sequence_op_host_s`, what the
     ops pay for running among the layer's distinct ops beyond the knee
-    (`distinct_ops_fwd`; every figure above is a tight loop's); where it measured
+    (`distinct_ops_fwd`; every figure above is a tight loop's); + each op given a Python
+    number it wraps (`KernelRecord.scalar_operand`) x `scalar_operand_float_host_s` on a
+    floating tensor, `scalar_operand_int_host_s` on an integer one (0 in kits without
+    them); where it measured
     `cold_op_host_s`, the distinct ops the layer before did not run x per cold op
     (`cold_distinct_ops_fwd`: a step runs them with their code and data out of the
     caches; every figure above is a warm run's), + where it measured
@@ -56,9 +64,16 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     views = sum(r.count for r in layer.kernels.forward if r.kind is KernelKind.VIEW)
     host_s = (views * cal.view_host_op_s + (layer.ops_fwd - views) * cal.forward_host_op_s
               + calls * cal.module_call_host_s)
+    # a view-only fx node's first view is called from Python (host_excess.InternalDispatch)
+    host_s += layer.python_view_nodes_fwd * max(0.0, cal.python_view_host_op_s
+                                                 - cal.view_host_op_s)
     if cal.python_node_host_s > 0:  # host_excess: nodes and excess apart
         host_s += (layer.python_nodes_fwd * cal.python_node_host_s
                    + records_excess_seconds(layer.kernels.forward, cal.host_excess_s))
+    # a Python number wrapped per call (cost_models.scalar_operand_probes.scalar_operand_seconds)
+    float_s, int_s = cal.scalar_operand_float_host_s, cal.scalar_operand_int_host_s
+    host_s += sum(r.count * (float_s if r.dtype.startswith(FLOATING_DTYPES) else int_s)
+                  for r in layer.kernels.forward if r.scalar_operand)
     if cal.forward_node_host_s > 0:  # grad_fns recorded (host_probes.host_op_seconds_by_pass)
         recorded = layer.autograd_nodes_fwd or backward_nodes(layer.kernels.forward, 0)
         host_s += recorded * cal.forward_node_host_s
@@ -71,7 +86,7 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     if layer.step_warm and entry_probed:
         return host_s
     # Cold (cost_models.cold_entry_probes.cold_entry_cost; kits before it, without the
-    # entry: sequence_probes.cold_op_cost): the layer's start + ops the layers before did
+    # entry: a median per cold op, since deleted): the layer's start + ops the layers before did
     # not run
     entry_s = (cal.cold_entry_after_backward_host_s
                if layer.forward_after_backward and cal.cold_entry_after_backward_host_s > 0
@@ -92,9 +107,10 @@ def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
     if first_apart:
         forward = (forward, layer.forward_after_backward)
     forward_priced = cal.cold_op_host_s > 0 or first_apart
-    if cal.cold_backward_inner_op_host_s > 0:  # the two backward counts priced apart
-        backward = (layer.cold_distinct_ops_bwd, layer.cold_inner_ops_bwd)
-    backward_priced = cal.cold_backward_op_host_s > 0 or cal.cold_backward_inner_op_host_s > 0
+    # the two backward counts, each where its figure prices it
+    backward = (layer.cold_distinct_ops_bwd if cal.cold_backward_op_host_s > 0 else None,
+                layer.cold_inner_ops_bwd if cal.cold_backward_inner_op_host_s > 0 else None)
+    backward_priced = backward != (None, None)
     return ((forward if forward_priced else None, backward if backward_priced else None)
             if forward_priced or backward_priced else ())
 
@@ -110,8 +126,8 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     its parameter tensors (`host_excess.backward_nodes`), + the distinct ops the layers
     after's backwards did not run x `cold_backward_op_host_s` (`cold_distinct_ops_bwd`) +
     the ops composites run inside that they did not x `cold_backward_inner_op_host_s`
-    (`cold_inner_ops_bwd`; kits before that figure: at `cold_backward_op_host_s`, and a
-    whole step's ops staying in the caches, `Layer.step_warm`, still priced cold);
+    (`cold_inner_ops_bwd`), none where a whole step's ops stay in the caches
+    (`Layer.step_warm`);
     else ops x `host_op_seconds`. (Views are metadata only, and many come inside
     a node's formula, so a per-op figure over-prices them: the mlp-small block's 16
     backward ops ran in ~18 us, not 16 x 2 us.)"""
@@ -127,10 +143,9 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
               + nodes * cal.backward_node_host_s
               + records_excess_seconds(layer.kernels.backward, cal.host_excess_s))
     # + cold ops (cost_models.cold_backward_probes.cold_backward_cost), none where a whole
-    # step stays in the caches (ir.op_count.step_evicts) on kits with that probe's figures
-    inner_probed = cal.cold_backward_inner_op_host_s > 0
-    if layer.step_warm and inner_probed:
+    # step stays in the caches (ir.op_count.step_evicts). Each count at its own figure:
+    # the fit may read either as 0 on a loaded host, a 0 price and not a switch.
+    if layer.step_warm:
         return host_s
-    inner_op_s = cal.cold_backward_inner_op_host_s if inner_probed else cal.cold_backward_op_host_s
     return (host_s + layer.cold_distinct_ops_bwd * cal.cold_backward_op_host_s
-            + layer.cold_inner_ops_bwd * inner_op_s)
+            + layer.cold_inner_ops_bwd * cal.cold_backward_inner_op_host_s)

@@ -219,36 +219,64 @@ def plain_dispatch_seconds(device: str = "cpu", ops=HOST_EXCESS_OPS) -> PlainDis
 # one `at::add` per pair through the dispatcher) and of `Tensor.unbind` (one `select` view
 # per row), INTERNAL_SHORT vs INTERNAL_LONG items of EXCESS_ROWS x EXCESS_WIDTH, grad mode
 # off; the median over EXCESS_ROUNDS rounds of EXCESS_CALLS calls each (the call's own
-# Python cancels in the slope).
+# Python cancels in the slope). In the same rounds, what a view costs called from Python
+# as a layer's generated forward calls it (an fx node `x.view(...)`: its line, the Python
+# binding, the dispatch): the slope of a GraphModule of chained view nodes, as long
+# (0.63-0.64 us a node against 0.34 from C++, load 3-4; 0.63 / 0.49 inside profile-device
+# at load 5-7, 2026-11-25).
 INTERNAL_SHORT, INTERNAL_LONG = 2, 34
 
 
 @dataclass(frozen=True, slots=True)
 class InternalDispatch:
     """Host seconds per op (`op_s`) and per view (`view_s`) dispatched from C++ with grad
-    mode off, as autograd's engine runs a backward formula's."""
+    mode off, as autograd's engine runs a backward formula's; and per view called from
+    Python, one fx node each, grad mode off (`python_view_s`: a layer's `x.view`,
+    `transpose`, `getitem` slice; 0 where not measured)."""
 
     op_s: float
     view_s: float
+    python_view_s: float = 0.0
+
+
+def view_graph_module(views: int):
+    """A GraphModule of `views` chained call_method nodes on a 2-D tensor input, each a
+    view (`view(-1)`, then back to `view(rows, -1)`, alternating), as generated code calls
+    a layer's Python-level views; returns the last."""
+    import torch
+    from torch import fx
+
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    last = x
+    for i in range(views):
+        shape = (-1,) if i % 2 == 0 else (EXCESS_ROWS, -1)
+        last = graph.call_method("view", (last, *shape))
+    graph.output(last)
+    return fx.GraphModule(torch.nn.Module(), graph)
 
 
 def _internal_calls(device: str) -> dict:
     """{(kind, items): zero-argument call}: kind "op" a foreach add over `items` pairs,
-    "view" an unbind of `items` rows, at INTERNAL_SHORT and INTERNAL_LONG items."""
+    "view" an unbind of `items` rows, "python_view" a `view_graph_module` of `items` view
+    nodes, at INTERNAL_SHORT and INTERNAL_LONG items."""
     import torch
 
     rows = torch.randn(INTERNAL_LONG, EXCESS_ROWS, EXCESS_WIDTH, device=device)
     lefts, rights = (list(torch.randn(INTERNAL_LONG, EXCESS_ROWS, EXCESS_WIDTH,
                                       device=device).unbind(0)) for _ in range(2))
+    x = torch.randn(EXCESS_ROWS, EXCESS_WIDTH, device=device)
+    chains = {n: view_graph_module(n) for n in (INTERNAL_SHORT, INTERNAL_LONG)}
     return {(kind, n): call for n in (INTERNAL_SHORT, INTERNAL_LONG) for kind, call in (
         ("op", lambda n=n: torch._foreach_add(lefts[:n], rights[:n])),
-        ("view", lambda n=n: rows[:n].unbind(0)))}
+        ("view", lambda n=n: rows[:n].unbind(0)),
+        ("python_view", lambda n=n: chains[n](x)))}
 
 
 def internal_dispatch_seconds(device: str = "cpu") -> InternalDispatch:
-    """Per-item slopes of a C++ loop of adds and of views (the probe above), each floored
-    at 0; one thread, the probe clock. CPU only: a GPU's foreach add is one fused kernel,
-    not a loop."""
+    """Per-item slopes of a C++ loop of adds and of views and of a Python chain of view
+    nodes (the probe above), each floored at 0; one thread, the probe clock. CPU only: a
+    GPU's foreach add is one fused kernel, not a loop."""
     import torch
 
     from cost_models.clusters import _one_thread
@@ -260,7 +288,7 @@ def internal_dispatch_seconds(device: str = "cpu") -> InternalDispatch:
         for call in calls.values():
             for _ in range(EXCESS_WARMUP_CALLS):
                 call()
-        slopes = {"op": [], "view": []}
+        slopes = {kind: [] for kind, _ in calls}
         for _ in range(EXCESS_ROUNDS):
             per_call = {}
             for key, call in calls.items():
@@ -271,8 +299,8 @@ def internal_dispatch_seconds(device: str = "cpu") -> InternalDispatch:
             for kind, rounds in slopes.items():
                 rounds.append((per_call[kind, INTERNAL_LONG] - per_call[kind, INTERNAL_SHORT])
                               / (INTERNAL_LONG - INTERNAL_SHORT))
-    return InternalDispatch(max(0.0, statistics.median(slopes["op"])),
-                            max(0.0, statistics.median(slopes["view"])))
+    return InternalDispatch(*(max(0.0, statistics.median(slopes[kind])) if kind in slopes
+                              else 0.0 for kind in ("op", "view", "python_view")))
 
 
 def records_excess_seconds(records, excess_s) -> float:

@@ -85,20 +85,24 @@ class HostOpCost:
     function_nograd_op_s: float = 0.0
     view_nograd_op_s: float = 0.0
     forward_node_s: float = 0.0
+    # ... and per view called from Python, one fx node each, grad mode off (CPU: the same
+    # probe's `python_view_s`; a layer's Python-level views, `Layer.python_view_nodes_fwd`)
+    python_view_nograd_op_s: float = 0.0
+    # the grad-off runs and the C++-called figures were timed (CPU): the per-op figures
+    # record nothing and the nodes are priced apart. A flag, not a figure's sign: any of
+    # them is a slope or a difference that may read 0 on a loaded host.
+    parts_measured: bool = False
 
     def calibration_fields(self) -> dict:
         """The `KernelCalibration` fields these figures fill (the parts, not the totals)."""
         from ir.kernel_calibration import HostOpExcess
 
-        # grad-off runs were timed (CPU): the per-op figures record nothing and the nodes
-        # are priced apart; the view figure, timed directly (a slope over 32 views), says
-        # so (the node figure is a difference of two runs and may come out 0 on a loaded
-        # host: a 0, not a switch)
-        recorded_apart = self.view_nograd_op_s > 0
+        recorded_apart = self.parts_measured
         return dict(forward_host_op_s=(self.function_nograd_op_s if recorded_apart
                                        else self.function_op_s),
                     module_call_host_s=self.module_call_s,
                     view_host_op_s=self.view_nograd_op_s if recorded_apart else self.view_op_s,
+                    python_view_host_op_s=self.python_view_nograd_op_s,
                     forward_node_host_s=self.forward_node_s,
                     backward_view_host_op_s=self.backward_view_op_s,
                     backward_nonview_host_op_s=self.backward_nonview_op_s,
@@ -131,7 +135,9 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     node = (functions with grad - without) / the grad_fns the chain records
     (`ir.op_count.autograd_nodes` without accumulations, the count
     `host_dispatch.forward_host_seconds` takes of a layer): an op on int tensors, or on
-    tensors needing no gradient, records none.
+    tensors needing no gradient, records none. A view an fx node of the layer calls from
+    Python (`x.view`, `transpose`, a slice) pays the binding and its line on top: the same
+    C++ probe's `python_view_s` (grad off; its node priced apart as above).
     One thread; the runs alternate within each round (a slow spell hits all of them), the
     module and function chains in turns (the first after a backward pays the caches').
 
@@ -301,7 +307,8 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
                      function_nograd_op_s=max(0.0, statistics.median(nograd_rounds)
                                               - chain_excess_s),
                      view_nograd_op_s=internal.view_s,
-                     forward_node_s=statistics.median(node_rounds))
+                     python_view_nograd_op_s=internal.python_view_s,
+                     forward_node_s=statistics.median(node_rounds), parts_measured=True)
     return HostOpCost(statistics.median(forward_rounds), statistics.median(backward_rounds),
                       spread(forward_rounds), spread(backward_rounds), forward_ops,
                       backward_ops, function_op_s,

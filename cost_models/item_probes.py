@@ -37,7 +37,12 @@ EMBEDDING_FORWARD_PROBE_PASSES = 2
 # index_select, index_add_ and zero-fill each dispatched inside ATen; measured here, one
 # thread, 2026-11-24: forward 6.8 us, backward 8.6 us at 8 ids against 2.1 us for one
 # tiny op), its slope the work per id. The backward grows faster past the line (its sort):
-# 498 us measured at 8192 ids where the line gives ~300.
+# 498 us measured at 8192 ids where the line gives ~300. Both points hold several bags; a
+# one-bag forward (dlrm-small at micro-batch 1) skips ATen's bag-size slices: the probe
+# times the smaller count's ids once more as one bag, and the difference is the multi-bag
+# figure. Measured here (one thread, thread clock, grad on, 2026-11-25, load 4-5): 5.1 us
+# at 1 bag of 2 ids, 6.2-6.5 at 2 to 16 bags of 2, 5.0 at 1 bag of 8 or 32; the profiler
+# lists 8 more calls inside at 2+ bags (3 x slice + as_strided, sub, copy_).
 EMBEDDING_BAG_PROBE_ROWS, EMBEDDING_BAG_PROBE_DIM, EMBEDDING_BAG_PROBE_LOOKUPS = 128, 16, 2
 EMBEDDING_BAG_PROBE_INDICES = (8, 512)
 # A dropout mask is drawn as bernoulli_(keep), keep = 1 - p. On a CPU its cost depends on
@@ -133,19 +138,22 @@ def probe_embedding_forward(device: str, dtype: str) -> EmbeddingForwardCost:
 @dataclass(frozen=True, slots=True)
 class EmbeddingBagCost:
     """Device seconds of an embedding bag's forward and backward: per call (beyond one
-    op's dispatch, which the host model charges) and per index."""
+    op's dispatch, which the host model charges) and per index; and what a forward of
+    several bags pays beyond one bag of the same ids (`multi_bag_s`)."""
 
     call_s: float
     index_s: float
     backward_call_s: float
     backward_index_s: float
+    multi_bag_s: float
 
 
 def probe_embedding_bag(device: str, dtype: str, dispatch_s: float) -> EmbeddingBagCost:
     """`_embedding_bag` and `_embedding_bag_backward` (sum mode, dense gradient) at the
     EMBEDDING_BAG_PROBE_INDICES counts: slope per index, intercept less `dispatch_s` (one
     tiny op's host dispatch, `profile_device.probe_launch`; 0 on a GPU, whose events time
-    the device), never below `conv_probes.MIN_DEVICE_SHARE` of the smaller call."""
+    the device), never below `conv_probes.MIN_DEVICE_SHARE` of the smaller call; then the
+    smaller count's forward as one bag: `multi_bag_s` = its line point less that, >= 0."""
     import torch
 
     from cost_models.conv_probes import MIN_DEVICE_SHARE
@@ -174,4 +182,10 @@ def probe_embedding_bag(device: str, dtype: str, dispatch_s: float) -> Embedding
         intercept = seconds[0] - slope * few
         return max(intercept - dispatch_s, MIN_DEVICE_SHARE * seconds[0]), slope
 
-    return EmbeddingBagCost(*line(forward_s), *line(backward_s))
+    # the smaller count's ids as one bag (offsets [0]): ATen skips the bag-size slices
+    index = torch.randint(0, rows, (few,), device=device)
+    one_bag = (weight, index, torch.zeros(1, dtype=torch.int64, device=device), False, 0,
+               False, None, False, -1)
+    one_bag_s = seconds_per_call(lambda i: aten._embedding_bag(*one_bag), device)
+    return EmbeddingBagCost(*line(forward_s), *line(backward_s),
+                            max(0.0, forward_s[0] - one_bag_s))

@@ -402,14 +402,19 @@ def _embedding_bag_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepCo
     .probe_embedding_bag`: a backward runs sort, cumsum, index_select, index_add_ and a
     zero-fill inside ATen, ~4x one op's dispatch at a few ids), plus what the probe's small
     table does not include: the backward's dense gradient fill of the whole table (a copy
-    of its bytes) and, per index, the bytes of rows wider than the probe's. The ids grow
-    with the micro-batch; a TP split narrows the rows (`share`), not the ids."""
+    of its bytes) and, per index, the bytes of rows wider than the probe's. A forward of
+    one bag pays `embedding_bag_multi_bag_s` less (the line is timed at several bags; ATen
+    skips the bag-size slices at one). The ids and bags grow with the micro-batch; a TP
+    split narrows the rows (`share`), not the ids."""
     cal = cluster.kernel_calibration
     dtype = config.precision.compute_dtype
     indices = r.shape[0] * config.batch_scale
     dim = r.shape[-1] * share
     call_s, index_s = ((cal.embedding_bag_backward_call_s, cal.embedding_bag_backward_index_s)
                        if backward else (cal.embedding_bag_call_s, cal.embedding_bag_index_s))
+    if not backward and r.shape[1] * config.batch_scale <= 1:
+        # item_probes.probe_embedding_bag: one bag of the few count's ids against several
+        call_s = max(0.0, call_s - cal.embedding_bag_multi_bag_s)
     wider_bytes = indices * max(0.0, dim - EMBEDDING_BAG_PROBE_DIM) * \
         config.precision.compute_bytes
     fill_s = _streaming_seconds(cluster, "copy", dtype, r.weight_bytes * config.dtype_scale

@@ -159,14 +159,17 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
         sync()
         mid = time.perf_counter()
         outs = measurer.module_roots(index, returned)
-        seeds = [torch.ones_like(t) for t in outs]
         neighbours.before_backward()
+        # made after the neighbours' work, as a step makes a gradient just before the nodes
+        # that read it (made before it, dlrm's tables.0 read 1.2 us slower: load 6)
+        seeds = [torch.ones_like(t) for t in outs]
         sync()
         back = time.perf_counter()
         if outs:
             torch.autograd.backward(outs, seeds)
         sync()
         end = time.perf_counter()
+        neighbours.after_backward()
         if rep >= warmup:
             forward_s.append(mid - start)
             if outs:
@@ -219,8 +222,9 @@ class StepNeighbours:
     """Runs, untimed, what a step runs between a layer's work and that of its neighbour
     (`step_neighbours`): the forwards of the layers before it ahead of its timed forward
     (`forward_window` where `layers`, the graph's, are given: a head after a norm after a
-    block, as the cold ops are counted; else the layer before alone); the forward and
-    backward of the layer after it between its timed forward and backward. A layer timed
+    block, as the cold ops are counted; else the layer before alone); between its timed
+    forward and backward, the forward and backward of the layer after it; after the
+    step's last layer's backward, those of the layers before it. A layer timed
     right after its own backward, as `time_layer` ran each before, pays for code a step
     runs warm (bench/bench_in_sequence.py: 3-7 us per distinct op run once after other
     code), and one timed after nothing misses what a step's neighbours evict (each
@@ -253,12 +257,36 @@ class StepNeighbours:
     def before_backward(self) -> None:
         """The layer after's forward then its backward, as a step runs them between this
         layer's forward and backward; then the engine's start warmed (a step runs all
-        layers' nodes in one call, so none of them pays a cold start)."""
+        layers' nodes in one call, so none of them pays a cold start). The layer after
+        alone, not every layer whose backward ops the count takes as warm
+        (`ir.op_count.recent_backward_ops`, in a real step's order: gradient pre-hooks on
+        t5-tiny, tests/test_cold_backward_window.py): run so, as separate calls each after
+        its own forward, they read dlrm-small's tables.0-2 13-15 us where one engine call
+        of a real step spends 11 and the layer after alone 10-11, t5-tiny's encoder_norm
+        39 us against 31 and 37 (bench/bench_profile_step.py, load 3, 2026-11-25)."""
         if self.after is not None:
-            roots = self._forward(self.after)
-            if roots:
-                torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
+            self._backward(self._forward(self.after))
         warm_engine_start(self.device)
+
+    def after_backward(self) -> None:
+        """For the step's last layer, the forwards then backwards of the layers before it
+        (`befores`, the nearest's backward first), as a step runs their backwards after
+        its backward: its next backward then finds the ops its forward did not run cold,
+        as `ir.op_count.cold_distinct_ops_bwd` counts them. Timed right after its forward
+        and the layers before's forwards alone, cnn-small's head read 31-33 us at
+        micro-batch 1, 38 so; gpt-tiny's 39 and 42, llama-tiny's 42 and 44, where one
+        engine call of a real step spent 34, 42 and 48 (bench/bench_profile_step.py,
+        load 3-6, 2026-11-25). Nothing for the other layers: what a step runs after their
+        backward is not what theirs is counted against."""
+        if self.after is not None:
+            return
+        roots = {j: self._forward(j) for j in self.befores}
+        for j in reversed(self.befores):
+            self._backward(roots[j])
+
+    def _backward(self, roots: list[torch.Tensor]) -> None:
+        if roots:
+            torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
 
 
 def save_profile(profile: dict, path: str) -> None:

@@ -67,6 +67,7 @@ from cost_models.host_probes import autograd_call_s, host_op_seconds_by_pass, pr
 from cost_models.pipeline_probes import pipeline_action_host_s
 from cost_models.cold_backward_probes import cold_backward_cost, cold_backward_layers
 from cost_models.cold_entry_probes import cold_entry_chains, cold_entry_cost
+from cost_models.scalar_operand_probes import scalar_operand_seconds
 from cost_models.sequence_probes import in_sequence_chains, in_sequence_cost
 from cost_models.tied_sync import TIED_SUM_FIELDS, probe_tied_sum
 from cost_models.item_probes import (probe_embedding_backward, probe_embedding_bag,
@@ -384,7 +385,8 @@ def measure(device: str, quick: bool = False, progress=None,
         if progress:
             progress(f"embedding bag: forward {bag.call_s * 1e6:.2f} us + "
                      f"{bag.index_s * 1e9:.1f} ns per index, backward "
-                     f"{bag.backward_call_s * 1e6:.2f} us + {bag.backward_index_s * 1e9:.1f} ns")
+                     f"{bag.backward_call_s * 1e6:.2f} us + {bag.backward_index_s * 1e9:.1f} ns, "
+                     f"one bag {bag.multi_bag_s * 1e6:.2f} us less")
     name = (platform.processor() or platform.machine()) if cpu else torch.cuda.get_device_name()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cuda = f", CUDA {torch.version.cuda}" if not cpu else ", 1 thread"
@@ -396,6 +398,7 @@ def measure(device: str, quick: bool = False, progress=None,
                              embedding_bag_call_s=bag.call_s, embedding_bag_index_s=bag.index_s,
                              embedding_bag_backward_call_s=bag.backward_call_s,
                              embedding_bag_backward_index_s=bag.backward_index_s,
+                             embedding_bag_multi_bag_s=bag.multi_bag_s,
                              burst_gemm_flop_per_s=burst, sustained_gemm_flop_per_s=sustained,
                              softmax_row_s=row_s.get("softmax", 0.0),
                              layer_norm_row_s=row_s.get("layer_norm", 0.0),
@@ -425,6 +428,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
         cold_bwd = cold_backward_cost(cold_backward_layers("cpu"))  # after a block's backward
         first = cold_entry_cost(cold_entry_chains("cpu", after_backward=True))
         tied_sum = probe_tied_sum()  # executors.tied's gradient sum, once a step
+        scalar = scalar_operand_seconds("cpu")  # a forward op given a Python number
         return ClusterSpec(
             name=name, device="cpu", num_nodes=1, devices_per_node=1,
             device_memory_bytes=clusters.total_memory_bytes(),
@@ -440,7 +444,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             kernel_calibration=dataclasses.replace(
                 cal, **host.calibration_fields(), **sequence.calibration_fields(),
                 **cold.calibration_fields(), cold_entry_after_backward_host_s=first.entry_s,
-                **cold_bwd.calibration_fields(),
+                **cold_bwd.calibration_fields(), **scalar.calibration_fields(),
                 autograd_call_host_s=autograd_call_s("cpu"),
                 pipeline_action_host_s=pipeline_action_host_s("cpu"),
                 **dict(zip(TIED_SUM_FIELDS, tied_sum)),

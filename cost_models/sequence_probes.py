@@ -24,24 +24,17 @@ nine chains it was not fitted on (16-96 calls, other draws of the pool) within 9
 
 Cold: a step runs each layer after the layer before it, so the distinct ops that layer
 did not run start with their code and data out of the caches (`Layer
-.cold_distinct_ops_fwd`; in backward, those the layer after's backward did not run:
-`cold_distinct_ops_bwd`). `cold_chains` times chains of 1-32 distinct calls run once
-right after the pool's other calls (a layer's worth of other ops) and right after
-themselves, `cold_backward_chains` chains' backwards after another chain's backward;
-`cold_op_cost` takes the median extra per cold op (a distinct op the calls before did
-not run). On this CPU (2026-11-25, load 5-8), forward: 5.2-5.4, 3.6, 2.1, 1.9-2.0,
-0.9-1.0 us per cold op at 1, 2, 7, 13, 26 cold ops, median 2.1 us (one call whose ops
-the others all ran, 0 cold, still paid 2 us); backward: 1.9-2.1, 1.0, 0.6-0.9, 0.7-0.8,
-0.6 us at 1, 2, 4, 5, 11, median 0.7-0.9 us. After a backward instead of a forward (what
-the first layer's forward follows in a step) the forward figure was 7-13 us at 1-4
-distinct ops, 2.3-4.5 at 11-29: not priced apart. profile-device writes the forward's
-cold figures from `cost_models.cold_entry_probes` instead (an entry per layer + a slope
-per cold op, after a layer's work with module calls: this median read a curved line and
-a neighbour of bare calls); `cold_op_cost` stays for the backward chains.
+.cold_distinct_ops_fwd`; in backward, those the layers whose backward ran just before did
+not run: `cold_distinct_ops_bwd`). Their figures come from probes of layers in a step's
+order: `cost_models.cold_entry_probes` (forward) and `cost_models.cold_backward_probes`
+(backward). This module keeps what those share: `ColdChain`, a probe chain's record,
+and `_overloads`, its ops counted as a layer's are. (The earlier chains of bare calls,
+`cold_chains` after the pool's other calls and `cold_backward_chains` in one engine call,
+read a curved line and ~2x what the layers miss; their readings are in
+bench/bench_small_layers.py's and bench/bench_small_backward.py's docstrings.)
 
     >>> cost = in_sequence_cost(in_sequence_chains("cpu", grad=True))  # doctest: +SKIP
     >>> cost.op_s, cost.knee_distinct_ops                               # ~5e-8, ~16
-    >>> cold_op_cost(cold_chains("cpu"))                                # ~2e-6
 """
 
 from __future__ import annotations
@@ -209,163 +202,24 @@ def in_sequence_chains(device: str = "cpu", grad: bool = True) -> list[SequenceC
     return [sequence_chain(pool, k, device=device, grad=grad) for k in SEQUENCE_DISTINCT]
 
 
-# Cold: chains of COLD_DISTINCT distinct calls (seed 0's order, grad on) each run once after
-# the pool's other calls (a layer's worth of other ops: what a step's layer before runs),
-# and once right after itself; medians of COLD_RUNS (~0.3 s on this CPU).
-COLD_DISTINCT = (1, 2, 4, 8, 16, 32)  # a layer's cold ops: 1 (an embedding) to ~30 (a block)
-COLD_RUNS = 30
-
-
 @dataclass(frozen=True, slots=True)
 class ColdChain:
-    """A chain's cold ops (its distinct ATen overloads the calls run before it did not
-    run: `ir.op_count.cold_distinct_ops`, as a layer's are counted) and its seconds run
-    once after those calls (`cold_s`) and right after itself (`warm_s`)."""
+    """A probe chain's cold ops (its distinct ATen overloads the work run before it did
+    not run: `ir.op_count.cold_distinct_ops`, as a layer's are counted) and its seconds
+    run once after that work (`cold_s`) and right after itself (`warm_s`):
+    `cold_entry_probes`' records."""
 
     cold_ops: int
     cold_s: float
     warm_s: float
 
-    @property
-    def cold_op_s(self) -> float:
-        return (self.cold_s - self.warm_s) / self.cold_ops
-
 
 def _overloads(fn) -> frozenset[str]:
+    """The distinct ATen overloads `fn()` dispatches, as a layer's are recorded
+    (`ir.op_count.OpCounter.overload_names`)."""
     from ir.op_count import OpCounter
 
     counter = OpCounter()
     with counter:
         fn()
     return counter.overload_names
-
-
-def cold_chains(device: str = "cpu") -> list[ColdChain]:
-    """The COLD_DISTINCT chains, each timed cold and warm (one thread, grad mode on, the
-    probe clock; alternating, so that a slow spell hits both)."""
-    import random
-
-    import torch
-
-    from cost_models.clusters import _one_thread
-    from cost_models.host_probes import probe_clock
-
-    pool = sequence_pool(device, grad=True)
-    random.Random(SEQUENCE_SEED).shuffle(pool)
-    clock = probe_clock(device)
-    chains = []
-    with _one_thread(), torch.set_grad_enabled(True):
-        for k in COLD_DISTINCT:
-            chain, others = pool[:k], pool[k:]
-
-            def run(calls):
-                for call in calls:
-                    call()
-
-            cold_ops = len(_overloads(lambda: run(chain)) - _overloads(lambda: run(others)))
-            cold, warm = [], []
-            for _ in range(COLD_RUNS):
-                for runs, before in ((cold, others), (warm, chain)):
-                    run(before)
-                    start = clock()
-                    run(chain)
-                    runs.append(clock() - start)
-            chains.append(ColdChain(cold_ops, statistics.median(cold), statistics.median(warm)))
-    return chains
-
-
-def cold_op_cost(chains: list[ColdChain]) -> float:
-    """Host seconds a distinct op pays run once after other code over run right after
-    itself: the median over `chains` of (cold - warm) / cold ops (`Layer
-    .cold_distinct_ops_fwd`, `cold_distinct_ops_bwd` count a layer's so); chains with
-    none are left out."""
-    return max(0.0, statistics.median(c.cold_op_s for c in chains if c.cold_ops))
-
-
-def chained_calls(device: str) -> list:
-    """Differentiable calls from a 2 x 8 x 8 float32 tensor to one of the same shape, one
-    Python call each (a chain of them records one autograd node, or a few, per call)."""
-    import torch
-    import torch.nn.functional as F
-
-    y = torch.randn(2, 8, 8, device=device)
-    w = torch.randn(8, 8, device=device, requires_grad=True)
-    v = torch.randn(8, device=device, requires_grad=True)
-    mask = y > 0
-    return [
-        torch.tanh, torch.sigmoid, F.relu, F.gelu, F.silu, torch.exp, lambda x: x * 0.5,
-        lambda x: x + 1, lambda x: x.pow(2), lambda x: F.softmax(x, -1),
-        lambda x: F.layer_norm(x, (8,)), lambda x: F.linear(x, w, v),
-        lambda x: torch.matmul(x, w), lambda x: x.transpose(1, 2),
-        lambda x: x.clamp(min=-1.0), torch.erf, lambda x: torch.cumsum(x, -1), torch.neg,
-        torch.sin, torch.cos, lambda x: F.log_softmax(x, -1), lambda x: x * y,
-        lambda x: x + y, lambda x: torch.where(mask, x, y),
-        lambda x: x.masked_fill(mask, 0.0), lambda x: x.reshape(2, 64).view(2, 8, 8),
-        lambda x: x.sum(-1, keepdim=True).expand(2, 8, 8), lambda x: x - y,
-    ]
-
-
-# Backward: chains of the first COLD_BACKWARD_CALLS `chained_calls`, each after the
-# backward of the last COLD_BACKWARD_OTHERS (half of them: a small layer's worth).
-COLD_BACKWARD_CALLS = (1, 2, 4, 8, 14)
-COLD_BACKWARD_OTHERS = 14
-
-
-def cold_backward_chains(device: str = "cpu") -> list[ColdChain]:
-    """(Superseded for pricing by `cost_models.cold_backward_probes`, which profile-device
-    writes: this one read ~2x what the layers miss; kept for bench/bench_host_ab.py's
-    what-ifs.) The backward nodes of chains of COLD_BACKWARD_CALLS `chained_calls`, each run inside
-    ONE engine call, as a step runs a layer's nodes after the layer after's: after the
-    nodes of the others' chain (`cold_s`: that call less the others' alone; cold ops: the
-    backward overloads the others did not run) and after a copy of its own (`warm_s`: that
-    call less the copy's alone). The engine runs the nodes of the part built last first
-    (its ready queue takes the highest sequence number). One thread, the probe clock,
-    medians of COLD_RUNS. Each of the chain's backward timed as its own call instead (as
-    before 2026-11-25) also paid that call's start run cold, a per-call cost a step pays
-    once, not per layer (bench/bench_small_backward.py --calls: a multiply's node 11 us
-    dearer as its own call after a 28-op chain's backward than warm, ~0 inside its call)."""
-    import torch
-
-    from cost_models.clusters import _one_thread
-    from cost_models.host_probes import probe_clock
-
-    calls, clock = chained_calls(device), probe_clock(device)
-    others_calls = calls[-COLD_BACKWARD_OTHERS:]
-
-    def built(chain):
-        z = torch.randn(2, 8, 8, device=device, requires_grad=True)
-        for call in chain:
-            z = call(z)
-        return z
-
-    def call_s(*chains) -> float:
-        """One backward call through `chains`, built in order (the last one's nodes run
-        first); its seconds on the probe clock."""
-        parts = [built(chain).sum() for chain in chains]
-        root = parts[0]
-        for part in parts[1:]:
-            root = root + part
-        start = clock()
-        root.backward()
-        return clock() - start
-
-    def overloads_bwd(chain) -> frozenset[str]:
-        z = built(chain)
-        return _overloads(lambda: torch.autograd.backward(z, torch.ones_like(z)))
-
-    results = []
-    with _one_thread():
-        others_ran = overloads_bwd(others_calls)
-        for k in COLD_BACKWARD_CALLS:
-            chain = calls[:k]
-            cold_ops = len(overloads_bwd(chain) - others_ran)
-            runs = {"others": [], "cold": [], "copy": [], "warm": []}
-            for _ in range(COLD_RUNS):
-                runs["others"].append(call_s(others_calls))
-                runs["cold"].append(call_s(chain, others_calls))
-                runs["copy"].append(call_s(chain))
-                runs["warm"].append(call_s(chain, chain))
-            med = {key: statistics.median(v) for key, v in runs.items()}
-            results.append(ColdChain(cold_ops, med["cold"] - med["others"],
-                                     med["warm"] - med["copy"]))
-    return results

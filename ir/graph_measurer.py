@@ -40,6 +40,7 @@ from ir.saved_tensors import SavedTensorLog, TPRegion, storage_key, tensor_leave
 from ir.stand_in import (StateRunner, TensorFactory, fresh, is_float, make_state,
                          meta_factory)
 from ir.tp_recompute import ReductionsBeforeLastSave
+from ir.view_nodes import ViewCountingRecorder, view_nodes
 from ir.trace import TARGET_INPUT, Traced
 
 
@@ -377,7 +378,7 @@ class GraphMeasurer:
         del logged, env, outs, seeds  # its graph, activations and gradients
         param_shapes = frozenset(tuple(t.shape) for t in state.values()
                                  if isinstance(t, torch.Tensor))
-        fwd_kernels = KernelRecorder(param_keys)
+        fwd_kernels = ViewCountingRecorder(param_keys)
         bwd_kernels = KernelRecorder(param_keys, param_shapes)
         fwd_ops, bwd_ops = OpCounter(fwd_kernels), OpCounter(bwd_kernels)
         regions = DTensorRegions(replicated)
@@ -385,9 +386,10 @@ class GraphMeasurer:
         fused = FusedKernels(fwd_kernels, bwd_kernels)
         runner, region = self.start_run(index, state, factory), TPRegion(colwise, rowwise)
         dispatched: dict[fx.Node, int] = {}  # node -> op count when it started
+        viewed: dict[fx.Node, int] = {}  # node -> view count when it started
 
         def tag(n: fx.Node) -> None:
-            dispatched[n] = fwd_ops.count
+            dispatched[n], viewed[n] = fwd_ops.count, fwd_kernels.views
             fused.before_node(n, runner.env, dropout=n in dropout_nodes)
             fwd_ops.tp_sharded_now = region.enter(info.module_paths[n])
             regions.enter(info.module_paths[n])
@@ -418,6 +420,8 @@ class GraphMeasurer:
             distinct_ops_fwd=fwd_ops.distinct_ops, forward_overloads=fwd_ops.overload_names,
             backward_overloads=bwd_ops.overload_names,
             python_nodes_fwd=python_nodes(info.nodes.nodes, dispatched, fwd_ops.count),
+            python_view_nodes_fwd=view_nodes(info.nodes.nodes, dispatched, fwd_ops.count,
+                                             viewed, fwd_kernels.views),
             autograd_nodes_bwd=nodes, autograd_nodes_fwd=recorded,
             random_elements_fwd=fwd_ops.random_elements,
             random_tp_sharded_elements_fwd=fwd_ops.random_tp_sharded_elements,

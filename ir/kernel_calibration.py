@@ -43,7 +43,7 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "cold_op_host_s", "cold_backward_op_host_s", "autograd_call_host_s",
             "pipeline_action_host_s",
             "embedding_bag_call_s", "embedding_bag_index_s", "embedding_bag_backward_call_s",
-            "embedding_bag_backward_index_s",
+            "embedding_bag_backward_index_s", "embedding_bag_multi_bag_s",
             # activation checkpointing's host machinery (`cost_models.checkpoint_probes`)
             "checkpoint_call_forward_s", "checkpoint_call_recompute_s",
             "checkpoint_op_forward_s", "checkpoint_op_recompute_s",
@@ -64,7 +64,11 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "tied_sum_host_s", "tied_sum_s_per_byte", "tied_sum_small_host_s",
             "tied_sum_small_s_per_byte",
             # a backward run after other layers' backwards (`cost_models.cold_backward_probes`)
-            "cold_backward_inner_op_host_s")
+            "cold_backward_inner_op_host_s",
+            # a view a layer's fx node calls from Python (`host_excess.InternalDispatch`)
+            "python_view_host_op_s",
+            # a forward op given a Python number (`cost_models.scalar_operand_probes`)
+            "scalar_operand_float_host_s", "scalar_operand_int_host_s")
 
 # Figures kits of 2026-11-24 wrote, always as 0 (per-call forward pricing, which
 # profile-device never turned on and which was removed: bench/bench_host_ab.py); a spec
@@ -103,6 +107,11 @@ class KernelCalibration:
     module_call_host_s: float = 0.0
     view_host_op_s: float = 0.0
     python_node_host_s: float = 0.0
+    # Per view called from Python, one fx node each, grad mode off (`view_host_op_s` is a
+    # C++ caller's: F.linear's t; `host_excess.internal_dispatch_seconds`); a layer's
+    # view-only nodes (`Layer.python_view_nodes_fwd`) pay the difference once each; 0
+    # where not measured.
+    python_view_host_op_s: float = 0.0
     # Per autograd node the forward records (a grad_fn and its saved inputs), measured as a
     # chain's forward with grad mode on less off (`host_probes.host_op_seconds_by_pass`).
     # Where > 0, `forward_host_op_s` and `view_host_op_s` are the grad-off figures (an op
@@ -116,7 +125,7 @@ class KernelCalibration:
     in_sequence_knee_distinct_ops: float = 0.0
     # Per distinct forward op the layer before did not run (`Layer.cold_distinct_ops_fwd`),
     # what it pays run once after other ops over run right after itself, its code and data
-    # out of the caches (`cost_models.sequence_probes.cold_op_cost`); 0 where not measured.
+    # out of the caches (`cost_models.cold_entry_probes.cold_entry_cost`); 0 where not measured.
     cold_op_host_s: float = 0.0
     # ... and per distinct backward op the layers after's backwards did not run
     # (`Layer.cold_distinct_ops_bwd`; `cost_models.cold_backward_probes`, see
@@ -150,6 +159,10 @@ class KernelCalibration:
     embedding_bag_index_s: float = 0.0
     embedding_bag_backward_call_s: float = 0.0
     embedding_bag_backward_index_s: float = 0.0
+    # What a forward of more than one bag pays beyond a one-bag call of the same ids (ATen's
+    # make_bag_size_out slices and subtracts the offsets only when bags != 1): the forward
+    # line is timed at several bags, a one-bag call pays it less; 0 where not measured.
+    embedding_bag_multi_bag_s: float = 0.0
     # Host seconds of non-reentrant activation checkpointing's machinery (CPUs:
     # `cost_models.checkpoint_probes.checkpoint_host_seconds`; its docstring names each
     # part): per checkpointed call, forward and backward; per op run under its hooks,
@@ -218,10 +231,16 @@ class KernelCalibration:
     # ---- a backward run after the layers after's backwards (`cost_models
     # .cold_backward_probes.cold_backward_cost`): host seconds per ATen op a composite
     # backward runs inside its CPU kernel that they did not run (`Layer.cold_inner_ops_bwd`);
-    # where > 0, `cold_backward_op_host_s` is the same fit's figure per cold backward op
-    # and a step that stays in the caches (`Layer.step_warm`) prices no backward op cold.
-    # 0 where not measured (GPU presets, older kits: inner ops at `cold_backward_op_host_s`).
+    # `cold_backward_op_host_s` is the same fit's figure per cold backward op. 0 where not
+    # measured (GPU presets, older kits: inner ops unpriced); a step that stays in the
+    # caches (`Layer.step_warm`) prices no backward op cold.
     cold_backward_inner_op_host_s: float = 0.0
+    # ---- a forward op given a Python number it wraps into a tensor (`KernelRecord
+    # .scalar_operand`: `x * 2`, `x > 0`; `cost_models.scalar_operand_probes`): host
+    # seconds per call over the same op on two tensors, on a floating tensor and on an
+    # integer one. 0 where not measured (GPU presets, older kits: not priced).
+    scalar_operand_float_host_s: float = 0.0
+    scalar_operand_int_host_s: float = 0.0
 
     def __post_init__(self) -> None:
         _text("kernel calibration", "measured_on", self.measured_on)

@@ -37,6 +37,7 @@ from ir.checkpoint_policy import op_name, saved_under_selective
 from ir.kernel_records import (CONV_GRAD_BIAS, CONV_GRAD_INPUT, CONV_GRAD_WEIGHT, KernelKind,
                                KernelRecord)
 from ir.saved_tensors import storage_key, tensor_leaves
+from ir.scalar_operands import wraps_python_number
 from ir.weight_outputs import is_weight_gradient, is_weight_output
 from ir.tensor_iteration import (broadcast_strides, elementwise_strides, iteration_order,
                                  trailing_run, walks_out_of_order)
@@ -328,7 +329,8 @@ class KernelRecorder:
         key = (record.op, record.kind, record.dtype, record.shape, record.flops,
                record.weight_bytes, record.activation_bytes, record.causal,
                record.inner_loops, record.variant, record.unvectorized, record.inner_run,
-               record.transposing, record.loops_per_call, record.binary, record.weight_output)
+               record.transposing, record.loops_per_call, record.binary, record.weight_output,
+               record.scalar_operand)
         entry = self._counts.setdefault(key, [record, 0, 0])
         entry[1] += record.count
         entry[2] += record.strided_calls  # not in the key: a layout splits no record
@@ -381,7 +383,8 @@ class KernelRecorder:
                                   and reduction_unvectorized(args, inputs[0])),
                               weight_output=bool(outputs) and is_weight_output(
                                   name, outputs[0], bool(read_weights), name in GEMM_OPS,
-                                  self.weight_shapes)))
+                                  self.weight_shapes),
+                              scalar_operand=wraps_python_number(func, args)))
 
     def records(self) -> tuple[KernelRecord, ...]:
         out = []

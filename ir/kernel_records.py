@@ -112,6 +112,9 @@ class KernelRecord:
     # weight gradient (a bias's `sum`, x^T @ dy): it does not grow with the micro-batch
     # (`ir.kernel_recorder.KernelRecorder.weight_output`).
     weight_output: bool = False
+    # A Python number among its operands, which the call wraps into a 0-dim tensor (`x * 2`,
+    # `x > 0`: `ir.scalar_operands.wraps_python_number`); the host pays more per call.
+    scalar_operand: bool = False
 
     @property
     def excess_key(self) -> str:

@@ -107,6 +107,10 @@ class LayerMeasurement:
     # arithmetic, `float()` of a float tensor): each is a line of generated Python the host
     # runs (`ir.op_count.python_nodes`); 0 where not counted.
     python_nodes_fwd: int = 0
+    # fx call nodes of the forward that dispatch only views (`x.view`, `transpose`, a
+    # slice, `flatten`): each calls its first view from Python, the others from C++
+    # (`ir.graph_measurer.view_nodes`); 0 where not counted.
+    python_view_nodes_fwd: int = 0
     # Autograd nodes one backward runs (the graph walked from the layer's outputs, each
     # parameter's gradient accumulation included: `ir.op_count.autograd_nodes`); 0 where
     # not counted.
@@ -206,7 +210,7 @@ class Layer:
     # `ir.op_count.recent_forward_ops`) did not run; for the first,
     # those its own backward did not (a step's last backward, then the optimizer, precede
     # its forward: `ir.op_count.cold_distinct_ops`). A step runs them with their code and
-    # data out of the caches (`cost_models.sequence_probes.cold_op_cost`). Per position,
+    # data out of the caches (`cost_models.cold_entry_probes.cold_entry_cost`). Per position,
     # not per structure: a stack's first block follows the embedding, the others a block.
     cold_distinct_ops_fwd: int = 0
     # ... and of its backward, in backward order: those the layer after's backward did not

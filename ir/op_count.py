@@ -135,7 +135,7 @@ def cold_distinct_ops(measured, before: frozenset[str] | None) -> int:
     before it did not run (`before`: `recent_forward_ops`); for the first layer (None), those
     its own backward did not run (`measured.backward_overloads`: a step's last backward,
     then the optimizer, precede it). Each runs with its code and data out of the caches
-    (`cost_models.sequence_probes.cold_op_cost`)."""
+    (`cost_models.cold_entry_probes.cold_entry_cost`)."""
     ran = measured.backward_overloads if before is None else before
     return len(measured.forward_overloads - ran)
 

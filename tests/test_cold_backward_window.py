@@ -18,10 +18,14 @@ from cost_models.cold_backward_probes import (COLD_BACKWARD_CALLS, COLD_BACKWARD
                                               ColdBackwardChain, cold_backward_cost,
                                               cold_backward_layers)
 from cost_models.host_dispatch import backward_host_seconds, host_position_key
+from cost_models.layer_profile import StepNeighbours
 from ir.composite_ops import inner_ops
 from ir.kernel_calibration import KernelCalibration
-from ir.measure import build_layer_graph
+from ir.measure import build_layer_graph, layer_graph_from_trace
 from ir.op_count import COLD_WINDOW_DISTINCT_OPS, recent_backward_ops
+from ir.stand_in import real_factory
+from ir.trace import trace
+from planner.models import load_model
 from tests.test_cold_ops import Gate, Mix, Scale
 from tests.test_host_split import PARTS, US, cpu, tiny_layer
 
@@ -38,21 +42,27 @@ def test_backward_host_prices_cold_ops_and_inner_ops_apart():
 
 
 def test_a_step_that_stays_in_the_caches_prices_no_backward_op_cold():
-    """mlp-small's step (12 distinct ops) stays warm: 39 us with the probe's figures; a kit
-    before the probe (one figure, inner ops at it) prices as it did, 39 + 5 x 1 = 44 us."""
+    """mlp-small's step (12 distinct ops) stays warm: 39 us with the probe's figures, and
+    with a fit that read the inner figure as 0 (a 0 price, not a switch to pricing the
+    step cold); the same layer cold: 39 + 2 x 1.2 = 41.4 us with that fit."""
     layer = dataclasses.replace(tiny_layer(), cold_distinct_ops_bwd=2, cold_inner_ops_bwd=3,
                                 step_warm=True)
     assert backward_host_seconds(layer, cpu(PROBED)) == pytest.approx(39 * US)
-    old = dataclasses.replace(PARTS, cold_backward_op_host_s=1 * US)
-    assert backward_host_seconds(layer, cpu(old)) == pytest.approx(44 * US)
+    flat_inner = dataclasses.replace(PROBED, cold_backward_inner_op_host_s=0.0)
+    assert backward_host_seconds(layer, cpu(flat_inner)) == pytest.approx(39 * US)
+    cold = dataclasses.replace(layer, step_warm=False)
+    assert backward_host_seconds(cold, cpu(flat_inner)) == pytest.approx(41.4 * US)
 
 
 def test_the_search_keys_the_two_backward_counts_apart_where_priced_apart():
     one = dataclasses.replace(tiny_layer(), cold_distinct_ops_bwd=2, cold_inner_ops_bwd=3)
     other = dataclasses.replace(tiny_layer(), cold_distinct_ops_bwd=3, cold_inner_ops_bwd=2)
     assert host_position_key(one, cpu(PROBED)) != host_position_key(other, cpu(PROBED))
-    old = dataclasses.replace(PARTS, cold_backward_op_host_s=1 * US)  # one price: one key
-    assert host_position_key(one, cpu(old)) == host_position_key(other, cpu(old))
+    # inner ops unpriced (no figure, or the fit read 0): only the cold-op count keys
+    no_inner = dataclasses.replace(PARTS, cold_backward_op_host_s=1 * US)
+    same_ops = dataclasses.replace(one, cold_inner_ops_bwd=7)
+    assert host_position_key(one, cpu(no_inner)) == host_position_key(same_ops, cpu(no_inner))
+    assert host_position_key(one, cpu(no_inner)) != host_position_key(other, cpu(no_inner))
     assert host_position_key(one, cpu(PARTS)) == ()  # nothing cold priced
 
 
@@ -80,6 +90,15 @@ def test_the_fit_keeps_both_figures_at_or_above_zero():
     assert cost.op_s == pytest.approx(13.2 / 14 * US)
 
 
+class _Three(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.scale, self.last = Mix(), Scale(), Gate()
+
+    def forward(self, x):
+        return self.last(self.scale(self.first(x)))
+
+
 def test_the_backward_window_reaches_past_a_small_layer():
     """Forward order first (a Mix), scale, last (a Gate); backward order last, scale,
     first. last follows its own forward: sigmoid_backward and tanh_backward cold (2);
@@ -88,15 +107,7 @@ def test_the_backward_window_reaches_past_a_small_layer():
     3 distinct ops, below the window's 16) and, within the window, last's: tanh_backward
     and add ran, nothing cold (0; scale's alone would leave those 2 cold)."""
 
-    class Three(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.first, self.scale, self.last = Mix(), Scale(), Gate()
-
-        def forward(self, x):
-            return self.last(self.scale(self.first(x)))
-
-    graph = build_layer_graph(Three(), {"x": torch.randn(2, 8)}, dtype=torch.float32)
+    graph = build_layer_graph(_Three(), {"x": torch.randn(2, 8)}, dtype=torch.float32)
     assert [layer.name for layer in graph.layers] == ["first", "scale", "last"]
     assert [layer.cold_distinct_ops_bwd for layer in graph.layers] == [0, 2, 2]
 
@@ -116,8 +127,8 @@ def test_calibration_json_with_and_without_the_inner_figure():
     old = KernelCalibration.from_dict(data)
     assert old.cold_backward_inner_op_host_s == 0.0
     layer = dataclasses.replace(tiny_layer(), cold_distinct_ops_bwd=2, cold_inner_ops_bwd=3)
-    # an older kit's one figure prices the inner ops too: 39 + 5 x 1.2 = 45 us
-    assert backward_host_seconds(layer, cpu(old)) == pytest.approx(45 * US)
+    # a kit without the inner figure prices its cold ops only: 39 + 2 x 1.2 = 41.4 us
+    assert backward_host_seconds(layer, cpu(old)) == pytest.approx(41.4 * US)
     with pytest.raises(Exception, match="cold_backward_inner_op_host_s"):
         KernelCalibration.from_dict({**data, "cold_backward_inner_op_host_s": -1.0})
 
@@ -136,3 +147,63 @@ def test_the_probe_counts_its_chains_as_layers_are_counted():
     assert bag.cold_ops >= 1
     assert 3 <= bag.cold_inner_ops <= len(inner_ops(COLD_BACKWARD_COMPOSITES[0]))
     assert all(c.cold_s > 0 and c.warm_s > 0 for c in chains)
+
+
+def test_a_real_step_runs_the_layers_backwards_in_reverse_graph_order():
+    """t5-tiny, where every decoder block reads the encoder's output: a real step's
+    autograd nodes (each given to the layer whose forward made it: gradient pre-hooks)
+    run layer by layer in the reverse of the graph's order, encoder_norm's after
+    decoder_embed's (after decoder_rel_bias's, decoder_blocks.0's), as
+    `recent_backward_ops` takes them (`ir.measure`: the layers after, nearest first)."""
+    meta = load_model("t5-tiny", 1, None, device="meta")
+    graph = build_layer_graph(meta.module, meta.inputs, meta.target, meta.loss_fn)
+    loaded = load_model("t5-tiny", 1, None, device="cpu", seed=0)
+    modules = dict(loaded.module.named_modules())
+    last_node = []  # (the highest sequence number a layer's forward made, its name)
+    for layer in graph.layers:
+        def hook(module, args, out, name=layer.name):
+            outs = [out] if isinstance(out, torch.Tensor) else list(out)
+            last_node.append((max(t.grad_fn._sequence_nr() for t in outs), name))
+        modules[layer.name].register_forward_hook(hook)
+    loss = loaded.loss_fn(loaded.module(**loaded.inputs), loaded.target)
+    last_node.sort()
+    ran, seen, stack = [], set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        owner = next((name for nr, name in last_node if node._sequence_nr() <= nr), None)
+        if owner is not None and not hasattr(node, "variable"):  # not a gradient sink
+            node.register_prehook(lambda grad, owner=owner: ran.append(owner) and None)
+        stack.extend(f for f, _ in node.next_functions)
+    loss.backward()
+    order = [name for k, name in enumerate(ran) if k == 0 or ran[k - 1] != name]
+    assert order == [layer.name for layer in reversed(graph.layers)]
+
+
+def test_after_the_last_layers_backward_the_layers_before_run_theirs():
+    """last (index 2) ends the step: after its timed backward the profile runs the
+    forwards of the layers before it (first, scale: the window its forward follows), then
+    their backwards, scale's first, as a step runs them after last's; for a layer with
+    a layer after, nothing."""
+    inputs = {"x": torch.randn(2, 8, requires_grad=True)}
+    traced = trace(_Three(), inputs, None, None, dtype=torch.float32)
+    graph, measurer = layer_graph_from_trace(traced, inputs, None, name="three",
+                                             dtype=torch.float32)
+    factory = real_factory("cpu")
+    for index, expected in ((2, [("forward", 0), ("forward", 1), ("backward", 1),
+                                 ("backward", 0)]), (0, [])):
+        neighbours = StepNeighbours(measurer, index, factory, graph.layers)
+        ran, forward = [], neighbours._forward
+
+        def recorded(j, ran=ran, forward=forward):
+            ran.append(("forward", j))
+            roots = forward(j)
+            for root in roots:
+                root.register_hook(lambda grad, j=j: ran.append(("backward", j)))
+            return roots
+
+        neighbours._forward = recorded
+        neighbours.after_backward()
+        assert ran == expected

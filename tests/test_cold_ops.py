@@ -1,7 +1,7 @@
 """Cold ops: the distinct forward ops a layer runs that the layer before it did not
 (`Layer.cold_distinct_ops_fwd`, `ir.op_count.cold_distinct_ops`), what the forward host
 model adds for them (`cost_models.host_dispatch.forward_host_seconds`, `KernelCalibration
-.cold_op_host_s`, probed by `cost_models.sequence_probes.cold_op_cost`), and
+.cold_op_host_s`, probed by `cost_models.cold_entry_probes.cold_entry_cost`), and
 `planner profile` timing each layer as a step runs it, after its neighbours' work
 (`cost_models.layer_profile.step_neighbours`, `StepNeighbours`)."""
 
@@ -16,7 +16,6 @@ from torch import nn
 
 from cost_models.host_dispatch import backward_host_seconds, forward_host_seconds
 from cost_models.layer_profile import step_neighbours, time_layer
-from cost_models.sequence_probes import ColdChain, cold_op_cost
 from ir.kernel_calibration import KernelCalibration
 from ir.measure import build_layer_graph, layer_graph_from_trace
 from ir.stand_in import real_factory
@@ -47,16 +46,6 @@ def test_forward_host_adds_the_cold_ops():
     both = dataclasses.replace(IN_SEQUENCE, cold_op_host_s=2 * US)
     assert forward_host_seconds(with_cold_ops(with_distinct_ops(layer, 20), 3),
                                 cpu(both)) == pytest.approx(25 * US)
-
-
-def test_the_cold_figure_is_the_median_per_cold_op():
-    """Chains made by hand: (1 cold op, 9 - 3 us), (4, 28 - 12), (16, 64 - 48): 6, 4 and
-    1 us per cold op; the median, 4 us (a chain with no cold op is left out, not divided
-    by 0). Cold faster than warm reads 0."""
-    chains = [ColdChain(1, 9e-6, 3e-6), ColdChain(4, 28e-6, 12e-6), ColdChain(16, 64e-6, 48e-6)]
-    assert cold_op_cost(chains) == pytest.approx(4e-6)
-    assert cold_op_cost(chains + [ColdChain(0, 9e-6, 3e-6)]) == pytest.approx(4e-6)
-    assert cold_op_cost([ColdChain(2, 1e-6, 3e-6)]) == 0.0
 
 
 class Scale(nn.Module):
@@ -184,14 +173,17 @@ def test_each_timed_backward_follows_a_warm_engine_start(monkeypatch):
     a profiled layer's backward is its own call after the neighbour's, so the call right
     before it must be the engine-warming one (`autograd_engine.warm_engine_start`: one
     leaf of ENGINE_PROBE_ELEMENTS), for a middle layer (index 1, its neighbour's backward
-    first) and the last (index 4: nothing after it; its own forward came last). Runs: 1
-    warm-up + 2 timed; the engine probe's graphs come after them."""
+    first) and the last (index 4: nothing after it; its own forward came last; the layer
+    before's backward follows it, as in a step). Runs: 1 warm-up + 2 timed; the engine
+    probe's graphs come after them."""
     from cost_models.autograd_engine import ENGINE_PROBE_ELEMENTS
 
     _, measurer = _measured_three_kinds()
     factory = real_factory("cpu")
     real_backward = torch.autograd.backward
-    for index, calls_per_run in ((1, 3), (4, 2)):
+    # (layer, backward calls per run, the warming call's place in a run): the neighbour's,
+    # warming, timed; warming, timed, the layer before's
+    for index, calls_per_run, warm_at in ((1, 3, 1), (4, 3, 0)):
         leaves: list[int] = []  # numel of each call's first root: the warming one's is 4
 
         def counted(roots, *args, **kwargs):
@@ -205,7 +197,7 @@ def test_each_timed_backward_follows_a_warm_engine_start(monkeypatch):
         monkeypatch.setattr(torch.autograd, "backward", real_backward)
         runs = leaves[:3 * calls_per_run]
         warm_positions = [i for i, n in enumerate(runs) if n == ENGINE_PROBE_ELEMENTS]
-        assert warm_positions == [calls_per_run * r + calls_per_run - 2 for r in range(3)]
+        assert warm_positions == [calls_per_run * r + warm_at for r in range(3)]
 
 
 def test_calibration_json_without_the_cold_figures_loads():
@@ -226,46 +218,3 @@ def test_backward_host_adds_the_cold_ops():
     cold = dataclasses.replace(PARTS, cold_backward_op_host_s=1 * US)
     assert backward_host_seconds(layer, cpu(cold)) == pytest.approx(41 * US)
     assert backward_host_seconds(layer, cpu(PARTS)) == pytest.approx(39 * US)
-
-
-@pytest.mark.parametrize("backward", [False, True])
-def test_the_cold_probes_count_cold_ops_as_layers_are_counted(backward):
-    """Each chain's cold ops are its distinct overloads less those of the calls run before
-    it, counted here with the dispatch counter a layer's forward runs under: forward, the
-    first COLD_DISTINCT pool calls after the rest; backward, the first COLD_BACKWARD_CALLS
-    `chained_calls`' backward after the last COLD_BACKWARD_OTHERS'. Timings positive and
-    below 1 ms."""
-    import random
-
-    from cost_models import sequence_probes as sp
-    from ir.op_count import OpCounter
-
-    def overloads(fn):
-        counter = OpCounter()
-        with counter, torch.enable_grad():
-            fn()
-        return {str(op) for op in counter.overloads}
-
-    if backward:
-        calls = sp.chained_calls("cpu")
-
-        def backward_of(chain):
-            z = torch.randn(2, 8, 8, requires_grad=True)
-            for call in chain:
-                z = call(z)
-            return lambda: torch.autograd.backward(z, torch.ones_like(z))
-
-        others = overloads(backward_of(calls[-sp.COLD_BACKWARD_OTHERS:]))
-        expected = [len(overloads(backward_of(calls[:k])) - others)
-                    for k in sp.COLD_BACKWARD_CALLS]
-        chains = sp.cold_backward_chains("cpu")
-    else:
-        pool = sp.sequence_pool("cpu", grad=True)
-        random.Random(sp.SEQUENCE_SEED).shuffle(pool)
-        run = lambda calls: (lambda: [call() for call in calls])  # noqa: E731
-        expected = [len(overloads(run(pool[:k])) - overloads(run(pool[k:])))
-                    for k in sp.COLD_DISTINCT]
-        chains = sp.cold_chains("cpu")
-    assert [c.cold_ops for c in chains] == expected
-    assert any(expected)
-    assert all(0 < c.cold_s < 1e-3 and 0 < c.warm_s < 1e-3 for c in chains)

@@ -57,10 +57,14 @@ def test_the_traced_dlrm_counts_the_last_tables_inner_ops_only():
                                                     + by_name["tables.3"].cold_inner_ops_bwd)
 
 
-def test_backward_host_prices_inner_ops_as_cold_ops():
-    """`tiny_layer`'s backward, 39 us (tests/test_host_split.py), 2 cold ops and 3 cold
-    inner ops at 1 us each: 44 us; a kit without the figure, 39 us."""
+def test_backward_host_prices_inner_ops_at_their_own_figure():
+    """`tiny_layer`'s backward, 39 us (tests/test_host_split.py), 2 cold ops at 1 us and 3
+    cold inner ops at 0.5 us: 42.5 us; a kit with no inner figure (or one the fit read as
+    0) prices the inner ops at 0, not at the cold-op figure: 41 us; neither, 39 us."""
     layer = dataclasses.replace(tiny_layer(), cold_distinct_ops_bwd=2, cold_inner_ops_bwd=3)
-    cold = dataclasses.replace(PARTS, cold_backward_op_host_s=1 * US)
-    assert backward_host_seconds(layer, cpu(cold)) == pytest.approx(44 * US)
+    cold = dataclasses.replace(PARTS, cold_backward_op_host_s=1 * US,
+                               cold_backward_inner_op_host_s=0.5 * US)
+    assert backward_host_seconds(layer, cpu(cold)) == pytest.approx(42.5 * US)
+    no_inner = dataclasses.replace(cold, cold_backward_inner_op_host_s=0.0)
+    assert backward_host_seconds(layer, cpu(no_inner)) == pytest.approx(41 * US)
     assert backward_host_seconds(layer, cpu(PARTS)) == pytest.approx(39 * US)

@@ -252,21 +252,25 @@ def test_calibration_takes_grad_off_op_figures_where_nodes_are_priced_apart():
     """HostOpCost -> KernelCalibration fields: where the grad-off runs were timed the
     per-op and per-view figures are the grad-off ones, the nodes apart; without them (GPU,
     old probes) the grad-on ones. A node figure that came out 0 (a difference of two runs
-    on a loaded host) is a 0 node cost, not a switch to the grad-on figures."""
+    on a loaded host) or a C++ view slope floored at 0 is a 0 cost, not a switch to the
+    grad-on figures: the probe's `parts_measured` flag decides."""
     from cost_models.host_probes import HostOpCost
 
     cost = HostOpCost(4e-6, 3e-6, 0.1, 0.1, 10, 20, function_op_s=2e-6, view_op_s=1e-6,
                       function_nograd_op_s=1.2e-6, view_nograd_op_s=0.7e-6,
-                      forward_node_s=0.8e-6)
+                      forward_node_s=0.8e-6, parts_measured=True)
     fields = cost.calibration_fields()
     assert (fields["forward_host_op_s"], fields["view_host_op_s"]) == (1.2e-6, 0.7e-6)
     assert fields["forward_node_host_s"] == 0.8e-6
     older = dataclasses.replace(cost, forward_node_s=0.0, function_nograd_op_s=0.0,
-                                view_nograd_op_s=0.0).calibration_fields()
+                                view_nograd_op_s=0.0, parts_measured=False
+                                ).calibration_fields()
     assert (older["forward_host_op_s"], older["view_host_op_s"]) == (2e-6, 1e-6)
     noisy = dataclasses.replace(cost, forward_node_s=0.0).calibration_fields()
     assert (noisy["forward_host_op_s"], noisy["view_host_op_s"], noisy["forward_node_host_s"]
             ) == (1.2e-6, 0.7e-6, 0.0)
+    flat_views = dataclasses.replace(cost, view_nograd_op_s=0.0).calibration_fields()
+    assert (flat_views["forward_host_op_s"], flat_views["view_host_op_s"]) == (1.2e-6, 0.0)
 
 
 def test_the_probe_times_recording_apart_from_dispatch():

@@ -41,11 +41,12 @@ def test_each_internal_call_dispatches_one_op_or_view_per_item_from_cpp():
 
 def test_slopes_on_a_stand_in_clock(monkeypatch):
     """Each call advances a stand-in clock by a fixed cost plus a cost per item: the adds
-    3 us + 0.6 us per pair, the unbinds 2 us + 0.25 us per row. The figures are the per-
-    item costs in seconds (0.6 and 0.25 us), the fixed ones cancel; a view chain made
-    cheaper at length (a negative slope) is floored at 0."""
+    3 us + 0.6 us per pair, the unbinds 2 us + 0.25 us per row, the Python view chains
+    4 us + 0.55 us per node. The figures are the per-item costs in seconds (0.6, 0.25 and
+    0.55 us), the fixed ones cancel; a view chain made cheaper at length (a negative
+    slope) is floored at 0."""
     now = [0.0]
-    cost_us = {"op": (3.0, 0.6), "view": (2.0, 0.25)}
+    cost_us = {"op": (3.0, 0.6), "view": (2.0, 0.25), "python_view": (4.0, 0.55)}
 
     def ticking(kind, n, costs):
         def call():
@@ -60,16 +61,17 @@ def test_slopes_on_a_stand_in_clock(monkeypatch):
     monkeypatch.setattr(host_excess, "_internal_calls", calls(cost_us))
     probe = internal_dispatch_seconds("cpu")
     assert probe.op_s == pytest.approx(0.6 * US) and probe.view_s == pytest.approx(0.25 * US)
+    assert probe.python_view_s == pytest.approx(0.55 * US)
     monkeypatch.setattr(host_excess, "_internal_calls", calls({**cost_us, "view": (9.0, -0.1)}))
     assert internal_dispatch_seconds("cpu").view_s == 0.0
 
 
 def test_real_internal_probe_units():
-    """Structure and units only (a ratio flakes on a loaded host): both figures above 0
-    and under 1 ms (a C++ dispatch is a fraction of a microsecond: a unit slip of 1e3
-    lands outside)."""
+    """Structure and units only (a ratio flakes on a loaded host, and each figure is a
+    slope floored at 0): each at least 0 and under 1 ms (a C++ dispatch is a fraction of
+    a microsecond: a unit slip of 1e3 lands outside)."""
     probe = internal_dispatch_seconds("cpu")
-    assert 0 < probe.op_s < 1e-3 and 0 < probe.view_s < 1e-3
+    assert all(0 <= s < 1e-3 for s in (probe.op_s, probe.view_s, probe.python_view_s))
 
 
 def test_per_pass_probe_solves_both_passes_with_the_internal_figures(monkeypatch):

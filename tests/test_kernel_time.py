@@ -422,6 +422,32 @@ def test_an_embedding_bag_costs_per_call_and_per_id_where_measured():
     assert plain.memory_s == pytest.approx((table + 448) / (1000 * GB))
 
 
+def test_one_bag_forward_pays_the_multi_bag_figure_less():
+    """Calibration forward 5 us + 1 ns/id, multi-bag 1.2 us, backward 6 us + 30 ns/id: a
+    record of (2 ids, 1 bag, 16) at micro-batch 1 prices 5 - 1.2 + 2 x 1e-9 forward; at
+    micro-batch 2 (2 bags, 4 ids) 5 + 4 x 1e-9; its backward is not reduced at one bag
+    (6 us + 2 x 30 ns + the fill of 100 x 16 x 2 bytes at the 800 GB/s copy point)."""
+    from cost_models.common import GB
+
+    copy = MemoryKernelPoint("copy", "bfloat16", 1 * MiB, 800.0)
+    cal = dataclasses.replace(CALIBRATION, memory_kernels=(*CALIBRATION.memory_kernels, copy),
+                              embedding_bag_call_s=5e-6, embedding_bag_index_s=1e-9,
+                              embedding_bag_backward_call_s=6e-6,
+                              embedding_bag_backward_index_s=30e-9,
+                              embedding_bag_multi_bag_s=1.2e-6)
+    table = 100 * 16 * 2
+    fwd = KernelRecord("aten::_embedding_bag", KernelKind.MEMORY, "bfloat16", (2, 1, 16), 1,
+                       weight_bytes=table)
+    bwd = KernelRecord("aten::_embedding_bag_backward", KernelKind.MEMORY, "bfloat16",
+                       (2, 1, 16), 1, weight_bytes=table)
+    assert pass_seconds((fwd,), spec(cal), config(1), 1.0, False).memory_s == pytest.approx(
+        5e-6 - 1.2e-6 + 2 * 1e-9)
+    assert pass_seconds((fwd,), spec(cal), config(2), 1.0, False).memory_s == pytest.approx(
+        5e-6 + 4 * 1e-9)
+    assert pass_seconds((bwd,), spec(cal), config(1), 1.0, True).memory_s == pytest.approx(
+        6e-6 + 2 * 30e-9 + table / (800 * GB))
+
+
 def test_short_loops_masked_fill_and_softmax_backward_use_their_measured_kinds():
     """A clone of 1 MiB of bf16 (2 bytes read + 2 written per element: 262144 elements)
     in 4096 inner loops, where the calibration has "short_run" at 100 GB/s and copy at

@@ -108,6 +108,10 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     assert 0 <= cal.cold_backward_op_host_s < 1e-3
     assert 0 <= cal.cold_backward_inner_op_host_s < 1e-3
     assert cal.cold_backward_op_host_s + cal.cold_backward_inner_op_host_s > 0
+    # A forward op given a Python number (scalar_operand_probes: ~1.2 us a call on a float
+    # tensor, ~0.5 on an int64 one here), both written, under 20 us.
+    assert 0 < cal.scalar_operand_float_host_s < 20e-6
+    assert 0 <= cal.scalar_operand_int_host_s < 20e-6
     # The backward in parts (views, other ops, autograd nodes) and the per-call excess of
     # every listed op (exact GELU's backward: microseconds on any CPU; the others >= 0).
     assert 0 < cal.backward_view_host_op_s < 1e-3 and 0 < cal.backward_nonview_host_op_s < 1e-3
@@ -308,10 +312,11 @@ def test_item_probes_measure_the_draw_dropout_makes_and_a_per_index_scatter():
 def test_embedding_bag_probe_is_a_line_through_two_id_counts(monkeypatch):
     """The probe's line: slope (t(512) - t(8)) / 504 per id, intercept t(8) - 8 x slope
     less the dispatch, floored at MIN_DEVICE_SHARE of t(8); fed made-up timings (forward
-    10 then 20 us, backward 12 then 300 us) through the timer it calls."""
+    10 then 20 us, backward 12 then 300 us, then 8 ids as one bag 8.5 us) through the
+    timer it calls: a one-bag forward 10 - 8.5 = 1.5 us less."""
     from cost_models import conv_probes, item_probes, profile_device
 
-    times = iter([10e-6, 12e-6, 20e-6, 300e-6])  # per count: forward, then backward
+    times = iter([10e-6, 12e-6, 20e-6, 300e-6, 8.5e-6])  # per count: forward, backward
     monkeypatch.setattr(profile_device, "seconds_per_call", lambda fn, device: (
         fn(0), next(times))[1])
     cost = item_probes.probe_embedding_bag("cpu", "float32", dispatch_s=2e-6)
@@ -321,6 +326,7 @@ def test_embedding_bag_probe_is_a_line_through_two_id_counts(monkeypatch):
     assert cost.backward_index_s == pytest.approx(bwd_slope)
     assert cost.backward_call_s == pytest.approx(max(12e-6 - 8 * bwd_slope - 2e-6,
                                                      conv_probes.MIN_DEVICE_SHARE * 12e-6))
+    assert cost.multi_bag_s == pytest.approx(1.5e-6)
 
 
 def test_cpu_conv_grid_measures_the_zoo_convolutions_exactly():
