@@ -151,7 +151,8 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
         _clear_grads(state)  # a step's first micro-batch: no gradient to accumulate into
         neighbours.before_forward()
         # drawn after the neighbours, as a step's layer reads what the layer before just
-        # wrote (drawn before, llama-tiny's norm at mb16 read 40-47 us, not 32-35: load 7)
+        # wrote (drawn before, norms' forwards read 6-25% slower: gpt-tiny's at mb 1
+        # 10.7-11.4 us against 8.5-9.6, bench_kernel_model x4 each, load 3.5-7, 2026-11-25)
         inputs = measurer.fresh_inputs(index, state, factory)
         sync()
         start = time.perf_counter()
