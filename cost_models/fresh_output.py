@@ -97,18 +97,19 @@ def fresh_pool_bytes(cache_dir: str = CPU_CACHE_SYSFS) -> int:
     return FRESH_POOL_LLC_MULTIPLE * last_level_cache_bytes(cache_dir)
 
 
-def probe_fresh_output(device: str, seconds_per_call,
-                       pool_bytes: int) -> list[MemoryKernelPoint]:
+def probe_fresh_output(device: str, seconds_per_call, pool_bytes: int,
+                       sizes: tuple[int, ...] = FRESH_OUTPUT_BYTES) -> list[MemoryKernelPoint]:
     """The `fresh_output` points of a CPU (none elsewhere). `seconds_per_call` is
     `profile_device.seconds_per_call` (passed in: profile_device imports this module);
-    fresh blocks rotate over `pool_bytes` (`fresh_pool_bytes`, at least two blocks).
+    fresh blocks of each of `sizes` rotate over `pool_bytes` (`fresh_pool_bytes`, at
+    least two blocks; bench/bench_fresh_tiers.py probes smaller and larger pools too).
     A size whose fresh writes came out no slower than hot ones gives no point."""
     import torch
 
     if device != "cpu":
         return []
     points = []
-    for nbytes in FRESH_OUTPUT_BYTES:
+    for nbytes in sizes:
         n = nbytes // 4  # float32 elements
         a, b = torch.rand(n), torch.rand(n)
         hot = torch.empty(n)
