@@ -185,14 +185,22 @@ def selective_tp_seconds(layer: Layer, strategy: LayerStrategy, cluster: Cluster
     group figures (`tp_probes.selective_seconds`: SAC's recompute reruns DTensor's sharding
     propagation and re-layouts above its cached ops; its forward's share read ~0, so all
     of it is the recompute's), counted as `tp_module_seconds` counts, stretched as it is;
-    0 where the spec has no such figure (older specs, GPUs) or the layer no checkpoint."""
+    an SP layer prices its groups at the whole-block figure where the spec has one
+    (`block_probes.sp_block_selective_seconds`: per group of a GPT-2 block, whose k and v
+    modules, norms, attention core and gather hooks it holds, so the modules outside the
+    groups add nothing more); 0 where the spec has no such figure (older specs, GPUs) or
+    the layer no checkpoint."""
     figures = cluster.calibration.selective_seconds(strategy.tp)
     if (strategy.tp == 1 or figures is None
             or strategy.checkpoint is not Checkpoint.SELECTIVE):
         return 0.0
     module_s, group_s = figures
     groups, modules = _groups_and_modules(layer, strategy, True, with_vocab=False)
-    seconds = groups * group_s + modules * module_s
+    block_group_s = cluster.calibration.sp_block_selective_seconds(strategy.tp)
+    if groups and block_group_s is not None:
+        seconds = groups * block_group_s
+    else:
+        seconds = groups * group_s + modules * module_s
     return seconds * cluster.host_share if cluster.host_bound else seconds
 
 
