@@ -32,7 +32,15 @@ the two are far from even (read at load ~5, 2 ranks: the embedding's forward 0.5
 0.87-0.90 ms, the loss's 1.8-1.9 of 1.8-2.1 ms), so they are not split in half as the TP
 modules' are.
 The embedding's forward run uses its output once (`_forward_then_used`), as the layer's
-next op does, so the async all-reduce's wait and unwrapping fall in the forward.
+next op does, so the async all-reduce's wait and unwrapping fall in the forward (0.09-0.14
+ms a call; the 2-rank forward figure read 0.39 ms at load 5-8 with it, 0.29-0.33 without).
+The rest of what bench_layer_cpu reads beyond the price (1.31 ms against 0.51 on gpt tp2
+dp1, load 6) is the calling thread's CPU while the funcol all-reduce waits for a late
+peer, not DTensor work: the executor's embed forward read 0.55-0.94 ms with the ranks
+started together, 0.65 with one peer 2 ms late and 1.3-1.5 with it 10 ms late (~9% of the
+wait burnt on the caller; a plain `dist.all_reduce` 0.03 -> 0.08 ms), and the embedding is
+the step's first collective, where the ranks arrive apart. That wait's time is the comm
+model's (`comm.tp_comm_s`, the DTensor-form wait), so it is not priced here again.
 Issue 17 read, on gpt tp2+sp (bench_layer_cpu), the embedding at 0.65-0.7 ms of thread
 CPU where 0.38 was priced (one TP module figure) and the loss at 1.0 ms forward where
 nothing was priced beyond the head's plain ops.
