@@ -133,8 +133,8 @@ def profile_specs(process_counts: set[int], folder: str) -> dict[int, str]:
               f"{_ms_pairs(spec.calibration.vocab_embedding_seconds, spec)} ms, loss-parallel "
               f"{_ms_pairs(spec.calibration.loss_parallel_seconds, spec)} ms, SAC (module, "
               f"SP group) {_ms_pairs(spec.calibration.selective_seconds, spec)} ms, SAC per "
-              "SP group of a whole block "
-              f"{ {r.group_size: round(r.seconds * 1e3, 2) for r in spec.calibration.sp_block_selectives} } ms",
+              "SP group of a whole block (both passes, forward) "
+              f"{_ms_pairs(spec.calibration.sp_block_selective_seconds, spec)} ms",
               file=sys.stderr, flush=True)
         specs[n] = path
         SPECS[n] = spec.to_dict()

@@ -2,7 +2,8 @@
 transformer block beyond what it adds to the same block's plain ops, measured on the
 ranks of a TP group (`profile-cluster` runs it beside `tp_probes`):
 
-    sp_block_selective_seconds(mesh) -> seconds per SP module group per forward+backward
+    sp_block_selective_seconds(mesh) -> (forward+backward, forward) seconds per SP module
+                                        group
 
 `tp_probes.selective_seconds` times SAC on stacks of Linear pairs; on a real TP+SP block
 it priced 0.6 ms forward and 2.3 ms backward+recompute where `bench/bench_layer_cpu.py`
@@ -24,6 +25,9 @@ The figure is (SAC'd DTensor block - DTensor block) - (SAC'd plain block - plain
 the plain block (the same module unsplit, the whole sequence on each rank: the split
 block's local ops without DTensor) is SAC on the layer's own ops, which the cost model
 prices from them (`checkpoint_probes`). Per SP group: the block holds SP_BLOCK_GROUPS.
+The forward is timed apart too (the output summed, no backward): unlike the Linear pairs'
+(`tp_probes.selective_seconds`: 0-0.04 ms), the block's SAC forward adds a share (read
+0.27 of 1.33 ms per group, 2 ranks, load 5), which the cost model prices in the forward.
 """
 
 from __future__ import annotations
@@ -41,10 +45,10 @@ SP_BLOCK_GROUPS = 2  # SP module groups in the block: attention (q/k/v, proj), M
 SP_BLOCK_DROPOUT = 0.1  # GPT-2's dropout: three masks per block, as the zoo's gpt
 
 
-def sp_block_selective_seconds(mesh) -> float:
-    """Seconds per SP module group per forward+backward that SAC adds to a TP+SP block on
-    DTensors beyond what it adds to the same block's plain ops, all ranks of `mesh`
-    running together (see the module docstring)."""
+def sp_block_selective_seconds(mesh) -> tuple[float, float]:
+    """(forward+backward, forward) seconds per SP module group that SAC adds to a TP+SP
+    block on DTensors beyond what it adds to the same block's plain ops, all ranks of
+    `mesh` running together (see the module docstring)."""
     import torch
 
     from cost_models.clusters import _one_thread
@@ -60,28 +64,36 @@ def sp_block_selective_seconds(mesh) -> float:
             "split": (split, x_local),
             "sac_plain": (_selectively_checkpointed([plain])[0], x_full),
             "plain": (plain, x_full)})
-    return max(added, 0.0) / SP_BLOCK_GROUPS
+    both_s, forward_s = (max(s, 0.0) for s in added)
+    return both_s / SP_BLOCK_GROUPS, min(forward_s, both_s) / SP_BLOCK_GROUPS
 
 
-def _median_added(runs: dict) -> float:
-    """Median over rounds of (sac_split - split) - (sac_plain - plain), each run a
-    forward and backward of the output's sum on this thread's CPU clock, every rank
-    starting each run together (`tp_probes._added_cpu_s`' clock and counts)."""
+def _median_added(runs: dict) -> tuple[float, float]:
+    """Medians over rounds of (sac_split - split) - (sac_plain - plain), (forward and
+    backward of the output's sum, the forward and the sum alone), on this thread's CPU
+    clock, every rank starting each run together (`tp_probes._added_cpu_s`' clock and
+    counts)."""
     import torch.distributed as dist
 
     clock = probe_clock("cpu")
 
-    def timed(model, x) -> float:
+    def timed(model, x, backward: bool) -> float:
         dist.barrier()
         start = clock()
-        model(x).sum().backward()
+        out = model(x).sum()
+        if backward:
+            out.backward()
         return clock() - start
 
-    rounds = []
+    def added(t: dict) -> float:
+        return (t["sac_split"] - t["split"]) - (t["sac_plain"] - t["plain"])
+
+    both, forward = [], []
     for _ in range(TP_PROBE_WARMUP + TP_PROBE_STEPS):
-        t = {name: timed(*run) for name, run in runs.items()}
-        rounds.append((t["sac_split"] - t["split"]) - (t["sac_plain"] - t["plain"]))
-    return statistics.median(rounds[TP_PROBE_WARMUP:])
+        both.append(added({name: timed(*run, True) for name, run in runs.items()}))
+        forward.append(added({name: timed(*run, False) for name, run in runs.items()}))
+    return (statistics.median(both[TP_PROBE_WARMUP:]),
+            statistics.median(forward[TP_PROBE_WARMUP:]))
 
 
 def _module_classes():

@@ -35,7 +35,7 @@ import tempfile
 from typing import Any
 
 from ir.calibration_tables import (COLLECTIVES, LOSS_EDGE_FIELDS, SELECTIVE_FIELDS,
-                                   SP_BLOCK_SELECTIVE_FIELD,
+                                   SP_BLOCK_SELECTIVE_FIELDS,
                                    VOCAB_EDGE_FIELDS, BlockingWait, CalibrationTables,
                                    CollectiveFit, TpModuleOverhead)
 from ir.cluster import ClusterSpec, collective_ceiling_bytes_per_s
@@ -107,9 +107,8 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
                                            VOCAB_EDGE_FIELDS),
             loss_parallels=_by_pass_rows(measured["loss_parallel_seconds"], LOSS_EDGE_FIELDS),
             tp_selectives=_by_pass_rows(measured["selective_seconds"], SELECTIVE_FIELDS),
-            sp_block_selectives=tuple(
-                TpModuleOverhead(size, seconds, SP_BLOCK_SELECTIVE_FIELD) for size, seconds
-                in sorted(measured["sp_block_selective_seconds"].items())),
+            sp_block_selectives=_by_pass_rows(measured["sp_block_selective_seconds"],
+                                              SP_BLOCK_SELECTIVE_FIELDS),
             blocking_waits=waits, optimizer_steps=measured["optimizer_tensor_seconds"],
             tp_blocking_waits=blocking_wait(dtensor_form_seconds(measured), by_group))
     else:
