@@ -33,6 +33,17 @@ Linear pairs' probe holds (torch.profiler: the recompute reruns 33 `Redistribute
 at ~0.27 ms each). gpt-tp2-dp2-sp-sel on 4 ranks: step 88 ms of CPU against 53 for
 gpt-tp2-dp2-sp.
 
+Read on 2026-11-25 at load 4-6 with the whole-block SAC figure (`block_probes`, 1.76 ms per
+SP group on the 2-rank spec): gpt tp2+sp dp1 SELECTIVE minus NONE, per block, forward 1.14
+ms measured against 0.69 priced, backward+recompute 3.58 against 4.79 (5.48 priced in all
+against 4.72; before it 2.9 against 6.5). The embedding's forward 1.31 ms against 0.51 is
+mostly its all-reduce's wait burning the caller's CPU (`vocab_probes`' docstring), priced
+in its comm. gpt-tp2-dp2-sp on 4 ranks: blocks' forward 3.8-4.3 ms of CPU, as on 2 ranks
+(3.6-4.7), against 5.85 priced (2.93 x the host share 2). With the block figure split by
+pass (spec at load ~5: 1.24 ms per group, 0.28 of it forward), read at load 2-4: SAC per
+block forward 1.48 ms against 1.16, backward+recompute 4.04 against 2.97, each ~25-30%
+under as the same spec's NONE blocks are (3.1-3.5 ms against 2.36 forward).
+
 Prints a table, writes bench/results/layer_cpu.json, exits 1 when a layer with TP
 modules misses its priced forward by more than LAYER_TARGET.
 """

@@ -132,7 +132,9 @@ def profile_specs(process_counts: set[int], folder: str) -> dict[int, str]:
               "(forward, backward) vocab embedding "
               f"{_ms_pairs(spec.calibration.vocab_embedding_seconds, spec)} ms, loss-parallel "
               f"{_ms_pairs(spec.calibration.loss_parallel_seconds, spec)} ms, SAC (module, "
-              f"SP group) {_ms_pairs(spec.calibration.selective_seconds, spec)} ms",
+              f"SP group) {_ms_pairs(spec.calibration.selective_seconds, spec)} ms, SAC per "
+              "SP group of a whole block (both passes, forward) "
+              f"{_ms_pairs(spec.calibration.sp_block_selective_seconds, spec)} ms",
               file=sys.stderr, flush=True)
         specs[n] = path
         SPECS[n] = spec.to_dict()

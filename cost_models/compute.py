@@ -185,14 +185,37 @@ def selective_tp_seconds(layer: Layer, strategy: LayerStrategy, cluster: Cluster
     group figures (`tp_probes.selective_seconds`: SAC's recompute reruns DTensor's sharding
     propagation and re-layouts above its cached ops; its forward's share read ~0, so all
     of it is the recompute's), counted as `tp_module_seconds` counts, stretched as it is;
-    0 where the spec has no such figure (older specs, GPUs) or the layer no checkpoint."""
+    an SP layer prices its groups at the whole-block figure where the spec has one
+    (`block_probes.sp_block_selective_seconds`: per group of a GPT-2 block, whose k and v
+    modules, norms, attention core and gather hooks it holds, so the modules outside the
+    groups add nothing more; its forward share is `selective_tp_forward_seconds`); 0
+    where the spec has no such figure (older specs, GPUs) or the layer no checkpoint."""
     figures = cluster.calibration.selective_seconds(strategy.tp)
     if (strategy.tp == 1 or figures is None
             or strategy.checkpoint is not Checkpoint.SELECTIVE):
         return 0.0
     module_s, group_s = figures
     groups, modules = _groups_and_modules(layer, strategy, True, with_vocab=False)
-    seconds = groups * group_s + modules * module_s
+    block = cluster.calibration.sp_block_selective_seconds(strategy.tp)
+    if groups and block is not None:
+        seconds = groups * block[0]
+    else:
+        seconds = groups * group_s + modules * module_s
+    return seconds * cluster.host_share if cluster.host_bound else seconds
+
+
+def selective_tp_forward_seconds(layer: Layer, strategy: LayerStrategy,
+                                 cluster: ClusterSpec) -> float:
+    """The forward's share of `selective_tp_seconds`: an SP layer's groups x the whole-block
+    figure's forward (`block_probes`: SAC's caching mode on the block's DTensor ops),
+    stretched as it is; 0 elsewhere (the Linear pairs' forward share read ~0)."""
+    if strategy.tp == 1 or strategy.checkpoint is not Checkpoint.SELECTIVE:
+        return 0.0
+    block = cluster.calibration.sp_block_selective_seconds(strategy.tp)
+    if block is None or cluster.calibration.selective_seconds(strategy.tp) is None:
+        return 0.0
+    groups, _ = _groups_and_modules(layer, strategy, True, with_vocab=False)
+    seconds = groups * block[1]
     return seconds * cluster.host_share if cluster.host_bound else seconds
 
 
@@ -324,8 +347,12 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         # SAC reruns the forward's Python and dispatch above its cached ATen ops: the SP
         # norms' DTensor ops, the TP modules' DTensor work (where the spec probed it) and
         # the vocab-parallel embedding's forward
+        # (the whole block's figure has a forward share: SAC's caching mode on its ops)
+        sac_s = selective_tp_seconds(layer, strategy, cluster)
+        sac_forward_s = min(selective_tp_forward_seconds(layer, strategy, cluster), sac_s)
+        forward_s += sac_forward_s
         recompute_s += with_host(0.0, dtensor_forward_s, cluster) + edge_recompute_s \
-            + selective_tp_seconds(layer, strategy, cluster)
+            + sac_s - sac_forward_s
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.saved_attention_bytes:
         recompute_s = _attention_recompute_seconds(layer, cluster, config, share)
     else:

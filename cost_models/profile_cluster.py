@@ -35,6 +35,7 @@ import tempfile
 from typing import Any
 
 from ir.calibration_tables import (COLLECTIVES, LOSS_EDGE_FIELDS, SELECTIVE_FIELDS,
+                                   SP_BLOCK_SELECTIVE_FIELDS,
                                    VOCAB_EDGE_FIELDS, BlockingWait, CalibrationTables,
                                    CollectiveFit, TpModuleOverhead)
 from ir.cluster import ClusterSpec, collective_ceiling_bytes_per_s
@@ -56,6 +57,7 @@ from cost_models.host_probes import (autograd_call_s, dp_unit_seconds, dtensor_o
 from cost_models.item_probes import probe_random_element_s
 from cost_models.pipeline_probes import pipeline_action_host_s
 from cost_models.step_probes import optimizer_tensor_seconds
+from cost_models.block_probes import sp_block_selective_seconds
 from cost_models.tp_probes import selective_seconds, sp_group_seconds, tp_module_seconds
 from cost_models.vocab_probes import loss_parallel_seconds, vocab_embedding_seconds
 
@@ -105,6 +107,8 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
                                            VOCAB_EDGE_FIELDS),
             loss_parallels=_by_pass_rows(measured["loss_parallel_seconds"], LOSS_EDGE_FIELDS),
             tp_selectives=_by_pass_rows(measured["selective_seconds"], SELECTIVE_FIELDS),
+            sp_block_selectives=_by_pass_rows(measured["sp_block_selective_seconds"],
+                                              SP_BLOCK_SELECTIVE_FIELDS),
             blocking_waits=waits, optimizer_steps=measured["optimizer_tensor_seconds"],
             tp_blocking_waits=blocking_wait(dtensor_form_seconds(measured), by_group))
     else:
@@ -265,6 +269,7 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
             results["vocab_embedding_seconds"] = {world: vocab_embedding_seconds(mesh)}
             results["loss_parallel_seconds"] = {world: loss_parallel_seconds(mesh)}
             results["selective_seconds"] = {world: selective_seconds(mesh)}
+            results["sp_block_selective_seconds"] = {world: sp_block_selective_seconds(mesh)}
             for size, group in groups.items():
                 results["dp_unit_seconds"][size] = dp_unit_seconds(group)
                 results["tp_module_seconds"][size] = tp_module_seconds(group)
@@ -272,6 +277,7 @@ def _worker(rank: int, world: int, port: int, backend: str, sizes: list[int],
                 results["vocab_embedding_seconds"][size] = vocab_embedding_seconds(group)
                 results["loss_parallel_seconds"][size] = loss_parallel_seconds(group)
                 results["selective_seconds"][size] = selective_seconds(group)
+                results["sp_block_selective_seconds"][size] = sp_block_selective_seconds(group)
             results["blocking_seconds"] = {world: blocking_seconds(dist, rank, None)}
             results["dtensor_extra_seconds"] = {world: dtensor_extra_seconds(dist, mesh)}
             for size, group in groups.items():

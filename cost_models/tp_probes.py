@@ -53,6 +53,9 @@ DTensor's sharding propagation and re-layouts run again while the collectives' o
 come from the cache. `bench/bench_tp_selective.py` read the forward's share at 0-0.04 ms
 and the recompute on 4 ranks in pairs at 0.14 ms per TP module and 0.50 per SP group, less
 than the forward half of the figures above (0.24, 0.77) that a FULL recompute pays.
+On a whole TP+SP block SAC reruns more than the Linear pairs hold (the norms' and the
+attention core's re-layouts, the gather hooks): `block_probes.sp_block_selective_seconds`
+times that block, and an SP layer prices its groups at its figure where the spec has one.
 """
 
 from __future__ import annotations

@@ -31,6 +31,16 @@ The forward is timed alone and the backward is the forward+backward run's figure
 the two are far from even (read at load ~5, 2 ranks: the embedding's forward 0.57-0.65 of
 0.87-0.90 ms, the loss's 1.8-1.9 of 1.8-2.1 ms), so they are not split in half as the TP
 modules' are.
+The embedding's forward run uses its output once (`_forward_then_used`), as the layer's
+next op does, so the async all-reduce's wait and unwrapping fall in the forward (0.09-0.14
+ms a call; the 2-rank forward figure read 0.39 ms at load 5-8 with it, 0.29-0.33 without).
+The rest of what bench_layer_cpu reads beyond the price (1.31 ms against 0.51 on gpt tp2
+dp1, load 6) is the calling thread's CPU while the funcol all-reduce waits for a late
+peer, not DTensor work: the executor's embed forward read 0.55-0.94 ms with the ranks
+started together, 0.65 with one peer 2 ms late and 1.3-1.5 with it 10 ms late (~9% of the
+wait burnt on the caller; a plain `dist.all_reduce` 0.03 -> 0.08 ms), and the embedding is
+the step's first collective, where the ranks arrive apart. That wait's time is the comm
+model's (`comm.tp_comm_s`, the DTensor-form wait), so it is not priced here again.
 Issue 17 read, on gpt tp2+sp (bench_layer_cpu), the embedding at 0.65-0.7 ms of thread
 CPU where 0.38 was priced (one TP module figure) and the loss at 1.0 ms forward where
 nothing was priced beyond the head's plain ops.
@@ -61,7 +71,7 @@ def vocab_embedding_seconds(mesh) -> tuple[float, float]:
     ids = torch.randint(0, VOCAB_PROBE_ROWS_PER_RANK * n, (1, VOCAB_PROBE_TOKENS))
     with _one_thread():
         return _added_by_pass(_manual_embedding(mesh), _dtensor_embedding(mesh), ids,
-                              _forward, _forward_backward)
+                              _forward_then_used, _forward_backward)
 
 
 def loss_parallel_seconds(mesh) -> tuple[float, float]:
@@ -81,6 +91,15 @@ def loss_parallel_seconds(mesh) -> tuple[float, float]:
         return _added_by_pass(_ManualLoss(mesh, labels), _DTensorLoss(mesh, labels), logits,
                               partial(_in_loss_parallel, _forward),
                               partial(_in_loss_parallel, _forward_backward))
+
+
+def _forward_then_used(model, ids) -> None:
+    """The forward, then one op on its output, as the layer's next op (the zoo's `tok(ids) +
+    pos(positions)`): DTensor hands the embedding's output back before its all-reduce
+    ends (an `AsyncCollectiveTensor`), and that first op waits on it and unwraps it inside
+    the layer's forward; a forward that leaves the output unused moves that work into the
+    next run's backward (read 0.09-0.12 ms a call, 2 ranks, load 7-8)."""
+    model(ids).add(0.0)
 
 
 def _in_loss_parallel(run, model, logits) -> None:

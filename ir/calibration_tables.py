@@ -12,11 +12,14 @@ of functions here:
     loss_parallels      the same per loss-parallel cross-entropy (`LOSS_EDGE_FIELDS`)
     tp_selectives       TpModuleOverhead per TP group size, per TP module and per SP
                         module group, under selective checkpointing (`SELECTIVE_FIELDS`)
+    sp_block_selectives TpModuleOverhead per TP group size, per SP module group of a
+                        whole block under selective checkpointing, forward+backward and
+                        forward (`SP_BLOCK_SELECTIVE_FIELDS`, `block_probes`)
     blocking_waits      BlockingWait as a plain `dist.<collective>` call (DP, pipeline)
     tp_blocking_waits   BlockingWait as DTensor issues it (TP: funcol collective +
                         wait_tensor under a redistribution)
 
-`CalibrationTables` holds the ten tables and answers the cost models' lookups (each with
+`CalibrationTables` holds the eleven tables and answers the cost models' lookups (each with
 its fallback, once). The spec file keeps its shape (schema "planner.cluster/v1"):
 
     "collective_fits": [{"collective": "all_reduce", "scope": "intra_node", "alpha_s": ...,
@@ -30,6 +33,9 @@ its fallback, once). The spec file keeps its shape (schema "planner.cluster/v1")
         (absent in older specs: the embedding prices as a TP module, the loss at nothing)
     "tp_module_selective_overhead_s": {"2": s}, "sp_group_selective_overhead_s": {"2": s}
         (absent in older specs: a selective recompute adds nothing for its TP modules)
+    "sp_block_selective_overhead_s": {"2": s}, "sp_block_selective_forward_overhead_s":
+        {"2": s}  (absent in older specs: an SP layer's selective figure is
+        `sp_group_selective_overhead_s`' Linear pairs', all in the recompute)
     "blocking_wait_s_per_byte": {"all_reduce@2": s}  (absent in older specs: a constant wait)
     "tp_blocking_wait_s": {"all_reduce@2": s}, "tp_blocking_wait_s_per_byte": {same keys}
         (absent in older specs, or a collective not measured in DTensor's form: TP pays
@@ -81,6 +87,9 @@ class CalibrationTables:
     loss_parallels: tuple[TpModuleOverhead, ...] = ()
     # Per TP module / SP group, what SAC adds on DTensors (`tp_probes.selective_seconds`)
     tp_selectives: tuple[TpModuleOverhead, ...] = ()
+    # Per SP group, what SAC adds on DTensors to a whole TP+SP block
+    # (`cost_models.block_probes.sp_block_selective_seconds`); empty in older specs
+    sp_block_selectives: tuple[TpModuleOverhead, ...] = ()
 
     def __post_init__(self) -> None:
         if self.host_figures_clock not in HOST_FIGURE_CLOCKS:
@@ -155,6 +164,12 @@ class CalibrationTables:
         `group_size`, looked up as `tp_module_seconds` (None: older specs)."""
         return _by_pass(self.tp_selectives, SELECTIVE_FIELDS, group_size)
 
+    def sp_block_selective_seconds(self, group_size: int) -> tuple[float, float] | None:
+        """(forward+backward, forward) per SP module group of a whole block under selective
+        checkpointing in TP groups of `group_size`, looked up as `tp_module_seconds`
+        (None: older specs)."""
+        return _by_pass(self.sp_block_selectives, SP_BLOCK_SELECTIVE_FIELDS, group_size)
+
     def blocking_wait_seconds(self, collective: str, group_size: int,
                               nbytes: float = 0.0) -> float:
         """Measured wait of a blocking call on `nbytes` at that group size (0 when not
@@ -183,7 +198,8 @@ class CalibrationTables:
             sp_groups=tuple(r.scaled(factor) for r in self.sp_groups),
             vocab_embeddings=tuple(r.scaled(factor) for r in self.vocab_embeddings),
             loss_parallels=tuple(r.scaled(factor) for r in self.loss_parallels),
-            tp_selectives=tuple(r.scaled(factor) for r in self.tp_selectives))
+            tp_selectives=tuple(r.scaled(factor) for r in self.tp_selectives),
+            sp_block_selectives=tuple(r.scaled(factor) for r in self.sp_block_selectives))
 
     # ---- JSON ------------------------------------------------------------------------
 
@@ -210,7 +226,8 @@ class CalibrationTables:
             **{field: {str(r.group_size): r.seconds for r in rows if r.field == field}
                for rows, fields in ((self.vocab_embeddings, VOCAB_EDGE_FIELDS),
                                     (self.loss_parallels, LOSS_EDGE_FIELDS),
-                                    (self.tp_selectives, SELECTIVE_FIELDS))
+                                    (self.tp_selectives, SELECTIVE_FIELDS),
+                                    (self.sp_block_selectives, SP_BLOCK_SELECTIVE_FIELDS))
                for field in fields},
         }
 
@@ -245,7 +262,8 @@ class CalibrationTables:
             host_figures_clock=data.get("host_figures_clock", "wall"),
             vocab_embeddings=_edge_rows(data, VOCAB_EDGE_FIELDS),
             loss_parallels=_edge_rows(data, LOSS_EDGE_FIELDS),
-            tp_selectives=_edge_rows(data, SELECTIVE_FIELDS))
+            tp_selectives=_edge_rows(data, SELECTIVE_FIELDS),
+            sp_block_selectives=_edge_rows(data, SP_BLOCK_SELECTIVE_FIELDS))
 
 
 def _seconds_table(field: str, value: Any) -> dict[str, float]:
@@ -355,6 +373,7 @@ _TABLES = (
     ("vocab_embeddings", TpModuleOverhead, lambda r: (r.field, r.group_size)),
     ("loss_parallels", TpModuleOverhead, lambda r: (r.field, r.group_size)),
     ("tp_selectives", TpModuleOverhead, lambda r: (r.field, r.group_size)),
+    ("sp_block_selectives", TpModuleOverhead, lambda r: (r.field, r.group_size)),
 )
 # The spec file's keys of the vocabulary-parallel ends' figures, (forward, backward)
 # (`cost_models.vocab_probes`)
@@ -362,8 +381,13 @@ VOCAB_EDGE_FIELDS = ("vocab_embedding_forward_overhead_s", "vocab_embedding_back
 LOSS_EDGE_FIELDS = ("loss_parallel_forward_overhead_s", "loss_parallel_backward_overhead_s")
 # ... and of SAC's on DTensors, (per TP module, per SP group) (`tp_probes.selective_seconds`)
 SELECTIVE_FIELDS = ("tp_module_selective_overhead_s", "sp_group_selective_overhead_s")
+# ... and of SAC's on a whole TP+SP block, per SP group, (forward+backward, forward)
+# (`cost_models.block_probes`)
+SP_BLOCK_SELECTIVE_FIELDS = ("sp_block_selective_overhead_s",
+                             "sp_block_selective_forward_overhead_s")
 _ROW_FIELDS = {"vocab_embeddings": VOCAB_EDGE_FIELDS, "loss_parallels": LOSS_EDGE_FIELDS,
-               "tp_selectives": SELECTIVE_FIELDS}
+               "tp_selectives": SELECTIVE_FIELDS,
+               "sp_block_selectives": SP_BLOCK_SELECTIVE_FIELDS}
 HOST_FIGURE_CLOCKS = ("thread_cpu", "wall")  # `CalibrationTables.host_figures_clock`
 # The spec file's keys `CalibrationTables.to_json` writes and `from_json` reads.
 JSON_KEYS = tuple(CalibrationTables().to_json())
