@@ -54,7 +54,9 @@ def test_one_chain_off_the_line_leaves_the_fit():
     """Six chains on 4 us + 2 us per cold op (ENTRY_COLD_OPS), one read 40 us over at 12
     cold ops or 42.5 over at none (the spread issue 17 saw). Ten of the fifteen pairwise
     slopes miss that chain and are 2 us, so their median (the 8th) is 2; the entry is the
-    median of five 4s and one off: 4 us. Least squares moved the entry by ~-7 and ~+13 us."""
+    median of five 4s and one off: 4 us. The least squares before read 0.0 (the intercept
+    fell below 0, so through the origin at 4.6 us per op) and 19.1 us, 0.22 per op: the
+    issue's 0.0 and 42.5."""
     line = [(k, 4 + 2 * k) for k in ce.ENTRY_COLD_OPS]
     for off, over in ((12, 40.0), (0, 42.5)):
         chains = [ColdChain(k, (10 + y + (over if k == off else 0)) * US, 10 * US)
