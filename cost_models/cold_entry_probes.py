@@ -33,7 +33,11 @@ layers after 0, 1, 2, 4, 8, 16 blocks' forward and backward then a forward, no c
 +1.5, 3.6, 4.7, 6.7, 9.4, 11.7 us; 8 cold ops: +5, 20, 22, 31, 44, 90; after 64 MiB
 written, beyond the 32 MiB L3, small layers ran 3-4x their profiled time:
 bench/bench_small_layers.py's evict variant): a step of a bigger model evicts more than
-the one layer priced here, so the figures are the least a step pays.
+the one layer priced here, so the figures are the least a step pays. Passes and the
+Theil-Sen line (issue 17: 5.2, 42.5, 0.0, 4.8, 4.4 us entry over five profiles at load
+5-9), 16 calls each alternating with the one-pass least-squares probe at load 5.6-6
+(2026-11-25): entry 4.2-5.6 us (before: 3.5-7.4), after a backward 6.6-10.8 (6.5-19.0),
+1.8-3.0 us per cold op (1.3-2.9); ~0.3 s a call either way. Re-measure quiet.
 
     >>> cost = cold_entry_cost(cold_entry_chains("cpu"))  # doctest: +SKIP
     >>> cost.entry_s, cost.op_s                             # ~4e-6, ~2e-6 here
