@@ -16,8 +16,8 @@ forward (`neighbour_block`s: fx-traced pre-norm transformer blocks of ENTRY_WIDT
 ENTRY_TOKENS tokens, module calls and a block's activations). Each probe layer is a
 fx-traced module (`_entry_layer`: a LayerNorm module, whose op the block runs, then k
 unary ops it does not run), timed run once after that (`cold_s`) and right after itself
-(`warm_s`). `cold_entry_cost` fits cold - warm = entry + per-op x cold ops (least
-squares, both >= 0): the entry is what a layer with no cold op pays (gpt-tiny's final
+(`warm_s`), all layers in each round (`paired_rounds`). `cold_entry_cost` fits cold -
+warm = entry + per-op x cold ops (a Theil-Sen line, both >= 0): the entry is what a layer with no cold op pays (gpt-tiny's final
 norm: 14.3 us after its step neighbour, 8.0 right after itself:
 bench/bench_small_layers.py's variants, 2026-11-25), the slope what each cold op adds
 (`Layer.cold_distinct_ops_fwd` counts a layer's the same way: `ir.op_count
@@ -33,7 +33,11 @@ layers after 0, 1, 2, 4, 8, 16 blocks' forward and backward then a forward, no c
 +1.5, 3.6, 4.7, 6.7, 9.4, 11.7 us; 8 cold ops: +5, 20, 22, 31, 44, 90; after 64 MiB
 written, beyond the 32 MiB L3, small layers ran 3-4x their profiled time:
 bench/bench_small_layers.py's evict variant): a step of a bigger model evicts more than
-the one layer priced here, so the figures are the least a step pays.
+the one layer priced here, so the figures are the least a step pays. Passes and the
+Theil-Sen line (issue 17: 5.2, 42.5, 0.0, 4.8, 4.4 us entry over five profiles at load
+5-9), 16 calls each alternating with the one-pass least-squares probe at load 5.6-6
+(2026-11-25): entry 4.2-5.6 us (before: 3.5-7.4), after a backward 6.6-10.8 (6.5-19.0),
+1.8-3.0 us per cold op (1.3-2.9); ~0.3 s a call either way. Re-measure quiet.
 
     >>> cost = cold_entry_cost(cold_entry_chains("cpu"))  # doctest: +SKIP
     >>> cost.entry_s, cost.op_s                             # ~4e-6, ~2e-6 here
@@ -51,10 +55,13 @@ from cost_models.sequence_probes import ColdChain, _overloads
 # what a small layer's forward touches, as a step's block does.
 ENTRY_WIDTH, ENTRY_TOKENS = 64, 64
 # Cold ops per probe layer (0: the entry alone; up to ~a dozen: a head's or a relative
-# bias's cold ops, below the in-sequence knee of ~16 distinct ops) and the runs per layer
-# (medians; ~60 ms in all here).
+# bias's cold ops, below the in-sequence knee of ~16 distinct ops) and the rounds
+# (`paired_rounds`' medians; ~0.25 s a call at load 2, 2026-11-25).
 ENTRY_COLD_OPS = (0, 1, 2, 4, 8, 12)
 ENTRY_RUNS = 40
+# Passes over the layers (`paired_rounds`): each layer's runs in 4 lots of 10, so a slow
+# spell as long as one lot (~40 ms here) spoils under half of any layer's runs.
+ENTRY_PASSES = 4
 
 
 def _unary_ops() -> list:
@@ -145,39 +152,74 @@ def cold_entry_chains(device: str = "cpu", after_backward: bool = False) -> list
     small layer's forwards at least (`cold_s`: `step_work`'s, a `neighbour_block`'s
     forward and backward, the layer's own backward of its last cold run, then another
     block's forward, the layer before's; `after_backward`: without the last, what a step's
-    first layer follows) and right after its own forward (`warm_s`),
-    alternating, medians of ENTRY_RUNS; cold ops counted as a layer's are (its overloads
-    the block's forward did not run). One thread, grad mode on, fresh inputs each run
-    (made untimed, as `planner profile` makes them)."""
+    first layer follows) and right after its own forward (`warm_s`), `paired_rounds`'
+    figures; cold ops counted as a layer's are (its overloads the block's forward did not
+    run). One thread, grad mode on, fresh inputs each run (made untimed, as `planner
+    profile` makes them)."""
     import torch
 
     from cost_models.clusters import _one_thread
     from cost_models.host_probes import probe_clock
 
-    clock = probe_clock(device)
     fresh, step_between, before = step_work(device, after_backward)
-    chains = []
     with _one_thread(), torch.set_grad_enabled(True):
         block_ops = _overloads(lambda: before(fresh()))
+        layers = []
         for k in ENTRY_COLD_OPS:
             layer = _entry_layer(k).to(device)
-            cold_ops = len(_overloads(lambda: layer(fresh())) - block_ops)
+            layers.append((len(_overloads(lambda: layer(fresh())) - block_ops), layer))
             for _ in range(3):  # allocator and autograd warm-up, untimed
                 step_between(layer(fresh()))
                 layer(fresh())
-            cold, warm, out = [], [], None
-            for _ in range(ENTRY_RUNS):
-                step_between(out)
-                x = fresh()
-                start = clock()
-                out = layer(x)  # its backward runs in the next step_between, as in a step
-                cold.append(clock() - start)
-                layer(fresh())
-                x = fresh()
-                start = clock()
-                layer(x)
-                warm.append(clock() - start)
-            chains.append(ColdChain(cold_ops, statistics.median(cold), statistics.median(warm)))
+        return paired_rounds(layers, step_between, fresh, probe_clock(device))
+
+
+def paired_rounds(layers, step_between, fresh, clock, runs: int = ENTRY_RUNS,
+                  passes: int = ENTRY_PASSES) -> list[ColdChain]:
+    """`layers` ((cold ops, layer) pairs) timed `runs` times each, in `passes` passes over
+    all layers (the order rotated a place a pass). A run: `step_between(the layer's last
+    cold output)`, the layer timed (cold), run again, timed (warm); a pass runs a layer's
+    runs back to back after one untimed run, so its code was last run just before the
+    step work, as in one long chain. A ColdChain per layer: `warm_s` the median warm
+    seconds, `extra_s` (`cold_s - warm_s`) the median of the per-run cold - warm. Passes,
+    not all of a layer's runs at once: a slow spell of the host (another process, a
+    frequency dip) as long as a layer's runs lands on one pass of a few layers, under half
+    of each one's runs, which the medians drop, instead of on all runs of one or two
+    layers, which moved the fit's line (entry 5.2, 42.5, 0.0, 4.8, 4.4 us over five
+    `profile_device` runs at load 5-9, 2026-11-25). The cyclic collector is off while
+    timing (as `timeit` does): a collection is a pause of the whole step, not the entry of
+    the layer it lands in."""
+    import gc
+
+    cold = {k: [] for k, _ in layers}
+    warm = {k: [] for k, _ in layers}
+    outs = {}
+    enabled = gc.isenabled()
+    gc.disable()  # no gc.collect() first: ~85 ms with torch loaded, a third of the probe
+    try:
+        for p in range(passes):
+            shift = p % len(layers)
+            for k, layer in layers[shift:] + layers[:shift]:
+                outs[k] = layer(fresh())  # untimed: the layer's code warm before the step work
+                for _ in range(runs // passes):
+                    step_between(outs[k])
+                    x = fresh()
+                    start = clock()
+                    outs[k] = layer(x)  # its backward runs in the next step_between, as in a step
+                    cold[k].append(clock() - start)
+                    layer(fresh())
+                    x = fresh()
+                    start = clock()
+                    layer(x)
+                    warm[k].append(clock() - start)
+    finally:
+        if enabled:
+            gc.enable()
+    chains = []
+    for k, _ in layers:
+        warm_s = statistics.median(warm[k])
+        extra_s = statistics.median(c - w for c, w in zip(cold[k], warm[k]))
+        chains.append(ColdChain(k, warm_s + extra_s, warm_s))
     return chains
 
 
@@ -196,19 +238,22 @@ class ColdEntryCost:
 
 
 def cold_entry_cost(chains: list[ColdChain]) -> ColdEntryCost:
-    """Least squares of cold - warm = entry + slope x cold ops over `chains` (both >= 0:
-    where one comes out below 0, the other is refitted alone, through the origin or flat)."""
+    """Theil-Sen line (Sen 1968): slope the median of the pairwise slopes, entry the median
+    of cold - warm - slope x cold ops, over `chains`; both >= 0 (a slope below 0: flat at
+    the median; an entry below 0: through the origin, slope the median of extra / cold
+    ops). Least squares let one chain's slow reading at 0 or 12 cold ops swing the slope
+    and with it the entry (the intercept moves by the mean cold ops, ~4.5, times the slope's
+    error); this line holds with one chain of six off."""
     xs = [c.cold_ops for c in chains]
-    ys = [c.cold_s - c.warm_s for c in chains]
-    n, mean_x, mean_y = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
-    entry = mean_y - slope * mean_x
-    if slope < 0:  # flat: the mean
-        slope, entry = 0.0, mean_y
+    ys = [c.extra_s for c in chains]
+    pairs = [(ys[j] - ys[i]) / (xs[j] - xs[i])
+             for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
+    slope = statistics.median(pairs) if pairs else 0.0
+    if slope < 0:  # flat: the median
+        slope = 0.0
+    entry = statistics.median(y - slope * x for x, y in zip(xs, ys))
     if entry < 0:  # through the origin
-        sx2 = sum(x * x for x in xs)
-        entry, slope = 0.0, (sum(x * y for x, y in zip(xs, ys)) / sx2 if sx2 else 0.0)
-    entry, slope = max(0.0, entry), max(0.0, slope)
+        ratios = [y / x for x, y in zip(xs, ys) if x]
+        entry, slope = 0.0, max(0.0, statistics.median(ratios) if ratios else 0.0)
     sse = sum((entry + slope * x - y) ** 2 for x, y in zip(xs, ys))
-    return ColdEntryCost(entry, slope, (sse / n) ** 0.5)
+    return ColdEntryCost(entry, slope, (sse / len(xs)) ** 0.5)
