@@ -223,15 +223,12 @@ def _dtensor_stack(mesh, width: int):
     return blocks
 
 
-def _manual_stack(mesh, width: int):
-    """The DTensor stack's local shards as plain Linears, with Megatron's f before each
-    column-parallel Linear and g (then the replicated bias) after each row-parallel one."""
+def megatron_f_g(group):
+    """Megatron-LM's f (identity forward, all-reduce of the gradient) and g (all-reduce of
+    the output, identity backward) over `group`, as autograd functions (Shoeybi et al.
+    2019, Fig. 3): the plain-tensor TP the probes price DTensor's overhead against."""
     import torch
     import torch.distributed as dist
-    from torch import nn
-
-    group = mesh.get_group()
-    inner = MLP_EXPANSION * width // mesh.size()  # this rank's share of the inner width
 
     class ReduceGradient(torch.autograd.Function):  # Megatron's f
         @staticmethod
@@ -254,6 +251,20 @@ def _manual_stack(mesh, width: int):
         @staticmethod
         def backward(ctx, grad):
             return grad
+
+    return ReduceGradient, ReduceOutput
+
+
+def _manual_stack(mesh, width: int):
+    """The DTensor stack's local shards as plain Linears, with Megatron's f before each
+    column-parallel Linear and g (then the replicated bias) after each row-parallel one."""
+    import torch
+    from torch import nn
+
+    group = mesh.get_group()
+    inner = MLP_EXPANSION * width // mesh.size()  # this rank's share of the inner width
+
+    ReduceGradient, ReduceOutput = megatron_f_g(group)
 
     class Pair(nn.Module):
         def __init__(self):

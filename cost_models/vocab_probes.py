@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from cost_models.tp_probes import _added_by_pass, _forward, _forward_backward
+from cost_models.tp_probes import _added_by_pass, _forward, _forward_backward, megatron_f_g
 
 VOCAB_PROBE_ROWS_PER_RANK = 8  # table rows (vocabulary entries) per rank
 VOCAB_PROBE_WIDTH = 8  # embedding width / the loss's tokens' logits per rank (host-bound sizes)
@@ -127,22 +127,9 @@ def _dtensor_embedding(mesh):
 def _manual_embedding(mesh):
     """This rank's rows as a plain table, looked up with ids folded into them (what the
     layer's traced ops price), then Megatron's g: an all-reduce of the output."""
-    import torch
-    import torch.distributed as dist
     from torch import nn
 
-    group = mesh.get_group()
-
-    class ReduceOutput(torch.autograd.Function):  # Megatron's g
-        @staticmethod
-        def forward(ctx, x):
-            x = x.contiguous()
-            dist.all_reduce(x, group=group)
-            return x
-
-        @staticmethod
-        def backward(ctx, grad):
-            return grad
+    _, ReduceOutput = megatron_f_g(mesh.get_group())
 
     class Lookup(nn.Module):
         def __init__(self):
