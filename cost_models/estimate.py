@@ -258,12 +258,23 @@ def _stage_costs(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
 def _relayout_s(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, j: int,
                 config: StepConfig) -> float:
     a, b = plan.layer_strategies[j], plan.layer_strategies[j + 1]
-    sp_a = sequence_parallel_applies(graph.layers[j], a)
-    sp_b = sequence_parallel_applies(graph.layers[j + 1], b)
-    if a.tp == b.tp and sp_a == sp_b:
+    return relayout_s(graph.crossing_bytes(j), config, a.tp, b.tp,
+                      sequence_parallel_applies(graph.layers[j], a),
+                      sequence_parallel_applies(graph.layers[j + 1], b), cluster)
+
+
+def relayout_s(crossing_bytes: float, source: StepConfig, tp_from: int, tp_to: int,
+               sp_from: bool, sp_to: bool, cluster: ClusterSpec) -> float:
+    """Forward seconds of re-laying out the activation after a layer for the next layer's
+    (TP, SP) layout (backward costs the same; `comm.tp_transition_s`). `crossing_bytes`
+    is at the graph's micro-batch; the activation re-laid out is one replica's at the
+    source layer's own micro-batch (`source`: samples / its dp, as
+    `ParallelPlan.layer_micro_batch`). The one definition the estimate and the search's
+    transition table (`planner.layer_tables.transitions`) both price."""
+    if tp_from == tp_to and sp_from == sp_to:
         return 0.0
-    nbytes = graph.crossing_bytes(j) * config.activation_scale
-    return tp_transition_s(nbytes, a.tp, b.tp, sp_a, sp_b, cluster)
+    return tp_transition_s(crossing_bytes * source.activation_scale, tp_from, tp_to,
+                           sp_from, sp_to, cluster)
 
 
 def _boundary_bytes(graph: LayerGraph, plan: ParallelPlan, cut: int,
