@@ -15,8 +15,8 @@ before them in the step, and a first layer's forwards priced apart by whether a 
 ran just before them (`step_host.placed_layers`), not against their model neighbours.
 The search adds the same per-stage host terms to its objective (`planner.stage_host`).
 Data-parallel traffic overlaps the compute it runs beside with efficiency
-`overlap_efficiency(cluster)` (GPUs DP_OVERLAP_EFFICIENCY; CPU processes only what idle
-cores can take; or the spec's `dp_overlap_efficiency`); what it cannot hide is exposed.
+`overlap_efficiency(cluster)` (GPUs DP_OVERLAP_EFFICIENCY; CPU processes none: their DP
+calls block the main thread; or the spec's `dp_overlap_efficiency`); the rest is exposed.
 The pipeline (pipeline.py) turns each stage's F and B, its p2p sends apart, into the
 iteration (closed forms, or the replayed schedule for unequal interleaved chunks:
 pipeline_sim); sends the schedule does not wait on count only through the bubble. The
@@ -146,15 +146,17 @@ class Estimate:
 
 def overlap_efficiency(cluster: ClusterSpec) -> float:
     """The spec's fitted DP overlap efficiency, else the default assumption: on GPUs
-    DP_OVERLAP_EFFICIENCY; on CPU processes at most the share of the node's cores no
-    process runs on. A CPU collective's copies and reductions (gloo's worker thread,
-    loopback TCP) need a core: with a process on every core nothing hides them (measured
-    on gpt-tiny dp2 on 2 cores: backward + step = plain + DP units + all of the DP
-    traffic)."""
+    DP_OVERLAP_EFFICIENCY; on CPU processes 0, idle cores or not. There every DP call is
+    synchronous on the main thread (`comm.dp_comm_s` prices them as `blocking_s`): FSDP2's
+    `foreach_reduce` issues its reduce-scatter and the replicate all-reduce with async_op
+    False (torch 2.13, `_fsdp_collectives.py`; a CPU "stream" orders nothing), its
+    all-gathers likewise, and the lean host rings (`executors.host_collectives`) are
+    synchronous with backward prefetch off. Measured on gpt-tiny dp2 on 2 cores: backward
+    + step = plain + DP units + all of the DP traffic."""
     if cluster.dp_overlap_efficiency is not None:
         return cluster.dp_overlap_efficiency
     if cluster.host_bound:
-        return min(DP_OVERLAP_EFFICIENCY, cluster.idle_core_share)
+        return 0.0
     return DP_OVERLAP_EFFICIENCY
 
 

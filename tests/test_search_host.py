@@ -348,3 +348,29 @@ def test_two_tensors_copied_into_one_layer_are_two_sums():
         devices_per_node=1, host_cores=1)
     config = layer_configs(graph, plan, "cpu")[both]
     assert tied_sum_seconds(graph, plan, cluster, both, config) == pytest.approx(10.4608e-6)
+
+
+def test_on_idle_cores_the_cpu_dp_sync_is_exposed_whole_in_estimate_and_search():
+    """gpt-tiny, dp 2 replicated, FP32, 2 CPU processes on 8 cores (idle share 0.75):
+    every DP call blocks the main thread (FSDP2 issues its reduce with async_op False on
+    gloo: `estimate.overlap_efficiency`), so none hides behind backward. A block's
+    all-reduce: 49,984 fp32 parameters = 199,936 B, a ring of 2: 2 (n-1)/n x 199,936 B at
+    1 GB/s + 2 x 100 us latency = 399.9 us; the 7 units 2.2412 ms in all, exposed whole
+    (hidden at 0.75 behind the 6.53 ms backward it had read 0). The search's objective
+    for its plan is the estimate's, composed, to the float."""
+    from tests.test_cost_host import cpu_spec
+    from tests.test_search import _composed_s
+
+    graph = load_layer_graph("gpt-tiny", micro_batch=2, dtype=torch.float32)
+    cluster = cpu_spec(host_cores=8)
+    assert cluster.idle_core_share == 0.75
+    plan = uniform_plan(len(graph.layers), dp=2, zero=0, micro_batch=2, global_batch=4,
+                        precision=Precision.FP32)
+    stage = estimate(graph, plan, cluster).stage_times[0]
+    assert stage.compute_backward_s > 2.2412e-3 / 0.75  # the old overlap hid it all
+    assert stage.dp_step_s == pytest.approx(2.2412e-3, rel=1e-4)
+    options = SearchOptions(pp=1, tp=1, zero=0, micro_batch=2, no_checkpoint=True,
+                            no_offload=True, precision=Precision.FP32)
+    best = search(graph, cluster, 4, options, with_baselines=False).best
+    assert best.plan == plan
+    assert best.objective_s == pytest.approx(_composed_s(best.estimate, 1), rel=1e-12)
