@@ -217,11 +217,13 @@ def transitions(graph: LayerGraph, cluster: ClusterSpec, options: SearchOptions,
     out = []
     configs = {tp: step_config(graph, options, cluster, samples // (stage_devices // tp))
                for tp, _ in layouts}
+    # candidates whose micro-batches scale alike share the matrices
+    scales = tuple(sorted((tp, c.activation_scale) for tp, c in configs.items()))
     n_layers = len(graph.layers)
     for j in range(n_layers):
         # A TP change into a layer the executor cannot re-split is infinitely expensive.
         chain = j + 1 >= n_layers or graph.layers[j + 1].chain_input
-        key = (crossing[j], tuple(layouts), chain, samples, stage_devices)
+        key = (crossing[j], tuple(layouts), chain, scales)
         if key not in cache:
             n = len(layouts)
             x = np.zeros((n, n))
