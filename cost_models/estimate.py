@@ -15,8 +15,8 @@ before them in the step, and a first layer's forwards priced apart by whether a 
 ran just before them (`step_host.placed_layers`), not against their model neighbours.
 The search adds the same per-stage host terms to its objective (`planner.stage_host`).
 Data-parallel traffic overlaps the compute it runs beside with efficiency
-`overlap_efficiency(cluster)` (GPUs DP_OVERLAP_EFFICIENCY; CPU processes only what idle
-cores can take; or the spec's `dp_overlap_efficiency`); what it cannot hide is exposed.
+`overlap_efficiency(cluster)` (GPUs DP_OVERLAP_EFFICIENCY; CPU processes none: their DP
+calls block the main thread; or the spec's `dp_overlap_efficiency`); the rest is exposed.
 The pipeline (pipeline.py) turns each stage's F and B, its p2p sends apart, into the
 iteration (closed forms, or the replayed schedule for unequal interleaved chunks:
 pipeline_sim); sends the schedule does not wait on count only through the bubble. The
@@ -146,15 +146,17 @@ class Estimate:
 
 def overlap_efficiency(cluster: ClusterSpec) -> float:
     """The spec's fitted DP overlap efficiency, else the default assumption: on GPUs
-    DP_OVERLAP_EFFICIENCY; on CPU processes at most the share of the node's cores no
-    process runs on. A CPU collective's copies and reductions (gloo's worker thread,
-    loopback TCP) need a core: with a process on every core nothing hides them (measured
-    on gpt-tiny dp2 on 2 cores: backward + step = plain + DP units + all of the DP
-    traffic)."""
+    DP_OVERLAP_EFFICIENCY; on CPU processes 0, idle cores or not. There every DP call is
+    synchronous on the main thread (`comm.dp_comm_s` prices them as `blocking_s`): FSDP2's
+    `foreach_reduce` issues its reduce-scatter and the replicate all-reduce with async_op
+    False (torch 2.13, `_fsdp_collectives.py`; a CPU "stream" orders nothing), its
+    all-gathers likewise, and the lean host rings (`executors.host_collectives`) are
+    synchronous with backward prefetch off. Measured on gpt-tiny dp2 on 2 cores: backward
+    + step = plain + DP units + all of the DP traffic."""
     if cluster.dp_overlap_efficiency is not None:
         return cluster.dp_overlap_efficiency
     if cluster.host_bound:
-        return min(DP_OVERLAP_EFFICIENCY, cluster.idle_core_share)
+        return 0.0
     return DP_OVERLAP_EFFICIENCY
 
 
@@ -258,12 +260,23 @@ def _stage_costs(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
 def _relayout_s(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, j: int,
                 config: StepConfig) -> float:
     a, b = plan.layer_strategies[j], plan.layer_strategies[j + 1]
-    sp_a = sequence_parallel_applies(graph.layers[j], a)
-    sp_b = sequence_parallel_applies(graph.layers[j + 1], b)
-    if a.tp == b.tp and sp_a == sp_b:
+    return relayout_s(graph.crossing_bytes(j), config, a.tp, b.tp,
+                      sequence_parallel_applies(graph.layers[j], a),
+                      sequence_parallel_applies(graph.layers[j + 1], b), cluster)
+
+
+def relayout_s(crossing_bytes: float, source: StepConfig, tp_from: int, tp_to: int,
+               sp_from: bool, sp_to: bool, cluster: ClusterSpec) -> float:
+    """Forward seconds of re-laying out the activation after a layer for the next layer's
+    (TP, SP) layout (backward costs the same; `comm.tp_transition_s`). `crossing_bytes`
+    is at the graph's micro-batch; the activation re-laid out is one replica's at the
+    source layer's own micro-batch (`source`: samples / its dp, as
+    `ParallelPlan.layer_micro_batch`). The one definition the estimate and the search's
+    transition table (`planner.layer_tables.transitions`) both price."""
+    if tp_from == tp_to and sp_from == sp_to:
         return 0.0
-    nbytes = graph.crossing_bytes(j) * config.activation_scale
-    return tp_transition_s(nbytes, a.tp, b.tp, sp_a, sp_b, cluster)
+    return tp_transition_s(crossing_bytes * source.activation_scale, tp_from, tp_to,
+                           sp_from, sp_to, cluster)
 
 
 def _boundary_bytes(graph: LayerGraph, plan: ParallelPlan, cut: int,

@@ -81,27 +81,22 @@ def pipeline_action_s(cluster: ClusterSpec) -> float:
     return cal.pipeline_action_host_s * cluster.host_share
 
 
-def backward_calls(plan: ParallelPlan) -> dict[int, int]:
+def backward_calls(schedule: Schedule, pp: int, m: int, v: int) -> dict[int, int]:
     """Plan stage -> the `torch.autograd.backward` calls it makes in one step: one per
     backward pass of the schedule (module docstring, 1)."""
-    return {stage: b for stage, (_, b) in stage_passes(plan).items()}
+    return {stage: b for stage, (_, b) in passes_per_stage(schedule, pp, m, v).items()}
 
 
-def pipeline_actions(plan: ParallelPlan) -> dict[int, int]:
+def pipeline_actions(schedule: Schedule, pp: int, m: int, v: int) -> dict[int, int]:
     """Plan stage -> the actions torch's pipelining runtime runs for it in one step (its
     forward and backward passes); none without a pipeline (pp 1: the plain loop)."""
-    if plan.pp == 1:
+    if pp == 1:
         return {}
-    return {stage: f + b for stage, (f, b) in stage_passes(plan).items()}
-
-
-def stage_passes(plan: ParallelPlan) -> dict[int, tuple[int, int]]:
-    """Plan stage -> (forward, backward) passes in one step, as the executor runs them."""
-    return passes_per_stage(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages)
+    return {stage: f + b for stage, (f, b) in passes_per_stage(schedule, pp, m, v).items()}
 
 
 def passes_per_stage(schedule: Schedule, pp: int, m: int, v: int) -> dict[int, tuple[int, int]]:
-    """`stage_passes` of a pipeline shape, before any plan exists (the search's)."""
+    """Plan stage -> (forward, backward) passes in one step, as the executor runs them."""
     return {stage: (f, b) for stage, f, b in _passes(schedule, pp, m, v)}
 
 
@@ -115,10 +110,10 @@ def step_host_per_microbatch_s(cluster: ClusterSpec, schedule: Schedule, pp: int
     engine, action = engine_start_s(cluster), pipeline_action_s(cluster)
     if not engine and not action:
         return 0.0, 0.0
-    passes = passes_per_stage(schedule, pp, m, v)
-    calls = sum(passes[i][1] for i in stages if i in passes)
-    actions = sum(sum(passes[i]) for i in stages if i in passes) if pp > 1 else 0
-    return engine * calls / m, action * actions / m
+    calls = backward_calls(schedule, pp, m, v)
+    actions = pipeline_actions(schedule, pp, m, v)
+    return (engine * sum(calls.get(i, 0) for i in stages) / m,
+            action * sum(actions.get(i, 0) for i in stages) / m)
 
 
 @functools.lru_cache(maxsize=256)

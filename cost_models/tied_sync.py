@@ -19,6 +19,7 @@ prices the same sum per candidate stage (`planner.stage_host`, `tied_group_secon
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Collection
 
 from ir.cluster import ClusterSpec
 from ir.layer import Layer, LayerGraph
@@ -26,7 +27,7 @@ from ir.plan import ParallelPlan
 
 from cost_models.common import StepConfig
 from cost_models.model_states import held_bytes_per_param
-from cost_models.tied_memory import tie_groups, tied_local_fraction, tied_numel
+from cost_models.tied_memory import TieGroup, tie_groups, tied_local_fraction, tied_numel
 
 # glibc serves a request above its largest dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX,
 # 32 MiB on 64-bit: mallopt(3)) with fresh pages, so the sum's new tensors of a larger
@@ -136,14 +137,27 @@ def tied_sum_seconds(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec
     if not tied_sums_priced(cluster):
         return 0.0
     rank = plan.stage_of(j) % plan.pp
+    held = {k for group in tie_groups(graph) for k in group.holders
+            if plan.stage_of(k) % plan.pp == rank}
+    return rank_tied_sums_s(graph, cluster, held, lambda group: tied_grad_bytes(
+        graph.layers[group.copy], config, tied_local_fraction(graph, plan, group.copy),
+        group.name), charged_at=j)
+
+
+def rank_tied_sums_s(graph: LayerGraph, cluster: ClusterSpec, held: Collection[int],
+                     grad_bytes: Callable[[TieGroup], float],
+                     charged_at: int | None = None) -> float:
+    """Seconds of sync's sums on a pipeline rank holding layers `held`: per tie group with
+    holders there, one sum over those holders (`tied_group_seconds`). `grad_bytes(group)`:
+    the group's gradient bytes as sync sums them on this rank (the caller's share: a
+    plan's `tied_local_fraction`, the search's per-layout share); `charged_at`: only the
+    groups whose last holder there is that layer (the estimate charges each at one layer).
+    The one grouping `tied_sum_seconds` and the search (`planner.stage_host`) both read."""
     total_s = 0.0
     for group in tie_groups(graph):
-        local = [k for k in group.holders if plan.stage_of(k) % plan.pp == rank]
-        if local and j == local[-1]:
-            grad_bytes = tied_grad_bytes(graph.layers[group.copy], config,
-                                         tied_local_fraction(graph, plan, group.copy),
-                                         group.name)
-            total_s += tied_group_seconds(cluster, len(local), grad_bytes)
+        local = [k for k in group.holders if k in held]
+        if local and (charged_at is None or charged_at == local[-1]):
+            total_s += tied_group_seconds(cluster, len(local), grad_bytes(group))
     return total_s
 
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 from torch import nn
 
-from cost_models.comm import layer_comm, tp_transition_s
+from cost_models.comm import layer_comm
 from cost_models.common import StepConfig, device_type_of, layer_lean
 from cost_models.compute import layer_compute
 from cost_models.host_dispatch import host_position_key
-from cost_models.estimate import exposed, overlap_efficiency
+from cost_models.estimate import exposed, overlap_efficiency, relayout_s
 from cost_models.memory import (DP_BUCKET_BYTES, DP_BUCKETS_IN_FLIGHT, ZERO3_UNITS_IN_FLIGHT,
                                 LayerMemory, held_through_step, layer_memory)
 from cost_models.model_states import bytes_per_param
@@ -209,17 +209,21 @@ def crossing_bytes(graph: LayerGraph, cache: dict) -> list[float]:
 
 
 def transitions(graph: LayerGraph, cluster: ClusterSpec, options: SearchOptions,
-                 layouts: list[tuple], micro_batch: int, cache: dict,
-                 crossing: list[float]) -> list[np.ndarray]:
-    """x(j, a, b) for every j: the re-layout after layer j, forward plus backward."""
+                layouts: list[tuple], samples: int, stage_devices: int, cache: dict,
+                crossing: list[float]) -> list[np.ndarray]:
+    """x(j, a, b) for every j: the re-layout after layer j, forward plus backward, at the
+    source layout's micro-batch (`samples` / its dp = `stage_devices` / its TP degree;
+    `cost_models.estimate.relayout_s`, as the estimate prices it)."""
     out = []
-    scale = step_config(graph, options, cluster, micro_batch).activation_scale
+    configs = {tp: step_config(graph, options, cluster, samples // (stage_devices // tp))
+               for tp, _ in layouts}
+    # candidates whose micro-batches scale alike share the matrices
+    scales = tuple(sorted((tp, c.activation_scale) for tp, c in configs.items()))
     n_layers = len(graph.layers)
     for j in range(n_layers):
-        nbytes = crossing[j] * scale
         # A TP change into a layer the executor cannot re-split is infinitely expensive.
         chain = j + 1 >= n_layers or graph.layers[j + 1].chain_input
-        key = (nbytes, tuple(layouts), chain)
+        key = (crossing[j], tuple(layouts), chain, scales)
         if key not in cache:
             n = len(layouts)
             x = np.zeros((n, n))
@@ -227,12 +231,12 @@ def transitions(graph: LayerGraph, cluster: ClusterSpec, options: SearchOptions,
                 for b, (tp_b, sp_b) in enumerate(layouts):
                     if tp_a != tp_b and (not chain or max(tp_a, tp_b) % min(tp_a, tp_b)):
                         x[a, b] = INF  # ir.legality.layout_change_problem
-                    elif (tp_a, sp_a) != (tp_b, sp_b):
-                        x[a, b] = 2 * tp_transition_s(nbytes, tp_a, tp_b, sp_a, sp_b, cluster)
+                    else:
+                        x[a, b] = 2 * relayout_s(crossing[j], configs[tp_a], tp_a, tp_b,
+                                                 sp_a, sp_b, cluster)
             cache[key] = x
         out.append(cache[key])
     return out
-
 
 
 def transient_caps(tables: list[LayerTable], levels: int) -> list[float]:

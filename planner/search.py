@@ -16,7 +16,8 @@ where, per layer and micro-batch (priced once per unique layer by
     mem_r(i, s)  params + grads + optimizer states + k_r x kept activations, k_r the
                  micro-batches in flight on rank r (cost_models.pipeline)
     x(j, a, b)   forward + backward re-layout between layers j and j+1 when their
-                 (TP, SP) layouts a, b differ (cost_models.comm.tp_transition_s, in
+                 (TP, SP) layouts a, b differ, at layer j's own micro-batch
+                 (cost_models.estimate.relayout_s, in
                  `layer_tables.transitions`); infinite where the executor cannot re-split layer
                  j+1's input (`ir.legality.layout_change_problem`)
     transient    one layer's recompute working set, gradient flow, ZeRO-3 gathered units
@@ -206,7 +207,8 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
     budget = memory_budget_bytes(cluster, options) - shrink_bytes
     scale_batch = max(1, samples // stage_devices)
     crossing = crossing_bytes(graph, trans_cache)
-    x = transitions(graph, cluster, options, layouts, scale_batch, trans_cache, crossing)
+    x = transitions(graph, cluster, options, layouts, samples, stage_devices, trans_cache,
+                    crossing)
     scale = step_config(graph, options, cluster, scale_batch).activation_scale
     edges = edge_costs(crossing, cluster, stage_devices, scale)
     def edge(a: int, b: int, r: int) -> float:  # T_r's terms beyond the stage program's

@@ -42,7 +42,7 @@ from cost_models.step_host import (Placed, engine_start_s, passes_per_stage,
                                    prices_cold_ops, step_host_per_microbatch_s)
 from cost_models.tied_memory import (TieGroup, gradient_layout, shared_layout_fraction,
                                      tie_groups)
-from cost_models.tied_sync import tied_grad_bytes, tied_group_seconds, tied_sums_priced
+from cost_models.tied_sync import rank_tied_sums_s, tied_grad_bytes, tied_sums_priced
 from ir.cluster import ClusterSpec
 from ir.layer import LayerGraph
 from ir.strategy import Precision
@@ -127,13 +127,12 @@ class StageHost:
         return out
 
     def _tied_s(self, spans: list[tuple[int, int]]) -> float:
-        """Sync's sums on a rank holding layers `spans`: per tie group (`tie_groups`), its
-        holders there, as `tied_sync.tied_sum_seconds` counts them."""
+        """Sync's sums on a rank holding layers `spans` (`tied_sync.rank_tied_sums_s`, as
+        the estimate's `tied_sum_seconds`), each group's share `shared` where all its
+        holders are here."""
         held = {j for a, b in spans for j in range(a, b + 1)}
-        return sum(tied_group_seconds(self.cluster, len(local),
-                                      self.grad_bytes(g.copy, g.name) * (
-            self.shared.get(g, 1.0) if held.issuperset(g.holders) else 1.0))
-                   for g in tie_groups(self.graph) if (local := held.intersection(g.holders)))
+        return rank_tied_sums_s(self.graph, self.cluster, held, lambda g: self.grad_bytes(
+            g.copy, g.name) * (self.shared.get(g, 1.0) if held.issuperset(g.holders) else 1.0))
 
     def with_shared(self, shared: dict[TieGroup, float]) -> StageHost:
         """This h with tie groups' sums at `shared` shares where all holders are on a rank

@@ -14,7 +14,12 @@ TP collectives its early stop reruns (`ir.tp_recompute`: under SP 2 all-gathers 
 reduce-scatter per block, not 2 + 2; torch.profiler counted exactly that on 2 gloo ranks):
 the SP + full-checkpoint stage got cheaper, the first cut moved one layer later (stages
 (0, 18) -> (0, 19)), objective 135.600 -> 135.400 s, step 134.299 -> 134.703 s, same plan
-string. They depend on the
+string. gpt3's counters moved when the search came to price a re-layout after a TP > 1
+layer at that layer's own micro-batch (samples / its dp), as the estimate does
+(`cost_models.estimate.relayout_s`), not at samples / the stage's 128 devices (clamped to
+1): under-priced by its TP degree where a replica's micro-batch exceeds 1 (dp_extensions
+14162 -> 14520, refits 16 -> 18, feasible candidates 19 -> 18; same plans, stages, step and
+objective, whose micro-batch is 1 either way; llama's unchanged). They depend on the
 cost model: a change that reprices on purpose (kernel times, memory figures) moves them,
 and then the new values are re-pinned in the same commit, saying why they moved:
 
@@ -44,8 +49,8 @@ PINS = {
                    ("Megatron TPxPPxDP",
                     "plan(pp=16, stages=16, mb=1x192, 1f1b, tp8+sp·dp8/tp8·dp8)", None)],
         baseline_step_seconds={"Megatron TPxPPxDP": 20.869692599643898},
-        stats=dict(outer_candidates=67, outer_searched=25, outer_pruned=42, dp_extensions=14162,
-                   refits=16, feasible_candidates=19)),
+        stats=dict(outer_candidates=67, outer_searched=25, outer_pruned=42, dp_extensions=14520,
+                   refits=18, feasible_candidates=18)),
     ("llama3-70b", "h100-80g", 8, 512): dict(
         plan="plan(pp=4, stages=4, mb=1x256, 1f1b, "
              "tp8+sp·dp2·z2/tp8+sp·dp2·z2·ckpt/tp8+sp·dp2·z2·sel/tp8·dp2·z2)",

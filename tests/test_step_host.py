@@ -43,7 +43,8 @@ def two_cpu_processes(calibration: KernelCalibration | None) -> ClusterSpec:
 def test_one_engine_call_per_backward_pass(schedule, pp, v, m, calls):
     plan = uniform_plan(8, pp=pp, micro_batch=1, global_batch=m, schedule=schedule,
                         virtual_stages=v, precision=Precision.FP32)
-    assert backward_calls(plan) == calls
+    assert backward_calls(plan.schedule, plan.pp, plan.num_microbatches,
+                          plan.virtual_stages) == calls
 
 
 def _iteration(graph, plan, engine_s: float):
@@ -165,7 +166,10 @@ def test_a_pipeline_pays_its_runtime_per_action_and_the_plain_loop_does_not():
                          schedule=Schedule.GPIPE, precision=Precision.FP32)
     plain = uniform_plan(len(graph.layers), micro_batch=1, global_batch=4,
                          precision=Precision.FP32)
-    assert pipeline_actions(piped) == {0: 8, 1: 8} and pipeline_actions(plain) == {}
+    def actions(plan):
+        return pipeline_actions(plan.schedule, plan.pp, plan.num_microbatches,
+                                plan.virtual_stages)
+    assert actions(piped) == {0: 8, 1: 8} and actions(plain) == {}
     cal = KernelCalibration(measured_on="test", pipeline_action_host_s=action_s)
     bare = KernelCalibration(measured_on="test")
     for plan, grown in ((piped, 10 * action_s), (plain, 0.0)):
