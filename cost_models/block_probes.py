@@ -42,6 +42,7 @@ from cost_models.tp_probes import (MLP_EXPANSION, SP_PROBE_LOCAL_TOKENS, SP_SEQU
 SP_BLOCK_HEAD_WIDTH = 4  # per-head width of the probe block (host-bound sizes)
 SP_BLOCK_HEADS_PER_RANK = 2  # attention heads per rank (the width splits by heads)
 SP_BLOCK_GROUPS = 2  # SP module groups in the block: attention (q/k/v, proj), MLP (fc1, fc2)
+SP_BLOCK_MODULES = 6  # its TP modules: q, k, v, proj, fc1, fc2 (the groups' 4 and k, v)
 SP_BLOCK_DROPOUT = 0.1  # GPT-2's dropout: three masks per block, as the zoo's gpt
 
 

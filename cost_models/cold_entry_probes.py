@@ -191,34 +191,39 @@ def paired_rounds(layers, step_between, fresh, clock, runs: int = ENTRY_RUNS,
     the layer it lands in."""
     import gc
 
-    cold = {k: [] for k, _ in layers}
-    warm = {k: [] for k, _ in layers}
-    outs = {}
+    if not 1 <= passes <= runs:
+        raise ValueError(f"paired_rounds: passes ({passes}) must be between 1 and runs ({runs})")
+    # per layer, by its place in `layers` (two layers may have the same cold-op count)
+    cold = [[] for _ in layers]
+    warm = [[] for _ in layers]
+    outs = [None] * len(layers)
+    order = list(range(len(layers)))
     enabled = gc.isenabled()
     gc.disable()  # no gc.collect() first: ~85 ms with torch loaded, a third of the probe
     try:
         for p in range(passes):
             shift = p % len(layers)
-            for k, layer in layers[shift:] + layers[:shift]:
-                outs[k] = layer(fresh())  # untimed: the layer's code warm before the step work
+            for i in order[shift:] + order[:shift]:
+                layer = layers[i][1]
+                outs[i] = layer(fresh())  # untimed: the layer's code warm before the step work
                 for _ in range(runs // passes):
-                    step_between(outs[k])
+                    step_between(outs[i])
                     x = fresh()
                     start = clock()
-                    outs[k] = layer(x)  # its backward runs in the next step_between, as in a step
-                    cold[k].append(clock() - start)
+                    outs[i] = layer(x)  # its backward runs in the next step_between, as in a step
+                    cold[i].append(clock() - start)
                     layer(fresh())
                     x = fresh()
                     start = clock()
                     layer(x)
-                    warm[k].append(clock() - start)
+                    warm[i].append(clock() - start)
     finally:
         if enabled:
             gc.enable()
     chains = []
-    for k, _ in layers:
-        warm_s = statistics.median(warm[k])
-        extra_s = statistics.median(c - w for c, w in zip(cold[k], warm[k]))
+    for i, (k, _) in enumerate(layers):
+        warm_s = statistics.median(warm[i])
+        extra_s = statistics.median(c - w for c, w in zip(cold[i], warm[i]))
         chains.append(ColdChain(k, warm_s + extra_s, warm_s))
     return chains
 

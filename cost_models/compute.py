@@ -51,6 +51,7 @@ from ir.layer import Layer, TPStyle
 from ir.legality import sequence_parallel_applies
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
 
+from cost_models.block_probes import SP_BLOCK_GROUPS, SP_BLOCK_MODULES
 from cost_models.checkpoint_probes import checkpoint_extra_seconds, rerun_ops
 from cost_models.checkpoint_probes import probed as checkpoint_probed
 from cost_models.common import GB, StepConfig, dtype_bytes
@@ -187,9 +188,10 @@ def selective_tp_seconds(layer: Layer, strategy: LayerStrategy, cluster: Cluster
     of it is the recompute's), counted as `tp_module_seconds` counts, stretched as it is;
     an SP layer prices its groups at the whole-block figure where the spec has one
     (`block_probes.sp_block_selective_seconds`: per group of a GPT-2 block, whose k and v
-    modules, norms, attention core and gather hooks it holds, so the modules outside the
-    groups add nothing more; its forward share is `selective_tp_forward_seconds`); 0
-    where the spec has no such figure (older specs, GPUs) or the layer no checkpoint."""
+    modules, norms, attention core and gather hooks it holds, so only the modules beyond
+    its SP_BLOCK_MODULES per SP_BLOCK_GROUPS groups add the per-module figure: a gated
+    MLP's third Linear; its forward share is `selective_tp_forward_seconds`); 0 where the
+    spec has no such figure (older specs, GPUs) or the layer no checkpoint."""
     figures = cluster.calibration.selective_seconds(strategy.tp)
     if (strategy.tp == 1 or figures is None
             or strategy.checkpoint is not Checkpoint.SELECTIVE):
@@ -198,7 +200,8 @@ def selective_tp_seconds(layer: Layer, strategy: LayerStrategy, cluster: Cluster
     groups, modules = _groups_and_modules(layer, strategy, True, with_vocab=False)
     block = cluster.calibration.sp_block_selective_seconds(strategy.tp)
     if groups and block is not None:
-        seconds = groups * block[0]
+        beyond = modules + 2 * groups - groups * SP_BLOCK_MODULES // SP_BLOCK_GROUPS
+        seconds = groups * block[0] + max(beyond, 0) * module_s
     else:
         seconds = groups * group_s + modules * module_s
     return seconds * cluster.host_share if cluster.host_bound else seconds

@@ -92,34 +92,36 @@ def tie_groups(graph: LayerGraph) -> list[TieGroup]:
     return out
 
 
-def tied_local_fraction(graph: LayerGraph, plan: ParallelPlan, j: int) -> float:
+def tied_local_fraction(graph: LayerGraph, plan: ParallelPlan, j: int,
+                        name: str | None = None) -> float:
     """The share of tied copy `j`'s full gradient that `executors.tied.TiedGradients.sync`
     sums on one rank: a copy whose copies all sit on its pipeline rank (its stage, or
     another chunk of the rank: `TiedGradients` groups holders by rank) with its layout has
     gradients that are DTensors of one layout, and sync sums the local shards
     (`_one_layout`), not full gradients; else 1 (the full path). Under TP only a TP-split
-    copy counts (a replicated one may meet a split owner: the full path, as priced)."""
+    copy counts (a replicated one may meet a split owner: the full path, as priced).
+    `name`: the tie group's tensor as `j` holds it (default: its first)."""
     layer = graph.layers[j]
     strategy, rank = plan.layer_strategies[j], plan.stage_of(j) % plan.pp
     if not layer.tied_params:
         return 1.0
     layout = gradient_layout(strategy)
-    copies = _copies(graph, layer.tied_param_names[0])
+    copies = _copies(graph, name or layer.tied_param_names[0])
     if any(plan.stage_of(k) % plan.pp != rank
            or gradient_layout(plan.layer_strategies[k]) != layout for k in copies):
         return 1.0
-    return shared_layout_fraction(graph, j, strategy, plan.precision)
+    return shared_layout_fraction(graph, j, strategy, plan.precision, name)
 
 
 def shared_layout_fraction(graph: LayerGraph, j: int, strategy: LayerStrategy,
-                           precision: Precision) -> float:
+                           precision: Precision, name: str | None = None) -> float:
     """`tied_local_fraction` of copy `j` at `strategy` where every copy of its tie group
     sits on its rank in its `gradient_layout` (the search prices that case per layout:
     `planner.stage_host.tied_variants`)."""
     layer = graph.layers[j]
     if not layer.tied_params or (strategy.tp > 1 and not layer.tied_tp_params):
         return 1.0
-    copies = _copies(graph, layer.tied_param_names[0])
+    copies = _copies(graph, name or layer.tied_param_names[0])
     if strategy.tp == 1 and not any(has_dp_unit(graph.layers[k], strategy, precision)
                                     for k in copies):
         return 1.0  # plain tensors: the full path

@@ -140,8 +140,8 @@ def tied_sum_seconds(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec
     held = {k for group in tie_groups(graph) for k in group.holders
             if plan.stage_of(k) % plan.pp == rank}
     return rank_tied_sums_s(graph, cluster, held, lambda group: tied_grad_bytes(
-        graph.layers[group.copy], config, tied_local_fraction(graph, plan, group.copy),
-        group.name), charged_at=j)
+        graph.layers[group.copy], config,
+        tied_local_fraction(graph, plan, group.copy, group.name), group.name), charged_at=j)
 
 
 def rank_tied_sums_s(graph: LayerGraph, cluster: ClusterSpec, held: Collection[int],

@@ -216,14 +216,6 @@ class ClusterSpec:
             return 1.0
         return max(1.0, self.devices_per_node / self.host_cores)
 
-    @property
-    def idle_core_share(self) -> float:
-        """Share of a node's cores no process runs on (0 with a process on every core, or
-        when the core count is unknown)."""
-        if self.host_cores <= 0:
-            return 0.0
-        return max(0.0, 1.0 - self.devices_per_node / self.host_cores)
-
     def with_calibration(self, **tables: Any) -> ClusterSpec:
         """The same spec with some calibration tables replaced (`CalibrationTables` fields)."""
         return dataclasses.replace(self, calibration=dataclasses.replace(self.calibration,

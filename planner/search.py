@@ -432,7 +432,9 @@ def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
             if group_bound == INF or (len(objectives) >= keep_best and
                                       group_bound >= objectives[keep_best - 1] * LOWER_BOUND_SLACK):
                 continue
-            # the tied sums on local shards, priced per gradient layout (`tied_variants`)
+            # the tied sums on local shards, priced per gradient layout (`tied_variants`):
+            # one group's variants are one problem, so only their least joins `found`
+            best = None
             for variant, variant_host in tied_variants(graph, group, host, options.precision):
                 objectives = sorted(f[0] for f in found)
                 incumbent = objectives[keep_best - 1] if len(objectives) >= keep_best else INF
@@ -440,10 +442,11 @@ def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
                                         global_batch, trans_cache, stats,
                                         incumbent * LOWER_BOUND_SLACK, memory_cache, model,
                                         variant_host)
-                if result is not None:
-                    found.append((result[0], cand, result[1]))
-                    others[result[1]] = [(objective, cand, plan)
-                                         for objective, plan in result[2]]
+                if result is not None and (best is None or result[0] < best[0]):
+                    best = result
+            if best is not None:
+                found.append((best[0], cand, best[1]))
+                others[best[1]] = [(objective, cand, plan) for objective, plan in best[2]]
     found.sort(key=lambda f: f[0])
     candidates, seen = [], set()
 

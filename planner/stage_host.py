@@ -182,12 +182,13 @@ def tied_variants(graph: LayerGraph, tables: list, host: StageHost | None,
     for group in tie_groups(graph):
         holders, first = group.holders, group.copy
         keys = {(gradient_layout(s), f) for s in tables[first].strategies
-                if (f := shared_layout_fraction(graph, first, s, precision)) < 1.0}
+                if (f := shared_layout_fraction(graph, first, s, precision, group.name)) < 1.0}
         for layout, f in sorted(keys):
             kept, ok = list(tables), True
             for j in holders:
                 narrowed = restrict([tables[j]], lambda s, j=j: gradient_layout(s) == layout and (
-                    j != first or shared_layout_fraction(graph, j, s, precision) == f))
+                    j != first or shared_layout_fraction(graph, j, s, precision,
+                                                         group.name) == f))
                 if narrowed is None:
                     ok = False
                     break

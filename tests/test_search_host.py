@@ -363,7 +363,7 @@ def test_on_idle_cores_the_cpu_dp_sync_is_exposed_whole_in_estimate_and_search()
 
     graph = load_layer_graph("gpt-tiny", micro_batch=2, dtype=torch.float32)
     cluster = cpu_spec(host_cores=8)
-    assert cluster.idle_core_share == 0.75
+    assert (cluster.devices_per_node, cluster.host_cores) == (2, 8)  # 6 of 8 cores idle
     plan = uniform_plan(len(graph.layers), dp=2, zero=0, micro_batch=2, global_batch=4,
                         precision=Precision.FP32)
     stage = estimate(graph, plan, cluster).stage_times[0]
@@ -374,3 +374,46 @@ def test_on_idle_cores_the_cpu_dp_sync_is_exposed_whole_in_estimate_and_search()
     best = search(graph, cluster, 4, options, with_baselines=False).best
     assert best.plan == plan
     assert best.objective_s == pytest.approx(_composed_s(best.estimate, 1), rel=1e-12)
+
+
+class _Single(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        return x @ self.w
+
+
+class _TwoOwnersOneCopier(torch.nn.Module):
+    """`first` owns A, `second` owns B, `both` copies A and B: two tie groups whose
+    holders differ, (first, both) and (second, both), with one copy layer between them."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = _Single(), _Single()
+        self.both = _Pair(self.first.w, self.second.w)
+
+    def forward(self, x):
+        return self.both(self.second(self.first(x)))
+
+
+def test_each_tie_group_reads_its_own_holders_for_the_local_share():
+    """pp 2 cut after `first`, ZeRO-3 dp 2: A's holders sit on two ranks (sync sums full
+    gradients: share 1), B's on rank 1 alone in one layout (sync sums the local shards:
+    1 / dp 2 = 0.5). Both groups' first copy is `both`; reading the holders of the copy's
+    first tensor for B too gave it A's share, 1."""
+    from ir.measure import build_layer_graph
+    from cost_models.tied_memory import tie_groups, tied_local_fraction
+
+    graph = build_layer_graph(_TwoOwnersOneCopier(), {"x": torch.randn(2, 8)},
+                              dtype=torch.float32)
+    names = [layer.name for layer in graph.layers]
+    both = names.index("both")
+    plan = uniform_plan(len(graph.layers), dp=2, zero=3, pp=2, micro_batch=1,
+                        global_batch=4, precision=Precision.FP32,
+                        stage_boundaries=(names.index("second"),))
+    shares = {tuple(names[k] for k in group.holders):
+              tied_local_fraction(graph, plan, group.copy, group.name)
+              for group in tie_groups(graph)}
+    assert shares == {("first", "both"): 1.0, ("second", "both"): 0.5}
