@@ -37,14 +37,11 @@ import statistics
 import sys
 import time
 
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_kernel_model import (MICRO_BATCHES, TARGET_ERROR, gemm_shapes,  # noqa: E402
-                                      traced_graph)
-from bench.bench_view_ab import ab_rows  # noqa: E402
-from cost_models.profile_device import profile_device  # noqa: E402
+from bench.bench_kernel_model import MICRO_BATCHES, TARGET_ERROR  # noqa: E402
+from bench.bench_view_ab import ab_rows, traced_and_profiled  # noqa: E402
 from planner.fmt import table  # noqa: E402
 
 MODELS = ("dlrm-small",)
@@ -70,11 +67,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     args = parser.parse_args()
-    torch.set_num_threads(1)
     start = time.perf_counter()
-    graphs = {(m, mb): traced_graph(m, mb) for m in args.models.split(",") for mb in MICRO_BATCHES}
-    spec, _ = profile_device("cpu", extra_gemm_shapes=gemm_shapes(g for g, _ in graphs.values()))
-    torch.set_num_threads(1)
+    graphs, spec = traced_and_profiled(args.models)
     kits = kits_of(spec)
     rows = ab_rows(graphs, kits)
     print(table(["model", "layer", "batch", "pass", "measured us", *kits],

@@ -107,15 +107,22 @@ def ab_rows(graphs: dict, kits: dict) -> list[dict]:
     return rows
 
 
+def traced_and_profiled(models: str):
+    """(graphs by (model, micro-batch), one thread's device profile with their GEMMs): what
+    an A/B bench prices its kits on."""
+    torch.set_num_threads(1)
+    graphs = {(m, mb): traced_graph(m, mb) for m in models.split(",") for mb in MICRO_BATCHES}
+    spec, _ = profile_device("cpu", extra_gemm_shapes=gemm_shapes(g for g, _ in graphs.values()))
+    torch.set_num_threads(1)
+    return graphs, spec
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     args = parser.parse_args()
-    torch.set_num_threads(1)
     start = time.perf_counter()
-    graphs = {(m, mb): traced_graph(m, mb) for m in args.models.split(",") for mb in MICRO_BATCHES}
-    spec, _ = profile_device("cpu", extra_gemm_shapes=gemm_shapes(g for g, _ in graphs.values()))
-    torch.set_num_threads(1)
+    graphs, spec = traced_and_profiled(args.models)
     kits = dict(kits_of(spec))
     rows = ab_rows(graphs, kits)
     print(table(["model", "layer", "batch", "pass", "view nodes", "measured us", *kits],

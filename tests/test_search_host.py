@@ -25,7 +25,7 @@ from planner.models import load_layer_graph
 from planner.search import search
 from planner.search_space import OuterCandidate, SearchOptions
 from planner.stage_host import StageHost
-from tests.test_step_host import two_cpu_processes
+from tests.cpu_specs import two_cpu_processes
 
 ENGINE_S, ACTION_S = 1e-3, 2e-3  # round figures far above the float noise of the rest
 TIED_SPEC = "gpt:layers=2,hidden=64,heads=4,vocab=512,seq=32"  # embedding tied to the head
@@ -332,7 +332,6 @@ def test_two_tensors_copied_into_one_layer_are_two_sums():
     from ir.measure import build_layer_graph
     from cost_models.tied_memory import tie_groups
     from cost_models.tied_sync import tied_sum_seconds
-    from tests.test_step_host import two_cpu_processes
 
     model = _OneHolderOfTwo()
     graph = build_layer_graph(model, {"x": torch.randn(2, 8)}, dtype=torch.float32)

@@ -13,24 +13,14 @@ from cost_models.clusters import get_cluster
 from cost_models.estimate import estimate
 from cost_models.step_host import backward_calls, engine_start_s, placed_layers
 from cost_models.synthetic import gpt_layer_graph
-from ir.cluster import ClusterSpec
 from ir.kernel_calibration import KernelCalibration
 from ir.measure import build_layer_graph
 from ir.plan import uniform_plan
 from ir.strategy import Precision, Schedule
+from tests.cpu_specs import two_cpu_processes
 from tests.test_cold_window import MixNegGate
 
 ENGINE_S = 1e-3  # a round figure, far above the float noise of the other terms
-
-
-def two_cpu_processes(calibration: KernelCalibration | None) -> ClusterSpec:
-    """2 CPU processes on 2 cores (core share 1), carrying `calibration`."""
-    return ClusterSpec(
-        name="test-cpu2", device="cpu", num_nodes=1, devices_per_node=2,
-        device_memory_bytes=2**34, peak_flops_by_dtype=(("float32", 1e11),), hbm_gbps=20.0,
-        intra_node_gbps=10.0, inter_node_gbps=1.0, intra_node_latency_s=1e-5,
-        inter_node_latency_s=1e-4, runtime_overhead_bytes=0, matmul_efficiency=1.0,
-        op_overhead_s=1e-6, host_cores=2, kernel_calibration=calibration)
 
 
 @pytest.mark.parametrize("schedule, pp, v, m, calls", [
