@@ -22,7 +22,9 @@ MEMORY_KERNELS = ("copy", "add", "gelu", "sum", "softmax", "layer_norm", "batch_
                   # kdev3 (issue 17): few loops per 2-D loop call, a copy and a product
                   "short_outer", "broadcast_binary",
                   # kdev3: the same middle-dim sum with no contiguous dim (unvectorised)
-                  "strided_reduction")
+                  "strided_reduction",
+                  # kernelprice (issue 17): log-softmax's backward, an exp per element
+                  "log_softmax_backward")
 # SDPA backends as torch.nn.attention.SDPBackend names them, lower case, plus "default"
 # (whatever torch's dispatcher picks with no backend forced).
 SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "math", "default")
