@@ -56,6 +56,24 @@ solved as bench_node_mix solves it) read 2.25-2.76 us a node, a Linear-ReLU chai
 weights' gradients stolen as the profile runs them, not accumulated: -0.08..+0.03 us a
 node (no effect). Load 5-10.
 
+Tried on these findings and dropped (bench_kernel_model's 90 backward rows, the same
+timings priced both ways; 2026-11-25 10:10-10:30 UTC, load 3-6):
+  - the probe's backward figure from each round's median run, not its mean (as
+    `time_layer` reads a layer: the same runs gave 2.21-2.57 against 2.73-3.38 us a node
+    at load 3): paired in one process 48 -> 52 rows over 15% (mlp-small's blocks +28 ->
+    +23%, the heads and blocks further under): on this machine the load's inflation of
+    the node figure was hiding the places' under-pricing.
+  - the last layer's backward counted cold against no backward op (not its forward's
+    ops): paired 48 -> 43 (gpt, llama, t5 heads within 15%), on two earlier runs' timings
+    37 -> 35 and 29 -> 30; it puts dlrm's top_mlp over (+8 -> +19%, +15 -> +27%): its
+    place costs 24-30 us here (profile - own copy) where 13-21 cold ops x 3.0 price
+    39-63. A warm mm (a Linear's backward) or cross entropy run just before took 5-8 us
+    each off gpt's and t5's heads (their mm, views and loss composites are all cold), none
+    off top_mlp's: its cold ops are cheap ones, after small neighbours (as tables.3's).
+  - the per-node figure less the probe chain's in-sequence share (the forward's rule
+    over distinct backward ops): 37 -> 39; less 0.3-0.6 us a node (a GELU-free chain's)
+    with the composites' excess scaled up to keep the chain's sum: 37 -> 36-41.
+
     PYTHONPATH=$PWD .venv/bin/python bench/bench_backward_neighbours.py \\
         t5-tiny:1:encoder_norm dlrm-small:1:tables.3 mlp-small:1:blocks.0
 """
