@@ -26,6 +26,7 @@ class _Node:
     x_in: np.ndarray | None  # x(b-1, c', c) into this layer
     step: "_Step"
     best: tuple[float, int] | None = None  # min_c C[b][c][U] and its c, once asked for
+    sent: dict | None = None  # per send tuple: `StageSolver.sent`'s answer, once asked for
 
 
 @dataclass
@@ -133,14 +134,33 @@ class StageSolver:
         return self._best_of(self.node(a, b, k))
 
     def bests(self, a: int, k: float, ends: list[int]):
-        """(b, T*, layout) of layers a..b for each b of `ends` (ascending, >= a), in one
-        walk from layer a: the partition program reads stages from a in this order."""
+        """(b, T*, layout, node) of layers a..b for each b of `ends` (ascending, >= a), in
+        one walk from layer a: the partition program reads stages from a in this order."""
         node, b = None, a - 1
         for end in ends:
             while b < end:
                 b += 1
                 node = self._child(node, b, k)
-            yield (end, *self._best_of(node))
+            yield (end, *self._best_of(node), node)
+
+    def sent(self, node: _Node, send: tuple[float, ...]) -> list[tuple[float, int, float]]:
+        """(C[b][c][U] + send[c], c, send[c]) for the layouts c no other beats on both the
+        stage's time with its send and the send alone (the next stage pays it again, as
+        its gradient's send back: `partition.partition`), by increasing send."""
+        if node.sent is None:
+            node.sent = {}
+        hit = node.sent.get(id(send))
+        if hit is not None and hit[0] is send:
+            return hit[1]
+        column = node.value[:, self.units].tolist()
+        out, least = [], INF
+        for c in sorted(range(len(send)), key=lambda c: (send[c], column[c])):
+            t = column[c] + send[c]
+            if t < least:
+                out.append((t, c, send[c]))
+                least = t
+        node.sent[id(send)] = (send, out)  # the tuple too: its id is unique while it lives
+        return out
 
     def _child(self, parent: _Node | None, b: int, k: float) -> _Node:
         """Layer b after `parent` (None: b starts the stage), interned by content."""
