@@ -37,7 +37,8 @@ def partition(graph, solver: StageSolver, cand: OuterCandidate, ks: list[float],
     Memory and time only grow as a stage gets longer, so once a..b does not fit, or
     (m-1) T alone reaches `incumbent` (an objective already found elsewhere), no longer
     stage from a helps (`host_s(a, b, r)`: the step's host terms, `planner.stage_host`,
-    at least `floor_s`); partial partitions whose objective reaches it are dropped too.
+    with the edge layers' placed change, `StageSolver.placed`, at least `floor_s`);
+    partial partitions whose objective reaches it are dropped too.
     The last rank must end at the last layer."""
     n, p, m = len(graph.layers), cand.pp, cand.num_microbatches
     cut_set = set(graph.cut_points)
@@ -48,9 +49,11 @@ def partition(graph, solver: StageSolver, cand: OuterCandidate, ks: list[float],
         """(b, t, layout, send) for the stages rank r could run starting at layer a: t
         with the forward send, `send` the one the next rank pays back."""
         if r == p - 1:
-            for b, t, c, _ in solver.bests(a, ks[r], [n - 1]):
+            for b, t, _, node in solver.bests(a, ks[r], [n - 1]):
                 if t < INF and (m - 1) * (t + floor_s) < incumbent:
-                    yield n - 1, t + host_s(a, n - 1, r), c, 0.0
+                    t, c = solver.least(solver.placed(a, b, ks[r], r, node))
+                    if t < INF:
+                        yield n - 1, t + host_s(a, n - 1, r), c, 0.0
             return
         last_end = n - 1 - (p - 1 - r)  # the later ranks need a layer each
         reachable = ends[bisect.bisect_left(ends, a):bisect.bisect_right(ends, last_end)]
@@ -58,7 +61,7 @@ def partition(graph, solver: StageSolver, cand: OuterCandidate, ks: list[float],
             if t == INF or (m - 1) * (t + floor_s) >= incumbent:
                 break
             h = host_s(a, b, r)
-            for sent_t, c, send in solver.sent(node, sends[b]):
+            for sent_t, c, send in solver.sent(solver.placed(a, b, ks[r], r, node), sends[b]):
                 yield b, sent_t + h, c, send
 
     # (last layer, send the next rank pays back) -> front

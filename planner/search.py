@@ -46,11 +46,11 @@ Outer recurrence, the stage partition (`partition.partition`), exact:
     answer  = min over F[p-1][L-1, 0] of  sum + (m-1) max.
 
 A stage's table is cached by the run of (structural hash, boundary bytes) it covers
-(`stage_program.StageSolver`), so 96 identical blocks cost one table per length. Interleaved 1F1B
-(v chunks per rank) uses stages of equal compute with the inner program per chunk
+(`stage_program.StageSolver`): 96 identical blocks cost one table per length. Interleaved
+1F1B (v chunks per rank) uses stages of equal compute with the inner program per chunk
 (`_interleaved`). Layers that must share one TP degree (`ir.legality.linked_runs`) and
 that a stage boundary may split are solved once per degree (`_pipeline_tp_groups`): the
-outer program does not carry layouts across stages.
+outer program carries no layout across stages, only the send a stage leaves.
 
 Every memory figure (the rows, the walk, the estimate) is priced for the executor's path
 of the model `search` is given (`cost_models.common.model_layer_configs`: a model built
@@ -227,7 +227,7 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
 
         def make_solver(stage_tables: list[LayerTable]) -> StageSolver:
             made.append(StageSolver(graph, stage_tables, x, len(layouts), units,
-                                    usable / units / v, cap, crossing, steps, places))
+                                    usable / units / v, cap, crossing, steps, places, host))
             return made[-1]
 
         if v > 1:
@@ -241,7 +241,7 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
             found = partition(graph, solver, cand, ks, send, host_s, bar, floor_s,
                               FRONT_PLANS)
             if found:
-                found = [(objective, [(a, b, c, ks[r], solver)
+                found = [(objective, [(a, b, c, ks[r], r, solver)
                                       for r, (a, b, c) in enumerate(ranges)])
                          for objective, ranges in found]
         stats.dp_extensions += sum(s.extensions for s in made)
@@ -250,8 +250,8 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
         plans = []
         for objective, ranges in found:
             strategies = []
-            for a, b, c, k, solver in ranges:
-                strategies += walk_back(solver.node(a, b, k), tables, a, b, c, units)
+            for a, b, c, k, r, solver in ranges:
+                strategies += walk_back(solver.placed(a, b, k, r), tables, a, b, c, units)
             plans.append((objective, make_plan(cand, [(a, b) for a, b, *_ in ranges],
                                                strategies, stage_devices, global_batch,
                                                options)))
@@ -301,9 +301,9 @@ def _interleaved(graph, tables: list[LayerTable], make_solver, cand: OuterCandid
             if not pinned[a]:
                 picks.append((INF, -1, 0.0, k))
             elif i == len(pieces) - 1:
-                picks.append((*solver.best(a, b, k), 0.0, k))
+                picks.append((*solver.least(solver.placed(a, b, k, i % p)), 0.0, k))
             else:
-                sent = solver.sent(solver.node(a, b, k), sends[b])
+                sent = solver.sent(solver.placed(a, b, k, i % p), sends[b])
                 picks.append((*min(sent, key=lambda o: o[0] + o[2]), k) if sent
                              else (INF, -1, 0.0, k))
         for r in range(p):
@@ -315,7 +315,7 @@ def _interleaved(graph, tables: list[LayerTable], make_solver, cand: OuterCandid
                     break
                 back = picks[i - 1][2] if i else 0.0
                 total += t + back + host_s(a, b, r)
-                chosen.append((i, (a, b, c, k, solver)))
+                chosen.append((i, (a, b, c, k, r, solver)))
             if total < per_rank[r]:
                 per_rank[r] = total
                 for i, entry in chosen:
