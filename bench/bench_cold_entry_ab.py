@@ -11,6 +11,14 @@ backward rows do not read the entry.
 
 Prints, per forward row, measured us and both errors (the median over the results given)
 and the count over 15% under each rule. Exits 0 (a comparison, not a target).
+
+Read here (Intel Xeon, 2 MiB L2; four bench_kernel_model runs, load 3.4-4.7, 2026-11-25):
+A 46 of 90 forward rows over 15%, B 40; brought within: gpt-tiny norm mb4 (+31 -> +6%),
+t5-tiny encoder_norm mb1 (+19 -> +6), dlrm bottom_mlp mb1/4/16 (+89/+70/+61 -> +15/+4/-3),
+tables.2 mb16; closer: gpt norm mb1 +68 -> +28, llama norm mb1 +38 -> +17, tables.0 +80s
+-> +43..+48, tables.1-3 +56..+77 -> -14..-25 (their warm run is priced ~5 us under: the
+same-code entry reads ~1 us); pushed out: cnn-small stem mb16 (-15 -> -26; the stem, first
+after a conv block's 31 ops, is priced near the small neighbour: see ENTRY_WORK's note).
 """
 
 from __future__ import annotations
