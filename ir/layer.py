@@ -233,6 +233,14 @@ class Layer:
     # bag's ~20) that the layer after's backward did not run (`ir.composite_ops`): priced
     # as cold backward ops beside those above.
     cold_inner_ops_bwd: int = 0
+    # ATen ops a step runs after it between its backward and its next forward, as `planner
+    # profile` runs them (`cost_models.layer_profile.StepNeighbours`): the layer after's
+    # forward and backward (the last layer: its window before's,
+    # `ir.op_count.recent_window_layers`); and whether the layer just before runs the same
+    # forward ops (a table after a table). Its forward's entry is priced by them
+    # (`cost_models.host_dispatch.cold_entry_seconds`).
+    after_ops: int = 0
+    same_code_before: bool = False
 
     def __getattr__(self, name: str):
         # Reached only when no field matches: a measured figure reads as the layer's own.
@@ -250,7 +258,8 @@ class Layer:
         return dataclasses.replace(self, name="", index=0, param_names=(), tied_owner_layers=(),
                                    tied_owner_params=(),
                                    cold_distinct_ops_fwd=0, cold_distinct_ops_bwd=0,
-                                   cold_inner_ops_bwd=0, forward_after_backward=False)
+                                   cold_inner_ops_bwd=0, forward_after_backward=False,
+                                   after_ops=0, same_code_before=False)
 
     @property
     def host_position(self) -> tuple[int, int]:

@@ -28,7 +28,7 @@ from ir.layers import _is_block_stack
 from ir.legality import sequence_parallel_problem, takes_one_positional_input
 from ir.composite_ops import cold_inner_ops_bwd
 from ir.op_count import (cold_distinct_ops, cold_distinct_ops_bwd, recent_backward_ops,
-                         recent_forward_ops, step_evicts)
+                         recent_forward_ops, step_between, step_evicts)
 from ir.ownership import names_in_layers
 from ir.plan import layer_digest
 from ir.saved_tensors import tensor_leaves, value_nbytes
@@ -123,6 +123,8 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
         layer, cold_distinct_ops_bwd=cold_distinct_ops_bwd(layer.measured, ran),
         cold_inner_ops_bwd=cold_inner_ops_bwd(layer.measured, ran))
         for layer, ran in zip(layers, windows)]
+    layers = [dataclasses.replace(layer, **step_between(layers, i))
+              for i, layer in enumerate(layers)]
     if layers:  # the first forward follows the step before's backward
         layers[0] = dataclasses.replace(layers[0], forward_after_backward=True)
     if not step_evicts([m.forward_overloads for m in measured.values()],
