@@ -80,9 +80,9 @@ class GraphMeasurer:
             paths = {n: node_module_path(n, traced.module_prefix) for n in layer.nodes}
             self.infos.append(_LayerInfo(layer, ins, outs, paths))
         # Forward values (shapes) of every node: one pass over the whole graph, on meta,
-        # with autograd on as a step runs it, so each float value requires grad exactly
-        # where a step's does (it depends on a parameter: the model's data does not;
-        # `ir.stand_in.is_data`), then cut from that graph, keeping the flag (`_gradless`).
+        # autograd on as in a step, so a value requires grad where a step's does (made from
+        # parameters, or inputs given requiring grad: `ir.stand_in.is_data`), then cut from
+        # that graph keeping the flag (`_gradless`).
         runner = self._runner(self.state)
         runner.env = self._placeholder_env(self.state, self.user_values)
         with torch.enable_grad():
@@ -108,7 +108,8 @@ class GraphMeasurer:
         values = {}
         for name, t in inputs.items():
             dtype = self.dtype if is_float(t.dtype) else t.dtype
-            values[name] = t.detach().to(device="meta" if meta else t.device, dtype=dtype)
+            values[name] = t.detach().to(device="meta" if meta else t.device,
+                                         dtype=dtype).requires_grad_(t.requires_grad)
         if target is not None:
             values[TARGET_INPUT] = target.detach().to(device="meta") if meta else target
         return values
@@ -463,8 +464,7 @@ class GraphMeasurer:
 
 
 def _gradless(value):
-    """`value` with each tensor cut from the autograd graph, keeping whether it requires
-    grad (the meta pass over a large model holds no graph)."""
+    """`value`'s tensors cut from the autograd graph, each keeping its requires_grad."""
     return tree_map_only(torch.Tensor, lambda t: t.detach().requires_grad_(t.requires_grad),
                          value)
 

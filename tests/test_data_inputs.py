@@ -146,6 +146,7 @@ def test_backward_kernels_are_a_real_steps(graphs, spec):
     assert _compute(live.recorder.records()) == ir
 
 
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # the images need no grad
 def test_the_stems_backward_memory_is_a_real_steps(graphs):
     """The memory model's stem backward holds its output's gradient and makes none for the
     images (grad_flow_bytes: the output's alone), as a real step's stem backward, tracked
