@@ -80,8 +80,8 @@ def is_data(value: torch.Tensor) -> bool:
     """Whether a float value a layer reads is the model's data (images, dense features:
     made from the inputs alone), which a step runs without a gradient, rather than an
     activation. The one rule: the value, from the IR's meta pass with autograd on
-    (`GraphMeasurer`), requires no grad; so a later pipeline stage's input, made by
-    layers holding parameters, is no data."""
+    (`GraphMeasurer`), requires no grad (an input given requiring grad keeps it); so a
+    later pipeline stage's input, made by layers holding parameters, is no data."""
     return is_float(value.dtype) and not value.requires_grad
 
 
