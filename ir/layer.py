@@ -169,6 +169,9 @@ class Layer:
     (`layer.saved_activation_bytes`). Boundary figures (bytes, one micro-batch):
       input_bytes              tensors entering the layer (what full checkpointing keeps).
       output_bytes             tensors leaving the layer (the pipeline boundary).
+      gradless_input_bytes     the part of input_bytes a step's backward makes no gradient
+                               for: the model's data (`ir.stand_in.is_data`), integer ids
+                               and masks; 0 (all inputs get one) for hand-built layers.
     """
 
     name: str  # module path, e.g. "blocks.17"; "" only for root-level glue
@@ -181,6 +184,7 @@ class Layer:
     output_bytes: int
     structural_hash: str  # identical blocks share it and are measured once
     measured: LayerMeasurement
+    gradless_input_bytes: int = 0
     param_names: tuple[str, ...] = ()  # fully qualified parameter names owned by this layer
     tp_candidates: tuple[TPCandidate, ...] = ()
     tp_divisors: tuple[tuple[str, int], ...] = ()  # ("heads", 96): a TP degree must divide each
