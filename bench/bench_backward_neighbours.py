@@ -138,9 +138,11 @@ def arrangements(model: str, micro_batch: int, name: str, runs: int, clock) -> d
         neighbours.before_forward()
         inputs = measurer.fresh_inputs(i, state, factory)
         outs = measurer.module_roots(i, module(*inputs))
-        if mode in ("profile", "own copy"):
-            neighbours.before_backward()
+        # profile: the layer after's roots ahead of its own in one call (`time_layer`)
+        ahead = neighbours.before_backward() if mode == "profile" else []
         if mode == "own copy":
+            _backward(neighbours.before_backward())  # the layer after's, its own call
+            warm_engine_start("cpu")
             _backward(own())
         elif mode == "probe block":
             _backward([block(torch.randn(1, ENTRY_TOKENS, ENTRY_WIDTH, requires_grad=True))])
@@ -149,7 +151,7 @@ def arrangements(model: str, micro_batch: int, name: str, runs: int, clock) -> d
         if mode not in ("profile", "one call"):
             warm_engine_start("cpu")
         # one call: the window's forwards, then its nodes and the layer's in one engine call
-        ahead = [t for roots in window for t in roots()] if mode == "one call" else []
+        ahead = [t for roots in window for t in roots()] if mode == "one call" else ahead
         marks = {}
         for t in outs:
             t.grad_fn.register_prehook(lambda g: marks.setdefault("first", clock()) and None)
