@@ -7,8 +7,11 @@ after's forward and backward, the engine's start warmed), timed as its own call 
 the engine's start in it) and from a pre-hook on its roots' nodes to a hook on its input
 stand-ins' gradients ("nodes"; a layer with no floating input: to the call's end), with,
 between the layer's forward and its timed backward:
-  profile      the layer after's work (what the profile times)
-  own copy     that, then the layer's own forward and backward (its ops all warm)
+  profile      the layer after's forward, its nodes then the layer's in one call
+               (what the profile times since bench_backward_call; before: the layer
+               after's forward and backward as their own call, the "own copy"'s first part)
+  own copy     the layer after's forward and backward, the layer's own forward and
+               backward (its ops all warm), the engine's start warmed
   probe block  `cold_entry_probes.neighbour_block`'s forward and backward instead (what
                `cold_backward_probes` prices every cold op after)
   window call  instead, every layer the cold count takes as warm
