@@ -159,14 +159,14 @@ class NodeSpan:
         return self.marks["after"] - self.marks["first"]
 
 
-def measure_engine_start(device: str = "cpu") -> EngineStart:
-    """The engine's start on `device`, one thread, on the probe clock
-    (`host_probes.probe_clock`: the thread's CPU time on CPU)."""
+def measure_engine_start(device: str = "cpu", nodes_only: bool = False) -> EngineStart:
+    """The engine's start on `device` (with `nodes_only`: a `NodeSpan`'s own cost), one
+    thread, on the probe clock (`host_probes.probe_clock`: the thread's CPU time on CPU)."""
     from cost_models.clusters import _one_thread
     from cost_models.host_probes import probe_clock
 
     with _one_thread():
-        sampler = EngineSampler(device, probe_clock(device))
+        sampler = EngineSampler(device, probe_clock(device), nodes_only)
         for rep in range(ENGINE_PROBE_WARMUP + ENGINE_PROBE_ROUNDS):
             sampler.sample(keep=rep >= ENGINE_PROBE_WARMUP)
     return checked(sampler.result(ENGINE_PROBE_BLOCKS), device)
