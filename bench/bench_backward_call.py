@@ -18,12 +18,12 @@ thread clock.
              in one call ("one call"). Offsets from its first node, medians.
   --tail     the engine's end (a leaf's gradient hook to the call's return) by graph size.
 
-Read here (2026-11-25 10:30-11:00 UTC, load 3.5-4), us:
-  default (old / new / real step): t5-tiny encoder_norm mb1 73-79 / 48-51 / 53 (an
-    earlier run 62-67 / 45-47 / 48), mb4 92-101 / 72-76 / 83; dlrm-small tables.3 mb1
-    36-41 / 30-34 / 34; gpt-tiny head mb1 65-69 / 60-64 / 88 (real holds the loss and
-    the tied sum); mlp-small blocks.0 mb1 23-26 / 19-20, mb4 22-30 / 21 (no real: its
-    backward runs last).
+Read here (2026-11-25 11:29 UTC, load 2.3), us, default (old / new / real step):
+  t5-tiny encoder_norm mb1 58-64 / 41-43 / 44, mb4 87-94 / 65-71 / 72; dlrm-small
+  tables.3 mb1 35-36 / 30-33 / 30; gpt-tiny head mb1 58-66 / 56-60 / 73 (real holds the
+  loss and the tied sum); mlp-small blocks.1 mb1 20-24 / 17-20 / 19, mb4 27-30 / 21-22 /
+  20. At load 10 (10:52) the same order: t5 mb1 62-85 / 46-53 / 55, dlrm 37-63 / 32-52
+  / 43, mlp-small mb1 23-36 / 20-24 / 23.
   --nodes t5-tiny:1:encoder_norm, the leaf's accumulation after its 6 nodes at: own call
     82-86, window call 70-72, one call 53-60. Its rsqrt's, mean's and pow's backwards
     cost ~5 us more each in their own call; not the Python between the calls
