@@ -7,8 +7,11 @@ after's forward and backward, the engine's start warmed), timed as its own call 
 the engine's start in it) and from a pre-hook on its roots' nodes to a hook on its input
 stand-ins' gradients ("nodes"; a layer with no floating input: to the call's end), with,
 between the layer's forward and its timed backward:
-  profile      the layer after's work (what the profile times)
-  own copy     that, then the layer's own forward and backward (its ops all warm)
+  profile      the layer after's forward, its nodes then the layer's in one call
+               (what the profile times since bench_backward_call; before: the layer
+               after's forward and backward as their own call, the "own copy"'s first part)
+  own copy     the layer after's forward and backward, the layer's own forward and
+               backward (its ops all warm), the engine's start warmed
   probe block  `cold_entry_probes.neighbour_block`'s forward and backward instead (what
                `cold_backward_probes` prices every cold op after)
   window call  instead, every layer the cold count takes as warm
@@ -138,9 +141,11 @@ def arrangements(model: str, micro_batch: int, name: str, runs: int, clock) -> d
         neighbours.before_forward()
         inputs = measurer.fresh_inputs(i, state, factory)
         outs = measurer.module_roots(i, module(*inputs))
-        if mode in ("profile", "own copy"):
-            neighbours.before_backward()
+        # profile: the layer after's roots ahead of its own in one call (`time_layer`)
+        ahead = neighbours.before_backward() if mode == "profile" else []
         if mode == "own copy":
+            _backward(neighbours.before_backward())  # the layer after's, its own call
+            warm_engine_start("cpu")
             _backward(own())
         elif mode == "probe block":
             _backward([block(torch.randn(1, ENTRY_TOKENS, ENTRY_WIDTH, requires_grad=True))])
@@ -149,7 +154,7 @@ def arrangements(model: str, micro_batch: int, name: str, runs: int, clock) -> d
         if mode not in ("profile", "one call"):
             warm_engine_start("cpu")
         # one call: the window's forwards, then its nodes and the layer's in one engine call
-        ahead = [t for roots in window for t in roots()] if mode == "one call" else []
+        ahead = [t for roots in window for t in roots()] if mode == "one call" else ahead
         marks = {}
         for t in outs:
             t.grad_fn.register_prehook(lambda g: marks.setdefault("first", clock()) and None)

@@ -129,10 +129,10 @@ def measure_model(model: str, micro_batch: int, graph, measurer, spec, warmup: i
                          "cold_ops": layer.host_position[0 if phase == "fwd" else 1],
                          "autograd_nodes": (layer.autograd_nodes_fwd if phase == "fwd"
                                             else layer.autograd_nodes_bwd),
-                         # the engine start the measured backward left out (layer_profile)
-                         "engine_start_s": m["engine_start_seconds"] if phase == "bwd" else 0.0,
-                         "engine_start_spread": (m["engine_start_spread"] if phase == "bwd"
-                                                 else 0.0)})
+                         # the span's own cost the measured backward left out (layer_profile)
+                         "node_span_s": m["node_span_seconds"] if phase == "bwd" else 0.0,
+                         "node_span_spread": (m["node_span_spread"] if phase == "bwd"
+                                              else 0.0)})
     return rows
 
 
@@ -195,12 +195,12 @@ def main() -> int:
                             "measured_on": spec.kernel_calibration.measured_on},
                    "median_abs_error": errors[len(errors) // 2], "max_abs_error": errors[-1],
                    "rows": rows}, f, indent=2)
-    starts = sorted(r["engine_start_s"] for r in rows if r["engine_start_s"] > 0)
+    starts = sorted(r["node_span_s"] for r in rows if r["node_span_s"] > 0)
     if starts:
-        print(f"Autograd engine start left out of each measured backward (fit in each "
+        print(f"Node span's own cost left out of each measured backward (fit in each "
               f"layer's loop): median {starts[len(starts) // 2] * 1e6:.2f} us, range "
               f"{starts[0] * 1e6:.2f}-{starts[-1] * 1e6:.2f}; widest spread (thirds of a loop) "
-              f"{max(r['engine_start_spread'] for r in rows):.0%}.")
+              f"{max(r['node_span_spread'] for r in rows):.0%}.")
     print(f"Spec notes: {spec.notes}")
     print(f"wrote {RESULTS}")
     return 1 if missed else 0

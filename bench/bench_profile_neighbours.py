@@ -53,7 +53,7 @@ def profiles(graph, measurer) -> dict[str, dict[str, tuple[float, float]]]:
         for mode in ("off", "on", "off", "on"):
             on = mode == "on"
             layer_profile.StepNeighbours.before_forward = work[0] if on else (lambda self: None)
-            layer_profile.StepNeighbours.before_backward = work[1] if on else (lambda self: None)
+            layer_profile.StepNeighbours.before_backward = work[1] if on else (lambda self: [])
             for m in layer_profile.profile_graph(graph, measurer, "cpu", warmup=WARMUP,
                                                  repeats=REPEATS):
                 seen = out[mode].get(m["name"], (float("inf"), float("inf")))

@@ -189,7 +189,7 @@ def time_backward(measurer, index: int, state: dict, factory, clock) -> dict:
     for rep in range(WARMUP + REPEATS):
         for variant in ("raw", "absorbed"):
             outs, seeds = step_forward()
-            neighbours.before_backward()
+            neighbours._backward(neighbours.before_backward())
             if variant == "absorbed":
                 warm_engine_start()
             start = clock()
@@ -200,7 +200,7 @@ def time_backward(measurer, index: int, state: dict, factory, clock) -> dict:
         for ops in ENGINE_PROBE_OPS:  # the probe graphs where the layer's backward stands
             outs, seeds = step_forward()
             y, seed = _probe_graph(leaf, ops)
-            neighbours.before_backward()
+            neighbours._backward(neighbours.before_backward())
             start = clock()
             torch.autograd.backward(y, seed)
             seconds = clock() - start

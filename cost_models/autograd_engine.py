@@ -1,8 +1,10 @@
 """The autograd engine's start: what one `torch.autograd.backward` call costs beyond the
 nodes it runs (graph task, ready queue, hand-off to the device's thread).
 
-A training step pays it once per micro-batch and stage; a layer timed alone pays it on
-top of its own backward, so `layer_profile.time_layer` takes it out. It is the intercept
+A training step pays it once per micro-batch and stage (`step_host`, from
+`measure_engine_start`). `layer_profile.time_layer` times a layer's nodes inside one call
+(`NodeSpan`), so it pays no start; the same fit over spans (`EngineSampler(nodes_only=
+True)`) gives the span's own cost, which it takes out instead. It is the intercept
 of backward seconds against graph size: graphs of ENGINE_PROBE_OPS multiplies on a small
 leaf are timed in alternating order (a slow spell of a shared host hits every size),
 each size's median taken, and a least-squares line drawn through the medians (Legendre
@@ -62,12 +64,14 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 class EngineSampler:
     """Times the probe graphs' backwards, one round at a time, so a caller can interleave
-    them with its own work (`layer_profile.time_layer` does, on its own clock)."""
+    them with its own work (`layer_profile.time_layer` does, on its own clock). With
+    `nodes_only`, each graph's nodes are timed by a `NodeSpan`, as `time_layer` times a
+    layer's: the intercept is then the two stamps' own cost, not the engine's start.""" 
 
-    def __init__(self, device: str, clock: Callable[[], float]):
+    def __init__(self, device: str, clock: Callable[[], float], nodes_only: bool = False):
         import torch
 
-        self.clock = clock
+        self.clock, self.nodes_only = clock, nodes_only
         self.sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
         self.leaf = torch.randn(ENGINE_PROBE_ELEMENTS, device=device, requires_grad=True)
         self.seed = torch.ones(ENGINE_PROBE_ELEMENTS, device=device)
@@ -81,14 +85,17 @@ class EngineSampler:
         order = ENGINE_PROBE_OPS[::-1] if self._rounds % 2 else ENGINE_PROBE_OPS
         self._rounds += 1
         for ops in order:
+            span = NodeSpan(self.leaf.device.type, self.clock, self.sync) if self.nodes_only else None
             y = self.leaf
             for _ in range(ops):
                 y = y * 1.0001
+            roots = [y, span.root] if span and span.arm([y]) else [y]
+            seeds = [self.seed] * len(roots)
             self.sync()
             start = self.clock()
-            torch.autograd.backward(y, self.seed)
+            torch.autograd.backward(roots, seeds)
             self.sync()
-            seconds = self.clock() - start
+            seconds = span.seconds() if span else self.clock() - start
             self.leaf.grad = None  # stolen next time, as a step's first micro-batch does
             if keep:
                 self.samples[ops].append(seconds)
@@ -111,14 +118,55 @@ class EngineSampler:
         return EngineStart(intercept, slope, spread, rounds)
 
 
-def measure_engine_start(device: str = "cpu") -> EngineStart:
-    """The engine's start on `device`, one thread, on the probe clock
-    (`host_probes.probe_clock`: the thread's CPU time on CPU)."""
+class NodeSpan:
+    """Times a set of nodes inside a larger engine call, as a step runs them: from a
+    pre-hook on their first node (of `roots`, the one of highest sequence number, which a
+    single thread's ready queue runs first of theirs, after every node made later) to a
+    pre-hook on a marker made BEFORE them (this object: one multiply on its own leaf; its
+    node, of lower sequence number, runs after theirs and their leaves' accumulations, as
+    the layer before's first node does in a step). Not to the call's end: the engine's
+    end after a window of layers ran 20 us here where the nodes' own call's ran 5-11
+    (t5-tiny's encoder_norm, per-node stamps, bench/bench_backward_call.py, load 4,
+    2026-11-25). Each stamp reads the clock after `sync` (work queued before it done).
+    Make it, then the roots' graph; `arm(roots)`, then run the backward over
+    `roots + [self.root]`; `seconds()` after."""
+
+    def __init__(self, device: str, clock: Callable[[], float], sync: Callable[[], None]):
+        import torch
+
+        self.clock, self.sync = clock, sync
+        self.leaf = torch.ones(ENGINE_PROBE_ELEMENTS, device=device, requires_grad=True)
+        self.root = self.leaf * 1.0  # made first: lowest sequence number
+        self.marks: dict[str, float] = {}
+
+    def _stamp(self, key: str):
+        def stamp(grad_outputs):
+            self.sync()
+            self.marks.setdefault(key, self.clock())
+        return stamp
+
+    def arm(self, roots: list) -> bool:
+        """Hooks the first of `roots`' nodes and the marker's; False if no root has a node
+        (left on the nodes: the graph, released by the call, drops them)."""
+        nodes = [t.grad_fn for t in roots if t.grad_fn is not None]
+        if not nodes:
+            return False
+        max(nodes, key=lambda n: n._sequence_nr()).register_prehook(self._stamp("first"))
+        self.root.grad_fn.register_prehook(self._stamp("after"))
+        return True
+
+    def seconds(self) -> float:
+        return self.marks["after"] - self.marks["first"]
+
+
+def measure_engine_start(device: str = "cpu", nodes_only: bool = False) -> EngineStart:
+    """The engine's start on `device` (with `nodes_only`: a `NodeSpan`'s own cost), one
+    thread, on the probe clock (`host_probes.probe_clock`: the thread's CPU time on CPU)."""
     from cost_models.clusters import _one_thread
     from cost_models.host_probes import probe_clock
 
     with _one_thread():
-        sampler = EngineSampler(device, probe_clock(device))
+        sampler = EngineSampler(device, probe_clock(device), nodes_only)
         for rep in range(ENGINE_PROBE_WARMUP + ENGINE_PROBE_ROUNDS):
             sampler.sample(keep=rep >= ENGINE_PROBE_WARMUP)
     return checked(sampler.result(ENGINE_PROBE_BLOCKS), device)
@@ -129,7 +177,8 @@ def checked(engine: EngineStart, where: str) -> EngineStart:
     or below 0 was drawn through noise, and taking it out would add time, not remove it)."""
     if engine.seconds <= 0:
         raise PlannerError(
-            f"{where}: the autograd engine's start fitted at {engine.seconds * 1e6:.2f} us "
+            f"{where}: the probe's fixed cost (engine start or span) fitted at "
+            f"{engine.seconds * 1e6:.2f} us "
             f"(slope {engine.per_op_s * 1e6:.2f} us per op, {engine.rounds} rounds, spread "
             f"{engine.spread:.0%}); the host is too busy to measure it: re-run on a quieter "
             f"machine")
@@ -137,8 +186,8 @@ def checked(engine: EngineStart, where: str) -> EngineStart:
 
 
 def net_backward_seconds(raw_s: list[float], engine: EngineStart, layer: str) -> float:
-    """A layer's backward without the engine's start: the median of its timed backwards
-    less the start (itself above 0: `checked`). A result at or below 0 is no measurement
+    """A layer's backward without the fixed cost `engine` fitted (the engine's start, or a
+    `NodeSpan`'s own): the median of its timed backwards less it (above 0: `checked`). A result at or below 0 is no measurement
     (the host was too busy, or the fit too noisy, to tell the two apart): a PlannerError
     names the layer and the figures, never a silent 0."""
     whole_s = statistics.median(raw_s)
@@ -146,7 +195,7 @@ def net_backward_seconds(raw_s: list[float], engine: EngineStart, layer: str) ->
     if net_s <= 0:
         raise PlannerError(
             f"layer {layer!r}: its backward ({whole_s * 1e6:.2f} us, median of {len(raw_s)}) "
-            f"measured no longer than the autograd engine's start ({engine.seconds * 1e6:.2f} "
+            f"measured no longer than the fixed cost fitted ({engine.seconds * 1e6:.2f} "
             f"us, spread {engine.spread:.0%}); the host is too busy to time it: re-run "
             f"`planner profile` on a quieter machine or with more --repeats")
     return net_s

@@ -11,11 +11,10 @@ layers whose backward ran just before did not run (`ir.op_count.recent_backward_
 `_embedding_bag_backward` runs ~20). The probe builds the same situation with a chain of
 `cold_entry_probes._unary_ops` (or a composite's instance) in the place of a layer and a
 `cold_entry_probes.neighbour_block` (a small transformer block, which runs none of those
-ops) in that of its neighbour, each run as `layer_profile.StepNeighbours` runs a profiled
-layer's: the chain's forward, the neighbour's forward and backward (its own call), one
-tiny backward that warms the engine's start (`autograd_engine.warm_engine_start`), then
-the chain's backward timed as its own call (`cold_s`); the same with a copy of the chain
-as the neighbour (`warm_s`), the two alternating. Between two of the chain's backwards
+ops) in that of its neighbour, each run as `layer_profile.time_layer` runs a profiled
+layer's: the chain's forward, the neighbour's forward, then one call over both, the
+chain's nodes (after the neighbour's) timed by an `autograd_engine.NodeSpan` (`cold_s`);
+the same with a copy of the chain as the neighbour (`warm_s`), the two alternating. Between two of the chain's backwards
 there run, as in a profile or a step, the chain's forward and a neighbour's work.
 
 Why the older one-call probe (`sequence_probes.cold_backward_chains`, since deleted:
@@ -98,19 +97,20 @@ def _ops_of(build, device: str):
 
 
 def backward_after(build, before, clock, device: str) -> float:
-    """Seconds of `build()`'s backward (its own call) after its forward, `before()`'s
-    forward and backward and the engine's start warmed: `StepNeighbours`' order."""
+    """Seconds of `build()`'s backward nodes after its forward and `before()`'s, run in one
+    call after `before()`'s nodes and timed by a `NodeSpan`: `layer_profile.time_layer`'s
+    order (its own cost cancels in cold - warm)."""
     import torch
 
-    from cost_models.autograd_engine import warm_engine_start
+    from cost_models.autograd_engine import NodeSpan
 
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    span = NodeSpan(device, clock, sync)
     out, prior = build(), before()
-    torch.autograd.backward(prior, torch.ones_like(prior))
-    warm_engine_start(device)
-    seed = torch.ones_like(out)
-    start = clock()
-    torch.autograd.backward(out, seed)
-    return clock() - start
+    span.arm([out])
+    roots = [prior, out, span.root]
+    torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
+    return span.seconds()
 
 
 def cold_backward_layers(device: str = "cpu") -> list[ColdChain]:

@@ -150,17 +150,17 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     node = (the chain's backward - its views x per view - its other ops x per op - its
     ops' excess) / its nodes (`ir.op_count.autograd_nodes`, the count
     `host_dispatch.backward_host_seconds` takes of a layer). The chain's backward is
-    timed after its forward and, untimed, another forward and backward of it, as a step
-    runs a layer's after the layer after's (and `layer_profile.StepNeighbours` a profiled
-    one's): timed after the forward variants instead, its code partly evicted, it read
-    ~18 us more (0.2 us a node, 2026-11-25), which the per-node figure put on every
-    layer's nodes (mlp-small's block 1.6-1.7 us against 1.2-1.4 in its own chain's
-    backward). Both backward figures leave out the engine's start (`autograd_call_s`): a
-    step pays it once per micro-batch and stage, and `layer_profile.time_layer` takes it
-    out of a layer's."""
+    timed after its forward and another forward of it, in one call after that one's nodes,
+    by an `autograd_engine.NodeSpan`, as a step runs a layer's after the layer after's
+    (and `layer_profile.time_layer` a profiled one's): timed after the forward variants
+    instead, its code partly evicted, it read ~18 us more (0.2 us a node, 2026-11-25),
+    which the per-node figure put on every layer's nodes. Both backward figures leave out
+    the span's own cost (`node_span_s`); a step pays the engine's start
+    (`autograd_call_s`) once per micro-batch and stage."""
     import torch
     from torch import nn
 
+    from cost_models.autograd_engine import NodeSpan
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
     from cost_models.host_excess import (internal_dispatch_seconds, plain_dispatch_seconds,
                                          python_node_seconds, records_excess_seconds)
@@ -168,7 +168,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     from ir.kernel_records import KernelKind
     from ir.op_count import OpCounter, autograd_nodes, count_ops
 
-    engine_s = autograd_call_s(device)
+    span_s = node_span_s(device)
     # views and ops as C++ callers dispatch them (CPU: a layer's forward views mostly, a
     # backward formula's all)
     internal = internal_dispatch_seconds(device) if device == "cpu" else None
@@ -187,8 +187,8 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
         def backward():
             holder.pop("loss").backward()
 
-        def neighbour():  # the layer after's forward and backward (`StepNeighbours`)
-            chain(x).sum().backward()
+        def neighbour():  # the layer after's forward: its nodes run first (`StepNeighbours`)
+            return chain(x).sum()
 
         def through_modules():
             y = x
@@ -241,16 +241,17 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
             forward_s = backward_s = modules_s = functions_s = views_s = 0.0
             nograd_functions_s = 0.0
             for run in range(HOST_OP_RUNS_PER_ROUND):
+                span = NodeSpan(device, clock, sync)  # made first: its node runs after
                 start = clock()
                 forward()
                 sync()
                 forward_s += clock() - start
-                neighbour()  # untimed, as a step runs the layer after's before a backward
-                sync()
-                start = clock()
-                backward()
-                sync()
-                backward_s += clock() - start
+                # the chain's nodes after the layer after's in one call, as a step and
+                # `layer_profile.time_layer` run them, timed by the span
+                roots = [neighbour(), holder.pop("loss"), span.root]
+                span.arm(roots[1:2])
+                torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
+                backward_s += span.seconds()
                 for timed in (through_modules, as_functions)[::1 if run % 2 else -1]:
                     start = clock()
                     timed()
@@ -275,7 +276,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
             node_rounds.append(max(0.0, functions_s - nograd_functions_s) / runs
                                / max(forward_nodes, 1))
             forward_rounds.append(forward_s / runs / max(forward_ops, 1))
-            backward_rounds.append(max(0.0, backward_s / runs - engine_s) / max(backward_ops, 1))
+            backward_rounds.append(max(0.0, backward_s / runs - span_s) / max(backward_ops, 1))
             view_rounds.append(view_rounds_s(views_s))
             others_s = functions_s / runs - function_views * view_rounds[-1]
             function_rounds.append(max(0.0, others_s) / max(function_ops - function_views, 1))
@@ -342,6 +343,7 @@ def dtensor_op_overhead_s(device, mesh) -> float:
     import torch
     from torch.distributed.tensor import DTensor, Replicate
 
+    from cost_models.autograd_engine import NodeSpan
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block, \
         seconds_per_op
 
@@ -371,6 +373,17 @@ def autograd_call_s(device: str = "cpu") -> float:
     return measure_engine_start(device).seconds
 
 
+@functools.lru_cache(maxsize=None)
+def node_span_s(device: str = "cpu") -> float:
+    """Host seconds an `autograd_engine.NodeSpan` reads beyond the nodes it spans (its two
+    stamps, the probe leaf's gradient hand-over), once per process and device: what the
+    backward figures timed by one (`host_op_seconds_by_pass`, `layer_profile.time_layer`)
+    leave out."""
+    from cost_models.autograd_engine import measure_engine_start
+
+    return measure_engine_start(device, nodes_only=True).seconds
+
+
 
 # Data-parallel units timed: a stack of DP_UNITS units of DP_UNIT_BLOCKS tiny blocks each.
 DP_UNITS = 8
@@ -396,6 +409,7 @@ def dp_unit_seconds(mesh) -> dict[DPMode, dict[int, float]]:
     from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.fsdp import fully_shard
 
+    from cost_models.autograd_engine import NodeSpan
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
 
     def wrap(mode: DPMode | None, blocks: int) -> nn.Module:  # None: the plain stack

@@ -7,7 +7,7 @@ model reads it back and prefers its seconds over the analytic FLOP-rate estimate
      "device_name": str, "dtype": "float32", "micro_batch": int, "seq_len": int|null,
      "layers": [{"name", "structural_hash", "micro_batch", "forward_seconds",
                  "backward_seconds", "saved_activation_bytes", "flops_fwd", "flops_bwd",
-                 "engine_start_seconds", "engine_start_spread"}]}
+                 "node_span_seconds", "node_span_spread"}]}
 
 Only the layer being measured and its two step neighbours (`StepNeighbours`) are
 materialised (parameters and inputs drawn at random in the profile dtype), so a model far
@@ -34,13 +34,13 @@ from ir.op_count import recent_window_layers
 from ir.stand_in import TensorFactory, real_factory
 from ir.trace import trace
 
-from cost_models.autograd_engine import (ENGINE_PROBE_OPS, EngineSampler, net_backward_seconds,
-                                         warm_engine_start)
+from cost_models.autograd_engine import (ENGINE_PROBE_OPS, EngineSampler, NodeSpan,
+                                         net_backward_seconds)
 
 PROFILE_SCHEMA = "planner.profile/v1"
 DEFAULT_WARMUP = 2  # first runs pay for allocator growth and kernel selection
 DEFAULT_REPEATS = 5  # the median of five is robust to one noisy run
-# Rounds of the autograd engine's start probe (`autograd_engine.EngineSampler`: graphs of
+# Rounds of the node-span probe (`autograd_engine.EngineSampler`, `nodes_only`: graphs of
 # 1, 2, 4 and 8 ops) per layer run, run right after the layer's runs: with five repeats,
 # 20 backwards per graph size for the fit; ~0.12 ms a round here (one thread,
 # 2026-11-25). Not between the runs: there the next forward ran after the probe instead
@@ -93,12 +93,12 @@ def profile_graph(graph: LayerGraph, measurer: GraphMeasurer, device: str, *,
         col, row = measurer.tp_modules(i, layer.tp_candidates)
         state = measurer.layer_state(i, factory)  # this layer's tensors, on the device
         measured = measurer.measure_layer(i, col, row, factory=factory, state=state)
-        engine = EngineSampler(device, time.perf_counter)
+        engine = EngineSampler(device, time.perf_counter, nodes_only=True)
         forward_s, backward_s = time_layer(measurer, i, state, factory, device,
                                            warmup=warmup, repeats=repeats, name=layer.name,
                                            engine=engine, layers=graph.layers)
-        start = (engine.result(ENGINE_SPREAD_BLOCKS) if engine.samples[ENGINE_PROBE_OPS[0]]
-                 else None)
+        span = (engine.result(ENGINE_SPREAD_BLOCKS) if engine.samples[ENGINE_PROBE_OPS[0]]
+                else None)
         seen[layer.structural_hash] = True
         layers.append({
             "name": layer.name, "structural_hash": layer.structural_hash,
@@ -106,9 +106,10 @@ def profile_graph(graph: LayerGraph, measurer: GraphMeasurer, device: str, *,
             "backward_seconds": backward_s,
             "saved_activation_bytes": measured.saved_activation_bytes,
             "flops_fwd": measured.flops_fwd, "flops_bwd": measured.flops_bwd,
-            # what the backward left out (0 without one), and how steady it was in the loop
-            "engine_start_seconds": start.seconds if start else 0.0,
-            "engine_start_spread": start.spread if start else 0.0,
+            # the span's own cost the backward left out (0 without one; `time_layer`), and
+            # how steady it was in the loop
+            "node_span_seconds": span.seconds if span else 0.0,
+            "node_span_spread": span.spread if span else 0.0,
         })
     return layers
 
@@ -117,7 +118,8 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
                device: str, *, warmup: int, repeats: int,
                name: str | None = None,
                engine: EngineSampler | None = None,
-               layers: list | None = None) -> tuple[float, float]:
+               layers: list | None = None,
+               clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
     """Median (forward, backward) seconds of layer `index` over `repeats` runs after
     `warmup` untimed ones (the instrumented `measure_layer` run before them warms up too).
     The forward is the layer's own GraphModule (`GraphMeasurer.layer_module`: generated
@@ -127,15 +129,19 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     counters and saved-tensor hooks: they cost a Python call per op, more than a small
     op itself. Each timed pass follows, untimed, the work a step runs just before it
     (`StepNeighbours`: the forwards of the layers before whose ops a step leaves warm,
-    read off `layers` (the graph's, else the layer before alone); the layer after's
-    forward and backward). The backward leaves out the autograd engine's start: a step pays it once
-    per micro-batch and stage, not once per layer, and the compute model sums layers. It
-    is measured right after these runs, on this clock: ENGINE_ROUNDS_PER_REPEAT rounds of
-    `autograd_engine.EngineSampler`'s probe graphs per run, the line through them giving
-    the start (`engine`, when given: the sampler to fill, for a caller that reports it);
-    the backward is the median run less it (`net_backward_seconds`: a result at or below
-    0 raises, never a silent 0; a layer whose outputs need no gradient has no backward:
-    0). Each run starts with every parameter's `.grad` set to None (untimed), as a
+    read off `layers` (the graph's, else the layer before alone)); its backward runs in
+    ONE engine call after the nodes of the layers whose backwards a step runs just before
+    it (their forwards run after the timed one), as a step runs it, and is timed from its
+    first node to the node after its last (`autograd_engine.NodeSpan`): no engine start or
+    end in it (a step pays them once per micro-batch and stage, not once per layer, and
+    the compute model sums layers), and no Python between its nodes and theirs. The
+    span's own cost (its two stamps and the probe leaf's gradient hand-over) is measured
+    right after these runs, on this clock: ENGINE_ROUNDS_PER_REPEAT rounds of
+    `autograd_engine.EngineSampler`'s probe graphs per run, timed by the same span, the
+    line through them giving it (`engine`, when given: the sampler to fill, for a caller
+    that reports it); the backward is the median run less it (`net_backward_seconds`: a
+    result at or below 0 raises, never a silent 0; a layer whose outputs need no gradient
+    has no backward: 0). Each run starts with every parameter's `.grad` set to None (untimed), as a
     training step's first micro-batch does after
     `zero_grad(set_to_none=True)`: the backward steals each new gradient (a detach)
     instead of running one `add_` per parameter into the last run's gradient, which a
@@ -144,38 +150,36 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     `ir.graph_measurer`)."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     module = measurer.layer_module(index, state)
-    engine = engine if engine is not None else EngineSampler(device, time.perf_counter)
+    engine = engine if engine is not None else EngineSampler(device, clock, nodes_only=True)
     neighbours = StepNeighbours(measurer, index, factory, layers, device)  # as a step runs it
     forward_s, backward_s = [], []
     for rep in range(warmup + repeats):
         _clear_grads(state)  # a step's first micro-batch: no gradient to accumulate into
+        span = NodeSpan(device, clock, sync)  # before the layer's nodes: runs after them
         neighbours.before_forward()
         # drawn after the neighbours, as a step's layer reads what the layer before just
         # wrote (drawn before, norms' forwards read 6-25% slower: gpt-tiny's at mb 1
         # 10.7-11.4 us against 8.5-9.6, bench_kernel_model x4 each, load 3.5-7, 2026-11-25)
         inputs = measurer.fresh_inputs(index, state, factory)
         sync()
-        start = time.perf_counter()
+        start = clock()
         returned = module(*inputs)
         sync()
-        mid = time.perf_counter()
+        mid = clock()
         outs = measurer.module_roots(index, returned)
-        neighbours.before_backward()
+        ahead = neighbours.before_backward()  # the window's roots: its nodes run first
         # made after the neighbours' work, as a step makes a gradient just before the nodes
         # that read it (made before it, dlrm's tables.0 read 1.2 us slower: load 6)
-        seeds = [torch.ones_like(t) for t in outs]
-        sync()
-        back = time.perf_counter()
-        if outs:
-            torch.autograd.backward(outs, seeds)
-        sync()
-        end = time.perf_counter()
+        roots = ahead + outs + [span.root] if span.arm(outs) else []
+        seeds = [torch.ones_like(t) for t in roots]
+        if roots:
+            torch.autograd.backward(roots, seeds)  # one call, as a step's
         neighbours.after_backward()
         if rep >= warmup:
             forward_s.append(mid - start)
-            if outs:
-                backward_s.append(end - back)
-        del inputs, returned, outs, seeds
+            if roots:
+                backward_s.append(span.seconds())
+        del inputs, returned, outs, seeds, ahead, roots, span
     if not backward_s:
         return statistics.median(forward_s), 0.0
     for rep in range(warmup + repeats):  # after the runs: between them it slowed the forward
@@ -219,13 +223,26 @@ def forward_window(layers: list, before: int | None) -> list[int]:
     return list(range(before - recent_window_layers(previous) + 1, before + 1))
 
 
+def backward_window(layers: list, after: int | None) -> list[int]:
+    """The layers whose backwards a step runs, nearest last, just before the backward of
+    the layer before `after` and leaves warm for it (`ir.op_count.recent_window_layers`
+    over their backward ops, as `Layer.cold_distinct_ops_bwd` is counted), starting with
+    `after`, in step (forward) order; [] for None (the step's last layer)."""
+    if after is None:
+        return []
+    following = [layers[j].measured.backward_overloads for j in range(after, len(layers))]
+    return list(range(after, after + recent_window_layers(following)))
+
+
 class StepNeighbours:
     """Runs, untimed, what a step runs between a layer's work and that of its neighbour
     (`step_neighbours`): the forwards of the layers before it ahead of its timed forward
     (`forward_window` where `layers`, the graph's, are given: a head after a norm after a
     block, as the cold ops are counted; else the layer before alone); between its timed
-    forward and backward, the forward and backward of the layer after it; after the
-    step's last layer's backward, those of the layers before it. A layer timed
+    forward and backward, the forwards of the layers after it whose backwards its own
+    follows (`backward_window`; else the layer after alone), for the timed call to run
+    their nodes first; after the step's last layer's backward, the forwards and
+    backwards of the layers before it. A layer timed
     right after its own backward, as `time_layer` ran each before, pays for code a step
     runs warm (bench/bench_in_sequence.py: 3-7 us per distinct op run once after other
     code), and one timed after nothing misses what a step's neighbours evict (each
@@ -239,8 +256,10 @@ class StepNeighbours:
         before, after = step_neighbours(measurer, index)
         self.befores = (forward_window(layers, before) if layers is not None
                         else [] if before is None else [before])
+        self.afters = (backward_window(layers, after) if layers is not None
+                       else [] if after is None else [after])
         self.runs = {}  # index -> (its module, its state)
-        for j in set(self.befores) | ({after} - {None}):
+        for j in set(self.befores) | set(self.afters):
             state = measurer.layer_state(j, factory)
             self.runs[j] = (measurer.layer_module(j, state), state)
         self.after = after
@@ -255,19 +274,17 @@ class StepNeighbours:
         for j in self.befores:  # in step order; each output dropped as the next runs
             self._forward(j)
 
-    def before_backward(self) -> None:
-        """The layer after's forward then its backward, as a step runs them between this
-        layer's forward and backward; then the engine's start warmed (a step runs all
-        layers' nodes in one call, so none of them pays a cold start). The layer after
-        alone, not every layer whose backward ops the count takes as warm
-        (`ir.op_count.recent_backward_ops`, in a real step's order: gradient pre-hooks on
-        t5-tiny, tests/test_cold_backward_window.py): run so, as separate calls each after
-        its own forward, they read dlrm-small's tables.0-2 13-15 us where one engine call
-        of a real step spends 11 and the layer after alone 10-11, t5-tiny's encoder_norm
-        39 us against 31 and 37 (bench/bench_profile_step.py, load 3, 2026-11-25)."""
-        if self.after is not None:
-            self._backward(self._forward(self.after))
-        warm_engine_start(self.device)
+    def before_backward(self) -> list[torch.Tensor]:
+        """The forwards of the layers whose backwards a step runs just before this layer's
+        (`afters`), in step order; their roots, for the caller's timed call to run their
+        nodes first, then the layer's, in ONE engine call as a step does. Each in its own
+        call, with the engine's start warmed, the layer's nodes read 10-17 us more than
+        in a step: t5-tiny's encoder_norm at micro-batch 1 64-66 us, in one call after the
+        same window 48-49, in a real step 45-50 (bench/bench_backward_neighbours.py, load
+        5-10, 2026-11-25): the Python between two calls (the wrapper, the seeds, the
+        sine) leaves its rsqrt's, mean's and pow's backwards ~5 us each slower, the
+        others alike (per-node pre-hook stamps, bench/bench_backward_call.py)."""
+        return [t for j in self.afters for t in self._forward(j)]
 
     def after_backward(self) -> None:
         """For the step's last layer, the forwards then backwards of the layers before it
@@ -279,7 +296,7 @@ class StepNeighbours:
         engine call of a real step spent 34, 42 and 48 (bench/bench_profile_step.py,
         load 3-6, 2026-11-25). Nothing for the other layers: what a step runs after their
         backward is not what theirs is counted against."""
-        if self.after is not None:
+        if self.afters:
             return
         roots = {j: self._forward(j) for j in self.befores}
         for j in reversed(self.befores):

@@ -170,36 +170,31 @@ def test_time_layer_warms_with_the_step_neighbours(monkeypatch):
     assert len(inputs[2]) == 3
 
 
-def test_each_timed_backward_follows_a_warm_engine_start(monkeypatch):
-    """A step runs every layer's nodes in one engine call, so no layer pays a cold start;
-    a profiled layer's backward is its own call after the neighbour's, so the call right
-    before it must be the engine-warming one (`autograd_engine.warm_engine_start`: one
-    leaf of ENGINE_PROBE_ELEMENTS), for a middle layer (index 1, its neighbour's backward
-    first) and the last (index 4: nothing after it; its own forward came last; the layer
-    before's backward follows it, as in a step). Runs: 1 warm-up + 2 timed; the engine
+def test_each_timed_backward_runs_in_one_call_after_the_layer_afters_nodes(monkeypatch):
+    """A step runs every layer's nodes in one engine call, so a profiled layer's backward
+    is one call over the layer after's roots then its own (and the span's marker), with
+    no call between its forward and it (the old harness ran the neighbour's backward and
+    an engine-warming sine first, each its own call): a middle layer (index 1, the layer
+    after a Mix of one root) and the last (index 4: no layer after; the layer before's
+    forward and backward follow its call, as in a step). Runs: 1 warm-up + 2 timed; the
     probe's graphs come after them."""
-    from cost_models.autograd_engine import ENGINE_PROBE_ELEMENTS
-
     _, measurer = _measured_three_kinds()
     factory = real_factory("cpu")
     real_backward = torch.autograd.backward
-    # (layer, backward calls per run, the warming call's place in a run): the neighbour's,
-    # warming, timed; warming, timed, the layer before's
-    for index, calls_per_run, warm_at in ((1, 3, 1), (4, 3, 0)):
-        leaves: list[int] = []  # numel of each call's first root: the warming one's is 4
+    for index, calls_per_run, roots_in_timed in ((1, 1, 3), (4, 2, 2)):
+        roots_per_call: list[int] = []
 
         def counted(roots, *args, **kwargs):
             roots = [roots] if isinstance(roots, torch.Tensor) else list(roots)
-            leaves.append(roots[0].numel())
+            roots_per_call.append(len(roots))
             return real_backward(roots, *args, **kwargs)
 
         monkeypatch.setattr(torch.autograd, "backward", counted)
         state = measurer.layer_state(index, factory)
         time_layer(measurer, index, state, factory, "cpu", warmup=1, repeats=2)
         monkeypatch.setattr(torch.autograd, "backward", real_backward)
-        runs = leaves[:3 * calls_per_run]
-        warm_positions = [i for i, n in enumerate(runs) if n == ENGINE_PROBE_ELEMENTS]
-        assert warm_positions == [calls_per_run * r + warm_at for r in range(3)]
+        runs = roots_per_call[:3 * calls_per_run]
+        assert runs[::calls_per_run] == [roots_in_timed] * 3, (index, roots_per_call)
 
 
 def test_calibration_json_without_the_cold_figures_loads():
