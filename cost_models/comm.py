@@ -198,9 +198,9 @@ def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
               config: StepConfig) -> tuple[float, float]:
     """TP collectives of one layer as the executor issues them (DTensor, torchtitan-style
     plans). Forward: one all-reduce per row-parallel (or vocab) module (Shoeybi et al.
-    2019). Backward: one all-reduce per column-parallel module's input gradient: DTensor
-    reduces q, k and v (gate and up) separately where Megatron fuses them into the block's
-    one. With sequence parallelism each forward all-reduce becomes an all-gather plus a
+    2019). Backward: one all-reduce per column-parallel module's input gradient (none for
+    an input that is the model's data: `input_grad_reductions`): DTensor reduces q, k and
+    v (gate and up) separately where Megatron fuses them into the block's one. With sequence parallelism each forward all-reduce becomes an all-gather plus a
     reduce-scatter and so does the backward of each module group, which gathers its
     input once (Korthikanti et al. 2022, sec. 4.2.2). A full recompute issues again
     the gathers and the reductions the forward saved something after (early stop:
@@ -211,7 +211,7 @@ def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     if tp == 1 or not layer.tp_candidates:
         return 0.0, 0.0
     reducing = sum(1 for c in layer.tp_candidates if c.style in TP_REDUCING_STYLES)
-    colwise = sum(1 for c in layer.tp_candidates if c.style is TPStyle.COLWISE)
+    colwise = input_grad_reductions(layer, TPStyle.COLWISE)
     heads = sum(1 for c in layer.tp_candidates if c.style is TPStyle.HEAD)
     activation = layer.output_bytes * config.activation_scale  # b*s*h in the compute dtype
     if sequence_parallel_applies(layer, strategy):
@@ -227,7 +227,7 @@ def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     # cross-entropy all-reduces per-token scalars in forward (latency-bound: no bytes).
     forward += heads * LOSS_PARALLEL_ALL_REDUCES * blocking_s("all_reduce", 0, tp, cluster,
                                                               dtensor=True)
-    backward += heads * blocking_s("all_reduce", layer.input_bytes * config.activation_scale,
+    backward += input_grad_reductions(layer, TPStyle.HEAD) * blocking_s("all_reduce", layer.input_bytes * config.activation_scale,
                                    tp, cluster, dtensor=True)
     if strategy.checkpoint is Checkpoint.FULL:  # the recompute's own (ir.tp_recompute)
         again = layer.rowwise_before_last_save_fwd
@@ -238,6 +238,14 @@ def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         else:
             backward += again * ar
     return forward, backward
+
+
+def input_grad_reductions(layer: Layer, style: TPStyle) -> int:
+    """TP modules of `style` whose backward all-reduces their input's gradient: all but
+    those fed only tensors that get no gradient (`Layer.gradless_tp_inputs`: the model's
+    data), for which autograd never calls DTensor's from_local backward (Megatron's f)."""
+    return sum(1 for c in layer.tp_candidates
+               if c.style is style and c.module not in layer.gradless_tp_inputs)
 
 
 def dp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,

@@ -8,7 +8,8 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
     t_roofline(gemm)      = max(FLOPs / (peak x GEMM efficiency(m, n, k, dtype)), bytes / bandwidth)
     t(conv)               = FLOPs / measured rate of the nearest measured convolution, per
                             pass (forward; backward's grad_input and grad_weight apart);
-                            without a table the roofline of its implicit GEMM
+                            without a table the roofline of its implicit GEMM, once
+                            per pass the record computes (a weight-only backward: one)
     t_roofline(attention) = FLOPs / measured SDPA rate of the backend dispatch picks
     t_roofline(memory)    = bytes / bandwidth of that kind of memory-bound kernel at its size
                             (+ its inner loops x measured seconds per loop and per 2-D
@@ -294,36 +295,36 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
 def _conv_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
                   share: float) -> float:
     """A convolution (forward, or the backward's requested gradients) after the
-    micro-batch change and the TP split (of its output channels). Measured: the forward
-    FLOPs (each backward half does as many) at the rate of the nearest measured conv
-    (`KernelCalibration.nearest_conv`; equally near points averaged geometrically, the
-    log-space midpoint); grad_bias is a sum over the output gradient. Else the roofline
-    of its implicit GEMM (im2col: Chellapilla et al. 2006; cuDNN, Chetlur et al. 2014),
-    at the GEMM efficiency of that (m, n, k)."""
+    micro-batch change and the TP split (of its output channels). Each of grad_input and
+    grad_weight is one implicit GEMM of the forward's (m, n, k) (im2col: Chellapilla et
+    al. 2006; cuDNN, Chetlur et al. 2014): as many FLOPs and operand bytes as the forward,
+    so a weight-only backward (a first conv fed the data) costs one, not two. Each such
+    GEMM: measured, the forward FLOPs at the rate of that pass of the nearest measured
+    conv (`KernelCalibration.nearest_conv`; equally near points averaged geometrically,
+    the log-space midpoint); else the roofline of the implicit GEMM at its (m, n, k)'s
+    GEMM efficiency. grad_bias is a sum over the output gradient."""
     groups, batch, c_in, c_out, positions, area, grads = r.shape
     dtype = config.precision.compute_dtype
     batch = max(1, round(batch * config.batch_scale))
     c_out = max(1, round(c_out * share))
     forward_flops = 2 * groups * batch * positions * c_out * c_in * area  # 2 x MACs
+    passes = ("forward_s",) if r.op.split("::")[-1] == "convolution" else tuple(
+        field for bit, field in ((CONV_GRAD_INPUT, "input_backward_s"),
+                                 (CONV_GRAD_WEIGHT, "weight_backward_s")) if grads & bit)
     cal = cluster.kernel_calibration
     points = [] if cal is None else cal.nearest_conv(batch, c_in, c_out, positions, area, dtype)
-    if not points:
+    if points:
+        def seconds(field: str) -> float:  # forward FLOPs at the points' geometric-mean rate
+            rates = [p.flops / getattr(p, field) for p in points]
+            return forward_flops / math.exp(sum(map(math.log, rates)) / len(rates))
+        total_s = sum(map(seconds, passes))
+    else:
         _, m, n, k = conv_implicit_gemm((groups, batch, c_in, c_out, positions, area, grads))
         efficiency = gemm_shape_efficiency(cluster, m, n, k, dtype)
-        flops = r.flops * config.batch_scale * share
         nbytes = groups * (m * k + k * n + m * n) * config.precision.compute_bytes
-        # Williams et al. 2009: max(compute-bound, memory-bound)
-        return max(flops / (cluster.peak_flops(dtype) * efficiency),
-                   nbytes / (cluster.hbm_gbps * GB))
-
-    def seconds(field: str) -> float:  # forward FLOPs at the points' geometric-mean rate
-        rates = [p.flops / getattr(p, field) for p in points]
-        return forward_flops / math.exp(sum(map(math.log, rates)) / len(rates))
-
-    if r.op.split("::")[-1] == "convolution":
-        return seconds("forward_s")
-    total_s = (seconds("input_backward_s") if grads & CONV_GRAD_INPUT else 0.0) \
-        + (seconds("weight_backward_s") if grads & CONV_GRAD_WEIGHT else 0.0)
+        # Williams et al. 2009: max(compute-bound, memory-bound), per implicit GEMM
+        total_s = len(passes) * max(forward_flops / (cluster.peak_flops(dtype) * efficiency),
+                                    nbytes / (cluster.hbm_gbps * GB))
     if grads & CONV_GRAD_BIAS:  # reads the output gradient once, writes c_out sums
         grad_out_bytes = groups * batch * c_out * positions * config.precision.compute_bytes
         total_s += _streaming_seconds(cluster, "sum", dtype, grad_out_bytes)

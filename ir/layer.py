@@ -172,6 +172,9 @@ class Layer:
       gradless_input_bytes     the part of input_bytes a step's backward makes no gradient
                                for: the model's data (`ir.stand_in.is_data`), integer ids
                                and masks; 0 (all inputs get one) for hand-built layers.
+      gradless_tp_inputs       the TP candidates (`TPCandidate.module`) whose inputs all
+                               get no gradient (a column-parallel first Linear fed the
+                               data): their input-gradient all-reduce never runs.
     """
 
     name: str  # module path, e.g. "blocks.17"; "" only for root-level glue
@@ -185,6 +188,7 @@ class Layer:
     structural_hash: str  # identical blocks share it and are measured once
     measured: LayerMeasurement
     gradless_input_bytes: int = 0
+    gradless_tp_inputs: tuple[str, ...] = ()
     param_names: tuple[str, ...] = ()  # fully qualified parameter names owned by this layer
     tp_candidates: tuple[TPCandidate, ...] = ()
     tp_divisors: tuple[tuple[str, int], ...] = ()  # ("heads", 96): a TP degree must divide each

@@ -31,7 +31,7 @@ from ir.op_count import (cold_distinct_ops, cold_distinct_ops_bwd, recent_backwa
 from ir.ownership import names_in_layers
 from ir.plan import layer_digest
 from ir.saved_tensors import tensor_leaves, value_nbytes
-from ir.stand_in import canonical_param_names, is_float
+from ir.stand_in import canonical_param_names, is_data, is_float
 from ir.tp import largest_vocab, tp_analysis
 from ir.tp_recompute import TP_REDUCING_STYLES
 from ir.trace import LossFn, Traced, trace
@@ -103,6 +103,7 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
                             for p in pnames),
             tp_params=tp_params, input_bytes=in_bytes, output_bytes=out_bytes,
             gradless_input_bytes=gradless_in_bytes,
+            gradless_tp_inputs=_gradless_tp_inputs(measurer, i, candidates),
             structural_hash=shash, measured=measured[shash], param_names=local_names[i],
             tp_candidates=candidates, tp_divisors=divisors,
             max_param_numel=max([canon_params[p].numel() for p in pnames]
@@ -239,6 +240,30 @@ def _boundary_bytes(m: GraphMeasurer, i: int) -> tuple[int, int, int]:
     if i == len(m.layers) - 1 and not info.outputs:
         out_bytes = value_nbytes(m.values[info.nodes.nodes[-1]])
     return in_bytes, out_bytes, value_nbytes(gradless)
+
+
+def _gradless_tp_inputs(m: GraphMeasurer, i: int, candidates) -> tuple[str, ...]:
+    """The candidates whose float inputs (values their nodes read from outside the
+    module, parameters aside) all require no grad in the meta pass (`ir.stand_in.is_data`:
+    the model's data): autograd makes no gradient for them, so the executor's backward
+    never reduces one (DTensor's from_local and Megatron's f run only for a tensor that
+    requires grad)."""
+    info = m.infos[i]
+    prefix = f"{info.nodes.name}." if info.nodes.name else ""
+    inside = lambda path, mod: path is not None and (  # noqa: E731
+        path == mod or path.startswith(mod + "."))
+    gradless = []
+    for c in candidates:
+        module = prefix + c.module if c.module else info.nodes.name
+        nodes = [n for n in info.nodes.nodes if inside(info.module_paths[n], module)]
+        reads = [m.values.get(a, m.user_values.get(str(a.target))) for n in nodes
+                 for a in n.all_input_nodes
+                 if a.op != "get_attr" and not inside(info.module_paths.get(a), module)]
+        floats = [t for v in reads for t in tensor_leaves(v) if is_float(t.dtype)
+                  and not isinstance(t, nn.Parameter)]
+        if floats and all(is_data(t) for t in floats):
+            gradless.append(c.module)
+    return tuple(gradless)
 
 
 def _chain_input(m: GraphMeasurer, i: int, module: nn.Module | None) -> bool:

@@ -229,3 +229,44 @@ def test_vocab_parallel_head_reduces_its_loss_scalars():
     # loss_parallel's max, sum-of-exp and target-logit all-reduces: latency only.
     assert fwd == pytest.approx(3 * collective_s("all_reduce", 0, 8, cluster)) and fwd > 0
     assert bwd == pytest.approx(collective_s("all_reduce", head.input_bytes, 8, cluster))
+
+
+def test_a_column_parallel_module_fed_the_data_reduces_no_input_gradient():
+    """MLP blocks (fc1 32 -> 128 colwise, fc2 128 -> 32 rowwise) on float data
+    (4, 8, 32), fp32, TP 2. Forward: fc2's all-reduce of (4*8*32)*4 = 4096 bytes in each
+    block. Backward: blocks.1's fc1 all-reduces its input's gradient (4096 bytes); blocks.0's
+    fc1 reads the data, which requires no grad, so autograd never runs DTensor's from_local
+    backward (2 gloo ranks, torch 2.x: no `_c10d_functional.all_reduce` in its backward, one
+    when the input requires grad): 0 collectives."""
+    import torch
+    from torch import nn
+
+    from ir.measure import build_layer_graph
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.act, self.fc2 = nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 32)
+
+        def forward(self, x):
+            return x + self.fc2(self.act(self.fc1(x)))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([Block(), Block(), Block()])
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x.sum()
+
+    graph = build_layer_graph(Model(), {"x": torch.randn(4, 8, 32)}, dtype=torch.float32)
+    first, second = graph.layer("blocks.0"), graph.layer("blocks.1")
+    assert (first.gradless_tp_inputs, second.gradless_tp_inputs) == (("fc1",), ())
+    cluster = get_cluster("h100-80g")
+    config = StepConfig(micro_batch=4, graph_micro_batch=4, graph_dtype="float32",
+                        precision=Precision.FP32)
+    ar = collective_s("all_reduce", 4 * 8 * 32 * 4, 2, cluster)
+    assert tp_comm_s(first, LayerStrategy(tp=2), cluster, config) == pytest.approx((ar, 0.0))
+    assert tp_comm_s(second, LayerStrategy(tp=2), cluster, config) == pytest.approx((ar, ar))

@@ -372,6 +372,29 @@ def test_a_convolution_without_a_table_is_its_implicit_gemm():
     assert t.conv_s == pytest.approx(max(compute_s, bytes_s)) and t.conv_s > 0
 
 
+def test_a_convolution_backward_without_a_table_is_one_implicit_gemm_per_gradient():
+    """No conv table, a bytes-bound CPU spec (2000 GB/s, 1e18 FLOP/s so bytes bind):
+    cnn-small's 16 -> 16 3x3 conv at batch 1, fp32, m = 256, n = 16, k = 144. Forward and
+    each of grad_input (dy @ W^T, col2im) and grad_weight (im2col(x)^T @ dy) is one
+    such GEMM: (256*144 + 144*16 + 256*16) * 4 = 173,056 bytes. A weight-only backward (a
+    first conv fed the data) moves those once, a backward of both twice, and grad_bias
+    adds the output gradient's 256*16*4 bytes through "sum" (live, this CPU, one
+    thread, mb 16, 2026-11-25, load 2.2: forward 190 us, grad_weight 188, both 386)."""
+    from ir.kernel_records import CONV_GRAD_BIAS, CONV_GRAD_INPUT, CONV_GRAD_WEIGHT
+
+    cpu = dataclasses.replace(spec(device="cpu"), peak_flops_by_dtype=(("float32", 1e18),))
+    gemm_s = (256 * 144 + 144 * 16 + 256 * 16) * 4 / (HBM_GBPS * 1e9)
+    seconds = lambda r, bwd: pass_seconds((r,), cpu, cpu_config(1), 1.0, bwd).conv_s  # noqa: E731
+    assert seconds(conv_record("aten::convolution", 1, 0), False) == pytest.approx(gemm_s)
+    weight = conv_record("aten::convolution_backward", 1, CONV_GRAD_WEIGHT)
+    assert seconds(weight, True) == pytest.approx(gemm_s)
+    both = conv_record("aten::convolution_backward", 1, CONV_GRAD_INPUT | CONV_GRAD_WEIGHT)
+    assert seconds(both, True) == pytest.approx(2 * gemm_s)
+    all3 = conv_record("aten::convolution_backward", 1,
+                       CONV_GRAD_INPUT | CONV_GRAD_WEIGHT | CONV_GRAD_BIAS)
+    assert seconds(all3, True) == pytest.approx(2 * gemm_s + 256 * 16 * 4 / (HBM_GBPS * 1e9))
+
+
 def test_streaming_elementwise_ops_and_batch_norm_take_their_own_measured_kinds():
     """relu and threshold_backward stream like add (measured, MEMORY_KERNEL_OF_OP's
     comment); gelu costs per element; training batch norm and its backward have their
