@@ -127,10 +127,12 @@ def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
     if cal is None:
         return ()
     forward, backward = layer.host_position
-    first_apart = cal.cold_entry_after_backward_host_s > 0  # the first layer's entry is its own
+    points = bool(cal.cold_entry_points)  # cold_entry_seconds reads them, whatever the figures
+    # the first layer's entry is its own (its own figure, or its own points)
+    first_apart = cal.cold_entry_after_backward_host_s > 0 or points
     if first_apart:
         forward = (forward, layer.forward_after_backward)
-    if cal.cold_entry_points:  # cold_entry_seconds reads them
+    if points:
         forward = (forward, layer.after_ops, layer.same_code_before)
     forward_priced = cal.cold_op_host_s > 0 or first_apart
     # the two backward counts, each where its figure prices it

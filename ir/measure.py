@@ -235,11 +235,13 @@ def _boundary_bytes(m: GraphMeasurer, i: int) -> tuple[int, int, int]:
     info = m.infos[i]
     ins = [m.values.get(a, m.user_values.get(str(a.target))) for a in info.inputs]
     in_bytes = sum(value_nbytes(v) for v in ins)
-    gradless = [t for v in ins for t in tensor_leaves(v) if not t.requires_grad]
+    # per input, as in_bytes counts (two views of one data tensor: both gradless)
+    gradless = sum(value_nbytes([t for t in tensor_leaves(v) if not t.requires_grad])
+                   for v in ins)
     out_bytes = sum(value_nbytes(m.values[o]) for o in info.outputs if not (o.op == "placeholder"))
     if i == len(m.layers) - 1 and not info.outputs:
         out_bytes = value_nbytes(m.values[info.nodes.nodes[-1]])
-    return in_bytes, out_bytes, value_nbytes(gradless)
+    return in_bytes, out_bytes, gradless
 
 
 def _gradless_tp_inputs(m: GraphMeasurer, i: int, candidates) -> tuple[str, ...]:

@@ -334,6 +334,13 @@ def test_the_entry_is_read_off_the_kits_points_at_the_work_between():
     keys = [host_position_key(dataclasses.replace(layer, after_ops=ops), cpu(kit))
             for kit in (POINTS, ENTRY) for ops in (20, 100)]
     assert keys[0] != keys[1] and keys[2] == keys[3]
+    # the points price the place even where the kit's single figures read 0 (a loaded fit)
+    zeroed = dataclasses.replace(POINTS, cold_op_host_s=0.0, cold_entry_after_backward_host_s=0.0)
+    assert (host_position_key(dataclasses.replace(layer, after_ops=20), cpu(zeroed))
+            != host_position_key(dataclasses.replace(layer, after_ops=150), cpu(zeroed)))
+    assert (host_position_key(layer, cpu(zeroed))
+            != host_position_key(dataclasses.replace(layer, forward_after_backward=True),
+                                 cpu(zeroed)))
     assert KernelCalibration.from_dict(json.loads(json.dumps(POINTS.to_dict()))) == POINTS
 
 

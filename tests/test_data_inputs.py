@@ -115,6 +115,30 @@ def test_a_layer_taking_data_and_activations_makes_only_the_activations_gradient
                                                ("aten::mm", (1, 8, 8, 4)): 1}
 
 
+def test_two_views_of_the_data_are_both_gradless():
+    """A layer given two slices of one data tensor (a model's glue splitting its features)
+    counts both as gradless, as it counts both as input: 2 x (4 x 8) fp32 = 256 bytes."""
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, left, right):
+            return self.a(left) + self.b(right)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pair, self.head = Pair(), nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.head(self.pair(x[:, :8], x[:, 8:]))
+
+    graph = build_layer_graph(Model(), {"x": torch.randn(4, 16)}, dtype=torch.float32)
+    pair = graph.layer("pair")
+    assert pair.gradless_input_bytes == pair.input_bytes == 2 * 4 * 8 * 4
+
+
 class _LiveComputeKernels(TorchDispatchMode):
     """The GEMM and convolution kernels a real step runs, recorded as the IR records them."""
 
