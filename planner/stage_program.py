@@ -25,7 +25,7 @@ class _Node:
     table: LayerTable
     x_in: np.ndarray | None  # x(b-1, c', c) into this layer
     step: "_Step"
-    best: tuple[float, int] | None = None  # min_c C[b][c][U] and its c, once asked for
+    best: dict | None = None  # u -> min_c C[b][c][u] and its c, once asked for
 
 
 @dataclass
@@ -42,13 +42,17 @@ class _Step:
 
 
 def _step(table: LayerTable, k: float, bucket_bytes: float, cap: float, units: int,
-          cache: dict) -> _Step:
-    key = (id(table), k, bucket_bytes, cap, units)
+          cache: dict, floor: bool = False) -> _Step:
+    """A layer's buckets per strategy: its sum rounded up, or (`floor`) the walk's floor
+    rounded down, so that any plan whose floors add up to the budget is admitted."""
+    key = (id(table), k, bucket_bytes, cap, units, floor)
     hit = cache.get(key)
     step = hit[1] if hit is not None and hit[0] is table else None
     if step is None:
-        mem = np.ceil((table.state_bytes + k * table.kept_bytes) / bucket_bytes - 1e-9)
-        mem = np.where(table.transient_bytes <= cap, mem, units + 1).astype(np.int64)
+        state, kept, transient = table.memory(floor)
+        scaled = (state + k * kept) / bucket_bytes
+        mem = np.floor(scaled + 1e-9) if floor else np.ceil(scaled - 1e-9)
+        mem = np.where(transient <= cap, mem, units + 1).astype(np.int64)
         fits = np.flatnonzero(mem <= units)
         order = fits[np.argsort(table.layout[fits], kind="stable")]
         layouts, starts = np.unique(table.layout[order], return_index=True)
@@ -106,8 +110,12 @@ class StageSolver:
 
     def __init__(self, graph, tables, transitions, n_layouts, units, bucket_bytes, cap,
                  crossing: list[float], step_cache: dict | None = None,
-                 places: list[tuple] | None = None):
+                 places: list[tuple] | None = None, floor: bool = False, buffers=None):
         self.graph, self.tables, self.transitions = graph, tables, transitions
+        self.floor = floor  # add up the walk's floors (`_step`), not the program's sums
+        # buffers(a, final): bytes a rank whose stage starts at a holds beyond its layers'
+        # (None: none counted), taken off its budget (`units_within`)
+        self.buffers = buffers
         self.n_layouts, self.units, self.bucket, self.cap = n_layouts, units, bucket_bytes, cap
         self.by_range: dict[tuple, _Node] = {}
         self.by_content: dict[tuple, _Node] = {}
@@ -128,9 +136,18 @@ class StageSolver:
             node = self.by_range[(a, b, k)] = self._child(parent, b, k)
         return node
 
+    def units_within(self, a: int, b: int) -> int:
+        """Buckets the layers of stage a..b may fill: the budget less `buffers`, rounded
+        as the layers are (`_step`)."""
+        if self.buffers is None:
+            return self.units
+        spare = self.buffers(a, b == len(self.graph.layers) - 1) / self.bucket
+        return self.units - int(math.floor(spare + 1e-9) if self.floor
+                                else math.ceil(spare - 1e-9))
+
     def best(self, a: int, b: int, k: float) -> tuple[float, int]:
         """(T*, the layout it ends in) of layers a..b."""
-        return self._best_of(self.node(a, b, k))
+        return self._best_of(self.node(a, b, k), self.units_within(a, b))
 
     def bests(self, a: int, k: float, ends: list[int]):
         """(b, T*, layout) of layers a..b for each b of `ends` (ascending, >= a), in one
@@ -140,7 +157,7 @@ class StageSolver:
             while b < end:
                 b += 1
                 node = self._child(node, b, k)
-            yield (end, *self._best_of(node))
+            yield (end, *self._best_of(node, self.units_within(a, end)))
 
     def _child(self, parent: _Node | None, b: int, k: float) -> _Node:
         """Layer b after `parent` (None: b starts the stage), interned by content."""
@@ -148,15 +165,21 @@ class StageSolver:
         node = self.by_content.get(content)
         if node is None:
             x_in = self.transitions[b - 1] if parent is not None else None
-            step = _step(self.tables[b], k, self.bucket, self.cap, self.units, self.step_cache)
+            step = _step(self.tables[b], k, self.bucket, self.cap, self.units, self.step_cache,
+                         self.floor)
             node = _extend(parent, self.tables[b], x_in, step, self.n_layouts, self.units)
             self.by_content[content] = node
             self.extensions += 1
         return node
 
-    def _best_of(self, node: _Node) -> tuple[float, int]:
+    def _best_of(self, node: _Node, u: int) -> tuple[float, int]:
+        if u < 0:
+            return INF, 0
         if node.best is None:
-            column = node.value[:, self.units]
+            node.best = {}
+        best = node.best.get(u)
+        if best is None:
+            column = node.value[:, u]
             c = int(column.argmin())
-            node.best = (float(column[c]), c)
-        return node.best
+            best = node.best[u] = (float(column[c]), c)
+        return best
