@@ -85,6 +85,9 @@ CASES = {
     "bert-ddp2": ("bert-tiny", 2, ["--uniform", "--dp", "2", "--zero", "0"]),
     "t5-zero3x2": ("t5-tiny", 2, ["--uniform", "--dp", "2", "--zero", "3"]),
     "mlp-ddp4": ("mlp-small", 4, ["--uniform", "--dp", "4", "--zero", "0"]),
+    # a first layer fed by the data (no input gradient in a step): a conv stem, a Linear
+    "cnn-1rank": ("cnn-small", 1, ["--uniform"]),
+    "mlp-1rank": ("mlp-small", 1, ["--uniform"]),
     # checkpointing variants (issue 17): selective and full on 1, 2 and 4 processes
     "gpt-1rank-sel": ("gpt-tiny", 1, ["--uniform", "--checkpoint", "selective"]),
     "gpt-1rank-full": ("gpt-tiny", 1, ["--uniform", "--checkpoint", "full"]),

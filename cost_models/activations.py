@@ -166,8 +166,14 @@ def _plain_backward(layer: Layer, saved: float, sharded: float, tp: int, sp: boo
     sequence_split = tp if sp else 1
     rebuilt = (saved - layer.saved_input_bytes * scale) * split
     backward = layer.full_backward_bytes * scale * split
-    return (max(0.0, backward - rebuilt - layer.input_bytes * scale / sequence_split),
+    return (max(0.0, backward - rebuilt - grad_input_bytes(layer) * scale / sequence_split),
             layer.full_backward_grad_share)
+
+
+def grad_input_bytes(layer: Layer) -> int:
+    """Bytes of the gradients a layer's backward makes for its inputs: none for the model's
+    data or integer ids (`Layer.gradless_input_bytes`), as a step runs them."""
+    return layer.input_bytes - layer.gradless_input_bytes
 
 
 def sp_gathered_input_bytes(layer: Layer, config: StepConfig) -> float:
@@ -211,7 +217,8 @@ def layer_activations(layer: Layer, strategy: LayerStrategy,
         split = _tp_split(saved, sharded, tp, sp) / saved if saved else 1.0
         # That peak already holds the input's gradient where it exists by then: the
         # walk adds grad_flow_bytes (the output's and input's gradients) on top.
-        recompute = max(0.0, backward * split - layer.input_bytes * scale / (tp if sp else 1))
+        recompute = max(0.0, backward * split - grad_input_bytes(layer) * scale
+                        / (tp if sp else 1))
     if sp:
         # The gathered inputs are kept whole, not as the 1/t shard Megatron keeps (under
         # SELECTIVE: the all-gather's output, a collective the policy keeps).
@@ -223,7 +230,7 @@ def layer_activations(layer: Layer, strategy: LayerStrategy,
         else:
             recompute += gathered * (1 - 1 / tp)
     # Backward holds the gradient of the layer's output and produces its input's gradient.
-    grad_flow = (layer.output_bytes + layer.input_bytes) * scale / (tp if sp else 1)
+    grad_flow = (layer.output_bytes + grad_input_bytes(layer)) * scale / (tp if sp else 1)
     logits = logits_bytes(layer, config)
     if logits:
         kept, recompute, logits = _loss_head(logits, saved, sharded, kept, recompute, tp, sp,

@@ -39,8 +39,24 @@ Theil-Sen line (issue 17: 5.2, 42.5, 0.0, 4.8, 4.4 us entry over five profiles a
 (2026-11-25): entry 4.2-5.6 us (before: 3.5-7.4), after a backward 6.6-10.8 (6.5-19.0),
 1.8-3.0 us per cold op (1.3-2.9); ~0.3 s a call either way. Re-measure quiet.
 
+On an Intel Xeon (2 MiB L2 a core, 2026-11-25, load 4-7) the block pair read 4x the
+figures above (15.5 us entry, 28 after a backward) while zoo layers paid 0-10: the entry is
+what the work between evicts of the layer's code and objects, and a block's forward and
+backward is far more than most layers' neighbours (a table's 6 ops, a head's 23). Not
+bytes (a 16x16 block's work cost as much as a 64x64 one's; 1 MiB written cost 4.8 us, 2
+MiB, this L2, 17), not page faults (none), not the clock (the wall clock read the same):
+the layer norm's extra over its warm run was 1 us after its own backward alone, 8 after
+a block's forward, 3-4 after one Linear's forward and backward, 29 after a block's,
+15-16 after a block's then a block's forward (which warms the forward path again), 1-2
+after a small layer's then a copy of its own code's forward (/tmp experiments of this
+session, thread clock, 4-5 interleaved rounds). So the kit measures the fit after several
+amounts of work after (ENTRY_WORK: `ColdEntryPoint`s at its ops) and after the same
+code (`cold_entry_calibration`), and a layer's price is read off them at its own
+(`host_dispatch.cold_entry_seconds`, `Layer.after_ops`, `Layer.same_code_before`).
+
     >>> cost = cold_entry_cost(cold_entry_chains("cpu"))  # doctest: +SKIP
-    >>> cost.entry_s, cost.op_s                             # ~4e-6, ~2e-6 here
+    >>> cost.entry_s, cost.op_s                             # ~16e-6, ~4e-6 here
+    >>> cold_entry_calibration("cpu")["cold_entry_points"]  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -117,21 +133,42 @@ def _entry_layer(cold_ops: int, width: int = ENTRY_WIDTH):
     return fx.symbolic_trace(EntryLayer())
 
 
-def step_work(device: str = "cpu", after_backward: bool = False):
+def small_neighbour(width: int = ENTRY_WIDTH):
+    """A fx-traced layer of one nn.Linear: the least a step runs beside a layer (a table,
+    a head's projection); `neighbour_block` about the most a small model's step does."""
+    from torch import fx, nn
+
+    class Small(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(width, width)
+
+        def forward(self, x):
+            return self.proj(x)
+
+    return fx.symbolic_trace(Small())
+
+
+# The layer after's kinds (`step_work`): the least and about the most a small model's step
+# runs between a layer's backward and its next forward
+NEIGHBOURS = {"block": neighbour_block, "small": small_neighbour}
+
+
+def step_work(device: str = "cpu", after_backward: bool = False, after: str = "block",
+              before: str = "block"):
     """(fresh, step_between, before): a fresh probe input (made untimed, as `planner
     profile` makes them); what a step runs between a small layer's forwards at least,
-    `step_between(own)`: a `neighbour_block`'s forward and backward (the layer after's),
-    the backward of `own` (the layer's own last output; None: none), then another
-    block's forward (the layer before's; not `after_backward`: what a step's first layer
-    follows); that layer before. Its own backward cost the next forward 1.1-1.4 us more
-    at 0 cold ops in two runs (load 6.5, 2026-11-25); five alternating pairs with and
-    without it (load 6-8) gave medians of 5.5 / 5.3 us entry, 1.9 / 2.3 us per cold op,
-    and bench_kernel_model's forwards on the one timing 21 / 22 of 54 over 15% (closer
-    on 11 rows, further on 13): within this host's noise (entry 1.6-27 us across runs);
-    re-measure quiet."""
+    `step_between(own)`: the layer after's forward and backward (`after`, a NEIGHBOURS
+    kind), the backward of `own` (the layer's own last output; None: none), then the
+    layer before's forward (`before`: "block", a `neighbour_block`; "same", a 0-cold-op
+    `_entry_layer`, the probe layer's own code, as a table after a table; not
+    `after_backward`: what a step's first layer follows); that layer before. Its own
+    backward cost the next forward 1.1-1.4 us more at 0 cold ops in two runs (load 6.5,
+    2026-11-25): within this host's noise then; re-measure quiet."""
     import torch
 
-    after, before = neighbour_block().to(device), neighbour_block().to(device)
+    after = NEIGHBOURS[after]().to(device)
+    before = (_entry_layer(0) if before == "same" else NEIGHBOURS[before]()).to(device)
 
     def fresh():
         return torch.randn(1, ENTRY_TOKENS, ENTRY_WIDTH, device=device, requires_grad=True)
@@ -147,31 +184,82 @@ def step_work(device: str = "cpu", after_backward: bool = False):
     return fresh, step_between, before
 
 
-def cold_entry_chains(device: str = "cpu", after_backward: bool = False) -> list[ColdChain]:
+def neighbour_ops(kind: str, device: str = "cpu") -> tuple[int, int]:
+    """ATen ops of a NEIGHBOURS kind's forward and of its backward, counted as a layer's
+    `ops_fwd` and `ops_bwd` are (`Layer.after_ops` sums a step's the same way)."""
+    import torch
+
+    from ir.op_count import count_ops
+
+    layer = NEIGHBOURS[kind]().to(device)
+    x = torch.randn(1, ENTRY_TOKENS, ENTRY_WIDTH, device=device, requires_grad=True)
+    out = []
+    forward = count_ops(lambda: out.append(layer(x)))
+    seed = torch.ones_like(out[0])
+    return forward, count_ops(lambda: out[0].backward(seed))
+
+
+def cold_entry_chains(device: str = "cpu", after_backward: bool = False,
+                      after: str = "block", before: str = "block") -> list[ColdChain]:
     """Each ENTRY_COLD_OPS probe layer timed run once after what a step runs between a
-    small layer's forwards at least (`cold_s`: `step_work`'s, a `neighbour_block`'s
-    forward and backward, the layer's own backward of its last cold run, then another
-    block's forward, the layer before's; `after_backward`: without the last, what a step's
-    first layer follows) and right after its own forward (`warm_s`), `paired_rounds`'
-    figures; cold ops counted as a layer's are (its overloads the block's forward did not
-    run). One thread, grad mode on, fresh inputs each run (made untimed, as `planner
-    profile` makes them)."""
+    small layer's forwards at least (`cold_s`: `step_work`'s, the layer after's forward
+    and backward, the layer's own backward of its last cold run, then the layer before's
+    forward; `after_backward`: without the last, what a step's first layer follows;
+    `before` "same": the 0-cold-op layer alone) and right after its own forward
+    (`warm_s`), `paired_rounds`' figures; cold ops counted as a layer's are (its
+    overloads the layer before's forward did not run). One thread, grad mode on, fresh
+    inputs each run (made untimed, as `planner profile` makes them)."""
     import torch
 
     from cost_models.clusters import _one_thread
     from cost_models.host_probes import probe_clock
 
-    fresh, step_between, before = step_work(device, after_backward)
+    fresh, step_between, block = step_work(device, after_backward, after, before)
     with _one_thread(), torch.set_grad_enabled(True):
-        block_ops = _overloads(lambda: before(fresh()))
+        block_ops = _overloads(lambda: block(fresh()))
         layers = []
-        for k in ENTRY_COLD_OPS:
+        for k in (0,) if before == "same" else ENTRY_COLD_OPS:
             layer = _entry_layer(k).to(device)
             layers.append((len(_overloads(lambda: layer(fresh())) - block_ops), layer))
             for _ in range(3):  # allocator and autograd warm-up, untimed
                 step_between(layer(fresh()))
                 layer(fresh())
         return paired_rounds(layers, step_between, fresh, probe_clock(device))
+
+
+# The (layer after, layer before) pairs the kit probes (`cold_entry_calibration`): the
+# least and about the most a small model's step runs after a layer (one Linear, a block),
+# a block before (a layer of other code); None before: after the backward alone (a step's
+# first layer). A small layer before too read the least pair's entry ~0 (1.2 us a cold op,
+# the norm's op then cold): priced so, dlrm's tables.0 and cnn's stem fell 20-40% under
+# (bench_cold_entry_ab over 3 runs, load 3-4, 2026-11-25), so the before is not an axis.
+# Ops are a rough measure of the work: after a backward, a conv block's 31 ops (469 us
+# fwd+bwd) cost the norm 14.9 us where the line reads 6.8 (a Linear's 17 ops, 129 us: 4.3;
+# a block's 115, 990 us: 28.6; load 3.7): its seconds would place it (13.9); next to do.
+ENTRY_WORK = (("small", "block"), ("block", "block"), ("small", None), ("block", None))
+
+
+def cold_entry_calibration(device: str = "cpu") -> dict:
+    """The `KernelCalibration` fields of a forward's start after other layers' work: a
+    `ColdEntryPoint` per ENTRY_WORK pair (`cold_entry_cost` of its chains, at the ops
+    of the layer after's forward and backward), the
+    block pair's figures as the single ones kits before the points had, and the entry
+    after the small layer with the probe layer's own code run just before
+    (`cold_entry_same_code_host_s`)."""
+    from ir.kernel_points import ColdEntryPoint
+
+    ops = {kind: neighbour_ops(kind, device) for kind in NEIGHBOURS}
+    points = []
+    for after, before in ENTRY_WORK:
+        cost = cold_entry_cost(cold_entry_chains(device, before is None, after,
+                                                 before or "block"))
+        points.append(ColdEntryPoint(sum(ops[after]), before is None, cost.entry_s,
+                                     cost.op_s))
+    same = cold_entry_cost(cold_entry_chains(device, after="small", before="same"))
+    block, first = points[ENTRY_WORK.index(("block", "block"))], points[-1]
+    return dict(cold_entry_host_s=block.entry_s, cold_op_host_s=block.op_s,
+                cold_entry_after_backward_host_s=first.entry_s,
+                cold_entry_points=tuple(points), cold_entry_same_code_host_s=same.entry_s)
 
 
 def paired_rounds(layers, step_between, fresh, clock, runs: int = ENTRY_RUNS,

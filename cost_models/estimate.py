@@ -212,13 +212,10 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
     for i in mine:
         stage = plan.stages[i]
         if i < last_stage:  # forward: send this chunk's output on
-            cut = stage.last_layer
-            pp_f += p2p_s(_boundary_bytes(graph, plan, cut, configs[cut]), cluster,
-                          stage.devices)
+            pp_f += _send_s(graph, plan, cluster, stage.last_layer, configs, stage.devices)
         if i > 0:  # backward: send the gradient of this chunk's input back
-            cut = stage.first_layer - 1
-            pp_b += p2p_s(_boundary_bytes(graph, plan, cut, configs[cut]), cluster,
-                          stage.devices)
+            pp_b += _send_s(graph, plan, cluster, stage.first_layer - 1, configs,
+                            stage.devices)
     return StageTime(rank=rank, compute_forward_s=fwd, compute_backward_s=bwd,
                      recompute_s=rec, tp_forward_s=tp_f, tp_backward_s=tp_b,
                      dp_forward_s=exposed(dp_f, fwd, overlap),
@@ -279,15 +276,26 @@ def relayout_s(crossing_bytes: float, source: StepConfig, tp_from: int, tp_to: i
                            sp_from, sp_to, cluster)
 
 
-def _boundary_bytes(graph: LayerGraph, plan: ParallelPlan, cut: int,
-                    config: StepConfig) -> float:
-    """Bytes one micro-batch sends across the cut after layer `cut` (sequence-sharded
-    under SP, so each rank sends its 1/t share: Korthikanti et al. 2022 sec. 4.2.2)."""
-    nbytes = graph.crossing_bytes(cut) * config.activation_scale
-    strategy = plan.layer_strategies[cut]
-    if sequence_parallel_applies(graph.layers[cut], strategy):
-        nbytes /= strategy.tp
-    return nbytes
+def _send_s(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, cut: int,
+            configs: Sequence[StepConfig], stage_devices: int) -> float:
+    s = plan.layer_strategies[cut]
+    return boundary_send_s(graph.crossing_bytes(cut), configs[cut], s.tp,
+                           sequence_parallel_applies(graph.layers[cut], s), cluster,
+                           stage_devices)
+
+
+def boundary_send_s(crossing_bytes: float, source: StepConfig, tp: int, sp: bool,
+                    cluster: ClusterSpec, stage_devices: int) -> float:
+    """Seconds of one p2p send across the cut after a layer laid out (`tp`, `sp`): its
+    output forward, or that output's gradient back (`comm.p2p_s`). One replica's
+    activation at the layer's own micro-batch (`source`, as `relayout_s`), whole on every
+    TP rank, sequence-sharded under SP so each sends its 1/t share (Korthikanti et al.
+    2022 sec. 4.2.2). The one definition the estimate and the search's partition program
+    (`planner.layer_tables.sends`) both price."""
+    nbytes = crossing_bytes * source.activation_scale
+    if sp:
+        nbytes /= tp
+    return p2p_s(nbytes, cluster, stage_devices)
 
 
 def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,

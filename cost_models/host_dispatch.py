@@ -43,13 +43,10 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     number it wraps (`KernelRecord.scalar_operand`) x `scalar_operand_float_host_s` on a
     floating tensor, `scalar_operand_int_host_s` on an integer one (0 in kits without
     them); where it measured
-    `cold_op_host_s`, the distinct ops the layer before did not run x per cold op
-    (`cold_distinct_ops_fwd`: a step runs them with their code and data out of the
-    caches; every figure above is a warm run's), + where it measured
-    `cold_entry_host_s`, that once (the layer's own code and objects: a final norm with
-    no cold op still paid ~6 us after its step neighbour;
-    `cold_entry_after_backward_host_s` instead for a forward after a backward,
-    `forward_after_backward`); neither where a whole step's ops stay in the caches
+    the entry probe, what the layer pays for starting after the step's other work
+    (`cold_entry_seconds`: an entry + the distinct ops the layers before did not run x
+    a slope, by the work between; every figure above is a warm run's); none where a
+    whole step's ops stay in the caches
     (`Layer.step_warm`). A kit without parts: ops
     x `host_op_seconds`. (Pricing ops per Python-level call and per op inside a C++
     composite instead missed more layers: bench/bench_host_ab.py, 2026-11-25.)"""
@@ -85,13 +82,40 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     entry_probed = cal.cold_entry_host_s > 0 or cal.cold_entry_after_backward_host_s > 0
     if layer.step_warm and entry_probed:
         return host_s
-    # Cold (cost_models.cold_entry_probes.cold_entry_cost; kits before it, without the
-    # entry: a median per cold op, since deleted): the layer's start + ops the layers before did
-    # not run
-    entry_s = (cal.cold_entry_after_backward_host_s
-               if layer.forward_after_backward and cal.cold_entry_after_backward_host_s > 0
-               else cal.cold_entry_host_s)
-    return host_s + entry_s + layer.cold_distinct_ops_fwd * cal.cold_op_host_s
+    return host_s + cold_entry_seconds(layer, cal)
+
+
+def cold_entry_seconds(layer: Layer, cal) -> float:
+    """What a forward pays for starting after a step's other work: an entry + its cold
+    ops x a slope, read off the kit's `ColdEntryPoint`s (`cost_models.cold_entry_probes
+    .cold_entry_calibration`) of its kind (after a backward or not,
+    `forward_after_backward`) on the line between the two whose ops after bracket the
+    layer's (`after_ops`; flat beyond the ends): how much of a layer's code and objects
+    the work between evicts grows with that work (the probe's layer norm over its warm
+    run, a block's forward before: 8 us with nothing after, 10 after one Linear's 19 ops'
+    forward and backward, 13 after 67, 15 after a block's 117; after a backward, 3 after
+    17, 29 after 115: one thread, load 4-7, 2026-11-25). The
+    layer before running the same ops (`same_code_before`, a table after a table: 1.4 us
+    where a block before read 10): the same-code entry. Kits without points: the single
+    figures."""
+    first = layer.forward_after_backward
+    points = sorted((p for p in cal.cold_entry_points if p.after_backward == first),
+                    key=lambda p: p.after_ops)
+    if not points:  # a kit before the points
+        entry_s = (cal.cold_entry_after_backward_host_s
+                   if first and cal.cold_entry_after_backward_host_s > 0
+                   else cal.cold_entry_host_s)
+        return entry_s + layer.cold_distinct_ops_fwd * cal.cold_op_host_s
+    if layer.same_code_before and not first and cal.cold_entry_same_code_host_s > 0:
+        return cal.cold_entry_same_code_host_s + layer.cold_distinct_ops_fwd * points[0].op_s
+    ops = min(max(layer.after_ops, points[0].after_ops), points[-1].after_ops)
+    low = max((p for p in points if p.after_ops <= ops), key=lambda p: p.after_ops)
+    high = min((p for p in points if p.after_ops >= ops), key=lambda p: p.after_ops)
+    share = ((ops - low.after_ops) / (high.after_ops - low.after_ops)
+             if high.after_ops > low.after_ops else 0.0)
+    entry_s = low.entry_s + share * (high.entry_s - low.entry_s)
+    op_s = low.op_s + share * (high.op_s - low.op_s)
+    return entry_s + layer.cold_distinct_ops_fwd * op_s
 
 
 def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
@@ -106,6 +130,8 @@ def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
     first_apart = cal.cold_entry_after_backward_host_s > 0  # the first layer's entry is its own
     if first_apart:
         forward = (forward, layer.forward_after_backward)
+    if cal.cold_entry_points:  # cold_entry_seconds reads them
+        forward = (forward, layer.after_ops, layer.same_code_before)
     forward_priced = cal.cold_op_host_s > 0 or first_apart
     # the two backward counts, each where its figure prices it
     backward = (layer.cold_distinct_ops_bwd if cal.cold_backward_op_host_s > 0 else None,

@@ -102,8 +102,8 @@ DISPATCHED_SDPA_BACKEND = "default"
 # is its own kind: on this CPU it ran at 6.3 GB/s where layer norm ran at 20 (both 256 KiB).
 MEMORY_KERNEL_OF_OP = {
     **dict.fromkeys(("_softmax", "_log_softmax", "_safe_softmax"), "softmax"),
-    **dict.fromkeys(("_softmax_backward_data", "_log_softmax_backward_data"),
-                    "softmax_backward"),
+    "_softmax_backward_data": "softmax_backward",
+    "_log_softmax_backward_data": "log_softmax_backward",  # an exp per element: its own kind
     **dict.fromkeys(("masked_fill", "masked_fill_", "where"), "masked_fill"),
     "native_layer_norm_backward": "layer_norm_backward",
     **dict.fromkeys(("native_layer_norm", "_fused_rms_norm",
@@ -127,6 +127,7 @@ MEMORY_KERNEL_OF_OP = {
 # Kinds a calibration may lack (specs measured before they were probed, GPU presets): the
 # kind that priced those ops before, which is what the time model falls back to.
 MEMORY_KERNEL_STAND_IN = {"softmax_backward": "softmax", "masked_fill": "add",
+                          "log_softmax_backward": "softmax_backward",
                           "layer_norm_backward": "layer_norm"}
 # Row-wise forward kernels that pay per row beyond their bytes (a softmax's max, sum and
 # normalise passes, a layer norm's statistics, per row): the calibration's measured

@@ -6,6 +6,10 @@ Beside the streaming kinds (copy, add), the kinds whose speed per byte differs o
 (one thread, 256 KiB to 1 MiB tensors, 2026-11-24, each against the table's add/copy):
   softmax_backward  `_softmax_backward_data` over rows (no exp: 17 us where the forward's
                     table priced 80 for llama-tiny's (16, 8, 32, 32) scores);
+  log_softmax_backward  `_log_softmax_backward_data` over rows: grad - exp(y) x the
+                    row's sum of grad, an exp per element that softmax's backward does
+                    not run (2.5x its seconds here: 26 us against 10 for 512 x 128 fp32,
+                    as in rows of 4096; one thread, thread clock, 2026-11-25, load 5);
   masked_fill       `masked_fill` with a causal (s x s) mask broadcast over the batch and
                     heads, as GPT/Llama/T5 mask scores (69 us for llama-tiny's 512 KiB, ~14x an add);
   short_run         a copy whose innermost loop runs SHORT_RUN_PROBE_ELEMENTS elements (a
@@ -102,6 +106,10 @@ def _memory_kernel(name: str, x, y, out):
         rows_y = torch.softmax(y_rows, dim=-1)
         return (lambda: aten._softmax_backward_data(x_rows, rows_y, -1, x.dtype),
                 3 * x.numel() * e)
+    if name == "log_softmax_backward":  # reads the gradient and the output, writes the result
+        rows_y = torch.log_softmax(y_rows, dim=-1)
+        return (lambda: aten._log_softmax_backward_data(x_rows, rows_y, -1, x.dtype),
+                3 * x.numel() * e)
     if name == "masked_fill":  # a causal mask over (..., s, s) scores: reads x, writes out
         causal = torch.ones(MASK_SEQ_LEN, MASK_SEQ_LEN, dtype=torch.bool,
                             device=x.device).triu(1)
@@ -154,6 +162,7 @@ EXCESS_OP_OF_KIND = {"gelu": "aten::gelu", "sum": "aten::sum",
                      "layer_norm": "aten::native_layer_norm",
                      "layer_norm_backward": "aten::native_layer_norm_backward",
                      "softmax_backward": "aten::_softmax_backward_data",
+                     "log_softmax_backward": "aten::_log_softmax_backward_data",
                      "masked_fill": "aten::masked_fill", "batch_norm": "aten::native_batch_norm",
                      "batch_norm_backward": "aten::native_batch_norm_backward"}
 

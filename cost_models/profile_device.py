@@ -66,7 +66,7 @@ from cost_models.checkpoint_probes import checkpoint_host_seconds
 from cost_models.host_probes import autograd_call_s, host_op_seconds_by_pass, probe_clock
 from cost_models.pipeline_probes import pipeline_action_host_s
 from cost_models.cold_backward_probes import cold_backward_cost, cold_backward_layers
-from cost_models.cold_entry_probes import cold_entry_chains, cold_entry_cost
+from cost_models.cold_entry_probes import cold_entry_calibration
 from cost_models.scalar_operand_probes import scalar_operand_seconds
 from cost_models.sequence_probes import in_sequence_chains, in_sequence_cost
 from cost_models.tied_sync import TIED_SUM_FIELDS, probe_tied_sum
@@ -424,9 +424,8 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
         # Forward and backward per op, apart, and what forward ops pay in sequence
         host = host_op_seconds_by_pass("cpu")
         sequence = in_sequence_cost(in_sequence_chains("cpu"))
-        cold = cold_entry_cost(cold_entry_chains("cpu"))
+        cold = cold_entry_calibration("cpu")  # after the block, a small layer, the same code
         cold_bwd = cold_backward_cost(cold_backward_layers("cpu"))  # after a block's backward
-        first = cold_entry_cost(cold_entry_chains("cpu", after_backward=True))
         tied_sum = probe_tied_sum()  # executors.tied's gradient sum, once a step
         scalar = scalar_operand_seconds("cpu")  # a forward op given a Python number
         return ClusterSpec(
@@ -443,7 +442,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             host_cores=clusters.host_cores(),
             kernel_calibration=dataclasses.replace(
                 cal, **host.calibration_fields(), **sequence.calibration_fields(),
-                **cold.calibration_fields(), cold_entry_after_backward_host_s=first.entry_s,
+                **cold,
                 **cold_bwd.calibration_fields(), **scalar.calibration_fields(),
                 autograd_call_host_s=autograd_call_s("cpu"),
                 pipeline_action_host_s=pipeline_action_host_s("cpu"),
@@ -458,9 +457,9 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
                   f"{host.backward_view_op_s * 1e6:.2f} per view, {host.backward_node_s * 1e6:.2f} "
                   f"per autograd node, + per-op excess; in sequence "
                   f"{sequence.op_s * 1e9:.0f} ns per op per distinct op beyond "
-                  f"{sequence.knee_distinct_ops:.0f}; cold start {cold.entry_s * 1e6:.2f} us "
-                  f"per layer ({first.entry_s * 1e6:.2f} after a backward) + "
-                  f"{cold.op_s * 1e6:.2f} per cold distinct op; backward "
+                  f"{sequence.knee_distinct_ops:.0f}; cold start "
+                  f"{cold['cold_entry_host_s'] * 1e6:.2f} us per layer ({cold['cold_entry_after_backward_host_s'] * 1e6:.2f} after a "
+                  f"backward) + {cold['cold_op_host_s'] * 1e6:.2f} per cold op; backward "
                   f"{cold_bwd.op_s * 1e6:.2f} per cold op, {cold_bwd.inner_op_s * 1e6:.2f} "
                   f"per cold inner op of a composite); peak FLOP/s = best "
                   "measured GEMM per dtype; links and DTensor overhead guessed (run "

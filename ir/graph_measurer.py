@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.utils._pytree import tree_map_only
 from torch.utils.flop_counter import FlopCounterMode
 
 from ir.dtensor_ops import DTensorRegions
@@ -37,7 +38,7 @@ from ir.layer import LayerMeasurement, TPStyle
 from ir.layers import LayerNodes, group_nodes, node_module_path
 from ir.op_count import OpCounter, autograd_nodes, python_nodes
 from ir.saved_tensors import SavedTensorLog, TPRegion, storage_key, tensor_leaves
-from ir.stand_in import (StateRunner, TensorFactory, fresh, is_float, make_state,
+from ir.stand_in import (StateRunner, TensorFactory, fresh, is_data, is_float, make_state,
                          meta_factory)
 from ir.tp_recompute import ReductionsBeforeLastSave
 from ir.view_nodes import ViewCountingRecorder, view_nodes
@@ -78,16 +79,18 @@ class GraphMeasurer:
                     outs.append(n)
             paths = {n: node_module_path(n, traced.module_prefix) for n in layer.nodes}
             self.infos.append(_LayerInfo(layer, ins, outs, paths))
-        # Forward values (shapes) of every node: one pass over the whole graph, on meta.
-        self.values: dict[fx.Node, object] = {}
+        # Forward values (shapes) of every node: one pass over the whole graph, on meta,
+        # autograd on as in a step, so a value requires grad where a step's does (made from
+        # parameters, or inputs given requiring grad: `ir.stand_in.is_data`), then cut from
+        # that graph keeping the flag (`_gradless`).
         runner = self._runner(self.state)
         runner.env = self._placeholder_env(self.state, self.user_values)
-        with torch.no_grad():
+        with torch.enable_grad():
             for n in gm.graph.nodes:
                 if n.op in ("placeholder", "output"):
                     continue
                 runner.env[n] = runner.run_node(n)
-        self.values = runner.env
+        self.values: dict[fx.Node, object] = {n: _gradless(v) for n, v in runner.env.items()}
 
     # -- helpers
     def _is_state(self, node: fx.Node) -> bool:
@@ -105,7 +108,8 @@ class GraphMeasurer:
         values = {}
         for name, t in inputs.items():
             dtype = self.dtype if is_float(t.dtype) else t.dtype
-            values[name] = t.detach().to(device="meta" if meta else t.device, dtype=dtype)
+            values[name] = t.detach().to(device="meta" if meta else t.device,
+                                         dtype=dtype).requires_grad_(t.requires_grad)
         if target is not None:
             values[TARGET_INPUT] = target.detach().to(device="meta") if meta else target
         return values
@@ -205,7 +209,9 @@ class GraphMeasurer:
             h.update(repr((n.op, target, norm(n.args), norm(n.kwargs))).encode())
         for a in info.inputs:
             v = self.values.get(a, self.user_values.get(str(a.target)))
-            h.update(repr([(tuple(t.shape), str(t.dtype)) for t in tensor_leaves(v)]).encode())
+            # a float input from the model's data (no gradient) runs another backward
+            h.update(repr([(tuple(t.shape), str(t.dtype)) + (("data",) if is_data(t) else ())
+                           for t in tensor_leaves(v)]).encode())
         return h.hexdigest()[:16]
 
     def tp_modules(self, index: int, candidates) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -456,6 +462,11 @@ class GraphMeasurer:
             env[a] = fresh(value, factory)
         return env
 
+
+def _gradless(value):
+    """`value`'s tensors cut from the autograd graph, each keeping its requires_grad."""
+    return tree_map_only(torch.Tensor, lambda t: t.detach().requires_grad_(t.requires_grad),
+                         value)
 
 
 def _clear_grads(state: dict) -> dict:

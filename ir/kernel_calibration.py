@@ -31,7 +31,8 @@ from typing import Any
 from ir.errors import PlannerError
 # The rows are defined in ir.kernel_points; importing them from here keeps working.
 from ir.kernel_points import (APART_MEMORY_KERNELS, GEMM_TIE_LOG2_DISTANCE,  # noqa: F401
-                              MEMORY_KERNELS, SDPA_BACKENDS, ConvPoint, GemmPoint, HostOpExcess,
+                              MEMORY_KERNELS, SDPA_BACKENDS, ColdEntryPoint, ConvPoint, GemmPoint,
+                              HostOpExcess,
                               MemoryKernelPoint, SdpaPoint, _is_number, _text)
 
 # The calibration's single figures (numbers >= 0; 0 where not measured).
@@ -60,6 +61,7 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             # what a forward pays per layer for starting after other layers' work
             # (`cost_models.cold_entry_probes`)
             "cold_entry_host_s", "cold_entry_after_backward_host_s",
+            "cold_entry_same_code_host_s",
             # tied copies' gradient sum after backward (`cost_models.tied_sync`)
             "tied_sum_host_s", "tied_sum_s_per_byte", "tied_sum_small_host_s",
             "tied_sum_small_s_per_byte",
@@ -218,6 +220,14 @@ class KernelCalibration:
     # `Layer.forward_after_backward`), probed after a backward alone; 0 where not
     # measured (`cold_entry_host_s` then prices it too).
     cold_entry_after_backward_host_s: float = 0.0
+    # ... the same fit after several amounts of work after (`ColdEntryPoint`s: a small or
+    # a block layer after, ops counted), which `host_dispatch.cold_entry_seconds` reads at
+    # a layer's `Layer.after_ops`; ()
+    # where not measured (the two figures above then price every layer).
+    cold_entry_points: tuple[ColdEntryPoint, ...] = ()
+    # ... with the layer before running the probe layer's own code (a table after a table;
+    # `Layer.same_code_before`); 0 where not measured.
+    cold_entry_same_code_host_s: float = 0.0
     # ---- tied copies' gradient sum after backward (`cost_models.tied_sync
     # .probe_tied_sum`): `executors.tied.TiedGradients.sync` on two fresh gradients, fitted
     # as seconds per call + seconds per byte it moves (reads and writes:
@@ -338,7 +348,8 @@ class KernelCalibration:
                 **{field: getattr(self, field) for field in _SCALARS},
                 "gemm": rows(self.gemm), "memory_kernels": rows(self.memory_kernels),
                 "sdpa": rows(self.sdpa), "conv": rows(self.conv),
-                "host_op_excess": rows(self.host_op_excess)}
+                "host_op_excess": rows(self.host_op_excess),
+                "cold_entry_points": rows(self.cold_entry_points)}
 
     @classmethod
     def from_dict(cls, data: Any) -> KernelCalibration:
@@ -371,7 +382,8 @@ class KernelCalibration:
 
 
 _TABLES = (("gemm", GemmPoint), ("memory_kernels", MemoryKernelPoint), ("sdpa", SdpaPoint),
-           ("conv", ConvPoint), ("host_op_excess", HostOpExcess))
+           ("conv", ConvPoint), ("host_op_excess", HostOpExcess),
+           ("cold_entry_points", ColdEntryPoint))
 
 
 def _row(kind, where: str, item: Any):

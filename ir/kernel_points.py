@@ -22,7 +22,9 @@ MEMORY_KERNELS = ("copy", "add", "gelu", "sum", "softmax", "layer_norm", "batch_
                   # kdev3 (issue 17): few loops per 2-D loop call, a copy and a product
                   "short_outer", "broadcast_binary",
                   # kdev3: the same middle-dim sum with no contiguous dim (unvectorised)
-                  "strided_reduction")
+                  "strided_reduction",
+                  # kernelprice (issue 17): log-softmax's backward, an exp per element
+                  "log_softmax_backward")
 # SDPA backends as torch.nn.attention.SDPBackend names them, lower case, plus "default"
 # (whatever torch's dispatcher picks with no backend forced).
 SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "math", "default")
@@ -184,3 +186,25 @@ class HostOpExcess:
         _text(where, "op", self.op)
         if not _is_number(self.seconds) or self.seconds < 0:
             raise PlannerError(f"{where}: seconds must be a number >= 0, got {self.seconds!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ColdEntryPoint:
+    """What a forward pays for starting after a layer after's forward and backward of
+    `after_ops` ATen ops, then a layer before's forward of other code (`after_backward`:
+    none, a step's first layer; `cost_models.cold_entry_probes.cold_entry_calibration`):
+    `entry_s` per layer + `op_s` per cold distinct op."""
+
+    after_ops: int
+    after_backward: bool
+    entry_s: float
+    op_s: float
+
+    def __post_init__(self) -> None:
+        where = f"cold entry point at {self.after_ops!r} ops"
+        if not isinstance(self.after_ops, int) or self.after_ops < 0:
+            raise PlannerError(f"{where}: after_ops must be an integer >= 0")
+        for name in ("entry_s", "op_s"):
+            value = getattr(self, name)
+            if not _is_number(value) or value < 0:
+                raise PlannerError(f"{where}: {name} must be a number >= 0, got {value!r}")

@@ -169,6 +169,9 @@ class Layer:
     (`layer.saved_activation_bytes`). Boundary figures (bytes, one micro-batch):
       input_bytes              tensors entering the layer (what full checkpointing keeps).
       output_bytes             tensors leaving the layer (the pipeline boundary).
+      gradless_input_bytes     the part of input_bytes a step's backward makes no gradient
+                               for: the model's data (`ir.stand_in.is_data`), integer ids
+                               and masks; 0 (all inputs get one) for hand-built layers.
     """
 
     name: str  # module path, e.g. "blocks.17"; "" only for root-level glue
@@ -181,6 +184,7 @@ class Layer:
     output_bytes: int
     structural_hash: str  # identical blocks share it and are measured once
     measured: LayerMeasurement
+    gradless_input_bytes: int = 0
     param_names: tuple[str, ...] = ()  # fully qualified parameter names owned by this layer
     tp_candidates: tuple[TPCandidate, ...] = ()
     tp_divisors: tuple[tuple[str, int], ...] = ()  # ("heads", 96): a TP degree must divide each
@@ -233,6 +237,14 @@ class Layer:
     # bag's ~20) that the layer after's backward did not run (`ir.composite_ops`): priced
     # as cold backward ops beside those above.
     cold_inner_ops_bwd: int = 0
+    # ATen ops a step runs after it between its backward and its next forward, as `planner
+    # profile` runs them (`cost_models.layer_profile.StepNeighbours`): the layer after's
+    # forward and backward (the last layer: its window before's,
+    # `ir.op_count.recent_window_layers`); and whether the layer just before runs the same
+    # forward ops (a table after a table). Its forward's entry is priced by them
+    # (`cost_models.host_dispatch.cold_entry_seconds`).
+    after_ops: int = 0
+    same_code_before: bool = False
 
     def __getattr__(self, name: str):
         # Reached only when no field matches: a measured figure reads as the layer's own.
@@ -250,7 +262,8 @@ class Layer:
         return dataclasses.replace(self, name="", index=0, param_names=(), tied_owner_layers=(),
                                    tied_owner_params=(),
                                    cold_distinct_ops_fwd=0, cold_distinct_ops_bwd=0,
-                                   cold_inner_ops_bwd=0, forward_after_backward=False)
+                                   cold_inner_ops_bwd=0, forward_after_backward=False,
+                                   after_ops=0, same_code_before=False)
 
     @property
     def host_position(self) -> tuple[int, int]:

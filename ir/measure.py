@@ -17,7 +17,6 @@ import hashlib
 from typing import Callable
 
 import torch
-import torch.fx as fx
 from torch import nn
 
 from ir.checkpoint_measure import measure_checkpointing
@@ -28,7 +27,7 @@ from ir.layers import _is_block_stack
 from ir.legality import sequence_parallel_problem, takes_one_positional_input
 from ir.composite_ops import cold_inner_ops_bwd
 from ir.op_count import (cold_distinct_ops, cold_distinct_ops_bwd, recent_backward_ops,
-                         recent_forward_ops, step_evicts)
+                         recent_forward_ops, step_between, step_evicts)
 from ir.ownership import names_in_layers
 from ir.plan import layer_digest
 from ir.saved_tensors import tensor_leaves, value_nbytes
@@ -96,13 +95,14 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
         tied = tied_by_layer[i]  # this layer's name -> the shared tensor
         tp_params, tied_tp = _tp_params(module, candidates, [canon_params[p] for p in pnames],
                                         list(tied.values()))
-        in_bytes, out_bytes = _boundary_bytes(measurer, i)
+        in_bytes, out_bytes, gradless_in_bytes = _boundary_bytes(measurer, i)
         layers.append(Layer(
             name=lname, kind=layer_nodes.kind, index=i,
             params=sum(canon_params[p].numel() for p in pnames),
             param_bytes=sum(canon_params[p].numel() * _measured_itemsize(canon_params[p], dtype)
                             for p in pnames),
             tp_params=tp_params, input_bytes=in_bytes, output_bytes=out_bytes,
+            gradless_input_bytes=gradless_in_bytes,
             structural_hash=shash, measured=measured[shash], param_names=local_names[i],
             tp_candidates=candidates, tp_divisors=divisors,
             max_param_numel=max([canon_params[p].numel() for p in pnames]
@@ -123,6 +123,8 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
         layer, cold_distinct_ops_bwd=cold_distinct_ops_bwd(layer.measured, ran),
         cold_inner_ops_bwd=cold_inner_ops_bwd(layer.measured, ran))
         for layer, ran in zip(layers, windows)]
+    layers = [dataclasses.replace(layer, **step_between(layers, i))
+              for i, layer in enumerate(layers)]
     if layers:  # the first forward follows the step before's backward
         layers[0] = dataclasses.replace(layers[0], forward_after_backward=True)
     if not step_evicts([m.forward_overloads for m in measured.values()],
@@ -226,16 +228,17 @@ def _measured_itemsize(t: torch.Tensor, dtype: torch.dtype) -> int:
 # ------------------------------------------------------------------------ boundaries
 
 
-def _boundary_bytes(m: GraphMeasurer, i: int) -> tuple[int, int]:
-    """(bytes entering, bytes leaving) layer i; the last layer, with nothing leaving,
-    counts its last value."""
+def _boundary_bytes(m: GraphMeasurer, i: int) -> tuple[int, int, int]:
+    """(bytes entering, bytes leaving, bytes entering that get no gradient) layer i; the
+    last layer, with nothing leaving, counts its last value."""
     info = m.infos[i]
-    in_bytes = sum(value_nbytes(m.values.get(a, m.user_values.get(str(a.target))))
-                   for a in info.inputs)
+    ins = [m.values.get(a, m.user_values.get(str(a.target))) for a in info.inputs]
+    in_bytes = sum(value_nbytes(v) for v in ins)
+    gradless = [t for v in ins for t in tensor_leaves(v) if not t.requires_grad]
     out_bytes = sum(value_nbytes(m.values[o]) for o in info.outputs if not (o.op == "placeholder"))
     if i == len(m.layers) - 1 and not info.outputs:
         out_bytes = value_nbytes(m.values[info.nodes.nodes[-1]])
-    return in_bytes, out_bytes
+    return in_bytes, out_bytes, value_nbytes(gradless)
 
 
 def _chain_input(m: GraphMeasurer, i: int, module: nn.Module | None) -> bool:
@@ -249,28 +252,7 @@ def _chain_input(m: GraphMeasurer, i: int, module: nn.Module | None) -> bool:
     return len(outside) == 1 and m.owner.get(outside[0]) == i - 1
 
 
-def _grad_carrying(measurer: GraphMeasurer) -> set[fx.Node]:
-    """Nodes whose value depends on a parameter (they carry gradients across cuts)."""
-    out: set[fx.Node] = set()
-    for n in measurer.traced.graph_module.graph.nodes:
-        if n.op == "placeholder":
-            name = measurer.traced.state_names.get(n.name)
-            if name is not None and name in measurer.aliases:
-                out.add(n)
-        elif n.op == "call_module":
-            module = measurer.traced.submodule(n.target)
-            if any(True for _ in module.parameters()) or any(a in out for a in n.all_input_nodes):
-                out.add(n)
-        elif n.op == "get_attr":
-            if str(n.target) in measurer.aliases:
-                out.add(n)
-        elif any(a in out for a in n.all_input_nodes):
-            out.add(n)
-    return out
-
-
 def _edges_and_cuts(m: GraphMeasurer) -> tuple[list[tuple[int, int, int]], list[int]]:
-    grad = _grad_carrying(m)
     n_layers = len(m.layers)
     edge_bytes: dict[tuple[int, int], int] = {}
     crossing = [0] * (n_layers + 1)  # difference array of grad-carrying values per cut
@@ -281,7 +263,9 @@ def _edges_and_cuts(m: GraphMeasurer) -> tuple[list[tuple[int, int, int]], list[
         nbytes = value_nbytes(m.values.get(node))
         for dst in consumers:
             edge_bytes[(src, dst)] = edge_bytes.get((src, dst), 0) + nbytes
-        if node in grad and any(t.is_floating_point() for t in tensor_leaves(m.values.get(node))):
+        # a value that carries a gradient across the cut (made from parameters: the
+        # meta pass's flag, `ir.stand_in.is_data`'s rule)
+        if any(t.requires_grad for t in tensor_leaves(m.values.get(node))):
             crossing[src] += 1
             crossing[max(consumers)] -= 1
     cuts, running = [], 0

@@ -130,6 +130,24 @@ def step_evicts(forward_ops: list[frozenset[str]], backward_ops: list[frozenset[
     return len(frozenset().union(*forward_ops, *backward_ops)) > COLD_WINDOW_DISTINCT_OPS
 
 
+def step_between(layers: list, index: int) -> dict:
+    """`Layer.after_ops` and `same_code_before` of `layers[index]`, from what `planner
+    profile` runs between its backward and its next forward (`cost_models.layer_profile
+    .StepNeighbours`): the layer after's forward and backward ops (for the last layer,
+    those of the layers before in its window, `recent_window_layers`, which it runs after
+    the last layer's backward); and whether the layer just before runs the same forward
+    ops (its code warm, only the layer's own objects cold)."""
+    if index + 1 < len(layers):
+        after = [layers[index + 1]]
+    else:
+        previous = [layers[j].measured.forward_overloads for j in range(index - 1, -1, -1)]
+        after = layers[index - recent_window_layers(previous):index]
+    same = index > 0 and (layers[index - 1].measured.forward_overloads
+                          == layers[index].measured.forward_overloads)
+    return {"after_ops": sum(layer.ops_fwd + layer.ops_bwd for layer in after),
+            "same_code_before": same}
+
+
 def cold_distinct_ops(measured, before: frozenset[str] | None) -> int:
     """Distinct forward ops of a layer (`measured.forward_overloads`) that the layers run
     before it did not run (`before`: `recent_forward_ops`); for the first layer (None), those

@@ -76,11 +76,21 @@ def make_state(traced: Traced, dtype: torch.dtype, factory: TensorFactory,
     return state, aliases
 
 
+def is_data(value: torch.Tensor) -> bool:
+    """Whether a float value a layer reads is the model's data (images, dense features:
+    made from the inputs alone), which a step runs without a gradient, rather than an
+    activation. The one rule: the value, from the IR's meta pass with autograd on
+    (`GraphMeasurer`), requires no grad (an input given requiring grad keeps it); so a
+    later pipeline stage's input, made by layers holding parameters, is no data."""
+    return is_float(value.dtype) and not value.requires_grad
+
+
 def fresh(value, factory: TensorFactory):
-    """A detached stand-in for a boundary value; float tensors require grad."""
+    """A detached stand-in for a boundary value; a float tensor requires grad unless it
+    stands in for the model's data (`is_data`), as in a step."""
     if isinstance(value, torch.Tensor):
         t = factory(value.shape, value.dtype, "input")
-        if is_float(t.dtype):
+        if is_float(t.dtype) and not is_data(value):
             t.requires_grad_(True)
         return t
     if isinstance(value, tuple):

@@ -19,7 +19,7 @@ from cost_models.comm import layer_comm
 from cost_models.common import StepConfig, device_type_of, layer_lean
 from cost_models.compute import layer_compute
 from cost_models.host_dispatch import host_position_key
-from cost_models.estimate import exposed, overlap_efficiency, relayout_s
+from cost_models.estimate import boundary_send_s, exposed, overlap_efficiency, relayout_s
 from cost_models.memory import (DP_BUCKET_BYTES, DP_BUCKETS_IN_FLIGHT, ZERO3_UNITS_IN_FLIGHT,
                                 LayerMemory, held_through_step, layer_memory)
 from cost_models.model_states import bytes_per_param
@@ -276,6 +276,26 @@ def buffers_floor(graph: LayerGraph, cluster: ClusterSpec, options: SearchOption
                 .activation_scale / (tp if sp else 1) for tp, sp in layouts)
     return PipelineBuffersFloor(crossing_bytes(graph, cache), graph.cut_points,
                                 cand.num_microbatches, scale)
+
+
+def sends(graph: LayerGraph, cluster: ClusterSpec, options: SearchOptions,
+          layouts: list[tuple], samples: int, stage_devices: int, cache: dict,
+          crossing: list[float]) -> list[tuple[float, ...]]:
+    """Per cut j, per layout (tp, sp): seconds of one p2p send of the activation after
+    layer j (or its gradient back) between stages of `stage_devices`, at the layout's
+    micro-batch (`samples` / its dp = `stage_devices` / its TP degree), as the estimate
+    prices it (`cost_models.estimate.boundary_send_s`). Equal cuts share one tuple."""
+    configs = [step_config(graph, options, cluster, samples // (stage_devices // tp))
+               for tp, _ in layouts]
+    scales = tuple(c.activation_scale for c in configs)
+    out = []
+    for nbytes in crossing:
+        key = ("send", nbytes, tuple(layouts), scales, stage_devices)
+        if key not in cache:
+            cache[key] = tuple(boundary_send_s(nbytes, config, tp, sp, cluster, stage_devices)
+                               for (tp, sp), config in zip(layouts, configs))
+        out.append(cache[key])
+    return out
 
 
 def transient_caps(tables: list[LayerTable], levels: int, floor: bool = False) -> list[float]:

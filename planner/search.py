@@ -32,8 +32,8 @@ where, per layer and micro-batch (priced once per unique layer by
                  bounded by cap (a few caps are tried, `layer_tables.transient_caps`)
     U_r          `layer_tables.memory_budget_bytes` (device memory - runtime overhead -
                  DP buckets) - cap, in buckets (rounded down per layer for the floor)
-and T_r = sum of t and x over the stage + the p2p sends at its edges
-(`partition.stage_edges_s`) + h(a, b, r), the step's host terms the estimate adds per
+and T_r = sum of t and x over the stage + its edges' p2p sends at the layouts the cut
+layers take (`layer_tables.sends`) + h(a, b, r), the step's host terms the estimate adds per
 stage on CPU processes (`planner.stage_host`: engine starts, pipelining actions, tied
 gradient sums, the stage's edge layers' cold ops as placed; 0 on GPUs).
 Pipe is 1F1B's sum_r T_r + (m-1) max_r T_r (cost_models.pipeline.pipeline_time).
@@ -43,20 +43,21 @@ Inner recurrence, one stage, memory in buckets (`stage_program._extend`):
                  min_{c'} ( C[i-1][c'][u - mem(i, s)] + x(i-1, c', c) ) + t(i, s)
     C[first][c][u] = min { t(first, s) : layout(s) = c, mem(first, s) <= u }
 so C[i][c][u] is the least time of the stage's first layers up to i, ending in layout c,
-within u buckets. T*(a, b, r) = min_c C[b][c][U_r] + p2p.
+within u buckets. T*(a, b, r) = min_c C[b][c][U_r] + send(b, c), per send (the next
+stage pays it back: `stage_program.StageSolver.sent`).
 
 Outer recurrence, the stage partition (`partition.partition`), exact:
-    F[r][b] = Pareto set over (sum, max) of F[r-1][a-1] (+) T*(a, b, r),  a-1 a cut point
-              (entries `pareto.FrontEntry`, kept by `pareto.pareto_front`)
-    answer  = min over F[p-1][L-1] of  sum + (m-1) max.
+    F[r][b, v] = Pareto set over (sum, max) of F[r-1][a-1, v'] (+) (T*(a, b, r) + v'),
+                 T* with send v, a-1 a cut point (entries `pareto.FrontEntry`, kept by
+                 `pareto.pareto_front`)
+    answer  = min over F[p-1][L-1, 0] of  sum + (m-1) max.
 
 A stage's table is cached by the run of (structural hash, boundary bytes) it covers
-(`stage_program.StageSolver`), so
-96 identical blocks cost one table per length, not one per position. Interleaved 1F1B
-(v chunks per rank) uses stages of equal compute with the inner program per chunk
-(`_interleaved`). Layers that must share one TP degree (`ir.legality.linked_runs`) and
+(`stage_program.StageSolver`): 96 identical blocks cost one table per length. Interleaved
+1F1B (v chunks per rank) uses stages of equal compute with the inner program per chunk
+(`planner.interleaved`). Layers that must share one TP degree (`ir.legality.linked_runs`) and
 that a stage boundary may split are solved once per degree (`_pipeline_tp_groups`): the
-outer program does not carry layouts across stages.
+outer program carries no layout across stages, only the send a stage leaves.
 
 Every memory figure (the rows, the walk, the estimate) is priced for the executor's path
 of the model `search` is given (`cost_models.common.model_layer_configs`: a model built
@@ -94,17 +95,18 @@ from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.legality import input_readers, linked_runs
 from ir.plan import ParallelPlan
-from ir.strategy import Schedule, Stage
+from ir.strategy import Stage
 from planner.layer_tables import (LayerTable, buffers_floor, crossing_bytes,
-                                  memory_budget_bytes, price_layers, restrict, step_config,
+                                  memory_budget_bytes, price_layers, restrict, sends,
                                   transient_caps, transitions)
 from planner.lower_bound import LOWER_BOUND_SLACK, _lower_bound, bound_budget_bytes
-from planner.partition import edge_costs, partition, stage_edges_s
+from planner.interleaved import interleaved
+from planner.partition import partition
 from planner.search_space import OuterCandidate, SearchOptions, outer_candidates
 from planner.search_stats import SearchStats
 from planner.stage_host import StageHost, bound_shift_s, stage_host, tied_variants
 from planner.stage_program import StageSolver, walk_back
-from planner.uniform import even_chunks, uniform_groups
+from planner.uniform import uniform_groups
 
 INF = math.inf
 
@@ -216,14 +218,13 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
     stage_devices = world // cand.pp
     samples = global_batch // cand.num_microbatches
     budget = memory_budget_bytes(cluster, options) - shrink_bytes
-    scale_batch = max(1, samples // stage_devices)
     crossing = crossing_bytes(graph, trans_cache)
     x = transitions(graph, cluster, options, layouts, samples, stage_devices, trans_cache,
                     crossing)
-    scale = step_config(graph, options, cluster, scale_batch).activation_scale
-    edges = edge_costs(crossing, cluster, stage_devices, scale)
-    def edge(a: int, b: int, r: int) -> float:  # T_r's terms beyond the stage program's
-        return stage_edges_s(edges, a, b) + (host.stage_s(a, b, r) if host else 0.0)
+    send = sends(graph, cluster, options, layouts, samples, stage_devices, trans_cache,
+                 crossing)
+    def host_s(a: int, b: int, r: int) -> float:  # T_r's host terms (`planner.stage_host`)
+        return host.stage_s(a, b, r) if host else 0.0
     floor_s = host.floor_s if host else 0.0
     places = [host_position_key(layer, cluster) for layer in graph.layers]
     units = options.memory_buckets
@@ -241,20 +242,21 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
         def make_solver(stage_tables: list[LayerTable]) -> StageSolver:
             made.append(StageSolver(graph, stage_tables, x, len(layouts), units,
                                     usable / units / v, cap, crossing, steps, places, floor,
-                                    buffers))
+                                    buffers, host))
             return made[-1]
 
         if v > 1:
-            found = _interleaved(graph, tables, make_solver, cand, edge, host)
+            found = interleaved(graph, tables, make_solver, cand, send, host_s, host)
             found = [found] if found else None
         else:
             solver = make_solver(tables)
             ks = [microbatches_in_flight(cand.schedule, cand.pp, r, cand.num_microbatches)
                   for r in range(cand.pp)]
             bar = incumbent if best is None else min(incumbent, best[0])
-            found = partition(graph, solver, cand, ks, edge, bar, floor_s, FRONT_PLANS)
+            found = partition(graph, solver, cand, ks, send, host_s, bar, floor_s,
+                              FRONT_PLANS)
             if found:
-                found = [(objective, [(a, b, c, ks[r], solver)
+                found = [(objective, [(a, b, c, ks[r], r, solver)
                                       for r, (a, b, c) in enumerate(ranges)])
                          for objective, ranges in found]
         stats.dp_extensions += sum(s.extensions for s in made)
@@ -263,8 +265,8 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
         plans = []
         for objective, ranges in found:
             strategies = []
-            for a, b, c, k, solver in ranges:
-                strategies += walk_back(solver.node(a, b, k), tables, a, b, c,
+            for a, b, c, k, r, solver in ranges:
+                strategies += walk_back(solver.placed(a, b, k, r), tables, a, b, c,
                                         solver.units_within(a, b))
             plans.append((objective, make_plan(cand, [(a, b) for a, b, *_ in ranges],
                                                strategies, stage_devices, global_batch,
@@ -284,47 +286,6 @@ def make_plan(cand: OuterCandidate, ranges: list[tuple[int, int]], strategies: l
         num_microbatches=cand.num_microbatches, schedule=cand.schedule,
         precision=options.precision, optimizer=options.optimizer,
         virtual_stages=cand.virtual_stages)
-
-
-def _interleaved(graph, tables: list[LayerTable], make_solver, cand: OuterCandidate, edge,
-                 host: StageHost | None = None):
-    """v chunks per rank at equal compute; each chunk gets 1/v of the rank's memory.
-
-    The chunks of one rank read the model inputs in one layout (`executors.pipeline`), so
-    their first layers share one TP degree: each rank takes the degree that makes its
-    chunks fastest (ranks are independent, so that also minimises the max and the sum)."""
-    p, v, m = cand.pp, cand.virtual_stages, cand.num_microbatches
-    pieces = even_chunks(graph, tables, p * v)
-    if pieces is None:
-        return None
-    if host is not None:
-        host.with_pieces(pieces)
-    firsts = {a for a, _ in pieces}
-    per_rank = [INF] * p
-    ranges: list = [None] * len(pieces)
-    for tp in sorted({s.tp for a in firsts for s in tables[a].strategies}):
-        pinned = {a: restrict([tables[a]], lambda s, tp=tp: s.tp == tp) for a in firsts}
-        solver = make_solver([pinned[i][0] if pinned.get(i) else t
-                              for i, t in enumerate(tables)])
-        for r in range(p):
-            total, chosen = 0.0, []
-            for i in range(r, len(pieces), p):
-                a, b = pieces[i]
-                k = microbatches_in_flight(Schedule.INTERLEAVED, p, r, m, v)
-                t, c = solver.best(a, b, k) if pinned[a] else (INF, -1)
-                if t == INF:
-                    total = INF
-                    break
-                total += t + edge(a, b, r)
-                chosen.append((i, (a, b, c, k, solver)))
-            if total < per_rank[r]:
-                per_rank[r] = total
-                for i, entry in chosen:
-                    ranges[i] = entry
-    if INF in per_rank:
-        return None
-    worst = max(per_rank)
-    return m * worst + (sum(per_rank) - worst) / v, ranges  # pipeline.pipeline_time
 
 
 # ------------------------------------------------------------------------ search

@@ -13,15 +13,15 @@ pruned or kept on the score the estimate will give it:
                  price `graph.layers` where they sit in the model
                      (`step_host.placed_compute` - `compute.layer_compute`)
 
-so T_r = T*(a, b, r) + p2p(a, b) + h(a, b, r) (`planner.search`'s recurrence). The tied
-sum is priced on the full gradient (the path `tied_local_fraction` gives whenever a copy
+so T_r = T*(a, b, r) + p2p(a, b) + h(a, b, r) (`planner.search`'s recurrence). The placed
+change depends on the edge layers' strategies (a checkpointed one's recompute reruns the
+forward's host): `stage_s` is h without it, and the stage program adds it per strategy
+(`StageHost.delta_s`, `stage_program.StageSolver.placed`), at the strategy chosen.
+
+The tied sum is priced on the full gradient (the path `tied_local_fraction` gives whenever a copy
 sits on another rank or in another layout); a rank holding every copy in one layout sums
 local shards, less, which no per-layer term can see: `tied_variants` solves the candidate
-once more per such layout, the holders kept to it and h pricing the share. One
-simplification is left to the estimate that ranks the found plans: the placed change is
-priced at each layer's fastest strategy (it moves host time only, the same for every
-strategy but a checkpointed one's recompute; the DP traffic it exposes or hides is not
-re-priced).
+once more per such layout, the holders kept to it and h pricing the share.
 
 On GPU presets every term is 0 (no kit figure): `stage_host` returns None and the search
 runs as before (tests/test_search_pinned.py).
@@ -33,8 +33,6 @@ import copy
 import dataclasses
 import math
 from collections.abc import Callable
-
-import numpy as np
 
 from cost_models.host_dispatch import backward_host_seconds, forward_host_seconds
 from cost_models.step_host import (Placed, engine_start_s, passes_per_stage,
@@ -49,10 +47,9 @@ from ir.strategy import Precision
 from planner.layer_tables import restrict
 from planner.search_space import OuterCandidate
 
-# price(j, placed): seconds of layer j's forward + backward + recompute for one
-# micro-batch, its passes as `placed` (`step_host.placed_compute`) at the strategy the
-# search prices the change at
-Price = Callable[[int, Placed], float]
+# price(j, s, placed): seconds of layer j's forward + backward + recompute for one
+# micro-batch under strategy s, its passes as `placed` (`step_host.placed_compute`)
+Price = Callable[[int, object, Placed], float]
 
 
 class StageHost:
@@ -81,7 +78,8 @@ class StageHost:
         return self
 
     def stage_s(self, a: int, b: int, r: int) -> float:
-        """h(a, b, r): seconds per micro-batch stage a..b adds on rank r."""
+        """h(a, b, r) less the placed change (`edges`, `delta_s`): seconds per micro-batch
+        stage a..b adds on rank r."""
         key = (a, b, r)
         out = self._cache.get(key)
         if out is None:
@@ -93,9 +91,6 @@ class StageHost:
         stage = self.pieces[(a, b)] if v > 1 else r
         engine, actions = step_host_per_microbatch_s(self.cluster, c.schedule, p, m, v, (stage,))
         out = engine + actions
-        if self.cold:
-            placed = self._placed(a, b, r)
-            out += sum(self._delta(j, placed[j]) for j in {a, b} if j in placed)
         if self.tied and (v == 1 or stage == max(self._rank_stages(r))):
             spans = [(a, b)] if v == 1 else [s for s, i in self.pieces.items() if i % p == r]
             out += self._tied_s(spans) / m
@@ -115,15 +110,29 @@ class StageHost:
                                         c.num_microbatches, c.virtual_stages)
         return self._ranks[r]
 
-    def _delta(self, j: int, placed: Placed) -> float:
-        """Layer j as placed less as traced (what its table priced)."""
-        passes = _passes_key(placed)
-        out = self._deltas.get((j, passes))
+    def edges(self, a: int, b: int, r: int) -> dict[int, tuple]:
+        """Stage a..b's edge layers on rank r whose passes as placed differ from their
+        trace's: j -> (passes key, placed). Empty where cold ops are not priced."""
+        key = ("edges", a, b, r)
+        out = self._cache.get(key)
+        if out is None:
+            out = self._cache[key] = {}
+            if self.cold:
+                placed = self._placed(a, b, r)
+                for j in {a, b} & placed.keys():
+                    passes = _passes_key(placed[j])
+                    if passes != _passes_key(((1.0, self.graph.layers[j]),)):
+                        out[j] = (passes, placed[j])
+        return out
+
+    def delta_s(self, j: int, strategy, placed: Placed) -> float:
+        """Layer j under `strategy` as placed less as traced (what its table priced)."""
+        key = (j, strategy, _passes_key(placed))
+        out = self._deltas.get(key)
         if out is None:
             traced = ((1.0, self.graph.layers[j]),)
-            out = self._deltas[(j, passes)] = (
-                0.0 if passes == _passes_key(traced)
-                else self.price(j, placed) - self.price(j, traced))
+            out = self._deltas[key] = (self.price(j, strategy, placed)
+                                       - self.price(j, strategy, traced))
         return out
 
     def _tied_s(self, spans: list[tuple[int, int]]) -> float:
@@ -217,8 +226,8 @@ def bound_shift_s(cand: OuterCandidate, floor_s: float) -> float:
 def stage_host(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, tables: list,
                options, global_batch: int, profile, model,
                cache: dict | None = None) -> StageHost | None:
-    """The candidate's h, each layer priced at its table's fastest strategy under the
-    config its row was priced with (`layer_tables.row_config`); None where nothing of h is
+    """The candidate's h, a layer's placed change priced per strategy under the config
+    its row was priced with (`layer_tables.row_config`); None where nothing of h is
     priced (`host_terms_priced`: GPU presets). `cache`: prices by (layer, strategy,
     micro-batch, passes), shared by a search's candidates (`price_layers`' row cache
     serves one graph, cluster, batch, precision, optimizer, profile and model)."""
@@ -227,21 +236,23 @@ def stage_host(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, ta
     from planner.layer_tables import row_config
 
     samples = global_batch // cand.num_microbatches
-    fastest = [t.strategies[int(np.argmin(t.time_s))] for t in tables]
-    configs = [row_config(graph, layer, s, cluster, options, samples // s.dp, model)
-               for layer, s in zip(graph.layers, fastest)]
     cache = {} if cache is None else cache
 
-    def price(j: int, placed: Placed) -> float:
-        key = (j, fastest[j], configs[j].micro_batch, _passes_key(placed))
+    def config(j: int, s):
+        return row_config(graph, graph.layers[j], s, cluster, options, samples // s.dp, model)
+
+    def price(j: int, s, placed: Placed) -> float:
+        key = (j, s, samples // s.dp, _passes_key(placed))
         out = cache.get(key)
         if out is None:
-            out = cache[key] = placed_compute(placed, fastest[j], cluster, configs[j],
-                                              profile).total_s
+            out = cache[key] = placed_compute(placed, s, cluster, config(j, s), profile).total_s
         return out
 
-    return StageHost(graph, cluster, cand, price,
-                     lambda j, name: tied_grad_bytes(graph.layers[j], configs[j], name=name))
+    # the tied copies' gradient bytes do not depend on the micro-batch: any strategy's
+    # config prices them
+    first = [t.strategies[0] for t in tables]
+    return StageHost(graph, cluster, cand, price, lambda j, name: tied_grad_bytes(
+        graph.layers[j], config(j, first[j]), name=name))
 
 
 def _passes_key(placed: Placed) -> tuple:

@@ -6,7 +6,7 @@ written out in `planner.search`'s docstring; one step of it is `_extend`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,6 +26,7 @@ class _Node:
     x_in: np.ndarray | None  # x(b-1, c', c) into this layer
     step: "_Step"
     best: dict | None = None  # u -> min_c C[b][c][u] and its c, once asked for
+    sent: dict | None = None  # per send tuple: `StageSolver.sent`'s answer, once asked for
 
 
 @dataclass
@@ -110,12 +111,15 @@ class StageSolver:
 
     def __init__(self, graph, tables, transitions, n_layouts, units, bucket_bytes, cap,
                  crossing: list[float], step_cache: dict | None = None,
-                 places: list[tuple] | None = None, floor: bool = False, buffers=None):
+                 places: list[tuple] | None = None, floor: bool = False, buffers=None,
+                 host=None):
         self.graph, self.tables, self.transitions = graph, tables, transitions
         self.floor = floor  # add up the walk's floors (`_step`), not the program's sums
         # buffers(a, final): bytes a rank whose stage starts at a holds beyond its layers'
         # (None: none counted), taken off its budget (`units_within`)
         self.buffers = buffers
+        self.host = host  # `stage_host.StageHost` (None: no placed change, GPUs)
+        self.shifted: dict[tuple, tuple] = {}  # (table id, passes) -> (table, shifted)
         self.n_layouts, self.units, self.bucket, self.cap = n_layouts, units, bucket_bytes, cap
         self.by_range: dict[tuple, _Node] = {}
         self.by_content: dict[tuple, _Node] = {}
@@ -150,14 +154,91 @@ class StageSolver:
         return self._best_of(self.node(a, b, k), self.units_within(a, b))
 
     def bests(self, a: int, k: float, ends: list[int]):
-        """(b, T*, layout) of layers a..b for each b of `ends` (ascending, >= a), in one
-        walk from layer a: the partition program reads stages from a in this order."""
+        """(b, T*, layout, node) of layers a..b for each b of `ends` (ascending, >= a), in
+        one walk from layer a: the partition program reads stages from a in this order."""
         node, b = None, a - 1
         for end in ends:
             while b < end:
                 b += 1
                 node = self._child(node, b, k)
-            yield (end, *self._best_of(node, self.units_within(a, end)))
+            yield (end, *self._best_of(node, self.units_within(a, end)), node)
+
+    def sent(self, node: _Node, send: tuple[float, ...],
+             u: int) -> list[tuple[float, int, float]]:
+        """(C[b][c][u] + send[c], c, send[c]) for the layouts c no other beats on both the
+        stage's time with its send and the send alone (the next stage pays it again, as
+        its gradient's send back: `partition.partition`), by increasing send; u: the
+        stage's buckets (`units_within`)."""
+        if node.sent is None:
+            node.sent = {}
+        hit = node.sent.get((id(send), u))
+        if hit is not None and hit[0] is send:
+            return hit[1]
+        if u < 0:
+            return []
+        column = node.value[:, u].tolist()
+        out, least = [], INF
+        for c in sorted(range(len(send)), key=lambda c: (send[c], column[c])):
+            t = column[c] + send[c]
+            if t < least:
+                out.append((t, c, send[c]))
+                least = t
+        node.sent[(id(send), u)] = (send, out)  # the tuple too: its id is unique while it lives
+        return out
+
+    def placed(self, a: int, b: int, k: float, r: int, node: _Node | None = None) -> _Node:
+        """Layers a..b on rank r, its edge layers as placed (`stage_host.StageHost.edges`):
+        their tables shifted per strategy by the placed change (`StageHost.delta_s`, as
+        the estimate prices it), so their strategies are chosen on it. `node`: the plain
+        a..b node, where the caller has it."""
+        edges = self.host.edges(a, b, r) if self.host is not None else None
+        if not edges:
+            return node if node is not None else self.node(a, b, k)
+        first, last = edges.get(a), edges.get(b)
+        if a == b:
+            return self._shifted_child(None, a, k, first)
+        parent = self._chain(a, b - 1, k, first)
+        return self._child(parent, b, k) if last is None \
+            else self._shifted_child(parent, b, k, last)
+
+    def least(self, node: _Node, u: int) -> tuple[float, int]:
+        """(min_c C[b][c][u], that c) of a node (`placed`'s) in u buckets (`units_within`)."""
+        return self._best_of(node, u)
+
+    def _chain(self, a: int, b: int, k: float, first: tuple | None) -> _Node:
+        """Layers a..b, the first shifted by `first` (None: the plain chain)."""
+        if first is None:
+            return self.node(a, b, k)
+        key = (a, b, k, first[0])
+        node = self.by_range.get(key)
+        if node is None:
+            node = self.by_range[key] = (
+                self._shifted_child(None, a, k, first) if b == a
+                else self._child(self._chain(a, b - 1, k, first), b, k))
+        return node
+
+    def _shifted_child(self, parent: _Node | None, b: int, k: float, edge: tuple) -> _Node:
+        """Layer b after `parent`, its time per strategy + its placed change `edge`
+        ((passes key, placed), `StageHost.edges`); interned by content as `_child`."""
+        passes, placed = edge
+        table = self.tables[b]
+        hit = self.shifted.get((id(table), passes))
+        if hit is None or hit[0] is not table:
+            delta = np.array([self.host.delta_s(b, s, placed) for s in table.strategies])
+            hit = self.shifted[(id(table), passes)] = (
+                table, replace(table, time_s=table.time_s + delta))
+        shifted = hit[1]
+        content = (k, id(parent), self.elems[b] if parent is not None else self.elems[b][0],
+                   id(shifted))
+        node = self.by_content.get(content)
+        if node is None:
+            x_in = self.transitions[b - 1] if parent is not None else None
+            step = _step(shifted, k, self.bucket, self.cap, self.units, self.step_cache,
+                         self.floor)
+            node = _extend(parent, shifted, x_in, step, self.n_layouts, self.units)
+            self.by_content[content] = node
+            self.extensions += 1
+        return node
 
     def _child(self, parent: _Node | None, b: int, k: float) -> _Node:
         """Layer b after `parent` (None: b starts the stage), interned by content."""

@@ -4,6 +4,8 @@ test, the run on gloo ranks, and the single-process reference written independen
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -24,6 +26,23 @@ INIT_SEED = 7
 DATA = CriteoSynthetic(rows_per_table=(CONFIG.rows_per_table,) * CONFIG.num_tables,
                        lookups_per_table=CONFIG.lookups_per_table, seed=3)
 LR = {"sgd": 0.5, "rowwise_adagrad": 0.1, "adam": 0.01}  # big enough to move every row
+ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, which dense_optimizer keeps
+
+
+def adam_travel_bound(lr: float, steps: int, betas: tuple[float, float] = ADAM_BETAS) -> float:
+    """How far Adam can move any one element in `steps` steps: the sum over t of
+    lr * max|m_hat_t / sqrt(v_hat_t)|, bounded by Cauchy-Schwarz on the bias-corrected
+    moments: (1-b1)/sqrt(1-b2) * sqrt(1-b2^t)/(1-b1^t) * sqrt(sum_k b1^(2(t-k)) / b2^(t-k)),
+    1.0, 1.0014, 1.0036 at t = 1..3 (Kingma & Ba 2015 sec. 2.1 bound |update| the same
+    way, without bias correction; eps only shrinks it). Whatever the gradient's size an
+    element moves up to lr a step, so a parameter can pass through values ~lr away from
+    where it ends, and the 2-rank run's rounding (another summation order) is relative to
+    those: measured here, top_mlp.2.bias went 2.0e-2, 9.6e-3, 8.3e-5 over the 3 steps and
+    differs from one process by 9.3e-10, one ulp of 9.6e-3 (1.1e-5 of its end value)."""
+    b1, b2 = betas
+    return sum(lr * (1 - b1) / math.sqrt(1 - b2) * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+               * math.sqrt(sum(b1 ** (2 * (t - k)) / b2 ** (t - k) for k in range(1, t + 1)))
+               for t in range(1, steps + 1))
 
 
 def names() -> list[str]:
@@ -97,7 +116,7 @@ def reference_run(kind: str) -> dict:
         table_opt = torch.optim.SGD(table_params, lr=LR[kind])
     elif kind == "adam":
         table_opt = torch.optim.SparseAdam(table_params, lr=LR[kind])
-    losses = []
+    losses, grads = [], []
     for step in range(STEPS):
         inputs, clicks = DATA.batch(step, GLOBAL_BATCH)
         dense_opt.zero_grad()
@@ -105,6 +124,7 @@ def reference_run(kind: str) -> dict:
             p.grad = None
         loss = dlrm.loss_fn(model(**inputs), clicks)
         loss.backward()
+        grads.append(dense_grads(model))
         dense_opt.step()
         if table_opt is not None:
             table_opt.step()
@@ -123,8 +143,17 @@ def reference_run(kind: str) -> dict:
             state[f"tables.{name}"] = {k: table_opt.state[p][k] for k in ("exp_avg", "exp_avg_sq")}
         elif kind == "rowwise_adagrad":
             state[f"tables.{name}"] = {"sum_sq": sum_sq[id(p)]}
+    # Adam: a dense parameter is compared on the scale it travelled (adam_travel_bound)
+    travel = adam_travel_bound(LR[kind], STEPS) if kind == "adam" else 0.0
     return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-            "state": state}
+            "state": state, "grads": grads, "dense_travel": travel}
+
+
+def dense_grads(model) -> dict[str, torch.Tensor]:
+    """The dense parameters' gradients now, whole (a DTensor's gathered: a collective)."""
+    from torch.distributed.tensor import DTensor
+    return {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad.detach().clone())
+            for n, p in model.named_parameters() if not n.startswith("tables.")}
 
 
 # ------------------------------------------------------------------ the sharded run
@@ -183,7 +212,7 @@ def sharded_worker(rank: int, world: int, runs: list[tuple[str, str]]) -> dict:
     for placement_kind, kind in runs:
         model, tables, opt, trainer = make_trainer(kind, placement_kind, rank, world,
                                                    meta_tables=placement_kind != "table_wise")
-        losses, untouched, calls = [], 0, [0]
+        losses, grads, untouched, calls = [], [], 0, [0]
         real = dist.all_to_all_single
 
         def counted(*args, **kwargs):  # the steps' all-to-alls, every table's together
@@ -200,11 +229,13 @@ def sharded_worker(rank: int, world: int, runs: list[tuple[str, str]]) -> dict:
                 losses.append(trainer.step(inputs, clicks, GLOBAL_BATCH))
             finally:
                 dist.all_to_all_single = real
+            grads.append(dense_grads(model))  # HybridTrainer clears them at the next step
             untouched += untouched_rows_kept(before, shard_report(tables, opt), looked_up)
         dense = {n: p.detach().clone() for n, p in model.named_parameters()
                  if not n.startswith("tables.")}
         results[(placement_kind, kind)] = {"losses": losses, "shards": shard_report(tables, opt),
-                                           "dense": dense, "untouched": untouched,
+                                           "dense": dense, "grads": grads,
+                                           "untouched": untouched,
                                            "all_to_all_calls": calls[0]}
     dist.barrier()
     return results
@@ -233,15 +264,19 @@ def assemble(rank_results: list[dict], key) -> tuple[dict, dict]:
     return weights, states
 
 
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
+def relative_error(a: torch.Tensor, b: torch.Tensor, travel: float = 0.0) -> float:
+    """max|a - b| over b's scale: max|b|, plus `travel` (how far an element may have moved
+    on its way to b, whose rounding is relative to that)."""
+    return float((a - b).abs().max() / (b.abs().max() + travel).clamp(min=1e-12))
 
 
 
 def assert_run_matches(ranks: list, key, ref: dict, where: str, rtol: float) -> None:
     """One sharded run (`ranks`' results under `key`) equals the single-process `ref`:
     every rank's losses, each table's assembled rows and optimizer slots (no row left
-    unheld), and the dense parameters, all within `rtol` relative."""
+    unheld), every step's dense gradients, and the dense parameters (under Adam on the
+    scale they travelled, `adam_travel_bound`: Adam's update ignores the gradient's size,
+    so the gradients are what shows a wrong divisor), all within `rtol` relative."""
     for r in ranks:  # every rank reports the same global loss
         torch.testing.assert_close(torch.tensor(r[key]["losses"]), torch.tensor(ref["losses"]),
                                    rtol=rtol, atol=0, msg=lambda m: f"{where}: losses {m}")
@@ -253,6 +288,12 @@ def assert_run_matches(ranks: list, key, ref: dict, where: str, rtol: float) -> 
         for slot, value in states[name].items():
             err = relative_error(value, ref["state"][name][slot])
             assert err <= rtol, f"{where}: {name} {slot} differs by {err:.2e} relative"
+    assert len(ranks[0][key]["grads"]) == len(ref["grads"]) == STEPS, where
+    for step, (grads, ref_grads) in enumerate(zip(ranks[0][key]["grads"], ref["grads"])):
+        assert grads.keys() == ref_grads.keys(), where
+        for n, g in grads.items():
+            err = relative_error(g, ref_grads[n])
+            assert err <= rtol, f"{where}: step {step} dense {n}.grad differs by {err:.2e} relative"
     for n, p in ranks[0][key]["dense"].items():
-        err = relative_error(p, ref["params"][n])
+        err = relative_error(p, ref["params"][n], ref["dense_travel"])
         assert err <= rtol, f"{where}: dense {n} differs by {err:.2e} relative"

@@ -47,6 +47,19 @@ def mixed(plan, world: int):
                                                                     tables=tables))
 
 
+def record_dense_grads(ap) -> list[dict]:
+    """Each step's dense gradients (reduced, whole), taken as the optimizer steps: the
+    train step clears them after."""
+    grads, opt = [], ap.parallel.optimizer
+    real = opt.step
+
+    def step(*args, **kwargs):
+        grads.append(S.dense_grads(ap.module))
+        return real(*args, **kwargs)
+    opt.step = step
+    return grads
+
+
 def report(ap, losses) -> dict:
     pm = ap.parallel
     dense = {n: (p.detach().full_tensor() if isinstance(p, DTensor) else p.detach().clone())
@@ -69,8 +82,9 @@ def phase(rank: int, world: int, payload: dict) -> dict:
             out["doc"] = plan_to_dict(ap.document)
         if given in ("mixed", "meta"):  # the searched plan with every sharding instead
             ap = build(kind, world, plan=mixed(ap.plan, world), meta=given == "meta")
+        grads = record_dense_grads(ap)
         losses = [ap.train_step(S.DATA.batch(step, S.GLOBAL_BATCH)) for step in range(S.STEPS)]
-        out[(kind, given)] = report(ap, losses)
+        out[(kind, given)] = {**report(ap, losses), "grads": grads}
     c = payload.get("checkpoint")
     if c:
         ap = build(c["kind"], world)

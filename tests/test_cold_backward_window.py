@@ -108,7 +108,9 @@ def test_the_backward_window_reaches_past_a_small_layer():
     3 distinct ops, below the window's 16) and, within the window, last's: tanh_backward
     and add ran, nothing cold (0; scale's alone would leave those 2 cold)."""
 
-    graph = build_layer_graph(_Three(), {"x": torch.randn(2, 8)}, dtype=torch.float32)
+    # no parameters: the input requires grad, else a step runs no backward at all
+    graph = build_layer_graph(_Three(), {"x": torch.randn(2, 8, requires_grad=True)},
+                              dtype=torch.float32)
     assert [layer.name for layer in graph.layers] == ["first", "scale", "last"]
     assert [layer.cold_distinct_ops_bwd for layer in graph.layers] == [0, 2, 2]
 

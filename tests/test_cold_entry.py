@@ -19,6 +19,7 @@ from cost_models.host_dispatch import forward_host_seconds
 from cost_models.layer_profile import StepNeighbours, forward_window
 from cost_models.sequence_probes import ColdChain
 from ir.kernel_calibration import KernelCalibration
+from ir.kernel_points import ColdEntryPoint
 from ir.measure import build_layer_graph, layer_graph_from_trace
 from ir.op_count import COLD_WINDOW_DISTINCT_OPS, OpCounter, step_evicts
 from ir.stand_in import real_factory
@@ -290,3 +291,61 @@ def test_the_probe_counts_cold_ops_as_layers_are_counted():
         # seconds, not us: a layer's entry and a cold op cost microseconds (4-9 us and ~2
         # here, 2026-11-25), well under 0.2 ms even on a loaded host; no order asserted
         assert 0 <= cost.entry_s < 2e-4 and 0 <= cost.op_s < 2e-4
+
+
+# A kit with points: 1 us + 1 per cold op after 20 ops after, 4 + 2 after 100, 5 + 2
+# after 150; after a backward 0.5 + 1 after 20, 7 + 2 after 100; the same code 0.25 us.
+POINTS = dataclasses.replace(
+    ENTRY, cold_entry_after_backward_host_s=7 * US, cold_entry_same_code_host_s=0.25 * US,
+    cold_entry_points=(ColdEntryPoint(100, False, 4 * US, 2 * US),
+                       ColdEntryPoint(20, False, 1 * US, 1 * US),
+                       ColdEntryPoint(150, False, 5 * US, 2 * US),
+                       ColdEntryPoint(20, True, 0.5 * US, 1 * US),
+                       ColdEntryPoint(100, True, 7 * US, 2 * US)))
+
+
+def test_the_entry_is_read_off_the_kits_points_at_the_work_between():
+    """`cold_entry_seconds`, 3 cold ops, on the line between the two points bracketing the
+    layer's `after_ops`, flat beyond the ends: 0 or 20 ops, 1 + 3 x 1 = 4 us; 60 (half
+    way to 100), 2.5 + 3 x 1.5 = 7; 100, 4 + 6 = 10; 125, 4.5 + 6 = 10.5; 300, 5 + 6 = 11.
+    After a backward, its own points: 0.5 + 3 = 3.5 us at 20, 7 + 6 = 13 at 300. The layer
+    before running the same ops: 0.25 us + 3 x the least point's 1 whatever the work (not
+    the first layer: none is before it). A kit without points: the single figures, 10 us
+    anywhere. The position key tells the ops between apart only where the kit has points;
+    the points travel in the calibration's JSON."""
+    from cost_models.host_dispatch import cold_entry_seconds, host_position_key
+
+    layer = dataclasses.replace(with_python_nodes(tiny_layer(), 4), cold_distinct_ops_fwd=3)
+
+    def at(ops, kit=POINTS, **changes):
+        return cold_entry_seconds(dataclasses.replace(layer, after_ops=ops, **changes),
+                                  kit) / US
+
+    assert [at(ops) for ops in (0, 20, 60, 100, 125, 300)] == pytest.approx(
+        [4, 4, 7, 10, 10.5, 11])
+    assert at(20, forward_after_backward=True) == pytest.approx(3.5)
+    assert at(300, forward_after_backward=True) == pytest.approx(13)
+    assert at(300, same_code_before=True) == pytest.approx(3.25)
+    assert at(20, same_code_before=True, forward_after_backward=True) == pytest.approx(3.5)
+    assert at(20, ENTRY) == at(300, ENTRY) == pytest.approx(10)
+    full = with_python_nodes(tiny_layer(), 4)
+    assert forward_host_seconds(dataclasses.replace(full, after_ops=20),
+                                cpu(POINTS)) == pytest.approx(19 * US)
+    keys = [host_position_key(dataclasses.replace(layer, after_ops=ops), cpu(kit))
+            for kit in (POINTS, ENTRY) for ops in (20, 100)]
+    assert keys[0] != keys[1] and keys[2] == keys[3]
+    assert KernelCalibration.from_dict(json.loads(json.dumps(POINTS.to_dict()))) == POINTS
+
+
+def test_graphs_count_the_work_after_and_the_same_code_before():
+    """`ir.op_count.step_between` on `NormHead` (3 `Wide` blocks, a norm, a head): each
+    layer's `after_ops` is the next layer's forward + backward ops; the head's (the last)
+    those of its window before (the last block and the norm, whose forwards and
+    backwards `planner profile` runs after its backward, `StepNeighbours.after_backward`);
+    a block after a block runs the same code, the first block (nothing before), the norm
+    and the head not."""
+    graph, _ = _measured(NormHead())
+    both = [layer.ops_fwd + layer.ops_bwd for layer in graph.layers]
+    assert [layer.after_ops for layer in graph.layers] == both[1:] + [both[2] + both[3]]
+    assert [layer.same_code_before for layer in graph.layers] == [
+        False, True, True, False, False]

@@ -101,7 +101,9 @@ class ThreeKinds(nn.Module):
 
 
 def test_cold_ops_are_those_the_layer_before_did_not_run():
-    graph = build_layer_graph(ThreeKinds(), {"x": torch.randn(2, 8)}, dtype=torch.float32)
+    # no parameters: the input requires grad, else a step runs no backward at all
+    graph = build_layer_graph(ThreeKinds(), {"x": torch.randn(2, 8, requires_grad=True)},
+                              dtype=torch.float32)
     names = [layer.name for layer in graph.layers]
     assert names == ["scale", "blocks.0", "blocks.1", "blocks.2", "gate"]
     assert [layer.distinct_ops_fwd for layer in graph.layers] == [3, 4, 4, 4, 4]

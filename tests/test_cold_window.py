@@ -62,7 +62,9 @@ def test_a_layer_after_a_small_one_finds_the_ops_before_it_warm():
     alone all four of gate's ops would be cold; against neg and mix only sigmoid is (1).
     neg after mix: neg (1). mix first: its forward after its own backward (tanh_backward,
     threshold_backward, add, detach): relu and tanh are cold (2)."""
-    graph = build_layer_graph(MixNegGate(), {"x": torch.randn(2, 8)}, dtype=torch.float32)
+    # no parameters: the input requires grad, else a step runs no backward at all
+    graph = build_layer_graph(MixNegGate(), {"x": torch.randn(2, 8, requires_grad=True)},
+                              dtype=torch.float32)
     assert [layer.name for layer in graph.layers] == ["mix", "neg", "gate"]
     assert [layer.distinct_ops_fwd for layer in graph.layers] == [4, 1, 4]
     assert [layer.cold_distinct_ops_fwd for layer in graph.layers] == [2, 1, 1]

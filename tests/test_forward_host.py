@@ -100,7 +100,10 @@ class Net(nn.Module):
 
 @pytest.fixture(scope="module")
 def net_graph():
-    return build_layer_graph(Net(), {"x": torch.randn(2, 3, 8)}, dtype=torch.float32)
+    # x requires grad: blocks.0 is measured as the blocks after it, fed an activation (a
+    # block fed the data makes no input gradient: tests/test_data_inputs.py)
+    return build_layer_graph(Net(), {"x": torch.randn(2, 3, 8, requires_grad=True)},
+                             dtype=torch.float32)
 
 
 def test_python_nodes_are_counted_per_layer(net_graph):

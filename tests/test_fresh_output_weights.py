@@ -41,7 +41,9 @@ def linear_records(features_in: int, features_out: int, rows: int):
     traced on `rows` x `features_in` inputs (no sequence: the IR's tokens are `rows`)."""
     with torch.device("meta"):
         model = _OneLinear(features_in, features_out)
-        x, target = torch.empty(rows, features_in), torch.empty(rows, features_out)
+        # x requires grad, as an activation does: dy @ W is made (a data input's is not)
+        x = torch.empty(rows, features_in, requires_grad=True)
+        target = torch.empty(rows, features_out)
     graph = build_layer_graph(model, {"x": x}, target, lambda out, t: ((out - t) ** 2).mean(),
                               seq_len=None)
     (layer,) = graph.layers

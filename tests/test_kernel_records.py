@@ -324,9 +324,9 @@ def test_tanh_gelu_is_recorded_and_charged_apart_from_exact_gelu():
             super().__init__()
             self.fc = torch.nn.Linear(8, 8)
 
-        def forward(self, x):
-            return torch.nn.functional.gelu(self.fc(x)) + torch.nn.functional.gelu(
-                x, approximate="tanh")
+        def forward(self, x):  # both on an activation: the data x gets no gradient
+            h = self.fc(x)
+            return torch.nn.functional.gelu(h) + torch.nn.functional.gelu(h, approximate="tanh")
 
     graph = build_layer_graph(torch.nn.Sequential(TwoGelus()), {"input": torch.randn(2, 8)},
                               dtype=torch.float32)

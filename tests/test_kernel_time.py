@@ -448,6 +448,34 @@ def test_one_bag_forward_pays_the_multi_bag_figure_less():
         6e-6 + 2 * 30e-9 + table / (800 * GB))
 
 
+def test_log_softmax_backward_is_priced_at_its_own_kind_not_softmax_backward():
+    """Log-softmax's backward runs an exp per element that softmax's backward does not
+    (2.5x its seconds on a CPU): where the calibration measured "log_softmax_backward" it
+    prices the op, while `_softmax_backward_data` keeps "softmax_backward"; without the
+    point it falls back to softmax's backward (what priced it before), then softmax."""
+    from cost_models.common import GB
+    from cost_models.kernel_time import memory_kind
+
+    nbytes = 1 * MiB
+    log_bwd, bwd = (KernelRecord(op, KernelKind.MEMORY, "bfloat16", (512, 1024), 1,
+                                 activation_bytes=nbytes)
+                    for op in ("aten::_log_softmax_backward_data", "aten::_softmax_backward_data"))
+    both = dataclasses.replace(CALIBRATION, memory_kernels=(
+        *CALIBRATION.memory_kernels,
+        MemoryKernelPoint("softmax_backward", "bfloat16", nbytes, 400.0),
+        MemoryKernelPoint("log_softmax_backward", "bfloat16", nbytes, 160.0)))
+    older = dataclasses.replace(CALIBRATION, memory_kernels=(
+        *CALIBRATION.memory_kernels, MemoryKernelPoint("softmax_backward", "bfloat16", nbytes,
+                                                       400.0)))
+    for r, cal, kind, gbps in [(log_bwd, both, "log_softmax_backward", 160.0),
+                               (bwd, both, "softmax_backward", 400.0),
+                               (log_bwd, older, "softmax_backward", 400.0),
+                               (log_bwd, CALIBRATION, "softmax", 500.0)]:
+        assert memory_kind(r, cal) == kind
+        t = pass_seconds((r,), spec(cal), config(), 1.0, backward=True)
+        assert t.memory_s == pytest.approx(nbytes / (gbps * GB))
+
+
 def test_short_loops_masked_fill_and_softmax_backward_use_their_measured_kinds():
     """A clone of 1 MiB of bf16 (2 bytes read + 2 written per element: 262144 elements)
     in 4096 inner loops, where the calibration has "short_run" at 100 GB/s and copy at

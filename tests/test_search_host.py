@@ -85,6 +85,13 @@ def _kit() -> KernelCalibration:
                              tied_sum_host_s=5e-6, tied_sum_s_per_byte=1e-10)
 
 
+def _placed_s(host, plan, a: int, b: int, r: int) -> float:
+    """The placed change of stage a..b's edge layers on rank r at the plan's strategies
+    (the search adds it per strategy in the stage program: `StageSolver.placed`)."""
+    return sum(host.delta_s(j, plan.layer_strategies[j], placed)
+               for j, (_, placed) in host.edges(a, b, r).items())
+
+
 @pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B])
 def test_a_stage_adds_in_the_search_what_it_adds_in_the_estimate(schedule):
     """pp 2 on CPU, the embedding tied to the head (one on each rank), every term priced:
@@ -100,8 +107,8 @@ def test_a_stage_adds_in_the_search_what_it_adds_in_the_estimate(schedule):
     est = estimate(graph, plan, cluster, configs=configs)
     cand = OuterCandidate(pp=2, num_microbatches=m, schedule=schedule, virtual_stages=1)
 
-    def price(j, placed):
-        return placed_compute(placed, plan.layer_strategies[j], cluster, configs[j]).total_s
+    def price(j, s, placed):
+        return placed_compute(placed, s, cluster, configs[j]).total_s
 
     from cost_models.tied_sync import tied_grad_bytes
     host = StageHost(graph, cluster, cand, price, lambda j, name: tied_grad_bytes(
@@ -114,7 +121,7 @@ def test_a_stage_adds_in_the_search_what_it_adds_in_the_estimate(schedule):
         t = est.stage_times[r]
         from_estimate = t.compute_forward_s + t.compute_backward_s + t.optimizer_s / m
         from_search = (sum(c.total_s + c.optimizer_s / m for c in own)
-                       + host.stage_s(a, b, r))
+                       + host.stage_s(a, b, r) + _placed_s(host, plan, a, b, r))
         assert from_search == pytest.approx(from_estimate, rel=1e-12)
 
 
@@ -142,11 +149,11 @@ def test_no_stage_adds_less_than_the_floor_the_pruning_reads(schedule, checkpoin
     configs = layer_configs(graph, plan, "cpu")
     cand = OuterCandidate(pp=2, num_microbatches=m, schedule=schedule, virtual_stages=1)
     from cost_models.tied_sync import tied_grad_bytes
-    host = StageHost(graph, cluster, cand, lambda j, placed: placed_compute(
-        placed, plan.layer_strategies[j], cluster, configs[j]).total_s,
+    host = StageHost(graph, cluster, cand, lambda j, s, placed: placed_compute(
+        placed, s, cluster, configs[j]).total_s,
         lambda j, name: tied_grad_bytes(graph.layers[j], configs[j], name=name))
     spans = [(a, b, r) for a in range(n) for b in range(a, n) for r in range(2)]
-    least = min(host.stage_s(a, b, r) for a, b, r in spans)
+    least = min(host.stage_s(a, b, r) + _placed_s(host, plan, a, b, r) for a, b, r in spans)
     if engine_s:
         assert host.floor_s > 0  # the engine start and two actions, less the cold terms
     else:
@@ -186,7 +193,7 @@ def test_tied_sums_group_by_rank_under_interleaving():
     # the search's h, over the same chunks: rank 0's sum once, at its last chunk, / m
     cand = OuterCandidate(pp=2, num_microbatches=4, schedule=Schedule.INTERLEAVED,
                           virtual_stages=2)
-    host = StageHost(graph, cluster, cand, lambda j, placed: 0.0, lambda j, name: 4000.0)
+    host = StageHost(graph, cluster, cand, lambda j, s, placed: 0.0, lambda j, name: 4000.0)
     host.with_pieces([(j, j) for j in range(4)])
     assert [host.stage_s(j, j, j % 2) * 4 for j in range(4)] == pytest.approx(sums)
 

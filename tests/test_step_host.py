@@ -88,7 +88,9 @@ def test_a_stage_entry_counts_its_cold_ops_against_what_its_rank_ran_before():
     F1 and, the window still open (5 distinct ops), B0: 0; mean 1 (model order: 2). The
     window stops at the step's start: the optimizer step ran there.
     Priced at c per cold op, the stages' forwards move by exactly those counts."""
-    graph = build_layer_graph(MixNegGate(), {"x": torch.randn(2, 8)}, dtype=torch.float32)
+    # no parameters: the input requires grad, else a step runs no backward at all
+    graph = build_layer_graph(MixNegGate(), {"x": torch.randn(2, 8, requires_grad=True)},
+                              dtype=torch.float32)
     mix, neg, gate = graph.layers
     assert mix.backward_overloads >= {"aten.threshold_backward.default",
                                       "aten.tanh_backward.default"}
