@@ -23,12 +23,16 @@ from cost_models.estimate import boundary_send_s, exposed, overlap_efficiency, r
 from cost_models.memory import (DP_BUCKET_BYTES, DP_BUCKETS_IN_FLIGHT, ZERO3_UNITS_IN_FLIGHT,
                                 LayerMemory, held_through_step, layer_memory)
 from cost_models.model_states import bytes_per_param
+from cost_models.walk_floor import (PipelineBuffersFloor, forward_after_backward,
+                                    walk_floor_row)
 from ir.cluster import ClusterSpec
 from ir.layer import LayerGraph
 from planner.search_space import (OuterCandidate, SearchOptions, layer_strategies,
                                   model_tp_degrees)
 
 INF = math.inf
+# Figures per priced row: t(i, s), the program's three memory figures, the walk's floor's two.
+ROW_FIGURES = 6
 
 
 @dataclass
@@ -41,6 +45,20 @@ class LayerTable:
     kept_bytes: np.ndarray  # activations kept per micro-batch
     transient_bytes: np.ndarray
     layout: np.ndarray  # index into the candidate's layouts (tp, sp)
+    # state and kept bytes as a lower bound on the walk (`cost_models.walk_floor`)
+    floor_state_bytes: np.ndarray
+    floor_kept_bytes: np.ndarray
+
+    def memory(self, floor: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(state, kept, transient) bytes: the program's sums, or the walk's floor (which
+        needs no transient: it is the walk at the end of a forward)."""
+        if floor:
+            return self.floor_state_bytes, self.floor_kept_bytes, self.floor_transient_bytes
+        return self.state_bytes, self.kept_bytes, self.transient_bytes
+
+    @property
+    def floor_transient_bytes(self) -> np.ndarray:
+        return np.zeros_like(self.floor_state_bytes)
 
 
 
@@ -104,7 +122,7 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
                                                       samples // s.dp, profile, per_param,
                                                       overlap, model)
                 rows.append(row)
-            rows = np.array(rows, dtype=float).reshape(-1, 4)
+            rows = np.array(rows, dtype=float).reshape(-1, ROW_FIGURES)
             keep = _undominated(strategies, rows) if prune else list(range(len(strategies)))
             cache[key] = ([strategies[i] for i in keep], rows[keep])
         table = shared.get(key)
@@ -113,7 +131,7 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
             layout = np.array([layouts.setdefault((s.tp, s.sequence_parallel), len(layouts))
                                for s in strategies], dtype=np.int64)
             table = shared[key] = LayerTable(strategies, rows[:, 0], rows[:, 1], rows[:, 2],
-                                             rows[:, 3], layout)
+                                             rows[:, 3], layout, rows[:, 4], rows[:, 5])
         tables.append(table)
     order = sorted(layouts, key=layouts.get)
     return tables, order
@@ -130,9 +148,10 @@ def row_config(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: Searc
 
 def _price(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOptions,
            cand: OuterCandidate, micro_batch: int, profile, per_param: float,
-           overlap: float, model: nn.Module | None) -> tuple[float, float, float, float]:
-    """(t(i, s), state bytes, kept bytes, transient bytes) of one layer and strategy; its
-    memory as the executor runs `model` (`common.layer_lean`: the lean host path)."""
+           overlap: float, model: nn.Module | None) -> tuple[float, ...]:
+    """(t(i, s), state bytes, kept bytes, transient bytes, and the walk's floor's state
+    and kept bytes) of one layer and strategy; its memory as the executor runs `model`
+    (`common.layer_lean`: the lean host path)."""
     config = row_config(graph, layer, s, cluster, options, micro_batch, model)
     c = layer_compute(layer, s, cluster, config, profile)
     comm = layer_comm(layer, s, cluster, config, per_param)
@@ -149,7 +168,9 @@ def _price(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOpt
                                   pipelined=cand.pp > 1))
     transient = (mem.activations.recompute_bytes + mem.activations.grad_flow_bytes
                  + gathered_in_flight_bytes(mem) + mem.unsharded_grad_bytes)
-    return t, states, mem.activations.kept_bytes, transient
+    floor = walk_floor_row(layer, s, config, mem, forward_after_backward(
+        cand.schedule, cand.pp, cand.num_microbatches))
+    return (t, states, mem.activations.kept_bytes, transient, *floor)
 
 
 def gathered_in_flight_bytes(mem: LayerMemory) -> float:
@@ -165,10 +186,13 @@ def gathered_in_flight_bytes(mem: LayerMemory) -> float:
 
 
 def _undominated(strategies: list, rows: np.ndarray) -> list[int]:
-    """Drop a strategy when another of the same (TP, SP) layout is no worse on time, state,
-    kept and transient bytes (and better on one): swapping it in never hurts, so the
-    optimum is unchanged. (Plain floats: numpy on 4-element rows costs more than it saves.)"""
-    costs = rows[:, :4].tolist()
+    """Drop a strategy when another of the same (TP, SP) layout is no worse on time and
+    every memory figure, the program's and the floor's, and better on one of the first
+    four (or equal and listed first): swapping it in never hurts either program, so the
+    optimum is unchanged, and a strategy kept by the first four alone stays kept (the
+    uniform families, `planner.uniform`, read these tables). (Plain floats: numpy on
+    short rows costs more than it saves.)"""
+    costs = rows.tolist()
     by_layout: dict[tuple, list[int]] = {}
     for i, s in enumerate(strategies):
         by_layout.setdefault((s.tp, s.sequence_parallel), []).append(i)
@@ -181,7 +205,7 @@ def _undominated(strategies: list, rows: np.ndarray) -> list[int]:
                 continue
             cj = costs[j]
             if all(a <= b for a, b in zip(cj, ci)) and (
-                    j < i or any(a < b for a, b in zip(cj, ci))):
+                    j < i or any(a < b for a, b in zip(cj[:4], ci[:4]))):
                 dominated = True
                 break
         if not dominated:
@@ -239,6 +263,21 @@ def transitions(graph: LayerGraph, cluster: ClusterSpec, options: SearchOptions,
     return out
 
 
+def buffers_floor(graph: LayerGraph, cluster: ClusterSpec, options: SearchOptions,
+                  cand: OuterCandidate, layouts: list[tuple], global_batch: int, cache: dict):
+    """`walk_floor.PipelineBuffersFloor` of a 1F1B or GPipe candidate (None without a
+    pipeline, or interleaved), at the least factor any of its layouts scales a boundary's
+    graph bytes by (`cost_models.memory._boundary`): its layer's activation scale at its
+    micro-batch (samples / its dp), sequence-split by its TP degree under SP."""
+    if cand.pp == 1 or cand.virtual_stages > 1:
+        return None
+    samples, devices = global_batch // cand.num_microbatches, cluster.world_size // cand.pp
+    scale = min(step_config(graph, options, cluster, samples // (devices // tp))
+                .activation_scale / (tp if sp else 1) for tp, sp in layouts)
+    return PipelineBuffersFloor(crossing_bytes(graph, cache), graph.cut_points,
+                                cand.num_microbatches, scale)
+
+
 def sends(graph: LayerGraph, cluster: ClusterSpec, options: SearchOptions,
           layouts: list[tuple], samples: int, stage_devices: int, cache: dict,
           crossing: list[float]) -> list[tuple[float, ...]]:
@@ -259,11 +298,13 @@ def sends(graph: LayerGraph, cluster: ClusterSpec, options: SearchOptions,
     return out
 
 
-def transient_caps(tables: list[LayerTable], levels: int) -> list[float]:
+def transient_caps(tables: list[LayerTable], levels: int, floor: bool = False) -> list[float]:
     """Caps on the max-type transient buffers: every plan needs at least the largest of
-    the layers' smallest transients; try up to `levels` values from there to the top."""
-    floor = max(float(t.transient_bytes.min()) for t in tables)
-    values = sorted({float(v) for t in tables for v in t.transient_bytes if v >= floor})
+    the layers' smallest transients; try up to `levels` values from there to the top
+    (`floor`: of the walk's floor figures)."""
+    columns = [t.memory(floor)[2] for t in tables]
+    least = max(float(c.min()) for c in columns)
+    values = sorted({float(v) for c in columns for v in c if v >= least})
     if len(values) <= levels:
         return values
     return sorted({values[round(i * (len(values) - 1) / (levels - 1))] for i in range(levels)})
@@ -275,7 +316,8 @@ def select(t: LayerTable, idx: list[int]) -> LayerTable | None:
         return None
     ix = np.array(idx, dtype=np.int64)
     return LayerTable([t.strategies[i] for i in idx], t.time_s[ix], t.state_bytes[ix],
-                      t.kept_bytes[ix], t.transient_bytes[ix], t.layout[ix])
+                      t.kept_bytes[ix], t.transient_bytes[ix], t.layout[ix],
+                      t.floor_state_bytes[ix], t.floor_kept_bytes[ix])
 
 
 def restrict(tables: list[LayerTable], keep) -> list[LayerTable] | None:

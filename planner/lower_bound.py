@@ -16,6 +16,21 @@ INF = math.inf
 LOWER_BOUND_SLACK = 1.0
 
 
+def bound_budget_bytes(cand: OuterCandidate, tables: list[LayerTable], budget_bytes: float,
+                       buffers=None) -> float:
+    """What `_lower_bound` may let a rank's states and kept activations fill: the budget
+    less the largest of the layers' least transients, which every plan needs, and less
+    the least pipeline buffers any rank holds (`buffers`: `layer_tables.buffers_floor`)."""
+    held = 0.0 if buffers is None else buffers.least_rank_bytes
+    return budget_bytes - max(float(_memory(cand, t)[2].min()) for t in tables) - held
+
+
+def _memory(cand: OuterCandidate, t: LayerTable):
+    """The memory figures no plan of `cand` can undercut: the walk's floors where
+    `cost_models.walk_floor` bounds the schedule (not interleaved), else the program's."""
+    return t.memory(cand.virtual_stages == 1)
+
+
 def _lower_bound(cand: OuterCandidate, tables: list[LayerTable], budget_bytes: float) -> float:
     """No plan of this candidate beats it.
 
@@ -28,7 +43,7 @@ def _lower_bound(cand: OuterCandidate, tables: list[LayerTable], budget_bytes: f
     ceil(L / p) layers over its chunks (pigeonhole), so max T is at least the sum of
     that many of the smallest fastest layer times."""
     p, m, v = cand.pp, cand.num_microbatches, cand.virtual_stages
-    mins = {id(t): (float(t.time_s.min()), float((t.state_bytes + t.kept_bytes).min()))
+    mins = {id(t): (float(t.time_s.min()), float(_kept_once(cand, t).min()))
             for t in tables}  # identical layers share one table
     fastest_each = sorted(mins[id(t)][0] for t in tables)
     pigeon = sum(fastest_each[: -(-len(tables) // p)])
@@ -46,10 +61,16 @@ def _lower_bound(cand: OuterCandidate, tables: list[LayerTable], budget_bytes: f
     for t in tables:  # summed layer by layer
         row = lagrangian.get(id(t))
         if row is None:
-            mem = t.state_bytes + t.kept_bytes
+            mem = _kept_once(cand, t)
             row = lagrangian[id(t)] = (t.time_s[:, None] + mem[:, None] * lams[None, :]).min(axis=0)
         relaxed = relaxed + row
     best = max(fastest, float(relaxed.max()))
     if v > 1:  # m max T + (sum T - max T)/v
         return max(m * best / p, m * pigeon)
     return best + (m - 1) * max(best / p, pigeon)
+
+
+def _kept_once(cand: OuterCandidate, t: LayerTable):
+    """Per strategy, its state plus one micro-batch's kept bytes (every rank keeps one)."""
+    state, kept, _ = _memory(cand, t)
+    return state + kept

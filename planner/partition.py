@@ -51,7 +51,8 @@ def partition(graph, solver: StageSolver, cand: OuterCandidate, ks: list[float],
         if r == p - 1:
             for b, t, _, node in solver.bests(a, ks[r], [n - 1]):
                 if t < INF and (m - 1) * (t + floor_s) < incumbent:
-                    t, c = solver.least(solver.placed(a, b, ks[r], r, node))
+                    t, c = solver.least(solver.placed(a, b, ks[r], r, node),
+                                        solver.units_within(a, b))
                     if t < INF:
                         yield n - 1, t + host_s(a, n - 1, r), c, 0.0
             return
@@ -61,7 +62,8 @@ def partition(graph, solver: StageSolver, cand: OuterCandidate, ks: list[float],
             if t == INF or (m - 1) * (t + floor_s) >= incumbent:
                 break
             h = host_s(a, b, r)
-            for sent_t, c, send in solver.sent(solver.placed(a, b, ks[r], r, node), sends[b]):
+            placed = solver.placed(a, b, ks[r], r, node)
+            for sent_t, c, send in solver.sent(placed, sends[b], solver.units_within(a, b)):
                 yield b, sent_t + h, c, send
 
     # (last layer, send the next rank pays back) -> front

@@ -13,8 +13,15 @@ where, per layer and micro-batch (priced once per unique layer by
     t(i, s)      compute forward + backward + recompute (cost_models.compute), TP
                  collectives and exposed ZeRO traffic (cost_models.comm), plus the
                  exposed per-iteration gradient sync and optimizer step divided by m
-    mem_r(i, s)  params + grads + optimizer states + k_r x kept activations, k_r the
-                 micro-batches in flight on rank r (cost_models.pipeline)
+    mem_r(i, s)  1F1B and GPipe: the walk's floor (`cost_models.walk_floor`): stored
+                 weights and moments, unsharded working copies, gradients where a
+                 forward follows a backward, + k_r x kept activations, k_r the
+                 micro-batches in flight on rank r (cost_models.pipeline), so the
+                 constraint admits every plan the walk fits (transient: none, cap 0;
+                 U_r also less the rank's pipeline buffers,
+                 `stage_program.StageSolver.units_within`).
+                 Interleaved: params + grads + optimizer states + held DP units + k_r x
+                 kept activations
     x(j, a, b)   forward + backward re-layout between layers j and j+1 when their
                  (TP, SP) layouts a, b differ, at layer j's own micro-batch
                  (cost_models.estimate.relayout_s, in
@@ -24,7 +31,7 @@ where, per layer and micro-batch (priced once per unique layer by
                  and unsharded gradients: the max-type buffers of cost_models.memory,
                  bounded by cap (a few caps are tried, `layer_tables.transient_caps`)
     U_r          `layer_tables.memory_budget_bytes` (device memory - runtime overhead -
-                 DP buckets) - cap, in buckets
+                 DP buckets) - cap, in buckets (rounded down per layer for the floor)
 and T_r = sum of t and x over the stage + its edges' p2p sends at the layouts the cut
 layers take (`layer_tables.sends`) + h(a, b, r), the step's host terms the estimate adds per
 stage on CPU processes (`planner.stage_host`: engine starts, pipelining actions, tied
@@ -48,7 +55,7 @@ Outer recurrence, the stage partition (`partition.partition`), exact:
 A stage's table is cached by the run of (structural hash, boundary bytes) it covers
 (`stage_program.StageSolver`): 96 identical blocks cost one table per length. Interleaved
 1F1B (v chunks per rank) uses stages of equal compute with the inner program per chunk
-(`_interleaved`). Layers that must share one TP degree (`ir.legality.linked_runs`) and
+(`planner.interleaved`). Layers that must share one TP degree (`ir.legality.linked_runs`) and
 that a stage boundary may split are solved once per degree (`_pipeline_tp_groups`): the
 outer program carries no layout across stages, only the send a stage leaves.
 
@@ -56,7 +63,8 @@ Every memory figure (the rows, the walk, the estimate) is priced for the executo
 of the model `search` is given (`cost_models.common.model_layer_configs`: a model built
 on meta runs the lean host path on a CPU cluster, `ir.lean_host`).
 The full memory model (`cost_models.memory.plan_memory`) checks each optimum; where it
-does not fit, the candidate is solved again with a lower budget (`_solve_fitting`).
+does not fit, the candidate is solved again with a lower budget (`_solve_fitting`). Under
+the floor a first optimum that fits is the best plan the budget admits.
 On CPU kits that price the tied copies' sum, a candidate is solved once more per
 gradient layout that lets it sum local shards (`stage_host.tied_variants`).
 Every candidate's optimum, with the next partitions of its final front (FRONT_PLANS: the
@@ -87,16 +95,18 @@ from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.legality import input_readers, linked_runs
 from ir.plan import ParallelPlan
-from ir.strategy import Schedule, Stage
-from planner.layer_tables import (LayerTable, crossing_bytes, memory_budget_bytes, price_layers,
-                                  restrict, sends, transient_caps, transitions)
-from planner.lower_bound import LOWER_BOUND_SLACK, _lower_bound
+from ir.strategy import Stage
+from planner.layer_tables import (LayerTable, buffers_floor, crossing_bytes,
+                                  memory_budget_bytes, price_layers, restrict, sends,
+                                  transient_caps, transitions)
+from planner.lower_bound import LOWER_BOUND_SLACK, _lower_bound, bound_budget_bytes
+from planner.interleaved import interleaved
 from planner.partition import partition
 from planner.search_space import OuterCandidate, SearchOptions, outer_candidates
 from planner.search_stats import SearchStats
 from planner.stage_host import StageHost, bound_shift_s, stage_host, tied_variants
 from planner.stage_program import StageSolver, walk_back
-from planner.uniform import even_chunks, uniform_groups
+from planner.uniform import uniform_groups
 
 INF = math.inf
 
@@ -172,31 +182,33 @@ FIT_ROUNDS = 4
 
 def _solve_fitting(graph, cluster, cand, tables, layouts, options, global_batch, trans_cache,
                    stats, incumbent, memory_cache: dict, model=None, host=None):
-    """`_solve`, then the full memory model on its plan: the DP adds layers up while the
-    full model walks the step (pipeline schedules, FSDP2 buffers in flight), so where the
-    DP's plan does not fit, solve again with the budget lowered by the excess, at most
-    FIT_ROUNDS times. A plan the full model rejects is never returned as the candidate's.
+    """`_solve`, then the full memory model on its plan: it fits when its walk leaves the
+    DP-bucket reserve free (`layer_tables.memory_budget_bytes`); else solve again with the
+    budget lowered by the excess, at most FIT_ROUNDS times, and never return it. 1F1B and
+    GPipe add up the walk's floors (`cost_models.walk_floor`), which admit every plan that
+    fits: the first round's plan, where it fits, is the candidate's best, and where the
+    first round finds none, none fits. Interleaved schedules add up the program's sums.
     The walk prices the executor's path for `model` (`common.model_layer_configs`)."""
+    limit = memory_budget_bytes(cluster, options) + cluster.runtime_overhead_bytes
+    floor = cand.virtual_stages == 1
     shrink = 0.0
-    limit = options.memory_budget_bytes or cluster.device_memory_bytes
     for _ in range(FIT_ROUNDS):
         result = _solve(graph, cluster, cand, tables, layouts, options, global_batch,
-                        trans_cache, stats, incumbent, shrink, host)
+                        trans_cache, stats, incumbent, shrink, host, floor)
         if result is None:
             return None
-        configs = model_layer_configs(graph, result[1], cluster.device, model)
-        memory = plan_memory(graph, result[1], cluster, configs, memory_cache)
-        peak = memory.peak_bytes
-        if memory.fits and peak <= limit:
+        memory = plan_memory(graph, result[1], cluster, model_layer_configs(
+            graph, result[1], cluster.device, model), memory_cache)
+        if memory.fits and memory.peak_bytes <= limit:
             return result
         stats.refits += 1
-        shrink += peak - limit
+        shrink += max(memory.peak_bytes - limit, 1)  # 1: the host wall's, not the device's
     return None
 
 
 def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: SearchOptions,
            global_batch: int, trans_cache: dict, stats: SearchStats, incumbent: float = INF,
-           shrink_bytes: float = 0.0, host: StageHost | None = None):
+           shrink_bytes: float = 0.0, host: StageHost | None = None, floor: bool = False):
     """Best (objective, plan, others) of one outer candidate over the transient caps, or
     None; `others`: the next (objective, plan) of the best cap's final partition front
     (`partition.partition`, FRONT_PLANS in all), for the estimate to rank. `shrink_bytes`
@@ -216,8 +228,10 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
     floor_s = host.floor_s if host else 0.0
     places = [host_position_key(layer, cluster) for layer in graph.layers]
     units = options.memory_buckets
+    buffers = buffers_floor(graph, cluster, options, cand, layouts, global_batch,
+                            trans_cache) if floor else None
     best = None
-    for cap in transient_caps(tables, options.transient_levels):
+    for cap in transient_caps(tables, options.transient_levels, floor):
         usable = budget - cap
         if usable <= 0:
             continue
@@ -227,11 +241,12 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
 
         def make_solver(stage_tables: list[LayerTable]) -> StageSolver:
             made.append(StageSolver(graph, stage_tables, x, len(layouts), units,
-                                    usable / units / v, cap, crossing, steps, places, host))
+                                    usable / units / v, cap, crossing, steps, places, floor,
+                                    buffers, host))
             return made[-1]
 
         if v > 1:
-            found = _interleaved(graph, tables, make_solver, cand, send, host_s, host)
+            found = interleaved(graph, tables, make_solver, cand, send, host_s, host)
             found = [found] if found else None
         else:
             solver = make_solver(tables)
@@ -251,7 +266,8 @@ def _solve(graph, cluster, cand: OuterCandidate, tables, layouts, options: Searc
         for objective, ranges in found:
             strategies = []
             for a, b, c, k, r, solver in ranges:
-                strategies += walk_back(solver.placed(a, b, k, r), tables, a, b, c, units)
+                strategies += walk_back(solver.placed(a, b, k, r), tables, a, b, c,
+                                        solver.units_within(a, b))
             plans.append((objective, make_plan(cand, [(a, b) for a, b, *_ in ranges],
                                                strategies, stage_devices, global_batch,
                                                options)))
@@ -270,60 +286,6 @@ def make_plan(cand: OuterCandidate, ranges: list[tuple[int, int]], strategies: l
         num_microbatches=cand.num_microbatches, schedule=cand.schedule,
         precision=options.precision, optimizer=options.optimizer,
         virtual_stages=cand.virtual_stages)
-
-
-def _interleaved(graph, tables: list[LayerTable], make_solver, cand: OuterCandidate,
-                 sends: list[tuple[float, ...]], host_s, host: StageHost | None = None):
-    """v chunks per rank at equal compute; each chunk gets 1/v of the rank's memory.
-
-    The chunks of one rank read the model inputs in one layout (`executors.pipeline`), so
-    their first layers share one TP degree: each rank takes the degree that makes its
-    chunks fastest (ranks are independent, so that also minimises the max and the sum).
-    A chunk's sends (`layer_tables.sends`) are at the layout its last layer takes, the one
-    least with both (its own forward send and the next chunk's gradient send back, priced
-    at the layout chunk i-1 takes under the same degree)."""
-    p, v, m = cand.pp, cand.virtual_stages, cand.num_microbatches
-    pieces = even_chunks(graph, tables, p * v)
-    if pieces is None:
-        return None
-    if host is not None:
-        host.with_pieces(pieces)
-    firsts = {a for a, _ in pieces}
-    per_rank = [INF] * p
-    ranges: list = [None] * len(pieces)
-    for tp in sorted({s.tp for a in firsts for s in tables[a].strategies}):
-        pinned = {a: restrict([tables[a]], lambda s, tp=tp: s.tp == tp) for a in firsts}
-        solver = make_solver([pinned[i][0] if pinned.get(i) else t
-                              for i, t in enumerate(tables)])
-        picks = []  # per chunk: (its time with its forward send, layout, send)
-        for i, (a, b) in enumerate(pieces):
-            k = microbatches_in_flight(Schedule.INTERLEAVED, p, i % p, m, v)
-            if not pinned[a]:
-                picks.append((INF, -1, 0.0, k))
-            elif i == len(pieces) - 1:
-                picks.append((*solver.least(solver.placed(a, b, k, i % p)), 0.0, k))
-            else:
-                sent = solver.sent(solver.placed(a, b, k, i % p), sends[b])
-                picks.append((*min(sent, key=lambda o: o[0] + o[2]), k) if sent
-                             else (INF, -1, 0.0, k))
-        for r in range(p):
-            total, chosen = 0.0, []
-            for i in range(r, len(pieces), p):
-                (a, b), (t, c, _, k) = pieces[i], picks[i]
-                if t == INF:
-                    total = INF
-                    break
-                back = picks[i - 1][2] if i else 0.0
-                total += t + back + host_s(a, b, r)
-                chosen.append((i, (a, b, c, k, r, solver)))
-            if total < per_rank[r]:
-                per_rank[r] = total
-                for i, entry in chosen:
-                    ranges[i] = entry
-    if INF in per_rank:
-        return None
-    worst = max(per_rank)
-    return m * worst + (sum(per_rank) - worst) / v, ranges  # pipeline.pipeline_time
 
 
 # ------------------------------------------------------------------------ search
@@ -399,10 +361,9 @@ def _search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
                                        price_cache, model=model)
         if any(not t.strategies for t in tables):
             continue  # some layer has no legal strategy here (e.g. dp does not divide)
-        # every plan needs at least the largest of the layers' least transients
-        budget = (memory_budget_bytes(cluster, options)
-                  - max(float(t.transient_bytes.min()) for t in tables))
-        budget_of[cand] = budget
+        budget = budget_of[cand] = bound_budget_bytes(
+            cand, tables, memory_budget_bytes(cluster, options),
+            buffers_floor(graph, cluster, options, cand, layouts, global_batch, trans_cache))
         host = stage_host(graph, cluster, cand, tables, options, global_batch, profile, model,
                           price_cache["rows"].setdefault("stage-host", {}))
         shift = bound_shift_s(cand, host.floor_s) if host else 0.0

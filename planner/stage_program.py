@@ -6,7 +6,7 @@ written out in `planner.search`'s docstring; one step of it is `_extend`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -25,7 +25,7 @@ class _Node:
     table: LayerTable
     x_in: np.ndarray | None  # x(b-1, c', c) into this layer
     step: "_Step"
-    best: tuple[float, int] | None = None  # min_c C[b][c][U] and its c, once asked for
+    best: dict | None = None  # u -> min_c C[b][c][u] and its c, once asked for
     sent: dict | None = None  # per send tuple: `StageSolver.sent`'s answer, once asked for
 
 
@@ -43,13 +43,17 @@ class _Step:
 
 
 def _step(table: LayerTable, k: float, bucket_bytes: float, cap: float, units: int,
-          cache: dict) -> _Step:
-    key = (id(table), k, bucket_bytes, cap, units)
+          cache: dict, floor: bool = False) -> _Step:
+    """A layer's buckets per strategy: its sum rounded up, or (`floor`) the walk's floor
+    rounded down, so that any plan whose floors add up to the budget is admitted."""
+    key = (id(table), k, bucket_bytes, cap, units, floor)
     hit = cache.get(key)
     step = hit[1] if hit is not None and hit[0] is table else None
     if step is None:
-        mem = np.ceil((table.state_bytes + k * table.kept_bytes) / bucket_bytes - 1e-9)
-        mem = np.where(table.transient_bytes <= cap, mem, units + 1).astype(np.int64)
+        state, kept, transient = table.memory(floor)
+        scaled = (state + k * kept) / bucket_bytes
+        mem = np.floor(scaled + 1e-9) if floor else np.ceil(scaled - 1e-9)
+        mem = np.where(transient <= cap, mem, units + 1).astype(np.int64)
         fits = np.flatnonzero(mem <= units)
         order = fits[np.argsort(table.layout[fits], kind="stable")]
         layouts, starts = np.unique(table.layout[order], return_index=True)
@@ -107,8 +111,13 @@ class StageSolver:
 
     def __init__(self, graph, tables, transitions, n_layouts, units, bucket_bytes, cap,
                  crossing: list[float], step_cache: dict | None = None,
-                 places: list[tuple] | None = None, host=None):
+                 places: list[tuple] | None = None, floor: bool = False, buffers=None,
+                 host=None):
         self.graph, self.tables, self.transitions = graph, tables, transitions
+        self.floor = floor  # add up the walk's floors (`_step`), not the program's sums
+        # buffers(a, final): bytes a rank whose stage starts at a holds beyond its layers'
+        # (None: none counted), taken off its budget (`units_within`)
+        self.buffers = buffers
         self.host = host  # `stage_host.StageHost` (None: no placed change, GPUs)
         self.shifted: dict[tuple, tuple] = {}  # (table id, passes) -> (table, shifted)
         self.n_layouts, self.units, self.bucket, self.cap = n_layouts, units, bucket_bytes, cap
@@ -131,9 +140,18 @@ class StageSolver:
             node = self.by_range[(a, b, k)] = self._child(parent, b, k)
         return node
 
+    def units_within(self, a: int, b: int) -> int:
+        """Buckets the layers of stage a..b may fill: the budget less `buffers`, rounded
+        as the layers are (`_step`)."""
+        if self.buffers is None:
+            return self.units
+        spare = self.buffers(a, b == len(self.graph.layers) - 1) / self.bucket
+        return self.units - int(math.floor(spare + 1e-9) if self.floor
+                                else math.ceil(spare - 1e-9))
+
     def best(self, a: int, b: int, k: float) -> tuple[float, int]:
         """(T*, the layout it ends in) of layers a..b."""
-        return self._best_of(self.node(a, b, k))
+        return self._best_of(self.node(a, b, k), self.units_within(a, b))
 
     def bests(self, a: int, k: float, ends: list[int]):
         """(b, T*, layout, node) of layers a..b for each b of `ends` (ascending, >= a), in
@@ -143,25 +161,29 @@ class StageSolver:
             while b < end:
                 b += 1
                 node = self._child(node, b, k)
-            yield (end, *self._best_of(node), node)
+            yield (end, *self._best_of(node, self.units_within(a, end)), node)
 
-    def sent(self, node: _Node, send: tuple[float, ...]) -> list[tuple[float, int, float]]:
-        """(C[b][c][U] + send[c], c, send[c]) for the layouts c no other beats on both the
+    def sent(self, node: _Node, send: tuple[float, ...],
+             u: int) -> list[tuple[float, int, float]]:
+        """(C[b][c][u] + send[c], c, send[c]) for the layouts c no other beats on both the
         stage's time with its send and the send alone (the next stage pays it again, as
-        its gradient's send back: `partition.partition`), by increasing send."""
+        its gradient's send back: `partition.partition`), by increasing send; u: the
+        stage's buckets (`units_within`)."""
         if node.sent is None:
             node.sent = {}
-        hit = node.sent.get(id(send))
+        hit = node.sent.get((id(send), u))
         if hit is not None and hit[0] is send:
             return hit[1]
-        column = node.value[:, self.units].tolist()
+        if u < 0:
+            return []
+        column = node.value[:, u].tolist()
         out, least = [], INF
         for c in sorted(range(len(send)), key=lambda c: (send[c], column[c])):
             t = column[c] + send[c]
             if t < least:
                 out.append((t, c, send[c]))
                 least = t
-        node.sent[id(send)] = (send, out)  # the tuple too: its id is unique while it lives
+        node.sent[(id(send), u)] = (send, out)  # the tuple too: its id is unique while it lives
         return out
 
     def placed(self, a: int, b: int, k: float, r: int, node: _Node | None = None) -> _Node:
@@ -179,9 +201,9 @@ class StageSolver:
         return self._child(parent, b, k) if last is None \
             else self._shifted_child(parent, b, k, last)
 
-    def least(self, node: _Node) -> tuple[float, int]:
-        """(min_c C[b][c][U], that c) of a node (`placed`'s)."""
-        return self._best_of(node)
+    def least(self, node: _Node, u: int) -> tuple[float, int]:
+        """(min_c C[b][c][u], that c) of a node (`placed`'s) in u buckets (`units_within`)."""
+        return self._best_of(node, u)
 
     def _chain(self, a: int, b: int, k: float, first: tuple | None) -> _Node:
         """Layers a..b, the first shifted by `first` (None: the plain chain)."""
@@ -203,16 +225,16 @@ class StageSolver:
         hit = self.shifted.get((id(table), passes))
         if hit is None or hit[0] is not table:
             delta = np.array([self.host.delta_s(b, s, placed) for s in table.strategies])
-            hit = self.shifted[(id(table), passes)] = (table, LayerTable(
-                table.strategies, table.time_s + delta, table.state_bytes, table.kept_bytes,
-                table.transient_bytes, table.layout))
+            hit = self.shifted[(id(table), passes)] = (
+                table, replace(table, time_s=table.time_s + delta))
         shifted = hit[1]
         content = (k, id(parent), self.elems[b] if parent is not None else self.elems[b][0],
                    id(shifted))
         node = self.by_content.get(content)
         if node is None:
             x_in = self.transitions[b - 1] if parent is not None else None
-            step = _step(shifted, k, self.bucket, self.cap, self.units, self.step_cache)
+            step = _step(shifted, k, self.bucket, self.cap, self.units, self.step_cache,
+                         self.floor)
             node = _extend(parent, shifted, x_in, step, self.n_layouts, self.units)
             self.by_content[content] = node
             self.extensions += 1
@@ -224,15 +246,21 @@ class StageSolver:
         node = self.by_content.get(content)
         if node is None:
             x_in = self.transitions[b - 1] if parent is not None else None
-            step = _step(self.tables[b], k, self.bucket, self.cap, self.units, self.step_cache)
+            step = _step(self.tables[b], k, self.bucket, self.cap, self.units, self.step_cache,
+                         self.floor)
             node = _extend(parent, self.tables[b], x_in, step, self.n_layouts, self.units)
             self.by_content[content] = node
             self.extensions += 1
         return node
 
-    def _best_of(self, node: _Node) -> tuple[float, int]:
+    def _best_of(self, node: _Node, u: int) -> tuple[float, int]:
+        if u < 0:
+            return INF, 0
         if node.best is None:
-            column = node.value[:, self.units]
+            node.best = {}
+        best = node.best.get(u)
+        if best is None:
+            column = node.value[:, u]
             c = int(column.argmin())
-            node.best = (float(column[c]), c)
-        return node.best
+            best = node.best[u] = (float(column[c]), c)
+        return best

@@ -287,6 +287,7 @@ def test_the_shifted_lower_bounds_stay_below_every_objective_found():
     (engine, actions, cold ops, entries, tied sums) no candidate the search solved may
     score below its own bound, or a better one could have been pruned."""
     from planner.layer_tables import memory_budget_bytes, price_layers
+    from planner.lower_bound import bound_budget_bytes
     from planner.search import _lower_bound
     from planner.stage_host import bound_shift_s, stage_host
 
@@ -297,8 +298,7 @@ def test_the_shifted_lower_bounds_stay_below_every_objective_found():
     assert {c.outer.pp for c in result.candidates} == {1, 2}
     for c in result.candidates:
         tables, _ = price_layers(graph, cluster, c.outer, options, 8, None, {})
-        budget = (memory_budget_bytes(cluster, options)
-                  - max(float(t.transient_bytes.min()) for t in tables))
+        budget = bound_budget_bytes(c.outer, tables, memory_budget_bytes(cluster, options))
         host = stage_host(graph, cluster, c.outer, tables, options, 8, None, None)
         bound = _lower_bound(c.outer, tables, budget) + bound_shift_s(c.outer, host.floor_s)
         assert bound <= c.objective_s * (1 + 1e-12)

@@ -51,9 +51,10 @@ RANK_DATA_CAP_BYTES = 3 * 2**30
 RUN_SPEC = "gpt:layers=2,hidden=256,heads=4,vocab=8192,seq=32"
 RUN_WORLD = 2
 RUN_BATCH = 2
-# ZeRO-3 on 2 ranks fits from 480 MiB priced lean, from 485 MiB priced as FSDP2's own
-# path (searched 400..485 MiB in 5 MiB steps on this commit).
-RUN_BUDGET_BYTES = 480 * 2**20
+# ZeRO-3 on 2 ranks walks to 419.1 MiB priced lean, 423.2 MiB priced as FSDP2's own path,
+# so with the search's 50 MiB reserve it fits from 469.1 and 473.2 MiB (480 MiB let both
+# in once the search stopped over-counting the walk: cost_models.walk_floor).
+RUN_BUDGET_BYTES = 471 * 2**20
 RUN_OPTIONS = SearchOptions(precision=Precision.FP32, optimizer="sgd", tp=1, pp=1, zero=3,
                             memory_budget_bytes=RUN_BUDGET_BYTES)
 
