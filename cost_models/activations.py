@@ -170,6 +170,15 @@ def _plain_backward(layer: Layer, saved: float, sharded: float, tp: int, sp: boo
             layer.full_backward_grad_share)
 
 
+def boundary_bytes(crossing_bytes: float, source: StepConfig, tp: int, sp: bool) -> float:
+    """Bytes of one micro-batch crossing a cut after a layer laid out (`tp`, `sp`), as each
+    TP rank holds and sends them: one replica's activation at the layer's own micro-batch
+    (`source`), sequence-split under SP (Korthikanti et al. 2022 sec. 4.2.2). The one rule
+    the sends (`estimate.boundary_send_s`), the walk's buffers (`memory`) and the search's
+    floor (`planner.layer_tables.buffers_floor`) read."""
+    return crossing_bytes * source.activation_scale / (tp if sp else 1)
+
+
 def grad_input_bytes(layer: Layer) -> int:
     """Bytes of the gradients a layer's backward makes for its inputs: none for the model's
     data or integer ids (`Layer.gradless_input_bytes`), as a step runs them."""

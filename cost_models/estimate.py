@@ -46,6 +46,7 @@ from ir.legality import sequence_parallel_applies
 from ir.plan import ParallelPlan
 from ir.strategy import Schedule
 
+from cost_models.activations import boundary_bytes
 from cost_models.comm import layer_comm, p2p_s, tp_transition_s
 from cost_models.common import StepConfig, layer_configs
 from cost_models.compute_profile import ComputeProfile
@@ -292,10 +293,7 @@ def boundary_send_s(crossing_bytes: float, source: StepConfig, tp: int, sp: bool
     TP rank, sequence-sharded under SP so each sends its 1/t share (Korthikanti et al.
     2022 sec. 4.2.2). The one definition the estimate and the search's partition program
     (`planner.layer_tables.sends`) both price."""
-    nbytes = crossing_bytes * source.activation_scale
-    if sp:
-        nbytes /= tp
-    return p2p_s(nbytes, cluster, stage_devices)
+    return p2p_s(boundary_bytes(crossing_bytes, source, tp, sp), cluster, stage_devices)
 
 
 def estimate(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,

@@ -50,7 +50,7 @@ from ir.legality import sequence_parallel_applies
 from ir.plan import ParallelPlan
 from ir.strategy import Checkpoint, LayerStrategy, Schedule
 
-from cost_models.activations import layer_activations, logits_bytes
+from cost_models.activations import boundary_bytes, layer_activations, logits_bytes
 from cost_models.common import GiB, MiB, StepConfig, layer_configs
 from cost_models.memory_walk import (ChunkMemory, LayerMemory, OverLimit,  # noqa: F401
                                      StageMemory, optimizer_step_temp_bytes, walk_rank)
@@ -427,7 +427,9 @@ def _boundary(graph: LayerGraph, plan: ParallelPlan, cut: int,
               configs: Sequence[StepConfig]) -> float:
     """Bytes of one micro-batch crossing after layer `cut`, as this rank holds them
     (sequence-split under SP, as cost_models.estimate sends them)."""
-    return graph.crossing_bytes(cut) * configs[cut].activation_scale / _sp_split(graph, plan, cut)
+    strategy = plan.layer_strategies[cut]
+    return boundary_bytes(graph.crossing_bytes(cut), configs[cut], strategy.tp,
+                          sequence_parallel_applies(graph.layers[cut], strategy))
 
 
 def _sp_split(graph: LayerGraph, plan: ParallelPlan, j: int) -> int:

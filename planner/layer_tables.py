@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch import nn
 
+from cost_models.activations import boundary_bytes
 from cost_models.comm import layer_comm
 from cost_models.common import StepConfig, device_type_of, layer_lean
 from cost_models.compute import layer_compute
@@ -272,8 +273,10 @@ def buffers_floor(graph: LayerGraph, cluster: ClusterSpec, options: SearchOption
     if cand.pp == 1 or cand.virtual_stages > 1:
         return None
     samples, devices = global_batch // cand.num_microbatches, cluster.world_size // cand.pp
-    scale = min(step_config(graph, options, cluster, samples // (devices // tp))
-                .activation_scale / (tp if sp else 1) for tp, sp in layouts)
+    configs = [step_config(graph, options, cluster, samples // (devices // tp))
+               for tp, _ in layouts]
+    scale = min(boundary_bytes(1.0, config, tp, sp)
+                for (tp, sp), config in zip(layouts, configs))
     return PipelineBuffersFloor(crossing_bytes(graph, cache), graph.cut_points,
                                 cand.num_microbatches, scale)
 
