@@ -20,8 +20,9 @@ def interleaved(graph, tables: list[LayerTable], make_solver, cand: OuterCandida
     their first layers share one TP degree: each rank takes the degree that makes its
     chunks fastest (ranks are independent, so that also minimises the max and the sum).
     A chunk's sends (`layer_tables.sends`) are at the layout its last layer takes, the one
-    least with both (its own forward send and the next chunk's gradient send back, priced
-    at the layout chunk i-1 takes under the same degree)."""
+    least with both (its own forward send and the next chunk's gradient send back, chosen
+    at the layout chunk i-1 takes under the same degree, priced at the one it finally
+    takes)."""
     p, v, m = cand.pp, cand.virtual_stages, cand.num_microbatches
     pieces = even_chunks(graph, tables, p * v)
     if pieces is None:
@@ -31,6 +32,7 @@ def interleaved(graph, tables: list[LayerTable], make_solver, cand: OuterCandida
     firsts = {a for a, _ in pieces}
     per_rank = [INF] * p
     ranges: list = [None] * len(pieces)
+    times = [INF] * len(pieces)  # each chunk's time with its forward send, as chosen
     for tp in sorted({s.tp for a in firsts for s in tables[a].strategies}):
         pinned = {a: restrict([tables[a]], lambda s, tp=tp: s.tp == tp) for a in firsts}
         solver = make_solver([pinned[i][0] if pinned.get(i) else t
@@ -61,8 +63,14 @@ def interleaved(graph, tables: list[LayerTable], make_solver, cand: OuterCandida
             if total < per_rank[r]:
                 per_rank[r] = total
                 for i, entry in chosen:
-                    ranges[i] = entry
+                    ranges[i], times[i] = entry, picks[i][0]
     if INF in per_rank:
         return None
+    # Each gradient send back at the layout the chunk before finally takes: its rank may
+    # have kept another degree than the one this rank's loop priced it at.
+    per_rank = [0.0] * p
+    for i, (a, b) in enumerate(pieces):
+        back = sends[pieces[i - 1][1]][ranges[i - 1][2]] if i else 0.0
+        per_rank[i % p] += times[i] + back + host_s(a, b, i % p)
     worst = max(per_rank)
     return m * worst + (sum(per_rank) - worst) / v, ranges  # pipeline.pipeline_time
