@@ -113,20 +113,21 @@ def backward_after(build, before, clock, device: str) -> float:
     return span.seconds()
 
 
-def cold_backward_layers(device: str = "cpu") -> list[ColdChain]:
+def cold_backward_layers(device: str = "cpu", after: str = "block") -> list[ColdChain]:
     """Each chain of COLD_BACKWARD_CALLS `_unary_ops` (on a 2 x 8 x 8 input) and each
-    composite of COLD_BACKWARD_COMPOSITES timed cold (after a `neighbour_block`'s forward
-    and backward) and warm (after a copy of itself), as the module docstring says."""
+    composite of COLD_BACKWARD_COMPOSITES timed cold (after the forward and backward of
+    `after`, a `cold_entry_probes.NEIGHBOURS` kind: a block, one Linear) and warm (after a
+    copy of itself), as the module docstring says."""
     import torch
 
     from cost_models.clusters import _one_thread
-    from cost_models.cold_entry_probes import ENTRY_TOKENS, ENTRY_WIDTH, _unary_ops, \
-        neighbour_block
+    from cost_models.cold_entry_probes import ENTRY_TOKENS, ENTRY_WIDTH, NEIGHBOURS, \
+        _unary_ops
     from cost_models.host_probes import probe_clock
     from ir.composite_ops import COMPOSITE_BACKWARDS, cold_inner_ops_bwd
     from ir.op_count import cold_distinct_ops_bwd
 
-    clock, block = probe_clock(device), neighbour_block().to(device)
+    clock, block = probe_clock(device), NEIGHBOURS[after]().to(device)
 
     def neighbour():
         return block(torch.randn(1, ENTRY_TOKENS, ENTRY_WIDTH, device=device,
