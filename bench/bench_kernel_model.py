@@ -183,10 +183,13 @@ def main() -> int:
                                 "python_node_host_s", "in_sequence_op_host_s",
                                 "in_sequence_knee_distinct_ops", "cold_entry_host_s",
                                 "cold_entry_after_backward_host_s", "cold_op_host_s",
-                                "cold_entry_same_code_host_s",
+                                "cold_entry_same_code_host_s", "cold_backward_op_host_s",
+                                "cold_backward_inner_op_host_s",
                                 "scalar_operand_float_host_s", "scalar_operand_int_host_s")},
                             "cold_entry_points": [dataclasses.asdict(p) for p in
                                                   spec.kernel_calibration.cold_entry_points],
+                            "cold_backward_points": [dataclasses.asdict(p) for p in
+                                                     spec.kernel_calibration.cold_backward_points],
                             "host_op_excess_s": {p.op: p.seconds for p in
                                                  spec.kernel_calibration.host_op_excess},
                             "notes": spec.notes, "hbm_gbps": spec.hbm_gbps,

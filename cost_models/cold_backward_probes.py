@@ -45,6 +45,11 @@ sees; not priced. On this CPU (2026-11-25, load 4-6): 2.2-2.7, 3.0, 7.9-8.5, 10.
 the embedding 3.8-4.0 at 1 + 4: 1.19-1.21 us per cold op, 0.60-0.64 per inner op, rms
 0.6-0.9 us (re-measure quiet).
 
+What ran between also sets the figures: after one Linear's forward and backward a cold
+op cost 0.5 us, an inner op 0.26, ~1/6 of the block's (bench/bench_backward_cold_work.py);
+`cold_backward_calibration` probes both, and a layer's are read at its backward window's
+ops (`Layer.backward_after_ops`; bench/bench_cold_backward_ab.py).
+
     >>> cost = cold_backward_cost(cold_backward_layers("cpu"))  # doctest: +SKIP
     >>> cost.op_s, cost.inner_op_s                               # ~1.2e-6, ~0.6e-6 here
 """
@@ -113,20 +118,21 @@ def backward_after(build, before, clock, device: str) -> float:
     return span.seconds()
 
 
-def cold_backward_layers(device: str = "cpu") -> list[ColdChain]:
+def cold_backward_layers(device: str = "cpu", after: str = "block") -> list[ColdChain]:
     """Each chain of COLD_BACKWARD_CALLS `_unary_ops` (on a 2 x 8 x 8 input) and each
-    composite of COLD_BACKWARD_COMPOSITES timed cold (after a `neighbour_block`'s forward
-    and backward) and warm (after a copy of itself), as the module docstring says."""
+    composite of COLD_BACKWARD_COMPOSITES timed cold (after the forward and backward of
+    `after`, a `cold_entry_probes.NEIGHBOURS` kind: a block, one Linear) and warm (after a
+    copy of itself), as the module docstring says."""
     import torch
 
     from cost_models.clusters import _one_thread
-    from cost_models.cold_entry_probes import ENTRY_TOKENS, ENTRY_WIDTH, _unary_ops, \
-        neighbour_block
+    from cost_models.cold_entry_probes import ENTRY_TOKENS, ENTRY_WIDTH, NEIGHBOURS, \
+        _unary_ops
     from cost_models.host_probes import probe_clock
     from ir.composite_ops import COMPOSITE_BACKWARDS, cold_inner_ops_bwd
     from ir.op_count import cold_distinct_ops_bwd
 
-    clock, block = probe_clock(device), neighbour_block().to(device)
+    clock, block = probe_clock(device), NEIGHBOURS[after]().to(device)
 
     def neighbour():
         return block(torch.randn(1, ENTRY_TOKENS, ENTRY_WIDTH, device=device,
@@ -178,3 +184,26 @@ def cold_backward_cost(chains: list[ColdChain]) -> ColdBackwardCost:
             candidates.append(free)
     op_s, inner_s = min(candidates, key=lambda c: sse(*c))
     return ColdBackwardCost(op_s, inner_s, (sse(op_s, inner_s) / max(1, len(rows))) ** 0.5)
+
+
+# The layers after the kit probes before a chain's backward (`cold_entry_probes.NEIGHBOURS`):
+# one Linear and a block, about the least and the most a small model's step runs between a
+# layer's forward and its backward. The per-op figures differ ~6x between them (0.52 vs
+# 3.3 us a cold op, 0.26 vs 1.8 an inner op: bench/bench_backward_cold_work.py, six
+# interleaved rounds, load 4.8, 2026-11-25), so a layer's are read at its window's ops.
+COLD_BACKWARD_WORK = ("small", "block")
+
+
+def cold_backward_calibration(device: str = "cpu") -> dict:
+    """The `KernelCalibration` fields of cold backward ops: a `ColdBackwardPoint` per
+    COLD_BACKWARD_WORK kind (`cold_backward_cost` of its chains, at the kind's forward and
+    backward ops, as `Layer.backward_after_ops` counts a window's), the block's figures
+    as the single ones kits before the points had."""
+    from cost_models.cold_entry_probes import neighbour_ops
+    from ir.kernel_points import ColdBackwardPoint
+
+    costs = {kind: cold_backward_cost(cold_backward_layers(device, kind))
+             for kind in COLD_BACKWARD_WORK}
+    points = tuple(ColdBackwardPoint(sum(neighbour_ops(kind, device)), cost.op_s,
+                                     cost.inner_op_s) for kind, cost in costs.items())
+    return dict(costs["block"].calibration_fields(), cold_backward_points=points)

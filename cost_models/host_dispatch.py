@@ -108,14 +108,20 @@ def cold_entry_seconds(layer: Layer, cal) -> float:
         return entry_s + layer.cold_distinct_ops_fwd * cal.cold_op_host_s
     if layer.same_code_before and not first and cal.cold_entry_same_code_host_s > 0:
         return cal.cold_entry_same_code_host_s + layer.cold_distinct_ops_fwd * points[0].op_s
-    ops = min(max(layer.after_ops, points[0].after_ops), points[-1].after_ops)
+    entry_s, op_s = read_points(points, layer.after_ops, "entry_s", "op_s")
+    return entry_s + layer.cold_distinct_ops_fwd * op_s
+
+
+def read_points(points, after_ops: int, *fields: str) -> tuple[float, ...]:
+    """`fields` of `points` (probed after work of `after_ops` ops each, sorted by them) on
+    the line between the two that bracket `after_ops`, flat beyond the ends: the work
+    between evicts more of a layer's code the more it is (`cold_entry_seconds`)."""
+    ops = min(max(after_ops, points[0].after_ops), points[-1].after_ops)
     low = max((p for p in points if p.after_ops <= ops), key=lambda p: p.after_ops)
     high = min((p for p in points if p.after_ops >= ops), key=lambda p: p.after_ops)
     share = ((ops - low.after_ops) / (high.after_ops - low.after_ops)
              if high.after_ops > low.after_ops else 0.0)
-    entry_s = low.entry_s + share * (high.entry_s - low.entry_s)
-    op_s = low.op_s + share * (high.op_s - low.op_s)
-    return entry_s + layer.cold_distinct_ops_fwd * op_s
+    return tuple(getattr(low, f) + share * (getattr(high, f) - getattr(low, f)) for f in fields)
 
 
 def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
@@ -139,6 +145,8 @@ def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
     backward = (layer.cold_distinct_ops_bwd if cal.cold_backward_op_host_s > 0 else None,
                 layer.cold_inner_ops_bwd if cal.cold_backward_inner_op_host_s > 0 else None)
     backward_priced = backward != (None, None)
+    if cal.cold_backward_points:  # backward_host_seconds reads them
+        backward, backward_priced = (backward, layer.backward_after_ops), True
     return ((forward if forward_priced else None, backward if backward_priced else None)
             if forward_priced or backward_priced else ())
 
@@ -154,8 +162,9 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     its parameter tensors (`host_excess.backward_nodes`), + the distinct ops the layers
     after's backwards did not run x `cold_backward_op_host_s` (`cold_distinct_ops_bwd`) +
     the ops composites run inside that they did not x `cold_backward_inner_op_host_s`
-    (`cold_inner_ops_bwd`), none where a whole step's ops stay in the caches
-    (`Layer.step_warm`);
+    (`cold_inner_ops_bwd`), both figures read off the kit's `ColdBackwardPoint`s at the
+    window's work (`Layer.backward_after_ops`, `read_points`) where it has them, none
+    where a whole step's ops stay in the caches (`Layer.step_warm`);
     else ops x `host_op_seconds`. (Views are metadata only, and many come inside
     a node's formula, so a per-op figure over-prices them: the mlp-small block's 16
     backward ops ran in ~18 us, not 16 x 2 us.)"""
@@ -175,5 +184,10 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     # the fit may read either as 0 on a loaded host, a 0 price and not a switch.
     if layer.step_warm:
         return host_s
-    return (host_s + layer.cold_distinct_ops_bwd * cal.cold_backward_op_host_s
-            + layer.cold_inner_ops_bwd * cal.cold_backward_inner_op_host_s)
+    op_s, inner_op_s = cal.cold_backward_op_host_s, cal.cold_backward_inner_op_host_s
+    if cal.cold_backward_points:  # by the work between (cold_backward_calibration's points)
+        op_s, inner_op_s = read_points(sorted(cal.cold_backward_points,
+                                              key=lambda p: p.after_ops),
+                                       layer.backward_after_ops, "op_s", "inner_op_s")
+    return (host_s + layer.cold_distinct_ops_bwd * op_s
+            + layer.cold_inner_ops_bwd * inner_op_s)

@@ -65,7 +65,7 @@ from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.checkpoint_probes import checkpoint_host_seconds
 from cost_models.host_probes import autograd_call_s, host_op_seconds_by_pass, probe_clock
 from cost_models.pipeline_probes import pipeline_action_host_s
-from cost_models.cold_backward_probes import cold_backward_cost, cold_backward_layers
+from cost_models.cold_backward_probes import cold_backward_calibration
 from cost_models.cold_entry_probes import cold_entry_calibration
 from cost_models.scalar_operand_probes import scalar_operand_seconds
 from cost_models.sequence_probes import in_sequence_chains, in_sequence_cost
@@ -425,7 +425,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
         host = host_op_seconds_by_pass("cpu")
         sequence = in_sequence_cost(in_sequence_chains("cpu"))
         cold = cold_entry_calibration("cpu")  # after the block, a small layer, the same code
-        cold_bwd = cold_backward_cost(cold_backward_layers("cpu"))  # after a block's backward
+        cold_bwd = cold_backward_calibration("cpu")  # after a Linear's, a block's backward
         tied_sum = probe_tied_sum()  # executors.tied's gradient sum, once a step
         scalar = scalar_operand_seconds("cpu")  # a forward op given a Python number
         return ClusterSpec(
@@ -443,7 +443,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
             kernel_calibration=dataclasses.replace(
                 cal, **host.calibration_fields(), **sequence.calibration_fields(),
                 **cold,
-                **cold_bwd.calibration_fields(), **scalar.calibration_fields(),
+                **cold_bwd, **scalar.calibration_fields(),
                 autograd_call_host_s=autograd_call_s("cpu"),
                 pipeline_action_host_s=pipeline_action_host_s("cpu"),
                 **dict(zip(TIED_SUM_FIELDS, tied_sum)),
@@ -460,7 +460,8 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
                   f"{sequence.knee_distinct_ops:.0f}; cold start "
                   f"{cold['cold_entry_host_s'] * 1e6:.2f} us per layer ({cold['cold_entry_after_backward_host_s'] * 1e6:.2f} after a "
                   f"backward) + {cold['cold_op_host_s'] * 1e6:.2f} per cold op; backward "
-                  f"{cold_bwd.op_s * 1e6:.2f} per cold op, {cold_bwd.inner_op_s * 1e6:.2f} "
+                  f"{cold_bwd['cold_backward_op_host_s'] * 1e6:.2f} per cold op, "
+                  f"{cold_bwd['cold_backward_inner_op_host_s'] * 1e6:.2f} "
                   f"per cold inner op of a composite); peak FLOP/s = best "
                   "measured GEMM per dtype; links and DTensor overhead guessed (run "
                   "`planner profile-cluster` to measure them)")

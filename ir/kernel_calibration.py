@@ -31,8 +31,8 @@ from typing import Any
 from ir.errors import PlannerError
 # The rows are defined in ir.kernel_points; importing them from here keeps working.
 from ir.kernel_points import (APART_MEMORY_KERNELS, GEMM_TIE_LOG2_DISTANCE,  # noqa: F401
-                              MEMORY_KERNELS, SDPA_BACKENDS, ColdEntryPoint, ConvPoint, GemmPoint,
-                              HostOpExcess,
+                              MEMORY_KERNELS, SDPA_BACKENDS, ColdBackwardPoint,
+                              ColdEntryPoint, ConvPoint, GemmPoint, HostOpExcess,
                               MemoryKernelPoint, SdpaPoint, _is_number, _text)
 
 # The calibration's single figures (numbers >= 0; 0 where not measured).
@@ -245,6 +245,11 @@ class KernelCalibration:
     # measured (GPU presets, older kits: inner ops unpriced); a step that stays in the
     # caches (`Layer.step_warm`) prices no backward op cold.
     cold_backward_inner_op_host_s: float = 0.0
+    # ... both figures after several amounts of work between (`ColdBackwardPoint`s: a
+    # small or a block layer's forward and backward, ops counted), which `host_dispatch
+    # .backward_host_seconds` reads at `Layer.backward_after_ops`; () where not measured
+    # (the two figures above, a block's, then price every layer).
+    cold_backward_points: tuple[ColdBackwardPoint, ...] = ()
     # ---- a forward op given a Python number it wraps into a tensor (`KernelRecord
     # .scalar_operand`: `x * 2`, `x > 0`; `cost_models.scalar_operand_probes`): host
     # seconds per call over the same op on two tensors, on a floating tensor and on an
@@ -349,7 +354,8 @@ class KernelCalibration:
                 "gemm": rows(self.gemm), "memory_kernels": rows(self.memory_kernels),
                 "sdpa": rows(self.sdpa), "conv": rows(self.conv),
                 "host_op_excess": rows(self.host_op_excess),
-                "cold_entry_points": rows(self.cold_entry_points)}
+                "cold_entry_points": rows(self.cold_entry_points),
+                "cold_backward_points": rows(self.cold_backward_points)}
 
     @classmethod
     def from_dict(cls, data: Any) -> KernelCalibration:
@@ -383,7 +389,7 @@ class KernelCalibration:
 
 _TABLES = (("gemm", GemmPoint), ("memory_kernels", MemoryKernelPoint), ("sdpa", SdpaPoint),
            ("conv", ConvPoint), ("host_op_excess", HostOpExcess),
-           ("cold_entry_points", ColdEntryPoint))
+           ("cold_entry_points", ColdEntryPoint), ("cold_backward_points", ColdBackwardPoint))
 
 
 def _row(kind, where: str, item: Any):

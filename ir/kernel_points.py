@@ -208,3 +208,23 @@ class ColdEntryPoint:
             value = getattr(self, name)
             if not _is_number(value) or value < 0:
                 raise PlannerError(f"{where}: {name} must be a number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ColdBackwardPoint:
+    """What a backward pays for running after the forward and backward of layers of
+    `after_ops` ATen ops (`cost_models.cold_backward_probes.cold_backward_calibration`):
+    `op_s` per cold distinct backward op, `inner_op_s` per cold op a composite runs inside."""
+
+    after_ops: int
+    op_s: float
+    inner_op_s: float
+
+    def __post_init__(self) -> None:
+        where = f"cold backward point at {self.after_ops!r} ops"
+        if not isinstance(self.after_ops, int) or self.after_ops < 0:
+            raise PlannerError(f"{where}: after_ops must be an integer >= 0")
+        for name in ("op_s", "inner_op_s"):
+            value = getattr(self, name)
+            if not _is_number(value) or value < 0:
+                raise PlannerError(f"{where}: {name} must be a number >= 0, got {value!r}")

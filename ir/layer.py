@@ -249,6 +249,10 @@ class Layer:
     # (`cost_models.host_dispatch.cold_entry_seconds`).
     after_ops: int = 0
     same_code_before: bool = False
+    # ATen ops the layers of its backward window (`ir.op_count.recent_window_layers` over
+    # the layers after) run between its forward and its backward, forward and backward:
+    # its cold backward ops are priced by them (`host_dispatch.backward_host_seconds`).
+    backward_after_ops: int = 0
 
     def __getattr__(self, name: str):
         # Reached only when no field matches: a measured figure reads as the layer's own.
@@ -267,7 +271,8 @@ class Layer:
                                    tied_owner_params=(),
                                    cold_distinct_ops_fwd=0, cold_distinct_ops_bwd=0,
                                    cold_inner_ops_bwd=0, forward_after_backward=False,
-                                   after_ops=0, same_code_before=False)
+                                   after_ops=0, same_code_before=False,
+                                   backward_after_ops=0)
 
     @property
     def host_position(self) -> tuple[int, int]:

@@ -136,7 +136,10 @@ def step_between(layers: list, index: int) -> dict:
     .StepNeighbours`): the layer after's forward and backward ops (for the last layer,
     those of the layers before in its window, `recent_window_layers`, which it runs after
     the last layer's backward); and whether the layer just before runs the same forward
-    ops (its code warm, only the layer's own objects cold)."""
+    ops (its code warm, only the layer's own objects cold); `Layer.backward_after_ops`:
+    the forward and backward ops of the layers after in its backward window
+    (`recent_backward_ops`' layers), what the profile runs between two of its backwards
+    beside forwards (for the last layer, the layers before's: `after` above)."""
     if index + 1 < len(layers):
         after = [layers[index + 1]]
     else:
@@ -144,8 +147,11 @@ def step_between(layers: list, index: int) -> dict:
         after = layers[index - recent_window_layers(previous):index]
     same = index > 0 and (layers[index - 1].measured.forward_overloads
                           == layers[index].measured.forward_overloads)
+    later = [layers[j].measured.backward_overloads for j in range(index + 1, len(layers))]
+    window = layers[index + 1:index + 1 + recent_window_layers(later)] if later else after
     return {"after_ops": sum(layer.ops_fwd + layer.ops_bwd for layer in after),
-            "same_code_before": same}
+            "same_code_before": same,
+            "backward_after_ops": sum(layer.ops_fwd + layer.ops_bwd for layer in window)}
 
 
 def cold_distinct_ops(measured, before: frozenset[str] | None) -> int:
