@@ -145,8 +145,10 @@ def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
     backward = (layer.cold_distinct_ops_bwd if cal.cold_backward_op_host_s > 0 else None,
                 layer.cold_inner_ops_bwd if cal.cold_backward_inner_op_host_s > 0 else None)
     backward_priced = backward != (None, None)
-    if cal.cold_backward_points:  # backward_host_seconds reads them
-        backward, backward_priced = (backward, layer.backward_after_ops), True
+    if cal.cold_backward_points:  # backward_host_seconds reads them, whatever the figures
+        backward = (layer.cold_distinct_ops_bwd, layer.cold_inner_ops_bwd,
+                    layer.backward_after_ops)
+        backward_priced = True
     return ((forward if forward_priced else None, backward if backward_priced else None)
             if forward_priced or backward_priced else ())
 
