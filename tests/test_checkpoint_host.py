@@ -325,8 +325,12 @@ def test_the_search_proposes_selective_where_it_pays():
               + DP_BUCKETS_IN_FLIGHT * DP_BUCKET_BYTES)
     small = dataclasses.replace(cluster, device_memory_bytes=int(budget))
     best = search(graph, small, 8, SearchOptions(**PINS), with_baselines=False).best
-    assert {s.checkpoint for layer, s in zip(graph.layers, best.plan.layer_strategies)
-            if layer.kind == "Block"} == {Checkpoint.SELECTIVE}
+    # The first block is checkpointed selectively; the last may stay whole: its kept
+    # activations are freed as the backward starts, so the walk (what the search now
+    # solves on) peaks at about the same either way. None is checkpointed fully.
+    modes = [s.checkpoint for layer, s in zip(graph.layers, best.plan.layer_strategies)
+             if layer.kind == "Block"]
+    assert modes[0] is Checkpoint.SELECTIVE and Checkpoint.FULL not in modes, modes
 
 
 def test_on_a_probed_cpu_the_search_weighs_sacs_host_cost():

@@ -97,7 +97,7 @@ def test_search_picks_selective_behind_a_memory_wall(graphs):
     # what the search keeps back beyond the runtime overhead (the peaks include that)
     reserve = (cluster.device_memory_bytes - memory_budget_bytes(cluster, options)
                - cluster.runtime_overhead_bytes)
-    # room for all-selective and some more, not for a block left uncheckpointed
+    # room for all-selective and some more, not for the first block left uncheckpointed
     budget = peaks[Checkpoint.SELECTIVE] + reserve + (peaks[Checkpoint.NONE]
                                                       - peaks[Checkpoint.SELECTIVE]) // 2
     result = search(graph, cluster, batch, SearchOptions(
@@ -106,8 +106,13 @@ def test_search_picks_selective_behind_a_memory_wall(graphs):
     plan = result.best.plan
     modes = {l.name: s.checkpoint for l, s in zip(graph.layers, plan.layer_strategies)}
     blocks = [name for name in modes if name.startswith("blocks.")]
-    assert all(modes[b] is Checkpoint.SELECTIVE for b in blocks), modes
-    # the wall is real: the same plan with one block not checkpointed does not fit
+    # The first block is checkpointed selectively (none fully). The last may stay whole:
+    # its kept activations are freed as the backward starts, so leaving it whole adds
+    # ~0.2% to the walk's peak (469.2 vs 468.2 MB here), which the exact memory wall
+    # (planner: the walk's floor, verified by the walk) now lets the search see.
+    assert modes[blocks[0]] is Checkpoint.SELECTIVE, modes
+    assert not any(modes[b] is Checkpoint.FULL for b in blocks), modes
+    # the wall is real: the same plan with the first block not checkpointed does not fit
     one_none = dataclasses.replace(plan, layer_strategies=tuple(
         dataclasses.replace(s, checkpoint=Checkpoint.NONE) if l.name == blocks[0] else s
         for l, s in zip(graph.layers, plan.layer_strategies)))
