@@ -54,6 +54,18 @@ def _positive(where: str, field: str, value: Any) -> None:
         raise PlannerError(f"{where}: {field} must be a number > 0, got {value!r}")
 
 
+def _non_negative(where: str, record: Any, *fields: str) -> None:
+    for field in fields:
+        value = getattr(record, field)
+        if not _is_number(value) or value < 0:
+            raise PlannerError(f"{where}: {field} must be a number >= 0, got {value!r}")
+
+
+def _ops_count(where: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PlannerError(f"{where}: after_ops must be an integer >= 0, got {value!r}")
+
+
 def _text(where: str, field: str, value: Any) -> None:
     if not isinstance(value, str) or not value:
         raise PlannerError(f"{where}: {field} must be a non-empty string, got {value!r}")
@@ -184,8 +196,7 @@ class HostOpExcess:
     def __post_init__(self) -> None:
         where = f"host op excess {self.op!r}"
         _text(where, "op", self.op)
-        if not _is_number(self.seconds) or self.seconds < 0:
-            raise PlannerError(f"{where}: seconds must be a number >= 0, got {self.seconds!r}")
+        _non_negative(where, self, "seconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,12 +213,8 @@ class ColdEntryPoint:
 
     def __post_init__(self) -> None:
         where = f"cold entry point at {self.after_ops!r} ops"
-        if not isinstance(self.after_ops, int) or self.after_ops < 0:
-            raise PlannerError(f"{where}: after_ops must be an integer >= 0")
-        for name in ("entry_s", "op_s"):
-            value = getattr(self, name)
-            if not _is_number(value) or value < 0:
-                raise PlannerError(f"{where}: {name} must be a number >= 0, got {value!r}")
+        _ops_count(where, self.after_ops)
+        _non_negative(where, self, "entry_s", "op_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,9 +229,5 @@ class ColdBackwardPoint:
 
     def __post_init__(self) -> None:
         where = f"cold backward point at {self.after_ops!r} ops"
-        if not isinstance(self.after_ops, int) or self.after_ops < 0:
-            raise PlannerError(f"{where}: after_ops must be an integer >= 0")
-        for name in ("op_s", "inner_op_s"):
-            value = getattr(self, name)
-            if not _is_number(value) or value < 0:
-                raise PlannerError(f"{where}: {name} must be a number >= 0, got {value!r}")
+        _ops_count(where, self.after_ops)
+        _non_negative(where, self, "op_s", "inner_op_s")
