@@ -90,10 +90,12 @@ def gemm_shapes(graphs) -> list[tuple[int, int, int]]:
 
 
 def measure_model(model: str, micro_batch: int, graph, measurer, spec, warmup: int,
-                  repeats: int) -> list[dict]:
-    """One row per unique layer: predicted and measured seconds, forward and backward."""
-    measured = {m["structural_hash"]: m for m in
-                profile_graph(graph, measurer, "cpu", warmup=warmup, repeats=repeats)}
+                  repeats: int, profiled: list[dict] | None = None) -> list[dict]:
+    """One row per unique layer: predicted and measured seconds, forward and backward
+    (`profiled`: `profile_graph`'s entries already taken, for an A/B of two specs)."""
+    if profiled is None:
+        profiled = profile_graph(graph, measurer, "cpu", warmup=warmup, repeats=repeats)
+    measured = {m["structural_hash"]: m for m in profiled}
     config = StepConfig(micro_batch=micro_batch, graph_micro_batch=graph.micro_batch,
                         graph_dtype=graph.dtype, precision=Precision.FP32,
                         seq_len=graph.seq_len, device_type="cpu")

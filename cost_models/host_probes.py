@@ -150,13 +150,18 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     node = (the chain's backward - its views x per view - its other ops x per op - its
     ops' excess) / its nodes (`ir.op_count.autograd_nodes`, the count
     `host_dispatch.backward_host_seconds` takes of a layer). The chain's backward is
-    timed after its forward and another forward of it, in one call after that one's nodes,
-    by an `autograd_engine.NodeSpan`, as a step runs a layer's after the layer after's
-    (and `layer_profile.time_layer` a profiled one's): timed after the forward variants
-    instead, its code partly evicted, it read ~18 us more (0.2 us a node, 2026-11-25),
-    which the per-node figure put on every layer's nodes. Both backward figures leave out
-    the span's own cost (`node_span_s`); a step pays the engine's start
-    (`autograd_call_s`) once per micro-batch and stage."""
+    timed after its forward and the forward of a copy with its own parameters (the layer
+    after), in one call after the copy's nodes, by an `autograd_engine.NodeSpan`, every
+    gradient set to None first, as a step's first micro-batch runs a layer's after the
+    layer after's (and `layer_profile.time_layer` a profiled one's); the figure is the
+    median run, as the profile's. Timed after the forward variants instead, its code
+    partly evicted, it read ~18 us more (0.2 us a node, 2026-11-25); after the chain
+    itself as the neighbour, the two graphs shared each parameter's accumulation node
+    and the span ran their gradients' sums (48 adds) too: 2.7-3.2 us a node against
+    1.9-2.2, mlp-small's first block +55..+80% over against +19..+38% (4 paired rounds,
+    bench/bench_backward_probe.py, load 4-6, 2026-11-25).
+    Both backward figures leave out the span's own cost (`node_span_s`); a step pays the
+    engine's start (`autograd_call_s`) once per micro-batch and stage."""
     import torch
     from torch import nn
 
@@ -174,12 +179,18 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     internal = internal_dispatch_seconds(device) if device == "cpu" else None
     with _one_thread():
         chain = nn.Sequential(*[_overhead_block() for _ in range(HOST_OP_CHAIN_BLOCKS)]).to(device)
+        # the layer after, with parameters of its own as in a step (docstring)
+        after = nn.Sequential(*[_overhead_block() for _ in range(HOST_OP_CHAIN_BLOCKS)]).to(device)
         leaves = [m for m in chain.modules() if not list(m.children())]
         calls = [_as_function(m) for m in leaves]
         x = torch.randn(2, OP_OVERHEAD_WIDTH, device=device)
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         holder = {}
         clock = probe_clock(device)
+
+        def clear():  # a step's first micro-batch: no gradient to accumulate into
+            chain.zero_grad(set_to_none=True)
+            after.zero_grad(set_to_none=True)
 
         def forward():
             holder["loss"] = chain(x).sum()
@@ -188,7 +199,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
             holder.pop("loss").backward()
 
         def neighbour():  # the layer after's forward: its nodes run first (`StepNeighbours`)
-            return chain(x).sum()
+            return after(x).sum()
 
         def through_modules():
             y = x
@@ -209,11 +220,13 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
             return y
 
         for _ in range(HOST_OP_WARMUP_RUNS):
+            clear()
             forward()
             backward()
             through_modules()
             as_functions()
             views()
+        clear()
         forward_ops = count_ops(forward)
         backward_ops = count_ops(backward)
         function_ops = count_ops(as_functions)
@@ -224,13 +237,13 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
             as_functions()
         function_records = recorder.records()
         function_views = sum(r.count for r in function_records if r.kind is KernelKind.VIEW)
+        clear()
         forward()  # its backward is the one recorded next
         nodes = autograd_nodes([holder["loss"]], lambda t: True)  # its leaves: parameters
         recorder = KernelRecorder(set())
         with OpCounter(recorder):
-            backward()  # weights' gradients exist: accumulated, as in the rounds
+            backward()  # each gradient stolen, as in the rounds (`layer_profile.time_layer`)
         backward_records = recorder.records()
-        chain.zero_grad(set_to_none=True)
         forward_rounds, backward_rounds, function_rounds, module_rounds = [], [], [], []
         view_rounds, nograd_rounds, node_rounds = [], [], []
 
@@ -238,9 +251,11 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
             return views_s / HOST_OP_RUNS_PER_ROUND / max(view_ops, 1)
 
         for _ in range(HOST_OP_ROUNDS):
-            forward_s = backward_s = modules_s = functions_s = views_s = 0.0
+            forward_s = modules_s = functions_s = views_s = 0.0
+            backward_runs = []
             nograd_functions_s = 0.0
             for run in range(HOST_OP_RUNS_PER_ROUND):
+                clear()
                 span = NodeSpan(device, clock, sync)  # made first: its node runs after
                 start = clock()
                 forward()
@@ -251,7 +266,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
                 roots = [neighbour(), holder.pop("loss"), span.root]
                 span.arm(roots[1:2])
                 torch.autograd.backward(roots, [torch.ones_like(t) for t in roots])
-                backward_s += span.seconds()
+                backward_runs.append(span.seconds())
                 for timed in (through_modules, as_functions)[::1 if run % 2 else -1]:
                     start = clock()
                     timed()
@@ -276,7 +291,10 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
             node_rounds.append(max(0.0, functions_s - nograd_functions_s) / runs
                                / max(forward_nodes, 1))
             forward_rounds.append(forward_s / runs / max(forward_ops, 1))
-            backward_rounds.append(max(0.0, backward_s / runs - span_s) / max(backward_ops, 1))
+            # the round's median run, as the profile takes a layer's (a mean also took
+            # the runs a slow spell hit: ~5% more here, 2026-11-25)
+            backward_rounds.append(max(0.0, statistics.median(backward_runs) - span_s)
+                                   / max(backward_ops, 1))
             view_rounds.append(view_rounds_s(views_s))
             others_s = functions_s / runs - function_views * view_rounds[-1]
             function_rounds.append(max(0.0, others_s) / max(function_ops - function_views, 1))
