@@ -43,17 +43,18 @@ from dataclasses import dataclass
 
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
-from ir.layer import Layer, LayerGraph, TPStyle
+from ir.layer import Layer, LayerGraph
 from ir.lean_host import (LEAN_BACKWARD_PREFETCH, LEAN_RETAINS_REDUCE_INPUT, LeanLayer,
                           ring_scratch_bytes, takes_lean_path)
 from ir.legality import sequence_parallel_applies
 from ir.plan import ParallelPlan
 from ir.strategy import Checkpoint, LayerStrategy, Schedule
 
-from cost_models.activations import boundary_bytes, layer_activations, logits_bytes
+from cost_models.activations import boundary_bytes, layer_activations
 from cost_models.common import GiB, MiB, StepConfig, layer_configs
 from cost_models.memory_walk import (ChunkMemory, LayerMemory, OverLimit,  # noqa: F401
-                                     StageMemory, optimizer_step_temp_bytes, walk_rank)
+                                     StageMemory, model_output_bytes,
+                                     optimizer_step_temp_bytes, walk_rank)
 from cost_models.model_states import (FP32_BYTES, BytesPerParam, has_dp_unit,
                                       held_bytes_per_param, held_local_params,
                                       largest_param_tensor, layer_held_states, moment_shares,
@@ -398,10 +399,8 @@ def _pipeline_buffers(graph: LayerGraph, plan: ParallelPlan, chunk: list[int],
     m = plan.num_microbatches
     final = last == len(graph.layers) - 1
     if final:
-        head, strategy = graph.layers[last], plan.layer_strategies[last]
-        split = strategy.tp if strategy.tp > 1 and any(
-            c.style is TPStyle.HEAD for c in head.tp_candidates) else 1
-        held = logits_bytes(head, configs[last]) / split
+        held = model_output_bytes(graph.layers[last], plan.layer_strategies[last],
+                                  configs[last])
     else:
         held = _boundary(graph, plan, last, configs)
         saved_out = graph.layers[last].saved_output_bytes * configs[last].activation_scale

@@ -13,9 +13,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cost_models.activations import LayerActivations
+from cost_models.activations import LayerActivations, logits_bytes
 from cost_models.model_states import FP32_BYTES, OPTIMIZER_MOMENTS, ModelStates
 from cost_models.pipeline_ops import PassOp
+from ir.layer import Layer, TPStyle
+from ir.strategy import LayerStrategy
 
 # StageMemory rounds each of its five parts: peak_bytes is within 2.5 bytes of the sum.
 PARTS_ROUNDING_BYTES = 3
@@ -117,6 +119,15 @@ def optimizer_step_temp_bytes(layers: Sequence[LayerMemory], optimizer: str,
         return ADAM_FOREACH_TEMPORARIES * sum(l.fp32_moment_bytes for l in layers)
     biggest = max((l.largest_tensor_params for l in layers), default=0.0)
     return ADAM_SINGLE_TENSOR_TEMPORARIES * biggest * FP32_BYTES
+
+
+def model_output_bytes(head: Layer, strategy: LayerStrategy, config) -> float:
+    """Bytes of the model's output a final chunk holds per micro-batch
+    (`ChunkMemory.held_output_bytes`): the logits, vocabulary-split under loss-parallel
+    TP (0 for a layer that is no vocabulary head)."""
+    split = strategy.tp if strategy.tp > 1 and any(
+        c.style is TPStyle.HEAD for c in head.tp_candidates) else 1
+    return logits_bytes(head, config) / split
 
 
 # ---- one rank's step ---------------------------------------------------------------------

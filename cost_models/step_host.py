@@ -189,11 +189,13 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
     per pass the cold ops against `warm_before`, the mean over the passes (host time is
     linear in the count: the mean count prices the mean pass), forwards apart by whether
     a backward ran just before them (the step's first after the step before's last, a
-    backward). `spans`: (first, last) layer of each plan stage the rank runs (stage
+    backward) and, after a forward, whether that forward's last layer ran the same
+    forward ops (`Layer.same_code_before`: the trace's is the layer before in the model). `spans`: (first, last) layer of each plan stage the rank runs (stage
     chunk * pp + rank); the search passes one candidate stage (`planner.stage_host`)."""
     ops = rank_ops(schedule, pp, rank, m, v)
     lists = {stage: layers[a:b + 1] for stage, (a, b) in spans.items()}
-    forwards: dict[int, dict[bool, list[int]]] = {}  # first layer -> after backward -> counts
+    # first layer -> (after a backward, same code before) -> counts
+    forwards: dict[int, dict[tuple[bool, bool], list[int]]] = {}
     backwards: dict[int, list[int]] = {}  # last layer -> counts
     for i, op in enumerate(ops):
         first, last = spans[op.chunk * pp + rank]
@@ -201,7 +203,12 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
         names = layers[where].forward_overloads if op.forward else layers[where].backward_overloads
         count = len(names - warm_before(ops, i, lists, pp, rank)) if names else None
         if op.forward:  # ops[-1], before the step's first, is the step before's last backward
-            forwards.setdefault(where, {}).setdefault(not ops[i - 1].forward, []).append(count)
+            before = ops[i - 1]
+            # after a forward, the layer just before on the rank is that stage's last
+            # (`Layer.same_code_before`; after a backward it prices nothing)
+            same = (layers[where].same_code_before if not before.forward or not names else
+                    layers[spans[before.chunk * pp + rank][1]].forward_overloads == names)
+            forwards.setdefault(where, {}).setdefault((not before.forward, same), []).append(count)
         else:
             backwards.setdefault(where, []).append(count)
     out: dict[int, Placed] = {}
@@ -216,9 +223,9 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
             continue
         total = sum(len(counts) for counts in groups.values())
         out[j] = tuple((len(counts) / total, dataclasses.replace(
-            layer, forward_after_backward=after,
+            layer, forward_after_backward=after, same_code_before=same,
             cold_distinct_ops_fwd=_mean(counts, layer.cold_distinct_ops_fwd)))
-            for after, counts in sorted(groups.items()))
+            for (after, same), counts in sorted(groups.items()))
     return out
 
 

@@ -18,6 +18,14 @@ so peak - overhead >= sum_j (state_j + k x kept_j) + buffers with state = P + O 
 plan this bound rejects cannot fit by the walk; a plan it admits is walked before it is
 returned (`planner.search._solve_fitting`). What it leaves out (the cached stage outputs,
 every backward transient, the optimizer step) only makes it lower.
+
+Without a pipeline the walk often peaks in the last micro-batch's backward instead, when
+layer j runs its backward: the layers before j still hold what the forward left
+(`walk_floor_row`, k = 1), the layers behind j hold their stored gradients instead of
+their activations and working copies (`backward_floor_row`'s `after`), and layer j holds
+its backward's transients (its `during`); the final layer adds the model's output, held
+all backward (`memory_walk.model_output_bytes`). That sum is a floor at point j
+(`planner.point_floor`), one more lower bound on the same walk.
 """
 
 from __future__ import annotations
@@ -55,13 +63,50 @@ def walk_floor_row(layer: Layer, strategy: LayerStrategy, config: StepConfig,
         else layer.saved_input_bytes
     split = strategy.tp if sequence_parallel_applies(layer, strategy) else 1
     kept = max(0.0, mem.activations.kept_bytes - kept_input * config.activation_scale / split)
-    # ZeRO-1's uneven moment shares: the most loaded device holds at least the mean.
-    moments = (sum(mem.moment_shares) / len(mem.moment_shares) if mem.moment_shares
-               else mem.states.optimizer)
     copy = mem.working_param_bytes if mem.has_unit and not mem.reshard_after_forward else 0.0
-    # a unit keeps its gradient unreduced until the step's last backward
-    grads = (mem.reduce_bytes if mem.has_unit else mem.states.grads) if grads_held else 0.0
-    return mem.states.params + moments + copy + grads, kept
+    return mem.states.params + _moments(mem) + copy + _held_grads(mem, grads_held), kept
+
+
+def _moments(mem: LayerMemory) -> float:
+    """ZeRO-1's uneven moment shares: the most loaded device holds at least the mean."""
+    return (sum(mem.moment_shares) / len(mem.moment_shares) if mem.moment_shares
+            else mem.states.optimizer)
+
+
+def _held_grads(mem: LayerMemory, grads_held: bool) -> float:
+    """Gradients an earlier backward left: a unit keeps its own unreduced until the
+    step's last backward."""
+    return (mem.reduce_bytes if mem.has_unit else mem.states.grads) if grads_held else 0.0
+
+
+def backward_floor_row(layer: Layer, strategy: LayerStrategy, config: StepConfig,
+                       mem: LayerMemory, grads_held: bool) -> tuple[float, float]:
+    """(after, during) bytes of one layer on a rank without a pipeline, in the step's last
+    micro-batch (module docstring): once its backward is done (its unit reduced and
+    resharded, `memory_walk._backward`), and the least of it the walk holds at one look
+    of that backward or of its unit's reduction (`memory_walk._reduce_unit`)."""
+    _, kept = walk_floor_row(layer, strategy, config, mem, grads_held)
+    base = mem.states.params + _moments(mem)
+    held = _held_grads(mem, grads_held)
+    a = mem.activations
+    if mem.has_unit:  # gathered again for backward where it resharded after forward
+        gather = mem.working_param_bytes if mem.backward_gather_bytes is None \
+            else mem.backward_gather_bytes
+        copy = gather if mem.reshard_after_forward else max(gather, mem.working_param_bytes)
+        new_grad = mem.unsharded_grad_bytes
+    else:
+        copy, new_grad = 0.0, mem.states.grads
+    if a.backward_grad_share < 1:  # measured: its peak, then its end (kept freed)
+        look = max(kept + a.backward_grad_share * new_grad + a.recompute_bytes, new_grad)
+    else:
+        look = kept + new_grad + a.recompute_bytes
+    during = base + copy + held + look + a.grad_flow_bytes
+    if mem.has_unit:  # its reduction: unreduced gradient, its shard, copy-in, scratch
+        copy_in = mem.reduce_bytes if mem.reduce_input_bytes is None else mem.reduce_input_bytes
+        reduce = (base + (held or mem.unsharded_grad_bytes) + mem.states.grads + copy_in
+                  + mem.reduce_scratch_bytes + a.grad_flow_bytes)
+        during = max(during, reduce)
+    return base + mem.states.grads, during
 
 
 @dataclass(frozen=True)

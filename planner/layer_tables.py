@@ -24,16 +24,18 @@ from cost_models.estimate import boundary_send_s, exposed, overlap_efficiency, r
 from cost_models.memory import (DP_BUCKET_BYTES, DP_BUCKETS_IN_FLIGHT, ZERO3_UNITS_IN_FLIGHT,
                                 LayerMemory, held_through_step, layer_memory)
 from cost_models.model_states import bytes_per_param
-from cost_models.walk_floor import (PipelineBuffersFloor, forward_after_backward,
-                                    walk_floor_row)
+from cost_models.memory_walk import model_output_bytes
+from cost_models.walk_floor import (PipelineBuffersFloor, backward_floor_row,
+                                    forward_after_backward, walk_floor_row)
 from ir.cluster import ClusterSpec
 from ir.layer import LayerGraph
 from planner.search_space import (OuterCandidate, SearchOptions, layer_strategies,
                                   model_tp_degrees)
 
 INF = math.inf
-# Figures per priced row: t(i, s), the program's three memory figures, the walk's floor's two.
-ROW_FIGURES = 6
+# Figures per priced row: t(i, s), the program's three memory figures, the walk's floor's
+# two, and, without a pipeline, its floor's after / during a backward and the model output.
+ROW_FIGURES = 9
 
 
 @dataclass
@@ -49,6 +51,12 @@ class LayerTable:
     # state and kept bytes as a lower bound on the walk (`cost_models.walk_floor`)
     floor_state_bytes: np.ndarray
     floor_kept_bytes: np.ndarray
+    # without a pipeline (else 0): the walk's floor once the layer's backward is done,
+    # while it runs, and the model output it holds where it ends the model
+    # (`walk_floor.backward_floor_row`, `planner.point_floor`)
+    after_bytes: np.ndarray
+    during_bytes: np.ndarray
+    output_bytes: np.ndarray
 
     def memory(self, floor: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(state, kept, transient) bytes: the program's sums, or the walk's floor (which
@@ -132,7 +140,7 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
             layout = np.array([layouts.setdefault((s.tp, s.sequence_parallel), len(layouts))
                                for s in strategies], dtype=np.int64)
             table = shared[key] = LayerTable(strategies, rows[:, 0], rows[:, 1], rows[:, 2],
-                                             rows[:, 3], layout, rows[:, 4], rows[:, 5])
+                                             rows[:, 3], layout, *rows[:, 4:].T)
         tables.append(table)
     order = sorted(layouts, key=layouts.get)
     return tables, order
@@ -150,9 +158,10 @@ def row_config(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: Searc
 def _price(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOptions,
            cand: OuterCandidate, micro_batch: int, profile, per_param: float,
            overlap: float, model: nn.Module | None) -> tuple[float, ...]:
-    """(t(i, s), state bytes, kept bytes, transient bytes, and the walk's floor's state
-    and kept bytes) of one layer and strategy; its memory as the executor runs `model`
-    (`common.layer_lean`: the lean host path)."""
+    """(t(i, s), state bytes, kept bytes, transient bytes, the walk's floor's state and
+    kept bytes, and without a pipeline its after / during bytes and the model output) of
+    one layer and strategy; its memory as the executor runs `model` (`common.layer_lean`:
+    the lean host path)."""
     config = row_config(graph, layer, s, cluster, options, micro_batch, model)
     c = layer_compute(layer, s, cluster, config, profile)
     comm = layer_comm(layer, s, cluster, config, per_param)
@@ -169,9 +178,11 @@ def _price(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOpt
                                   pipelined=cand.pp > 1))
     transient = (mem.activations.recompute_bytes + mem.activations.grad_flow_bytes
                  + gathered_in_flight_bytes(mem) + mem.unsharded_grad_bytes)
-    floor = walk_floor_row(layer, s, config, mem, forward_after_backward(
-        cand.schedule, cand.pp, cand.num_microbatches))
-    return (t, states, mem.activations.kept_bytes, transient, *floor)
+    held = forward_after_backward(cand.schedule, cand.pp, cand.num_microbatches)
+    floor = walk_floor_row(layer, s, config, mem, held)
+    point = ((*backward_floor_row(layer, s, config, mem, held),
+              model_output_bytes(layer, s, config)) if cand.pp == 1 else (0.0, 0.0, 0.0))
+    return (t, states, mem.activations.kept_bytes, transient, *floor, *point)
 
 
 def gathered_in_flight_bytes(mem: LayerMemory) -> float:
@@ -320,7 +331,8 @@ def select(t: LayerTable, idx: list[int]) -> LayerTable | None:
     ix = np.array(idx, dtype=np.int64)
     return LayerTable([t.strategies[i] for i in idx], t.time_s[ix], t.state_bytes[ix],
                       t.kept_bytes[ix], t.transient_bytes[ix], t.layout[ix],
-                      t.floor_state_bytes[ix], t.floor_kept_bytes[ix])
+                      t.floor_state_bytes[ix], t.floor_kept_bytes[ix], t.after_bytes[ix],
+                      t.during_bytes[ix], t.output_bytes[ix])
 
 
 def restrict(tables: list[LayerTable], keep) -> list[LayerTable] | None:

@@ -102,6 +102,7 @@ from planner.layer_tables import (LayerTable, buffers_floor, crossing_bytes,
 from planner.lower_bound import LOWER_BOUND_SLACK, _lower_bound, bound_budget_bytes
 from planner.interleaved import interleaved
 from planner.partition import partition
+from planner.point_floor import next_point, point_floor_bytes, point_tables
 from planner.search_space import OuterCandidate, SearchOptions, outer_candidates
 from planner.search_stats import SearchStats
 from planner.stage_host import StageHost, bound_shift_s, stage_host, tied_variants
@@ -178,6 +179,18 @@ FRONT_PLANS = 4
 # Re-solves of one candidate with a lowered budget when the full memory model rejects the
 # DP's plan (each round lowers it by the excess it saw).
 FIT_ROUNDS = 4
+# Rounds more for a candidate without a pipeline, before any lowered budget: solves at
+# the floors of a backward (`planner.point_floor`), and of one in twice the buckets where
+# the program's rounding down alone admitted the plan, while layers x buckets stays
+# within POINT_BUCKET_CELLS (a solve costs about that: 3 layers reach 8192 buckets from
+# 32, 99 layers 256 from 128).
+POINT_ROUNDS = 12
+POINT_BUCKET_CELLS = 2 ** 15
+# Each layer rounds down by up to a bucket, so the finest solve admits plans over the
+# budget by up to layers^2 / POINT_BUCKET_CELLS of it: the rounds run where that is at
+# most this share (32 layers). Beyond, they find plans the walk rejects again (gpt3-175b
+# without a pipeline, 99 layers: 11 rounds, none fitting; 2026-11-25).
+POINT_SLACK_SHARE = 1 / 32
 
 
 def _solve_fitting(graph, cluster, cand, tables, layouts, options, global_batch, trans_cache,
@@ -187,13 +200,21 @@ def _solve_fitting(graph, cluster, cand, tables, layouts, options, global_batch,
     budget lowered by the excess, at most FIT_ROUNDS times, and never return it. 1F1B and
     GPipe add up the walk's floors (`cost_models.walk_floor`), which admit every plan that
     fits: the first round's plan, where it fits, is the candidate's best, and where the
-    first round finds none, none fits. Interleaved schedules add up the program's sums.
+    first round finds none, none fits. Without a pipeline the walk often peaks in backward:
+    a plan the forward's floor admits but the walk rejects is solved again at a floor of
+    that backward which rejects it (`planner.point_floor`), as exact; only where none
+    does is the budget lowered, which may pass a fitting plan over. Interleaved
+    schedules add up the program's sums.
     The walk prices the executor's path for `model` (`common.model_layer_configs`)."""
-    limit = memory_budget_bytes(cluster, options) + cluster.runtime_overhead_bytes
+    budget = memory_budget_bytes(cluster, options)
+    limit = budget + cluster.runtime_overhead_bytes
     floor = cand.virtual_stages == 1
-    shrink = 0.0
-    for _ in range(FIT_ROUNDS):
-        result = _solve(graph, cluster, cand, tables, layouts, options, global_batch,
+    # without a pipeline: the floors at a backward first (`planner.point_floor`)
+    points = POINT_ROUNDS if floor and cand.pp == 1 and (
+        len(tables) ** 2 <= POINT_BUCKET_CELLS * POINT_SLACK_SHARE) else 0
+    shrink, solved, solve_options, tried, j = 0.0, tables, options, set(), None
+    for round_ in range(points + FIT_ROUNDS):
+        result = _solve(graph, cluster, cand, solved, layouts, solve_options, global_batch,
                         trans_cache, stats, incumbent, shrink, host, floor)
         if result is None:
             return None
@@ -202,6 +223,22 @@ def _solve_fitting(graph, cluster, cand, tables, layouts, options, global_batch,
         if memory.fits and memory.peak_bytes <= limit:
             return result
         stats.refits += 1
+        if round_ + 1 < points:
+            strategies = list(result[1].layer_strategies)
+            finer = 2 * solve_options.memory_buckets * len(tables) <= POINT_BUCKET_CELLS
+            if finer and j is not None and point_floor_bytes(tables, strategies, j) > budget:
+                # admitted by rounding each layer down: the same floor in finer buckets
+                solve_options = dataclasses.replace(
+                    solve_options, memory_buckets=2 * solve_options.memory_buckets)
+                continue
+            j = next_point(tables, strategies, budget, tried)
+            if j is not None:  # a floor that rejects this plan and admits every one that fits
+                tried.add(j)
+                solved = point_tables(tables, j)
+                continue
+            points = 0
+        # none: lower the forward's floor's budget by the excess (may pass one over)
+        solved, solve_options = tables, options
         shrink += max(memory.peak_bytes - limit, 1)  # 1: the host wall's, not the device's
     return None
 

@@ -123,6 +123,42 @@ def test_a_stage_entry_counts_its_cold_ops_against_what_its_rank_ran_before():
     assert moved == pytest.approx([1.0 * cold_s, (0.0 + 1.0) * cold_s])
 
 
+def test_a_stage_entry_after_a_forward_of_other_code_is_priced_as_a_cold_entry():
+    """A stage's first layer keeps the trace's `same_code_before` (the layer before it in
+    the model) only where its rank ran that code just before. gpt-tiny on 3 GPipe ranks,
+    stages [embed, blocks.0], [blocks.1, blocks.2], [blocks.3, norm, head]: blocks.3 was
+    traced after blocks.2 (same code), but 3 of its 4 forwards run right after the head's
+    forward (GPipe's F F F F) and so pay the cold entry read at its `after_ops`, not the
+    same-code one (the trace's count kept it at 1.4 us where the kit read 10: a forward
+    under-priced by 8.6 us); blocks.1's follow blocks.2's, the same code."""
+    from cost_models.host_dispatch import cold_entry_seconds
+    from ir.kernel_points import ColdEntryPoint
+    from planner.models import load_layer_graph
+
+    graph = load_layer_graph("gpt-tiny", micro_batch=1, seq_len=32, dtype=torch.float32)
+    names = [l.name for l in graph.layers]
+    first_block, last_block = names.index("blocks.1"), names.index("blocks.3")
+    assert graph.layers[first_block].same_code_before and graph.layers[last_block].same_code_before
+    plan = uniform_plan(len(names), pp=3, micro_batch=1, global_batch=4, schedule=Schedule.GPIPE,
+                        stage_boundaries=(first_block, last_block), precision=Precision.FP32)
+    placed = placed_layers(graph, plan)
+
+    def after_forward(j):
+        return [(share, l.same_code_before) for share, l in placed[j]
+                if not l.forward_after_backward]
+    assert after_forward(last_block) == [(0.75, False)]  # after the head's forward
+    assert after_forward(first_block) == [(0.75, True)]  # after blocks.2's
+
+    entry_s, same_code_s = 10e-6, 1.4e-6
+    cal = KernelCalibration(measured_on="test", cold_entry_same_code_host_s=same_code_s,
+                            cold_entry_points=(ColdEntryPoint(0, False, entry_s, 0.0),
+                                               ColdEntryPoint(0, True, entry_s, 0.0)))
+    layer = next(l for share, l in placed[last_block] if not l.forward_after_backward)
+    assert layer.cold_distinct_ops_fwd == 0
+    assert cold_entry_seconds(layer, cal) == pytest.approx(entry_s)
+    assert cold_entry_seconds(graph.layers[last_block], cal) == pytest.approx(same_code_s)
+
+
 def test_warm_ops_reach_back_over_small_passes_but_not_over_the_optimizer_step():
     """Rank 0 of pp 2, two chunks: chunk 0 (stage 0) one layer of ops {a, b} forward and
     {ga} backward, chunk 1 (stage 2) one of {c} and {gc}. Passes F0.0, F1.0, B1.0, B0.0:
