@@ -89,12 +89,12 @@ def warm_step_entry_seconds(layer: Layer, cal) -> float:
     """What a forward pays for starting after other code in a step whose ops all stay in
     the caches (`Layer.step_warm`): none after the same code (`same_code_before`); else
     the entry and cold ops at the kit's least work, a small layer's forward and backward
-    with nothing after (the after-backward `ColdEntryPoint` at the fewest ops: no block's
-    forward, which evicts more than such a step runs). Live, the profile's order less the
-    same with the layer run once more just before (mlp-small, micro-batch 1/4/16, five
-    interleaved rounds each, load 2.6-8, 2026-11-25): the first block 4.4/6.6/5.9 us, the
-    head 4.1/4.9/5.4, blocks.2 (same code) 0.6/0.4/1.0; the kit's point read 3.4 + 2 x
-    1.6. Kits without points: none, as they priced."""
+    alone before the layer (the after-backward `ColdEntryPoint` at the fewest ops: the
+    others add a block's forward, which evicts more than such a step runs). Live, the
+    profile's order less the same with the layer run once more just before (mlp-small,
+    micro-batch 1/4/16, five interleaved rounds each, load 6.5-8.5, 2026-11-25): the
+    first block 4.4/6.6/5.9 us, the head 4.1/4.9/5.4, blocks.2 (same code) 0.6/0.4/1.0;
+    the kit's point read 3.4 + 2 x 1.6. Kits without points: none, as they priced."""
     if layer.same_code_before:
         return 0.0
     points = [p for p in cal.cold_entry_points if p.after_backward]
