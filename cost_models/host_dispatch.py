@@ -78,7 +78,8 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     host_s += layer.ops_fwd * in_sequence_extra_per_op_s(
         cal.in_sequence_op_host_s, cal.in_sequence_knee_distinct_ops, layer.distinct_ops_fwd)
     # a whole step's ops stay in the caches (ir.op_count.step_evicts): the least work's
-    # entry; kits before the entry probe price as they did (either entry figure says it ran: one fit may clamp to 0)
+    # entry; kits before the entry probe price as they did (either entry figure says it
+    # ran: one fit may clamp to 0)
     entry_probed = cal.cold_entry_host_s > 0 or cal.cold_entry_after_backward_host_s > 0
     if layer.step_warm and entry_probed:
         return host_s + warm_step_entry_seconds(layer, cal)
