@@ -6,7 +6,7 @@ and F.embedding_bag's Python per forward `_embedding_bag` call (the kit's
 tables). A result whose spec carries the excess was priced with both (B); an older one
 with neither (A), its excess then `--bag-us`. Backward rows read neither term.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/bench_small_forward_ab.py [--bag-us 2.9] RESULT.json [...]
+    PYTHONPATH=$PWD .venv/bin/python bench/bench_small_forward_ab.py [--bag-us US] RESULT.json...
 
 Prints per result the forward rows over 15% under A and B, and each repriced row.
 Read here (2026-11-25): the lead's two quiet runs (load 0.6-0.8) at --bag-us 2.88 (the
