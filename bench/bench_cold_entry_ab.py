@@ -31,7 +31,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from cost_models.host_dispatch import cold_entry_seconds  # noqa: E402
+from cost_models.host_dispatch import cold_entry_seconds, warm_step_entry_seconds  # noqa: E402
 from ir.kernel_calibration import KernelCalibration  # noqa: E402
 from ir.kernel_points import ColdEntryPoint  # noqa: E402
 from planner.fmt import table  # noqa: E402
@@ -62,8 +62,8 @@ def repriced(path: str, graphs: dict) -> dict:
         if key not in graphs:
             graphs[key] = traced_graph(*key)[0]
         layer = next(l for l in graphs[key].layers if l.name == row["layer"])
-        if layer.step_warm:
-            entry_a = entry_b = 0.0
+        if layer.step_warm:  # A priced none; B the least work's (warm_step_entry_seconds)
+            entry_a, entry_b = 0.0, warm_step_entry_seconds(layer, b)
         else:
             entry_a, entry_b = cold_entry_seconds(layer, a), cold_entry_seconds(layer, b)
         # the result priced under its own rule: B where its spec has the small figures

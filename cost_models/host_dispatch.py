@@ -45,9 +45,9 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     them); where it measured
     the entry probe, what the layer pays for starting after the step's other work
     (`cold_entry_seconds`: an entry + the distinct ops the layers before did not run x
-    a slope, by the work between; every figure above is a warm run's); none where a
-    whole step's ops stay in the caches
-    (`Layer.step_warm`). A kit without parts: ops
+    a slope, by the work between; every figure above is a warm run's); where a whole
+    step's ops stay in the caches (`Layer.step_warm`), the least work's
+    (`warm_step_entry_seconds`). A kit without parts: ops
     x `host_op_seconds`. (Pricing ops per Python-level call and per op inside a C++
     composite instead missed more layers: bench/bench_host_ab.py, 2026-11-25.)"""
     cal = cluster.kernel_calibration
@@ -77,12 +77,32 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     # In sequence (cost_models.sequence_probes.in_sequence_cost): distinct ops beyond the knee
     host_s += layer.ops_fwd * in_sequence_extra_per_op_s(
         cal.in_sequence_op_host_s, cal.in_sequence_knee_distinct_ops, layer.distinct_ops_fwd)
-    # a whole step's ops stay in the caches (ir.op_count.step_evicts); kits before the entry
-    # probe price as they did (either entry figure says it ran: one fit may clamp to 0)
+    # a whole step's ops stay in the caches (ir.op_count.step_evicts): the least work's
+    # entry; kits before the entry probe price as they did (either entry figure says it
+    # ran: one fit may clamp to 0)
     entry_probed = cal.cold_entry_host_s > 0 or cal.cold_entry_after_backward_host_s > 0
     if layer.step_warm and entry_probed:
-        return host_s
+        return host_s + warm_step_entry_seconds(layer, cal)
     return host_s + cold_entry_seconds(layer, cal)
+
+
+def warm_step_entry_seconds(layer: Layer, cal) -> float:
+    """What a forward pays for starting after other code in a step whose ops all stay in
+    the caches (`Layer.step_warm`): none after the same code (`same_code_before`); else
+    the entry and cold ops at the kit's least work, a small layer's forward and backward
+    alone before the layer (the after-backward `ColdEntryPoint` at the fewest ops: the
+    others add a block's forward, which evicts more than such a step runs). Live, the
+    profile's order less the same with the layer run once more just before (mlp-small,
+    micro-batch 1/4/16, five interleaved rounds each, load 6.5-8.5, 2026-11-25): the
+    first block 4.4/6.6/5.9 us, the head 4.1/4.9/5.4, blocks.2 (same code) 0.6/0.4/1.0;
+    the kit's point read 3.4 + 2 x 1.6. Kits without points: none, as they priced."""
+    if layer.same_code_before:
+        return 0.0
+    points = [p for p in cal.cold_entry_points if p.after_backward]
+    if not points:
+        return 0.0
+    least = min(points, key=lambda p: p.after_ops)
+    return least.entry_s + layer.cold_distinct_ops_fwd * least.op_s
 
 
 def cold_entry_seconds(layer: Layer, cal) -> float:

@@ -169,6 +169,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
     from cost_models.host_excess import (internal_dispatch_seconds, plain_dispatch_seconds,
                                          python_node_seconds, records_excess_seconds)
+    from cost_models.item_probes import probe_embedding_bag_python_s
     from ir.kernel_recorder import KernelRecorder
     from ir.kernel_records import KernelKind
     from ir.op_count import OpCounter, autograd_nodes, count_ops
@@ -321,7 +322,9 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
                   - records_excess_seconds(backward_records, lambda op: plain.excess_s.get(op, 0.0)))
         parts = dict(backward_view_op_s=internal.view_s, backward_nonview_op_s=internal.op_s,
                      backward_node_s=max(0.0, rest_s) / nodes,
-                     excess_s=tuple(sorted(plain.excess_s.items())),
+                     # + F.embedding_bag's Python, per forward _embedding_bag call
+                     excess_s=tuple(sorted({**plain.excess_s, "aten::_embedding_bag":
+                                            probe_embedding_bag_python_s(device)}.items())),
                      python_node_s=python_node_seconds(device),
                      function_nograd_op_s=max(0.0, statistics.median(nograd_rounds)
                                               - chain_excess_s),

@@ -1,12 +1,13 @@
 """Probes of kernels whose cost counts items, not bytes (run by `planner profile-device`,
 `cost_models.profile_device`): an embedding's forward (per call and per index) and its
 backward's scatter-add (per index), an embedding bag's forward and backward (per call and
-per index) and a dropout mask's draw (per element).
+per index), F.embedding_bag's Python per call and a dropout mask's draw (per element).
 
     probe_embedding_forward("cpu", "float32")    # EmbeddingForwardCost # doctest: +SKIP
     probe_embedding_backward("cpu", "float32")   # seconds per index   # doctest: +SKIP
     probe_embedding_bag("cpu", "float32", 2e-6)   # EmbeddingBagCost   # doctest: +SKIP
     probe_random_element_s("cpu")                 # seconds per element # doctest: +SKIP
+    probe_embedding_bag_python_s("cpu")           # seconds per call    # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -189,3 +190,49 @@ def probe_embedding_bag(device: str, dtype: str, dispatch_s: float) -> Embedding
     one_bag_s = seconds_per_call(lambda i: aten._embedding_bag(*one_bag), device)
     return EmbeddingBagCost(*line(forward_s), *line(backward_s),
                             max(0.0, forward_s[0] - one_bag_s))
+
+
+# F.embedding_bag's Python (its argument checks and the 2-D ids' handling, written in
+# Python), which no op count sees: 2-D ids of EMBEDDING_BAG_PROBE_LOOKUPS per bag, as
+# nn.EmbeddingBag calls it in DLRM, timed with its ATen calls made alike from Python,
+# EMBEDDING_BAG_PYTHON_ROUNDS rounds of EMBEDDING_BAG_PYTHON_CALLS calls each. Measured
+# here (one thread, thread clock, grad on, 2026-11-25, load 4): F.embedding_bag 15.9 us =
+# torch.embedding_bag 8.6 + the offsets' arange 2.2 + the ids' reshape 1.8 + 3.3.
+EMBEDDING_BAG_PYTHON_ROUNDS, EMBEDDING_BAG_PYTHON_CALLS = 9, 200
+
+
+def probe_embedding_bag_python_s(device: str) -> float:
+    """Host seconds per `F.embedding_bag` call (2-D ids, sum, grad on) beyond its ATen
+    calls made from Python (`torch.embedding_bag` on the flat ids and offsets, the offsets'
+    `torch.arange`, the ids' `reshape`), which the layer's ops price: the median over
+    rounds, each timing all four in turn on the probe clock, >= 0. Charged per forward
+    `_embedding_bag` call as its excess (`KernelCalibration.host_excess_s`)."""
+    import torch
+    import torch.nn.functional as F
+
+    from cost_models.host_probes import probe_clock
+
+    clock = probe_clock(device)
+    weight = torch.randn(EMBEDDING_BAG_PROBE_ROWS, EMBEDDING_BAG_PROBE_DIM, device=device,
+                         requires_grad=True)
+    few = EMBEDDING_BAG_PROBE_INDICES[0]
+    ids = torch.randint(0, EMBEDDING_BAG_PROBE_ROWS, (few // EMBEDDING_BAG_PROBE_LOOKUPS,
+                                                      EMBEDDING_BAG_PROBE_LOOKUPS), device=device)
+    flat = ids.reshape(-1)
+    offsets = torch.arange(0, few, EMBEDDING_BAG_PROBE_LOOKUPS, device=device)
+    calls = (lambda: F.embedding_bag(ids, weight, mode="sum"),
+             lambda: torch.embedding_bag(weight, flat, offsets, False, 0),
+             lambda: torch.arange(0, ids.numel(), ids.size(1), dtype=ids.dtype,
+                                  device=ids.device),
+             lambda: ids.reshape(-1))
+    rounds = []
+    for _ in range(EMBEDDING_BAG_PYTHON_ROUNDS):
+        per_call = []
+        for call in calls:
+            call()  # its code warm, as the round's other calls left it
+            start = clock()
+            for _ in range(EMBEDDING_BAG_PYTHON_CALLS):
+                call()
+            per_call.append((clock() - start) / EMBEDDING_BAG_PYTHON_CALLS)
+        rounds.append(per_call[0] - sum(per_call[1:]))
+    return max(0.0, statistics.median(rounds))

@@ -126,7 +126,8 @@ def step_evicts(forward_ops: list[frozenset[str]], backward_ops: list[frozenset[
     a cache holds (COLD_WINDOW_DISTINCT_OPS): then each layer's forward starts with its code
     and objects out of the caches; else the whole step stays warm (`Layer.step_warm`:
     mlp-small, 12 distinct ops, whose layers' forwards ran within 3 us of right after
-    themselves: bench/bench_small_layers.py, 2026-11-25)."""
+    themselves: bench/bench_small_layers.py, 2026-11-25; its first layer and head still
+    pay an entry, `cost_models.host_dispatch.warm_step_entry_seconds`)."""
     return len(frozenset().union(*forward_ops, *backward_ops)) > COLD_WINDOW_DISTINCT_OPS
 
 

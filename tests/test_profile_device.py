@@ -116,7 +116,9 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     # every listed op (exact GELU's backward: microseconds on any CPU; the others >= 0).
     assert 0 < cal.backward_view_host_op_s < 1e-3 and 0 < cal.backward_nonview_host_op_s < 1e-3
     assert 0 <= cal.backward_node_host_s < 1e-3
-    assert {p.op for p in cal.host_op_excess} == set(HOST_EXCESS_OPS)
+    # + F.embedding_bag's Python per forward _embedding_bag (item_probes), microseconds
+    assert {p.op for p in cal.host_op_excess} == {*HOST_EXCESS_OPS, "aten::_embedding_bag"}
+    assert 0 <= cal.host_excess_s("aten::_embedding_bag") < 1e-3
     assert 0 < cal.host_excess_s("aten::gelu_backward") < 1e-3
 
 
@@ -327,6 +329,25 @@ def test_embedding_bag_probe_is_a_line_through_two_id_counts(monkeypatch):
     assert cost.backward_call_s == pytest.approx(max(12e-6 - 8 * bwd_slope - 2e-6,
                                                      conv_probes.MIN_DEVICE_SHARE * 12e-6))
     assert cost.multi_bag_s == pytest.approx(1.5e-6)
+
+
+def test_embedding_bag_python_probe_is_the_functional_less_its_aten_calls(monkeypatch):
+    """`probe_embedding_bag_python_s`: per round, F.embedding_bag's seconds per call less
+    those of torch.embedding_bag, the offsets' arange and the ids' reshape, the median
+    over rounds: made-up 16, 8.6, 2.2 and 1.8 us per call give 3.4 us; calls cheaper
+    than their parts give 0, not a negative price."""
+    from cost_models import host_probes, item_probes
+
+    def clock_reading(per_call_us):
+        ticks = iter(t for _ in range(item_probes.EMBEDDING_BAG_PYTHON_ROUNDS)
+                     for us in per_call_us
+                     for t in (0.0, us * 1e-6 * item_probes.EMBEDDING_BAG_PYTHON_CALLS))
+        return lambda device: (lambda: next(ticks))
+
+    monkeypatch.setattr(host_probes, "probe_clock", clock_reading((16, 8.6, 2.2, 1.8)))
+    assert item_probes.probe_embedding_bag_python_s("cpu") == pytest.approx(3.4e-6)
+    monkeypatch.setattr(host_probes, "probe_clock", clock_reading((10, 8.6, 2.2, 1.8)))
+    assert item_probes.probe_embedding_bag_python_s("cpu") == 0.0
 
 
 def test_cpu_conv_grid_measures_the_zoo_convolutions_exactly():
