@@ -2,10 +2,9 @@
 spawned (CPU processes: wall-clock figures hold the ranks' sharing of the cores, the DP
 unit's CPU time does not), and per pass on one process (`host_op_seconds_by_pass`).
 
-  op_overhead_s / backward_op_overhead_s   seconds per ATen op in forward (Python
-                            modules dispatch each op) and in backward (autograd's C++
-                            engine dispatches them), timed apart on one thread, and
-                            each in parts for the device kit (`HostOpCost`);
+  op_overhead_s / backward_op_overhead_s   seconds per ATen op in forward (Python) and
+                            backward (autograd's C++ engine), timed apart on one thread,
+                            in parts for the device kit (`HostOpCost`);
 
   dtensor_op_overhead_s     extra seconds per op on replicated DTensors (rank 0 alone);
   dp_unit_seconds           seconds a data-parallel unit (DDP-style replicate, FSDP2)
@@ -169,7 +168,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
     from cost_models.host_excess import (internal_dispatch_seconds, plain_dispatch_seconds,
                                          python_node_seconds, records_excess_seconds)
-    from cost_models.item_probes import probe_embedding_bag_python_s
+    from cost_models.item_probes import bag_python_excess
     from ir.kernel_recorder import KernelRecorder
     from ir.kernel_records import KernelKind
     from ir.op_count import OpCounter, autograd_nodes, count_ops
@@ -322,9 +321,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
                   - records_excess_seconds(backward_records, lambda op: plain.excess_s.get(op, 0.0)))
         parts = dict(backward_view_op_s=internal.view_s, backward_nonview_op_s=internal.op_s,
                      backward_node_s=max(0.0, rest_s) / nodes,
-                     # + F.embedding_bag's Python, per forward _embedding_bag call
-                     excess_s=tuple(sorted({**plain.excess_s, "aten::_embedding_bag":
-                                            probe_embedding_bag_python_s(device)}.items())),
+                     excess_s=tuple(sorted({**plain.excess_s, **bag_python_excess(device)}.items())),
                      python_node_s=python_node_seconds(device),
                      function_nograd_op_s=max(0.0, statistics.median(nograd_rounds)
                                               - chain_excess_s),

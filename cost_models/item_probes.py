@@ -201,6 +201,11 @@ def probe_embedding_bag(device: str, dtype: str, dispatch_s: float) -> Embedding
 EMBEDDING_BAG_PYTHON_ROUNDS, EMBEDDING_BAG_PYTHON_CALLS = 9, 200
 
 
+def bag_python_excess(device: str) -> dict[str, float]:
+    """The forward host excess `F.embedding_bag`'s Python adds, keyed by the op it calls."""
+    return {"aten::_embedding_bag": probe_embedding_bag_python_s(device)}
+
+
 def probe_embedding_bag_python_s(device: str) -> float:
     """Host seconds per `F.embedding_bag` call (2-D ids, sum, grad on) beyond its ATen
     calls made from Python (`torch.embedding_bag` on the flat ids and offsets, the offsets'
