@@ -31,6 +31,7 @@ from ir.legality import sequence_parallel_applies
 from ir.strategy import Checkpoint, DPMode, LayerStrategy
 from ir.tp_recompute import TP_REDUCING_STYLES  # Megatron's g (Shoeybi et al. 2019, sec. 3)
 
+from cost_models.activations import grad_input_bytes
 from cost_models.common import GB, StepConfig
 from cost_models.model_states import BytesPerParam, has_dp_unit, tp_local_params
 from cost_models.offload import d2h_seconds, h2d_seconds
@@ -227,8 +228,10 @@ def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     # cross-entropy all-reduces per-token scalars in forward (latency-bound: no bytes).
     forward += heads * LOSS_PARALLEL_ALL_REDUCES * blocking_s("all_reduce", 0, tp, cluster,
                                                               dtensor=True)
-    backward += input_grad_reductions(layer, TPStyle.HEAD) * blocking_s("all_reduce", layer.input_bytes * config.activation_scale,
-                                   tp, cluster, dtensor=True)
+    # Only the inputs that get a gradient: the hidden states, not the integer labels.
+    backward += input_grad_reductions(layer, TPStyle.HEAD) * blocking_s(
+        "all_reduce", grad_input_bytes(layer) * config.activation_scale, tp, cluster,
+        dtensor=True)
     if strategy.checkpoint is Checkpoint.FULL:  # the recompute's own (ir.tp_recompute)
         again = layer.rowwise_before_last_save_fwd
         if again is None:  # not counted (an untraced layer): every forward one again
