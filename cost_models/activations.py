@@ -185,15 +185,24 @@ def grad_input_bytes(layer: Layer) -> int:
     return layer.input_bytes - layer.gradless_input_bytes
 
 
+def sp_gathered_modules(layer: Layer) -> dict[str, tuple[str, ...]]:
+    """The modules whose input SP all-gathers, each with its column-parallel linears: the
+    parent of each (the executor's `_gather_sequence_hook` on the attention and MLP
+    modules)."""
+    parents: dict[str, tuple[str, ...]] = {}
+    for c in layer.tp_candidates:
+        if c.style is TPStyle.COLWISE:
+            parent = c.module.rsplit(".", 1)[0] if "." in c.module else ""
+            parents[parent] = parents.get(parent, ()) + (c.module,)
+    return parents
+
+
 def sp_gathered_input_bytes(layer: Layer, config: StepConfig) -> float:
-    """Full-sequence bytes of the inputs DTensor all-gathers under SP, one per module
-    holding column-parallel linears (the executor's `_gather_sequence_hook` on the
-    attention and MLP modules; the linears save the gathered Replicate tensor for their
-    weight gradients). Each is a residual-stream tensor, the layer's output shape:
+    """Full-sequence bytes of the inputs DTensor all-gathers under SP, one per gathered
+    module (`sp_gathered_modules`; the linears save the gathered Replicate tensor for
+    their weight gradients). Each is a residual-stream tensor, the layer's output shape:
     Korthikanti et al. 2022's QKV and first-MLP-linear inputs (2sbh each)."""
-    colwise = [c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE]
-    parents = {m.rsplit(".", 1)[0] if "." in m else "" for m in colwise}
-    return len(parents) * layer.output_bytes * config.activation_scale
+    return len(sp_gathered_modules(layer)) * layer.output_bytes * config.activation_scale
 
 
 def layer_activations(layer: Layer, strategy: LayerStrategy,

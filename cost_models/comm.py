@@ -31,6 +31,7 @@ from ir.legality import sequence_parallel_applies
 from ir.strategy import Checkpoint, DPMode, LayerStrategy
 from ir.tp_recompute import TP_REDUCING_STYLES  # Megatron's g (Shoeybi et al. 2019, sec. 3)
 
+from cost_models.activations import grad_input_bytes, sp_gathered_modules
 from cost_models.common import GB, StepConfig
 from cost_models.model_states import BytesPerParam, has_dp_unit, tp_local_params
 from cost_models.offload import d2h_seconds, h2d_seconds
@@ -200,13 +201,15 @@ def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     plans). Forward: one all-reduce per row-parallel (or vocab) module (Shoeybi et al.
     2019). Backward: one all-reduce per column-parallel module's input gradient (none for
     an input that is the model's data: `input_grad_reductions`): DTensor reduces q, k and
-    v (gate and up) separately where Megatron fuses them into the block's one. With sequence parallelism each forward all-reduce becomes an all-gather plus a
-    reduce-scatter and so does the backward of each module group, which gathers its
-    input once (Korthikanti et al. 2022, sec. 4.2.2). A full recompute issues again
-    the gathers and the reductions the forward saved something after (early stop:
-    `ir.tp_recompute`). Each pays the wait measured in
-    DTensor's form (`blocking_s(..., dtensor=True)`). Returns (forward_s, backward_s)
-    for one micro-batch."""
+    v (gate and up) separately where Megatron fuses them into the block's one. With
+    sequence parallelism each forward all-reduce becomes an all-gather plus a
+    reduce-scatter; backward all-gathers each reduce-scattered output's gradient and
+    reduce-scatters each gathered input's gradient, where it has one
+    (`sp_input_grad_reductions`; Korthikanti et al. 2022, sec. 4.2.2). A full recompute
+    issues again the gathers and the reductions the forward saved something after (early
+    stop: `ir.tp_recompute`). Each pays the wait measured in DTensor's form
+    (`blocking_s(..., dtensor=True)`). Returns (forward_s, backward_s) for one
+    micro-batch."""
     tp = strategy.tp
     if tp == 1 or not layer.tp_candidates:
         return 0.0, 0.0
@@ -218,7 +221,9 @@ def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         ag = blocking_s("all_gather", activation, tp, cluster, dtensor=True)
         rs = blocking_s("reduce_scatter", activation, tp, cluster, dtensor=True)
         forward = reducing * (ag + rs)
-        backward = reducing * (ag + rs)
+        # backward: each reduce-scatter's all-gather, and the reduce-scatter of each
+        # gathered input's gradient where it has one (`sp_input_grad_reductions`)
+        backward = reducing * ag + sp_input_grad_reductions(layer) * rs
     else:
         ar = blocking_s("all_reduce", activation, tp, cluster, dtensor=True)
         forward = reducing * ar
@@ -227,8 +232,10 @@ def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     # cross-entropy all-reduces per-token scalars in forward (latency-bound: no bytes).
     forward += heads * LOSS_PARALLEL_ALL_REDUCES * blocking_s("all_reduce", 0, tp, cluster,
                                                               dtensor=True)
-    backward += input_grad_reductions(layer, TPStyle.HEAD) * blocking_s("all_reduce", layer.input_bytes * config.activation_scale,
-                                   tp, cluster, dtensor=True)
+    # Only the inputs that get a gradient: the hidden states, not the integer labels.
+    backward += input_grad_reductions(layer, TPStyle.HEAD) * blocking_s(
+        "all_reduce", grad_input_bytes(layer) * config.activation_scale, tp, cluster,
+        dtensor=True)
     if strategy.checkpoint is Checkpoint.FULL:  # the recompute's own (ir.tp_recompute)
         again = layer.rowwise_before_last_save_fwd
         if again is None:  # not counted (an untraced layer): every forward one again
@@ -246,6 +253,15 @@ def input_grad_reductions(layer: Layer, style: TPStyle) -> int:
     data), for which autograd never calls DTensor's from_local backward (Megatron's f)."""
     return sum(1 for c in layer.tp_candidates
                if c.style is style and c.module not in layer.gradless_tp_inputs)
+
+
+def sp_input_grad_reductions(layer: Layer) -> int:
+    """Modules whose SP-gathered input (`sp_gathered_modules`) gets a gradient, so whose
+    backward reduce-scatters it: all but those whose column-parallel linears all read
+    only tensors without one (`Layer.gradless_tp_inputs`), for which autograd records no
+    backward of the gather (2 gloo ranks: `tests/test_tp_data_inputs.py`)."""
+    return sum(1 for linears in sp_gathered_modules(layer).values()
+               if not set(linears) <= set(layer.gradless_tp_inputs))
 
 
 def dp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,

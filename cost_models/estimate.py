@@ -214,7 +214,8 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
         stage = plan.stages[i]
         if i < last_stage:  # forward: send this chunk's output on
             pp_f += _send_s(graph, plan, cluster, stage.last_layer, configs, stage.devices)
-        if i > 0:  # backward: send the gradient of this chunk's input back
+        # backward: send the gradient of this chunk's input back, where it has one
+        if i > 0 and graph.carries_gradient(stage.first_layer - 1):
             pp_b += _send_s(graph, plan, cluster, stage.first_layer - 1, configs,
                             stage.devices)
     return StageTime(rank=rank, compute_forward_s=fwd, compute_backward_s=bwd,

@@ -3,7 +3,8 @@
 `full_state_dict(pm)` is collective (every rank calls it): each stage gathers its
 parameters' shards (`DTensor.full_tensor()` over TP and FSDP meshes), the first rank of
 every pipeline stage contributes its stage's tensors, and every rank gets the union,
-keyed by the original model's parameter names (checkpointing and FSDP keep them). A
+keyed by the original model's parameter names (checkpointing and FSDP keep them), in the
+model's own dtypes (an fp64 model round-trips bit-exactly). A
 tied weight appears under every name whose layer holds a copy (the copies are equal).
 Fused projections split per part hold their rows rank-major (`executors.fused`); both
 directions convert, so a full state dict is always in the model's own order.
@@ -21,6 +22,7 @@ from torch.distributed.tensor import DTensor
 from executors.fused import (full_in_model_order, fused_parameters, load_model_order,
                              load_shard)
 from executors.runtime import ParallelModel
+from executors.zero1 import WORKING_COPY_ATTR
 from ir.errors import PlannerError
 
 
@@ -34,7 +36,7 @@ def full_state_dict(pm: ParallelModel) -> dict[str, torch.Tensor]:
                 full = full_in_model_order(param, *fused[name])
             else:
                 full = param.full_tensor() if isinstance(param, DTensor) else param.detach()
-            local[name] = full.float().cpu().clone()
+            local[name] = full.to(model_dtype(param, full)).cpu().clone()
     contributes = dist.get_rank() % pm.meshes.dims.stage_devices == 0
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, local if contributes else {})
@@ -42,6 +44,12 @@ def full_state_dict(pm: ParallelModel) -> dict[str, torch.Tensor]:
     for part in gathered:
         merged.update(part)
     return merged
+
+
+def model_dtype(param: torch.Tensor, full: torch.Tensor) -> torch.dtype:
+    """The dtype the user's model holds `param` in: its own, except a 16-bit ZeRO-1
+    working copy, whose model tensor is the fp32 master (`executors.zero1`)."""
+    return torch.float32 if hasattr(param, WORKING_COPY_ATTR) else full.dtype
 
 
 @torch.no_grad()

@@ -46,6 +46,9 @@ from torch.distributed.tensor import DTensor
 # Attribute under which `cast_to_working_dtype` hands a group's fp32 master shard to
 # `executors.optimizer.build_optimizer` (set on the group's wrapped parameters).
 MASTER_ATTR = "_planner_zero1_master_fp32"
+# Marks a parameter stored as a 16-bit working copy of an fp32 model tensor (stays set:
+# `executors.state.full_state_dict` gathers it back in fp32, the model's dtype).
+WORKING_COPY_ATTR = "_planner_zero1_working_copy"
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -156,6 +159,8 @@ def attach_master(module: nn.Module) -> None:
         for p in module.parameters():
             if p.requires_grad:
                 setattr(p, MASTER_ATTR, master)
+            if p.is_floating_point():  # every one `cast_to_working_dtype` cast
+                setattr(p, WORKING_COPY_ATTR, True)
 
 
 class FlatShardGroup:

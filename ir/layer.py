@@ -315,6 +315,9 @@ class LayerGraph:
     num_params: int
     fingerprint: str  # hash of the layer IR; plans name it
     cut_points: tuple[int, ...] = ()  # i: a pipeline may cut between layer i and i+1
+    # the cut points no value carrying a gradient crosses (only the model's data and
+    # values made from it: `ir.stand_in.is_data`): no gradient flows back over them
+    gradless_cuts: tuple[int, ...] = ()
     unique_layers_measured: int = 0
     _graph: nx.DiGraph | None = field(default=None, compare=False, hash=False, repr=False)
 
@@ -341,6 +344,13 @@ class LayerGraph:
                 return layer
         known = ", ".join(l.name for l in self.layers[:8])
         raise KeyError(f"no layer named {name!r} in {self.model} (layers: {known}, ...)")
+
+    def carries_gradient(self, cut: int) -> bool:
+        """Whether a pipeline cut after layer `cut` sends a gradient back: the next stage
+        receives a tensor that requires grad (torch.distributed.pipelining gives a stage's
+        received activation the sender's requires_grad), so it computes its input's
+        gradient and sends it back; over a gradless cut it does neither."""
+        return cut not in self.gradless_cuts
 
     def crossing_bytes(self, cut: int) -> int:
         """Bytes flowing from layers [0..cut] to layers [cut+1..]: a pipeline boundary."""

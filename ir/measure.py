@@ -131,7 +131,7 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
     if not step_evicts([m.forward_overloads for m in measured.values()],
                        [m.backward_overloads for m in measured.values()]):
         layers = [dataclasses.replace(layer, step_warm=True) for layer in layers]
-    edges, cuts = _edges_and_cuts(measurer)
+    edges, cuts, gradless_cuts = _edges_and_cuts(measurer)
     num_params = sum(p.numel() for p in root.parameters())
     seq_len = _seq_len(inputs) if seq_len == -1 else seq_len
     micro_batch = _batch_size(inputs)
@@ -139,7 +139,8 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
     graph = LayerGraph(model=name, trace_method=traced.method, dtype=str(dtype).replace("torch.", ""),
                        micro_batch=micro_batch, seq_len=seq_len, layers=tuple(layers),
                        edges=tuple(edges), num_params=num_params, fingerprint=fingerprint,
-                       cut_points=tuple(cuts), unique_layers_measured=len(measured))
+                       cut_points=tuple(cuts), gradless_cuts=tuple(gradless_cuts),
+                       unique_layers_measured=len(measured))
     return graph, measurer
 
 
@@ -279,7 +280,10 @@ def _chain_input(m: GraphMeasurer, i: int, module: nn.Module | None) -> bool:
     return len(outside) == 1 and m.owner.get(outside[0]) == i - 1
 
 
-def _edges_and_cuts(m: GraphMeasurer) -> tuple[list[tuple[int, int, int]], list[int]]:
+def _edges_and_cuts(m: GraphMeasurer) -> tuple[list[tuple[int, int, int]], list[int],
+                                                list[int]]:
+    """(edges, cut points: at most one gradient-carrying value crosses, the gradless cut
+    points among them: none does)."""
     n_layers = len(m.layers)
     edge_bytes: dict[tuple[int, int], int] = {}
     crossing = [0] * (n_layers + 1)  # difference array of grad-carrying values per cut
@@ -295,13 +299,15 @@ def _edges_and_cuts(m: GraphMeasurer) -> tuple[list[tuple[int, int, int]], list[
         if any(t.requires_grad for t in tensor_leaves(m.values.get(node))):
             crossing[src] += 1
             crossing[max(consumers)] -= 1
-    cuts, running = [], 0
+    cuts, gradless, running = [], [], 0
     for i in range(n_layers - 1):
         running += crossing[i]
         if running <= 1:
             cuts.append(i)
+        if running == 0:
+            gradless.append(i)
     edges = [(s, d, b) for (s, d), b in sorted(edge_bytes.items())]
-    return edges, cuts
+    return edges, cuts, gradless
 
 
 # ------------------------------------------------------------------------ shape and identity

@@ -48,7 +48,8 @@ def interleaved(graph, tables: list[LayerTable], make_solver, cand: OuterCandida
             else:
                 node, u = solver.placed(a, b, k, i % p), solver.units_within(a, b)
                 sent = solver.sent(node, sends[b], u)
-                picks.append((*min(sent, key=lambda o: o[0] + o[2]), k) if sent
+                back = graph.carries_gradient(b)  # the next chunk sends o[2] back too
+                picks.append((*min(sent, key=lambda o: o[0] + o[2] * back), k) if sent
                              else (INF, -1, 0.0, k))
         for r in range(p):
             total, chosen = 0.0, []
@@ -57,7 +58,7 @@ def interleaved(graph, tables: list[LayerTable], make_solver, cand: OuterCandida
                 if t == INF:
                     total = INF
                     break
-                back = picks[i - 1][2] if i else 0.0
+                back = picks[i - 1][2] if i and graph.carries_gradient(a - 1) else 0.0
                 total += t + back + host_s(a, b, r)
                 chosen.append((i, (a, b, c, k, r, solver)))
             if total < per_rank[r]:
@@ -70,7 +71,8 @@ def interleaved(graph, tables: list[LayerTable], make_solver, cand: OuterCandida
     # have kept another degree than the one this rank's loop priced it at.
     per_rank = [0.0] * p
     for i, (a, b) in enumerate(pieces):
-        back = sends[pieces[i - 1][1]][ranges[i - 1][2]] if i else 0.0
+        back = (sends[pieces[i - 1][1]][ranges[i - 1][2]]
+                if i and graph.carries_gradient(a - 1) else 0.0)
         per_rank[i % p] += times[i] + back + host_s(a, b, i % p)
     worst = max(per_rank)
     return m * worst + (sum(per_rank) - worst) / v, ranges  # pipeline.pipeline_time

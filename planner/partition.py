@@ -27,7 +27,8 @@ def partition(graph, solver: StageSolver, cand: OuterCandidate, ks: list[float],
     a slow first rank hides the later ranks' round trip in its warm-up).
 
     A stage a..b (not the last) sends its output on and the next stage sends that
-    output's gradient back, each `sends[b][c]` seconds, c the layout layer b ends in
+    output's gradient back (where it has one: `LayerGraph.carries_gradient`), each
+    `sends[b][c]` seconds, c the layout layer b ends in
     (`layer_tables.sends`: the estimate's `boundary_send_s`). So T_r carries the send
     of its own last layer's layout and the one its predecessor's ended in: fronts are
     kept per (last layer, send left to the next rank), and a stage's layouts per send
@@ -79,9 +80,10 @@ def partition(graph, solver: StageSolver, cand: OuterCandidate, ks: list[float],
             if a < r or (a - 1) not in by_end:
                 continue
             options = list(stages_from(a, r))
+            carries = graph.carries_gradient(a - 1)  # else no gradient goes back
             for back, previous in by_end[a - 1]:
                 for b, t, c, send in options:
-                    t += back
+                    t += back if carries else 0.0
                     entries = new.setdefault((b, send), [])
                     # `previous` is a front (sum up, max down): past the first entry whose
                     # max is <= t, every sum is larger and every max is t: all dominated.

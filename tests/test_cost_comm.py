@@ -231,6 +231,25 @@ def test_vocab_parallel_head_reduces_its_loss_scalars():
     assert bwd == pytest.approx(collective_s("all_reduce", head.input_bytes, 8, cluster))
 
 
+def test_vocab_parallel_head_reduces_only_the_hidden_states_gradient():
+    """gpt zoo (h 16, s 16, micro-batch 2, fp32): the head takes the hidden states
+    (2*16*16*4 = 2048 bytes) and the integer labels (2*16*8 = 256 bytes, no gradient).
+    Its backward all-reduces the gradient of the hidden states only: 2048 bytes."""
+    import torch
+
+    from planner.models import load_layer_graph
+
+    graph = load_layer_graph("gpt:layers=1,hidden=16,heads=2,vocab=64,seq=16", micro_batch=2,
+                             seq_len=16, dtype=torch.float32)
+    head = graph.layer("head")
+    assert (head.input_bytes, head.gradless_input_bytes) == (2048 + 256, 256)
+    config = StepConfig(micro_batch=2, graph_micro_batch=2, graph_dtype="float32",
+                        precision=Precision.FP32)
+    cluster = get_cluster("h100-80g")
+    _, bwd = tp_comm_s(head, LayerStrategy(tp=2), cluster, config)
+    assert bwd == pytest.approx(collective_s("all_reduce", 2048, 2, cluster), rel=1e-9)
+
+
 def test_a_column_parallel_module_fed_the_data_reduces_no_input_gradient():
     """MLP blocks (fc1 32 -> 128 colwise, fc2 128 -> 32 rowwise) on float data
     (4, 8, 32), fp32, TP 2. Forward: fc2's all-reduce of (4*8*32)*4 = 4096 bytes in each
