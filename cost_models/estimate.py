@@ -9,8 +9,9 @@ Per pipeline rank r and micro-batch (compute.py, comm.py):
         + the autograd engine's start per backward call (step_host: one per stage and
         micro-batch, CPU processes) + send of its input gradient to the previous stage
   and, with a pipeline on CPU processes, torch pipelining's host work per action in each
-  (step_host.pipeline_action_s); once a step, the training loop's own work (batch split,
-  loss weighting and all-reduce: step_host.step_loop_s) with the optimizer step
+  (step_host.pipeline_action_s); once a step, with the optimizer step, the training
+  loop's own work (batch split, loss weighting and all-reduce) and the optimizer's entry
+  after a backward (step_host.step_loop_s)
 Each stage's first and last layers' cold ops are counted against what their rank runs
 before them in the step, and a first layer's forwards priced apart by whether a backward
 ran just before them (`step_host.placed_layers`), not against their model neighbours.
@@ -86,7 +87,7 @@ class StageTime:
     dp_after_step_s: float = 0.0  # ZeRO-1 all-gathers after the optimizer step, blocking
     engine_s: float = 0.0  # autograd engine starts (in compute_backward_s), step_host
     pipeline_action_s: float = 0.0  # pipelining runtime, both passes (in compute_*), step_host
-    loop_s: float = 0.0  # the training loop's own work, once per step (in optimizer_s), step_host
+    loop_s: float = 0.0  # loop work + optimizer entry, once per step (in optimizer_s), step_host
 
     @property
     def forward_s(self) -> float:
@@ -211,8 +212,9 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                                                  plan.num_microbatches, plan.virtual_stages,
                                                  tuple(mine))
     fwd += actions / 2  # one forward and one backward action
-    # the loop's own work once a step, after the last backward with the optimizer step
-    loop = step_loop_s(cluster, plan.num_microbatches, last_stage in mine)
+    # once a step, after the last backward with the optimizer step: the loop's own work
+    # and the optimizer's entry
+    loop = step_loop_s(cluster, plan.num_microbatches, last_stage in mine, plan.optimizer)
     opt += loop
     bwd += engine + actions / 2
     for i in mine:

@@ -39,13 +39,16 @@ stages, schedule and micro-batches.
    1F1B: the first and every steady-state one; the plain loop: all), each kind priced
    apart and weighted by its share (`Placed`, `placed_compute`).
 
-3. The training loop's own work (`executors.runtime.ProcessModel.train_step`), outside
-   every layer, the loss function and the optimizer: each step splits the batch, counts
-   the target, sums the loss (`STEP_LOOP_OPS` ops) and starts and waits on the loss's
-   scalar all-reduce (the kit's `loss_sum_host_s`, `cost_models.loss_sum_probes`); per
-   micro-batch the rank holding the loss weights it and adds it up
-   (`LOSS_OPS_PER_MICROBATCH`). Ops are priced as forward ops (`host_op_seconds`), once
-   a step on the rank (`step_loop_s`); 0 on GPUs, as the terms above.
+3. What a step pays once outside its layers (`step_loop_s`; the kit's figures:
+   `cost_models.step_loop_probes`). The training loop's own work
+   (`executors.runtime.ProcessModel.train_step`), outside the model, the loss function,
+   backward and the optimizer: each step splits the batch, counts the target, sums the
+   loss (`STEP_LOOP_OPS` ops) and starts and waits on the loss's scalar all-reduce
+   (`loss_sum_host_s`); per micro-batch the rank holding the loss weights it and adds it
+   up (`LOSS_OPS_PER_MICROBATCH`), ops priced as forward ops (`host_op_seconds`). And
+   the optimizer's entry: its step runs once, right after a backward, its code and state
+   out of the caches (`optimizer_entry_host_s`, measured on AdamW: Adam and AdamW
+   plans; others unmeasured, 0). Once a step on the rank, x the core share; 0 on GPUs.
 
 The search prices the same terms per candidate stage through these functions
 (`planner.stage_host`).
@@ -100,15 +103,18 @@ STEP_LOOP_OPS = 11
 LOSS_OPS_PER_MICROBATCH = 9
 
 
-def step_loop_s(cluster: ClusterSpec, m: int, holds_loss: bool) -> float:
-    """Seconds of one step's loop work on a rank (module docstring, 3): `holds_loss`, the
-    rank runs the last plan stage; x the core share as every host figure; 0 on GPUs and
-    where the kit measured no loss all-reduce (older kits, GPU presets)."""
+def step_loop_s(cluster: ClusterSpec, m: int, holds_loss: bool, optimizer: str) -> float:
+    """Seconds a step pays once on a rank outside its layers (module docstring, 3):
+    `holds_loss`, the rank runs the last plan stage; `optimizer`, the plan's; x the core
+    share as every host figure; 0 on GPUs and where the kit measured neither figure
+    (older kits, GPU presets)."""
     cal = cluster.kernel_calibration
-    if cal is None or not cluster.host_bound or not cal.loss_sum_host_s:
+    if cal is None or not cluster.host_bound or not (cal.loss_sum_host_s
+                                                     or cal.optimizer_entry_host_s):
         return 0.0
     ops = STEP_LOOP_OPS + (LOSS_OPS_PER_MICROBATCH * m if holds_loss else 0)
-    return (ops * host_op_seconds(cluster) + cal.loss_sum_host_s) * cluster.host_share
+    entry_s = cal.optimizer_entry_host_s if optimizer.startswith("adam") else 0.0
+    return (ops * host_op_seconds(cluster) + cal.loss_sum_host_s + entry_s) * cluster.host_share
 
 
 def backward_calls(schedule: Schedule, pp: int, m: int, v: int) -> dict[int, int]:

@@ -93,25 +93,29 @@ def test_loop_op_counts_are_the_executors(one_rank, micro_batch):
     assert sum(ops.values()) == STEP_LOOP_OPS + LOSS_OPS_PER_MICROBATCH * m, dict(ops)
 
 
-def _kit_cluster(loss_sum_host_s: float):
+def _kit_cluster(loss_sum_host_s: float, optimizer_entry_host_s: float = 0.0):
     cluster = get_cluster("local")
     cal = cluster.kernel_calibration or KernelCalibration(measured_on="test")
     return dataclasses.replace(cluster, kernel_calibration=dataclasses.replace(
-        cal, loss_sum_host_s=loss_sum_host_s))
+        cal, loss_sum_host_s=loss_sum_host_s, optimizer_entry_host_s=optimizer_entry_host_s))
 
 
 def test_loop_is_priced_once_a_step_where_the_kit_measured_it():
-    unmeasured, measured = _kit_cluster(0.0), _kit_cluster(50e-6)
+    unmeasured, measured = _kit_cluster(0.0), _kit_cluster(50e-6, 100e-6)
     if not measured.host_bound:
         pytest.fail("the local spec should be a CPU one")
-    assert step_loop_s(unmeasured, 4, True) == 0.0
-    assert step_loop_s(measured, 1, False) > 50e-6 * measured.host_share
-    assert step_loop_s(measured, 4, True) > step_loop_s(measured, 1, True) \
-        > step_loop_s(measured, 1, False)
+    assert step_loop_s(unmeasured, 4, True, "adamw") == 0.0
+    assert step_loop_s(measured, 1, False, "sgd") > 50e-6 * measured.host_share
+    # the entry measured on AdamW prices Adam and AdamW plans only
+    assert step_loop_s(measured, 1, False, "adamw") == pytest.approx(
+        step_loop_s(measured, 1, False, "sgd") + 100e-6 * measured.host_share)
+    assert step_loop_s(measured, 4, True, "adam") > step_loop_s(measured, 1, True, "adam") \
+        > step_loop_s(measured, 1, False, "adam")
     graph = load_layer_graph("mlp-small", micro_batch=2, dtype=torch.float32)
     plan = uniform_plan(len(graph.layers), micro_batch=2, global_batch=GLOBAL_BATCH,
                         precision=Precision.FP32)
     before, after = estimate(graph, plan, unmeasured), estimate(graph, plan, measured)
-    assert after.stage_times[0].loop_s == pytest.approx(step_loop_s(measured, 4, True))
+    assert after.stage_times[0].loop_s == pytest.approx(
+        step_loop_s(measured, 4, True, plan.optimizer))
     assert after.iteration_seconds == pytest.approx(
         before.iteration_seconds + after.stage_times[0].loop_s)
