@@ -9,7 +9,9 @@ Per pipeline rank r and micro-batch (compute.py, comm.py):
         + the autograd engine's start per backward call (step_host: one per stage and
         micro-batch, CPU processes) + send of its input gradient to the previous stage
   and, with a pipeline on CPU processes, torch pipelining's host work per action in each
-  (step_host.pipeline_action_s)
+  (step_host.pipeline_action_s); once a step, with the optimizer step, the training
+  loop's own work (batch split, loss weighting and all-reduce) and the optimizer's entry
+  after a backward (step_host.step_loop_s)
 Each stage's first and last layers' cold ops are counted against what their rank runs
 before them in the step, and a first layer's forwards priced apart by whether a backward
 ran just before them (`step_host.placed_layers`), not against their model neighbours.
@@ -55,7 +57,7 @@ from cost_models.model_states import bytes_per_param
 from cost_models.pipeline import PipelineTime, stage_pipeline_time
 from cost_models.pipeline_sim import SENDS_BLOCK, StageCost
 from cost_models.step_host import (Placed, placed_compute, placed_layers,
-                                   step_host_per_microbatch_s)
+                                   step_host_per_microbatch_s, step_loop_s)
 from cost_models.tied_sync import tied_sum_seconds
 
 # Share of a compute window that overlapped data-parallel communication can hide. PyTorch
@@ -85,6 +87,7 @@ class StageTime:
     dp_after_step_s: float = 0.0  # ZeRO-1 all-gathers after the optimizer step, blocking
     engine_s: float = 0.0  # autograd engine starts (in compute_backward_s), step_host
     pipeline_action_s: float = 0.0  # pipelining runtime, both passes (in compute_*), step_host
+    loop_s: float = 0.0  # loop work + optimizer entry, once per step (in optimizer_s), step_host
 
     @property
     def forward_s(self) -> float:
@@ -209,6 +212,10 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                                                  plan.num_microbatches, plan.virtual_stages,
                                                  tuple(mine))
     fwd += actions / 2  # one forward and one backward action
+    # once a step, after the last backward with the optimizer step: the loop's own work
+    # and the optimizer's entry
+    loop = step_loop_s(cluster, plan.num_microbatches, last_stage in mine, plan.optimizer)
+    opt += loop
     bwd += engine + actions / 2
     for i in mine:
         stage = plan.stages[i]
@@ -225,7 +232,7 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                      pp_forward_s=pp_f, pp_backward_s=pp_b,
                      dp_step_s=exposed(dp_step, bwd, overlap), optimizer_s=opt,
                      tp_step_s=tp_step, dp_after_step_s=after_step, engine_s=engine,
-                     pipeline_action_s=actions)
+                     pipeline_action_s=actions, loop_s=loop)
 
 
 def _stage_costs(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,

@@ -56,6 +56,7 @@ from cost_models.host_probes import (autograd_call_s, dp_unit_seconds, dtensor_o
                                      host_op_seconds_by_pass)
 from cost_models.item_probes import probe_random_element_s
 from cost_models.pipeline_probes import pipeline_action_host_s
+from cost_models.step_loop_probes import step_loop_fields
 from cost_models.step_probes import optimizer_tensor_seconds
 from cost_models.block_probes import sp_block_selective_seconds
 from cost_models.tp_probes import selective_seconds, sp_group_seconds, tp_module_seconds
@@ -95,6 +96,7 @@ def profile_cluster(nproc: int, backend: str = "gloo", max_bytes: int = DEFAULT_
                         measured_on=f"planner profile-cluster, {platform.node() or 'this host'}",
                         autograd_call_host_s=autograd_call_s("cpu"),  # backward figures net of it
                         pipeline_action_host_s=pipeline_action_host_s("cpu"),
+                        **step_loop_fields("cpu"),  # the loop's all-reduce, the optimizer's entry
                         **checkpoint_host_seconds("cpu").calibration_fields()))
         waits = blocking_wait(measured["blocking_seconds"], by_group)
         host_tables = dict(

@@ -65,6 +65,7 @@ from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.checkpoint_probes import checkpoint_host_seconds
 from cost_models.host_probes import autograd_call_s, host_op_seconds_by_pass, probe_clock
 from cost_models.pipeline_probes import pipeline_action_host_s
+from cost_models.step_loop_probes import step_loop_fields
 from cost_models.cold_backward_probes import cold_backward_calibration
 from cost_models.cold_entry_probes import cold_entry_calibration
 from cost_models.scalar_operand_probes import scalar_operand_seconds
@@ -444,7 +445,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
                 cal, **host.calibration_fields(), **sequence.calibration_fields(),
                 **cold,
                 **cold_bwd, **scalar.calibration_fields(),
-                autograd_call_host_s=autograd_call_s("cpu"),
+                autograd_call_host_s=autograd_call_s("cpu"), **step_loop_fields("cpu"),
                 pipeline_action_host_s=pipeline_action_host_s("cpu"),
                 **dict(zip(TIED_SUM_FIELDS, tied_sum)),
                 **checkpoint_host_seconds("cpu").calibration_fields()),

@@ -39,6 +39,17 @@ stages, schedule and micro-batches.
    1F1B: the first and every steady-state one; the plain loop: all), each kind priced
    apart and weighted by its share (`Placed`, `placed_compute`).
 
+3. What a step pays once outside its layers (`step_loop_s`; the kit's figures:
+   `cost_models.step_loop_probes`). The training loop's own work
+   (`executors.runtime.ProcessModel.train_step`), outside the model, the loss function,
+   backward and the optimizer: each step splits the batch, counts the target, sums the
+   loss (`STEP_LOOP_OPS` ops) and starts and waits on the loss's scalar all-reduce
+   (`loss_sum_host_s`); per micro-batch the rank holding the loss weights it and adds it
+   up (`LOSS_OPS_PER_MICROBATCH`), ops priced as forward ops (`host_op_seconds`). And
+   the optimizer's entry: its step runs once, right after a backward, its code and state
+   out of the caches (`optimizer_entry_host_s`, measured on AdamW: Adam and AdamW
+   plans; others unmeasured, 0). Once a step on the rank, x the core share; 0 on GPUs.
+
 The search prices the same terms per candidate stage through these functions
 (`planner.stage_host`).
 """
@@ -58,6 +69,7 @@ from ir.strategy import LayerStrategy, Schedule
 from cost_models.common import StepConfig
 from cost_models.compute import LayerCompute, layer_compute
 from cost_models.compute_profile import ComputeProfile
+from cost_models.host_dispatch import host_op_seconds
 from cost_models.pipeline_ops import PassOp, rank_ops
 
 
@@ -79,6 +91,30 @@ def pipeline_action_s(cluster: ClusterSpec) -> float:
     if cal is None or not cluster.host_bound:
         return 0.0
     return cal.pipeline_action_host_s * cluster.host_share
+
+
+# ATen ops `train_step` dispatches outside the model, its loss function, backward and the
+# optimizer, counted under a dispatch mode (tests/test_step_loop_ops.py, integer targets):
+# per step the target's count (ne, sum), the rank's rows (2 x lift_fresh, index_select),
+# the micro-batches (2 x split), the loss total (zeros, clone, item); per micro-batch on
+# the loss's rank its count (ne, sum), weight (gt, scalar_tensor, where, div, mul) and sum
+# (detach, add_). The all-reduce is priced apart (`loss_sum_host_s`).
+STEP_LOOP_OPS = 11
+LOSS_OPS_PER_MICROBATCH = 9
+
+
+def step_loop_s(cluster: ClusterSpec, m: int, holds_loss: bool, optimizer: str) -> float:
+    """Seconds a step pays once on a rank outside its layers (module docstring, 3):
+    `holds_loss`, the rank runs the last plan stage; `optimizer`, the plan's; x the core
+    share as every host figure; 0 on GPUs and where the kit measured neither figure
+    (older kits, GPU presets)."""
+    cal = cluster.kernel_calibration
+    if cal is None or not cluster.host_bound or not (cal.loss_sum_host_s
+                                                     or cal.optimizer_entry_host_s):
+        return 0.0
+    ops = STEP_LOOP_OPS + (LOSS_OPS_PER_MICROBATCH * m if holds_loss else 0)
+    entry_s = cal.optimizer_entry_host_s if optimizer.startswith("adam") else 0.0
+    return (ops * host_op_seconds(cluster) + cal.loss_sum_host_s + entry_s) * cluster.host_share
 
 
 def backward_calls(schedule: Schedule, pp: int, m: int, v: int) -> dict[int, int]:

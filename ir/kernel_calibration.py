@@ -42,7 +42,7 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "backward_nonview_host_op_s", "backward_node_host_s", "python_node_host_s",
             "forward_node_host_s", "in_sequence_op_host_s", "in_sequence_knee_distinct_ops",
             "cold_op_host_s", "cold_backward_op_host_s", "autograd_call_host_s",
-            "pipeline_action_host_s",
+            "pipeline_action_host_s", "loss_sum_host_s", "optimizer_entry_host_s",
             "embedding_bag_call_s", "embedding_bag_index_s", "embedding_bag_backward_call_s",
             "embedding_bag_backward_index_s", "embedding_bag_multi_bag_s",
             # activation checkpointing's host machinery (`cost_models.checkpoint_probes`)
@@ -141,6 +141,12 @@ class KernelCalibration:
     # or backward of one micro-batch) beyond the layers and the engine call
     # (`cost_models.pipeline_probes`); 0 where not measured.
     pipeline_action_host_s: float = 0.0
+    # Host seconds a step pays once outside its layers (`cost_models.step_loop_probes`,
+    # priced by `step_host.step_loop_s`): the training loop's scalar loss all-reduce,
+    # started and waited on; what AdamW's step costs more right after a backward than
+    # back to back (the optimizer's entry). 0 where not measured.
+    loss_sum_host_s: float = 0.0
+    optimizer_entry_host_s: float = 0.0
     # Device seconds per index of an embedding's backward (a scatter-add of one gradient
     # row per index), over what the rows' bytes cost; 0 where not measured.
     embedding_backward_index_s: float = 0.0

@@ -7,6 +7,8 @@ pruned or kept on the score the estimate will give it:
                + the tied copies' gradient sums on rank r, once a step, / m
                      (`tied_sync.tied_group_seconds`, holders grouped by RANK as
                      `executors.tied.TiedGradients.sync` sums them)
+               + the loop's own work and the optimizer's entry on rank r, once a step,
+                 / m (`step_host.step_loop_s`; the loss's on the last stage's rank)
                + the stage's first and last layers as placed (`step_host.place_rank`:
                  cold ops counted against what rank r ran before them, forwards apart by
                  whether a backward ran just before) less as traced: the layer tables
@@ -37,7 +39,8 @@ from collections.abc import Callable
 from cost_models.host_dispatch import backward_host_seconds, forward_host_seconds
 from cost_models.step_host import (Placed, engine_start_s, passes_per_stage,
                                    pipeline_action_s, place_rank, placed_compute,
-                                   prices_cold_ops, step_host_per_microbatch_s)
+                                   prices_cold_ops, step_host_per_microbatch_s,
+                                   step_loop_s)
 from cost_models.tied_memory import (TieGroup, gradient_layout, shared_layout_fraction,
                                      tie_groups)
 from cost_models.tied_sync import rank_tied_sums_s, tied_grad_bytes, tied_sums_priced
@@ -56,8 +59,10 @@ class StageHost:
     """h(a, b, r) of one outer candidate (module docstring); `floor_s`, no stage's less."""
 
     def __init__(self, graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate,
-                 price: Price, grad_bytes: Callable[[int, str], float]):
+                 price: Price, grad_bytes: Callable[[int, str], float],
+                 optimizer: str = "adamw"):
         self.graph, self.cluster, self.cand = graph, cluster, cand
+        self.optimizer = optimizer  # the plan's (`step_loop_s` prices its entry)
         self.price, self.grad_bytes = price, grad_bytes
         self.cold = prices_cold_ops(cluster)
         self.tied = tied_sums_priced(cluster)
@@ -91,7 +96,10 @@ class StageHost:
         stage = self.pieces[(a, b)] if v > 1 else r
         engine, actions = step_host_per_microbatch_s(self.cluster, c.schedule, p, m, v, (stage,))
         out = engine + actions
-        if self.tied and (v == 1 or stage == max(self._rank_stages(r))):
+        once = v == 1 or stage == max(self._rank_stages(r))  # a rank's once-a-step terms
+        if once:  # the last plan stage, p v - 1, runs on rank p - 1 (it holds the loss)
+            out += step_loop_s(self.cluster, m, r == p - 1, self.optimizer) / m
+        if self.tied and once:
             spans = [(a, b)] if v == 1 else [s for s, i in self.pieces.items() if i % p == r]
             out += self._tied_s(spans) / m
         return out
@@ -210,7 +218,8 @@ def tied_variants(graph: LayerGraph, tables: list, host: StageHost | None,
 def host_terms_priced(cluster: ClusterSpec) -> bool:
     """Whether any term of h is non-zero on `cluster` (CPU kits; never a GPU preset)."""
     return (engine_start_s(cluster) > 0 or pipeline_action_s(cluster) > 0
-            or tied_sums_priced(cluster) or prices_cold_ops(cluster))
+            or step_loop_s(cluster, 1, True, "adam") > 0 or tied_sums_priced(cluster)
+            or prices_cold_ops(cluster))
 
 
 def bound_shift_s(cand: OuterCandidate, floor_s: float) -> float:
@@ -252,7 +261,7 @@ def stage_host(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, ta
     # config prices them
     first = [t.strategies[0] for t in tables]
     return StageHost(graph, cluster, cand, price, lambda j, name: tied_grad_bytes(
-        graph.layers[j], config(j, first[j]), name=name))
+        graph.layers[j], config(j, first[j]), name=name), options.optimizer)
 
 
 def _passes_key(placed: Placed) -> tuple:
