@@ -95,8 +95,9 @@ def warm_step_entry_seconds(layer: Layer, cal) -> float:
     profile's order less the same with the layer run once more just before (mlp-small,
     micro-batch 1/4/16, five interleaved rounds each, load 6.5-8.5, 2026-11-25): the
     first block 4.4/6.6/5.9 us, the head 4.1/4.9/5.4, blocks.2 (same code) 0.6/0.4/1.0;
-    the kit's point read 3.4 + 2 x 1.6. Kits without points: none, as they priced."""
-    if layer.same_code_before:
+    the kit's point read 3.4 + 2 x 1.6. Kits without points: none, as they priced. After a
+    backward the same code before counts for nothing (a stage's first forward after one)."""
+    if layer.same_code_before and not layer.forward_after_backward:
         return 0.0
     points = [p for p in cal.cold_entry_points if p.after_backward]
     if not points:

@@ -226,7 +226,8 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
     linear in the count: the mean count prices the mean pass), forwards apart by whether
     a backward ran just before them (the step's first after the step before's last, a
     backward) and, after a forward, whether that forward's last layer ran the same
-    forward ops (`Layer.same_code_before`: the trace's is the layer before in the model). `spans`: (first, last) layer of each plan stage the rank runs (stage
+    forward ops (`Layer.same_code_before`: the trace's is the layer before in the model).
+    `spans`: (first, last) layer of each plan stage the rank runs (stage
     chunk * pp + rank); the search passes one candidate stage (`planner.stage_host`)."""
     ops = rank_ops(schedule, pp, rank, m, v)
     lists = {stage: layers[a:b + 1] for stage, (a, b) in spans.items()}

@@ -48,8 +48,8 @@ def full_state_dict(pm: ParallelModel) -> dict[str, torch.Tensor]:
 
 def model_dtype(param: torch.Tensor, full: torch.Tensor) -> torch.dtype:
     """The dtype the user's model holds `param` in: its own, except a 16-bit ZeRO-1
-    working copy, whose model tensor is the fp32 master (`executors.zero1`)."""
-    return torch.float32 if hasattr(param, WORKING_COPY_ATTR) else full.dtype
+    working copy's, the model tensor's it was cast from (`executors.zero1`)."""
+    return getattr(param, WORKING_COPY_ATTR, full.dtype)
 
 
 @torch.no_grad()

@@ -46,8 +46,8 @@ from torch.distributed.tensor import DTensor
 # Attribute under which `cast_to_working_dtype` hands a group's fp32 master shard to
 # `executors.optimizer.build_optimizer` (set on the group's wrapped parameters).
 MASTER_ATTR = "_planner_zero1_master_fp32"
-# Marks a parameter stored as a 16-bit working copy of an fp32 model tensor (stays set:
-# `executors.state.full_state_dict` gathers it back in fp32, the model's dtype).
+# On a parameter stored as a 16-bit working copy: the model tensor's own dtype (stays
+# set: `executors.state.full_state_dict` gathers it back in that dtype).
 WORKING_COPY_ATTR = "_planner_zero1_working_copy"
 
 
@@ -141,26 +141,31 @@ def cast_to_working_dtype(module: nn.Module, group: dist.ProcessGroup,
         for x in pieces:
             master[x.offset:x.offset + x.numel].copy_(locals_[x.index].reshape(-1)[x.lo:x.hi])
         cast: dict[int, nn.Parameter] = {}  # a parameter registered twice stays one
-        for sub in module.modules():  # new Parameters: `p.data =` keeps a DTensor's local dtype
+        originals: dict[str, torch.dtype] = {}  # each cast one's dtype, by qualified name
+        # new Parameters: `p.data =` keeps a DTensor's local dtype
+        for prefix, sub in module.named_modules(remove_duplicate=False):
             for name, p in list(sub._parameters.items()):
                 if p is not None and p.is_floating_point() and p.dtype != dtype:
                     if id(p) not in cast:
                         cast[id(p)] = nn.Parameter(p.detach().to(dtype),
                                                    requires_grad=p.requires_grad)
                     sub._parameters[name] = cast[id(p)]
+                    originals[f"{prefix}.{name}" if prefix else name] = p.dtype
     module.__dict__[MASTER_ATTR] = master
+    module.__dict__[WORKING_COPY_ATTR] = originals
 
 
 def attach_master(module: nn.Module) -> None:
     """After `replicate`: put the master shard on the wrapped parameters, where
     `build_optimizer` (which sees only parameters) finds it."""
     master = module.__dict__.pop(MASTER_ATTR, None)
+    originals = module.__dict__.pop(WORKING_COPY_ATTR, {})
     if master is not None:
-        for p in module.parameters():
+        for name, p in module.named_parameters(remove_duplicate=False):
             if p.requires_grad:
                 setattr(p, MASTER_ATTR, master)
-            if p.is_floating_point():  # every one `cast_to_working_dtype` cast
-                setattr(p, WORKING_COPY_ATTR, True)
+            if name in originals:  # only those `cast_to_working_dtype` cast
+                setattr(p, WORKING_COPY_ATTR, originals[name])
 
 
 class FlatShardGroup:

@@ -212,7 +212,7 @@ def _solve_fitting(graph, cluster, cand, tables, layouts, options, global_batch,
     # without a pipeline: the floors at a backward first (`planner.point_floor`)
     points = POINT_ROUNDS if floor and cand.pp == 1 and (
         len(tables) ** 2 <= POINT_BUCKET_CELLS * POINT_SLACK_SHARE) else 0
-    shrink, solved, solve_options, tried, j = 0.0, tables, options, set(), None
+    shrink, solved, solve_options, tried, j, shrinks = 0.0, tables, options, set(), None, 0
     for round_ in range(points + FIT_ROUNDS):
         result = _solve(graph, cluster, cand, solved, layouts, solve_options, global_batch,
                         trans_cache, stats, incumbent, shrink, host, floor)
@@ -238,7 +238,9 @@ def _solve_fitting(graph, cluster, cand, tables, layouts, options, global_batch,
                 continue
             points = 0
         # none: lower the forward's floor's budget by the excess (may pass one over)
-        solved, solve_options = tables, options
+        if shrinks == FIT_ROUNDS:  # counted apart: point rounds cut short leave theirs
+            return None
+        solved, solve_options, shrinks = tables, options, shrinks + 1
         shrink += max(memory.peak_bytes - limit, 1)  # 1: the host wall's, not the device's
     return None
 

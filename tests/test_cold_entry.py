@@ -362,7 +362,9 @@ def test_a_warm_step_prices_the_least_works_entry_except_after_the_same_code():
     """A step whose ops all stay warm (`step_warm`): its layers read the after-backward
     point at the fewest ops (POINTS: 0.5 us + 1 per cold op after 20), wherever they
     stand (3 cold ops: 18 + 3.5 = 21.5 us, first or not, at 20 ops after or 300); none
-    after the same code (18 us); a kit without points (ENTRY) prices none, as before."""
+    after the same code (18 us) unless a backward ran between (a pipeline stage's first
+    forward after a backward, traced after a block like it: 21.5); a kit without points
+    (ENTRY) prices none, as before."""
     from cost_models.host_dispatch import warm_step_entry_seconds
 
     warm = dataclasses.replace(with_python_nodes(tiny_layer(), 4), cold_distinct_ops_fwd=3,
@@ -372,5 +374,7 @@ def test_a_warm_step_prices_the_least_works_entry_except_after_the_same_code():
                                     cpu(POINTS)) == pytest.approx(21.5 * US)
     same = dataclasses.replace(warm, same_code_before=True)
     assert forward_host_seconds(same, cpu(POINTS)) == pytest.approx(18 * US)
+    same_after_backward = dataclasses.replace(same, forward_after_backward=True)
+    assert forward_host_seconds(same_after_backward, cpu(POINTS)) == pytest.approx(21.5 * US)
     assert warm_step_entry_seconds(warm, ENTRY) == 0.0
     assert forward_host_seconds(warm, cpu(ENTRY)) == pytest.approx(18 * US)

@@ -630,3 +630,28 @@ def test_a_checkpointed_edge_layers_placed_change_is_priced_at_its_strategy(
     for c in result.candidates:
         assert c.objective_s == pytest.approx(
             _composed_s(c.estimate, c.plan.num_microbatches), rel=1e-12), str(c.plan)
+
+
+def test_a_plan_no_floor_admits_gets_at_most_fit_rounds_of_lowered_budgets(monkeypatch):
+    """Without a pipeline, `_solve_fitting` tries the floors at a backward first
+    (`planner.point_floor`), then lowers the budget at most FIT_ROUNDS times: where no
+    point floor rejects the plan at the first round, the point rounds left over must not
+    turn into lowered-budget solves (they did: POINT_ROUNDS + FIT_ROUNDS - 1 of them).
+    Every solve here returns a plan the walk rejects, so the count is the rounds'."""
+    from types import SimpleNamespace
+
+    solves = []
+    monkeypatch.setattr(S, "memory_budget_bytes", lambda cluster, options: 100.0)
+    monkeypatch.setattr(S, "_solve", lambda *args, **kwargs: solves.append(args) or (
+        1.0, SimpleNamespace(layer_strategies=()), []))
+    monkeypatch.setattr(S, "model_layer_configs", lambda *args: None)
+    monkeypatch.setattr(S, "plan_memory", lambda *args: SimpleNamespace(
+        fits=False, peak_bytes=200.0))
+    monkeypatch.setattr(S, "next_point", lambda *args: None)
+    cand = SimpleNamespace(virtual_stages=1, pp=1)
+    cluster = SimpleNamespace(runtime_overhead_bytes=0.0, device="cpu")
+    stats = SimpleNamespace(refits=0)
+    assert S._solve_fitting(None, cluster, cand, [object()] * 4, None,
+                            SimpleNamespace(memory_buckets=32),
+                            8, {}, stats, math.inf, {}) is None
+    assert len(solves) == 1 + S.FIT_ROUNDS

@@ -5,8 +5,8 @@ gpt-tiny (zoo, dropout 0) is built in fp64 and applied under several 2-rank plan
 with its fused qkv split per part, ZeRO-3, PP 2). Right after `apply` the gathered state
 must equal the model's own `state_dict()` element for element, in fp64; loading it back
 (`load_full_state_dict`) and gathering again must change nothing. A 16-bit ZeRO-1 run's
-working copies (bf16 storage of an fp32 model: `executors.zero1`) still gather as the
-model's fp32. All entries run in ONE spawned 2-rank gloo group.
+working copies (bf16 storage of an fp32 or fp64 model: `executors.zero1`) gather in the
+model's dtype; a bf16 model's parameters, never cast, as stored. All entries run in ONE spawned 2-rank gloo group.
 """
 
 from __future__ import annotations
@@ -38,6 +38,11 @@ CASES = {
     "fp64-pp2": (torch.float64, Precision.FP32,
                  dict(pp=2, micro_batch=2, schedule=Schedule.GPIPE)),
     "fp32-zero1-bf16": (torch.float32, Precision.BF16_MIXED,
+                        dict(dp=2, zero=1, micro_batch=2)),
+    # not cast (already bf16): gathered as stored, bit-exact; an fp64 model's copies: fp64
+    "bf16-zero1-bf16": (torch.bfloat16, Precision.BF16_MIXED,
+                        dict(dp=2, zero=1, micro_batch=2)),
+    "fp64-zero1-bf16": (torch.float64, Precision.BF16_MIXED,
                         dict(dp=2, zero=1, micro_batch=2)),
 }
 
@@ -83,5 +88,5 @@ def test_full_state_dict_round_trips_the_model_dtype(name: str):
         for label in ("first", "again"):
             value = got[label][key]
             assert value.dtype == dtype, f"{label} {key}: {value.dtype}, the model's {dtype}"
-            if dtype == torch.float64:  # bit-exact: no cast on the way out or back in
+            if CASES[name][1] == Precision.FP32 or dtype == torch.bfloat16:  # no cast at all
                 assert torch.equal(value, want.detach()), f"{label} {key} changed"
