@@ -7,6 +7,15 @@ real_step_backward_s`: the layer's first node to the next layer's, in one `backw
 of the zoo model). One thread, the probe clock; ROUNDS rounds, the order rotating, each
 mode's median over rounds and its spread (max - min).
 
+Read here (2026-11-25 13:59-14:00 UTC, load 4.7-5.8, two runs, us, leaf / node / step):
+t5-tiny encoder_norm mb1 43.1 / 44.1 / 44.7 and 43.8 / 45.7 / 46.2; mb4 69.5 / 70.1 /
+72.2 and 65.7 / 67.3 / 68.5; dlrm-small tables.3 mb1 (no input gradient: the marker
+ends both, but the old probe's intercept held a leaf's accumulation, 3.8 against 2.3 us
+now, which it took out) 30.0 / 33.8 / 35.9 and 29.6 / 32.7 / 33.1; mlp-small blocks.1
+mb4 23.2 / 22.7 / 20.7 and 22.3 / 21.8 / 20.3. The node span is the nearer to the step in
+all eight. A layer with one input needing a gradient moves little (its accumulation,
+~1.5 us, left both the span and the intercept); one with none gains it back.
+
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python bench/bench_span_end.py \
         t5-tiny:1:encoder_norm t5-tiny:4:encoder_norm dlrm-small:1:tables.3 \
         mlp-small:4:blocks.1
