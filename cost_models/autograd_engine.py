@@ -15,9 +15,8 @@ profile then clamped to 0 (issue 17: "worst inf%" in 2 of ~10 bench runs).
 
     fit = measure_engine_start("cpu")   # EngineStart(seconds=9.1e-06, ...)  # doctest: +SKIP
 
-The start's intercept includes one leaf's gradient hand-over (the probe's leaf is stolen
-into `.grad`, as a layer's parameters are), as the old figure did; a span's does not (its
-graph reads the leaf behind a node, as a profiled layer reads its input: `step_inputs`).
+The intercept includes one leaf's gradient hand-over (the probe's leaf is stolen into
+`.grad`, as a layer's parameters are), as the old figure did.
 """
 
 from __future__ import annotations
@@ -87,13 +86,10 @@ class EngineSampler:
         self._rounds += 1
         for ops in order:
             span = NodeSpan(self.leaf.device.type, self.clock, self.sync) if self.nodes_only else None
-            # spanned: the graph reads its leaf behind a node, as a profiled layer its input
-            # (`step_inputs`), so the leaf's accumulation stays out of the span and its line
-            x = step_inputs(self.leaf) if span else self.leaf
-            y = x
+            y = self.leaf
             for _ in range(ops):
                 y = y * 1.0001
-            roots = [y, span.root] if span and span.arm([y], [x]) else [y]
+            roots = [y, span.root] if span and span.arm([y]) else [y]
             seeds = [self.seed] * len(roots)
             self.sync()
             start = self.clock()
@@ -122,27 +118,13 @@ class EngineSampler:
         return EngineStart(intercept, slope, spread, rounds)
 
 
-def step_inputs(values):
-    """`values` with each tensor that is a leaf requiring grad read behind one node of
-    its own (a clone), made before a layer's forward: in a step the layer's input is the
-    layer before's output, whose gradient goes to that layer's node, not into a leaf's
-    accumulation (~1.3 us here), and `NodeSpan.arm(roots, inputs)` ends the span there."""
-    import torch
-    from torch.utils._pytree import tree_map_only
-
-    return tree_map_only(torch.Tensor, lambda t: t.clone() if t.is_leaf and t.requires_grad
-                         else t, values)
-
-
 class NodeSpan:
     """Times a set of nodes inside a larger engine call, as a step runs them: from a
     pre-hook on their first node (of `roots`, the one of highest sequence number, which a
-    single thread's ready queue runs first of theirs, after every node made later) to the
-    first pre-hook to run of the inputs' nodes (`step_inputs`: made before the roots', they
-    run after theirs and the parameters' accumulations, which have the highest priority,
-    as the layer before's last node does in a step) and a marker made BEFORE them (this
-    object: one multiply on its own leaf, of lower sequence number still: the end where no
-    input takes a gradient, e.g. the model's data). Not to the call's end: the engine's
+    single thread's ready queue runs first of theirs, after every node made later) to a
+    pre-hook on a marker made BEFORE them (this object: one multiply on its own leaf; its
+    node, of lower sequence number, runs after theirs and their leaves' accumulations, as
+    the layer before's first node does in a step). Not to the call's end: the engine's
     end after a window of layers ran 20 us here where the nodes' own call's ran 5-11
     (t5-tiny's encoder_norm, per-node stamps, bench/bench_backward_call.py, load 4,
     2026-11-25). Each stamp reads the clock after `sync` (work queued before it done).
@@ -163,21 +145,14 @@ class NodeSpan:
             self.marks.setdefault(key, self.clock())
         return stamp
 
-    def arm(self, roots: list, inputs=()) -> bool:
-        """Hooks the first of `roots`' nodes, `inputs`' nodes (`step_inputs`) and the
-        marker's; False if no root has a node (left on the nodes: the graph, released by
-        the call, drops them)."""
-        import torch
-        from torch.utils._pytree import tree_leaves
-
+    def arm(self, roots: list) -> bool:
+        """Hooks the first of `roots`' nodes and the marker's; False if no root has a node
+        (left on the nodes: the graph, released by the call, drops them)."""
         nodes = [t.grad_fn for t in roots if t.grad_fn is not None]
         if not nodes:
             return False
         max(nodes, key=lambda n: n._sequence_nr()).register_prehook(self._stamp("first"))
-        ends = [t.grad_fn for t in tree_leaves(inputs)
-                if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-        for node in ends + [self.root.grad_fn]:  # the first to run stamps
-            node.register_prehook(self._stamp("after"))
+        self.root.grad_fn.register_prehook(self._stamp("after"))
         return True
 
     def seconds(self) -> float:

@@ -104,8 +104,7 @@ def _ops_of(build, device: str):
 def backward_after(build, before, clock, device: str) -> float:
     """Seconds of `build()`'s backward nodes after its forward and `before()`'s, run in one
     call after `before()`'s nodes and timed by a `NodeSpan`: `layer_profile.time_layer`'s
-    order (its own cost, and the chain's input leaf's accumulation, which the profile's
-    span leaves out (`autograd_engine.step_inputs`), cancel in cold - warm)."""
+    order (its own cost cancels in cold - warm)."""
     import torch
 
     from cost_models.autograd_engine import NodeSpan

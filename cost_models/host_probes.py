@@ -394,9 +394,9 @@ def autograd_call_s(device: str = "cpu") -> float:
 @functools.lru_cache(maxsize=None)
 def node_span_s(device: str = "cpu") -> float:
     """Host seconds an `autograd_engine.NodeSpan` reads beyond the nodes it spans (its two
-    stamps; its probe's leaf is read behind a node, `step_inputs`), once per process and
-    device: what the backward figures timed by one (`host_op_seconds_by_pass`,
-    `layer_profile.time_layer`) leave out."""
+    stamps, the probe leaf's gradient hand-over), once per process and device: what the
+    backward figures timed by one (`host_op_seconds_by_pass`, `layer_profile.time_layer`)
+    leave out."""
     from cost_models.autograd_engine import measure_engine_start
 
     return measure_engine_start(device, nodes_only=True).seconds

@@ -35,7 +35,7 @@ from ir.stand_in import TensorFactory, real_factory
 from ir.trace import trace
 
 from cost_models.autograd_engine import (ENGINE_PROBE_OPS, EngineSampler, NodeSpan,
-                                         net_backward_seconds, step_inputs)
+                                         net_backward_seconds)
 
 PROFILE_SCHEMA = "planner.profile/v1"
 DEFAULT_WARMUP = 2  # first runs pay for allocator growth and kernel selection
@@ -135,7 +135,7 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     first node to the node after its last (`autograd_engine.NodeSpan`): no engine start or
     end in it (a step pays them once per micro-batch and stage, not once per layer, and
     the compute model sums layers), and no Python between its nodes and theirs. The
-    span's own cost (its two stamps) is measured
+    span's own cost (its two stamps and the probe leaf's gradient hand-over) is measured
     right after these runs, on this clock: ENGINE_ROUNDS_PER_REPEAT rounds of
     `autograd_engine.EngineSampler`'s probe graphs per run, timed by the same span, the
     line through them giving it (`engine`, when given: the sampler to fill, for a caller
@@ -160,9 +160,7 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
         # drawn after the neighbours, as a step's layer reads what the layer before just
         # wrote (drawn before, norms' forwards read 6-25% slower: gpt-tiny's at mb 1
         # 10.7-11.4 us against 8.5-9.6, bench_kernel_model x4 each, load 3.5-7, 2026-11-25)
-        # each behind a node of its own, the span's end (`step_inputs`): a step's layer
-        # reads the layer before's output, not a leaf
-        inputs = step_inputs(measurer.fresh_inputs(index, state, factory))
+        inputs = measurer.fresh_inputs(index, state, factory)
         sync()
         start = clock()
         returned = module(*inputs)
@@ -172,7 +170,7 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
         ahead = neighbours.before_backward()  # the window's roots: its nodes run first
         # made after the neighbours' work, as a step makes a gradient just before the nodes
         # that read it (made before it, dlrm's tables.0 read 1.2 us slower: load 6)
-        roots = ahead + outs + [span.root] if span.arm(outs, inputs) else []
+        roots = ahead + outs + [span.root] if span.arm(outs) else []
         seeds = [torch.ones_like(t) for t in roots]
         if roots:
             torch.autograd.backward(roots, seeds)  # one call, as a step's
