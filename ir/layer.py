@@ -250,7 +250,8 @@ class Layer:
     after_ops: int = 0
     same_code_before: bool = False
     # ATen ops the layers of its backward window (`ir.op_count.recent_window_layers` over
-    # the layers after) run between its forward and its backward, forward and backward:
+    # the layers after) run between its forward and its backward, forward and backward
+    # (the last layer: the layers before's, their forwards twice, `op_count.step_between`):
     # its cold backward ops are priced by them (`host_dispatch.backward_host_seconds`).
     backward_after_ops: int = 0
 

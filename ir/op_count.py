@@ -140,7 +140,10 @@ def step_between(layers: list, index: int) -> dict:
     ops (its code warm, only the layer's own objects cold); `Layer.backward_after_ops`:
     the forward and backward ops of the layers after in its backward window
     (`recent_backward_ops`' layers), what the profile runs between two of its backwards
-    beside forwards (for the last layer, the layers before's: `after` above)."""
+    beside forwards; for the last layer, whose backward follows no other, all it runs
+    there but its own forward (`StepNeighbours.after_backward` then `before_forward`): the
+    layers before's (`after` above) forwards and backwards, then their forwards again
+    (bench/bench_head_cold_ab.py, bench/bench_head_arrangement.py)."""
     if index + 1 < len(layers):
         after = [layers[index + 1]]
     else:
@@ -150,9 +153,11 @@ def step_between(layers: list, index: int) -> dict:
                           == layers[index].measured.forward_overloads)
     later = [layers[j].measured.backward_overloads for j in range(index + 1, len(layers))]
     window = layers[index + 1:index + 1 + recent_window_layers(later)] if later else after
+    again = 0 if later else sum(layer.ops_fwd for layer in after)  # the last's befores
     return {"after_ops": sum(layer.ops_fwd + layer.ops_bwd for layer in after),
             "same_code_before": same,
-            "backward_after_ops": sum(layer.ops_fwd + layer.ops_bwd for layer in window)}
+            "backward_after_ops": again + sum(layer.ops_fwd + layer.ops_bwd
+                                              for layer in window)}
 
 
 def cold_distinct_ops(measured, before: frozenset[str] | None) -> int:
