@@ -12,6 +12,18 @@ between two of its backwards but its own forward), both at the result's own
 
 Prints per backward row that differs the measured us and each rule's error (medians over
 the results), and the rows over 15% under each. Exits 0 (a comparison).
+
+Read here (six bench_kernel_model runs, two under A and four under B, one thread,
+2026-11-25 14:27-14:36 UTC, load 1.9-6.4): cnn-small head mb 1/4/16 -21/-32/-35% ->
+-12/-25/-30%, dlrm-small top_mlp -23/-20/-20% -> -17/-14/-14% (each row better in each
+of the six results), no other row moved; backward rows over 15% (of 90) A 48, B 45.
+W (mlp-small's head, a warm step) -8/-41/-33% -> +50/-6/+8%: dropped, its miss grows with
+the micro-batch (data, not code) and mb 1 goes from within 15% to +50%.
+Live, bench_head_arrangement.py (load 1.7): the head's cold term (stock less "neither")
+cnn-small mb 1 30 us, mb 4 45, where A priced 22-24 and B 29-31 (these kits); the
+befores' forwards again ("no window fwd") 5.1 / 8.6 us, B less A 6-8. dlrm-small top_mlp
+mb 4 29 us live where A priced 37-39 and B 48-53: its row improves by offsetting its warm
+part's miss (live "neither" 163 us, priced 116-140), not by a truer cold term.
 """
 
 from __future__ import annotations
