@@ -11,7 +11,8 @@ Per pipeline rank r and micro-batch (compute.py, comm.py):
   and, with a pipeline on CPU processes, torch pipelining's host work per action in each
   (step_host.pipeline_action_s); once a step, with the optimizer step, the training
   loop's own work (batch split, loss weighting and all-reduce) and the optimizer's entry
-  after a backward (step_host.step_loop_s)
+  after a backward (step_host.step_loop_s); per micro-batch 2..m, the gradients'
+  accumulation (step_host.grad_accumulation_s)
 Each stage's first and last layers' cold ops are counted against what their rank runs
 before them in the step, and a first layer's forwards priced apart by whether a backward
 ran just before them (`step_host.placed_layers`), not against their model neighbours.
@@ -56,8 +57,8 @@ from cost_models.memory import MemoryEstimate, check_plan_matches, plan_memory, 
 from cost_models.model_states import bytes_per_param
 from cost_models.pipeline import PipelineTime, stage_pipeline_time
 from cost_models.pipeline_sim import SENDS_BLOCK, StageCost
-from cost_models.step_host import (Placed, placed_compute, placed_layers,
-                                   step_host_per_microbatch_s, step_loop_s)
+from cost_models.step_host import (Placed, grad_accumulation_s, placed_compute,
+                                   placed_layers, step_host_per_microbatch_s, step_loop_s)
 from cost_models.tied_sync import tied_sum_seconds
 
 # Share of a compute window that overlapped data-parallel communication can hide. PyTorch
@@ -216,7 +217,9 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
     # and the optimizer's entry
     loop = step_loop_s(cluster, plan.num_microbatches, last_stage in mine, plan.optimizer)
     opt += loop
-    bwd += engine + actions / 2
+    # micro-batches 2..m add into the existing gradients (step_host.grad_accumulation_s)
+    bwd += engine + actions / 2 + grad_accumulation_s(
+        cluster, [graph.layers[j] for j in indices], plan.num_microbatches)
     for i in mine:
         stage = plan.stages[i]
         if i < last_stage:  # forward: send this chunk's output on

@@ -50,6 +50,17 @@ stages, schedule and micro-batches.
    out of the caches (`optimizer_entry_host_s`, measured on AdamW: Adam and AdamW
    plans; others unmeasured, 0). Once a step on the rank, x the core share; 0 on GPUs.
 
+4. Gradient accumulation (`grad_accumulation_s`). Every backward figure is a step's first
+   micro-batch's: its gradients None, AccumulateGrad steals each (`planner profile` and
+   the kit clear them). From the second on it adds into each parameter's .grad: per
+   tensor the kit's `grad_accumulate_host_s` (`step_loop_probes`) and an add kernel
+   reading the gradient twice and writing it once (3 x its fp32 bytes, the TP-unsharded
+   tensor: the search's stage term reads no strategy) at the kit's add bandwidth for
+   the tensor's size, not priced where the kit measured no add (a profile-cluster spec:
+   its DRAM copy rate, 13 GB/s here, priced gpt-tiny's adds at 2.3x what they took live,
+   bench/bench_grad_accum.py); m - 1 of a step's m backwards pay it, x the core share;
+   0 where not measured and on GPUs.
+
 The search prices the same terms per candidate stage through these functions
 (`planner.stage_host`).
 """
@@ -66,10 +77,12 @@ from ir.op_count import COLD_WINDOW_DISTINCT_OPS, recent_forward_ops
 from ir.plan import ParallelPlan
 from ir.strategy import LayerStrategy, Schedule
 
-from cost_models.common import StepConfig
+from cost_models.common import GB, StepConfig
 from cost_models.compute import LayerCompute, layer_compute
 from cost_models.compute_profile import ComputeProfile
 from cost_models.host_dispatch import host_op_seconds
+from cost_models.kernel_loops import memory_gbps
+from cost_models.model_states import FP32_BYTES
 from cost_models.pipeline_ops import PassOp, rank_ops
 
 
@@ -115,6 +128,36 @@ def step_loop_s(cluster: ClusterSpec, m: int, holds_loss: bool, optimizer: str) 
     ops = STEP_LOOP_OPS + (LOSS_OPS_PER_MICROBATCH * m if holds_loss else 0)
     entry_s = cal.optimizer_entry_host_s if optimizer.startswith("adam") else 0.0
     return (ops * host_op_seconds(cluster) + cal.loss_sum_host_s + entry_s) * cluster.host_share
+
+
+# An in-place add (`grad += new`, AccumulateGrad) reads both operands and writes one.
+ACCUMULATE_BYTES_PER_GRAD_BYTE = 3
+
+
+def grad_accumulation_s(cluster: ClusterSpec, layers: Sequence[Layer], m: int) -> float:
+    """Seconds per micro-batch (the mean over a step's m backwards) that `layers`' gradient
+    accumulation adds on their rank (module docstring, 4)."""
+    if m == 1 or not accumulation_priced(cluster):
+        return 0.0
+    cal, total_s = cluster.kernel_calibration, 0.0
+    adds_measured = any(p.kernel == "add" for p in cal.memory_kernels)
+    for layer in layers:
+        tensors = len(layer.param_names) + len(layer.tied_param_names)  # tied copies too
+        if not tensors:
+            continue
+        moved_bytes = ACCUMULATE_BYTES_PER_GRAD_BYTE * FP32_BYTES * (layer.params
+                                                                     + layer.tied_params)
+        total_s += tensors * cal.grad_accumulate_host_s
+        if adds_measured:
+            gbps = memory_gbps(cal, "add", "float32", moved_bytes / tensors, cluster.hbm_gbps)
+            total_s += moved_bytes / (gbps * GB)
+    return total_s * (m - 1) / m * cluster.host_share
+
+
+def accumulation_priced(cluster: ClusterSpec) -> bool:
+    """Whether `cluster`'s kit prices gradient accumulation (a CPU kit that measured it)."""
+    cal = cluster.kernel_calibration
+    return cal is not None and cluster.host_bound and cal.grad_accumulate_host_s > 0
 
 
 def backward_calls(schedule: Schedule, pp: int, m: int, v: int) -> dict[int, int]:

@@ -14,12 +14,23 @@ per-tensor work (`cost_models.step_host.step_loop_s`); one thread, the probe clo
                           torch's AdamW over OPTIMIZER_ENTRY_TENSORS small tensors, step +
                           zero_grad, timed right after a step layer's forward and backward
                           (`cold_entry_probes.neighbour_block`) less right after itself.
+  grad_accumulate_host_s  per parameter tensor, what a backward pays more when its .grad
+                          exists (a step's micro-batches 2..m: AccumulateGrad adds into
+                          it) than when it is None (the first: it steals the tensor, as
+                          every backward figure of the kit and `planner profile` runs):
+                          a chain of GRAD_ACCUMULATE_TENSORS small Linear weights' backward
+                          both ways, interleaved, the medians' difference per tensor (the
+                          adds' kernels, 1 KiB each, are ~0 of it; `step_host` prices the
+                          bytes apart).
 
 Read here (stephost, 2026-11-25 13:20-13:31 UTC, load 4-7): a real mlp-1rank step in one
 process, thread CPU, spent 53-103 us in the loss's all-reduce call (this probe: 7.5 us
 warm) and 0.37-0.41 ms in AdamW's step over 10 tensors that took 0.26-0.28 ms back to
 back (cnn-small +0.31 ms, gpt-tiny +0.44); the entry probe read 118-126 us at 4 tensors,
 159-178 us at 32 (~1.8 us a tensor more, not priced).
+
+The accumulation probe read 0.2-1.5 us a tensor (gradaccum, 2026-11-25 14:28-14:36 UTC,
+load 1.6-2.9; medians 0.45-1.1 over 5 calls), live 0.3-1.5 us (bench/bench_grad_accum.py).
 
     seconds = loss_sum_host_s("cpu")          # ~8e-06 here   # doctest: +SKIP
     seconds = optimizer_entry_host_s("cpu")   # ~1.2e-04 here # doctest: +SKIP
@@ -41,6 +52,12 @@ OPTIMIZER_ENTRY_TENSORS = 4
 OPTIMIZER_ENTRY_SHAPE = (16, 16)
 OPTIMIZER_ENTRY_ROUNDS = 60  # after OPTIMIZER_ENTRY_WARMUP untimed
 OPTIMIZER_ENTRY_WARMUP = 5
+# Accumulation: many tensors so the per-tensor difference stands out of the backward's
+# noise; 16x16 fp32 weights (1 KiB: the add's kernel ~0); ~0.1 s in all here.
+GRAD_ACCUMULATE_TENSORS = 32
+GRAD_ACCUMULATE_WIDTH = 16
+GRAD_ACCUMULATE_ROUNDS = 100  # after GRAD_ACCUMULATE_WARMUP untimed
+GRAD_ACCUMULATE_WARMUP = 5
 
 
 def loss_sum_host_s(device: str = "cpu") -> float:
@@ -118,7 +135,39 @@ def optimizer_entry_host_s(device: str = "cpu") -> float:
         return max(0.0, statistics.median(times[True]) - statistics.median(times[False]))
 
 
+def grad_accumulate_host_s(device: str = "cpu") -> float:
+    """Host seconds per parameter tensor a backward pays more with its gradients existing
+    than None (module docstring), >= 0."""
+    import torch
+
+    from cost_models.clusters import _one_thread
+    from cost_models.host_probes import probe_clock
+
+    with _one_thread():
+        weights = [torch.nn.Parameter(torch.randn(GRAD_ACCUMULATE_WIDTH, GRAD_ACCUMULATE_WIDTH,
+                                                  device=device) / GRAD_ACCUMULATE_WIDTH)
+                   for _ in range(GRAD_ACCUMULATE_TENSORS)]
+        x = torch.randn(1, GRAD_ACCUMULATE_WIDTH, device=device)
+        clock = probe_clock(device)
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for rnd in range(GRAD_ACCUMULATE_WARMUP + GRAD_ACCUMULATE_ROUNDS):
+            for accumulate in ((True, False) if rnd % 2 else (False, True)):
+                y = x
+                for w in weights:
+                    y = torch.nn.functional.linear(y, w)
+                loss = y.sum()
+                for w in weights:  # accumulate: a gradient to add into; else none
+                    w.grad = torch.zeros_like(w) if accumulate else None
+                start = clock()
+                loss.backward()
+                if rnd >= GRAD_ACCUMULATE_WARMUP:
+                    times[accumulate].append(clock() - start)
+        extra_s = statistics.median(times[True]) - statistics.median(times[False])
+        return max(0.0, extra_s / GRAD_ACCUMULATE_TENSORS)
+
+
 def step_loop_fields(device: str = "cpu") -> dict[str, float]:
-    """Both figures as `KernelCalibration` fields (profile-device and profile-cluster)."""
+    """The figures as `KernelCalibration` fields (profile-device and profile-cluster)."""
     return {"loss_sum_host_s": loss_sum_host_s(device),
-            "optimizer_entry_host_s": optimizer_entry_host_s(device)}
+            "optimizer_entry_host_s": optimizer_entry_host_s(device),
+            "grad_accumulate_host_s": grad_accumulate_host_s(device)}

@@ -9,6 +9,8 @@ pruned or kept on the score the estimate will give it:
                      `executors.tied.TiedGradients.sync` sums them)
                + the loop's own work and the optimizer's entry on rank r, once a step,
                  / m (`step_host.step_loop_s`; the loss's on the last stage's rank)
+               + the stage's gradient accumulation, micro-batches 2..m, / m
+                     (`step_host.grad_accumulation_s`)
                + the stage's first and last layers as placed (`step_host.place_rank`:
                  cold ops counted against what rank r ran before them, forwards apart by
                  whether a backward ran just before) less as traced: the layer tables
@@ -37,7 +39,8 @@ import math
 from collections.abc import Callable
 
 from cost_models.host_dispatch import backward_host_seconds, forward_host_seconds
-from cost_models.step_host import (Placed, engine_start_s, passes_per_stage,
+from cost_models.step_host import (Placed, accumulation_priced, engine_start_s,
+                                   grad_accumulation_s, passes_per_stage,
                                    pipeline_action_s, place_rank, placed_compute,
                                    prices_cold_ops, step_host_per_microbatch_s,
                                    step_loop_s)
@@ -95,7 +98,8 @@ class StageHost:
         c, m, p, v = self.cand, self.cand.num_microbatches, self.cand.pp, self.cand.virtual_stages
         stage = self.pieces[(a, b)] if v > 1 else r
         engine, actions = step_host_per_microbatch_s(self.cluster, c.schedule, p, m, v, (stage,))
-        out = engine + actions
+        # micro-batches 2..m add into the gradients (as the estimate's backward)
+        out = engine + actions + grad_accumulation_s(self.cluster, self.graph.layers[a:b + 1], m)
         once = v == 1 or stage == max(self._rank_stages(r))  # a rank's once-a-step terms
         if once:  # the last plan stage, p v - 1, runs on rank p - 1 (it holds the loss)
             out += step_loop_s(self.cluster, m, r == p - 1, self.optimizer) / m
@@ -218,6 +222,7 @@ def tied_variants(graph: LayerGraph, tables: list, host: StageHost | None,
 def host_terms_priced(cluster: ClusterSpec) -> bool:
     """Whether any term of h is non-zero on `cluster` (CPU kits; never a GPU preset)."""
     return (engine_start_s(cluster) > 0 or pipeline_action_s(cluster) > 0
+            or accumulation_priced(cluster)
             or step_loop_s(cluster, 1, True, "adam") > 0 or tied_sums_priced(cluster)
             or prices_cold_ops(cluster))
 

@@ -77,13 +77,15 @@ def test_the_host_terms_reorder_two_pipeline_candidates():
 
 def _kit() -> KernelCalibration:
     """Every step host term priced: engine, actions, cold ops both ways with the entry
-    after a backward apart, the tied sum, the loop's own work (its loss on rank 1)."""
+    after a backward apart, the tied sum, the loop's own work (its loss on rank 1), the
+    gradients' accumulation."""
     return KernelCalibration(measured_on="test", autograd_call_host_s=ENGINE_S,
                              pipeline_action_host_s=ACTION_S, forward_host_op_s=1e-9,
                              loss_sum_host_s=7e-6, optimizer_entry_host_s=1.1e-4,
                              cold_op_host_s=3e-6, cold_backward_op_host_s=2e-6,
                              cold_entry_host_s=4e-6, cold_entry_after_backward_host_s=9e-6,
-                             tied_sum_host_s=5e-6, tied_sum_s_per_byte=1e-10)
+                             tied_sum_host_s=5e-6, tied_sum_s_per_byte=1e-10,
+                             grad_accumulate_host_s=1e-6)
 
 
 def _placed_s(host, plan, a: int, b: int, r: int) -> float:
@@ -144,7 +146,8 @@ def test_no_stage_adds_less_than_the_floor_the_pruning_reads(schedule, checkpoin
     n, m = len(graph.layers), 4
     kit = dataclasses.replace(_kit(), autograd_call_host_s=engine_s,  # the step's once
                               pipeline_action_host_s=action_s,  # terms as the engine's
-                              loss_sum_host_s=engine_s, optimizer_entry_host_s=engine_s)
+                              loss_sum_host_s=engine_s, optimizer_entry_host_s=engine_s,
+                              grad_accumulate_host_s=engine_s)
     cluster = two_cpu_processes(kit)
     plan = uniform_plan(n, pp=2, micro_batch=1, global_batch=m, schedule=schedule,
                         checkpoint=checkpoint, precision=Precision.FP32)
