@@ -37,7 +37,7 @@ from cost_models.cold_backward_probes import cold_backward_calibration  # noqa: 
 from ir.kernel_points import ColdBackwardPoint  # noqa: E402
 from planner.fmt import table  # noqa: E402
 
-from bench.bench_kernel_model import TARGET_ERROR, traced_graph  # noqa: E402
+from bench.bench_kernel_model import TARGET_ERROR, result_layers  # noqa: E402
 
 
 def cold_s(layer, op_s: float, inner_op_s: float) -> float:
@@ -69,13 +69,7 @@ def repriced(path: str, graphs: dict, probes: int) -> dict:
           + ", ".join(f"{p.after_ops} ops {p.op_s * 1e6:.2f} / {p.inner_op_s * 1e6:.2f}"
                       for p in cal["points"]), flush=True)
     out = {}
-    for row in doc["rows"]:
-        if row["phase"] != "bwd":
-            continue
-        key = (row["model"], row["micro_batch"])
-        if key not in graphs:
-            graphs[key] = traced_graph(*key)[0]
-        layer = next(l for l in graphs[key].layers if l.name == row["layer"])
+    for row, _, layer in result_layers(doc, "bwd", graphs):
         own_points = sorted((ColdBackwardPoint(**p) for p in spec.get("cold_backward_points", ())),
                             key=lambda p: p.after_ops)
         own = cold_s(layer, *(read_points(own_points, layer.backward_after_ops, "op_s",

@@ -36,7 +36,7 @@ from ir.kernel_calibration import KernelCalibration  # noqa: E402
 from ir.kernel_points import ColdEntryPoint  # noqa: E402
 from planner.fmt import table  # noqa: E402
 
-from bench.bench_kernel_model import TARGET_ERROR, traced_graph  # noqa: E402
+from bench.bench_kernel_model import TARGET_ERROR, result_layers  # noqa: E402
 
 def both_rules(spec: dict) -> tuple[KernelCalibration, KernelCalibration]:
     """(A, B) calibrations from a result's spec: B all its entry figures, A without the
@@ -55,13 +55,7 @@ def repriced(path: str, graphs: dict) -> dict:
         doc = json.load(f)
     a, b = both_rules(doc["spec"])
     out = {}
-    for row in doc["rows"]:
-        if row["phase"] != "fwd":
-            continue
-        key = (row["model"], row["micro_batch"])
-        if key not in graphs:
-            graphs[key] = traced_graph(*key)[0]
-        layer = next(l for l in graphs[key].layers if l.name == row["layer"])
+    for row, _, layer in result_layers(doc, "fwd", graphs):
         if layer.step_warm:  # A priced none; B the least work's (warm_step_entry_seconds)
             entry_a, entry_b = 0.0, warm_step_entry_seconds(layer, b)
         else:

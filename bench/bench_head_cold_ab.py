@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from cost_models.host_dispatch import read_points  # noqa: E402
 from ir.kernel_points import ColdBackwardPoint  # noqa: E402
 
-from bench.bench_kernel_model import TARGET_ERROR, traced_graph  # noqa: E402
+from bench.bench_kernel_model import TARGET_ERROR, result_layers  # noqa: E402
 
 RULES = ("A", "B", "W")
 
@@ -66,14 +66,7 @@ def repriced(arg: str, graphs: dict) -> dict:
     points = sorted((ColdBackwardPoint(**p) for p in doc["spec"]["cold_backward_points"]),
                     key=lambda p: p.after_ops)
     out = {}
-    for row in doc["rows"]:
-        if row["phase"] != "bwd":
-            continue
-        key = (row["model"], row["micro_batch"])
-        if key not in graphs:
-            graphs[key] = traced_graph(*key)[0]
-        graph = graphs[key]
-        layer = next(l for l in graph.layers if l.name == row["layer"])
+    for row, graph, layer in result_layers(doc, "bwd", graphs):
         ops = windows(graph, layer)
         base = row["predicted_s"] - cold_s(layer, points, ops[ran])
         out[(row["model"], row["layer"], row["micro_batch"])] = (

@@ -73,6 +73,19 @@ def traced_graph(model: str, micro_batch: int):
                                   dtype=torch.float32)
 
 
+def result_layers(doc: dict, phase: str, graphs: dict):
+    """(row, graph, layer) of each `phase` row of a written result (`doc`), each model
+    traced once per micro-batch into `graphs`: how the A/B benches reprice the same rows."""
+    for row in doc["rows"]:
+        if row["phase"] != phase:
+            continue
+        key = (row["model"], row["micro_batch"])
+        if key not in graphs:
+            graphs[key] = traced_graph(*key)[0]
+        graph = graphs[key]
+        yield row, graph, next(l for l in graph.layers if l.name == row["layer"])
+
+
 def gemm_shapes(graphs) -> list[tuple[int, int, int]]:
     """Every (m, n, k) the graphs' GEMM kernels run, as the time model reads them (the
     profile then measures exactly these, beside its grid)."""

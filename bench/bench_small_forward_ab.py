@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from cost_models.host_dispatch import warm_step_entry_seconds  # noqa: E402
 
 from bench.bench_cold_entry_ab import both_rules  # noqa: E402
-from bench.bench_kernel_model import TARGET_ERROR, traced_graph  # noqa: E402
+from bench.bench_kernel_model import TARGET_ERROR, result_layers  # noqa: E402
 
 BAG_OP = "aten::_embedding_bag"
 
@@ -38,19 +38,14 @@ def repriced(path: str, bag_us: float, graphs: dict) -> list[tuple]:
     _, cal = both_rules(doc["spec"])
     own = doc["spec"].get("host_op_excess_s", {}).get(BAG_OP)
     out = []
-    for row in doc["rows"]:
-        if row["phase"] != "fwd":
-            continue
-        key = (row["model"], row["micro_batch"])
-        if key not in graphs:
-            graphs[key] = traced_graph(*key)[0]
-        layer = next(l for l in graphs[key].layers if l.name == row["layer"])
+    for row, _, layer in result_layers(doc, "fwd", graphs):
         calls = sum(r.count for r in layer.kernels.forward if r.op == BAG_OP)
         terms_s = calls * (own if own is not None else bag_us * 1e-6)
         if layer.step_warm:
             terms_s += warm_step_entry_seconds(layer, cal)
         a_s = row["predicted_s"] - (terms_s if own is not None else 0.0)
-        out.append((*key[:1], row["layer"], key[1], row["measured_s"], a_s, a_s + terms_s))
+        out.append((row["model"], row["layer"], row["micro_batch"], row["measured_s"], a_s,
+                    a_s + terms_s))
     return out
 
 
