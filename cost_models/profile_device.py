@@ -340,6 +340,14 @@ def _preset_for(device_name: str, memory_bytes: int) -> str | None:
     return None
 
 
+def memory_sizes(device: str, quick: bool) -> tuple[int, ...]:
+    """The memory-bound kernels' sizes; quick on a GPU keeps the smallest and the first
+    past its L2 (the spec's bandwidth needs a copy of HBM_MIN_MOVED_BYTES)."""
+    if device == "cpu":
+        return CPU_MEMORY_BYTES
+    return CUDA_MEMORY_BYTES[::2] if quick else CUDA_MEMORY_BYTES
+
+
 def measure(device: str, quick: bool = False, progress=None,
             extra_gemm_shapes=()) -> KernelCalibration:
     """All probes on `device`; CPU on one thread (as local processes run). GEMMs run the
@@ -362,7 +370,7 @@ def measure(device: str, quick: bool = False, progress=None,
         if cpu:  # a second pass, reversed: one slow spell of a shared host no longer decides
             gemm = fastest_points(gemm, probe_gemm(device, gemm_shapes[::-1], dtypes, progress))
         memory_dtype = "float32" if cpu else "bfloat16"
-        sizes = CPU_MEMORY_BYTES if cpu else CUDA_MEMORY_BYTES[:2] if quick else CUDA_MEMORY_BYTES
+        sizes = memory_sizes(device, quick)
         memory = probe_memory(device, sizes, memory_dtype, progress)
         if cpu:
             memory = fastest_points(memory, probe_memory(device, sizes[::-1], memory_dtype))

@@ -152,10 +152,20 @@ def offloaded_params(modules: list[nn.Module]) -> frozenset[int]:
     for module in modules:
         for m in module.modules():
             if isinstance(m, FSDPModule):
-                for group in m._get_fsdp_state()._fsdp_param_groups:
+                for group in _param_groups(m._get_fsdp_state()):
                     ids.update(id(fp.sharded_param) for fp in group.fsdp_params
                                if fp.offload_to_cpu)
     return frozenset(ids)
+
+
+def _param_groups(state) -> list:
+    """An FSDP2 state's parameter groups: a list from torch 2.12 on; torch 2.11 (what the
+    lent GPU machines run) holds one group or None under the singular name."""
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return groups
+    group = state._fsdp_param_group
+    return [group] if group is not None else []
 
 
 def set_gradient_sync(stage_module: nn.Module, enabled: bool) -> None:

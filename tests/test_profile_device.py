@@ -370,3 +370,13 @@ def test_cpu_conv_grid_measures_the_zoo_convolutions_exactly():
                     seen.add((groups, batch, c_in, c_out, positions, area))
     assert {(1, 3), (1, 16)} <= {(s[0], s[2]) for s in seen} and len(seen) == 6
     assert {s[1:] for s in seen} <= grid
+
+
+def test_quick_gpu_grid_still_measures_past_the_l2():
+    """`profile-device --device cuda --quick` failed on an H100 (2026-11-25): its two
+    sizes (1 and 16 MiB) stayed inside the 50 MB L2, so no copy gave the spec's HBM rate."""
+    from cost_models.profile_device import HBM_MIN_MOVED_BYTES, memory_sizes
+
+    for quick in (False, True):
+        assert max(memory_sizes("cuda", quick)) >= HBM_MIN_MOVED_BYTES["cuda"]
+    assert len(memory_sizes("cuda", True)) < len(memory_sizes("cuda", False))

@@ -51,6 +51,7 @@ def test_every_gpt3_preset_matches_megatron_formula(preset):
 
 
 @pytest.mark.parametrize("preset, expected, exact", [
+    ("llama3.2-1b", 1.24e9, 1_235_814_400),  # tied head: equals HF meta-llama/Llama-3.2-1B
     ("llama3-8b", 8.03e9, 8_030_261_248),  # equals Hugging Face LlamaForCausalLM
     ("llama3-70b", 70.6e9, 70_553_706_496),
     ("llama3-405b", 405.9e9, 405_853_388_800),

@@ -55,16 +55,18 @@ class MixedPrecision:
 
         from ir.precision_policy import mp_policy
 
+        device_type = next(module.parameters()).device.type
         owned = not dist.is_initialized()
         if owned:
-            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            dist.init_process_group("nccl" if device_type == "cuda" else "gloo",
+                                    store=dist.HashStore(), rank=0, world_size=1)
         try:
             if dist.get_world_size() != 1:
                 raise PlannerError(f"the mixed-precision reference runs in one process, but "
                                    f"this one is rank {dist.get_rank()} of "
                                    f"{dist.get_world_size()}: run `planner validate` outside "
                                    "torchrun")
-            mesh = DeviceMesh("cpu", torch.arange(1))
+            mesh = DeviceMesh(device_type, torch.arange(1))
             policy = mp_policy(self.precision)
             for layers in _tie_groups([module.get_submodule(name) for name, strategy
                                        in self.layers if runs_as_dp_unit(

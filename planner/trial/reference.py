@@ -84,19 +84,22 @@ class ReferenceRun:
 
 
 def reference_run(spec: str, seq_len: int | None, optimizer: str, batches: list,
-                  steps: int, tables=None, mixed: MixedPrecision | None = None
-                  ) -> ReferenceRun:
+                  steps: int, tables=None, mixed: MixedPrecision | None = None,
+                  device: str = "cpu") -> ReferenceRun:
     """Single-process training (dropout 0) on the same global batches: each step's loss,
     and the first step's gradient norm of each parameter (before the optimizer step).
     `tables` (a plan's EmbeddingPlan): those tables step with its row-sparse optimizer,
     on sparse gradients, at LEARNING_RATE (as the plan's run does). `mixed`: run under
-    the plan's precision policy (`mixed_reference`), else in fp32."""
+    the plan's precision policy (`mixed_reference`), else in fp32. `device`: where it
+    runs ("cuda" when the plan ran on GPUs: a >1B model's steps take minutes on a CPU);
+    the weights are drawn on the CPU either way, as the ranks draw theirs."""
     from ir.plan import optimizer_for
     from ir.trace import model_output_tensor
     from planner.models import load_model
 
     loaded = load_model(spec, micro_batch=1, seq_len=seq_len, device="cpu", seed=SEED)
     zero_dropout(loaded.module)
+    loaded.module.to(device)
     cls, kwargs = optimizer_for(optimizer)
     kwargs.update(optimizer_kwargs(optimizer))
     norms: dict[str, float] = {}
@@ -106,7 +109,7 @@ def reference_run(spec: str, seq_len: int | None, optimizer: str, batches: list,
         opt = cls([p for p in loaded.module.parameters() if id(p) not in skip], **kwargs)
         out = []
         for k in range(steps):
-            inputs, target = batches[k % len(batches)]
+            inputs, target = _moved(batches[k % len(batches)], device)
             opt.zero_grad(set_to_none=True)
             loss = loaded.loss_fn(model_output_tensor(loaded.module(**inputs)), target)
             loss.backward()
@@ -117,6 +120,13 @@ def reference_run(spec: str, seq_len: int | None, optimizer: str, batches: list,
                 sparse.step()
             out.append(float(loss.detach()))
     return ReferenceRun(out, norms)
+
+
+def _moved(batch, device: str):
+    """A batch's tensors on `device` (the batches are drawn on the CPU)."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, batch)
 
 
 class _SparseTables:
@@ -134,7 +144,7 @@ class _SparseTables:
             table.sparse = True
             self.weights.append(table.weight)
         self.ids = {id(w) for w in self.weights}
-        self.sum_sq = [torch.zeros(w.shape[0]) for w in self.weights]
+        self.sum_sq = [torch.zeros(w.shape[0], device=w.device) for w in self.weights]
         self.opt = {"sgd": lambda: torch.optim.SGD(self.weights, lr=LEARNING_RATE),
                     "adam": lambda: torch.optim.SparseAdam(self.weights, lr=LEARNING_RATE,
                                                            eps=self.EPS)}.get(self.kind,

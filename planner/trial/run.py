@@ -78,14 +78,15 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
     results = spawn_ranks(payload, nproc)
     check = results[0].check_losses
     say("single-process reference")
+    where = "cuda" if use_cuda else "cpu"
     reference = reference_run(model, doc.seq_len, doc.plan.optimizer, batches, len(check),
-                              doc.plan.embeddings)
+                              doc.plan.embeddings, device=where)
     want, grads = reference.losses, None
     if grad_rtol is not None:
         if mixed is not None:
             say("single-process reference under the plan's precision policy (first step)")
             reference = reference_run(model, doc.seq_len, doc.plan.optimizer, batches, 1,
-                                      doc.plan.embeddings, mixed)
+                                      doc.plan.embeddings, mixed, device=where)
         got = {name: norm for r in reversed(results) for name, norm in r.grad_norms.items()}
         grads = check_grad_norms(got, reference.grad_norms,
                                  [layer.name for layer in graph.layers], grad_rtol)

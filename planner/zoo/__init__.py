@@ -57,6 +57,8 @@ PRESETS: dict[str, tuple[str, dict]] = {
     # 5120 (what Megatron and OPT-13B use) rather than take 20 heads of width 257.
     "gpt3-13b": _gpt3(40, 5120, 40),
     "gpt3-175b": _gpt3(96, 12288, 96),
+    # Llama 3.2 1B (params.json: ffn 2048 x 4 x 2/3 x 1.5 rounded up to 256s; tied head).
+    "llama3.2-1b": ("llama", {**_llama3(16, 2048, 32, 8192)[1], "tie_embeddings": True}),
     "llama3-8b": _llama3(32, 4096, 32, 14336),
     "llama3-70b": _llama3(80, 8192, 64, 28672),
     "llama3-405b": _llama3(126, 16384, 128, 53248),

@@ -1,0 +1,156 @@
+"""Where one executed training step's time goes on a GPU: host vs device (issue 17).
+
+Plans MODEL on the h100-80g preset (dp/tp/pp 1, the given checkpointing, micro-batch and
+precision), builds it with the executor on this process's device (one NCCL rank; gloo on
+a CPU, so the script is checked here too), times warm steps, then runs two under
+torch.profiler: the device's kernel time against the step's wall time says whether the
+step is host-bound, and the top ops by host and by device time say where.
+
+    python bench/bench_gpu_step.py --model llama3.2-1b --checkpoint none --micro-batch 1
+        [--precision bf16-mixed] [--seq-len 1024] [--out DIR]
+
+Prints the tables; writes DIR/gpu_step_MODEL_CKPT_MB.json (wall, device busy, op counts,
+top ops). A diagnostic: no target, exit 0 when it ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+WARM_STEPS = 3
+TIMED_STEPS = 5
+PROFILED_STEPS = 2
+TOP_OPS = 15
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="llama3.2-1b")
+    ap.add_argument("--checkpoint", default="none")
+    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--precision", default="bf16-mixed")
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--cluster", default="h100-80g")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    args = ap.parse_args(argv)
+    import torch
+    import torch.distributed as dist
+
+    with tempfile.TemporaryDirectory() as work:
+        plan = os.path.join(work, "plan.json")
+        subprocess.run([sys.executable, "-m", "planner.cli", "plan", args.model, "--cluster",
+                        args.cluster, "--nodes", "1", "--gpus-per-node", "1", "--global-batch",
+                        str(args.micro_batch), "--micro-batch", str(args.micro_batch),
+                        "--seq-len", str(args.seq_len), "--dp", "1", "--tp", "1", "--pp", "1",
+                        "--checkpoint", args.checkpoint, "--precision", args.precision,
+                        "--no-offload", "--out", plan], cwd=ROOT, check=True,
+                       capture_output=True)
+        cuda = torch.cuda.is_available()
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0",
+                          WORLD_SIZE="1", LOCAL_RANK="0")
+        if cuda:
+            torch.cuda.set_device(0)
+        dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+        try:
+            report = profile_step(plan, args, cuda)
+        finally:
+            dist.destroy_process_group()
+    name = f"gpu_step_{args.model}_{args.checkpoint}_{args.micro_batch}.json"
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, name), "w") as fh:
+        json.dump(report, fh, indent=1)
+    return 0
+
+
+def profile_step(plan_path: str, args, cuda: bool) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from executors import apply, default_device
+    from ir.plan import load_plan
+    from planner.models import load_model
+    from planner.trial.predict import plan_graph, predict
+    from planner.trial.reference import SEED, global_batches, optimizer_kwargs
+
+    doc = load_plan(plan_path)
+    graph = plan_graph(doc, plan_path)
+    predicted = predict(doc, graph, None)
+    device = default_device()
+    loaded = load_model(doc.model_name if args.model is None else args.model, micro_batch=1,
+                        seq_len=doc.seq_len, device="cpu", seed=SEED)
+    pm = apply(loaded.module, doc.plan, graph, loss_fn=loaded.loss_fn, device=device,
+               optimizer_kwargs=optimizer_kwargs(doc.plan.optimizer),
+               example_inputs=loaded.inputs)
+    batches = global_batches(args.model, doc.plan.global_batch, doc.seq_len, 2)
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    for k in range(WARM_STEPS):
+        pm.train_step(*batches[k % 2])
+    sync()
+    walls = []
+    for k in range(TIMED_STEPS):
+        start = time.perf_counter()
+        pm.train_step(*batches[k % 2])
+        sync()
+        walls.append(time.perf_counter() - start)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for k in range(PROFILED_STEPS):
+            pm.train_step(*batches[k % 2])
+        sync()
+    averages = prof.key_averages()
+    device_us = sum(e.self_device_time_total for e in averages) / PROFILED_STEPS if cuda else 0.0
+    aten_calls = sum(e.count for e in averages if e.key.startswith("aten::")) / PROFILED_STEPS
+    kernels = sum(e.count for e in averages if e.self_device_time_total > 0
+                  and not e.key.startswith(("aten::", "Memcpy", "Memset"))) / PROFILED_STEPS \
+        if cuda else 0
+    wall = statistics.median(walls)
+    top_cpu = sorted(averages, key=lambda e: -e.self_cpu_time_total)[:TOP_OPS]
+    top_dev = sorted(averages, key=lambda e: -e.self_device_time_total)[:TOP_OPS] if cuda else []
+    print(f"{args.model} ckpt {args.checkpoint} mb {args.micro_batch} {args.precision}: wall "
+          f"{wall * 1e3:.1f} ms (steps {', '.join(f'{w * 1e3:.1f}' for w in walls)}), "
+          f"predicted {predicted.iteration_seconds * 1e3:.1f} ms "
+          f"{ {k: round(v * 1e3, 2) for k, v in predicted.time_breakdown.items()} }")
+    print(f"  device kernel time {device_us / 1e3:.1f} ms per step ({device_us / 1e4 / wall:.0f}% "
+          f"of wall), {aten_calls:.0f} aten calls, {kernels:.0f} kernels per step")
+    print("  top self host time (ms per step, calls): " + "; ".join(
+        f"{e.key} {e.self_cpu_time_total / 1e3 / PROFILED_STEPS:.2f} ({e.count // PROFILED_STEPS})"
+        for e in top_cpu))
+    if cuda:
+        print("  top self device time (ms per step, calls): " + "; ".join(
+            f"{e.key[:60]} {e.self_device_time_total / 1e3 / PROFILED_STEPS:.2f} "
+            f"({e.count // PROFILED_STEPS})" for e in top_dev))
+    return {"model": args.model, "checkpoint": args.checkpoint, "micro_batch": args.micro_batch,
+            "precision": args.precision, "wall_s": wall, "step_s": walls,
+            "predicted_s": predicted.iteration_seconds,
+            "predicted_time": predicted.time_breakdown, "device_busy_s": device_us / 1e6,
+            "aten_calls": aten_calls, "kernels": kernels,
+            "top_host": [(e.key, e.self_cpu_time_total / 1e6 / PROFILED_STEPS,
+                          e.count // PROFILED_STEPS) for e in top_cpu],
+            "top_device": [(e.key, e.self_device_time_total / 1e6 / PROFILED_STEPS,
+                            e.count // PROFILED_STEPS) for e in top_dev]}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
