@@ -47,7 +47,7 @@ from ir.layer import Layer, LayerGraph
 from ir.lean_host import (LEAN_BACKWARD_PREFETCH, LEAN_RETAINS_REDUCE_INPUT, LeanLayer,
                           ring_scratch_bytes, takes_lean_path)
 from ir.legality import sequence_parallel_applies
-from ir.plan import ParallelPlan
+from ir.plan import ParallelPlan, optimizer_implementation
 from ir.strategy import Checkpoint, LayerStrategy, Schedule
 
 from cost_models.activations import boundary_bytes, layer_activations
@@ -339,7 +339,8 @@ def _rank_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, ra
     stage = walk_rank(chunks, ops, stage=rank, num_microbatches=walked, pipelined=plan.pp > 1,
                       overhead_bytes=cluster.runtime_overhead_bytes,
                       optimizer=configs[0].optimizer,
-                      foreach=device_uses_foreach(cluster.device),
+                      implementation=optimizer_implementation(
+                          configs[0].optimizer, device_type(cluster.device)),
                       stop_above_bytes=stop_above_bytes)
     if device_moments:
         worst = max(device_moments)
@@ -494,6 +495,6 @@ def _without_shared(mem: LayerMemory, shared_bytes: float) -> LayerMemory:
     return dataclasses.replace(mem, activations=acts)
 
 
-def device_uses_foreach(device: str) -> bool:
-    """PyTorch optimizers default to the foreach path on accelerators, not on CPU."""
-    return device.lower() != "cpu"
+def device_type(device: str) -> str:
+    """A cluster spec's device name as torch's device type: "cpu", else an accelerator."""
+    return "cpu" if device.lower() == "cpu" else "cuda"

@@ -23,7 +23,7 @@ from ir.strategy import LayerStrategy
 PARTS_ROUNDING_BYTES = 3
 # PyTorch's single-tensor Adam (the CPU default) makes two parameter-sized temporaries
 # (sqrt(v), then / bias correction) for one tensor at a time; the foreach path (GPU
-# default) makes one moment-sized temporary for all tensors at once.
+# default) makes one moment-sized temporary for all tensors at once; the fused kernel none.
 ADAM_SINGLE_TENSOR_TEMPORARIES = 2
 ADAM_FOREACH_TEMPORARIES = 1
 # executors.tied.TiedGradients.sync: `sum(full gradients)` holds the running sum and the
@@ -111,11 +111,12 @@ class StageMemory:
 
 
 def optimizer_step_temp_bytes(layers: Sequence[LayerMemory], optimizer: str,
-                              foreach: bool) -> float:
-    """Temporaries of one optimizer step (PyTorch's Adam/AdamW implementations)."""
-    if OPTIMIZER_MOMENTS.get(optimizer, 0) < 2:
+                              implementation: str) -> float:
+    """Temporaries of one optimizer step (PyTorch's Adam/AdamW implementations:
+    `ir.plan.optimizer_implementation`; the fused kernel makes none)."""
+    if OPTIMIZER_MOMENTS.get(optimizer, 0) < 2 or implementation == "fused":
         return 0.0  # SGD (with or without momentum, no weight decay) updates in place
-    if foreach:
+    if implementation == "foreach":
         return ADAM_FOREACH_TEMPORARIES * sum(l.fp32_moment_bytes for l in layers)
     biggest = max((l.largest_tensor_params for l in layers), default=0.0)
     return ADAM_SINGLE_TENSOR_TEMPORARIES * biggest * FP32_BYTES
@@ -212,7 +213,7 @@ class _Walk:
 
 def walk_rank(chunks: Sequence[ChunkMemory], ops: Sequence[PassOp], *, stage: int,
               num_microbatches: int, pipelined: bool, overhead_bytes: int, optimizer: str,
-              foreach: bool, stop_above_bytes: float = math.inf) -> StageMemory:
+              implementation: str, stop_above_bytes: float = math.inf) -> StageMemory:
     """Peak memory of one pipeline rank over one step (see the module docstring).
 
     `pipelined`: torch.distributed.pipelining runs the passes; FSDP2 units then keep
@@ -254,7 +255,7 @@ def walk_rank(chunks: Sequence[ChunkMemory], ops: Sequence[PassOp], *, stage: in
     layers = [l for c in chunks for l in c.layers]
     tied = TIED_SUM_TEMPORARIES * max((l.tied_grad_bytes for l in layers), default=0.0)
     w.look("optimizer", buffers=tied)
-    step = optimizer_step_temp_bytes(layers, optimizer, foreach)
+    step = optimizer_step_temp_bytes(layers, optimizer, implementation)
     w.look("optimizer", buffers=step + sum(l.zero1_master_grad_bytes for l in layers))
     zero1 = max((l.zero1_share_bytes for l in layers), default=0.0)  # one layer at a time
     w.look("optimizer", buffers=zero1)

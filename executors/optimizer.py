@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from executors.zero1 import FlatShardGroup, local_tensor
+from ir.plan import OPTIMIZERS, optimizer_implementation
 
 __all__ = ["ShardedOptimizer", "build_optimizer", "local_tensor"]
 
@@ -93,19 +94,31 @@ class ShardedOptimizer:
             self.inner.load_state_dict(state)
 
 
+# torch class -> the plan's optimizer name that builds it (Adam and AdamW: one name each)
+_OPTIMIZER_NAMES = {cls: name for name, (cls, _) in OPTIMIZERS.items()
+                    if cls in (torch.optim.Adam, torch.optim.AdamW)}
+
+
 def param_groups(params: list[nn.Parameter], offloaded: frozenset[int],
                  optimizer_cls: type[torch.optim.Optimizer],
                  optimizer_kwargs: dict[str, Any]) -> list[nn.Parameter] | list[dict]:
-    """`params` as the optimizer takes them: the list itself, or, where offloaded
-    parameters (ids in `offloaded`) step fused (module docstring), consecutive runs of
-    the same kind as param groups, so the parameters keep their order."""
+    """`params` as the optimizer takes them: the list itself, or, where some step fused
+    (offloaded ones, ids in `offloaded`, module docstring; Adam/AdamW on GPUs,
+    `ir.plan.optimizer_implementation`), consecutive runs of the same kind as param
+    groups, so the parameters keep their order."""
     fusable = "fused" in inspect.signature(optimizer_cls).parameters
-    if (not fusable or "fused" in optimizer_kwargs or "foreach" in optimizer_kwargs
-            or not any(id(p) in offloaded for p in params)):
+    if not fusable or "fused" in optimizer_kwargs or "foreach" in optimizer_kwargs:
+        return params
+
+    def fused(p) -> bool:
+        return id(p) in offloaded or optimizer_implementation(
+            _OPTIMIZER_NAMES.get(optimizer_cls, ""), p.device.type) == "fused"
+
+    if not any(fused(p) for p in params):
         return params
     groups = []
-    for on_host, run in groupby(params, key=lambda p: id(p) in offloaded):
-        groups.append({"params": list(run), **({"fused": True} if on_host else {})})
+    for on_fused, run in groupby(params, key=fused):
+        groups.append({"params": list(run), **({"fused": True} if on_fused else {})})
     return groups
 
 

@@ -91,7 +91,7 @@ def _unit(**lean) -> LayerMemory:
 def _walk(layers):
     ops = rank_ops(Schedule.ONE_F_ONE_B, 1, 0, 1)
     return walk_rank([ChunkMemory(tuple(layers))], ops, stage=0, num_microbatches=1,
-                     pipelined=False, overhead_bytes=0, optimizer="sgd", foreach=False)
+                     pipelined=False, overhead_bytes=0, optimizer="sgd", implementation="single")
 
 
 def test_walk_prices_what_the_lean_executor_holds():
@@ -145,9 +145,9 @@ def test_unreduced_accumulation_keeps_the_whole_gradient_when_reduced_in_place()
     ops = rank_ops(Schedule.ONE_F_ONE_B, 1, 0, 2)
     one = walk_rank([ChunkMemory((lean,))], rank_ops(Schedule.ONE_F_ONE_B, 1, 0, 1), stage=0,
                     num_microbatches=1, pipelined=False, overhead_bytes=0, optimizer="sgd",
-                    foreach=False)
+                    implementation="single")
     two = walk_rank([ChunkMemory((lean,))], ops, stage=0, num_microbatches=2, pipelined=False,
-                    overhead_bytes=0, optimizer="sgd", foreach=False)
+                    overhead_bytes=0, optimizer="sgd", implementation="single")
     assert two.peak_bytes == one.peak_bytes + 10
 
 

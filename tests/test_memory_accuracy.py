@@ -93,7 +93,7 @@ def _walk(layers, *, m=1, pp=1, rank=0):
 
     ops = rank_ops(Schedule.ONE_F_ONE_B, pp, rank, m)
     return walk_rank([ChunkMemory(tuple(layers))], ops, stage=rank, num_microbatches=m,
-                     pipelined=pp > 1, overhead_bytes=0, optimizer="sgd", foreach=False)
+                     pipelined=pp > 1, overhead_bytes=0, optimizer="sgd", implementation="single")
 
 
 def test_walk_holds_replicate_copies_until_each_layer_backward():

@@ -93,6 +93,7 @@ def reference_run(spec: str, seq_len: int | None, optimizer: str, batches: list,
     the plan's precision policy (`mixed_reference`), else in fp32. `device`: where it
     runs ("cuda" when the plan ran on GPUs: a >1B model's steps take minutes on a CPU);
     the weights are drawn on the CPU either way, as the ranks draw theirs."""
+    from executors.optimizer import param_groups
     from ir.plan import optimizer_for
     from ir.trace import model_output_tensor
     from planner.models import load_model
@@ -106,7 +107,8 @@ def reference_run(spec: str, seq_len: int | None, optimizer: str, batches: list,
     with mixed.applied(loaded.module) if mixed else contextlib.nullcontext():
         sparse = _SparseTables(loaded.module, tables) if tables is not None else None
         skip = frozenset(sparse.ids) if sparse else frozenset()
-        opt = cls([p for p in loaded.module.parameters() if id(p) not in skip], **kwargs)
+        stepped = [p for p in loaded.module.parameters() if id(p) not in skip]
+        opt = cls(param_groups(stepped, frozenset(), cls, kwargs), **kwargs)  # as the ranks step
         out = []
         for k in range(steps):
             inputs, target = _moved(batches[k % len(batches)], device)
