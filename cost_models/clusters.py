@@ -160,14 +160,19 @@ def _h100_80g() -> ClusterSpec:
                        H100_HBM_GBPS, H100_NVLINK_BIDIR_GBPS, H100_NIC_GBPS,
                        HOPPER_MATMUL_EFFICIENCY, PCIE_GEN5_X16_GBPS,
                        DGX_H100_HOST_MEMORY_BYTES, DGX_H100_HOST_MEMORY_GBPS)
-    return dataclasses.replace(spec, kernel_calibration=_measured_tables(H100_CALIBRATION_PATH))
+    measured = _measured_spec(H100_CALIBRATION_PATH)
+    return dataclasses.replace(spec, kernel_calibration=measured.kernel_calibration,
+                               op_overhead_s=measured.op_overhead_s)
 
 
 @functools.lru_cache(maxsize=None)
-def _measured_tables(path: Path):
-    """The kernel tables of a committed profile-device spec (only the tables: the preset's
-    other figures stay the datasheet's)."""
-    return ClusterSpec.load(path).kernel_calibration
+def _measured_spec(path: Path) -> ClusterSpec:
+    """A committed profile-device spec. Presets take its kernel tables and its host's
+    framework seconds per op (`seconds_per_op` on the GPU: 0 would price an eager step's
+    host as free, and llama3.2-1b at micro-batch 1 ran 150 ms of host-bound steps on the
+    H100 the preset predicted at 44: bench/bench_gpu_validate.py, 2026-11-25); links and
+    peaks stay the datasheet's."""
+    return ClusterSpec.load(path)
 
 
 def _h200() -> ClusterSpec:

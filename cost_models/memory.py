@@ -340,7 +340,7 @@ def _rank_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, ra
                       overhead_bytes=cluster.runtime_overhead_bytes,
                       optimizer=configs[0].optimizer,
                       implementation=optimizer_implementation(
-                          configs[0].optimizer, device_type(cluster.device)),
+                          configs[0].optimizer, cluster.device),
                       stop_above_bytes=stop_above_bytes)
     if device_moments:
         worst = max(device_moments)
@@ -494,7 +494,3 @@ def _without_shared(mem: LayerMemory, shared_bytes: float) -> LayerMemory:
                                kept_bytes=max(0.0, mem.activations.kept_bytes - shared_bytes))
     return dataclasses.replace(mem, activations=acts)
 
-
-def device_type(device: str) -> str:
-    """A cluster spec's device name as torch's device type: "cpu", else an accelerator."""
-    return "cpu" if device.lower() == "cpu" else "cuda"

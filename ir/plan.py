@@ -34,14 +34,15 @@ OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
 KNOWN_OPTIMIZERS = tuple(OPTIMIZERS)
 
 
-def optimizer_implementation(optimizer: str, device_type: str) -> str:
+def optimizer_implementation(optimizer: str, device: str) -> str:
     """Which of torch's step implementations the executor runs: "fused" (one kernel per
     tensor list, no temporaries), "foreach" or "single" (one tensor at a time).
     Adam/AdamW on GPUs step fused, as torchtitan does by default: torch's own default
     there, foreach, streamed 1.24B parameters in 45 ms of H100 kernels against the fused
     kernel's 7 x 4 bytes per element at copy speed, 12.5 ms (bench/bench_gpu_step.py,
-    2026-11-25). Elsewhere torch's defaults: foreach on GPUs, single-tensor on CPUs."""
-    if device_type == "cpu":
+    2026-11-25). Elsewhere torch's defaults: foreach on GPUs, single-tensor on CPUs.
+    `device`: a torch device type or a cluster spec's device name ("cpu" or a GPU's)."""
+    if device.lower() == "cpu":
         return "single"
     return "fused" if optimizer in ("adam", "adamw") else "foreach"
 

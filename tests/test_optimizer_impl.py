@@ -5,6 +5,9 @@ On an H100 torch's default foreach AdamW took 45 ms of kernels for 1.24B paramet
 the estimate priced the fused kernel's 7 x 4 bytes per element (12.5 ms): the executor now
 steps Adam/AdamW fused on GPUs, and the fused kernel holds no temporaries."""
 
+import dataclasses
+
+import pytest
 import torch
 from torch import nn
 
@@ -42,3 +45,26 @@ def test_fused_step_holds_no_temporaries():
     assert optimizer_step_temp_bytes(layers, "adamw", "fused") == 0.0
     assert optimizer_step_temp_bytes(layers, "adamw", "foreach") == 800.0  # one moment
     assert optimizer_step_temp_bytes(layers, "adamw", "single") == 2 * 10 * 4  # 2 x largest
+
+
+def test_gpu_step_prices_the_fused_kernel_not_a_dispatch_per_tensor():
+    """On a GPU preset with a measured host (~19 us per op) a per-tensor dispatch price
+    made gpt3-1.3b's AdamW 77 ms of host; the fused kernel's launches are a handful a step,
+    so the step is the stream: 7 x 4 bytes per element at the copy rate."""
+    from cost_models.clusters import get_cluster
+    from cost_models.common import StepConfig
+    from cost_models.compute import ADAM_STEP_BYTES_PER_ELEMENT, optimizer_step_seconds
+    from ir.strategy import LayerStrategy
+    from planner.models import load_layer_graph
+
+    gpu = get_cluster("h100-80g")
+    assert gpu.op_overhead_s > 0
+    block = load_layer_graph("gpt-tiny", 1, None).layers[1]
+    config = StepConfig(micro_batch=1, graph_micro_batch=1, graph_dtype="float32")
+    seconds = optimizer_step_seconds(block, LayerStrategy(), gpu, config)
+    stream_s = block.params * ADAM_STEP_BYTES_PER_ELEMENT / (gpu.hbm_gbps * 1e9)
+    assert seconds == pytest.approx(stream_s)
+    # one tensor at a time (a CPU's step) pays its dispatches per tensor
+    per_tensor = optimizer_step_seconds(block, LayerStrategy(), dataclasses.replace(
+        gpu, device="cpu"), config)
+    assert per_tensor > seconds + 10 * len(block.param_names) * gpu.op_overhead_s * 0.9
