@@ -12,7 +12,7 @@ step is host-bound, and the top ops by host and by device time say where.
 Each case (MODEL:CHECKPOINT:MICRO_BATCH) runs in this one process, one after another.
 Prints the tables; writes DIR/gpu_step.json (per case: wall, predicted time and its parts,
 peak memory after the first step against the prediction, device busy, op counts, top
-ops). A diagnostic: no target, exit 0 when it ran.
+ops; rows `bench_gpu_validate.py --reprice` reads). A diagnostic: no target, exit 0 when it ran.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def main(argv=None) -> int:
                 reports.append(profile_step(plan, model, args, cuda))
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "gpu_step.json"), "w") as fh:
-                json.dump(reports, fh, indent=1)
+                json.dump({"device": torch.cuda.get_device_name() if cuda else "cpu",
+                           "torch": torch.__version__, "rows": reports}, fh, indent=1)
             gc.collect()
             if cuda:
                 torch.cuda.empty_cache()
@@ -153,8 +154,14 @@ def profile_step(plan_path: str, model: str, args, cuda: bool) -> dict:
         print("  top self device time (ms per step, calls): " + "; ".join(
             f"{e.key[:60]} {e.self_device_time_total / 1e3 / PROFILED_STEPS:.2f} "
             f"({e.count // PROFILED_STEPS})" for e in top_dev))
-    return {"case": case, "precision": args.precision, "wall_s": wall, "step_s": walls,
-            "peak_bytes": peak_bytes, "predicted_peak_bytes": predicted_peak,
+    # the keys of bench_gpu_validate.py's rows, so `bench_gpu_validate.py --reprice` reads
+    # these too (no losses checked here: None)
+    return {"model": model, "checkpoint": doc.plan.layer_strategies[1].checkpoint.value,
+            "micro_batch": doc.plan.micro_batch, "seq_len": args.seq_len,
+            "precision": args.precision, "measured_s": wall, "step_seconds": walls,
+            "measured_peak_bytes": peak_bytes, "predicted_peak_bytes": predicted_peak,
+            "losses_match": None, "grads_match": None,
+            "parameters": sum(p.numel() for p in loaded.module.parameters()),
             "predicted_s": predicted.iteration_seconds,
             "predicted_time": predicted.time_breakdown, "device_busy_s": device_us / 1e6,
             "aten_calls": aten_calls, "kernels": kernels, "optimizer_host_s": optimizer_host_s,

@@ -47,7 +47,12 @@ def main(argv=None) -> int:
                     choices=["fp32", "bf16-mixed", "fp16-mixed"])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "gpu_validate.json"))
+    ap.add_argument("--reprice", metavar="ROWS.json", default=None,
+                    help="no GPU needed: price the rows a GPU run wrote with this checkout's "
+                         "model and compare with their measurements")
     args = ap.parse_args(argv)
+    if args.reprice:
+        return reprice(args.reprice)
     import torch
 
     if not torch.cuda.is_available():
@@ -75,16 +80,11 @@ def main(argv=None) -> int:
 def run_case(work: str, model: str, checkpoint: str, micro_batch: int, args) -> dict:
     row = {"model": model, "checkpoint": checkpoint, "micro_batch": micro_batch,
            "seq_len": args.seq_len, "precision": args.precision}
-    plan = os.path.join(work, f"{model}-{checkpoint}-{micro_batch}.json")
-    cli = [sys.executable, "-m", "planner.cli"]
-    planned = _run(cli + ["plan", model, "--cluster", CLUSTER, "--nodes", "1",
-                          "--gpus-per-node", "1", "--global-batch", str(micro_batch),
-                          "--micro-batch", str(micro_batch), "--seq-len", str(args.seq_len),
-                          "--dp", "1", "--tp", "1", "--pp", "1", "--checkpoint", checkpoint,
-                          "--precision", args.precision, "--no-offload", "--out", plan])
-    if planned.returncode != 0:
-        row["error"] = "plan: " + _last_line(planned)
+    plan = _plan(work, model, checkpoint, micro_batch, args)
+    if not isinstance(plan, str):
+        row["error"] = "plan: " + _last_line(plan)
         return row
+    cli = [sys.executable, "-m", "planner.cli"]
     checked = _run(cli + ["validate", plan, "--nproc", "1", "--steps", str(args.steps),
                           "--json"])
     if checked.returncode != 0:
@@ -106,6 +106,54 @@ def run_case(work: str, model: str, checkpoint: str, micro_batch: int, args) -> 
     row["ok"] = (abs(row["memory_error"]) <= MEMORY_TARGET and abs(row["time_error"]) <= TIME_TARGET
                  and row["losses_match"] and row["grads_match"])
     return row
+
+
+def reprice(path: str) -> int:
+    """Re-plan each measured row here (planning needs no GPU) and compare the current
+    model's prediction with what the GPU measured."""
+    from ir.plan import load_plan
+    from planner.trial.predict import plan_graph, predict
+
+    with open(path) as fh:
+        recorded = json.load(fh)
+    rows = [r for r in recorded["rows"] if "measured_s" in r]
+    with tempfile.TemporaryDirectory() as work:
+        for row in rows:
+            args = argparse.Namespace(seq_len=row["seq_len"], precision=row["precision"])
+            plan = _plan(work, row["model"], row["checkpoint"], row["micro_batch"], args)
+            if not isinstance(plan, str):
+                row["error"] = "plan failed here"
+                continue
+            doc = load_plan(plan)
+            prediction = predict(doc, plan_graph(doc, plan), None)
+            row["predicted_peak_bytes"] = prediction.peak_bytes_by_rank[0]
+            row["predicted_s"] = float(prediction.iteration_seconds)
+            row["predicted_time"] = prediction.time_breakdown
+            measured_peak = row["measured_peak_bytes"]
+            row["memory_error"] = (row["predicted_peak_bytes"] - measured_peak) / measured_peak
+            row["time_error"] = (row["predicted_s"] - row["measured_s"]) / row["measured_s"]
+            # rows of bench_gpu_step.py checked no losses (None): only the targets count
+            row["ok"] = (abs(row["memory_error"]) <= MEMORY_TARGET
+                         and abs(row["time_error"]) <= TIME_TARGET
+                         and row.get("losses_match") is not False
+                         and row.get("grads_match") is not False)
+    print(f"measured on {recorded['device']} (torch {recorded['torch']}); priced by this checkout")
+    print_table(rows)
+    missed = [r for r in rows if not r.get("ok")]
+    print(f"{len(rows) - len(missed)} of {len(rows)} rows within memory {MEMORY_TARGET:.0%} and "
+          f"time {TIME_TARGET:.0%}")
+    return 1 if missed else 0
+
+
+def _plan(work: str, model: str, checkpoint: str, micro_batch: int, args):
+    """The case's plan file (pinned strategy on the preset), or the failed process."""
+    plan = os.path.join(work, f"{model}-{checkpoint}-{micro_batch}.json")
+    planned = _run([sys.executable, "-m", "planner.cli", "plan", model, "--cluster", CLUSTER,
+                    "--nodes", "1", "--gpus-per-node", "1", "--global-batch", str(micro_batch),
+                    "--micro-batch", str(micro_batch), "--seq-len", str(args.seq_len),
+                    "--dp", "1", "--tp", "1", "--pp", "1", "--checkpoint", checkpoint,
+                    "--precision", args.precision, "--no-offload", "--out", plan])
+    return plan if planned.returncode == 0 else planned
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess:
@@ -145,12 +193,14 @@ def print_table(rows: list[dict]) -> None:
             body.append([r["model"], "-", r["checkpoint"], r["micro_batch"], "-", "-", "FAILED",
                          "-", "-", r["error"][:60], "-"])
             continue
-        body.append([r["model"], f"{r['parameters'] / 1e9:.2f}B", r["checkpoint"],
+        body.append([r["model"], f"{r.get('parameters', 0) / 1e9:.2f}B", r["checkpoint"],
                      r["micro_batch"], f"{r['predicted_peak_bytes'] / 2**30:.2f}",
                      f"{r['measured_peak_bytes'] / 2**30:.2f}", f"{r['memory_error']:+.1%}",
                      f"{r['predicted_s'] * 1e3:.1f}", f"{r['measured_s'] * 1e3:.1f}",
                      f"{r['time_error']:+.1%}",
-                     "yes" if r["losses_match"] and r["grads_match"] else "NO"])
+                     {None: "-", True: "yes", False: "NO"}[
+                         None if r.get("losses_match") is None
+                         else bool(r["losses_match"] and r["grads_match"])]])
     print(table(["model", "params", "ckpt", "mb", "pred GiB", "meas GiB", "mem err",
                  "pred ms", "meas ms", "time err", "match"], body,
                 right={3, 4, 5, 6, 7, 8, 9}))
