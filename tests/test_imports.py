@@ -13,8 +13,10 @@ ALLOWED = {
     "executors": {"ir", "executors"},
     "planner": {"ir", "cost_models", "planner"},
 }
-# planner may reach the executors only from the one-call API and from validate's trial run.
-PLANNER_MAY_IMPORT_EXECUTORS = {"api.py", "trial/rank.py", "trial/spawn.py", "commands/validate.py"}
+# planner may reach the executors only from the one-call API and from validate's trial run
+# (its one-process reference steps the optimizer's param groups as the ranks do).
+PLANNER_MAY_IMPORT_EXECUTORS = {"api.py", "trial/rank.py", "trial/spawn.py", "trial/reference.py",
+                                "commands/validate.py"}
 IR_THIRD_PARTY = {"torch", "networkx", "numpy"}
 
 
