@@ -78,6 +78,10 @@ PROBE_WIDTH = 8
 ROUNDS = 7
 RUNS_PER_ROUND = 10
 WARMUP_RUNS = 5
+# On a GPU machine (its host not shared) fewer rounds and runs: the probe must stay under
+# ~5 s on a host ~2-3x slower per op than this one (the H100 host's launch 7-11 us,
+# PythonDispatchMode 22.4 us per op, 2026-11-25), where 7 x 10 runs took 3.9 s here.
+DEVICE_ROUNDS = {"cuda": (3, 5)}  # device -> (rounds, runs per round)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,8 +174,8 @@ def checkpoint_extra_seconds(layer, mode: Checkpoint,
 # ---- the probe ---------------------------------------------------------------------------
 
 
-def _chains(torch):
-    """name -> chain(x, n): n ops of one kind on x, then `sin` (which saves its input: the
+def _chains(torch, device: str = "cpu"):
+    """name -> chain(x, n), its tensors on `device`: n ops of one kind on x, then `sin` (which saves its input: the
     backward then unpacks a saved tensor, which starts the recompute). Per op: `add` saves
     nothing, `mul` one tensor with a Python object (`w`), `layer_norm` three of which two
     (mean, rstd) exist only in C++ (a hook gives each a Python object, as it does most of
@@ -181,10 +185,10 @@ def _chains(torch):
     with the argument counts, views and saves of a real layer's forward."""
     import torch.nn.functional as F
 
-    w_mul = torch.full((2, PROBE_WIDTH), 1.0001)
-    w_mm = torch.eye(PROBE_WIDTH)
-    w_linear = torch.eye(PROBE_WIDTH, requires_grad=True)  # a parameter: gets a gradient
-    b_linear = torch.zeros(PROBE_WIDTH, requires_grad=True)
+    w_mul = torch.full((2, PROBE_WIDTH), 1.0001, device=device)
+    w_mm = torch.eye(PROBE_WIDTH, device=device)
+    w_linear = torch.eye(PROBE_WIDTH, device=device, requires_grad=True)  # gets a gradient
+    b_linear = torch.zeros(PROBE_WIDTH, device=device, requires_grad=True)
 
     def add(x, n):
         for _ in range(n):
@@ -265,8 +269,9 @@ class ChainCounts:
         return self.rerun + self.saved_grad
 
 
-def _counts(torch, chain, n: int) -> ChainCounts:
-    """The counts of one plain forward of `chain` at length n. Ops come from a run
+def _counts(torch, chain, n: int, device: str = "cpu") -> ChainCounts:
+    """The counts of one plain forward of `chain` at length n on `device` (a CUDA
+    dropout is one `native_dropout`, a CPU one four ops: counted where it runs). Ops come from a run
     without hooks (a saved output's forward `detach` goes with them, as in the layer IR's
     op count, `ir.graph_measurer`); saves and the ops from the last save on from a run
     under the log's hooks, as the IR's saved-tensor counts (`ir.graph_measurer`)."""
@@ -274,7 +279,8 @@ def _counts(torch, chain, n: int) -> ChainCounts:
     from ir.op_count import OpCounter
     from ir.saved_tensors import SavedTensorLog
 
-    recorder, x = KernelRecorder(set()), torch.ones(2, PROBE_WIDTH, requires_grad=True)
+    recorder = KernelRecorder(set())
+    x = torch.ones(2, PROBE_WIDTH, device=device, requires_grad=True)
     with OpCounter(recorder) as ops:
         chain(x, n)
     log = SavedTensorLog(set(), set())
@@ -295,23 +301,24 @@ def _fit(rows) -> list[float]:
     return [max(0.0, float(c)) for c in coefficients]
 
 
-def _timed(torch, runs, clock) -> dict:
+def _timed(torch, runs, clock, device: str = "cpu") -> dict:
     """Median (forward, backward) seconds of each run over ROUNDS rounds of
-    RUNS_PER_ROUND, every run taking each place in the order in turn (the first after a
+    RUNS_PER_ROUND (DEVICE_ROUNDS' on a GPU), every run taking each place in the order in turn (the first after a
     pause runs up to ~3x slower: caches)."""
     for _ in range(WARMUP_RUNS):
         for forward, backward in runs.values():
-            forward(torch.ones(2, PROBE_WIDTH, requires_grad=True))
+            forward(torch.ones(2, PROBE_WIDTH, device=device, requires_grad=True))
             backward()
     rounds = {key: ([], []) for key in runs}
     order = list(runs)
-    for _ in range(ROUNDS):
+    n_rounds, per_round = DEVICE_ROUNDS.get(device, (ROUNDS, RUNS_PER_ROUND))
+    for _ in range(n_rounds):
         sums = {key: [0.0, 0.0] for key in runs}
-        for _ in range(RUNS_PER_ROUND):
+        for _ in range(per_round):
             order = order[1:] + order[:1]
             for key in order:
                 forward, backward = runs[key]
-                x = torch.ones(2, PROBE_WIDTH, requires_grad=True)  # the layer's input
+                x = torch.ones(2, PROBE_WIDTH, device=device, requires_grad=True)  # the input
                 start = clock()
                 forward(x)
                 mid = clock()
@@ -319,13 +326,16 @@ def _timed(torch, runs, clock) -> dict:
                 sums[key][0] += mid - start
                 sums[key][1] += clock() - mid
         for key, (forward_s, backward_s) in sums.items():
-            rounds[key][0].append(forward_s / RUNS_PER_ROUND)
-            rounds[key][1].append(backward_s / RUNS_PER_ROUND)
+            rounds[key][0].append(forward_s / per_round)
+            rounds[key][1].append(backward_s / per_round)
     return {key: (statistics.median(f), statistics.median(b)) for key, (f, b) in rounds.items()}
 
 
 def checkpoint_host_seconds(device: str = "cpu") -> CheckpointHostCost:
-    """Probe the checkpoint machinery's host seconds on `device` ("cpu": one thread).
+    """Probe the checkpoint machinery's host seconds on `device` ("cpu": one thread;
+    "cuda": the same chains on the GPU, timed on the host's wall clock, which tiny
+    kernels leave host-bound: what a GPU step's host pays, SAC's ~22 us per op on the
+    H100 host of 2026-11-25 included).
     Each chain runs at CHAIN_OPS lengths under NONE, FULL and SELECTIVE; with T the
     median seconds and (ops, kept, saved) the chain's counts (`_counts`), least squares
     over every chain and length (`_fit`) of:
@@ -348,12 +358,12 @@ def checkpoint_host_seconds(device: str = "cpu") -> CheckpointHostCost:
 
     modes = (Checkpoint.NONE, Checkpoint.FULL, Checkpoint.SELECTIVE)
     with _one_thread():
-        chains = _chains(torch)
-        counts = {(name, n): _counts(torch, chain, n)
+        chains = _chains(torch, device)
+        counts = {(name, n): _counts(torch, chain, n, device)
                   for name, chain in chains.items() for n in CHAIN_OPS}
         runs = {(name, n, mode): _runner(torch, chain, n, mode)
                 for name, chain in chains.items() for n in CHAIN_OPS for mode in modes}
-        t = _timed(torch, runs, probe_clock(device))
+        t = _timed(torch, runs, probe_clock(device), device)
     none, full, sel = modes
     fwd_rows, rec_rows, sel_fwd_rows, sel_rec_rows = [], [], [], []
     for (name, n), c in counts.items():

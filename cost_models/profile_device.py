@@ -486,10 +486,11 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
     op_overhead_s = clusters.seconds_per_op(clusters._overhead_block().to("cuda"),
                                             torch.randn(2, clusters.OP_OVERHEAD_WIDTH,
                                                         device="cuda"))
-    return dataclasses.replace(
+    return dataclasses.replace(  # + the checkpoint's host machinery (SAC's modes) on this host
         base, name=name, device=props.name, devices_per_node=torch.cuda.device_count(),
         device_memory_bytes=props.total_memory, peak_flops_by_dtype=peak, hbm_gbps=hbm_gbps,
-        matmul_efficiency=efficiency, op_overhead_s=op_overhead_s, kernel_calibration=cal,
+        matmul_efficiency=efficiency, op_overhead_s=op_overhead_s, kernel_calibration=dataclasses
+        .replace(cal, **checkpoint_host_seconds("cuda").calibration_fields()),
         notes=f"planner profile-device --device cuda: {cal.measured_on}; peak FLOP/s "
               f"{'from the ' + preset + ' datasheet preset' if preset else '= best measured'}; "
               f"links not measured (the {base.name} preset's: run `planner profile-cluster`)")
