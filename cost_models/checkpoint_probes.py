@@ -28,10 +28,10 @@ as much as the layer's own ops. What it adds (torch 2.13, `torch/utils/checkpoin
                 default): the ops from there on (`Layer.ops_after_last_save_fwd`; the
                 op that saved an input included, inputs being saved before it runs) are
                 not rerun: on gpt-tiny's block the last dropout's `mul` and the residual
-                `add` (2 of 71 ops, counted with a dispatch mode, 2026-11-24). Not
-                modelled: the `detach` a plain forward makes of a saved output (softmax's,
-                1 op of the block's 71, in `ops_fwd`), which a forward under the
-                checkpoint's hooks does not make: priced as rerun.
+                `add` (2 of 71 ops, counted with a dispatch mode, 2026-11-24). The
+                `detach` a plain forward makes of a saved output (softmax's, 1 op of the
+                block's 71, in `ops_fwd`) neither checkpointed pass makes: SELECTIVE's
+                modes do not count it (`sac_mode_ops`), FULL prices it as rerun.
 
 `checkpoint_host_seconds` probes each on the thread clock (`host_probes.probe_clock`) with
 five chains of ops run through the same `checkpoint` call the executor makes: `y + 1`
@@ -69,6 +69,8 @@ CHAIN_OPS = (2, 14)
 # operand), mul 4.4-4.9, layer_norm 4.2-4.9, block 4.4-4.6, mm 5.3-5.7: all chains in one
 # fit gave 4.8-6.2 over 5 probes, swinging with the add chain's weight.
 SAC_RECOMPUTE_CHAINS = ("block", "mm")
+# The op a plain forward runs on a saved output (`KernelRecord.op`), which SAC never sees
+DETACH_OP = "aten::detach"
 # Width of the probe tensors (2 x width): tiny, so a kernel costs the host little beside
 # its dispatch (as `cost_models.clusters.OP_OVERHEAD_WIDTH` does for the per-op probe).
 PROBE_WIDTH = 8
@@ -144,6 +146,21 @@ def cached_mode_ops(layer) -> int:
     return rerun_ops(layer) + layer.saved_grad_tensors_fwd
 
 
+def forward_detaches(layer) -> int:
+    """The plain forward's detaches of saved outputs (softmax's, rsqrt's: `aten::detach`
+    records, in `ops_fwd`), which neither checkpointed pass makes."""
+    records = layer.kernels.forward if layer.kernels is not None else ()
+    return sum(r.count for r in records if r.op == DETACH_OP)
+
+
+def sac_mode_ops(layer) -> tuple[int, int]:
+    """(forward, recompute) ops through SAC's caching and cached dispatch modes: the
+    forward's ops and `cached_mode_ops`, each less `forward_detaches` (llama-tiny's block:
+    117 - 3 and 148 - 3, as a counter on the modes reads, 2026-11-25)."""
+    detaches = forward_detaches(layer)
+    return max(layer.ops_fwd - detaches, 0), max(cached_mode_ops(layer) - detaches, 0)
+
+
 def checkpoint_extra_seconds(layer, mode: Checkpoint,
                              cal: KernelCalibration) -> tuple[float, float]:
     """(forward, recompute) host seconds the checkpoint machinery adds to one micro-batch
@@ -163,11 +180,11 @@ def checkpoint_extra_seconds(layer, mode: Checkpoint,
     if mode is Checkpoint.SELECTIVE:
         kept = kept_ops(layer) if layer.kernels is not None else 0
         call_forward_s, call_recompute_s = cal.selective_call_halves()
+        sac_forward, sac_recompute = sac_mode_ops(layer)
         # Probed per op through SAC's caching / cached dispatch modes (checkpoint_host_seconds)
         forward_s += (call_forward_s + kept * cal.selective_forward_kept_op_s
-                      + (ops - kept) * cal.selective_forward_op_s)
-        recompute_s += (call_recompute_s
-                        + cached_mode_ops(layer) * cal.selective_recompute_op_s)
+                      + max(sac_forward - kept, 0) * cal.selective_forward_op_s)
+        recompute_s += call_recompute_s + sac_recompute * cal.selective_recompute_op_s
     return forward_s, recompute_s
 
 
@@ -259,6 +276,7 @@ class ChainCounts:
     saved: int  # pack calls
     saved_grad: int  # of them, tensors requiring grad (the recompute detaches each)
     after_last_save: int  # ops the recompute's early stop skips
+    detaches: int = 0  # of the ops, detaches of saved outputs (`forward_detaches`)
 
     @property
     def rerun(self) -> int:  # as `rerun_ops` counts a layer's
@@ -267,6 +285,10 @@ class ChainCounts:
     @property
     def cached_mode(self) -> int:  # as `cached_mode_ops` counts a layer's
         return self.rerun + self.saved_grad
+
+    @property
+    def sac_modes(self) -> tuple[int, int]:  # as `sac_mode_ops` counts a layer's
+        return self.ops - self.detaches, self.cached_mode - self.detaches
 
 
 def _counts(torch, chain, n: int, device: str = "cpu") -> ChainCounts:
@@ -287,7 +309,9 @@ def _counts(torch, chain, n: int, device: str = "cpu") -> ChainCounts:
     with torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack), log.ops:
         chain(x, n)
     kept = sum(r.count for r in recorder.records() if r.saved_under_selective)
-    return ChainCounts(ops.count, kept, log.calls, log.grad_calls, log.ops_after_last_save)
+    detaches = sum(r.count for r in recorder.records() if r.op == DETACH_OP)
+    return ChainCounts(ops.count, kept, log.calls, log.grad_calls, log.ops_after_last_save,
+                       detaches)
 
 
 def _fit(rows) -> list[float]:
@@ -345,8 +369,9 @@ def checkpoint_host_seconds(device: str = "cpu") -> CheckpointHostCost:
                                                          + saved x per saved
       SELECTIVE fwd:    T_sel - T_full                 = call + recomputed ops x per op
                                                          + kept ops x per kept op
+                        (of the ops through the caching mode: `sac_mode_ops`)
       SELECTIVE bwd:    T_sel,bwd - T_full,bwd         = call + cached-mode ops x per op
-                        (`cached_mode_ops`: the ops rerun and the recompute's detaches;
+                        (`sac_mode_ops`: the ops rerun and the recompute's detaches;
                         on the SAC_RECOMPUTE_CHAINS only;
                         kept ops, which skip their kernel, fit apart and are not kept:
                         the model charges them the cached mode's per op, and their plain
@@ -370,10 +395,11 @@ def checkpoint_host_seconds(device: str = "cpu") -> CheckpointHostCost:
         fwd_rows.append(((1, c.ops, c.saved), t[name, n, full][0] - t[name, n, none][0]))
         rec_rows.append(((1, c.rerun, c.saved), t[name, n, full][1] - t[name, n, none][1]
                          - t[name, n, none][0] * c.rerun / c.ops))
-        sel_fwd_rows.append(((1, c.ops - c.kept, c.kept),
+        sac_forward, sac_recompute = c.sac_modes
+        sel_fwd_rows.append(((1, sac_forward - c.kept, c.kept),
                              t[name, n, sel][0] - t[name, n, full][0]))
         if name in SAC_RECOMPUTE_CHAINS:
-            sel_rec_rows.append(((1, c.cached_mode, c.kept),
+            sel_rec_rows.append(((1, sac_recompute, c.kept),
                                  t[name, n, sel][1] - t[name, n, full][1]))
     call_forward_s, op_forward_s, saved_forward_s = _fit(fwd_rows)
     call_recompute_s, op_recompute_s, saved_recompute_s = _fit(rec_rows)
