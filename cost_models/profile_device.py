@@ -483,14 +483,14 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
         efficiency = min(1.0, best[reference] / base.peak_flops(reference))
     else:
         peak, efficiency = tuple(sorted(best.items())), 1.0
-    op_overhead_s = clusters.seconds_per_op(clusters._overhead_block().to("cuda"),
-                                            torch.randn(2, clusters.OP_OVERHEAD_WIDTH,
-                                                        device="cuda"))
-    return dataclasses.replace(  # + the checkpoint's host machinery (SAC's modes) on this host
+    op_overhead_s = clusters.seconds_per_op(clusters._overhead_block().to("cuda"), torch.randn(
+        2, clusters.OP_OVERHEAD_WIDTH, device="cuda"))
+    sac = checkpoint_host_seconds("cuda").calibration_fields()  # the checkpoint's host machinery
+    return dataclasses.replace(
         base, name=name, device=props.name, devices_per_node=torch.cuda.device_count(),
         device_memory_bytes=props.total_memory, peak_flops_by_dtype=peak, hbm_gbps=hbm_gbps,
-        matmul_efficiency=efficiency, op_overhead_s=op_overhead_s, kernel_calibration=dataclasses
-        .replace(cal, **checkpoint_host_seconds("cuda").calibration_fields()),
+        matmul_efficiency=efficiency, op_overhead_s=op_overhead_s,
+        kernel_calibration=dataclasses.replace(cal, **sac),
         notes=f"planner profile-device --device cuda: {cal.measured_on}; peak FLOP/s "
               f"{'from the ' + preset + ' datasheet preset' if preset else '= best measured'}; "
               f"links not measured (the {base.name} preset's: run `planner profile-cluster`)")
