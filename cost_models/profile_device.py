@@ -328,18 +328,6 @@ def check_device(device: str) -> None:
                            "use --device cpu")
 
 
-def _preset_for(device_name: str, memory_bytes: int) -> str | None:
-    """The datasheet preset of a known GPU ("NVIDIA H100 80GB HBM3" -> "h100-80g")."""
-    upper = device_name.upper()
-    if "H200" in upper:
-        return "h200"
-    if "H100" in upper:
-        return "h100-80g"
-    if "A100" in upper:
-        return "a100-80g" if memory_bytes > 48 * GiB else "a100-40g"
-    return None
-
-
 def memory_sizes(device: str, quick: bool) -> tuple[int, ...]:
     """The memory-bound kernels' sizes; quick on a GPU keeps the smallest and the first
     past its L2 (the spec's bandwidth needs a copy of HBM_MIN_MOVED_BYTES)."""
@@ -475,7 +463,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
                   "measured GEMM per dtype; links and DTensor overhead guessed (run "
                   "`planner profile-cluster` to measure them)")
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    preset = _preset_for(props.name, props.total_memory)
+    preset = clusters.preset_for_device(props.name, props.total_memory)
     base = clusters.get_cluster(preset or "h100-80g")
     if preset is not None:  # datasheet peaks; efficiency = best measured / peak
         peak = base.peak_flops_by_dtype
