@@ -2,7 +2,9 @@
 
 The executor (`executors.checkpointing`) runs a checkpointed layer under non-reentrant
 `torch.utils.checkpoint.checkpoint`; on a CPU process its Python machinery costs the host
-as much as the layer's own ops. What it adds (torch 2.13, `torch/utils/checkpoint.py`):
+as much as the layer's own ops; on a GPU it is host time the kernels may not cover
+(llama3.2-1b on an H100, 2026-11-25: 3870 ops a step through SAC's modes, 86.8 ms of
+host, the step host-bound). What it adds (torch 2.13, `torch/utils/checkpoint.py`):
 
   per call      forward: the frame, the inputs saved, the RNG state stashed, the hooks
                 installed; backward: the first unpack starts the recompute (`fork_rng`,
@@ -28,10 +30,10 @@ as much as the layer's own ops. What it adds (torch 2.13, `torch/utils/checkpoin
                 default): the ops from there on (`Layer.ops_after_last_save_fwd`; the
                 op that saved an input included, inputs being saved before it runs) are
                 not rerun: on gpt-tiny's block the last dropout's `mul` and the residual
-                `add` (2 of 71 ops, counted with a dispatch mode, 2026-11-24). Not
-                modelled: the `detach` a plain forward makes of a saved output (softmax's,
-                1 op of the block's 71, in `ops_fwd`), which a forward under the
-                checkpoint's hooks does not make: priced as rerun.
+                `add` (2 of 71 ops, counted with a dispatch mode, 2026-11-24). The
+                `detach` a plain forward makes of a saved output (softmax's, 1 op of the
+                block's 71, in `ops_fwd`) neither checkpointed pass makes: SELECTIVE's
+                modes do not count it (`sac_mode_ops`), FULL prices it as rerun.
 
 `checkpoint_host_seconds` probes each on the thread clock (`host_probes.probe_clock`) with
 five chains of ops run through the same `checkpoint` call the executor makes: `y + 1`
@@ -69,6 +71,8 @@ CHAIN_OPS = (2, 14)
 # operand), mul 4.4-4.9, layer_norm 4.2-4.9, block 4.4-4.6, mm 5.3-5.7: all chains in one
 # fit gave 4.8-6.2 over 5 probes, swinging with the add chain's weight.
 SAC_RECOMPUTE_CHAINS = ("block", "mm")
+# The op a plain forward runs on a saved output (`KernelRecord.op`), which SAC never sees
+DETACH_OP = "aten::detach"
 # Width of the probe tensors (2 x width): tiny, so a kernel costs the host little beside
 # its dispatch (as `cost_models.clusters.OP_OVERHEAD_WIDTH` does for the per-op probe).
 PROBE_WIDTH = 8
@@ -78,6 +82,10 @@ PROBE_WIDTH = 8
 ROUNDS = 7
 RUNS_PER_ROUND = 10
 WARMUP_RUNS = 5
+# On a GPU machine (its host not shared) fewer rounds and runs: the probe must stay under
+# ~5 s on a host ~2-3x slower per op than this one (the H100 host's launch 7-11 us,
+# PythonDispatchMode 22.4 us per op, 2026-11-25), where 7 x 10 runs took 3.9 s here.
+DEVICE_ROUNDS = {"cuda": (3, 5)}  # device -> (rounds, runs per round)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +148,21 @@ def cached_mode_ops(layer) -> int:
     return rerun_ops(layer) + layer.saved_grad_tensors_fwd
 
 
+def forward_detaches(layer) -> int:
+    """The plain forward's detaches of saved outputs (softmax's, rsqrt's: `aten::detach`
+    records, in `ops_fwd`), which neither checkpointed pass makes."""
+    records = layer.kernels.forward if layer.kernels is not None else ()
+    return sum(r.count for r in records if r.op == DETACH_OP)
+
+
+def sac_mode_ops(layer) -> tuple[int, int]:
+    """(forward, recompute) ops through SAC's caching and cached dispatch modes: the
+    forward's ops and `cached_mode_ops`, each less `forward_detaches` (llama-tiny's block:
+    117 - 3 and 148 - 3, as a counter on the modes reads, 2026-11-25)."""
+    detaches = forward_detaches(layer)
+    return max(layer.ops_fwd - detaches, 0), max(cached_mode_ops(layer) - detaches, 0)
+
+
 def checkpoint_extra_seconds(layer, mode: Checkpoint,
                              cal: KernelCalibration) -> tuple[float, float]:
     """(forward, recompute) host seconds the checkpoint machinery adds to one micro-batch
@@ -159,19 +182,19 @@ def checkpoint_extra_seconds(layer, mode: Checkpoint,
     if mode is Checkpoint.SELECTIVE:
         kept = kept_ops(layer) if layer.kernels is not None else 0
         call_forward_s, call_recompute_s = cal.selective_call_halves()
+        sac_forward, sac_recompute = sac_mode_ops(layer)
         # Probed per op through SAC's caching / cached dispatch modes (checkpoint_host_seconds)
         forward_s += (call_forward_s + kept * cal.selective_forward_kept_op_s
-                      + (ops - kept) * cal.selective_forward_op_s)
-        recompute_s += (call_recompute_s
-                        + cached_mode_ops(layer) * cal.selective_recompute_op_s)
+                      + max(sac_forward - kept, 0) * cal.selective_forward_op_s)
+        recompute_s += call_recompute_s + sac_recompute * cal.selective_recompute_op_s
     return forward_s, recompute_s
 
 
 # ---- the probe ---------------------------------------------------------------------------
 
 
-def _chains(torch):
-    """name -> chain(x, n): n ops of one kind on x, then `sin` (which saves its input: the
+def _chains(torch, device: str = "cpu"):
+    """name -> chain(x, n), its tensors on `device`: n ops of one kind on x, then `sin` (which saves its input: the
     backward then unpacks a saved tensor, which starts the recompute). Per op: `add` saves
     nothing, `mul` one tensor with a Python object (`w`), `layer_norm` three of which two
     (mean, rstd) exist only in C++ (a hook gives each a Python object, as it does most of
@@ -181,10 +204,10 @@ def _chains(torch):
     with the argument counts, views and saves of a real layer's forward."""
     import torch.nn.functional as F
 
-    w_mul = torch.full((2, PROBE_WIDTH), 1.0001)
-    w_mm = torch.eye(PROBE_WIDTH)
-    w_linear = torch.eye(PROBE_WIDTH, requires_grad=True)  # a parameter: gets a gradient
-    b_linear = torch.zeros(PROBE_WIDTH, requires_grad=True)
+    w_mul = torch.full((2, PROBE_WIDTH), 1.0001, device=device)
+    w_mm = torch.eye(PROBE_WIDTH, device=device)
+    w_linear = torch.eye(PROBE_WIDTH, device=device, requires_grad=True)  # gets a gradient
+    b_linear = torch.zeros(PROBE_WIDTH, device=device, requires_grad=True)
 
     def add(x, n):
         for _ in range(n):
@@ -255,6 +278,7 @@ class ChainCounts:
     saved: int  # pack calls
     saved_grad: int  # of them, tensors requiring grad (the recompute detaches each)
     after_last_save: int  # ops the recompute's early stop skips
+    detaches: int = 0  # of the ops, detaches of saved outputs (`forward_detaches`)
 
     @property
     def rerun(self) -> int:  # as `rerun_ops` counts a layer's
@@ -264,9 +288,14 @@ class ChainCounts:
     def cached_mode(self) -> int:  # as `cached_mode_ops` counts a layer's
         return self.rerun + self.saved_grad
 
+    @property
+    def sac_modes(self) -> tuple[int, int]:  # as `sac_mode_ops` counts a layer's
+        return self.ops - self.detaches, self.cached_mode - self.detaches
 
-def _counts(torch, chain, n: int) -> ChainCounts:
-    """The counts of one plain forward of `chain` at length n. Ops come from a run
+
+def _counts(torch, chain, n: int, device: str = "cpu") -> ChainCounts:
+    """The counts of one plain forward of `chain` at length n on `device` (a CUDA
+    dropout is one `native_dropout`, a CPU one four ops: counted where it runs). Ops come from a run
     without hooks (a saved output's forward `detach` goes with them, as in the layer IR's
     op count, `ir.graph_measurer`); saves and the ops from the last save on from a run
     under the log's hooks, as the IR's saved-tensor counts (`ir.graph_measurer`)."""
@@ -274,14 +303,17 @@ def _counts(torch, chain, n: int) -> ChainCounts:
     from ir.op_count import OpCounter
     from ir.saved_tensors import SavedTensorLog
 
-    recorder, x = KernelRecorder(set()), torch.ones(2, PROBE_WIDTH, requires_grad=True)
+    recorder = KernelRecorder(set())
+    x = torch.ones(2, PROBE_WIDTH, device=device, requires_grad=True)
     with OpCounter(recorder) as ops:
         chain(x, n)
     log = SavedTensorLog(set(), set())
     with torch.autograd.graph.saved_tensors_hooks(log.pack, log.unpack), log.ops:
         chain(x, n)
     kept = sum(r.count for r in recorder.records() if r.saved_under_selective)
-    return ChainCounts(ops.count, kept, log.calls, log.grad_calls, log.ops_after_last_save)
+    detaches = sum(r.count for r in recorder.records() if r.op == DETACH_OP)
+    return ChainCounts(ops.count, kept, log.calls, log.grad_calls, log.ops_after_last_save,
+                       detaches)
 
 
 def _fit(rows) -> list[float]:
@@ -295,23 +327,24 @@ def _fit(rows) -> list[float]:
     return [max(0.0, float(c)) for c in coefficients]
 
 
-def _timed(torch, runs, clock) -> dict:
+def _timed(torch, runs, clock, device: str = "cpu") -> dict:
     """Median (forward, backward) seconds of each run over ROUNDS rounds of
-    RUNS_PER_ROUND, every run taking each place in the order in turn (the first after a
+    RUNS_PER_ROUND (DEVICE_ROUNDS' on a GPU), every run taking each place in the order in turn (the first after a
     pause runs up to ~3x slower: caches)."""
     for _ in range(WARMUP_RUNS):
         for forward, backward in runs.values():
-            forward(torch.ones(2, PROBE_WIDTH, requires_grad=True))
+            forward(torch.ones(2, PROBE_WIDTH, device=device, requires_grad=True))
             backward()
     rounds = {key: ([], []) for key in runs}
     order = list(runs)
-    for _ in range(ROUNDS):
+    n_rounds, per_round = DEVICE_ROUNDS.get(device, (ROUNDS, RUNS_PER_ROUND))
+    for _ in range(n_rounds):
         sums = {key: [0.0, 0.0] for key in runs}
-        for _ in range(RUNS_PER_ROUND):
+        for _ in range(per_round):
             order = order[1:] + order[:1]
             for key in order:
                 forward, backward = runs[key]
-                x = torch.ones(2, PROBE_WIDTH, requires_grad=True)  # the layer's input
+                x = torch.ones(2, PROBE_WIDTH, device=device, requires_grad=True)  # the input
                 start = clock()
                 forward(x)
                 mid = clock()
@@ -319,13 +352,16 @@ def _timed(torch, runs, clock) -> dict:
                 sums[key][0] += mid - start
                 sums[key][1] += clock() - mid
         for key, (forward_s, backward_s) in sums.items():
-            rounds[key][0].append(forward_s / RUNS_PER_ROUND)
-            rounds[key][1].append(backward_s / RUNS_PER_ROUND)
+            rounds[key][0].append(forward_s / per_round)
+            rounds[key][1].append(backward_s / per_round)
     return {key: (statistics.median(f), statistics.median(b)) for key, (f, b) in rounds.items()}
 
 
 def checkpoint_host_seconds(device: str = "cpu") -> CheckpointHostCost:
-    """Probe the checkpoint machinery's host seconds on `device` ("cpu": one thread).
+    """Probe the checkpoint machinery's host seconds on `device` ("cpu": one thread;
+    "cuda": the same chains on the GPU, timed on the host's wall clock, which tiny
+    kernels leave host-bound: what a GPU step's host pays, SAC's ~22 us per op on the
+    H100 host of 2026-11-25 included).
     Each chain runs at CHAIN_OPS lengths under NONE, FULL and SELECTIVE; with T the
     median seconds and (ops, kept, saved) the chain's counts (`_counts`), least squares
     over every chain and length (`_fit`) of:
@@ -335,8 +371,9 @@ def checkpoint_host_seconds(device: str = "cpu") -> CheckpointHostCost:
                                                          + saved x per saved
       SELECTIVE fwd:    T_sel - T_full                 = call + recomputed ops x per op
                                                          + kept ops x per kept op
+                        (of the ops through the caching mode: `sac_mode_ops`)
       SELECTIVE bwd:    T_sel,bwd - T_full,bwd         = call + cached-mode ops x per op
-                        (`cached_mode_ops`: the ops rerun and the recompute's detaches;
+                        (`sac_mode_ops`: the ops rerun and the recompute's detaches;
                         on the SAC_RECOMPUTE_CHAINS only;
                         kept ops, which skip their kernel, fit apart and are not kept:
                         the model charges them the cached mode's per op, and their plain
@@ -348,22 +385,23 @@ def checkpoint_host_seconds(device: str = "cpu") -> CheckpointHostCost:
 
     modes = (Checkpoint.NONE, Checkpoint.FULL, Checkpoint.SELECTIVE)
     with _one_thread():
-        chains = _chains(torch)
-        counts = {(name, n): _counts(torch, chain, n)
+        chains = _chains(torch, device)
+        counts = {(name, n): _counts(torch, chain, n, device)
                   for name, chain in chains.items() for n in CHAIN_OPS}
         runs = {(name, n, mode): _runner(torch, chain, n, mode)
                 for name, chain in chains.items() for n in CHAIN_OPS for mode in modes}
-        t = _timed(torch, runs, probe_clock(device))
+        t = _timed(torch, runs, probe_clock(device), device)
     none, full, sel = modes
     fwd_rows, rec_rows, sel_fwd_rows, sel_rec_rows = [], [], [], []
     for (name, n), c in counts.items():
         fwd_rows.append(((1, c.ops, c.saved), t[name, n, full][0] - t[name, n, none][0]))
         rec_rows.append(((1, c.rerun, c.saved), t[name, n, full][1] - t[name, n, none][1]
                          - t[name, n, none][0] * c.rerun / c.ops))
-        sel_fwd_rows.append(((1, c.ops - c.kept, c.kept),
+        sac_forward, sac_recompute = c.sac_modes
+        sel_fwd_rows.append(((1, sac_forward - c.kept, c.kept),
                              t[name, n, sel][0] - t[name, n, full][0]))
         if name in SAC_RECOMPUTE_CHAINS:
-            sel_rec_rows.append(((1, c.cached_mode, c.kept),
+            sel_rec_rows.append(((1, sac_recompute, c.kept),
                                  t[name, n, sel][1] - t[name, n, full][1]))
     call_forward_s, op_forward_s, saved_forward_s = _fit(fwd_rows)
     call_recompute_s, op_recompute_s, saved_recompute_s = _fit(rec_rows)

@@ -213,6 +213,18 @@ def preset_names() -> tuple[str, ...]:
     return tuple(PRESETS)
 
 
+def preset_for_device(device_name: str, memory_bytes: int) -> str | None:
+    """The datasheet preset of a known GPU ("NVIDIA H100 80GB HBM3" -> "h100-80g")."""
+    upper = device_name.upper()
+    if "H200" in upper:
+        return "h200"
+    if "H100" in upper:
+        return "h100-80g"
+    if "A100" in upper:
+        return "a100-80g" if memory_bytes > 48 * GiB else "a100-40g"
+    return None
+
+
 def get_cluster(name_or_path: str | os.PathLike, nodes: int | None = None,
                 gpus_per_node: int | None = None) -> ClusterSpec:
     """A preset by name or a spec JSON file by path, resized to `nodes` x `gpus_per_node`.

@@ -328,18 +328,6 @@ def check_device(device: str) -> None:
                            "use --device cpu")
 
 
-def _preset_for(device_name: str, memory_bytes: int) -> str | None:
-    """The datasheet preset of a known GPU ("NVIDIA H100 80GB HBM3" -> "h100-80g")."""
-    upper = device_name.upper()
-    if "H200" in upper:
-        return "h200"
-    if "H100" in upper:
-        return "h100-80g"
-    if "A100" in upper:
-        return "a100-80g" if memory_bytes > 48 * GiB else "a100-40g"
-    return None
-
-
 def memory_sizes(device: str, quick: bool) -> tuple[int, ...]:
     """The memory-bound kernels' sizes; quick on a GPU keeps the smallest and the first
     past its L2 (the spec's bandwidth needs a copy of HBM_MIN_MOVED_BYTES)."""
@@ -475,7 +463,7 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
                   "measured GEMM per dtype; links and DTensor overhead guessed (run "
                   "`planner profile-cluster` to measure them)")
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    preset = _preset_for(props.name, props.total_memory)
+    preset = clusters.preset_for_device(props.name, props.total_memory)
     base = clusters.get_cluster(preset or "h100-80g")
     if preset is not None:  # datasheet peaks; efficiency = best measured / peak
         peak = base.peak_flops_by_dtype
@@ -483,13 +471,14 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> Clu
         efficiency = min(1.0, best[reference] / base.peak_flops(reference))
     else:
         peak, efficiency = tuple(sorted(best.items())), 1.0
-    op_overhead_s = clusters.seconds_per_op(clusters._overhead_block().to("cuda"),
-                                            torch.randn(2, clusters.OP_OVERHEAD_WIDTH,
-                                                        device="cuda"))
+    op_overhead_s = clusters.seconds_per_op(clusters._overhead_block().to("cuda"), torch.randn(
+        2, clusters.OP_OVERHEAD_WIDTH, device="cuda"))
+    sac = checkpoint_host_seconds("cuda").calibration_fields()  # the checkpoint's host machinery
     return dataclasses.replace(
         base, name=name, device=props.name, devices_per_node=torch.cuda.device_count(),
         device_memory_bytes=props.total_memory, peak_flops_by_dtype=peak, hbm_gbps=hbm_gbps,
-        matmul_efficiency=efficiency, op_overhead_s=op_overhead_s, kernel_calibration=cal,
+        matmul_efficiency=efficiency, op_overhead_s=op_overhead_s,
+        kernel_calibration=dataclasses.replace(cal, **sac),
         notes=f"planner profile-device --device cuda: {cal.measured_on}; peak FLOP/s "
               f"{'from the ' + preset + ' datasheet preset' if preset else '= best measured'}; "
               f"links not measured (the {base.name} preset's: run `planner profile-cluster`)")

@@ -176,13 +176,14 @@ class KernelCalibration:
     # make_bag_size_out slices and subtracts the offsets only when bags != 1): the forward
     # line is timed at several bags, a one-bag call pays it less; 0 where not measured.
     embedding_bag_multi_bag_s: float = 0.0
-    # Host seconds of non-reentrant activation checkpointing's machinery (CPUs:
-    # `cost_models.checkpoint_probes.checkpoint_host_seconds`; its docstring names each
-    # part): per checkpointed call, forward and backward; per op run under its hooks,
+    # Host seconds of non-reentrant activation checkpointing's machinery (CPUs, and GPU
+    # hosts since 2026-11-25: `cost_models.checkpoint_probes.checkpoint_host_seconds`;
+    # its docstring names each part): per checkpointed call, forward and backward; per op run under its hooks,
     # forward and recompute (beyond the op's own forward price); per tensor the forward
     # saves, forward (pack hook) and backward (recompute's pack + unpack); SELECTIVE's per call
     # on top, per op through its caching mode (recomputed, kept) and its cached mode in
-    # the recompute. 0 where not measured: checkpointing then costs only its recompute.
+    # the recompute. 0 where not measured (GPU specs before 2026-11-25): checkpointing then
+    # costs only its recompute.
     checkpoint_call_forward_s: float = 0.0
     checkpoint_call_recompute_s: float = 0.0
     checkpoint_op_forward_s: float = 0.0

@@ -120,6 +120,9 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     assert {p.op for p in cal.host_op_excess} == {*HOST_EXCESS_OPS, "aten::_embedding_bag"}
     assert 0 <= cal.host_excess_s("aten::_embedding_bag") < 1e-3
     assert 0 < cal.host_excess_s("aten::gelu_backward") < 1e-3
+    # SAC's dispatch modes per op (checkpoint_probes: ~11 us forward, ~7 in the recompute
+    # here, 2026-11-25), which a GPU kit writes too
+    assert 0 < cal.selective_forward_op_s < 1e-3 and 0 < cal.selective_recompute_op_s < 1e-3
 
 
 def test_estimate_plan_accept_the_profiled_spec(capsys, cpu_spec_path):
