@@ -111,7 +111,7 @@ def plan_case(case: Case, cluster: str, work: str):
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         status = planner(argv)
     if status:
-        raise PlannerError(f"{err.getvalue().strip()[-300:]} (`planner {' '.join(argv)}`: "
+        raise PlannerError(f"{err.getvalue().strip()[:400]} (`planner {' '.join(argv)}`: "
                            f"exit {status})")
     return _rewritten(load_plan(path), case)
 
@@ -200,13 +200,13 @@ def _check_built(case: Case, doc, pm) -> None:
 
 
 def where(exc: BaseException) -> str:
-    """The innermost frame of the traceback in this repository (not the smoke itself)."""
+    """The innermost frame of the traceback in this repository, the smoke's own only when
+    no other is there (its checks raise there)."""
     ours = [f for f in traceback.extract_tb(exc.__traceback__)
-            if f.filename.startswith(ROOT) and "/.venv/" not in f.filename
-            and not f.filename.endswith("bench_gpu_smoke.py")]
+            if f.filename.startswith(ROOT) and "/.venv/" not in f.filename]
     if not ours:
         return "-"
-    f = ours[-1]
+    f = ([g for g in ours if not g.filename.endswith("bench_gpu_smoke.py")] or ours)[-1]
     return f"{os.path.relpath(f.filename, ROOT)}:{f.lineno} in {f.name}"
 
 
@@ -253,21 +253,29 @@ def main(argv=None) -> int:
                       else row.get("plan", ""))
             print(f"{row['status']} {case.name:26s} {row['seconds']:6.1f}s  {detail}",
                   flush=True)
+            _write(args.out, rows, cluster, time.perf_counter() - start_all)  # so far
             if cuda:
                 torch.cuda.empty_cache()
     finally:
         dist.destroy_process_group()
     failed = [r["case"] for r in rows if r["status"] != "PASS"]
     total_s = time.perf_counter() - start_all
+    _write(args.out, rows, cluster, total_s)
     print(f"{len(rows) - len(failed)}/{len(rows)} passed in {total_s:.1f} s on "
           f"{torch.cuda.get_device_name() if cuda else 'cpu'} (torch {torch.__version__})"
           + (f"; FAILED: {', '.join(failed)}" if failed else ""))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump({"device": torch.cuda.get_device_name() if cuda else "cpu",
-                   "torch": torch.__version__, "cluster": cluster,
-                   "seconds": round(total_s, 1), "rows": rows}, fh, indent=1)
     return 1 if failed else 0
+
+
+def _write(path: str, rows: list, cluster: str, seconds: float) -> None:
+    """The rows as JSON, rewritten after every case (a run cut short keeps its rows)."""
+    import torch
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump({"device": torch.cuda.get_device_name() if torch.cuda.is_available()
+                   else "cpu", "torch": torch.__version__, "cluster": cluster,
+                   "seconds": round(seconds, 1), "rows": rows}, fh, indent=1)
 
 
 if __name__ == "__main__":
