@@ -168,7 +168,9 @@ def run_case(case: Case, cluster: str, device: str) -> dict:
             step = load_checkpoint(fresh, saved)
             resumed = fresh.train_step(*batches[step])
             row["resumed_loss"] = resumed
-            if step != STEPS - 1 or not losses_match([resumed], [losses[-1]]):
+            # a 16-bit loss moves in steps of its rounding (CUDA's atomics may flip one)
+            if step != STEPS - 1 or not losses_match([resumed], [losses[-1]],
+                                                     loss_rtol(doc.plan.precision)):
                 raise AssertionError(f"resumed at step {step}: loss {resumed!r}, the "
                                      f"uninterrupted run's {losses[-1]!r}")
         if case.compare:
