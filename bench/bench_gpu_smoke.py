@@ -54,6 +54,7 @@ class Case:
     compare: bool = True  # losses against the one-process reference
     resume: bool = False  # save after step 2 through DCP, resume in a fresh build, step 3
     meta_init: bool = False  # `planner plan --meta-init`: built on meta, shards materialized
+    api: bool = False  # `planner.auto_parallel` on a meta-built model: it searches itself
 
 
 def cases() -> list[Case]:
@@ -85,6 +86,7 @@ def cases() -> list[Case]:
         Case("gpt-tiny-zero3-bf16-resume", "gpt-tiny", bf16, zero=3, resume=True),
         Case("dlrm-small-tables", "dlrm-small", ("--precision", "fp32")),
         Case("dlrm-small-tables-resume", "dlrm-small", ("--precision", "fp32"), resume=True),
+        Case("gpt-tiny-auto-parallel", "gpt-tiny", api=True),
         Case("hf-llama-fp32", HF_LLAMA, fp32),
         Case("hf-llama-zero3-bf16-sel", HF_LLAMA,
              ("--precision", "bf16-mixed", "--checkpoint", "selective"), zero=3),
@@ -140,6 +142,8 @@ def run_case(case: Case, cluster: str, device: str) -> dict:
     from planner.trial.reference import (global_batches, loss_rtol, losses_match,
                                          reference_run)
 
+    if case.api:
+        return _api_case(case, cluster, device)
     row: dict = {}
     with tempfile.TemporaryDirectory() as work:
         doc = plan_case(case, cluster, work)
@@ -181,6 +185,31 @@ def run_case(case: Case, cluster: str, device: str) -> dict:
             if not losses_match(losses, ref, rtol):
                 raise AssertionError(f"losses {losses} vs reference {ref} (rtol {rtol})")
     return row
+
+
+def _api_case(case: Case, cluster: str, device: str) -> dict:
+    """The documented user path: build on meta, `auto_parallel` plans (fp32: the reference
+    tolerance is exact) and shards it, STEPS steps against the one-process reference."""
+    from executors import meta_init
+    from planner import auto_parallel
+    from planner.models import example_batch, load_model
+    from planner.trial.reference import (SEED, global_batches, losses_match, optimizer_kwargs,
+                                         reference_run, zero_dropout)
+
+    inputs, target = example_batch(case.model, 1, None, seed=SEED)
+    with meta_init():
+        loaded = load_model(case.model, micro_batch=1, device="meta", seed=SEED)
+    zero_dropout(loaded.module)
+    ap = auto_parallel(loaded.module, (inputs, target), loss_fn=loaded.loss_fn,
+                       cluster=cluster, global_batch=GLOBAL_BATCH, precision="fp32",
+                       optimizer_kwargs=optimizer_kwargs("adamw"))
+    batches = global_batches(case.model, GLOBAL_BATCH, None, STEPS)
+    losses = [ap.train_step(batches[k]) for k in range(STEPS)]
+    ref = reference_run(case.model, None, ap.plan.optimizer, batches, STEPS,
+                        device=device).losses
+    if not losses_match(losses, ref):
+        raise AssertionError(f"losses {losses} vs reference {ref}")
+    return {"plan": str(ap.plan), "losses": losses, "reference": ref}
 
 
 def _check_built(case: Case, doc, pm) -> None:
