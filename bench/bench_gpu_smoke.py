@@ -22,7 +22,6 @@ import io
 import json
 import math
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 STEPS = 3  # steps per case: the first allocates optimizer states, two more run warm
 GLOBAL_BATCH = 2  # rows per step; micro-batch 1 makes it 2 accumulated micro-batches
+PG_TIMEOUT_S = 60  # a collective here takes ms; a hung one fails inside the < 60 s budget
 HF_LLAMA = "hf:" + os.path.join(ROOT, "tests", "data", "hf", "llama", "config.json")
 
 
@@ -253,14 +253,12 @@ def main(argv=None) -> int:
     cuda = torch.cuda.is_available()
     cluster = args.cluster or ("h100-80g" if cuda else "local")
     device = "cuda" if cuda else "cpu"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
-                      WORLD_SIZE="1", LOCAL_RANK="0")
+    from executors import init_distributed
+
     if cuda:
         torch.cuda.set_device(0)
-    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+    # one rank (NCCL on a GPU, gloo here); a hung collective fails the run, not the lease
+    init_distributed(timeout_s=PG_TIMEOUT_S)
     chosen = cases()
     if args.only:
         names = set(args.only.split(","))
