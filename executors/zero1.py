@@ -224,9 +224,16 @@ class FlatShardGroup:
         for x, t in zip(self.pieces, self.opt_params):
             send[x.offset:x.offset + x.numel].copy_(t)
         flat = torch.empty(self.shard * self.dp, dtype=dtype, device=device)
-        dist.all_gather_single(flat, send, group=self.group)
+        _all_gather_single(flat, send, self.group)
         del send
         offset = 0
         for t, n in zip(locals_, self.numels):
             t.view(-1).copy_(flat[offset:offset + n])
             offset += n
+
+
+def _all_gather_single(out: torch.Tensor, shard: torch.Tensor, group) -> None:
+    """`dist.all_gather_single` from torch 2.13 on; torch 2.11 (what the lent GPU machines
+    run) has only its older name `all_gather_into_tensor` (2.13 forwards that to it)."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, shard, group=group)

@@ -55,6 +55,30 @@ def test_flat_ranges_are_rectangles_in_order(shape):
             assert at == hi
 
 
+def test_all_gather_runs_on_torch_without_all_gather_single(monkeypatch):
+    """torch 2.11 (the lent GPU machines') has no `dist.all_gather_single`: the shards
+    are gathered through its older name `all_gather_into_tensor` (a one-rank gloo group)."""
+    import torch.distributed as dist
+
+    from executors.zero1 import FlatShardGroup
+
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        monkeypatch.delattr(dist, "all_gather_single", raising=False)
+        params = [torch.nn.Parameter(torch.zeros(3, 4)), torch.nn.Parameter(torch.zeros(5))]
+        group = FlatShardGroup(params, dist.group.WORLD)
+        with torch.no_grad():
+            for t in group.opt_params:
+                t.fill_(2.0)
+        group.all_gather_params()
+        assert all(bool((p == 2.0).all()) for p in params)
+    finally:
+        if owned:
+            dist.destroy_process_group()
+
+
 # ---- the cost model: Rajbhandari et al.'s bytes ---------------------------------------------
 
 @functools.lru_cache(maxsize=None)
