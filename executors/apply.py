@@ -77,6 +77,18 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
+def rank_device(device: torch.device | str | None) -> torch.device:
+    """The device this rank runs on: `default_device()` for None, and a GPU named without
+    an index ("cuda") as this rank's, cuda:LOCAL_RANK (torch 2.11's set_device refuses an
+    index-less device: every `apply(..., device="cuda")` failed on an H100, 2026-11-25)."""
+    if device is None:
+        return default_device()
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return device
+
+
 def _layer_module(stage_module: nn.Module, name: str) -> nn.Module:
     return stage_module.get_submodule(name) if name else stage_module
 
@@ -192,11 +204,11 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
         raise PlannerError("executors.apply needs an initialised process group: run under "
                            "torchrun, or call executors.init_distributed() first")
     # every rank runs the same plan, or all fail together naming the ranks (no hang)
-    agree_on_plan(plan, graph, torch.device(device) if device is not None else default_device())
+    device = rank_device(device)
+    agree_on_plan(plan, graph, device)
     world_size = dist.get_world_size()
     # 0. reject before any collective
     dims = check_plan(model, plan, graph, world_size, example_inputs)
-    device = torch.device(device) if device is not None else default_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
     # 1. meshes
