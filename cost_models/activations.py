@@ -46,7 +46,6 @@ from cost_models.common import StepConfig, dtype_bytes
 SCORE_TENSORS_WITH_DROPOUT = 3
 # Logits-sized tensors alive at the start of a loss head's backward (see layer_activations).
 LOSS_BACKWARD_LOGITS_COPIES = 2
-FP32_BYTES = 4  # the loss runs in fp32 under mixed precision
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,16 +132,18 @@ def _loss_head(logits, saved, sharded, kept, recompute, tp, sp, checkpointed, co
 
     Loss-parallel TP (Megatron's vocab-parallel cross-entropy) keeps them split over the
     vocabulary, so whatever part of them the IR left replicated is divided by t here (SP
-    already divided everything). Mixed precision computes the loss in fp32
-    (torch.autocast's fp32 op list; Megatron upcasts the logits), so they take 4 bytes
-    per element, not 2. Returns (kept, recompute, logits bytes as the loss holds them).
+    already divided everything). fp16-mixed computes the loss in fp32 (the executor
+    upcasts the logits: `Precision.loss_bytes`), so they take 4 bytes per element, not
+    2; bf16-mixed computes it in bf16 (priced in fp32, a bf16 CPU step of a 32K-vocabulary
+    llama was over-predicted 49%, issue 17). Returns (kept, recompute, logits bytes as
+    the loss holds them).
     """
     log_probs = min(logits, saved)
     if tp > 1 and not sp:
         unsplit = min(log_probs, max(saved - sharded, 0.0)) * (1 - 1 / tp)
         kept, recompute = ((kept, recompute - unsplit) if checkpointed
                            else (kept - unsplit, recompute))
-    upcast = FP32_BYTES / config.precision.compute_bytes
+    upcast = config.precision.loss_bytes / config.precision.compute_bytes
     if upcast > 1:
         extra = log_probs * (upcast - 1) / tp
         kept, recompute = ((kept, recompute + extra) if checkpointed

@@ -62,6 +62,13 @@ class Precision(str, enum.Enum):
         return 4 if self is Precision.FP32 else 2
 
     @property
+    def loss_bytes(self) -> int:
+        """Bytes per element of the logits the loss runs on, as the executor runs it:
+        fp16-mixed upcasts them to fp32 (`executors.runtime.Runtime._weighted_loss`: its
+        scaled gradient would overflow fp16); bf16-mixed keeps bf16 (no autocast)."""
+        return 4 if self is Precision.FP16_MIXED else self.compute_bytes
+
+    @property
     def compute_dtype(self) -> str:
         return {"fp32": "float32", "bf16-mixed": "bfloat16", "fp16-mixed": "float16"}[self.value]
 
