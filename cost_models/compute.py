@@ -73,6 +73,10 @@ ATTENTION_CORE_FLOPS_COEFF = 4
 # ATen ops one optimizer step dispatches per parameter tensor, steady state, counted on
 # torch 2.13's single-tensor implementations with a dispatch-mode counter (step + zero_grad).
 OPTIMIZER_OPS_PER_TENSOR = {"adamw": 10, "adam": 9, "sgd": 2, "sgd-momentum": 3}
+# Host ops' worth per tensor of a fused/foreach step (its `_init_group` Python): measured
+# 31-67 us a tensor on the H100 machine, whose framework op is 33 us (bench_gpu_step.py,
+# llama3.2-1b and gpt3-1.3b, 2026-11-25).
+LIST_STEP_HOST_OPS_PER_TENSOR = 1
 # Bytes an Adam step streams per fp32 element: reads param, grad, m, v; writes param, m, v.
 ADAM_STEP_BYTES_PER_ELEMENT = 7 * 4
 SGD_STEP_BYTES_PER_ELEMENT = 4 * 4  # reads param, grad, buffer; writes param (or buffer)
@@ -394,9 +398,10 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
     if not strategy.offload and not cluster.host_bound and optimizer_implementation(
             config.optimizer, cluster.device) != "single":
         # GPUs step whole tensor lists: a dispatch counter sees 4 ops a step whatever the
-        # tensor count (torch 2.13, fused AdamW); the Python around them (6.3 us per tensor,
-        # fused on this CPU, 2026-11-25) hides under the stream (147 tensors: 0.9 of 12.5 ms)
-        return with_host(stream_s, copy_s, cluster)
+        # tensor count (torch 2.13, fused AdamW); the Python that gathers the lists costs
+        # about one op's host per tensor (H100 machine: 31-67 us a tensor at 33 us an op)
+        host_s = tensors * LIST_STEP_HOST_OPS_PER_TENSOR * host_op_seconds(cluster)
+        return with_host(stream_s, host_s + copy_s, cluster)
     ops = OPTIMIZER_OPS_PER_TENSOR[config.optimizer] * tensors
     per_tensor_s = cluster.calibration.optimizer_seconds_per_tensor(config.optimizer, on_dtensors)
     # The measured figure is the stepping thread's CPU (step_probes.optimizer_tensor_seconds):

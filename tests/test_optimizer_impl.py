@@ -49,11 +49,13 @@ def test_fused_step_holds_no_temporaries():
 
 def test_gpu_step_prices_the_fused_kernel_not_a_dispatch_per_tensor():
     """On a GPU preset with a measured host (~19 us per op) a per-tensor dispatch price
-    made gpt3-1.3b's AdamW 77 ms of host; the fused kernel's launches are a handful a step,
-    so the step is the stream: 7 x 4 bytes per element at the copy rate."""
+    made gpt3-1.3b's AdamW 77 ms of host; the fused kernel's launches are a handful a step:
+    the step is the stream (7 x 4 bytes per element at the copy rate) or, where longer,
+    the lists' Python, about an op's host per tensor."""
     from cost_models.clusters import get_cluster
     from cost_models.common import StepConfig
-    from cost_models.compute import ADAM_STEP_BYTES_PER_ELEMENT, optimizer_step_seconds
+    from cost_models.compute import (ADAM_STEP_BYTES_PER_ELEMENT, LIST_STEP_HOST_OPS_PER_TENSOR,
+                                      optimizer_step_seconds)
     from ir.strategy import LayerStrategy
     from planner.models import load_layer_graph
 
@@ -63,7 +65,11 @@ def test_gpu_step_prices_the_fused_kernel_not_a_dispatch_per_tensor():
     config = StepConfig(micro_batch=1, graph_micro_batch=1, graph_dtype="float32")
     seconds = optimizer_step_seconds(block, LayerStrategy(), gpu, config)
     stream_s = block.params * ADAM_STEP_BYTES_PER_ELEMENT / (gpu.hbm_gbps * 1e9)
-    assert seconds == pytest.approx(stream_s)
+    host_s = len(block.param_names) * LIST_STEP_HOST_OPS_PER_TENSOR * gpu.op_overhead_s
+    assert seconds == pytest.approx(max(stream_s, host_s))
+    big = dataclasses.replace(block, params=block.params * 10**6)  # a billion-scale block
+    assert optimizer_step_seconds(big, LayerStrategy(), gpu, config) == pytest.approx(
+        stream_s * 10**6)
     # one tensor at a time (a CPU's step) pays its dispatches per tensor
     per_tensor = optimizer_step_seconds(block, LayerStrategy(), dataclasses.replace(
         gpu, device="cpu"), config)

@@ -61,7 +61,7 @@ llama3-70b on h100-80g was re-pinned when the preset came to price the host (202
 the H100 machine's measured framework seconds per op (33.2 us) and its checkpoint and SAC
 machinery (`planner profile-device --device cuda`), where it priced none: SAC's per-op
 host cost drops the selective layers, the first cut moves one layer earlier, step
-132.686 -> 134.212 s.
+132.686 -> 134.212 s (+33 us more when its optimizer came to pay the lists' Python per tensor).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ PINS = {
         plan="plan(pp=4, stages=4, mb=1x256, 1f1b, "
              "tp8+sp·dp2·z2/tp8+sp·dp2·z2·ckpt/tp8+sp·dp2·z3/tp8·dp2·z2)",
         stages=[(0, 18), (19, 37), (38, 57), (58, 82)],
-        step_seconds=134.2121698583561, objective_seconds=134.21230096133627,
+        step_seconds=134.21220298918055, objective_seconds=134.21233409216072,
         baselines=[("DDP", None, 2282309238784), ("ZeRO-3 (FSDP)", None, 893793699840),
                    ("Megatron TPxPPxDP", None, 177555856645)],
         baseline_step_seconds={},
