@@ -400,7 +400,7 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
         # GPUs step whole tensor lists: a dispatch counter sees 4 ops a step whatever the
         # tensor count (torch 2.13, fused AdamW); the Python that gathers the lists costs
         # about one op's host per tensor (H100 machine: 31-67 us a tensor at 33 us an op)
-        host_s = tensors * LIST_STEP_HOST_OPS_PER_TENSOR * host_op_seconds(cluster)
+        host_s = tensors * LIST_STEP_HOST_OPS_PER_TENSOR * host_op_seconds(cluster, on_dtensors)
         return with_host(stream_s, host_s + copy_s, cluster)
     ops = OPTIMIZER_OPS_PER_TENSOR[config.optimizer] * tensors
     per_tensor_s = cluster.calibration.optimizer_seconds_per_tensor(config.optimizer, on_dtensors)

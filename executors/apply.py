@@ -85,7 +85,9 @@ def rank_device(device: torch.device | str | None) -> torch.device:
         return default_device()
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        local = os.environ.get("LOCAL_RANK")  # else a spawned world: its rank's GPU
+        return torch.device("cuda", int(local) if local is not None else
+                            dist.get_rank() % torch.cuda.device_count())
     return device
 
 

@@ -94,31 +94,41 @@ class ShardedOptimizer:
             self.inner.load_state_dict(state)
 
 
-# torch class -> the plan's optimizer name that builds it (Adam and AdamW: one name each)
-_OPTIMIZER_NAMES = {cls: name for name, (cls, _) in OPTIMIZERS.items()
-                    if cls in (torch.optim.Adam, torch.optim.AdamW)}
+def _plan_name(optimizer_cls) -> str:
+    """The plan's optimizer name a torch class steps as ("" for one without a fused path
+    the planner prices): a subclass of Adam or AdamW takes its parent's fused kernel."""
+    for name, (cls, _) in OPTIMIZERS.items():
+        if cls in (torch.optim.Adam, torch.optim.AdamW) and issubclass(optimizer_cls, cls):
+            return name
+    return ""
 
 
 def param_groups(params: list[nn.Parameter], offloaded: frozenset[int],
                  optimizer_cls: type[torch.optim.Optimizer],
                  optimizer_kwargs: dict[str, Any]) -> list[nn.Parameter] | list[dict]:
-    """`params` as the optimizer takes them: the list itself, or, where some step fused
+    """`params` as the optimizer takes them: the list itself, or consecutive runs of one
+    kind as param groups (the parameters keep their order). Kinds: stepping fused or not
     (offloaded ones, ids in `offloaded`, module docstring; Adam/AdamW on GPUs,
-    `ir.plan.optimizer_implementation`), consecutive runs of the same kind as param
-    groups, so the parameters keep their order."""
+    `ir.plan.optimizer_implementation`; a caller's own `fused`/`foreach` wins), and
+    DTensor or plain tensor: torch's list kernels refuse a list mixing them (ZeRO-1's
+    plain flat shards beside FSDP2's or TP's DTensors)."""
+    from torch.distributed.tensor import DTensor
+
     fusable = "fused" in inspect.signature(optimizer_cls).parameters
-    if not fusable or "fused" in optimizer_kwargs or "foreach" in optimizer_kwargs:
-        return params
+    chosen = "fused" in optimizer_kwargs or "foreach" in optimizer_kwargs
+    name = _plan_name(optimizer_cls)
 
-    def fused(p) -> bool:
-        return id(p) in offloaded or optimizer_implementation(
-            _OPTIMIZER_NAMES.get(optimizer_cls, ""), p.device.type) == "fused"
+    def kind(p) -> tuple[bool, bool]:
+        fused = fusable and not chosen and (id(p) in offloaded or optimizer_implementation(
+            name, p.device.type) == "fused")
+        return fused, isinstance(p, DTensor)
 
-    if not any(fused(p) for p in params):
+    kinds = [kind(p) for p in params]
+    if not any(fused for fused, _ in kinds) and len(set(kinds)) <= 1:
         return params
     groups = []
-    for on_fused, run in groupby(params, key=fused):
-        groups.append({"params": list(run), **({"fused": True} if on_fused else {})})
+    for (fused, _), run in groupby(zip(params, kinds), key=lambda pk: pk[1]):
+        groups.append({"params": [p for p, _ in run], **({"fused": True} if fused else {})})
     return groups
 
 

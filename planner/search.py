@@ -188,10 +188,8 @@ POINT_ROUNDS = 12
 POINT_BUCKET_CELLS = 2 ** 15
 # Each layer rounds down by up to a bucket, so the finest solve admits plans over the
 # budget by up to layers^2 / POINT_BUCKET_CELLS of it: the rounds run where that is at
-# most this share (36 layers: llama3-8b's 35 on two A100-40G need them, the lowered
-# budget re-solving one plan the head's reduce peak puts 30 MB over). Beyond, they find
-# plans the walk rejects again (gpt3-175b without a pipeline, 99 layers: 11 rounds, none
-# fitting; 2026-11-25).
+# most this share (36 layers: llama3-8b's 35 on 2 A100-40G need them). Beyond, they find
+# plans the walk rejects again (gpt3-175b without a pipeline, 99 layers; 2026-11-25).
 POINT_SLACK_SHARE = 1 / 24
 
 

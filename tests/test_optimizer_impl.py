@@ -74,3 +74,29 @@ def test_gpu_step_prices_the_fused_kernel_not_a_dispatch_per_tensor():
     per_tensor = optimizer_step_seconds(block, LayerStrategy(), dataclasses.replace(
         gpu, device="cpu"), config)
     assert per_tensor > seconds + 10 * len(block.param_names) * gpu.op_overhead_s * 0.9
+
+
+def test_a_list_mixing_dtensors_and_plain_tensors_steps_in_two_groups():
+    """ZeRO-1's plain flat shards beside FSDP2's DTensors in one list made torch's
+    fused/foreach kernels raise ("mixed torch.Tensor and DTensor"; review, 2026-11-25)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = DeviceMesh("cpu", torch.arange(1))
+        sharded = nn.Parameter(distribute_tensor(torch.randn(4), mesh, [Replicate()]))
+        plain = [nn.Parameter(torch.randn(4)) for _ in range(2)]
+        params = [sharded, *plain]
+        groups = param_groups(params, frozenset(), torch.optim.AdamW, {"fused": True})
+        assert [g["params"] for g in groups] == [[sharded], plain]
+        opt = torch.optim.AdamW(groups, fused=True)
+        for p in params:
+            p.grad = torch.ones_like(p)
+        opt.step()  # one group of each kind: no mixed list
+    finally:
+        if owned:
+            dist.destroy_process_group()

@@ -92,7 +92,19 @@ def reference_run(spec: str, seq_len: int | None, optimizer: str, batches: list,
     on sparse gradients, at LEARNING_RATE (as the plan's run does). `mixed`: run under
     the plan's precision policy (`mixed_reference`), else in fp32. `device`: where it
     runs ("cuda" when the plan ran on GPUs: a >1B model's steps take minutes on a CPU);
-    the weights are drawn on the CPU either way, as the ranks draw theirs."""
+    the weights are drawn on the CPU either way, as the ranks draw theirs. It runs the
+    whole global batch at once: where that does not fit the GPU, on the CPU."""
+    if device != "cpu":
+        try:
+            return _reference_on(spec, seq_len, optimizer, batches, steps, tables, mixed,
+                                 device)
+        except torch.cuda.OutOfMemoryError:  # a plan that fits by checkpoints, shards
+            torch.cuda.empty_cache()
+    return _reference_on(spec, seq_len, optimizer, batches, steps, tables, mixed, "cpu")
+
+
+def _reference_on(spec: str, seq_len: int | None, optimizer: str, batches: list, steps: int,
+                  tables, mixed: MixedPrecision | None, device: str) -> ReferenceRun:
     from executors.optimizer import param_groups
     from ir.plan import optimizer_for
     from ir.trace import model_output_tensor
