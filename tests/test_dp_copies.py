@@ -129,3 +129,53 @@ def test_the_formula_counts_the_bytes_fsdp2_copies_per_unit(world, mode):
         assert measured[(unit, "reduce")] == pytest.approx(
             copies.chunk_cat_bytes + copies.reduce_copy_bytes + copies.reduce_divide_bytes
             + gloo_chunk, rel=0.01)
+
+
+def _config(pipelined: bool = False):
+    from cost_models.common import StepConfig
+
+    return StepConfig(micro_batch=1, graph_micro_batch=1, graph_dtype="bfloat16",
+                      pipelined=pipelined)
+
+
+def _big_layer():  # a llama3.2-1b block's tensors: 60.8M parameters in 9
+    return SimpleNamespace(param_names=tuple(f"w{i}" for i in range(9)), tied_param_names=(),
+                           params=60_817_408, tied_params=0, tp_params=0, tied_tp_params=0)
+
+
+def test_a_gpu_unit_pays_its_bytes_at_about_the_memory_bandwidth_and_a_cpu_one_nothing():
+    from cost_models.clusters import get_cluster
+    from cost_models.dp_copies import dp_copy_pass_seconds, dp_copy_step_seconds
+
+    gpu, layer = get_cluster("h100-80g"), _big_layer()
+    s = LayerStrategy(dp=1)
+    forward_s, backward_s = dp_copy_pass_seconds(layer, s, gpu, _config())
+    step_s = dp_copy_step_seconds(layer, s, gpu, _config())
+    copies = unit_copies(layer, s, Precision.BF16_MIXED)
+    hbm = gpu.hbm_gbps * 1e9
+    assert copies.unshard_per_tensor_bytes / hbm < forward_s < 2 * copies.unshard_per_tensor_bytes / hbm
+    reduce_bytes = copies.chunk_cat_bytes + copies.reduce_copy_bytes + copies.reduce_divide_bytes
+    assert reduce_bytes / hbm < step_s < 2 * reduce_bytes / hbm
+    assert backward_s == 0.0  # a replicate unit stays unsharded through its backward
+    cpu = get_cluster("local")
+    assert cpu.host_bound
+    assert dp_copy_pass_seconds(layer, s, cpu, _config()) == (0.0, 0.0)
+    assert dp_copy_step_seconds(layer, s, cpu, _config()) == 0.0
+
+
+def test_pipelined_units_unshard_once_a_step_and_zero3_once_a_micro_batch():
+    from cost_models.clusters import get_cluster
+    from cost_models.dp_copies import dp_copy_pass_seconds, dp_copy_step_seconds
+
+    gpu, layer = get_cluster("h100-80g"), _big_layer()
+    plain, piped = _config(), _config(pipelined=True)
+    for mode in (DPMode.REPLICATE, DPMode.ZERO2):
+        s = LayerStrategy(dp=2, dp_mode=mode)
+        unshard_s = dp_copy_pass_seconds(layer, s, gpu, plain)[0]
+        assert unshard_s > 0 and dp_copy_pass_seconds(layer, s, gpu, piped) == (0.0, 0.0)
+        assert dp_copy_step_seconds(layer, s, gpu, piped) == pytest.approx(
+            dp_copy_step_seconds(layer, s, gpu, plain) + unshard_s)
+    z3 = LayerStrategy(dp=2, dp_mode=DPMode.ZERO3)
+    forward_s, backward_s = dp_copy_pass_seconds(layer, z3, gpu, plain)
+    assert forward_s == backward_s > 0
+    assert dp_copy_pass_seconds(layer, z3, gpu, piped) == (0.0, backward_s)
