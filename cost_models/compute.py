@@ -333,8 +333,10 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     # are not rerun, priced at the forward's mean host seconds per op (checkpoint_probes)
     rerun_host_s = (forward_host_s * rerun_ops(layer) / layer.ops_fwd if layer.ops_fwd
                     else forward_host_s)
-    forward_s = with_host(forward_s + copy_forward_s,
-                          forward_host_s + hooks_forward_s + dtensor_forward_s,
+    forward_host_all_s = forward_host_s + hooks_forward_s + dtensor_forward_s
+    # a full recompute reruns the forward inside the unit, not the unit's copies
+    rerun_forward_s = with_host(forward_s, forward_host_all_s, cluster) + unit_s + edge_forward_s
+    forward_s = with_host(forward_s + copy_forward_s, forward_host_all_s,
                           cluster) + unit_s + edge_forward_s
     backward_s = with_host(backward_s + copy_backward_s, backward_host_s + dtensor_backward_s,
                            cluster) + unit_s + edge_backward_s
@@ -346,7 +348,7 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         recompute_s = with_host(forward_device_s, rerun_host_s + hooks_recompute_s
                                 + dtensor_forward_s, cluster) + tp_half_s + edge_recompute_s
     elif strategy.checkpoint is Checkpoint.FULL:
-        recompute_s = forward_s - loss_forward_s
+        recompute_s = rerun_forward_s - loss_forward_s
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.kernels is not None:
         recompute_s = _selective_recompute_seconds(layer, cluster, config, share, op_s,
                                                    measured, random_s, rerun_host_s,
