@@ -179,3 +179,19 @@ def test_pipelined_units_unshard_once_a_step_and_zero3_once_a_micro_batch():
     forward_s, backward_s = dp_copy_pass_seconds(layer, z3, gpu, plain)
     assert forward_s == backward_s > 0
     assert dp_copy_pass_seconds(layer, z3, gpu, piped) == (0.0, backward_s)
+
+
+def test_a_full_recompute_reruns_the_forward_not_the_units_copies(monkeypatch):
+    import cost_models.compute as compute
+    from cost_models.clusters import get_cluster
+    from ir.strategy import Checkpoint
+    from planner.models import load_layer_graph
+
+    graph = load_layer_graph("llama3.2-1b", 1, 1024, torch.bfloat16)
+    layer, gpu = graph.layers[1], get_cluster("h100-80g")
+    s = LayerStrategy(dp=1, checkpoint=Checkpoint.FULL)
+    with_copies = compute.layer_compute(layer, s, gpu, _config())
+    monkeypatch.setattr(compute, "dp_copy_pass_seconds", lambda *args: (0.0, 0.0))
+    without = compute.layer_compute(layer, s, gpu, _config())
+    assert with_copies.forward_s > without.forward_s
+    assert with_copies.recompute_s == pytest.approx(without.recompute_s)
