@@ -33,6 +33,7 @@ from ir.tp_recompute import TP_REDUCING_STYLES  # Megatron's g (Shoeybi et al. 2
 
 from cost_models.activations import grad_input_bytes, sp_gathered_modules
 from cost_models.common import GB, StepConfig
+from cost_models.dp_copies import dp_copy_step_seconds
 from cost_models.model_states import BytesPerParam, has_dp_unit, tp_local_params
 from cost_models.offload import d2h_seconds, h2d_seconds
 
@@ -191,7 +192,8 @@ class LayerComm:
     dp_backward_s: float  # per micro-batch: ZeRO-3 re-gather
     dp_step_s: float  # once per iteration: gradient all-reduce / reduce-scatter, ZeRO-2 gather
     tp_step_s: float = 0.0  # once per iteration, blocking: SP's partial gradients (sp_grad_sync_s)
-    # once per iteration, blocking, after the optimizer step: ZeRO-1 parameter all-gathers
+    # once per iteration, not overlapped: ZeRO-1 parameter all-gathers after the optimizer
+    # step, and a DP unit's gradient-reduction copies on the device (`dp_copies`)
     dp_after_step_s: float = 0.0
 
 
@@ -310,9 +312,10 @@ def layer_comm(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     dp_f, dp_b, dp_step, dp_after_step = dp_comm_s(layer, strategy, cluster, per_param)
     # CPU offload: H2D before each all-gather, D2H after the reduce-scatter (cost_models.offload)
     h2d, d2h = h2d_seconds(layer, strategy, cluster), d2h_seconds(layer, strategy, cluster)
+    reduce_copies_s = dp_copy_step_seconds(layer, strategy, cluster, config)
     return LayerComm(tp_f, tp_b, dp_f + h2d, dp_b + h2d, dp_step + d2h,
                      sp_grad_sync_s(layer, strategy, cluster, config, per_param),
-                     dp_after_step)
+                     dp_after_step + reduce_copies_s)
 
 
 def replicated_tensors(layer: Layer) -> int:

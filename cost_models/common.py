@@ -57,6 +57,9 @@ class StepConfig:
     # The layer's unit on the lean host path (`ir.lean_host`: a meta-built model on a CPU
     # cluster); None: FSDP2's own path. Per layer, so `layer_configs` sets it.
     lean: LeanLayer | None = None
+    # The stage runs under torch.distributed.pipelining (pp > 1): its DP units stay
+    # unsharded from one backward to the next (`cost_models.dp_copies`).
+    pipelined: bool = False
 
     def __post_init__(self) -> None:
         if self.micro_batch < 1 or self.graph_micro_batch < 1:
@@ -93,7 +96,7 @@ class StepConfig:
         return cls(micro_batch=plan.micro_batch, graph_micro_batch=graph.micro_batch,
                    graph_dtype=graph.dtype, precision=plan.precision,
                    optimizer=plan.optimizer, seq_len=graph.seq_len,
-                   device_type=device_type_of(device))
+                   device_type=device_type_of(device), pipelined=plan.pp > 1)
 
 
 def device_type_of(device: str) -> str:

@@ -57,6 +57,7 @@ from cost_models.checkpoint_probes import checkpoint_extra_seconds, rerun_ops
 from cost_models.checkpoint_probes import probed as checkpoint_probed
 from cost_models.common import GB, StepConfig, dtype_bytes
 from cost_models.compute_profile import ComputeProfile
+from cost_models.dp_copies import dp_copy_pass_seconds
 from cost_models.gemm_efficiency import (SQUARE_GEMM_EDGE_PER_INTENSITY, device_kind,  # noqa: F401
                                          gemm_efficiency)
 from cost_models.host_dispatch import backward_host_seconds, forward_host_seconds, host_op_seconds
@@ -330,14 +331,19 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     # probed it (checkpoint_probes.checkpoint_host_seconds); else (0, 0)
     hooks_forward_s, hooks_recompute_s = checkpoint_extra_seconds(
         layer, strategy.checkpoint, cluster.kernel_calibration)
+    # the unit's own parameter copies on the device (cost_models.dp_copies; 0 on CPUs)
+    copy_forward_s, copy_backward_s = dp_copy_pass_seconds(layer, strategy, cluster, config)
     forward_device_s = forward_s
     # The recompute stops at the forward's last save (early stop): the ops from there on
     # are not rerun, priced at the forward's mean host seconds per op (checkpoint_probes)
     rerun_host_s = (forward_host_s * rerun_ops(layer) / layer.ops_fwd if layer.ops_fwd
                     else forward_host_s)
-    forward_s = with_host(forward_s, forward_host_s + hooks_forward_s + dtensor_forward_s,
+    forward_host_all_s = forward_host_s + hooks_forward_s + dtensor_forward_s
+    # a full recompute reruns the forward inside the unit, not the unit's copies
+    rerun_forward_s = with_host(forward_s, forward_host_all_s, cluster) + unit_s + edge_forward_s
+    forward_s = with_host(forward_s + copy_forward_s, forward_host_all_s,
                           cluster) + unit_s + edge_forward_s
-    backward_s = with_host(backward_s, backward_host_s + dtensor_backward_s,
+    backward_s = with_host(backward_s + copy_backward_s, backward_host_s + dtensor_backward_s,
                            cluster) + unit_s + edge_backward_s
     edge_recompute_s = edge_forward_s - loss_forward_s  # the embedding's, not the loss's
     if strategy.checkpoint is Checkpoint.FULL and checkpoint_probed(cluster.kernel_calibration):
@@ -347,7 +353,7 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         recompute_s = with_host(forward_device_s, rerun_host_s + hooks_recompute_s
                                 + dtensor_forward_s, cluster) + tp_half_s + edge_recompute_s
     elif strategy.checkpoint is Checkpoint.FULL:
-        recompute_s = forward_s - loss_forward_s
+        recompute_s = rerun_forward_s - loss_forward_s
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.kernels is not None:
         recompute_s = _selective_recompute_seconds(layer, cluster, config, share, op_s,
                                                    measured, random_s, rerun_host_s,

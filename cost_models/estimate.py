@@ -85,7 +85,7 @@ class StageTime:
     dp_step_s: float  # exposed, once per iteration
     optimizer_s: float = 0.0  # the optimizer step, once per iteration
     tp_step_s: float = 0.0  # SP's partial-gradient all-reduce, once per iteration, blocking
-    dp_after_step_s: float = 0.0  # ZeRO-1 all-gathers after the optimizer step, blocking
+    dp_after_step_s: float = 0.0  # ZeRO-1 all-gathers after the step, units' reduce copies
     engine_s: float = 0.0  # autograd engine starts (in compute_backward_s), step_host
     pipeline_action_s: float = 0.0  # pipelining runtime, both passes (in compute_*), step_host
     loop_s: float = 0.0  # loop work + optimizer entry, once per step (in optimizer_s), step_host

@@ -284,7 +284,7 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
             return _embedding_bag_seconds(r, cluster, config, share, backward)
         kind = memory_kind(r, cal)
         loops = r.inner_loops * share * config.batch_scale  # rows or loops grow alike
-        return _streaming_seconds(cluster, kind, dtype, nbytes) + (
+        return streaming_seconds(cluster, kind, dtype, nbytes) + (
             loop_seconds(r, cal, dtype, nbytes, loops)
             if kind in SHORT_RUN_KINDS and r.inner_loops > 1 else 0.0) + (
             extra_rows(r, loops) * getattr(cal, ROW_COST_FIELD[op])
@@ -327,7 +327,7 @@ def _conv_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
                                     nbytes / (cluster.hbm_gbps * GB))
     if grads & CONV_GRAD_BIAS:  # reads the output gradient once, writes c_out sums
         grad_out_bytes = groups * batch * c_out * positions * config.precision.compute_bytes
-        total_s += _streaming_seconds(cluster, "sum", dtype, grad_out_bytes)
+        total_s += streaming_seconds(cluster, "sum", dtype, grad_out_bytes)
     return total_s
 
 
@@ -342,7 +342,7 @@ def memory_kind(r: KernelRecord, cal: KernelCalibration | None) -> str:
     return kind
 
 
-def _streaming_seconds(cluster: ClusterSpec, kernel: str, dtype: str, nbytes: float) -> float:
+def streaming_seconds(cluster: ClusterSpec, kernel: str, dtype: str, nbytes: float) -> float:
     """`nbytes` through a memory-bound kernel of this kind at its measured bandwidth."""
     # a CPU spec's hbm_gbps is itself measured; a GPU preset's is the datasheet's
     # (kinds without a share here are only asked for where measured: `memory_kind`)
@@ -366,7 +366,7 @@ def _embedding_forward_seconds(r: KernelRecord, cluster: ClusterSpec, config: St
     wider_bytes = 2 * indices * max(0.0, dim - EMBEDDING_PROBE_DIM) * \
         config.precision.compute_bytes  # read the row, write it out
     return (cal.embedding_call_s + indices * cal.embedding_index_s
-            + _streaming_seconds(cluster, "copy", config.precision.compute_dtype, wider_bytes))
+            + streaming_seconds(cluster, "copy", config.precision.compute_dtype, wider_bytes))
 
 
 def embedding_probed(cal: KernelCalibration | None) -> bool:
@@ -392,9 +392,9 @@ def _embedding_backward_seconds(r: KernelRecord, cluster: ClusterSpec, config: S
                * config.batch_scale * share)
     table_bytes = r.weight_bytes * config.dtype_scale * share
     row_bytes = indices * r.shape[-1] * config.precision.compute_bytes
-    return (_streaming_seconds(cluster, "copy", dtype, table_bytes)
+    return (streaming_seconds(cluster, "copy", dtype, table_bytes)
             + indices * cluster.kernel_calibration.embedding_backward_index_s
-            + _streaming_seconds(cluster, "add", dtype, row_bytes))
+            + streaming_seconds(cluster, "add", dtype, row_bytes))
 
 
 def _embedding_bag_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
@@ -419,9 +419,9 @@ def _embedding_bag_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepCo
         call_s = max(0.0, call_s - cal.embedding_bag_multi_bag_s)
     wider_bytes = indices * max(0.0, dim - EMBEDDING_BAG_PROBE_DIM) * \
         config.precision.compute_bytes
-    fill_s = _streaming_seconds(cluster, "copy", dtype, r.weight_bytes * config.dtype_scale
+    fill_s = streaming_seconds(cluster, "copy", dtype, r.weight_bytes * config.dtype_scale
                                 * share) if backward else 0.0
-    return call_s + indices * index_s + fill_s + _streaming_seconds(cluster, "add", dtype,
+    return call_s + indices * index_s + fill_s + streaming_seconds(cluster, "add", dtype,
                                                                      wider_bytes)
 
 

@@ -162,7 +162,8 @@ def _price(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOpt
     kept bytes, and without a pipeline its after / during bytes and the model output) of
     one layer and strategy; its memory as the executor runs `model` (`common.layer_lean`:
     the lean host path)."""
-    config = row_config(graph, layer, s, cluster, options, micro_batch, model)
+    config = dataclasses.replace(row_config(graph, layer, s, cluster, options, micro_batch,
+                                            model), pipelined=cand.pp > 1)
     c = layer_compute(layer, s, cluster, config, profile)
     comm = layer_comm(layer, s, cluster, config, per_param)
     mem = layer_memory(layer, s, config, per_param)

@@ -1,0 +1,133 @@
+"""Device bytes an FSDP2 unit's own copies move, and their seconds on a GPU.
+
+Every layer the executor makes a DP unit (`ir.strategy.runs_as_dp_unit`: dp > 1, or any
+dp under mixed precision) copies its parameters and gradients around its compute. Read
+off torch's FSDP2 (torch 2.13 `_fsdp_param_group.py` `unshard` / `wait_for_unshard` /
+`post_backward`, `_fsdp_collectives.py` `foreach_all_gather` / `_copy_out` /
+`foreach_reduce`). A unit of P local (TP) parameters in n tensors, W = its dp, c the
+compute dtype's bytes (2 mixed, 4 fp32), r the reduce dtype's (4: fp32 in both):
+
+  unshard, WORLD-1 path (replicate units at any dp: their mesh shards nothing; none at
+  dp 1 is anything but replicate): per tensor the cast of the fp32 parameter to the
+  compute dtype (`all_gather_inputs`, mixed only: (4 + c) P) and its copy into the
+  unsharded parameter (`tensor.copy_`: 2c P); no all-gather.
+  unshard, W > 1 (ZeRO-2/3): the cast into one flat shard (`_foreach_copy_`, mixed only:
+  (4 + c) P / W), its copy into the all-gather's input (`all_gather_copy_in`: 2c P / W),
+  the all-gather (priced by `comm.dp_comm_s`), the copy out into the unsharded
+  parameters (`split_with_sizes_copy`: 2c P).
+  How often: without a pipeline (the executor's own loop) once per micro-batch's forward
+  (after each backward the unit reshards: reshard_after_backward), again in backward
+  under ZeRO-3 (reshard_after_forward). Under torch.distributed.pipelining (pp > 1,
+  `StepConfig.pipelined`) a stage's units stay unsharded from backward to backward
+  (`_PipelineStageBase.backward_maybe_with_nosync`: set_reshard_after_backward(False)
+  until its REDUCE_GRAD): replicate and ZeRO-2 units unshard once a step, ZeRO-3 units
+  once per micro-batch (each forward reshards; a backward gathers, and the next forward
+  finds the unit unsharded: 1F1B's steady state; GPipe gathers in its m forwards and its
+  first backward instead), priced in the backward.
+
+  gradient reduction, once a step (the micro-batches before accumulate unreduced):
+  `_chunk_cat` of the compute-dtype gradients into the fp32 reduce-scatter input
+  ((c + r) P); then on the world-1 path (replicate) `reduce_output.copy_(input /
+  divide_factor)`: the executor sets the factor (1.0, `data_parallel._sum_reduction`), so
+  a division (2r P) and a copy (2r P); the all-reduce in place (`comm`). At W > 1 the
+  reduce-scatter writes the sharded gradient itself (no copy; `comm` prices it).
+
+Each copy is a memory-bound kernel priced at the kit's copy rate for its bytes (the
+division at its elementwise "add" rate: `kernel_time.streaming_seconds`); per-tensor
+copies at the unit's mean tensor size. On CPU processes 0: there the unit's measured
+host figures (`compute.dp_unit_seconds`) stand, as profile-cluster measured them on
+the executor's own units.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ir.cluster import ClusterSpec
+from ir.layer import Layer
+from ir.strategy import DPMode, LayerStrategy, Precision
+
+from cost_models.common import StepConfig
+from cost_models.kernel_time import streaming_seconds
+from cost_models.model_states import FP32_BYTES, has_dp_unit, tp_local_params
+
+REDUCE_BYTES = FP32_BYTES  # `ir.precision_policy.mp_policy`: reduce_dtype float32 (fp32: itself)
+
+
+@dataclass(frozen=True, slots=True)
+class UnitCopies:
+    """Bytes of one unit's copies: per unshard (per tensor and flat) and per reduction."""
+
+    tensors: int
+    unshard_per_tensor_bytes: float  # copies made tensor by tensor, all tensors together
+    unshard_flat_bytes: float  # copies made on the unit's flat buffer
+    chunk_cat_bytes: float  # the gradients into the reduce input, cast to the reduce dtype
+    reduce_copy_bytes: float  # the world-1 path's copy into the reduce output
+    reduce_divide_bytes: float  # the world-1 path's division by the divide factor
+    gathers_in_backward: bool  # ZeRO-3: unsharded again for backward
+
+
+def unit_copies(layer: Layer, strategy: LayerStrategy, precision: Precision) -> UnitCopies | None:
+    """The unit's copy bytes (module docstring), None where the layer is no unit."""
+    tensors = len(layer.param_names) + len(layer.tied_param_names)
+    if not tensors or not has_dp_unit(layer, strategy, precision):
+        return None
+    p = tp_local_params(layer.params + layer.tied_params,
+                        layer.tp_params + layer.tied_tp_params, strategy.tp)
+    c, r = precision.compute_bytes, REDUCE_BYTES
+    cast = (FP32_BYTES + c) * p if precision is not Precision.FP32 else 0.0
+    sharded = strategy.dp_mode in (DPMode.ZERO2, DPMode.ZERO3) and strategy.dp > 1
+    if sharded:
+        per_tensor, flat = 2 * c * p, (cast + 2 * c * p) / strategy.dp
+        reduce_copy = divide = 0.0
+    else:
+        per_tensor, flat = cast + 2 * c * p, 0.0
+        reduce_copy = divide = 2 * r * p
+    return UnitCopies(tensors, per_tensor, flat, (c + r) * p, reduce_copy, divide,
+                      sharded and strategy.dp_mode is DPMode.ZERO3)
+
+
+def dp_copy_pass_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
+                         config: StepConfig) -> tuple[float, float]:
+    """(forward_s, backward_s) of the unit's unshard copies per micro-batch on a GPU (module
+    docstring, how often); zeros on CPU processes and where the layer is no unit."""
+    copies = _priced(layer, strategy, cluster, config)
+    if copies is None or (config.pipelined and not copies.gathers_in_backward):
+        return 0.0, 0.0
+    unshard_s = _unshard_s(copies, cluster, config)
+    if config.pipelined:
+        return 0.0, unshard_s
+    return unshard_s, unshard_s if copies.gathers_in_backward else 0.0
+
+
+def dp_copy_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
+                         config: StepConfig) -> float:
+    """Seconds of the unit's copies once per iteration on a GPU: its gradient reduction's,
+    and in a pipeline a replicate or ZeRO-2 unit's one unshard; 0 on CPU processes."""
+    copies = _priced(layer, strategy, cluster, config)
+    if copies is None:
+        return 0.0
+    dtype = config.precision.compute_dtype
+    reduce_s = (_copy_s(cluster, dtype, copies.chunk_cat_bytes)
+                + _copy_s(cluster, dtype, copies.reduce_copy_bytes)
+                + _copy_s(cluster, dtype, copies.reduce_divide_bytes, kind="add"))
+    if config.pipelined and not copies.gathers_in_backward:
+        return reduce_s + _unshard_s(copies, cluster, config)
+    return reduce_s
+
+
+def _priced(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
+            config: StepConfig) -> UnitCopies | None:
+    return None if cluster.host_bound else unit_copies(layer, strategy, config.precision)
+
+
+def _unshard_s(copies: UnitCopies, cluster: ClusterSpec, config: StepConfig) -> float:
+    dtype = config.precision.compute_dtype
+    return (_copy_s(cluster, dtype, copies.unshard_per_tensor_bytes, copies.tensors)
+            + _copy_s(cluster, dtype, copies.unshard_flat_bytes))
+
+
+def _copy_s(cluster: ClusterSpec, dtype: str, nbytes: float, calls: int = 1,
+            kind: str = "copy") -> float:
+    """`calls` equal memory-bound kernels moving `nbytes` in all."""
+    return calls * streaming_seconds(cluster, kind, dtype, nbytes / calls) if nbytes else 0.0
