@@ -401,15 +401,15 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
         else SGD_STEP_BYTES_PER_ELEMENT
     stream_s = (local_params * per_element + copy_bytes) / (cluster.hbm_gbps * GB)
     copy_s = copy_ops * host_op_seconds(cluster)
-    if not strategy.offload and not cluster.host_bound and optimizer_implementation(
-            config.optimizer, cluster.device) != "single":
+    per_tensor_s = cluster.calibration.optimizer_seconds_per_tensor(config.optimizer, on_dtensors)
+    if (per_tensor_s is None and not strategy.offload and not cluster.host_bound
+            and optimizer_implementation(config.optimizer, cluster.device) != "single"):
         # GPUs step whole tensor lists: a dispatch counter sees 4 ops a step whatever the
         # tensor count (torch 2.13, fused AdamW); the Python that gathers the lists costs
         # about one op's host per tensor (H100 machine: 31-67 us a tensor at 33 us an op)
         host_s = tensors * LIST_STEP_HOST_OPS_PER_TENSOR * host_op_seconds(cluster, on_dtensors)
         return with_host(stream_s, host_s + copy_s, cluster)
     ops = OPTIMIZER_OPS_PER_TENSOR[config.optimizer] * tensors
-    per_tensor_s = cluster.calibration.optimizer_seconds_per_tensor(config.optimizer, on_dtensors)
     # The measured figure is the stepping thread's CPU (step_probes.optimizer_tensor_seconds):
     # CPU processes sharing fewer cores stretch it by the core share, as per-op figures.
     stepped_s = (tensors * per_tensor_s * host_figure_share(cluster)
