@@ -25,8 +25,9 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
 
 (Williams et al. 2009 roofline per kernel). GEMM efficiency by shape: the nearest measured
 GEMM of the cluster's kernel calibration, else the analytic saturation fit
-(`cost_models.gemm_efficiency`). Memory-bound bandwidth: the calibration's measured points
-for that kernel kind (copy, add, gelu, sum, softmax, layer_norm and batch_norm and their
+(`cost_models.gemm_efficiency`), times the measured cost of the record's operand layout
+(a Linear's addmm, a weight gradient: `cost_models.gemm_layouts`). Memory-bound
+bandwidth: the calibration's measured points for that kernel kind (copy, add, gelu, sum, softmax, layer_norm and batch_norm and their
 backwards; `broadcast_scalar` for a record marked `unvectorized`), interpolated in
 log(bytes), else the spec's `hbm_gbps` times the share of it that kind reached on a
 measured H100 (a softmax streams at ~40% of the datasheet bandwidth). Fused attention:
@@ -63,6 +64,7 @@ from cost_models.device_grids import ROW_ELEMENTS
 from cost_models.fresh_output import fresh_output_seconds
 from cost_models.math_kernels import math_kind
 from cost_models.gemm_efficiency import gemm_shape_efficiency
+from cost_models.gemm_layouts import layout_of
 from cost_models.kernel_loops import SHORT_RUN_KINDS, loop_seconds, measured, memory_gbps
 from cost_models.item_probes import EMBEDDING_BAG_PROBE_DIM, EMBEDDING_PROBE_DIM
 
@@ -256,8 +258,10 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
         # the recorded ones scaled by the micro-batch: a weight gradient's m x n output
         # is weight-sized whatever the batch (x^T @ dy sums over the tokens).
         nbytes = _gemm_bytes(r.shape, m, n, k, config, share)
+        layout = layout_of(r, backward)  # a Linear's layout costs more than the plain table's
+        factor = cal.gemm_layout_factor(m, n, k, dtype, layout) if cal and layout else 1.0
         # Williams et al. 2009: max(compute-bound, memory-bound)
-        return max(flops / (cluster.peak_flops(dtype) * efficiency), nbytes / hbm)
+        return max(flops * factor / (cluster.peak_flops(dtype) * efficiency), nbytes / hbm)
     if r.kind is KernelKind.CONV:
         return _conv_seconds(r, cluster, config, share)
     if r.kind is KernelKind.ATTENTION:

@@ -62,6 +62,7 @@ from cost_models.math_kernels import probe_math_kernels
 from cost_models.memory_probes import (host_charged_seconds, net_of_call_cost, probe_memory,
                                        probe_row_seconds)
 from cost_models.gemm_efficiency import gemm_shape_efficiency
+from cost_models.gemm_layouts import LAYOUT_SHAPES, probe_gemm_layouts
 from cost_models.checkpoint_probes import checkpoint_host_seconds
 from cost_models.host_probes import autograd_call_s, host_op_seconds_by_pass, probe_clock
 from cost_models.pipeline_probes import pipeline_action_host_s
@@ -357,6 +358,8 @@ def measure(device: str, quick: bool = False, progress=None,
         gemm = probe_gemm(device, gemm_shapes, dtypes, progress)
         if cpu:  # a second pass, reversed: one slow spell of a shared host no longer decides
             gemm = fastest_points(gemm, probe_gemm(device, gemm_shapes[::-1], dtypes, progress))
+        layouts = probe_gemm_layouts(device, list(dict.fromkeys([*LAYOUT_SHAPES, *map(
+            tuple, extra_gemm_shapes)])), "float32", seconds_per_call) if cpu else {}
         memory_dtype = "float32" if cpu else "bfloat16"
         sizes = memory_sizes(device, quick)
         memory = probe_memory(device, sizes, memory_dtype, progress)
@@ -389,7 +392,7 @@ def measure(device: str, quick: bool = False, progress=None,
     cuda = f", CUDA {torch.version.cuda}" if not cpu else ", 1 thread"
     return KernelCalibration(measured_on=f"{name}, torch {torch.__version__}{cuda}, {stamp}",
                              gemm=tuple(gemm), memory_kernels=tuple(memory), sdpa=tuple(sdpa),
-                             conv=tuple(conv),
+                             conv=tuple(conv), **layouts,
                              launch_host_s=host_s, launch_device_s=device_s,
                              embedding_backward_index_s=index_s,
                              embedding_bag_call_s=bag.call_s, embedding_bag_index_s=bag.index_s,

@@ -86,6 +86,11 @@ class KernelCalibration:
 
     measured_on: str  # device name, torch version, date
     gemm: tuple[GemmPoint, ...] = ()
+    # The same products in the operand layouts a layer's records run
+    # (`cost_models.gemm_layouts`): (); None measured prices them as `gemm` does.
+    gemm_linear: tuple[GemmPoint, ...] = ()
+    gemm_linear_nobias: tuple[GemmPoint, ...] = ()
+    gemm_weight_grad: tuple[GemmPoint, ...] = ()
     memory_kernels: tuple[MemoryKernelPoint, ...] = ()
     sdpa: tuple[SdpaPoint, ...] = ()
     conv: tuple[ConvPoint, ...] = ()
@@ -337,6 +342,23 @@ class KernelCalibration:
             return nearest.flop_per_s
         return math.exp(sum(math.log(rate) for rate in tied) / len(tied))
 
+    def gemm_layout_factor(self, m: int, n: int, k: int, dtype: str, layout: str) -> float:
+        """Seconds of an (m, n, k) product in `layout` over the `gemm` table's: at the
+        layout table's nearest shape (equally near ones averaged geometrically), the plain
+        table's rate there over the layout's. 1.0 where the layout was not measured."""
+        points = [p for p in getattr(self, GEMM_LAYOUT_TABLES[layout]) if p.dtype == dtype]
+        if not points or min(m, n, k) <= 0:
+            return 1.0
+
+        def distance(p: GemmPoint) -> float:
+            return sum(math.log2(a / b) ** 2 for a, b in ((m, p.m), (n, p.n), (k, p.k)))
+
+        least = min(map(distance, points))
+        plain = [(self.gemm_flop_per_s(p.m, p.n, p.k, dtype), p) for p in points
+                 if distance(p) <= least + GEMM_TIE_LOG2_DISTANCE]
+        ratios = [rate / p.flop_per_s for rate, p in plain if rate is not None]
+        return math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else 1.0
+
     def nearest_conv(self, batch: int, in_channels: int, out_channels: int, positions: int,
                      kernel_area: int, dtype: str) -> list[ConvPoint]:
         """The measured convolutions of this dtype nearest a convolution's shape: least
@@ -363,7 +385,9 @@ class KernelCalibration:
 
         return {"measured_on": self.measured_on,
                 **{field: getattr(self, field) for field in _SCALARS},
-                "gemm": rows(self.gemm), "memory_kernels": rows(self.memory_kernels),
+                "gemm": rows(self.gemm),
+                **{field: rows(getattr(self, field)) for field in GEMM_LAYOUT_TABLES.values()},
+                "memory_kernels": rows(self.memory_kernels),
                 "sdpa": rows(self.sdpa), "conv": rows(self.conv),
                 "host_op_excess": rows(self.host_op_excess),
                 "cold_entry_points": rows(self.cold_entry_points),
@@ -399,7 +423,11 @@ class KernelCalibration:
         return cls(measured_on=data.get("measured_on", ""), **tables, **scalars)
 
 
-_TABLES = (("gemm", GemmPoint), ("memory_kernels", MemoryKernelPoint), ("sdpa", SdpaPoint),
+# Each layout's table field (`cost_models.gemm_layouts` names and measures the layouts).
+GEMM_LAYOUT_TABLES = {"linear": "gemm_linear", "linear_nobias": "gemm_linear_nobias",
+                      "weight_grad": "gemm_weight_grad"}
+_TABLES = (("gemm", GemmPoint), *((field, GemmPoint) for field in GEMM_LAYOUT_TABLES.values()),
+           ("memory_kernels", MemoryKernelPoint), ("sdpa", SdpaPoint),
            ("conv", ConvPoint), ("host_op_excess", HostOpExcess),
            ("cold_entry_points", ColdEntryPoint), ("cold_backward_points", ColdBackwardPoint))
 

@@ -536,3 +536,29 @@ def test_short_loops_masked_fill_and_softmax_backward_use_their_measured_kinds()
         assert memory_kind(r, cal) == kind
         t = pass_seconds((r,), spec(cal), config(), 1.0, backward=False)
         assert t.memory_s == pytest.approx(nbytes / (gbps * GB))
+
+
+def test_each_gemm_layout_pays_its_measured_factor_over_the_plain_table():
+    # Plain 256^3 at 1e13 FLOP/s; the kit measured a Linear's addmm at the same shape at
+    # 8e12 (factor 1.25), a weight gradient at 5e12 (2.0), a bias-less Linear at 1e13 (1.0).
+    cal = dataclasses.replace(
+        CALIBRATION, gemm_linear=(GemmPoint(256, 256, 256, "bfloat16", 8e12),),
+        gemm_weight_grad=(GemmPoint(256, 256, 256, "bfloat16", 5e12),),
+        gemm_linear_nobias=(GemmPoint(256, 256, 256, "bfloat16", 1e13),))
+    plain_s = 2 * 256**3 / 1e13
+    addmm = dataclasses.replace(gemm(256, 256, 256), op="aten::addmm")
+    wgrad = dataclasses.replace(gemm(256, 256, 256), weight_output=True)
+    cases = ((addmm, False, 1.25), (wgrad, True, 2.0), (gemm(256, 256, 256), False, 1.0),
+             (gemm(256, 256, 256), True, 1.0))  # backward dy @ W: the plain layout
+    for record, backward, factor in cases:
+        t = pass_seconds((record,), spec(cal), config(seq_len=256), 1.0, backward=backward)
+        assert t.gemm_s == pytest.approx(plain_s * factor), (record.op, backward)
+    # without layout tables (older kits, GPU presets) every layout is the plain table's
+    t = pass_seconds((addmm,), spec(CALIBRATION), config(seq_len=256), 1.0, backward=False)
+    assert t.gemm_s == pytest.approx(plain_s)
+
+
+def test_layout_tables_survive_the_spec_file():
+    cal = dataclasses.replace(CALIBRATION, gemm_linear=(GemmPoint(64, 64, 64, "float32", 1e11),))
+    again = KernelCalibration.from_dict(cal.to_dict())
+    assert again.gemm_linear == cal.gemm_linear and again.gemm_weight_grad == ()

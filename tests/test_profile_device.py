@@ -56,6 +56,13 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     assert shapes == set(pd.CPU_GEMM_SHAPES)
     assert {p.dtype for p in cal.gemm} == set(pd.CPU_GEMM_DTYPES)
     assert all(1e8 < p.flop_per_s < 1e13 for p in cal.gemm)
+    # ... and again in each layout a layer runs (cost_models.gemm_layouts), in float32
+    from cost_models.gemm_layouts import LAYOUT_SHAPES
+    from ir.kernel_calibration import GEMM_LAYOUT_TABLES
+    for field in GEMM_LAYOUT_TABLES.values():
+        points = getattr(cal, field)
+        assert {(p.m, p.n, p.k) for p in points} == set(LAYOUT_SHAPES), field
+        assert all(p.dtype == "float32" and 1e8 < p.flop_per_s < 1e13 for p in points)
     # Peak per dtype is the best measured rate of that dtype.
     for dtype, peak in spec.peak_flops_by_dtype:
         assert peak == cal.best_gemm(dtype).flop_per_s
