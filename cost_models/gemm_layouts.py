@@ -18,9 +18,10 @@ plain mm of its shape (512 x 64 x 64: 32.2 us against 24.5; 512 x 256 x 64: 120 
 512: 29.0 against 26.3): gpt-tiny's block at micro-batch 16 ran its forward addmms
 ~25% over what the plain table priced, timed op by op in the layer's own sequence.
 
-`probe_gemm_layouts` times each layout beside the plain table's shapes, for the
-calibration's `gemm_<layout>` tables; `kernel_time` multiplies a record's plain-table
-seconds by `KernelCalibration.gemm_layout_factor` of the layout `layout_of` names.
+`probe_gemm_layouts` times each layout and a plain mm back to back per shape, for the
+calibration's `gemm_<layout>` tables and `gemm_layout_mm`; `kernel_time` multiplies a
+record's plain-table seconds by `KernelCalibration.gemm_layout_factor` of the layout
+`layout_of` names (the layout's seconds over the plain mm's of the same passes).
 
     probe_gemm_layouts("cpu", [(512, 64, 64)], "float32", seconds_per_call)  # doctest: +SKIP
 """
@@ -68,6 +69,9 @@ def _layout_call(layout: str, m: int, n: int, k: int, dtype, device: str) -> Cal
     def rand(*shape):
         return torch.empty(shape, dtype=dtype, device=device).uniform_(-1.0, 1.0)
 
+    if layout == "mm":  # the plain product, a fresh output as the layouts': their reference
+        a, b = rand(m, k), rand(k, n)
+        return lambda i: torch.mm(a, b)
     if layout == "weight_grad":
         dy, x = rand(k, m), rand(k, n)  # dy.t(): (m x k), transposed
         return lambda i: torch.mm(dy.t(), x)
@@ -80,8 +84,9 @@ def _layout_call(layout: str, m: int, n: int, k: int, dtype, device: str) -> Cal
 
 def probe_gemm_layouts(device: str, shapes, dtype: str,
                        seconds_per_call: Callable) -> dict[str, tuple[GemmPoint, ...]]:
-    """Per layout's calibration field, FLOP/s (2mnk / seconds) at each shape: two passes,
-    the second reversed, the fastest of the two kept (as the plain table is measured)."""
+    """Per layout's calibration field, FLOP/s (2mnk / seconds) at each shape, the plain mm
+    ("mm") timed beside each shape's layouts as their reference: two passes, the second
+    reversed, the fastest of the two kept (as the plain table is measured)."""
     import torch
 
     torch_dtype = getattr(torch, dtype)

@@ -91,6 +91,7 @@ class KernelCalibration:
     gemm_linear: tuple[GemmPoint, ...] = ()
     gemm_linear_nobias: tuple[GemmPoint, ...] = ()
     gemm_weight_grad: tuple[GemmPoint, ...] = ()
+    gemm_layout_mm: tuple[GemmPoint, ...] = ()  # plain mm, timed in the layouts' passes
     memory_kernels: tuple[MemoryKernelPoint, ...] = ()
     sdpa: tuple[SdpaPoint, ...] = ()
     conv: tuple[ConvPoint, ...] = ()
@@ -343,10 +344,13 @@ class KernelCalibration:
         return math.exp(sum(math.log(rate) for rate in tied) / len(tied))
 
     def gemm_layout_factor(self, m: int, n: int, k: int, dtype: str, layout: str) -> float:
-        """Seconds of an (m, n, k) product in `layout` over the `gemm` table's: at the
-        layout table's nearest shape (equally near ones averaged geometrically), the plain
-        table's rate there over the layout's. 1.0 where the layout was not measured."""
+        """Seconds of an (m, n, k) product in `layout` over the plain mm's: at the layout
+        table's nearest shape (equally near ones averaged geometrically), the rate of the
+        plain mm timed in the same passes (`gemm_layout_mm`: a pair timed apart on a shared
+        host read 1.8x where 1.3 was so) over the layout's. 1.0 where not measured."""
         points = [p for p in getattr(self, GEMM_LAYOUT_TABLES[layout]) if p.dtype == dtype]
+        plain_rate = {(p.m, p.n, p.k): p.flop_per_s for p in self.gemm_layout_mm
+                      if p.dtype == dtype}
         if not points or min(m, n, k) <= 0:
             return 1.0
 
@@ -354,7 +358,7 @@ class KernelCalibration:
             return sum(math.log2(a / b) ** 2 for a, b in ((m, p.m), (n, p.n), (k, p.k)))
 
         least = min(map(distance, points))
-        plain = [(self.gemm_flop_per_s(p.m, p.n, p.k, dtype), p) for p in points
+        plain = [(plain_rate.get((p.m, p.n, p.k)), p) for p in points
                  if distance(p) <= least + GEMM_TIE_LOG2_DISTANCE]
         ratios = [rate / p.flop_per_s for rate, p in plain if rate is not None]
         return math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else 1.0
@@ -425,7 +429,7 @@ class KernelCalibration:
 
 # Each layout's table field (`cost_models.gemm_layouts` names and measures the layouts).
 GEMM_LAYOUT_TABLES = {"linear": "gemm_linear", "linear_nobias": "gemm_linear_nobias",
-                      "weight_grad": "gemm_weight_grad"}
+                      "weight_grad": "gemm_weight_grad", "mm": "gemm_layout_mm"}
 _TABLES = (("gemm", GemmPoint), *((field, GemmPoint) for field in GEMM_LAYOUT_TABLES.values()),
            ("memory_kernels", MemoryKernelPoint), ("sdpa", SdpaPoint),
            ("conv", ConvPoint), ("host_op_excess", HostOpExcess),
