@@ -259,7 +259,8 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
         # is weight-sized whatever the batch (x^T @ dy sums over the tokens).
         nbytes = _gemm_bytes(r.shape, m, n, k, config, share)
         layout = layout_of(r, backward)  # a Linear's layout costs more than the plain table's
-        factor = cal.gemm_layout_factor(m, n, k, dtype, layout) if cal and layout else 1.0
+        factor = cal.gemm_layout_factor(m, n, k, dtype, layout, cal.host_excess_s(
+            r.op)) if cal and layout else 1.0  # less what the host model charges per call
         # Williams et al. 2009: max(compute-bound, memory-bound)
         return max(flops * factor / (cluster.peak_flops(dtype) * efficiency), nbytes / hbm)
     if r.kind is KernelKind.CONV:

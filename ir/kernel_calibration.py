@@ -343,11 +343,14 @@ class KernelCalibration:
             return nearest.flop_per_s
         return math.exp(sum(math.log(rate) for rate in tied) / len(tied))
 
-    def gemm_layout_factor(self, m: int, n: int, k: int, dtype: str, layout: str) -> float:
+    def gemm_layout_factor(self, m: int, n: int, k: int, dtype: str, layout: str,
+                           charged_s: float = 0.0) -> float:
         """Seconds of an (m, n, k) product in `layout` over the plain mm's: at the layout
         table's nearest shape (equally near ones averaged geometrically), the rate of the
         plain mm timed in the same passes (`gemm_layout_mm`: a pair timed apart on a shared
-        host read 1.8x where 1.3 was so) over the layout's. 1.0 where not measured."""
+        host read 1.8x where 1.3 was so) over the layout's, the layout's seconds less
+        `charged_s` (what the host model charges its op per call already: addmm's fixed
+        excess, `host_excess_s`). 1.0 where not measured."""
         points = [p for p in getattr(self, GEMM_LAYOUT_TABLES[layout]) if p.dtype == dtype]
         plain_rate = {(p.m, p.n, p.k): p.flop_per_s for p in self.gemm_layout_mm
                       if p.dtype == dtype}
@@ -360,7 +363,9 @@ class KernelCalibration:
         least = min(map(distance, points))
         plain = [(plain_rate.get((p.m, p.n, p.k)), p) for p in points
                  if distance(p) <= least + GEMM_TIE_LOG2_DISTANCE]
-        ratios = [rate / p.flop_per_s for rate, p in plain if rate is not None]
+        ratios = [(2.0 * p.m * p.n * p.k / p.flop_per_s - charged_s) * rate
+                  / (2.0 * p.m * p.n * p.k) for rate, p in plain if rate is not None]
+        ratios = [r for r in ratios if r > 0]  # a fixed excess above a tiny layout's time
         return math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else 1.0
 
     def nearest_conv(self, batch: int, in_channels: int, out_channels: int, positions: int,

@@ -12,7 +12,8 @@ import math
 import pytest
 
 from ir.cluster import ClusterSpec
-from ir.kernel_calibration import GemmPoint, KernelCalibration, MemoryKernelPoint, SdpaPoint
+from ir.kernel_calibration import (GemmPoint, HostOpExcess, KernelCalibration, MemoryKernelPoint,
+                                   SdpaPoint)
 from ir.kernel_records import KernelKind, KernelRecord, KernelRecords
 from ir.layer import Layer, LayerMeasurement
 from ir.strategy import Checkpoint, LayerStrategy, Precision
@@ -555,6 +556,12 @@ def test_each_gemm_layout_pays_its_measured_factor_over_the_plain_table():
     for record, backward, factor in cases:
         t = pass_seconds((record,), spec(cal), config(seq_len=256), 1.0, backward=backward)
         assert t.gemm_s == pytest.approx(plain_s * factor), (record.op, backward)
+    # addmm's fixed excess, charged per call by the host model, is not charged again:
+    # 10% of the layout's measured 2 * 256^3 / 1.6e13 s off it, factor 0.9 x 1.25
+    layout_s = 2 * 256**3 / 1.6e13
+    charged = dataclasses.replace(cal, host_op_excess=(HostOpExcess("aten::addmm", 0.1 * layout_s),))
+    t = pass_seconds((addmm,), spec(charged), config(seq_len=256), 1.0, backward=False)
+    assert t.gemm_s == pytest.approx(plain_s * 1.125)
     # without layout tables (older kits, GPU presets) every layout is the plain table's
     t = pass_seconds((addmm,), spec(CALIBRATION), config(seq_len=256), 1.0, backward=False)
     assert t.gemm_s == pytest.approx(plain_s)
