@@ -27,8 +27,8 @@ pass (forward, backward, or the kernels a checkpointing mode recomputes) is
 GEMM of the cluster's kernel calibration, else the analytic saturation fit
 (`cost_models.gemm_efficiency`), times the measured cost of the record's operand layout
 (a Linear's addmm, a weight gradient: `cost_models.gemm_layouts`). Memory-bound
-bandwidth: the calibration's measured points for that kernel kind (copy, add, gelu, sum, softmax, layer_norm and batch_norm and their
-backwards; `broadcast_scalar` for a record marked `unvectorized`), interpolated in
+bandwidth: the calibration's measured points for that kernel kind (copy, add, gelu, sum,
+softmax, layer_norm and batch_norm and their backwards; `broadcast_scalar` for a record marked `unvectorized`), interpolated in
 log(bytes), else the spec's `hbm_gbps` times the share of it that kind reached on a
 measured H100 (a softmax streams at ~40% of the datasheet bandwidth). Fused attention:
 the calibration's "default" backend (what torch's dispatcher chose on that device, with no
