@@ -28,9 +28,10 @@ GEMM of the cluster's kernel calibration, else the analytic saturation fit
 (`cost_models.gemm_efficiency`), times the measured cost of the record's operand layout
 (a Linear's addmm, a weight gradient: `cost_models.gemm_layouts`). Memory-bound
 bandwidth: the calibration's measured points for that kernel kind (copy, add, gelu, sum,
-softmax, layer_norm and batch_norm and their backwards; `broadcast_scalar` for a record marked `unvectorized`), interpolated in
-log(bytes), else the spec's `hbm_gbps` times the share of it that kind reached on a
-measured H100 (a softmax streams at ~40% of the datasheet bandwidth). Fused attention:
+softmax, layer_norm and batch_norm and their backwards; `broadcast_scalar` for a record
+marked `unvectorized`), interpolated in log(bytes), else the spec's `hbm_gbps` times the
+share of it that kind reached on a measured H100 (a softmax streams at ~40% of the
+datasheet bandwidth). Fused attention:
 the calibration's "default" backend (what torch's dispatcher chose on that device, with no
 backend forced), nearest
 measured shape, its FLOP rate (forward 4*b*s^2*h over forward seconds, backward 2.5x that

@@ -1,8 +1,9 @@
 """Measured kernel tables of one device, as plain frozen data inside a cluster spec.
 
 `planner profile-device` fills a `KernelCalibration`: GEMM throughput by (m, n, k, dtype)
-(CPUs: also in the operand layouts a Linear runs, `cost_models.gemm_layouts`), bandwidth of memory-bound kernels (copy, elementwise, reductions, softmax, layer norm,
-batch norm) by size, the scaled-dot-product-attention backends that ran and their times,
+(CPUs: also in the operand layouts a Linear runs, `cost_models.gemm_layouts`), bandwidth
+of memory-bound kernels (copy, elementwise, reductions, softmax, layer norm, batch norm)
+by size, the scaled-dot-product-attention backends that ran and their times,
 2-D convolutions' forward and backward times by shape, the launch overhead of a kernel,
 and (CPUs) the host's dispatch in parts: forward views, ops and module calls; backward
 views, ops and autograd nodes; the per-call excess of the ops that have a fixed cost
