@@ -60,6 +60,25 @@ class LayerActivations:
     # Share of the layer's parameter gradients already made when its backward peaks
     # (measured for checkpointed layers; 1: all of them, the bound used otherwise).
     backward_grad_share: float = 1.0
+    # A loss head's logits-sized gradient and its output's and input's gradients
+    # (None for other layers): see end_flow_bytes and reduce_flow_bytes.
+    logits_grad_bytes: float = 0.0
+    plain_flow_bytes: float | None = None
+
+    @property
+    def end_flow_bytes(self) -> float:
+        """Gradients alive at the end of its backward: a loss head's matmul, making its
+        weight gradient and its input's, reads the logits' gradient alone (the
+        log-probabilities' one is freed with the log-softmax's backward)."""
+        if self.plain_flow_bytes is None:
+            return self.grad_flow_bytes
+        return self.plain_flow_bytes + self.logits_grad_bytes
+
+    @property
+    def reduce_flow_bytes(self) -> float:
+        """Gradients alive when FSDP2's post-backward hook reduces its unit (it runs once
+        the gradients of the unit's inputs exist): no logits-sized one is left."""
+        return self.grad_flow_bytes if self.plain_flow_bytes is None else self.plain_flow_bytes
 
 
 def activation_bytes(saved, tp_sharded, input_bytes, tp, sequence_parallel, full):
@@ -105,13 +124,17 @@ def scaled_saved_bytes(layer: Layer, config: StepConfig) -> tuple[float, float, 
     mask inside the attention (and TP-sharded) bytes as one of the three equal
     score-shaped tensors dropout-after-softmax saves (softmax output, mask, dropout
     output: Korthikanti et al. 2022's 2 + 1 + 2 bytes per a*s^2*b), the rest of the
-    masks (after attention output and MLP) in the replicated part.
+    masks (after attention output and MLP) in the replicated part. On CUDA, RMSNorm
+    keeps what its fused kernel saves, less than the decomposition the IR measured
+    (`Layer.rms_norm_excess_on`).
     """
     masks = layer.saved_dropout_mask_bytes
     attention_masks = min(masks, layer.saved_attention_bytes / SCORE_TENSORS_WITH_DROPOUT)
     act, mask = config.activation_scale, config.mask_scale
-    saved = (layer.saved_activation_bytes - masks) * act + masks * mask
-    sharded = (layer.saved_tp_sharded_bytes - attention_masks) * act + attention_masks * mask
+    norms, sharded_norms = layer.rms_norm_excess_on(config.device_type)
+    saved = (layer.saved_activation_bytes - masks - norms) * act + masks * mask
+    sharded = ((layer.saved_tp_sharded_bytes - attention_masks - sharded_norms) * act
+               + attention_masks * mask)
     attention = (layer.saved_attention_bytes - attention_masks) * act + attention_masks * mask
     return saved, sharded, attention
 
@@ -151,8 +174,18 @@ def _loss_head(logits, saved, sharded, kept, recompute, tp, sp, checkpointed, co
     return kept, recompute, logits * upcast
 
 
+def measured_backward_bytes(layer: Layer, selective: bool, config: StepConfig) -> float:
+    """The peak of the layer's checkpointed backward the IR measured (`ir.checkpoint_measure`,
+    SELECTIVE or FULL) at the config's micro-batch and dtype. That peak holds the recomputed
+    saved tensors, RMSNorm's as the decomposition keeps them: on CUDA, as the fused kernel
+    does (`Layer.rms_norm_excess_on`, as `scaled_saved_bytes` counts them)."""
+    measured = layer.selective_backward_bytes if selective else layer.full_backward_bytes
+    excess = layer.rms_norm_excess_on(config.device_type)[0]
+    return max(0.0, measured - excess) * config.activation_scale
+
+
 def _plain_backward(layer: Layer, saved: float, sharded: float, tp: int, sp: bool,
-                    scale: float) -> tuple[float, float]:
+                    config: StepConfig) -> tuple[float, float]:
     """(bytes a layer's backward holds above its kept activations and the gradients
     flowing through it, share of its parameter gradients made by its peak) without
     checkpointing, from the IR's FULL run (`ir.checkpoint_measure`): once FULL has
@@ -163,10 +196,11 @@ def _plain_backward(layer: Layer, saved: float, sharded: float, tp: int, sp: boo
     (Without the measurement the walk holds all activations and the whole new gradient
     at once, a bound: t5-tiny's decoder block had made one weight gradient, 32 KB of
     its 197 KB, by its peak measured under ZeRO-3, issue 17.)"""
+    scale = config.activation_scale
     split = _tp_split(saved, sharded, tp, sp) / saved if saved else 1.0
     sequence_split = tp if sp else 1
     rebuilt = (saved - layer.saved_input_bytes * scale) * split
-    backward = layer.full_backward_bytes * scale * split
+    backward = measured_backward_bytes(layer, False, config) * split
     return (max(0.0, backward - rebuilt - grad_input_bytes(layer) * scale / sequence_split),
             layer.full_backward_grad_share)
 
@@ -225,12 +259,11 @@ def layer_activations(layer: Layer, strategy: LayerStrategy,
     recompute, grad_share = 0.0, 1.0
     # (a loss head's backward is its measured logits copies: grad_flow below)
     if mode is Checkpoint.NONE and layer.full_backward_bytes and not logits_bytes(layer, config):
-        recompute, grad_share = _plain_backward(layer, saved, sharded, tp, sp, scale)
+        recompute, grad_share = _plain_backward(layer, saved, sharded, tp, sp, config)
     if checkpointed:
         # The measured peak of its backward, split as the layer's saved set is.
         selective = mode is Checkpoint.SELECTIVE
-        backward = (layer.selective_backward_bytes if selective
-                    else layer.full_backward_bytes) * scale
+        backward = measured_backward_bytes(layer, selective, config)
         grad_share = (layer.selective_backward_grad_share if selective
                       else layer.full_backward_grad_share)
         split = _tp_split(saved, sharded, tp, sp) / saved if saved else 1.0
@@ -251,12 +284,18 @@ def layer_activations(layer: Layer, strategy: LayerStrategy,
     # Backward holds the gradient of the layer's output and produces its input's gradient.
     grad_flow = (layer.output_bytes + grad_input_bytes(layer)) * scale / (tp if sp else 1)
     logits = logits_bytes(layer, config)
+    logits_grad, plain_flow = 0.0, None
     if logits:
         kept, recompute, logits = _loss_head(logits, saved, sharded, kept, recompute, tp, sp,
                                              checkpointed, config)
         # The loss head starts backward from the gradient of the log-probabilities and
         # produces the logits' gradient beside it: two logits-sized tensors (measured in
-        # bench/bench_memory.py), vocabulary-parallel under TP.
-        grad_flow = max(grad_flow, LOSS_BACKWARD_LOGITS_COPIES * logits / tp)
+        # bench/bench_memory.py), vocabulary-parallel under TP; only then does its matmul's
+        # backward make the weight gradient (none made by that peak) and its input's.
+        logits_grad, plain_flow = logits / tp, grad_flow
+        grad_flow = max(grad_flow, LOSS_BACKWARD_LOGITS_COPIES * logits_grad)
+        if not checkpointed:
+            grad_share = 0.0
     return LayerActivations(kept_bytes=kept, recompute_bytes=recompute,
-                            grad_flow_bytes=grad_flow, backward_grad_share=grad_share)
+                            grad_flow_bytes=grad_flow, backward_grad_share=grad_share,
+                            logits_grad_bytes=logits_grad, plain_flow_bytes=plain_flow)

@@ -76,7 +76,7 @@ def unit_copies(layer: Layer, strategy: LayerStrategy, precision: Precision) -> 
                         layer.tp_params + layer.tied_tp_params, strategy.tp)
     c, r = precision.compute_bytes, REDUCE_BYTES
     cast = (FP32_BYTES + c) * p if precision is not Precision.FP32 else 0.0
-    sharded = strategy.dp_mode in (DPMode.ZERO2, DPMode.ZERO3) and strategy.dp > 1
+    sharded = not reduces_on_one_rank(strategy)
     if sharded:
         per_tensor, flat = 2 * c * p, (cast + 2 * c * p) / strategy.dp
         reduce_copy = divide = 0.0
@@ -85,6 +85,12 @@ def unit_copies(layer: Layer, strategy: LayerStrategy, precision: Precision) -> 
         reduce_copy = divide = 2 * r * p
     return UnitCopies(tensors, per_tensor, flat, (c + r) * p, reduce_copy, divide,
                       sharded and strategy.dp_mode is DPMode.ZERO3)
+
+
+def reduces_on_one_rank(strategy: LayerStrategy) -> bool:
+    """Whether the unit takes foreach_reduce's world-1 path (module docstring): replicate
+    and ZeRO-1 units (their mesh shards nothing) and any unit at dp 1."""
+    return not (strategy.dp_mode in (DPMode.ZERO2, DPMode.ZERO3) and strategy.dp > 1)
 
 
 def dp_copy_pass_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,

@@ -13,10 +13,10 @@ alive, taking its maximum (`memory_walk.walk_rank`):
   FSDP2 units       each data-parallel layer's gathered working copy: from its forward
                     to its backward (replicate, ZeRO-2), only during its forward and
                     backward (ZeRO-3, with the next unit prefetched in backward); its
-                    unreduced gradient, then the reduce-scatter input and output (the
-                    input is kept until the next unit reduces, FSDP2's one retained
-                    buffer). Gradient accumulation keeps unreduced gradients until the
-                    last micro-batch; a pipeline keeps working copies and unreduced
+                    unreduced gradient and the reduce-scatter input, then the input and
+                    output (and a divided copy on a one-rank group); the input is kept
+                    till the next unit reduces. Gradient accumulation keeps unreduced
+                    gradients till the last micro-batch; a pipeline keeps copies and unreduced
                     gradients of all micro-batches and reduces at the end of the step.
                     On the lean host path (`ir.lean_host`, a meta-built model on a CPU
                     cluster: `StepConfig.lean`) an embedding unit is not gathered for
@@ -52,6 +52,7 @@ from ir.strategy import Checkpoint, LayerStrategy, Schedule
 
 from cost_models.activations import boundary_bytes, layer_activations
 from cost_models.common import GiB, MiB, StepConfig, layer_configs
+from cost_models.dp_copies import reduces_on_one_rank
 from cost_models.memory_walk import (ChunkMemory, LayerMemory, OverLimit,  # noqa: F401
                                      StageMemory, model_output_bytes,
                                      optimizer_step_temp_bytes, walk_rank)
@@ -106,16 +107,18 @@ def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
         zero1_master_grad_bytes=zero1_step[0], zero1_share_bytes=zero1_step[1],
         reshard_after_forward=stage == 3 and unit,
         moment_shares=tuple(x * held.moments for x in shares) if len(shares) > 1 else (),
-        host_bytes=host.total, **_lean_fields(lean, working, reduce_bytes, unsharded, strategy.dp))
+        host_bytes=host.total, **_lean_fields(lean, working, reduce_bytes, unsharded, strategy))
 
 
 def _lean_fields(lean: LeanLayer | None, working: float, reduce_bytes: float,
-                 unsharded_grad_bytes: float, dp: int) -> dict:
+                 unsharded_grad_bytes: float, strategy: LayerStrategy) -> dict:
     """LayerMemory's lean host fields (`ir.lean_host`): a unit's share gathered for its
     backward, its reduce-scatter's copy-in, no prefetch, no retained input, and the
     ring's receive scratch (its largest unit's chunk, at most a piece)."""
-    if lean is None:
-        return dict(unsharded_grad_bytes=unsharded_grad_bytes)
+    if lean is None:  # FSDP2's world-1 path divides a copy of the input (memory_walk)
+        return dict(unsharded_grad_bytes=unsharded_grad_bytes, reduce_divide_bytes=(
+            reduce_bytes if reduces_on_one_rank(strategy) else 0.0))
+    dp = strategy.dp
     return dict(unsharded_grad_bytes=unsharded_grad_bytes * lean.unsharded_grad_scale,
                 backward_gather_bytes=working * lean.backward_gather_share,
                 backward_prefetch=LEAN_BACKWARD_PREFETCH,

@@ -59,6 +59,9 @@ class LayerMemory:
     reduce_input_bytes: float | None = None  # reduce-scatter's copy-in (None: reduce_bytes)
     retains_reduce_input: bool = True  # kept until the next unit's reduction
     reduce_scratch_bytes: float = 0.0  # the ring's receive buffer while it reduces
+    # FSDP2 on a one-rank group: `input / gradient_divide_factor`, copied to the output
+    # (torch 2.13 foreach_reduce; the executor sets the factor, `_sum_reduction`)
+    reduce_divide_bytes: float = 0.0
 
     @property
     def has_unit(self) -> bool:
@@ -321,7 +324,8 @@ def _backward_plan(chunk: ChunkMemory, ci: int) -> list[tuple]:
         prefetch_bytes = _backward_gather(chunk.layers[p]) if prefetch_key else 0.0
         out.append(((ci, li), l, l.has_unit, _backward_gather(l), prefetch_key, prefetch_bytes,
                     l.unsharded_grad_bytes if l.has_unit else l.states.grads,
-                    a.backward_grad_share, a.recompute_bytes, a.grad_flow_bytes, a.kept_bytes))
+                    a.backward_grad_share, a.recompute_bytes, a.grad_flow_bytes, a.kept_bytes,
+                    a.end_flow_bytes, a.reduce_flow_bytes))
     return out
 
 
@@ -344,7 +348,7 @@ def _backward(w: _Walk, layers: list[tuple], key: tuple[int, int], *, reduce: bo
     copies, grads, weights, moments = w.copies, w.grads, w.weights, w.moments
     acts_now = w.acts[key]
     for (lkey, l, has_unit, gather, prefetch_key, prefetch_bytes, new_grad, share,
-         recompute, grad_flow, kept) in layers:
+         recompute, grad_flow, kept, end_flow, reduce_flow) in layers:
         prefetch = 0.0
         if has_unit:
             old = copies.get(lkey, 0.0)
@@ -371,7 +375,7 @@ def _backward(w: _Walk, layers: list[tuple], key: tuple[int, int], *, reduce: bo
                 w._record(total, "backward", (p0, p1, moments, p3, p4), w.in_flight)
             p1 = w.grads_total + new_grad
             p3 -= kept
-            p4 = w.persistent + w.retained_reduce + (grad_flow + prefetch)
+            p4 = w.persistent + w.retained_reduce + (end_flow + prefetch)
         else:
             p1 = w.grads_total + new_grad
             p4 = w.persistent + w.retained_reduce + (recompute + grad_flow + prefetch)
@@ -392,21 +396,28 @@ def _backward(w: _Walk, layers: list[tuple], key: tuple[int, int], *, reduce: bo
             w.set_grad(lkey, l.reduce_bytes)  # kept unreduced, in the reduce dtype
             continue
         w.acts[key] = acts_now
-        _reduce_unit(w, l, lkey, incoming=grad_flow,
+        _reduce_unit(w, l, lkey, incoming=reduce_flow,
                      unreduced=w.pop_grad(lkey) or l.unsharded_grad_bytes)
     w.acts[key] = acts_now
 
 
 def _reduce_unit(w: _Walk, l: LayerMemory, key: tuple[int, int], incoming: float,
                  unreduced: float) -> None:
-    """FSDP2 post-backward reduction of one unit: the previous unit's retained input is
-    released, this unit's reduce-scatter input (its copy-in; none when reduced in place)
-    and output exist beside its unreduced gradient, then the output is the stored
-    gradient and the input is retained (not on the lean host path, `ir.lean_host`)."""
+    """FSDP2 post-backward reduction of one unit (torch's `foreach_reduce`): the previous
+    unit's retained input is released; the unreduced gradient is copied into the
+    reduce-scatter input, then freed (the list holding it is cleared) before the output
+    (the stored gradient) is made beside the input (and, on a one-rank group, the input
+    divided: `reduce_divide_bytes`); the input is retained. On the lean host path
+    (`ir.lean_host`: its copy-in, none when reduced in place) all exist at once."""
     w.retained_reduce = 0.0
+    phase = "backward" if incoming else "reduce"
     copy_in = l.reduce_bytes if l.reduce_input_bytes is None else l.reduce_input_bytes
-    w.look("backward" if incoming else "reduce", grads=unreduced + l.states.grads,
-           buffers=copy_in + l.reduce_scratch_bytes + incoming)
+    if l.retains_reduce_input:  # FSDP2's own foreach_reduce (the lean path retains none)
+        w.look(phase, grads=unreduced, buffers=copy_in + incoming)
+        w.look(phase, grads=l.states.grads, buffers=copy_in + l.reduce_divide_bytes + incoming)
+    else:
+        w.look(phase, grads=unreduced + l.states.grads,
+               buffers=copy_in + l.reduce_scratch_bytes + incoming)
     w.set_grad(key, l.states.grads)
     w.retained_reduce = copy_in if l.retains_reduce_input else 0.0
 

@@ -97,14 +97,16 @@ def backward_floor_row(layer: Layer, strategy: LayerStrategy, config: StepConfig
     else:
         copy, new_grad = 0.0, mem.states.grads
     if a.backward_grad_share < 1:  # measured: its peak, then its end (kept freed)
-        look = max(kept + a.backward_grad_share * new_grad + a.recompute_bytes, new_grad)
+        look = max(kept + a.backward_grad_share * new_grad + a.recompute_bytes
+                   + a.grad_flow_bytes, new_grad + a.end_flow_bytes)
     else:
-        look = kept + new_grad + a.recompute_bytes
-    during = base + copy + held + look + a.grad_flow_bytes
-    if mem.has_unit:  # its reduction: unreduced gradient, its shard, copy-in, scratch
+        look = kept + new_grad + a.recompute_bytes + a.grad_flow_bytes
+    during = base + copy + held + look
+    if mem.has_unit:  # its reduction: copy-in with the unreduced gradient, then its shard
         copy_in = mem.reduce_bytes if mem.reduce_input_bytes is None else mem.reduce_input_bytes
-        reduce = (base + (held or mem.unsharded_grad_bytes) + mem.states.grads + copy_in
-                  + mem.reduce_scratch_bytes + a.grad_flow_bytes)
+        reduce = (base + max(held or mem.unsharded_grad_bytes,
+                             mem.states.grads + mem.reduce_divide_bytes) + copy_in
+                  + mem.reduce_scratch_bytes + a.reduce_flow_bytes)
         during = max(during, reduce)
     return base + mem.states.grads, during
 

@@ -361,7 +361,6 @@ class GraphMeasurer:
         # second forward + backward without them, as training runs.
         logged, log_region = self.start_run(index, state, factory), TPRegion(colwise, rowwise)
         fwd_flops, bwd_flops = FlopCounterMode(display=False), FlopCounterMode(display=False)
-
         reductions = ReductionsBeforeLastSave(rowwise if reducing is None else reducing)
 
         def log_tag(n: fx.Node) -> None:
@@ -370,7 +369,7 @@ class GraphMeasurer:
             reductions.enter(info.module_paths[n])
 
         with torch.autograd.graph.saved_tensors_hooks(reductions.wrap(log.pack), log.unpack), \
-                fwd_flops, log.ops:
+                fwd_flops, log.ops, log.norms:
             self.run_forward(index, logged, before_node=log_tag)
         env = logged.env
         in_keys = {storage_key(t) for a in info.inputs for t in tensor_leaves(env.get(a))}
@@ -420,11 +419,12 @@ class GraphMeasurer:
             saved_tensors_fwd=log.calls, saved_grad_tensors_fwd=log.grad_calls,
             ops_after_last_save_fwd=log.ops_after_last_save,
             saved_attention_bytes=log.scores, saved_dropout_mask_bytes=log.dropout_masks,
+            saved_rms_norm_excess_bytes=log.rms_norm_excess,
+            saved_rms_norm_tp_sharded_excess_bytes=log.rms_norm_sharded_excess,
             saved_input_bytes=sum(b for k, b in log.seen.items() if k in in_keys),
             saved_output_bytes=sum(b for k, b in log.seen.items() if k in out_keys),
-            ops_fwd=fwd_ops.count, ops_bwd=bwd_ops.count,
-            distinct_ops_fwd=fwd_ops.distinct_ops, forward_overloads=fwd_ops.overload_names,
-            backward_overloads=bwd_ops.overload_names,
+            ops_fwd=fwd_ops.count, ops_bwd=bwd_ops.count, distinct_ops_fwd=fwd_ops.distinct_ops,
+            forward_overloads=fwd_ops.overload_names, backward_overloads=bwd_ops.overload_names,
             python_nodes_fwd=python_nodes(info.nodes.nodes, dispatched, fwd_ops.count),
             python_view_nodes_fwd=view_nodes(info.nodes.nodes, dispatched, fwd_ops.count,
                                              viewed, fwd_kernels.views),

@@ -77,6 +77,10 @@ class LayerMeasurement:
       saved_dropout_mask_bytes the part that is dropout masks, as measured (CPU/meta keep
                                them in the activation dtype; CUDA's fused dropout keeps
                                1 byte per element: see `Layer.saved_bytes_on`).
+      saved_rms_norm_excess_bytes  what RMSNorm calls save as measured (CPU/meta's
+                               decomposition) beyond what CUDA's fused kernel saves for
+                               them (`ir.saved_tensors.RMSNormCalls`); ..._tp_sharded_...
+                               the part of it saved where TP shards.
     """
 
     flops_fwd: int = 0
@@ -85,6 +89,8 @@ class LayerMeasurement:
     saved_tp_sharded_bytes: int = 0
     saved_attention_bytes: int = 0
     saved_dropout_mask_bytes: int = 0
+    saved_rms_norm_excess_bytes: int = 0
+    saved_rms_norm_tp_sharded_excess_bytes: int = 0
     # Saved tensors that are the layer's own inputs / outputs: a boundary tensor saved by
     # both neighbours (a ReLU output the next conv saves as input) is held once.
     saved_input_bytes: int = 0
@@ -283,11 +289,22 @@ class Layer:
 
     def saved_bytes_on(self, device_type: str, dtype_bytes: int) -> int:
         """Saved-activation bytes on `device_type` ("cuda" prices dropout masks at 1 byte
-        per element, as the fused CUDA dropout kernel stores a bool mask)."""
-        if device_type != "cuda" or dtype_bytes <= 1:
+        per element, as the fused CUDA dropout kernel stores a bool mask, and RMSNorm's
+        saves as its fused kernel keeps them: `rms_norm_excess_on`)."""
+        if device_type != "cuda":
             return self.saved_activation_bytes
         masks = self.saved_dropout_mask_bytes
-        return self.saved_activation_bytes - masks + masks // dtype_bytes
+        mask_excess = masks - masks // dtype_bytes if dtype_bytes > 1 else 0
+        return (self.saved_activation_bytes - mask_excess
+                - self.rms_norm_excess_on(device_type)[0])
+
+    def rms_norm_excess_on(self, device_type: str) -> tuple[int, int]:
+        """(all, TP-sharded) saved bytes the IR's RMSNorm calls count beyond what they
+        keep on `device_type`: CUDA runs the fused kernel (`ir.saved_tensors.
+        RMS_NORM_CALLS`), CPU the decomposition the IR measured (0, 0)."""
+        if device_type != "cuda":
+            return 0, 0
+        return self.saved_rms_norm_excess_bytes, self.saved_rms_norm_tp_sharded_excess_bytes
 
     def tp_degree_allowed(self, tp: int) -> bool:
         """A TP degree is legal if it divides every constraint. A layer with nothing to

@@ -3,13 +3,18 @@
 `SavedTensorLog.pack` is a `saved_tensors_hooks` pack hook: every tensor saved is
 counted once per storage (views of one buffer are one allocation), parameters excluded,
 and tagged TP-sharded, attention-score-like or dropout mask. `TPRegion` tells the log
-whether the node being run sits inside a Megatron parallel region.
+whether the node being run sits inside a Megatron parallel region. `RMSNormCalls` tells
+it which saves an RMSNorm call made, and what CUDA's fused kernel keeps instead.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -70,6 +75,9 @@ class SavedTensorLog:
         self.score_keys = score_keys
         self.seen: dict = {}  # storage key -> bytes
         self.total = self.sharded = self.scores = self.dropout_masks = 0
+        # What RMSNorm calls saved here (CPU/meta's decomposition: `RMSNormCalls`) less
+        # what CUDA's fused kernel saves for them: all, and the TP-sharded part
+        self.rms_norm_excess = self.rms_norm_sharded_excess = 0
         self.calls = 0  # pack calls: every tensor saved, parameters and repeats included
         # Saves of tensors that require grad: a checkpoint's recompute detaches each, one
         # more op dispatched (`torch.utils.checkpoint._recomputation_hook`'s pack hook)
@@ -80,6 +88,8 @@ class SavedTensorLog:
         self.ops_at_last_save = 0
         self.tp_sharded_now = False
         self.in_dropout_now = False
+        self.in_rms_norm_now = False
+        self.norms = RMSNormCalls(self)
 
     def pack(self, t: torch.Tensor):
         self.calls += 1
@@ -96,6 +106,9 @@ class SavedTensorLog:
                 self.scores += nbytes
             if self.in_dropout_now:
                 self.dropout_masks += nbytes
+            if self.in_rms_norm_now:
+                self.rms_norm_excess += nbytes
+                self.rms_norm_sharded_excess += nbytes * self.tp_sharded_now
         return t
 
     @property
@@ -107,6 +120,60 @@ class SavedTensorLog:
     @staticmethod
     def unpack(t):
         return t
+
+
+# torch.rms_norm and its aliases. torch >= 2.8's rms_norm_symint (aten/src/ATen/native/
+# layer_norm.cpp) calls `_fused_rms_norm` on every device (not for complex, channels-last
+# inputs or a weight of another dtype); CPU and meta run its CompositeImplicitAutograd
+# decomposition (fp32 upcast, pow, mean, rsqrt, two muls: the upcast input and the
+# normalized fp32 output saved, 8h + 4 bytes a bf16 token), CUDA its kernel, whose
+# derivatives.yaml entry saves the input, the weight and result1 (rstd, fp32 for
+# 16-bit inputs): 2h + 4 bytes a bf16 token.
+RMS_NORM_CALLS = frozenset({F.rms_norm, torch.rms_norm, torch.ops.aten.rms_norm.default,
+                            torch._fused_rms_norm, torch.ops.aten._fused_rms_norm.default})
+
+
+class RMSNormCalls(TorchFunctionMode):
+    """Marks `log`'s saves made inside an RMSNorm call and takes off what CUDA's fused
+    kernel would save for it (the input, if nothing saved it before, and rstd), so
+    `log.rms_norm_excess` is what the decomposition saves beyond the fused kernel."""
+
+    def __init__(self, log: SavedTensorLog):
+        super().__init__()
+        self.log = log
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in RMS_NORM_CALLS or self.log.in_rms_norm_now:
+            return func(*args, **kwargs)
+        x, shape = args[0], args[1] if len(args) > 1 else kwargs["normalized_shape"]
+        weight = args[2] if len(args) > 2 else kwargs.get("weight")
+        fused = fused_rms_norm_saved_bytes(self.log, x, shape, weight)
+        self.log.in_rms_norm_now = True
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.log.in_rms_norm_now = False
+            self.log.rms_norm_excess -= fused
+            self.log.rms_norm_sharded_excess -= fused * self.log.tp_sharded_now
+
+
+def fused_rms_norm_saved_bytes(log: SavedTensorLog, x: torch.Tensor, shape,
+                               weight: torch.Tensor | None) -> int:
+    """Bytes CUDA's `_fused_rms_norm` saves for backward that `log` has not seen: its
+    input (unless a parameter or already saved) and rstd, one value per normalized row
+    in the computation dtype (`RMS_NORM_CALLS`); 0 where CUDA decomposes too, or
+    nothing needs a gradient."""
+    needs_grad = torch.is_grad_enabled() and (
+        x.requires_grad or (weight is not None and weight.requires_grad))
+    if (not needs_grad or x.is_complex()
+            or (weight is not None and weight.dtype != x.dtype)):
+        return 0
+    key = storage_key(x)
+    saved_input = 0 if key in log.exclude or key in log.seen else storage_bytes(x)
+    rows = x.numel() // max(1, math.prod([shape] if isinstance(shape, int) else shape))
+    rstd_bytes = 8 if x.dtype == torch.float64 else 4
+    return saved_input + rows * rstd_bytes
 
 
 class _DispatchCount(TorchDispatchMode):
