@@ -235,10 +235,11 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
     return AutoParallel(doc.plan, doc, graph, parallel, input_names)
 
 
-# Optimizer classes priced as the plan optimizer whose states they hold: Adam/AdamW/SGD
-# and their subclasses (torch.optim's own steps), and torch's other two-moment Adams
-# (exp_avg and exp_avg_sq per element, or exp_avg and exp_inf for Adamax).
-_TWO_MOMENT_ADAMS = (torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adamax)
+# torch.optim classes beyond Adam/AdamW/SGD (and their subclasses), priced as the plan
+# optimizer holding the same fp32 states per element: two (NAdam, RAdam: exp_avg and
+# exp_avg_sq; Adamax: exp_avg and exp_inf) or one (Adagrad's sum). None has a fused GPU step.
+_STATE_TWINS = ((torch.optim.NAdam, "adamw"), (torch.optim.RAdam, "adamw"),
+                (torch.optim.Adamax, "adamw"), (torch.optim.Adagrad, "sgd-momentum"))
 
 
 def _optimizer_choice(optimizer, kwargs: dict | None, device: str) -> dict:
@@ -253,13 +254,14 @@ def _optimizer_choice(optimizer, kwargs: dict | None, device: str) -> dict:
         name = "adamw" if issubclass(cls, torch.optim.AdamW) else "adam"
     elif issubclass(cls, torch.optim.SGD):
         name = "sgd-momentum" if (kwargs or {}).get("momentum", 0) else "sgd"
-    elif issubclass(cls, _TWO_MOMENT_ADAMS):
-        name = "adamw"  # its states; its step is never fused (no fused kernel in torch)
     else:
+        name = next((twin for c, twin in _STATE_TWINS if issubclass(cls, c)), None)
+    if name is None:
         raise PlannerError(
             f"auto_parallel cannot price the optimizer {getattr(optimizer, '__qualname__', optimizer)}: "
-            "it prices torch.optim.Adam, AdamW, SGD (and their subclasses), NAdam, RAdam and "
-            "Adamax; pass one of them, or plan= a plan made for one with the same states")
+            "it prices torch.optim.Adam, AdamW, SGD (and their subclasses), NAdam, RAdam, "
+            "Adamax and Adagrad; pass one of them, or plan= a plan made for one with the same "
+            "states")
     implementation, _ = step_implementation(optimizer, kwargs or {}, None,
                                             "cpu" if device.lower() == "cpu" else "cuda")
     return {"optimizer": name, "optimizer_impl": implementation}

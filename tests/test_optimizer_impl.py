@@ -218,5 +218,10 @@ def test_auto_parallel_prices_a_class_as_torch_steps_it_or_refuses_it():
     assert _optimizer_choice(torch.optim.AdamW, None, "cpu")["optimizer_impl"] == "single"
     assert _optimizer_choice(torch.optim.SGD, {"momentum": 0.9}, gpu) == {
         "optimizer": "sgd-momentum", "optimizer_impl": "foreach"}
-    with pytest.raises(PlannerError, match="cannot price the optimizer Adagrad"):
-        _optimizer_choice(torch.optim.Adagrad, None, gpu)
+    assert _optimizer_choice(torch.optim.Adagrad, None, gpu)["optimizer"] == "sgd-momentum"
+
+    class Lion(torch.optim.Optimizer):  # states the planner does not know
+        pass
+
+    with pytest.raises(PlannerError, match="cannot price the optimizer .*Lion: it prices"):
+        _optimizer_choice(Lion, None, gpu)

@@ -28,7 +28,7 @@ from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.plan import (KNOWN_OPTIMIZERS, OPTIMIZER_IMPLEMENTATIONS, ParallelPlan, load_plan,
-                     uniform_plan)
+                     optimizer_implementation, uniform_plan)
 from ir.safe_json import read_json
 from ir.strategy import Checkpoint, Precision, Schedule
 from planner import report
@@ -247,7 +247,8 @@ def _from_plan_file(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, str, b
 def describe(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec) -> str:
     return (f"{graph.model} on {cluster.name} ({cluster.num_nodes} x "
             f"{cluster.devices_per_node} {cluster.device}, plan uses {plan.world_size}): "
-            f"{plan}, global batch {plan.global_batch}, {plan.precision}, {plan.optimizer}")
+            f"{plan}, global batch {plan.global_batch}, {plan.precision}, {plan.optimizer} "
+            f"({optimizer_implementation(plan.optimizer, cluster.device, plan.optimizer_impl)})")
 
 
 def run(args) -> int:
