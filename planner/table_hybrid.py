@@ -34,7 +34,7 @@ from ir.embedding_tables import EmbeddingPlan, EmbeddingTable, PlacedTable
 from ir.errors import PlannerError
 from ir.kernel_records import KernelRecords
 from ir.layer import LayerGraph
-from ir.plan import ParallelPlan, PlanDocument, model_identity
+from ir.plan import ParallelPlan, PlanDocument, model_identity, record_implementation
 from planner.search import search
 from planner.search_space import SearchOptions
 from planner.search_stats import SearchStats
