@@ -11,6 +11,7 @@ Every number below is a named constant with its source.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import statistics
@@ -213,16 +214,25 @@ def preset_names() -> tuple[str, ...]:
     return tuple(PRESETS)
 
 
-def preset_for_device(device_name: str, memory_bytes: int) -> str | None:
-    """The datasheet preset of a known GPU ("NVIDIA H100 80GB HBM3" -> "h100-80g")."""
-    upper = device_name.upper()
-    if "H200" in upper:
-        return "h200"
-    if "H100" in upper:
-        return "h100-80g"
-    if "A100" in upper:
-        return "a100-80g" if memory_bytes > 48 * GiB else "a100-40g"
-    return None
+# The name torch.cuda.get_device_properties reports for each SKU a preset describes: the
+# SXM boards. Others (H100 PCIe/NVL, GH200, H200 NVL, A100 PCIe) differ in clocks, power,
+# HBM and links, so they get no preset's figures. H100: the lent machine
+# (bench/gpu_measured/h100_steps_2026-11-25.json); the rest: nvidia-smi's product names.
+PRESET_BY_DEVICE_NAME = {
+    "NVIDIA A100-SXM4-40GB": "a100-40g",
+    "NVIDIA A100-SXM4-80GB": "a100-80g",
+    "NVIDIA H100 80GB HBM3": "h100-80g",
+    "NVIDIA H200": "h200",
+}
+# A GPU with no preset borrows this one's links and host figures (its own peak FLOP/s
+# are the best measured; `profile_device.spec_from_calibration`).
+FALLBACK_GPU_PRESET = "h100-80g"
+
+
+def preset_for_device(device_name: str) -> str | None:
+    """The datasheet preset of a GPU by the exact name torch reports ("NVIDIA H100 80GB
+    HBM3" -> "h100-80g"); None for one no preset describes."""
+    return PRESET_BY_DEVICE_NAME.get(device_name.strip())
 
 
 def get_cluster(name_or_path: str | os.PathLike, nodes: int | None = None,
@@ -349,29 +359,43 @@ def _overhead_block(width: int = OP_OVERHEAD_WIDTH):
                          nn.Linear(width, width))
 
 
-def seconds_per_op(block, x, repeats: int = OP_OVERHEAD_REPEATS) -> float:
-    """Median-round seconds per dispatched ATen op of `block(x).sum()` forward + backward
-    (tensors this small cost nothing to compute: what remains is framework overhead)."""
+def op_rounds_s(block, x, repeats: int = OP_OVERHEAD_REPEATS) -> list[float]:
+    """Seconds per dispatched ATen op of `block(x).sum()` forward + backward, one reading
+    per round of `repeats` runs (tensors this small cost nothing to compute: what remains
+    is framework overhead)."""
     from ir.op_count import count_ops
 
     def run():
         block(x).sum().backward()
 
     run()  # warm-up: autograd graph caches, DTensor sharding-propagation caches
-    ops = count_ops(run)
+    ops = max(count_ops(run), 1)
     rounds = []
     for _ in range(OP_OVERHEAD_ROUNDS):
         start = time.perf_counter()
         for _ in range(repeats):
             run()
-        rounds.append((time.perf_counter() - start) / repeats)
-    return statistics.median(rounds) / max(ops, 1)
+        rounds.append((time.perf_counter() - start) / repeats / ops)
+    return rounds
+
+
+def seconds_per_op(block, x, repeats: int = OP_OVERHEAD_REPEATS) -> float:
+    """The median round of `op_rounds_s`."""
+    return statistics.median(op_rounds_s(block, x, repeats))
+
+
+def host_op_rounds_s(device: str = "cpu") -> list[float]:
+    """This host's per-op readings now (`op_rounds_s` of the overhead block on `device`,
+    one thread on CPU), uncached: profile-device's GPU figure and `planner validate`'s
+    re-reading before a run."""
+    import torch
+
+    with _one_thread() if device == "cpu" else contextlib.nullcontext():
+        block = _overhead_block().to(device)
+        return op_rounds_s(block, torch.randn(2, OP_OVERHEAD_WIDTH, device=device))
 
 
 @functools.lru_cache(maxsize=1)
 def measure_op_overhead_s() -> float:
     """Host seconds per eager ATen op on one thread (see `seconds_per_op`)."""
-    import torch
-
-    with _one_thread():
-        return seconds_per_op(_overhead_block(), torch.randn(2, OP_OVERHEAD_WIDTH))
+    return statistics.median(host_op_rounds_s("cpu"))

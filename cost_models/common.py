@@ -16,7 +16,7 @@ from torch import nn
 
 from ir.layer import Layer, LayerGraph
 from ir.lean_host import LeanLayer, lean_layers, runs_lean_host
-from ir.plan import KNOWN_OPTIMIZERS, ParallelPlan
+from ir.plan import KNOWN_OPTIMIZERS, ParallelPlan, optimizer_implementation
 from ir.strategy import LayerStrategy, Precision
 
 GiB = 2**30
@@ -60,6 +60,13 @@ class StepConfig:
     # The stage runs under torch.distributed.pipelining (pp > 1): its DP units stay
     # unsharded from one backward to the next (`cost_models.dp_copies`).
     pipelined: bool = False
+    # The plan's `optimizer_impl`; None: the default rule for `device_type`.
+    optimizer_impl: str | None = None
+
+    @property
+    def step_implementation(self) -> str:
+        """How the optimizer steps ("fused", "foreach" or "single"), as the executor runs it."""
+        return optimizer_implementation(self.optimizer, self.device_type, self.optimizer_impl)
 
     def __post_init__(self) -> None:
         if self.micro_batch < 1 or self.graph_micro_batch < 1:
@@ -96,7 +103,8 @@ class StepConfig:
         return cls(micro_batch=plan.micro_batch, graph_micro_batch=graph.micro_batch,
                    graph_dtype=graph.dtype, precision=plan.precision,
                    optimizer=plan.optimizer, seq_len=graph.seq_len,
-                   device_type=device_type_of(device), pipelined=plan.pp > 1)
+                   device_type=device_type_of(device), pipelined=plan.pp > 1,
+                   optimizer_impl=plan.optimizer_impl)
 
 
 def device_type_of(device: str) -> str:

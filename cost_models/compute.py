@@ -49,7 +49,6 @@ from ir.cluster import ClusterSpec
 from ir.dtensor_ops import in_split_parent
 from ir.layer import Layer, TPStyle
 from ir.legality import sequence_parallel_applies
-from ir.plan import optimizer_implementation
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
 
 from cost_models.block_probes import SP_BLOCK_GROUPS, SP_BLOCK_MODULES
@@ -74,13 +73,14 @@ ATTENTION_CORE_FLOPS_COEFF = 4
 # ATen ops one optimizer step dispatches per parameter tensor, steady state, counted on
 # torch 2.13's single-tensor implementations with a dispatch-mode counter (step + zero_grad).
 OPTIMIZER_OPS_PER_TENSOR = {"adamw": 10, "adam": 9, "sgd": 2, "sgd-momentum": 3}
-# Host ops' worth per tensor of a fused/foreach step (its `_init_group` Python): measured
-# 31-67 us a tensor on the H100 machine, whose framework op is 33 us (bench_gpu_step.py,
-# llama3.2-1b and gpt3-1.3b, 2026-11-25).
+# Host ops' worth per tensor of a fused/foreach step (its `_init_group` Python): 31-67 us a tensor
+# on the H100 machine at 33 us an op (bench_gpu_step.py, llama3.2-1b and gpt3-1.3b, 2026-11-25).
 LIST_STEP_HOST_OPS_PER_TENSOR = 1
-# Bytes an Adam step streams per fp32 element: reads param, grad, m, v; writes param, m, v.
-ADAM_STEP_BYTES_PER_ELEMENT = 7 * 4
+ADAM_STEP_BYTES_PER_ELEMENT = 7 * 4  # per fp32 element, fused: reads p, g, m, v; writes p, m, v
 SGD_STEP_BYTES_PER_ELEMENT = 4 * 4  # reads param, grad, buffer; writes param (or buffer)
+# Foreach Adam, in words counted in torch 2.13's _multi_tensor_adam: AdamW's decay 2, lerp_ m 3,
+# mul_ v 2, addcmul_ v,g,g 4, sqrt v to a temporary 2, div_, add_ on it 4, addcdiv_ p,m,tmp 4 = 21
+FOREACH_ADAM_STEP_BYTES_PER_ELEMENT = {"adamw": 21 * 4, "adam": 19 * 4}  # H100: 101 B (45 ms)
 # executors.zero1.FlatShardGroup: per piece, its gradient into the step (a copy under mixed
 # precision, a view in fp32) and its update into the all-gather's send shard; per
 # parameter tensor, its copy out of the gathered flat buffer.
@@ -397,13 +397,15 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
         on_dtensors = False
         copy_ops = ZERO1_COPY_OPS_PER_PIECE * tensors + ZERO1_COPY_OPS_PER_TENSOR * whole
         copy_bytes = 2 * local_params * strategy.dp * config.precision.compute_bytes
-    per_element = ADAM_STEP_BYTES_PER_ELEMENT if config.optimizer.startswith("adam") \
-        else SGD_STEP_BYTES_PER_ELEMENT
+    per_element = FOREACH_ADAM_STEP_BYTES_PER_ELEMENT.get(config.optimizer) if (
+        config.step_implementation == "foreach") else None  # the plan's implementation
+    per_element = per_element or (ADAM_STEP_BYTES_PER_ELEMENT if config.optimizer.startswith(
+        "adam") else SGD_STEP_BYTES_PER_ELEMENT)
     stream_s = (local_params * per_element + copy_bytes) / (cluster.hbm_gbps * GB)
     copy_s = copy_ops * host_op_seconds(cluster)
     per_tensor_s = cluster.calibration.optimizer_seconds_per_tensor(config.optimizer, on_dtensors)
     if (per_tensor_s is None and not strategy.offload and not cluster.host_bound
-            and optimizer_implementation(config.optimizer, cluster.device) != "single"):
+            and config.step_implementation != "single"):
         # GPUs step whole tensor lists: a dispatch counter sees 4 ops a step whatever the
         # tensor count (torch 2.13, fused AdamW); the Python that gathers the lists costs
         # about one op's host per tensor (H100 machine: 31-67 us a tensor at 33 us an op)

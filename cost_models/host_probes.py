@@ -51,19 +51,17 @@ def probe_clock(device: str):
 
 @dataclass(frozen=True, slots=True)
 class HostOpCost:
-    """Host seconds per dispatched op in each pass, and the relative spread of rounds.
+    """Host seconds per dispatched op in each pass (the median round), and their range.
     The forward also in three parts: per view op (`view_op_s`: metadata only, no kernel),
     per other op called as a function (`function_op_s`) and per leaf-module call on top
     of its ops (`module_call_s`). The backward also in four (CPU): per view and per other
     op as a formula dispatches them, from C++ with grad mode off
-    (`host_excess.internal_dispatch_seconds`),
-    per ATen op's fixed excess (`excess_s`), and per autograd node the engine runs
+    (`host_excess.internal_dispatch_seconds`), per ATen op's fixed excess (`excess_s`), and per autograd node the engine runs
     (`backward_node_s`: the chain's backward less those, over its nodes)."""
-
     forward_s: float
     backward_s: float
-    forward_spread: float
-    backward_spread: float
+    forward_range_s: tuple[float, float]  # (least, most) per op over the rounds
+    backward_range_s: tuple[float, float]
     forward_ops: int
     backward_ops: int
     function_op_s: float = 0.0
@@ -91,6 +89,12 @@ class HostOpCost:
     # record nothing and the nodes are priced apart. A flag, not a figure's sign: any of
     # them is a slope or a difference that may read 0 on a loaded host.
     parts_measured: bool = False
+
+    def spread(self, backward: bool = False) -> float:
+        """(most - least) / median over the rounds: how steady the machine was."""
+        (low, high), mid = (self.backward_range_s, self.backward_s) if backward else (
+            self.forward_range_s, self.forward_s)
+        return (high - low) / mid if mid > 0 else 0.0
 
     def calibration_fields(self) -> dict:
         """The `KernelCalibration` fields these figures fill (the parts, not the totals)."""
@@ -300,10 +304,6 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
             function_rounds.append(max(0.0, others_s) / max(function_ops - function_views, 1))
             module_rounds.append(max(0.0, modules_s - functions_s) / runs / len(leaves))
 
-    def spread(rounds) -> float:
-        mid = statistics.median(rounds)
-        return (max(rounds) - min(rounds)) / mid if mid > 0 else 0.0
-
     backward_s = statistics.median(backward_rounds) * backward_ops  # the chain's, engine out
     function_op_s = statistics.median(function_rounds)
     parts = {}
@@ -329,10 +329,10 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
                      python_view_nograd_op_s=internal.python_view_s,
                      forward_node_s=statistics.median(node_rounds), parts_measured=True)
     return HostOpCost(statistics.median(forward_rounds), statistics.median(backward_rounds),
-                      spread(forward_rounds), spread(backward_rounds), forward_ops,
-                      backward_ops, function_op_s,
-                      statistics.median(module_rounds), statistics.median(view_rounds),
-                      **parts)
+                      (min(forward_rounds), max(forward_rounds)),
+                      (min(backward_rounds), max(backward_rounds)), forward_ops, backward_ops,
+                      function_op_s, statistics.median(module_rounds),
+                      statistics.median(view_rounds), **parts)
 
 
 def _as_function(module):

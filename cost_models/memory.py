@@ -47,7 +47,7 @@ from ir.layer import Layer, LayerGraph
 from ir.lean_host import (LEAN_BACKWARD_PREFETCH, LEAN_RETAINS_REDUCE_INPUT, LeanLayer,
                           ring_scratch_bytes, takes_lean_path)
 from ir.legality import sequence_parallel_applies
-from ir.plan import ParallelPlan, optimizer_implementation
+from ir.plan import ParallelPlan
 from ir.strategy import Checkpoint, LayerStrategy, Schedule
 
 from cost_models.activations import boundary_bytes, layer_activations
@@ -342,8 +342,7 @@ def _rank_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, ra
     stage = walk_rank(chunks, ops, stage=rank, num_microbatches=walked, pipelined=plan.pp > 1,
                       overhead_bytes=cluster.runtime_overhead_bytes,
                       optimizer=configs[0].optimizer,
-                      implementation=optimizer_implementation(
-                          configs[0].optimizer, cluster.device),
+                      implementation=configs[0].step_implementation,
                       stop_above_bytes=stop_above_bytes)
     if device_moments:
         worst = max(device_moments)

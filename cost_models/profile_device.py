@@ -25,10 +25,12 @@ buffer sets (`ROTATE_BYTES`) that small shapes are not served from L2; on a CPU 
 not: layers run warm there (see `ROTATE_BYTES`). CPU probes run on one thread, as the
 planner's local processes do. The grids: `cost_models.device_grids`.
 
-The spec: device memory and measured copy bandwidth; peak FLOP/s from the datasheet
-presets for a known GPU (with `matmul_efficiency` = best measured bf16 / peak), else the
-best measured rate per dtype (efficiency 1); links are not measured here (the matching
-preset's, or the local gloo guesses: run `planner profile-cluster` for them).
+The spec (`cost_models.device_spec`): device memory and measured copy bandwidth; peak
+FLOP/s from the datasheet preset of a GPU it names exactly (with `matmul_efficiency` =
+best measured bf16 / peak), else the best measured rate per dtype (efficiency 1); the
+host's per-op figure as the median of repeated readings, their range recorded; links
+are not measured here (the matching preset's, or the local gloo guesses: run `planner
+profile-cluster` for them).
 
     spec, cal = profile_device("cpu", quick=True)            # doctest: +SKIP
     gemm_efficiency(spec, 512, 512, 512, "float32")           # doctest: +SKIP
@@ -37,7 +39,6 @@ preset's, or the local gloo guesses: run `planner profile-cluster` for them).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import math
 import platform
@@ -63,17 +64,9 @@ from cost_models.memory_probes import (host_charged_seconds, net_of_call_cost, p
                                        probe_row_seconds)
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.gemm_layouts import LAYOUT_SHAPES, probe_gemm_layouts
-from cost_models.checkpoint_probes import checkpoint_host_seconds
-from cost_models.host_probes import autograd_call_s, host_op_seconds_by_pass, probe_clock
-from cost_models.pipeline_probes import pipeline_action_host_s
-from cost_models.step_loop_probes import step_loop_fields
-from cost_models.cold_backward_probes import cold_backward_calibration
-from cost_models.cold_entry_probes import cold_entry_calibration
-from cost_models.scalar_operand_probes import scalar_operand_seconds
-from cost_models.sequence_probes import in_sequence_chains, in_sequence_cost
-from cost_models.tied_sync import TIED_SUM_FIELDS, probe_tied_sum
+from cost_models.host_probes import probe_clock
 from cost_models.item_probes import (probe_embedding_backward, probe_embedding_bag,
-                                     probe_embedding_forward, probe_random_element_s)
+                                     probe_embedding_forward)
 
 # ---- timing -----------------------------------------------------------------------------
 WARMUP_CALLS = 3  # first calls pay for kernel selection, workspaces, autograd caches
@@ -407,91 +400,13 @@ def measure(device: str, quick: bool = False, progress=None,
                              fresh_output_pool_bytes=pool_bytes)
 
 
-def spec_from_calibration(device: str, cal: KernelCalibration, name: str) -> ClusterSpec:
-    """A cluster spec for this device with the measured tables and figures in it."""
-    import torch
-
-    streams = [p for p in cal.memory_kernels if p.kernel in ("copy", "add")
-               and p.nbytes >= HBM_MIN_MOVED_BYTES[device]]
-    if not streams:
-        raise PlannerError(f"profile-device: no copy moved {HBM_MIN_MOVED_BYTES[device]} bytes "
-                           "or more; the memory bandwidth needs one")
-    hbm_gbps = max(p.gbps for p in streams)
-    best = {}
-    for p in cal.gemm:
-        best[p.dtype] = max(best.get(p.dtype, 0.0), p.flop_per_s)
-    if device == "cpu":
-        # Forward and backward per op, apart, and what forward ops pay in sequence
-        host = host_op_seconds_by_pass("cpu")
-        sequence = in_sequence_cost(in_sequence_chains("cpu"))
-        cold = cold_entry_calibration("cpu")  # after the block, a small layer, the same code
-        cold_bwd = cold_backward_calibration("cpu")  # after a Linear's, a block's backward
-        tied_sum = probe_tied_sum()  # executors.tied's gradient sum, once a step
-        scalar = scalar_operand_seconds("cpu")  # a forward op given a Python number
-        return ClusterSpec(
-            name=name, device="cpu", num_nodes=1, devices_per_node=1,
-            device_memory_bytes=clusters.total_memory_bytes(),
-            peak_flops_by_dtype=tuple(sorted(best.items())), hbm_gbps=hbm_gbps,
-            intra_node_gbps=clusters.LOCAL_GLOO_GBPS, inter_node_gbps=clusters.LOCAL_GLOO_GBPS,
-            intra_node_latency_s=clusters.LOCAL_GLOO_LATENCY_S,
-            inter_node_latency_s=clusters.LOCAL_GLOO_LATENCY_S,
-            runtime_overhead_bytes=clusters.LOCAL_RUNTIME_OVERHEAD_BYTES, matmul_efficiency=1.0,
-            op_overhead_s=host.forward_s, backward_op_overhead_s=host.backward_s,
-            dtensor_op_overhead_s=clusters.LOCAL_DTENSOR_OP_OVERHEAD_S,
-            random_element_s=probe_random_element_s("cpu"),
-            host_cores=clusters.host_cores(),
-            kernel_calibration=dataclasses.replace(
-                cal, **host.calibration_fields(), **sequence.calibration_fields(),
-                **cold,
-                **cold_bwd, **scalar.calibration_fields(),
-                autograd_call_host_s=autograd_call_s("cpu"), **step_loop_fields("cpu"),
-                pipeline_action_host_s=pipeline_action_host_s("cpu"),
-                **dict(zip(TIED_SUM_FIELDS, tied_sum)),
-                **checkpoint_host_seconds("cpu").calibration_fields()),
-            notes=f"planner profile-device --device cpu: {cal.measured_on}; per-op host fwd "
-                  f"{host.forward_s * 1e6:.2f} us ({host.forward_spread:.0%} spread; "
-                  f"{host.function_op_s * 1e6:.2f} per function op, {host.view_op_s * 1e6:.2f} "
-                  f"per view, {host.module_call_s * 1e6:.2f} per module call), bwd "
-                  f"{host.backward_s * 1e6:.2f} us ({host.backward_spread:.0%}; "
-                  f"{host.backward_nonview_op_s * 1e6:.2f} per op, "
-                  f"{host.backward_view_op_s * 1e6:.2f} per view, {host.backward_node_s * 1e6:.2f} "
-                  f"per autograd node, + per-op excess; in sequence "
-                  f"{sequence.op_s * 1e9:.0f} ns per op per distinct op beyond "
-                  f"{sequence.knee_distinct_ops:.0f}; cold start "
-                  f"{cold['cold_entry_host_s'] * 1e6:.2f} us per layer ({cold['cold_entry_after_backward_host_s'] * 1e6:.2f} after a "
-                  f"backward) + {cold['cold_op_host_s'] * 1e6:.2f} per cold op; backward "
-                  f"{cold_bwd['cold_backward_op_host_s'] * 1e6:.2f} per cold op, "
-                  f"{cold_bwd['cold_backward_inner_op_host_s'] * 1e6:.2f} "
-                  f"per cold inner op of a composite); peak FLOP/s = best "
-                  "measured GEMM per dtype; links and DTensor overhead guessed (run "
-                  "`planner profile-cluster` to measure them)")
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    preset = clusters.preset_for_device(props.name, props.total_memory)
-    base = clusters.get_cluster(preset or "h100-80g")
-    if preset is not None:  # datasheet peaks; efficiency = best measured / peak
-        peak = base.peak_flops_by_dtype
-        reference = "bfloat16" if "bfloat16" in best else next(iter(best))
-        efficiency = min(1.0, best[reference] / base.peak_flops(reference))
-    else:
-        peak, efficiency = tuple(sorted(best.items())), 1.0
-    op_overhead_s = clusters.seconds_per_op(clusters._overhead_block().to("cuda"), torch.randn(
-        2, clusters.OP_OVERHEAD_WIDTH, device="cuda"))
-    sac = checkpoint_host_seconds("cuda").calibration_fields()  # the checkpoint's host machinery
-    return dataclasses.replace(
-        base, name=name, device=props.name, devices_per_node=torch.cuda.device_count(),
-        device_memory_bytes=props.total_memory, peak_flops_by_dtype=peak, hbm_gbps=hbm_gbps,
-        matmul_efficiency=efficiency, op_overhead_s=op_overhead_s,
-        kernel_calibration=dataclasses.replace(cal, **sac),
-        notes=f"planner profile-device --device cuda: {cal.measured_on}; peak FLOP/s "
-              f"{'from the ' + preset + ' datasheet preset' if preset else '= best measured'}; "
-              f"links not measured (the {base.name} preset's: run `planner profile-cluster`)")
-
-
 def profile_device(device: str, quick: bool = False, name: str | None = None,
                    progress=None, extra_gemm_shapes=()) -> tuple[ClusterSpec, KernelCalibration]:
     """Measure `device` and return (spec, the tables in it)."""
+    from cost_models.device_spec import spec_from_calibration
+
     cal = measure(device, quick=quick, progress=progress, extra_gemm_shapes=extra_gemm_shapes)
-    spec = spec_from_calibration(device, cal, name or f"{device}-profiled")
+    spec = spec_from_calibration(device, cal, name or f"{device}-profiled", progress)
     return spec, spec.kernel_calibration
 
 

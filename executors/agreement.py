@@ -35,7 +35,7 @@ def plan_record(plan: ParallelPlan, graph: LayerGraph) -> dict:
         "global_batch": plan.global_batch, "micro_batch": plan.micro_batch,
         "num_microbatches": plan.num_microbatches, "schedule": plan.schedule.value,
         "precision": plan.precision.value, "optimizer": plan.optimizer,
-        "virtual_stages": plan.virtual_stages,
+        "optimizer_impl": plan.optimizer_impl, "virtual_stages": plan.virtual_stages,
         "stages": [[st.first_layer, st.last_layer, st.devices] for st in plan.stages],
         "layers": [{"tp": s.tp, "dp": s.dp, "dp_mode": s.dp_mode.value,
                     "sequence_parallel": s.sequence_parallel, "checkpoint": s.checkpoint.value}

@@ -52,7 +52,7 @@ from executors.host_memory import keep_freed_memory_off_heap
 from executors.layout import add_input_relayout, add_output_relayout
 from executors.materialize import capture, materialize
 from executors.mesh import Meshes, pg_timeout_s
-from executors.optimizer import build_optimizer
+from executors.optimizer import build_optimizer, step_implementation
 from executors.pipeline import (StageAnalysis, build_schedule, build_stage_module, rank_stages,
                                 stage_layers)
 from executors.runtime import ParallelModel, loss_weight as default_loss_weight
@@ -181,7 +181,8 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     `model` is changed in place (moved to `device`, pruned to this rank's stage, its
     modules replaced by DTensor / FSDP versions); use `ParallelModel.module` afterwards.
 
-    optimizer / optimizer_kwargs default to `plan.optimizer` with torch's defaults.
+    optimizer / optimizer_kwargs default to `plan.optimizer` with torch's defaults; the
+    step runs as `plan.optimizer_impl` (a conflicting fused/foreach kwarg is refused).
     example_inputs (optional) lets check_plan run the pipeline's stage checks at once.
     loss_parallel: when the last layer is a TP-split head, keep its logits split and run
     `loss_fn` under `torch.distributed.tensor.parallel.loss_parallel()` (cross-entropy
@@ -211,6 +212,9 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     world_size = dist.get_world_size()
     # 0. reject before any collective
     dims = check_plan(model, plan, graph, world_size, example_inputs)
+    cls, kwargs = (optimizer, {}) if optimizer is not None else optimizer_for(plan.optimizer)
+    implementation, kwargs = step_implementation(cls, {**kwargs, **(optimizer_kwargs or {})},
+                                                 plan.optimizer_impl, device.type)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     # 1. meshes
@@ -277,14 +281,10 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     by_layer = {j: module for module, layers in zip(modules, layer_sets) for j in layers}
     tied = TiedGradients(ties, layer_stage, plan.pp, dims.stage_devices, by_layer)
     # 9. optimizer
-    cls, kwargs = optimizer_for(plan.optimizer)
-    if optimizer is not None:
-        cls, kwargs = optimizer, {}
-    kwargs.update(optimizer_kwargs or {})
     table_params = tables.parameter_ids() if tables is not None else set()
     params = list({id(p): p for m in modules for p in m.parameters()
                    if id(p) not in table_params}.values())
-    opt = build_optimizer(params, zero1, cls, kwargs, offloaded_params(modules))
+    opt = build_optimizer(params, zero1, cls, kwargs, offloaded_params(modules), implementation)
     pm = ParallelModel(
         plan=plan, module=modules[0] if len(modules) == 1 else nn.ModuleList(modules),
         stage_modules=list(zip(stage_ids, modules)), optimizer=opt, loss_fn=loss_fn,

@@ -8,10 +8,11 @@ parameters. Everything else (ZeRO-2/3 shards, DDP, TP, unsharded parameters) goe
 through the same single inner optimizer, so `step()` is one call. Element-wise
 optimizers (Adam, AdamW, SGD) give the same numbers however parameters are sharded.
 
-Offloaded parameters (ZeRO-Offload, `LayerStrategy.offload`) step on the host with
-torch's fused CPU kernel (`fused=True`, in their own param groups) whenever the
-optimizer takes `fused` and the caller set neither `fused` nor `foreach`: that is what
-cost_models/offload.py prices (a memory-bound vectorized CPU Adam, ZeRO-Offload's
+Parameters step as the plan's `optimizer_impl` says (fused, foreach or single-tensor,
+set per param group: `step_implementation`), as the planner priced them. Offloaded ones
+(ZeRO-Offload, `LayerStrategy.offload`) step on the host with torch's fused CPU kernel
+(`fused=True`, in their own param groups) whenever the optimizer takes `fused`: that is
+what cost_models/offload.py prices (a memory-bound vectorized CPU Adam, ZeRO-Offload's
 DeepSpeedCPUAdam) and what a ZeRO-Offload user gets from DeepSpeed; torch's default
 for CPU tensors, one tensor at a time, measured 8-10x slower there.
 
@@ -29,9 +30,10 @@ import torch.distributed as dist
 from torch import nn
 
 from executors.zero1 import FlatShardGroup, local_tensor
-from ir.plan import OPTIMIZERS, optimizer_implementation
+from ir.errors import PlannerError
+from ir.plan import OPTIMIZERS, optimizer_implementation, requested_implementation
 
-__all__ = ["ShardedOptimizer", "build_optimizer", "local_tensor"]
+__all__ = ["ShardedOptimizer", "build_optimizer", "local_tensor", "step_implementation"]
 
 
 class ShardedOptimizer:
@@ -43,7 +45,7 @@ class ShardedOptimizer:
     def __init__(self, params: Iterable[nn.Parameter],
                  zero1_groups: list[tuple[list[nn.Parameter], dist.ProcessGroup]],
                  optimizer_cls: type[torch.optim.Optimizer], optimizer_kwargs: dict[str, Any],
-                 offloaded: frozenset[int] = frozenset()):
+                 offloaded: frozenset[int] = frozenset(), implementation: str = "single"):
         self.params = [p for p in params if p.requires_grad]
         self.groups = [FlatShardGroup([p for p in ps if p.requires_grad], group)
                        for ps, group in zero1_groups]
@@ -51,7 +53,7 @@ class ShardedOptimizer:
         updated = [p for p in self.params if id(p) not in sharded]
         updated += [t for g in self.groups for t in g.opt_params]
         self.inner = (optimizer_cls(param_groups(updated, offloaded, optimizer_cls,
-                                                 optimizer_kwargs), **optimizer_kwargs)
+                                                 implementation), **optimizer_kwargs)
                       if updated else None)
 
     @property
@@ -103,45 +105,79 @@ def _plan_name(optimizer_cls) -> str:
     return ""
 
 
+def _takes(optimizer_cls, implementation: str) -> bool:
+    """Whether the class has `implementation` ("single" every one has)."""
+    arg = {"fused": "fused", "foreach": "foreach"}.get(implementation)
+    return arg is None or arg in inspect.signature(optimizer_cls).parameters
+
+
+def step_implementation(optimizer_cls: type[torch.optim.Optimizer], optimizer_kwargs: dict,
+                        chosen: str | None, device_type: str) -> tuple[str, dict[str, Any]]:
+    """How the optimizer steps, and its kwargs less `fused`/`foreach` (the param groups
+    carry them). `chosen`: the plan's `optimizer_impl`, which the planner priced: a
+    caller's `fused`/`foreach` asking for another, or a class without it, is refused.
+    None (a plan written before it was recorded): the default rule
+    (`ir.plan.optimizer_implementation`) unless the caller's kwargs ask for one."""
+    requested = requested_implementation(optimizer_kwargs, device_type)
+    name = f"{optimizer_cls.__module__}.{optimizer_cls.__qualname__}"
+    if chosen is not None:
+        if requested not in (None, chosen):
+            raise PlannerError(f"optimizer_kwargs ask torch for the {requested} step but the "
+                               f"plan was priced for optimizer_impl {chosen!r}: drop "
+                               "fused/foreach from optimizer_kwargs, or re-plan with them")
+        if not _takes(optimizer_cls, chosen):
+            raise PlannerError(f"the plan steps the optimizer {chosen} but {name} has no "
+                               f"{chosen} step: re-plan for {name}, or set the plan's "
+                               "optimizer_impl to one it has")
+        implementation = chosen
+    else:
+        implementation = requested or optimizer_implementation(_plan_name(optimizer_cls),
+                                                               device_type)
+        if not _takes(optimizer_cls, implementation):  # torch's default then
+            implementation = optimizer_implementation("", device_type)
+    kwargs = {k: v for k, v in optimizer_kwargs.items() if k not in ("fused", "foreach")}
+    return implementation, kwargs
+
+
+# A param group's kwargs that make torch run one implementation.
+_GROUP_KWARGS = {"fused": {"fused": True}, "foreach": {"foreach": True},
+                 "single": {"foreach": False}}
+
+
 def param_groups(params: list[nn.Parameter], offloaded: frozenset[int],
                  optimizer_cls: type[torch.optim.Optimizer],
-                 optimizer_kwargs: dict[str, Any]) -> list[nn.Parameter] | list[dict]:
-    """`params` as the optimizer takes them: the list itself, or consecutive runs of one
-    kind as param groups (the parameters keep their order). Kinds: stepping fused or not
-    (offloaded ones, ids in `offloaded`, module docstring; Adam/AdamW on GPUs,
-    `ir.plan.optimizer_implementation`; a caller's own `fused`/`foreach` wins), and
-    DTensor or plain tensor: torch's list kernels refuse a list mixing them (ZeRO-1's
-    plain flat shards beside FSDP2's or TP's DTensors)."""
+                 implementation: str) -> list[dict]:
+    """`params` as consecutive runs of one kind, each a param group that runs one step
+    implementation (the parameters keep their order). Kinds: stepping as
+    `implementation` (`step_implementation`) or, offloaded (ids in `offloaded`), with
+    torch's fused CPU kernel where the class has one (module docstring); and DTensor or
+    plain tensor: torch's list kernels refuse a list mixing them (ZeRO-1's plain flat
+    shards beside FSDP2's or TP's DTensors)."""
     from torch.distributed.tensor import DTensor
 
-    fusable = "fused" in inspect.signature(optimizer_cls).parameters
-    chosen = "fused" in optimizer_kwargs or "foreach" in optimizer_kwargs
-    name = _plan_name(optimizer_cls)
+    host = "fused" if _takes(optimizer_cls, "fused") else implementation
 
-    def kind(p) -> tuple[bool, bool]:
-        fused = fusable and not chosen and (id(p) in offloaded or optimizer_implementation(
-            name, p.device.type) == "fused")
-        return fused, isinstance(p, DTensor)
+    def kind(p) -> tuple[str, bool]:
+        return host if id(p) in offloaded else implementation, isinstance(p, DTensor)
 
-    kinds = [kind(p) for p in params]
-    if not any(fused for fused, _ in kinds) and len(set(kinds)) <= 1:
-        return params
     groups = []
-    for (fused, _), run in groupby(zip(params, kinds), key=lambda pk: pk[1]):
-        groups.append({"params": [p for p, _ in run], **({"fused": True} if fused else {})})
+    for (impl, _), run in groupby(zip(params, map(kind, params)), key=lambda pk: pk[1]):
+        groups.append({"params": [p for p, _ in run], **_GROUP_KWARGS[impl]})
     return groups
 
 
 def build_optimizer(params: list[nn.Parameter],
                     zero1_groups: list[tuple[list[nn.Parameter], dist.ProcessGroup]],
                     optimizer_cls: type[torch.optim.Optimizer], optimizer_kwargs: dict[str, Any],
-                    offloaded: frozenset[int] = frozenset()):
+                    offloaded: frozenset[int] = frozenset(), implementation: str = "single"):
     """A plain torch optimizer when nothing is ZeRO-1, else a `ShardedOptimizer`.
-    offloaded: ids of the parameters whose shards live on the host (`offloaded_params`)."""
+    offloaded: ids of the parameters whose shards live on the host (`offloaded_params`);
+    implementation and optimizer_kwargs: `step_implementation`'s."""
     params = [p for p in params if p.requires_grad]
     if not zero1_groups:
         if not params:  # a rank may hold no trainable parameter (e.g. a glue-only stage)
             return ShardedOptimizer([], [], optimizer_cls, optimizer_kwargs)
-        return optimizer_cls(param_groups(params, offloaded, optimizer_cls, optimizer_kwargs),
+        return optimizer_cls(param_groups(params, offloaded, optimizer_cls, implementation),
                              **optimizer_kwargs)
-    return ShardedOptimizer(params, zero1_groups, optimizer_cls, optimizer_kwargs, offloaded)
+    return ShardedOptimizer(params, zero1_groups, optimizer_cls, optimizer_kwargs, offloaded,
+                            implementation)

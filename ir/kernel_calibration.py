@@ -72,7 +72,9 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             # a view a layer's fx node calls from Python (`host_excess.InternalDispatch`)
             "python_view_host_op_s",
             # a forward op given a Python number (`cost_models.scalar_operand_probes`)
-            "scalar_operand_float_host_s", "scalar_operand_int_host_s")
+            "scalar_operand_float_host_s", "scalar_operand_int_host_s",
+            # the range of the spec's per-op host figure over profile-device's readings
+            "op_overhead_min_s", "op_overhead_max_s")
 
 # Figures kits of 2026-11-24 wrote, always as 0 (per-call forward pricing, which
 # profile-device never turned on and which was removed: bench/bench_host_ab.py); a spec
@@ -98,6 +100,10 @@ class KernelCalibration:
     conv: tuple[ConvPoint, ...] = ()
     # Host seconds to dispatch one tiny eager op (the launch cost the framework pays).
     launch_host_s: float = 0.0
+    # The least and most of profile-device's repeated readings of the spec's per-op host
+    # figure (`ClusterSpec.op_overhead_s`, their median); 0 where not recorded.
+    op_overhead_min_s: float = 0.0
+    op_overhead_max_s: float = 0.0
     # Device seconds per tiny kernel replayed back to back from a CUDA graph (the GPU's own
     # floor per kernel); 0 where not measured (CPUs).
     launch_device_s: float = 0.0

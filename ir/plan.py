@@ -7,6 +7,7 @@ reads and validates it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -34,17 +35,49 @@ OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
 KNOWN_OPTIMIZERS = tuple(OPTIMIZERS)
 
 
-def optimizer_implementation(optimizer: str, device: str) -> str:
-    """Which of torch's step implementations the executor runs: "fused" (one kernel per
-    tensor list, no temporaries), "foreach" or "single" (one tensor at a time).
-    Adam/AdamW on GPUs step fused, as torchtitan does by default: torch's own default
-    there, foreach, streamed 1.24B parameters in 45 ms of H100 kernels against the fused
-    kernel's 7 x 4 bytes per element at copy speed, 12.5 ms (bench/bench_gpu_step.py,
-    2026-11-25). Elsewhere torch's defaults: foreach on GPUs, single-tensor on CPUs.
+# How torch steps the optimizer (`ParallelPlan.optimizer_impl`): "fused" (one kernel per
+# tensor list, no temporaries), "foreach" (a kernel per op per list) or "single" (one
+# tensor at a time).
+OPTIMIZER_IMPLEMENTATIONS = ("fused", "foreach", "single")
+
+
+def optimizer_implementation(optimizer: str, device: str, chosen: str | None = None) -> str:
+    """The step implementation the executor runs and the cost models price: `chosen` (a
+    plan's recorded `optimizer_impl`) when given, else the default rule. Adam/AdamW on GPUs
+    step fused, as torchtitan does by default: torch's own default there, foreach,
+    streamed 1.24B parameters in 45 ms of H100 kernels against the fused kernel's 7 x 4
+    bytes per element at copy speed, 12.5 ms (bench/bench_gpu_step.py, 2026-11-25).
+    Elsewhere torch's defaults: foreach on GPUs, single-tensor on CPUs.
     `device`: a torch device type or a cluster spec's device name ("cpu" or a GPU's)."""
+    if chosen is not None:
+        return chosen
     if device.lower() == "cpu":
         return "single"
     return "fused" if optimizer in ("adam", "adamw") else "foreach"
+
+
+def requested_implementation(kwargs: dict[str, Any] | None, device: str) -> str | None:
+    """The implementation a caller's `fused`/`foreach` optimizer kwargs ask torch for on
+    `device` (torch's `_default_to_fused_or_foreach`: foreach by default on GPUs only);
+    None when they ask for neither."""
+    kwargs = kwargs or {}
+    fused, foreach = kwargs.get("fused"), kwargs.get("foreach")
+    if fused:
+        return "fused"
+    if foreach is not None:
+        return "foreach" if foreach else "single"
+    if fused is not None:  # fused=False alone: torch's default among the others
+        return "single" if device.lower() == "cpu" else "foreach"
+    return None
+
+
+def record_implementation(plan: "ParallelPlan", device: str) -> "ParallelPlan":
+    """`plan` with the step implementation it runs on `device` recorded (plan files say
+    what the executor runs, whatever the default rule becomes)."""
+    if plan.optimizer_impl is not None:
+        return plan
+    return dataclasses.replace(plan, optimizer_impl=optimizer_implementation(plan.optimizer,
+                                                                             device))
 
 
 def optimizer_for(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
@@ -77,6 +110,10 @@ class ParallelPlan:
     precision: Precision = Precision.BF16_MIXED
     optimizer: str = "adamw"
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved 1F1B)
+    # How the executor steps the optimizer (OPTIMIZER_IMPLEMENTATIONS); None: the default
+    # rule for the device it runs on (`optimizer_implementation`; plans written before
+    # the field). The planner records it; the cost models price it.
+    optimizer_impl: str | None = None
     # Embedding tables placed model parallel (recommendation models); None: the tables,
     # if any, are ordinary layers. With tables the dense layers run data parallel over
     # every rank (tp = 1, one stage), as TorchRec's hybrid plan does.
@@ -92,6 +129,9 @@ class ParallelPlan:
         if self.optimizer not in KNOWN_OPTIMIZERS:
             raise PlannerError(f"unknown optimizer {self.optimizer!r}; "
                                f"use one of {', '.join(KNOWN_OPTIMIZERS)}")
+        if self.optimizer_impl not in (None, *OPTIMIZER_IMPLEMENTATIONS):
+            raise PlannerError(f"unknown optimizer_impl {self.optimizer_impl!r}; use one of "
+                               f"{', '.join(OPTIMIZER_IMPLEMENTATIONS)}")
         expected = 0
         for i, stage in enumerate(self.stages):
             if stage.first_layer != expected:
@@ -184,7 +224,7 @@ def uniform_plan(num_layers: int, *, tp: int = 1, dp: int = 1, pp: int = 1, zero
                  schedule: Schedule = Schedule.ONE_F_ONE_B,
                  precision: Precision = Precision.BF16_MIXED, optimizer: str = "adamw",
                  virtual_stages: int = 1, stage_boundaries: tuple[int, ...] | None = None,
-                 ) -> ParallelPlan:
+                 optimizer_impl: str | None = None) -> ParallelPlan:
     """One strategy for every layer; layers split into pp * virtual_stages even stages
     unless `stage_boundaries` (first layer of each stage after the first) is given."""
     num_stages = pp * virtual_stages
@@ -208,7 +248,8 @@ def uniform_plan(num_layers: int, *, tp: int = 1, dp: int = 1, pp: int = 1, zero
     return ParallelPlan(stages=stages, layer_strategies=(strategy,) * num_layers,
                         global_batch=global_batch, micro_batch=micro_batch,
                         num_microbatches=per_replica // micro_batch, schedule=schedule,
-                        precision=precision, optimizer=optimizer, virtual_stages=virtual_stages)
+                        precision=precision, optimizer=optimizer, virtual_stages=virtual_stages,
+                        optimizer_impl=optimizer_impl)
 
 
 # --------------------------------------------------------------------------- mesh layout
@@ -376,6 +417,7 @@ def plan_to_dict(doc: PlanDocument) -> dict:
         "schedule": plan.schedule.value,
         "precision": plan.precision.value,
         "optimizer": plan.optimizer,
+        **({"optimizer_impl": plan.optimizer_impl} if plan.optimizer_impl is not None else {}),
         "virtual_stages": plan.virtual_stages,
         "stages": [{"stage": i, "first_layer": st.first_layer, "last_layer": st.last_layer,
                     "first_layer_name": doc.layer_names[st.first_layer],

@@ -20,7 +20,8 @@ from ir.embedding_tables import (SPARSE_OPTIMIZERS, EmbeddingPlan, EmbeddingTabl
                                  Shard, TableDtype, TablePlacement, TableSharding,
                                  table_shards)
 from ir.errors import PlannerError
-from ir.plan import (PLAN_SCHEMA, ParallelPlan, PlanDocument, layer_groups, pipeline_groups)
+from ir.plan import (OPTIMIZER_IMPLEMENTATIONS, PLAN_SCHEMA, ParallelPlan, PlanDocument,
+                     layer_groups, pipeline_groups)
 from ir.safe_json import read_json
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision, Schedule, Stage
 
@@ -30,7 +31,8 @@ MAX_DEVICES = 2**20
 MAX_GLOBAL_BATCH = 2**40
 
 TOP_KEYS = ("schema", "model", "cluster", "world_size", "global_batch", "micro_batch",
-            "num_microbatches", "schedule", "precision", "optimizer", "virtual_stages",
+            "num_microbatches", "schedule", "precision", "optimizer", "optimizer_impl",
+            "virtual_stages",
             "stages", "pipeline_groups", "layers", "predicted", "search", "embedding_tables")
 MODEL_KEYS = ("name", "spec", "fingerprint", "num_layers", "graph_micro_batch", "graph_dtype",
               "seq_len")
@@ -184,6 +186,7 @@ def plan_from_dict(data: object, source: str = "<plan>") -> PlanDocument:
             schedule=r.enum(data, "schedule", Schedule, ""),
             precision=r.enum(data, "precision", Precision, ""),
             optimizer=r.get(data, "optimizer", str, ""),
+            optimizer_impl=_optimizer_impl(r, data),
             virtual_stages=r.get(data, "virtual_stages", int, "", 1, len(stages)))
     except PlannerError as exc:
         if str(exc).startswith(f"{source}: "):
@@ -238,6 +241,19 @@ def _check_derived(r: _Reader, data: dict, plan: ParallelPlan, names: tuple[str,
                      "its tp on its stage's ranks (TP innermost)")
             r.agrees(layer, "dp_groups", where, _groups(groups.dp_groups),
                      "its tp on its stage's ranks (TP innermost)")
+
+
+def _optimizer_impl(r: _Reader, data: dict) -> str | None:
+    """How the executor steps the optimizer; absent (a plan written before it was
+    recorded): None, the default rule for the device it runs on."""
+    if "optimizer_impl" not in data:
+        return None
+    value = r.get(data, "optimizer_impl", str, "")
+    if value not in OPTIMIZER_IMPLEMENTATIONS:
+        r.fail("optimizer_impl", f"{_shown(value)} is not one of "
+                                 f"{', '.join(OPTIMIZER_IMPLEMENTATIONS)}: use one of them "
+                                 "(or delete the key for the device's default)")
+    return value
 
 
 def _in_model(table: str, layer_names: tuple[str, ...]) -> bool:

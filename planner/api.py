@@ -24,6 +24,7 @@ PlanDocument or a ParallelPlan) to skip the search.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -196,8 +197,10 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
         text = None
         if dist.get_rank() == 0:
             try:
-                opts = options or SearchOptions(
-                    precision=precision, optimizer=_optimizer_name(optimizer, optimizer_kwargs))
+                choice = _optimizer_choice(optimizer, optimizer_kwargs, spec.device)
+                opts = options or SearchOptions(precision=precision, **choice)
+                if opts.optimizer_impl is None:  # priced as the executor will step it
+                    opts = dataclasses.replace(opts, optimizer_impl=choice["optimizer_impl"])
                 tables = recommendation_tables(model, inputs, graph)
                 if tables:  # tables model parallel, the rest data parallel
                     hybrid = plan_hybrid(graph, tables, spec, global_batch, opts, model, inputs,
@@ -232,14 +235,36 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
     return AutoParallel(doc.plan, doc, graph, parallel, input_names)
 
 
-def _optimizer_name(optimizer, kwargs: dict | None) -> str:
-    """The memory model's name for the optimizer's states (AdamW's when unknown)."""
-    name = getattr(optimizer, "__name__", "").lower()
-    if name in ("adamw", "adam"):
-        return name
-    if name == "sgd":
-        return "sgd-momentum" if (kwargs or {}).get("momentum", 0) else "sgd"
-    return "adamw"
+# torch.optim classes beyond Adam/AdamW/SGD (and their subclasses), priced as the plan
+# optimizer holding the same fp32 states per element: two (NAdam, RAdam: exp_avg and
+# exp_avg_sq; Adamax: exp_avg and exp_inf) or one (Adagrad's sum). None has a fused GPU step.
+_STATE_TWINS = ((torch.optim.NAdam, "adamw"), (torch.optim.RAdam, "adamw"),
+                (torch.optim.Adamax, "adamw"), (torch.optim.Adagrad, "sgd-momentum"))
+
+
+def _optimizer_choice(optimizer, kwargs: dict | None, device: str) -> dict:
+    """SearchOptions' `optimizer` (whose states the memory model counts) and
+    `optimizer_impl` (how the executor will step it: the caller's fused/foreach, else the
+    default rule where the class has that step, else torch's default) for a torch
+    optimizer class; one the planner cannot price is refused, naming it."""
+    from executors.optimizer import step_implementation
+
+    cls = optimizer if isinstance(optimizer, type) else type(None)
+    if issubclass(cls, (torch.optim.Adam, torch.optim.AdamW)):
+        name = "adamw" if issubclass(cls, torch.optim.AdamW) else "adam"
+    elif issubclass(cls, torch.optim.SGD):
+        name = "sgd-momentum" if (kwargs or {}).get("momentum", 0) else "sgd"
+    else:
+        name = next((twin for c, twin in _STATE_TWINS if issubclass(cls, c)), None)
+    if name is None:
+        raise PlannerError(
+            f"auto_parallel cannot price the optimizer {getattr(optimizer, '__qualname__', optimizer)}: "
+            "it prices torch.optim.Adam, AdamW, SGD (and their subclasses), NAdam, RAdam, "
+            "Adamax and Adagrad; pass one of them, or plan= a plan made for one with the same "
+            "states")
+    implementation, _ = step_implementation(optimizer, kwargs or {}, None,
+                                            "cpu" if device.lower() == "cpu" else "cuda")
+    return {"optimizer": name, "optimizer_impl": implementation}
 
 
 def _given_plan(plan, graph: LayerGraph, spec: ClusterSpec) -> PlanDocument:

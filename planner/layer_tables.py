@@ -104,10 +104,10 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
     # full search priced is not priced again.
     row_cache = cache.setdefault("rows", {})
     row_served = (id(graph), id(cluster), id(profile), global_batch, options.precision,
-                  options.optimizer, id(model))
+                  options.optimizer, options.optimizer_impl, id(model))
     if row_cache.setdefault("serves", row_served) != row_served:
-        raise ValueError("a row cache serves one graph, cluster, batch, precision, optimizer, "
-                         "profile and model")
+        raise ValueError("a row cache serves one graph, cluster, batch, precision, optimizer "
+                         "(and its implementation), profile and model")
     layouts: dict[tuple, int] = {}
     tables = []
     shared: dict[tuple, LayerTable] = {}
@@ -231,7 +231,8 @@ def step_config(graph: LayerGraph, options: SearchOptions, cluster: ClusterSpec,
     return StepConfig(micro_batch=max(1, micro_batch), graph_micro_batch=graph.micro_batch,
                       graph_dtype=graph.dtype, precision=options.precision,
                       optimizer=options.optimizer, seq_len=graph.seq_len,
-                      device_type=device_type_of(cluster.device))
+                      device_type=device_type_of(cluster.device),
+                      optimizer_impl=options.optimizer_impl)
 
 
 def crossing_bytes(graph: LayerGraph, cache: dict) -> list[float]:

@@ -7,7 +7,7 @@ import math
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
 from ir.legality import sequence_parallel_applies
-from ir.plan import PlanDocument, model_identity
+from ir.plan import PlanDocument, model_identity, record_implementation
 from planner.fmt import human_bytes, table
 from planner.search_stats import SearchStats
 
@@ -17,7 +17,7 @@ def plan_document(graph, cluster, candidate, stats: SearchStats,
     """The plan file's content for a searched candidate (see ir/plan.py); `model_spec` is
     the MODEL argument that rebuilds the model (None for a Python model)."""
     return PlanDocument(
-        plan=candidate.plan, model_name=graph.model, cluster=cluster.to_dict(),
+        plan=record_implementation(candidate.plan, cluster.device), model_name=graph.model, cluster=cluster.to_dict(),
         predicted=candidate.estimate.to_json(), search={**stats.to_json(), **(extra or {})},
         model_spec=model_spec, **model_identity(graph))
 

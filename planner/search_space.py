@@ -43,6 +43,9 @@ class SearchOptions:
     micro_batch: int | None = None
     precision: Precision = Precision.BF16_MIXED
     optimizer: str = "adamw"
+    # How the executor steps it (`ir.plan.OPTIMIZER_IMPLEMENTATIONS`); None: the
+    # cluster device's default rule (`ir.plan.optimizer_implementation`).
+    optimizer_impl: str | None = None
     uniform: bool = False  # one strategy for every layer
     max_tp: int | None = None
     no_pp: bool = False

@@ -34,7 +34,7 @@ from ir.embedding_tables import EmbeddingPlan, EmbeddingTable, PlacedTable
 from ir.errors import PlannerError
 from ir.kernel_records import KernelRecords
 from ir.layer import LayerGraph
-from ir.plan import ParallelPlan, PlanDocument, model_identity
+from ir.plan import ParallelPlan, PlanDocument, model_identity, record_implementation
 from planner.search import search
 from planner.search_space import SearchOptions
 from planner.search_stats import SearchStats
@@ -164,7 +164,8 @@ def hybrid_document(graph: LayerGraph, cluster: ClusterSpec, hybrid: HybridPlan,
     tables = {"method": t.method, "plan_s": t.plan_s, "step_s": t.cost.step_s,
               "lower_bound_s": t.lower_bound_s, "imbalance": t.cost.imbalance,
               "greedy_step_s": t.greedy_cost.step_s if t.greedy_cost else None}
-    return PlanDocument(plan=hybrid.plan, model_name=graph.model, cluster=cluster.to_dict(),
+    return PlanDocument(plan=record_implementation(hybrid.plan, cluster.device),
+                        model_name=graph.model, cluster=cluster.to_dict(),
                         predicted=hybrid.predicted,
                         search={**hybrid.stats.to_json(), "tables": tables, **(extra or {})},
                         model_spec=model_spec, **model_identity(graph))

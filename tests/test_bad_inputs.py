@@ -81,6 +81,10 @@ ISSUE_6 = [
         r"planner: error: {d}/plan\.json: schema: unknown schema version 'planner\.plan/v9'; "
         r"this planner reads 'planner\.plan/v1' \(re-plan with this version\)",
         plan(put("schema", "planner.plan/v9"))),
+    Bad("unknown-optimizer-impl", "validate {d}/plan.json" + VALIDATE,
+        r"planner: error: {d}/plan\.json: optimizer_impl: 'fast' is not one of fused, foreach, "
+        r"single: use one of them \(or delete the key for the device's default\)",
+        plan(put("optimizer_impl", "fast"))),
     Bad("plan-for-another-model", "validate {d}/plan.json" + VALIDATE,
         rf"planner: error: plan {{d}}/plan\.json was made for another model \(fingerprint "
         rf"0123456789abcdef\); gpt-tiny traces to fingerprint {FP} now: re-plan with `planner "

@@ -382,4 +382,5 @@ def test_per_pass_host_probe_counts_ops_as_the_ir_does():
     assert probe.forward_ops == HOST_OP_CHAIN_BLOCKS * one_block_forward_ops + 1  # + the sum
     assert probe.backward_ops > probe.forward_ops  # grads of inputs and of weights
     assert 0 < probe.forward_s < 1e-3 and 0 < probe.backward_s < 1e-3
-    assert probe.forward_spread >= 0 and probe.backward_spread >= 0
+    assert probe.spread() >= 0 and probe.spread(backward=True) >= 0
+    assert probe.forward_range_s[0] <= probe.forward_s <= probe.forward_range_s[1]

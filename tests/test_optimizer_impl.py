@@ -1,19 +1,22 @@
-"""Which optimizer step the executor runs is one rule (`ir.plan.optimizer_implementation`),
-read by the executor's param groups and by the memory walk's step temporaries.
+"""Which optimizer step the executor runs is the plan's `optimizer_impl` (or, for a plan
+without one, one rule: `ir.plan.optimizer_implementation`), read by the executor's param
+groups and priced by the memory walk's step temporaries and the step's stream.
 
 On an H100 torch's default foreach AdamW took 45 ms of kernels for 1.24B parameters where
 the estimate priced the fused kernel's 7 x 4 bytes per element (12.5 ms): the executor now
 steps Adam/AdamW fused on GPUs, and the fused kernel holds no temporaries."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
 from torch import nn
 
 from cost_models.memory_walk import optimizer_step_temp_bytes
-from executors.optimizer import param_groups
-from ir.plan import optimizer_implementation
+from executors.optimizer import param_groups, step_implementation
+from ir.errors import PlannerError
+from ir.plan import optimizer_implementation, requested_implementation
 
 
 def test_adam_steps_fused_on_accelerators_and_torch_defaults_elsewhere():
@@ -23,16 +26,47 @@ def test_adam_steps_fused_on_accelerators_and_torch_defaults_elsewhere():
     assert optimizer_implementation("adamw", "cpu") == "single"
 
 
-def test_param_groups_fuse_accelerator_parameters_only():
+def test_param_groups_run_the_chosen_implementation():
     on_cpu = [nn.Parameter(torch.zeros(4)) for _ in range(2)]
-    assert param_groups(on_cpu, frozenset(), torch.optim.AdamW, {}) is on_cpu
+    assert param_groups(on_cpu, frozenset(), torch.optim.AdamW, "single") == [
+        {"params": on_cpu, "foreach": False}]
     on_device = [nn.Parameter(torch.zeros(4, device="meta")) for _ in range(2)]
-    groups = param_groups(on_device, frozenset(), torch.optim.AdamW, {})
-    assert groups == [{"params": on_device, "fused": True}]
-    # the caller's own choice wins; SGD keeps torch's default
-    assert param_groups(on_device, frozenset(), torch.optim.AdamW, {"foreach": True}) \
-        is on_device
-    assert param_groups(on_device, frozenset(), torch.optim.SGD, {"lr": 0.1}) is on_device
+    assert param_groups(on_device, frozenset(), torch.optim.AdamW, "fused") == [
+        {"params": on_device, "fused": True}]
+    assert param_groups(on_device, frozenset(), torch.optim.AdamW, "foreach") == [
+        {"params": on_device, "foreach": True}]
+    # an offloaded parameter steps with the fused CPU kernel whatever the rest run
+    groups = param_groups(on_device, frozenset({id(on_device[1])}), torch.optim.AdamW, "foreach")
+    assert groups == [{"params": [on_device[0]], "foreach": True},
+                      {"params": [on_device[1]], "fused": True}]
+
+
+def test_the_executor_runs_the_plans_implementation_or_refuses_in_one_line():
+    adamw = torch.optim.AdamW
+    # a plan without the field (older files): the default rule, the caller's kwargs win
+    assert step_implementation(adamw, {}, None, "cuda") == ("fused", {})
+    assert step_implementation(adamw, {"lr": 1.0}, None, "cpu") == ("single", {"lr": 1.0})
+    assert step_implementation(adamw, {"foreach": True}, None, "cuda") == ("foreach", {})
+    assert step_implementation(torch.optim.NAdam, {}, None, "cuda")[0] == "foreach"
+    assert step_implementation(torch.optim.SGD, {}, None, "cuda")[0] == "foreach"
+    # a recorded one runs as recorded; a kwarg that agrees is dropped (the groups carry it)
+    assert step_implementation(adamw, {"foreach": True, "lr": 1.0}, "foreach", "cuda") == (
+        "foreach", {"lr": 1.0})
+    assert step_implementation(adamw, {}, "foreach", "cuda") == ("foreach", {})
+    with pytest.raises(PlannerError, match="ask torch for the fused step but the plan was "
+                                           "priced for optimizer_impl 'foreach'") as err:
+        step_implementation(adamw, {"fused": True}, "foreach", "cuda")
+    assert "\n" not in str(err.value)
+    with pytest.raises(PlannerError, match="torch.optim.nadam.NAdam has no fused step"):
+        step_implementation(torch.optim.NAdam, {}, "fused", "cuda")
+
+
+def test_requested_implementation_follows_torchs_defaults():
+    assert requested_implementation({}, "cuda") is None
+    assert requested_implementation({"fused": True}, "cpu") == "fused"
+    assert requested_implementation({"foreach": False}, "cuda") == "single"
+    assert requested_implementation({"fused": False}, "cuda") == "foreach"
+    assert requested_implementation({"fused": False}, "cpu") == "single"
 
 
 class _Layer:  # the two fields optimizer_step_temp_bytes reads
@@ -91,12 +125,103 @@ def test_a_list_mixing_dtensors_and_plain_tensors_steps_in_two_groups():
         sharded = nn.Parameter(distribute_tensor(torch.randn(4), mesh, [Replicate()]))
         plain = [nn.Parameter(torch.randn(4)) for _ in range(2)]
         params = [sharded, *plain]
-        groups = param_groups(params, frozenset(), torch.optim.AdamW, {"fused": True})
+        groups = param_groups(params, frozenset(), torch.optim.AdamW, "fused")
         assert [g["params"] for g in groups] == [[sharded], plain]
-        opt = torch.optim.AdamW(groups, fused=True)
+        opt = torch.optim.AdamW(groups)
         for p in params:
             p.grad = torch.ones_like(p)
         opt.step()  # one group of each kind: no mixed list
     finally:
         if owned:
             dist.destroy_process_group()
+
+
+def _gpu_plan_costs(optimizer_impl):
+    """gpt-tiny's plan on one H100: its peak stage memory, and one billion-scale block's
+    optimizer step (where the stream, not the host, sets the step)."""
+    from cost_models.clusters import get_cluster
+    from cost_models.common import layer_configs
+    from cost_models.compute import optimizer_step_seconds
+    from cost_models.memory import plan_memory
+    from ir.plan import uniform_plan
+    from planner.models import load_layer_graph
+
+    gpu = get_cluster("h100-80g", nodes=1, gpus_per_node=1)
+    graph = load_layer_graph("gpt-tiny", 1, None)
+    plan = uniform_plan(len(graph.layers), optimizer_impl=optimizer_impl)
+    config = layer_configs(graph, plan, gpu.device)[1]
+    big = dataclasses.replace(graph.layers[1], params=graph.layers[1].params * 10**6)
+    step_s = optimizer_step_seconds(big, plan.layer_strategies[1], gpu, config)
+    return step_s, plan_memory(graph, plan, gpu).stages[0], graph
+
+
+def test_a_plan_is_priced_as_the_implementation_it_records():
+    """foreach AdamW streams 21 words an element where the fused kernel streams 7, and
+    holds a moment-sized temporary the fused kernel does not (review, 2026-11-25: a user's
+    foreach was priced as fused)."""
+    default_s, default_mem, graph = _gpu_plan_costs(None)
+    fused_s, fused_mem, _ = _gpu_plan_costs("fused")
+    foreach_s, foreach_mem, _ = _gpu_plan_costs("foreach")
+    assert (default_s, default_mem) == (fused_s, fused_mem)  # the rule: fused on GPUs
+    assert foreach_s == pytest.approx(3 * fused_s, rel=0.01)  # 21 words against 7
+    moment_bytes = 4 * sum(l.params + l.tied_params for l in graph.layers)
+    extra = foreach_mem.peak_bytes - fused_mem.peak_bytes
+    assert foreach_mem.phase == "optimizer" and 0 < extra <= moment_bytes
+
+
+def test_plan_file_records_the_implementation_and_old_files_load():
+    from ir.plan import PlanDocument, plan_from_dict, plan_to_dict, uniform_plan
+
+    doc = PlanDocument(uniform_plan(2, optimizer_impl="foreach"), "m", "f", ("a", "b"),
+                       {"name": "h100-80g"})
+    data = json.loads(json.dumps(plan_to_dict(doc)))
+    assert data["optimizer_impl"] == "foreach"
+    assert plan_from_dict(data) == doc
+    del data["optimizer_impl"]  # written before the field: the device's default rule
+    assert plan_from_dict(data).plan.optimizer_impl is None
+    data["optimizer_impl"] = "fast"
+    with pytest.raises(PlannerError, match=r"optimizer_impl: 'fast' is not one of fused, "
+                                           r"foreach, single"):
+        plan_from_dict(data, "p.json")
+    with pytest.raises(PlannerError, match="unknown optimizer_impl"):
+        uniform_plan(2, optimizer_impl="fast")
+
+
+def test_a_searched_plan_records_what_the_executor_runs():
+    from cost_models.clusters import get_cluster
+    from planner.models import load_layer_graph
+    from planner.plan_report import plan_document
+    from planner.search import search
+    from planner.search_space import SearchOptions
+
+    graph = load_layer_graph("gpt-tiny", 1, None)
+    for cluster, options, want in (
+            ("h100-80g", SearchOptions(), "fused"),
+            ("h100-80g", SearchOptions(optimizer_impl="foreach"), "foreach"),
+            ("local", SearchOptions(), "single")):
+        spec = get_cluster(cluster, nodes=1, gpus_per_node=1)
+        result = search(graph, spec, 2, dataclasses.replace(options, no_pp=True, tp=1),
+                        with_baselines=False)
+        assert plan_document(graph, spec, result.best, result.stats).plan.optimizer_impl == want
+
+
+def test_auto_parallel_prices_a_class_as_torch_steps_it_or_refuses_it():
+    """NAdam has no fused step: it was priced as fused AdamW while torch ran foreach."""
+    from planner.api import _optimizer_choice
+
+    gpu = "NVIDIA H100 80GB HBM3"
+    assert _optimizer_choice(torch.optim.NAdam, None, gpu) == {
+        "optimizer": "adamw", "optimizer_impl": "foreach"}
+    assert _optimizer_choice(torch.optim.AdamW, None, gpu)["optimizer_impl"] == "fused"
+    assert _optimizer_choice(torch.optim.AdamW, {"foreach": True}, gpu)["optimizer_impl"] \
+        == "foreach"
+    assert _optimizer_choice(torch.optim.AdamW, None, "cpu")["optimizer_impl"] == "single"
+    assert _optimizer_choice(torch.optim.SGD, {"momentum": 0.9}, gpu) == {
+        "optimizer": "sgd-momentum", "optimizer_impl": "foreach"}
+    assert _optimizer_choice(torch.optim.Adagrad, None, gpu)["optimizer"] == "sgd-momentum"
+
+    class Lion(torch.optim.Optimizer):  # states the planner does not know
+        pass
+
+    with pytest.raises(PlannerError, match="cannot price the optimizer .*Lion: it prices"):
+        _optimizer_choice(Lion, None, gpu)

@@ -46,6 +46,8 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     # Forward and backward per-op host costs, measured apart, with their spread noted.
     assert 0 < spec.op_overhead_s < 1e-3 and 0 < spec.backward_op_overhead_s < 1e-3
     assert f"bwd {spec.backward_op_overhead_s * 1e6:.2f} us" in spec.notes and "spread" in spec.notes
+    # the forward figure is the median of the probe's rounds, their range recorded
+    assert 0 < cal.op_overhead_min_s <= spec.op_overhead_s <= cal.op_overhead_max_s
     # ... both net of the autograd engine's start, which the kit records for the step to add
     # once per backward call (cost_models.step_host); ~9 us here, under a backward's ms
     assert 1e-7 < cal.autograd_call_host_s < 1e-3

@@ -27,7 +27,8 @@ from cost_models.estimate import estimate
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
-from ir.plan import KNOWN_OPTIMIZERS, ParallelPlan, load_plan, uniform_plan
+from ir.plan import (KNOWN_OPTIMIZERS, OPTIMIZER_IMPLEMENTATIONS, ParallelPlan, load_plan,
+                     optimizer_implementation, uniform_plan)
 from ir.safe_json import read_json
 from ir.strategy import Checkpoint, Precision, Schedule
 from planner import report
@@ -41,7 +42,8 @@ from planner.table_report import plan_tables_text
 DEFAULT_VIRTUAL_STAGES = 2
 # Flags a plan file fixes; giving them with --plan is a contradiction.
 STRATEGY_FLAGS = ("dp", "tp", "pp", "zero", "checkpoint", "sequence_parallel", "micro_batch",
-                  "global_batch", "schedule", "precision", "optimizer", "virtual_stages")
+                  "global_batch", "schedule", "precision", "optimizer", "optimizer_impl",
+                  "virtual_stages")
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,6 +79,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="bf16-mixed on GPU clusters, fp32 on local")
     p.add_argument("--optimizer", default=None, choices=KNOWN_OPTIMIZERS,
                    help="optimizer whose states count (adamw)")
+    p.add_argument("--optimizer-impl", default=None, choices=OPTIMIZER_IMPLEMENTATIONS,
+                   help="how torch steps it (Adam on GPUs: fused; else torch's default)")
     p.add_argument("--plan", default=None, help="price this plan file instead of the flags")
     p.add_argument("--meta-init", action="store_true", default=None,
                    help="the executor gets the model built on meta (executors.meta_init): "
@@ -163,7 +167,7 @@ def plan_from_flags(args, graph_layers: int, cluster: ClusterSpec) -> ParallelPl
                         sequence_parallel=bool(args.sequence_parallel),
                         micro_batch=micro_batch, global_batch=global_batch,
                         schedule=schedule, precision=precision, optimizer=optimizer,
-                        virtual_stages=virtual or 1)
+                        virtual_stages=virtual or 1, optimizer_impl=args.optimizer_impl)
 
 
 def default_precision(cluster: ClusterSpec) -> Precision:
@@ -243,7 +247,8 @@ def _from_plan_file(args) -> tuple[LayerGraph, ParallelPlan, ClusterSpec, str, b
 def describe(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec) -> str:
     return (f"{graph.model} on {cluster.name} ({cluster.num_nodes} x "
             f"{cluster.devices_per_node} {cluster.device}, plan uses {plan.world_size}): "
-            f"{plan}, global batch {plan.global_batch}, {plan.precision}, {plan.optimizer}")
+            f"{plan}, global batch {plan.global_batch}, {plan.precision}, {plan.optimizer} "
+            f"({optimizer_implementation(plan.optimizer, cluster.device, plan.optimizer_impl)})")
 
 
 def run(args) -> int:

@@ -15,7 +15,7 @@ import torch
 
 from cost_models.clusters import preset_names
 from ir.errors import PlannerError
-from ir.plan import KNOWN_OPTIMIZERS, plan_to_dict, save_plan
+from ir.plan import KNOWN_OPTIMIZERS, OPTIMIZER_IMPLEMENTATIONS, plan_to_dict, save_plan
 from ir.strategy import Checkpoint, Precision, Schedule
 from planner.arg_types import check_out, count, gib, n_devices, n_samples, n_tokens, seconds
 from planner.commands.estimate import default_precision, load_cluster
@@ -76,6 +76,8 @@ def register(sub) -> None:
     g.add_argument("--micro-batch", type=n_samples, default=None)
     g.add_argument("--precision", default=None, choices=[x.value for x in Precision])
     g.add_argument("--optimizer", default="adamw", choices=KNOWN_OPTIMIZERS)
+    g.add_argument("--optimizer-impl", default=None, choices=OPTIMIZER_IMPLEMENTATIONS,
+                   help="how torch steps it (Adam on GPUs: fused; else torch's default)")
     p.set_defaults(func=run)
 
 
@@ -90,7 +92,7 @@ def options_from_args(args, precision: Precision) -> SearchOptions:
         sequence_parallel=args.sequence_parallel,
         schedule=Schedule(args.schedule) if args.schedule else None,
         micro_batch=args.micro_batch, precision=precision, optimizer=args.optimizer,
-        uniform=args.uniform, max_tp=args.max_tp, no_pp=args.no_pp,
+        optimizer_impl=args.optimizer_impl, uniform=args.uniform, max_tp=args.max_tp, no_pp=args.no_pp,
         no_checkpoint=args.no_checkpoint, no_offload=args.no_offload,
         memory_budget_bytes=int(args.memory_budget * GiB) if args.memory_budget else None,
         time_limit_s=args.time_limit, top_k=args.top)

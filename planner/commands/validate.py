@@ -90,7 +90,7 @@ def run(args) -> int:
               f"policy (each layer within {grads.rtol:g} relative): "
               f"{'yes' if grads.matches else 'NO'} (furthest: {grads.worst_layer or '-'}, "
               f"{grads.worst_relative_error:.1e})")
-    drift = drift_line(result.machine_slowdown, result.time_error)
+    drift = drift_line(result.machine_slowdown, result.time_error, result.host_op_s)
     if drift:
         print(drift)
     if fitted is not None:
@@ -98,12 +98,16 @@ def run(args) -> int:
     return 0
 
 
-def drift_line(slowdown: float | None, time_error: float) -> str | None:
-    """The machine-speed reading for people, with advice when it explains the error."""
+def drift_line(slowdown: float | None, time_error: float,
+               host_op_s: tuple[float, float] | None = None) -> str | None:
+    """The machine-speed reading for people (the spec's per-op host figure and this
+    machine's now), with advice when it explains the error."""
     if slowdown is None:
         return None
     slower, faster = slowdown > DRIFT_WARNING, slowdown < 1 / DRIFT_WARNING
     explains = (slower and time_error < 0) or (faster and time_error > 0)
     advice = ": part of the time error is the machine; re-profile (planner profile-cluster)" \
         if explains else ""
-    return f"before the run, ops took x{slowdown:.2f} the time this spec was profiled at{advice}"
+    both = (f" ({host_op_s[1] * 1e6:.2f} us an op here now, {host_op_s[0] * 1e6:.2f} in the "
+            "spec)" if host_op_s else "")
+    return f"before the run, ops took x{slowdown:.2f} the time this spec was profiled at{both}{advice}"

@@ -9,11 +9,12 @@ tracker and the allocator see tensors, not the process.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 import torch
 
-from cost_models.clusters import measure_op_overhead_s
+from cost_models.clusters import host_op_rounds_s
 from cost_models.common import model_layer_configs
 from cost_models.estimate import estimate
 from ir.cluster import ClusterSpec
@@ -93,14 +94,24 @@ def _configs(doc: PlanDocument, graph, spec: ClusterSpec):
     return model_layer_configs(graph, doc.plan, spec.device, model)
 
 
-def machine_slowdown(spec: ClusterSpec) -> float | None:
-    """How much slower than when `spec` was profiled this host runs now, by the per-op
-    framework overhead (the probe profile-cluster takes, read afresh); None on GPUs or
-    when the spec has no such figure. On a shared machine this moves 20-50% within
-    minutes: a time error of the same size is drift, not the model."""
-    if not spec.host_bound or spec.op_overhead_s <= 0 or torch.cuda.is_available():
+def host_op_reading(spec: ClusterSpec) -> tuple[float, float] | None:
+    """(the spec's per-op host seconds, this machine's reading of the same probe now,
+    `clusters.host_op_rounds_s`: the median round): on CPU specs the CPU, on GPU specs
+    the GPU the run uses. None where the spec has no such figure or the run is on
+    another kind of device. Shared machines move it 20-50% within minutes, lent GPU
+    machines' hosts 1.7x between loans: a time error of that size is the machine."""
+    if spec.op_overhead_s <= 0:
         return None
-    return measure_op_overhead_s.__wrapped__() / spec.op_overhead_s  # uncached reading
+    cuda = torch.cuda.is_available()
+    if spec.host_bound == cuda:  # a CPU spec run on GPUs, or a GPU spec with none here
+        return None
+    now_s = statistics.median(host_op_rounds_s("cpu" if spec.host_bound else "cuda"))
+    return spec.op_overhead_s, now_s
+
+
+def machine_slowdown(reading: tuple[float, float] | None) -> float | None:
+    """How much slower than when the spec was profiled this host runs now (>1: slower)."""
+    return None if reading is None else reading[1] / reading[0]
 
 
 def plan_graph(doc: PlanDocument, path: str = "<plan>", model_spec: str | None = None):

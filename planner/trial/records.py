@@ -90,8 +90,10 @@ class ValidationResult:
     predicted_time: dict = field(default_factory=dict)
     prediction_source: str = "plan"
     # This machine's per-op overhead just before the run over the spec's (>1: slower than
-    # when profiled); None where not comparable (GPUs, specs without the figure).
+    # when profiled), and the two figures (spec's, now); None where not comparable (a
+    # spec without the figure, or for another kind of device).
     machine_slowdown: float | None = None
+    host_op_s: tuple[float, float] | None = None
     # sharded-table plans: each rank's measured seconds per step by phase
     rank_phase_seconds: tuple[dict, ...] = ()
     predicted_embedding: dict | None = None  # the tables' per-rank prediction (cost_json)
@@ -126,6 +128,8 @@ class ValidationResult:
                 "checked_losses": list(self.checked_losses),
                 "step_seconds": list(self.step_seconds),
                 "machine_slowdown": self.machine_slowdown,
+                **({"host_op_seconds": {"spec": self.host_op_s[0], "now": self.host_op_s[1]}}
+                   if self.host_op_s else {}),
                 **({"phase_seconds": list(self.rank_phase_seconds)}
                    if any(self.rank_phase_seconds) else {}),
                 **({"predicted_embedding": self.predicted_embedding}

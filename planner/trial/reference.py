@@ -105,7 +105,7 @@ def reference_run(spec: str, seq_len: int | None, optimizer: str, batches: list,
 
 def _reference_on(spec: str, seq_len: int | None, optimizer: str, batches: list, steps: int,
                   tables, mixed: MixedPrecision | None, device: str) -> ReferenceRun:
-    from executors.optimizer import param_groups
+    from executors.optimizer import param_groups, step_implementation
     from ir.plan import optimizer_for
     from ir.trace import model_output_tensor
     from planner.models import load_model
@@ -120,7 +120,8 @@ def _reference_on(spec: str, seq_len: int | None, optimizer: str, batches: list,
         sparse = _SparseTables(loaded.module, tables) if tables is not None else None
         skip = frozenset(sparse.ids) if sparse else frozenset()
         stepped = [p for p in loaded.module.parameters() if id(p) not in skip]
-        opt = cls(param_groups(stepped, frozenset(), cls, kwargs), **kwargs)  # as the ranks step
+        implementation, kwargs = step_implementation(cls, kwargs, None, device)
+        opt = cls(param_groups(stepped, frozenset(), cls, implementation), **kwargs)
         out = []
         for k in range(steps):
             inputs, target = _moved(batches[k % len(batches)], device)

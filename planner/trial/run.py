@@ -17,7 +17,7 @@ from ir.errors import PlannerError
 from ir.plan import PlanDocument, load_plan, plan_to_json
 from planner.trial.grad_check import check_grad_norms, grad_norm_rtol
 from planner.trial.mixed_reference import MixedPrecision
-from planner.trial.predict import machine_slowdown, plan_graph, predict
+from planner.trial.predict import host_op_reading, machine_slowdown, plan_graph, predict
 from planner.trial.rank import MEMORY_STEPS, TIME_WARMUP_STEPS
 from planner.trial.records import RankPayload, RankResult, ValidationResult
 from planner.trial.reference import (global_batches, has_dropout, loss_rtol, losses_match,
@@ -59,7 +59,7 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
     graph = plan_graph(doc, path, model_spec)
     check_plan_matches(graph, doc.plan)  # TP degrees that do not divide: before any rank starts
     prediction = predict(doc, graph, spec)
-    slowdown = machine_slowdown(spec or ClusterSpec.from_dict(doc.cluster, "plan cluster"))
+    host_op = host_op_reading(spec or ClusterSpec.from_dict(doc.cluster, "plan cluster"))
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= nproc
     backend = "nccl" if use_cuda else "gloo"
     total_steps = 1 + MEMORY_STEPS + TIME_WARMUP_STEPS + steps
@@ -102,6 +102,6 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
         losses=results[0].losses,
         reference_losses=tuple(want), step_seconds=tuple(per_step), checked_losses=check,
         predicted_time=prediction.time_breakdown, prediction_source=prediction.source,
-        machine_slowdown=slowdown,
+        machine_slowdown=machine_slowdown(host_op), host_op_s=host_op,
         rank_phase_seconds=tuple(r.phase_seconds for r in results),
         predicted_embedding=prediction.embedding, grad_check=grads)
