@@ -97,6 +97,16 @@ class LayerCompute:
     backward_s: float
     recompute_s: float  # forward work redone during backward (checkpointing), else 0
     optimizer_s: float = 0.0  # the layer's share of the optimizer step: once per ITERATION
+    # On GPUs the passes' device and host seconds apiece, recompute in the backward's (the
+    # host queues kernels ahead: a run of passes between host syncs costs `with_host` of
+    # their sums, `estimate.stage_time`; the figures above compose each pass alone, an
+    # upper bound the search adds up); 0 on CPU processes, whose host and device add up
+    forward_device_s: float = 0.0
+    forward_host_s: float = 0.0
+    backward_device_s: float = 0.0
+    backward_host_s: float = 0.0
+    optimizer_device_s: float = 0.0
+    optimizer_host_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -217,6 +227,11 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     rerun_forward_s = with_host(forward_s, forward_host_all_s, cluster) + unit_s + edge_forward_s
     forward_s = with_host(forward_s + copy_forward_s, forward_host_all_s,
                           cluster) + unit_s + edge_forward_s
+    # (device, host) of each pass; the host's own figures with the unit's and the edges'
+    forward_parts = [forward_device_s + copy_forward_s,
+                     forward_host_all_s + unit_s + edge_forward_s]
+    backward_parts = (backward_s + copy_backward_s,
+                      backward_host_s + dtensor_backward_s + unit_s + edge_backward_s)
     backward_s = with_host(backward_s + copy_backward_s, backward_host_s + dtensor_backward_s,
                            cluster) + unit_s + edge_backward_s
     edge_recompute_s = edge_forward_s - loss_forward_s  # the embedding's, not the loss's
@@ -226,12 +241,16 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         # the SP norms' DTensor ops
         recompute_s = with_host(forward_device_s, rerun_host_s + hooks_recompute_s
                                 + dtensor_forward_s, cluster) + tp_half_s + edge_recompute_s
+        recompute_parts = (forward_device_s, rerun_host_s + hooks_recompute_s
+                           + dtensor_forward_s + tp_half_s + edge_recompute_s)
     elif strategy.checkpoint is Checkpoint.FULL:
         recompute_s = rerun_forward_s - loss_forward_s
+        recompute_parts = (forward_device_s,
+                           forward_host_all_s + unit_s + edge_forward_s - loss_forward_s)
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.kernels is not None:
-        recompute_s = _selective_recompute_seconds(layer, cluster, config, share, op_s,
-                                                   measured, random_s, rerun_host_s,
-                                                   hooks_recompute_s)
+        recompute_s, *recompute_parts = _selective_recompute_seconds(
+            layer, cluster, config, share, op_s, measured, random_s, rerun_host_s,
+            hooks_recompute_s)
         # SAC reruns the forward's Python and dispatch above its cached ATen ops: the SP
         # norms' DTensor ops, the TP modules' DTensor work (where the spec probed it) and
         # the vocab-parallel embedding's forward
@@ -239,26 +258,40 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         sac_s = selective_tp_seconds(layer, strategy, cluster)
         sac_forward_s = min(selective_tp_forward_seconds(layer, strategy, cluster), sac_s)
         forward_s += sac_forward_s
+        forward_parts[1] += sac_forward_s
         recompute_s += with_host(0.0, dtensor_forward_s, cluster) + edge_recompute_s \
             + sac_s - sac_forward_s
+        recompute_parts[1] += dtensor_forward_s + edge_recompute_s + sac_s - sac_forward_s
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.saved_attention_bytes:
         recompute_s = _attention_recompute_seconds(layer, cluster, config, share)
+        recompute_parts = (recompute_s, 0.0)
     else:
-        recompute_s = 0.0
-    return LayerCompute(forward_s, backward_s, recompute_s,
-                        optimizer_step_seconds(layer, strategy, cluster, config))
+        recompute_s, recompute_parts = 0.0, (0.0, 0.0)
+    optimizer_s, *optimizer_parts = _optimizer_step(layer, strategy, cluster, config)
+    if cluster.host_bound:  # CPU processes: no parts (`LayerCompute`)
+        return LayerCompute(forward_s, backward_s, recompute_s, optimizer_s)
+    return LayerCompute(forward_s, backward_s, recompute_s, optimizer_s, *forward_parts,
+                        backward_parts[0] + recompute_parts[0],
+                        backward_parts[1] + recompute_parts[1], *optimizer_parts)
 
 
 def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
                            config: StepConfig) -> float:
-    """One optimizer step over the layer's parameters on one rank: host time per tensor
-    plus the bytes the update streams. ZeRO-2/3 step every tensor's shard; ZeRO-1 steps
-    this rank's pieces of a flat buffer (1/dp of the elements; a piece per tensor it
-    touches, at most tensors/dp + 1; plain tensors, `executors.zero1`), then copies the
-    gathered parameters out (read and written in the compute dtype)."""
+    """One optimizer step over the layer's parameters on one rank (`_optimizer_step`)."""
+    return _optimizer_step(layer, strategy, cluster, config)[0]
+
+
+def _optimizer_step(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
+                    config: StepConfig) -> tuple[float, float, float]:
+    """(seconds, device seconds, host seconds) of one optimizer step over the layer's
+    parameters on one rank: host time per tensor plus the bytes the update streams.
+    ZeRO-2/3 step every tensor's shard; ZeRO-1 steps this rank's pieces of a flat buffer
+    (1/dp of the elements; a piece per tensor it touches, at most tensors/dp + 1; plain
+    tensors, `executors.zero1`), then copies the gathered parameters out (read and
+    written in the compute dtype). Offloaded: all of it the host's."""
     tensors = len(layer.param_names) + len(layer.tied_param_names)  # tied copies step too
     if tensors == 0:
-        return 0.0
+        return 0.0, 0.0, 0.0
     local_params = tp_local_params(layer.params + layer.tied_params,
                                    layer.tp_params + layer.tied_tp_params, strategy.tp)
     if strategy.dp_mode is not DPMode.REPLICATE:
@@ -282,7 +315,7 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
         # tensor count (torch 2.13, fused AdamW); the Python that gathers the lists costs
         # about one op's host per tensor (H100 machine: 31-67 us a tensor at 33 us an op)
         host_s = tensors * LIST_STEP_HOST_OPS_PER_TENSOR * host_op_seconds(cluster, on_dtensors)
-        return with_host(stream_s, host_s + copy_s, cluster)
+        return with_host(stream_s, host_s + copy_s, cluster), stream_s, host_s + copy_s
     ops = OPTIMIZER_OPS_PER_TENSOR[config.optimizer] * tensors
     # The measured figure is the stepping thread's CPU (step_probes.optimizer_tensor_seconds):
     # CPU processes sharing fewer cores stretch it by the core share, as per-op figures.
@@ -291,10 +324,12 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
     if strategy.offload:  # stepped by the host CPU: its streaming and its dispatch add up
         dispatch_s = stepped_s if stepped_s is not None \
             else ops * host_op_seconds(cluster, on_dtensors)
-        return host_step_seconds(layer, strategy, cluster, config.optimizer) + dispatch_s
+        host_s = host_step_seconds(layer, strategy, cluster, config.optimizer) + dispatch_s
+        return host_s, 0.0, host_s
     if stepped_s is not None:
-        return with_host(stream_s, copy_s, cluster) + stepped_s
-    return with_host(stream_s, ops * host_op_seconds(cluster, on_dtensors) + copy_s, cluster)
+        return with_host(stream_s, copy_s, cluster) + stepped_s, stream_s, copy_s + stepped_s
+    host_s = ops * host_op_seconds(cluster, on_dtensors) + copy_s
+    return with_host(stream_s, host_s, cluster), stream_s, host_s
 
 
 def random_draw_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
@@ -337,17 +372,18 @@ def _analytic_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,
 
 def _selective_recompute_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,
                                  share: float, op_s: float, measured, random_s: float,
-                                 rerun_host_s: float, hooks_s: float) -> float:
-    """Selective checkpointing reruns the forward kernels whose outputs the policy does not
-    keep (`KernelRecords.recomputed`, `ir.checkpoint_policy`): their kernel seconds and
-    the dropout masks drawn again. On the host, where the kit probed the checkpoint's
-    machinery (`checkpoint_probes`), the layer's Python forward runs again up to its last
-    save (early stop) and every op dispatches through SAC's cached mode (a kept op returns
-    its stored output instead of its kernel): the rerun ops' forward host seconds
-    (`rerun_host_s`) plus the machinery's (`hooks_s`, `checkpoint_extra_seconds`); else
-    the recomputed ops x `op_s`. A measured layer
-    scales its measured forward by the recomputed kernels' share of the forward's kernel
-    seconds (plus `hooks_s`)."""
+                                 rerun_host_s: float,
+                                 hooks_s: float) -> tuple[float, float, float]:
+    """(seconds, device seconds, host seconds) of a selective recompute: it reruns the
+    forward kernels whose outputs the policy does not keep (`KernelRecords.recomputed`,
+    `ir.checkpoint_policy`): their kernel seconds and the dropout masks drawn again. On
+    the host, where the kit probed the checkpoint's machinery (`checkpoint_probes`), the
+    layer's Python forward runs again up to its last save (early stop) and every op
+    dispatches through SAC's cached mode (a kept op returns its stored output instead of
+    its kernel): the rerun ops' forward host seconds (`rerun_host_s`) plus the
+    machinery's (`hooks_s`, `checkpoint_extra_seconds`); else the recomputed ops x
+    `op_s`. A measured layer scales its measured forward by the recomputed kernels' share
+    of the forward's kernel seconds (plus `hooks_s`)."""
     times = layer_kernel_seconds(layer.kernels, cluster, config, share)
     again = times.selective_recompute
     probed = checkpoint_probed(cluster.kernel_calibration)
@@ -355,9 +391,12 @@ def _selective_recompute_seconds(layer: Layer, cluster: ClusterSpec, config: Ste
         scale = config.micro_batch / measured.micro_batch * share
         whole = times.forward.total_s
         kernels_s = measured.forward_seconds * scale * (again.total_s / whole if whole else 0.0)
-        return kernels_s + (with_host(0.0, hooks_s, cluster) if probed else 0.0)
+        hooks_s = hooks_s if probed else 0.0
+        return (kernels_s + (with_host(0.0, hooks_s, cluster) if probed else 0.0), kernels_s,
+                hooks_s)
     host_s = rerun_host_s + hooks_s if probed else again.ops * op_s
-    return with_host(again.total_s + random_s, host_s, cluster)
+    device_s = again.total_s + random_s
+    return with_host(device_s, host_s, cluster), device_s, host_s
 
 
 def _attention_recompute_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,

@@ -68,6 +68,12 @@ the H100 machine's measured framework seconds per op (33.2 us) and its checkpoin
 machinery (`planner profile-device --device cuda`), where it priced none: SAC's per-op
 host cost drops the selective layers, the first cut moves one layer earlier, step
 132.686 -> 134.212 s (+33 us more when its optimizer came to pay the lists' Python per tensor).
+llama3-70b's step moved 134.229944 -> 134.229910 s (-33.1 us) when a GPU rank's runs of
+passes came to cost max(host sum, device sum), not each layer's max (`estimate.gpu_runs_s`):
+no layer pass there is host-bound, but the last rank's optimizer step held the final
+norm's one small weight, host-bound (one 33 us op over its bytes): its host now runs under
+the head's device-bound step (10864.03 -> 10830.90 us). Same plan, stages, objective (the
+search's per-layer max, an upper bound), baselines and counters; gpt3-175b unchanged.
 """
 
 from __future__ import annotations
@@ -99,7 +105,7 @@ PINS = {
         plan="plan(pp=4, stages=4, mb=1x256, 1f1b, "
              "tp8+sp·dp2·z2/tp8+sp·dp2·z2·ckpt/tp8+sp·dp2·z3/tp8·dp2·z2)",
         stages=[(0, 18), (19, 37), (38, 57), (58, 82)],
-        step_seconds=134.229943502672, objective_seconds=134.23018651660527,
+        step_seconds=134.22991037184755, objective_seconds=134.23018651660527,
         baselines=[("DDP", None, 2282309238784), ("ZeRO-3 (FSDP)", None, 893793699840),
                    ("Megatron TPxPPxDP", None, 177555856645)],
         baseline_step_seconds={},
