@@ -13,6 +13,10 @@ Per pipeline rank r and micro-batch (compute.py, comm.py):
   loop's own work (batch split, loss weighting and all-reduce) and the optimizer's entry
   after a backward (step_host.step_loop_s); per micro-batch 2..m, the gradients'
   accumulation (step_host.grad_accumulation_s)
+On GPUs the host queues kernels ahead of the device and waits only where it syncs, so
+the compute of a run of passes between syncs is `compute.with_host` of its layers' device
+and host sums (max), not the sum of each layer's (`gpu_runs_s`, the runs:
+`step_host.one_host_window`); CPU processes add both up layer by layer, as before.
 Each stage's first and last layers' cold ops are counted against what their rank runs
 before them in the step, and a first layer's forwards priced apart by whether a backward
 ran just before them (`step_host.placed_layers`), not against their model neighbours.
@@ -186,7 +190,9 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
     layers = layers if layers is not None else placed_layers(graph, plan, cluster)
     fwd = bwd = rec = tp_f = tp_b = dp_f = dp_b = dp_step = tp_step = after_step = opt = 0.0
     parts = [0.0] * 6  # GPUs: (device, host) of forward, backward, optimizer (`LayerCompute`)
-    copies_s = layers_step_s = 0.0  # GPUs: units' reduce copies (in after_step), layers' step
+    one_run = one_host_window(plan, cluster)  # passes, reduce copies and step: one run
+    # GPUs: the units' reduce copies in one run (in after_step), the layers' optimizer step
+    copies_s = layers_step_s = 0.0
     for j in indices:
         layer, strategy, config = graph.layers[j], plan.layer_strategies[j], configs[j]
         c = placed_compute(layers[j], strategy, cluster, config, profile)
@@ -195,10 +201,12 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
         bwd += c.backward_s + c.recompute_s
         rec += c.recompute_s
         if not cluster.host_bound:
-            for k, part in enumerate(_PARTS):
-                parts[k] += getattr(c, part)
-            copies_s += dp_copy_step_seconds(layer, strategy, cluster, config)
+            parts = [a + b for a, b in zip(parts, (
+                c.forward_device_s, c.forward_host_s, c.backward_device_s, c.backward_host_s,
+                c.optimizer_device_s, c.optimizer_host_s))]
             layers_step_s += c.optimizer_s
+            if one_run:
+                copies_s += dp_copy_step_seconds(layer, strategy, cluster, config)
         # + the tied copies' gradient sum before the step (CPU kits: cost_models.tied_sync)
         opt += c.optimizer_s + tied_sum_seconds(graph, plan, cluster, j, config)
         tp_f += m.tp_forward_s
@@ -215,7 +223,7 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
             tp_b += relayout
     if not cluster.host_bound:  # the host queues ahead: runs of passes compose as one
         fwd, composed_bwd, step_s, copies = gpu_runs_s(parts, copies_s, plan.num_microbatches,
-                                                       one_host_window(plan, cluster), cluster)
+                                                       one_run, cluster)
         opt += step_s - layers_step_s
         rec *= composed_bwd / bwd if bwd else 0.0
         after_step += copies - copies_s
@@ -255,14 +263,11 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                      pipeline_action_s=actions, loop_s=loop)
 
 
-_PARTS = ("forward_device_s", "forward_host_s", "backward_device_s", "backward_host_s",
-          "optimizer_device_s", "optimizer_host_s")
-
-
 def gpu_runs_s(parts: Sequence[float], copies_s: float, m: int, one_window: bool,
                cluster: ClusterSpec) -> tuple[float, float, float, float]:
     """(forward and backward per micro-batch, optimizer step, reduce copies) seconds of a
-    GPU rank whose layers' passes sum to `parts` (`_PARTS`). The host queues kernels
+    GPU rank whose layers' passes sum to `parts` (device and host seconds of forward,
+    backward and optimizer step apiece, `compute.LayerCompute`). The host queues kernels
     ahead and waits only where it syncs (`step_host.one_host_window`), so a run of passes
     costs `compute.with_host` of its device and host sums (max: the device idles only
     while the host is behind). Each pass is one run; where the whole step is one
