@@ -22,9 +22,10 @@ other ops and module calls apiece: `cost_models.host_dispatch`) and `ClusterSpec
 `op_overhead_s`; where the kit measured it in parts, views, other ops, autograd nodes and
 the per-call excess of the ops that have one apiece: `host_dispatch.backward_host_seconds`), plus
 `dtensor_op_overhead_s` per op the TP executor runs on DTensors (`dtensor_op_seconds`).
-On CPU processes this adds to the op's work; on GPUs kernels queue asynchronously, so a layer
-takes max(device time, host time) (the "overhead-bound" regime of small layers). CPU
-processes sharing fewer cores stretch by `ClusterSpec.host_share`.
+On CPU processes this adds to the op's work; on GPUs kernels queue asynchronously, so a pass
+takes max(device time, host time) (`with_host`: the "overhead-bound" regime of small
+layers), and a run of passes between host syncs max of their sums (`LayerCompute`'s parts,
+`estimate.gpu_runs_s`). CPU processes sharing fewer cores stretch by `ClusterSpec.host_share`.
 
 Optimizer step: the host seconds per local parameter tensor profile-cluster measured for
 this optimizer on plain or DTensor parameters (else `OPTIMIZER_OPS_PER_TENSOR` ops of
