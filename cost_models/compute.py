@@ -22,9 +22,10 @@ other ops and module calls apiece: `cost_models.host_dispatch`) and `ClusterSpec
 `op_overhead_s`; where the kit measured it in parts, views, other ops, autograd nodes and
 the per-call excess of the ops that have one apiece: `host_dispatch.backward_host_seconds`), plus
 `dtensor_op_overhead_s` per op the TP executor runs on DTensors (`dtensor_op_seconds`).
-On CPU processes this adds to the op's work; on GPUs kernels queue asynchronously, so a layer
-takes max(device time, host time) (the "overhead-bound" regime of small layers). CPU
-processes sharing fewer cores stretch by `ClusterSpec.host_share`.
+On CPU processes this adds to the op's work; on GPUs kernels queue asynchronously, so a pass
+takes max(device time, host time) (`with_host`: the "overhead-bound" regime of small
+layers), and a run of passes between host syncs max of their sums (`LayerCompute`'s parts,
+`estimate.gpu_runs_s`). CPU processes sharing fewer cores stretch by `ClusterSpec.host_share`.
 
 Optimizer step: the host seconds per local parameter tensor profile-cluster measured for
 this optimizer on plain or DTensor parameters (else `OPTIMIZER_OPS_PER_TENSOR` ops of
@@ -46,12 +47,10 @@ import math
 from dataclasses import dataclass
 
 from ir.cluster import ClusterSpec
-from ir.dtensor_ops import in_split_parent
-from ir.layer import Layer, TPStyle
+from ir.layer import Layer
 from ir.legality import sequence_parallel_applies
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
 
-from cost_models.block_probes import SP_BLOCK_GROUPS, SP_BLOCK_MODULES
 from cost_models.checkpoint_probes import checkpoint_extra_seconds, rerun_ops
 from cost_models.checkpoint_probes import probed as checkpoint_probed
 from cost_models.common import GB, StepConfig, dtype_bytes
@@ -63,6 +62,9 @@ from cost_models.host_dispatch import backward_host_seconds, forward_host_second
 from cost_models.kernel_time import layer_kernel_seconds
 from cost_models.model_states import has_dp_unit, tp_local_params
 from cost_models.offload import host_step_seconds
+from cost_models.tp_host import (dtensor_op_counts, dtensor_op_seconds,  # noqa: F401
+                                 selective_tp_forward_seconds, selective_tp_seconds,
+                                 tp_module_seconds, vocab_edge_seconds)
 
 # Backward reads and writes about twice what forward does (activation and weight grads).
 BACKWARD_BYTES_FACTOR = 2.0
@@ -96,6 +98,16 @@ class LayerCompute:
     backward_s: float
     recompute_s: float  # forward work redone during backward (checkpointing), else 0
     optimizer_s: float = 0.0  # the layer's share of the optimizer step: once per ITERATION
+    # On GPUs the passes' device and host seconds apiece, recompute in the backward's (the
+    # host queues kernels ahead: a run of passes between host syncs costs `with_host` of
+    # their sums, `estimate.stage_time`; the figures above compose each pass alone, an
+    # upper bound the search adds up); 0 on CPU processes, whose host and device add up
+    forward_device_s: float = 0.0
+    forward_host_s: float = 0.0
+    backward_device_s: float = 0.0
+    backward_host_s: float = 0.0
+    optimizer_device_s: float = 0.0
+    optimizer_host_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -136,133 +148,6 @@ def hidden_size(layer: Layer, config: StepConfig) -> float:
     return layer.output_bytes / (config.graph_micro_batch * config.seq_len
                                  * dtype_bytes(config.graph_dtype))
 
-
-def dtensor_op_counts(layer: Layer, strategy: LayerStrategy) -> tuple[int, int]:
-    """(forward, backward) ATen ops the TP executor runs on DTensors outside the layer's TP
-    modules: those of each module owning parameters outside the TP candidates
-    (`Layer.replicated_module_ops`, counted on meta: `ir.dtensor_ops`) that gets a DTensor
-    style: every one under sequence parallelism, else those inside a split attention /
-    MLP (`ir.dtensor_ops.in_split_parent`), as `executors.tensor_parallel.layer_tp_plan`
-    assigns them. A layer traced before the count has none recorded: (0, 0)."""
-    if strategy.tp == 1 or not layer.tp_candidates:
-        return 0, 0
-    sp = sequence_parallel_applies(layer, strategy)
-    colwise = [c.module for c in layer.tp_candidates if c.style is TPStyle.COLWISE]
-    rows = [(fwd, bwd) for path, fwd, bwd in layer.replicated_module_ops
-            if sp or in_split_parent(colwise, path)]
-    return sum(fwd for fwd, _ in rows), sum(bwd for _, bwd in rows)
-
-
-def dtensor_op_seconds(layer: Layer, strategy: LayerStrategy,
-                       cluster: ClusterSpec) -> tuple[float, float]:
-    """(forward, backward) host seconds the DTensor ops of `dtensor_op_counts` add: each
-    op x `dtensor_op_overhead_s` (`host_probes.dtensor_op_overhead_s`: the extra per op
-    of a block on DTensors over plain tensors), unstretched (callers add it to a host
-    term, which `with_host` stretches)."""
-    forward_ops, backward_ops = dtensor_op_counts(layer, strategy)
-    return (forward_ops * cluster.dtensor_op_overhead_s,
-            backward_ops * cluster.dtensor_op_overhead_s)
-
-
-def tp_module_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec) -> float:
-    """Host time DTensor adds to the layer's tensor-parallel modules per micro-batch: the
-    per-module figure measured in groups of this TP degree (`cost_models.tp_probes`: CPU
-    time on the calling thread, collectives left to `comm.tp_comm_s`), stretched like the
-    per-op figures where CPU processes share cores (`ClusterSpec.host_share`). Under
-    sequence parallelism each row-parallel module closes a group (its parent's input
-    gathered along the sequence, its output reduce-scattered: `executors.tensor_parallel`)
-    priced at the spec's SP group figure (`tp_probes.sp_group_seconds`, a column- and a
-    row-parallel module), the group's other column-parallel modules (k, v beside q) at
-    the TP figure; a spec without the SP figure prices every module at the TP one. A
-    vocab-parallel embedding prices at its own figure where the spec has one
-    (`vocab_edge_seconds`), else as a TP module."""
-    if strategy.tp == 1:
-        return 0.0
-    tables = cluster.calibration
-    group_s = tables.sp_group_seconds(strategy.tp)
-    with_vocab = tables.vocab_embedding_seconds(strategy.tp) is None  # else priced apart
-    groups, modules = _groups_and_modules(layer, strategy, group_s is not None, with_vocab)
-    seconds = groups * (group_s or 0.0) + modules * tables.tp_module_seconds(strategy.tp)
-    return seconds * cluster.host_share if cluster.host_bound else seconds
-
-
-def selective_tp_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec) -> float:
-    """Host time op-level selective checkpointing adds to the layer's TP modules per
-    micro-batch beyond what it adds to their plain ops: the spec's per-module and per-SP-
-    group figures (`tp_probes.selective_seconds`: SAC's recompute reruns DTensor's sharding
-    propagation and re-layouts above its cached ops; its forward's share read ~0, so all
-    of it is the recompute's), counted as `tp_module_seconds` counts, stretched as it is;
-    an SP layer prices its groups at the whole-block figure where the spec has one
-    (`block_probes.sp_block_selective_seconds`: per group of a GPT-2 block, whose k and v
-    modules, norms, attention core and gather hooks it holds, so only the modules beyond
-    its SP_BLOCK_MODULES per SP_BLOCK_GROUPS groups add the per-module figure: a gated
-    MLP's third Linear; its forward share is `selective_tp_forward_seconds`); 0 where the
-    spec has no such figure (older specs, GPUs) or the layer no checkpoint."""
-    figures = cluster.calibration.selective_seconds(strategy.tp)
-    if (strategy.tp == 1 or figures is None
-            or strategy.checkpoint is not Checkpoint.SELECTIVE):
-        return 0.0
-    module_s, group_s = figures
-    groups, modules = _groups_and_modules(layer, strategy, True, with_vocab=False)
-    block = cluster.calibration.sp_block_selective_seconds(strategy.tp)
-    if groups and block is not None:
-        beyond = modules + 2 * groups - groups * SP_BLOCK_MODULES // SP_BLOCK_GROUPS
-        seconds = groups * block[0] + max(beyond, 0) * module_s
-    else:
-        seconds = groups * group_s + modules * module_s
-    return seconds * cluster.host_share if cluster.host_bound else seconds
-
-
-def selective_tp_forward_seconds(layer: Layer, strategy: LayerStrategy,
-                                 cluster: ClusterSpec) -> float:
-    """The forward's share of `selective_tp_seconds`: an SP layer's groups x the whole-block
-    figure's forward (`block_probes`: SAC's caching mode on the block's DTensor ops),
-    stretched as it is; 0 elsewhere (the Linear pairs' forward share read ~0)."""
-    if strategy.tp == 1 or strategy.checkpoint is not Checkpoint.SELECTIVE:
-        return 0.0
-    block = cluster.calibration.sp_block_selective_seconds(strategy.tp)
-    if block is None or cluster.calibration.selective_seconds(strategy.tp) is None:
-        return 0.0
-    groups, _ = _groups_and_modules(layer, strategy, True, with_vocab=False)
-    seconds = groups * block[1]
-    return seconds * cluster.host_share if cluster.host_bound else seconds
-
-
-def _groups_and_modules(layer: Layer, strategy: LayerStrategy, sp_groups: bool,
-                        with_vocab: bool) -> tuple[int, int]:
-    """(SP module groups, TP modules outside them) of the layer: under sequence parallelism
-    (and `sp_groups`) each row-parallel module closes a group of 2 (tp_probes: a column-
-    and a row-parallel module); a vocab-parallel embedding counts only `with_vocab`."""
-    modules = sum(1 for c in layer.tp_candidates
-                  if with_vocab or c.style is not TPStyle.VOCAB)
-    if not (sp_groups and sequence_parallel_applies(layer, strategy)):
-        return 0, modules
-    groups = sum(1 for c in layer.tp_candidates if c.style is TPStyle.ROWWISE)
-    return groups, max(modules - 2 * groups, 0)
-
-
-def vocab_edge_seconds(layer: Layer, strategy: LayerStrategy,
-                       cluster: ClusterSpec) -> tuple[float, float, float]:
-    """(forward, backward, loss forward) host seconds per micro-batch the vocabulary-parallel
-    ends add beyond their plain ops and collectives: each vocab-parallel embedding its
-    measured (forward, backward) figure, and each vocab-split head its loss-parallel
-    cross-entropy's (`tp_probes`' sibling `vocab_probes`: thread CPU in groups of this TP
-    degree; a head's loss runs loss-parallel, as `comm.tp_comm_s` prices its all-reduces);
-    stretched like `tp_module_seconds`. The loss's forward share is returned apart too: it
-    runs outside the layer's forward, so a recompute does not run it again. (0, 0, 0)
-    where the spec has no such figure (older specs, GPUs)."""
-    if strategy.tp == 1:
-        return 0.0, 0.0, 0.0
-    tables = cluster.calibration
-    embedding = tables.vocab_embedding_seconds(strategy.tp) or (0.0, 0.0)
-    loss = tables.loss_parallel_seconds(strategy.tp) or (0.0, 0.0)
-    vocab = sum(1 for c in layer.tp_candidates if c.style is TPStyle.VOCAB)
-    heads = sum(1 for c in layer.tp_candidates if c.style is TPStyle.HEAD)
-    stretch = cluster.host_share if cluster.host_bound else 1.0
-    # per pass: embeddings x their figure + heads x the loss's (measured per call)
-    forward_s, backward_s = ((vocab * e + heads * lo) * stretch
-                             for e, lo in zip(embedding, loss))
-    return forward_s, backward_s, heads * loss[0] * stretch
 
 
 def with_host(device_s: float, host_s: float, cluster: ClusterSpec) -> float:
@@ -343,6 +228,11 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     rerun_forward_s = with_host(forward_s, forward_host_all_s, cluster) + unit_s + edge_forward_s
     forward_s = with_host(forward_s + copy_forward_s, forward_host_all_s,
                           cluster) + unit_s + edge_forward_s
+    # (device, host) of each pass; the host's own figures with the unit's and the edges'
+    forward_parts = [forward_device_s + copy_forward_s,
+                     forward_host_all_s + unit_s + edge_forward_s]
+    backward_parts = (backward_s + copy_backward_s,
+                      backward_host_s + dtensor_backward_s + unit_s + edge_backward_s)
     backward_s = with_host(backward_s + copy_backward_s, backward_host_s + dtensor_backward_s,
                            cluster) + unit_s + edge_backward_s
     edge_recompute_s = edge_forward_s - loss_forward_s  # the embedding's, not the loss's
@@ -352,12 +242,16 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         # the SP norms' DTensor ops
         recompute_s = with_host(forward_device_s, rerun_host_s + hooks_recompute_s
                                 + dtensor_forward_s, cluster) + tp_half_s + edge_recompute_s
+        recompute_parts = (forward_device_s, rerun_host_s + hooks_recompute_s
+                           + dtensor_forward_s + tp_half_s + edge_recompute_s)
     elif strategy.checkpoint is Checkpoint.FULL:
         recompute_s = rerun_forward_s - loss_forward_s
+        recompute_parts = (forward_device_s,
+                           forward_host_all_s + unit_s + edge_forward_s - loss_forward_s)
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.kernels is not None:
-        recompute_s = _selective_recompute_seconds(layer, cluster, config, share, op_s,
-                                                   measured, random_s, rerun_host_s,
-                                                   hooks_recompute_s)
+        recompute_s, *recompute_parts = _selective_recompute_seconds(
+            layer, cluster, config, share, op_s, measured, random_s, rerun_host_s,
+            hooks_recompute_s)
         # SAC reruns the forward's Python and dispatch above its cached ATen ops: the SP
         # norms' DTensor ops, the TP modules' DTensor work (where the spec probed it) and
         # the vocab-parallel embedding's forward
@@ -365,26 +259,40 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         sac_s = selective_tp_seconds(layer, strategy, cluster)
         sac_forward_s = min(selective_tp_forward_seconds(layer, strategy, cluster), sac_s)
         forward_s += sac_forward_s
+        forward_parts[1] += sac_forward_s
         recompute_s += with_host(0.0, dtensor_forward_s, cluster) + edge_recompute_s \
             + sac_s - sac_forward_s
+        recompute_parts[1] += dtensor_forward_s + edge_recompute_s + sac_s - sac_forward_s
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.saved_attention_bytes:
         recompute_s = _attention_recompute_seconds(layer, cluster, config, share)
+        recompute_parts = (recompute_s, 0.0)
     else:
-        recompute_s = 0.0
-    return LayerCompute(forward_s, backward_s, recompute_s,
-                        optimizer_step_seconds(layer, strategy, cluster, config))
+        recompute_s, recompute_parts = 0.0, (0.0, 0.0)
+    optimizer_s, *optimizer_parts = _optimizer_step(layer, strategy, cluster, config)
+    if cluster.host_bound:  # CPU processes: no parts (`LayerCompute`)
+        return LayerCompute(forward_s, backward_s, recompute_s, optimizer_s)
+    return LayerCompute(forward_s, backward_s, recompute_s, optimizer_s, *forward_parts,
+                        backward_parts[0] + recompute_parts[0],
+                        backward_parts[1] + recompute_parts[1], *optimizer_parts)
 
 
 def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
                            config: StepConfig) -> float:
-    """One optimizer step over the layer's parameters on one rank: host time per tensor
-    plus the bytes the update streams. ZeRO-2/3 step every tensor's shard; ZeRO-1 steps
-    this rank's pieces of a flat buffer (1/dp of the elements; a piece per tensor it
-    touches, at most tensors/dp + 1; plain tensors, `executors.zero1`), then copies the
-    gathered parameters out (read and written in the compute dtype)."""
+    """One optimizer step over the layer's parameters on one rank (`_optimizer_step`)."""
+    return _optimizer_step(layer, strategy, cluster, config)[0]
+
+
+def _optimizer_step(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
+                    config: StepConfig) -> tuple[float, float, float]:
+    """(seconds, device seconds, host seconds) of one optimizer step over the layer's
+    parameters on one rank: host time per tensor plus the bytes the update streams.
+    ZeRO-2/3 step every tensor's shard; ZeRO-1 steps this rank's pieces of a flat buffer
+    (1/dp of the elements; a piece per tensor it touches, at most tensors/dp + 1; plain
+    tensors, `executors.zero1`), then copies the gathered parameters out (read and
+    written in the compute dtype). Offloaded: all of it the host's."""
     tensors = len(layer.param_names) + len(layer.tied_param_names)  # tied copies step too
     if tensors == 0:
-        return 0.0
+        return 0.0, 0.0, 0.0
     local_params = tp_local_params(layer.params + layer.tied_params,
                                    layer.tp_params + layer.tied_tp_params, strategy.tp)
     if strategy.dp_mode is not DPMode.REPLICATE:
@@ -410,7 +318,7 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
         # tensor count (torch 2.13, fused AdamW); the Python that gathers the lists costs
         # about one op's host per tensor (H100 machine: 31-67 us a tensor at 33 us an op)
         host_s = tensors * LIST_STEP_HOST_OPS_PER_TENSOR * host_op_seconds(cluster, on_dtensors)
-        return with_host(stream_s, host_s + copy_s, cluster)
+        return with_host(stream_s, host_s + copy_s, cluster), stream_s, host_s + copy_s
     ops = OPTIMIZER_OPS_PER_TENSOR[config.optimizer] * tensors
     # The measured figure is the stepping thread's CPU (step_probes.optimizer_tensor_seconds):
     # CPU processes sharing fewer cores stretch it by the core share, as per-op figures.
@@ -419,10 +327,12 @@ def optimizer_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Clust
     if strategy.offload:  # stepped by the host CPU: its streaming and its dispatch add up
         dispatch_s = stepped_s if stepped_s is not None \
             else ops * host_op_seconds(cluster, on_dtensors)
-        return host_step_seconds(layer, strategy, cluster, config.optimizer) + dispatch_s
+        host_s = host_step_seconds(layer, strategy, cluster, config.optimizer) + dispatch_s
+        return host_s, 0.0, host_s
     if stepped_s is not None:
-        return with_host(stream_s, copy_s, cluster) + stepped_s
-    return with_host(stream_s, ops * host_op_seconds(cluster, on_dtensors) + copy_s, cluster)
+        return with_host(stream_s, copy_s, cluster) + stepped_s, stream_s, copy_s + stepped_s
+    host_s = ops * host_op_seconds(cluster, on_dtensors) + copy_s
+    return with_host(stream_s, host_s, cluster), stream_s, host_s
 
 
 def random_draw_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
@@ -465,17 +375,18 @@ def _analytic_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,
 
 def _selective_recompute_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,
                                  share: float, op_s: float, measured, random_s: float,
-                                 rerun_host_s: float, hooks_s: float) -> float:
-    """Selective checkpointing reruns the forward kernels whose outputs the policy does not
-    keep (`KernelRecords.recomputed`, `ir.checkpoint_policy`): their kernel seconds and
-    the dropout masks drawn again. On the host, where the kit probed the checkpoint's
-    machinery (`checkpoint_probes`), the layer's Python forward runs again up to its last
-    save (early stop) and every op dispatches through SAC's cached mode (a kept op returns
-    its stored output instead of its kernel): the rerun ops' forward host seconds
-    (`rerun_host_s`) plus the machinery's (`hooks_s`, `checkpoint_extra_seconds`); else
-    the recomputed ops x `op_s`. A measured layer
-    scales its measured forward by the recomputed kernels' share of the forward's kernel
-    seconds (plus `hooks_s`)."""
+                                 rerun_host_s: float,
+                                 hooks_s: float) -> tuple[float, float, float]:
+    """(seconds, device seconds, host seconds) of a selective recompute: it reruns the
+    forward kernels whose outputs the policy does not keep (`KernelRecords.recomputed`,
+    `ir.checkpoint_policy`): their kernel seconds and the dropout masks drawn again. On
+    the host, where the kit probed the checkpoint's machinery (`checkpoint_probes`), the
+    layer's Python forward runs again up to its last save (early stop) and every op
+    dispatches through SAC's cached mode (a kept op returns its stored output instead of
+    its kernel): the rerun ops' forward host seconds (`rerun_host_s`) plus the
+    machinery's (`hooks_s`, `checkpoint_extra_seconds`); else the recomputed ops x
+    `op_s`. A measured layer scales its measured forward by the recomputed kernels' share
+    of the forward's kernel seconds (plus `hooks_s`)."""
     times = layer_kernel_seconds(layer.kernels, cluster, config, share)
     again = times.selective_recompute
     probed = checkpoint_probed(cluster.kernel_calibration)
@@ -483,9 +394,12 @@ def _selective_recompute_seconds(layer: Layer, cluster: ClusterSpec, config: Ste
         scale = config.micro_batch / measured.micro_batch * share
         whole = times.forward.total_s
         kernels_s = measured.forward_seconds * scale * (again.total_s / whole if whole else 0.0)
-        return kernels_s + (with_host(0.0, hooks_s, cluster) if probed else 0.0)
+        hooks_s = hooks_s if probed else 0.0
+        return (kernels_s + (with_host(0.0, hooks_s, cluster) if probed else 0.0), kernels_s,
+                hooks_s)
     host_s = rerun_host_s + hooks_s if probed else again.ops * op_s
-    return with_host(again.total_s + random_s, host_s, cluster)
+    device_s = again.total_s + random_s
+    return with_host(device_s, host_s, cluster), device_s, host_s
 
 
 def _attention_recompute_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,

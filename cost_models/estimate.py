@@ -13,6 +13,10 @@ Per pipeline rank r and micro-batch (compute.py, comm.py):
   loop's own work (batch split, loss weighting and all-reduce) and the optimizer's entry
   after a backward (step_host.step_loop_s); per micro-batch 2..m, the gradients'
   accumulation (step_host.grad_accumulation_s)
+On GPUs the host queues kernels ahead of the device and waits only where it syncs, so
+the compute of a run of passes between syncs is `compute.with_host` of its layers' device
+and host sums (max), not the sum of each layer's (`gpu_runs_s`, the runs:
+`step_host.one_host_window`); CPU processes add both up layer by layer, as before.
 Each stage's first and last layers' cold ops are counted against what their rank runs
 before them in the step, and a first layer's forwards priced apart by whether a backward
 ran just before them (`step_host.placed_layers`), not against their model neighbours.
@@ -52,13 +56,16 @@ from ir.strategy import Schedule
 from cost_models.activations import boundary_bytes
 from cost_models.comm import layer_comm, p2p_s, tp_transition_s
 from cost_models.common import StepConfig, layer_configs
+from cost_models.compute import with_host
 from cost_models.compute_profile import ComputeProfile
+from cost_models.dp_copies import dp_copy_step_seconds
 from cost_models.memory import MemoryEstimate, check_plan_matches, plan_memory, rank_layers
 from cost_models.model_states import bytes_per_param
 from cost_models.pipeline import PipelineTime, stage_pipeline_time
 from cost_models.pipeline_sim import SENDS_BLOCK, StageCost
-from cost_models.step_host import (Placed, grad_accumulation_s, placed_compute,
-                                   placed_layers, step_host_per_microbatch_s, step_loop_s)
+from cost_models.step_host import (Placed, grad_accumulation_s, one_host_window,
+                                   placed_compute, placed_layers,
+                                   step_host_per_microbatch_s, step_loop_s)
 from cost_models.tied_sync import tied_sum_seconds
 
 # Share of a compute window that overlapped data-parallel communication can hide. PyTorch
@@ -182,6 +189,10 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
     per_param = bytes_per_param(configs[0].precision, configs[0].optimizer)
     layers = layers if layers is not None else placed_layers(graph, plan, cluster)
     fwd = bwd = rec = tp_f = tp_b = dp_f = dp_b = dp_step = tp_step = after_step = opt = 0.0
+    parts = [0.0] * 6  # GPUs: (device, host) of forward, backward, optimizer (`LayerCompute`)
+    one_run = one_host_window(plan, cluster)  # passes, reduce copies and step: one run
+    # GPUs: the units' reduce copies in one run (in after_step), the layers' optimizer step
+    copies_s = layers_step_s = 0.0
     for j in indices:
         layer, strategy, config = graph.layers[j], plan.layer_strategies[j], configs[j]
         c = placed_compute(layers[j], strategy, cluster, config, profile)
@@ -189,6 +200,13 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
         fwd += c.forward_s
         bwd += c.backward_s + c.recompute_s
         rec += c.recompute_s
+        if not cluster.host_bound:
+            parts = [a + b for a, b in zip(parts, (
+                c.forward_device_s, c.forward_host_s, c.backward_device_s, c.backward_host_s,
+                c.optimizer_device_s, c.optimizer_host_s))]
+            layers_step_s += c.optimizer_s
+            if one_run:
+                copies_s += dp_copy_step_seconds(layer, strategy, cluster, config)
         # + the tied copies' gradient sum before the step (CPU kits: cost_models.tied_sync)
         opt += c.optimizer_s + tied_sum_seconds(graph, plan, cluster, j, config)
         tp_f += m.tp_forward_s
@@ -203,6 +221,13 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
             relayout = _relayout_s(graph, plan, cluster, j, config)
             tp_f += relayout
             tp_b += relayout
+    if not cluster.host_bound:  # the host queues ahead: runs of passes compose as one
+        fwd, composed_bwd, step_s, copies = gpu_runs_s(parts, copies_s, plan.num_microbatches,
+                                                       one_run, cluster)
+        opt += step_s - layers_step_s
+        rec *= composed_bwd / bwd if bwd else 0.0
+        after_step += copies - copies_s
+        bwd = composed_bwd
     pp_f = pp_b = 0.0
     overlap = overlap_efficiency(cluster)
     last_stage = len(plan.stages) - 1
@@ -236,6 +261,28 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                      dp_step_s=exposed(dp_step, bwd, overlap), optimizer_s=opt,
                      tp_step_s=tp_step, dp_after_step_s=after_step, engine_s=engine,
                      pipeline_action_s=actions, loop_s=loop)
+
+
+def gpu_runs_s(parts: Sequence[float], copies_s: float, m: int, one_window: bool,
+               cluster: ClusterSpec) -> tuple[float, float, float, float]:
+    """(forward and backward per micro-batch, optimizer step, reduce copies) seconds of a
+    GPU rank whose layers' passes sum to `parts` (device and host seconds of forward,
+    backward and optimizer step apiece, `compute.LayerCompute`). The host queues kernels
+    ahead and waits only where it syncs (`step_host.one_host_window`), so a run of passes
+    costs `compute.with_host` of its device and host sums (max: the device idles only
+    while the host is behind). Each pass is one run; where the whole step is one
+    (`one_window`: its m forwards and backwards, the units' reduce copies, which run on
+    the device under the host's backward, and the optimizer step) its time is shared out
+    over the terms in proportion to their own runs' times (the breakdown still adds up
+    to the step)."""
+    fd, fh, bd, bh, od, oh = parts
+    f, b, o = with_host(fd, fh, cluster), with_host(bd, bh, cluster), with_host(od, oh, cluster)
+    if not one_window:
+        return f, b, o, copies_s
+    runs_s = m * (f + b) + o + copies_s
+    window_s = with_host(m * (fd + bd) + od + copies_s, m * (fh + bh) + oh, cluster)
+    scale = window_s / runs_s if runs_s else 1.0
+    return scale * f, scale * b, scale * o, scale * copies_s
 
 
 def _stage_costs(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,

@@ -61,6 +61,18 @@ stages, schedule and micro-batches.
    bench/bench_grad_accum.py); m - 1 of a step's m backwards pay it, x the core share;
    0 where not measured and on GPUs.
 
+5. Where the host waits on the device (`one_host_window`). On a GPU the host queues
+   kernels and runs ahead until it syncs, so a run of passes between two syncs costs
+   about max(its host seconds, its device seconds) (`estimate.stage_time`), not the sum
+   of each layer's max. The plain loop (`executors.runtime.ProcessModel.train_step`, no
+   pipeline) syncs only where a step starts (the batch's copies to the device, its
+   work done: the step before ended in a sync) and where it ends (`float(value)`, the
+   loss's `.item()`): its forwards, backwards and fused optimizer step are one run.
+   fp16 loss scaling syncs between the last backward and the step (the overflow check's
+   `.item()`, `executors.loss_scaling`), and an offloaded optimizer steps on the host
+   after its gradients' copies back: then the step is a run of its own. With a
+   pipeline each pass is priced as its own run (the schedule's waits on other ranks).
+
 The search prices the same terms per candidate stage through these functions
 (`planner.stage_host`).
 """
@@ -75,7 +87,7 @@ from ir.cluster import ClusterSpec
 from ir.layer import Layer, LayerGraph
 from ir.op_count import COLD_WINDOW_DISTINCT_OPS, recent_forward_ops
 from ir.plan import ParallelPlan
-from ir.strategy import LayerStrategy, Schedule
+from ir.strategy import LayerStrategy, Precision, Schedule
 
 from cost_models.common import GB, StepConfig
 from cost_models.compute import LayerCompute, layer_compute
@@ -84,6 +96,15 @@ from cost_models.host_dispatch import host_op_seconds
 from cost_models.kernel_loops import memory_gbps
 from cost_models.model_states import FP32_BYTES
 from cost_models.pipeline_ops import PassOp, rank_ops
+
+
+def one_host_window(plan: ParallelPlan, cluster: ClusterSpec) -> bool:
+    """Whether a rank's passes and optimizer step run between two host syncs, as one
+    queue of kernels (module docstring, 5): GPUs, no pipeline, no fp16 loss scaling, no
+    offloaded optimizer."""
+    return (not cluster.host_bound and plan.pp == 1
+            and plan.precision is not Precision.FP16_MIXED
+            and not any(s.offload for s in plan.layer_strategies))
 
 
 def engine_start_s(cluster: ClusterSpec) -> float:

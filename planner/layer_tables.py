@@ -161,7 +161,10 @@ def _price(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOpt
     """(t(i, s), state bytes, kept bytes, transient bytes, the walk's floor's state and
     kept bytes, and without a pipeline its after / during bytes and the model output) of
     one layer and strategy; its memory as the executor runs `model` (`common.layer_lean`:
-    the lean host path)."""
+    the lean host path). On GPUs t prices each of the layer's passes at max(device, host),
+    an upper bound of the estimate's runs of passes (`estimate.gpu_runs_s`: max of the
+    run's sums, less by at most the smaller sum): the program stays additive and the
+    estimate prices the finalists (`search`'s FRONT_PLANS) and so decides."""
     config = dataclasses.replace(row_config(graph, layer, s, cluster, options, micro_batch,
                                             model), pipelined=cand.pp > 1)
     c = layer_compute(layer, s, cluster, config, profile)

@@ -75,6 +75,12 @@ torch orders them (issue 17, the H100 rows): less memory a stage, the first cut 
 later, the ZeRO-3 group checkpointed, step 134.230 -> 133.319 s; the baselines' least
 bytes 2282.3 / 893.8 / 177.6 -> 2217.9 / 890.6 / 169.5 GB (dp_extensions 12853 -> 12834,
 refits 26 -> 27, feasible 6 -> 5).
+Then its step moved 133.319 -> 133.319 s (-33 us; 134.229944 -> 134.229910 on the plan before) when a GPU rank's runs of
+passes came to cost max(host sum, device sum), not each layer's max (`estimate.gpu_runs_s`):
+no layer pass there is host-bound, but the last rank's optimizer step held the final
+norm's one small weight, host-bound (one 33 us op over its bytes): its host now runs under
+the head's device-bound step (10864.03 -> 10830.90 us). Same plan, stages, objective (the
+search's per-layer max, an upper bound), baselines and counters; gpt3-175b unchanged.
 """
 
 from __future__ import annotations
@@ -106,7 +112,7 @@ PINS = {
         plan="plan(pp=4, stages=4, mb=1x256, 1f1b, "
              "tp8+sp·dp2·z2/tp8+sp·dp2·z2·ckpt/tp8+sp·dp2·z3·ckpt/tp8·dp2·z2)",
         stages=[(0, 19), (20, 38), (39, 58), (59, 82)],
-        step_seconds=133.31864790893442, objective_seconds=133.37353933244043,
+        step_seconds=133.31861477810997, objective_seconds=133.37353933244043,
         baselines=[("DDP", None, 2217884729344), ("ZeRO-3 (FSDP)", None, 890572474368),
                    ("Megatron TPxPPxDP", None, 169502792965)],
         baseline_step_seconds={},
