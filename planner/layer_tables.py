@@ -9,6 +9,7 @@ re-layout x(j, a, b) between neighbours; `memory_budget_bytes` is what a rank ma
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -65,9 +66,12 @@ class LayerTable:
             return self.floor_state_bytes, self.floor_kept_bytes, self.floor_transient_bytes
         return self.state_bytes, self.kept_bytes, self.transient_bytes
 
-    @property
+    @functools.cached_property
     def floor_transient_bytes(self) -> np.ndarray:
-        return np.zeros_like(self.floor_state_bytes)
+        """Zeros, made once per table (the programs ask per layer and cap), read-only."""
+        zeros = np.zeros_like(self.floor_state_bytes)
+        zeros.flags.writeable = False
+        return zeros
 
 
 
@@ -129,7 +133,7 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
                 if row is None:
                     row = row_cache[row_key] = _price(graph, layer, s, cluster, options, cand,
                                                       samples // s.dp, profile, per_param,
-                                                      overlap, model)
+                                                      overlap, model, row_cache)
                 rows.append(row)
             rows = np.array(rows, dtype=float).reshape(-1, ROW_FIGURES)
             keep = _undominated(strategies, rows) if prune else list(range(len(strategies)))
@@ -147,23 +151,33 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
 
 
 def row_config(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOptions,
-               micro_batch: int, model: nn.Module | None) -> StepConfig:
+               micro_batch: int, model: nn.Module | None, pipelined: bool = False,
+               configs: dict | None = None) -> StepConfig:
     """The step config one (layer, strategy) row is priced under: the executor's path for
-    `model` (`common.layer_lean`: the lean host path)."""
-    config = step_config(graph, options, cluster, micro_batch)
+    `model` (`common.layer_lean`: the lean host path). `configs`: the configs built so
+    far for this graph, cluster, precision and optimizer (a row cache's), by what else
+    they read (micro-batch, pipelined): a StepConfig costs more to build than to find."""
+    key = ("step-config", micro_batch, pipelined)
+    config = None if configs is None else configs.get(key)
+    if config is None:
+        config = dataclasses.replace(step_config(graph, options, cluster, micro_batch),
+                                     pipelined=pipelined)
+        if configs is not None:
+            configs[key] = config
     lean = layer_lean(model, cluster.device, layer, s)
     return config if lean is None else dataclasses.replace(config, lean=lean)
 
 
 def _price(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOptions,
            cand: OuterCandidate, micro_batch: int, profile, per_param: float,
-           overlap: float, model: nn.Module | None) -> tuple[float, ...]:
+           overlap: float, model: nn.Module | None, configs: dict | None = None
+           ) -> tuple[float, ...]:
     """(t(i, s), state bytes, kept bytes, transient bytes, the walk's floor's state and
     kept bytes, and without a pipeline its after / during bytes and the model output) of
     one layer and strategy; its memory as the executor runs `model` (`common.layer_lean`:
     the lean host path)."""
-    config = dataclasses.replace(row_config(graph, layer, s, cluster, options, micro_batch,
-                                            model), pipelined=cand.pp > 1)
+    config = row_config(graph, layer, s, cluster, options, micro_batch, model, cand.pp > 1,
+                        configs)
     c = layer_compute(layer, s, cluster, config, profile)
     comm = layer_comm(layer, s, cluster, config, per_param)
     mem = layer_memory(layer, s, config, per_param)
@@ -313,11 +327,17 @@ def sends(graph: LayerGraph, cluster: ClusterSpec, options: SearchOptions,
     return out
 
 
+def unique(tables: list[LayerTable]) -> list[LayerTable]:
+    """Each table once, in first-use order: identical layers share one table, so a
+    per-table figure (a min, a column) is computed once, not once per layer."""
+    return list({id(t): t for t in tables}.values())
+
+
 def transient_caps(tables: list[LayerTable], levels: int, floor: bool = False) -> list[float]:
     """Caps on the max-type transient buffers: every plan needs at least the largest of
     the layers' smallest transients; try up to `levels` values from there to the top
     (`floor`: of the walk's floor figures)."""
-    columns = [t.memory(floor)[2] for t in tables]
+    columns = [t.memory(floor)[2] for t in unique(tables)]
     least = max(float(c.min()) for c in columns)
     values = sorted({float(v) for c in columns for v in c if v >= least})
     if len(values) <= levels:

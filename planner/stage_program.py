@@ -37,9 +37,12 @@ class _Step:
     order: np.ndarray  # strategies sorted by layout, those that fit at all
     layouts: np.ndarray  # layout of each group
     starts: np.ndarray  # first row of each group in `order`
-    src: np.ndarray  # (rows, units+1): bucket before this layer, clipped
-    valid: np.ndarray  # (rows, units+1): src was >= 0
-    time: np.ndarray  # (rows, 1)
+    # (rows, units+1): flat index into C[i-1] (layouts x buckets) of the row's layout at
+    # the bucket before this layer, clipped
+    src: np.ndarray
+    # (rows, units+1): the strategy's time where src was >= 0, else inf (inf + any entry
+    # is inf: what a mask would leave there)
+    time: np.ndarray
 
 
 def _step(table: LayerTable, k: float, bucket_bytes: float, cap: float, units: int,
@@ -58,8 +61,9 @@ def _step(table: LayerTable, k: float, bucket_bytes: float, cap: float, units: i
         order = fits[np.argsort(table.layout[fits], kind="stable")]
         layouts, starts = np.unique(table.layout[order], return_index=True)
         src = np.arange(units + 1)[None, :] - mem[order][:, None]
-        step = _Step(mem, order, layouts, starts, np.maximum(src, 0), src >= 0,
-                     table.time_s[order][:, None])
+        time = np.where(src >= 0, table.time_s[order][:, None], INF)
+        flat = table.layout[order][:, None] * (units + 1) + np.maximum(src, 0)
+        step = _Step(mem, order, layouts, starts, flat, time)
         cache[key] = (table, step)  # the table too: its id is only unique while it lives
     return step
 
@@ -73,8 +77,7 @@ def _extend(parent: _Node | None, table: LayerTable, x_in: np.ndarray | None, st
             entry = np.zeros((n_layouts, units + 1))
         else:  # min over the previous layout c' of C[i-1][c'][u] + x(c', c)
             entry = (parent.value[:, None, :] + x_in[:, :, None]).min(axis=0)
-        rows = table.layout[step.order]
-        vals = np.where(step.valid, entry[rows[:, None], step.src] + step.time, INF)
+        vals = entry.take(step.src) + step.time  # entry[layout of row, src]
         value[step.layouts] = np.minimum.reduceat(vals, step.starts, axis=0)
     return _Node(value, parent, table, x_in, step)
 
