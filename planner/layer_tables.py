@@ -217,27 +217,18 @@ def _undominated(strategies: list, rows: np.ndarray) -> list[int]:
     every memory figure, the program's and the floor's, and better on one of the first
     four (or equal and listed first): swapping it in never hurts either program, so the
     optimum is unchanged, and a strategy kept by the first four alone stays kept (the
-    uniform families, `planner.uniform`, read these tables). (Plain floats: numpy on
-    short rows costs more than it saves.)"""
-    costs = rows.tolist()
-    by_layout: dict[tuple, list[int]] = {}
-    for i, s in enumerate(strategies):
-        by_layout.setdefault((s.tp, s.sequence_parallel), []).append(i)
-    keep = []
-    for i, s in enumerate(strategies):
-        ci = costs[i]
-        dominated = False
-        for j in by_layout[(s.tp, s.sequence_parallel)]:
-            if j == i:
-                continue
-            cj = costs[j]
-            if all(a <= b for a, b in zip(cj, ci)) and (
-                    j < i or any(a < b for a, b in zip(cj[:4], ci[:4]))):
-                dominated = True
-                break
-        if not dominated:
-            keep.append(i)
-    return keep
+    uniform families, `planner.uniform`, read these tables). All pairs at once: [i, j]
+    asks whether j drops i."""
+    ids: dict[tuple, int] = {}
+    layout = np.array([ids.setdefault((s.tp, s.sequence_parallel), len(ids))
+                       for s in strategies], dtype=np.int64)
+    n = len(strategies)
+    no_worse = (rows[None, :, :] <= rows[:, None, :]).all(axis=2)
+    better = (rows[None, :, :4] < rows[:, None, :4]).any(axis=2)
+    earlier = np.tri(n, k=-1, dtype=bool)  # [i, j]: j < i
+    drops = no_worse & (earlier | better) & (layout[None, :] == layout[:, None])
+    np.fill_diagonal(drops, False)
+    return np.flatnonzero(~drops.any(axis=1)).tolist()
 
 
 def step_config(graph: LayerGraph, options: SearchOptions, cluster: ClusterSpec,

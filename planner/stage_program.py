@@ -121,6 +121,7 @@ class StageSolver:
         # buffers(a, final): bytes a rank whose stage starts at a holds beyond its layers'
         # (None: none counted), taken off its budget (`units_within`)
         self.buffers = buffers
+        self.within: dict[tuple[int, bool], int] = {}  # `units_within` by (a, final)
         self.host = host  # `stage_host.StageHost` (None: no placed change, GPUs)
         self.shifted: dict[tuple, tuple] = {}  # (table id, passes) -> (table, shifted)
         self.n_layouts, self.units, self.bucket, self.cap = n_layouts, units, bucket_bytes, cap
@@ -148,9 +149,13 @@ class StageSolver:
         as the layers are (`_step`)."""
         if self.buffers is None:
             return self.units
-        spare = self.buffers(a, b == len(self.graph.layers) - 1) / self.bucket
-        return self.units - int(math.floor(spare + 1e-9) if self.floor
-                                else math.ceil(spare - 1e-9))
+        key = (a, b == len(self.graph.layers) - 1)  # what `buffers` reads
+        units = self.within.get(key)
+        if units is None:
+            spare = self.buffers(*key) / self.bucket
+            units = self.within[key] = self.units - int(
+                math.floor(spare + 1e-9) if self.floor else math.ceil(spare - 1e-9))
+        return units
 
     def best(self, a: int, b: int, k: float) -> tuple[float, int]:
         """(T*, the layout it ends in) of layers a..b."""
