@@ -118,17 +118,20 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
     degrees_key = ("tp-degrees", stage_devices)
     if degrees_key not in cache:
         cache[degrees_key] = model_tp_degrees(graph, stage_devices, options.max_tp)
-    for layer in graph.layers:
-        place = host_position_key(layer, cluster)  # a stack's first block may price apart
-        key = (layer.structural_hash, place, layer.params, stage_devices, samples,
-               cand.num_microbatches, prune)
+    # per layer, what its rows and tables are keyed by: its structure, what of its place
+    # it prices (a stack's first block may price apart) and its parameters
+    if "layer-keys" not in cache:  # the cache serves one graph and cluster (`served`)
+        cache["layer-keys"] = [(layer.structural_hash, host_position_key(layer, cluster),
+                                layer.params) for layer in graph.layers]
+    for layer, layer_key in zip(graph.layers, cache["layer-keys"]):
+        key = (*layer_key, stage_devices, samples, cand.num_microbatches, prune)
         if key not in cache:
             strategies = layer_strategies(layer, stage_devices, samples, options, graph.seq_len,
                                           cache[degrees_key])
             rows = []
             for s in strategies:
-                row_key = (layer.structural_hash, place, layer.params, s, samples // s.dp,
-                           cand.num_microbatches, cand.pp > 1)
+                row_key = (*layer_key, s, samples // s.dp, cand.num_microbatches,
+                           cand.pp > 1)
                 row = row_cache.get(row_key)
                 if row is None:
                     row = row_cache[row_key] = _price(graph, layer, s, cluster, options, cand,
