@@ -31,19 +31,17 @@ class _Node:
 
 @dataclass
 class _Step:
-    """A layer table's per-(k, bucket, cap) index arrays, grouped by layout: group g holds
-    the strategies of layout `layouts[g]`, padded to the largest group with rows that
-    never win (time inf), so one min over axis 1 takes every group's least at once
-    (`np.minimum.reduceat` over unequal groups costs several times more)."""
+    """A layer table's per-(k, bucket, cap) index arrays, grouped by layout."""
 
     mem: np.ndarray  # buckets per strategy (units + 1 when over the cap)
     order: np.ndarray  # strategies sorted by layout, those that fit at all
     layouts: np.ndarray  # layout of each group
-    # (groups, rows, units+1): flat index into C[i-1] (layouts x buckets) of the row's
-    # layout at the bucket before this layer, clipped (0 in padding)
+    starts: np.ndarray  # first row of each group in `order`
+    # (rows, units+1): flat index into C[i-1] (layouts x buckets) of the row's layout at
+    # the bucket before this layer, clipped
     src: np.ndarray
-    # (groups, rows, units+1): the strategy's time where that bucket was >= 0, else inf
-    # (inf + any entry is inf: what a mask would leave there; padding too)
+    # (rows, units+1): the strategy's time where src was >= 0, else inf (inf + any entry
+    # is inf: what a mask would leave there)
     time: np.ndarray
 
 
@@ -65,12 +63,7 @@ def _step(table: LayerTable, k: float, bucket_bytes: float, cap: float, units: i
         src = np.arange(units + 1)[None, :] - mem[order][:, None]
         time = np.where(src >= 0, table.time_s[order][:, None], INF)
         flat = table.layout[order][:, None] * (units + 1) + np.maximum(src, 0)
-        sizes = np.diff(np.append(starts, order.size))
-        rows = np.arange(sizes.max(initial=0))
-        real = rows[None, :] < sizes[:, None]  # (groups, rows)
-        pick = np.where(real, starts[:, None] + rows[None, :], 0)
-        step = _Step(mem, order, layouts, np.where(real[:, :, None], flat[pick], 0),
-                     np.where(real[:, :, None], time[pick], INF))
+        step = _Step(mem, order, layouts, starts, flat, time)
         cache[key] = (table, step)  # the table too: its id is only unique while it lives
     return step
 
@@ -85,7 +78,10 @@ def _extend(parent: _Node | None, table: LayerTable, x_in: np.ndarray | None, st
         else:  # min over the previous layout c' of C[i-1][c'][u] + x(c', c)
             entry = (parent.value[:, None, :] + x_in[:, :, None]).min(axis=0)
             vals = entry.take(step.src) + step.time  # entry[layout of row, src]
-        value[step.layouts] = vals.min(axis=1)
+        if step.starts.size == 1:  # one layout: a plain min (reduceat costs several times it)
+            value[step.layouts[0]] = vals.min(axis=0)
+        else:
+            value[step.layouts] = np.minimum.reduceat(vals, step.starts, axis=0)
     return _Node(value, parent, table, x_in, step)
 
 

@@ -222,16 +222,16 @@ def test_undominated_drops_what_the_pairwise_rule_drops():
     assert dropped  # the rule dropped some
 
 
-def test_the_inner_step_is_the_recurrence():
-    """`stage_program._extend` (layout groups padded into one block) against the inner
-    recurrence written out: C[i][c][u] = min over s of layout c of
-    min_c' (C[i-1][c'][u - mem(s)] + x(c', c)) + t(s); groups of unequal sizes (4, 1, 2)
-    and a layout no strategy takes."""
+@pytest.mark.parametrize("layout", [[0, 2, 0, 1, 0, 2, 0], [1] * 7])
+def test_the_inner_step_is_the_recurrence(layout):
+    """`stage_program._extend` against the inner recurrence written out: C[i][c][u] = min
+    over s of layout c of min_c' (C[i-1][c'][u - mem(s)] + x(c', c)) + t(s); layout groups
+    of unequal sizes (4, 1, 2) or one group (a plain min), and layouts no strategy takes."""
     from planner.layer_tables import LayerTable
     from planner.stage_program import _extend, _step
 
     rng = np.random.default_rng(0)
-    layout = np.array([0, 2, 0, 1, 0, 2, 0])
+    layout = np.array(layout)
     k = len(layout)
 
     def figures(scale):
@@ -243,6 +243,7 @@ def test_the_inner_step_is_the_recurrence():
     n, units = 4, 24
     x = rng.random((n, n))
     x[rng.random((n, n)) < 0.2] = np.inf
+    np.fill_diagonal(x, 0.0)  # staying in a layout costs nothing
     step = _step(table, 2.0, 1.0, 3.0, units, {})  # strategy 6 over the cap
     parent = _extend(None, table, None, step, n, units)
     child = _extend(parent, table, x, step, n, units)
