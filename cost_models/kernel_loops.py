@@ -45,11 +45,9 @@ def memory_gbps(cal: KernelCalibration | None, kernel: str, dtype: str, nbytes: 
     """Bandwidth of a memory-bound kernel moving `nbytes`: the calibration's points for
     that kernel (its dtype, else any), linear in log(bytes) between the two around it,
     the end point beyond them; `default_gbps` without points."""
-    points = [] if cal is None else [p for p in cal.memory_kernels if p.kernel == kernel]
-    points = [p for p in points if p.dtype == dtype] or points
+    points = () if cal is None else _kernel_points(cal, kernel, dtype)
     if not points:
         return default_gbps
-    points = sorted(points, key=lambda p: p.nbytes)
     if nbytes <= points[0].nbytes:
         return points[0].gbps
     for lo, hi in zip(points, points[1:]):
@@ -59,6 +57,26 @@ def memory_gbps(cal: KernelCalibration | None, kernel: str, dtype: str, nbytes: 
             x = math.log(nbytes / lo.nbytes) / math.log(hi.nbytes / lo.nbytes)
             return lo.gbps + x * (hi.gbps - lo.gbps)
     return points[-1].gbps
+
+
+# (id(cal), kernel, dtype) -> (cal, its points by bytes): memory_gbps is asked per kernel of
+# every priced row, the filter and sort are the same each time. The entry holds the
+# calibration (frozen), so its id is not reused while the entry stands.
+_POINTS: dict[tuple, tuple] = {}
+_POINTS_MAX_ENTRIES = 1024
+
+
+def _kernel_points(cal: KernelCalibration, kernel: str, dtype: str) -> tuple:
+    """The calibration's points for `kernel` (its dtype's, else any dtype's) by bytes."""
+    key = (id(cal), kernel, dtype)
+    hit = _POINTS.get(key)
+    if hit is None or hit[0] is not cal:
+        points = [p for p in cal.memory_kernels if p.kernel == kernel]
+        points = [p for p in points if p.dtype == dtype] or points
+        if len(_POINTS) >= _POINTS_MAX_ENTRIES:
+            _POINTS.clear()
+        hit = _POINTS[key] = (cal, tuple(sorted(points, key=lambda p: p.nbytes)))
+    return hit[1]
 
 
 def measured(cal: KernelCalibration | None, kernel: str) -> bool:

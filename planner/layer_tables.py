@@ -9,6 +9,7 @@ re-layout x(j, a, b) between neighbours; `memory_budget_bytes` is what a rank ma
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -65,9 +66,12 @@ class LayerTable:
             return self.floor_state_bytes, self.floor_kept_bytes, self.floor_transient_bytes
         return self.state_bytes, self.kept_bytes, self.transient_bytes
 
-    @property
+    @functools.cached_property
     def floor_transient_bytes(self) -> np.ndarray:
-        return np.zeros_like(self.floor_state_bytes)
+        """Zeros, made once per table (the programs ask per layer and cap), read-only."""
+        zeros = np.zeros_like(self.floor_state_bytes)
+        zeros.flags.writeable = False
+        return zeros
 
 
 
@@ -114,22 +118,25 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
     degrees_key = ("tp-degrees", stage_devices)
     if degrees_key not in cache:
         cache[degrees_key] = model_tp_degrees(graph, stage_devices, options.max_tp)
-    for layer in graph.layers:
-        place = host_position_key(layer, cluster)  # a stack's first block may price apart
-        key = (layer.structural_hash, place, layer.params, stage_devices, samples,
-               cand.num_microbatches, prune)
+    # per layer, what its rows and tables are keyed by: its structure, what of its place
+    # it prices (a stack's first block may price apart) and its parameters
+    if "layer-keys" not in cache:  # the cache serves one graph and cluster (`served`)
+        cache["layer-keys"] = [(layer.structural_hash, host_position_key(layer, cluster),
+                                layer.params) for layer in graph.layers]
+    for layer, layer_key in zip(graph.layers, cache["layer-keys"]):
+        key = (*layer_key, stage_devices, samples, cand.num_microbatches, prune)
         if key not in cache:
             strategies = layer_strategies(layer, stage_devices, samples, options, graph.seq_len,
                                           cache[degrees_key])
             rows = []
             for s in strategies:
-                row_key = (layer.structural_hash, place, layer.params, s, samples // s.dp,
-                           cand.num_microbatches, cand.pp > 1)
+                row_key = (*layer_key, s, samples // s.dp, cand.num_microbatches,
+                           cand.pp > 1)
                 row = row_cache.get(row_key)
                 if row is None:
                     row = row_cache[row_key] = _price(graph, layer, s, cluster, options, cand,
                                                       samples // s.dp, profile, per_param,
-                                                      overlap, model)
+                                                      overlap, model, row_cache)
                 rows.append(row)
             rows = np.array(rows, dtype=float).reshape(-1, ROW_FIGURES)
             keep = _undominated(strategies, rows) if prune else list(range(len(strategies)))
@@ -147,17 +154,27 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
 
 
 def row_config(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOptions,
-               micro_batch: int, model: nn.Module | None) -> StepConfig:
+               micro_batch: int, model: nn.Module | None, pipelined: bool = False,
+               configs: dict | None = None) -> StepConfig:
     """The step config one (layer, strategy) row is priced under: the executor's path for
-    `model` (`common.layer_lean`: the lean host path)."""
-    config = step_config(graph, options, cluster, micro_batch)
+    `model` (`common.layer_lean`: the lean host path). `configs`: the configs built so
+    far for this graph, cluster, precision and optimizer (a row cache's), by what else
+    they read (micro-batch, pipelined): a StepConfig costs more to build than to find."""
+    key = ("step-config", micro_batch, pipelined)
+    config = None if configs is None else configs.get(key)
+    if config is None:
+        config = dataclasses.replace(step_config(graph, options, cluster, micro_batch),
+                                     pipelined=pipelined)
+        if configs is not None:
+            configs[key] = config
     lean = layer_lean(model, cluster.device, layer, s)
     return config if lean is None else dataclasses.replace(config, lean=lean)
 
 
 def _price(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOptions,
            cand: OuterCandidate, micro_batch: int, profile, per_param: float,
-           overlap: float, model: nn.Module | None) -> tuple[float, ...]:
+           overlap: float, model: nn.Module | None, configs: dict | None = None
+           ) -> tuple[float, ...]:
     """(t(i, s), state bytes, kept bytes, transient bytes, the walk's floor's state and
     kept bytes, and without a pipeline its after / during bytes and the model output) of
     one layer and strategy; its memory as the executor runs `model` (`common.layer_lean`:
@@ -165,8 +182,8 @@ def _price(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOpt
     an upper bound of the estimate's runs of passes (`estimate.gpu_runs_s`: max of the
     run's sums, less by at most the smaller sum): the program stays additive and the
     estimate prices the finalists (`search`'s FRONT_PLANS) and so decides."""
-    config = dataclasses.replace(row_config(graph, layer, s, cluster, options, micro_batch,
-                                            model), pipelined=cand.pp > 1)
+    config = row_config(graph, layer, s, cluster, options, micro_batch, model, cand.pp > 1,
+                        configs)
     c = layer_compute(layer, s, cluster, config, profile)
     comm = layer_comm(layer, s, cluster, config, per_param)
     mem = layer_memory(layer, s, config, per_param)
@@ -206,27 +223,18 @@ def _undominated(strategies: list, rows: np.ndarray) -> list[int]:
     every memory figure, the program's and the floor's, and better on one of the first
     four (or equal and listed first): swapping it in never hurts either program, so the
     optimum is unchanged, and a strategy kept by the first four alone stays kept (the
-    uniform families, `planner.uniform`, read these tables). (Plain floats: numpy on
-    short rows costs more than it saves.)"""
-    costs = rows.tolist()
-    by_layout: dict[tuple, list[int]] = {}
-    for i, s in enumerate(strategies):
-        by_layout.setdefault((s.tp, s.sequence_parallel), []).append(i)
-    keep = []
-    for i, s in enumerate(strategies):
-        ci = costs[i]
-        dominated = False
-        for j in by_layout[(s.tp, s.sequence_parallel)]:
-            if j == i:
-                continue
-            cj = costs[j]
-            if all(a <= b for a, b in zip(cj, ci)) and (
-                    j < i or any(a < b for a, b in zip(cj[:4], ci[:4]))):
-                dominated = True
-                break
-        if not dominated:
-            keep.append(i)
-    return keep
+    uniform families, `planner.uniform`, read these tables). All pairs at once: [i, j]
+    asks whether j drops i."""
+    ids: dict[tuple, int] = {}
+    layout = np.array([ids.setdefault((s.tp, s.sequence_parallel), len(ids))
+                       for s in strategies], dtype=np.int64)
+    n = len(strategies)
+    no_worse = (rows[None, :, :] <= rows[:, None, :]).all(axis=2)
+    better = (rows[None, :, :4] < rows[:, None, :4]).any(axis=2)
+    earlier = np.tri(n, k=-1, dtype=bool)  # [i, j]: j < i
+    drops = no_worse & (earlier | better) & (layout[None, :] == layout[:, None])
+    np.fill_diagonal(drops, False)
+    return np.flatnonzero(~drops.any(axis=1)).tolist()
 
 
 def step_config(graph: LayerGraph, options: SearchOptions, cluster: ClusterSpec,
@@ -317,11 +325,17 @@ def sends(graph: LayerGraph, cluster: ClusterSpec, options: SearchOptions,
     return out
 
 
+def unique(tables: list[LayerTable]) -> list[LayerTable]:
+    """Each table once, in first-use order: identical layers share one table, so a
+    per-table figure (a min, a column) is computed once, not once per layer."""
+    return list({id(t): t for t in tables}.values())
+
+
 def transient_caps(tables: list[LayerTable], levels: int, floor: bool = False) -> list[float]:
     """Caps on the max-type transient buffers: every plan needs at least the largest of
     the layers' smallest transients; try up to `levels` values from there to the top
     (`floor`: of the walk's floor figures)."""
-    columns = [t.memory(floor)[2] for t in tables]
+    columns = [t.memory(floor)[2] for t in unique(tables)]
     least = max(float(c.min()) for c in columns)
     values = sorted({float(v) for c in columns for v in c if v >= least})
     if len(values) <= levels:

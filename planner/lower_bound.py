@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from planner.layer_tables import LayerTable
+from planner.layer_tables import LayerTable, unique
 from planner.search_space import OuterCandidate
 
 INF = math.inf
@@ -22,7 +22,7 @@ def bound_budget_bytes(cand: OuterCandidate, tables: list[LayerTable], budget_by
     less the largest of the layers' least transients, which every plan needs, and less
     the least pipeline buffers any rank holds (`buffers`: `layer_tables.buffers_floor`)."""
     held = 0.0 if buffers is None else buffers.least_rank_bytes
-    return budget_bytes - max(float(_memory(cand, t)[2].min()) for t in tables) - held
+    return budget_bytes - max(float(_memory(cand, t)[2].min()) for t in unique(tables)) - held
 
 
 def _memory(cand: OuterCandidate, t: LayerTable):
@@ -44,7 +44,7 @@ def _lower_bound(cand: OuterCandidate, tables: list[LayerTable], budget_bytes: f
     that many of the smallest fastest layer times."""
     p, m, v = cand.pp, cand.num_microbatches, cand.virtual_stages
     mins = {id(t): (float(t.time_s.min()), float(_kept_once(cand, t).min()))
-            for t in tables}  # identical layers share one table
+            for t in unique(tables)}
     fastest_each = sorted(mins[id(t)][0] for t in tables)
     pigeon = sum(fastest_each[: -(-len(tables) // p)])
     fastest = sum(mins[id(t)][0] for t in tables)

@@ -37,9 +37,12 @@ class _Step:
     order: np.ndarray  # strategies sorted by layout, those that fit at all
     layouts: np.ndarray  # layout of each group
     starts: np.ndarray  # first row of each group in `order`
-    src: np.ndarray  # (rows, units+1): bucket before this layer, clipped
-    valid: np.ndarray  # (rows, units+1): src was >= 0
-    time: np.ndarray  # (rows, 1)
+    # (rows, units+1): flat index into C[i-1] (layouts x buckets) of the row's layout at
+    # the bucket before this layer, clipped
+    src: np.ndarray
+    # (rows, units+1): the strategy's time where src was >= 0, else inf (inf + any entry
+    # is inf: what a mask would leave there)
+    time: np.ndarray
 
 
 def _step(table: LayerTable, k: float, bucket_bytes: float, cap: float, units: int,
@@ -58,8 +61,9 @@ def _step(table: LayerTable, k: float, bucket_bytes: float, cap: float, units: i
         order = fits[np.argsort(table.layout[fits], kind="stable")]
         layouts, starts = np.unique(table.layout[order], return_index=True)
         src = np.arange(units + 1)[None, :] - mem[order][:, None]
-        step = _Step(mem, order, layouts, starts, np.maximum(src, 0), src >= 0,
-                     table.time_s[order][:, None])
+        time = np.where(src >= 0, table.time_s[order][:, None], INF)
+        flat = table.layout[order][:, None] * (units + 1) + np.maximum(src, 0)
+        step = _Step(mem, order, layouts, starts, flat, time)
         cache[key] = (table, step)  # the table too: its id is only unique while it lives
     return step
 
@@ -69,13 +73,15 @@ def _extend(parent: _Node | None, table: LayerTable, x_in: np.ndarray | None, st
     """One step of the inner recurrence (module docstring), all strategies at once."""
     value = np.full((n_layouts, units + 1), INF)
     if step.order.size:
-        if parent is None:
-            entry = np.zeros((n_layouts, units + 1))
+        if parent is None:  # C[first]: the time alone (an entry of 0 before it)
+            vals = step.time
         else:  # min over the previous layout c' of C[i-1][c'][u] + x(c', c)
             entry = (parent.value[:, None, :] + x_in[:, :, None]).min(axis=0)
-        rows = table.layout[step.order]
-        vals = np.where(step.valid, entry[rows[:, None], step.src] + step.time, INF)
-        value[step.layouts] = np.minimum.reduceat(vals, step.starts, axis=0)
+            vals = entry.take(step.src) + step.time  # entry[layout of row, src]
+        if step.starts.size == 1:  # one layout: a plain min (reduceat costs several times it)
+            value[step.layouts[0]] = vals.min(axis=0)
+        else:
+            value[step.layouts] = np.minimum.reduceat(vals, step.starts, axis=0)
     return _Node(value, parent, table, x_in, step)
 
 
@@ -118,6 +124,7 @@ class StageSolver:
         # buffers(a, final): bytes a rank whose stage starts at a holds beyond its layers'
         # (None: none counted), taken off its budget (`units_within`)
         self.buffers = buffers
+        self.within: dict[tuple[int, bool], int] = {}  # `units_within` by (a, final)
         self.host = host  # `stage_host.StageHost` (None: no placed change, GPUs)
         self.shifted: dict[tuple, tuple] = {}  # (table id, passes) -> (table, shifted)
         self.n_layouts, self.units, self.bucket, self.cap = n_layouts, units, bucket_bytes, cap
@@ -145,9 +152,13 @@ class StageSolver:
         as the layers are (`_step`)."""
         if self.buffers is None:
             return self.units
-        spare = self.buffers(a, b == len(self.graph.layers) - 1) / self.bucket
-        return self.units - int(math.floor(spare + 1e-9) if self.floor
-                                else math.ceil(spare - 1e-9))
+        key = (a, b == len(self.graph.layers) - 1)  # what `buffers` reads
+        units = self.within.get(key)
+        if units is None:
+            spare = self.buffers(*key) / self.bucket
+            units = self.within[key] = self.units - int(
+                math.floor(spare + 1e-9) if self.floor else math.ceil(spare - 1e-9))
+        return units
 
     def best(self, a: int, b: int, k: float) -> tuple[float, int]:
         """(T*, the layout it ends in) of layers a..b."""

@@ -13,7 +13,7 @@ import numpy as np
 from ir.layer import Layer, LayerGraph
 from ir.legality import sequence_parallel_applies
 from ir.strategy import LayerStrategy
-from planner.layer_tables import LayerTable, select
+from planner.layer_tables import LayerTable, select, unique
 
 
 def _sp_moot(layer: Layer, s: LayerStrategy) -> bool:
@@ -46,7 +46,7 @@ def uniform_groups(graph: LayerGraph, tables: list[LayerTable],
                 by_key.setdefault((s.tp, s.dp_mode, sp, s.checkpoint, s.offload), []).append(i)
         buckets[id(t)] = by_key
     keys = {(s.tp, s.dp_mode, s.sequence_parallel, s.checkpoint, s.offload)
-            for t in tables for s in t.strategies}  # the uniform strategies offered
+            for t in unique(tables) for s in t.strategies}  # the uniform strategies offered
     groups = []
     for key in sorted(keys, key=str):
         chosen: dict[int, LayerTable | None] = {}  # identical layers keep sharing one table
@@ -64,16 +64,20 @@ def uniform_groups(graph: LayerGraph, tables: list[LayerTable],
 
 def even_chunks(graph: LayerGraph, tables: list[LayerTable], chunks: int) -> list[tuple[int, int]] | None:
     """Contiguous chunks of about equal fastest compute, cut only at cut points."""
-    fastest = {id(t): float(t.time_s.min()) for t in tables}  # identical layers share one
+    fastest = {id(t): float(t.time_s.min()) for t in unique(tables)}
     weight = np.array([fastest[id(t)] for t in tables])
     total = weight.sum()
-    cuts, acc, chosen = sorted(graph.cut_points), np.cumsum(weight).tolist(), []
+    cuts = np.array(sorted(set(graph.cut_points)), dtype=np.int64)
+    at_cut, chosen = np.cumsum(weight)[cuts], []  # the compute up to each cut
+    first = 0  # the cuts after the last chosen one
     for k in range(1, chunks):
         target = total * k / chunks
-        options = [c for c in cuts if (not chosen or c > chosen[-1])]
-        if not options:
+        if first >= len(cuts):
             return None
-        chosen.append(min(options, key=lambda c: abs(acc[c] - target)))
+        # the nearest cut to the target; the first of equals (np.argmin, as min() picks)
+        near = first + int(np.abs(at_cut[first:] - target).argmin())
+        chosen.append(int(cuts[near]))
+        first = near + 1
     bounds = [0] + [c + 1 for c in chosen] + [len(tables)]
     pieces = [(bounds[i], bounds[i + 1] - 1) for i in range(chunks)]
     return pieces if all(a <= b for a, b in pieces) else None

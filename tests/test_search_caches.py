@@ -120,3 +120,141 @@ def test_blocks_that_pay_cold_ops_get_their_own_table_where_a_kit_prices_them(gp
     extra_s = (layer_compute(gpt.layers[first], s, cpu, config).forward_s
                - layer_compute(gpt.layers[middle], s, cpu, config).forward_s)
     assert extra_s == pytest.approx(15 * 2e-6 * cpu.host_share, rel=1e-6)
+
+
+def test_memory_kernel_points_are_kept_per_calibration_kernel_and_dtype():
+    """`kernel_loops.memory_gbps` keeps each calibration's sorted points: two calibrations
+    that differ only in one point's bandwidth, and the kernels and dtypes of one, each
+    get their own answer, the one a fresh filter and sort of the points gives."""
+    import dataclasses
+    import math
+
+    from cost_models.kernel_loops import memory_gbps
+    from ir.kernel_calibration import KernelCalibration, MemoryKernelPoint
+
+    def fresh(cal, kernel, dtype, nbytes):  # the rule, without the kept points
+        points = [p for p in cal.memory_kernels if p.kernel == kernel]
+        points = sorted([p for p in points if p.dtype == dtype] or points,
+                        key=lambda p: p.nbytes)
+        if nbytes <= points[0].nbytes:
+            return points[0].gbps
+        for lo, hi in zip(points, points[1:]):
+            if nbytes <= hi.nbytes:
+                x = math.log(nbytes / lo.nbytes) / math.log(hi.nbytes / lo.nbytes)
+                return lo.gbps + x * (hi.gbps - lo.gbps)
+        return points[-1].gbps
+
+    points = (MemoryKernelPoint("copy", "float32", 2**24, 20.0),
+              MemoryKernelPoint("copy", "float32", 2**16, 5.0),
+              MemoryKernelPoint("copy", "bfloat16", 2**20, 9.0),
+              MemoryKernelPoint("add", "float32", 2**20, 7.0))
+    a = KernelCalibration(measured_on="a", memory_kernels=points)
+    b = dataclasses.replace(a, memory_kernels=points[:1] + (
+        MemoryKernelPoint("copy", "float32", 2**16, 6.0),) + points[2:])
+    for cal in (a, b, a):  # a again: from the kept points
+        for kernel, dtype in (("copy", "float32"), ("copy", "bfloat16"), ("add", "float32"),
+                              ("add", "bfloat16")):
+            for nbytes in (2**10, 2**18, 2**22, 2**30):
+                assert memory_gbps(cal, kernel, dtype, nbytes, 1.0) == \
+                    fresh(cal, kernel, dtype, nbytes)
+    assert memory_gbps(a, "copy", "float32", 2**18, 1.0) != \
+        memory_gbps(b, "copy", "float32", 2**18, 1.0)  # the check can tell them apart
+    assert memory_gbps(a, "copy", "float32", 2**30, 1.0) != \
+        memory_gbps(a, "copy", "bfloat16", 2**30, 1.0)
+
+
+def test_a_rows_step_config_is_kept_by_micro_batch_and_pipelining(gpt):
+    """`layer_tables.row_config` keeps the configs it built: each (micro-batch, pipelined)
+    gets its own, equal to one built without the kept ones."""
+    from planner.layer_tables import row_config
+
+    cluster = get_cluster("a100-80g", nodes=2)
+    options = SearchOptions(max_tp=8)
+    layer = gpt.layers[1]
+    s = price_layers(gpt, cluster, outer_candidates(gpt, cluster.world_size, 64, options)[0],
+                     options, 64, None, {})[0][1].strategies[0]
+    configs: dict = {}
+    seen = {}
+    for micro_batch, pipelined in ((1, False), (2, False), (1, True), (2, True), (1, False)):
+        kept = row_config(gpt, layer, s, cluster, options, micro_batch, None, pipelined,
+                          configs)
+        assert kept == row_config(gpt, layer, s, cluster, options, micro_batch, None,
+                                  pipelined)
+        assert (kept.micro_batch, kept.pipelined) == (micro_batch, pipelined)
+        seen[(micro_batch, pipelined)] = kept
+    assert len(set(seen.values())) == 4
+
+
+def test_undominated_drops_what_the_pairwise_rule_drops():
+    """`layer_tables._undominated` (all pairs at once) against the rule written as loops:
+    j drops i when of i's layout, no worse everywhere, and better on one of the first
+    four figures or listed first."""
+    from dataclasses import dataclass
+
+    from planner.layer_tables import ROW_FIGURES, _undominated
+
+    @dataclass(frozen=True)
+    class S:
+        tp: int
+        sequence_parallel: bool
+
+    def rule(strategies, rows):
+        keep = []
+        for i, si in enumerate(strategies):
+            ci = rows[i].tolist()
+            if not any(j != i and (sj.tp, sj.sequence_parallel) == (si.tp, si.sequence_parallel)
+                       and all(a <= b for a, b in zip(rows[j].tolist(), ci))
+                       and (j < i or any(a < b for a, b in zip(rows[j][:4].tolist(), ci[:4])))
+                       for j, sj in enumerate(strategies)):
+                keep.append(i)
+        return keep
+
+    rng = np.random.default_rng(0)
+    dropped = 0
+    for _ in range(300):
+        n = int(rng.integers(0, 24))
+        strategies = [S(int(rng.choice([1, 2, 4])), bool(rng.integers(2))) for _ in range(n)]
+        rows = rng.integers(0, 3, size=(n, ROW_FIGURES)).astype(float)
+        rows[rng.random((n, ROW_FIGURES)) < 0.05] = np.inf
+        keep = _undominated(strategies, rows)
+        assert keep == rule(strategies, rows)
+        dropped += n - len(keep)
+    assert dropped  # the rule dropped some
+
+
+@pytest.mark.parametrize("layout", [[0, 2, 0, 1, 0, 2, 0], [1] * 7])
+def test_the_inner_step_is_the_recurrence(layout):
+    """`stage_program._extend` against the inner recurrence written out: C[i][c][u] = min
+    over s of layout c of min_c' (C[i-1][c'][u - mem(s)] + x(c', c)) + t(s); layout groups
+    of unequal sizes (4, 1, 2) or one group (a plain min), and layouts no strategy takes."""
+    from planner.layer_tables import LayerTable
+    from planner.stage_program import _extend, _step
+
+    rng = np.random.default_rng(0)
+    layout = np.array(layout)
+    k = len(layout)
+
+    def figures(scale):
+        return rng.integers(1, 8, size=k).astype(float) * scale
+
+    table = LayerTable(list(range(k)), rng.random(k) + 0.1, figures(1.0), figures(0.5),
+                       np.array([0.0, 1.0, 3.0, 0.0, 1.0, 2.0, 9.0]), layout,
+                       *(figures(1.0) for _ in range(5)))
+    n, units = 4, 24
+    x = rng.random((n, n))
+    x[rng.random((n, n)) < 0.2] = np.inf
+    np.fill_diagonal(x, 0.0)  # staying in a layout costs nothing
+    step = _step(table, 2.0, 1.0, 3.0, units, {})  # strategy 6 over the cap
+    parent = _extend(None, table, None, step, n, units)
+    child = _extend(parent, table, x, step, n, units)
+    mem = step.mem
+    for node, entry in ((parent, np.zeros((n, units + 1))),
+                        (child, (parent.value[:, None, :] + x[:, :, None]).min(axis=0))):
+        want = np.full((n, units + 1), np.inf)
+        for s in range(k):
+            c = layout[s]
+            for u in range(units + 1):
+                if mem[s] <= u:
+                    want[c, u] = min(want[c, u], entry[c, u - mem[s]] + table.time_s[s])
+        np.testing.assert_array_equal(node.value, want)
+    assert np.isfinite(child.value).any() and np.isinf(child.value).any()
