@@ -170,7 +170,8 @@ def host_op_seconds_by_pass(device: str = "cpu", gpu: bool | None = None) -> Hos
 
     from cost_models.autograd_engine import NodeSpan
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
-    from cost_models.host_excess import (internal_dispatch_seconds, plain_dispatch_seconds,
+    from cost_models.host_excess import (CORE_EXCESS_OPS, HOST_EXCESS_OPS,
+                                         internal_dispatch_seconds, plain_dispatch_seconds,
                                          python_node_seconds, records_excess_seconds)
     from cost_models.item_probes import bag_python_excess
     from ir.kernel_recorder import KernelRecorder
@@ -179,8 +180,7 @@ def host_op_seconds_by_pass(device: str = "cpu", gpu: bool | None = None) -> Hos
 
     gpu = device != "cpu" if gpu is None else gpu  # a test takes the GPU branch on CPU
     span_s = node_span_s(device)
-    # views and ops as C++ callers dispatch them (a layer's forward views mostly, a
-    # backward formula's all)
+    # views and ops as C++ callers dispatch them (forward views mostly, a formula's all)
     internal = internal_dispatch_seconds(device)
     with _one_thread():
         chain = nn.Sequential(*[_overhead_block() for _ in range(HOST_OP_CHAIN_BLOCKS)]).to(device)
@@ -306,7 +306,8 @@ def host_op_seconds_by_pass(device: str = "cpu", gpu: bool | None = None) -> Hos
 
     backward_s = statistics.median(backward_rounds) * backward_ops  # the chain's, engine out
     function_op_s = statistics.median(function_rounds)
-    plain = plain_dispatch_seconds(device)
+    # GPUs: the core ops' excess (the swept ones', 0.5-2 us on this CPU, small by a launch)
+    plain = plain_dispatch_seconds(device, CORE_EXCESS_OPS if gpu else HOST_EXCESS_OPS)
     # the chain's exact GELU, layer norm and addmm excess out of its per-op figure
     # (`host_dispatch.forward_host_seconds` charges each layer's own)
     chain_excess_s = records_excess_seconds(

@@ -23,7 +23,8 @@ US = 1e-6
 def test_the_probes_gpu_branch_gives_every_per_kind_figure():
     """The GPU branch (taken on CPU tensors: the device argument is what a CUDA kit passes
     through) measures the parts, and prices a backward formula's op at the grad-off
-    chain's figure, not the C++ `_foreach_add` loop's (one fused kernel on a GPU)."""
+    chain's figure, not the C++ `_foreach_add` loop's (one fused kernel on a GPU), and
+    times the core ops' excess only."""
     host = host_op_seconds_by_pass("cpu", gpu=True)
     fields = host.calibration_fields()
     assert host.parts_measured
@@ -31,6 +32,8 @@ def test_the_probes_gpu_branch_gives_every_per_kind_figure():
     assert fields["forward_host_op_s"] == host.function_nograd_op_s
     assert host.backward_nonview_op_s == host.function_nograd_op_s
     assert host.excess_s and host.forward_ops > 0 and host.backward_ops > 0
+    excess = dict(host.excess_s)  # the core ops' (GELU, norms...), not the CPU-swept ones'
+    assert "aten::gelu" in excess and "aten::sort" not in excess
     assert HOST_OP_ROUNDS_GPU < 11  # the GPU kit's time: fewer rounds
 
 
