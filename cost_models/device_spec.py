@@ -118,15 +118,29 @@ def spec_from_calibration(device: str, cal: KernelCalibration, name: str,
     rounds = [r for _ in range(HOST_PROBE_PASSES) for r in clusters.host_op_rounds_s("cuda")]
     op_overhead_s = statistics.median(rounds)
     sac = checkpoint_host_seconds("cuda").calibration_fields()  # the checkpoint's host machinery
+    # ... and per kind, as on CPU (views, ops, module calls, autograd nodes: what
+    # `host_dispatch` prices a layer's passes at; the per-op figure stays the rest's)
+    host = host_op_seconds_by_pass("cuda")
     return dataclasses.replace(
         base, name=name, device=props.name, devices_per_node=torch.cuda.device_count(),
         device_memory_bytes=props.total_memory, peak_flops_by_dtype=peak, hbm_gbps=hbm_gbps,
         matmul_efficiency=efficiency, op_overhead_s=op_overhead_s,
-        kernel_calibration=dataclasses.replace(cal, **sac, op_overhead_min_s=min(rounds),
+        kernel_calibration=dataclasses.replace(cal, **sac, **host.calibration_fields(),
+                                               op_overhead_min_s=min(rounds),
                                                op_overhead_max_s=max(rounds)),
         notes=(f"planner profile-device --device cuda: {cal.measured_on}; peak FLOP/s "
                + (f"from the {preset} datasheet preset" if preset
                   else f"= best measured ({fallback})")
                + f"; host {op_overhead_s * 1e6:.2f} us an op (median of {len(rounds)} rounds, "
-               f"{min(rounds) * 1e6:.2f}-{max(rounds) * 1e6:.2f}); links not measured (the "
+               f"{min(rounds) * 1e6:.2f}-{max(rounds) * 1e6:.2f}; {host_kinds(host)}); links "
+               f"not measured (the "
                f"{base.name} preset's: run `planner profile-cluster`)"))
+
+
+def host_kinds(host) -> str:
+    """A GPU spec's per-kind host figures in one phrase (`host_probes.HostOpCost`)."""
+    return (f"per view {host.view_nograd_op_s * 1e6:.2f} us, per op "
+            f"{host.function_nograd_op_s * 1e6:.2f}, per module call "
+            f"{host.module_call_s * 1e6:.2f}, per forward node {host.forward_node_s * 1e6:.2f}; "
+            f"backward per op {host.backward_nonview_op_s * 1e6:.2f}, per node "
+            f"{host.backward_node_s * 1e6:.2f}")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-
 from dataclasses import dataclass
 
 from ir.strategy import DPMode
@@ -36,6 +35,7 @@ from ir.strategy import DPMode
 HOST_OP_CHAIN_BLOCKS = 8
 HOST_OP_RUNS_PER_ROUND = 50
 HOST_OP_ROUNDS = 11
+HOST_OP_ROUNDS_GPU = 5  # each ~5x longer there (H100 block probe 33.2 us an op, here 6.1)
 HOST_OP_WARMUP_RUNS = 5
 
 
@@ -54,7 +54,7 @@ class HostOpCost:
     """Host seconds per dispatched op in each pass (the median round), and their range.
     The forward also in three parts: per view op (`view_op_s`: metadata only, no kernel),
     per other op called as a function (`function_op_s`) and per leaf-module call on top
-    of its ops (`module_call_s`). The backward also in four (CPU): per view and per other
+    of its ops (`module_call_s`). The backward also in four: per view and per other
     op as a formula dispatches them, from C++ with grad mode off
     (`host_excess.internal_dispatch_seconds`), per ATen op's fixed excess (`excess_s`), and per autograd node the engine runs
     (`backward_node_s`: the chain's backward less those, over its nodes)."""
@@ -71,9 +71,9 @@ class HostOpCost:
     backward_nonview_op_s: float = 0.0
     backward_node_s: float = 0.0
     excess_s: tuple[tuple[str, float], ...] = ()  # (op, seconds): `cost_models.host_excess`
-    python_node_s: float = 0.0  # per fx node dispatching nothing (CPU; with `excess_s` out
+    python_node_s: float = 0.0  # per fx node dispatching nothing (with `excess_s` out
     # of `function_op_s`): `host_excess.python_node_seconds`
-    # The function chain again with grad mode off (CPU): per other op with nothing recorded,
+    # The function chain again with grad mode off: per other op with nothing recorded,
     # per view as a C++ caller dispatches it (F.linear's t, matmul's views, autograd's
     # detach of a saved output: 40 of llama-tiny block's 64 forward views; the Python
     # `views` chain read 1.2 us a view here, a C++ loop 0.35: `host_excess
@@ -82,10 +82,10 @@ class HostOpCost:
     function_nograd_op_s: float = 0.0
     view_nograd_op_s: float = 0.0
     forward_node_s: float = 0.0
-    # ... and per view called from Python, one fx node each, grad mode off (CPU: the same
+    # ... and per view called from Python, one fx node each, grad mode off (the same
     # probe's `python_view_s`; a layer's Python-level views, `Layer.python_view_nodes_fwd`)
     python_view_nograd_op_s: float = 0.0
-    # the grad-off runs and the C++-called figures were timed (CPU): the per-op figures
+    # the grad-off runs and the C++-called figures were timed: the per-op figures
     # record nothing and the nodes are priced apart. A flag, not a figure's sign: any of
     # them is a slope or a difference that may read 0 on a loaded host.
     parts_measured: bool = False
@@ -114,7 +114,7 @@ class HostOpCost:
                     host_op_excess=tuple(HostOpExcess(op, s) for op, s in self.excess_s))
 
 
-def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
+def host_op_seconds_by_pass(device: str = "cpu", gpu: bool | None = None) -> HostOpCost:
     """Seconds per ATen op of a tiny chain's forward (grad enabled, as training runs it)
     and, apart, of its backward (`loss.backward()`: autograd's engine dispatches every
     backward op from C++). Ops are counted per pass with `ir.op_count.count_ops`, the
@@ -126,11 +126,11 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     also timed three more ways: its leaf modules called one after another (as a layer's
     generated forward calls them), the same ops as `torch.nn.functional` calls on the same
     tensors, and a chain of views. Per view op = the last over its ops; per other op as a
-    function = (the second - its views x that) / its other ops (on CPU less its ops' fixed
+    function = (the second - its views x that) / its other ops (less its ops' fixed
     excess, `host_excess`, over them: a layer pays its own ops'), per fx call node that
     dispatches nothing `host_excess.python_node_seconds`; per module call = (first -
     second) / leaf calls. Ops are told apart as `ir.kernel_recorder` tells a layer's.
-    On CPU the function chain runs again with grad mode off: its per-op figure then
+    The function chain runs again with grad mode off: its per-op figure then
     records nothing, its views (F.linear's t) taken out at a C++ caller's price
     (`host_excess.internal_dispatch_seconds`, the kit's per-view figure too: the Python
     chain's 1.2 us a view, 3x that, over-priced view-heavy forwards, dlrm's bottom MLP
@@ -144,7 +144,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
     One thread; the runs alternate within each round (a slow spell hits all of them), the
     module and function chains in turns (the first after a backward pays the caches').
 
-    Backward, in parts (CPU; 0 elsewhere): the engine runs one node per forward op that
+    Backward, in parts: the engine runs one node per forward op that
     recorded one plus one per parameter tensor (its gradient's accumulation), and each
     node's formula dispatches ops from C++ with grad mode off. Per view and per other op:
     `host_excess.internal_dispatch_seconds` (a C++ loop's: the plain probe's Python
@@ -170,17 +170,18 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
 
     from cost_models.autograd_engine import NodeSpan
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
-    from cost_models.host_excess import (internal_dispatch_seconds, plain_dispatch_seconds,
+    from cost_models.host_excess import (CORE_EXCESS_OPS, HOST_EXCESS_OPS,
+                                         internal_dispatch_seconds, plain_dispatch_seconds,
                                          python_node_seconds, records_excess_seconds)
     from cost_models.item_probes import bag_python_excess
     from ir.kernel_recorder import KernelRecorder
     from ir.kernel_records import KernelKind
     from ir.op_count import OpCounter, autograd_nodes, count_ops
 
+    gpu = device != "cpu" if gpu is None else gpu  # a test takes the GPU branch on CPU
     span_s = node_span_s(device)
-    # views and ops as C++ callers dispatch them (CPU: a layer's forward views mostly, a
-    # backward formula's all)
-    internal = internal_dispatch_seconds(device) if device == "cpu" else None
+    # views and ops as C++ callers dispatch them (forward views mostly, a formula's all)
+    internal = internal_dispatch_seconds(device)
     with _one_thread():
         chain = nn.Sequential(*[_overhead_block() for _ in range(HOST_OP_CHAIN_BLOCKS)]).to(device)
         # the layer after, with parameters of its own as in a step (docstring)
@@ -254,7 +255,7 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
         def view_rounds_s(views_s: float) -> float:  # per view of the Python views chain
             return views_s / HOST_OP_RUNS_PER_ROUND / max(view_ops, 1)
 
-        for _ in range(HOST_OP_ROUNDS):
+        for _ in range(HOST_OP_ROUNDS_GPU if gpu else HOST_OP_ROUNDS):
             forward_s = modules_s = functions_s = views_s = 0.0
             backward_runs = []
             nograd_functions_s = 0.0
@@ -288,9 +289,8 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
                     sync()
                     nograd_functions_s += clock() - start
             runs = HOST_OP_RUNS_PER_ROUND
-            # the chain's views are F.linear's t: a C++ caller's (CPU; elsewhere Python's)
-            chain_view_s = internal.view_s if internal is not None else view_rounds_s(views_s)
-            nograd_rest_s = nograd_functions_s / runs - function_views * chain_view_s
+            # the chain's views are F.linear's t: a C++ caller's
+            nograd_rest_s = nograd_functions_s / runs - function_views * internal.view_s
             nograd_rounds.append(max(0.0, nograd_rest_s) / max(function_ops - function_views, 1))
             node_rounds.append(max(0.0, functions_s - nograd_functions_s) / runs
                                / max(forward_nodes, 1))
@@ -306,33 +306,34 @@ def host_op_seconds_by_pass(device: str = "cpu") -> HostOpCost:
 
     backward_s = statistics.median(backward_rounds) * backward_ops  # the chain's, engine out
     function_op_s = statistics.median(function_rounds)
-    parts = {}
-    if device == "cpu":
-        plain = plain_dispatch_seconds(device)
-        # the chain's exact GELU, layer norm and addmm excess out of its per-op figure
-        # (`host_dispatch.forward_host_seconds` charges each layer's own)
-        chain_excess_s = records_excess_seconds(
-            function_records, lambda op: plain.excess_s.get(op, 0.0)) / max(
-            function_ops - function_views, 1)
-        function_op_s = max(0.0, function_op_s - chain_excess_s)
-        views = sum(r.count for r in backward_records if r.kind is KernelKind.VIEW)
-        # host_dispatch.backward_host_seconds' formula solved for the per-node figure
-        rest_s = (backward_s - views * internal.view_s - (backward_ops - views) * internal.op_s
-                  - records_excess_seconds(backward_records, lambda op: plain.excess_s.get(op, 0.0)))
-        parts = dict(backward_view_op_s=internal.view_s, backward_nonview_op_s=internal.op_s,
-                     backward_node_s=max(0.0, rest_s) / nodes,
-                     excess_s=tuple(sorted({**plain.excess_s, **bag_python_excess(device)}.items())),
-                     python_node_s=python_node_seconds(device),
-                     function_nograd_op_s=max(0.0, statistics.median(nograd_rounds)
-                                              - chain_excess_s),
-                     view_nograd_op_s=internal.view_s,
-                     python_view_nograd_op_s=internal.python_view_s,
-                     forward_node_s=statistics.median(node_rounds), parts_measured=True)
+    # GPUs: the core ops' excess (the swept ones', 0.5-2 us on this CPU, small by a launch)
+    plain = plain_dispatch_seconds(device, CORE_EXCESS_OPS if gpu else HOST_EXCESS_OPS)
+    # the chain's exact GELU, layer norm and addmm excess out of its per-op figure
+    # (`host_dispatch.forward_host_seconds` charges each layer's own)
+    chain_excess_s = records_excess_seconds(
+        function_records, lambda op: plain.excess_s.get(op, 0.0)) / max(
+        function_ops - function_views, 1)
+    function_op_s = max(0.0, function_op_s - chain_excess_s)
+    nograd_op_s = max(0.0, statistics.median(nograd_rounds) - chain_excess_s)
+    # a formula's op from C++: on a GPU the grad-off chain's (`_foreach_add` is one fused
+    # kernel there, no per-op loop; the Python binding, ~0.3 us, is small by its launch)
+    op_s = nograd_op_s if gpu else internal.op_s
+    views = sum(r.count for r in backward_records if r.kind is KernelKind.VIEW)
+    # host_dispatch.backward_host_seconds' formula solved for the per-node figure
+    rest_s = (backward_s - views * internal.view_s - (backward_ops - views) * op_s
+              - records_excess_seconds(backward_records, lambda op: plain.excess_s.get(op, 0.0)))
+    parts = dict(backward_view_op_s=internal.view_s, backward_nonview_op_s=op_s,
+                 backward_node_s=max(0.0, rest_s) / nodes,
+                 excess_s=tuple(sorted({**plain.excess_s, **bag_python_excess(device)}.items())),
+                 python_node_s=python_node_seconds(device), function_nograd_op_s=nograd_op_s,
+                 view_nograd_op_s=internal.view_s,
+                 python_view_nograd_op_s=internal.python_view_s,
+                 forward_node_s=statistics.median(node_rounds))
     return HostOpCost(statistics.median(forward_rounds), statistics.median(backward_rounds),
                       (min(forward_rounds), max(forward_rounds)),
                       (min(backward_rounds), max(backward_rounds)), forward_ops, backward_ops,
                       function_op_s, statistics.median(module_rounds),
-                      statistics.median(view_rounds), **parts)
+                      statistics.median(view_rounds), **parts, parts_measured=True)
 
 
 def _as_function(module):
@@ -400,7 +401,6 @@ def node_span_s(device: str = "cpu") -> float:
     from cost_models.autograd_engine import measure_engine_start
 
     return measure_engine_start(device, nodes_only=True).seconds
-
 
 
 # Data-parallel units timed: a stack of DP_UNITS units of DP_UNIT_BLOCKS tiny blocks each.

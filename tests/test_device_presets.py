@@ -13,6 +13,7 @@ import torch
 
 from cost_models import clusters, device_spec
 from cost_models.clusters import get_cluster, preset_for_device
+from cost_models.host_probes import HostOpCost
 
 
 def test_presets_map_by_the_exact_device_name():
@@ -28,6 +29,12 @@ def test_presets_map_by_the_exact_device_name():
 
 
 READINGS_S = [30e-6, 20e-6, 25e-6]  # one fake pass of the host probe
+# one fake reading of the per-kind probe (`host_probes.host_op_seconds_by_pass`)
+HOST_KINDS = HostOpCost(30e-6, 20e-6, (29e-6, 31e-6), (19e-6, 21e-6), 49, 192,
+                        function_op_s=28e-6, module_call_s=9e-6, view_op_s=3e-6,
+                        backward_view_op_s=1.5e-6, backward_nonview_op_s=27e-6,
+                        backward_node_s=6e-6, function_nograd_op_s=26e-6,
+                        view_nograd_op_s=1.5e-6, forward_node_s=4e-6, parts_measured=True)
 
 
 def _gpu_spec(monkeypatch, capsys, name: str):
@@ -40,6 +47,7 @@ def _gpu_spec(monkeypatch, capsys, name: str):
     monkeypatch.setattr(clusters, "host_op_rounds_s", lambda device: list(READINGS_S))
     sac = SimpleNamespace(calibration_fields=lambda: {})
     monkeypatch.setattr(device_spec, "checkpoint_host_seconds", lambda device: sac)
+    monkeypatch.setattr(device_spec, "host_op_seconds_by_pass", lambda device: HOST_KINDS)
     cal = get_cluster("h100-80g").kernel_calibration
     spec = device_spec.spec_from_calibration("cuda", cal, "profiled")
     return spec, capsys.readouterr().err
@@ -65,7 +73,20 @@ def test_a_named_gpu_takes_its_preset_and_the_host_figure_is_a_median_with_range
     assert spec.op_overhead_s == statistics.median(passes) == 25e-6
     cal = spec.kernel_calibration
     assert (cal.op_overhead_min_s, cal.op_overhead_max_s) == (20e-6, 30e-6)
-    assert "host 25.00 us an op (median of 9 rounds, 20.00-30.00)" in spec.notes
+    assert "host 25.00 us an op (median of 9 rounds, 20.00-30.00" in spec.notes
+
+
+def test_a_gpu_spec_carries_the_host_per_kind(monkeypatch, capsys):
+    """profile-device --device cuda records the per-kind host figures as the CPU kit does
+    (`HostOpCost.calibration_fields`), the single per-op figure kept beside them."""
+    spec, _ = _gpu_spec(monkeypatch, capsys, "NVIDIA H100 80GB HBM3")
+    cal = spec.kernel_calibration
+    assert (cal.view_host_op_s, cal.forward_host_op_s, cal.module_call_host_s,
+            cal.forward_node_host_s) == (1.5e-6, 26e-6, 9e-6, 4e-6)
+    assert (cal.backward_view_host_op_s, cal.backward_nonview_host_op_s,
+            cal.backward_node_host_s) == (1.5e-6, 27e-6, 6e-6)
+    assert spec.op_overhead_s == 25e-6
+    assert "per view 1.50 us, per op 26.00" in spec.notes
 
 
 def test_validate_rereads_the_host_figure_on_a_gpu(monkeypatch):
