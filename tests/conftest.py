@@ -17,9 +17,13 @@ def cpu_host_op_probe():
 
 @pytest.fixture
 def few_host_op_rounds(monkeypatch):
-    """`host_op_seconds_by_pass` at 3 rounds of 5 runs, for tests that check what it does
-    with its parts (stand-in figures, the order of its timed calls), not a measured value."""
-    from cost_models import host_probes
+    """`host_op_seconds_by_pass` at 3 rounds of 5 runs, and its `F.embedding_bag` excess
+    probe at 3 rounds of 20 calls (9 of 200: most of the probe's time), for tests that
+    check what it does with its parts (stand-in figures, the order of its timed calls),
+    not a measured value."""
+    from cost_models import host_probes, item_probes
 
     monkeypatch.setattr(host_probes, "HOST_OP_ROUNDS", 3)
     monkeypatch.setattr(host_probes, "HOST_OP_RUNS_PER_ROUND", 5)
+    monkeypatch.setattr(item_probes, "EMBEDDING_BAG_PYTHON_ROUNDS", 3)
+    monkeypatch.setattr(item_probes, "EMBEDDING_BAG_PYTHON_CALLS", 20)
