@@ -24,7 +24,7 @@ def _accumulations(root) -> dict:
     return found
 
 
-def test_probe_backward_runs_after_a_neighbour_of_its_own(monkeypatch):
+def test_probe_backward_runs_after_a_neighbour_of_its_own(monkeypatch, few_host_op_rounds):
     """Each timed call (the neighbour's root, the chain's, the span's marker) reaches no
     parameter from both graphs, and none holds a gradient yet. With the chain itself as
     the neighbour (the kit before), the two graphs shared each parameter's AccumulateGrad

@@ -369,13 +369,13 @@ def test_backward_op_overhead_round_trips_and_old_specs_fall_back():
         ClusterSpec.from_dict({**data, "backward_op_overhead_s": "fast"})
 
 
-def test_per_pass_host_probe_counts_ops_as_the_ir_does():
+def test_per_pass_host_probe_counts_ops_as_the_ir_does(cpu_host_op_probe):
     """The probe divides each pass's time by that pass's ops, counted by the same counter
     that gives Layer.ops_fwd / ops_bwd: the chain's forward ops are its blocks' ops."""
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _overhead_block
-    from cost_models.host_probes import HOST_OP_CHAIN_BLOCKS, host_op_seconds_by_pass
+    from cost_models.host_probes import HOST_OP_CHAIN_BLOCKS
 
-    probe = host_op_seconds_by_pass("cpu")
+    probe = cpu_host_op_probe  # one real run (conftest)
     block = _overhead_block()
     x = torch.randn(2, OP_OVERHEAD_WIDTH)
     one_block_forward_ops = count_ops(lambda: block(x))

@@ -276,16 +276,14 @@ def test_calibration_takes_grad_off_op_figures_where_nodes_are_priced_apart():
     assert (flat_views["forward_host_op_s"], flat_views["view_host_op_s"]) == (1.2e-6, 0.0)
 
 
-def test_the_probe_times_recording_apart_from_dispatch():
+def test_the_probe_times_recording_apart_from_dispatch(cpu_host_op_probe):
     """The probe times the chain with grad mode off (nothing recorded) apart from with it
     on, and each grad_fn it records costs the host a sub-10 us figure. Structure and
     units only: the per-op figures are net of the chain's excess, probed apart (the
     grad-off one a few tenths of a us here), and the per-node one is the difference of
     the two runs, so any of them can come out 0 on a loaded host (`calibration_fields`
     then still prices in parts: the test above); the grad-off view, timed directly, not."""
-    from cost_models.host_probes import host_op_seconds_by_pass
-
-    probe = host_op_seconds_by_pass("cpu")
+    probe = cpu_host_op_probe  # one real run (conftest)
     assert 0 <= probe.function_nograd_op_s < 1e-5 and 0 <= probe.function_op_s < 1e-5
     assert 0 <= probe.forward_node_s < 1e-5
     assert 0 < probe.view_nograd_op_s < 1e-5

@@ -74,7 +74,8 @@ def test_real_internal_probe_units():
     assert all(0 <= s < 1e-3 for s in (probe.op_s, probe.view_s, probe.python_view_s))
 
 
-def test_per_pass_probe_solves_both_passes_with_the_internal_figures(monkeypatch):
+def test_per_pass_probe_solves_both_passes_with_the_internal_figures(monkeypatch,
+                                                                    few_host_op_rounds):
     """`host_op_seconds_by_pass` puts the internal probe's figures in the backward parts
     (stand-in figures 0.7 / 0.3 us come out as the kit's per-op and per-view figures) and
     its view figure in the forward's (a layer's forward views are mostly a C++ caller's);

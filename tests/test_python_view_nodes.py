@@ -97,7 +97,7 @@ def test_forward_host_adds_each_view_node_s_python_call():
     assert spec.kernel_calibration.python_view_host_op_s == 1.25 * US
 
 
-def test_per_pass_probe_names_both_view_figures(monkeypatch):
+def test_per_pass_probe_names_both_view_figures(monkeypatch, few_host_op_rounds):
     """`host_op_seconds_by_pass` hands the internal probe's C++ view figure to the kit's
     `view_host_op_s` and its Python one to `python_view_host_op_s` (stand-ins 0.3 and
     0.9 us)."""

@@ -269,19 +269,29 @@ def planner(*args, cwd=None):
                           text=True, timeout=600, cwd=cwd)
 
 
-def test_plan_cli_writes_a_plan_that_estimate_and_show_accept(tmp_path):
+def planner_main(capsys, *args) -> tuple[int, str, str]:
+    """`planner.cli.main` in this process, not a fresh interpreter (torch imported again:
+    ~2.5 s of CPU each); `python -m planner.cli` itself runs in test_plan_cli's `plan`."""
+    from planner.cli import main
+
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_plan_cli_writes_a_plan_that_estimate_and_show_accept(tmp_path, capsys):
     out = tmp_path / "plan.json"
     r = planner("plan", "gpt-tiny", "--cluster", "a100-80g", "--global-batch", "16",
                 "--tp", "2", "--pp", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr
     doc = load_plan(out)
     assert doc.plan.pp == 2 and {s.tp for s in doc.plan.layer_strategies} == {2}
-    est = planner("estimate", "--plan", str(out), "--json")
-    assert est.returncode == 0, est.stderr
-    assert math.isclose(json.loads(est.stdout)["iteration_seconds"],
+    code, stdout, stderr = planner_main(capsys, "estimate", "--plan", str(out), "--json")
+    assert code == 0, stderr
+    assert math.isclose(json.loads(stdout)["iteration_seconds"],
                         doc.predicted["iteration_seconds"], rel_tol=1e-9)
-    show = planner("show", str(out), "--chart", str(tmp_path / "plan.png"))
-    assert show.returncode == 0 and (tmp_path / "plan.png").stat().st_size > 1000
+    code, _, stderr = planner_main(capsys, "show", str(out), "--chart", str(tmp_path / "plan.png"))
+    assert code == 0 and (tmp_path / "plan.png").stat().st_size > 1000, stderr
 
 
 BAD_PLAN_INPUTS = [
@@ -382,11 +392,12 @@ def test_uniform_sequence_parallel_runs_sp_wherever_it_applies(model):
         assert sequence_parallel_applies(layer, s) == layer.sequence_parallel_ok
 
 
-def test_uniform_sequence_parallel_plans_from_the_cli(tmp_path):
+def test_uniform_sequence_parallel_plans_from_the_cli(tmp_path, capsys):
     out = tmp_path / "plan.json"
-    r = planner("plan", "llama-tiny", "--cluster", "a100-80g", "--global-batch", "8",
-                "--uniform", "--sequence-parallel", "--out", str(out))
-    assert r.returncode == 0, r.stderr
+    code, _, stderr = planner_main(capsys, "plan", "llama-tiny", "--cluster", "a100-80g",
+                                   "--global-batch", "8", "--uniform", "--sequence-parallel",
+                                   "--out", str(out))
+    assert code == 0, stderr
     plan = load_plan(out).plan
     assert {s.tp for s in plan.layer_strategies} != {1}
     assert any(s.sequence_parallel for s in plan.layer_strategies)
