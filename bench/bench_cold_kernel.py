@@ -14,7 +14,9 @@ Read here (2026-11-25, one thread, load 5-7 on 2 shared cores): part 1: in the b
 85 us (p25 80), after a 0-element gelu 83, after a 64-element one 65.5, alone 48 (the
 remaining 17 us: the fresh output, `cost_models.fresh_output`). Part 2, the extra after
 the switch, 8 KiB / 512 KiB / 2 MiB: gelu +45 / +57 / +50 us, layer norm +30 / +38,
-add +13 / +16 / +16, sum +21 / +26 / +26: flat in size. Hypotheses it rules out: the
+add +13 / +16 / +16, sum +21 / +26 / +26: flat in size. A rerun at load 3 (20 rounds):
+part 1 81 / 74.7 / 54.7 us, alone 45.9; part 2 smaller (gelu +8 / +26 / +24, add +3 / +9
+/ +6): what the sleep lets run on the core varies, the block's own traffic does not. Hypotheses it rules out: the
 operands cold (read back just before: no change), a fresh output (`out=` into one warm
 buffer: the same), CPU frequency after AVX-512 GEMMs (a 64x64 mm or an 8 KiB exp before
 the gelu did not help; an 8 KiB gelu did), the ATen path (the same op and variant).
