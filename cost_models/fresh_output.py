@@ -70,10 +70,10 @@ FRESH_PROBE_ROUNDS = 3  # hot and fresh alternate; the fastest of each (least di
 FRESH_ORDER_SEED = 0
 
 
-def last_level_cache_bytes(cache_dir: str = CPU_CACHE_SYSFS) -> int:
+def last_level_cache_bytes(cache_dir: str = CPU_CACHE_SYSFS, level: int | None = None) -> int:
     """Bytes of the CPU's last-level data cache: the size of the highest-level data or
-    unified cache sysfs lists under `cache_dir`, FALLBACK_LAST_LEVEL_CACHE_BYTES where it
-    lists none it can read."""
+    unified cache sysfs lists under `cache_dir` (of that `level` where given),
+    FALLBACK_LAST_LEVEL_CACHE_BYTES where it lists none it can read."""
     import glob
     import os
 
@@ -88,7 +88,8 @@ def last_level_cache_bytes(cache_dir: str = CPU_CACHE_SYSFS) -> int:
             levels.append((int(fields["level"]), nbytes, fields["type"]))
         except (OSError, ValueError, IndexError):
             continue
-    data = [(level, nbytes) for level, nbytes, kind in levels if kind != "Instruction"]
+    data = [(at, nbytes) for at, nbytes, kind in levels
+            if kind != "Instruction" and level in (None, at)]
     return max(data)[1] if data else FALLBACK_LAST_LEVEL_CACHE_BYTES
 
 

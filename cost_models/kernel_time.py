@@ -62,6 +62,7 @@ from ir.strategy import Checkpoint
 
 from cost_models.common import GB, StepConfig, dtype_bytes
 from cost_models.device_grids import ROW_ELEMENTS
+from cost_models.cold_kernel import cold_kernel_seconds
 from cost_models.fresh_output import fresh_output_seconds
 from cost_models.math_kernels import math_kind
 from cost_models.gemm_efficiency import gemm_shape_efficiency
@@ -433,8 +434,9 @@ def _embedding_bag_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepCo
 
 def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config: StepConfig,
                  share: float, backward: bool) -> KernelSeconds:
-    """Sum over kernels of count x max(roofline, launch floor), by kernel class.
-    Pure draws are left to `compute.random_draw_seconds` where the spec measured them."""
+    """Sum over kernels of count x max(roofline, launch floor), by kernel class, + each
+    distinct memory op's cold-code seconds once (`cost_models.cold_kernel`). Pure draws
+    are left to `compute.random_draw_seconds` where the spec measured them."""
     floor = launch_floor_s(cluster)
     sums = {KernelKind.GEMM: 0.0, KernelKind.CONV: 0.0, KernelKind.ATTENTION: 0.0,
             KernelKind.MEMORY: 0.0}
@@ -452,6 +454,9 @@ def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config
         call_s += fresh_output_seconds(r, cluster.kernel_calibration, config, share, backward)
         sums[r.kind] += r.count * call_s
         launch += r.count * max(0.0, floor - call_s)
+    drawn = DRAW_ONLY_OPS if cluster.random_element_s > 0 else ()  # priced apart, as above
+    sums[KernelKind.MEMORY] += cold_kernel_seconds(  # each distinct op's code, out of L2
+        [r for r in records if r.op.split("::")[-1] not in drawn], cluster, config, share)
     return KernelSeconds(sums[KernelKind.GEMM], sums[KernelKind.ATTENTION],
                          sums[KernelKind.MEMORY], launch, kernels, ops, sums[KernelKind.CONV])
 

@@ -9,8 +9,8 @@
   conv         2-D convolutions forward and backward on a few shapes (`conv_probes`)
   SDPA         each torch.nn.attention.SDPBackend that runs on a few attention shapes,
                forward and backward, plus the dispatcher's own choice ("default")
-  fresh output (CPU) an add writing into blocks not in cache over one hot block: what a
-               kernel pays per output byte in a layer's sequence (`fresh_output`)
+  fresh output (CPU) an add into blocks not in cache over one hot block (`fresh_output`)
+  cold kernel  (CPU) each memory kind's call after an L2 eviction over warm (`cold_kernel`)
   math         (CPU) tanh-GELU, GELU's backward (both variants), tanh and its backward at
                the memory sizes, each its own kind (`math_kernels`): bytes / seconds
   launch       host seconds to dispatch one tiny eager op; on CUDA also the device's
@@ -58,6 +58,7 @@ from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)
     CPU_SDPA_DTYPE, QUICK_CUDA_GEMM_SHAPES, CPU_CONV_SHAPES, CUDA_CONV_SHAPES, CPU_CONV_DTYPE,
     CUDA_CONV_DTYPE, BATCH_NORM_CHANNELS, CPU_SMALL_ONLY_KINDS, CPU_SMALL_ONLY_MAX_BYTES)
 from cost_models.conv_probes import probe_conv
+from cost_models.cold_kernel import probe_cold_kernel
 from cost_models.fresh_output import fresh_pool_bytes, probe_fresh_output
 from cost_models.math_kernels import probe_math_kernels
 from cost_models.memory_probes import (host_charged_seconds, net_of_call_cost, probe_memory,
@@ -353,14 +354,13 @@ def measure(device: str, quick: bool = False, progress=None,
             gemm = fastest_points(gemm, probe_gemm(device, gemm_shapes[::-1], dtypes, progress))
         layouts = probe_gemm_layouts(device, list(dict.fromkeys([*LAYOUT_SHAPES, *map(
             tuple, extra_gemm_shapes)])), "float32", seconds_per_call) if cpu else {}
-        memory_dtype = "float32" if cpu else "bfloat16"
-        sizes = memory_sizes(device, quick)
+        memory_dtype, sizes = "float32" if cpu else "bfloat16", memory_sizes(device, quick)
         memory = probe_memory(device, sizes, memory_dtype, progress)
         if cpu:
             memory = fastest_points(memory, probe_memory(device, sizes[::-1], memory_dtype))
             memory = net_of_call_cost(memory, *host_charged_seconds(device))  # host's share
         row_s = probe_row_seconds(device, memory_dtype) if cpu else {}
-        pool_bytes = fresh_pool_bytes() if cpu else 0  # seqkern: CPU only
+        pool_bytes, cold = (fresh_pool_bytes(), probe_cold_kernel(device)) if cpu else (0, [])
         memory = [*memory, *probe_fresh_output(device, seconds_per_call, pool_bytes)]
         memory = [*memory, *probe_math_kernels(device, sizes, memory_dtype)]  # seqkern2: CPU only
         sdpa_shapes = CPU_SDPA_SHAPES if cpu else CUDA_SDPA_SHAPES[:1] if quick else CUDA_SDPA_SHAPES
@@ -397,7 +397,7 @@ def measure(device: str, quick: bool = False, progress=None,
                              layer_norm_row_s=row_s.get("layer_norm", 0.0),
                              embedding_call_s=lookup.call_s,
                              embedding_index_s=lookup.index_s,
-                             fresh_output_pool_bytes=pool_bytes)
+                             fresh_output_pool_bytes=pool_bytes, cold_kernels=tuple(cold))
 
 
 def profile_device(device: str, quick: bool = False, name: str | None = None,

@@ -33,7 +33,7 @@ from ir.errors import PlannerError
 # The rows are defined in ir.kernel_points; importing them from here keeps working.
 from ir.kernel_points import (APART_MEMORY_KERNELS, GEMM_TIE_LOG2_DISTANCE,  # noqa: F401
                               MEMORY_KERNELS, SDPA_BACKENDS, ColdBackwardPoint,
-                              ColdEntryPoint, ConvPoint, GemmPoint, HostOpExcess,
+                              ColdEntryPoint, ColdKernelPoint, ConvPoint, GemmPoint, HostOpExcess,
                               MemoryKernelPoint, SdpaPoint, _is_number, _text)
 
 # The calibration's single figures (numbers >= 0; 0 where not measured).
@@ -234,6 +234,8 @@ class KernelCalibration:
     # .fresh_pool_bytes`: twice the CPU's last-level cache, read from sysfs), for the
     # record; 0 where not measured (GPUs; CPU kits before it).
     fresh_output_pool_bytes: float = 0.0
+    # Per memory kind, a call's extra seconds with its code cold (`cost_models.cold_kernel`)
+    cold_kernels: tuple[ColdKernelPoint, ...] = ()
 
     # ---- a forward started after other layers' work (`cost_models.cold_entry_probes
     # .cold_entry_cost`): host seconds per layer over the same forward run right after
@@ -308,6 +310,11 @@ class KernelCalibration:
         if self.selective_call_forward_s > 0 or self.selective_call_recompute_s > 0:
             return self.selective_call_forward_s, self.selective_call_recompute_s
         return self.selective_call_s / 2, self.selective_call_s / 2
+
+    def cold_kernel(self, kind: str, dtype: str) -> ColdKernelPoint | None:
+        """The cold-code point of a memory kind (None unmeasured)."""
+        return next((p for p in self.cold_kernels if p.kernel == kind and p.dtype == dtype),
+                    None)
 
     def host_excess_s(self, op: str) -> float:
         """The measured per-call host excess of `op` ("aten::gelu"); 0 for an op not listed."""
@@ -406,6 +413,7 @@ class KernelCalibration:
                 "memory_kernels": rows(self.memory_kernels),
                 "sdpa": rows(self.sdpa), "conv": rows(self.conv),
                 "host_op_excess": rows(self.host_op_excess),
+                "cold_kernels": rows(self.cold_kernels),
                 "cold_entry_points": rows(self.cold_entry_points),
                 "cold_backward_points": rows(self.cold_backward_points)}
 
@@ -445,6 +453,7 @@ GEMM_LAYOUT_TABLES = {"linear": "gemm_linear", "linear_nobias": "gemm_linear_nob
 _TABLES = (("gemm", GemmPoint), *((field, GemmPoint) for field in GEMM_LAYOUT_TABLES.values()),
            ("memory_kernels", MemoryKernelPoint), ("sdpa", SdpaPoint),
            ("conv", ConvPoint), ("host_op_excess", HostOpExcess),
+           ("cold_kernels", ColdKernelPoint),
            ("cold_entry_points", ColdEntryPoint), ("cold_backward_points", ColdBackwardPoint))
 
 

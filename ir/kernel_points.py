@@ -231,3 +231,21 @@ class ColdBackwardPoint:
         where = f"cold backward point at {self.after_ops!r} ops"
         _ops_count(where, self.after_ops)
         _non_negative(where, self, "op_s", "inner_op_s")
+
+
+@dataclass(frozen=True, slots=True)
+class ColdKernelPoint:
+    """Seconds a memory kernel kind's call pays, with its code out of the core's L2, over
+    the same call warm (`cost_models.cold_kernel.probe_cold_kernel`), and the L2 bytes the
+    probe's eviction was twice of."""
+
+    kernel: str
+    dtype: str
+    seconds: float
+    l2_bytes: float
+
+    def __post_init__(self) -> None:
+        where = f"cold kernel point {self.kernel!r}"
+        _text(where, "kernel", self.kernel)
+        _text(where, "dtype", self.dtype)
+        _non_negative(where, self, "seconds", "l2_bytes")
