@@ -17,6 +17,8 @@ from cost_models.memory_walk import optimizer_step_temp_bytes
 from executors.optimizer import param_groups, step_implementation
 from ir.errors import PlannerError
 from ir.plan import optimizer_implementation, requested_implementation
+from ir.strategy import Precision
+from planner.search_space import SearchOptions
 
 
 def test_adam_steps_fused_on_accelerators_and_torch_defaults_elsewhere():
@@ -225,3 +227,22 @@ def test_auto_parallel_prices_a_class_as_torch_steps_it_or_refuses_it():
 
     with pytest.raises(PlannerError, match="cannot price the optimizer .*Lion: it prices"):
         _optimizer_choice(Lion, None, gpu)
+
+
+def test_auto_parallel_takes_the_callers_options_for_a_class_it_cannot_price():
+    """Options given name the states to price: a class without a planner twin still plans."""
+    from planner.api import _search_options
+
+    class Lion(torch.optim.Optimizer):
+        pass
+
+    gpu = "NVIDIA H100 80GB HBM3"
+    opts = _search_options(SearchOptions(optimizer="adamw"), Lion, None, gpu, Precision.BF16_MIXED)
+    assert (opts.optimizer, opts.optimizer_impl) == ("adamw", "foreach")  # torch's default
+    opts = _search_options(SearchOptions(optimizer="adamw"), torch.optim.AdamW, None, gpu,
+                           Precision.BF16_MIXED)
+    assert opts.optimizer_impl == "fused"
+    given = SearchOptions(optimizer="sgd", optimizer_impl="single")
+    assert _search_options(given, Lion, None, gpu, Precision.BF16_MIXED) is given
+    with pytest.raises(PlannerError, match="cannot price the optimizer"):
+        _search_options(None, Lion, None, gpu, Precision.BF16_MIXED)
