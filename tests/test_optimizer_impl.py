@@ -246,3 +246,12 @@ def test_auto_parallel_takes_the_callers_options_for_a_class_it_cannot_price():
     assert _search_options(given, Lion, None, gpu, Precision.BF16_MIXED) is given
     with pytest.raises(PlannerError, match="cannot price the optimizer"):
         _search_options(None, Lion, None, gpu, Precision.BF16_MIXED)
+
+
+def test_a_subclass_taking_kwargs_steps_fused():
+    class Tuned(torch.optim.AdamW):
+        def __init__(self, params, **kwargs):
+            super().__init__(params, **kwargs)
+
+    assert step_implementation(Tuned, {}, "fused", "cuda")[0] == "fused"
+    assert step_implementation(Tuned, {}, None, "cuda")[0] == "fused"
