@@ -166,6 +166,8 @@ def test_a_plan_is_priced_as_the_implementation_it_records():
     foreach_s, foreach_mem, _ = _gpu_plan_costs("foreach")
     assert (default_s, default_mem) == (fused_s, fused_mem)  # the rule: fused on GPUs
     assert foreach_s == pytest.approx(3 * fused_s, rel=0.01)  # 21 words against 7
+    single_s, _, _ = _gpu_plan_costs("single")  # the same per-op kernels, a tensor at a time
+    assert single_s == pytest.approx(foreach_s, rel=0.01)
     moment_bytes = 4 * sum(l.params + l.tied_params for l in graph.layers)
     extra = foreach_mem.peak_bytes - fused_mem.peak_bytes
     assert foreach_mem.phase == "optimizer" and 0 < extra <= moment_bytes
