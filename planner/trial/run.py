@@ -80,13 +80,15 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
     say("single-process reference")
     where = "cuda" if use_cuda else "cpu"
     reference = reference_run(model, doc.seq_len, doc.plan.optimizer, batches, len(check),
-                              doc.plan.embeddings, device=where)
+                              doc.plan.embeddings, device=where,
+                              optimizer_impl=doc.plan.optimizer_impl)
     want, grads = reference.losses, None
     if grad_rtol is not None:
         if mixed is not None:
             say("single-process reference under the plan's precision policy (first step)")
             reference = reference_run(model, doc.seq_len, doc.plan.optimizer, batches, 1,
-                                      doc.plan.embeddings, mixed, device=where)
+                                      doc.plan.embeddings, mixed, device=where,
+                                      optimizer_impl=doc.plan.optimizer_impl)
         got = {name: norm for r in reversed(results) for name, norm in r.grad_norms.items()}
         grads = check_grad_norms(got, reference.grad_norms,
                                  [layer.name for layer in graph.layers], grad_rtol)
