@@ -179,7 +179,8 @@ def run_case(case: Case, cluster: str, device: str) -> dict:
                                      f"uninterrupted run's {losses[-1]!r}")
         if case.compare:
             ref = reference_run(case.model, doc.seq_len, doc.plan.optimizer, batches, STEPS,
-                                doc.plan.embeddings, device=device).losses
+                                doc.plan.embeddings, device=device,
+                                optimizer_impl=doc.plan.optimizer_impl).losses
             row["reference"] = ref
             rtol = loss_rtol(doc.plan.precision)
             if not losses_match(losses, ref, rtol):
@@ -206,7 +207,7 @@ def _api_case(case: Case, cluster: str, device: str) -> dict:
     batches = global_batches(case.model, GLOBAL_BATCH, None, STEPS)
     losses = [ap.train_step(batches[k]) for k in range(STEPS)]
     ref = reference_run(case.model, None, ap.plan.optimizer, batches, STEPS,
-                        device=device).losses
+                        device=device, optimizer_impl=ap.plan.optimizer_impl).losses
     if not losses_match(losses, ref):
         raise AssertionError(f"losses {losses} vs reference {ref}")
     return {"plan": str(ap.plan), "losses": losses, "reference": ref}

@@ -305,8 +305,11 @@ def _optimizer_step(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         on_dtensors = False
         copy_ops = ZERO1_COPY_OPS_PER_PIECE * tensors + ZERO1_COPY_OPS_PER_TENSOR * whole
         copy_bytes = 2 * local_params * strategy.dp * config.precision.compute_bytes
-    per_element = FOREACH_ADAM_STEP_BYTES_PER_ELEMENT.get(config.optimizer) if (
-        config.step_implementation == "foreach") else None  # the plan's implementation
+    # the plan's implementation; single-tensor Adam on a GPU launches the same per-op
+    # kernels as foreach, a tensor at a time (torch 2.13 _single_tensor_adam: 21 words)
+    per_op = config.step_implementation == "foreach" or (
+        config.step_implementation == "single" and not cluster.host_bound)
+    per_element = FOREACH_ADAM_STEP_BYTES_PER_ELEMENT.get(config.optimizer) if per_op else None
     per_element = per_element or (ADAM_STEP_BYTES_PER_ELEMENT if config.optimizer.startswith(
         "adam") else SGD_STEP_BYTES_PER_ELEMENT)
     stream_s = (local_params * per_element + copy_bytes) / (cluster.hbm_gbps * GB)

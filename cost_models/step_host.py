@@ -101,8 +101,9 @@ from cost_models.pipeline_ops import PassOp, rank_ops
 def one_host_window(plan: ParallelPlan, cluster: ClusterSpec) -> bool:
     """Whether a rank's passes and optimizer step run between two host syncs, as one
     queue of kernels (module docstring, 5): GPUs, no pipeline, no fp16 loss scaling, no
-    offloaded optimizer."""
-    return (not cluster.host_bound and plan.pp == 1
+    offloaded optimizer, no embedding tables (their exchange reads counts to the host in
+    forward, `executors.table_exchange`)."""
+    return (not cluster.host_bound and plan.pp == 1 and plan.embeddings is None
             and plan.precision is not Precision.FP16_MIXED
             and not any(s.offload for s in plan.layer_strategies))
 

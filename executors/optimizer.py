@@ -106,9 +106,14 @@ def _plan_name(optimizer_cls) -> str:
 
 
 def _takes(optimizer_cls, implementation: str) -> bool:
-    """Whether the class has `implementation` ("single" every one has)."""
+    """Whether the class has `implementation` ("single" every one has); an `__init__`
+    taking **kwargs is taken to pass it on to its parent."""
     arg = {"fused": "fused", "foreach": "foreach"}.get(implementation)
-    return arg is None or arg in inspect.signature(optimizer_cls).parameters
+    if arg is None:
+        return True
+    parameters = inspect.signature(optimizer_cls).parameters
+    return arg in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD
+                                    for p in parameters.values())
 
 
 def step_implementation(optimizer_cls: type[torch.optim.Optimizer], optimizer_kwargs: dict,

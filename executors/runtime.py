@@ -78,7 +78,10 @@ def loss_weight(target: torch.Tensor) -> torch.Tensor:
     differently, e.g. `lambda t: t.shape[0]` for a mean over rows of per-row means; it
     must add up over rows (the global batch's count is the sum of its micro-batches')."""
     if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
-        return torch.tensor(target.numel(), device=target.device)
+        # a fill kernel: torch.tensor(n, device=cuda) copies n from pageable host memory,
+        # which syncs the stream (Copy.cu memcpy_and_sync; pytorch/pytorch#120996: full
+        # does not) once per micro-batch
+        return torch.full((), target.numel(), dtype=torch.int64, device=target.device)
     return (target != IGNORE_INDEX).sum()
 
 

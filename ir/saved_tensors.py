@@ -148,6 +148,8 @@ class RMSNormCalls(TorchFunctionMode):
             return func(*args, **kwargs)
         x, shape = args[0], args[1] if len(args) > 1 else kwargs["normalized_shape"]
         weight = args[2] if len(args) > 2 else kwargs.get("weight")
+        if not cuda_fuses_rms_norm(x, weight):  # CUDA saves what this run saves
+            return func(*args, **kwargs)
         fused = fused_rms_norm_saved_bytes(self.log, x, shape, weight)
         self.log.in_rms_norm_now = True
         try:
@@ -158,16 +160,20 @@ class RMSNormCalls(TorchFunctionMode):
             self.log.rms_norm_sharded_excess -= fused * self.log.tp_sharded_now
 
 
+def cuda_fuses_rms_norm(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
+    """Whether CUDA runs `_fused_rms_norm` for this call (`RMS_NORM_CALLS`): not for
+    complex inputs or a weight of another dtype, where it decomposes as CPU does."""
+    return not x.is_complex() and (weight is None or weight.dtype == x.dtype)
+
+
 def fused_rms_norm_saved_bytes(log: SavedTensorLog, x: torch.Tensor, shape,
                                weight: torch.Tensor | None) -> int:
     """Bytes CUDA's `_fused_rms_norm` saves for backward that `log` has not seen: its
     input (unless a parameter or already saved) and rstd, one value per normalized row
-    in the computation dtype (`RMS_NORM_CALLS`); 0 where CUDA decomposes too, or
-    nothing needs a gradient."""
+    in the computation dtype (`RMS_NORM_CALLS`); 0 where nothing needs a gradient."""
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or (weight is not None and weight.requires_grad))
-    if (not needs_grad or x.is_complex()
-            or (weight is not None and weight.dtype != x.dtype)):
+    if not needs_grad:
         return 0
     key = storage_key(x)
     saved_input = 0 if key in log.exclude or key in log.seen else storage_bytes(x)

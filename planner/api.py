@@ -197,10 +197,8 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
         text = None
         if dist.get_rank() == 0:
             try:
-                choice = _optimizer_choice(optimizer, optimizer_kwargs, spec.device)
-                opts = options or SearchOptions(precision=precision, **choice)
-                if opts.optimizer_impl is None:  # priced as the executor will step it
-                    opts = dataclasses.replace(opts, optimizer_impl=choice["optimizer_impl"])
+                opts = _search_options(options, optimizer, optimizer_kwargs, spec.device,
+                                       precision)
                 tables = recommendation_tables(model, inputs, graph)
                 if tables:  # tables model parallel, the rest data parallel
                     hybrid = plan_hybrid(graph, tables, spec, global_batch, opts, model, inputs,
@@ -242,13 +240,23 @@ _STATE_TWINS = ((torch.optim.NAdam, "adamw"), (torch.optim.RAdam, "adamw"),
                 (torch.optim.Adamax, "adamw"), (torch.optim.Adagrad, "sgd-momentum"))
 
 
+def _search_options(options: SearchOptions | None, optimizer, kwargs: dict | None,
+                    device: str, precision: Precision) -> SearchOptions:
+    """The caller's options, stepping the optimizer as the executor will (where they leave
+    `optimizer_impl` unset); else options for `optimizer`'s class (`_optimizer_choice`)."""
+    if options is None:
+        return SearchOptions(precision=precision, **_optimizer_choice(optimizer, kwargs, device))
+    if options.optimizer_impl is None:
+        return dataclasses.replace(options,
+                                   optimizer_impl=_optimizer_impl(optimizer, kwargs, device))
+    return options
+
+
 def _optimizer_choice(optimizer, kwargs: dict | None, device: str) -> dict:
     """SearchOptions' `optimizer` (whose states the memory model counts) and
     `optimizer_impl` (how the executor will step it: the caller's fused/foreach, else the
     default rule where the class has that step, else torch's default) for a torch
     optimizer class; one the planner cannot price is refused, naming it."""
-    from executors.optimizer import step_implementation
-
     cls = optimizer if isinstance(optimizer, type) else type(None)
     if issubclass(cls, (torch.optim.Adam, torch.optim.AdamW)):
         name = "adamw" if issubclass(cls, torch.optim.AdamW) else "adam"
@@ -262,9 +270,17 @@ def _optimizer_choice(optimizer, kwargs: dict | None, device: str) -> dict:
             "it prices torch.optim.Adam, AdamW, SGD (and their subclasses), NAdam, RAdam, "
             "Adamax and Adagrad; pass one of them, or plan= a plan made for one with the same "
             "states")
+    return {"optimizer": name, "optimizer_impl": _optimizer_impl(optimizer, kwargs, device)}
+
+
+def _optimizer_impl(optimizer, kwargs: dict | None, device: str) -> str:
+    """How the executor will step `optimizer` on `device` (a cluster spec's device name):
+    the caller's fused/foreach, else the default rule where the class has that step."""
+    from executors.optimizer import step_implementation
+
     implementation, _ = step_implementation(optimizer, kwargs or {}, None,
                                             "cpu" if device.lower() == "cpu" else "cuda")
-    return {"optimizer": name, "optimizer_impl": implementation}
+    return implementation
 
 
 def _given_plan(plan, graph: LayerGraph, spec: ClusterSpec) -> PlanDocument:

@@ -21,6 +21,8 @@ from cost_models.dp_copies import dp_copy_step_seconds
 from cost_models.estimate import estimate, gpu_runs_s
 from cost_models.step_host import one_host_window
 from ir.cluster import ClusterSpec
+from ir.embedding_tables import (EmbeddingPlan, EmbeddingTable, PlacedTable, TablePlacement,
+                                 TableSharding)
 from ir.plan import uniform_plan
 from ir.strategy import Precision
 from tests.cpu_specs import one_cpu_process
@@ -85,6 +87,10 @@ def test_each_pass_is_its_own_run_where_the_host_syncs_inside_the_step():
     assert not one_host_window(fp16, gpu)
     assert not one_host_window(uniform_plan(len(graph.layers), pp=2, micro_batch=1,
                                             global_batch=2), gpu)
+    table = EmbeddingTable("tables.0", 10, 8, "float32", "sum", 3)
+    placed = PlacedTable(table, TablePlacement("tables.0", TableSharding.REPLICATED, (0,)))
+    tables = dataclasses.replace(plain, embeddings=EmbeddingPlan((placed,)))
+    assert not one_host_window(tables, gpu)  # the exchange's .tolist() in forward
     # apart: each pass and the step at its own max; one run: the shared max, split in
     # proportion (forward host-heavy, backward device-heavy)
     parts = (1.0, 3.0, 4.0, 1.0, 0.5, 0.25)

@@ -17,6 +17,8 @@ from cost_models.memory_walk import optimizer_step_temp_bytes
 from executors.optimizer import param_groups, step_implementation
 from ir.errors import PlannerError
 from ir.plan import optimizer_implementation, requested_implementation
+from ir.strategy import Precision
+from planner.search_space import SearchOptions
 
 
 def test_adam_steps_fused_on_accelerators_and_torch_defaults_elsewhere():
@@ -164,6 +166,8 @@ def test_a_plan_is_priced_as_the_implementation_it_records():
     foreach_s, foreach_mem, _ = _gpu_plan_costs("foreach")
     assert (default_s, default_mem) == (fused_s, fused_mem)  # the rule: fused on GPUs
     assert foreach_s == pytest.approx(3 * fused_s, rel=0.01)  # 21 words against 7
+    single_s, _, _ = _gpu_plan_costs("single")  # the same per-op kernels, a tensor at a time
+    assert single_s == pytest.approx(foreach_s, rel=0.01)
     moment_bytes = 4 * sum(l.params + l.tied_params for l in graph.layers)
     extra = foreach_mem.peak_bytes - fused_mem.peak_bytes
     assert foreach_mem.phase == "optimizer" and 0 < extra <= moment_bytes
@@ -225,3 +229,31 @@ def test_auto_parallel_prices_a_class_as_torch_steps_it_or_refuses_it():
 
     with pytest.raises(PlannerError, match="cannot price the optimizer .*Lion: it prices"):
         _optimizer_choice(Lion, None, gpu)
+
+
+def test_auto_parallel_takes_the_callers_options_for_a_class_it_cannot_price():
+    """Options given name the states to price: a class without a planner twin still plans."""
+    from planner.api import _search_options
+
+    class Lion(torch.optim.Optimizer):
+        pass
+
+    gpu = "NVIDIA H100 80GB HBM3"
+    opts = _search_options(SearchOptions(optimizer="adamw"), Lion, None, gpu, Precision.BF16_MIXED)
+    assert (opts.optimizer, opts.optimizer_impl) == ("adamw", "foreach")  # torch's default
+    opts = _search_options(SearchOptions(optimizer="adamw"), torch.optim.AdamW, None, gpu,
+                           Precision.BF16_MIXED)
+    assert opts.optimizer_impl == "fused"
+    given = SearchOptions(optimizer="sgd", optimizer_impl="single")
+    assert _search_options(given, Lion, None, gpu, Precision.BF16_MIXED) is given
+    with pytest.raises(PlannerError, match="cannot price the optimizer"):
+        _search_options(None, Lion, None, gpu, Precision.BF16_MIXED)
+
+
+def test_a_subclass_taking_kwargs_steps_fused():
+    class Tuned(torch.optim.AdamW):
+        def __init__(self, params, **kwargs):
+            super().__init__(params, **kwargs)
+
+    assert step_implementation(Tuned, {}, "fused", "cuda")[0] == "fused"
+    assert step_implementation(Tuned, {}, None, "cuda")[0] == "fused"

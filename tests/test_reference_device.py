@@ -29,3 +29,19 @@ def test_the_reference_moves_the_batches_to_its_device():
     inputs = {"input_ids": torch.ones(2, 3, dtype=torch.long)}
     moved = reference._moved((inputs, torch.zeros(2)), "meta")
     assert moved[0]["input_ids"].device.type == "meta" and moved[1].device.type == "meta"
+
+
+def test_the_reference_steps_the_optimizer_as_the_plan_records(monkeypatch):
+    from executors import optimizer
+
+    chosen = []
+    real = optimizer.step_implementation
+
+    def recorded(cls, kwargs, implementation, device_type):
+        chosen.append(implementation)
+        return real(cls, kwargs, implementation, device_type)
+
+    monkeypatch.setattr(optimizer, "step_implementation", recorded)
+    batches = reference.global_batches("gpt-tiny", 2, None, 1)
+    reference.reference_run("gpt-tiny", None, "adamw", batches, 1, optimizer_impl="foreach")
+    assert chosen == ["foreach"]

@@ -95,16 +95,22 @@ def _configs(doc: PlanDocument, graph, spec: ClusterSpec):
 
 
 def host_op_reading(spec: ClusterSpec) -> tuple[float, float] | None:
-    """(the spec's per-op host seconds, this machine's reading of the same probe now,
-    `clusters.host_op_rounds_s`: the median round): on CPU specs the CPU, on GPU specs
-    the GPU the run uses. None where the spec has no such figure or the run is on
-    another kind of device. Shared machines move it 20-50% within minutes, lent GPU
-    machines' hosts 1.7x between loans: a time error of that size is the machine."""
+    """(the spec's per-op host seconds, this machine's reading of the same probe now): on
+    CPU specs the CPU, on GPU specs the GPU the run uses. None where the spec has no such
+    figure or the run is on another kind of device. Shared machines move it 20-50% within
+    minutes, lent GPU machines' hosts 1.7x between loans: a time error of that size is the
+    machine. Taken after the ranks: on a GPU it opens a CUDA context on the run's device."""
     if spec.op_overhead_s <= 0:
         return None
     cuda = torch.cuda.is_available()
     if spec.host_bound == cuda:  # a CPU spec run on GPUs, or a GPU spec with none here
         return None
+    if spec.host_bound and spec.backward_op_overhead_s is not None:
+        # a profiled CPU spec's figure is the per-pass probe's forward (`device_spec`,
+        # `profile_cluster`); the block probe reads ~0.7x of it on the same host
+        from cost_models.host_probes import host_op_seconds_by_pass
+
+        return spec.op_overhead_s, host_op_seconds_by_pass("cpu").forward_s
     now_s = statistics.median(host_op_rounds_s("cpu" if spec.host_bound else "cuda"))
     return spec.op_overhead_s, now_s
 

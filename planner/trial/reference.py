@@ -85,7 +85,7 @@ class ReferenceRun:
 
 def reference_run(spec: str, seq_len: int | None, optimizer: str, batches: list,
                   steps: int, tables=None, mixed: MixedPrecision | None = None,
-                  device: str = "cpu") -> ReferenceRun:
+                  device: str = "cpu", optimizer_impl: str | None = None) -> ReferenceRun:
     """Single-process training (dropout 0) on the same global batches: each step's loss,
     and the first step's gradient norm of each parameter (before the optimizer step).
     `tables` (a plan's EmbeddingPlan): those tables step with its row-sparse optimizer,
@@ -93,18 +93,21 @@ def reference_run(spec: str, seq_len: int | None, optimizer: str, batches: list,
     the plan's precision policy (`mixed_reference`), else in fp32. `device`: where it
     runs ("cuda" when the plan ran on GPUs: a >1B model's steps take minutes on a CPU);
     the weights are drawn on the CPU either way, as the ranks draw theirs. It runs the
-    whole global batch at once: where that does not fit the GPU, on the CPU."""
+    whole global batch at once: where that does not fit the GPU, on the CPU.
+    `optimizer_impl`: the plan's, stepped as the executor steps it (`step_implementation`)."""
     if device != "cpu":
         try:
             return _reference_on(spec, seq_len, optimizer, batches, steps, tables, mixed,
-                                 device)
+                                 optimizer_impl, device)
         except torch.cuda.OutOfMemoryError:  # a plan that fits by checkpoints, shards
             torch.cuda.empty_cache()
-    return _reference_on(spec, seq_len, optimizer, batches, steps, tables, mixed, "cpu")
+    return _reference_on(spec, seq_len, optimizer, batches, steps, tables, mixed,
+                         optimizer_impl, "cpu")
 
 
 def _reference_on(spec: str, seq_len: int | None, optimizer: str, batches: list, steps: int,
-                  tables, mixed: MixedPrecision | None, device: str) -> ReferenceRun:
+                  tables, mixed: MixedPrecision | None, optimizer_impl: str | None,
+                  device: str) -> ReferenceRun:
     from executors.optimizer import param_groups, step_implementation
     from ir.plan import optimizer_for
     from ir.trace import model_output_tensor
@@ -120,7 +123,7 @@ def _reference_on(spec: str, seq_len: int | None, optimizer: str, batches: list,
         sparse = _SparseTables(loaded.module, tables) if tables is not None else None
         skip = frozenset(sparse.ids) if sparse else frozenset()
         stepped = [p for p in loaded.module.parameters() if id(p) not in skip]
-        implementation, kwargs = step_implementation(cls, kwargs, None, device)
+        implementation, kwargs = step_implementation(cls, kwargs, optimizer_impl, device)
         opt = cls(param_groups(stepped, frozenset(), cls, implementation), **kwargs)
         out = []
         for k in range(steps):

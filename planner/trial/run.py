@@ -59,7 +59,6 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
     graph = plan_graph(doc, path, model_spec)
     check_plan_matches(graph, doc.plan)  # TP degrees that do not divide: before any rank starts
     prediction = predict(doc, graph, spec)
-    host_op = host_op_reading(spec or ClusterSpec.from_dict(doc.cluster, "plan cluster"))
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= nproc
     backend = "nccl" if use_cuda else "gloo"
     total_steps = 1 + MEMORY_STEPS + TIME_WARMUP_STEPS + steps
@@ -76,17 +75,21 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
                           memory_detail=memory_detail, grad_check=grad_rtol is not None)
     say(f"running {total_steps} steps on {nproc} {backend} ranks")
     results = spawn_ranks(payload, nproc)
+    # after the ranks: no CUDA context of this process holds their GPU's memory meanwhile
+    host_op = host_op_reading(spec or ClusterSpec.from_dict(doc.cluster, "plan cluster"))
     check = results[0].check_losses
     say("single-process reference")
     where = "cuda" if use_cuda else "cpu"
     reference = reference_run(model, doc.seq_len, doc.plan.optimizer, batches, len(check),
-                              doc.plan.embeddings, device=where)
+                              doc.plan.embeddings, device=where,
+                              optimizer_impl=doc.plan.optimizer_impl)
     want, grads = reference.losses, None
     if grad_rtol is not None:
         if mixed is not None:
             say("single-process reference under the plan's precision policy (first step)")
             reference = reference_run(model, doc.seq_len, doc.plan.optimizer, batches, 1,
-                                      doc.plan.embeddings, mixed, device=where)
+                                      doc.plan.embeddings, mixed, device=where,
+                                      optimizer_impl=doc.plan.optimizer_impl)
         got = {name: norm for r in reversed(results) for name, norm in r.grad_norms.items()}
         grads = check_grad_norms(got, reference.grad_norms,
                                  [layer.name for layer in graph.layers], grad_rtol)
