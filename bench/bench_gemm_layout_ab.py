@@ -20,75 +20,16 @@ not wrecked by the load (|A error| < 50%) the median |error| went 6.0 -> 6.1%,
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
 import sys
-import time
-
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_kernel_model import (MICRO_BATCHES, MODELS, REPEATS, TARGET_ERROR,  # noqa: E402
-                                      WARMUP, gemm_shapes, measure_model, traced_graph)
-from cost_models.layer_profile import profile_graph  # noqa: E402
-from cost_models.profile_device import profile_device  # noqa: E402
+from bench.kernel_ab import run  # noqa: E402
 from ir.kernel_calibration import GEMM_LAYOUT_TABLES  # noqa: E402
 
-FAR_ERROR = 0.25  # a row may not go from within 15% to beyond this
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(
-        __file__)), "results", "gemm_layout_ab.json"))
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    start = time.perf_counter()
-    graphs = {(model, mb): traced_graph(model, mb) for model in args.models.split(",")
-              for mb in MICRO_BATCHES}
-    spec_b, cal = profile_device("cpu", extra_gemm_shapes=gemm_shapes(
-        graph for graph, _ in graphs.values()))
-    spec_a = dataclasses.replace(spec_b, kernel_calibration=dataclasses.replace(
-        cal, **dict.fromkeys(GEMM_LAYOUT_TABLES.values(), ())))
-    torch.set_num_threads(1)
-    pairs = []
-    for (model, mb), (graph, measurer) in graphs.items():
-        profiled = profile_graph(graph, measurer, "cpu", warmup=WARMUP, repeats=REPEATS)
-        rows_a = measure_model(model, mb, graph, measurer, spec_a, WARMUP, REPEATS, profiled)
-        rows_b = measure_model(model, mb, graph, measurer, spec_b, WARMUP, REPEATS, profiled)
-        pairs.extend(zip(rows_a, rows_b))
-    load = os.getloadavg()[0]
-    over_a = sum(abs(a["error"]) > TARGET_ERROR for a, _ in pairs)
-    over_b = sum(abs(b["error"]) > TARGET_ERROR for _, b in pairs)
-    far = [(a, b) for a, b in pairs
-           if abs(a["error"]) <= TARGET_ERROR and abs(b["error"]) > FAR_ERROR]
-    print(f"{len(pairs)} rows; over {TARGET_ERROR:.0%}: A {over_a}, B {over_b}; within "
-          f"{TARGET_ERROR:.0%} under A and past {FAR_ERROR:.0%} under B: {len(far)}; load "
-          f"{load:.1f} ({time.perf_counter() - start:.0f} s)")
-    for a, b in pairs:
-        if abs(b["predicted_s"] / a["predicted_s"] - 1) > 0.01:
-            crossed = ("  (now within)" if abs(a["error"]) > TARGET_ERROR >= abs(b["error"])
-                       else "  (now over)" if abs(b["error"]) > TARGET_ERROR >= abs(a["error"])
-                       else "")
-            print(f"  {a['model']} {a['layer']} mb {a['micro_batch']} {a['phase']}: measured "
-                  f"{a['measured_s'] * 1e6:.0f} us, A {a['error']:+.0%}, B {b['error']:+.0%}"
-                  f"{crossed}")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"bench": "gemm_layout_ab", "load_average_1min": load,
-                   "over_a": over_a, "over_b": over_b, "far": len(far),
-                   "rows": [{**{k: a[k] for k in ("model", "layer", "micro_batch", "phase",
-                                                 "measured_s")},
-                             "predicted_a_s": a["predicted_s"], "error_a": a["error"],
-                             "predicted_b_s": b["predicted_s"], "error_b": b["error"]}
-                            for a, b in pairs]}, f, indent=1)
-    print(f"wrote {args.out}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # A: the plain mm table for every GEMM record
+    sys.exit(run("gemm_layout_ab", __doc__.splitlines()[0], lambda cal: dataclasses.replace(
+        cal, **dict.fromkeys(GEMM_LAYOUT_TABLES.values(), ())), sys.argv[1:]))
