@@ -116,6 +116,8 @@ def check_predicted(predicted: dict, source: str) -> None:
         mapping(stage, where)
         number(stage.get("stage"), f"{where}.stage")
         number(stage.get("peak_bytes"), f"{where}.peak_bytes")
+        if "host_bytes" in stage:  # offloaded states; `stage_memory_table` prints them
+            number(stage["host_bytes"], f"{where}.host_bytes")
         breakdown = mapping(stage.get("breakdown"), f"{where}.breakdown")
         for part in MEMORY_PARTS:
             number(breakdown.get(part), f"{where}.breakdown.{part}")

@@ -259,6 +259,9 @@ PLAN_FILES = [
     Bad("plan-predicted-breakdown-text", SHOW,
         P + r"predicted\.memory\.stages\[0\]\.breakdown\.params: expected a number, got 'lots'",
         plan(put("predicted.memory.stages.0.breakdown.params", "lots"))),
+    Bad("plan-predicted-host-bytes-null", SHOW,  # found by test_fuzz_inputs (2026-11-25)
+        P + r"predicted\.memory\.stages\[0\]\.host_bytes: expected a number, got None",
+        plan(put("predicted.memory.stages.0.host_bytes", None))),
     Bad("plan-predicted-memory-string", SHOW, P + r"predicted\.memory: expected a JSON object, got str",
         plan(put("predicted.memory", "a lot"))),
     Bad("plan-predicted-list", SHOW, P + r"predicted: expected a JSON object, got a list",
