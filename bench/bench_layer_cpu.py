@@ -24,7 +24,7 @@ figure), forward 2.56-2.73 against 2.90.
 
 A checkpointed layer's backward row holds its recompute (priced backward + recompute), and
 a "LAST+loss" row sets the last layer's and the loss's forward CPU together against the
-last layer's price (a loss-parallel head's DTensor loss: `compute.vocab_edge_seconds`).
+last layer's price (a loss-parallel head's DTensor loss: `tp_host.vocab_edge_seconds`).
 Read on 2026-11-25 at load 4-7 (spec with the vocab/loss/SAC figures, `tp_probes`,
 `vocab_probes`): gpt tp2+sp dp1, head+loss 1.39 ms against 1.22; with SELECTIVE the blocks
 read 1.9 ms more forward and 4.6 more backward+recompute CPU than without (gpt-tiny on 1
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{1e3 * comm_s:.2f}", f"{1e3 * meas_s:.2f}", f"{100 * error:+.0f}%"])
     rows.append(["loss", "forward", "", "", "", f"{1e3 * measured['loss']:.2f}", ""])
     # the loss is priced with the last layer (its plain ops; a loss-parallel head's DTensor
-    # loss: `compute.vocab_edge_seconds`): the two forwards together against that price
+    # loss: `tp_host.vocab_edge_seconds`): the two forwards together against that price
     last = next(r for r in reversed(records) if r["pass"] == "forward")
     both_s = last["measured_s"] + measured["loss"]
     rows.append([f"{last['layer']}+loss", "forward", "", f"{1e3 * last['priced_s']:.2f}", "",

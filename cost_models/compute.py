@@ -62,9 +62,8 @@ from cost_models.host_dispatch import backward_host_seconds, forward_host_second
 from cost_models.kernel_time import layer_kernel_seconds
 from cost_models.model_states import has_dp_unit, tp_local_params
 from cost_models.offload import host_step_seconds
-from cost_models.tp_host import (dtensor_op_counts, dtensor_op_seconds,  # noqa: F401
-                                 selective_tp_forward_seconds, selective_tp_seconds,
-                                 tp_module_seconds, vocab_edge_seconds)
+from cost_models.tp_host import (dtensor_op_seconds, selective_tp_forward_seconds,
+                                 selective_tp_seconds, tp_module_seconds, vocab_edge_seconds)
 
 # Backward reads and writes about twice what forward does (activation and weight grads).
 BACKWARD_BYTES_FACTOR = 2.0

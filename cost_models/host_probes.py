@@ -358,7 +358,7 @@ def dtensor_op_overhead_s(device, mesh) -> float:
     """Extra seconds per op on replicated DTensors over plain tensors: the same tiny
     block, once plain and once with DTensor parameters and input (no communication).
     The compute model charges it on the ops the TP executor runs on DTensors outside its
-    TP modules (SP's norms: `compute.dtensor_op_seconds`, counted by `ir.dtensor_ops`)."""
+    TP modules (SP's norms: `tp_host.dtensor_op_seconds`, counted by `ir.dtensor_ops`)."""
     import torch
     from torch.distributed.tensor import DTensor, Replicate
 

@@ -23,7 +23,7 @@ sleeps in the wait, so the clock leaves out the collectives' wire time and waits
 on this shared host move by milliseconds between runs (the wall-clock difference of the
 two stacks read 1.0-7.2 ms per module at load 14-20, the waits not cancelling), and
 keeps the host work. Being CPU time, the figure is stretched by the core share where it
-is used (`compute.tp_module_seconds`), as the per-op figures are.
+is used (`tp_host.tp_module_seconds`), as the per-op figures are.
 
     sp_group_seconds(mesh) -> the same per SP module group (a column- and a row-parallel
                               module) under sequence parallelism

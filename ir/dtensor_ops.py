@@ -19,7 +19,7 @@ node's function; the executor does that on DTensors). A sum of the module's inpu
 gradient with one from outside (the residual) runs on plain tensors under the executor,
 after `from_local`'s backward: not counted. `tests/test_sp_dtensor_ops` checks the counts
 against the DTensor ops 2 gloo ranks dispatch.
-`cost_models.compute.dtensor_op_seconds` prices the ones the strategy runs on DTensors
+`cost_models.tp_host.dtensor_op_seconds` prices the ones the strategy runs on DTensors
 at `ClusterSpec.dtensor_op_overhead_s` each.
 """
 

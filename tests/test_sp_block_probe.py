@@ -1,5 +1,5 @@
 """SAC on a whole TP+SP block (`cost_models.block_probes`): its spec field, its price
-(`compute.selective_tp_seconds`), and the probe's block split as the executor splits one.
+(`tp_host.selective_tp_seconds`), and the probe's block split as the executor splits one.
 
 Hand derivation, gpt-tiny block at tp 2 on 4 processes sharing 2 cores (host share 2),
 SAC's Linear-pair figures 0.5 ms per TP module and 2 ms per SP group, the whole-block
@@ -20,8 +20,8 @@ import math
 import pytest
 import torch
 
-from cost_models.compute import (layer_compute, selective_tp_forward_seconds,
-                                 selective_tp_seconds)
+from cost_models.compute import layer_compute
+from cost_models.tp_host import selective_tp_forward_seconds, selective_tp_seconds
 from ir.calibration_tables import (SELECTIVE_FIELDS, SP_BLOCK_SELECTIVE_FIELDS,
                                    CalibrationTables, TpModuleOverhead)
 from ir.cluster import ClusterSpec

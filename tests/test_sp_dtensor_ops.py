@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cost_models.compute import dtensor_op_counts
+from cost_models.tp_host import dtensor_op_counts
 from ir.strategy import LayerStrategy
 from planner.models import load_layer_graph
 

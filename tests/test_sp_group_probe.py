@@ -1,7 +1,7 @@
 """What DTensor adds to a sequence-parallel module group (issue 17: gpt tp2+sp read 35.7 ms
 of compute CPU per step on 2 ranks where 20.3 ms was priced): the probe
 (`tp_probes.sp_group_seconds`), its spec field ("sp_group_overhead_s") and its price
-(`compute.tp_module_seconds`).
+(`tp_host.tp_module_seconds`).
 
 Hand derivation for a gpt-tiny block (q, k, v, proj column/row-parallel in attention;
 fc1, fc2 in the MLP: `executors.tensor_parallel`) at tp 2 with a TP module figure of
@@ -20,7 +20,8 @@ import math
 import pytest
 import torch
 
-from cost_models.compute import layer_compute, tp_module_seconds
+from cost_models.compute import layer_compute
+from cost_models.tp_host import tp_module_seconds
 from ir.calibration_tables import CalibrationTables, TpModuleOverhead
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError

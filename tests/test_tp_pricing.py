@@ -1,7 +1,7 @@
 """Tensor-parallel pricing on CPU processes charges each cost once (issue 17: llama-tp2
 predicted 49% above its measured step): every TP collective the executor issues once,
 wait included (`comm.tp_comm_s`), each TP module's DTensor work once
-(`compute.tp_module_seconds`, measured apart from its collectives by
+(`tp_host.tp_module_seconds`, measured apart from its collectives by
 `cost_models.tp_probes`), and no per-op DTensor extra on ops that run on plain tensors.
 
 Hand derivation for llama-tiny (hidden 64, 8 heads, 4 KV heads, ffn 160, seq 32, 4
@@ -32,7 +32,8 @@ import torch
 
 from cost_models.comm import dp_comm_s, sp_grad_sync_s, tp_comm_s
 from cost_models.common import StepConfig
-from cost_models.compute import layer_compute, tp_module_seconds
+from cost_models.compute import layer_compute
+from cost_models.tp_host import tp_module_seconds
 from cost_models.estimate import estimate
 from cost_models.model_states import bytes_per_param
 from ir.calibration_tables import BlockingWait, CalibrationTables, TpModuleOverhead

@@ -1,7 +1,7 @@
 """The vocabulary-parallel ends of a TP model (issue 17: gpt tp2+sp read the embedding at
 0.65-0.7 ms of forward CPU where 0.38 was priced, and the loss-parallel cross-entropy at
 1.0 ms where nothing was): the probes (`vocab_probes`), their spec fields and their price
-(`compute.vocab_edge_seconds`, `compute.layer_compute`); and SAC's rerun of the TP
+(`tp_host.vocab_edge_seconds`, `compute.layer_compute`); and SAC's rerun of the TP
 modules' DTensor work.
 
 Hand derivation, gpt-tiny at tp 2 on 4 processes sharing 2 cores (host share 2), a TP
@@ -27,8 +27,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cost_models.compute import (layer_compute, selective_tp_seconds, tp_module_seconds,
-                                 vocab_edge_seconds)
+from cost_models.compute import layer_compute
+from cost_models.tp_host import selective_tp_seconds, tp_module_seconds, vocab_edge_seconds
 from ir.calibration_tables import (LOSS_EDGE_FIELDS, SELECTIVE_FIELDS, VOCAB_EDGE_FIELDS,
                                    CalibrationTables, TpModuleOverhead)
 from ir.cluster import ClusterSpec
