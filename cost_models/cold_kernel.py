@@ -87,14 +87,13 @@ def cold_kernel_seconds(records, cluster, config, share: float) -> float:
     kind's point x min(1, the pass's bytes / the L2 the point's probe evicted)."""
     from ir.kernel_records import KernelKind
 
-    from cost_models.kernel_time import memory_kind  # kernel_time imports this module
+    from cost_models.kernel_time import memory_kind, recorded_bytes  # it imports this module
 
     cal = cluster.kernel_calibration
     if cal is None or not cal.cold_kernels:
         return 0.0
-    # bytes the pass moves, as kernel_time's roofline counts them (views move none)
-    moved = sum(r.count * (r.weight_bytes * config.dtype_scale + r.activation_bytes
-                           * config.activation_scale) * share for r in records)
+    # bytes the pass moves, as kernel_time's roofline counts them
+    moved = sum(r.count * recorded_bytes(r, config) * share for r in records)
     seconds, seen = 0.0, set()
     for r in records:
         if r.kind is not KernelKind.MEMORY or r.op in seen:

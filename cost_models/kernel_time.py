@@ -242,13 +242,17 @@ def _gemm_bytes(recorded: tuple[int, ...], m: int, n: int, k: int, config: StepC
     return (m * k + k * n + m * n) * element
 
 
+def recorded_bytes(r: KernelRecord, config: StepConfig) -> float:
+    """Bytes one call of a record moves at the step's dtype and micro-batch."""
+    return r.weight_bytes * config.dtype_scale + r.activation_bytes * config.activation_scale
+
+
 def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
                         share: float, backward: bool) -> float:
     """Roofline seconds of ONE call of a record's kernel (no launch floor)."""
     dtype = config.precision.compute_dtype
     flops = r.flops * config.batch_scale * share
-    nbytes = (r.weight_bytes * config.dtype_scale
-              + r.activation_bytes * config.activation_scale) * share
+    nbytes = recorded_bytes(r, config) * share
     hbm = cluster.hbm_gbps * GB
     cal = cluster.kernel_calibration
     if r.kind is KernelKind.GEMM:
@@ -256,9 +260,8 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
         m, n, k = _token_scaled_gemm(r.shape, config.batch_scale, tokens, share,
                                      r.weight_output)
         efficiency = gemm_shape_efficiency(cluster, m, n, k, dtype)
-        # Bytes from the scaled product itself (reads m x k and k x n, writes m x n), not
-        # the recorded ones scaled by the micro-batch: a weight gradient's m x n output
-        # is weight-sized whatever the batch (x^T @ dy sums over the tokens).
+        # Bytes of the scaled product (reads m x k, k x n, writes m x n), not the recorded
+        # ones scaled: a weight gradient's output is weight-sized whatever the batch.
         nbytes = _gemm_bytes(r.shape, m, n, k, config, share)
         layout = layout_of(r, backward)  # a Linear's layout costs more than the plain table's
         factor = cal.gemm_layout_factor(m, n, k, dtype, layout, cal.host_excess_s(
@@ -449,9 +452,8 @@ def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config
         kernels += r.count
         if cluster.random_element_s > 0 and r.op.split("::")[-1] in DRAW_ONLY_OPS:
             continue
-        call_s = kernel_call_seconds(r, cluster, config, share, backward)
-        # seqkern hook: writing its output into lines not in cache, as in sequence
-        call_s += fresh_output_seconds(r, cluster.kernel_calibration, config, share, backward)
+        call_s = (kernel_call_seconds(r, cluster, config, share, backward)  # + fresh output
+                  + fresh_output_seconds(r, cluster.kernel_calibration, config, share, backward))
         sums[r.kind] += r.count * call_s
         launch += r.count * max(0.0, floor - call_s)
     drawn = DRAW_ONLY_OPS if cluster.random_element_s > 0 else ()  # priced apart, as above
