@@ -42,6 +42,10 @@ COSCHEDULE_MESSAGE_FLOATS = 16  # the all-reduce's message: latency only
 # calls beside ~70 TP ones per step (bench_dp_phases, 2026-11-25: 14 `dist` calls/step).
 COUPLING_EVERY = 5
 LOOPS = ("alone", "pairs", "coupled")
+# How far the process CPU clock may read behind the calling thread's over one loop: it
+# folds a running thread's time in lazily. Seen here (Firecracker VM, Linux 6.18,
+# 2026-11-25): up to 0.16 ms behind over a single-threaded spin; CI: 0.09 ms over a loop.
+PROCESS_CLOCK_LAG_S = 0.5e-3
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,16 +114,18 @@ def coschedule_loops(dist, tp_group, dp_group, gaps_s: tuple[float, ...] = COSCH
 
     def loop(reps: int, calls: int, kind: str) -> LoopReading:
         dist.barrier()
-        start, thread, process = time.perf_counter(), time.thread_time(), time.process_time()
+        # The process window encloses the thread's: process first in, last out.
+        start, process, thread = time.perf_counter(), time.process_time(), time.thread_time()
         for i in range(calls):
             work(reps)
             if kind == "pairs" or (kind == "coupled" and (i + 1) % COUPLING_EVERY):
                 call(tp_group)
             elif kind == "coupled":
                 call(dp_group)
-        return LoopReading((time.perf_counter() - start) / calls,
-                           (time.thread_time() - thread) / calls,
-                           (time.process_time() - process) / calls)
+        thread_s = time.thread_time() - thread
+        process_s = time.process_time() - process
+        return LoopReading((time.perf_counter() - start) / calls, thread_s / calls,
+                           process_s / calls)
 
     readings = {}
     with _one_thread():
@@ -128,10 +134,15 @@ def coschedule_loops(dist, tp_group, dp_group, gaps_s: tuple[float, ...] = COSCH
         call(dp_group)
         for gap_s in gaps_s:
             reps = max(1, round(gap_s / per_rep_s))
-            calls = max(COUPLING_EVERY, round(COSCHEDULE_LOOP_CPU_S / gap_s))
+            calls = calls_per_loop(gap_s)
             readings[gap_s] = [{kind: loop(reps, calls, kind) for kind in LOOPS}
                                for _ in range(COSCHEDULE_ROUNDS)]
     return readings
+
+
+def calls_per_loop(gap_s: float) -> int:
+    """Calls in one timed loop at `gap_s`: COSCHEDULE_LOOP_CPU_S of work, whole cross calls."""
+    return max(COUPLING_EVERY, round(COSCHEDULE_LOOP_CPU_S / gap_s))
 
 
 def _thread_cpu_per_rep(dist, work) -> float:

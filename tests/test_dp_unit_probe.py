@@ -18,7 +18,7 @@ import torch
 from tests.dist_utils import spawn
 
 SPIN_S = 2e-3  # host work the wrapped stack adds per forward+backward
-CALL_SPIN_S = 3e-3  # CPU spent inside its collective call
+CALL_SPIN_S = 6e-3  # CPU spent inside its collective call
 SLEEP_S = 20e-3  # wall time without CPU (a wait on peers)
 
 
@@ -64,12 +64,14 @@ def _probe_worker(rank: int, world_size: int, payload) -> float:
 
 
 def test_the_probe_reads_host_cpu_outside_the_collectives_not_waits():
-    """Each rank reads SPIN_S (2 ms) within 0.5 ms: not + the 20 ms asleep (the wall
-    clock's reading) and not + the 3 ms of CPU inside the all-reduce call; the probe puts
-    `dist.all_reduce` back when done."""
+    """Each rank reads SPIN_S (2 ms): not + the 20 ms asleep (the wall clock's reading) and
+    not + the 6 ms of CPU inside the all-reduce call; the probe puts `dist.all_reduce` back
+    when done. The band is one-sided: the spin is exact in thread CPU, and what a busy
+    machine adds to a thread's CPU (a VM's stolen time, cold caches) only adds (CI,
+    2026-11-25: 2.98 ms), so above SPIN_S it only has to stay clear of the call's CPU."""
     added = spawn(_probe_worker, 2, None, timeout_s=120)
     for seconds in added:
-        assert seconds == pytest.approx(SPIN_S, abs=0.5e-3)
+        assert SPIN_S - 0.5e-3 <= seconds < SPIN_S + CALL_SPIN_S / 2, seconds
 
 
 def test_layer_compute_stretches_the_unit_by_the_core_share():
