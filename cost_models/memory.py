@@ -55,7 +55,7 @@ from cost_models.common import GiB, MiB, StepConfig, layer_configs
 from cost_models.dp_copies import reduces_on_one_rank
 from cost_models.memory_walk import (ChunkMemory, LayerMemory, OverLimit,  # noqa: F401
                                      StageMemory, model_output_bytes,
-                                     optimizer_step_temp_bytes, walk_rank)
+                                     optimizer_step_temp_bytes, step_group, walk_rank)
 from cost_models.model_states import (FP32_BYTES, BytesPerParam, has_dp_unit,
                                       held_bytes_per_param, held_local_params,
                                       largest_param_tensor, layer_held_states, moment_shares,
@@ -107,7 +107,8 @@ def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
         zero1_master_grad_bytes=zero1_step[0], zero1_share_bytes=zero1_step[1],
         reshard_after_forward=stage == 3 and unit,
         moment_shares=tuple(x * held.moments for x in shares) if len(shares) > 1 else (),
-        host_bytes=host.total, **_lean_fields(lean, working, reduce_bytes, unsharded, strategy))
+        host_bytes=host.total, step_group=step_group(layer, strategy, config.precision),
+        **_lean_fields(lean, working, reduce_bytes, unsharded, strategy))
 
 
 def _lean_fields(lean: LeanLayer | None, working: float, reduce_bytes: float,

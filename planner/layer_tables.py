@@ -104,8 +104,10 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
     per_param = bytes_per_param(options.precision, options.optimizer)
     overlap = overlap_efficiency(cluster)
     # Rows by (layer, strategy, micro-batch, m, pipelined): what they read beyond the
-    # strategy. The uniform baselines' searches share them (`row_cache`), so a row the
-    # full search priced is not priced again.
+    # strategy, and the schedule's `forward_after_backward` (`held`, which only the
+    # floor reads: 1F1B and interleaved candidates of one pp and m differ in it). The
+    # uniform baselines' searches share them (`row_cache`), so a row the full search
+    # priced is not priced again.
     row_cache = cache.setdefault("rows", {})
     row_served = (id(graph), id(cluster), id(profile), global_batch, options.precision,
                   options.optimizer, options.optimizer_impl, id(model))
@@ -123,20 +125,25 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
     if "layer-keys" not in cache:  # the cache serves one graph and cluster (`served`)
         cache["layer-keys"] = [(layer.structural_hash, host_position_key(layer, cluster),
                                 layer.params) for layer in graph.layers]
+    held = forward_after_backward(cand.schedule, cand.pp, cand.num_microbatches)
     for layer, layer_key in zip(graph.layers, cache["layer-keys"]):
-        key = (*layer_key, stage_devices, samples, cand.num_microbatches, prune)
+        key = (*layer_key, stage_devices, samples, cand.num_microbatches, held, prune)
         if key not in cache:
             strategies = layer_strategies(layer, stage_devices, samples, options, graph.seq_len,
                                           cache[degrees_key])
             rows = []
             for s in strategies:
-                row_key = (*layer_key, s, samples // s.dp, cand.num_microbatches,
-                           cand.pp > 1)
-                row = row_cache.get(row_key)
+                priced_key = (*layer_key, s, samples // s.dp, cand.num_microbatches,
+                              cand.pp > 1)
+                row = row_cache.get((*priced_key, held))
                 if row is None:
-                    row = row_cache[row_key] = _price(graph, layer, s, cluster, options, cand,
-                                                      samples // s.dp, profile, per_param,
-                                                      overlap, model, row_cache)
+                    priced = row_cache.get(priced_key)
+                    if priced is None:
+                        priced = row_cache[priced_key] = _price(
+                            graph, layer, s, cluster, options, cand, samples // s.dp, profile,
+                            per_param, overlap, model, row_cache)
+                    row = row_cache[(*priced_key, held)] = _with_floor(layer, s, priced, held,
+                                                                      cand.pp > 1)
                 rows.append(row)
             rows = np.array(rows, dtype=float).reshape(-1, ROW_FIGURES)
             keep = _undominated(strategies, rows) if prune else list(range(len(strategies)))
@@ -174,14 +181,14 @@ def row_config(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: Searc
 def _price(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOptions,
            cand: OuterCandidate, micro_batch: int, profile, per_param: float,
            overlap: float, model: nn.Module | None, configs: dict | None = None
-           ) -> tuple[float, ...]:
-    """(t(i, s), state bytes, kept bytes, transient bytes, the walk's floor's state and
-    kept bytes, and without a pipeline its after / during bytes and the model output) of
-    one layer and strategy; its memory as the executor runs `model` (`common.layer_lean`:
-    the lean host path). On GPUs t prices each of the layer's passes at max(device, host),
-    an upper bound of the estimate's runs of passes (`estimate.gpu_runs_s`: max of the
-    run's sums, less by at most the smaller sum): the program stays additive and the
-    estimate prices the finalists (`search`'s FRONT_PLANS) and so decides."""
+           ) -> tuple[tuple[float, ...], StepConfig, LayerMemory]:
+    """(t(i, s), state bytes, kept bytes, transient bytes) of one layer and strategy, with
+    the config and memory `_with_floor` reads; its memory as the executor runs `model`
+    (`common.layer_lean`: the lean host path). On GPUs t prices each of the layer's
+    passes at max(device, host), an upper bound of the estimate's runs of passes
+    (`estimate.gpu_runs_s`: max of the run's sums, less by at most the smaller sum): the
+    program stays additive and the estimate prices the finalists (`search`'s
+    FRONT_PLANS) and so decides."""
     config = row_config(graph, layer, s, cluster, options, micro_batch, model, cand.pp > 1,
                         configs)
     c = layer_compute(layer, s, cluster, config, profile)
@@ -199,11 +206,17 @@ def _price(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOpt
                                   pipelined=cand.pp > 1))
     transient = (mem.activations.recompute_bytes + mem.activations.grad_flow_bytes
                  + gathered_in_flight_bytes(mem) + mem.unsharded_grad_bytes)
-    held = forward_after_backward(cand.schedule, cand.pp, cand.num_microbatches)
+    return (t, states, mem.activations.kept_bytes, transient), config, mem
+
+
+def _with_floor(layer, s, priced: tuple, held: bool, pipelined: bool) -> tuple[float, ...]:
+    """A `_price`d row with the walk's floor's state and kept bytes, and without a pipeline
+    its after / during bytes and the model output; `held`: `forward_after_backward`."""
+    figures, config, mem = priced
     floor = walk_floor_row(layer, s, config, mem, held)
-    point = ((*backward_floor_row(layer, s, config, mem, held),
-              model_output_bytes(layer, s, config)) if cand.pp == 1 else (0.0, 0.0, 0.0))
-    return (t, states, mem.activations.kept_bytes, transient, *floor, *point)
+    point = (0.0, 0.0, 0.0) if pipelined else (
+        *backward_floor_row(layer, s, config, mem, held), model_output_bytes(layer, s, config))
+    return (*figures, *floor, *point)
 
 
 def gathered_in_flight_bytes(mem: LayerMemory) -> float:

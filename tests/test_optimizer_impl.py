@@ -71,9 +71,10 @@ def test_requested_implementation_follows_torchs_defaults():
     assert requested_implementation({"fused": False}, "cpu") == "single"
 
 
-class _Layer:  # the two fields optimizer_step_temp_bytes reads
+class _Layer:  # the fields optimizer_step_temp_bytes reads
     fp32_moment_bytes = 400.0
     largest_tensor_params = 10.0
+    step_group = ""  # STEP_GROUP_ANY: one group with its neighbours
 
 
 def test_fused_step_holds_no_temporaries():
@@ -81,6 +82,92 @@ def test_fused_step_holds_no_temporaries():
     assert optimizer_step_temp_bytes(layers, "adamw", "fused") == 0.0
     assert optimizer_step_temp_bytes(layers, "adamw", "foreach") == 800.0  # one moment
     assert optimizer_step_temp_bytes(layers, "adamw", "single") == 2 * 10 * 4  # 2 x largest
+
+
+def _layer_memory(numels, group):
+    from cost_models.memory_walk import LayerMemory
+    from cost_models.model_states import ModelStates
+    return LayerMemory(states=ModelStates(0, 0, 0), activations=None, gather_unit_bytes=0,
+                       unsharded_grad_bytes=0, largest_tensor_params=max(numels),
+                       fp32_moment_bytes=4.0 * sum(numels), step_group=group)
+
+
+@pytest.mark.parametrize("implementation", ["foreach", "fused"])
+def test_step_temporaries_peak_per_param_group_as_torch_frees_them(implementation):
+    """torch's foreach Adam holds one moment-sized temporary per param group (its
+    `adam()` call), freed before the next group: live tensor bytes of real AdamW steps
+    over the executor's groups (plain | DTensor | plain, then a group of two dtypes,
+    both of whose lists' temporaries are live at once). The old walk summed all groups."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    from cost_models.memory_walk import (STEP_GROUP_DTENSOR, STEP_GROUP_PLAIN,
+                                         optimizer_step_temp_bytes)
+    from ir.memory_tracker import LiveTensorTracker
+
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = DeviceMesh("cpu", torch.arange(1))
+        layers = [([3000, 1000], STEP_GROUP_PLAIN), ([2000], STEP_GROUP_DTENSOR),
+                  ([500], STEP_GROUP_PLAIN)]  # groups of 16000, 8000 and 2000 bytes
+        params = [[nn.Parameter(torch.randn(n)) for n in numels] for numels, _ in layers]
+        params[1] = [nn.Parameter(distribute_tensor(p.data, mesh, [Replicate()]))
+                     for p in params[1]]
+        flat = [p for ps in params for p in ps]
+        groups = param_groups(flat, frozenset(), torch.optim.AdamW, implementation)
+        assert len(groups) == 3
+        mixed = [nn.Parameter(torch.randn(1500)), nn.Parameter(torch.randn(4000).bfloat16())]
+        opts = [torch.optim.AdamW(groups), torch.optim.AdamW(
+            param_groups(mixed, frozenset(), torch.optim.AdamW, implementation))]
+        measured = []
+        for opt, ps in zip(opts, (flat, mixed)):
+            for p in ps:
+                p.grad = torch.ones_like(p)
+            opt.step()  # the moments are made
+            states = [t for st in opt.state.values() for t in st.values()]
+            with LiveTensorTracker() as mem:  # what the step updates in place is counted
+                mem.track([*ps, *(p.grad for p in ps), *states])
+                held = mem.live_bytes
+                opt.step()
+            measured.append(mem.peak_bytes - held)
+    finally:
+        if owned:
+            dist.destroy_process_group()
+    priced = optimizer_step_temp_bytes(
+        [_layer_memory(numels, group) for numels, group in layers], "adamw", implementation)
+    assert measured[0] == pytest.approx(priced, abs=64)
+    assert priced == (16000 if implementation == "foreach" else 0)
+    assert measured[1] == pytest.approx(1500 * 4 + 4000 * 2 if implementation == "foreach"
+                                        else 0, abs=64)
+
+
+def test_layers_step_in_the_groups_the_executor_makes():
+    """ZeRO-1's flat shards step after every other group; a TP'd block with plain norms
+    counts in the groups on both its sides; an offloaded layer splits the runs."""
+    from cost_models.memory_walk import (STEP_GROUP_ANY, STEP_GROUP_DTENSOR, STEP_GROUP_FLAT,
+                                         STEP_GROUP_HOST, STEP_GROUP_PLAIN, step_group)
+    from ir.strategy import DPMode, LayerStrategy
+    from planner.models import load_layer_graph
+
+    embed, block = load_layer_graph("gpt-tiny", 1, None).layers[:2]
+    assert step_group(block, LayerStrategy(), Precision.FP32) == STEP_GROUP_PLAIN
+    assert step_group(block, LayerStrategy(), Precision.BF16_MIXED) == STEP_GROUP_DTENSOR
+    assert step_group(block, LayerStrategy(tp=2), Precision.FP32) == STEP_GROUP_ANY
+    assert step_group(block, LayerStrategy(dp=2, dp_mode=DPMode.ZERO1),
+                      Precision.FP32) == STEP_GROUP_FLAT
+    assert step_group(block, LayerStrategy(dp=2, dp_mode=DPMode.ZERO3, offload=True),
+                      Precision.FP32) == STEP_GROUP_HOST
+    flat, plain, dtensor = (_layer_memory([n], g) for n, g in (
+        (100, STEP_GROUP_FLAT), (10, STEP_GROUP_PLAIN), (1, STEP_GROUP_DTENSOR)))
+    either, host = _layer_memory([1000], STEP_GROUP_ANY), _layer_memory([0], STEP_GROUP_HOST)
+    temp = lambda *ls: optimizer_step_temp_bytes(ls, "adamw", "foreach") / 4  # noqa: E731
+    assert temp(flat, plain, flat) == 200  # both flat layers in one group, last
+    assert temp(plain, either, dtensor) == 1010  # either side may hold the TP'd block
+    assert temp(dtensor, either, dtensor) == 1002
+    assert temp(plain, host, plain) == 10
 
 
 def test_gpu_step_prices_the_fused_kernel_not_a_dispatch_per_tensor():

@@ -76,6 +76,35 @@ def test_identical_layers_share_one_table_priced_as_alone(gpt):
     assert shared_rows  # the rows were kept for the next search
 
 
+def test_candidates_that_differ_only_in_schedule_get_their_own_rows(gpt):
+    """1F1B and interleaved candidates of one pp and m share every input of a row but
+    the schedule, which the walk's floor reads (`walk_floor.forward_after_backward`:
+    1F1B's steady state holds earlier gradients): priced after the 1F1B one through the
+    shared caches, the interleaved tables equal those priced alone (the keys once left
+    the schedule out, and the interleaved candidate got 1F1B's floor)."""
+    from cost_models.walk_floor import forward_after_backward
+    from ir.strategy import Schedule
+
+    cluster = get_cluster("a100-80g", nodes=2)
+    options = SearchOptions(max_tp=8)
+    cands = outer_candidates(gpt, cluster.world_size, 64, options)
+    late = next(c for c in cands if c.schedule is Schedule.INTERLEAVED
+                and c.num_microbatches > c.pp)
+    early = next(c for c in cands if c.schedule is Schedule.ONE_F_ONE_B
+                 and (c.pp, c.num_microbatches) == (late.pp, late.num_microbatches))
+    assert forward_after_backward(early.schedule, early.pp, early.num_microbatches) != \
+        forward_after_backward(late.schedule, late.pp, late.num_microbatches)
+    cache: dict = {}
+    first, _ = price_layers(gpt, cluster, early, options, 64, None, cache)
+    shared, _ = price_layers(gpt, cluster, late, options, 64, None, cache)
+    alone, _ = price_layers(gpt, cluster, late, options, 64, None, {})
+    for t, u in zip(shared, alone):
+        assert t.strategies == u.strategies
+        np.testing.assert_array_equal(t.floor_state_bytes, u.floor_state_bytes)
+    assert any((t.floor_state_bytes != u.floor_state_bytes).any() for t, u in zip(first, alone)
+               if t.strategies == u.strategies)  # the check can tell the schedules apart
+
+
 def test_blocks_that_pay_cold_ops_get_their_own_table_where_a_kit_prices_them(gpt):
     """gpt3-350m's first block runs 15 forward ops the embedding did not (its last block
     13 backward ops the norm's did not): where a kit prices cold ops they price apart,
