@@ -20,12 +20,24 @@ dispatch mode and the layer's op count see as one op). cnn-small's stem at 1 (it
 forward after the step's backward): convolution 55.9 / 27.7, native_batch_norm 23.2 /
 16.3, relu 10.8 / 5.3. The whole head forward (no op clock, thread clock, load 10) at 1
 read 104 us in the cycle and 145 with 4 MiB written just before it; at 16, 179 and 193.
+
+--backward: the backward's ops, after the forward (untimed) in the cycle, or after a
+forward and backward of its own (warm). gpt-tiny's head at 1 (2026-11-25, load 7-8, 3
+blocks of 12): nll_loss_backward 67 / 14, _log_softmax_backward_data 17 / 10, the weight
+gradient's mm (a transposed operand) 23 / 13, the input gradient's mm 10.5 / 7.5, detach
+8 / 4 (load 5.5, 2 blocks: 26 / 12, 13 / 9, 18 / 13, 11 / 9, 7 / 4); at 4: 38 / 18,
+21 / 16, 31 / 23, 20 / 19. Warm, nll_loss_backward alone in a loop
+reads 2.9 us (its priced bytes: the logits-sized input it reads only for its shape and
+the gradient its inner zero_ fills; `ir.composite_ops` counts the zero_): what the heads'
+backward misses is cold code, not bytes, and the mm of another layout than the forward's
+runs cold though `cold_distinct_ops_bwd` counts it warm by name.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import statistics
 import sys
@@ -65,6 +77,8 @@ def main() -> int:
     parser.add_argument("micro_batch", type=int)
     parser.add_argument("layer")
     parser.add_argument("--blocks", type=int, default=4, help="blocks of each mode")
+    parser.add_argument("--backward", action="store_true",
+                        help="the backward's ops (its forward untimed before each)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     graph, measurer = traced_graph(args.model, args.micro_batch)
@@ -76,7 +90,36 @@ def main() -> int:
     per_op = collections.defaultdict(list)  # (mode, position, op) -> us
     totals = collections.defaultdict(list)
 
+    def backward(mode: str, clock=None) -> None:
+        """The layer's forward untimed, then its backward (under `clock`), as `mode` runs it."""
+        returned = module(*measurer.fresh_inputs(i, state, factory))
+        ahead = neighbours.before_backward() if mode == "cycle" else []
+        roots = [t for t in ahead + measurer.module_roots(i, returned) if t.requires_grad]
+        seeds = [torch.ones_like(t) for t in roots]
+        with clock if clock is not None else contextlib.nullcontext():
+            torch.autograd.backward(roots, seeds)
+
+    def rep_backward(mode: str, keep: bool) -> None:
+        _clear_grads(state)
+        if mode == "cycle":
+            neighbours.before_forward()
+        else:  # its forward and backward once, untimed, just before
+            backward(mode)
+            _clear_grads(state)
+        clock = OpClock()
+        start = time.thread_time_ns()
+        backward(mode, clock)
+        total_us = (time.thread_time_ns() - start) * 1e-3
+        if mode == "cycle":
+            neighbours.after_backward()
+        if keep:
+            totals[mode].append(total_us)
+            for k, (op, us) in enumerate(clock.calls):
+                per_op[(mode, k, op)].append(us)
+
     def rep(mode: str, keep: bool) -> None:
+        if args.backward:
+            return rep_backward(mode, keep)
         _clear_grads(state)
         if mode == "cycle":
             neighbours.before_forward()
@@ -104,7 +147,8 @@ def main() -> int:
         for mode in ("cycle", "warm"):
             for r in range(ROUNDS_PER_BLOCK):
                 rep(mode, keep=r >= WARMUP_PER_BLOCK)
-    print(f"{args.model} {args.layer} micro-batch {args.micro_batch}: forward "
+    print(f"{args.model} {args.layer} micro-batch {args.micro_batch}: "
+          f"{'backward' if args.backward else 'forward'} "
           f"{statistics.median(totals['cycle']):.1f} us in the profile's cycle, "
           f"{statistics.median(totals['warm']):.1f} warm (under the op clock)")
     for (mode, k, op), us in per_op.items():

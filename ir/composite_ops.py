@@ -1,4 +1,4 @@
-"""ATen ops a composite backward op runs inside its CPU kernel, out of a dispatch mode's sight.
+"""ATen ops a composite op runs inside its CPU kernel, out of a dispatch mode's sight.
 
 A layer's backward ops are counted by a dispatch mode (`ir.op_count.OpCounter`) on meta
 tensors: it sees `aten._embedding_bag_backward` once, while on the CPU that op's kernel
@@ -7,7 +7,9 @@ each run with its code out of the caches when the layer after ran none of them (
 dlrm's tables.3 backward -58%, embeddings' -20..-44%). `inner_ops` runs a small instance
 of each such op's backward on the CPU under the profiler, once per process, and returns
 the ATen names it sees beyond what a dispatch mode sees; `cold_inner_ops_bwd` counts those
-of a layer's composites that the layer after's backward did not run.
+of a layer's composites that the layer after's backward did not run. Forward composites
+likewise (COMPOSITE_FORWARDS: a `mean` runs sum, fill_, div_ and a `to` inside), counted
+by `cold_inner_ops_fwd` against the layers before's forwards.
 
     >>> sorted(inner_ops("aten.embedding_dense_backward.default"))[:2]
     ['aten::embedding_backward', 'aten::empty']
@@ -44,6 +46,16 @@ def _cross_entropy() -> torch.Tensor:
     return F.cross_entropy(logits, torch.randint(0, ROWS, (BAGS,)))
 
 
+def _mean():
+    # an adaptive average pool to 1 x 1 (cnn-small's head) dispatches `mean.dim`
+    x = torch.randn(BAGS, DIM, DIM, DIM)
+    return lambda: x.mean((-2, -1))
+
+
+# Forward overloads whose CPU kernels call other ops (`mean` runs sum, fill_, div_ and a
+# `to` inside: cnn-small's head paid its mean 31 us cold, gpt-tiny's cold ops 4-15,
+# bench/bench_op_context.py), each with a call that runs it on an instance drawn before
+COMPOSITE_FORWARDS = {"aten.mean.dim": _mean}
 # Backward overloads (as `OpCounter.overload_names` writes them) whose CPU kernels call
 # other ops, each with an instance whose backward runs it
 COMPOSITE_BACKWARDS = {
@@ -75,15 +87,23 @@ def _inner_ops(overload: str) -> frozenset[str]:
 
     from ir.op_count import OpCounter
 
-    build = COMPOSITE_BACKWARDS.get(overload)
+    forward = COMPOSITE_FORWARDS.get(overload)
+    build = forward or COMPOSITE_BACKWARDS.get(overload)
     if build is None:
         return frozenset()
-    with torch.random.fork_rng():  # its random instance leaves the caller's draws alone
-        out = build()
-    seed = torch.ones_like(out)
     counter = OpCounter()
-    with counter, _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
-        torch.autograd.backward(out, seed)
+    with torch.random.fork_rng():  # its random instance leaves the caller's draws alone
+        if forward is not None:
+            call = build()
+            call()  # once unprofiled: the profile sees the op's calls, not a first call's
+            with counter, _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+                call()
+        else:
+            out = build()
+    if forward is None:
+        seed = torch.ones_like(out)
+        with counter, _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            torch.autograd.backward(out, seed)
     seen = {e.name for e in prof.events() if e.name.startswith("aten::")}
     return frozenset(seen - {packet_name(o) for o in counter.overload_names})
 
@@ -108,6 +128,19 @@ def _ran(overloads: frozenset[str]) -> frozenset[str]:
     inner ops of their composites."""
     inner = frozenset().union(*(inner_ops(o) for o in overloads))
     return frozenset(packet_name(o) for o in overloads) | inner
+
+
+def cold_inner_ops_fwd(measured, before: frozenset[str] | None) -> int:
+    """Inner ops of a layer's composite forward ops (`inner_ops` of its
+    `measured.forward_overloads`) that the layers before it (`before`, their overloads)
+    did not run, nor any of their composites; for the first layer (None), those its own
+    backward did not run (`ir.op_count.cold_distinct_ops`'s order)."""
+    own = frozenset().union(*(inner_ops(o) for o in measured.forward_overloads))
+    if not own:
+        return 0
+    ran = measured.backward_overloads if before is None else before
+    mine = own - {packet_name(o) for o in measured.forward_overloads}
+    return len(mine - _ran(ran))
 
 
 def cold_inner_ops_bwd(measured, after: frozenset[str] | None) -> int:

@@ -25,7 +25,7 @@ from ir.graph_measurer import GraphMeasurer
 from ir.layer import Layer, LayerGraph, LayerMeasurement, TPStyle
 from ir.layers import _is_block_stack
 from ir.legality import sequence_parallel_problem, takes_one_positional_input
-from ir.composite_ops import cold_inner_ops_bwd
+from ir.composite_ops import cold_inner_ops_bwd, cold_inner_ops_fwd
 from ir.op_count import (cold_distinct_ops, cold_distinct_ops_bwd, recent_backward_ops,
                          recent_forward_ops, step_between, step_evicts)
 from ir.ownership import names_in_layers
@@ -114,8 +114,8 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             tied_owner_params=tuple(tied_owners[i][n][1] for n in tied),
             tied_param_numels=tuple(t.numel() for t in tied.values()),
             chain_input=_chain_input(measurer, i, module), sequence_parallel_ok=sp_ok,
-            cold_distinct_ops_fwd=cold_distinct_ops(measured[shash],
-                                                    recent_forward_ops(ran_before))))
+            cold_distinct_ops_fwd=cold_ops_fwd(measured[shash],
+                                               recent_forward_ops(ran_before))))
         ran_before.insert(0, measured[shash].forward_overloads)
     # backward: each layer after those whose backward ran just before it (the window)
     after_ops = [layer.measured.backward_overloads for layer in layers]
@@ -145,6 +145,14 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
 
 
 # ------------------------------------------------------------------------ parameters
+
+
+def cold_ops_fwd(measured, before: frozenset[str] | None) -> int:
+    """A layer's cold forward ops: its distinct ops the layers before did not run
+    (`cold_distinct_ops`) + the ops its composites run inside that they did not
+    (`ir.composite_ops.cold_inner_ops_fwd`): each runs its code cold, priced alike
+    (`cost_models.host_dispatch.cold_entry_seconds`)."""
+    return cold_distinct_ops(measured, before) + cold_inner_ops_fwd(measured, before)
 
 
 def _owned_params(measurer: GraphMeasurer, canon_params: dict[str, nn.Parameter],

@@ -1,6 +1,7 @@
-"""Inner ops of composite backward ops (ir.composite_ops): what the CPU profiler sees inside
-an embedding bag's backward, counted cold after a layer that ran none of them, not after
-one that ran the same composite, and priced beside the layer's own cold ops."""
+"""Inner ops of composite ops (ir.composite_ops): what the CPU profiler sees inside an
+embedding bag's backward or a mean's forward, counted cold after a layer that ran none of
+them, not after one that ran the same composite, and priced beside the layer's own cold
+ops."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from cost_models.host_dispatch import backward_host_seconds
-from ir.composite_ops import cold_inner_ops_bwd, inner_ops
+from ir.composite_ops import cold_inner_ops_bwd, cold_inner_ops_fwd, inner_ops
 from tests.test_host_split import PARTS, US, cpu, tiny_layer
 
 BAG = "aten._embedding_bag_backward.default"
@@ -68,3 +69,29 @@ def test_backward_host_prices_inner_ops_at_their_own_figure():
     no_inner = dataclasses.replace(cold, cold_backward_inner_op_host_s=0.0)
     assert backward_host_seconds(layer, cpu(no_inner)) == pytest.approx(41 * US)
     assert backward_host_seconds(layer, cpu(PARTS)) == pytest.approx(39 * US)
+
+
+MEAN = "aten.mean.dim"
+
+
+def test_a_means_forward_runs_its_sum_and_div_inside_counted_cold_after_other_code():
+    # ATen's CPU mean.dim is a sum, then a div_ by the count (and a `to`): one op to a
+    # dispatch mode; none of its own instance's drawing is counted inside it
+    inner = inner_ops(MEAN)
+    assert {"aten::sum", "aten::div_"} <= inner
+    assert "aten::mean" not in inner and "aten::normal_" not in inner
+    layer = _measured(["aten.addmm.default"], forward=[MEAN, "aten.addmm.default"])
+    assert cold_inner_ops_fwd(layer, frozenset({"aten.convolution.default"})) == len(inner)
+    # after a layer that ran a mean (its norm's): nothing cold; after one that summed: one fewer
+    assert cold_inner_ops_fwd(layer, frozenset({MEAN})) == 0
+    assert cold_inner_ops_fwd(layer, frozenset({"aten.sum.dim_IntList"})) == len(inner) - 1
+    assert cold_inner_ops_fwd(_measured([], forward=["aten.mm.default"]), frozenset()) == 0
+
+
+def test_the_traced_cnns_head_counts_its_pools_inner_ops_among_its_cold_forward_ops():
+    from bench.bench_kernel_model import traced_graph
+
+    head = traced_graph("cnn-small", 1)[0].layers[-1]
+    # its distinct forward ops the blocks did not run (5: mean, addmm, t, _log_softmax,
+    # nll_loss_forward, as bench_kernel_model read them) + the mean's inner ops
+    assert head.cold_distinct_ops_fwd == 5 + len(inner_ops(MEAN))
