@@ -31,11 +31,18 @@ def run(capsys, *argv):
 
 
 @pytest.fixture(scope="module")
-def cpu_spec_path(tmp_path_factory):
-    """One real CPU profile (the small grid, one thread) for the whole module."""
+def cpu_spec_path(tmp_path_factory, cpu_host_op_probe):
+    """One real CPU profile (the small grid, one thread) for the whole module; its
+    per-pass host probe is conftest's one real run (~6-20 s of the profile), which
+    device_spec writes into the spec as it would its own."""
+    from cost_models import device_spec
+
     path = tmp_path_factory.mktemp("profile") / "spec.json"
     # Its wall time is a benchmark's target (bench/bench_profile_device.py), not a test's.
-    assert main(["profile-device", "--device", "cpu", "--out", str(path)]) == 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(device_spec, "host_op_seconds_by_pass",
+                      lambda device: cpu_host_op_probe if device == "cpu" else None)
+        assert main(["profile-device", "--device", "cpu", "--out", str(path)]) == 0
     return path
 
 
