@@ -107,14 +107,14 @@ def test_plan_file_is_priced(capsys, tmp_path):
 
 
 def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path, monkeypatch,
-                                                      cpu_host_op_probe):
-    # The per-pass host probe is conftest's one real run (test_cost_host and
-    # test_forward_host read it too): ~6-20 s of this test's parent side; its fields
-    # still go through profile_cluster into the spec checked below.
+                                                      shared_cpu_probes):
+    # The per-pass host, checkpoint and pipeline-action probes are conftest's one real
+    # run each (profile-device and other files read them too): ~15-40 s of this test's
+    # parent side; their readings still go through profile_cluster into the spec below.
     import cost_models.profile_cluster as profile_cluster
 
-    monkeypatch.setattr(profile_cluster, "host_op_seconds_by_pass",
-                        lambda device: cpu_host_op_probe if device == "cpu" else None)
+    for name, probe in shared_cpu_probes.items():
+        monkeypatch.setattr(profile_cluster, name, probe)
     spec_path = tmp_path / "spec.json"
     # up to 4 MiB: below ~1 MiB the largest gloo messages are still latency-bound on a
     # busy host and the bandwidth is not in the data (profile-cluster refuses to guess)
