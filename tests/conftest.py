@@ -1,4 +1,4 @@
-"""Fixtures shared across test files: a real probe that several files read, run once."""
+"""Fixtures shared across test files: real probes that several files read, run once."""
 
 from __future__ import annotations
 
@@ -13,6 +13,43 @@ def cpu_host_op_probe():
     from cost_models.host_probes import host_op_seconds_by_pass
 
     return host_op_seconds_by_pass("cpu")
+
+
+@pytest.fixture(scope="session")
+def cpu_checkpoint_host_probe():
+    """One real `checkpoint_probes.checkpoint_host_seconds("cpu")` (~5-15 s here): both
+    profile-cluster and profile-device write its fields."""
+    from cost_models.checkpoint_probes import checkpoint_host_seconds
+
+    return checkpoint_host_seconds("cpu")
+
+
+@pytest.fixture(scope="session")
+def cpu_pipeline_action_probe():
+    """One real `pipeline_probes.pipeline_action_host_s("cpu")` (~2-6 s here): profile-
+    cluster, profile-device and test_step_host's plausibility check read it."""
+    from cost_models.pipeline_probes import pipeline_action_host_s
+
+    return pipeline_action_host_s("cpu")
+
+
+@pytest.fixture(scope="session")
+def shared_cpu_probes(cpu_host_op_probe, cpu_checkpoint_host_probe, cpu_pipeline_action_probe):
+    """{probe function's name: a stand-in handing back the session's one real CPU run},
+    for a test to set on the module that imported the probe (profile_cluster,
+    device_spec): the command still writes the readings into its spec, and the probes
+    themselves run once, not once per command."""
+    readings = {"host_op_seconds_by_pass": cpu_host_op_probe,
+                "checkpoint_host_seconds": cpu_checkpoint_host_probe,
+                "pipeline_action_host_s": cpu_pipeline_action_probe}
+
+    def served(name, reading):
+        def probe(device, *args, **kwargs):
+            assert device == "cpu" and not args and not kwargs, (name, device, args, kwargs)
+            return reading
+        return probe
+
+    return {name: served(name, reading) for name, reading in readings.items()}
 
 
 @pytest.fixture

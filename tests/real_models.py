@@ -28,6 +28,7 @@ group that died or stalled, marks that case and restarts a group for the rest.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import multiprocessing
@@ -249,16 +250,15 @@ def layer_plan_json(arch: str, world: int, tps: tuple[int, ...]) -> str:
                                      **model_identity(graph)))
 
 
-def plan_case(case: Case, model, inputs, target, loss_fn, world: int) -> str:
+def plan_case(case: Case, graph, world: int) -> str:
     """The plan JSON every rank runs for `case`: the case's own (a replay), else rank 0
-    searches, as `auto_parallel` does with `cluster="local"`, and broadcasts it. Planned
-    here rather than inside `auto_parallel` so that a plan the executor rejects is still
-    on record. PlannerError (on every rank) when the search finds none."""
+    searches `graph`, as `auto_parallel` does with `cluster="local"`, and broadcasts it.
+    Planned here rather than inside `auto_parallel` so that a plan the executor rejects is
+    still on record. PlannerError (on every rank) when the search finds none."""
     import torch.distributed as dist
 
     from cost_models.clusters import get_cluster
     from ir.errors import PlannerError
-    from ir.measure import build_layer_graph
     from ir.plan import plan_to_json
     from ir.strategy import Precision
     from planner.plan_report import plan_document
@@ -270,8 +270,6 @@ def plan_case(case: Case, model, inputs, target, loss_fn, world: int) -> str:
     text = [""]
     if dist.get_rank() == 0:
         try:
-            graph = build_layer_graph(model, inputs, target, loss_fn, name=type(model).__name__,
-                                      dtype=torch.float32)
             spec = get_cluster("local", nodes=1, gpus_per_node=world)
             options = SearchOptions(precision=Precision.FP32, **MODES[case.mode])
             result = search(graph, spec, GLOBAL_BATCH, options)
@@ -287,6 +285,25 @@ def plan_case(case: Case, model, inputs, target, loss_fn, world: int) -> str:
     return text[0]
 
 
+@contextlib.contextmanager
+def _graph_served(model, graph):
+    """`auto_parallel`'s `build_layer_graph(model, ...)` returns `graph`, built by that
+    function from the same model, inputs, loss and dtype (`run_case`): one trace per
+    rank and case, not two on rank 0. Any other model is traced as usual."""
+    import planner.api as api
+
+    real = api.build_layer_graph
+
+    def served(module, *args, **kwargs):
+        return graph if module is model else real(module, *args, **kwargs)
+
+    api.build_layer_graph = served
+    try:
+        yield
+    finally:
+        api.build_layer_graph = real
+
+
 def run_case(case: Case, ref: dict, rank: int, log) -> dict:
     """On one rank: plan, shard, train and (rank 0) compare. Never raises. The plan is
     in the result from the moment it exists, so a rejected or crashed case has it."""
@@ -294,6 +311,7 @@ def run_case(case: Case, ref: dict, rank: int, log) -> dict:
 
     from executors import full_state_dict
     from ir.errors import PlannerError
+    from ir.measure import build_layer_graph
     from ir.plan import plan_from_dict
     from ir.strategy import Precision
     from planner.api import auto_parallel
@@ -305,13 +323,20 @@ def run_case(case: Case, ref: dict, rank: int, log) -> dict:
         stage = "plan"
         log("stage", stage=stage)
         try:
-            text = plan_case(case, model, inputs, target, loss_fn, dist.get_world_size())
+            # Every rank traces at once (rank 0 used to trace alone to search, the others
+            # waiting, then all again inside auto_parallel): auto_parallel's own call,
+            # the same arguments, is served this graph (`_graph_served`).
+            graph = build_layer_graph(model, inputs, target, loss_fn,
+                                      name=type(model).__name__, dtype=torch.float32)
+            text = plan_case(case, graph, dist.get_world_size())
             doc = plan_from_dict(json.loads(text), f"<plan of {case.key}>")
             recorded = {"plan": compact_plan(doc.plan), "plan_json": text}
-            pm = auto_parallel(model, (inputs, target), loss_fn=loss_fn,
-                               optimizer=torch.optim.AdamW, optimizer_kwargs=dict(OPTIMIZER_KWARGS),
-                               cluster="local", global_batch=GLOBAL_BATCH,
-                               precision=Precision.FP32, plan=doc)
+            with _graph_served(model, graph):
+                pm = auto_parallel(model, (inputs, target), loss_fn=loss_fn,
+                                   optimizer=torch.optim.AdamW,
+                                   optimizer_kwargs=dict(OPTIMIZER_KWARGS), cluster="local",
+                                   global_batch=GLOBAL_BATCH, precision=Precision.FP32,
+                                   plan=doc)
         except PlannerError as exc:
             return {"state": "rejected", "stage": stage, "error": _full(exc), **recorded}
         losses = []

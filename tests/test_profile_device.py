@@ -31,11 +31,19 @@ def run(capsys, *argv):
 
 
 @pytest.fixture(scope="module")
-def cpu_spec_path(tmp_path_factory):
-    """One real CPU profile (the small grid, one thread) for the whole module."""
+def cpu_spec_path(tmp_path_factory, shared_cpu_probes):
+    """One real CPU profile (the small grid, one thread) for the whole module; its
+    per-pass host, checkpoint and pipeline-action probes are conftest's one real run
+    each (~15-40 s of the profile; profile-cluster's test reads them too), which
+    device_spec writes into the spec as it would its own."""
+    from cost_models import device_spec
+
     path = tmp_path_factory.mktemp("profile") / "spec.json"
     # Its wall time is a benchmark's target (bench/bench_profile_device.py), not a test's.
-    assert main(["profile-device", "--device", "cpu", "--out", str(path)]) == 0
+    with pytest.MonkeyPatch.context() as patch:
+        for name, probe in shared_cpu_probes.items():
+            patch.setattr(device_spec, name, probe)
+        assert main(["profile-device", "--device", "cpu", "--out", str(path)]) == 0
     return path
 
 

@@ -207,13 +207,12 @@ def test_a_pipeline_pays_its_runtime_per_action_and_the_plain_loop_does_not():
             grown, abs=1e-12)
 
 
-def test_the_runtime_probe_reads_a_plausible_figure():
+def test_the_runtime_probe_reads_a_plausible_figure(cpu_pipeline_action_probe):
     """torch pipelining's per-action host work on this CPU: ~30-35 us here (2026-11-25,
     load 7); between 1 us (a few Python calls) and 1 ms (more than the probe's layers), or 0
-    where a busy host left every attempt reading no extra (then it says so on stderr)."""
-    from cost_models.pipeline_probes import pipeline_action_host_s
-
-    seconds = pipeline_action_host_s("cpu")
+    where a busy host left every attempt reading no extra (then it says so on stderr).
+    The reading is conftest's one real `pipeline_action_host_s("cpu")`."""
+    seconds = cpu_pipeline_action_probe
     assert seconds == 0.0 or 1e-6 < seconds < 1e-3
 
 
