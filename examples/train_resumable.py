@@ -118,6 +118,10 @@ def train(args) -> None:
     if rank == 0:
         print(f"attempt {attempt}: {world} ranks, {plan}, starting at step {start}", flush=True)
     for step in range(start, args.steps):
+        if args.kill_at_step == step and attempt == 0:
+            # Every rank has finished (and rank 0 logged) the step before: the drill's
+            # losses then do not depend on how fast torchrun's monitor kills rank 0.
+            dist.barrier()
         if (args.kill_at_step == step and attempt == 0 and rank == args.kill_rank):
             print(f"rank {rank}: fault drill, killing myself before step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
