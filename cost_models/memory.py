@@ -98,8 +98,8 @@ def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
         states=states, activations=layer_activations(layer, strategy, config),
         gather_unit_bytes=working if stage == 3 else 0.0,
         # an offloaded layer's optimizer step (and its temporaries) runs on the host
-        largest_tensor_params=0.0 if strategy.offload
-        else min(largest_param_tensor(layer) / tensor_shards, moments),
+        step_tensor_params=() if strategy.offload else tuple(min(n / tensor_shards, moments)
+        for n in layer.param_numels or (largest_param_tensor(layer),)),
         fp32_moment_bytes=0.0 if strategy.offload or not held.moments
         else moments * FP32_BYTES,
         working_param_bytes=working, reduce_bytes=reduce_bytes,

@@ -22,7 +22,9 @@ from ir.strategy import DPMode, LayerStrategy, Precision
 # StageMemory rounds each of its five parts: peak_bytes is within 2.5 bytes of the sum.
 PARTS_ROUNDING_BYTES = 3
 # PyTorch's single-tensor Adam (the CPU default) makes two parameter-sized temporaries
-# (sqrt(v), then / bias correction) for one tensor at a time; the foreach path makes one
+# per tensor (sqrt(v), then / bias correction) while the previous tensor's `denom` is
+# still bound (torch 2.13 optim/adam.py `_single_tensor_adam`; AdamW, amsgrad alike; Adam's
+# coupled weight decay adds a third, unpriced: plans carry no optimizer kwargs); foreach one
 # moment-sized temporary (`exp_avg_sq_sqrt`) for a param group's tensors at once, freed
 # when the group's `adam()` call returns (torch 2.13 optim/adam.py `_multi_tensor_adam`);
 # the fused kernel none.
@@ -52,7 +54,7 @@ class LayerMemory:
     activations: LayerActivations
     gather_unit_bytes: float  # ZeRO-3: the working copy, gathered for each use (else 0)
     unsharded_grad_bytes: float  # a DP unit's gradient before its reduction (else 0)
-    largest_tensor_params: float  # elements of its largest local tensor (Adam temporaries)
+    step_tensor_params: tuple[float, ...]  # elements of each local tensor it steps, in order
     fp32_moment_bytes: float  # one fp32 copy of the rank's moment-sharded parameters
     working_param_bytes: float = 0.0  # a DP unit's gathered copy (0: no unit)
     reduce_bytes: float = 0.0  # a DP unit's reduce-scatter input; unreduced accumulation
@@ -134,8 +136,22 @@ def optimizer_step_temp_bytes(layers: Sequence[LayerMemory], optimizer: str,
         return 0.0  # SGD (with or without momentum, no weight decay) updates in place
     if implementation == "foreach":  # the largest param group's
         return ADAM_FOREACH_TEMPORARIES * max(_step_group_bytes(layers), default=0.0)
-    biggest = max((l.largest_tensor_params for l in layers), default=0.0)
-    return ADAM_SINGLE_TENSOR_TEMPORARIES * biggest * FP32_BYTES
+    return _single_tensor_peak_params(layers) * FP32_BYTES
+
+
+def _single_tensor_peak_params(layers: Sequence[LayerMemory]) -> float:
+    """max of 2 t_i + t_(i-1) over one param group's tensors in step order (`denom` goes
+    when its `adam()` returns); a STEP_GROUP_ANY layer may end the group before it."""
+    ordered = [l for l in layers if l.step_group != STEP_GROUP_FLAT] + [
+        l for l in layers if l.step_group == STEP_GROUP_FLAT]
+    peak, before, key, last = 0.0, 0.0, None, STEP_GROUP_ANY
+    for l in ordered:
+        if l.step_group not in (STEP_GROUP_ANY, key):
+            key, before = l.step_group, before if last == STEP_GROUP_ANY else 0.0
+        last = l.step_group
+        for t in l.step_tensor_params:
+            peak, before = max(peak, ADAM_SINGLE_TENSOR_TEMPORARIES * t + before), t
+    return peak
 
 
 def step_group(layer: Layer, strategy: LayerStrategy, precision: Precision) -> str:

@@ -45,7 +45,10 @@ stages, schedule and micro-batches.
    backward and the optimizer: each step splits the batch, counts the target, sums the
    loss (`STEP_LOOP_OPS` ops) and starts and waits on the loss's scalar all-reduce
    (`loss_sum_host_s`); per micro-batch the rank holding the loss weights it and adds it
-   up (`LOSS_OPS_PER_MICROBATCH`), ops priced as forward ops (`host_op_seconds`). And
+   up (`LOSS_OPS_PER_MICROBATCH`), ops priced as forward ops (`host_op_seconds`); a kit
+   that timed the real loop cold (`train_loop_host_s`, `cost_models.train_loop_probe`:
+   Python and ops out of the caches, ~2.5x the warm ops' price) gives that figure for one
+   micro-batch holding the loss, the other micro-batches' loss ops priced as above. And
    the optimizer's entry: its step runs once, right after a backward, its code and state
    out of the caches (`optimizer_entry_host_s`, measured on AdamW: Adam and AdamW
    plans; others unmeasured, 0). Once a step on the rank, x the core share; 0 on GPUs.
@@ -144,12 +147,17 @@ def step_loop_s(cluster: ClusterSpec, m: int, holds_loss: bool, optimizer: str) 
     share as every host figure; 0 on GPUs and where the kit measured neither figure
     (older kits, GPU presets)."""
     cal = cluster.kernel_calibration
-    if cal is None or not cluster.host_bound or not (cal.loss_sum_host_s
-                                                     or cal.optimizer_entry_host_s):
+    if cal is None or not cluster.host_bound or not (
+            cal.loss_sum_host_s or cal.optimizer_entry_host_s or cal.train_loop_host_s):
         return 0.0
-    ops = STEP_LOOP_OPS + (LOSS_OPS_PER_MICROBATCH * m if holds_loss else 0)
+    loss_ops = LOSS_OPS_PER_MICROBATCH * m if holds_loss else 0
+    if cal.train_loop_host_s:  # measured cold around one micro-batch holding the loss
+        loop_s = max(0.0, cal.train_loop_host_s
+                     + (loss_ops - LOSS_OPS_PER_MICROBATCH) * host_op_seconds(cluster))
+    else:  # older kits: the loop's ops warm, the all-reduce
+        loop_s = (STEP_LOOP_OPS + loss_ops) * host_op_seconds(cluster) + cal.loss_sum_host_s
     entry_s = cal.optimizer_entry_host_s if optimizer.startswith("adam") else 0.0
-    return (ops * host_op_seconds(cluster) + cal.loss_sum_host_s + entry_s) * cluster.host_share
+    return (loop_s + entry_s) * cluster.host_share
 
 
 # An in-place add (`grad += new`, AccumulateGrad) reads both operands and writes one.

@@ -42,6 +42,7 @@ import os
 import statistics
 from datetime import timedelta
 
+from cost_models.train_loop_probe import train_loop_host_s
 from ir.errors import PlannerError
 
 LOSS_SUM_PROBE_CALLS = 200  # after LOSS_SUM_PROBE_WARMUP untimed; the median (~20 ms in all)
@@ -170,4 +171,5 @@ def step_loop_fields(device: str = "cpu") -> dict[str, float]:
     """The figures as `KernelCalibration` fields (profile-device and profile-cluster)."""
     return {"loss_sum_host_s": loss_sum_host_s(device),
             "optimizer_entry_host_s": optimizer_entry_host_s(device),
-            "grad_accumulate_host_s": grad_accumulate_host_s(device)}
+            "grad_accumulate_host_s": grad_accumulate_host_s(device),
+            "train_loop_host_s": train_loop_host_s(device)}

@@ -44,7 +44,7 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "forward_node_host_s", "in_sequence_op_host_s", "in_sequence_knee_distinct_ops",
             "cold_op_host_s", "cold_backward_op_host_s", "autograd_call_host_s",
             "pipeline_action_host_s", "loss_sum_host_s", "optimizer_entry_host_s",
-            "grad_accumulate_host_s",
+            "grad_accumulate_host_s", "train_loop_host_s",
             "embedding_bag_call_s", "embedding_bag_index_s", "embedding_bag_backward_call_s",
             "embedding_bag_backward_index_s", "embedding_bag_multi_bag_s",
             # activation checkpointing's host machinery (`cost_models.checkpoint_probes`)
@@ -161,6 +161,9 @@ class KernelCalibration:
     # back to back (the optimizer's entry). 0 where not measured.
     loss_sum_host_s: float = 0.0
     optimizer_entry_host_s: float = 0.0
+    # ... and the training loop's own work around one micro-batch, all-reduce included,
+    # timed cold in the real `train_step` (`cost_models.train_loop_probe`); 0: not measured.
+    train_loop_host_s: float = 0.0
     # Per parameter tensor, what a backward pays more adding into an existing gradient (a
     # step's micro-batches 2..m) than with none (`step_loop_probes.grad_accumulate_host_s`,
     # priced by `step_host.grad_accumulation_s`); 0 where not measured.

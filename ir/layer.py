@@ -199,6 +199,9 @@ class Layer:
     tp_candidates: tuple[TPCandidate, ...] = ()
     tp_divisors: tuple[tuple[str, int], ...] = ()  # ("heads", 96): a TP degree must divide each
     max_param_numel: int = 0  # largest parameter it holds, tied copies included (optimizer temporaries)
+    # Elements of each parameter it holds, tied copies included, in the model's
+    # named_parameters order (the order torch's optimizer steps them); () for hand-built layers.
+    param_numels: tuple[int, ...] = ()
     # Weights this layer shares with an earlier layer (a tied embedding / LM head): counted
     # in that layer's `params`, but the executor gives this layer its own copy
     # (`executors.tied.untie`), with its own gradient and optimizer state. Names are this

@@ -57,6 +57,7 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
     root = traced.root
     vocab = largest_vocab(root)
     canon_params = dict(root.named_parameters())
+    param_order = {n: i for i, (n, _) in enumerate(root.named_parameters(remove_duplicate=False))}
     layer_names = [l.name for l in measurer.layers]
     param_names_by_layer = _owned_params(measurer, canon_params, layer_names)
     tied_by_layer, tied_owners = _tied_copies(root, layer_names, param_names_by_layer)
@@ -108,6 +109,7 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             tp_candidates=candidates, tp_divisors=divisors,
             max_param_numel=max([canon_params[p].numel() for p in pnames]
                                 + [t.numel() for t in tied.values()], default=0),
+            param_numels=_param_numels(param_order, pnames, canon_params, tied),
             tied_params=sum(t.numel() for t in {id(t): t for t in tied.values()}.values()),
             tied_tp_params=tied_tp, tied_param_names=tuple(tied),
             tied_owner_layers=tuple(tied_owners[i][n][0] for n in tied),
@@ -194,6 +196,15 @@ def _tp_params(module: nn.Module | None, candidates, owned: list[torch.Tensor],
             elif t is not None and id(t) in tied_ids:
                 tied_tp += c.split_numel(t.numel())
     return tp_params, tied_tp
+
+
+def _param_numels(order: dict[str, int], pnames, canon_params, tied: dict) -> tuple[int, ...]:
+    """Elements of a layer's parameters and tied copies, in `order` (the model's
+    named_parameters with duplicates: where `executors.tied.untie` leaves each copy)."""
+    named = sorted([(order[n], canon_params[n]) for n in pnames]
+                   + [(order.get(n, len(order)), t) for n, t in tied.items()],
+                   key=lambda it: it[0])
+    return tuple(t.numel() for t in {id(t): t for _, t in named}.values())
 
 
 def _tied_copies(root: nn.Module, layer_names: list[str],

@@ -83,7 +83,7 @@ def test_only_sharded_data_parallel_layers_take_the_lean_path():
 def _unit(**lean) -> LayerMemory:
     """A ZeRO-3 unit of 10 bytes of shard, copy, gradient and reduce input; no activations."""
     return LayerMemory(states=ModelStates(10, 10, 20), activations=LayerActivations(0.0, 0.0, 0.0),
-                       gather_unit_bytes=10, unsharded_grad_bytes=10, largest_tensor_params=0.0,
+                       gather_unit_bytes=10, unsharded_grad_bytes=10, step_tensor_params=(),
                        fp32_moment_bytes=0.0, working_param_bytes=10, reduce_bytes=10,
                        reshard_after_forward=True, **lean)
 

@@ -81,7 +81,7 @@ def _unit(kept=100.0, weights=10.0, zero3=False):
     return LayerMemory(states=ModelStates(weights, weights, 2 * weights),
                        activations=LayerActivations(kept, 0.0, 0.0),
                        gather_unit_bytes=weights if zero3 else 0.0,
-                       unsharded_grad_bytes=weights, largest_tensor_params=0.0,
+                       unsharded_grad_bytes=weights, step_tensor_params=(),
                        fp32_moment_bytes=0.0, working_param_bytes=weights,
                        reduce_bytes=weights, reshard_after_forward=zero3)
 
@@ -133,7 +133,7 @@ def _plain(kept, recompute, grad_flow, share, weights):
     return LayerMemory(states=ModelStates(weights, weights, 2 * weights),
                        activations=LayerActivations(kept, recompute, grad_flow, share),
                        gather_unit_bytes=0.0, unsharded_grad_bytes=0.0,
-                       largest_tensor_params=0.0, fp32_moment_bytes=0.0)
+                       step_tensor_params=(), fp32_moment_bytes=0.0)
 
 
 def test_walk_prices_a_measured_backward_at_its_peak_and_its_end():

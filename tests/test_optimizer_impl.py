@@ -73,7 +73,7 @@ def test_requested_implementation_follows_torchs_defaults():
 
 class _Layer:  # the fields optimizer_step_temp_bytes reads
     fp32_moment_bytes = 400.0
-    largest_tensor_params = 10.0
+    step_tensor_params = (10.0,)
     step_group = ""  # STEP_GROUP_ANY: one group with its neighbours
 
 
@@ -81,14 +81,15 @@ def test_fused_step_holds_no_temporaries():
     layers = [_Layer(), _Layer()]
     assert optimizer_step_temp_bytes(layers, "adamw", "fused") == 0.0
     assert optimizer_step_temp_bytes(layers, "adamw", "foreach") == 800.0  # one moment
-    assert optimizer_step_temp_bytes(layers, "adamw", "single") == 2 * 10 * 4  # 2 x largest
+    # one at a time: 2 x a tensor + the one stepped before it
+    assert optimizer_step_temp_bytes(layers, "adamw", "single") == (2 * 10 + 10) * 4
 
 
 def _layer_memory(numels, group):
     from cost_models.memory_walk import LayerMemory
     from cost_models.model_states import ModelStates
     return LayerMemory(states=ModelStates(0, 0, 0), activations=None, gather_unit_bytes=0,
-                       unsharded_grad_bytes=0, largest_tensor_params=max(numels),
+                       unsharded_grad_bytes=0, step_tensor_params=tuple(numels),
                        fp32_moment_bytes=4.0 * sum(numels), step_group=group)
 
 
@@ -142,6 +143,64 @@ def test_step_temporaries_peak_per_param_group_as_torch_frees_them(implementatio
     assert priced == (16000 if implementation == "foreach" else 0)
     assert measured[1] == pytest.approx(1500 * 4 + 4000 * 2 if implementation == "foreach"
                                         else 0, abs=64)
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_single_tensor_step_holds_the_previous_tensors_denom(amsgrad):
+    """torch's single-tensor AdamW makes sqrt(v) and its quotient for tensor i while tensor
+    i-1's `denom` is still bound: live tensor bytes of a real step over the executor's
+    groups (plain | DTensor: `denom` goes between them). The old rule priced 2 x the
+    largest tensor (16000 bytes) where 1000 then 2000 elements hold 20000."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    from cost_models.memory_walk import STEP_GROUP_DTENSOR, STEP_GROUP_PLAIN
+    from ir.memory_tracker import LiveTensorTracker
+
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = DeviceMesh("cpu", torch.arange(1))
+        layers = [([300, 1000], STEP_GROUP_PLAIN), ([2000, 100], STEP_GROUP_PLAIN),
+                  ([1900], STEP_GROUP_DTENSOR)]  # 2 x 1900 after 100: DTensor group alone
+        params = [[nn.Parameter(torch.randn(n)) for n in numels] for numels, _ in layers]
+        params[2] = [nn.Parameter(distribute_tensor(p.data, mesh, [Replicate()]))
+                     for p in params[2]]
+        flat = [p for ps in params for p in ps]
+        opt = torch.optim.AdamW(param_groups(flat, frozenset(), torch.optim.AdamW, "single"),
+                                amsgrad=amsgrad)
+        for p in flat:
+            p.grad = torch.ones_like(p)
+        opt.step()  # the moments are made
+        states = [t for st in opt.state.values() for t in st.values()]
+        with LiveTensorTracker() as mem:
+            mem.track([*flat, *(p.grad for p in flat), *states])
+            held = mem.live_bytes
+            opt.step()
+        measured = mem.peak_bytes - held
+    finally:
+        if owned:
+            dist.destroy_process_group()
+    priced = optimizer_step_temp_bytes(
+        [_layer_memory(numels, group) for numels, group in layers], "adamw", "single")
+    assert priced == (2 * 2000 + 1000) * 4
+    assert measured == pytest.approx(priced, abs=64)
+
+
+def test_ir_records_each_parameters_size_in_step_order():
+    """The IR's per-layer tensor sizes are the model's parameters() order, the order the
+    executor's optimizer steps them (a tied copy included in its layer)."""
+    from planner.models import load_layer_graph, load_model
+
+    graph = load_layer_graph("gpt-tiny", 1, None)
+    module = load_model("gpt-tiny", device="meta").module
+    steps = [n for l in graph.layers for n in l.param_numels if not l.tied_params]
+    assert steps == [p.numel() for p in module.parameters()][:len(steps)]
+    for layer in graph.layers:
+        assert max(layer.param_numels) == layer.max_param_numel
+        assert sum(layer.param_numels) == layer.params + layer.tied_params
 
 
 def test_layers_step_in_the_groups_the_executor_makes():

@@ -253,3 +253,40 @@ def test_the_accumulation_probe_reads_a_plausible_figure():
     from cost_models.step_loop_probes import grad_accumulate_host_s
 
     assert 0.0 <= grad_accumulate_host_s("cpu") < 2e-5
+
+
+def test_a_kit_that_timed_the_loop_cold_prices_it_in_place_of_the_warm_ops():
+    """`train_loop_host_s` (one micro-batch holding the loss, its all-reduce included)
+    replaces the loop's warm ops and the all-reduce; the other micro-batches' loss ops are
+    priced per op as before, and a kit without it keeps the old price. The estimate of a
+    plain 1-rank plan moves by exactly the difference."""
+    from cost_models.host_dispatch import host_op_seconds
+    from cost_models.step_host import LOSS_OPS_PER_MICROBATCH, STEP_LOOP_OPS, step_loop_s
+
+    loss_sum_s, loop_s = 1e-5, 4e-4
+    old = two_cpu_processes(KernelCalibration(measured_on="test", loss_sum_host_s=loss_sum_s))
+    new = two_cpu_processes(KernelCalibration(measured_on="test", loss_sum_host_s=loss_sum_s,
+                                              train_loop_host_s=loop_s))
+    op_s, share = host_op_seconds(old), old.host_share
+    old_s = ((STEP_LOOP_OPS + LOSS_OPS_PER_MICROBATCH) * op_s + loss_sum_s) * share
+    assert step_loop_s(old, 1, True, "sgd") == pytest.approx(old_s)
+    assert step_loop_s(new, 1, True, "sgd") == pytest.approx(loop_s * share)
+    assert step_loop_s(new, 4, True, "sgd") == pytest.approx(
+        (loop_s + 3 * LOSS_OPS_PER_MICROBATCH * op_s) * share)
+    assert step_loop_s(new, 4, False, "sgd") == pytest.approx(
+        (loop_s - LOSS_OPS_PER_MICROBATCH * op_s) * share)
+    graph = gpt_layer_graph(layers=2, hidden=64, heads=4, vocab=128, seq=16)
+    plan = uniform_plan(len(graph.layers), micro_batch=1, global_batch=1,
+                        precision=Precision.FP32, optimizer="sgd")
+    moved = estimate(graph, plan, new).iteration_seconds - estimate(
+        graph, plan, old).iteration_seconds
+    assert moved == pytest.approx(loop_s * share - old_s, rel=1e-6)
+
+
+def test_the_train_loop_probe_reads_a_plausible_figure():
+    """The real train_step's loop around one Linear, cold, beyond its forward, loss,
+    backward and optimizer step: 0.32-0.37 ms here (2026-11-25, load 9-11); over 10 us
+    (its ~20 ops alone) and under 5 ms (far more than a one-Linear step)."""
+    from cost_models.train_loop_probe import train_loop_host_s
+
+    assert 1e-5 < train_loop_host_s("cpu") < 5e-3

@@ -1,0 +1,95 @@
+"""Host seconds the executor's own training loop costs a step, cold (`train_loop_host_s`,
+priced by `cost_models.step_host.step_loop_s`); one thread, the probe clock.
+
+`executors.runtime.ParallelModel.train_step` does, beyond the model's forward, the loss
+function, backward and the optimizer step: the batch's moves and shards (`local_batch`),
+the target's count, the micro-batch split, the weighted loss and its sum, the loss's
+all-reduce started and waited on, `reduce_partial_grads`, the tied gradients' sync and
+`float(value)`. A step runs them between its layers' work, their code and data out of the
+caches; the kit's per-op figures time ops back to back, warm. Measured here (steploop,
+2026-11-25, load 8-12, one process, one thread): a real mlp-1rank step spent ~0.38 ms
+there where 20 warm ops and the loss all-reduce priced 0.136 ms.
+
+The probe applies a one-rank fp32 plan to one Linear (`executors.apply`, a world-1 gloo
+group made where none exists) and times, after a step layer's forward and backward
+(`cold_entry_probes.neighbour_block`, untimed, as a step's layers run before its loop's
+work), `train_step` and the same forward, loss, backward and optimizer step + zero_grad
+called bare; rounds alternate the two, and the medians' difference is the loop's.
+
+    seconds = train_loop_host_s("cpu")   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from datetime import timedelta
+
+from ir.errors import PlannerError
+
+TRAIN_LOOP_WIDTH = 16  # one 16x16 Linear: its kernels ~0 of the step
+TRAIN_LOOP_BATCH = 2
+TRAIN_LOOP_ROUNDS = 60  # after TRAIN_LOOP_WARMUP untimed, each timing both ways
+TRAIN_LOOP_WARMUP = 5
+
+
+def train_loop_host_s(device: str = "cpu") -> float:
+    """Host seconds `train_step` costs more than its model's forward, loss, backward and
+    optimizer step called bare, each after a step layer's work (module docstring), >= 0;
+    a PlannerError inside a multi-rank group."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from cost_models.clusters import _one_thread
+    from cost_models.cold_entry_probes import ENTRY_TOKENS, ENTRY_WIDTH, neighbour_block
+    from cost_models.host_probes import probe_clock
+    from executors.apply import apply
+    from ir.launch import free_port
+    from ir.measure import build_layer_graph
+    from ir.plan import uniform_plan
+    from ir.strategy import Precision
+
+    made = not dist.is_initialized()
+    if not made and dist.get_world_size() != 1:
+        raise PlannerError("the training-loop probe runs on one process; call it outside "
+                           "a multi-rank process group")
+    if made:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        dist.init_process_group("gloo", rank=0, world_size=1, timeout=timedelta(seconds=120))
+    try:
+        with _one_thread():
+            loss_fn = nn.functional.mse_loss
+            x = torch.randn(TRAIN_LOOP_BATCH, TRAIN_LOOP_WIDTH)
+            y = torch.randn(TRAIN_LOOP_BATCH, TRAIN_LOOP_WIDTH)
+            model = nn.Sequential(nn.Linear(TRAIN_LOOP_WIDTH, TRAIN_LOOP_WIDTH))
+            graph = build_layer_graph(model, {"input": x}, y, loss_fn, dtype=torch.float32)
+            plan = uniform_plan(len(graph.layers), precision=Precision.FP32,
+                                micro_batch=TRAIN_LOOP_BATCH, global_batch=TRAIN_LOOP_BATCH)
+            pm = apply(model, plan, graph, loss_fn=loss_fn, device=device)
+            inputs, target = {"input": x.to(device)}, y.to(device)
+            block = neighbour_block().to(device)
+            before = torch.randn(1, ENTRY_TOKENS, ENTRY_WIDTH, device=device)
+            clock = probe_clock(device)
+
+            def bare() -> None:
+                loss_fn(pm.module(**inputs), target).backward()
+                pm.optimizer.step()
+                pm.optimizer.zero_grad(set_to_none=True)
+
+            def loop() -> None:
+                pm.train_step(inputs, target)
+
+            times: dict[bool, list[float]] = {False: [], True: []}
+            for rnd in range(TRAIN_LOOP_WARMUP + TRAIN_LOOP_ROUNDS):
+                for in_loop in ((True, False) if rnd % 2 else (False, True)):
+                    block(before).sum().backward()  # a step's layers ran before
+                    block.zero_grad(set_to_none=True)
+                    start = clock()
+                    (loop if in_loop else bare)()
+                    if rnd >= TRAIN_LOOP_WARMUP:
+                        times[in_loop].append(clock() - start)
+            return max(0.0, statistics.median(times[True]) - statistics.median(times[False]))
+    finally:
+        if made:
+            dist.destroy_process_group()
