@@ -3,8 +3,6 @@ FSDP2's storage resizes followed, and the peak explained (spawned gloo ranks).""
 
 from __future__ import annotations
 
-import gc
-
 import torch
 
 
@@ -99,6 +97,7 @@ def _tracker_worker(rank, world_size, _payload):
     from torch.distributed.tensor import DTensor, Shard
 
     from cost_models.memory_tracker import LiveTensorTracker
+    from executors.host_collectives import use_host_collectives
 
     out = {}
     mesh = init_device_mesh("cpu", (world_size,))
@@ -114,9 +113,15 @@ def _tracker_worker(rank, world_size, _payload):
         before = mem.live_bytes
         layer = torch.nn.Linear(64, 64, bias=False)
         fully_shard(layer, mesh=mesh)
+        # The executor's collectives for a gloo unit: rings of point-to-point messages in
+        # FSDP2's own buffers, each freed on this thread. FSDP2's default reduce-scatter
+        # on gloo clones the gradients (16 KiB) and the clone's last reference is gloo's
+        # worker thread's, dropped after it wakes this one: read while it had not, the
+        # clone made after_backward 32768 (CI, and 7 of 400 reads here under load).
+        use_host_collectives(layer)
+        layer.set_force_sum_reduction_for_comms(True)  # the rings sum (as apply_dp sets)
         out["sharded"] = mem.live_bytes - before
         layer(torch.ones(8, 64)).sum().backward()  # gathers 16 KiB, reshards after backward
-        gc.collect()  # FSDP2's reduce state may sit in a reference cycle until collected
         out["after_backward"] = mem.live_bytes - before
         out["peak"] = mem.peak_bytes - before
         out["at_peak"] = sum(s.nbytes for s in mem.live_at_peak())  # adds up to the peak

@@ -54,10 +54,13 @@ def _probe_worker(rank: int, world_size: int, payload) -> tuple[float, int, bool
 
 
 def test_the_probe_reads_the_steps_cpu_not_its_sleep():
-    """Each rank reads SPIN_S (2 ms) within 0.5 ms, not + the 20 ms asleep (the wall
-    clock's reading); it runs warm-up + timed steps and leaves the grads cleared."""
+    """Each rank reads SPIN_S (2 ms), not + the 20 ms asleep (the wall clock's reading);
+    it runs warm-up + timed steps and leaves the grads cleared. The band is one-sided, as
+    test_dp_unit_probe's: the spin is exact in thread CPU and a busy machine only adds to
+    it (a VM's stolen time, cold caches: that probe read 2.98 ms on CI), so above SPIN_S
+    the reading only has to stay clear of the sleep."""
     for seconds, _steps, cleared in spawn(_probe_worker, 2, None, timeout_s=120):
-        assert seconds == pytest.approx(SPIN_S, abs=0.5e-3)
+        assert SPIN_S - 0.5e-3 <= seconds < SPIN_S + SLEEP_S / 2, seconds
         assert cleared
 
 

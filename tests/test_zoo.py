@@ -11,6 +11,10 @@ import torch
 from planner.zoo import FAMILIES, PRESETS, make_config, preset_config
 from planner.zoo import gpt, llama
 
+# A meta build's CPU on the building thread: 0.35-1.4 s here (gpt3-175b, 2026-11-25, load
+# 8), when the wall clock read 3.5-9.2 s: on a shared machine the wall counts the time
+# other processes hold the cores, the thread clock does not.
+META_BUILD_CPU_S = 30
 TINY_PRESETS = ["gpt-tiny", "llama-tiny", "bert-tiny", "t5-tiny", "mlp-small", "cnn-small", "dlrm-small"]
 
 
@@ -32,9 +36,9 @@ def _tiny(preset: str, seed: int = 0):
 
 
 def test_gpt3_175b_matches_megatron_formula_on_meta():
-    start = time.perf_counter()
+    start = time.thread_time()
     _, config, model = _meta_model("gpt3-175b")
-    assert time.perf_counter() - start < 30  # meta build: no memory, a few seconds at most
+    assert time.thread_time() - start < META_BUILD_CPU_S  # meta: no memory, little CPU
     l, h, V, s = config.layers, config.hidden, config.vocab, config.seq
     # Narayanan et al. 2021: P = 12·l·h²·(1 + 13/(12h) + (V+s)/(12·l·h)), plus final LayerNorm 2h.
     megatron = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h)) + 2 * h
@@ -59,9 +63,9 @@ def test_every_gpt3_preset_matches_megatron_formula(preset):
     ("t5-large", 737.7e6, 737_668_096),  # tied head (T5 v1.0): equals HF T5ForConditionalGeneration
 ])
 def test_published_parameter_counts(preset, expected, exact):
-    start = time.perf_counter()
+    start = time.thread_time()
     _, _, model = _meta_model(preset)
-    assert time.perf_counter() - start < 30
+    assert time.thread_time() - start < META_BUILD_CPU_S
     assert _count(model) == pytest.approx(expected, rel=0.01)
     assert _count(model) == exact
 
