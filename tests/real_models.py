@@ -286,16 +286,27 @@ def plan_case(case: Case, graph, world: int) -> str:
 
 
 @contextlib.contextmanager
-def _graph_served(model, graph):
-    """`auto_parallel`'s `build_layer_graph(model, ...)` returns `graph`, built by that
-    function from the same model, inputs, loss and dtype (`run_case`): one trace per
-    rank and case, not two on rank 0. Any other model is traced as usual."""
+def _graph_served(graph, *args, **kwargs):
+    """`auto_parallel`'s `build_layer_graph` call returns `graph` when its arguments are
+    the very ones `graph` was built from (`run_case`): one trace per rank and case, not
+    two on rank 0. A call with any other argument is traced as usual."""
     import planner.api as api
 
     real = api.build_layer_graph
 
-    def served(module, *args, **kwargs):
-        return graph if module is model else real(module, *args, **kwargs)
+    def same(a, b) -> bool:  # the same objects, in a container auto_parallel rebuilt
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+            return len(a) == len(b) and all(map(same, a, b))
+        return a is b or (isinstance(a, (str, torch.dtype)) and a == b)
+
+    def served(*call_args, **call_kwargs):
+        if (len(call_args) == len(args) and all(map(same, call_args, args))
+                and call_kwargs.keys() == kwargs.keys()
+                and all(same(call_kwargs[k], kwargs[k]) for k in kwargs)):
+            return graph
+        return real(*call_args, **call_kwargs)
 
     api.build_layer_graph = served
     try:
@@ -326,12 +337,12 @@ def run_case(case: Case, ref: dict, rank: int, log) -> dict:
             # Every rank traces at once (rank 0 used to trace alone to search, the others
             # waiting, then all again inside auto_parallel): auto_parallel's own call,
             # the same arguments, is served this graph (`_graph_served`).
-            graph = build_layer_graph(model, inputs, target, loss_fn,
-                                      name=type(model).__name__, dtype=torch.float32)
+            traced_as = dict(name=type(model).__name__, dtype=torch.float32)
+            graph = build_layer_graph(model, inputs, target, loss_fn, **traced_as)
             text = plan_case(case, graph, dist.get_world_size())
             doc = plan_from_dict(json.loads(text), f"<plan of {case.key}>")
             recorded = {"plan": compact_plan(doc.plan), "plan_json": text}
-            with _graph_served(model, graph):
+            with _graph_served(graph, model, inputs, target, loss_fn, **traced_as):
                 pm = auto_parallel(model, (inputs, target), loss_fn=loss_fn,
                                    optimizer=torch.optim.AdamW,
                                    optimizer_kwargs=dict(OPTIMIZER_KWARGS), cluster="local",
