@@ -46,20 +46,28 @@ def test_net_backward_subtracts_the_start_and_refuses_to_report_zero():
 def test_engine_start_is_a_positive_intercept_below_a_one_op_backward():
     """On this host: a start above 0, a node cost above 0, and the start (the probe's, and
     the per-process figure the host probes subtract) less than a whole one-op backward
-    (which pays it plus a node) timed here on the same clock."""
-    fit = measure_engine_start("cpu")
-    assert fit.seconds > 0 and fit.per_op_s > 0 and fit.spread >= 0
-    assert fit.rounds > 0
-    x = torch.randn(4, requires_grad=True)
-    whole = []
-    for _ in range(101):
-        y = x * 1.0001
-        start = time.thread_time()
-        y.backward(torch.ones(4))
-        whole.append(time.thread_time() - start)
-        x.grad = None
-    assert fit.seconds < statistics.median(whole)
-    assert 0 < autograd_call_s("cpu") < statistics.median(whole)
+    (which pays it plus a node) timed here on the same clock, right after. A slow spell
+    during the probe alone can invert one reading (the margin is ~20%; CI read it so
+    once), never all of ATTEMPTS back-to-back pairs: a probe that over-reads fails all."""
+    attempts = 3
+    readings = []
+    for _ in range(attempts):
+        fit = measure_engine_start("cpu")
+        assert fit.seconds > 0 and fit.per_op_s > 0 and fit.spread >= 0
+        assert fit.rounds > 0
+        call_s = autograd_call_s("cpu")
+        x = torch.randn(4, requires_grad=True)
+        whole = []
+        for _ in range(101):
+            y = x * 1.0001
+            start = time.thread_time()
+            y.backward(torch.ones(4))
+            whole.append(time.thread_time() - start)
+            x.grad = None
+        readings.append((fit.seconds, call_s, statistics.median(whole)))
+        if 0 < call_s and max(fit.seconds, call_s) < readings[-1][2]:
+            return
+    raise AssertionError(f"start, autograd call and whole one-op backward (s): {readings}")
 
 
 def test_sampler_alternates_and_keeps_only_asked_rounds():
