@@ -21,7 +21,7 @@ from ir.embedding_tables import EmbeddingTable, TablePlacement, TableSharding
 from planner.models import load_model
 from planner.table_inventory import find_tables, hot_row_fraction, measured_shard_shares
 from planner.table_greedy import greedy
-from planner.table_placement import exact, plan_tables
+from planner.table_placement import HEURISTIC_TIME_LIMIT_S, exact, plan_tables
 from planner.table_problem import PlacementProblem, lower_bound
 
 def cluster(nodes: int, per_node: int, **changes):
@@ -318,7 +318,9 @@ def test_criteo_preset_has_the_mlperf_tables():
 
 # The issue's planning bar, Criteo-Terabyte's 26 tables on 2 x 8 A100 in under 5 s of
 # wall time, is bench/bench_table_placement.py's PLAN_TARGET_S: a wall clock on a shared
-# machine is a benchmark's figure (1.4-2.2 s here at load 8), not a test's.
+# machine is a benchmark's figure (1.4-2.2 s here at load 8), not a test's. The test
+# keeps a loose bound that catches a heuristic ignoring its own time limit.
+HEURISTIC_LIMIT_MARGIN = 4  # x HEURISTIC_TIME_LIMIT_S: 1.4-2.2 s read at load 8 for 1.5 s
 CRITEO_IMBALANCE_TARGET = 0.10
 
 
@@ -334,6 +336,7 @@ def test_criteo_tb_on_2x8_a100_plans_fast_balanced_and_no_worse_than_greedy(caps
     assert ours["fits"] and max(r["memory_bytes"] for r in ours["ranks"]) <= ours["capacity_bytes"]
     assert ours["imbalance"] <= CRITEO_IMBALANCE_TARGET, ours["imbalance"]
     assert ours["step_s"] <= greedy["step_s"] * (1 + 1e-12)
+    assert report["plan_s"] < HEURISTIC_LIMIT_MARGIN * HEURISTIC_TIME_LIMIT_S, report["plan_s"]
     # the table for people prints both plans' steps, side by side
     assert main(["plan-tables", "dlrm-criteo-tb", "--cluster", "a100-80g", "--nodes", "2",
                  "--global-batch", "65536"]) == 0
