@@ -38,6 +38,7 @@ load 1.6-2.9; medians 0.45-1.1 over 5 calls), live 0.3-1.5 us (bench/bench_grad_
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 from datetime import timedelta
@@ -69,26 +70,36 @@ def loss_sum_host_s(device: str = "cpu") -> float:
 
     from cost_models.clusters import _one_thread
     from cost_models.host_probes import probe_clock
+
+    with one_process_group("the loss all-reduce probe"), _one_thread():
+        value = torch.zeros((), device=device)
+        clock = probe_clock(device)
+        times = []
+        for call in range(LOSS_SUM_PROBE_WARMUP + LOSS_SUM_PROBE_CALLS):
+            start = clock()
+            dist.all_reduce(value, async_op=True).wait()
+            if call >= LOSS_SUM_PROBE_WARMUP:
+                times.append(clock() - start)
+        return statistics.median(times)
+
+
+@contextlib.contextmanager
+def one_process_group(probe: str):
+    """A world-1 gloo group for `probe` (made and destroyed here when none exists); a
+    PlannerError inside a multi-rank group."""
+    import torch.distributed as dist
+
     from ir.launch import free_port
 
     made = not dist.is_initialized()
     if not made and dist.get_world_size() != 1:
-        raise PlannerError("the loss all-reduce probe runs on one process; call it outside "
-                           "a multi-rank process group")
+        raise PlannerError(f"{probe} runs on one process; call it outside a multi-rank "
+                           f"process group")
     if made:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         dist.init_process_group("gloo", rank=0, world_size=1, timeout=timedelta(seconds=120))
     try:
-        with _one_thread():
-            value = torch.zeros((), device=device)
-            clock = probe_clock(device)
-            times = []
-            for call in range(LOSS_SUM_PROBE_WARMUP + LOSS_SUM_PROBE_CALLS):
-                start = clock()
-                dist.all_reduce(value, async_op=True).wait()
-                if call >= LOSS_SUM_PROBE_WARMUP:
-                    times.append(clock() - start)
-            return statistics.median(times)
+        yield
     finally:
         if made:
             dist.destroy_process_group()

@@ -21,11 +21,7 @@ called bare; rounds alternate the two, and the medians' difference is the loop's
 
 from __future__ import annotations
 
-import os
 import statistics
-from datetime import timedelta
-
-from ir.errors import PlannerError
 
 TRAIN_LOOP_WIDTH = 16  # one 16x16 Linear: its kernels ~0 of the step
 TRAIN_LOOP_BATCH = 2
@@ -38,58 +34,46 @@ def train_loop_host_s(device: str = "cpu") -> float:
     optimizer step called bare, each after a step layer's work (module docstring), >= 0;
     a PlannerError inside a multi-rank group."""
     import torch
-    import torch.distributed as dist
     from torch import nn
 
     from cost_models.clusters import _one_thread
     from cost_models.cold_entry_probes import ENTRY_TOKENS, ENTRY_WIDTH, neighbour_block
     from cost_models.host_probes import probe_clock
+    from cost_models.step_loop_probes import one_process_group  # it imports this module
     from executors.apply import apply
-    from ir.launch import free_port
     from ir.measure import build_layer_graph
     from ir.plan import uniform_plan
     from ir.strategy import Precision
 
-    made = not dist.is_initialized()
-    if not made and dist.get_world_size() != 1:
-        raise PlannerError("the training-loop probe runs on one process; call it outside "
-                           "a multi-rank process group")
-    if made:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-        dist.init_process_group("gloo", rank=0, world_size=1, timeout=timedelta(seconds=120))
-    try:
-        with _one_thread():
-            loss_fn = nn.functional.mse_loss
-            x = torch.randn(TRAIN_LOOP_BATCH, TRAIN_LOOP_WIDTH)
-            y = torch.randn(TRAIN_LOOP_BATCH, TRAIN_LOOP_WIDTH)
-            model = nn.Sequential(nn.Linear(TRAIN_LOOP_WIDTH, TRAIN_LOOP_WIDTH))
-            graph = build_layer_graph(model, {"input": x}, y, loss_fn, dtype=torch.float32)
-            plan = uniform_plan(len(graph.layers), precision=Precision.FP32,
-                                micro_batch=TRAIN_LOOP_BATCH, global_batch=TRAIN_LOOP_BATCH)
-            pm = apply(model, plan, graph, loss_fn=loss_fn, device=device)
-            inputs, target = {"input": x.to(device)}, y.to(device)
-            block = neighbour_block().to(device)
-            before = torch.randn(1, ENTRY_TOKENS, ENTRY_WIDTH, device=device)
-            clock = probe_clock(device)
+    with one_process_group("the training-loop probe"), _one_thread():
+        loss_fn = nn.functional.mse_loss
+        x = torch.randn(TRAIN_LOOP_BATCH, TRAIN_LOOP_WIDTH)
+        y = torch.randn(TRAIN_LOOP_BATCH, TRAIN_LOOP_WIDTH)
+        model = nn.Sequential(nn.Linear(TRAIN_LOOP_WIDTH, TRAIN_LOOP_WIDTH))
+        graph = build_layer_graph(model, {"input": x}, y, loss_fn, dtype=torch.float32)
+        plan = uniform_plan(len(graph.layers), precision=Precision.FP32,
+                            micro_batch=TRAIN_LOOP_BATCH, global_batch=TRAIN_LOOP_BATCH)
+        pm = apply(model, plan, graph, loss_fn=loss_fn, device=device)
+        inputs, target = {"input": x.to(device)}, y.to(device)
+        block = neighbour_block().to(device)
+        before = torch.randn(1, ENTRY_TOKENS, ENTRY_WIDTH, device=device)
+        clock = probe_clock(device)
 
-            def bare() -> None:
-                loss_fn(pm.module(**inputs), target).backward()
-                pm.optimizer.step()
-                pm.optimizer.zero_grad(set_to_none=True)
+        def bare() -> None:
+            loss_fn(pm.module(**inputs), target).backward()
+            pm.optimizer.step()
+            pm.optimizer.zero_grad(set_to_none=True)
 
-            def loop() -> None:
-                pm.train_step(inputs, target)
+        def loop() -> None:
+            pm.train_step(inputs, target)
 
-            times: dict[bool, list[float]] = {False: [], True: []}
-            for rnd in range(TRAIN_LOOP_WARMUP + TRAIN_LOOP_ROUNDS):
-                for in_loop in ((True, False) if rnd % 2 else (False, True)):
-                    block(before).sum().backward()  # a step's layers ran before
-                    block.zero_grad(set_to_none=True)
-                    start = clock()
-                    (loop if in_loop else bare)()
-                    if rnd >= TRAIN_LOOP_WARMUP:
-                        times[in_loop].append(clock() - start)
-            return max(0.0, statistics.median(times[True]) - statistics.median(times[False]))
-    finally:
-        if made:
-            dist.destroy_process_group()
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for rnd in range(TRAIN_LOOP_WARMUP + TRAIN_LOOP_ROUNDS):
+            for in_loop in ((True, False) if rnd % 2 else (False, True)):
+                block(before).sum().backward()  # a step's layers ran before
+                block.zero_grad(set_to_none=True)
+                start = clock()
+                (loop if in_loop else bare)()
+                if rnd >= TRAIN_LOOP_WARMUP:
+                    times[in_loop].append(clock() - start)
+        return max(0.0, statistics.median(times[True]) - statistics.median(times[False]))
