@@ -56,6 +56,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from bench.bench_validate import CASES, PROFILE_MAX_BYTES, plan_case  # noqa: E402
 from planner.fmt import table  # noqa: E402
+from planner.train_loop_probe import with_train_loop  # noqa: E402
 
 PART_TARGET = 0.25  # bench_validate's time target, applied to each part
 # A part under this share of the measured step on both sides is not judged: a 1-rank
@@ -227,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.spec is None:
             spec, _ = profile_cluster(nproc, "gloo", max_bytes=PROFILE_MAX_BYTES,
                                       name=f"local-{nproc}")
+            spec = with_train_loop(spec)  # as `planner profile-cluster` writes it
             spec.save(spec_path)
         spec = ClusterSpec.load(spec_path)
         for name in names:

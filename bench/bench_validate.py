@@ -45,6 +45,7 @@ from ir.cluster import ClusterSpec  # noqa: E402
 from ir.errors import PlannerError  # noqa: E402
 from planner.cli import main as planner_main  # noqa: E402
 from planner.fmt import table  # noqa: E402
+from planner.train_loop_probe import with_train_loop  # noqa: E402
 from planner.trial.run import validate_plan  # noqa: E402
 
 SPECS: dict[int, dict] = {}  # the measured specs, written into the JSON
@@ -158,6 +159,7 @@ def _measure_spec(n: int, path: str) -> ClusterSpec:
     except PlannerError as exc:  # a worker can die on a busy machine: one more try
         print(f"... profiling {n} processes failed ({exc}); retrying", file=sys.stderr)
         spec, _ = profile_cluster(n, "gloo", max_bytes=PROFILE_MAX_BYTES, name=f"local-{n}")
+    spec = with_train_loop(spec)  # as `planner profile-cluster` writes it
     spec.save(path)
     return spec
 

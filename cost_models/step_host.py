@@ -46,7 +46,7 @@ stages, schedule and micro-batches.
    loss (`STEP_LOOP_OPS` ops) and starts and waits on the loss's scalar all-reduce
    (`loss_sum_host_s`); per micro-batch the rank holding the loss weights it and adds it
    up (`LOSS_OPS_PER_MICROBATCH`), ops priced as forward ops (`host_op_seconds`); a kit
-   that timed the real loop cold (`train_loop_host_s`, `cost_models.train_loop_probe`:
+   that timed the real loop cold (`train_loop_host_s`, `planner.train_loop_probe`:
    Python and ops out of the caches, ~2.5x the warm ops' price) gives that figure for one
    micro-batch holding the loss, the other micro-batches' loss ops priced as above. And
    the optimizer's entry: its step runs once, right after a backward, its code and state

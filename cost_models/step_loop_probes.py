@@ -43,7 +43,6 @@ import os
 import statistics
 from datetime import timedelta
 
-from cost_models.train_loop_probe import train_loop_host_s
 from ir.errors import PlannerError
 
 LOSS_SUM_PROBE_CALLS = 200  # after LOSS_SUM_PROBE_WARMUP untimed; the median (~20 ms in all)
@@ -179,8 +178,8 @@ def grad_accumulate_host_s(device: str = "cpu") -> float:
 
 
 def step_loop_fields(device: str = "cpu") -> dict[str, float]:
-    """The figures as `KernelCalibration` fields (profile-device and profile-cluster)."""
+    """The figures as `KernelCalibration` fields (profile-device and profile-cluster;
+    `train_loop_host_s` runs the executor, so `planner.train_loop_probe` adds it)."""
     return {"loss_sum_host_s": loss_sum_host_s(device),
             "optimizer_entry_host_s": optimizer_entry_host_s(device),
-            "grad_accumulate_host_s": grad_accumulate_host_s(device),
-            "train_loop_host_s": train_loop_host_s(device)}
+            "grad_accumulate_host_s": grad_accumulate_host_s(device)}

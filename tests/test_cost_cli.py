@@ -132,6 +132,8 @@ def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path, monkeypa
     assert spec.op_overhead_s > 0 and spec.dtensor_op_overhead_s > 0 and spec.host_cores >= 1
     # Backward per-op host cost, measured apart (not the op_overhead_s fallback).
     assert spec.backward_op_overhead_s is not None and 0 < spec.backward_op_overhead_s < 1e-3
+    # The executor's own training loop, which the command adds (planner.train_loop_probe).
+    assert 1e-5 < spec.kernel_calibration.train_loop_host_s < 5e-3
     assert {(r.mode, r.group_size) for r in tables.dp_overheads} == {
         (mode, size) for mode in DPMode for size in (None, 2)}
     assert tables.dp_overhead(DPMode.ZERO3, 2) == dataclasses.replace(

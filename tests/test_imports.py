@@ -13,13 +13,11 @@ ALLOWED = {
     "executors": {"ir", "executors"},
     "planner": {"ir", "cost_models", "planner"},
 }
-# planner may reach the executors only from the one-call API and from validate's trial run
-# (its one-process reference steps the optimizer's param groups as the ranks do).
+# planner may reach the executors only from the one-call API, from validate's trial run
+# (its one-process reference steps the optimizer's param groups as the ranks do) and from
+# the CPU kits' probe of the executor's own training loop.
 PLANNER_MAY_IMPORT_EXECUTORS = {"api.py", "trial/rank.py", "trial/spawn.py", "trial/reference.py",
-                                "commands/validate.py"}
-# cost_models may reach the executors only from the kit's probe of the executor's own
-# training loop (it times `train_step` itself); pricing never imports them.
-COST_MODELS_MAY_IMPORT_EXECUTORS = {"train_loop_probe.py"}
+                                "commands/validate.py", "train_loop_probe.py"}
 IR_THIRD_PARTY = {"torch", "networkx", "numpy"}
 
 
@@ -42,9 +40,6 @@ def test_import_arrows():
                 if name not in PROJECT or name in allowed:
                     continue
                 if package == "planner" and name == "executors" and rel in PLANNER_MAY_IMPORT_EXECUTORS:
-                    continue
-                if (package == "cost_models" and name == "executors"
-                        and rel in COST_MODELS_MAY_IMPORT_EXECUTORS):
                     continue
                 wrong.append(f"{package}/{rel} imports {name}")
     assert not wrong, "wrong-way imports:\n" + "\n".join(wrong)

@@ -60,6 +60,7 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     # once per backward call (cost_models.step_host); ~9 us here, under a backward's ms
     assert 1e-7 < cal.autograd_call_host_s < 1e-3
     assert 1e-6 < cal.pipeline_action_host_s < 1e-3  # torch pipelining's runtime per action
+    assert 1e-5 < cal.train_loop_host_s < 5e-3  # the executor's own loop (planner side)
     # Every grid shape once per CPU dtype, at a plausible rate for one core (0.1 GFLOP/s to
     # 10 TFLOP/s: a unit slip of 1e3 either way lands outside).
     shapes = {(p.m, p.n, p.k) for p in cal.gemm}

@@ -287,6 +287,6 @@ def test_the_train_loop_probe_reads_a_plausible_figure():
     """The real train_step's loop around one Linear, cold, beyond its forward, loss,
     backward and optimizer step: 0.32-0.37 ms here (2026-11-25, load 9-11); over 10 us
     (its ~20 ops alone) and under 5 ms (far more than a one-Linear step)."""
-    from cost_models.train_loop_probe import train_loop_host_s
+    from planner.train_loop_probe import train_loop_host_s
 
     assert 1e-5 < train_loop_host_s("cpu") < 5e-3

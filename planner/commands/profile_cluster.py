@@ -14,6 +14,7 @@ from cost_models.profile_cluster import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, pr
 from ir.errors import PlannerError
 from planner.arg_types import byte_size, check_out, count
 from planner.fmt import human_bytes, table
+from planner.train_loop_probe import with_train_loop
 
 # Collectives move float32 elements: a smaller message has nothing to send.
 MIN_MESSAGE_BYTES = 4
@@ -48,6 +49,7 @@ def run(args) -> int:
     print(f"profiling {args.nproc} processes on {args.backend} ...", file=sys.stderr)
     spec, raw = profile_cluster(args.nproc, args.backend, max_bytes=args.max_bytes,
                                 min_bytes=args.min_bytes, name=args.name)
+    spec = with_train_loop(spec)  # the executor's own loop (planner.train_loop_probe)
     if args.out:
         spec.save(args.out)
     if args.json:

@@ -32,12 +32,15 @@ def register(sub) -> None:
 def run(args) -> int:
     from cost_models.fresh_output import KIND as FRESH_OUTPUT_KIND
     from cost_models.profile_device import check_device, profile_device
+    from planner.train_loop_probe import with_train_loop
 
     check_out(args.out)
     check_device(args.device)
     progress = None if args.json else (lambda msg: print(f"... {msg}", file=sys.stderr,
                                                          flush=True))
     spec, cal = profile_device(args.device, quick=args.quick, name=args.name, progress=progress)
+    if args.device == "cpu":  # the executor's own loop (CPU kits; planner.train_loop_probe)
+        spec = with_train_loop(spec)
     if args.out:
         spec.save(args.out)
     if args.json:

@@ -17,10 +17,15 @@ work), `train_step` and the same forward, loss, backward and optimizer step + ze
 called bare; rounds alternate the two, and the medians' difference is the loop's.
 
     seconds = train_loop_host_s("cpu")   # doctest: +SKIP
+
+It lives beside the planner, not in cost_models, because it runs the executor; the CPU
+kits (`planner profile-device --device cpu`, `planner profile-cluster`) add its figure to
+the spec they measured (`with_train_loop`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 TRAIN_LOOP_WIDTH = 16  # one 16x16 Linear: its kernels ~0 of the step
@@ -77,3 +82,9 @@ def train_loop_host_s(device: str = "cpu") -> float:
                 if rnd >= TRAIN_LOOP_WARMUP:
                     times[in_loop].append(clock() - start)
         return max(0.0, statistics.median(times[True]) - statistics.median(times[False]))
+
+
+def with_train_loop(spec, device: str = "cpu"):
+    """`spec` with its kernel calibration's `train_loop_host_s` measured here (CPU kits)."""
+    cal = dataclasses.replace(spec.kernel_calibration, train_loop_host_s=train_loop_host_s(device))
+    return dataclasses.replace(spec, kernel_calibration=cal)
