@@ -87,6 +87,7 @@ import functools
 from collections.abc import Sequence
 
 from ir.cluster import ClusterSpec
+from ir.composite_ops import cold_ops_bwd, cold_ops_fwd
 from ir.layer import Layer, LayerGraph
 from ir.op_count import COLD_WINDOW_DISTINCT_OPS, recent_forward_ops
 from ir.plan import ParallelPlan
@@ -306,12 +307,15 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
     lists = {stage: layers[a:b + 1] for stage, (a, b) in spans.items()}
     # first layer -> (after a backward, same code before) -> counts
     forwards: dict[int, dict[tuple[bool, bool], list[int]]] = {}
-    backwards: dict[int, list[int]] = {}  # last layer -> counts
+    backwards: dict[int, list[dict | None]] = {}  # last layer -> `cold_ops_bwd`s
     for i, op in enumerate(ops):
         first, last = spans[op.chunk * pp + rank]
         where = first if op.forward else last
         names = layers[where].forward_overloads if op.forward else layers[where].backward_overloads
-        count = len(names - warm_before(ops, i, lists, pp, rank)) if names else None
+        warm = warm_before(ops, i, lists, pp, rank) if names else None
+        # the trace's counts (`ir.composite_ops`), against what ran before on the rank
+        count = (None if warm is None else cold_ops_fwd(layers[where], warm) if op.forward
+                 else cold_ops_bwd(layers[where], warm))
         if op.forward:  # ops[-1], before the step's first, is the step before's last backward
             before = ops[i - 1]
             # after a forward, the layer just before on the rank is that stage's last
@@ -325,8 +329,9 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
     for j in sorted(set(forwards) | set(backwards)):
         layer = layers[j]
         if j in backwards:  # layers without recorded op names keep their trace-time counts
-            layer = dataclasses.replace(layer, cold_distinct_ops_bwd=_mean(
-                backwards[j], layer.cold_distinct_ops_bwd))
+            layer = dataclasses.replace(layer, **{field: _mean(
+                [None if c is None else c[field] for c in backwards[j]], getattr(layer, field))
+                for field in ("cold_distinct_ops_bwd", "cold_inner_ops_bwd")})
         groups = forwards.get(j)
         if not groups:
             out[j] = ((1.0, layer),)
