@@ -21,7 +21,9 @@ stages, schedule and micro-batches.
    (stage, micro-batch) one forward and one backward action x `pipeline_action_host_s`.
 
 2. Where a stage starts and ends. A layer's cold ops (`Layer.cold_distinct_ops_fwd`,
-   `_bwd`) are counted at trace time against its neighbours in model order. A stage's
+   `_bwd`, `cold_inner_ops_bwd`, with its composites' inner ops: `ir.composite_ops
+   .cold_ops_fwd`, `cold_ops_bwd`) are counted at trace time against its neighbours in
+   model order, and here, by the same functions, against what ran before on the rank. A stage's
    first layer's forward runs after whatever the rank ran last: its own stage's forward
    of the micro-batch before (GPipe, 1F1B's warm-up), its backward (1F1B's steady state:
    the backward ends in the stage's FIRST layer), another chunk's pass (interleaving), or,
