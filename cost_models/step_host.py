@@ -21,7 +21,9 @@ stages, schedule and micro-batches.
    (stage, micro-batch) one forward and one backward action x `pipeline_action_host_s`.
 
 2. Where a stage starts and ends. A layer's cold ops (`Layer.cold_distinct_ops_fwd`,
-   `_bwd`) are counted at trace time against its neighbours in model order. A stage's
+   `_bwd`, `cold_inner_ops_bwd`, with its composites' inner ops: `ir.composite_ops
+   .cold_ops_fwd`, `cold_ops_bwd`) are counted at trace time against its neighbours in
+   model order, and here, by the same functions, against what ran before on the rank. A stage's
    first layer's forward runs after whatever the rank ran last: its own stage's forward
    of the micro-batch before (GPipe, 1F1B's warm-up), its backward (1F1B's steady state:
    the backward ends in the stage's FIRST layer), another chunk's pass (interleaving), or,
@@ -87,6 +89,7 @@ import functools
 from collections.abc import Sequence
 
 from ir.cluster import ClusterSpec
+from ir.composite_ops import cold_ops_bwd, cold_ops_fwd
 from ir.layer import Layer, LayerGraph
 from ir.op_count import COLD_WINDOW_DISTINCT_OPS, recent_forward_ops
 from ir.plan import ParallelPlan
@@ -306,12 +309,15 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
     lists = {stage: layers[a:b + 1] for stage, (a, b) in spans.items()}
     # first layer -> (after a backward, same code before) -> counts
     forwards: dict[int, dict[tuple[bool, bool], list[int]]] = {}
-    backwards: dict[int, list[int]] = {}  # last layer -> counts
+    backwards: dict[int, list[dict | None]] = {}  # last layer -> `cold_ops_bwd`s
     for i, op in enumerate(ops):
         first, last = spans[op.chunk * pp + rank]
         where = first if op.forward else last
         names = layers[where].forward_overloads if op.forward else layers[where].backward_overloads
-        count = len(names - warm_before(ops, i, lists, pp, rank)) if names else None
+        warm = warm_before(ops, i, lists, pp, rank) if names else None
+        # the trace's counts (`ir.composite_ops`), against what ran before on the rank
+        count = (None if warm is None else cold_ops_fwd(layers[where], warm) if op.forward
+                 else cold_ops_bwd(layers[where], warm))
         if op.forward:  # ops[-1], before the step's first, is the step before's last backward
             before = ops[i - 1]
             # after a forward, the layer just before on the rank is that stage's last
@@ -325,8 +331,9 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
     for j in sorted(set(forwards) | set(backwards)):
         layer = layers[j]
         if j in backwards:  # layers without recorded op names keep their trace-time counts
-            layer = dataclasses.replace(layer, cold_distinct_ops_bwd=_mean(
-                backwards[j], layer.cold_distinct_ops_bwd))
+            layer = dataclasses.replace(layer, **{field: _mean(
+                [None if c is None else c[field] for c in backwards[j]], getattr(layer, field))
+                for field in ("cold_distinct_ops_bwd", "cold_inner_ops_bwd")})
         groups = forwards.get(j)
         if not groups:
             out[j] = ((1.0, layer),)

@@ -25,6 +25,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from ir.op_count import cold_distinct_ops, cold_distinct_ops_bwd
+
 # Sizes of the instances: small (a run costs microseconds), big enough that every path of
 # the kernel runs (several indices per row, several bags, several classes)
 ROWS, DIM, INDICES, BAGS = 64, 8, 32, 4
@@ -154,3 +156,20 @@ def cold_inner_ops_bwd(measured, after: frozenset[str] | None) -> int:
     before = measured.forward_overloads if after is None else after
     mine = own - {packet_name(o) for o in measured.backward_overloads}
     return len(mine - _ran(before))
+
+
+def cold_ops_fwd(measured, before: frozenset[str] | None) -> int:
+    """A layer's cold forward ops against `before` (the ops warm when it starts): its
+    distinct ops not among them (`cold_distinct_ops`) + the ops its composites run inside
+    that they did not (`cold_inner_ops_fwd`), each run with its code cold and priced alike
+    (`cost_models.host_dispatch.cold_entry_seconds`). The one count of both the trace
+    (`ir.measure`) and a stage's placed passes (`cost_models.step_host.place_rank`)."""
+    return cold_distinct_ops(measured, before) + cold_inner_ops_fwd(measured, before)
+
+
+def cold_ops_bwd(measured, after: frozenset[str] | None) -> dict[str, int]:
+    """A layer's cold backward ops against `after` (the ops warm when it starts), as the
+    `Layer` fields that hold them (priced at their own figures: `cost_models.host_dispatch
+    .backward_host_seconds`); for the trace and `place_rank`, as `cold_ops_fwd`."""
+    return {"cold_distinct_ops_bwd": cold_distinct_ops_bwd(measured, after),
+            "cold_inner_ops_bwd": cold_inner_ops_bwd(measured, after)}

@@ -232,7 +232,7 @@ class Layer:
     # its forward: `ir.op_count.cold_distinct_ops`). A step runs them with their code and
     # data out of the caches (`cost_models.cold_entry_probes.cold_entry_cost`). Per position,
     # not per structure: a stack's first block follows the embedding, the others a block.
-    # With the ops its composites run inside that those did not (`ir.measure.cold_ops_fwd`).
+    # With the ops its composites run inside that those did not (`ir.composite_ops.cold_ops_fwd`).
     cold_distinct_ops_fwd: int = 0
     # ... and of its backward, in backward order: those the layer after's backward did not
     # run; for the last, those its own forward did not (`ir.op_count.cold_distinct_ops_bwd`).

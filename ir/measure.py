@@ -25,9 +25,8 @@ from ir.graph_measurer import GraphMeasurer
 from ir.layer import Layer, LayerGraph, LayerMeasurement, TPStyle
 from ir.layers import _is_block_stack
 from ir.legality import sequence_parallel_problem, takes_one_positional_input
-from ir.composite_ops import cold_inner_ops_bwd, cold_inner_ops_fwd
-from ir.op_count import (cold_distinct_ops, cold_distinct_ops_bwd, recent_backward_ops,
-                         recent_forward_ops, step_between, step_evicts)
+from ir.composite_ops import cold_ops_bwd, cold_ops_fwd
+from ir.op_count import recent_backward_ops, recent_forward_ops, step_between, step_evicts
 from ir.ownership import names_in_layers
 from ir.plan import layer_digest
 from ir.saved_tensors import tensor_leaves, value_nbytes
@@ -122,10 +121,8 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
     # backward: each layer after those whose backward ran just before it (the window)
     after_ops = [layer.measured.backward_overloads for layer in layers]
     windows = [recent_backward_ops(after_ops[i + 1:]) for i in range(len(layers))]
-    layers = [dataclasses.replace(
-        layer, cold_distinct_ops_bwd=cold_distinct_ops_bwd(layer.measured, ran),
-        cold_inner_ops_bwd=cold_inner_ops_bwd(layer.measured, ran))
-        for layer, ran in zip(layers, windows)]
+    layers = [dataclasses.replace(layer, **cold_ops_bwd(layer.measured, ran))
+              for layer, ran in zip(layers, windows)]
     layers = [dataclasses.replace(layer, **step_between(layers, i))
               for i, layer in enumerate(layers)]
     if layers:  # the first forward follows the step before's backward
@@ -147,14 +144,6 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
 
 
 # ------------------------------------------------------------------------ parameters
-
-
-def cold_ops_fwd(measured, before: frozenset[str] | None) -> int:
-    """A layer's cold forward ops: its distinct ops the layers before did not run
-    (`cold_distinct_ops`) + the ops its composites run inside that they did not
-    (`ir.composite_ops.cold_inner_ops_fwd`): each runs its code cold, priced alike
-    (`cost_models.host_dispatch.cold_entry_seconds`)."""
-    return cold_distinct_ops(measured, before) + cold_inner_ops_fwd(measured, before)
 
 
 def _owned_params(measurer: GraphMeasurer, canon_params: dict[str, nn.Parameter],

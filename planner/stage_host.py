@@ -182,8 +182,8 @@ class StageHost:
                 layer, cold_distinct_ops_fwd=0, forward_after_backward=after), self.cluster)
                 for after in (False, True))
             traced_b = backward_host_seconds(layer, self.cluster)
-            least_b = backward_host_seconds(dataclasses.replace(layer, cold_distinct_ops_bwd=0),
-                                            self.cluster)
+            least_b = backward_host_seconds(dataclasses.replace(
+                layer, cold_distinct_ops_bwd=0, cold_inner_ops_bwd=0), self.cluster)
             worst_f, worst_b = max(worst_f, traced_f - least_f), max(worst_b, traced_b - least_b)
         return least_s - (worst_f + worst_b) * 2 * max(1.0, self.cluster.host_share)
 
@@ -272,4 +272,4 @@ def stage_host(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, ta
 def _passes_key(placed: Placed) -> tuple:
     """What of a placed layer's passes its price reads beyond the layer's structure."""
     return tuple((share, l.forward_after_backward, l.same_code_before, l.cold_distinct_ops_fwd,
-                  l.cold_distinct_ops_bwd) for share, l in placed)
+                  l.cold_distinct_ops_bwd, l.cold_inner_ops_bwd) for share, l in placed)

@@ -290,3 +290,37 @@ def test_the_train_loop_probe_reads_a_plausible_figure():
     from planner.train_loop_probe import train_loop_host_s
 
     assert 1e-5 < train_loop_host_s("cpu") < 5e-3
+
+
+@pytest.mark.parametrize("model, first, own_window", [("llama-tiny", "blocks.2", False),
+                                                     ("cnn-small", "head", True)])
+def test_a_placed_stage_counts_its_cold_ops_as_the_trace_does_composites_inside(
+        model, first, own_window):
+    # A stage starting at a block whose RMSNorm runs a `mean` (or at cnn-small's head, its
+    # pool a `mean`): its placed forwards count the mean's inner ops cold as the trace
+    # does (`ir.composite_ops.cold_ops_fwd`), and its last layer's backwards their
+    # composites' (`cold_ops_bwd`), each pass against what ran before it on its rank
+    from bench.bench_kernel_model import traced_graph
+    from cost_models.pipeline_ops import rank_ops
+    from cost_models.step_host import place_rank, warm_before
+    from ir.composite_ops import cold_ops_bwd, cold_ops_fwd
+    from ir.op_count import cold_distinct_ops
+
+    layers = traced_graph(model, 1)[0].layers
+    a, b = next(i for i, l in enumerate(layers) if l.name == first), len(layers) - 1
+    pp, rank, m = 2, 1, 2
+    ops = rank_ops(Schedule.GPIPE, pp, rank, m, 1)
+    placed = place_rank(layers, {rank: (a, b)}, Schedule.GPIPE, pp, rank, m, 1)
+    warm = [warm_before(ops, i, {rank: layers[a:b + 1]}, pp, rank) for i in range(len(ops))]
+    fwd = sorted(cold_ops_fwd(layers[a], w) for w, op in zip(warm, ops) if op.forward)
+    assert sorted(l.cold_distinct_ops_fwd for _, l in placed[a]) == fwd
+    # the mean's inner ops are among them: a count of distinct ops alone is fewer
+    assert max(fwd) > max(cold_distinct_ops(layers[a], w) for w in warm)
+    bwd = [cold_ops_bwd(layers[b], w) for w, op in zip(warm, ops) if not op.forward]
+    last = placed[b][0][1]
+    for field in ("cold_distinct_ops_bwd", "cold_inner_ops_bwd"):
+        assert getattr(last, field) == sum(c[field] for c in bwd) / len(bwd)
+    # a head alone runs its loss backward's inner ops cold in one of its two backwards
+    # (the second follows its own, in the window): fewer than the trace's 1; behind
+    # four layers' backwards (llama) its own falls out of the window: as traced
+    assert (last.cold_inner_ops_bwd < layers[b].cold_inner_ops_bwd) == own_window
