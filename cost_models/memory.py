@@ -54,14 +54,14 @@ from cost_models.activations import boundary_bytes, layer_activations
 from cost_models.common import GiB, MiB, StepConfig, layer_configs
 from cost_models.dp_copies import reduces_on_one_rank
 from cost_models.memory_walk import (ChunkMemory, LayerMemory, OverLimit,  # noqa: F401
-                                     StageMemory, model_output_bytes,
-                                     optimizer_step_temp_bytes, step_group, walk_rank)
+                                     StageMemory, model_output_bytes, walk_rank)
 from cost_models.model_states import (FP32_BYTES, BytesPerParam, has_dp_unit,
                                       held_bytes_per_param, held_local_params,
-                                      largest_param_tensor, layer_held_states, moment_shares,
+                                      layer_held_states, moment_shares,
                                       zero1_step_bytes)
 from cost_models.offload import host_wall_problem, split_states
 from cost_models.pipeline_ops import rank_ops
+from cost_models.step_temporaries import step_group, step_tensor_params
 from cost_models.tied_memory import tied_shards
 
 # torch DDP's default bucket_cap_mb. The executor's data parallelism is FSDP2 (no DDP
@@ -85,8 +85,6 @@ def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
     stage = strategy.dp_mode.stage  # with dp = 1 every division below is by 1
     unit = has_dp_unit(layer, strategy, config.precision)
     working = local * held.working if unit else 0.0
-    # FSDP2 shards every parameter on dim 0, so ZeRO-2/3 also divide the largest tensor.
-    tensor_shards = strategy.tp * (strategy.dp if stage >= 2 else 1)
     shares = moment_shares(layer, strategy)
     moments = max(shares)
     tied_full = layer.tied_params * held.grads
@@ -98,8 +96,8 @@ def layer_memory(layer: Layer, strategy: LayerStrategy, config: StepConfig,
         states=states, activations=layer_activations(layer, strategy, config),
         gather_unit_bytes=working if stage == 3 else 0.0,
         # an offloaded layer's optimizer step (and its temporaries) runs on the host
-        step_tensor_params=() if strategy.offload else tuple(min(n / tensor_shards, moments)
-        for n in layer.param_numels or (largest_param_tensor(layer),)),
+        step_tensor_params=() if strategy.offload else step_tensor_params(layer, strategy,
+                                                                          moments),
         fp32_moment_bytes=0.0 if strategy.offload or not held.moments
         else moments * FP32_BYTES,
         working_param_bytes=working, reduce_bytes=reduce_bytes,

@@ -14,32 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cost_models.activations import LayerActivations, logits_bytes
-from cost_models.model_states import FP32_BYTES, OPTIMIZER_MOMENTS, ModelStates, has_dp_unit
+from cost_models.model_states import ModelStates
 from cost_models.pipeline_ops import PassOp
+from cost_models.step_temporaries import STEP_GROUP_ANY, optimizer_step_temp_bytes
 from ir.layer import Layer, TPStyle
-from ir.strategy import DPMode, LayerStrategy, Precision
+from ir.strategy import LayerStrategy
 
 # StageMemory rounds each of its five parts: peak_bytes is within 2.5 bytes of the sum.
 PARTS_ROUNDING_BYTES = 3
-# PyTorch's single-tensor Adam (the CPU default) makes two parameter-sized temporaries
-# per tensor (sqrt(v), then / bias correction) while the previous tensor's `denom` is
-# still bound (torch 2.13 optim/adam.py `_single_tensor_adam`; AdamW, amsgrad alike; Adam's
-# coupled weight decay adds a third, unpriced: plans carry no optimizer kwargs); foreach one
-# moment-sized temporary (`exp_avg_sq_sqrt`) for a param group's tensors at once, freed
-# when the group's `adam()` call returns (torch 2.13 optim/adam.py `_multi_tensor_adam`);
-# the fused kernel none.
-ADAM_SINGLE_TENSOR_TEMPORARIES = 2
-ADAM_FOREACH_TEMPORARIES = 1
-# Which torch param group a layer's tensors step in (`executors.optimizer.param_groups`:
-# consecutive runs of DTensors or plain tensors; ZeRO-1's plain flat shards after all the
-# others; offloaded shards apart, on the host). STEP_GROUP_ANY: no parameters, or TP'd
-# DTensors beside plain ones (a norm outside the TP plan): it may join the run on
-# either side, so it is counted in both.
-STEP_GROUP_ANY = ""
-STEP_GROUP_PLAIN = "plain"
-STEP_GROUP_DTENSOR = "dtensor"
-STEP_GROUP_FLAT = "flat"
-STEP_GROUP_HOST = "host"
 # executors.tied.TiedGradients.sync: `sum(full gradients)` holds the running sum and the
 # new one while adding the next full gradient.
 TIED_SUM_TEMPORARIES = 2
@@ -76,7 +58,7 @@ class LayerMemory:
     # FSDP2 on a one-rank group: `input / gradient_divide_factor`, copied to the output
     # (torch 2.13 foreach_reduce; the executor sets the factor, `_sum_reduction`)
     reduce_divide_bytes: float = 0.0
-    step_group: str = STEP_GROUP_ANY  # its optimizer param group's kind (`step_group`)
+    step_group: str = STEP_GROUP_ANY  # its param group's kind (`step_temporaries.step_group`)
 
     @property
     def has_unit(self) -> bool:
@@ -126,70 +108,6 @@ class StageMemory:
             out["device_peak_bytes"] = list(self.device_peak_bytes)
         out["host_bytes"] = self.host_bytes
         return out
-
-
-def optimizer_step_temp_bytes(layers: Sequence[LayerMemory], optimizer: str,
-                              implementation: str) -> float:
-    """Temporaries of one optimizer step (PyTorch's Adam/AdamW implementations:
-    `ir.plan.optimizer_implementation`; the fused kernel makes none)."""
-    if OPTIMIZER_MOMENTS.get(optimizer, 0) < 2 or implementation == "fused":
-        return 0.0  # SGD (with or without momentum, no weight decay) updates in place
-    if implementation == "foreach":  # the largest param group's
-        return ADAM_FOREACH_TEMPORARIES * max(_step_group_bytes(layers), default=0.0)
-    return _single_tensor_peak_params(layers) * FP32_BYTES
-
-
-def _single_tensor_peak_params(layers: Sequence[LayerMemory]) -> float:
-    """max of 2 t_i + t_(i-1) over one param group's tensors in step order (`denom` goes
-    when its `adam()` returns); a STEP_GROUP_ANY layer may end the group before it."""
-    ordered = [l for l in layers if l.step_group != STEP_GROUP_FLAT] + [
-        l for l in layers if l.step_group == STEP_GROUP_FLAT]
-    peak, before, key, last = 0.0, 0.0, None, STEP_GROUP_ANY
-    for l in ordered:
-        if l.step_group not in (STEP_GROUP_ANY, key):
-            key, before = l.step_group, before if last == STEP_GROUP_ANY else 0.0
-        last = l.step_group
-        for t in l.step_tensor_params:
-            peak, before = max(peak, ADAM_SINGLE_TENSOR_TEMPORARIES * t + before), t
-    return peak
-
-
-def step_group(layer: Layer, strategy: LayerStrategy, precision: Precision) -> str:
-    """The kind of param group a layer's tensors step in (STEP_GROUP_*)."""
-    if strategy.offload:
-        return STEP_GROUP_HOST
-    if strategy.dp_mode is DPMode.ZERO1 and strategy.dp > 1:
-        return STEP_GROUP_FLAT
-    if not layer.params + layer.tied_params:
-        return STEP_GROUP_ANY
-    if has_dp_unit(layer, strategy, precision):  # FSDP2 makes every parameter a DTensor
-        return STEP_GROUP_DTENSOR
-    if strategy.tp == 1 or not layer.tp_candidates:
-        return STEP_GROUP_PLAIN
-    split = sum(c.params for c in layer.tp_candidates)
-    return STEP_GROUP_DTENSOR if split >= layer.params + layer.tied_params else STEP_GROUP_ANY
-
-
-def _step_group_bytes(layers: Sequence[LayerMemory]) -> list[float]:
-    """Moment bytes of each param group the executor steps, in its order (ZeRO-1's flat
-    shards last); a STEP_GROUP_ANY layer counts in the groups on both its sides. A
-    group's (device, dtype) lists are stepped in turn, but the previous list's
-    temporary is still bound while the next is made (measured: 2 dtypes hold both), and
-    the executor's groups are one fp32 list each: a group holds its whole sum."""
-    ordered = [l for l in layers if l.step_group != STEP_GROUP_FLAT] + [
-        l for l in layers if l.step_group == STEP_GROUP_FLAT]
-    groups, key, run, either = [], None, 0.0, 0.0  # either: ANY bytes since the last key
-    for l in ordered:
-        if l.step_group == STEP_GROUP_ANY:
-            run += l.fp32_moment_bytes
-            either += l.fp32_moment_bytes
-            continue
-        if l.step_group != key:
-            groups.append(run)
-            key, run = l.step_group, either
-        either = 0.0
-        run += l.fp32_moment_bytes
-    return groups + [run]
 
 
 def model_output_bytes(head: Layer, strategy: LayerStrategy, config) -> float:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from cost_models.memory_walk import optimizer_step_temp_bytes
+from cost_models.step_temporaries import optimizer_step_temp_bytes
 from executors.optimizer import param_groups, step_implementation
 from ir.errors import PlannerError
 from ir.plan import optimizer_implementation, requested_implementation
@@ -103,8 +103,8 @@ def test_step_temporaries_peak_per_param_group_as_torch_frees_them(implementatio
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Replicate, distribute_tensor
 
-    from cost_models.memory_walk import (STEP_GROUP_DTENSOR, STEP_GROUP_PLAIN,
-                                         optimizer_step_temp_bytes)
+    from cost_models.step_temporaries import (STEP_GROUP_DTENSOR, STEP_GROUP_PLAIN,
+                                              optimizer_step_temp_bytes)
     from ir.memory_tracker import LiveTensorTracker
 
     owned = not dist.is_initialized()
@@ -155,7 +155,7 @@ def test_single_tensor_step_holds_the_previous_tensors_denom(amsgrad):
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Replicate, distribute_tensor
 
-    from cost_models.memory_walk import STEP_GROUP_DTENSOR, STEP_GROUP_PLAIN
+    from cost_models.step_temporaries import STEP_GROUP_DTENSOR, STEP_GROUP_PLAIN
     from ir.memory_tracker import LiveTensorTracker
 
     owned = not dist.is_initialized()
@@ -206,8 +206,9 @@ def test_ir_records_each_parameters_size_in_step_order():
 def test_layers_step_in_the_groups_the_executor_makes():
     """ZeRO-1's flat shards step after every other group; a TP'd block with plain norms
     counts in the groups on both its sides; an offloaded layer splits the runs."""
-    from cost_models.memory_walk import (STEP_GROUP_ANY, STEP_GROUP_DTENSOR, STEP_GROUP_FLAT,
-                                         STEP_GROUP_HOST, STEP_GROUP_PLAIN, step_group)
+    from cost_models.step_temporaries import (STEP_GROUP_ANY, STEP_GROUP_DTENSOR,
+                                              STEP_GROUP_FLAT, STEP_GROUP_HOST,
+                                              STEP_GROUP_PLAIN, step_group)
     from ir.strategy import DPMode, LayerStrategy
     from planner.models import load_layer_graph
 
@@ -223,10 +224,74 @@ def test_layers_step_in_the_groups_the_executor_makes():
         (100, STEP_GROUP_FLAT), (10, STEP_GROUP_PLAIN), (1, STEP_GROUP_DTENSOR)))
     either, host = _layer_memory([1000], STEP_GROUP_ANY), _layer_memory([0], STEP_GROUP_HOST)
     temp = lambda *ls: optimizer_step_temp_bytes(ls, "adamw", "foreach") / 4  # noqa: E731
-    assert temp(flat, plain, flat) == 200  # both flat layers in one group, last
+    # both flat layers last, joining the plain run before them (plain tensors alike)
+    assert temp(flat, plain, flat) == 210
+    assert temp(flat, dtensor, flat) == 200
     assert temp(plain, either, dtensor) == 1010  # either side may hold the TP'd block
     assert temp(dtensor, either, dtensor) == 1002
     assert temp(plain, host, plain) == 10
+
+
+@pytest.mark.parametrize("plan", [("plain", "flat", "dtensor", "flat", "plain"),
+                                  ("flat", "plain", "flat"), ("plain", "dtensor", "flat"),
+                                  ("dtensor", "plain", "dtensor", "flat")])
+def test_walk_groups_layers_as_the_executors_param_groups(plan):
+    """The executor's real param groups (ShardedOptimizer's order: every other
+    parameter, then ZeRO-1's flat shards, plain tensors) against the walk's groups. The
+    old walk kept flat shards apart from a plain run before them (200 for 210)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    from cost_models.step_temporaries import (STEP_GROUP_DTENSOR, STEP_GROUP_FLAT,
+                                              STEP_GROUP_PLAIN, _step_group_bytes)
+
+    kinds = {"plain": STEP_GROUP_PLAIN, "dtensor": STEP_GROUP_DTENSOR, "flat": STEP_GROUP_FLAT}
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = DeviceMesh("cpu", torch.arange(1))
+        numels = [10 * (i + 1) for i in range(len(plan))]
+        params = [nn.Parameter(distribute_tensor(torch.randn(n), mesh, [Replicate()]))
+                  if kind == "dtensor" else nn.Parameter(torch.randn(n))
+                  for n, kind in zip(numels, plan)]
+        stepped = ([p for p, k in zip(params, plan) if k != "flat"]
+                   + [p for p, k in zip(params, plan) if k == "flat"])
+        groups = param_groups(stepped, frozenset(), torch.optim.AdamW, "foreach")
+        executor = [sum(p.numel() for p in g["params"]) * 4.0 for g in groups]
+    finally:
+        if owned:
+            dist.destroy_process_group()
+    walk = _step_group_bytes([_layer_memory([n], kinds[k]) for n, k in zip(numels, plan)])
+    assert [b for b in walk if b] == executor
+
+
+def test_step_tensors_split_by_tp_only_where_tp_splits_them():
+    """TP divides a candidate's weight (and a column-parallel bias), not a norm, a
+    row-parallel bias or a layer with no candidates (`held_local_params`' rule, per
+    tensor); ZeRO-3 divides every tensor. The old rule divided all by tp: cnn-small's
+    2304-element convolutions priced 576 at tp=4."""
+    from cost_models.model_states import held_local_params
+    from cost_models.step_temporaries import step_tensor_params
+    from ir.strategy import DPMode, LayerStrategy
+    from planner.models import load_layer_graph
+
+    conv = load_layer_graph("cnn-small", 1, None).layers[1]
+    assert not conv.tp_candidates
+    assert step_tensor_params(conv, LayerStrategy(tp=4), 1e9) == tuple(
+        float(n) for n in conv.param_numels)
+    graph = load_layer_graph("gpt-tiny", 1, None)
+    for layer in graph.layers:
+        for strategy in (LayerStrategy(tp=2), LayerStrategy(tp=2, dp=2, dp_mode=DPMode.ZERO3)):
+            local = step_tensor_params(layer, strategy, 1e12)
+            shards = 2 if strategy.dp_mode is DPMode.ZERO3 else 1
+            assert sum(local) * shards == pytest.approx(held_local_params(layer, strategy))
+    block = graph.layers[1]
+    tp2 = step_tensor_params(block, LayerStrategy(tp=2), 1e12)
+    assert max(tp2) == max(block.param_numels) / 2  # the largest weight is split
+    whole = [n for n, t in zip(block.param_numels, tp2) if t == n]
+    assert whole and len(whole) < len(tp2)  # norms / row-wise biases stay whole
 
 
 def test_gpu_step_prices_the_fused_kernel_not_a_dispatch_per_tensor():
