@@ -132,17 +132,23 @@ def _ran(overloads: frozenset[str]) -> frozenset[str]:
     return frozenset(packet_name(o) for o in overloads) | inner
 
 
+def _cold_inner(own: frozenset[str], warm: frozenset[str]) -> int:
+    """Inner ops of the composites among overloads `own` that neither `own` itself nor
+    the overloads `warm` (their ops and their composites' inner ops) ran."""
+    inner = frozenset().union(*(inner_ops(o) for o in own))
+    if not inner:
+        return 0
+    mine = inner - {packet_name(o) for o in own}
+    return len(mine - _ran(warm))
+
+
 def cold_inner_ops_fwd(measured, before: frozenset[str] | None) -> int:
     """Inner ops of a layer's composite forward ops (`inner_ops` of its
     `measured.forward_overloads`) that the layers before it (`before`, their overloads)
     did not run, nor any of their composites; for the first layer (None), those its own
     backward did not run (`ir.op_count.cold_distinct_ops`'s order)."""
-    own = frozenset().union(*(inner_ops(o) for o in measured.forward_overloads))
-    if not own:
-        return 0
-    ran = measured.backward_overloads if before is None else before
-    mine = own - {packet_name(o) for o in measured.forward_overloads}
-    return len(mine - _ran(ran))
+    warm = measured.backward_overloads if before is None else before
+    return _cold_inner(measured.forward_overloads, warm)
 
 
 def cold_inner_ops_bwd(measured, after: frozenset[str] | None) -> int:
@@ -150,12 +156,8 @@ def cold_inner_ops_bwd(measured, after: frozenset[str] | None) -> int:
     `measured.backward_overloads`) that the layer after's backward (`after`, its
     overloads) did not run, nor any of its composites; for the last layer (None), those
     its own forward did not run (`ir.op_count.cold_distinct_ops_bwd`'s order)."""
-    own = frozenset().union(*(inner_ops(o) for o in measured.backward_overloads))
-    if not own:
-        return 0
-    before = measured.forward_overloads if after is None else after
-    mine = own - {packet_name(o) for o in measured.backward_overloads}
-    return len(mine - _ran(before))
+    warm = measured.forward_overloads if after is None else after
+    return _cold_inner(measured.backward_overloads, warm)
 
 
 def cold_ops_fwd(measured, before: frozenset[str] | None) -> int:
