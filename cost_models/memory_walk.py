@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from cost_models.activations import LayerActivations, logits_bytes
 from cost_models.model_states import ModelStates
 from cost_models.pipeline_ops import PassOp
-from cost_models.step_temporaries import STEP_GROUP_ANY, optimizer_step_temp_bytes
+from cost_models.step_temporaries import optimizer_step_temp_bytes
 from ir.layer import Layer, TPStyle
+from ir.step_groups import StepGroup
 from ir.strategy import LayerStrategy
 
 # StageMemory rounds each of its five parts: peak_bytes is within 2.5 bytes of the sum.
@@ -58,7 +59,7 @@ class LayerMemory:
     # FSDP2 on a one-rank group: `input / gradient_divide_factor`, copied to the output
     # (torch 2.13 foreach_reduce; the executor sets the factor, `_sum_reduction`)
     reduce_divide_bytes: float = 0.0
-    step_group: str = STEP_GROUP_ANY  # its param group's kind (`step_temporaries.step_group`)
+    step_group: StepGroup = StepGroup.ANY  # its param group's (`step_temporaries.step_group`)
 
     @property
     def has_unit(self) -> bool:

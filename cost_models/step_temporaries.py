@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from cost_models.model_states import (FP32_BYTES, OPTIMIZER_MOMENTS, has_dp_unit,
                                       largest_param_tensor, tp_local_params)
 from ir.layer import Layer, TPCandidate, TPStyle
+from ir.step_groups import StepGroup
 from ir.strategy import DPMode, LayerStrategy, Precision
 
 if TYPE_CHECKING:
@@ -24,16 +25,9 @@ if TYPE_CHECKING:
 # the fused kernel none.
 ADAM_SINGLE_TENSOR_TEMPORARIES = 2
 ADAM_FOREACH_TEMPORARIES = 1
-# Which torch param group a layer's tensors step in (`executors.optimizer.param_groups`:
-# consecutive runs of DTensors or plain tensors; ZeRO-1's flat shards, plain tensors,
-# after all the others; offloaded shards apart, on the host). STEP_GROUP_ANY: no
-# parameters, or TP'd DTensors beside plain ones (a norm outside the TP plan): it may
-# join the run on either side, so it is counted in both.
-STEP_GROUP_ANY = ""
-STEP_GROUP_PLAIN = "plain"
-STEP_GROUP_DTENSOR = "dtensor"
-STEP_GROUP_FLAT = "flat"
-STEP_GROUP_HOST = "host"
+# Which torch param group a layer's tensors step in: `ir.step_groups.StepGroup`. A
+# StepGroup.ANY layer (no parameters, or TP'd DTensors beside plain ones: a norm outside
+# the TP plan) may join the run on either side, so it is counted in both.
 
 
 def optimizer_step_temp_bytes(layers: Sequence[LayerMemory], optimizer: str,
@@ -47,24 +41,23 @@ def optimizer_step_temp_bytes(layers: Sequence[LayerMemory], optimizer: str,
     return _single_tensor_peak_params(layers) * FP32_BYTES
 
 
-def step_order(layers: Sequence[LayerMemory]) -> list[tuple[LayerMemory, str]]:
+def step_order(layers: Sequence[LayerMemory]) -> list[tuple[LayerMemory, StepGroup]]:
     """The layers in the order the executor steps them, each with the kind its group
     is split by: ZeRO-1's flat shards go last (`ShardedOptimizer`), and being plain
     tensors they join a plain run just before them (param_groups keys on
     (implementation, is-DTensor) only)."""
-    ordered = [l for l in layers if l.step_group != STEP_GROUP_FLAT] + [
-        l for l in layers if l.step_group == STEP_GROUP_FLAT]
-    return [(l, STEP_GROUP_PLAIN if l.step_group == STEP_GROUP_FLAT else l.step_group)
-            for l in ordered]
+    ordered = [l for l in layers if l.step_group is not StepGroup.FLAT] + [
+        l for l in layers if l.step_group is StepGroup.FLAT]
+    return [(l, l.step_group.list_kind) for l in ordered]
 
 
 def _single_tensor_peak_params(layers: Sequence[LayerMemory]) -> float:
     """max of 2 t_i + t_(i-1) over one param group's tensors in step order (`denom` goes
-    when its `adam()` returns); a STEP_GROUP_ANY layer may end the group before it."""
-    peak, before, key, last = 0.0, 0.0, None, STEP_GROUP_ANY
+    when its `adam()` returns); a StepGroup.ANY layer may end the group before it."""
+    peak, before, key, last = 0.0, 0.0, None, StepGroup.ANY
     for l, kind in step_order(layers):
-        if kind not in (STEP_GROUP_ANY, key):
-            key, before = kind, before if last == STEP_GROUP_ANY else 0.0
+        if kind not in (StepGroup.ANY, key):
+            key, before = kind, before if last is StepGroup.ANY else 0.0
         last = kind
         for t in l.step_tensor_params:
             peak, before = max(peak, ADAM_SINGLE_TENSOR_TEMPORARIES * t + before), t
@@ -73,13 +66,13 @@ def _single_tensor_peak_params(layers: Sequence[LayerMemory]) -> float:
 
 def _step_group_bytes(layers: Sequence[LayerMemory]) -> list[float]:
     """Moment bytes of each param group the executor steps, in its order; a
-    STEP_GROUP_ANY layer counts in the groups on both its sides. A group's (device,
+    StepGroup.ANY layer counts in the groups on both its sides. A group's (device,
     dtype) lists are stepped in turn, but the previous list's temporary is still bound
     while the next is made (measured: 2 dtypes hold both), and the executor's groups are
     one fp32 list each: a group holds its whole sum."""
     groups, key, run, either = [], None, 0.0, 0.0  # either: ANY bytes since the last key
     for l, kind in step_order(layers):
-        if kind == STEP_GROUP_ANY:
+        if kind is StepGroup.ANY:
             run += l.fp32_moment_bytes
             either += l.fp32_moment_bytes
             continue
@@ -91,20 +84,20 @@ def _step_group_bytes(layers: Sequence[LayerMemory]) -> list[float]:
     return groups + [run]
 
 
-def step_group(layer: Layer, strategy: LayerStrategy, precision: Precision) -> str:
-    """The kind of param group a layer's tensors step in (STEP_GROUP_*)."""
+def step_group(layer: Layer, strategy: LayerStrategy, precision: Precision) -> StepGroup:
+    """The kind of param group a layer's tensors step in."""
     if strategy.offload:
-        return STEP_GROUP_HOST
+        return StepGroup.HOST
     if strategy.dp_mode is DPMode.ZERO1 and strategy.dp > 1:
-        return STEP_GROUP_FLAT
+        return StepGroup.FLAT
     if not layer.params + layer.tied_params:
-        return STEP_GROUP_ANY
+        return StepGroup.ANY
     if has_dp_unit(layer, strategy, precision):  # FSDP2 makes every parameter a DTensor
-        return STEP_GROUP_DTENSOR
+        return StepGroup.DTENSOR
     if strategy.tp == 1 or not layer.tp_candidates:
-        return STEP_GROUP_PLAIN
+        return StepGroup.PLAIN
     split = sum(c.params for c in layer.tp_candidates)
-    return STEP_GROUP_DTENSOR if split >= layer.params + layer.tied_params else STEP_GROUP_ANY
+    return StepGroup.DTENSOR if split >= layer.params + layer.tied_params else StepGroup.ANY
 
 
 def step_tensor_params(layer: Layer, strategy: LayerStrategy, moments: float) -> tuple[float, ...]:

@@ -32,6 +32,7 @@ from torch import nn
 from executors.zero1 import FlatShardGroup, local_tensor
 from ir.errors import PlannerError
 from ir.plan import OPTIMIZERS, optimizer_implementation, requested_implementation
+from ir.step_groups import StepGroup
 
 __all__ = ["ShardedOptimizer", "build_optimizer", "local_tensor", "step_implementation"]
 
@@ -156,14 +157,12 @@ def param_groups(params: list[nn.Parameter], offloaded: frozenset[int],
     implementation (the parameters keep their order). Kinds: stepping as
     `implementation` (`step_implementation`) or, offloaded (ids in `offloaded`), with
     torch's fused CPU kernel where the class has one (module docstring); and DTensor or
-    plain tensor: torch's list kernels refuse a list mixing them (ZeRO-1's plain flat
-    shards beside FSDP2's or TP's DTensors)."""
-    from torch.distributed.tensor import DTensor
-
+    plain tensor (`StepGroup.of_tensor`): torch's list kernels refuse a list mixing them
+    (ZeRO-1's plain flat shards beside FSDP2's or TP's DTensors)."""
     host = "fused" if _takes(optimizer_cls, "fused") else implementation
 
-    def kind(p) -> tuple[str, bool]:
-        return host if id(p) in offloaded else implementation, isinstance(p, DTensor)
+    def kind(p) -> tuple[str, StepGroup]:
+        return host if id(p) in offloaded else implementation, StepGroup.of_tensor(p)
 
     groups = []
     for (impl, _), run in groupby(zip(params, map(kind, params)), key=lambda pk: pk[1]):

@@ -17,6 +17,7 @@ from cost_models.step_temporaries import optimizer_step_temp_bytes
 from executors.optimizer import param_groups, step_implementation
 from ir.errors import PlannerError
 from ir.plan import optimizer_implementation, requested_implementation
+from ir.step_groups import StepGroup
 from ir.strategy import Precision
 from planner.search_space import SearchOptions
 
@@ -74,7 +75,7 @@ def test_requested_implementation_follows_torchs_defaults():
 class _Layer:  # the fields optimizer_step_temp_bytes reads
     fp32_moment_bytes = 400.0
     step_tensor_params = (10.0,)
-    step_group = ""  # STEP_GROUP_ANY: one group with its neighbours
+    step_group = StepGroup.ANY  # one group with its neighbours
 
 
 def test_fused_step_holds_no_temporaries():
@@ -103,8 +104,7 @@ def test_step_temporaries_peak_per_param_group_as_torch_frees_them(implementatio
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Replicate, distribute_tensor
 
-    from cost_models.step_temporaries import (STEP_GROUP_DTENSOR, STEP_GROUP_PLAIN,
-                                              optimizer_step_temp_bytes)
+    from cost_models.step_temporaries import optimizer_step_temp_bytes
     from ir.memory_tracker import LiveTensorTracker
 
     owned = not dist.is_initialized()
@@ -112,8 +112,8 @@ def test_step_temporaries_peak_per_param_group_as_torch_frees_them(implementatio
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         mesh = DeviceMesh("cpu", torch.arange(1))
-        layers = [([3000, 1000], STEP_GROUP_PLAIN), ([2000], STEP_GROUP_DTENSOR),
-                  ([500], STEP_GROUP_PLAIN)]  # groups of 16000, 8000 and 2000 bytes
+        layers = [([3000, 1000], StepGroup.PLAIN), ([2000], StepGroup.DTENSOR),
+                  ([500], StepGroup.PLAIN)]  # groups of 16000, 8000 and 2000 bytes
         params = [[nn.Parameter(torch.randn(n)) for n in numels] for numels, _ in layers]
         params[1] = [nn.Parameter(distribute_tensor(p.data, mesh, [Replicate()]))
                      for p in params[1]]
@@ -155,7 +155,6 @@ def test_single_tensor_step_holds_the_previous_tensors_denom(amsgrad):
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Replicate, distribute_tensor
 
-    from cost_models.step_temporaries import STEP_GROUP_DTENSOR, STEP_GROUP_PLAIN
     from ir.memory_tracker import LiveTensorTracker
 
     owned = not dist.is_initialized()
@@ -163,8 +162,8 @@ def test_single_tensor_step_holds_the_previous_tensors_denom(amsgrad):
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         mesh = DeviceMesh("cpu", torch.arange(1))
-        layers = [([300, 1000], STEP_GROUP_PLAIN), ([2000, 100], STEP_GROUP_PLAIN),
-                  ([1900], STEP_GROUP_DTENSOR)]  # 2 x 1900 after 100: DTensor group alone
+        layers = [([300, 1000], StepGroup.PLAIN), ([2000, 100], StepGroup.PLAIN),
+                  ([1900], StepGroup.DTENSOR)]  # 2 x 1900 after 100: DTensor group alone
         params = [[nn.Parameter(torch.randn(n)) for n in numels] for numels, _ in layers]
         params[2] = [nn.Parameter(distribute_tensor(p.data, mesh, [Replicate()]))
                      for p in params[2]]
@@ -206,23 +205,21 @@ def test_ir_records_each_parameters_size_in_step_order():
 def test_layers_step_in_the_groups_the_executor_makes():
     """ZeRO-1's flat shards step after every other group; a TP'd block with plain norms
     counts in the groups on both its sides; an offloaded layer splits the runs."""
-    from cost_models.step_temporaries import (STEP_GROUP_ANY, STEP_GROUP_DTENSOR,
-                                              STEP_GROUP_FLAT, STEP_GROUP_HOST,
-                                              STEP_GROUP_PLAIN, step_group)
+    from cost_models.step_temporaries import step_group
     from ir.strategy import DPMode, LayerStrategy
     from planner.models import load_layer_graph
 
     embed, block = load_layer_graph("gpt-tiny", 1, None).layers[:2]
-    assert step_group(block, LayerStrategy(), Precision.FP32) == STEP_GROUP_PLAIN
-    assert step_group(block, LayerStrategy(), Precision.BF16_MIXED) == STEP_GROUP_DTENSOR
-    assert step_group(block, LayerStrategy(tp=2), Precision.FP32) == STEP_GROUP_ANY
+    assert step_group(block, LayerStrategy(), Precision.FP32) == StepGroup.PLAIN
+    assert step_group(block, LayerStrategy(), Precision.BF16_MIXED) == StepGroup.DTENSOR
+    assert step_group(block, LayerStrategy(tp=2), Precision.FP32) == StepGroup.ANY
     assert step_group(block, LayerStrategy(dp=2, dp_mode=DPMode.ZERO1),
-                      Precision.FP32) == STEP_GROUP_FLAT
+                      Precision.FP32) == StepGroup.FLAT
     assert step_group(block, LayerStrategy(dp=2, dp_mode=DPMode.ZERO3, offload=True),
-                      Precision.FP32) == STEP_GROUP_HOST
+                      Precision.FP32) == StepGroup.HOST
     flat, plain, dtensor = (_layer_memory([n], g) for n, g in (
-        (100, STEP_GROUP_FLAT), (10, STEP_GROUP_PLAIN), (1, STEP_GROUP_DTENSOR)))
-    either, host = _layer_memory([1000], STEP_GROUP_ANY), _layer_memory([0], STEP_GROUP_HOST)
+        (100, StepGroup.FLAT), (10, StepGroup.PLAIN), (1, StepGroup.DTENSOR)))
+    either, host = _layer_memory([1000], StepGroup.ANY), _layer_memory([0], StepGroup.HOST)
     temp = lambda *ls: optimizer_step_temp_bytes(ls, "adamw", "foreach") / 4  # noqa: E731
     # both flat layers last, joining the plain run before them (plain tensors alike)
     assert temp(flat, plain, flat) == 210
@@ -243,10 +240,8 @@ def test_walk_groups_layers_as_the_executors_param_groups(plan):
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Replicate, distribute_tensor
 
-    from cost_models.step_temporaries import (STEP_GROUP_DTENSOR, STEP_GROUP_FLAT,
-                                              STEP_GROUP_PLAIN, _step_group_bytes)
+    from cost_models.step_temporaries import _step_group_bytes
 
-    kinds = {"plain": STEP_GROUP_PLAIN, "dtensor": STEP_GROUP_DTENSOR, "flat": STEP_GROUP_FLAT}
     owned = not dist.is_initialized()
     if owned:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -263,7 +258,7 @@ def test_walk_groups_layers_as_the_executors_param_groups(plan):
     finally:
         if owned:
             dist.destroy_process_group()
-    walk = _step_group_bytes([_layer_memory([n], kinds[k]) for n, k in zip(numels, plan)])
+    walk = _step_group_bytes([_layer_memory([n], StepGroup(k)) for n, k in zip(numels, plan)])
     assert [b for b in walk if b] == executor
 
 
