@@ -110,44 +110,19 @@ def step_tensor_params(layer: Layer, strategy: LayerStrategy, moments: float) ->
 
 
 def _tensor_splits(layer: Layer) -> list[tuple[int, float]]:
-    """(elements, elements TP divides) of each tensor in `param_numels` order, named as
-    `ir.measure._tp_params` splits them (candidates' weights, column-parallel biases).
-    Where the names cannot be lined up (hand-built layers), each tensor takes the
-    layer's split share."""
+    """(elements, elements TP divides) of each tensor in `param_numels` order, told by
+    `param_step_names` as `ir.measure._tp_params` splits them (candidates' weights,
+    column-parallel biases). Layers without those names (hand-built) give each tensor
+    the layer's split share."""
     numels = layer.param_numels or (largest_param_tensor(layer),)
-    total = layer.params + layer.tied_params
-    share = (layer.tp_params + layer.tied_tp_params) / total if total else 0.0
-    names = _step_names(layer)
-    if names is None:
+    names = layer.param_step_names
+    if len(names) != len(numels):
+        total = layer.params + layer.tied_params
+        share = (layer.tp_params + layer.tied_tp_params) / total if total else 0.0
         return [(n, n * share) for n in numels]
     split: dict[str, TPCandidate] = {}
     for c in layer.tp_candidates:
-        prefix = ".".join(filter(None, (layer.name, c.module)))
         for attr in ("weight", "bias") if c.style is TPStyle.COLWISE else ("weight",):
-            split[f"{prefix}.{attr}"] = c
+            split[".".join(filter(None, (c.module, attr)))] = c
     return [(n, split[name].split_numel(n) if name in split else 0)
             for n, name in zip(numels, names)]
-
-
-def _step_names(layer: Layer) -> list[str] | None:
-    """Each of `param_numels`' tensors' name: the owned ones (`param_names`, in order)
-    with the tied copies (`tied_param_names`, one per shared tensor) placed where their
-    sizes fall; None where the counts or sizes do not line up."""
-    tied, seen = [], set()
-    for name, owner, numel in zip(layer.tied_param_names, layer.tied_owner_params,
-                                  layer.tied_param_numels):
-        if owner not in seen:
-            seen.add(owner)
-            tied.append((name, numel))
-    owned = list(layer.param_names)
-    if not layer.param_numels or len(owned) + len(tied) != len(layer.param_numels):
-        return None
-    names = []
-    for n in layer.param_numels:  # a tied copy where its size comes next, else owned
-        if tied and (not owned or tied[0][1] == n):
-            if tied[0][1] != n:
-                return None
-            names.append(tied.pop(0)[0])
-        else:
-            names.append(owned.pop(0))
-    return names

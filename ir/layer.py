@@ -202,6 +202,10 @@ class Layer:
     # Elements of each parameter it holds, tied copies included, in the model's
     # named_parameters order (the order torch's optimizer steps them); () for hand-built layers.
     param_numels: tuple[int, ...] = ()
+    # ... and each one's name under the layer's module path ("out.weight"), in the same
+    # order: what TP splits is told by name (`cost_models.step_temporaries`), not by a size
+    # two tensors may share; position-free (a stack's blocks agree); () for hand-built layers.
+    param_step_names: tuple[str, ...] = ()
     # Weights this layer shares with an earlier layer (a tied embedding / LM head): counted
     # in that layer's `params`, but the executor gives this layer its own copy
     # (`executors.tied.untie`), with its own gradient and optimizer state. Names are this

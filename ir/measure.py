@@ -108,7 +108,7 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             tp_candidates=candidates, tp_divisors=divisors,
             max_param_numel=max([canon_params[p].numel() for p in pnames]
                                 + [t.numel() for t in tied.values()], default=0),
-            param_numels=_param_numels(param_order, pnames, canon_params, tied),
+            **_param_steps(lname, param_order, pnames, local_names[i], canon_params, tied),
             tied_params=sum(t.numel() for t in {id(t): t for t in tied.values()}.values()),
             tied_tp_params=tied_tp, tied_param_names=tuple(tied),
             tied_owner_layers=tuple(tied_owners[i][n][0] for n in tied),
@@ -187,13 +187,20 @@ def _tp_params(module: nn.Module | None, candidates, owned: list[torch.Tensor],
     return tp_params, tied_tp
 
 
-def _param_numels(order: dict[str, int], pnames, canon_params, tied: dict) -> tuple[int, ...]:
-    """Elements of a layer's parameters and tied copies, in `order` (the model's
-    named_parameters with duplicates: where `executors.tied.untie` leaves each copy)."""
-    named = sorted([(order[n], canon_params[n]) for n in pnames]
-                   + [(order.get(n, len(order)), t) for n, t in tied.items()],
+def _param_steps(lname: str, order: dict[str, int], pnames, local_names, canon_params,
+                 tied: dict) -> dict[str, tuple]:
+    """`param_numels` and `param_step_names`: a layer's parameters and tied copies in
+    `order` (the model's named_parameters with duplicates: where `executors.tied.untie`
+    leaves each copy), each named under the layer's path (`local_names`: its owned ones')."""
+    named = sorted([(order[n], local, canon_params[n]) for n, local in zip(pnames, local_names)]
+                   + [(order.get(n, len(order)), n, t) for n, t in tied.items()],
                    key=lambda it: it[0])
-    return tuple(t.numel() for t in {id(t): t for _, t in named}.values())
+    steps = {}  # one entry per tensor, where it first comes
+    for _, name, t in named:
+        steps.setdefault(id(t), (name, t.numel()))
+    prefix = lname + "." if lname and "+" not in lname else ""
+    return dict(param_numels=tuple(n for _, n in steps.values()),
+                param_step_names=tuple(name.removeprefix(prefix) for name, _ in steps.values()))
 
 
 def _tied_copies(root: nn.Module, layer_names: list[str],
