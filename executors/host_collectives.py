@@ -58,7 +58,7 @@ from torch.distributed.fsdp._fully_shard import _fsdp_collectives
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from ir.errors import PlannerError
-from ir.gloo_reduce_scatter import flat_chunks, reduce_scatter_in_place
+from ir.gloo_reduce_scatter import flat_chunks, reduce_scatter_in_place, storage_alias
 from ir.lean_host import LEAN_BACKWARD_PREFETCH, RING_PIECE_BYTES, weightless_backward
 
 
@@ -154,11 +154,10 @@ class GlooReduceScatter(ReduceScatter):
     issue 17). Here the same all-reduce runs in place in FSDP2's copy-in buffer (a scratch
     tensor it never reads again, `foreach_reduce`) and this rank's chunk is copied out:
     the same sums in the same order (bit-identical), one full-size clone less to make.
-    The worker thread may still hold that buffer a moment after the wait (on 2 loaded
-    ranks a 200 MB all-reduce buffer stayed resident after its last Python reference went
-    in ~20% of calls, whether or not the caller's view was first pointed at another
-    storage: the reference is gloo's own), but FSDP2 keeps it a unit longer anyway,
-    until the next unit's reduction (`FSDPCommContext.reduce_scatter_states`)."""
+    The worker thread, which drops its reference late, holds only an alias emptied after
+    the wait (`ir.gloo_reduce_scatter.storage_alias`: a view there had kept the buffer
+    alive): FSDP2 frees it, on the rank's thread, at the next unit's reduction
+    (`FSDPCommContext.reduce_scatter_states`) or the end of backward."""
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype,
                  device: torch.device) -> torch.Tensor:
@@ -171,9 +170,57 @@ class GlooReduceScatter(ReduceScatter):
         return _Done() if async_op else None  # finished either way
 
 
+class GlooAllGather(AllGather):
+    """FSDP2's own all-gather on gloo (`all_gather_single`, which gloo runs as its
+    allgather into the output's chunks), its buffers freed on the rank's thread.
+
+    gloo's worker thread holds the chunks (views of FSDP2's flat output) until after it
+    has woken the rank: on 2 ranks at load 10-16 the backward all-gather's output was
+    still live at 2 of 2000 reads after backward once the reduce-scatter no longer held
+    its input. Here gloo gathers into aliases of the chunks (`storage_alias`), emptied
+    once the collective is waited on: the same gloo allgather, the same copies."""
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                 group: dist.ProcessGroup, async_op: bool = False) -> dist.Work | None:
+        chunks = [storage_alias(c) for c in flat_chunks(output_tensor, group.size(),
+                                                        "all-gather")]
+        held = [*chunks, storage_alias(input_tensor)]
+        work = dist.all_gather(chunks, held[-1], group=group, async_op=async_op)
+        if not async_op:
+            _release(held)
+            return None
+        return _ReleasingWork(work, held)
+
+
+class _ReleasingWork(dist.Work):
+    """An asynchronous collective's handle that empties its aliases once waited on."""
+
+    def __init__(self, work: dist.Work, aliases: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._work, self._aliases = work, aliases
+
+    def wait(self, timeout=None) -> bool:
+        if self._aliases:
+            self._work.wait()
+            _release(self._aliases)
+            self._aliases = []
+        return True
+
+
+def _release(aliases: list[torch.Tensor]) -> None:
+    for alias in aliases:
+        alias.set_()
+
+
 def use_gloo_collectives(unit: FSDPModule) -> None:
-    """A fully_shard unit of a gloo mesh off the lean path: FSDP2's all-gather, and
-    gloo's reduce-scatter arithmetic without its full-size clone (`GlooReduceScatter`)."""
+    """A fully_shard unit of a gloo mesh off the lean path: FSDP2's all-gather
+    (`GlooAllGather`), and gloo's reduce-scatter arithmetic without its full-size clone
+    (`GlooReduceScatter`), each freeing FSDP2's buffers on the rank's thread."""
+    unit.set_custom_all_gather(GlooAllGather())
     unit.set_custom_reduce_scatter(GlooReduceScatter())
 
 
