@@ -39,9 +39,11 @@ copies of a unit (measured there), which a 1.3B GPT's step could not afford; the
 each embedding table is a unit of its own, reduced in its gradient's storage and not
 gathered in backward (an embedding's backward reads only the ids); `ir.lean_host`
 defines these units, and `cost_models.memory` prices them from the same definition. Other
-ZeRO-2/3 units on gloo reduce in place in FSDP2's own buffer (`use_gloo_collectives`: gloo's
-reduce-scatter clone had stayed alive into the next unit's backward on some runs); the
-rest keep FSDP2's own collectives. The cost model's time and memory figures describe both.
+ZeRO-2/3 units on gloo reduce in place in FSDP2's own buffer and hand gloo only aliases
+emptied after each wait (`use_gloo_collectives`: gloo's worker thread drops its tensors
+late, and its reduce-scatter clone had stayed alive into the next unit's backward on some
+runs); the rest keep FSDP2's own collectives. The cost model's time and memory figures
+describe both.
 
 CPU offload (`LayerStrategy.offload`, ZERO3 only): fully_shard(offload_policy=
 CPUOffloadPolicy()) keeps the unit's fp32 shards and their gradients in host memory, so
