@@ -34,6 +34,7 @@ The modules, in the order a run uses them:
   grad_check.py the gradient norms every rank records, and the verdict
   records.py    typed payloads and results: what a rank is given, what it measures
   rank.py       one rank's loop (and the same measurement in this process)
+  sched.py      the scheduler's reading of a thread: CPU and waiting for a core
   spawn.py      starting the ranks; none outlives the run
   run.py        `validate_plan`: the whole loop
   calibrate.py  the spec refitted to the measured time

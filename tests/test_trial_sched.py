@@ -1,0 +1,73 @@
+"""A trial step less its wait for a core (issue 17): the scheduler's per-thread reading
+(`planner.trial.sched`), carried from each rank to the result (`planner.trial.records`)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+
+import pytest
+
+from planner.trial.records import RankMeasurement, ValidationResult, unqueued_step_seconds
+from planner.trial.sched import thread_schedstat
+
+
+def _measurement(step_s, queued_s) -> RankMeasurement:
+    return RankMeasurement(peak_bytes=1, losses=(1.0,), step_seconds=tuple(step_s),
+                           check_losses=(1.0,), step_runqueue_seconds=tuple(queued_s))
+
+
+def test_unqueued_steps_take_each_ranks_own_wait_out_and_keep_the_slowest():
+    # step 0: rank 0 10 ms with 4 queued (6 unqueued), rank 1 9 ms with 1 queued (8): 8;
+    # step 1: 12 - 0 = 12 against 11 - 5 = 6: 12
+    ranks = [_measurement((0.010, 0.012), (0.004, 0.0)),
+             _measurement((0.009, 0.011), (0.001, 0.005))]
+    assert unqueued_step_seconds(ranks) == pytest.approx((0.008, 0.012))
+    assert unqueued_step_seconds([_measurement((0.01,), ())]) == ()  # not read: none
+
+
+def test_rank_reading_survives_the_json_trip_and_reaches_the_result():
+    rank = _measurement((0.010, 0.020, 0.030), (0.002, 0.001, 0.020))
+    back = RankMeasurement.from_json(rank.to_json())
+    assert back.step_runqueue_seconds == (0.002, 0.001, 0.020)
+    result = ValidationResult(plan="p", model="m", nproc=1, backend="gloo", ranks=(),
+                              predicted_iteration_seconds=0.01,
+                              measured_iteration_seconds=0.02, loss_matches_reference=True,
+                              losses=(), reference_losses=(), step_seconds=(), loss_rtol=0.0,
+                              unqueued_step_seconds=unqueued_step_seconds([back]))
+    doc = result.to_json()
+    assert doc["measured_unqueued_seconds"] == pytest.approx(0.010)  # median of 8, 19, 10 ms
+    assert doc["unqueued_step_seconds"] == pytest.approx([0.008, 0.019, 0.010])
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@pytest.mark.skipif(thread_schedstat() is None or not hasattr(os, "sched_setaffinity"),
+                    reason="the kernel gives no per-thread schedstat here")
+def test_a_thread_sharing_its_core_reads_its_wait_as_run_queue_not_cpu():
+    """A spinning child pinned to this thread's core takes turns with it: the wall time of
+    a spin here splits into CPU and run-queue wait, both read by the scheduler."""
+    core = min(os.sched_getaffinity(0))
+    before_affinity = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    child = multiprocessing.get_context("fork").Process(target=_spin, args=(2.0,))
+    child.start()
+    try:
+        time.sleep(0.05)  # the child runs
+        cpu0, queued0 = thread_schedstat()
+        start = time.perf_counter()
+        _spin(0.4)
+        wall_s = time.perf_counter() - start
+        cpu1, queued1 = thread_schedstat()
+    finally:
+        child.kill()
+        child.join()
+        os.sched_setaffinity(0, before_affinity)
+    cpu_s, queued_s = cpu1 - cpu0, queued1 - queued0
+    assert queued_s > 0.2 * wall_s  # CFS shares the core: about half each
+    assert cpu_s + queued_s == pytest.approx(wall_s, rel=0.1)  # a spin never blocks
