@@ -8,7 +8,15 @@ time) is split by hooks into each layer's forward (module hooks), the loss, the
 backward call, the optimizer step, zero_grad and the rest of `train_step` (the loop).
 Beside each, the estimate's figure for the same term (`estimate.stage_time`'s parts,
 divided by the spec's core share as CPU time). Hooks cost a few microseconds each;
-they land in the forward rows.
+they land in the forward rows. The step's wall time and its wait for a core
+(`planner.trial.sched`) show what load adds; the kit's optimizer probe, read every
+PROBE_EVERY steps in the same process, against the spec's figure shows how far the
+machine's speed moved since the spec was profiled (a term's CPU moves with it).
+
+Read on 2026-11-26 at load 10-16 on 2 cores (spec profiled at load ~10, 06:41): gpt-1rank
+predicted 26.2 ms against 17.1-17.8 ms of CPU, a wall of 55 ms of which 36-38 ms waiting
+for a core; cnn-1rank 7.0 against 4.5-8.8 ms of CPU (three moments), wall 4.6-24.6 ms;
+the optimizer probe read 30-40 us per tensor where the spec holds 55.
 
     .venv/bin/python bench/bench_step_terms.py PLAN.json --spec SPEC.json [--steps 40]
 
@@ -32,14 +40,28 @@ import torch.distributed as dist  # noqa: E402
 from planner.fmt import table  # noqa: E402
 
 WARMUP_STEPS = 5
+PROBE_EVERY = 5  # steps between readings of the kit's optimizer probe
 
 
 def _runqueue_s() -> float:
-    """Seconds the calling thread waited for a core so far (/proc schedstat, field 2:
-    Documentation/scheduler/sched-stats.rst; as bench.cpu_split reads it)."""
-    from bench.cpu_split import _schedstat
+    """Seconds the calling thread waited for a core so far (`planner.trial.sched`)."""
+    from planner.trial.sched import thread_schedstat
 
-    return _schedstat()[1]
+    return thread_schedstat()[1]
+
+
+def _optimizer_probe(optimizer: str):
+    """The kit's optimizer-step probe (`step_probes.optimizer_step_cpu_s` on
+    OPTIMIZER_PROBE_TENSORS plain tensors), read now: seconds per tensor."""
+    from cost_models.step_probes import (OPTIMIZER_PROBE_SHAPE, OPTIMIZER_PROBE_TENSORS,
+                                         optimizer_step_cpu_s)
+    from ir.plan import OPTIMIZERS
+
+    cls, kwargs = OPTIMIZERS[optimizer]
+    params = [torch.nn.Parameter(torch.randn(OPTIMIZER_PROBE_SHAPE))
+              for _ in range(OPTIMIZER_PROBE_TENSORS)]
+    opt = cls(params, **kwargs)
+    return lambda: optimizer_step_cpu_s(opt, params) / OPTIMIZER_PROBE_TENSORS
 
 
 def predicted_terms(doc, graph, spec) -> dict[str, float]:
@@ -67,6 +89,8 @@ def predicted_terms(doc, graph, spec) -> dict[str, float]:
     out["optimizer (layers)"] = opt_layers
     out["loop + optimizer entry"] = st.loop_s
     out["step"] = est.iteration_seconds
+    out["optimizer probe per tensor"] = spec.calibration.optimizer_seconds_per_tensor(
+        plan.optimizer, False) or 0.0
     share = spec.host_share if spec.host_bound else 1.0
     return {k: v / share for k, v in out.items()}
 
@@ -94,6 +118,7 @@ def measure(doc, plan_path: str, graph, steps: int) -> dict[str, float]:
                           threads=1, memory_detail=0)
     pm = _build(payload, torch.device("cpu"), without_dropout=False)
     acc: dict[str, float] = {}
+    probes: list[float] = []
     clock = time.thread_time
 
     def add(key: str, seconds: float) -> None:
@@ -129,8 +154,11 @@ def measure(doc, plan_path: str, graph, steps: int) -> dict[str, float]:
     root.register_forward_hook(lambda *_: add("forward (model)", clock() - starts["forward (model)"]))
     batches = payload.batches
     per_step: list[dict[str, float]] = []
+    probe = _optimizer_probe(doc.plan.optimizer)
     try:
         for k in range(WARMUP_STEPS + steps):
+            if k >= WARMUP_STEPS and k % PROBE_EVERY == 0:  # the kit's probe, interleaved
+                probes.append(probe())
             acc.clear()
             start, wall, queued = clock(), time.perf_counter(), _runqueue_s()
             pm.train_step(*batches[k % len(batches)])
@@ -144,6 +172,7 @@ def measure(doc, plan_path: str, graph, steps: int) -> dict[str, float]:
         dist.destroy_process_group()
     keys = per_step[0].keys()
     out = {k: statistics.median(s.get(k, 0.0) for s in per_step) for k in keys}
+    out["optimizer probe per tensor"] = statistics.median(probes)
     out["loop (rest of train_step)"] = out["step"] - sum(
         out.get(k, 0.0) for k in ("forward (model)", "backward call", "optimizer step",
                                   "zero_grad"))
@@ -166,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = ClusterSpec.load(args.spec)
     graph = plan_graph(doc, args.plan, None)
     pred = predicted_terms(doc, graph, spec)
+    share = spec.host_share if spec.host_bound else 1.0
     meas = measure(doc, args.plan, graph, args.steps)
     rows = []
     pairs = [(k, pred.get(k), meas.get(k)) for k in pred if k.startswith("fwd ")]
@@ -177,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
               ("zero_grad", None, meas.get("zero_grad")),
               ("loop + optimizer entry", pred["loop + optimizer entry"],
                meas.get("loop (rest of train_step)")),
+              ("optimizer probe per tensor (spec / now)",
+               pred["optimizer probe per tensor"] * share, meas["optimizer probe per tensor"]),
               ("step", pred["step"], meas["step"]),
               ("step wall", pred["step"], meas["step wall"]),
               ("step run-queue delay", None, meas["step run-queue delay"])]
