@@ -71,3 +71,17 @@ def test_a_thread_sharing_its_core_reads_its_wait_as_run_queue_not_cpu():
     cpu_s, queued_s = cpu1 - cpu0, queued1 - queued0
     assert queued_s > 0.2 * wall_s  # CFS shares the core: about half each
     assert cpu_s + queued_s == pytest.approx(wall_s, rel=0.1)  # a spin never blocks
+
+
+def test_bench_validate_judges_rounds_without_their_waits_beside_the_wall():
+    from bench.bench_validate import merge_rounds
+
+    def run(wall_s, unqueued_s):
+        return {"predicted_iteration_seconds": 0.010, "measured_iteration_seconds": wall_s,
+                "measured_unqueued_seconds": unqueued_s, "machine_slowdown": 1.0,
+                "loss_matches_reference": True, "wall_seconds": 1.0}
+
+    merged = merge_rounds([run(0.030, 0.008), run(0.020, 0.012), run(0.040, 0.009)])
+    assert merged["time_error"] == pytest.approx(0.010 / 0.030 - 1)  # the wall, as before
+    assert merged["measured_unqueued_seconds"] == pytest.approx(0.009)  # median of rounds
+    assert merged["unqueued_time_error"] == pytest.approx(0.010 / 0.009 - 1)
