@@ -222,6 +222,10 @@ def merge_rounds(runs: list[dict]) -> dict:
     measured = statistics.median(r["measured_iteration_seconds"] for r in runs)
     unqueued = [r["measured_unqueued_seconds"] for r in runs
                 if r.get("measured_unqueued_seconds")]
+    cpu = [r["measured_busiest_cpu_seconds"] for r in runs
+           if r.get("measured_busiest_cpu_seconds")]
+    if cpu:  # the busiest rank's CPU: a floor of the step on idle cores
+        out.update(measured_busiest_cpu_seconds=statistics.median(cpu))
     if unqueued:  # the step less waiting for a core (planner.trial.records)
         out.update(measured_unqueued_seconds=statistics.median(unqueued),
                    unqueued_time_error=out["predicted_iteration_seconds"]
@@ -308,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
                          *((f"{1e3 * r['measured_unqueued_seconds']:.1f}",
                             f"{100 * r['unqueued_time_error']:+.0f}%")
                            if "measured_unqueued_seconds" in r else ("", "")),
+                         f"{1e3 * r['measured_busiest_cpu_seconds']:.1f}"
+                         if "measured_busiest_cpu_seconds" in r else "",
                          "yes" if r["loss_matches_reference"] else "NO",
                          "yes" if r["grad_norms_match_reference"] else "NO"])
     print(f"planner validate: predicted vs measured, {GLOBAL_BATCH} samples per step (dlrm: 64), fp32 "
@@ -315,11 +321,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{TIME_TARGET:.0%})")
     print(table(["case", "ranks", "plan", "pred MiB", "meas MiB", "worst mem err", "mem ok",
                  "pred ms", "pred " + "/".join(BREAKDOWN_SHORT), "rounds ms", "meas ms",
-                 "time err", "time ok", "w/o runq ms", "err w/o runq", "loss = ref",
-                 "grads = ref"], rows, right={1, 3, 4, 5, 7, 8, 9, 10, 11, 13, 14}))
+                 "time err", "time ok", "w/o runq ms", "err w/o runq", "CPU ms",
+                 "loss = ref", "grads = ref"], rows,
+                right={1, 3, 4, 5, 7, 8, 9, 10, 11, 13, 14, 15}))
     print("w/o runq: each step less the time a rank's main thread waited for a core (the "
           "other processes' load; /proc schedstat), the largest over ranks; a rank's wait "
-          "on a queued peer stays in; informative, not judged")
+          "on a queued peer stays in (an upper bound on idle cores). CPU: the busiest "
+          "rank's main-thread CPU (a floor: collectives' blocked time is not CPU). "
+          "Informative, not judged")
     phase_rows = [phase_row(r) for r in results if r.get("phase_seconds")]
     if phase_rows:
         print("sharded-table steps, mean over ranks (executors.phase_clock): each collective "

@@ -9,13 +9,15 @@ import time
 
 import pytest
 
-from planner.trial.records import RankMeasurement, ValidationResult, unqueued_step_seconds
+from planner.trial.records import (RankMeasurement, ValidationResult, busiest_cpu_step_seconds,
+                                   unqueued_step_seconds)
 from planner.trial.sched import thread_schedstat
 
 
-def _measurement(step_s, queued_s) -> RankMeasurement:
+def _measurement(step_s, queued_s, cpu_s=()) -> RankMeasurement:
     return RankMeasurement(peak_bytes=1, losses=(1.0,), step_seconds=tuple(step_s),
-                           check_losses=(1.0,), step_runqueue_seconds=tuple(queued_s))
+                           check_losses=(1.0,), step_runqueue_seconds=tuple(queued_s),
+                           step_cpu_seconds=tuple(cpu_s))
 
 
 def test_unqueued_steps_take_each_ranks_own_wait_out_and_keep_the_slowest():
@@ -27,18 +29,28 @@ def test_unqueued_steps_take_each_ranks_own_wait_out_and_keep_the_slowest():
     assert unqueued_step_seconds([_measurement((0.01,), ())]) == ()  # not read: none
 
 
+def test_the_cpu_floor_is_the_busiest_ranks_cpu_per_step():
+    ranks = [_measurement((0.010, 0.012), (0.0, 0.0), (0.005, 0.002)),
+             _measurement((0.009, 0.011), (0.0, 0.0), (0.003, 0.007))]
+    assert busiest_cpu_step_seconds(ranks) == pytest.approx((0.005, 0.007))
+    assert busiest_cpu_step_seconds([_measurement((0.01,), (0.0,))]) == ()
+
+
 def test_rank_reading_survives_the_json_trip_and_reaches_the_result():
-    rank = _measurement((0.010, 0.020, 0.030), (0.002, 0.001, 0.020))
+    rank = _measurement((0.010, 0.020, 0.030), (0.002, 0.001, 0.020), (0.007, 0.015, 0.009))
     back = RankMeasurement.from_json(rank.to_json())
     assert back.step_runqueue_seconds == (0.002, 0.001, 0.020)
+    assert back.step_cpu_seconds == (0.007, 0.015, 0.009)
     result = ValidationResult(plan="p", model="m", nproc=1, backend="gloo", ranks=(),
                               predicted_iteration_seconds=0.01,
                               measured_iteration_seconds=0.02, loss_matches_reference=True,
                               losses=(), reference_losses=(), step_seconds=(), loss_rtol=0.0,
-                              unqueued_step_seconds=unqueued_step_seconds([back]))
+                              unqueued_step_seconds=unqueued_step_seconds([back]),
+                              busiest_cpu_step_seconds=busiest_cpu_step_seconds([back]))
     doc = result.to_json()
     assert doc["measured_unqueued_seconds"] == pytest.approx(0.010)  # median of 8, 19, 10 ms
     assert doc["unqueued_step_seconds"] == pytest.approx([0.008, 0.019, 0.010])
+    assert doc["measured_busiest_cpu_seconds"] == pytest.approx(0.009)
 
 
 def _spin(seconds: float) -> None:

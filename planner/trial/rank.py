@@ -102,6 +102,7 @@ def run_rank(payload: RankPayload) -> RankMeasurement:
     # sharded tables: the timed steps' seconds per phase too (executors.phase_clock)
     from executors.phase_clock import PhaseClock
     clock = PhaseClock(pm) if getattr(pm, "tables", None) is not None else None
+    cpu_s: list[float] = []  # per timed step, the main thread's CPU (`sched`)
     queued_s: list[float] = []  # per timed step, waiting for a core (`sched`)
     with clock if clock is not None else contextlib.nullcontext():
         for _ in range(timed):
@@ -114,6 +115,7 @@ def run_rank(payload: RankPayload) -> RankMeasurement:
             after = thread_schedstat()
             step_s.append(time.perf_counter() - start)
             if before is not None and after is not None:
+                cpu_s.append(after[0] - before[0])
                 queued_s.append(after[1] - before[1])
             if clock is not None:
                 clock.step_done()
@@ -136,7 +138,8 @@ def run_rank(payload: RankPayload) -> RankMeasurement:
                            peak_tensors=tuple(detail), phase_seconds=phases,
                            grad_norms=grads,
                            step_runqueue_seconds=tuple(queued_s) if len(queued_s) == timed
-                           else ())
+                           else (),
+                           step_cpu_seconds=tuple(cpu_s) if len(cpu_s) == timed else ())
 
 
 def record_first_grads(pm, out: dict[str, float]) -> None:

@@ -50,6 +50,7 @@ class RankMeasurement:
     # per timed step, the main thread's wait for a core (`sched.thread_schedstat`); ()
     # where the kernel does not say
     step_runqueue_seconds: tuple[float, ...] = ()
+    step_cpu_seconds: tuple[float, ...] = ()  # per timed step, the main thread's CPU
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -62,7 +63,8 @@ class RankMeasurement:
                    peak_tensors=tuple(doc["peak_tensors"]),
                    phase_seconds=dict(doc.get("phase_seconds", {})),
                    grad_norms=dict(doc.get("grad_norms", {})),
-                   step_runqueue_seconds=tuple(doc.get("step_runqueue_seconds", ())))
+                   step_runqueue_seconds=tuple(doc.get("step_runqueue_seconds", ())),
+                   step_cpu_seconds=tuple(doc.get("step_cpu_seconds", ())))
 
 def unqueued_step_seconds(ranks: list[RankMeasurement]) -> tuple[float, ...]:
     """Per timed step, the largest over `ranks` of a rank's wall seconds less its main
@@ -74,6 +76,16 @@ def unqueued_step_seconds(ranks: list[RankMeasurement]) -> tuple[float, ...]:
     if not ranks or any(len(r.step_runqueue_seconds) != len(r.step_seconds) for r in ranks):
         return ()
     return tuple(max(r.step_seconds[i] - r.step_runqueue_seconds[i] for r in ranks)
+                 for i in range(len(ranks[0].step_seconds)))
+
+
+def busiest_cpu_step_seconds(ranks: list[RankMeasurement]) -> tuple[float, ...]:
+    """Per timed step, the largest over `ranks` of a rank's main-thread CPU seconds: a
+    floor of the step on idle cores (time blocked in collectives, their transfers
+    included, is not CPU). () where any rank lacks the reading."""
+    if not ranks or any(len(r.step_cpu_seconds) != len(r.step_seconds) for r in ranks):
+        return ()
+    return tuple(max(r.step_cpu_seconds[i] for r in ranks)
                  for i in range(len(ranks[0].step_seconds)))
 
 
@@ -119,6 +131,7 @@ class ValidationResult:
     # Per timed step, the largest over ranks of a rank's wall time less its main thread's
     # wait for a core (`unqueued_step_seconds`); () where the kernel does not say
     unqueued_step_seconds: tuple[float, ...] = ()
+    busiest_cpu_step_seconds: tuple[float, ...] = ()  # `busiest_cpu_step_seconds`
 
     @property
     def measured_unqueued_seconds(self) -> float | None:
@@ -163,4 +176,7 @@ class ValidationResult:
                 **({"unqueued_step_seconds": list(self.unqueued_step_seconds),
                     "measured_unqueued_seconds": self.measured_unqueued_seconds}
                    if self.unqueued_step_seconds else {}),
+                **({"measured_busiest_cpu_seconds":
+                    statistics.median(self.busiest_cpu_step_seconds)}
+                   if self.busiest_cpu_step_seconds else {}),
                 **(self.grad_check.to_json() if self.grad_check is not None else {})}
