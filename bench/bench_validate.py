@@ -20,7 +20,10 @@ runs 1.4x slower than when it was profiled is machine drift, not a model error.
 
 The run-queue wait is read too (`planner.trial.records.unqueued_step_seconds`): at load
 12-22 on 2 cores (2026-11-26) a rank's main thread waited for a core for most of a
-step, which no cost model prices; the table shows the step without it beside the wall.
+step, which no cost model prices; the table shows the step without it beside the wall,
+and the busiest rank's CPU (a floor). Read then, same spec and plans, --rounds 2: wall
+error gpt-ddp2 -54%, cnn-1rank -65%, mlp-1rank -53%, gpt-1rank -53%; without the waits
+-23% (CPU floor 44.7 ms under the predicted 54.9), -9%, +5%, +6%.
 
 Prints a table (with the predicted time's parts: compute/tp/dp/pp/bubble/optimizer) and
 writes bench/results/validate.json; exits 1 when a case fails or misses a target, or
