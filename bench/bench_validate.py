@@ -18,6 +18,13 @@ minutes, and one round samples one moment. Each run also reads the machine's per
 speed against the profile's (`machine_slowdown`): a case that misses while the machine
 runs 1.4x slower than when it was profiled is machine drift, not a model error.
 
+The run-queue wait is read too (`planner.trial.records.unqueued_step_seconds`): at load
+12-22 on 2 cores (2026-11-26) a rank's main thread waited for a core for most of a
+step, which no cost model prices; the table shows the step without it beside the wall,
+and the busiest rank's CPU (a floor). Read then, same spec and plans, --rounds 2: wall
+error gpt-ddp2 -54%, cnn-1rank -65%, mlp-1rank -53%, gpt-1rank -53%; without the waits
+-23% (CPU floor 44.7 ms under the predicted 54.9), -9%, +5%, +6%.
+
 Prints a table (with the predicted time's parts: compute/tp/dp/pp/bubble/optimizer) and
 writes bench/results/validate.json; exits 1 when a case fails or misses a target, or
 when profiling fails twice (a fit the readings did not determine: issue 17).
@@ -216,6 +223,16 @@ def merge_rounds(runs: list[dict]) -> dict:
     (they do not change between runs)."""
     out = dict(runs[0])
     measured = statistics.median(r["measured_iteration_seconds"] for r in runs)
+    unqueued = [r["measured_unqueued_seconds"] for r in runs
+                if r.get("measured_unqueued_seconds")]
+    cpu = [r["measured_busiest_cpu_seconds"] for r in runs
+           if r.get("measured_busiest_cpu_seconds")]
+    if cpu:  # the busiest rank's CPU: a floor of the step on idle cores
+        out.update(measured_busiest_cpu_seconds=statistics.median(cpu))
+    if unqueued:  # the step less waiting for a core (planner.trial.records)
+        out.update(measured_unqueued_seconds=statistics.median(unqueued),
+                   unqueued_time_error=out["predicted_iteration_seconds"]
+                   / statistics.median(unqueued) - 1)
     out.update(measured_iteration_seconds=measured,
                round_seconds=[r["measured_iteration_seconds"] for r in runs],
                machine_slowdown_by_round=[r["machine_slowdown"] for r in runs],
@@ -295,6 +312,11 @@ def main(argv: list[str] | None = None) -> int:
                          "/".join(f"{1e3 * x:.0f}" for x in r["round_seconds"]),
                          f"{1e3 * r['measured_iteration_seconds']:.1f}",
                          f"{100 * r['time_error']:+.0f}%", "yes" if time_ok else "NO",
+                         *((f"{1e3 * r['measured_unqueued_seconds']:.1f}",
+                            f"{100 * r['unqueued_time_error']:+.0f}%")
+                           if "measured_unqueued_seconds" in r else ("", "")),
+                         f"{1e3 * r['measured_busiest_cpu_seconds']:.1f}"
+                         if "measured_busiest_cpu_seconds" in r else "",
                          "yes" if r["loss_matches_reference"] else "NO",
                          "yes" if r["grad_norms_match_reference"] else "NO"])
     print(f"planner validate: predicted vs measured, {GLOBAL_BATCH} samples per step (dlrm: 64), fp32 "
@@ -302,8 +324,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{TIME_TARGET:.0%})")
     print(table(["case", "ranks", "plan", "pred MiB", "meas MiB", "worst mem err", "mem ok",
                  "pred ms", "pred " + "/".join(BREAKDOWN_SHORT), "rounds ms", "meas ms",
-                 "time err", "time ok", "loss = ref", "grads = ref"], rows,
-                right={1, 3, 4, 5, 7, 8, 9, 10, 11}))
+                 "time err", "time ok", "w/o runq ms", "err w/o runq", "CPU ms",
+                 "loss = ref", "grads = ref"], rows,
+                right={1, 3, 4, 5, 7, 8, 9, 10, 11, 13, 14, 15}))
+    print("w/o runq: each step less the time a rank's main thread waited for a core (the "
+          "other processes' load; /proc schedstat), the largest over ranks; a rank's wait "
+          "on a queued peer stays in (an upper bound on idle cores). CPU: the busiest "
+          "rank's main-thread CPU (a floor: collectives' blocked time is not CPU). "
+          "Informative, not judged")
     phase_rows = [phase_row(r) for r in results if r.get("phase_seconds")]
     if phase_rows:
         print("sharded-table steps, mean over ranks (executors.phase_clock): each collective "

@@ -27,10 +27,11 @@ the built model, enter it around each step, `detach` when done.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import torch.distributed as dist
+
+from planner.trial.sched import thread_schedstat
 
 COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast",
                "all_gather", "reduce_scatter")
@@ -41,9 +42,7 @@ GROUP_HOOKS = ("post_backward",)
 
 def _schedstat() -> tuple[float, float]:
     """(CPU seconds, run-queue seconds) of the calling thread."""
-    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as fh:
-        cpu_ns, wait_ns, _ = fh.read().split()
-    return int(cpu_ns) / 1e9, int(wait_ns) / 1e9
+    return thread_schedstat()
 
 
 class CpuSplit:

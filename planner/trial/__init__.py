@@ -15,7 +15,8 @@ global batches:
      reset and MEMORY_STEPS steps are measured;
   2. time: outside the tracker (it adds a Python call per ATen op), TIME_WARMUP_STEPS
      more steps, then `steps` timed ones; a step ends when the slowest rank ends, the
-     figure is the median over steps;
+     figure is the median over steps; each rank's wait for a core in each step is read
+     too (`sched`), so the step without other processes' load is known beside it;
   3. correctness: every step's global mean loss against a single-process run of the
      same model on the same batches (relative `reference.loss_rtol`); the first step's
      gradient norms, per layer, against one process under the plan's own precision
@@ -34,6 +35,7 @@ The modules, in the order a run uses them:
   grad_check.py the gradient norms every rank records, and the verdict
   records.py    typed payloads and results: what a rank is given, what it measures
   rank.py       one rank's loop (and the same measurement in this process)
+  sched.py      the scheduler's reading of a thread: CPU and waiting for a core
   spawn.py      starting the ranks; none outlives the run
   run.py        `validate_plan`: the whole loop
   calibrate.py  the spec refitted to the measured time

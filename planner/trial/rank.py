@@ -21,6 +21,7 @@ from ir.plan import plan_from_dict
 from planner.trial.grad_check import grad_norms
 from planner.trial.records import RankMeasurement, RankPayload
 from planner.trial.reference import LEARNING_RATE, SEED, optimizer_kwargs, zero_dropout
+from planner.trial.sched import thread_schedstat
 
 MEMORY_STEPS = 2  # measured under the tracker, after one warm-up step
 TIME_WARMUP_STEPS = 2  # untimed steps after leaving the tracker (DTensor caches fill)
@@ -101,14 +102,21 @@ def run_rank(payload: RankPayload) -> RankMeasurement:
     # sharded tables: the timed steps' seconds per phase too (executors.phase_clock)
     from executors.phase_clock import PhaseClock
     clock = PhaseClock(pm) if getattr(pm, "tables", None) is not None else None
+    cpu_s: list[float] = []  # per timed step, the main thread's CPU (`sched`)
+    queued_s: list[float] = []  # per timed step, waiting for a core (`sched`)
     with clock if clock is not None else contextlib.nullcontext():
         for _ in range(timed):
             dist.barrier()
             start = time.perf_counter()
+            before = thread_schedstat()  # read inside the wall clock's span: a wait counts once
             losses.append(step(pm, k)); k += 1
             if cuda:
                 torch.cuda.synchronize(device)
+            after = thread_schedstat()
             step_s.append(time.perf_counter() - start)
+            if before is not None and after is not None:
+                cpu_s.append(after[0] - before[0])
+                queued_s.append(after[1] - before[1])
             if clock is not None:
                 clock.step_done()
     phases = clock.per_step(timed) if clock is not None else {}
@@ -128,7 +136,10 @@ def run_rank(payload: RankPayload) -> RankMeasurement:
                            step_seconds=tuple(step_s),
                            check_losses=tuple(check_losses or losses),
                            peak_tensors=tuple(detail), phase_seconds=phases,
-                           grad_norms=grads)
+                           grad_norms=grads,
+                           step_runqueue_seconds=tuple(queued_s) if len(queued_s) == timed
+                           else (),
+                           step_cpu_seconds=tuple(cpu_s) if len(cpu_s) == timed else ())
 
 
 def record_first_grads(pm, out: dict[str, float]) -> None:

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from dataclasses import dataclass, field
 
 from ir.layer import LayerGraph
@@ -46,6 +47,10 @@ class RankMeasurement:
     phase_seconds: dict = field(default_factory=dict)
     # grad_check runs: the first step's {parameter name: gradient norm} (`grad_check`)
     grad_norms: dict = field(default_factory=dict)
+    # per timed step, the main thread's wait for a core (`sched.thread_schedstat`); ()
+    # where the kernel does not say
+    step_runqueue_seconds: tuple[float, ...] = ()
+    step_cpu_seconds: tuple[float, ...] = ()  # per timed step, the main thread's CPU
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -57,7 +62,31 @@ class RankMeasurement:
                    check_losses=tuple(doc["check_losses"]),
                    peak_tensors=tuple(doc["peak_tensors"]),
                    phase_seconds=dict(doc.get("phase_seconds", {})),
-                   grad_norms=dict(doc.get("grad_norms", {})))
+                   grad_norms=dict(doc.get("grad_norms", {})),
+                   step_runqueue_seconds=tuple(doc.get("step_runqueue_seconds", ())),
+                   step_cpu_seconds=tuple(doc.get("step_cpu_seconds", ())))
+
+def unqueued_step_seconds(ranks: list[RankMeasurement]) -> tuple[float, ...]:
+    """Per timed step, the largest over `ranks` of a rank's wall seconds less its main
+    thread's run-queue wait in that step: the step without the time a rank was ready but
+    had no core (other processes' load, which no cost model prices; issue 17). Exact on
+    one rank; with several, a rank's wait at a collective for a peer that was queued
+    stays in (an upper bound of the step on idle cores). () where any rank lacks the
+    reading."""
+    if not ranks or any(len(r.step_runqueue_seconds) != len(r.step_seconds) for r in ranks):
+        return ()
+    return tuple(max(r.step_seconds[i] - r.step_runqueue_seconds[i] for r in ranks)
+                 for i in range(len(ranks[0].step_seconds)))
+
+
+def busiest_cpu_step_seconds(ranks: list[RankMeasurement]) -> tuple[float, ...]:
+    """Per timed step, the largest over `ranks` of a rank's main-thread CPU seconds: a
+    floor of the step on idle cores (time blocked in collectives, their transfers
+    included, is not CPU). () where any rank lacks the reading."""
+    if not ranks or any(len(r.step_cpu_seconds) != len(r.step_seconds) for r in ranks):
+        return ()
+    return tuple(max(r.step_cpu_seconds[i] for r in ranks)
+                 for i in range(len(ranks[0].step_seconds)))
 
 
 @dataclass(frozen=True)
@@ -99,6 +128,16 @@ class ValidationResult:
     predicted_embedding: dict | None = None  # the tables' per-rank prediction (cost_json)
     # fp32 and bf16 plans: the first step's gradients against the same-policy reference
     grad_check: GradCheck | None = None
+    # Per timed step, the largest over ranks of a rank's wall time less its main thread's
+    # wait for a core (`unqueued_step_seconds`); () where the kernel does not say
+    unqueued_step_seconds: tuple[float, ...] = ()
+    busiest_cpu_step_seconds: tuple[float, ...] = ()  # `busiest_cpu_step_seconds`
+
+    @property
+    def measured_unqueued_seconds(self) -> float | None:
+        """The median over steps of `unqueued_step_seconds`; None where not read."""
+        return statistics.median(self.unqueued_step_seconds) \
+            if self.unqueued_step_seconds else None
 
     @property
     def time_error(self) -> float:
@@ -134,4 +173,10 @@ class ValidationResult:
                    if any(self.rank_phase_seconds) else {}),
                 **({"predicted_embedding": self.predicted_embedding}
                    if self.predicted_embedding else {}),
+                **({"unqueued_step_seconds": list(self.unqueued_step_seconds),
+                    "measured_unqueued_seconds": self.measured_unqueued_seconds}
+                   if self.unqueued_step_seconds else {}),
+                **({"measured_busiest_cpu_seconds":
+                    statistics.median(self.busiest_cpu_step_seconds)}
+                   if self.busiest_cpu_step_seconds else {}),
                 **(self.grad_check.to_json() if self.grad_check is not None else {})}

@@ -19,7 +19,8 @@ from planner.trial.grad_check import check_grad_norms, grad_norm_rtol
 from planner.trial.mixed_reference import MixedPrecision
 from planner.trial.predict import host_op_reading, machine_slowdown, plan_graph, predict
 from planner.trial.rank import MEMORY_STEPS, TIME_WARMUP_STEPS
-from planner.trial.records import RankPayload, RankResult, ValidationResult
+from planner.trial.records import (RankPayload, RankResult, ValidationResult,
+                                   busiest_cpu_step_seconds, unqueued_step_seconds)
 from planner.trial.reference import (global_batches, has_dropout, loss_rtol, losses_match,
                                      reference_run)
 from planner.trial.spawn import spawn_ranks, start_rank_server
@@ -107,4 +108,6 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
         predicted_time=prediction.time_breakdown, prediction_source=prediction.source,
         machine_slowdown=machine_slowdown(host_op), host_op_s=host_op,
         rank_phase_seconds=tuple(r.phase_seconds for r in results),
-        predicted_embedding=prediction.embedding, grad_check=grads)
+        predicted_embedding=prediction.embedding, grad_check=grads,
+        unqueued_step_seconds=unqueued_step_seconds(list(results)),
+        busiest_cpu_step_seconds=busiest_cpu_step_seconds(list(results)))

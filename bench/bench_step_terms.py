@@ -1,0 +1,226 @@
+"""One-process step split by term against the estimate's own terms (issue 17: cnn-1rank
+predicted 38% under its measured step while mlp-1rank was +2%).
+
+A one-rank plan (`planner plan --cluster spec.json`, e.g. bench_validate's `--work-dir`
+plans) is built by the executor as `planner validate` builds it and stepped in this
+process; the main thread's CPU (time.thread_time: it moves far less with load than wall
+time) is split by hooks into each layer's forward (module hooks), the loss, the
+backward call, the optimizer step, zero_grad and the rest of `train_step` (the loop).
+Beside each, the estimate's figure for the same term (`estimate.stage_time`'s parts,
+divided by the spec's core share as CPU time). Hooks cost a few microseconds each;
+they land in the forward rows. The step's wall time and its wait for a core
+(`planner.trial.sched`) show what load adds; the kit's optimizer probe, read every
+PROBE_EVERY steps in the same process, against the spec's figure shows how far the
+machine's speed moved since the spec was profiled (a term's CPU moves with it).
+
+Read on 2026-11-26 at load 10-16 on 2 cores (spec profiled at load ~10, 06:41): gpt-1rank
+predicted 26.2 ms against 17.1-17.8 ms of CPU, a wall of 55 ms of which 36-38 ms waiting
+for a core; cnn-1rank 7.0 against 4.5-8.8 ms of CPU (three moments), wall 4.6-24.6 ms;
+the optimizer probe read 30-40 us per tensor where the spec holds 55.
+
+    .venv/bin/python bench/bench_step_terms.py PLAN.json --spec SPEC.json [--steps 40]
+
+Prints a table; informative, not judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from planner.fmt import table  # noqa: E402
+
+WARMUP_STEPS = 5
+PROBE_EVERY = 5  # steps between readings of the kit's optimizer probe
+
+
+def _runqueue_s() -> float:
+    """Seconds the calling thread waited for a core so far (`planner.trial.sched`)."""
+    from planner.trial.sched import thread_schedstat
+
+    return thread_schedstat()[1]
+
+
+def _optimizer_probe(optimizer: str):
+    """The kit's optimizer-step probe (`step_probes.optimizer_step_cpu_s` on
+    OPTIMIZER_PROBE_TENSORS plain tensors), read now: seconds per tensor."""
+    from cost_models.step_probes import (OPTIMIZER_PROBE_SHAPE, OPTIMIZER_PROBE_TENSORS,
+                                         optimizer_step_cpu_s)
+    from ir.plan import OPTIMIZERS
+
+    cls, kwargs = OPTIMIZERS[optimizer]
+    params = [torch.nn.Parameter(torch.randn(OPTIMIZER_PROBE_SHAPE))
+              for _ in range(OPTIMIZER_PROBE_TENSORS)]
+    opt = cls(params, **kwargs)
+    return lambda: optimizer_step_cpu_s(opt, params) / OPTIMIZER_PROBE_TENSORS
+
+
+def predicted_terms(doc, graph, spec) -> dict[str, float]:
+    """The estimate's terms of rank 0's one stage, seconds per step (m micro-batches)."""
+    from cost_models.common import model_layer_configs
+    from cost_models.estimate import estimate
+    from cost_models.step_host import placed_compute, placed_layers
+
+    plan = doc.plan
+    configs = model_layer_configs(graph, plan, spec.device, None)
+    est = estimate(graph, plan, spec, configs=configs)
+    st, m = est.stage_times[0], plan.num_microbatches
+    layers = placed_layers(graph, plan, spec)
+    out: dict[str, float] = {}
+    fwd_layers = bwd_layers = opt_layers = 0.0
+    for j, layer in enumerate(graph.layers):
+        c = placed_compute(layers[j], plan.layer_strategies[j], spec, configs[j])
+        out[f"fwd {layer.name or '<root>'}"] = m * c.forward_s
+        fwd_layers += m * c.forward_s
+        bwd_layers += m * (c.backward_s + c.recompute_s)
+        opt_layers += c.optimizer_s
+    out["forward (layers)"] = fwd_layers
+    out["backward (layers)"] = bwd_layers
+    out["backward (engine, accumulation)"] = m * st.compute_backward_s - bwd_layers
+    out["optimizer (layers)"] = opt_layers
+    out["loop + optimizer entry"] = st.loop_s
+    out["step"] = est.iteration_seconds
+    out["optimizer probe per tensor"] = spec.calibration.optimizer_seconds_per_tensor(
+        plan.optimizer, False) or 0.0
+    share = spec.host_share if spec.host_bound else 1.0
+    return {k: v / share for k, v in out.items()}
+
+
+def measure(doc, plan_path: str, graph, steps: int) -> dict[str, float]:
+    """Median CPU seconds per step of each term on the real executor."""
+    from planner.models import plan_model_spec
+    from planner.trial.rank import _build
+    from planner.trial.records import RankPayload
+    from planner.trial.reference import global_batches
+    from ir.plan import plan_to_json
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
+                      WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    torch.set_num_threads(1)  # planner.trial.run.RANK_THREADS
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    model = plan_model_spec(doc, None)
+    payload = RankPayload(plan_json=plan_to_json(doc), plan_path=plan_path, model=model,
+                          seq_len=doc.seq_len, graph=graph,
+                          batches=global_batches(model, doc.plan.global_batch, doc.seq_len, 8),
+                          memory_steps=0, steps=steps, backend="gloo", check_steps=0,
+                          threads=1, memory_detail=0)
+    pm = _build(payload, torch.device("cpu"), without_dropout=False)
+    acc: dict[str, float] = {}
+    probes: list[float] = []
+    clock = time.thread_time
+
+    def add(key: str, seconds: float) -> None:
+        acc[key] = acc.get(key, 0.0) + seconds
+
+    def timed(owner, attr: str, key: str):
+        inner = getattr(owner, attr)
+
+        def wrapper(*args, **kwargs):
+            start = clock()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                add(key, clock() - start)
+        setattr(owner, attr, wrapper)
+
+    modules = dict(pm.module.named_modules())
+    starts: dict[str, float] = {}
+    for layer in graph.layers:
+        if layer.name not in modules or not layer.name:
+            continue
+        key = f"fwd {layer.name}"
+        modules[layer.name].register_forward_pre_hook(
+            lambda *_, k=key: starts.__setitem__(k, clock()))
+        modules[layer.name].register_forward_hook(
+            lambda *_, k=key: add(k, clock() - starts[k]))
+    plain_backward = torch.Tensor.backward
+    timed(torch.Tensor, "backward", "backward call")
+    timed(pm.optimizer, "step", "optimizer step")
+    timed(pm.optimizer, "zero_grad", "zero_grad")
+    root = pm.module
+    root.register_forward_pre_hook(lambda *_: starts.__setitem__("forward (model)", clock()))
+    root.register_forward_hook(lambda *_: add("forward (model)", clock() - starts["forward (model)"]))
+    batches = payload.batches
+    per_step: list[dict[str, float]] = []
+    probe = _optimizer_probe(doc.plan.optimizer)
+    try:
+        for k in range(WARMUP_STEPS + steps):
+            if k >= WARMUP_STEPS and k % PROBE_EVERY == 0:  # the kit's probe, interleaved
+                probes.append(probe())
+            acc.clear()
+            start, wall, queued = clock(), time.perf_counter(), _runqueue_s()
+            pm.train_step(*batches[k % len(batches)])
+            acc["step"] = clock() - start
+            acc["step wall"] = time.perf_counter() - wall
+            acc["step run-queue delay"] = _runqueue_s() - queued
+            if k >= WARMUP_STEPS:
+                per_step.append(dict(acc))
+    finally:
+        torch.Tensor.backward = plain_backward
+        dist.destroy_process_group()
+    keys = per_step[0].keys()
+    out = {k: statistics.median(s.get(k, 0.0) for s in per_step) for k in keys}
+    out["optimizer probe per tensor"] = statistics.median(probes)
+    out["loop (rest of train_step)"] = out["step"] - sum(
+        out.get(k, 0.0) for k in ("forward (model)", "backward call", "optimizer step",
+                                  "zero_grad"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ir.cluster import ClusterSpec
+    from ir.plan import load_plan
+    from planner.trial.predict import plan_graph
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("plan")
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args(argv)
+    doc = load_plan(args.plan)
+    if doc.plan.world_size != 1:
+        parser.error("one-rank plans only (bench_dp_phases splits data-parallel steps)")
+    spec = ClusterSpec.load(args.spec)
+    graph = plan_graph(doc, args.plan, None)
+    pred = predicted_terms(doc, graph, spec)
+    share = spec.host_share if spec.host_bound else 1.0
+    meas = measure(doc, args.plan, graph, args.steps)
+    rows = []
+    pairs = [(k, pred.get(k), meas.get(k)) for k in pred if k.startswith("fwd ")]
+    pairs += [("forward (layers / model)", pred["forward (layers)"], meas.get("forward (model)")),
+              ("backward (layers + engine, accumulation)",
+               pred["backward (layers)"] + pred["backward (engine, accumulation)"],
+               meas.get("backward call")),
+              ("optimizer step", pred["optimizer (layers)"], meas.get("optimizer step")),
+              ("zero_grad", None, meas.get("zero_grad")),
+              ("loop + optimizer entry", pred["loop + optimizer entry"],
+               meas.get("loop (rest of train_step)")),
+              ("optimizer probe per tensor (spec / now)",
+               pred["optimizer probe per tensor"] * share, meas["optimizer probe per tensor"]),
+              ("step", pred["step"], meas["step"]),
+              ("step wall", pred["step"], meas["step wall"]),
+              ("step run-queue delay", None, meas["step run-queue delay"])]
+    for name, p, m in pairs:
+        rows.append([name, "" if p is None else f"{1e3 * p:.3f}",
+                     "" if m is None else f"{1e3 * m:.3f}",
+                     f"{100 * (p / m - 1):+.0f}%" if p is not None and m else ""])
+    print(f"{args.plan}: CPU ms per step (thread_time, median of {args.steps}) against the "
+          "estimate's terms / core share")
+    print(table(["term", "pred ms", "meas CPU ms", "error"], rows, right={1, 2, 3}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
