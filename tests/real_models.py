@@ -264,28 +264,6 @@ def layer_plan_json(arch: str, world: int, tps: tuple[int, ...]) -> str:
                                      **model_identity(graph)))
 
 
-def search_plan(case: Case, graph, world: int) -> str:
-    """`case`'s plan JSON from a search of `graph`, as `auto_parallel` searches with
-    `cluster="local"`; "error: ..." when the search finds none."""
-    from cost_models.clusters import get_cluster
-    from ir.errors import PlannerError
-    from ir.plan import plan_to_json
-    from ir.strategy import Precision
-    from planner.plan_report import plan_document
-    from planner.search import search
-    from planner.search_space import SearchOptions
-
-    try:
-        spec = get_cluster("local", nodes=1, gpus_per_node=world)
-        options = SearchOptions(precision=Precision.FP32, **MODES[case.mode])
-        result = search(graph, spec, GLOBAL_BATCH, options)
-        return (plan_to_json(plan_document(graph, spec, result.best, result.stats,
-                                           {"made_by": "tests/real_models.py"}))
-                if result.best else "error: no plan fits")
-    except PlannerError as exc:
-        return f"error: {exc}"
-
-
 def plan_case(case: Case, graph, world: int, searched: str | None = None) -> str:
     """The plan JSON every rank runs for `case`: the case's own (a replay), else the one
     `searched` ahead (`real_models_prep`), else rank 0 runs `search_plan` and broadcasts
@@ -294,6 +272,7 @@ def plan_case(case: Case, graph, world: int, searched: str | None = None) -> str
     import torch.distributed as dist
 
     from ir.errors import PlannerError
+    from real_models_prep import search_plan
 
     if case.plan_json:
         return case.plan_json

@@ -29,9 +29,31 @@ PREP_WORKERS_MAX = 4
 RESULTS_FILE = "prepared{worker}.pt"
 
 
+def search_plan(case: rm.Case, graph, world: int) -> str:
+    """`case`'s plan JSON from a search of `graph`, as `auto_parallel` searches with
+    `cluster="local"`; "error: ..." when the search finds none."""
+    from cost_models.clusters import get_cluster
+    from ir.errors import PlannerError
+    from ir.plan import plan_to_json
+    from ir.strategy import Precision
+    from planner.plan_report import plan_document
+    from planner.search import search
+    from planner.search_space import SearchOptions
+
+    try:
+        spec = get_cluster("local", nodes=1, gpus_per_node=world)
+        options = SearchOptions(precision=Precision.FP32, **rm.MODES[case.mode])
+        result = search(graph, spec, rm.GLOBAL_BATCH, options)
+        return (plan_to_json(plan_document(graph, spec, result.best, result.stats,
+                                           {"made_by": "tests/real_models.py"}))
+                if result.best else "error: no plan fits")
+    except PlannerError as exc:
+        return f"error: {exc}"
+
+
 def prepare(arch: str, cases: list[rm.Case]) -> dict:
     """{"failed": reason} where the model cannot be built; else the reference (`rm.reference`)
-    with its "graph" (None where the trace failed) and "plans" {case key: `rm.search_plan`
+    with its "graph" (None where the trace failed) and "plans" {case key: `search_plan`
     text} of `cases` that search (a replay carries its plan)."""
     try:
         model, inputs, target, loss_fn = rm.build(arch)
@@ -49,7 +71,7 @@ def prepare(arch: str, cases: list[rm.Case]) -> dict:
     for case in cases:
         if not case.plan_json and case.key not in ref["plans"]:
             try:
-                ref["plans"][case.key] = rm.search_plan(case, ref["graph"], case.world)
+                ref["plans"][case.key] = search_plan(case, ref["graph"], case.world)
             except Exception:  # noqa: BLE001 - rank 0 searches again and records it
                 pass
     return ref
