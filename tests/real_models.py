@@ -5,8 +5,8 @@
 
 Each case builds one architecture from tests/data/hf/<arch>/config.json (tiny, random
 init, fp32, dropout 0), plans it on `world` gloo ranks with the mode's SearchOptions
-(rank 0 searches the measured `local` cluster and broadcasts the plan, as
-`planner.auto_parallel` does; `plan_case`), runs that plan through `auto_parallel`, so a
+(the search `planner.auto_parallel` runs on the measured `local` cluster, made ahead once
+per case with the architecture's one trace, `real_models_prep`; `plan_case`), runs that plan through `auto_parallel`, so a
 plan the executor rejects is on record (`Outcome.plan`, `Outcome.plan_json`; a Case with
 `plan_json` replays it), trains STEPS AdamW steps on fixed global batches and compares the
 losses and final parameters with single-process training of the same model from the
@@ -29,6 +29,7 @@ group that died or stalled, marks that case and restarts a group for the rest.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import multiprocessing
@@ -156,7 +157,12 @@ def build(arch: str, rows: int = EXAMPLE_ROWS, seed: int = SEED):
 
 
 def global_batches(arch: str) -> list:
-    return [build(arch, GLOBAL_BATCH, BATCH_SEED + k)[1:3] for k in range(STEPS)]
+    """[(inputs, target)] of each step: `build`'s values, drawn without building a model
+    (`planner.models.example_batch`; three CPU builds per architecture before)."""
+    from planner.models import example_batch
+
+    spec = f"hf:{os.path.join(CONFIG_DIR, arch, 'config.json')}"
+    return [example_batch(spec, GLOBAL_BATCH, SEQ_LEN, BATCH_SEED + k) for k in range(STEPS)]
 
 
 def reference(arch: str) -> dict:
@@ -229,17 +235,25 @@ def compact_plan(plan) -> str:
     return " | ".join([str(plan)] + runs)
 
 
+@functools.lru_cache(maxsize=None)
+def traced_graph(arch: str):
+    """The layer graph `build(arch)` traces to, as `run_case` and `auto_parallel` trace
+    it; once per process and arch (the replays' plans each read falcon's)."""
+    from ir.measure import build_layer_graph
+
+    model, inputs, target, loss_fn = build(arch)
+    return build_layer_graph(model, inputs, target, loss_fn, name=type(model).__name__,
+                             dtype=torch.float32)
+
+
 def layer_plan_json(arch: str, world: int, tps: tuple[int, ...]) -> str:
     """Plan JSON for `arch` on `world` ranks in one stage: layer j at TP degree tps[j],
     data parallel over the rest (plain replication), one micro-batch per step."""
     from cost_models.clusters import get_cluster
-    from ir.measure import build_layer_graph
     from ir.plan import ParallelPlan, PlanDocument, model_identity, plan_to_json
     from ir.strategy import LayerStrategy, Precision, Stage
 
-    model, inputs, target, loss_fn = build(arch)
-    graph = build_layer_graph(model, inputs, target, loss_fn, name=type(model).__name__,
-                              dtype=torch.float32)
+    graph = traced_graph(arch)
     strategies = tuple(LayerStrategy(tp=t, dp=world // t) for t in tps)
     plan = ParallelPlan(stages=(Stage(0, len(tps) - 1, world),), layer_strategies=strategies,
                         global_batch=GLOBAL_BATCH,
@@ -250,37 +264,24 @@ def layer_plan_json(arch: str, world: int, tps: tuple[int, ...]) -> str:
                                      **model_identity(graph)))
 
 
-def plan_case(case: Case, graph, world: int) -> str:
-    """The plan JSON every rank runs for `case`: the case's own (a replay), else rank 0
-    searches `graph`, as `auto_parallel` does with `cluster="local"`, and broadcasts it.
-    Planned here rather than inside `auto_parallel` so that a plan the executor rejects is
-    still on record. PlannerError (on every rank) when the search finds none."""
+def plan_case(case: Case, graph, world: int, searched: str | None = None) -> str:
+    """The plan JSON every rank runs for `case`: the case's own (a replay), else the one
+    `searched` ahead (`real_models_prep`), else rank 0 runs `search_plan` and broadcasts
+    it. Planned here rather than inside `auto_parallel` so that a plan the executor
+    rejects is still on record. PlannerError (on every rank) when the search finds none."""
     import torch.distributed as dist
 
-    from cost_models.clusters import get_cluster
     from ir.errors import PlannerError
-    from ir.plan import plan_to_json
-    from ir.strategy import Precision
-    from planner.plan_report import plan_document
-    from planner.search import search
-    from planner.search_space import SearchOptions
+    from real_models_prep import search_plan
 
     if case.plan_json:
         return case.plan_json
-    text = [""]
-    if dist.get_rank() == 0:
-        try:
-            spec = get_cluster("local", nodes=1, gpus_per_node=world)
-            options = SearchOptions(precision=Precision.FP32, **MODES[case.mode])
-            result = search(graph, spec, GLOBAL_BATCH, options)
-            text[0] = (plan_to_json(plan_document(graph, spec, result.best, result.stats,
-                                                  {"made_by": "tests/real_models.py"}))
-                       if result.best else "error: no plan fits")
-        except PlannerError as exc:
-            text[0] = f"error: {exc}"
-    dist.broadcast_object_list(text, src=0)  # a str: the plan is data either way
+    text = [searched]
+    if searched is None:
+        text = [search_plan(case, graph, world) if dist.get_rank() == 0 else ""]
+        dist.broadcast_object_list(text, src=0)  # a str: the plan is data either way
     if text[0].startswith("error: "):
-        raise PlannerError(f"auto_parallel could not plan {type(model).__name__}: "
+        raise PlannerError(f"auto_parallel could not plan {graph.model}: "
                            f"{text[0][len('error: '):]}")
     return text[0]
 
@@ -288,8 +289,8 @@ def plan_case(case: Case, graph, world: int) -> str:
 @contextlib.contextmanager
 def _graph_served(graph, *args, **kwargs):
     """`auto_parallel`'s `build_layer_graph` call returns `graph` when its arguments are
-    the very ones `graph` was built from (`run_case`): one trace per rank and case, not
-    two on rank 0. A call with any other argument is traced as usual."""
+    the very ones `graph` was built for (`run_case`): no trace of its own. A call with any
+    other argument is traced as usual."""
     import planner.api as api
 
     real = api.build_layer_graph
@@ -334,12 +335,16 @@ def run_case(case: Case, ref: dict, rank: int, log) -> dict:
         stage = "plan"
         log("stage", stage=stage)
         try:
-            # Every rank traces at once (rank 0 used to trace alone to search, the others
-            # waiting, then all again inside auto_parallel): auto_parallel's own call,
-            # the same arguments, is served this graph (`_graph_served`).
+            # The graph and plan made ahead, once per architecture and case, before the
+            # groups start (`real_models_prep`); where that failed every rank traces and
+            # rank 0 searches, as before. auto_parallel's own call, the same arguments,
+            # is served this graph (`_graph_served`).
             traced_as = dict(name=type(model).__name__, dtype=torch.float32)
-            graph = build_layer_graph(model, inputs, target, loss_fn, **traced_as)
-            text = plan_case(case, graph, dist.get_world_size())
+            graph = ref.get("graph")
+            if graph is None:
+                graph = build_layer_graph(model, inputs, target, loss_fn, **traced_as)
+            text = plan_case(case, graph, dist.get_world_size(),
+                             ref.get("plans", {}).get(case.key))
             doc = plan_from_dict(json.loads(text), f"<plan of {case.key}>")
             recorded = {"plan": compact_plan(doc.plan), "plan_json": text}
             with _graph_served(graph, model, inputs, target, loss_fn, **traced_as):
@@ -541,21 +546,11 @@ def run_group(world: int, work: list, progress=lambda outcome: None, case_fn=run
 
 
 def run_matrix(selected: list[Case], progress=lambda outcome: None) -> list[Outcome]:
-    """Every case's outcome, in the order given. References run here, once per arch."""
-    refs: dict[str, dict] = {}
-    failed: dict[str, str] = {}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the ranks run
-    try:
-        for arch in dict.fromkeys(c.arch for c in selected):
-            try:
-                build(arch)
-            except Exception as exc:  # the ranks would fail the same way: no group needed
-                failed[arch] = f"before training, load: {_first_line(exc)}"
-                continue
-            refs[arch] = reference(arch)
-    finally:
-        torch.set_num_threads(threads)
+    """Every case's outcome, in the order given. References, graphs and searches run
+    first, once per arch (`real_models_prep.prepare_all`)."""
+    from real_models_prep import prepare_all
+
+    refs, failed = prepare_all(selected)
     outcomes = {i: Outcome(c, CRASH, failed[c.arch]) for i, c in enumerate(selected)
                 if c.arch in failed}
     for outcome in outcomes.values():

@@ -79,6 +79,21 @@ def test_zero_dropout_leaves_no_random_op():
     assert torch.equal(model(**inputs).logits, model(**inputs).logits)
 
 
+def test_a_search_that_finds_no_plan_is_rejected_naming_the_model():
+    """A search's "error: ..." (made ahead, `real_models_prep`) is a PlannerError naming
+    the model on every rank: REJECTED, not a crash. (plan_case named an undefined `model`
+    there, a NameError, so such a case read CRASH.)"""
+    from types import SimpleNamespace
+
+    from ir.errors import PlannerError
+
+    graph = SimpleNamespace(model="LlamaForCausalLM")
+    with pytest.raises(PlannerError, match="could not plan LlamaForCausalLM: no plan fits"):
+        rm.plan_case(Case("llama", "tp2", 2), graph, 2, "error: no plan fits")
+    assert rm.plan_case(Case("llama", "tp2", 2), graph, 2, "{}") == "{}"
+    assert rm.plan_case(Case("llama", "auto", 2, "{ }"), graph, 2, "{}") == "{ }"  # a replay
+
+
 # ----------------------------------------------------------------------------- harness
 # Injected faults on 2 ranks, short limits: each case must get its outcome and the next
 # case must still run, in a fresh process group (no groups left from the last case).
