@@ -21,7 +21,12 @@ measured time is the mean of its two passes: a row's two timings straddle the sp
 symmetrically, so a drift of the machine's speed that is linear in time (a shared VM
 slowing over minutes) moves the rows' mean and the spec alike instead of reading as model
 error. What it does not cancel, a slow spell in one pass only, shows as the pass spread
-(|pass 1 - pass 2| / mean) printed per model and kept per row.
+(|pass 1 - pass 2| / mean) printed per model and kept per row. The rows are timed on
+this thread's CPU time (`--clock thread`, the clock the spec's probes read,
+`host_probes.probe_clock`), not `planner profile`'s wall clock: one thread without I/O
+reads the same on a quiet host, but on a shared one the wall clock also counts the other
+processes' turns on the core, which the probes leave out (at load 17 on 2 cores, blocks
+of ~2.5 ms at micro-batch 16 read 4x their spec's price on the wall clock: 2026-11-26).
 
 Target (issue 17): every layer within 15%; the bench exits 1 otherwise. Timings taken on
 a loaded machine are noise: re-measure on a quiet one before reading the errors.
@@ -42,6 +47,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -71,6 +77,10 @@ QUICK_MICRO_BATCHES = (1, 16)
 TARGET_ERROR = 0.15  # issue 17: per-layer time within 15%
 WARMUP, REPEATS = 3, 9  # median of nine after three untimed runs
 QUICK_WARMUP, QUICK_REPEATS = 2, 5
+# The rows' clock: the probes' (`host_probes.probe_clock`, this thread's CPU time) by
+# default, so that other processes' turns on the core count in neither the spec nor the
+# rows (module docstring); "wall" is `planner profile`'s own clock.
+CLOCKS = {"thread": time.thread_time, "wall": time.perf_counter}
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                        "kernel_model.json")
 
@@ -128,12 +138,26 @@ def _mean_of_passes(first: list[dict], second: list[dict]) -> list[dict]:
     return merged
 
 
+def clock_read_s(clock, reads: int = 1001) -> float:
+    """Median seconds between two back-to-back reads of `clock`: what a window timed on it
+    holds of the clock's own call (the thread clock is a system call here: 0.7 us of CPU a
+    read, the wall clock's 0.13, 2026-11-26, load 16)."""
+    gaps = []
+    for _ in range(reads):
+        t0 = clock()
+        gaps.append(clock() - t0)
+    return statistics.median(gaps)
+
+
 def interleaved_profile(graphs: dict, warmup: int, repeats: int, quick: bool = False,
-                        log=print):
+                        log=print, clock=time.perf_counter):
     """(spec, {(model, micro_batch): profile entries}, schedule) with the rows timed in
-    two mirrored passes around `profile_device("cpu")` (module docstring: why); the
-    schedule lists each phase's start, end (seconds from the first) and load average."""
+    two mirrored passes around `profile_device("cpu")` (module docstring: why) on `clock`
+    (a forward's reading less the clock's own read, `clock_read_s`, off the wall clock:
+    the backward's span already takes its own cost out); the schedule lists each phase's
+    start, end (seconds from the first) and load average."""
     start, schedule, passes = time.perf_counter(), [], {}
+    read_s = clock_read_s(clock) if clock is not time.perf_counter else 0.0
 
     def phase(name: str, run):
         t0 = time.perf_counter() - start
@@ -148,9 +172,10 @@ def interleaved_profile(graphs: dict, warmup: int, repeats: int, quick: bool = F
     for n, order in ((1, keys), (2, keys[::-1])):
         for key in order:
             graph, measurer = graphs[key]
-            passes.setdefault(key, []).append(phase(
-                f"pass {n} {key[0]} mb {key[1]}", lambda: profile_graph(
-                    graph, measurer, "cpu", warmup=warmup, repeats=repeats)))
+            entries = phase(f"pass {n} {key[0]} mb {key[1]}", lambda: profile_graph(
+                graph, measurer, "cpu", warmup=warmup, repeats=repeats, clock=clock))
+            passes.setdefault(key, []).append([{**e, "forward_seconds": e[
+                "forward_seconds"] - read_s} for e in entries])
         if n == 1:
             spec, _ = phase("spec", lambda: profile_device("cpu", quick=quick,
                                                            extra_gemm_shapes=gemm_shapes(
@@ -230,10 +255,10 @@ def pass_spread(rows: list[dict]) -> dict:
             "over_target_pass2": over[1], "text": text}
 
 
-def raw_result(quick: bool, spec, profiled: dict, schedule: list[dict]) -> dict:
+def raw_result(quick: bool, spec, profiled: dict, schedule: list[dict], clock: str) -> dict:
     """What `--reprice` reads back: the whole spec, the raw timings and their schedule."""
     return {"bench": "kernel_model", "quick": quick, "host": platform.node(),
-            "spec_full": spec.to_dict(), "schedule": schedule,
+            "spec_full": spec.to_dict(), "schedule": schedule, "clock": clock,
             "profiles": [[list(key), entries] for key, entries in profiled.items()]}
 
 
@@ -251,6 +276,8 @@ def main() -> int:
                         help="time nothing: price a written result's timings and spec with "
                              "this code (an A/B of a pricing change on the same timings)")
     parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--clock", choices=CLOCKS, default="thread",
+                        help="the rows' clock (module docstring)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # as the planner's local processes run
     warmup, repeats = (QUICK_WARMUP, QUICK_REPEATS) if args.quick else (WARMUP, REPEATS)
@@ -258,7 +285,7 @@ def main() -> int:
     if args.reprice:
         with open(args.reprice) as f:
             doc = json.load(f)
-        args.quick, schedule = doc["quick"], doc["schedule"]
+        args.quick, schedule, args.clock = doc["quick"], doc["schedule"], doc.get("clock", "wall")
         spec = ClusterSpec.from_dict(doc["spec_full"], args.reprice)
         profiled = {tuple(key): entries for key, entries in doc["profiles"]}
         graphs = {key: traced_graph(*key) for key in profiled}
@@ -267,8 +294,10 @@ def main() -> int:
                   else MODELS)
         batches = QUICK_MICRO_BATCHES if args.quick else MICRO_BATCHES
         graphs = {(model, mb): traced_graph(model, mb) for model in models for mb in batches}
-        spec, profiled, schedule = interleaved_profile(graphs, warmup, repeats, args.quick)
-        write_result(args.out, raw_result(args.quick, spec, profiled, schedule))  # kept
+        spec, profiled, schedule = interleaved_profile(graphs, warmup, repeats, args.quick,
+                                                       clock=CLOCKS[args.clock])
+        write_result(args.out, raw_result(args.quick, spec, profiled, schedule,
+                                          args.clock))  # kept if pricing fails
     rows = []
     for (model, micro_batch), (graph, measurer) in graphs.items():
         rows.extend(measure_model(model, micro_batch, graph, measurer, spec, warmup, repeats,
@@ -290,7 +319,7 @@ def main() -> int:
           f"backward, {spec.hbm_gbps:.1f} GB/s, "
           f"{spec.peak_flops('float32') / 1e9:.1f} GFLOP/s fp32. Load average {load:.1f} "
           f"({time.perf_counter() - start:.0f} s).")
-    write_result(args.out, {**raw_result(args.quick, spec, profiled, schedule),
+    write_result(args.out, {**raw_result(args.quick, spec, profiled, schedule, args.clock),
                    "repriced_from": args.reprice,
                    "load_average_1min": load, "target_error": TARGET_ERROR,
                    "spec": {"op_overhead_s": spec.op_overhead_s,

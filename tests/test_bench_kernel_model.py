@@ -19,17 +19,17 @@ def test_rows_timed_in_mirrored_passes_around_the_spec(monkeypatch):
     """Pass 1 times the graphs in order, then the spec is measured, then pass 2 times them
     reversed; a clock that slows by 1 s per call (a linear drift) gives every graph's two
     passes the same mean, the spec's own reading (t = 3 for three graphs)."""
-    events, clock = [], [0.0]
+    events, now = [], [0.0]
 
-    def profile_graph(graph, measurer, device, *, warmup, repeats):
-        clock[0] += 1
+    def profile_graph(graph, measurer, device, *, warmup, repeats, clock):
+        now[0] += 1
         events.append(graph)
-        return [fake_entry("layer", clock[0], 2 * clock[0])]
+        return [fake_entry("layer", now[0], 2 * now[0])]
 
     def profile_device(device, quick=False, extra_gemm_shapes=()):
-        clock[0] += 1
+        now[0] += 1
         events.append("spec")
-        return ("spec at", clock[0]), None
+        return ("spec at", now[0]), None
 
     monkeypatch.setattr(bench, "profile_graph", profile_graph)
     monkeypatch.setattr(bench, "profile_device", profile_device)
@@ -57,3 +57,26 @@ def test_pass_spread_counts_each_pass_alone():
     assert spread["median"] == pytest.approx(0.3 / 0.95)  # the upper of two
     assert spread["over_target_pass1"] == 1  # 1.0 / 0.8 - 1 = +25%
     assert spread["over_target_pass2"] == 0  # 1.0 / 1.1 - 1 = -9%
+
+
+def test_rows_on_the_given_clock_less_its_read(monkeypatch):
+    """The rows are timed on the clock given (the thread clock by default in `main`), each
+    forward less one read of it (a read in the window is the clock's cost, not the
+    layer's); the backward's span takes its own cost out already."""
+    reads = iter(range(10**6))
+
+    def ticking() -> float:  # each read 0.25 s after the one before
+        return next(reads) * 0.25
+
+    def profile_graph(graph, measurer, device, *, warmup, repeats, clock):
+        assert clock is ticking
+        return [fake_entry("layer", 2.0, 3.0)]
+
+    monkeypatch.setattr(bench, "profile_graph", profile_graph)
+    monkeypatch.setattr(bench, "profile_device", lambda *a, **k: ("spec", None))
+    monkeypatch.setattr(bench, "gemm_shapes", lambda graphs: [])
+    _, profiled, _ = bench.interleaved_profile({("a", 1): ("A", None)}, 1, 1,
+                                               log=lambda *a, **k: None, clock=ticking)
+    (entry,) = profiled[("a", 1)]
+    assert entry["forward_seconds"] == 1.75
+    assert entry["backward_seconds"] == 3.0
