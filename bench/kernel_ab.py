@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_kernel_model import (CLOCKS, MICRO_BATCHES, MODELS, REPEATS,  # noqa: E402
+from bench.bench_kernel_model import (MICRO_BATCHES, MODELS, REPEATS,  # noqa: E402
                                       TARGET_ERROR, WARMUP, interleaved_profile, measure_model,
                                       traced_graph)
 from ir.kernel_calibration import KernelCalibration  # noqa: E402
@@ -40,7 +40,7 @@ def run(name: str, description: str, without: Callable[[KernelCalibration], Kern
     graphs = {(model, mb): traced_graph(model, mb) for model in args.models.split(",")
               for mb in MICRO_BATCHES}
     # the rows timed in two mirrored passes around the spec, as the bench times them
-    spec_b, profiles, _ = interleaved_profile(graphs, WARMUP, REPEATS, clock=CLOCKS["thread"])
+    spec_b, profiles, _ = interleaved_profile(graphs, WARMUP, REPEATS)
     spec_a = dataclasses.replace(spec_b, kernel_calibration=without(spec_b.kernel_calibration))
     pairs = []
     for (model, mb), (graph, measurer) in graphs.items():

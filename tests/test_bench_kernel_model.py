@@ -89,7 +89,7 @@ def test_pass_spread_counts_each_pass_alone():
 
 
 def test_rows_on_the_given_clock_less_its_read(monkeypatch):
-    """The rows are timed on the clock given (the thread clock by default in `main`), each
+    """The rows are timed on the clock given (`main`'s --clock: wall or thread), each
     forward less one read of it (a read in the window is the clock's cost, not the
     layer's); the backward's span takes its own cost out already."""
     reads = iter(range(10**6))
