@@ -32,11 +32,11 @@ Read here (2026-11-26, 2 cores shared with 5 other sessions, load 12-41; counts 
 of 180 rows): mirrored schedule, wall clock 103 and 149 back to back (the spec's forward
 host per op 2.5 then 6.6 us: the second spec ran in a slow spell, 380 s against 155,
 while the rows moved 15%); thread clock 142 (load 30-41), 122 and 100; wall clock with
-the second host reading 106 and (run 7). Pass spread (median per row) 9-28% in every
-configuration, and 72-84 rows crossed 15% between two back-to-back runs (median row
-error moved 25-48 points): at this load the table is noise; read it on a quiet host.
+the second host reading 106 and 107 (load 15, 10). Pass spread (median per row) 9-28% in
+every configuration, and 72-84 rows crossed 15% between two back-to-back runs (median
+row error moved 18-48 points): at this load the table is noise; read it on a quiet host.
 The faster-reading rule, priced on the same timings against the slower reading
-(`--reprice --unkept`): 122 vs 117, 100 vs 112, 106 vs 116.
+(`--reprice --unkept`): 122 vs 117, 100 vs 112, 106 vs 116, 107 vs 110.
 
 Target (issue 17): every layer within 15%; the bench exits 1 otherwise. Timings taken on
 a loaded machine are noise: re-measure on a quiet one before reading the errors.
