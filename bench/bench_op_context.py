@@ -29,8 +29,9 @@ gradient's mm (a transposed operand) 23 / 13, the input gradient's mm 10.5 / 7.5
 21 / 16, 31 / 23, 20 / 19. Warm, nll_loss_backward alone in a loop
 reads 2.9 us (its priced bytes: the logits-sized input it reads only for its shape and
 the gradient its inner zero_ fills; `ir.composite_ops` counts the zero_): what the heads'
-backward misses is cold code, not bytes, and the mm of another layout than the forward's
-runs cold though `cold_distinct_ops_bwd` counts it warm by name.
+backward misses is cold code, not bytes. The weight gradient's mm (another layout than the
+forward's) is not cold sgemm code for its layout: bench/bench_gemm_layout_cold.py read
+the layouts sharing their ~2 us of cold code (2026-11-26), so its extra here is elsewhere.
 """
 
 from __future__ import annotations

@@ -19,10 +19,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_kernel_model import (MICRO_BATCHES, MODELS, REPEATS, TARGET_ERROR,  # noqa: E402
-                                      WARMUP, gemm_shapes, measure_model, traced_graph)
-from cost_models.layer_profile import profile_graph  # noqa: E402
-from cost_models.profile_device import profile_device  # noqa: E402
+from bench.bench_kernel_model import (MICRO_BATCHES, MODELS, REPEATS,  # noqa: E402
+                                      TARGET_ERROR, WARMUP, interleaved_profile, measure_model,
+                                      traced_graph)
 from ir.kernel_calibration import KernelCalibration  # noqa: E402
 
 FAR_ERROR = 0.25  # a row may not go from within 15% to beyond this
@@ -40,13 +39,12 @@ def run(name: str, description: str, without: Callable[[KernelCalibration], Kern
     start = time.perf_counter()
     graphs = {(model, mb): traced_graph(model, mb) for model in args.models.split(",")
               for mb in MICRO_BATCHES}
-    spec_b, cal = profile_device("cpu", extra_gemm_shapes=gemm_shapes(
-        graph for graph, _ in graphs.values()))
-    spec_a = dataclasses.replace(spec_b, kernel_calibration=without(cal))
-    torch.set_num_threads(1)
+    # the rows timed in two mirrored passes around the spec, as the bench times them
+    spec_b, profiles, _ = interleaved_profile(graphs, WARMUP, REPEATS)
+    spec_a = dataclasses.replace(spec_b, kernel_calibration=without(spec_b.kernel_calibration))
     pairs = []
     for (model, mb), (graph, measurer) in graphs.items():
-        profiled = profile_graph(graph, measurer, "cpu", warmup=WARMUP, repeats=REPEATS)
+        profiled = profiles[(model, mb)]
         rows_a = measure_model(model, mb, graph, measurer, spec_a, WARMUP, REPEATS, profiled)
         rows_b = measure_model(model, mb, graph, measurer, spec_b, WARMUP, REPEATS, profiled)
         pairs.extend(zip(rows_a, rows_b))

@@ -81,8 +81,11 @@ def profile_layers(module, inputs, target, loss_fn, *, name: str, device: str = 
 
 def profile_graph(graph: LayerGraph, measurer: GraphMeasurer, device: str, *,
                   warmup: int = DEFAULT_WARMUP, repeats: int = DEFAULT_REPEATS,
-                  progress: Callable[[int, int, str], None] | None = None) -> list[dict]:
-    """The profile's "layers" entries of a measured graph: each unique layer timed once."""
+                  progress: Callable[[int, int, str], None] | None = None,
+                  clock: Callable[[], float] = time.perf_counter) -> list[dict]:
+    """The profile's "layers" entries of a measured graph: each unique layer timed once,
+    on `clock` (`time_layer`'s; a bench on a shared host passes the probes' thread clock,
+    `host_probes.probe_clock`)."""
     factory = real_factory(device)
     layers, seen = [], {}
     for i, layer in enumerate(graph.layers):
@@ -93,10 +96,10 @@ def profile_graph(graph: LayerGraph, measurer: GraphMeasurer, device: str, *,
         col, row = measurer.tp_modules(i, layer.tp_candidates)
         state = measurer.layer_state(i, factory)  # this layer's tensors, on the device
         measured = measurer.measure_layer(i, col, row, factory=factory, state=state)
-        engine = EngineSampler(device, time.perf_counter, nodes_only=True)
+        engine = EngineSampler(device, clock, nodes_only=True)
         forward_s, backward_s = time_layer(measurer, i, state, factory, device,
                                            warmup=warmup, repeats=repeats, name=layer.name,
-                                           engine=engine, layers=graph.layers)
+                                           engine=engine, layers=graph.layers, clock=clock)
         span = (engine.result(ENGINE_SPREAD_BLOCKS) if engine.samples[ENGINE_PROBE_OPS[0]]
                 else None)
         seen[layer.structural_hash] = True
