@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from cost_models.layer_memo import per_layer
 from cost_models.model_states import (FP32_BYTES, OPTIMIZER_MOMENTS, has_dp_unit,
                                       largest_param_tensor, tp_local_params)
 from ir.layer import Layer, TPCandidate, TPStyle
@@ -116,7 +117,8 @@ def step_tensor_params(layer: Layer, strategy: LayerStrategy, moments: float) ->
                  for n, split in _tensor_splits(layer))
 
 
-def _tensor_splits(layer: Layer) -> list[tuple[int, float]]:
+@per_layer
+def _tensor_splits(layer: Layer) -> tuple[tuple[int, float], ...]:
     """(elements, elements TP divides) of each tensor in `param_numels` order, named as
     `ir.measure._tp_params` splits them (candidates' weights, column-parallel biases).
     Where the names cannot be lined up (hand-built layers), each tensor takes the
@@ -126,14 +128,14 @@ def _tensor_splits(layer: Layer) -> list[tuple[int, float]]:
     share = (layer.tp_params + layer.tied_tp_params) / total if total else 0.0
     names = _step_names(layer)
     if names is None:
-        return [(n, n * share) for n in numels]
+        return tuple((n, n * share) for n in numels)
     split: dict[str, TPCandidate] = {}
     for c in layer.tp_candidates:
         prefix = ".".join(filter(None, (layer.name, c.module)))
         for attr in ("weight", "bias") if c.style is TPStyle.COLWISE else ("weight",):
             split[f"{prefix}.{attr}"] = c
-    return [(n, split[name].split_numel(n) if name in split else 0)
-            for n, name in zip(numels, names)]
+    return tuple((n, split[name].split_numel(n) if name in split else 0)
+                 for n, name in zip(numels, names))
 
 
 def _step_names(layer: Layer) -> list[str] | None:
