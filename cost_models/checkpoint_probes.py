@@ -165,6 +165,7 @@ def sac_mode_ops(layer) -> tuple[int, int]:
     return max(layer.ops_fwd - detaches, 0), max(cached_mode_ops(layer) - detaches, 0)
 
 
+@per_layer
 def checkpoint_extra_seconds(layer, mode: Checkpoint,
                              cal: KernelCalibration) -> tuple[float, float]:
     """(forward, recompute) host seconds the checkpoint machinery adds to one micro-batch

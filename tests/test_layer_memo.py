@@ -15,11 +15,13 @@ import dataclasses
 import pytest
 import torch
 
-from cost_models import checkpoint_probes, comm, host_dispatch, step_temporaries
+from cost_models import activations, checkpoint_probes, comm, host_dispatch, step_temporaries
+from cost_models.common import StepConfig
 from cost_models.clusters import get_cluster
 from cost_models.layer_memo import memo_scope
 from ir.kernel_calibration import KernelCalibration
 from ir.layer import TPStyle
+from ir.strategy import Checkpoint
 from planner.models import load_layer_graph
 
 MEMOISED = [host_dispatch.forward_host_seconds, host_dispatch.backward_host_seconds,
@@ -43,6 +45,8 @@ def _cold_cpu():
 
 def test_per_layer_figures_in_a_scope_are_the_uncached_ones(gpt):
     clusters = [_cold_cpu(), get_cluster("a100-80g", nodes=2)]
+    configs = [StepConfig(micro_batch=b, graph_micro_batch=1, graph_dtype=gpt.dtype,
+                          device_type=device) for b in (1, 4) for device in ("cpu", "cuda")]
     with memo_scope():
         for _ in range(2):  # the second round from the memo
             for cluster in clusters:
@@ -54,6 +58,13 @@ def test_per_layer_figures_in_a_scope_are_the_uncached_ones(gpt):
                     for style in TPStyle:
                         assert comm.input_grad_reductions(layer, style) == \
                             comm.input_grad_reductions.uncached(layer, style)
+                    for mode in Checkpoint:
+                        args = (layer, mode, cluster.kernel_calibration)
+                        assert checkpoint_probes.checkpoint_extra_seconds(*args) == \
+                            checkpoint_probes.checkpoint_extra_seconds.uncached(*args)
+                    for config in configs:
+                        for fn in (activations.scaled_saved_bytes, activations.logits_bytes):
+                            assert fn(layer, config) == fn.uncached(layer, config)
     first, middle = gpt.layers[1], gpt.layers[2]  # the first block pays cold ops
     cold, a100 = clusters
     with memo_scope():
@@ -61,6 +72,8 @@ def test_per_layer_figures_in_a_scope_are_the_uncached_ones(gpt):
             host_dispatch.forward_host_seconds(middle, cold)  # layers told apart
         assert host_dispatch.forward_host_seconds(first, cold) != \
             host_dispatch.forward_host_seconds(first, a100)  # clusters told apart
+        assert activations.scaled_saved_bytes(first, configs[0]) != \
+            activations.scaled_saved_bytes(first, configs[2])  # configs told apart
 
 
 def test_a_scope_is_the_searchs_alone(gpt):
