@@ -3,9 +3,10 @@
 The search prices each unique layer under every strategy, micro-batch and pipeline
 candidate (some 5,000 rows for gpt3-175b on 1,024 A100s), and the memory walk and the
 estimate price each layer of each plan again; a figure that reads only the layer (and
-the cluster, a step config, a kernel calibration) is the same every time. `per_layer` wraps such a pure function so that,
-inside a `memo_scope`, it runs once per argument identity; outside one it is the plain
-function, so tests and callers that price once see no cache at all.
+the cluster, a step config, a kernel calibration) is the same every time. `per_layer`
+wraps such a pure function so that, inside a `memo_scope`, it runs once per argument
+identity; outside one it is the plain function, so tests and callers that price once
+see no cache at all.
 
 Keys are the arguments' ids; each entry keeps its arguments alive, so an id is not
 reused while its entry stands (as `kernel_time._Memo`). Only functions whose arguments
