@@ -40,6 +40,7 @@ from ir.legality import sequence_parallel_applies
 from ir.strategy import Checkpoint, LayerStrategy
 
 from cost_models.common import StepConfig, dtype_bytes
+from cost_models.layer_memo import per_layer
 
 # Score-shaped tensors attention saves when dropout follows softmax: the softmax output,
 # the dropout mask and the dropout output (Korthikanti et al. 2022, sec. 4.1).
@@ -116,6 +117,7 @@ def _tp_split(saved, sharded, tp, sequence_parallel):
     return (saved / tp) * sequence_parallel + tp_only * (1 - sequence_parallel)
 
 
+@per_layer
 def scaled_saved_bytes(layer: Layer, config: StepConfig) -> tuple[float, float, float]:
     """(saved, TP-sharded, attention) bytes for the config's micro-batch, dtype and device.
 
@@ -139,6 +141,7 @@ def scaled_saved_bytes(layer: Layer, config: StepConfig) -> tuple[float, float, 
     return saved, sharded, attention
 
 
+@per_layer
 def logits_bytes(layer: Layer, config: StepConfig) -> float:
     """Bytes of a vocabulary head's logits, b*s*V elements (0 for other layers).
 

@@ -59,6 +59,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from cost_models.layer_memo import per_layer
 from ir.kernel_calibration import KernelCalibration
 from ir.strategy import Checkpoint
 
@@ -136,6 +137,7 @@ def kept_ops(layer) -> int:
     return sum(r.count for r in layer.kernels.forward if r.saved_under_selective)
 
 
+@per_layer
 def rerun_ops(layer) -> int:
     """Forward ops the recompute reruns: all but those from the last save on (early stop,
     `torch.utils.checkpoint._recomputation_hook`'s `_StopRecomputationError`)."""
@@ -163,6 +165,7 @@ def sac_mode_ops(layer) -> tuple[int, int]:
     return max(layer.ops_fwd - detaches, 0), max(cached_mode_ops(layer) - detaches, 0)
 
 
+@per_layer
 def checkpoint_extra_seconds(layer, mode: Checkpoint,
                              cal: KernelCalibration) -> tuple[float, float]:
     """(forward, recompute) host seconds the checkpoint machinery adds to one micro-batch

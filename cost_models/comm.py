@@ -33,6 +33,7 @@ from ir.tp_recompute import TP_REDUCING_STYLES  # Megatron's g (Shoeybi et al. 2
 
 from cost_models.activations import grad_input_bytes, sp_gathered_modules
 from cost_models.common import GB, StepConfig
+from cost_models.layer_memo import per_layer
 from cost_models.dp_copies import dp_copy_step_seconds
 from cost_models.model_states import BytesPerParam, has_dp_unit, tp_local_params
 from cost_models.offload import d2h_seconds, h2d_seconds
@@ -249,6 +250,7 @@ def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     return forward, backward
 
 
+@per_layer
 def input_grad_reductions(layer: Layer, style: TPStyle) -> int:
     """TP modules of `style` whose backward all-reduces their input's gradient: all but
     those fed only tensors that get no gradient (`Layer.gradless_tp_inputs`: the model's
@@ -257,6 +259,7 @@ def input_grad_reductions(layer: Layer, style: TPStyle) -> int:
                if c.style is style and c.module not in layer.gradless_tp_inputs)
 
 
+@per_layer
 def sp_input_grad_reductions(layer: Layer) -> int:
     """Modules whose SP-gathered input (`sp_gathered_modules`) gets a gradient, so whose
     backward reduce-scatters it: all but those whose column-parallel linears all read
@@ -318,6 +321,7 @@ def layer_comm(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
                      dp_after_step + reduce_copies_s)
 
 
+@per_layer
 def replicated_tensors(layer: Layer) -> int:
     """Parameter tensors outside the layer's TP modules (norm weights and biases): every
     rank of a TP group holds them whole."""

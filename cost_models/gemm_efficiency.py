@@ -44,6 +44,24 @@ def gemm_efficiency(dim, device: str, max_efficiency: float | None = None):
     return best * dim / (dim + n_half)
 
 
+# (id(cal), m, n, k, dtype) -> (cal, `KernelCalibration.gemm_flop_per_s`): the search asks
+# per kernel of every priced row, and each answer scans the whole table. The entry holds
+# the calibration (frozen), so its id is not reused while the entry stands.
+_RATES: dict[tuple, tuple] = {}
+_RATES_MAX_ENTRIES = 4096
+
+
+def _table_rate(cal, m: int, n: int, k: int, dtype: str) -> float | None:
+    """`cal.gemm_flop_per_s(m, n, k, dtype)`, kept."""
+    key = (id(cal), m, n, k, dtype)
+    hit = _RATES.get(key)
+    if hit is None or hit[0] is not cal:
+        if len(_RATES) >= _RATES_MAX_ENTRIES:
+            _RATES.clear()
+        hit = _RATES[key] = (cal, cal.gemm_flop_per_s(m, n, k, dtype))
+    return hit[1]
+
+
 def gemm_shape_efficiency(spec: ClusterSpec, m: int, n: int, k: int, dtype: str) -> float:
     """Fraction of `spec.peak_flops(dtype)` an (m x k) @ (k x n) GEMM reaches.
 
@@ -60,7 +78,7 @@ def gemm_shape_efficiency(spec: ClusterSpec, m: int, n: int, k: int, dtype: str)
                                f"got {(m, n, k)}")
     peak = spec.peak_flops(dtype)
     cal = spec.kernel_calibration
-    rate = cal.gemm_flop_per_s(m, n, k, dtype) if cal is not None else None
+    rate = _table_rate(cal, m, n, k, dtype) if cal is not None else None
     if rate is not None:
         return min(1.0, rate / peak)
     edge = 3.0 * m * n * k / (m * k + k * n + m * n)

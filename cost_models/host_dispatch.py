@@ -11,6 +11,7 @@ from ir.cluster import ClusterSpec
 from ir.kernel_records import KernelKind
 from ir.layer import Layer
 
+from cost_models.layer_memo import per_layer
 from cost_models.host_excess import backward_nodes, records_excess_seconds
 from cost_models.sequence_probes import in_sequence_extra_per_op_s
 
@@ -26,6 +27,7 @@ def host_op_seconds(cluster: ClusterSpec, on_dtensors: bool = False,
     return base + (cluster.dtensor_op_overhead_s if on_dtensors else 0.0)
 
 
+@per_layer
 def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     """Host seconds of one forward's dispatch. Where the device kit measured it in parts
     and the layer's module calls were counted: views x `view_host_op_s` + other ops x
@@ -174,6 +176,7 @@ def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
             if forward_priced or backward_priced else ())
 
 
+@per_layer
 def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     """Host seconds of one backward's dispatch. Where the device kit measured it in parts
     (`KernelCalibration.backward_view_host_op_s`, `backward_nonview_host_op_s`,

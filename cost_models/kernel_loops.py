@@ -79,8 +79,20 @@ def _kernel_points(cal: KernelCalibration, kernel: str, dtype: str) -> tuple:
     return hit[1]
 
 
+# id(cal) -> (cal, the kernels it has points for): `measured` is asked per kernel of every
+# priced row (held as `_POINTS` holds its calibration).
+_KINDS: dict[int, tuple] = {}
+
+
 def measured(cal: KernelCalibration | None, kernel: str) -> bool:
-    return cal is not None and any(p.kernel == kernel for p in cal.memory_kernels)
+    if cal is None:
+        return False
+    hit = _KINDS.get(id(cal))
+    if hit is None or hit[0] is not cal:
+        if len(_KINDS) >= _POINTS_MAX_ENTRIES:
+            _KINDS.clear()
+        hit = _KINDS[id(cal)] = (cal, frozenset(p.kernel for p in cal.memory_kernels))
+    return kernel in hit[1]
 
 
 def _probe_loop_seconds(cal: KernelCalibration, probe: str, reference: str, dtype: str,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from cost_models.layer_memo import per_layer
 from cost_models.model_states import (FP32_BYTES, OPTIMIZER_MOMENTS, has_dp_unit,
                                       largest_param_tensor, tp_local_params)
 from ir.layer import Layer, TPCandidate, TPStyle
@@ -109,7 +110,8 @@ def step_tensor_params(layer: Layer, strategy: LayerStrategy, moments: float) ->
                  for n, split in _tensor_splits(layer))
 
 
-def _tensor_splits(layer: Layer) -> list[tuple[int, float]]:
+@per_layer
+def _tensor_splits(layer: Layer) -> tuple[tuple[int, float], ...]:
     """(elements, elements TP divides) of each tensor in `param_numels` order, told by
     `param_step_names` as `ir.measure._tp_params` splits them (candidates' weights,
     column-parallel biases). Layers without those names (hand-built) give each tensor
@@ -119,10 +121,10 @@ def _tensor_splits(layer: Layer) -> list[tuple[int, float]]:
     if len(names) != len(numels):
         total = layer.params + layer.tied_params
         share = (layer.tp_params + layer.tied_tp_params) / total if total else 0.0
-        return [(n, n * share) for n in numels]
+        return tuple((n, n * share) for n in numels)
     split: dict[str, TPCandidate] = {}
     for c in layer.tp_candidates:
         for attr in ("weight", "bias") if c.style is TPStyle.COLWISE else ("weight",):
             split[".".join(filter(None, (c.module, attr)))] = c
-    return [(n, split[name].split_numel(n) if name in split else 0)
-            for n, name in zip(numels, names)]
+    return tuple((n, split[name].split_numel(n) if name in split else 0)
+                 for n, name in zip(numels, names))

@@ -63,6 +63,10 @@ from ir.strategy import DPMode
 # ---- the collection ------------------------------------------------------------------
 
 
+# The zeros `CalibrationTables.dp_overhead` answers for a mode not measured, made once (the
+# search asks per priced row; a record checks its figures when made).
+_UNMEASURED_DP = {mode: DpOverhead(mode, None, 0.0, 0.0) for mode in DPMode}
+
 @dataclass(frozen=True, slots=True)
 class CalibrationTables:
     """A spec's measured tables (all empty for a datasheet spec) and their lookups."""
@@ -125,8 +129,9 @@ class CalibrationTables:
         """The figures measured for `mode` with DP groups of `group_size`, else the whole
         node's, else zeros (not measured)."""
         by_key = {(r.mode, r.group_size): r for r in self.dp_overheads}
+        unmeasured = _UNMEASURED_DP.get(mode) if type(mode) is DPMode else None
         return by_key.get((mode, group_size)) or by_key.get((mode, None)) \
-            or DpOverhead(mode, None, 0.0, 0.0)
+            or unmeasured or DpOverhead(mode, None, 0.0, 0.0)
 
     def optimizer_seconds_per_tensor(self, optimizer: str, on_dtensor: bool) -> float | None:
         """Measured host seconds per parameter tensor of one step; None when not measured."""

@@ -34,7 +34,13 @@ def interleaved(graph, tables: list[LayerTable], make_solver, cand: OuterCandida
     ranges: list = [None] * len(pieces)
     times = [INF] * len(pieces)  # each chunk's time with its forward send, as chosen
     for tp in sorted({s.tp for a in firsts for s in tables[a].strategies}):
-        pinned = {a: restrict([tables[a]], lambda s, tp=tp: s.tp == tp) for a in firsts}
+        # chunks that start at identical layers share one restricted table (and so the
+        # solver's per-table steps)
+        by_table: dict[int, list[LayerTable] | None] = {}
+        for a in firsts:
+            if id(tables[a]) not in by_table:
+                by_table[id(tables[a])] = restrict([tables[a]], lambda s, tp=tp: s.tp == tp)
+        pinned = {a: by_table[id(tables[a])] for a in firsts}
         solver = make_solver([pinned[i][0] if pinned.get(i) else t
                               for i, t in enumerate(tables)])
         picks = []  # per chunk: (its time with its forward send, layout, send)

@@ -77,7 +77,6 @@ uniform plan in the space.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import math
 import time
 from dataclasses import dataclass, field
@@ -104,6 +103,7 @@ from planner.interleaved import interleaved
 from planner.partition import partition
 from planner.point_floor import next_point, point_floor_bytes, point_tables
 from planner.search_space import OuterCandidate, SearchOptions, outer_candidates
+from planner.search_scope import search_scope
 from planner.search_stats import SearchStats
 from planner.stage_host import StageHost, bound_shift_s, stage_host, tied_variants
 from planner.stage_program import StageSolver, walk_back
@@ -345,18 +345,11 @@ def search(graph: LayerGraph, cluster: ClusterSpec, global_batch: int,
     CPU offload costs PCIe and host time, so it enters only when the memory wall requires
     it: the space without offload first, and the space with it only if nothing fits.
 
-    Python's cyclic garbage collector is paused while it runs: the search makes some 10^6
-    small acyclic objects (tables, program nodes, front entries, walk keys), and each
-    collection they trigger re-scans the whole heap, the traced model's objects included,
-    for nothing (a fifth of gpt3-175b's search; issue 19). It resumes afterwards."""
-    paused = gc.isenabled()
-    gc.disable()
-    try:
+    It runs in a `planner.search_scope.search_scope`: Python's cyclic garbage collector
+    paused (some 10^6 small acyclic objects; issue 19), per-layer figures memoised."""
+    with search_scope():
         return _search_offload_last(graph, cluster, global_batch, options, profile,
                                     with_baselines, price_cache, model)
-    finally:
-        if paused:
-            gc.enable()
 
 
 def _search_offload_last(graph, cluster, global_batch, options, profile, with_baselines,
