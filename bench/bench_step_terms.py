@@ -47,7 +47,11 @@ def _runqueue_s() -> float:
     """Seconds the calling thread waited for a core so far (`planner.trial.sched`)."""
     from planner.trial.sched import thread_schedstat
 
-    return thread_schedstat()[1]
+    reading = thread_schedstat()
+    if reading is None:
+        sys.exit("bench_step_terms: this kernel gives no per-thread schedstat "
+                 "(/proc/self/task/<tid>/schedstat): run it on Linux with schedstats on")
+    return reading[1]
 
 
 def _optimizer_probe(optimizer: str):

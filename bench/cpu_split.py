@@ -27,6 +27,7 @@ the built model, enter it around each step, `detach` when done.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch.distributed as dist
@@ -42,7 +43,11 @@ GROUP_HOOKS = ("post_backward",)
 
 def _schedstat() -> tuple[float, float]:
     """(CPU seconds, run-queue seconds) of the calling thread."""
-    return thread_schedstat()
+    reading = thread_schedstat()
+    if reading is None:
+        sys.exit("cpu_split: this kernel gives no per-thread schedstat "
+                 "(/proc/self/task/<tid>/schedstat): run it on Linux with schedstats on")
+    return reading
 
 
 class CpuSplit:

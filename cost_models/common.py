@@ -87,9 +87,7 @@ class StepConfig:
 
     @property
     def activation_scale(self) -> float:
-        # batch_scale * dtype_scale written out: a search asks some 10^5 times
-        return (self.micro_batch / self.graph_micro_batch) * (
-            self.precision.compute_bytes / dtype_bytes(self.graph_dtype))
+        return self.batch_scale * self.dtype_scale
 
     @property
     def mask_scale(self) -> float:

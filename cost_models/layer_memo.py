@@ -46,9 +46,9 @@ def per_layer(fn: Callable) -> Callable:
     """`fn`, memoised by its arguments' identity inside a `memo_scope`."""
 
     @functools.wraps(fn)
-    def wrapper(*args):
-        if _scope is None:
-            return fn(*args)
+    def wrapper(*args, **kwargs):
+        if _scope is None or kwargs:  # keywords: the plain function (keys are positional)
+            return fn(*args, **kwargs)
         entries = _scope.get(fn)
         if entries is None:
             entries = _scope[fn] = {}

@@ -125,3 +125,21 @@ def test_measured_kernel_kinds_are_kept_per_calibration():
             assert measured(cal, kernel) == (cal is not None and any(
                 p.kernel == kernel for p in cal.memory_kernels))
     assert measured(a, "short_run") != measured(b, "short_run")
+
+
+def test_a_memoised_function_takes_keywords_in_and_out_of_a_scope():
+    """Outside a scope it is the plain function (review: keywords raised TypeError); inside
+    one a keyword call runs the function rather than keying on positions."""
+    from cost_models.layer_memo import memo_scope, per_layer
+
+    calls = []
+
+    @per_layer
+    def scaled(value, factor=2):
+        calls.append((value, factor))
+        return value * factor
+
+    assert scaled(value=3, factor=5) == 15
+    with memo_scope():
+        assert scaled(3) == scaled(3) == 6 and scaled(value=3, factor=4) == 12
+    assert calls == [(3, 5), (3, 2), (3, 4)]

@@ -82,7 +82,9 @@ def test_a_thread_sharing_its_core_reads_its_wait_as_run_queue_not_cpu():
         os.sched_setaffinity(0, before_affinity)
     cpu_s, queued_s = cpu1 - cpu0, queued1 - queued0
     assert queued_s > 0.2 * wall_s  # CFS shares the core: about half each
-    assert cpu_s + queued_s == pytest.approx(wall_s, rel=0.1)  # a spin never blocks
+    # a spin never blocks: the wall is CPU plus the wait for a core, less what neither
+    # counts (a VM's steal and IRQ time, kept out of both by the kernel; review)
+    assert 0.8 * wall_s <= cpu_s + queued_s <= 1.05 * wall_s
 
 
 def test_bench_validate_judges_rounds_without_their_waits_beside_the_wall():

@@ -27,6 +27,7 @@ from planner.models import is_factory_spec
 from planner.trial.calibrate import calibrate, write_calibrated
 from planner.trial.predict import plan_graph
 from planner.trial.reference import losses_match
+from planner.trial.sched import thread_schedstat
 
 MEMORY_TARGET = 0.05
 
@@ -56,11 +57,15 @@ def test_validate_json_contract_memory_and_loss(plan_file, tmp_path, capsys):
     assert isinstance(out["predicted_iteration_seconds"], float)
     assert isinstance(out["measured_iteration_seconds"], float)
     assert out["measured_iteration_seconds"] > 0
-    # each step less the ranks' waits for a core (planner.trial.sched), never above the wall
-    assert len(out["unqueued_step_seconds"]) == len(out["step_seconds"]) == 3
-    assert all(0 < q <= s for q, s in zip(out["unqueued_step_seconds"], out["step_seconds"]))
-    assert 0 < out["measured_unqueued_seconds"] <= out["measured_iteration_seconds"]
-    assert 0 < out["measured_busiest_cpu_seconds"] <= out["measured_iteration_seconds"]
+    # each step less the ranks' waits for a core (planner.trial.sched), never above the
+    # wall; a kernel without per-thread schedstat leaves the figures out (review)
+    if thread_schedstat() is None:
+        assert "measured_unqueued_seconds" not in out
+    else:
+        assert len(out["unqueued_step_seconds"]) == len(out["step_seconds"]) == 3
+        assert all(0 < q <= s for q, s in zip(out["unqueued_step_seconds"], out["step_seconds"]))
+        assert 0 < out["measured_unqueued_seconds"] <= out["measured_iteration_seconds"]
+        assert 0 < out["measured_busiest_cpu_seconds"] <= out["measured_iteration_seconds"]
     assert out["loss_matches_reference"] is True
     assert out["grad_norms_match_reference"] is True  # tests/test_validate_grads.py
     # The machine's per-op speed now against the spec's profile (CPU processes).

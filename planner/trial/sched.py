@@ -10,6 +10,7 @@ ready to run but every core was busy: load, not work.
 
 from __future__ import annotations
 
+import os
 import threading
 
 NS_PER_S = 1e9
@@ -18,9 +19,37 @@ NS_PER_S = 1e9
 def thread_schedstat() -> tuple[float, float] | None:
     """(CPU seconds, run-queue seconds) of the calling thread so far; None where the
     kernel does not say (not Linux, schedstats off)."""
+    reader = ThreadSchedstat()
     try:
-        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as fh:
-            cpu_ns, wait_ns, _ = fh.read().split()
-    except (OSError, ValueError):
-        return None
-    return int(cpu_ns) / NS_PER_S, int(wait_ns) / NS_PER_S
+        return reader.read()
+    finally:
+        reader.close()
+
+
+class ThreadSchedstat:
+    """The calling thread's schedstat file kept open, for reads inside a timed span: a
+    `pread` of the open file costs ~1.7 us here, opening it each time ~19 us (about
+    0.9% of a 4.6 ms trial step for the two reads; review, 2026-11-26)."""
+
+    def __init__(self) -> None:
+        try:
+            self._fd: int | None = os.open(
+                f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def read(self) -> tuple[float, float] | None:
+        """(CPU seconds, run-queue seconds) of the thread that opened it; None where the
+        kernel does not say."""
+        if self._fd is None:
+            return None
+        try:
+            cpu_ns, wait_ns, _ = os.pread(self._fd, 256, 0).split()
+        except (OSError, ValueError):
+            return None
+        return int(cpu_ns) / NS_PER_S, int(wait_ns) / NS_PER_S
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
