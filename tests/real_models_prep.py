@@ -1,4 +1,4 @@
-"""The issue-14 matrix's work before its groups start (`real_models.run_matrix`): per
+"""The issue-14 matrix's work before its groups start (`real_models_groups.run_matrix`): per
 architecture, its single-process reference, its layer graph and the plan of each of its
 cases, in up to PREP_WORKERS_MAX forked processes at once.
 

@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 import real_models as rm
-from real_models import CRASH, HANG, MISMATCH, PASS, REJECTED, Case, Limits
+from real_models import CRASH, HANG, MISMATCH, PASS, REJECTED, Case
+from real_models_groups import Limits, run_group, run_matrix
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -128,7 +129,7 @@ def fault_case(case: Case, ref, rank: int, log) -> dict:
 def test_group_survives_faults():
     names = ["ok", "raise-alone", "ok", "die", "ok", "hang", "ok"]
     work = [(i, Case(name, "fault", 2), None) for i, name in enumerate(names)]
-    outcomes = rm.run_group(2, work, case_fn=fault_case, limits=FAULT_LIMITS)
+    outcomes = run_group(2, work, case_fn=fault_case, limits=FAULT_LIMITS)
     got = [outcomes[i].status for i in range(len(names))]
     assert got == [PASS, CRASH, PASS, CRASH, PASS, HANG, PASS], [
         (o.case.arch, o.status, o.reason) for o in outcomes.values()]
@@ -149,7 +150,7 @@ def matrix_outcomes() -> tuple:
     of a group of their own."""
     if "result" not in _RUN:
         try:
-            _RUN["result"] = tuple(rm.run_matrix(SUBSET + falcon_replays()))
+            _RUN["result"] = tuple(run_matrix(SUBSET + falcon_replays()))
         except Exception as exc:
             _RUN["result"] = exc
     if isinstance(_RUN["result"], Exception):
