@@ -35,7 +35,7 @@ PREP_WORKERS_MAX = 4
 # CASE_LIMIT_S, so a stuck search cost the matrix this much and the other cases still
 # ran; the subset test (timeout 480 s) keeps time for its groups after it.
 PREP_LIMIT_S = CASE_LIMIT_S
-RESULTS_FILE = "prepared{worker}.pt"
+RESULTS_FILE = "prepared-{arch}.pt"  # one per architecture: a save rewrites only its own
 
 
 def search_plan(case: rm.Case, graph, world: int) -> str:
@@ -101,23 +101,17 @@ def prepare_main(worker: int, archs: list[str], cases: list[rm.Case], out_dir: s
     after every step (the parent may kill it at any time); a reference that raises is the
     harness's error (as it was in the parent), its trace handed back."""
     torch.set_num_threads(1)  # as the ranks run
-    path = os.path.join(out_dir, RESULTS_FILE.format(worker=worker))
-    results: dict = {}
-
-    def save() -> None:
-        torch.save(results, path + ".tmp")
-        os.replace(path + ".tmp", path)  # whole or not at all: a kill may come any time
-
     for arch in archs:
-        def save_arch(result: dict, arch=arch) -> None:
-            results[arch] = result
-            save()
+        path = os.path.join(out_dir, RESULTS_FILE.format(arch=arch))
+
+        def save(result: dict, path=path) -> None:  # whole or not at all: a kill may come
+            torch.save(result, path + ".tmp")
+            os.replace(path + ".tmp", path)
 
         try:
-            prepare(arch, [c for c in cases if c.arch == arch], search, save_arch)
+            prepare(arch, [c for c in cases if c.arch == arch], search, save)
         except Exception:  # noqa: BLE001 - re-raised in the parent
-            save_arch({"harness_error": traceback.format_exc()})
-    save()  # a worker with no architectures leaves its (empty) file too
+            save({"harness_error": traceback.format_exc()})
 
 
 def prepare_all(selected: list[rm.Case], limit_s: float = PREP_LIMIT_S,
@@ -150,14 +144,15 @@ def prepare_all(selected: list[rm.Case], limit_s: float = PREP_LIMIT_S,
         for p in procs:
             p.kill()  # a no-op on a process that has exited
             p.join()
-        results = {}
         for worker, p in enumerate(procs):
-            path = os.path.join(out_dir, RESULTS_FILE.format(worker=worker))
-            if not late[worker] and (p.exitcode != 0 or not os.path.exists(path)):
+            if not late[worker] and p.exitcode != 0:
                 raise RuntimeError(f"real_models_prep: worker {worker} exited with code "
-                                   f"{p.exitcode} and no results")
+                                   f"{p.exitcode}")
+        results = {}
+        for arch in archs:  # what the workers saved, just now
+            path = os.path.join(out_dir, RESULTS_FILE.format(arch=arch))
             if os.path.exists(path):
-                results.update(torch.load(path, weights_only=False))  # our worker's, just now
+                results[arch] = torch.load(path, weights_only=False)
     if any(late):
         left = [c.key for c in selected if not c.plan_json and "failed" not in
                 results.get(c.arch, {}) and c.key not in results.get(c.arch, {}).get("plans", {})]
