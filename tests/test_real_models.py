@@ -157,20 +157,26 @@ def stuck_search(case: Case, graph, world: int) -> str:
 
 
 @pytest.mark.timeout(180)
-def test_a_late_prep_leaves_its_cases_to_the_ranks():
+def test_a_late_prep_leaves_its_cases_to_the_ranks(monkeypatch):
     """The prep has a deadline: the worker stuck in STUCK's search is killed at it, what it
-    saved before stands, and STUCK alone is left to the ranks' search. (The parent used
-    to wait for its workers without one: the whole matrix waited on one search.)"""
+    saved before stands, STUCK is left to the ranks' search, and llama, which that worker
+    never reached, gets its reference alone. (The parent used to wait for its workers
+    without one: the whole matrix waited on one search.)"""
     import real_models_prep as prep
 
-    selected = [Case("gpt2", "auto", 2), STUCK, Case("opt", "auto", 2), Case("opt", "tp2", 2)]
+    monkeypatch.setattr(prep, "PREP_WORKERS_MAX", 2)  # gpt2 then llama | opt
+    monkeypatch.setattr(prep.os, "cpu_count", lambda: 2)
+    selected = [Case("gpt2", "auto", 2), STUCK, Case("opt", "auto", 2), Case("opt", "tp2", 2),
+                Case("llama", "auto", 2)]
     start = time.monotonic()
     refs, failed = prep.prepare_all(selected, limit_s=PREP_TEST_LIMIT_S, search=stuck_search)
     assert time.monotonic() - start < PREP_TEST_LIMIT_S + 30  # killed, not waited for
-    assert not failed and set(refs) == {"gpt2", "opt"}
+    assert not failed and set(refs) == {"gpt2", "opt", "llama"}
     assert refs["gpt2"]["graph"] is not None and refs["opt"]["graph"] is not None
+    assert refs["llama"]["graph"] is None  # the ranks trace it
     plans = {arch: set(refs[arch]["plans"]) for arch in refs}
-    assert plans == {"gpt2": {"gpt2/auto/2r"}, "opt": {"opt/auto/2r", "opt/tp2/2r"}}
+    assert plans == {"gpt2": {"gpt2/auto/2r"}, "opt": {"opt/auto/2r", "opt/tp2/2r"},
+                     "llama": set()}
     assert all(len(refs[arch]["batches"]) == rm.STEPS for arch in refs)
 
 
