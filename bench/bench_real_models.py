@@ -35,6 +35,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 import real_models  # noqa: E402  (tests/ is not a package)
+import real_models_groups  # noqa: E402
 
 
 def _plan_text(path: str, key: str) -> str:
@@ -97,7 +98,7 @@ def main() -> int:
         print(f"[{len(done):>3}/{len(selected)} {time.monotonic() - start:6.0f} s] "
               f"{outcome.case.key:<28} {outcome.status}", file=sys.stderr, flush=True)
 
-    outcomes = real_models.run_matrix(selected, progress)
+    outcomes = real_models_groups.run_matrix(selected, progress)
     seconds = time.monotonic() - start
     print(real_models.format_table(outcomes))
     failures = _failures(outcomes)

@@ -1,4 +1,4 @@
-"""The issue-14 matrix's work before its groups start (`real_models.run_matrix`): per
+"""The issue-14 matrix's work before its groups start (`real_models_groups.run_matrix`): per
 architecture, its single-process reference, its layer graph and the plan of each of its
 cases, in up to PREP_WORKERS_MAX forked processes at once.
 
@@ -9,24 +9,33 @@ waited (4 ranks on 2 cores traced at half speed); the graph is the same on every
 (measured on meta), so each architecture is traced once here and its cases searched
 here, and the ranks run what they are handed (`real_models.run_case`). An architecture
 whose trace or search fails here gets no graph or plan, and its ranks trace and search
-as before, so the failure is the case's outcome, not the harness's.
+as before, so the failure is the case's outcome, not the harness's. So does what is not
+prepared within PREP_LIMIT_S: the workers save as they go and the late ones are killed,
+so one stuck search is its own case's HANG (under the case limit), not the matrix's.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 import tempfile
+import time
 import traceback
 
 import torch
 
 import real_models as rm
+from real_models_groups import CASE_LIMIT_S
 
 # Processes preparing at once: one per core (make test runs one test at a time), at most
 # this many (each holds a torch and transformers of its own beyond the fork's pages).
 PREP_WORKERS_MAX = 4
-RESULTS_FILE = "prepared{worker}.pt"
+# All preparing, at most: one case's limit. Rank 0 used to search inside its case, under
+# CASE_LIMIT_S, so a stuck search cost the matrix this much and the other cases still
+# ran; the subset test (timeout 480 s) keeps time for its groups after it.
+PREP_LIMIT_S = CASE_LIMIT_S
+RESULTS_FILE = "prepared-{arch}.pt"  # one per architecture: a save rewrites only its own
 
 
 def search_plan(case: rm.Case, graph, world: int) -> str:
@@ -51,16 +60,23 @@ def search_plan(case: rm.Case, graph, world: int) -> str:
         return f"error: {exc}"
 
 
-def prepare(arch: str, cases: list[rm.Case]) -> dict:
+def prepare(arch: str, cases: list[rm.Case], search=search_plan, save=lambda ref: None,
+            trace: bool = True) -> dict:
     """{"failed": reason} where the model cannot be built; else the reference (`rm.reference`)
-    with its "graph" (None where the trace failed) and "plans" {case key: `search_plan`
-    text} of `cases` that search (a replay carries its plan)."""
+    with its "graph" (None where the trace failed or `trace` is off) and "plans" {case key:
+    `search` text} of `cases` that search (a replay carries its plan). `save(result)`
+    after each step, so a worker killed late hands over what it made."""
     try:
         model, inputs, target, loss_fn = rm.build(arch)
     except Exception as exc:  # the ranks would fail the same way: no group needed
-        return {"failed": f"before training, load: {rm._first_line(exc)}"}
+        result = {"failed": f"before training, load: {rm._first_line(exc)}"}
+        save(result)
+        return result
     ref = rm.reference(arch)
     ref["graph"], ref["plans"] = None, {}
+    save(ref)
+    if not trace:
+        return ref
     try:
         from ir.measure import build_layer_graph
 
@@ -68,31 +84,42 @@ def prepare(arch: str, cases: list[rm.Case]) -> dict:
                                          name=type(model).__name__, dtype=torch.float32)
     except Exception:  # noqa: BLE001 - the ranks trace again and record it as the case's
         return ref
+    save(ref)
     for case in cases:
         if not case.plan_json and case.key not in ref["plans"]:
             try:
-                ref["plans"][case.key] = search_plan(case, ref["graph"], case.world)
+                ref["plans"][case.key] = search(case, ref["graph"], case.world)
             except Exception:  # noqa: BLE001 - rank 0 searches again and records it
-                pass
+                continue
+            save(ref)
     return ref
 
 
-def prepare_main(worker: int, archs: list[str], cases: list[rm.Case], out_dir: str) -> None:
-    """One preparing process: `prepare` each of `archs`; a reference that raises is the
+def prepare_main(worker: int, archs: list[str], cases: list[rm.Case], out_dir: str,
+                 search) -> None:
+    """One preparing process: `prepare` each of `archs` with `search`, saving its results
+    after every step (the parent may kill it at any time); a reference that raises is the
     harness's error (as it was in the parent), its trace handed back."""
     torch.set_num_threads(1)  # as the ranks run
-    results = {}
     for arch in archs:
+        path = os.path.join(out_dir, RESULTS_FILE.format(arch=arch))
+
+        def save(result: dict, path=path) -> None:  # whole or not at all: a kill may come
+            torch.save(result, path + ".tmp")
+            os.replace(path + ".tmp", path)
+
         try:
-            results[arch] = prepare(arch, [c for c in cases if c.arch == arch])
+            prepare(arch, [c for c in cases if c.arch == arch], search, save)
         except Exception:  # noqa: BLE001 - re-raised in the parent
-            results[arch] = {"harness_error": traceback.format_exc()}
-    torch.save(results, os.path.join(out_dir, RESULTS_FILE.format(worker=worker)))
+            save({"harness_error": traceback.format_exc()})
 
 
-def prepare_all(selected: list[rm.Case]) -> tuple[dict[str, dict], dict[str, str]]:
+def prepare_all(selected: list[rm.Case], limit_s: float = PREP_LIMIT_S,
+                search=search_plan) -> tuple[dict[str, dict], dict[str, str]]:
     """({arch: prepared reference}, {arch: reason it cannot be built}) of `selected`'s
-    architectures, spread over the workers in turn."""
+    architectures, spread over the workers in turn. Workers still running after `limit_s`
+    are killed: what they saved stands, the rest is left to the ranks, and an
+    architecture they never reached gets its reference here (no graph, no plans)."""
     from dist_utils import forked_call, save_arguments, start_method
 
     archs = list(dict.fromkeys(c.arch for c in selected))
@@ -103,24 +130,37 @@ def prepare_all(selected: list[rm.Case]) -> tuple[dict[str, dict], dict[str, str
         for worker in range(workers):
             folder = os.path.join(out_dir, str(worker))  # one arguments file per worker
             os.mkdir(folder)
-            arguments = save_arguments(folder, (archs[worker::workers], selected, out_dir))
+            arguments = save_arguments(folder, (archs[worker::workers], selected, out_dir,
+                                                search))
             procs.append(context.Process(target=forked_call, daemon=True,
                                          args=(worker, dict(os.environ), prepare_main,
                                                arguments)))
+        deadline = time.monotonic() + limit_s
         for p in procs:
             p.start()
         for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        late = [p.is_alive() for p in procs]
+        for p in procs:
+            p.kill()  # a no-op on a process that has exited
             p.join()
-        results = {}
         for worker, p in enumerate(procs):
-            path = os.path.join(out_dir, RESULTS_FILE.format(worker=worker))
-            if p.exitcode != 0 or not os.path.exists(path):
+            if not late[worker] and p.exitcode != 0:
                 raise RuntimeError(f"real_models_prep: worker {worker} exited with code "
-                                   f"{p.exitcode} and no results")
-            results.update(torch.load(path, weights_only=False))  # our worker's, just now
+                                   f"{p.exitcode}")
+        results = {}
+        for arch in archs:  # what the workers saved, just now
+            path = os.path.join(out_dir, RESULTS_FILE.format(arch=arch))
+            if os.path.exists(path):
+                results[arch] = torch.load(path, weights_only=False)
+    if any(late):
+        left = [c.key for c in selected if not c.plan_json and "failed" not in
+                results.get(c.arch, {}) and c.key not in results.get(c.arch, {}).get("plans", {})]
+        print(f"real_models_prep: not prepared within {limit_s:.0f} s, left to the ranks: "
+              f"{', '.join(left)}", file=sys.stderr)
     refs, failed = {}, {}
     for arch in archs:
-        result = results[arch]
+        result = results.get(arch) or prepare(arch, [], trace=False)  # never reached
         if "harness_error" in result:
             raise RuntimeError(f"reference of {arch} failed:\n{result['harness_error']}")
         if "failed" in result:
