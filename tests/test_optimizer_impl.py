@@ -105,7 +105,7 @@ def test_step_temporaries_peak_per_param_group_as_torch_frees_them(implementatio
     from torch.distributed.tensor import Replicate, distribute_tensor
 
     from cost_models.step_temporaries import optimizer_step_temp_bytes
-    from ir.memory_tracker import LiveTensorTracker
+    from tests.step_memory import measured_step_temp_bytes
 
     owned = not dist.is_initialized()
     if owned:
@@ -125,15 +125,7 @@ def test_step_temporaries_peak_per_param_group_as_torch_frees_them(implementatio
             param_groups(mixed, frozenset(), torch.optim.AdamW, implementation))]
         measured = []
         for opt, ps in zip(opts, (flat, mixed)):
-            for p in ps:
-                p.grad = torch.ones_like(p)
-            opt.step()  # the moments are made
-            states = [t for st in opt.state.values() for t in st.values()]
-            with LiveTensorTracker() as mem:  # what the step updates in place is counted
-                mem.track([*ps, *(p.grad for p in ps), *states])
-                held = mem.live_bytes
-                opt.step()
-            measured.append(mem.peak_bytes - held)
+            measured.append(measured_step_temp_bytes(opt, ps))
     finally:
         if owned:
             dist.destroy_process_group()
@@ -155,7 +147,7 @@ def test_single_tensor_step_holds_the_previous_tensors_denom(amsgrad):
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Replicate, distribute_tensor
 
-    from ir.memory_tracker import LiveTensorTracker
+    from tests.step_memory import measured_step_temp_bytes
 
     owned = not dist.is_initialized()
     if owned:
@@ -170,15 +162,7 @@ def test_single_tensor_step_holds_the_previous_tensors_denom(amsgrad):
         flat = [p for ps in params for p in ps]
         opt = torch.optim.AdamW(param_groups(flat, frozenset(), torch.optim.AdamW, "single"),
                                 amsgrad=amsgrad)
-        for p in flat:
-            p.grad = torch.ones_like(p)
-        opt.step()  # the moments are made
-        states = [t for st in opt.state.values() for t in st.values()]
-        with LiveTensorTracker() as mem:
-            mem.track([*flat, *(p.grad for p in flat), *states])
-            held = mem.live_bytes
-            opt.step()
-        measured = mem.peak_bytes - held
+        measured = measured_step_temp_bytes(opt, flat)
     finally:
         if owned:
             dist.destroy_process_group()

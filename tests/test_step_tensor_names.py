@@ -58,7 +58,7 @@ def test_a_tied_copy_is_not_priced_as_its_same_size_neighbour():
     from cost_models.model_states import ModelStates
     from cost_models.step_temporaries import optimizer_step_temp_bytes, step_tensor_params
     from ir.measure import build_layer_graph
-    from ir.memory_tracker import LiveTensorTracker
+    from tests.step_memory import measured_step_temp_bytes
     from ir.strategy import LayerStrategy
 
     with torch.device("meta"):
@@ -71,17 +71,10 @@ def test_a_tied_copy_is_not_priced_as_its_same_size_neighbour():
 
     params = [nn.Parameter(torch.randn(int(n))) for n in local]  # the rank's tensors
     opt = torch.optim.AdamW(params, foreach=False)
-    for p in params:
-        p.grad = torch.ones_like(p)
-    opt.step()  # the moments are made
-    states = [t for st in opt.state.values() for t in st.values()]
-    with LiveTensorTracker() as mem:
-        mem.track([*params, *(p.grad for p in params), *states])
-        held = mem.live_bytes
-        opt.step()
+    measured = measured_step_temp_bytes(opt, params)
     priced = optimizer_step_temp_bytes(
         [LayerMemory(states=ModelStates(0, 0, 0), activations=None, gather_unit_bytes=0,
                      unsharded_grad_bytes=0, step_tensor_params=local,
                      fp32_moment_bytes=4.0 * sum(local))], "adamw", "single")
     assert priced == 2 * VOCAB * DIM * 4
-    assert mem.peak_bytes - held == pytest.approx(priced, abs=64)
+    assert measured == pytest.approx(priced, abs=64)
