@@ -32,15 +32,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cost_models.fresh_output import last_level_cache_bytes  # noqa: E402
+from bench.bench_op_cold_code import first_and_second_us  # noqa: E402
 from cost_models.gemm_layouts import _layout_call  # noqa: E402
 
 EVICT_L2_MULTIPLE = 2  # as cost_models.cold_kernel's probe: twice the L2
@@ -57,21 +56,13 @@ def layout_cold(m: int, n: int, k: int, target: str, prime: str, rounds: int,
     """(median first call, median second call) of `target` after an eviction and `prime`."""
     call = _layout_call(target, m, n, k, torch.float32, "cpu")
     primer = _layout_call(prime, m, n, k, torch.float32, "cpu") if prime != "none" else None
-    clock = time.thread_time_ns
-    call(0), call(0)
-    first, second = [], []
-    for r in range(rounds):
+
+    def before(r: int) -> None:
         evict.fill_(float(r))
         if primer is not None:
             primer(0)
-        t0 = clock()
-        call(0)
-        t1 = clock()
-        call(0)
-        t2 = clock()
-        first.append((t1 - t0) * 1e-3)
-        second.append((t2 - t1) * 1e-3)
-    return statistics.median(first), statistics.median(second)
+
+    return first_and_second_us(lambda: call(0), before, rounds)
 
 
 def main() -> int:
