@@ -11,7 +11,7 @@ import pytest
 
 from planner.trial.records import (RankMeasurement, ValidationResult, busiest_cpu_step_seconds,
                                    unqueued_step_seconds)
-from planner.trial.sched import thread_schedstat
+from planner.trial.sched import ThreadSchedstat, thread_schedstat
 
 
 def _measurement(step_s, queued_s, cpu_s=()) -> RankMeasurement:
@@ -53,10 +53,32 @@ def test_rank_reading_survives_the_json_trip_and_reaches_the_result():
     assert doc["measured_busiest_cpu_seconds"] == pytest.approx(0.009)
 
 
+# A reading's CPU against time.thread_time taken just after it: the few microseconds of
+# Python between the two (the bare schedstat read lagged 0.2-4 ms here, 2026-11-26)
+MAX_READ_LAG_S = 100e-6
+
+
 def _spin(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
+
+
+def test_a_reading_counts_the_cpu_up_to_the_moment_it_is_taken():
+    """The kernel adds a running thread's CPU to its schedstat only at a tick (4 ms at
+    HZ=250) or a switch, so a bare read lags up to a tick behind (issue 17: one-rank trial
+    steps read 1-4 ms of wall as neither CPU nor run-queue wait); read against
+    CLOCK_THREAD_CPUTIME_ID (time.thread_time, exact for a running thread) right after."""
+    reader = ThreadSchedstat()
+    lags_s = []
+    try:
+        for _ in range(20):
+            _spin(0.001)  # perf_counter only: nothing here brings the kernel's sum up to date
+            cpu_s, _ = reader.read()
+            lags_s.append(time.thread_time() - cpu_s)
+    finally:
+        reader.close()
+    assert max(lags_s) < MAX_READ_LAG_S, [round(lag * 1e6) for lag in lags_s]
 
 
 @pytest.mark.skipif(thread_schedstat() is None or not hasattr(os, "sched_setaffinity"),

@@ -6,12 +6,23 @@ other processes' turns on the cores, which no cost model prices).
 "time spent on the cpu", "time spent waiting on a runqueue" (both ns) and timeslices
 run (Documentation/scheduler/sched-stats.rst). A thread waiting on the run queue was
 ready to run but every core was busy: load, not work.
+
+The first field is the kernel's `se.sum_exec_runtime` as last accounted: for a thread on
+its core that happens only at a scheduler tick (every 4 ms at CONFIG_HZ=250) or a switch,
+so a bare read lags the thread's true CPU by up to a tick. A trial step bracketed by two
+such reads lost 0-4 ms of CPU at its end (issue 17: one-rank steps seemed 1-4 ms off their
+core with no run-queue wait; `bench/bench_offcore.py` shows none). The CPU is therefore
+read from CLOCK_THREAD_CPUTIME_ID (`time.thread_time`), which adds the running thread's
+pending runtime ("task_sched_runtime", kernel/sched/core.c), and the wait from the file
+after it; the wait needs no bringing up to date: a running thread's wait was added when
+it got its core (sched_info_arrive, kernel/sched/stats.h).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 
 NS_PER_S = 1e9
 
@@ -39,15 +50,16 @@ class ThreadSchedstat:
             self._fd = None
 
     def read(self) -> tuple[float, float] | None:
-        """(CPU seconds, run-queue seconds) of the thread that opened it; None where the
-        kernel does not say."""
+        """(CPU seconds, run-queue seconds) of the thread that opened it, read on that
+        thread (the CPU is the calling thread's clock); None where the kernel does not say."""
         if self._fd is None:
             return None
+        cpu_s = time.thread_time()  # up to date; the file's first field may lag a tick
         try:
-            cpu_ns, wait_ns, _ = os.pread(self._fd, 256, 0).split()
+            _, wait_ns, _ = os.pread(self._fd, 256, 0).split()
         except (OSError, ValueError):
             return None
-        return int(cpu_ns) / NS_PER_S, int(wait_ns) / NS_PER_S
+        return cpu_s, int(wait_ns) / NS_PER_S
 
     def close(self) -> None:
         if self._fd is not None:
