@@ -15,9 +15,10 @@ all-reduce and its wait), it reads:
 - the main thread's minor faults and voluntary context switches (getrusage
   RUSAGE_THREAD: ru_minflt, ru_nvcsw).
 
-    .venv/bin/python bench/bench_offcore.py PLAN.json [--steps 40] [--bare]
+    .venv/bin/python bench/bench_offcore.py [PLAN.json ...] [--steps 40] [--bare]
 
-`--bare` reads the step only (no phase hooks reading the clocks inside it): schedstat's
+Without plans it plans bench_validate's one-rank cases (gpt-1rank, cnn-1rank, mlp-1rank)
+on the `local` preset. `--bare` reads the step only (no phase hooks reading the clocks inside it): schedstat's
 CPU field is then as stale at the step's end as `planner validate` read it before
 `planner.trial.sched` took the CPU from CLOCK_THREAD_CPUTIME_ID.
 
@@ -29,17 +30,20 @@ schedstat's field, gpt-1rank 14.41 / 13.35 ms, cnn-1rank 2.74 / 1.17, mlp-1rank
 0.72 / 0.25 (a running thread's field is brought up to date only at a 4 ms tick or a
 switch, so it lags by up to a tick; with fewer preemptions, on a quiet machine, by more).
 
-Prints a table of medians per step; informative, not judged.
+Prints a table per plan, writes bench/results/offcore.json; exits 1 when a step's median
+off-core time passes OFFCORE_FLOOR_S or OFFCORE_SHARE of the step less its wait.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import socket
 import statistics
 import sys
+import tempfile
 import threading
 import time
 
@@ -53,6 +57,13 @@ from planner.trial.sched import NS_PER_S  # noqa: E402
 
 WARMUP_STEPS = 5  # untimed steps first (the optimizer's states, DTensor caches)
 PHASES = ("forward", "backward", "optimizer", "zero_grad", "loop")
+DEFAULT_CASES = {"gpt-1rank": "gpt-tiny", "cnn-1rank": "cnn-small", "mlp-1rank": "mlp-small"}
+GLOBAL_BATCH = 8  # bench_validate.GLOBAL_BATCH
+# Target: a one-rank step's main thread never sleeps; off-core (wall - CPU - run-queue)
+# within the readings' own noise: their medians here were |0.00-0.02| ms (2026-11-26)
+OFFCORE_FLOOR_S = 0.1e-3
+OFFCORE_SHARE = 0.02  # of the step less its run-queue wait, for steps over 5 ms
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def other_threads_cpu_s() -> float:
@@ -174,31 +185,67 @@ def measure(pm, batches, steps: int, phases: bool = True) -> list[dict[str, floa
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("plan")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--bare", action="store_true",
-                        help="the step's readings only, no phase hooks")
-    args = parser.parse_args(argv)
-    pm, batches = build(args.plan)
+def default_plans(folder: str) -> list[str]:
+    """bench_validate's one-rank cases planned on the `local` preset (the executor builds
+    the same model whatever spec planned it): gpt-1rank, cnn-1rank, mlp-1rank."""
+    from planner.cli import main as planner_main
+
+    paths = []
+    for name, model in DEFAULT_CASES.items():
+        path = os.path.join(folder, f"{name}.json")
+        if planner_main(["plan", model, "--cluster", "local", "--global-batch",
+                         str(GLOBAL_BATCH), "--uniform", "--out", path]) != 0:
+            sys.exit(f"bench_offcore: planning {name} failed")
+        paths.append(path)
+    return paths
+
+
+def run_plan(path: str, steps: int, bare: bool) -> dict[str, float]:
+    """Medians over `steps` timed steps of one plan's readings, printed as a table."""
+    pm, batches = build(path)
     try:
-        rows = measure(pm, batches, args.steps, phases=not args.bare)
+        rows = measure(pm, batches, steps, phases=not bare)
     finally:
         dist.destroy_process_group()
     med = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in rows[0]}
     lines = []
-    for p in ("step",) if args.bare else ("step", *PHASES):
+    for p in ("step",) if bare else ("step", *PHASES):
         lines.append([p, *(f"{1e3 * med.get(f'{p}:{k}', 0.0):.3f}"
                            for k in ("wall", "cpu", "stale", "wait", "off")),
                       f"{1e3 * med['step:others']:.3f}" if p == "step" else "",
                       f"{med.get(f'{p}:minflt', 0.0):.0f}", f"{med.get(f'{p}:nvcsw', 0.0):.0f}"])
-    print(f"{args.plan}: median of {args.steps} steps, torch threads "
-          f"{torch.get_num_threads()}, load {os.getloadavg()[0]:.2f}")
-    print(table(["phase", "wall ms", "CPU ms", "schedstat CPU ms", "run-queue ms", "off-core ms",
-                 "other threads CPU ms", "minor faults", "vol. switches"],
+    print(f"{path}: median of {steps} steps, torch threads {torch.get_num_threads()}, "
+          f"load {os.getloadavg()[0]:.2f}")
+    print(table(["phase", "wall ms", "CPU ms", "schedstat CPU ms", "run-queue ms",
+                 "off-core ms", "other threads CPU ms", "minor faults", "vol. switches"],
                 lines, right={1, 2, 3, 4, 5, 6, 7, 8}))
-    return 0
+    return med
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("plans", nargs="*",
+                        help="one-rank plan JSONs (default: bench_validate's one-rank cases)")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--bare", action="store_true",
+                        help="the step's readings only, no phase hooks")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        plans = args.plans or default_plans(folder)
+        results = {path: run_plan(path, args.steps, args.bare) for path in plans}
+    missed = []
+    for path, med in results.items():
+        allowed_s = max(OFFCORE_FLOOR_S, OFFCORE_SHARE * (med["step:wall"] - med["step:wait"]))
+        if med["step:off"] > allowed_s:
+            missed.append(f"{path}: {1e3 * med['step:off']:.3f} ms off-core per step "
+                          f"(target <= {1e3 * allowed_s:.3f})")
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    with open(os.path.join(RESULTS_DIR, "offcore.json"), "w") as f:
+        json.dump({"load": os.getloadavg()[0], "steps": args.steps, "bare": args.bare,
+                   "plans": results, "missed": missed}, f, indent=1)
+    for line in missed:
+        print("MISSED", line)
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":
