@@ -23,7 +23,10 @@ The run-queue wait is read too (`planner.trial.records.unqueued_step_seconds`): 
 step, which no cost model prices; the table shows the step without it beside the wall,
 and the busiest rank's CPU (a floor). Read then, same spec and plans, --rounds 2: wall
 error gpt-ddp2 -54%, cnn-1rank -65%, mlp-1rank -53%, gpt-1rank -53%; without the waits
--23% (CPU floor 44.7 ms under the predicted 54.9), -9%, +5%, +6%.
+-23% (CPU floor 44.7 ms under the predicted 54.9), -9%, +5%, +6%. Those CPU floors
+read schedstat's CPU field, which lags a running thread by up to a 4 ms tick: one-rank
+steps seemed 1-4 ms off their core; read up to date (`planner.trial.sched`) a one-rank
+step's wall is its CPU plus its wait, to 0.03 ms (`bench/bench_offcore.py`).
 
 Prints a table (with the predicted time's parts: compute/tp/dp/pp/bubble/optimizer) and
 writes bench/results/validate.json; exits 1 when a case fails or misses a target, or
