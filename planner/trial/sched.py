@@ -40,7 +40,8 @@ def thread_schedstat() -> tuple[float, float] | None:
 class ThreadSchedstat:
     """The calling thread's schedstat file kept open, for reads inside a timed span: a
     `pread` of the open file costs ~1.7 us here, opening it each time ~19 us (about
-    0.9% of a 4.6 ms trial step for the two reads; review, 2026-11-26)."""
+    0.9% of a 4.6 ms trial step for the two reads; review, 2026-11-26); a read with the
+    thread's CPU clock beside it ~1.9 us of CPU (bench_offcore session, 2026-11-26)."""
 
     def __init__(self) -> None:
         try:
