@@ -24,7 +24,10 @@ Read on 2026-11-26 (gpt-tiny, micro-batch 8, load 6-8): FULL's forward extra wit
 -22..-29% with the tiny chains' SAC figures, -14% read at the block's tensor size
 (`selective_forward_op_figures`), its backward extra -16..-20%. Informative, not judged.
 
-    .venv/bin/python bench/bench_recompute_terms.py --work-dir DIR [--steps 30]
+    .venv/bin/python bench/bench_recompute_terms.py [--work-dir DIR] [--steps 30]
+
+Without --work-dir it profiles a spec and plans the three cases as bench_validate does
+(`profile_specs`, `plan_case`: a minute or two), in a temporary folder.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import os
 import socket
 import statistics
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -130,9 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     from ir.strategy import Checkpoint
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work-dir", required=True, help="bench_validate's --work-dir")
+    parser.add_argument("--work-dir", default=None,
+                        help="bench_validate's --work-dir (its spec2.json and the three plans)")
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args(argv)
+    if args.work_dir is None:  # profile and plan as bench_validate does
+        from bench_validate import plan_case, profile_specs
+
+        args.work_dir = tempfile.mkdtemp(prefix="recompute_terms_")
+        spec_path = profile_specs({1}, args.work_dir)[1]
+        for case in CASES:
+            plan_case(case, args.work_dir, spec_path)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
