@@ -19,10 +19,14 @@ over NONE, measured, against:
                       + the machinery's recompute priced with the fresh probe
   rerun forward       measured, beside NONE's forward (information)
 
-Read on 2026-11-26 (gpt-tiny, micro-batch 8, load 6-8): FULL's forward extra within
--4..-17% of the fresh probe's price, its backward extra -9..-11%; SELECTIVE's forward extra
--22..-29% with the tiny chains' SAC figures, -14% read at the block's tensor size
-(`selective_forward_op_figures`), its backward extra -16..-20%. Informative, not judged.
+Read on 2026-11-26 (gpt-tiny, micro-batch 8, six runs at load 6-18): FULL's forward extra
+swung 0.05-1.6 ms against ~0.8-1.1 priced (a checkpointed forward keeps no activations,
+which saves the plain forward some of what the machinery costs), its backward extra
++2..+8% / -9..-11% of the drift-free price; SELECTIVE's forward extra -22..-29% of the
+price from the tiny chains' SAC figures, -18..+10% read at the block's tensor size
+(`selective_forward_op_figures`); its SAC recompute (SELECTIVE's backward less FULL's)
+1.6-1.9 ms at load 6-8, about the 1.65 its figures give with the kept GEMMs at their
+measured ~1.1 ms, 2.3-5.1 ms at load 12-18. Informative, not judged.
 
     .venv/bin/python bench/bench_recompute_terms.py [--work-dir DIR] [--steps 30]
 
