@@ -50,7 +50,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cost_models.checkpoint_probes import (cached_mode_ops, checkpoint_extra_seconds,  # noqa: E402
-                                          kept_ops, rerun_ops)
+                                          kept_ops, rerun_ops, selective_forward_op_figures)
 from cost_models.common import StepConfig  # noqa: E402
 from cost_models.compute import layer_compute  # noqa: E402
 from cost_models.host_probes import probe_clock  # noqa: E402
@@ -193,7 +193,7 @@ def rows_for(micro_batch: int, graph, layer, spec, measured: dict) -> list[dict]
     for mode, label in ((full, "full extra"), (sel, "sel extra")):
         parts.append((label, m_fwd(mode) + m_bwd(mode) - m_fwd(none) - m_bwd(none),
                       priced[mode].total_s - priced[none].total_s, True))
-    hooks = {mode.value: checkpoint_extra_seconds(layer, mode, spec.kernel_calibration)
+    hooks = {mode.value: checkpoint_extra_seconds(layer, mode, spec.kernel_calibration, config)
              for mode in (full, sel)}
     # How much slower the host ran the plain block than the spec prices it, this moment
     drift = (m_fwd(none) + m_bwd(none)) / (p_fwd(none) + p_bwd(none))
@@ -207,9 +207,11 @@ def rows_for(micro_batch: int, graph, layer, spec, measured: dict) -> list[dict]
 
 
 def priced_parts(layer, cal) -> list[list[str]]:
-    """The machinery's price split as `checkpoint_probes.checkpoint_extra_seconds` sums it:
+    """The machinery's price split as `checkpoint_probes.checkpoint_extra_seconds` sums it
+    (SAC's forward per op at the layer's output bytes as traced, micro-batch 1):
     (part, count forward / recompute, seconds each forward / recompute, totals)."""
     ops, saved, kept = layer.ops_fwd, layer.saved_tensors_fwd, kept_ops(layer)
+    sac_op_s, sac_kept_op_s = selective_forward_op_figures(cal, layer.output_bytes)
     rerun, cached = rerun_ops(layer), cached_mode_ops(layer)
     parts = [("checkpoint call", 1, 1, cal.checkpoint_call_forward_s,
               cal.checkpoint_call_recompute_s),
@@ -219,8 +221,8 @@ def priced_parts(layer, cal) -> list[list[str]]:
               cal.checkpoint_saved_recompute_s),
              ("SAC call (selective)", 1, 1, *cal.selective_call_halves()),
              ("SAC recomputed op (selective)", ops - kept, cached - kept,
-              cal.selective_forward_op_s, cal.selective_recompute_op_s),
-             ("SAC kept op (selective)", kept, kept, cal.selective_forward_kept_op_s,
+              sac_op_s, cal.selective_recompute_op_s),
+             ("SAC kept op (selective)", kept, kept, sac_kept_op_s,
               cal.selective_recompute_op_s)]
     return [[name, f"{n_fwd} / {n_rec}", f"{fwd * 1e6:.2f} / {rec * 1e6:.2f}",
              f"{n_fwd * fwd * 1e6:.0f}", f"{n_rec * rec * 1e6:.0f}"]
@@ -253,7 +255,8 @@ def main() -> int:
         "checkpoint_op_recompute_s", "checkpoint_saved_forward_s",
         "checkpoint_saved_recompute_s", "selective_call_s", "selective_forward_op_s",
         "selective_forward_kept_op_s", "selective_recompute_op_s",
-        "selective_call_forward_s", "selective_call_recompute_s")}
+        "selective_call_forward_s", "selective_call_recompute_s",
+        "selective_forward_op_sized_s")}
     print("\n" + table(["priced part (one block)", "count", "us each", "forward us",
                         "recompute us"], priced_parts(layer, cal)))
     missed = [r for r in rows if r["target"] and abs(r["error"]) > TARGET_ERROR]

@@ -11,7 +11,10 @@ divided by the spec's core share as CPU time). Hooks cost a few microseconds eac
 they land in the forward rows. The step's wall time and its wait for a core
 (`planner.trial.sched`) show what load adds; the kit's optimizer probe, read every
 PROBE_EVERY steps in the same process, against the spec's figure shows how far the
-machine's speed moved since the spec was profiled (a term's CPU moves with it).
+machine's speed moved since the spec was profiled (a term's CPU moves with it). A
+checkpointed plan's backward is split further: the recompute's rerun forward (each
+checkpointed layer's forward function called again inside the backward) against the
+estimate's whole recompute (which also holds the per-call start and the unpack hooks).
 
 Read on 2026-11-26 at load 10-16 on 2 cores (spec profiled at load ~10, 06:41): gpt-1rank
 predicted 26.2 ms against 17.1-17.8 ms of CPU, a wall of 55 ms of which 36-38 ms waiting
@@ -80,15 +83,17 @@ def predicted_terms(doc, graph, spec) -> dict[str, float]:
     st, m = est.stage_times[0], plan.num_microbatches
     layers = placed_layers(graph, plan, spec)
     out: dict[str, float] = {}
-    fwd_layers = bwd_layers = opt_layers = 0.0
+    fwd_layers = bwd_layers = opt_layers = recompute = 0.0
     for j, layer in enumerate(graph.layers):
         c = placed_compute(layers[j], plan.layer_strategies[j], spec, configs[j])
         out[f"fwd {layer.name or '<root>'}"] = m * c.forward_s
         fwd_layers += m * c.forward_s
         bwd_layers += m * (c.backward_s + c.recompute_s)
+        recompute += m * c.recompute_s
         opt_layers += c.optimizer_s
     out["forward (layers)"] = fwd_layers
     out["backward (layers)"] = bwd_layers
+    out["recompute (layers)"] = recompute
     out["backward (engine, accumulation)"] = m * st.compute_backward_s - bwd_layers
     out["optimizer (layers)"] = opt_layers
     out["loop + optimizer entry"] = st.loop_s
@@ -97,6 +102,37 @@ def predicted_terms(doc, graph, spec) -> dict[str, float]:
         plan.optimizer, False) or 0.0
     share = spec.host_share if spec.host_bound else 1.0
     return {k: v / share for k, v in out.items()}
+
+
+def _time_recomputes(clock, add) -> None:
+    """Time each checkpointed layer's recompute: its forward function's second call, made
+    inside the backward by `torch.utils.checkpoint` (`executors.checkpointing.apply_ac`
+    looks `checkpoint` up at call time, so wrapping it here reaches every layer). The
+    reading holds the rerun ops, their autograd nodes and the recompute's pack hooks (the
+    early stop's exception included), not the per-call start (`fork_rng`, the frame). Call
+    with (None, None) to undo."""
+    import executors.checkpointing as ac
+
+    if clock is None:
+        ac.checkpoint = getattr(ac.checkpoint, "plain", ac.checkpoint)
+        return
+    plain = ac.checkpoint
+
+    def checkpoint(fn, *args, **kwargs):
+        calls = [0]
+
+        def counted(*a, **k):
+            calls[0] += 1
+            if calls[0] == 1:  # the forward
+                return fn(*a, **k)
+            start = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                add("recompute (rerun forward)", clock() - start)
+        return plain(counted, *args, **kwargs)
+    checkpoint.plain = plain
+    ac.checkpoint = checkpoint
 
 
 def measure(doc, plan_path: str, graph, steps: int) -> dict[str, float]:
@@ -151,6 +187,7 @@ def measure(doc, plan_path: str, graph, steps: int) -> dict[str, float]:
             lambda *_, k=key: add(k, clock() - starts[k]))
     plain_backward = torch.Tensor.backward
     timed(torch.Tensor, "backward", "backward call")
+    _time_recomputes(clock, add)
     timed(pm.optimizer, "step", "optimizer step")
     timed(pm.optimizer, "zero_grad", "zero_grad")
     root = pm.module
@@ -173,6 +210,7 @@ def measure(doc, plan_path: str, graph, steps: int) -> dict[str, float]:
                 per_step.append(dict(acc))
     finally:
         torch.Tensor.backward = plain_backward
+        _time_recomputes(None, None)
         dist.destroy_process_group()
     keys = per_step[0].keys()
     out = {k: statistics.median(s.get(k, 0.0) for s in per_step) for k in keys}
@@ -207,6 +245,11 @@ def main(argv: list[str] | None = None) -> int:
               ("backward (layers + engine, accumulation)",
                pred["backward (layers)"] + pred["backward (engine, accumulation)"],
                meas.get("backward call")),
+              ("  of which recompute (pred: whole; meas: rerun forward only)",
+               pred["recompute (layers)"], meas.get("recompute (rerun forward)", 0.0)),
+              ("  backward less recompute", pred["backward (layers)"]
+               + pred["backward (engine, accumulation)"] - pred["recompute (layers)"],
+               meas["backward call"] - meas.get("recompute (rerun forward)", 0.0)),
               ("optimizer step", pred["optimizer (layers)"], meas.get("optimizer step")),
               ("zero_grad", None, meas.get("zero_grad")),
               ("loop + optimizer entry", pred["loop + optimizer entry"],

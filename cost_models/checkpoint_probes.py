@@ -47,6 +47,17 @@ SavedTensorLog`: what the layer IR counts), not assumed; a least-squares fit ove
 and lengths splits each pass's difference with and without the machinery into per call,
 per op and per saved tensor (per kept op, per op through SAC's cached mode for SELECTIVE).
 
+SAC's caching mode costs more per op among a layer's activations than among the probe's
+tiny tensors (the interpreter's objects and the mode's Python fall out of the caches the
+op's data fills): its per-op figure is probed again at SIZED_ROWS x SIZED_WIDTH (a zoo
+block's activation) and a layer's read at the bytes of its output (`selective_forward_op_
+figures`, linear in bytes between the two sizes, flat beyond). Read on 2026-11-26 at load
+4-6, one thread: the tiny chains 8.2 us per recomputed op and 12.2 per kept op, the chains
+at (256, 64) fp32 11.8 and 16.4, at (32, 64) 8.0 and 11.2; a real gpt-tiny block's SAC
+forward (sel fwd - full fwd, executor's `apply_ac`, 60 interleaved runs) 848 us at micro-
+batch 1 ((32, 64) tensors), priced 626 from the tiny figures; 1033 us at micro-batch 8
+((256, 64)), priced 651 from the tiny figures and 922 with the sized one.
+
 `checkpoint_extra_seconds` prices a layer with them: counts from its kernel records
 (`KernelRecords`: ops, and the ones `saved_under_selective` keeps) and its saved-tensor
 log (`Layer.saved_tensors_fwd`, the pack calls of one forward; `saved_grad_tensors_fwd`;
@@ -77,6 +88,16 @@ DETACH_OP = "aten::detach"
 # Width of the probe tensors (2 x width): tiny, so a kernel costs the host little beside
 # its dispatch (as `cost_models.clusters.OP_OVERHEAD_WIDTH` does for the per-op probe).
 PROBE_WIDTH = 8
+PROBE_ROWS = 2  # rows of the chains' input: (2, PROBE_WIDTH)
+# The sized chains (module docstring): a zoo block's activation, gpt-tiny's (8, 32, 64) at
+# bench_validate's micro-batch 8 (batch x sequence rows), fp32: 64 KiB a tensor; only the
+# chains with a layer's op mix and the kept op, FULL and SELECTIVE (their difference is
+# SAC's forward: the kernels, run in both, cancel).
+SIZED_ROWS, SIZED_WIDTH = 256, 64
+SIZED_CHAINS = ("block", "mm")
+# Bytes of one chain tensor at each size (fp32), the ends of `selective_forward_op_figures`
+PROBE_TENSOR_BYTES = PROBE_ROWS * PROBE_WIDTH * 4
+SIZED_TENSOR_BYTES = SIZED_ROWS * SIZED_WIDTH * 4
 # The median of seven rounds: a slow spell of a shared host moves one of them. The probe
 # costs ~1.2 s of one core at load ~3 (2026-11-25; 0.4 s before the `block` chain): little
 # beside profile-device's minute.
@@ -104,6 +125,8 @@ class CheckpointHostCost:
     selective_forward_op_s: float  # per op through the caching mode, output recomputed later
     selective_forward_kept_op_s: float  # per op through the caching mode, output kept
     selective_recompute_op_s: float  # per op through the cached mode in the recompute
+    selective_forward_op_sized_s: float = 0.0  # per op through the caching mode, recomputed,
+    # at SIZED_TENSOR_BYTES (a kept op pays the same increase over its tiny figure)
 
     def calibration_fields(self) -> dict[str, float]:
         """`KernelCalibration` fields, by name (CHECKPOINT_FIELDS' order): SELECTIVE's call
@@ -114,7 +137,8 @@ class CheckpointHostCost:
             self.selective_call_forward_s + self.selective_call_recompute_s,
             self.selective_forward_op_s, self.selective_forward_kept_op_s,
             self.selective_recompute_op_s, self.selective_call_forward_s,
-            self.selective_call_recompute_s), strict=True))
+            self.selective_call_recompute_s, self.selective_forward_op_sized_s),
+            strict=True))
 
 
 # The `KernelCalibration` fields this probe writes.
@@ -123,7 +147,8 @@ CHECKPOINT_FIELDS = ("checkpoint_call_forward_s", "checkpoint_call_recompute_s",
                      "checkpoint_saved_forward_s", "checkpoint_saved_recompute_s",
                      "selective_call_s", "selective_forward_op_s",
                      "selective_forward_kept_op_s", "selective_recompute_op_s",
-                     "selective_call_forward_s", "selective_call_recompute_s")
+                     "selective_call_forward_s", "selective_call_recompute_s",
+                     "selective_forward_op_sized_s")
 
 
 def probed(cal: KernelCalibration | None) -> bool:
@@ -165,15 +190,35 @@ def sac_mode_ops(layer) -> tuple[int, int]:
     return max(layer.ops_fwd - detaches, 0), max(cached_mode_ops(layer) - detaches, 0)
 
 
+def selective_forward_op_figures(cal: KernelCalibration,
+                                 tensor_bytes: float) -> tuple[float, float]:
+    """(per recomputed op, per kept op) seconds through SAC's caching mode for a layer whose
+    ops make tensors of `tensor_bytes`: the tiny chains' figures at PROBE_TENSOR_BYTES and
+    below; above, each + the sized chains' increase per recomputed op (the mode's Python
+    among larger data, which a kept op runs too) x the share of the way to
+    SIZED_TENSOR_BYTES, linear in bytes, flat beyond (probed at both ends and at (32, 64):
+    8 KiB read as the tiny figure, module docstring). The sized kept-op figure is not used:
+    its fit swung 3-19 us over three probes (the kept matmuls' kernels dominate the chain).
+    A calibration without the sized figure: the tiny ones."""
+    op_s, kept_s = cal.selective_forward_op_s, cal.selective_forward_kept_op_s
+    if cal.selective_forward_op_sized_s <= 0:
+        return op_s, kept_s
+    share = min(max((tensor_bytes - PROBE_TENSOR_BYTES)
+                    / (SIZED_TENSOR_BYTES - PROBE_TENSOR_BYTES), 0.0), 1.0)
+    increase_s = share * (cal.selective_forward_op_sized_s - op_s)
+    return op_s + increase_s, kept_s + increase_s
+
+
 @per_layer
-def checkpoint_extra_seconds(layer, mode: Checkpoint,
-                             cal: KernelCalibration) -> tuple[float, float]:
+def checkpoint_extra_seconds(layer, mode: Checkpoint, cal: KernelCalibration,
+                             config=None) -> tuple[float, float]:
     """(forward, recompute) host seconds the checkpoint machinery adds to one micro-batch
     of `layer` under `mode`, on top of the layer's own ops (which the recompute pays again
     at their forward price, `host_dispatch.forward_host_seconds`, less the early-stopped ones).
     Counts: the forward's saved tensors (`saved_tensors_fwd`), its ops (`ops_fwd`), those
     the recompute reruns (`rerun_ops`), those SELECTIVE keeps, those through its cached
-    mode (`cached_mode_ops`)."""
+    mode (`cached_mode_ops`). SAC's forward per op is read at the layer's output bytes at
+    `config`'s micro-batch and dtype (`StepConfig`; None: as the IR measured it)."""
     if mode is Checkpoint.NONE or not probed(cal):
         return 0.0, 0.0
     saved, ops, rerun = layer.saved_tensors_fwd, layer.ops_fwd, rerun_ops(layer)
@@ -186,9 +231,10 @@ def checkpoint_extra_seconds(layer, mode: Checkpoint,
         kept = kept_ops(layer) if layer.kernels is not None else 0
         call_forward_s, call_recompute_s = cal.selective_call_halves()
         sac_forward, sac_recompute = sac_mode_ops(layer)
+        tensor_bytes = layer.output_bytes * (config.activation_scale if config else 1.0)
+        op_s, kept_op_s = selective_forward_op_figures(cal, tensor_bytes)
         # Probed per op through SAC's caching / cached dispatch modes (checkpoint_host_seconds)
-        forward_s += (call_forward_s + kept * cal.selective_forward_kept_op_s
-                      + max(sac_forward - kept, 0) * cal.selective_forward_op_s)
+        forward_s += (call_forward_s + kept * kept_op_s + max(sac_forward - kept, 0) * op_s)
         recompute_s += call_recompute_s + sac_recompute * cal.selective_recompute_op_s
     return forward_s, recompute_s
 
@@ -196,7 +242,7 @@ def checkpoint_extra_seconds(layer, mode: Checkpoint,
 # ---- the probe ---------------------------------------------------------------------------
 
 
-def _chains(torch, device: str = "cpu"):
+def _chains(torch, device: str = "cpu", rows: int = PROBE_ROWS, width: int = PROBE_WIDTH):
     """name -> chain(x, n), its tensors on `device`: n ops of one kind on x, then `sin` (which saves its input: the
     backward then unpacks a saved tensor, which starts the recompute). Per op: `add` saves
     nothing, `mul` one tensor with a Python object (`w`), `layer_norm` three of which two
@@ -207,10 +253,10 @@ def _chains(torch, device: str = "cpu"):
     with the argument counts, views and saves of a real layer's forward."""
     import torch.nn.functional as F
 
-    w_mul = torch.full((2, PROBE_WIDTH), 1.0001, device=device)
-    w_mm = torch.eye(PROBE_WIDTH, device=device)
-    w_linear = torch.eye(PROBE_WIDTH, device=device, requires_grad=True)  # gets a gradient
-    b_linear = torch.zeros(PROBE_WIDTH, device=device, requires_grad=True)
+    w_mul = torch.full((rows, width), 1.0001, device=device)
+    w_mm = torch.eye(width, device=device)
+    w_linear = torch.eye(width, device=device, requires_grad=True)  # gets a gradient
+    b_linear = torch.zeros(width, device=device, requires_grad=True)
 
     def add(x, n):
         for _ in range(n):
@@ -224,7 +270,7 @@ def _chains(torch, device: str = "cpu"):
 
     def layer_norm(x, n):
         for _ in range(n):
-            x = F.layer_norm(x, (PROBE_WIDTH,))
+            x = F.layer_norm(x, (width,))
         return x.sin()
 
     def mm(x, n):
@@ -233,9 +279,9 @@ def _chains(torch, device: str = "cpu"):
         return x.sin()
 
     def block(x, n):
-        x = x.view(1, 2, PROBE_WIDTH)  # (1, 2, W): a (batch, sequence, hidden) activation
+        x = x.view(1, rows, width)  # (1, rows, W): a (batch, sequence, hidden) activation
         for _ in range(n):
-            h = F.linear(F.layer_norm(x, (PROBE_WIDTH,)), w_linear, b_linear)
+            h = F.linear(F.layer_norm(x, (width,)), w_linear, b_linear)
             a = F.softmax(h.transpose(1, 2) * 0.5, dim=-1)  # (1, W, 2)
             a = F.dropout(a, 0.1, training=True)
             x = x + F.gelu(a.transpose(1, 2))
@@ -296,7 +342,8 @@ class ChainCounts:
         return self.ops - self.detaches, self.cached_mode - self.detaches
 
 
-def _counts(torch, chain, n: int, device: str = "cpu") -> ChainCounts:
+def _counts(torch, chain, n: int, device: str = "cpu", rows: int = PROBE_ROWS,
+            width: int = PROBE_WIDTH) -> ChainCounts:
     """The counts of one plain forward of `chain` at length n on `device` (a CUDA
     dropout is one `native_dropout`, a CPU one four ops: counted where it runs). Ops come from a run
     without hooks (a saved output's forward `detach` goes with them, as in the layer IR's
@@ -307,7 +354,7 @@ def _counts(torch, chain, n: int, device: str = "cpu") -> ChainCounts:
     from ir.saved_tensors import SavedTensorLog
 
     recorder = KernelRecorder(set())
-    x = torch.ones(2, PROBE_WIDTH, device=device, requires_grad=True)
+    x = torch.ones(rows, width, device=device, requires_grad=True)
     with OpCounter(recorder) as ops:
         chain(x, n)
     log = SavedTensorLog(set(), set())
@@ -330,13 +377,14 @@ def _fit(rows) -> list[float]:
     return [max(0.0, float(c)) for c in coefficients]
 
 
-def _timed(torch, runs, clock, device: str = "cpu") -> dict:
+def _timed(torch, runs, clock, device: str = "cpu", rows: int = PROBE_ROWS,
+           width: int = PROBE_WIDTH) -> dict:
     """Median (forward, backward) seconds of each run over ROUNDS rounds of
     RUNS_PER_ROUND (DEVICE_ROUNDS' on a GPU), every run taking each place in the order in turn (the first after a
     pause runs up to ~3x slower: caches)."""
     for _ in range(WARMUP_RUNS):
         for forward, backward in runs.values():
-            forward(torch.ones(2, PROBE_WIDTH, device=device, requires_grad=True))
+            forward(torch.ones(rows, width, device=device, requires_grad=True))
             backward()
     rounds = {key: ([], []) for key in runs}
     order = list(runs)
@@ -347,7 +395,7 @@ def _timed(torch, runs, clock, device: str = "cpu") -> dict:
             order = order[1:] + order[:1]
             for key in order:
                 forward, backward = runs[key]
-                x = torch.ones(2, PROBE_WIDTH, device=device, requires_grad=True)  # the input
+                x = torch.ones(rows, width, device=device, requires_grad=True)  # the input
                 start = clock()
                 forward(x)
                 mid = clock()
@@ -394,6 +442,13 @@ def checkpoint_host_seconds(device: str = "cpu") -> CheckpointHostCost:
         runs = {(name, n, mode): _runner(torch, chain, n, mode)
                 for name, chain in chains.items() for n in CHAIN_OPS for mode in modes}
         t = _timed(torch, runs, probe_clock(device), device)
+        sized = _chains(torch, device, SIZED_ROWS, SIZED_WIDTH)
+        sized_counts = {(name, n): _counts(torch, sized[name], n, device, SIZED_ROWS, SIZED_WIDTH)
+                        for name in SIZED_CHAINS for n in CHAIN_OPS}
+        sized_runs = {(name, n, mode): _runner(torch, sized[name], n, mode)
+                      for name in SIZED_CHAINS for n in CHAIN_OPS for mode in modes[1:]}
+        t_sized = _timed(torch, sized_runs, probe_clock(device), device, SIZED_ROWS,
+                         SIZED_WIDTH)
     none, full, sel = modes
     fwd_rows, rec_rows, sel_fwd_rows, sel_rec_rows = [], [], [], []
     for (name, n), c in counts.items():
@@ -410,6 +465,10 @@ def checkpoint_host_seconds(device: str = "cpu") -> CheckpointHostCost:
     call_recompute_s, op_recompute_s, saved_recompute_s = _fit(rec_rows)
     sel_call_forward_s, sel_op_s, sel_kept_op_s = _fit(sel_fwd_rows)
     sel_call_recompute_s, sel_recompute_op_s, _ = _fit(sel_rec_rows)
+    # SAC's forward again at the sized chains' tensors: the same fit, its per-op figures
+    _, sized_op_s, _ = _fit(
+        [((1, c.sac_modes[0] - c.kept, c.kept), t_sized[name, n, sel][0] - t_sized[name, n, full][0])
+         for (name, n), c in sized_counts.items()])
     return CheckpointHostCost(
         call_forward_s=call_forward_s, call_recompute_s=call_recompute_s,
         op_forward_s=op_forward_s, op_recompute_s=op_recompute_s,
@@ -417,4 +476,4 @@ def checkpoint_host_seconds(device: str = "cpu") -> CheckpointHostCost:
         selective_call_forward_s=sel_call_forward_s,
         selective_call_recompute_s=sel_call_recompute_s,
         selective_forward_op_s=sel_op_s, selective_forward_kept_op_s=sel_kept_op_s,
-        selective_recompute_op_s=sel_recompute_op_s)
+        selective_recompute_op_s=sel_recompute_op_s, selective_forward_op_sized_s=sized_op_s)

@@ -214,7 +214,7 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     # The checkpoint's own host machinery (hooks, SAC's dispatch modes), where the kit
     # probed it (checkpoint_probes.checkpoint_host_seconds); else (0, 0)
     hooks_forward_s, hooks_recompute_s = checkpoint_extra_seconds(
-        layer, strategy.checkpoint, cluster.kernel_calibration)
+        layer, strategy.checkpoint, cluster.kernel_calibration, config)
     # the unit's own parameter copies on the device (cost_models.dp_copies; 0 on CPUs)
     copy_forward_s, copy_backward_s = dp_copy_pass_seconds(layer, strategy, cluster, config)
     forward_device_s = forward_s

@@ -8,11 +8,9 @@ by size, the scaled-dot-product-attention backends that ran and their times,
 and (CPUs) the host's dispatch in parts: forward views, ops and module calls; backward
 views, ops and autograd nodes; the per-call excess of the ops that have a fixed cost
 beyond dispatch (`HostOpExcess`). It travels in a cluster spec JSON
-(`ClusterSpec.kernel_calibration`) and is data only: numbers and short names, validated
-on load. Specs written before a field existed still load: a missing scalar reads 0 and a
-missing table empty, which the cost model reads as "not measured"
-(`cost_models.compute`'s host functions then fall back to the one-figure
-`op_overhead_s` / `backward_op_overhead_s`).
+(`ClusterSpec.kernel_calibration`), data only, validated on load. Specs written before a
+field existed still load: a missing scalar reads 0 and a missing table empty, "not
+measured" (the host functions then fall back to `op_overhead_s` / `backward_op_overhead_s`).
 
 The tables' rows and the names they may use are `ir.kernel_points`. Units are in the
 field names: `flop_per_s` FLOP per second, `gbps` 10^9 BYTES per second
@@ -56,6 +54,7 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "softmax_row_s", "layer_norm_row_s",
             # SELECTIVE's per-call figure in its two measured halves (multirank block, below)
             "selective_call_forward_s", "selective_call_recompute_s",
+            "selective_forward_op_sized_s",
             # an embedding's forward (`item_probes.probe_embedding_forward`)
             "embedding_call_s", "embedding_index_s",
             # the pool the fresh-output probe's blocks rotated over (`cost_models.fresh_output`)
@@ -192,14 +191,11 @@ class KernelCalibration:
     # make_bag_size_out slices and subtracts the offsets only when bags != 1): the forward
     # line is timed at several bags, a one-bag call pays it less; 0 where not measured.
     embedding_bag_multi_bag_s: float = 0.0
-    # Host seconds of non-reentrant activation checkpointing's machinery (CPUs, and GPU
-    # hosts since 2026-11-25: `cost_models.checkpoint_probes.checkpoint_host_seconds`;
-    # its docstring names each part): per checkpointed call, forward and backward; per op run under its hooks,
-    # forward and recompute (beyond the op's own forward price); per tensor the forward
-    # saves, forward (pack hook) and backward (recompute's pack + unpack); SELECTIVE's per call
-    # on top, per op through its caching mode (recomputed, kept) and its cached mode in
-    # the recompute. 0 where not measured (GPU specs before 2026-11-25): checkpointing then
-    # costs only its recompute.
+    # Host seconds of non-reentrant checkpointing's machinery (`cost_models.checkpoint_probes`
+    # names each part): per call, forward and recompute; per op under its hooks, the same
+    # (beyond the op's forward price); per saved tensor, pack and recompute's pack + unpack;
+    # SELECTIVE's per call on top, per op through its caching (recomputed, kept) and cached
+    # modes. 0 where not measured (GPU specs before 2026-11-25): only the recompute is paid.
     checkpoint_call_forward_s: float = 0.0
     checkpoint_call_recompute_s: float = 0.0
     checkpoint_op_forward_s: float = 0.0
@@ -210,6 +206,9 @@ class KernelCalibration:
     selective_forward_op_s: float = 0.0
     selective_forward_kept_op_s: float = 0.0
     selective_recompute_op_s: float = 0.0
+    # SAC's forward per recomputed op again among a zoo block's activations (0: not
+    # measured, the tiny figures above price every layer): `checkpoint_probes`' sized chains
+    selective_forward_op_sized_s: float = 0.0
 
     # ---- per-row costs of row-wise kernels (`cost_models.memory_probes.probe_row_seconds`)
     # Device seconds per row of a softmax (forward) and a layer norm (forward) beyond their

@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cost_models.checkpoint_probes import (ChainCounts, CheckpointHostCost, _chains, _counts, cached_mode_ops,
+from cost_models.checkpoint_probes import (PROBE_TENSOR_BYTES, SIZED_TENSOR_BYTES, ChainCounts,
+                                          CheckpointHostCost, _chains, _counts, cached_mode_ops,
                                           checkpoint_extra_seconds, rerun_ops)
 from cost_models.clusters import get_cluster
 from cost_models.common import StepConfig
@@ -144,7 +145,7 @@ def test_a_spec_without_the_probe_prices_as_before():
 
 def test_old_json_loads_with_zeros_and_the_fields_round_trip():
     again = KernelCalibration.from_dict(json.loads(json.dumps(PROBED.to_dict())))
-    assert again == PROBED and len(NEW_FIELDS) == 12
+    assert again == PROBED and len(NEW_FIELDS) == 13
     old = {k: v for k, v in PROBED.to_dict().items() if k not in NEW_FIELDS}
     legacy = KernelCalibration.from_dict(old)
     assert all(getattr(legacy, f) == 0.0 for f in NEW_FIELDS)
@@ -168,6 +169,38 @@ def test_selective_call_prices_its_measured_halves_and_old_specs_the_sum_halved(
            if k not in ("selective_call_forward_s", "selective_call_recompute_s")}
     assert KernelCalibration.from_dict(old).selective_call_halves() == pytest.approx(
         (20 * US, 20 * US))
+
+
+def test_sacs_forward_per_op_is_read_at_the_layers_tensor_bytes():
+    """SAC's caching mode per op, probed at the tiny chains' tensors (2 x 8 fp32, 64 B: 8 us
+    per recomputed op, 12 per kept one) and per recomputed op at a zoo block's (256 x 64
+    fp32, 64 KiB: 16 us, so 8 more, which a kept op pays too: 20), read at the layer's
+    output bytes at the step's micro-batch, linear between.
+    block() outputs 64 B at micro-batch 1: SELECTIVE's forward 115 us as before. At
+    micro-batch 1024 (64 KiB): 47 (FULL's) + 20 (call) + 2 kept x 20 + 3 ops x 16 = 155 us;
+    halfway in bytes (32800 B, micro-batch 1025 of an IR traced at 2): 2 x 16 + 3 x 12,
+    135 us; the recompute and FULL never change; layer_compute's SELECTIVE forward is the
+    plain one + 155 us at 64 KiB; a calibration without the sized figures prices 115."""
+    sized = dataclasses.replace(PROBED, selective_forward_op_sized_s=16 * US)
+    assert (PROBE_TENSOR_BYTES, SIZED_TENSOR_BYTES) == (64, 65536)
+    layer = block()
+
+    def config(micro_batch, traced=1):
+        return dataclasses.replace(CONFIG, micro_batch=micro_batch, graph_micro_batch=traced)
+
+    def extra(cal, cfg, mode=Checkpoint.SELECTIVE):
+        return checkpoint_extra_seconds(layer, mode, cal, cfg)
+
+    assert extra(sized, config(1)) == pytest.approx((115 * US, 105 * US))
+    assert extra(sized, config(1024)) == pytest.approx((155 * US, 105 * US))
+    assert extra(sized, config(1025, traced=2)) == pytest.approx((135 * US, 105 * US))
+    assert extra(sized, config(4096)) == pytest.approx((155 * US, 105 * US))  # flat beyond
+    assert extra(PROBED, config(1024)) == pytest.approx((115 * US, 105 * US))
+    assert extra(sized, config(1024), Checkpoint.FULL) == pytest.approx((47 * US, 50 * US))
+    spec = cpu(sized)
+    none, sel = (layer_compute(layer, LayerStrategy(checkpoint=m), spec, config(1024))
+                 for m in (Checkpoint.NONE, Checkpoint.SELECTIVE))
+    assert sel.forward_s == pytest.approx(none.forward_s + 155 * US)
 
 
 def test_the_probe_writes_both_halves_and_their_sum():
