@@ -63,7 +63,6 @@ from cost_models.offload import host_wall_problem, split_states
 from cost_models.pipeline_ops import rank_ops
 from cost_models.step_temporaries import step_group, step_tensor_params
 from cost_models.tied_memory import tied_shards
-from cost_models.walk_cache import walk_rank_once
 
 # torch DDP's default bucket_cap_mb. The executor's data parallelism is FSDP2 (no DDP
 # buckets: its reduction buffers are priced per unit here); planner.search still keeps
@@ -322,8 +321,7 @@ def _rank_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, ra
                  stop_above_bytes: float = math.inf,
                  layer_cache: dict | None = None) -> StageMemory:
     """One pipeline rank's walk (`memory_walk.walk_rank`) over its chunks' layers.
-    `layer_cache` keeps `layer_memory` by (`_layer_kinds`, strategy, config), and the
-    walks by their content (`walk_cache.walk_rank_once`)."""
+    `layer_cache` keeps `layer_memory` by (`_layer_kinds`, strategy, config)."""
     indices = [j for c in chunk_indices for j in c]
     shared = shared_checkpoint_inputs(graph, plan, indices, configs)
     for j, nbytes in shared_boundary_saves(graph, plan, indices, configs).items():
@@ -340,11 +338,11 @@ def _rank_memory(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, ra
     walked = walked_microbatches(plan)
     ops = _rank_ops(plan.schedule, plan.pp, rank, walked, len(chunk_indices))
     chunks, device_moments = _most_loaded_device(chunks, indices, plan)
-    stage = walk_rank_once(layer_cache, chunks, ops, stage=rank, num_microbatches=walked,
-                           pipelined=plan.pp > 1, overhead_bytes=cluster.runtime_overhead_bytes,
-                           optimizer=configs[0].optimizer,
-                           implementation=configs[0].step_implementation,
-                           stop_above_bytes=stop_above_bytes)
+    stage = walk_rank(chunks, ops, stage=rank, num_microbatches=walked, pipelined=plan.pp > 1,
+                      overhead_bytes=cluster.runtime_overhead_bytes,
+                      optimizer=configs[0].optimizer,
+                      implementation=configs[0].step_implementation,
+                      stop_above_bytes=stop_above_bytes)
     if device_moments:
         worst = max(device_moments)
         stage = dataclasses.replace(stage, device_peak_bytes=tuple(

@@ -124,18 +124,7 @@ def model_output_bytes(head: Layer, strategy: LayerStrategy, config) -> float:
 
 
 class OverLimit(Exception):
-    """The walk saw more live bytes than the caller's `stop_above_bytes`: `live_bytes`,
-    the most it saw (overhead excluded), which the whole walk's peak is at least."""
-
-    def __init__(self, live_bytes: float):
-        super().__init__(live_bytes)
-        self.live_bytes = live_bytes
-
-
-def live_limit_bytes(stop_above_bytes: float, overhead_bytes: int) -> float:
-    """Live bytes (overhead excluded) beyond which a walk stops: `stop_above_bytes` less
-    the overhead, with the margin for the rounding of the five parts."""
-    return stop_above_bytes - overhead_bytes + PARTS_ROUNDING_BYTES
+    """The walk saw more live bytes than the caller's `stop_above_bytes`."""
 
 
 class _Walk:
@@ -186,7 +175,7 @@ class _Walk:
         self.best_total = total
         self.best = (total, phase, parts, in_flight)
         if total > self.limit:
-            raise OverLimit(total)
+            raise OverLimit
 
     def set_grad(self, key: tuple[int, int], nbytes: float) -> None:
         self.grads_total += nbytes - self.grads.get(key, 0.0)
@@ -214,20 +203,7 @@ class _Walk:
 def walk_rank(chunks: Sequence[ChunkMemory], ops: Sequence[PassOp], *, stage: int,
               num_microbatches: int, pipelined: bool, overhead_bytes: int, optimizer: str,
               implementation: str, stop_above_bytes: float = math.inf) -> StageMemory:
-    """Peak memory of one pipeline rank over one step (see the module docstring); the
-    arguments are `walk_rank_live`'s."""
-    return walk_rank_live(chunks, ops, stage=stage, num_microbatches=num_microbatches,
-                          pipelined=pipelined, overhead_bytes=overhead_bytes,
-                          optimizer=optimizer, implementation=implementation,
-                          stop_above_bytes=stop_above_bytes)[0]
-
-
-def walk_rank_live(chunks: Sequence[ChunkMemory], ops: Sequence[PassOp], *, stage: int,
-                   num_microbatches: int, pipelined: bool, overhead_bytes: int,
-                   optimizer: str, implementation: str, stop_above_bytes: float = math.inf
-                   ) -> tuple[StageMemory, float]:
-    """`walk_rank`'s peak memory, and the live bytes at the peak before rounding (what
-    `stop_above_bytes` is held against: `live_limit_bytes`).
+    """Peak memory of one pipeline rank over one step (see the module docstring).
 
     `pipelined`: torch.distributed.pipelining runs the passes; FSDP2 units then keep
     their working copies and unreduced gradients until the chunk's last backward
@@ -238,7 +214,7 @@ def walk_rank_live(chunks: Sequence[ChunkMemory], ops: Sequence[PassOp], *, stag
     Raises OverLimit as soon as the peak is sure to exceed `stop_above_bytes` (callers
     that only want the smallest peak of many plans stop walking the others early); the
     margin covers the rounding of the five parts."""
-    w = _Walk(chunks, overhead_bytes, live_limit_bytes(stop_above_bytes, overhead_bytes))
+    w = _Walk(chunks, overhead_bytes, stop_above_bytes - overhead_bytes + PARTS_ROUNDING_BYTES)
     last = num_microbatches - 1
     # per chunk and layer, what a forward reads: (copy key, gathered bytes or 0, kept, reshard)
     forwards = [[((ci, li), l.working_param_bytes if l.has_unit else 0.0,
@@ -278,8 +254,7 @@ def walk_rank_live(chunks: Sequence[ChunkMemory], ops: Sequence[PassOp], *, stag
                        activations=parts[3], buffers=parts[4], overhead=overhead_bytes,
                        peak_bytes=sum(parts) + overhead_bytes, phase=phase,
                        microbatches_in_flight=in_flight / max(len(chunks), 1),
-                       host_bytes=round(sum(l.host_bytes for c in chunks for l in c.layers))
-                       ), total
+                       host_bytes=round(sum(l.host_bytes for c in chunks for l in c.layers)))
 
 
 def _forward(w: _Walk, layers: list[tuple], key: tuple[int, int], held_bytes: float) -> None:
