@@ -16,6 +16,8 @@ from __future__ import annotations
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
 
+from cost_models.id_memo import IdMemo
+
 # n_half per device kind: the square-GEMM edge at which a matmul reaches half of its best
 # throughput. Chosen so an 8192^3 product lands at ~97% of the best measured rate on
 # Hopper (REFERENCES.md: ~795 of 989 TFLOP/s) and small GEMMs fall off as cuBLAS
@@ -44,22 +46,14 @@ def gemm_efficiency(dim, device: str, max_efficiency: float | None = None):
     return best * dim / (dim + n_half)
 
 
-# (id(cal), m, n, k, dtype) -> (cal, `KernelCalibration.gemm_flop_per_s`): the search asks
-# per kernel of every priced row, and each answer scans the whole table. The entry holds
-# the calibration (frozen), so its id is not reused while the entry stands.
-_RATES: dict[tuple, tuple] = {}
-_RATES_MAX_ENTRIES = 4096
+# `KernelCalibration.gemm_flop_per_s` by (calibration, m, n, k, dtype): the search asks
+# per kernel of every priced row, and each answer scans the whole table.
+_RATES = IdMemo(max_entries=4096)
 
 
 def _table_rate(cal, m: int, n: int, k: int, dtype: str) -> float | None:
     """`cal.gemm_flop_per_s(m, n, k, dtype)`, kept."""
-    key = (id(cal), m, n, k, dtype)
-    hit = _RATES.get(key)
-    if hit is None or hit[0] is not cal:
-        if len(_RATES) >= _RATES_MAX_ENTRIES:
-            _RATES.clear()
-        hit = _RATES[key] = (cal, cal.gemm_flop_per_s(m, n, k, dtype))
-    return hit[1]
+    return _RATES.get((id(cal), m, n, k, dtype), cal, cal.gemm_flop_per_s, m, n, k, dtype)
 
 
 def gemm_shape_efficiency(spec: ClusterSpec, m: int, n: int, k: int, dtype: str) -> float:

@@ -30,6 +30,7 @@ from cost_models.common import GB, dtype_bytes
 from cost_models.device_grids import (BROADCAST_BINARY_LOOPS_PER_CALL,
                                       SHORT_OUTER_LOOPS_PER_CALL,
                                       SHORT_REDUCTION_PROBE_ELEMENTS, SHORT_RUN_PROBE_ELEMENTS)
+from cost_models.id_memo import IdMemo
 
 # A streaming op (copy, add, sum kinds) pays per innermost loop on top of its bytes: on
 # this CPU (one thread, 2026-11-24) inner loops of 8 elements streamed ~5x slower than
@@ -59,40 +60,35 @@ def memory_gbps(cal: KernelCalibration | None, kernel: str, dtype: str, nbytes: 
     return points[-1].gbps
 
 
-# (id(cal), kernel, dtype) -> (cal, its points by bytes): memory_gbps is asked per kernel of
-# every priced row, the filter and sort are the same each time. The entry holds the
-# calibration (frozen), so its id is not reused while the entry stands.
-_POINTS: dict[tuple, tuple] = {}
-_POINTS_MAX_ENTRIES = 1024
+# A calibration's points by (calibration, kernel, dtype): memory_gbps is asked per kernel
+# of every priced row, the filter and sort are the same each time.
+_POINTS = IdMemo(max_entries=1024)
 
 
 def _kernel_points(cal: KernelCalibration, kernel: str, dtype: str) -> tuple:
     """The calibration's points for `kernel` (its dtype's, else any dtype's) by bytes."""
-    key = (id(cal), kernel, dtype)
-    hit = _POINTS.get(key)
-    if hit is None or hit[0] is not cal:
-        points = [p for p in cal.memory_kernels if p.kernel == kernel]
-        points = [p for p in points if p.dtype == dtype] or points
-        if len(_POINTS) >= _POINTS_MAX_ENTRIES:
-            _POINTS.clear()
-        hit = _POINTS[key] = (cal, tuple(sorted(points, key=lambda p: p.nbytes)))
-    return hit[1]
+    return _POINTS.get((id(cal), kernel, dtype), cal, _sorted_points, cal, kernel, dtype)
 
 
-# id(cal) -> (cal, the kernels it has points for): `measured` is asked per kernel of every
-# priced row (held as `_POINTS` holds its calibration).
-_KINDS: dict[int, tuple] = {}
+def _sorted_points(cal: KernelCalibration, kernel: str, dtype: str) -> tuple:
+    points = [p for p in cal.memory_kernels if p.kernel == kernel]
+    points = [p for p in points if p.dtype == dtype] or points
+    return tuple(sorted(points, key=lambda p: p.nbytes))
+
+
+# The kernels a calibration has points for: `measured` is asked per kernel of every
+# priced row.
+_KINDS = IdMemo(max_entries=1024)
 
 
 def measured(cal: KernelCalibration | None, kernel: str) -> bool:
     if cal is None:
         return False
-    hit = _KINDS.get(id(cal))
-    if hit is None or hit[0] is not cal:
-        if len(_KINDS) >= _POINTS_MAX_ENTRIES:
-            _KINDS.clear()
-        hit = _KINDS[id(cal)] = (cal, frozenset(p.kernel for p in cal.memory_kernels))
-    return kernel in hit[1]
+    return kernel in _KINDS.get(id(cal), cal, _kinds, cal)
+
+
+def _kinds(cal: KernelCalibration) -> frozenset[str]:
+    return frozenset(p.kernel for p in cal.memory_kernels)
 
 
 def _probe_loop_seconds(cal: KernelCalibration, probe: str, reference: str, dtype: str,

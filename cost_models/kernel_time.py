@@ -67,6 +67,7 @@ from cost_models.fresh_output import fresh_output_seconds
 from cost_models.math_kernels import math_kind
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.gemm_layouts import layout_of
+from cost_models.id_memo import IdMemo
 from cost_models.kernel_loops import SHORT_RUN_KINDS, loop_seconds, measured, memory_gbps
 from cost_models.item_probes import EMBEDDING_BAG_PROBE_DIM, EMBEDDING_PROBE_DIM
 
@@ -463,38 +464,24 @@ def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config
                          sums[KernelKind.MEMORY], launch, kernels, ops, sums[KernelKind.CONV])
 
 
-class _Memo:
-    """Results per (records, cluster, step shape, TP share): the search prices the same
-    layer under many strategies. Keys hold the objects' ids; values keep the objects
-    alive so an id is not reused while its entry stands."""
-
-    MAX_ENTRIES = 4096
-
-    def __init__(self):
-        self._entries: dict[tuple, tuple] = {}
-
-    def get(self, kernels: KernelRecords, cluster: ClusterSpec, config: StepConfig,
-            share: float) -> LayerKernelSeconds:
-        key = (id(kernels), id(cluster), config.micro_batch, config.graph_micro_batch,
-               config.graph_dtype, config.precision, config.seq_len, share)
-        hit = self._entries.get(key)
-        if hit is not None:
-            return hit[2]
-        if len(self._entries) >= self.MAX_ENTRIES:
-            self._entries.clear()
-        value = LayerKernelSeconds(
-            pass_seconds(kernels.forward, cluster, config, share, backward=False),
-            pass_seconds(kernels.backward, cluster, config, share, backward=True),
-            pass_seconds(kernels.recomputed(Checkpoint.SELECTIVE), cluster, config, share,
-                         backward=False))
-        self._entries[key] = (kernels, cluster, value)
-        return value
-
-
-_MEMO = _Memo()
+# Results per (records, cluster, step shape, TP share): the search prices the same layer
+# under many strategies.
+_MEMO = IdMemo(max_entries=4096)
 
 
 def layer_kernel_seconds(kernels: KernelRecords, cluster: ClusterSpec, config: StepConfig,
                          share: float = 1.0) -> LayerKernelSeconds:
     """Forward, backward and selective-recompute kernel seconds of one layer (memoised)."""
-    return _MEMO.get(kernels, cluster, config, share)
+    key = (id(kernels), id(cluster), config.micro_batch, config.graph_micro_batch,
+           config.graph_dtype, config.precision, config.seq_len, share)
+    return _MEMO.get(key, (kernels, cluster), _layer_kernel_seconds, kernels, cluster, config,
+                     share)
+
+
+def _layer_kernel_seconds(kernels: KernelRecords, cluster: ClusterSpec, config: StepConfig,
+                          share: float) -> LayerKernelSeconds:
+    return LayerKernelSeconds(
+        pass_seconds(kernels.forward, cluster, config, share, backward=False),
+        pass_seconds(kernels.backward, cluster, config, share, backward=True),
+        pass_seconds(kernels.recomputed(Checkpoint.SELECTIVE), cluster, config, share,
+                     backward=False))

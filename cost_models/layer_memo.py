@@ -9,7 +9,7 @@ identity; outside one it is the plain function, so tests and callers that price 
 see no cache at all.
 
 Keys are the arguments' ids; each entry keeps its arguments alive, so an id is not
-reused while its entry stands (as `kernel_time._Memo`). Only functions whose arguments
+reused while its entry stands (`cost_models.id_memo`). Only functions whose arguments
 are frozen objects (Layer, ClusterSpec, StepConfig, KernelCalibration, enum members,
 None) and whose results are immutable may be wrapped.
 """
@@ -20,11 +20,13 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator
 
+from cost_models.id_memo import IdMemo
+
 # Entries one scope holds per function before it starts afresh: a search sees a few
 # hundred distinct layer objects (the placed copies of `cost_models.step_host` included).
 MAX_ENTRIES = 4096
 
-_scope: dict | None = None  # function -> {ids: (args, value)} while a scope is open
+_scope: dict[Callable, IdMemo] | None = None  # function -> its memo while a scope is open
 
 
 @contextlib.contextmanager
@@ -49,18 +51,10 @@ def per_layer(fn: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         if _scope is None or kwargs:  # keywords: the plain function (keys are positional)
             return fn(*args, **kwargs)
-        entries = _scope.get(fn)
-        if entries is None:
-            entries = _scope[fn] = {}
-        key = tuple(map(id, args))
-        hit = entries.get(key)
-        if hit is not None:
-            return hit[1]
-        if len(entries) >= MAX_ENTRIES:
-            entries.clear()
-        value = fn(*args)
-        entries[key] = (args, value)
-        return value
+        memo = _scope.get(fn)
+        if memo is None:
+            memo = _scope[fn] = IdMemo(MAX_ENTRIES)
+        return memo.get(tuple(map(id, args)), args, fn, *args)
 
     wrapper.uncached = fn
     return wrapper

@@ -333,58 +333,71 @@ def _backward(w: _Walk, layers: list[tuple], key: tuple[int, int], *, reduce: bo
     whole new gradient and the gradients flowing through it."""
     copies, grads, weights, moments = w.copies, w.grads, w.weights, w.moments
     acts_now = w.acts[key]
+    # the running sums in locals, written back around `_reduce_unit` (as `_forward`)
+    copies_total, grads_total, acts_total = w.copies_total, w.grads_total, w.acts_total
+    in_flight, best_total, retained = w.in_flight, w.best_total, w.retained_reduce
+    persistent, held_total = w.persistent, w.held_total  # not changed by a backward
     for (lkey, l, has_unit, gather, prefetch_key, prefetch_bytes, new_grad, share,
          recompute, grad_flow, kept, end_flow, reduce_flow) in layers:
         prefetch = 0.0
         if has_unit:
             old = copies.get(lkey, 0.0)
             if gather > old or lkey not in copies:  # ZeRO-3 gathers again (else a no-op)
-                w.copies_total += gather - old
+                copies_total += gather - old
                 copies[lkey] = gather
             if prefetch_key is not None and prefetch_key not in copies:
                 prefetch = prefetch_bytes  # the next unit in backward order, prefetched
         elif lkey in grads:
             # AccumulateGrad keeps the first gradient and adds later ones from a temporary.
-            w.grads_total += l.states.grads - grads[lkey]
+            grads_total += l.states.grads - grads[lkey]
             grads[lkey] = l.states.grads
-        p0 = weights + w.copies_total
-        p3 = w.acts_total + w.held_total
+        p0 = weights + copies_total
+        p3 = acts_total + held_total
         if share < 1:
             # A layer whose backward was measured (checkpointed, or plain from the same
             # run: `activations._plain_backward`) peaks with the share of its gradient
             # made by then (`ir.checkpoint_measure`); it ends holding all of its gradient
             # and the gradients flowing through it, its kept activations freed.
-            p1 = w.grads_total + new_grad * share
-            p4 = w.persistent + w.retained_reduce + (recompute + grad_flow + prefetch)
+            p1 = grads_total + new_grad * share
+            p4 = persistent + retained + (recompute + grad_flow + prefetch)
             total = p0 + p1 + moments + p3 + p4
-            if total > w.best_total:
-                w._record(total, "backward", (p0, p1, moments, p3, p4), w.in_flight)
-            p1 = w.grads_total + new_grad
+            if total > best_total:
+                best_total = total
+                w._record(total, "backward", (p0, p1, moments, p3, p4), in_flight)
+            p1 = grads_total + new_grad
             p3 -= kept
-            p4 = w.persistent + w.retained_reduce + (end_flow + prefetch)
+            p4 = persistent + retained + (end_flow + prefetch)
         else:
-            p1 = w.grads_total + new_grad
-            p4 = w.persistent + w.retained_reduce + (recompute + grad_flow + prefetch)
+            p1 = grads_total + new_grad
+            p4 = persistent + retained + (recompute + grad_flow + prefetch)
         total = p0 + p1 + moments + p3 + p4
-        if total > w.best_total:
-            w._record(total, "backward", (p0, p1, moments, p3, p4), w.in_flight)
+        if total > best_total:
+            best_total = total
+            w._record(total, "backward", (p0, p1, moments, p3, p4), in_flight)
         new = acts_now + -kept
-        w.acts_total += -kept
-        w.in_flight += (new > 0) - (acts_now > 0)
+        acts_total += -kept
+        in_flight += (new > 0) - (acts_now > 0)
         acts_now = new
         if not has_unit:
-            w.grads_total += l.states.grads - grads.get(lkey, 0.0)
+            grads_total += l.states.grads - grads.get(lkey, 0.0)
             grads[lkey] = l.states.grads
             continue
         if not pipelined:
-            w.pop_copy(lkey)  # reshard after backward
+            copies_total -= copies.pop(lkey, 0.0)  # reshard after backward
         if not reduce:
-            w.set_grad(lkey, l.reduce_bytes)  # kept unreduced, in the reduce dtype
+            # kept unreduced, in the reduce dtype
+            grads_total += l.reduce_bytes - grads.get(lkey, 0.0)
+            grads[lkey] = l.reduce_bytes
             continue
         w.acts[key] = acts_now
+        w.copies_total, w.grads_total, w.acts_total = copies_total, grads_total, acts_total
+        w.in_flight = in_flight
         _reduce_unit(w, l, lkey, incoming=reduce_flow,
                      unreduced=w.pop_grad(lkey) or l.unsharded_grad_bytes)
+        grads_total, best_total, retained = w.grads_total, w.best_total, w.retained_reduce
     w.acts[key] = acts_now
+    w.copies_total, w.grads_total, w.acts_total = copies_total, grads_total, acts_total
+    w.in_flight = in_flight
 
 
 def _reduce_unit(w: _Walk, l: LayerMemory, key: tuple[int, int], incoming: float,
