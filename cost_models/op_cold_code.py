@@ -41,23 +41,27 @@ def op_cold_kind(r: KernelRecord, cal: KernelCalibration) -> str:
     return memory_kind(r, cal) if r.kind is KernelKind.MEMORY else r.kind.value
 
 
-def cold_excess_s(cal: KernelCalibration, kind: str, dtype: str) -> float:
-    """A kind's cold seconds over the reference's (0 where either is unmeasured)."""
+def cold_excess_s(cal: KernelCalibration, dtype: str) -> dict[str, float]:
+    """Per measured kind of `dtype`, its cold seconds over the reference's ({} where the
+    reference is unmeasured)."""
     points = {p.kind: p.seconds for p in cal.op_cold_code if p.dtype == dtype}
-    if kind not in points or REFERENCE_KIND not in points:
-        return 0.0
-    return max(0.0, points[kind] - points[REFERENCE_KIND])
+    if REFERENCE_KIND not in points:
+        return {}
+    return {kind: max(0.0, s - points[REFERENCE_KIND]) for kind, s in points.items()}
 
 
 def pass_cold_code_seconds(records: tuple[KernelRecord, ...], cal: KernelCalibration,
                            cold_share: float) -> float:
-    """`cold_share` x the excess of each distinct kernel op of a pass (module docstring)."""
-    seen, total_s = set(), 0.0
+    """`cold_share` x the excess of each distinct kernel op of a pass (module docstring);
+    a kind the kit did not probe: none."""
+    excess, seen, total_s = {}, set(), 0.0
     for r in records:
         if r.kind is KernelKind.VIEW or r.op in seen:
             continue
         seen.add(r.op)
-        total_s += cold_excess_s(cal, op_cold_kind(r, cal), r.dtype)
+        if r.dtype not in excess:
+            excess[r.dtype] = cold_excess_s(cal, r.dtype)
+        total_s += excess[r.dtype].get(op_cold_kind(r, cal), 0.0)
     return cold_share * total_s
 
 
