@@ -30,14 +30,18 @@ from ir.kernel_records import KernelKind, KernelRecord
 from ir.layer import Layer
 
 from cost_models.layer_memo import per_layer
-from cost_models.op_cold_probe import REFERENCE_KIND
+from cost_models.op_cold_probe import OWN_KIND_OPS, REFERENCE_KIND
 
 
 def op_cold_kind(r: KernelRecord, cal: KernelCalibration) -> str:
-    """The kind whose cold-code point prices a record: its memory kind
+    """The kind whose cold-code point prices a record: its op's name where the kit probes
+    that op apart (`op_cold_probe.OWN_KIND_OPS`: the loss), else its memory kind
     (`kernel_time.memory_kind`, as the bandwidth tables read it), else its kernel class."""
     from cost_models.kernel_time import memory_kind  # it imports this module's users
 
+    op = r.op.split("::")[-1]
+    if op in OWN_KIND_OPS:
+        return op
     return memory_kind(r, cal) if r.kind is KernelKind.MEMORY else r.kind.value
 
 

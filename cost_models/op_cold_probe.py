@@ -10,12 +10,13 @@ call over warm: nll_loss_backward 10-15 us, _log_softmax_backward_data 20-28, mm
 
 The probe, per kind (the kinds the kernel records price: `gemm`, `conv`, `attention`, and
 each memory kind of `cost_models.kernel_time.memory_kind`, run as the cold-kernel probe
-runs it, `cold_kernel.memory_kind_calls`) and for REFERENCE_KIND (a small unary op, what
-the host fits read): warm it; then per round run OTHER_OPS_COUNT distinct other ops
-(`other_ops`: none of them a kind's op, on OTHER_ELEMENTS-element tensors, so their data
-evicts nothing), time the call, time it again; the kind's seconds are the median over
-OP_COLD_ROUNDS of first minus second (`KernelCalibration.op_cold_code`). One thread, this
-thread's CPU clock; ~0.3 s in all. CPU only.
+runs it, `cold_kernel.memory_kind_calls`; the ops of OWN_KIND_OPS under their own name)
+and for REFERENCE_KIND (a small unary op, what the host fits read): warm it; then per
+round run OTHER_OPS_COUNT distinct other ops (`other_ops`: none of them a kind's op, on
+OTHER_ELEMENTS-element tensors, so their data evicts nothing), time the call, time it
+again; the kind's seconds are the median over OP_COLD_ROUNDS of first minus second
+(`KernelCalibration.op_cold_code`). One thread, this thread's CPU clock; ~0.3 s in all
+(profile-device's budget: bench/bench_profile_device.py). CPU only.
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ GEMM_PROBE_MNK = (32, 128, 64)
 # kernel) of the convolution probe: small, their code is the point.
 ATTENTION_PROBE_SHAPE = (1, 2, 32, 16)
 CONV_PROBE_SHAPE = (1, 8, 16, 3)
+# Ops probed under their own name: the loss a head runs, which the bandwidth tables price
+# as a "sum" (`kernel_time.MEMORY_KERNEL_OF_OP`) but whose code is not a sum's (after the
+# 72 other ops nll_loss_backward ran 7.9 us over warm, the kit's sum 2.6: load 6.9,
+# 2026-11-26), on (LOSS_PROBE_TOKENS, LOSS_PROBE_CLASSES) log-probabilities (gpt-tiny's head).
+OWN_KIND_OPS = ("nll_loss_forward", "nll_loss_backward")
+LOSS_PROBE_TOKENS, LOSS_PROBE_CLASSES = 32, 128
 
 
 def other_ops() -> list:
@@ -97,6 +104,13 @@ def kind_calls() -> dict:
     image, weight = torch.randn(batch, channels, side, side), torch.randn(channels, channels,
                                                                           kernel, kernel)
     calls["conv"] = lambda: F.conv2d(image, weight)
+    aten = torch.ops.aten
+    log_probs = torch.log_softmax(torch.randn(LOSS_PROBE_TOKENS, LOSS_PROBE_CLASSES), 1)
+    target = torch.randint(0, LOSS_PROBE_CLASSES, (LOSS_PROBE_TOKENS,))
+    grad, total = torch.tensor(1.0), torch.tensor(float(LOSS_PROBE_TOKENS))
+    calls["nll_loss_forward"] = lambda: aten.nll_loss_forward(log_probs, target, None, 1, -100)
+    calls["nll_loss_backward"] = lambda: aten.nll_loss_backward(grad, log_probs, target, None,
+                                                                1, -100, total)
     return calls
 
 
