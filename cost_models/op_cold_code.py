@@ -19,7 +19,17 @@ The host counts how many of the pass's distinct ops are cold, not which (a layer
 block finds the block's ops warm): each distinct op is charged that share of its excess.
 A step whose ops all stay in the caches (`Layer.step_warm`) evicts none: 0. The code
 costs per call, not per byte: no micro-batch or TP scaling. Views have no kernel: their
-cold dispatch is the reference's. Kits without the table: 0 (as before).
+cold dispatch is the reference's. Kits without the table: 0 (as before). It adds to the
+L2-data term (`cost_models.cold_kernel`): after both, an op read ~1 us over after the
+other ops alone (bench/bench_op_cold_code.py). Not charged to a selective recompute.
+
+A/B on the same timings (bench/bench_kernel_model.py, 180 rows, `--reprice`; rows over 15%
+and median |error|, A without -> B with; 2026-11-26, one thread, shared 2-core host):
+load 7-11 (table added by bench/add_op_cold_code.py) 94 -> 90, 16.0% -> 15.1%; load
+12-19 77 -> 66, 12.1% -> 10.8%; load 7-8 (the kit's own table) 79 -> 71, 13.0% -> 11.8%;
+each pass alone improved in every run, no row crossed from within 15% to over except
+one of 180 once (dlrm top_mlp mb 4 bwd +15% -> +18%). (36 small unary ops as the other
+ops, the excess was 0-1.7 us: 94 -> 94.) The rows run mostly under-priced at that load.
 """
 
 from __future__ import annotations
@@ -69,13 +79,19 @@ def pass_cold_code_seconds(records: tuple[KernelRecord, ...], cal: KernelCalibra
     return cold_share * total_s
 
 
-@per_layer
 def layer_cold_code_seconds(layer: Layer, cluster: ClusterSpec) -> tuple[float, float]:
     """(forward, backward) seconds a layer's passes pay for their cold ops' kernels beyond
-    the host's flat figure (module docstring)."""
+    the host's flat figure (module docstring); (0, 0) at once for a kit without the table
+    (GPU presets: the search prices them without a memo lookup)."""
     cal = cluster.kernel_calibration
     if cal is None or not cal.op_cold_code or layer.kernels is None or layer.step_warm:
         return 0.0, 0.0
+    return _layer_cold_code_seconds(layer, cluster)
+
+
+@per_layer
+def _layer_cold_code_seconds(layer: Layer, cluster: ClusterSpec) -> tuple[float, float]:
+    cal = cluster.kernel_calibration
 
     def share(cold: int, distinct: int) -> float:
         return min(1.0, cold / distinct) if distinct > 0 else 0.0
