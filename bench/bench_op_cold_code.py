@@ -19,9 +19,15 @@ written 6.8, after 36 other distinct ops 14.2, after both 17.4; _log_softmax_bac
 ops' code displaces an op's more than L2 data does, and by kernel: 10-15, 20-28 and
 13-21 us over warm for these three, ~5-10x the count's per-op figure, which the fits
 read on unary ops whose kernels are small (the load inflates all of it: re-measure
-quiet). Not priced (no A/B fit this session's time at load 15-40): a per-op
-cold-code figure measured by the kit (this protocol, per recorded backward op kind) is
-the next candidate for the heads' backward misses.
+quiet). (Those runs used 36 other ops of their own; the other ops are now the kit's
+probe's, `cost_models.op_cold_probe.other_ops`.)
+
+With the kit's 72 other ops (load 6.9, 2026-11-26): nll_loss_backward 2.8 / 3.2 / 11.0 /
+11.3, _log_softmax_backward_data 3.6 / 4.1 / 12.6 / 12.7, mm 6.9 / 7.3 / 13.5 / 13.7.
+At load 7.5 the old 36 small ops left 7.6, 9.5 and 10.9: what evicts an op's code is the
+other code run (its kind and amount), and the load inflates it. The kit now probes this
+per op kind (`cost_models.op_cold_probe`) and prices the excess over a small unary op's
+(`cost_models.op_cold_code`).
 """
 
 from __future__ import annotations
@@ -37,25 +43,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cost_models.fresh_output import last_level_cache_bytes  # noqa: E402
+from cost_models.op_cold_probe import OTHER_ELEMENTS, other_ops  # noqa: E402
 
 EVICT_L2_MULTIPLE = 2  # as cost_models.cold_kernel's probe: twice the L2
 TOKENS, VOCAB, HIDDEN = 32, 128, 64  # gpt-tiny's head at micro-batch 1
-OTHER_ELEMENTS = 64  # the other ops' tensors: small, so their data displaces nothing
-
-
-def other_ops() -> list:
-    """36 distinct ops none of the timed ones run: their dispatch paths and kernels."""
-    f = torch.nn.functional
-    unary = [torch.sin, torch.cos, torch.exp, torch.tanh, torch.sigmoid, torch.relu, torch.abs,
-             torch.neg, torch.sqrt, torch.log1p, torch.erf, torch.floor, torch.ceil, torch.round,
-             torch.sign, torch.square, torch.reciprocal, torch.rsqrt, torch.expm1, torch.atan,
-             torch.asin, torch.sinh, torch.cosh, torch.trunc, torch.frac, f.gelu, f.silu]
-    other = torch.randn(OTHER_ELEMENTS)
-    rest = [lambda x: torch.softmax(x, 0), lambda x: torch.cumsum(x, 0),
-            lambda x: torch.sort(x)[0], lambda x: torch.topk(x, 3)[0], lambda x: x.var(),
-            lambda x: f.layer_norm(x, (OTHER_ELEMENTS,)), lambda x: x.max(),
-            lambda x: x.argmax(), lambda x: torch.where(x > 0, x, other)]
-    return unary + rest
 
 
 def timed_ops() -> dict:

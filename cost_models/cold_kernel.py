@@ -51,16 +51,12 @@ def probe_cold_kernel(device: str, dtype: str = "float32") -> list[ColdKernelPoi
     import torch
 
     from cost_models.fresh_output import last_level_cache_bytes
-    from cost_models.math_kernels import MATH_KINDS, _call
-    from cost_models.memory_probes import _memory_kernel
 
     if device != "cpu":
         return []
     n = COLD_PROBE_BYTES // 4
     x, y, out, scratch = (torch.rand(n) * 2 - 1 for _ in range(4))  # uniform(-1, 1)
-    kinds_calls = {kind: _memory_kernel(kind, x, y, out)[0] for kind in MEMORY_KERNELS
-                   if kind not in COLD_UNPROBED_KINDS}
-    kinds_calls.update({kind: _call(kind, x, y) for kind in MATH_KINDS})
+    kinds_calls = memory_kind_calls(x, y, out)
     l2_bytes = last_level_cache_bytes(level=2)
     evict = torch.empty(COLD_EVICT_L2_MULTIPLE * l2_bytes // 4)
     clock = time.thread_time_ns  # this thread's CPU time: a switch away does not count
@@ -80,6 +76,18 @@ def probe_cold_kernel(device: str, dtype: str = "float32") -> list[ColdKernelPoi
         cold_s.append(ColdKernelPoint(kind, dtype, max(0.0, statistics.median(extra)),
                                       l2_bytes))
     return cold_s
+
+
+def memory_kind_calls(x, y, out) -> dict:
+    """Per memory kind the probes price cold, its kit call (`memory_probes._memory_kernel`,
+    `math_kernels._call`) on x, y and out (fp32 of COLD_PROBE_BYTES each)."""
+    from cost_models.math_kernels import MATH_KINDS, _call
+    from cost_models.memory_probes import _memory_kernel
+
+    kinds_calls = {kind: _memory_kernel(kind, x, y, out)[0] for kind in MEMORY_KERNELS
+                   if kind not in COLD_UNPROBED_KINDS}
+    kinds_calls.update({kind: _call(kind, x, y) for kind in MATH_KINDS})
+    return kinds_calls
 
 
 def cold_kernel_seconds(records, cluster, config, share: float) -> float:

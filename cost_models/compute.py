@@ -61,6 +61,7 @@ from cost_models.gemm_efficiency import (SQUARE_GEMM_EDGE_PER_INTENSITY, device_
 from cost_models.host_dispatch import backward_host_seconds, forward_host_seconds, host_op_seconds
 from cost_models.kernel_time import layer_kernel_seconds
 from cost_models.model_states import has_dp_unit, tp_local_params
+from cost_models.op_cold_code import layer_cold_code_seconds
 from cost_models.offload import host_step_seconds
 from cost_models.tp_host import (dtensor_op_seconds, selective_tp_forward_seconds,
                                  selective_tp_seconds, tp_module_seconds, vocab_edge_seconds)
@@ -357,7 +358,9 @@ def _analytic_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,
     takes one roofline over all its FLOPs and bytes."""
     if layer.kernels is not None:
         times = layer_kernel_seconds(layer.kernels, cluster, config, share)
-        return times.forward.total_s, times.backward.total_s
+        # + the cold ops' kernel code beyond the host's flat figure (cost_models.op_cold_code)
+        cold_forward_s, cold_backward_s = layer_cold_code_seconds(layer, cluster)
+        return times.forward.total_s + cold_forward_s, times.backward.total_s + cold_backward_s
     dtype = config.precision.compute_dtype
     element = config.precision.compute_bytes
     peak = cluster.peak_flops(dtype)

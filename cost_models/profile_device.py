@@ -11,6 +11,7 @@
                forward and backward, plus the dispatcher's own choice ("default")
   fresh output (CPU) an add into blocks not in cache over one hot block (`fresh_output`)
   cold kernel  (CPU) each memory kind's call after an L2 eviction over warm (`cold_kernel`)
+  op cold code (CPU) each op kind's call after other distinct ops over warm (`op_cold_probe`)
   math         (CPU) tanh-GELU, GELU's backward (both variants), tanh and its backward at
                the memory sizes, each its own kind (`math_kernels`): bytes / seconds
   launch       host seconds to dispatch one tiny eager op; on CUDA also the device's
@@ -59,6 +60,7 @@ from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)
     CUDA_CONV_DTYPE, BATCH_NORM_CHANNELS, CPU_SMALL_ONLY_KINDS, CPU_SMALL_ONLY_MAX_BYTES)
 from cost_models.conv_probes import probe_conv
 from cost_models.cold_kernel import probe_cold_kernel
+from cost_models.op_cold_probe import probe_op_cold_code
 from cost_models.fresh_output import fresh_pool_bytes, probe_fresh_output
 from cost_models.math_kernels import probe_math_kernels
 from cost_models.memory_probes import (host_charged_seconds, net_of_call_cost, probe_memory,
@@ -361,6 +363,7 @@ def measure(device: str, quick: bool = False, progress=None,
             memory = net_of_call_cost(memory, *host_charged_seconds(device))  # host's share
         row_s = probe_row_seconds(device, memory_dtype) if cpu else {}
         pool_bytes, cold = (fresh_pool_bytes(), probe_cold_kernel(device)) if cpu else (0, [])
+        op_cold = probe_op_cold_code(device)  # per op kind after other ops (CPU only)
         memory = [*memory, *probe_fresh_output(device, seconds_per_call, pool_bytes)]
         memory = [*memory, *probe_math_kernels(device, sizes, memory_dtype)]  # seqkern2: CPU only
         sdpa_shapes = CPU_SDPA_SHAPES if cpu else CUDA_SDPA_SHAPES[:1] if quick else CUDA_SDPA_SHAPES
@@ -397,7 +400,8 @@ def measure(device: str, quick: bool = False, progress=None,
                              layer_norm_row_s=row_s.get("layer_norm", 0.0),
                              embedding_call_s=lookup.call_s,
                              embedding_index_s=lookup.index_s,
-                             fresh_output_pool_bytes=pool_bytes, cold_kernels=tuple(cold))
+                             fresh_output_pool_bytes=pool_bytes, cold_kernels=tuple(cold),
+                             op_cold_code=tuple(op_cold))
 
 
 def profile_device(device: str, quick: bool = False, name: str | None = None,

@@ -32,7 +32,7 @@ from ir.errors import PlannerError
 from ir.kernel_points import (APART_MEMORY_KERNELS, GEMM_TIE_LOG2_DISTANCE,  # noqa: F401
                               MEMORY_KERNELS, SDPA_BACKENDS, ColdBackwardPoint,
                               ColdEntryPoint, ColdKernelPoint, ConvPoint, GemmPoint, HostOpExcess,
-                              MemoryKernelPoint, SdpaPoint, _is_number, _text)
+                              MemoryKernelPoint, OpColdCodePoint, SdpaPoint, _is_number, _text)
 
 # The calibration's single figures (numbers >= 0; 0 where not measured).
 _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
@@ -238,6 +238,7 @@ class KernelCalibration:
     fresh_output_pool_bytes: float = 0.0
     # Per memory kind, a call's extra seconds with its code cold (`cost_models.cold_kernel`)
     cold_kernels: tuple[ColdKernelPoint, ...] = ()
+    op_cold_code: tuple[OpColdCodePoint, ...] = ()  # per op kind (`cost_models.op_cold_code`)
 
     # ---- a forward started after other layers' work (`cost_models.cold_entry_probes
     # .cold_entry_cost`): host seconds per layer over the same forward run right after
@@ -415,7 +416,7 @@ class KernelCalibration:
                 "memory_kernels": rows(self.memory_kernels),
                 "sdpa": rows(self.sdpa), "conv": rows(self.conv),
                 "host_op_excess": rows(self.host_op_excess),
-                "cold_kernels": rows(self.cold_kernels),
+                "cold_kernels": rows(self.cold_kernels), "op_cold_code": rows(self.op_cold_code),
                 "cold_entry_points": rows(self.cold_entry_points),
                 "cold_backward_points": rows(self.cold_backward_points)}
 
@@ -455,7 +456,7 @@ GEMM_LAYOUT_TABLES = {"linear": "gemm_linear", "linear_nobias": "gemm_linear_nob
 _TABLES = (("gemm", GemmPoint), *((field, GemmPoint) for field in GEMM_LAYOUT_TABLES.values()),
            ("memory_kernels", MemoryKernelPoint), ("sdpa", SdpaPoint),
            ("conv", ConvPoint), ("host_op_excess", HostOpExcess),
-           ("cold_kernels", ColdKernelPoint),
+           ("cold_kernels", ColdKernelPoint), ("op_cold_code", OpColdCodePoint),
            ("cold_entry_points", ColdEntryPoint), ("cold_backward_points", ColdBackwardPoint))
 
 

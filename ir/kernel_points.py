@@ -249,3 +249,21 @@ class ColdKernelPoint:
         _text(where, "kernel", self.kernel)
         _text(where, "dtype", self.dtype)
         _non_negative(where, self, "seconds", "l2_bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class OpColdCodePoint:
+    """Seconds an op kind's call pays after other distinct ops ran (its dispatch path and
+    kernel code out of the caches, its data warm) over the same call warm
+    (`cost_models.op_cold_probe.probe_op_cold_code`); kind "reference" is a small unary
+    op's, the kind the per-cold-op host figures were fitted on."""
+
+    kind: str
+    dtype: str
+    seconds: float
+
+    def __post_init__(self) -> None:
+        where = f"op cold-code point {self.kind!r}"
+        _text(where, "kind", self.kind)
+        _text(where, "dtype", self.dtype)
+        _non_negative(where, self, "seconds")

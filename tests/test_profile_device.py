@@ -101,6 +101,10 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     fresh = [p for p in cal.memory_kernels if p.kernel == "fresh_output"]
     assert fresh and {p.nbytes for p in fresh} <= set(FRESH_OUTPUT_BYTES)
     assert cal.fresh_output_pool_bytes == fresh_pool_bytes() > 0  # the pool it rotated over
+    # The per-op-kind cold-code probe (op_cold_probe): the reference and each kind, < 1 ms
+    cold_kinds = {p.kind for p in cal.op_cold_code}
+    assert {"reference", "gemm", "log_softmax_backward", "layer_norm_backward"} <= cold_kinds
+    assert all(0 <= p.seconds < 1e-3 for p in cal.op_cold_code)
     streams = [p.gbps for p in cal.memory_kernels if p.kernel in ("copy", "add")
                and p.nbytes >= pd.HBM_MIN_MOVED_BYTES["cpu"]]
     assert spec.hbm_gbps == max(streams) and 0.1 < spec.hbm_gbps < 1e4

@@ -1,0 +1,104 @@
+"""Per-op-kind cold code: what a layer's pass pays beyond the host's flat per-cold-op figure
+for the ops whose code the step's other work evicted, by the kernel each op runs.
+
+The host model charges each distinct op the layers just before did not run (the window of
+`ir.op_count.COLD_WINDOW_DISTINCT_OPS` distinct ops: `Layer.cold_distinct_ops_fwd`,
+`cold_distinct_ops_bwd`) a flat figure (`cold_op_host_s`, `cold_backward_op_host_s`,
+`cost_models.host_dispatch`), fitted on chains of small unary ops. An op with a big
+kernel pays more cold: after 36 other distinct ops, nll_loss_backward ran 10-15 us over
+warm, _log_softmax_backward_data 20-28, mm 13-21 (bench/bench_op_cold_code.py,
+2026-11-26), 5-10x the flat figure. The kit probes each kind's cold call
+(`cost_models.op_cold_probe`, `KernelCalibration.op_cold_code`) and a small unary op's
+(`REFERENCE_KIND`, the flat figure's kind), so a cold op pays cold(kind) instead of the
+flat figure, i.e. the excess cold(kind) - cold(reference) on top of the host's charge:
+
+    pass seconds += (cold ops / distinct ops of the pass) x sum over the pass's distinct
+                    kernel ops o of max(0, cold(kind(o)) - cold(reference))
+
+The host counts how many of the pass's distinct ops are cold, not which (a layer after a
+block finds the block's ops warm): each distinct op is charged that share of its excess.
+A step whose ops all stay in the caches (`Layer.step_warm`) evicts none: 0. The code
+costs per call, not per byte: no micro-batch or TP scaling. Views have no kernel: their
+cold dispatch is the reference's. Kits without the table: 0 (as before). It adds to the
+L2-data term (`cost_models.cold_kernel`): after both, an op read ~1 us over after the
+other ops alone (bench/bench_op_cold_code.py). Not charged to a selective recompute.
+
+A/B on the same timings (bench/bench_kernel_model.py, 180 rows, `--reprice`; rows over 15%
+and median |error|, A without -> B with; 2026-11-26, one thread, shared 2-core host):
+load 7-11 (table added by bench/add_op_cold_code.py) 94 -> 90, 16.0% -> 15.1%; load
+12-19 77 -> 66, 12.1% -> 10.8%; load 7-8 (the kit's own table) 79 -> 71, 13.0% -> 11.8%;
+each pass alone improved in every run, no row crossed from within 15% to over except
+one of 180 once (dlrm top_mlp mb 4 bwd +15% -> +18%). (36 small unary ops as the other
+ops, the excess was 0-1.7 us: 94 -> 94.) The rows run mostly under-priced at that load.
+"""
+
+from __future__ import annotations
+
+from ir.cluster import ClusterSpec
+from ir.kernel_calibration import KernelCalibration
+from ir.kernel_records import KernelKind, KernelRecord
+from ir.layer import Layer
+
+from cost_models.layer_memo import per_layer
+from cost_models.op_cold_probe import OWN_KIND_OPS, REFERENCE_KIND
+
+
+def op_cold_kind(r: KernelRecord, cal: KernelCalibration) -> str:
+    """The kind whose cold-code point prices a record: its op's name where the kit probes
+    that op apart (`op_cold_probe.OWN_KIND_OPS`: the loss), else its memory kind
+    (`kernel_time.memory_kind`, as the bandwidth tables read it), else its kernel class."""
+    from cost_models.kernel_time import memory_kind  # it imports this module's users
+
+    op = r.op.split("::")[-1]
+    if op in OWN_KIND_OPS:
+        return op
+    return memory_kind(r, cal) if r.kind is KernelKind.MEMORY else r.kind.value
+
+
+def cold_excess_s(cal: KernelCalibration, dtype: str) -> dict[str, float]:
+    """Per measured kind of `dtype`, its cold seconds over the reference's ({} where the
+    reference is unmeasured)."""
+    points = {p.kind: p.seconds for p in cal.op_cold_code if p.dtype == dtype}
+    if REFERENCE_KIND not in points:
+        return {}
+    return {kind: max(0.0, s - points[REFERENCE_KIND]) for kind, s in points.items()}
+
+
+def pass_cold_code_seconds(records: tuple[KernelRecord, ...], cal: KernelCalibration,
+                           cold_share: float) -> float:
+    """`cold_share` x the excess of each distinct kernel op of a pass (module docstring);
+    a kind the kit did not probe: none."""
+    excess, seen, total_s = {}, set(), 0.0
+    for r in records:
+        if r.kind is KernelKind.VIEW or r.op in seen:
+            continue
+        seen.add(r.op)
+        if r.dtype not in excess:
+            excess[r.dtype] = cold_excess_s(cal, r.dtype)
+        total_s += excess[r.dtype].get(op_cold_kind(r, cal), 0.0)
+    return cold_share * total_s
+
+
+def layer_cold_code_seconds(layer: Layer, cluster: ClusterSpec) -> tuple[float, float]:
+    """(forward, backward) seconds a layer's passes pay for their cold ops' kernels beyond
+    the host's flat figure (module docstring); (0, 0) at once for a kit without the table
+    (GPU presets: the search prices them without a memo lookup)."""
+    cal = cluster.kernel_calibration
+    if cal is None or not cal.op_cold_code or layer.kernels is None or layer.step_warm:
+        return 0.0, 0.0
+    return _layer_cold_code_seconds(layer, cluster)
+
+
+@per_layer
+def _layer_cold_code_seconds(layer: Layer, cluster: ClusterSpec) -> tuple[float, float]:
+    cal = cluster.kernel_calibration
+
+    def share(cold: int, distinct: int) -> float:
+        return min(1.0, cold / distinct) if distinct > 0 else 0.0
+
+    distinct_fwd = layer.distinct_ops_fwd or len(layer.measured.forward_overloads)
+    distinct_bwd = len(layer.measured.backward_overloads)
+    return (pass_cold_code_seconds(layer.kernels.forward, cal,
+                                   share(layer.cold_distinct_ops_fwd, distinct_fwd)),
+            pass_cold_code_seconds(layer.kernels.backward, cal,
+                                   share(layer.cold_distinct_ops_bwd, distinct_bwd)))
