@@ -41,6 +41,10 @@ from planner.fmt import table  # noqa: E402
 
 WARMUP_STEPS = 5
 PROBE_EVERY = 5  # steps between readings of the kit's optimizer probe
+# the loop's parts timed apart (`measure`); the weighted loss holds the loss function
+LOOP_PARTS = ("forward_backward", "loss function", "weighted loss", "local batch",
+              "count target", "loss all-reduce start", "tied sync", "set_gradient_sync",
+              "reduce_partial_grads", "split_microbatches")
 
 
 def _runqueue_s() -> float:
@@ -153,6 +157,21 @@ def measure(doc, plan_path: str, graph, steps: int) -> dict[str, float]:
     timed(torch.Tensor, "backward", "backward call")
     timed(pm.optimizer, "step", "optimizer step")
     timed(pm.optimizer, "zero_grad", "zero_grad")
+    # the loop's own parts (`executors.runtime`): the loss function inside the weighted
+    # loss, the batch's split and count, the loss's all-reduce start, the tied sync
+    timed(pm, "loss_fn", "loss function")
+    timed(pm, "_weighted_loss", "weighted loss")
+    timed(pm, "local_batch", "local batch")
+    timed(pm, "_count_global", "count target")
+    timed(pm, "_start_loss_sum", "loss all-reduce start")
+    timed(pm.tied, "sync", "tied sync")
+    timed(pm, "_forward_backward", "forward_backward")
+    import executors.runtime as runtime
+    saved = {name: getattr(runtime, name) for name in ("set_gradient_sync",
+                                                         "reduce_partial_grads",
+                                                         "split_microbatches")}
+    for name in saved:
+        timed(runtime, name, name)
     root = pm.module
     root.register_forward_pre_hook(lambda *_: starts.__setitem__("forward (model)", clock()))
     root.register_forward_hook(lambda *_: add("forward (model)", clock() - starts["forward (model)"]))
@@ -173,6 +192,8 @@ def measure(doc, plan_path: str, graph, steps: int) -> dict[str, float]:
                 per_step.append(dict(acc))
     finally:
         torch.Tensor.backward = plain_backward
+        for name, fn in saved.items():
+            setattr(runtime, name, fn)
         dist.destroy_process_group()
     keys = per_step[0].keys()
     out = {k: statistics.median(s.get(k, 0.0) for s in per_step) for k in keys}
@@ -209,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                meas.get("backward call")),
               ("optimizer step", pred["optimizer (layers)"], meas.get("optimizer step")),
               ("zero_grad", None, meas.get("zero_grad")),
+              *((f"  loop: {k}", None, meas.get(k)) for k in LOOP_PARTS),
               ("loop + optimizer entry", pred["loop + optimizer entry"],
                meas.get("loop (rest of train_step)")),
               ("optimizer probe per tensor (spec / now)",
