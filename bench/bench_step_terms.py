@@ -89,6 +89,7 @@ def predicted_terms(doc, graph, spec) -> dict[str, float]:
         c = placed_compute(layers[j], plan.layer_strategies[j], spec, configs[j])
         out[f"fwd {layer.name or '<root>'}"] = m * c.forward_s
         fwd_layers += m * c.forward_s
+        out[f"bwd {layer.name or '<root>'}"] = m * (c.backward_s + c.recompute_s)
         bwd_layers += m * (c.backward_s + c.recompute_s)
         opt_layers += c.optimizer_s
     out["forward (layers)"] = fwd_layers
@@ -103,7 +104,8 @@ def predicted_terms(doc, graph, spec) -> dict[str, float]:
     return {k: v / share for k, v in out.items()}
 
 
-def measure(doc, plan_path: str, graph, steps: int) -> dict[str, float]:
+def measure(doc, plan_path: str, graph, steps: int,
+            backward_hooks: bool = False) -> dict[str, float]:
     """Median CPU seconds per step of each term on the real executor."""
     from planner.models import plan_model_spec
     from planner.trial.rank import _build
@@ -153,6 +155,12 @@ def measure(doc, plan_path: str, graph, steps: int) -> dict[str, float]:
             lambda *_, k=key: starts.__setitem__(k, clock()))
         modules[layer.name].register_forward_hook(
             lambda *_, k=key: add(k, clock() - starts[k]))
+        if backward_hooks:  # --backward-hooks: each layer's
+            back = f"bwd {layer.name}"  # backward, gradient hooks' wrappers included
+            modules[layer.name].register_full_backward_pre_hook(
+                lambda *_, k=back: starts.__setitem__(k, clock()))
+            modules[layer.name].register_full_backward_hook(
+                lambda *_, k=back: add(k, clock() - starts[k]))
     plain_backward = torch.Tensor.backward
     timed(torch.Tensor, "backward", "backward call")
     timed(pm.optimizer, "step", "optimizer step")
@@ -213,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("plan")
     parser.add_argument("--spec", required=True)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--backward-hooks", action="store_true",
+                        help="time each layer's backward too (full backward hooks: their "
+                             "wrappers add autograd nodes, so the step's figures move)")
     args = parser.parse_args(argv)
     doc = load_plan(args.plan)
     if doc.plan.world_size != 1:
@@ -221,9 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     graph = plan_graph(doc, args.plan, None)
     pred = predicted_terms(doc, graph, spec)
     share = spec.host_share if spec.host_bound else 1.0
-    meas = measure(doc, args.plan, graph, args.steps)
+    meas = measure(doc, args.plan, graph, args.steps, args.backward_hooks)
     rows = []
     pairs = [(k, pred.get(k), meas.get(k)) for k in pred if k.startswith("fwd ")]
+    if args.backward_hooks:  # a first layer fed by the data fires no backward hook
+        pairs += [(k, pred.get(k), meas.get(k)) for k in pred if k.startswith("bwd ")]
     pairs += [("forward (layers / model)", pred["forward (layers)"], meas.get("forward (model)")),
               ("backward (layers + engine, accumulation)",
                pred["backward (layers)"] + pred["backward (engine, accumulation)"],
