@@ -18,7 +18,21 @@ predicted 26.2 ms against 17.1-17.8 ms of CPU, a wall of 55 ms of which 36-38 ms
 for a core; cnn-1rank 7.0 against 4.5-8.8 ms of CPU (three moments), wall 4.6-24.6 ms;
 the optimizer probe read 30-40 us per tensor where the spec holds 55.
 
+Read again 10:33-10:36 on a spec profiled at 10:30 (bench_validate --work-dir, load 6-8,
+run-queue delay under 0.2 ms, medians of 40-60 steps): step CPU against the estimate
+gpt-1rank -7..+25%, cnn-1rank +13..+26%, mlp-1rank -10..+9%. By term: the forward sum
+within 0..+29% (each model's first layer 16-54% under, the later ones 10-60% over), the
+backward +8..+42% (gpt) and +47..+60% (cnn) over, the optimizer step + zero_grad + entry
+within 10%, and the loop (rest of `train_step`) 0.25/0.31 ms for mlp/cnn as priced but
+0.66-1.17 ms for gpt where 0.24 is priced: its walk over 68 parameter tensors
+(`reduce_partial_grads`, 2.5 us each: 0.17 ms, priced since by `step_host.param_walk_s`),
+the tied sync (0.06-0.08 ms) and the loss's and batch's ops run colder. At load 14 the
+same cnn step read 5.9 ms of CPU against 2.6-2.9 at load 7: a step's CPU moves with the
+load (cores shared with siblings), every term together, as the optimizer probe's ratio
+shows; no term alone holds a uniform -27%.
+
     .venv/bin/python bench/bench_step_terms.py PLAN.json --spec SPEC.json [--steps 40]
+        [--backward-hooks]
 
 Prints a table; informative, not judged.
 """
