@@ -21,7 +21,21 @@ predicted 26.2 ms against 17.1-17.8 ms of CPU, a wall of 55 ms of which 36-38 ms
 for a core; cnn-1rank 7.0 against 4.5-8.8 ms of CPU (three moments), wall 4.6-24.6 ms;
 the optimizer probe read 30-40 us per tensor where the spec holds 55.
 
+Read again 10:33-10:36 on a spec profiled at 10:30 (bench_validate --work-dir, load 6-8,
+run-queue delay under 0.2 ms, medians of 40-60 steps): step CPU against the estimate
+gpt-1rank -7..+25%, cnn-1rank +13..+26%, mlp-1rank -10..+9%. By term: the forward sum
+within 0..+29% (each model's first layer 16-54% under, the later ones 10-60% over), the
+backward +8..+42% (gpt) and +47..+60% (cnn) over, the optimizer step + zero_grad + entry
+within 10%, and the loop (rest of `train_step`) 0.25/0.31 ms for mlp/cnn as priced but
+0.66-1.17 ms for gpt where 0.24 is priced: its walk over 68 parameter tensors
+(`reduce_partial_grads`, 2.5 us each: 0.17 ms, priced since by `step_host.param_walk_s`),
+the tied sync (0.06-0.08 ms) and the loss's and batch's ops run colder. At load 14 the
+same cnn step read 5.9 ms of CPU against 2.6-2.9 at load 7: a step's CPU moves with the
+load (cores shared with siblings), every term together, as the optimizer probe's ratio
+shows; no term alone holds a uniform -27%.
+
     .venv/bin/python bench/bench_step_terms.py PLAN.json --spec SPEC.json [--steps 40]
+        [--backward-hooks]
 
 Prints a table; informative, not judged.
 """
@@ -44,6 +58,10 @@ from planner.fmt import table  # noqa: E402
 
 WARMUP_STEPS = 5
 PROBE_EVERY = 5  # steps between readings of the kit's optimizer probe
+# the loop's parts timed apart (`measure`); the weighted loss holds the loss function
+LOOP_PARTS = ("forward_backward", "loss function", "weighted loss", "local batch",
+              "count target", "loss all-reduce start", "tied sync", "set_gradient_sync",
+              "reduce_partial_grads", "split_microbatches")
 
 
 def _runqueue_s() -> float:
@@ -88,6 +106,7 @@ def predicted_terms(doc, graph, spec) -> dict[str, float]:
         c = placed_compute(layers[j], plan.layer_strategies[j], spec, configs[j])
         out[f"fwd {layer.name or '<root>'}"] = m * c.forward_s
         fwd_layers += m * c.forward_s
+        out[f"bwd {layer.name or '<root>'}"] = m * (c.backward_s + c.recompute_s)
         bwd_layers += m * (c.backward_s + c.recompute_s)
         recompute += m * c.recompute_s
         opt_layers += c.optimizer_s
@@ -135,7 +154,8 @@ def _time_recomputes(clock, add) -> None:
     ac.checkpoint = checkpoint
 
 
-def measure(doc, plan_path: str, graph, steps: int) -> dict[str, float]:
+def measure(doc, plan_path: str, graph, steps: int,
+            backward_hooks: bool = False) -> dict[str, float]:
     """Median CPU seconds per step of each term on the real executor."""
     from planner.models import plan_model_spec
     from planner.trial.rank import _build
@@ -185,11 +205,32 @@ def measure(doc, plan_path: str, graph, steps: int) -> dict[str, float]:
             lambda *_, k=key: starts.__setitem__(k, clock()))
         modules[layer.name].register_forward_hook(
             lambda *_, k=key: add(k, clock() - starts[k]))
+        if backward_hooks:  # --backward-hooks: each layer's
+            back = f"bwd {layer.name}"  # backward, gradient hooks' wrappers included
+            modules[layer.name].register_full_backward_pre_hook(
+                lambda *_, k=back: starts.__setitem__(k, clock()))
+            modules[layer.name].register_full_backward_hook(
+                lambda *_, k=back: add(k, clock() - starts[k]))
     plain_backward = torch.Tensor.backward
     timed(torch.Tensor, "backward", "backward call")
     _time_recomputes(clock, add)
     timed(pm.optimizer, "step", "optimizer step")
     timed(pm.optimizer, "zero_grad", "zero_grad")
+    # the loop's own parts (`executors.runtime`): the loss function inside the weighted
+    # loss, the batch's split and count, the loss's all-reduce start, the tied sync
+    timed(pm, "loss_fn", "loss function")
+    timed(pm, "_weighted_loss", "weighted loss")
+    timed(pm, "local_batch", "local batch")
+    timed(pm, "_count_global", "count target")
+    timed(pm, "_start_loss_sum", "loss all-reduce start")
+    timed(pm.tied, "sync", "tied sync")
+    timed(pm, "_forward_backward", "forward_backward")
+    import executors.runtime as runtime
+    saved = {name: getattr(runtime, name) for name in ("set_gradient_sync",
+                                                         "reduce_partial_grads",
+                                                         "split_microbatches")}
+    for name in saved:
+        timed(runtime, name, name)
     root = pm.module
     root.register_forward_pre_hook(lambda *_: starts.__setitem__("forward (model)", clock()))
     root.register_forward_hook(lambda *_: add("forward (model)", clock() - starts["forward (model)"]))
@@ -211,6 +252,8 @@ def measure(doc, plan_path: str, graph, steps: int) -> dict[str, float]:
     finally:
         torch.Tensor.backward = plain_backward
         _time_recomputes(None, None)
+        for name, fn in saved.items():
+            setattr(runtime, name, fn)
         dist.destroy_process_group()
     keys = per_step[0].keys()
     out = {k: statistics.median(s.get(k, 0.0) for s in per_step) for k in keys}
@@ -230,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("plan")
     parser.add_argument("--spec", required=True)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--backward-hooks", action="store_true",
+                        help="time each layer's backward too (full backward hooks: their "
+                             "wrappers add autograd nodes, so the step's figures move)")
     args = parser.parse_args(argv)
     doc = load_plan(args.plan)
     if doc.plan.world_size != 1:
@@ -238,9 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     graph = plan_graph(doc, args.plan, None)
     pred = predicted_terms(doc, graph, spec)
     share = spec.host_share if spec.host_bound else 1.0
-    meas = measure(doc, args.plan, graph, args.steps)
+    meas = measure(doc, args.plan, graph, args.steps, args.backward_hooks)
     rows = []
     pairs = [(k, pred.get(k), meas.get(k)) for k in pred if k.startswith("fwd ")]
+    if args.backward_hooks:  # a first layer fed by the data fires no backward hook
+        pairs += [(k, pred.get(k), meas.get(k)) for k in pred if k.startswith("bwd ")]
     pairs += [("forward (layers / model)", pred["forward (layers)"], meas.get("forward (model)")),
               ("backward (layers + engine, accumulation)",
                pred["backward (layers)"] + pred["backward (engine, accumulation)"],
@@ -252,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                meas["backward call"] - meas.get("recompute (rerun forward)", 0.0)),
               ("optimizer step", pred["optimizer (layers)"], meas.get("optimizer step")),
               ("zero_grad", None, meas.get("zero_grad")),
+              *((f"  loop: {k}", None, meas.get(k)) for k in LOOP_PARTS),
               ("loop + optimizer entry", pred["loop + optimizer entry"],
                meas.get("loop (rest of train_step)")),
               ("optimizer probe per tensor (spec / now)",

@@ -64,7 +64,7 @@ from cost_models.model_states import bytes_per_param
 from cost_models.pipeline import PipelineTime, stage_pipeline_time
 from cost_models.pipeline_sim import SENDS_BLOCK, StageCost
 from cost_models.step_host import (Placed, grad_accumulation_s, one_host_window,
-                                   placed_compute, placed_layers,
+                                   param_walk_s, placed_compute, placed_layers,
                                    step_host_per_microbatch_s, step_loop_s)
 from cost_models.tied_sync import tied_sum_seconds
 
@@ -241,6 +241,7 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
     # once a step, after the last backward with the optimizer step: the loop's own work
     # and the optimizer's entry
     loop = step_loop_s(cluster, plan.num_microbatches, last_stage in mine, plan.optimizer)
+    loop += param_walk_s(cluster, [graph.layers[j] for j in indices])  # its tensors' walk
     opt += loop
     # micro-batches 2..m add into the existing gradients (step_host.grad_accumulation_s)
     bwd += engine + actions / 2 + grad_accumulation_s(

@@ -54,6 +54,10 @@ stages, schedule and micro-batches.
    the optimizer's entry: its step runs once, right after a backward, its code and state
    out of the caches (`optimizer_entry_host_s`, measured on AdamW: Adam and AdamW
    plans; others unmeasured, 0). Once a step on the rank, x the core share; 0 on GPUs.
+   The loop also walks every parameter tensor of the rank (`reduce_partial_grads` over
+   `module.parameters()`: ~2.5 us each inside a gpt-tiny step, 68 tensors, where the
+   probe's one Linear has 2; bench/bench_step_terms.py): `param_walk_s`, per tensor the
+   kit's `train_loop_param_host_s` (`planner.train_loop_probe`).
 
 4. Gradient accumulation (`grad_accumulation_s`). Every backward figure is a step's first
    micro-batch's: its gradients None, AccumulateGrad steals each (`planner profile` and
@@ -161,6 +165,27 @@ def step_loop_s(cluster: ClusterSpec, m: int, holds_loss: bool, optimizer: str) 
         loop_s = (STEP_LOOP_OPS + loss_ops) * host_op_seconds(cluster) + cal.loss_sum_host_s
     entry_s = cal.optimizer_entry_host_s if optimizer.startswith("adam") else 0.0
     return (loop_s + entry_s) * cluster.host_share
+
+
+# The loop probe's model (`planner.train_loop_probe`: one Linear, weight and bias): the
+# parameter tensors whose walk `train_loop_host_s` already holds.
+TRAIN_LOOP_PROBE_PARAM_TENSORS = 2
+
+
+def param_walk_s(cluster: ClusterSpec, layers: Sequence[Layer],
+                 less_probe: bool = True) -> float:
+    """Seconds a step's loop pays once on a rank walking its parameter tensors (`layers`'
+    own, tied copies once: `module.parameters()`) beyond the loop probe's (module
+    docstring, 3; `less_probe` False: all of them, for one of several pieces of a rank
+    whose other piece takes the probe's off): per tensor the kit's
+    `train_loop_param_host_s`, x the core share; 0 where not measured and on GPUs."""
+    cal = cluster.kernel_calibration
+    if cal is None or not cluster.host_bound or not cal.train_loop_param_host_s:
+        return 0.0
+    tensors = sum(len(layer.param_names) for layer in layers)
+    probe = TRAIN_LOOP_PROBE_PARAM_TENSORS if less_probe else 0
+    # walk = (tensors - the probe's) x per-tensor seconds (planner.train_loop_probe)
+    return max(0, tensors - probe) * cal.train_loop_param_host_s * cluster.host_share
 
 
 # An in-place add (`grad += new`, AccumulateGrad) reads both operands and writes one.

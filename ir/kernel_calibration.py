@@ -42,7 +42,7 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "forward_node_host_s", "in_sequence_op_host_s", "in_sequence_knee_distinct_ops",
             "cold_op_host_s", "cold_backward_op_host_s", "autograd_call_host_s",
             "pipeline_action_host_s", "loss_sum_host_s", "optimizer_entry_host_s",
-            "grad_accumulate_host_s", "train_loop_host_s",
+            "grad_accumulate_host_s", "train_loop_host_s", "train_loop_param_host_s",
             "embedding_bag_call_s", "embedding_bag_index_s", "embedding_bag_backward_call_s",
             "embedding_bag_backward_index_s", "embedding_bag_multi_bag_s",
             # activation checkpointing's host machinery (`cost_models.checkpoint_probes`)
@@ -155,14 +155,15 @@ class KernelCalibration:
     # (`cost_models.pipeline_probes`); 0 where not measured.
     pipeline_action_host_s: float = 0.0
     # Host seconds a step pays once outside its layers (`cost_models.step_loop_probes`,
-    # priced by `step_host.step_loop_s`): the training loop's scalar loss all-reduce,
-    # started and waited on; what AdamW's step costs more right after a backward than
-    # back to back (the optimizer's entry). 0 where not measured.
+    # `step_host.step_loop_s`): the loop's scalar loss all-reduce, started and waited on;
+    # AdamW's step right after a backward more than back to back (the optimizer's entry);
+    # the loop's own work around one micro-batch timed cold in the real `train_step`, and
+    # its walk per parameter tensor of the rank (`planner.train_loop_probe`;
+    # `step_host.param_walk_s`). 0 where not measured.
     loss_sum_host_s: float = 0.0
     optimizer_entry_host_s: float = 0.0
-    # ... and the training loop's own work around one micro-batch, all-reduce included,
-    # timed cold in the real `train_step` (`cost_models.train_loop_probe`); 0: not measured.
     train_loop_host_s: float = 0.0
+    train_loop_param_host_s: float = 0.0
     # Per parameter tensor, what a backward pays more adding into an existing gradient (a
     # step's micro-batches 2..m) than with none (`step_loop_probes.grad_accumulate_host_s`,
     # priced by `step_host.grad_accumulation_s`); 0 where not measured.
@@ -179,10 +180,9 @@ class KernelCalibration:
     backward_node_host_s: float = 0.0
     # Per-call fixed host excess of the ops that have one (CPUs); empty where not measured.
     host_op_excess: tuple[HostOpExcess, ...] = ()
-    # An embedding bag's forward (`_embedding_bag`) and backward (`_embedding_bag_backward`,
-    # which runs sort, cumsum, index_select, index_add_ ... inside ATen): device seconds per
-    # call beyond one op's dispatch, and per index (`cost_models.item_probes
-    # .probe_embedding_bag`); 0 where not measured.
+    # An embedding bag's forward and backward (sort, cumsum, index_select, index_add_ ...
+    # inside ATen): device seconds per call beyond one op's dispatch, and per index
+    # (`cost_models.item_probes.probe_embedding_bag`); 0 where not measured.
     embedding_bag_call_s: float = 0.0
     embedding_bag_index_s: float = 0.0
     embedding_bag_backward_call_s: float = 0.0

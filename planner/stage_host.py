@@ -42,8 +42,8 @@ from cost_models.host_dispatch import backward_host_seconds, forward_host_second
 from cost_models.step_host import (Placed, accumulation_priced, engine_start_s,
                                    grad_accumulation_s, passes_per_stage,
                                    pipeline_action_s, place_rank, placed_compute,
-                                   prices_cold_ops, step_host_per_microbatch_s,
-                                   step_loop_s)
+                                   param_walk_s, prices_cold_ops,
+                                   step_host_per_microbatch_s, step_loop_s)
 from cost_models.tied_memory import (TieGroup, gradient_layout, shared_layout_fraction,
                                      tie_groups)
 from cost_models.tied_sync import rank_tied_sums_s, tied_grad_bytes, tied_sums_priced
@@ -101,6 +101,9 @@ class StageHost:
         # micro-batches 2..m add into the gradients (as the estimate's backward)
         out = engine + actions + grad_accumulation_s(self.cluster, self.graph.layers[a:b + 1], m)
         once = v == 1 or stage == max(self._rank_stages(r))  # a rank's once-a-step terms
+        # once a step: the loop walks the stage's parameter tensors (as the estimate's
+        # step: the loop probe's own taken off once a rank)
+        out += param_walk_s(self.cluster, self.graph.layers[a:b + 1], less_probe=once) / m
         if once:  # the last plan stage, p v - 1, runs on rank p - 1 (it holds the loss)
             out += step_loop_s(self.cluster, m, r == p - 1, self.optimizer) / m
         if self.tied and once:

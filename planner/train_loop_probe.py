@@ -32,6 +32,10 @@ TRAIN_LOOP_WIDTH = 16  # one 16x16 Linear: its kernels ~0 of the step
 TRAIN_LOOP_BATCH = 2
 TRAIN_LOOP_ROUNDS = 60  # after TRAIN_LOOP_WARMUP untimed, each timing both ways
 TRAIN_LOOP_WARMUP = 5
+# Bias-free Linears of the parameter-walk probe's larger module, one tensor each: the
+# walk visits modules too, and the zoo's models hold about one module per tensor
+# (gpt-tiny 68 and 68, cnn-small 17 and 17); 64, near gpt-tiny's count
+PARAM_WALK_LINEARS = 64
 
 
 def train_loop_host_s(device: str = "cpu") -> float:
@@ -84,7 +88,50 @@ def train_loop_host_s(device: str = "cpu") -> float:
         return max(0.0, statistics.median(times[True]) - statistics.median(times[False]))
 
 
+def train_loop_param_host_s(device: str = "cpu") -> float:
+    """Host seconds per parameter tensor the loop's walk over the rank's parameters costs
+    (`executors.tensor_parallel.reduce_partial_grads(module.parameters())`, as
+    `train_step` calls it), each after a step layer's forward and backward as in a step:
+    (a module of PARAM_WALK_LINEARS bias-free Linears - one) / (PARAM_WALK_LINEARS - 1),
+    rounds alternating the two, >= 0. Read 2026-11-26 (load 6-8): ~1.0 us; inside a
+    gpt-tiny step 2.5 us per tensor (bench/bench_step_terms.py: its whole backward's
+    working set before it, colder than the kit's one block leaves it; after a block on
+    512 tokens the probe reads 3.0 us): this figure is a floor."""
+    import torch
+    from torch import nn
+
+    from cost_models.clusters import _one_thread
+    from cost_models.cold_entry_probes import ENTRY_TOKENS, ENTRY_WIDTH, neighbour_block
+    from cost_models.host_probes import probe_clock
+    from executors.tensor_parallel import reduce_partial_grads
+
+    with _one_thread():
+        modules = {n: nn.Sequential(*[nn.Linear(TRAIN_LOOP_WIDTH, TRAIN_LOOP_WIDTH, bias=False)
+                                      for _ in range(n)]).to(device)
+                   for n in (1, PARAM_WALK_LINEARS)}
+        for module in modules.values():  # a step's gradients, there to be visited
+            for p in module.parameters():
+                p.grad = torch.zeros_like(p)
+        block = neighbour_block().to(device)
+        before = torch.randn(1, ENTRY_TOKENS, ENTRY_WIDTH, device=device)
+        clock = probe_clock(device)
+        times: dict[int, list[float]] = {n: [] for n in modules}
+        for rnd in range(TRAIN_LOOP_WARMUP + TRAIN_LOOP_ROUNDS):
+            for n in (sorted(modules) if rnd % 2 else sorted(modules, reverse=True)):
+                block(before).sum().backward()  # a step's layers ran before
+                block.zero_grad(set_to_none=True)
+                start = clock()
+                reduce_partial_grads(modules[n].parameters())
+                if rnd >= TRAIN_LOOP_WARMUP:
+                    times[n].append(clock() - start)
+        # per tensor = (t(N Linears) - t(1 Linear)) / (N - 1): one tensor per Linear
+        extra_s = statistics.median(times[PARAM_WALK_LINEARS]) - statistics.median(times[1])
+        return max(0.0, extra_s / (PARAM_WALK_LINEARS - 1))
+
+
 def with_train_loop(spec, device: str = "cpu"):
-    """`spec` with its kernel calibration's `train_loop_host_s` measured here (CPU kits)."""
-    cal = dataclasses.replace(spec.kernel_calibration, train_loop_host_s=train_loop_host_s(device))
+    """`spec` with its kernel calibration's `train_loop_host_s` and
+    `train_loop_param_host_s` measured here (CPU kits)."""
+    cal = dataclasses.replace(spec.kernel_calibration, train_loop_host_s=train_loop_host_s(device),
+                              train_loop_param_host_s=train_loop_param_host_s(device))
     return dataclasses.replace(spec, kernel_calibration=cal)

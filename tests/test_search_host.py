@@ -77,15 +77,15 @@ def test_the_host_terms_reorder_two_pipeline_candidates():
 
 def _kit() -> KernelCalibration:
     """Every step host term priced: engine, actions, cold ops both ways with the entry
-    after a backward apart, the tied sum, the loop's own work (its loss on rank 1), the
-    gradients' accumulation."""
+    after a backward apart, the tied sum, the loop's own work (its loss on rank 1) and
+    its walk over each rank's parameter tensors, the gradients' accumulation."""
     return KernelCalibration(measured_on="test", autograd_call_host_s=ENGINE_S,
                              pipeline_action_host_s=ACTION_S, forward_host_op_s=1e-9,
                              loss_sum_host_s=7e-6, optimizer_entry_host_s=1.1e-4,
                              cold_op_host_s=3e-6, cold_backward_op_host_s=2e-6,
                              cold_entry_host_s=4e-6, cold_entry_after_backward_host_s=9e-6,
                              tied_sum_host_s=5e-6, tied_sum_s_per_byte=1e-10,
-                             grad_accumulate_host_s=1e-6)
+                             grad_accumulate_host_s=1e-6, train_loop_param_host_s=2e-6)
 
 
 def _placed_s(host, plan, a: int, b: int, r: int) -> float:
