@@ -1,5 +1,5 @@
 """The data-parallel unit probe reads the calling thread's CPU time outside the unit's
-collectives (`cost_models.host_probes._added_step_s`), and the compute model stretches
+collectives (`cost_models.dp_unit_probe._added_step_s`), and the compute model stretches
 that CPU figure by the core share (`compute.layer_compute`), as it does per-op figures.
 
 The probe's test runs on two gloo ranks a "wrapped" stack that costs a known amount of
@@ -47,7 +47,7 @@ class _Wrapped(torch.nn.Module):
 def _probe_worker(rank: int, world_size: int, payload) -> float:
     import torch.distributed as dist
 
-    from cost_models.host_probes import _added_step_s
+    from cost_models.dp_unit_probe import _added_step_s
 
     plain_all_reduce = dist.all_reduce
 
@@ -123,7 +123,7 @@ def test_every_collective_fsdp2_calls_is_left_out_of_the_unit_figure():
 
     from torch.distributed.fsdp._fully_shard import _fsdp_collectives
 
-    from cost_models.host_probes import FSDP_COLLECTIVES
+    from cost_models.dp_unit_probe import FSDP_COLLECTIVES
 
     called = set(re.findall(r"\bdist\.([a-z_]+)\(", inspect.getsource(_fsdp_collectives)))
     collectives = {name for name in called if name.startswith(("all_", "reduce_"))}
