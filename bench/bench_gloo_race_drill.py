@@ -10,10 +10,21 @@ references to: if one were emptied or freed while gloo still read or wrote it, a
 would crash or sum garbage, more likely when the scheduler delays gloo's threads.
 
     .venv/bin/python bench/bench_gloo_race_drill.py [--seconds 240] [--hogs 2]
-        [--builds cpu,meta] [--steps 10]
+        [--builds cpu,meta | --builds group | --builds collectives] [--steps 10]
 
 Each round builds the model (alternating CPU and meta builds), applies the plan, trains
---steps passes over test_exec_plans' 3 batches and gathers the full state; ranks agree on
+--steps passes over test_exec_plans' 3 batches and gathers the full state. A "group"
+round runs instead every entry of the CI's 4-rank group as the tests do
+(`test_exec_plans.run_cases` over its 4-rank cases and test_exec_meta's meta-built
+twins): the crash was reported by test_exec_meta[4r-dp-tp], the first test to read that
+group's results, so any of its entries may have been the one running. A "collectives"
+round calls the case's collectives alone, COLLECTIVE_CALLS times each, on its mesh (dp 2
+x tp 2, the two dp groups at once): `GlooAllGather` (synchronous and asynchronous),
+`GlooReduceScatter`, the host rings and the tp group's all-reduce, at sizes from one
+element a rank to a quarter MiB, each result checked exactly, each buffer dropped at
+once and the memory refilled (so an emptied alias gloo still wrote to would corrupt a
+later result or crash): thousands of calls a minute where a training round makes tens.
+Ranks agree on
 rank 0's clock whether to start another round, so the drill ends after --seconds (plus
 the last round). Every round's losses must equal the first round's of the same build
 bit for bit (the same seed, batches and reduction order: a race that let gloo write into
@@ -44,7 +55,7 @@ from dist_utils import spawn  # noqa: E402
 WORLD = 4  # the case's ranks: dp 2 x tp 2
 CASE = "dp-tp"
 FAULT_DIR = os.path.join(ROOT, "bench", "results", "gloo_race_drill")
-JOIN_SLACK_S = 600  # past --seconds: the last round, and the group's start on a loaded host
+JOIN_SLACK_S = 300  # past --seconds: the last round and a loaded start (a hang fails)
 
 
 def _applied(build: str):
@@ -62,6 +73,68 @@ def _applied(build: str):
     return pm, batches_of(case.model)
 
 
+# "collectives" rounds: calls of each kind per round, at CHUNK_NUMELS elements a rank
+COLLECTIVE_CALLS = 200
+CHUNK_NUMELS = (1, 257, 4099, 65537)
+
+
+def _collective_round(mesh, calls: int) -> list[str]:
+    """COLLECTIVE_CALLS of each of the case's collectives, checked; what came out wrong."""
+    from executors.host_collectives import RingAllGather, RingReduceScatter
+    from ir.gloo_collectives import GlooAllGather, GlooReduceScatter
+
+    dp, tp = mesh["dp"].get_group(), mesh["tp"].get_group()
+    n, r = dp.size(), dp.rank()
+    wrong = []
+    gathers = {"gloo": GlooAllGather(), "ring": RingAllGather()}
+    scatters = {"gloo": GlooReduceScatter(), "ring": RingReduceScatter()}
+    for call in range(calls):
+        chunk = CHUNK_NUMELS[call % len(CHUNK_NUMELS)]
+        tag = float(call % 7)
+        for name, gather in gathers.items():
+            for async_op in ((False, True) if name == "gloo" else (False,)):
+                out = gather.allocate((n * chunk,), dtype=torch.float32,
+                                      device=torch.device("cpu"))
+                mine = out.view(n, chunk)[r]
+                mine.fill_(r + 1 + tag)
+                work = gather(out, mine, dp, async_op=async_op)
+                if work is not None:
+                    work.wait()
+                want = (torch.arange(n, dtype=torch.float32) + 1 + tag).repeat_interleave(chunk)
+                if not torch.equal(out, want):
+                    wrong.append(f"{name} all-gather async={async_op} chunk {chunk}")
+                del out, mine, work
+                torch.full((n * chunk,), -1.0)  # reuse what was freed, at once
+        for name, scatter in scatters.items():
+            flat = torch.full((n * chunk,), r + 1 + tag)
+            out = torch.empty(chunk)
+            scatter(out, flat, dp)
+            if not torch.equal(out, torch.full((chunk,), n * (n + 1) / 2 + n * tag)):
+                wrong.append(f"{name} reduce-scatter chunk {chunk}")
+            del flat, out
+            torch.full((n * chunk,), -1.0)
+        t = torch.full((chunk,), float(tp.rank() + 1))
+        dist.all_reduce(t, group=tp)
+        if not torch.equal(t, torch.full((chunk,), tp.size() * (tp.size() + 1) / 2)):
+            wrong.append(f"tp all-reduce chunk {chunk}")
+    return wrong
+
+
+def _group_losses(rank: int) -> dict:
+    """One run of the CI's 4-rank group (`test_exec_plans.results_for`): each entry's
+    losses, or its refusal."""
+    import test_exec_meta  # noqa: F401  (registers its meta-built entries)
+    from test_exec_plans import CASES, GROUP_ENTRIES, batches_of, graph_of, run_cases
+
+    entries = [(c.name, c.model, c.plan(graph_of(c.model)), graph_of(c.model),
+                batches_of(c.model)) for c in CASES if c.world == WORLD]
+    for more in GROUP_ENTRIES.get(WORLD, []):
+        entries += more()
+    got = run_cases(rank, WORLD, entries)
+    return {name: r.get("losses", r.get("error")) if isinstance(r, dict) else None
+            for name, r in got.items()}
+
+
 def _drill_rank(rank: int, world_size: int, payload: dict) -> dict:
     import faulthandler
     import gc
@@ -70,22 +143,33 @@ def _drill_rank(rank: int, world_size: int, payload: dict) -> dict:
 
     fault = open(os.path.join(FAULT_DIR, f"rank{rank}.fault"), "w")
     faulthandler.enable(file=fault, all_threads=True)
+    from torch.distributed.device_mesh import init_device_mesh
+
     start, rounds = time.monotonic(), []
     first: dict[str, list[float]] = {}
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))  # the case's
     while True:
         go = torch.tensor([float(time.monotonic() - start < payload["seconds"])])
         dist.broadcast(go, 0)  # rank 0's clock decides, so every rank stops together
         if not go.item():
             break
         build = payload["builds"][len(rounds) % len(payload["builds"])]
-        pm, batches = _applied(build)
-        losses = [pm.train_step(inputs, target) for _ in range(payload["steps"])
-                  for inputs, target in batches]
-        params = len(full_state_dict(pm))
+        if build == "collectives":
+            losses = _collective_round(mesh, COLLECTIVE_CALLS)  # what came out wrong
+            steps = COLLECTIVE_CALLS
+        elif build == "group":
+            losses = _group_losses(rank)
+            steps = sum(len(v) for v in losses.values() if isinstance(v, list))
+        else:
+            pm, batches = _applied(build)
+            losses = [pm.train_step(inputs, target) for _ in range(payload["steps"])
+                      for inputs, target in batches]
+            full_state_dict(pm)
+            steps = len(losses)
+            del pm
         first.setdefault(build, losses)
-        rounds.append({"build": build, "same": losses == first[build], "params": params,
-                       "steps": len(losses)})
-        del pm
+        same = not losses if build == "collectives" else losses == first[build]
+        rounds.append({"build": build, "same": same, "steps": steps})
         gc.collect()
     faulthandler.disable()
     fault.close()

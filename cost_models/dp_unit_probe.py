@@ -42,25 +42,24 @@ def dp_probe_stack(mesh, mode: DPMode | None, blocks: int):
     """DP_UNITS units of `blocks` probe blocks each, wrapped in `mode` on `mesh` as the
     executor wraps layers (None: the plain stack): each unit, then the root; a ZeRO-2/3
     unit on gloo gets the executor's collectives (`use_gloo_collectives`)."""
-    import torch.distributed as dist
     from torch import nn
     from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.fsdp import fully_shard
 
     from cost_models.clusters import _overhead_block
-    from ir.gloo_collectives import use_gloo_collectives
+    from ir.gloo_collectives import on_gloo, use_gloo_collectives
 
     stack = nn.Sequential(*[nn.Sequential(*[_overhead_block() for _ in range(blocks)])
                             for _ in range(DP_UNITS)])
     if mode is None:
         return stack
-    on_gloo = dist.get_backend(mesh.get_group()) == "gloo"
+    gloo = on_gloo(mesh)
     for unit in stack:
         if mode is DPMode.REPLICATE:
             replicate(unit, mesh=mesh)
         else:
             fully_shard(unit, mesh=mesh, reshard_after_forward=mode is DPMode.ZERO3)
-            if on_gloo:  # as `executors.data_parallel.apply_dp`
+            if gloo:  # as `executors.data_parallel.apply_dp`
                 use_gloo_collectives(unit)
     if mode is DPMode.REPLICATE:  # the root, which owns no parameters
         replicate(stack, mesh=mesh)

@@ -15,8 +15,11 @@ gloo's worker thread drops its references to the tensors it worked on only after
 woken the rank, when it next runs (on a loaded machine, after the rank's next unit). So
 both collectives hand gloo `storage_alias`es of FSDP2's buffers, emptied (`.set_()`) once
 the collective is waited on: FSDP2 then frees its buffers on the rank's thread. gloo's
-worker has finished with the memory by then: it completes the work (and wakes the rank)
-after its last read or write of the buffer, and afterwards only drops references.
+worker has finished with the memory by then: ProcessGroupGloo::AsyncWork::execute (torch
+2.13) runs the whole collective, copies out included, before it completes the work and
+wakes the rank, and afterwards only drops its references. An alias gloo holds keeps the
+memory alive until then, so a wait that throws (the aliases left as they are) frees
+nothing under it either.
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from ir.errors import PlannerError
+
+
+def on_gloo(mesh) -> bool:
+    """Whether a 1-D device mesh's collectives run on gloo (these collectives' backend)."""
+    return dist.get_backend(mesh.get_group()) == "gloo"
 
 
 def flat_chunks(flat: torch.Tensor, n: int, what: str) -> torch.Tensor:
