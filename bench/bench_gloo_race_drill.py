@@ -120,16 +120,27 @@ def _collective_round(mesh, calls: int) -> list[str]:
     return wrong
 
 
-def _group_losses(rank: int) -> dict:
-    """One run of the CI's 4-rank group (`test_exec_plans.results_for`): each entry's
-    losses, or its refusal."""
+def _group_entries(rank: int) -> list[tuple]:
+    """The CI's 4-rank group's `run_cases` entries (`test_exec_plans.results_for`), made
+    once by rank 0 and sent to all: its "planned-*" plans come from a search on this
+    machine's measured speed, which may pick another plan on another rank or round."""
     import test_exec_meta  # noqa: F401  (registers its meta-built entries)
-    from test_exec_plans import CASES, GROUP_ENTRIES, batches_of, graph_of, run_cases
+    from test_exec_plans import CASES, GROUP_ENTRIES, batches_of, graph_of
 
-    entries = [(c.name, c.model, c.plan(graph_of(c.model)), graph_of(c.model),
-                batches_of(c.model)) for c in CASES if c.world == WORLD]
-    for more in GROUP_ENTRIES.get(WORLD, []):
-        entries += more()
+    entries = [None]
+    if rank == 0:
+        entries[0] = [(c.name, c.model, c.plan(graph_of(c.model)), graph_of(c.model),
+                       batches_of(c.model)) for c in CASES if c.world == WORLD]
+        for more in GROUP_ENTRIES.get(WORLD, []):
+            entries[0] += more()
+    dist.broadcast_object_list(entries, src=0)
+    return entries[0]
+
+
+def _group_losses(rank: int, entries: list[tuple]) -> dict:
+    """One run of the CI's 4-rank group: each entry's losses, or its refusal."""
+    from test_exec_plans import run_cases
+
     got = run_cases(rank, WORLD, entries)
     return {name: r.get("losses", r.get("error")) if isinstance(r, dict) else None
             for name, r in got.items()}
@@ -148,6 +159,7 @@ def _drill_rank(rank: int, world_size: int, payload: dict) -> dict:
     start, rounds = time.monotonic(), []
     first: dict[str, list[float]] = {}
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))  # the case's
+    entries = None  # the group's, made once
     while True:
         go = torch.tensor([float(time.monotonic() - start < payload["seconds"])])
         dist.broadcast(go, 0)  # rank 0's clock decides, so every rank stops together
@@ -158,7 +170,8 @@ def _drill_rank(rank: int, world_size: int, payload: dict) -> dict:
             losses = _collective_round(mesh, COLLECTIVE_CALLS)  # what came out wrong
             steps = COLLECTIVE_CALLS
         elif build == "group":
-            losses = _group_losses(rank)
+            entries = entries or _group_entries(rank)
+            losses = _group_losses(rank, entries)
             steps = sum(len(v) for v in losses.values() if isinstance(v, list))
         else:
             pm, batches = _applied(build)
