@@ -20,7 +20,11 @@ Then gpt-tiny, ZeRO-3 over --nproc ranks on `local`, is estimated with the old a
 new readings' DP-unit lines (`host_overhead_fit.unit_line`); the step's change is set
 beside units x direct x the host stretch (`compute.host_figure_share`).
 
-On 2 shared cores only paired figures mean anything: the table gives the load. Writes
+Read on 2026-11-26, 2 ranks, load 8.9 -> 7.6, 15 rounds: new - old 34.6 / 32.0 us a
+ZeRO-2 unit (6 / 24 tensors; direct 28.3 / 33.1), 52.6 / 85.0 a ZeRO-3 unit (direct
+56.8 / 70.8: two all-gathers of ~28-35 us each); gpt-tiny's step +417 us against
+7 units x 63.8 us direct = 447 us. On 2 shared cores only paired figures mean anything:
+the table gives the load. Writes
 bench/results/dp_unit_gloo.json; exits 1 when new - old and direct differ by more than
 AGREEMENT_TOLERANCE_S per unit at either mode's mean over sizes.
 """

@@ -32,6 +32,11 @@ freed or emptied memory would show here before it crashed), and no rank may die.
 rank writes a faulthandler dump of all its threads on a fatal signal to
 bench/results/gloo_race_drill/rank<r>.fault. Writes bench/results/gloo_race_drill.json;
 exits 1 on a dead rank or a differing loss.
+
+Read on 2026-11-26 (2 hogs, load 5-33), no rank died and nothing differed: 46
+collectives rounds (9200 calls of each kind a rank, 271 s); 4 + 4 + 4 collectives, CPU
+and meta rounds (225 s); 3 training rounds of dp-tp alone (135 steps); 5 group rounds
+(90 entries, 270 steps, 475 s).
 """
 
 from __future__ import annotations
