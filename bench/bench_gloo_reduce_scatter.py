@@ -1,6 +1,6 @@
 """gloo's reduce-scatter against the executor's in place one (`GlooReduceScatter`): time.
 
-ZeRO-2/3 units on gloo reduce with `executors.host_collectives.GlooReduceScatter` (an
+ZeRO-2/3 units on gloo reduce with `ir.gloo_collectives.GlooReduceScatter` (an
 in-place all-reduce in FSDP2's copy-in buffer, then this rank's chunk copied out) instead
 of gloo's `reduce_scatter_single`, which clones the input and all-reduces the clone
 (issue 17: that clone outlived the call on some runs). The same all-reduce runs either
@@ -41,7 +41,7 @@ WARMUP_CALLS = 10  # dropped from each median (first connections, page faults)
 
 
 def _rank(rank: int, world_size: int, calls: int) -> dict:
-    from executors.host_collectives import GlooReduceScatter
+    from ir.gloo_collectives import GlooReduceScatter
 
     group, in_place = dist.group.WORLD, GlooReduceScatter()
     out = {}

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ir.gloo_reduce_scatter import reduce_scatter_in_place
+from ir.gloo_collectives import reduce_scatter_in_place
 
 from cost_models.collective_fit import FLOAT_BYTES, KiB, MiB
 
@@ -36,9 +36,9 @@ def _collective_calls(dist, group, n: int, nbytes: int, device
                       ) -> tuple[dict[str, Callable[[], object]], Any]:
     """One call of each group collective on a message of ~`nbytes` over `group` (None:
     the whole world), and the full-size tensor they share. The reduce-scatter is the one
-    the executor's data-parallel units run: on gloo `ir.gloo_reduce_scatter` (installed by
-    `executors.host_collectives.GlooReduceScatter`; gloo's own clones the input first),
-    elsewhere torch's (NCCL's kernel)."""
+    the executor's data-parallel units run: on gloo
+    `ir.gloo_collectives.reduce_scatter_in_place` (what its `GlooReduceScatter` runs;
+    gloo's own clones the input first), elsewhere torch's (NCCL's kernel)."""
     import torch
 
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -200,7 +200,7 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     random_s = random_draw_seconds(layer, strategy, cluster, config) if measured is None else 0.0
     forward_s += random_s
     # DP-unit figures are the calling thread's CPU time outside the unit's collectives
-    # (host_probes.dp_unit_seconds), as TP-module figures are (those stretched inside):
+    # (dp_unit_probe.dp_unit_seconds), as TP-module figures are (those stretched inside):
     # CPU processes sharing fewer cores stretch them by the core share too.
     tp_half_s = tp_module_seconds(layer, strategy, cluster) / 2  # half in each pass
     edge_forward_s, edge_backward_s, loss_forward_s = vocab_edge_seconds(layer, strategy,

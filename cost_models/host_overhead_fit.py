@@ -9,7 +9,7 @@ group size (`cost_models.collective_fit.PRICE`) and keeps the rest:
   dp_unit_overhead     per DP mode and group size, a fixed cost per unit and one per
                        parameter tensor (the non-negative line through two unit sizes;
                        `DpOverhead`), from CPU-time readings that leave the unit's
-                       collectives out (`host_probes.dp_unit_seconds`): kept as measured.
+                       collectives out (`dp_unit_probe.dp_unit_seconds`): kept as measured.
 A tensor-parallel module's probe (`cost_models.tp_probes`) times the same collectives on
 both sides, so its reading holds none of them and is kept as measured too.
 """
@@ -66,7 +66,7 @@ def dp_unit_overhead(measured: dict[int, dict[DPMode, dict[int, float]]]
     """Per-unit and per-tensor overhead by DP mode and group size: the line through the two
     unit sizes measured (`unit_line`), as measured with all N processes running in groups
     of that size. The readings are the calling thread's CPU seconds outside the unit's
-    collectives (`host_probes.dp_unit_seconds`): they hold none of the traffic the comm
+    collectives (`dp_unit_probe.dp_unit_seconds`): they hold none of the traffic the comm
     model prices, so nothing is taken out, and none of the cores' sharing, which the
     compute model applies (`ClusterSpec.host_share`). The whole-node group's figures are
     also the fallback (group size None); ZeRO-1 runs replicate units (the probe steps no

@@ -7,14 +7,11 @@ unit's CPU time does not), and per pass on one process (`host_op_seconds_by_pass
                             in parts for the device kit (`HostOpCost`);
 
   dtensor_op_overhead_s     extra seconds per op on replicated DTensors (rank 0 alone);
-  dp_unit_seconds           seconds a data-parallel unit (DDP-style replicate, FSDP2)
-                            adds per forward+backward, by mode and tensor count
-                            (a tensor-parallel module's: `cost_models.tp_probes`;
-                            the optimizer step's: `cost_models.step_probes`).
+  (a data-parallel unit's: `cost_models.dp_unit_probe`; a tensor-parallel module's:
+  `cost_models.tp_probes`; the optimizer step's: `cost_models.step_probes`.)
 Each is timed against the same work without the feature, the two alternating, so a
 slow spell of a shared machine hits both. `cost_models.host_overhead_fit` takes out what
-the comm model already prices (a DP unit's figure is the thread's CPU time outside its
-collectives: it holds none of them).
+the comm model already prices.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from ir.strategy import DPMode
 
 # Per-pass op probe: a chain of HOST_OP_CHAIN_BLOCKS tiny blocks (`clusters._overhead_block`,
 # 2 x 8 activations: a few hundred FLOPs per op, nanoseconds of kernel, so what is timed is
@@ -401,100 +397,3 @@ def node_span_s(device: str = "cpu") -> float:
     from cost_models.autograd_engine import measure_engine_start
 
     return measure_engine_start(device, nodes_only=True).seconds
-
-
-# Data-parallel units timed: a stack of DP_UNITS units of DP_UNIT_BLOCKS tiny blocks each.
-DP_UNITS = 8
-DP_UNIT_BLOCKS = (1, 4)  # probe blocks per unit: units of 6 and 24 parameter tensors
-DP_UNIT_STEPS = 20  # after DP_UNIT_WARMUP steps; the median
-DP_UNIT_WARMUP = 3
-# FSDP2's collectives by their torch.distributed names (torch 2.13 `_fsdp_collectives`
-# calls `dist.all_gather_single` / `dist.reduce_scatter_single`, looked up on the module
-# at call time; older torch the `*_tensor` names, which forward to them inside c10d, not
-# through the module, so none is counted twice): the calling thread's CPU inside them is
-# left out of a unit's figure, since `comm.blocking_s` prices each call whole.
-FSDP_COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor",
-                    "reduce_scatter_tensor", "all_reduce")
-
-
-def dp_unit_seconds(mesh) -> dict[DPMode, dict[int, float]]:
-    """Host CPU seconds per unit per forward+backward that wrapping adds over the plain
-    stack, by mode and by the unit's parameter tensor count (units of DP_UNIT_BLOCKS
-    probe blocks), all ranks running together, their collectives left out
-    (`_added_step_s`)."""
-    import torch
-    from torch import nn
-    from torch.distributed._composable.replicate_with_fsdp import replicate
-    from torch.distributed.fsdp import fully_shard
-
-    from cost_models.autograd_engine import NodeSpan
-    from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread, _overhead_block
-
-    def wrap(mode: DPMode | None, blocks: int) -> nn.Module:  # None: the plain stack
-        stack = nn.Sequential(*[nn.Sequential(*[_overhead_block() for _ in range(blocks)])
-                                for _ in range(DP_UNITS)])
-        if mode is None:
-            return stack
-        for unit in [*stack, stack]:  # each unit, then the root (as the executor does)
-            if mode is DPMode.REPLICATE:
-                replicate(unit, mesh=mesh)
-            else:
-                fully_shard(unit, mesh=mesh, reshard_after_forward=mode is DPMode.ZERO3)
-        return stack
-
-    x = torch.randn(2, OP_OVERHEAD_WIDTH)
-    out: dict[DPMode, dict[int, float]] = {}
-    with _one_thread():
-        for blocks in DP_UNIT_BLOCKS:
-            plain = wrap(None, blocks)
-            tensors = len(list(plain[0].parameters()))
-            for mode in (DPMode.REPLICATE, DPMode.ZERO2, DPMode.ZERO3):
-                added = _added_step_s(plain, wrap(mode, blocks), x)
-                out.setdefault(mode, {})[tensors] = max(added, 0.0) / DP_UNITS
-    return out
-
-
-def _added_step_s(plain, wrapped, x) -> float:
-    """Median over steps of how much more CPU time the calling thread spends on
-    `wrapped(x).sum().backward()` than on the same on `plain` (`probe_clock`), less its
-    CPU time inside FSDP_COLLECTIVES calls; the two run alternately (a slow spell of a
-    shared machine hits both halves of a pair), every rank starting each run together.
-    The thread clock leaves out what `comm.blocking_s` prices for the real layer: the
-    waits for peers and gloo's own threads. (Wall time less that price read 0 per unit
-    + 26 us per tensor on 2 processes; the thread clock 0.39 ms + 14 us, and gpt-tiny's
-    units spend ~0.8 ms each in FSDP2's hooks: issue 17.)"""
-    import torch.distributed as dist
-
-    clock = probe_clock("cpu")
-    inside = [0.0]
-
-    def counted(call):
-        @functools.wraps(call)
-        def timed_call(*args, **kwargs):
-            start = clock()
-            try:
-                return call(*args, **kwargs)
-            finally:
-                inside[0] += clock() - start
-        return timed_call
-
-    def timed(model) -> float:
-        dist.barrier()
-        before, start = inside[0], clock()
-        model(x).sum().backward()
-        return clock() - start - (inside[0] - before)
-
-    plain_calls = {name: getattr(dist, name) for name in FSDP_COLLECTIVES
-                   if hasattr(dist, name)}
-    added = []
-    try:
-        for name, call in plain_calls.items():
-            setattr(dist, name, counted(call))
-        for step in range(DP_UNIT_WARMUP + DP_UNIT_STEPS):
-            pair = timed(wrapped) - timed(plain)
-            if step >= DP_UNIT_WARMUP:
-                added.append(pair)
-    finally:
-        for name, call in plain_calls.items():
-            setattr(dist, name, call)
-    return statistics.median(added)

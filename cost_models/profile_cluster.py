@@ -51,8 +51,9 @@ from cost_models.collective_fit import (DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, SI
                                         fit_collectives, message_sizes, smaller_group_sizes)
 from cost_models.collective_probes import blocking_seconds, dtensor_extra_seconds, sweep
 from cost_models.cuda_probes import cuda_copy_gbps, cuda_matmul_flops, cuda_op_overhead_s
+from cost_models.dp_unit_probe import dp_unit_seconds
 from cost_models.host_overhead_fit import blocking_wait, dp_unit_overhead
-from cost_models.host_probes import (autograd_call_s, dp_unit_seconds, dtensor_op_overhead_s,
+from cost_models.host_probes import (autograd_call_s, dtensor_op_overhead_s,
                                      host_op_seconds_by_pass)
 from cost_models.item_probes import probe_random_element_s
 from cost_models.pipeline_probes import pipeline_action_host_s

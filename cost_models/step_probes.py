@@ -5,7 +5,7 @@
                             and on row-sharded DTensors (FSDP2's layout).
 
 The probe reads the calling thread's CPU time (`host_probes.probe_clock`), as the DP-unit
-probe does (`host_probes._added_step_s`): on CPU processes sharing cores with each other
+probe does (`dp_unit_probe._added_step_s`): on CPU processes sharing cores with each other
 and with other load, the wall clock holds the time others held the core (at load 7-8 on 2
 cores, 2026-11-25, it priced 43 ms per step where the thread's CPU was 7.4 ms), which
 `compute.optimizer_step_seconds` adds back as the node's own processes' share of the cores

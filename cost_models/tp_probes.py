@@ -62,13 +62,14 @@ from __future__ import annotations
 
 import statistics
 
-from cost_models.host_probes import DP_UNIT_STEPS, DP_UNIT_WARMUP, probe_clock
+from cost_models.dp_unit_probe import DP_UNIT_STEPS, DP_UNIT_WARMUP
+from cost_models.host_probes import probe_clock
 
 OP_OVERHEAD_WIDTH_TP = 8  # TP measurement width per rank (the width must split evenly)
 TP_BLOCKS = 4  # column-parallel + row-parallel pairs in the TP measurement
 MLP_EXPANSION = 4  # the pair's inner width over its outer one (a transformer MLP's)
 # Pairs of runs timed, after untimed ones: as many as the DP-unit probe's
-# (`host_probes.DP_UNIT_STEPS`, `DP_UNIT_WARMUP`), its sibling on the same ranks.
+# (`dp_unit_probe.DP_UNIT_STEPS`, `DP_UNIT_WARMUP`), its sibling on the same ranks.
 TP_PROBE_STEPS = DP_UNIT_STEPS
 TP_PROBE_WARMUP = DP_UNIT_WARMUP
 SP_SEQUENCE_DIM = 1  # executors.layout.SEQ_DIM: (batch, sequence, hidden)

@@ -40,9 +40,9 @@ each embedding table is a unit of its own, reduced in its gradient's storage and
 gathered in backward (an embedding's backward reads only the ids); `ir.lean_host`
 defines these units, and `cost_models.memory` prices them from the same definition. Other
 ZeRO-2/3 units on gloo reduce in place in FSDP2's own buffer and hand gloo only aliases
-emptied after each wait (`use_gloo_collectives`: gloo's worker thread drops its tensors
-late, and its reduce-scatter clone had stayed alive into the next unit's backward on some
-runs); the rest keep FSDP2's own collectives. The cost model's time and memory figures
+emptied after each wait (`ir.gloo_collectives`, which the DP-unit probe installs too:
+gloo's worker thread drops its tensors late, and its reduce-scatter clone had stayed alive
+into the next unit's backward on some runs); the rest keep FSDP2's own collectives. The cost model's time and memory figures
 describe both.
 
 CPU offload (`LayerStrategy.offload`, ZERO3 only): fully_shard(offload_policy=
@@ -60,15 +60,15 @@ layer it updates its running statistics once, not again when recomputed
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 
-from executors.host_collectives import use_gloo_collectives, use_host_collectives
+from executors.host_collectives import use_host_collectives
 from executors.sync_batchnorm import prepare_batch_norms
 from executors.zero1 import attach_master, cast_to_working_dtype
+from ir.gloo_collectives import on_gloo, use_gloo_collectives
 from ir.lean_host import lean_units, takes_lean_path
 from ir.precision_policy import mp_policy
 from ir.strategy import DPMode, LayerStrategy, Precision, runs_as_dp_unit
@@ -90,12 +90,8 @@ def needs_dp_unit(module: nn.Module, strategy: LayerStrategy, precision: Precisi
 
 def _sum_reduction(unit: FSDPModule, mesh: DeviceMesh) -> None:
     unit.set_gradient_divide_factor(1.0)
-    if _on_gloo(mesh):
+    if on_gloo(mesh):
         unit.set_force_sum_reduction_for_comms(True)
-
-
-def _on_gloo(mesh: DeviceMesh) -> bool:
-    return dist.get_backend(mesh.get_group()) == "gloo"
 
 
 def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
@@ -113,7 +109,7 @@ def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
     if zero1_16bit:  # the fp32 master shard goes to the optimizer, the weights to 16 bits
         cast_to_working_dtype(module, mesh.get_group(), policy.param_dtype)
     if strategy.dp_mode in (DPMode.ZERO2, DPMode.ZERO3):
-        lean = takes_lean_path(lean_host, strategy) and _on_gloo(mesh)  # `ir.lean_host`
+        lean = takes_lean_path(lean_host, strategy) and on_gloo(mesh)  # `ir.lean_host`
         shard = dict(mesh=mesh, mp_policy=policy, offload_policy=offload_policy(strategy),
                      reshard_after_forward=strategy.dp_mode is DPMode.ZERO3)
         # each embedding table its own unit of one parameter: its gradient is reduced in
@@ -126,7 +122,7 @@ def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
         unit = fully_shard(module, **shard)
         if lean:
             use_host_collectives(unit)
-        elif _on_gloo(mesh):  # no full-size reduce-scatter clone (`host_collectives`)
+        elif on_gloo(mesh):  # no full-size reduce-scatter clone (`ir.gloo_collectives`)
             use_gloo_collectives(unit)
     else:
         unit = replicate(module, mesh=mesh, mp_policy=policy)

@@ -58,7 +58,7 @@ from torch.distributed.fsdp._fully_shard import _fsdp_collectives
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from ir.errors import PlannerError
-from ir.gloo_reduce_scatter import flat_chunks, reduce_scatter_in_place, storage_alias
+from ir.gloo_collectives import Done, flat_chunks
 from ir.lean_host import LEAN_BACKWARD_PREFETCH, RING_PIECE_BYTES, weightless_backward
 
 
@@ -77,13 +77,6 @@ def _exchange(send: torch.Tensor, recv: torch.Tensor, group: dist.ProcessGroup,
         work.wait()
 
 
-class _Done(dist.Work):
-    """A finished collective's handle (a gloo p2p Work hangs when waited on twice)."""
-
-    def wait(self, timeout=None) -> bool:
-        return True
-
-
 class RingAllGather(AllGather):
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype,
                  device: torch.device) -> torch.Tensor:
@@ -99,7 +92,7 @@ class RingAllGather(AllGather):
             _exchange(chunks[(r - step) % n], chunks[(r - step - 1) % n], group, nxt, prev)
         # done already; but FSDP2 treats a returned Work as asynchronous, "waits" on it
         # and frees the flat output after the copy-out instead of keeping it a unit longer
-        return _Done()
+        return Done()
 
 
 class RingReduceScatter(ReduceScatter):
@@ -138,90 +131,6 @@ class RingReduceScatter(ReduceScatter):
         # again; let go of its storage now rather than one unit later (freed with its
         # last reference: a gradient that is a view of a larger buffer frees that with it)
         input_tensor.set_(torch.empty(0, dtype=input_tensor.dtype, device=input_tensor.device))
-
-
-class GlooReduceScatter(ReduceScatter):
-    """gloo's own reduce-scatter arithmetic, without its lingering copy.
-
-    gloo has no reduce-scatter of its own: ProcessGroupGloo::reduce_scatter_tensor_coalesced
-    (torch 2.13) clones the whole input, all-reduces the clone on a gloo worker thread and
-    copies this rank's chunk out of it. The clone is one full-size copy of the unit's
-    gradients in the reduce dtype, and once the rank has its chunk its last reference is
-    the all-reduce's work, which the worker thread drops only after it has woken the
-    waiting rank, when the scheduler lets it run: usually at once, but on a loaded machine
-    it was seen alive through most of the next unit's backward (llama-tiny, ZeRO-2 x 4
-    ranks, full checkpointing: some ranks' peaks 1.4-8.9% above the others', run to run;
-    issue 17). Here the same all-reduce runs in place in FSDP2's copy-in buffer (a scratch
-    tensor it never reads again, `foreach_reduce`) and this rank's chunk is copied out:
-    the same sums in the same order (bit-identical), one full-size clone less to make.
-    The worker thread, which drops its reference late, holds only an alias emptied after
-    the wait (`ir.gloo_reduce_scatter.storage_alias`: a view there had kept the buffer
-    alive): FSDP2 frees it, on the rank's thread, at the next unit's reduction
-    (`FSDPCommContext.reduce_scatter_states`) or the end of backward."""
-
-    def allocate(self, size: Sequence[int], *, dtype: torch.dtype,
-                 device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
-                 group: dist.ProcessGroup, op=dist.ReduceOp.SUM,
-                 async_op: bool = False) -> dist.Work | None:
-        reduce_scatter_in_place(output_tensor, input_tensor, group, op)
-        return _Done() if async_op else None  # finished either way
-
-
-class GlooAllGather(AllGather):
-    """FSDP2's own all-gather on gloo (`all_gather_single`, which gloo runs as its
-    allgather into the output's chunks), its buffers freed on the rank's thread.
-
-    gloo's worker thread holds the chunks (views of FSDP2's flat output) until after it
-    has woken the rank: on 2 ranks at load 10-16 the backward all-gather's output was
-    still live at 2 of 2000 reads after backward once the reduce-scatter no longer held
-    its input. Here gloo gathers into aliases of the chunks (`storage_alias`), emptied
-    once the collective is waited on: the same gloo allgather, the same copies."""
-
-    def allocate(self, size: Sequence[int], *, dtype: torch.dtype,
-                 device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
-                 group: dist.ProcessGroup, async_op: bool = False) -> dist.Work | None:
-        chunks = [storage_alias(c) for c in flat_chunks(output_tensor, group.size(),
-                                                        "all-gather")]
-        held = [*chunks, storage_alias(input_tensor)]
-        work = dist.all_gather(chunks, held[-1], group=group, async_op=async_op)
-        if not async_op:
-            _release(held)
-            return None
-        return _ReleasingWork(work, held)
-
-
-class _ReleasingWork(dist.Work):
-    """An asynchronous collective's handle that empties its aliases once waited on."""
-
-    def __init__(self, work: dist.Work, aliases: list[torch.Tensor]) -> None:
-        super().__init__()
-        self._work, self._aliases = work, aliases
-
-    def wait(self, timeout=None) -> bool:
-        if self._aliases:
-            self._work.wait()
-            _release(self._aliases)
-            self._aliases = []
-        return True
-
-
-def _release(aliases: list[torch.Tensor]) -> None:
-    for alias in aliases:
-        alias.set_()
-
-
-def use_gloo_collectives(unit: FSDPModule) -> None:
-    """A fully_shard unit of a gloo mesh off the lean path: FSDP2's all-gather
-    (`GlooAllGather`), and gloo's reduce-scatter arithmetic without its full-size clone
-    (`GlooReduceScatter`), each freeing FSDP2's buffers on the rank's thread."""
-    unit.set_custom_all_gather(GlooAllGather())
-    unit.set_custom_reduce_scatter(GlooReduceScatter())
 
 
 def _materialize(buffer: torch.Tensor) -> None:

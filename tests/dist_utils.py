@@ -17,6 +17,7 @@ tests that start their own processes.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import tempfile
 import time
@@ -38,8 +39,15 @@ def start_method() -> str:
     return launch.start_method()
 
 
+def _fault_path(out_dir: str, rank: int) -> str:
+    return os.path.join(out_dir, f"rank{rank}.fault")
+
+
 def _rank_main(rank: int, fn: Callable, world_size: int, port: int, out_dir: str,
                payload: Any) -> None:
+    # A rank killed by a fatal signal (a SIGSEGV in one CI run's 4-rank group, never seen
+    # again) leaves every thread's Python stack here, for `spawn`'s error
+    faulthandler.enable(open(_fault_path(out_dir, rank), "w"), all_threads=True)
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
@@ -63,7 +71,7 @@ def spawn(fn: Callable, world_size: int, payload: Any = None, *, timeout_s: floa
         context = start_ranks(_rank_main, world_size,
                               (fn, world_size, free_port(), out_dir, payload), out_dir)
         deadline = time.monotonic() + timeout_s
-        while not context.join(timeout=1.0):
+        while not _joined(context, out_dir, world_size):
             if time.monotonic() > deadline:
                 for process in context.processes:
                     if process.is_alive():
@@ -71,6 +79,28 @@ def spawn(fn: Callable, world_size: int, payload: Any = None, *, timeout_s: floa
                 raise TimeoutError(f"{world_size} ranks of {fn.__name__} ran past {timeout_s} s")
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)
                 for r in range(world_size)]
+
+
+def _joined(context, out_dir: str, world_size: int) -> bool:
+    """`context.join(timeout=1.0)`; a rank that died of a signal fails it with the stacks
+    faulthandler wrote (which rank, which thread, in which call)."""
+    from torch.multiprocessing import ProcessExitedException
+
+    try:
+        return context.join(timeout=1.0)
+    except ProcessExitedException as exc:
+        dumps = [f"rank {r}:\n{text}" for r in range(world_size)
+                 if (text := _read(_fault_path(out_dir, r)))]
+        raise ProcessExitedException("\n".join([str(exc), *dumps]), exc.error_index,
+                                     exc.error_pid, exc.exit_code, exc.signal_name) from exc
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return ""
 
 
 def train_one_device(model: torch.nn.Module, loss_fn: Callable, batches,

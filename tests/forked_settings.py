@@ -2,7 +2,7 @@
 (`ir.launch`) imported those modules before a test's monkeypatch ran, so each rank sets
 them itself before its real target.
 
-    start_ranks_with(monkeypatch, profile_cluster, {("cost_models.host_probes",
+    start_ranks_with(monkeypatch, profile_cluster, {("cost_models.dp_unit_probe",
                                                      "DP_UNIT_STEPS"): 7})
 """
 

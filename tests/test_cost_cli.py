@@ -110,11 +110,11 @@ def test_plan_file_is_priced(capsys, tmp_path):
 # rounds, not 7): the DP units' steps were ~36% of a rank's time and the TP/SP module and
 # selective probes' ~27% (2 ranks, load ~15, 2026-11-26). What the test reads of them is
 # structure and signs; the DP units' sum > 0 is FSDP2's hooks, ~0.4 ms a unit against
-# a plain stack (host_probes._added_step_s), far outside a 7-step median's noise. The
+# a plain stack (dp_unit_probe._added_step_s), far outside a 7-step median's noise. The
 # optimizer probe, whose DTensor > plain > 0 order is checked, keeps its own steps.
 FEWER_STEPS = 7
 FEWER_BLOCKING_ROUNDS = 3
-CLUSTER_TEST_SETTINGS = {("cost_models.host_probes", "DP_UNIT_STEPS"): FEWER_STEPS,
+CLUSTER_TEST_SETTINGS = {("cost_models.dp_unit_probe", "DP_UNIT_STEPS"): FEWER_STEPS,
                          ("cost_models.tp_probes", "TP_PROBE_STEPS"): FEWER_STEPS,
                          ("cost_models.block_probes", "TP_PROBE_STEPS"): FEWER_STEPS,
                          ("cost_models.collective_probes", "BLOCKING_PROBE_ROUNDS"):

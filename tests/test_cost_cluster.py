@@ -219,7 +219,7 @@ def test_dp_unit_figures_that_rise_steeply_go_through_the_origin():
 
 def test_dp_unit_figures_are_kept_as_measured_whatever_the_collectives_cost():
     """The probe's readings are CPU time outside the unit's collectives
-    (`host_probes.dp_unit_seconds`), so no collective price is taken out: readings of 1.0
+    (`dp_unit_probe.dp_unit_seconds`), so no collective price is taken out: readings of 1.0
     and 1.9 ms at 6 and 24 tensors give 0.7 ms a unit + 0.05 ms a tensor (0.9 / 18), the
     line through them. (The fit once took the probe's priced all-reduce, 2 alpha + the
     blocking wait, out of wall-clock readings; at latency-bound sizes that left 0 per

@@ -14,7 +14,7 @@ c = 2 bytes bf16, r = 4 bytes fp32 reduce dtype):
 Counted here: every copy_, _chunk_cat and div (outermost only, not their inner copy_)
 inside a unit's FSDP:: record_function regions, less the forward inputs' cast
 (`FSDP::cast_forward_inputs`, activations), bytes = elements x (read + written dtype).
-On gloo the executor's ZeRO-2/3 units reduce-scatter with `executors.host_collectives
+On gloo the executor's ZeRO-2/3 units reduce-scatter with `ir.gloo_collectives
 .GlooReduceScatter`: an all-reduce in place, then this rank's chunk copied out, 2r P / W
 bytes counted here that NCCL's reduce-scatter does not make (the collective: `comm`).
 """

@@ -1,12 +1,13 @@
 """The data-parallel unit probe reads the calling thread's CPU time outside the unit's
-collectives (`cost_models.host_probes._added_step_s`), and the compute model stretches
+collectives (`cost_models.dp_unit_probe._added_step_s`), and the compute model stretches
 that CPU figure by the core share (`compute.layer_compute`), as it does per-op figures.
 
 The probe's test runs on two gloo ranks a "wrapped" stack that costs a known amount of
 host work (a busy loop of SPIN_S of CPU), a known amount of sleep (wall time, no CPU: a
-peer's wait) and a collective whose call busy-loops CALL_SPIN_S (CPU inside the call,
-which `comm.blocking_s` prices whole): the probe must read SPIN_S, neither the sleep nor
-the call's CPU."""
+peer's wait), a collective whose call busy-loops CALL_SPIN_S (CPU inside the call,
+which `comm.blocking_s` prices whole) and the in-place reduce-scatter, which busy-loops
+CALL_SPIN_S and calls that collective (a counted call inside a counted one): the probe
+must read SPIN_S, neither the sleep nor the calls' CPU, nor the inner call's twice."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def _spin(seconds: float) -> None:
 
 
 class _Wrapped(torch.nn.Module):
-    """A linear layer plus SPIN_S of host work, SLEEP_S asleep and an all-reduce."""
+    """A linear layer plus SPIN_S of host work, SLEEP_S asleep, an all-reduce and the
+    in-place reduce-scatter (looked up at call time, as `GlooReduceScatter` does)."""
 
     def __init__(self, plain: torch.nn.Module):
         super().__init__()
@@ -38,35 +40,46 @@ class _Wrapped(torch.nn.Module):
     def forward(self, x):
         import torch.distributed as dist
 
+        from ir import gloo_collectives
+
         _spin(SPIN_S)
         time.sleep(SLEEP_S)
         dist.all_reduce(torch.ones(1))
+        gloo_collectives.reduce_scatter_in_place(None, None, None)
         return self.plain(x)
 
 
 def _probe_worker(rank: int, world_size: int, payload) -> float:
     import torch.distributed as dist
 
-    from cost_models.host_probes import _added_step_s
+    from cost_models.dp_unit_probe import _added_step_s
+    from ir import gloo_collectives
 
     plain_all_reduce = dist.all_reduce
+    plain_reduce_scatter = gloo_collectives.reduce_scatter_in_place
 
     def spinning_all_reduce(tensor, *args, **kwargs):  # CPU inside the call
         _spin(CALL_SPIN_S)
         return plain_all_reduce(tensor, *args, **kwargs)
 
+    def spinning_reduce_scatter(output, flat_input, group):  # CPU, then a collective
+        _spin(CALL_SPIN_S)
+        dist.all_reduce(torch.ones(1))
+
     dist.all_reduce = spinning_all_reduce
+    gloo_collectives.reduce_scatter_in_place = spinning_reduce_scatter
     try:
         plain = torch.nn.Linear(8, 8)
         return _added_step_s(plain, _Wrapped(plain), torch.randn(2, 8))
     finally:
         dist.all_reduce = plain_all_reduce
+        gloo_collectives.reduce_scatter_in_place = plain_reduce_scatter
 
 
 def test_the_probe_reads_host_cpu_outside_the_collectives_not_waits():
-    """Each rank reads SPIN_S (2 ms): not + the 20 ms asleep (the wall clock's reading) and
-    not + the 6 ms of CPU inside the all-reduce call; the probe puts `dist.all_reduce` back
-    when done. The band is one-sided: the spin is exact in thread CPU, and what a busy
+    """Each rank reads SPIN_S (2 ms): not + the 20 ms asleep (the wall clock's reading),
+    not + the 18 ms of CPU inside the calls, and not - 6 ms (the all-reduce inside the
+    reduce-scatter taken out twice); the probe puts both back when done. The band is one-sided: the spin is exact in thread CPU, and what a busy
     machine adds to a thread's CPU (a VM's stolen time, cold caches) only adds (CI,
     2026-11-25: 2.98 ms), so above SPIN_S it only has to stay clear of the call's CPU."""
     added = spawn(_probe_worker, 2, None, timeout_s=120)
@@ -123,7 +136,7 @@ def test_every_collective_fsdp2_calls_is_left_out_of_the_unit_figure():
 
     from torch.distributed.fsdp._fully_shard import _fsdp_collectives
 
-    from cost_models.host_probes import FSDP_COLLECTIVES
+    from cost_models.dp_unit_probe import FSDP_COLLECTIVES
 
     called = set(re.findall(r"\bdist\.([a-z_]+)\(", inspect.getsource(_fsdp_collectives)))
     collectives = {name for name in called if name.startswith(("all_", "reduce_"))}

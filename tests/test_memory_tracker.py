@@ -159,7 +159,7 @@ def _gloo_collectives_worker(rank, world_size, reads):
     from torch.distributed.fsdp import fully_shard
 
     from cost_models.memory_tracker import LiveTensorTracker
-    from executors.host_collectives import use_gloo_collectives
+    from ir.gloo_collectives import use_gloo_collectives
 
     mesh = init_device_mesh("cpu", (world_size,))
     got = []

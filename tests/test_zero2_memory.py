@@ -6,7 +6,7 @@ timelines of a high and a low rank differ by one storage: the full-size clone th
 reduce-scatter makes of a unit's gradients (ProcessGroupGloo clones the input and
 all-reduces the clone on a worker thread), alive from one unit's reduction into the next
 unit's backward when the worker thread dropped its last reference late. The executor now
-reduces in FSDP2's own buffer (`executors.host_collectives.GlooReduceScatter`).
+reduces in FSDP2's own buffer (`ir.gloo_collectives.GlooReduceScatter`).
 
 The test makes the worker thread's late release frequent without touching what it
 measures: each rank runs on one core (its gloo worker threads, made later with the

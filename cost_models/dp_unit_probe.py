@@ -1,0 +1,143 @@
+"""Timing what a data-parallel unit (DDP-style replicate, FSDP2) adds per forward+backward,
+inside a process group `profile-cluster` spawned: `dp_unit_seconds`, by mode and tensor
+count, every rank running together. A unit's figure is the calling thread's CPU time
+outside its collectives (`_added_step_s`): `cost_models.host_overhead_fit` keeps it as
+measured, since the comm model prices each collective call whole.
+
+The probe's units are the executor's: a ZeRO-2/3 unit on gloo runs
+`ir.gloo_collectives.use_gloo_collectives` (the same function `executors.data_parallel
+.apply_dp` calls), so the Python around its gloo calls (the storage aliases made and
+emptied each call) is in the figure. What the collective probes time
+(`cost_models.collective_probes`: `reduce_scatter_in_place` whole, gloo's all-gather)
+is left out here, so nothing is priced twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+
+from cost_models.host_probes import probe_clock
+from ir.strategy import DPMode
+
+# Data-parallel units timed: a stack of DP_UNITS units of DP_UNIT_BLOCKS tiny blocks each.
+DP_UNITS = 8
+DP_UNIT_BLOCKS = (1, 4)  # probe blocks per unit: units of 6 and 24 parameter tensors
+DP_UNIT_STEPS = 20  # after DP_UNIT_WARMUP steps; the median
+DP_UNIT_WARMUP = 3
+# FSDP2's collectives by their torch.distributed names (torch 2.13 `_fsdp_collectives`
+# calls `dist.all_gather_single` / `dist.reduce_scatter_single`, looked up on the module
+# at call time; older torch the `*_tensor` names, which forward to them inside c10d, not
+# through the module), and `all_gather`, the gloo call inside `GlooAllGather`: the calling
+# thread's CPU inside them is left out of a unit's figure, since `comm.blocking_s`
+# prices each call whole. A call inside another counted one is not counted again.
+FSDP_COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor",
+                    "reduce_scatter_tensor", "all_reduce", "all_gather")
+# ... and the in-place reduce-scatter `GlooReduceScatter` runs, whole: the collective
+# probes time it so (`collective_probes._collective_calls`), aliases and copy-out included.
+GLOO_COLLECTIVES = ("reduce_scatter_in_place",)
+
+
+def dp_probe_stack(mesh, mode: DPMode | None, blocks: int):
+    """DP_UNITS units of `blocks` probe blocks each, wrapped in `mode` on `mesh` as the
+    executor wraps layers (None: the plain stack): each unit, then the root; a ZeRO-2/3
+    unit on gloo gets the executor's collectives (`use_gloo_collectives`)."""
+    from torch import nn
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed.fsdp import fully_shard
+
+    from cost_models.clusters import _overhead_block
+    from ir.gloo_collectives import on_gloo, use_gloo_collectives
+
+    stack = nn.Sequential(*[nn.Sequential(*[_overhead_block() for _ in range(blocks)])
+                            for _ in range(DP_UNITS)])
+    if mode is None:
+        return stack
+    gloo = on_gloo(mesh)
+    for unit in stack:
+        if mode is DPMode.REPLICATE:
+            replicate(unit, mesh=mesh)
+        else:
+            fully_shard(unit, mesh=mesh, reshard_after_forward=mode is DPMode.ZERO3)
+            if gloo:  # as `executors.data_parallel.apply_dp`
+                use_gloo_collectives(unit)
+    if mode is DPMode.REPLICATE:  # the root, which owns no parameters
+        replicate(stack, mesh=mesh)
+    else:
+        fully_shard(stack, mesh=mesh, reshard_after_forward=mode is DPMode.ZERO3)
+    return stack
+
+
+def dp_unit_seconds(mesh) -> dict[DPMode, dict[int, float]]:
+    """Host CPU seconds per unit per forward+backward that wrapping adds over the plain
+    stack, by mode and by the unit's parameter tensor count (units of DP_UNIT_BLOCKS
+    probe blocks), all ranks running together, their collectives left out
+    (`_added_step_s`)."""
+    import torch
+
+    from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread
+
+    x = torch.randn(2, OP_OVERHEAD_WIDTH)
+    out: dict[DPMode, dict[int, float]] = {}
+    with _one_thread():
+        for blocks in DP_UNIT_BLOCKS:
+            plain = dp_probe_stack(mesh, None, blocks)
+            tensors = len(list(plain[0].parameters()))
+            for mode in (DPMode.REPLICATE, DPMode.ZERO2, DPMode.ZERO3):
+                added = _added_step_s(plain, dp_probe_stack(mesh, mode, blocks), x)
+                out.setdefault(mode, {})[tensors] = max(added, 0.0) / DP_UNITS
+    return out
+
+
+def _added_step_s(plain, wrapped, x) -> float:
+    """Median over steps of how much more CPU time the calling thread spends on
+    `wrapped(x).sum().backward()` than on the same on `plain` (`probe_clock`), less its
+    CPU time inside FSDP_COLLECTIVES and GLOO_COLLECTIVES calls; the two run alternately
+    (a slow spell of a shared machine hits both halves of a pair), every rank starting
+    each run together. The thread clock leaves out what `comm.blocking_s` prices for the
+    real layer: the waits for peers and gloo's own threads. (Wall time less that price
+    read 0 per unit + 26 us per tensor on 2 processes; the thread clock 0.39 ms + 14 us,
+    and gpt-tiny's units spend ~0.8 ms each in FSDP2's hooks: issue 17.)"""
+    import torch.distributed as dist
+
+    from ir import gloo_collectives
+
+    clock = probe_clock("cpu")
+    inside = [0.0]
+    depth = [0]
+
+    def counted(call):
+        @functools.wraps(call)
+        def timed_call(*args, **kwargs):
+            depth[0] += 1
+            start = clock()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                if not depth[0]:  # the outermost counted call holds the inner ones
+                    inside[0] += clock() - start
+        return timed_call
+
+    def timed(model) -> float:
+        dist.barrier()
+        before, start = inside[0], clock()
+        model(x).sum().backward()
+        return clock() - start - (inside[0] - before)
+
+    plain_calls = {(holder, name): getattr(holder, name)
+                   for holder, names in ((dist, FSDP_COLLECTIVES),
+                                         (gloo_collectives, GLOO_COLLECTIVES))
+                   for name in names if hasattr(holder, name)}
+    added = []
+    try:
+        for (holder, name), call in plain_calls.items():
+            setattr(holder, name, counted(call))
+        for step in range(DP_UNIT_WARMUP + DP_UNIT_STEPS):
+            pair = timed(wrapped) - timed(plain)
+            if step >= DP_UNIT_WARMUP:
+                added.append(pair)
+    finally:
+        for (holder, name), call in plain_calls.items():
+            setattr(holder, name, call)
+    return statistics.median(added)
