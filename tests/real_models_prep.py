@@ -114,12 +114,20 @@ def prepare_main(worker: int, archs: list[str], cases: list[rm.Case], out_dir: s
             save({"harness_error": traceback.format_exc()})
 
 
-def prepare_all(selected: list[rm.Case], limit_s: float = PREP_LIMIT_S,
-                search=search_plan) -> tuple[dict[str, dict], dict[str, str]]:
+def wait_for_workers(procs: list, limit_s: float) -> None:
+    """The prep's deadline: join `procs` until each has exited or `limit_s` has passed."""
+    deadline = time.monotonic() + limit_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+
+
+def prepare_all(selected: list[rm.Case], limit_s: float = PREP_LIMIT_S, search=search_plan,
+                wait=wait_for_workers) -> tuple[dict[str, dict], dict[str, str]]:
     """({arch: prepared reference}, {arch: reason it cannot be built}) of `selected`'s
-    architectures, spread over the workers in turn. Workers still running after `limit_s`
-    are killed: what they saved stands, the rest is left to the ranks, and an
-    architecture they never reached gets its reference here (no graph, no plans)."""
+    architectures, spread over the workers in turn. Workers still running once
+    `wait(procs, limit_s)` returns (the deadline: `wait_for_workers`) are killed: what
+    they saved stands, the rest is left to the ranks, and an architecture they never
+    reached gets its reference here (no graph, no plans)."""
     from dist_utils import forked_call, save_arguments, start_method
 
     archs = list(dict.fromkeys(c.arch for c in selected))
@@ -135,11 +143,9 @@ def prepare_all(selected: list[rm.Case], limit_s: float = PREP_LIMIT_S,
             procs.append(context.Process(target=forked_call, daemon=True,
                                          args=(worker, dict(os.environ), prepare_main,
                                                arguments)))
-        deadline = time.monotonic() + limit_s
         for p in procs:
             p.start()
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
+        wait(procs, limit_s)
         late = [p.is_alive() for p in procs]
         for p in procs:
             p.kill()  # a no-op on a process that has exited

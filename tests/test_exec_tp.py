@@ -160,9 +160,37 @@ def build(arch: str):
     return zero_dropout(loaded.module), loaded.loss_fn
 
 
-@functools.lru_cache(maxsize=None)
-def graph_of(arch: str):
+_GRAPHS: dict = {}  # arch -> its layer graph: built here, or by the ranks (`shared_graphs`)
+
+
+def build_graph(arch: str):
     return load_layer_graph(spec(arch), micro_batch=2, seq_len=SEQ, dtype=torch.float32)
+
+
+def graph_of(arch: str):
+    if arch not in _GRAPHS:
+        _GRAPHS[arch] = build_graph(arch)
+    return _GRAPHS[arch]
+
+
+def shared_graphs(rank: int, world_size: int, known: dict, archs: list[str]) -> dict:
+    """{arch: layer graph} of `archs` on every rank: `known` ones as the parent handed
+    them over, the others traced by the ranks in turn (rank r the r-th, (r + world)-th,
+    ...) and gathered, instead of one after the other in the parent before any rank
+    starts (13 traces, ~10 s of one core on this 2-core machine)."""
+    import torch.distributed as dist
+
+    missing = [a for a in dict.fromkeys(archs) if a not in known]
+    mine = {arch: build_graph(arch) for arch in missing[rank::world_size]}
+    gathered = [None] * world_size
+    dist.all_gather_object(gathered, mine)
+    return {**known, **{a: g for part in gathered for a, g in part.items()}}
+
+
+def plan_of(case: Case, graph):
+    return uniform_plan(len(graph.layers), global_batch=GLOBAL_BATCH, precision=Precision.FP32,
+                        tp=TP, dp=case.dp, zero=case.zero,
+                        sequence_parallel=case.sequence_parallel)
 
 
 @functools.lru_cache(maxsize=None)
@@ -228,11 +256,18 @@ def _export_then_load(pm, case: Case, plan, graph, batches, folder: str) -> dict
     return full_state_dict(fresh)
 
 
-def run_cases(rank: int, world_size: int, payload: list) -> dict:
-    results = {}
+def run_cases(rank: int, world_size: int, payload: tuple) -> dict:
+    """Every entry (case, batches, checkpoint folder) of `payload`'s list on every rank,
+    once the ranks hold each case's graph (`shared_graphs`); rank 0's results, with
+    "graphs" {arch: graph}."""
+    known, entries = payload
+    graphs = shared_graphs(rank, world_size, known, [case.arch for case, *_ in entries])
+    results = {"graphs": graphs}
     real_apply_tp, real_relayout = apply_module.apply_tp, layout_module.relayout
     real_model_order = FusedSplit.to_model_order
-    for case, plan, graph, batches, folder in payload:
+    for case, batches, folder in entries:
+        graph = graphs[case.arch]
+        plan = plan_of(case, graph)
         apply_module.apply_tp = (_break_one_attention(real_apply_tp, case.break_heads)
                                  if case.break_heads else real_apply_tp)
         if case.break_relayout:
@@ -266,16 +301,13 @@ def run_cases(rank: int, world_size: int, payload: list) -> dict:
 @functools.lru_cache(maxsize=None)
 def results(world: int) -> dict:
     with tempfile.TemporaryDirectory() as folder:  # checkpoints, shared by the ranks
-        payload = []
-        for case in CASES:
-            if TP * case.dp != world:
-                continue
-            graph = graph_of(case.arch)
-            plan = uniform_plan(len(graph.layers), global_batch=GLOBAL_BATCH,
-                                precision=Precision.FP32, tp=TP, dp=case.dp, zero=case.zero,
-                                sequence_parallel=case.sequence_parallel)
-            payload.append((case, plan, graph, batches_of(case.arch), f"{folder}/{case.name}"))
-        return spawn(run_cases, world, payload, timeout_s=240)[0]
+        entries = [(case, batches_of(case.arch), f"{folder}/{case.name}") for case in CASES
+                   if TP * case.dp == world]
+        known = {case.arch: _GRAPHS[case.arch] for case, *_ in entries if case.arch in _GRAPHS}
+        got = spawn(run_cases, world, (known, entries), timeout_s=240)[0]
+    for arch, graph in got.pop("graphs").items():  # the tests read the ranks' graphs too
+        _GRAPHS.setdefault(arch, graph)
+    return got
 
 
 @pytest.mark.multiprocess
