@@ -11,6 +11,7 @@ term (B) where `--reprice` of the original prices them without it (A).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -41,4 +42,8 @@ def main(source: str, target: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("source", help="a bench_kernel_model.py --out result")
+    parser.add_argument("target", help="where to write the copy with the probe's table")
+    args = parser.parse_args()
+    sys.exit(main(args.source, args.target))

@@ -37,6 +37,8 @@ Without --work-dir it profiles a spec and plans the three cases as bench_validat
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import socket
 import statistics
@@ -52,6 +54,8 @@ import torch.distributed as dist  # noqa: E402
 
 from bench_step_terms import _time_recomputes  # noqa: E402
 from planner.fmt import table  # noqa: E402
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 CASES = ("gpt-1rank", "gpt-1rank-full", "gpt-1rank-sel")  # NONE, FULL, SELECTIVE
 WARMUP_STEPS = 5
@@ -132,23 +136,38 @@ def priced(doc, graph, mode, cal, spec) -> tuple[float, float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cost_models.checkpoint_probes import checkpoint_host_seconds, rerun_ops
-    from ir.cluster import ClusterSpec
-    from ir.kernel_calibration import KernelCalibration
-    from ir.strategy import Checkpoint
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work-dir", default=None,
                         help="bench_validate's --work-dir (its spec2.json and the three plans)")
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args(argv)
-    if args.work_dir is None:  # profile and plan as bench_validate does
-        from bench_validate import plan_case, profile_specs
+    with contextlib.ExitStack() as stack:
+        if args.work_dir is None:  # profile and plan as bench_validate does, then remove
+            args.work_dir = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="recompute_terms_"))
+            _profile_and_plan(args.work_dir)
+        return _run(args)
 
-        args.work_dir = tempfile.mkdtemp(prefix="recompute_terms_")
-        spec_path = profile_specs({1}, args.work_dir)[1]
-        for case in CASES:
-            plan_case(case, args.work_dir, spec_path)
+
+def _profile_and_plan(work_dir: str) -> None:
+    from bench_validate import plan_case, profile_specs
+
+    spec_path = profile_specs({1}, work_dir)[1]
+    for case in CASES:
+        plan_case(case, work_dir, spec_path)
+
+
+def _error(priced_s: float | None, measured_s: float) -> float | None:
+    """priced / measured - 1; None where nothing is priced or the extra read 0."""
+    return None if priced_s is None or measured_s == 0 else priced_s / measured_s - 1
+
+
+def _run(args) -> int:
+    from cost_models.checkpoint_probes import checkpoint_host_seconds, rerun_ops
+    from ir.cluster import ClusterSpec
+    from ir.kernel_calibration import KernelCalibration
+    from ir.strategy import Checkpoint
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -165,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
     spec = ClusterSpec.load(os.path.join(args.work_dir, "spec2.json"))
     plain = meas[CASES[0]]
-    rows = []
+    rows, records = [], []
     for case, mode in zip(CASES[1:], (Checkpoint.FULL, Checkpoint.SELECTIVE)):
         _, _, doc, graph = built[case]
         fwd_fresh, rec_fresh, _ = priced(doc, graph, mode, fresh, spec)
@@ -181,9 +200,14 @@ def main(argv: list[str] | None = None) -> int:
                  recompute_spec),
                 ("rerun forward (NONE's forward)", meas[case]["recompute (rerun forward)"],
                  plain["forward"], None)):
-            rows.append([case, term, f"{m * 1e3:.3f}",
-                         "" if p_fresh is None else f"{p_fresh * 1e3:.3f} ({p_fresh / m - 1:+.0%})",
-                         "" if p_spec is None else f"{p_spec * 1e3:.3f} ({p_spec / m - 1:+.0%})"])
+            cells = [case, term, f"{m * 1e3:.3f}"]
+            for p_s in (p_fresh, p_spec):
+                err = _error(p_s, m)
+                cells.append("" if p_s is None else f"{p_s * 1e3:.3f}" + (
+                    "" if err is None else f" ({err:+.0%})"))
+            rows.append(cells)
+            records.append({"plan": case, "term": term, "measured_s": m,
+                            "priced_probe_now_s": p_fresh, "priced_spec_s": p_spec})
     print(f"CPU ms per step (thread_time, median of {args.steps}, plans interleaved; load "
           f"{os.getloadavg()[0]:.1f}): each mode's extra over NONE against the estimate's")
     print(table(["plan", "term", "meas ms", "priced, probe now", "priced, spec"], rows,
@@ -193,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
             "checkpoint_call_forward_s", "checkpoint_op_forward_s", "checkpoint_saved_forward_s",
             "selective_forward_op_s", "selective_forward_kept_op_s",
             "selective_forward_op_sized_s", "selective_recompute_op_s")))
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    out = os.path.join(RESULTS_DIR, "recompute_terms.json")
+    with open(out, "w") as f:
+        json.dump({"load": os.getloadavg()[0], "steps": args.steps, "rows": records}, f,
+                  indent=1)
+    print(f"wrote {out}")
     return 0
 
 

@@ -231,6 +231,7 @@ def checkpoint_extra_seconds(layer, mode: Checkpoint, cal: KernelCalibration,
         kept = kept_ops(layer) if layer.kernels is not None else 0
         call_forward_s, call_recompute_s = cal.selective_call_halves()
         sac_forward, sac_recompute = sac_mode_ops(layer)
+        # the boundary's bytes as the ops' size: a proxy, whole under TP (shards are smaller)
         tensor_bytes = layer.output_bytes * (config.activation_scale if config else 1.0)
         op_s, kept_op_s = selective_forward_op_figures(cal, tensor_bytes)
         # Probed per op through SAC's caching / cached dispatch modes (checkpoint_host_seconds)

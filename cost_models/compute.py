@@ -170,7 +170,7 @@ def dp_unit_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     """Host time of the layer's data-parallel unit per micro-batch: the executor wraps a
     layer with parameters in one when dp > 1 or under mixed precision. A unit costs a
     fixed amount plus an amount per parameter tensor (profile-cluster fits both)."""
-    tensors = len(layer.param_names) + len(layer.tied_param_names)
+    tensors = layer.param_tensors
     if not tensors or not has_dp_unit(layer, strategy, config.precision):
         return 0.0
     return cluster.calibration.dp_overhead(strategy.dp_mode, strategy.dp).seconds(tensors)
@@ -290,7 +290,7 @@ def _optimizer_step(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     (1/dp of the elements; a piece per tensor it touches, at most tensors/dp + 1; plain
     tensors, `executors.zero1`), then copies the gathered parameters out (read and
     written in the compute dtype). Offloaded: all of it the host's."""
-    tensors = len(layer.param_names) + len(layer.tied_param_names)  # tied copies step too
+    tensors = layer.param_tensors  # tied copies step too
     if tensors == 0:
         return 0.0, 0.0, 0.0
     local_params = tp_local_params(layer.params + layer.tied_params,

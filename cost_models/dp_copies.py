@@ -69,7 +69,7 @@ class UnitCopies:
 
 def unit_copies(layer: Layer, strategy: LayerStrategy, precision: Precision) -> UnitCopies | None:
     """The unit's copy bytes (module docstring), None where the layer is no unit."""
-    tensors = len(layer.param_names) + len(layer.tied_param_names)
+    tensors = layer.param_tensors
     if not tensors or not has_dp_unit(layer, strategy, precision):
         return None
     p = tp_local_params(layer.params + layer.tied_params,

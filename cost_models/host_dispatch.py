@@ -199,7 +199,7 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
         return layer.ops_bwd * host_op_seconds(cluster, backward=True)
     views = sum(r.count for r in layer.kernels.backward if r.kind is KernelKind.VIEW)
     nodes = layer.autograd_nodes_bwd or backward_nodes(  # walked, else the proxy
-        layer.kernels.forward, len(layer.param_names) + len(layer.tied_param_names))
+        layer.kernels.forward, layer.param_tensors)
     # Measured decomposition (cost_models.host_probes.host_op_seconds_by_pass, host_excess)
     host_s = (views * cal.backward_view_host_op_s
               + (layer.ops_bwd - views) * cal.backward_nonview_host_op_s

@@ -70,9 +70,9 @@ def pass_cold_code_seconds(records: tuple[KernelRecord, ...], cal: KernelCalibra
     a kind the kit did not probe: none."""
     excess, seen, total_s = {}, set(), 0.0
     for r in records:
-        if r.kind is KernelKind.VIEW or r.op in seen:
+        if r.kind is KernelKind.VIEW or (r.op, r.dtype) in seen:
             continue
-        seen.add(r.op)
+        seen.add((r.op, r.dtype))  # one op in two dtypes runs two kernels' code
         if r.dtype not in excess:
             excess[r.dtype] = cold_excess_s(cal, r.dtype)
         total_s += excess[r.dtype].get(op_cold_kind(r, cal), 0.0)

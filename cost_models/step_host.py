@@ -174,15 +174,15 @@ TRAIN_LOOP_PROBE_PARAM_TENSORS = 2
 
 def param_walk_s(cluster: ClusterSpec, layers: Sequence[Layer],
                  less_probe: bool = True) -> float:
-    """Seconds a step's loop pays once on a rank walking its parameter tensors (`layers`'
-    own, tied copies once: `module.parameters()`) beyond the loop probe's (module
-    docstring, 3; `less_probe` False: all of them, for one of several pieces of a rank
-    whose other piece takes the probe's off): per tensor the kit's
+    """Seconds a step's loop pays once on a rank walking its parameter tensors
+    (`Layer.param_tensors`, tied copies included: `module.parameters()` after untie) beyond
+    the loop probe's (module docstring, 3; `less_probe` False: all of them, for one of
+    several pieces of a rank whose other piece takes the probe's off): per tensor the kit's
     `train_loop_param_host_s`, x the core share; 0 where not measured and on GPUs."""
     cal = cluster.kernel_calibration
     if cal is None or not cluster.host_bound or not cal.train_loop_param_host_s:
         return 0.0
-    tensors = sum(len(layer.param_names) for layer in layers)
+    tensors = sum(layer.param_tensors for layer in layers)
     probe = TRAIN_LOOP_PROBE_PARAM_TENSORS if less_probe else 0
     # walk = (tensors - the probe's) x per-tensor seconds (planner.train_loop_probe)
     return max(0, tensors - probe) * cal.train_loop_param_host_s * cluster.host_share
@@ -200,7 +200,7 @@ def grad_accumulation_s(cluster: ClusterSpec, layers: Sequence[Layer], m: int) -
     cal, total_s = cluster.kernel_calibration, 0.0
     adds_measured = any(p.kernel == "add" for p in cal.memory_kernels)
     for layer in layers:
-        tensors = len(layer.param_names) + len(layer.tied_param_names)  # tied copies too
+        tensors = layer.param_tensors  # tied copies too
         if not tensors:
             continue
         moved_bytes = ACCUMULATE_BYTES_PER_GRAD_BYTE * FP32_BYTES * (layer.params

@@ -42,8 +42,8 @@ defines these units, and `cost_models.memory` prices them from the same definiti
 ZeRO-2/3 units on gloo reduce in place in FSDP2's own buffer and hand gloo only aliases
 emptied after each wait (`ir.gloo_collectives`, which the DP-unit probe installs too:
 gloo's worker thread drops its tensors late, and its reduce-scatter clone had stayed alive
-into the next unit's backward on some runs); the rest keep FSDP2's own collectives. The cost model's time and memory figures
-describe both.
+into the next unit's backward on some runs); the rest keep FSDP2's own collectives. The
+cost model's time and memory figures describe both.
 
 CPU offload (`LayerStrategy.offload`, ZERO3 only): fully_shard(offload_policy=
 CPUOffloadPolicy()) keeps the unit's fp32 shards and their gradients in host memory, so

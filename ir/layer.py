@@ -291,6 +291,12 @@ class Layer:
                                    backward_after_ops=0)
 
     @property
+    def param_tensors(self) -> int:
+        """Parameter tensors this layer's module holds when it runs: its own and its tied
+        copies (`executors.tied.untie` gives each its own tensor, gradient and step)."""
+        return len(self.param_names) + len(self.tied_param_names)
+
+    @property
     def host_position(self) -> tuple[int, int]:
         """The per-position counts the host time reads (cold ops forward, backward): layers
         of one structure price apart where these differ (`host_dispatch.host_position_key`)."""

@@ -48,6 +48,7 @@ def train_loop_host_s(device: str = "cpu") -> float:
     from cost_models.clusters import _one_thread
     from cost_models.cold_entry_probes import ENTRY_TOKENS, ENTRY_WIDTH, neighbour_block
     from cost_models.host_probes import probe_clock
+    from cost_models.step_host import TRAIN_LOOP_PROBE_PARAM_TENSORS
     from cost_models.step_loop_probes import one_process_group  # it imports this module
     from executors.apply import apply
     from ir.measure import build_layer_graph
@@ -59,6 +60,8 @@ def train_loop_host_s(device: str = "cpu") -> float:
         x = torch.randn(TRAIN_LOOP_BATCH, TRAIN_LOOP_WIDTH)
         y = torch.randn(TRAIN_LOOP_BATCH, TRAIN_LOOP_WIDTH)
         model = nn.Sequential(nn.Linear(TRAIN_LOOP_WIDTH, TRAIN_LOOP_WIDTH))
+        # the estimate takes this model's tensors off the parameter walk it prices
+        assert len(list(model.parameters())) == TRAIN_LOOP_PROBE_PARAM_TENSORS
         graph = build_layer_graph(model, {"input": x}, y, loss_fn, dtype=torch.float32)
         plan = uniform_plan(len(graph.layers), precision=Precision.FP32,
                             micro_batch=TRAIN_LOOP_BATCH, global_batch=TRAIN_LOOP_BATCH)

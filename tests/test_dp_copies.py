@@ -109,7 +109,8 @@ def _copied_bytes(rank: int, world: int, mode: DPMode) -> dict:
 
 def _expected(world: int, mode: DPMode) -> UnitCopies:
     block = _Block()
-    layer = SimpleNamespace(param_names=tuple(n for n, _ in block.named_parameters()),
+    names = tuple(n for n, _ in block.named_parameters())
+    layer = SimpleNamespace(param_names=names, param_tensors=len(names),
                             tied_param_names=(), params=sum(p.numel() for p in block.parameters()),
                             tied_params=0, tp_params=0, tied_tp_params=0)
     copies = unit_copies(layer, LayerStrategy(dp=world, dp_mode=mode), Precision.BF16_MIXED)
@@ -142,6 +143,7 @@ def _config(pipelined: bool = False):
 
 def _big_layer():  # a llama3.2-1b block's tensors: 60.8M parameters in 9
     return SimpleNamespace(param_names=tuple(f"w{i}" for i in range(9)), tied_param_names=(),
+                           param_tensors=9,
                            params=60_817_408, tied_params=0, tp_params=0, tied_tp_params=0)
 
 

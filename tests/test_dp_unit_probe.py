@@ -79,8 +79,8 @@ def _probe_worker(rank: int, world_size: int, payload) -> float:
 def test_the_probe_reads_host_cpu_outside_the_collectives_not_waits():
     """Each rank reads SPIN_S (2 ms): not + the 20 ms asleep (the wall clock's reading),
     not + the 18 ms of CPU inside the calls, and not - 6 ms (the all-reduce inside the
-    reduce-scatter taken out twice); the probe puts both back when done. The band is one-sided: the spin is exact in thread CPU, and what a busy
-    machine adds to a thread's CPU (a VM's stolen time, cold caches) only adds (CI,
+    reduce-scatter taken out twice); the probe puts both back when done. The band is
+    one-sided: the spin is exact in thread CPU, and what a busy machine adds to a thread's CPU (a VM's stolen time, cold caches) only adds (CI,
     2026-11-25: 2.98 ms), so above SPIN_S it only has to stay clear of the call's CPU."""
     added = spawn(_probe_worker, 2, None, timeout_s=120)
     for seconds in added:

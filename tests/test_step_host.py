@@ -354,7 +354,26 @@ def test_the_loop_walks_every_parameter_tensor_of_the_rank():
     grown = [a.optimizer_s - b.optimizer_s for a, b in zip(
         estimate(graph, plan2, new).stage_times, estimate(graph, plan2, old).stage_times)]
     spans = [graph.layers[s.first_layer:s.last_layer + 1] for s in plan2.stages]
-    assert grown == pytest.approx([param_walk_s(new, span) for span in spans], rel=1e-6)
+    by_hand = [(sum(len(l.param_names) for l in span) - TRAIN_LOOP_PROBE_PARAM_TENSORS)
+               * per_tensor_s * new.host_share for span in spans]
+    assert grown == pytest.approx(by_hand, rel=1e-6)
+
+
+def test_the_parameter_walk_counts_the_tied_copies_the_module_holds():
+    """gpt-tiny ties its head to the embedding; `executors.tied.untie` gives the head its
+    own copy, so `reduce_partial_grads(module.parameters())` walks one tensor per
+    registered name (68 unique, 69 named): the walk counts every name, not the unique."""
+    from cost_models.step_host import TRAIN_LOOP_PROBE_PARAM_TENSORS, param_walk_s
+    from planner.models import load_layer_graph, load_model
+
+    graph = load_layer_graph("gpt-tiny", micro_batch=1, seq_len=32, dtype=torch.float32)
+    module = load_model("gpt-tiny", micro_batch=1, seq_len=32).module
+    named = len(list(module.named_parameters(remove_duplicate=False)))
+    assert named == len(list(module.parameters())) + 1  # the tie
+    cluster = two_cpu_processes(KernelCalibration(measured_on="test", train_loop_host_s=4e-4,
+                                                  train_loop_param_host_s=1e-4))
+    assert param_walk_s(cluster, graph.layers) == pytest.approx(
+        (named - TRAIN_LOOP_PROBE_PARAM_TENSORS) * 1e-4 * cluster.host_share)
 
 
 def test_the_parameter_walk_probe_reads_a_plausible_figure():
