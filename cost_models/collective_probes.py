@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ir.gloo_collectives import reduce_scatter_in_place
+from ir.gloo_collectives import all_gather_chunks, flat_chunks, reduce_scatter_in_place
 
 from cost_models.collective_fit import FLOAT_BYTES, KiB, MiB
 
@@ -35,10 +35,12 @@ BURSTS = 5  # the median burst
 def _collective_calls(dist, group, n: int, nbytes: int, device
                       ) -> tuple[dict[str, Callable[[], object]], Any]:
     """One call of each group collective on a message of ~`nbytes` over `group` (None:
-    the whole world), and the full-size tensor they share. The reduce-scatter is the one
-    the executor's data-parallel units run: on gloo
-    `ir.gloo_collectives.reduce_scatter_in_place` (what its `GlooReduceScatter` runs;
-    gloo's own clones the input first), elsewhere torch's (NCCL's kernel)."""
+    the whole world), and the full-size tensor they share. The all-gather and the
+    reduce-scatter are the ones the executor's data-parallel units run: on gloo
+    `ir.gloo_collectives.all_gather_chunks` (the gloo call its `GlooAllGather` makes, into
+    a list of the output's chunks; its aliases are in the DP-unit figure) and
+    `reduce_scatter_in_place` (what its `GlooReduceScatter` runs whole; gloo's own clones
+    the input first), elsewhere torch's (NCCL's kernels)."""
     import torch
 
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -48,8 +50,13 @@ def _collective_calls(dist, group, n: int, nbytes: int, device
     full = torch.ones(numel, device=device)
     shard = torch.ones(numel // n, device=device)
     out = torch.empty(numel, device=device)
-    if dist.get_backend(group) == "gloo":  # ZeRO-2/3's on gloo: in place, no full clone
-        def reduce_scatter(output, flat, group):
+    if dist.get_backend(group) == "gloo":  # ZeRO-2/3's on gloo (`use_gloo_collectives`)
+        out_chunks = list(flat_chunks(out, n, "all-gather"))
+
+        def all_gather(output, shard, group):  # into `output`'s chunks, as GlooAllGather
+            all_gather_chunks(out_chunks, shard, group)
+
+        def reduce_scatter(output, flat, group):  # in place, no full clone
             reduce_scatter_in_place(output, flat, group or dist.group.WORLD)
     return {
         "all_reduce": lambda: dist.all_reduce(full, group=group),

@@ -8,8 +8,9 @@ The probe's units are the executor's: a ZeRO-2/3 unit on gloo runs
 `ir.gloo_collectives.use_gloo_collectives` (the same function `executors.data_parallel
 .apply_dp` calls), so the Python around its gloo calls (the storage aliases made and
 emptied each call) is in the figure. What the collective probes time
-(`cost_models.collective_probes`: `reduce_scatter_in_place` whole, gloo's all-gather)
-is left out here, so nothing is priced twice.
+(`cost_models.collective_probes`: `reduce_scatter_in_place` whole, and the
+`dist.all_gather` inside `all_gather_chunks`, the gloo call `GlooAllGather` makes) is
+left out here, so nothing is priced twice.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ DP_UNIT_WARMUP = 3
 # FSDP2's collectives by their torch.distributed names (torch 2.13 `_fsdp_collectives`
 # calls `dist.all_gather_single` / `dist.reduce_scatter_single`, looked up on the module
 # at call time; older torch the `*_tensor` names, which forward to them inside c10d, not
-# through the module), and `all_gather`, the gloo call inside `GlooAllGather`: the calling
+# through the module), and `all_gather`, the gloo call inside `GlooAllGather`
+# (`all_gather_chunks`, which the collective probe times on gloo): the calling
 # thread's CPU inside them is left out of a unit's figure, since `comm.blocking_s`
 # prices each call whole. A call inside another counted one is not counted again.
 FSDP_COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor",

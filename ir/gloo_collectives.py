@@ -2,8 +2,8 @@
 the executor installs (`executors.data_parallel.apply_dp`, through FSDP2's
 `set_custom_all_gather` / `set_custom_reduce_scatter`) and the calibration kit both times
 (`cost_models.dp_unit_probe.dp_unit_seconds` installs `use_gloo_collectives` on its units,
-`cost_models.collective_probes` times `reduce_scatter_in_place`), so the fitted figures
-price the path the step takes.
+`cost_models.collective_probes` times `reduce_scatter_in_place` and `all_gather_chunks`),
+so the fitted figures price the path the step takes.
 
 gloo has no reduce-scatter of its own: ProcessGroupGloo::reduce_scatter_tensor_coalesced
 (torch 2.13) clones the whole input, all-reduces the clone on a gloo worker thread and
@@ -56,6 +56,16 @@ def reduce_scatter_in_place(output: torch.Tensor, flat_input: torch.Tensor,
     dist.all_reduce(chunks, op=op, group=group)
     output.copy_(chunks[group.rank()].view_as(output))
     chunks.set_()  # what gloo's worker still holds now holds nothing (`storage_alias`)
+
+
+def all_gather_chunks(chunks: list[torch.Tensor], input_tensor: torch.Tensor,
+                      group: dist.ProcessGroup | None, async_op: bool = False
+                      ) -> dist.Work | None:
+    """gloo's allgather of `input_tensor` over `group` (None: the whole world) into
+    `chunks`, one tensor per group rank in rank order: the one gloo call `GlooAllGather`
+    makes, which the collective probe times and the DP-unit probe leaves out of a unit's
+    figure (as `dist.all_gather`, looked up at call time)."""
+    return dist.all_gather(chunks, input_tensor, group=group, async_op=async_op)
 
 
 def storage_alias(t: torch.Tensor) -> torch.Tensor:
@@ -116,7 +126,7 @@ class GlooAllGather(AllGather):
         chunks = [storage_alias(c) for c in flat_chunks(output_tensor, group.size(),
                                                         "all-gather")]
         held = [*chunks, storage_alias(input_tensor)]
-        work = dist.all_gather(chunks, held[-1], group=group, async_op=async_op)
+        work = all_gather_chunks(chunks, held[-1], group, async_op)
         if not async_op:
             _release(held)
             return None

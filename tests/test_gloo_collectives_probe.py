@@ -4,7 +4,9 @@ The collective probe's reduce-scatter and the executor's `GlooReduceScatter` (in
 through FSDP2's set_custom_reduce_scatter) both run `reduce_scatter_in_place`, an in-place
 all-reduce of the flat input and a copy of this rank's chunk, never gloo's own
 reduce_scatter (which clones the whole input first): checked on 2 gloo ranks by recording
-the torch.distributed calls each makes. The DP-unit probe's ZeRO-2/3 units carry the same
+the torch.distributed calls each makes. Likewise the probe's all-gather and the executor's
+`GlooAllGather` both make gloo's list-output `dist.all_gather` (`all_gather_chunks`), the
+call the DP-unit probe leaves out of its figure. The DP-unit probe's ZeRO-2/3 units carry the same
 all-gather and reduce-scatter as the executor's units (`use_gloo_collectives`), so the
 Python around their gloo calls is in the unit figure."""
 
@@ -93,3 +95,61 @@ def test_the_dp_unit_probe_and_the_executor_install_the_same_gloo_collectives():
         for mode, got in rank_result.items():
             assert got["executor"] == [("GlooAllGather", "GlooReduceScatter")], (mode, got)
             assert set(got["probe"]) == set(got["executor"]), (mode, got)
+
+
+# the all-gathers either path could reach (all_gather_single where torch has it)
+WATCHED_ALL_GATHER = ("all_gather", "all_gather_into_tensor", "all_gather_single")
+
+
+def _record_all_gathers(rank: int, world_size: int, payload) -> dict:
+    """The torch.distributed all-gather calls of the collective probe's all-gather and of
+    the executor's `GlooAllGather`, each as (name, numels of its tensor arguments, list
+    arguments counted as one entry per tensor)."""
+    from cost_models.collective_probes import _collective_calls
+    from ir.gloo_collectives import GlooAllGather
+
+    calls = []
+
+    def shape(arg):
+        if isinstance(arg, torch.Tensor):
+            return arg.numel()
+        if isinstance(arg, (list, tuple)):
+            return tuple(shape(a) for a in arg)
+        return None
+
+    for name in WATCHED_ALL_GATHER:
+        original = getattr(dist, name, None)
+        if original is None:
+            continue
+
+        def watched(*args, _name=name, _original=original, **kwargs):
+            calls.append((_name, tuple(s for s in map(shape, args) if s is not None)))
+            return _original(*args, **kwargs)
+
+        setattr(dist, name, watched)
+    numel = 1024  # 4 KiB of fp32, as the probe sizes its message
+    ops, _ = _collective_calls(dist, None, world_size, numel * 4, torch.device("cpu"))
+    before = len(calls)
+    ops["all_gather"]()
+    probe = calls[before:]
+    out = torch.empty(numel)
+    before = len(calls)
+    GlooAllGather()(out, torch.full((numel // world_size,), float(rank + 1)),
+                    dist.group.WORLD)
+    return {"probe": probe, "executor": calls[before:], "out": out}
+
+
+def test_the_probe_and_the_executor_run_the_same_gloo_all_gather():
+    """The collective probe's all-gather on gloo is the call `GlooAllGather` makes (gloo's
+    allgather into a list of the output's chunks), the call the DP-unit probe leaves out
+    of a unit's figure (`dp_unit_probe.FSDP_COLLECTIVES`), not `all_gather_single`."""
+    from cost_models.dp_unit_probe import FSDP_COLLECTIVES
+
+    for rank_result in spawn(_record_all_gathers, 2, timeout_s=200):
+        # one all-gather of a 512-element shard into two 512-element chunks, each
+        assert rank_result["probe"] == [("all_gather", ((512, 512), 512))]
+        assert rank_result["executor"] == rank_result["probe"]
+        assert rank_result["probe"][0][0] in FSDP_COLLECTIVES
+        # the executor's output holds rank 0's shard then rank 1's
+        assert torch.equal(rank_result["out"], torch.cat([torch.full((512,), 1.0),
+                                                          torch.full((512,), 2.0)]))
