@@ -40,7 +40,7 @@ from ir.legality import sequence_parallel_applies
 from ir.strategy import Checkpoint, LayerStrategy
 
 from cost_models.common import StepConfig, dtype_bytes
-from cost_models.layer_memo import per_layer
+from cost_models.layer_memo import layout_view, per_layer
 
 # Score-shaped tensors attention saves when dropout follows softmax: the softmax output,
 # the dropout mask and the dropout output (Korthikanti et al. 2022, sec. 4.1).
@@ -245,7 +245,14 @@ def sp_gathered_input_bytes(layer: Layer, config: StepConfig) -> float:
 
 def layer_activations(layer: Layer, strategy: LayerStrategy,
                       config: StepConfig) -> LayerActivations:
-    """Activation bytes of `layer` for one micro-batch of `config.micro_batch` samples."""
+    """Activation bytes of `layer` for one micro-batch of `config.micro_batch` samples; they
+    read the strategy's TP degree, SP and checkpoint mode alone (`layout_view`)."""
+    return _layer_activations(layer, layout_view(strategy), config)
+
+
+@per_layer
+def _layer_activations(layer: Layer, strategy: LayerStrategy,
+                       config: StepConfig) -> LayerActivations:
     scale = config.activation_scale
     # Sequence parallelism splits a block over the sequence, TP-able parts or not
     # (layer norms and dropout run sequence-parallel); TP alone splits only TP-able ones.

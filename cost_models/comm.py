@@ -33,7 +33,7 @@ from ir.tp_recompute import TP_REDUCING_STYLES  # Megatron's g (Shoeybi et al. 2
 
 from cost_models.activations import grad_input_bytes, sp_gathered_modules
 from cost_models.common import GB, StepConfig
-from cost_models.layer_memo import per_layer
+from cost_models.layer_memo import layout_view, per_layer
 from cost_models.dp_copies import dp_copy_step_seconds
 from cost_models.model_states import BytesPerParam, has_dp_unit, tp_local_params
 from cost_models.offload import d2h_seconds, h2d_seconds
@@ -200,6 +200,14 @@ class LayerComm:
 
 def tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
               config: StepConfig) -> tuple[float, float]:
+    """`_tp_comm_s`, which reads the strategy's TP degree, SP and checkpoint mode alone
+    (`layer_memo.layout_view`)."""
+    return _tp_comm_s(layer, layout_view(strategy), cluster, config)
+
+
+@per_layer
+def _tp_comm_s(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
+               config: StepConfig) -> tuple[float, float]:
     """TP collectives of one layer as the executor issues them (DTensor, torchtitan-style
     plans). Forward: one all-reduce per row-parallel (or vocab) module (Shoeybi et al.
     2019). Backward: one all-reduce per column-parallel module's input gradient (none for

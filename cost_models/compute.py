@@ -63,6 +63,7 @@ from cost_models.kernel_time import layer_kernel_seconds
 from cost_models.model_states import has_dp_unit, tp_local_params
 from cost_models.op_cold_code import layer_cold_code_seconds
 from cost_models.offload import host_step_seconds
+from cost_models.layer_memo import layout_view
 from cost_models.tp_host import (dtensor_op_seconds, selective_tp_forward_seconds,
                                  selective_tp_seconds, tp_module_seconds, vocab_edge_seconds)
 
@@ -199,14 +200,17 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         forward_s, backward_s = _analytic_seconds(layer, cluster, config, share)
     random_s = random_draw_seconds(layer, strategy, cluster, config) if measured is None else 0.0
     forward_s += random_s
+    # The TP host figures read the strategy's layout and checkpoint alone: memoised by
+    # `layer_memo.layout_view`, shared across DP degrees and modes.
+    view = layout_view(strategy)
     # DP-unit figures are the calling thread's CPU time outside the unit's collectives
     # (dp_unit_probe.dp_unit_seconds), as TP-module figures are (those stretched inside):
     # CPU processes sharing fewer cores stretch them by the core share too.
-    tp_half_s = tp_module_seconds(layer, strategy, cluster) / 2  # half in each pass
-    edge_forward_s, edge_backward_s, loss_forward_s = vocab_edge_seconds(layer, strategy,
+    tp_half_s = tp_module_seconds(layer, view, cluster) / 2  # half in each pass
+    edge_forward_s, edge_backward_s, loss_forward_s = vocab_edge_seconds(layer, view,
                                                                          cluster)
     unit_share = host_figure_share(cluster)
-    dtensor_forward_s, dtensor_backward_s = dtensor_op_seconds(layer, strategy, cluster)
+    dtensor_forward_s, dtensor_backward_s = dtensor_op_seconds(layer, view, cluster)
     unit_s = dp_unit_seconds(layer, strategy, cluster, config) * unit_share / 2 + tp_half_s
     forward_host_s = (layer.ops_fwd * op_s if measured is not None
                       else forward_host_seconds(layer, cluster))
@@ -256,8 +260,8 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         # norms' DTensor ops, the TP modules' DTensor work (where the spec probed it) and
         # the vocab-parallel embedding's forward
         # (the whole block's figure has a forward share: SAC's caching mode on its ops)
-        sac_s = selective_tp_seconds(layer, strategy, cluster)
-        sac_forward_s = min(selective_tp_forward_seconds(layer, strategy, cluster), sac_s)
+        sac_s = selective_tp_seconds(layer, view, cluster)
+        sac_forward_s = min(selective_tp_forward_seconds(layer, view, cluster), sac_s)
         forward_s += sac_forward_s
         forward_parts[1] += sac_forward_s
         recompute_s += with_host(0.0, dtensor_forward_s, cluster) + edge_recompute_s \

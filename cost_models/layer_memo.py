@@ -10,8 +10,8 @@ see no cache at all.
 
 Keys are the arguments' ids; each entry keeps its arguments alive, so an id is not
 reused while its entry stands (`cost_models.id_memo`). Only functions whose arguments
-are frozen objects (Layer, ClusterSpec, StepConfig, KernelCalibration, enum members,
-None) and whose results are immutable may be wrapped.
+are frozen objects (Layer, ClusterSpec, StepConfig, KernelCalibration, a strategy's
+`layout_view`, enum members, None) and whose results are immutable may be wrapped.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import functools
 from collections.abc import Callable, Iterator
 
 from cost_models.id_memo import IdMemo
+from ir.strategy import Checkpoint, LayerStrategy
 
 # Entries one scope holds per function before it starts afresh: a search sees a few
 # hundred distinct layer objects (the placed copies of `cost_models.step_host` included).
@@ -58,3 +59,15 @@ def per_layer(fn: Callable) -> Callable:
 
     wrapper.uncached = fn
     return wrapper
+
+
+def layout_view(strategy: LayerStrategy) -> LayerStrategy:
+    """`strategy`'s TP degree, SP flag and checkpoint mode alone, as one object per triple:
+    a `per_layer` function that reads no more of a strategy than these is called with it
+    and so shares its entry across the strategies' DP degrees and modes (`_view`)."""
+    return _view(strategy.tp, strategy.sequence_parallel, strategy.checkpoint)
+
+
+@functools.cache
+def _view(tp: int, sequence_parallel: bool, checkpoint: Checkpoint) -> LayerStrategy:
+    return LayerStrategy(tp=tp, sequence_parallel=sequence_parallel, checkpoint=checkpoint)

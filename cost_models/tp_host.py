@@ -14,6 +14,7 @@ from ir.legality import sequence_parallel_applies
 from ir.strategy import Checkpoint, LayerStrategy
 
 from cost_models.block_probes import SP_BLOCK_GROUPS, SP_BLOCK_MODULES
+from cost_models.layer_memo import per_layer
 
 def dtensor_op_counts(layer: Layer, strategy: LayerStrategy) -> tuple[int, int]:
     """(forward, backward) ATen ops the TP executor runs on DTensors outside the layer's TP
@@ -31,6 +32,7 @@ def dtensor_op_counts(layer: Layer, strategy: LayerStrategy) -> tuple[int, int]:
     return sum(fwd for fwd, _ in rows), sum(bwd for _, bwd in rows)
 
 
+@per_layer
 def dtensor_op_seconds(layer: Layer, strategy: LayerStrategy,
                        cluster: ClusterSpec) -> tuple[float, float]:
     """(forward, backward) host seconds the DTensor ops of `dtensor_op_counts` add: each
@@ -42,6 +44,7 @@ def dtensor_op_seconds(layer: Layer, strategy: LayerStrategy,
             backward_ops * cluster.dtensor_op_overhead_s)
 
 
+@per_layer
 def tp_module_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec) -> float:
     """Host time DTensor adds to the layer's tensor-parallel modules per micro-batch: the
     per-module figure measured in groups of this TP degree (`cost_models.tp_probes`: CPU
@@ -64,6 +67,7 @@ def tp_module_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpe
     return seconds * cluster.host_share if cluster.host_bound else seconds
 
 
+@per_layer
 def selective_tp_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec) -> float:
     """Host time op-level selective checkpointing adds to the layer's TP modules per
     micro-batch beyond what it adds to their plain ops: the spec's per-module and per-SP-
@@ -91,6 +95,7 @@ def selective_tp_seconds(layer: Layer, strategy: LayerStrategy, cluster: Cluster
     return seconds * cluster.host_share if cluster.host_bound else seconds
 
 
+@per_layer
 def selective_tp_forward_seconds(layer: Layer, strategy: LayerStrategy,
                                  cluster: ClusterSpec) -> float:
     """The forward's share of `selective_tp_seconds`: an SP layer's groups x the whole-block
@@ -119,6 +124,7 @@ def _groups_and_modules(layer: Layer, strategy: LayerStrategy, sp_groups: bool,
     return groups, max(modules - 2 * groups, 0)
 
 
+@per_layer
 def vocab_edge_seconds(layer: Layer, strategy: LayerStrategy,
                        cluster: ClusterSpec) -> tuple[float, float, float]:
     """(forward, backward, loss forward) host seconds per micro-batch the vocabulary-parallel
