@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import resource
-import socket
 import statistics
 import sys
 import tempfile
@@ -52,6 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from one_rank import one_rank_payload, start_one_rank_group  # noqa: E402
 from planner.fmt import table  # noqa: E402
 from planner.trial.sched import NS_PER_S  # noqa: E402
 
@@ -98,30 +98,16 @@ def _diff(after, before) -> dict[str, float]:
 def build(plan_path: str):
     """The plan's one-rank executor model, as `planner validate` builds it, in a one-rank
     gloo group of this process; returns (model, batches)."""
-    from ir.plan import load_plan, plan_to_json
-    from planner.models import plan_model_spec
+    from ir.plan import load_plan
     from planner.trial.predict import plan_graph
     from planner.trial.rank import _build
-    from planner.trial.records import RankPayload
-    from planner.trial.reference import global_batches
 
     doc = load_plan(plan_path)
     if doc.plan.world_size != 1:
         sys.exit("bench_offcore: one-rank plans only")
     graph = plan_graph(doc, plan_path, None)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
-                      WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-    torch.set_num_threads(1)  # planner.trial.run.RANK_THREADS
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    model = plan_model_spec(doc, None)
-    payload = RankPayload(plan_json=plan_to_json(doc), plan_path=plan_path, model=model,
-                          seq_len=doc.seq_len, graph=graph,
-                          batches=global_batches(model, doc.plan.global_batch, doc.seq_len, 8),
-                          memory_steps=0, steps=1, backend="gloo", check_steps=0,
-                          threads=1, memory_detail=0)
+    start_one_rank_group()
+    payload = one_rank_payload(doc, plan_path, graph, steps=1)
     return _build(payload, torch.device("cpu"), without_dropout=False), payload.batches
 
 

@@ -40,7 +40,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -53,6 +52,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from bench_step_terms import _time_recomputes  # noqa: E402
+from one_rank import one_rank_payload, start_one_rank_group  # noqa: E402
 from planner.fmt import table  # noqa: E402
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -63,21 +63,13 @@ WARMUP_STEPS = 5
 
 def build(path: str):
     """The plan's (ProcessModel, batches, doc, graph), built as a validate rank builds it."""
-    from ir.plan import load_plan, plan_to_json
-    from planner.models import plan_model_spec
+    from ir.plan import load_plan
     from planner.trial.predict import plan_graph
     from planner.trial.rank import _build
-    from planner.trial.records import RankPayload
-    from planner.trial.reference import global_batches
 
     doc = load_plan(path)
     graph = plan_graph(doc, path, None)
-    model = plan_model_spec(doc, None)
-    payload = RankPayload(plan_json=plan_to_json(doc), plan_path=path, model=model,
-                          seq_len=doc.seq_len, graph=graph,
-                          batches=global_batches(model, doc.plan.global_batch, doc.seq_len, 8),
-                          memory_steps=0, steps=1, backend="gloo", check_steps=0, threads=1,
-                          memory_detail=0)
+    payload = one_rank_payload(doc, path, graph, steps=1)
     return _build(payload, torch.device("cpu"), without_dropout=False), payload.batches, doc, graph
 
 
@@ -168,13 +160,7 @@ def _run(args) -> int:
     from ir.kernel_calibration import KernelCalibration
     from ir.strategy import Checkpoint
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
-                      WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-    torch.set_num_threads(1)  # planner.trial.run.RANK_THREADS
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    start_one_rank_group()
     try:
         built = {case: build(os.path.join(args.work_dir, f"{case}.json")) for case in CASES}
         meas = measure(built, args.steps)

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
@@ -54,6 +53,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from one_rank import one_rank_payload, start_one_rank_group  # noqa: E402
 from planner.fmt import table  # noqa: E402
 
 WARMUP_STEPS = 5
@@ -157,25 +157,10 @@ def _time_recomputes(clock, add) -> None:
 def measure(doc, plan_path: str, graph, steps: int,
             backward_hooks: bool = False) -> dict[str, float]:
     """Median CPU seconds per step of each term on the real executor."""
-    from planner.models import plan_model_spec
     from planner.trial.rank import _build
-    from planner.trial.records import RankPayload
-    from planner.trial.reference import global_batches
-    from ir.plan import plan_to_json
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
-                      WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-    torch.set_num_threads(1)  # planner.trial.run.RANK_THREADS
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    model = plan_model_spec(doc, None)
-    payload = RankPayload(plan_json=plan_to_json(doc), plan_path=plan_path, model=model,
-                          seq_len=doc.seq_len, graph=graph,
-                          batches=global_batches(model, doc.plan.global_batch, doc.seq_len, 8),
-                          memory_steps=0, steps=steps, backend="gloo", check_steps=0,
-                          threads=1, memory_detail=0)
+    start_one_rank_group()
+    payload = one_rank_payload(doc, plan_path, graph, steps)
     pm = _build(payload, torch.device("cpu"), without_dropout=False)
     acc: dict[str, float] = {}
     probes: list[float] = []
