@@ -61,21 +61,31 @@ def probe_cold_kernel(device: str, dtype: str = "float32") -> list[ColdKernelPoi
     evict = torch.empty(COLD_EVICT_L2_MULTIPLE * l2_bytes // 4)
     clock = time.thread_time_ns  # this thread's CPU time: a switch away does not count
     cold_s = []
+    def evict_data(r: int) -> None:
+        evict.fill_(float(r))
+        scratch.copy_(x), scratch.copy_(y), scratch.copy_(out)  # operands back in L2
+
     for kind, call in kinds_calls.items():
         call()
-        extra = []
-        for r in range(COLD_PROBE_ROUNDS):
-            evict.fill_(float(r))
-            scratch.copy_(x), scratch.copy_(y), scratch.copy_(out)  # operands back in L2
-            t0 = clock()
-            call()
-            t1 = clock()
-            call()
-            t2 = clock()
-            extra.append(((t1 - t0) - (t2 - t1)) * 1e-9)
-        cold_s.append(ColdKernelPoint(kind, dtype, max(0.0, statistics.median(extra)),
-                                      l2_bytes))
+        cold_s.append(ColdKernelPoint(
+            kind, dtype, first_call_excess_s(call, evict_data, COLD_PROBE_ROUNDS, clock),
+            l2_bytes))
     return cold_s
+
+
+def first_call_excess_s(call, before, rounds: int, clock) -> float:
+    """Median over `rounds` of how much longer `call`'s first call after `before(round)`
+    takes than the call right after it, in seconds (`clock` in ns), >= 0."""
+    extra = []
+    for r in range(rounds):
+        before(r)
+        t0 = clock()
+        call()
+        t1 = clock()
+        call()
+        t2 = clock()
+        extra.append(((t1 - t0) - (t2 - t1)) * 1e-9)
+    return max(0.0, statistics.median(extra))
 
 
 def memory_kind_calls(x, y, out) -> dict:

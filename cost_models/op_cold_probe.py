@@ -21,9 +21,9 @@ again; the kind's seconds are the median over OP_COLD_ROUNDS of first minus seco
 
 from __future__ import annotations
 
-import statistics
 import time
 
+from cost_models.cold_kernel import first_call_excess_s
 from ir.kernel_calibration import OpColdCodePoint
 
 # Distinct other ops run between two calls of a probed op: what `planner profile`'s cycle
@@ -125,17 +125,12 @@ def probe_op_cold_code(device: str, dtype: str = "float32",
     others, small = other_ops(), torch.randn(OTHER_ELEMENTS)
     clock = time.thread_time_ns  # this thread's CPU time: a switch away does not count
     points = []
+    def run_others(_round: int) -> None:
+        for op in others:
+            op(small)
+
     for kind, call in kind_calls().items():
         call(), call()
-        extra = []
-        for _ in range(rounds):
-            for op in others:
-                op(small)
-            t0 = clock()
-            call()
-            t1 = clock()
-            call()
-            t2 = clock()
-            extra.append(((t1 - t0) - (t2 - t1)) * 1e-9)
-        points.append(OpColdCodePoint(kind, dtype, max(0.0, statistics.median(extra))))
+        points.append(OpColdCodePoint(kind, dtype, first_call_excess_s(call, run_others,
+                                                                       rounds, clock)))
     return points
