@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from cost_models.cold_kernel import first_and_second_ns  # noqa: E402
 from cost_models.fresh_output import last_level_cache_bytes  # noqa: E402
 from cost_models.op_cold_probe import OTHER_ELEMENTS, other_ops  # noqa: E402
 
@@ -63,19 +64,12 @@ def timed_ops() -> dict:
 
 
 def first_and_second_us(call, before, rounds: int) -> tuple[float, float]:
-    clock = time.thread_time_ns  # this thread's CPU time: a switch away does not count
+    """Medians of the first and the second call after `before` (cold_kernel's loop), us."""
     call(), call()
-    first, second = [], []
-    for r in range(rounds):
-        before(r)
-        t0 = clock()
-        call()
-        t1 = clock()
-        call()
-        t2 = clock()
-        first.append((t1 - t0) * 1e-3)
-        second.append((t2 - t1) * 1e-3)
-    return statistics.median(first), statistics.median(second)
+    # the thread's CPU time: a switch away does not count
+    times = first_and_second_ns(call, before, rounds, time.thread_time_ns)
+    return (statistics.median(t[0] for t in times) * 1e-3,
+            statistics.median(t[1] for t in times) * 1e-3)
 
 
 def main() -> int:

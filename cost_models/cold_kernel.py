@@ -73,10 +73,10 @@ def probe_cold_kernel(device: str, dtype: str = "float32") -> list[ColdKernelPoi
     return cold_s
 
 
-def first_call_excess_s(call, before, rounds: int, clock) -> float:
-    """Median over `rounds` of how much longer `call`'s first call after `before(round)`
-    takes than the call right after it, in seconds (`clock` in ns), >= 0."""
-    extra = []
+def first_and_second_ns(call, before, rounds: int, clock) -> list[tuple[int, int]]:
+    """Per round, `call`'s first call after `before(round)` and the call right after it,
+    each in `clock`'s nanoseconds."""
+    times = []
     for r in range(rounds):
         before(r)
         t0 = clock()
@@ -84,7 +84,15 @@ def first_call_excess_s(call, before, rounds: int, clock) -> float:
         t1 = clock()
         call()
         t2 = clock()
-        extra.append(((t1 - t0) - (t2 - t1)) * 1e-9)
+        times.append((t1 - t0, t2 - t1))
+    return times
+
+
+def first_call_excess_s(call, before, rounds: int, clock) -> float:
+    """Median over `rounds` of how much longer the first call takes than the second
+    (`first_and_second_ns`), in seconds, >= 0."""
+    extra = [(first - second) * 1e-9
+             for first, second in first_and_second_ns(call, before, rounds, clock)]
     return max(0.0, statistics.median(extra))
 
 
