@@ -27,6 +27,19 @@ kit's `aten::_embedding_bag` excess read 0.51 (`item_probes.probe_embedding_bag_
 takes the calls' own time out, not their price). `torch.embedding_bag` itself: 5.8 us
 measured, 5.7 priced.
 
+After both fixes and the probe's new excess (the kit above with its same-code points and
+excess re-probed here, 2026-11-26, load 0.7), the warm part is within 1-10% and the
+entry is what is left, under-priced 35-59% (the profile's less the tight loop's; us):
+
+    layer       after ops  kernel  warm host  entry  warm meas  profile meas  entry meas
+    tables.0       113       4.50     6.78    12.46    12.55        31.67        19.11
+    tables.1       106       4.50     6.78     1.77    12.50        16.15         3.66
+    top_mlp         74       0.65    44.91    18.51    48.16        93.42        45.26
+    bottom_mlp     120       0.47    24.71     9.83    25.38        40.66        15.28
+
+mlp-small (mb 4, a warm step) alike: blocks.0 entry 2.89 priced, 6.64 measured; head
+2.89 and 4.52; blocks.2 (same code) 0 and 1.04; warm parts -2..-10%.
+
     .venv/bin/python bench/bench_small_pass_terms.py --spec-from RESULT_JSON \\
         [--model dlrm-small] [--micro-batch 4] [--layers tables.0,tables.1,top_mlp]
 """
