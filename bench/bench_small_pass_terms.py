@@ -126,7 +126,8 @@ def main() -> int:
         rows.append([name, layer.after_ops, layer.same_code_before, f"{kernel:.2f}",
                      f"{host:.2f}", f"{entry:.2f}", f"{warm_us:.2f}", f"{profile_us:.2f}",
                      f"{profile_us - warm_us:.2f}",
-                     f"{(kernel + host) / warm_us - 1:+.0%}", f"{entry / max(profile_us - warm_us, 1e-9) - 1:+.0%}"])
+                     f"{(kernel + host) / warm_us - 1:+.0%}",
+                     f"{entry / max(profile_us - warm_us, 1e-9) - 1:+.0%}"])
     print(table(["layer", "after ops", "same code", "kernel us", "warm host us", "entry us",
                  "warm meas us", "profile meas us", "entry meas us", "warm err",
                  "entry err"], rows))
