@@ -243,9 +243,12 @@ def cold_entry_calibration(device: str = "cpu") -> dict:
     """The `KernelCalibration` fields of a forward's start after other layers' work: a
     `ColdEntryPoint` per ENTRY_WORK pair (`cold_entry_cost` of its chains, at the ops
     of the layer after's forward and backward), the
-    block pair's figures as the single ones kits before the points had, and the entry
-    after the small layer with the probe layer's own code run just before
-    (`cold_entry_same_code_host_s`)."""
+    block pair's figures as the single ones kits before the points had, and at each
+    point with a layer before, the entry after the same layer after with the probe
+    layer's own code run just before (`ColdEntryPoint.same_code_entry_s`; the small
+    one's is `cold_entry_same_code_host_s`, what kits before priced every such layer:
+    it grows with the work between, 0.60-0.78 us after the small layer, 1.69-2.07 after
+    the block, four interleaved rounds, load 0.6, 2026-11-26)."""
     from ir.kernel_points import ColdEntryPoint
 
     ops = {kind: neighbour_ops(kind, device) for kind in NEIGHBOURS}
@@ -253,13 +256,16 @@ def cold_entry_calibration(device: str = "cpu") -> dict:
     for after, before in ENTRY_WORK:
         cost = cold_entry_cost(cold_entry_chains(device, before is None, after,
                                                  before or "block"))
+        same_s = 0.0 if before is None else cold_entry_cost(cold_entry_chains(
+            device, after=after, before="same")).entry_s
         points.append(ColdEntryPoint(sum(ops[after]), before is None, cost.entry_s,
-                                     cost.op_s))
-    same = cold_entry_cost(cold_entry_chains(device, after="small", before="same"))
+                                     cost.op_s, same_s))
     block, first = points[ENTRY_WORK.index(("block", "block"))], points[-1]
+    small = points[ENTRY_WORK.index(("small", "block"))]
     return dict(cold_entry_host_s=block.entry_s, cold_op_host_s=block.op_s,
                 cold_entry_after_backward_host_s=first.entry_s,
-                cold_entry_points=tuple(points), cold_entry_same_code_host_s=same.entry_s)
+                cold_entry_points=tuple(points),
+                cold_entry_same_code_host_s=small.same_code_entry_s)
 
 
 def paired_rounds(layers, step_between, fresh, clock, runs: int = ENTRY_RUNS,

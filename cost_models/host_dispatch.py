@@ -119,8 +119,11 @@ def cold_entry_seconds(layer: Layer, cal) -> float:
     forward and backward, 13 after 67, 15 after a block's 117; after a backward, 3 after
     17, 29 after 115: one thread, load 4-7, 2026-11-25). The
     layer before running the same ops (`same_code_before`, a table after a table: 1.4 us
-    where a block before read 10): the same-code entry. Kits without points: the single
-    figures."""
+    where a block before read 10): the same-code entry, on the points' line of it where
+    they carry one (`ColdEntryPoint.same_code_entry_s`: it grows with the work between
+    too, 0.60-0.78 us after a Linear's 17 ops, 1.69-2.07 after a block's 115, four
+    interleaved rounds, load 0.6, 2026-11-26), else the kit's single figure. Kits without
+    points: the single figures."""
     first = layer.forward_after_backward
     points = sorted((p for p in cal.cold_entry_points if p.after_backward == first),
                     key=lambda p: p.after_ops)
@@ -129,6 +132,10 @@ def cold_entry_seconds(layer: Layer, cal) -> float:
                    if first and cal.cold_entry_after_backward_host_s > 0
                    else cal.cold_entry_host_s)
         return entry_s + layer.cold_distinct_ops_fwd * cal.cold_op_host_s
+    same_points = [p for p in points if p.same_code_entry_s > 0]
+    if layer.same_code_before and not first and same_points:
+        same_s, = read_points(same_points, layer.after_ops, "same_code_entry_s")
+        return same_s + layer.cold_distinct_ops_fwd * points[0].op_s
     if layer.same_code_before and not first and cal.cold_entry_same_code_host_s > 0:
         return cal.cold_entry_same_code_host_s + layer.cold_distinct_ops_fwd * points[0].op_s
     entry_s, op_s = read_points(points, layer.after_ops, "entry_s", "op_s")

@@ -320,7 +320,9 @@ def host_op_seconds_by_pass(device: str = "cpu", gpu: bool | None = None) -> Hos
               - records_excess_seconds(backward_records, lambda op: plain.excess_s.get(op, 0.0)))
     parts = dict(backward_view_op_s=internal.view_s, backward_nonview_op_s=op_s,
                  backward_node_s=max(0.0, rest_s) / nodes,
-                 excess_s=tuple(sorted({**plain.excess_s, **bag_python_excess(device)}.items())),
+                 # F.embedding_bag's arange and clone price as function ops, its view as one
+                 excess_s=tuple(sorted({**plain.excess_s, **bag_python_excess(
+                     device, 2 * nograd_op_s + internal.view_s)}.items())),
                  python_node_s=python_node_seconds(device), function_nograd_op_s=nograd_op_s,
                  view_nograd_op_s=internal.view_s,
                  python_view_nograd_op_s=internal.python_view_s,

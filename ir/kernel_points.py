@@ -204,17 +204,20 @@ class ColdEntryPoint:
     """What a forward pays for starting after a layer after's forward and backward of
     `after_ops` ATen ops, then a layer before's forward of other code (`after_backward`:
     none, a step's first layer; `cost_models.cold_entry_probes.cold_entry_calibration`):
-    `entry_s` per layer + `op_s` per cold distinct op."""
+    `entry_s` per layer + `op_s` per cold distinct op; `same_code_entry_s`, the entry
+    after the same work with the layer's own code run just before instead (a table after
+    a table; 0 where not measured: after a backward, older kits)."""
 
     after_ops: int
     after_backward: bool
     entry_s: float
     op_s: float
+    same_code_entry_s: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"cold entry point at {self.after_ops!r} ops"
         _ops_count(where, self.after_ops)
-        _non_negative(where, self, "entry_s", "op_s")
+        _non_negative(where, self, "entry_s", "op_s", "same_code_entry_s")
 
 
 @dataclass(frozen=True, slots=True)

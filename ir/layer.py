@@ -257,8 +257,8 @@ class Layer:
     # as cold backward ops beside those above.
     cold_inner_ops_bwd: int = 0
     # ATen ops a step runs after it between its backward and its next forward, as `planner
-    # profile` runs them (`cost_models.layer_profile.StepNeighbours`): the layer after's
-    # forward and backward (the last layer: its window before's,
+    # profile` runs them (`cost_models.layer_profile.StepNeighbours`): its backward
+    # window's forwards and backwards (the last layer: its window before's,
     # `ir.op_count.recent_window_layers`); and whether the layer just before runs the same
     # forward ops (a table after a table). Its forward's entry is priced by them
     # (`cost_models.host_dispatch.cold_entry_seconds`).

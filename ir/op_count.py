@@ -134,7 +134,8 @@ def step_evicts(forward_ops: list[frozenset[str]], backward_ops: list[frozenset[
 def step_between(layers: list, index: int) -> dict:
     """`Layer.after_ops` and `same_code_before` of `layers[index]`, from what `planner
     profile` runs between its backward and its next forward (`cost_models.layer_profile
-    .StepNeighbours`): the layer after's forward and backward ops (for the last layer,
+    .StepNeighbours`): the forward and backward ops of the layers of its backward window
+    (`recent_backward_ops`' layers, the profile's `StepNeighbours.afters`; for the last layer,
     those of the layers before in its window, `recent_window_layers`, which it runs after
     the last layer's backward); and whether the layer just before runs the same forward
     ops (its code warm, only the layer's own objects cold); `Layer.backward_after_ops`:
@@ -144,9 +145,8 @@ def step_between(layers: list, index: int) -> dict:
     there but its own forward (`StepNeighbours.after_backward` then `before_forward`): the
     layers before's (`after` above) forwards and backwards, then their forwards again
     (bench/bench_head_cold_ab.py, bench/bench_head_arrangement.py)."""
-    if index + 1 < len(layers):
-        after = [layers[index + 1]]
-    else:
+    after = []
+    if index + 1 == len(layers):
         previous = [layers[j].measured.forward_overloads for j in range(index - 1, -1, -1)]
         after = layers[index - recent_window_layers(previous):index]
     same = index > 0 and (layers[index - 1].measured.forward_overloads
@@ -154,7 +154,10 @@ def step_between(layers: list, index: int) -> dict:
     later = [layers[j].measured.backward_overloads for j in range(index + 1, len(layers))]
     window = layers[index + 1:index + 1 + recent_window_layers(later)] if later else after
     again = 0 if later else sum(layer.ops_fwd for layer in after)  # the last's befores
-    return {"after_ops": sum(layer.ops_fwd + layer.ops_bwd for layer in after),
+    # the profile runs the whole backward window's forwards and backwards there
+    # (`StepNeighbours.afters` = `layer_profile.backward_window`), not the layer after's
+    # alone (the last layer's window is `after`)
+    return {"after_ops": sum(layer.ops_fwd + layer.ops_bwd for layer in window),
             "same_code_before": same,
             "backward_after_ops": again + sum(layer.ops_fwd + layer.ops_bwd
                                               for layer in window)}

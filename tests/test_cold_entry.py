@@ -344,16 +344,51 @@ def test_the_entry_is_read_off_the_kits_points_at_the_work_between():
     assert KernelCalibration.from_dict(json.loads(json.dumps(POINTS.to_dict()))) == POINTS
 
 
+def test_the_same_code_entry_is_read_off_the_points_at_the_work_between():
+    """Points that carry the same-code entry (`ColdEntryPoint.same_code_entry_s`: 0.5 us
+    after 20 ops, 2 after 100) price a layer after the same code on their line, 3 cold
+    ops at the least point's 1 us each: 0.5 + 3 = 3.5 us at 20 ops, 1.25 + 3 = 4.25 at 60,
+    2 + 3 = 5 at 300, where the kit's single figure read 3.25 at any (dlrm's tables.1-3
+    run after 106 ops: the single figure, probed after 17, priced their forwards
+    21-33% under, bench_kernel_model --reprice, 2026-11-26). The field travels in the
+    JSON; a kit written before it reads 0 there and prices the single figure."""
+    from cost_models.host_dispatch import cold_entry_seconds
+
+    layer = dataclasses.replace(with_python_nodes(tiny_layer(), 4), cold_distinct_ops_fwd=3,
+                                same_code_before=True)
+    same = {20: 0.5 * US, 100: 2 * US}
+    kit = dataclasses.replace(POINTS, cold_entry_points=tuple(
+        dataclasses.replace(p, same_code_entry_s=same.get(p.after_ops, 0.0))
+        if not p.after_backward else p for p in POINTS.cold_entry_points))
+
+    def at(ops, calibration=kit):
+        return cold_entry_seconds(dataclasses.replace(layer, after_ops=ops), calibration) / US
+
+    assert [at(ops) for ops in (20, 60, 300)] == pytest.approx([3.5, 4.25, 5])
+    assert at(300, POINTS) == pytest.approx(3.25)
+    assert KernelCalibration.from_dict(json.loads(json.dumps(kit.to_dict()))) == kit
+    older = kit.to_dict()
+    for point in older["cold_entry_points"]:
+        del point["same_code_entry_s"]
+    assert at(300, KernelCalibration.from_dict(older)) == pytest.approx(3.25)
+
+
 def test_graphs_count_the_work_after_and_the_same_code_before():
     """`ir.op_count.step_between` on `NormHead` (3 `Wide` blocks, a norm, a head): each
-    layer's `after_ops` is the next layer's forward + backward ops; the head's (the last)
-    those of its window before (the last block and the norm, whose forwards and
-    backwards `planner profile` runs after its backward, `StepNeighbours.after_backward`);
-    a block after a block runs the same code, the first block (nothing before), the norm
-    and the head not."""
+    layer's `after_ops` is the forward + backward ops of the layers `planner profile` runs
+    between two of its forwards (`StepNeighbours.afters`, its backward window): a block
+    before a block, the next block's (its 20 distinct backward ops fill the window); the
+    last block, the norm's and the head's (their 7 do not: the profile runs both, and
+    counting the norm's alone priced dlrm's bottom_mlp, before four tables and top_mlp,
+    at 7 ops where 150 ran: -19..-33%, bench_kernel_model --reprice, 2026-11-26); the
+    norm, the head's; the head's (the last) those of its window before (the last block
+    and the norm, whose forwards and backwards it runs after its backward,
+    `StepNeighbours.after_backward`); a block after a block runs the same code, the first
+    block (nothing before), the norm and the head not."""
     graph, _ = _measured(NormHead())
     both = [layer.ops_fwd + layer.ops_bwd for layer in graph.layers]
-    assert [layer.after_ops for layer in graph.layers] == both[1:] + [both[2] + both[3]]
+    assert [layer.after_ops for layer in graph.layers] == [
+        both[1], both[2], both[3] + both[4], both[4], both[2] + both[3]]
     assert [layer.same_code_before for layer in graph.layers] == [
         False, True, True, False, False]
 
