@@ -6,8 +6,8 @@ all-reduce of the flat input and a copy of this rank's chunk, never gloo's own
 reduce_scatter (which clones the whole input first): checked on 2 gloo ranks by recording
 the torch.distributed calls each makes. Likewise the probe's all-gather and the executor's
 `GlooAllGather` both make gloo's list-output `dist.all_gather` (`all_gather_chunks`), the
-call the DP-unit probe leaves out of its figure. The DP-unit probe's ZeRO-2/3 units carry the same
-all-gather and reduce-scatter as the executor's units (`use_gloo_collectives`), so the
+call the DP-unit probe leaves out of its figure. The DP-unit probe's ZeRO-2/3 units carry
+the same all-gather and reduce-scatter as the executor's units (`use_gloo_collectives`), so the
 Python around their gloo calls is in the unit figure."""
 
 from __future__ import annotations
@@ -21,23 +21,32 @@ from tests.dist_utils import spawn
 WATCHED = ("all_reduce", "reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter")
 
 
-def _record_calls(rank: int, world_size: int, payload) -> dict:
-    from cost_models.collective_probes import _collective_calls
-    from ir.gloo_collectives import GlooReduceScatter
-
+def _watch(names, record) -> list:
+    """Wrap each torch.distributed function of `names` this torch has so every call first
+    appends `record(name, args)` to the returned list (the wrapping lasts the process)."""
     calls = []
-    for name in WATCHED:
+    for name in names:
         original = getattr(dist, name, None)
         if original is None:
             continue
 
         def watched(*args, _name=name, _original=original, **kwargs):
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            calls.append((_name, tuple(t.numel() for t in tensors),
-                          tuple(t.data_ptr() for t in tensors)))
+            calls.append(record(_name, args))
             return _original(*args, **kwargs)
 
         setattr(dist, name, watched)
+    return calls
+
+
+def _record_calls(rank: int, world_size: int, payload) -> dict:
+    from cost_models.collective_probes import _collective_calls
+    from ir.gloo_collectives import GlooReduceScatter
+
+    def record(name, args):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        return name, tuple(t.numel() for t in tensors), tuple(t.data_ptr() for t in tensors)
+
+    calls = _watch(WATCHED, record)
     numel = 1024  # 4 KiB of fp32, as the probe sizes its message
     ops, full = _collective_calls(dist, None, world_size, numel * 4, torch.device("cpu"))
     before = len(calls)
@@ -108,8 +117,6 @@ def _record_all_gathers(rank: int, world_size: int, payload) -> dict:
     from cost_models.collective_probes import _collective_calls
     from ir.gloo_collectives import GlooAllGather
 
-    calls = []
-
     def shape(arg):
         if isinstance(arg, torch.Tensor):
             return arg.numel()
@@ -117,16 +124,8 @@ def _record_all_gathers(rank: int, world_size: int, payload) -> dict:
             return tuple(shape(a) for a in arg)
         return None
 
-    for name in WATCHED_ALL_GATHER:
-        original = getattr(dist, name, None)
-        if original is None:
-            continue
-
-        def watched(*args, _name=name, _original=original, **kwargs):
-            calls.append((_name, tuple(s for s in map(shape, args) if s is not None)))
-            return _original(*args, **kwargs)
-
-        setattr(dist, name, watched)
+    calls = _watch(WATCHED_ALL_GATHER, lambda name, args: (
+        name, tuple(s for s in map(shape, args) if s is not None)))
     numel = 1024  # 4 KiB of fp32, as the probe sizes its message
     ops, _ = _collective_calls(dist, None, world_size, numel * 4, torch.device("cpu"))
     before = len(calls)
