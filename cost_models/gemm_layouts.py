@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ir.kernel_calibration import GEMM_LAYOUT_TABLES, GemmPoint, fastest_points
+from ir.gemm_table import fastest_points
+from ir.kernel_calibration import GEMM_LAYOUT_TABLES, GemmPoint
 from ir.kernel_records import KernelRecord
 
 # Shapes whose layouts profile-device times beside its own: m tokens (a zoo layer's

@@ -98,7 +98,7 @@ def probe_math_kernels(device: str, sizes, dtype: str = "float32") -> list:
     of two passes, net of what the host model charges each call."""
     if device != "cpu":
         return []
-    from ir.kernel_calibration import fastest_points
+    from ir.gemm_table import fastest_points
 
     from cost_models.clusters import _one_thread
     from cost_models.host_excess import plain_dispatch_seconds

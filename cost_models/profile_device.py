@@ -49,7 +49,8 @@ from collections.abc import Callable
 
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
-from ir.kernel_calibration import GemmPoint, KernelCalibration, SdpaPoint, fastest_points
+from ir.gemm_table import fastest_points
+from ir.kernel_calibration import GemmPoint, KernelCalibration, SdpaPoint
 
 from cost_models import clusters
 from cost_models.device_grids import (  # noqa: F401  (read as pd.NAME too)

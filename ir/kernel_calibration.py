@@ -23,10 +23,10 @@ field names: `flop_per_s` FLOP per second, `gbps` 10^9 BYTES per second
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
+from ir import gemm_table
 from ir.errors import PlannerError
 # The rows are defined in ir.kernel_points; importing them from here keeps working.
 from ir.kernel_points import (APART_MEMORY_KERNELS, GEMM_TIE_LOG2_DISTANCE,  # noqa: F401
@@ -328,80 +328,24 @@ class KernelCalibration:
         return max((p for p in self.gemm if p.dtype == dtype), key=lambda p: p.flop_per_s,
                    default=None)
 
+    # The table lookups live in `ir.gemm_table` (nearest shape by log2 distance).
     def nearest_gemm(self, m: int, n: int, k: int, dtype: str) -> GemmPoint | None:
-        """The measured GEMM of this dtype closest in shape: least squared distance of
-        (log2 m, log2 n, log2 k), so 2x off in one dimension counts as much anywhere."""
-        points = [p for p in self.gemm if p.dtype == dtype]
-        if not points or min(m, n, k) <= 0:
-            return None
-
-        def distance(p: GemmPoint) -> float:
-            return sum(math.log2(a / b) ** 2 for a, b in ((m, p.m), (n, p.n), (k, p.k)))
-
-        return min(points, key=distance)
+        return gemm_table.nearest_gemm(self.gemm, m, n, k, dtype)
 
     def gemm_flop_per_s(self, m: int, n: int, k: int, dtype: str) -> float | None:
-        """FLOP/s of an (m x k) @ (k x n) product of `dtype` read off the table: the
-        measured rate of the nearest shape (`nearest_gemm`'s log-shape distance); where
-        several shapes are equally near (a size halfway, in log2, between two grid
-        points), the geometric mean of their rates, the log-space midpoint. None
-        without a point of that dtype."""
-        nearest = self.nearest_gemm(m, n, k, dtype)
-        if nearest is None:
-            return None
-
-        def distance(p: GemmPoint) -> float:
-            return sum(math.log2(a / b) ** 2 for a, b in ((m, p.m), (n, p.n), (k, p.k)))
-
-        least = distance(nearest)
-        tied = [p.flop_per_s for p in self.gemm
-                if p.dtype == dtype and distance(p) <= least + GEMM_TIE_LOG2_DISTANCE]
-        if len(tied) == 1:
-            return nearest.flop_per_s
-        return math.exp(sum(math.log(rate) for rate in tied) / len(tied))
+        return gemm_table.gemm_flop_per_s(self.gemm, m, n, k, dtype)
 
     def gemm_layout_factor(self, m: int, n: int, k: int, dtype: str, layout: str,
                            charged_s: float = 0.0) -> float:
-        """Seconds of an (m, n, k) product in `layout` over the plain mm's: at the layout
-        table's nearest shape (equally near ones averaged geometrically), the rate of the
-        plain mm timed in the same passes (`gemm_layout_mm`: a pair timed apart on a shared
-        host read 1.8x where 1.3 was so) over the layout's, the layout's seconds less
-        `charged_s` (what the host model charges its op per call already: addmm's fixed
-        excess, `host_excess_s`). 1.0 where not measured."""
-        points = [p for p in getattr(self, GEMM_LAYOUT_TABLES[layout]) if p.dtype == dtype]
-        plain_rate = {(p.m, p.n, p.k): p.flop_per_s for p in self.gemm_layout_mm
-                      if p.dtype == dtype}
-        if not points or min(m, n, k) <= 0:
-            return 1.0
-
-        def distance(p: GemmPoint) -> float:
-            return sum(math.log2(a / b) ** 2 for a, b in ((m, p.m), (n, p.n), (k, p.k)))
-
-        least = min(map(distance, points))
-        plain = [(plain_rate.get((p.m, p.n, p.k)), p) for p in points
-                 if distance(p) <= least + GEMM_TIE_LOG2_DISTANCE]
-        ratios = [(2.0 * p.m * p.n * p.k / p.flop_per_s - charged_s) * rate
-                  / (2.0 * p.m * p.n * p.k) for rate, p in plain if rate is not None]
-        ratios = [r for r in ratios if r > 0]  # a fixed excess above a tiny layout's time
-        return math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else 1.0
+        """Seconds of the product in `layout` (`GEMM_LAYOUT_TABLES`) over the plain mm's
+        timed in the same passes (`gemm_layout_mm`); 1.0 where not measured."""
+        return gemm_table.gemm_layout_factor(getattr(self, GEMM_LAYOUT_TABLES[layout]),
+                                             self.gemm_layout_mm, m, n, k, dtype, charged_s)
 
     def nearest_conv(self, batch: int, in_channels: int, out_channels: int, positions: int,
                      kernel_area: int, dtype: str) -> list[ConvPoint]:
-        """The measured convolutions of this dtype nearest a convolution's shape: least
-        squared distance of log2 (batch x positions, in_channels, out_channels,
-        kernel_area); several where equally near (the caller averages them). Empty
-        without a point of that dtype."""
-        points = [p for p in self.conv if p.dtype == dtype]
-        if not points:
-            return []
-
-        def distance(p: ConvPoint) -> float:
-            return sum(math.log2(a / b) ** 2 for a, b in (
-                (batch * positions, p.batch * p.spatial ** 2), (in_channels, p.in_channels),
-                (out_channels, p.out_channels), (kernel_area, p.kernel ** 2)))
-
-        least = min(map(distance, points))
-        return [p for p in points if distance(p) <= least + GEMM_TIE_LOG2_DISTANCE]
+        return gemm_table.nearest_conv(self.conv, batch, in_channels, out_channels,
+                                       positions, kernel_area, dtype)
 
     # ---- JSON ----------------------------------------------------------------------------
 
@@ -477,24 +421,3 @@ def _row(kind, where: str, item: Any):
         raise PlannerError(f"{where}: {exc}") from None
     except PlannerError as exc:
         raise PlannerError(f"{where}: {exc}") from None
-
-
-def fastest_points(*passes):
-    """Per measured point (same shape or kernel, dtype and size), the fastest of several
-    passes over one grid, in the first pass's order. On a shared host, other processes
-    only ever slow a kernel down, so the fastest reading is the least disturbed one (the
-    rule of Python's `timeit` docs: "the lowest value gives a lower bound for how fast
-    your machine can run the given code snippet")."""
-    def key(p):
-        return tuple(getattr(p, f.name) for f in dataclasses.fields(p)
-                     if f.name not in ("flop_per_s", "gbps"))
-
-    def rate(p):
-        return p.flop_per_s if isinstance(p, GemmPoint) else p.gbps
-
-    best = {}
-    for points in passes:
-        for p in points:
-            if key(p) not in best or rate(p) > rate(best[key(p)]):
-                best[key(p)] = p
-    return [best[key(p)] for p in passes[0]]

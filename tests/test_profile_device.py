@@ -328,7 +328,8 @@ def test_gemm_rate_between_two_grid_shapes_is_their_geometric_mean():
 def test_fastest_points_keeps_the_least_disturbed_reading_per_point():
     """Two passes over one grid: per point the higher rate wins (a shared host only slows
     kernels down), in the first pass's order; points differ by shape, kernel and size."""
-    from ir.kernel_calibration import GemmPoint, MemoryKernelPoint, fastest_points
+    from ir.gemm_table import fastest_points
+    from ir.kernel_calibration import GemmPoint, MemoryKernelPoint
 
     first = [GemmPoint(64, 64, 64, "float32", 5e10), GemmPoint(8, 8, 512, "float32", 1e9)]
     second = [GemmPoint(8, 8, 512, "float32", 3e9), GemmPoint(64, 64, 64, "float32", 2e10)]
