@@ -13,6 +13,7 @@ from ir.layer import Layer
 
 from cost_models.layer_memo import per_layer
 from cost_models.host_excess import backward_nodes, records_excess_seconds
+from cost_models.host_probes import HOST_OP_CHAIN_DISTINCT_OPS
 from cost_models.sequence_probes import in_sequence_extra_per_op_s
 
 # `KernelRecord.dtype` names of floating tensors (float32, float16, bfloat16, float64)
@@ -41,7 +42,11 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     forward records x per-node (`autograd_nodes_fwd`, else one per floating-point op:
     `host_excess.backward_nodes`); where it measured `in_sequence_op_host_s`, what the
     ops pay for running among the layer's distinct ops beyond the knee
-    (`distinct_ops_fwd`; every figure above is a tight loop's); + each op given a Python
+    (`distinct_ops_fwd`), less what they pay among the host probe chain's
+    (`host_probes.HOST_OP_CHAIN_DISTINCT_OPS`: its per-op, per-node and per-call figures
+    are that chain's, run in order, 1.4-1.6x its calls' tight loops here; a Linear then a
+    ReLU ran 1.24-1.30x theirs, thread clock, load 2.3, 2026-11-26; the other figures
+    above are tight loops'); + each op given a Python
     number it wraps (`KernelRecord.scalar_operand`) x `scalar_operand_float_host_s` on a
     floating tensor, `scalar_operand_int_host_s` on an integer one (0 in kits without
     them); where it measured
@@ -76,9 +81,14 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     if cal.forward_node_host_s > 0:  # grad_fns recorded (host_probes.host_op_seconds_by_pass)
         recorded = layer.autograd_nodes_fwd or backward_nodes(layer.kernels.forward, 0)
         host_s += recorded * cal.forward_node_host_s
-    # In sequence (cost_models.sequence_probes.in_sequence_cost): distinct ops beyond the knee
-    host_s += layer.ops_fwd * in_sequence_extra_per_op_s(
-        cal.in_sequence_op_host_s, cal.in_sequence_knee_distinct_ops, layer.distinct_ops_fwd)
+    # In sequence (cost_models.sequence_probes.in_sequence_cost): distinct ops beyond the
+    # knee, less what the per-op figures hold already (the probe chain's own, in order)
+    host_s += layer.ops_fwd * (
+        in_sequence_extra_per_op_s(cal.in_sequence_op_host_s, cal.in_sequence_knee_distinct_ops,
+                                   layer.distinct_ops_fwd)
+        - in_sequence_extra_per_op_s(cal.in_sequence_op_host_s,
+                                     cal.in_sequence_knee_distinct_ops,
+                                     HOST_OP_CHAIN_DISTINCT_OPS))
     # a whole step's ops stay in the caches (ir.op_count.step_evicts): the least work's
     # entry; kits before the entry probe price as they did (either entry figure says it
     # ran: one fit may clamp to 0)

@@ -29,6 +29,11 @@ from dataclasses import dataclass
 # resolution); the figure is the median round of HOST_OP_ROUNDS, the spread (max - min) /
 # median over rounds says how steady the machine was.
 HOST_OP_CHAIN_BLOCKS = 8
+# The distinct ATen ops the function chain runs in order (t, addmm, native_layer_norm,
+# gelu, sum; `ir.op_count.OpCounter`, pinned by tests/test_forward_host.py): its per-op
+# figures hold what its ops pay among these (`sequence_probes`), which
+# `host_dispatch.forward_host_seconds` nets out of a layer's in-sequence term.
+HOST_OP_CHAIN_DISTINCT_OPS = 5
 HOST_OP_RUNS_PER_ROUND = 50
 HOST_OP_ROUNDS = 11
 HOST_OP_ROUNDS_GPU = 5  # each ~5x longer there (H100 block probe 33.2 us an op, here 6.1)

@@ -133,9 +133,10 @@ class KernelCalibration:
     # recording nothing: ints, no gradient needed); 0 (kits before it): they record.
     forward_node_host_s: float = 0.0
     # Forward ops run in order, distinct ones after one another, cost more than the same
-    # ops each in a tight loop (every figure above): per op, `in_sequence_op_host_s` per
-    # distinct op of the layer beyond `in_sequence_knee_distinct_ops` (grad mode on:
-    # `cost_models.sequence_probes.in_sequence_cost`); 0 where not measured.
+    # ops each in a tight loop: per op, `in_sequence_op_host_s` per distinct op of the
+    # layer beyond `in_sequence_knee_distinct_ops` (grad mode on: `cost_models
+    # .sequence_probes.in_sequence_cost`; the host probe chain's figures above hold their
+    # own: `host_dispatch.forward_host_seconds`); 0 where not measured.
     in_sequence_op_host_s: float = 0.0
     in_sequence_knee_distinct_ops: float = 0.0
     # Per distinct forward op the layer before did not run (`Layer.cold_distinct_ops_fwd`),

@@ -365,6 +365,43 @@ def test_forward_host_adds_what_ops_pay_in_sequence():
         pytest.approx(18 * US)
 
 
+def test_in_sequence_counts_only_the_distinct_ops_beyond_the_host_probe_chains():
+    """The kit's per-op figures are timed on the host probe's function chain, itself run
+    in order among its HOST_OP_CHAIN_DISTINCT_OPS (5) distinct ops, so they already hold
+    what its ops pay among 5: a layer pays the in-sequence line's difference. On a kit
+    whose fit read its knee at 0 (0.05 us per op per distinct op), `tiny_layer`'s 18 us
+    among 20 distinct: 5 ops x 0.05 x (20 - 5) = 3.75 us more, 21.75 us (not 5 x 0.05 x
+    20 = 5 more); among 3, 5 x 0.05 x (3 - 5) = -0.5 us, 17.5 us: its ops pay less than
+    the chain's; among 5, 18 us. With the knee at 16 (above the chain's 5), as before."""
+    from cost_models.host_probes import HOST_OP_CHAIN_DISTINCT_OPS
+
+    assert HOST_OP_CHAIN_DISTINCT_OPS == 5
+    layer = with_python_nodes(tiny_layer(), 4)
+    spec = cpu(dataclasses.replace(IN_SEQUENCE, in_sequence_knee_distinct_ops=0.0))
+    for distinct, us in ((20, 21.75), (3, 17.5), (5, 18.0)):
+        assert forward_host_seconds(with_distinct_ops(layer, distinct), spec) == \
+            pytest.approx(us * US)
+
+
+def test_the_host_probe_chain_runs_the_distinct_ops_it_is_credited_with():
+    """HOST_OP_CHAIN_DISTINCT_OPS is the `OpCounter` count of the chain
+    `host_probes.host_op_seconds_by_pass` times its per-op figures on: the leaves of
+    HOST_OP_CHAIN_BLOCKS `clusters._overhead_block`s called as functions, then a sum, grad
+    on: t, addmm, native_layer_norm, gelu, sum."""
+    from cost_models.clusters import OP_OVERHEAD_WIDTH, _overhead_block
+    from cost_models.host_probes import (HOST_OP_CHAIN_BLOCKS, HOST_OP_CHAIN_DISTINCT_OPS,
+                                         _as_function)
+
+    chain = nn.Sequential(*[_overhead_block() for _ in range(HOST_OP_CHAIN_BLOCKS)])
+    calls = [_as_function(m) for m in chain.modules() if not list(m.children())]
+    y, counter = torch.randn(2, OP_OVERHEAD_WIDTH), OpCounter()
+    with counter:
+        for call in calls:
+            y = call(y)
+        y.sum()
+    assert counter.distinct_ops == HOST_OP_CHAIN_DISTINCT_OPS
+
+
 def test_the_in_sequence_fit_finds_the_knee_and_the_slope():
     """Chains made by hand at 40 ns per op per distinct op beyond 12 (and a flat 0 below):
     10 distinct, 0; 20 distinct, 60 ops: 60 x 40 x 8 = 19.2 us; 30 distinct, 50 ops: 50 x
