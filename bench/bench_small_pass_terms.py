@@ -40,6 +40,28 @@ entry is what is left, under-priced 35-59% (the profile's less the tight loop's;
 mlp-small (mb 4, a warm step) alike: blocks.0 entry 2.89 priced, 6.64 measured; head
 2.89 and 4.52; blocks.2 (same code) 0 and 1.04; warm parts -2..-10%.
 
+On the kit of /work/notes/km_base.json (13:43, this session's machine, ~2x slower per op
+than the one above: its forward op 2.84 us, per call 5.21, per node 1.52, in-sequence knee
+0) after the in-sequence term nets out the probe chain's own distinct ops, the warm part is
+over at every micro-batch and the entry under the more, the larger the batch (wall clock,
+load 2.7-4.1 on 2 shared cores, 2026-11-26 13:55; us, micro-batch 1 / 16; warm meas
+holds the kernels, warm err is kernel + warm host over it):
+
+    layer             warm host  warm meas     entry  entry meas     warm err
+    t5 enc_rel_bias      103.9   92.7 / 94.4    65.0  59.9 / 116.3   +52 / +50%
+    t5 dec_rel_bias      106.3  105.2 / 109.0   65.0  70.8 / 188.1   +47 / +41%
+    dlrm bottom_mlp       72.6   48.1 / 54.1    36.5  27.8 / 42.7    +53 / +41%
+    dlrm top_mlp         147.8  117.0 / 136.2   48.4  70.7 / 77.0    +28 / +13%
+    mlp blocks.0          24.2   14.9 / 21.2    11.1  17.4 / 27.3    +67 / +24%
+
+The relative biases run the same work at every batch (positions only), yet their entry
+doubles or triples from micro-batch 1 to 16: the work between, not its ops, grows (more
+bytes through the caches), which `cold_entry_seconds` reads by ops alone. The warm part
+is over because the kit's per-op, per-node and per-call figures are its chain's, run in
+order at ~1.5x its calls' tight loops (bench/bench_chain_premium.py), where these layers
+run at 1.1-1.3x theirs. At micro-batch 1 the warm part wins (the rows over 15%); at 16 the
+entry does; fixing one without the other trades rows.
+
     .venv/bin/python bench/bench_small_pass_terms.py --spec-from RESULT_JSON \\
         [--model dlrm-small] [--micro-batch 4] [--layers tables.0,tables.1,top_mlp]
 """
