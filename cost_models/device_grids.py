@@ -42,7 +42,8 @@ BATCH_NORM_CHANNELS = 16
 # 2026-11-24); past it the last point's rate applies (`kernel_time.memory_gbps`).
 CPU_SMALL_ONLY_KINDS = ("softmax_backward", "masked_fill", "short_run", "layer_norm_backward",
                         "broadcast_scalar", "short_reduction", "short_outer",
-                        "broadcast_binary", "strided_reduction", "log_softmax_backward")
+                        "broadcast_binary", "strided_reduction", "log_softmax_backward",
+                        "dropout")
 CPU_SMALL_ONLY_MAX_BYTES = 4 * MiB
 # masked_fill's probe: a causal mask of this many positions, the zoo's sequence length
 # (gpt/llama/t5-tiny train at 32). Its cost per element grows with it on this CPU (one

@@ -36,7 +36,7 @@ import math
 import random
 
 from ir.kernel_calibration import MemoryKernelPoint
-from ir.kernel_recorder import EMBEDDING_BAG_OPS
+from ir.kernel_recorder import DROPOUT_OP, EMBEDDING_BAG_OPS
 from ir.kernel_records import KernelKind, KernelRecord
 
 from cost_models.common import GB, StepConfig
@@ -63,6 +63,10 @@ CPU_CACHE_SYSFS = "/sys/devices/system/cpu/cpu0/cache"
 # L3 of the CPU this probe was written on (lscpu and sysfs index3: 32768K, 2026-11-25).
 FALLBACK_LAST_LEVEL_CACHE_BYTES = 32 * 2**20
 _SIZE_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}  # sysfs sizes: "48K", "32768K", "2M"
+# x-sized blocks a CPU dropout's forward writes: the float mask and the output (ATen's
+# CPU dropout: empty_like + bernoulli_, div_ in place, mul). Fresh points exist on CPUs
+# only, so a GPU's fused kernel is not charged them.
+CPU_DROPOUT_OUTPUTS = 2
 FRESH_PROBE_ROUNDS = 3  # hot and fresh alternate; the fastest of each (least disturbed)
 # Fresh blocks are visited in a shuffled order: malloc hands back scattered blocks, and
 # blocks in address order would let the hardware prefetcher stream them (in order, the
@@ -170,6 +174,10 @@ def fresh_output_seconds(r: KernelRecord, cal, config: StepConfig, share: float,
     nbytes = output_bytes(r, config, share, backward)
     if nbytes <= 0:
         return 0.0
+    # a CPU dropout writes its float mask (bernoulli_ into a fresh x-sized block) and its
+    # output (mul), where the record holds CUDA's one output and a bool mask
+    blocks = CPU_DROPOUT_OUTPUTS if r.op == DROPOUT_OP and not backward else 1
     # write-allocate (Hennessy & Patterson, Computer Architecture 6th ed. §B.1: a write miss
     # fetches the line first), priced at the rate `probe_fresh_output` measured
-    return nbytes / (memory_gbps(cal, KIND, config.precision.compute_dtype, nbytes, 1.0) * GB)
+    return blocks * nbytes / (memory_gbps(cal, KIND, config.precision.compute_dtype, nbytes,
+                                          1.0) * GB)

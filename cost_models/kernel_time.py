@@ -118,6 +118,7 @@ MEMORY_KERNEL_OF_OP = {
                     "layer_norm"),
     **dict.fromkeys(("native_batch_norm", "_native_batch_norm_legit"), "batch_norm"),
     "native_batch_norm_backward": "batch_norm_backward",
+    "native_dropout": "dropout",  # a CPU's div_ and mul beside its draw (memory_probes)
     **dict.fromkeys(("sum", "mean", "amax", "amin", "max", "min", "var_mean", "norm",
                      "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward"), "sum"),
     **dict.fromkeys(("gelu", "gelu_backward", "silu", "silu_backward", "tanh",
@@ -134,7 +135,7 @@ MEMORY_KERNEL_OF_OP = {
 # kind that priced those ops before, which is what the time model falls back to.
 MEMORY_KERNEL_STAND_IN = {"softmax_backward": "softmax", "masked_fill": "add",
                           "log_softmax_backward": "softmax_backward",
-                          "layer_norm_backward": "layer_norm"}
+                          "layer_norm_backward": "layer_norm", "dropout": "add"}
 # Row-wise forward kernels that pay per row beyond their bytes (a softmax's max, sum and
 # normalise passes, a layer norm's statistics, per row): the calibration's measured
 # seconds per row (`memory_probes.probe_row_seconds`) x the record's rows

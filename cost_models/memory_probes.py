@@ -34,6 +34,12 @@ Beside the streaming kinds (copy, add), the kinds whose speed per byte differs o
   broadcast_scalar  a scalar times a column expanded along the rows (stride 0 innermost),
                     as a mean's backward divides: not vectorised, ~3.5x an add per byte
                     (`ir.kernel_recorder.scalar_over_broadcast` marks such records).
+  dropout           (CPU only) what ATen's CPU dropout runs beside its draw: the float
+                    mask scaled in place by 1 / keep (`div_`) and x times it (`mul`), as
+                    GB/s over the bytes of the fused `native_dropout` the records hold
+                    (x read, the output and a bool mask written); the draw is
+                    `item_probes.probe_random_element_s`'s. CUDA runs the one fused
+                    kernel: its record streams as an add there (`kernel_time`).
 
 Two corrections beside the table (CPU):
   per call          each point less the per-call cost the host model charges per op
@@ -115,6 +121,12 @@ def _memory_kernel(name: str, x, y, out):
                             device=x.device).triu(1)
         scores = x.view(-1, MASK_SEQ_LEN, MASK_SEQ_LEN)
         return lambda: scores.masked_fill(causal, float("-inf")), 2 * x.numel() * e
+    if name == "dropout":  # x * mask.div_(keep): a zero mask stays zero, call after call
+        from cost_models.item_probes import DROPOUT_KEEP_PROBABILITY
+        from ir.kernel_recorder import DROPOUT_MASK_BYTES_PER_ELEMENT
+        mask = torch.zeros_like(x)
+        return (lambda: x * mask.div_(DROPOUT_KEEP_PROBABILITY),
+                (2 * e + DROPOUT_MASK_BYTES_PER_ELEMENT) * x.numel())  # the record's bytes
     if name == "broadcast_scalar":  # a column broadcast along the rows, times a scalar
         column = x_rows[:, :1].expand(rows, ROW_ELEMENTS)  # read as the record counts it
         return lambda: column * 2.0, 2 * x.numel() * e
@@ -165,6 +177,11 @@ EXCESS_OP_OF_KIND = {"gelu": "aten::gelu", "sum": "aten::sum",
                      "log_softmax_backward": "aten::_log_softmax_backward_data",
                      "masked_fill": "aten::masked_fill", "batch_norm": "aten::native_batch_norm",
                      "batch_norm_backward": "aten::native_batch_norm_backward"}
+# Kinds whose probe call dispatches more than one op, each charged by the host model
+# (a CPU dropout's div_ and mul); the others dispatch one.
+DISPATCHES_OF_KIND = {"dropout": 2}
+# Kinds only a CPU runs as probed (CUDA fuses a dropout into one kernel).
+CPU_ONLY_KINDS = ("dropout",)
 
 
 def host_charged_seconds(device: str) -> tuple[float, dict[str, float]]:
@@ -175,8 +192,9 @@ def host_charged_seconds(device: str) -> tuple[float, dict[str, float]]:
     from cost_models.host_excess import plain_dispatch_seconds
 
     plain = plain_dispatch_seconds(device, ops=tuple(EXCESS_OP_OF_KIND.values()))
-    return plain.op_s, {kind: plain.op_s + plain.excess_s.get(op, 0.0)
-                        for kind, op in EXCESS_OP_OF_KIND.items()}
+    return plain.op_s, {**{kind: plain.op_s + plain.excess_s.get(op, 0.0)
+                           for kind, op in EXCESS_OP_OF_KIND.items()},
+                        **{kind: n * plain.op_s for kind, n in DISPATCHES_OF_KIND.items()}}
 
 
 def net_of_call_cost(points: list[MemoryKernelPoint], dispatch_s: float,
@@ -245,10 +263,18 @@ def probe_row_seconds(device: str, dtype: str) -> dict[str, float]:
     return out
 
 
-def probe_memory(device: str, sizes, dtype: str, progress=None) -> list[MemoryKernelPoint]:
-    """GB/s of each memory-bound kernel by tensor size (bytes read plus written)."""
+def probed_kinds(device: str, nbytes: int) -> list[str]:
+    """The memory kinds `probe_memory` measures at `nbytes` on `device`."""
     from ir.kernel_calibration import MEMORY_KERNELS
 
+    if device != "cpu":
+        return [name for name in MEMORY_KERNELS if name not in CPU_ONLY_KINDS]
+    return [name for name in MEMORY_KERNELS
+            if name not in CPU_SMALL_ONLY_KINDS or nbytes <= CPU_SMALL_ONLY_MAX_BYTES]
+
+
+def probe_memory(device: str, sizes, dtype: str, progress=None) -> list[MemoryKernelPoint]:
+    """GB/s of each memory-bound kernel by tensor size (bytes read plus written)."""
     from cost_models.profile_device import _random, _rotation_sets, seconds_per_call
 
     points = []
@@ -259,10 +285,7 @@ def probe_memory(device: str, sizes, dtype: str, progress=None) -> list[MemoryKe
         xs = [_random(numel, dtype, device) for _ in range(sets)]
         ys = [_random(numel, dtype, device) for _ in range(sets)]
         outs = [_random(numel, dtype, device) for _ in range(sets)]
-        for name in MEMORY_KERNELS:
-            if device == "cpu" and name in CPU_SMALL_ONLY_KINDS \
-                    and nbytes > CPU_SMALL_ONLY_MAX_BYTES:
-                continue
+        for name in probed_kinds(device, nbytes):
             calls = [_memory_kernel(name, xs[s], ys[s], outs[s]) for s in range(sets)]
             seconds = seconds_per_call(lambda i: calls[i % sets][0](), device, graph=True)
             moved = calls[0][1]

@@ -24,7 +24,9 @@ MEMORY_KERNELS = ("copy", "add", "gelu", "sum", "softmax", "layer_norm", "batch_
                   # kdev3: the same middle-dim sum with no contiguous dim (unvectorised)
                   "strided_reduction",
                   # kernelprice (issue 17): log-softmax's backward, an exp per element
-                  "log_softmax_backward")
+                  "log_softmax_backward",
+                  # a CPU's dropout beside its draw: the mask's div_ and the mul (CPU only)
+                  "dropout")
 # SDPA backends as torch.nn.attention.SDPBackend names them, lower case, plus "default"
 # (whatever torch's dispatcher picks with no backend forced).
 SDPA_BACKENDS = ("flash_attention", "efficient_attention", "cudnn_attention", "math", "default")
