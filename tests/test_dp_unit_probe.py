@@ -141,3 +141,19 @@ def test_every_collective_fsdp2_calls_is_left_out_of_the_unit_figure():
     called = set(re.findall(r"\bdist\.([a-z_]+)\(", inspect.getsource(_fsdp_collectives)))
     collectives = {name for name in called if name.startswith(("all_", "reduce_"))}
     assert collectives and collectives <= set(FSDP_COLLECTIVES), collectives
+
+
+def test_the_probe_times_two_narrow_units_and_a_wide_one_of_as_many_tensors():
+    """`host_overhead_fit.dp_unit_overhead` fits the per-unit and per-tensor line through
+    two narrow units of different tensor counts, and the per-parameter part from a wide
+    unit of as many tensors as one of them but hundreds of times its parameters (the
+    narrow units' ~0.6K parameters hold none of a unit's copies)."""
+    from cost_models.dp_unit_probe import dp_probe_stack, dp_probe_units
+
+    sizes = []
+    for blocks, width in dp_probe_units():
+        unit = dp_probe_stack(None, None, blocks, width)[0]
+        sizes.append((len(list(unit.parameters())), sum(p.numel() for p in unit.parameters())))
+    (few, few_params), (many, many_params), (wide, wide_params) = sizes
+    assert few < many and wide == few
+    assert wide_params > 100 * max(few_params, many_params)
