@@ -1,6 +1,7 @@
 """Timing what a data-parallel unit (DDP-style replicate, FSDP2) adds per forward+backward,
-inside a process group `profile-cluster` spawned: `dp_unit_seconds`, by mode and tensor
-count, every rank running together. A unit's figure is the calling thread's CPU time
+inside a process group `profile-cluster` spawned: `dp_unit_seconds`, by mode and unit size
+(tensors and parameters: two narrow units and a wide one, `dp_probe_units`), every rank
+running together. A unit's figure is the calling thread's CPU time
 outside its collectives (`_added_step_s`): `cost_models.host_overhead_fit` keeps it as
 measured, since the comm model prices each collective call whole.
 
@@ -65,7 +66,7 @@ def dp_probe_stack(mesh, mode: DPMode | None, blocks: int, width: int | None = N
     from torch.distributed.fsdp import fully_shard
 
     from cost_models.clusters import OP_OVERHEAD_WIDTH, _overhead_block
-    from ir.gloo_collectives import on_gloo, use_gloo_collectives
+    from ir.gloo_collectives import on_gloo, sum_reduction, use_gloo_collectives
 
     width = width or OP_OVERHEAD_WIDTH
     stack = nn.Sequential(*[nn.Sequential(*[_overhead_block(width) for _ in range(blocks)])
@@ -80,10 +81,12 @@ def dp_probe_stack(mesh, mode: DPMode | None, blocks: int, width: int | None = N
             fully_shard(unit, mesh=mesh, reshard_after_forward=mode is DPMode.ZERO3)
             if gloo:  # as `executors.data_parallel.apply_dp`
                 use_gloo_collectives(unit)
+        sum_reduction(unit, mesh)  # the executor's reduction (2 ranks: within 2 us a unit)
     if mode is DPMode.REPLICATE:  # the root, which owns no parameters
         replicate(stack, mesh=mesh)
     else:
         fully_shard(stack, mesh=mesh, reshard_after_forward=mode is DPMode.ZERO3)
+    sum_reduction(stack, mesh)
     return stack
 
 
