@@ -38,9 +38,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 from dist_utils import spawn  # noqa: E402
 from planner.fmt import table  # noqa: E402
 
-WIDTHS = (8, 64, 128, 256)
-SWEEP_BLOCKS = 4
-MODEL, MICRO_BATCH = "gpt-tiny", 4
+WIDTHS = (8, 64, 128, 256)  # the probe's narrow width (OP_OVERHEAD_WIDTH) up to its wide one
+SWEEP_BLOCKS = 4  # the probe's larger narrow unit: 24 tensors
+MODEL, MICRO_BATCH = "gpt-tiny", 4  # bench_validate's gpt-ddp2: 8 samples over 2 ranks
 
 
 def _wrapped_model(base, mesh):
