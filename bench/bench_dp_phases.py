@@ -28,6 +28,18 @@ cores, gpt-ddp2-sel's waits (49.5 and 20.1 ms a step over both ranks, two runs):
 20.7 of the latter run-queue delay inside that call) and run-queue delay between calls
 (24.9, -12.4 ms). FSDP2's async collectives (gpt-zero3x2) wait in the work, not at entry.
 
+Read on 2026-11-26 13:48 UTC (--spec of 13:45, --steps 20, two runs a minute apart at
+load 2.1-2.4 from other sessions): gpt-ddp2's step -54% (run-queue delay 34.9 ms a step)
+and then -9% (1.9 ms), gpt-1rank -3% beside it. In CPU terms (second run): optimizer
++7%, collectives' blocked time 8.2 ms against 10.9 priced, DP hooks 9.2 against 6.9,
+compute outside them 13.0 against 8.9, though the plain model's forward+backward at
+the rank's batch reads 8.8 ms of thread CPU alone and with the peer computing alike
+(no contention for the cores' caches), and the whole model wrapped as the executor
+wraps it (units, root, sum reduction; head untied) added 7.7 ms over it, against 7.5
+priced from the DP-unit probe read at 13:54 with its per-parameter part
+(`DpOverhead.per_param_s`, 3.5 ns; 6.7 without it). The rest of the step's
+excess (~5 ms) is outside the units (the executor's loop, this split's own hooks).
+
     .venv/bin/python bench/bench_dp_phases.py [--cases gpt-ddp2,gpt-1rank] [--steps 10]
         [--spec spec.json]   # plan on a spec measured before instead of profiling one
 

@@ -122,11 +122,13 @@ BLOCKING_PROBE_ROUNDS = 7
 BLOCKING_PROBE_MATMUL = 64  # edge of the square matmul the compute repeats
 
 
-def blocking_seconds(dist, rank: int, group) -> dict[str, list[tuple[int, float]]]:
+def blocking_seconds(dist, rank: int, group, rounds: int = BLOCKING_PROBE_ROUNDS,
+                     only: tuple[str, ...] | None = None) -> dict[str, list[tuple[int, float]]]:
     """Per collective over `group` (None: the whole world, plus send/recv between rank
-    pairs 2k, 2k+1), [(bytes, seconds per blocking call)] at each of BLOCKING_PROBE_SIZES
-    when every process computes between calls: wire time and the wait for peers that are
-    late or off their core."""
+    pairs 2k, 2k+1; `only`: those collectives alone), [(bytes, seconds per blocking
+    call)] at each of BLOCKING_PROBE_SIZES when every process computes between calls:
+    wire time and the wait for peers that are late or off their core; the median of
+    `rounds` pairs."""
     import torch
 
     from cost_models.clusters import _one_thread
@@ -146,8 +148,10 @@ def blocking_seconds(dist, rank: int, group) -> dict[str, list[tuple[int, float]
             if group is None and world % 2 == 0:  # pipeline neighbours swap a message
                 ops["send_recv"] = lambda: exchange(dist, rank, full)
             for name, op in ops.items():
+                if only is not None and name not in only:
+                    continue
                 op()
-                added = [-loop(reps, None) + loop(reps, op) for _ in range(BLOCKING_PROBE_ROUNDS)]
+                added = [-loop(reps, None) + loop(reps, op) for _ in range(rounds)]
                 call_s = max(statistics.median(added), 0.0)
                 if name == "send_recv":
                     call_s /= 2  # two one-way messages per call

@@ -170,11 +170,16 @@ def dp_unit_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
                     config: StepConfig) -> float:
     """Host time of the layer's data-parallel unit per micro-batch: the executor wraps a
     layer with parameters in one when dp > 1 or under mixed precision. A unit costs a
-    fixed amount plus an amount per parameter tensor (profile-cluster fits both)."""
+    fixed amount, an amount per parameter tensor and one per parameter on this rank (its
+    copies; the parameters counted as `dp_copies.unit_copies` counts them): profile-
+    cluster fits all three (`host_overhead_fit.dp_unit_overhead`)."""
     tensors = layer.param_tensors
     if not tensors or not has_dp_unit(layer, strategy, config.precision):
         return 0.0
-    return cluster.calibration.dp_overhead(strategy.dp_mode, strategy.dp).seconds(tensors)
+    params = tp_local_params(layer.params + layer.tied_params,
+                             layer.tp_params + layer.tied_tp_params, strategy.tp)
+    return cluster.calibration.dp_overhead(strategy.dp_mode, strategy.dp).seconds(tensors,
+                                                                                 params)
 
 
 def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,

@@ -28,7 +28,7 @@ compute dtype's bytes (2 mixed, 4 fp32), r the reduce dtype's (4: fp32 in both):
   gradient reduction, once a step (the micro-batches before accumulate unreduced):
   `_chunk_cat` of the compute-dtype gradients into the fp32 reduce-scatter input
   ((c + r) P); then on the world-1 path (replicate) `reduce_output.copy_(input /
-  divide_factor)`: the executor sets the factor (1.0, `data_parallel._sum_reduction`), so
+  divide_factor)`: the executor sets the factor (1.0, `gloo_collectives.sum_reduction`), so
   a division (2r P) and a copy (2r P); the all-reduce in place (`comm`). At W > 1 the
   reduce-scatter writes the sharded gradient itself (no copy; `comm` prices it).
 
@@ -36,7 +36,8 @@ Each copy is a memory-bound kernel priced at the kit's copy rate for its bytes (
 division at its elementwise "add" rate: `kernel_time.streaming_seconds`); per-tensor
 copies at the unit's mean tensor size. On CPU processes 0: there the unit's measured
 host figures (`compute.dp_unit_seconds`) stand, as profile-cluster measured them on
-the executor's own units.
+the executor's own units, these copies in their per-parameter part (`DpOverhead
+.per_param_s`, from the probe's wide unit).
 """
 
 from __future__ import annotations

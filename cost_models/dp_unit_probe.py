@@ -1,6 +1,7 @@
 """Timing what a data-parallel unit (DDP-style replicate, FSDP2) adds per forward+backward,
-inside a process group `profile-cluster` spawned: `dp_unit_seconds`, by mode and tensor
-count, every rank running together. A unit's figure is the calling thread's CPU time
+inside a process group `profile-cluster` spawned: `dp_unit_seconds`, by mode and unit size
+(tensors and parameters: two narrow units and a wide one, `dp_probe_units`), every rank
+running together. A unit's figure is the calling thread's CPU time
 outside its collectives (`_added_step_s`): `cost_models.host_overhead_fit` keeps it as
 measured, since the comm model prices each collective call whole.
 
@@ -24,6 +25,12 @@ from ir.strategy import DPMode
 # Data-parallel units timed: a stack of DP_UNITS units of DP_UNIT_BLOCKS tiny blocks each.
 DP_UNITS = 8
 DP_UNIT_BLOCKS = (1, 4)  # probe blocks per unit: units of 6 and 24 parameter tensors
+# ... and a unit of DP_UNIT_BLOCKS[0] blocks DP_UNIT_WIDE_WIDTH wide (132K parameters,
+# 6 tensors): what a unit adds grows with its parameters (FSDP2 copies the parameters
+# into the unsharded ones, the gradients into the reduce buffer and out: 2 gloo ranks,
+# replicate units of 24 tensors read 1.40 / 1.69 / 2.77 / 5.0 ms at 0.6K / 34K / 133K /
+# 528K parameters, 6.8 ns a parameter, 2026-11-26), which the 8-wide units hold ~none of.
+DP_UNIT_WIDE_WIDTH = 256
 DP_UNIT_STEPS = 20  # after DP_UNIT_WARMUP steps; the median
 DP_UNIT_WARMUP = 3
 # FSDP2's collectives by their torch.distributed names (torch 2.13 `_fsdp_collectives`
@@ -40,18 +47,29 @@ FSDP_COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_gather_in
 GLOO_COLLECTIVES = ("reduce_scatter_in_place",)
 
 
-def dp_probe_stack(mesh, mode: DPMode | None, blocks: int):
-    """DP_UNITS units of `blocks` probe blocks each, wrapped in `mode` on `mesh` as the
-    executor wraps layers (None: the plain stack): each unit, then the root; a ZeRO-2/3
-    unit on gloo gets the executor's collectives (`use_gloo_collectives`)."""
+def dp_probe_units() -> tuple[tuple[int, int], ...]:
+    """(blocks, width) of each unit size the probe times: the narrow units of
+    DP_UNIT_BLOCKS, then the wide one."""
+    from cost_models.clusters import OP_OVERHEAD_WIDTH
+
+    return (*((blocks, OP_OVERHEAD_WIDTH) for blocks in DP_UNIT_BLOCKS),
+            (DP_UNIT_BLOCKS[0], DP_UNIT_WIDE_WIDTH))
+
+
+def dp_probe_stack(mesh, mode: DPMode | None, blocks: int, width: int | None = None):
+    """DP_UNITS units of `blocks` probe blocks each (`width` wide, default the per-op
+    probe's), wrapped in `mode` on `mesh` as the executor wraps layers (None: the plain
+    stack): each unit, then the root; a ZeRO-2/3 unit on gloo gets the executor's
+    collectives (`use_gloo_collectives`)."""
     from torch import nn
     from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.fsdp import fully_shard
 
-    from cost_models.clusters import _overhead_block
-    from ir.gloo_collectives import on_gloo, use_gloo_collectives
+    from cost_models.clusters import OP_OVERHEAD_WIDTH, _overhead_block
+    from ir.gloo_collectives import on_gloo, sum_reduction, use_gloo_collectives
 
-    stack = nn.Sequential(*[nn.Sequential(*[_overhead_block() for _ in range(blocks)])
+    width = width or OP_OVERHEAD_WIDTH
+    stack = nn.Sequential(*[nn.Sequential(*[_overhead_block(width) for _ in range(blocks)])
                             for _ in range(DP_UNITS)])
     if mode is None:
         return stack
@@ -63,31 +81,32 @@ def dp_probe_stack(mesh, mode: DPMode | None, blocks: int):
             fully_shard(unit, mesh=mesh, reshard_after_forward=mode is DPMode.ZERO3)
             if gloo:  # as `executors.data_parallel.apply_dp`
                 use_gloo_collectives(unit)
+        sum_reduction(unit, mesh)  # the executor's reduction (2 ranks: within 2 us a unit)
     if mode is DPMode.REPLICATE:  # the root, which owns no parameters
         replicate(stack, mesh=mesh)
     else:
         fully_shard(stack, mesh=mesh, reshard_after_forward=mode is DPMode.ZERO3)
+    sum_reduction(stack, mesh)
     return stack
 
 
-def dp_unit_seconds(mesh) -> dict[DPMode, dict[int, float]]:
+def dp_unit_seconds(mesh) -> dict[DPMode, dict[tuple[int, int], float]]:
     """Host CPU seconds per unit per forward+backward that wrapping adds over the plain
-    stack, by mode and by the unit's parameter tensor count (units of DP_UNIT_BLOCKS
-    probe blocks), all ranks running together, their collectives left out
-    (`_added_step_s`)."""
+    stack, by mode and by the unit's (parameter tensors, parameters) (`dp_probe_units`),
+    all ranks running together, their collectives left out (`_added_step_s`)."""
     import torch
 
-    from cost_models.clusters import OP_OVERHEAD_WIDTH, _one_thread
+    from cost_models.clusters import _one_thread
 
-    x = torch.randn(2, OP_OVERHEAD_WIDTH)
-    out: dict[DPMode, dict[int, float]] = {}
+    out: dict[DPMode, dict[tuple[int, int], float]] = {}
     with _one_thread():
-        for blocks in DP_UNIT_BLOCKS:
-            plain = dp_probe_stack(mesh, None, blocks)
-            tensors = len(list(plain[0].parameters()))
+        for blocks, width in dp_probe_units():
+            x = torch.randn(2, width)
+            plain = dp_probe_stack(mesh, None, blocks, width)
+            size = (len(list(plain[0].parameters())), sum(p.numel() for p in plain[0].parameters()))
             for mode in (DPMode.REPLICATE, DPMode.ZERO2, DPMode.ZERO3):
-                added = _added_step_s(plain, dp_probe_stack(mesh, mode, blocks), x)
-                out.setdefault(mode, {})[tensors] = max(added, 0.0) / DP_UNITS
+                added = _added_step_s(plain, dp_probe_stack(mesh, mode, blocks, width), x)
+                out.setdefault(mode, {})[size] = max(added, 0.0) / DP_UNITS
     return out
 
 

@@ -6,8 +6,9 @@ group size (`cost_models.collective_fit.PRICE`) and keeps the rest:
   blocking_wait        per collective and group size, what a blocking call took beyond
                        its price, as the non-negative line in bytes through the probe's
                        two sizes (`BlockingWait` records);
-  dp_unit_overhead     per DP mode and group size, a fixed cost per unit and one per
-                       parameter tensor (the non-negative line through two unit sizes;
+  dp_unit_overhead     per DP mode and group size, a fixed cost per unit, one per
+                       parameter tensor (the non-negative line through two unit sizes)
+                       and one per parameter (a wide unit against a narrow one;
                        `DpOverhead`), from CPU-time readings that leave the unit's
                        collectives out (`dp_unit_probe.dp_unit_seconds`): kept as measured.
 A tensor-parallel module's probe (`cost_models.tp_probes`) times the same collectives on
@@ -61,15 +62,19 @@ def unit_line(few: int, few_s: float, many: int, many_s: float) -> tuple[float, 
     return fixed, slope
 
 
-def dp_unit_overhead(measured: dict[int, dict[DPMode, dict[int, float]]]
+def dp_unit_overhead(measured: dict[int, dict[DPMode, dict[tuple[int, int], float]]]
                      ) -> tuple[DpOverhead, ...]:
-    """Per-unit and per-tensor overhead by DP mode and group size: the line through the two
-    unit sizes measured (`unit_line`), as measured with all N processes running in groups
-    of that size. The readings are the calling thread's CPU seconds outside the unit's
-    collectives (`dp_unit_probe.dp_unit_seconds`): they hold none of the traffic the comm
-    model prices, so nothing is taken out, and none of the cores' sharing, which the
-    compute model applies (`ClusterSpec.host_share`). The whole-node group's figures are
-    also the fallback (group size None); ZeRO-1 runs replicate units (the probe steps no
+    """Per-unit, per-tensor and per-parameter overhead by DP mode and group size, from
+    readings keyed (tensors, parameters) per unit: the line through the two narrow units
+    (the fewest parameters for their tensor count; `unit_line`), and the wide unit's
+    reading above the narrow one of as many tensors over the parameters it adds (>= 0: a
+    wide unit read below the narrow is noise about nothing; none without a wide unit), as
+    measured with all N processes running in groups of that size. The readings are the
+    calling thread's CPU seconds outside the unit's collectives
+    (`dp_unit_probe.dp_unit_seconds`): they hold none of the traffic the comm model
+    prices, so nothing is taken out, and none of the cores' sharing, which the compute
+    model applies (`ClusterSpec.host_share`). The whole-node group's figures are also the
+    fallback (group size None); ZeRO-1 runs replicate units (the probe steps no
     optimizer). (Before, wall-clock readings less the priced collectives: at the probe's
     latency-bound messages that price, 2 alpha + the blocking wait ~0.9 ms a unit on 2
     processes, took the whole fixed part and the per-unit figure fitted 0: issue 17.)"""
@@ -77,9 +82,16 @@ def dp_unit_overhead(measured: dict[int, dict[DPMode, dict[int, float]]]
     rows = []
     for size, by_mode in measured.items():
         by_mode = {**by_mode, DPMode.ZERO1: by_mode[DPMode.REPLICATE]}  # replicate units
-        for mode, by_tensors in by_mode.items():
-            (few, few_s), (many, many_s) = sorted(by_tensors.items())
-            fixed, slope = unit_line(few, max(few_s, 0.0), many, max(many_s, 0.0))
+        for mode, by_unit in by_mode.items():
+            narrow = {}  # tensors -> (parameters, seconds) of the fewest parameters
+            for (tensors, params), seconds in sorted(by_unit.items(), reverse=True):
+                narrow[tensors] = (params, max(seconds, 0.0))
+            (few, (_, few_s)), (many, (_, many_s)) = sorted(narrow.items())
+            fixed, slope = unit_line(few, few_s, many, many_s)
+            wide = [(params - narrow[tensors][0], seconds - narrow[tensors][1])
+                    for (tensors, params), seconds in by_unit.items()
+                    if params > narrow[tensors][0]]
+            per_param = max(wide[0][1] / wide[0][0], 0.0) if wide else 0.0
             for group_size in [size] + ([None] if size == world else []):
-                rows.append(DpOverhead(mode, group_size, fixed, slope))
+                rows.append(DpOverhead(mode, group_size, fixed, slope, per_param))
     return tuple(sorted(rows, key=lambda r: (r.mode.stage, r.group_size or 0)))

@@ -57,7 +57,7 @@ class LayerMemory:
     retains_reduce_input: bool = True  # kept until the next unit's reduction
     reduce_scratch_bytes: float = 0.0  # the ring's receive buffer while it reduces
     # FSDP2 on a one-rank group: `input / gradient_divide_factor`, copied to the output
-    # (torch 2.13 foreach_reduce; the executor sets the factor, `_sum_reduction`)
+    # (torch 2.13 foreach_reduce; the executor sets the factor, `sum_reduction`)
     reduce_divide_bytes: float = 0.0
     step_group: StepGroup = StepGroup.ANY  # its param group's (`step_temporaries.step_group`)
 

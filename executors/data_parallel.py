@@ -68,7 +68,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, 
 from executors.host_collectives import use_host_collectives
 from executors.sync_batchnorm import prepare_batch_norms
 from executors.zero1 import attach_master, cast_to_working_dtype
-from ir.gloo_collectives import on_gloo, use_gloo_collectives
+from ir.gloo_collectives import on_gloo, sum_reduction, use_gloo_collectives
 from ir.lean_host import lean_units, takes_lean_path
 from ir.precision_policy import mp_policy
 from ir.strategy import DPMode, LayerStrategy, Precision, runs_as_dp_unit
@@ -86,12 +86,6 @@ def offload_policy(strategy: LayerStrategy) -> OffloadPolicy:
 def needs_dp_unit(module: nn.Module, strategy: LayerStrategy, precision: Precision) -> bool:
     """`ir.strategy.runs_as_dp_unit` for this module (the cost models ask the same)."""
     return runs_as_dp_unit(any(True for _ in module.parameters()), strategy, precision)
-
-
-def _sum_reduction(unit: FSDPModule, mesh: DeviceMesh) -> None:
-    unit.set_gradient_divide_factor(1.0)
-    if on_gloo(mesh):
-        unit.set_force_sum_reduction_for_comms(True)
 
 
 def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
@@ -118,7 +112,7 @@ def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
         for table in tables:
             table_unit = fully_shard(table, **shard)
             use_host_collectives(table_unit)
-            _sum_reduction(table_unit, mesh)
+            sum_reduction(table_unit, mesh)
         unit = fully_shard(module, **shard)
         if lean:
             use_host_collectives(unit)
@@ -128,7 +122,7 @@ def apply_dp(module: nn.Module, strategy: LayerStrategy, mesh: DeviceMesh,
         unit = replicate(module, mesh=mesh, mp_policy=policy)
     if zero1_16bit:
         attach_master(module)
-    _sum_reduction(unit, mesh)
+    sum_reduction(unit, mesh)
     return unit
 
 
@@ -140,7 +134,7 @@ def apply_dp_root(stage_module: nn.Module, mesh: DeviceMesh, precision: Precisio
     ignored = {p for p in stage_module.parameters() if id(p) not in managed}
     unit = fully_shard(stage_module, mesh=mesh, mp_policy=mp_policy(precision),
                        reshard_after_forward=False, ignored_params=ignored)
-    _sum_reduction(unit, mesh)
+    sum_reduction(unit, mesh)
 
 
 def offloaded_params(modules: list[nn.Module]) -> frozenset[int]:

@@ -135,12 +135,15 @@ class DpOverhead:
     tensor the unit holds (hooks and shard copies: the calling thread's CPU time outside
     the unit's collectives, which the comm model prices; the line through units of two
     sizes, measured with the node's processes running together; the compute model
-    stretches it by the core share, `ClusterSpec.host_share`)."""
+    stretches it by the core share, `ClusterSpec.host_share`), plus `per_param_s` per
+    parameter (FSDP2's copies of the parameters and gradients, which grow with them: the
+    probe's wide unit against its narrow one of as many tensors; 0 in older specs)."""
 
     mode: DPMode
     group_size: int | None
     per_unit_s: float
     per_tensor_s: float
+    per_param_s: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"dp_unit_overhead_s[{_join_key(str(self.mode), self.group_size)}]"
@@ -153,19 +156,24 @@ class DpOverhead:
         _check_seconds(where, self.per_unit_s)
         _check_seconds(f"dp_tensor_overhead_s[{_join_key(str(self.mode), self.group_size)}]",
                        self.per_tensor_s)
+        _check_seconds(f"dp_param_overhead_s[{_join_key(str(self.mode), self.group_size)}]",
+                       self.per_param_s)
 
     def __str__(self) -> str:
         size = "node" if self.group_size is None else f"dp{self.group_size}"
         return (f"{self.mode}@{size}: {self.per_unit_s * 1e3:.2f}ms"
-                f"+{self.per_tensor_s * 1e3:.3f}ms/tensor")
+                f"+{self.per_tensor_s * 1e3:.3f}ms/tensor"
+                f"+{self.per_param_s * 1e9:.2f}ns/param")
 
-    def seconds(self, tensors: int) -> float:
-        """Per micro-batch, for a unit of `tensors` parameter tensors."""
-        return self.per_unit_s + tensors * self.per_tensor_s
+    def seconds(self, tensors: int, params: float = 0.0) -> float:
+        """Per micro-batch, for a unit of `tensors` parameter tensors holding `params`
+        parameters (on this rank)."""
+        return self.per_unit_s + tensors * self.per_tensor_s + params * self.per_param_s
 
     def scaled(self, factor: float) -> DpOverhead:
         return dataclasses.replace(self, per_unit_s=self.per_unit_s * factor,
-                                   per_tensor_s=self.per_tensor_s * factor)
+                                   per_tensor_s=self.per_tensor_s * factor,
+                                   per_param_s=self.per_param_s * factor)
 
 
 @dataclass(frozen=True, slots=True)

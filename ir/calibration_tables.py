@@ -25,6 +25,7 @@ its fallback, once). The spec file keeps its shape (schema "planner.cluster/v1")
     "collective_fits": [{"collective": "all_reduce", "scope": "intra_node", "alpha_s": ...,
                          "bytes_per_s": ..., "measured_ranks": 2}],
     "dp_unit_overhead_s": {"zero3": s, "zero3@4": s},  "dp_tensor_overhead_s": {same keys},
+    "dp_param_overhead_s": {same keys}  (absent in older specs: 0 per parameter)
     "optimizer_tensor_overhead_s": {"adamw": s, "adamw@dtensor": s},
     "tp_module_overhead_s": {"2": s, "4": s},  "blocking_wait_s": {"all_reduce@2": s},
     "sp_group_overhead_s": {"2": s}  (absent in older specs: SP modules price as TP's)
@@ -215,6 +216,7 @@ class CalibrationTables:
             "collective_fits": [fit.to_json() for fit in self.collective_fits],
             "dp_unit_overhead_s": {dp_key[id(r)]: r.per_unit_s for r in self.dp_overheads},
             "dp_tensor_overhead_s": {dp_key[id(r)]: r.per_tensor_s for r in self.dp_overheads},
+            "dp_param_overhead_s": {dp_key[id(r)]: r.per_param_s for r in self.dp_overheads},
             "optimizer_tensor_overhead_s": {r.key: r.seconds_per_tensor
                                             for r in self.optimizer_steps},
             "tp_module_overhead_s": {str(r.group_size): r.seconds for r in self.tp_modules},
@@ -247,15 +249,17 @@ class CalibrationTables:
         if not isinstance(fits, list):
             raise PlannerError("field 'collective_fits' must be a list")
         tables = {key: _seconds_table(key, data.get(key, {})) for key in
-                  ("dp_unit_overhead_s", "dp_tensor_overhead_s", "optimizer_tensor_overhead_s",
+                  ("dp_unit_overhead_s", "dp_tensor_overhead_s", "dp_param_overhead_s",
+                   "optimizer_tensor_overhead_s",
                    "blocking_wait_s", "blocking_wait_s_per_byte", "tp_blocking_wait_s",
                    "tp_blocking_wait_s_per_byte")}
-        units, tensors = tables["dp_unit_overhead_s"], tables["dp_tensor_overhead_s"]
+        units, tensors, params = (tables[key] for key in (
+            "dp_unit_overhead_s", "dp_tensor_overhead_s", "dp_param_overhead_s"))
         return cls(
             collective_fits=tuple(CollectiveFit.from_json(fit, f"collective_fits[{i}]")
                                   for i, fit in enumerate(fits)),
             dp_overheads=tuple(_dp_overhead(key, *(_with_fallback(table, key)
-                                                   for table in (units, tensors)))
+                                                   for table in (units, tensors, params)))
                                for key in sorted(set(units) | set(tensors))),
             optimizer_steps=tuple(_optimizer_step(key, s) for key, s in
                                   tables["optimizer_tensor_overhead_s"].items()),
@@ -283,13 +287,14 @@ def _with_fallback(table: dict[str, float], key: str) -> float:
     return table.get(key, table.get(_split_key(key)[0], 0.0))
 
 
-def _dp_overhead(key: str, per_unit_s: float, per_tensor_s: float) -> DpOverhead:
+def _dp_overhead(key: str, per_unit_s: float, per_tensor_s: float,
+                 per_param_s: float) -> DpOverhead:
     mode, size = _split_key(key)
     if mode not in {m.value for m in DPMode} or not (size is None or size.isdigit()):
         raise PlannerError(f"dp_unit_overhead_s key {key!r} must be MODE or MODE@GROUP_SIZE, "
                            f"e.g. \"zero3@4\" (modes: {', '.join(m.value for m in DPMode)})")
     return DpOverhead(DPMode(mode), None if size is None else int(size), per_unit_s,
-                      per_tensor_s)
+                      per_tensor_s, per_param_s)
 
 
 def _optimizer_step(key: str, seconds: float) -> OptimizerStepCost:

@@ -39,6 +39,16 @@ def on_gloo(mesh) -> bool:
     return dist.get_backend(mesh.get_group()) == "gloo"
 
 
+def sum_reduction(unit: FSDPModule, mesh) -> None:
+    """The executor's gradient reduction on a data-parallel unit (`executors.data_parallel
+    .apply_dp`; the DP-unit probe sets its units the same): gradients summed (divide
+    factor 1: the executor scales the loss instead), and on gloo, which has neither AVG
+    nor PREMUL_SUM, only SUM reductions."""
+    unit.set_gradient_divide_factor(1.0)
+    if on_gloo(mesh):
+        unit.set_force_sum_reduction_for_comms(True)
+
+
 def flat_chunks(flat: torch.Tensor, n: int, what: str) -> torch.Tensor:
     """`flat` as (n, numel / n): chunk i belongs to group rank i (FSDP2's flat layout)."""
     if flat.dim() != 1 or not flat.is_contiguous() or flat.numel() % n:

@@ -108,3 +108,37 @@ def test_the_form_extra_pairs_each_clock_with_itself_and_keeps_its_sign():
     assert (n1, n2) == (1, 2)
     assert small_s == pytest.approx(0.0, abs=1e-12)
     assert large_s == pytest.approx(-0.6 * ms)
+
+
+def _short_probe(rank: int, world_size: int, payload) -> tuple[dict, int]:
+    import torch.distributed as dist
+
+    from cost_models import collective_probes
+
+    loops = [0]
+    plain_probe_loop = collective_probes._probe_loop
+
+    def counting_probe_loop(dist_module):
+        compute, timed = plain_probe_loop(dist_module)
+
+        def counted(reps, op):
+            loops[0] += 1
+            return timed(reps, op)
+        return compute, counted
+
+    collective_probes._probe_loop = counting_probe_loop
+    try:
+        got = blocking_seconds(dist, rank, None, rounds=3, only=("all_reduce",))
+    finally:
+        collective_probes._probe_loop = plain_probe_loop
+    return got, loops[0]
+
+
+def test_the_wait_probe_times_the_collectives_asked_for_over_the_rounds_asked_for():
+    """`bench/bench_blocking_spread.py` reads the all-reduce's wait alone at several probe
+    lengths: 3 rounds are 3 pairs of loops (with and without the call) per size, after the
+    compute's sizing (one loop)."""
+    readings, loops = spawn(_short_probe, 2, timeout_s=300)[0]
+    assert set(readings) == {"all_reduce"}
+    assert [n for n, _ in readings["all_reduce"]] == list(BLOCKING_PROBE_SIZES)
+    assert loops == 1 + 3 * 2 * len(BLOCKING_PROBE_SIZES)

@@ -113,7 +113,8 @@ def test_calibration_tables_are_typed_records_in_the_old_file_shape():
     assert tables.optimizer_seconds_per_tensor("sgd", on_dtensor=False) is None
     # Short forms (profile-cluster prints them); the exact form is the dataclass repr.
     assert [str(r) for r in tables.dp_overheads] == [
-        "zero3@node: 3.00ms+0.100ms/tensor", "zero3@dp2: 1.00ms+0.200ms/tensor"]
+        "zero3@node: 3.00ms+0.100ms/tensor+0.00ns/param",
+        "zero3@dp2: 1.00ms+0.200ms/tensor+0.00ns/param"]
     assert str(tables.optimizer_steps[1]) == "adamw@dtensor: 300us/tensor"
     assert str(tables.tp_modules[0]) == "tp2: 1.00ms/module"
     assert str(tables.blocking_waits[0]) == "all_reduce@2: 0.50ms+0.00ms/MiB"
@@ -184,10 +185,11 @@ def test_probe_group_sizes_are_the_powers_of_two_below_the_node():
 
 def test_dp_unit_figures_split_per_unit_and_per_tensor():
     ms = 1e-3
-    measured = {4: {R: {6: 2.0 * ms, 24: 3.8 * ms}, Z2: {6: 3 * ms, 24: 3 * ms},
-                    Z3: {6: 4 * ms, 24: 2 * ms}},
-                2: {R: {6: 1.0 * ms, 24: 1.9 * ms}, Z2: {6: ms, 24: ms},
-                    Z3: {6: 2 * ms, 24: 5 * ms}}}
+    few, many = (6, 160), (24, 640)  # (tensors, parameters) of the probe's narrow units
+    measured = {4: {R: {few: 2.0 * ms, many: 3.8 * ms}, Z2: {few: 3 * ms, many: 3 * ms},
+                    Z3: {few: 4 * ms, many: 2 * ms}},
+                2: {R: {few: 1.0 * ms, many: 1.9 * ms}, Z2: {few: ms, many: ms},
+                    Z3: {few: 2 * ms, many: 5 * ms}}}
     got = {(r.mode, r.group_size): r for r in dp_unit_overhead(measured)}
     # The line through (6, 2.0 ms) and (24, 3.8 ms): 0.1 ms a tensor, 1.4 ms a unit.
     assert got[R, 4].per_tensor_s == pytest.approx(0.1 * ms)
@@ -211,7 +213,9 @@ def test_dp_unit_figures_that_rise_steeply_go_through_the_origin():
     """Readings proportional to the tensor count: the non-negative least-squares line
     through both points (no per-unit part the probe resolves), not the line through the
     smaller unit with its intercept clipped to 0 (which over-prices that unit)."""
-    measured = {2: {R: {6: 2e-3, 24: 3e-3}, Z2: {6: 2e-3, 24: 3e-3}, Z3: {6: 1e-3, 24: 10e-3}}}
+    few, many = (6, 160), (24, 640)
+    measured = {2: {R: {few: 2e-3, many: 3e-3}, Z2: {few: 2e-3, many: 3e-3},
+                    Z3: {few: 1e-3, many: 10e-3}}}
     got = {(r.mode, r.group_size): r for r in dp_unit_overhead(measured)}
     assert got[Z3, 2].per_unit_s == 0.0
     assert got[Z3, 2].per_tensor_s == pytest.approx((6 * 1e-3 + 24 * 10e-3) / (36 + 576))
@@ -226,8 +230,9 @@ def test_dp_unit_figures_are_kept_as_measured_whatever_the_collectives_cost():
     unit.) A negative reading (noise: the thread clock's pairs can dip below 0 on a
     unit that costs nothing) counts as 0."""
     ms = 1e-3
-    measured = {2: {R: {6: 1.0 * ms, 24: 1.9 * ms}, Z2: {6: -0.1 * ms, 24: -0.2 * ms},
-                    Z3: {6: 1.0 * ms, 24: 1.0 * ms}}}
+    few, many = (6, 160), (24, 640)
+    measured = {2: {R: {few: 1.0 * ms, many: 1.9 * ms}, Z2: {few: -0.1 * ms, many: -0.2 * ms},
+                    Z3: {few: 1.0 * ms, many: 1.0 * ms}}}
     got = {(r.mode, r.group_size): r for r in dp_unit_overhead(measured)}
     assert got[R, 2].per_unit_s == pytest.approx(0.7 * ms)
     assert got[R, 2].per_tensor_s == pytest.approx(0.05 * ms)
@@ -303,3 +308,31 @@ def test_a_spec_with_one_blocking_wait_number_loads_as_a_constant():
         ClusterSpec.from_dict({**data, "blocking_wait_s_per_byte": {"all_reduce@4": 1e-9}})
     with pytest.raises(PlannerError, match=r"blocking_wait_s_per_byte\[all_reduce@2\] must be"):
         ClusterSpec.from_dict({**data, "blocking_wait_s_per_byte": {"all_reduce@2": -1e-9}})
+
+
+def test_dp_unit_figures_add_a_per_parameter_part_from_the_wide_unit():
+    """The probe's narrow units (6 and 24 tensors of 8-wide blocks: 160 and 640 parameters)
+    give the per-unit and per-tensor line; its wide unit (6 tensors of a 256-wide block)
+    the part that grows with the unit's parameters (FSDP2's copies of parameters and
+    gradients: 2 gloo ranks read 1.40 ms a 24-tensor unit of 640 parameters and 5.0 ms
+    one of 528K, 2026-11-26). Here 3.0 ms at 6 tensors and 100,160 parameters against
+    1.0 ms at 160: 2 ms over 100,000 parameters, 20 ns each; none without a wide unit."""
+    ms = 1e-3
+    measured = {2: {R: {(6, 160): 1.0 * ms, (24, 640): 1.9 * ms, (6, 100_160): 3.0 * ms},
+                    Z2: {(6, 160): 1.0 * ms, (24, 640): 1.9 * ms, (6, 100_160): 0.5 * ms},
+                    Z3: {(6, 160): 1.0 * ms, (24, 640): 1.9 * ms}}}
+    got = {(r.mode, r.group_size): r for r in dp_unit_overhead(measured)}
+    assert got[R, 2].per_unit_s == pytest.approx(0.7 * ms)
+    assert got[R, 2].per_tensor_s == pytest.approx(0.05 * ms)
+    assert got[R, 2].per_param_s == pytest.approx(20e-9)
+    assert got[R, 2].seconds(12, 50_000) == pytest.approx(0.7 * ms + 0.6 * ms + 1.0 * ms)
+    assert got[Z2, 2].per_param_s == 0.0  # a wide unit read below the narrow: noise, none
+    assert got[Z3, 2].per_param_s == 0.0
+    # the spec file keeps it (older specs without the key read 0)
+    tables = CalibrationTables(dp_overheads=tuple(got.values()))
+    data = json.loads(get_cluster("local").with_calibration(
+        dp_overheads=tables.dp_overheads).to_json())
+    assert data["dp_param_overhead_s"]["replicate@2"] == pytest.approx(20e-9)
+    assert ClusterSpec.from_dict(data).calibration.dp_overhead(R, 2) == got[R, 2]
+    del data["dp_param_overhead_s"]
+    assert ClusterSpec.from_dict(data).calibration.dp_overhead(R, 2).per_param_s == 0.0

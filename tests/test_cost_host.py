@@ -17,7 +17,7 @@ from cost_models.compute import (OPTIMIZER_OPS_PER_TENSOR, ZERO1_COPY_OPS_PER_PI
                                  optimizer_step_seconds, random_draw_seconds,
                                  tp_module_seconds)
 from cost_models.estimate import DP_OVERLAP_EFFICIENCY, estimate, overlap_efficiency
-from cost_models.model_states import bytes_per_param
+from cost_models.model_states import bytes_per_param, tp_local_params
 from ir.calibration_tables import CalibrationTables, DpOverhead, OptimizerStepCost, TpModuleOverhead
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
@@ -181,6 +181,20 @@ def test_dp_units_cost_their_mode_per_micro_batch(graph):
         DpOverhead(DPMode.ZERO3, 2, 3e-3, 1e-4)
     norm_free = dataclasses.replace(block, param_names=())
     assert dp_unit_seconds(norm_free, LayerStrategy(dp=2), spec, cfg) == 0.0
+
+
+def test_dp_units_cost_their_parameters_too(graph):
+    """A unit's copies of its parameters and gradients grow with its parameters
+    (`DpOverhead.per_param_s`): the GPT block's 49,984 fp32 parameters at 7 ns each; under
+    TP only the rank's local share."""
+    block, cfg = graph.layers[1], config(graph)
+    spec = cpu_spec({"dp_overheads": (DpOverhead(DPMode.REPLICATE, 2, 1e-3, 0.0, 7e-9),)})
+    assert block.params == 49_984
+    assert dp_unit_seconds(block, LayerStrategy(dp=2), spec, cfg) == \
+        pytest.approx(1e-3 + 49_984 * 7e-9)
+    local = tp_local_params(block.params, block.tp_params, 2)
+    assert dp_unit_seconds(block, LayerStrategy(dp=2, tp=2), spec, cfg) == \
+        pytest.approx(1e-3 + local * 7e-9)
 
 
 def test_optimizer_step_counts_tensors_and_bytes(graph):

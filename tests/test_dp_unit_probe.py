@@ -141,3 +141,42 @@ def test_every_collective_fsdp2_calls_is_left_out_of_the_unit_figure():
     called = set(re.findall(r"\bdist\.([a-z_]+)\(", inspect.getsource(_fsdp_collectives)))
     collectives = {name for name in called if name.startswith(("all_", "reduce_"))}
     assert collectives and collectives <= set(FSDP_COLLECTIVES), collectives
+
+
+def test_the_probe_times_two_narrow_units_and_a_wide_one_of_as_many_tensors():
+    """`host_overhead_fit.dp_unit_overhead` fits the per-unit and per-tensor line through
+    two narrow units of different tensor counts, and the per-parameter part from a wide
+    unit of as many tensors as one of them but hundreds of times its parameters (the
+    narrow units' ~0.6K parameters hold none of a unit's copies)."""
+    from cost_models.dp_unit_probe import dp_probe_stack, dp_probe_units
+
+    sizes = []
+    for blocks, width in dp_probe_units():
+        unit = dp_probe_stack(None, None, blocks, width)[0]
+        sizes.append((len(list(unit.parameters())), sum(p.numel() for p in unit.parameters())))
+    (few, few_params), (many, many_params), (wide, wide_params) = sizes
+    assert few < many and wide == few
+    assert wide_params > 100 * max(few_params, many_params)
+
+
+def _reduction_settings(rank: int, world_size: int, payload) -> list:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from cost_models.dp_unit_probe import dp_probe_stack
+    from ir.strategy import DPMode
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    return [(mode, group.gradient_divide_factor, group.force_sum_reduction_for_comms)
+            for mode in (DPMode.REPLICATE, DPMode.ZERO2, DPMode.ZERO3)
+            for unit in dp_probe_stack(mesh, mode, 1).modules() if hasattr(unit, "reshard")
+            for group in unit._get_fsdp_state()._fsdp_param_groups]
+
+
+def test_the_probe_units_reduce_as_the_executor_sets_them():
+    """`executors.data_parallel.apply_dp` sums gradients (divide factor 1) and, on gloo,
+    forces sum-only reductions (`ir.gloo_collectives.sum_reduction`): the probe's units
+    are set the same, so it times the reduction path the executor runs."""
+    settings = spawn(_reduction_settings, 2, None, timeout_s=120)[0]
+    assert len(settings) == 3 * 8  # 8 units per mode (the root holds no parameter group)
+    for mode, factor, force_sum in settings:
+        assert factor == 1.0 and force_sum, mode
