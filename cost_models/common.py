@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ir.errors import PlannerError
 from torch import nn
 
+from ir.cluster import ClusterSpec
 from ir.layer import Layer, LayerGraph
 from ir.lean_host import LeanLayer, lean_layers, runs_lean_host
 from ir.plan import KNOWN_OPTIMIZERS, ParallelPlan, optimizer_implementation
@@ -155,3 +156,11 @@ def model_layer_configs(graph: LayerGraph, plan: ParallelPlan, device: str,
     return layer_configs(graph, plan, device,
                          None if lean is None
                          else lean_layers(lean, graph.layers, plan.layer_strategies))
+
+
+def host_figure_share(cluster: ClusterSpec) -> float:
+    """The stretch of a spec's DP-unit and optimizer figures: the core share where they are
+    thread CPU (`CalibrationTables.host_figures_clock`) on CPU processes, else 1 (wall
+    figures of older specs already hold the sharing; GPUs)."""
+    thread_cpu = cluster.calibration.host_figures_clock == "thread_cpu"
+    return cluster.host_share if cluster.host_bound and thread_cpu else 1.0

@@ -53,9 +53,9 @@ from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision
 
 from cost_models.checkpoint_probes import checkpoint_extra_seconds, rerun_ops
 from cost_models.checkpoint_probes import probed as checkpoint_probed
-from cost_models.common import GB, StepConfig, dtype_bytes
+from cost_models.common import GB, StepConfig, dtype_bytes, host_figure_share
 from cost_models.compute_profile import ComputeProfile
-from cost_models.dp_copies import dp_copy_pass_seconds
+from cost_models.dp_copies import cpu_param_copy_shares, dp_copy_pass_seconds
 from cost_models.gemm_efficiency import (SQUARE_GEMM_EDGE_PER_INTENSITY, device_kind,  # noqa: F401
                                          gemm_efficiency)
 from cost_models.host_dispatch import backward_host_seconds, forward_host_seconds, host_op_seconds
@@ -158,28 +158,23 @@ def with_host(device_s: float, host_s: float, cluster: ClusterSpec) -> float:
     return max(device_s, host_s)
 
 
-def host_figure_share(cluster: ClusterSpec) -> float:
-    """The stretch of a spec's DP-unit and optimizer figures: the core share where they are
-    thread CPU (`CalibrationTables.host_figures_clock`) on CPU processes, else 1 (wall
-    figures of older specs already hold the sharing; GPUs)."""
-    thread_cpu = cluster.calibration.host_figures_clock == "thread_cpu"
-    return cluster.host_share if cluster.host_bound and thread_cpu else 1.0
-
-
 def dp_unit_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
                     config: StepConfig) -> float:
     """Host time of the layer's data-parallel unit per micro-batch: the executor wraps a
     layer with parameters in one when dp > 1 or under mixed precision. A unit costs a
     fixed amount, an amount per parameter tensor and one per parameter on this rank (its
     copies; the parameters counted as `dp_copies.unit_copies` counts them): profile-
-    cluster fits all three (`host_overhead_fit.dp_unit_overhead`)."""
+    cluster fits all three (`host_overhead_fit.dp_unit_overhead`). Of the per-parameter
+    part only the copies that recur per micro-batch; the reduction's run once a step
+    (`dp_copies.dp_copy_step_seconds`)."""
     tensors = layer.param_tensors
     if not tensors or not has_dp_unit(layer, strategy, config.precision):
         return 0.0
     params = tp_local_params(layer.params + layer.tied_params,
                              layer.tp_params + layer.tied_tp_params, strategy.tp)
-    return cluster.calibration.dp_overhead(strategy.dp_mode, strategy.dp).seconds(tensors,
-                                                                                 params)
+    per_microbatch_share, _ = cpu_param_copy_shares(layer, strategy, config)
+    return cluster.calibration.dp_overhead(strategy.dp_mode, strategy.dp).seconds(
+        tensors, params * per_microbatch_share)
 
 
 def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,

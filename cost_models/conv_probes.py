@@ -17,7 +17,7 @@ from __future__ import annotations
 from ir.kernel_calibration import ConvPoint
 
 # Each time is the least of this many medians (`seconds_per_call`): a shared host only
-# ever slows a kernel down (the rule `ir.kernel_calibration.fastest_points` states).
+# ever slows a kernel down (the rule `ir.gemm_table.fastest_points` states).
 CONV_PROBE_PASSES = 2
 # A guard, not a measurement: a probe's seconds less one tiny op's dispatch never go
 # below this share of them. It does not bind on this CPU: the dispatch (1.9 us) was 20%

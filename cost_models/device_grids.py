@@ -77,7 +77,7 @@ BROADCAST_BINARY_LOOPS_PER_CALL = SHORT_REDUCTION_KV_HEADS
 # extra row), layer norm 32 us in rows of 4096 and 72 in rows of 64 (~20 ns per row).
 ROW_PROBE_BYTES = 512 * 2**10
 # Each row-probe time is the least of this many medians: a shared host only ever slows a
-# kernel down (`ir.kernel_calibration.fastest_points`; two, as the conv probe takes).
+# kernel down (`ir.gemm_table.fastest_points`; two, as the conv probe takes).
 ROW_PROBE_PASSES = 2
 SHORT_ROW_ELEMENTS = {"softmax": MASK_SEQ_LEN, "layer_norm": 64}
 # SDPA shapes (batch, heads, seq_len, head_dim), causal as GPT trains.

@@ -34,10 +34,11 @@ compute dtype's bytes (2 mixed, 4 fp32), r the reduce dtype's (4: fp32 in both):
 
 Each copy is a memory-bound kernel priced at the kit's copy rate for its bytes (the
 division at its elementwise "add" rate: `kernel_time.streaming_seconds`); per-tensor
-copies at the unit's mean tensor size. On CPU processes 0: there the unit's measured
-host figures (`compute.dp_unit_seconds`) stand, as profile-cluster measured them on
+copies at the unit's mean tensor size. On CPU processes the unit's measured host
+figures (`compute.dp_unit_seconds`) stand instead, as profile-cluster measured them on
 the executor's own units, these copies in their per-parameter part (`DpOverhead
-.per_param_s`, from the probe's wide unit).
+.per_param_s`, from the probe's wide unit), split by the bytes above into what recurs
+per micro-batch and what runs once a step (`cpu_param_copy_shares`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from ir.cluster import ClusterSpec
 from ir.layer import Layer
 from ir.strategy import DPMode, LayerStrategy, Precision
 
-from cost_models.common import StepConfig
+from cost_models.common import StepConfig, host_figure_share
 from cost_models.kernel_time import streaming_seconds
 from cost_models.model_states import FP32_BYTES, has_dp_unit, tp_local_params
 
@@ -70,9 +71,14 @@ class UnitCopies:
 
 def unit_copies(layer: Layer, strategy: LayerStrategy, precision: Precision) -> UnitCopies | None:
     """The unit's copy bytes (module docstring), None where the layer is no unit."""
-    tensors = layer.param_tensors
-    if not tensors or not has_dp_unit(layer, strategy, precision):
+    if not layer.param_tensors or not has_dp_unit(layer, strategy, precision):
         return None
+    return _copy_bytes(layer, strategy, precision)
+
+
+def _copy_bytes(layer: Layer, strategy: LayerStrategy, precision: Precision) -> UnitCopies:
+    """`unit_copies` of the layer as if it ran as a unit under `precision`."""
+    tensors = layer.param_tensors
     p = tp_local_params(layer.params + layer.tied_params,
                         layer.tp_params + layer.tied_tp_params, strategy.tp)
     c, r = precision.compute_bytes, REDUCE_BYTES
@@ -109,8 +115,17 @@ def dp_copy_pass_seconds(layer: Layer, strategy: LayerStrategy, cluster: Cluster
 
 def dp_copy_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
                          config: StepConfig) -> float:
-    """Seconds of the unit's copies once per iteration on a GPU: its gradient reduction's,
-    and in a pipeline a replicate or ZeRO-2 unit's one unshard; 0 on CPU processes."""
+    """Seconds of the unit's copies once per iteration: its gradient reduction's, and in a
+    pipeline a replicate or ZeRO-2 unit's one unshard. On CPU processes their share of
+    the unit's fitted per-parameter figure (`cpu_param_copy_shares`)."""
+    if cluster.host_bound:
+        _, per_step_share = cpu_param_copy_shares(layer, strategy, config)
+        if not per_step_share:
+            return 0.0
+        params = tp_local_params(layer.params + layer.tied_params,
+                                 layer.tp_params + layer.tied_tp_params, strategy.tp)
+        per_param_s = cluster.calibration.dp_overhead(strategy.dp_mode, strategy.dp).per_param_s
+        return params * per_step_share * per_param_s * host_figure_share(cluster)
     copies = _priced(layer, strategy, cluster, config)
     if copies is None:
         return 0.0
@@ -121,6 +136,38 @@ def dp_copy_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Cluster
     if config.pipelined and not copies.gathers_in_backward:
         return reduce_s + _unshard_s(copies, cluster, config)
     return reduce_s
+
+
+def cpu_param_copy_shares(layer: Layer, strategy: LayerStrategy,
+                          config: StepConfig) -> tuple[float, float]:
+    """(per micro-batch, once a step) shares of a CPU unit's per-parameter figure
+    (`DpOverhead.per_param_s`): profile-cluster timed it on one unpipelined fp32
+    micro-batch that reduced its gradients (`dp_unit_probe`), so it holds one unshard's
+    copies (two under ZeRO-3) and the reduction's; under `config` each recurs as the
+    module docstring says (how often), at its bytes over the probe's. (1, 0) on a unit
+    of no parameters; (0, 0) where the layer is no unit."""
+    copies = unit_copies(layer, strategy, config.precision)
+    if copies is None:
+        return 0.0, 0.0
+    probe = _copy_bytes(layer, strategy, Precision.FP32)
+    unshard, reduce = _unshard_bytes(copies), _reduce_bytes(copies)
+    timed = _unshard_bytes(probe) * (2 if probe.gathers_in_backward else 1) + _reduce_bytes(probe)
+    if not timed:
+        return 1.0, 0.0
+    if config.pipelined:
+        per_microbatch, per_step = ((unshard, reduce) if copies.gathers_in_backward
+                                    else (0.0, reduce + unshard))
+    else:
+        per_microbatch, per_step = unshard * (2 if copies.gathers_in_backward else 1), reduce
+    return per_microbatch / timed, per_step / timed
+
+
+def _unshard_bytes(copies: UnitCopies) -> float:
+    return copies.unshard_per_tensor_bytes + copies.unshard_flat_bytes
+
+
+def _reduce_bytes(copies: UnitCopies) -> float:
+    return copies.chunk_cat_bytes + copies.reduce_copy_bytes + copies.reduce_divide_bytes
 
 
 def _priced(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,

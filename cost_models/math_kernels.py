@@ -23,7 +23,7 @@ inputs (1e-40) ran 2.5-3x slower, which layer activations are not.
 
 Each kind of MATH_KINDS is probed as `memory_probes.probe_memory` probes the others:
 rotating buffers, at `device_grids.CPU_MEMORY_BYTES` bytes moved, two passes in opposite
-orders (the fastest point kept: `kernel_calibration.fastest_points`), less what the host
+orders (the fastest point kept: `ir.gemm_table.fastest_points`), less what the host
 model charges per call (`memory_probes.net_of_call_cost`, with the variants' own measured
 host excess: `host_excess`). A spec without a kind's points prices that op as before
 ("gelu": `math_kind` answers None). CPU only: a GPU runs these ops at its memory

@@ -255,6 +255,10 @@ class CalibrationTables:
                    "tp_blocking_wait_s_per_byte")}
         units, tensors, params = (tables[key] for key in (
             "dp_unit_overhead_s", "dp_tensor_overhead_s", "dp_param_overhead_s"))
+        extra = sorted(set(params) - set(units) - set(tensors))
+        if extra:  # its unit's fixed parts would read 0: a typo, or a table cut short
+            raise PlannerError(f"dp_param_overhead_s key {extra[0]!r} has no "
+                               "dp_unit_overhead_s entry; add one or drop the key")
         return cls(
             collective_fits=tuple(CollectiveFit.from_json(fit, f"collective_fits[{i}]")
                                   for i, fit in enumerate(fits)),
@@ -291,7 +295,8 @@ def _dp_overhead(key: str, per_unit_s: float, per_tensor_s: float,
                  per_param_s: float) -> DpOverhead:
     mode, size = _split_key(key)
     if mode not in {m.value for m in DPMode} or not (size is None or size.isdigit()):
-        raise PlannerError(f"dp_unit_overhead_s key {key!r} must be MODE or MODE@GROUP_SIZE, "
+        raise PlannerError(f"dp_unit/tensor/param_overhead_s key {key!r} must be MODE or "
+                           f"MODE@GROUP_SIZE, "
                            f"e.g. \"zero3@4\" (modes: {', '.join(m.value for m in DPMode)})")
     return DpOverhead(DPMode(mode), None if size is None else int(size), per_unit_s,
                       per_tensor_s, per_param_s)

@@ -3,7 +3,8 @@ the executor installs (`executors.data_parallel.apply_dp`, through FSDP2's
 `set_custom_all_gather` / `set_custom_reduce_scatter`) and the calibration kit both times
 (`cost_models.dp_unit_probe.dp_unit_seconds` installs `use_gloo_collectives` on its units,
 `cost_models.collective_probes` times `reduce_scatter_in_place` and `all_gather_chunks`),
-so the fitted figures price the path the step takes.
+so the fitted figures price the path the step takes. `sum_reduction`, the executor's
+gradient reduction settings (any backend), lives here for the same reason.
 
 gloo has no reduce-scatter of its own: ProcessGroupGloo::reduce_scatter_tensor_coalesced
 (torch 2.13) clones the whole input, all-reduces the clone on a gloo worker thread and

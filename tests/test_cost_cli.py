@@ -186,7 +186,7 @@ def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path, monkeypa
     # figures are >= 0; 0 where the priced collectives (blocking wait included) hold its
     # whole reading (host_overhead_fit.dp_unit_overhead), and then it adds nothing.
     single = ClusterSpec.from_dict({**spec.to_dict(), "dp_unit_overhead_s": {},
-                                    "dp_tensor_overhead_s": {}})
+                                    "dp_tensor_overhead_s": {}, "dp_param_overhead_s": {}})
     graph = load_layer_graph("gpt-tiny", micro_batch=2, dtype=torch.float32)
     plan = uniform_plan(len(graph.layers), global_batch=4, dp=2, precision=Precision.FP32)
     assert all(r.per_unit_s >= 0 and r.per_tensor_s >= 0 for r in tables.dp_overheads)
@@ -194,7 +194,8 @@ def test_profile_cluster_spec_is_accepted_by_estimate(capsys, tmp_path, monkeypa
     with_units = estimate(graph, plan, spec).time.compute
     without = estimate(graph, plan, single).time.compute
     assert with_units >= without
-    assert (with_units > without) == (replicate.per_unit_s + replicate.per_tensor_s > 0)
+    assert (with_units > without) == (replicate.per_unit_s + replicate.per_tensor_s
+                                      + replicate.per_param_s > 0)
 
 
 @pytest.mark.parametrize("argv", [

@@ -141,6 +141,8 @@ def test_calibration_tables_are_typed_records_in_the_old_file_shape():
     for key, value, message in [
             ("dp_unit_overhead_s", {"zero4": 1e-3}, "key 'zero4' must be MODE or MODE@GROUP"),
             ("dp_unit_overhead_s", {"zero3@x": 1e-3}, "key 'zero3@x' must be MODE"),
+            ("dp_param_overhead_s", {"zro3@2": 1e-9}, "key 'zro3@2' has no dp_unit_overhead"),
+            ("dp_param_overhead_s", {"zero3@2": -1e-9}, r"dp_param_overhead_s\[zero3@2\] must be"),
             ("optimizer_tensor_overhead_s", {"adamw@gpu": 1e-3}, "must be OPTIMIZER or"),
             ("blocking_wait_s", {"all_reduce": 1e-3}, "must be COLLECTIVE@GROUP_SIZE")]:
         with pytest.raises(PlannerError, match=message):
@@ -334,5 +336,8 @@ def test_dp_unit_figures_add_a_per_parameter_part_from_the_wide_unit():
         dp_overheads=tables.dp_overheads).to_json())
     assert data["dp_param_overhead_s"]["replicate@2"] == pytest.approx(20e-9)
     assert ClusterSpec.from_dict(data).calibration.dp_overhead(R, 2) == got[R, 2]
+    # a key only the per-parameter table lists is refused, not dropped
+    with pytest.raises(PlannerError, match="key 'replicate@4' has no dp_unit_overhead_s"):
+        ClusterSpec.from_dict({**data, "dp_param_overhead_s": {"replicate@4": 9e-9}})
     del data["dp_param_overhead_s"]
     assert ClusterSpec.from_dict(data).calibration.dp_overhead(R, 2).per_param_s == 0.0

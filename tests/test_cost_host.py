@@ -11,6 +11,7 @@ import torch
 from cost_models.clusters import get_cluster, measure_op_overhead_s
 from cost_models.item_probes import probe_random_element_s
 from cost_models.comm import layer_comm
+from cost_models.dp_copies import dp_copy_step_seconds
 from cost_models.common import StepConfig, layer_configs
 from cost_models.compute import (OPTIMIZER_OPS_PER_TENSOR, ZERO1_COPY_OPS_PER_PIECE,
                                  ZERO1_COPY_OPS_PER_TENSOR, dp_unit_seconds, layer_compute,
@@ -185,16 +186,34 @@ def test_dp_units_cost_their_mode_per_micro_batch(graph):
 
 def test_dp_units_cost_their_parameters_too(graph):
     """A unit's copies of its parameters and gradients grow with its parameters
-    (`DpOverhead.per_param_s`): the GPT block's 49,984 fp32 parameters at 7 ns each; under
-    TP only the rank's local share."""
+    (`DpOverhead.per_param_s`, here 7 ns): the GPT block's P = 49,984 fp32 parameters.
+    The probe timed one unpipelined fp32 micro-batch, all its copies at once; by FSDP2's
+    bytes (`dp_copies` docstring, fp32 c = r = 4) a replicate unit copies its parameters
+    once per micro-batch (copy_, 2c P = 8P) and reduces once a step (chunk_cat (c+r) P,
+    division 2r P, copy 2r P = 24P): 8/32 of the figure per micro-batch, 24/32 once a
+    step. ZeRO-3 at dp 2: unshard 2c P per tensor + 2c P / 2 flat = 12P, twice a
+    micro-batch (forward and backward), reduce (c+r) P = 8P: 24/32 and 8/32. In a
+    pipeline a replicate unit unshards once a step: all 32/32 there. Under TP the rank's
+    local share of P."""
     block, cfg = graph.layers[1], config(graph)
-    spec = cpu_spec({"dp_overheads": (DpOverhead(DPMode.REPLICATE, 2, 1e-3, 0.0, 7e-9),)})
-    assert block.params == 49_984
-    assert dp_unit_seconds(block, LayerStrategy(dp=2), spec, cfg) == \
-        pytest.approx(1e-3 + 49_984 * 7e-9)
+    per_param = 49_984 * 7e-9
+    spec = cpu_spec({"dp_overheads": tuple(DpOverhead(mode, 2, 1e-3, 0.0, 7e-9)
+                                           for mode in (DPMode.REPLICATE, DPMode.ZERO3))})
+    assert block.params == 49_984 and spec.host_bound
+    replicate, zero3 = LayerStrategy(dp=2), LayerStrategy(dp=2, dp_mode=DPMode.ZERO3)
+    assert dp_unit_seconds(block, replicate, spec, cfg) == pytest.approx(1e-3 + per_param / 4)
+    assert dp_copy_step_seconds(block, replicate, spec, cfg) == pytest.approx(per_param * 3 / 4)
+    assert dp_unit_seconds(block, zero3, spec, cfg) == pytest.approx(1e-3 + per_param * 3 / 4)
+    assert dp_copy_step_seconds(block, zero3, spec, cfg) == pytest.approx(per_param / 4)
+    piped = dataclasses.replace(cfg, pipelined=True)
+    assert dp_unit_seconds(block, replicate, spec, piped) == pytest.approx(1e-3)
+    assert dp_copy_step_seconds(block, replicate, spec, piped) == pytest.approx(per_param)
+    # the once-a-step part reaches the estimate through the layer's comm (as GPUs' copies)
+    comm = layer_comm(block, replicate, spec, cfg, bytes_per_param(Precision.FP32, "adamw"))
+    assert comm.dp_after_step_s == pytest.approx(per_param * 3 / 4)
     local = tp_local_params(block.params, block.tp_params, 2)
     assert dp_unit_seconds(block, LayerStrategy(dp=2, tp=2), spec, cfg) == \
-        pytest.approx(1e-3 + local * 7e-9)
+        pytest.approx(1e-3 + local * 7e-9 / 4)
 
 
 def test_optimizer_step_counts_tensors_and_bytes(graph):

@@ -3,8 +3,9 @@
 while ATen on a CPU draws a float mask (`bernoulli_`, priced per element apart), scales
 it in place (`div_`) and multiplies (`mul`): two more kernels and two fresh x-sized
 outputs. The kit measures those two kernels as the memory kind "dropout" over the
-record's bytes; a spec without the kind (a GPU's, an older CPU spec) prices the record as
-before, streaming like an add.
+record's bytes; a spec without the kind (a GPU's, an older CPU spec) prices the kernel as
+before, streaming like an add (a CPU kit with fresh-output points still charges the
+forward its two fresh outputs: `fresh_output`).
 
 Hand figures: a (1024, 64) fp32 record moves 2 x 256 KiB + 64 KiB (the bool mask) =
 576 KiB; at 3 GB/s that is 589824 / 3e9 s; at add's 6 GB/s half of it.
