@@ -21,6 +21,14 @@ where it paid ~2.8. bench_small_pass_terms reads the consequence: every small la
 warm part over-priced at every micro-batch, its entry under-priced more the larger the
 batch (its docstring).
 
+Read again 14:33 UTC (load 1.0), grad off / on: lin-ln-gelu-lin 1.24 / 1.22 (~0.84 us an
+op over its loops, grad on), lin-relu 1.13 / 1.18, lin-lin 1.00 / 1.03: the premium moves
+with the load. The two-segment in-sequence fit (`sequence_probes`, three draws of the
+pool) reads ~0.37 us an op at the chain's 5 distinct ops; netting the chain's own reading
+(~0.84) instead, as a what-if (the credited distinct ops raised to 18, where the fit reads
+0.84), priced km_base's timings 37 -> 51 rows over 15% and the 14:29 fresh spec's 18 -> 24:
+the layers' forward figures hold at the fit's level, not the chain's.
+
     .venv/bin/python bench/bench_chain_premium.py [--out bench/results/chain_premium.json]
 """
 

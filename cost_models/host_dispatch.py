@@ -41,10 +41,10 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     `forward_node_host_s` (its per-op figures then grad-off), the autograd nodes the
     forward records x per-node (`autograd_nodes_fwd`, else one per floating-point op:
     `host_excess.backward_nodes`); where it measured `in_sequence_op_host_s`, what the
-    ops pay for running among the layer's distinct ops beyond the knee
-    (`distinct_ops_fwd`), less what they pay among the host probe chain's
-    (`host_probes.HOST_OP_CHAIN_DISTINCT_OPS`: its per-op, per-node and per-call figures
-    are that chain's, run in order, 1.4-1.6x its calls' tight loops here; a Linear then a
+    ops pay for running among the layer's distinct ops (`distinct_ops_fwd`: the low
+    segment up to the knee, the slope beyond), less what they pay among the host probe
+    chain's (`host_probes.HOST_OP_CHAIN_DISTINCT_OPS`: its per-op, per-node and per-call
+    figures are that chain's, run in order, 1.4-1.6x its calls' tight loops here; a Linear then a
     ReLU ran 1.24-1.30x theirs, thread clock, load 2.3, 2026-11-26; the other figures
     above are tight loops'); + each op given a Python
     number it wraps (`KernelRecord.scalar_operand`) x `scalar_operand_float_host_s` on a
@@ -81,14 +81,14 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     if cal.forward_node_host_s > 0:  # grad_fns recorded (host_probes.host_op_seconds_by_pass)
         recorded = layer.autograd_nodes_fwd or backward_nodes(layer.kernels.forward, 0)
         host_s += recorded * cal.forward_node_host_s
-    # In sequence (cost_models.sequence_probes.in_sequence_cost): distinct ops beyond the
-    # knee, less what the per-op figures hold already (the probe chain's own, in order)
-    host_s += layer.ops_fwd * (
-        in_sequence_extra_per_op_s(cal.in_sequence_op_host_s, cal.in_sequence_knee_distinct_ops,
-                                   layer.distinct_ops_fwd)
-        - in_sequence_extra_per_op_s(cal.in_sequence_op_host_s,
-                                     cal.in_sequence_knee_distinct_ops,
-                                     HOST_OP_CHAIN_DISTINCT_OPS))
+    # In sequence (cost_models.sequence_probes.in_sequence_cost): distinct ops up to and
+    # beyond the knee, less what the per-op figures hold already (the probe chain's own,
+    # in order); a layer whose distinct ops were not counted (0) pays none
+    line = (cal.in_sequence_op_host_s, cal.in_sequence_knee_distinct_ops)
+    host_s += (layer.distinct_ops_fwd > 0) * layer.ops_fwd * (
+        in_sequence_extra_per_op_s(*line, layer.distinct_ops_fwd, cal.in_sequence_low_op_host_s)
+        - in_sequence_extra_per_op_s(*line, HOST_OP_CHAIN_DISTINCT_OPS,
+                                     cal.in_sequence_low_op_host_s))
     # a whole step's ops stay in the caches (ir.op_count.step_evicts): the least work's
     # entry; kits before the entry probe price as they did (either entry figure says it
     # ran: one fit may clamp to 0)

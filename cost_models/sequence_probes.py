@@ -4,23 +4,41 @@ another, over what the same ops cost each in a tight loop; one thread, the probe
 Every host probe (`cost_models.host_probes`, `cost_models.host_excess`) times a chain of
 one call repeated: its code and data stay in the caches. A layer runs its ops in turn,
 each distinct op (`aten.add.Tensor`, `aten.view.default`) with its own dispatch path,
-kernel and binding, and once more distinct ops run than the caches hold, each op pays for
-the others' evictions. The probe times chains of SEQUENCE_CALLS Python calls made of k
+kernel and binding, and each op pays for what the others evicted, from the second
+distinct op on. The probe times chains of SEQUENCE_CALLS Python calls made of k
 distinct ones (`sequence_pool`: elementwise, reductions, views, GEMMs, casts, factories,
 indexing; float32, bfloat16, int64, bool; Python numbers, lists, keywords) in order and
 each distinct call in a tight loop, grad mode on (a layer's forward records autograd
-nodes), and fits extra seconds per op = `op_s` x max(0, distinct ops - knee)
-(`in_sequence_cost`): distinct ops are counted by the same `ir.op_count.OpCounter` that
-counts a layer's (`Layer.distinct_ops_fwd`), so probe and layer share one measure.
+nodes), k from 2 (a Linear then a ReLU runs 3 distinct ops, the host probe chain 5) to
+48, and fits extra seconds per op = `low_op_s` x (min(distinct ops, knee) - 1) +
+`op_s` x max(0, distinct ops - knee) (`in_sequence_cost`): 0 at one distinct op (a
+chain of one call is its tight loop), continuous at the knee. Distinct ops are counted
+by the same `ir.op_count.OpCounter` that counts a layer's (`Layer.distinct_ops_fwd`), so
+probe and layer share one measure.
 
-On this CPU (torch 2.13, 2026-11-25, load 2.6-4 on 2 shared cores) the extra per op
-was 0-250 ns up to 23 distinct ops, then ~45-50 ns more per distinct op (29: ~550-700
-ns, 45: ~1,300-1,500 ns): a function of the distinct ops, not of the chain's length (48
-calls of 8 distinct cost 1.03-1.08x their loops, 48 of 48 distinct 2.0-2.1x, 96 of 16
-distinct 1.06-1.12x, 96 of 48 distinct 2.0x). Six fits: 42.9-55.3 ns per op per distinct
-op beyond a knee of 16-17 (grad off: 24-28 ns beyond 12-15); the median fit predicted
-nine chains it was not fitted on (16-96 calls, other draws of the pool) within 9%
-(bench/bench_in_sequence.py).
+Why two segments (the likely reading; no hardware counters were read): in a tight loop
+one call's whole host path (Python argument parsing, the dispatcher's key set, autograd's
+wrapper, the kernel's set-up, the allocator handing back the block it just freed) repeats
+the same code and branches, so it runs from the L1 instruction cache with its branches
+predicted. One op's path is tens of KB of code and hundreds of branches: two or three
+alternating ones already overflow the 32 KB L1i and share the predictor's tables, hence a
+steep first segment; beyond it each more op adds its code and data to what L2 must hold,
+a shallower slope. Read 2026-11-26 (thread clock, 2 shared cores), extra ns per op (in
+order / loops) on the pool's first draw at distinct ops 2: 260-500 (1.08-1.14x), 3:
+580-940 (1.24-1.35x), 6: 880-1,150 (1.42-1.50x; the host probe chain's own lin-ln-gelu-lin
+ran 1.53x: bench/bench_chain_premium.py), 11: 760-1,250, 18: 1,190-2,230, 29:
+2,680-3,220, 45: 3,240-4,290 (load 3.3-3.6); on a quiet spell (load 0.6) that draw's
+fits read 255-327 ns up to a knee of 3-4, 42-44 beyond. Other draws at the same count
+differ as much as counts do (2 distinct: -7 to 360 ns; 16 calls: ~500 to ~1,300), so
+the fit takes SEQUENCE_SEEDS' three draws: three fits at load 2.2 (14:27 UTC) read
+111-163 ns up to a knee of 3-4, 33-43 beyond; what a layer pays over the host probe
+chain's 5 (`host_dispatch.forward_host_seconds`) at 2 distinct ops -218..-254 ns an op,
+at 10 +164..+213, at 30 +818..+1,064; twelve held-out chains (draws 3-5, 16-96 calls,
+2-48 distinct) within 12% (bench/bench_in_sequence.py). One draw alone read knees of
+2-15 and missed held-out chains by up to 38%; the one-segment line fitted on one draw's
+8-48 distinct calls read its knee at 0 (44-87 ns) or 16-17 (2026-11-25, 43-55 ns; 48
+calls of 8 distinct then cost 1.03-1.08x their loops), missed held-out chains by up to
+27% today, and with a knee of 16 credits the chain's 5 with nothing.
 
 Cold: a step runs each layer after the layer before it, so the distinct ops that layer
 did not run start with their code and data out of the caches (`Layer
@@ -34,7 +52,7 @@ read a curved line and ~2x what the layers miss; their readings are in
 bench/bench_small_layers.py's and bench/bench_small_backward.py's docstrings.)
 
     >>> cost = in_sequence_cost(in_sequence_chains("cpu", grad=True))  # doctest: +SKIP
-    >>> cost.op_s, cost.knee_distinct_ops                               # ~5e-8, ~16
+    >>> cost.low_op_s, cost.knee_distinct_ops, cost.op_s                 # ~1.5e-7, ~3, ~4e-8
 """
 
 from __future__ import annotations
@@ -49,11 +67,16 @@ from dataclasses import dataclass
 # SEQUENCE_ROUNDS rounds after SEQUENCE_WARMUP_RUNS untimed runs (tens of milliseconds a
 # round).
 SEQUENCE_CALLS = 48  # a transformer block's forward makes 30-60 Python calls
-SEQUENCE_DISTINCT = (8, 16, 24, 32, 40, 48)
+# from a Linear + ReLU's few to a block's tens; the low ones read the first segment
+SEQUENCE_DISTINCT = (2, 3, 5, 8, 12, 16, 24, 32, 40, 48)
 SEQUENCE_RUNS = 40
 SEQUENCE_ROUNDS = 9
 SEQUENCE_WARMUP_RUNS = 10
-SEQUENCE_SEED = 0  # the pool's order: which calls a k-distinct chain takes
+# The pool's orders (which calls a k-distinct chain takes): one chain per count per order;
+# at 16 distinct calls one draw read ~500 ns an op, another ~1,300 (2026-11-26), so the
+# fit reads several and the held-out check (bench/bench_in_sequence.py) others.
+SEQUENCE_SEEDS = (0, 1, 2)
+SEQUENCE_SEED = SEQUENCE_SEEDS[0]
 
 
 def sequence_pool(device: str, grad: bool = False) -> list:
@@ -156,50 +179,74 @@ def sequence_chain(pool: list, distinct: int, calls: int = SEQUENCE_CALLS,
                          statistics.median(order), statistics.median(loops))
 
 
-def in_sequence_extra_per_op_s(op_s: float, knee_distinct_ops: float,
-                               distinct_ops: float) -> float:
+def in_sequence_extra_per_op_s(op_s: float, knee_distinct_ops: float, distinct_ops: float,
+                               low_op_s: float = 0.0) -> float:
     """Host seconds an op run in order pays over its tight loop among `distinct_ops`
-    distinct ones: `op_s` per distinct op beyond the knee (`in_sequence_cost`'s fit)."""
-    return op_s * max(0.0, distinct_ops - knee_distinct_ops)
+    distinct ones (`in_sequence_cost`'s fit): `low_op_s` per distinct op from 1 (one
+    distinct op is its own tight loop) up to the knee, `op_s` per one beyond it."""
+    low = max(0.0, min(distinct_ops, knee_distinct_ops) - 1.0)
+    return low_op_s * low + op_s * max(0.0, distinct_ops - knee_distinct_ops)
 
 
 @dataclass(frozen=True, slots=True)
 class InSequenceCost:
-    """Extra host seconds per ATen op of a run in order over tight loops, per distinct
-    op beyond the `knee_distinct_ops` a run keeps in cache: extra per op =
-    `op_s` x max(0, distinct ops - knee), fitted to the chains (`in_sequence_cost`)."""
+    """Extra host seconds per ATen op of a run in order over tight loops: `low_op_s` per
+    distinct op from 1 up to `knee_distinct_ops`, `op_s` per one beyond it, fitted to
+    the chains (`in_sequence_cost`)."""
 
     op_s: float
     knee_distinct_ops: float
     residual_s: float  # the fit's root-mean-square miss per op, for the record
+    low_op_s: float = 0.0
 
     def calibration_fields(self) -> dict:
         """The `KernelCalibration` fields these figures fill."""
-        return dict(in_sequence_op_host_s=self.op_s,
+        return dict(in_sequence_low_op_host_s=self.low_op_s, in_sequence_op_host_s=self.op_s,
                     in_sequence_knee_distinct_ops=self.knee_distinct_ops)
 
 
+def _two_slopes(xs: list[tuple[float, float]], ys: list[float]) -> tuple[float, float, float]:
+    """Least squares of ys = a x0 + b x1 with a, b >= 0 (the better of the free fit, where
+    both come out >= 0, and each slope alone): (a, b, sum of squared misses)."""
+    s00 = sum(x0 * x0 for x0, _ in xs)
+    s11 = sum(x1 * x1 for _, x1 in xs)
+    s01 = sum(x0 * x1 for x0, x1 in xs)
+    t0 = sum(x0 * y for (x0, _), y in zip(xs, ys))
+    t1 = sum(x1 * y for (_, x1), y in zip(xs, ys))
+    tries = [(max(0.0, t0 / s00) if s00 else 0.0, 0.0), (0.0, max(0.0, t1 / s11) if s11 else 0.0)]
+    det = s00 * s11 - s01 * s01
+    if det > 1e-12 * max(1.0, s00 * s11):
+        a, b = (t0 * s11 - t1 * s01) / det, (t1 * s00 - t0 * s01) / det
+        if a >= 0 and b >= 0:
+            tries.append((a, b))
+    sse = lambda a, b: sum((a * x0 + b * x1 - y) ** 2 for (x0, x1), y in zip(xs, ys))  # noqa: E731
+    return min(((a, b, sse(a, b)) for a, b in tries), key=lambda t: t[2])
+
+
 def in_sequence_cost(chains: list[SequenceChain]) -> InSequenceCost:
-    """Least squares of extra_s / ops = slope x max(0, distinct ops - knee) over `chains`,
-    the knee tried at every whole number of distinct ops below the chains' most (a cache
-    holds so many ops' code and data; beyond it each more evicts in proportion)."""
+    """Least squares of extra_s / ops = low x (min(distinct ops, knee) - 1) + slope x
+    max(0, distinct ops - knee), both >= 0, over `chains`, the knee tried at every whole
+    number of distinct ops from 1 to below the chains' most (the line is continuous and
+    0 at one distinct op: a chain of one call is its tight loop)."""
     per_op = [(c.distinct_ops, c.extra_s / c.ops) for c in chains]
+    ys = [e for _, e in per_op]
     best = None
-    for knee in range(max(d for d, _ in per_op)):
-        xs = [in_sequence_extra_per_op_s(1.0, knee, d) for d, _ in per_op]
-        slope = max(0.0, sum(x * e for x, (_, e) in zip(xs, per_op)) / sum(x * x for x in xs))
-        sse = sum((slope * x - e) ** 2 for x, (_, e) in zip(xs, per_op))
-        if best is None or sse < best[0]:
-            best = (sse, slope, knee)
-    sse, slope, knee = best
-    return InSequenceCost(slope, float(knee), (sse / len(per_op)) ** 0.5)
+    for knee in range(1, max(d for d, _ in per_op)):
+        xs = [(in_sequence_extra_per_op_s(0.0, knee, d, 1.0),
+               in_sequence_extra_per_op_s(1.0, knee, d)) for d, _ in per_op]
+        low, slope, sse = _two_slopes(xs, ys)
+        if best is None or sse < best[0] - 1e-30:
+            best = (sse, low, slope, knee)
+    sse, low, slope, knee = best
+    return InSequenceCost(slope, float(knee), (sse / len(per_op)) ** 0.5, low)
 
 
 def in_sequence_chains(device: str = "cpu", grad: bool = True) -> list[SequenceChain]:
-    """The SEQUENCE_DISTINCT chains of SEQUENCE_CALLS calls, grad mode `grad` (on: as a
-    training forward runs; ~1 s on this CPU)."""
+    """The SEQUENCE_DISTINCT chains of SEQUENCE_CALLS calls on each of SEQUENCE_SEEDS'
+    draws of the pool, grad mode `grad` (on: as a training forward runs; ~5 s here)."""
     pool = sequence_pool(device, grad)
-    return [sequence_chain(pool, k, device=device, grad=grad) for k in SEQUENCE_DISTINCT]
+    return [sequence_chain(pool, k, device=device, grad=grad, seed=seed)
+            for seed in SEQUENCE_SEEDS for k in SEQUENCE_DISTINCT]
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,7 @@ _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "view_host_op_s", "embedding_backward_index_s", "backward_view_host_op_s",
             "backward_nonview_host_op_s", "backward_node_host_s", "python_node_host_s",
             "forward_node_host_s", "in_sequence_op_host_s", "in_sequence_knee_distinct_ops",
+            "in_sequence_low_op_host_s",
             "cold_op_host_s", "cold_backward_op_host_s", "autograd_call_host_s",
             "pipeline_action_host_s", "loss_sum_host_s", "optimizer_entry_host_s",
             "grad_accumulate_host_s", "train_loop_host_s", "train_loop_param_host_s",
@@ -133,12 +134,14 @@ class KernelCalibration:
     # recording nothing: ints, no gradient needed); 0 (kits before it): they record.
     forward_node_host_s: float = 0.0
     # Forward ops run in order, distinct ones after one another, cost more than the same
-    # ops each in a tight loop: per op, `in_sequence_op_host_s` per distinct op of the
-    # layer beyond `in_sequence_knee_distinct_ops` (grad mode on: `cost_models
-    # .sequence_probes.in_sequence_cost`; the host probe chain's figures above hold their
-    # own: `host_dispatch.forward_host_seconds`); 0 where not measured.
+    # ops each in a tight loop: per op, `in_sequence_low_op_host_s` per distinct op of the
+    # layer from 1 up to `in_sequence_knee_distinct_ops`, `in_sequence_op_host_s` per one
+    # beyond (grad mode on: `cost_models.sequence_probes.in_sequence_cost`; the host probe
+    # chain's figures above hold their own: `host_dispatch.forward_host_seconds`); 0 where
+    # not measured (the low segment: kits before it, priced by the slope alone).
     in_sequence_op_host_s: float = 0.0
     in_sequence_knee_distinct_ops: float = 0.0
+    in_sequence_low_op_host_s: float = 0.0
     # Per distinct forward op the layer before did not run (`Layer.cold_distinct_ops_fwd`),
     # what it pays run once after other ops over run right after itself, its code and data
     # out of the caches (`cost_models.cold_entry_probes.cold_entry_cost`); 0 where not measured.

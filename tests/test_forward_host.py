@@ -416,7 +416,8 @@ def test_the_in_sequence_fit_finds_the_knee_and_the_slope():
     assert cost.op_s == pytest.approx(40e-9)
     assert cost.knee_distinct_ops == 12.0
     assert cost.residual_s == pytest.approx(0.0, abs=1e-12)
-    assert cost.calibration_fields() == dict(in_sequence_op_host_s=cost.op_s,
+    assert cost.calibration_fields() == dict(in_sequence_low_op_host_s=0.0,
+                                             in_sequence_op_host_s=cost.op_s,
                                              in_sequence_knee_distinct_ops=12.0)
 
 

@@ -128,10 +128,11 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     # tenths of a us here, 0 when a loaded host's excess probe ran slow, as CI saw once)
     assert 0 <= cal.forward_host_op_s < 1e-3 and 0 < cal.view_host_op_s < 1e-3
     assert 0 <= cal.module_call_host_s < 1e-3
-    # What ops pay in sequence among distinct ones, per op per distinct op beyond the knee
-    # (sequence_probes: ~50 ns beyond 13-19 here; the knee below the chains' most, 48).
-    # A fitted slope of in-order less tight-loop times, floored at 0: 0 where a loaded
-    # host's two runs came out alike (the term then adds 0; no pricing branch reads it).
+    # What ops pay in sequence among distinct ones, per op per distinct op up to the knee
+    # and beyond it (sequence_probes: ~250-400 ns up to 2-4, 40-90 ns beyond, here; the
+    # knee below the chains' most, 48). Fitted slopes of in-order less tight-loop times,
+    # floored at 0: 0 where a loaded host's two runs came out alike (the term then adds 0).
+    assert 0 <= cal.in_sequence_low_op_host_s < 1e-5
     assert 0 <= cal.in_sequence_op_host_s < 1e-6
     assert 0 <= cal.in_sequence_knee_distinct_ops < 48
     # A forward started after a layer's work (cold_entry_probes: ~4 us per layer + ~2 per
