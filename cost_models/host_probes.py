@@ -184,11 +184,9 @@ def host_op_seconds_by_pass(device: str = "cpu", gpu: bool | None = None) -> Hos
     # views and ops as C++ callers dispatch them (forward views mostly, a formula's all)
     internal = internal_dispatch_seconds(device)
     with _one_thread():
-        chain = nn.Sequential(*[_overhead_block() for _ in range(HOST_OP_CHAIN_BLOCKS)]).to(device)
+        chain, leaves, calls = host_probe_chain(device)
         # the layer after, with parameters of its own as in a step (docstring)
         after = nn.Sequential(*[_overhead_block() for _ in range(HOST_OP_CHAIN_BLOCKS)]).to(device)
-        leaves = [m for m in chain.modules() if not list(m.children())]
-        calls = [_as_function(m) for m in leaves]
         x = torch.randn(2, OP_OVERHEAD_WIDTH, device=device)
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         holder = {}
@@ -213,11 +211,7 @@ def host_op_seconds_by_pass(device: str = "cpu", gpu: bool | None = None) -> Hos
                 y = module(y)
             return y.sum()
 
-        def as_functions():
-            y = x
-            for call in calls:
-                y = call(y)
-            return y.sum()
+        as_functions = functools.partial(run_as_functions, calls, x)
 
         def views():
             y = x.detach().requires_grad_()  # a leaf, as a layer's input is
@@ -337,6 +331,26 @@ def host_op_seconds_by_pass(device: str = "cpu", gpu: bool | None = None) -> Hos
                       (min(backward_rounds), max(backward_rounds)), forward_ops, backward_ops,
                       function_op_s, statistics.median(module_rounds),
                       statistics.median(view_rounds), **parts, parts_measured=True)
+
+
+def host_probe_chain(device: str = "cpu"):
+    """(chain, its leaves, each leaf bound as a function) of the per-op probe: the chain
+    whose distinct ops HOST_OP_CHAIN_DISTINCT_OPS counts."""
+    from torch import nn
+
+    from cost_models.clusters import _overhead_block
+
+    chain = nn.Sequential(*[_overhead_block() for _ in range(HOST_OP_CHAIN_BLOCKS)]).to(device)
+    leaves = [m for m in chain.modules() if not list(m.children())]
+    return chain, leaves, [_as_function(m) for m in leaves]
+
+
+def run_as_functions(calls, x):
+    """The chain's calls in turn on `x`, then a sum: the probe's function pass."""
+    y = x
+    for call in calls:
+        y = call(y)
+    return y.sum()
 
 
 def _as_function(module):

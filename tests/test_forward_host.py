@@ -385,21 +385,16 @@ def test_in_sequence_counts_only_the_distinct_ops_beyond_the_host_probe_chains()
 
 def test_the_host_probe_chain_runs_the_distinct_ops_it_is_credited_with():
     """HOST_OP_CHAIN_DISTINCT_OPS is the `OpCounter` count of the chain
-    `host_probes.host_op_seconds_by_pass` times its per-op figures on: the leaves of
-    HOST_OP_CHAIN_BLOCKS `clusters._overhead_block`s called as functions, then a sum, grad
-    on: t, addmm, native_layer_norm, gelu, sum."""
-    from cost_models.clusters import OP_OVERHEAD_WIDTH, _overhead_block
-    from cost_models.host_probes import (HOST_OP_CHAIN_BLOCKS, HOST_OP_CHAIN_DISTINCT_OPS,
-                                         _as_function)
+    `host_probes.host_op_seconds_by_pass` times its per-op figures on (`host_probe_chain`
+    run by `run_as_functions`, grad on): by hand t, addmm, native_layer_norm, gelu, sum."""
+    from cost_models.clusters import OP_OVERHEAD_WIDTH
+    from cost_models.host_probes import (HOST_OP_CHAIN_DISTINCT_OPS, host_probe_chain,
+                                         run_as_functions)
 
-    chain = nn.Sequential(*[_overhead_block() for _ in range(HOST_OP_CHAIN_BLOCKS)])
-    calls = [_as_function(m) for m in chain.modules() if not list(m.children())]
-    y, counter = torch.randn(2, OP_OVERHEAD_WIDTH), OpCounter()
+    (_, _, calls), x, counter = host_probe_chain(), torch.randn(2, OP_OVERHEAD_WIDTH), OpCounter()
     with counter:
-        for call in calls:
-            y = call(y)
-        y.sum()
-    assert counter.distinct_ops == HOST_OP_CHAIN_DISTINCT_OPS
+        run_as_functions(calls, x)
+    assert counter.distinct_ops == HOST_OP_CHAIN_DISTINCT_OPS == 5
 
 
 def test_the_in_sequence_fit_finds_the_knee_and_the_slope():
