@@ -18,7 +18,7 @@ in both; FSDP2's default all-gather is one call to `all_gather_single`.)
 
 Then gpt-tiny, ZeRO-3 over --nproc ranks on `local`, is estimated with the old and the
 new readings' DP-unit lines (`host_overhead_fit.unit_line`); the step's change is set
-beside units x direct x the host stretch (`compute.host_figure_share`).
+beside units x direct x the host stretch (`common.host_figure_share`).
 
 Read on 2026-11-26, 2 ranks, load 8.9 -> 7.6, 15 rounds: new - old 34.6 / 32.0 us a
 ZeRO-2 unit (6 / 24 tensors; direct 28.3 / 33.1), 52.6 / 85.0 a ZeRO-3 unit (direct
@@ -135,7 +135,7 @@ def _rank(rank: int, world_size: int, rounds: int) -> dict:
 def _estimate_move(by_key: dict, nproc: int) -> dict:
     """gpt-tiny ZeRO-3 over nproc on `local`: the step with each reading's DP-unit line."""
     from cost_models.clusters import get_cluster
-    from cost_models.compute import host_figure_share
+    from cost_models.common import host_figure_share
     from cost_models.estimate import estimate
     from cost_models.host_overhead_fit import unit_line
     from cost_models.model_states import has_dp_unit

@@ -194,7 +194,8 @@ class LayerComm:
     dp_step_s: float  # once per iteration: gradient all-reduce / reduce-scatter, ZeRO-2 gather
     tp_step_s: float = 0.0  # once per iteration, blocking: SP's partial gradients (sp_grad_sync_s)
     # once per iteration, not overlapped: ZeRO-1 parameter all-gathers after the optimizer
-    # step, and a DP unit's gradient-reduction copies on the device (`dp_copies`)
+    # step, and a DP unit's gradient-reduction copies (`dp_copies`: by bytes on a GPU, the
+    # unit's per-parameter figure's once-a-step share on CPU processes)
     dp_after_step_s: float = 0.0
 
 

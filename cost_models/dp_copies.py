@@ -1,4 +1,5 @@
-"""Device bytes an FSDP2 unit's own copies move, and their seconds on a GPU.
+"""Device bytes an FSDP2 unit's own copies move, their seconds on a GPU, and how they
+split a CPU unit's measured per-parameter figure between micro-batch and step.
 
 Every layer the executor makes a DP unit (`ir.strategy.runs_as_dp_unit`: dp > 1, or any
 dp under mixed precision) copies its parameters and gradients around its compute. Read

@@ -81,14 +81,17 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     if cal.forward_node_host_s > 0:  # grad_fns recorded (host_probes.host_op_seconds_by_pass)
         recorded = layer.autograd_nodes_fwd or backward_nodes(layer.kernels.forward, 0)
         host_s += recorded * cal.forward_node_host_s
-    # In sequence (cost_models.sequence_probes.in_sequence_cost): distinct ops up to and
-    # beyond the knee, less what the per-op figures hold already (the probe chain's own,
-    # in order); a layer whose distinct ops were not counted (0) pays none
-    line = (cal.in_sequence_op_host_s, cal.in_sequence_knee_distinct_ops)
-    host_s += (layer.distinct_ops_fwd > 0) * layer.ops_fwd * (
-        in_sequence_extra_per_op_s(*line, layer.distinct_ops_fwd, cal.in_sequence_low_op_host_s)
-        - in_sequence_extra_per_op_s(*line, HOST_OP_CHAIN_DISTINCT_OPS,
-                                     cal.in_sequence_low_op_host_s))
+    # In sequence (cost_models.sequence_probes.in_sequence_cost): every op pays for the
+    # layer's distinct ops (up to the knee, beyond it), less what the non-view ops' figure
+    # holds already (the probe chain's own, run in order; the view figure is a tight
+    # loop's); a layer whose distinct ops were not counted (0) pays none
+    line = (cal.in_sequence_op_host_s, cal.in_sequence_knee_distinct_ops,
+            cal.in_sequence_low_op_host_s)
+    if layer.distinct_ops_fwd > 0:
+        host_s += (layer.ops_fwd * in_sequence_extra_per_op_s(*line[:2], layer.distinct_ops_fwd,
+                                                              line[2])
+                   - (layer.ops_fwd - views) * in_sequence_extra_per_op_s(
+                       *line[:2], HOST_OP_CHAIN_DISTINCT_OPS, line[2]))
     # a whole step's ops stay in the caches (ir.op_count.step_evicts): the least work's
     # entry; kits before the entry probe price as they did (either entry figure says it
     # ran: one fit may clamp to 0)

@@ -137,7 +137,10 @@ class DpOverhead:
     sizes, measured with the node's processes running together; the compute model
     stretches it by the core share, `ClusterSpec.host_share`), plus `per_param_s` per
     parameter (FSDP2's copies of the parameters and gradients, which grow with them: the
-    probe's wide unit against its narrow one of as many tensors; 0 in older specs)."""
+    probe's wide unit against its narrow one of as many tensors; 0 in older specs), read
+    on one micro-batch that reduced its gradients: the cost model splits it into the
+    copies each micro-batch repeats and the reduction's once a step
+    (`cost_models.dp_copies.cpu_param_copy_shares`)."""
 
     mode: DPMode
     group_size: int | None
@@ -166,8 +169,8 @@ class DpOverhead:
                 f"+{self.per_param_s * 1e9:.2f}ns/param")
 
     def seconds(self, tensors: int, params: float = 0.0) -> float:
-        """Per micro-batch, for a unit of `tensors` parameter tensors holding `params`
-        parameters (on this rank)."""
+        """For a unit of `tensors` parameter tensors and `params` parameters (on this rank;
+        the caller passes the share of them one micro-batch copies)."""
         return self.per_unit_s + tensors * self.per_tensor_s + params * self.per_param_s
 
     def scaled(self, factor: float) -> DpOverhead:

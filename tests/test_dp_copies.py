@@ -147,7 +147,7 @@ def _big_layer():  # a llama3.2-1b block's tensors: 60.8M parameters in 9
                            params=60_817_408, tied_params=0, tp_params=0, tied_tp_params=0)
 
 
-def test_a_gpu_unit_pays_its_bytes_at_about_the_memory_bandwidth_and_a_cpu_one_nothing():
+def test_a_gpu_unit_pays_its_bytes_at_about_the_memory_bandwidth_and_a_cpu_one_its_figure():
     from cost_models.clusters import get_cluster
     from cost_models.dp_copies import dp_copy_pass_seconds, dp_copy_step_seconds
 
@@ -164,7 +164,7 @@ def test_a_gpu_unit_pays_its_bytes_at_about_the_memory_bandwidth_and_a_cpu_one_n
     cpu = get_cluster("local")
     assert cpu.host_bound
     assert dp_copy_pass_seconds(layer, s, cpu, _config()) == (0.0, 0.0)
-    assert dp_copy_step_seconds(layer, s, cpu, _config()) == 0.0
+    assert dp_copy_step_seconds(layer, s, cpu, _config()) == 0.0  # no DP-unit figures
 
 
 def test_pipelined_units_unshard_once_a_step_and_zero3_once_a_micro_batch():

@@ -368,17 +368,17 @@ def test_forward_host_adds_what_ops_pay_in_sequence():
 def test_in_sequence_counts_only_the_distinct_ops_beyond_the_host_probe_chains():
     """The kit's per-op figures are timed on the host probe's function chain, itself run
     in order among its HOST_OP_CHAIN_DISTINCT_OPS (5) distinct ops, so they already hold
-    what its ops pay among 5: a layer pays the in-sequence line's difference. On a kit
-    whose fit read its knee at 0 (0.05 us per op per distinct op), `tiny_layer`'s 18 us
-    among 20 distinct: 5 ops x 0.05 x (20 - 5) = 3.75 us more, 21.75 us (not 5 x 0.05 x
-    20 = 5 more); among 3, 5 x 0.05 x (3 - 5) = -0.5 us, 17.5 us: its ops pay less than
-    the chain's; among 5, 18 us. With the knee at 16 (above the chain's 5), as before."""
+    what its non-view ops pay among 5 (the view figure is a tight loop's). On a kit whose
+    fit read its knee at 0 (0.05 us per op per distinct op), `tiny_layer`'s 18 us (5 ops,
+    2 views) among 20 distinct: 5 x 0.05 x 20 - 3 x 0.05 x 5 = 5 - 0.75 = 4.25 us more,
+    22.25 us; among 3: 0.75 - 0.75 = 0, 18 us; among 5: 1.25 - 0.75 = 0.5, 18.5 us.
+    With the knee at 16 (above the chain's 5), as before."""
     from cost_models.host_probes import HOST_OP_CHAIN_DISTINCT_OPS
 
     assert HOST_OP_CHAIN_DISTINCT_OPS == 5
     layer = with_python_nodes(tiny_layer(), 4)
     spec = cpu(dataclasses.replace(IN_SEQUENCE, in_sequence_knee_distinct_ops=0.0))
-    for distinct, us in ((20, 21.75), (3, 17.5), (5, 18.0)):
+    for distinct, us in ((20, 22.25), (3, 18.0), (5, 18.5)):
         assert forward_host_seconds(with_distinct_ops(layer, distinct), spec) == \
             pytest.approx(us * US)
 

@@ -59,12 +59,14 @@ def test_the_fit_reads_the_low_segment_the_knee_and_the_slope():
 
 
 def test_a_layer_of_fewer_distinct_ops_than_the_probe_chain_pays_the_low_segment_less():
-    """`tiny_layer`'s 18 us (5 ops) priced against the chain's 5 distinct ops (0.6 +
-    0.05 = 0.65 us an op on the curve): among 2 (0.2 us an op) 5 x -0.45 = -2.25 us,
-    15.75 us; among 5, 18 us; among 20 (0.6 + 0.8 = 1.4 us), 5 x 0.75 = +3.75, 21.75 us."""
+    """`tiny_layer`'s 18 us (5 ops, 2 of them views) priced against the chain's 5 distinct
+    ops (0.6 + 0.05 = 0.65 us an op on the curve), credited on its 3 non-view ops only
+    (the view figure is a tight loop's): 3 x 0.65 = 1.95 us. Among 2 (0.2 us an op):
+    5 x 0.2 - 1.95 = -0.95, 17.05 us; among 5: 3.25 - 1.95 = +1.3, 19.3 us; among 20
+    (0.6 + 0.8 = 1.4 us): 7 - 1.95 = +5.05, 23.05 us; distinct ops not counted: 18 us."""
     layer = with_python_nodes(tiny_layer(), 4)
     spec = cpu(TWO_SEGMENTS)
-    for distinct, us in ((2, 15.75), (5, 18.0), (20, 21.75), (0, 18.0)):
+    for distinct, us in ((2, 17.05), (5, 19.3), (20, 23.05), (0, 18.0)):
         assert forward_host_seconds(with_distinct_ops(layer, distinct), spec) == \
             pytest.approx(us * US)
 
