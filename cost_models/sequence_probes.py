@@ -60,6 +60,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from ir.errors import PlannerError
+
 
 # A chain is SEQUENCE_CALLS calls made of k distinct ones from `sequence_pool` repeated in
 # turn, for k in SEQUENCE_DISTINCT; per round it runs SEQUENCE_RUNS times in order, then
@@ -226,12 +228,18 @@ def _two_slopes(xs: list[tuple[float, float]], ys: list[float]) -> tuple[float, 
 def in_sequence_cost(chains: list[SequenceChain]) -> InSequenceCost:
     """Least squares of extra_s / ops = low x (min(distinct ops, knee) - 1) + slope x
     max(0, distinct ops - knee), both >= 0, over `chains`, the knee tried at every whole
-    number of distinct ops from 1 to below the chains' most (the line is continuous and
-    0 at one distinct op: a chain of one call is its tight loop)."""
+    number of distinct ops from 1 to below the chains' second most (two counts at least
+    carry the slope beyond it; the line is continuous and 0 at one distinct op: a chain
+    of one call is its tight loop). Chains of fewer than 3 distinct-op counts fit no
+    knee: refused."""
     per_op = [(c.distinct_ops, c.extra_s / c.ops) for c in chains]
+    counts = sorted({d for d, _ in per_op})
+    if len(counts) < 3 or counts[-2] < 2:
+        raise PlannerError(f"in-sequence fit: chains of {counts} distinct ops; it needs 3 "
+                           "counts or more, 2 of them above 1 (SEQUENCE_DISTINCT)")
     ys = [e for _, e in per_op]
     best = None
-    for knee in range(1, max(d for d, _ in per_op)):
+    for knee in range(1, int(counts[-2])):
         xs = [(in_sequence_extra_per_op_s(0.0, knee, d, 1.0),
                in_sequence_extra_per_op_s(1.0, knee, d)) for d, _ in per_op]
         low, slope, sse = _two_slopes(xs, ys)

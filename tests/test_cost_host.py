@@ -417,3 +417,23 @@ def test_per_pass_host_probe_counts_ops_as_the_ir_does(cpu_host_op_probe):
     assert 0 < probe.forward_s < 1e-3 and 0 < probe.backward_s < 1e-3
     assert probe.spread() >= 0 and probe.spread(backward=True) >= 0
     assert probe.forward_range_s[0] <= probe.forward_s <= probe.forward_range_s[1]
+
+
+def test_the_estimate_pays_a_cpu_units_reduction_share_once_a_step(graph):
+    """Replicate at dp 2, fp32, only a per-parameter figure (7 ns; `dp_copies`: 1/4 of it
+    per micro-batch, 3/4 once a step for fp32 replicate units): against the same spec at
+    0 ns, the step at m micro-batches (micro-batch 2) costs sum(P) x 7 ns x (m/4 + 3/4)
+    more, P each unit's parameters: 1x at m = 1, 1.75x at m = 4 (not 4x)."""
+    def spec(per_param_s):
+        return cpu_spec({"dp_overheads": (DpOverhead(DPMode.REPLICATE, None, 0.0, 0.0,
+                                                     per_param_s),)})
+
+    units = [layer for layer in graph.layers if layer.param_tensors]
+    figure_s = sum(layer.params + layer.tied_params for layer in units) * 7e-9
+    for m, share in ((1, 1.0), (4, 1.75)):
+        plan = uniform_plan(len(graph.layers), dp=2, global_batch=2 * 2 * m, micro_batch=2,
+                            precision=Precision.FP32)
+        assert plan.num_microbatches == m
+        extra_s = (estimate(graph, plan, spec(7e-9)).time.total
+                   - estimate(graph, plan, spec(0.0)).time.total)
+        assert extra_s == pytest.approx(figure_s * share, rel=1e-6)

@@ -44,7 +44,9 @@ def test_the_extra_per_op_rises_on_its_low_segment_then_its_slope():
 def test_the_fit_reads_the_low_segment_the_knee_and_the_slope():
     """Chains made by hand on the curve above (ops 48-60 apiece): the fit reads 0.2 us
     per distinct op up to 4, 0.05 us beyond, no residual; the kit fields carry all three."""
-    curve = lambda d: in_sequence_extra_per_op_s(0.05e-6, 4.0, d, 0.2e-6)  # noqa: E731
+    def curve(d):  # written out, not the module's function
+        return 0.2e-6 * (min(d, 4) - 1) + 0.05e-6 * max(0, d - 4)
+
     chains = [SequenceChain(48, d, ops, d, 100e-6 + ops * curve(d), 100e-6)
               for d, ops in ((2, 48), (3, 48), (5, 57), (8, 60), (16, 60), (24, 60),
                              (48, 61))]
@@ -56,6 +58,19 @@ def test_the_fit_reads_the_low_segment_the_knee_and_the_slope():
     assert cost.calibration_fields() == dict(
         in_sequence_low_op_host_s=cost.low_op_s, in_sequence_op_host_s=cost.op_s,
         in_sequence_knee_distinct_ops=4.0)
+
+
+def test_the_fit_refuses_too_few_counts_and_keeps_two_above_its_knee():
+    """Two distinct-op counts fit no knee: refused by name. Over (2, 3, 40) with the top
+    chain alone far off the line, the knee stays below 3 (two counts beyond it)."""
+    from ir.errors import PlannerError
+
+    def chain(d, extra_us):
+        return SequenceChain(48, d, 48, d, 100e-6 + 48 * extra_us * 1e-6, 100e-6)
+
+    with pytest.raises(PlannerError, match=r"in-sequence fit: chains of \[2, 5\]"):
+        in_sequence_cost([chain(2, 0.1), chain(5, 0.4)])
+    assert in_sequence_cost([chain(2, 0.1), chain(3, 0.2), chain(40, 9.0)]).knee_distinct_ops < 3
 
 
 def test_a_layer_of_fewer_distinct_ops_than_the_probe_chain_pays_the_low_segment_less():
