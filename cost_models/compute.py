@@ -172,9 +172,10 @@ def dp_unit_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         return 0.0
     params = tp_local_params(layer.params + layer.tied_params,
                              layer.tp_params + layer.tied_tp_params, strategy.tp)
-    per_microbatch_share, _ = cpu_param_copy_shares(layer, strategy, config)
-    return cluster.calibration.dp_overhead(strategy.dp_mode, strategy.dp).seconds(
-        tensors, params * per_microbatch_share)
+    overhead = cluster.calibration.dp_overhead(strategy.dp_mode, strategy.dp)
+    if overhead.per_param_s and cluster.host_bound:
+        params *= cpu_param_copy_shares(layer, strategy, config)[0]
+    return overhead.seconds(tensors, params)
 
 
 def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,

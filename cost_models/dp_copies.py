@@ -120,12 +120,12 @@ def dp_copy_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Cluster
     pipeline a replicate or ZeRO-2 unit's one unshard. On CPU processes their share of
     the unit's fitted per-parameter figure (`cpu_param_copy_shares`)."""
     if cluster.host_bound:
-        _, per_step_share = cpu_param_copy_shares(layer, strategy, config)
-        if not per_step_share:
+        per_param_s = cluster.calibration.dp_overhead(strategy.dp_mode, strategy.dp).per_param_s
+        if not per_param_s:
             return 0.0
         params = tp_local_params(layer.params + layer.tied_params,
                                  layer.tp_params + layer.tied_tp_params, strategy.tp)
-        per_param_s = cluster.calibration.dp_overhead(strategy.dp_mode, strategy.dp).per_param_s
+        _, per_step_share = cpu_param_copy_shares(layer, strategy, config)
         return params * per_step_share * per_param_s * host_figure_share(cluster)
     copies = _priced(layer, strategy, cluster, config)
     if copies is None:
