@@ -11,6 +11,7 @@ import json
 import pytest
 
 from ir.cluster import ClusterSpec
+from ir.gemm_table import fastest_points
 from ir.kernel_calibration import KernelCalibration, MemoryKernelPoint
 from ir.kernel_records import KernelKind, KernelRecord
 from ir.strategy import Precision
@@ -102,8 +103,11 @@ def test_the_gpu_preset_has_no_points_and_keeps_the_gelu_kind():
 
 
 def test_the_probe_stores_each_kind_and_tanh_gelu_is_slower_than_exact_here():
-    # one small size (bytes moved): each kind gets a point, priced per byte moved
-    points = probe_math_kernels("cpu", (96 * KiB, 384 * KiB))
+    # one small size (bytes moved): each kind gets a point, priced per byte moved; the
+    # fastest of three probes, as the kit keeps the fastest of its passes (a shared host
+    # only slows a kernel: one CI run under the suite's load read tanh_backward at 8 GB/s)
+    points = fastest_points(*(probe_math_kernels("cpu", (96 * KiB, 384 * KiB))
+                              for _ in range(3)))
     assert {(p.kernel, p.nbytes) for p in points} == {
         (kind, n // (tensors * 4) * tensors * 4) for kind, (_, _, tensors, _) in
         MATH_KINDS.items() for n in (96 * KiB, 384 * KiB)}
