@@ -60,7 +60,7 @@ from cost_models.gemm_efficiency import (SQUARE_GEMM_EDGE_PER_INTENSITY, device_
                                          gemm_efficiency)
 from cost_models.host_dispatch import backward_host_seconds, forward_host_seconds, host_op_seconds
 from cost_models.kernel_time import layer_kernel_seconds
-from cost_models.model_states import has_dp_unit, tp_local_params
+from cost_models.model_states import has_dp_unit, held_local_params
 from cost_models.op_cold_code import layer_cold_code_seconds
 from cost_models.offload import host_step_seconds
 from cost_models.layer_memo import layout_view
@@ -170,8 +170,7 @@ def dp_unit_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     tensors = layer.param_tensors
     if not tensors or not has_dp_unit(layer, strategy, config.precision):
         return 0.0
-    params = tp_local_params(layer.params + layer.tied_params,
-                             layer.tp_params + layer.tied_tp_params, strategy.tp)
+    params = held_local_params(layer, strategy)
     overhead = cluster.calibration.dp_overhead(strategy.dp_mode, strategy.dp)
     if overhead.per_param_s and cluster.host_bound:
         params *= cpu_param_copy_shares(layer, strategy, config)[0]
@@ -298,8 +297,7 @@ def _optimizer_step(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     tensors = layer.param_tensors  # tied copies step too
     if tensors == 0:
         return 0.0, 0.0, 0.0
-    local_params = tp_local_params(layer.params + layer.tied_params,
-                                   layer.tp_params + layer.tied_tp_params, strategy.tp)
+    local_params = held_local_params(layer, strategy)
     if strategy.dp_mode is not DPMode.REPLICATE:
         local_params /= strategy.dp
     on_dtensors = strategy.dp > 1 or strategy.tp > 1 or config.precision is not Precision.FP32

@@ -52,7 +52,7 @@ from ir.strategy import DPMode, LayerStrategy, Precision
 
 from cost_models.common import StepConfig, host_figure_share
 from cost_models.kernel_time import streaming_seconds
-from cost_models.model_states import FP32_BYTES, has_dp_unit, tp_local_params
+from cost_models.model_states import FP32_BYTES, has_dp_unit, held_local_params
 
 REDUCE_BYTES = FP32_BYTES  # `ir.precision_policy.mp_policy`: reduce_dtype float32 (fp32: itself)
 
@@ -80,8 +80,7 @@ def unit_copies(layer: Layer, strategy: LayerStrategy, precision: Precision) -> 
 def _copy_bytes(layer: Layer, strategy: LayerStrategy, precision: Precision) -> UnitCopies:
     """`unit_copies` of the layer as if it ran as a unit under `precision`."""
     tensors = layer.param_tensors
-    p = tp_local_params(layer.params + layer.tied_params,
-                        layer.tp_params + layer.tied_tp_params, strategy.tp)
+    p = held_local_params(layer, strategy)
     c, r = precision.compute_bytes, REDUCE_BYTES
     cast = (FP32_BYTES + c) * p if precision is not Precision.FP32 else 0.0
     sharded = not reduces_on_one_rank(strategy)
@@ -123,8 +122,7 @@ def dp_copy_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Cluster
         per_param_s = cluster.calibration.dp_overhead(strategy.dp_mode, strategy.dp).per_param_s
         if not per_param_s:
             return 0.0
-        params = tp_local_params(layer.params + layer.tied_params,
-                                 layer.tp_params + layer.tied_tp_params, strategy.tp)
+        params = held_local_params(layer, strategy)
         _, per_step_share = cpu_param_copy_shares(layer, strategy, config)
         return params * per_step_share * per_param_s * host_figure_share(cluster)
     copies = _priced(layer, strategy, cluster, config)
