@@ -362,7 +362,8 @@ def _analytic_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,
     if layer.kernels is not None:
         times = layer_kernel_seconds(layer.kernels, cluster, config, share)
         # + the cold ops' kernel code beyond the host's flat figure (cost_models.op_cold_code)
-        cold_forward_s, cold_backward_s = layer_cold_code_seconds(layer, cluster)
+        cold_forward_s, cold_backward_s = layer_cold_code_seconds(layer, cluster,
+                                                                   config.batch_scale)
         return times.forward.total_s + cold_forward_s, times.backward.total_s + cold_backward_s
     dtype = config.precision.compute_dtype
     element = config.precision.compute_bytes

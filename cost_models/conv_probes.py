@@ -23,6 +23,29 @@ CONV_PROBE_PASSES = 2
 # below this share of them. It does not bind on this CPU: the dispatch (1.9 us) was 20%
 # of the smallest grid conv (cnn-small's stem at batch 1, 9.7 us; 2026-11-24).
 MIN_DEVICE_SHARE = 0.1
+# ATen's choice of a float32 CPU convolution's algorithm (aten/src/ATen/native/
+# Convolution.cpp, ConvParams::use_mkldnn, torch 2.13; tests/test_conv_cold_code.py checks
+# it against torch._C._select_conv_backend): oneDNN where (strided, dilated, batch >=
+# ONEDNN_1X1_MIN_BATCH, a kernel other than 1x1, or more than one thread) and (groups > 1,
+# both kernel sides > ONEDNN_SMALL_KERNEL_SIDE, batch > 1, or more input elements than
+# ONEDNN_MIN_INPUT_ELEMENTS); else ATen's own im2col + GEMM (slow_conv2d).
+ONEDNN_1X1_MIN_BATCH = 16
+ONEDNN_SMALL_KERNEL_SIDE = 3
+ONEDNN_MIN_INPUT_ELEMENTS = 20480
+
+
+def runs_onednn(groups: int, batch: int, in_channels: int, positions: int,
+                kernel_area: int) -> bool:
+    """Whether ATen runs a float32 CPU convolution of this shape on oneDNN at one thread
+    (the planner's CPU processes and the kit run one), as a kernel record describes it
+    (`ir.kernel_records`: output positions, kernel area): read as stride 1, no dilation,
+    square kernels, input positions = output positions (the zoo's same-padded convs)."""
+    one_by_one = kernel_area == 1
+    big_kernel = kernel_area > ONEDNN_SMALL_KERNEL_SIDE ** 2
+    input_elements = batch * in_channels * groups * positions
+    return ((batch >= ONEDNN_1X1_MIN_BATCH or not one_by_one)
+            and (groups > 1 or big_kernel or batch > 1
+                 or input_elements > ONEDNN_MIN_INPUT_ELEMENTS))
 
 
 def probe_conv(device: str, shapes, dtype: str, dispatch_s: float,

@@ -18,9 +18,10 @@ flat figure, i.e. the excess cold(kind) - cold(reference) on top of the host's c
 The host counts how many of the pass's distinct ops are cold, not which (a layer after a
 block finds the block's ops warm): each distinct op is charged that share of its excess.
 A step whose ops all stay in the caches (`Layer.step_warm`) evicts none: 0. The code
-costs per call, not per byte: no micro-batch or TP scaling. Views have no kernel: their
-cold dispatch is the reference's. Kits without the table: 0 (as before). It adds to the
-L2-data term (`cost_models.cold_kernel`): after both, an op read ~1 us over after the
+costs per call, not per byte: no micro-batch or TP scaling (the micro-batch picks only a
+float32 CPU convolution's algorithm, whose code it is: `op_cold_kind`). Views have no
+kernel: their cold dispatch is the reference's. Kits without the table: 0 (as before). It
+adds to the L2-data term (`cost_models.cold_kernel`): after both, an op read ~1 us over after the
 other ops alone (bench/bench_op_cold_code.py). Not charged to a selective recompute.
 
 A/B on the same timings (bench/bench_kernel_model.py, 180 rows, `--reprice`; rows over 15%
@@ -39,19 +40,31 @@ from ir.kernel_calibration import KernelCalibration
 from ir.kernel_records import KernelKind, KernelRecord
 from ir.layer import Layer
 
-from cost_models.layer_memo import per_layer
-from cost_models.op_cold_probe import OWN_KIND_OPS, REFERENCE_KIND
+from cost_models.conv_probes import runs_onednn
+from cost_models.id_memo import IdMemo
+from cost_models.op_cold_probe import (ONEDNN_CONV_BACKWARD_KIND, ONEDNN_CONV_KIND,
+                                       OWN_KIND_OPS, REFERENCE_KIND)
+
+ONEDNN_CONV_KINDS = (ONEDNN_CONV_KIND, ONEDNN_CONV_BACKWARD_KIND)
 
 
-def op_cold_kind(r: KernelRecord, cal: KernelCalibration) -> str:
+def op_cold_kind(r: KernelRecord, cal: KernelCalibration, batch_scale: float = 1.0) -> str:
     """The kind whose cold-code point prices a record: its op's name where the kit probes
     that op apart (`op_cold_probe.OWN_KIND_OPS`: the loss), else its memory kind
-    (`kernel_time.memory_kind`, as the bandwidth tables read it), else its kernel class."""
+    (`kernel_time.memory_kind`, as the bandwidth tables read it), else its kernel class;
+    a float32 convolution that ATen runs on oneDNN at the record's batch x `batch_scale`
+    (`conv_probes.runs_onednn`), the kit's oneDNN kind of its pass where measured."""
     from cost_models.kernel_time import memory_kind  # it imports this module's users
 
     op = r.op.split("::")[-1]
     if op in OWN_KIND_OPS:
         return op
+    if r.kind is KernelKind.CONV and r.dtype == "float32":
+        groups, batch, in_channels, _, positions, area, _ = r.shape
+        kind = ONEDNN_CONV_BACKWARD_KIND if op == "convolution_backward" else ONEDNN_CONV_KIND
+        if runs_onednn(groups, max(1, round(batch * batch_scale)), in_channels, positions,
+                       area) and any(p.kind == kind for p in cal.op_cold_code):
+            return kind
     return memory_kind(r, cal) if r.kind is KernelKind.MEMORY else r.kind.value
 
 
@@ -65,9 +78,11 @@ def cold_excess_s(cal: KernelCalibration, dtype: str) -> dict[str, float]:
 
 
 def pass_cold_code_seconds(records: tuple[KernelRecord, ...], cal: KernelCalibration,
-                           cold_share: float) -> float:
-    """`cold_share` x the excess of each distinct kernel op of a pass (module docstring);
-    a kind the kit did not probe: none."""
+                           cold_share: float, batch_scale: float = 1.0,
+                           onednn_share: float | None = None) -> float:
+    """`cold_share` x the excess of each distinct kernel op of a pass (module docstring)
+    at the micro-batch `batch_scale` x the records'; a kind the kit did not probe: none.
+    oneDNN convolutions' kinds at `onednn_share` instead where given."""
     excess, seen, total_s = {}, set(), 0.0
     for r in records:
         if r.kind is KernelKind.VIEW or (r.op, r.dtype) in seen:
@@ -75,22 +90,32 @@ def pass_cold_code_seconds(records: tuple[KernelRecord, ...], cal: KernelCalibra
         seen.add((r.op, r.dtype))  # one op in two dtypes runs two kernels' code
         if r.dtype not in excess:
             excess[r.dtype] = cold_excess_s(cal, r.dtype)
-        total_s += excess[r.dtype].get(op_cold_kind(r, cal), 0.0)
-    return cold_share * total_s
+        kind = op_cold_kind(r, cal, batch_scale)
+        share = cold_share if onednn_share is None or kind not in ONEDNN_CONV_KINDS \
+            else onednn_share
+        total_s += share * excess[r.dtype].get(kind, 0.0)
+    return total_s
 
 
-def layer_cold_code_seconds(layer: Layer, cluster: ClusterSpec) -> tuple[float, float]:
+def layer_cold_code_seconds(layer: Layer, cluster: ClusterSpec,
+                            batch_scale: float = 1.0) -> tuple[float, float]:
     """(forward, backward) seconds a layer's passes pay for their cold ops' kernels beyond
-    the host's flat figure (module docstring); (0, 0) at once for a kit without the table
-    (GPU presets: the search prices them without a memo lookup)."""
+    the host's flat figure (module docstring), at `batch_scale` x the layer's traced
+    micro-batch (which convolutions run oneDNN); (0, 0) at once for a kit without the
+    table (GPU presets: the search prices them without a memo lookup)."""
     cal = cluster.kernel_calibration
     if cal is None or not cal.op_cold_code or layer.kernels is None or layer.step_warm:
         return 0.0, 0.0
-    return _layer_cold_code_seconds(layer, cluster)
+    return _MEMO.get((id(layer), id(cluster), batch_scale), (layer, cluster),
+                     _layer_cold_code_seconds, layer, cluster, batch_scale)
 
 
-@per_layer
-def _layer_cold_code_seconds(layer: Layer, cluster: ClusterSpec) -> tuple[float, float]:
+# Results per (layer, cluster, micro-batch scale): the search prices a layer many times.
+_MEMO = IdMemo(max_entries=4096)
+
+
+def _layer_cold_code_seconds(layer: Layer, cluster: ClusterSpec,
+                             batch_scale: float) -> tuple[float, float]:
     cal = cluster.kernel_calibration
 
     def share(cold: int, distinct: int) -> float:
@@ -98,7 +123,12 @@ def _layer_cold_code_seconds(layer: Layer, cluster: ClusterSpec) -> tuple[float,
 
     distinct_fwd = layer.distinct_ops_fwd or len(layer.measured.forward_overloads)
     distinct_bwd = len(layer.measured.backward_overloads)
+    # oneDNN runs a kernel made for each shape (its primitive cache's key): a forward's is
+    # warm only after the same code (a block after a block), however many of the op names
+    # the layer before ran (cnn-small's stem conv at batch 4 and 16 ran 24-33 us over its
+    # probe in the profile's sequence with no op cold by name, load 3, 2026-11-26).
     return (pass_cold_code_seconds(layer.kernels.forward, cal,
-                                   share(layer.cold_distinct_ops_fwd, distinct_fwd)),
+                                   share(layer.cold_distinct_ops_fwd, distinct_fwd), batch_scale,
+                                   0.0 if layer.same_code_before else 1.0),
             pass_cold_code_seconds(layer.kernels.backward, cal,
-                                   share(layer.cold_distinct_ops_bwd, distinct_bwd)))
+                                   share(layer.cold_distinct_ops_bwd, distinct_bwd), batch_scale))

@@ -8,7 +8,8 @@ on chains of small unary ops, 1.2-3.6 us an op; an op with a big kernel pays mor
 (bench/bench_op_cold_code.py, 2026-11-26, load 22-24, after 36 other distinct ops, first
 call over warm: nll_loss_backward 10-15 us, _log_softmax_backward_data 20-28, mm 13-21).
 
-The probe, per kind (the kinds the kernel records price: `gemm`, `conv`, `attention`, and
+The probe, per kind (the kinds the kernel records price: `gemm`, `conv`, `attention`, the
+oneDNN convolution's forward and backward (ONEDNN_CONV_KIND, ..._BACKWARD_KIND), and
 each memory kind of `cost_models.kernel_time.memory_kind`, run as the cold-kernel probe
 runs it, `cold_kernel.memory_kind_calls`; the ops of OWN_KIND_OPS under their own name)
 and for REFERENCE_KIND (a small unary op, what the host fits read): warm it; then per
@@ -45,7 +46,15 @@ GEMM_PROBE_MNK = (32, 128, 64)
 # (batch, heads, seq, head_dim) of the attention probe and (batch, channels, side,
 # kernel) of the convolution probe: small, their code is the point.
 ATTENTION_PROBE_SHAPE = (1, 2, 32, 16)
-CONV_PROBE_SHAPE = (1, 8, 16, 3)
+CONV_PROBE_SHAPE = (1, 8, 16, 3)  # batch 1, 3x3, unpadded: ATen's im2col + GEMM runs it
+# A float32 CPU convolution ATen runs on oneDNN (`conv_probes.runs_onednn`: batch > 1 here)
+# pays far more cold than the im2col one "conv" probes: after the 72 other ops, cnn-small's
+# 3x3 convs at 16 x 16 read 33-59 us over warm forward and 45-89 backward (both gradients)
+# at batch 2-16, against 14-20 and 18-22 at batch 1 (one thread, thread clock, load 3.9,
+# 2026-11-26): forward and backward (grad_input and grad_weight, a block's) probed apart,
+# same-padded, on this small shape (32 KiB of input: its code is the point).
+ONEDNN_CONV_PROBE_SHAPE = (4, 8, 16, 3)
+ONEDNN_CONV_KIND, ONEDNN_CONV_BACKWARD_KIND = "conv_onednn", "conv_onednn_backward"
 # Ops probed under their own name: the loss a head runs, which the bandwidth tables price
 # as a "sum" (`kernel_time.MEMORY_KERNEL_OF_OP`) but whose code is not a sum's (after the
 # 72 other ops nll_loss_backward ran 7.9 us over warm, the kit's sum 2.6: load 6.9,
@@ -104,7 +113,16 @@ def kind_calls() -> dict:
     image, weight = torch.randn(batch, channels, side, side), torch.randn(channels, channels,
                                                                           kernel, kernel)
     calls["conv"] = lambda: F.conv2d(image, weight)
+    batch, channels, side, kernel = ONEDNN_CONV_PROBE_SHAPE
+    conv_args = ([1, 1], [kernel // 2] * 2, [1, 1], False, [0, 0], 1)  # stride, padding, ...
+    # own names: the lambdas read them when called, after the loss's below are bound
+    conv_in, conv_weight, conv_grad = (torch.randn(batch, channels, side, side),
+                                       torch.randn(channels, channels, kernel, kernel),
+                                       torch.randn(batch, channels, side, side))
     aten = torch.ops.aten
+    calls[ONEDNN_CONV_KIND] = lambda: aten.convolution(conv_in, conv_weight, None, *conv_args)
+    calls[ONEDNN_CONV_BACKWARD_KIND] = lambda: aten.convolution_backward(
+        conv_grad, conv_in, conv_weight, None, *conv_args, [True, True, False])
     log_probs = torch.log_softmax(torch.randn(LOSS_PROBE_TOKENS, LOSS_PROBE_CLASSES), 1)
     target = torch.randint(0, LOSS_PROBE_CLASSES, (LOSS_PROBE_TOKENS,))
     grad, total = torch.tensor(1.0), torch.tensor(float(LOSS_PROBE_TOKENS))
