@@ -31,6 +31,15 @@ load 7-11 (table added by bench/add_op_cold_code.py) 94 -> 90, 16.0% -> 15.1%; l
 each pass alone improved in every run, no row crossed from within 15% to over except
 one of 180 once (dlrm top_mlp mb 4 bwd +15% -> +18%). (36 small unary ops as the other
 ops, the excess was 0-1.7 us: 94 -> 94.) The rows run mostly under-priced at that load.
+
+Convolutions: ATen runs a float32 CPU one at batch > 1 on oneDNN, a batch-1 3x3 one on
+its im2col path, which is what the "conv" kind probes; oneDNN's cold call costs 3-4x
+that (`op_cold_probe.ONEDNN_CONV_PROBE_SHAPE`), so those records read the oneDNN kinds
+(`op_cold_kind`), in full in a forward unless the same code ran just before. A/B on the
+two baselines of 2026-11-26 (13:43 and 16:41 UTC; kinds added by add_op_cold_code.py
+--kinds at load 6.5): over 15% 38 -> 37 and 56 -> 53; cnn-small's stem forward at mb 4
+-19% -> -9% / -28% -> -10%, at mb 16 -8% -> -1% / -18% -> -7%, blocks.0's forward at mb
+16 -18% -> -15% / -19% -> -14%; no other row moved.
 """
 
 from __future__ import annotations
