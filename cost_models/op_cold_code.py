@@ -37,9 +37,12 @@ its im2col path, which is what the "conv" kind probes; oneDNN's cold call costs 
 that (`op_cold_probe.ONEDNN_CONV_PROBE_SHAPE`), so those records read the oneDNN kinds
 (`op_cold_kind`), in full in a forward unless the same code ran just before. A/B on the
 two baselines of 2026-11-26 (13:43 and 16:41 UTC; kinds added by add_op_cold_code.py
---kinds at load 6.5): over 15% 38 -> 37 and 56 -> 53; cnn-small's stem forward at mb 4
--19% -> -9% / -28% -> -10%, at mb 16 -8% -> -1% / -18% -> -7%, blocks.0's forward at mb
-16 -18% -> -15% / -19% -> -14%; no other row moved.
+--kinds at load 8.8): over 15% 38 -> 36 and 56 -> 53; cnn-small's stem forward at mb 4
+-19% -> -3% / -28% -> -7%, at mb 16 -8% -> +3% / -18% -> -5%, blocks.0's forward at mb 4
+-10% -> -1% / -9% -> +2%, at mb 16 -18% -> -14% / -19% -> -14%; no other row moved. The
+backwards keep the op-name share: charged in full, the stem's went from -17% / -39% to
++1% / -15% at mb 16 but from -8% / -24% to +27% / +28% at mb 4 (its in-sequence excess
+over the probe grows with the batch: not code alone).
 """
 
 from __future__ import annotations

@@ -52,8 +52,10 @@ CONV_PROBE_SHAPE = (1, 8, 16, 3)  # batch 1, 3x3, unpadded: ATen's im2col + GEMM
 # 3x3 convs at 16 x 16 read 33-59 us over warm forward and 45-89 backward (both gradients)
 # at batch 2-16, against 14-20 and 18-22 at batch 1 (one thread, thread clock, load 3.9,
 # 2026-11-26): forward and backward (grad_input and grad_weight, a block's) probed apart,
-# same-padded, on this small shape (32 KiB of input: its code is the point).
-ONEDNN_CONV_PROBE_SHAPE = (4, 8, 16, 3)
+# same-padded, on this small shape (64 KiB of input: its code is the point), with 16
+# channels: oneDNN runs its AVX-512 kernels on 16-channel blocks there, as for cnn-small's
+# blocks and stem, where 8 channels ran its AVX2 ones on 8-channel blocks (ONEDNN_VERBOSE).
+ONEDNN_CONV_PROBE_SHAPE = (4, 16, 16, 3)
 ONEDNN_CONV_KIND, ONEDNN_CONV_BACKWARD_KIND = "conv_onednn", "conv_onednn_backward"
 # Ops probed under their own name: the loss a head runs, which the bandwidth tables price
 # as a "sum" (`kernel_time.MEMORY_KERNEL_OF_OP`) but whose code is not a sum's (after the
