@@ -8,7 +8,6 @@ fx nodes, autograd nodes, each op's fixed excess, in-sequence and cold-code term
 from __future__ import annotations
 
 from ir.cluster import ClusterSpec
-from ir.kernel_records import KernelKind
 from ir.layer import Layer
 
 from cost_models.layer_memo import per_layer
@@ -55,7 +54,8 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     a slope, by the work between; every figure above is a warm run's); where a whole
     step's ops stay in the caches (`Layer.step_warm`), the least work's
     (`warm_step_entry_seconds`). A kit without parts: ops
-    x `host_op_seconds`. (Pricing ops per Python-level call and per op inside a C++
+    x `host_op_seconds`. Views are the records the host dispatches as metadata
+    (`KernelRecord.host_view`: an allocation, recorded as a view, is an op here). (Pricing ops per Python-level call and per op inside a C++
     composite instead missed more layers: bench/bench_host_ab.py, 2026-11-25.)"""
     cal = cluster.kernel_calibration
     calls = layer.kernels.forward_module_calls if layer.kernels is not None else None
@@ -65,7 +65,7 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     if not measured_in_parts or calls is None:
         return layer.ops_fwd * host_op_seconds(cluster)
     # cost_models.host_probes.host_op_seconds_by_pass: function chain and views
-    views = sum(r.count for r in layer.kernels.forward if r.kind is KernelKind.VIEW)
+    views = sum(r.count for r in layer.kernels.forward if r.host_view)
     host_s = (views * cal.view_host_op_s + (layer.ops_fwd - views) * cal.forward_host_op_s
               + calls * cal.module_call_host_s)
     # a view-only fx node's first view is called from Python (host_excess.InternalDispatch)
@@ -213,11 +213,12 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     where a whole step's ops stay in the caches (`Layer.step_warm`);
     else ops x `host_op_seconds`. (Views are metadata only, and many come inside
     a node's formula, so a per-op figure over-prices them: the mlp-small block's 16
-    backward ops ran in ~18 us, not 16 x 2 us.)"""
+    backward ops ran in ~18 us, not 16 x 2 us. An allocation is recorded as a view but
+    dispatched as an op: `KernelRecord.host_view`.)"""
     cal = cluster.kernel_calibration
     if cal is None or cal.backward_nonview_host_op_s <= 0 or layer.kernels is None:
         return layer.ops_bwd * host_op_seconds(cluster, backward=True)
-    views = sum(r.count for r in layer.kernels.backward if r.kind is KernelKind.VIEW)
+    views = sum(r.count for r in layer.kernels.backward if r.host_view)
     nodes = layer.autograd_nodes_bwd or backward_nodes(  # walked, else the proxy
         layer.kernels.forward, layer.param_tensors)
     # Measured decomposition (cost_models.host_probes.host_op_seconds_by_pass, host_excess)

@@ -176,7 +176,6 @@ def host_op_seconds_by_pass(device: str = "cpu", gpu: bool | None = None) -> Hos
                                          python_node_seconds, records_excess_seconds)
     from cost_models.item_probes import bag_python_excess
     from ir.kernel_recorder import KernelRecorder
-    from ir.kernel_records import KernelKind
     from ir.op_count import OpCounter, autograd_nodes, count_ops
 
     gpu = device != "cpu" if gpu is None else gpu  # a test takes the GPU branch on CPU
@@ -236,7 +235,7 @@ def host_op_seconds_by_pass(device: str = "cpu", gpu: bool | None = None) -> Hos
         with OpCounter(recorder):
             as_functions()
         function_records = recorder.records()
-        function_views = sum(r.count for r in function_records if r.kind is KernelKind.VIEW)
+        function_views = sum(r.count for r in function_records if r.host_view)
         clear()
         forward()  # its backward is the one recorded next
         nodes = autograd_nodes([holder["loss"]], lambda t: True)  # its leaves: parameters
@@ -313,7 +312,7 @@ def host_op_seconds_by_pass(device: str = "cpu", gpu: bool | None = None) -> Hos
     # a formula's op from C++: on a GPU the grad-off chain's (`_foreach_add` is one fused
     # kernel there, no per-op loop; the Python binding, ~0.3 us, is small by its launch)
     op_s = nograd_op_s if gpu else internal.op_s
-    views = sum(r.count for r in backward_records if r.kind is KernelKind.VIEW)
+    views = sum(r.count for r in backward_records if r.host_view)
     # host_dispatch.backward_host_seconds' formula solved for the per-node figure
     rest_s = (backward_s - views * internal.view_s - (backward_ops - views) * op_s
               - records_excess_seconds(backward_records, lambda op: plain.excess_s.get(op, 0.0)))

@@ -57,6 +57,13 @@ class KernelKind(str, enum.Enum):
         return self.value
 
 
+# Ops recorded as views (no kernel, no bytes: `ir.kernel_recorder.NO_KERNEL_OPS`) that
+# allocate a tensor: the host dispatches them as ops, not as metadata (tiny calls through
+# torch.ops, thread clock, min of 9 rounds of 500, load 5, 2026-11-26: new_empty_strided
+# 2.79 us, empty 1.70-1.95, add 1.52, detach 0.92). `KernelRecord.host_view`.
+ALLOCATION_OPS = frozenset({"aten::empty", "aten::empty_like", "aten::empty_strided",
+                            "aten::new_empty", "aten::new_empty_strided"})
+
 # A conv record's `grads` bits: which outputs of convolution_backward are computed.
 CONV_GRAD_INPUT, CONV_GRAD_WEIGHT, CONV_GRAD_BIAS = 1, 2, 4
 
@@ -121,6 +128,12 @@ class KernelRecord:
         """The op as the host-excess table keys it (`KernelCalibration.host_op_excess`):
         its name, with the variant where it has one ("aten::gelu(approximate=tanh)")."""
         return f"{self.op}(approximate={self.variant})" if self.variant else self.op
+
+    @property
+    def host_view(self) -> bool:
+        """Whether the host dispatches it as a view (metadata only): a view record that
+        allocates nothing (`ALLOCATION_OPS` dispatch as ops)."""
+        return self.kind is KernelKind.VIEW and self.op not in ALLOCATION_OPS
 
     def __str__(self) -> str:
         dims = "x".join(map(str, self.shape))

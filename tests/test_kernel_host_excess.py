@@ -30,7 +30,7 @@ SWEPT_OPS = ("aten::binary_cross_entropy_with_logits", "aten::repeat",
              "aten::stack", "aten::cat", "aten::masked_fill", "aten::nll_loss_forward",
              "aten::histc", "aten::sort", "aten::select_backward", "aten::_to_copy",
              "aten::topk", "aten::scatter_add", "aten::scatter", "aten::new_zeros",
-             "aten::new_ones")
+             "aten::new_ones", "aten::new_empty_strided", "aten::empty")
 
 
 class _Names(TorchDispatchMode):
@@ -95,8 +95,8 @@ def test_probe_measures_every_swept_op_on_this_cpu_in_seconds():
     assert 0 < probe.op_s < 1e-3 and 0 < probe.view_s < 1e-3
 
 
-def _dlrm_top_mlp():
-    loaded = load_model("dlrm-small", 4, None, device="meta")
+def _dlrm_top_mlp(micro_batch: int = 4):
+    loaded = load_model("dlrm-small", micro_batch, None, device="meta")
     traced = trace(loaded.module, loaded.inputs, loaded.target, loaded.loss_fn,
                    dtype=torch.float32)
     graph, _ = layer_graph_from_trace(traced, loaded.inputs, loaded.target,
@@ -154,3 +154,27 @@ def test_memory_probe_kinds_of_swept_ops_are_netted_of_their_excess():
     must not charge again what the host model now charges per call."""
     for kind in ("softmax_backward", "masked_fill", "batch_norm", "batch_norm_backward"):
         assert EXCESS_OP_OF_KIND[kind] in HOST_EXCESS_OPS, kind
+
+
+def test_allocations_dispatch_as_ops_and_pay_their_excess():
+    """dlrm-small's top MLP backward at micro-batch 4 runs four AccumulateGrad layout
+    clones (`new_empty_strided` + `copy_`) of its input leaves' gradients (select views
+    of the stack's (4, 5, 16) gradient: not dense), where micro-batch 1 steals them (a
+    detach each). An allocation has no kernel (recorded as a view) but the host dispatches
+    it as an op: at the made-up kit (views 0.5 us, other ops 1 us, nodes 3 us) and an
+    excess of 1.3 us a `new_empty_strided`, by hand from the record counts, the four pay
+    4 x (1 + 1.3) us, not 4 x 0.5."""
+    one, four = _dlrm_top_mlp(1), _dlrm_top_mlp(4)
+    def allocations(layer):
+        return sum(r.count for r in layer.kernels.backward
+                   if r.op == "aten::new_empty_strided")
+    assert (allocations(one), allocations(four)) == (0, 4)
+    kit = dataclasses.replace(BEFORE_SWEEP, host_op_excess=(
+        HostOpExcess("aten::new_empty_strided", 1.3 * US),))
+    views = sum(r.count for r in four.kernels.backward
+                if r.kind.value == "view" and r.op != "aten::new_empty_strided")
+    by_hand = (views * 0.5 + (four.ops_bwd - views) * 1.0 + four.autograd_nodes_bwd * 3.0
+               + 4 * 1.3) * US
+    no_excess = cpu(dataclasses.replace(kit, host_op_excess=()))  # its cold terms are 0
+    assert backward_host_seconds(four, cpu(kit)) == pytest.approx(by_hand)
+    assert backward_host_seconds(four, no_excess) == pytest.approx(by_hand - 4 * 1.3 * US)
