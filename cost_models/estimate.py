@@ -59,6 +59,7 @@ from cost_models.common import StepConfig, layer_configs
 from cost_models.compute import with_host
 from cost_models.compute_profile import ComputeProfile
 from cost_models.dp_copies import dp_copy_step_seconds
+from cost_models.grad_accumulation import accumulation_step_seconds
 from cost_models.memory import MemoryEstimate, check_plan_matches, plan_memory, rank_layers
 from cost_models.model_states import bytes_per_param
 from cost_models.pipeline import PipelineTime, stage_pipeline_time
@@ -205,6 +206,9 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                 c.forward_device_s, c.forward_host_s, c.backward_device_s, c.backward_host_s,
                 c.optimizer_device_s, c.optimizer_host_s))]
             layers_step_s += c.optimizer_s
+            # micro-batches 2..m add into the gradients before: kernels in the backward
+            parts[2] += accumulation_step_seconds(layer, strategy, cluster, config,
+                                                  plan.num_microbatches) / plan.num_microbatches
             if one_run:
                 copies_s += dp_copy_step_seconds(layer, strategy, cluster, config)
         # + the tied copies' gradient sum before the step (CPU kits: cost_models.tied_sync)

@@ -19,6 +19,7 @@ from cost_models.common import layer_configs
 from cost_models.compute import layer_compute
 from cost_models.dp_copies import dp_copy_step_seconds
 from cost_models.estimate import estimate, gpu_runs_s
+from cost_models.grad_accumulation import accumulation_step_seconds
 from cost_models.step_host import one_host_window
 from ir.cluster import ClusterSpec
 from ir.embedding_tables import (EmbeddingPlan, EmbeddingTable, PlacedTable, TablePlacement,
@@ -54,7 +55,7 @@ def _sums(graph, plan, cluster) -> tuple[float, float, float]:
         c = layer_compute(layer, s, cluster, config)
         copies_s = dp_copy_step_seconds(layer, s, cluster, config)
         device_s += (m * (c.forward_device_s + c.backward_device_s) + c.optimizer_device_s
-                     + copies_s)
+                     + copies_s + accumulation_step_seconds(layer, s, cluster, config, m))
         host_s += m * (c.forward_host_s + c.backward_host_s) + c.optimizer_host_s
         per_layer_s += m * (c.forward_s + c.backward_s + c.recompute_s) + c.optimizer_s \
             + copies_s
