@@ -59,6 +59,7 @@ from cost_models.common import StepConfig, layer_configs
 from cost_models.compute import with_host
 from cost_models.compute_profile import ComputeProfile
 from cost_models.dp_copies import dp_copy_step_seconds
+from cost_models.grad_accumulation import accumulation_step_seconds
 from cost_models.memory import MemoryEstimate, check_plan_matches, plan_memory, rank_layers
 from cost_models.model_states import bytes_per_param
 from cost_models.pipeline import PipelineTime, stage_pipeline_time
@@ -193,6 +194,7 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
     one_run = one_host_window(plan, cluster)  # passes, reduce copies and step: one run
     # GPUs: the units' reduce copies in one run (in after_step), the layers' optimizer step
     copies_s = layers_step_s = 0.0
+    accumulation_s = 0.0  # GPUs: a step's gradient accumulation kernels
     for j in indices:
         layer, strategy, config = graph.layers[j], plan.layer_strategies[j], configs[j]
         c = placed_compute(layers[j], strategy, cluster, config, profile)
@@ -205,6 +207,8 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                 c.forward_device_s, c.forward_host_s, c.backward_device_s, c.backward_host_s,
                 c.optimizer_device_s, c.optimizer_host_s))]
             layers_step_s += c.optimizer_s
+            accumulation_s += accumulation_step_seconds(layer, strategy, cluster, config,
+                                                        plan.num_microbatches)
             if one_run:
                 copies_s += dp_copy_step_seconds(layer, strategy, cluster, config)
         # + the tied copies' gradient sum before the step (CPU kits: cost_models.tied_sync)
@@ -243,9 +247,12 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
     loop = step_loop_s(cluster, plan.num_microbatches, last_stage in mine, plan.optimizer)
     loop += param_walk_s(cluster, [graph.layers[j] for j in indices])  # its tensors' walk
     opt += loop
-    # micro-batches 2..m add into the existing gradients (step_host.grad_accumulation_s)
+    # micro-batches 2..m add into the existing gradients: on CPU processes at the kit's
+    # host figures (step_host.grad_accumulation_s), on GPUs their kernels, after the passes'
+    # composition as the search adds them (cost_models.grad_accumulation)
     bwd += engine + actions / 2 + grad_accumulation_s(
-        cluster, [graph.layers[j] for j in indices], plan.num_microbatches)
+        cluster, [graph.layers[j] for j in indices], plan.num_microbatches
+    ) + accumulation_s / plan.num_microbatches
     for i in mine:
         stage = plan.stages[i]
         if i < last_stage:  # forward: send this chunk's output on

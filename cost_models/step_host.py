@@ -68,7 +68,7 @@ stages, schedule and micro-batches.
    the tensor's size, not priced where the kit measured no add (a profile-cluster spec:
    its DRAM copy rate, 13 GB/s here, priced gpt-tiny's adds at 2.3x what they took live,
    bench/bench_grad_accum.py); m - 1 of a step's m backwards pay it, x the core share;
-   0 where not measured and on GPUs.
+   0 where not measured and on GPUs (their kernels: `grad_accumulation`).
 
 5. Where the host waits on the device (`one_host_window`). On a GPU the host queues
    kernels and runs ahead until it syncs, so a run of passes between two syncs costs
@@ -102,6 +102,7 @@ from ir.strategy import LayerStrategy, Precision, Schedule
 from cost_models.common import GB, StepConfig
 from cost_models.compute import LayerCompute, layer_compute
 from cost_models.compute_profile import ComputeProfile
+from cost_models.grad_accumulation import ACCUMULATE_BYTES_PER_GRAD_BYTE
 from cost_models.host_dispatch import host_op_seconds
 from cost_models.kernel_loops import memory_gbps
 from cost_models.model_states import FP32_BYTES
@@ -186,10 +187,6 @@ def param_walk_s(cluster: ClusterSpec, layers: Sequence[Layer],
     probe = TRAIN_LOOP_PROBE_PARAM_TENSORS if less_probe else 0
     # walk = (tensors - the probe's) x per-tensor seconds (planner.train_loop_probe)
     return max(0, tensors - probe) * cal.train_loop_param_host_s * cluster.host_share
-
-
-# An in-place add (`grad += new`, AccumulateGrad) reads both operands and writes one.
-ACCUMULATE_BYTES_PER_GRAD_BYTE = 3
 
 
 def grad_accumulation_s(cluster: ClusterSpec, layers: Sequence[Layer], m: int) -> float:

@@ -22,6 +22,7 @@ from cost_models.common import StepConfig, device_type_of, layer_lean
 from cost_models.compute import layer_compute
 from cost_models.host_dispatch import host_position_key
 from cost_models.estimate import boundary_send_s, exposed, overlap_efficiency, relayout_s
+from cost_models.grad_accumulation import accumulation_step_seconds
 from cost_models.memory import (DP_BUCKET_BYTES, DP_BUCKETS_IN_FLIGHT, ZERO3_UNITS_IN_FLIGHT,
                                 LayerMemory, held_through_step, layer_memory)
 from cost_models.model_states import bytes_per_param
@@ -199,7 +200,9 @@ def _price(graph: LayerGraph, layer, s, cluster: ClusterSpec, options: SearchOpt
          + exposed(comm.dp_forward_s, fwd, overlap)
          + exposed(comm.dp_backward_s, bwd, overlap)
          + (comm.tp_step_s + exposed(comm.dp_step_s, bwd, overlap)
-            + comm.dp_after_step_s + c.optimizer_s) / cand.num_microbatches)
+            + comm.dp_after_step_s + c.optimizer_s
+            + accumulation_step_seconds(layer, s, cluster, config, cand.num_microbatches)
+            ) / cand.num_microbatches)
     # The DP unit's working copy and unreduced gradient held across the step.
     states = (mem.states.params + mem.states.grads + mem.states.optimizer
               + held_through_step(mem, num_microbatches=cand.num_microbatches,

@@ -215,5 +215,7 @@ def test_compute_by_kernel_class_adds_up_to_compute(capsys, argv):
     assert all(v >= 0 for v in parts.values()), parts
     assert sum(parts.values()) == pytest.approx(d["time"]["compute"], rel=1e-9)
     assert parts["gemm"] > 0 and parts["memory"] > 0 and parts["recompute"] > 0
+    # 2 micro-batches a replica: the second adds into the first's gradients
+    assert parts["accumulation"] > 0
     code, out, _ = run(capsys, "estimate", *argv)
     assert "  GEMMs" in out and "  recomputation" in out

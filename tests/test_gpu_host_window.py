@@ -19,6 +19,7 @@ from cost_models.common import layer_configs
 from cost_models.compute import layer_compute
 from cost_models.dp_copies import dp_copy_step_seconds
 from cost_models.estimate import estimate, gpu_runs_s
+from cost_models.grad_accumulation import accumulation_step_seconds
 from cost_models.step_host import one_host_window
 from ir.cluster import ClusterSpec
 from ir.embedding_tables import (EmbeddingPlan, EmbeddingTable, PlacedTable, TablePlacement,
@@ -46,19 +47,22 @@ def _h100(op_s: float, backward_op_s: float | None = None) -> ClusterSpec:
                                else backward_op_s)
 
 
-def _sums(graph, plan, cluster) -> tuple[float, float, float]:
-    """(device, host, per-layer max) seconds of the step, summed layer by layer."""
+def _sums(graph, plan, cluster) -> tuple[float, float, float, float]:
+    """(device, host, per-layer max, gradient accumulation) seconds of the step, summed
+    layer by layer; the accumulation adds after the composition, as the search adds it."""
     m, device_s, host_s, per_layer_s = plan.num_microbatches, 0.0, 0.0, 0.0
+    accumulation_s = 0.0
     for layer, s, config in zip(graph.layers, plan.layer_strategies,
                                 layer_configs(graph, plan, cluster.device)):
         c = layer_compute(layer, s, cluster, config)
         copies_s = dp_copy_step_seconds(layer, s, cluster, config)
         device_s += (m * (c.forward_device_s + c.backward_device_s) + c.optimizer_device_s
                      + copies_s)
+        accumulation_s += accumulation_step_seconds(layer, s, cluster, config, m)
         host_s += m * (c.forward_host_s + c.backward_host_s) + c.optimizer_host_s
         per_layer_s += m * (c.forward_s + c.backward_s + c.recompute_s) + c.optimizer_s \
             + copies_s
-    return device_s, host_s, per_layer_s
+    return device_s, host_s, per_layer_s, accumulation_s
 
 
 @pytest.mark.parametrize("op_us, backward_op_us", [(0.0, 0.0), (1.0, 0.0), (3.0, 3.0),
@@ -67,10 +71,12 @@ def test_a_plain_gpu_step_costs_the_max_of_its_host_and_device_sums(op_us, backw
     graph = _graph()
     plan = uniform_plan(len(graph.layers), micro_batch=1, global_batch=2)  # 2 micro-batches
     cluster = _h100(op_us * US, backward_op_us * US)
-    device_s, host_s, per_layer_s = _sums(graph, plan, cluster)
+    device_s, host_s, per_layer_s, accumulation_s = _sums(graph, plan, cluster)
     est = estimate(graph, plan, cluster)
     assert est.time.tp_comm == est.time.pp_comm == est.time.bubble == 0.0
-    assert est.iteration_seconds == pytest.approx(max(device_s, host_s), rel=1e-9)
+    assert accumulation_s > 0  # the second micro-batch adds into the first's gradients
+    assert est.iteration_seconds == pytest.approx(max(device_s, host_s) + accumulation_s,
+                                                  rel=1e-9)
     assert est.time.total == pytest.approx(est.iteration_seconds, rel=1e-12)
     if op_us and not backward_op_us:  # host-heavy forwards, device-heavy backwards: each
         # layer's max (the old rule) over-prices what the queue overlaps
