@@ -19,6 +19,12 @@ from dataclasses import dataclass
 # the per-index work, not the row's bytes, dominates) into a table of 128 rows, at 512
 # and 8192 indices (a zoo embedding's tokens at micro-batch 1 to 16 and past it).
 EMBEDDING_PROBE_DIM, EMBEDDING_PROBE_ROWS, EMBEDDING_PROBE_INDICES = 64, 128, (512, 8192)
+# Narrower rows cost less per index, not in proportion to their bytes: measured here (one
+# thread, thread clock, fp32, 2026-11-26, load 3) 39 ns per index at 4- and 16-wide rows,
+# 48 at 64-wide, where the copy table prices a 64-wide row's bytes at ~2 ns; so the
+# backward is also probed at T5's relative-bias width (4: one column per head), the
+# narrowest a zoo embedding has.
+EMBEDDING_NARROW_PROBE_DIM = 4
 # Embedding forward (`torch.embedding`: ATen's CompositeExplicitAutograd embedding runs a
 # reshape, an index_select and a view inside, which no op count sees) at
 # EMBEDDING_FORWARD_PROBE_INDICES ids (llama/gpt-tiny's 32 tokens at micro-batch 1, 512 at
@@ -79,11 +85,12 @@ def probe_random_element_s(device: str) -> float:
     return statistics.median(rounds) / RANDOM_DRAW_ELEMENTS
 
 
-def probe_embedding_backward(device: str, dtype: str) -> float:
+def probe_embedding_backward(device: str, dtype: str, dim: int = EMBEDDING_PROBE_DIM) -> float:
     """Seconds per index of `embedding_dense_backward` (a scatter-add of one gradient row
-    per index into a zeroed table): the slope between EMBEDDING_PROBE_INDICES counts on
-    one small table (what does not grow with the indices, the table's zero-fill and the
-    dispatch, cancels). The table's fill is priced apart as a copy."""
+    per index into a zeroed table) with rows `dim` wide: the slope between
+    EMBEDDING_PROBE_INDICES counts on one small table (what does not grow with the
+    indices, the table's zero-fill and the dispatch, cancels). The table's fill is priced
+    apart as a copy."""
     import torch
 
     from cost_models.profile_device import _random, seconds_per_call
@@ -91,7 +98,7 @@ def probe_embedding_backward(device: str, dtype: str) -> float:
     few, many = EMBEDDING_PROBE_INDICES
     seconds = []
     for count in (few, many):
-        grad = _random((count, EMBEDDING_PROBE_DIM), dtype, device)
+        grad = _random((count, dim), dtype, device)
         index = torch.randint(0, EMBEDDING_PROBE_ROWS, (count,), device=device)
         seconds.append(seconds_per_call(lambda i: torch.ops.aten.embedding_dense_backward(
             grad, index, EMBEDDING_PROBE_ROWS, -1, False), device))
