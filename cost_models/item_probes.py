@@ -161,15 +161,19 @@ def probe_embedding_bag(device: str, dtype: str, dispatch_s: float) -> Embedding
     EMBEDDING_BAG_PROBE_INDICES counts: slope per index, intercept less `dispatch_s` (one
     tiny op's host dispatch, `profile_device.probe_launch`; 0 on a GPU, whose events time
     the device), never below `conv_probes.MIN_DEVICE_SHARE` of the smaller call; then the
-    smaller count's forward as one bag: `multi_bag_s` = its line point less that, >= 0."""
+    smaller count's forward as one bag: `multi_bag_s` = its line point less that, >= 0.
+    On a CPU the backward is timed as its formula calls it, from C++, less a tiny add
+    timed alike (`cpp_calls`: through `torch.ops` from Python it read ~2.5 us a call of
+    Python argument parsing more than `dispatch_s` takes out)."""
     import torch
 
+    from cost_models import cpp_calls
     from cost_models.conv_probes import MIN_DEVICE_SHARE
     from cost_models.profile_device import _random, seconds_per_call
 
     aten = torch.ops.aten
     rows = EMBEDDING_BAG_PROBE_ROWS
-    forward_s, backward_s = [], []
+    forward_s, backward_s, backward_dispatch_s = [], [], []
     for count in EMBEDDING_BAG_PROBE_INDICES:
         weight = _random((rows, EMBEDDING_BAG_PROBE_DIM), dtype, device)
         index = torch.randint(0, rows, (count,), device=device)
@@ -180,22 +184,31 @@ def probe_embedding_bag(device: str, dtype: str, dispatch_s: float) -> Embedding
         out, offset2bag, bag_size, max_indices = aten._embedding_bag(*bag_args)
         grad = _random(tuple(out.shape), dtype, device)
         forward_s.append(seconds_per_call(lambda i: aten._embedding_bag(*bag_args), device))
+        if device == "cpu":  # from C++, as autograd's engine calls it
+            timed = cpp_calls.seconds_per_cpp_call(cpp_calls.bag_backward_loops(
+                grad, index, offsets, offset2bag, bag_size, max_indices, rows))
+            backward_s.append(timed["op"])
+            backward_dispatch_s.append(timed["reference"])
+            continue
         backward_s.append(seconds_per_call(lambda i: aten._embedding_bag_backward(
             grad, index, offsets, offset2bag, bag_size, max_indices, rows, False, 0, False,
             None, -1), device))
     few, many = EMBEDDING_BAG_PROBE_INDICES
 
-    def line(seconds: list[float]) -> tuple[float, float]:
+    def line(seconds: list[float], dispatch: float) -> tuple[float, float]:
         slope = max(0.0, (seconds[1] - seconds[0]) / (many - few))
         intercept = seconds[0] - slope * few
-        return max(intercept - dispatch_s, MIN_DEVICE_SHARE * seconds[0]), slope
+        return max(intercept - dispatch, MIN_DEVICE_SHARE * seconds[0]), slope
 
     # the smaller count's ids as one bag (offsets [0]): ATen skips the bag-size slices
     index = torch.randint(0, rows, (few,), device=device)
     one_bag = (weight, index, torch.zeros(1, dtype=torch.int64, device=device), False, 0,
                False, None, False, -1)
     one_bag_s = seconds_per_call(lambda i: aten._embedding_bag(*one_bag), device)
-    return EmbeddingBagCost(*line(forward_s), *line(backward_s),
+    # the backward's dispatch: the C++ add's beside the smaller count, else the forward's
+    return EmbeddingBagCost(*line(forward_s, dispatch_s),
+                            *line(backward_s, backward_dispatch_s[0] if backward_dispatch_s
+                                  else dispatch_s),
                             max(0.0, forward_s[0] - one_bag_s))
 
 
