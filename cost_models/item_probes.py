@@ -19,6 +19,12 @@ from dataclasses import dataclass
 # the per-index work, not the row's bytes, dominates) into a table of 128 rows, at 512
 # and 8192 indices (a zoo embedding's tokens at micro-batch 1 to 16 and past it).
 EMBEDDING_PROBE_DIM, EMBEDDING_PROBE_ROWS, EMBEDDING_PROBE_INDICES = 64, 128, (512, 8192)
+# Narrower rows cost less per index, not in proportion to their bytes: measured here (one
+# thread, thread clock, fp32, 2026-11-26, load 3) 39 ns per index at 4- and 16-wide rows,
+# 48 at 64-wide, where the copy table prices a 64-wide row's bytes at ~2 ns; so the
+# backward is also probed at T5's relative-bias width (4: one column per head), the
+# narrowest a zoo embedding has.
+EMBEDDING_NARROW_PROBE_DIM = 4
 # Embedding forward (`torch.embedding`: ATen's CompositeExplicitAutograd embedding runs a
 # reshape, an index_select and a view inside, which no op count sees) at
 # EMBEDDING_FORWARD_PROBE_INDICES ids (llama/gpt-tiny's 32 tokens at micro-batch 1, 512 at
@@ -79,11 +85,12 @@ def probe_random_element_s(device: str) -> float:
     return statistics.median(rounds) / RANDOM_DRAW_ELEMENTS
 
 
-def probe_embedding_backward(device: str, dtype: str) -> float:
+def probe_embedding_backward(device: str, dtype: str, dim: int = EMBEDDING_PROBE_DIM) -> float:
     """Seconds per index of `embedding_dense_backward` (a scatter-add of one gradient row
-    per index into a zeroed table): the slope between EMBEDDING_PROBE_INDICES counts on
-    one small table (what does not grow with the indices, the table's zero-fill and the
-    dispatch, cancels). The table's fill is priced apart as a copy."""
+    per index into a zeroed table) with rows `dim` wide: the slope between
+    EMBEDDING_PROBE_INDICES counts on one small table (what does not grow with the
+    indices, the table's zero-fill and the dispatch, cancels). The table's fill is priced
+    apart as a copy."""
     import torch
 
     from cost_models.profile_device import _random, seconds_per_call
@@ -91,7 +98,7 @@ def probe_embedding_backward(device: str, dtype: str) -> float:
     few, many = EMBEDDING_PROBE_INDICES
     seconds = []
     for count in (few, many):
-        grad = _random((count, EMBEDDING_PROBE_DIM), dtype, device)
+        grad = _random((count, dim), dtype, device)
         index = torch.randint(0, EMBEDDING_PROBE_ROWS, (count,), device=device)
         seconds.append(seconds_per_call(lambda i: torch.ops.aten.embedding_dense_backward(
             grad, index, EMBEDDING_PROBE_ROWS, -1, False), device))
@@ -154,15 +161,19 @@ def probe_embedding_bag(device: str, dtype: str, dispatch_s: float) -> Embedding
     EMBEDDING_BAG_PROBE_INDICES counts: slope per index, intercept less `dispatch_s` (one
     tiny op's host dispatch, `profile_device.probe_launch`; 0 on a GPU, whose events time
     the device), never below `conv_probes.MIN_DEVICE_SHARE` of the smaller call; then the
-    smaller count's forward as one bag: `multi_bag_s` = its line point less that, >= 0."""
+    smaller count's forward as one bag: `multi_bag_s` = its line point less that, >= 0.
+    On a CPU the backward is timed as its formula calls it, from C++, less a tiny add
+    timed alike (`cpp_calls`: through `torch.ops` from Python it read ~2.5 us a call of
+    Python argument parsing more than `dispatch_s` takes out)."""
     import torch
 
+    from cost_models import cpp_calls
     from cost_models.conv_probes import MIN_DEVICE_SHARE
     from cost_models.profile_device import _random, seconds_per_call
 
     aten = torch.ops.aten
     rows = EMBEDDING_BAG_PROBE_ROWS
-    forward_s, backward_s = [], []
+    forward_s, backward_s, backward_dispatch_s = [], [], []
     for count in EMBEDDING_BAG_PROBE_INDICES:
         weight = _random((rows, EMBEDDING_BAG_PROBE_DIM), dtype, device)
         index = torch.randint(0, rows, (count,), device=device)
@@ -173,22 +184,31 @@ def probe_embedding_bag(device: str, dtype: str, dispatch_s: float) -> Embedding
         out, offset2bag, bag_size, max_indices = aten._embedding_bag(*bag_args)
         grad = _random(tuple(out.shape), dtype, device)
         forward_s.append(seconds_per_call(lambda i: aten._embedding_bag(*bag_args), device))
+        if device == "cpu":  # from C++, as autograd's engine calls it
+            timed = cpp_calls.seconds_per_cpp_call(cpp_calls.bag_backward_loops(
+                grad, index, offsets, offset2bag, bag_size, max_indices, rows))
+            backward_s.append(timed["op"])
+            backward_dispatch_s.append(timed["reference"])
+            continue
         backward_s.append(seconds_per_call(lambda i: aten._embedding_bag_backward(
             grad, index, offsets, offset2bag, bag_size, max_indices, rows, False, 0, False,
             None, -1), device))
     few, many = EMBEDDING_BAG_PROBE_INDICES
 
-    def line(seconds: list[float]) -> tuple[float, float]:
+    def line(seconds: list[float], dispatch: float) -> tuple[float, float]:
         slope = max(0.0, (seconds[1] - seconds[0]) / (many - few))
         intercept = seconds[0] - slope * few
-        return max(intercept - dispatch_s, MIN_DEVICE_SHARE * seconds[0]), slope
+        return max(intercept - dispatch, MIN_DEVICE_SHARE * seconds[0]), slope
 
     # the smaller count's ids as one bag (offsets [0]): ATen skips the bag-size slices
     index = torch.randint(0, rows, (few,), device=device)
     one_bag = (weight, index, torch.zeros(1, dtype=torch.int64, device=device), False, 0,
                False, None, False, -1)
     one_bag_s = seconds_per_call(lambda i: aten._embedding_bag(*one_bag), device)
-    return EmbeddingBagCost(*line(forward_s), *line(backward_s),
+    # the backward's dispatch: the C++ add's beside the smaller count, else the forward's
+    return EmbeddingBagCost(*line(forward_s, dispatch_s),
+                            *line(backward_s, backward_dispatch_s[0] if backward_dispatch_s
+                                  else dispatch_s),
                             max(0.0, forward_s[0] - one_bag_s))
 
 

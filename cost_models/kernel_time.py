@@ -60,7 +60,7 @@ from ir.kernel_records import (CONV_GRAD_BIAS, CONV_GRAD_INPUT, CONV_GRAD_WEIGHT
 from ir.op_count import RANDOM_OPS
 from ir.strategy import Checkpoint
 
-from cost_models.common import GB, StepConfig, dtype_bytes
+from cost_models.common import GB, StepConfig
 from cost_models.device_grids import ROW_ELEMENTS
 from cost_models.cold_kernel import cold_kernel_seconds
 from cost_models.fresh_output import fresh_output_seconds
@@ -69,7 +69,8 @@ from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.gemm_layouts import layout_of
 from cost_models.id_memo import IdMemo
 from cost_models.kernel_loops import SHORT_RUN_KINDS, loop_seconds, measured, memory_gbps
-from cost_models.item_probes import EMBEDDING_BAG_PROBE_DIM, EMBEDDING_PROBE_DIM
+from cost_models.embedding_kernels import (embedding_backward_seconds, embedding_bag_seconds,
+                                          embedding_forward_seconds, embedding_probed)
 
 # Device seconds per kernel when the cluster carries no calibration: a GPU replays tiny
 # kernels from a CUDA graph at 1.22 us each (profile-device on an H100, 2026-11-24,
@@ -95,9 +96,6 @@ GPU_MEMORY_KERNEL_BANDWIDTH_FRACTION = {
     "copy": 2990 / 3350, "add": 3046 / 3350, "gelu": 2857 / 3350, "sum": 2948 / 3350,
     "softmax": 1276 / 3350, "layer_norm": 2038 / 3350, "batch_norm": 2038 / 3350,
     "batch_norm_backward": 2038 / 3350}
-# An embedding's indices are int64 (torch.nn.Embedding takes LongTensor ids, as the zoo and
-# HF models pass them): 8 bytes per index in an embedding backward's recorded reads.
-EMBEDDING_INDEX_BYTES = 8
 # The SDPA backend whose measured times price a fused attention: torch's own choice.
 DISPATCHED_SDPA_BACKEND = "default"
 # Memory-bound kernel kinds the calibration measures, by the ATen ops they stand for
@@ -289,11 +287,11 @@ def kernel_call_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfi
     if r.kind is KernelKind.MEMORY:
         op = r.op.split("::")[-1]
         if op == "embedding" and cal is not None and cal.embedding_call_s > 0:
-            return _embedding_forward_seconds(r, cluster, config, share)
+            return embedding_forward_seconds(r, cluster, config, share)
         if op == "embedding_dense_backward" and embedding_probed(cal):
-            return _embedding_backward_seconds(r, cluster, config, share)
+            return embedding_backward_seconds(r, cluster, config, share)
         if op in EMBEDDING_BAG_OPS and cal is not None and cal.embedding_bag_call_s > 0:
-            return _embedding_bag_seconds(r, cluster, config, share, backward)
+            return embedding_bag_seconds(r, cluster, config, share, backward)
         kind = memory_kind(r, cal)
         loops = r.inner_loops * share * config.batch_scale  # rows or loops grow alike
         return streaming_seconds(cluster, kind, dtype, nbytes) + (
@@ -362,79 +360,6 @@ def streaming_seconds(cluster: ClusterSpec, kernel: str, dtype: str, nbytes: flo
         1.0 if cluster.host_bound else GPU_MEMORY_KERNEL_BANDWIDTH_FRACTION.get(kernel, 1.0))
     return nbytes / (memory_gbps(cluster.kernel_calibration, kernel, dtype, nbytes,
                                  default_gbps) * GB)
-
-
-def _embedding_forward_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
-                               share: float) -> float:
-    """aten::embedding (record shape: its output, (..., dim)): the calibration's line, per
-    call (the reshape, index_select and view ATen runs inside: 0.5-0.9 us here, which
-    the op's count does not see) plus per index (a row gather: ~2.9 ns for 64-wide fp32
-    rows here, ~1.4x their bytes at copy speed; `item_probes.probe_embedding_forward`),
-    plus each index's read and write of the part of its row wider than the probe's, at
-    copy bandwidth. The ids grow with the micro-batch; a TP split narrows the rows."""
-    cal = cluster.kernel_calibration
-    indices = math.prod(r.shape[:-1]) * config.batch_scale
-    dim = r.shape[-1] * share
-    wider_bytes = 2 * indices * max(0.0, dim - EMBEDDING_PROBE_DIM) * \
-        config.precision.compute_bytes  # read the row, write it out
-    return (cal.embedding_call_s + indices * cal.embedding_index_s
-            + streaming_seconds(cluster, "copy", config.precision.compute_dtype, wider_bytes))
-
-
-def embedding_probed(cal: KernelCalibration | None) -> bool:
-    """Whether the kit ran profile-device's embedding probes (`item_probes`: all in one
-    run). The per-index figures are slopes between two timings, floored at 0, so a loaded
-    host can measure one 0; the bag's per-call figure is floored above 0 (`probe_embedding
-    _bag`): a 0 slope then prices 0 per index, not all the bytes as a copy."""
-    return cal is not None and (cal.embedding_backward_index_s > 0
-                                or cal.embedding_bag_call_s > 0)
-
-
-def _embedding_backward_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
-                                share: float) -> float:
-    """embedding_dense_backward: a zeroed gradient table (a table-sized write, priced as a
-    copy) and a scatter-add of one gradient row per index. The scatter costs per index,
-    not per byte: on this CPU ~40 ns per index whether rows are 64 or 256 wide, ~8x what
-    the row's bytes cost at copy bandwidth (profile-device's `embedding_backward_index_s`
-    measures it), plus the rows' bytes themselves (which dominate for wide rows). The
-    record reads, per index, its row and one index (`EMBEDDING_INDEX_BYTES`)."""
-    dtype = config.precision.compute_dtype
-    recorded_row_bytes = r.shape[-1] * dtype_bytes(r.dtype)
-    indices = (r.activation_bytes / (recorded_row_bytes + EMBEDDING_INDEX_BYTES)
-               * config.batch_scale * share)
-    table_bytes = r.weight_bytes * config.dtype_scale * share
-    row_bytes = indices * r.shape[-1] * config.precision.compute_bytes
-    return (streaming_seconds(cluster, "copy", dtype, table_bytes)
-            + indices * cluster.kernel_calibration.embedding_backward_index_s
-            + streaming_seconds(cluster, "add", dtype, row_bytes))
-
-
-def _embedding_bag_seconds(r: KernelRecord, cluster: ClusterSpec, config: StepConfig,
-                           share: float, backward: bool) -> float:
-    """An embedding bag's forward or backward (record shape (indices, bags, dim)): the
-    calibration's line for that pass, per call plus per index (`item_probes
-    .probe_embedding_bag`: a backward runs sort, cumsum, index_select, index_add_ and a
-    zero-fill inside ATen, ~4x one op's dispatch at a few ids), plus what the probe's small
-    table does not include: the backward's dense gradient fill of the whole table (a copy
-    of its bytes) and, per index, the bytes of rows wider than the probe's. A forward of
-    one bag pays `embedding_bag_multi_bag_s` less (the line is timed at several bags; ATen
-    skips the bag-size slices at one). The ids and bags grow with the micro-batch; a TP
-    split narrows the rows (`share`), not the ids."""
-    cal = cluster.kernel_calibration
-    dtype = config.precision.compute_dtype
-    indices = r.shape[0] * config.batch_scale
-    dim = r.shape[-1] * share
-    call_s, index_s = ((cal.embedding_bag_backward_call_s, cal.embedding_bag_backward_index_s)
-                       if backward else (cal.embedding_bag_call_s, cal.embedding_bag_index_s))
-    if not backward and r.shape[1] * config.batch_scale <= 1:
-        # item_probes.probe_embedding_bag: one bag of the few count's ids against several
-        call_s = max(0.0, call_s - cal.embedding_bag_multi_bag_s)
-    wider_bytes = indices * max(0.0, dim - EMBEDDING_BAG_PROBE_DIM) * \
-        config.precision.compute_bytes
-    fill_s = streaming_seconds(cluster, "copy", dtype, r.weight_bytes * config.dtype_scale
-                                * share) if backward else 0.0
-    return call_s + indices * index_s + fill_s + streaming_seconds(cluster, "add", dtype,
-                                                                     wider_bytes)
 
 
 def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config: StepConfig,

@@ -69,8 +69,8 @@ from cost_models.memory_probes import (host_charged_seconds, net_of_call_cost, p
 from cost_models.gemm_efficiency import gemm_shape_efficiency
 from cost_models.gemm_layouts import LAYOUT_SHAPES, probe_gemm_layouts
 from cost_models.host_probes import probe_clock
-from cost_models.item_probes import (probe_embedding_backward, probe_embedding_bag,
-                                     probe_embedding_forward)
+from cost_models.item_probes import (EMBEDDING_NARROW_PROBE_DIM, probe_embedding_backward,
+                                     probe_embedding_bag, probe_embedding_forward)
 
 # ---- timing -----------------------------------------------------------------------------
 WARMUP_CALLS = 3  # first calls pay for kernel selection, workspaces, autograd caches
@@ -374,10 +374,13 @@ def measure(device: str, quick: bool = False, progress=None,
                           host_s if cpu else 0.0, progress)
         lookup = probe_embedding_forward(device, memory_dtype)
         index_s = probe_embedding_backward(device, memory_dtype)
+        narrow_index_s = probe_embedding_backward(device, memory_dtype,
+                                                  EMBEDDING_NARROW_PROBE_DIM)
         if progress:
             progress(f"embedding: forward {lookup.call_s * 1e6:.2f} us + "
                      f"{lookup.index_s * 1e9:.1f} ns per index, backward "
-                     f"{index_s * 1e9:.1f} ns per index")
+                     f"{index_s * 1e9:.1f} ns per index ({narrow_index_s * 1e9:.1f} at "
+                     f"{EMBEDDING_NARROW_PROBE_DIM}-wide rows)")
         bag = probe_embedding_bag(device, memory_dtype, host_s if cpu else 0.0)
         if progress:
             progress(f"embedding bag: forward {bag.call_s * 1e6:.2f} us + "
@@ -392,6 +395,7 @@ def measure(device: str, quick: bool = False, progress=None,
                              conv=tuple(conv), **layouts,
                              launch_host_s=host_s, launch_device_s=device_s,
                              embedding_backward_index_s=index_s,
+                             embedding_backward_narrow_index_s=narrow_index_s,
                              embedding_bag_call_s=bag.call_s, embedding_bag_index_s=bag.index_s,
                              embedding_bag_backward_call_s=bag.backward_call_s,
                              embedding_bag_backward_index_s=bag.backward_index_s,

@@ -37,7 +37,8 @@ from ir.kernel_points import (APART_MEMORY_KERNELS, GEMM_TIE_LOG2_DISTANCE,  # n
 # The calibration's single figures (numbers >= 0; 0 where not measured).
 _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
             "sustained_gemm_flop_per_s", "forward_host_op_s", "module_call_host_s",
-            "view_host_op_s", "embedding_backward_index_s", "backward_view_host_op_s",
+            "view_host_op_s", "embedding_backward_index_s",
+            "embedding_backward_narrow_index_s", "backward_view_host_op_s",
             "backward_nonview_host_op_s", "backward_node_host_s", "python_node_host_s",
             "forward_node_host_s", "in_sequence_op_host_s", "in_sequence_knee_distinct_ops",
             "in_sequence_low_op_host_s",
@@ -175,6 +176,9 @@ class KernelCalibration:
     # Device seconds per index of an embedding's backward (a scatter-add of one gradient
     # row per index), over what the rows' bytes cost; 0 where not measured.
     embedding_backward_index_s: float = 0.0
+    # The same at `item_probes.EMBEDDING_NARROW_PROBE_DIM`-wide rows (T5's relative bias:
+    # one column per head), cheaper per index; 0 where not measured (the wide figure then).
+    embedding_backward_narrow_index_s: float = 0.0
     # Backward host seconds in parts (`host_op_seconds_by_pass`): per view op (no kernel:
     # view, t, detach, ...) and per other op as a backward formula dispatches them (grad
     # mode off), per autograd node the engine runs, autograd's engine start left out; 0

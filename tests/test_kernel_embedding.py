@@ -1,6 +1,5 @@
-"""An embedding's forward priced as what runs (`cost_models.kernel_time
-._embedding_forward_seconds`): a measured line per call and per index, from
-`cost_models.item_probes.probe_embedding_forward`."""
+"""An embedding's forward and backward priced as what runs (`cost_models.embedding_kernels`):
+a measured line per call and per index, from `cost_models.item_probes`' probes."""
 
 from __future__ import annotations
 
@@ -113,3 +112,43 @@ def test_the_embedding_figures_round_trip_and_older_kits_load_without_them():
              if k not in ("embedding_call_s", "embedding_index_s")}
     loaded = KernelCalibration.from_dict(older)
     assert (loaded.embedding_call_s, loaded.embedding_index_s) == (0.0, 0.0)
+
+
+def test_an_embedding_backward_of_narrow_rows_costs_the_narrow_probes_figure_per_index():
+    """The scatter's per-index cost depends on the row's width below the wide probe's 64
+    (measured here, one thread, 2026-11-26, load 3: 39 ns per index at 4- and 16-wide
+    fp32 rows, 48 at 64-wide; T5's relative-bias table is 4 wide, one column per head).
+    1024 ids into a 32 x 4 bf16 table with 40 ns per index measured at 64 wide and 32 at
+    4 wide: 1024 x 32 ns at width 4, halfway (36 ns) at width 34, 40 ns at 64 and past
+    it; a kit without the narrow figure (0) prices every width at the wide one. The
+    table's fill and the rows' bytes are priced as before (a copy, an add)."""
+    from cost_models.item_probes import EMBEDDING_NARROW_PROBE_DIM, EMBEDDING_PROBE_DIM
+
+    assert (EMBEDDING_NARROW_PROBE_DIM, EMBEDDING_PROBE_DIM) == (4, 64)
+    ids, wide_s, narrow_s = 1024, 40e-9, 32e-9
+
+    def priced(dim: int, narrow: float) -> float:
+        record = KernelRecord("aten::embedding_dense_backward", KernelKind.MEMORY, "bfloat16",
+                              (32, dim), 1, weight_bytes=32 * dim * 2,
+                              activation_bytes=ids * (dim * 2 + 8))
+        cal = dataclasses.replace(CALIBRATION, embedding_backward_index_s=wide_s,
+                                  embedding_backward_narrow_index_s=narrow)
+        with_slope = pass_seconds((record,), spec(cal), config(), 1.0, backward=True).memory_s
+        no_slope = pass_seconds((record,), spec(dataclasses.replace(
+            cal, embedding_backward_index_s=1e-30, embedding_backward_narrow_index_s=1e-30)),
+            config(), 1.0, backward=True).memory_s
+        return (with_slope - no_slope) / ids  # the per-index part
+
+    assert priced(4, narrow_s) == pytest.approx(narrow_s, rel=1e-6)
+    assert priced(34, narrow_s) == pytest.approx((narrow_s + wide_s) / 2, rel=1e-6)
+    assert priced(64, narrow_s) == pytest.approx(wide_s, rel=1e-6)
+    assert priced(256, narrow_s) == pytest.approx(wide_s, rel=1e-6)
+    assert priced(4, 0.0) == pytest.approx(wide_s, rel=1e-6)
+
+
+def test_the_narrow_embedding_backward_probe_reads_a_per_index_slope():
+    """`probe_embedding_backward` at the narrow width: a positive per-index slope below a
+    microsecond, as at the wide one."""
+    from cost_models.item_probes import EMBEDDING_NARROW_PROBE_DIM, probe_embedding_backward
+
+    assert 0 < probe_embedding_backward("cpu", "float32", EMBEDDING_NARROW_PROBE_DIM) < 1e-6
