@@ -62,7 +62,6 @@ from cost_models.kernel_time import kernel_call_seconds  # noqa: E402
 from cost_models.layer_profile import StepNeighbours  # noqa: E402
 from ir.cluster import ClusterSpec  # noqa: E402
 from ir.graph_measurer import _clear_grads  # noqa: E402
-from ir.kernel_records import KernelKind  # noqa: E402
 from ir.stand_in import real_factory  # noqa: E402
 from ir.strategy import Precision  # noqa: E402
 from planner.fmt import table  # noqa: E402
@@ -147,7 +146,7 @@ def charged(model: str, layer_name: str, micro_batch: int, spec: ClusterSpec) ->
         op_s = cal.backward_nonview_host_op_s if backward else cal.forward_host_op_s
         per_op = out.setdefault(phase, {})
         for r in records:
-            host_s = view_s if r.kind is KernelKind.VIEW else op_s + cal.host_excess_s(
+            host_s = view_s if r.host_view else op_s + cal.host_excess_s(
                 r.excess_key)
             seconds = r.count * (kernel_call_seconds(r, spec, config, 1.0, backward) + host_s)
             per_op[r.op] = per_op.get(r.op, 0.0) + seconds

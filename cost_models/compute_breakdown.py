@@ -40,7 +40,7 @@ class ComputeByClass:
     overhead_s: float = 0.0  # host, launch floors, draws, framework: beyond the kernels
     recompute_s: float = 0.0
     other_s: float = 0.0  # layers priced without kernel records or from a profile
-    accumulation_s: float = 0.0  # micro-batches 2..m adding into the gradients (GPUs)
+    accumulation_s: float = 0.0  # GPUs: the gradients' fp32 cast and sums (grad_accumulation)
 
     @property
     def total_s(self) -> float:

@@ -28,7 +28,8 @@ compute dtype's bytes (2 mixed, 4 fp32), r the reduce dtype's (4: fp32 in both):
 
   gradient reduction, once a step (the micro-batches before accumulate unreduced):
   `_chunk_cat` of the compute-dtype gradients into the fp32 reduce-scatter input
-  ((c + r) P); then on the world-1 path (replicate) `reduce_output.copy_(input /
+  ((c + r) P; where the unit accumulated into an fp32 sum it reads that, (r - c) P more,
+  which `cost_models.grad_accumulation` prices); then on the world-1 path (replicate) `reduce_output.copy_(input /
   divide_factor)`: the executor sets the factor (1.0, `gloo_collectives.sum_reduction`), so
   a division (2r P) and a copy (2r P); the all-reduce in place (`comm`). At W > 1 the
   reduce-scatter writes the sharded gradient itself (no copy; `comm` prices it).

@@ -12,7 +12,8 @@ Per pipeline rank r and micro-batch (compute.py, comm.py):
   (step_host.pipeline_action_s); once a step, with the optimizer step, the training
   loop's own work (batch split, loss weighting and all-reduce) and the optimizer's entry
   after a backward (step_host.step_loop_s); per micro-batch 2..m, the gradients'
-  accumulation (step_host.grad_accumulation_s)
+  accumulation (CPU processes: step_host.grad_accumulation_s; GPUs: its kernels,
+  cost_models.grad_accumulation, hiding no DP traffic)
 On GPUs the host queues kernels ahead of the device and waits only where it syncs, so
 the compute of a run of passes between syncs is `compute.with_host` of its layers' device
 and host sums (max), not the sum of each layer's (`gpu_runs_s`, the runs:
@@ -248,11 +249,11 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
     loop += param_walk_s(cluster, [graph.layers[j] for j in indices])  # its tensors' walk
     opt += loop
     # micro-batches 2..m add into the existing gradients: on CPU processes at the kit's
-    # host figures (step_host.grad_accumulation_s), on GPUs their kernels, after the passes'
-    # composition as the search adds them (cost_models.grad_accumulation)
+    # host figures (step_host.grad_accumulation_s); on GPUs their kernels, after the
+    # passes' composition and hiding no DP traffic, as the search adds them
+    # (cost_models.grad_accumulation, planner.layer_tables._price)
     bwd += engine + actions / 2 + grad_accumulation_s(
-        cluster, [graph.layers[j] for j in indices], plan.num_microbatches
-    ) + accumulation_s / plan.num_microbatches
+        cluster, [graph.layers[j] for j in indices], plan.num_microbatches)
     for i in mine:
         stage = plan.stages[i]
         if i < last_stage:  # forward: send this chunk's output on
@@ -261,7 +262,8 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
         if i > 0 and graph.carries_gradient(stage.first_layer - 1):
             pp_b += _send_s(graph, plan, cluster, stage.first_layer - 1, configs,
                             stage.devices)
-    return StageTime(rank=rank, compute_forward_s=fwd, compute_backward_s=bwd,
+    return StageTime(rank=rank, compute_forward_s=fwd,
+                     compute_backward_s=bwd + accumulation_s / plan.num_microbatches,
                      recompute_s=rec, tp_forward_s=tp_f, tp_backward_s=tp_b,
                      dp_forward_s=exposed(dp_f, fwd, overlap),
                      dp_backward_s=exposed(dp_b, bwd, overlap),

@@ -1,9 +1,11 @@
 """Bytes and GPU seconds of a step's gradient accumulation.
 
-With m > 1 micro-batches the executor turns gradient sync off until the last one
-(`executors.data_parallel.set_gradient_sync`; torch.distributed.pipelining does the same
-per stage), so each backward after the first adds its gradients into the ones before.
-Two paths, read off torch 2.13:
+With m > 1 micro-batches the executor's own loop turns gradient sync off until the last
+one (`executors.data_parallel.set_gradient_sync`), so each backward after the first adds
+its gradients into the ones before. torch.distributed.pipelining turns it off for every
+backward, the last included (`_PipelineStageBase.backward_maybe_with_nosync`), and
+reduces in its REDUCE_GRAD action (`perform_reduce_grad` runs FSDP2's post-backward): a
+pipelined unit takes the accumulation path even at m = 1. Two paths, read off torch 2.13:
 
 - autograd's AccumulateGrad: a parameter whose gradient already has the reduce dtype
   (fp32 training, DP unit or not: FSDP2's `FSDPParam.to_accumulated_grad_if_needed`
@@ -15,7 +17,7 @@ Two paths, read off torch 2.13:
   adds the new gradient into that sum ((2r + c) P, m - 1 times); the last micro-batch's
   reduction then reads the fp32 sum where a step of one micro-batch reads the c-byte
   gradient (`dp_copies` prices the latter's `_chunk_cat`: (r - c) P more). In all
-  2 r P + (m - 1)(2r + c) P.
+  2 r P + (m - 1)(2r + c) P, at any m under a pipeline.
 
 P is what the rank holds of the layer's gradient while it accumulates: its TP-local
 parameters, whole over DP (the unsharded gradient; `model_states.held_local_params`).
@@ -55,15 +57,18 @@ class AccumulationBytes:
 
 
 def accumulation_bytes(layer: Layer, strategy: LayerStrategy, precision: Precision,
-                       num_microbatches: int) -> AccumulationBytes | None:
-    """The layer's accumulation bytes in one step of `num_microbatches`; None where it
-    accumulates nothing (one micro-batch, or no parameters)."""
+                       num_microbatches: int, pipelined: bool = False
+                       ) -> AccumulationBytes | None:
+    """The layer's accumulation bytes in one step of `num_microbatches` (`pipelined`:
+    under torch.distributed.pipelining); None where it accumulates nothing."""
     tensors = layer.param_tensors
-    if num_microbatches == 1 or not tensors:
+    fp32_sum = precision.compute_bytes < REDUCE_BYTES and has_dp_unit(layer, strategy,
+                                                                      precision)
+    if not tensors or (num_microbatches == 1 and not (pipelined and fp32_sum)):
         return None
     p = held_local_params(layer, strategy)
     c, r, later = precision.compute_bytes, REDUCE_BYTES, num_microbatches - 1
-    if c < r and has_dp_unit(layer, strategy, precision):  # FSDP2's fp32 sum
+    if fp32_sum:  # FSDP2's fp32 sum
         return AccumulationBytes(tensors, (c + r) * p, (r - c) * p, later * (2 * r + c) * p)
     return AccumulationBytes(tensors, 0.0, 0.0, later * ACCUMULATE_BYTES_PER_GRAD_BYTE * c * p)
 
@@ -74,11 +79,13 @@ def accumulation_step_seconds(layer: Layer, strategy: LayerStrategy, cluster: Cl
     processes (module docstring) and where it accumulates nothing."""
     if cluster.host_bound:
         return 0.0
-    moved = accumulation_bytes(layer, strategy, config.precision, num_microbatches)
+    moved = accumulation_bytes(layer, strategy, config.precision, num_microbatches,
+                               config.pipelined)
     if moved is None:
         return 0.0
     calls = moved.tensors * (num_microbatches - 1)  # one add per tensor per later backward
-    add_s = calls * streaming_seconds(cluster, "add", "float32", moved.add_bytes / calls)
+    add_s = (calls * streaming_seconds(cluster, "add", "float32", moved.add_bytes / calls)
+             if calls else 0.0)
     # the cast is a copy per tensor; the fp32 read rides in the reduction's one _chunk_cat
     cast_s = (moved.tensors * streaming_seconds(cluster, "copy", "float32",
                                                 moved.upcast_bytes / moved.tensors)

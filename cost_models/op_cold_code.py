@@ -138,9 +138,11 @@ def _layer_cold_code_seconds(layer: Layer, cluster: ClusterSpec,
     # oneDNN runs a kernel made for each shape (its primitive cache's key): a forward's is
     # warm only after the same code (a block after a block), however many of the op names
     # the layer before ran (cnn-small's stem conv at batch 4 and 16 ran 24-33 us over its
-    # probe in the profile's sequence with no op cold by name, load 3, 2026-11-26).
+    # probe in the profile's sequence with no op cold by name, load 3, 2026-11-26); a
+    # forward placed after a backward (`Layer.forward_after_backward`) follows other code.
+    warm_after_same = layer.same_code_before and not layer.forward_after_backward
     return (pass_cold_code_seconds(layer.kernels.forward, cal,
                                    share(layer.cold_distinct_ops_fwd, distinct_fwd), batch_scale,
-                                   0.0 if layer.same_code_before else 1.0),
+                                   0.0 if warm_after_same else 1.0),
             pass_cold_code_seconds(layer.kernels.backward, cal,
                                    share(layer.cold_distinct_ops_bwd, distinct_bwd), batch_scale))

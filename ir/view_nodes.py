@@ -12,20 +12,21 @@ from __future__ import annotations
 from torch import fx
 
 from ir.kernel_recorder import KernelRecorder
-from ir.kernel_records import KernelKind, KernelRecord
+from ir.kernel_records import KernelRecord
 from ir.op_count import PYTHON_NODE_OPS, _node_ops
 
 
 class ViewCountingRecorder(KernelRecorder):
     """A forward's `KernelRecorder` that also keeps a running count of the views it
-    recorded (`KernelKind.VIEW`, the recorder's own rule), for `view_nodes`."""
+    recorded that the host dispatches as views (`KernelRecord.host_view`: an allocation is
+    an op), for `view_nodes`."""
 
     def __init__(self, weight_keys: set):
         super().__init__(weight_keys)
         self.views = 0
 
     def add(self, record: KernelRecord) -> None:
-        if record.kind is KernelKind.VIEW:
+        if record.host_view:
             self.views += record.count
         super().add(record)
 

@@ -12,7 +12,8 @@ where, per layer and micro-batch (priced once per unique layer by
 `layer_tables.price_layers`):
     t(i, s)      compute forward + backward + recompute (cost_models.compute), TP
                  collectives and exposed ZeRO traffic (cost_models.comm), plus the
-                 exposed per-iteration gradient sync and optimizer step divided by m
+                 exposed per-iteration gradient sync, optimizer step and, on GPUs, the
+                 gradients' accumulation (cost_models.grad_accumulation) divided by m
     mem_r(i, s)  1F1B and GPipe: the walk's floor (`cost_models.walk_floor`): stored
                  weights and moments, unsharded working copies, gradients where a
                  forward follows a backward, + k_r x kept activations, k_r the

@@ -113,6 +113,10 @@ def test_a_onednn_forward_pays_in_full_unless_the_same_code_ran_just_before():
         (38 * US, 48 * US / 4))
     assert layer_cold_code_seconds(conv_layer(same_code_before=True), one_cpu_process(
         CAL)) == pytest.approx((0.0, 48 * US / 4))
+    # placed after a backward (a 1F1B forward), the block before ran other code: in full
+    assert layer_cold_code_seconds(conv_layer(same_code_before=True,
+                                              forward_after_backward=True),
+                                   one_cpu_process(CAL)) == pytest.approx((38 * US, 48 * US / 4))
     # traced at batch 4, priced at a micro-batch of 1: ATen's im2col conv, the op-name share
     assert layer_cold_code_seconds(conv_layer(), one_cpu_process(CAL), 0.25) == pytest.approx(
         (0.0, 3 * US / 4))

@@ -119,9 +119,18 @@ def test_fp32_layers_accumulate_through_autograd():
 
 
 def test_one_micro_batch_accumulates_nothing_and_tp_halves_the_sharded_part():
+    """At m = 1 nothing accumulates, except a mixed-precision unit under torch pipelining,
+    whose every backward runs with sync off (`backward_maybe_with_nosync`): the cast to
+    fp32 (6 P) and its read by the reduction (2 P more), no add."""
     layer = SimpleNamespace(param_tensors=2, params=1000, tied_params=0, tp_params=800,
                             tied_tp_params=0)
     assert accumulation_bytes(layer, LayerStrategy(), Precision.BF16_MIXED, 1) is None
+    piped = accumulation_bytes(layer, LayerStrategy(), Precision.BF16_MIXED, 1, pipelined=True)
+    assert (piped.upcast_bytes, piped.sum_read_bytes, piped.add_bytes) == (6000, 2000, 0)
+    assert accumulation_bytes(layer, LayerStrategy(), Precision.FP32, 1, pipelined=True) is None
+    assert accumulation_bytes(layer, LayerStrategy(), Precision.BF16_MIXED, 3,
+                              pipelined=True) == accumulation_bytes(
+        layer, LayerStrategy(), Precision.BF16_MIXED, 3)
     whole = accumulation_bytes(layer, LayerStrategy(), Precision.FP32, 2)
     split = accumulation_bytes(layer, LayerStrategy(tp=2), Precision.FP32, 2)
     assert whole.add_bytes == 12 * 1000 and split.add_bytes == 12 * (200 + 800 / 2)
@@ -155,9 +164,11 @@ def llama_tiny():
     return load_layer_graph("llama-tiny", micro_batch=1, dtype=torch.float32)
 
 
-def test_the_estimate_and_the_search_both_charge_it(llama_tiny, monkeypatch):
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_estimate_and_the_search_both_charge_it(llama_tiny, monkeypatch, world):
     """A device-bound GPU step (no host cost) of m = 8 grows by exactly the layers'
-    accumulation; the search's row for each layer by its share per micro-batch."""
+    accumulation, at dp 2 under ZeRO-2 too (the kernels hide no DP traffic: the search's
+    rows expose it behind the passes alone); each search row by its share per micro-batch."""
     import dataclasses
 
     import cost_models.estimate as estimate_module
@@ -168,27 +179,33 @@ def test_the_estimate_and_the_search_both_charge_it(llama_tiny, monkeypatch):
     from ir.plan import uniform_plan
     from planner.search_space import SearchOptions, outer_candidates
 
-    graph = llama_tiny
-    gpu = dataclasses.replace(get_cluster("h100-80g"), devices_per_node=1, op_overhead_s=0.0,
-                              backward_op_overhead_s=0.0)
-    plan = uniform_plan(len(graph.layers), micro_batch=1, global_batch=8)
+    graph, batch = llama_tiny, 8 * world
+    gpu = dataclasses.replace(get_cluster("h100-80g"), devices_per_node=world,
+                              op_overhead_s=0.0, backward_op_overhead_s=0.0)
+    plan = uniform_plan(len(graph.layers), dp=world, zero=2 if world > 1 else 0,
+                        micro_batch=1, global_batch=batch)
     configs = layer_configs(graph, plan, gpu.device)
     owed_s = sum(accumulation_step_seconds(layer, s, gpu, c, 8)
                  for layer, s, c in zip(graph.layers, plan.layer_strategies, configs))
     assert owed_s > 0
     options = SearchOptions()
-    cand = next(c for c in outer_candidates(graph, 1, 8, options)
+    cand = next(c for c in outer_candidates(graph, world, batch, options)
                 if (c.pp, c.num_microbatches) == (1, 8))
-    with_s = estimate_module.estimate(graph, plan, gpu).iteration_seconds
-    rows_with = layer_tables.price_layers(graph, gpu, cand, options, 8, None, {}, prune=False)[0]
+    with_est = estimate_module.estimate(graph, plan, gpu)
+    rows_with = layer_tables.price_layers(graph, gpu, cand, options, batch, None, {},
+                                          prune=False)[0]
     for module in (estimate_module, layer_tables):
         monkeypatch.setattr(module, "accumulation_step_seconds", lambda *args: 0.0)
-    without_s = estimate_module.estimate(graph, plan, gpu).iteration_seconds
-    rows_without = layer_tables.price_layers(graph, gpu, cand, options, 8, None, {},
+    without_est = estimate_module.estimate(graph, plan, gpu)
+    rows_without = layer_tables.price_layers(graph, gpu, cand, options, batch, None, {},
                                              prune=False)[0]
-    assert with_s - without_s == pytest.approx(owed_s, rel=1e-6)
+    assert with_est.iteration_seconds - without_est.iteration_seconds == pytest.approx(
+        owed_s, rel=1e-6)
+    assert with_est.time.dp_comm == pytest.approx(without_est.time.dp_comm, rel=1e-12)
+    if world > 1:
+        assert with_est.time.dp_comm > 0  # there was DP traffic to hide
+    config = layer_tables.step_config(graph, options, gpu, 1)
     for layer, a, b in zip(graph.layers, rows_with, rows_without):
         for s, t_with, t_without in zip(a.strategies, a.time_s, b.time_s):
-            config = layer_tables.step_config(graph, options, gpu, 1)
             assert t_with - t_without == pytest.approx(
                 accumulation_step_seconds(layer, s, gpu, config, 8) / 8, rel=1e-6, abs=1e-15)
