@@ -62,20 +62,6 @@ order at ~1.5x its calls' tight loops (bench/bench_chain_premium.py), where thes
 run at 1.1-1.3x theirs. At micro-batch 1 the warm part wins (the rows over 15%); at 16 the
 entry does; fixing one without the other trades rows.
 
-With the kit's `ColdTrafficPoint`s put in (`host_dispatch.traffic_entry_seconds`, read
-at `Layer.after_bytes`, the window's kernel bytes; the entry column holds it), t5-tiny's
-relative biases' entry reads right at micro-batch 16 and over at 1, where the warm part
-is over the most (same kit, points probed 14:05, wall clock, load 1.0, 2026-11-26; us):
-
-    layer             after MiB  entry  entry meas  warm err     (km_base kit alone)
-    enc_rel_bias  b1       2.0    81.5     63.0       +52%       65.0 / 69.7  +86%
-    dec_rel_bias  b1       3.1    85.5     65.3       +64%       65.0 / 67.4  +50%
-    enc_rel_bias  b16     27.3    96.9     96.4      +171%       65.0 / 112.7 +152%
-    dec_rel_bias  b16     43.5   108.6    107.4      +152%       65.0 / 135.8  +85%
-
-The tight loops read 52-93 us for the same encoder_rel_bias from run to run (its
-kernels priced 37): the warm error is wide here, its sign is not.
-
     .venv/bin/python bench/bench_small_pass_terms.py --spec-from RESULT_JSON \\
         [--model dlrm-small] [--micro-batch 4] [--layers tables.0,tables.1,top_mlp]
 """
@@ -96,7 +82,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.bench_kernel_model import traced_graph  # noqa: E402
 from cost_models.common import StepConfig  # noqa: E402
 from cost_models.host_dispatch import (cold_entry_seconds, forward_host_seconds,  # noqa: E402
-                                       traffic_entry_seconds, warm_step_entry_seconds)
+                                       warm_step_entry_seconds)
 from cost_models.kernel_time import layer_kernel_seconds  # noqa: E402
 from cost_models.layer_profile import time_layer  # noqa: E402
 from ir.cluster import ClusterSpec  # noqa: E402
@@ -113,7 +99,7 @@ def priced_us(layer, spec, config) -> tuple[float, float, float]:
     """(kernel, warm host, entry) microseconds of the layer's forward on `spec`."""
     cal = spec.kernel_calibration
     entry_s = (warm_step_entry_seconds(layer, cal) if layer.step_warm
-               else cold_entry_seconds(layer, cal) + traffic_entry_seconds(layer, cal))
+               else cold_entry_seconds(layer, cal))
     kernel_s = layer_kernel_seconds(layer.kernels, spec, config).forward.total_s
     return kernel_s * 1e6, (forward_host_seconds(layer, spec) - entry_s) * 1e6, entry_s * 1e6
 
@@ -159,14 +145,12 @@ def main() -> int:
                                        repeats=REPEATS, name=name, layers=graph.layers)[0] * 1e6)
         kernel, host, entry = priced_us(layer, spec, config)
         warm_us, profile_us = statistics.median(warm), statistics.median(profiled)
-        rows.append([name, layer.after_ops, f"{layer.after_bytes / 2**20:.1f}",
-                     layer.same_code_before, f"{kernel:.2f}",
+        rows.append([name, layer.after_ops, layer.same_code_before, f"{kernel:.2f}",
                      f"{host:.2f}", f"{entry:.2f}", f"{warm_us:.2f}", f"{profile_us:.2f}",
                      f"{profile_us - warm_us:.2f}",
                      f"{(kernel + host) / warm_us - 1:+.0%}",
                      f"{entry / max(profile_us - warm_us, 1e-9) - 1:+.0%}"])
-    print(table(["layer", "after ops", "after MiB", "same code", "kernel us", "warm host us",
-                 "entry us",
+    print(table(["layer", "after ops", "same code", "kernel us", "warm host us", "entry us",
                  "warm meas us", "profile meas us", "entry meas us", "warm err",
                  "entry err"], rows))
     print(f"load average {os.getloadavg()[0]:.1f}; kit {spec.kernel_calibration.measured_on}")
