@@ -268,68 +268,6 @@ def cold_entry_calibration(device: str = "cpu") -> dict:
                 cold_entry_same_code_host_s=small.same_code_entry_s)
 
 
-# The bytes the kit writes between a layer's forwards beside the block pair's work
-# (`cold_entry_traffic_points`): from under this CPU's 4 MiB L2 a core to past a zoo tiny
-# model's backward window at micro-batch 16 (the kernel bytes `Layer.after_bytes` counts:
-# t5-tiny's encoder_rel_bias 2 / 7 / 27 MiB at micro-batch 1 / 4 / 16, gpt-tiny's embed
-# 8 / 28 / 104, dlrm-small's and mlp-small's 0.1-0.3; 2026-11-26).
-TRAFFIC_BYTES = tuple(mib << 20 for mib in (1, 4, 16, 64))
-
-
-def cold_entry_traffic_points(device: str = "cpu", sizes=TRAFFIC_BYTES,
-                              runs: int = ENTRY_RUNS // 2) -> tuple:
-    """What the entry adds per amount of memory the work between moves: the ENTRY_COLD_OPS
-    probe layers timed after `step_work`'s block pair (no layer before), a `fill_` of n
-    bytes (a kernel writing n bytes, as `Layer.after_bytes` counts a record's: the
-    window's traffic), then a small layer's forward (`small_neighbour`: the layer before);
-    `cold_entry_cost` of their chains less the same without the fill: a
-    `ColdTrafficPoint` per size (running max: more traffic evicts no less). What grows
-    with the micro-batch in a step is the bytes the layers between move, not their ops:
-    t5-tiny's relative biases, the same work at every micro-batch, entered 60 -> 116 and
-    71 -> 188 us in `planner profile` from micro-batch 1 to 16 (their windows 2 -> 27 and
-    3 -> 44 MiB; bench/bench_small_pass_terms.py); encoder_rel_bias ran +42 / +62 / +66 /
-    +210 us after 1 / 4 / 16 / 64 MiB written just before it, dlrm-small's bottom_mlp +30
-    / +52 / +48 / +160 (bench/bench_traffic_cold.py, thread clock, load 2.2, 2026-11-26).
-    Here (same day, load 1.5-3): +0-7 / 7-11 / 7-11 / 7-11 us per layer, 0.1-1.0 / 1.0-2.2
-    / 1.0-2.2 / 3.7 per cold op; with the fill just before the probe layers +16-20 / 32-35
-    / 35-36 / 40-53 and 0.2-0.5 / 1.7-1.9 / 1.8-1.9 / 6.1-7.3; with it before the block
-    pair, whose forward warms the code again, ~0 up to 16 MiB. `planner profile-device`
-    does not run it: read at the zoo layers' bytes it put more rows over 15% than it took
-    under (bench/bench_traffic_entry_ab.py, the A/B for a better one)."""
-    import torch
-
-    from cost_models.clusters import _one_thread
-    from cost_models.host_probes import probe_clock
-    from ir.kernel_points import ColdTrafficPoint
-
-    fresh, step_between, _ = step_work(device, after_backward=True)  # no layer before
-    before = small_neighbour().to(device)
-    buffers = [torch.empty(n // 4, device=device) for n in (0, *sizes)]  # fp32 elements
-    costs = []
-    with _one_thread(), torch.set_grad_enabled(True):
-        before_ops = _overloads(lambda: before(fresh()))
-        layers = []
-        for k in ENTRY_COLD_OPS:
-            layer = _entry_layer(k).to(device)
-            layers.append((len(_overloads(lambda: layer(fresh())) - before_ops), layer))
-            for _ in range(3):  # allocator and autograd warm-up, untimed
-                step_between(layer(fresh()))
-                layer(fresh())
-        for buf in buffers:
-            def between(own, buf=buf):
-                step_between(own)  # the block after's forward and backward, own backward
-                buf.fill_(1.0)  # the window's traffic
-                before(fresh())  # the layer before's forward
-            costs.append(cold_entry_cost(paired_rounds(layers, between, fresh,
-                                                       probe_clock(device), runs)))
-    points, entry_s, op_s = [], 0.0, 0.0
-    for n, cost in zip(sizes, costs[1:]):
-        entry_s = max(entry_s, cost.entry_s - costs[0].entry_s)
-        op_s = max(op_s, cost.op_s - costs[0].op_s)
-        points.append(ColdTrafficPoint(n, entry_s, op_s))
-    return tuple(points)
-
-
 def paired_rounds(layers, step_between, fresh, clock, runs: int = ENTRY_RUNS,
                   passes: int = ENTRY_PASSES) -> list[ColdChain]:
     """`layers` ((cold ops, layer) pairs) timed `runs` times each, in `passes` passes over

@@ -51,8 +51,7 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     them); where it measured
     the entry probe, what the layer pays for starting after the step's other work
     (`cold_entry_seconds`: an entry + the distinct ops the layers before did not run x
-    a slope, by the work between, + `traffic_entry_seconds` by the bytes it moves;
-    every figure above is a warm run's); where a whole
+    a slope, by the work between; every figure above is a warm run's); where a whole
     step's ops stay in the caches (`Layer.step_warm`), the least work's
     (`warm_step_entry_seconds`). A kit without parts: ops
     x `host_op_seconds`. Views are the records the host dispatches as metadata
@@ -99,32 +98,7 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     entry_probed = cal.cold_entry_host_s > 0 or cal.cold_entry_after_backward_host_s > 0
     if layer.step_warm and entry_probed:
         return host_s + warm_step_entry_seconds(layer, cal)
-    return host_s + cold_entry_seconds(layer, cal) + traffic_entry_seconds(layer, cal)
-
-
-def traffic_entry_seconds(layer: Layer, cal) -> float:
-    """What a forward's entry adds for the bytes the work between moves (`Layer
-    .after_bytes`), beyond the block pair's `cold_entry_seconds` reads: entry + its cold
-    ops x a slope, on the line between the kit's `ColdTrafficPoint`s that bracket them
-    (from none at 0 bytes; flat beyond the last), probed with a fill of n bytes before a
-    layer before's forward (`cost_models.cold_entry_probes.cold_entry_traffic_points`): t5-tiny's
-    relative biases, the same work at every micro-batch, entered 60 -> 116 and 71 -> 188
-    us from micro-batch 1 to 16 (their windows 2 -> 27 and 3 -> 44 MiB;
-    bench/bench_small_pass_terms.py, load 3, 2026-11-26). 0 for kits without points
-    (`planner profile-device` does not probe them: put in, they moved more zoo rows over
-    15% than under, 39 -> 42 of 180, bench/bench_traffic_entry_ab.py)."""
-    points = sorted(cal.cold_entry_traffic_points, key=lambda p: p.after_bytes)
-    if not points:
-        return 0.0
-    moved = min(layer.after_bytes, points[-1].after_bytes)
-    line = [(0, 0.0, 0.0)] + [(p.after_bytes, p.entry_s, p.op_s) for p in points]
-    high = next(i for i, row in enumerate(line) if row[0] >= moved)
-    (low_bytes, low_entry_s, low_op_s), (high_bytes, high_entry_s, high_op_s) = (
-        line[max(high - 1, 0)], line[high])
-    share = (moved - low_bytes) / (high_bytes - low_bytes) if high_bytes > low_bytes else 0.0
-    entry_s = low_entry_s + share * (high_entry_s - low_entry_s)
-    op_s = low_op_s + share * (high_op_s - low_op_s)
-    return entry_s + layer.cold_distinct_ops_fwd * op_s
+    return host_s + cold_entry_seconds(layer, cal)
 
 
 def warm_step_entry_seconds(layer: Layer, cal) -> float:
@@ -209,9 +183,7 @@ def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
         forward = (forward, layer.forward_after_backward)
     if points:
         forward = (forward, layer.after_ops, layer.same_code_before)
-    if cal.cold_entry_traffic_points:  # traffic_entry_seconds reads the bytes between
-        forward = (forward, layer.after_bytes)
-    forward_priced = cal.cold_op_host_s > 0 or first_apart or bool(cal.cold_entry_traffic_points)
+    forward_priced = cal.cold_op_host_s > 0 or first_apart
     # the two backward counts, each where its figure prices it
     backward = (layer.cold_distinct_ops_bwd if cal.cold_backward_op_host_s > 0 else None,
                 layer.cold_inner_ops_bwd if cal.cold_backward_inner_op_host_s > 0 else None)

@@ -32,8 +32,7 @@ from ir.errors import PlannerError
 from ir.kernel_points import (APART_MEMORY_KERNELS, GEMM_TIE_LOG2_DISTANCE,  # noqa: F401
                               MEMORY_KERNELS, SDPA_BACKENDS, ColdBackwardPoint,
                               ColdEntryPoint, ColdKernelPoint, ConvPoint, GemmPoint, HostOpExcess,
-                              MemoryKernelPoint, OpColdCodePoint, SdpaPoint, ColdTrafficPoint,
-                              _is_number, _text)
+                              MemoryKernelPoint, OpColdCodePoint, SdpaPoint, _is_number, _text)
 
 # The calibration's single figures (numbers >= 0; 0 where not measured).
 _SCALARS = ("launch_host_s", "launch_device_s", "burst_gemm_flop_per_s",
@@ -263,9 +262,6 @@ class KernelCalibration:
     # ... with the layer before running the probe layer's own code (a table after a table;
     # `Layer.same_code_before`); 0 where not measured.
     cold_entry_same_code_host_s: float = 0.0
-    # ... what it adds after more bytes moved between (`ColdTrafficPoint`s), read at a
-    # layer's `Layer.after_bytes` (`host_dispatch.traffic_entry_seconds`); () where not measured.
-    cold_entry_traffic_points: tuple[ColdTrafficPoint, ...] = ()
     # ---- tied copies' gradient sum after backward (`cost_models.tied_sync
     # .probe_tied_sum`): `executors.tied.TiedGradients.sync` on two fresh gradients, fitted
     # as seconds per call + seconds per byte it moves (reads and writes:
@@ -370,7 +366,6 @@ class KernelCalibration:
                 "host_op_excess": rows(self.host_op_excess),
                 "cold_kernels": rows(self.cold_kernels), "op_cold_code": rows(self.op_cold_code),
                 "cold_entry_points": rows(self.cold_entry_points),
-                "cold_entry_traffic_points": rows(self.cold_entry_traffic_points),
                 "cold_backward_points": rows(self.cold_backward_points)}
 
     @classmethod
@@ -410,8 +405,7 @@ _TABLES = (("gemm", GemmPoint), *((field, GemmPoint) for field in GEMM_LAYOUT_TA
            ("memory_kernels", MemoryKernelPoint), ("sdpa", SdpaPoint),
            ("conv", ConvPoint), ("host_op_excess", HostOpExcess),
            ("cold_kernels", ColdKernelPoint), ("op_cold_code", OpColdCodePoint),
-           ("cold_entry_points", ColdEntryPoint), ("cold_backward_points", ColdBackwardPoint),
-           ("cold_entry_traffic_points", ColdTrafficPoint))
+           ("cold_entry_points", ColdEntryPoint), ("cold_backward_points", ColdBackwardPoint))
 
 
 def _row(kind, where: str, item: Any):

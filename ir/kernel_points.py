@@ -223,25 +223,6 @@ class ColdEntryPoint:
 
 
 @dataclass(frozen=True, slots=True)
-class ColdTrafficPoint:
-    """What a forward's entry adds when the work between its forwards moves `after_bytes`
-    more bytes than a small block's (`cost_models.cold_entry_probes
-    .cold_entry_traffic_points`): `entry_s` per layer + `op_s` per cold distinct op, read
-    at a layer's `Layer.after_bytes` (`host_dispatch.traffic_entry_seconds`)."""
-
-    after_bytes: int
-    entry_s: float
-    op_s: float
-
-    def __post_init__(self) -> None:
-        where = f"cold traffic point at {self.after_bytes!r} bytes"
-        if (isinstance(self.after_bytes, bool) or not isinstance(self.after_bytes, int)
-                or self.after_bytes < 0):
-            raise PlannerError(f"{where}: after_bytes must be an integer >= 0")
-        _non_negative(where, self, "entry_s", "op_s")
-
-
-@dataclass(frozen=True, slots=True)
 class ColdBackwardPoint:
     """What a backward pays for running after the forward and backward of layers of
     `after_ops` ATen ops (`cost_models.cold_backward_probes.cold_backward_calibration`):
