@@ -265,8 +265,9 @@ class Layer:
     after_ops: int = 0
     same_code_before: bool = False
     # ... and the bytes those layers' kernels move (their records' `total_bytes`, forward
-    # and backward): what grows with the micro-batch between two forwards, which its
-    # entry pays for too (`cost_models.host_dispatch.traffic_entry_seconds`).
+    # and backward): what grows with the micro-batch between two forwards. No price reads
+    # it yet: bench/bench_entry_footprint.py measures the entry it costs (most of t5-tiny's
+    # relative biases' growth with the micro-batch).
     after_bytes: int = 0
     # ATen ops the layers of its backward window (`ir.op_count.recent_window_layers` over
     # the layers after) run between its forward and its backward, forward and backward
