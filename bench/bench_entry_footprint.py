@@ -56,8 +56,22 @@ micro-batch-16 encoder_rel_bias read +84 / +103 after the 1 / 16 window, the 1 o
 the 16 one +36 / +33: its own GEMMs at m 16 (3 Linear+ReLU after 4 MiB and 12 unary ops:
 +32 us at m 1, +39-47 at m 2-64, the m-1 path less code).
 
+--replay (the warm part, the other half of the cancelling pair): at micro-batch 1, each
+layer's tight loop, the sum of its ATen calls' own tight loops, and the warm forward the
+km_s27 kit charges (16:42 kit, timed 17:18, load 1.4; us): the per-op charges sit BELOW
+the calls' own loops and the rest (module calls, autograd nodes, in-sequence, wrapped
+numbers) far above the layer's Python beyond its calls (tight - calls):
+
+    layer            ops  tight  calls' loops  model warm  model per-op  model rest
+    t5 enc_rel_bias   23   69.6      60.2         80.0         44.7         35.3
+    t5 dec_rel_bias   23   74.5      64.0         87.0         48.2         38.8
+    dlrm bottom_mlp   12   36.8      24.0         45.9         18.1         27.8
+    dlrm top_mlp      25   84.5      65.3         90.2         38.3         51.9
+    mlp blocks.0       4   16.1      10.9         15.6          6.3          9.3
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_entry_footprint.py \\
         [--context t5-tiny:encoder_rel_bias,...] [--placement t5-tiny:encoder_rel_bias:27,...]
+        [--replay t5-tiny:encoder_rel_bias,... --spec-from RESULT_JSON]
 
 Writes bench/results/entry_footprint{,_context,_placement}.json.
 """
@@ -308,6 +322,57 @@ def placement(name: str, clock) -> dict:
                for key in runs}, "tight_s": best["tight"]}
 
 
+class Capture(TorchDispatchMode):
+    """Each ATen call of a forward: (overload, args, kwargs), to replay alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((func, args, kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def replay(name: str, spec, clock) -> dict:
+    """Real layer `name` (model:layer) at micro-batch 1, warm: its tight loop, the sum of
+    its ATen calls' tight loops (each overload called alone from Python on the captured
+    arguments, grad on: kernel, dispatch, autograd node, wrapped numbers), and what the
+    model charges its warm forward on `spec` (kernels + `forward_host_seconds` less the
+    entry), of which its per-op charges (`bench_batch_step.charged`: kernel, per-op host
+    figure, per-call excess) and the rest (module calls, nodes, in-sequence, numbers)."""
+    from bench.bench_batch_step import charged
+    from cost_models.common import StepConfig
+    from cost_models.compute import layer_kernel_seconds
+    from cost_models.host_dispatch import (cold_entry_seconds, forward_host_seconds,
+                                           warm_step_entry_seconds)
+    from ir.strategy import Precision
+
+    model, layer_name = name.split(":")
+    subject = real_subject(model, layer_name, 1)[0]
+    inputs, capture = subject.inputs(), Capture()
+    with capture:
+        subject.call(inputs)
+    ops_s = 0.0
+    for func, args, kwargs in capture.calls:
+        ops_s += min(tight(Subject(lambda: (), lambda _, f=func, a=args, k=kwargs: f(*a, **k)),
+                           clock) for _ in range(ROUNDS))
+    graph, _ = traced_graph(model, 1)
+    layer = next(layer for layer in graph.layers if layer.name == layer_name)
+    config = StepConfig(micro_batch=1, graph_micro_batch=graph.micro_batch,
+                        graph_dtype=graph.dtype, precision=Precision.FP32,
+                        seq_len=graph.seq_len, device_type="cpu")
+    cal = spec.kernel_calibration
+    entry_s = (warm_step_entry_seconds(layer, cal) if layer.step_warm
+               else cold_entry_seconds(layer, cal))
+    warm_s = (layer_kernel_seconds(layer.kernels, spec, config).forward.total_s
+              + forward_host_seconds(layer, spec) - entry_s)
+    return {"layer": name, "ops": len(capture.calls),
+            "tight_s": min(tight(subject, clock) for _ in range(ROUNDS)),
+            "ops_tight_s": ops_s, "model_warm_s": warm_s,
+            "model_per_op_s": sum(charged(model, layer_name, 1, spec)["fwd"].values())}
+
+
 def print_context(rows: list[dict]) -> None:
     us = lambda x: f"{x * 1e6:.0f}"  # noqa: E731
     print(table(["layer", "mb", "cold ops", "after MiB", "profile", "tight", "entry",
@@ -324,9 +389,25 @@ def main() -> int:
     parser.add_argument("--context", default="", help="model:layer,... : entries in context")
     parser.add_argument("--placement", default="", help="model:layer:MiB,... : what of the "
                         "work between grows the entry")
+    parser.add_argument("--replay", default="", help="model:layer,... : warm, op by op")
+    parser.add_argument("--spec-from", default="", metavar="RESULT_JSON",
+                        help="with --replay: a bench_kernel_model result whose kit prices")
     args = parser.parse_args()
     torch.set_num_threads(1)
     clock = probe_clock("cpu")
+    if args.replay:
+        from ir.cluster import ClusterSpec
+        with open(args.spec_from) as f:
+            spec = ClusterSpec.from_dict(json.load(f)["spec_full"], args.spec_from)
+        rows = [replay(name, spec, clock) for name in args.replay.split(",")]
+        us = lambda x: f"{x * 1e6:.1f}"  # noqa: E731
+        print(table(["layer (mb 1)", "ops", "tight", "its ops' tight loops", "model warm",
+                     "model per-op", "model rest"],
+                    [[r["layer"], r["ops"], us(r["tight_s"]), us(r["ops_tight_s"]),
+                      us(r["model_warm_s"]), us(r["model_per_op_s"]),
+                      us(r["model_warm_s"] - r["model_per_op_s"])] for r in rows]))
+        print(f"load average {os.getloadavg()[0]:.1f}; kit {spec.kernel_calibration.measured_on}")
+        return 0
     if args.placement:
         rows = [placement(name, clock) for name in args.placement.split(",")]
         print(table(["layer (mb 1)", "tight us", "after: mb 1 window", "mb 16 window",
