@@ -68,6 +68,13 @@ numbers) far above the layer's Python beyond its calls (tight - calls):
     dlrm bottom_mlp   12   36.8      24.0         45.9         18.1         27.8
     dlrm top_mlp      25   84.5      65.3         90.2         38.3         51.9
     mlp blocks.0       4   16.1      10.9         15.6          6.3          9.3
+Reconciled (us, s27 kit): the per-op charges + fresh outputs + autograd nodes + wrapped
+numbers come to the calls' loops (enc_rel_bias 61.4 vs 60.2, bottom_mlp 27.1 vs 24.0);
+what is over is the rest: enc_rel_bias's in-sequence 9.3 + module call 2.9 + the kernels'
+cold L2 code (`cold_kernel_seconds`, read at the pass's own bytes: 5.6 here, 13.9 of the
+km_base kit's 37.3 kernel us) against 9.4 measured beyond its calls; bottom_mlp's 6
+module calls x 2.92 + in-sequence 1.2 against 12.8 (a call ~2.1 here, 0.9-1.3 in a tight
+loop of one module; the kit's is read in its chain's order).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_entry_footprint.py \\
         [--context t5-tiny:encoder_rel_bias,...] [--placement t5-tiny:encoder_rel_bias:27,...]
