@@ -75,6 +75,11 @@ cold L2 code (`cold_kernel_seconds`, read at the pass's own bytes: 5.6 here, 13.
 km_base kit's 37.3 kernel us) against 9.4 measured beyond its calls; bottom_mlp's 6
 module calls x 2.92 + in-sequence 1.2 against 12.8 (a call ~2.1 here, 0.9-1.3 in a tight
 loop of one module; the kit's is read in its chain's order).
+What-ifs on the two baselines' timings (--reprice, rows over 15%, base 38 / s27 56):
+kit module call x0.4 (a tight loop's) 52 / 57; + traffic points probed 17:16 (the
+reverted term) 49 / 59, the points alone 39 / 62; no cold L2 code 57 / 66; that code read
+at own + window bytes (`after_bytes`) 56 / 73. No single term: each fixes the small rows
+it targets and breaks the blocks that lean on it.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_entry_footprint.py \\
         [--context t5-tiny:encoder_rel_bias,...] [--placement t5-tiny:encoder_rel_bias:27,...]
