@@ -264,6 +264,11 @@ class Layer:
     # (`cost_models.host_dispatch.cold_entry_seconds`).
     after_ops: int = 0
     same_code_before: bool = False
+    # ... and the bytes those layers' kernels move (their records' `total_bytes`, forward
+    # and backward): what grows with the micro-batch between two forwards. No price reads
+    # it yet: bench/bench_entry_footprint.py measures the entry it costs (most of t5-tiny's
+    # relative biases' growth with the micro-batch).
+    after_bytes: int = 0
     # ATen ops the layers of its backward window (`ir.op_count.recent_window_layers` over
     # the layers after) run between its forward and its backward, forward and backward
     # (the last layer: the layers before's, their forwards twice, `op_count.step_between`):
@@ -288,7 +293,7 @@ class Layer:
                                    cold_distinct_ops_fwd=0, cold_distinct_ops_bwd=0,
                                    cold_inner_ops_bwd=0, forward_after_backward=False,
                                    after_ops=0, same_code_before=False,
-                                   backward_after_ops=0)
+                                   after_bytes=0, backward_after_ops=0)
 
     @property
     def param_tensors(self) -> int:

@@ -132,11 +132,12 @@ def step_evicts(forward_ops: list[frozenset[str]], backward_ops: list[frozenset[
 
 
 def step_between(layers: list, index: int) -> dict:
-    """`Layer.after_ops` and `same_code_before` of `layers[index]`, from what `planner
-    profile` runs between its backward and its next forward (`cost_models.layer_profile
-    .StepNeighbours`): the forward and backward ops of the layers of its backward window
-    (`recent_backward_ops`' layers, the profile's `StepNeighbours.afters`; for the last layer,
-    those of the layers before in its window, `recent_window_layers`, which it runs after
+    """`Layer.after_ops`, `after_bytes` (their kernels' bytes) and `same_code_before` of
+    `layers[index]`, from what `planner profile` runs between its backward and its next
+    forward (`cost_models.layer_profile.StepNeighbours`): the forward and backward ops of
+    the layers of its backward window (`recent_backward_ops`' layers, the profile's
+    `StepNeighbours.afters`; for the last layer, those of the layers before in its window,
+    `recent_window_layers`, which it runs after
     the last layer's backward); and whether the layer just before runs the same forward
     ops (its code warm, only the layer's own objects cold); `Layer.backward_after_ops`:
     the forward and backward ops of the layers after in its backward window
@@ -158,9 +159,18 @@ def step_between(layers: list, index: int) -> dict:
     # (`StepNeighbours.afters` = `layer_profile.backward_window`), not the layer after's
     # alone (the last layer's window is `after`)
     return {"after_ops": sum(layer.ops_fwd + layer.ops_bwd for layer in window),
+            "after_bytes": sum(kernel_bytes(layer) for layer in window),
             "same_code_before": same,
             "backward_after_ops": again + sum(layer.ops_fwd + layer.ops_bwd
                                               for layer in window)}
+
+
+def kernel_bytes(layer) -> int:
+    """Bytes a layer's kernels move in one forward and backward (its records'
+    `total_bytes`; 0 for a layer without records): `Layer.after_bytes` sums a window's."""
+    if layer.kernels is None:
+        return 0
+    return sum(r.total_bytes for r in layer.kernels.forward + layer.kernels.backward)
 
 
 def cold_distinct_ops(measured, before: frozenset[str] | None) -> int:
