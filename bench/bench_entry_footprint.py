@@ -104,7 +104,7 @@ from torch.utils._pytree import tree_leaves
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_kernel_model import traced_graph  # noqa: E402
-from cost_models.cold_entry_probes import _unary_ops, small_neighbour  # noqa: E402
+from cost_models.cold_entry_probes import _entry_layer, small_neighbour  # noqa: E402
 from cost_models.host_probes import probe_clock  # noqa: E402
 from cost_models.layer_profile import StepNeighbours, time_layer  # noqa: E402
 from ir.graph_measurer import _clear_grads  # noqa: E402
@@ -137,21 +137,9 @@ class Footprint(TorchDispatchMode):
 
 
 def unary_chain(k: int, tokens: int, width: int = 64):
-    """A LayerNorm then the first k `_unary_ops` (the kit's `_entry_layer`) on tokens x width."""
-    calls = _unary_ops()[:k]
-
-    class Chain(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm = nn.LayerNorm(width)
-
-        def forward(self, x):
-            x = self.norm(x)
-            for call in calls:
-                x = call(x)
-            return x
-
-    return fx.symbolic_trace(Chain()), lambda: torch.randn(1, tokens, width, requires_grad=True)
+    """The kit's entry layer (`cold_entry_probes._entry_layer`: a LayerNorm, then the first
+    k `_unary_ops`) on tokens x width."""
+    return _entry_layer(k, width), lambda: torch.randn(1, tokens, width, requires_grad=True)
 
 
 def module_chain(n: int, tokens: int = 64, width: int = 64):
