@@ -10,6 +10,19 @@ slow spell hits them alike:
     dw     mm(grad.t() (n, m), x (m, k))                 its grad weight: inner dim m
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 .venv/bin/python bench/bench_gemm_cold_m.py
+
+Readings (2026-11-26 17:22 UTC, three runs of 31-41 rounds, load 1.3-1.4, reference
+5.3-5.6 us, the kit's gemm probe 0.9-2.7 over it), us over the reference:
+  fwd, n = 64 (mlp-small's first and hidden, dlrm's bottom first and top first):
+      m = 1 -0.7..+1.5, m = 2 -0.4..+6.4, m = 4 3.9..8.3, m = 16 3.9..9.0
+  fwd, n = 10 / 16 / 1: ~0 at m <= 4 (n = 1: at every m); n = 16 at m = 16 3-7
+  dx: m = 1 -1.9..-1.3 in every layer, m = 16 -1.1..+5.9 (mostly ~2)
+  dw: 1.3-5.7 at every m, m = 1 included (an outer product: MKL's GEMM code); the
+      n = 1 layer's (a one-row output) -1.8..-0.2 at every m
+Every call is MKL's SGEMM (MKL_VERBOSE=1; no oneDNN); a first call ever at m = 2 loaded
+code m = 1 had not (92 us against 60; m = 4 then 13). Without the `call()` before the
+other ops (another GEMM kind ran last) every kind read 1-10 us UNDER the reference: the
+GEMM code that another shape ran stays partly warm across the 72 other ops.
 """
 
 from __future__ import annotations
