@@ -23,6 +23,12 @@ Every call is MKL's SGEMM (MKL_VERBOSE=1; no oneDNN); a first call ever at m = 2
 code m = 1 had not (92 us against 60; m = 4 then 13). Without the `call()` before the
 other ops (another GEMM kind ran last) every kind read 1-10 us UNDER the reference: the
 GEMM code that another shape ran stays partly warm across the 72 other ops.
+A Linear's forward layout (addmm, bias + x @ weight.t()) read more than the plain mm the
+kit's "gemm" probes (at 32 x 128 x 64: 7.4-9.1 us over the reference against the kit
+probe's 0.7-0.9; 4 x 64 x 26: 4.8-5.3 against mm's 1.9-2.3; load 1.4). Priced as a kind of
+its own (addmm at GEMM_PROBE_MNK, added by add_op_cold_code.py --kinds at load 1.6: 2.4 /
+2.9 us over the reference against the saved gemm's 5.9 / 1.0), over 15% stayed 37 / 56 on
+the two baselines, median |error| 7.9 -> 7.8% / 9.6 -> 9.8%: not kept.
 """
 
 from __future__ import annotations
