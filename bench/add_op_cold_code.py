@@ -8,7 +8,7 @@ term (B) where `--reprice` of the original prices them without it (A).
     .venv/bin/python bench/bench_kernel_model.py --reprice /tmp/km_before.json --out A.json
     .venv/bin/python bench/bench_kernel_model.py --reprice /tmp/km_with_op_cold.json --out B.json
 
-`--kinds conv_onednn,conv_onednn_backward`: a spec that has the table gains only these
+`--kinds conv_onednn,conv_onednn_backward` (or `--kinds gemv`): a spec that has the table gains only these
 kinds (a probe added since), each at the spec's own reference + its excess over the
 reference measured here, so the kinds it had keep their figures and the A/B shows only
 the new kinds' term.

@@ -19,7 +19,8 @@ The host counts how many of the pass's distinct ops are cold, not which (a layer
 block finds the block's ops warm): each distinct op is charged that share of its excess.
 A step whose ops all stay in the caches (`Layer.step_warm`) evicts none: 0. The code
 costs per call, not per byte: no micro-batch or TP scaling (the micro-batch picks only a
-float32 CPU convolution's algorithm, whose code it is: `op_cold_kind`). Views have no
+float32 CPU convolution's algorithm and whether a GEMM runs MKL's matrix-vector code,
+whose code it is: `op_cold_kind`). Views have no
 kernel: their cold dispatch is the reference's. Kits without the table: 0 (as before). It
 adds to the L2-data term (`cost_models.cold_kernel`): after both, an op read ~1 us over after the
 other ops alone (bench/bench_op_cold_code.py). Not charged to a selective recompute.
@@ -43,6 +44,14 @@ two baselines of 2026-11-26 (13:43 and 16:41 UTC; kinds added by add_op_cold_cod
 backwards keep the op-name share: charged in full, the stem's went from -17% / -39% to
 +1% / -15% at mb 16 but from -8% / -24% to +27% / +28% at mb 4 (its in-sequence excess
 over the probe grows with the batch: not code alone).
+
+GEMMs: MKL runs a float32 product with a one-row or one-column output on its
+matrix-vector code (`runs_gemv`: a Linear's forward and grad input at micro-batch 1),
+~0 over the reference cold, the kit's GEMV_KIND. A/B on the same two baselines (kind
+added by add_op_cold_code.py --kinds gemv at load 1.1: gemv read 1.5 / 2.7 us, under the
+reference 4.7 / 4.8): over 15% 38 -> 37 and 56 -> 56, median |error| unchanged; only
+micro-batch-1 forwards moved: cnn-small's head +21% -> +15% / +33% -> +32%, dlrm-small's
+bottom_mlp +44% -> +40% / +44% -> +43%, top_mlp +6% -> +4% / -1% -> -2%.
 """
 
 from __future__ import annotations
@@ -54,10 +63,23 @@ from ir.layer import Layer
 
 from cost_models.conv_probes import runs_onednn
 from cost_models.id_memo import IdMemo
-from cost_models.op_cold_probe import (ONEDNN_CONV_BACKWARD_KIND, ONEDNN_CONV_KIND,
+from cost_models.op_cold_probe import (GEMV_KIND, ONEDNN_CONV_BACKWARD_KIND, ONEDNN_CONV_KIND,
                                        OWN_KIND_OPS, REFERENCE_KIND)
 
 ONEDNN_CONV_KINDS = (ONEDNN_CONV_KIND, ONEDNN_CONV_BACKWARD_KIND)
+
+
+def runs_gemv(r: KernelRecord, batch_scale: float = 1.0) -> bool:
+    """Whether MKL runs a float32 GEMM record on its matrix-vector code at the record's
+    micro-batch x `batch_scale`: one product (no batch) whose output has one row or one
+    column (measured: `op_cold_probe.GEMV_PROBE_MNK`'s note). Its rows grow with the
+    micro-batch unless its output is a weight gradient (`KernelRecord.weight_output`, whose
+    inner dim grows: an outer product at m = 1, MKL's GEMM code, as measured)."""
+    batch, m, n, _ = r.shape
+    if r.dtype != "float32" or batch > 1:
+        return False
+    rows = m if r.weight_output else max(1, round(m * batch_scale))
+    return rows == 1 or n == 1
 
 
 def op_cold_kind(r: KernelRecord, cal: KernelCalibration, batch_scale: float = 1.0) -> str:
@@ -65,12 +87,16 @@ def op_cold_kind(r: KernelRecord, cal: KernelCalibration, batch_scale: float = 1
     that op apart (`op_cold_probe.OWN_KIND_OPS`: the loss), else its memory kind
     (`kernel_time.memory_kind`, as the bandwidth tables read it), else its kernel class;
     a float32 convolution that ATen runs on oneDNN at the record's batch x `batch_scale`
-    (`conv_probes.runs_onednn`), the kit's oneDNN kind of its pass where measured."""
+    (`conv_probes.runs_onednn`), the kit's oneDNN kind of its pass where measured; a GEMM
+    on MKL's matrix-vector code there (`runs_gemv`), GEMV_KIND where measured."""
     from cost_models.kernel_time import memory_kind  # it imports this module's users
 
     op = r.op.split("::")[-1]
     if op in OWN_KIND_OPS:
         return op
+    if r.kind is KernelKind.GEMM and runs_gemv(r, batch_scale) and any(
+            p.kind == GEMV_KIND for p in cal.op_cold_code):
+        return GEMV_KIND
     if r.kind is KernelKind.CONV and r.dtype == "float32":
         groups, batch, in_channels, _, positions, area, _ = r.shape
         kind = ONEDNN_CONV_BACKWARD_KIND if op == "convolution_backward" else ONEDNN_CONV_KIND
@@ -97,12 +123,17 @@ def pass_cold_code_seconds(records: tuple[KernelRecord, ...], cal: KernelCalibra
     oneDNN convolutions' kinds at `onednn_share` instead where given."""
     excess, seen, total_s = {}, set(), 0.0
     for r in records:
-        if r.kind is KernelKind.VIEW or (r.op, r.dtype) in seen:
+        if r.kind is KernelKind.VIEW:
             continue
-        seen.add((r.op, r.dtype))  # one op in two dtypes runs two kernels' code
+        kind = op_cold_kind(r, cal, batch_scale)
+        # one op in two dtypes runs two kernels' code, as does one op on MKL's GEMM and
+        # matrix-vector code (mm's grad weight and grad input at micro-batch 1)
+        key = (r.op, r.dtype, kind == GEMV_KIND)
+        if key in seen:
+            continue
+        seen.add(key)
         if r.dtype not in excess:
             excess[r.dtype] = cold_excess_s(cal, r.dtype)
-        kind = op_cold_kind(r, cal, batch_scale)
         share = cold_share if onednn_share is None or kind not in ONEDNN_CONV_KINDS \
             else onednn_share
         total_s += share * excess[r.dtype].get(kind, 0.0)

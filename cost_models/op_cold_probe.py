@@ -8,9 +8,9 @@ on chains of small unary ops, 1.2-3.6 us an op; an op with a big kernel pays mor
 (bench/bench_op_cold_code.py, 2026-11-26, load 22-24, after 36 other distinct ops, first
 call over warm: nll_loss_backward 10-15 us, _log_softmax_backward_data 20-28, mm 13-21).
 
-The probe, per kind (the kinds the kernel records price: `gemm`, `conv`, `attention`, the
-oneDNN convolution's forward and backward (ONEDNN_CONV_KIND, ..._BACKWARD_KIND), and
-each memory kind of `cost_models.kernel_time.memory_kind`, run as the cold-kernel probe
+The probe, per kind (the kinds the kernel records price: `gemm`, its one-row product
+(GEMV_KIND), `conv`, `attention`, the oneDNN convolution's forward and backward
+(ONEDNN_CONV_KIND, ..._BACKWARD_KIND), and each memory kind of `cost_models.kernel_time.memory_kind`, run as the cold-kernel probe
 runs it, `cold_kernel.memory_kind_calls`; the ops of OWN_KIND_OPS under their own name)
 and for REFERENCE_KIND (a small unary op, what the host fits read): warm it; then per
 round run OTHER_OPS_COUNT distinct other ops (`other_ops`: none of them a kind's op, on
@@ -43,6 +43,16 @@ OP_COLD_ROUNDS = 21  # median of the differences: one slow spell does not decide
 REFERENCE_KIND = "reference"
 # A small GEMM as gpt-tiny's head runs one (32 tokens x 64 hidden x 128 vocab).
 GEMM_PROBE_MNK = (32, 128, 64)
+# MKL runs a float32 GEMM whose output has one row or one column (a Linear's forward or
+# grad input at micro-batch 1; a 1-logit head) on other code, a matrix-vector product's
+# (`op_cold_code.runs_gemv`): ATen hands it to SGEMM as any other (MKL_VERBOSE), but its
+# first call ever at m = 2 loaded code the m = 1 calls had not (92 us against 60, then
+# 13 us at m = 4), and after the 72 other ops the zoo's small Linears read -1.9..+1.5 us
+# over the reference at m = 1 (forward and grad input) against 4-8 forward and 2-6 grad
+# input at m = 16 (bench/bench_gemm_cold_m.py, three runs, load 1.3-1.4, 2026-11-26).
+# The probe: the GEMM's product with one row.
+GEMV_PROBE_MNK = (1, GEMM_PROBE_MNK[1], GEMM_PROBE_MNK[2])
+GEMV_KIND = "gemv"
 # (batch, heads, seq, head_dim) of the attention probe and (batch, channels, side,
 # kernel) of the convolution probe: small, their code is the point.
 ATTENTION_PROBE_SHAPE = (1, 2, 32, 16)
@@ -109,6 +119,8 @@ def kind_calls() -> dict:
     m, n_, k = GEMM_PROBE_MNK
     a, b = torch.randn(m, k), torch.randn(k, n_)
     calls["gemm"] = lambda: torch.mm(a, b)
+    row = torch.randn(GEMV_PROBE_MNK[0], k)
+    calls[GEMV_KIND] = lambda: torch.mm(row, b)
     q = torch.randn(*ATTENTION_PROBE_SHAPE)
     calls["attention"] = lambda: F.scaled_dot_product_attention(q, q, q)
     batch, channels, side, kernel = CONV_PROBE_SHAPE
