@@ -30,13 +30,22 @@ def cpu_host_op_probe():
         return host_probes.host_op_seconds_by_pass("cpu")
 
 
+# The session's one real checkpoint probe at the median of 3 rounds, not 7
+# (`checkpoint_probes.ROUNDS`): the specs' readers check only that SAC's per-op figures
+# lie in (0, 1 ms). 2.21 s of thread CPU against 4.71, min of 2 interleaved, every figure
+# within ~15% of the kit's (selective forward 9.7 vs 10.0 us an op; load 0.9, 2026-11-26).
+SESSION_CHECKPOINT_ROUNDS = 3
+
+
 @pytest.fixture(scope="session")
 def cpu_checkpoint_host_probe():
-    """One real `checkpoint_probes.checkpoint_host_seconds("cpu")` (~5-15 s here): both
-    profile-cluster and profile-device write its fields."""
-    from cost_models.checkpoint_probes import checkpoint_host_seconds
+    """One real `checkpoint_probes.checkpoint_host_seconds("cpu")` (SESSION_CHECKPOINT_ROUNDS;
+    ~5-15 s here at the kit's): both profile-cluster and profile-device write its fields."""
+    from cost_models import checkpoint_probes
 
-    return checkpoint_host_seconds("cpu")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(checkpoint_probes, "ROUNDS", SESSION_CHECKPOINT_ROUNDS)
+        return checkpoint_probes.checkpoint_host_seconds("cpu")
 
 
 @pytest.fixture(scope="session")
