@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -21,17 +23,24 @@ def _true_params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())  # parameters() dedups tied weights
 
 
+@functools.lru_cache(maxsize=None)
+def _zoo_graph(spec: str):
+    """`load_layer_graph(spec)` once for the tests that only read it: gpt3-175b's trace is
+    ~2-5 s here and two tests read it."""
+    return load_layer_graph(spec)
+
+
 @pytest.mark.parametrize("spec", TINY_PRESETS + ["gpt3-175b", "llama3-8b"])
 def test_zoo_parameter_counts_are_exact(spec):
     loaded = load_model(spec)
-    graph = load_layer_graph(spec)
+    graph = _zoo_graph(spec)
     assert graph.num_params == _true_params(loaded.module)
     assert sum(layer.params for layer in graph.layers) == graph.num_params
     assert graph.trace_method == "fx"
 
 
 def test_gpt3_175b_parameter_count_matches_megatron():
-    graph = load_layer_graph("gpt3-175b")
+    graph = _zoo_graph("gpt3-175b")
     assert abs(graph.num_params - 174.6e9) / 174.6e9 < 0.005
     assert graph.unique_layers_measured == 4  # embedding, one block (for 96), norm, head
     assert sum(1 for l in graph.layers if l.kind == "Block") == 96

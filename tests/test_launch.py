@@ -178,13 +178,9 @@ def _refuse(*_args, **_kwargs):
     raise AssertionError("a fork-server function was called on a Python said to lack one")
 
 
-@pytest.mark.parametrize("server", [None, types.SimpleNamespace(_forkserver_pid=None)],
-                         ids=["no-instance", "missing-fields"])
-def test_a_python_without_the_fork_server_internals_spawns_with_one_warning(
-        server, tmp_path, monkeypatch, capsys):
-    """multiprocessing.forkserver's `_forkserver` and its `_forkserver_*` fields are CPython
-    3.11 internals: where they are missing, ranks start with plain spawn (children of the
-    caller, no server is started) and stderr says so in one line, once."""
+def _without_server(monkeypatch, server) -> None:
+    """`ir.launch` sees a multiprocessing.forkserver whose `_forkserver` is `server` (None:
+    no instance at all) and whose functions refuse every call."""
     from ir import launch
 
     stand_in = types.SimpleNamespace(ensure_running=_refuse, set_forkserver_preload=_refuse)
@@ -192,10 +188,35 @@ def test_a_python_without_the_fork_server_internals_spawns_with_one_warning(
         stand_in._forkserver = server
     monkeypatch.setattr(launch, "forkserver", stand_in)
     monkeypatch.setattr(launch, "_fallback_said", False)
+
+
+@pytest.mark.parametrize("server", [None, types.SimpleNamespace(_forkserver_pid=None)],
+                         ids=["no-instance", "missing-fields"])
+def test_a_python_without_the_fork_server_internals_falls_back_with_one_warning(
+        server, monkeypatch, capsys):
+    """multiprocessing.forkserver's `_forkserver` and its `_forkserver_*` fields are CPython
+    3.11 internals: where they are missing, ranks start with plain spawn, no server is
+    started, and stderr says so in one line, once, naming the gap."""
+    from ir import launch
+
+    _without_server(monkeypatch, server)
     capsys.readouterr()
     assert launch.start_method() == launch.FALLBACK_START_METHOD
     launch.start_server()  # nothing to start: the stand-in refuses every call
     launch._leave_server()  # a rank's clean-up finds no server to leave
+    assert launch.start_method() == launch.FALLBACK_START_METHOD  # said once, not twice
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("warning: ") and "spawn" in lines[0], lines
+    assert ("_forkserver_alive_fd" in lines[0]) == (server is not None), lines  # names the gap
+
+
+def test_a_python_without_the_fork_server_spawns_ranks_of_the_caller(tmp_path, monkeypatch,
+                                                                       capsys):
+    """Where the internals are missing, `start_ranks` starts the ranks as children of the
+    caller (no server). One variant spawns: what the ranks run does not depend on which
+    internal is missing (both make `start_method` answer "spawn", checked above for each),
+    and a spawned rank imports torch afresh (~5 s of CPU a rank here)."""
+    _without_server(monkeypatch, None)
     context = start_ranks(_parent_report, RANKS, (str(tmp_path),), str(tmp_path))
     while not context.join(timeout=1.0):
         pass
@@ -204,4 +225,3 @@ def test_a_python_without_the_fork_server_internals_spawns_with_one_warning(
     assert parents == {os.getpid()}  # spawned by this process, not forked by a server
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("warning: ") and "spawn" in lines[0], lines
-    assert ("_forkserver_alive_fd" in lines[0]) == (server is not None), lines  # names the gap
