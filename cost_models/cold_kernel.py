@@ -24,7 +24,11 @@ fresh output's growth): a cost per call, not per byte. `cold_kernel_seconds` cha
 once per distinct memory op of a pass (its second call runs warm code) x the share of
 the L2 the pass's own bytes displace: a layer profiled or run again evicts the code of
 its ops only where its traffic fills the L2 (the tiny layers' ops stay warm, and the
-host model prices their cold entry: `host_dispatch`). CPU only.
+host model prices their cold entry: `host_dispatch`); an op the work just before ran
+(a block's ops after the block before's) x the share of the bytes run since, where fewer
+(`recent_code_credit_seconds`: the excess falls off below an L2 since the op's last run,
+and a first cold op re-warms the code the others share, which the host's entry prices
+once: bench/bench_cold_code_between.py). CPU only.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import statistics
 import time
 
 from ir.kernel_calibration import MEMORY_KERNELS, ColdKernelPoint
+
+from cost_models.id_memo import IdMemo
 
 # Bytes of the probe's tensors: small (its data is back in L2 after one call, while its
 # code is the point), a multiple of device_grids.ROW_ELEMENTS rows of fp32.
@@ -108,9 +114,12 @@ def memory_kind_calls(x, y, out) -> dict:
     return kinds_calls
 
 
-def cold_kernel_seconds(records, cluster, config, share: float) -> float:
+def cold_kernel_seconds(records, cluster, config, share: float,
+                        recent: dict[str, float] | None = None) -> float:
     """Seconds a pass of `records` adds for its distinct memory ops' cold code: each op's
-    kind's point x min(1, the pass's bytes / the L2 the point's probe evicted)."""
+    kind's point x min(1, bytes / the L2 the point's probe evicted), at the pass's own
+    bytes, or where the work just before ran the op (`recent`: op -> bytes run since, at
+    the step's shape) at those where fewer (its code was run that recently)."""
     from ir.kernel_records import KernelKind
 
     from cost_models.kernel_time import memory_kind, recorded_bytes  # it imports this module
@@ -120,6 +129,7 @@ def cold_kernel_seconds(records, cluster, config, share: float) -> float:
         return 0.0
     # bytes the pass moves, as kernel_time's roofline counts them
     moved = sum(r.count * recorded_bytes(r, config) * share for r in records)
+    recent = recent or {}
     seconds, seen = 0.0, set()
     for r in records:
         if r.kind is not KernelKind.MEMORY or r.op in seen:
@@ -127,6 +137,46 @@ def cold_kernel_seconds(records, cluster, config, share: float) -> float:
         seen.add(r.op)
         point = cal.cold_kernel(memory_kind(r, cal), config.precision.compute_dtype)
         if point is not None and point.l2_bytes > 0:
-            # LRU: an op's lines leave the L2 once the pass touched the L2's bytes since
-            seconds += point.seconds * min(1.0, moved / point.l2_bytes)
+            # LRU: an op's lines leave the L2 once the L2's bytes were touched since it ran
+            since = min(moved, recent.get(r.op, moved))
+            seconds += point.seconds * min(1.0, since / point.l2_bytes)
     return seconds
+
+
+def recent_code_credit_seconds(layer, cluster, config, share: float) -> tuple[float, float]:
+    """(forward, backward) seconds by which a layer's passes pay less cold code than
+    `kernel_time.pass_seconds` charges them (each op at the pass's own bytes) for the ops
+    the work just before ran (`Layer.recent_ops_fwd` / `recent_ops_bwd`,
+    `ir.op_count.recent_code_bytes`): there at the bytes run since, where fewer (a block
+    after a block: the op's code ran one block's traffic ago, less than the L2 at small
+    micro-batches). The work between that ran other code is the host's cold entry
+    (`host_dispatch.cold_entry_seconds`: a first cold op re-warms the dispatch and loop code
+    the next ones share, so an op's cold point read alone is not charged again for it:
+    bench/bench_cold_code_between.py). (0, 0) without cold points (GPU presets)."""
+    cal = cluster.kernel_calibration
+    if (cal is None or not cal.cold_kernels or layer.kernels is None
+            or not (layer.recent_ops_fwd or layer.recent_ops_bwd)):
+        return 0.0, 0.0
+    return _MEMO.get((id(layer), id(cluster), config.micro_batch, config.graph_micro_batch,
+                      config.graph_dtype, config.precision, share), (layer, cluster),
+                     _credit_seconds, layer, cluster, config, share)
+
+
+# Results per (layer, cluster, step shape, TP share): the search prices a layer many times.
+_MEMO = IdMemo(max_entries=4096)
+
+
+def _credit_seconds(layer, cluster, config, share: float) -> tuple[float, float]:
+    from cost_models.kernel_time import cold_code_records  # it imports this module
+
+    def credit(records, recent) -> float:
+        if not recent:
+            return 0.0
+        kept = cold_code_records(records, cluster)
+        since = {op: (weight * config.dtype_scale + activation * config.activation_scale)
+                 * share for op, weight, activation in recent}
+        return (cold_kernel_seconds(kept, cluster, config, share)
+                - cold_kernel_seconds(kept, cluster, config, share, since))
+
+    return (credit(layer.kernels.forward, layer.recent_ops_fwd),
+            credit(layer.kernels.backward, layer.recent_ops_bwd))

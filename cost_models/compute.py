@@ -62,6 +62,7 @@ from cost_models.host_dispatch import backward_host_seconds, forward_host_second
 from cost_models.kernel_time import layer_kernel_seconds
 from cost_models.model_states import has_dp_unit, held_local_params
 from cost_models.op_cold_code import layer_cold_code_seconds
+from cost_models.cold_kernel import recent_code_credit_seconds
 from cost_models.offload import host_step_seconds
 from cost_models.layer_memo import layout_view
 from cost_models.tp_host import (dtensor_op_seconds, selective_tp_forward_seconds,
@@ -364,7 +365,11 @@ def _analytic_seconds(layer: Layer, cluster: ClusterSpec, config: StepConfig,
         # + the cold ops' kernel code beyond the host's flat figure (cost_models.op_cold_code)
         cold_forward_s, cold_backward_s = layer_cold_code_seconds(layer, cluster,
                                                                    config.batch_scale)
-        return times.forward.total_s + cold_forward_s, times.backward.total_s + cold_backward_s
+        # - what the ops the work just before ran pay less of their cold code (cold_kernel)
+        credit_forward_s, credit_backward_s = recent_code_credit_seconds(layer, cluster,
+                                                                         config, share)
+        return (times.forward.total_s + cold_forward_s - credit_forward_s,
+                times.backward.total_s + cold_backward_s - credit_backward_s)
     dtype = config.precision.compute_dtype
     element = config.precision.compute_bytes
     peak = cluster.peak_flops(dtype)

@@ -169,7 +169,8 @@ def read_points(points, after_ops: int, *fields: str) -> tuple[float, ...]:
 
 def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
     """What of a layer's place its time on `cluster` reads (`Layer.host_position`: its cold
-    ops, each pass only where the kit prices it; profile-device prices both), ()
+    ops, each pass only where the kit prices it; profile-device prices both; the ops the
+    work before ran, `Layer.recent_ops_fwd` / `_bwd`, where it prices cold kernels), ()
     where the cluster prices no cold op (GPU presets, older kits): a search shares one
     priced table among the layers equal in structure and in this."""
     cal = cluster.kernel_calibration
@@ -192,8 +193,13 @@ def host_position_key(layer: Layer, cluster: ClusterSpec) -> tuple:
         backward = (layer.cold_distinct_ops_bwd, layer.cold_inner_ops_bwd,
                     layer.backward_after_ops)
         backward_priced = True
-    return ((forward if forward_priced else None, backward if backward_priced else None)
-            if forward_priced or backward_priced else ())
+    key = ((forward if forward_priced else None, backward if backward_priced else None)
+           if forward_priced or backward_priced else ())
+    # the ops the work just before ran, where the kit prices their cold kernel code
+    # (`cold_kernel.recent_code_credit_seconds`)
+    if cal.cold_kernels and (layer.recent_ops_fwd or layer.recent_ops_bwd):
+        return key, layer.recent_ops_fwd, layer.recent_ops_bwd
+    return key
 
 
 @per_layer

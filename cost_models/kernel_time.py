@@ -383,11 +383,17 @@ def pass_seconds(records: tuple[KernelRecord, ...], cluster: ClusterSpec, config
                   + fresh_output_seconds(r, cluster.kernel_calibration, config, share, backward))
         sums[r.kind] += r.count * call_s
         launch += r.count * max(0.0, floor - call_s)
-    drawn = DRAW_ONLY_OPS if cluster.random_element_s > 0 else ()  # priced apart, as above
     sums[KernelKind.MEMORY] += cold_kernel_seconds(  # each distinct op's code, out of L2
-        [r for r in records if r.op.split("::")[-1] not in drawn], cluster, config, share)
+        cold_code_records(records, cluster), cluster, config, share)
     return KernelSeconds(sums[KernelKind.GEMM], sums[KernelKind.ATTENTION],
                          sums[KernelKind.MEMORY], launch, kernels, ops, sums[KernelKind.CONV])
+
+
+def cold_code_records(records, cluster: ClusterSpec) -> list[KernelRecord]:
+    """The records whose cold code `pass_seconds` prices: all but pure draws where the spec
+    prices them apart (`compute.random_draw_seconds`)."""
+    drawn = DRAW_ONLY_OPS if cluster.random_element_s > 0 else ()
+    return [r for r in records if r.op.split("::")[-1] not in drawn]
 
 
 # Results per (records, cluster, step shape, TP share): the search prices the same layer

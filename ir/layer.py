@@ -274,6 +274,12 @@ class Layer:
     # (the last layer: the layers before's, their forwards twice, `op_count.step_between`):
     # its cold backward ops are priced by them (`host_dispatch.backward_host_seconds`).
     backward_after_ops: int = 0
+    # Per pass, its distinct memory ops that the work just before it ran too, each with the
+    # bytes run since, (op, weight bytes, activation bytes) at the traced micro-batch
+    # (`ir.op_count.recent_code_bytes`): their cold kernel code is read at these bytes
+    # where fewer than the pass's own (`cost_models.cold_kernel`).
+    recent_ops_fwd: tuple[tuple[str, int, int], ...] = ()
+    recent_ops_bwd: tuple[tuple[str, int, int], ...] = ()
 
     def __getattr__(self, name: str):
         # Reached only when no field matches: a measured figure reads as the layer's own.
@@ -293,7 +299,8 @@ class Layer:
                                    cold_distinct_ops_fwd=0, cold_distinct_ops_bwd=0,
                                    cold_inner_ops_bwd=0, forward_after_backward=False,
                                    after_ops=0, same_code_before=False,
-                                   after_bytes=0, backward_after_ops=0)
+                                   after_bytes=0, backward_after_ops=0,
+                                   recent_ops_fwd=(), recent_ops_bwd=())
 
     @property
     def param_tensors(self) -> int:

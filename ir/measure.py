@@ -26,7 +26,8 @@ from ir.layer import Layer, LayerGraph, LayerMeasurement, TPStyle
 from ir.layers import _is_block_stack
 from ir.legality import sequence_parallel_problem, takes_one_positional_input
 from ir.composite_ops import cold_ops_bwd, cold_ops_fwd
-from ir.op_count import recent_backward_ops, recent_forward_ops, step_between, step_evicts
+from ir.op_count import (recent_backward_ops, recent_code_bytes, recent_forward_ops,
+                         step_between, step_evicts)
 from ir.ownership import names_in_layers
 from ir.plan import layer_digest
 from ir.saved_tensors import tensor_leaves, value_nbytes
@@ -123,7 +124,8 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
     windows = [recent_backward_ops(after_ops[i + 1:]) for i in range(len(layers))]
     layers = [dataclasses.replace(layer, **cold_ops_bwd(layer.measured, ran))
               for layer, ran in zip(layers, windows)]
-    layers = [dataclasses.replace(layer, **step_between(layers, i))
+    layers = [dataclasses.replace(layer, **step_between(layers, i),
+                                  **recent_code_bytes(layers, i))
               for i, layer in enumerate(layers)]
     if layers:  # the first forward follows the step before's backward
         layers[0] = dataclasses.replace(layers[0], forward_after_backward=True)

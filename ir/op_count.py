@@ -18,6 +18,7 @@ from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ir.kernel_recorder import KernelRecorder
+from ir.kernel_records import KernelKind
 from ir.saved_tensors import tensor_leaves
 
 # ATen ops that draw random numbers (dropout masks): a CPU thread spends ~10x longer per
@@ -163,6 +164,56 @@ def step_between(layers: list, index: int) -> dict:
             "same_code_before": same,
             "backward_after_ops": again + sum(layer.ops_fwd + layer.ops_bwd
                                               for layer in window)}
+
+
+def recent_code_bytes(layers: list, index: int) -> dict:
+    """`Layer.recent_ops_fwd` / `recent_ops_bwd` of `layers[index]`: for each distinct
+    memory op of its pass that the work a step (and `planner profile`,
+    `cost_models.layer_profile.StepNeighbours`) runs just before that pass ran too, the
+    kernel bytes run since its last run there, as (op, weight bytes, activation bytes) at
+    the traced micro-batch: the records after its last there (first-occurrence order,
+    x count) and the pass's own before its first. The work before a forward: the layers
+    before's forwards (`recent_window_layers`, as `recent_forward_ops`); before a
+    backward: its own forward, then its backward window's forwards and backwards
+    (`step_between`'s window; the last layer's: its forward alone). Its cold kernel code
+    is read at these bytes (`cost_models.cold_kernel.recent_code_credit_seconds`)."""
+    layer = layers[index]
+    previous = [layers[j].measured.forward_overloads for j in range(index - 1, -1, -1)]
+    befores = layers[index - recent_window_layers(previous):index]
+    later = [layers[j].measured.backward_overloads for j in range(index + 1, len(layers))]
+    window = layers[index + 1:index + 1 + recent_window_layers(later)]
+
+    def records(ran, backward: bool) -> list:
+        return [] if ran.kernels is None else list(
+            ran.kernels.backward if backward else ran.kernels.forward)
+
+    forward_work = [records(b, False) for b in befores]
+    backward_work = ([records(layer, False)] + [records(w, False) for w in window]
+                     + [records(w, True) for w in reversed(window)])
+    return {"recent_ops_fwd": _bytes_since(records(layer, False), forward_work),
+            "recent_ops_bwd": _bytes_since(records(layer, True), backward_work)}
+
+
+def _bytes_since(own: list, work: list[list]) -> tuple[tuple[str, int, int], ...]:
+    """(op, weight bytes, activation bytes) since each distinct memory op of `own` last ran
+    in `work` (passes in run order, each its records): ops it never ran are left out."""
+    out = []
+    for first, r in enumerate(own):
+        if r.kind is not KernelKind.MEMORY or any(o.op == r.op for o in own[:first]):
+            continue
+        weight = sum(o.weight_bytes * o.count for o in own[:first])
+        activation = sum(o.activation_bytes * o.count for o in own[:first])
+        for records in reversed(work):
+            last = max((i for i, o in enumerate(records) if o.op == r.op), default=None)
+            if last is not None:
+                out.append((r.op, weight + sum(o.weight_bytes * o.count
+                                               for o in records[last + 1:]),
+                            activation + sum(o.activation_bytes * o.count
+                                             for o in records[last + 1:])))
+                break
+            weight += sum(o.weight_bytes * o.count for o in records)
+            activation += sum(o.activation_bytes * o.count for o in records)
+    return tuple(out)
 
 
 def kernel_bytes(layer) -> int:

@@ -1,0 +1,114 @@
+"""Cold kernel code read at the work between (`ir.op_count.recent_code_bytes`,
+`cost_models.cold_kernel`): an op the work just before a pass ran (the layers before's
+forwards; for a backward, its own forward and its backward window's passes) is charged by
+the bytes run since then where they are fewer than the pass's own; other ops as before."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from ir.kernel_calibration import ColdKernelPoint
+from ir.kernel_records import KernelKind, KernelRecord
+from ir.op_count import recent_code_bytes
+
+from cost_models.cold_kernel import cold_kernel_seconds, recent_code_credit_seconds
+from cost_models.compute import layer_compute
+from cost_models.host_dispatch import host_position_key
+from ir.strategy import LayerStrategy
+from tests.test_cold_entry import NormHead, _measured
+from tests.test_kernel_sequence import BASE, config, spec
+
+
+def mem(op: str, activation: int, weight: int = 0, count: int = 1) -> KernelRecord:
+    return KernelRecord(f"aten::{op}", KernelKind.MEMORY, "float32", (8,), count,
+                        weight_bytes=weight, activation_bytes=activation)
+
+
+MM = KernelRecord("aten::mm", KernelKind.GEMM, "float32", (1, 8, 8, 8), 1,
+                  weight_bytes=300, activation_bytes=400)
+MM_BWD = dataclasses.replace(MM, weight_bytes=10, activation_bytes=20)
+
+
+def layer(forward, backward):
+    return SimpleNamespace(kernels=SimpleNamespace(forward=tuple(forward),
+                                                   backward=tuple(backward)),
+                           measured=SimpleNamespace(forward_overloads=frozenset({"f"}),
+                                                    backward_overloads=frozenset({"b"})))
+
+
+# layer 0: add, gelu forward; gelu_backward, add backward. layer 1 (the last): mm, gelu,
+# mul forward; mm, mul, add (twice), sum backward.
+LAYERS = [layer([mem("add", 1000), mem("gelu", 2000)], [mem("gelu_backward", 600),
+                                                        mem("add", 70)]),
+          layer([MM, mem("gelu", 500), mem("mul", 50)],
+                [MM_BWD, mem("mul", 6), mem("add", 8, count=2), mem("sum", 5)])]
+
+
+def test_the_bytes_since_each_op_last_ran_in_the_work_between():
+    """By hand (bytes per call x count; (op, weight bytes, activation bytes)):
+    - layer 0's forward follows nothing: none.
+    - layer 1's forward follows layer 0's: gelu ran last there, nothing after it; before
+      gelu here, mm (300 weight, 400 activation). mul never ran: absent; mm is no memory op.
+    - layer 0's backward follows its forward, layer 1's forward and layer 1's backward (its
+      window): add ran in layer 1's backward, sum (5) after it; gelu_backward before it
+      here (600). gelu_backward ran nowhere: absent.
+    - layer 1's backward (the last layer's) follows its own forward alone: mul ran last
+      there (nothing after); mm's (10, 20) before it here. add and sum ran nowhere."""
+    assert recent_code_bytes(LAYERS, 0) == {"recent_ops_fwd": (),
+                                            "recent_ops_bwd": (("aten::add", 0, 605),)}
+    assert recent_code_bytes(LAYERS, 1) == {"recent_ops_fwd": (("aten::gelu", 300, 400),),
+                                            "recent_ops_bwd": (("aten::mul", 10, 20),)}
+
+
+L2 = 1000  # bytes the made-up points' probe evicted
+COLD = (ColdKernelPoint("gelu", "float32", 20e-6, L2),
+        ColdKernelPoint("add", "float32", 4e-6, L2))
+PASS = (mem("gelu", 3000), mem("add", 500))  # 3500 bytes: past the L2, both ops in full
+
+
+def test_an_op_run_just_before_pays_for_the_bytes_since_not_the_pass_own():
+    """gelu ran 250 bytes ago: a quarter of its point; add, not run before, in full; an op
+    run longer ago than the pass's own bytes pays for the pass's own (in full here)."""
+    cluster = spec(dataclasses.replace(BASE, cold_kernels=COLD))
+    own = cold_kernel_seconds(PASS, cluster, config(), 1.0)
+    assert own == pytest.approx(24e-6)
+    assert cold_kernel_seconds(PASS, cluster, config(), 1.0, {"aten::gelu": 250}) == \
+        pytest.approx(20e-6 * 0.25 + 4e-6)
+    assert cold_kernel_seconds(PASS, cluster, config(), 1.0, {"aten::gelu": 9000}) == \
+        pytest.approx(own)
+
+
+def test_a_traced_block_after_a_block_pays_less_cold_code_than_the_first():
+    """NormHead's blocks.1 follows blocks.0, which ran its ops: its forward is priced its
+    credit (`recent_code_credit_seconds`, > 0) below the same layer with no work before
+    recorded (`position_free`); a kit without cold points credits nothing."""
+    graph, _ = _measured(NormHead())
+    block = graph.layers[1]
+    assert block.recent_ops_fwd and all(op.startswith("aten::") for op, _, _ in
+                                        block.recent_ops_fwd)
+    assert block.position_free().recent_ops_fwd == ()
+    l2 = max(sum(r.total_bytes for r in block.kernels.forward), 1)  # own bytes fill it
+    cluster = spec(dataclasses.replace(BASE, cold_kernels=tuple(
+        ColdKernelPoint(kind, "float32", 10e-6, l2) for kind in ("add", "gelu", "copy",
+                                                                  "sum", "layer_norm"))))
+    credit_fwd, _ = recent_code_credit_seconds(block, cluster, config(), 1.0)
+    assert credit_fwd > 0
+    free = dataclasses.replace(block, recent_ops_fwd=(), recent_ops_bwd=())
+    priced, unplaced = (layer_compute(x, LayerStrategy(), cluster, config())
+                        for x in (block, free))
+    assert unplaced.forward_s - priced.forward_s == pytest.approx(credit_fwd)
+    assert recent_code_credit_seconds(block, spec(BASE), config(), 1.0) == (0.0, 0.0)
+
+
+def test_the_search_prices_apart_layers_whose_work_before_differs():
+    """`host_position_key` tells a block with recent ops from the same block without them
+    where the kit prices cold code (the search shares one table per key), not where not."""
+    graph, _ = _measured(NormHead())
+    block = graph.layers[1]
+    free = dataclasses.replace(block, recent_ops_fwd=(), recent_ops_bwd=())
+    cold = spec(dataclasses.replace(BASE, cold_kernels=COLD))
+    assert host_position_key(block, cold) != host_position_key(free, cold)
+    assert host_position_key(block, spec(BASE)) == host_position_key(free, spec(BASE))
