@@ -343,9 +343,9 @@ class StageAnalysis:
     """Per input shape: every layer's output structure, and every stage checked under
     fake tensors (see the module docstring). The same verdict on every rank.
 
-    A stage's check reads only its layer range, so one analysis serves the checks of
-    several plans of the same model and graph (`check_plan(..., analysis=)`): a range
-    that passed for an input shape is not run again; a failing one runs every time."""
+    A stage's check reads only its layer range and the layers' names: one analysis serves
+    several plans of one model, graphs of any dtype too (`check_plan(analysis=)`);
+    a range that passed for an input shape is not run again, a failing one always is."""
 
     def __init__(self, model: nn.Module, graph: LayerGraph, plan: ParallelPlan | None = None):
         self.source, self.graph, self.plan = model, graph, plan
@@ -384,12 +384,10 @@ class StageAnalysis:
             self._done[key] = self._record(fake_inputs)
         for s, stage in enumerate(plan.stages):
             cut = (key, stage.first_layer, stage.last_layer)
-            if cut in self._passed:
-                continue
-            if fake_inputs is None:
-                fake_inputs = {k: self._fake(v) for k, v in inputs.items()}
-            self._check_stage(plan, s, fake_inputs, self._done[key])
-            self._passed.add(cut)
+            if cut not in self._passed:
+                fake_inputs = fake_inputs or {k: self._fake(v) for k, v in inputs.items()}
+                self._check_stage(plan, s, fake_inputs, self._done[key])
+                self._passed.add(cut)
         return self._done[key]
 
     def _record(self, inputs: dict) -> dict[str, OutputStructure]:

@@ -66,10 +66,12 @@ def check_plan(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, world_si
                example_inputs: dict | None = None,
                analysis: StageAnalysis | None = None) -> ParallelDims:
     """Reject what cannot run; return the run's degrees. `analysis`: a `StageAnalysis` of
-    `model` and `graph` that the checks of several plans share, so that a pipeline stage
-    (layer range) several plans cut alike runs under fake tensors once."""
-    if analysis is not None and (analysis.source is not model or analysis.graph is not graph):
-        raise ValueError("check_plan: the StageAnalysis given is of another model or graph")
+    `model` (and `graph`'s layers) that the checks of several plans share, so that a
+    pipeline stage (layer range) several plans cut alike runs under fake tensors once."""
+    names = [layer.name for layer in graph.layers]  # all a StageAnalysis reads of a graph
+    if analysis is not None and (analysis.source is not model
+                                 or names != [layer.name for layer in analysis.graph.layers]):
+        raise ValueError("check_plan: the StageAnalysis given is of another model or layers")
     if len(plan.layer_strategies) != len(graph.layers):
         raise PlannerError(f"the plan has {len(plan.layer_strategies)} layer strategies but "
                            f"{graph.model} has {len(graph.layers)} layers: plan for this model")
