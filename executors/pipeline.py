@@ -341,10 +341,14 @@ def _one_line(exc: BaseException) -> str:
 
 class StageAnalysis:
     """Per input shape: every layer's output structure, and every stage checked under
-    fake tensors (see the module docstring). The same verdict on every rank."""
+    fake tensors (see the module docstring). The same verdict on every rank.
 
-    def __init__(self, model: nn.Module, graph: LayerGraph, plan: ParallelPlan):
-        self.graph, self.plan = graph, plan
+    A stage's check reads only its layer range and the layers' names: one analysis serves
+    several plans of one model, graphs of any dtype too (`check_plan(analysis=)`);
+    a range that passed for an input shape is not run again, a failing one always is."""
+
+    def __init__(self, model: nn.Module, graph: LayerGraph, plan: ParallelPlan | None = None):
+        self.source, self.graph, self.plan = model, graph, plan
         self.mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.model_name = type(model).__name__
         memo: dict[int, Any] = {}
@@ -358,7 +362,8 @@ class StageAnalysis:
             memo[id(t)] = nn.Parameter(fake, t.requires_grad) if is_param else fake
         self._tensors = dict(memo)
         self.model = copy.deepcopy(model, memo)  # fake parameters: no data copied
-        self._done: dict[tuple, dict[str, OutputStructure]] = {}
+        self._done: dict[tuple, dict[str, OutputStructure]] = {}  # input signature -> records
+        self._passed: set[tuple] = set()  # (input signature, first layer, last layer)
 
     def _fake(self, value):
         if not isinstance(value, torch.Tensor):
@@ -368,16 +373,21 @@ class StageAnalysis:
         with self.mode:
             return torch.empty(value.shape, dtype=dtype, device=value.device)
 
-    def prepare(self, inputs: dict) -> dict[str, OutputStructure]:
+    def prepare(self, inputs: dict, plan: ParallelPlan | None = None) -> dict[str, OutputStructure]:
         """Output structures for one micro-batch of `inputs`; rejects (PlannerError) a
-        model or plan the stage modules cannot run."""
+        model or plan (default: the analysis's own) the stage modules cannot run."""
+        plan = plan or self.plan
         key = _signature(inputs)
+        fake_inputs = None
         if key not in self._done:
             fake_inputs = {k: self._fake(v) for k, v in inputs.items()}
-            structures = self._record(fake_inputs)
-            for s in range(len(self.plan.stages)):
-                self._check_stage(s, fake_inputs, structures)
-            self._done[key] = structures
+            self._done[key] = self._record(fake_inputs)
+        for s, stage in enumerate(plan.stages):
+            cut = (key, stage.first_layer, stage.last_layer)
+            if cut not in self._passed:
+                fake_inputs = fake_inputs or {k: self._fake(v) for k, v in inputs.items()}
+                self._check_stage(plan, s, fake_inputs, self._done[key])
+                self._passed.add(cut)
         return self._done[key]
 
     def _record(self, inputs: dict) -> dict[str, OutputStructure]:
@@ -408,10 +418,10 @@ class StageAnalysis:
                                    "exactly once; use pp=1 for this model")
         return {name: calls[0] for name, calls in seen.items()}
 
-    def _check_stage(self, s: int, inputs: dict, structures: dict) -> None:
+    def _check_stage(self, plan: ParallelPlan, s: int, inputs: dict, structures: dict) -> None:
         shared = {id(t): t for t in self._tensors.values()}
         model = copy.deepcopy(self.model, shared)  # new modules, the same fake tensors
-        module = build_stage_module(model, self.graph, self.plan, s, make_copy=False,
+        module = build_stage_module(model, self.graph, plan, s, make_copy=False,
                                     analysis=None)
         finish_stage_module(module)
         ctx: _StageContext = module._pipeline_context

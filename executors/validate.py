@@ -63,8 +63,15 @@ def _module(model: nn.Module, name: str) -> nn.Module:
 
 
 def check_plan(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, world_size: int,
-               example_inputs: dict | None = None) -> ParallelDims:
-    """Reject what cannot run; return the run's degrees."""
+               example_inputs: dict | None = None,
+               analysis: StageAnalysis | None = None) -> ParallelDims:
+    """Reject what cannot run; return the run's degrees. `analysis`: a `StageAnalysis` of
+    `model` (and `graph`'s layers) that the checks of several plans share, so that a
+    pipeline stage (layer range) several plans cut alike runs under fake tensors once."""
+    names = [layer.name for layer in graph.layers]  # all a StageAnalysis reads of a graph
+    if analysis is not None and (analysis.source is not model
+                                 or names != [layer.name for layer in analysis.graph.layers]):
+        raise ValueError("check_plan: the StageAnalysis given is of another model or layers")
     if len(plan.layer_strategies) != len(graph.layers):
         raise PlannerError(f"the plan has {len(plan.layer_strategies)} layer strategies but "
                            f"{graph.model} has {len(graph.layers)} layers: plan for this model")
@@ -97,12 +104,12 @@ def check_plan(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, world_si
     if problem:
         raise PlannerError(problem)
     if plan.pp > 1:
-        _check_pipeline(model, plan, graph, example_inputs)
+        _check_pipeline(model, plan, graph, example_inputs, analysis)
     return dims
 
 
 def _check_pipeline(model: nn.Module, plan: ParallelPlan, graph: LayerGraph,
-                    example_inputs: dict | None) -> None:
+                    example_inputs: dict | None, analysis: StageAnalysis | None) -> None:
     problem = cut_problem(graph, plan) or schedule_problem(plan)
     if problem:
         raise PlannerError(problem)
@@ -115,4 +122,4 @@ def _check_pipeline(model: nn.Module, plan: ParallelPlan, graph: LayerGraph,
                                f"first layers lay the batch out differently "
                                f"({', '.join(map(str, layouts))}); give them the same tp")
     if example_inputs is not None:
-        StageAnalysis(model, graph, plan).prepare(example_inputs)
+        (analysis or StageAnalysis(model, graph)).prepare(example_inputs, plan)

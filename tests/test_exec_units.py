@@ -297,6 +297,35 @@ def test_stages_that_cannot_run_are_rejected_before_any_step(make, match):
         check_plan(model, p, graph, 2, inputs)
 
 
+def test_plans_sharing_an_analysis_run_each_passing_stage_once(monkeypatch):
+    """`check_plan(..., analysis=)`: a layer range that passed is not run again for the
+    next plan; one that failed fails again, and a new range is always run."""
+    runs = []
+    original = StageAnalysis._check_stage
+    monkeypatch.setattr(StageAnalysis, "_check_stage", lambda self, plan, s, *a: (
+        runs.append((plan.stages[s].first_layer, plan.stages[s].last_layer)),
+        original(self, plan, s, *a)))
+    model, inputs = _AuxFirst(), {"ids": torch.zeros(2, 3, dtype=torch.long)}
+    graph = build_layer_graph(model, inputs, name="aux_first")
+    analysis = StageAnalysis(model, graph)
+    good, bad = (uniform_plan(4, pp=2, global_batch=2, precision=Precision.FP32,
+                              stage_boundaries=(b,)) for b in (1, 2))
+    bf16 = build_layer_graph(model, inputs, name="aux_first", dtype=torch.bfloat16)
+    for g in (graph, bf16):  # the same layers in another dtype: served by the same analysis
+        check_plan(model, good, g, 2, inputs, analysis)
+    assert runs == [(0, 0), (1, 3)]
+    for _ in range(2):
+        with pytest.raises(PlannerError, match=r"pipeline stage 1 \(layers blocks\.1\.\.head"):
+            check_plan(model, bad, graph, 2, inputs, analysis)
+    assert runs[2:] == [(0, 1), (2, 3), (2, 3)]
+    with pytest.raises(ValueError, match="another model or layers"):
+        check_plan(_AuxFirst(), good, graph, 2, inputs, analysis)
+    twice = build_layer_graph(_Twice(), inputs, name="twice")  # 3 layers, other names
+    with pytest.raises(ValueError, match="another model or layers"):
+        check_plan(model, uniform_plan(3, pp=2, global_batch=2, precision=Precision.FP32),
+                   twice, 2, inputs, analysis)
+
+
 def test_untie_gives_the_head_its_own_copy():
     model, graph = model_of(GPT), graph_of(GPT)
     groups = find_tie_groups(model, graph)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from cost_models.clusters import get_cluster
+from executors.pipeline import StageAnalysis
 from executors.validate import check_plan
 from ir.errors import PlannerError
 from ir.legality import layout_change_problem, linked_runs, pipeline_problem
@@ -51,6 +52,9 @@ def test_top_plans_pass_the_executor_check(spec):
     # running every stage under fake tensors (`executors.pipeline.StageAnalysis`)
     loaded = load_model(spec, micro_batch=1, device="cpu", seed=0)
     model, inputs = loaded.module, loaded.inputs
+    # one for every graph (they name the same layers): a stage several plans cut alike
+    # runs once (`check_plan`)
+    analysis = StageAnalysis(model, _graph(spec, torch.float32))
     rejected = []
     for preset, nodes, per_node, global_batch in CLUSTERS:
         cluster = _cluster(preset, nodes, per_node)
@@ -61,7 +65,7 @@ def test_top_plans_pass_the_executor_check(spec):
         assert result.candidates, f"{spec} on {cluster.name}: no plan"
         for cand in result.candidates[:TOP_K]:
             try:
-                check_plan(model, cand.plan, graph, cluster.world_size, inputs)
+                check_plan(model, cand.plan, graph, cluster.world_size, inputs, analysis)
             except PlannerError as exc:
                 rejected.append(f"{cluster.name} x{cluster.world_size} {cand.plan}: {exc}")
     assert not rejected, "plans the executor rejects:\n" + "\n".join(rejected)
