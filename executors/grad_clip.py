@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 
 import torch
@@ -72,20 +73,34 @@ def clip_grad_norm(params: Iterable[nn.Parameter], copies: Callable[[nn.Paramete
     """Scale this rank's gradients as single-device clip_grad_norm_(max_norm) would;
     returns (total norm, coefficient), the same on every rank. `copies(p)`: ranks holding
     each element of p's gradient; `held`: ids of parameters whose gradients are read
-    times `held_multiplier` and left unscaled (the caller applies the coefficient)."""
-    grads = [(p, local_tensor(p.grad)) for p in params if p.grad is not None]
+    times `held_multiplier` and left unscaled (the caller applies the coefficient).
+
+    As torch's own (foreach) clip_grad_norm_: one `_foreach_norm` per (device, dtype)
+    group reads every gradient once, in fp32 (a loss-scaled fp16 norm would overflow),
+    and one `_foreach_mul_` per group scales them; the norm is read to the host once."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+    weights: dict[tuple[torch.device, torch.dtype], list[float]] = defaultdict(list)
+    scaled: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+    for p in params:
+        if p.grad is None:  # frozen, or unused this step
+            continue
+        g = local_tensor(p.grad)
+        key = (g.device, g.dtype)
+        groups[key].append(g)
+        # each element's share: 1 / copies of it in the world; held ones still multiplied
+        weights[key].append((held_multiplier ** 2 if id(p) in held else 1.0) / copies(p))
+        if id(p) not in held:
+            scaled[key].append(g)
     squares = torch.zeros((), dtype=torch.float32, device=device)
-    for p, g in grads:  # read once: |g|² in fp32, each element's share 1 / copies
-        norm = torch.linalg.vector_norm(g, 2, dtype=torch.float32).to(device)
-        if id(p) in held:
-            norm = norm * held_multiplier
-        squares += norm.square() / copies(p)
+    for key, grads in groups.items():
+        norms = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).to(device)
+        share = torch.tensor(weights[key], dtype=torch.float32).to(device)
+        squares += (norms.square() * share).sum()
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(squares)  # one scalar, SUM over the whole world
     total_norm = float(squares.sqrt())
     coefficient = min(max_norm / (total_norm + NORM_EPSILON), 1.0)
-    with torch.no_grad():
-        for p, g in grads:  # written once (torch multiplies by the clamped coefficient too)
-            if id(p) not in held:
-                g.mul_(coefficient)
+    with torch.no_grad():  # torch multiplies by the clamped coefficient, 1 included
+        for grads in scaled.values():
+            torch._foreach_mul_(grads, coefficient)
     return total_norm, coefficient

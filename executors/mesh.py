@@ -143,12 +143,14 @@ class ParallelDims:
         return self.stage_devices // tp
 
     def stage_copies(self, t: torch.Tensor) -> int:
-        """How many ranks hold each element of `t`, a parameter (or its reduced gradient)
+        """How many ranks hold each element of `t`, a reduced gradient (or a parameter)
         of this rank's pipeline stage: every layer of a stage spans all its
         `stage_devices` ranks, and a DTensor's Shard placements cut it into distinct
         pieces, each held by the rest (Replicate mesh axes, and the stage's ranks outside
         a smaller mesh: a layer's data-parallel replicas, or its TP group around a
-        dp-only unit). The one count `executors.grad_clip` divides by."""
+        dp-only unit). Ask with the gradient: its placements may differ from the
+        parameter's (a vocab-split embedding's Shard(0) weight gets a Replicate
+        gradient). The one count `executors.grad_clip` divides by."""
         if not isinstance(t, DTensor):
             return self.stage_devices
         pieces = math.prod(t.device_mesh.size(axis) for axis, placement
