@@ -210,6 +210,9 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
             try:
                 opts = _search_options(options, optimizer, optimizer_kwargs, spec.device,
                                        precision)
+                # priced with the clip the executor will run (`cost_models.compute`)
+                opts = dataclasses.replace(
+                    opts, clip_grad_norm=opts.clip_grad_norm or max_grad_norm is not None)
                 tables = recommendation_tables(model, inputs, graph)
                 if tables:  # tables model parallel, the rest data parallel
                     hybrid = plan_hybrid(graph, tables, spec, global_batch, opts, model, inputs,

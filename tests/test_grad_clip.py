@@ -190,3 +190,46 @@ def test_apply_refuses_clipping_with_sharded_tables_in_one_line():
         apply(model, plan, graph_of(GPT), loss_fn=loss_fn, max_grad_norm=1.0)
     assert "\n" not in str(error.value)
     assert str(error.value).startswith("max_grad_norm with sharded embedding table tables.0")
+
+
+def test_clipping_prices_a_read_for_the_norm_and_a_read_and_write_for_the_scale():
+    """plan.clip_grad_norm adds the clip's gradient traffic to the layer's optimizer step
+    (`cost_models.compute`): fp32 gradients 3 x 4 bytes per local element, ZeRO-1's
+    16-bit replicated gradient 2 bytes (read for the norm only); nothing when not asked."""
+    import dataclasses
+
+    from cost_models.clusters import get_cluster
+    from cost_models.common import StepConfig
+    from cost_models.compute import optimizer_step_seconds
+    from ir.strategy import DPMode, LayerStrategy
+    from planner.models import load_layer_graph
+
+    gpu = get_cluster("h100-80g")
+    block = load_layer_graph("gpt-tiny", 1, None).layers[1]
+    big = dataclasses.replace(block, params=block.params * 10**6)  # the stream dominates
+    plain = StepConfig(micro_batch=1, graph_micro_batch=1, graph_dtype="float32",
+                       precision=Precision.BF16_MIXED)
+    clipped = dataclasses.replace(plain, clip_grad_norm=True)
+    bytes_per_s = gpu.hbm_gbps * 1e9
+    for strategy, nbytes in ((LayerStrategy(dp=8, dp_mode=DPMode.ZERO3), big.params / 8 * 12),
+                             (LayerStrategy(dp=8, dp_mode=DPMode.ZERO1), big.params * 2),
+                             (LayerStrategy(), big.params * 12)):
+        extra = (optimizer_step_seconds(big, strategy, gpu, clipped)
+                 - optimizer_step_seconds(big, strategy, gpu, plain))
+        assert extra == pytest.approx(nbytes / bytes_per_s), strategy
+
+
+def test_plan_records_clipping_and_its_prices_follow():
+    import dataclasses
+
+    from cost_models.common import StepConfig
+    from ir.plan import PlanDocument, plan_from_dict, plan_to_dict
+
+    plan = dataclasses.replace(plan_of("zero3"), clip_grad_norm=True)
+    names = tuple(layer.name for layer in graph_of(GPT).layers)
+    data = plan_to_dict(PlanDocument(plan, "gpt", "abc123", names, {"name": "local"}))
+    assert data["clip_grad_norm"] is True
+    assert plan_from_dict(data).plan == plan
+    assert "clip_grad_norm" not in plan_to_dict(PlanDocument(plan_of("zero3"), "gpt", "abc123",
+                                                             names, {"name": "local"}))
+    assert StepConfig.from_plan(graph_of(GPT), plan).clip_grad_norm
