@@ -233,3 +233,38 @@ def test_plan_records_clipping_and_its_prices_follow():
     assert "clip_grad_norm" not in plan_to_dict(PlanDocument(plan_of("zero3"), "gpt", "abc123",
                                                              names, {"name": "local"}))
     assert StepConfig.from_plan(graph_of(GPT), plan).clip_grad_norm
+
+
+def test_estimate_prices_the_clip_when_asked(capsys):
+    """`planner estimate --clip-grad-norm`: the same plan, its optimizer step longer by
+    the clip's gradient passes; refused beside --plan, which fixes it."""
+    import json
+
+    from planner.cli import main
+
+    argv = ["estimate", "gpt-tiny", "--cluster", "h100-80g", "--dp", "8", "--zero", "3",
+            "--json"]
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)["time"]["optimizer"]
+    assert main(argv + ["--clip-grad-norm"]) == 0
+    clipped = json.loads(capsys.readouterr().out)["time"]["optimizer"]
+    assert clipped > plain
+    assert main(["estimate", "--plan", "x.json", "--clip-grad-norm"]) == 2
+    assert "--clip-grad-norm cannot be combined with --plan" in capsys.readouterr().err
+
+
+def test_search_with_clipping_plans_a_clipping_step():
+    """SearchOptions.clip_grad_norm (`planner plan --clip-grad-norm`, auto_parallel's
+    max_grad_norm) prices the clip in the search and records it in the plan it makes."""
+    from cost_models.clusters import get_cluster
+    from planner.models import load_layer_graph
+    from planner.search import search
+    from planner.search_space import SearchOptions
+
+    graph = load_layer_graph("gpt-tiny")
+    pins = dict(uniform=True, dp=8, zero=3, tp=1, pp=1, no_checkpoint=True, micro_batch=1)
+    results = [search(graph, get_cluster("h100-80g"), 8, SearchOptions(clip_grad_norm=c, **pins))
+               for c in (False, True)]
+    plain, clipped = (r.best for r in results)
+    assert not plain.plan.clip_grad_norm and clipped.plan.clip_grad_norm
+    assert clipped.estimate.time.optimizer > plain.estimate.time.optimizer
