@@ -268,3 +268,12 @@ def test_search_with_clipping_plans_a_clipping_step():
     plain, clipped = (r.best for r in results)
     assert not plain.plan.clip_grad_norm and clipped.plan.clip_grad_norm
     assert clipped.estimate.time.optimizer > plain.estimate.time.optimizer
+
+
+def test_plan_file_with_a_bad_clip_grad_norm_is_refused_naming_the_key():
+    from ir.plan import PlanDocument, plan_from_dict, plan_to_dict
+
+    names = tuple(layer.name for layer in graph_of(GPT).layers)
+    data = plan_to_dict(PlanDocument(plan_of("zero3"), "gpt", "abc123", names, {"name": "local"}))
+    with pytest.raises(PlannerError, match=r"clip_grad_norm: expected .*'yes'"):
+        plan_from_dict({**data, "clip_grad_norm": "yes"}, "plan.json")
