@@ -8,9 +8,9 @@ DeepSpeed's `gradient_clipping`).
 
 After the step's reductions (data-parallel all-reduce / reduce-scatter, TP partial sums,
 tied sums) each rank holds local gradient tensors, and every element of the model's
-gradient sits, with the same value, on some number of ranks: `gradient_copies` —
-`executors.mesh.stage_copies` (the ranks of its pipeline stage holding that piece of
-the parameter) times `TiedGradients.copies` (tied layers each hold the summed
+gradient sits, with the same value, on `copies` ranks: `ParallelDims.stage_copies`
+(`executors.mesh`: the ranks of its pipeline stage holding that piece of the gradient)
+times `TiedGradients.copies` (`executors.tied`: tied layers each hold the summed
 gradient). Each rank adds sum(g²) / copies over its local tensors, and ONE all-reduce
 (SUM of that scalar over the default group) gives every rank the same total: each
 element counted exactly once across the world.
