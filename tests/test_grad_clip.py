@@ -3,12 +3,15 @@ shards (`executors.grad_clip`).
 
 The multi-rank entries run in test_exec_plans' 2-rank process group (`GROUP_ENTRIES`:
 no group of their own). Each trains STEPS SGD steps (momentum: the update is linear in
-the clipped gradient, so a wrong coefficient moves every parameter) with MAX_NORM far
+the clipped gradient, so a wrong coefficient moves every parameter; the offloaded run
+AdamW, whose fused CPU step the executor gives offloaded shards and which torch has
+only for Adam(W) on DTensors) with MAX_NORM far
 below the reference's norm at every step, and must match the single-process reference
 — the same model, seed and batches, `clip_grad_norm_(model.parameters(), MAX_NORM)` —
 in each step's loss, reported norm and the final parameters:
 
     zero3          FSDP2 shards (Shard over dp); embedding and head tied in one stage
+    offload        the same, every other layer's shards and gradients on the host (AdamW)
     tp             TP DTensors beside replicated LayerNorm weights; the tied pair split
     pp             two stages, the tied embedding and head on different ranks
     zero1          ZeRO-1's flat shards (fp32: the gradients are the shards' own)
@@ -21,6 +24,7 @@ tests/test_exec_fp16.py's pp2 x dp2 ZeRO-1 group.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -36,7 +40,7 @@ from ir.strategy import Precision, Schedule
 from ir.trace import model_output_tensor
 
 from test_exec_plans import (GLOBAL_BATCH, GPT, GROUP_ENTRIES, HF_GPT2, assert_params_match,
-                             batches_of, build_model, graph_of)
+                             batches_of, build_model, graph_of, optimizer_kwargs)
 from test_exec_plans import results_for as plans_results_for
 
 MAX_NORM = 0.05  # the reference's norms are ~1-3 (asserted below): every step clips
@@ -52,6 +56,7 @@ PREFIX = "clip:"
 
 PLANS = {  # name -> (model, uniform_plan keywords)
     "zero3": (GPT, dict(dp=2, zero=3, micro_batch=2)),
+    "offload": (GPT, dict(dp=2, zero=3, micro_batch=2)),
     "tp": (GPT, dict(tp=2)),
     "pp": (GPT, dict(pp=2, micro_batch=2, schedule=Schedule.GPIPE)),
     "zero1": (GPT, dict(dp=2, zero=1)),
@@ -60,15 +65,24 @@ PLANS = {  # name -> (model, uniform_plan keywords)
 }
 
 
-def sgd(params) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=LR, momentum=MOMENTUM)
+def plan_optimizer(name: str) -> str:
+    """The entry's optimizer: SGD with momentum; AdamW for the offloaded run."""
+    return "adamw" if name == "offload" else "sgd-momentum"
+
+
+def optimizer_of(optimizer: str) -> tuple[type[torch.optim.Optimizer], dict]:
+    if optimizer == "adamw":
+        return torch.optim.AdamW, optimizer_kwargs()  # test_exec_plans' settings
+    return torch.optim.SGD, {"lr": LR, "momentum": MOMENTUM}
 
 
 @functools.lru_cache(maxsize=None)
-def reference(spec: str, max_norm: float | None = MAX_NORM) -> dict:
+def reference(spec: str, max_norm: float | None = MAX_NORM,
+              optimizer: str = "sgd-momentum") -> dict:
     """One process, plain torch: each step's loss and pre-clip norm, the final parameters."""
     model, loss_fn = build_model(spec)
-    opt = sgd(model.parameters())
+    cls, kwargs = optimizer_of(optimizer)
+    opt = cls(model.parameters(), **kwargs)
     losses, norms = [], []
     for inputs, target in batches_of(spec):
         opt.zero_grad()
@@ -85,8 +99,13 @@ def reference(spec: str, max_norm: float | None = MAX_NORM) -> dict:
 def plan_of(name: str):
     spec, keywords = PLANS[name]
     keywords = {"precision": Precision.FP32, **keywords}
-    return uniform_plan(len(graph_of(spec).layers), global_batch=GLOBAL_BATCH,
-                        optimizer="sgd", **keywords)
+    plan = uniform_plan(len(graph_of(spec).layers), global_batch=GLOBAL_BATCH,
+                        optimizer=plan_optimizer(name), **keywords)
+    if name == "offload":  # ZeRO-Offload (CPUOffloadPolicy) on the odd layers
+        plan = dataclasses.replace(plan, layer_strategies=tuple(
+            dataclasses.replace(s, offload=j % 2 == 1)
+            for j, s in enumerate(plan.layer_strategies)))
+    return plan
 
 
 def run_clipped(name: str) -> dict:
@@ -94,8 +113,9 @@ def run_clipped(name: str) -> dict:
     spec, _ = PLANS[name]
     model, loss_fn = build_model(spec)
     plan, batches = plan_of(name), batches_of(spec)
-    kwargs = dict(loss_fn=loss_fn, optimizer=torch.optim.SGD,
-                  optimizer_kwargs={"lr": LR, "momentum": MOMENTUM}, max_grad_norm=MAX_NORM)
+    cls, settings = optimizer_of(plan_optimizer(name))
+    kwargs = dict(loss_fn=loss_fn, optimizer=cls, optimizer_kwargs=settings,
+                  max_grad_norm=MAX_NORM)
     if name == "hf-auto":
         from planner import auto_parallel
 
@@ -130,7 +150,7 @@ def results_for(name: str) -> dict:
 @pytest.mark.parametrize("name", list(PLANS))
 def test_clipped_plan_matches_clip_grad_norm_on_one_device(name):
     spec, _ = PLANS[name]
-    ref = reference(spec)
+    ref = reference(spec, MAX_NORM, plan_optimizer(name))
     assert min(ref["norms"]) > 4 * MAX_NORM  # every step clips, by a wide margin
     got = results_for(name)
     bf16 = PLANS[name][1].get("precision") is Precision.BF16_MIXED
@@ -177,8 +197,6 @@ def test_apply_refuses_a_bad_max_grad_norm_before_anything_runs():
 
 
 def test_apply_refuses_clipping_with_sharded_tables_in_one_line():
-    import dataclasses
-
     from ir.embedding_tables import (EmbeddingPlan, EmbeddingTable, PlacedTable,
                                      TablePlacement, TableSharding)
 
@@ -196,8 +214,6 @@ def test_clipping_prices_a_read_for_the_norm_and_a_read_and_write_for_the_scale(
     """plan.clip_grad_norm adds the clip's gradient traffic to the layer's optimizer step
     (`cost_models.compute`): fp32 gradients 3 x 4 bytes per local element, ZeRO-1's
     16-bit replicated gradient 2 bytes (read for the norm only); nothing when not asked."""
-    import dataclasses
-
     from cost_models.clusters import get_cluster
     from cost_models.common import StepConfig
     from cost_models.compute import optimizer_step_seconds
@@ -220,8 +236,6 @@ def test_clipping_prices_a_read_for_the_norm_and_a_read_and_write_for_the_scale(
 
 
 def test_plan_records_clipping_and_its_prices_follow():
-    import dataclasses
-
     from cost_models.common import StepConfig
     from ir.plan import PlanDocument, plan_from_dict, plan_to_dict
 
