@@ -14,6 +14,7 @@ in each step's loss, reported norm and the final parameters:
     offload        the same, every other layer's shards and gradients on the host (AdamW)
     tp             TP DTensors beside replicated LayerNorm weights; the tied pair split
     pp             two stages, the tied embedding and head on different ranks
+    pp-interleaved two stages per rank (a ModuleList), the tied pair on one rank each
     zero1          ZeRO-1's flat shards (fp32: the gradients are the shards' own)
     zero1-bf16     ZeRO-1's 16-bit gradients: the coefficient goes into the fp32 copy
     hf-auto        Hugging Face GPT-2 through `planner.auto_parallel` (ZeRO-2)
@@ -59,6 +60,8 @@ PLANS = {  # name -> (model, uniform_plan keywords)
     "offload": (GPT, dict(dp=2, zero=3, micro_batch=2)),
     "tp": (GPT, dict(tp=2)),
     "pp": (GPT, dict(pp=2, micro_batch=2, schedule=Schedule.GPIPE)),
+    "pp-interleaved": (GPT, dict(pp=2, virtual_stages=2, micro_batch=2,
+                                 schedule=Schedule.INTERLEAVED)),
     "zero1": (GPT, dict(dp=2, zero=1)),
     "zero1-bf16": (GPT, dict(dp=2, zero=1, precision=Precision.BF16_MIXED)),
     "hf-auto": (HF_GPT2, dict(dp=2, zero=2)),
