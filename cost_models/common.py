@@ -63,6 +63,8 @@ class StepConfig:
     pipelined: bool = False
     # The plan's `optimizer_impl`; None: the default rule for `device_type`.
     optimizer_impl: str | None = None
+    # The plan's `clip_grad_norm`: the step first clips the gradients by their global norm.
+    clip_grad_norm: bool = False
 
     @property
     def step_implementation(self) -> str:
@@ -105,7 +107,7 @@ class StepConfig:
                    graph_dtype=graph.dtype, precision=plan.precision,
                    optimizer=plan.optimizer, seq_len=graph.seq_len,
                    device_type=device_type_of(device), pipelined=plan.pp > 1,
-                   optimizer_impl=plan.optimizer_impl)
+                   optimizer_impl=plan.optimizer_impl, clip_grad_norm=plan.clip_grad_norm)
 
 
 def device_type_of(device: str) -> str:

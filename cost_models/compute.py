@@ -90,6 +90,17 @@ FOREACH_ADAM_STEP_BYTES_PER_ELEMENT = {"adamw": 21 * 4, "adam": 19 * 4}  # H100:
 # parameter tensor, its copy out of the gathered flat buffer.
 ZERO1_COPY_OPS_PER_PIECE = 2
 ZERO1_COPY_OPS_PER_TENSOR = 1
+# executors.grad_clip (plan.clip_grad_norm): passes over each local gradient, memory-bound
+# like torch's foreach clip_grad_norm_: the norm reads it once (_foreach_norm), the scale
+# reads and writes it (_foreach_mul_); ZeRO-1's 16-bit gradients are only read (their
+# coefficient rides on the step's fp32 copy). Its per-tensor Python (to_local, the copies
+# count, list appends) gathers lists as a foreach step does: measured 3.1 us a plain and
+# 5.4 us a DTensor gradient on the 2-core CPU (1 thread, load 3.3, 2026-11-26), within the
+# local kit's 11 us an op: one op's worth a tensor. The once-a-step scalar all-reduce is
+# not priced (one latency per step, outside the per-layer terms).
+CLIP_NORM_PASSES = 1
+CLIP_SCALE_PASSES = 2
+CLIP_HOST_OPS_PER_TENSOR = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +329,10 @@ def _optimizer_step(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         "adam") else SGD_STEP_BYTES_PER_ELEMENT)
     stream_s = (local_params * per_element + copy_bytes) / (cluster.hbm_gbps * GB)
     copy_s = copy_ops * host_op_seconds(cluster)
+    clip_bytes, clip_host_s = _clip_cost(layer, strategy, cluster, config, local_params)
+    if not strategy.offload:
+        stream_s += clip_bytes / (cluster.hbm_gbps * GB)
+        copy_s += clip_host_s
     per_tensor_s = cluster.calibration.optimizer_seconds_per_tensor(config.optimizer, on_dtensors)
     if (per_tensor_s is None and not strategy.offload and not cluster.host_bound
             and config.step_implementation != "single"):
@@ -335,11 +350,31 @@ def _optimizer_step(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         dispatch_s = stepped_s if stepped_s is not None \
             else ops * host_op_seconds(cluster, on_dtensors)
         host_s = host_step_seconds(layer, strategy, cluster, config.optimizer) + dispatch_s
+        # its gradients are the host's: streamed over the node's shared memory bus too
+        host_s += clip_host_s + clip_bytes / (cluster.host_memory_gbps * GB
+                                              / cluster.devices_per_node)
         return host_s, 0.0, host_s
     if stepped_s is not None:
         return with_host(stream_s, copy_s, cluster) + stepped_s, stream_s, copy_s + stepped_s
     host_s = ops * host_op_seconds(cluster, on_dtensors) + copy_s
     return with_host(stream_s, host_s, cluster), stream_s, host_s
+
+
+def _clip_cost(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
+               config: StepConfig, local_params: float) -> tuple[float, float]:
+    """(bytes streamed, host seconds) of the gradient clip over the layer's local
+    gradients (CLIP_* above); (0, 0) when the plan does not clip. `local_params`: the
+    elements the optimizer steps on this rank (ZeRO-1: its 1/dp pieces)."""
+    if not config.clip_grad_norm:
+        return 0.0, 0.0
+    zero1 = strategy.dp_mode is DPMode.ZERO1 and strategy.dp > 1
+    elements = local_params * strategy.dp if zero1 else local_params  # ZeRO-1: replicated
+    if zero1 and config.precision is not Precision.FP32:  # 16-bit, read for the norm only
+        nbytes = elements * config.precision.compute_bytes * CLIP_NORM_PASSES
+    else:  # fp32 gradients (FSDP2 keeps them in the parameters' fp32)
+        nbytes = elements * 4 * (CLIP_NORM_PASSES + CLIP_SCALE_PASSES)
+    host_s = layer.param_tensors * CLIP_HOST_OPS_PER_TENSOR * host_op_seconds(cluster)
+    return nbytes, host_s
 
 
 def random_draw_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,

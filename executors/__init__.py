@@ -11,12 +11,12 @@ re-layouts), `tensor_parallel`, `fused` (fused projections' per-rank row order),
 `tp_check` (the set-up self-check), `checkpointing`, `data_parallel`, `pipeline`, `tied`
 (shared weights), `optimizer` (one optimizer), `zero1` (ZeRO-1's flat shards),
 `optimizer_state` (optimizer state in checkpoints), `loss_scaling` (fp16's agreed
-scale), `data` (per-rank batch shards), `validate` (rejections), `runtime`
-(ParallelModel, train_step), `state` (full parameters, both ways), `checkpoint` (DCP
-save / resume under any plan), `pretrained` / `pretrained_export` (Hugging Face
-safetensors in and out, shard by shard), `meta_record` / `materialize` (a meta-device
-build, each rank materializing only its shards), `apply` (the composition, in one
-documented order).
+scale), `grad_clip` (clipping by the global gradient norm), `data` (per-rank batch
+shards), `validate` (rejections), `runtime` (ParallelModel, train_step), `state` (full
+parameters, both ways), `checkpoint` (DCP save / resume under any plan), `pretrained` /
+`pretrained_export` (Hugging Face safetensors in and out, shard by shard), `meta_record`
+/ `materialize` (a meta-device build, each rank materializing only its shards), `apply`
+(the composition, in one documented order).
 Sharded embedding tables (recommendation models): `sharded_embedding` (placements,
 all-to-all lookups), `sparse_optimizer` (row-sparse updates), `hybrid_step` (tables
 model parallel, the rest data parallel), `embedding_checkpoint` (resharding DCP saves).

@@ -48,6 +48,7 @@ from torch import nn
 from executors.agreement import agree_on_plan
 from executors.checkpointing import apply_ac
 from executors.data_parallel import apply_dp, apply_dp_root, offloaded_params
+from executors.grad_clip import check_max_grad_norm, clip_problem
 from executors.host_memory import keep_freed_memory_off_heap
 from executors.layout import add_input_relayout, add_output_relayout
 from executors.materialize import capture, materialize
@@ -176,7 +177,8 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
           example_inputs: dict | None = None, loss_parallel: bool = True,
           loss_weight: Callable | None = None, tp_self_check: bool = True,
           init: str = "model", sparse_optimizer: SparseOptimizerSpec | None = None,
-          table_init: RowInit | None = None) -> ParallelModel:
+          table_init: RowInit | None = None,
+          max_grad_norm: float | None = None) -> ParallelModel:
     """Shard `model` as `plan` says on this rank; see the module docstring for the order.
     `model` is changed in place (moved to `device`, pruned to this rank's stage, its
     modules replaced by DTensor / FSDP versions); use `ParallelModel.module` afterwards.
@@ -202,7 +204,16 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     table_init: for tables built on the meta device, (table, rows, col_start, col_stop)
     -> the shard's values (e.g. `ir.embedding_tables.init_table_rows`): each rank makes
     only its own shard.
+    max_grad_norm: clip the gradients before each optimizer step to this global L2 norm,
+    exactly as `torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)` on one
+    device, whatever the plan shards (`executors.grad_clip`; fp16: after the unscale, and
+    not on a skipped step); `ParallelModel.last_grad_norm` is the step's norm before the
+    clip. None (the default): no clipping. Plans with sharded tables refuse it.
     """
+    max_grad_norm = check_max_grad_norm(max_grad_norm)
+    problem = clip_problem(plan, max_grad_norm)
+    if problem is not None:
+        raise PlannerError(problem)
     if not dist.is_initialized():
         raise PlannerError("executors.apply needs an initialised process group: run under "
                            "torchrun, or call executors.init_distributed() first")
@@ -291,7 +302,7 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
         meshes=meshes, device=device, input_layout=layer_layout(plan, graph, 0).full_sequence,
         output_layout=layer_layout(plan, graph, last).full_sequence, tied=tied,
         loss_parallel=loss_parallel, loss_weight_fn=loss_weight or default_loss_weight,
-        tables=tables, sparse_optimizer=sparse)
+        tables=tables, sparse_optimizer=sparse, max_grad_norm=max_grad_norm)
     # 10. pipeline schedule
     if plan.pp > 1:
         pm.schedule, pm.pipeline_stages = build_schedule(

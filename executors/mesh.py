@@ -41,6 +41,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
 from ir.errors import PlannerError
@@ -139,6 +141,22 @@ class ParallelDims:
 
     def dp(self, tp: int) -> int:
         return self.stage_devices // tp
+
+    def stage_copies(self, t: torch.Tensor) -> int:
+        """How many ranks hold each element of `t`, a reduced gradient (or a parameter)
+        of this rank's pipeline stage: every layer of a stage spans all its
+        `stage_devices` ranks, and a DTensor's Shard placements cut it into distinct
+        pieces, each held by the rest (Replicate mesh axes, and the stage's ranks outside
+        a smaller mesh: a layer's data-parallel replicas, or its TP group around a
+        dp-only unit). Ask with the gradient: its placements may differ from the
+        parameter's (a vocab-split embedding's Shard(0) weight gets a Replicate
+        gradient). The one count `executors.grad_clip` divides by."""
+        if not isinstance(t, DTensor):
+            return self.stage_devices
+        pieces = math.prod(t.device_mesh.size(axis) for axis, placement
+                           in enumerate(t.placements)
+                           if isinstance(placement, (Shard, _StridedShard)))  # FSDP2 under TP
+        return self.stage_devices // pieces
 
     def stage_ranks(self, pp_rank: int) -> range:
         return range(pp_rank * self.stage_devices, (pp_rank + 1) * self.stage_devices)

@@ -74,6 +74,11 @@ class ShardedOptimizer:
         for g in self.groups:
             g.all_gather_params()
 
+    def multiplied_params(self) -> frozenset[int]:
+        """Ids of the parameters whose gradients `step` reads times `grad_multiplier`
+        (ZeRO-1's 16-bit ones, copied to fp32 there) rather than as they are."""
+        return frozenset(id(p) for g in self.groups if g.master is not None for p in g.params)
+
     def optimized_params(self) -> list[nn.Parameter]:
         """The model parameters this optimizer updates (ZeRO-1 ones through their pieces)."""
         sharded = {id(p) for g in self.groups for p in g.params}

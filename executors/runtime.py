@@ -9,11 +9,12 @@
      otherwise (every stage gets the inputs as keywords: `executors.pipeline`) — with
      each micro-batch's loss weighted so that the data-parallel SUM of gradients is the
      gradient of the mean loss over the global batch (below);
-  3. sums the gradients of tied copies (and of replicated tables' sparse rows), steps the
-     optimizer (and the tables' row-sparse one), zeroes the gradients
-     (fp16-mixed: the loss is scaled, the gradients unscaled, and a step that overflowed
-     on any rank is skipped on all: `executors.loss_scaling`; `steps` still counts it,
-     since it is the data position);
+  3. sums the gradients of tied copies (and of replicated tables' sparse rows), clips
+     them by their global norm when `max_grad_norm` is set (`executors.grad_clip`; the
+     norm is kept as `last_grad_norm`), steps the optimizer (and the tables' row-sparse
+     one), zeroes the gradients (fp16-mixed: the loss is scaled, the gradients unscaled
+     before the clip, and a step that overflowed on any rank is skipped on all, unclipped:
+     `executors.loss_scaling`; `steps` still counts it, since it is the data position);
   4. returns the global-batch mean loss, the same on every rank (one all-reduce of a
      scalar, started as soon as the loss is known — before the last backward without a
      pipeline, before the optimizer step with one — so that it runs alongside them).
@@ -42,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import contextlib
+import math
 
 import torch
 import torch.distributed as dist
@@ -51,6 +53,7 @@ from torch.distributed.tensor.parallel import loss_parallel as vocab_parallel_lo
 
 from executors.data import shard_batch, split_microbatches
 from executors.data_parallel import set_gradient_sync
+from executors.grad_clip import clip_grad_norm
 from executors.hybrid_step import all_gather_sparse
 from executors.layout import Layout
 from executors.loss_scaling import LossScaler
@@ -117,6 +120,12 @@ class ParallelModel:
     # holds the dense parameters only)
     tables: ShardedTables | None = None
     sparse_optimizer: SparseRowOptimizer | None = None
+    # clip the gradients to this global L2 norm before each step (None: no clipping), as
+    # torch.nn.utils.clip_grad_norm_ on one device (`executors.grad_clip`)
+    max_grad_norm: float | None = None
+    # the last step's total gradient norm before clipping, the same on every rank (None:
+    # no clipping asked or no step yet; inf: an fp16 step skipped for an overflow)
+    last_grad_norm: float | None = None
     # this step's count of the global target (None: not sharded by rows, uniform weights)
     _global_count: torch.Tensor | None = field(default=None, init=False, repr=False)
 
@@ -251,6 +260,18 @@ class ParallelModel:
         value = local_loss.clone() if self._reporting() else torch.zeros_like(local_loss)
         return value, dist.all_reduce(value, async_op=True)
 
+    def _clip(self, multiplier: float) -> float:
+        """Clip the gradients by their global norm (`executors.grad_clip`); the
+        coefficient, which the gradients the optimizer multiplies still need."""
+        held = (self.optimizer.multiplied_params()
+                if isinstance(self.optimizer, ShardedOptimizer) else frozenset())
+        tied = self.tied.copies()
+        copies = self.meshes.dims.stage_copies
+        self.last_grad_norm, coefficient = clip_grad_norm(
+            self.module.parameters(), lambda p: copies(p.grad) * tied.get(id(p), 1),
+            self.max_grad_norm, self.device, held, multiplier)
+        return coefficient
+
     def train_step(self, inputs: dict, target) -> float:
         """One optimizer step on the GLOBAL batch; returns its mean loss."""
         watchdog = ensure_watchdog(self.stall_limit_s)  # heartbeat: no collective, no I/O
@@ -264,13 +285,17 @@ class ParallelModel:
                 all_gather_sparse(module.weight)
         scaler = self.loss_scaler
         # fp16: every rank steps, or every rank skips (an overflow anywhere)
-        if scaler is None:
-            self.optimizer.step()
-        elif scaler.unscale_and_check(self.module.parameters(), self.device):
+        if scaler is None or scaler.unscale_and_check(self.module.parameters(), self.device):
+            # what ZeRO-1's 16-bit gradients, still scaled, are multiplied by in the step
+            multiplier = 1.0 if scaler is None else 1.0 / scaler.scale_value
+            if self.max_grad_norm is not None:
+                multiplier *= self._clip(multiplier)
             if isinstance(self.optimizer, ShardedOptimizer):
-                self.optimizer.step(grad_multiplier=1.0 / scaler.scale_value)
+                self.optimizer.step(grad_multiplier=multiplier)
             else:
                 self.optimizer.step()
+        elif self.max_grad_norm is not None:
+            self.last_grad_norm = math.inf  # overflowed: neither clipped nor stepped
         if scaler is not None:
             scaler.update()
         if self.sparse_optimizer is not None:  # fp16 plans have no tables (ParallelPlan)

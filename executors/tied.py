@@ -172,7 +172,8 @@ class TiedGradients:
         """layer_stage[j]: stage of layer j; modules_by_layer: this rank's stage module
         holding each of its layers."""
         self.rank = dist.get_rank()
-        self._groups: list[tuple[list[tuple[nn.Module, tuple[str, ...]]], object]] = []
+        # (this rank's uses of a shared weight, the cross-stage group or None, its copies)
+        self._groups: list[tuple[list[tuple[nn.Module, tuple[str, ...]]], object, int]] = []
         local = self.rank % stage_devices
         point_aliases(groups, modules_by_layer)  # the layers' parameters are final now
         for group in groups:
@@ -188,11 +189,17 @@ class TiedGradients:
                         cross = pg
             mine = [(modules_by_layer[j], names) for j, names in zip(group.layers, group.names)
                     if j in modules_by_layer]
-            self._groups.append((mine, cross))
+            self._groups.append((mine, cross, len(group.layers)))
+
+    def copies(self) -> dict[int, int]:
+        """id of each of this rank's tied parameters -> how many tied copies hold its
+        summed gradient after `sync` (one per layer using the weight)."""
+        return {id(module.get_parameter(names[0])): count
+                for uses, _, count in self._groups for module, names in uses}
 
     @torch.no_grad()
     def sync(self) -> None:
-        for uses, cross in self._groups:
+        for uses, cross, _ in self._groups:
             if not uses:
                 continue
             params = [module.get_parameter(names[0]) for module, names in uses]

@@ -114,6 +114,9 @@ class ParallelPlan:
     # rule for the device it runs on (`optimizer_implementation`; plans written before
     # the field). The planner records it; the cost models price it.
     optimizer_impl: str | None = None
+    # The executor clips the gradients by their global norm before each step
+    # (`apply(max_grad_norm=)`); the cost models price the clip's reads and writes.
+    clip_grad_norm: bool = False
     # Embedding tables placed model parallel (recommendation models); None: the tables,
     # if any, are ordinary layers. With tables the dense layers run data parallel over
     # every rank (tp = 1, one stage), as TorchRec's hybrid plan does.
@@ -418,6 +421,7 @@ def plan_to_dict(doc: PlanDocument) -> dict:
         "precision": plan.precision.value,
         "optimizer": plan.optimizer,
         **({"optimizer_impl": plan.optimizer_impl} if plan.optimizer_impl is not None else {}),
+        **({"clip_grad_norm": True} if plan.clip_grad_norm else {}),
         "virtual_stages": plan.virtual_stages,
         "stages": [{"stage": i, "first_layer": st.first_layer, "last_layer": st.last_layer,
                     "first_layer_name": doc.layer_names[st.first_layer],

@@ -32,7 +32,7 @@ MAX_GLOBAL_BATCH = 2**40
 
 TOP_KEYS = ("schema", "model", "cluster", "world_size", "global_batch", "micro_batch",
             "num_microbatches", "schedule", "precision", "optimizer", "optimizer_impl",
-            "virtual_stages",
+            "clip_grad_norm", "virtual_stages",
             "stages", "pipeline_groups", "layers", "predicted", "search", "embedding_tables")
 MODEL_KEYS = ("name", "spec", "fingerprint", "num_layers", "graph_micro_batch", "graph_dtype",
               "seq_len")
@@ -187,6 +187,8 @@ def plan_from_dict(data: object, source: str = "<plan>") -> PlanDocument:
             precision=r.enum(data, "precision", Precision, ""),
             optimizer=r.get(data, "optimizer", str, ""),
             optimizer_impl=_optimizer_impl(r, data),
+            clip_grad_norm=r.get(data, "clip_grad_norm", bool, "") if "clip_grad_norm" in data
+            else False,
             virtual_stages=r.get(data, "virtual_stages", int, "", 1, len(stages)))
     except PlannerError as exc:
         if str(exc).startswith(f"{source}: "):

@@ -37,6 +37,7 @@ from torch import nn
 
 from cost_models.clusters import get_cluster
 from executors import ParallelModel, apply, default_device, init_distributed
+from executors.grad_clip import check_max_grad_norm
 from executors.sparse_optimizer import SparseOptimizerSpec
 from ir.cluster import ClusterSpec
 from ir.errors import PlannerError
@@ -73,6 +74,11 @@ class AutoParallel:
         """One optimizer step on a GLOBAL batch `(inputs, target)`; returns its mean loss."""
         inputs, target = _split_batch(batch, self.input_names)
         return self.parallel.train_step(inputs, target)
+
+    @property
+    def last_grad_norm(self) -> float | None:
+        """The last step's global gradient norm before clipping (`max_grad_norm`)."""
+        return self.parallel.last_grad_norm
 
     @property
     def steps(self) -> int:
@@ -152,7 +158,8 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
                   stall_limit_s: float | None = None, init: str = "model",
                   checkpoint: str | os.PathLike | None = None,
                   sparse_optimizer: SparseOptimizerSpec | None = None,
-                  table_init: Callable | None = None) -> AutoParallel:
+                  table_init: Callable | None = None,
+                  max_grad_norm: float | None = None) -> AutoParallel:
     """Trace `model`, plan it for this job (or take `plan`), and shard it on every rank.
 
     `example_batch` is `(inputs, target)` with the micro-batch shape the plan is made
@@ -177,7 +184,11 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
     (default row-wise Adagrad, `executors.apply.DEFAULT_SPARSE_LR`), `optimizer` the
     dense part's; `table_init` makes each rank's shard of a meta-built table
     (`executors.apply`), so no rank ever holds a whole table.
+    `max_grad_norm`: clip the gradients to this global L2 norm before each step, as
+    `torch.nn.utils.clip_grad_norm_` on one device (`executors.grad_clip`); the step's
+    norm is `last_grad_norm`. None (the default): no clipping.
     """
+    max_grad_norm = check_max_grad_norm(max_grad_norm)  # before any set-up
     init_distributed(timeout_s=timeout_s)
     world = dist.get_world_size()
     input_names = tuple(inspect.signature(model.forward).parameters)
@@ -199,6 +210,9 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
             try:
                 opts = _search_options(options, optimizer, optimizer_kwargs, spec.device,
                                        precision)
+                # priced with the clip the executor will run (`cost_models.compute`)
+                opts = dataclasses.replace(
+                    opts, clip_grad_norm=opts.clip_grad_norm or max_grad_norm is not None)
                 tables = recommendation_tables(model, inputs, graph)
                 if tables:  # tables model parallel, the rest data parallel
                     hybrid = plan_hybrid(graph, tables, spec, global_batch, opts, model, inputs,
@@ -226,7 +240,8 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
                      optimizer_kwargs=optimizer_kwargs, example_inputs=inputs,
                      loss_weight=loss_weight, tp_self_check=tp_self_check,
                      init="empty" if checkpoint is not None else init,
-                     sparse_optimizer=sparse_optimizer, table_init=table_init)
+                     sparse_optimizer=sparse_optimizer, table_init=table_init,
+                     max_grad_norm=max_grad_norm)
     if checkpoint is not None:
         parallel.load_pretrained(os.fspath(checkpoint))
     parallel.stall_limit_s = stall_limit_s

@@ -111,7 +111,7 @@ def price_layers(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, 
     # priced is not priced again.
     row_cache = cache.setdefault("rows", {})
     row_served = (id(graph), id(cluster), id(profile), global_batch, options.precision,
-                  options.optimizer, options.optimizer_impl, id(model))
+                  options.optimizer, options.optimizer_impl, options.clip_grad_norm, id(model))
     if row_cache.setdefault("serves", row_served) != row_served:
         raise ValueError("a row cache serves one graph, cluster, batch, precision, optimizer "
                          "(and its implementation), profile and model")
@@ -259,7 +259,8 @@ def step_config(graph: LayerGraph, options: SearchOptions, cluster: ClusterSpec,
                       graph_dtype=graph.dtype, precision=options.precision,
                       optimizer=options.optimizer, seq_len=graph.seq_len,
                       device_type=device_type_of(cluster.device),
-                      optimizer_impl=options.optimizer_impl)
+                      optimizer_impl=options.optimizer_impl,
+                      clip_grad_norm=options.clip_grad_norm)
 
 
 def crossing_bytes(graph: LayerGraph, cache: dict) -> list[float]:

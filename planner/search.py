@@ -325,7 +325,8 @@ def make_plan(cand: OuterCandidate, ranges: list[tuple[int, int]], strategies: l
         micro_batch=global_batch // (cand.num_microbatches * max_dp),
         num_microbatches=cand.num_microbatches, schedule=cand.schedule,
         precision=options.precision, optimizer=options.optimizer,
-        optimizer_impl=options.optimizer_impl, virtual_stages=cand.virtual_stages)
+        optimizer_impl=options.optimizer_impl, virtual_stages=cand.virtual_stages,
+        clip_grad_norm=options.clip_grad_norm)
 
 
 # ------------------------------------------------------------------------ search

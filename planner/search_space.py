@@ -46,6 +46,7 @@ class SearchOptions:
     # How the executor steps it (`ir.plan.OPTIMIZER_IMPLEMENTATIONS`); None: the
     # cluster device's default rule (`ir.plan.optimizer_implementation`).
     optimizer_impl: str | None = None
+    clip_grad_norm: bool = False  # the executor clips by global norm (`apply(max_grad_norm=)`)
     uniform: bool = False  # one strategy for every layer
     max_tp: int | None = None
     no_pp: bool = False

@@ -10,6 +10,9 @@ and adapting. Step 2 overflows on purpose:
     rank ever sees: only the executor's agreement makes the other stages skip too.
 Every rank must skip step 2, the scale must follow the reference's exactly, the losses
 and parameters must match within fp16's precision, and a checkpoint restores the scale.
+The pp2 x dp2 run also clips by global norm (`max_grad_norm`, ZeRO-1's 16-bit gradients
+still scaled in the step): the reference unscales, then clips, as GradScaler documents,
+and each stepped step's norm must match; the skipped step reports inf, unclipped.
 """
 
 from __future__ import annotations
@@ -46,12 +49,13 @@ def _batches():
     return [b for b in batches_of(GPT)] + [batches_of(GPT)[0]]  # STEPS = 4 global batches
 
 
-def reference() -> dict:
-    """One process: fp32 master weights, fp16 compute, torch.amp.GradScaler."""
+def reference(max_norm: float | None = None) -> dict:
+    """One process: fp32 master weights, fp16 compute, torch.amp.GradScaler; with
+    `max_norm`, clip_grad_norm_ after the unscale."""
     master, loss_fn = build_model(GPT)
     opt = torch.optim.SGD(master.parameters(), lr=LR, momentum=0.9)
     scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
-    losses, scales = [], []
+    losses, scales, norms = [], [], []
     for step, (inputs, target) in enumerate(_batches(), start=1):
         half = copy.deepcopy(master).half()
         loss = loss_fn(model_output_tensor(half(**inputs)).float(), target)
@@ -60,12 +64,15 @@ def reference() -> dict:
             p.grad = h.grad.float()
         if step == OVERFLOW_STEP:
             next(master.parameters()).grad.view(-1)[0] = float("inf")
+        if max_norm is not None:
+            scaler.unscale_(opt)
+            norms.append(float(torch.nn.utils.clip_grad_norm_(master.parameters(), max_norm)))
         scaler.step(opt)
         scaler.update()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
         scales.append(scaler.get_scale())
-    return {"losses": losses, "scales": scales,
+    return {"losses": losses, "scales": scales, "norms": norms,
             "state": {n: p.detach().clone() for n, p in master.named_parameters()}}
 
 
@@ -84,7 +91,7 @@ def run_fp16(rank: int, world: int, payload) -> dict:
     name, plan, ckpt_dir = payload
     model, loss_fn = build_model(GPT)
     pm = apply(model, plan, graph_of(GPT), loss_fn=loss_fn, optimizer=torch.optim.SGD,
-               optimizer_kwargs={"lr": LR, "momentum": 0.9})
+               optimizer_kwargs={"lr": LR, "momentum": 0.9}, max_grad_norm=CLIP.get(name))
     assert isinstance(pm.loss_scaler, LossScaler)  # fp16-mixed gets one by default
     pm.loss_scaler = LossScaler(scale_value=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
     if name == "activation" and rank == 1:
@@ -98,9 +105,10 @@ def run_fp16(rank: int, world: int, payload) -> dict:
                 grad = next(p.grad for p in pm.module.parameters() if p.grad is not None)
                 (grad.to_local() if hasattr(grad, "to_local") else grad).view(-1)[0] = float("inf")
         pm.tied.sync = sync_then_overflow
-    losses, scales, skipped = [], [], []
+    losses, scales, skipped, norms = [], [], [], []
     for inputs, target in _batches():
         losses.append(pm.train_step(inputs, target))
+        norms.append(pm.last_grad_norm)
         scales.append(pm.loss_scaler.scale_value)
         skipped.append(pm.loss_scaler.last_step_skipped)
     state = full_state_dict(pm)
@@ -113,6 +121,7 @@ def run_fp16(rank: int, world: int, payload) -> dict:
     restored = (resumed.loss_scaler.scale_value, resumed.loss_scaler.growth_tracker,
                 resumed.loss_scaler.skipped_steps)
     return {"losses": losses, "scales": scales, "skipped": skipped, "restored": restored,
+            "norms": norms,
             "saved": (pm.loss_scaler.scale_value, pm.loss_scaler.growth_tracker,
                       pm.loss_scaler.skipped_steps),
             "state": state if rank == 0 else None}
@@ -124,9 +133,13 @@ PLANS = {
 }
 
 
+CLIP = {"local-grad": 0.05}  # max_grad_norm: the reference's norms are ~1.5, every step clips
+NORM_RTOL = 2e-3  # fp16 gradients summed in another order
+
+
 @functools.lru_cache(maxsize=None)
-def reference_run() -> dict:
-    return reference()
+def reference_run(max_norm: float | None = None) -> dict:
+    return reference(max_norm)
 
 
 @pytest.mark.timeout(300)
@@ -135,7 +148,7 @@ def test_fp16_overflow_is_skipped_on_every_rank_and_matches_grad_scaler(name, tm
     plan = uniform_plan(len(graph_of(GPT).layers), global_batch=GLOBAL_BATCH,
                         precision=Precision.FP16_MIXED, optimizer="sgd", **PLANS[name])
     results = spawn(run_fp16, 4, (name, plan, str(tmp_path)), timeout_s=240)
-    ref = reference_run()
+    ref = reference_run(CLIP.get(name))
     assert ref["scales"] == [INIT_SCALE, INIT_SCALE / 2, INIT_SCALE / 2, INIT_SCALE]
     for rank, got in enumerate(results):
         assert got["skipped"] == [s == OVERFLOW_STEP for s in range(1, STEPS + 1)], (rank, got)
@@ -147,3 +160,12 @@ def test_fp16_overflow_is_skipped_on_every_rank_and_matches_grad_scaler(name, tm
     for pname, expected in ref["state"].items():
         error = (got["state"][pname].double() - expected.double()).norm()
         assert error <= PARAM_RTOL * expected.double().norm() + 1e-6, (pname, float(error))
+    if name in CLIP:
+        clipped = [n for s, n in enumerate(ref["norms"], start=1) if s != OVERFLOW_STEP]
+        assert min(clipped) > 4 * CLIP[name], ref["norms"]
+        for rank, got in enumerate(results):
+            assert got["norms"][OVERFLOW_STEP - 1] == float("inf"), (rank, got["norms"])
+            stepped = [n for s, n in enumerate(got["norms"], start=1) if s != OVERFLOW_STEP]
+            assert stepped == pytest.approx(clipped, rel=NORM_RTOL), (rank, got["norms"])
+    else:
+        assert all(got["norms"] == [None] * STEPS for got in results)

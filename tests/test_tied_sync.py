@@ -68,7 +68,7 @@ def test_sum_traffic_by_hand_and_as_the_executor_runs_it():
             p.grad = torch.ones(250)
         sync = TiedGradients.__new__(TiedGradients)
         sync._groups = [([(torch.nn.ParameterDict({"w": p}), ("w",)) for p in params],
-                         None)]
+                         None, copies)]
         with _Bytes() as mode:
             sync.sync()
         assert mode.moved == sum_traffic_bytes(copies, 1000)

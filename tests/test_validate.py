@@ -37,7 +37,8 @@ def plan_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("validate") / "plan.json"
     assert main(["plan", "gpt-tiny", "--cluster", "local", "--gpus-per-node", "2",
                  "--global-batch", "8", "--uniform", "--dp", "2", "--zero", "0",
-                 "--out", str(path)]) == 0
+                 "--clip-grad-norm", "--out", str(path)]) == 0
+    assert load_plan(path).plan.clip_grad_norm  # validated clipped, as priced
     return path
 
 

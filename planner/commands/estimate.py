@@ -13,6 +13,7 @@ here and `planner memory` reuses it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 
@@ -43,7 +44,7 @@ DEFAULT_VIRTUAL_STAGES = 2
 # Flags a plan file fixes; giving them with --plan is a contradiction.
 STRATEGY_FLAGS = ("dp", "tp", "pp", "zero", "checkpoint", "sequence_parallel", "micro_batch",
                   "global_batch", "schedule", "precision", "optimizer", "optimizer_impl",
-                  "virtual_stages")
+                  "clip_grad_norm", "virtual_stages")
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -81,6 +82,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="optimizer whose states count (adamw)")
     p.add_argument("--optimizer-impl", default=None, choices=OPTIMIZER_IMPLEMENTATIONS,
                    help="how torch steps it (Adam on GPUs: fused; else torch's default)")
+    p.add_argument("--clip-grad-norm", action="store_true", default=None,
+                   help="the step clips gradients by global norm (apply's max_grad_norm)")
     p.add_argument("--plan", default=None, help="price this plan file instead of the flags")
     p.add_argument("--meta-init", action="store_true", default=None,
                    help="the executor gets the model built on meta (executors.meta_init): "
@@ -162,12 +165,13 @@ def plan_from_flags(args, graph_layers: int, cluster: ClusterSpec) -> ParallelPl
     if global_batch is not None and global_batch % (dp * micro_batch):
         raise PlannerError(f"--global-batch {global_batch} is not a multiple of --dp {dp} x "
                            f"--micro-batch {micro_batch} = {dp * micro_batch}")
-    return uniform_plan(graph_layers, tp=tp, dp=dp, pp=pp, zero=args.zero or 0,
+    plan = uniform_plan(graph_layers, tp=tp, dp=dp, pp=pp, zero=args.zero or 0,
                         checkpoint=Checkpoint(args.checkpoint or "none"),
                         sequence_parallel=bool(args.sequence_parallel),
                         micro_batch=micro_batch, global_batch=global_batch,
                         schedule=schedule, precision=precision, optimizer=optimizer,
                         virtual_stages=virtual or 1, optimizer_impl=args.optimizer_impl)
+    return dataclasses.replace(plan, clip_grad_norm=bool(args.clip_grad_norm))
 
 
 def default_precision(cluster: ClusterSpec) -> Precision:

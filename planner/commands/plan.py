@@ -78,6 +78,8 @@ def register(sub) -> None:
     g.add_argument("--optimizer", default="adamw", choices=KNOWN_OPTIMIZERS)
     g.add_argument("--optimizer-impl", default=None, choices=OPTIMIZER_IMPLEMENTATIONS,
                    help="how torch steps it (Adam on GPUs: fused; else torch's default)")
+    g.add_argument("--clip-grad-norm", action="store_true",
+                   help="the step clips gradients by global norm (apply's max_grad_norm)")
     p.set_defaults(func=run)
 
 
@@ -92,7 +94,8 @@ def options_from_args(args, precision: Precision) -> SearchOptions:
         sequence_parallel=args.sequence_parallel,
         schedule=Schedule(args.schedule) if args.schedule else None,
         micro_batch=args.micro_batch, precision=precision, optimizer=args.optimizer,
-        optimizer_impl=args.optimizer_impl, uniform=args.uniform, max_tp=args.max_tp, no_pp=args.no_pp,
+        optimizer_impl=args.optimizer_impl, clip_grad_norm=args.clip_grad_norm,
+        uniform=args.uniform, max_tp=args.max_tp, no_pp=args.no_pp,
         no_checkpoint=args.no_checkpoint, no_offload=args.no_offload,
         memory_budget_bytes=int(args.memory_budget * GiB) if args.memory_budget else None,
         time_limit_s=args.time_limit, top_k=args.top)

@@ -20,7 +20,8 @@ from ir.errors import PlannerError
 from ir.plan import plan_from_dict
 from planner.trial.grad_check import grad_norms
 from planner.trial.records import RankMeasurement, RankPayload
-from planner.trial.reference import LEARNING_RATE, SEED, optimizer_kwargs, zero_dropout
+from planner.trial.reference import (LEARNING_RATE, SEED, optimizer_kwargs,
+                                     trial_max_grad_norm, zero_dropout)
 from planner.trial.sched import ThreadSchedstat
 
 MEMORY_STEPS = 2  # measured under the tracker, after one warm-up step
@@ -45,7 +46,8 @@ def _build(payload: RankPayload, device: torch.device, without_dropout: bool):
         zero_dropout(loaded.module)
     return apply(loaded.module, doc.plan, payload.graph, loss_fn=loaded.loss_fn,
                  device=device, optimizer_kwargs=optimizer_kwargs(doc.plan.optimizer),
-                 example_inputs=loaded.inputs, sparse_optimizer=sparse_spec(doc.plan))
+                 example_inputs=loaded.inputs, sparse_optimizer=sparse_spec(doc.plan),
+                 max_grad_norm=trial_max_grad_norm(doc.plan))
 
 
 def sparse_spec(plan):
@@ -178,7 +180,8 @@ def measure_one_process(spec: str, plan, graph, *, steps: int = 1 + MEMORY_STEPS
             loaded = load_model(spec, micro_batch=plan.global_batch, seq_len=graph.seq_len,
                                 device="cpu", seed=seed)
             pm = apply(loaded.module, plan, graph, loss_fn=loaded.loss_fn,
-                       device=torch.device("cpu"), example_inputs=loaded.inputs)
+                       device=torch.device("cpu"), example_inputs=loaded.inputs,
+                       max_grad_norm=trial_max_grad_norm(plan))
             pm.module.register_forward_pre_hook(lambda *_: mem.set_phase("forward"))
             pm.module.register_forward_hook(lambda *_: mem.set_phase("backward"))
             step = pm.optimizer.step

@@ -23,6 +23,9 @@ from planner.trial.mixed_reference import MixedPrecision
 
 SEED = 1234  # model weights: the same on every rank and in the reference
 BATCH_SEED = 1000  # global batch of step k is drawn with seed BATCH_SEED + k
+# A plan whose step clips (`ParallelPlan.clip_grad_norm`) runs at torchtitan's default
+# max_norm, on the ranks (`apply(max_grad_norm=)`) and in the reference alike.
+MAX_GRAD_NORM = 1.0
 LOSS_RTOL = 1e-5  # issue 6: loss_matches_reference within 1e-5 relative
 # A mixed-precision plan against the fp32 reference: the loss itself is computed in the
 # low dtype, so only a bound tells a wrong plan from rounding. bf16 keeps 8 significant
@@ -83,31 +86,38 @@ class ReferenceRun:
     grad_norms: dict[str, float]  # the first step's gradient norms (`grad_check`)
 
 
+def trial_max_grad_norm(plan) -> float | None:
+    """The max norm a trial of `plan` clips at (None: its step does not clip)."""
+    return MAX_GRAD_NORM if plan.clip_grad_norm else None
+
+
 def reference_run(spec: str, seq_len: int | None, optimizer: str, batches: list,
                   steps: int, tables=None, mixed: MixedPrecision | None = None,
-                  device: str = "cpu", optimizer_impl: str | None = None) -> ReferenceRun:
+                  device: str = "cpu", optimizer_impl: str | None = None,
+                  max_grad_norm: float | None = None) -> ReferenceRun:
     """Single-process training (dropout 0) on the same global batches: each step's loss,
-    and the first step's gradient norm of each parameter (before the optimizer step).
+    and the first step's gradient norm of each parameter (what the optimizer step is given).
     `tables` (a plan's EmbeddingPlan): those tables step with its row-sparse optimizer,
     on sparse gradients, at LEARNING_RATE (as the plan's run does). `mixed`: run under
     the plan's precision policy (`mixed_reference`), else in fp32. `device`: where it
     runs ("cuda" when the plan ran on GPUs: a >1B model's steps take minutes on a CPU);
     the weights are drawn on the CPU either way, as the ranks draw theirs. It runs the
     whole global batch at once: where that does not fit the GPU, on the CPU.
-    `optimizer_impl`: the plan's, stepped as the executor steps it (`step_implementation`)."""
+    `optimizer_impl`: the plan's, stepped as the executor steps it (`step_implementation`).
+    `max_grad_norm`: clip_grad_norm_ before each step (`trial_max_grad_norm`)."""
     if device != "cpu":
         try:
             return _reference_on(spec, seq_len, optimizer, batches, steps, tables, mixed,
-                                 optimizer_impl, device)
+                                 optimizer_impl, max_grad_norm, device)
         except torch.cuda.OutOfMemoryError:  # a plan that fits by checkpoints, shards
             torch.cuda.empty_cache()
     return _reference_on(spec, seq_len, optimizer, batches, steps, tables, mixed,
-                         optimizer_impl, "cpu")
+                         optimizer_impl, max_grad_norm, "cpu")
 
 
 def _reference_on(spec: str, seq_len: int | None, optimizer: str, batches: list, steps: int,
                   tables, mixed: MixedPrecision | None, optimizer_impl: str | None,
-                  device: str) -> ReferenceRun:
+                  max_grad_norm: float | None, device: str) -> ReferenceRun:
     from executors.optimizer import param_groups, step_implementation
     from ir.plan import optimizer_for
     from ir.trace import model_output_tensor
@@ -131,7 +141,9 @@ def _reference_on(spec: str, seq_len: int | None, optimizer: str, batches: list,
             opt.zero_grad(set_to_none=True)
             loss = loaded.loss_fn(model_output_tensor(loaded.module(**inputs)), target)
             loss.backward()
-            if k == 0:
+            if max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(loaded.module.parameters(), max_grad_norm)
+            if k == 0:  # what the step is given, as the ranks record them
                 norms = grad_norms([loaded.module], skip)
             opt.step()
             if sparse:

@@ -22,7 +22,7 @@ from planner.trial.rank import MEMORY_STEPS, TIME_WARMUP_STEPS
 from planner.trial.records import (RankPayload, RankResult, ValidationResult,
                                    busiest_cpu_step_seconds, unqueued_step_seconds)
 from planner.trial.reference import (global_batches, has_dropout, loss_rtol, losses_match,
-                                     reference_run)
+                                     reference_run, trial_max_grad_norm)
 from planner.trial.spawn import spawn_ranks, start_rank_server
 
 # Intra-op threads per rank. One, as the tests' ranks use: on this shared 2-core machine
@@ -83,14 +83,16 @@ def validate_plan(plan: str | PlanDocument, nproc: int, *, steps: int = 5,
     where = "cuda" if use_cuda else "cpu"
     reference = reference_run(model, doc.seq_len, doc.plan.optimizer, batches, len(check),
                               doc.plan.embeddings, device=where,
-                              optimizer_impl=doc.plan.optimizer_impl)
+                              optimizer_impl=doc.plan.optimizer_impl,
+                              max_grad_norm=trial_max_grad_norm(doc.plan))
     want, grads = reference.losses, None
     if grad_rtol is not None:
         if mixed is not None:
             say("single-process reference under the plan's precision policy (first step)")
             reference = reference_run(model, doc.seq_len, doc.plan.optimizer, batches, 1,
                                       doc.plan.embeddings, mixed, device=where,
-                                      optimizer_impl=doc.plan.optimizer_impl)
+                                      optimizer_impl=doc.plan.optimizer_impl,
+                                      max_grad_norm=trial_max_grad_norm(doc.plan))
         got = {name: norm for r in reversed(results) for name, norm in r.grad_norms.items()}
         grads = check_grad_norms(got, reference.grad_norms,
                                  [layer.name for layer in graph.layers], grad_rtol)

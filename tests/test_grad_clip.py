@@ -1,0 +1,296 @@
+"""`max_grad_norm` equals torch.nn.utils.clip_grad_norm_ on one device, whatever the plan
+shards (`executors.grad_clip`).
+
+The multi-rank entries run in test_exec_plans' 2-rank process group (`GROUP_ENTRIES`:
+no group of their own). Each trains STEPS SGD steps (momentum: the update is linear in
+the clipped gradient, so a wrong coefficient moves every parameter; the offloaded run
+AdamW, whose fused CPU step the executor gives offloaded shards and which torch has
+only for Adam(W) on DTensors) with MAX_NORM far
+below the reference's norm at every step, and must match the single-process reference
+— the same model, seed and batches, `clip_grad_norm_(model.parameters(), MAX_NORM)` —
+in each step's loss, reported norm and the final parameters:
+
+    zero3          FSDP2 shards (Shard over dp); embedding and head tied in one stage
+    offload        the same, every other layer's shards and gradients on the host (AdamW)
+    tp             TP DTensors beside replicated LayerNorm weights; the tied pair split
+    pp             two stages, the tied embedding and head on different ranks
+    pp-interleaved two stages per rank (a ModuleList), the tied pair on one rank each
+    zero1          ZeRO-1's flat shards (fp32: the gradients are the shards' own)
+    zero1-bf16     ZeRO-1's 16-bit gradients: the coefficient goes into the fp32 copy
+    hf-auto        Hugging Face GPT-2 through `planner.auto_parallel` (ZeRO-2)
+
+fp16 loss scaling (unscale, then clip; a skipped step unclipped) runs in
+tests/test_exec_fp16.py's pp2 x dp2 ZeRO-1 group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from executors import apply, full_state_dict
+from executors.grad_clip import check_max_grad_norm
+from ir.errors import PlannerError
+from ir.plan import uniform_plan
+from ir.strategy import Precision, Schedule
+from ir.trace import model_output_tensor
+
+from test_exec_plans import (GLOBAL_BATCH, GPT, GROUP_ENTRIES, HF_GPT2, assert_params_match,
+                             batches_of, build_model, graph_of, optimizer_kwargs)
+from test_exec_plans import results_for as plans_results_for
+
+MAX_NORM = 0.05  # the reference's norms are ~1-3 (asserted below): every step clips
+LR = 0.5  # SGD: a clipped update (norm LR x MAX_NORM) moves the parameters visibly
+MOMENTUM = 0.9
+LOSS_RTOL = 1e-5
+NORM_RTOL = 1e-5
+BF16_RTOL = 5e-2  # bf16 compute: ~8 significant bits per product, summed (seen: 3e-4
+# in the norms, 1.4e-3 in the losses, under 2e-2 in the updates)
+BF16_ROUNDING = 2.0 ** -8  # bf16's unit roundoff: 8 significant bits
+ATOL = 1e-6  # a gradient that is 0 (attention key biases) updates by noise alone
+PREFIX = "clip:"
+
+PLANS = {  # name -> (model, uniform_plan keywords)
+    "zero3": (GPT, dict(dp=2, zero=3, micro_batch=2)),
+    "offload": (GPT, dict(dp=2, zero=3, micro_batch=2)),
+    "tp": (GPT, dict(tp=2)),
+    "pp": (GPT, dict(pp=2, micro_batch=2, schedule=Schedule.GPIPE)),
+    "pp-interleaved": (GPT, dict(pp=2, virtual_stages=2, micro_batch=2,
+                                 schedule=Schedule.INTERLEAVED)),
+    "zero1": (GPT, dict(dp=2, zero=1)),
+    "zero1-bf16": (GPT, dict(dp=2, zero=1, precision=Precision.BF16_MIXED)),
+    "hf-auto": (HF_GPT2, dict(dp=2, zero=2)),
+}
+
+
+def plan_optimizer(name: str) -> str:
+    """The entry's optimizer: SGD with momentum; AdamW for the offloaded run."""
+    return "adamw" if name == "offload" else "sgd-momentum"
+
+
+def optimizer_of(optimizer: str) -> tuple[type[torch.optim.Optimizer], dict]:
+    if optimizer == "adamw":
+        return torch.optim.AdamW, optimizer_kwargs()  # test_exec_plans' settings
+    return torch.optim.SGD, {"lr": LR, "momentum": MOMENTUM}
+
+
+@functools.lru_cache(maxsize=None)
+def reference(spec: str, max_norm: float | None = MAX_NORM,
+              optimizer: str = "sgd-momentum") -> dict:
+    """One process, plain torch: each step's loss and pre-clip norm, the final parameters."""
+    model, loss_fn = build_model(spec)
+    cls, kwargs = optimizer_of(optimizer)
+    opt = cls(model.parameters(), **kwargs)
+    losses, norms = [], []
+    for inputs, target in batches_of(spec):
+        opt.zero_grad()
+        loss = loss_fn(model_output_tensor(model(**inputs)), target)
+        loss.backward()
+        if max_norm is not None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
+        opt.step()
+        losses.append(loss.item())
+    return {"losses": losses, "norms": norms,
+            "state": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+def plan_of(name: str):
+    spec, keywords = PLANS[name]
+    keywords = {"precision": Precision.FP32, **keywords}
+    plan = uniform_plan(len(graph_of(spec).layers), global_batch=GLOBAL_BATCH,
+                        optimizer=plan_optimizer(name), **keywords)
+    if name == "offload":  # ZeRO-Offload (CPUOffloadPolicy) on the odd layers
+        plan = dataclasses.replace(plan, layer_strategies=tuple(
+            dataclasses.replace(s, offload=j % 2 == 1)
+            for j, s in enumerate(plan.layer_strategies)))
+    return plan
+
+
+def run_clipped(name: str) -> dict:
+    """On every rank: apply (or auto_parallel) with max_grad_norm and train."""
+    spec, _ = PLANS[name]
+    model, loss_fn = build_model(spec)
+    plan, batches = plan_of(name), batches_of(spec)
+    cls, settings = optimizer_of(plan_optimizer(name))
+    kwargs = dict(loss_fn=loss_fn, optimizer=cls, optimizer_kwargs=settings,
+                  max_grad_norm=MAX_NORM)
+    if name == "hf-auto":
+        from planner import auto_parallel
+
+        inputs, target = batches[0]
+        rows = plan.micro_batch
+        auto = auto_parallel(model, ({k: v[:rows] for k, v in inputs.items()}, target[:rows]),
+                             plan=plan, **kwargs)
+        pm = auto.parallel
+    else:
+        pm = apply(model, plan, graph_of(spec), **kwargs)
+    losses, norms = [], []
+    for inputs, target in batches:
+        losses.append(pm.train_step(inputs, target))
+        norms.append(pm.last_grad_norm)
+    state = full_state_dict(pm)
+    return {"losses": losses, "norms": norms, "state": state if dist.get_rank() == 0 else None}
+
+
+def clip_entries() -> list[tuple]:
+    return [(PREFIX + name, run_clipped, name) for name in PLANS]
+
+
+GROUP_ENTRIES.setdefault(2, []).append(clip_entries)
+
+
+def results_for(name: str) -> dict:
+    return plans_results_for(2)[PREFIX + name]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(540)
+@pytest.mark.parametrize("name", list(PLANS))
+def test_clipped_plan_matches_clip_grad_norm_on_one_device(name):
+    spec, _ = PLANS[name]
+    ref = reference(spec, MAX_NORM, plan_optimizer(name))
+    assert min(ref["norms"]) > 4 * MAX_NORM  # every step clips, by a wide margin
+    got = results_for(name)
+    bf16 = PLANS[name][1].get("precision") is Precision.BF16_MIXED
+    rtol = BF16_RTOL if bf16 else LOSS_RTOL
+    torch.testing.assert_close(torch.tensor(got["losses"], dtype=torch.float64),
+                               torch.tensor(ref["losses"], dtype=torch.float64),
+                               rtol=rtol, atol=0.0)
+    torch.testing.assert_close(torch.tensor(got["norms"], dtype=torch.float64),
+                               torch.tensor(ref["norms"], dtype=torch.float64),
+                               rtol=BF16_RTOL if bf16 else NORM_RTOL, atol=0.0)
+    if bf16:  # the weights come back as their 16-bit working copies: rounded by up to
+        # BF16_ROUNDING of their size, beyond which each update must match (the zero-
+        # initialised biases show it: an unclipped update misses them by 100x the bound)
+        initial = dict(build_model(spec)[0].named_parameters())
+        for pname, expected in ref["state"].items():
+            update = (expected - initial[pname].detach()).norm()
+            error = (got["state"][pname].float() - expected).norm()
+            bound = BF16_ROUNDING * expected.norm() + BF16_RTOL * update + ATOL
+            assert error <= bound, f"{pname}: error {error:.2e} > {bound:.2e}"
+        return
+    for pname, expected in ref["state"].items():
+        assert_params_match(pname, got["state"][pname], expected)
+
+
+def test_reference_without_clipping_differs():
+    """The clipped reference is not the unclipped one: a run that skipped the clip fails."""
+    clipped, plain = reference(GPT), reference(GPT, None)
+    moved = [(clipped["state"][n] - plain["state"][n]).norm() / plain["state"][n].norm()
+             for n in plain["state"]]
+    assert max(moved) > 100 * 1e-5
+
+
+@pytest.mark.parametrize("value", [0, -1.0, math.nan, math.inf, "1", True, [1.0]])
+def test_max_grad_norm_must_be_positive_finite(value):
+    with pytest.raises(PlannerError, match=r"^max_grad_norm=.* is not a positive finite number"):
+        check_max_grad_norm(value)
+    assert check_max_grad_norm(2) == 2.0 and check_max_grad_norm(None) is None
+
+
+def test_apply_refuses_a_bad_max_grad_norm_before_anything_runs():
+    model, loss_fn = build_model(GPT)
+    with pytest.raises(PlannerError, match=r"^max_grad_norm=-1"):
+        apply(model, plan_of("tp"), graph_of(GPT), loss_fn=loss_fn, max_grad_norm=-1)
+
+
+def test_apply_refuses_clipping_with_sharded_tables_in_one_line():
+    from ir.embedding_tables import (EmbeddingPlan, EmbeddingTable, PlacedTable,
+                                     TablePlacement, TableSharding)
+
+    table = EmbeddingTable("tables.0", 10, 8, "float32", "sum", 3)
+    placed = PlacedTable(table, TablePlacement("tables.0", TableSharding.ROW_RANGE, (0, 1)))
+    plan = dataclasses.replace(plan_of("zero1"), embeddings=EmbeddingPlan((placed,)))
+    model, loss_fn = build_model(GPT)
+    with pytest.raises(PlannerError) as error:
+        apply(model, plan, graph_of(GPT), loss_fn=loss_fn, max_grad_norm=1.0)
+    assert "\n" not in str(error.value)
+    assert str(error.value).startswith("max_grad_norm with sharded embedding table tables.0")
+
+
+def test_clipping_prices_a_read_for_the_norm_and_a_read_and_write_for_the_scale():
+    """plan.clip_grad_norm adds the clip's gradient traffic to the layer's optimizer step
+    (`cost_models.compute`): fp32 gradients 3 x 4 bytes per local element, ZeRO-1's
+    16-bit replicated gradient 2 bytes (read for the norm only); nothing when not asked."""
+    from cost_models.clusters import get_cluster
+    from cost_models.common import StepConfig
+    from cost_models.compute import optimizer_step_seconds
+    from ir.strategy import DPMode, LayerStrategy
+    from planner.models import load_layer_graph
+
+    gpu = get_cluster("h100-80g")
+    block = load_layer_graph("gpt-tiny", 1, None).layers[1]
+    big = dataclasses.replace(block, params=block.params * 10**6)  # the stream dominates
+    plain = StepConfig(micro_batch=1, graph_micro_batch=1, graph_dtype="float32",
+                       precision=Precision.BF16_MIXED)
+    clipped = dataclasses.replace(plain, clip_grad_norm=True)
+    bytes_per_s = gpu.hbm_gbps * 1e9
+    for strategy, nbytes in ((LayerStrategy(dp=8, dp_mode=DPMode.ZERO3), big.params / 8 * 12),
+                             (LayerStrategy(dp=8, dp_mode=DPMode.ZERO1), big.params * 2),
+                             (LayerStrategy(), big.params * 12)):
+        extra = (optimizer_step_seconds(big, strategy, gpu, clipped)
+                 - optimizer_step_seconds(big, strategy, gpu, plain))
+        assert extra == pytest.approx(nbytes / bytes_per_s), strategy
+
+
+def test_plan_records_clipping_and_its_prices_follow():
+    from cost_models.common import StepConfig
+    from ir.plan import PlanDocument, plan_from_dict, plan_to_dict
+
+    plan = dataclasses.replace(plan_of("zero3"), clip_grad_norm=True)
+    names = tuple(layer.name for layer in graph_of(GPT).layers)
+    data = plan_to_dict(PlanDocument(plan, "gpt", "abc123", names, {"name": "local"}))
+    assert data["clip_grad_norm"] is True
+    assert plan_from_dict(data).plan == plan
+    assert "clip_grad_norm" not in plan_to_dict(PlanDocument(plan_of("zero3"), "gpt", "abc123",
+                                                             names, {"name": "local"}))
+    assert StepConfig.from_plan(graph_of(GPT), plan).clip_grad_norm
+
+
+def test_estimate_prices_the_clip_when_asked(capsys):
+    """`planner estimate --clip-grad-norm`: the same plan, its optimizer step longer by
+    the clip's gradient passes; refused beside --plan, which fixes it."""
+    import json
+
+    from planner.cli import main
+
+    argv = ["estimate", "gpt-tiny", "--cluster", "h100-80g", "--dp", "8", "--zero", "3",
+            "--json"]
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)["time"]["optimizer"]
+    assert main(argv + ["--clip-grad-norm"]) == 0
+    clipped = json.loads(capsys.readouterr().out)["time"]["optimizer"]
+    assert clipped > plain
+    assert main(["estimate", "--plan", "x.json", "--clip-grad-norm"]) == 2
+    assert "--clip-grad-norm cannot be combined with --plan" in capsys.readouterr().err
+
+
+def test_search_with_clipping_plans_a_clipping_step():
+    """SearchOptions.clip_grad_norm (`planner plan --clip-grad-norm`, auto_parallel's
+    max_grad_norm) prices the clip in the search and records it in the plan it makes."""
+    from cost_models.clusters import get_cluster
+    from planner.models import load_layer_graph
+    from planner.search import search
+    from planner.search_space import SearchOptions
+
+    graph = load_layer_graph("gpt-tiny")
+    pins = dict(uniform=True, dp=8, zero=3, tp=1, pp=1, no_checkpoint=True, micro_batch=1)
+    results = [search(graph, get_cluster("h100-80g"), 8, SearchOptions(clip_grad_norm=c, **pins))
+               for c in (False, True)]
+    plain, clipped = (r.best for r in results)
+    assert not plain.plan.clip_grad_norm and clipped.plan.clip_grad_norm
+    assert clipped.estimate.time.optimizer > plain.estimate.time.optimizer
+
+
+def test_plan_file_with_a_bad_clip_grad_norm_is_refused_naming_the_key():
+    from ir.plan import PlanDocument, plan_from_dict, plan_to_dict
+
+    names = tuple(layer.name for layer in graph_of(GPT).layers)
+    data = plan_to_dict(PlanDocument(plan_of("zero3"), "gpt", "abc123", names, {"name": "local"}))
+    with pytest.raises(PlannerError, match=r"clip_grad_norm: expected .*'yes'"):
+        plan_from_dict({**data, "clip_grad_norm": "yes"}, "plan.json")
