@@ -411,7 +411,7 @@ def autograd_call_s(device: str = "cpu") -> float:
 @functools.lru_cache(maxsize=None)
 def node_span_s(device: str = "cpu") -> float:
     """Host seconds an `autograd_engine.NodeSpan` reads beyond the nodes it spans (its two
-    stamps, the probe leaf's gradient hand-over), once per process and device: what the
+    stamps; no input's hand-over, as in a step), once per process and device: what the
     backward figures timed by one (`host_op_seconds_by_pass`, `layer_profile.time_layer`)
     leave out."""
     from cost_models.autograd_engine import measure_engine_start
