@@ -213,7 +213,7 @@ def host_op_seconds_by_pass(device: str = "cpu", gpu: bool | None = None) -> Hos
         as_functions = functools.partial(run_as_functions, calls, x)
 
         def views():
-            y = x.detach().requires_grad_()  # a leaf, as a layer's input is
+            y = x.detach().requires_grad_()  # requiring grad, as a layer's input does
             for _ in range(len(calls)):
                 y = y.view(-1).view(x.shape)
             return y
