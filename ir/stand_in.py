@@ -86,8 +86,8 @@ def is_data(value: torch.Tensor) -> bool:
 
 
 class StepInput(torch.autograd.Function):
-    """A layer's input as a step's middle layer receives it: an activation (a view of a
-    fresh leaf) whose gradient goes on to a node of the layer before, here this one, which
+    """A layer's input as a step's middle layer receives it: an activation (a fresh
+    leaf's storage) whose gradient goes on to a node of the layer before, here this one, which
     runs no op. A leaf input would end the layer's backward with an AccumulateGrad per
     input that no step runs: a `detach`, or where the gradient is not laid out as
     AccumulateGrad keeps it (dlrm-small's top_mlp, slices of a concatenation) a
@@ -95,7 +95,9 @@ class StepInput(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, leaf: torch.Tensor) -> torch.Tensor:
-        return leaf.view_as(leaf)
+        # its storage, not a view (autograd forbids in-place writes to a custom Function's
+        # view outputs; a layer may write its input in place, as it may an activation)
+        return leaf.detach()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> None:

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import cost_models.layer_profile as layer_profile
 from ir.checkpoint_policy import op_name
 from ir.measure import build_layer_graph, layer_graph_from_trace
-from ir.stand_in import is_step_input, real_factory
+from ir.stand_in import StepInput, is_step_input, real_factory
 from ir.trace import trace
 from planner.models import load_layer_graph, load_model
 
@@ -169,3 +169,14 @@ def test_the_spans_probe_chain_hands_over_no_input_gradient():
     assert [op for op, node in mode.ops if type(node).__name__ == "AccumulateGrad"
             and node.variable is sampler.leaf] == []
     assert sampler.leaf.grad is None
+
+
+def test_a_layer_may_write_its_input_in_place():
+    """An in-place op on a layer's input, as on an activation in a step (a ReLU(inplace)
+    first thing in a layer): a `StepInput` is no view, whose in-place write autograd
+    would refuse (a custom Function's view output)."""
+    fc = nn.Linear(8, 8)
+    x = StepInput.apply(torch.randn(4, 8, requires_grad=True))
+    y = fc(torch.relu_(x))
+    torch.autograd.backward([y], [torch.ones_like(y)])
+    assert fc.weight.grad is not None
