@@ -15,8 +15,11 @@ profile then clamped to 0 (issue 17: "worst inf%" in 2 of ~10 bench runs).
 
     fit = measure_engine_start("cpu")   # EngineStart(seconds=9.1e-06, ...)  # doctest: +SKIP
 
-The intercept includes one leaf's gradient hand-over (the probe's leaf is stolen into
-`.grad`, as a layer's parameters are), as the old figure did.
+The start's intercept includes one leaf's gradient hand-over (the probe's leaf is stolen
+into `.grad`, as a layer's parameters are), as the old figure did. A span's does not: its
+chain starts at a layer input's stand-in (`ir.stand_in.StepInput`), whose node runs after
+the span's end, as a profiled layer's inputs' do (a step hands a layer's input gradient to
+the layer before, accumulating nothing).
 """
 
 from __future__ import annotations
@@ -82,11 +85,14 @@ class EngineSampler:
         """One backward of each probe graph, in an order that reverses every round."""
         import torch
 
+        from ir.stand_in import StepInput
+
         order = ENGINE_PROBE_OPS[::-1] if self._rounds % 2 else ENGINE_PROBE_OPS
         self._rounds += 1
         for ops in order:
+            # a span's chain starts at a layer input's stand-in, made before the span
+            y = StepInput.apply(self.leaf) if self.nodes_only else self.leaf
             span = NodeSpan(self.leaf.device.type, self.clock, self.sync) if self.nodes_only else None
-            y = self.leaf
             for _ in range(ops):
                 y = y * 1.0001
             roots = [y, span.root] if span and span.arm([y]) else [y]
@@ -123,8 +129,9 @@ class NodeSpan:
     pre-hook on their first node (of `roots`, the one of highest sequence number, which a
     single thread's ready queue runs first of theirs, after every node made later) to a
     pre-hook on a marker made BEFORE them (this object: one multiply on its own leaf; its
-    node, of lower sequence number, runs after theirs and their leaves' accumulations, as
-    the layer before's first node does in a step). Not to the call's end: the engine's
+    node, of lower sequence number, runs after theirs and their parameters' accumulations,
+    as the layer before's first node does in a step; made after their inputs' stand-ins,
+    `ir.stand_in.StepInput`, whose nodes then run after it). Not to the call's end: the engine's
     end after a window of layers ran 20 us here where the nodes' own call's ran 5-11
     (t5-tiny's encoder_norm, per-node stamps, bench/bench_backward_call.py, load 4,
     2026-11-25). Each stamp reads the clock after `sync` (work queued before it done).

@@ -213,7 +213,7 @@ def host_op_seconds_by_pass(device: str = "cpu", gpu: bool | None = None) -> Hos
         as_functions = functools.partial(run_as_functions, calls, x)
 
         def views():
-            y = x.detach().requires_grad_()  # a leaf, as a layer's input is
+            y = x.detach().requires_grad_()  # requiring grad, as a layer's input does
             for _ in range(len(calls)):
                 y = y.view(-1).view(x.shape)
             return y
@@ -411,7 +411,7 @@ def autograd_call_s(device: str = "cpu") -> float:
 @functools.lru_cache(maxsize=None)
 def node_span_s(device: str = "cpu") -> float:
     """Host seconds an `autograd_engine.NodeSpan` reads beyond the nodes it spans (its two
-    stamps, the probe leaf's gradient hand-over), once per process and device: what the
+    stamps; no input's hand-over, as in a step), once per process and device: what the
     backward figures timed by one (`host_op_seconds_by_pass`, `layer_profile.time_layer`)
     leave out."""
     from cost_models.autograd_engine import measure_engine_start

@@ -137,9 +137,10 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     it (their forwards run after the timed one), as a step runs it, and is timed from its
     first node to the node after its last (`autograd_engine.NodeSpan`): no engine start or
     end in it (a step pays them once per micro-batch and stage, not once per layer, and
-    the compute model sums layers), and no Python between its nodes and theirs. The
-    span's own cost (its two stamps and the probe leaf's gradient hand-over) is measured
-    right after these runs, on this clock: ENGINE_ROUNDS_PER_REPEAT rounds of
+    the compute model sums layers), and no Python between its nodes and theirs; its
+    inputs are activations, not leaves (`ir.stand_in.StepInput`): no AccumulateGrad for
+    them, whose nodes run after the span, as a step hands their gradients to the layer
+    before. The span's own cost (its two stamps) is measured right after these runs, on this clock: ENGINE_ROUNDS_PER_REPEAT rounds of
     `autograd_engine.EngineSampler`'s probe graphs per run, timed by the same span, the
     line through them giving it (`engine`, when given: the sampler to fill, for a caller
     that reports it); the backward is the median run less it (`net_backward_seconds`: a
@@ -158,12 +159,14 @@ def time_layer(measurer: GraphMeasurer, index: int, state: dict, factory: Tensor
     forward_s, backward_s = [], []
     for rep in range(warmup + repeats):
         _clear_grads(state)  # a step's first micro-batch: no gradient to accumulate into
-        span = NodeSpan(device, clock, sync)  # before the layer's nodes: runs after them
         neighbours.before_forward()
         # drawn after the neighbours, as a step's layer reads what the layer before just
         # wrote (drawn before, norms' forwards read 6-25% slower: gpt-tiny's at mb 1
         # 10.7-11.4 us against 8.5-9.6, bench_kernel_model x4 each, load 3.5-7, 2026-11-25)
         inputs = measurer.fresh_inputs(index, state, factory)
+        # after the inputs' nodes (`ir.stand_in.StepInput`, where a step has the layer
+        # before's), before the layer's: its node runs after the layer's, theirs after it
+        span = NodeSpan(device, clock, sync)
         sync()
         start = clock()
         returned = module(*inputs)

@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ir.kernel_recorder import KernelRecorder
 from ir.kernel_records import KernelKind
 from ir.saved_tensors import tensor_leaves
+from ir.stand_in import is_step_input
 
 # ATen ops that draw random numbers (dropout masks): a CPU thread spends ~10x longer per
 # element on them than a memory-bound op moving the same bytes, so the compute model
@@ -255,12 +256,12 @@ def count_ops(fn: Callable[[], object]) -> int:
 def autograd_nodes(roots, counts_leaf: Callable[[object], bool]) -> int:
     """Autograd nodes a backward from `roots` (tensors) runs: every node reachable from
     their `grad_fn`s through `next_functions`, a leaf's gradient accumulation
-    (`AccumulateGrad`) only where `counts_leaf(its tensor)` (a layer's parameters: its
-    input stand-ins are leaves only in the measurement)."""
+    (`AccumulateGrad`) only where `counts_leaf(its tensor)` (a layer's parameters), none
+    past a layer's input (`ir.stand_in.StepInput`: the layer before's node in a step)."""
     seen, stack = set(), [t.grad_fn for t in roots]
     while stack:
         node = stack.pop()
-        if node is None or node in seen:
+        if node is None or node in seen or is_step_input(node):
             continue
         variable = getattr(node, "variable", None)  # AccumulateGrad's leaf
         if variable is not None and not counts_leaf(variable):

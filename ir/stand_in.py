@@ -85,13 +85,38 @@ def is_data(value: torch.Tensor) -> bool:
     return is_float(value.dtype) and not value.requires_grad
 
 
+class StepInput(torch.autograd.Function):
+    """A layer's input as a step's middle layer receives it: an activation (a fresh
+    leaf's storage) whose gradient goes on to a node of the layer before, here this one, which
+    runs no op. A leaf input would end the layer's backward with an AccumulateGrad per
+    input that no step runs: a `detach`, or where the gradient is not laid out as
+    AccumulateGrad keeps it (dlrm-small's top_mlp, slices of a concatenation) a
+    `new_empty_strided` + `copy_` (tests/test_step_inputs.py)."""
+
+    @staticmethod
+    def forward(ctx, leaf: torch.Tensor) -> torch.Tensor:
+        # its storage, not a view (autograd forbids in-place writes to a custom Function's
+        # view outputs; a layer may write its input in place, as it may an activation)
+        return leaf.detach()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> None:
+        return None  # the layer before's work, not this layer's
+
+
+def is_step_input(node) -> bool:
+    """Whether an autograd node is a `StepInput`'s (where a layer's backward ends)."""
+    return isinstance(node, StepInput._backward_cls)
+
+
 def fresh(value, factory: TensorFactory):
-    """A detached stand-in for a boundary value; a float tensor requires grad unless it
-    stands in for the model's data (`is_data`), as in a step."""
+    """A stand-in for a boundary value, cut from any graph; a float tensor requires grad
+    unless it stands in for the model's data (`is_data`), as in a step, and then is a
+    `StepInput`: an activation, not a leaf."""
     if isinstance(value, torch.Tensor):
         t = factory(value.shape, value.dtype, "input")
         if is_float(t.dtype) and not is_data(value):
-            t.requires_grad_(True)
+            return StepInput.apply(t.requires_grad_(True))
         return t
     if isinstance(value, tuple):
         return tuple(fresh(v, factory) for v in value)

@@ -20,6 +20,7 @@ from ir.kernel_calibration import HostOpExcess, KernelCalibration
 from ir.kernel_recorder import KernelRecorder
 from ir.measure import build_layer_graph
 from ir.op_count import OpCounter, count_ops
+from ir.stand_in import StepInput
 from tests.test_host_split import US, cpu, tiny_layer
 
 FORWARD_PARTS = KernelCalibration(
@@ -165,7 +166,9 @@ def test_recorded_ops_are_a_real_cpu_steps_by_a_per_kind_rule(net_graph, name, m
     per parameter tensor instead."""
     layer = next(layer for layer in net_graph.layers if layer.name == name)
     module = make()
-    x = torch.randn(*shape, requires_grad=True)
+    # an activation, as a step's middle layer gets it: its gradient goes to the layer
+    # before, no AccumulateGrad (`ir.stand_in.StepInput`: tests/test_step_inputs.py)
+    x = StepInput.apply(torch.randn(*shape, requires_grad=True))
     forward, backward, saved_outputs, saved_others = _real_passes(module, x)
     calls = layer.kernels.forward_module_calls
     # the records now equal the real step's: no instrumentation terms left
@@ -175,7 +178,7 @@ def test_recorded_ops_are_a_real_cpu_steps_by_a_per_kind_rule(net_graph, name, m
     assert _ops(layer.kernels.backward) == +backward
     assert layer.ops_fwd == sum((+forward).values())
     assert layer.ops_bwd == sum((+backward).values())
-    fresh_x = x.detach().requires_grad_()
+    fresh_x = StepInput.apply(x.detach().requires_grad_())
     _, again, _, _ = _real_passes(module, fresh_x)  # weights' .grad held: added into
     params = len(list(module.parameters()))
     assert again["aten::add_"] == params

@@ -18,6 +18,7 @@ from cost_models.host_excess import (HOST_EXCESS_OPS, SWEPT_EXCESS_OPS, _tiny_ca
                                      plain_dispatch_seconds)
 from cost_models.memory_probes import EXCESS_OP_OF_KIND
 from ir.kernel_calibration import HostOpExcess, KernelCalibration
+from ir.kernel_records import KernelKind, KernelRecord
 from ir.measure import layer_graph_from_trace
 from ir.trace import trace
 from planner.models import load_model
@@ -156,19 +157,30 @@ def test_memory_probe_kinds_of_swept_ops_are_netted_of_their_excess():
         assert EXCESS_OP_OF_KIND[kind] in HOST_EXCESS_OPS, kind
 
 
+def _with_allocations(layer, count: int):
+    """`layer` with `count` `new_empty_strided` calls more in its backward: what an
+    AccumulateGrad runs to lay out a gradient that does not come as its tensor is laid
+    out (before it copies the gradient in)."""
+    allocation = KernelRecord("aten::new_empty_strided", KernelKind.VIEW, "float32", (), count)
+    kernels = dataclasses.replace(layer.kernels,
+                                  backward=layer.kernels.backward + (allocation,))
+    return dataclasses.replace(layer, measured=dataclasses.replace(
+        layer.measured, kernels=kernels, ops_bwd=layer.measured.ops_bwd + count))
+
+
 def test_allocations_dispatch_as_ops_and_pay_their_excess():
-    """dlrm-small's top MLP backward at micro-batch 4 runs four AccumulateGrad layout
-    clones (`new_empty_strided` + `copy_`) of its input leaves' gradients (select views
-    of the stack's (4, 5, 16) gradient: not dense), where micro-batch 1 steals them (a
-    detach each). An allocation has no kernel (recorded as a view) but the host dispatches
-    it as an op: at the made-up kit (views 0.5 us, other ops 1 us, nodes 3 us) and an
-    excess of 1.3 us a `new_empty_strided`, by hand from the record counts, the four pay
-    4 x (1 + 1.3) us, not 4 x 0.5."""
-    one, four = _dlrm_top_mlp(1), _dlrm_top_mlp(4)
+    """dlrm-small's top MLP backward at micro-batch 4 runs no allocation (its inputs'
+    gradients go on to the layers before: no AccumulateGrad re-lays them out,
+    tests/test_step_inputs.py); given four (`_with_allocations`), each has no kernel
+    (recorded as a view) but the host dispatches it as an op: at the made-up kit (views
+    0.5 us, other ops 1 us, nodes 3 us) and an excess of 1.3 us a `new_empty_strided`,
+    by hand from the record counts, the four pay 4 x (1 + 1.3) us, not 4 x 0.5."""
     def allocations(layer):
         return sum(r.count for r in layer.kernels.backward
                    if r.op == "aten::new_empty_strided")
-    assert (allocations(one), allocations(four)) == (0, 4)
+    plain = _dlrm_top_mlp(4)
+    four = _with_allocations(plain, 4)
+    assert (allocations(plain), allocations(four)) == (0, 4)
     kit = dataclasses.replace(BEFORE_SWEEP, host_op_excess=(
         HostOpExcess("aten::new_empty_strided", 1.3 * US),))
     views = sum(r.count for r in four.kernels.backward
@@ -178,3 +190,5 @@ def test_allocations_dispatch_as_ops_and_pay_their_excess():
     no_excess = cpu(dataclasses.replace(kit, host_op_excess=()))  # its cold terms are 0
     assert backward_host_seconds(four, cpu(kit)) == pytest.approx(by_hand)
     assert backward_host_seconds(four, no_excess) == pytest.approx(by_hand - 4 * 1.3 * US)
+    assert backward_host_seconds(four, no_excess) - backward_host_seconds(
+        plain, no_excess) == pytest.approx(4 * 1.0 * US)

@@ -48,6 +48,8 @@ def test_layer_module_computes_what_the_interpreter_computes(model, method):
         runner = measurer.start_run(i, state, factory)
         inputs = [runner.env[a] for a in measurer.infos[i].inputs]
         leaves = [t for v in inputs for t in tensor_leaves(v) if t.requires_grad]
+        for t in leaves:  # activations (`ir.stand_in.StepInput`): kept for the comparison
+            t.retain_grad()
         leaves += [t for t in state.values() if t.requires_grad]
         torch.manual_seed(0)  # dropout draws the same masks in both runs
         measurer.run_forward(i, runner)
