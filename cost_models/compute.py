@@ -245,7 +245,8 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
                     else forward_host_s)
     forward_host_all_s = forward_host_s + hooks_forward_s + dtensor_forward_s
     # a full recompute reruns the forward inside the unit, not the unit's copies
-    rerun_forward_s = with_host(recompute_device_s, forward_host_all_s, cluster) + unit_s + edge_forward_s
+    rerun_forward_s = (with_host(recompute_device_s, forward_host_all_s, cluster) + unit_s
+                       + edge_forward_s)
     forward_s = with_host(forward_s + copy_forward_s, forward_host_all_s,
                           cluster) + unit_s + edge_forward_s
     # (device, host) of each pass; the host's own figures with the unit's and the edges'
