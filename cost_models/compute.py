@@ -235,13 +235,18 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     # the unit's own parameter copies on the device (cost_models.dp_copies; 0 on CPUs)
     copy_forward_s, copy_backward_s = dp_copy_pass_seconds(layer, strategy, cluster, config)
     forward_device_s = forward_s
+    # A full recompute reruns the forward right after the layer after's backward, not the
+    # layers before's forwards: without their cold-code credit (cost_models.cold_kernel)
+    recompute_device_s = forward_s + (recent_code_credit_seconds(layer, cluster, config, share)[0]
+                                      if measured is None else 0.0)
     # The recompute stops at the forward's last save (early stop): the ops from there on
     # are not rerun, priced at the forward's mean host seconds per op (checkpoint_probes)
     rerun_host_s = (forward_host_s * rerun_ops(layer) / layer.ops_fwd if layer.ops_fwd
                     else forward_host_s)
     forward_host_all_s = forward_host_s + hooks_forward_s + dtensor_forward_s
     # a full recompute reruns the forward inside the unit, not the unit's copies
-    rerun_forward_s = with_host(forward_s, forward_host_all_s, cluster) + unit_s + edge_forward_s
+    rerun_forward_s = (with_host(recompute_device_s, forward_host_all_s, cluster) + unit_s
+                       + edge_forward_s)
     forward_s = with_host(forward_s + copy_forward_s, forward_host_all_s,
                           cluster) + unit_s + edge_forward_s
     # (device, host) of each pass; the host's own figures with the unit's and the edges'
@@ -256,13 +261,13 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         # the layer's forward again inside the recompute hook; the TP modules' hooks run
         # again with it, the DP unit's (outside the checkpointed forward) do not; so do
         # the SP norms' DTensor ops
-        recompute_s = with_host(forward_device_s, rerun_host_s + hooks_recompute_s
+        recompute_s = with_host(recompute_device_s, rerun_host_s + hooks_recompute_s
                                 + dtensor_forward_s, cluster) + tp_half_s + edge_recompute_s
-        recompute_parts = (forward_device_s, rerun_host_s + hooks_recompute_s
+        recompute_parts = (recompute_device_s, rerun_host_s + hooks_recompute_s
                            + dtensor_forward_s + tp_half_s + edge_recompute_s)
     elif strategy.checkpoint is Checkpoint.FULL:
         recompute_s = rerun_forward_s - loss_forward_s
-        recompute_parts = (forward_device_s,
+        recompute_parts = (recompute_device_s,
                            forward_host_all_s + unit_s + edge_forward_s - loss_forward_s)
     elif strategy.checkpoint is Checkpoint.SELECTIVE and layer.kernels is not None:
         recompute_s, *recompute_parts = _selective_recompute_seconds(

@@ -39,7 +39,9 @@ stages, schedule and micro-batches.
    the kit's `cold_entry_after_backward_host_s`): a stage's first layer's forwards are
    split by the pass before them in the rank's order (GPipe: only the step's first of m;
    1F1B: the first and every steady-state one; the plain loop: all), each kind priced
-   apart and weighted by its share (`Placed`, `placed_compute`).
+   apart and weighted by its share (`Placed`, `placed_compute`). The ops the trace took
+   as run just before a pass (`Layer.recent_ops_fwd` / `_bwd`: the model's neighbours)
+   are dropped where the rank ran other work there (`_recent_ops`).
 
 3. What a step pays once outside its layers (`step_loop_s`; the kit's figures:
    `cost_models.step_loop_probes`). The training loop's own work
@@ -282,12 +284,14 @@ def warm_before(ops: Sequence[PassOp], i: int, spans: Sequence[Sequence[Layer]],
 
 
 def prices_cold_ops(cluster: ClusterSpec) -> bool:
-    """Whether `cluster`'s kit prices cold ops in either pass or a forward's entry after a
-    backward apart (GPU presets and older kits do not: then no count or order moves a
-    time, and `placed_layers` need not run)."""
+    """Whether `cluster`'s kit prices cold ops in either pass, a forward's entry after a
+    backward apart or cold kernel code (the recent ops' credit, `_recent_ops`; GPU presets
+    and older kits price none: then no count or order moves a time, and `placed_layers`
+    need not run)."""
     cal = cluster.kernel_calibration
     return cal is not None and (cal.cold_op_host_s > 0 or cal.cold_backward_op_host_s > 0
-                                or cal.cold_entry_after_backward_host_s > 0)
+                                or cal.cold_entry_after_backward_host_s > 0
+                                or bool(cal.cold_kernels))  # `_recent_ops`
 
 
 # A layer's passes as placed in a plan: (share of its passes, the layer as those see it).
@@ -332,6 +336,8 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
     # first layer -> (after a backward, same code before) -> counts
     forwards: dict[int, dict[tuple[bool, bool], list[int]]] = {}
     backwards: dict[int, list[dict | None]] = {}  # last layer -> `cold_ops_bwd`s
+    # last layers whose every backward follows its own stage's forward (`_recent_ops`)
+    after_own: dict[int, bool] = {}
     for i, op in enumerate(ops):
         first, last = spans[op.chunk * pp + rank]
         where = first if op.forward else last
@@ -349,9 +355,12 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
             forwards.setdefault(where, {}).setdefault((not before.forward, same), []).append(count)
         else:
             backwards.setdefault(where, []).append(count)
+            before = ops[i - 1]
+            after_own[where] = after_own.get(where, True) and before.forward and \
+                before.chunk == op.chunk
     out: dict[int, Placed] = {}
     for j in sorted(set(forwards) | set(backwards)):
-        layer = layers[j]
+        layer = _recent_ops(layers, j, j in forwards, after_own.get(j, True))
         if j in backwards:  # layers without recorded op names keep their trace-time counts
             layer = dataclasses.replace(layer, **{field: _mean(
                 [None if c is None else c[field] for c in backwards[j]], getattr(layer, field))
@@ -366,6 +375,21 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
             cold_distinct_ops_fwd=_mean(counts, layer.cold_distinct_ops_fwd)))
             for (after, same), counts in sorted(groups.items()))
     return out
+
+
+def _recent_ops(layers: Sequence[Layer], j: int, first: bool, after_own: bool) -> Layer:
+    """Layer j with the recent ops (`Layer.recent_ops_fwd` / `_bwd`,
+    `cold_kernel.recent_code_credit_seconds`) its placed passes keep: the trace's assume
+    the layers before (forward) or its forward and the layers after (backward) just ran on
+    this rank; a stage's first layer's forward follows another pass of the rank (none
+    kept: no credit, as before the credit), and its last layer's backward keeps the
+    trace's only where that is its own forward alone (the model's last layer, every
+    backward right after its stage's forward: the plain loop, 1F1B's last stage)."""
+    layer = layers[j]
+    keep_bwd = j == len(layers) - 1 and after_own
+    fields = {**({"recent_ops_fwd": ()} if first else {}),
+              **({} if keep_bwd else {"recent_ops_bwd": ()})}
+    return dataclasses.replace(layer, **fields)
 
 
 def _mean(counts: list[int | None], traced: float) -> float:

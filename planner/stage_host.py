@@ -275,4 +275,5 @@ def stage_host(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, ta
 def _passes_key(placed: Placed) -> tuple:
     """What of a placed layer's passes its price reads beyond the layer's structure."""
     return tuple((share, l.forward_after_backward, l.same_code_before, l.cold_distinct_ops_fwd,
-                  l.cold_distinct_ops_bwd, l.cold_inner_ops_bwd) for share, l in placed)
+                  l.cold_distinct_ops_bwd, l.cold_inner_ops_bwd, l.recent_ops_fwd,
+                  l.recent_ops_bwd) for share, l in placed)

@@ -17,7 +17,10 @@ from ir.op_count import recent_code_bytes
 from cost_models.cold_kernel import cold_kernel_seconds, recent_code_credit_seconds
 from cost_models.compute import layer_compute
 from cost_models.host_dispatch import host_position_key
-from ir.strategy import LayerStrategy
+from cost_models.step_host import placed_compute, placed_layers
+from ir.plan import uniform_plan
+from ir.strategy import Checkpoint, LayerStrategy, Precision, Schedule
+from planner.stage_host import _passes_key
 from tests.test_cold_entry import NormHead, _measured
 from tests.test_kernel_sequence import BASE, config, spec
 
@@ -112,3 +115,62 @@ def test_the_search_prices_apart_layers_whose_work_before_differs():
     cold = spec(dataclasses.replace(BASE, cold_kernels=COLD))
     assert host_position_key(block, cold) != host_position_key(free, cold)
     assert host_position_key(block, spec(BASE)) == host_position_key(free, spec(BASE))
+
+
+def _cold_code_only(block):
+    """A kit that prices cold kernel code and no cold op on the host (placement still runs:
+    `step_host.prices_cold_ops`); `block`'s own forward bytes fill each point's L2."""
+    l2 = max(sum(r.total_bytes for r in block.kernels.forward), 1)
+    return spec(dataclasses.replace(BASE, cold_kernels=tuple(
+        ColdKernelPoint(kind, "float32", 10e-6, l2) for kind in (
+            "add", "gelu", "copy", "sum", "layer_norm"))))
+
+
+@pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B])
+def test_a_stage_cut_leaves_its_edges_no_credit_from_the_other_rank(schedule):
+    """NormHead on 2 ranks, blocks.0 alone on the first: blocks.1's forward follows no
+    blocks.0 forward on its rank (the rank's own backward or forward ran before it), and
+    blocks.0's backward none of blocks.1's passes: both placed without the trace's recent
+    ops (no credit: the price before it), whatever the schedule. blocks.2, inside its
+    stage, keeps them; so does every layer without a pipeline."""
+    graph, _ = _measured(NormHead())
+    first, last = graph.layers[1], graph.layers[0]
+    cluster = _cold_code_only(first)
+    assert first.recent_ops_fwd and last.recent_ops_bwd
+    plan = uniform_plan(5, pp=2, micro_batch=1, global_batch=2, stage_boundaries=(1,),
+                        precision=Precision.FP32, schedule=schedule)
+    placed = placed_layers(graph, plan, cluster)
+    assert all(l.recent_ops_fwd == () for _, l in placed[1])
+    assert all(l.recent_ops_bwd == () for _, l in placed[0])
+    assert placed[2] == ((1.0, graph.layers[2]),)
+    priced = placed_compute(placed[1], LayerStrategy(), cluster, config())
+    traced = layer_compute(first, LayerStrategy(), cluster, config())
+    credit_fwd, _ = recent_code_credit_seconds(first, cluster, config(), 1.0)
+    assert credit_fwd > 0
+    assert priced.forward_s - traced.forward_s == pytest.approx(credit_fwd)
+    whole = uniform_plan(5, pp=1, micro_batch=1, global_batch=2, precision=Precision.FP32)
+    assert [p[-1][1].recent_ops_fwd for p in placed_layers(graph, whole, cluster)] == [
+        l.recent_ops_fwd for l in graph.layers]
+
+
+def test_a_recompute_forward_runs_after_a_backward_without_the_forward_credit():
+    """A full recompute reruns the forward right after the layer after's backward, not
+    after the layers before's forwards: it is priced as the layer with no recent ops,
+    while its first forward keeps the credit."""
+    graph, _ = _measured(NormHead())
+    block = graph.layers[1]
+    free = dataclasses.replace(block, recent_ops_fwd=(), recent_ops_bwd=())
+    cluster = _cold_code_only(block)
+    full = LayerStrategy(checkpoint=Checkpoint.FULL)
+    priced, unplaced = (layer_compute(x, full, cluster, config()) for x in (block, free))
+    assert priced.forward_s < unplaced.forward_s
+    assert priced.recompute_s == pytest.approx(unplaced.recompute_s)
+
+
+def test_the_search_keys_placed_passes_by_their_recent_ops():
+    """Two placements of one layer that differ only in the recent ops price apart in the
+    search's cache (`stage_host._passes_key`), as the estimate prices them."""
+    graph, _ = _measured(NormHead())
+    block = graph.layers[1]
+    free = dataclasses.replace(block, recent_ops_fwd=(), recent_ops_bwd=())
+    assert _passes_key(((1.0, block),)) != _passes_key(((1.0, free),))

@@ -18,7 +18,7 @@ from cost_models.step_host import placed_compute, placed_layers
 from cost_models.synthetic import gpt_layer_graph
 from cost_models.tied_memory import tied_copies
 from cost_models.tied_sync import sum_traffic_bytes, tied_sum_seconds
-from ir.kernel_calibration import KernelCalibration
+from ir.kernel_calibration import MEMORY_KERNELS, ColdKernelPoint, KernelCalibration
 from ir.plan import uniform_plan
 from ir.strategy import Checkpoint, Precision, Schedule
 from planner.models import load_layer_graph
@@ -28,6 +28,7 @@ from planner.stage_host import StageHost
 from tests.cpu_specs import two_cpu_processes
 
 ENGINE_S, ACTION_S = 1e-3, 2e-3  # round figures far above the float noise of the rest
+COLD_L2_BYTES = 2**20  # a made-up L2: more than a tiny block's pass, so credits are > 0
 TIED_SPEC = "gpt:layers=2,hidden=64,heads=4,vocab=512,seq=32"  # embedding tied to the head
 
 
@@ -95,17 +96,26 @@ def _placed_s(host, plan, a: int, b: int, r: int) -> float:
                for j, (_, placed) in host.edges(a, b, r).items())
 
 
+@pytest.mark.parametrize("cold_code", [False, True])
 @pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B])
-def test_a_stage_adds_in_the_search_what_it_adds_in_the_estimate(schedule):
+def test_a_stage_adds_in_the_search_what_it_adds_in_the_estimate(schedule, cold_code):
     """pp 2 on CPU, the embedding tied to the head (one on each rank), every term priced:
     for each rank the estimate's per-micro-batch compute + optimizer share, i.e. the
     traced layers' own compute + h(a, b, r) of the search, to the float. Rank 0 pays its
-    own sum over the embedding's copy as rank 1 does over the head's (4 N bytes each)."""
+    own sum over the embedding's copy as rank 1 does over the head's (4 N bytes each).
+    `cold_code`: the kit prices cold kernel code too, so the cut's edges lose the credit
+    of the ops the trace's neighbours ran (`step_host._recent_ops`) in both."""
     graph = load_layer_graph(TIED_SPEC, micro_batch=1, seq_len=32, dtype=torch.float32)
     n, m = len(graph.layers), 4
     plan = uniform_plan(n, pp=2, micro_batch=1, global_batch=m, schedule=schedule,
                         precision=Precision.FP32)
-    cluster = two_cpu_processes(_kit())
+    kit = _kit()
+    if cold_code:  # the blocks' passes at micro-batch 1 fill part of COLD_L2_BYTES
+        kit = dataclasses.replace(kit, cold_kernels=tuple(ColdKernelPoint(
+            kind, "float32", 10e-6, COLD_L2_BYTES) for kind in MEMORY_KERNELS))
+        cut = plan.stages[1].first_layer  # blocks.1 after blocks.0's forward in the trace
+        assert graph.layers[cut].recent_ops_fwd and graph.layers[cut - 1].recent_ops_bwd
+    cluster = two_cpu_processes(kit)
     configs = layer_configs(graph, plan, "cpu")
     est = estimate(graph, plan, cluster, configs=configs)
     cand = OuterCandidate(pp=2, num_microbatches=m, schedule=schedule, virtual_stages=1)
