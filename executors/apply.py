@@ -219,7 +219,7 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
                            "torchrun, or call executors.init_distributed() first")
     # every rank runs the same plan, or all fail together naming the ranks (no hang)
     device = rank_device(device)
-    agree_on_plan(plan, graph, device)
+    agree_on_plan(plan, graph, device, max_grad_norm)
     world_size = dist.get_world_size()
     # 0. reject before any collective
     dims = check_plan(model, plan, graph, world_size, example_inputs)
