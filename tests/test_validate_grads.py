@@ -5,9 +5,10 @@ The spawned test validates the same gpt-tiny ZeRO-1 plan, fp32 and bf16, twice e
 built as is, and built by a factory (`tests.factories:gpt_tiny_wrong_grad`) whose blocks.1
 gets 0.99 times its gradients when run on more than one process. The losses of the
 wrong bf16 plan pass the old 2% bound; only the gradient check fails it. The right bf16
-plan clips (`--clip-grad-norm`, at `reference.MAX_GRAD_NORM`, below its first-step norm:
-without the coefficient its ranks' norms read unclipped and failed): ZeRO-1's 16-bit gradients then reach the step unclipped, their coefficient in
-the step's `grad_multiplier`, and the ranks' norms must still match the clipped reference.
+plan clips (`--clip-grad-norm`, at `reference.MAX_GRAD_NORM`, below its first-step
+norm): ZeRO-1's 16-bit gradients reach the step unclipped, their coefficient in the
+step's `grad_multiplier`, and the ranks' norms must still match the clipped reference
+(read without the multiplier, they failed).
 """
 
 from __future__ import annotations
