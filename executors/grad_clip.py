@@ -22,8 +22,8 @@ scaling after the unscale and the overflow check, as torch.amp.GradScaler docume
 under fp16, `executors.loss_scaling`) are read times `held_multiplier` and not written:
 their coefficient goes into that multiplier, so the fp32 copy is clipped instead.
 
-Sharded embedding tables are refused (`clip_problem`): their row-sparse gradients
-(`executors.hybrid_step`) would need a coalescing pass of their own.
+Sharded embedding tables are refused (`clip_problem`, by `ir.legality.clip_tables_problem`,
+the rule the plan and the search keep too).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from torch import nn
 
 from executors.zero1 import local_tensor
 from ir.errors import PlannerError
+from ir.legality import clip_tables_problem
 from ir.plan import ParallelPlan
 
 # torch.nn.utils.clip_grad_norm_'s guard against a zero norm (torch/nn/utils/clip_grad.py:
@@ -59,12 +60,10 @@ def check_max_grad_norm(max_grad_norm: float | None) -> float | None:
 
 
 def clip_problem(plan: ParallelPlan, max_grad_norm: float | None) -> str | None:
-    """Why `plan` cannot clip (None: it can, or no clipping asked)."""
-    if max_grad_norm is None or plan.embeddings is None or not plan.embeddings.tables:
-        return None
-    name = plan.embeddings.tables[0].table.name
-    return (f"max_grad_norm with sharded embedding table {name}: its row-sparse gradient is "
-            "not clipped; drop max_grad_norm or plan the table as a dense layer")
+    """Why `plan` cannot clip (None: it can, or no clipping asked):
+    `ir.legality.clip_tables_problem`."""
+    tables = plan.embeddings.tables if plan.embeddings is not None else ()
+    return clip_tables_problem(max_grad_norm is not None, (t.table.name for t in tables))
 
 
 def clip_grad_norm(params: Iterable[nn.Parameter], copies: Callable[[nn.Parameter], int],

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 
 import pytest
 import torch
@@ -54,6 +55,8 @@ BF16_RTOL = 5e-2  # bf16 compute: ~8 significant bits per product, summed (seen:
 BF16_ROUNDING = 2.0 ** -8  # bf16's unit roundoff: 8 significant bits
 ATOL = 1e-6  # a gradient that is 0 (attention key biases) updates by noise alone
 PREFIX = "clip:"
+TABLES_REFUSED = ("gradient clipping (max_grad_norm, --clip-grad-norm) with sharded "
+                  "embedding table tables.0")
 
 PLANS = {  # name -> (model, uniform_plan keywords)
     "zero3": (GPT, dict(dp=2, zero=3, micro_batch=2)),
@@ -210,7 +213,21 @@ def test_apply_refuses_clipping_with_sharded_tables_in_one_line():
     with pytest.raises(PlannerError) as error:
         apply(model, plan, graph_of(GPT), loss_fn=loss_fn, max_grad_norm=1.0)
     assert "\n" not in str(error.value)
-    assert str(error.value).startswith("max_grad_norm with sharded embedding table tables.0")
+    assert str(error.value).startswith(TABLES_REFUSED)
+    # the same rule refuses a plan priced as clipping (ir.legality.clip_tables_problem)
+    with pytest.raises(PlannerError, match="^" + re.escape(TABLES_REFUSED)):
+        dataclasses.replace(plan, clip_grad_norm=True)
+
+
+def test_planning_a_table_model_with_clipping_fails_in_one_line(tmp_path, capsys):
+    from planner.cli import main
+
+    out = tmp_path / "plan.json"
+    assert main(["plan", "dlrm-small", "--cluster", "local", "--gpus-per-node", "2",
+                 "--global-batch", "8", "--clip-grad-norm", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "with sharded embedding table" in err, err
+    assert not out.exists()
 
 
 def test_clipping_prices_a_read_for_the_norm_and_a_read_and_write_for_the_scale():
