@@ -243,6 +243,28 @@ def test_planning_a_table_model_with_clipping_fails_in_one_line(tmp_path, capsys
     assert not out.exists()
 
 
+@pytest.mark.parametrize("cluster_name", ["h100-80g", "local"])
+def test_clipping_prices_one_blocking_scalar_all_reduce_a_step(cluster_name):
+    """The clip's norm is one fp32 scalar all-reduced over every rank before the scale
+    (`cost_models.step_host.clip_all_reduce_s`): each rank's step loop pays the alpha-beta
+    all-reduce of 4 bytes over the world (`cost_models.comm`), on GPUs and CPU processes."""
+    from cost_models.clusters import get_cluster
+    from cost_models.comm import collective_s
+    from cost_models.estimate import estimate
+    from planner.models import load_layer_graph
+
+    cluster = get_cluster(cluster_name, gpus_per_node=2)
+    graph = load_layer_graph("gpt-tiny", 1, None)
+    plan = uniform_plan(len(graph.layers), dp=cluster.world_size,
+                        global_batch=cluster.world_size, precision=Precision.FP32)
+    once = collective_s("all_reduce", 4, cluster.world_size, cluster)
+    assert once > 0
+    plain, clipped = (estimate(graph, dataclasses.replace(plan, clip_grad_norm=c), cluster)
+                      for c in (False, True))
+    for a, b in zip(plain.stage_times, clipped.stage_times):
+        assert b.loop_s - a.loop_s == pytest.approx(once, rel=1e-9)
+
+
 def test_clipping_prices_a_read_for_the_norm_and_a_read_and_write_for_the_scale():
     """plan.clip_grad_norm adds the clip's gradient traffic to the layer's optimizer step
     (`cost_models.compute`): fp32 gradients 3 x 4 bytes per local element, ZeRO-1's
