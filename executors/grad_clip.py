@@ -20,7 +20,12 @@ scaling after the unscale and the overflow check, as torch.amp.GradScaler docume
 (unscale_, then clip, then step), and not at all on a skipped step. The gradients a
 `ShardedOptimizer` copies with a multiplier (ZeRO-1's 16-bit ones: still loss-scaled
 under fp16, `executors.loss_scaling`) are read times `held_multiplier` and not written:
-their coefficient goes into that multiplier, so the fp32 copy is clipped instead.
+their coefficient goes into that multiplier, so the fp32 copy is clipped instead. Which
+gradients those are is one rule, `executors.optimizer.multiplied_params`, that loss
+scaling's unscale reads too. As in torch's clip_grad_norm_, the norm and the coefficient
+stay 0-dim tensors on the device (no host read in the step): `last_grad_norm` reads the
+norm only when asked. A gradient still Partial (unreduced sums) is refused, naming its
+parameter: `stage_copies` would count it as replicated.
 
 Sharded embedding tables are refused (`clip_problem`, by `ir.legality.clip_tables_problem`,
 the rule the plan and the search keep too).
