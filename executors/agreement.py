@@ -3,8 +3,9 @@
 Ranks given different plans (DDP on one, ZeRO-3 on another) issue different collectives
 and wait on each other until the process-group timeout. So `executors.apply` first
 all-gathers a digest of what this rank will run: the SHA-256 of the plan's canonical JSON
-(sorted keys, no whitespace), the model's fingerprint and the gradient clip's max norm, as a uint8 tensor (data, no
-pickle). Equal digests cost one all-gather of 32 bytes per rank. Different digests make
+(sorted keys, no whitespace), the model's fingerprint and the gradient clip's max norm
+(its scalar all-reduce is a collective too), as a uint8 tensor (data, no pickle). Equal
+digests cost one all-gather of 32 bytes per rank. Different digests make
 every rank gather the plans' summaries (again as bytes) and raise the SAME one-line
 PlannerError, naming the ranks of each plan and the first field they differ in:
 
