@@ -245,7 +245,8 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
     fwd += actions / 2  # one forward and one backward action
     # once a step, after the last backward with the optimizer step: the loop's own work
     # and the optimizer's entry
-    loop = step_loop_s(cluster, plan.num_microbatches, last_stage in mine, plan.optimizer)
+    loop = step_loop_s(cluster, plan.num_microbatches, last_stage in mine, plan.optimizer,
+                       plan.world_size if plan.clip_grad_norm else 0)
     loop += param_walk_s(cluster, [graph.layers[j] for j in indices])  # its tensors' walk
     opt += loop
     # micro-batches 2..m add into the existing gradients: on CPU processes at the kit's

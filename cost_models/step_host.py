@@ -56,6 +56,8 @@ stages, schedule and micro-batches.
    the optimizer's entry: its step runs once, right after a backward, its code and state
    out of the caches (`optimizer_entry_host_s`, measured on AdamW: Adam and AdamW
    plans; others unmeasured, 0). Once a step on the rank, x the core share; 0 on GPUs.
+   A clipping plan adds its norm's blocking scalar all-reduce over the world, on GPUs
+   too (`clip_all_reduce_s`).
    The loop also walks every parameter tensor of the rank (`reduce_partial_grads` over
    `module.parameters()`: ~2.5 us each inside a gpt-tiny step, 68 tensors, where the
    probe's one Linear has 2; bench/bench_step_terms.py): `param_walk_s`, per tensor the
@@ -103,6 +105,7 @@ from ir.strategy import LayerStrategy, Precision, Schedule
 
 from cost_models.common import GB, StepConfig
 from cost_models.compute import LayerCompute, layer_compute
+from cost_models.comm import collective_s
 from cost_models.compute_profile import ComputeProfile
 from cost_models.grad_accumulation import ACCUMULATE_BYTES_PER_GRAD_BYTE
 from cost_models.host_dispatch import host_op_seconds
@@ -151,15 +154,31 @@ STEP_LOOP_OPS = 11
 LOSS_OPS_PER_MICROBATCH = 9
 
 
-def step_loop_s(cluster: ClusterSpec, m: int, holds_loss: bool, optimizer: str) -> float:
+# The clip's total norm (`executors.grad_clip`): one fp32 scalar, all-reduced (SUM) over
+# every rank before the gradients are scaled.
+CLIP_NORM_BYTES = 4
+
+
+def clip_all_reduce_s(cluster: ClusterSpec, ranks: int) -> float:
+    """Seconds of a clipping step's norm all-reduce over `ranks` (0: no clip, or one
+    rank): blocking, on GPUs and CPU processes alike, no host read (the norm stays on the
+    device). Alpha-beta all-reduce of 4 bytes, the cheaper of ring and tree
+    (`cost_models.comm.collective_s`; Thakur et al. 2005): latency-bound."""
+    return collective_s("all_reduce", CLIP_NORM_BYTES, ranks, cluster) if ranks > 1 else 0.0
+
+
+def step_loop_s(cluster: ClusterSpec, m: int, holds_loss: bool, optimizer: str,
+                clip_ranks: int = 0) -> float:
     """Seconds a step pays once on a rank outside its layers (module docstring, 3):
     `holds_loss`, the rank runs the last plan stage; `optimizer`, the plan's; x the core
     share as every host figure; 0 on GPUs and where the kit measured neither figure
-    (older kits, GPU presets)."""
+    (older kits, GPU presets). `clip_ranks`: a clipping plan's world size, whose norm
+    all-reduce every rank waits on (`clip_all_reduce_s`, priced on GPUs too)."""
+    clip_s = clip_all_reduce_s(cluster, clip_ranks)
     cal = cluster.kernel_calibration
     if cal is None or not cluster.host_bound or not (
             cal.loss_sum_host_s or cal.optimizer_entry_host_s or cal.train_loop_host_s):
-        return 0.0
+        return clip_s
     loss_ops = LOSS_OPS_PER_MICROBATCH * m if holds_loss else 0
     if cal.train_loop_host_s:  # measured cold around one micro-batch holding the loss
         loop_s = max(0.0, cal.train_loop_host_s
@@ -167,7 +186,7 @@ def step_loop_s(cluster: ClusterSpec, m: int, holds_loss: bool, optimizer: str) 
     else:  # older kits: the loop's ops warm, the all-reduce
         loop_s = (STEP_LOOP_OPS + loss_ops) * host_op_seconds(cluster) + cal.loss_sum_host_s
     entry_s = cal.optimizer_entry_host_s if optimizer.startswith("adam") else 0.0
-    return (loop_s + entry_s) * cluster.host_share
+    return (loop_s + entry_s) * cluster.host_share + clip_s
 
 
 # The loop probe's model (`planner.train_loop_probe`: one Linear, weight and bias): the

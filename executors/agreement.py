@@ -3,8 +3,9 @@
 Ranks given different plans (DDP on one, ZeRO-3 on another) issue different collectives
 and wait on each other until the process-group timeout. So `executors.apply` first
 all-gathers a digest of what this rank will run: the SHA-256 of the plan's canonical JSON
-(sorted keys, no whitespace) and the model's fingerprint, as a uint8 tensor (data, no
-pickle). Equal digests cost one all-gather of 32 bytes per rank. Different digests make
+(sorted keys, no whitespace), the model's fingerprint and the gradient clip's max norm
+(its scalar all-reduce is a collective too), as a uint8 tensor (data, no pickle). Equal
+digests cost one all-gather of 32 bytes per rank. Different digests make
 every rank gather the plans' summaries (again as bytes) and raise the SAME one-line
 PlannerError, naming the ranks of each plan and the first field they differ in:
 
@@ -28,10 +29,13 @@ from ir.plan import ParallelPlan
 DIGEST_BYTES = 32  # SHA-256
 
 
-def plan_record(plan: ParallelPlan, graph: LayerGraph) -> dict:
-    """What a rank runs, as plain JSON data: the plan's fields and the model's fingerprint."""
+def plan_record(plan: ParallelPlan, graph: LayerGraph,
+                max_grad_norm: float | None = None) -> dict:
+    """What a rank runs, as plain JSON data: the plan's fields, the model's fingerprint
+    and `apply`'s max_grad_norm (the clip's scalar all-reduce is a collective: a rank
+    without it would leave the others waiting, different values diverge)."""
     return {
-        "model_fingerprint": graph.fingerprint,
+        "model_fingerprint": graph.fingerprint, "max_grad_norm": max_grad_norm,
         "global_batch": plan.global_batch, "micro_batch": plan.micro_batch,
         "num_microbatches": plan.num_microbatches, "schedule": plan.schedule.value,
         "precision": plan.precision.value, "optimizer": plan.optimizer,
@@ -47,8 +51,9 @@ def canonical_json(record: dict) -> bytes:
     return json.dumps(record, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
-def plan_digest(plan: ParallelPlan, graph: LayerGraph) -> bytes:
-    return hashlib.sha256(canonical_json(plan_record(plan, graph))).digest()
+def plan_digest(plan: ParallelPlan, graph: LayerGraph,
+                max_grad_norm: float | None = None) -> bytes:
+    return hashlib.sha256(canonical_json(plan_record(plan, graph, max_grad_norm))).digest()
 
 
 def _all_gather_bytes(data: bytes, device: torch.device) -> list[bytes]:
@@ -105,13 +110,16 @@ def disagreement_message(records: list[dict], summaries: list[str]) -> str:
             "plan file")
 
 
-def agree_on_plan(plan: ParallelPlan, graph: LayerGraph, device: torch.device) -> None:
-    """Return when every rank runs the same plan on the same model; else raise the same
-    PlannerError on every rank (module docstring). One rank: nothing to agree on."""
+def agree_on_plan(plan: ParallelPlan, graph: LayerGraph, device: torch.device,
+                  max_grad_norm: float | None = None) -> None:
+    """Return when every rank runs the same plan on the same model with the same
+    `max_grad_norm`; else raise the same PlannerError on every rank (module docstring).
+    One rank: nothing to agree on."""
     if dist.get_world_size() == 1:
         return
-    record = plan_record(plan, graph)
-    mine = torch.frombuffer(bytearray(plan_digest(plan, graph)), dtype=torch.uint8).to(device)
+    record = plan_record(plan, graph, max_grad_norm)
+    mine = torch.frombuffer(bytearray(plan_digest(plan, graph, max_grad_norm)),
+                            dtype=torch.uint8).to(device)
     digests = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(digests, mine)
     if all(torch.equal(d, digests[0]) for d in digests):

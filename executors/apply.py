@@ -38,6 +38,7 @@ one unit each, root last):
 from __future__ import annotations
 
 import os
+import warnings
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -208,18 +209,24 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     exactly as `torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)` on one
     device, whatever the plan shards (`executors.grad_clip`; fp16: after the unscale, and
     not on a skipped step); `ParallelModel.last_grad_norm` is the step's norm before the
-    clip. None (the default): no clipping. Plans with sharded tables refuse it.
+    clip. None (the default): no clipping. Plans with sharded tables refuse it. The plan's
+    `clip_grad_norm` records what was priced; this argument decides what runs (as
+    torchtitan's job config does), and a mismatch warns once, naming both.
     """
     max_grad_norm = check_max_grad_norm(max_grad_norm)
     problem = clip_problem(plan, max_grad_norm)
     if problem is not None:
         raise PlannerError(problem)
+    if plan.clip_grad_norm != (max_grad_norm is not None):
+        warnings.warn(f"the plan was priced with clip_grad_norm={plan.clip_grad_norm} but "
+                      f"runs with max_grad_norm={max_grad_norm}: the run clips as "
+                      "max_grad_norm says, its estimate assumed otherwise", stacklevel=2)
     if not dist.is_initialized():
         raise PlannerError("executors.apply needs an initialised process group: run under "
                            "torchrun, or call executors.init_distributed() first")
     # every rank runs the same plan, or all fail together naming the ranks (no hang)
     device = rank_device(device)
-    agree_on_plan(plan, graph, device)
+    agree_on_plan(plan, graph, device, max_grad_norm)
     world_size = dist.get_world_size()
     # 0. reject before any collective
     dims = check_plan(model, plan, graph, world_size, example_inputs)

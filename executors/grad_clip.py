@@ -20,10 +20,15 @@ scaling after the unscale and the overflow check, as torch.amp.GradScaler docume
 (unscale_, then clip, then step), and not at all on a skipped step. The gradients a
 `ShardedOptimizer` copies with a multiplier (ZeRO-1's 16-bit ones: still loss-scaled
 under fp16, `executors.loss_scaling`) are read times `held_multiplier` and not written:
-their coefficient goes into that multiplier, so the fp32 copy is clipped instead.
+their coefficient goes into that multiplier, so the fp32 copy is clipped instead. Which
+gradients those are is one rule, `executors.optimizer.multiplied_params`, that loss
+scaling's unscale reads too. As in torch's clip_grad_norm_, the norm and the coefficient
+stay 0-dim tensors on the device (no host read in the step): `last_grad_norm` reads the
+norm only when asked. A gradient still Partial (unreduced sums) is refused, naming its
+parameter: `stage_copies` would count it as replicated.
 
-Sharded embedding tables are refused (`clip_problem`): their row-sparse gradients
-(`executors.hybrid_step`) would need a coalescing pass of their own.
+Sharded embedding tables are refused (`clip_problem`, by `ir.legality.clip_tables_problem`,
+the rule the plan and the search keep too).
 """
 
 from __future__ import annotations
@@ -36,9 +41,11 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor, Partial
 
 from executors.zero1 import local_tensor
 from ir.errors import PlannerError
+from ir.legality import clip_tables_problem
 from ir.plan import ParallelPlan
 
 # torch.nn.utils.clip_grad_norm_'s guard against a zero norm (torch/nn/utils/clip_grad.py:
@@ -59,48 +66,55 @@ def check_max_grad_norm(max_grad_norm: float | None) -> float | None:
 
 
 def clip_problem(plan: ParallelPlan, max_grad_norm: float | None) -> str | None:
-    """Why `plan` cannot clip (None: it can, or no clipping asked)."""
-    if max_grad_norm is None or plan.embeddings is None or not plan.embeddings.tables:
-        return None
-    name = plan.embeddings.tables[0].table.name
-    return (f"max_grad_norm with sharded embedding table {name}: its row-sparse gradient is "
-            "not clipped; drop max_grad_norm or plan the table as a dense layer")
+    """Why `plan` cannot clip (None: it can, or no clipping asked):
+    `ir.legality.clip_tables_problem`."""
+    tables = plan.embeddings.tables if plan.embeddings is not None else ()
+    return clip_tables_problem(max_grad_norm is not None, (t.table.name for t in tables))
 
 
-def clip_grad_norm(params: Iterable[nn.Parameter], copies: Callable[[nn.Parameter], int],
-                   max_norm: float, device: torch.device, held: frozenset[int] = frozenset(),
-                   held_multiplier: float = 1.0) -> tuple[float, float]:
+def clip_grad_norm(named_params: Iterable[tuple[str, nn.Parameter]],
+                   copies: Callable[[nn.Parameter], int], max_norm: float,
+                   device: torch.device, held: frozenset[int] = frozenset(),
+                   held_multiplier: float | torch.Tensor = 1.0
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale this rank's gradients as single-device clip_grad_norm_(max_norm) would;
-    returns (total norm, coefficient), the same on every rank. `copies(p)`: ranks holding
-    each element of p's gradient; `held`: ids of parameters whose gradients are read
-    times `held_multiplier` and left unscaled (the caller applies the coefficient).
+    returns (total norm, coefficient), 0-dim fp32 tensors on `device`, the same on every
+    rank. `copies(p)`: ranks holding each element of p's gradient; `held`: ids of
+    parameters whose gradients are read times `held_multiplier` (a float or a tensor)
+    and left unscaled (the caller applies the coefficient). A Partial (unreduced)
+    gradient is refused, naming its parameter.
 
-    As torch's own (foreach) clip_grad_norm_: one `_foreach_norm` per (device, dtype)
-    group reads every gradient once, in fp32 (a loss-scaled fp16 norm would overflow),
-    and one `_foreach_mul_` per group scales them; the norm is read to the host once."""
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
-    weights: dict[tuple[torch.device, torch.dtype], list[float]] = defaultdict(list)
+    As torch's own (foreach) clip_grad_norm_: one `_foreach_norm` per group of gradients
+    (device, dtype, held or not, copies) reads every gradient once, in fp32 (a
+    loss-scaled fp16 norm would overflow), and one `_foreach_mul_` per (device, dtype)
+    scales them by the coefficient as a tensor: nothing is read to the host."""
+    groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     scaled: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
-    for p in params:
+    for name, p in named_params:
         if p.grad is None:  # frozen, or unused this step
             continue
+        if isinstance(p.grad, DTensor) and any(isinstance(placement, Partial)
+                                               for placement in p.grad.placements):
+            raise PlannerError(f"{name}'s gradient is Partial (not yet reduced) at the clip: "
+                               "its norm would be a piece's; reduce it before the step")
         g = local_tensor(p.grad)
-        key = (g.device, g.dtype)
-        groups[key].append(g)
-        # each element's share: 1 / copies of it in the world; held ones still multiplied
-        weights[key].append((held_multiplier ** 2 if id(p) in held else 1.0) / copies(p))
+        # each element's share: 1 / copies of it in the world
+        groups[(g.device, g.dtype, id(p) in held, copies(p))].append(g)
         if id(p) not in held:
-            scaled[key].append(g)
-    squares = torch.zeros((), dtype=torch.float32, device=device)
-    for key, grads in groups.items():
+            scaled[(g.device, g.dtype)].append(g)
+    plain = torch.zeros((), dtype=torch.float32, device=device)
+    multiplied = torch.zeros((), dtype=torch.float32, device=device)
+    for (_, _, is_held, count), grads in groups.items():
         norms = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).to(device)
-        share = torch.tensor(weights[key], dtype=torch.float32).to(device)
-        squares += (norms.square() * share).sum()
+        total = multiplied if is_held else plain
+        total += norms.square().sum() / count
+    squares = plain + multiplied * held_multiplier ** 2  # held ones still multiplied
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(squares)  # one scalar, SUM over the whole world
-    total_norm = float(squares.sqrt())
-    coefficient = min(max_norm / (total_norm + NORM_EPSILON), 1.0)
-    with torch.no_grad():  # torch multiplies by the clamped coefficient, 1 included
-        for grads in scaled.values():
-            torch._foreach_mul_(grads, coefficient)
+    total_norm = squares.sqrt()
+    # torch multiplies by the clamped coefficient, 1 included
+    coefficient = torch.clamp(max_norm / (total_norm + NORM_EPSILON), max=1.0)
+    with torch.no_grad():
+        for (grad_device, _), grads in scaled.items():
+            torch._foreach_mul_(grads, coefficient.to(grad_device))
     return total_norm, coefficient

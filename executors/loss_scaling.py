@@ -51,21 +51,22 @@ class LossScaler:
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.scale_value
 
-    def unscale_and_check(self, params: Iterable[torch.nn.Parameter],
-                          device: torch.device) -> bool:
-        """Divide every local gradient by the scale; True when no rank's gradients hold
-        an inf or nan (then the optimizer may step)."""
+    def unscale_and_check(self, params: Iterable[torch.nn.Parameter], device: torch.device,
+                          multiplied: frozenset[int] = frozenset()) -> bool:
+        """Divide every local gradient but the `multiplied` ones by the scale; True when
+        no rank's gradients hold an inf or nan (then the optimizer may step)."""
         inverse = 1.0 / self.scale_value
         overflow = torch.zeros((), device=device)
         for p in params:
             if p.grad is None:
                 continue
             grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-            if grad.dtype == torch.float32:
+            if id(p) not in multiplied:
                 grad.mul_(inverse)
-            # a 16-bit gradient (ZeRO-1's, beside its fp32 master shard) stays scaled: the
-            # optimizer unscales its fp32 copy (`ShardedOptimizer.step(grad_multiplier=)`),
-            # since unscaling in fp16 would flush the small values the scale protects
+            # a `multiplied` gradient (`executors.optimizer.multiplied_params`: ZeRO-1's
+            # 16-bit ones, beside their fp32 master shard) stays scaled: the optimizer
+            # unscales its fp32 copy (`ShardedOptimizer.step(grad_multiplier=)`), since
+            # unscaling in fp16 would flush the small values the scale protects
             overflow = torch.maximum(overflow, (~torch.isfinite(grad)).any().to(overflow.dtype))
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(overflow, op=dist.ReduceOp.MAX)

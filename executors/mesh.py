@@ -150,7 +150,8 @@ class ParallelDims:
         a smaller mesh: a layer's data-parallel replicas, or its TP group around a
         dp-only unit). Ask with the gradient: its placements may differ from the
         parameter's (a vocab-split embedding's Shard(0) weight gets a Replicate
-        gradient). The one count `executors.grad_clip` divides by."""
+        gradient). The one count `executors.grad_clip` divides by (which refuses a
+        Partial gradient before asking: its placements are not reduced)."""
         if not isinstance(t, DTensor):
             return self.stage_devices
         pieces = math.prod(t.device_mesh.size(axis) for axis, placement

@@ -62,9 +62,11 @@ class ShardedOptimizer:
         return self.inner.param_groups if self.inner is not None else []
 
     @torch.no_grad()
-    def step(self, grad_multiplier: float = 1.0) -> None:
-        """grad_multiplier: applied to ZeRO-1's fp32 copies of 16-bit gradients (fp16
-        loss scaling's unscale, `executors.loss_scaling`)."""
+    def step(self, grad_multiplier: float | torch.Tensor = 1.0) -> None:
+        """grad_multiplier (a float, or a 0-dim tensor on the gradients' device): applied
+        to ZeRO-1's fp32 copies of 16-bit gradients (`multiplied_params`), which reach the
+        step as backward left them: fp16 loss scaling's unscale
+        (`executors.loss_scaling`) times the clip's coefficient (`executors.grad_clip`)."""
         for g in self.groups:
             g.attach_grads(grad_multiplier)
         if self.inner is not None:
@@ -190,3 +192,11 @@ def build_optimizer(params: list[nn.Parameter],
                              **optimizer_kwargs)
     return ShardedOptimizer(params, zero1_groups, optimizer_cls, optimizer_kwargs, offloaded,
                             implementation)
+
+
+def multiplied_params(optimizer) -> frozenset[int]:
+    """Ids of the parameters whose gradients `optimizer` reads times its step's
+    `grad_multiplier` (`ShardedOptimizer.multiplied_params`; none for any other): the one
+    rule for which gradients loss scaling's unscale and the clip leave as they are."""
+    return optimizer.multiplied_params() if isinstance(optimizer, ShardedOptimizer) \
+        else frozenset()

@@ -58,7 +58,7 @@ from executors.hybrid_step import all_gather_sparse
 from executors.layout import Layout
 from executors.loss_scaling import LossScaler
 from executors.mesh import Meshes
-from executors.optimizer import ShardedOptimizer
+from executors.optimizer import ShardedOptimizer, multiplied_params
 from executors.pipeline import StageAnalysis, stage_inputs
 from executors.sharded_embedding import ShardedTables
 from executors.sparse_optimizer import SparseRowOptimizer, replicated_tables
@@ -123,15 +123,21 @@ class ParallelModel:
     # clip the gradients to this global L2 norm before each step (None: no clipping), as
     # torch.nn.utils.clip_grad_norm_ on one device (`executors.grad_clip`)
     max_grad_norm: float | None = None
-    # the last step's total gradient norm before clipping, the same on every rank (None:
-    # no clipping asked or no step yet; inf: an fp16 step skipped for an overflow)
-    last_grad_norm: float | None = None
+    # the last step's total gradient norm before clipping, on the device (`last_grad_norm`)
+    _grad_norm: torch.Tensor | float | None = field(default=None, init=False, repr=False)
     # this step's count of the global target (None: not sharded by rows, uniform weights)
     _global_count: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.plan.precision is Precision.FP16_MIXED and self.loss_scaler is None:
             self.loss_scaler = LossScaler()
+
+    @property
+    def last_grad_norm(self) -> float | None:
+        """The last step's total gradient norm before clipping, the same on every rank
+        (None: no clipping asked or no step yet; inf: an fp16 step skipped for an
+        overflow). Read to the host only here, when asked: the step itself never waits."""
+        return None if self._grad_norm is None else float(self._grad_norm)
 
     # ------------------------------------------------------------------ weights
 
@@ -260,16 +266,15 @@ class ParallelModel:
         value = local_loss.clone() if self._reporting() else torch.zeros_like(local_loss)
         return value, dist.all_reduce(value, async_op=True)
 
-    def _clip(self, multiplier: float) -> float:
+    def _clip(self, multiplied: frozenset[int], multiplier: float) -> torch.Tensor:
         """Clip the gradients by their global norm (`executors.grad_clip`); the
-        coefficient, which the gradients the optimizer multiplies still need."""
-        held = (self.optimizer.multiplied_params()
-                if isinstance(self.optimizer, ShardedOptimizer) else frozenset())
+        coefficient (a 0-dim tensor on the device), which the `multiplied` gradients,
+        left as they are, still need."""
         tied = self.tied.copies()
         copies = self.meshes.dims.stage_copies
-        self.last_grad_norm, coefficient = clip_grad_norm(
-            self.module.parameters(), lambda p: copies(p.grad) * tied.get(id(p), 1),
-            self.max_grad_norm, self.device, held, multiplier)
+        self._grad_norm, coefficient = clip_grad_norm(
+            self.module.named_parameters(), lambda p: copies(p.grad) * tied.get(id(p), 1),
+            self.max_grad_norm, self.device, multiplied, multiplier)
         return coefficient
 
     def train_step(self, inputs: dict, target) -> float:
@@ -284,18 +289,22 @@ class ParallelModel:
             for module in replicated_tables(self.tables):
                 all_gather_sparse(module.weight)
         scaler = self.loss_scaler
+        # the gradients the optimizer reads times its multiplier (ZeRO-1's 16-bit ones):
+        # neither the unscale nor the clip writes them
+        multiplied = multiplied_params(self.optimizer)
         # fp16: every rank steps, or every rank skips (an overflow anywhere)
-        if scaler is None or scaler.unscale_and_check(self.module.parameters(), self.device):
-            # what ZeRO-1's 16-bit gradients, still scaled, are multiplied by in the step
+        if scaler is None or scaler.unscale_and_check(self.module.parameters(), self.device,
+                                                      multiplied):
+            # what the multiplied gradients, still scaled, are multiplied by in the step
             multiplier = 1.0 if scaler is None else 1.0 / scaler.scale_value
             if self.max_grad_norm is not None:
-                multiplier *= self._clip(multiplier)
+                multiplier = multiplier * self._clip(multiplied, multiplier)
             if isinstance(self.optimizer, ShardedOptimizer):
                 self.optimizer.step(grad_multiplier=multiplier)
             else:
                 self.optimizer.step()
         elif self.max_grad_norm is not None:
-            self.last_grad_norm = math.inf  # overflowed: neither clipped nor stepped
+            self._grad_norm = math.inf  # overflowed: neither clipped nor stepped
         if scaler is not None:
             scaler.update()
         if self.sparse_optimizer is not None:  # fp16 plans have no tables (ParallelPlan)

@@ -190,9 +190,11 @@ class FlatShardGroup:
         else:  # fp32: the parameters are their own master copy
             self.opt_params = [locals_[x.index].detach().view(-1)[x.lo:x.hi] for x in self.pieces]
 
-    def attach_grads(self, multiplier: float = 1.0) -> None:
+    def attach_grads(self, multiplier: float | torch.Tensor = 1.0) -> None:
         """Give each piece its part of the (all-reduced) gradient, in fp32; the copies of
-        16-bit gradients are multiplied by `multiplier` (fp16's unscale, in fp32)."""
+        16-bit gradients are multiplied by `multiplier` (fp16's unscale times the clip's
+        coefficient, in fp32; a tensor stays on the device, no host read)."""
+        multiply = isinstance(multiplier, torch.Tensor) or multiplier != 1.0
         grads = [local_tensor(p.grad) if p.grad is not None else None for p in self.params]
         buf = None
         if self.master is not None and self.pieces:
@@ -206,7 +208,7 @@ class FlatShardGroup:
             else:
                 t.grad = buf[x.offset:x.offset + x.numel]
                 t.grad.copy_(g.reshape(-1)[x.lo:x.hi])
-                if multiplier != 1.0:
+                if multiply:
                     t.grad.mul_(multiplier)
 
     def release_grads(self) -> None:

@@ -63,9 +63,10 @@ class StageHost:
 
     def __init__(self, graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate,
                  price: Price, grad_bytes: Callable[[int, str], float],
-                 optimizer: str = "adamw"):
+                 optimizer: str = "adamw", clip_ranks: int = 0):
         self.graph, self.cluster, self.cand = graph, cluster, cand
         self.optimizer = optimizer  # the plan's (`step_loop_s` prices its entry)
+        self.clip_ranks = clip_ranks  # a clipping plan's world size (`step_loop_s`), else 0
         self.price, self.grad_bytes = price, grad_bytes
         self.cold = prices_cold_ops(cluster)
         self.tied = tied_sums_priced(cluster)
@@ -105,7 +106,8 @@ class StageHost:
         # step: the loop probe's own taken off once a rank)
         out += param_walk_s(self.cluster, self.graph.layers[a:b + 1], less_probe=once) / m
         if once:  # the last plan stage, p v - 1, runs on rank p - 1 (it holds the loss)
-            out += step_loop_s(self.cluster, m, r == p - 1, self.optimizer) / m
+            out += step_loop_s(self.cluster, m, r == p - 1, self.optimizer,
+                               self.clip_ranks) / m
         if self.tied and once:
             spans = [(a, b)] if v == 1 else [s for s, i in self.pieces.items() if i % p == r]
             out += self._tied_s(spans) / m
@@ -269,7 +271,8 @@ def stage_host(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, ta
     # config prices them
     first = [t.strategies[0] for t in tables]
     return StageHost(graph, cluster, cand, price, lambda j, name: tied_grad_bytes(
-        graph.layers[j], config(j, first[j]), name=name), options.optimizer)
+        graph.layers[j], config(j, first[j]), name=name), options.optimizer,
+        cluster.world_size if options.clip_grad_norm else 0)
 
 
 def _passes_key(placed: Placed) -> tuple:

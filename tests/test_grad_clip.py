@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 
 import pytest
 import torch
@@ -54,6 +55,8 @@ BF16_RTOL = 5e-2  # bf16 compute: ~8 significant bits per product, summed (seen:
 BF16_ROUNDING = 2.0 ** -8  # bf16's unit roundoff: 8 significant bits
 ATOL = 1e-6  # a gradient that is 0 (attention key biases) updates by noise alone
 PREFIX = "clip:"
+TABLES_REFUSED = ("gradient clipping (max_grad_norm, --clip-grad-norm) with sharded "
+                  "embedding table tables.0")
 
 PLANS = {  # name -> (model, uniform_plan keywords)
     "zero3": (GPT, dict(dp=2, zero=3, micro_batch=2)),
@@ -115,7 +118,8 @@ def run_clipped(name: str) -> dict:
     """On every rank: apply (or auto_parallel) with max_grad_norm and train."""
     spec, _ = PLANS[name]
     model, loss_fn = build_model(spec)
-    plan, batches = plan_of(name), batches_of(spec)
+    # priced as clipping, as it runs (else `apply` warns)
+    plan, batches = dataclasses.replace(plan_of(name), clip_grad_norm=True), batches_of(spec)
     cls, settings = optimizer_of(plan_optimizer(name))
     kwargs = dict(loss_fn=loss_fn, optimizer=cls, optimizer_kwargs=settings,
                   max_grad_norm=MAX_NORM)
@@ -199,6 +203,18 @@ def test_apply_refuses_a_bad_max_grad_norm_before_anything_runs():
         apply(model, plan_of("tp"), graph_of(GPT), loss_fn=loss_fn, max_grad_norm=-1)
 
 
+@pytest.mark.parametrize("priced,given", [(False, 1.0), (True, None)])
+def test_a_run_that_clips_otherwise_than_priced_warns_naming_both(priced, given):
+    """The plan records what was priced, `max_grad_norm` decides what runs (torchtitan's
+    split of a job's settings); a mismatch is one warning before anything runs."""
+    model, loss_fn = build_model(GPT)
+    plan = dataclasses.replace(plan_of("tp"), clip_grad_norm=priced)
+    with pytest.warns(UserWarning, match=rf"^the plan was priced with clip_grad_norm={priced} "
+                                         rf"but runs with max_grad_norm={given}:"), \
+            pytest.raises(PlannerError, match="initialised process group"):
+        apply(model, plan, graph_of(GPT), loss_fn=loss_fn, max_grad_norm=given)
+
+
 def test_apply_refuses_clipping_with_sharded_tables_in_one_line():
     from ir.embedding_tables import (EmbeddingPlan, EmbeddingTable, PlacedTable,
                                      TablePlacement, TableSharding)
@@ -210,7 +226,43 @@ def test_apply_refuses_clipping_with_sharded_tables_in_one_line():
     with pytest.raises(PlannerError) as error:
         apply(model, plan, graph_of(GPT), loss_fn=loss_fn, max_grad_norm=1.0)
     assert "\n" not in str(error.value)
-    assert str(error.value).startswith("max_grad_norm with sharded embedding table tables.0")
+    assert str(error.value).startswith(TABLES_REFUSED)
+    # the same rule refuses a plan priced as clipping (ir.legality.clip_tables_problem)
+    with pytest.raises(PlannerError, match="^" + re.escape(TABLES_REFUSED)):
+        dataclasses.replace(plan, clip_grad_norm=True)
+
+
+def test_planning_a_table_model_with_clipping_fails_in_one_line(tmp_path, capsys):
+    from planner.cli import main
+
+    out = tmp_path / "plan.json"
+    assert main(["plan", "dlrm-small", "--cluster", "local", "--gpus-per-node", "2",
+                 "--global-batch", "8", "--clip-grad-norm", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "with sharded embedding table" in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("cluster_name", ["h100-80g", "local"])
+def test_clipping_prices_one_blocking_scalar_all_reduce_a_step(cluster_name):
+    """The clip's norm is one fp32 scalar all-reduced over every rank before the scale
+    (`cost_models.step_host.clip_all_reduce_s`): each rank's step loop pays the alpha-beta
+    all-reduce of 4 bytes over the world (`cost_models.comm`), on GPUs and CPU processes."""
+    from cost_models.clusters import get_cluster
+    from cost_models.comm import collective_s
+    from cost_models.estimate import estimate
+    from planner.models import load_layer_graph
+
+    cluster = get_cluster(cluster_name, gpus_per_node=2)
+    graph = load_layer_graph("gpt-tiny", 1, None)
+    plan = uniform_plan(len(graph.layers), dp=cluster.world_size,
+                        global_batch=cluster.world_size, precision=Precision.FP32)
+    once = collective_s("all_reduce", 4, cluster.world_size, cluster)
+    assert once > 0
+    plain, clipped = (estimate(graph, dataclasses.replace(plan, clip_grad_norm=c), cluster)
+                      for c in (False, True))
+    for a, b in zip(plain.stage_times, clipped.stage_times):
+        assert b.loop_s - a.loop_s == pytest.approx(once, rel=1e-9)
 
 
 def test_clipping_prices_a_read_for_the_norm_and_a_read_and_write_for_the_scale():
@@ -294,3 +346,74 @@ def test_plan_file_with_a_bad_clip_grad_norm_is_refused_naming_the_key():
     data = plan_to_dict(PlanDocument(plan_of("zero3"), "gpt", "abc123", names, {"name": "local"}))
     with pytest.raises(PlannerError, match=r"clip_grad_norm: expected .*'yes'"):
         plan_from_dict({**data, "clip_grad_norm": "yes"}, "plan.json")
+
+
+def test_the_clip_keeps_its_norm_and_coefficient_on_the_device(monkeypatch):
+    """As torch's clip_grad_norm_: no read to the host in the step (a sync per step on a
+    GPU); the norm, the coefficient and a multiplier given as a tensor stay tensors.
+    Held gradients count times the multiplier and are left as they are."""
+    from executors.grad_clip import clip_grad_norm
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(4, 3)) for _ in range(3)]
+    for p in params:
+        p.grad = 10 * torch.randn_like(p)
+    before = [p.grad.clone() for p in params]
+    multiplier = torch.tensor(0.5)
+    grads = [before[0], before[1], 0.5 * before[2]]  # params[2] is held
+    want = float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))
+
+    def host_read(*_):
+        raise AssertionError("the clip read a tensor to the host")
+
+    with monkeypatch.context() as patch:
+        for name in ("item", "tolist", "__float__", "__bool__", "__int__"):
+            patch.setattr(torch.Tensor, name, host_read)
+        norm, coefficient = clip_grad_norm([(str(i), p) for i, p in enumerate(params)],
+                                           lambda p: 1, 1.0, torch.device("cpu"),
+                                           frozenset({id(params[2])}), multiplier)
+    assert isinstance(norm, torch.Tensor) and isinstance(coefficient, torch.Tensor)
+    assert float(norm) == pytest.approx(want, rel=1e-6)
+    assert float(coefficient) == pytest.approx(1.0 / (want + 1e-6), rel=1e-6)
+    for p, g in zip(params[:2], before):
+        torch.testing.assert_close(p.grad, g * coefficient)
+    assert torch.equal(params[2].grad, before[2])
+
+
+def test_loss_scaling_and_the_clip_leave_the_same_gradients_scaled():
+    """One rule (`executors.optimizer.multiplied_params`): the gradients the optimizer
+    reads times its multiplier stay scaled, whatever their dtype; the rest are unscaled."""
+    from executors.loss_scaling import LossScaler
+
+    scaler = LossScaler()
+    half = torch.nn.Parameter(torch.zeros(2, dtype=torch.float16))
+    full = torch.nn.Parameter(torch.zeros(2))
+    half.grad = torch.full((2,), 4.0, dtype=torch.float16)
+    full.grad = torch.full((2,), 4.0)
+    assert scaler.unscale_and_check([half, full], torch.device("cpu"), frozenset({id(full)}))
+    assert half.grad.tolist() == [4.0 / scaler.scale_value] * 2  # not multiplied: unscaled
+    assert full.grad.tolist() == [4.0, 4.0]  # the optimizer multiplies it
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_a_partial_gradient_is_refused_at_the_clip_naming_it(one_rank_group):
+    """A Partial gradient holds unreduced sums: counting it as replicated (`stage_copies`)
+    would take the norm of a piece. The clip refuses it in one line naming the parameter."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial
+
+    from executors.grad_clip import clip_grad_norm
+
+    mesh = init_device_mesh("cpu", (1,))
+    p = torch.nn.Parameter(torch.zeros(2))
+    p.grad = DTensor.from_local(torch.ones(2), mesh, [Partial()])
+    with pytest.raises(PlannerError, match=r"^blocks\.0\.w's gradient is Partial") as error:
+        clip_grad_norm([("blocks.0.w", p)], lambda p: 1, 1.0, torch.device("cpu"))
+    assert "\n" not in str(error.value)

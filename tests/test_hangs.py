@@ -361,6 +361,13 @@ def test_the_disagreement_message_names_every_group_of_ranks():
     assert message == (f"ranks disagree on the plan: ranks 0,2 run {ddp}, rank 1 runs {z3} "
                        f"and rank 3 runs {mb} (layers[0].dp_mode: replicate vs zero3); give "
                        "every rank the same plan file")
+    # the clip is a collective too: a rank given no max_grad_norm would skip its all-reduce
+    assert plan_digest(ddp, graph, 1.0) != plan_digest(ddp, graph)
+    clipping = [plan_record(ddp, graph, max_grad_norm) for max_grad_norm in (None, 1.0, 0.5)]
+    message = disagreement_message(clipping, [str(ddp)] * 3)
+    assert message.endswith("(max_grad_norm: None vs 1.0); give every rank the same plan "
+                            "file"), message
+    assert "rank 2 runs" in message
 
 
 def _mesh_rank(rank: int, port: int, out: str) -> None:

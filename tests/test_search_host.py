@@ -97,14 +97,15 @@ def _placed_s(host, plan, a: int, b: int, r: int) -> float:
 
 
 @pytest.mark.parametrize("cold_code", [False, True])
-@pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B])
-def test_a_stage_adds_in_the_search_what_it_adds_in_the_estimate(schedule, cold_code):
+@pytest.mark.parametrize("schedule,clip", [(Schedule.GPIPE, False), (Schedule.ONE_F_ONE_B, True)])
+def test_a_stage_adds_in_the_search_what_it_adds_in_the_estimate(schedule, clip, cold_code):
     """pp 2 on CPU, the embedding tied to the head (one on each rank), every term priced:
     for each rank the estimate's per-micro-batch compute + optimizer share, i.e. the
     traced layers' own compute + h(a, b, r) of the search, to the float. Rank 0 pays its
     own sum over the embedding's copy as rank 1 does over the head's (4 N bytes each).
     `cold_code`: the kit prices cold kernel code too, so the cut's edges lose the credit
-    of the ops the trace's neighbours ran (`step_host._recent_ops`) in both."""
+    of the ops the trace's neighbours ran (`step_host._recent_ops`) in both. A clipping
+    plan's scalar all-reduce (`step_host.clip_all_reduce_s`) on both sides."""
     graph = load_layer_graph(TIED_SPEC, micro_batch=1, seq_len=32, dtype=torch.float32)
     n, m = len(graph.layers), 4
     plan = uniform_plan(n, pp=2, micro_batch=1, global_batch=m, schedule=schedule,
@@ -115,6 +116,7 @@ def test_a_stage_adds_in_the_search_what_it_adds_in_the_estimate(schedule, cold_
             kind, "float32", 10e-6, COLD_L2_BYTES) for kind in MEMORY_KERNELS))
         cut = plan.stages[1].first_layer  # blocks.1 after blocks.0's forward in the trace
         assert graph.layers[cut].recent_ops_fwd and graph.layers[cut - 1].recent_ops_bwd
+    plan = dataclasses.replace(plan, clip_grad_norm=clip)
     cluster = two_cpu_processes(kit)
     configs = layer_configs(graph, plan, "cpu")
     est = estimate(graph, plan, cluster, configs=configs)
@@ -125,8 +127,10 @@ def test_a_stage_adds_in_the_search_what_it_adds_in_the_estimate(schedule, cold_
 
     from cost_models.tied_sync import tied_grad_bytes
     host = StageHost(graph, cluster, cand, price, lambda j, name: tied_grad_bytes(
-        graph.layers[j], configs[j], name=name))
+        graph.layers[j], configs[j], name=name), clip_ranks=cluster.world_size if clip else 0)
     assert tied_sum_seconds(graph, plan, cluster, 0, configs[0]) > 0  # the owner's rank too
+    assert (est.stage_times[0].loop_s > estimate(graph, dataclasses.replace(
+        plan, clip_grad_norm=False), cluster, configs=configs).stage_times[0].loop_s) is clip
     for r, stage in enumerate(plan.stages):
         a, b = stage.first_layer, stage.last_layer
         own = [layer_compute(graph.layers[j], plan.layer_strategies[j], cluster, configs[j])

@@ -4,7 +4,11 @@ layer, against one process under the plan's own precision policy.
 The spawned test validates the same gpt-tiny ZeRO-1 plan, fp32 and bf16, twice each:
 built as is, and built by a factory (`tests.factories:gpt_tiny_wrong_grad`) whose blocks.1
 gets 0.99 times its gradients when run on more than one process. The losses of the
-wrong bf16 plan pass the old 2% bound; only the gradient check fails it.
+wrong bf16 plan pass the old 2% bound; only the gradient check fails it. The right bf16
+plan clips (`--clip-grad-norm`, at `reference.MAX_GRAD_NORM`, below its first-step
+norm): ZeRO-1's 16-bit gradients reach the step unclipped, their coefficient in the
+step's `grad_multiplier`, and the ranks' norms must still match the clipped reference
+(read without the multiplier, they failed).
 """
 
 from __future__ import annotations
@@ -87,9 +91,10 @@ def test_gradient_norms_are_compared_per_layer_over_the_reference_names():
 def test_a_gradient_one_percent_off_fails_validate_and_passed_the_loss_bound(
         model, right, precision, tmp_path, capsys):
     path = str(tmp_path / "plan.json")
+    clip = ["--clip-grad-norm"] if right and precision == "bf16-mixed" else []
     assert main(["plan", model, "--cluster", "local", "--gpus-per-node", "2", "--global-batch",
                  "8", "--uniform", "--dp", "2", "--zero", "1", "--precision", precision,
-                 "--out", path]) == 0
+                 *clip, "--out", path]) == 0
     capsys.readouterr()
     assert main(["validate", path, "--nproc", "2", "--steps", "1", "--json",
                  "--model", model]) == 0

@@ -50,10 +50,16 @@ def grad_norm_rtol(precision: Precision) -> float | None:
             Precision.BF16_MIXED: BF16_GRAD_NORM_RTOL}.get(precision)
 
 
-def grad_norms(modules: list[nn.Module], skip: frozenset[int] = frozenset()) -> dict[str, float]:
+def grad_norms(modules: list[nn.Module], skip: frozenset[int] = frozenset(),
+               multiplied: frozenset[int] = frozenset(), multiplier: float = 1.0
+               ) -> dict[str, float]:
     """{parameter name: fp32 L2 norm of its whole gradient} over `modules` (a rank's
     stage modules); parameters without a gradient, or whose id is in `skip`, are left out.
-    Collective for DTensor gradients: every rank of a mesh calls it in the same order."""
+    Those whose id is in `multiplied` count `multiplier` times their norm: the gradients a
+    `ShardedOptimizer` reads times its step's `grad_multiplier` (ZeRO-1's 16-bit ones,
+    still unclipped and, under fp16, loss-scaled there), so that every norm is the one the
+    optimizer steps with. Collective for DTensor gradients: every rank of a mesh calls it
+    in the same order."""
     out: dict[str, float] = {}
     for module in modules:
         for name, param in module.named_parameters():
@@ -62,7 +68,8 @@ def grad_norms(modules: list[nn.Module], skip: frozenset[int] = frozenset()) -> 
             norm = torch.linalg.vector_norm(param.grad.float())
             if isinstance(norm, DTensor):
                 norm = norm.full_tensor()
-            out[name] = float(norm)
+            out[name] = float(norm) * (abs(float(multiplier)) if id(param) in multiplied
+                                       else 1.0)
     return out
 
 

@@ -148,11 +148,16 @@ def run_rank(payload: RankPayload) -> RankMeasurement:
 
 def record_first_grads(pm, out: dict[str, float]) -> None:
     """Fill `out` with the gradient norms (`grad_check.grad_norms`) the first optimizer
-    step of `pm` is given (after backward, the tied copies summed), then unwrap."""
+    step of `pm` is given (after backward, the tied copies summed, clipped), then unwrap.
+    A ZeRO-1 step reads its 16-bit gradients times its `grad_multiplier` (the clip's
+    coefficient, fp16's unscale): those norms are taken times it, as the reference's
+    after `clip_grad_norm_`."""
     step = pm.optimizer.step
+    multiplied = getattr(pm.optimizer, "multiplied_params", frozenset)()
 
     def first_step(*args, **kwargs):
-        out.update(grad_norms([m for _, m in pm.stage_modules]))
+        out.update(grad_norms([m for _, m in pm.stage_modules], multiplied=multiplied,
+                              multiplier=kwargs.get("grad_multiplier", 1.0)))
         pm.optimizer.step = step
         return step(*args, **kwargs)
 
