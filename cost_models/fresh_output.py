@@ -111,19 +111,14 @@ def probe_fresh_output(device: str, seconds_per_call, pool_bytes: int,
     A size whose fresh writes came out no slower than hot ones gives no point."""
     import torch
 
-    if device != "cpu" or not sizes:
+    if device != "cpu":
         return []
     points = []
-    # One pool, faulted in once, its blocks cut per size: a list of separate zeros per
-    # size faulted ~1 GiB in again at each (2 x this host's LLC; 1.87 of the probe's ~2.3 s
-    # of thread CPU against 0.50, min of 3, load 5.5, 2026-11-26)
-    blocks = torch.zeros(max(pool_bytes, 2 * max(sizes)) // 4)
     for nbytes in sizes:
         n = nbytes // 4  # float32 elements
         a, b = torch.rand(n), torch.rand(n)
         hot = torch.empty(n)
-        count = max(2, pool_bytes // nbytes)
-        pool = list(blocks[:count * n].view(count, n).unbind(0))  # views made before timing
+        pool = [torch.zeros(n) for _ in range(max(2, pool_bytes // nbytes))]  # faulted in
         order = list(range(len(pool)))
         random.Random(FRESH_ORDER_SEED).shuffle(order)
         hot_s, fresh_s = math.inf, math.inf
