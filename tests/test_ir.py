@@ -141,6 +141,21 @@ def test_fx_and_export_agree():
                (b.params, b.flops_fwd, b.flops_bwd, b.saved_activation_bytes, b.output_bytes), a.name
 
 
+def test_export_records_no_python_stack_per_node():
+    """torch.fx symbolises the Python stack at every node it makes (`Node.stack_trace`),
+    which nothing here reads: export traces without it, and torch's flag is as it was."""
+    import torch.fx.config as fx_config
+
+    from ir.trace import trace
+
+    before = fx_config.do_not_emit_stack_traces
+    loaded = load_model("gpt-tiny")
+    traced = trace(loaded.module, loaded.inputs, loaded.target, loaded.loss_fn, force="export")
+    assert traced.method == "export"
+    assert [n.name for n in traced.graph_module.graph.nodes if n.stack_trace] == []
+    assert fx_config.do_not_emit_stack_traces is before
+
+
 def test_layers_tp_candidates_and_divisors():
     graph = load_layer_graph("llama-tiny")
     names = [l.name for l in graph.layers]
