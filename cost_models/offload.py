@@ -45,11 +45,12 @@ from cost_models.model_states import FP32_BYTES, ModelStates, held_local_params
 # H2D copies per micro-batch of a ZeRO-3 unit: one before the forward all-gather, one
 # before the backward all-gather (FSDP2 reshard_after_forward=True).
 H2D_COPIES_PER_MICROBATCH = 2
-# Bytes per element the host optimizer step streams: Adam reads param, grad, m, v and
-# writes param, m, v; SGD reads param, grad, buffer and writes param (the counts of
-# cost_models.compute's device step, ADAM_/SGD_STEP_BYTES_PER_ELEMENT).
-HOST_STEP_BYTES_PER_ELEMENT = {"adamw": 7 * 4, "adam": 7 * 4, "sgd-momentum": 4 * 4,
-                               "sgd": 4 * 4}
+# Bytes per element the host optimizer step streams, as `ir.plan.host_step_implementation`
+# steps it. Fused Adam reads param, grad, m, v and writes param, m, v. SGD steps foreach
+# (torch/optim/sgd.py `_multi_tensor_sgd`): with momentum buf.mul_ (2 streams),
+# buf.add_(grad) (3), param.add_(buf) (3); without, param.add_(grad) (3).
+HOST_STEP_BYTES_PER_ELEMENT = {"adamw": 7 * 4, "adam": 7 * 4, "sgd-momentum": 8 * 4,
+                               "sgd": 3 * 4}
 
 
 def offloadable(strategy: LayerStrategy, cluster: ClusterSpec) -> bool:

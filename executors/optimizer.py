@@ -10,11 +10,12 @@ optimizers (Adam, AdamW, SGD) give the same numbers however parameters are shard
 
 Parameters step as the plan's `optimizer_impl` says (fused, foreach or single-tensor,
 set per param group: `step_implementation`), as the planner priced them. Offloaded ones
-(ZeRO-Offload, `LayerStrategy.offload`) step on the host with torch's fused CPU kernel
-(`fused=True`, in their own param groups) whenever the optimizer takes `fused`: that is
-what cost_models/offload.py prices (a memory-bound vectorized CPU Adam, ZeRO-Offload's
-DeepSpeedCPUAdam) and what a ZeRO-Offload user gets from DeepSpeed; torch's default
-for CPU tensors, one tensor at a time, measured 8-10x slower there.
+(ZeRO-Offload, `LayerStrategy.offload`) step on the host in their own param groups:
+Adam/AdamW with torch's fused CPU kernel (`fused=True`), what cost_models/offload.py
+prices (a memory-bound vectorized CPU Adam, ZeRO-Offload's DeepSpeedCPUAdam) and what a
+ZeRO-Offload user gets from DeepSpeed (torch's default for CPU tensors, one tensor at a
+time, measured 8-10x slower there); others foreach, since DTensor runs no other fused
+kernel (`ir.plan.host_step_implementation`).
 
 Checkpoints of its state: `executors.optimizer_state`.
 """
@@ -31,7 +32,8 @@ from torch import nn
 
 from executors.zero1 import FlatShardGroup, local_tensor
 from ir.errors import PlannerError
-from ir.plan import OPTIMIZERS, optimizer_implementation, requested_implementation
+from ir.plan import (OPTIMIZERS, host_step_implementation, optimizer_implementation,
+                     requested_implementation)
 from ir.step_groups import StepGroup
 
 __all__ = ["ShardedOptimizer", "build_optimizer", "local_tensor", "step_implementation"]
@@ -162,11 +164,13 @@ def param_groups(params: list[nn.Parameter], offloaded: frozenset[int],
                  implementation: str) -> list[dict]:
     """`params` as consecutive runs of one kind, each a param group that runs one step
     implementation (the parameters keep their order). Kinds: stepping as
-    `implementation` (`step_implementation`) or, offloaded (ids in `offloaded`), with
-    torch's fused CPU kernel where the class has one (module docstring); and DTensor or
+    `implementation` (`step_implementation`) or, offloaded (ids in `offloaded`), as
+    `ir.plan.host_step_implementation` says (module docstring); and DTensor or
     plain tensor (`StepGroup.of_tensor`): torch's list kernels refuse a list mixing them
     (ZeRO-1's plain flat shards beside FSDP2's or TP's DTensors)."""
-    host = "fused" if _takes(optimizer_cls, "fused") else implementation
+    host = host_step_implementation(_plan_name(optimizer_cls))
+    if not _takes(optimizer_cls, host):
+        host = implementation
 
     def kind(p) -> tuple[str, StepGroup]:
         return host if id(p) in offloaded else implementation, StepGroup.of_tensor(p)

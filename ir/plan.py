@@ -57,6 +57,18 @@ def optimizer_implementation(optimizer: str, device: str, chosen: str | None = N
     return "fused" if optimizer in ("adam", "adamw") else "foreach"
 
 
+# The plan optimizers whose fused kernel DTensor runs: torch 2.13 registers sharding for
+# aten._fused_adam_/_fused_adamw_ only (torch/distributed/tensor/_ops/_pointwise_ops.py).
+DTENSOR_FUSED_OPTIMIZERS = ("adam", "adamw")
+
+
+def host_step_implementation(optimizer: str) -> str:
+    """How ZeRO-Offload's host shards (FSDP2 DTensors on the CPU) step: torch's fused CPU
+    kernel where DTensor runs it, else foreach (`SGD(fused=True)` on a DTensor raises at
+    the first step: no sharding strategy for aten._fused_sgd_)."""
+    return "fused" if optimizer in DTENSOR_FUSED_OPTIMIZERS else "foreach"
+
+
 def requested_implementation(kwargs: dict[str, Any] | None, device: str) -> str | None:
     """The implementation a caller's `fused`/`foreach` optimizer kwargs ask torch for on
     `device` (torch's `_default_to_fused_or_foreach`: foreach by default on GPUs only);

@@ -179,6 +179,9 @@ def test_offload_time_formulas_match_hand_computed_values():
     host_s = BLOCK_PARAMS / 8 * 28 / (409.6e9 / 8)
     assert host_s == pytest.approx(861.07e-6, rel=1e-4)
     assert host_step_seconds(layer, off, cluster, "adamw") == pytest.approx(host_s, rel=1e-9)
+    # SGD's host shards step foreach (DTensor runs no fused SGD): 8 streams with momentum
+    assert host_step_seconds(layer, off, cluster, "sgd-momentum") == pytest.approx(
+        host_s * 8 / 7, rel=1e-9)
     # The layer's optimizer time is that host step (plus per-op dispatch, which the GPU
     # presets do not price: op_overhead_s = 0) instead of the device's HBM-bound step
     # (1,574,528 x 28 B / 1.6 TB/s = 27.6 us).

@@ -44,6 +44,35 @@ def test_param_groups_run_the_chosen_implementation():
                       {"params": [on_device[1]], "fused": True}]
 
 
+@pytest.mark.parametrize("optimizer_cls,kwargs,host", [
+    (torch.optim.AdamW, {}, "fused"), (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}, "foreach"),
+    (torch.optim.SGD, {"lr": 0.1}, "foreach")])
+def test_offloaded_dtensor_shards_step_with_a_kernel_dtensor_runs(optimizer_cls, kwargs, host):
+    """FSDP2's offloaded shards are DTensors, and torch 2.13 shards only Adam's and AdamW's
+    fused kernels: `SGD(fused=True)` on one raised NotImplementedError (no sharding
+    strategy for aten._fused_sgd_) at the first step. The host group steps fused where
+    DTensor runs it, else foreach; two real steps on a 1-rank mesh."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = DeviceMesh("cpu", torch.arange(1))
+        param = nn.Parameter(distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)]))
+        groups = param_groups([param], frozenset({id(param)}), optimizer_cls, "single")
+        assert groups == [{"params": [param], host: True}]
+        opt = optimizer_cls(groups, **kwargs)
+        for _ in range(2):
+            param.grad = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])
+            opt.step()
+    finally:
+        if owned:
+            dist.destroy_process_group()
+
+
 def test_the_executor_runs_the_plans_implementation_or_refuses_in_one_line():
     adamw = torch.optim.AdamW
     # a plan without the field (older files): the default rule, the caller's kwargs win
