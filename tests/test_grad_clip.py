@@ -324,7 +324,9 @@ def test_estimate_prices_the_clip_when_asked(capsys):
 
 def test_search_with_clipping_plans_a_clipping_step():
     """SearchOptions.clip_grad_norm (`planner plan --clip-grad-norm`, auto_parallel's
-    max_grad_norm) prices the clip in the search and records it in the plan it makes."""
+    max_grad_norm) prices the clip in the search and records it in the plan it makes: on a
+    GPU preset (no host term priced) its objective grows as its estimate does, the norm's
+    all-reduce (`step_host.clip_all_reduce_s`) included."""
     from cost_models.clusters import get_cluster
     from planner.models import load_layer_graph
     from planner.search import search
@@ -337,6 +339,8 @@ def test_search_with_clipping_plans_a_clipping_step():
     plain, clipped = (r.best for r in results)
     assert not plain.plan.clip_grad_norm and clipped.plan.clip_grad_norm
     assert clipped.estimate.time.optimizer > plain.estimate.time.optimizer
+    assert clipped.objective_s - plain.objective_s == pytest.approx(
+        clipped.estimate.iteration_seconds - plain.estimate.iteration_seconds, rel=1e-4)
 
 
 def test_plan_file_with_a_bad_clip_grad_norm_is_refused_naming_the_key():
