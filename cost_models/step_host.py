@@ -162,7 +162,8 @@ CLIP_NORM_BYTES = 4
 def clip_all_reduce_s(cluster: ClusterSpec, ranks: int) -> float:
     """Seconds of a clipping step's norm all-reduce over `ranks` (0: no clip, or one
     rank): blocking, on GPUs and CPU processes alike, no host read (the norm stays on the
-    device). Alpha-beta all-reduce of 4 bytes, the cheaper of ring and tree
+    device; not priced: under ZeRO-Offload the coefficient's copy to the CPU gradients
+    waits for the device). Alpha-beta all-reduce of 4 bytes, the cheaper of ring and tree
     (`cost_models.comm.collective_s`; Thakur et al. 2005): latency-bound."""
     return collective_s("all_reduce", CLIP_NORM_BYTES, ranks, cluster) if ranks > 1 else 0.0
 
