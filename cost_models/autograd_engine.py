@@ -102,7 +102,8 @@ class EngineSampler:
             torch.autograd.backward(roots, seeds)
             self.sync()
             seconds = span.seconds() if span else self.clock() - start
-            self.leaf.grad = None  # stolen next time, as a step's first micro-batch does
+            if not self.nodes_only:  # a StepInput hands the leaf no gradient
+                self.leaf.grad = None  # stolen next time, as a step's first micro-batch does
             if keep:
                 self.samples[ops].append(seconds)
 

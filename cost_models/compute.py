@@ -236,7 +236,9 @@ def layer_compute(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
     copy_forward_s, copy_backward_s = dp_copy_pass_seconds(layer, strategy, cluster, config)
     forward_device_s = forward_s
     # A full recompute reruns the forward right after the layer after's backward, not the
-    # layers before's forwards: without their cold-code credit (cost_models.cold_kernel)
+    # layers before's forwards: without their cold-code credit (cost_models.cold_kernel).
+    # A profiled layer keeps its measured forward: timed after warm neighbours, it holds
+    # a warm advantage the profile does not split out (a known underprice of the rerun)
     recompute_device_s = forward_s + (recent_code_credit_seconds(layer, cluster, config, share)[0]
                                       if measured is None else 0.0)
     # The recompute stops at the forward's last save (early stop): the ops from there on

@@ -162,7 +162,8 @@ CLIP_NORM_BYTES = 4
 def clip_all_reduce_s(cluster: ClusterSpec, ranks: int) -> float:
     """Seconds of a clipping step's norm all-reduce over `ranks` (0: no clip, or one
     rank): blocking, on GPUs and CPU processes alike, no host read (the norm stays on the
-    device). Alpha-beta all-reduce of 4 bytes, the cheaper of ring and tree
+    device; not priced: under ZeRO-Offload the coefficient's copy to the CPU gradients
+    waits for the device). Alpha-beta all-reduce of 4 bytes, the cheaper of ring and tree
     (`cost_models.comm.collective_s`; Thakur et al. 2005): latency-bound."""
     return collective_s("all_reduce", CLIP_NORM_BYTES, ranks, cluster) if ranks > 1 else 0.0
 
@@ -379,7 +380,7 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
                 before.chunk == op.chunk
     out: dict[int, Placed] = {}
     for j in sorted(set(forwards) | set(backwards)):
-        layer = _recent_ops(layers, j, j in forwards, after_own.get(j, True))
+        layer = _recent_ops(layers, j, j in forwards, j in backwards, after_own.get(j, True))
         if j in backwards:  # layers without recorded op names keep their trace-time counts
             layer = dataclasses.replace(layer, **{field: _mean(
                 [None if c is None else c[field] for c in backwards[j]], getattr(layer, field))
@@ -396,16 +397,18 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
     return out
 
 
-def _recent_ops(layers: Sequence[Layer], j: int, first: bool, after_own: bool) -> Layer:
+def _recent_ops(layers: Sequence[Layer], j: int, first: bool, last: bool,
+                after_own: bool) -> Layer:
     """Layer j with the recent ops (`Layer.recent_ops_fwd` / `_bwd`,
     `cold_kernel.recent_code_credit_seconds`) its placed passes keep: the trace's assume
     the layers before (forward) or its forward and the layers after (backward) just ran on
     this rank; a stage's first layer's forward follows another pass of the rank (none
     kept: no credit, as before the credit), and its last layer's backward keeps the
     trace's only where that is its own forward alone (the model's last layer, every
-    backward right after its stage's forward: the plain loop, 1F1B's last stage)."""
+    backward right after its stage's forward: the plain loop, 1F1B's last stage). A
+    stage's first layer's backward follows the layer after's on its rank: the trace's."""
     layer = layers[j]
-    keep_bwd = j == len(layers) - 1 and after_own
+    keep_bwd = not last or (j == len(layers) - 1 and after_own)
     fields = {**({"recent_ops_fwd": ()} if first else {}),
               **({} if keep_bwd else {"recent_ops_bwd": ()})}
     return dataclasses.replace(layer, **fields)

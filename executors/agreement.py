@@ -97,7 +97,8 @@ def _first_difference(a, b, path: str = "") -> str | None:
 
 
 def disagreement_message(records: list[dict], summaries: list[str]) -> str:
-    """One line naming the ranks of each distinct plan and where the first two differ."""
+    """One line naming the ranks of each distinct plan, where the first two differ and
+    what to make the same (the plan file, or `apply`'s max_grad_norm where that differs)."""
     groups: dict[bytes, list[int]] = {}
     for rank, record in enumerate(records):
         groups.setdefault(canonical_json(record), []).append(rank)
@@ -106,8 +107,10 @@ def disagreement_message(records: list[dict], summaries: list[str]) -> str:
             for ranks in groups.values()]
     listed = ", ".join(runs[:-1]) + " and " + runs[-1]
     difference = _first_difference(records[firsts[0]], records[firsts[1]])
-    return (f"ranks disagree on the plan: {listed} ({difference}); give every rank the same "
-            "plan file")
+    advice = ("pass the same max_grad_norm to apply/auto_parallel on every rank"
+              if difference.startswith("max_grad_norm:") else
+              "give every rank the same plan file")
+    return f"ranks disagree on the plan: {listed} ({difference}); {advice}"
 
 
 def agree_on_plan(plan: ParallelPlan, graph: LayerGraph, device: torch.device,

@@ -23,8 +23,9 @@ under fp16, `executors.loss_scaling`) are read times `held_multiplier` and not w
 their coefficient goes into that multiplier, so the fp32 copy is clipped instead. Which
 gradients those are is one rule, `executors.optimizer.multiplied_params`, that loss
 scaling's unscale reads too. As in torch's clip_grad_norm_, the norm and the coefficient
-stay 0-dim tensors on the device (no host read in the step): `last_grad_norm` reads the
-norm only when asked. A gradient still Partial (unreduced sums) is refused, naming its
+stay 0-dim tensors on the device (no host read in the step, but under ZeRO-Offload,
+whose FSDP2 gradients sit on the CPU: the coefficient's copy there waits for the device):
+`last_grad_norm` reads the norm only when asked. A gradient still Partial (unreduced sums) is refused, naming its
 parameter: `stage_copies` would count it as replicated.
 
 Sharded embedding tables are refused (`clip_problem`, by `ir.legality.clip_tables_problem`,
@@ -87,7 +88,9 @@ def clip_grad_norm(named_params: Iterable[tuple[str, nn.Parameter]],
     As torch's own (foreach) clip_grad_norm_: one `_foreach_norm` per group of gradients
     (device, dtype, held or not, copies) reads every gradient once, in fp32 (a
     loss-scaled fp16 norm would overflow), and one `_foreach_mul_` per (device, dtype)
-    scales them by the coefficient as a tensor: nothing is read to the host."""
+    scales them by the coefficient as a tensor: nothing is read to the host, except
+    where gradients sit on the CPU (ZeRO-Offload): the coefficient is copied there, a
+    device-to-host copy that waits for the device."""
     groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     scaled: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
     for name, p in named_params:

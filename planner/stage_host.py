@@ -224,11 +224,13 @@ def tied_variants(graph: LayerGraph, tables: list, host: StageHost | None,
     return out
 
 
-def host_terms_priced(cluster: ClusterSpec) -> bool:
-    """Whether any term of h is non-zero on `cluster` (CPU kits; never a GPU preset)."""
+def host_terms_priced(cluster: ClusterSpec, clip_ranks: int = 0) -> bool:
+    """Whether any term of h is non-zero on `cluster` (CPU kits; on a GPU preset only a
+    clipping plan's norm all-reduce over `clip_ranks`, `step_host.step_loop_s`)."""
     return (engine_start_s(cluster) > 0 or pipeline_action_s(cluster) > 0
             or accumulation_priced(cluster)
-            or step_loop_s(cluster, 1, True, "adam") > 0 or tied_sums_priced(cluster)
+            or step_loop_s(cluster, 1, True, "adam", clip_ranks) > 0
+            or tied_sums_priced(cluster)
             or prices_cold_ops(cluster))
 
 
@@ -247,10 +249,13 @@ def stage_host(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, ta
                cache: dict | None = None) -> StageHost | None:
     """The candidate's h, a layer's placed change priced per strategy under the config
     its row was priced with (`layer_tables.row_config`); None where nothing of h is
-    priced (`host_terms_priced`: GPU presets). `cache`: prices by (layer, strategy,
-    micro-batch, passes), shared by a search's candidates (`price_layers`' row cache
-    serves one graph, cluster, batch, precision, optimizer, profile and model)."""
-    if not host_terms_priced(cluster):
+    priced (`host_terms_priced`: GPU presets without clipping). `cache`: prices by (layer,
+    strategy, micro-batch, passes), shared by a search's candidates (`price_layers`' row
+    cache serves one graph, cluster, batch, precision, optimizer, profile and model)."""
+    # the clip's all-reduce spans the plan's ranks: the search's plans span the cluster
+    # (`make_plan` at cluster.world_size // pp per stage), the estimate's plan.world_size
+    clip_ranks = cluster.world_size if options.clip_grad_norm else 0
+    if not host_terms_priced(cluster, clip_ranks):
         return None
     from planner.layer_tables import row_config
 
@@ -271,8 +276,7 @@ def stage_host(graph: LayerGraph, cluster: ClusterSpec, cand: OuterCandidate, ta
     # config prices them
     first = [t.strategies[0] for t in tables]
     return StageHost(graph, cluster, cand, price, lambda j, name: tied_grad_bytes(
-        graph.layers[j], config(j, first[j]), name=name), options.optimizer,
-        cluster.world_size if options.clip_grad_norm else 0)
+        graph.layers[j], config(j, first[j]), name=name), options.optimizer, clip_ranks)
 
 
 def _passes_key(placed: Placed) -> tuple:

@@ -324,7 +324,9 @@ def test_estimate_prices_the_clip_when_asked(capsys):
 
 def test_search_with_clipping_plans_a_clipping_step():
     """SearchOptions.clip_grad_norm (`planner plan --clip-grad-norm`, auto_parallel's
-    max_grad_norm) prices the clip in the search and records it in the plan it makes."""
+    max_grad_norm) prices the clip in the search and records it in the plan it makes: on a
+    GPU preset (no host term priced) its objective grows as its estimate does, the norm's
+    all-reduce (`step_host.clip_all_reduce_s`) included."""
     from cost_models.clusters import get_cluster
     from planner.models import load_layer_graph
     from planner.search import search
@@ -337,6 +339,8 @@ def test_search_with_clipping_plans_a_clipping_step():
     plain, clipped = (r.best for r in results)
     assert not plain.plan.clip_grad_norm and clipped.plan.clip_grad_norm
     assert clipped.estimate.time.optimizer > plain.estimate.time.optimizer
+    assert clipped.objective_s - plain.objective_s == pytest.approx(
+        clipped.estimate.iteration_seconds - plain.estimate.iteration_seconds, rel=1e-4)
 
 
 def test_plan_file_with_a_bad_clip_grad_norm_is_refused_naming_the_key():
@@ -380,19 +384,35 @@ def test_the_clip_keeps_its_norm_and_coefficient_on_the_device(monkeypatch):
     assert torch.equal(params[2].grad, before[2])
 
 
-def test_loss_scaling_and_the_clip_leave_the_same_gradients_scaled():
-    """One rule (`executors.optimizer.multiplied_params`): the gradients the optimizer
-    reads times its multiplier stay scaled, whatever their dtype; the rest are unscaled."""
+def test_loss_scaling_and_the_clip_leave_the_optimizers_multiplied_gradients_scaled(
+        one_rank_group):
+    """One rule (`executors.optimizer.multiplied_params`), as `runtime.train_step` hands it
+    to both: a ZeRO-1 group's 16-bit gradients (its fp32 master, `zero1.attach_master`)
+    the step reads times its multiplier, so neither the unscale nor the clip writes them;
+    the rest are unscaled, then clipped. A plain torch optimizer multiplies none."""
+    from executors.grad_clip import clip_grad_norm
     from executors.loss_scaling import LossScaler
+    from executors.optimizer import ShardedOptimizer, multiplied_params
+    from executors.zero1 import MASTER_ATTR
 
-    scaler = LossScaler()
     half = torch.nn.Parameter(torch.zeros(2, dtype=torch.float16))
     full = torch.nn.Parameter(torch.zeros(2))
+    setattr(half, MASTER_ATTR, torch.zeros(2))  # as attach_master leaves a ZeRO-1 group
+    optimizer = ShardedOptimizer([half, full], [([half], dist.group.WORLD)], torch.optim.SGD,
+                                 {"lr": 0.1})
+    multiplied = multiplied_params(optimizer)
+    assert multiplied == {id(half)}
+    assert multiplied_params(torch.optim.SGD([full], lr=0.1)) == frozenset()
+    scaler = LossScaler()
     half.grad = torch.full((2,), 4.0, dtype=torch.float16)
-    full.grad = torch.full((2,), 4.0)
-    assert scaler.unscale_and_check([half, full], torch.device("cpu"), frozenset({id(full)}))
-    assert half.grad.tolist() == [4.0 / scaler.scale_value] * 2  # not multiplied: unscaled
-    assert full.grad.tolist() == [4.0, 4.0]  # the optimizer multiplies it
+    full.grad = torch.full((2,), 4.0 * scaler.scale_value)
+    assert scaler.unscale_and_check([half, full], torch.device("cpu"), multiplied)
+    assert half.grad.tolist() == [4.0, 4.0]  # the optimizer multiplies it
+    assert full.grad.tolist() == [4.0, 4.0]  # unscaled
+    clip_grad_norm([("half", half), ("full", full)], lambda p: 1, 1.0, torch.device("cpu"),
+                   multiplied, 1.0 / scaler.scale_value)
+    assert half.grad.tolist() == [4.0, 4.0]  # the step applies the coefficient
+    assert full.grad.tolist()[0] < 4.0  # clipped here
 
 
 @pytest.fixture

@@ -365,8 +365,8 @@ def test_the_disagreement_message_names_every_group_of_ranks():
     assert plan_digest(ddp, graph, 1.0) != plan_digest(ddp, graph)
     clipping = [plan_record(ddp, graph, max_grad_norm) for max_grad_norm in (None, 1.0, 0.5)]
     message = disagreement_message(clipping, [str(ddp)] * 3)
-    assert message.endswith("(max_grad_norm: None vs 1.0); give every rank the same plan "
-                            "file"), message
+    assert message.endswith("(max_grad_norm: None vs 1.0); pass the same max_grad_norm to "
+                            "apply/auto_parallel on every rank"), message
     assert "rank 2 runs" in message
 
 

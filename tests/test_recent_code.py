@@ -136,21 +136,24 @@ def test_a_stage_cut_leaves_its_edges_no_credit_from_the_other_rank(schedule):
     graph, _ = _measured(NormHead())
     first, last = graph.layers[1], graph.layers[0]
     cluster = _cold_code_only(first)
-    assert first.recent_ops_fwd and last.recent_ops_bwd
+    assert first.recent_ops_fwd and first.recent_ops_bwd and last.recent_ops_bwd
     plan = uniform_plan(5, pp=2, micro_batch=1, global_batch=2, stage_boundaries=(1,),
                         precision=Precision.FP32, schedule=schedule)
     placed = placed_layers(graph, plan, cluster)
     assert all(l.recent_ops_fwd == () for _, l in placed[1])
     assert all(l.recent_ops_bwd == () for _, l in placed[0])
     assert placed[2] == ((1.0, graph.layers[2]),)
+    # blocks.1's backward runs right after blocks.2's on its rank: the trace's hold
+    assert all(l.recent_ops_bwd == graph.layers[1].recent_ops_bwd for _, l in placed[1])
     priced = placed_compute(placed[1], LayerStrategy(), cluster, config())
     traced = layer_compute(first, LayerStrategy(), cluster, config())
     credit_fwd, _ = recent_code_credit_seconds(first, cluster, config(), 1.0)
     assert credit_fwd > 0
     assert priced.forward_s - traced.forward_s == pytest.approx(credit_fwd)
     whole = uniform_plan(5, pp=1, micro_batch=1, global_batch=2, precision=Precision.FP32)
-    assert [p[-1][1].recent_ops_fwd for p in placed_layers(graph, whole, cluster)] == [
-        l.recent_ops_fwd for l in graph.layers]
+    alone = placed_layers(graph, whole, cluster)
+    assert [(p[-1][1].recent_ops_fwd, p[-1][1].recent_ops_bwd) for p in alone] == [
+        (l.recent_ops_fwd, l.recent_ops_bwd) for l in graph.layers]
 
 
 def test_a_recompute_forward_runs_after_a_backward_without_the_forward_credit():

@@ -168,7 +168,7 @@ def test_the_spans_probe_chain_hands_over_no_input_gradient():
         sampler.sample()
     assert [op for op, node in mode.ops if type(node).__name__ == "AccumulateGrad"
             and node.variable is sampler.leaf] == []
-    assert sampler.leaf.grad is None
+    assert sampler.leaf.grad is None  # `sample` clears it only without `nodes_only`
 
 
 def test_a_layer_may_write_its_input_in_place():

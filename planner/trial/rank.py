@@ -152,8 +152,10 @@ def record_first_grads(pm, out: dict[str, float]) -> None:
     A ZeRO-1 step reads its 16-bit gradients times its `grad_multiplier` (the clip's
     coefficient, fp16's unscale): those norms are taken times it, as the reference's
     after `clip_grad_norm_`."""
+    from executors.optimizer import multiplied_params
+
     step = pm.optimizer.step
-    multiplied = getattr(pm.optimizer, "multiplied_params", frozenset)()
+    multiplied = multiplied_params(pm.optimizer)
 
     def first_step(*args, **kwargs):
         out.update(grad_norms([m for _, m in pm.stage_modules], multiplied=multiplied,
