@@ -46,6 +46,7 @@ global batch's counted targets (`executors.runtime`), so `scale_grads=False`.
 from __future__ import annotations
 
 import copy
+import weakref
 import types
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -348,7 +349,10 @@ class StageAnalysis:
     a range that passed for an input shape is not run again, a failing one always is."""
 
     def __init__(self, model: nn.Module, graph: LayerGraph, plan: ParallelPlan | None = None):
-        self.source, self.graph, self.plan = model, graph, plan
+        # a weak reference: the analysis lives as long as the run, and the model it was
+        # made from must not (its other stages' parameters would stay allocated)
+        self.source = weakref.ref(model)
+        self.graph, self.plan = graph, plan
         self.mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.model_name = type(model).__name__
         memo: dict[int, Any] = {}

@@ -69,7 +69,7 @@ def check_plan(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, world_si
     `model` (and `graph`'s layers) that the checks of several plans share, so that a
     pipeline stage (layer range) several plans cut alike runs under fake tensors once."""
     names = [layer.name for layer in graph.layers]  # all a StageAnalysis reads of a graph
-    if analysis is not None and (analysis.source is not model
+    if analysis is not None and (analysis.source() is not model
                                  or names != [layer.name for layer in analysis.graph.layers]):
         raise ValueError("check_plan: the StageAnalysis given is of another model or layers")
     if len(plan.layer_strategies) != len(graph.layers):

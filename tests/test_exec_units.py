@@ -326,6 +326,21 @@ def test_plans_sharing_an_analysis_run_each_passing_stage_once(monkeypatch):
                    twice, 2, inputs, analysis)
 
 
+def test_an_analysis_does_not_keep_its_model_alive():
+    """`apply` copies the model per stage under interleaving and drops the original; an
+    analysis the run keeps that held it kept every stage's parameters allocated (validate
+    measured gpt-tp2-pp2-dp2's peak 0.85 MiB over the prediction)."""
+    import gc
+    import weakref
+
+    model, inputs = _AuxFirst(), {"ids": torch.zeros(2, 3, dtype=torch.long)}
+    analysis = StageAnalysis(model, build_layer_graph(model, inputs, name="aux_first"))
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None and analysis.graph is not None
+
+
 def test_untie_gives_the_head_its_own_copy():
     model, graph = model_of(GPT), graph_of(GPT)
     groups = find_tie_groups(model, graph)
