@@ -43,6 +43,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from cost_models.cold_kernel import first_and_second_ns  # noqa: E402
 from cost_models.op_cold_probe import (GEMM_PROBE_MNK, OTHER_ELEMENTS,  # noqa: E402
                                        REFERENCE_KIND, kind_calls, other_ops)
 
@@ -78,15 +79,12 @@ def measure(calls: dict, rounds: int) -> dict:
         call(), call()
     for _ in range(rounds):
         for key, call in calls.items():
-            call()  # as in the kit's probe, its own call ran last before the other ops
-            for op in others:
-                op(small)
-            t0 = clock()
-            call()
-            t1 = clock()
-            call()
-            t2 = clock()
-            extra[key].append((t1 - t0) - (t2 - t1))
+            def before(_round, call=call):
+                call()  # as in the kit's probe, its own call ran last before the other ops
+                for op in others:
+                    op(small)
+            [(first, second)] = first_and_second_ns(call, before, 1, clock)
+            extra[key].append(first - second)
     return {key: statistics.median(v) * 1e-3 for key, v in extra.items()}
 
 
