@@ -46,17 +46,21 @@ a loaded machine are noise: re-measure on a quiet one before reading the errors.
 --quick: three models (gpt-tiny, llama-tiny, mlp-small), micro-batches 1 and 16, fewer
 repeats, a quick device profile. Writes bench/results/kernel_model.json (--out), with the
 whole spec and the raw timings: `--reprice RESULT_JSON` times nothing and prices those
-timings with the current code (a pricing change's A/B on the same rows).
+timings with the current code (a pricing change's A/B on the same rows). `--record` also
+keeps the raw timings in bench/kernel_model_runs/, and bench_kernel_model_pool.py prices
+every kept run and reads each row's median error: on this VM one run is noise, ten are not.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -94,6 +98,10 @@ QUICK_WARMUP, QUICK_REPEATS = 2, 5
 CLOCKS = {"thread": time.thread_time, "wall": time.perf_counter}
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                        "kernel_model.json")
+# Runs kept in the repository (`--record`: the raw timings and spec only, gzipped JSON),
+# which bench_kernel_model_pool.py reads by default: one run here is noise, several are not
+RUNS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_model_runs")
+RAW_FIELDS = ("bench", "quick", "host", "spec_full", "clock", "schedule", "profiles")
 
 
 def traced_graph(model: str, micro_batch: int):
@@ -290,6 +298,56 @@ def raw_result(quick: bool, spec, profiled: dict, schedule: list[dict], clock: s
             "profiles": [[list(key), entries] for key, entries in profiled.items()]}
 
 
+@dataclasses.dataclass(frozen=True)
+class SavedResult:
+    """A written result read back for pricing: its spec, raw timings and schedule, and
+    each (model, micro_batch)'s traced (graph, measurer)."""
+    quick: bool
+    clock: str
+    schedule: list
+    spec: ClusterSpec
+    profiled: dict
+    graphs: dict
+
+
+def load_result(path: str, unkept: bool = False, traced: dict | None = None) -> SavedResult:
+    """Read a written result (`unkept`: its slower host reading as the spec); `traced`
+    caches the graphs across results (one trace per key)."""
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+        doc = json.load(f)
+    schedule = doc["schedule"]
+    spec = ClusterSpec.from_dict(next(p["unkept_spec"] for p in schedule if "unkept_spec" in p)
+                                 if unkept else doc["spec_full"], path)
+    profiled = {tuple(key): entries for key, entries in doc["profiles"]}
+    traced = {} if traced is None else traced
+    for key in profiled:
+        if key not in traced:
+            traced[key] = traced_graph(*key)
+    return SavedResult(doc["quick"], doc.get("clock", "wall"), schedule, spec, profiled,
+                       {key: traced[key] for key in profiled})
+
+
+def price_rows(graphs: dict, spec, profiled: dict, warmup: int, repeats: int) -> list[dict]:
+    """Every model's rows (`measure_model`) priced on `spec` against its timings."""
+    rows = []
+    for (model, micro_batch), (graph, measurer) in graphs.items():
+        rows.extend(measure_model(model, micro_batch, graph, measurer, spec, warmup, repeats,
+                                  profiled[(model, micro_batch)]))
+    return rows
+
+
+def record_run(doc: dict, measured_on: str) -> str:
+    """Keep a run's raw timings and spec under RUNS_DIR, named by when the spec was
+    measured (`measured_on`'s date and time); returns the path."""
+    when = re.search(r"(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d)", measured_on)
+    stamp = "".join(when.groups()) if when else time.strftime("%Y%m%d%H%M", time.gmtime())
+    path = os.path.join(RUNS_DIR, f"{'quick-' if doc['quick'] else ''}{stamp}.json.gz")
+    os.makedirs(RUNS_DIR, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        json.dump({k: doc[k] for k in RAW_FIELDS}, f, separators=(",", ":"))
+    return path
+
+
 def write_result(path: str, doc: dict) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
@@ -306,6 +364,9 @@ def main() -> int:
     parser.add_argument("--unkept", action="store_true",
                         help="with --reprice: price with the slower host reading instead")
     parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--record", action="store_true",
+                        help="also keep the run's timings in bench/kernel_model_runs/ "
+                             "(what bench_kernel_model_pool.py reads)")
     parser.add_argument("--clock", choices=CLOCKS, default="wall",
                         help="the rows' clock (module docstring)")
     args = parser.parse_args()
@@ -313,14 +374,9 @@ def main() -> int:
     warmup, repeats = (QUICK_WARMUP, QUICK_REPEATS) if args.quick else (WARMUP, REPEATS)
     start = time.perf_counter()
     if args.reprice:
-        with open(args.reprice) as f:
-            doc = json.load(f)
-        args.quick, schedule, args.clock = doc["quick"], doc["schedule"], doc.get("clock", "wall")
-        spec = ClusterSpec.from_dict(next(p["unkept_spec"] for p in schedule if "unkept_spec"
-                                          in p) if args.unkept else doc["spec_full"],
-                                     args.reprice)
-        profiled = {tuple(key): entries for key, entries in doc["profiles"]}
-        graphs = {key: traced_graph(*key) for key in profiled}
+        saved = load_result(args.reprice, args.unkept)
+        args.quick, args.clock, schedule = saved.quick, saved.clock, saved.schedule
+        spec, profiled, graphs = saved.spec, saved.profiled, saved.graphs
     else:
         models = (args.models.split(",") if args.models else QUICK_MODELS if args.quick
                   else MODELS)
@@ -328,12 +384,11 @@ def main() -> int:
         graphs = {(model, mb): traced_graph(model, mb) for model in models for mb in batches}
         spec, profiled, schedule = interleaved_profile(graphs, warmup, repeats, args.quick,
                                                        clock=CLOCKS[args.clock])
-        write_result(args.out, raw_result(args.quick, spec, profiled, schedule,
-                                          args.clock))  # kept if pricing fails
-    rows = []
-    for (model, micro_batch), (graph, measurer) in graphs.items():
-        rows.extend(measure_model(model, micro_batch, graph, measurer, spec, warmup, repeats,
-                                  profiled[(model, micro_batch)]))
+        raw = raw_result(args.quick, spec, profiled, schedule, args.clock)
+        write_result(args.out, raw)  # kept if pricing fails
+        if args.record:
+            print(f"recorded {record_run(raw, spec.kernel_calibration.measured_on)}")
+    rows = price_rows(graphs, spec, profiled, warmup, repeats)
     print(table(["model", "layer", "batch", "pass", "predicted ms", "measured ms", "error",
                  "kernels ms", "host ms"],
                 [[r["model"], r["layer"], r["micro_batch"], r["phase"],

@@ -1,0 +1,71 @@
+"""bench/bench_kernel_model_pool.py: each row's median error over several kept runs of
+bench_kernel_model.py, and the runs kept in the repository stay readable."""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+
+import pytest
+
+import bench.bench_kernel_model as bench
+import bench.bench_kernel_model_pool as pool
+
+
+def row(layer: str, error: float, phase: str = "fwd") -> dict:
+    return {"model": "m", "layer": layer, "micro_batch": 1, "phase": phase, "error": error}
+
+
+def test_a_row_reads_its_median_range_and_runs_over():
+    """Three runs: a row over in one run only has a median within target; a row over in
+    every run keeps its sign; each row's range and runs-over count are its own."""
+    runs = {"a": [row("x", 0.30), row("y", -0.20)],
+            "b": [row("x", 0.05), row("y", -0.40)],
+            "c": [row("x", -0.02), row("y", -0.16)]}
+    by_layer = {r["layer"]: r for r in pool.pooled_rows(runs)}
+    assert by_layer["x"]["median_error"] == pytest.approx(0.05)
+    assert (by_layer["x"]["min_error"], by_layer["x"]["max_error"]) == (-0.02, 0.30)
+    assert by_layer["x"]["runs_over"] == 1
+    assert by_layer["y"]["median_error"] == pytest.approx(-0.20)
+    assert by_layer["y"]["runs_over"] == 3
+
+
+def test_runs_with_other_rows_are_refused_by_name():
+    runs = {"a.json": [row("x", 0.1)], "b.json": [row("x", 0.1, phase="bwd")]}
+    with pytest.raises(SystemExit, match="b.json: its rows differ"):
+        pool.pooled_rows(runs)
+
+
+def test_a_recorded_run_keeps_only_the_raw_fields_named_by_its_spec_time(tmp_path,
+                                                                       monkeypatch):
+    monkeypatch.setattr(bench, "RUNS_DIR", str(tmp_path))
+    doc = {field: [field] for field in bench.RAW_FIELDS} | {"quick": True, "rows": [1]}
+    path = bench.record_run(doc, "x86_64, torch 2.13.0+cpu, 1 thread, 2026-11-26 21:38 UTC")
+    assert os.path.basename(path) == "quick-202611262138.json.gz"
+    with gzip.open(path, "rt") as f:
+        assert json.load(f) == {k: doc[k] for k in bench.RAW_FIELDS}  # no priced rows
+
+
+def test_every_kept_run_loads_with_the_current_code():
+    """The runs in bench/kernel_model_runs/ are what the pool prices by default: each
+    must still read into a spec and its timings (graphs stand in: nothing is traced)."""
+    paths = sorted(glob.glob(os.path.join(bench.RUNS_DIR, "*.json.gz")))
+    assert len(paths) >= 10
+    for path in paths:
+        traced = _StandIns()
+        saved = bench.load_result(path, traced=traced)
+        assert len(saved.profiled) == 21 and not saved.quick  # 7 models x 3 micro-batches
+        assert saved.spec.kernel_calibration is not None
+        assert all(entries for entries in saved.profiled.values())
+
+
+class _StandIns(dict):
+    """A graph cache that answers every key without tracing."""
+
+    def __contains__(self, key) -> bool:
+        return True
+
+    def __getitem__(self, key):
+        return ("graph", "measurer")
