@@ -34,7 +34,6 @@ from ir.embedding_tables import EmbeddingPlan, EmbeddingTable, PlacedTable
 from ir.errors import PlannerError
 from ir.kernel_records import KernelRecords
 from ir.layer import LayerGraph
-from ir.legality import clip_tables_problem
 from ir.plan import ParallelPlan, PlanDocument, model_identity, record_implementation
 from planner.search import search
 from planner.search_space import SearchOptions
@@ -108,9 +107,6 @@ def plan_hybrid(graph: LayerGraph, tables: list[EmbeddingTable], cluster: Cluste
     if not tables:
         raise PlannerError(f"{graph.model} has no pooled embedding tables to shard")
     names = {t.name for t in tables}
-    problem = clip_tables_problem(options.clip_grad_norm, (t.name for t in tables))
-    if problem is not None:  # before the search: its plan could not hold both
-        raise PlannerError(problem)
     result = search(dense_graph(graph, names), cluster, global_batch, hybrid_options(options),
                     model=executor_model)
     if result.best is None:
