@@ -228,6 +228,35 @@ def test_a_plan_with_sharded_tables_may_clip():
         apply(model, plan, graph_of(GPT), loss_fn=loss_fn, max_grad_norm=1.0)
 
 
+def test_table_clip_prices_its_rows_reads_and_writes_in_search_and_estimate():
+    """A clipping step reads each shard's coalesced gradient (the rows the optimizer
+    steps) for the norm and reads and writes it for the scale (cost_models.compute's
+    CLIP_* passes), on sharded and replicated tables; the placement search and the
+    estimate price it from one config (`planner.table_hybrid.table_config`)."""
+    from cost_models.compute import CLIP_NORM_PASSES, CLIP_SCALE_PASSES
+    from cost_models.embedding import (NO_DENSE, EmbeddingConfig, evaluate,
+                                       hbm_bytes_per_s, unique_rows)
+    from cost_models.clusters import get_cluster
+    from ir.embedding_tables import EmbeddingTable, TablePlacement, TableSharding
+    from planner.table_hybrid import table_config
+
+    cluster = get_cluster("a100-80g", nodes=1, gpus_per_node=2)
+    tables = [EmbeddingTable("a", 1000, 64, "float32", "sum", 2),
+              EmbeddingTable("b", 1000, 64, "float32", "sum", 2)]
+    placements = [TablePlacement("a", TableSharding.TABLE_WISE, (0,)),
+                  TablePlacement("b", TableSharding.REPLICATED, (0, 1))]
+    priced = {clip: evaluate(tables, placements, cluster,
+                             EmbeddingConfig(8, "sgd", clip_grad_norm=clip), NO_DENSE)
+              for clip in (False, True)}
+    row_s = 64 * 4 * (CLIP_NORM_PASSES + CLIP_SCALE_PASSES) / hbm_bytes_per_s(cluster)
+    touched = unique_rows(16, 1000)  # the global batch's 8 x 2 ids: a's rows, and b's
+    extra = [c - p for c, p in zip(*(  # per rank: rank 0 holds a, both step b's rows
+        [r.update_s for r in priced[clip].per_rank] for clip in (True, False)))]
+    assert extra == pytest.approx([2 * touched * row_s, touched * row_s])
+    plan = dataclasses.replace(plan_of("zero1"), clip_grad_norm=True)
+    assert table_config(plan, "sgd") == EmbeddingConfig(plan.global_batch, "sgd", True)
+
+
 def test_planning_a_table_model_with_clipping_prices_the_clip(tmp_path, capsys):
     """`planner plan dlrm-small --clip-grad-norm` plans its tables with the clip: the
     plan says it clips, the placement search's step is the plan's predicted step, and
@@ -251,7 +280,7 @@ def test_planning_a_table_model_with_clipping_prices_the_clip(tmp_path, capsys):
     again = estimate_hybrid(graph, doc.plan, cluster)["time"]
     unclipped = estimate_hybrid(graph, dataclasses.replace(doc.plan, clip_grad_norm=False),
                                 cluster)["time"]
-    for term in ("optimizer",):  # the dense clip, all-reduce
+    for term in ("embedding", "optimizer"):  # the tables' rows; the dense clip, all-reduce
         assert again[term] == pytest.approx(doc.predicted["time"][term]), term
         assert again[term] > unclipped[term], term
 
