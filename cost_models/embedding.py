@@ -22,6 +22,9 @@ local batch, p ids per sample, d the shard's columns, e bytes per element:
   replicated tables  each rank's sparse gradient (its distinct rows and their ids) is
                      all-gathered after backward (executors/hybrid_step.py), then every
                      rank steps the global batch's distinct rows: never a dense gradient
+  clip (optional)    a clipping step (`EmbeddingConfig.clip_grad_norm`) reads each shard's
+                     stepped rows for the norm and reads and writes them for the scale
+                     (`_clip_s`); its scalar all-reduce is the dense estimate's
 
 The slowest rank sets the step (the all-to-alls synchronise every rank):
     step_s = dense_s + max_r embedding_s[r]
@@ -44,7 +47,8 @@ from ir.embedding_tables import (EmbeddingTable, HashRing, TablePlacement, Table
                                  column_shard_bounds, row_shard_bounds)
 from ir.errors import PlannerError
 from cost_models.common import GB
-from cost_models.compute import with_host
+from cost_models.compute import (CLIP_HOST_OPS_PER_TENSOR, CLIP_NORM_PASSES,
+                                  CLIP_SCALE_PASSES, with_host)
 from cost_models.embedding_comm import (EXECUTOR_A2A_CALLS_PER_EXCHANGE, AllToAllLink,
                                         exchange_bit, replicated_gather_s)
 from cost_models.estimate import Estimate
@@ -74,6 +78,8 @@ class EmbeddingConfig:
 
     global_batch: int
     optimizer: str = "rowwise_adagrad"
+    # the step clips by global norm (`ParallelPlan.clip_grad_norm`, `executors.grad_clip`)
+    clip_grad_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:
@@ -226,6 +232,7 @@ def _shard_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingCo
     # FBGEMM-style fused backward + optimizer: per-id gradients read, then per touched row
     # the weight read and written and its optimizer state read and written.
     update_s = ((out_rows + ids) * cols * e + touched * (2 * cols * e + 2 * state_row_bytes)) / hbm
+    update_s += _clip_s(cluster, config, touched * cols * e)
     memory = rows_held * (cols * e + state_row_bytes)
     if replicated:
         # its sparse gradient: every rank's looked-up rows and their ids, all-gathered
@@ -238,6 +245,19 @@ def _shard_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingCo
                         memory_bytes=memory)
     return RankLoad(lookup_s=lookup_s, update_s=update_s, ids_recv_bytes=ids * ID_PAIR_BYTES,
                     out_send_bytes=out_rows * cols * e, memory_bytes=memory, sharded=True)
+
+
+def _clip_s(cluster: ClusterSpec, config: EmbeddingConfig, gradient_bytes: float) -> float:
+    """Seconds of the global-norm clip over one shard's coalesced gradient (the rows the
+    optimizer steps): executors.grad_clip's _foreach_norm reads it, _foreach_mul_ reads
+    and writes it, and its per-tensor Python is one host op on CPU processes
+    (cost_models.compute's CLIP_* rule for dense gradients; its scalar all-reduce is the
+    dense estimate's, `cost_models.step_host.clip_all_reduce_s`). 0 when not clipping."""
+    if not config.clip_grad_norm:
+        return 0.0
+    host_s = CLIP_HOST_OPS_PER_TENSOR * cluster.op_overhead_s if cluster.host_bound else 0.0
+    return gradient_bytes * (CLIP_NORM_PASSES + CLIP_SCALE_PASSES) / hbm_bytes_per_s(cluster) \
+        + host_s
 
 
 # Host-side torch ops the executor runs on every rank, counted with a TorchDispatchMode on

@@ -49,7 +49,7 @@ from torch import nn
 from executors.agreement import agree_on_plan
 from executors.checkpointing import apply_ac
 from executors.data_parallel import apply_dp, apply_dp_root, offloaded_params
-from executors.grad_clip import check_max_grad_norm, clip_problem
+from executors.grad_clip import check_max_grad_norm
 from executors.host_memory import keep_freed_memory_off_heap
 from executors.layout import add_input_relayout, add_output_relayout
 from executors.materialize import capture, materialize
@@ -209,14 +209,12 @@ def apply(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, *, loss_fn: C
     exactly as `torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)` on one
     device, whatever the plan shards (`executors.grad_clip`; fp16: after the unscale, and
     not on a skipped step); `ParallelModel.last_grad_norm` is the step's norm before the
-    clip. None (the default): no clipping. Plans with sharded tables refuse it. The plan's
+    clip. None (the default): no clipping. Sharded tables' sparse gradients are clipped
+    with the rest (`executors.grad_clip`). The plan's
     `clip_grad_norm` records what was priced; this argument decides what runs (as
     torchtitan's job config does), and a mismatch warns once, naming both.
     """
     max_grad_norm = check_max_grad_norm(max_grad_norm)
-    problem = clip_problem(plan, max_grad_norm)
-    if problem is not None:
-        raise PlannerError(problem)
     if plan.clip_grad_norm != (max_grad_norm is not None):
         warnings.warn(f"the plan was priced with clip_grad_norm={plan.clip_grad_norm} but "
                       f"runs with max_grad_norm={max_grad_norm}: the run clips as "

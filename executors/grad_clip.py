@@ -28,8 +28,14 @@ whose FSDP2 gradients sit on the CPU: the coefficient's copy there waits for the
 `last_grad_norm` reads the norm only when asked. A gradient still Partial (unreduced sums) is refused, naming its
 parameter: `stage_copies` would count it as replicated.
 
-Sharded embedding tables are refused (`clip_problem`, by `ir.legality.clip_tables_problem`,
-the rule the plan and the search keep too).
+Embedding tables (`tables`: `executors.sharded_embedding`, torchrec's
+GradientClippingOptimizer over dense and sharded gradients alike): a table's gradient is
+a sparse COO tensor with duplicate ids, whose norm is that of its COALESCED form (the
+dense nn.EmbeddingBag's gradient): each is coalesced here and left so, as the sparse
+optimizer reads it (`executors.sparse_optimizer`: its coalesce() is then a no-op), and its
+values join the norm and the scale. A replicated table's rows are equal on every rank
+after `hybrid_step.all_gather_sparse` (copies = world); a sharded table's rows (or column
+slices) are held by one rank each (copies = 1).
 """
 
 from __future__ import annotations
@@ -45,9 +51,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Partial
 
 from executors.zero1 import local_tensor
+from executors.sharded_embedding import ReplicatedEmbedding, ShardedTables
 from ir.errors import PlannerError
-from ir.legality import clip_tables_problem
-from ir.plan import ParallelPlan
 
 # torch.nn.utils.clip_grad_norm_'s guard against a zero norm (torch/nn/utils/clip_grad.py:
 # clip_coef = max_norm / (total_norm + 1e-6)).
@@ -66,24 +71,20 @@ def check_max_grad_norm(max_grad_norm: float | None) -> float | None:
     return value
 
 
-def clip_problem(plan: ParallelPlan, max_grad_norm: float | None) -> str | None:
-    """Why `plan` cannot clip (None: it can, or no clipping asked):
-    `ir.legality.clip_tables_problem`."""
-    tables = plan.embeddings.tables if plan.embeddings is not None else ()
-    return clip_tables_problem(max_grad_norm is not None, (t.table.name for t in tables))
-
-
 def clip_grad_norm(named_params: Iterable[tuple[str, nn.Parameter]],
                    copies: Callable[[nn.Parameter], int], max_norm: float,
                    device: torch.device, held: frozenset[int] = frozenset(),
-                   held_multiplier: float | torch.Tensor = 1.0
+                   held_multiplier: float | torch.Tensor = 1.0,
+                   tables: ShardedTables | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale this rank's gradients as single-device clip_grad_norm_(max_norm) would;
     returns (total norm, coefficient), 0-dim fp32 tensors on `device`, the same on every
     rank. `copies(p)`: ranks holding each element of p's gradient; `held`: ids of
     parameters whose gradients are read times `held_multiplier` (a float or a tensor)
     and left unscaled (the caller applies the coefficient). A Partial (unreduced)
-    gradient is refused, naming its parameter.
+    gradient is refused, naming its parameter. `tables`: embedding tables whose sparse
+    gradients are coalesced, counted and scaled as the module docstring says (their
+    parameters in `named_params` are skipped).
 
     As torch's own (foreach) clip_grad_norm_: one `_foreach_norm` per group of gradients
     (device, dtype, held or not, copies) reads every gradient once, in fp32 (a
@@ -93,8 +94,9 @@ def clip_grad_norm(named_params: Iterable[tuple[str, nn.Parameter]],
     device-to-host copy that waits for the device."""
     groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     scaled: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+    table_ids = tables.parameter_ids() if tables is not None else set()
     for name, p in named_params:
-        if p.grad is None:  # frozen, or unused this step
+        if p.grad is None or id(p) in table_ids:  # frozen, unused this step, or a table's
             continue
         if isinstance(p.grad, DTensor) and any(isinstance(placement, Partial)
                                                for placement in p.grad.placements):
@@ -105,6 +107,15 @@ def clip_grad_norm(named_params: Iterable[tuple[str, nn.Parameter]],
         groups[(g.device, g.dtype, id(p) in held, copies(p))].append(g)
         if id(p) not in held:
             scaled[(g.device, g.dtype)].append(g)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    for module in (tables.modules.values() if tables is not None else ()):
+        if module.weight.grad is None:  # no shard here, or no id looked up
+            continue
+        grad = module.weight.grad = module.weight.grad.coalesce()  # duplicate ids summed
+        values = grad.values()  # an alias: scaling it scales the gradient
+        count = world if isinstance(module, ReplicatedEmbedding) else 1
+        groups[(values.device, values.dtype, False, count)].append(values)
+        scaled[(values.device, values.dtype)].append(values)
     plain = torch.zeros((), dtype=torch.float32, device=device)
     multiplied = torch.zeros((), dtype=torch.float32, device=device)
     for (_, _, is_held, count), grads in groups.items():

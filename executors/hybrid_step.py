@@ -11,6 +11,12 @@ over ranks, with no division: the dense gradients by one all-reduce (one flat bu
 as DDP's), a sharded table's rows already by the all-to-all that brings every rank's
 pooled gradient to the holder, a replicated table's sparse rows by an all-gather of
 (rows, values). The result is the single-process gradient of the global mean loss.
+
+Clipping (`max_grad_norm`, torchrec's GradientClippingOptimizer): after those
+collectives, `executors.grad_clip.clip_grad_norm` over the dense gradients (equal on
+every rank: copies = world) and the tables' (coalesced) sparse ones, one scalar
+all-reduce, then both optimizers step on the scaled gradients; `last_grad_norm` is the
+norm before the clip, read to the host only when asked.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from executors.grad_clip import check_max_grad_norm, clip_grad_norm
 from executors.sharded_embedding import ShardedTables
 from executors.sparse_optimizer import SparseRowOptimizer, replicated_tables
 
@@ -73,8 +80,12 @@ def broadcast_from_rank0(tensors: list[torch.Tensor]) -> None:
 class HybridTrainer:
     def __init__(self, model: nn.Module, tables: ShardedTables,
                  dense_optimizer: torch.optim.Optimizer, sparse_optimizer: SparseRowOptimizer,
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                 max_grad_norm: float | None = None):
         self.model, self.tables, self.loss_fn = model, tables, loss_fn
+        # clip to this global L2 norm before each step (None: no clipping), module docstring
+        self.max_grad_norm = check_max_grad_norm(max_grad_norm)
+        self._grad_norm: torch.Tensor | None = None  # the last step's, on the device
         self.dense_optimizer, self.sparse_optimizer = dense_optimizer, sparse_optimizer
         self.dense_params = tables.dense_parameters(model)
         self.steps = 0
@@ -93,9 +104,20 @@ class HybridTrainer:
         all_reduce_dense(self.dense_params)
         for module in replicated_tables(self.tables):
             all_gather_sparse(module.weight)
+        if self.max_grad_norm is not None:
+            world = dist.get_world_size()
+            self._grad_norm, _ = clip_grad_norm(
+                self.model.named_parameters(), lambda p: world,
+                self.max_grad_norm, loss.device, tables=self.tables)
         self.sparse_optimizer.step()
         self.dense_optimizer.step()
         total = loss.detach().clone()
         dist.all_reduce(total)
         self.steps += 1
         return float(total)
+
+    @property
+    def last_grad_norm(self) -> float | None:
+        """The last step's global gradient norm before clipping, the same on every rank
+        (None: no clipping asked or no step yet); read to the host only here."""
+        return None if self._grad_norm is None else float(self._grad_norm)

@@ -274,7 +274,7 @@ class ParallelModel:
         copies = self.meshes.dims.stage_copies
         self._grad_norm, coefficient = clip_grad_norm(
             self.module.named_parameters(), lambda p: copies(p.grad) * tied.get(id(p), 1),
-            self.max_grad_norm, self.device, multiplied, multiplier)
+            self.max_grad_norm, self.device, multiplied, multiplier, self.tables)
         return coefficient
 
     def train_step(self, inputs: dict, target) -> float:

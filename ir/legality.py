@@ -15,7 +15,6 @@ module (its forward signature, which modules are norms) are read once at trace t
     input_layout_problem(graph, j, first, ...)   do they read them in their stage's split
     linked_runs(graph)                           runs of layers that share one TP degree
     pipeline_problem(graph)                      can the model be cut into stages at all
-    clip_tables_problem(clipping, tables)        can the step clip beside sharded tables
 """
 
 from __future__ import annotations
@@ -147,17 +146,3 @@ def pipeline_problem(graph: LayerGraph) -> str | None:
             return (f"layer {layer.name}: modules called at several places are merged into one "
                     "layer, which a pipeline stage cannot hold apart; use pp=1 for this model")
     return None
-
-
-def clip_tables_problem(clipping: bool, table_names) -> str | None:
-    """Why a step that clips by global norm cannot run beside these sharded embedding
-    tables (None: it can): their row-sparse gradients (`executors.hybrid_step`) would need
-    a coalescing pass of their own before a norm. One rule for the plan
-    (`ParallelPlan.clip_grad_norm`), the search (`planner.table_hybrid.plan_hybrid`,
-    before it searches) and `executors.apply(max_grad_norm=)`."""
-    names = list(table_names)
-    if not clipping or not names:
-        return None
-    return (f"gradient clipping (max_grad_norm, --clip-grad-norm) with sharded embedding "
-            f"table {names[0]}: its row-sparse gradient is not clipped; drop the clipping "
-            "or plan the table as a dense layer")

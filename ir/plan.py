@@ -18,7 +18,6 @@ import torch
 
 from ir.embedding_tables import EmbeddingPlan
 from ir.errors import PlannerError
-from ir.legality import clip_tables_problem
 from ir.output_file import write_text_atomic
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision, Schedule, Stage
 
@@ -199,10 +198,6 @@ class ParallelPlan:
         if self.precision is Precision.FP16_MIXED:
             raise PlannerError("a plan with sharded tables cannot use fp16-mixed (its sparse "
                                "gradients are not loss-scaled): use bf16-mixed or fp32")
-        problem = clip_tables_problem(self.clip_grad_norm,
-                                      (t.table.name for t in self.embeddings.tables))
-        if problem is not None:
-            raise PlannerError(problem)
         self.embeddings.shards(self.world_size)  # every placement runs on these ranks
 
     def layer_micro_batch(self, layer_index: int) -> int:

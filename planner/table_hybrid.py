@@ -34,7 +34,6 @@ from ir.embedding_tables import EmbeddingPlan, EmbeddingTable, PlacedTable
 from ir.errors import PlannerError
 from ir.kernel_records import KernelRecords
 from ir.layer import LayerGraph
-from ir.legality import clip_tables_problem
 from ir.plan import ParallelPlan, PlanDocument, model_identity, record_implementation
 from planner.search import search
 from planner.search_space import SearchOptions
@@ -108,9 +107,6 @@ def plan_hybrid(graph: LayerGraph, tables: list[EmbeddingTable], cluster: Cluste
     if not tables:
         raise PlannerError(f"{graph.model} has no pooled embedding tables to shard")
     names = {t.name for t in tables}
-    problem = clip_tables_problem(options.clip_grad_norm, (t.name for t in tables))
-    if problem is not None:  # before the search: its plan could not hold both
-        raise PlannerError(problem)
     result = search(dense_graph(graph, names), cluster, global_batch, hybrid_options(options),
                     model=executor_model)
     if result.best is None:
@@ -118,7 +114,7 @@ def plan_hybrid(graph: LayerGraph, tables: list[EmbeddingTable], cluster: Cluste
                            f"{cluster.device_memory_bytes / 2**30:.1f} GiB per device; add "
                            "devices or shrink the global batch")
     dense = dense_estimate(graph, names, result.best.plan, cluster, model=executor_model)
-    placed = plan_tables(tables, cluster, EmbeddingConfig(global_batch, sparse_optimizer),
+    placed = plan_tables(tables, cluster, table_config(result.best.plan, sparse_optimizer),
                          DenseCost.of(dense), method=method, pins=pins)
     by_name = {p.table: p for p in placed.placements}
     embeddings = EmbeddingPlan(tuple(PlacedTable(t, by_name[t.name]) for t in tables),
@@ -126,6 +122,12 @@ def plan_hybrid(graph: LayerGraph, tables: list[EmbeddingTable], cluster: Cluste
     plan = dataclasses.replace(result.best.plan, embeddings=embeddings)
     predicted = combined_prediction(dense.to_json(), placed.cost, global_batch)
     return HybridPlan(plan, predicted, placed, result.stats)
+
+
+def table_config(plan: ParallelPlan, sparse_optimizer: str) -> EmbeddingConfig:
+    """The tables' step under `plan` (its global batch, whether it clips): one figure for
+    the placement search (`plan_hybrid`) and the estimate (`price_hybrid`)."""
+    return EmbeddingConfig(plan.global_batch, sparse_optimizer, plan.clip_grad_norm)
 
 
 def dense_estimate(graph: LayerGraph, table_names: set[str], plan: ParallelPlan,
@@ -208,8 +210,7 @@ def price_hybrid(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec,
     tables = [t.table for t in plan.embeddings.tables]
     dense = dense_estimate(graph, {t.name for t in tables}, plan, cluster, profile, model)
     cost = evaluate(tables, plan.embeddings.placements, cluster,
-                    EmbeddingConfig(plan.global_batch, plan.embeddings.sparse_optimizer),
-                    DenseCost.of(dense))
+                    table_config(plan, plan.embeddings.sparse_optimizer), DenseCost.of(dense))
     return dense, cost
 
 

@@ -27,6 +27,10 @@ DATA = CriteoSynthetic(rows_per_table=(CONFIG.rows_per_table,) * CONFIG.num_tabl
                        lookups_per_table=CONFIG.lookups_per_table, seed=3)
 LR = {"sgd": 0.5, "rowwise_adagrad": 0.1, "adam": 0.01}  # big enough to move every row
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, which dense_optimizer keeps
+# The clipped runs' max_norm per step: the reference's norms are 3.3 at step 0 and 0.4-3.9
+# after (asserted in tests/test_sharded_embedding.py): steps 0 and 2 clip by more than
+# 4x, step 1 runs under the norm (coefficient 1).
+CLIP_MAX_NORMS = (0.5, 10.0, 0.05)
 
 
 def adam_travel_bound(lr: float, steps: int, betas: tuple[float, float] = ADAM_BETAS) -> float:
@@ -102,8 +106,10 @@ def dense_optimizer(kind: str, params):
 # ------------------------------------------------------------------ the reference
 
 
-def reference_run(kind: str) -> dict:
-    """One process, the global batch, unsharded tables with sparse gradients."""
+def reference_run(kind: str, max_norms: tuple[float, ...] | None = None) -> dict:
+    """One process, the global batch, unsharded tables with sparse gradients; with
+    `max_norms` (one per step) each step first clips as torch's clip_grad_norm_ does on
+    the model whose tables have DENSE gradients (`clip_dense_reference`)."""
     model = build_model()
     for module in model.tables.values():
         module.sparse = True
@@ -116,7 +122,7 @@ def reference_run(kind: str) -> dict:
         table_opt = torch.optim.SGD(table_params, lr=LR[kind])
     elif kind == "adam":
         table_opt = torch.optim.SparseAdam(table_params, lr=LR[kind])
-    losses, grads = [], []
+    losses, grads, norms = [], [], []
     for step in range(STEPS):
         inputs, clicks = DATA.batch(step, GLOBAL_BATCH)
         dense_opt.zero_grad()
@@ -124,6 +130,8 @@ def reference_run(kind: str) -> dict:
             p.grad = None
         loss = dlrm.loss_fn(model(**inputs), clicks)
         loss.backward()
+        if max_norms is not None:
+            norms.append(clip_dense_reference(model, table_params, max_norms[step]))
         grads.append(dense_grads(model))
         dense_opt.step()
         if table_opt is not None:
@@ -146,7 +154,22 @@ def reference_run(kind: str) -> dict:
     # Adam: a dense parameter is compared on the scale it travelled (adam_travel_bound)
     travel = adam_travel_bound(LR[kind], STEPS) if kind == "adam" else 0.0
     return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-            "state": state, "grads": grads, "dense_travel": travel}
+            "state": state, "grads": grads, "dense_travel": travel, "norms": norms}
+
+
+def clip_dense_reference(model, table_params: list, max_norm: float) -> float:
+    """torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) with every table's
+    gradient made dense (nn.EmbeddingBag without sparse: duplicate ids summed); the
+    tables' sparse gradients, which the optimizers read, then times the same coefficient
+    (torch's: min(1, max_norm / (norm + 1e-6))). Returns the norm before the clip."""
+    sparse = {id(p): p.grad for p in table_params}
+    for p in table_params:
+        p.grad = p.grad.to_dense()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for p in table_params:
+        p.grad = sparse[id(p)] * coefficient
+    return float(norm)
 
 
 def dense_grads(model) -> dict[str, torch.Tensor]:
@@ -177,7 +200,8 @@ def shard_report(tables, opt) -> dict:
     return out
 
 
-def make_trainer(kind: str, placement_kind: str, rank: int, world: int, meta_tables: bool):
+def make_trainer(kind: str, placement_kind: str, rank: int, world: int, meta_tables: bool,
+                 max_grad_norm: float | None = None):
     model = build_model()
     if meta_tables:  # the shard-by-shard build: no rank ever holds a whole table
         for module in model.tables.values():
@@ -186,7 +210,7 @@ def make_trainer(kind: str, placement_kind: str, rank: int, world: int, meta_tab
                                     node_size=NODE_SIZE, init=table_init)
     opt = SparseRowOptimizer(tables, SparseOptimizerSpec(kind, lr=LR[kind]))
     trainer = HybridTrainer(model, tables, dense_optimizer(kind, tables.dense_parameters(model)),
-                            opt, dlrm.loss_fn)
+                            opt, dlrm.loss_fn, max_grad_norm=max_grad_norm)
     return model, tables, opt, trainer
 
 
@@ -207,12 +231,16 @@ def untouched_rows_kept(before: dict, after: dict, looked_up: dict[str, torch.Te
     return checked
 
 
-def sharded_worker(rank: int, world: int, runs: list[tuple[str, str]]) -> dict:
+def sharded_worker(rank: int, world: int, runs: list[tuple[str, str]],
+                   max_norms: tuple[float, ...] | None = None) -> dict:
+    """Each (placement, optimizer) of `runs` for STEPS steps; with `max_norms` (one per
+    step) the trainer clips to them, and each step's `last_grad_norm` is kept."""
     results = {}
     for placement_kind, kind in runs:
-        model, tables, opt, trainer = make_trainer(kind, placement_kind, rank, world,
-                                                   meta_tables=placement_kind != "table_wise")
-        losses, grads, untouched, calls = [], [], 0, [0]
+        model, tables, opt, trainer = make_trainer(
+            kind, placement_kind, rank, world, meta_tables=placement_kind != "table_wise",
+            max_grad_norm=max_norms[0] if max_norms else None)
+        losses, grads, norms, untouched, calls = [], [], [], 0, [0]
         real = dist.all_to_all_single
 
         def counted(*args, **kwargs):  # the steps' all-to-alls, every table's together
@@ -225,17 +253,20 @@ def sharded_worker(rank: int, world: int, runs: list[tuple[str, str]]) -> dict:
             looked_up = {n: full["sparse"][:, i].reshape(-1).unique() for i, n in enumerate(names())}
             before = shard_report(tables, opt)
             dist.all_to_all_single = counted
+            if max_norms:
+                trainer.max_grad_norm = max_norms[step]
             try:
                 losses.append(trainer.step(inputs, clicks, GLOBAL_BATCH))
             finally:
                 dist.all_to_all_single = real
+            norms.append(trainer.last_grad_norm)
             grads.append(dense_grads(model))  # HybridTrainer clears them at the next step
             untouched += untouched_rows_kept(before, shard_report(tables, opt), looked_up)
         dense = {n: p.detach().clone() for n, p in model.named_parameters()
                  if not n.startswith("tables.")}
         results[(placement_kind, kind)] = {"losses": losses, "shards": shard_report(tables, opt),
                                            "dense": dense, "grads": grads,
-                                           "untouched": untouched,
+                                           "untouched": untouched, "norms": norms,
                                            "all_to_all_calls": calls[0]}
     dist.barrier()
     return results

@@ -2,7 +2,8 @@
 costs ~40 s of imports on a loaded 2-core machine; the steps take a fraction of a
 second): the 4-rank equivalence runs, a checkpoint at 4 ranks, a regroup to 2 ranks
 (ranks 2 and 3 wait) for the 2-rank runs and the resume, a regroup to 4 for the second
-resume, and the memory phase under RLIMIT_AS."""
+resume, and the memory phase under RLIMIT_AS. The 2-rank group also runs the clipped
+runs (`HybridTrainer(max_grad_norm=)`, max_norm per step `S.CLIP_MAX_NORMS`)."""
 
 from __future__ import annotations
 
@@ -233,6 +234,7 @@ def all_phases(rank: int, world: int, payload: dict) -> dict:
     seconds["checkpoint_at_4"] = lap()
     if regroup(rank, 2, payload["ports"][0]):
         out["eq2"] = S.sharded_worker(rank, 2, payload["runs"][2])
+        out["clip2"] = S.sharded_worker(rank, 2, payload["clip_runs"], S.CLIP_MAX_NORMS)
         two = _elastic_trainer(rank, 2)
         out["resumed_at_step"] = [load_sharded(two, first)]
         resumed += _train(two, rank, 2, range(2, 4))

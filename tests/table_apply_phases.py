@@ -23,7 +23,8 @@ DENSE = {"sgd": (torch.optim.SGD, {"lr": S.LR["sgd"]}),
          "adam": (torch.optim.Adam, {"lr": S.LR["adam"]})}
 
 
-def build(kind: str, world: int, plan=None, meta: bool = False):
+def build(kind: str, world: int, plan=None, meta: bool = False,
+          max_grad_norm: float | None = None):
     """auto_parallel on the test DLRM; `meta`: built on the meta device (no rank ever
     holds a whole table: each makes its shards with the row initializer)."""
     if meta:
@@ -36,7 +37,8 @@ def build(kind: str, world: int, plan=None, meta: bool = False):
     return auto_parallel(model, example, loss_fn=dlrm.loss_fn, optimizer=cls,
                          optimizer_kwargs=kwargs, cluster="local", global_batch=S.GLOBAL_BATCH,
                          sparse_optimizer=SparseOptimizerSpec(kind, S.LR[kind]), plan=plan,
-                         table_init=S.table_init if meta else None)
+                         table_init=S.table_init if meta else None,
+                         max_grad_norm=max_grad_norm)
 
 
 def mixed(plan, world: int):
@@ -71,8 +73,9 @@ def report(ap, losses) -> dict:
 
 
 def phase(rank: int, world: int, payload: dict) -> dict:
-    """`payload["runs"]`: (optimizer kind, "searched" | "mixed") trained 3 steps each from
-    the start; then `payload["checkpoint"]`: kind, resume (a folder or None), steps, and
+    """`payload["runs"]`: (optimizer kind, "searched" | "mixed" | "meta" | "clipped")
+    trained 3 steps each from the start ("clipped": mixed, clipped to S.CLIP_MAX_NORMS,
+    each step's norm kept); then `payload["checkpoint"]`: kind, resume (a folder or None), steps, and
     save_after (save once that many steps are done, None: no save)."""
     out = {}
     for kind, given in payload.get("runs", ()):
@@ -80,11 +83,17 @@ def phase(rank: int, world: int, payload: dict) -> dict:
         if rank == 0 and "doc" not in out:
             from ir.plan import plan_to_dict
             out["doc"] = plan_to_dict(ap.document)
-        if given in ("mixed", "meta"):  # the searched plan with every sharding instead
-            ap = build(kind, world, plan=mixed(ap.plan, world), meta=given == "meta")
-        grads = record_dense_grads(ap)
-        losses = [ap.train_step(S.DATA.batch(step, S.GLOBAL_BATCH)) for step in range(S.STEPS)]
-        out[(kind, given)] = {**report(ap, losses), "grads": grads}
+        clip = S.CLIP_MAX_NORMS if given == "clipped" else None
+        if given in ("mixed", "meta", "clipped"):  # the searched plan, every sharding instead
+            ap = build(kind, world, plan=mixed(ap.plan, world), meta=given == "meta",
+                       max_grad_norm=clip[0] if clip else None)
+        grads, losses, norms = record_dense_grads(ap), [], []
+        for step in range(S.STEPS):
+            if clip:
+                ap.parallel.max_grad_norm = clip[step]
+            losses.append(ap.train_step(S.DATA.batch(step, S.GLOBAL_BATCH)))
+            norms.append(ap.last_grad_norm)
+        out[(kind, given)] = {**report(ap, losses), "grads": grads, "norms": norms}
     c = payload.get("checkpoint")
     if c:
         ap = build(c["kind"], world)

@@ -55,8 +55,6 @@ BF16_RTOL = 5e-2  # bf16 compute: ~8 significant bits per product, summed (seen:
 BF16_ROUNDING = 2.0 ** -8  # bf16's unit roundoff: 8 significant bits
 ATOL = 1e-6  # a gradient that is 0 (attention key biases) updates by noise alone
 PREFIX = "clip:"
-TABLES_REFUSED = ("gradient clipping (max_grad_norm, --clip-grad-norm) with sharded "
-                  "embedding table tables.0")
 
 PLANS = {  # name -> (model, uniform_plan keywords)
     "zero3": (GPT, dict(dp=2, zero=3, micro_batch=2)),
@@ -215,32 +213,76 @@ def test_a_run_that_clips_otherwise_than_priced_warns_naming_both(priced, given)
         apply(model, plan, graph_of(GPT), loss_fn=loss_fn, max_grad_norm=given)
 
 
-def test_apply_refuses_clipping_with_sharded_tables_in_one_line():
+def test_a_plan_with_sharded_tables_may_clip():
+    """Sharded tables clip with the rest (`executors.grad_clip`, tables): the plan holds
+    both and apply goes past them (to its process-group check)."""
     from ir.embedding_tables import (EmbeddingPlan, EmbeddingTable, PlacedTable,
                                      TablePlacement, TableSharding)
 
     table = EmbeddingTable("tables.0", 10, 8, "float32", "sum", 3)
     placed = PlacedTable(table, TablePlacement("tables.0", TableSharding.ROW_RANGE, (0, 1)))
-    plan = dataclasses.replace(plan_of("zero1"), embeddings=EmbeddingPlan((placed,)))
+    plan = dataclasses.replace(plan_of("zero1"), embeddings=EmbeddingPlan((placed,)),
+                               clip_grad_norm=True)
     model, loss_fn = build_model(GPT)
-    with pytest.raises(PlannerError) as error:
+    with pytest.raises(PlannerError, match="initialised process group"):
         apply(model, plan, graph_of(GPT), loss_fn=loss_fn, max_grad_norm=1.0)
-    assert "\n" not in str(error.value)
-    assert str(error.value).startswith(TABLES_REFUSED)
-    # the same rule refuses a plan priced as clipping (ir.legality.clip_tables_problem)
-    with pytest.raises(PlannerError, match="^" + re.escape(TABLES_REFUSED)):
-        dataclasses.replace(plan, clip_grad_norm=True)
 
 
-def test_planning_a_table_model_with_clipping_fails_in_one_line(tmp_path, capsys):
+def test_table_clip_prices_its_rows_reads_and_writes_in_search_and_estimate():
+    """A clipping step reads each shard's coalesced gradient (the rows the optimizer
+    steps) for the norm and reads and writes it for the scale (cost_models.compute's
+    CLIP_* passes), on sharded and replicated tables; the placement search and the
+    estimate price it from one config (`planner.table_hybrid.table_config`)."""
+    from cost_models.compute import CLIP_NORM_PASSES, CLIP_SCALE_PASSES
+    from cost_models.embedding import (NO_DENSE, EmbeddingConfig, evaluate,
+                                       hbm_bytes_per_s, unique_rows)
+    from cost_models.clusters import get_cluster
+    from ir.embedding_tables import EmbeddingTable, TablePlacement, TableSharding
+    from planner.table_hybrid import table_config
+
+    cluster = get_cluster("a100-80g", nodes=1, gpus_per_node=2)
+    tables = [EmbeddingTable("a", 1000, 64, "float32", "sum", 2),
+              EmbeddingTable("b", 1000, 64, "float32", "sum", 2)]
+    placements = [TablePlacement("a", TableSharding.TABLE_WISE, (0,)),
+                  TablePlacement("b", TableSharding.REPLICATED, (0, 1))]
+    priced = {clip: evaluate(tables, placements, cluster,
+                             EmbeddingConfig(8, "sgd", clip_grad_norm=clip), NO_DENSE)
+              for clip in (False, True)}
+    row_s = 64 * 4 * (CLIP_NORM_PASSES + CLIP_SCALE_PASSES) / hbm_bytes_per_s(cluster)
+    touched = unique_rows(16, 1000)  # the global batch's 8 x 2 ids: a's rows, and b's
+    extra = [c - p for c, p in zip(*(  # per rank: rank 0 holds a, both step b's rows
+        [r.update_s for r in priced[clip].per_rank] for clip in (True, False)))]
+    assert extra == pytest.approx([2 * touched * row_s, touched * row_s])
+    plan = dataclasses.replace(plan_of("zero1"), clip_grad_norm=True)
+    assert table_config(plan, "sgd") == EmbeddingConfig(plan.global_batch, "sgd", True)
+
+
+def test_planning_a_table_model_with_clipping_prices_the_clip(tmp_path, capsys):
+    """`planner plan dlrm-small --clip-grad-norm` plans its tables with the clip: the
+    plan says it clips, the placement search's step is the plan's predicted step, and
+    `estimate_hybrid` (planner estimate / validate) prices the tables' and the step's
+    clip terms as the search did (the layers' compute is measured per graph load: not
+    compared), above the same plan unclipped."""
+    from cost_models.clusters import get_cluster
+    from ir.plan import load_plan
     from planner.cli import main
+    from planner.models import load_layer_graph
+    from planner.table_hybrid import estimate_hybrid
 
     out = tmp_path / "plan.json"
     assert main(["plan", "dlrm-small", "--cluster", "local", "--gpus-per-node", "2",
-                 "--global-batch", "8", "--clip-grad-norm", "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "with sharded embedding table" in err, err
-    assert not out.exists()
+                 "--global-batch", "8", "--clip-grad-norm", "--out", str(out)]) == 0
+    doc = load_plan(out)
+    assert doc.plan.clip_grad_norm and doc.plan.embeddings is not None
+    assert doc.search["tables"]["step_s"] == pytest.approx(doc.predicted["iteration_seconds"])
+    graph = load_layer_graph("dlrm-small", doc.plan.micro_batch, None)
+    cluster = get_cluster("local", gpus_per_node=2)
+    again = estimate_hybrid(graph, doc.plan, cluster)["time"]
+    unclipped = estimate_hybrid(graph, dataclasses.replace(doc.plan, clip_grad_norm=False),
+                                cluster)["time"]
+    for term in ("embedding", "optimizer"):  # the tables' rows; the dense clip, all-reduce
+        assert again[term] == pytest.approx(doc.predicted["time"][term]), term
+        assert again[term] > unclipped[term], term
 
 
 @pytest.mark.parametrize("cluster_name", ["h100-80g", "local"])

@@ -28,6 +28,9 @@ RUNS = {4: [(p, o) for p in PLACEMENTS for o in OPTIMIZERS],
         2: [(p, o) for i, p in enumerate(PLACEMENTS)
             for o in ("sgd", ("rowwise_adagrad", "adam")[i % 2])] + [("mixed", "rowwise_adagrad")]}
 RTOL = 1e-5  # the issue's bar: equal to one process within 1e-5 relative
+# Clipping by global norm at 2 ranks (`S.CLIP_MAX_NORMS`): `mixed` holds a replicated,
+# a table-wise, a row-wise (range and hash) and a column-wise table, with every optimizer.
+CLIP_RUNS = [("mixed", o) for o in OPTIMIZERS] + [("table_wise", "sgd")]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,7 @@ def references():
 def phases(tmp_path_factory):
     """Every multi-rank check in one spawned 4-rank job (tests/sharded_phases.py)."""
     payload = {"runs": RUNS, "checkpoint_dir": str(tmp_path_factory.mktemp("ckpt")),
-               "ports": [free_port(), free_port()]}
+               "ports": [free_port(), free_port()], "clip_runs": CLIP_RUNS}
     return spawn(P.all_phases, 4, payload, timeout_s=400)
 
 
@@ -62,6 +65,38 @@ def test_equals_one_process(sharded, references):
         placement_kind, kind = key
         ref = references[kind]
         where = f"{world} ranks, {placement_kind}, {kind}"
+        S.assert_run_matches(ranks, key, ref, where, RTOL)
+
+
+@pytest.fixture(scope="module")
+def clipped_references():
+    return {kind: S.reference_run(kind, S.CLIP_MAX_NORMS) for kind in OPTIMIZERS}
+
+
+def test_clipped_reference_clips_two_steps_by_over_4x_and_leaves_one(clipped_references):
+    """The clipped runs cannot pass unclipped: steps 0 and 2 have norms over 4 x max_norm,
+    step 1 is under it (coefficient 1); the replicated table (tables.0 in `mixed`) looks
+    up some id twice within one rank's half of a batch and some id on both ranks."""
+    for kind, ref in clipped_references.items():
+        norms, limits = ref["norms"], S.CLIP_MAX_NORMS
+        assert norms[0] > 4 * limits[0] and norms[2] > 4 * limits[2], (kind, norms)
+        assert norms[1] < limits[1], (kind, norms)
+    halves = [S.DATA.batch(0, S.GLOBAL_BATCH, part=(r, 2))[0]["sparse"][:, 0] for r in range(2)]
+    assert all(len(h.unique()) < h.numel() for h in halves)
+    assert len(set(halves[0].unique().tolist()) & set(halves[1].unique().tolist())) > 0
+
+
+def test_clipped_runs_equal_one_process_clipped(phases, clipped_references):
+    """HybridTrainer(max_grad_norm=) on 2 ranks equals one process whose tables have dense
+    gradients, clipped by torch's clip_grad_norm_: every rank's norm of every step, the
+    losses, tables, optimizer state, (clipped) dense gradients and parameters."""
+    ranks = [r["clip2"] for r in phases[:2]]
+    for key in CLIP_RUNS:
+        ref = clipped_references[key[1]]
+        where = f"2 ranks clipped, {key[0]}, {key[1]}"
+        for r in ranks:
+            torch.testing.assert_close(torch.tensor(r[key]["norms"]), torch.tensor(ref["norms"]),
+                                       rtol=RTOL, atol=0, msg=lambda m: f"{where}: norms {m}")
         S.assert_run_matches(ranks, key, ref, where, RTOL)
 
 

@@ -22,10 +22,11 @@ RTOL = 1e-5  # the issue's bar (Adam's dense parameters: relative to max|p| + it
 # 4 ranks: every optimizer; 2 ranks: a searched and a mixed run. The checkpoint run
 # trains Adam (dense Adam + lazy sparse Adam: both keep per-element state).
 # "meta": the mixed placement on a model built on the meta device (each rank makes only
-# its shards, with the row initializer), equal to the CPU-built run.
+# its shards, with the row initializer), equal to the CPU-built run. "clipped": mixed,
+# `max_grad_norm` (S.CLIP_MAX_NORMS), against the clipped one-process reference.
 RUNS = {4: [("sgd", "searched"), ("rowwise_adagrad", "mixed"), ("adam", "mixed"),
             ("sgd", "meta")],
-        2: [("adam", "searched"), ("sgd", "mixed")]}
+        2: [("adam", "searched"), ("sgd", "mixed"), ("rowwise_adagrad", "clipped")]}
 ELASTIC_KIND = "adam"
 ELASTIC_STEPS = 6
 
@@ -48,7 +49,9 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def references():
-    return {kind: S.reference_run(kind) for kind in ("sgd", "rowwise_adagrad", "adam")}
+    clipped = {key for runs in RUNS.values() for key in runs if key[1] == "clipped"}
+    return {**{kind: S.reference_run(kind) for kind in ("sgd", "rowwise_adagrad", "adam")},
+            **{key: S.reference_run(key[0], S.CLIP_MAX_NORMS) for key in clipped}}
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -56,9 +59,12 @@ def test_auto_parallel_equals_one_process(runs, references, world):
     ranks = runs["first"] if world == 4 else runs["second"]
     for key in RUNS[world]:
         kind, given = key
-        ref = references[kind]
+        ref = references[key] if given == "clipped" else references[kind]
         where = f"{world} ranks, {given} placement, {kind}"
         S.assert_run_matches(ranks, key, ref, where, RTOL)
+        if given == "clipped":  # every rank's norm of every step, before the clip
+            for r in ranks:
+                assert r[key]["norms"] == pytest.approx(ref["norms"], rel=RTOL), where
 
 
 def test_adam_travel_bound_bounds_adam_and_is_reached():
@@ -111,3 +117,29 @@ def test_checkpoint_uses_model_names_and_reshards_4_2_4(runs):
     assert {f"optim/{n}.weight/{slot}" for n in S.names()[1:]
             for slot in ("exp_avg", "exp_avg_sq", "step")} <= keys
     assert not any(k.startswith("tables/") for k in keys)
+
+
+def test_validate_reference_clips_tables_as_their_dense_gradients():
+    """`planner validate`'s one-process reference of a clipping plan with tables
+    (`planner.trial.reference._SparseTables.clip`): torch has no norm of a sparse
+    gradient, so the clip sees the tables' gradients dense; after it the whole model's
+    gradient (tables dense, duplicate ids summed) has norm max_norm, and the tables'
+    gradients are still sparse, on the same rows."""
+    from ir.embedding_tables import EmbeddingPlan, PlacedTable, TablePlacement
+    from ir.embedding_tables import TableSharding as K
+    from planner.trial.reference import _SparseTables
+
+    model = S.build_model()
+    placed = tuple(PlacedTable(S._table(n), TablePlacement(n, K.TABLE_WISE, (0,)))
+                   for n in S.names())
+    tables = _SparseTables(model, EmbeddingPlan(placed, "sgd"))
+    inputs, clicks = S.DATA.batch(0, S.GLOBAL_BATCH)
+    S.dlrm.loss_fn(model(**inputs), clicks).backward()
+    rows = [w.grad.coalesce().indices() for w in tables.weights]
+    max_norm = S.CLIP_MAX_NORMS[0]
+    tables.clip(model, max_norm)
+    grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in model.parameters()]
+    assert float(torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in grads]))) == \
+        pytest.approx(max_norm, rel=1e-5)
+    assert all(w.grad.is_sparse and torch.equal(w.grad.coalesce().indices(), r)
+               for w, r in zip(tables.weights, rows))

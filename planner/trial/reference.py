@@ -141,7 +141,9 @@ def _reference_on(spec: str, seq_len: int | None, optimizer: str, batches: list,
             opt.zero_grad(set_to_none=True)
             loss = loaded.loss_fn(model_output_tensor(loaded.module(**inputs)), target)
             loss.backward()
-            if max_grad_norm is not None:
+            if max_grad_norm is not None and sparse:
+                sparse.clip(loaded.module, max_grad_norm)
+            elif max_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(loaded.module.parameters(), max_grad_norm)
             if k == 0:  # what the step is given, as the ranks record them
                 norms = grad_norms([loaded.module], skip)
@@ -179,6 +181,21 @@ class _SparseTables:
                     "adam": lambda: torch.optim.SparseAdam(self.weights, lr=LEARNING_RATE,
                                                            eps=self.EPS)}.get(self.kind,
                                                                               lambda: None)()
+
+    def clip(self, module: torch.nn.Module, max_norm: float) -> None:
+        """torch's clip_grad_norm_(module.parameters(), max_norm) as on the model whose
+        tables have dense gradients (torch has no norm of a sparse tensor): the tables'
+        gradients made dense for the clip, then their sparse ones, which the optimizers
+        read, times the same coefficient min(1, max_norm / (norm + 1e-6))."""
+        sparse = [w.grad for w in self.weights]
+        for w in self.weights:
+            w.grad = w.grad.to_dense() if w.grad is not None else None
+        from executors.grad_clip import NORM_EPSILON
+
+        norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
+        coefficient = torch.clamp(max_norm / (norm + NORM_EPSILON), max=1.0)
+        for w, g in zip(self.weights, sparse):
+            w.grad = g * coefficient if g is not None else None
 
     def step(self) -> None:
         if self.opt is not None:
