@@ -42,6 +42,15 @@ run 22:05, load 10-14):
     repriced runs: the head's backward -20/-40/-37% -> -12/-33/-32%, but its forward mb 1
     +6 -> +17%, blocks.0's backward +31/+20/+31% -> +48/+35/+47%, blocks.1's +3 -> +18%:
     rows over 15% 38 -> 38, 9 rows further and 7 closer. Rejected.
+  Not tried in code: the step's first backward (the last layer's) paying an entry, as a
+    forward after other work does. Offline on the ten repriced rows, + the kit's least
+    after-backward `ColdEntryPoint.entry_s` (3-6 us) on each last layer's backward:
+    mlp-small head -20/-40/-37% -> -3/-26/-23%, t5-tiny head mb 1 -16 -> -8%, gpt-tiny
+    and llama-tiny heads mb 1 -12 / -8 -> -1 / -1%, but their mb 16 +15 / +13 -> +18 /
+    +16% and cnn-small's mb 1 +0 -> +9%: rows over 15% unchanged, and the figure is a
+    forward's entry; a probe of the first backward node after a step's forwards would
+    have to measure it first (bench_head_arrangement.py read 0.7-2.9 us for a head's
+    nodes first in an engine call against after another graph's).
   Live, bench_head_arrangement.py (load 14): mlp-small's head backward at mb 1 stock 35.1
     us, warm ("neither") 33.5; at mb 16 43.8 and 34.3: the growth is the step's work
     between (blocks' GEMMs at m = 16), the warm part ~34 us against ~24 priced.
