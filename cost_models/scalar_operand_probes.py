@@ -1,4 +1,6 @@
-"""What a forward op pays for a Python-number operand: `x * 2`, `1.0 + x`, `x / d`,
+"""What a forward op pays for a Python-number operand (and a backward formula's call for
+a number it wraps, `aten::mul.Scalar(grad, -0.5)`: the same extra from C++,
+`host_dispatch.backward_host_seconds`): `x * 2`, `1.0 + x`, `x / d`,
 `x > 0` wrap the number into a 0-dim tensor (`ir.scalar_operands.wraps_python_number`)
 and run TensorIterator with a CPU scalar, beyond the per-op figure of the function chain
 (`host_probes.host_op_seconds_by_pass`: linear, layer norm, GELU, tensors only).

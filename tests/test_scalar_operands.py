@@ -1,7 +1,7 @@
 """A forward op given a Python number (`x * 2`, `x > 0`) wraps it into a tensor and pays
 the host more per call: which calls do (`ir.scalar_operands`), the recorder marks them
-(`KernelRecord.scalar_operand`), the forward host model prices them per call by the
-record's dtype, and the probe measures the two figures (`cost_models.scalar_operand_probes`)."""
+(`KernelRecord.scalar_operand`), the forward and backward host models price them per
+call by the record's dtype, and the probe measures the two figures (`cost_models.scalar_operand_probes`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ir.kernel_records import KernelKind, KernelRecord
 from ir.op_count import OpCounter
 from ir.scalar_operands import wraps_python_number
 from tests.test_forward_host import FORWARD_PARTS
-from tests.test_host_split import US, cpu, tiny_layer
+from tests.test_host_split import PARTS, US, cpu, tiny_layer
 
 
 class _Calls(TorchDispatchMode):
@@ -116,3 +116,25 @@ def test_the_probe_reads_a_float_tensors_number_dearer_than_an_int_tensors():
     assert cost.float_s > cost.int_s
     assert cost.calibration_fields() == {"scalar_operand_float_host_s": cost.float_s,
                                          "scalar_operand_int_host_s": cost.int_s}
+
+
+def test_backward_formulas_numbers_are_marked_and_priced_per_call():
+    """A backward's formulas wrap numbers too: llama-tiny's RMSNorm (traced) runs
+    RsqrtBackward0's `mul.Scalar(-0.5)`, MeanBackward1's `div.Scalar(64)` and PowBackward0's
+    `mul.Scalar(2.0)`, each a 0-dim tensor made with `aten::to` / `_to_copy` / `copy_`
+    under the CPU profiler, as a Python number's. The C++ call's extra over the same op on
+    two tensors read the forward figure's (mul.Scalar 1.17 us, div.Scalar 1.22, Python's
+    `x * -0.5` 1.24; the kit's probe 1.46-1.64, one process, load 14, 2026-11-26 21:50 UTC,
+    /tmp/head/bwd_scalar_probe.py of the head session), so the backward host model prices
+    each marked backward call at the same figures: 3 x 1.5 us here."""
+    from bench.bench_kernel_model import traced_graph
+    from cost_models.host_dispatch import backward_host_seconds
+
+    graph = traced_graph("llama-tiny", 1)[0]
+    norm = next(layer for layer in graph.layers if layer.name == "norm")
+    marked = sorted((r.op, r.count) for r in norm.kernels.backward if r.scalar_operand)
+    assert marked == [("aten::div", 1), ("aten::mul", 1), ("aten::mul", 1)]
+    kit = dataclasses.replace(PARTS, scalar_operand_float_host_s=1.5 * US,
+                              scalar_operand_int_host_s=0.5 * US)
+    assert backward_host_seconds(norm, cpu(kit)) - backward_host_seconds(
+        norm, cpu(PARTS)) == pytest.approx(3 * 1.5 * US)
