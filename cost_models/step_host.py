@@ -18,7 +18,11 @@ stages, schedule and micro-batches.
    presets, older kits) and on GPUs (the host's time hides under the queued kernels).
    Likewise, with a pipeline (pp > 1), torch's pipelining runtime's own host work per
    action (a stage's forward or backward of one micro-batch: `pipeline_probes`): per
-   (stage, micro-batch) one forward and one backward action x `pipeline_action_host_s`.
+   (stage, micro-batch) one forward and one backward action x `pipeline_action_host_s`,
+   less the probe's share of an input accumulation, and, on every stage but the first,
+   per backward its input's AccumulateGrad (`input_accumulations`: torch makes such a
+   stage's input a leaf and `stage_backward` reads its .grad; (S - 1) / 2S of all actions
+   with S stages, where the probe's two hold 1/4), in the backward.
 
 2. Where a stage starts and ends. A layer's cold ops (`Layer.cold_distinct_ops_fwd`,
    `_bwd`, `cold_inner_ops_bwd`, with its composites' inner ops: `ir.composite_ops
@@ -112,6 +116,7 @@ from cost_models.host_dispatch import host_op_seconds
 from cost_models.kernel_loops import memory_gbps
 from cost_models.model_states import FP32_BYTES
 from cost_models.pipeline_ops import PassOp, rank_ops
+from cost_models.pipeline_probes import PIPELINE_PROBE_INPUT_ACCUMULATIONS_PER_ACTION
 
 
 def one_host_window(plan: ParallelPlan, cluster: ClusterSpec) -> bool:
@@ -136,12 +141,27 @@ def engine_start_s(cluster: ClusterSpec) -> float:
 
 def pipeline_action_s(cluster: ClusterSpec) -> float:
     """Seconds torch's pipelining runtime adds to a CPU process per stage action (the kit's
-    `pipeline_action_host_s`, `cost_models.pipeline_probes`, x the core share); 0 where not
-    measured and on GPUs, as `engine_start_s`."""
+    `pipeline_action_host_s`, `cost_models.pipeline_probes`, x the core share), less the
+    probe's share of an input accumulation (`input_accumulation_s`, priced per stage
+    instead); 0 where not measured and on GPUs, as `engine_start_s`."""
+    cal = cluster.kernel_calibration
+    if cal is None or not cluster.host_bound or not cal.pipeline_action_host_s:
+        return 0.0
+    return max(0.0, cal.pipeline_action_host_s * cluster.host_share
+               - PIPELINE_PROBE_INPUT_ACCUMULATIONS_PER_ACTION * input_accumulation_s(cluster))
+
+
+def input_accumulation_s(cluster: ClusterSpec) -> float:
+    """Seconds one pipeline stage input's AccumulateGrad adds to a CPU process's backward
+    (module docstring, 1): its gradient stolen (the input is fresh each micro-batch,
+    `stage_backward` clears its .grad), a node and a `detach` (`ir.stand_in.StepInput`),
+    at the kit's `backward_node_host_s` + `backward_view_host_op_s` (whose probe counts
+    its parameters' accumulations alike), x the core share; 0 where not measured and on
+    GPUs."""
     cal = cluster.kernel_calibration
     if cal is None or not cluster.host_bound:
         return 0.0
-    return cal.pipeline_action_host_s * cluster.host_share
+    return (cal.backward_node_host_s + cal.backward_view_host_op_s) * cluster.host_share
 
 
 # ATen ops `train_step` dispatches outside the model, its loss function, backward and the
@@ -251,25 +271,39 @@ def pipeline_actions(schedule: Schedule, pp: int, m: int, v: int) -> dict[int, i
     return {stage: f + b for stage, (f, b) in passes_per_stage(schedule, pp, m, v).items()}
 
 
+def input_accumulations(schedule: Schedule, pp: int, m: int, v: int) -> dict[int, int]:
+    """Plan stage -> its input's AccumulateGrads in one step: one per backward pass of
+    every stage but the first (the model's input needs no gradient); none without a
+    pipeline (module docstring, 1)."""
+    if pp == 1:
+        return {}
+    return {stage: b for stage, (_, b) in passes_per_stage(schedule, pp, m, v).items()
+            if stage > 0}
+
+
 def passes_per_stage(schedule: Schedule, pp: int, m: int, v: int) -> dict[int, tuple[int, int]]:
     """Plan stage -> (forward, backward) passes in one step, as the executor runs them."""
     return {stage: (f, b) for stage, f, b in _passes(schedule, pp, m, v)}
 
 
 def step_host_per_microbatch_s(cluster: ClusterSpec, schedule: Schedule, pp: int, m: int,
-                               v: int, stages: Sequence[int]) -> tuple[float, float]:
-    """(engine, actions) seconds per micro-batch that plan stages `stages` (one rank's)
-    add: the engine starts (`backward_calls`, all in backward) and the pipelining
-    runtime's actions (`pipeline_actions`, one forward and one backward action each: half
-    in each pass). `cost_models.estimate.stage_time` and the search (`planner.stage_host`)
-    both add these."""
+                               v: int, stages: Sequence[int]) -> tuple[float, float, float]:
+    """(engine, actions, input accumulations) seconds per micro-batch that plan stages
+    `stages` (one rank's) add: the engine starts (`backward_calls`, all in backward), the
+    pipelining runtime's actions (`pipeline_actions`, one forward and one backward action
+    each: half in each pass) and the stage inputs' AccumulateGrads (`input_accumulations`,
+    all in backward). `cost_models.estimate.stage_time` and the search
+    (`planner.stage_host`) both add these."""
     engine, action = engine_start_s(cluster), pipeline_action_s(cluster)
-    if not engine and not action:
-        return 0.0, 0.0
+    accumulate = input_accumulation_s(cluster)
+    if not engine and not action and not accumulate:
+        return 0.0, 0.0, 0.0
     calls = backward_calls(schedule, pp, m, v)
     actions = pipeline_actions(schedule, pp, m, v)
+    inputs = input_accumulations(schedule, pp, m, v)
     return (engine * sum(calls.get(i, 0) for i in stages) / m,
-            action * sum(actions.get(i, 0) for i in stages) / m)
+            action * sum(actions.get(i, 0) for i in stages) / m,
+            accumulate * sum(inputs.get(i, 0) for i in stages) / m)
 
 
 @functools.lru_cache(maxsize=256)
