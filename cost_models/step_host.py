@@ -45,7 +45,10 @@ stages, schedule and micro-batches.
    1F1B: the first and every steady-state one; the plain loop: all), each kind priced
    apart and weighted by its share (`Placed`, `placed_compute`). The ops the trace took
    as run just before a pass (`Layer.recent_ops_fwd` / `_bwd`: the model's neighbours)
-   are dropped where the rank ran other work there (`_recent_ops`).
+   are dropped where the rank ran other work there (`recent_ops.placed_recent_ops`), and a window that
+   reaches past its stage's cut (a layer's forward after a stage's first layer of few
+   ops, which the trace counts the layers before it too, run on another rank) is
+   counted on the stage's layers alone (`recent_ops.stage_windows`).
 
 3. What a step pays once outside its layers (`step_loop_s`; the kit's figures:
    `cost_models.step_loop_probes`). The training loop's own work
@@ -117,6 +120,7 @@ from cost_models.kernel_loops import memory_gbps
 from cost_models.model_states import FP32_BYTES
 from cost_models.pipeline_ops import PassOp, rank_ops
 from cost_models.pipeline_probes import PIPELINE_PROBE_INPUT_ACCUMULATIONS_PER_ACTION
+from cost_models.recent_ops import placed_recent_ops, stage_windows
 
 
 def one_host_window(plan: ParallelPlan, cluster: ClusterSpec) -> bool:
@@ -339,13 +343,13 @@ def warm_before(ops: Sequence[PassOp], i: int, spans: Sequence[Sequence[Layer]],
 
 def prices_cold_ops(cluster: ClusterSpec) -> bool:
     """Whether `cluster`'s kit prices cold ops in either pass, a forward's entry after a
-    backward apart or cold kernel code (the recent ops' credit, `_recent_ops`; GPU presets
+    backward apart or cold kernel code (the recent ops' credit, `placed_recent_ops`; GPU presets
     and older kits price none: then no count or order moves a time, and `placed_layers`
     need not run)."""
     cal = cluster.kernel_calibration
     return cal is not None and (cal.cold_op_host_s > 0 or cal.cold_backward_op_host_s > 0
                                 or cal.cold_entry_after_backward_host_s > 0
-                                or bool(cal.cold_kernels))  # `_recent_ops`
+                                or bool(cal.cold_kernels))  # `placed_recent_ops`
 
 
 # A layer's passes as placed in a plan: (share of its passes, the layer as those see it).
@@ -390,7 +394,7 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
     # first layer -> (after a backward, same code before) -> counts
     forwards: dict[int, dict[tuple[bool, bool], list[int]]] = {}
     backwards: dict[int, list[dict | None]] = {}  # last layer -> `cold_ops_bwd`s
-    # last layers whose every backward follows its own stage's forward (`_recent_ops`)
+    # last layers whose every backward follows its own stage's forward (`placed_recent_ops`)
     after_own: dict[int, bool] = {}
     for i, op in enumerate(ops):
         first, last = spans[op.chunk * pp + rank]
@@ -412,9 +416,12 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
             before = ops[i - 1]
             after_own[where] = after_own.get(where, True) and before.forward and \
                 before.chunk == op.chunk
+    clipped = {j: fields for stage, (a, b) in spans.items() if stage % pp == rank
+               for j, fields in stage_windows(layers, a, b).items()}
     out: dict[int, Placed] = {}
-    for j in sorted(set(forwards) | set(backwards)):
-        layer = _recent_ops(layers, j, j in forwards, j in backwards, after_own.get(j, True))
+    for j in sorted(set(forwards) | set(backwards) | set(clipped)):
+        layer = placed_recent_ops(dataclasses.replace(layers[j], **clipped.get(j, {})), j,
+                            len(layers), j in forwards, j in backwards, after_own.get(j, True))
         if j in backwards:  # layers without recorded op names keep their trace-time counts
             layer = dataclasses.replace(layer, **{field: _mean(
                 [None if c is None else c[field] for c in backwards[j]], getattr(layer, field))
@@ -429,23 +436,6 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
             cold_distinct_ops_fwd=_mean(counts, layer.cold_distinct_ops_fwd)))
             for (after, same), counts in sorted(groups.items()))
     return out
-
-
-def _recent_ops(layers: Sequence[Layer], j: int, first: bool, last: bool,
-                after_own: bool) -> Layer:
-    """Layer j with the recent ops (`Layer.recent_ops_fwd` / `_bwd`,
-    `cold_kernel.recent_code_credit_seconds`) its placed passes keep: the trace's assume
-    the layers before (forward) or its forward and the layers after (backward) just ran on
-    this rank; a stage's first layer's forward follows another pass of the rank (none
-    kept: no credit, as before the credit), and its last layer's backward keeps the
-    trace's only where that is its own forward alone (the model's last layer, every
-    backward right after its stage's forward: the plain loop, 1F1B's last stage). A
-    stage's first layer's backward follows the layer after's on its rank: the trace's."""
-    layer = layers[j]
-    keep_bwd = not last or (j == len(layers) - 1 and after_own)
-    fields = {**({"recent_ops_fwd": ()} if first else {}),
-              **({} if keep_bwd else {"recent_ops_bwd": ()})}
-    return dataclasses.replace(layer, **fields)
 
 
 def _mean(counts: list[int | None], traced: float) -> float:

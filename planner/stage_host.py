@@ -131,15 +131,17 @@ class StageHost:
         return self._ranks[r]
 
     def edges(self, a: int, b: int, r: int) -> dict[int, tuple]:
-        """Stage a..b's edge layers on rank r whose passes as placed differ from their
-        trace's: j -> (passes key, placed). Empty where cold ops are not priced."""
+        """Stage a..b's layers on rank r whose passes as placed differ from their
+        trace's (its edge layers, and those whose recent ops' window reaches past a cut:
+        `step_host.place_rank`): j -> (passes key, placed). Empty where cold ops are not
+        priced."""
         key = ("edges", a, b, r)
         out = self._cache.get(key)
         if out is None:
             out = self._cache[key] = {}
             if self.cold:
                 placed = self._placed(a, b, r)
-                for j in {a, b} & placed.keys():
+                for j in sorted(j for j in placed if a <= j <= b):
                     passes = _passes_key(placed[j])
                     if passes != _passes_key(((1.0, self.graph.layers[j]),)):
                         out[j] = (passes, placed[j])
