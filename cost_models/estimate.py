@@ -10,11 +10,11 @@ Per pipeline rank r and micro-batch (compute.py, comm.py):
         micro-batch, CPU processes) + send of its input gradient to the previous stage
   and, with a pipeline on CPU processes, torch pipelining's host work per action in each
   (step_host.pipeline_action_s), and in B_r the stage input's AccumulateGrad on every
-  stage but the first (step_host.input_accumulation_s); once a step, with the optimizer step, the training
-  loop's own work (batch split, loss weighting and all-reduce) and the optimizer's entry
-  after a backward (step_host.step_loop_s); per micro-batch 2..m, the gradients'
-  accumulation (CPU processes: step_host.grad_accumulation_s; GPUs: its kernels,
-  cost_models.grad_accumulation, hiding no DP traffic)
+  stage but the first (step_host.input_accumulation_s); once a step, with the optimizer
+  step, the training loop's own work (batch split, loss weighting and all-reduce) and the
+  optimizer's entry after a backward (step_host.step_loop_s); per micro-batch 2..m, the
+  gradients' accumulation (CPU processes: step_host.grad_accumulation_s; GPUs: its
+  kernels, cost_models.grad_accumulation, hiding no DP traffic)
 On GPUs the host queues kernels ahead of the device and waits only where it syncs, so
 the compute of a run of passes between syncs is `compute.with_host` of its layers' device
 and host sums (max), not the sum of each layer's (`gpu_runs_s`, the runs:

@@ -45,10 +45,10 @@ stages, schedule and micro-batches.
    1F1B: the first and every steady-state one; the plain loop: all), each kind priced
    apart and weighted by its share (`Placed`, `placed_compute`). The ops the trace took
    as run just before a pass (`Layer.recent_ops_fwd` / `_bwd`: the model's neighbours)
-   are dropped where the rank ran other work there (`recent_ops.placed_recent_ops`), and a window that
-   reaches past its stage's cut (a layer's forward after a stage's first layer of few
-   ops, which the trace counts the layers before it too, run on another rank) is
-   counted on the stage's layers alone (`recent_ops.stage_windows`).
+   are dropped where the rank ran other work there (`recent_ops.placed_recent_ops`),
+   and a window that reaches past its stage's cut (the trace counts the model's
+   neighbours, which run on another rank) is counted on the stage's layers alone
+   (`recent_ops.stage_windows`).
 
 3. What a step pays once outside its layers (`step_loop_s`; the kit's figures:
    `cost_models.step_loop_probes`). The training loop's own work
