@@ -85,13 +85,13 @@ class EngineSampler:
         """One backward of each probe graph, in an order that reverses every round."""
         import torch
 
-        from ir.stand_in import StepInput
+        from ir.stand_in import step_input
 
         order = ENGINE_PROBE_OPS[::-1] if self._rounds % 2 else ENGINE_PROBE_OPS
         self._rounds += 1
         for ops in order:
             # a span's chain starts at a layer input's stand-in, made before the span
-            y = StepInput.apply(self.leaf) if self.nodes_only else self.leaf
+            y = step_input(self.leaf) if self.nodes_only else self.leaf
             span = NodeSpan(self.leaf.device.type, self.clock, self.sync) if self.nodes_only else None
             for _ in range(ops):
                 y = y * 1.0001

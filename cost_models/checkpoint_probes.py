@@ -43,7 +43,9 @@ kept under SELECTIVE) and `block`, a repeated unit of the op kinds a zoo block r
 (norm, linear, view and transpose, scale, softmax, dropout, GELU, residual add). Each runs
 at two lengths, and the ops, kept ops, saved tensors, saves requiring grad and ops after
 the last save of each are counted (`ir.op_count.OpCounter`, `ir.saved_tensors.
-SavedTensorLog`: what the layer IR counts), not assumed; a least-squares fit over chains
+SavedTensorLog`: what the layer IR counts), not assumed; each chain's input is a layer's
+as a step hands it (`_input`, `ir.stand_in.step_input`: no input AccumulateGrad, as the
+profile and the kernel records take a layer's); a least-squares fit over chains
 and lengths splits each pass's difference with and without the machinery into per call,
 per op and per saved tensor (per kept op, per op through SAC's cached mode for SELECTIVE).
 
@@ -291,6 +293,15 @@ def _chains(torch, device: str = "cpu", rows: int = PROBE_ROWS, width: int = PRO
     return {"add": add, "mul": mul, "layer_norm": layer_norm, "mm": mm, "block": block}
 
 
+def _input(torch, device: str = "cpu", rows: int = PROBE_ROWS, width: int = PROBE_WIDTH):
+    """A chain's input as a checkpointed layer of a step gets it (`ir.stand_in.step_input`:
+    an activation, no input AccumulateGrad in its backward), as `planner profile` and the
+    kernel records hand each layer's."""
+    from ir.stand_in import step_input
+
+    return step_input(torch.ones(rows, width, device=device))
+
+
 def _runner(torch, chain, n: int, mode: Checkpoint):
     """One forward and one backward of `chain` at length n, checkpointed as the executor
     does (`executors.checkpointing.apply_ac`): returns (forward(x), backward()) callables."""
@@ -355,7 +366,7 @@ def _counts(torch, chain, n: int, device: str = "cpu", rows: int = PROBE_ROWS,
     from ir.saved_tensors import SavedTensorLog
 
     recorder = KernelRecorder(set())
-    x = torch.ones(rows, width, device=device, requires_grad=True)
+    x = _input(torch, device, rows, width)
     with OpCounter(recorder) as ops:
         chain(x, n)
     log = SavedTensorLog(set(), set())
@@ -385,7 +396,7 @@ def _timed(torch, runs, clock, device: str = "cpu", rows: int = PROBE_ROWS,
     pause runs up to ~3x slower: caches)."""
     for _ in range(WARMUP_RUNS):
         for forward, backward in runs.values():
-            forward(torch.ones(rows, width, device=device, requires_grad=True))
+            forward(_input(torch, device, rows, width))
             backward()
     rounds = {key: ([], []) for key in runs}
     order = list(runs)
@@ -396,7 +407,7 @@ def _timed(torch, runs, clock, device: str = "cpu", rows: int = PROBE_ROWS,
             order = order[1:] + order[:1]
             for key in order:
                 forward, backward = runs[key]
-                x = torch.ones(rows, width, device=device, requires_grad=True)  # the input
+                x = _input(torch, device, rows, width)  # the input, made untimed
                 start = clock()
                 forward(x)
                 mid = clock()

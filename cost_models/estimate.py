@@ -9,11 +9,12 @@ Per pipeline rank r and micro-batch (compute.py, comm.py):
         + the autograd engine's start per backward call (step_host: one per stage and
         micro-batch, CPU processes) + send of its input gradient to the previous stage
   and, with a pipeline on CPU processes, torch pipelining's host work per action in each
-  (step_host.pipeline_action_s); once a step, with the optimizer step, the training
-  loop's own work (batch split, loss weighting and all-reduce) and the optimizer's entry
-  after a backward (step_host.step_loop_s); per micro-batch 2..m, the gradients'
-  accumulation (CPU processes: step_host.grad_accumulation_s; GPUs: its kernels,
-  cost_models.grad_accumulation, hiding no DP traffic)
+  (step_host.pipeline_action_s), and in B_r the stage input's AccumulateGrad on every
+  stage but the first (step_host.input_accumulation_s); once a step, with the optimizer
+  step, the training loop's own work (batch split, loss weighting and all-reduce) and the
+  optimizer's entry after a backward (step_host.step_loop_s); per micro-batch 2..m, the
+  gradients' accumulation (CPU processes: step_host.grad_accumulation_s; GPUs: its
+  kernels, cost_models.grad_accumulation, hiding no DP traffic)
 On GPUs the host queues kernels ahead of the device and waits only where it syncs, so
 the compute of a run of passes between syncs is `compute.with_host` of its layers' device
 and host sums (max), not the sum of each layer's (`gpu_runs_s`, the runs:
@@ -96,7 +97,8 @@ class StageTime:
     tp_step_s: float = 0.0  # SP's partial-gradient all-reduce, once per iteration, blocking
     dp_after_step_s: float = 0.0  # ZeRO-1 all-gathers after the step, units' reduce copies
     engine_s: float = 0.0  # autograd engine starts (in compute_backward_s), step_host
-    pipeline_action_s: float = 0.0  # pipelining runtime, both passes (in compute_*), step_host
+    # pipelining runtime and the stage inputs' accumulations (in compute_*), step_host
+    pipeline_action_s: float = 0.0
     loop_s: float = 0.0  # loop work + optimizer entry, once per step (in optimizer_s), step_host
 
     @property
@@ -239,9 +241,9 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
     mine = range(rank, len(plan.stages), plan.pp) if stage_ids is None else stage_ids
     # one backward call per stage and micro-batch, and with a pipeline its runtime's
     # actions (step_host.backward_calls, pipeline_actions)
-    engine, actions = step_host_per_microbatch_s(cluster, plan.schedule, plan.pp,
-                                                 plan.num_microbatches, plan.virtual_stages,
-                                                 tuple(mine))
+    engine, actions, inputs = step_host_per_microbatch_s(
+        cluster, plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_stages,
+        tuple(mine))
     fwd += actions / 2  # one forward and one backward action
     # once a step, after the last backward with the optimizer step: the loop's own work
     # and the optimizer's entry
@@ -253,7 +255,7 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
     # host figures (step_host.grad_accumulation_s); on GPUs their kernels, after the
     # passes' composition and hiding no DP traffic, as the search adds them
     # (cost_models.grad_accumulation, planner.layer_tables._price)
-    bwd += engine + actions / 2 + grad_accumulation_s(
+    bwd += engine + actions / 2 + inputs + grad_accumulation_s(
         cluster, [graph.layers[j] for j in indices], plan.num_microbatches)
     for i in mine:
         stage = plan.stages[i]
@@ -271,7 +273,7 @@ def stage_time(graph: LayerGraph, plan: ParallelPlan, cluster: ClusterSpec, rank
                      pp_forward_s=pp_f, pp_backward_s=pp_b,
                      dp_step_s=exposed(dp_step, bwd, overlap), optimizer_s=opt,
                      tp_step_s=tp_step, dp_after_step_s=after_step, engine_s=engine,
-                     pipeline_action_s=actions, loop_s=loop)
+                     pipeline_action_s=actions + inputs, loop_s=loop)
 
 
 def gpu_runs_s(parts: Sequence[float], copies_s: float, m: int, one_window: bool,

@@ -13,7 +13,12 @@ alternation on the probe clock, and takes
 
 (two stages x m micro-batches x forward and backward; the pipelined step makes m more
 engine calls, priced apart: `cost_models.step_host`). The p2p's own host work between
-processes is not in it (the collective fits price a transfer).
+processes is not in it (the collective fits price a transfer). The figure holds the
+second stage's input gradient: torch makes a non-first stage's input a leaf
+(`PipelineStage.set_local_fwd_input`, `requires_grad_`) and `stage_backward` reads its
+`.grad`, so each of that stage's m backwards ends in an AccumulateGrad, a quarter of one
+per action (`PIPELINE_PROBE_INPUT_ACCUMULATIONS_PER_ACTION`), which `cost_models.step_host`
+takes off and prices per stage instead (`input_accumulations`).
 
     seconds = pipeline_action_host_s("cpu")   # ~3e-05  # doctest: +SKIP
 """
@@ -30,6 +35,13 @@ from ir.errors import PlannerError
 # Blocks (Linear + ReLU) of the probe chain, width and micro-batches: small, so the
 # runtime's host work is not lost in the noise of the layers' own.
 PIPELINE_PROBE_LAYERS = 4
+PIPELINE_PROBE_STAGES = 2  # the chain's halves
+# The input accumulations among the probe's actions: every stage's but the first's, once
+# per backward, over a forward and a backward action per stage and micro-batch:
+# (stages - 1) m / (2 stages m) = 1/4 (tests/test_step_host_input_grad.py counts torch's
+# own order).
+PIPELINE_PROBE_INPUT_ACCUMULATIONS_PER_ACTION = (PIPELINE_PROBE_STAGES - 1) / (
+    2 * PIPELINE_PROBE_STAGES)
 PIPELINE_PROBE_WIDTH = 32
 PIPELINE_PROBE_MICROBATCHES = 8
 # Alternating rounds, after PIPELINE_PROBE_WARMUP untimed: the median of each run. One
@@ -70,13 +82,14 @@ def pipeline_action_host_s(device: str = "cpu") -> float:
         with _one_thread():
             blocks = [nn.Sequential(nn.Linear(width, width), nn.ReLU()).to(device)
                       for _ in range(PIPELINE_PROBE_LAYERS)]
-            half = PIPELINE_PROBE_LAYERS // 2
+            half = PIPELINE_PROBE_LAYERS // PIPELINE_PROBE_STAGES
             halves = [nn.Sequential(*blocks[:half]), nn.Sequential(*blocks[half:])]
 
             def loss_fn(out, target):
                 return ((out - target) ** 2).mean()
 
-            stages = [PipelineStage(h, i, 2, torch.device(device)) for i, h in enumerate(halves)]
+            stages = [PipelineStage(h, i, PIPELINE_PROBE_STAGES, torch.device(device))
+                      for i, h in enumerate(halves)]
             schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
             x, target = torch.randn(m, width, device=device), torch.randn(m, width, device=device)
 
@@ -99,7 +112,7 @@ def pipeline_action_host_s(device: str = "cpu") -> float:
                                         for n in ("pipelined", "plain"))
                 extra_s = pipelined_s - plain_s - m * engine_s
                 if extra_s > 0:
-                    return extra_s / (4 * m)
+                    return extra_s / (2 * PIPELINE_PROBE_STAGES * m)
     finally:
         if made:
             dist.destroy_process_group()

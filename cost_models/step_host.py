@@ -18,7 +18,11 @@ stages, schedule and micro-batches.
    presets, older kits) and on GPUs (the host's time hides under the queued kernels).
    Likewise, with a pipeline (pp > 1), torch's pipelining runtime's own host work per
    action (a stage's forward or backward of one micro-batch: `pipeline_probes`): per
-   (stage, micro-batch) one forward and one backward action x `pipeline_action_host_s`.
+   (stage, micro-batch) one forward and one backward action x `pipeline_action_host_s`,
+   less the probe's share of an input accumulation, and, on every stage but the first,
+   per backward its input's AccumulateGrad (`input_accumulations`: torch makes such a
+   stage's input a leaf and `stage_backward` reads its .grad; (S - 1) / 2S of all actions
+   with S stages, where the probe's two hold 1/4), in the backward.
 
 2. Where a stage starts and ends. A layer's cold ops (`Layer.cold_distinct_ops_fwd`,
    `_bwd`, `cold_inner_ops_bwd`, with its composites' inner ops: `ir.composite_ops
@@ -41,7 +45,10 @@ stages, schedule and micro-batches.
    1F1B: the first and every steady-state one; the plain loop: all), each kind priced
    apart and weighted by its share (`Placed`, `placed_compute`). The ops the trace took
    as run just before a pass (`Layer.recent_ops_fwd` / `_bwd`: the model's neighbours)
-   are dropped where the rank ran other work there (`_recent_ops`).
+   are dropped where the rank ran other work there (`recent_ops.placed_recent_ops`),
+   and a window that reaches past its stage's cut (the trace counts the model's
+   neighbours, which run on another rank) is counted on the stage's layers alone
+   (`recent_ops.stage_windows`).
 
 3. What a step pays once outside its layers (`step_loop_s`; the kit's figures:
    `cost_models.step_loop_probes`). The training loop's own work
@@ -112,6 +119,8 @@ from cost_models.host_dispatch import host_op_seconds
 from cost_models.kernel_loops import memory_gbps
 from cost_models.model_states import FP32_BYTES
 from cost_models.pipeline_ops import PassOp, rank_ops
+from cost_models.pipeline_probes import PIPELINE_PROBE_INPUT_ACCUMULATIONS_PER_ACTION
+from cost_models.recent_ops import placed_recent_ops, stage_windows
 
 
 def one_host_window(plan: ParallelPlan, cluster: ClusterSpec) -> bool:
@@ -136,12 +145,27 @@ def engine_start_s(cluster: ClusterSpec) -> float:
 
 def pipeline_action_s(cluster: ClusterSpec) -> float:
     """Seconds torch's pipelining runtime adds to a CPU process per stage action (the kit's
-    `pipeline_action_host_s`, `cost_models.pipeline_probes`, x the core share); 0 where not
-    measured and on GPUs, as `engine_start_s`."""
+    `pipeline_action_host_s`, `cost_models.pipeline_probes`, x the core share), less the
+    probe's share of an input accumulation (`input_accumulation_s`, priced per stage
+    instead); 0 where not measured and on GPUs, as `engine_start_s`."""
+    cal = cluster.kernel_calibration
+    if cal is None or not cluster.host_bound or not cal.pipeline_action_host_s:
+        return 0.0
+    return max(0.0, cal.pipeline_action_host_s * cluster.host_share
+               - PIPELINE_PROBE_INPUT_ACCUMULATIONS_PER_ACTION * input_accumulation_s(cluster))
+
+
+def input_accumulation_s(cluster: ClusterSpec) -> float:
+    """Seconds one pipeline stage input's AccumulateGrad adds to a CPU process's backward
+    (module docstring, 1): its gradient stolen (the input is fresh each micro-batch,
+    `stage_backward` clears its .grad), a node and a `detach` (`ir.stand_in.StepInput`),
+    at the kit's `backward_node_host_s` + `backward_view_host_op_s` (whose probe counts
+    its parameters' accumulations alike), x the core share; 0 where not measured and on
+    GPUs."""
     cal = cluster.kernel_calibration
     if cal is None or not cluster.host_bound:
         return 0.0
-    return cal.pipeline_action_host_s * cluster.host_share
+    return (cal.backward_node_host_s + cal.backward_view_host_op_s) * cluster.host_share
 
 
 # ATen ops `train_step` dispatches outside the model, its loss function, backward and the
@@ -251,25 +275,39 @@ def pipeline_actions(schedule: Schedule, pp: int, m: int, v: int) -> dict[int, i
     return {stage: f + b for stage, (f, b) in passes_per_stage(schedule, pp, m, v).items()}
 
 
+def input_accumulations(schedule: Schedule, pp: int, m: int, v: int) -> dict[int, int]:
+    """Plan stage -> its input's AccumulateGrads in one step: one per backward pass of
+    every stage but the first (the model's input needs no gradient); none without a
+    pipeline (module docstring, 1)."""
+    if pp == 1:
+        return {}
+    return {stage: b for stage, (_, b) in passes_per_stage(schedule, pp, m, v).items()
+            if stage > 0}
+
+
 def passes_per_stage(schedule: Schedule, pp: int, m: int, v: int) -> dict[int, tuple[int, int]]:
     """Plan stage -> (forward, backward) passes in one step, as the executor runs them."""
     return {stage: (f, b) for stage, f, b in _passes(schedule, pp, m, v)}
 
 
 def step_host_per_microbatch_s(cluster: ClusterSpec, schedule: Schedule, pp: int, m: int,
-                               v: int, stages: Sequence[int]) -> tuple[float, float]:
-    """(engine, actions) seconds per micro-batch that plan stages `stages` (one rank's)
-    add: the engine starts (`backward_calls`, all in backward) and the pipelining
-    runtime's actions (`pipeline_actions`, one forward and one backward action each: half
-    in each pass). `cost_models.estimate.stage_time` and the search (`planner.stage_host`)
-    both add these."""
+                               v: int, stages: Sequence[int]) -> tuple[float, float, float]:
+    """(engine, actions, input accumulations) seconds per micro-batch that plan stages
+    `stages` (one rank's) add: the engine starts (`backward_calls`, all in backward), the
+    pipelining runtime's actions (`pipeline_actions`, one forward and one backward action
+    each: half in each pass) and the stage inputs' AccumulateGrads (`input_accumulations`,
+    all in backward). `cost_models.estimate.stage_time` and the search
+    (`planner.stage_host`) both add these."""
     engine, action = engine_start_s(cluster), pipeline_action_s(cluster)
-    if not engine and not action:
-        return 0.0, 0.0
+    accumulate = input_accumulation_s(cluster)
+    if not engine and not action and not accumulate:
+        return 0.0, 0.0, 0.0
     calls = backward_calls(schedule, pp, m, v)
     actions = pipeline_actions(schedule, pp, m, v)
+    inputs = input_accumulations(schedule, pp, m, v)
     return (engine * sum(calls.get(i, 0) for i in stages) / m,
-            action * sum(actions.get(i, 0) for i in stages) / m)
+            action * sum(actions.get(i, 0) for i in stages) / m,
+            accumulate * sum(inputs.get(i, 0) for i in stages) / m)
 
 
 @functools.lru_cache(maxsize=256)
@@ -305,13 +343,13 @@ def warm_before(ops: Sequence[PassOp], i: int, spans: Sequence[Sequence[Layer]],
 
 def prices_cold_ops(cluster: ClusterSpec) -> bool:
     """Whether `cluster`'s kit prices cold ops in either pass, a forward's entry after a
-    backward apart or cold kernel code (the recent ops' credit, `_recent_ops`; GPU presets
+    backward apart or cold kernel code (the recent ops' credit, `placed_recent_ops`; GPU presets
     and older kits price none: then no count or order moves a time, and `placed_layers`
     need not run)."""
     cal = cluster.kernel_calibration
     return cal is not None and (cal.cold_op_host_s > 0 or cal.cold_backward_op_host_s > 0
                                 or cal.cold_entry_after_backward_host_s > 0
-                                or bool(cal.cold_kernels))  # `_recent_ops`
+                                or bool(cal.cold_kernels))  # `placed_recent_ops`
 
 
 # A layer's passes as placed in a plan: (share of its passes, the layer as those see it).
@@ -356,7 +394,7 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
     # first layer -> (after a backward, same code before) -> counts
     forwards: dict[int, dict[tuple[bool, bool], list[int]]] = {}
     backwards: dict[int, list[dict | None]] = {}  # last layer -> `cold_ops_bwd`s
-    # last layers whose every backward follows its own stage's forward (`_recent_ops`)
+    # last layers whose every backward follows its own stage's forward (`placed_recent_ops`)
     after_own: dict[int, bool] = {}
     for i, op in enumerate(ops):
         first, last = spans[op.chunk * pp + rank]
@@ -378,9 +416,12 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
             before = ops[i - 1]
             after_own[where] = after_own.get(where, True) and before.forward and \
                 before.chunk == op.chunk
+    clipped = {j: fields for stage, (a, b) in spans.items() if stage % pp == rank
+               for j, fields in stage_windows(layers, a, b).items()}
     out: dict[int, Placed] = {}
-    for j in sorted(set(forwards) | set(backwards)):
-        layer = _recent_ops(layers, j, j in forwards, j in backwards, after_own.get(j, True))
+    for j in sorted(set(forwards) | set(backwards) | set(clipped)):
+        layer = placed_recent_ops(dataclasses.replace(layers[j], **clipped.get(j, {})), j,
+                            len(layers), j in forwards, j in backwards, after_own.get(j, True))
         if j in backwards:  # layers without recorded op names keep their trace-time counts
             layer = dataclasses.replace(layer, **{field: _mean(
                 [None if c is None else c[field] for c in backwards[j]], getattr(layer, field))
@@ -395,23 +436,6 @@ def place_rank(layers: Sequence[Layer], spans: dict[int, tuple[int, int]],
             cold_distinct_ops_fwd=_mean(counts, layer.cold_distinct_ops_fwd)))
             for (after, same), counts in sorted(groups.items()))
     return out
-
-
-def _recent_ops(layers: Sequence[Layer], j: int, first: bool, last: bool,
-                after_own: bool) -> Layer:
-    """Layer j with the recent ops (`Layer.recent_ops_fwd` / `_bwd`,
-    `cold_kernel.recent_code_credit_seconds`) its placed passes keep: the trace's assume
-    the layers before (forward) or its forward and the layers after (backward) just ran on
-    this rank; a stage's first layer's forward follows another pass of the rank (none
-    kept: no credit, as before the credit), and its last layer's backward keeps the
-    trace's only where that is its own forward alone (the model's last layer, every
-    backward right after its stage's forward: the plain loop, 1F1B's last stage). A
-    stage's first layer's backward follows the layer after's on its rank: the trace's."""
-    layer = layers[j]
-    keep_bwd = not last or (j == len(layers) - 1 and after_own)
-    fields = {**({"recent_ops_fwd": ()} if first else {}),
-              **({} if keep_bwd else {"recent_ops_bwd": ()})}
-    return dataclasses.replace(layer, **fields)
 
 
 def _mean(counts: list[int | None], traced: float) -> float:

@@ -104,6 +104,14 @@ class StepInput(torch.autograd.Function):
         return None  # the layer before's work, not this layer's
 
 
+def step_input(value: torch.Tensor) -> torch.Tensor:
+    """`value` as a step's middle layer receives its input: requiring grad, through a
+    `StepInput` (an activation, not a leaf: the layer's backward ends at the stand-in's
+    node, which runs no op, not in an AccumulateGrad). Every stand-in and probe input
+    that stands for a layer's is made here."""
+    return StepInput.apply(value.requires_grad_(True))
+
+
 def is_step_input(node) -> bool:
     """Whether an autograd node is a `StepInput`'s (where a layer's backward ends)."""
     return isinstance(node, StepInput._backward_cls)
@@ -116,7 +124,7 @@ def fresh(value, factory: TensorFactory):
     if isinstance(value, torch.Tensor):
         t = factory(value.shape, value.dtype, "input")
         if is_float(t.dtype) and not is_data(value):
-            return StepInput.apply(t.requires_grad_(True))
+            return step_input(t)
         return t
     if isinstance(value, tuple):
         return tuple(fresh(v, factory) for v in value)

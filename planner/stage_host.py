@@ -2,8 +2,8 @@
 estimate prices them with (`cost_models.estimate.stage_time`), so a CPU candidate is
 pruned or kept on the score the estimate will give it:
 
-    h(a, b, r) = engine starts + pipelining actions, per micro-batch
-                     (`step_host.step_host_per_microbatch_s`)
+    h(a, b, r) = engine starts + pipelining actions + the stage input's
+                 accumulations, per micro-batch (`step_host.step_host_per_microbatch_s`)
                + the tied copies' gradient sums on rank r, once a step, / m
                      (`tied_sync.tied_group_seconds`, holders grouped by RANK as
                      `executors.tied.TiedGradients.sync` sums them)
@@ -40,7 +40,8 @@ from collections.abc import Callable
 
 from cost_models.host_dispatch import backward_host_seconds, forward_host_seconds
 from cost_models.step_host import (Placed, accumulation_priced, engine_start_s,
-                                   grad_accumulation_s, passes_per_stage,
+                                   grad_accumulation_s, input_accumulation_s,
+                                   passes_per_stage,
                                    pipeline_action_s, place_rank, placed_compute,
                                    param_walk_s, prices_cold_ops,
                                    step_host_per_microbatch_s, step_loop_s)
@@ -98,9 +99,11 @@ class StageHost:
     def _stage_s(self, a: int, b: int, r: int) -> float:
         c, m, p, v = self.cand, self.cand.num_microbatches, self.cand.pp, self.cand.virtual_stages
         stage = self.pieces[(a, b)] if v > 1 else r
-        engine, actions = step_host_per_microbatch_s(self.cluster, c.schedule, p, m, v, (stage,))
+        engine, actions, inputs = step_host_per_microbatch_s(self.cluster, c.schedule, p, m, v,
+                                                             (stage,))
         # micro-batches 2..m add into the gradients (as the estimate's backward)
-        out = engine + actions + grad_accumulation_s(self.cluster, self.graph.layers[a:b + 1], m)
+        out = engine + actions + inputs + grad_accumulation_s(self.cluster,
+                                                              self.graph.layers[a:b + 1], m)
         once = v == 1 or stage == max(self._rank_stages(r))  # a rank's once-a-step terms
         # once a step: the loop walks the stage's parameter tensors (as the estimate's
         # step: the loop probe's own taken off once a rank)
@@ -128,15 +131,17 @@ class StageHost:
         return self._ranks[r]
 
     def edges(self, a: int, b: int, r: int) -> dict[int, tuple]:
-        """Stage a..b's edge layers on rank r whose passes as placed differ from their
-        trace's: j -> (passes key, placed). Empty where cold ops are not priced."""
+        """Stage a..b's layers on rank r whose passes as placed differ from their
+        trace's (its edge layers, and those whose recent ops' window reaches past a cut:
+        `step_host.place_rank`): j -> (passes key, placed). Empty where cold ops are not
+        priced."""
         key = ("edges", a, b, r)
         out = self._cache.get(key)
         if out is None:
             out = self._cache[key] = {}
             if self.cold:
                 placed = self._placed(a, b, r)
-                for j in {a, b} & placed.keys():
+                for j in sorted(j for j in placed if a <= j <= b):
                     passes = _passes_key(placed[j])
                     if passes != _passes_key(((1.0, self.graph.layers[j]),)):
                         out[j] = (passes, placed[j])
@@ -228,6 +233,7 @@ def host_terms_priced(cluster: ClusterSpec, clip_ranks: int = 0) -> bool:
     """Whether any term of h is non-zero on `cluster` (CPU kits; on a GPU preset only a
     clipping plan's norm all-reduce over `clip_ranks`, `step_host.step_loop_s`)."""
     return (engine_start_s(cluster) > 0 or pipeline_action_s(cluster) > 0
+            or input_accumulation_s(cluster) > 0
             or accumulation_priced(cluster)
             or step_loop_s(cluster, 1, True, "adam", clip_ranks) > 0
             or tied_sums_priced(cluster)

@@ -14,8 +14,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cost_models.checkpoint_probes import (PROBE_TENSOR_BYTES, SIZED_TENSOR_BYTES, ChainCounts,
-                                          CheckpointHostCost, _chains, _counts, cached_mode_ops,
-                                          checkpoint_extra_seconds, rerun_ops)
+                                          CheckpointHostCost, _chains, _counts, _input,
+                                          _runner, cached_mode_ops, checkpoint_extra_seconds,
+                                          rerun_ops)
 from cost_models.clusters import get_cluster
 from cost_models.common import StepConfig
 from cost_models.compute import layer_compute
@@ -253,6 +254,23 @@ def test_the_probe_counts_ops_kept_ops_and_saves_of_its_chains():
             detaches = n if name == "block" else 0  # softmax's saved output
             assert counts == ChainCounts(n * ops + 1 + head, n * kept, n * saved + 1,
                                          n * grad + 1, 1, detaches), (name, n)
+
+
+def test_the_probe_hands_its_chains_a_layer_input_as_a_step_has_it():
+    """The probe's input is a middle layer's (`ir.stand_in.step_input`): an activation
+    requiring grad, not a leaf, so no pass's backward ends in an input AccumulateGrad that
+    no checkpointed layer of a step runs (the profile and the kernel records take a layer's
+    input alike); the leaf beneath gets no gradient under any mode."""
+    from ir.stand_in import is_step_input
+
+    chain = _chains(torch)["mul"]
+    for mode in Checkpoint:
+        x = _input(torch)
+        assert x.requires_grad and not x.is_leaf and is_step_input(x.grad_fn)
+        forward, backward = _runner(torch, chain, 2, mode)
+        forward(x)
+        backward()
+        assert x.grad_fn.next_functions[0][0].variable.grad is None, mode
 
 
 class _Names(TorchDispatchMode):

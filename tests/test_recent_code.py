@@ -9,6 +9,7 @@ import dataclasses
 from types import SimpleNamespace
 
 import pytest
+from torch import nn
 
 from ir.kernel_calibration import ColdKernelPoint
 from ir.kernel_records import KernelKind, KernelRecord
@@ -177,3 +178,67 @@ def test_the_search_keys_placed_passes_by_their_recent_ops():
     block = graph.layers[1]
     free = dataclasses.replace(block, recent_ops_fwd=(), recent_ops_bwd=())
     assert _passes_key(((1.0, block),)) != _passes_key(((1.0, free),))
+
+
+class Act(nn.Module):
+    """A Linear and one activation: two distinct forward ops, far below the window."""
+
+    def __init__(self, act: nn.Module):
+        super().__init__()
+        self.fc, self.act = nn.Linear(8, 8), act
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+class GeluCut(nn.Module):
+    """gelu in layers.0, layers.1 and layers.3, tanh in layers.2, then a head: cut before
+    layers.2, gelu runs on stage 1 only in its second layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(Act(a) for a in (nn.GELU(), nn.GELU(), nn.Tanh(),
+                                                     nn.GELU()))
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _gelu_ops(ops) -> set[str]:
+    return {op for op, _, _ in ops if op == "aten::gelu" or op == "aten::gelu_backward"}
+
+
+@pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B])
+def test_an_interior_layer_gets_no_credit_for_what_only_the_other_rank_ran(schedule):
+    """GeluCut on 2 ranks. Cut before layers.2: in the trace layers.3's forward window
+    (tanh's 2 ops, then layers.1's) holds gelu, run last in layers.1, on rank 0; placed,
+    the window stops at its stage's first layer: no gelu credit. Cut before layers.3:
+    layers.1's backward window (layers.2, then layers.3's, whose backward ran
+    gelu_backward) holds gelu_backward; placed, it stops at layers.2, its stage's last:
+    none. Each placed layer's recent ops are those counted on its stage's layers alone, and
+    the search's placed layers (`StageHost.edges`) are the estimate's."""
+    from planner.search_space import OuterCandidate
+    from planner.stage_host import StageHost
+
+    graph, _ = _measured(GeluCut())
+    assert [l.name for l in graph.layers] == [f"layers.{i}" for i in range(4)] + ["head"]
+    assert _gelu_ops(graph.layers[3].recent_ops_fwd) == {"aten::gelu"}
+    assert _gelu_ops(graph.layers[1].recent_ops_bwd) == {"aten::gelu_backward"}
+    cluster = _cold_code_only(graph.layers[3])
+    cand = OuterCandidate(pp=2, num_microbatches=2, schedule=schedule, virtual_stages=1)
+    host = StageHost(graph, cluster, cand, lambda j, s, p: 0.0, lambda j, name: 0.0)
+    for cut, j, field in ((2, 3, "recent_ops_fwd"), (3, 1, "recent_ops_bwd")):
+        plan = uniform_plan(5, pp=2, micro_batch=1, global_batch=2, stage_boundaries=(cut,),
+                            precision=Precision.FP32, schedule=schedule)
+        placed = placed_layers(graph, plan, cluster)
+        a, b = (cut, 4) if j >= cut else (0, cut - 1)
+        counted = recent_code_bytes(list(graph.layers[a:b + 1]), j - a)[field]
+        assert all(getattr(l, field) == counted for _, l in placed[j])
+        assert not _gelu_ops(counted)
+        for (a, b), r in (((0, cut - 1), 0), ((cut, 4), 1)):
+            assert {i: p for i, (_, p) in host.edges(a, b, r).items()} == {
+                i: placed[i] for i in range(a, b + 1) if placed[i] != ((1.0, graph.layers[i]),)}
+        assert j in host.edges(*((cut, 4, 1) if j >= cut else (0, cut - 1, 0)))

@@ -104,7 +104,7 @@ def test_a_stage_adds_in_the_search_what_it_adds_in_the_estimate(schedule, clip,
     traced layers' own compute + h(a, b, r) of the search, to the float. Rank 0 pays its
     own sum over the embedding's copy as rank 1 does over the head's (4 N bytes each).
     `cold_code`: the kit prices cold kernel code too, so the cut's edges lose the credit
-    of the ops the trace's neighbours ran (`step_host._recent_ops`) in both. A clipping
+    of the ops the trace's neighbours ran (`recent_ops.placed_recent_ops`) in both. A clipping
     plan's scalar all-reduce (`step_host.clip_all_reduce_s`) on both sides."""
     graph = load_layer_graph(TIED_SPEC, micro_batch=1, seq_len=32, dtype=torch.float32)
     n, m = len(graph.layers), 4
