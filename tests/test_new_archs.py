@@ -34,3 +34,14 @@ def test_glue_that_bakes_the_batch_into_a_shape_links_the_layer_to_its_neighbour
     assert not graph.layers[head].chain_input
     problem = layout_change_problem(graph, head, 2, 1)
     assert problem and problem.startswith("layer lm_head: its data-parallel degree would change")
+
+
+def test_mask_glue_shared_by_two_attention_kinds_does_not_merge_the_layers():
+    # GPT-OSS: sliding-window and full-attention layers alternate; both masks are built
+    # from one arange in the model's forward. That glue joined layer 1 (the full mask's
+    # user) while layer 0's sliding mask read it: a cycle that merged both decoder layers
+    # into 'model.layers.0+model.layers.1', which no pipeline can cut and the executor
+    # could not find as a module
+    names = [l.name for l in _graph("gpt_oss").layers]
+    assert names == ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm",
+                     "lm_head"]
