@@ -15,6 +15,7 @@ module (its forward signature, which modules are norms) are read once at trace t
     input_layout_problem(graph, j, first, ...)   do they read them in their stage's split
     linked_runs(graph)                           runs of layers that share one TP degree
     pipeline_problem(graph)                      can the model be cut into stages at all
+    merged_layer_problem(graph)                  is every layer one module (else no plan)
     clip_tables_problem(clipping, tables)        can the step clip beside sharded tables
 """
 
@@ -143,9 +144,17 @@ def pipeline_problem(graph: LayerGraph) -> str | None:
     for layer in graph.layers:
         if not layer.name:
             return "a pipeline cannot cut root-level glue layers"
+    return merged_layer_problem(graph)
+
+
+def merged_layer_problem(graph: LayerGraph) -> str | None:
+    """Why no plan can run the model, or None: the executor applies each layer's strategy
+    to one module (`executors.apply`), and `ir.layers` merges modules called on both sides
+    of another layer into one layer of several modules."""
+    for layer in graph.layers:
         if "+" in layer.name:
             return (f"layer {layer.name}: modules called at several places are merged into one "
-                    "layer, which a pipeline stage cannot hold apart; use pp=1 for this model")
+                    "layer, and the executor applies a strategy to one module per layer")
     return None
 
 
