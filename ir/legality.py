@@ -15,7 +15,8 @@ module (its forward signature, which modules are norms) are read once at trace t
     input_layout_problem(graph, j, first, ...)   do they read them in their stage's split
     linked_runs(graph)                           runs of layers that share one TP degree
     pipeline_problem(graph)                      can the model be cut into stages at all
-    merged_layer_problem(graph)                  is every layer one module (else no plan)
+    layer_module_problem(graph)                  is every layer one module holding its
+                                                 weights (else no plan can run)
     clip_tables_problem(clipping, tables)        can the step clip beside sharded tables
 """
 
@@ -145,6 +146,28 @@ def pipeline_problem(graph: LayerGraph) -> str | None:
         if not layer.name:
             return "a pipeline cannot cut root-level glue layers"
     return merged_layer_problem(graph)
+
+
+def layer_module_problem(graph: LayerGraph) -> str | None:
+    """Why no plan can run the model, or None: the executor applies each layer's strategy
+    to one module holding every weight the layer owns. The search refuses the model
+    (`planner.search_space.outer_candidates`), and `executors.validate.check_plan` a plan."""
+    return merged_layer_problem(graph) or weight_outside_layers_problem(graph)
+
+
+def weight_outside_layers_problem(graph: LayerGraph) -> str | None:
+    """A weight a layer owns (it reads it first) that no layer's module holds, or None:
+    a parent holding the block stack reads it in its own forward (DeBERTa-v2's
+    `encoder.rel_embeddings.weight`, handed to every block), so no strategy shards it or
+    averages its gradient."""
+    for layer in graph.layers:
+        paths = tuple(part + "." for part in layer.name.split("+")) if layer.name else ("",)
+        outside = [p for p in layer.param_names if not p.startswith(paths)]
+        if outside:
+            return (f"layer {layer.name} reads parameter {outside[0]}, which no layer's module "
+                    "holds (its parent reads it in its own forward), so no strategy can shard "
+                    "it or average its gradient")
+    return None
 
 
 def merged_layer_problem(graph: LayerGraph) -> str | None:

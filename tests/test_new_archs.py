@@ -5,11 +5,18 @@ pins the trace-level fact that made a plan crash, mismatch or be refused vaguely
 from __future__ import annotations
 
 import functools
+import re
 
+import pytest
 import torch
 
-from ir.legality import layout_change_problem
-from planner.models import load_layer_graph
+from executors.validate import check_plan
+from ir.errors import PlannerError
+from ir.legality import layout_change_problem, weight_outside_layers_problem
+from ir.plan import ParallelPlan
+from ir.strategy import LayerStrategy, Precision, Stage
+from planner.models import load_layer_graph, load_model
+from planner.search_space import SearchOptions, outer_candidates
 
 
 def _spec(arch: str) -> str:
@@ -45,3 +52,25 @@ def test_mask_glue_shared_by_two_attention_kinds_does_not_merge_the_layers():
     names = [l.name for l in _graph("gpt_oss").layers]
     assert names == ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm",
                      "lm_head"]
+
+
+def test_a_weight_read_outside_every_layer_is_refused_in_one_line_by_search_and_executor():
+    # DeBERTa-v2: the encoder (which holds the block stack, so is no layer) reads
+    # `rel_embeddings.weight` in its own forward and hands it to every block; layer 0,
+    # its first user, owns it in the layer IR, but no layer's module holds it, so no
+    # strategy can shard it or average its gradient. The executor refused it as a
+    # parameter that "belongs to no layer ...; re-trace the model"
+    graph = _graph("deberta-v2")
+    line = (r"^layer deberta\.encoder\.layer\.0 reads parameter "
+            r"deberta\.encoder\.rel_embeddings\.weight, which no layer's module holds")
+    assert re.match(line, weight_outside_layers_problem(graph))
+    with pytest.raises(PlannerError, match=line):
+        outer_candidates(graph, 2, 8, SearchOptions(pp=1))
+    n = len(graph.layers)
+    plan = ParallelPlan(stages=(Stage(0, n - 1, 2),),
+                        layer_strategies=tuple(LayerStrategy(tp=1, dp=2) for _ in range(n)),
+                        global_batch=8, micro_batch=4, num_microbatches=1,
+                        precision=Precision.FP32)
+    with pytest.raises(PlannerError, match=line):
+        check_plan(load_model(_spec("deberta-v2"), device="meta").module, plan, graph, 2)
+    assert weight_outside_layers_problem(_graph("gpt_bigcode")) is None
