@@ -74,3 +74,14 @@ def test_a_weight_read_outside_every_layer_is_refused_in_one_line_by_search_and_
     with pytest.raises(PlannerError, match=line):
         check_plan(load_model(_spec("deberta-v2"), device="meta").module, plan, graph, 2)
     assert weight_outside_layers_problem(_graph("gpt_bigcode")) is None
+
+
+def test_an_attention_owning_a_per_head_parameter_is_not_split():
+    # GPT-OSS: each attention owns `sinks` ([heads], a learned logit per head) directly;
+    # TP splits the heads of q/k/v but not that parameter, so the tp2 run concatenated 8
+    # sinks onto 4 heads' logits, and the executor's self-check refused it as "reshapes
+    # with global sizes". A parent owning a parameter of its own stays whole, as one
+    # holding a non-projection parameter module (T5's relative-position table) does.
+    for layer in _graph("gpt_oss").layers:
+        assert not [c for c in layer.tp_candidates if c.module.startswith("self_attn.")], \
+            layer.name
