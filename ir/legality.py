@@ -156,17 +156,17 @@ def layer_module_problem(graph: LayerGraph) -> str | None:
 
 
 def weight_outside_layers_problem(graph: LayerGraph) -> str | None:
-    """A weight a layer owns (it reads it first) that no layer's module holds, or None:
-    a parent holding the block stack reads it in its own forward (DeBERTa-v2's
+    """A weight a layer owns (it reads it first) under no name inside its module, or None:
+    e.g. a parent holding the block stack reads it in its own forward (DeBERTa-v2's
     `encoder.rel_embeddings.weight`, handed to every block), so no strategy shards it or
     averages its gradient."""
     for layer in graph.layers:
         paths = tuple(part + "." for part in layer.name.split("+")) if layer.name else ("",)
         outside = [p for p in layer.param_names if not p.startswith(paths)]
         if outside:
-            return (f"layer {layer.name} reads parameter {outside[0]}, which no layer's module "
-                    "holds (its parent reads it in its own forward), so no strategy can shard "
-                    "it or average its gradient")
+            return (f"layer {layer.name} reads parameter {outside[0]} from outside its "
+                    "module, so no strategy can shard it or average its gradient; register "
+                    "the weight inside that layer's module")
     return None
 
 
