@@ -29,7 +29,8 @@ from executors.tensor_parallel import tp_problem
 from executors.tied import alias_problem
 from ir.errors import PlannerError
 from ir.layer import LayerGraph
-from ir.legality import input_layout_problem, layout_change_problem, sequence_parallel_applies
+from ir.legality import (input_layout_problem, layout_change_problem, layer_module_problem,
+                         sequence_parallel_applies)
 from ir.plan import ParallelPlan
 
 
@@ -76,6 +77,9 @@ def check_plan(model: nn.Module, plan: ParallelPlan, graph: LayerGraph, world_si
         raise PlannerError(f"the plan has {len(plan.layer_strategies)} layer strategies but "
                            f"{graph.model} has {len(graph.layers)} layers: plan for this model")
     dims = parallel_dims(plan, world_size)
+    problem = layer_module_problem(graph)
+    if problem:
+        raise PlannerError(problem)
     micro = plan.global_batch // plan.num_microbatches
     if plan.global_batch % plan.num_microbatches:
         raise PlannerError(f"global batch {plan.global_batch} is not divisible by "

@@ -118,6 +118,7 @@ def group_nodes(gm: fx.GraphModule, root: nn.Module, module_prefix: str = "") ->
             o = None  # a root-level node, when the root is not itself the only layer
         if o is not None:
             owner[n] = o
+    fixed = set(owner)  # nodes of a layer's own module; the rest is glue
     # Layers rank by where their own modules first run; glue follows that order.
     rank: dict[str, int] = {}
     for n in nodes:
@@ -151,7 +152,28 @@ def group_nodes(gm: fx.GraphModule, root: nn.Module, module_prefix: str = "") ->
             last = owner[n]
         else:
             owner[n] = last if last is not None else (layer_paths[0] if layer_paths else "")
+    _glue_to_earliest_user(nodes, owner, fixed,
+                           lambda m: rank.get(owner[m], len(rank)))  # noqa: E731
     return _order_layers(nodes, owner, root)
+
+
+def _glue_to_earliest_user(nodes: list[fx.Node], owner: dict[fx.Node, str], fixed: set,
+                           by_rank) -> None:
+    """Move each glue node to its earliest user's layer, until none moves. One backward
+    walk can place glue before its users are placed (GPT-OSS: one arange feeds the
+    sliding-window mask of layer 0 and the full mask of layer 1; it joined layer 1, so
+    layer 1 fed layer 0 and the cycle merged both)."""
+    for _ in range(len(nodes)):
+        moved = False
+        for n in reversed(nodes):
+            users = [u for u in n.users if u in owner]
+            if n in fixed or not users:
+                continue
+            earliest = min(users, key=by_rank)
+            if by_rank(earliest) < by_rank(n):
+                owner[n], moved = owner[earliest], True
+        if not moved:
+            return
 
 
 def _position(gm: fx.GraphModule):

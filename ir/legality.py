@@ -15,6 +15,8 @@ module (its forward signature, which modules are norms) are read once at trace t
     input_layout_problem(graph, j, first, ...)   do they read them in their stage's split
     linked_runs(graph)                           runs of layers that share one TP degree
     pipeline_problem(graph)                      can the model be cut into stages at all
+    layer_module_problem(graph)                  is every layer one module holding its
+                                                 weights (else no plan can run)
 """
 
 from __future__ import annotations
@@ -142,7 +144,37 @@ def pipeline_problem(graph: LayerGraph) -> str | None:
     for layer in graph.layers:
         if not layer.name:
             return "a pipeline cannot cut root-level glue layers"
+    return merged_layer_problem(graph)
+
+
+def layer_module_problem(graph: LayerGraph) -> str | None:
+    """Why no plan can run the model, or None: the executor applies each layer's strategy
+    to one module holding every weight the layer owns. The search refuses the model
+    (`planner.search_space.outer_candidates`), and `executors.validate.check_plan` a plan."""
+    return merged_layer_problem(graph) or weight_outside_layers_problem(graph)
+
+
+def weight_outside_layers_problem(graph: LayerGraph) -> str | None:
+    """A weight a layer owns (it reads it first) under no name inside its module, or None:
+    e.g. a parent holding the block stack reads it in its own forward (DeBERTa-v2's
+    `encoder.rel_embeddings.weight`, handed to every block), so no strategy shards it or
+    averages its gradient."""
+    for layer in graph.layers:
+        paths = tuple(part + "." for part in layer.name.split("+")) if layer.name else ("",)
+        outside = [p for p in layer.param_names if not p.startswith(paths)]
+        if outside:
+            return (f"layer {layer.name} reads parameter {outside[0]} from outside its "
+                    "module, so no strategy can shard it or average its gradient; register "
+                    "the weight inside that layer's module")
+    return None
+
+
+def merged_layer_problem(graph: LayerGraph) -> str | None:
+    """Why no plan can run the model, or None: the executor applies each layer's strategy
+    to one module (`executors.apply`), and `ir.layers` merges modules called on both sides
+    of another layer into one layer of several modules."""
+    for layer in graph.layers:
         if "+" in layer.name:
             return (f"layer {layer.name}: modules called at several places are merged into one "
-                    "layer, which a pipeline stage cannot hold apart; use pp=1 for this model")
+                    "layer, and the executor applies a strategy to one module per layer")
     return None

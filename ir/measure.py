@@ -294,7 +294,27 @@ def _chain_input(m: GraphMeasurer, i: int, module: nn.Module | None) -> bool:
     # the loss target feeds the loss, which joined the last layer but runs outside it
     target = m.target_placeholder()
     outside = [a for a in m.infos[i].inputs if a is not target]
-    return len(outside) == 1 and m.owner.get(outside[0]) == i - 1
+    return (len(outside) == 1 and m.owner.get(outside[0]) == i - 1
+            and not _shaped_glue(m, i, target))
+
+
+def _shaped_glue(m: GraphMeasurer, i: int, target) -> bool:
+    """Layer i's glue (its nodes outside its module: the parent's code before the call)
+    passes a shape, e.g. `h.view(output_shape)` (GPTBigCode). The trace baked it at the
+    traced batch; the glue runs on the value in the batch split of the layer before, before
+    the executor's input re-split (`executors.layout.add_input_relayout`), so that split
+    must be the one the parent's shapes were taken in. The loss's glue is not counted."""
+    info = m.infos[i]
+    inside = lambda path: path is not None and (  # noqa: E731
+        path == info.nodes.name or path.startswith(info.nodes.name + "."))
+    loss = {n for n in info.nodes.nodes if target is not None and info.module_paths.get(n) is None}
+    for n in info.nodes.nodes:
+        if n.op != "call_function" or inside(info.module_paths.get(n)) or n in loss:
+            continue
+        if any(isinstance(a, (list, tuple)) and a and all(isinstance(x, int) for x in a)
+               for a in list(n.args) + list(n.kwargs.values())):
+            return True
+    return False
 
 
 def _edges_and_cuts(m: GraphMeasurer) -> tuple[list[tuple[int, int, int]], list[int],

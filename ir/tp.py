@@ -229,11 +229,14 @@ def _takes_head_bias(module: nn.Module) -> bool:
 def _whole_parents(layer_module: nn.Module, parents: set[str]) -> set[str]:
     """Parents that must stay whole although their projections are explained: they hold
     a parameter module that is neither a projection nor a norm (T5's relative-position
-    table, sized by the global head count), or take a per-head bias from outside."""
+    table, sized by the global head count), own a parameter themselves (GPT-OSS's
+    per-head attention `sinks`: TP would leave it whole beside split heads), or take a
+    per-head bias from outside."""
     whole = set()
     for parent in parents:
         module = layer_module.get_submodule(parent) if parent else layer_module
-        if parent and _takes_head_bias(module):
+        if parent and (_takes_head_bias(module)
+                       or any(True for _ in module.parameters(recurse=False))):
             whole.add(parent)
         for _, child in module.named_children():
             owns = any(True for _ in child.parameters(recurse=False))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ir.errors import PlannerError
 from ir.layer import Layer, LayerGraph
-from ir.legality import pipeline_problem
+from ir.legality import layer_module_problem, pipeline_problem
 from ir.strategy import Checkpoint, DPMode, LayerStrategy, Precision, Schedule
 
 # Micro-batch counts tried per pipeline degree: enough to shrink the bubble (p-1)/m, few
@@ -112,6 +112,9 @@ def divisors_of(n: int) -> list[int]:
 def outer_candidates(graph: LayerGraph, world: int, global_batch: int,
                      options: SearchOptions) -> list[OuterCandidate]:
     segments = len(graph.cut_points) + 1  # most stages the cut points allow
+    cannot_run = layer_module_problem(graph)
+    if cannot_run:
+        raise PlannerError(cannot_run)
     cannot_cut = pipeline_problem(graph)
     if options.pp is not None:
         if world % options.pp:

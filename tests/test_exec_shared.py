@@ -308,7 +308,10 @@ def test_parameter_in_no_layer_is_still_refused():
     plan = uniform_plan(len(graph.layers), dp=2, global_batch=2, precision=Precision.FP32)
     if any(layer.name == "" for layer in graph.layers):
         pytest.fail("the tracer made a root layer; this test needs one outside every layer")
-    with pytest.raises(PlannerError, match=r"^parameter scale belongs to no layer"):
+    # the layer IR knows: fc, its first reader, owns it though no layer's module holds it
+    # (`ir.legality.weight_outside_layers_problem`, the search refuses the model alike)
+    with pytest.raises(PlannerError, match=r"^layer fc reads parameter scale from outside "
+                                           r"its module"):
         check_plan(model, plan, graph, world_size=2)
 
 

@@ -1,0 +1,87 @@
+"""IR and legality facts exposed by Hugging Face architectures outside the acceptance
+matrix (tests/data/hf/<arch>, run with bench/bench_real_models.py --arch): each test
+pins the trace-level fact that made a plan crash, mismatch or be refused vaguely."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import pytest
+import torch
+
+from executors.validate import check_plan
+from ir.errors import PlannerError
+from ir.legality import layout_change_problem, weight_outside_layers_problem
+from ir.plan import ParallelPlan
+from ir.strategy import LayerStrategy, Precision, Stage
+from planner.models import load_layer_graph, load_model
+from planner.search_space import SearchOptions, outer_candidates
+
+
+def _spec(arch: str) -> str:
+    return f"hf:tests/data/hf/{arch}/config.json"
+
+
+@functools.lru_cache(maxsize=None)
+def _graph(arch: str):
+    return load_layer_graph(_spec(arch), 1, None, torch.float32)
+
+
+def test_glue_that_bakes_the_batch_into_a_shape_links_the_layer_to_its_neighbour():
+    # GPTBigCode: `ln_f(h).view(output_shape)` in the model's forward, output_shape taken
+    # from the input's batch; a trace bakes it ([rows, seq, hidden]). The view runs on
+    # ln_f's output in ln_f's batch split, so the head may not re-split the batch after
+    # it (a tp2 ln_f between tp1 layers crashed: shape '[2, 16, 64]' is invalid ...)
+    graph = _graph("gpt_bigcode")
+    names = [l.name for l in graph.layers]
+    head = names.index("lm_head")
+    assert names[head - 1] == "transformer.ln_f"
+    assert graph.layers[head - 1].chain_input  # h.1 -> ln_f: no glue between
+    assert not graph.layers[head].chain_input
+    problem = layout_change_problem(graph, head, 2, 1)
+    assert problem and problem.startswith("layer lm_head: its data-parallel degree would change")
+
+
+def test_mask_glue_shared_by_two_attention_kinds_does_not_merge_the_layers():
+    # GPT-OSS: sliding-window and full-attention layers alternate; both masks are built
+    # from one arange in the model's forward. That glue joined layer 1 (the full mask's
+    # user) while layer 0's sliding mask read it: a cycle that merged both decoder layers
+    # into 'model.layers.0+model.layers.1', which no pipeline can cut and the executor
+    # could not find as a module
+    names = [l.name for l in _graph("gpt_oss").layers]
+    assert names == ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm",
+                     "lm_head"]
+
+
+def test_a_weight_read_outside_every_layer_is_refused_in_one_line_by_search_and_executor():
+    # DeBERTa-v2: the encoder (which holds the block stack, so is no layer) reads
+    # `rel_embeddings.weight` in its own forward and hands it to every block; layer 0,
+    # its first user, owns it in the layer IR, but no layer's module holds it, so no
+    # strategy can shard it or average its gradient. The executor refused it as a
+    # parameter that "belongs to no layer ...; re-trace the model"
+    graph = _graph("deberta-v2")
+    line = (r"^layer deberta\.encoder\.layer\.0 reads parameter "
+            r"deberta\.encoder\.rel_embeddings\.weight from outside its module")
+    assert re.match(line, weight_outside_layers_problem(graph))
+    with pytest.raises(PlannerError, match=line):
+        outer_candidates(graph, 2, 8, SearchOptions(pp=1))
+    n = len(graph.layers)
+    plan = ParallelPlan(stages=(Stage(0, n - 1, 2),),
+                        layer_strategies=tuple(LayerStrategy(tp=1, dp=2) for _ in range(n)),
+                        global_batch=8, micro_batch=4, num_microbatches=1,
+                        precision=Precision.FP32)
+    with pytest.raises(PlannerError, match=line):
+        check_plan(load_model(_spec("deberta-v2"), device="meta").module, plan, graph, 2)
+    assert weight_outside_layers_problem(_graph("gpt_bigcode")) is None
+
+
+def test_an_attention_owning_a_per_head_parameter_is_not_split():
+    # GPT-OSS: each attention owns `sinks` ([heads], a learned logit per head) directly;
+    # TP splits the heads of q/k/v but not that parameter, so the tp2 run concatenated 8
+    # sinks onto 4 heads' logits, and the executor's self-check refused it as "reshapes
+    # with global sizes". A parent owning a parameter of its own stays whole, as one
+    # holding a non-projection parameter module (T5's relative-position table) does.
+    for layer in _graph("gpt_oss").layers:
+        assert not [c for c in layer.tp_candidates if c.module.startswith("self_attn.")], \
+            layer.name
