@@ -28,8 +28,10 @@ whose FSDP2 gradients sit on the CPU: the coefficient's copy there waits for the
 `last_grad_norm` reads the norm only when asked. A gradient still Partial (unreduced sums) is refused, naming its
 parameter: `stage_copies` would count it as replicated.
 
-Embedding tables (`tables`: `executors.sharded_embedding`, torchrec's
-GradientClippingOptimizer over dense and sharded gradients alike): a table's gradient is
+Embedding tables (`tables`: `executors.sharded_embedding`; the same as single-device
+`torch.nn.utils.clip_grad_norm_` over all parameters with the tables' gradients dense,
+not TorchRec's GradientClippingOptimizer, whose fused tables step in the backward
+unclipped): a table's gradient is
 a sparse COO tensor with duplicate ids, whose norm is that of its COALESCED form (the
 dense nn.EmbeddingBag's gradient): each is coalesced here and left so, as the sparse
 optimizer reads it (`executors.sparse_optimizer`: its coalesce() is then a no-op), and its
