@@ -82,8 +82,8 @@ def clip_grad_norm(named_params: Iterable[tuple[str, nn.Parameter]],
     """Scale this rank's gradients as single-device clip_grad_norm_(max_norm) would;
     returns (total norm, coefficient), 0-dim tensors on `device` (fp32, or the widest
     parameter dtype where wider: float64), the same on every rank. `copies(p)`: ranks
-    holding each element of p's gradient; `held`: ids of parameters whose gradients are read times `held_multiplier` (a float or a tensor)
-    and left unscaled (the caller applies the coefficient). A Partial (unreduced)
+    holding each element of p's gradient; `held`: ids of parameters whose gradients are
+    read times `held_multiplier` (a float or a tensor) and left unscaled (the caller applies the coefficient). A Partial (unreduced)
     gradient is refused, naming its parameter. `tables`: embedding tables whose sparse
     gradients are coalesced, counted and scaled as the module docstring says (their
     parameters in `named_params` are skipped).
