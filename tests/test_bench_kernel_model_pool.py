@@ -109,3 +109,22 @@ def test_a_run_lists_the_calibration_fields_its_spec_lacked(tmp_path):
     assert pool.absent_calibration_fields(str(path)) == [fields[0]]
     kept = sorted(glob.glob(os.path.join(bench.RUNS_DIR, "*.json.gz")))[0]
     assert set(pool.absent_calibration_fields(kept)) <= set(fields)
+
+
+def test_recording_twice_keeps_both_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "RUNS_DIR", str(tmp_path))
+    doc = {field: [field] for field in bench.RAW_FIELDS} | {"quick": False}
+    when = "x86_64, torch 2.13.0+cpu, 1 thread, 2026-11-26 21:38 UTC"
+    paths = [bench.record_run(doc, when) for _ in range(3)]
+    assert [os.path.basename(p) for p in paths] == [
+        "202611262138.json.gz", "202611262138-2.json.gz", "202611262138-3.json.gz"]
+
+
+def test_record_with_reprice_is_refused_by_argparse(monkeypatch, capsys):
+    """--record keeps a timed run; --reprice times nothing: together, an error line."""
+    monkeypatch.setattr("sys.argv", ["bench_kernel_model.py", "--reprice", "x.json",
+                                     "--record"])
+    with pytest.raises(SystemExit) as exit_:
+        bench.main()
+    assert exit_.value.code == 2
+    assert "--record" in capsys.readouterr().err.strip().splitlines()[-1]
