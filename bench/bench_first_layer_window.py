@@ -57,11 +57,15 @@ above (+5.9 us at 229 ops, +12.8 at 457): rows over 15% at the median 38 -> 38; 
 fwd mb 1/4/16 -29/-10/-15% -> -20/-2/-12%, bert embed mb 1 -12 -> -5%; llama embed fwd
 mb 1/4/16 -2/+23/+17% -> +16/+45/+34% (its window, 276 ops, now reads between the 2- and
 4-block points). Not kept: it moves llama's rows out with gpt's in. The points belong in
-the kit once llama's single-block entry and warm part price right. Kept instead, from
-the same look at the first layers' backwards: their composites' output allocations
-(aten::empty inside embedding_dense_backward) counted warm after a layer that ran kernels
-(`ir.composite_ops.ALLOCATION_INNER_OPS`: llama-tiny's block's backward runs aten::empty
-6 times under the profiler): 38 -> 37 over 15%, llama embed bwd mb 1 +45 -> +33%.
+the kit once llama's single-block entry and warm part price right.
+Tried and reverted (0104086): a composite's output allocation (aten::empty /
+empty_strided inside embedding_dense_backward) counted warm after any pass that ran a
+kernel writing a fresh output (38 -> 37 over 15%). Its premise is false: under the CPU
+profiler (torch 2.13, 2026-11-26) forward mm, mul, add, relu and gelu dispatch neither op
+(structured kernels allocate their outputs directly); zeros, clone and index_select do,
+and llama's block's aten::empty came from mm's clone of a stride-0 gradient. A right rule
+needs each overload's own dispatched allocations, profiled on an instance of it, which
+the trace's arbitrary overloads do not give cheaply.
 
 Hypotheses tested and rejected here:
 - dropout's per-call cost: bernoulli_ is 5.1-5.5 ns per element at 2 Ki to 256 Ki

@@ -338,10 +338,15 @@ def price_rows(graphs: dict, spec, profiled: dict, warmup: int, repeats: int) ->
 
 def record_run(doc: dict, measured_on: str) -> str:
     """Keep a run's raw timings and spec under RUNS_DIR, named by when the spec was
-    measured (`measured_on`'s date and time); returns the path."""
+    measured (`measured_on`'s date and time; -2, -3 ... where one is kept already: never
+    overwritten); returns the path."""
     when = re.search(r"(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d)", measured_on)
     stamp = "".join(when.groups()) if when else time.strftime("%Y%m%d%H%M", time.gmtime())
-    path = os.path.join(RUNS_DIR, f"{'quick-' if doc['quick'] else ''}{stamp}.json.gz")
+    name = f"{'quick-' if doc['quick'] else ''}{stamp}"
+    path, copy = os.path.join(RUNS_DIR, f"{name}.json.gz"), 1
+    while os.path.exists(path):
+        copy += 1
+        path = os.path.join(RUNS_DIR, f"{name}-{copy}.json.gz")
     os.makedirs(RUNS_DIR, exist_ok=True)
     with gzip.open(path, "wt") as f:
         json.dump({k: doc[k] for k in RAW_FIELDS}, f, separators=(",", ":"))
@@ -370,6 +375,8 @@ def main() -> int:
     parser.add_argument("--clock", choices=CLOCKS, default="wall",
                         help="the rows' clock (module docstring)")
     args = parser.parse_args()
+    if args.record and args.reprice:
+        parser.error("--record keeps a timed run; --reprice times nothing: pass one")
     torch.set_num_threads(1)  # as the planner's local processes run
     warmup, repeats = (QUICK_WARMUP, QUICK_REPEATS) if args.quick else (WARMUP, REPEATS)
     start = time.perf_counter()

@@ -380,8 +380,13 @@ def _clip_cost(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,
         nbytes = elements * config.precision.compute_bytes * CLIP_NORM_PASSES
     else:  # fp32 gradients (FSDP2 keeps them in the parameters' fp32)
         nbytes = elements * 4 * (CLIP_NORM_PASSES + CLIP_SCALE_PASSES)
-    host_s = layer.param_tensors * CLIP_HOST_OPS_PER_TENSOR * host_op_seconds(cluster)
-    return nbytes, host_s
+    return nbytes, clip_host_seconds(layer.param_tensors, cluster)
+
+
+def clip_host_seconds(tensors: float, cluster: ClusterSpec) -> float:
+    """Host seconds of the clip's per-tensor Python over `tensors` gradients (CLIP_* above):
+    the dense layers' and the embedding tables' (`cost_models.embedding`) one rule."""
+    return tensors * CLIP_HOST_OPS_PER_TENSOR * host_op_seconds(cluster)
 
 
 def random_draw_seconds(layer: Layer, strategy: LayerStrategy, cluster: ClusterSpec,

@@ -24,7 +24,8 @@ local batch, p ids per sample, d the shard's columns, e bytes per element:
                      rank steps the global batch's distinct rows: never a dense gradient
   clip (optional)    a clipping step (`EmbeddingConfig.clip_grad_norm`) reads each shard's
                      stepped rows for the norm and reads and writes them for the scale
-                     (`_clip_s`); its scalar all-reduce is the dense estimate's
+                     (`_clip_s`), and every rank runs its host op for every table
+                     (`_clip_host_load`); its scalar all-reduce is the dense estimate's
 
 The slowest rank sets the step (the all-to-alls synchronise every rank):
     step_s = dense_s + max_r embedding_s[r]
@@ -47,8 +48,8 @@ from ir.embedding_tables import (EmbeddingTable, HashRing, TablePlacement, Table
                                  column_shard_bounds, row_shard_bounds)
 from ir.errors import PlannerError
 from cost_models.common import GB
-from cost_models.compute import (CLIP_HOST_OPS_PER_TENSOR, CLIP_NORM_PASSES,
-                                  CLIP_SCALE_PASSES, with_host)
+from cost_models.compute import (CLIP_NORM_PASSES, CLIP_SCALE_PASSES, clip_host_seconds,
+                                  with_host)
 from cost_models.embedding_comm import (EXECUTOR_A2A_CALLS_PER_EXCHANGE, AllToAllLink,
                                         exchange_bit, replicated_gather_s)
 from cost_models.estimate import Estimate
@@ -250,14 +251,22 @@ def _shard_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingCo
 def _clip_s(cluster: ClusterSpec, config: EmbeddingConfig, gradient_bytes: float) -> float:
     """Seconds of the global-norm clip over one shard's coalesced gradient (the rows the
     optimizer steps): executors.grad_clip's _foreach_norm reads it, _foreach_mul_ reads
-    and writes it, and its per-tensor Python is one host op on CPU processes
-    (cost_models.compute's CLIP_* rule for dense gradients; its scalar all-reduce is the
-    dense estimate's, `cost_models.step_host.clip_all_reduce_s`). 0 when not clipping."""
+    and writes it (cost_models.compute's CLIP_* rule for dense gradients; its host ops
+    are every rank's, `_clip_host_load`; its scalar all-reduce is the dense estimate's,
+    `cost_models.step_host.clip_all_reduce_s`). 0 when not clipping."""
     if not config.clip_grad_norm:
         return 0.0
-    host_s = CLIP_HOST_OPS_PER_TENSOR * cluster.op_overhead_s if cluster.host_bound else 0.0
-    return gradient_bytes * (CLIP_NORM_PASSES + CLIP_SCALE_PASSES) / hbm_bytes_per_s(cluster) \
-        + host_s
+    return gradient_bytes * (CLIP_NORM_PASSES + CLIP_SCALE_PASSES) / hbm_bytes_per_s(cluster)
+
+
+def _clip_host_load(cluster: ClusterSpec, config: EmbeddingConfig) -> RankLoad:
+    """The clip's per-tensor Python for one table on EVERY rank: executors.grad_clip
+    coalesces and norms each table module's gradient, a rank holding no shard of it an
+    empty one (`compute.clip_host_seconds`, the dense clip's rule). On CPU processes only,
+    as `_host_load`: on GPUs it overlaps the kernels (`compute.with_host`'s max)."""
+    if not (config.clip_grad_norm and cluster.host_bound):
+        return ZERO
+    return RankLoad(update_s=clip_host_seconds(1, cluster))
 
 
 # Host-side torch ops the executor runs on every rank, counted with a TorchDispatchMode on
@@ -282,7 +291,8 @@ def _host_load(cluster: ClusterSpec) -> RankLoad:
 
 def _requester_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingConfig,
                     placement: TablePlacement) -> RankLoad:
-    return _host_load(cluster) + _exchange_load(table, cluster, config, placement)
+    return _host_load(cluster) + _clip_host_load(cluster, config) + \
+        _exchange_load(table, cluster, config, placement)
 
 
 def _exchange_load(table: EmbeddingTable, cluster: ClusterSpec, config: EmbeddingConfig,
@@ -321,7 +331,7 @@ def placement_loads(table: EmbeddingTable, placement: TablePlacement, cluster: C
             raise PlannerError(f"table {table.name}: replicated on {k} of "
                                f"{cluster.world_size} ranks; replicate it on every rank")
         owner = _shard_load(table, cluster, config, table.dim, 1.0, 1.0, replicated=True)
-        return owner, []
+        return owner + _clip_host_load(cluster, config), []
     if s is TableSharding.TABLE_WISE:
         pieces = [_shard_load(table, cluster, config, table.dim, 1.0, 1.0, False)]
     elif s is TableSharding.COLUMN_WISE:

@@ -74,7 +74,7 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     if cal.python_node_host_s > 0:  # host_excess: nodes and excess apart
         host_s += (layer.python_nodes_fwd * cal.python_node_host_s
                    + records_excess_seconds(layer.kernels.forward, cal.host_excess_s))
-    host_s += scalar_operand_seconds(layer.kernels.forward, cal)
+    host_s += wrapped_number_host_seconds(layer.kernels.forward, cal)
     if cal.forward_node_host_s > 0:  # grad_fns recorded (host_probes.host_op_seconds_by_pass)
         recorded = layer.autograd_nodes_fwd or backward_nodes(layer.kernels.forward, 0)
         host_s += recorded * cal.forward_node_host_s
@@ -98,11 +98,12 @@ def forward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     return host_s + cold_entry_seconds(layer, cal)
 
 
-def scalar_operand_seconds(records, cal) -> float:
+def wrapped_number_host_seconds(records, cal) -> float:
     """What `records`' calls pay for a number they wrap into a tensor
     (`KernelRecord.scalar_operand`): x `scalar_operand_float_host_s` on a floating tensor,
     `scalar_operand_int_host_s` on an integer one (0 in kits without them)."""
-    # a number wrapped per call (cost_models.scalar_operand_probes.scalar_operand_seconds)
+    # the kit's per-call figures of a wrapped number: the probe
+    # `cost_models.scalar_operand_probes.scalar_operand_seconds(device)`
     float_s, int_s = cal.scalar_operand_float_host_s, cal.scalar_operand_int_host_s
     return sum(r.count * (float_s if r.dtype.startswith(FLOATING_DTYPES) else int_s)
                for r in records if r.scalar_operand)
@@ -215,7 +216,7 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
     (`KernelCalibration.backward_view_host_op_s`, `backward_nonview_host_op_s`,
     `backward_node_host_s`, `host_op_excess`) and the layer has kernel records: views x
     per-view + other ops x per-op + autograd nodes x per-node + each op's per-call
-    excess + each call given a number the formula wraps (`scalar_operand_seconds`:
+    excess + each call given a number the formula wraps (`wrapped_number_host_seconds`:
     RsqrtBackward0's `mul.Scalar(-0.5)`, MeanBackward's `div.Scalar(n)`, at the forward's
     figures: from C++ they read the same, tests/test_scalar_operands.py), where nodes =
     the autograd graph's, walked on meta (`autograd_nodes_bwd`,
@@ -242,7 +243,7 @@ def backward_host_seconds(layer: Layer, cluster: ClusterSpec) -> float:
               + (layer.ops_bwd - views) * cal.backward_nonview_host_op_s
               + nodes * cal.backward_node_host_s
               + records_excess_seconds(layer.kernels.backward, cal.host_excess_s)
-              + scalar_operand_seconds(layer.kernels.backward, cal))
+              + wrapped_number_host_seconds(layer.kernels.backward, cal))
     # + cold ops (cost_models.cold_backward_probes.cold_backward_cost), none where a whole
     # step stays in the caches (ir.op_count.step_evicts). Each count at its own figure:
     # the fit may read either as 0 on a loaded host, a 0 price and not a switch.

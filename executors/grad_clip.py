@@ -28,8 +28,10 @@ whose FSDP2 gradients sit on the CPU: the coefficient's copy there waits for the
 `last_grad_norm` reads the norm only when asked. A gradient still Partial (unreduced sums) is refused, naming its
 parameter: `stage_copies` would count it as replicated.
 
-Embedding tables (`tables`: `executors.sharded_embedding`, torchrec's
-GradientClippingOptimizer over dense and sharded gradients alike): a table's gradient is
+Embedding tables (`tables`: `executors.sharded_embedding`; the same as single-device
+`torch.nn.utils.clip_grad_norm_` over all parameters with the tables' gradients dense,
+not TorchRec's GradientClippingOptimizer, whose fused tables step in the backward
+unclipped): a table's gradient is
 a sparse COO tensor with duplicate ids, whose norm is that of its COALESCED form (the
 dense nn.EmbeddingBag's gradient): each is coalesced here and left so, as the sparse
 optimizer reads it (`executors.sparse_optimizer`: its coalesce() is then a no-op), and its
@@ -78,24 +80,30 @@ def clip_grad_norm(named_params: Iterable[tuple[str, nn.Parameter]],
                    tables: ShardedTables | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale this rank's gradients as single-device clip_grad_norm_(max_norm) would;
-    returns (total norm, coefficient), 0-dim fp32 tensors on `device`, the same on every
-    rank. `copies(p)`: ranks holding each element of p's gradient; `held`: ids of
-    parameters whose gradients are read times `held_multiplier` (a float or a tensor)
-    and left unscaled (the caller applies the coefficient). A Partial (unreduced)
+    returns (total norm, coefficient), 0-dim tensors on `device` (fp32, or the widest
+    parameter dtype where wider: float64), the same on every rank. `copies(p)`: ranks
+    holding each element of p's gradient; `held`: ids of parameters whose gradients are
+    read times `held_multiplier` (a float or a tensor) and left unscaled (the caller applies the coefficient). A Partial (unreduced)
     gradient is refused, naming its parameter. `tables`: embedding tables whose sparse
     gradients are coalesced, counted and scaled as the module docstring says (their
     parameters in `named_params` are skipped).
 
     As torch's own (foreach) clip_grad_norm_: one `_foreach_norm` per group of gradients
-    (device, dtype, held or not, copies) reads every gradient once, in fp32 (a
-    loss-scaled fp16 norm would overflow), and one `_foreach_mul_` per (device, dtype)
-    scales them by the coefficient as a tensor: nothing is read to the host, except
+    (device, dtype, held or not, copies) reads every gradient once, in fp32 or its
+    own dtype where wider (a loss-scaled fp16 norm would overflow in fp16), summed in the
+    widest dtype of the parameters (read from every parameter, with a gradient or not, so
+    every rank all-reduces one dtype), and one `_foreach_mul_` per (device, dtype) scales
+    them by the coefficient as a tensor: nothing is read to the host, except
     where gradients sit on the CPU (ZeRO-Offload): the coefficient is copied there, a
     device-to-host copy that waits for the device."""
     groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     scaled: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
     table_ids = tables.parameter_ids() if tables is not None else set()
+    total_dtype = torch.float32  # the sum's: the widest of fp32 and every parameter's
+    for module in (tables.modules.values() if tables is not None else ()):
+        total_dtype = torch.promote_types(total_dtype, module.weight.dtype)
     for name, p in named_params:
+        total_dtype = torch.promote_types(total_dtype, p.dtype)
         if p.grad is None or id(p) in table_ids:  # frozen, unused this step, or a table's
             continue
         if isinstance(p.grad, DTensor) and any(isinstance(placement, Partial)
@@ -116,10 +124,12 @@ def clip_grad_norm(named_params: Iterable[tuple[str, nn.Parameter]],
         count = world if isinstance(module, ReplicatedEmbedding) else 1
         groups[(values.device, values.dtype, False, count)].append(values)
         scaled[(values.device, values.dtype)].append(values)
-    plain = torch.zeros((), dtype=torch.float32, device=device)
-    multiplied = torch.zeros((), dtype=torch.float32, device=device)
-    for (_, _, is_held, count), grads in groups.items():
-        norms = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).to(device)
+    # each group's norm in the wider of fp32 and its dtype, summed in `total_dtype`
+    plain = torch.zeros((), dtype=total_dtype, device=device)
+    multiplied = torch.zeros((), dtype=total_dtype, device=device)
+    for (_, dtype, is_held, count), grads in groups.items():
+        wide = torch.promote_types(dtype, torch.float32)
+        norms = torch.stack(torch._foreach_norm(grads, 2, dtype=wide)).to(device, total_dtype)
         total = multiplied if is_held else plain
         total += norms.square().sum() / count
     squares = plain + multiplied * held_multiplier ** 2  # held ones still multiplied

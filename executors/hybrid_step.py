@@ -12,7 +12,9 @@ as DDP's), a sharded table's rows already by the all-to-all that brings every ra
 pooled gradient to the holder, a replicated table's sparse rows by an all-gather of
 (rows, values). The result is the single-process gradient of the global mean loss.
 
-Clipping (`max_grad_norm`, torchrec's GradientClippingOptimizer): after those
+Clipping (`max_grad_norm`: single-device `torch.nn.utils.clip_grad_norm_` over all
+parameters, the tables' gradients dense; TorchRec's fused tables step in the backward,
+unclipped by its GradientClippingOptimizer): after those
 collectives, `executors.grad_clip.clip_grad_norm` over the dense gradients (equal on
 every rank: copies = world) and the tables' (coalesced) sparse ones, one scalar
 all-reduce, then both optimizers step on the scaled gradients; `last_grad_norm` is the

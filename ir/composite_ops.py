@@ -25,15 +25,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from ir.kernel_recorder import NO_KERNEL_OPS
 from ir.op_count import cold_distinct_ops, cold_distinct_ops_bwd
 
-# Ops every CPU kernel that writes a fresh output runs inside it: the output's allocation,
-# `at::empty` / `at::empty_strided` through the dispatcher, which a dispatch mode does not
-# see (the profiler lists them under mm, index_select, zeros, ...: llama-tiny's block's
-# backward ran aten::empty 6 times and empty_strided 7, gpt-tiny's 11 and 1, torch 2.13,
-# 2026-11-26). Any pass that ran such a kernel ran them warm (`_ran`).
-ALLOCATION_INNER_OPS = frozenset({"aten::empty", "aten::empty_strided"})
 # Sizes of the instances: small (a run costs microseconds), big enough that every path of
 # the kernel runs (several indices per row, several bags, several classes)
 ROWS, DIM, INDICES, BAGS = 64, 8, 32, 4
@@ -136,19 +129,7 @@ def _ran(overloads: frozenset[str]) -> frozenset[str]:
     """What a backward with these overloads ran, as inner ops are named: their ops and the
     inner ops of their composites."""
     inner = frozenset().union(*(inner_ops(o) for o in overloads))
-    allocated = ALLOCATION_INNER_OPS if any(map(writes_output, overloads)) else frozenset()
-    return frozenset(packet_name(o) for o in overloads) | inner | allocated
-
-
-def writes_output(overload: str) -> bool:
-    """Whether `overload` (`aten.mm.default`) runs a kernel that writes a fresh output
-    (allocated inside it: ALLOCATION_INNER_OPS): a tensor it returns aliases no input (not
-    a view, in-place or out= op), and it is not an op without a kernel (`NO_KERNEL_OPS`)."""
-    namespace, name, variant = overload.split(".")[:3]
-    schema = getattr(getattr(getattr(torch.ops, namespace), name), variant)._schema
-    fresh = any(r.alias_info is None and str(r.type).startswith("Tensor")
-                for r in schema.returns)
-    return fresh and name not in NO_KERNEL_OPS
+    return frozenset(packet_name(o) for o in overloads) | inner
 
 
 def _cold_inner(own: frozenset[str], warm: frozenset[str]) -> int:

@@ -188,7 +188,7 @@ def auto_parallel(model: nn.Module, example_batch, *, loss_fn: Callable,
     `torch.nn.utils.clip_grad_norm_` on one device (`executors.grad_clip`); the step's
     norm is `last_grad_norm`. None (the default): no clipping. A searched plan is priced
     with it; a given `plan` priced otherwise runs as `max_grad_norm` says, with a
-    warning (`executors.apply`); a model with sharded tables refuses it before its search.
+    warning (`executors.apply`).
     """
     max_grad_norm = check_max_grad_norm(max_grad_norm)  # before any set-up
     init_distributed(timeout_s=timeout_s)

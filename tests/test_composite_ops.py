@@ -11,8 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from cost_models.host_dispatch import backward_host_seconds
-from ir.composite_ops import (ALLOCATION_INNER_OPS, cold_inner_ops_bwd, cold_inner_ops_fwd,
-                              inner_ops)
+from ir.composite_ops import cold_inner_ops_bwd, cold_inner_ops_fwd, inner_ops
 from tests.test_host_split import PARTS, US, cpu, tiny_layer
 
 BAG = "aten._embedding_bag_backward.default"
@@ -34,35 +33,16 @@ def test_an_embedding_bags_backward_runs_its_sort_and_scan_inside():
 
 def test_cold_inner_ops_are_those_the_layer_after_did_not_run():
     layer = _measured([BAG, "aten.detach.default"], forward=["aten._embedding_bag.default"])
-    # all but its output allocations, which mm's kernel ran inside too
-    inner = len(inner_ops(BAG) - ALLOCATION_INNER_OPS)
-    assert inner_ops(BAG) & ALLOCATION_INNER_OPS
+    inner = len(inner_ops(BAG))
     assert cold_inner_ops_bwd(layer, frozenset({"aten.mm.default"})) == inner
-    # after views and an in-place op alone (no fresh output, no allocation): every inner
-    # op cold
-    views = frozenset({"aten.view.default", "aten.detach.default", "aten.add_.Tensor"})
-    assert cold_inner_ops_bwd(layer, views) == len(inner_ops(BAG))
     # after a layer that ran sort and cumsum at top level: two fewer
     after = frozenset({"aten.mm.default", "aten.sort.default", "aten.cumsum.default"})
     assert cold_inner_ops_bwd(layer, after) == inner - 2
     # after another table's backward: the same composite, nothing cold
     assert cold_inner_ops_bwd(layer, frozenset({BAG})) == 0
-    # the last layer: after its own forward, which runs none of them but the allocation
+    # the last layer: after its own forward, which runs none of them
     assert cold_inner_ops_bwd(layer, None) == inner
     assert cold_inner_ops_bwd(_measured(["aten.mm.default"]), frozenset()) == 0
-
-
-def test_the_traced_llama_embeds_backward_finds_its_allocation_warm_after_the_block():
-    """llama-tiny's embed backward runs after its first block's (`planner profile`'s
-    window): embedding_dense_backward's CPU kernel runs embedding_backward, zeros, zero_,
-    empty and view inside; the block ran view at top level and allocated its outputs
-    (aten::empty, inside its kernels, unseen by a dispatch mode): 3 cold, not 4."""
-    from bench.bench_kernel_model import traced_graph
-
-    embed = traced_graph("llama-tiny", 1)[0].layers[0]
-    inner = inner_ops("aten.embedding_dense_backward.default")
-    assert {"aten::embedding_backward", "aten::zeros", "aten::zero_", "aten::empty"} <= inner
-    assert embed.cold_inner_ops_bwd == len(inner - {"aten::view", "aten::empty"}) == 3
 
 
 def test_the_traced_dlrm_counts_the_last_tables_inner_ops_only():
@@ -101,12 +81,10 @@ def test_a_means_forward_runs_its_sum_and_div_inside_counted_cold_after_other_co
     assert {"aten::sum", "aten::div_"} <= inner
     assert "aten::mean" not in inner and "aten::normal_" not in inner
     layer = _measured(["aten.addmm.default"], forward=[MEAN, "aten.addmm.default"])
-    # after a convolution: all but the output's allocation (the convolution's kernel's too)
-    cold = len(inner - ALLOCATION_INNER_OPS)
-    assert cold_inner_ops_fwd(layer, frozenset({"aten.convolution.default"})) == cold
+    assert cold_inner_ops_fwd(layer, frozenset({"aten.convolution.default"})) == len(inner)
     # after a layer that ran a mean (its norm's): nothing cold; after one that summed: one fewer
     assert cold_inner_ops_fwd(layer, frozenset({MEAN})) == 0
-    assert cold_inner_ops_fwd(layer, frozenset({"aten.sum.dim_IntList"})) == cold - 1
+    assert cold_inner_ops_fwd(layer, frozenset({"aten.sum.dim_IntList"})) == len(inner) - 1
     assert cold_inner_ops_fwd(_measured([], forward=["aten.mm.default"]), frozenset()) == 0
 
 
@@ -115,6 +93,5 @@ def test_the_traced_cnns_head_counts_its_pools_inner_ops_among_its_cold_forward_
 
     head = traced_graph("cnn-small", 1)[0].layers[-1]
     # its distinct forward ops the blocks did not run (5: mean, addmm, t, _log_softmax,
-    # nll_loss_forward, as bench_kernel_model read them) + the mean's inner ops but its
-    # output's allocation (the blocks' kernels allocated theirs)
-    assert head.cold_distinct_ops_fwd == 5 + len(inner_ops(MEAN) - ALLOCATION_INNER_OPS)
+    # nll_loss_forward, as bench_kernel_model read them) + the mean's inner ops
+    assert head.cold_distinct_ops_fwd == 5 + len(inner_ops(MEAN))
