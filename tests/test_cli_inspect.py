@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
-import warnings
 
 import pytest
 
 from cost_models.layer_profile import load_profile
 from ir.errors import PlannerError
 from planner.cli import main
-from tests.cli_run import Result, run_cli
+from tests.cli_run import run_cli, run_cli_strict
 
 
 def planner(*args: str) -> subprocess.CompletedProcess:
@@ -21,25 +19,6 @@ def planner(*args: str) -> subprocess.CompletedProcess:
     that holds whatever a first import or a first trace prints (~2-3 s of CPU each)."""
     return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True,
                           text=True, timeout=300)
-
-
-def planner_here(*args: str) -> Result:
-    """`planner ARGS` in this process (`run_cli`: no interpreter start-up), strict about
-    what a fresh one would show on stderr but pytest captures: any Python warning fails
-    (an error, whether or not this process has shown it before) and so does any log record
-    at WARNING or above (logging's last-resort handler prints those)."""
-    records = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append
-    logging.getLogger().addHandler(handler)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            result = run_cli(list(args))
-    finally:
-        logging.getLogger().removeHandler(handler)
-    assert not records, [r.getMessage() for r in records]
-    return result
 
 
 def test_inspect_json_contract(capsys):
@@ -63,7 +42,7 @@ def test_inspect_table_groups_repeated_blocks(capsys):
 
 
 def test_unknown_preset_is_one_line_and_exit_2():
-    result = planner_here("inspect", "gpt-huge")
+    result = run_cli_strict("inspect", "gpt-huge")
     assert result.code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown model 'gpt-huge'" in lines[0] and "gpt3-175b" in lines[0]
@@ -80,7 +59,7 @@ def test_untraceable_factory_is_one_line_without_traceback_unless_debug():
 
 
 def test_missing_hf_config_names_the_file():
-    result = planner_here("inspect", "hf:does/not/exist.json")
+    result = run_cli_strict("inspect", "hf:does/not/exist.json")
     assert result.code == 2 and "does/not/exist.json" in result.stderr
 
 
