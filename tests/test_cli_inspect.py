@@ -42,7 +42,7 @@ def test_inspect_table_groups_repeated_blocks(capsys):
 
 
 def test_unknown_preset_is_one_line_and_exit_2():
-    result = run_cli_strict("inspect", "gpt-huge")
+    result = run_cli_strict(["inspect", "gpt-huge"])
     assert result.code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown model 'gpt-huge'" in lines[0] and "gpt3-175b" in lines[0]
@@ -59,7 +59,7 @@ def test_untraceable_factory_is_one_line_without_traceback_unless_debug():
 
 
 def test_missing_hf_config_names_the_file():
-    result = run_cli_strict("inspect", "hf:does/not/exist.json")
+    result = run_cli_strict(["inspect", "hf:does/not/exist.json"])
     assert result.code == 2 and "does/not/exist.json" in result.stderr
 
 
