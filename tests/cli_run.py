@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import re
 import signal
 import stat
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 
 # Words a one-line error uses to say what to do.
@@ -47,6 +49,26 @@ def run_cli(argv: list[str]) -> Result:
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return Result(int(code), out.getvalue(), err.getvalue(), time.perf_counter() - start)
+
+
+def run_cli_strict(argv: list[str]) -> Result:
+    """`run_cli`, strict about what a fresh interpreter would print on stderr that pytest
+    captures instead: any Python warning fails (an error, whether or not this process has
+    shown it before), and so does any log record at WARNING or above (logging's
+    last-resort handler prints those). For one-line contracts without an interpreter's
+    start-up (~2-3 s of CPU each)."""
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logging.getLogger().addHandler(handler)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            result = run_cli(argv)
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert not records, [record.getMessage() for record in records]
+    return result
 
 
 def run_forked(fn, argv: list[str], timeout_s: float = 10.0, uid: int | None = None) -> Result:

@@ -25,6 +25,7 @@ from tests.bad_input_cases import (FILE_TYPES, PLAN_FILES, PROFILES, SPECS, Bad,
                                    plan, put)
 from tests.bad_input_flags import FLAGS, MODELS, OUTPUTS
 from tests.cli_run import check_contract, run_cli, run_forked, snapshot
+from tests.layer_graphs import commands_trace_once
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SENTINEL = "sentinel: must not be overwritten\n"
@@ -141,6 +142,14 @@ ISSUE_6 = [
 ]
 
 TABLE = ISSUE_6 + PLAN_FILES + FILE_TYPES + SPECS + PROFILES + FLAGS + MODELS + OUTPUTS
+
+
+@pytest.fixture(scope="module", autouse=True)
+def trace_once():
+    """Each zoo model the cases' commands trace, traced once (`commands_trace_once`): the
+    cases check what a command says about its input, not the trace."""
+    with commands_trace_once():
+        yield
 
 
 @pytest.fixture(scope="module")

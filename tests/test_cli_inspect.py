@@ -11,9 +11,12 @@ import pytest
 from cost_models.layer_profile import load_profile
 from ir.errors import PlannerError
 from planner.cli import main
+from tests.cli_run import run_cli, run_cli_strict
 
 
 def planner(*args: str) -> subprocess.CompletedProcess:
+    """`python -m planner.cli ARGS` in a fresh interpreter: the entry point, and a stderr
+    that holds whatever a first import or a first trace prints (~2-3 s of CPU each)."""
     return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True,
                           text=True, timeout=300)
 
@@ -39,8 +42,8 @@ def test_inspect_table_groups_repeated_blocks(capsys):
 
 
 def test_unknown_preset_is_one_line_and_exit_2():
-    result = planner("inspect", "gpt-huge")
-    assert result.returncode == 2
+    result = run_cli_strict(["inspect", "gpt-huge"])
+    assert result.code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown model 'gpt-huge'" in lines[0] and "gpt3-175b" in lines[0]
     assert "Traceback" not in result.stderr
@@ -51,13 +54,13 @@ def test_untraceable_factory_is_one_line_without_traceback_unless_debug():
     result = planner("inspect", spec)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "DataDependent" in result.stderr and len(result.stderr.strip().splitlines()) == 1
-    debug = planner("--debug", "inspect", spec)
-    assert debug.returncode != 0 and "Traceback" in debug.stderr
+    with pytest.raises(PlannerError, match="DataDependent"):  # uncaught: the traceback
+        run_cli(["--debug", "inspect", spec])
 
 
 def test_missing_hf_config_names_the_file():
-    result = planner("inspect", "hf:does/not/exist.json")
-    assert result.returncode == 2 and "does/not/exist.json" in result.stderr
+    result = run_cli_strict(["inspect", "hf:does/not/exist.json"])
+    assert result.code == 2 and "does/not/exist.json" in result.stderr
 
 
 def test_factory_models_inspect(capsys):

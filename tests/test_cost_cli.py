@@ -15,6 +15,14 @@ from ir.plan import uniform_plan
 from ir.strategy import DPMode, Precision
 from planner.models import load_layer_graph
 from planner.cli import main
+from tests.layer_graphs import commands_trace_once
+
+
+@pytest.fixture(scope="module", autouse=True)
+def trace_once():
+    """Each zoo model the commands here trace, traced once (`commands_trace_once`)."""
+    with commands_trace_once():
+        yield
 
 
 def run(capsys, *argv):

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.cli_run import run_cli
+from tests.layer_graphs import commands_trace_once
 
 GOOD_PLAN = ["plan", "gpt-tiny", "--cluster", "local", "--gpus-per-node", "2", "--global-batch",
              "8", "--uniform", "--dp", "2", "--pp", "1", "--micro-batch", "4"]
@@ -115,23 +116,12 @@ def check(result) -> None:
 def good(tmp_path_factory):
     """(plan, spec) JSON objects, and gpt-tiny's layer graph traced once for all examples."""
     from cost_models.clusters import get_cluster
-    import planner.models as models
 
     folder = tmp_path_factory.mktemp("fuzz")
     assert run_cli([*GOOD_PLAN, "--out", str(folder / "plan.json")]).code == 0
     plan = json.loads((folder / "plan.json").read_text())
-    traced = {}
-    original = models.load_layer_graph
-
-    def cached(spec, micro_batch=1, seq_len=None, *args, **kwargs):
-        key = (spec, micro_batch, seq_len, args, tuple(sorted(kwargs.items(), key=str)))
-        if key not in traced:
-            traced[key] = original(spec, micro_batch, seq_len, *args, **kwargs)
-        return traced[key]
-
-    models.load_layer_graph = cached
-    yield plan, get_cluster("a100-80g").to_dict()
-    models.load_layer_graph = original
+    with commands_trace_once():
+        yield plan, get_cluster("a100-80g").to_dict()
 
 
 def _run_on_file(text: str, argv_for) -> None:

@@ -13,6 +13,7 @@ from ir.layer import TPStyle
 from ir.measure import build_layer_graph
 from planner.models import load_layer_graph, load_model
 from tests.factories import DataDependent
+from tests.layer_graphs import layer_graph
 
 TINY_PRESETS = ["gpt-tiny", "llama-tiny", "bert-tiny", "t5-tiny", "mlp-small", "cnn-small",
                 "dlrm-small"]
@@ -26,8 +27,8 @@ def _true_params(module: nn.Module) -> int:
 @functools.lru_cache(maxsize=None)
 def _zoo_graph(spec: str):
     """`load_layer_graph(spec)` once for the tests that only read it: gpt3-175b's trace is
-    ~2-5 s here and two tests read it."""
-    return load_layer_graph(spec)
+    ~2-5 s here and two tests read it (`layer_graph`: other files read it too)."""
+    return layer_graph(spec)
 
 
 @pytest.mark.parametrize("spec", TINY_PRESETS + ["gpt3-175b", "llama3-8b"])

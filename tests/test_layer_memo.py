@@ -22,7 +22,7 @@ from cost_models.layer_memo import memo_scope
 from ir.kernel_calibration import KernelCalibration
 from ir.layer import TPStyle
 from ir.strategy import Checkpoint
-from planner.models import load_layer_graph
+from tests.layer_graphs import layer_graph
 
 MEMOISED = [host_dispatch.forward_host_seconds, host_dispatch.backward_host_seconds,
             step_temporaries._tensor_splits, comm.replicated_tensors,
@@ -31,7 +31,7 @@ MEMOISED = [host_dispatch.forward_host_seconds, host_dispatch.backward_host_seco
 
 @pytest.fixture(scope="module")
 def gpt():
-    return load_layer_graph("gpt3-350m", 1, None, torch.bfloat16)
+    return layer_graph("gpt3-350m", 1, None, torch.bfloat16)
 
 
 def _cold_cpu():

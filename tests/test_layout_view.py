@@ -19,7 +19,7 @@ from cost_models.clusters import get_cluster
 from cost_models.common import StepConfig
 from cost_models.layer_memo import layout_view, memo_scope
 from ir.strategy import Checkpoint, DPMode, LayerStrategy
-from planner.models import load_layer_graph
+from tests.layer_graphs import layer_graph
 
 TP_HOST = [tp_host.tp_module_seconds, tp_host.vocab_edge_seconds, tp_host.dtensor_op_seconds,
            tp_host.selective_tp_seconds, tp_host.selective_tp_forward_seconds]
@@ -27,7 +27,7 @@ TP_HOST = [tp_host.tp_module_seconds, tp_host.vocab_edge_seconds, tp_host.dtenso
 
 @pytest.fixture(scope="module")
 def gpt():
-    return load_layer_graph("gpt3-350m", 1, None, torch.bfloat16)
+    return layer_graph("gpt3-350m", 1, None, torch.bfloat16)
 
 
 def _strategies() -> list[LayerStrategy]:

@@ -35,6 +35,7 @@ from planner.search_space import SearchOptions
 from dist_utils import spawn
 from test_exec_plans import (GPT, assert_matches_reference, batches_of, graph_of,
                              per_layer_plan, reference)
+from tests.layer_graphs import layer_graph
 
 
 def offload_mix(graph):
@@ -201,7 +202,7 @@ def test_offload_time_formulas_match_hand_computed_values():
 
 @pytest.fixture(scope="module")
 def llama8b():
-    return load_layer_graph("llama3-8b", micro_batch=1, seq_len=None)
+    return layer_graph("llama3-8b", micro_batch=1, seq_len=None)
 
 
 def test_llama8b_on_two_a100_40g_fits_only_with_offload(llama8b):

@@ -204,9 +204,10 @@ def test_single_tensor_step_holds_the_previous_tensors_denom(amsgrad):
 def test_ir_records_each_parameters_size_in_step_order():
     """The IR's per-layer tensor sizes are the model's parameters() order, the order the
     executor's optimizer steps them (a tied copy included in its layer)."""
-    from planner.models import load_layer_graph, load_model
+    from planner.models import load_model
+    from tests.layer_graphs import layer_graph
 
-    graph = load_layer_graph("gpt-tiny", 1, None)
+    graph = layer_graph("gpt-tiny", 1, None)
     module = load_model("gpt-tiny", device="meta").module
     steps = [n for l in graph.layers for n in l.param_numels if not l.tied_params]
     assert steps == [p.numel() for p in module.parameters()][:len(steps)]
@@ -220,9 +221,9 @@ def test_layers_step_in_the_groups_the_executor_makes():
     counts in the groups on both its sides; an offloaded layer splits the runs."""
     from cost_models.step_temporaries import step_group
     from ir.strategy import DPMode, LayerStrategy
-    from planner.models import load_layer_graph
+    from tests.layer_graphs import layer_graph
 
-    embed, block = load_layer_graph("gpt-tiny", 1, None).layers[:2]
+    embed, block = layer_graph("gpt-tiny", 1, None).layers[:2]
     assert step_group(block, LayerStrategy(), Precision.FP32) == StepGroup.PLAIN
     assert step_group(block, LayerStrategy(), Precision.BF16_MIXED) == StepGroup.DTENSOR
     assert step_group(block, LayerStrategy(tp=2), Precision.FP32) == StepGroup.ANY
@@ -283,13 +284,13 @@ def test_step_tensors_split_by_tp_only_where_tp_splits_them():
     from cost_models.model_states import held_local_params
     from cost_models.step_temporaries import step_tensor_params
     from ir.strategy import DPMode, LayerStrategy
-    from planner.models import load_layer_graph
+    from tests.layer_graphs import layer_graph
 
-    conv = load_layer_graph("cnn-small", 1, None).layers[1]
+    conv = layer_graph("cnn-small", 1, None).layers[1]
     assert not conv.tp_candidates
     assert step_tensor_params(conv, LayerStrategy(tp=4), 1e9) == tuple(
         float(n) for n in conv.param_numels)
-    graph = load_layer_graph("gpt-tiny", 1, None)
+    graph = layer_graph("gpt-tiny", 1, None)
     for layer in graph.layers:
         for strategy in (LayerStrategy(tp=2), LayerStrategy(tp=2, dp=2, dp_mode=DPMode.ZERO3)):
             local = step_tensor_params(layer, strategy, 1e12)
@@ -312,11 +313,11 @@ def test_gpu_step_prices_the_fused_kernel_not_a_dispatch_per_tensor():
     from cost_models.compute import (ADAM_STEP_BYTES_PER_ELEMENT, LIST_STEP_HOST_OPS_PER_TENSOR,
                                       optimizer_step_seconds)
     from ir.strategy import LayerStrategy
-    from planner.models import load_layer_graph
+    from tests.layer_graphs import layer_graph
 
     gpu = get_cluster("h100-80g")
     assert gpu.op_overhead_s > 0
-    block = load_layer_graph("gpt-tiny", 1, None).layers[1]
+    block = layer_graph("gpt-tiny", 1, None).layers[1]
     config = StepConfig(micro_batch=1, graph_micro_batch=1, graph_dtype="float32")
     seconds = optimizer_step_seconds(block, LayerStrategy(), gpu, config)
     stream_s = block.params * ADAM_STEP_BYTES_PER_ELEMENT / (gpu.hbm_gbps * 1e9)
@@ -365,10 +366,10 @@ def _gpu_plan_costs(optimizer_impl):
     from cost_models.compute import optimizer_step_seconds
     from cost_models.memory import plan_memory
     from ir.plan import uniform_plan
-    from planner.models import load_layer_graph
+    from tests.layer_graphs import layer_graph
 
     gpu = get_cluster("h100-80g", nodes=1, gpus_per_node=1)
-    graph = load_layer_graph("gpt-tiny", 1, None)
+    graph = layer_graph("gpt-tiny", 1, None)
     plan = uniform_plan(len(graph.layers), optimizer_impl=optimizer_impl)
     config = layer_configs(graph, plan, gpu.device)[1]
     big = dataclasses.replace(graph.layers[1], params=graph.layers[1].params * 10**6)
@@ -412,12 +413,12 @@ def test_plan_file_records_the_implementation_and_old_files_load():
 
 def test_a_searched_plan_records_what_the_executor_runs():
     from cost_models.clusters import get_cluster
-    from planner.models import load_layer_graph
+    from tests.layer_graphs import layer_graph
     from planner.plan_report import plan_document
     from planner.search import search
     from planner.search_space import SearchOptions
 
-    graph = load_layer_graph("gpt-tiny", 1, None)
+    graph = layer_graph("gpt-tiny", 1, None)
     for cluster, options, want in (
             ("h100-80g", SearchOptions(), "fused"),
             ("h100-80g", SearchOptions(optimizer_impl="foreach"), "foreach"),

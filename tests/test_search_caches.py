@@ -17,14 +17,14 @@ from cost_models import comm
 from cost_models.clusters import get_cluster
 from cost_models.memory import _layer_kinds, plan_memory
 from planner.layer_tables import price_layers
-from planner.models import load_layer_graph
 from planner.search import search
 from planner.search_space import SearchOptions, outer_candidates
+from tests.layer_graphs import layer_graph
 
 
 @pytest.fixture(scope="module")
 def gpt():
-    return load_layer_graph("gpt3-350m", 1, None, torch.bfloat16)
+    return layer_graph("gpt3-350m", 1, None, torch.bfloat16)
 
 
 def test_collective_cache_keeps_each_cluster_apart():

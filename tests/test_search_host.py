@@ -26,6 +26,7 @@ from planner.search import search
 from planner.search_space import OuterCandidate, SearchOptions
 from planner.stage_host import StageHost
 from tests.cpu_specs import two_cpu_processes
+from tests.layer_graphs import layer_graph
 
 ENGINE_S, ACTION_S = 1e-3, 2e-3  # round figures far above the float noise of the rest
 COLD_L2_BYTES = 2**20  # a made-up L2: more than a tiny block's pass, so credits are > 0
@@ -106,7 +107,7 @@ def test_a_stage_adds_in_the_search_what_it_adds_in_the_estimate(schedule, clip,
     `cold_code`: the kit prices cold kernel code too, so the cut's edges lose the credit
     of the ops the trace's neighbours ran (`recent_ops.placed_recent_ops`) in both. A clipping
     plan's scalar all-reduce (`step_host.clip_all_reduce_s`) on both sides."""
-    graph = load_layer_graph(TIED_SPEC, micro_batch=1, seq_len=32, dtype=torch.float32)
+    graph = layer_graph(TIED_SPEC, micro_batch=1, seq_len=32, dtype=torch.float32)
     n, m = len(graph.layers), 4
     plan = uniform_plan(n, pp=2, micro_batch=1, global_batch=m, schedule=schedule,
                         precision=Precision.FP32)
@@ -156,7 +157,7 @@ def test_no_stage_adds_less_than_the_floor_the_pruning_reads(schedule, checkpoin
     it may fall below 0 (a layer's forward run warm, twice), and the floor with it.
     Measured (either schedule): the least h -71.0 us, the floor -90 us; counting the
     forward's cold terms once (-45 us, half: no engine or action term) would cut it wrongly."""
-    graph = load_layer_graph(TIED_SPEC, micro_batch=1, seq_len=32, dtype=torch.float32)
+    graph = layer_graph(TIED_SPEC, micro_batch=1, seq_len=32, dtype=torch.float32)
     n, m = len(graph.layers), 4
     kit = dataclasses.replace(_kit(), autograd_call_host_s=engine_s,  # the step's once
                               pipeline_action_host_s=action_s,  # terms as the engine's
@@ -310,7 +311,7 @@ def test_the_shifted_lower_bounds_stay_below_every_objective_found():
     from planner.search import _lower_bound
     from planner.stage_host import bound_shift_s, stage_host
 
-    graph = load_layer_graph(TIED_SPEC, micro_batch=1, seq_len=32, dtype=torch.float32)
+    graph = layer_graph(TIED_SPEC, micro_batch=1, seq_len=32, dtype=torch.float32)
     cluster = two_cpu_processes(_kit())
     options = SearchOptions(precision=Precision.FP32, top_k=50, no_offload=True)
     result = search(graph, cluster, 8, options, with_baselines=False)

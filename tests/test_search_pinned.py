@@ -98,8 +98,8 @@ import pytest
 import torch
 
 from cost_models.clusters import get_cluster
-from planner.models import load_layer_graph
 from planner.search import search
+from tests.layer_graphs import layer_graph
 
 # (model, cluster, nodes, global batch) -> what the search returns: the best plan's short
 # form, its stages' layer ranges, the full model's step seconds and the DP objective, each
@@ -134,7 +134,7 @@ REL_TOLERANCE = 1e-12
 
 def _found(case):
     model, cluster, nodes, batch = case
-    graph = load_layer_graph(model, 1, None, torch.bfloat16)
+    graph = layer_graph(model, 1, None, torch.bfloat16)
     result = search(graph, get_cluster(cluster, nodes=nodes), batch)
     best = result.best
     return dict(

@@ -10,9 +10,9 @@ meets the given time, and an impossible fit writes nothing.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -28,6 +28,7 @@ from planner.trial.calibrate import calibrate, write_calibrated
 from planner.trial.predict import plan_graph
 from planner.trial.reference import losses_match
 from planner.trial.sched import thread_schedstat
+from tests.cli_run import run_cli_strict
 
 MEMORY_TARGET = 0.05
 
@@ -189,10 +190,11 @@ def build(micro_batch=1, seq_len=None, device="meta"):
 
 @pytest.mark.parametrize("command", [["estimate", "--plan", "plan.json"],
                                      ["validate", "plan.json", "--nproc", "1"]])
-def test_a_plan_naming_a_factory_never_imports_it(command, plan_file, tmp_path):
+def test_a_plan_naming_a_factory_never_imports_it(command, plan_file, tmp_path, monkeypatch):
     """Issue 16: `model.spec` in a plan is data. A plan naming `pocpkg.payload:build`,
     read in the folder that holds `pocpkg/payload.py` (the current directory is
-    importable for typed factories), must not import it."""
+    importable for typed factories, first on the path as `python -m planner.cli` puts
+    it), must not import it. Run in this process (`run_cli_strict`), not a fresh one."""
     package = tmp_path / "pocpkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -200,11 +202,14 @@ def test_a_plan_naming_a_factory_never_imports_it(command, plan_file, tmp_path):
     raw = json.loads(open(plan_file).read())
     raw["model"]["spec"] = raw["model"]["name"] = "pocpkg.payload:build"
     (tmp_path / "plan.json").write_text(json.dumps(raw))
-    result = subprocess.run([sys.executable, "-m", "planner.cli", *command], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
-    assert result.returncode == 2, result.stderr
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "pocpkg" not in sys.modules
+    result = run_cli_strict(command)
+    assert result.code == 2, result.stderr
     assert not (package / "IMPORTED").exists(), "the plan file imported its factory"
+    assert "pocpkg.payload" not in sys.modules, "the plan file imported its factory"
+    assert importlib.util.find_spec("pocpkg") is not None  # it could have (on the path)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "pocpkg.payload:build" in lines[0] and "--model" in lines[0]
 
