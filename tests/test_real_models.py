@@ -1,6 +1,6 @@
 """Issue 14: every plan the planner proposes runs, on real Hugging Face models.
 
-The subset `make test` runs (bench/bench_real_models.py runs all 140 cases): every
+The subset `make test` runs (bench/bench_real_models.py runs all 147 cases): every
 architecture in auto mode on 2 ranks, plus one representative of each other mode and
 world size. Each target of the issue is one test, whose failure shows the cases that
 miss it and the whole grid. The harness is tested before, with injected faults: a rank
