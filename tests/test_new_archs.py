@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from torch import nn
 
 from executors.validate import check_plan
 from ir.errors import PlannerError
@@ -85,3 +86,25 @@ def test_an_attention_owning_a_per_head_parameter_is_not_split():
     for layer in _graph("gpt_oss").layers:
         assert not [c for c in layer.tp_candidates if c.module.startswith("self_attn.")], \
             layer.name
+
+
+class DimGlue(nn.Module):
+    """Two Linear layers; between them the parent's code permutes twice and adds a
+    sum over a dim list: int lists that are no shape, so they bake no batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x):
+        h = torch.permute(torch.permute(self.layers[0](x), [1, 0]), [1, 0])
+        h = h + torch.sum(h, dim=[1], keepdim=True)
+        return torch.amax(self.layers[1](h), dim=[1])
+
+
+def test_glue_passing_dims_but_no_shape_keeps_the_layer_chained():
+    from tests.test_cold_entry import _measured
+
+    graph, _ = _measured(DimGlue())
+    assert [l.name for l in graph.layers] == ["layers.0", "layers.1"]
+    assert graph.layers[1].chain_input
