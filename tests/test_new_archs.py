@@ -108,3 +108,43 @@ def test_glue_passing_dims_but_no_shape_keeps_the_layer_chained():
     graph, _ = _measured(DimGlue())
     assert [l.name for l in graph.layers] == ["layers.0", "layers.1"]
     assert graph.layers[1].chain_input
+
+
+class SinkAttention(nn.Module):
+    """An attention that is itself the layer module: q/k/v/o projections as its direct
+    children, and a learned logit per head (`sinks`, as GPT-OSS's) it owns."""
+
+    def __init__(self, heads: int = 2, width: int = 8):
+        super().__init__()
+        self.heads = heads
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+            nn.Linear(width, width) for _ in range(4))
+        self.sinks = nn.Parameter(torch.zeros(heads))
+
+    def forward(self, x):
+        shape = (x.shape[0], self.heads, x.shape[1] // self.heads)
+        q, k, v = (p(x).view(shape) for p in (self.q_proj, self.k_proj, self.v_proj))
+        weights = torch.softmax((q * k).sum(-1) + self.sinks, dim=-1)
+        return self.o_proj((weights.unsqueeze(-1) * v).reshape(x.shape))
+
+
+class SinkStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(SinkAttention() for _ in range(2))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_layer_that_is_an_attention_owning_a_per_head_parameter_is_not_split():
+    # the rule above where the attention is the layer module itself (parent ""): the
+    # search offered TP plans the executor's self-check refuses
+    from tests.test_cold_entry import _measured
+
+    graph, _ = _measured(SinkStack())
+    assert [l.name for l in graph.layers] == ["layers.0", "layers.1"]
+    for layer in graph.layers:
+        assert not layer.tp_candidates, layer.name
