@@ -141,14 +141,12 @@ def _structure(name: str, value) -> OutputStructure:
 
 
 def cut_problem(graph: LayerGraph, plan: ParallelPlan) -> str | None:
-    """Why the layer IR cannot be cut as the plan's stages say, or None."""
+    """Why the layer IR cannot be cut as the plan's stages say, or None (merged layers:
+    `ir.legality.merged_layer_problem`, which `validate.check_plan` asks first)."""
     for layer in graph.layers:
         if not layer.name:
             return ("layer '' (root-level glue holding parameters): a pipeline stage stands "
                     "in for layer modules, not for the root; use pp=1 for this model")
-        if "+" in layer.name:
-            return (f"layer {layer.name}: merged layers (a module called at several places) "
-                    "cannot be stood in for on other stages; use pp=1 for this model")
     for stage in plan.stages[:-1]:
         if stage.last_layer not in graph.cut_points:
             return (f"a pipeline cannot cut after layer {graph.layers[stage.last_layer].name}: "

@@ -138,13 +138,14 @@ def linked_runs(graph: LayerGraph) -> list[tuple[int, int]]:
 
 def pipeline_problem(graph: LayerGraph) -> str | None:
     """Why the model cannot be cut into pipeline stages at all, or None. A stage replaces
-    the layer modules outside it (`executors.pipeline`), so every layer must be one module."""
+    the layer modules outside it (`executors.pipeline`), so every layer must be a module
+    (merged layers: `merged_layer_problem`, refused at any pp before this is asked)."""
     if not graph.cut_points:
         return f"{graph.model} has no place where a pipeline can cut (one tensor crossing)"
     for layer in graph.layers:
         if not layer.name:
             return "a pipeline cannot cut root-level glue layers"
-    return merged_layer_problem(graph)
+    return None
 
 
 def layer_module_problem(graph: LayerGraph) -> str | None:
@@ -158,9 +159,10 @@ def weight_outside_layers_problem(graph: LayerGraph) -> str | None:
     """A weight a layer owns (it reads it first) under no name inside its module, or None:
     e.g. a parent holding the block stack reads it in its own forward (DeBERTa-v2's
     `encoder.rel_embeddings.weight`, handed to every block), so no strategy shards it or
-    averages its gradient."""
+    averages its gradient. Asked after `merged_layer_problem` (`layer_module_problem`):
+    each layer's name is one module's."""
     for layer in graph.layers:
-        paths = tuple(part + "." for part in layer.name.split("+")) if layer.name else ("",)
+        paths = (layer.name + ".",) if layer.name else ("",)
         outside = [p for p in layer.param_names if not p.startswith(paths)]
         if outside:
             return (f"layer {layer.name} reads parameter {outside[0]} from outside its "

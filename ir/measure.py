@@ -115,7 +115,8 @@ def layer_graph_from_trace(traced: Traced, inputs, target, *, name: str, dtype: 
             tied_owner_layers=tuple(tied_owners[i][n][0] for n in tied),
             tied_owner_params=tuple(tied_owners[i][n][1] for n in tied),
             tied_param_numels=tuple(t.numel() for t in tied.values()),
-            chain_input=_chain_input(measurer, i, module), sequence_parallel_ok=sp_ok,
+            chain_input=_chain_input(measurer, i, module, _batch_size(inputs)),
+            sequence_parallel_ok=sp_ok,
             cold_distinct_ops_fwd=cold_ops_fwd(measured[shash],
                                                recent_forward_ops(ran_before))))
         ran_before.insert(0, measured[shash].forward_overloads)
@@ -286,7 +287,8 @@ def _gradless_tp_inputs(m: GraphMeasurer, i: int, candidates) -> tuple[str, ...]
     return tuple(gradless)
 
 
-def _chain_input(m: GraphMeasurer, i: int, module: nn.Module | None) -> bool:
+def _chain_input(m: GraphMeasurer, i: int, module: nn.Module | None,
+                 micro_batch: int) -> bool:
     """Layer i's only outside input is one tensor owned by layer i-1, and its forward takes
     just that (`ir.legality.layout_change_problem`)."""
     if i == 0 or module is None or not takes_one_positional_input(module):
@@ -295,26 +297,47 @@ def _chain_input(m: GraphMeasurer, i: int, module: nn.Module | None) -> bool:
     target = m.target_placeholder()
     outside = [a for a in m.infos[i].inputs if a is not target]
     return (len(outside) == 1 and m.owner.get(outside[0]) == i - 1
-            and not _shaped_glue(m, i, target))
+            and not _shaped_glue(m, i, target, micro_batch))
 
 
-def _shaped_glue(m: GraphMeasurer, i: int, target) -> bool:
-    """Layer i's glue (its nodes outside its module: the parent's code before the call)
-    passes a shape, e.g. `h.view(output_shape)` (GPTBigCode). The trace baked it at the
-    traced batch; the glue runs on the value in the batch split of the layer before, before
-    the executor's input re-split (`executors.layout.add_input_relayout`), so that split
-    must be the one the parent's shapes were taken in. The loss's glue is not counted."""
+# Ops whose int-list argument is a shape: a trace bakes the batch into it
+_SHAPE_OPS = frozenset({"view", "reshape", "expand", "_unsafe_view"})
+
+
+def _shaped_glue(m: GraphMeasurer, i: int, target, micro_batch: int) -> bool:
+    """Layer i's glue before its module (the parent's nodes that feed the module's input)
+    passes a shape holding the traced batch, e.g. `h.view(output_shape)` (GPTBigCode):
+    a view, reshape or expand (`_SHAPE_OPS`) whose int list holds `micro_batch`. The
+    trace baked it at the traced batch; the glue runs on the value in the batch split of
+    the layer before, before the executor's input re-split
+    (`executors.layout.add_input_relayout`), so that split must be the one the parent's
+    shapes were taken in. Other int lists (permute dims, reduction dims, pads) and the
+    glue after the module (the loss's included) bake no batch the re-split would break."""
     info = m.infos[i]
-    inside = lambda path: path is not None and (  # noqa: E731
-        path == info.nodes.name or path.startswith(info.nodes.name + "."))
-    loss = {n for n in info.nodes.nodes if target is not None and info.module_paths.get(n) is None}
-    for n in info.nodes.nodes:
-        if n.op != "call_function" or inside(info.module_paths.get(n)) or n in loss:
-            continue
-        if any(isinstance(a, (list, tuple)) and a and all(isinstance(x, int) for x in a)
-               for a in list(n.args) + list(n.kwargs.values())):
-            return True
-    return False
+    inside = {n for n in info.nodes.nodes if (path := info.module_paths.get(n)) is not None
+              and (path == info.nodes.name or path.startswith(info.nodes.name + "."))}
+    glue = set(info.nodes.nodes) - inside
+    feeding, todo = set(), [a for n in inside for a in n.all_input_nodes if a in glue]
+    while todo:  # the glue nodes the module's input is computed from
+        n = todo.pop()
+        if n not in feeding:
+            feeding.add(n)
+            todo += [a for a in n.all_input_nodes if a in glue]
+    return any(_op_name(n) in _SHAPE_OPS and any(
+        isinstance(a, (list, tuple)) and micro_batch in a
+        and all(isinstance(x, int) for x in a) for a in list(n.args) + list(n.kwargs.values()))
+        for n in feeding)
+
+
+def _op_name(n) -> str:
+    """A node's op without its namespace or overload: aten.view.default, torch.reshape
+    and Tensor.expand give view, reshape, expand."""
+    if n.op == "call_method":
+        return n.target
+    if n.op != "call_function":
+        return ""
+    name = str(n.target)
+    return name.split(".")[1] if name.startswith("aten.") else getattr(n.target, "__name__", name)
 
 
 def _edges_and_cuts(m: GraphMeasurer) -> tuple[list[tuple[int, int, int]], list[int],

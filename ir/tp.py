@@ -231,12 +231,14 @@ def _whole_parents(layer_module: nn.Module, parents: set[str]) -> set[str]:
     a parameter module that is neither a projection nor a norm (T5's relative-position
     table, sized by the global head count), own a parameter themselves (GPT-OSS's
     per-head attention `sinks`: TP would leave it whole beside split heads), or take a
-    per-head bias from outside."""
+    per-head bias from outside; parent "" (the layer module is the attention) alike.
+    Sharding `sinks` by head, as HF's TP plan does, is not done: such an attention
+    stays whole."""
     whole = set()
     for parent in parents:
         module = layer_module.get_submodule(parent) if parent else layer_module
-        if parent and (_takes_head_bias(module)
-                       or any(True for _ in module.parameters(recurse=False))):
+        # parent "": the layer module is the attention itself, the same rule
+        if _takes_head_bias(module) or any(True for _ in module.parameters(recurse=False)):
             whole.add(parent)
         for _, child in module.named_children():
             owns = any(True for _ in child.parameters(recurse=False))

@@ -11,14 +11,15 @@ pruned or kept on the score the estimate will give it:
                  / m (`step_host.step_loop_s`; the loss's on the last stage's rank)
                + the stage's gradient accumulation, micro-batches 2..m, / m
                      (`step_host.grad_accumulation_s`)
-               + the stage's first and last layers as placed (`step_host.place_rank`:
-                 cold ops counted against what rank r ran before them, forwards apart by
-                 whether a backward ran just before) less as traced: the layer tables
+               + the stage's placed layers (its first and last, and interior ones whose
+                 recent-ops window a cut clips: `step_host.place_rank`, cold ops counted
+                 against what rank r ran before them, forwards apart by whether a backward
+                 ran just before) as placed less as traced: the layer tables
                  price `graph.layers` where they sit in the model
                      (`step_host.placed_compute` - `compute.layer_compute`)
 
 so T_r = T*(a, b, r) + p2p(a, b) + h(a, b, r) (`planner.search`'s recurrence). The placed
-change depends on the edge layers' strategies (a checkpointed one's recompute reruns the
+change depends on the placed layers' strategies (a checkpointed one's recompute reruns the
 forward's host): `stage_s` is h without it, and the stage program adds it per strategy
 (`StageHost.delta_s`, `stage_program.StageSolver.placed`), at the strategy chosen.
 

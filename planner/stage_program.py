@@ -198,35 +198,32 @@ class StageSolver:
         return out
 
     def placed(self, a: int, b: int, k: float, r: int, node: _Node | None = None) -> _Node:
-        """Layers a..b on rank r, its edge layers as placed (`stage_host.StageHost.edges`):
-        their tables shifted per strategy by the placed change (`StageHost.delta_s`, as
-        the estimate prices it), so their strategies are chosen on it. `node`: the plain
-        a..b node, where the caller has it."""
+        """Layers a..b on rank r, its placed layers (`stage_host.StageHost.edges`: the edge
+        layers and interior ones whose recent-ops window a cut clips) each shifted per
+        strategy by its placed change (`StageHost.delta_s`, as the estimate prices it), so
+        their strategies are chosen on it. `node`: the plain a..b node, where the caller
+        has it. Interned by range and the placed layers' passes keys up to each layer."""
         edges = self.host.edges(a, b, r) if self.host is not None else None
         if not edges:
             return node if node is not None else self.node(a, b, k)
-        first, last = edges.get(a), edges.get(b)
-        if a == b:
-            return self._shifted_child(None, a, k, first)
-        parent = self._chain(a, b - 1, k, first)
-        return self._child(parent, b, k) if last is None \
-            else self._shifted_child(parent, b, k, last)
+        first = min(edges)
+        node = self.node(a, first - 1, k) if first > a else None
+        passes: tuple = ()
+        for j in range(first, b + 1):
+            edge = edges.get(j)
+            if edge is not None:
+                passes += ((j, edge[0]),)
+            key = (a, j, k, passes)
+            hit = self.by_range.get(key)
+            if hit is None:
+                hit = self.by_range[key] = (self._child(node, j, k) if edge is None
+                                            else self._shifted_child(node, j, k, edge))
+            node = hit
+        return node
 
     def least(self, node: _Node, u: int) -> tuple[float, int]:
         """(min_c C[b][c][u], that c) of a node (`placed`'s) in u buckets (`units_within`)."""
         return self._best_of(node, u)
-
-    def _chain(self, a: int, b: int, k: float, first: tuple | None) -> _Node:
-        """Layers a..b, the first shifted by `first` (None: the plain chain)."""
-        if first is None:
-            return self.node(a, b, k)
-        key = (a, b, k, first[0])
-        node = self.by_range.get(key)
-        if node is None:
-            node = self.by_range[key] = (
-                self._shifted_child(None, a, k, first) if b == a
-                else self._child(self._chain(a, b - 1, k, first), b, k))
-        return node
 
     def _shifted_child(self, parent: _Node | None, b: int, k: float, edge: tuple) -> _Node:
         """Layer b after `parent`, its time per strategy + its placed change `edge`

@@ -17,7 +17,7 @@ from cost_models.clusters import get_cluster
 from executors.pipeline import StageAnalysis
 from executors.validate import check_plan
 from ir.errors import PlannerError
-from ir.legality import layout_change_problem, linked_runs, pipeline_problem
+from ir.legality import layout_change_problem, linked_runs
 from ir.plan import ParallelPlan
 from ir.strategy import LayerStrategy, Precision, Stage
 from planner.commands.estimate import default_precision
@@ -138,8 +138,6 @@ def test_a_model_with_merged_layers_is_refused_by_search_and_executor_alike():
     x = torch.zeros(4, 4)
     graph = build_layer_graph(model, {"x": x}, torch.zeros(4, 4),
                               torch.nn.functional.mse_loss, name="shared")
-    problem = pipeline_problem(graph)
-    assert problem and "merged" in problem
     line = r"^layer shared\+mid: modules called at several places are merged into one layer"
     for pp in (None, 1, 2):
         with pytest.raises(PlannerError, match=line):

@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from torch import nn
 
 from executors.validate import check_plan
 from ir.errors import PlannerError
@@ -85,3 +86,65 @@ def test_an_attention_owning_a_per_head_parameter_is_not_split():
     for layer in _graph("gpt_oss").layers:
         assert not [c for c in layer.tp_candidates if c.module.startswith("self_attn.")], \
             layer.name
+
+
+class DimGlue(nn.Module):
+    """Two Linear layers; between them the parent's code permutes twice and adds a
+    sum over a dim list: int lists that are no shape, so they bake no batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x):
+        h = torch.permute(torch.permute(self.layers[0](x), [1, 0]), [1, 0])
+        h = h + torch.sum(h, dim=[1], keepdim=True)
+        return torch.amax(self.layers[1](h), dim=[1])
+
+
+def test_glue_passing_dims_but_no_shape_keeps_the_layer_chained():
+    from tests.test_cold_entry import _measured
+
+    graph, _ = _measured(DimGlue())
+    assert [l.name for l in graph.layers] == ["layers.0", "layers.1"]
+    assert graph.layers[1].chain_input
+
+
+class SinkAttention(nn.Module):
+    """An attention that is itself the layer module: q/k/v/o projections as its direct
+    children, and a learned logit per head (`sinks`, as GPT-OSS's) it owns."""
+
+    def __init__(self, heads: int = 2, width: int = 8):
+        super().__init__()
+        self.heads = heads
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+            nn.Linear(width, width) for _ in range(4))
+        self.sinks = nn.Parameter(torch.zeros(heads))
+
+    def forward(self, x):
+        shape = (x.shape[0], self.heads, x.shape[1] // self.heads)
+        q, k, v = (p(x).view(shape) for p in (self.q_proj, self.k_proj, self.v_proj))
+        weights = torch.softmax((q * k).sum(-1) + self.sinks, dim=-1)
+        return self.o_proj((weights.unsqueeze(-1) * v).reshape(x.shape))
+
+
+class SinkStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(SinkAttention() for _ in range(2))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_layer_that_is_an_attention_owning_a_per_head_parameter_is_not_split():
+    # the rule above where the attention is the layer module itself (parent ""): the
+    # search offered TP plans the executor's self-check refuses
+    from tests.test_cold_entry import _measured
+
+    graph, _ = _measured(SinkStack())
+    assert [l.name for l in graph.layers] == ["layers.0", "layers.1"]
+    for layer in graph.layers:
+        assert not layer.tp_candidates, layer.name

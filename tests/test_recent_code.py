@@ -242,3 +242,44 @@ def test_an_interior_layer_gets_no_credit_for_what_only_the_other_rank_ran(sched
             assert {i: p for i, (_, p) in host.edges(a, b, r).items()} == {
                 i: placed[i] for i in range(a, b + 1) if placed[i] != ((1.0, graph.layers[i]),)}
         assert j in host.edges(*((cut, 4, 1) if j >= cut else (0, cut - 1, 0)))
+
+
+
+def test_the_solver_shifts_every_placed_layer_of_a_stage_interior_ones_included(monkeypatch):
+    """A stage's placed layers (`StageHost.edges`) hold interior ones where a recent-ops
+    window is clipped at a cut (GeluCut's layers.3 cut before layers.2): the solver
+    shifts each by its placed change as the estimate prices it, not the edges alone. A
+    host placing only layers.2, inside stage 1..3, by SHIFT_S on every strategy: the
+    stage's least time is the plain one + SHIFT_S."""
+    from planner import search as S
+    from planner.search_space import SearchOptions
+    from tests.cpu_specs import two_cpu_processes
+
+    made = []
+
+    class Kept(S.StageSolver):
+        def __init__(self, *args):
+            super().__init__(*args)
+            made.append(self)
+
+    monkeypatch.setattr(S, "StageSolver", Kept)
+    graph, _ = _measured(GeluCut())
+    cluster = two_cpu_processes(_cold_code_only(graph.layers[3]).kernel_calibration)
+    S.search(graph, cluster, 2, SearchOptions(pp=1, no_checkpoint=True, no_offload=True,
+                                              precision=Precision.FP32, zero=0, tp=1),
+             with_baselines=False)
+    shift_s = 1e-3
+
+    class Host:
+        def edges(self, a, b, r):
+            return {2: ("placed apart", None)}
+
+        def delta_s(self, j, strategy, placed):
+            return shift_s
+
+    solver = made[0]
+    solver.host = Host()
+    u = solver.units_within(1, 3)
+    plain, _ = solver.least(solver.node(1, 3, 1.0), u)
+    shifted, _ = solver.least(solver.placed(1, 3, 1.0, 0), u)
+    assert shifted == pytest.approx(plain + shift_s, rel=1e-12)

@@ -95,31 +95,86 @@ def test_a_stage_pays_its_input_accumulation_per_backward_and_the_first_none():
                 acc if r else 0.0, abs=1e-12)
 
 
-@pytest.mark.parametrize("pp", [2, 4])
-@pytest.mark.parametrize("schedule", [Schedule.GPIPE, Schedule.ONE_F_ONE_B])
-def test_a_stage_adds_in_the_search_what_it_adds_in_the_estimate(schedule, pp):
-    """pp 2 and 4 on CPU, the runtime's actions and the inputs' accumulations priced: per
-    rank the estimate's per-micro-batch compute + optimizer share equals the search's
-    layers' own compute + h(a, b, r) (`planner.stage_host`), to the float."""
+@pytest.mark.parametrize("pp, schedule, v", [
+    (2, Schedule.GPIPE, 1), (4, Schedule.GPIPE, 1), (2, Schedule.ONE_F_ONE_B, 1),
+    (4, Schedule.ONE_F_ONE_B, 1), (2, Schedule.INTERLEAVED, 2)])
+def test_a_stage_adds_in_the_search_what_it_adds_in_the_estimate(pp, schedule, v):
+    """pp 2 and 4 on CPU (interleaved: pp 2 x v 2), the runtime's actions and the inputs'
+    accumulations priced: per rank the estimate's per-micro-batch compute + optimizer
+    share equals the search's layers' own compute + h(a, b, r) over the rank's stages
+    (`planner.stage_host`), to the float."""
     graph = gpt_layer_graph(layers=6, hidden=64, heads=4, vocab=128, seq=16)
     n, m = len(graph.layers), 4
     plan = uniform_plan(n, pp=pp, micro_batch=1, global_batch=m, schedule=schedule,
-                        precision=Precision.FP32)
+                        precision=Precision.FP32, virtual_stages=v)
     cluster = _cpus(_kit(autograd_call_host_s=1e-3))
     configs = layer_configs(graph, plan, "cpu")
     est = estimate(graph, plan, cluster, configs=configs)
-    cand = OuterCandidate(pp=pp, num_microbatches=m, schedule=schedule, virtual_stages=1)
+    cand = OuterCandidate(pp=pp, num_microbatches=m, schedule=schedule, virtual_stages=v)
     host = StageHost(graph, cluster, cand, lambda j, s, placed: placed_compute(
         placed, s, cluster, configs[j]).total_s, lambda j, name: 0.0)
-    for r, stage in enumerate(plan.stages):
-        a, b = stage.first_layer, stage.last_layer
+    if v > 1:
+        host.with_pieces([(s.first_layer, s.last_layer) for s in plan.stages])
+    from_search = [0.0] * pp
+    for i, stage in enumerate(plan.stages):
+        a, b, r = stage.first_layer, stage.last_layer, i % pp
         own = [layer_compute(graph.layers[j], plan.layer_strategies[j], cluster, configs[j])
                for j in range(a, b + 1)]
-        t = est.stage_times[r]
-        assert t.pipeline_action_s > 0
         placed = sum(host.delta_s(j, plan.layer_strategies[j], p)
                      for j, (_, p) in host.edges(a, b, r).items())
+        from_search[r] += (sum(c.total_s + c.optimizer_s / m for c in own)
+                           + host.stage_s(a, b, r) + placed)
+    assert len(est.stage_times) == pp  # one per rank
+    for r, t in enumerate(est.stage_times):
+        assert t.pipeline_action_s > 0
         from_estimate = t.compute_forward_s + t.compute_backward_s + t.optimizer_s / m
-        from_search = (sum(c.total_s + c.optimizer_s / m for c in own)
-                       + host.stage_s(a, b, r) + placed)
-        assert from_search == pytest.approx(from_estimate, rel=1e-12)
+        assert from_search[r] == pytest.approx(from_estimate, rel=1e-12)
+
+
+def test_torch_runs_one_input_accumulation_per_backward_of_every_stage_but_the_first():
+    """An oracle apart from the rule the pricing states: torch's own pipelining runs 4
+    stages (ScheduleInterleaved1F1B, all on this process over a world-1 gloo group, as
+    the pipeline probe does) for m micro-batches; a hook after each AccumulateGrad on a
+    stage's input (`register_post_accumulate_grad_hook`) counts those that run, per
+    stage. They are `input_accumulations` of any 4-stage plan: pp 4 GPipe, pp 2 x v 2."""
+    import os
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+
+    from ir.launch import free_port
+
+    stages_n, m, width = 4, 4, 8
+    ran: dict[int, int] = {}
+
+    def count(stage: int):
+        def hook(module, args):
+            x = args[0]
+            if x.is_leaf and x.requires_grad:
+                x.register_post_accumulate_grad_hook(
+                    lambda _: ran.__setitem__(stage, ran.get(stage, 0) + 1))
+        return hook
+
+    made = not dist.is_initialized()
+    if made:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        dist.init_process_group("gloo", rank=0, world_size=1, timeout=timedelta(seconds=60))
+    try:
+        assert dist.get_world_size() == 1
+        blocks = [nn.Linear(width, width) for _ in range(stages_n)]
+        for i, block in enumerate(blocks):
+            block.register_forward_pre_hook(count(i))
+        stages = [PipelineStage(b, i, stages_n, torch.device("cpu"))
+                  for i, b in enumerate(blocks)]
+        schedule = ScheduleInterleaved1F1B(
+            stages, n_microbatches=m, loss_fn=lambda out, target: ((out - target) ** 2).mean())
+        schedule.step(torch.randn(m, width), target=torch.randn(m, width))
+    finally:
+        if made:
+            dist.destroy_process_group()
+    assert ran == {s: m for s in range(1, stages_n)}
+    assert ran == input_accumulations(Schedule.GPIPE, 4, m, 1)
+    assert ran == input_accumulations(Schedule.INTERLEAVED, 2, m, 2)
