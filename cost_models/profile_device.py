@@ -387,7 +387,7 @@ def measure(device: str, quick: bool = False, progress=None,
                      f"{bag.index_s * 1e9:.1f} ns per index, backward "
                      f"{bag.backward_call_s * 1e6:.2f} us + {bag.backward_index_s * 1e9:.1f} ns, "
                      f"one bag {bag.multi_bag_s * 1e6:.2f} us less")
-    name = (platform.processor() or platform.machine()) if cpu else torch.cuda.get_device_name()
+    name = cpu_model_name() if cpu else torch.cuda.get_device_name()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cuda = f", CUDA {torch.version.cuda}" if not cpu else ", 1 thread"
     return KernelCalibration(measured_on=f"{name}, torch {torch.__version__}{cuda}, {stamp}",
@@ -408,6 +408,20 @@ def measure(device: str, quick: bool = False, progress=None,
                              fresh_output_pool_bytes=pool_bytes, cold_kernels=tuple(cold),
                              op_cold_code=tuple(op_cold))
 
+
+
+def cpu_model_name() -> str:
+    """The CPU's model as Linux names it, then the architecture ("Intel(R) Xeon(R) Processor,
+    x86_64"): a shared VM can move between hosts, and a calibration must say which CPU it
+    measured (`platform.processor()` is empty on Linux)."""
+    machine = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), "")
+    except OSError:
+        model = ""
+    return f"{model}, {machine}" if model else machine
 
 def profile_device(device: str, quick: bool = False, name: str | None = None,
                    progress=None, extra_gemm_shapes=()) -> tuple[ClusterSpec, KernelCalibration]:

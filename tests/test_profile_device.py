@@ -75,6 +75,10 @@ def test_cpu_profile_writes_a_spec_with_every_table(cpu_spec_path):
     spec = ClusterSpec.load(cpu_spec_path)
     cal = spec.kernel_calibration
     assert spec.device == "cpu" and spec.host_bound and spec.matmul_efficiency == 1.0
+    # which CPU measured it: a shared VM moves between hosts (the model name, not "x86_64")
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                  if line.startswith("model name")), None)
+    assert model and cal.measured_on.startswith(f"{model}, ")
     # Forward and backward per-op host costs, measured apart, with their spread noted.
     assert 0 < spec.op_overhead_s < 1e-3 and 0 < spec.backward_op_overhead_s < 1e-3
     assert f"bwd {spec.backward_op_overhead_s * 1e6:.2f} us" in spec.notes and "spread" in spec.notes
