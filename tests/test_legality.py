@@ -18,7 +18,7 @@ from executors.pipeline import StageAnalysis
 from executors.validate import check_plan
 from ir.errors import PlannerError
 from ir.legality import layout_change_problem, linked_runs
-from ir.plan import ParallelPlan
+from ir.plan import ParallelPlan, uniform_plan
 from ir.strategy import LayerStrategy, Precision, Stage
 from planner.commands.estimate import default_precision
 from planner.models import load_layer_graph, load_model
@@ -142,10 +142,7 @@ def test_a_model_with_merged_layers_is_refused_by_search_and_executor_alike():
     for pp in (None, 1, 2):
         with pytest.raises(PlannerError, match=line):
             outer_candidates(graph, 4, 8, SearchOptions(pp=pp))
-    n = len(graph.layers)
-    plan = ParallelPlan(stages=(Stage(0, n - 1, 2),),
-                        layer_strategies=tuple(LayerStrategy(tp=1, dp=2) for _ in range(n)),
-                        global_batch=8, micro_batch=4, num_microbatches=1,
+    plan = uniform_plan(len(graph.layers), dp=2, micro_batch=4, global_batch=8,
                         precision=Precision.FP32)
     with pytest.raises(PlannerError, match=line):
         check_plan(model, plan, graph, 2)

@@ -14,8 +14,8 @@ from torch import nn
 from executors.validate import check_plan
 from ir.errors import PlannerError
 from ir.legality import layout_change_problem, weight_outside_layers_problem
-from ir.plan import ParallelPlan
-from ir.strategy import LayerStrategy, Precision, Stage
+from ir.plan import uniform_plan
+from ir.strategy import Precision
 from planner.models import load_layer_graph, load_model
 from planner.search_space import SearchOptions, outer_candidates
 
@@ -67,10 +67,7 @@ def test_a_weight_read_outside_every_layer_is_refused_in_one_line_by_search_and_
     assert re.match(line, weight_outside_layers_problem(graph))
     with pytest.raises(PlannerError, match=line):
         outer_candidates(graph, 2, 8, SearchOptions(pp=1))
-    n = len(graph.layers)
-    plan = ParallelPlan(stages=(Stage(0, n - 1, 2),),
-                        layer_strategies=tuple(LayerStrategy(tp=1, dp=2) for _ in range(n)),
-                        global_batch=8, micro_batch=4, num_microbatches=1,
+    plan = uniform_plan(len(graph.layers), dp=2, micro_batch=4, global_batch=8,
                         precision=Precision.FP32)
     with pytest.raises(PlannerError, match=line):
         check_plan(load_model(_spec("deberta-v2"), device="meta").module, plan, graph, 2)
