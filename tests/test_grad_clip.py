@@ -238,24 +238,15 @@ def test_table_clip_prices_its_rows_reads_and_writes_in_search_and_estimate():
     rows of 64 x 4 bytes, streamed 3 times (one read for the norm, a read and a write for
     the scale): 15.88 x 768 B / (2000 GB/s x 0.8955 achieved) = 6.81 ns."""
     from cost_models.compute import CLIP_NORM_PASSES, CLIP_SCALE_PASSES
-    from cost_models.embedding import (NO_DENSE, EmbeddingConfig, evaluate,
-                                       hbm_bytes_per_s, unique_rows)
+    from cost_models.embedding import EmbeddingConfig, hbm_bytes_per_s, unique_rows
     from cost_models.clusters import get_cluster
-    from ir.embedding_tables import EmbeddingTable, TablePlacement, TableSharding
     from planner.table_hybrid import table_config
+    from tests.test_table_clip import clip_extra_update_s
 
     cluster = get_cluster("a100-80g", nodes=1, gpus_per_node=2)
-    tables = [EmbeddingTable("a", 1000, 64, "float32", "sum", 2),
-              EmbeddingTable("b", 1000, 64, "float32", "sum", 2)]
-    placements = [TablePlacement("a", TableSharding.TABLE_WISE, (0,)),
-                  TablePlacement("b", TableSharding.REPLICATED, (0, 1))]
-    priced = {clip: evaluate(tables, placements, cluster,
-                             EmbeddingConfig(8, "sgd", clip_grad_norm=clip), NO_DENSE)
-              for clip in (False, True)}
     row_s = 64 * 4 * (CLIP_NORM_PASSES + CLIP_SCALE_PASSES) / hbm_bytes_per_s(cluster)
     touched = unique_rows(16, 1000)  # the global batch's 8 x 2 ids: a's rows, and b's
-    extra = [c - p for c, p in zip(*(  # per rank: rank 0 holds a, both step b's rows
-        [r.update_s for r in priced[clip].per_rank] for clip in (True, False)))]
+    extra = clip_extra_update_s(cluster)  # per rank: rank 0 holds a, both step b's rows
     assert extra == pytest.approx([2 * touched * row_s, touched * row_s])
     assert extra[1] == pytest.approx(6.81e-9, rel=1e-3)
     plan = dataclasses.replace(plan_of("zero1"), clip_grad_norm=True)

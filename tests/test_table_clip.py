@@ -7,6 +7,24 @@ import pytest
 import torch
 
 
+def clip_extra_update_s(cluster) -> list[float]:
+    """Per rank, what clipping adds to the tables' update seconds: tables a (table-wise on
+    rank 0) and b (replicated on both), 1000 rows of 64 fp32 each, 2 ids a sample, a
+    global batch of 8 under SGD, priced with and without the clip."""
+    from cost_models.embedding import NO_DENSE, EmbeddingConfig, evaluate
+    from ir.embedding_tables import EmbeddingTable, TablePlacement, TableSharding
+
+    tables = [EmbeddingTable("a", 1000, 64, "float32", "sum", 2),
+              EmbeddingTable("b", 1000, 64, "float32", "sum", 2)]
+    placements = [TablePlacement("a", TableSharding.TABLE_WISE, (0,)),
+                  TablePlacement("b", TableSharding.REPLICATED, (0, 1))]
+    priced = {clip: evaluate(tables, placements, cluster,
+                             EmbeddingConfig(8, "sgd", clip_grad_norm=clip), NO_DENSE)
+              for clip in (False, True)}
+    return [c.update_s - p.update_s
+            for c, p in zip(priced[True].per_rank, priced[False].per_rank)]
+
+
 def test_a_float64_table_clips_as_its_dense_gradient_in_float64():
     """A float64 table (TableDtype.FLOAT64) beside a float64 dense weight: its norm is
     taken in float64 (fp32 is no wider), so the clip equals clip_grad_norm_ on the dense
@@ -43,22 +61,12 @@ def test_every_rank_pays_the_clip_host_op_of_every_table_on_cpu_processes():
     op (`compute.clip_host_seconds`, the dense clip's) and b's rows; rank 0 a's rows too."""
     from cost_models.clusters import get_cluster
     from cost_models.compute import clip_host_seconds
-    from cost_models.embedding import (NO_DENSE, EmbeddingConfig, evaluate,
-                                       hbm_bytes_per_s, unique_rows)
-    from ir.embedding_tables import EmbeddingTable, TablePlacement, TableSharding
+    from cost_models.embedding import hbm_bytes_per_s, unique_rows
 
     cluster = get_cluster("local", nodes=1, gpus_per_node=2)
     assert cluster.host_bound
-    tables = [EmbeddingTable("a", 1000, 64, "float32", "sum", 2),
-              EmbeddingTable("b", 1000, 64, "float32", "sum", 2)]
-    placements = [TablePlacement("a", TableSharding.TABLE_WISE, (0,)),
-                  TablePlacement("b", TableSharding.REPLICATED, (0, 1))]
-    priced = {clip: evaluate(tables, placements, cluster,
-                             EmbeddingConfig(8, "sgd", clip_grad_norm=clip), NO_DENSE)
-              for clip in (False, True)}
     rows_s = unique_rows(16, 1000) * 64 * 4 * 3 / hbm_bytes_per_s(cluster)
-    extra = [c - p for c, p in zip(*(
-        [r.update_s for r in priced[clip].per_rank] for clip in (True, False)))]
+    extra = clip_extra_update_s(cluster)
     host_s = 2 * clip_host_seconds(1, cluster)
     assert host_s > 0
     assert extra == pytest.approx([(2 * rows_s + host_s) * cluster.host_share,
